@@ -1,0 +1,53 @@
+"""The ``overtake`` command line.
+
+Each sub-command lives in :mod:`api.commands` and only parses options, calls one library
+function and prints. Input errors are reported as one line naming the field, exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# Sub-command modules, imported lazily so `overtake fit` does not pay for the solver's imports.
+COMMANDS: dict[str, str] = {
+    "fit": "api.commands.fit",
+    "solve": "api.commands.solve",
+    "compare": "api.commands.compare",
+}
+
+EXIT_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="overtake",
+        description="Choose and enforce thread policies for multi-stage web servers.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, module in COMMANDS.items():
+        importlib.import_module(module).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    module = importlib.import_module(COMMANDS[args.command])
+    try:
+        code: int = module.run(args)
+    except ValueError as exc:  # every input error in the project subclasses ValueError
+        print(f"overtake {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except FileNotFoundError as exc:
+        print(f"overtake {args.command}: error: file not found: {exc.filename}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

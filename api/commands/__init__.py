@@ -1,0 +1,1 @@
+"""One module per ``overtake`` sub-command; each has ``register(subparsers)`` and ``run(args) -> int``."""
