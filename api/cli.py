@@ -16,6 +16,7 @@ COMMANDS: dict[str, str] = {
     "fit": "api.commands.fit",
     "solve": "api.commands.solve",
     "compare": "api.commands.compare",
+    "apache": "api.commands.apache",
 }
 
 EXIT_USAGE = 2
