@@ -1,0 +1,45 @@
+#!/bin/sh
+# Install the Debian packages the private Apache needs (apache-conf/, controller/apache.py).
+#
+# Idempotent: does nothing when everything is installed; runs `apt-get update` once and only
+# when something is missing. Needs root to install; without root it prints what is missing and
+# exits 0, so `make test` still runs (the Apache tests then skip with the same reason).
+#
+#   apache2        /usr/sbin/apache2 + mod_mpm_event, mod_status, mod_lua (Lua 5.3)
+#   liblua5.3-dev  lua.h/lauxlib.h for the thread-CPU clock module (apache-conf/lua/tcpu.c)
+#   lua5.3         the interpreter, to syntax-check stage.lua (luac5.3 -p)
+#   gcc libc6-dev  compile that module at start-up
+#   util-linux     taskset (pinning Apache to one core)
+set -eu
+
+PKGS="apache2 liblua5.3-dev lua5.3 gcc libc6-dev util-linux"
+
+missing=""
+for p in $PKGS; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing="$missing $p"
+    fi
+done
+
+if [ -z "$missing" ]; then
+    echo "install-debian-packages: all present ($PKGS)"
+    exit 0
+fi
+
+if ! command -v apt-get >/dev/null 2>&1; then
+    echo "install-debian-packages: SKIPPED: no apt-get (not Debian/Ubuntu); install by hand:$missing" >&2
+    exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "install-debian-packages: SKIPPED: not root; missing:$missing" >&2
+    echo "  install with: sudo apt-get install -y$missing   (Apache tests skip until then)" >&2
+    exit 0
+fi
+
+echo "install-debian-packages: installing:$missing"
+# Other jobs on a shared machine may hold the dpkg lock: wait for it instead of failing.
+APT="apt-get -q -o DPkg::Lock::Timeout=600"
+$APT update
+# shellcheck disable=SC2086  # word splitting of the package list is intended
+DEBIAN_FRONTEND=noninteractive $APT install -y --no-install-recommends $missing

@@ -1,0 +1,101 @@
+"""``overtake apache start|stop|status``: the private Apache of :mod:`controller.apache`.
+
+Benchmarks call exactly::
+
+    overtake apache start --workdir DIR --listen 127.0.0.1:PORT [--cpu CORE] [--max-workers N]
+    overtake apache stop --workdir DIR
+    overtake apache status --workdir DIR [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any
+
+from controller import apache
+from controller.errors import ApacheError
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``apache`` sub-command and its ``start``/``stop``/``status`` actions."""
+    p = subparsers.add_parser(
+        "apache",
+        help="start/stop a private Apache with the CPU stage handler and mod_status",
+        description="Private Apache from Debian's apache2 (no system service): stage handler "
+        "at /stage1, /stage2 (?work=<seconds of CPU>), mod_status at /server-status, "
+        "access log with %%D and the stage CPU in WORKDIR/logs/access.log.",
+    )
+    act = p.add_subparsers(dest="apache_action", metavar="ACTION", required=True)
+
+    s = act.add_parser("start", help="render, test and start; return when it serves")
+    s.add_argument("--workdir", required=True, help="instance directory (created if missing)")
+    s.add_argument("--listen", required=True, help="IP:PORT, e.g. 127.0.0.1:8081")
+    s.add_argument("--cpu", type=int, default=None, help="pin Apache to this core (taskset)")
+    s.add_argument(
+        "--max-workers",
+        type=int,
+        default=64,
+        help="MaxRequestWorkers: the policy's max threads plus margin (default 64)",
+    )
+    s.add_argument(
+        "--no-raise-priority",
+        dest="raise_priority",
+        action="store_false",
+        help="do not write -20 to /proc/<pid>/autogroup (default: do, when root)",
+    )
+    s.add_argument("--json", action="store_true", help="print the instance as JSON")
+
+    t = act.add_parser("stop", help="graceful stop; return when the processes have exited")
+    t.add_argument("--workdir", required=True)
+    t.add_argument("--timeout", type=float, default=15.0, help="seconds (default 15)")
+    t.add_argument("--now", action="store_true", help="SIGTERM at once instead of graceful")
+
+    q = act.add_parser("status", help="mod_status ?auto of the running instance")
+    q.add_argument("--workdir", required=True)
+    q.add_argument("--json", action="store_true", help="print as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run one action; 0 on success, 1 on an Apache error (input errors raise ValueError)."""
+    try:
+        if args.apache_action == "start":
+            inst = apache.start(
+                args.workdir,
+                args.listen,
+                cpu=args.cpu,
+                max_workers=args.max_workers,
+                raise_priority=args.raise_priority,
+            )
+            if args.json:
+                print(json.dumps(dataclasses.asdict(inst)))
+            else:
+                prio = (
+                    f"autogroup nice {inst.autogroup_nice}"
+                    if inst.autogroup_nice is not None
+                    else "autogroup priority not raised (needs root)"
+                )
+                pin = f"cpu {inst.cpu}" if inst.cpu is not None else "not pinned"
+                print(
+                    f"apache started: pid {inst.pid} (children {list(inst.child_pids)}), "
+                    f"{inst.base_url}, max_workers {inst.max_workers}, {pin}, {prio}; "
+                    f"logs in {inst.workdir}/logs"
+                )
+        elif args.apache_action == "stop":
+            stopped = apache.stop(args.workdir, timeout=args.timeout, graceful=not args.now)
+            print("apache stopped" if stopped else f"apache: not running in {args.workdir}")
+        else:
+            st = apache.status(args.workdir)
+            if args.json:
+                print(json.dumps(st))
+            else:
+                for key, value in st.items():
+                    print(f"{key}: {value}")
+    except ValueError:
+        raise  # input errors: the dispatcher prints them and exits 2
+    except ApacheError as exc:
+        print(f"overtake apache {args.apache_action}: error: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,68 @@
+"""Errors raised by :mod:`controller`.
+
+::
+
+    OvertakeError
+    └── ControllerError
+        └── ApacheError                     anything about the private Apache (controller.apache)
+            ├── ApacheNotInstalledError     apache2, mod_lua, gcc or the Lua 5.3 headers missing
+            ├── ApacheInputError(ValueError) a bad argument: listen, cpu, max_workers, workdir, ...
+            │   └── PortInUseError          the listen address is already bound by someone else
+            ├── ApacheStartError            config test, launch or readiness wait failed
+            ├── ApacheNotRunningError       status asked of an instance that does not answer
+            └── ApacheStopTimeoutError      the PID was still alive when the stop timeout ran out
+
+Messages name the field, the value and the fix, e.g.
+``listen: port 8081 on 127.0.0.1 is already in use; choose another port or stop its owner``.
+Input errors also subclass :class:`ValueError`, so the CLI reports them as usage errors.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ApacheError",
+    "ApacheInputError",
+    "ApacheNotInstalledError",
+    "ApacheNotRunningError",
+    "ApacheStartError",
+    "ApacheStopTimeoutError",
+    "ControllerError",
+    "OvertakeError",
+    "PortInUseError",
+]
+
+
+class OvertakeError(Exception):
+    """Root of every error raised by the project's own code."""
+
+
+class ControllerError(OvertakeError):
+    """Root of the errors raised by :mod:`controller`."""
+
+
+class ApacheError(ControllerError):
+    """A problem with the private Apache instance."""
+
+
+class ApacheNotInstalledError(ApacheError):
+    """A Debian package the private Apache needs is not installed."""
+
+
+class ApacheInputError(ApacheError, ValueError):
+    """An argument of :mod:`controller.apache` is invalid."""
+
+
+class PortInUseError(ApacheInputError):
+    """The requested listen address is already bound."""
+
+
+class ApacheStartError(ApacheError):
+    """The config test, the launch or the readiness wait failed."""
+
+
+class ApacheNotRunningError(ApacheError):
+    """No Apache answers for the given work directory."""
+
+
+class ApacheStopTimeoutError(ApacheError):
+    """Apache's parent process did not exit within the stop timeout."""
