@@ -44,8 +44,6 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import apachelogs
-
 from controller.errors import (
     ApacheError,
     ApacheInputError,
@@ -845,6 +843,13 @@ def stop(workdir: str | os.PathLike[str], *, timeout: float = 15.0, graceful: bo
         return False
     procs = [pid, *_children(pid)]
     start_t = time.monotonic()
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        raise ApacheError(
+            f"stop: not permitted to signal Apache pid {pid} in {wd} (started by another "
+            "user); run the stop as that user or as root"
+        ) from None
     if graceful:
         os.kill(pid, signal.SIGWINCH)
         grace = start_t + min(timeout, _graceful_timeout(wd) + 1.5)
@@ -966,6 +971,9 @@ def read_access_log(workdir: str | os.PathLike[str]) -> list[AccessRecord]:
 
 
 def _parse_lines(text: str, path: Path) -> Iterator[AccessRecord]:
+    # Imported here: start/stop/status (the CLI) need nothing beyond the standard library.
+    import apachelogs  # type: ignore[import-untyped]  # no stubs upstream
+
     parser = apachelogs.LogParser(LOG_FORMAT)
     lines = text.split("\n")
     for lineno, line in enumerate(lines[:-1], 1):  # lines[-1] is "" or an unfinished line

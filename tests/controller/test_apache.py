@@ -114,20 +114,36 @@ def _records(inst: apache.ApacheInstance, rids: list[str]) -> list[apache.Access
         time.sleep(0.01)
 
 
+def _retry(check: Callable[[], str | None], attempts: int = 4) -> None:
+    failures = []
+    for _ in range(attempts):
+        why = check()
+        if why is None:
+            return
+        failures.append(why)
+    pytest.fail("no attempt met the tolerance (machine loaded?): " + " | ".join(failures))
+
+
 # ------------------------------------------------------------------ stage handler
 
 
 @pytest.mark.parametrize("work_ms", [10, 50])
 def test_stage_burns_the_requested_thread_cpu(instance: apache.ApacheInstance, work_ms: int) -> None:
-    rid = uuid.uuid4().hex
-    code, headers, body = _get(instance, f"/stage1?work={work_ms / 1000}", rid)
-    assert code == 200 and body.startswith(b"ok stage=1")
-    (rec,) = _records(instance, [rid])
-    assert rec.stage == "1" and rec.path == "/stage1" and rec.status == 200
-    assert rec.cpu_us is not None and int(headers["x-stage-cpu-us"]) == rec.cpu_us
-    # Thread CPU clock: overshoot is one ~6 us chunk; 2 ms leaves room for clock reads.
-    assert abs(rec.cpu_us - work_ms * 1000) <= 2000, rec
-    assert rec.duration_us >= rec.cpu_us
+    def check() -> str | None:
+        rid = uuid.uuid4().hex
+        code, headers, body = _get(instance, f"/stage1?work={work_ms / 1000}", rid)
+        assert code == 200 and body.startswith(b"ok stage=1")
+        (rec,) = _records(instance, [rid])
+        assert rec.stage == "1" and rec.path == "/stage1" and rec.status == 200
+        assert rec.cpu_us is not None and int(headers["x-stage-cpu-us"]) == rec.cpu_us
+        assert rec.cpu_us >= work_ms * 1000  # the loop never stops early
+        assert rec.duration_us >= rec.cpu_us
+        # Measured overshoot: median 2 us, max 17 us. Rarely (hypervisor steal counted as
+        # thread CPU) a few ms: retried.
+        over = rec.cpu_us - work_ms * 1000
+        return None if over <= 2000 else f"overshoot {over} us"
+
+    _retry(check)
 
 
 def test_stage2_is_served_and_logged_as_stage_2(instance: apache.ApacheInstance) -> None:
@@ -144,6 +160,12 @@ def test_stage2_is_served_and_logged_as_stage_2(instance: apache.ApacheInstance)
 def test_stage_rejects_bad_work_with_400(instance: apache.ApacheInstance, query: str, message: bytes) -> None:
     code, _, body = _get(instance, "/stage1" + query)
     assert code == 400 and message in body
+
+
+@pytest.mark.skipif(shutil.which("luac5.3") is None, reason="luac5.3 (package lua5.3) not installed")
+def test_stage_script_compiles_under_lua_5_3() -> None:
+    # mod_lua embeds Lua 5.3: the handler uses 5.3 integer division (//).
+    subprocess.run(["luac5.3", "-p", str(REPO / "apache-conf" / "lua" / "stage.lua")], check=True)
 
 
 def test_static_files_for_overhead_benchmarks(instance: apache.ApacheInstance) -> None:
@@ -204,22 +226,13 @@ def client_on_other_core(instance: apache.ApacheInstance) -> Iterator[None]:
     if instance.cpu is None:
         pytest.skip("needs 2 cores: Apache pinned to one, the client on another")
     _, client_core = _cores()
+    assert client_core is not None
     saved = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {client_core})  # threads started now inherit it
     try:
         yield
     finally:
         os.sched_setaffinity(0, saved)
-
-
-def _retry(check: Callable[[], str | None], attempts: int = 4) -> None:
-    failures = []
-    for _ in range(attempts):
-        why = check()
-        if why is None:
-            return
-        failures.append(why)
-    pytest.fail("no attempt met the tolerance (machine loaded?): " + " | ".join(failures))
 
 
 @pytest.mark.parametrize("k", [2, 4, 8])
@@ -232,7 +245,8 @@ def test_k_equal_requests_on_one_core_finish_together(
         recs = _concurrent(instance, [work] * k)
         starts = [r.begin_us for r in recs]
         ends = [r.begin_us + r.duration_us for r in recs]
-        if max(starts) - min(starts) > 10_000:
+        # Python client threads send ~1.3 ms apart; later arrivals only shift shares a little.
+        if max(starts) - min(starts) > 0.1 * k * work * 1e6:
             return f"k={k}: arrivals spread {(max(starts) - min(starts)) / 1e3:.1f} ms"
         sojourn = [r.duration_us / 1e6 for r in recs]
         ideal = k * work
