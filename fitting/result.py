@@ -1,0 +1,103 @@
+"""Frozen result objects returned by the fitters."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .phase_type import PhaseType
+
+__all__ = ["FitResult", "OrderScore"]
+
+
+@dataclass(frozen=True)
+class OrderScore:
+    """One row of an order-selection table (``order="auto"``)."""
+
+    order: int
+    loglik: float
+    aic: float
+    bic: float
+    n_params: int
+    converged: bool
+    n_iter: int
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """Outcome of a phase-type fit.
+
+    Attributes
+    ----------
+    ph : PhaseType
+        The fitted distribution.
+    loglik : float
+        Log-likelihood of ``ph`` on the data (weighted; for bins, of the bin probabilities).
+    loglik_trace : tuple of float
+        Log-likelihood at each EM iteration of the final run.
+    n_iter : int
+        EM iterations of the final run.
+    converged : bool
+        Whether the relative log-likelihood change fell below ``rtol`` before ``max_iter``.
+    aic, bic : float
+        ``2k - 2 LL`` and ``k ln n - 2 LL`` with ``k = n_params`` and ``n`` the total weight.
+    n : float
+        Number of observations (total weight).
+    n_params : int
+        Free parameters of the structure.
+    structure : str
+        ``cf1``, ``coxian``, ``general``, ``hyperexp`` or ``hypererlang``.
+    shapes : tuple of int, optional
+        Erlang branch orders for hyper-Erlang fits.
+    mean_preserved : bool
+        True if the time scale was fixed so that the fitted mean equals the sample mean.
+    selection : tuple of OrderScore
+        AIC/BIC for every order tried when the order was chosen automatically.
+    """
+
+    ph: PhaseType
+    loglik: float
+    loglik_trace: tuple[float, ...]
+    n_iter: int
+    converged: bool
+    aic: float
+    bic: float
+    n: float
+    n_params: int
+    structure: str
+    shapes: tuple[int, ...] | None = None
+    mean_preserved: bool = False
+    selection: tuple[OrderScore, ...] = field(default=())
+
+    @staticmethod
+    def criteria(loglik: float, n_params: int, n: float) -> tuple[float, float]:
+        """``(AIC, BIC)``."""
+        return 2 * n_params - 2 * loglik, n_params * math.log(max(n, 1.0)) - 2 * loglik
+
+    def to_dict(self) -> dict[str, Any]:
+        """``alpha``, ``T`` and metadata (structure, order, loglik, n, converged, iterations, ...)."""
+        meta: dict[str, Any] = {
+            "loglik": self.loglik,
+            "n": self.n,
+            "converged": self.converged,
+            "iterations": self.n_iter,
+            "aic": self.aic,
+            "bic": self.bic,
+            "n_params": self.n_params,
+            "mean": self.ph.mean(),
+            "scv": self.ph.scv(),
+            "mean_preserved": self.mean_preserved,
+        }
+        if self.shapes is not None:
+            meta["shapes"] = list(self.shapes)
+        if self.selection:
+            meta["selection"] = [s.__dict__ for s in self.selection]
+        d = self.ph.to_dict(**meta)
+        d["structure"] = self.structure
+        return d
+
+    def to_json(self, *, indent: int | None = 2) -> str:
+        """JSON text readable by :meth:`PhaseType.from_json` and by the solver."""
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
