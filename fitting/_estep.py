@@ -44,6 +44,11 @@ class Sparse:
     rate: FloatArray
     exitv: FloatArray
 
+    @property
+    def is_chain(self) -> bool:
+        """Bidiagonal T (CF1, Coxian, hyper-Erlang): use the faster chain kernels."""
+        return bool(np.all(self.dst == self.src + 1))
+
     def dense(self) -> FloatArray:
         p = self.alpha.size
         T = np.diag(self.diag).astype(np.float64)
@@ -104,9 +109,18 @@ def estep(s: Sparse, obs: Observations, q_factor: float = 1.01) -> Stats:
     """Sufficient statistics by uniformization over the sorted grid (numba)."""
     q = float(np.max(-s.diag)) * q_factor
     obs = _fit_grid(obs, q)
-    A, logs, _ = _u.forward(s.alpha, s.diag, s.src, s.dst, s.rate, s.exitv, q, obs.dt, False, _u.EM_POISSON_EPS)
-    ll, coef_p, coef_s = _coefficients(A, logs, s.exitv, obs)
-    beta0, Z, Nh = _u.backward(s.alpha, s.diag, s.src, s.dst, s.rate, s.exitv, q, obs.dt, A, logs, coef_p, coef_s, _u.EM_POISSON_EPS)
+    eps = _u.EM_POISSON_EPS
+    if s.is_chain:
+        u = np.zeros(max(s.alpha.size - 1, 0))
+        u[s.src] = s.rate
+        A, logs = _u.forward_chain(s.alpha, s.diag, u, q, obs.dt, eps)
+        ll, coef_p, coef_s = _coefficients(A, logs, s.exitv, obs)
+        beta0, Z, Nc = _u.backward_chain(s.alpha, s.diag, u, s.exitv, q, obs.dt, A, logs, coef_p, coef_s, eps)
+        Nh = Nc[s.src]
+    else:
+        A, logs, _ = _u.forward(s.alpha, s.diag, s.src, s.dst, s.rate, s.exitv, q, obs.dt, False, eps)
+        ll, coef_p, coef_s = _coefficients(A, logs, s.exitv, obs)
+        beta0, Z, Nh = _u.backward(s.alpha, s.diag, s.src, s.dst, s.rate, s.exitv, q, obs.dt, A, logs, coef_p, coef_s, eps)
     B = A[0] * beta0
     exits = coef_p @ A
     if np.any(coef_s != 0):

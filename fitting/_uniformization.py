@@ -232,3 +232,126 @@ def backward(alpha, diag, src, dst, rate, exitv, q, dt, A, logs, coef_p, coef_s,
             for e in range(ne):
                 Ne[e] += scale * nl[e]
     return beta, Z, Ne
+
+
+# ----------------------------------------------------------------------------- bidiagonal
+# CF1, Coxian and hyper-Erlang sub-generators are bidiagonal (T = diag(d) + superdiag(u));
+# direct indexing lets the compiler vectorise, ~3x faster than the edge-list kernels above.
+
+
+@nb.njit(cache=True, fastmath=True)
+def forward_chain(alpha, d, u, q, dt, eps):
+    """:func:`forward` for bidiagonal T (no cdf)."""
+    n = dt.shape[0]
+    p = alpha.shape[0]
+    A = np.empty((n + 1, p))
+    logs = np.empty(n + 1)
+    s0 = alpha.sum()
+    for i in range(p):
+        A[0, i] = alpha[i] / s0
+    logs[0] = math.log(s0)
+    pd = 1.0 + d / q
+    pu = np.zeros(p)
+    for i in range(p - 1):
+        pu[i + 1] = u[i] / q  # pu[i] multiplies v[i-1] in the row step
+    lam_max = 0.0
+    for j in range(n):
+        if q * dt[j] > lam_max:
+            lam_max = q * dt[j]
+    buf = np.empty(poisson_capacity(lam_max) + 2)
+    v = np.empty(p)
+    w = np.empty(p)
+    acc = np.empty(p)
+    for j in range(1, n + 1):
+        R = poisson_weights(q * dt[j - 1], eps, buf)
+        b0 = buf[0]
+        for i in range(p):
+            v[i] = A[j - 1, i]
+            acc[i] = b0 * v[i]
+        for m in range(1, R + 1):
+            w[0] = v[0] * pd[0]
+            for i in range(1, p):
+                w[i] = v[i] * pd[i] + v[i - 1] * pu[i]
+            bm = buf[m]
+            for i in range(p):
+                v[i] = w[i]
+                acc[i] += bm * w[i]
+        s = 0.0
+        for i in range(p):
+            s += acc[i]
+        if s <= 0.0 or not math.isfinite(s):
+            s = 1e-300
+        inv = 1.0 / s
+        for i in range(p):
+            A[j, i] = acc[i] * inv
+        logs[j] = logs[j - 1] + math.log(s)
+    return A, logs
+
+
+@nb.njit(cache=True, fastmath=True)
+def backward_chain(alpha, d, u, exitv, q, dt, A, logs, coef_p, coef_s, eps):
+    """:func:`backward` for bidiagonal T; ``Nedge[i]`` is ``H[i+1, i]`` for the edge i -> i+1."""
+    n = dt.shape[0]
+    p = alpha.shape[0]
+    pd = 1.0 + d / q
+    pu = np.zeros(p)  # pu[i] = u[i]/q, couples i -> i+1 (pu[p-1] = 0)
+    for i in range(p - 1):
+        pu[i] = u[i] / q
+    lam_max = 0.0
+    for j in range(n):
+        if q * dt[j] > lam_max:
+            lam_max = q * dt[j]
+    cap = poisson_capacity(lam_max) + 2
+    buf = np.empty(cap)
+    U = np.empty((cap, p + 1))  # column p stays 0 so U[m, i+1] is valid for i = p-1
+    r = np.empty(p)
+    w = np.empty(p)
+    beta = np.empty(p)
+    Z = np.zeros(p)
+    Ne = np.zeros(p)
+    zl = np.empty(p)
+    nl = np.empty(p)
+    for m in range(cap):
+        U[m, p] = 0.0
+    for i in range(p):
+        beta[i] = coef_p[n] * exitv[i] + coef_s[n]
+    for j in range(n, 0, -1):
+        R = poisson_weights(q * dt[j - 1], eps, buf)
+        sig_inv = math.exp(logs[j - 1] - logs[j])
+        b0 = buf[0]
+        for i in range(p):
+            U[0, i] = beta[i]
+            w[i] = b0 * beta[i]
+        for m in range(1, R + 1):
+            bm = buf[m]
+            for i in range(p):
+                x = U[m - 1, i] * pd[i] + pu[i] * U[m - 1, i + 1]
+                U[m, i] = x
+                w[i] += bm * x
+        cp = coef_p[j - 1]
+        cs = coef_s[j - 1]
+        for i in range(p):
+            beta[i] = sig_inv * w[i] + cp * exitv[i] + cs
+        if R > 0:
+            for i in range(p):
+                zl[i] = 0.0
+                nl[i] = 0.0
+            bR = buf[R]
+            for i in range(p):
+                r[i] = bR * A[j - 1, i]
+            for m in range(R - 1, -1, -1):
+                if m < R - 1:
+                    bm1 = buf[m + 1]
+                    w[0] = r[0] * pd[0] + bm1 * A[j - 1, 0]
+                    for i in range(1, p):
+                        w[i] = r[i] * pd[i] + r[i - 1] * pu[i - 1] + bm1 * A[j - 1, i]
+                    for i in range(p):
+                        r[i] = w[i]
+                for i in range(p):
+                    zl[i] += U[m, i] * r[i]
+                    nl[i] += U[m, i + 1] * r[i]
+            scale = sig_inv / q
+            for i in range(p):
+                Z[i] += scale * zl[i]
+                Ne[i] += scale * nl[i]
+    return beta, Z, Ne

@@ -260,6 +260,26 @@ def _ladder(p: int, mean: float, spread: float, scale: float) -> PhaseType:
     return PhaseType(alpha, ph.T * c, structure="cf1")
 
 
+def _quantile_ladder(x: FloatArray, w: FloatArray, p: int, lo_q: float, hi_q: float) -> PhaseType:
+    """CF1 whose entry points have geometric mean times from the ``lo_q`` to the ``hi_q``
+    sample quantile, entry probabilities = sample mass nearest (in log scale) to each.
+
+    Entering CF1 phase i passes phases i..p, so its mean time is ``tau_i = sum_{j>=i} 1/lam_j``;
+    a slow first phase with a small entry probability captures the tail from the start.
+    """
+    c = np.cumsum(w) / w.sum()
+    lo = x[min(int(np.searchsorted(c, lo_q)), x.size - 1)]
+    hi = x[min(int(np.searchsorted(c, hi_q)), x.size - 1)] if hi_q < 1 else x[-1]
+    tau = np.geomspace(hi, max(lo, hi * 1e-6), p)  # descending: tau_0 is the slowest entry
+    inv = tau - np.append(tau[1:], 0.0)
+    lam = 1.0 / np.maximum(inv, 1e-300)
+    near = np.abs(np.log(x)[:, None] - np.log(tau)[None, :]).argmin(axis=1)
+    a = np.bincount(near, weights=w, minlength=p) + 1e-3 * w.sum() / p
+    a = a / a.sum()
+    a, lam = sort_cf1(a, lam)
+    return PhaseType(a, np.diag(-lam) + np.diag(lam[:-1], 1), structure="cf1")
+
+
 def _cf1_from_moments(obs: Observations, p: int) -> PhaseType | None:
     from .moments import match_three_moments, match_two_moments
 
@@ -340,9 +360,12 @@ def _candidates(obs: Observations, p: int, init: str, rng: np.random.Generator,
         her = _fit_her_exact(obs, p, max_iter=60, rtol=1e-6, shapes=None, refine=1)
         cands.append(_to_cf1_safe(her.ph, p))
     if init in ("auto", "grid"):
-        for spread in (1.0, 8.0, 64.0, 512.0) if p > 1 else (1.0,):
-            for scale in (0.5, 1.0):
-                cands.append(_ladder(p, m1, spread, scale))
+        for spread in (8.0, 64.0) if p > 1 else (1.0,):
+            cands.append(_ladder(p, m1, spread, 1.0))
+        if obs.kind == "exact" and p > 1:
+            x, w = obs.exact_values()
+            for lo_q, hi_q in ((0.05, 1.0), (0.01, 0.999), (0.1, 0.99)):
+                cands.append(_quantile_ladder(x, w, p, lo_q, hi_q))
     if init == "convex":
         cands.append(_to_cf1_safe(_convex_init(obs, p), p))
     base = cands[0] if cands else _ladder(p, m1, 16.0, 1.0)
@@ -490,13 +513,17 @@ def fit_observations(
         cands = [_ladder(1, obs.moments()[0], 1.0, 1.0)]
     else:
         cands = _candidates(obs, p, init, rng, n_restarts)
-    # screen candidates with a few EM steps of the CF1 structure
+    # screen candidates with a few EM steps of the CF1 structure on aggregated data, converge the
+    # best there (cheap), then finish on the full data
+    coarse = obs.coarse()
     best: _Run | None = None
     for c in cands:
-        run = _run(_to_sparse(c, pat_cf1), obs, pat_cf1, max_iter=init_iter, rtol=rtol, target_mean=target_mean)
+        run = _run(_to_sparse(c, pat_cf1), coarse, pat_cf1, max_iter=init_iter, rtol=rtol, target_mean=target_mean)
         if best is None or run.loglik > best.loglik:
             best = run
     assert best is not None
+    if coarse is not obs:
+        best = _run(best.s, coarse, pat_cf1, max_iter=max_iter, rtol=rtol, target_mean=target_mean)
     start = _to_ph(best.s, pat_cf1)
     if structure == "cf1":
         pat = pat_cf1
