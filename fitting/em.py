@@ -315,6 +315,7 @@ def _convex_init(obs: Observations, p: int, grid_size: int = 60) -> PhaseType:
         import cvxpy as cp
     except ImportError:
         raise MissingDependencyError("init='convex' needs cvxpy: pip install 'overtake[convex]'") from None
+    obs = obs.coarse()  # a few hundred weighted points: the problem stays small
     g = obs.grid
     pos = g[g > 0]
     lam = np.geomspace(0.1 / pos.max(), 10.0 / pos.min(), grid_size)
@@ -333,12 +334,19 @@ def _convex_init(obs: Observations, p: int, grid_size: int = 60) -> PhaseType:
         wts.append(obs.int_w)
     Phi = np.vstack(rows)
     w = np.concatenate(wts)
-    colscale = Phi.max(axis=0)
-    colscale[colscale <= 0] = 1.0
+    # dividing a row by a constant shifts the objective by a constant: rows scaled to max 1
+    Phi = Phi / np.maximum(Phi.max(axis=1, keepdims=True), 1e-300)
     pi = cp.Variable(grid_size, nonneg=True)
-    prob = cp.Problem(cp.Maximize(w @ cp.log(Phi / colscale @ pi)), [cp.sum(cp.multiply(1 / colscale, pi)) == 1])
-    prob.solve()
-    weights = np.clip(np.asarray(pi.value, dtype=float) / colscale, 0, None)
+    prob = cp.Problem(cp.Maximize(w / w.sum() @ cp.log(Phi @ pi)), [cp.sum(pi) == 1])
+    import warnings
+
+    with warnings.catch_warnings():
+        # an inaccurate optimum is still a fine starting point: EM refines it
+        warnings.simplefilter("ignore")
+        prob.solve()
+    if pi.value is None:
+        raise FittingInputError("init='convex': the convex mixture problem could not be solved; use init='auto'")
+    weights = np.clip(np.asarray(pi.value, dtype=float), 0, None)
     top = np.sort(np.argsort(weights)[::-1][:p])
     a = weights[top] + 1e-6
     a /= a.sum()

@@ -1,0 +1,164 @@
+"""``overtake fit``: phase-type distributions per request stage, as the solver's JSON.
+
+::
+
+    overtake fit (FILE [--column COL] | --apache-log LOG --log-format FMT --stage NAME=REGEX ...)
+                 [--structure cf1|coxian|general|hyperexp|hypererlang] [--order N|auto]
+                 [--censor-at T] [--preserve-mean] [--out DIR] [--plot] [--seed N]
+
+Writes ``DIR/<stage>.json`` (``{"alpha": [...], "T": [[...]], ...}``, what a scenario's
+``{file: stage1.json}`` points at) and, with ``--plot``, ``DIR/<stage>.png``. Prints one block of
+diagnostics per stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fitting import STRUCTURES, FitResult, FittingInputError, diagnose, fit_observations, samples
+
+
+
+class FitUsageError(FittingInputError):
+    """A command-line option of ``overtake fit`` is unusable."""
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``fit`` sub-command."""
+    p = subparsers.add_parser(
+        "fit",
+        help="fit phase-type service-time distributions from durations or an Apache log",
+        description="Fit phase-type distributions by EM to measured durations (seconds). "
+        "Input: FILE with one duration per line or a CSV column, or an Apache access log "
+        "whose requests are mapped to stages by URL regexes.",
+    )
+    p.add_argument("file", nargs="?", help="durations: one per line, or CSV with --column")
+    p.add_argument("--column", help="CSV column (header name or 0-based index)")
+    p.add_argument("--scale", type=float, default=1.0, help="multiply FILE values to get seconds (e.g. 1e-3 for ms)")
+    p.add_argument("--name", help="stage name for FILE input (default: the file's stem)")
+    p.add_argument("--apache-log", metavar="LOG", help="Apache access log")
+    p.add_argument("--log-format", metavar="FMT", help='the LogFormat string, e.g. \'%%h %%t "%%r" %%>s %%b %%D\'')
+    p.add_argument("--stage", action="append", default=[], metavar="NAME=REGEX",
+                   help="map request paths matching REGEX to stage NAME (repeatable; first match wins)")
+    p.add_argument("--structure", choices=STRUCTURES, default="cf1", help="default cf1 (acyclic canonical form)")
+    p.add_argument("--order", default="4", help="number of phases, or 'auto' (BIC over 1..12); default 4")
+    p.add_argument("--censor-at", type=float, metavar="T",
+                   help="durations >= T seconds were cut off by a timeout: treat them as right-censored at T")
+    p.add_argument("--preserve-mean", action="store_true", help="make the fitted mean equal the sample mean exactly")
+    p.add_argument("--out", default=".", metavar="DIR", help="output directory (default: current)")
+    p.add_argument("--plot", action="store_true", help="also write DIR/<stage>.png")
+    p.add_argument("--seed", type=int, default=0, help="seed for the random restarts (default 0)")
+    p.add_argument("--max-iter", type=int, default=5000)
+
+
+def _order(value: str) -> int | str:
+    if value == "auto":
+        return "auto"
+    try:
+        k = int(value)
+    except ValueError:
+        raise FitUsageError(f"--order must be an integer >= 1 or 'auto', got {value!r}") from None
+    if k < 1:
+        raise FitUsageError(f"--order must be >= 1, got {k}")
+    return k
+
+
+def _stages(specs: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for spec in specs:
+        name, sep, rx = spec.partition("=")
+        if not sep or not name or not rx:
+            raise FitUsageError(f"--stage must be NAME=REGEX, got {spec!r}")
+        if name in out:
+            raise FitUsageError(f"--stage {name!r} given twice")
+        out[name] = rx
+    return out
+
+
+def _load(args: argparse.Namespace) -> tuple[dict[str, np.ndarray], list[str]]:
+    from fitting import io
+
+    if args.apache_log and args.file:
+        raise FitUsageError("give either FILE or --apache-log, not both")
+    if args.apache_log:
+        if not args.log_format:
+            raise FitUsageError("--apache-log needs --log-format (the server's LogFormat string)")
+        stages = _stages(args.stage)
+        if not stages:
+            raise FitUsageError("--apache-log needs at least one --stage NAME=REGEX")
+        res = io.read_apache_log(args.apache_log, args.log_format, stages)
+        return res.stages, res.report()
+    if not args.file:
+        raise FitUsageError("give FILE (durations) or --apache-log LOG")
+    if not (math.isfinite(args.scale) and args.scale > 0):
+        raise FitUsageError(f"--scale must be > 0, got {args.scale}")
+    column: str | int | None = args.column
+    x = io.read_durations(args.file, column=column, scale=args.scale)
+    name = args.name or Path(args.file).stem
+    if not name.replace("_", "").replace("-", "").replace(".", "").isalnum():
+        raise FitUsageError(f"--name must be letters, digits, '_', '.', '-', got {name!r}")
+    return {name: x}, []
+
+
+def _summary(name: str, res: FitResult, lines: list[str]) -> list[str]:
+    out = [
+        f"[{name}] {res.structure} order {res.ph.order}: loglik {res.loglik:.4f}  AIC {res.aic:.2f}  "
+        f"BIC {res.bic:.2f}  n {res.n:g}  {'converged' if res.converged else 'NOT converged'} "
+        f"after {res.n_iter} iterations" + ("  (mean preserved)" if res.mean_preserved else ""),
+    ]
+    if res.shapes is not None:
+        out.append(f"  Erlang branch shapes {list(res.shapes)}")
+    for row in res.selection:
+        mark = " <" if row.order == res.ph.order else ""
+        out.append(f"  order {row.order:2d}: loglik {row.loglik:.3f}  AIC {row.aic:.2f}  BIC {row.bic:.2f}{mark}")
+    out += ["  " + s for s in lines]
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """Fit every stage, write JSON (and PNG), print diagnostics."""
+    order = _order(args.order)
+    if args.censor_at is not None and not (math.isfinite(args.censor_at) and args.censor_at > 0):
+        raise FitUsageError(f"--censor-at must be a duration > 0 seconds, got {args.censor_at}")
+    if args.max_iter < 1:
+        raise FitUsageError(f"--max-iter must be >= 1, got {args.max_iter}")
+    data, report = _load(args)
+    for line in report:
+        print(line)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, x in data.items():
+        censored = None
+        if args.censor_at is not None:
+            censored = x >= args.censor_at
+            x = np.where(censored, args.censor_at, x)
+        try:
+            obs = samples(x, censored=censored)
+        except FittingInputError as exc:
+            raise type(exc)(f"stage {name!r}: {exc}") from None
+        res = fit_observations(obs, structure=args.structure, order=order, preserve_mean=args.preserve_mean,
+                               random_state=args.seed, max_iter=args.max_iter)
+        path = out / f"{name}.json"
+        path.write_text(res.to_json() + "\n")
+        diag = diagnose(obs, res.ph).lines()
+        for line in _summary(name, res, diag):
+            print(line)
+        print(f"  wrote {path}")
+        if args.plot:
+            from fitting.plot import fit_figure
+
+            fig = fit_figure(x, res.ph, title=f"{name}: {res.structure}({res.ph.order})", censored=censored)
+            png = out / f"{name}.png"
+            fig.savefig(png, dpi=100)
+            print(f"  wrote {png}")
+    sys.stdout.flush()
+    return 0
+
+
+

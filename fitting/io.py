@@ -1,0 +1,208 @@
+"""Readers for measured durations: plain text, CSV and Apache access logs.
+
+The only module of :mod:`fitting` that touches files. Everything it returns is in seconds.
+
+Apache logs are parsed with ``apachelogs`` from the server's ``LogFormat`` string. The duration
+comes from ``%D`` (microseconds), ``%{us}T``, ``%{ms}T`` or ``%T``/``%{s}T`` (whole seconds:
+coarse), first match in that order. Each request line (``%r``, or ``%U`` if present) is mapped to
+the first stage whose regex matches its URL path; non-2xx responses are dropped. Lines that do
+not parse are counted and a few kept as examples, never fatal. A logged duration of 0 (below the
+clock tick) is replaced by half a tick, since a phase-type density has no atom at 0; such
+replacements are counted.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import LogFormatError, MissingDependencyError
+
+__all__ = ["ApacheSamples", "parse_apache_log", "read_apache_log", "read_durations"]
+
+FloatArray = npt.NDArray[np.float64]
+
+# directive -> (apachelogs attribute, seconds per unit)
+_DURATIONS = (
+    ("%D", "request_duration_microseconds", 1e-6),
+    ("%{us}T", "request_duration_microseconds", 1e-6),
+    ("%{ms}T", "request_duration_milliseconds", 1e-3),
+    ("%{s}T", "request_duration_seconds", 1.0),
+    ("%T", "request_duration_seconds", 1.0),
+)
+
+
+def read_durations(path: str | Path, *, column: str | int | None = None, scale: float = 1.0) -> FloatArray:
+    """Durations from a text file (one per line) or from one column of a CSV file.
+
+    Parameters
+    ----------
+    path : str or Path
+        Plain text (blank lines and ``#`` comments skipped) or CSV.
+    column : str or int, optional
+        CSV column by header name or 0-based index; without it the file must hold one number
+        per line.
+    scale : float
+        Multiplier to seconds (e.g. 1e-3 for milliseconds).
+
+    Raises
+    ------
+    LogFormatError
+        A value that is not a number (the message names file, line and text), or a missing column.
+    """
+    p = Path(path)
+    with p.open(newline="") as fh:
+        if column is None:
+            out = []
+            for lineno, line in enumerate(fh, start=1):
+                s = line.strip()
+                if not s or s.startswith("#"):
+                    continue
+                try:
+                    out.append(float(s))
+                except ValueError:
+                    hint = " (a CSV? choose the column with --column)" if "," in s or lineno == 1 else ""
+                    raise LogFormatError(f"{p}:{lineno}: not a number: {s[:60]!r}{hint}") from None
+            return np.asarray(out, dtype=np.float64) * scale
+        reader = csv.reader(fh)
+        try:
+            header = next(reader)
+        except StopIteration:
+            return np.zeros(0)
+        if isinstance(column, int) or (isinstance(column, str) and column.isdigit() and column not in header):
+            idx = int(column)
+            rows: Iterable[list[str]] = reader
+            if idx >= len(header):
+                raise LogFormatError(f"{p}: column index {idx} out of range (the file has {len(header)} columns)")
+            try:
+                float(header[idx])
+                rows = [header, *reader]  # no header row
+            except ValueError:
+                pass
+        else:
+            if column not in header:
+                raise LogFormatError(f"{p}: no column {column!r}; the header has {header}")
+            idx = header.index(column)
+            rows = reader
+        vals = []
+        for lineno, row in enumerate(rows, start=2):
+            if not row or idx >= len(row) or not row[idx].strip():
+                continue
+            try:
+                vals.append(float(row[idx]))
+            except ValueError:
+                raise LogFormatError(f"{p}:{lineno}: column {column!r} is not a number: {row[idx][:60]!r}") from None
+        return np.asarray(vals, dtype=np.float64) * scale
+
+
+@dataclass(frozen=True)
+class ApacheSamples:
+    """Durations per stage from an access log, with counts of what was dropped."""
+
+    stages: dict[str, FloatArray]
+    lines: int
+    garbage: int
+    non_2xx: int
+    unmatched: int
+    no_duration: int
+    zero_durations: int
+    tick: float
+    garbage_examples: tuple[str, ...] = field(default=())
+
+    def report(self) -> list[str]:
+        """One-line summaries for the CLI."""
+        out = [
+            f"{self.lines} lines: {sum(v.size for v in self.stages.values())} kept, {self.garbage} unparsable, "
+            f"{self.non_2xx} non-2xx, {self.unmatched} matched no stage, {self.no_duration} without duration"
+        ]
+        if self.zero_durations:
+            out.append(f"{self.zero_durations} durations of 0 replaced by half a tick ({self.tick / 2:g} s)")
+        for ex in self.garbage_examples:
+            out.append(f"unparsable: {ex[:100]!r}")
+        return out
+
+
+def _compile_stages(stages: Mapping[str, str]) -> list[tuple[str, re.Pattern[str]]]:
+    if not stages:
+        raise LogFormatError("at least one stage NAME=REGEX is needed")
+    out = []
+    for name, rx in stages.items():
+        if not name or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise LogFormatError(f"stage name must be letters, digits, '_', '.', '-' (used as a file name), got {name!r}")
+        try:
+            out.append((name, re.compile(rx)))
+        except re.error as exc:
+            raise LogFormatError(f"stage {name!r}: bad regex {rx!r}: {exc}") from None
+    return out
+
+
+def parse_apache_log(lines: Iterable[str], log_format: str, stages: Mapping[str, str]) -> ApacheSamples:
+    """Map access-log lines to per-stage durations (seconds); see the module docstring."""
+    try:
+        import apachelogs
+    except ImportError:
+        raise MissingDependencyError("reading Apache logs needs apachelogs: pip install apachelogs") from None
+    try:
+        parser = apachelogs.LogParser(log_format)
+    except apachelogs.Error as exc:
+        raise LogFormatError(f"log format {log_format!r}: {exc}") from None
+    dur = next(((d, attr, unit) for d, attr, unit in _DURATIONS if d in log_format), None)
+    if dur is None:
+        raise LogFormatError(f"log format {log_format!r} has no duration directive: add %D (microseconds) or %{{ms}}T")
+    if "%r" not in log_format and "%U" not in log_format:
+        raise LogFormatError(f"log format {log_format!r} has no request line: add %r (or %U) to map requests to stages")
+    _, attr, unit = dur
+    compiled = _compile_stages(stages)
+    has_status = "%>s" in log_format or "%s" in log_format
+    found: dict[str, list[float]] = {name: [] for name, _ in compiled}
+    n = garbage = non2xx = unmatched = nodur = zeros = 0
+    examples: list[str] = []
+    for raw in lines:
+        line = raw.rstrip("\r\n")
+        if not line.strip():
+            continue
+        n += 1
+        try:
+            e = parser.parse(line)
+        except apachelogs.Error:
+            garbage += 1
+            if len(examples) < 3:
+                examples.append(line)
+            continue
+        if has_status:
+            status = getattr(e, "final_status", None) or getattr(e, "status", None)
+            if status is None or not 200 <= int(status) < 300:
+                non2xx += 1
+                continue
+        path = getattr(e, "request_uri", None)
+        if path is None:
+            req = getattr(e, "request_line", None) or ""
+            parts = req.split()
+            path = parts[1] if len(parts) >= 2 else req
+        stage = next((name for name, rx in compiled if rx.search(path)), None)
+        if stage is None:
+            unmatched += 1
+            continue
+        d = getattr(e, attr, None)
+        if d is None:
+            nodur += 1
+            continue
+        v = float(d) * unit
+        if v <= 0:
+            zeros += 1
+            v = 0.5 * unit
+        found[stage].append(v)
+    return ApacheSamples({k: np.asarray(v, dtype=np.float64) for k, v in found.items()}, n, garbage, non2xx,
+                         unmatched, nodur, zeros, unit, tuple(examples))
+
+
+def read_apache_log(path: str | Path, log_format: str, stages: Mapping[str, str]) -> ApacheSamples:
+    """:func:`parse_apache_log` over a file (undecodable bytes count as garbage lines)."""
+    with Path(path).open(encoding="utf-8", errors="replace") as fh:
+        return parse_apache_log(fh, log_format, stages)
