@@ -76,13 +76,18 @@ def distance_to_density(
     moments: tuple[float, float, float],
     upper: float,
     n_grid: int = 20001,
+    lower: float | None = None,
 ) -> dict[str, float]:
     """Relative entropy, cdf area distance and relative moment errors against a target density.
 
     Integrals use the trapezoidal rule on ``[0, upper]`` (``upper`` past the target's support
-    or far in its tail); moment errors are ``|m_k(fit) - m_k| / m_k`` for k = 1, 2, 3.
+    or far in its tail), on a log-spaced grid from ``lower`` if given (heavy tails), else a
+    uniform one; moment errors are ``|m_k(fit) - m_k| / m_k`` for k = 1, 2, 3.
     """
-    t = np.linspace(0.0, upper, n_grid)[1:]
+    if lower is None:
+        t = np.linspace(0.0, upper, n_grid)[1:]
+    else:
+        t = np.concatenate((np.linspace(0.0, lower, 200)[1:], np.geomspace(lower, upper, n_grid)[1:]))
     f = np.asarray(pdf(t), dtype=float)
     fh = np.maximum(np.asarray(ph.pdf(t), dtype=float), 1e-300)
     with np.errstate(divide="ignore", invalid="ignore"):

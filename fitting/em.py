@@ -393,7 +393,7 @@ def _to_cf1_safe(ph: PhaseType, p: int) -> PhaseType:
 
 # ---------------------------------------------------------------------------- hyper-Erlang
 def _fit_her_exact(obs: Observations, p: int, *, max_iter: int, rtol: float,
-                   shapes: tuple[int, ...] | None, refine: int = 3, screen_iter: int = 40,
+                   shapes: tuple[int, ...] | None, refine: int = 2, screen_iter: int = 1000,
                    structure: str = "hypererlang") -> FitResult:
     """Closed-form G-FIT EM with branch-shape search.
 
@@ -402,19 +402,18 @@ def _fit_her_exact(obs: Observations, p: int, *, max_iter: int, rtol: float,
     """
     x, w = obs.exact_values()
     cands = [shapes] if shapes is not None else (_her.partitions(p, max_parts=p) if structure == "hypererlang" else [(1,) * p])
+    # screen every shape on the aggregated trace (G-FIT's trace aggregation), cheap
+    cx, cw = obs.coarse().exact_values()
     screened = []
     for sh in cands:
-        shp, pi, lam = _her.initial(x, w, sh)
-        trace, n_it, conv = _her.her_em(x, w, shp, pi, lam, min(screen_iter, max_iter), rtol)
-        screened.append((trace[-1], shp, pi, lam, trace, n_it, conv))
+        shp, pi, lam = _her.initial(cx, cw, sh)
+        trace, n_it, conv = _her.her_em(cx, cw, shp, pi, lam, max(2, min(screen_iter, max_iter)), rtol)
+        screened.append((trace[-1], shp, pi, lam))
     screened.sort(key=lambda r: -r[0])
     best = None
-    for ll0, shp, pi, lam, trace0, n0, conv0 in screened[:refine]:
-        if conv0 or max_iter <= screen_iter:
-            res = (trace0[-1], shp, pi, lam, trace0, n0, conv0)
-        else:
-            trace1, n1, conv1 = _her.her_em(x, w, shp, pi, lam, max_iter - n0 + 1, rtol)
-            res = (trace1[-1], shp, pi, lam, np.concatenate([trace0[:-1], trace1]), n0 + n1 - 1, conv1)
+    for _, shp, pi, lam in screened[:refine]:
+        trace, n_it, conv = _her.her_em(x, w, shp, pi, lam, max_iter, rtol)
+        res = (trace[-1], shp, pi, lam, trace, n_it, conv)
         if best is None or res[0] > best[0]:
             best = res
     assert best is not None
