@@ -38,7 +38,9 @@ class FitResult:
     loglik_trace : tuple of float
         Log-likelihood at each EM iteration of the final run.
     n_iter : int
-        EM iterations of the final run.
+        E-steps on the full data in the final run. Starting points are screened, and the best
+        pre-converged, on an aggregated copy of the data (G-FIT-style log-spaced trace
+        aggregation) first; those cheap iterations are not counted here.
     converged : bool
         Whether the relative log-likelihood change fell below ``rtol`` before ``max_iter``.
     aic, bic : float
