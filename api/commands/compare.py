@@ -1,0 +1,42 @@
+"""``overtake compare SCENARIO [--json]``: π* against the baselines, gains as fractions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from mdp.compare import compare
+
+from ._scenario import load_scenario
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("compare", help="compare the optimal policy with pi(1), pi(4), pi(inf), pi(1,1)")
+    p.add_argument("scenario", help="scenario YAML")
+    p.add_argument("--json", action="store_true", help="print the JSON document on stdout")
+    p.add_argument("--policy", action="append", default=[], metavar="NAME",
+                   help='more baselines, e.g. --policy "pi(2)" --policy "pi(2,3)"')
+    p.add_argument("--phase-info", choices=("full", "start"), default="full",
+                   help="start: also solve the variant where a waiting request's phase is unknown")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+
+
+def run(args: argparse.Namespace) -> int:
+    sc, model = load_scenario(args.scenario)
+    progress = None if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+    doc = compare(model, policies=args.policy, phase_info_start=args.phase_info == "start",
+                  tol=sc.tolerance, truncation=sc.fixed_truncation(), progress=progress)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(f"arrival rate {doc['arrival_rate']:.6g}, load {doc['load']:.4g}; pi*: {doc['states']} states, "
+          f"{doc['iterations']} {doc['method']} steps, {doc['seconds']:.1f} s")
+    print(f"{'policy':<22}{'E[W]':>10}{'E[N]':>10}{'threads':>9}{'blocking':>11}{'gain':>9}")
+    for name, m in doc["policies"].items():
+        g = doc["gains"].get(name)
+        gs = "" if g is None else f"{100 * g:8.2f}%"
+        print(f"{name:<22}{m['mean_response_time']:>10.4f}{m['mean_in_system']:>10.4f}"
+              f"{m['mean_threads']:>9.3f}{m['blocking_probability']:>11.2e}{gs:>9}")
+    return 0

@@ -1,0 +1,127 @@
+"""The minimisation over spawn actions in paper 004's operator (the function H of §2).
+
+At a pre-decision state y = (w, k) the controller may start threads for any waiting requests:
+
+    H(y) = min { V(w − a, k + a) : 0 ≤ a ≤ w, Σ(k + a) ≤ K_max }.
+
+The paper writes the minimum over single-coordinate moves; we allow every combination (the box),
+and never enumerate it. Two exact dynamic programmes:
+
+* :func:`box_minimum` (phase known): the box is a product of intervals intersected with a
+  downward-closed thread cap, so the minimum is a sequence of one-dimensional suffix minima, one
+  coordinate at a time — O(Q·S) instead of O(Π(w_q+1)·S).
+* :func:`spawn_minimum` (phase drawn when the thread starts): threads are started one at a time,
+  each revealing its phase, so H(y) = min(V(y), min_q Σ_j α_qj H(y_qj)) by backward recursion over
+  the number of active threads (K_max levels).
+
+Both return the minimiser; ties go to starting fewer threads. Post-decision states that idle
+(requests present, no thread active) are excluded: idling the processor never helps, and without
+this every policy would not be unichain — policy iteration needs that (Puterman §8.6).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+import numpy as np
+import numpy.typing as npt
+
+from .statespace import StateSpace
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+
+class ActionIndex:
+    """Precomputed level orderings so each Bellman minimisation is a few vectorised passes."""
+
+    def __init__(self, space: StateSpace) -> None:
+        self.space = space
+
+    @cached_property
+    def _box_levels(self) -> list[list[tuple[IntArray, IntArray]]]:
+        # For queue q: groups of (states, neighbour) ordered by the neighbour's k_d, highest first,
+        # so a state's neighbour already holds the suffix minimum along q when it is read.
+        sp = self.space
+        out = []
+        for q in range(sp.Q):
+            (nb, _), = sp.spawn_neighbours[q]
+            (d, _), = sp.layout.spawn[q]
+            has = np.flatnonzero(nb >= 0)
+            level = sp.rows[has, sp.Q + d]
+            order = np.argsort(-level, kind="stable")
+            has, level = has[order], level[order]
+            cuts = np.flatnonzero(np.diff(level)) + 1
+            groups = [(g, nb[g]) for g in np.split(has, cuts)]
+            out.append(groups)
+        return out
+
+    @cached_property
+    def idle(self) -> npt.NDArray[np.bool_]:
+        """Post-decision states not allowed: requests present but no active thread."""
+        return (self.space.threads == 0) & (self.space.n_total > 0)
+
+    @cached_property
+    def _thread_levels(self) -> list[IntArray]:
+        K = self.space.threads
+        return [np.flatnonzero(K == k) for k in range(self.space.k_max, -1, -1)]
+
+    def box_minimum(self, V: FloatArray, rtol: float = 0.0) -> tuple[FloatArray, IntArray]:
+        """H(y) and its minimiser (a state index) for every y, phase-known layout."""
+        sp = self.space
+        if not sp.layout.deterministic:
+            raise ValueError("box_minimum needs the phase-known layout; use spawn_minimum")
+        G = np.where(self.idle, np.inf, V)
+        A = np.arange(sp.size, dtype=np.int64)
+        tol = rtol * (np.max(np.abs(V)) + 1.0)
+        for groups in self._box_levels:
+            for states, nb in groups:
+                better = G[nb] < G[states] - tol
+                s = states[better]
+                G[s] = G[nb[better]]
+                A[s] = A[nb[better]]
+        return G, A
+
+    def spawn_minimum(self, V: FloatArray, rtol: float = 0.0) -> tuple[FloatArray, IntArray]:
+        """H(y) and the first queue to spawn from (−1 = stop) for every y, any layout."""
+        sp = self.space
+        H = np.where(self.idle, np.inf, V)
+        dec = np.full(sp.size, -1, dtype=np.int64)
+        tol = rtol * (np.max(np.abs(V)) + 1.0)
+        for states in self._thread_levels:
+            best = H[states]
+            for q in range(sp.Q):
+                val = np.zeros(states.size)
+                ok = np.ones(states.size, dtype=bool)
+                for nb, p in sp.spawn_neighbours[q]:
+                    j = nb[states]
+                    ok &= j >= 0
+                    val += p * H[np.maximum(j, 0)]
+                better = ok & (val < best - tol)
+                best = np.where(better, val, best)
+                dec[states[better]] = q
+            H[states] = best
+        return H, dec
+
+
+def brute_force_minimum(space: StateSpace, V: FloatArray, state: int) -> float:
+    """min over every spawn vector a (enumerated): the reference the tests check the DP against."""
+    import itertools
+
+    row = space.rows[state]
+    Q = space.Q
+    w = row[:Q]
+    best = float(V[state]) if (row[Q:].sum() > 0 or row.sum() == 0) else np.inf
+    for a in itertools.product(*(range(int(x) + 1) for x in w)):
+        av = np.asarray(a)
+        if row[Q:].sum() + av.sum() > space.k_max:
+            continue
+        new = row.copy()
+        new[:Q] -= av
+        for q in range(Q):
+            ((d, _),) = space.layout.spawn[q]
+            new[Q + d] += av[q]
+        if new[Q:].sum() == 0 and new.sum() > 0:
+            continue  # idling is not an action
+        best = min(best, float(V[space.index(new[None, :])[0]]))
+    return best

@@ -1,0 +1,75 @@
+"""``compare``: π* against the baselines on one scenario (paper 004, §4.1, Table 1).
+
+Gain of π* over a policy π: (E W(π) − E W(π*)) / E W(π*), as a fraction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .baselines import Baseline
+from .model import TandemModel
+from .statespace import Truncation
+from .truncation import Optimum, evaluate_baseline, solve_optimal
+
+Progress = Callable[[str], None]
+
+
+def default_baselines(n_stages: int) -> list[str]:
+    """π(1), π(4), π(∞) and the all-ones per-stage cap (π(1,1) for two stages)."""
+    ones = "pi(" + ",".join(["1"] * n_stages) + ")"
+    names = ["pi(1)", "pi(4)", "pi(inf)", ones]
+    out: list[str] = []
+    for n in names:
+        b = Baseline.parse(n, n_stages).name
+        if b not in out:
+            out.append(b)
+    return out
+
+
+def compare(
+    model: TandemModel,
+    *,
+    policies: Sequence[str] = (),
+    phase_info_start: bool = False,
+    tol: float = 1e-3,
+    truncation: Truncation | None = None,
+    progress: Progress | None = None,
+    optimum: Optimum | None = None,
+) -> dict[str, Any]:
+    """Solve π* and evaluate the baselines; returns the JSON document of ``overtake compare``."""
+    t0 = time.perf_counter()
+    names = default_baselines(model.n_stages)
+    for p in policies:
+        b = Baseline.parse(p, model.n_stages).name
+        if b not in names:
+            names.append(b)
+    opt = optimum or solve_optimal(model, truncation=truncation, tol=tol, progress=progress)
+    out: dict[str, Any] = {"policies": {"pi*": opt.metrics.to_dict()}}
+    start_opt = None
+    if phase_info_start:
+        start_opt = solve_optimal(model, phase_info="start", truncation=truncation, tol=tol, progress=progress)
+        out["policies"]["pi*(phase at start)"] = start_opt.metrics.to_dict()
+    for name in names:
+        ev = evaluate_baseline(model, name, tol=tol, progress=progress)
+        out["policies"][ev.name] = ev.metrics.to_dict()
+    ew_star = opt.metrics.mean_response_time
+    out["gains"] = {
+        k: (v["mean_response_time"] - ew_star) / ew_star for k, v in out["policies"].items() if k != "pi*"
+    }
+    out["arrival_rate"] = model.arrival_rate
+    out["load"] = model.arrival_rate * model.mean_service()
+    out["states"] = opt.solve.space.size
+    out["iterations"] = opt.sweeps
+    out["method"] = opt.solve.method
+    out["gain_bounds"] = list(opt.solve.gain_bounds)
+    out["truncation"] = {"max_requests": opt.truncation.max_requests, "max_threads": opt.truncation.k_max,
+                         "trace": opt.trace}
+    if start_opt is not None:
+        out["phase_at_start"] = {"states": start_opt.solve.space.size, "iterations": start_opt.sweeps,
+                                 "truncation": {"max_requests": start_opt.truncation.max_requests,
+                                                "max_threads": start_opt.truncation.k_max}}
+    out["seconds"] = time.perf_counter() - t0
+    return out

@@ -1,0 +1,206 @@
+"""The two-layered tandem model of paper 004, §2.
+
+N stages in tandem share one processor. Stage ``i`` has a phase-type service time
+PH(α_i, T_i) with ``M_i`` phases; a request is served at a stage only once a thread has been
+spawned for it there, and the thread stays until the stage's service completes. With ``K``
+active threads in total every thread progresses at rate ``c(K)/K`` where
+
+    c(K) = min(K, m) / (1 + δ·K),    c(0) = 0,
+
+``m`` = ``cores`` and ``δ`` = ``overhead`` (paper 004 has m = 1, δ = 0; δ > 0 models the
+"too many threads hurts" effect its introduction describes). Arrivals are Poisson(λ) to stage 1.
+Time is in seconds (or any unit, consistently); rates are per unit time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import ModelError
+
+FloatArray = npt.NDArray[np.float64]
+
+_TOL = 1e-9
+
+
+def _as_ph(alpha: Any, T: Any, where: str) -> tuple[FloatArray, FloatArray]:
+    """Validate a PH representation (α a distribution, T a sub-generator) and return float arrays."""
+    a = np.asarray(alpha, dtype=float)
+    t = np.asarray(T, dtype=float)
+    if a.ndim != 1 or a.size == 0:
+        raise ModelError(f"{where}.alpha must be a non-empty list of probabilities, got shape {a.shape}")
+    m = a.size
+    if t.shape != (m, m):
+        raise ModelError(f"{where}.T must be a {m}x{m} matrix to match alpha, got shape {t.shape}")
+    if not (np.all(np.isfinite(a)) and np.all(np.isfinite(t))):
+        raise ModelError(f"{where}: alpha and T must be finite numbers")
+    if np.any(a < -_TOL):
+        j = int(np.argmin(a))
+        raise ModelError(f"{where}.alpha[{j}] must be >= 0, got {a[j]:g}")
+    if abs(a.sum() - 1.0) > 1e-6:
+        raise ModelError(f"{where}.alpha must sum to 1 (a distribution over phases), got sum {a.sum():.6g}")
+    for j in range(m):
+        if t[j, j] >= 0:
+            raise ModelError(f"{where}.T[{j},{j}] must be < 0 (a sub-generator), got {t[j, j]:g}")
+        off = np.delete(t[j], j)
+        if np.any(off < -_TOL):
+            raise ModelError(f"{where}.T[{j}] off-diagonal entries must be >= 0, got {off.min():g}")
+        if t[j].sum() > _TOL * max(1.0, -t[j, j]):
+            raise ModelError(
+                f"{where}.T[{j}] row sum must be <= 0 (exit rate >= 0), got {t[j].sum():g}"
+            )
+    a = np.clip(a, 0.0, None)
+    a = a / a.sum()
+    t = t.copy()
+    off_mask = ~np.eye(m, dtype=bool)
+    t[off_mask] = np.clip(t[off_mask], 0.0, None)
+    # Absorption must be reachable from every phase, else the mean is infinite.
+    try:
+        mean_from = np.linalg.solve(-t, np.ones(m))
+    except np.linalg.LinAlgError:
+        raise ModelError(f"{where}.T is singular: service never completes from some phase") from None
+    if not np.all(np.isfinite(mean_from)) or np.any(mean_from <= 0):
+        raise ModelError(f"{where}.T: service never completes from some phase (T must be transient)")
+    return a, t
+
+
+@dataclass(frozen=True, eq=False)
+class Stage:
+    """One request stage: a name and its PH(α, T) service time (rates per unit time)."""
+
+    name: str
+    alpha: FloatArray
+    T: FloatArray
+
+    def __post_init__(self) -> None:
+        a, t = _as_ph(self.alpha, self.T, f"stages[{self.name}]")
+        object.__setattr__(self, "alpha", a)
+        object.__setattr__(self, "T", t)
+        a.setflags(write=False)
+        t.setflags(write=False)
+
+    @property
+    def phases(self) -> int:
+        return int(self.alpha.size)
+
+    @property
+    def exit_rates(self) -> FloatArray:
+        """t = −T·1, the rate of completing service from each phase."""
+        return np.clip(-self.T.sum(axis=1), 0.0, None)
+
+    def mean(self) -> float:
+        """E[S] = α(−T)⁻¹1."""
+        return float(self.alpha @ np.linalg.solve(-self.T, np.ones(self.phases)))
+
+    def second_moment(self) -> float:
+        """E[S²] = 2α(−T)⁻²1."""
+        u = np.linalg.solve(-self.T, np.ones(self.phases))
+        return float(2.0 * self.alpha @ np.linalg.solve(-self.T, u))
+
+    def phase_means(self) -> FloatArray:
+        """Expected remaining service from each phase, (−T)⁻¹1."""
+        return np.linalg.solve(-self.T, np.ones(self.phases))
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Stage)
+            and self.name == other.name
+            and np.array_equal(self.alpha, other.alpha)
+            and np.array_equal(self.T, other.T)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.alpha.tobytes(), self.T.tobytes()))
+
+
+@dataclass(frozen=True)
+class TandemModel:
+    """Paper 004's tandem: Poisson(λ) arrivals, N PH stages, one shared processor.
+
+    Parameters
+    ----------
+    arrival_rate
+        λ > 0.
+    stages
+        The stages in the order requests visit them.
+    cores
+        ``m`` in c(K) = min(K, m)/(1 + δK); paper 004 has m = 1.
+    overhead
+        ``δ`` ≥ 0, the per-thread slowdown; paper 004 has δ = 0.
+    """
+
+    arrival_rate: float
+    stages: tuple[Stage, ...]
+    cores: int = 1
+    overhead: float = 0.0
+    offsets: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not np.isfinite(self.arrival_rate) or self.arrival_rate <= 0:
+            raise ModelError(f"arrival_rate must be a positive number, got {self.arrival_rate!r}")
+        if len(self.stages) == 0:
+            raise ModelError("stages must list at least one stage")
+        if isinstance(self.cores, bool) or not isinstance(self.cores, (int, np.integer)) or self.cores < 1:
+            raise ModelError(f"cores must be an integer >= 1, got {self.cores!r}")
+        if not np.isfinite(self.overhead) or self.overhead < 0:
+            raise ModelError(f"overhead must be >= 0, got {self.overhead!r}")
+        object.__setattr__(self, "stages", tuple(self.stages))
+        offs = np.concatenate([[0], np.cumsum([s.phases for s in self.stages])]).astype(int)
+        object.__setattr__(self, "offsets", tuple(int(o) for o in offs))
+
+    # ---- sizes and coordinates -------------------------------------------------------------
+    @property
+    def n_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def n_coords(self) -> int:
+        """D = Σ M_i, the number of (stage, phase) coordinates."""
+        return self.offsets[-1]
+
+    def coord(self, stage: int, phase: int) -> int:
+        return self.offsets[stage] + phase
+
+    def coord_stage(self) -> npt.NDArray[np.int64]:
+        """Stage index of every coordinate."""
+        return np.repeat(np.arange(self.n_stages), [s.phases for s in self.stages])
+
+    def coord_labels(self) -> list[str]:
+        return [f"{s.name}/phase{j + 1}" for s in self.stages for j in range(s.phases)]
+
+    # ---- load and capacity -------------------------------------------------------------------
+    def mean_service(self) -> float:
+        """Σ E[S_i], the mean total work of a request."""
+        return float(sum(s.mean() for s in self.stages))
+
+    @property
+    def load(self) -> float:
+        """ρ = λ·Σ E[S_i] / m — the processor's utilisation when every thread runs at full speed."""
+        return self.arrival_rate * self.mean_service() / self.cores
+
+    def capacity(self, K: npt.ArrayLike) -> FloatArray:
+        """c(K) = min(K, m)/(1 + δK), the processor's total service rate with K active threads."""
+        k = np.asarray(K, dtype=float)
+        return np.where(k > 0, np.minimum(k, self.cores) / (1.0 + self.overhead * k), 0.0)
+
+    def max_capacity(self, k_max: int) -> float:
+        return float(np.max(self.capacity(np.arange(1, max(1, k_max) + 1))))
+
+    def stable_load(self, k_max: int) -> float:
+        """λ·ΣE[S]/max_K c(K): the load against the best capacity the thread cap allows."""
+        return self.arrival_rate * self.mean_service() / self.max_capacity(k_max)
+
+    def check_stable(self, k_max: int | None = None) -> None:
+        """Raise :class:`ModelError` when the offered load cannot be served (ρ ≥ 1)."""
+        kk = self.cores if k_max is None else k_max
+        rho = self.stable_load(kk)
+        if rho >= 1.0:
+            raise ModelError(
+                f"load must be < 1 for a stable system, got rho = {rho:.4g} "
+                f"(arrival_rate {self.arrival_rate:.4g} x mean work {self.mean_service():.4g}"
+                f" / capacity {self.max_capacity(kk):.4g}); lower load or arrival_rate"
+            )

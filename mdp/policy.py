@@ -1,0 +1,200 @@
+"""The policy artifact: one versioned file the sidecar and the API load (``overtake solve --out``).
+
+Contents (a NumPy ``.npz`` archive): ``meta`` — JSON with the format version, the model, the
+truncation, the state layout (column labels), the readable rules and the metrics; ``keys`` — the
+sorted lexicographic ranks of the truncated states; ``spawn`` — for each state the number of
+threads to start from each queue. ``action(state)`` is a rank computation and one dict lookup.
+
+States beyond the truncation get a defined answer (:meth:`Policy.action`):
+
+1. more active threads than the truncation's ``max_threads``: start nothing;
+2. more requests than ``max_requests``: remove waiting requests one at a time from the longest
+   queue (lowest index on ties) until the state fits, and answer for that state — the spawn counts
+   are then at most the real waiting counts.
+
+In the phase-at-start layout a spawn reveals a phase, so the answer starts at most one thread; ask
+again once its phase is known.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import PolicyFileError
+from .model import Stage, TandemModel
+from .statespace import Layout, PhaseInfo, Ranker, StateSpace
+
+IntArray = npt.NDArray[np.int64]
+
+FORMAT = "overtake-policy"
+FORMAT_VERSION = 1
+
+
+def model_to_dict(model: TandemModel) -> dict[str, Any]:
+    return {
+        "arrival_rate": model.arrival_rate,
+        "cores": model.cores,
+        "overhead": model.overhead,
+        "stages": [{"name": s.name, "alpha": s.alpha.tolist(), "T": s.T.tolist()} for s in model.stages],
+    }
+
+
+def model_from_dict(d: dict[str, Any]) -> TandemModel:
+    return TandemModel(
+        arrival_rate=float(d["arrival_rate"]),
+        stages=tuple(Stage(s["name"], np.asarray(s["alpha"]), np.asarray(s["T"])) for s in d["stages"]),
+        cores=int(d.get("cores", 1)),
+        overhead=float(d.get("overhead", 0.0)),
+    )
+
+
+@dataclass
+class Policy:
+    """A solved thread policy on a truncated state space, answering ``action(state)``."""
+
+    model: TandemModel
+    phase_info: PhaseInfo
+    max_requests: int
+    max_threads: int
+    keys: IntArray
+    spawn: npt.NDArray[np.int16]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.layout = Layout.build(self.model, self.phase_info)
+        self.Q = self.layout.n_queues
+        self.D = self.model.n_coords
+        self._ranker = Ranker(self.Q + self.D, self.max_requests)
+        self._lookup: dict[int, int] | None = None
+
+    # ---- construction ----------------------------------------------------------------------
+    @staticmethod
+    def from_decision(space: StateSpace, decision: IntArray, meta: dict[str, Any] | None = None) -> Policy:
+        """Turn a solver's decision array into spawn counts per state."""
+        Q = space.Q
+        if space.layout.deterministic:
+            spawn = space.rows[:, :Q] - space.rows[decision, :Q]
+        else:
+            spawn = np.zeros((space.size, Q), dtype=np.int64)
+            go = decision >= 0
+            spawn[np.flatnonzero(go), decision[go]] = 1
+        if np.any(spawn < 0):
+            raise PolicyFileError("decision removes threads; it is not a spawn decision")
+        return Policy(
+            space.model, space.layout.phase_info, space.cap, space.k_max, space.keys.copy(),
+            spawn.astype(np.int16), dict(meta or {}),
+        )
+
+    # ---- queries ---------------------------------------------------------------------------
+    @property
+    def columns(self) -> list[str]:
+        """Labels of the state vector's components: waiting per queue, then threads per coordinate."""
+        labels = self.model.coord_labels()
+        if self.phase_info == "full":
+            w = [f"waiting:{x}" for x in labels]
+        else:
+            w = [f"waiting:{s.name}" for s in self.model.stages]
+        return w + [f"threads:{x}" for x in labels]
+
+    def _project(self, rows: IntArray) -> tuple[IntArray, npt.NDArray[np.bool_]]:
+        rows = np.array(rows, dtype=np.int64, copy=True)
+        Q = self.Q
+        over_threads = rows[:, Q:].sum(axis=1) > self.max_threads
+        excess = np.where(over_threads, 0, rows.sum(axis=1) - self.max_requests)
+        while np.any(excess > 0):
+            sel = np.flatnonzero(excess > 0)
+            q = np.argmax(rows[sel, :Q], axis=1)
+            rows[sel, q] -= 1
+            excess[sel] -= 1
+        return rows, over_threads
+
+    def actions(self, rows: IntArray) -> IntArray:
+        """Vectorised :meth:`action`: threads to start per queue for each state row."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.ndim != 2 or rows.shape[1] != self.Q + self.D:
+            raise PolicyFileError(f"state rows must have {self.Q + self.D} columns: {self.columns}")
+        if np.any(rows < 0):
+            raise PolicyFileError("state counts must be >= 0")
+        proj, over = self._project(rows)
+        out = np.zeros((rows.shape[0], self.Q), dtype=np.int64)
+        ok = np.flatnonzero(~over)
+        if ok.size:
+            keys = self._ranker.rank(proj[ok])
+            idx = np.minimum(np.searchsorted(self.keys, keys), self.keys.size - 1)
+            hit = self.keys[idx] == keys
+            out[ok] = np.where(hit[:, None], self.spawn[idx].astype(np.int64), 0)
+        return np.minimum(out, rows[:, : self.Q])
+
+    def action(self, state: npt.ArrayLike) -> IntArray:
+        """Threads to start from each queue in ``state`` (waiting per queue, then threads per coordinate)."""
+        row = np.asarray(state, dtype=np.int64).reshape(1, -1)
+        if row.shape[1] != self.Q + self.D:
+            raise PolicyFileError(f"state must have {self.Q + self.D} entries: {self.columns}")
+        if row.sum() <= self.max_requests and row[0, self.Q :].sum() <= self.max_threads and np.all(row >= 0):
+            if self._lookup is None:
+                self._lookup = {int(k): i for i, k in enumerate(self.keys)}
+            i = self._lookup.get(int(self._ranker.rank(row)[0]))
+            if i is not None:
+                return np.minimum(self.spawn[i].astype(np.int64), row[0, : self.Q])
+        return self.actions(row)[0]
+
+    def rule(self):  # type: ignore[no-untyped-def]
+        return self.actions
+
+    # ---- files -----------------------------------------------------------------------------
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        h.update(json.dumps(model_to_dict(self.model), sort_keys=True).encode())
+        h.update(self.keys.tobytes())
+        h.update(self.spawn.tobytes())
+        return h.hexdigest()[:16]
+
+    def save(self, path: str | Path) -> None:
+        meta = dict(self.meta)
+        meta.update(
+            format=FORMAT, format_version=FORMAT_VERSION, model=model_to_dict(self.model),
+            phase_info=self.phase_info, max_requests=self.max_requests, max_threads=self.max_threads,
+            columns=self.columns, states=int(self.keys.size), hash=self.digest(),
+        )
+        buf = io.BytesIO()
+        np.savez_compressed(buf, keys=self.keys, spawn=self.spawn, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
+        Path(path).write_bytes(buf.getvalue())
+
+    @staticmethod
+    def load(path: str | Path) -> Policy:
+        p = Path(path)
+        try:
+            with np.load(p, allow_pickle=False) as z:
+                meta = json.loads(bytes(z["meta"]).decode())
+                keys = z["keys"].astype(np.int64)
+                spawn = z["spawn"].astype(np.int16)
+        except FileNotFoundError:
+            raise
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as exc:
+            raise PolicyFileError(f"{p}: not an overtake policy file ({exc.__class__.__name__}: {exc})") from None
+        if meta.get("format") != FORMAT:
+            raise PolicyFileError(f"{p}: not an overtake policy file (format {meta.get('format')!r})")
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise PolicyFileError(
+                f"{p}: policy format version {meta.get('format_version')} is not supported "
+                f"(this overtake reads version {FORMAT_VERSION}); re-run `overtake solve`"
+            )
+        try:
+            model = model_from_dict(meta["model"])
+            pol = Policy(model, meta["phase_info"], int(meta["max_requests"]), int(meta["max_threads"]), keys, spawn, meta)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PolicyFileError(f"{p}: policy metadata is invalid ({exc})") from None
+        if keys.ndim != 1 or spawn.shape != (keys.size, pol.Q) or np.any(np.diff(keys) <= 0):
+            raise PolicyFileError(f"{p}: policy tables are corrupt (shape or order)")
+        if meta.get("hash") != pol.digest():
+            raise PolicyFileError(f"{p}: policy hash mismatch: the file is corrupt or was edited")
+        return pol

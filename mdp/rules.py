@@ -1,0 +1,100 @@
+"""Readable overtaking rules from π* (paper 004, Theorem 3.1).
+
+Theorem 3.1: π* starts s threads for phase-j requests at stage i when they overtake, in
+expectation, the requests in service at stages ≥ i. So π*'s decision for a waiting class is a
+function of *which threads are active*, far more than of queue lengths. :func:`overtaking_rule`
+extracts that function — for each waiting queue and each active-thread configuration, the number
+of threads π* starts (the most frequent answer, weighted by how often the state is visited) —
+and reports the stationary mass of decision epochs on which the rule and π* agree exactly.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .policy import Policy
+from .solve import SolveResult, induced_matrix
+from .evaluate import stationary_distribution
+
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class OvertakingRules:
+    """Per waiting queue: active-thread configuration → threads to start; plus agreement with π*."""
+
+    rules: dict[str, list[dict[str, Any]]]
+    agreement: float
+    text: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rules": self.rules, "agreement": self.agreement, "text": self.text}
+
+
+def _config_label(labels: list[str], k: tuple[int, ...]) -> str:
+    parts = [f"{c}x {labels[d]}" if c > 1 else labels[d] for d, c in enumerate(k) if c > 0]
+    return "{" + ", ".join(parts) + "}" if parts else "{no thread active}"
+
+
+def overtaking_rule(res: SolveResult, policy: Policy) -> OvertakingRules:
+    """Extract Theorem-3.1-style rules from a solved π* and measure their agreement with it."""
+    space = res.space
+    Q = space.Q
+    P = induced_matrix(space, res.decision)
+    reach, pi = stationary_distribution(P)
+    full = np.zeros(space.size)
+    full[reach] = pi
+    # visit rate of each pre-decision state: Σ_x π(x) P_E(x, y), self-loops included
+    weight = space.event_matrix.T @ full
+    waiting = space.rows[:, :Q].sum(axis=1) > 0
+    ys = np.flatnonzero((weight > 0) & waiting)
+    w = weight[ys]
+    acts = policy.spawn[ys].astype(np.int64)
+    ks = space.rows[ys, Q:]
+    table: dict[tuple[int, tuple[int, ...]], dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    for q in range(Q):
+        has = space.rows[ys, q] > 0
+        for k, a, ww in zip(map(tuple, ks[has]), acts[has, q], w[has]):
+            table[(q, k)][int(a)] += float(ww)
+    rule_of = {key: max(v.items(), key=lambda kv: kv[1])[0] for key, v in table.items()}
+    # agreement: the rule's whole spawn vector equals π*'s
+    agree = 0.0
+    for i, y in enumerate(ys):
+        k = tuple(ks[i])
+        ok = True
+        for q in range(Q):
+            if space.rows[y, q] > 0:
+                r = min(rule_of[(q, k)], int(space.rows[y, q]))
+                if r != acts[i, q]:
+                    ok = False
+                    break
+        if ok:
+            agree += float(w[i])
+    agreement = agree / float(w.sum()) if w.size else 1.0
+    labels = space.model.coord_labels()
+    qlabels = [c.removeprefix("waiting:") for c in policy.columns[:Q]]
+    rules: dict[str, list[dict[str, Any]]] = {}
+    text: list[str] = []
+    for q in range(Q):
+        entries = []
+        spawn_when = []
+        for (qq, k), a in sorted(rule_of.items(), key=lambda kv: (kv[0][0], sum(kv[0][1]), kv[0][1])):
+            if qq != q:
+                continue
+            mass = sum(table[(qq, k)].values())
+            entries.append({"active": dict(zip(labels, map(int, k))), "start": int(a), "mass": mass})
+            if a > 0:
+                spawn_when.append((_config_label(labels, k), a))
+        rules[qlabels[q]] = entries
+        if not spawn_when:
+            text.append(f"{qlabels[q]}: never start a thread while another is active")
+        else:
+            conds = "; ".join(f"{c} -> start {a}" for c, a in spawn_when[:12])
+            more = f" (+{len(spawn_when) - 12} more)" if len(spawn_when) > 12 else ""
+            text.append(f"{qlabels[q]}: start threads when active threads are {conds}{more}")
+    return OvertakingRules(rules, agreement, text)

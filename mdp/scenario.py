@@ -1,0 +1,157 @@
+"""Scenario schema (pydantic), shared by the CLI and the REST API so they cannot drift.
+
+A scenario is the YAML of ``overtake solve|compare``: ``load`` (ρ = λ·Σ E[S_i] with exact means)
+or ``arrival_rate``; ``stages`` (``{name, service}``, service one of ``exponential``, ``erlang``,
+``hyperexponential``, ``ph``; ``{file: fitted.json}`` is resolved to ``ph`` by the caller, which
+does the I/O); optional ``cores``, ``overhead``, ``max_threads``, ``truncation``, ``tolerance``.
+Every validation error becomes one :class:`~mdp.errors.ModelError` line naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import ModelError
+from .model import Stage, TandemModel
+from .statespace import Truncation
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Exponential(_Strict):
+    mean: float = Field(gt=0)
+
+
+class Erlang(_Strict):
+    order: int = Field(ge=1, le=200)
+    mean: float = Field(gt=0)
+
+
+class HyperExponential(_Strict):
+    probs: list[float] = Field(min_length=1)
+    means: list[float] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> HyperExponential:
+        if len(self.probs) != len(self.means):
+            raise ValueError(f"probs has {len(self.probs)} entries but means has {len(self.means)}")
+        if any(p < 0 for p in self.probs) or abs(sum(self.probs) - 1) > 1e-6:
+            raise ValueError(f"probs must be >= 0 and sum to 1, got {self.probs}")
+        if any(m <= 0 for m in self.means):
+            raise ValueError(f"means must be > 0, got {self.means}")
+        return self
+
+
+class PH(_Strict):
+    alpha: list[float] = Field(min_length=1)
+    T: list[list[float]] = Field(min_length=1)
+
+
+class Service(_Strict):
+    exponential: Exponential | None = None
+    erlang: Erlang | None = None
+    hyperexponential: HyperExponential | None = None
+    ph: PH | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> Service:
+        given = [k for k in ("exponential", "erlang", "hyperexponential", "ph") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of exponential, erlang, hyperexponential, ph or file"
+                + (f" (got {', '.join(given)})" if given else "")
+            )
+        return self
+
+    def representation(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.exponential is not None:
+            return np.array([1.0]), np.array([[-1.0 / self.exponential.mean]])
+        if self.erlang is not None:
+            k, rate = self.erlang.order, self.erlang.order / self.erlang.mean
+            T = -rate * np.eye(k) + rate * np.eye(k, k=1)
+            a = np.zeros(k)
+            a[0] = 1.0
+            return a, T
+        if self.hyperexponential is not None:
+            return np.asarray(self.hyperexponential.probs), np.diag([-1.0 / m for m in self.hyperexponential.means])
+        assert self.ph is not None
+        return np.asarray(self.ph.alpha, dtype=float), np.asarray(self.ph.T, dtype=float)
+
+
+class StageSpec(_Strict):
+    name: str = Field(min_length=1)
+    service: Service
+
+
+class TruncationSpec(_Strict):
+    max_requests: int = Field(ge=2, le=2000)
+    max_threads: int | None = Field(default=None, ge=1)
+
+
+class Scenario(_Strict):
+    load: float | None = Field(default=None, gt=0)
+    arrival_rate: float | None = Field(default=None, gt=0)
+    stages: list[StageSpec] = Field(min_length=1)
+    cores: int = Field(default=1, ge=1, le=64)
+    overhead: float = Field(default=0.0, ge=0)
+    max_threads: int | None = Field(default=None, ge=1)
+    truncation: TruncationSpec | None = None
+    tolerance: float = Field(default=1e-3, gt=0, lt=0.5)
+
+    @model_validator(mode="after")
+    def _rate(self) -> Scenario:
+        if (self.load is None) == (self.arrival_rate is None):
+            raise ValueError("give exactly one of load or arrival_rate")
+        return self
+
+    def build_model(self) -> TandemModel:
+        stages = []
+        for i, s in enumerate(self.stages):
+            a, T = s.service.representation()
+            try:
+                stages.append(Stage(s.name, a, T))
+            except ModelError as exc:
+                raise ModelError(f"stages.{i}.service: {exc}") from None
+        names = [s.name for s in stages]
+        if len(set(names)) != len(names):
+            raise ModelError(f"stages: names must be unique, got {names}")
+        work = sum(s.mean() for s in stages)
+        lam = self.arrival_rate if self.arrival_rate is not None else float(self.load) / work  # type: ignore[arg-type]
+        model = TandemModel(lam, tuple(stages), cores=self.cores, overhead=self.overhead)
+        model.check_stable(self.max_threads)
+        return model
+
+    def fixed_truncation(self) -> Truncation | None:
+        if self.truncation is None:
+            return None
+        kt = self.truncation.max_threads
+        if self.max_threads is not None:
+            kt = self.max_threads if kt is None else min(kt, self.max_threads)
+        return Truncation(self.truncation.max_requests, kt)
+
+
+def _format(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"]) or "scenario"
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key; remove it or check its spelling"
+    elif err["type"] == "missing":
+        msg = "required field is missing"
+    extra = f" ({len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    return f"{loc}: {msg}{extra}"
+
+
+def parse_scenario(data: Any) -> Scenario:
+    """Validate a scenario mapping; raise :class:`ModelError` with one line naming the field."""
+    if not isinstance(data, dict):
+        raise ModelError(f"scenario must be a mapping of keys to values, got {type(data).__name__}")
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ModelError(_format(exc)) from None

@@ -1,0 +1,257 @@
+"""Average-cost solvers for the tandem MDP (paper 004, §2; Puterman 1994, §8.5 and §8.6).
+
+The uniformized chain (rate Λ) has per-step cost c(x)/Λ with c(x) = requests in the system. The
+optimality equation on post-decision states is
+
+    g/Λ + V(x) = c(x)/Λ + Σ_y P_E(x, y) · H(y),      H(y) = min over spawn actions (bellman.py)
+
+* :func:`relative_value_iteration` — V_{n+1} = T V_n − (T V_n)(0); stops when
+  span(T V_n − V_n) < tol·g, and brackets g by Λ·min(TV − V) ≤ g ≤ Λ·max(TV − V) (Odoni bounds).
+* :func:`policy_iteration` — Howard's algorithm: evaluate the policy exactly by one sparse solve of
+  (I − P_π) h + g/Λ·1 = c/Λ with h(0) = 0, improve greedily (keeping the current action on ties),
+  repeat until the policy is stable; then one Bellman step on h gives the same bounds as RVI.
+
+:func:`solve` dispatches on ``method`` ("pi", default, or "rvi").
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+
+from .bellman import ActionIndex
+from .errors import SolverError
+from .evaluate import solve_sparse
+from .statespace import StateSpace
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, eq=False)
+class SolveResult:
+    """Outcome of an average-cost solve on one truncated state space.
+
+    ``decision`` is, per pre-decision state, the post-decision state index (phase-known layout)
+    or the queue to start a thread from next, −1 for none (phase-at-start layout).
+    ``gain`` is g = average number in system (time-average cost rate) of the returned policy;
+    ``gain_bounds`` bracket the optimal g of the truncated model.
+    """
+
+    space: StateSpace
+    decision: IntArray
+    gain: float
+    gain_bounds: tuple[float, float]
+    bias: FloatArray
+    n_iter: int
+    sweeps: int
+    method: str
+    converged: bool
+    seconds: float
+    history: list[float] = field(default_factory=list)
+
+    @property
+    def span_residual(self) -> float:
+        return self.gain_bounds[1] - self.gain_bounds[0]
+
+
+def _minimize(ai: ActionIndex, V: FloatArray, rtol: float = 0.0) -> tuple[FloatArray, IntArray]:
+    if ai.space.layout.deterministic:
+        return ai.box_minimum(V, rtol)
+    return ai.spawn_minimum(V, rtol)
+
+
+def decision_matrix(space: StateSpace, decision: IntArray) -> sp.csr_matrix:
+    """R(y, x) = probability that the decision rule takes pre-decision y to post-decision x."""
+    S = space.size
+    if space.layout.deterministic:
+        return sp.csr_matrix((np.ones(S), (np.arange(S), decision)), shape=(S, S))
+    stop = decision < 0
+    rows, cols, vals = [], [], []
+    for q in range(space.Q):
+        sel = np.flatnonzero(decision == q)
+        for nb, p in space.spawn_neighbours[q]:
+            if np.any(nb[sel] < 0):
+                raise SolverError("decision starts a thread where none can start")
+            rows.append(sel)
+            cols.append(nb[sel])
+            vals.append(np.full(sel.size, p))
+    B = sp.csr_matrix(
+        (np.concatenate(vals) if vals else np.zeros(0),
+         (np.concatenate(rows) if rows else np.zeros(0, int), np.concatenate(cols) if cols else np.zeros(0, int))),
+        shape=(S, S),
+    )
+    Sd = sp.diags(stop.astype(float)).tocsr()
+    R = Sd
+    # B raises the thread count, so B^(K_max+1) = 0 and R = Σ_t B^t S is exact after K_max steps.
+    for _ in range(space.k_max + 1):
+        R_next = (Sd + B @ R).tocsr()
+        if R_next.nnz == R.nnz and abs(R_next - R).max() == 0:
+            break
+        R = R_next
+    return R
+
+
+def induced_matrix(space: StateSpace, decision: IntArray) -> sp.csr_matrix:
+    """P_π = P_E · R: the uniformized chain on post-decision states under the decision rule."""
+    PE = space.event_matrix
+    if space.layout.deterministic:
+        P = sp.csr_matrix((PE.data.copy(), decision[PE.indices], PE.indptr.copy()), shape=PE.shape)
+        P.sum_duplicates()
+        return P
+    return (PE @ decision_matrix(space, decision)).tocsr()
+
+
+def evaluate_bias(space: StateSpace, P: sp.csr_matrix, cost: FloatArray) -> tuple[float, FloatArray]:
+    """Solve (I − P)h + γ·1 = cost with h(0) = 0; returns (γ, h). Unichain P required."""
+    # With h(0) = 0 the other equations give h = u − γ·v, (I − P)₋₀ u = cost₋₀, (I − P)₋₀ v = 1;
+    # row 0 then fixes γ. Two right-hand sides, one sparse matrix without a dense column.
+    S = space.size
+    A = (sp.identity(S, format="csr") - P).tocsr()
+    Ar = A[1:, 1:].tocsc()
+    uv = [solve_sparse(Ar, cost[1:]), solve_sparse(Ar, np.ones(S - 1))]
+    p0 = P[0, 1:].toarray().ravel()
+    gamma = (cost[0] + p0 @ uv[0]) / (1.0 + p0 @ uv[1])
+    h = np.concatenate([[0.0], uv[0] - gamma * uv[1]])
+    return float(gamma), h
+
+
+def bellman_bounds(space: StateSpace, ai: ActionIndex, V: FloatArray) -> tuple[float, float, FloatArray]:
+    """Λ·min and Λ·max of (TV − V): lower and upper bounds on the optimal average cost."""
+    cost = space.n_total / space.rate
+    H, _ = _minimize(ai, V)
+    TV = cost + space.event_matrix @ H
+    d = TV - V
+    return float(d.min() * space.rate), float(d.max() * space.rate), TV
+
+
+def relative_value_iteration(
+    space: StateSpace,
+    *,
+    tol: float = 1e-6,
+    max_iter: int = 200_000,
+    V0: FloatArray | None = None,
+    progress: Progress | None = None,
+) -> SolveResult:
+    """Relative value iteration, stopping when span(TV − V) ≤ tol · g (paper 004, §2)."""
+    t0 = time.perf_counter()
+    ai = ActionIndex(space)
+    cost = space.n_total / space.rate
+    PE = space.event_matrix
+    V = np.zeros(space.size) if V0 is None else V0.copy()
+    lo = hi = 0.0
+    converged = False
+    it = 0
+    for it in range(1, max_iter + 1):
+        H, _ = _minimize(ai, V)
+        TV = cost + PE @ H
+        d = TV - V
+        lo, hi = float(d.min()), float(d.max())
+        V = TV - TV[0]
+        if hi - lo <= tol * max(abs(hi), 1e-12):
+            converged = True
+            break
+        if progress and it % 500 == 0:
+            progress(f"rvi sweep {it}: g in [{lo * space.rate:.6g}, {hi * space.rate:.6g}]")
+    _, decision = _minimize(ai, V)
+    res_gain = 0.5 * (lo + hi) * space.rate
+    return SolveResult(
+        space, decision, res_gain, (lo * space.rate, hi * space.rate), V, it, it, "rvi", converged,
+        time.perf_counter() - t0,
+    )
+
+
+def policy_iteration(
+    space: StateSpace,
+    *,
+    decision0: IntArray | None = None,
+    max_iter: int = 100,
+    rtol: float = 1e-10,
+    progress: Progress | None = None,
+) -> SolveResult:
+    """Howard's policy iteration with exact sparse policy evaluation (Puterman §8.6)."""
+    t0 = time.perf_counter()
+    ai = ActionIndex(space)
+    cost = space.n_total / space.rate
+    if decision0 is None:
+        # start from "never spawn beyond one thread per coordinate": a stable, unichain policy
+        decision0 = _initial_decision(space, ai)
+    dec = decision0.copy()
+    history: list[float] = []
+    converged = False
+    it = 0
+    h = np.zeros(space.size)
+    for it in range(1, max_iter + 1):
+        P = induced_matrix(space, dec)
+        gam, h = evaluate_bias(space, P, cost)
+        history.append(gam * space.rate)
+        if progress:
+            progress(f"policy iteration {it}: g = {gam * space.rate:.8g}")
+        H, new = _minimize(ai, h)
+        tol = rtol * (np.max(np.abs(h)) + 1.0)
+        if space.layout.deterministic:
+            keep = h[dec] <= H + tol
+        else:
+            cur = _decision_value(space, dec, h, H)
+            keep = cur <= H + tol
+        new = np.where(keep, dec, new)
+        if np.array_equal(new, dec):
+            converged = True
+            break
+        dec = new
+    lo, hi, _ = bellman_bounds(space, ai, h)
+    if not converged:
+        raise SolverError(f"policy iteration did not converge in {max_iter} iterations")
+    return SolveResult(
+        space, dec, history[-1], (lo, hi), h, it, it, "pi", converged, time.perf_counter() - t0, history
+    )
+
+
+def _decision_value(space: StateSpace, dec: IntArray, h: FloatArray, H: FloatArray) -> FloatArray:
+    """Value of taking ``dec`` now and acting optimally (w.r.t. h) afterwards: compare with H."""
+    val = h.copy()
+    for q in range(space.Q):
+        sel = np.flatnonzero(dec == q)
+        v = np.zeros(sel.size)
+        for nb, p in space.spawn_neighbours[q]:
+            v += p * H[nb[sel]]
+        val[sel] = v
+    return val
+
+
+def _initial_decision(space: StateSpace, ai: ActionIndex) -> IntArray:
+    """Greedy start: minimise −(active coordinates) so each waiting class gets one thread if free."""
+    Q = space.Q
+    busy = np.zeros(space.size)
+    for q in range(Q):
+        for d, _ in space.layout.spawn[q]:
+            busy += (space.rows[:, Q + d] > 0) * 1.0
+    # prefer more distinct busy coordinates, then fewer threads
+    score = -busy + 1e-3 * space.threads
+    _, dec = (ai.box_minimum(score) if space.layout.deterministic else ai.spawn_minimum(score))
+    return dec
+
+
+def solve(
+    space: StateSpace,
+    *,
+    method: Literal["pi", "rvi"] = "pi",
+    tol: float = 1e-6,
+    max_iter: int | None = None,
+    decision0: IntArray | None = None,
+    progress: Progress | None = None,
+) -> SolveResult:
+    """Solve the truncated MDP; ``method`` is "pi" (policy iteration) or "rvi"."""
+    if method == "pi":
+        return policy_iteration(space, decision0=decision0, max_iter=max_iter or 100, progress=progress)
+    if method == "rvi":
+        return relative_value_iteration(space, tol=tol, max_iter=max_iter or 200_000, progress=progress)
+    raise ValueError(f"method must be 'pi' or 'rvi', got {method!r}")

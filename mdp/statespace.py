@@ -1,0 +1,334 @@
+"""Truncated state spaces of the tandem and their transition structure (paper 004, §2).
+
+A state is a vector ``(w_0..w_{Q-1}, k_0..k_{D-1})``: ``w_q`` requests *waiting* in queue ``q``
+and ``k_d`` active threads in coordinate ``d`` = (stage, phase). The paper's ``n_j^{(i)}`` is
+``w + k`` of that coordinate. Two queue layouts:
+
+* ``full`` (the paper's): one queue per coordinate — a waiting request's phase is known, so
+  spawning from queue (i, j) starts a thread in coordinate (i, j).
+* ``start``: one queue per stage — a waiting request's phase is unknown; it is drawn from α_i
+  when its thread starts (what a sidecar without a classifier can enforce).
+
+Truncation: at most ``C`` requests in the system (arrivals finding C are blocked) and at most
+``K_max`` threads. States are ranked by their lexicographic rank among all vectors with sum ≤ C,
+an exact, collision-free int64 key used for every index lookup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from math import comb
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+import scipy.sparse as sp
+
+from .errors import TruncationError
+from .model import TandemModel
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+PhaseInfo = Literal["full", "start"]
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """Caps that make the state space finite.
+
+    Parameters
+    ----------
+    max_requests
+        C: requests in the system at most; an arrival that finds C is blocked (lost).
+    max_threads
+        K_max: active threads at most (``None`` = C, i.e. no cap beyond the requests').
+    """
+
+    max_requests: int
+    max_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_requests, (int, np.integer)) or self.max_requests < 1:
+            raise TruncationError(f"truncation.max_requests must be an integer >= 1, got {self.max_requests!r}")
+        if self.max_threads is not None and (
+            not isinstance(self.max_threads, (int, np.integer)) or self.max_threads < 1
+        ):
+            raise TruncationError(f"truncation.max_threads must be an integer >= 1, got {self.max_threads!r}")
+
+    @property
+    def k_max(self) -> int:
+        return self.max_requests if self.max_threads is None else min(self.max_threads, self.max_requests)
+
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """How waiting requests are queued and what spawning a thread from a queue does.
+
+    ``entry[i]`` lists (queue, probability) for a request entering stage ``i``;
+    ``spawn[q]`` lists (coordinate, probability) for a thread started from queue ``q``.
+    """
+
+    phase_info: PhaseInfo
+    queue_stage: IntArray
+    entry: tuple[tuple[tuple[int, float], ...], ...]
+    spawn: tuple[tuple[tuple[int, float], ...], ...]
+
+    @property
+    def n_queues(self) -> int:
+        return int(self.queue_stage.size)
+
+    @property
+    def deterministic(self) -> bool:
+        """True when every spawn starts a known coordinate (the ``full`` layout)."""
+        return all(len(s) == 1 for s in self.spawn)
+
+    @staticmethod
+    def build(model: TandemModel, phase_info: PhaseInfo = "full") -> Layout:
+        if phase_info == "full":
+            qs = model.coord_stage()
+            entry = tuple(
+                tuple((model.coord(i, j), float(p)) for j, p in enumerate(st.alpha) if p > 0)
+                for i, st in enumerate(model.stages)
+            )
+            spawn = tuple(((d, 1.0),) for d in range(model.n_coords))
+        elif phase_info == "start":
+            qs = np.arange(model.n_stages)
+            entry = tuple(((i, 1.0),) for i in range(model.n_stages))
+            spawn = tuple(
+                tuple((model.coord(i, j), float(p)) for j, p in enumerate(st.alpha) if p > 0)
+                for i, st in enumerate(model.stages)
+            )
+        else:
+            raise ValueError(f"phase_info must be 'full' or 'start', got {phase_info!r}")
+        return Layout(phase_info, np.asarray(qs, dtype=np.int64), entry, spawn)
+
+
+class Ranker:
+    """Exact rank of an integer vector of length L with sum ≤ C in lexicographic order."""
+
+    def __init__(self, length: int, cap: int) -> None:
+        self.length = length
+        self.cap = cap
+        total = comb(cap + length, length)
+        if total >= 2**62:
+            raise TruncationError(
+                f"truncation.max_requests = {cap} with {length} state components is too large "
+                f"to index ({total:.3g} vectors); lower max_requests or max_threads"
+            )
+        # N[r, b] = #vectors of length r with sum <= b = C(b + r, r)
+        n = np.zeros((length + 2, cap + 1), dtype=np.int64)
+        for r in range(length + 2):
+            for b in range(cap + 1):
+                n[r, b] = comb(b + r, r)
+        self._n = n
+
+    def rank(self, rows: IntArray) -> IntArray:
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.ndim == 1:
+            rows = rows[None, :]
+        budget = np.full(rows.shape[0], self.cap, dtype=np.int64)
+        key = np.zeros(rows.shape[0], dtype=np.int64)
+        L = self.length
+        for col in range(L):
+            v = rows[:, col]
+            r = L - col - 1
+            # vectors sharing the prefix with a smaller value here: N[r+1][b] - N[r+1][b-v]
+            b = np.maximum(budget, 0)
+            key += np.where(v > 0, self._n[r + 1, b] - self._n[r + 1, np.maximum(b - v, 0)], 0)
+            budget = budget - v
+        if np.any(budget < 0):
+            raise IndexError("a row exceeds the truncation's request cap")
+        return key
+
+
+def _events(
+    model: TandemModel, layout: Layout, rows: IntArray, cap: int
+) -> tuple[IntArray, IntArray, FloatArray]:
+    """Transitions out of post-decision states: (source row number, destination row, rate).
+
+    Implements the rates of paper 004's operator T (§2): arrivals λα_1, phase moves
+    k_j μ_j p_jl · c(K)/K, completions k_j μ_j p_j,M+1 · c(K)/K routed to stage i+1's entry.
+    Blocked arrivals and uniformization self-loops are left to the caller.
+    """
+    Q = layout.n_queues
+    S = rows.shape[0]
+    ar = np.arange(S, dtype=np.int64)
+    n_tot = rows.sum(axis=1)
+    K = rows[:, Q:].sum(axis=1)
+    per_thread = np.where(K > 0, model.capacity(K) / np.maximum(K, 1), 0.0)
+    srcs: list[IntArray] = []
+    dsts: list[IntArray] = []
+    rates: list[FloatArray] = []
+
+    def add(mask: npt.NDArray[np.bool_], new_rows: IntArray, rate: FloatArray) -> None:
+        keep = mask & (rate > 0)
+        if np.any(keep):
+            srcs.append(ar[keep])
+            dsts.append(new_rows[keep])
+            rates.append(rate[keep])
+
+    open_ = n_tot < cap
+    for q, p in layout.entry[0]:
+        nr = rows.copy()
+        nr[:, q] += 1
+        add(open_, nr, np.full(S, model.arrival_rate * p))
+    for i, st in enumerate(model.stages):
+        t_exit = st.exit_rates
+        for j in range(st.phases):
+            d = model.coord(i, j)
+            kd = rows[:, Q + d]
+            active = kd > 0
+            base = kd * per_thread
+            for l in range(st.phases):
+                if l != j and st.T[j, l] > 0:
+                    nr = rows.copy()
+                    nr[:, Q + d] -= 1
+                    nr[:, Q + model.coord(i, l)] += 1
+                    add(active, nr, base * st.T[j, l])
+            if t_exit[j] > 0:
+                if i + 1 < model.n_stages:
+                    for q, p in layout.entry[i + 1]:
+                        nr = rows.copy()
+                        nr[:, Q + d] -= 1
+                        nr[:, q] += 1
+                        add(active, nr, base * t_exit[j] * p)
+                else:
+                    nr = rows.copy()
+                    nr[:, Q + d] -= 1
+                    add(active, nr, base * t_exit[j])
+    if not srcs:
+        return np.zeros(0, np.int64), np.zeros((0, rows.shape[1]), np.int64), np.zeros(0)
+    return np.concatenate(srcs), np.concatenate(dsts), np.concatenate(rates)
+
+
+def uniformization_rate(model: TandemModel, k_max: int) -> float:
+    """Λ = λ + max_K c(K) · max_j |T_jj|: an upper bound on every state's total outflow."""
+    mu_max = max(float(np.max(-np.diag(st.T))) for st in model.stages)
+    return model.arrival_rate + model.max_capacity(k_max) * mu_max
+
+
+def _enumerate(Q: int, D: int, cap: int, k_max: int) -> IntArray:
+    """All (w, k) vectors with Σw + Σk ≤ C and Σk ≤ K_max, in lexicographic order."""
+    rows = np.zeros((1, 0), dtype=np.int64)
+    for col in range(Q + D):
+        used = rows.sum(axis=1)
+        used_k = rows[:, Q:].sum(axis=1) if col > Q else np.zeros(rows.shape[0], np.int64)
+        room = cap - used
+        if col >= Q:
+            room = np.minimum(room, k_max - used_k)
+        reps = room + 1
+        base = np.repeat(rows, reps, axis=0)
+        # values 0..room for each parent row, in order
+        starts = np.cumsum(reps) - reps
+        vals = np.arange(int(reps.sum()), dtype=np.int64) - np.repeat(starts, reps)
+        rows = np.concatenate([base, vals[:, None]], axis=1)
+    return rows
+
+
+def count_states(model: TandemModel, trunc: Truncation, phase_info: PhaseInfo = "full") -> int:
+    """Number of states of the truncated MDP, computed without enumerating them."""
+    Q = model.n_coords if phase_info == "full" else model.n_stages
+    D = model.n_coords
+    C, km = trunc.max_requests, trunc.k_max
+    return int(sum(comb(s + D - 1, D - 1) * comb(C - s + Q, Q) for s in range(0, km + 1)))
+
+
+class StateSpace:
+    """The full truncated MDP state space with its event matrix and spawn neighbours."""
+
+    def __init__(self, model: TandemModel, trunc: Truncation, phase_info: PhaseInfo = "full") -> None:
+        self.model = model
+        self.trunc = trunc
+        self.layout = Layout.build(model, phase_info)
+        self.Q = self.layout.n_queues
+        self.D = model.n_coords
+        self.cap = trunc.max_requests
+        self.k_max = trunc.k_max
+        self.ranker = Ranker(self.Q + self.D, self.cap)
+        self.rows = _enumerate(self.Q, self.D, self.cap, self.k_max)
+        self.keys = self.ranker.rank(self.rows)
+        if np.any(np.diff(self.keys) <= 0):  # lexicographic enumeration ⇒ strictly increasing ranks
+            raise AssertionError("state enumeration is not in rank order")
+        self.size = int(self.rows.shape[0])
+        self.n_total = self.rows.sum(axis=1)
+        self.threads = self.rows[:, self.Q :].sum(axis=1)
+        self.rate = uniformization_rate(model, self.k_max)
+
+    def index(self, rows: IntArray) -> IntArray:
+        """Index of each row in this space (rows must lie inside the truncation)."""
+        keys = self.ranker.rank(rows)
+        idx = np.searchsorted(self.keys, keys)
+        idx = np.minimum(idx, self.size - 1)
+        bad = self.keys[idx] != keys
+        if np.any(bad):
+            raise IndexError("row outside the state space")
+        return idx.astype(np.int64)
+
+    def find(self, rows: IntArray) -> IntArray:
+        """Like :meth:`index` but −1 for rows outside the truncation."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.full(rows.shape[0], -1, dtype=np.int64)
+        ok = (rows.min(axis=1) >= 0) & (rows.sum(axis=1) <= self.cap) & (rows[:, self.Q :].sum(axis=1) <= self.k_max)
+        if np.any(ok):
+            keys = self.ranker.rank(rows[ok])
+            idx = np.minimum(np.searchsorted(self.keys, keys), self.size - 1)
+            hit = self.keys[idx] == keys
+            sub = np.where(hit, idx, -1)
+            out[ok] = sub
+        return out
+
+    @cached_property
+    def event_matrix(self) -> sp.csr_matrix:
+        """Uniformized transition matrix P_E (rows: post-decision, columns: pre-decision states)."""
+        src, dst_rows, rate = _events(self.model, self.layout, self.rows, self.cap)
+        dst = self.index(dst_rows)
+        out = np.bincount(src, weights=rate, minlength=self.size)
+        if np.any(out > self.rate * (1 + 1e-12)):
+            raise AssertionError("uniformization rate below a state's outflow")
+        diag = 1.0 - out / self.rate
+        ar = np.arange(self.size)
+        P = sp.csr_matrix(
+            (np.concatenate([rate / self.rate, diag]), (np.concatenate([src, ar]), np.concatenate([dst, ar]))),
+            shape=(self.size, self.size),
+        )
+        P.sum_duplicates()
+        return P
+
+    @cached_property
+    def spawn_neighbours(self) -> list[list[tuple[IntArray, float]]]:
+        """For queue q: [(index of the state after starting one thread in coordinate d, prob)].
+
+        −1 where no request waits in q or the thread cap is reached.
+        """
+        out: list[list[tuple[IntArray, float]]] = []
+        can = self.threads < self.k_max
+        for q in range(self.Q):
+            lst = []
+            ok = can & (self.rows[:, q] > 0)
+            for d, p in self.layout.spawn[q]:
+                nb = np.full(self.size, -1, dtype=np.int64)
+                if np.any(ok):
+                    nr = self.rows[ok].copy()
+                    nr[:, q] -= 1
+                    nr[:, self.Q + d] += 1
+                    nb[ok] = self.index(nr)
+                lst.append((nb, p))
+            out.append(lst)
+        return out
+
+    @cached_property
+    def blocked(self) -> npt.NDArray[np.bool_]:
+        """States in which an arrival is blocked by the truncation."""
+        return self.n_total >= self.cap
+
+    def requests_per_stage(self) -> IntArray:
+        """Matrix (S, N): requests present at each stage."""
+        N = self.model.n_stages
+        out = np.zeros((self.size, N), dtype=np.int64)
+        for q in range(self.Q):
+            out[:, self.layout.queue_stage[q]] += self.rows[:, q]
+        cs = self.model.coord_stage()
+        for d in range(self.D):
+            out[:, cs[d]] += self.rows[:, self.Q + d]
+        return out

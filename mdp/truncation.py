@@ -1,0 +1,214 @@
+"""Auto-truncation: grow the caps until the answer no longer depends on them (issue #2).
+
+* Request cap C: the computed policy is re-evaluated exactly on a cap 1.5× larger (states beyond
+  the old cap answered by the policy's documented extension); C grows until E[W] changes by less
+  than ``tol`` (relative), so no reported E[W] is silently dominated by truncation.
+* Thread cap K_max (π* only): the MDP is re-solved with K_max + 1; K_max grows while that improves
+  E[W] by more than ``tol``.
+
+Each re-solve is warm-started from the previous value function, mapped onto the larger space.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .baselines import Baseline
+from .chain import build_chain
+from .evaluate import PolicyMetrics, metrics, stationary_distribution
+from .model import TandemModel
+from .policy import Policy
+from .solve import SolveResult, induced_matrix, policy_iteration, relative_value_iteration
+from .statespace import Layout, PhaseInfo, StateSpace, Truncation
+
+FloatArray = npt.NDArray[np.float64]
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Evaluation:
+    """Metrics of one policy with the truncations tried on the way."""
+
+    name: str
+    metrics: PolicyMetrics
+    trace: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass
+class Optimum:
+    """π* with its solve record, exact metrics, truncation and the auto-truncation trace."""
+
+    policy: Policy
+    solve: SolveResult
+    metrics: PolicyMetrics
+    truncation: Truncation
+    trace: list[dict[str, Any]]
+    seconds: float
+    sweeps: int
+
+
+def _rel(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(b), 1e-300)
+
+
+def evaluate_rule(
+    model: TandemModel, layout: Layout, rule: Callable[..., Any], *, max_requests: int, max_threads: int | None
+) -> PolicyMetrics:
+    chain = build_chain(model, layout, rule, max_requests=max_requests, max_threads=max_threads)
+    reach, pi = stationary_distribution(chain.P)
+    return metrics(model, chain.rows[reach], layout.queue_stage, pi, max_requests)
+
+
+def grow_requests(
+    evaluate: Callable[[int], PolicyMetrics], start: int, tol: float, name: str,
+    progress: Progress | None = None, max_cap: int = 2000,
+) -> tuple[PolicyMetrics, list[dict[str, Any]]]:
+    """Evaluate at caps C, 1.5C, … until E[W] moves by less than ``tol``; return the last."""
+    trace: list[dict[str, Any]] = []
+    C = start
+    prev = evaluate(C)
+    trace.append({"max_requests": C, "mean_response_time": prev.mean_response_time, "states": prev.states})
+    while True:
+        C2 = max(C + 2, int(math.ceil(1.5 * C)))
+        if C2 > max_cap:
+            raise RuntimeError(f"{name}: E[W] still changes at max_requests = {C}; the load is too close to 1")
+        cur = evaluate(C2)
+        change = _rel(cur.mean_response_time, prev.mean_response_time)
+        trace.append({"max_requests": C2, "mean_response_time": cur.mean_response_time,
+                      "states": cur.states, "relative_change": change})
+        if progress:
+            progress(f"{name}: cap {C2}: E[W] = {cur.mean_response_time:.6g} (change {change:.2e})")
+        if change < tol:
+            return cur, trace
+        C, prev = C2, cur
+
+
+def evaluate_baseline(
+    model: TandemModel, name: str, *, tol: float = 1e-3, start: int = 20, progress: Progress | None = None
+) -> Evaluation:
+    """Exact metrics of a baseline π(k), π(k1,…,kN) or π(∞) with auto-truncation."""
+    t0 = time.perf_counter()
+    b = Baseline.parse(name, model.n_stages)
+    layout = Layout.build(model, "start")
+    rule = b.rule(layout.queue_stage, model.coord_stage())
+    kmax = b.max_threads
+    if kmax is not None:
+        model.check_stable(kmax)
+    else:
+        model.check_stable(None)
+
+    def ev(C: int) -> PolicyMetrics:
+        return evaluate_rule(model, layout, rule, max_requests=C, max_threads=kmax)
+
+    m, trace = grow_requests(ev, start, tol, b.name, progress)
+    return Evaluation(b.name, m, trace, time.perf_counter() - t0)
+
+
+def _warm_values(old: StateSpace, V: FloatArray, new: StateSpace) -> FloatArray:
+    """Map a value function onto a larger space: project each new state into the old one."""
+    rows = new.rows.copy()
+    Q = new.Q
+    # move surplus threads back to their queue, largest coordinate first
+    surplus = rows[:, Q:].sum(axis=1) - old.k_max
+    queue_of = np.array([next(q for q in range(Q) if any(d == c for c, _ in new.layout.spawn[q]))
+                         for d in range(new.D)])
+    while np.any(surplus > 0):
+        sel = np.flatnonzero(surplus > 0)
+        d = np.argmax(rows[sel, Q:], axis=1)
+        rows[sel, Q + d] -= 1
+        rows[sel, queue_of[d]] += 1
+        surplus[sel] -= 1
+    excess = rows.sum(axis=1) - old.cap
+    while np.any(excess > 0):
+        sel = np.flatnonzero(excess > 0)
+        q = np.argmax(rows[sel, :Q], axis=1)
+        rows[sel, q] -= 1
+        excess[sel] -= 1
+    idx = old.find(rows)
+    out = np.where(idx >= 0, V[np.maximum(idx, 0)], 0.0)
+    return out - out[0]
+
+
+def _solve_space(space: StateSpace, method: str, V0: FloatArray | None, tol: float, progress: Progress | None) -> SolveResult:
+    if method == "pi":
+        return policy_iteration(space, progress=progress)
+    return relative_value_iteration(space, tol=tol, V0=V0, progress=progress)
+
+
+def _exact_metrics(space: StateSpace, res: SolveResult) -> PolicyMetrics:
+    P = induced_matrix(space, res.decision)
+    reach, pi = stationary_distribution(P)
+    return metrics(space.model, space.rows[reach], space.layout.queue_stage, pi, space.cap)
+
+
+def solve_optimal(
+    model: TandemModel,
+    *,
+    phase_info: PhaseInfo = "full",
+    truncation: Truncation | None = None,
+    tol: float = 1e-3,
+    method: str = "rvi",
+    rvi_tol: float = 1e-7,
+    start: Truncation | None = None,
+    progress: Progress | None = None,
+) -> Optimum:
+    """π* for the model; fixed ``truncation``, or auto-truncation to relative accuracy ``tol``."""
+    t0 = time.perf_counter()
+    model.check_stable(None if truncation is None else truncation.k_max)
+    trace: list[dict[str, Any]] = []
+    sweeps = 0
+
+    def run(tr: Truncation, prev: tuple[StateSpace, SolveResult] | None) -> tuple[StateSpace, SolveResult, PolicyMetrics]:
+        nonlocal sweeps
+        space = StateSpace(model, tr, phase_info)
+        V0 = _warm_values(prev[0], prev[1].bias, space) if prev is not None and method == "rvi" else None
+        res = _solve_space(space, method, V0, rvi_tol, progress)
+        sweeps += res.sweeps
+        m = _exact_metrics(space, res)
+        trace.append({"max_requests": tr.max_requests, "max_threads": tr.k_max, "states": space.size,
+                      "sweeps": res.sweeps, "gain_bounds": list(res.gain_bounds),
+                      "mean_response_time": m.mean_response_time, "blocking_probability": m.blocking_probability})
+        if progress:
+            progress(f"pi*: cap {tr.max_requests}, threads {tr.k_max}: {space.size} states, "
+                     f"{res.sweeps} {res.method} steps, E[W] = {m.mean_response_time:.6g}")
+        return space, res, m
+
+    if truncation is not None:
+        space, res, m = run(truncation, None)
+        pol = Policy.from_decision(space, res.decision)
+        return Optimum(pol, res, m, truncation, trace, time.perf_counter() - t0, sweeps)
+
+    tr = start or Truncation(10, min(3 + model.cores - 1, 10))
+    space, res, m = run(tr, None)
+    while True:
+        # thread cap: does one more thread help?
+        trK = Truncation(tr.max_requests, tr.k_max + 1)
+        if trK.k_max > tr.k_max:
+            spK, resK, mK = run(trK, (space, res))
+            if _rel(mK.mean_response_time, m.mean_response_time) >= tol:
+                tr, space, res, m = trK, spK, resK, mK
+                continue
+        # request cap: does the computed policy's E[W] move on a larger cap?
+        pol = Policy.from_decision(space, res.decision)
+        C2 = max(tr.max_requests + 2, int(math.ceil(1.5 * tr.max_requests)))
+        layout = Layout.build(model, phase_info)
+        m2 = evaluate_rule(model, layout, pol.actions, max_requests=C2, max_threads=tr.k_max)
+        change = _rel(m2.mean_response_time, m.mean_response_time)
+        trace.append({"check": "request cap", "max_requests": C2, "max_threads": tr.k_max,
+                      "states": m2.states, "mean_response_time": m2.mean_response_time,
+                      "relative_change": change})
+        if progress:
+            progress(f"pi*: policy re-evaluated on cap {C2}: E[W] = {m2.mean_response_time:.6g} (change {change:.2e})")
+        if change < tol:
+            pol.meta["metrics_truncation"] = {"max_requests": C2, "max_threads": tr.k_max}
+            return Optimum(pol, res, m2, tr, trace, time.perf_counter() - t0, sweeps)
+        tr = Truncation(C2, tr.k_max)
+        space, res, m = run(tr, (space, res))

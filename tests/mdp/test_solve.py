@@ -1,0 +1,74 @@
+"""π* from relative value iteration and policy iteration: exact checks (paper 004, §2–3)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mdp.baselines import Baseline
+from mdp.evaluate import stationary_distribution
+from mdp.statespace import Layout, StateSpace, Truncation
+from mdp.solve import induced_matrix, policy_iteration, relative_value_iteration
+from mdp.truncation import evaluate_rule, solve_optimal
+
+from mdp_helpers import exp_stage, h2_stage, tandem
+
+
+def test_rvi_and_policy_iteration_agree_and_bracket(case4):
+    space = StateSpace(case4, Truncation(6, 3))
+    pi = policy_iteration(space)
+    rvi = relative_value_iteration(space, tol=1e-9)
+    lo, hi = rvi.gain_bounds
+    assert lo <= pi.gain * (1 + 1e-9) and pi.gain <= hi * (1 + 1e-9)
+    assert pi.gain == pytest.approx(rvi.gain, rel=1e-7)
+    # the gain of the PI policy equals E[N] of its stationary law (cost = requests in system)
+    reach, p = stationary_distribution(induced_matrix(space, pi.decision))
+    assert p @ space.n_total[reach] == pytest.approx(pi.gain, rel=1e-9)
+
+
+def test_single_exponential_stage_optimum_is_fcfs():
+    """N = 1, exponential service: π* = π(1), E[W] = E[S]/(1 − ρ) (M/M/1)."""
+    model = tandem(0.7, exp_stage("only", 2.0))
+    opt = solve_optimal(model, tol=1e-4)
+    assert opt.metrics.mean_response_time == pytest.approx(2.0 / 0.3, rel=2e-4)
+    assert opt.metrics.thread_distribution[2:] == pytest.approx([0.0] * len(opt.metrics.thread_distribution[2:]), abs=1e-9)
+
+
+def test_exponential_tandem_optimum_is_pi1():
+    """Paper 004 §3: with exponential stages the optimal policy is π(1) (= M/G/1-FCFS).
+
+    Near the cap a truncated optimum may exploit blocking, so compare after auto-truncation.
+    """
+    model = tandem(0.6, exp_stage("a", 1.0), exp_stage("b", 5.0))
+    opt = solve_optimal(model, tol=1e-4)
+    ES, ES2 = 6.0, 2 * 1.0 + 2 * 25.0 + 2 * 5.0
+    pk = ES + model.arrival_rate * ES2 / (2 * (1 - 0.6))
+    assert opt.metrics.mean_response_time == pytest.approx(pk, rel=3e-4)
+
+
+@pytest.mark.parametrize("name", ["pi(1)", "pi(2)", "pi(1,1)", "pi(2,1)", "pi(inf)"])
+def test_optimum_is_never_worse_than_a_baseline_on_the_same_truncation(case4, name):
+    C = 7
+    res = policy_iteration(StateSpace(case4, Truncation(C, C)))
+    lay = Layout.build(case4, "full")
+    b = Baseline.parse(name, 2)
+    # evaluate the baseline on the phase-known layout and the same cap: a feasible policy of the MDP
+    m = evaluate_rule(case4, lay, b.rule(lay.queue_stage, case4.coord_stage()), max_requests=C, max_threads=C)
+    assert res.gain <= m.mean_in_system * (1 + 1e-10)
+    assert res.gain < m.mean_in_system * (1 - 1e-3)  # and, with H2 stages, strictly better
+
+
+def test_phase_at_start_lies_between_full_information_and_pi1(case4):
+    tr = Truncation(8, 4)
+    full = policy_iteration(StateSpace(case4, tr))
+    start = policy_iteration(StateSpace(case4, tr, phase_info="start"))
+    lay = Layout.build(case4, "start")
+    b = Baseline.parse("pi(1)", 2)
+    m1 = evaluate_rule(case4, lay, b.rule(lay.queue_stage, case4.coord_stage()), max_requests=8, max_threads=4)
+    assert full.gain <= start.gain * (1 + 1e-10)
+    assert start.gain <= m1.mean_in_system * (1 + 1e-10)
+
+
+def test_cores_and_overhead_change_capacity():
+    m = tandem(0.6, exp_stage("a", 1.0), cores=2, overhead=0.1)
+    assert m.capacity(np.array([0, 1, 2, 3])).tolist() == pytest.approx([0.0, 1 / 1.1, 2 / 1.2, 2 / 1.3])
