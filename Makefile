@@ -16,9 +16,11 @@ $(STAMP): setup.cfg pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
+	sh apache-conf/install-debian-packages.sh
 	bash examples/demo/run.sh
 
 test: $(STAMP)
+	sh apache-conf/install-debian-packages.sh
 	$(BIN)/python -m pytest -q
 
 clean:
