@@ -10,9 +10,10 @@
 #   lua5.3         the interpreter, to syntax-check stage.lua (luac5.3 -p)
 #   gcc libc6-dev  compile that module at start-up
 #   util-linux     taskset (pinning Apache to one core)
+#   wrk haproxy    sidecar overhead benchmark (bench/sidecar_overhead.py): load generator, proxy peer
 set -eu
 
-PKGS="apache2 liblua5.3-dev lua5.3 gcc libc6-dev util-linux"
+PKGS="apache2 liblua5.3-dev lua5.3 gcc libc6-dev util-linux wrk haproxy"
 
 missing=""
 for p in $PKGS; do

@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "solve": "api.commands.solve",
     "compare": "api.commands.compare",
     "apache": "api.commands.apache",
+    "sidecar": "api.commands.sidecar",
 }
 
 EXIT_USAGE = 2

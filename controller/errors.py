@@ -11,6 +11,9 @@
             ├── ApacheStartError            config test, launch or readiness wait failed
             ├── ApacheNotRunningError       status asked of an instance that does not answer
             └── ApacheStopTimeoutError      the PID was still alive when the stop timeout ran out
+        └── SidecarInputError(ValueError)   bad sidecar input: stages file, policy spec, listen
+            └── PolicyLoadError             a policy that cannot be used (corrupt, mismatched);
+                                            a hot swap raising it keeps the old policy
 
 Messages name the field, the value and the fix, e.g.
 ``listen: port 8081 on 127.0.0.1 is already in use; choose another port or stop its owner``.
@@ -28,7 +31,9 @@ __all__ = [
     "ApacheStopTimeoutError",
     "ControllerError",
     "OvertakeError",
+    "PolicyLoadError",
     "PortInUseError",
+    "SidecarInputError",
 ]
 
 
@@ -66,3 +71,11 @@ class ApacheNotRunningError(ApacheError):
 
 class ApacheStopTimeoutError(ApacheError):
     """Apache's parent process did not exit within the stop timeout."""
+
+
+class SidecarInputError(ControllerError, ValueError):
+    """An input of the sidecar (stages file, policy spec, address, option) is invalid."""
+
+
+class PolicyLoadError(SidecarInputError):
+    """A policy cannot be loaded or does not match the stages; the running policy is kept."""

@@ -1,0 +1,205 @@
+"""Prometheus exposition of the sidecar and of Apache's mod_status, in one scrape.
+
+Sidecar metrics (``overtake_`` namespace, labels ``stage`` and ``phase``; the passthrough lane is
+``stage="passthrough", phase="all"``) are read from the limiter's plain counters at scrape time
+by a custom collector (prometheus/client_python ``docs/content/collector/custom.md``), so the
+request path pays nothing for gauges:
+
+======================================================  =======  =================================
+name                                                    type     meaning
+======================================================  =======  =================================
+overtake_stage_queued{stage,phase}                      gauge    waiting in the sidecar
+overtake_stage_inflight{stage,phase}                    gauge    admitted, response not complete
+overtake_stage_limit{stage,phase}                       gauge    threads the policy allows now
+overtake_stage_admitted_total{stage,phase}              counter  released to Apache
+overtake_stage_completed_total{stage,phase,outcome}     counter  outcome = completed | failed
+overtake_stage_rejected_total{stage,reason}             counter  queue_full | queue_timeout |
+                                                                 client_gone
+overtake_stage_duration_seconds{stage,phase}            hist.    arrival -> response received
+overtake_stage_queue_wait_seconds{stage,phase}          hist.    arrival -> admission
+overtake_gateway_errors_total{reason}                   counter  bad_request, header_too_large,
+                                                                 body_too_large, bad_phase, ...
+overtake_inflight / overtake_inflight_limit             gauge    all requests in Apache / hard cap
+overtake_inflight_max                                   gauge    largest inflight seen
+overtake_policy_info{name,version,hash}                 gauge    1
+overtake_policy_predicted_response_time_seconds         gauge    model E[W] x time unit (tables)
+overtake_policy_swaps_total / _refused_total            counter  hot swaps done / refused
+overtake_policy_guard_admissions_total                  counter  liveness-guard admissions
+======================================================  =======  =================================
+
+Apache's ``/server-status?auto`` (:func:`controller.apache.parse_status`) is exported under the
+names of prometheus-community/apache_exporter: ``apache_up``, ``apache_info{version,mpm}``,
+``apache_accesses_total``, ``apache_sent_kilobytes_total``, ``apache_duration_ms_total``,
+``apache_cpu_time_ms_total{type}``, ``apache_cpuload``, ``apache_uptime_seconds_total``,
+``apache_workers{state}``, ``apache_processes{state}``, ``apache_connections{state}``,
+``apache_scoreboard{state}``, ``apache_load{interval}``, ``apache_generation{type}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from controller.apache import SCOREBOARD_STATES, scoreboard_counts
+from controller.limiter import PASSTHROUGH, Limiter
+
+__all__ = ["ApacheCollector", "SidecarMetrics"]
+
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class _LimiterCollector(Collector):
+    def __init__(self, owner: SidecarMetrics) -> None:
+        self.owner = owner
+
+    def collect(self) -> Iterator[Metric]:
+        lim = self.owner.limiter()
+        pol = lim.policy
+        names = lim.stage_names
+        queued = GaugeMetricFamily("overtake_stage_queued", "Requests waiting in the sidecar", labels=["stage", "phase"])
+        inflight = GaugeMetricFamily("overtake_stage_inflight", "Requests admitted to Apache, response not yet received", labels=["stage", "phase"])
+        limit = GaugeMetricFamily("overtake_stage_limit", "Threads the policy allows in this stage and phase at the current state", labels=["stage", "phase"])
+        admitted = CounterMetricFamily("overtake_stage_admitted", "Requests released to Apache", labels=["stage", "phase"])
+        completed = CounterMetricFamily("overtake_stage_completed", "Admitted requests ended, by outcome", labels=["stage", "phase", "outcome"])
+        rejected = CounterMetricFamily("overtake_stage_rejected", "Requests answered 503 or dropped before admission, by reason", labels=["stage", "reason"])
+        for i, name in enumerate(names):
+            for j in range(lim.phases[i]):
+                c = lim.offset[i] + j
+                ph = str(j + 1)
+                queued.add_metric([name, ph], lim.waiting[c])
+                inflight.add_metric([name, ph], lim.threads[c])
+                limit.add_metric([name, ph], lim.stage_limit(i, j))
+        queued.add_metric(["passthrough", "all"], len(lim.pt_queue))
+        inflight.add_metric(["passthrough", "all"], lim.pt_inflight)
+        if lim.passthrough_cap is not None:
+            limit.add_metric(["passthrough", "all"], lim.passthrough_cap)
+        for (i, j), v in sorted(lim.admitted.items()):
+            admitted.add_metric(_labels(names, i, j), v)
+        for (i, j, outcome), v in sorted(lim.completed.items()):
+            completed.add_metric([*_labels(names, i, j), outcome], v)
+        for (i, reason), v in sorted(lim.rejected.items()):
+            rejected.add_metric([names[i] if i != PASSTHROUGH else "passthrough", reason], v)
+        yield from (queued, inflight, limit, admitted, completed, rejected)
+        yield GaugeMetricFamily("overtake_inflight", "Requests inside Apache through the sidecar", value=lim.inflight_total)
+        yield GaugeMetricFamily("overtake_inflight_limit", "Global hard cap on requests inside Apache", value=lim.max_inflight)
+        yield GaugeMetricFamily("overtake_inflight_max", "Largest number of requests inside Apache seen", value=lim.max_seen_inflight)
+        info = GaugeMetricFamily("overtake_policy_info", "The running policy", labels=["name", "version", "hash"])
+        info.add_metric([pol.name, pol.version, pol.hash], 1)
+        yield info
+        if pol.predicted_wait is not None:
+            yield GaugeMetricFamily(
+                "overtake_policy_predicted_response_time_seconds",
+                "Model's mean response time E[W] of the running policy (model units x time unit)",
+                value=pol.predicted_wait * self.owner.time_unit,
+            )
+        yield CounterMetricFamily("overtake_policy_swaps", "Policies installed at runtime", value=self.owner.swaps)
+        yield CounterMetricFamily("overtake_policy_refused", "Policy swaps refused (old policy kept)", value=self.owner.refused)
+        yield CounterMetricFamily("overtake_policy_guard_admissions", "Admissions by the liveness guard", value=lim.guard_admissions)
+
+
+def _labels(names: tuple[str, ...], i: int, j: int) -> list[str]:
+    return ["passthrough", "all"] if i == PASSTHROUGH else [names[i], str(j + 1)]
+
+
+def _version_number(v: str) -> float:
+    # apache_exporter: "Apache/2.4.71 (Debian)" -> 2.04071
+    try:
+        nums = [int(x) for x in v.split("/", 1)[1].split()[0].split(".")[:3]]
+    except (IndexError, ValueError):
+        return 0.0
+    nums += [0] * (3 - len(nums))
+    return nums[0] + nums[1] / 100 + nums[2] / 100000
+
+
+class ApacheCollector(Collector):
+    """Yields apache_exporter-named metrics from the last parsed ``?auto`` (or ``apache_up 0``)."""
+
+    def __init__(self) -> None:
+        self.status: dict[str, Any] | None = None
+        self.scrape_failures = 0
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.status
+        yield GaugeMetricFamily("apache_up", "Could the apache server be reached", value=1 if s else 0)
+        yield CounterMetricFamily("apache_exporter_scrape_failures", "Number of errors while scraping apache", value=self.scrape_failures)
+        if not s:
+            return
+        version = str(s.get("ServerVersion", ""))
+        info = GaugeMetricFamily("apache_info", "Apache version information", labels=["version", "mpm"])
+        info.add_metric([version, str(s.get("ServerMPM", ""))], 1)
+        yield info
+        yield GaugeMetricFamily("apache_version", "Apache server version", value=_version_number(version))
+        gen = GaugeMetricFamily("apache_generation", "Apache restart generation", labels=["type"])
+        gen.add_metric(["config"], float(s.get("ParentServerConfigGeneration", 0)))
+        gen.add_metric(["mpm"], float(s.get("ParentServerMPMGeneration", 0)))
+        yield gen
+        load = GaugeMetricFamily("apache_load", "Apache server load", labels=["interval"])
+        for key, lab in (("Load1", "1min"), ("Load5", "5min"), ("Load15", "15min")):
+            if key in s:
+                load.add_metric([lab], float(s[key]))
+        yield load
+        for key, name, doc in (
+            ("Total Accesses", "apache_accesses", "Current total apache accesses"),
+            ("Total kBytes", "apache_sent_kilobytes", "Current total kbytes sent"),
+            ("Total Duration", "apache_duration_ms", "Total duration of all registered requests in ms"),
+            ("Uptime", "apache_uptime_seconds", "Current uptime in seconds"),
+        ):
+            if key in s:
+                yield CounterMetricFamily(name, doc, value=float(s[key]))
+        if "CPUUser" in s:
+            cpu = CounterMetricFamily("apache_cpu_time_ms", "Apache CPU time", labels=["type"])
+            cpu.add_metric(["user"], 1000 * (float(s.get("CPUUser", 0)) + float(s.get("CPUChildrenUser", 0))))
+            cpu.add_metric(["system"], 1000 * (float(s.get("CPUSystem", 0)) + float(s.get("CPUChildrenSystem", 0))))
+            yield cpu
+        if "CPULoad" in s:
+            yield GaugeMetricFamily("apache_cpuload", "The current percentage CPU used by each worker and in total by all workers combined", value=float(s["CPULoad"]))
+        workers = GaugeMetricFamily("apache_workers", "Apache worker statuses", labels=["state"])
+        workers.add_metric(["busy"], float(s.get("BusyWorkers", 0)))
+        workers.add_metric(["idle"], float(s.get("IdleWorkers", 0)))
+        yield workers
+        procs = GaugeMetricFamily("apache_processes", "Apache process count", labels=["state"])
+        procs.add_metric(["all"], float(s.get("Processes", 0)))
+        procs.add_metric(["stopping"], float(s.get("Stopping", 0)))
+        yield procs
+        conns = GaugeMetricFamily("apache_connections", "Apache connection statuses", labels=["state"])
+        for key, lab in (("ConnsTotal", "total"), ("ConnsAsyncWriting", "writing"),
+                         ("ConnsAsyncKeepAlive", "keepalive"), ("ConnsAsyncClosing", "closing")):
+            conns.add_metric([lab], float(s.get(key, 0)))
+        yield conns
+        sb = GaugeMetricFamily("apache_scoreboard", "Apache scoreboard statuses", labels=["state"])
+        counts = scoreboard_counts(str(s.get("Scoreboard", "")))
+        for state in SCOREBOARD_STATES.values():
+            sb.add_metric([state], counts.get(state, 0))
+        yield sb
+
+
+class SidecarMetrics:
+    """The sidecar's own registry: request-path histograms and counters plus the collectors."""
+
+    def __init__(self, limiter: Callable[[], Limiter], *, time_unit: float) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.limiter = limiter
+        self.time_unit = time_unit
+        self.swaps = 0
+        self.refused = 0
+        self.duration = Histogram(
+            "overtake_stage_duration_seconds", "Arrival at the sidecar until Apache's whole response is received",
+            ["stage", "phase"], buckets=_BUCKETS, registry=self.registry,
+        )
+        self.queue_wait = Histogram(
+            "overtake_stage_queue_wait_seconds", "Arrival at the sidecar until admission to Apache",
+            ["stage", "phase"], buckets=_BUCKETS, registry=self.registry,
+        )
+        self.errors = Counter(
+            "overtake_gateway_errors", "Requests answered by the gateway itself, by reason",
+            ["reason"], registry=self.registry,
+        )
+        for reason in ("bad_request", "header_too_large", "body_too_large", "bad_phase", "upstream_error", "upstream_timeout"):
+            self.errors.labels(reason)
+        self.apache = ApacheCollector()
+        self.registry.register(_LimiterCollector(self))
+        self.registry.register(self.apache)

@@ -1,0 +1,283 @@
+"""Assembly of the sidecar: stages, policy, classifier, limiter, gateway, metrics, hot swap.
+
+:class:`Sidecar` owns the running policy. :meth:`Sidecar.swap` loads and validates a new one
+(:func:`controller.policies.load_policy`), and only then installs it with
+:meth:`controller.limiter.Limiter.swap` — one synchronous step on the event loop, so no request
+ever sees half a policy; queued requests keep their order. A policy that fails to load or does
+not match the stages raises :class:`controller.errors.PolicyLoadError` and the old policy stays.
+Swaps come from ``PUT /-/policy`` (loopback clients) or from the policy file changing on disk
+(polled every ``watch_interval`` seconds; ``SIGHUP`` forces a reload).
+
+Logs are JSON lines on stderr (``{"ts":..., "level":..., "event":..., ...}``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import generate_latest
+
+from controller.apache import parse_status
+from controller.classifier import Classifier
+from controller.errors import PolicyLoadError, SidecarInputError
+from controller.gateway import Gateway
+from controller.limiter import Limiter
+from controller.metrics import SidecarMetrics
+from controller.policies import SpawnPolicy, load_policy
+from controller.stages import StageTable
+from controller.upstream import UpstreamPool
+from controller.uplink import make_uplink
+
+__all__ = ["JsonFormatter", "Sidecar", "SidecarOptions", "parse_addr", "parse_apache_url"]
+
+log = logging.getLogger("overtake.sidecar")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per log line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": round(record.created, 3), "level": record.levelname.lower(), "msg": record.getMessage(),
+        }
+        for k, v in record.__dict__.items():
+            if k in ("event", "policy", "hash", "version", "detail", "listen", "apache", "reason", "source"):
+                out[k] = v
+        return json.dumps(out, sort_keys=True)
+
+
+def parse_addr(text: str, field: str) -> tuple[str, int]:
+    """``HOST:PORT`` -> (host, port); errors name ``field``."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise SidecarInputError(f"{field}: expected HOST:PORT such as 127.0.0.1:8080, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def parse_apache_url(text: str) -> tuple[str, int]:
+    """``http://HOST:PORT`` -> (host, port)."""
+    rest = text.removeprefix("http://")
+    if rest == text or "/" in rest.rstrip("/"):
+        raise SidecarInputError(
+            f"apache: expected http://HOST:PORT such as http://127.0.0.1:8081 (no path, no https), got {text!r}"
+        )
+    return parse_addr(rest.rstrip("/"), "apache")
+
+
+@dataclass(frozen=True)
+class SidecarOptions:
+    """Command-line level options."""
+
+    policy: str
+    apache: str
+    listen: str
+    phase_header: str | None = None
+    uplink: str = "fair"
+    watch_interval: float = 1.0
+    admin_put: bool = True
+
+
+class Sidecar:
+    """Everything wired together; ``await start()``, then ``await serve_forever()`` / ``close()``."""
+
+    def __init__(self, table: StageTable, options: SidecarOptions) -> None:
+        self.table = table
+        self.options = options
+        self.listen = parse_addr(options.listen, "listen")
+        self.apache = parse_apache_url(options.apache)
+        self.uplink = make_uplink(options.uplink)
+        policy = load_policy(options.policy, table.names)
+        self.policy_source = options.policy
+        self.swapped_at = time.time()
+        cfg = table.config
+        self.classifier = Classifier(cfg.classifier, policy)
+        self.limiter = Limiter(
+            policy, self.classifier, stage_names=table.names,
+            queue_caps=tuple(table.queue_cap(i) for i in range(len(table.names))),
+            max_inflight=cfg.limits.max_inflight, passthrough_cap=cfg.passthrough.cap,
+            passthrough_queue_cap=cfg.limits.queue_cap,
+        )
+        self.metrics = SidecarMetrics(lambda: self.limiter, time_unit=cfg.classifier.time_unit)
+        self.pool = UpstreamPool(*self.apache)
+        self.gateway = Gateway(
+            table, self.limiter, self.classifier, self.pool, self.uplink, self.metrics,
+            admin=self.admin, phase_header=options.phase_header,
+        )
+        self._watch: asyncio.Task[None] | None = None
+        self._file_sig = self._signature()
+
+    @property
+    def policy(self) -> SpawnPolicy:
+        return self.limiter.policy
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        try:
+            await self.gateway.start(*self.listen)
+        except OSError as exc:
+            raise SidecarInputError(
+                f"listen: cannot listen on {self.options.listen} ({exc.strerror}); choose a free port"
+            ) from None
+        self._watch = asyncio.create_task(self._watch_file())
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self._reload("sighup")))
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+        log.info("sidecar listening", extra={
+            "event": "start", "listen": self.options.listen, "apache": self.options.apache,
+            "policy": self.policy.name, "hash": self.policy.hash, "version": self.policy.version,
+        })
+
+    async def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+        await self.gateway.close()
+
+    # ---- policy swap -----------------------------------------------------------------------
+    def swap(self, spec: str, *, source: str) -> SpawnPolicy:
+        """Load ``spec`` and install it atomically; on any error keep the old policy and raise."""
+        try:
+            new = load_policy(spec, self.table.names)
+        except (PolicyLoadError, SidecarInputError) as exc:
+            self.metrics.refused += 1
+            log.error("policy refused, old policy kept", extra={
+                "event": "policy_refused", "source": source, "detail": str(exc), "policy": self.policy.name,
+            })
+            raise
+        old = self.policy
+        self.limiter.swap(new)
+        self.metrics.swaps += 1
+        self.swapped_at = time.time()
+        log.info("policy swapped", extra={
+            "event": "policy_swap", "source": source, "policy": new.name, "hash": new.hash,
+            "version": new.version, "detail": f"from {old.name} ({old.hash})",
+        })
+        return new
+
+    def _signature(self) -> tuple[float, int] | None:
+        p = Path(self.policy_source)
+        try:
+            st = p.stat()
+        except OSError:
+            return None
+        return (st.st_mtime, st.st_size)
+
+    async def _reload(self, source: str) -> None:
+        if Path(self.policy_source).is_file():
+            try:
+                self.swap(self.policy_source, source=source)
+            except (PolicyLoadError, SidecarInputError):
+                pass
+
+    async def _watch_file(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.watch_interval)
+            sig = self._signature()
+            if sig is not None and sig != self._file_sig:
+                self._file_sig = sig
+                await self._reload("file_watch")
+
+    def policy_info(self) -> dict[str, Any]:
+        p = self.policy
+        return {
+            "name": p.name, "version": p.version, "hash": p.hash, "phases": list(p.phases),
+            "per_phase_queues": p.per_phase_queues, "predicted_response_time_model_units": p.predicted_wait,
+            "swapped_at": self.swapped_at, "swaps": self.metrics.swaps, "refused": self.metrics.refused,
+            "classifier": self.classifier.mode,
+        }
+
+    # ---- admin -----------------------------------------------------------------------------
+    async def scrape_apache(self) -> None:
+        host, port = self.apache
+        try:
+            async with asyncio.timeout(2.0):
+                r, w = await asyncio.open_connection(host, port)
+                try:
+                    w.write(b"GET /server-status?auto HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % host.encode())
+                    raw = await r.read()
+                finally:
+                    w.close()
+            head, _, body = raw.partition(b"\r\n\r\n")
+            if not head.startswith(b"HTTP/1.1 200") or b"ServerMPM" not in body:
+                raise ValueError("not mod_status")
+            if b"chunked" in head.lower():
+                body = _dechunk(body)
+            self.metrics.apache.status = parse_status(body.decode("latin-1"))
+        except (OSError, TimeoutError, ValueError):
+            self.metrics.apache.status = None
+            self.metrics.apache.scrape_failures += 1
+
+    async def admin(self, method: bytes, path: bytes, body: bytes, peer: str) -> tuple[int, bytes, bytes]:
+        """``/-/<path>`` handler: (status, content type, body)."""
+        if path in (b"/metrics", b"/metrics/"):
+            await self.scrape_apache()
+            return 200, b"text/plain; version=0.0.4; charset=utf-8", generate_latest(self.metrics.registry)
+        if path == b"/healthz":
+            return 200, b"text/plain", b"ok\n"
+        if path == b"/policy":
+            if method == b"GET":
+                return 200, b"application/json", _json(self.policy_info())
+            if method == b"PUT":
+                if not self.options.admin_put or peer not in ("127.0.0.1", "::1"):
+                    return 403, b"text/plain", b"PUT /-/policy: only loopback clients may swap the policy\n"
+                return self._put_policy(body)
+            return 405, b"text/plain", b"/-/policy: use GET or PUT\n"
+        return 404, b"text/plain", b"admin paths: /-/metrics, /-/policy, /-/healthz\n"
+
+    def _put_policy(self, body: bytes) -> tuple[int, bytes, bytes]:
+        tmp = None
+        if body.startswith(b"PK"):  # an .npz (zip) uploaded as bytes
+            digest = hashlib.sha256(body).hexdigest()[:12]
+            fd, tmp = tempfile.mkstemp(prefix=f"overtake-policy-{digest}-", suffix=".npz")
+            with os.fdopen(fd, "wb") as f:
+                f.write(body)
+            spec = tmp
+        else:
+            spec = body.decode("utf-8", errors="replace").strip()
+            if not spec:
+                return 400, b"text/plain", b"PUT /-/policy: body must be pi(k), pi(k1,...,kN), passthrough, a policy file path or .npz bytes\n"
+        try:
+            self.swap(spec, source="admin")
+        except (PolicyLoadError, SidecarInputError) as exc:
+            return 422, b"text/plain", (f"refused, old policy kept: {exc}\n").encode()
+        finally:
+            if tmp is not None:
+                os.unlink(tmp)
+        return 200, b"application/json", _json(self.policy_info())
+
+
+def _json(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True).encode() + b"\n"
+
+
+def _dechunk(body: bytes) -> bytes:
+    out = []
+    while body:
+        size_line, _, rest = body.partition(b"\r\n")
+        n = int(size_line.split(b";")[0], 16)
+        if n == 0:
+            break
+        out.append(rest[:n])
+        body = rest[n + 2:]
+    return b"".join(out)
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(JsonFormatter())
+    lg = logging.getLogger("overtake")
+    lg.handlers[:] = [h]
+    lg.setLevel(level)
+    lg.propagate = False

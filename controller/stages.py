@@ -1,0 +1,222 @@
+"""The stages file: which requests belong to which stage, and the sidecar's limits.
+
+A request is routed to the first stage with a route whose ``path`` regex matches the URL path
+(``re.match``, query excluded) and whose ``methods`` contain the request method; requests no
+stage claims are *passed through* (paper 004 models only the policed stages) under their own
+optional concurrency cap. Example (``examples/sidecar/stages.yaml``)::
+
+    stages:
+      - name: stage1
+        path: "^/stage1$"            # shorthand for routes: [{path: ...}]
+      - name: stage2
+        routes:
+          - {path: "^/stage2$", methods: [GET, POST]}
+          - {path: "^/report/", phase: 2}   # a route rule that fixes the phase (explicit mode)
+    passthrough: {cap: 32}
+    limits: {max_inflight: 256, queue_cap: 1000, queue_timeout: 30}
+    classifier: {mode: explicit, header: X-Overtake-Phase}
+
+Validation is eager; every error is one line naming the field, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from controller.errors import SidecarInputError
+
+__all__ = ["ClassifierSettings", "Limits", "Route", "StageSpec", "StagesConfig", "StageTable", "load_stages"]
+
+_HTTP_METHODS = {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Route(_Strict):
+    """One routing rule: path regex, methods, and optionally the phase it implies (1-based)."""
+
+    path: str
+    methods: tuple[str, ...] | None = None
+    phase: int | None = Field(default=None, ge=1)
+
+    @field_validator("path")
+    @classmethod
+    def _regex(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as exc:
+            raise ValueError(f"not a valid regular expression ({exc}); e.g. '^/stage1$'") from None
+        return v
+
+    @field_validator("methods")
+    @classmethod
+    def _methods(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if v is None:
+            return v
+        out = tuple(m.upper() for m in v)
+        bad = [m for m in out if m not in _HTTP_METHODS]
+        if bad:
+            raise ValueError(f"unknown HTTP method {bad[0]!r}; use e.g. [GET, POST]")
+        return out
+
+
+class StageSpec(_Strict):
+    """A policed stage: its name (as in the policy's model) and its routes."""
+
+    name: str = Field(min_length=1)
+    path: str | None = None
+    methods: tuple[str, ...] | None = None
+    routes: tuple[Route, ...] = ()
+    queue_cap: int | None = Field(default=None, ge=0)
+    queue_timeout: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_form(self) -> StageSpec:
+        if self.path is not None and self.routes:
+            raise ValueError("give either path (with optional methods) or routes, not both")
+        if self.path is None and not self.routes:
+            raise ValueError("needs path: '<regex>' or routes: [{path: '<regex>'}]")
+        if self.path is None and self.methods is not None:
+            raise ValueError("methods belongs inside each route when routes is used")
+        return self
+
+    def all_routes(self) -> tuple[Route, ...]:
+        if self.path is not None:
+            return (Route(path=self.path, methods=self.methods),)
+        return self.routes
+
+
+class Passthrough(_Strict):
+    """Requests no stage claims: forwarded with at most ``cap`` in Apache at once (None = no cap)."""
+
+    cap: int | None = Field(default=None, ge=1)
+
+
+class Limits(_Strict):
+    """Gateway limits. Sizes in bytes, times in seconds."""
+
+    max_inflight: int = Field(default=256, ge=1)  # global hard cap on requests inside Apache
+    queue_cap: int = Field(default=1000, ge=0)  # per stage, unless the stage sets its own
+    queue_timeout: float = Field(default=30.0, gt=0)
+    retry_after: int = Field(default=1, ge=0)  # seconds, in 503 answers
+    max_header_bytes: int = Field(default=16384, ge=256)
+    max_body_bytes: int = Field(default=1 << 20, ge=0)
+    response_buffer_bytes: int = Field(default=1 << 20, ge=0)
+    upstream_timeout: float = Field(default=120.0, gt=0)
+    client_timeout: float = Field(default=60.0, gt=0)  # idle keep-alive and slow request heads
+
+
+class ClassifierSettings(_Strict):
+    """Phase classification (paper 004 needs the phase of waiting requests for ``full`` policies)."""
+
+    mode: Literal["explicit", "learned", "hidden"] = "explicit"
+    header: str = "X-Overtake-Phase"
+    time_unit: float = Field(default=0.01, gt=0)  # seconds of service per model time unit
+    history: int = Field(default=64, ge=1)  # learned: samples kept per route
+
+
+class StagesConfig(_Strict):
+    """The whole stages file."""
+
+    stages: tuple[StageSpec, ...] = Field(min_length=1)
+    passthrough: Passthrough = Passthrough()
+    limits: Limits = Limits()
+    classifier: ClassifierSettings = ClassifierSettings()
+
+    @model_validator(mode="after")
+    def _unique(self) -> StagesConfig:
+        names = [s.name for s in self.stages]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"stage names must be unique; {sorted(dup)[0]!r} appears twice")
+        return self
+
+
+@dataclass(frozen=True)
+class _CompiledRoute:
+    regex: re.Pattern[str]
+    methods: frozenset[str] | None
+    stage: int
+    phase: int | None  # 0-based
+    key: str  # route identity for learned classification
+
+
+class StageTable:
+    """Compiled routes: ``route(method, path)`` -> (stage index, route key, fixed phase) or None."""
+
+    def __init__(self, config: StagesConfig) -> None:
+        self.config = config
+        self.names: tuple[str, ...] = tuple(s.name for s in config.stages)
+        routes = []
+        for i, st in enumerate(config.stages):
+            for r in st.all_routes():
+                routes.append(
+                    _CompiledRoute(
+                        re.compile(r.path), frozenset(r.methods) if r.methods else None, i,
+                        None if r.phase is None else r.phase - 1, f"{st.name}:{r.path}",
+                    )
+                )
+        self._routes = tuple(routes)
+
+    def route(self, method: str, path: str) -> tuple[int, str, int | None] | None:
+        for r in self._routes:
+            if (r.methods is None or method in r.methods) and r.regex.match(path):
+                return r.stage, r.key, r.phase
+        return None
+
+    def queue_cap(self, stage: int) -> int:
+        c = self.config.stages[stage].queue_cap
+        return self.config.limits.queue_cap if c is None else c
+
+    def queue_timeout(self, stage: int) -> float:
+        t = self.config.stages[stage].queue_timeout
+        return self.config.limits.queue_timeout if t is None else t
+
+
+def _field(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "stages file"
+
+
+def load_stages(path: str | Path) -> StageTable:
+    """Read and validate a stages YAML file.
+
+    Raises
+    ------
+    SidecarInputError
+        One line naming the file, the field and the fix, e.g.
+        ``stages.yaml: stages[1].path: not a valid regular expression (...)``.
+    FileNotFoundError
+        If the file does not exist.
+    """
+    p = Path(path)
+    text = p.read_text()
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise SidecarInputError(f"{p}:{where} not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(raw, dict):
+        raise SidecarInputError(f"{p}: must be a mapping with a 'stages' list (see examples/sidecar/stages.yaml)")
+    try:
+        cfg = StagesConfig.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key; check the spelling against examples/sidecar/stages.yaml"
+        elif err["type"] == "missing":
+            msg = "required field is missing"
+        raise SidecarInputError(f"{p}: {_field(tuple(err['loc']))}: {msg} (got {err.get('input')!r})") from None
+    return StageTable(cfg)

@@ -1,0 +1,190 @@
+"""Keep-alive HTTP/1.1 connections to Apache and one request/response exchange on them.
+
+The gateway reaches Apache through one call, :meth:`UpstreamPool.exchange` (the one-method
+upstream seam of style anchor §1): it sends a request head and body, reads the response with
+httptools, buffers the body up to ``buffer_bytes`` and hands the rest to a streaming callback.
+Idle connections are reused LIFO and dropped after ``idle_timeout`` (kept below Apache's
+``KeepAliveTimeout 5``); a reused connection that fails before the first response byte is
+retried once on a fresh one for idempotent methods (Apache may close an idle connection just as
+we send on it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import httptools
+
+__all__ = ["UpstreamError", "UpstreamPool", "UpstreamResponse"]
+
+_IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"})
+
+
+class UpstreamError(Exception):
+    """Apache could not be reached or broke the exchange (answered 502 by the gateway)."""
+
+
+@dataclass
+class UpstreamResponse:
+    """A response read from Apache: status, reason, raw headers, buffered body."""
+
+    status: int = 0
+    reason: bytes = b""
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    body: list[bytes] = field(default_factory=list)
+    body_bytes: int = 0
+    streamed: bool = False  # the body went (partly) to the stream callback
+    keep_alive: bool = False
+    headers_done: bool = False
+    done: bool = False
+
+
+class _Conn:
+    __slots__ = ("reader", "writer", "last_used")
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.last_used = time.monotonic()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _Parse:
+    """httptools callbacks filling an UpstreamResponse."""
+
+    __slots__ = ("resp", "head_only", "parser")
+
+    def __init__(self, resp: UpstreamResponse, head_only: bool) -> None:
+        self.resp = resp
+        self.head_only = head_only
+        self.parser: httptools.HttpResponseParser | None = None
+
+    def on_status(self, status: bytes) -> None:
+        self.resp.reason += status
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.resp.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.resp.headers_done = True
+        assert self.parser is not None
+        self.resp.status = self.parser.get_status_code()
+        if self.head_only:
+            self.resp.done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.resp.body.append(body)
+        self.resp.body_bytes += len(body)
+
+    def on_message_complete(self) -> None:
+        self.resp.done = True
+
+
+StreamCallback = Callable[[UpstreamResponse], Awaitable[None]]
+
+
+class UpstreamPool:
+    """Connections to one Apache ``host:port``."""
+
+    def __init__(self, host: str, port: int, *, idle_timeout: float = 4.0, max_idle: int = 512) -> None:
+        self.host = host
+        self.port = port
+        self.idle_timeout = idle_timeout
+        self.max_idle = max_idle
+        self._idle: list[_Conn] = []
+        self.opened = 0
+
+    async def _get(self) -> tuple[_Conn, bool]:
+        now = time.monotonic()
+        while self._idle:
+            c = self._idle.pop()
+            if now - c.last_used < self.idle_timeout and not c.writer.transport.is_closing():
+                return c, True
+            c.close()
+        try:
+            r, w = await asyncio.open_connection(self.host, self.port)
+        except OSError as exc:
+            raise UpstreamError(f"connect to {self.host}:{self.port}: {exc.strerror or exc}") from None
+        self.opened += 1
+        return _Conn(r, w), False
+
+    def _put(self, c: _Conn) -> None:
+        if len(self._idle) >= self.max_idle:
+            c.close()
+            return
+        c.last_used = time.monotonic()
+        self._idle.append(c)
+
+    def close(self) -> None:
+        for c in self._idle:
+            c.close()
+        self._idle.clear()
+
+    async def exchange(
+        self, method: bytes, head: bytes, body: bytes, *, buffer_bytes: int, timeout: float,
+        on_stream: StreamCallback,
+    ) -> UpstreamResponse:
+        """Send one request and read its response.
+
+        ``on_stream(resp)`` is awaited whenever more than ``buffer_bytes`` of body are pending:
+        it must consume ``resp.body`` (write it to the client and clear the list). The return
+        value is the complete response (``done``), its unconsumed body in ``resp.body``.
+
+        Raises
+        ------
+        UpstreamError
+            Connect/read/write failure, a malformed response, or ``timeout`` elapsed.
+        """
+        for attempt in (0, 1):
+            c, reused = await self._get()
+            resp = UpstreamResponse()
+            got_bytes = False
+            try:
+                async with asyncio.timeout(timeout):
+                    c.writer.write(head + body if len(body) < 65536 else head)
+                    if len(body) >= 65536:
+                        c.writer.write(body)
+                    cb = _Parse(resp, method == b"HEAD")
+                    parser = httptools.HttpResponseParser(cb)
+                    cb.parser = parser
+                    while not resp.done:
+                        data = await c.reader.read(65536)
+                        if not data:
+                            if not resp.headers_done and not got_bytes:
+                                raise ConnectionResetError("connection closed before the response")
+                            # close-delimited body: EOF ends it
+                            resp.done = resp.headers_done
+                            if not resp.done:
+                                raise ConnectionResetError("connection closed mid-response")
+                            resp.keep_alive = False
+                            break
+                        got_bytes = True
+                        parser.feed_data(data)
+                        if (resp.streamed or resp.body_bytes > buffer_bytes) and resp.body and not resp.done:
+                            resp.streamed = True
+                            await on_stream(resp)
+                            resp.body_bytes = sum(len(b) for b in resp.body)
+                    else:
+                        resp.keep_alive = parser.should_keep_alive()
+            except TimeoutError:
+                c.close()
+                raise UpstreamError(f"no complete answer from {self.host}:{self.port} within {timeout:g} s") from None
+            except (OSError, httptools.HttpParserError) as exc:
+                c.close()
+                if attempt == 0 and reused and not got_bytes and method in _IDEMPOTENT:
+                    continue
+                raise UpstreamError(f"{self.host}:{self.port}: {exc.__class__.__name__}: {exc}") from None
+            except BaseException:
+                c.close()
+                raise
+            if resp.keep_alive:
+                self._put(c)
+            else:
+                c.close()
+            return resp
+        raise AssertionError("unreachable")
