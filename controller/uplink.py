@@ -15,14 +15,64 @@ Contract used by the gateway::
 ``total_bytes`` is the size of the whole response (status line + headers + body) when known,
 ``None`` when streaming without Content-Length; an uplink then treats the flow as large.
 ``write`` must apply back-pressure (it awaits the writer's drain).
+
+Schedulers (``make_uplink(name)``):
+
+``fair``  nothing set: every socket drains into one FIFO (what Apache alone does).
+``srpt``  paper 001 §2.2.4: ``SO_PRIORITY`` of the client socket = the band of its remaining
+          bytes, ``remaining = total + backlog_at_open - (bytes_acked - bytes_acked_at_open)``
+          from ``TCP_INFO``; updated before every write and every ``interval`` seconds after the
+          last one until everything is acknowledged. A new priority applies to all data not
+          yet handed to IP (shared/notes/apache_and_net.md §4.6), which is what SRPT needs.
+          ``TCP_NOTSENT_LOWAT`` keeps little unsent data in the kernel, so the socket's
+          priority is still being updated while the tail of a large response drains.
+``srrt``  paper 002 §3: the band of the remaining *time* ``RTT · (1 + remaining/(cwnd·MSS))``.
+``app``   paper 000 §3.3: no kernel bands; at most ``concurrency`` flows hand data to the
+          kernel at once, the one with the least remaining bytes first, ``quantum`` bytes at a
+          time; ``TCP_NOTSENT_LOWAT = quantum`` paces the hand-off to the network. This costs
+          throughput when ``concurrency`` is small (paper 000 §5.4; bench/uplink_srpt.py).
+
+The control band (top class) is never given to a response: it carries SYN-ACKs and the first
+bytes before the size is known (paper 001 §2.2.3). Bands come from :mod:`controller.qdisc`
+(HTB: 7 data bands; TBF + pfifo_fast: 2), cutoffs from :mod:`controller.bands`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
+import heapq
+import itertools
+import json
+import logging
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-__all__ = ["FairUplink", "Uplink", "UplinkFlow", "make_uplink"]
+from controller import bands as _bands
+from controller import qdisc as _qdisc
+from controller import tcpinfo as _ti
+from controller.uplink_errors import UplinkInputError
+
+__all__ = [
+    "AppUplink",
+    "BandStats",
+    "FairUplink",
+    "KernelUplink",
+    "NAMES",
+    "Uplink",
+    "UplinkFlow",
+    "default_cutoffs",
+    "detect_bands",
+    "make_uplink",
+]
+
+log = logging.getLogger(__name__)
+
+NAMES = ("app", "fair", "srpt", "srrt")
+_LARGE = float(2**40)  # remaining bytes assumed for a response of unknown length
+_TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
+_TCP_ESTABLISHED = 1
 
 
 class UplinkFlow(Protocol):
@@ -39,6 +89,16 @@ class Uplink(Protocol):
     name: str
 
     def open(self, writer: asyncio.StreamWriter, total_bytes: int | None) -> UplinkFlow: ...
+
+
+@dataclass
+class BandStats:
+    """Per-band counters for ``/metrics`` (band -1 = control/unbanded)."""
+
+    bytes_written: dict[int, int] = field(default_factory=dict)
+    flows_opened: dict[int, int] = field(default_factory=dict)
+    priority_changes: int = 0
+    active: dict[int, int] = field(default_factory=dict)
 
 
 class _FairFlow:
@@ -63,9 +123,419 @@ class FairUplink:
     def open(self, writer: asyncio.StreamWriter, total_bytes: int | None) -> UplinkFlow:
         return _FairFlow(writer)
 
+    def describe(self) -> str:
+        """One line: what this uplink does."""
+        return "fair: no priorities (one FIFO per qdisc band, kernel default)"
 
-def make_uplink(name: str) -> Uplink:
-    """Build the uplink named on the command line (``--uplink``)."""
+
+def _sock(writer: asyncio.StreamWriter) -> Any:
+    return writer.get_extra_info("socket")
+
+
+class _KernelFlow:
+    """One response whose socket priority follows its remaining bytes or time."""
+
+    __slots__ = (
+        "_up", "_writer", "_sock", "_total", "_written", "_acked0", "_backlog0", "_band",
+        "_closed", "_done",
+    )  # fmt: skip
+
+    def __init__(self, up: KernelUplink, writer: asyncio.StreamWriter, total: int | None) -> None:
+        self._up = up
+        self._writer = writer
+        self._sock = _sock(writer)
+        self._total = total
+        self._written = 0
+        self._band = -1
+        self._closed = False
+        self._done = False
+        self._acked0 = 0
+        self._backlog0 = 0
+        try:
+            info = _ti.read_tcp_info(self._sock)
+            self._acked0 = info.bytes_acked or 0
+            # bytes of earlier responses on this keep-alive socket still ahead of ours
+            self._backlog0 = _ti.outq_bytes(self._sock) + writer.transport.get_write_buffer_size()
+            if up.lowat:
+                self._sock.setsockopt(socket.IPPROTO_TCP, _TCP_NOTSENT_LOWAT, up.lowat)
+            first = self._metric(float(total) if total is not None else _LARGE, info)
+        except (OSError, AttributeError, ValueError):
+            self._done = True
+            return
+        up._observe(first, total)
+        self._set_band(first)
+        up._stats.flows_opened[self._band] = up._stats.flows_opened.get(self._band, 0) + 1
+
+    def _metric(self, remaining: float, info: _ti.TcpInfo) -> float:
+        if self._up.by_time:
+            return _ti.remaining_time(remaining, info)
+        return remaining
+
+    def remaining(self, info: _ti.TcpInfo) -> float:
+        """Bytes of this response not yet acknowledged (plus earlier ones still queued)."""
+        total = float(self._total) if self._total is not None else (
+            float(self._written) if self._closed else _LARGE
+        )
+        acked = (info.bytes_acked or 0) - self._acked0
+        return max(total + self._backlog0 - acked, 0.0)
+
+    def _set_band(self, metric: float) -> None:
+        band = min(self._up.cutoffs.band(metric), len(self._up.bandmap.data) - 1)
+        if band == self._band:
+            return
+        try:
+            _ti.set_priority(self._sock, self._up.bandmap.data[band])
+        except OSError:
+            self._done = True
+            return
+        st = self._up._stats
+        if self._band >= 0:
+            st.priority_changes += 1
+            st.active[self._band] = st.active.get(self._band, 1) - 1
+        st.active[band] = st.active.get(band, 0) + 1
+        self._band = band
+
+    def update(self) -> bool:
+        """Re-read TCP_INFO and re-band; False once the flow needs no more updates."""
+        if self._done:
+            return False
+        try:
+            info = _ti.read_tcp_info(self._sock)
+        except (OSError, ValueError):
+            self._finish()
+            return False
+        rem = self.remaining(info)
+        if self._closed and (rem <= 0 or info.state != _TCP_ESTABLISHED):
+            self._finish()
+            return False
+        self._set_band(self._metric(rem, info))
+        return True
+
+    def _finish(self) -> None:
+        if not self._done:
+            self._done = True
+            st = self._up._stats
+            if self._band >= 0:
+                st.active[self._band] = st.active.get(self._band, 1) - 1
+            self._up._flows.pop(id(self), None)
+
+    async def write(self, data: bytes) -> None:
+        if not self._done:
+            self.update()
+            st = self._up._stats
+            st.bytes_written[self._band] = st.bytes_written.get(self._band, 0) + len(data)
+        self._writer.write(data)
+        self._written += len(data)
+        await self._writer.drain()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._total is None:
+            self._total = self._written
+        if self.update():
+            self._up._track(self)
+
+
+class KernelUplink:
+    """SRPT (``by_time=False``) or SRRT (``by_time=True``) on kernel priority bands."""
+
+    def __init__(
+        self,
+        *,
+        bandmap: _qdisc.BandMap,
+        cutoffs: _bands.Cutoffs,
+        by_time: bool,
+        adapt: bool = True,
+        interval: float = 0.01,
+        lowat: int = 32768,
+        note: str = "",
+    ) -> None:
+        if cutoffs.n_bands > len(bandmap.data):
+            raise UplinkInputError(
+                f"cutoffs: {len(cutoffs.edges)} cutoffs make {cutoffs.n_bands} bands but "
+                f"{bandmap.kind} has {len(bandmap.data)} data bands; give at most "
+                f"{len(bandmap.data) - 1} cutoffs"
+            )
+        if not 0.001 <= interval <= 1.0:
+            raise UplinkInputError(f"interval: {interval!r} s must be in [0.001, 1]")
+        if not 0 <= lowat <= 1 << 24:
+            raise UplinkInputError(f"notsent_lowat: {lowat} bytes must be in 0..16M (0 = off)")
+        self.name = "srrt" if by_time else "srpt"
+        self.by_time = by_time
+        self.bandmap = bandmap
+        self.lowat = lowat
+        self.interval = interval
+        self.note = note
+        self._adaptive = _bands.AdaptiveCutoffs(cutoffs) if adapt else None
+        self._fixed = cutoffs
+        self._flows: dict[int, _KernelFlow] = {}
+        self._stats = BandStats()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def cutoffs(self) -> _bands.Cutoffs:
+        """Cutoffs in force (bytes for SRPT, seconds for SRRT)."""
+        return self._adaptive.current if self._adaptive is not None else self._fixed
+
+    def _observe(self, first_metric: float, total: int | None) -> None:
+        if self._adaptive is not None and total is not None:
+            self._adaptive.observe(first_metric)
+
+    def open(self, writer: asyncio.StreamWriter, total_bytes: int | None) -> UplinkFlow:
+        if total_bytes is not None and total_bytes < 0:
+            raise UplinkInputError(f"total_bytes: {total_bytes} must be >= 0 or None")
+        flow = _KernelFlow(self, writer, total_bytes)
+        if not flow._done:
+            self._track(flow)
+        return flow
+
+    def _track(self, flow: _KernelFlow) -> None:
+        self._flows[id(flow)] = flow
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._poll())
+
+    async def _poll(self) -> None:
+        # one task for all flows: re-band each live flow every `interval` seconds
+        while self._flows:
+            await asyncio.sleep(self.interval)
+            for flow in list(self._flows.values()):
+                if not flow.update():
+                    self._flows.pop(id(flow), None)
+
+    def prepare_listener(self, sock: socket.socket) -> None:
+        """Put SYN-ACKs (sent with the listener's priority) and accepted sockets in the control band."""
+        _ti.set_priority(sock, self.bandmap.control)
+
+    def stats(self) -> BandStats:
+        """Per-band counters (bytes written, flows opened, active flows, priority changes)."""
+        return self._stats
+
+    def describe(self) -> str:
+        """One line: scheduler, bands in use, cutoffs."""
+        unit = "s" if self.by_time else "bytes"
+        adapt = "adaptive" if self._adaptive is not None else "fixed"
+        extra = f"; {self.note}" if self.note else ""
+        return (
+            f"{self.name}: {self.bandmap.describe()}; {adapt} cutoffs ({unit}) "
+            f"{self.cutoffs}{extra}"
+        )
+
+
+class _Permits:
+    """At most ``n`` holders; waiters served smallest key first (paper 000's SRPT queue)."""
+
+    def __init__(self, n: int) -> None:
+        self._free = n
+        self._heap: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+
+    async def acquire(self, key: float) -> None:
+        if self._free > 0 and not self._heap:
+            self._free -= 1
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._heap, (key, next(self._seq), fut))
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self.release()  # granted just before the cancel: hand it on
+            raise
+
+    def release(self) -> None:
+        while self._heap:
+            _, _, fut = heapq.heappop(self._heap)
+            if not fut.done():
+                fut.set_result(None)
+                return
+        self._free += 1
+
+
+class _AppFlow:
+    __slots__ = ("_up", "_writer", "_total", "_written")
+
+    def __init__(self, up: AppUplink, writer: asyncio.StreamWriter, total: int | None) -> None:
+        self._up = up
+        self._writer = writer
+        self._total = total
+        self._written = 0
+        try:
+            _sock(writer).setsockopt(socket.IPPROTO_TCP, _TCP_NOTSENT_LOWAT, up.quantum)
+            # drain() returns only once the transport buffer is empty, i.e. the kernel took it
+            writer.transport.set_write_buffer_limits(high=0)
+        except (OSError, AttributeError):
+            pass
+
+    async def write(self, data: bytes) -> None:
+        q = self._up.quantum
+        view = memoryview(data)
+        for off in range(0, len(data), q):
+            piece = view[off : off + q]
+            rem = (self._total - self._written) if self._total is not None else _LARGE
+            await self._up._permits.acquire(float(rem))
+            try:
+                self._writer.write(piece)
+                self._written += len(piece)
+                await self._writer.drain()
+            finally:
+                self._up._permits.release()
+        self._up.bytes_written += len(data)
+
+    def close(self) -> None:
+        pass
+
+
+class AppUplink:
+    """Paper 000: order our own writes by remaining bytes, ``concurrency`` writers at a time."""
+
+    name = "app"
+
+    def __init__(self, *, concurrency: int = 4, quantum: int = 16384, note: str = "") -> None:
+        if not 1 <= concurrency <= 10_000:
+            raise UplinkInputError(f"concurrency: {concurrency} must be in 1..10000, e.g. 4")
+        if not 1024 <= quantum <= 1 << 22:
+            raise UplinkInputError(f"quantum: {quantum} bytes must be in 1024..4194304")
+        self.concurrency = concurrency
+        self.quantum = quantum
+        self.note = note
+        self.bytes_written = 0
+        self._permits = _Permits(concurrency)
+
+    def open(self, writer: asyncio.StreamWriter, total_bytes: int | None) -> UplinkFlow:
+        if total_bytes is not None and total_bytes < 0:
+            raise UplinkInputError(f"total_bytes: {total_bytes} must be >= 0 or None")
+        return _AppFlow(self, writer, total_bytes)
+
+    def describe(self) -> str:
+        """One line: concurrency and quantum."""
+        extra = f"; {self.note}" if self.note else ""
+        return (
+            f"app: application-level SRPT, {self.concurrency} concurrent writers, "
+            f"{self.quantum}-byte quanta, no kernel bands{extra}"
+        )
+
+
+def _priority_allowed(priority: int) -> bool:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        _ti.set_priority(s, priority)
+        return True
+    except PermissionError:
+        return False
+    finally:
+        s.close()
+
+
+def detect_bands(dev: str | None = None, *, netns: str | None = None) -> _qdisc.BandMap | None:
+    """Band map of the qdisc in use: ``dev``'s, or the first of ours on any interface.
+
+    HTB (ours) wins, then TBF + pfifo_fast or a plain pfifo_fast root; ``None`` when no
+    interface has either (e.g. a bare veth with ``noqueue``).
+    """
+    if dev is not None:
+        state = _qdisc.show(dev, netns=netns)
+        if state.bands is not None:
+            return state.bands
+        return _qdisc.PFIFO_FAST_BANDS if state.root_kind == "pfifo_fast" else None
+    cmd = (["tc", "-n", netns] if netns else ["tc"]) + ["-j", "qdisc", "show"]
+    try:
+        cp = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    try:
+        qdiscs = json.loads(cp.stdout or "[]")
+    except ValueError:
+        return None
+    devs = sorted({q.get("dev") for q in qdiscs if q.get("root") and q.get("dev")})
+    found: _qdisc.BandMap | None = None
+    for d in devs:
+        try:
+            st = _qdisc.show(d, netns=netns)
+        except Exception:  # noqa: BLE001 - a vanished interface must not stop detection
+            continue
+        if st.bands is _qdisc.HTB_BANDS:
+            return st.bands
+        if st.bands is not None or st.root_kind == "pfifo_fast":
+            found = _qdisc.PFIFO_FAST_BANDS
+    return found
+
+
+def make_uplink(
+    name: str,
+    *,
+    bands: str = "auto",
+    dev: str | None = None,
+    netns: str | None = None,
+    cutoffs: _bands.Cutoffs | str | None = None,
+    adapt: bool | None = None,
+    interval: float = 0.01,
+    notsent_lowat: int = 32768,
+    concurrency: int = 4,
+    quantum: int = 16384,
+) -> Uplink:
+    """Build the uplink named on the command line (``--uplink fair|srpt|srrt|app``).
+
+    ``bands``: ``auto`` (inspect ``dev`` or every interface, see :func:`detect_bands`),
+    ``htb`` or ``pfifo_fast``. SRPT/SRRT fall back to ``app`` when no band arrangement is
+    found or HTB priorities are refused (no CAP_NET_ADMIN/CAP_NET_RAW); ``describe()`` says
+    which is in use. ``cutoffs``: fixed cutoffs (bytes for SRPT, seconds for SRRT; a string
+    like ``"1K,4K,16K"``); by default they start log-spaced (paper 001's 1K-50K for SRPT) and
+    adapt to the observed distribution (``adapt``; off when cutoffs are given).
+    """
     if name == "fair":
         return FairUplink()
-    raise ValueError(f"uplink: unknown scheduler {name!r}; choose one of: fair")
+    if name == "app":
+        return AppUplink(concurrency=concurrency, quantum=quantum)
+    if name not in ("srpt", "srrt"):
+        raise UplinkInputError(
+            f"uplink: unknown scheduler {name!r}; choose one of: {', '.join(NAMES)}"
+        )
+    if bands not in ("auto", "htb", "pfifo_fast"):
+        raise UplinkInputError(f"bands: {bands!r} must be auto, htb or pfifo_fast")
+    note = ""
+    bandmap: _qdisc.BandMap | None
+    if bands == "htb":
+        bandmap = _qdisc.HTB_BANDS
+    elif bands == "pfifo_fast":
+        bandmap = _qdisc.PFIFO_FAST_BANDS
+    else:
+        bandmap = detect_bands(dev, netns=netns)
+        if bandmap is None:
+            note = "no HTB or pfifo_fast qdisc found (install with `overtake uplink install`)"
+    if bandmap is not None and not _priority_allowed(bandmap.data[0]):
+        note = (
+            f"SO_PRIORITY {bandmap.data[0]:#x} refused: needs CAP_NET_ADMIN or CAP_NET_RAW"
+        )
+        bandmap = None
+    if bandmap is None:
+        log.warning("uplink %s: %s; falling back to application-level ordering", name, note)
+        return AppUplink(concurrency=concurrency, quantum=quantum, note=f"fallback from {name}: {note}")
+    by_time = name == "srrt"
+    if isinstance(cutoffs, str):
+        cutoffs = _bands.parse_cutoffs(cutoffs, unit="seconds" if by_time else "bytes")
+    if adapt is None:
+        adapt = cutoffs is None
+    if cutoffs is None:
+        cutoffs = default_cutoffs(len(bandmap.data), by_time=by_time)
+    return KernelUplink(
+        bandmap=bandmap,
+        cutoffs=cutoffs,
+        by_time=by_time,
+        adapt=adapt,
+        interval=interval,
+        lowat=notsent_lowat,
+        note=note,
+    )
+
+
+def default_cutoffs(n_bands: int, *, by_time: bool) -> _bands.Cutoffs:
+    """Starting cutoffs: 1K-50K log-spaced (paper 001 §2.2.4); for SRRT the same sizes as
+    remaining times of a fresh LAN connection (RTT 1 ms, cwnd 10, MSS 1448; paper 002 eq. 2)."""
+    sizes = _bands.log_spaced(1024.0, 51200.0, n_bands - 1)
+    if not by_time:
+        return sizes
+    fresh = _ti.TcpInfo(1, 1e-3, 10, 1448, 0, 0, 0, 0, 0)
+    return _bands.Cutoffs(tuple(_ti.remaining_time(x, fresh) for x in sizes.edges))
+

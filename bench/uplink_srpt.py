@@ -1,0 +1,305 @@
+"""Uplink SRPT testbed: FAIR vs SRPT vs SRRT vs app-level on a shaped veth (papers 000-003).
+
+Two network namespaces joined by a veth pair (bench/uplink/testbed.py); the server side's egress
+is shaped to ``--rate`` by HTB (8 strict classes, TSO/GSO off) or TBF + pfifo_fast
+(controller.qdisc). The server under test runs in the server namespace and writes every response
+through ``controller.uplink``; an open-loop Poisson client (one connection per request, paper 001
+§3.1.4) runs in the client namespace. The same seeded schedule is replayed for every policy.
+
+Server under test (``--server``): ``asyncio`` = bench/uplink/server.py (the product's uplink code
+path with a minimal static server in front). The Apache + sidecar path is not wired here yet.
+
+Contract (issue 6)::
+
+    python bench/uplink_srpt.py --load 0.8 --policies fair,srpt,srrt --duration S --json
+
+prints ``{"policies": {"fair": {"mean_response_time": s, "mean_slowdown": x,
+"largest_1pct_mean_response_time": s, "throughput_bytes_per_s": b, ...}, ...}}``.
+``--workload w1`` runs paper 003's W1 (alternating ``--w1-phase`` s at load 0.2 and 1.2).
+``--record`` writes the run into BENCHMARKS.md section ``uplink`` (appending to it).
+Needs root (namespaces, qdisc, SO_PRIORITY >= 7).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from controller import bands as _bands  # noqa: E402
+from controller import qdisc as _qdisc  # noqa: E402
+from uplink.testbed import Testbed  # noqa: E402
+from uplink.workload import HEADER_BYTES, MODELS, schedule  # noqa: E402
+
+PY = sys.executable
+SERVER = ROOT / "bench" / "uplink" / "server.py"
+CLIENT = ROOT / "bench" / "uplink" / "client.py"
+PORT = 8080
+BENCH_MD = ROOT / "BENCHMARKS.md"
+SECTION = "uplink"
+
+
+def _server(tb: Testbed, policy: str, args: argparse.Namespace, cutoffs: str | None,
+            stats_out: Path) -> subprocess.Popen[str]:
+    name = "app" if policy.startswith("app") else policy
+    cmd = [*tb.exec_prefix(tb.srv_ns), PY, str(SERVER), "--listen", f"{tb.srv_ip}:{PORT}",
+           "--uplink", name, "--stats-out", str(stats_out),
+           "--bands", "htb" if tb.mode == "htb" else "pfifo_fast"]  # fmt: skip
+    if name == "srpt" and cutoffs:
+        cmd += ["--cutoffs", cutoffs]
+    if name == "app":
+        k = policy.split(":", 1)[1] if ":" in policy else str(args.app_concurrency)
+        cmd += ["--concurrency", k]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    line = p.stdout.readline()  # "serving ... uplink <describe>"
+    if not line.startswith("serving"):
+        p.kill()
+        raise RuntimeError(f"server for {policy} did not start: {line} {p.stderr.read()}")
+    p.describe = line.split(" uplink ", 1)[1].strip()  # type: ignore[attr-defined]
+    return p
+
+
+def _stop(p: subprocess.Popen[str]) -> None:
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
+def _client(tb: Testbed, sched: list[tuple[float, int]], tmp: Path, timeout: float) -> list[list[Any]]:
+    sp, rp = tmp / "sched.json", tmp / "res.json"
+    sp.write_text(json.dumps(sched))
+    cmd = [*tb.exec_prefix(tb.cli_ns), PY, str(CLIENT), "--server", f"{tb.srv_ip}:{PORT}",
+           "--schedule", str(sp), "--out", str(rp), "--timeout", str(timeout)]  # fmt: skip
+    subprocess.run(cmd, check=True)
+    out: list[list[Any]] = json.loads(rp.read_text())
+    return out
+
+
+def _calibrate(tb: Testbed, tmp: Path, args: argparse.Namespace) -> tuple[float, float]:
+    """Solo response time t(s) = a + s/b on the idle link (sequential requests, FAIR)."""
+    p = _server(tb, "fair", args, None, tmp / "cal_stats.json")
+    try:
+        sizes = [100, 10_000, 100_000, 500_000, 1_000_000]
+        sched = []
+        t = 0.0
+        for _ in range(3):
+            for s in sizes:
+                sched.append((t, s))
+                t += 0.05 + 1.5 * (s + HEADER_BYTES) * 8 / _qdisc.parse_rate(args.rate)
+        res = _client(tb, sched, tmp, 60.0)
+    finally:
+        _stop(p)
+    x = np.array([r[4] + HEADER_BYTES for r in res], float)
+    y = np.array([r[3] - r[0] for r in res], float)
+    A = np.vstack([np.ones_like(x), x]).T
+    (a, inv_b), *_ = np.linalg.lstsq(A, y, rcond=None)
+    return float(a), float(1.0 / inv_b)
+
+
+def _metrics(res: list[list[Any]], solo: tuple[float, float]) -> dict[str, Any]:
+    a, b = solo
+    ok = [r for r in res if r[6] is None and r[5] >= r[4]]
+    arr = np.array([r[0] for r in ok])
+    end = np.array([r[3] for r in ok])
+    size = np.array([r[4] for r in ok], float)
+    rt = end - arr
+    slow = rt / (a + (size + HEADER_BYTES) / b)
+    order = np.argsort(size, kind="stable")
+    n = len(ok)
+
+    def grp(lo: float, hi: float) -> float:
+        idx = order[int(lo * n) : int(hi * n)]
+        return float(rt[idx].mean()) if len(idx) else float("nan")
+
+    span = float(end.max() - arr.min()) if n else float("nan")
+    # connections in the system: time average (Little: sum of sojourns / span) and maximum
+    ev = np.concatenate([np.stack([arr, np.ones(n)], 1), np.stack([end, -np.ones(n)], 1)])
+    ev = ev[np.lexsort((ev[:, 1], ev[:, 0]))]
+    in_sys = np.cumsum(ev[:, 1])
+    return {
+        "requests": len(res),
+        "completed": n,
+        "errors": len(res) - n,
+        "mean_response_time": float(rt.mean()),
+        "mean_slowdown": float(slow.mean()),
+        "p50_response_time": float(np.median(rt)),
+        "p99_response_time": float(np.quantile(rt, 0.99)),
+        "response_time_by_size_percentile": {
+            "0-50": grp(0, 0.5), "50-90": grp(0.5, 0.9), "90-99": grp(0.9, 0.99),
+            "99-100": grp(0.99, 1.0),
+        },  # fmt: skip
+        "largest_1pct_mean_response_time": grp(0.99, 1.0),
+        "largest_request_response_time": float(rt[order[-1]]) if n else float("nan"),
+        "throughput_bytes_per_s": float((size + HEADER_BYTES).sum() / span),
+        "mean_connections": float(rt.sum() / span),
+        "max_connections": int(in_sys.max()) if n else 0,
+    }
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    model = MODELS[args.sizes]
+    tb = Testbed.up(rate=args.rate, mode=args.mode)
+    out: dict[str, Any] = {"testbed": {}, "policies": {}}
+    try:
+        with tempfile.TemporaryDirectory(prefix="ovt_uplink_") as td:
+            tmp = Path(td)
+            solo = _calibrate(tb, tmp, args)
+            goodput = solo[1] * 8
+            w1 = args.w1_phase if args.workload == "w1" else None
+            sched = schedule(model, load=args.load, duration=args.duration,
+                             goodput_bps=goodput, seed=args.seed, w1_phase=w1)  # fmt: skip
+            n_data = 7 if tb.mode == "htb" else 2
+            ref = model.sample(200_000, np.random.default_rng(args.seed + 1)) + HEADER_BYTES
+            cut = _bands.cutoffs_from_samples(ref, n_data)
+            offered = sum(s + HEADER_BYTES for _, s in sched) * 8 / args.duration / goodput
+            out["testbed"] = {
+                "qdisc": _qdisc.show(tb.srv_dev, netns=tb.srv_ns).describe(),
+                "solo_time_s": {"a": solo[0], "goodput_bps": goodput},
+                "sizes": args.sizes, "workload": args.workload, "load": args.load,
+                "w1_phase_s": w1, "duration_s": args.duration, "requests": len(sched),
+                "offered_load_realised": offered, "srpt_cutoffs_bytes": str(cut),
+                "seed": args.seed,
+            }  # fmt: skip
+            for pol in args.policies:
+                stats_path = tmp / f"stats_{pol.replace(':', '_')}.json"
+                p = _server(tb, pol, args, str(cut), stats_path)
+                t0 = time.monotonic()
+                try:
+                    res = _client(tb, sched, tmp, args.timeout)
+                finally:
+                    _stop(p)
+                m = _metrics(res, solo)
+                m["wall_s"] = time.monotonic() - t0
+                m["uplink"] = p.describe  # type: ignore[attr-defined]
+                if stats_path.exists():
+                    st = json.loads(stats_path.read_text())
+                    if "bands" in st:
+                        m["priority_changes"] = st["bands"]["priority_changes"]
+                out["policies"][pol] = m
+                print(f"  {pol}: mean {m['mean_response_time']:.3f}s slowdown "
+                      f"{m['mean_slowdown']:.1f} top1% {m['largest_1pct_mean_response_time']:.3f}s "
+                      f"tput {m['throughput_bytes_per_s'] * 8 / 1e6:.2f} Mbit/s "
+                      f"conns {m['mean_connections']:.1f} (max {m['max_connections']}) "
+                      f"errors {m['errors']}", file=sys.stderr, flush=True)  # fmt: skip
+                time.sleep(1.0)  # let the last FIN/ACKs drain
+    finally:
+        tb.down()
+    return out
+
+
+def _table(out: dict[str, Any]) -> str:
+    pols = out["policies"]
+    fair = pols.get("fair")
+    rows = ["| policy | mean RT s | vs FAIR | mean slowdown | RT 0-50% | 50-90% | 90-99% | "
+            "largest 1% | vs FAIR | Mbit/s | mean conns | max conns | errors |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, m in pols.items():
+        g = m["response_time_by_size_percentile"]
+        r1 = f"{m['mean_response_time'] / fair['mean_response_time']:.2f}" if fair else "-"
+        r2 = (f"{m['largest_1pct_mean_response_time'] / fair['largest_1pct_mean_response_time']:.2f}"
+              if fair else "-")  # fmt: skip
+        rows.append(
+            f"| {name} | {m['mean_response_time']:.3f} | {r1} | {m['mean_slowdown']:.1f} | "
+            f"{g['0-50']:.3f} | {g['50-90']:.3f} | {g['90-99']:.3f} | {g['99-100']:.3f} | {r2} | "
+            f"{m['throughput_bytes_per_s'] * 8 / 1e6:.2f} | {m['mean_connections']:.1f} | "
+            f"{m['max_connections']} | {m['errors']} |"
+        )
+    return "\n".join(rows)
+
+
+def _record(out: dict[str, Any], argv: list[str]) -> None:
+    tb = out["testbed"]
+    head = (
+        f"### {tb['workload']} {tb['sizes']} "
+        + (f"load {tb['load']}" if tb["workload"] == "poisson" else f"W1 phase {tb['w1_phase_s']} s")
+        + f", {tb['duration_s']} s, {tb['requests']} requests"
+    )
+    body = "\n".join([
+        head, "",
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; `{platform.node()}` "
+        f"({os.cpu_count()} vCPU, shared with other helpers' jobs: noisy); "
+        f"`python bench/uplink_srpt.py {' '.join(argv)}`", "",
+        f"qdisc: {tb['qdisc']}. Solo time a = {tb['solo_time_s']['a'] * 1e3:.1f} ms, goodput "
+        f"{tb['solo_time_s']['goodput_bps'] / 1e6:.2f} Mbit/s; realised offered load "
+        f"{tb['offered_load_realised']:.2f}; SRPT cutoffs (bytes, from the size model) "
+        f"{tb['srpt_cutoffs_bytes']}.", "",
+        _table(out), "",
+        "Uplinks: " + "; ".join(f"{k}: {v['uplink']}" for k, v in out["policies"].items()), "",
+    ])  # fmt: skip
+    text = BENCH_MD.read_text() if BENCH_MD.exists() else "# Benchmarks\n"
+    begin, end = f"<!-- {SECTION}:begin -->", f"<!-- {SECTION}:end -->"
+    if begin in text and end in text:
+        pre, rest = text.split(begin, 1)
+        mid, post = rest.split(end, 1)
+        mid = mid.rstrip("\n") + "\n\n" + body
+        text = pre + begin + mid + end + post
+    else:
+        intro = (
+            "## Uplink SRPT (issue 6)\n\nbench/uplink_srpt.py: FAIR / SRPT / SRRT / app-level on a "
+            "10 Mbit/s shaped veth between two namespaces, open-loop Poisson client, one "
+            "connection per request, same seeded schedule for every policy. Server under test: "
+            "bench/uplink/server.py (asyncio, writes through controller.uplink). No netem on this "
+            "kernel: WAN rows (delay/loss) are not run.\n\n"
+        )
+        text = text.rstrip("\n") + f"\n\n{begin}\n{intro}{body}{end}\n"
+    BENCH_MD.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--load", type=float, default=0.8, help="uplink load (default 0.8)")
+    ap.add_argument("--policies", default="fair,srpt,srrt,app",
+                    help="comma list of fair, srpt, srrt, app, app:K (K writers)")
+    ap.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
+    ap.add_argument("--workload", choices=("poisson", "w1"), default="poisson")
+    ap.add_argument("--w1-phase", type=float, default=25.0,
+                    help="W1 phase length s (paper 003: 25)")
+    ap.add_argument("--sizes", choices=sorted(MODELS), default="wc98")
+    ap.add_argument("--mode", choices=_qdisc.MODES, default="htb")
+    ap.add_argument("--rate", default="10mbit")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--app-concurrency", type=int, default=4)
+    ap.add_argument("--timeout", type=float, default=300.0, help="per-request client timeout s")
+    ap.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    ap.add_argument("--record", action="store_true", help="append to BENCHMARKS.md (uplink)")
+    args = ap.parse_args(argv)
+    args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    for p in args.policies:
+        if p.split(":")[0] not in ("fair", "srpt", "srrt", "app"):
+            ap.error(f"--policies: unknown {p!r}; use fair, srpt, srrt, app or app:K")
+    if not 0 < args.load < 2:
+        ap.error(f"--load: {args.load} must be in (0, 2)")
+    if os.geteuid() != 0:
+        print("uplink_srpt: needs root (network namespaces, qdiscs)", file=sys.stderr)
+        return 2
+    out = run(args)
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        print(_table(out))
+    if args.record:
+        _record(out, argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
