@@ -1,0 +1,362 @@
+"""The compiled event loop of :mod:`mdp.simulate` (numba ``njit``; one function, no Python calls).
+
+Processor sharing in virtual time: with K active threads every thread progresses at rate
+r(K) = c(K)/K, so one virtual clock V (dV/dt = r(K)) serves all threads. A thread's next phase
+event is stored as an absolute virtual time in a binary heap; it never moves when K changes, so
+each event costs O(log K) and the next real event is min(next arrival, (heap top − V)/r(K)).
+
+Policies (``ptype``): 0 π(k) / π(∞) (later stages first, FCFS in a stage), 1 π(k1,…,kN),
+2 a policy artifact's table (``full`` or ``start`` layout, with :class:`mdp.Policy`'s
+projection beyond the truncation), 3 the overtaking heuristic. ``qmode`` 0 queues waiting
+requests per stage, 1 per (stage, phase label) coordinate.
+
+Service (``svc_mode``): 0 PH — the label *is* the phase; sojourns Exp(μ_d) in virtual time,
+jumps by the embedded chain. 1 given work — the request's stage work ``work[r, i]`` is fixed;
+its label path is a PH path from ``label0[r, i]`` whose time axis is stretched to end exactly
+at the work (for hyper-exponential fits the label never changes).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from .heuristic import heuristic_decide
+
+LMAX = 64
+
+
+@numba.njit(cache=True, inline="always")
+def _cap(K, cores, overhead):  # type: ignore[no-untyped-def]
+    if K <= 0:
+        return 0.0
+    return min(K, cores) / (1.0 + overhead * K)
+
+
+@numba.njit(cache=True)
+def _heap_push(hv, hs, size, v, s):  # type: ignore[no-untyped-def]
+    i = size
+    hv[i] = v
+    hs[i] = s
+    while i > 0:
+        p = (i - 1) >> 1
+        if hv[p] <= hv[i]:
+            break
+        hv[p], hv[i] = hv[i], hv[p]
+        hs[p], hs[i] = hs[i], hs[p]
+        i = p
+    return size + 1
+
+
+@numba.njit(cache=True)
+def _heap_pop(hv, hs, size):  # type: ignore[no-untyped-def]
+    s = hs[0]
+    size -= 1
+    hv[0] = hv[size]
+    hs[0] = hs[size]
+    i = 0
+    while True:
+        lft = 2 * i + 1
+        if lft >= size:
+            break
+        c = lft
+        if lft + 1 < size and hv[lft + 1] < hv[lft]:
+            c = lft + 1
+        if hv[i] <= hv[c]:
+            break
+        hv[c], hv[i] = hv[i], hv[c]
+        hs[c], hs[i] = hs[i], hs[c]
+        i = c
+    return s, size
+
+
+@numba.njit(cache=True)
+def _pick(cum, row, ncols):  # type: ignore[no-untyped-def]
+    u = np.random.random()
+    for c in range(ncols):
+        if u < cum[row, c]:
+            return c
+    return ncols - 1
+
+
+@numba.njit(cache=True)
+def _table_lookup(row, L, Q, C, kmax, keys, spawn, ntab, out):  # type: ignore[no-untyped-def]
+    """mdp.Policy.action: rank lookup with the documented projection beyond the truncation."""
+    K = 0
+    tot = 0
+    for c in range(L):
+        tot += row[c]
+        if c >= Q:
+            K += row[c]
+    for q in range(Q):
+        out[q] = 0
+    if K > kmax:
+        return
+    proj = row.copy()
+    excess = tot - C
+    while excess > 0:
+        best = 0
+        for q in range(1, Q):
+            if proj[q] > proj[best]:
+                best = q
+        proj[best] -= 1
+        excess -= 1
+    budget = C
+    key = 0
+    for c in range(L):
+        v = proj[c]
+        r = L - c - 1
+        if v > 0:
+            key += ntab[r + 1, budget] - ntab[r + 1, budget - v]
+        budget -= v
+    i = np.searchsorted(keys, key)
+    if i < keys.size and keys[i] == key:
+        for q in range(Q):
+            out[q] = min(spawn[i, q], row[q])
+
+
+@numba.njit(cache=True)
+def run_kernel(  # type: ignore[no-untyped-def]
+    n_total, n_warm, n_meas, lam, seed,
+    coord_stage, stage_off, alpha_cum, mu, jump_cum,
+    svc_mode, work, label0,
+    cores, overhead,
+    ptype, qmode, base_total, base_caps,
+    tab_keys, tab_spawn, tab_ntab, tab_C, tab_kmax,
+    h_remaining, h_min_pair, h_order, h_variant,
+    max_slots,
+):
+    np.random.seed(seed)
+    N = stage_off.size - 1
+    D = coord_stage.size
+    Q = N if qmode == 0 else D
+    # requests
+    arr_t = np.zeros(n_total)
+    enter_t = np.zeros(n_total)
+    label = np.zeros(n_total, np.int64)
+    stage = np.zeros(n_total, np.int64)
+    nxt = np.full(n_total, -1, np.int64)
+    resp = np.zeros(n_meas)
+    # queues
+    q_head = np.full(Q, -1, np.int64)
+    q_tail = np.full(Q, -1, np.int64)
+    wq = np.zeros(Q, np.int64)
+    kc = np.zeros(D, np.int64)
+    ks = np.zeros(N, np.int64)
+    # threads
+    slot_req = np.zeros(max_slots, np.int64)
+    slot_pos = np.zeros(max_slots, np.int64)
+    path_ph = np.zeros((max_slots, LMAX), np.int64) if svc_mode == 1 else np.zeros((1, 1), np.int64)
+    path_v = np.zeros((max_slots, LMAX)) if svc_mode == 1 else np.zeros((1, 1))
+    path_len = np.zeros(max_slots, np.int64)
+    free = np.arange(max_slots - 1, -1, -1).astype(np.int64)
+    n_free = max_slots
+    hv = np.zeros(max_slots)
+    hs = np.zeros(max_slots, np.int64)
+    hsize = 0
+    # statistics
+    stage_soj = np.zeros(N)
+    stage_wait = np.zeros(N)
+    area_K = 0.0
+    area_N = 0.0
+    area_ks = np.zeros(N)
+    t_open = -1.0
+    t_close = -1.0
+    in_window = False
+    n_sys = 0
+    done_meas = 0
+    events = 0
+    overflow = False
+    # policy buffers
+    L = Q + D
+    row = np.zeros(L, np.int64)
+    cnt = np.zeros(max(Q, D), np.int64)
+    caps_room = np.zeros(N, np.int64)
+
+    t = 0.0
+    V = 0.0
+    K = 0
+    next_arr = np.random.exponential(1.0 / lam)
+    n_arr = 0
+    inf = np.inf
+    while done_meas < n_meas:
+        # ---- next event --------------------------------------------------------------
+        r = _cap(K, cores, overhead) / K if K > 0 else 0.0
+        dt_thr = (hv[0] - V) / r if K > 0 else inf
+        dt_arr = next_arr - t if n_arr < n_total else inf
+        is_arr = dt_arr <= dt_thr
+        dt = dt_arr if is_arr else dt_thr
+        if dt == inf:
+            break
+        if dt < 0.0:
+            dt = 0.0
+        if in_window:
+            area_K += K * dt
+            area_N += n_sys * dt
+            for i in range(N):
+                area_ks[i] += ks[i] * dt
+        t += dt
+        if K > 0:
+            V += r * dt
+        events += 1
+        if is_arr:
+            req = n_arr
+            n_arr += 1
+            arr_t[req] = t
+            if req == n_warm:
+                in_window = True
+                t_open = t
+            if req == n_warm + n_meas - 1:
+                in_window = False
+                t_close = t
+            next_arr = t + np.random.exponential(1.0 / lam)
+            n_sys += 1
+            i_new = 0
+        else:
+            s, hsize = _heap_pop(hv, hs, hsize)
+            req = slot_req[s]
+            d = label[req]
+            completes = False
+            if svc_mode == 0:
+                nd = _pick(jump_cum, d, D + 1)
+                if nd == D:
+                    completes = True
+                else:
+                    kc[d] -= 1
+                    kc[nd] += 1
+                    label[req] = nd
+                    hsize = _heap_push(hv, hs, hsize, V + np.random.exponential(1.0) / mu[nd], s)
+            else:
+                pos = slot_pos[s] + 1
+                if pos >= path_len[s]:
+                    completes = True
+                else:
+                    nd = path_ph[s, pos]
+                    slot_pos[s] = pos
+                    kc[d] -= 1
+                    kc[nd] += 1
+                    label[req] = nd
+                    hsize = _heap_push(hv, hs, hsize, path_v[s, pos], s)
+            i_new = -1
+            if completes:
+                kc[d] -= 1
+                K -= 1
+                i_old = stage[req]
+                ks[i_old] -= 1
+                free[n_free] = s
+                n_free += 1
+                if req >= n_warm and req < n_warm + n_meas:
+                    stage_soj[i_old] += t - enter_t[req]
+                if i_old + 1 < N:
+                    i_new = i_old + 1
+                else:
+                    n_sys -= 1
+                    if req >= n_warm and req < n_warm + n_meas:
+                        resp[req - n_warm] = t - arr_t[req]
+                        done_meas += 1
+        if i_new >= 0:
+            # the request enters stage i_new: its starting label, then its queue
+            stage[req] = i_new
+            enter_t[req] = t
+            if svc_mode == 0:
+                lab = stage_off[i_new] + _pick(alpha_cum, i_new, stage_off[i_new + 1] - stage_off[i_new])
+            else:
+                lab = stage_off[i_new] + label0[req, i_new]
+            label[req] = lab
+            q = i_new if qmode == 0 else lab
+            nxt[req] = -1
+            if q_tail[q] >= 0:
+                nxt[q_tail[q]] = req
+            else:
+                q_head[q] = req
+            q_tail[q] = req
+            wq[q] += 1
+        # ---- decision epoch: the policy sees (waiting per queue, threads per coordinate) --
+        while True:
+            for q in range(max(Q, D)):
+                cnt[q] = 0
+            if ptype == 0:
+                room = (1 << 62) if base_total < 0 else base_total - K
+                for i in range(N - 1, -1, -1):
+                    take = min(wq[i], room) if room > 0 else 0
+                    cnt[i] = take
+                    room -= take
+            elif ptype == 1:
+                for i in range(N):
+                    caps_room[i] = base_caps[i] - ks[i]
+                    cnt[i] = min(wq[i], caps_room[i]) if caps_room[i] > 0 else 0
+            elif ptype == 2:
+                for q in range(Q):
+                    row[q] = wq[q]
+                for d2 in range(D):
+                    row[Q + d2] = kc[d2]
+                _table_lookup(row, L, Q, tab_C, tab_kmax, tab_keys, tab_spawn, tab_ntab, cnt)
+                if qmode == 0:
+                    # phase at start: one thread, then ask again once its phase is known
+                    first = -1
+                    for q in range(Q):
+                        if cnt[q] > 0:
+                            first = q
+                            break
+                    for q in range(Q):
+                        cnt[q] = 0
+                    if first >= 0 and K < tab_kmax:
+                        cnt[first] = 1
+            else:
+                heuristic_decide(wq, kc, h_remaining, h_min_pair, h_order, coord_stage, h_variant,
+                                 cores, overhead, 1 << 62, cnt)
+            started = 0
+            for q in range(Q):
+                for _ in range(cnt[q]):
+                    if wq[q] <= 0:
+                        break
+                    if n_free == 0:
+                        overflow = True
+                        break
+                    rq = q_head[q]
+                    q_head[q] = nxt[rq]
+                    if q_head[q] < 0:
+                        q_tail[q] = -1
+                    wq[q] -= 1
+                    n_free -= 1
+                    s2 = free[n_free]
+                    slot_req[s2] = rq
+                    i2 = stage[rq]
+                    if rq >= n_warm and rq < n_warm + n_meas:
+                        stage_wait[i2] += t - enter_t[rq]
+                    lab2 = label[rq]
+                    kc[lab2] += 1
+                    ks[i2] += 1
+                    K += 1
+                    started += 1
+                    if svc_mode == 0:
+                        hsize = _heap_push(hv, hs, hsize, V + np.random.exponential(1.0) / mu[lab2], s2)
+                    else:
+                        # a PH path from the label, stretched to end exactly at the request's work
+                        cur = lab2
+                        total = 0.0
+                        n_p = 0
+                        while True:
+                            total += np.random.exponential(1.0) / mu[cur]
+                            if n_p < LMAX:
+                                path_ph[s2, n_p] = cur
+                                path_v[s2, n_p] = total
+                                n_p += 1
+                            nd2 = _pick(jump_cum, cur, D + 1)
+                            if nd2 == D:
+                                break
+                            cur = nd2
+                        w_req = work[rq, i2]
+                        for m in range(n_p):
+                            path_v[s2, m] = V + w_req * path_v[s2, m] / total
+                        path_v[s2, n_p - 1] = V + w_req
+                        path_len[s2] = n_p
+                        slot_pos[s2] = 0
+                        hsize = _heap_push(hv, hs, hsize, path_v[s2, 0], s2)
+                if overflow:
+                    break
+            if overflow or not (ptype == 2 and qmode == 0 and started > 0):
+                break
+        if overflow:
+            break
+    return resp, stage_soj, stage_wait, area_K, area_N, area_ks, t_close - t_open, events, overflow, done_meas

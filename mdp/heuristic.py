@@ -1,0 +1,233 @@
+"""The overtaking heuristic: Theorem 3.1 of paper 004 as an index rule, without value iteration.
+
+Theorem 3.1 starts threads for phase-j requests at stage i when they *overtake in expectation*
+requests at stages ≥ i under the downstream rules. We make "in expectation" concrete with the
+clearing view of processor sharing. Let ``R_d`` be the remaining work to departure of a request
+in coordinate d = (stage i, phase j): the rest of stage i from phase j followed by full services
+at stages i+1..N, itself a PH distribution PH(e_d, A) where A chains the stages' sub-generators
+(``A = T_i`` on stage blocks, ``t_i α_{i+1}`` from stage i's exits into stage i+1). Under
+processor sharing two requests receive equal service while both are present, so request a is
+delayed by exactly min(R_a, R_x) by a newcomer x, and x overtakes a by (R_a − R_x)⁺. Starting x
+next to the active set A instead of after it therefore changes the sum of sojourn times by
+
+    Δ(x) = Σ_{a∈A} ( 2·E min(R_x, R_a) − E R_a )          (pairwise, our default rule)
+
+with E min(R_c, R_d) = (e_c ⊗ e_d)(−(A ⊕ A))⁻¹ 1 (a D² linear solve, D = Σ M_i). A waiting
+request is started when Δ < 0: its expected overtaking gain Σ E(R_a − R_x)⁺ exceeds the delay
+Σ E min(R_x, R_a) it inflicts. With exponential remaining work Δ < 0 ⇔ E R_x < E R_a, the
+literal "overtakes in expectation"; with IFR work (exponential or Erlang stages, §3) no waiting
+request ever passes the test, so the rule is π(1): one thread, later stages first.
+
+Decisions per epoch (the same at every arrival, phase change and completion):
+
+1. candidates are the waiting requests, cheapest expected remaining work first (later stage
+   first on ties, FCFS inside a queue);
+2. with no active thread the first candidate is started (work conservation);
+3. every further candidate is started iff Δ(x) < 0 against the active set *including* the
+   threads started earlier in this epoch (so "s threads" for a class come out of the test).
+
+``variant="literal"`` is the bare pairwise reading of the theorem (start x iff E R_x < E R_a for
+some active a at a stage ≥ x's stage); it is kept for comparison in ``bench/heuristic_table.py``.
+With more than one core, a thread that adds capacity (c(K+1)/(K+1) ≥ c(K)/K) is always started.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numba
+import numpy as np
+import numpy.typing as npt
+
+from .errors import ModelError
+from .evaluate import PolicyMetrics
+from .model import TandemModel
+from .statespace import Layout
+from .truncation import evaluate_rule
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+VARIANTS = ("pairwise", "literal")
+_VARIANT_CODE = {"pairwise": 0, "literal": 1}
+
+
+def chained_generator(model: TandemModel) -> FloatArray:
+    """A (D×D): the sub-generator of a request's remaining path through all stages (PH of §2)."""
+    D = model.n_coords
+    A = np.zeros((D, D))
+    for i, st in enumerate(model.stages):
+        o = model.offsets[i]
+        m = st.phases
+        A[o:o + m, o:o + m] = st.T
+        if i + 1 < model.n_stages:
+            nxt = model.stages[i + 1]
+            o2 = model.offsets[i + 1]
+            A[o:o + m, o2:o2 + nxt.phases] = np.outer(st.exit_rates, nxt.alpha)
+    return A
+
+
+def remaining_work(model: TandemModel) -> tuple[FloatArray, FloatArray]:
+    """(E R_d, E min(R_c, R_d)) for every coordinate pair, at full processor speed."""
+    A = chained_generator(model)
+    D = A.shape[0]
+    one = np.ones(D)
+    mean = np.linalg.solve(-A, one)
+    # ∫ P(R_c > t) P(R_d > t) dt with independent paths: the Kronecker sum A ⊕ A
+    I = np.eye(D)
+    ksum = np.kron(A, I) + np.kron(I, A)
+    mins = np.linalg.solve(-ksum, np.ones(D * D)).reshape(D, D)
+    return mean, 0.5 * (mins + mins.T)
+
+
+@numba.njit(cache=True)
+def heuristic_decide(w, k, remaining, min_pair, order, coord_stage, variant, cores, overhead, k_cap, out):  # type: ignore[no-untyped-def]
+    """Threads to start per coordinate queue for one state (w waiting, k active per coordinate).
+
+    Writes ``out`` (length D) and returns the number of threads started. ``k`` is not modified.
+    """
+    D = remaining.size
+    kk = k.copy()
+    K = 0
+    for d in range(D):
+        out[d] = 0
+        K += kk[d]
+    started = 0
+    scale = 0.0
+    for d in range(D):
+        scale += remaining[d]
+    eps = 1e-10 * scale
+    for idx in range(D):
+        x = order[idx]
+        while out[x] < w[x] and K < k_cap:
+            accept = False
+            if K == 0:
+                accept = True
+            else:
+                # free capacity: the new thread does not slow the others down
+                cK = min(K, cores) / (1.0 + overhead * K)
+                cK1 = min(K + 1, cores) / (1.0 + overhead * (K + 1))
+                if cK1 / (K + 1) >= cK / K * (1.0 - 1e-12):
+                    accept = True
+                elif variant == 0:
+                    delta = 0.0
+                    for a in range(D):
+                        if kk[a] > 0:
+                            delta += kk[a] * (2.0 * min_pair[x, a] - remaining[a])
+                    accept = delta < -eps
+                else:
+                    for a in range(D):
+                        if kk[a] > 0 and coord_stage[a] >= coord_stage[x] and remaining[x] < remaining[a] - eps:
+                            accept = True
+                            break
+            if not accept:
+                break
+            out[x] += 1
+            kk[x] += 1
+            K += 1
+            started += 1
+    return started
+
+
+@numba.njit(cache=True)
+def _decide_rows(rows, remaining, min_pair, order, coord_stage, variant, cores, overhead, k_cap):  # type: ignore[no-untyped-def]
+    D = remaining.size
+    S = rows.shape[0]
+    res = np.zeros((S, D), dtype=np.int64)
+    out = np.zeros(D, dtype=np.int64)
+    for s in range(S):
+        heuristic_decide(rows[s, :D], rows[s, D:], remaining, min_pair, order, coord_stage, variant,
+                         cores, overhead, k_cap, out)
+        res[s, :] = out
+    return res
+
+
+@dataclass(frozen=True, eq=False)
+class OvertakingHeuristic:
+    """The overtaking heuristic for one model: a rule on the phase-known (``full``) layout.
+
+    ``actions(rows)`` maps state rows (waiting per coordinate, then threads per coordinate, as
+    :attr:`mdp.Policy.columns` for ``phase_info="full"``) to threads to start per coordinate.
+    """
+
+    model: TandemModel
+    variant: str
+    remaining: FloatArray
+    min_pair: FloatArray
+    order: IntArray
+    coord_stage: IntArray
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return "heuristic" if self.variant == "pairwise" else f"heuristic({self.variant})"
+
+    @property
+    def variant_code(self) -> int:
+        return _VARIANT_CODE[self.variant]
+
+    def actions(self, rows: npt.ArrayLike, *, max_threads: int | None = None) -> IntArray:
+        r = np.ascontiguousarray(np.asarray(rows, dtype=np.int64))
+        D = self.model.n_coords
+        if r.ndim != 2 or r.shape[1] != 2 * D:
+            raise ModelError(f"heuristic state rows must have {2 * D} columns (waiting, then threads per coordinate)")
+        cap = np.iinfo(np.int64).max if max_threads is None else int(max_threads)
+        return _decide_rows(r, self.remaining, self.min_pair, self.order, self.coord_stage,  # type: ignore[no-any-return]
+                            self.variant_code, self.model.cores, self.model.overhead, cap)
+
+    def action(self, state: npt.ArrayLike) -> IntArray:
+        return self.actions(np.asarray(state, dtype=np.int64).reshape(1, -1))[0]
+
+    def rule(self):  # type: ignore[no-untyped-def]
+        return self.actions
+
+
+def overtaking_heuristic(model: TandemModel, *, variant: str = "pairwise") -> OvertakingHeuristic:
+    """Build the overtaking heuristic (no value iteration; cost O(D⁶) once, D = Σ M_i ≤ ~30)."""
+    if variant not in VARIANTS:
+        raise ModelError(f"heuristic variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+    mean, mins = remaining_work(model)
+    cs = model.coord_stage().astype(np.int64)
+    # cheapest expected remaining work first; later stage first on ties
+    order = np.lexsort((np.arange(mean.size), -cs, np.round(mean, 12))).astype(np.int64)
+    return OvertakingHeuristic(model, variant, mean, mins, order, cs)
+
+
+@dataclass
+class HeuristicEvaluation:
+    """Exact E[W] of the heuristic on the truncated chain, with the caps tried."""
+
+    name: str
+    metrics: PolicyMetrics
+    trace: list[dict[str, Any]]
+    seconds: float
+
+
+def evaluate_heuristic(
+    model: TandemModel, heuristic: OvertakingHeuristic | None = None, *, tol: float = 1e-3,
+    start: int = 20, max_requests: int = 400,
+) -> HeuristicEvaluation:
+    """Exact metrics of the heuristic (chain on the ``full`` layout); the request cap grows 1.5×
+    until E[W] moves by less than ``tol`` (as :func:`mdp.truncation.evaluate_baseline`)."""
+    t0 = time.perf_counter()
+    h = heuristic or overtaking_heuristic(model)
+    model.check_stable(None)
+    layout = Layout.build(model, "full")
+    trace: list[dict[str, Any]] = []
+    C = start
+    prev = evaluate_rule(model, layout, h.actions, max_requests=C, max_threads=None)
+    trace.append({"max_requests": C, "mean_response_time": prev.mean_response_time, "states": prev.states})
+    while True:
+        C2 = max(C + 2, int(math.ceil(1.5 * C)))
+        if C2 > max_requests:
+            raise ModelError(f"heuristic: E[W] still changes at max_requests = {C}; the load is too close to 1")
+        cur = evaluate_rule(model, layout, h.actions, max_requests=C2, max_threads=None)
+        change = abs(cur.mean_response_time - prev.mean_response_time) / prev.mean_response_time
+        trace.append({"max_requests": C2, "mean_response_time": cur.mean_response_time,
+                      "states": cur.states, "relative_change": change})
+        if change < tol:
+            return HeuristicEvaluation(h.name, cur, trace, time.perf_counter() - t0)
+        C, prev = C2, cur
