@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {
     "compare": "api.commands.compare",
     "apache": "api.commands.apache",
     "sidecar": "api.commands.sidecar",
+    "uplink": "api.commands.uplink",
 }
 
 EXIT_USAGE = 2
