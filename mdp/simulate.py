@@ -122,7 +122,8 @@ def service_from_spec(spec: str, mean: float | None = None) -> ServiceSampler:
       mixture. Without ``scale`` the distribution is rescaled to ``mean`` (the stage's mean).
     """
     p = Path(spec)
-    if p.suffix or p.exists():
+    m = _SPEC.match(spec)
+    if p.exists() or m is None:
         if not p.exists():
             raise ModelError(f"--service-from: file {spec} does not exist")
         text = p.read_text()
@@ -134,9 +135,6 @@ def service_from_spec(spec: str, mean: float | None = None) -> ServiceSampler:
         if x.size < 2 or np.any(~np.isfinite(x)) or np.any(x <= 0):
             raise ModelError(f"--service-from: {spec} needs at least 2 positive finite durations")
         return ServiceSampler(f"empirical({p.name}, n={x.size})", sample=x)
-    m = _SPEC.match(spec)
-    if not m:
-        raise ModelError(f"--service-from: {spec!r} is neither a file nor NAME(key=value, ...)")
     name, kw = m.group(1), _kwargs(m.group(2) or "", spec)
     dist: Any
     if name == "bimodal":
