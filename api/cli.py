@@ -20,6 +20,7 @@ COMMANDS: dict[str, str] = {
     "apache": "api.commands.apache",
     "sidecar": "api.commands.sidecar",
     "uplink": "api.commands.uplink",
+    "api": "api.commands.api",
 }
 
 EXIT_USAGE = 2

@@ -1,0 +1,67 @@
+"""``overtake api``: serve the REST API (and its page at ``/``) with uvicorn.
+
+::
+
+    overtake api [--listen 127.0.0.1:8080] --db PATH [--token TOKEN] [--workers N] [--max-states N]
+
+Binds loopback by default. ``--token`` (or ``OVERTAKE_API_TOKEN``) makes every POST need
+``Authorization: Bearer TOKEN``. Jobs, fits and policies persist in the SQLite database; on
+restart, jobs that were queued run again and jobs that were running are marked failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+from typing import Any
+
+
+class ApiUsageError(ValueError):
+    """An ``overtake api`` option is unusable."""
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("api", help="serve the REST API and its HTML page",
+                              description="Serve the REST API (OpenAPI at /docs) and the page at /.")
+    p.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT", help="default 127.0.0.1:8080 (loopback)")
+    p.add_argument("--db", required=True, metavar="PATH", help="SQLite file or sqlite:///PATH URL (created if missing)")
+    p.add_argument("--token", default=os.environ.get("OVERTAKE_API_TOKEN"),
+                   help="bearer token required on POST (default: $OVERTAKE_API_TOKEN; none = open)")
+    p.add_argument("--workers", type=int, default=1, help="solver processes, i.e. jobs running at once (default 1)")
+    p.add_argument("--max-states", type=int, default=300_000, help="413 above this estimated state space")
+    p.add_argument("--max-queued", type=int, default=32, help="429 above this many waiting jobs")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (IPv6 as ``[::1]:PORT``) → (host, port)."""
+    host, sep, port_s = value.rpartition(":")
+    if not sep or not host:
+        raise ApiUsageError(f"--listen must be HOST:PORT, got {value!r}")
+    host = host.strip("[]")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if host != "localhost":
+            raise ApiUsageError(f"--listen host must be an IP address or localhost, got {host!r}") from None
+    if not port_s.isdigit() or not 0 < int(port_s) < 65536:
+        raise ApiUsageError(f"--listen port must be 1..65535, got {port_s!r}")
+    return host, int(port_s)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from api.app import Settings, create_app
+
+    host, port = parse_listen(args.listen)
+    for opt in ("workers", "max_states", "max_queued"):
+        if getattr(args, opt) < 1:
+            raise ApiUsageError(f"--{opt.replace('_', '-')} must be >= 1, got {getattr(args, opt)}")
+    if args.token is not None and not args.token:
+        raise ApiUsageError("--token must not be empty")
+    app = create_app(Settings(db=args.db, token=args.token, workers=args.workers, max_states=args.max_states,
+                              max_queued=args.max_queued))
+    uvicorn.run(app, host=host, port=port, log_level=args.log_level)
+    return 0

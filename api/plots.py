@@ -1,0 +1,186 @@
+"""PNG figures for the CLI's ``--plot`` options and the API's page (matplotlib, no pyplot).
+
+* :func:`gains_figure` — E[W] of π* and the baselines as bars, gains written above them
+  (paper 004, §4.1, Figure 2 "Expected response times", for one scenario).
+* :func:`policy_figure` — π* as heatmaps over the two stages' waiting-queue lengths, one panel
+  per (active-thread configuration, stage spawned from); data from :func:`policy_grid`.
+* :func:`distributions_figure` — each stage's service-time density and survival function (the
+  fitted or given PH), with the samples behind a fit when they are known.
+
+Figures are built with :class:`matplotlib.figure.Figure` (no global state, thread-safe enough for
+the API); :func:`png` turns one into bytes.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:  # pragma: no cover
+    from matplotlib.figure import Figure
+
+    from mdp.policy import Policy
+
+IntArray = npt.NDArray[np.int64]
+
+
+def png(fig: Figure, *, dpi: int = 90) -> bytes:
+    """The figure as PNG bytes."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
+
+
+# ---- gains (paper 004, Figure 2) -----------------------------------------------------------
+def gains_figure(comparison: Mapping[str, Any], *, title: str = "") -> Figure:
+    """Bars of E[W] per policy (π* first, highlighted); each baseline's gain over π* above its bar.
+
+    Gain of π* over π: (E W(π) − E W(π*)) / E W(π*) (paper 004, Table 1).
+    """
+    from matplotlib.figure import Figure
+
+    pols = comparison["policies"]
+    names = list(pols)
+    ew = [float(pols[n]["mean_response_time"]) for n in names]
+    gains = comparison.get("gains", {})
+    fig = Figure(figsize=(6.4, 3.8), layout="constrained")
+    ax = fig.subplots()
+    colors = ["#d62728" if n == "pi*" else "#1f77b4" for n in names]
+    bars = ax.bar(range(len(names)), ew, color=colors)
+    for b, n in zip(bars, names):
+        g = gains.get(n)
+        label = "π*" if n == "pi*" else f"{100 * g:+.1f}%" if g is not None else ""
+        ax.annotate(label, (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom",
+                    xytext=(0, 2), textcoords="offset points", fontsize=9)
+    ax.set_xticks(range(len(names)), [n.replace("pi", "π").replace("inf", "∞") for n in names])
+    ax.set_ylabel("mean response time E[W]")
+    ax.set_ylim(0, max(ew) * 1.15)
+    load = comparison.get("load")
+    ax.set_title(title or (f"expected response times, ρ = {load:.3g}" if load is not None else "expected response times"))
+    return fig
+
+
+# ---- policy heatmap ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PolicyGrid:
+    """π*'s spawn counts on a grid of waiting-queue lengths (stage a × stage b).
+
+    ``spawn[c, s, i, j]``: threads π* starts for stage ``s`` of the two shown when ``i`` requests
+    wait at the first shown stage, ``j`` at the second, and the active threads are ``configs[c]``.
+    Waiting requests of a stage sit in the queue of its most likely entry phase.
+    """
+
+    stages: tuple[str, ...]
+    configs: tuple[str, ...]
+    spawn: IntArray
+
+
+def policy_grid(policy: Policy, *, size: int = 8) -> PolicyGrid:
+    """Evaluate ``policy.actions`` on a (size+1)² grid of the first two stages' waiting requests."""
+    model = policy.model
+    shown = list(range(min(2, model.n_stages)))
+    Q, D = policy.Q, policy.D
+    qstage = policy.layout.queue_stage
+    # the queue a stage-s arrival waits in: its most likely entry phase (full layout) or the stage's queue
+    entry_q = []
+    for s in shown:
+        qs = [q for q in range(Q) if qstage[q] == s]
+        if len(qs) > 1:
+            qs = [qs[int(np.argmax(model.stages[s].alpha))]]
+        entry_q.append(qs[0])
+    labels = model.coord_labels()
+    configs: list[tuple[str, np.ndarray]] = [("no thread active", np.zeros(D, dtype=np.int64))]
+    for s in shown:
+        k = np.zeros(D, dtype=np.int64)
+        d = model.coord(s, int(np.argmax(model.stages[s].alpha)))
+        k[d] = 1
+        configs.append((f"1 thread at {labels[d]}", k))
+    n = max(0, min(size, policy.max_requests - 1))
+    ii, jj = np.meshgrid(np.arange(n + 1), np.arange(n + 1) if len(shown) > 1 else np.zeros(1, dtype=np.int64),
+                         indexing="ij")
+    out = np.zeros((len(configs), len(shown), ii.shape[0], ii.shape[1]), dtype=np.int64)
+    for c, (_, k) in enumerate(configs):
+        rows = np.zeros((ii.size, Q + D), dtype=np.int64)
+        rows[:, entry_q[0]] += ii.ravel()
+        if len(shown) > 1:
+            rows[:, entry_q[1]] += jj.ravel()
+        rows[:, Q:] = k
+        act = policy.actions(rows)
+        for si, s in enumerate(shown):
+            out[c, si] = act[:, qstage == s].sum(axis=1).reshape(ii.shape)
+    return PolicyGrid(tuple(model.stages[s].name for s in shown), tuple(name for name, _ in configs), out)
+
+
+def policy_figure(policy: Policy, *, size: int = 8, title: str = "") -> Figure:
+    """Heatmaps of :func:`policy_grid`: rows = active threads, columns = stage spawned from."""
+    from matplotlib.figure import Figure
+
+    g = policy_grid(policy, size=size)
+    nc, ns = g.spawn.shape[:2]
+    fig = Figure(figsize=(3.3 * ns + 0.8, 2.9 * nc), layout="constrained")
+    axes = np.atleast_2d(fig.subplots(nc, ns, squeeze=False))
+    vmax = max(1, int(g.spawn.max()))
+    im = None
+    for c in range(nc):
+        for s in range(ns):
+            ax = axes[c, s]
+            grid = g.spawn[c, s]
+            im = ax.imshow(grid.T, origin="lower", cmap="viridis", vmin=0, vmax=vmax, aspect="auto")
+            for (i, j), v in np.ndenumerate(grid):
+                ax.text(i, j, str(v), ha="center", va="center", fontsize=7, color="w" if v < vmax / 2 else "k")
+            ax.set_xlabel(f"waiting at {g.stages[0]}")
+            if len(g.stages) > 1:
+                ax.set_ylabel(f"waiting at {g.stages[1]}")
+            ax.set_title(f"start at {g.stages[s]} | {g.configs[c]}", fontsize=8)
+    if im is not None:
+        fig.colorbar(im, ax=axes, label="threads started", shrink=0.6)
+    fig.suptitle(title or f"policy {policy.digest()}: threads started per state")
+    return fig
+
+
+# ---- service-time distributions --------------------------------------------------------------
+def distributions_figure(stages: Sequence[tuple[str, Any, Any]], *,
+                         samples: Mapping[str, Sequence[float]] | None = None, title: str = "") -> Figure:
+    """Density (left) and survival function (right, log-log) of each stage's PH (alpha, T).
+
+    With ``samples`` for a stage, its histogram and empirical survival are drawn behind the fit.
+    """
+    from matplotlib.figure import Figure
+
+    from fitting import PhaseType
+
+    fig = Figure(figsize=(10, 3.8), layout="constrained")
+    ax1, ax2 = fig.subplots(1, 2)
+    phs = [(name, PhaseType(a, T)) for name, a, T in stages]
+    lo = min(float(ph.ppf(1e-3)) for _, ph in phs)
+    hi = max(float(ph.ppf(1 - 1e-4)) for _, ph in phs)
+    lo = max(lo, hi * 1e-6)
+    grid = np.geomspace(lo, hi, 300)
+    for i, (name, ph) in enumerate(phs):
+        color = f"C{i}"
+        x = None if samples is None else samples.get(name)
+        if x is not None and len(x):
+            xa = np.sort(np.asarray(x, dtype=float))
+            bins = np.geomspace(max(xa[0], 1e-9), xa[-1], 50)
+            ax1.hist(xa, bins=bins, density=True, alpha=0.3, color=color, label=f"{name} samples (n={xa.size})")
+            ax2.step(xa, 1.0 - np.arange(xa.size) / xa.size, where="post", color=color, alpha=0.5)
+        ax1.plot(grid, ph.pdf(grid), color=color,
+                 label=f"{name}: PH({ph.order}), mean {ph.mean():.3g}, SCV {ph.scv():.2f}")
+        ax2.plot(grid, ph.sf(grid), color=color, label=name)
+    ax1.set_xscale("log")
+    ax1.set_xlabel("service time")
+    ax1.set_ylabel("density")
+    ax1.legend(fontsize=7)
+    ax2.set_xscale("log")
+    ax2.set_yscale("log")
+    ax2.set_ylim(1e-4, 1.05)
+    ax2.set_xlabel("service time")
+    ax2.set_ylabel("P(S > x)")
+    ax2.legend(fontsize=7)
+    fig.suptitle(title or "service-time distributions per stage")
+    return fig
