@@ -7,10 +7,12 @@ from .baselines import Baseline
 from .compare import compare, default_baselines
 from .errors import MDPError, ModelError, OvertakeError, PolicyFileError, SolverError, TruncationError
 from .evaluate import PolicyMetrics, stationary_distribution
+from .heuristic import OvertakingHeuristic, evaluate_heuristic, overtaking_heuristic
 from .model import Stage, TandemModel
 from .policy import Policy
 from .rules import OvertakingRules, overtaking_rule
 from .scenario import Scenario, parse_scenario
+from .simulate import SimulationResult, service_from_spec, simulate
 from .solve import SolveResult, policy_iteration, relative_value_iteration, solve
 from .statespace import Layout, StateSpace, Truncation, count_states
 from .truncation import Evaluation, Optimum, evaluate_baseline, solve_optimal
@@ -22,4 +24,6 @@ __all__ = sorted([
     "compare", "count_states", "default_baselines", "evaluate_baseline", "overtaking_rule",
     "parse_scenario", "policy_iteration", "relative_value_iteration", "solve", "solve_optimal",
     "stationary_distribution",
+    "OvertakingHeuristic", "SimulationResult", "evaluate_heuristic", "overtaking_heuristic",
+    "service_from_spec", "simulate",
 ])
