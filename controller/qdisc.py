@@ -401,17 +401,21 @@ def install(
             return InstallResult(dev, netns, m, (), False, False, "already installed")
         cmds = plan_install(dev, mode=m, rate=bps, netns=netns, leaf_limit=leaf_limit)
         root = next((q for q in state.raw if q.get("root")), {})
-        if state.root_kind not in (None, m, "noqueue") and root.get("handle") != "0:":
-            cmds = plan_remove(dev, netns=netns) + cmds  # `replace` cannot change the kind
+        if state.root_kind not in (None, "noqueue") and root.get("handle") != "0:":
+            # `replace` can neither change the root's kind nor an HTB root's parameters
+            cmds = plan_remove(dev, netns=netns) + cmds
         if m == "htb" and shutil.which("ethtool") is None:
             errors.append("htb: ethtool not installed (needed to turn TSO/GSO off)")
             continue
         failed = _run_all(cmds, run)
         if failed is None:
+            if m == "htb" and _gso_off(dev, netns, run) is False:
+                raise QdiscError(f"dev {dev}: TSO/GSO still on after `ethtool -K`; HTB needs "
+                                 "them off (see shared/notes/apache_and_net.md §4.7)")
             return InstallResult(dev, netns, m, _tuples(cmds), True, False)
         errors.append(f"{m}: {failed}")
-        if state.mode is None:
-            _cleanup(dev, netns, run)
+        if "kind is unknown" not in failed:
+            break  # only a kernel without the qdisc moves auto on to the next arrangement
     raise QdiscError(f"dev {dev}: could not install {' or '.join(tried)}: " + "; ".join(errors))
 
 
@@ -419,7 +423,10 @@ def _run_all(cmds: list[list[str]], run: Runner) -> str | None:
     for c in cmds:
         cp = run(c)
         if cp.returncode != 0:
-            return f"`{shlex.join(c)}`: {(cp.stderr or cp.stdout).strip()}"
+            msg = (cp.stderr or cp.stdout).strip()
+            if "ethtool" in c and "Could not change any device features" in msg:
+                continue  # already off: ethtool exits 1 when nothing changes
+            return f"`{shlex.join(c)}`: {msg}"
     return None
 
 

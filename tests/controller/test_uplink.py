@@ -1,0 +1,228 @@
+"""controller.uplink: schedulers over real loopback TCP, band detection, fallbacks, SRRT estimate."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller import qdisc, tcpinfo, uplink
+from controller.uplink_errors import UplinkInputError
+
+REPO = Path(__file__).resolve().parents[2]
+IS_ROOT = os.geteuid() == 0
+
+
+# ---- input errors ----------------------------------------------------------------------------
+def test_unknown_scheduler_names_the_choices() -> None:
+    with pytest.raises(UplinkInputError, match=r"uplink: unknown scheduler 'sjf'; choose one of: app, fair, srpt, srrt"):
+        uplink.make_uplink("sjf")
+
+
+def test_bad_options_name_the_field() -> None:
+    with pytest.raises(UplinkInputError, match="bands"):
+        uplink.make_uplink("srpt", bands="prio")
+    with pytest.raises(UplinkInputError, match="cutoffs: 2 cutoffs make 3 bands but pfifo_fast has 2"):
+        uplink.make_uplink("srpt", bands="pfifo_fast", cutoffs="1K,2K")
+    with pytest.raises(UplinkInputError, match="concurrency"):
+        uplink.make_uplink("app", concurrency=0)
+    with pytest.raises(UplinkInputError, match=r"cutoffs\[0\]"):
+        uplink.make_uplink("srrt", bands="pfifo_fast", cutoffs="fast")
+
+
+def test_fair_is_the_default_seam() -> None:
+    up = uplink.make_uplink("fair")
+    assert isinstance(up, uplink.FairUplink) and up.name == "fair"
+
+
+# ---- SRRT estimate (paper 002 eq. 2) -----------------------------------------------------------
+def test_remaining_time_closed_form() -> None:
+    info = tcpinfo.TcpInfo(1, 0.05, 10, 1448, 0, 0, 0, 0, 0)
+    # RTT (1 + RFS / (cwnd MSS)): 0.05 * (1 + 144800 / 14480) = 0.55 s
+    assert tcpinfo.remaining_time(144_800, info) == pytest.approx(0.55)
+    assert tcpinfo.remaining_time(0, info) == pytest.approx(0.05)
+    fresh = tcpinfo.TcpInfo(1, 0.0, 0, 0, 0, 0, 0, 0, 0)  # no RTT sample yet, closed socket
+    assert tcpinfo.remaining_time(536, fresh, default_rtt=0.002) == pytest.approx(0.004)
+
+
+def test_default_srrt_cutoffs_are_the_size_cutoffs_as_times() -> None:
+    size = uplink.default_cutoffs(7, by_time=False)
+    t = uplink.default_cutoffs(7, by_time=True)
+    assert size.edges[0] == pytest.approx(1024) and size.edges[-1] == pytest.approx(51200)
+    assert t.edges == pytest.approx(tuple(1e-3 * (1 + x / 14480) for x in size.edges))
+
+
+# ---- application-level ordering (paper 000) ---------------------------------------------------
+def test_permits_go_to_the_smallest_remaining_first() -> None:
+    async def main() -> list[float]:
+        p = uplink._Permits(1)
+        await p.acquire(0)  # held
+        order: list[float] = []
+
+        async def waiter(key: float) -> None:
+            await p.acquire(key)
+            order.append(key)
+            p.release()
+
+        tasks = [asyncio.create_task(waiter(k)) for k in (50.0, 1.0, 7.0, 3.0)]
+        await asyncio.sleep(0)
+        p.release()
+        await asyncio.gather(*tasks)
+        return order
+
+    assert asyncio.run(main()) == [1.0, 3.0, 7.0, 50.0]
+
+
+def test_cancelled_waiter_does_not_leak_a_permit() -> None:
+    async def main() -> int:
+        p = uplink._Permits(1)
+        await p.acquire(0)
+        t = asyncio.create_task(p.acquire(5))
+        await asyncio.sleep(0)
+        t.cancel()
+        await asyncio.gather(t, return_exceptions=True)
+        p.release()
+        return p._free
+
+    assert asyncio.run(main()) == 1
+
+
+async def _serve_through(up: Any, sizes: list[int], *, listen_prep: bool = False) -> dict[int, bytes]:
+    """Loopback server writing each requested size through ``up``; returns what clients got."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        n = int((await reader.readline()).strip())
+        body = bytes(range(256)) * (n // 256) + bytes(n % 256)
+        flow = up.open(writer, n)
+        try:
+            for off in range(0, n, 65536):
+                await flow.write(body[off : off + 65536])
+        finally:
+            flow.close()
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    if listen_prep:
+        up.prepare_listener(server.sockets[0])
+
+    async def get(n: int) -> tuple[int, bytes]:
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(b"%d\n" % n)
+        data = await r.read()
+        w.close()
+        return n, data
+
+    async with server:
+        got = dict(await asyncio.gather(*(get(n) for n in sizes)))
+    await asyncio.sleep(0.05)  # let the poller see the last acks
+    return got
+
+
+def _expected(n: int) -> bytes:
+    return bytes(range(256)) * (n // 256) + bytes(n % 256)
+
+
+def test_app_uplink_delivers_every_byte() -> None:
+    sizes = [0, 1, 1000, 300_000, 1_500_000, 70_000]
+    up = uplink.make_uplink("app", concurrency=2, quantum=4096)
+    got = asyncio.run(_serve_through(up, sizes))
+    assert {n: got[n] == _expected(n) for n in sizes} == {n: True for n in sizes}
+    assert up.bytes_written == sum(sizes)  # type: ignore[attr-defined]
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="SO_PRIORITY >= 7 (HTB classids) needs root/CAP_NET_ADMIN")
+@pytest.mark.parametrize("name", ["srpt", "srrt"])
+@pytest.mark.parametrize("bandmap", ["htb", "pfifo_fast"])
+def test_kernel_uplink_priorities_stay_in_the_data_bands(
+    name: str, bandmap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[int] = []
+    real = tcpinfo.set_priority
+
+    def spy(sock: Any, prio: int) -> None:
+        seen.append(prio)
+        real(sock, prio)
+
+    monkeypatch.setattr(tcpinfo, "set_priority", spy)
+    up = uplink.make_uplink(name, bands=bandmap, interval=0.002)
+    assert isinstance(up, uplink.KernelUplink)
+    assert seen == [up.bandmap.data[0]]  # make_uplink's privilege probe on a scratch socket
+    seen.clear()
+    sizes = [10, 900, 5_000, 60_000, 2_000_000, 400_000]
+    got = asyncio.run(_serve_through(up, sizes, listen_prep=True))
+    assert all(got[n] == _expected(n) for n in sizes)
+    bm = qdisc.HTB_BANDS if bandmap == "htb" else qdisc.PFIFO_FAST_BANDS
+    control, data = seen[0], seen[1:]
+    assert control == bm.control  # the listener: SYN-ACKs in the control band
+    assert data and set(data) <= set(bm.data)  # never the control band, never outside
+    st = up.stats()
+    assert sum(st.flows_opened.values()) == len(sizes)
+    assert all(v == 0 for v in st.active.values())  # every flow finished and was untracked
+    if name == "srpt":
+        # each flow opened in the band of its total size (the initial cutoffs, 1K..50K)
+        assert st.flows_opened == _count(up.cutoffs.band(n) for n in sizes)
+
+
+def _count(xs: Iterator[int] | Any) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for x in xs:
+        out[x] = out.get(x, 0) + 1
+    return out
+
+
+# ---- band detection and fallbacks -------------------------------------------------------------
+@pytest.fixture
+def veth_ns2() -> Iterator[tuple[str, str]]:
+    if not IS_ROOT:
+        pytest.skip("needs root: ip netns add / tc qdisc")
+    ns = f"ovt_u_{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "add", "va", "type", "veth", "peer", "name", "vb"], check=True)
+        yield ns, "va"
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+def test_detect_bands_follows_the_installed_qdisc(veth_ns2: tuple[str, str]) -> None:
+    ns, dev = veth_ns2
+    up = uplink.make_uplink("srpt", dev=dev, netns=ns)
+    assert isinstance(up, uplink.AppUplink) and "no HTB or pfifo_fast qdisc found" in up.describe()
+    qdisc.install(dev, netns=ns, mode="htb")
+    up = uplink.make_uplink("srpt", dev=dev, netns=ns)
+    assert isinstance(up, uplink.KernelUplink) and up.bandmap is qdisc.HTB_BANDS
+    assert up.describe().startswith("srpt: HTB, 7 data bands")
+    qdisc.install(dev, netns=ns, mode="tbf")
+    up = uplink.make_uplink("srrt", dev=dev, netns=ns)
+    assert isinstance(up, uplink.KernelUplink) and up.bandmap is qdisc.PFIFO_FAST_BANDS
+    assert up.cutoffs.n_bands == 2
+    assert uplink.detect_bands(netns=ns) is qdisc.PFIFO_FAST_BANDS  # scan of every interface
+
+
+@pytest.mark.skipif(not IS_ROOT or shutil.which("setpriv") is None, reason="needs root + setpriv")
+def test_unprivileged_srpt_falls_back_to_app_level() -> None:
+    work = Path(tempfile.mkdtemp(prefix="ovt_nobody_"))
+    os.chmod(work, 0o777)
+    code = ("from controller.uplink import make_uplink; "
+            "print(make_uplink('srpt', bands='htb').describe())")  # fmt: skip
+    cp = subprocess.run(
+        ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--inh-caps=-all",
+         sys.executable, "-c", code],
+        capture_output=True, text=True, cwd=work, timeout=60,
+        env={"PATH": os.environ.get("PATH", "/usr/bin"), "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    shutil.rmtree(work, ignore_errors=True)
+    assert cp.returncode == 0, cp.stderr
+    assert cp.stdout.startswith("app: application-level SRPT")
+    assert "SO_PRIORITY 0x10011 refused: needs CAP_NET_ADMIN" in cp.stdout
+    assert "falling back to application-level ordering" in cp.stderr
