@@ -63,7 +63,9 @@ def _server(tb: Testbed, policy: str, args: argparse.Namespace, cutoffs: str | N
         cmd += ["--cutoffs", cutoffs]
     if name == "app":
         k = policy.split(":", 1)[1] if ":" in policy else str(args.app_concurrency)
-        cmd += ["--concurrency", k]
+        cmd += ["--concurrency", k, "--quantum", str(args.app_quantum)]
+        if args.app_pacing:
+            cmd += ["--max-pacing-rate", str(_qdisc.parse_rate(args.rate) // 8)]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert p.stdout is not None
     line = p.stdout.readline()  # "serving ... uplink <describe>"
@@ -278,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", default="10mbit")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--app-concurrency", type=int, default=4)
+    ap.add_argument("--app-pacing", action=argparse.BooleanOptionalAction, default=True,
+                    help="app: cap each socket's pacing rate at the link rate (default on)")
+    ap.add_argument("--app-quantum", type=int, default=16384, help="bytes per app-level write")
     ap.add_argument("--timeout", type=float, default=300.0, help="per-request client timeout s")
     ap.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     ap.add_argument("--record", action="store_true", help="append to BENCHMARKS.md (uplink)")

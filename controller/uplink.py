@@ -29,7 +29,8 @@ Schedulers (``make_uplink(name)``):
 ``srrt``  paper 002 §3: the band of the remaining *time* ``RTT · (1 + remaining/(cwnd·MSS))``.
 ``app``   paper 000 §3.3: no kernel bands; at most ``concurrency`` flows hand data to the
           kernel at once, the one with the least remaining bytes first, ``quantum`` bytes at a
-          time; ``TCP_NOTSENT_LOWAT = quantum`` paces the hand-off to the network. This costs
+          time; ``TCP_NOTSENT_LOWAT`` (1 byte) keeps the kernel from holding unsent data of flows that
+          wait for a permit. This costs
           throughput when ``concurrency`` is small (paper 000 §5.4; bench/uplink_srpt.py).
 
 The control band (top class) is never given to a response: it carries SYN-ACKs and the first
@@ -73,6 +74,7 @@ NAMES = ("app", "fair", "srpt", "srrt")
 _LARGE = float(2**40)  # remaining bytes assumed for a response of unknown length
 _TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
 _TCP_ESTABLISHED = 1
+_SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)
 
 
 class UplinkFlow(Protocol):
@@ -362,9 +364,16 @@ class _AppFlow:
         self._total = total
         self._written = 0
         try:
-            _sock(writer).setsockopt(socket.IPPROTO_TCP, _TCP_NOTSENT_LOWAT, up.quantum)
+            # a flow without a permit keeps at most ~one segment unsent in the kernel, so only
+            # permit holders compete in the qdisc (otherwise the kernel shares among all flows)
+            _sock(writer).setsockopt(socket.IPPROTO_TCP, _TCP_NOTSENT_LOWAT, up.lowat)
             # drain() returns only once the transport buffer is empty, i.e. the kernel took it
             writer.transport.set_write_buffer_limits(high=0)
+            if up.max_pacing_rate:
+                # TCP Small Queues lets a socket hold ~1 ms of its *pacing* rate in the qdisc;
+                # on a LAN BBR paces far above the link, so one bulk flow fills the FIFO (and
+                # every small response waits behind it) unless the pacing rate is capped
+                _sock(writer).setsockopt(socket.SOL_SOCKET, _SO_MAX_PACING_RATE, up.max_pacing_rate)
         except (OSError, AttributeError):
             pass
 
@@ -392,13 +401,29 @@ class AppUplink:
 
     name = "app"
 
-    def __init__(self, *, concurrency: int = 4, quantum: int = 16384, note: str = "") -> None:
+    def __init__(
+        self,
+        *,
+        concurrency: int = 4,
+        quantum: int = 16384,
+        lowat: int = 1,
+        max_pacing_rate: int | None = None,
+        note: str = "",
+    ) -> None:
         if not 1 <= concurrency <= 10_000:
             raise UplinkInputError(f"concurrency: {concurrency} must be in 1..10000, e.g. 4")
         if not 1024 <= quantum <= 1 << 22:
             raise UplinkInputError(f"quantum: {quantum} bytes must be in 1024..4194304")
+        if not 1 <= lowat <= quantum:
+            raise UplinkInputError(f"notsent_lowat: {lowat} must be in 1..quantum ({quantum})")
         self.concurrency = concurrency
         self.quantum = quantum
+        if max_pacing_rate is not None and not 1000 <= max_pacing_rate <= 1 << 40:
+            raise UplinkInputError(
+                f"max_pacing_rate: {max_pacing_rate} must be bytes/s >= 1000 (the link rate / 8)"
+            )
+        self.lowat = lowat
+        self.max_pacing_rate = max_pacing_rate
         self.note = note
         self.bytes_written = 0
         self._permits = _Permits(concurrency)
@@ -413,7 +438,9 @@ class AppUplink:
         extra = f"; {self.note}" if self.note else ""
         return (
             f"app: application-level SRPT, {self.concurrency} concurrent writers, "
-            f"{self.quantum}-byte quanta, no kernel bands{extra}"
+            f"{self.quantum}-byte quanta, "
+            + (f"pacing <= {self.max_pacing_rate} B/s, " if self.max_pacing_rate else "")
+            + f"no kernel bands{extra}"
         )
 
 
@@ -474,6 +501,7 @@ def make_uplink(
     notsent_lowat: int = 32768,
     concurrency: int = 4,
     quantum: int = 16384,
+    max_pacing_rate: int | None = None,
 ) -> Uplink:
     """Build the uplink named on the command line (``--uplink fair|srpt|srrt|app``).
 
@@ -483,11 +511,12 @@ def make_uplink(
     which is in use. ``cutoffs``: fixed cutoffs (bytes for SRPT, seconds for SRRT; a string
     like ``"1K,4K,16K"``); by default they start log-spaced (paper 001's 1K-50K for SRPT) and
     adapt to the observed distribution (``adapt``; off when cutoffs are given).
+    ``concurrency``, ``quantum``, ``max_pacing_rate`` (bytes/s, the link rate) shape ``app``.
     """
     if name == "fair":
         return FairUplink()
     if name == "app":
-        return AppUplink(concurrency=concurrency, quantum=quantum)
+        return AppUplink(concurrency=concurrency, quantum=quantum, max_pacing_rate=max_pacing_rate)
     if name not in ("srpt", "srrt"):
         raise UplinkInputError(
             f"uplink: unknown scheduler {name!r}; choose one of: {', '.join(NAMES)}"
@@ -511,7 +540,12 @@ def make_uplink(
         bandmap = None
     if bandmap is None:
         log.warning("uplink %s: %s; falling back to application-level ordering", name, note)
-        return AppUplink(concurrency=concurrency, quantum=quantum, note=f"fallback from {name}: {note}")
+        return AppUplink(
+            concurrency=concurrency,
+            quantum=quantum,
+            max_pacing_rate=max_pacing_rate,
+            note=f"fallback from {name}: {note}",
+        )
     by_time = name == "srrt"
     if isinstance(cutoffs, str):
         cutoffs = _bands.parse_cutoffs(cutoffs, unit="seconds" if by_time else "bytes")

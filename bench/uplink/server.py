@@ -39,6 +39,7 @@ async def main() -> None:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--quantum", type=int, default=16384)
     ap.add_argument("--interval", type=float, default=0.01)
+    ap.add_argument("--max-pacing-rate", type=int, default=None, help="app: bytes/s cap")
     ap.add_argument("--stats-out", default=None)
     a = ap.parse_args()
     up = make_uplink(
@@ -49,6 +50,7 @@ async def main() -> None:
         concurrency=a.concurrency,
         quantum=a.quantum,
         interval=a.interval,
+        max_pacing_rate=a.max_pacing_rate,
     )
     host, port = a.listen.rsplit(":", 1)
     lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -68,8 +70,10 @@ async def main() -> None:
             hdr = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % n
             flow = up.open(writer, len(hdr) + n)
             try:
-                await flow.write(hdr)
-                off = 0
+                # header and first body chunk in one write, like the sidecar's small responses
+                k = min(CHUNK - len(hdr), n)
+                await flow.write(hdr + BODY[:k])
+                off = k
                 while off < n:
                     k = min(CHUNK, n - off)
                     await flow.write(BODY[:k])
