@@ -388,6 +388,8 @@ class Gateway:
             out.append(b"Transfer-Encoding: chunked\r\n")
         if not req.keep_alive:
             out.append(b"Connection: close\r\n")
+        elif req.version == "1.0":
+            out.append(b"Connection: keep-alive\r\n")
         out.append(b"\r\n")
         return b"".join(out)
 
@@ -444,7 +446,7 @@ class Gateway:
             self.classifier.observe(t.stage, t.route, _demand(resp, done - t.t_admit))
         if state["flow"] is None:
             data = b"".join(resp.body)
-            hd = self._client_head(resp, req, len(data), False)
+            hd = self._client_head(resp, req, None if req.method == b"HEAD" else len(data), False)
             await self._send(writer, hd + data)
         else:
             flow = state["flow"]

@@ -16,6 +16,7 @@ the same code path:
 from __future__ import annotations
 
 import hashlib
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
@@ -132,6 +133,16 @@ def load_policy(spec: str, stage_names: Sequence[str]) -> SpawnPolicy:
             f"policy: {text!r} is neither a file nor a baseline; give P.npz from `overtake solve --out`, "
             "pi(k), pi(k1,...,kN) or passthrough"
         )
+    try:
+        # Checked here first: np.load leaks its file handle on a truncated archive.
+        with zipfile.ZipFile(path) as z:
+            broken = z.testzip()
+        if broken is not None:
+            raise zipfile.BadZipFile(f"bad CRC in member {broken}")
+    except (zipfile.BadZipFile, EOFError) as exc:
+        raise PolicyLoadError(f"policy: {path}: not an overtake policy file (corrupt archive: {exc})") from None
+    except OSError as exc:
+        raise PolicyLoadError(f"policy: cannot read {path} ({exc.strerror})") from None
     try:
         pol = Policy.load(path)
     except MDPError as exc:

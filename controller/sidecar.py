@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -240,10 +241,10 @@ class Sidecar:
         tmp = None
         if body.startswith(b"PK"):  # an .npz (zip) uploaded as bytes
             digest = hashlib.sha256(body).hexdigest()[:12]
-            fd, tmp = tempfile.mkstemp(prefix=f"overtake-policy-{digest}-", suffix=".npz")
-            with os.fdopen(fd, "wb") as f:
+            tmp = tempfile.mkdtemp(prefix="overtake-policy-")
+            spec = os.path.join(tmp, f"upload-{digest}.npz")
+            with open(spec, "wb") as f:
                 f.write(body)
-            spec = tmp
         else:
             spec = body.decode("utf-8", errors="replace").strip()
             if not spec:
@@ -254,7 +255,7 @@ class Sidecar:
             return 422, b"text/plain", (f"refused, old policy kept: {exc}\n").encode()
         finally:
             if tmp is not None:
-                os.unlink(tmp)
+                shutil.rmtree(tmp, ignore_errors=True)
         return 200, b"application/json", _json(self.policy_info())
 
 

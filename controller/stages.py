@@ -36,6 +36,14 @@ __all__ = ["ClassifierSettings", "Limits", "Route", "StageSpec", "StagesConfig",
 _HTTP_METHODS = {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"}
 
 
+def _check_regex(v: str) -> str:
+    try:
+        re.compile(v)
+    except re.error as exc:
+        raise ValueError(f"not a valid regular expression ({exc}); e.g. '^/stage1$'") from None
+    return v
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -50,11 +58,7 @@ class Route(_Strict):
     @field_validator("path")
     @classmethod
     def _regex(cls, v: str) -> str:
-        try:
-            re.compile(v)
-        except re.error as exc:
-            raise ValueError(f"not a valid regular expression ({exc}); e.g. '^/stage1$'") from None
-        return v
+        return _check_regex(v)
 
     @field_validator("methods")
     @classmethod
@@ -77,6 +81,11 @@ class StageSpec(_Strict):
     routes: tuple[Route, ...] = ()
     queue_cap: int | None = Field(default=None, ge=0)
     queue_timeout: float | None = Field(default=None, gt=0)
+
+    @field_validator("path")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        return None if v is None else _check_regex(v)
 
     @model_validator(mode="after")
     def _one_form(self) -> StageSpec:

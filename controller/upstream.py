@@ -74,6 +74,8 @@ class _Parse:
         self.resp.headers_done = True
         assert self.parser is not None
         self.resp.status = self.parser.get_status_code()
+        # read here: llhttp resets its flags once the message is complete
+        self.resp.keep_alive = self.parser.should_keep_alive()
         if self.head_only:
             self.resp.done = True
 
@@ -169,8 +171,6 @@ class UpstreamPool:
                             resp.streamed = True
                             await on_stream(resp)
                             resp.body_bytes = sum(len(b) for b in resp.body)
-                    else:
-                        resp.keep_alive = parser.should_keep_alive()
             except TimeoutError:
                 c.close()
                 raise UpstreamError(f"no complete answer from {self.host}:{self.port} within {timeout:g} s") from None

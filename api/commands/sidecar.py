@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 from typing import Any
 
 from controller.sidecar import Sidecar, SidecarOptions, configure_logging
@@ -37,9 +38,13 @@ def register(subparsers: Any) -> None:
 
 
 async def _main(side: Sidecar) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)  # clean shutdown, exit code 0
     await side.start()
     try:
-        await asyncio.Event().wait()
+        await stop.wait()
     finally:
         await side.close()
 

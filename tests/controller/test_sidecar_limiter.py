@@ -1,0 +1,197 @@
+"""controller.limiter under random interleavings (hypothesis), no network.
+
+Checked after every operation: the global hard cap, per-stage caps of π(k1,k2), the conservation
+law admitted = completed + failed + inflight, queue bookkeeping, and — for a solved table
+policy — that the threads started in each (stage, phase) are exactly the policy's answer at the
+state it was asked in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from controller.classifier import Classifier
+from controller.limiter import ADMITTED, DONE, PASSTHROUGH, QUEUED, Limiter, Ticket
+from controller.policies import BaselinePolicy, SpawnPolicy, load_policy
+from controller.stages import ClassifierSettings
+from mdp import Stage, TandemModel, Truncation
+from mdp.truncation import solve_optimal
+
+NAMES = ("stage1", "stage2")
+
+
+@pytest.fixture(scope="module")
+def h2_policy(tmp_path_factory: pytest.TempPathFactory) -> SpawnPolicy:
+    a, T = np.array([0.91, 0.09]), np.diag(-1.0 / np.array([0.55, 5.45]))
+    model = TandemModel(arrival_rate=0.3, stages=(Stage("stage1", a, T), Stage("stage2", a, T)))
+    opt = solve_optimal(model, truncation=Truncation(8, 3))
+    path = tmp_path_factory.mktemp("pol") / "h2.npz"
+    opt.policy.save(path)
+    return load_policy(str(path), NAMES)
+
+
+class Recording:
+    """Wraps a policy and records every (state, action) consult."""
+
+    def __init__(self, inner: SpawnPolicy) -> None:
+        self.inner = inner
+        self.log: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+        for k in ("name", "version", "hash", "phases", "per_phase_queues", "predicted_wait", "alpha", "T"):
+            setattr(self, k, getattr(inner, k))
+
+    def action(self, state: tuple[int, ...]) -> tuple[int, ...]:
+        a = self.inner.action(state)
+        self.log.append((state, a))
+        return a
+
+
+def _limiter(policy: Any, *, max_inflight: int = 1000, queue_cap: int = 1000, pt_cap: int | None = None,
+             mode: str = "explicit") -> Limiter:
+    return Limiter(
+        policy, Classifier(ClassifierSettings(mode=mode), policy), stage_names=NAMES,  # type: ignore[arg-type]
+        queue_caps=(queue_cap, queue_cap), max_inflight=max_inflight, passthrough_cap=pt_cap,
+        passthrough_queue_cap=queue_cap,
+    )
+
+
+def _check(lim: Limiter, tickets: list[Ticket]) -> None:
+    assert lim.inflight_total <= lim.max_inflight
+    admitted = sum(lim.admitted.values())
+    ended = sum(lim.completed.values())
+    assert admitted == ended + lim.inflight_total
+    live = [t for t in tickets if t.status == ADMITTED]
+    assert len(live) == lim.inflight_total
+    queued = [t for t in tickets if t.status == QUEUED and t.stage != PASSTHROUGH]
+    assert sum(lim.waiting) == sum(lim.stage_waiting) == len(queued)
+    assert sum(lim.threads) == len([t for t in live if t.stage != PASSTHROUGH])
+    if lim.passthrough_cap is not None:
+        assert lim.pt_inflight <= lim.passthrough_cap
+
+
+ops = st.lists(
+    st.tuples(st.sampled_from(["arrive", "arrive", "arrive", "finish", "fail", "cancel"]),
+              st.integers(0, 2), st.integers(0, 1), st.integers(0, 10_000)),
+    min_size=1, max_size=120,
+)
+
+
+def _run(lim: Limiter, program: list[tuple[str, int, int, int]], after: Any = None) -> list[Ticket]:
+    async def body() -> list[Ticket]:
+        tickets: list[Ticket] = []
+        for op, stage, phase, pick in program:
+            completed_coord = None
+            threads0 = list(lim.threads)
+            consults0 = len(getattr(lim.policy, "log", []))
+            guard0 = lim.guard_admissions
+            if op == "arrive":
+                s = PASSTHROUGH if stage == 2 else stage
+                ph = 0 if s == PASSTHROUGH else min(phase, lim.phases[s] - 1)
+                t = lim.submit(s, ph, "r")
+                if t is not None:
+                    tickets.append(t)
+            else:
+                pool = [t for t in tickets if t.status == (QUEUED if op == "cancel" else ADMITTED)]
+                if not pool:
+                    continue
+                t = pool[pick % len(pool)]
+                if op == "cancel":
+                    assert lim.cancel(t, "client_gone")
+                else:
+                    if t.stage != PASSTHROUGH:
+                        completed_coord = lim.offset[t.stage] + t.phase
+                    lim.release(t, "completed" if op == "finish" else "failed")
+                assert t.status == DONE
+            _check(lim, tickets)
+            if after is not None:
+                after(threads0, completed_coord, consults0, guard0)
+        return tickets
+
+    return asyncio.run(body())
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(program=ops, caps=st.tuples(st.integers(1, 3), st.integers(1, 3)), hard=st.integers(1, 5),
+       pt=st.one_of(st.none(), st.integers(1, 3)))
+def test_per_stage_caps_and_hard_cap_hold(program: list[Any], caps: tuple[int, int], hard: int, pt: int | None) -> None:
+    lim = _limiter(BaselinePolicy(f"pi({caps[0]},{caps[1]})", 2), max_inflight=hard, pt_cap=pt)
+
+    def after(*_: Any) -> None:
+        assert lim.threads[0] <= caps[0] and lim.threads[1] <= caps[1]
+        # work conserving up to the caps: nothing waits while its stage and the hard cap have room
+        for i in range(2):
+            if lim.stage_waiting[i] and lim.inflight_total < hard:
+                assert lim.threads[i] == caps[i]
+
+    _run(lim, program, after)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(program=ops, k=st.integers(1, 4))
+def test_pi_k_total_cap(program: list[Any], k: int) -> None:
+    lim = _limiter(BaselinePolicy(f"pi({k})", 2))
+
+    def after(*_: Any) -> None:
+        assert sum(lim.threads) <= k
+        if any(lim.stage_waiting):
+            assert sum(lim.threads) == k
+
+    _run(lim, program, after)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(program=ops)
+def test_table_policy_is_followed_exactly(h2_policy: SpawnPolicy, program: list[Any]) -> None:
+    rec = Recording(h2_policy)
+    lim = _limiter(rec)
+
+    def after(threads0: list[int], done: int | None, consults0: int, guard0: int) -> None:
+        started = np.array(lim.threads) - np.array(threads0)
+        if done is not None:
+            started[done] += 1
+        want = np.zeros(len(started), dtype=int)
+        for _state, act in rec.log[consults0:]:
+            want += np.array(act)
+        assert lim.guard_admissions == guard0  # a solved policy never idles with work waiting
+        np.testing.assert_array_equal(started, want)
+
+    _run(lim, program, after)
+
+
+def test_swap_keeps_queue_order_and_counts(h2_policy: SpawnPolicy) -> None:
+    async def body() -> None:
+        lim = _limiter(BaselinePolicy("pi(1)", 2))
+        ts = [lim.submit(0, 0, "r") for _ in range(5)]
+        assert [t.status for t in ts] == [ADMITTED] + [QUEUED] * 4  # type: ignore[union-attr]
+        lim.swap(h2_policy)  # 1 -> 2 phases per stage; queued requests re-bucketed in order
+        assert sum(lim.waiting) + sum(lim.threads) == 5
+        lim.swap(BaselinePolicy("pi(3)", 2))
+        admitted = [t for t in ts if t.status == ADMITTED]  # type: ignore[union-attr]
+        assert len(admitted) == 3 and admitted == ts[:3]  # FCFS kept across two swaps
+        for t in admitted:
+            lim.release(t, "completed")
+        assert lim.inflight_total == 2 and sum(lim.completed.values()) == 3
+
+    asyncio.run(body())
+
+
+def test_queue_full_and_cancel_are_counted() -> None:
+    async def body() -> None:
+        lim = _limiter(BaselinePolicy("pi(1)", 2), queue_cap=2)
+        a = lim.submit(0, 0, "r")
+        b = lim.submit(0, 0, "r")
+        c = lim.submit(0, 0, "r")
+        assert a is not None and b is not None and c is not None
+        assert lim.submit(0, 0, "r") is None
+        assert lim.cancel(b, "queue_timeout") and not lim.cancel(a, "client_gone")
+        lim.release(a, "completed")
+        assert c.status == ADMITTED and c.future is not None and c.future.done()
+        assert lim.rejected == {(0, "queue_full"): 1, (0, "queue_timeout"): 1}
+
+    asyncio.run(body())
