@@ -7,7 +7,10 @@ through ``controller.uplink``; an open-loop Poisson client (one connection per r
 §3.1.4) runs in the client namespace. The same seeded schedule is replayed for every policy.
 
 Server under test (``--server``): ``asyncio`` = bench/uplink/server.py (the product's uplink code
-path with a minimal static server in front). The Apache + sidecar path is not wired here yet.
+path with a minimal static server in front; SRPT gets cutoffs derived from the size model), or
+``sidecar`` = a private Apache (``overtake apache start``) serving the file set behind
+``overtake sidecar --policy passthrough --uplink X`` (the product path; the sidecar builds the
+uplink with ``make_uplink(X)``: bands detected from the installed qdisc, adaptive cutoffs).
 
 Contract (issue 6)::
 
@@ -26,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,13 +53,65 @@ PY = sys.executable
 SERVER = ROOT / "bench" / "uplink" / "server.py"
 CLIENT = ROOT / "bench" / "uplink" / "client.py"
 PORT = 8080
+CAL_SIZES = [100, 10_000, 100_000, 500_000, 1_000_000]
 BENCH_MD = ROOT / "BENCHMARKS.md"
 SECTION = "uplink"
+
+
+APACHE_PORT = 18081
+OVERTAKE = str(Path(sys.executable).with_name("overtake"))
+STAGES = ROOT / "examples" / "sidecar" / "stages.yaml"
+
+
+def _sidecar(tb: Testbed, name: str, log_path: Path) -> subprocess.Popen[str]:
+    """Apache + ``overtake sidecar --policy passthrough --uplink NAME`` in the server namespace."""
+    cmd = [*tb.exec_prefix(tb.srv_ns), OVERTAKE, "sidecar", "--policy", "passthrough",
+           "--apache", f"http://127.0.0.1:{APACHE_PORT}", "--listen", f"{tb.srv_ip}:{PORT}",
+           "--stages", str(STAGES), "--uplink", name]  # fmt: skip
+    log = open(log_path, "w")
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 30
+    while "listening" not in log_path.read_text():
+        if p.poll() is not None or time.monotonic() > deadline:
+            p.kill()
+            raise RuntimeError(f"sidecar --uplink {name} did not start: {log_path.read_text()}")
+        time.sleep(0.1)
+    p.describe = f"Apache + overtake sidecar --policy passthrough --uplink {name}"  # type: ignore[attr-defined]
+    return p
+
+
+def _apache_up(tb: Testbed, sizes: set[int]) -> Path:
+    work = Path(tempfile.mkdtemp(prefix="ovt_uplink_apache_"))
+    os.chmod(work, 0o755)  # Apache's www-data child must read htdocs
+    subprocess.run([*tb.exec_prefix(tb.srv_ns), OVERTAKE, "apache", "start", "--workdir",
+                    str(work), "--listen", f"127.0.0.1:{APACHE_PORT}", "--max-workers", "128"],
+                   check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    _write_files(work, sizes)
+    return work
+
+
+def _write_files(work: Path, sizes: set[int]) -> None:
+    files = work / "htdocs" / "f"
+    files.mkdir(parents=True, exist_ok=True)
+    os.chmod(files, 0o755)
+    for n in sizes:
+        f = files / str(n)
+        if not f.exists():
+            f.write_bytes(b"x" * n)
+            os.chmod(f, 0o644)
+
+
+def _apache_down(tb: Testbed, work: Path) -> None:
+    subprocess.run([*tb.exec_prefix(tb.srv_ns), OVERTAKE, "apache", "stop", "--workdir",
+                    str(work), "--now"], check=False, capture_output=True)  # fmt: skip
+    shutil.rmtree(work, ignore_errors=True)
 
 
 def _server(tb: Testbed, policy: str, args: argparse.Namespace, cutoffs: str | None,
             stats_out: Path) -> subprocess.Popen[str]:
     name = "app" if policy.startswith("app") else policy
+    if args.server == "sidecar":
+        return _sidecar(tb, name, stats_out.with_suffix(".log"))
     cmd = [*tb.exec_prefix(tb.srv_ns), PY, str(SERVER), "--listen", f"{tb.srv_ip}:{PORT}",
            "--uplink", name, "--stats-out", str(stats_out),
            "--bands", "htb" if tb.mode == "htb" else "pfifo_fast"]  # fmt: skip
@@ -85,11 +141,13 @@ def _stop(p: subprocess.Popen[str]) -> None:
         p.wait()
 
 
-def _client(tb: Testbed, sched: list[tuple[float, int]], tmp: Path, timeout: float) -> list[list[Any]]:
+def _client(tb: Testbed, sched: list[tuple[float, int]], tmp: Path, timeout: float,
+            prefix: str = "/") -> list[list[Any]]:
     sp, rp = tmp / "sched.json", tmp / "res.json"
     sp.write_text(json.dumps(sched))
     cmd = [*tb.exec_prefix(tb.cli_ns), PY, str(CLIENT), "--server", f"{tb.srv_ip}:{PORT}",
-           "--schedule", str(sp), "--out", str(rp), "--timeout", str(timeout)]  # fmt: skip
+           "--schedule", str(sp), "--out", str(rp), "--timeout", str(timeout),
+           "--prefix", prefix]  # fmt: skip
     subprocess.run(cmd, check=True)
     out: list[list[Any]] = json.loads(rp.read_text())
     return out
@@ -99,21 +157,22 @@ def _calibrate(tb: Testbed, tmp: Path, args: argparse.Namespace) -> tuple[float,
     """Solo response time t(s) = a + s/b on the idle link (sequential requests, FAIR)."""
     p = _server(tb, "fair", args, None, tmp / "cal_stats.json")
     try:
-        sizes = [100, 10_000, 100_000, 500_000, 1_000_000]
+        sizes = CAL_SIZES
         sched = []
         t = 0.0
         for _ in range(3):
             for s in sizes:
                 sched.append((t, s))
                 t += 0.05 + 1.5 * (s + HEADER_BYTES) * 8 / _qdisc.parse_rate(args.rate)
-        res = _client(tb, sched, tmp, 60.0)
+        res = _client(tb, sched, tmp, 60.0, args.prefix)
     finally:
         _stop(p)
-    x = np.array([r[4] + HEADER_BYTES for r in res], float)
-    y = np.array([r[3] - r[0] for r in res], float)
-    A = np.vstack([np.ones_like(x), x]).T
-    (a, inv_b), *_ = np.linalg.lstsq(A, y, rcond=None)
-    return float(a), float(1.0 / inv_b)
+    # the least-disturbed of 3 repeats per size (the machine is shared); a = the smallest
+    # request's time (handshake + request), goodput from the two largest sizes' difference
+    best = {s: min(r[3] - r[0] for r in res if r[4] == s) for s in sizes}
+    big, bigger = sizes[-2], sizes[-1]
+    b = (bigger - big) / (best[bigger] - best[big])
+    return float(best[sizes[0]]), float(b)
 
 
 def _metrics(res: list[list[Any]], solo: tuple[float, float]) -> dict[str, Any]:
@@ -160,14 +219,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model = MODELS[args.sizes]
     tb = Testbed.up(rate=args.rate, mode=args.mode)
     out: dict[str, Any] = {"testbed": {}, "policies": {}}
+    apache_dir: Path | None = None
+    args.prefix = "/"
     try:
         with tempfile.TemporaryDirectory(prefix="ovt_uplink_") as td:
             tmp = Path(td)
+            if args.server == "sidecar":
+                apache_dir = _apache_up(tb, set(CAL_SIZES))
+                args.prefix = "/f/"
             solo = _calibrate(tb, tmp, args)
             goodput = solo[1] * 8
             w1 = args.w1_phase if args.workload == "w1" else None
             sched = schedule(model, load=args.load, duration=args.duration,
                              goodput_bps=goodput, seed=args.seed, w1_phase=w1)  # fmt: skip
+            if apache_dir is not None:
+                _write_files(apache_dir, {sz for _, sz in sched})
             n_data = 7 if tb.mode == "htb" else 2
             ref = model.sample(200_000, np.random.default_rng(args.seed + 1)) + HEADER_BYTES
             cut = _bands.cutoffs_from_samples(ref, n_data)
@@ -178,14 +244,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "sizes": args.sizes, "workload": args.workload, "load": args.load,
                 "w1_phase_s": w1, "duration_s": args.duration, "requests": len(sched),
                 "offered_load_realised": offered, "srpt_cutoffs_bytes": str(cut),
-                "seed": args.seed,
+                "seed": args.seed, "server": args.server,
             }  # fmt: skip
             for pol in args.policies:
                 stats_path = tmp / f"stats_{pol.replace(':', '_')}.json"
                 p = _server(tb, pol, args, str(cut), stats_path)
                 t0 = time.monotonic()
                 try:
-                    res = _client(tb, sched, tmp, args.timeout)
+                    res = _client(tb, sched, tmp, args.timeout, args.prefix)
                 finally:
                     _stop(p)
                 m = _metrics(res, solo)
@@ -203,6 +269,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       f"errors {m['errors']}", file=sys.stderr, flush=True)  # fmt: skip
                 time.sleep(1.0)  # let the last FIN/ACKs drain
     finally:
+        if apache_dir is not None:
+            _apache_down(tb, apache_dir)
         tb.down()
     return out
 
@@ -284,6 +352,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="app: cap each socket's pacing rate at the link rate (default on)")
     ap.add_argument("--app-quantum", type=int, default=16384, help="bytes per app-level write")
     ap.add_argument("--timeout", type=float, default=300.0, help="per-request client timeout s")
+    ap.add_argument("--server", choices=("asyncio", "sidecar"), default="asyncio",
+                    help="server under test: bench/uplink/server.py, or Apache + overtake sidecar "
+                    "--policy passthrough --uplink X (SRPT cutoffs then adapt from 1K-50K)")
     ap.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     ap.add_argument("--record", action="store_true", help="append to BENCHMARKS.md (uplink)")
     args = ap.parse_args(argv)
@@ -293,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--policies: unknown {p!r}; use fair, srpt, srrt, app or app:K")
     if not 0 < args.load < 2:
         ap.error(f"--load: {args.load} must be in (0, 2)")
+    # SIGTERM -> SystemExit, so the namespaces and Apache are always torn down
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if os.geteuid() != 0:
         print("uplink_srpt: needs root (network namespaces, qdiscs)", file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ import time
 
 
 async def one(host: str, port: int, t0: float, arrival: float, size: int, timeout: float,
-              out: list[list[float | int | str | None]]) -> None:
+              out: list[list[float | int | str | None]], prefix: bytes = b"/") -> None:
     delay = t0 + arrival - time.monotonic()
     if delay > 0:
         await asyncio.sleep(delay)
@@ -27,7 +27,8 @@ async def one(host: str, port: int, t0: float, arrival: float, size: int, timeou
     try:
         async with asyncio.timeout(timeout):
             reader, writer = await asyncio.open_connection(host, port)
-            writer.write(b"GET /%d HTTP/1.1\r\nHost: x\r\n\r\n" % size)
+            writer.write(b"GET %s%d HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                         % (prefix, size))
             while True:
                 data = await reader.read(262144)
                 if not data:
@@ -48,12 +49,15 @@ async def main() -> None:
     ap.add_argument("--schedule", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--prefix", default="/", help="URL path before the size, e.g. /f/")
     a = ap.parse_args()
     sched = json.load(open(a.schedule))
     host, port = a.server.rsplit(":", 1)
     out: list[list[float | int | str | None]] = []
     t0 = time.monotonic() + 0.2
-    await asyncio.gather(*(one(host, int(port), t0, arr, sz, a.timeout, out) for arr, sz in sched))
+    prefix = a.prefix.encode()
+    await asyncio.gather(*(one(host, int(port), t0, arr, sz, a.timeout, out, prefix)
+                           for arr, sz in sched))
     json.dump(out, open(a.out, "w"))
 
 

@@ -226,3 +226,30 @@ def test_unprivileged_srpt_falls_back_to_app_level() -> None:
     assert cp.stdout.startswith("app: application-level SRPT")
     assert "SO_PRIORITY 0x10011 refused: needs CAP_NET_ADMIN" in cp.stdout
     assert "falling back to application-level ordering" in cp.stderr
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="SO_PRIORITY >= 7 (HTB classids) needs root/CAP_NET_ADMIN")
+def test_per_band_metrics_add_up_to_what_was_written() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from controller.uplink_metrics import UplinkCollector
+
+    up = uplink.make_uplink("srpt", bands="htb", cutoffs="1K,10K,100K")
+    sizes = [100, 5_000, 50_000, 500_000, 700]
+    asyncio.run(_serve_through(up, sizes))
+    reg = CollectorRegistry()
+    reg.register(UplinkCollector(up))
+
+    def val(name: str, band: str) -> float:
+        v = reg.get_sample_value(name, {"band": band})
+        assert v is not None
+        return v
+
+    bands7 = [str(b) for b in range(7)]
+    assert sum(val("overtake_uplink_bytes_total", b) for b in bands7) == sum(sizes)
+    # flows open in the band of their size: 100, 700 -> 0; 5000 -> 1; 50000 -> 2; 500000 -> 3
+    assert [val("overtake_uplink_flows_total", b) for b in bands7] == [2, 1, 1, 1, 0, 0, 0]
+    assert sum(val("overtake_uplink_active_flows", b) for b in bands7) == 0
+    changes = reg.get_sample_value("overtake_uplink_priority_changes_total")
+    # climbing bands is timing-dependent on loopback (checked exactly in test_uplink_netns.py)
+    assert changes == up.stats().priority_changes
