@@ -11,9 +11,10 @@
 #   gcc libc6-dev  compile that module at start-up
 #   util-linux     taskset (pinning Apache to one core)
 #   wrk haproxy    sidecar overhead benchmark (bench/sidecar_overhead.py): load generator, proxy peer
+#   iproute2 ethtool  uplink qdisc (controller/qdisc.py: tc, ip netns; TSO/GSO off for HTB)
 set -eu
 
-PKGS="apache2 liblua5.3-dev lua5.3 gcc libc6-dev util-linux wrk haproxy"
+PKGS="apache2 liblua5.3-dev lua5.3 gcc libc6-dev util-linux wrk haproxy iproute2 ethtool"
 
 missing=""
 for p in $PKGS; do
