@@ -139,7 +139,7 @@ class _KernelFlow:
 
     __slots__ = (
         "_up", "_writer", "_sock", "_total", "_written", "_acked0", "_backlog0", "_band",
-        "_closed", "_done",
+        "_closed", "_done", "_fd",
     )  # fmt: skip
 
     def __init__(self, up: KernelUplink, writer: asyncio.StreamWriter, total: int | None) -> None:
@@ -153,7 +153,15 @@ class _KernelFlow:
         self._done = False
         self._acked0 = 0
         self._backlog0 = 0
+        self._fd = -1
         try:
+            self._fd = self._sock.fileno()
+            # a keep-alive socket's previous response may still be draining: this flow owns
+            # the socket's priority from now on (its backlog counts those bytes)
+            prev = up._by_sock.get(self._fd)
+            if prev is not None:
+                prev._finish()
+            up._by_sock[self._fd] = self
             info = _ti.read_tcp_info(self._sock)
             self._acked0 = info.bytes_acked or 0
             # bytes of earlier responses on this keep-alive socket still ahead of ours
@@ -163,6 +171,8 @@ class _KernelFlow:
             first = self._metric(float(total) if total is not None else _LARGE, info)
         except (OSError, AttributeError, ValueError):
             self._done = True
+            if up._by_sock.get(self._fd) is self:
+                del up._by_sock[self._fd]
             return
         up._observe(first, total)
         self._set_band(first)
@@ -220,6 +230,8 @@ class _KernelFlow:
             if self._band >= 0:
                 st.active[self._band] = st.active.get(self._band, 1) - 1
             self._up._flows.pop(id(self), None)
+            if self._up._by_sock.get(self._fd) is self:
+                del self._up._by_sock[self._fd]
 
     async def write(self, data: bytes) -> None:
         if not self._done:
@@ -273,6 +285,7 @@ class KernelUplink:
         self._adaptive = _bands.AdaptiveCutoffs(cutoffs) if adapt else None
         self._fixed = cutoffs
         self._flows: dict[int, _KernelFlow] = {}
+        self._by_sock: dict[int, _KernelFlow] = {}
         self._stats = BandStats()
         self._task: asyncio.Task[None] | None = None
 

@@ -253,3 +253,37 @@ def test_per_band_metrics_add_up_to_what_was_written() -> None:
     changes = reg.get_sample_value("overtake_uplink_priority_changes_total")
     # climbing bands is timing-dependent on loopback (checked exactly in test_uplink_netns.py)
     assert changes == up.stats().priority_changes
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="SO_PRIORITY >= 7 (HTB classids) needs root/CAP_NET_ADMIN")
+def test_keep_alive_socket_is_owned_by_its_latest_response() -> None:
+    up = uplink.make_uplink("srpt", bands="htb", cutoffs="1K,10K,100K", interval=0.002)
+    assert isinstance(up, uplink.KernelUplink)
+    sizes = [300_000, 2_000, 80_000]
+
+    async def main() -> bytes:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            owners = []
+            for n in sizes:  # three responses back to back on one connection
+                await reader.readline()
+                flow = up.open(writer, n)
+                owners.append(flow)
+                await flow.write(_expected(n))
+                flow.close()
+                assert up._by_sock[writer.get_extra_info("socket").fileno()] is flow
+            assert all(f._done for f in owners[:-1])  # earlier responses handed the socket on
+            writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        r, w = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+        async with server:
+            for _ in sizes:
+                w.write(b"x\n")
+            data = await r.read()
+        w.close()
+        await asyncio.sleep(0.05)
+        return data
+
+    assert asyncio.run(main()) == b"".join(_expected(n) for n in sizes)
+    assert up._by_sock == {} and up._flows == {}
+    assert sum(up.stats().flows_opened.values()) == 3
