@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -82,6 +83,8 @@ class _ClientConn:
         peer = writer.get_extra_info("peername")
         self.peer = peer[0] if isinstance(peer, tuple) else "unknown"
         self.resume: asyncio.Future[None] | None = None
+        self.busy = False
+        self.last_active = time.monotonic()
 
     # httptools callbacks ------------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -142,6 +145,7 @@ class _ClientConn:
                 data = await self.reader.read(65536)
                 if not data:
                     break
+                self.last_active = time.monotonic()
                 try:
                     try:
                         self.parser.feed_data(data)
@@ -227,12 +231,26 @@ class Gateway:
         self._conns: set[_ClientConn] = set()
         self._hist: dict[tuple[int, int], tuple[Any, Any]] = {}
         self.server: asyncio.base_events.Server | None = None
+        self._sweeper: asyncio.Task[None] | None = None
 
     # ---- server ----------------------------------------------------------------------------
     async def start(self, host: str, port: int) -> None:
         self.server = await asyncio.start_server(self._client, host, port, backlog=1024, limit=1 << 16)
+        self._sweeper = asyncio.create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        """Close client connections idle (no request in progress) longer than client_timeout:
+        one timer for all connections instead of one per request."""
+        while True:
+            await asyncio.sleep(1.0)
+            cutoff = time.monotonic() - self.limits.client_timeout
+            for c in list(self._conns):
+                if not c.busy and not c.ready and c.last_active < cutoff:
+                    c.writer.close()
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if self.server is not None:
             self.server.close()
         for c in list(self._conns):
@@ -245,18 +263,18 @@ class Gateway:
         reading = asyncio.create_task(conn.read_loop())
         try:
             while True:
-                try:
-                    async with asyncio.timeout(self.limits.client_timeout):
-                        req = await conn.next_request()
-                except TimeoutError:
-                    break
+                req = await conn.next_request()
                 if req is None:
                     if conn.error is not None and not conn.ready:
                         status, reason, msg = conn.error
                         self.metrics.errors.labels(reason).inc()
                         await self._send(writer, _simple(status, msg, close=True))
                     break
-                if not await self._handle(conn, req):
+                conn.busy = True
+                keep = await self._handle(conn, req)
+                conn.busy = False
+                conn.last_active = time.monotonic()
+                if not keep:
                     break
         except (ConnectionError, OSError):
             pass
@@ -345,10 +363,7 @@ class Gateway:
         return False
 
     def _upstream_head(self, req: _Request, conn: _ClientConn, body_len: int) -> bytes:
-        drop = set(_HOP)
-        for k, v in req.headers:
-            if k.lower() == b"connection":
-                drop.update(x.strip().lower() for x in v.split(b","))
+        drop = _drop_set(req.headers)
         out = [b"%s %s HTTP/1.1\r\n" % (req.method, req.url)]
         xff = None
         has_host = False
@@ -372,10 +387,7 @@ class Gateway:
         return b"".join(out)
 
     def _client_head(self, resp: UpstreamResponse, req: _Request, body_len: int | None, chunked: bool) -> bytes:
-        drop = set(_HOP)
-        for k, v in resp.headers:
-            if k.lower() == b"connection":
-                drop.update(x.strip().lower() for x in v.split(b","))
+        drop = _drop_set(resp.headers)
         out = [b"HTTP/1.1 %d %s\r\n" % (resp.status, resp.reason or _REASONS.get(resp.status, b""))]
         for k, v in resp.headers:
             lk = k.lower()
@@ -459,6 +471,18 @@ class Gateway:
             finally:
                 flow.close()
         return req.keep_alive
+
+
+def _drop_set(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    """Hop-by-hop header names: the fixed list plus any named in Connection (RFC 9110 §7.6.1)."""
+    extra = None
+    for k, v in headers:
+        if k.lower() == b"connection":
+            for x in v.split(b","):
+                t = x.strip().lower()
+                if t not in (b"keep-alive", b"close"):
+                    extra = (extra or set()) | {t}
+    return _HOP if extra is None else _HOP | extra
 
 
 def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
