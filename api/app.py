@@ -33,6 +33,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mdp.errors import ModelError, PolicyFileError
@@ -572,13 +573,22 @@ async def _fit_from_form(request: Request) -> tuple[str, dict[str, list[float]],
     """Parse the multipart form of ``POST /v1/fits`` into samples per stage."""
     from starlette.datastructures import UploadFile
 
+    async with request.form() as form:  # closes the spooled upload files
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise ApiError(422, "file: upload the CSV or access log as the multipart field 'file'")
+        raw = await upload.read()
+        fields = {k: form.get(k) for k in ("kind", "order", "structure", "preserve_mean", "seed", "log_format",
+                                            "scale", "name", "column")}
+        stage_specs = [str(v) for v in form.getlist("stage")]
+    # parsing a large log is CPU work: keep it off the event loop
+    return await run_in_threadpool(_fit_from_fields, raw, fields, stage_specs)
+
+
+def _fit_from_fields(raw: bytes, form: dict[str, Any],
+                     stage_specs: list[str]) -> tuple[str, dict[str, list[float]], FitOptions, list[str]]:
     from fitting import io as fio
 
-    form = await request.form()
-    upload = form.get("file")
-    if not isinstance(upload, UploadFile):
-        raise ApiError(422, "file: upload the CSV or access log as the multipart field 'file'")
-    raw = await upload.read()
     kind = str(form.get("kind") or "csv")
     order_s = str(form.get("order") or "4")
     try:
@@ -595,10 +605,10 @@ async def _fit_from_form(request: Request) -> tuple[str, dict[str, list[float]],
         if not isinstance(fmt, str) or not fmt:
             raise ApiError(422, "log_format: required with kind=apache-log (the server's LogFormat string)")
         stages: dict[str, str] = {}
-        for spec in form.getlist("stage"):
-            name, sep, rx = str(spec).partition("=")
+        for spec in stage_specs:
+            name, sep, rx = spec.partition("=")
             if not sep or not name or not rx:
-                raise ApiError(422, f"stage: must be NAME=REGEX, got {str(spec)!r}")
+                raise ApiError(422, f"stage: must be NAME=REGEX, got {spec!r}")
             if name in stages:
                 raise ApiError(422, f"stage: {name!r} given twice")
             stages[name] = rx

@@ -163,8 +163,10 @@ class JobRunner:
         exc = fut.exception()
         if exc is None:
             return
-        # the worker died (killed, out of memory): the running job fails, a queued one runs again
-        self.store.fail(job_id, f"worker process failed: {type(exc).__name__}: {exc}", only_running=True)
+        # the worker died (killed, out of memory, or stopped by shutdown): the running job fails,
+        # a queued one runs again
+        reason = INTERRUPTED if self._closing else f"worker process failed: {type(exc).__name__}: {exc}"
+        self.store.fail(job_id, reason, only_running=True)
         job = self.store.get(job_id)
         if not self._closing and job is not None and job.status == "queued":
             self.submit(job_id)
