@@ -48,6 +48,7 @@ _REASONS = {400: b"Bad Request", 403: b"Forbidden", 404: b"Not Found", 405: b"Me
             413: b"Content Too Large", 431: b"Request Header Fields Too Large", 500: b"Internal Server Error",
             502: b"Bad Gateway", 503: b"Service Unavailable", 200: b"OK"}
 _MAX_PIPELINE = 16
+_ADMIN_BODY_MAX = 256 << 20  # PUT /-/policy carries a whole policy artifact
 
 
 class _Request:
@@ -123,7 +124,9 @@ class _ClientConn:
     def on_body(self, body: bytes) -> None:
         assert self.cur is not None
         self.body_bytes += len(body)
-        if self.body_bytes > self.gw.limits.max_body_bytes:
+        if self.body_bytes > self.gw.limits.max_body_bytes and not (
+            self.cur.url.startswith(b"/-/") and self.body_bytes <= _ADMIN_BODY_MAX
+        ):
             raise _TooLarge(413)
         self.cur.body.append(body)
 
