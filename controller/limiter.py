@@ -156,18 +156,19 @@ class Limiter:
         self._seq += 1
         t = Ticket(stage, phase, route, self._seq, now)
         if stage == PASSTHROUGH:
-            if len(self.pt_queue) >= self.passthrough_queue_cap and not self._pt_room():
-                self._reject(t, "queue_full")
-                return None
+            full = len(self.pt_queue) >= self.passthrough_queue_cap
             self.pt_queue.append(t)
         else:
-            if self.stage_waiting[stage] >= self.queue_caps[stage]:
-                self._reject(t, "queue_full")
-                return None
+            full = self.stage_waiting[stage] >= self.queue_caps[stage]
             self.queues[stage][phase].append(t)
             self.waiting[self.offset[stage] + phase] += 1
             self.stage_waiting[stage] += 1
+        # the policy sees every arrival (it may start it at once even when the queue is full);
+        # only a request that would have to wait beyond the cap is turned away
         self._dispatch()
+        if t.status == QUEUED and full:
+            self.cancel(t, "queue_full")
+            return None
         if t.status == QUEUED:
             t.future = asyncio.get_running_loop().create_future()
         return t
@@ -297,8 +298,11 @@ class Limiter:
             self._admit(self.pt_queue.popleft(), now)
 
     # ---- introspection ---------------------------------------------------------------------
-    def stage_limit(self, stage: int, phase: int) -> int:
-        """Threads the policy would allow in (stage, phase) now, were its queue long (gauge)."""
+    def stage_limit(self, stage: int, phase: int) -> float:
+        """Threads the policy would allow in (stage, phase) now, were its queue long (gauge);
+        +Inf for π(∞)."""
+        if getattr(self.policy, "unlimited", False):
+            return float("inf")
         c = self.offset[stage] + phase
         base = list(self.state())
         q = c if self.per_phase else stage

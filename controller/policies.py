@@ -70,6 +70,7 @@ class BaselinePolicy:
         self._n = n_stages
         self._total = self.baseline.total
         self._caps = self.baseline.per_stage
+        self.unlimited = self._total is None and self._caps is None  # π(∞)
 
     def action(self, state: tuple[int, ...]) -> tuple[int, ...]:
         n = self._n

@@ -195,3 +195,17 @@ def test_queue_full_and_cancel_are_counted() -> None:
         assert lim.rejected == {(0, "queue_full"): 1, (0, "queue_timeout"): 1}
 
     asyncio.run(body())
+
+
+def test_queue_cap_zero_admits_while_room_and_rejects_waiters() -> None:
+    async def body() -> None:
+        lim = _limiter(BaselinePolicy("pi(2)", 2), queue_cap=0)
+        a, b = lim.submit(0, 0, "r"), lim.submit(1, 0, "r")
+        assert a is not None and b is not None and a.status == b.status == ADMITTED
+        assert lim.submit(0, 0, "r") is None  # would have to wait: no queue allowed
+        assert lim.rejected == {(0, "queue_full"): 1} and sum(lim.waiting) == 0
+        assert lim.stage_limit(0, 0) == 1 and lim.stage_limit(1, 0) == 1  # pi(2): both threads busy
+        unlimited = _limiter(BaselinePolicy("passthrough", 2))
+        assert unlimited.stage_limit(0, 0) == float("inf")
+
+    asyncio.run(body())
