@@ -62,7 +62,8 @@ class BaselinePolicy:
         try:
             self.baseline = Baseline.parse("pi(inf)" if text == "passthrough" else text, n_stages)
         except MDPError as exc:
-            raise PolicyLoadError(f"policy: {exc}; or give a policy file from `overtake solve --out`") from None
+            msg = str(exc).replace("the scenario has", "the stages file has")
+            raise PolicyLoadError(f"{msg}; or give a policy file from `overtake solve --out`") from None
         self.name = "passthrough" if text == "passthrough" else self.baseline.name
         self.version = self.baseline.name
         self.hash = hashlib.sha256(self.baseline.name.encode()).hexdigest()[:16]
