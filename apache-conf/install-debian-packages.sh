@@ -12,9 +12,10 @@
 #   util-linux     taskset (pinning Apache to one core)
 #   wrk haproxy    sidecar overhead benchmark (bench/sidecar_overhead.py): load generator, proxy peer
 #   iproute2 ethtool  uplink qdisc (controller/qdisc.py: tc, ip netns; TSO/GSO off for HTB)
+#   chromium       headless check of the API's page (tests/api/test_api_page.py)
 set -eu
 
-PKGS="apache2 liblua5.3-dev lua5.3 gcc libc6-dev util-linux wrk haproxy iproute2 ethtool"
+PKGS="apache2 liblua5.3-dev lua5.3 gcc libc6-dev util-linux wrk haproxy iproute2 ethtool chromium"
 
 missing=""
 for p in $PKGS; do

@@ -54,9 +54,11 @@ def live_api(db: Path, *extra: str) -> Iterator[str]:
     port = free_port()
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     env.pop("OVERTAKE_API_TOKEN", None)
-    proc = subprocess.Popen([sys.executable, "-m", "api.cli", "api", "--listen", f"127.0.0.1:{port}",
-                             "--db", str(db), "--log-level", "warning", *extra],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = db.with_suffix(".log")
+    with log.open("w") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "api.cli", "api", "--listen", f"127.0.0.1:{port}",
+                                 "--db", str(db), "--log-level", "warning", *extra],
+                                cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         t0 = time.monotonic()
@@ -67,8 +69,7 @@ def live_api(db: Path, *extra: str) -> Iterator[str]:
             except httpx.TransportError:
                 pass
             if proc.poll() is not None or time.monotonic() - t0 > 30:
-                out = proc.stdout.read() if proc.stdout else ""
-                raise AssertionError(f"overtake api did not start (exit {proc.poll()}):\n{out}")
+                raise AssertionError(f"overtake api did not start (exit {proc.poll()}):\n{log.read_text()}")
             time.sleep(0.1)
         yield base
     finally:
