@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from mdp.compare import compare
@@ -21,13 +20,25 @@ def register(subparsers: Any) -> None:
     p.add_argument("--phase-info", choices=("full", "start"), default="full",
                    help="start: also solve the variant where a waiting request's phase is unknown")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--plot", metavar="PNG", help="also write E[W] per policy with the gains (paper 004, Fig. 2)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from mdp.baselines import Baseline
+    from mdp.compare import default_baselines
+
+    from api.progress import progress_bar
+
     sc, model = load_scenario(args.scenario)
-    progress = None if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
-    doc = compare(model, policies=args.policy, phase_info_start=args.phase_info == "start",
-                  tol=sc.tolerance, truncation=sc.fixed_truncation(), progress=progress)
+    steps = ["pi*"] + [Baseline.parse(p, model.n_stages).name
+                       for p in dict.fromkeys([*default_baselines(model.n_stages), *args.policy])]
+    with progress_bar("compare", steps=steps, quiet=args.quiet) as progress:  # silent when not a terminal
+        doc = compare(model, policies=args.policy, phase_info_start=args.phase_info == "start",
+                      tol=sc.tolerance, truncation=sc.fixed_truncation(), progress=progress)
+    if args.plot:
+        from api.plots import gains_figure
+
+        gains_figure(doc).savefig(args.plot, dpi=100)
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0

@@ -133,7 +133,9 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name, x in data.items():
+    from api.progress import progress_iter
+
+    for name, x in progress_iter(data.items(), "fit", total=len(data)):  # a bar on a terminal only
         censored = None
         if args.censor_at is not None:
             censored = x >= args.censor_at

@@ -22,13 +22,16 @@ def register(subparsers: Any) -> None:
                    help="full: a waiting request's phase is known (paper 004); start: seen when its thread starts")
     p.add_argument("--method", choices=("rvi", "pi"), default="rvi", help="relative value or policy iteration")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--plot", metavar="PNG", help="also write the policy as heatmaps over the two stages' queues")
 
 
 def run(args: argparse.Namespace) -> int:
+    from api.progress import progress_bar
+
     sc, model = load_scenario(args.scenario)
-    progress = None if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
-    opt = solve_optimal(model, phase_info=args.phase_info, truncation=sc.fixed_truncation(),
-                        tol=sc.tolerance, method=args.method, progress=progress)
+    with progress_bar("solve pi*", quiet=args.quiet) as progress:  # a bar on a terminal, silent otherwise
+        opt = solve_optimal(model, phase_info=args.phase_info, truncation=sc.fixed_truncation(),
+                            tol=sc.tolerance, method=args.method, progress=progress)
     pol = opt.policy
     meta: dict[str, Any] = {
         "metrics": opt.metrics.to_dict(),
@@ -40,6 +43,10 @@ def run(args: argparse.Namespace) -> int:
         meta["rules"] = overtaking_rule(opt.solve, pol).to_dict()
     pol.meta.update(meta)
     pol.save(args.out)
+    if args.plot:
+        from api.plots import policy_figure
+
+        policy_figure(pol).savefig(args.plot, dpi=100)
     m = opt.metrics
     print(json.dumps({"out": args.out, "states": pol.keys.size, "hash": pol.digest(),
                       "mean_response_time": m.mean_response_time, "blocking_probability": m.blocking_probability,
