@@ -13,9 +13,10 @@
 #   wrk haproxy    sidecar overhead benchmark (bench/sidecar_overhead.py): load generator, proxy peer
 #   iproute2 ethtool  uplink qdisc (controller/qdisc.py: tc, ip netns; TSO/GSO off for HTB)
 #   chromium       headless check of the API's page (tests/api/test_api_page.py)
+#   prometheus     private Prometheus scraping the sidecar and the API (api/prometheus.py)
 set -eu
 
-PKGS="apache2 liblua5.3-dev lua5.3 gcc libc6-dev util-linux wrk haproxy iproute2 ethtool chromium"
+PKGS="apache2 liblua5.3-dev lua5.3 gcc libc6-dev util-linux wrk haproxy iproute2 ethtool chromium prometheus"
 
 missing=""
 for p in $PKGS; do

@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "sidecar": "api.commands.sidecar",
     "uplink": "api.commands.uplink",
     "api": "api.commands.api",
+    "prometheus": "api.commands.prometheus",
 }
 
 EXIT_USAGE = 2

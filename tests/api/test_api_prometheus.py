@@ -1,0 +1,142 @@
+"""A real Prometheus (Debian package) scrapes the sidecar (with Apache's series) and the API.
+
+Private Apache (controller.apache) ← ``overtake sidecar`` ← requests; ``overtake api``; and
+``api.prometheus`` scraping both every 0.5 s. The test reads everything back through Prometheus's
+HTTP API and checks the counts against what it sent. Skips without apache2/prometheus unless root
+(then it runs the installer, like the Apache tests).
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from api_helpers import REPO, free_port, live_api
+
+from api import prometheus
+from controller import apache
+from controller.errors import ApacheNotInstalledError
+
+STAGES = """
+stages:
+  - name: stage1
+    path: "^/stage1$"
+  - name: stage2
+    path: "^/stage2$"
+limits: {max_inflight: 8, queue_cap: 100, queue_timeout: 20}
+"""
+
+
+def _installed() -> bool:
+    try:
+        apache._check_installed()
+    except ApacheNotInstalledError:
+        return False
+    return shutil.which("prometheus") is not None
+
+
+@pytest.fixture(scope="module")
+def tools() -> None:
+    if _installed():
+        return
+    if os.geteuid() != 0:
+        pytest.skip("apache2/prometheus not installed and not root: run apache-conf/install-debian-packages.sh")
+    subprocess.run(["sh", str(REPO / "apache-conf" / "install-debian-packages.sh")], check=True)
+    if not _installed():
+        pytest.skip("apache2/prometheus still missing after the installer (no apt-get?)")
+
+
+@pytest.fixture()
+def workdir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="overtake-prom-test-", dir="/tmp"))
+    d.chmod(0o755)  # www-data must read the Lua handler
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _get(port: int, path: str) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("GET", path)
+        r = conn.getresponse()
+        r.read()
+        return r.status
+    finally:
+        conn.close()
+
+
+def _value(res: list[dict]) -> float:
+    assert len(res) == 1, res
+    return float(res[0]["value"][1])
+
+
+def test_prometheus_finds_sidecar_apache_and_api_series(tools: None, workdir: Path) -> None:
+    inst = apache.start(workdir / "apache", f"127.0.0.1:{free_port()}", max_workers=16)
+    side_port = free_port()
+    (workdir / "stages.yaml").write_text(STAGES)
+    log = (workdir / "sidecar.log").open("wb")
+    side = subprocess.Popen([sys.executable, "-m", "api.cli", "sidecar", "--policy", "pi(2)", "--apache", inst.base_url,
+                             "--listen", f"127.0.0.1:{side_port}", "--stages", str(workdir / "stages.yaml")],
+                            cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    prom_dir = workdir / "prom"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if _get(side_port, "/-/healthz") == 200:
+                    break
+            except OSError:
+                pass
+            assert side.poll() is None and time.monotonic() < deadline, (workdir / "sidecar.log").read_text()
+            time.sleep(0.1)
+        with live_api(workdir / "api.db") as api_base:
+            api_addr = api_base.removeprefix("http://")
+            prom = prometheus.start(prom_dir, f"127.0.0.1:{free_port()}", sidecars=[f"127.0.0.1:{side_port}"],
+                                    apis=[api_addr], interval=0.5)
+            sent = 6
+            for _ in range(sent):
+                assert _get(side_port, "/stage1?work=0.002") == 200
+            # both targets are up
+            assert _value(prom.wait_for('up{job="overtake-sidecar"} == 1')) == 1
+            assert _value(prom.wait_for('up{job="overtake-api"} == 1')) == 1
+            # the sidecar's counters: exactly the requests sent, all completed
+            admitted = prom.wait_for(f'overtake_stage_admitted_total{{stage="stage1"}} >= {sent}')
+            assert _value(admitted) == sent
+            done = prom.wait_for(f'sum(overtake_stage_completed_total{{stage="stage1",outcome="completed"}}) >= {sent}')
+            assert _value(done) == sent
+            info = prom.wait_for("overtake_policy_info")
+            assert info[0]["metric"]["name"] == "pi(2)"
+            # Apache's mod_status through the sidecar, under apache_exporter's names
+            assert _value(prom.wait_for('apache_up{job="overtake-sidecar"} == 1')) == 1
+            assert _value(prom.wait_for(f"apache_accesses_total >= {sent}")) >= sent
+            assert prom.wait_for('apache_workers{state="idle"}')
+            # the API's own registry
+            jobs = prom.wait_for('overtake_api_jobs{kind="model",status="done"}')
+            assert _value(jobs) == 0
+    finally:
+        prometheus.stop(prom_dir)
+        side.terminate()
+        side.wait(15)
+        log.close()
+        apache.stop(inst.workdir, graceful=False)
+
+
+def test_config_names_jobs_paths_and_rejects_bad_targets() -> None:
+    cfg = prometheus.render_config(sidecars=["127.0.0.1:8080"], apis=["127.0.0.1:8000"], interval=0.5)
+    assert "job_name: overtake-sidecar\n    metrics_path: /-/metrics" in cfg
+    assert "job_name: overtake-api\n    metrics_path: /metrics" in cfg
+    assert "scrape_interval: 500ms" in cfg
+    with pytest.raises(prometheus.PrometheusUsageError, match="overtake-sidecar must be HOST:PORT"):
+        prometheus.render_config(sidecars=["localhost"])
+    with pytest.raises(prometheus.PrometheusUsageError, match="at least one target"):
+        prometheus.render_config()
