@@ -9,7 +9,9 @@ HTTP API and checks the counts against what it sent. Skips without apache2/prome
 from __future__ import annotations
 
 import http.client
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,8 +20,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
-from api_helpers import REPO, free_port, live_api
+from api_helpers import REPO, exp2, free_port, live_api, wait
 
 from api import prometheus
 from controller import apache
@@ -80,27 +83,45 @@ def _value(res: list[dict]) -> float:
     return float(res[0]["value"][1])
 
 
+DASHBOARD = REPO / "dashboards" / "grafana-sidecar.json"
+
+
+def _dashboard_exprs() -> list[str]:
+    doc = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in doc["panels"] for t in p.get("targets", [])]
+    # Grafana's variables, as Grafana substitutes them for "All" and a short range
+    return [e.replace("$__rate_interval", "5s").replace("$job", ".*").replace("$stage", ".*") for e in exprs]
+
+
 def test_prometheus_finds_sidecar_apache_and_api_series(tools: None, workdir: Path) -> None:
     inst = apache.start(workdir / "apache", f"127.0.0.1:{free_port()}", max_workers=16)
     side_port = free_port()
     (workdir / "stages.yaml").write_text(STAGES)
     log = (workdir / "sidecar.log").open("wb")
-    side = subprocess.Popen([sys.executable, "-m", "api.cli", "sidecar", "--policy", "pi(2)", "--apache", inst.base_url,
-                             "--listen", f"127.0.0.1:{side_port}", "--stages", str(workdir / "stages.yaml")],
-                            cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     prom_dir = workdir / "prom"
+    side: subprocess.Popen[bytes] | None = None
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if _get(side_port, "/-/healthz") == 200:
-                    break
-            except OSError:
-                pass
-            assert side.poll() is None and time.monotonic() < deadline, (workdir / "sidecar.log").read_text()
-            time.sleep(0.1)
         with live_api(workdir / "api.db") as api_base:
             api_addr = api_base.removeprefix("http://")
+            # the policy comes from the API: solve, then download the artifact the sidecar loads
+            sc = exp2(0.3)
+            for i, st in enumerate(sc["stages"]):
+                st["name"] = f"stage{i + 1}"
+            model = wait(httpx, api_base + httpx.post(api_base + "/v1/models", json=sc).json()["url"])
+            (workdir / "policy.npz").write_bytes(httpx.get(f"{api_base}/v1/models/{model['id']}/policy.npz").content)
+            side = subprocess.Popen(
+                [sys.executable, "-m", "api.cli", "sidecar", "--policy", str(workdir / "policy.npz"),
+                 "--apache", inst.base_url, "--listen", f"127.0.0.1:{side_port}", "--stages", str(workdir / "stages.yaml")],
+                cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if _get(side_port, "/-/healthz") == 200:
+                        break
+                except OSError:
+                    pass
+                assert side.poll() is None and time.monotonic() < deadline, (workdir / "sidecar.log").read_text()
+                time.sleep(0.1)
             prom = prometheus.start(prom_dir, f"127.0.0.1:{free_port()}", sidecars=[f"127.0.0.1:{side_port}"],
                                     apis=[api_addr], interval=0.5)
             sent = 6
@@ -115,18 +136,35 @@ def test_prometheus_finds_sidecar_apache_and_api_series(tools: None, workdir: Pa
             done = prom.wait_for(f'sum(overtake_stage_completed_total{{stage="stage1",outcome="completed"}}) >= {sent}')
             assert _value(done) == sent
             info = prom.wait_for("overtake_policy_info")
-            assert info[0]["metric"]["name"] == "pi(2)"
+            assert info[0]["metric"]["hash"] == model["policy_hash"]
+            # the model's E[W] of the running policy, in seconds (stages' default time unit 0.01 s)
+            predicted = _value(prom.wait_for("overtake_policy_predicted_response_time_seconds"))
+            assert predicted == pytest.approx(model["metrics"]["mean_response_time"] * 0.01, rel=1e-9)
             # Apache's mod_status through the sidecar, under apache_exporter's names
             assert _value(prom.wait_for('apache_up{job="overtake-sidecar"} == 1')) == 1
             assert _value(prom.wait_for(f"apache_accesses_total >= {sent}")) >= sent
             assert prom.wait_for('apache_workers{state="idle"}')
             # the API's own registry
-            jobs = prom.wait_for('overtake_api_jobs{kind="model",status="done"}')
-            assert _value(jobs) == 0
+            jobs = prom.wait_for('overtake_api_jobs{kind="model",status="done"} == 1')
+            assert _value(jobs) == 1
+            # every query of the Grafana dashboard is valid PromQL over series that exist here
+            names = set(httpx.get(f"{prom.url}/api/v1/label/__name__/values").json()["data"])
+            # series that exist only once an event happened (rejections, gateway errors) must at
+            # least be the sidecar's documented names (controller/metrics.py)
+            documented = (REPO / "controller" / "metrics.py").read_text()
+            seen = set()
+            for expr in _dashboard_exprs():
+                prom.query(expr)  # raises on a syntax error
+                for metric in re.findall(r"\b((?:overtake|apache)_[a-z_]+)", expr):
+                    base = metric.removesuffix("_total")
+                    assert metric in names or f'"{base}"' in documented, (metric, expr)
+                    seen.add(metric in names)
+            assert True in seen
     finally:
         prometheus.stop(prom_dir)
-        side.terminate()
-        side.wait(15)
+        if side is not None:
+            side.terminate()
+            side.wait(15)
         log.close()
         apache.stop(inst.workdir, graceful=False)
 
