@@ -65,6 +65,40 @@ def test_pi_inf_is_processor_sharing_insensitive() -> None:
     assert inside(res, model.mean_service() / 0.4)
 
 
+def coxian_stage(name: str) -> Stage:
+    """Three phases with exits from every phase and forward jumps (c² > 1 and < 1 parts)."""
+    T = np.array([[-4.0, 1.2, 0.0], [0.0, -1.0, 0.5], [0.0, 0.0, -0.25]])
+    return Stage(name, np.array([1.0, 0.0, 0.0]), T)
+
+
+def erlang_stage(name: str, k: int, mean: float) -> Stage:
+    r = k / mean
+    return Stage(name, np.eye(k)[0], -r * np.eye(k) + r * np.eye(k, k=1))
+
+
+def test_phase_transitions_inside_a_stage_pi1_and_pi_inf_closed_forms() -> None:
+    """Coxian and Erlang stages (phase moves simulated): π(1) = P-K, π(∞) = E[S]/(1 − ρ)."""
+    model = tandem(0.6, coxian_stage("a"), erlang_stage("b", 3, 1.0))
+    a, b = model.stages
+    ES = a.mean() + b.mean()
+    ES2 = a.second_moment() + b.second_moment() + 2 * a.mean() * b.mean()
+    lam = model.arrival_rate
+    res = simulate(model, "pi(1)", requests=300_000, seed=15)
+    assert inside(res, ES + lam * ES2 / (2 * (1 - lam * ES)))
+    for s, want in zip(res.stages, (a.mean(), b.mean())):
+        assert s.mean_sojourn - s.mean_waiting == pytest.approx(want, rel=0.02)
+    res = simulate(model, "pi(inf)", requests=300_000, seed=16)
+    assert inside(res, ES / 0.4)
+
+
+def test_heuristic_with_phase_transitions_matches_exact(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    model = tandem(0.6, coxian_stage("a"), exp_stage("b", 1.0))
+    exact = evaluate_heuristic(model, tol=1e-3).metrics
+    res = simulate(model, "heuristic", requests=300_000, seed=17)
+    assert inside(res, exact.mean_response_time)
+    assert res.mean_threads == pytest.approx(exact.mean_threads, rel=0.03)
+
+
 @pytest.fixture(scope="module")
 def case2():  # type: ignore[no-untyped-def]
     """Table 1 case 2 (exp(1) then H2 r=0.91, 0.55/5.45), ρ = 0.6."""
@@ -132,6 +166,18 @@ def test_posterior_labels_follow_bayes_rule() -> None:
     lab = posterior_labels(stage, work, rng)
     f = np.array([0.5 * math.exp(-3.0), 0.5 * 0.1 * math.exp(-0.3)])
     assert lab.mean() == pytest.approx(f[1] / f.sum(), abs=0.005)
+
+
+def test_posterior_labels_general_ph() -> None:
+    from scipy.linalg import expm
+
+    stage = Stage("g", np.array([0.5, 0.5]), np.array([[-2.0, 1.0], [0.0, -0.5]]))
+    t = stage.exit_rates
+    rng = np.random.default_rng(3)
+    for s in (0.2, 4.0):
+        lab = posterior_labels(stage, np.full(100_000, s), rng)
+        f = stage.alpha * (expm(stage.T * s) @ t)
+        assert lab.mean() == pytest.approx(f[1] / f.sum(), abs=0.006)
 
 
 def test_service_specs_rescale_to_the_stage_mean(tmp_path) -> None:  # type: ignore[no-untyped-def]
