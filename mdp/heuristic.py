@@ -87,14 +87,14 @@ def remaining_work(model: TandemModel) -> tuple[FloatArray, FloatArray]:
 def heuristic_decide(w, k, remaining, min_pair, order, coord_stage, variant, cores, overhead, k_cap, out):  # type: ignore[no-untyped-def]
     """Threads to start per coordinate queue for one state (w waiting, k active per coordinate).
 
-    Writes ``out`` (length D) and returns the number of threads started. ``k`` is not modified.
+    Writes ``out`` (length D, no allocation: called at every simulator event) and returns the
+    number of threads started. ``w`` and ``k`` are not modified.
     """
     D = remaining.size
-    kk = k.copy()
     K = 0
     for d in range(D):
         out[d] = 0
-        K += kk[d]
+        K += k[d]
     started = 0
     scale = 0.0
     for d in range(D):
@@ -115,18 +115,18 @@ def heuristic_decide(w, k, remaining, min_pair, order, coord_stage, variant, cor
                 elif variant == 0:
                     delta = 0.0
                     for a in range(D):
-                        if kk[a] > 0:
-                            delta += kk[a] * (2.0 * min_pair[x, a] - remaining[a])
+                        n_a = k[a] + out[a]  # active now, including threads started this epoch
+                        if n_a > 0:
+                            delta += n_a * (2.0 * min_pair[x, a] - remaining[a])
                     accept = delta < -eps
                 else:
                     for a in range(D):
-                        if kk[a] > 0 and coord_stage[a] >= coord_stage[x] and remaining[x] < remaining[a] - eps:
+                        if k[a] + out[a] > 0 and coord_stage[a] >= coord_stage[x] and remaining[x] < remaining[a] - eps:
                             accept = True
                             break
             if not accept:
                 break
             out[x] += 1
-            kk[x] += 1
             K += 1
             started += 1
     return started
