@@ -14,7 +14,8 @@ sidecar and this load generator share core 0 (raised autogroup too).
 
 E[W] per policy: mean response time of the transactions after a 5 % warm-up, 95 % CI by 20 batch
 means (t_{19}). Gains are fractions (E W(π) − E W(π*)) / E W(π*), measured and predicted.
-Writes the `apache-table2` section of BENCHMARKS.md unless --no-write.
+Writes the `apache-table2` (or, with --classifier hidden, `apache-table2-hidden`) section of
+BENCHMARKS.md unless --no-write.
 """
 
 from __future__ import annotations
@@ -188,10 +189,10 @@ def predicted(model: TandemModel, pol: Policy) -> dict[str, float]:
     return w
 
 
-def write_section(text: str) -> None:
+def write_section(text: str, name: str) -> None:
     path = REPO / "BENCHMARKS.md"
     cur = path.read_text() if path.exists() else "# Benchmarks\n"
-    begin, end = "<!-- apache-table2:begin -->", "<!-- apache-table2:end -->"
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     block = f"{begin}\n{text}\n{end}"
     if begin in cur:
         cur = cur[: cur.index(begin)] + block + cur[cur.index(end) + len(end):]
@@ -298,7 +299,8 @@ def main() -> int:
     if args.json:
         print(json.dumps(doc, indent=2))
     lines = [
-        "## apache-table2: paper 004 Table 2 on a real Apache through the sidecar",
+        f"## apache-table2{'-hidden' if args.classifier == 'hidden' else ''}: paper 004 Table 2 on a real Apache "
+        f"through the sidecar ({args.classifier} phases)",
         "",
         f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} vCPU, shared "
         f"with other jobs (load average {os.getloadavg()[0]:.1f} at the end); {time.time() - started:.0f} s.",
@@ -322,7 +324,7 @@ def main() -> int:
 
         lines.append(f"| {c} | {w('pi*')} | {w('pi(1)')} | {w('pi(inf)')} | {g('pi(1)')} | {g('pi(inf)')} |")
     if not args.no_write:
-        write_section("\n".join(lines))
+        write_section("\n".join(lines), "apache-table2" + ("-hidden" if args.classifier == "hidden" else ""))
     print("\n".join(lines), file=sys.stderr)
     return 0
 

@@ -235,6 +235,8 @@ class Gateway:
         self._hist: dict[tuple[int, int], tuple[Any, Any]] = {}
         self.server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._err_logged = -1e9
+        self._err_suppressed = 0
 
     # ---- server ----------------------------------------------------------------------------
     async def start(self, host: str, port: int) -> None:
@@ -347,6 +349,16 @@ class Gateway:
         h_wait.observe(t.t_admit - t.t_arrive)
         return await self._forward(conn, req, t, h_dur)
 
+    def _log_upstream_error(self, detail: str) -> None:
+        """At most one line a second while Apache is failing (with the count suppressed)."""
+        now = time.monotonic()
+        if now - self._err_logged < 1.0:
+            self._err_suppressed += 1
+            return
+        extra = f" (+{self._err_suppressed} more since the last line)" if self._err_suppressed else ""
+        log.warning("upstream error", extra={"event": "upstream_error", "detail": detail + extra})
+        self._err_logged, self._err_suppressed = now, 0
+
     def _busy(self, why: str) -> bytes:
         return _simple(503, f"overtake sidecar: {why}; retry later", close=False,
                        extra=b"Retry-After: %d\r\n" % self.limits.retry_after)
@@ -422,8 +434,9 @@ class Gateway:
                 if cl is None and not chunked:
                     req.keep_alive = False  # HTTP/1.0 client: close-delimited body
                 hd = self._client_head(resp, req, None, chunked)
-                state["flow"] = self.uplink.open(writer, None if cl is None else len(hd) + cl)
-                await state["flow"].write(hd)
+                flow = self.uplink.open(writer, None if cl is None else len(hd) + cl)
+                state["flow"] = flow
+                await flow.write(hd)
             data = b"".join(resp.body)
             resp.body.clear()
             if data:
@@ -437,7 +450,7 @@ class Gateway:
         except UpstreamError as exc:
             self.limiter.release(t, "failed")
             self.metrics.errors.labels("upstream_timeout" if "within" in str(exc) else "upstream_error").inc()
-            log.warning("upstream error", extra={"event": "upstream_error", "detail": str(exc)})
+            self._log_upstream_error(str(exc))
             if state["flow"] is not None:
                 state["flow"].close()
                 return False

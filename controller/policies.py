@@ -24,7 +24,8 @@ from typing import Protocol
 import numpy as np
 
 from controller.errors import PolicyLoadError
-from mdp import Baseline, Policy
+from mdp.baselines import Baseline
+from mdp.policy import Policy
 from mdp.errors import MDPError
 
 __all__ = ["BaselinePolicy", "SpawnPolicy", "TablePolicy", "load_policy"]
@@ -54,8 +55,8 @@ class BaselinePolicy:
 
     per_phase_queues = False
     predicted_wait: float | None = None
-    alpha = None
-    T = None
+    alpha: tuple[np.ndarray, ...] | None = None
+    T: tuple[np.ndarray, ...] | None = None
 
     def __init__(self, spec: str, n_stages: int) -> None:
         text = spec.strip()
@@ -103,8 +104,8 @@ class TablePolicy:
         metrics = policy.meta.get("metrics") or {}
         w = metrics.get("mean_response_time") if isinstance(metrics, dict) else None
         self.predicted_wait = float(w) if w is not None else None
-        self.alpha = tuple(np.asarray(s.alpha, dtype=float) for s in policy.model.stages)
-        self.T = tuple(np.asarray(s.T, dtype=float) for s in policy.model.stages)
+        self.alpha: tuple[np.ndarray, ...] | None = tuple(np.asarray(s.alpha, dtype=float) for s in policy.model.stages)
+        self.T: tuple[np.ndarray, ...] | None = tuple(np.asarray(s.T, dtype=float) for s in policy.model.stages)
         self.stage_names = tuple(s.name for s in policy.model.stages)
         self._memo: dict[tuple[int, ...], tuple[int, ...]] = {}
 

@@ -102,7 +102,10 @@ class Sidecar:
         self.policy_source = options.policy
         self.swapped_at = time.time()
         cfg = table.config
-        self.classifier = Classifier(cfg.classifier, policy)
+        settings = cfg.classifier
+        if options.phase_header:
+            settings = settings.model_copy(update={"header": options.phase_header})
+        self.classifier = Classifier(settings, policy)
         self.limiter = Limiter(
             policy, self.classifier, stage_names=table.names,
             queue_caps=tuple(table.queue_cap(i) for i in range(len(table.names))),

@@ -77,7 +77,7 @@ def test_table_policy_matches_artifact(h2_policy: Path) -> None:
 def test_policy_errors_are_one_line(tmp_path: Path, h2_policy: Path) -> None:
     with pytest.raises(PolicyLoadError, match=r"policy: 'nope' is neither a file nor a baseline"):
         load_policy("nope", ("stage1", "stage2"))
-    with pytest.raises(PolicyLoadError, match="per-stage caps but the scenario has 2 stages"):
+    with pytest.raises(PolicyLoadError, match="per-stage caps but the stages file has 2 stages"):
         load_policy("pi(1,2,3)", ("stage1", "stage2"))
     bad = tmp_path / "corrupt.npz"
     bad.write_bytes(h2_policy.read_bytes()[:200])
