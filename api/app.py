@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
@@ -618,8 +618,8 @@ def _fit_from_fields(raw: bytes, form: dict[str, Any],
     kind = str(form.get("kind") or "csv")
     order_s = str(form.get("order") or "4")
     try:
-        opts = FitOptions(structure=str(form.get("structure") or "cf1"),
-                          order=order_s if order_s == "auto" else int(order_s),
+        order: int | Literal["auto"] = "auto" if order_s == "auto" else int(order_s)
+        opts = FitOptions(structure=str(form.get("structure") or "cf1"), order=order,
                           preserve_mean=str(form.get("preserve_mean") or "false").lower() in ("1", "true", "yes", "on"),
                           seed=int(str(form.get("seed") or 0)))
     except ValueError as exc:

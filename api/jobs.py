@@ -9,6 +9,7 @@ itself; the API process only submits ids and watches for a crashed pool.
 
 from __future__ import annotations
 
+import functools
 import logging
 import multiprocessing
 import tempfile
@@ -153,7 +154,7 @@ class JobRunner:
                 self._pool = self._new_pool()
                 fut = self._pool.submit(execute, self.store.url, job_id)
             self._futures[job_id] = fut
-        fut.add_done_callback(lambda f, j=job_id: self._done(j, f))
+        fut.add_done_callback(functools.partial(self._done, job_id))
 
     def _done(self, job_id: str, fut: Future[str]) -> None:
         with self._lock:

@@ -34,7 +34,7 @@ def progress_bar(desc: str, *, steps: Sequence[str] | None = None, quiet: bool =
     if quiet or not is_terminal(out):
         yield None
         return
-    from tqdm import tqdm
+    from tqdm import tqdm  # type: ignore[import-untyped]
 
     prefixes = list(steps or ())
     bar = tqdm(total=len(prefixes) or None, desc=desc, file=out, unit="step" if prefixes else "line",
@@ -66,4 +66,5 @@ def progress_iter(items: Iterable[T], desc: str, *, total: int | None = None, qu
         return items
     from tqdm import tqdm
 
-    return tqdm(items, desc=desc, total=total, file=out, unit="stage", dynamic_ncols=True)
+    bar: Iterable[T] = tqdm(items, desc=desc, total=total, file=out, unit="stage", dynamic_ncols=True)
+    return bar
