@@ -432,14 +432,20 @@ def create_app(settings: Settings) -> FastAPI:
                          rules=res.get("rules"), artifact=f"/v1/models/{model_id}/policy.npz")
 
     @app.get("/v1/models/{model_id}/policy.npz", tags=["models"],
-             responses={200: {"content": {"application/octet-stream": {}}}, 404: {"model": Error}, 409: {"model": Error}})
-    async def get_policy_file(model_id: str) -> Response:
-        """The policy artifact (``mdp.Policy.load`` reads it; ``overtake solve --out`` writes the same format)."""
+             responses={200: {"content": {"application/octet-stream": {}}}, 304: {"description": "ETag matches"},
+                        404: {"model": Error}, 409: {"model": Error}})
+    async def get_policy_file(model_id: str, request: Request) -> Response:
+        """The policy artifact (``mdp.Policy.load`` reads it; ``overtake solve --out`` writes the same format).
+
+        The ETag is the policy's hash: a poller sending ``If-None-Match`` gets 304 while it is unchanged.
+        """
         job = done_model(model_id)
+        etag = f'"{(job.result or {}).get("policy_hash", "")}"'
+        if request.headers.get("if-none-match") == etag:
+            return Response(status_code=304, headers={"ETag": etag})
         blob = store.artifact(model_id) or b""
         return Response(blob, media_type="application/octet-stream", headers={
-            "Content-Disposition": f'attachment; filename="policy-{model_id}.npz"',
-            "ETag": f'"{(job.result or {}).get("policy_hash", "")}"'})
+            "Content-Disposition": f'attachment; filename="policy-{model_id}.npz"', "ETag": etag})
 
     @app.get("/v1/models/{model_id}/decision", response_model=Decision, tags=["models"],
              responses={404: {"model": Error}, 409: {"model": Error}})

@@ -61,6 +61,8 @@ def test_policy_rules_and_artifact_agree_with_decisions(client: TestClient, solv
     assert doc["rules"]["text"] and 0.0 < doc["rules"]["agreement"] <= 1.0
     blob = client.get(doc["artifact"])
     assert blob.headers["content-type"] == "application/octet-stream"
+    assert blob.headers["etag"] == f'"{doc["hash"]}"'
+    assert client.get(doc["artifact"], headers={"If-None-Match": blob.headers["etag"]}).status_code == 304
     path = tmp_path / "p.npz"
     path.write_bytes(blob.content)
     pol = Policy.load(path)  # the same artifact `overtake solve --out` writes; its hash is checked on load
