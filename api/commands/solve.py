@@ -17,18 +17,26 @@ from ._scenario import load_scenario
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("solve", help="solve the optimal thread policy and write it as a file")
     p.add_argument("scenario", help="scenario YAML")
-    p.add_argument("--out", required=True, help="policy file to write (.npz)")
+    p.add_argument("--out", help="policy file to write (.npz); required unless a constraint is given")
     p.add_argument("--phase-info", choices=("full", "start"), default="full",
                    help="full: a waiting request's phase is known (paper 004); start: seen when its thread starts")
     p.add_argument("--method", choices=("rvi", "pi"), default="rvi", help="relative value or policy iteration")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--plot", metavar="PNG", help="also write the policy as heatmaps over the two stages' queues")
+    p.add_argument("--max-mean-threads", type=float, metavar="T",
+                   help="constrained optimum (LP): mean active threads at most T (a memory budget)")
+    p.add_argument("--stage-sla", action="append", default=[], metavar="STAGE=SECONDS",
+                   help="constrained optimum (LP): mean sojourn at STAGE at most SECONDS; repeatable")
 
 
 def run(args: argparse.Namespace) -> int:
     from api.progress import progress_bar
 
     sc, model = load_scenario(args.scenario)
+    if args.max_mean_threads is not None or args.stage_sla:
+        return _run_constrained(args, sc, model)
+    if args.out is None:
+        raise ValueError("--out: give the policy file to write, e.g. --out policy.npz")
     with progress_bar("solve pi*", quiet=args.quiet) as progress:  # a bar on a terminal, silent otherwise
         opt = solve_optimal(model, phase_info=args.phase_info, truncation=sc.fixed_truncation(),
                             tol=sc.tolerance, method=args.method, progress=progress)
@@ -55,4 +63,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"overtaking rules (agree with pi* on {meta['rules']['agreement']:.1%} of decisions):", file=sys.stderr)
         for line in meta["rules"]["text"]:
             print("  " + line, file=sys.stderr)
+    return 0
+
+
+def _run_constrained(args: argparse.Namespace, sc: Any, model: Any) -> int:
+    """Constrained optimum by the occupation-measure LP (mdp.constrained); JSON on stdout."""
+    from mdp.constrained import Constraints, solve_constrained
+
+    cons = Constraints.parse(model, args.max_mean_threads, args.stage_sla)
+    progress = None if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+    co = solve_constrained(model, cons, phase_info=args.phase_info, truncation=sc.fixed_truncation(),
+                           tol=sc.tolerance, progress=progress)
+    doc = co.to_dict()
+    if args.out is not None:
+        co.policy.meta["truncation_trace"] = co.trace
+        co.policy.save(args.out)
+        doc.update(out=args.out, hash=co.policy.digest())
+    print(json.dumps(doc, indent=2))
     return 0
