@@ -12,6 +12,7 @@ the estimate and the cap; a full queue is 429; a missing or wrong bearer token i
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import math
@@ -19,6 +20,7 @@ import tempfile
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,8 +137,11 @@ def estimate_states(sc: Scenario, model: TandemModel) -> int:
     return max(star, inf)
 
 
-def _resolve_fits(data: Any, store: Store) -> Any:
-    """Replace ``{"fit": {"id": ID, "stage": NAME}}`` services by the fitted ``{"ph": {alpha, T}}``."""
+def _resolve_fits(data: Any, store: Store, refs: dict[str, dict[str, str]] | None = None) -> Any:
+    """Replace ``{"fit": {"id": ID, "stage": NAME}}`` services by the fitted ``{"ph": {alpha, T}}``.
+
+    ``refs`` collects, per stage name, the fit it came from (the page overlays the fit's samples).
+    """
     stages = data.get("stages") if isinstance(data, dict) else None
     if not isinstance(stages, list):
         return data
@@ -158,6 +163,8 @@ def _resolve_fits(data: Any, store: Store) -> Any:
             raise ModelError(f"{where}.stage: fit {ref['id']!r} has stages {sorted(job.result['stages'])}, "
                              f"not {ref['stage']!r}")
         st["service"] = {"ph": {"alpha": ph["alpha"], "T": ph["T"]}}
+        if refs is not None:
+            refs[str(st.get("name"))] = {"id": job.id, "stage": str(ref["stage"])}
     return data
 
 
@@ -284,6 +291,7 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         runner = JobRunner(store, workers=settings.workers)
         state["runner"] = runner
+        plot_pool = state["plot_pool"] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="overtake-plot")
         failed, queued = store.recover()
         for job_id in queued:
             runner.submit(job_id)
@@ -292,6 +300,7 @@ def create_app(settings: Settings) -> FastAPI:
             yield
         finally:
             runner.shutdown()
+            plot_pool.shutdown(wait=True)
             cache_dir.cleanup()
 
     app = FastAPI(
@@ -386,8 +395,9 @@ def create_app(settings: Settings) -> FastAPI:
             data = json.loads(await request.body())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ApiError(422, f"body: not valid JSON ({exc})") from None
+        refs: dict[str, dict[str, str]] = {}
         try:
-            data = _resolve_fits(data, store)
+            data = _resolve_fits(data, store, refs)
             sc = parse_scenario(data)
             model = sc.build_model()
         except ValueError as exc:
@@ -405,7 +415,8 @@ def create_app(settings: Settings) -> FastAPI:
                                 f"or the number of phases")
         queue_room("model")
         label = name or " + ".join(s.name for s in sc.stages) + f" @ rho {model.load:.3g}"
-        job_id = store.create("model", label, {"scenario": sc.model_dump(exclude_none=True), "estimated_states": est})
+        job_id = store.create("model", label, {"scenario": sc.model_dump(exclude_none=True), "estimated_states": est,
+                                               "fits": refs})
         runner().submit(job_id)
         metrics.submitted.labels("model").inc()
         return Accepted(id=job_id, status="queued", url=f"/v1/models/{job_id}")
@@ -512,10 +523,13 @@ def create_app(settings: Settings) -> FastAPI:
         return fit_doc(get_job(fit_id, "fit"))
 
     # ---- plots and page ----------------------------------------------------------------------
-    def _png(key: str, build: Callable[[], Any]) -> Response:
+    async def _png(key: str, build: Callable[[], Any]) -> Response:
         blob = images.hit(key)
         if blob is None:
-            blob = images.put(key, plots.png(build()))
+            # matplotlib off the event loop (decisions must not wait for a figure), one figure at a
+            # time (its font cache is not thread-safe)
+            fig_bytes = await asyncio.get_running_loop().run_in_executor(state["plot_pool"], lambda: plots.png(build()))
+            blob = images.put(key, fig_bytes)
         return Response(blob, media_type="image/png")
 
     @app.get("/v1/models/{model_id}/plots/{kind}.png", tags=["plots"],
@@ -526,14 +540,20 @@ def create_app(settings: Settings) -> FastAPI:
             job = get_job(model_id, "model")
             sc = parse_scenario(job.request["scenario"])
             stages = [(s.name, *s.service.representation()) for s in sc.stages]
-            return _png(f"{model_id}/distributions", lambda: plots.distributions_figure(stages))
+            samples: dict[str, list[float]] = {}
+            for stage, ref in job.request.get("fits", {}).items():  # stages taken from a fit: show its data
+                fit = store.get(ref["id"], "fit")
+                if fit is not None:
+                    samples[stage] = fit.request["samples"].get(ref["stage"], [])
+            return await _png(f"{model_id}/distributions",
+                              lambda: plots.distributions_figure(stages, samples=samples or None))
         if kind not in ("gains", "policy"):
             raise ApiError(404, f"kind: one of gains, policy, distributions, got {kind!r}")
         job = done_model(model_id)
         if kind == "gains":
-            return _png(f"{model_id}/gains", lambda: plots.gains_figure((job.result or {})["comparison"]))
+            return await _png(f"{model_id}/gains", lambda: plots.gains_figure((job.result or {})["comparison"]))
         pol = load_policy(model_id)
-        return _png(f"{model_id}/policy", lambda: plots.policy_figure(pol))
+        return await _png(f"{model_id}/policy", lambda: plots.policy_figure(pol))
 
     @app.get("/v1/fits/{fit_id}/plots/{stage}.png", tags=["plots"],
              responses={200: {"content": {"image/png": {}}}, 404: {"model": Error}, 409: {"model": Error}})
@@ -546,7 +566,7 @@ def create_app(settings: Settings) -> FastAPI:
         if ph is None:
             raise ApiError(404, f"stage: fit {fit_id!r} has stages {sorted(job.result['stages'])}")
         xs = job.request["samples"][stage]
-        return _png(f"fit/{fit_id}/{stage}", lambda: plots.distributions_figure(
+        return await _png(f"fit/{fit_id}/{stage}", lambda: plots.distributions_figure(
             [(stage, ph["alpha"], ph["T"])], samples={stage: xs}, title=f"{stage}: {ph['structure']}({ph['order']})"))
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)

@@ -198,6 +198,8 @@ def test_model_from_a_fit(client: TestClient) -> None:
     assert doc["status"] == "done"
     rate = -fit["stages"]["a"]["T"][0][0]
     assert doc["scenario"]["stages"][0]["service"]["ph"]["T"] == [[-rate]]
+    # the model's distribution figure overlays the fit's samples on its PH
+    assert client.get(f"/v1/models/{doc['id']}/plots/distributions.png").content[:4] == b"\x89PNG"
     bad = {**sc, "stages": [{"name": "a", "service": {"fit": {"id": fit["id"], "stage": "zzz"}}}]}
     r = client.post("/v1/models", json=bad)
     assert r.status_code == 422 and r.json()["detail"].startswith("stages.0.service.fit.stage")
