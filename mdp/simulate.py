@@ -33,7 +33,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
-import scipy.stats as st
+from scipy.special import stdtrit
 
 from ._simkernel import run_kernel
 from .baselines import Baseline
@@ -146,6 +146,8 @@ def service_from_spec(spec: str, mean: float | None = None) -> ServiceSampler:
             raise ModelError(f"--service-from: {spec!r}: bimodal takes p, ratio, s, not {sorted(kw)}")
         scaled = True
     else:
+        import scipy.stats as st  # lazy: scipy.stats costs seconds to import, only specs need it
+
         gen = getattr(st, name, None)
         if not isinstance(gen, st.rv_continuous):
             raise ModelError(f"--service-from: {name!r} is not a scipy.stats continuous distribution")
@@ -407,7 +409,7 @@ def simulate(
     if done < n_meas:
         raise ModelError(f"simulation stopped with {done} of {n_meas} requests done (no further events)")
     bm = resp[: (n_meas // batches) * batches].reshape(batches, -1).mean(axis=1)
-    half = float(st.t.ppf(0.975, batches - 1) * bm.std(ddof=1) / math.sqrt(batches))
+    half = float(stdtrit(batches - 1, 0.975) * bm.std(ddof=1) / math.sqrt(batches))  # Student t quantile
     pct = np.percentile(resp, PERCENTILES)
     stages = tuple(
         StageFigures(s.name, float(stage_soj[i] / n_meas), float(stage_wait[i] / n_meas), float(area_ks[i] / window))
