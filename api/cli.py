@@ -16,6 +16,7 @@ COMMANDS: dict[str, str] = {
     "fit": "api.commands.fit",
     "solve": "api.commands.solve",
     "compare": "api.commands.compare",
+    "sweep": "api.commands.sweep",
     "simulate": "api.commands.simulate",
     "apache": "api.commands.apache",
     "sidecar": "api.commands.sidecar",
