@@ -5,9 +5,11 @@ Pure library: no file I/O beyond the policy artifact's save/load, no environment
 
 from .baselines import Baseline
 from .compare import compare, default_baselines
+from .constrained import ConstrainedOptimum, ConstraintError, Constraints, RandomizedPolicy, solve_constrained
 from .errors import MDPError, ModelError, OvertakeError, PolicyFileError, SolverError, TruncationError
 from .evaluate import PolicyMetrics, stationary_distribution
 from .heuristic import OvertakingHeuristic, evaluate_heuristic, overtaking_heuristic
+from .lp import LinearConstraint, LPResult, NodePolicy, occupation_lp
 from .model import Stage, TandemModel
 from .policy import Policy
 from .rules import OvertakingRules, overtaking_rule
@@ -15,6 +17,7 @@ from .scenario import Scenario, parse_scenario
 from .simulate import SimulationResult, service_from_spec, simulate
 from .solve import SolveResult, policy_iteration, relative_value_iteration, solve
 from .statespace import Layout, StateSpace, Truncation, count_states
+from .sweep import SweepPoint, parse_grid, run_sweep
 from .truncation import Evaluation, Optimum, evaluate_baseline, solve_optimal
 
 __all__ = sorted([
@@ -26,4 +29,6 @@ __all__ = sorted([
     "stationary_distribution",
     "OvertakingHeuristic", "SimulationResult", "evaluate_heuristic", "overtaking_heuristic",
     "service_from_spec", "simulate",
+    "ConstrainedOptimum", "ConstraintError", "Constraints", "LPResult", "LinearConstraint", "NodePolicy",
+    "RandomizedPolicy", "SweepPoint", "occupation_lp", "parse_grid", "run_sweep", "solve_constrained",
 ])

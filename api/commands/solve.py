@@ -68,6 +68,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_constrained(args: argparse.Namespace, sc: Any, model: Any) -> int:
     """Constrained optimum by the occupation-measure LP (mdp.constrained); JSON on stdout."""
+    try:
+        import cvxpy  # noqa: F401
+    except ImportError:
+        raise ValueError("--max-mean-threads/--stage-sla need cvxpy: pip install 'overtake[convex]'") from None
     from mdp.constrained import Constraints, solve_constrained
 
     cons = Constraints.parse(model, args.max_mean_threads, args.stage_sla)
