@@ -139,6 +139,17 @@ class Sidecar:
             loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self._reload("sighup")))
         except (NotImplementedError, RuntimeError, ValueError):
             pass
+        await self.scrape_apache()
+        st = self.metrics.apache.status
+        if st is not None:
+            workers = int(st.get("BusyWorkers", 0)) + int(st.get("IdleWorkers", 0))
+            if workers < self.table.config.limits.max_inflight:
+                log.warning("Apache has fewer workers than the sidecar's hard cap", extra={
+                    "event": "config_warning", "detail": f"limits.max_inflight = {self.table.config.limits.max_inflight} "
+                    f"but Apache has {workers} workers (MaxRequestWorkers): excess admitted requests wait inside "
+                    "Apache; lower limits.max_inflight or start Apache with --max-workers >= it"})
+        else:
+            log.warning("Apache not reachable at start", extra={"event": "config_warning", "detail": self.options.apache})
         log.info("sidecar listening", extra={
             "event": "start", "listen": self.options.listen, "apache": self.options.apache,
             "policy": self.policy.name, "hash": self.policy.hash, "version": self.policy.version,

@@ -42,7 +42,7 @@ stages:
     path: "^/stage2$"
     queue_cap: 2
     queue_timeout: 0.6
-limits: {max_inflight: 4, queue_cap: 100, queue_timeout: 20, max_body_bytes: 100000}
+limits: {max_inflight: 4, queue_cap: 100, queue_timeout: 20, max_body_bytes: 100000, response_buffer_bytes: 4096}
 """
 
 
@@ -374,7 +374,8 @@ def test_bad_requests_get_4xx_and_others_are_unaffected(side: SidecarProc) -> No
 
 
 def test_proxy_semantics(side: SidecarProc) -> None:
-    """Bodies, HEAD, keep-alive, X-Forwarded-For, hop-by-hop removal, static bytes intact."""
+    """Bodies, HEAD, keep-alive, hop-by-hop removal; 16 kB > response_buffer_bytes (4 kB) takes
+    the streaming path and arrives intact."""
     want = (REPO / "apache-conf" / "htdocs" / "static" / "16k.txt").read_bytes()
     conn = http.client.HTTPConnection("127.0.0.1", side.port, timeout=10)
     try:
