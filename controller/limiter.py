@@ -84,6 +84,7 @@ class Limiter:
         self.max_seen_inflight = 0
         self.guard_admissions = 0
         self.policy_consults = 0
+        self.admitted_total = 0
         # passthrough lane
         self.pt_queue: deque[Ticket] = deque()
         self.pt_inflight = 0
@@ -232,6 +233,7 @@ class Limiter:
             self._active.add(t)
             key = (t.stage, t.phase)
         self.admitted[key] = self.admitted.get(key, 0) + 1
+        self.admitted_total += 1
         if t.future is not None and not t.future.done():
             t.future.set_result(None)
 
