@@ -67,6 +67,19 @@ bearer = HTTPBearer(auto_error=False, description="required on POST when the API
 MAX_UPLOAD_BYTES = 64 * 1024 * 1024
 
 
+API_DESCRIPTION = """\
+Solve the optimal thread-spawn policy π* of a multi-stage server (paper 004) and compare it with
+π(1), π(4), π(∞) and per-stage caps; ask it for decisions; fit phase-type service times.
+
+* `POST /v1/models` takes the scenario of `overtake solve|compare` (as JSON) and answers 202 with
+  an id; `GET /v1/models/{id}` shows `queued`, `running` (with `progress`), `done` (metrics and the
+  comparison) or `failed` (with the `reason`).
+* Errors are `{"detail": "<field>: <what is wrong and the fix>"}`: invalid input (ρ ≥ 1, a bad PH,
+  an unknown key) 422; an estimated state space over the server's cap 413 (both numbers given);
+  a full queue 429; a missing or wrong bearer token on a POST 401 (when the server has a token).
+"""
+
+
 @dataclass(frozen=True)
 class Settings:
     """What ``overtake api`` configures.
@@ -277,6 +290,21 @@ class _Instrument:
             self.metrics.latency.labels(path).observe(time.perf_counter() - t0)
 
 
+def _mount_docs(app: FastAPI) -> None:
+    """Swagger UI at ``/docs`` from the ``swagger-ui-bundle-v2`` wheel (FastAPI's default loads a CDN)."""
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from swagger_ui_bundle import swagger_ui_path  # type: ignore[import-untyped]
+
+    app.mount("/docs-static", StaticFiles(directory=str(swagger_ui_path)), name="docs-static")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="Overtake API",
+                                   swagger_js_url="/docs-static/swagger-ui-bundle.js",
+                                   swagger_css_url="/docs-static/swagger-ui.css",
+                                   swagger_favicon_url="/docs-static/favicon-32x32.png")
+
+
 def create_app(settings: Settings) -> FastAPI:
     """The API over the store at ``settings.db``; the worker pool starts with the app's lifespan."""
     store = Store(settings.db)
@@ -309,11 +337,14 @@ def create_app(settings: Settings) -> FastAPI:
         summary="Optimal thread-spawn policies for multi-stage web servers (paper 004)",
         lifespan=lifespan,
         responses={422: {"model": Error, "description": "invalid input; `detail` names the field"}},
+        docs_url=None,  # served below from the swagger-ui-bundle package: no CDN, works offline
+        redoc_url=None,
     )
     app.state.store = store
     app.state.settings = settings
     app.state.recovery = state
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
+    _mount_docs(app)
 
     # ---- errors and instrumentation ----------------------------------------------------------
     @app.exception_handler(ApiError)
@@ -597,7 +628,7 @@ def create_app(settings: Settings) -> FastAPI:
         from fastapi.openapi.utils import get_openapi
 
         schema = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes,
-                             description=__doc__)
+                             description=API_DESCRIPTION)
         comps = schema.setdefault("components", {}).setdefault("schemas", {})
         comps.update(scenario_defs)
         fit_schema = FitRequest.model_json_schema(ref_template="#/components/schemas/{model}")

@@ -82,3 +82,14 @@ def test_page_lists_models_with_rendered_figures(tmp_path: Path) -> None:
     assert f"pi(inf) {100 * g:+.2f}%" in text
     ew = model["metrics"]["mean_response_time"]
     assert f"{ew:.4f}" in text
+
+
+def test_docs_render_offline_from_the_bundled_swagger_ui(tmp_path: Path) -> None:
+    with live_api(tmp_path / "docs.db") as base:
+        page = httpx.get(base + "/docs").text
+        assert "/docs-static/swagger-ui-bundle.js" in page and "cdn" not in page
+        dom = _render(base + "/docs", tmp_path)
+    # Swagger UI fetched /openapi.json and rendered the operations (no network beyond loopback)
+    paths = {a["data-path"] for _, a in dom.elements if "data-path" in a}
+    assert {"/v1/models", "/v1/models/{model_id}/decision", "/v1/fits", "/healthz", "/metrics"} <= paths
+    assert "Overtake" in dom.text
