@@ -43,6 +43,19 @@ def test_mm1_mean_and_percentiles() -> None:
     assert abs(res.little_residual) < 0.01
 
 
+def test_capacity_curve_cores_and_overhead() -> None:
+    """c(K) = min(K, m)/(1 + δK): with m = 2 and exponential work π(∞) is M/M/2 (Erlang C);
+    with δ = 0.25 and one thread π(1) is M/M/1 at rate 1/(1 + δ)."""
+    from mdp.model import TandemModel
+
+    m2 = TandemModel(1.2, (exp_stage("a", 1.0),), cores=2)
+    res = simulate(m2, "pi(inf)", requests=300_000, seed=18)
+    assert inside(res, 1.0 + 0.45 / 0.8)
+    slow = TandemModel(0.5, (exp_stage("a", 1.0),), overhead=0.25)
+    res = simulate(slow, "pi(1)", requests=300_000, seed=19)
+    assert inside(res, 1.0 / (1.0 / 1.25 - 0.5))
+
+
 def test_pi1_is_pollaczek_khinchine_with_summed_exponential_stages() -> None:
     model = tandem(0.6, exp_stage("a", 5.0), exp_stage("b", 1.0))
     res = simulate(model, "pi(1)", requests=200_000, seed=12)
