@@ -26,6 +26,7 @@ from functools import cached_property
 import numpy as np
 import numpy.typing as npt
 
+from . import _kernels
 from .statespace import StateSpace
 
 FloatArray = npt.NDArray[np.float64]
@@ -39,22 +40,19 @@ class ActionIndex:
         self.space = space
 
     @cached_property
-    def _box_levels(self) -> list[list[tuple[IntArray, IntArray]]]:
-        # For queue q: groups of (states, neighbour) ordered by the neighbour's k_d, highest first,
-        # so a state's neighbour already holds the suffix minimum along q when it is read.
+    def box_order(self) -> tuple[IntArray, IntArray]:
+        # Queue after queue: (state, one-more-thread neighbour) ordered by the neighbour's k_d,
+        # highest first, so a state's neighbour already holds the suffix minimum along q when read.
         sp = self.space
-        out = []
+        orders, nbs = [], []
         for q in range(sp.Q):
             (nb, _), = sp.spawn_neighbours[q]
             (d, _), = sp.layout.spawn[q]
             has = np.flatnonzero(nb >= 0)
-            level = sp.rows[has, sp.Q + d]
-            order = np.argsort(-level, kind="stable")
-            has, level = has[order], level[order]
-            cuts = np.flatnonzero(np.diff(level)) + 1
-            groups = [(g, nb[g]) for g in np.split(has, cuts)]
-            out.append(groups)
-        return out
+            order = has[np.argsort(-sp.rows[has, sp.Q + d], kind="stable")]
+            orders.append(order)
+            nbs.append(nb[order])
+        return np.concatenate(orders).astype(np.int64), np.concatenate(nbs).astype(np.int64)
 
     @cached_property
     def idle(self) -> npt.NDArray[np.bool_]:
@@ -71,15 +69,11 @@ class ActionIndex:
         sp = self.space
         if not sp.layout.deterministic:
             raise ValueError("box_minimum needs the phase-known layout; use spawn_minimum")
-        G = np.where(self.idle, np.inf, V)
-        A = np.arange(sp.size, dtype=np.int64)
-        tol = rtol * (np.max(np.abs(V)) + 1.0)
-        for groups in self._box_levels:
-            for states, nb in groups:
-                better = G[nb] < G[states] - tol
-                s = states[better]
-                G[s] = G[nb[better]]
-                A[s] = A[nb[better]]
+        order, nb = self.box_order
+        G = np.empty(sp.size)
+        A = np.empty(sp.size, dtype=np.int64)
+        _kernels.box_minimum(np.ascontiguousarray(V, dtype=np.float64), self.idle, order, nb,
+                             rtol * (np.max(np.abs(V)) + 1.0), G, A)
         return G, A
 
     def spawn_minimum(self, V: FloatArray, rtol: float = 0.0) -> tuple[FloatArray, IntArray]:

@@ -237,8 +237,11 @@ def count_states(model: TandemModel, trunc: Truncation, phase_info: PhaseInfo = 
 class StateSpace:
     """The full truncated MDP state space with its event matrix and spawn neighbours."""
 
-    def __init__(self, model: TandemModel, trunc: Truncation, phase_info: PhaseInfo = "full") -> None:
+    def __init__(
+        self, model: TandemModel, trunc: Truncation, phase_info: PhaseInfo = "full", *, blocking_cost: bool = True
+    ) -> None:
         self.model = model
+        self.blocking_cost = blocking_cost
         self.trunc = trunc
         self.layout = Layout.build(model, phase_info)
         self.Q = self.layout.n_queues
@@ -316,6 +319,34 @@ class StateSpace:
                 lst.append((nb, p))
             out.append(lst)
         return out
+
+    @cached_property
+    def cost(self) -> FloatArray:
+        """Cost rate c(x): requests in the system, plus λ·r(x) where arrivals are blocked.
+
+        Paper 004 §2 charges c(x) = n(x) only. On a truncated space that lets an optimum gain by
+        blocking: states near the cap look cheap because arrivals there vanish. With
+        ``blocking_cost`` each blocked arrival is charged r(x) = (W(x) + E[S]) / (1 − ρ), where W(x)
+        is the remaining work of everything present (through all its stages, at full capacity):
+        the marginal cost of one more request in an M/M/1 queue, h(n + 1) − h(n) = (n + 1)/(μ − λ),
+        written in work. With it the exponential tandem's truncated optimum is π(1) already at
+        C = 6 (tests/mdp/test_solve.py), and H2 optima at C = 10 are within 0.01% of C = 23's
+        (BENCHMARKS.md); auto-truncation checks the rest. Without it, c(x) = n(x) exactly.
+        """
+        n = self.n_total.astype(np.float64)
+        if not self.blocking_cost:
+            return n
+        m = self.model
+        downstream = [sum(st.mean() for st in m.stages[i + 1 :]) for i in range(m.n_stages)]
+        coord_work = np.concatenate(
+            [st.phase_means() + downstream[i] for i, st in enumerate(m.stages)]
+        )
+        queue_work = np.array([
+            sum(p * coord_work[d] for d, p in self.layout.spawn[q]) for q in range(self.Q)
+        ])
+        work = self.rows[:, : self.Q] @ queue_work + self.rows[:, self.Q :] @ coord_work
+        r = (work / m.max_capacity(self.k_max) + m.mean_service()) / (1.0 - m.load)
+        return n + np.where(self.blocked, m.arrival_rate * r, 0.0)
 
     @cached_property
     def blocked(self) -> npt.NDArray[np.bool_]:

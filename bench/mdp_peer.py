@@ -1,0 +1,153 @@
+"""One tandem MDP solved side by side: our RVI against pymdptoolbox's RelativeValueIteration.
+
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/mdp_peer.py [--case 4] [--cap 10] [--threads 4]
+
+pymdptoolbox (PyPI, the `bench` extra) needs a fixed action set, one S×S matrix per action, and
+maximises reward, so the instance is written in its pre-decision form: state y, action a = how
+many threads to start from each queue (every vector with Σa ≤ K_max), transition from the
+post-decision state y − a + a (to threads) through our event matrix P_E, reward −c(post)/Λ.
+Actions that are impossible in y (a > waiting, thread cap, or leaving the processor idle) get a
+self-loop and a reward of −10⁶, so they are never chosen. This is the same chain observed one
+decision earlier, so the average cost is the same; both policies are also evaluated exactly.
+
+pymdptoolbox's input check densifies sparse matrices (74 GiB at 10⁵ states, see
+../shared/notes/mdp_and_control_peers.md A.3); it is bypassed with
+``mdptoolbox.util.check = lambda *a, **k: None``. Timings are CPU seconds of this process
+(the machine is shared); writes the ``mdp-peer`` section of BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from api.commands._scenario import load_scenario  # noqa: E402
+from mdp.evaluate import stationary_distribution  # noqa: E402
+from mdp.solve import induced_matrix, relative_value_iteration  # noqa: E402
+from mdp.statespace import StateSpace, Truncation  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+from table1 import cpu_model  # noqa: E402
+
+
+def write_section(text: str) -> None:
+    path = ROOT / "BENCHMARKS.md"
+    cur = path.read_text()
+    begin, end = "<!-- mdp-peer:begin -->", "<!-- mdp-peer:end -->"
+    block = f"{begin}\n{text}\n{end}"
+    if begin in cur:
+        cur = cur[: cur.index(begin)] + block + cur[cur.index(end) + len(end):]
+    else:
+        cur = cur.rstrip() + "\n\n" + block + "\n"
+    path.write_text(cur)
+
+
+def pre_decision_form(space: StateSpace) -> tuple[list[sp.csr_matrix], np.ndarray, np.ndarray]:
+    """(P per action, R (S, A), post-decision index per (state, action) or −1)."""
+    S, Q = space.size, space.Q
+    PE = space.event_matrix
+    cost = space.cost / space.rate
+    actions = [a for a in itertools.product(range(space.k_max + 1), repeat=Q) if sum(a) <= space.k_max]
+    post = np.full((S, len(actions)), -1, dtype=np.int64)
+    P_list, R = [], np.empty((S, len(actions)))
+    ar = np.arange(S)
+    for i, a in enumerate(actions):
+        av = np.asarray(a)
+        rows = space.rows.copy()
+        rows[:, :Q] -= av
+        for q in range(Q):
+            ((d, _),) = space.layout.spawn[q]
+            rows[:, Q + d] += av[q]
+        ok = (rows[:, :Q] >= 0).all(axis=1) & (rows[:, Q:].sum(axis=1) <= space.k_max)
+        idx = np.full(S, -1)
+        idx[ok] = space.find(rows[ok])
+        ok &= idx >= 0
+        ok &= ~((rows[:, Q:].sum(axis=1) == 0) & (rows.sum(axis=1) > 0))  # never idle
+        post[ok, i] = idx[ok]
+        # rows of P_E for the post-decision states; self-loops for impossible actions
+        self_loop = sp.csr_matrix(((~ok).astype(float), (ar, ar)), shape=(S, S))
+        P_list.append((sp.diags(ok.astype(float)) @ PE[np.where(ok, idx, 0)] + self_loop).tocsr())
+        R[:, i] = np.where(ok, -cost[np.where(ok, idx, 0)], -1e6)
+    return P_list, R, post
+
+
+def exact_gain(space: StateSpace, decision: np.ndarray) -> float:
+    reach, pi = stationary_distribution(induced_matrix(space, decision))
+    return float(pi @ space.cost[reach])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--case", type=int, default=4)
+    ap.add_argument("--cap", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    import mdptoolbox
+    import mdptoolbox.mdp
+
+    _, model = load_scenario(ROOT / "examples" / "table1" / f"case{args.case:02d}.yaml")
+    space = StateSpace(model, Truncation(args.cap, args.threads))
+    space.event_matrix  # built once, outside both timings
+
+    c0 = time.process_time()
+    ours = relative_value_iteration(space, tol=1e-9)
+    t_ours = time.process_time() - c0
+    g_ours = exact_gain(space, ours.decision)
+
+    c0 = time.process_time()
+    P_list, R, post = pre_decision_form(space)
+    t_build = time.process_time() - c0
+    mdptoolbox.util.check = lambda *a, **k: None  # its check densifies sparse input (notes A.3)
+    g_step = ours.gain / space.rate
+    c0 = time.process_time()
+    peer = mdptoolbox.mdp.RelativeValueIteration(P_list, R, epsilon=1e-9 * g_step, max_iter=1_000_000)
+    peer.run()
+    t_peer = time.process_time() - c0
+    g_peer_reported = -peer.average_reward * space.rate
+    pol = np.asarray(peer.policy)
+    dec = post[np.arange(space.size), pol]
+    if np.any(dec < 0):
+        raise SystemExit("pymdptoolbox chose an impossible action")
+    g_peer = exact_gain(space, dec)
+
+    rel = abs(g_peer - g_ours) / g_ours
+    nnz = sum(m.nnz for m in P_list)
+    lines = [
+        "## MDP solver side by side: ours vs pymdptoolbox RelativeValueIteration",
+        "",
+        f"Date {dt.date.today()}, machine: {os.cpu_count()} cores, {cpu_model()}, Python {platform.python_version()}, "
+        f"pymdptoolbox {getattr(mdptoolbox, '__version__', '4.0b3')}; command: "
+        f"`OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/mdp_peer.py --case {args.case} --cap {args.cap} --threads {args.threads}`. "
+        f"Instance: Table 1 case {args.case}, cap C = {args.cap}, K_max = {args.threads}: {space.size} states; pymdptoolbox gets "
+        f"{len(P_list)} actions (every spawn vector), {nnz} nonzeros in its P. CPU seconds (shared machine). "
+        f"Both average costs are also computed exactly from each returned policy's stationary law.",
+        "",
+        "| solver | sweeps | CPU s | g reported | g of its policy (exact) |",
+        "|---|---|---|---|---|",
+        f"| overtake RVI (box DP, compiled sweep) | {ours.sweeps} | {t_ours:.2f} | {ours.gain:.9f} [{ours.gain_bounds[0]:.9f}, {ours.gain_bounds[1]:.9f}] | {g_ours:.9f} |",
+        f"| pymdptoolbox RelativeValueIteration | {peer.iter} | {t_peer:.2f} (+ {t_build:.2f} building its input) | {g_peer_reported:.9f} | {g_peer:.9f} |",
+        "",
+        f"Speed-up {t_peer / t_ours:.1f}× (CPU, solve only); relative difference of the exact average costs {rel:.1e}.",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_write:
+        write_section(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""How large a tandem MDP fits in 8 GB and 10 minutes: π* by RVI on growing truncations.
+
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/mdp_scale.py --case 4 --sizes 20x4,30x4,40x4
+
+Each size runs in its own process (so its peak RSS is its own): build the state space and event
+matrix, solve by RVI to span ≤ 1e-5·g (the product's default for a 0.1% auto-truncation),
+report states, sweeps, seconds (wall and CPU), peak memory. Writes the ``mdp-scale`` section of
+BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def one(case: int, C: int, K: int) -> None:
+    from api.commands._scenario import load_scenario
+    from mdp.solve import relative_value_iteration
+    from mdp.statespace import StateSpace, Truncation
+
+    _, model = load_scenario(ROOT / "examples" / "table1" / f"case{case:02d}.yaml")
+    w0, c0 = time.perf_counter(), time.process_time()
+    space = StateSpace(model, Truncation(C, K))
+    space.event_matrix
+    build = time.perf_counter() - w0
+    res = relative_value_iteration(space, tol=1e-5, max_iter=100_000)
+    print(json.dumps({
+        "states": space.size, "nnz": int(space.event_matrix.nnz), "sweeps": res.sweeps, "converged": res.converged,
+        "build_s": build, "wall_s": time.perf_counter() - w0, "cpu_s": time.process_time() - c0,
+        "gain_bounds": list(res.gain_bounds),
+    }))
+
+
+def write_section(text: str) -> None:
+    path = ROOT / "BENCHMARKS.md"
+    cur = path.read_text()
+    begin, end = "<!-- mdp-scale:begin -->", "<!-- mdp-scale:end -->"
+    block = f"{begin}\n{text}\n{end}"
+    if begin in cur:
+        cur = cur[: cur.index(begin)] + block + cur[cur.index(end) + len(end):]
+    else:
+        cur = cur.rstrip() + "\n\n" + block + "\n"
+    path.write_text(cur)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--case", type=int, default=4)
+    ap.add_argument("--sizes", default="20x4,30x4,40x4")
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    if args.one:
+        C, K = (int(x) for x in args.one.split("x"))
+        one(args.case, C, K)
+        return 0
+    from table1 import cpu_model
+
+    rows = ["| cap C / K_max | states | nnz(P_E) | sweeps | build s | wall s | CPU s | peak RSS GB | g bounds |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for size in args.sizes.split(","):
+        proc = subprocess.Popen([sys.executable, __file__, "--case", str(args.case), "--one", size],
+                                stdout=subprocess.PIPE, text=True, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+        out, _ = proc.communicate()
+        status, ru = proc.returncode, resource.getrusage(resource.RUSAGE_CHILDREN)
+        peak = ru.ru_maxrss / 1024 / 1024  # max over children so far; sizes run in increasing order
+        if status != 0:
+            rows.append(f"| {size.replace('x', ' / ')} | failed (exit {status}) | | | | | | {peak:.2f} | |")
+            print(rows[-1], flush=True)
+            break
+        d = json.loads(out.strip().splitlines()[-1])
+        rows.append(f"| {size.replace('x', ' / ')} | {d['states']:,} | {d['nnz']:,} | {d['sweeps']}{'' if d['converged'] else ' (not converged)'} | "
+                    f"{d['build_s']:.1f} | {d['wall_s']:.1f} | {d['cpu_s']:.1f} | {peak:.2f} | "
+                    f"[{d['gain_bounds'][0]:.6f}, {d['gain_bounds'][1]:.6f}] |")
+        print(rows[-1], flush=True)
+    text = "\n".join([
+        "## Largest MDP in 8 GB and 10 minutes (mdp/)", "",
+        f"Date {dt.date.today()}, machine: {os.cpu_count()} cores, {cpu_model()}, Python {platform.python_version()}; "
+        f"command: `OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/mdp_scale.py --case {args.case} --sizes {args.sizes}`. "
+        f"Table 1 case {args.case}, RVI to span ≤ 1e-5·g, one process per size (peak RSS = the largest child so far).", "",
+        *rows,
+    ])
+    print(text)
+    if not args.no_write:
+        write_section(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
