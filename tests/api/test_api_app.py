@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -283,3 +285,39 @@ def test_restart_keeps_models_and_fails_interrupted_jobs(tmp_path: Path) -> None
         assert interrupted["status"] == "failed" and interrupted["reason"].startswith("interrupted")
         requeued = wait(c, f"/v1/models/{qid}")
         assert requeued["status"] == "done"
+
+
+def _spawned_workers() -> list[int]:
+    """Pids of this process's multiprocessing spawn children (the solver pool), from /proc."""
+    me, out = os.getpid(), []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmd = (d / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == me and b"spawn_main" in cmd:
+            out.append(int(d.name))
+    return out
+
+
+def test_a_killed_worker_fails_its_job_and_the_pool_recovers(tmp_path: Path) -> None:
+    h2 = {"hyperexponential": {"probs": [0.91, 0.09], "means": [0.55, 5.45]}}
+    slow = {"load": 0.6, "truncation": {"max_requests": 12, "max_threads": 4},
+            "stages": [{"name": "a", "service": h2}, {"name": "b", "service": h2}]}
+    others = set(_spawned_workers())  # pools of other apps in this test process
+    with TestClient(create_app(Settings(db=str(tmp_path / "k.db")))) as c:
+        sid = c.post("/v1/models", json=slow).json()["id"]
+        t0 = time.monotonic()
+        while c.get(f"/v1/models/{sid}").json()["status"] != "running":
+            assert time.monotonic() - t0 < 60
+            time.sleep(0.05)
+        workers = sorted(set(_spawned_workers()) - others)
+        assert len(workers) == 1  # workers=1
+        os.kill(workers[0], signal.SIGKILL)  # the fault: the solver process dies (OOM killer, kill -9)
+        doc = wait(c, f"/v1/models/{sid}")
+        assert doc["status"] == "failed" and doc["reason"].startswith("worker process failed: BrokenProcessPool")
+        after = wait(c, c.post("/v1/models", json=exp2(0.2)).json()["url"])  # a fresh pool runs the next job
+        assert after["status"] == "done"
