@@ -1,4 +1,5 @@
-"""Overtake's product surface: the ``overtake`` command line (and, later, the REST app).
+"""Overtake's product surface: the ``overtake`` command line, the REST app (:mod:`api.app`) with
+its page and plots, and the private Prometheus launcher.
 
 An application, not a library: nothing is re-exported here.
 """

@@ -321,3 +321,11 @@ def test_a_killed_worker_fails_its_job_and_the_pool_recovers(tmp_path: Path) -> 
         assert doc["status"] == "failed" and doc["reason"].startswith("worker process failed: BrokenProcessPool")
         after = wait(c, c.post("/v1/models", json=exp2(0.2)).json()["url"])  # a fresh pool runs the next job
         assert after["status"] == "done"
+
+
+def test_page_escapes_user_text(client: TestClient) -> None:
+    r = client.post("/v1/models", json=exp2(0.2), params={"name": "<script>alert(1)</script>"})
+    assert r.status_code == 202
+    page = client.get("/").text
+    assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    wait(client, r.json()["url"])
