@@ -374,7 +374,8 @@ def create_app(settings: Settings) -> FastAPI:
         return r
 
     def queue_room(kind: str) -> None:
-        queued = store.counts().get(("model", "queued"), 0) + store.counts().get(("fit", "queued"), 0)
+        counts = store.counts()
+        queued = counts.get(("model", "queued"), 0) + counts.get(("fit", "queued"), 0)
         if queued >= settings.max_queued:
             metrics.rejected.labels(kind, "queue_full").inc()
             raise ApiError(429, f"queue: {queued} jobs are waiting (limit {settings.max_queued}); retry later",
