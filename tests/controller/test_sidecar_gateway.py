@@ -558,3 +558,23 @@ def test_1e5_requests_conserve_and_do_not_grow(inst: apache.ApacheInstance) -> N
     finally:
         s.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_learned_phases_follow_apache_cpu(inst: apache.ApacheInstance, policies: dict[str, Path]) -> None:
+    """Learned mode: /stage1 always burns 50 ms (5 model units: the H2's slow phase 2), /stage2
+    burns 2 ms (fast phase 1); after the first completion of each route, its requests queue in
+    the phase with the highest posterior (the demand comes from Apache's X-Stage-CPU-us)."""
+    work = _tmpdir()
+    stages = STAGES + "classifier: {mode: learned, time_unit: 0.01}\n"
+    s = SidecarProc(inst.base_url, stages, str(policies["rho06"]), work)
+    try:
+        for _ in range(4):
+            assert s.get("/stage1?work=0.05")[0] == 200
+            assert s.get("/stage2?work=0.002")[0] == 200
+        mm = _wait_idle(s)
+        adm = lambda st, ph: m(mm, "overtake_stage_admitted_total", stage=st, phase=ph)  # noqa: E731
+        assert (adm("stage1", "1"), adm("stage1", "2")) == (1, 3)  # prior first, then learned slow
+        assert (adm("stage2", "1"), adm("stage2", "2")) == (4, 0)
+    finally:
+        s.stop()
+        shutil.rmtree(work, ignore_errors=True)
