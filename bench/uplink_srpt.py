@@ -328,9 +328,13 @@ def _record(out: dict[str, Any], argv: list[str]) -> None:
         intro = (
             "## Uplink SRPT (issue 6)\n\nbench/uplink_srpt.py: FAIR / SRPT / SRRT / app-level on a "
             "10 Mbit/s shaped veth between two namespaces, open-loop Poisson client, one "
-            "connection per request, same seeded schedule for every policy. Server under test: "
-            "bench/uplink/server.py (asyncio, writes through controller.uplink). No netem on this "
-            "kernel: WAN rows (delay/loss) are not run.\n\n"
+            "connection per request, same seeded schedule for every policy. Server under test "
+            "per run: `asyncio` = bench/uplink/server.py (writes through controller.uplink, SRPT "
+            "cutoffs from the size model) or `sidecar` = private Apache behind `overtake sidecar "
+            "--policy passthrough --uplink X` (bands detected, adaptive cutoffs). RT = response "
+            "time (s) from the scheduled arrival to the last byte; slowdown = RT / solo time "
+            "(a + bytes/goodput, calibrated on the idle link); size percentiles group requests "
+            "by size. No netem on this kernel: WAN rows (delay/loss) are not run.\n\n"
         )
         text = text.rstrip("\n") + f"\n\n{begin}\n{intro}{body}{end}\n"
     BENCH_MD.write_text(text)
