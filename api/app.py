@@ -16,6 +16,7 @@ import asyncio
 import hmac
 import json
 import math
+import re
 import tempfile
 import time
 from collections import OrderedDict
@@ -62,6 +63,7 @@ from .schemas import (
 )
 
 HERE = Path(__file__).parent
+_STAGE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 # module level: route signatures are resolved in module globals (postponed annotations)
 bearer = HTTPBearer(auto_error=False, description="required on POST when the API was started with --token")
 MAX_UPLOAD_BYTES = 64 * 1024 * 1024
@@ -646,6 +648,8 @@ def _check_samples(data: dict[str, list[float]]) -> None:
     if not data:
         raise ApiError(422, "samples: no stage has samples")
     for name, xs in data.items():
+        if not _STAGE_NAME.fullmatch(name):
+            raise ApiError(422, f"samples: stage name {name[:70]!r} must be 1-64 letters, digits, '_', '.', '-'")
         if len(xs) < 2:
             raise ApiError(422, f"samples.{name}: needs at least 2 durations, got {len(xs)}")
         bad = next((i for i, v in enumerate(xs) if not (math.isfinite(v) and v > 0)), None)

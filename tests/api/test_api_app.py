@@ -173,6 +173,7 @@ def test_fit_access_log_upload_splits_stages(client: TestClient) -> None:
     ({"samples": [1.0]}, "samples.stage1: needs at least 2"),
     ({"samples": [1.0, 2.0], "structure": "nope"}, "structure:"),
     ({"samples": [1.0, 2.0], "order": 0}, "order"),
+    ({"samples": {"a/b": [1.0, 2.0]}}, "samples: stage name 'a/b'"),
 ])
 def test_bad_fit_is_422_naming_the_field(client: TestClient, body: dict, field: str) -> None:
     r = client.post("/v1/fits", json=body)
