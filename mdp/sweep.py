@@ -34,6 +34,7 @@ from .baselines import Baseline
 from .compare import compare
 from .errors import ModelError
 from .scenario import parse_scenario
+from .statespace import Truncation, count_states
 
 Progress = Callable[[str], None]
 
@@ -179,17 +180,27 @@ def solve_point(point: SweepPoint) -> list[dict[str, Any]]:
     return rows
 
 
+def estimated_states(point: SweepPoint) -> int:
+    """State count of π*'s MDP at the point's fixed truncation (or the auto-truncation's start)."""
+    sc = parse_scenario(point.scenario)
+    model = sc.build_model()
+    tr = sc.fixed_truncation() or Truncation(10, min(3 + model.cores - 1, 10))
+    return count_states(model, tr)
+
+
 def run_sweep(
     points: Sequence[SweepPoint],
     *,
     scheduler: str | None = None,
     workers: int | None = None,
     progress: Progress | None = None,
+    client: Any = None,
 ) -> Any:
     """Solve every point on Dask; returns a pandas DataFrame (a row per point and policy).
 
     ``scheduler`` (``tcp://host:8786``) uses a running cluster whose workers have overtake
     installed; otherwise a LocalCluster of ``workers`` single-threaded processes (default: CPUs).
+    An existing ``client`` is used as is and left open.
     """
     import dask
     import pandas as pd
@@ -197,7 +208,10 @@ def run_sweep(
 
     t0 = time.perf_counter()
     cluster = None
-    if scheduler:
+    own = client is None
+    if client is not None:
+        pass
+    elif scheduler:
         client = Client(scheduler, timeout="20s")
     else:
         n = workers or os.cpu_count() or 1
@@ -208,7 +222,9 @@ def run_sweep(
                                    dashboard_address=None, silence_logs=50)
         client = Client(cluster)
     try:
-        futures = client.map(solve_point, list(points), pure=False)
+        # largest first (longest-processing-time order), so no big point is left alone at the end
+        ordered = sorted(points, key=estimated_states, reverse=True)
+        futures = client.map(solve_point, ordered, pure=False)
         rows: list[dict[str, Any]] = []
         done = 0
         for fut in as_completed(futures):
@@ -217,7 +233,8 @@ def run_sweep(
             if progress:
                 progress(f"sweep: {done}/{len(futures)} points ({time.perf_counter() - t0:.1f} s)")
     finally:
-        client.close()
+        if own:
+            client.close()
         if cluster is not None:
             cluster.close()
     df = pd.DataFrame(rows)
