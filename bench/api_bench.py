@@ -24,6 +24,7 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import socket
 import subprocess
 import sys
@@ -92,6 +93,7 @@ def raise_autogroup() -> int | None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=5000, help="sequential decision requests")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of --requests decisions (default 3)")
     ap.add_argument("--wrk-seconds", type=float, default=5.0)
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
@@ -135,13 +137,17 @@ def main() -> int:
                 if s.sum() <= pol["max_requests"] and s[ncols // 2:].sum() <= pol["max_threads"]:
                     states.append(",".join(map(str, s)))
             c.get(f"/v1/models/{mid}/decision", params={"state": states[0]})  # loads the policy
-            lat = []
-            for st in states:
-                t = time.perf_counter()
-                r = c.get(f"/v1/models/{mid}/decision", params={"state": st})
-                lat.append((time.perf_counter() - t) * 1e3)
-                assert r.status_code == 200
-            out["decision_ms"] = {"p50": pct(lat, 50), "p90": pct(lat, 90), "p99": pct(lat, 99), "max": max(lat)}
+            rounds = []
+            for _ in range(args.rounds):  # separate rounds: the shared machine's load comes and goes
+                lat = []
+                for st in states:
+                    t = time.perf_counter()
+                    r = c.get(f"/v1/models/{mid}/decision", params={"state": st})
+                    lat.append((time.perf_counter() - t) * 1e3)
+                    assert r.status_code == 200
+                rounds.append({"p50": pct(lat, 50), "p90": pct(lat, 90), "p99": pct(lat, 99), "max": max(lat),
+                               "load": os.getloadavg()[0]})
+            out["decision_ms"] = rounds
             wrk = shutil.which("wrk")
             if wrk:
                 url = f"{base}/v1/models/{mid}/decision?state={states[1]}"
@@ -182,7 +188,8 @@ def main() -> int:
     print(json.dumps(out, indent=2))
     if args.no_write:
         return 0
-    d = out["decision_ms"]
+    rounds = out["decision_ms"]
+    med99 = statistics.median(r["p99"] for r in rounds)
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "## api: REST API latency (decision endpoint, responsiveness during a solve)",
@@ -190,21 +197,25 @@ def main() -> int:
         f"{now}, {platform.node()}, {os.cpu_count()} vCPU ({platform.machine()}), shared with other jobs "
         f"(1-min load average {out['load_average'][0]:.1f} before, {out['load_average'][1]:.1f} after): "
         f"treat as indicative. Bench session autogroup nice {nice} (server, solver and client inherit it).",
-        f"Command: `OPENBLAS_NUM_THREADS=1 python bench/api_bench.py --requests {args.requests}`. "
+        f"Command: `OPENBLAS_NUM_THREADS=1 python bench/api_bench.py --requests {args.requests} --rounds {args.rounds}`. "
         "`overtake api` (uvicorn, 1 solver process), server and client not pinned; "
         f"policy: two H2 stages (Table 1 case 4 shapes), rho 0.6, cap 10 requests / 4 threads = "
         f"{out['states']} states, solved through the API in {out['solve_seconds']:.1f} s.",
         "",
         "| measurement | p50 | p90 | p99 | max |",
         "|---|---:|---:|---:|---:|",
-        f"| decision, {args.requests} sequential GETs, keep-alive, random states (ms) | {d['p50']:.3f} | {d['p90']:.3f} "
-        f"| {d['p99']:.3f} | {d['max']:.2f} |",
     ]
+    for i, d in enumerate(rounds, 1):
+        lines.append(f"| decision round {i}: {args.requests} sequential GETs, keep-alive, random states, ms "
+                     f"(load {d['load']:.1f}) | {d['p50']:.3f} | {d['p90']:.3f} | {d['p99']:.3f} | {d['max']:.2f} |")
     h = out["healthz_during_solve_ms"]
     lines.append(f"| /healthz while the worker solves 48915 states, n={h['n']} (ms) | {h['p50']:.3f} | | "
                  f"{h['p99']:.3f} | {h['max']:.2f} |")
     lines.append("")
-    lines.append(f"- Decision p99 {d['p99']:.2f} ms (target <= 5 ms: {'met' if d['p99'] <= 5 else 'NOT met'}).")
+    p99s = ", ".join(f"{r['p99']:.2f}" for r in rounds)
+    verdict = "met" if med99 <= 5 else "NOT met"
+    lines.append(f"- Decision p99, median of {len(rounds)} rounds: {med99:.2f} ms (target <= 5 ms: {verdict}; "
+                 f"rounds {p99s} ms).")
     if "wrk" in out:
         lines.append(f"- wrk -t1 -c4 {args.wrk_seconds:g} s on one state: {out['wrk']['rps']:.0f} req/s, "
                      f"p99 {out['wrk']['p99_ms']:.2f} ms.")
