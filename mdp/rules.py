@@ -82,19 +82,25 @@ def overtaking_rule(res: SolveResult, policy: Policy) -> OvertakingRules:
     text: list[str] = []
     for q in range(Q):
         entries = []
-        spawn_when = []
-        for (qq, k), a in sorted(rule_of.items(), key=lambda kv: (kv[0][0], sum(kv[0][1]), kv[0][1])):
-            if qq != q:
-                continue
-            mass = sum(table[(qq, k)].values())
+        spawn_when, hold_when = [], []
+        # most visited configurations first, so a shortened list keeps what matters
+        keyed = sorted(((k, a) for (qq, k), a in rule_of.items() if qq == q),
+                       key=lambda ka: -sum(table[(q, ka[0])].values()))
+        for k, a in keyed:
+            mass = sum(table[(q, k)].values())
             entries.append({"active": dict(zip(labels, map(int, k))), "start": int(a), "mass": mass})
-            if a > 0:
-                spawn_when.append((_config_label(labels, k), a))
+            (spawn_when if a > 0 else hold_when).append((_config_label(labels, k), a))
         rules[qlabels[q]] = entries
+
+        def listing(items: list[tuple[str, int]], with_count: bool) -> str:
+            shown = "; ".join(f"{c} -> start {a}" if with_count else c for c, a in items[:12])
+            return shown + (f" (+{len(items) - 12} more)" if len(items) > 12 else "")
+
         if not spawn_when:
-            text.append(f"{qlabels[q]}: never start a thread while another is active")
+            text.append(f"{qlabels[q]}: waits until the other classes are served (never overtakes)")
+        elif all(a == 1 for _, a in spawn_when) and len(hold_when) < len(spawn_when):
+            unless = f" unless active threads are {listing(hold_when, False)}" if hold_when else " always"
+            text.append(f"{qlabels[q]}: start 1 thread{unless}")
         else:
-            conds = "; ".join(f"{c} -> start {a}" for c, a in spawn_when[:12])
-            more = f" (+{len(spawn_when) - 12} more)" if len(spawn_when) > 12 else ""
-            text.append(f"{qlabels[q]}: start threads when active threads are {conds}{more}")
+            text.append(f"{qlabels[q]}: start threads when active threads are {listing(spawn_when, True)}")
     return OvertakingRules(rules, agreement, text)
