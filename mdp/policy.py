@@ -173,7 +173,8 @@ class Policy:
     def load(path: str | Path) -> Policy:
         p = Path(path)
         try:
-            with np.load(p, allow_pickle=False) as z:
+            # open the file ourselves: np.load leaks its handle when the zip is truncated
+            with p.open("rb") as fh, np.load(fh, allow_pickle=False) as z:
                 meta = json.loads(bytes(z["meta"]).decode())
                 keys = z["keys"].astype(np.int64)
                 spawn = z["spawn"].astype(np.int16)

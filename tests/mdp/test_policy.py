@@ -68,3 +68,20 @@ def test_corrupt_or_edited_files_are_refused(solved, tmp_path):
     np.savez(tmp_path / "edited2.npz", **z)
     with pytest.raises(PolicyFileError, match="hash"):
         Policy.load(tmp_path / "edited2.npz")
+
+
+def test_truncated_policy_file_is_refused_without_leaking_a_handle(case4, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A half-written artifact (e.g. a copy cut short) is a clear PolicyFileError; under
+    filterwarnings=error a leaked file handle would surface as a ResourceWarning."""
+    import gc
+
+    space = StateSpace(case4, Truncation(4, 2))
+    res = policy_iteration(space)
+    path = tmp_path / "p.npz"
+    Policy.from_decision(space, res.decision).save(path)
+    data = path.read_bytes()
+    cut = tmp_path / "cut.npz"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(PolicyFileError, match="not an overtake policy file"):
+        Policy.load(cut)
+    gc.collect()
