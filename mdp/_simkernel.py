@@ -123,7 +123,7 @@ def run_kernel(  # type: ignore[no-untyped-def]
     cores, overhead,
     ptype, qmode, base_total, base_caps,
     tab_keys, tab_spawn, tab_ntab, tab_C, tab_kmax,
-    h_remaining, h_min_pair, h_order, h_variant,
+    h_remaining, h_min_pair, h_wait, h_order, h_variant,
     max_slots,
 ):
     np.random.seed(seed)
@@ -303,7 +303,7 @@ def run_kernel(  # type: ignore[no-untyped-def]
                     if first >= 0 and K < tab_kmax:
                         cnt[first] = 1
             else:
-                heuristic_decide(wq, kc, h_remaining, h_min_pair, h_order, coord_stage, h_variant,
+                heuristic_decide(wq, kc, h_remaining, h_min_pair, h_wait, h_order, coord_stage, h_variant,
                                  cores, overhead, 1 << 62, cnt)
             started = 0
             for q in range(Q):

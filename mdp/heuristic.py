@@ -26,6 +26,11 @@ Decisions per epoch (the same at every arrival, phase change and completion):
 3. every further candidate is started iff Δ(x) < 0 against the active set *including* the
    threads started earlier in this epoch (so "s threads" for a class come out of the test).
 
+``variant="lookahead"`` refines the alternative to starting x: instead of waiting for a to
+leave, x may be started at any of a's later phase changes, where the MDP decides again with a's new
+phase known (Theorem 3.1's dependence on the downstream rules); the wait cost is then the value
+of a small optimal-stopping problem on a's remaining path (:func:`wait_costs`). It never starts
+more than the pairwise rule, so it is π(1) on exponential/Erlang stages too.
 ``variant="literal"`` is the bare pairwise reading of the theorem (start x iff E R_x < E R_a for
 some active a at a stage ≥ x's stage); it is kept for comparison in ``bench/heuristic_table.py``.
 With more than one core, a thread that adds capacity (c(K+1)/(K+1) ≥ c(K)/K) is always started.
@@ -51,8 +56,8 @@ from .truncation import evaluate_rule
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
-VARIANTS = ("pairwise", "literal")
-_VARIANT_CODE = {"pairwise": 0, "literal": 1}
+VARIANTS = ("pairwise", "lookahead", "literal")
+_VARIANT_CODE = {"pairwise": 0, "lookahead": 0, "literal": 1}
 
 
 def chained_generator(model: TandemModel) -> FloatArray:
@@ -83,8 +88,40 @@ def remaining_work(model: TandemModel) -> tuple[FloatArray, FloatArray]:
     return mean, 0.5 * (mins + mins.T)
 
 
+def wait_costs(model: TandemModel, mean: FloatArray, mins: FloatArray, variant: str) -> FloatArray:
+    """W[x, a]: the delay x suffers if it is not started next to a (relative to E R_x).
+
+    ``pairwise``: x waits until a departs, W = E R_a. ``lookahead``: x may be started at any of
+    a's later phase changes (the epochs where the MDP decides again with a's new phase known), so
+    W is the continuation value of an optimal-stopping problem on a's remaining path:
+    V(d) = min(E R_x + 2 E min(R_x, R_d),  1/μ_d + Σ_d' p(d, d') V(d') + p(d, done) E R_x),
+    solved by value iteration over the D coordinates (a alone at full speed while x waits).
+    """
+    D = mean.size
+    if variant != "lookahead":
+        return np.tile(mean, (D, 1))
+    A = chained_generator(model)
+    mu = -np.diag(A)
+    P = A / mu[:, None]
+    np.fill_diagonal(P, 0.0)
+    done = np.clip(1.0 - P.sum(axis=1), 0.0, 1.0)
+    W = np.empty((D, D))
+    for x in range(D):
+        spawn = mean[x] + 2.0 * mins[x]
+        V = spawn.copy()
+        for _ in range(100_000):
+            cont = 1.0 / mu + P @ V + done * mean[x]
+            V2 = np.minimum(spawn, cont)
+            if np.max(np.abs(V2 - V)) <= 1e-13 * max(1.0, float(np.max(V))):
+                V = V2
+                break
+            V = V2
+        W[x] = 1.0 / mu + P @ V + done * mean[x] - mean[x]
+    return W
+
+
 @numba.njit(cache=True)
-def heuristic_decide(w, k, remaining, min_pair, order, coord_stage, variant, cores, overhead, k_cap, out):  # type: ignore[no-untyped-def]
+def heuristic_decide(w, k, remaining, min_pair, wait, order, coord_stage, variant, cores, overhead, k_cap, out):  # type: ignore[no-untyped-def]
     """Threads to start per coordinate queue for one state (w waiting, k active per coordinate).
 
     Writes ``out`` (length D, no allocation: called at every simulator event) and returns the
@@ -117,7 +154,7 @@ def heuristic_decide(w, k, remaining, min_pair, order, coord_stage, variant, cor
                     for a in range(D):
                         n_a = k[a] + out[a]  # active now, including threads started this epoch
                         if n_a > 0:
-                            delta += n_a * (2.0 * min_pair[x, a] - remaining[a])
+                            delta += n_a * (2.0 * min_pair[x, a] - wait[x, a])
                     accept = delta < -eps
                 else:
                     for a in range(D):
@@ -133,13 +170,13 @@ def heuristic_decide(w, k, remaining, min_pair, order, coord_stage, variant, cor
 
 
 @numba.njit(cache=True)
-def _decide_rows(rows, remaining, min_pair, order, coord_stage, variant, cores, overhead, k_cap):  # type: ignore[no-untyped-def]
+def _decide_rows(rows, remaining, min_pair, wait, order, coord_stage, variant, cores, overhead, k_cap):  # type: ignore[no-untyped-def]
     D = remaining.size
     S = rows.shape[0]
     res = np.zeros((S, D), dtype=np.int64)
     out = np.zeros(D, dtype=np.int64)
     for s in range(S):
-        heuristic_decide(rows[s, :D], rows[s, D:], remaining, min_pair, order, coord_stage, variant,
+        heuristic_decide(rows[s, :D], rows[s, D:], remaining, min_pair, wait, order, coord_stage, variant,
                          cores, overhead, k_cap, out)
         res[s, :] = out
     return res
@@ -157,6 +194,7 @@ class OvertakingHeuristic:
     variant: str
     remaining: FloatArray
     min_pair: FloatArray
+    wait: FloatArray
     order: IntArray
     coord_stage: IntArray
     meta: dict[str, Any] = field(default_factory=dict)
@@ -175,7 +213,7 @@ class OvertakingHeuristic:
         if r.ndim != 2 or r.shape[1] != 2 * D:
             raise ModelError(f"heuristic state rows must have {2 * D} columns (waiting, then threads per coordinate)")
         cap = np.iinfo(np.int64).max if max_threads is None else int(max_threads)
-        return _decide_rows(r, self.remaining, self.min_pair, self.order, self.coord_stage,  # type: ignore[no-any-return]
+        return _decide_rows(r, self.remaining, self.min_pair, self.wait, self.order, self.coord_stage,  # type: ignore[no-any-return]
                             self.variant_code, self.model.cores, self.model.overhead, cap)
 
     def action(self, state: npt.ArrayLike) -> IntArray:
@@ -193,7 +231,7 @@ def overtaking_heuristic(model: TandemModel, *, variant: str = "pairwise") -> Ov
     cs = model.coord_stage().astype(np.int64)
     # cheapest expected remaining work first; later stage first on ties
     order = np.lexsort((np.arange(mean.size), -cs, np.round(mean, 12))).astype(np.int64)
-    return OvertakingHeuristic(model, variant, mean, mins, order, cs)
+    return OvertakingHeuristic(model, variant, mean, mins, wait_costs(model, mean, mins, variant), order, cs)
 
 
 @dataclass

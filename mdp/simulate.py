@@ -285,7 +285,7 @@ def _resolve(model: TandemModel, policy: PolicyLike) -> PolicyLike:
         if name.startswith("heuristic"):
             m = re.fullmatch(r"heuristic(?:\((\w+)\))?", name)
             if not m:
-                raise ModelError(f"policy {name!r}: use heuristic or heuristic(literal)")
+                raise ModelError(f"policy {name!r}: use heuristic, heuristic(lookahead) or heuristic(literal)")
             return overtaking_heuristic(model, variant=m.group(1) or "pairwise")
         return Baseline.parse(name, model.n_stages)
     return policy
@@ -367,7 +367,7 @@ def simulate(
     e_f = np.zeros(0)
     base_total, base_caps = -1, e_i
     tab_keys, tab_spawn, tab_ntab, tab_C, tab_kmax = e_i, np.zeros((1, 1), dtype=np.int64), np.zeros((1, 1), dtype=np.int64), 0, 0
-    h_rem, h_min, h_order, h_var = e_f, np.zeros((1, 1)), e_i, 0
+    h_rem, h_min, h_wait, h_order, h_var = e_f, np.zeros((1, 1)), np.zeros((1, 1)), e_i, 0
     if isinstance(pol, Baseline):
         qmode = 0
         if pol.per_stage is not None:
@@ -390,6 +390,7 @@ def simulate(
             raise ModelError("heuristic was built for a different model")
         ptype, qmode = 3, 1
         h_rem, h_min, h_order, h_var = pol.remaining, np.ascontiguousarray(pol.min_pair), pol.order, pol.variant_code
+        h_wait = np.ascontiguousarray(pol.wait)
     else:
         raise ModelError(f"policy must be a Policy, heuristic, baseline or name, got {type(pol).__name__}")
     out = run_kernel(
@@ -399,7 +400,7 @@ def simulate(
         int(model.cores), float(model.overhead),
         ptype, qmode, base_total, base_caps,
         tab_keys, tab_spawn, tab_ntab, tab_C, tab_kmax,
-        h_rem, h_min, h_order, h_var,
+        h_rem, h_min, h_wait, h_order, h_var,
         int(max_threads),
     )
     resp, stage_soj, stage_wait, area_K, area_N, area_ks, window, events, overflow, done = out

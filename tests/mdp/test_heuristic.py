@@ -46,10 +46,11 @@ IFR_MODELS = {
 }
 
 
+@pytest.mark.parametrize("variant", ["pairwise", "lookahead"])
 @pytest.mark.parametrize("name", list(IFR_MODELS))
-def test_heuristic_is_pi1_decision_by_decision_on_exponential_and_erlang(name: str) -> None:
+def test_heuristic_is_pi1_decision_by_decision_on_exponential_and_erlang(name: str, variant: str) -> None:
     model = tandem(0.6, *IFR_MODELS[name])
-    h = overtaking_heuristic(model)
+    h = overtaking_heuristic(model, variant=variant)
     space = StateSpace(model, Truncation(6, 4), "full")
     rows = space.rows
     D = model.n_coords
@@ -103,6 +104,21 @@ def test_remaining_work_closed_forms() -> None:
     mean, mins = remaining_work(model)
     np.testing.assert_allclose(mean, [1.5, 6.5, 1.0])
     assert np.allclose(mins, mins.T)
+
+
+def test_lookahead_waits_no_longer_than_the_drain() -> None:
+    """Waiting for a's next phase change can only be cheaper than waiting for a to leave, and
+    the two agree when a's remaining path has no decision epoch left (last stage, one phase)."""
+    model = tandem(0.6, h2_stage("s1", 0.91, 0.55, 5.45), h2_stage("s2", 0.91, 0.55, 5.45))
+    pw = overtaking_heuristic(model)
+    la = overtaking_heuristic(model, variant="lookahead")
+    assert np.all(la.wait <= pw.wait + 1e-12)
+    np.testing.assert_allclose(la.wait[:, 2:], pw.wait[:, 2:], rtol=1e-12)
+    # case 4's stage-1 short request next to a stage-1 short thread: pairwise starts it, the
+    # lookahead waits for the thread's stage-2 phase (π*'s choice in its overtaking rules)
+    state = [1, 0, 0, 0, 1, 0, 0, 0]
+    np.testing.assert_array_equal(pw.action(state), [1, 0, 0, 0])
+    np.testing.assert_array_equal(la.action(state), [0, 0, 0, 0])
 
 
 def test_heuristic_overtakes_only_with_high_variability() -> None:
