@@ -5,8 +5,10 @@
 :meth:`controller.limiter.Limiter.swap` — one synchronous step on the event loop, so no request
 ever sees half a policy; queued requests keep their order. A policy that fails to load or does
 not match the stages raises :class:`controller.errors.PolicyLoadError` and the old policy stays.
-Swaps come from ``PUT /-/policy`` (loopback clients) or from the policy file changing on disk
-(polled every ``watch_interval`` seconds; ``SIGHUP`` forces a reload).
+Swaps come from ``PUT /-/policy`` (loopback clients), from the policy file changing on disk
+(polled every ``watch_interval`` seconds; ``SIGHUP`` forces a reload), or from the REST API
+(``policy_url``: polled every ``policy_poll`` seconds with the ETag, see :mod:`controller.policy_fetch`;
+``PUT /-/policy`` with an ``http://`` URL follows another model).
 
 Logs are JSON lines on stderr (``{"ts":..., "level":..., "event":..., ...}``).
 """
@@ -35,7 +37,9 @@ from controller.errors import PolicyLoadError, SidecarInputError
 from controller.gateway import Gateway
 from controller.limiter import Limiter
 from controller.metrics import SidecarMetrics
+from controller.online import OnlineCollector, OnlineLoop, OnlineSettings, RecordingLimiter
 from controller.policies import SpawnPolicy, load_policy
+from controller.policy_fetch import FETCH_RESULTS, PolicyFetcher, PolicyFetchError, fetch_counter
 from controller.stages import StageTable
 from controller.upstream import UpstreamPool
 from controller.uplink import make_uplink
@@ -53,7 +57,8 @@ class JsonFormatter(logging.Formatter):
             "ts": round(record.created, 3), "level": record.levelname.lower(), "msg": record.getMessage(),
         }
         for k, v in record.__dict__.items():
-            if k in ("event", "policy", "hash", "version", "detail", "listen", "apache", "reason", "source"):
+            if k in ("event", "policy", "hash", "version", "detail", "listen", "apache", "reason", "source",
+                     "outcome", "refit"):
                 out[k] = v
         return json.dumps(out, sort_keys=True)
 
@@ -87,6 +92,10 @@ class SidecarOptions:
     uplink: str = "fair"
     watch_interval: float = 1.0
     admin_put: bool = True
+    online: OnlineSettings | None = None  #: refit, re-solve and swap online (controller.online)
+    policy_url: str | None = None  #: API artifact URL; ``policy`` is then only the fallback ("" = none)
+    policy_poll: float = 10.0
+    policy_token: str | None = None
 
 
 class Sidecar:
@@ -98,27 +107,48 @@ class Sidecar:
         self.listen = parse_addr(options.listen, "listen")
         self.apache = parse_apache_url(options.apache)
         self.uplink = make_uplink(options.uplink)
-        policy = load_policy(options.policy, table.names)
-        self.policy_source = options.policy
+        self.fetcher: PolicyFetcher | None = None
+        self.policy_etag: str | None = None
+        self.fetch_error: str | None = None
+        self.fetch_counts = dict.fromkeys(FETCH_RESULTS, 0)
+        self._fetch_lock = asyncio.Lock()
+        first = self._initial_fetch(table) if options.policy_url else None
+        policy = first if first is not None else load_policy(options.policy, table.names)
+        self.policy_source = self.fetcher.url if first is not None and self.fetcher else options.policy
         self.swapped_at = time.time()
         cfg = table.config
         settings = cfg.classifier
         if options.phase_header:
             settings = settings.model_copy(update={"header": options.phase_header})
         self.classifier = Classifier(settings, policy)
-        self.limiter = Limiter(
+        self.online: OnlineLoop | None = None
+        if options.online is not None:
+            self.online = OnlineLoop(
+                options.online, table=table, time_unit=cfg.classifier.time_unit, policy=policy,
+                current=lambda: self.limiter.policy,
+                swap=lambda path: self.swap(path, source="online"), classifier_mode=settings.mode,
+            )
+        self.limiter = (Limiter if self.online is None else RecordingLimiter)(
             policy, self.classifier, stage_names=table.names,
             queue_caps=tuple(table.queue_cap(i) for i in range(len(table.names))),
             max_inflight=cfg.limits.max_inflight, passthrough_cap=cfg.passthrough.cap,
             passthrough_queue_cap=cfg.limits.queue_cap,
         )
+        if self.online is not None:
+            self.limiter.recorder = self.online  # type: ignore[attr-defined]
         self.metrics = SidecarMetrics(lambda: self.limiter, time_unit=cfg.classifier.time_unit)
+        if self.online is not None:
+            self.metrics.registry.register(OnlineCollector(self.online))
+        self.fetches = fetch_counter(self.metrics.registry)
+        for result, n in self.fetch_counts.items():
+            self.fetches.labels(result).inc(n)
         self.pool = UpstreamPool(*self.apache)
         self.gateway = Gateway(
             table, self.limiter, self.classifier, self.pool, self.uplink, self.metrics,
             admin=self.admin, phase_header=options.phase_header,
         )
         self._watch: asyncio.Task[None] | None = None
+        self._poll: asyncio.Task[None] | None = None
         self._file_sig = self._signature()
 
     @property
@@ -134,11 +164,15 @@ class Sidecar:
                 f"listen: cannot listen on {self.options.listen} ({exc.strerror}); choose a free port"
             ) from None
         self._watch = asyncio.create_task(self._watch_file())
+        if self.options.policy_url:
+            self._poll = asyncio.create_task(self._poll_policy())
         loop = asyncio.get_running_loop()
         try:
             loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self._reload("sighup")))
         except (NotImplementedError, RuntimeError, ValueError):
             pass
+        if self.online is not None:
+            self.online.start()
         await self.scrape_apache()
         st = self.metrics.apache.status
         if st is not None:
@@ -156,8 +190,11 @@ class Sidecar:
         })
 
     async def close(self) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
+        if self.online is not None:
+            await self.online.close()
+        for task in (self._watch, self._poll):
+            if task is not None:
+                task.cancel()
         await self.gateway.close()
 
     # ---- policy swap -----------------------------------------------------------------------
@@ -204,13 +241,114 @@ class Sidecar:
                 self._file_sig = sig
                 await self._reload("file_watch")
 
+    # ---- policy from the REST API (--policy-url) ------------------------------------------
+    def _count(self, result: str) -> None:
+        self.fetch_counts[result] += 1
+        if hasattr(self, "fetches"):
+            self.fetches.labels(result).inc()
+
+    def _initial_fetch(self, table: StageTable) -> SpawnPolicy | None:
+        """First download (blocking, before listening). Without a fallback ``--policy`` a failure is fatal."""
+        assert self.options.policy_url
+        if not self.options.policy_poll > 0:
+            raise SidecarInputError(f"policy-poll: must be > 0 seconds, got {self.options.policy_poll}")
+        self.fetcher = PolicyFetcher(self.options.policy_url, token=self.options.policy_token)
+        try:
+            dl = self.fetcher.fetch(None)
+            if dl is None:
+                raise PolicyFetchError(f"GET {self.fetcher.url}: 304 without If-None-Match")
+        except PolicyFetchError as exc:
+            self._count("error")
+            self.fetch_error = str(exc)
+            if not self.options.policy:
+                raise SidecarInputError(f"policy-url: {exc}; start the API, fix the URL or give --policy as a fallback") from None
+            log.warning("policy URL unreachable, using --policy", extra={"event": "policy_fetch_error", "detail": str(exc)})
+            return None
+        try:
+            pol = load_policy(str(dl.path), table.names)
+        except PolicyLoadError as exc:
+            self._count("refused")
+            self.fetch_error = f"refused: {exc}"
+            if not self.options.policy:
+                raise PolicyLoadError(f"policy-url: {self.fetcher.url} did not give a usable policy ({exc})") from None
+            return None
+        finally:
+            dl.cleanup()
+        self._count("updated")
+        self.policy_etag = dl.etag
+        return pol
+
+    async def refresh_policy(self, source: str) -> bool:
+        """One conditional GET of the policy URL; True when a new policy was installed.
+
+        Raises :class:`PolicyFetchError` (API down, HTTP error) or :class:`PolicyLoadError` (bad
+        download); the running policy is kept in both cases.
+        """
+        async with self._fetch_lock:
+            fetcher = self.fetcher
+            if fetcher is None:
+                return False
+            try:
+                dl = await asyncio.to_thread(fetcher.fetch, self.policy_etag)
+            except PolicyFetchError as exc:
+                self._count("error")
+                self.fetch_error = str(exc)
+                log.warning("policy fetch failed, old policy kept", extra={
+                    "event": "policy_fetch_error", "source": source, "detail": str(exc), "policy": self.policy.name})
+                raise
+            if dl is None:
+                self._count("not_modified")
+                self.fetch_error = None
+                return False
+            try:
+                self.swap(str(dl.path), source=source)
+            except (PolicyLoadError, SidecarInputError) as exc:
+                self._count("refused")
+                self.fetch_error = f"refused: {exc}"
+                raise
+            finally:
+                dl.cleanup()
+            self._count("updated")
+            self.policy_etag = dl.etag
+            self.fetch_error = None
+            self.policy_source = fetcher.url
+            return True
+
+    async def _poll_policy(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.policy_poll)
+            try:
+                await self.refresh_policy("policy_poll")
+            except (PolicyFetchError, PolicyLoadError, SidecarInputError):
+                pass  # counted and logged; retry at the next poll
+
+    async def _put_policy_url(self, url: str) -> tuple[int, bytes, bytes]:
+        """``PUT /-/policy`` with a URL: fetch it now and, if it installs, follow it from then on."""
+        try:
+            new = PolicyFetcher(url, token=self.options.policy_token)
+        except SidecarInputError as exc:
+            return 422, b"text/plain", (f"refused, old policy kept: {exc}\n").encode()
+        old_fetcher, old_etag = self.fetcher, self.policy_etag
+        self.fetcher, self.policy_etag = new, None
+        try:
+            await self.refresh_policy("admin_url")
+        except (PolicyFetchError, PolicyLoadError, SidecarInputError) as exc:
+            self.fetcher, self.policy_etag = old_fetcher, old_etag
+            return 422, b"text/plain", (f"refused, old policy kept: {exc}\n").encode()
+        if self._poll is None:
+            self._poll = asyncio.create_task(self._poll_policy())
+        return 200, b"application/json", _json(self.policy_info())
+
     def policy_info(self) -> dict[str, Any]:
         p = self.policy
         return {
             "name": p.name, "version": p.version, "hash": p.hash, "phases": list(p.phases),
             "per_phase_queues": p.per_phase_queues, "predicted_response_time_model_units": p.predicted_wait,
             "swapped_at": self.swapped_at, "swaps": self.metrics.swaps, "refused": self.metrics.refused,
-            "classifier": self.classifier.mode,
+            "classifier": self.classifier.mode, "source": self.policy_source,
+            "policy_url": self.fetcher.url if self.fetcher else None, "etag": self.policy_etag,
+            "fetches": dict(self.fetch_counts), "fetch_error": self.fetch_error,
+            **({"online": self.online.status()} if self.online is not None else {}),
         }
 
     # ---- admin -----------------------------------------------------------------------------
@@ -247,6 +385,8 @@ class Sidecar:
             if method == b"PUT":
                 if not self.options.admin_put or peer not in ("127.0.0.1", "::1"):
                     return 403, b"text/plain", b"PUT /-/policy: only loopback clients may swap the policy\n"
+                if body.strip().startswith((b"http://", b"https://")):
+                    return await self._put_policy_url(body.decode("utf-8", errors="replace").strip())
                 return self._put_policy(body)
             return 405, b"text/plain", b"/-/policy: use GET or PUT\n"
         return 404, b"text/plain", b"admin paths: /-/metrics, /-/policy, /-/healthz\n"
@@ -270,6 +410,8 @@ class Sidecar:
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
+        # an explicit policy replaces the API's: stop following --policy-url
+        self.fetcher, self.policy_etag, self.fetch_error = None, None, None
         return 200, b"application/json", _json(self.policy_info())
 
 

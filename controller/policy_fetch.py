@@ -1,0 +1,119 @@
+"""The sidecar's policy taken from the REST API (``overtake sidecar --policy-url URL``, issue 7).
+
+The API serves a solved model's artifact at ``GET /v1/models/{id}/policy.npz`` with the policy's
+content hash as its ETag and answers ``304 Not Modified`` to an ``If-None-Match`` that matches, so
+polling costs one small request while the policy is unchanged. :class:`PolicyFetcher` downloads
+into a fresh temporary directory; the caller installs the file through the sidecar's atomic swap
+(:meth:`controller.sidecar.Sidecar.swap`), which validates it first, so a truncated or foreign
+download is refused and the running policy kept. Network and HTTP errors raise
+:class:`PolicyFetchError`; they never touch the running policy.
+
+Fetch outcomes are counted in ``overtake_policy_fetches_total{result}`` with ``result`` one of
+``updated`` (new policy installed), ``not_modified`` (304), ``error`` (API unreachable, non-2xx)
+and ``refused`` (downloaded but not a valid policy for these stages).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry, Counter
+
+from controller.errors import SidecarInputError
+
+__all__ = ["FETCH_RESULTS", "Download", "PolicyFetchError", "PolicyFetcher", "fetch_counter", "normalize_policy_url"]
+
+FETCH_RESULTS = ("updated", "not_modified", "error", "refused")
+_MODEL = re.compile(r"^(?P<base>.*/v1/models/(?P<id>[^/]+))(?:/policy(?:\.npz)?)?/?$")
+_MAX_BYTES = 256 << 20  # a policy artifact is a few MB at most; refuse anything absurd
+
+
+class PolicyFetchError(RuntimeError):
+    """The API could not be reached or did not answer 200/304; the message says which."""
+
+
+def normalize_policy_url(url: str) -> str:
+    """``http(s)://HOST:PORT/v1/models/ID[/policy[.npz]]`` -> the artifact URL ``.../ID/policy.npz``.
+
+    Any other ``http(s)`` URL is taken as the artifact's address as is (a proxy, a file server).
+    """
+    parts = urllib.parse.urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise SidecarInputError(
+            f"policy-url: expected http://HOST:PORT/v1/models/ID/policy.npz (from `overtake api`), got {url!r}"
+        )
+    m = _MODEL.match(parts.path)
+    path = f"{m['base']}/policy.npz" if m else parts.path
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def fetch_counter(registry: CollectorRegistry) -> Counter:
+    """``overtake_policy_fetches_total{result}`` registered on the sidecar's registry, all results at 0."""
+    c = Counter("overtake_policy_fetches", "Policy downloads from --policy-url, by result",
+                ["result"], registry=registry)
+    for r in FETCH_RESULTS:
+        c.labels(r)
+    return c
+
+
+@dataclass(frozen=True)
+class Download:
+    """A downloaded artifact in its own temporary directory (``cleanup()`` removes it)."""
+
+    path: Path
+    etag: str | None
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.path.parent, ignore_errors=True)
+
+
+class PolicyFetcher:
+    """Conditional GET of one artifact URL; blocking (run it in a thread from the event loop)."""
+
+    def __init__(self, url: str, *, token: str | None = None, timeout: float = 10.0) -> None:
+        self.url = normalize_policy_url(url)
+        self.token = token
+        self.timeout = timeout
+        tail = urllib.parse.urlsplit(self.url).path.rstrip("/")
+        m = _MODEL.match(tail)
+        # the file name becomes the policy's name in /-/policy and overtake_policy_info
+        self.filename = f"policy-{m['id']}.npz" if m else (Path(tail).name or "policy.npz")
+
+    def fetch(self, etag: str | None) -> Download | None:
+        """The artifact, or ``None`` when the server answers 304 for ``etag``.
+
+        Raises
+        ------
+        PolicyFetchError
+            Connection refused/timeout, or any status other than 200 and 304.
+        """
+        req = urllib.request.Request(self.url, headers={"Accept": "application/octet-stream"})
+        if etag:
+            req.add_header("If-None-Match", etag)
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                body = r.read(_MAX_BYTES + 1)
+                new_etag = r.headers.get("ETag")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 304:
+                return None
+            detail = exc.read(300).decode("utf-8", errors="replace").strip()
+            raise PolicyFetchError(f"GET {self.url}: HTTP {exc.code} {detail}") from None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise PolicyFetchError(f"GET {self.url}: {reason}") from None
+        if len(body) > _MAX_BYTES:
+            raise PolicyFetchError(f"GET {self.url}: body larger than {_MAX_BYTES} bytes")
+        tmp = Path(tempfile.mkdtemp(prefix="overtake-policy-url-"))
+        path = tmp / self.filename
+        path.write_bytes(body)
+        return Download(path, new_etag)
