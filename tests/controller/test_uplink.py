@@ -268,9 +268,9 @@ def test_keep_alive_socket_is_owned_by_its_latest_response() -> None:
                 await reader.readline()
                 flow = up.open(writer, n)
                 owners.append(flow)
+                assert up._by_sock[writer.get_extra_info("socket").fileno()] is flow
                 await flow.write(_expected(n))
                 flow.close()
-                assert up._by_sock[writer.get_extra_info("socket").fileno()] is flow
             assert all(f._done for f in owners[:-1])  # earlier responses handed the socket on
             writer.close()
 
