@@ -160,7 +160,7 @@ def parse_grid(doc: Any) -> list[SweepPoint]:
 
 def solve_point(point: SweepPoint) -> list[dict[str, Any]]:
     """π* and the baselines at one point (:func:`mdp.compare.compare`): one row per policy."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     sc = parse_scenario(point.scenario)
     model = sc.build_model()
     base = {"point": point.index, **point.params, "arrival_rate": model.arrival_rate,
@@ -175,7 +175,8 @@ def solve_point(point: SweepPoint) -> list[dict[str, Any]]:
             **base, "policy": name, "mean_response_time": m["mean_response_time"],
             "mean_in_system": m["mean_in_system"], "mean_threads": m["mean_threads"],
             "blocking_probability": m["blocking_probability"], "gain": doc["gains"].get(name, 0.0),
-            "states": doc["states"], "seconds": time.perf_counter() - t0, "error": None,
+            "states": doc["states"], "seconds": time.perf_counter() - t0,
+            "cpu_seconds": time.process_time() - c0, "error": None,
         })
     return rows
 
