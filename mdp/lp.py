@@ -224,7 +224,7 @@ def occupation_lp(
     import cvxpy as cp
 
     t0 = time.perf_counter()
-    S, Q = space.size, space.Q
+    S = space.size
     c = cost_rate(space) if cost is None else np.asarray(cost, dtype=float)
     idle = (space.threads == 0) & (space.n_total > 0)
     zs = np.flatnonzero(~idle)  # states where stopping is allowed
