@@ -1,0 +1,459 @@
+"""controller.online: demand and arrival estimators, the refit/re-solve/swap loop, and the loop in
+a real sidecar in front of a real Apache.
+
+Known answers: hand-computed ∫ c(K)/K dt on small admission timelines; a Poisson stream of known
+rate; case 4 of paper 004's Table 1 (H2 stages, load 0.6) as the truth the refit must recover;
+exact E[W] of π(1) on the true model (mdp.evaluate_baseline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import math
+import multiprocessing
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import pytest
+from prometheus_client import generate_latest
+
+from controller import apache
+from controller.classifier import Classifier
+from controller.errors import ApacheNotInstalledError, SidecarInputError
+from controller.limiter import Limiter
+from controller.online import (
+    AccessLogTail,
+    ArrivalRate,
+    AttainedService,
+    OnlineCollector,
+    OnlineLoop,
+    OnlineSettings,
+    RecordingLimiter,
+    capacity,
+)
+from controller.policies import load_policy
+from controller.sidecar import Sidecar, SidecarOptions
+from controller.stages import StagesConfig, StageTable
+from mdp import Stage, TandemModel, evaluate_baseline
+
+REPO = Path(__file__).resolve().parents[2]
+CASE4_PROBS = np.array([0.91, 0.09])
+CASE4_MEANS = np.array([0.55, 5.45])
+CASE4_MEAN = float(CASE4_PROBS @ CASE4_MEANS)  # 0.991 model units
+TIME_UNIT = 0.01  # seconds of service per model time unit (the stages file's default)
+
+
+def _table() -> StageTable:
+    return StageTable(StagesConfig.model_validate(
+        {"stages": [{"name": "stage1", "path": "^/stage1$"}, {"name": "stage2", "path": "^/stage2$"}]}))
+
+
+def _h2(rng: np.random.Generator, n: int) -> np.ndarray:
+    phase = rng.random(n) < CASE4_PROBS[1]
+    return rng.exponential(np.where(phase, CASE4_MEANS[1], CASE4_MEANS[0]))
+
+
+# ---- estimators ------------------------------------------------------------------------------
+def test_attained_service_equals_the_hand_computed_integral() -> None:
+    # A in [0, 3], B in [1, 4]. One core: A = 1 + 2/2 = 2, B = 2/2 + 1 = 2.
+    a = AttainedService(cores=1)
+    a.admit(1, 0.0)
+    a.admit(2, 1.0)
+    assert a.release(1, 3.0) == pytest.approx(2.0)
+    assert a.release(2, 4.0) == pytest.approx(2.0)
+    # two cores: each of two threads has a whole core: A = 1 + 2 = 3, B = 2 + 1 = 3
+    a = AttainedService(cores=2)
+    a.admit(1, 0.0)
+    a.admit(2, 1.0)
+    assert a.release(1, 3.0) == pytest.approx(3.0)
+    assert a.release(2, 4.0) == pytest.approx(3.0)
+    # overhead δ = 0.5 on one core: c(1) = 1/1.5, c(2)/2 = 1/(2·2): A = 1/1.5 + 2/4
+    a = AttainedService(cores=1, overhead=0.5)
+    a.admit(1, 0.0)
+    a.admit(2, 1.0)
+    assert a.release(1, 3.0) == pytest.approx(1 / 1.5 + 0.5)
+    assert a.release(2, 4.0) == pytest.approx(0.5 + 1 / 1.5)
+    assert a.release(3, 5.0) is None  # never admitted
+    assert capacity(0, 1, 0.0) == 0.0 and capacity(3, 2, 0.0) == 2.0
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _recording_limiter(spec: str, clock: _Clock, **online: Any) -> tuple[RecordingLimiter, OnlineLoop]:
+    table = _table()
+    pol = load_policy(spec, table.names)
+    cl = Classifier(table.config.classifier, pol)
+    lim = RecordingLimiter(pol, cl, stage_names=table.names, queue_caps=(100, 100), max_inflight=64,
+                           passthrough_cap=None, passthrough_queue_cap=10, clock=clock)
+    loop = OnlineLoop(OnlineSettings(**online), table=table, time_unit=1.0, policy=pol,
+                      current=lambda: lim.policy, swap=lambda p: pol, clock=clock)
+    lim.recorder = loop
+    return lim, loop
+
+
+def test_recording_limiter_feeds_attained_service_from_real_admissions() -> None:
+    """The limiter's own admission instants drive the integral: π(1) serialises A and B
+    (A alone 0..3, B alone 3..4), π(2) overlaps them (2 and 2)."""
+
+    async def run(spec: str) -> list[float]:
+        clock = _Clock()
+        lim, loop = _recording_limiter(spec, clock, min_samples=2)
+        ta = lim.submit(0, 0, "a")
+        clock.t = 1.0
+        tb = lim.submit(0, 0, "b")
+        assert ta is not None and tb is not None
+        clock.t = 3.0
+        lim.release(ta, "completed")
+        clock.t = 4.0
+        lim.release(tb, "completed")
+        assert loop.arrivals[0].total == 2
+        return list(loop.stages[0].reservoirs["attained"])
+
+    assert asyncio.run(run("pi(1)")) == pytest.approx([3.0, 1.0])
+    assert asyncio.run(run("pi(2)")) == pytest.approx([2.0, 2.0])
+
+
+def test_arrival_rate_of_a_poisson_stream() -> None:
+    rng = np.random.default_rng(7)
+    lam, window = 40.0, 50.0
+    times = np.cumsum(rng.exponential(1 / lam, int(lam * 400)))
+    est = ArrivalRate(window, start=0.0)
+    checks = iter([30.0, 100.0, 200.0, 300.0])
+    at = next(checks)
+    for t in times:
+        while t > at:
+            r = est.rate(at)
+            span = min(at, window)
+            sd = math.sqrt(lam * span) / span  # Poisson count over the covered span
+            assert r is not None and abs(r - lam) < 4 * sd + lam * (window / 64) / span, (at, r)
+            at = next(checks, math.inf)
+        est.add(float(t))
+    # the window forgets: 60 s after the last arrival nothing is left
+    assert est.rate(float(times[-1]) + 60.0) == 0.0
+    assert est.rate(0.0) is None
+
+
+def test_reservoir_keeps_the_latest_samples() -> None:
+    clock = _Clock()
+    _, loop = _recording_limiter("pi(1)", clock, min_samples=10, reservoir=100)
+    for i in range(1000):
+        loop.add_demand(1, float(i), "attained")
+    kept = list(loop.stages[1].reservoirs["attained"])
+    assert kept == [float(i) for i in range(900, 1000)]
+    assert loop.stages[1].observed["attained"] == 1000
+
+
+def test_settings_are_validated_with_the_option_name() -> None:
+    with pytest.raises(SidecarInputError, match="--min-samples"):
+        OnlineSettings(min_samples=1)
+    with pytest.raises(SidecarInputError, match="--refit-interval"):
+        OnlineSettings(refit_interval=0)
+    with pytest.raises(SidecarInputError, match="--swap-margin"):
+        OnlineSettings(margin=1.5)
+
+
+def test_access_log_tail_reads_only_new_complete_lines(tmp_path: Path) -> None:
+    line = ('127.0.0.1 1763719200000000 "GET {p}?work=0.01 HTTP/1.1" 200 12 D=10500 msT=10 usT=10500 '
+            'stage={s} cpu_us={c} tid=77 rid=-')
+    fmt = apache.LOG_FORMAT
+    assert fmt.startswith('%h %{begin:usec}t "%r" %>s %b D=%D')  # the lines below follow this format
+    log = tmp_path / "access.log"
+    tail = AccessLogTail(log, _table())
+    assert tail.poll() == []
+    with log.open("w") as f:
+        f.write(line.format(p="/stage1", s="stage1", c=10000) + "\n")
+        f.write(line.format(p="/other", s="-", c="-") + "\n")
+        f.write(line.format(p="/stage2", s="stage2", c=2500) + "\n")
+        f.write(line.format(p="/stage2", s="stage2", c=999)[:40])  # being written
+    assert tail.poll() == [(0, 0.01), (1, 0.0025)]
+    assert tail.poll() == []
+    with log.open("a") as f:
+        f.write(line.format(p="/stage2", s="stage2", c=999)[40:] + "\n")
+    assert tail.poll() == [(1, 0.000999)]
+    assert tail.bad_lines == 0
+
+
+# ---- the loop on case 4 ----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def worker() -> Iterator[ProcessPoolExecutor]:
+    ex = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        yield ex
+    finally:
+        ex.shutdown(wait=True)
+
+
+def _sidecar(policy: str) -> Sidecar:
+    return Sidecar(_table(), SidecarOptions(policy=policy, apache="http://127.0.0.1:9", listen="127.0.0.1:9"))
+
+
+def _case4_loop(side: Sidecar, clock: _Clock, executor: Any, seed: int, **kw: Any) -> OnlineLoop:
+    """A loop wired to ``side`` exactly as Sidecar wires its own, fed case 4 data: 4000 H2 demands per
+    stage (seconds = model units × TIME_UNIT) and Poisson arrivals at load 0.6 over 120 s."""
+    settings = OnlineSettings(**{"refit_interval": 3600.0, "min_samples": 500, "arrival_window": 120.0,
+                                 "reservoir": 4000, **kw})
+    loop = OnlineLoop(settings, table=side.table, time_unit=TIME_UNIT, policy=side.policy,
+                      current=lambda: side.limiter.policy, swap=lambda p: side.swap(p, source="online"),
+                      executor=executor, clock=clock)
+    rng = np.random.default_rng(seed)
+    for stage in (0, 1):
+        for x in _h2(rng, 4000):
+            loop.add_demand(stage, float(x) * TIME_UNIT, "attained")
+    lam = 0.6 / (2 * CASE4_MEAN) / TIME_UNIT  # transactions per second
+    t = clock.t
+    for gap in rng.exponential(1 / lam, int(lam * 130)):
+        t += gap
+        if t > clock.t + 120:
+            break
+        loop.on_arrival(0, t)
+    clock.t += 120.0
+    return loop
+
+
+def _metrics(loop: OnlineLoop) -> str:
+    from prometheus_client import CollectorRegistry
+
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(OnlineCollector(loop))
+    return generate_latest(reg).decode()
+
+
+def test_refit_on_case4_swaps_pi1_for_the_solved_policy_and_keeps_it_after(worker: ProcessPoolExecutor) -> None:
+    side = _sidecar("pi(1)")
+    clock = _Clock()
+    loop = _case4_loop(side, clock, worker, seed=4)
+    t0 = time.perf_counter()
+    outcome = asyncio.run(loop.refit())
+    seconds = time.perf_counter() - t0
+    rec = loop.last
+    assert outcome == "swapped", rec
+    # the fit recovers case 4's means (4000 samples: 3.5 % standard error)
+    for f in rec["fit"]:
+        assert f["mean"] == pytest.approx(CASE4_MEAN, rel=0.10), f
+        assert f["order"] == 2  # BIC prefers H2 over the exponential
+    assert rec["load"] == pytest.approx(0.6, rel=0.15)
+    # π(1)'s predicted E[W] under the refitted model is close to its exact value on the true model
+    a, T = CASE4_PROBS, np.diag(-1 / CASE4_MEANS)
+    true_model = TandemModel(0.6 / (2 * CASE4_MEAN), (Stage("stage1", a, T), Stage("stage2", a, T)))
+    pi1_true = evaluate_baseline(true_model, "pi(1)").metrics.mean_response_time
+    assert rec["predicted_current"] == pytest.approx(pi1_true, rel=0.25)
+    assert rec["predicted_new"] < rec["predicted_current"] * 0.99
+    # swapped through the sidecar's atomic path: version (swap count, name, hash) moved on
+    assert side.metrics.swaps == 1 and loop.generation == 1
+    assert side.policy.name.startswith("online-") and side.policy.phases == (2, 2)
+    assert side.policy.predicted_wait == pytest.approx(rec["predicted_new"], rel=1e-9)
+    text = _metrics(loop)
+    assert 'overtake_online_refits_total{outcome="swapped"} 1.0' in text
+    m = re.search(r'overtake_online_fitted_mean_seconds\{source="attained",stage="stage1"\} (\S+)', text)
+    assert m and float(m.group(1)) == pytest.approx(CASE4_MEAN * TIME_UNIT, rel=0.10)
+    assert re.search(r'overtake_online_predicted_response_time_seconds\{policy="new"\} ', text)
+    print(f"refit+solve {seconds:.2f} s (worker {rec['worker_seconds']}); means "
+          f"{[round(f['mean'], 4) for f in rec['fit']]} vs {CASE4_MEAN}; E[W] pi(1) {rec['predicted_current']:.4f} "
+          f"(true {pi1_true:.4f}), pi* {rec['predicted_new']:.4f}")
+
+    # rate limited: a second attempt inside the interval starts nothing
+    assert asyncio.run(loop.refit()) == "skipped_rate_limited"
+    assert loop.outcomes["swapped"] == 1 and side.metrics.swaps == 1
+
+    # the same data seen again while the solved π* runs: the re-solve gives the same policy, kept
+    clock2 = _Clock()
+    again = _case4_loop(side, clock2, worker, seed=4)
+    assert asyncio.run(again.refit()) == "kept", again.last
+    assert again.last["predicted_new"] == pytest.approx(again.last["predicted_current"], rel=1e-6)
+    assert side.metrics.swaps == 1 and side.policy.name.startswith("online-")
+    asyncio.run(loop.close())
+    asyncio.run(again.close())
+
+
+def test_failing_solve_is_counted_and_the_old_policy_kept() -> None:
+    """Fault injection: solve_optimal raises inside the (thread) worker."""
+    side = _sidecar("pi(2)")
+    clock = _Clock()
+    with ThreadPoolExecutor(1) as ex, mock.patch("mdp.solve_optimal", side_effect=RuntimeError("injected solver failure")):
+        loop = _case4_loop(side, clock, ex, seed=1, refit_interval=30.0)
+        assert asyncio.run(loop.refit()) == "failed"
+        assert "injected solver failure" in loop.last["reason"]
+        # rate limiting holds for failures too, and lifts after the interval
+        clock.t += 29.0
+        assert asyncio.run(loop.refit()) == "skipped_rate_limited"
+        clock.t += 1.5
+        assert asyncio.run(loop.refit()) == "failed"
+    assert side.policy.name == "pi(2)" and side.metrics.swaps == 0
+    assert loop.outcomes == {**dict.fromkeys(loop.outcomes, 0), "failed": 2, "skipped_rate_limited": 1}
+    assert not list(Path(loop._dir).glob("*.npz")) if loop._dir else True  # nothing left behind
+    asyncio.run(loop.close())
+
+
+def test_refit_is_skipped_without_samples_or_at_high_load() -> None:
+    side = _sidecar("pi(1)")
+    clock = _Clock()
+
+    def boom(job: Any) -> dict[str, Any]:  # a job must never start in these cases
+        raise AssertionError("job started")
+
+    with ThreadPoolExecutor(1) as ex:
+        few = OnlineLoop(OnlineSettings(min_samples=50), table=side.table, time_unit=TIME_UNIT, policy=side.policy,
+                         current=lambda: side.limiter.policy, swap=lambda p: side.swap(p, source="online"),
+                         executor=ex, job=boom, clock=clock)
+        for _ in range(49):
+            few.add_demand(0, 0.01, "attained")
+            few.add_demand(1, 0.01, "attained")
+        assert asyncio.run(few.refit()) == "skipped_samples"
+        assert "fewer than 50" in few.last["reason"]
+        loop = _case4_loop(side, clock, ex, seed=2, max_load=0.5)  # true load 0.6
+        loop._job = boom
+        assert asyncio.run(loop.refit()) == "skipped_load"
+        assert loop.last["load"] == pytest.approx(0.6, rel=0.15)
+    assert side.metrics.swaps == 0
+
+
+# ---- end to end: real sidecar, real Apache ---------------------------------------------------
+def _installed() -> bool:
+    try:
+        apache._check_installed()
+    except ApacheNotInstalledError:
+        return False
+    return True
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        c.request("GET", path, headers=headers or {})
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+E2E_STAGES = """
+stages:
+  - name: stage1
+    path: "^/stage1$"
+  - name: stage2
+    path: "^/stage2$"
+limits: {max_inflight: 16, queue_cap: 1000, queue_timeout: 30}
+classifier: {mode: explicit, time_unit: 0.005}
+"""
+
+
+@pytest.mark.skipif(not _installed(), reason="apache2 not installed: run apache-conf/install-debian-packages.sh")
+def test_online_loop_end_to_end_on_apache() -> None:
+    """~300 stage requests with case-4 H2 demands (time unit 5 ms, load 0.6) through a sidecar
+    started with π(1) and --online: it must refit from Apache's CPU notes and swap in π*."""
+    parent = Path(tempfile.mkdtemp(prefix="overtake-online-test-", dir="/tmp"))
+    parent.chmod(0o755)
+    cores = sorted(os.sched_getaffinity(0))
+    inst = apache.start(parent / "wd", f"127.0.0.1:{_free_port()}", cpu=cores[-1] if len(cores) > 1 else None,
+                        max_workers=32)
+    stages = parent / "stages.yaml"
+    stages.write_text(E2E_STAGES)
+    port = _free_port()
+    logf = parent / "sidecar.log"
+    with logf.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "api.cli", "sidecar", "--policy", "pi(1)", "--apache", inst.base_url,
+             "--listen", f"127.0.0.1:{port}", "--stages", str(stages), "--online", "--refit-interval", "2",
+             "--min-samples", "100", "--arrival-window", "5", "--access-log", str(inst.access_log)],
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if _get(port, "/-/healthz")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, logf.read_text()
+            time.sleep(0.1)
+        rng = np.random.default_rng(11)
+        unit = 0.005
+        lam = 0.6 / (2 * CASE4_MEAN) / unit  # ≈ 60 transactions per second
+        n = 150
+        gaps = rng.exponential(1 / lam, n)
+        phases = rng.random((n, 2)) < CASE4_PROBS[1]
+        demands = rng.exponential(np.where(phases, CASE4_MEANS[1], CASE4_MEANS[0])) * unit
+        codes: list[int] = []
+
+        def transaction(i: int) -> None:
+            for s in (0, 1):
+                code, _ = _get(port, f"/stage{s + 1}?work={demands[i, s]:.6f}",
+                               {"X-Overtake-Phase": str(int(phases[i, s]) + 1)})
+                codes.append(code)
+
+        threads = []
+        t0 = time.monotonic()
+        for i in range(n):
+            time.sleep(max(0.0, t0 + gaps[: i + 1].sum() - time.monotonic()))
+            th = threading.Thread(target=transaction, args=(i,))
+            th.start()
+            threads.append(th)
+        for th in threads:
+            th.join(60)
+        assert codes.count(200) == 2 * n
+        info: dict[str, Any] = {}
+        deadline = time.monotonic() + 35
+        while time.monotonic() < deadline:
+            info = json.loads(_get(port, "/-/policy")[1])
+            if info["online"]["generation"] >= 1 or info["online"]["refits"]["failed"]:
+                break
+            time.sleep(0.5)
+        last = info["online"]["last"]
+        assert info["online"]["generation"] == 1, (info, logf.read_text()[-3000:])
+        assert info["name"].startswith("online-") and info["phases"] == [2, 2] and info["swaps"] == 1
+        assert last["outcome"] == "swapped" and last["source"] == {"stage1": "access_log", "stage2": "access_log"}
+        # the fitted means are Apache's CPU notes of the demands we sent
+        for s, f in enumerate(last["fit"]):
+            sent = float(demands[:, s].mean()) / unit
+            assert f["mean"] == pytest.approx(sent, rel=0.3), (f, sent)
+        # the swapped-in policy serves: phase-tagged requests complete
+        for i in range(10):
+            transaction(i)
+        assert codes.count(200) == 2 * n + 20
+        text = _get(port, "/-/metrics")[1].decode()
+        assert 'overtake_online_refits_total{outcome="swapped"} 1.0' in text
+        lines = [json.loads(x) for x in logf.read_text().splitlines() if x.startswith("{")]
+        ev = [x for x in lines if x.get("event") == "online_refit" and x.get("outcome") == "swapped"]
+        assert ev and ev[0]["refit"]["predicted_new"] < ev[0]["refit"]["predicted_current"]
+        print(f"e2e: refit {last['seconds']:.2f} s, worker {last['worker_seconds']}, lambda "
+              f"{last['arrival_rate_per_second']:.1f}/s (sent {lam:.1f}/s), load {last['load']:.3f}, "
+              f"means {[round(f['mean'], 3) for f in last['fit']]}, E[W] {last['predicted_current']:.3f} -> "
+              f"{last['predicted_new']:.3f}")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        apache.stop(inst.workdir, graceful=False)
+        shutil.rmtree(parent, ignore_errors=True)
