@@ -39,19 +39,7 @@ from mdp.solve import induced_matrix, relative_value_iteration  # noqa: E402
 from mdp.statespace import StateSpace, Truncation  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
-from table1 import cpu_model  # noqa: E402
-
-
-def write_section(text: str) -> None:
-    path = ROOT / "BENCHMARKS.md"
-    cur = path.read_text()
-    begin, end = "<!-- mdp-peer:begin -->", "<!-- mdp-peer:end -->"
-    block = f"{begin}\n{text}\n{end}"
-    if begin in cur:
-        cur = cur[: cur.index(begin)] + block + cur[cur.index(end) + len(end):]
-    else:
-        cur = cur.rstrip() + "\n\n" + block + "\n"
-    path.write_text(cur)
+from _report import cpu_model, write_section  # noqa: E402
 
 
 def pre_decision_form(space: StateSpace) -> tuple[list[sp.csr_matrix], np.ndarray, np.ndarray]:
@@ -145,7 +133,7 @@ def main() -> int:
     text = "\n".join(lines)
     print(text)
     if not args.no_write:
-        write_section(text)
+        write_section("mdp-peer", text)
     return 0
 
 

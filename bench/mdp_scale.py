@@ -44,18 +44,6 @@ def one(case: int, C: int, K: int) -> None:
     }))
 
 
-def write_section(text: str) -> None:
-    path = ROOT / "BENCHMARKS.md"
-    cur = path.read_text()
-    begin, end = "<!-- mdp-scale:begin -->", "<!-- mdp-scale:end -->"
-    block = f"{begin}\n{text}\n{end}"
-    if begin in cur:
-        cur = cur[: cur.index(begin)] + block + cur[cur.index(end) + len(end):]
-    else:
-        cur = cur.rstrip() + "\n\n" + block + "\n"
-    path.write_text(cur)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--case", type=int, default=4)
@@ -67,7 +55,7 @@ def main() -> int:
         C, K = (int(x) for x in args.one.split("x"))
         one(args.case, C, K)
         return 0
-    from table1 import cpu_model
+    from _report import cpu_model, write_section
 
     rows = ["| cap C / K_max | states | nnz(P_E) | sweeps | build s | wall s | CPU s | peak RSS GB | g bounds |",
             "|---|---|---|---|---|---|---|---|---|"]
@@ -95,7 +83,7 @@ def main() -> int:
     ])
     print(text)
     if not args.no_write:
-        write_section(text)
+        write_section("mdp-scale", text)
     return 0
 
 

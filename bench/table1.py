@@ -28,6 +28,9 @@ sys.path.insert(0, str(ROOT))
 from api.commands._scenario import load_scenario  # noqa: E402
 from mdp.compare import compare  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from _report import cpu_model, write_section  # noqa: E402
+
 REF = ROOT.parent / "shared" / "reference" / "table1.csv"
 KEYS = {"pi(1)": "gain_pi1", "pi(4)": "gain_pi4", "pi(inf)": "gain_piinf", "pi(1,1)": "gain_pi11"}
 
@@ -37,25 +40,6 @@ def paper_rows() -> dict[int, dict[str, str]]:
         return {}
     rows = [r for r in csv.reader(REF.open()) if r and not r[0].startswith("#")]
     return {int(r[0]): dict(zip(rows[0], r)) for r in rows[1:]}
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
-def write_section(text: str) -> None:
-    path = ROOT / "BENCHMARKS.md"
-    cur = path.read_text() if path.exists() else "# Benchmarks\n"
-    begin, end = "<!-- table1:begin -->", "<!-- table1:end -->"
-    block = f"{begin}\n{text}\n{end}"
-    if begin in cur:
-        cur = cur[: cur.index(begin)] + block + cur[cur.index(end) + len(end):]
-    else:
-        cur = cur.rstrip() + "\n\n" + block + "\n"
-    path.write_text(cur)
 
 
 def acceptance(out: dict[int, dict], paper: dict[int, dict[str, str]]) -> list[str]:
@@ -151,7 +135,7 @@ def main() -> int:
     checks = acceptance(out, paper)
     text = head + "\n" + "\n".join(lines) + "\n\n" + "\n".join(checks)
     if not args.no_write:
-        write_section(text)
+        write_section("table1", text)
     print(json.dumps(out))
     return 0
 
