@@ -8,6 +8,7 @@ export OPENBLAS_NUM_THREADS ?= 1
 .PHONY: demo test venv clean
 
 $(STAMP): setup.cfg pyproject.toml
+	sh apache-conf/install-debian-packages.sh  # python3-venv first on a fresh Debian
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'

@@ -14,9 +14,10 @@
 #   iproute2 ethtool  uplink qdisc (controller/qdisc.py: tc, ip netns; TSO/GSO off for HTB)
 #   chromium       headless check of the API's page (tests/api/test_api_page.py)
 #   prometheus     private Prometheus scraping the sidecar and the API (api/prometheus.py)
+#   python3-venv   the project's .venv (Makefile; not in a minimal Debian 12)
 set -eu
 
-PKGS="apache2 liblua5.3-dev lua5.3 gcc libc6-dev util-linux wrk haproxy iproute2 ethtool chromium prometheus"
+PKGS="apache2 liblua5.3-dev lua5.3 gcc libc6-dev util-linux wrk haproxy iproute2 ethtool chromium prometheus python3-venv"
 
 missing=""
 for p in $PKGS; do
