@@ -15,7 +15,9 @@ Estimates
   - ``attained`` — the attained service under processor sharing (paper 004, §2: with K active
     threads each progresses at rate c(K)/K, c(K) = min(K, m)/(1 + δK)):
     ``S = ∫_{admit}^{done} c(K(t))/K(t) dt``, K(t) the stage requests the limiter has admitted
-    (the sidecar sees every change of K, so the integral is exact for the model).
+    (the sidecar sees every change of K, so the integral is exact for the model). It assumes
+    Apache's threads own the m cores: on a shared machine it counts CPU taken by other processes
+    as service (measured: bench/online_refit.py), hence the log's CPU notes are preferred.
 
   A stage uses the log's samples when it has ``min_samples`` of them, else the attained ones;
   the decision log and ``overtake_online_fitted_mean_seconds{source}`` say which.
@@ -76,6 +78,7 @@ FloatArray = npt.NDArray[np.float64]
 OUTCOMES = ("swapped", "kept", "failed", "skipped_samples", "skipped_load", "skipped_rate_limited",
             "skipped_busy", "skipped_superseded")
 SOURCES = ("access_log", "attained")
+_READ_MAX = 4 << 20  # bytes of access log parsed per poll (the rest at the next poll)
 
 
 def capacity(k: int, cores: int, overhead: float) -> float:
@@ -207,7 +210,10 @@ class AccessLogTail:
         self.path = Path(path)
         self.table = table
         self.parser = apachelogs.LogParser(LOG_FORMAT)
-        self.offset = 0
+        try:  # only requests from now on: a long history would stall the first read
+            self.offset = self.path.stat().st_size
+        except FileNotFoundError:
+            self.offset = 0
         self.bad_lines = 0
         self.no_cpu = 0
 
@@ -222,7 +228,7 @@ class AccessLogTail:
             return []
         with self.path.open("rb") as f:
             f.seek(self.offset)
-            data = f.read(size - self.offset)
+            data = f.read(min(size - self.offset, _READ_MAX))
         end = data.rfind(b"\n")
         if end < 0:
             return []
@@ -330,9 +336,11 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
 
     Runs in the worker process. Returns the fitted stages, both predicted E[W] (model units, on a
     common evaluation cap) and timings."""
-    from mdp import Baseline, Policy, Stage, TandemModel, solve_optimal
+    from mdp.baselines import Baseline
+    from mdp.model import Stage, TandemModel
+    from mdp.policy import Policy
     from mdp.statespace import Layout
-    from mdp.truncation import evaluate_baseline, evaluate_rule
+    from mdp.truncation import evaluate_baseline, evaluate_rule, solve_optimal
 
     t0 = time.perf_counter()
     fits = [_fit_stage(np.asarray(x, dtype=float), o, job.max_order, job.seed)
@@ -489,11 +497,13 @@ class OnlineLoop:
         st.reservoirs[source].append(seconds / self.time_unit)
         st.observed[source] += 1
 
-    def poll_log(self) -> int:
-        """Read new access-log lines into the ``access_log`` reservoirs; number of samples added."""
+    def poll_log(self, recs: list[tuple[int, float]] | None = None) -> int:
+        """Add access-log samples (read now, or ``recs`` read by :meth:`AccessLogTail.poll`);
+        number added. Runs on the event loop: the reservoirs are not shared with threads."""
         if self.tail is None:
             return 0
-        recs = self.tail.poll()
+        if recs is None:
+            recs = self.tail.poll()
         for stage, cpu in recs:
             if cpu > 0:
                 self.add_demand(stage, cpu, "access_log")
@@ -531,7 +541,7 @@ class OnlineLoop:
         while True:
             await asyncio.sleep(self.settings.log_poll)
             try:
-                await asyncio.to_thread(self.poll_log)
+                self.poll_log(await asyncio.to_thread(self.tail.poll))  # type: ignore[union-attr]
             except OSError as exc:
                 log.warning("access log unreadable", extra={"event": "online_log", "detail": str(exc)})
 
@@ -703,12 +713,19 @@ class OnlineCollector(Collector):
                                     labels=["stage", "source"])
         observed = CounterMetricFamily("overtake_online_demand_observations", "Service-demand samples recorded",
                                        labels=["stage", "source"])
+        mean = GaugeMetricFamily("overtake_online_demand_mean_seconds",
+                                 "Mean of the held service-demand samples (compare the two sources)",
+                                 labels=["stage", "source"])
         for name, st in zip(lp.names, lp.stages):
             for src in SOURCES:
-                samples.add_metric([name, src], len(st.reservoirs[src]))
+                r = st.reservoirs[src]
+                samples.add_metric([name, src], len(r))
                 observed.add_metric([name, src], st.observed[src])
+                if r:
+                    mean.add_metric([name, src], sum(r) / len(r) * lp.time_unit)
         yield samples
         yield observed
+        yield mean
         last = lp.last
         if "fit" in last:
             fm = GaugeMetricFamily("overtake_online_fitted_mean_seconds", "Mean service demand of the last fit",

@@ -193,6 +193,11 @@ def test_access_log_tail_reads_only_new_complete_lines(tmp_path: Path) -> None:
         f.write(line.format(p="/stage2", s="stage2", c=999)[40:] + "\n")
     assert tail.poll() == [(1, 0.000999)]
     assert tail.bad_lines == 0
+    late = AccessLogTail(log, _table())  # opened on an existing log: only what follows
+    assert late.poll() == []
+    with log.open("a") as f:
+        f.write(line.format(p="/stage1", s="stage1", c=40) + "\n")
+    assert late.poll() == [(0, 4e-05)] and tail.poll() == [(0, 4e-05)]
 
 
 # ---- the loop on case 4 ----------------------------------------------------------------------
@@ -291,7 +296,7 @@ def test_failing_solve_is_counted_and_the_old_policy_kept() -> None:
     """Fault injection: solve_optimal raises inside the (thread) worker."""
     side = _sidecar("pi(2)")
     clock = _Clock()
-    with ThreadPoolExecutor(1) as ex, mock.patch("mdp.solve_optimal", side_effect=RuntimeError("injected solver failure")):
+    with ThreadPoolExecutor(1) as ex, mock.patch("mdp.truncation.solve_optimal", side_effect=RuntimeError("injected solver failure")):
         loop = _case4_loop(side, clock, ex, seed=1, refit_interval=30.0)
         assert asyncio.run(loop.refit()) == "failed"
         assert "injected solver failure" in loop.last["reason"]
