@@ -319,7 +319,7 @@ def _fit_stage(x: FloatArray, order: int | None, max_order: int, seed: int) -> d
     T = np.asarray(best.ph.T, dtype=float)
     if np.allclose(T, np.diag(np.diag(T))):
         # hyperexponential: phase 1 = shortest mean, so clients' phase headers keep one meaning
-        idx = np.argsort(np.diag(T))[::-1]
+        idx = np.argsort(np.diag(T))  # most negative diagonal = highest rate = shortest mean
         a, T = a[idx], T[np.ix_(idx, idx)]
     return {"alpha": a, "T": T, "mean": float(best.ph.mean()), "order": int(a.size), "scv": scv,
             "structure": best.structure, "bic": tried, "n": int(x.size)}

@@ -258,6 +258,10 @@ def test_refit_on_case4_swaps_pi1_for_the_solved_policy_and_keeps_it_after(worke
     for f in rec["fit"]:
         assert f["mean"] == pytest.approx(CASE4_MEAN, rel=0.10), f
         assert f["order"] == 2  # BIC prefers H2 over the exponential
+        # phase 1 is the short phase (as case04.yaml and the clients' phase header have it)
+        assert -1 / f["T"][0][0] == pytest.approx(CASE4_MEANS[0], rel=0.25)
+        assert -1 / f["T"][1][1] == pytest.approx(CASE4_MEANS[1], rel=0.25)
+        assert f["alpha"][0] == pytest.approx(CASE4_PROBS[0], abs=0.03)
     assert rec["load"] == pytest.approx(0.6, rel=0.15)
     # π(1)'s predicted E[W] under the refitted model is close to its exact value on the true model
     a, T = CASE4_PROBS, np.diag(-1 / CASE4_MEANS)
@@ -436,10 +440,11 @@ def test_online_loop_end_to_end_on_apache() -> None:
         assert info["online"]["generation"] == 1, (info, logf.read_text()[-3000:])
         assert info["name"].startswith("online-") and info["phases"] == [2, 2] and info["swaps"] == 1
         assert last["outcome"] == "swapped" and last["source"] == {"stage1": "access_log", "stage2": "access_log"}
-        # the fitted means are Apache's CPU notes of the demands we sent
+        # the fitted means are Apache's CPU notes of the demands we sent; phase 1 = the short phase
         for s, f in enumerate(last["fit"]):
             sent = float(demands[:, s].mean()) / unit
             assert f["mean"] == pytest.approx(sent, rel=0.3), (f, sent)
+            assert f["T"][0][0] < f["T"][1][1] < 0
         # the swapped-in policy serves: phase-tagged requests complete
         for i in range(10):
             transaction(i)
