@@ -27,6 +27,15 @@ overtake_policy_swaps_total / _refused_total            counter  hot swaps done 
 overtake_policy_guard_admissions_total                  counter  liveness-guard admissions
 ======================================================  =======  =================================
 
+With ``--online`` (:class:`controller.online.OnlineCollector`): ``overtake_online_refits_total{outcome}``
+(swapped, kept, failed, skipped_*), ``overtake_online_generation``,
+``overtake_online_last_refit_timestamp_seconds``, ``overtake_online_arrival_rate_per_second``,
+``overtake_online_demand_samples{stage,source}``, ``overtake_online_demand_observations_total{stage,source}``,
+``overtake_online_demand_mean_seconds{stage,source}`` (source = access_log | attained),
+``overtake_online_fitted_mean_seconds{stage,source}``,
+``overtake_online_predicted_response_time_seconds{policy}`` (current | new, under the last refitted
+model) and ``overtake_online_refit_duration_seconds``.
+
 Apache's ``/server-status?auto`` (:func:`controller.apache.parse_status`) is exported under the
 names of prometheus-community/apache_exporter: ``apache_up``, ``apache_info{version,mpm}``,
 ``apache_accesses_total``, ``apache_sent_kilobytes_total``, ``apache_duration_ms_total``,
