@@ -106,6 +106,8 @@ def main() -> int:
         "- Instance: paper 004 Table 1 case 4 (two H2 stages, ρ = 0.6), phase-known layout, cost = `space.cost` "
         "(requests + blocking charge, what RVI minimises). LP: cvxpy 1.9 → HiGHS IPM + crossover, primal/dual "
         "feasibility 1e-10. 'exact' = the LP policy's cost from its exact stationary law (P_E·R). RVI to span 1e-11.",
+        "- 'LP CPU s' = process CPU time of the whole `occupation_lp` call (cvxpy build, HiGHS, exact evaluation); "
+        "wall ≫ CPU is the shared machine; the size limit below is the wall-clock timeout at this load.",
         "",
         "| C | K | states | LP vars | RVI g | LP objective | rel. LP − RVI | rel. exact − RVI | build s | HiGHS s (wall) | LP CPU s | eval s | RVI s | peak MB |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
