@@ -34,11 +34,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
-from apache_table2 import _http, _wait_idle, batch_means, calibrate, make_trace, replay  # noqa: E402
+from apache_table2 import _http, _wait_idle, batch_means, calibrate, make_trace, replay  # type: ignore[import-not-found]  # noqa: E402
 
 from api import plots  # noqa: E402
 from api.commands._scenario import load_scenario  # noqa: E402
-from mdp import Policy  # noqa: E402
+from mdp.policy import Policy  # noqa: E402
 
 RUNS = (("pi(inf)", "passthrough", "Apache's default"), ("pi*", "", "the solved policy"))
 
