@@ -25,6 +25,8 @@ overtake_policy_info{name,version,hash}                 gauge    1
 overtake_policy_predicted_response_time_seconds         gauge    model E[W] x time unit (tables)
 overtake_policy_swaps_total / _refused_total            counter  hot swaps done / refused
 overtake_policy_guard_admissions_total                  counter  liveness-guard admissions
+overtake_policy_fetches_total{result}                   counter  --policy-url polls: updated |
+                                                                 not_modified | error | refused
 ======================================================  =======  =================================
 
 With ``--online`` (:class:`controller.online.OnlineCollector`): ``overtake_online_refits_total{outcome}``
