@@ -52,7 +52,7 @@ LOAD = 0.6
 
 
 def h2(rng: np.random.Generator, n: int) -> np.ndarray:
-    return rng.exponential(np.where(rng.random(n) < PROBS[1], MEANS[1], MEANS[0]))
+    return np.asarray(rng.exponential(np.where(rng.random(n) < PROBS[1], MEANS[1], MEANS[0])), dtype=float)
 
 
 def part_fit(seeds: int, out: Path) -> tuple[str, dict[str, Any]]:
@@ -90,8 +90,12 @@ def part_fit(seeds: int, out: Path) -> tuple[str, dict[str, Any]]:
                          "new": r["predicted_new"], "cur": r["predicted_current"], "states": r["states"]})
             print(json.dumps(runs[-1]), flush=True)
         raw["runs"] += runs
-        med = lambda k: float(np.median([x[k] for x in runs]))  # noqa: E731
-        mx = lambda k: float(np.max([x[k] for x in runs]))  # noqa: E731
+        def med(k: str) -> float:
+            return float(np.median([x[k] for x in runs]))
+
+        def mx(k: str) -> float:
+            return float(np.max([x[k] for x in runs]))
+
         swaps = sum(x["new"] < 0.99 * x["cur"] for x in runs)
         rows.append(f"| {n} | {tol:g} | {len(runs)} | {med('fit'):.2f} | {med('solve'):.2f} | {med('evaluate'):.2f} | "
                     f"{med('wall'):.2f} / {mx('wall'):.2f} | {med('mean_err'):.1%} / {mx('mean_err'):.1%} | "
@@ -202,10 +206,10 @@ def part_apache(transactions: int) -> tuple[str, dict[str, Any]]:
     raw: dict[str, Any] = {"codes_200": codes.count(200), "requests": len(codes), "policy": info}
     for s, name in enumerate(("stage1", "stage2")):
         sent = float(demands[:, s].mean())
-        cpu = g(text, "overtake_online_demand_mean_seconds", stage=name, source="access_log")
-        att = g(text, "overtake_online_demand_mean_seconds", stage=name, source="attained")
-        rows.append(f"| {name} | {sent * 1e3:.3f} | {cpu * 1e3 if cpu else float('nan'):.3f} "
-                    f"({(cpu - sent) / sent:+.1%}) | {att * 1e3 if att else float('nan'):.3f} ({(att - sent) / sent:+.1%}) |")
+        cpu = g(text, "overtake_online_demand_mean_seconds", stage=name, source="access_log") or float("nan")
+        att = g(text, "overtake_online_demand_mean_seconds", stage=name, source="attained") or float("nan")
+        rows.append(f"| {name} | {sent * 1e3:.3f} | {cpu * 1e3:.3f} "
+                    f"({(cpu - sent) / sent:+.1%}) | {att * 1e3:.3f} ({(att - sent) / sent:+.1%}) |")
         raw[name] = {"sent": sent, "access_log": cpu, "attained": att}
     lam_mid = g(mid, "overtake_online_arrival_rate_per_second")
     refits = [x for x in log_lines if x.get("event") == "online_refit"]
