@@ -516,8 +516,15 @@ class OnlineLoop:
 
     def _choose(self, stage: int) -> tuple[str, FloatArray]:
         res = self.stages[stage].reservoirs
-        if len(res["access_log"]) >= self.settings.min_samples:
-            return "access_log", np.fromiter(res["access_log"], dtype=float)
+        log = np.fromiter(res["access_log"], dtype=float)
+        if log.size >= self.settings.min_samples:
+            return "access_log", log
+        # With an access log the log is the source: the attained estimate is biased whenever other
+        # work shares Apache's cores. Its lines arrive a poll later than completions, so wait for
+        # them; fall back only if the log has given nothing while 2 × min_samples requests completed
+        # (a wrong --access-log path or format).
+        if self.tail is not None and (log.size > 0 or len(res["attained"]) < 2 * self.settings.min_samples):
+            return "access_log", log
         return "attained", np.fromiter(res["attained"], dtype=float)
 
     # ---- lifecycle ---------------------------------------------------------------------------
