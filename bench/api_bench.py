@@ -33,6 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import write_section  # noqa: E402
+
 import httpx
 import numpy as np
 
@@ -64,18 +67,6 @@ def wait(client: httpx.Client, url: str, timeout: float = 1800) -> dict:
 
 def pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs), q))
-
-
-def write_section(text: str) -> None:
-    path = REPO / "BENCHMARKS.md"
-    cur = path.read_text() if path.exists() else "# Benchmarks\n"
-    begin, end = "<!-- api:begin -->", "<!-- api:end -->"
-    block = f"{begin}\n{text}\n{end}"
-    if begin in cur:
-        cur = cur[: cur.index(begin)] + block + cur[cur.index(end) + len(end):]
-    else:
-        cur = cur.rstrip() + "\n\n" + block + "\n"
-    path.write_text(cur)
 
 
 def raise_autogroup() -> int | None:
@@ -229,7 +220,7 @@ def main() -> int:
                      f"p99 {out['wrk']['p99_ms']:.2f} ms.")
     lines.append(f"- In-process `Policy.action` on the same states: {out['policy_action_us']:.1f} µs a call "
                  "(the rest is HTTP, FastAPI routing and validation).")
-    write_section("\n".join(lines))
+    write_section("api", "\n".join(lines))
     return 0
 
 

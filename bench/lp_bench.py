@@ -21,6 +21,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import write_section  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = [(6, 3), (8, 4), (10, 3), (10, 4), (12, 3)]
 
@@ -54,18 +57,6 @@ def one(C: int, K: int) -> dict:
         "E_W": lp.metrics.mean_response_time,
         "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
-
-
-def write_section(text: str) -> None:
-    path = ROOT / "BENCHMARKS.md"
-    cur = path.read_text() if path.exists() else "# Benchmarks\n"
-    begin, end = "<!-- lp:begin -->", "<!-- lp:end -->"
-    block = f"{begin}\n{text}\n{end}"
-    if begin in cur and end in cur:
-        cur = cur[: cur.index(begin)] + block + cur[cur.index(end) + len(end):]
-    else:
-        cur = cur.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(cur)
 
 
 def main() -> int:
@@ -119,7 +110,7 @@ def main() -> int:
     if stopped:
         lines += ["", f"Size limit reached: {stopped}."]
     if args.record:
-        write_section("\n".join(lines))
+        write_section("lp", "\n".join(lines))
     print("\n".join(lines))
     return 0
 

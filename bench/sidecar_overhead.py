@@ -29,6 +29,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import write_section  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -91,18 +94,6 @@ def wrk(url: str, connections: int, duration: float, core: int) -> dict[str, flo
     m = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
     res["non2xx"] = float(m.group(1)) if m else 0.0
     return res
-
-
-def write_section(text: str) -> None:
-    path = REPO / "BENCHMARKS.md"
-    cur = path.read_text() if path.exists() else "# Benchmarks\n"
-    begin, end = "<!-- sidecar:begin -->", "<!-- sidecar:end -->"
-    block = f"{begin}\n{text}\n{end}"
-    if begin in cur:
-        cur = cur[: cur.index(begin)] + block + cur[cur.index(end) + len(end):]
-    else:
-        cur = cur.rstrip() + "\n\n" + block + "\n"
-    path.write_text(cur)
 
 
 def main() -> int:
@@ -210,7 +201,7 @@ def main() -> int:
             f"{100 * summary['sidecar_over_haproxy_rps_cN']:.0f} % (target >= 25 %: {'met' if ok2 else 'NOT met'}).",
         ]
         if not args.no_write:
-            write_section("\n".join(lines))
+            write_section("sidecar", "\n".join(lines))
         print("\n".join(lines))
         return 0
     finally:

@@ -23,6 +23,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import write_section  # noqa: E402
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,19 +52,6 @@ def machine() -> str:
     load = os.getloadavg()[0]
     return (f"{os.cpu_count()} cores ({cpu_model()}), this process pinned to CPU(s) {aff}, Python "
             f"{platform.python_version()}; load average at start {load:.2f} — other helpers' jobs share the machine")
-
-
-def write_section(name: str, text: str) -> None:
-    """Replace this bench's marker section of BENCHMARKS.md (read fresh, write once)."""
-    path = ROOT / "BENCHMARKS.md"
-    cur = path.read_text() if path.exists() else "# Benchmarks\n"
-    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    block = f"{begin}\n{text.rstrip()}\n{end}"
-    if begin in cur:
-        cur = cur[: cur.index(begin)] + block + cur[cur.index(end) + len(end):]
-    else:
-        cur = cur.rstrip() + "\n\n" + block + "\n"
-    path.write_text(cur)
 
 
 def table1_case(case: int, cache: Path, tol: float, solve: bool = True) -> tuple[Any, dict[str, Any], Policy]:

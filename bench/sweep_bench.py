@@ -25,6 +25,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import write_section  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -54,18 +57,6 @@ def run(points, warm, workers: int):  # type: ignore[no-untyped-def]
         client.close()
         cluster.close()
     return df, wall, load
-
-
-def write_section(text: str) -> None:
-    path = ROOT / "BENCHMARKS.md"
-    cur = path.read_text() if path.exists() else "# Benchmarks\n"
-    begin, end = "<!-- sweep:begin -->", "<!-- sweep:end -->"
-    block = f"{begin}\n{text}\n{end}"
-    if begin in cur and end in cur:
-        cur = cur[: cur.index(begin)] + block + cur[cur.index(end) + len(end):]
-    else:
-        cur = cur.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(cur)
 
 
 def main() -> int:
@@ -140,7 +131,7 @@ def main() -> int:
     text = "\n".join(lines)
     print(text)
     if args.record:
-        write_section(text)
+        write_section("sweep", text)
     return 0
 
 
