@@ -139,10 +139,11 @@ class Policy:
         row = np.asarray(state, dtype=np.int64).reshape(1, -1)
         if row.shape[1] != self.Q + self.D:
             raise PolicyFileError(f"state must have {self.Q + self.D} entries: {self.columns}")
-        if row.sum() <= self.max_requests and row[0, self.Q :].sum() <= self.max_threads and np.all(row >= 0):
+        vals = row[0].tolist()
+        if sum(vals) <= self.max_requests and sum(vals[self.Q :]) <= self.max_threads and min(vals) >= 0:
             if self._lookup is None:
                 self._lookup = {int(k): i for i, k in enumerate(self.keys)}
-            i = self._lookup.get(int(self._ranker.rank(row)[0]))
+            i = self._lookup.get(self._ranker.rank_one(vals))
             if i is not None:
                 return np.minimum(self.spawn[i].astype(np.int64), row[0, : self.Q])
         return self.actions(row)[0]

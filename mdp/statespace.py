@@ -122,6 +122,22 @@ class Ranker:
             for b in range(cap + 1):
                 n[r, b] = comb(b + r, r)
         self._n = n
+        self._n_list = [[int(x) for x in r] for r in n]
+
+    def rank_one(self, row: list[int]) -> int:
+        """:meth:`rank` of one vector in plain Python: a few µs, for per-request lookups."""
+        n = self._n_list
+        L = self.length
+        budget = self.cap
+        key = 0
+        for col, v in enumerate(row):
+            if v > 0:
+                r = L - col
+                key += n[r][budget] - n[r][budget - v]
+            budget -= v
+        if budget < 0:
+            raise IndexError("a row exceeds the truncation's request cap")
+        return key
 
     def rank(self, rows: IntArray) -> IntArray:
         rows = np.asarray(rows, dtype=np.int64)

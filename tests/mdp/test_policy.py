@@ -85,3 +85,21 @@ def test_truncated_policy_file_is_refused_without_leaking_a_handle(case4, tmp_pa
     with pytest.raises(PolicyFileError, match="not an overtake policy file"):
         Policy.load(cut)
     gc.collect()
+
+
+def test_scalar_rank_equals_vector_rank_and_action_equals_actions(case4) -> None:  # type: ignore[no-untyped-def]
+    """Policy.action ranks one state in plain Python (the sidecar and the API call it per
+    request); it must agree with the vectorised rank and with Policy.actions everywhere,
+    including states beyond the truncation (projected) and above the thread cap."""
+    from mdp.statespace import Ranker
+
+    rng = np.random.default_rng(3)
+    rk = Ranker(8, 12)
+    rows = rng.integers(0, 4, size=(3000, 8))
+    rows = rows[rows.sum(axis=1) <= 12]
+    assert [rk.rank_one(r.tolist()) for r in rows] == rk.rank(rows).tolist()
+    space = StateSpace(case4, Truncation(6, 3))
+    pol = Policy.from_decision(space, policy_iteration(space).decision)
+    states = rng.integers(0, 5, size=(500, 8))  # many lie beyond C = 6 or K = 3
+    want = pol.actions(states)
+    assert all(np.array_equal(pol.action(s), w) for s, w in zip(states, want))
