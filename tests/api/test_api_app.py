@@ -272,10 +272,9 @@ def test_restart_keeps_models_and_fails_interrupted_jobs(tmp_path: Path) -> None
         while c.get(f"/v1/models/{sid}").json()["status"] != "running":
             assert time.monotonic() - t0 < 60
             time.sleep(0.05)
-        # the API answers while the worker process solves
-        t1 = time.perf_counter()
+        # the API answers while the worker process solves (how fast: bench/api_bench.py, not a
+        # timed test)
         assert c.get("/healthz").status_code == 200
-        assert time.perf_counter() - t1 < 0.5
         qid = c.post("/v1/models", json=exp2(0.2)).json()["id"]  # waits behind the slow one (1 worker)
         assert c.get(f"/v1/models/{qid}").json()["status"] == "queued"
     with TestClient(create_app(Settings(db=db))) as c:
