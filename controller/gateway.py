@@ -241,6 +241,10 @@ class Gateway:
     # ---- server ----------------------------------------------------------------------------
     async def start(self, host: str, port: int) -> None:
         self.server = await asyncio.start_server(self._client, host, port, backlog=1024, limit=1 << 16)
+        prepare = getattr(self.uplink, "prepare_listener", None)
+        if prepare is not None:  # SYN-ACKs in the control band (papers 001/003), not with small responses
+            for sock in self.server.sockets:
+                prepare(sock)
         self._sweeper = asyncio.create_task(self._sweep())
 
     async def _sweep(self) -> None:

@@ -43,6 +43,7 @@ from controller.policy_fetch import FETCH_RESULTS, PolicyFetcher, PolicyFetchErr
 from controller.stages import StageTable
 from controller.upstream import UpstreamPool
 from controller.uplink import make_uplink
+from controller.uplink_metrics import UplinkCollector
 
 __all__ = ["JsonFormatter", "Sidecar", "SidecarOptions", "parse_addr", "parse_apache_url"]
 
@@ -139,6 +140,8 @@ class Sidecar:
         self.metrics = SidecarMetrics(lambda: self.limiter, time_unit=cfg.classifier.time_unit)
         if self.online is not None:
             self.metrics.registry.register(OnlineCollector(self.online))
+        if self.uplink.name != "fair":  # srpt/srrt/app: per-band bytes, flows, priority changes
+            self.metrics.registry.register(UplinkCollector(self.uplink))
         self.fetches = fetch_counter(self.metrics.registry)
         for result, n in self.fetch_counts.items():
             self.fetches.labels(result).inc(n)

@@ -86,16 +86,15 @@ def upstream() -> Iterator[int]:
         srv.server_close()
 
 
-@pytest.fixture(scope="module")
-def gateway(upstream: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Sidecar]]:
-    d = tmp_path_factory.mktemp("gw")
+def _serve(upstream: int, d: Path, uplink: str) -> Iterator[tuple[int, Sidecar]]:
     stages = Path(d) / "stages.yaml"
     stages.write_text(
         "stages:\n  - name: stage1\n    path: '^/slow/'\n  - name: stage2\n    path: '^/stage2'\n"
         "limits: {response_buffer_bytes: 4096, max_inflight: 8}\n"
     )
     port = _free_port()
-    opts = SidecarOptions(policy="pi(1)", apache=f"http://127.0.0.1:{upstream}", listen=f"127.0.0.1:{port}")
+    opts = SidecarOptions(policy="pi(1)", apache=f"http://127.0.0.1:{upstream}", listen=f"127.0.0.1:{port}",
+                          uplink=uplink)
     loop = asyncio.new_event_loop()
     box: dict[str, Sidecar] = {}
     ready = threading.Event()
@@ -120,6 +119,34 @@ def gateway(upstream: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator
             loop.call_soon_threadsafe(task.cancel)
         th.join(10)
         loop.close()
+
+
+@pytest.fixture(scope="module")
+def gateway(upstream: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Sidecar]]:
+    yield from _serve(upstream, tmp_path_factory.mktemp("gw"), "fair")
+
+
+def test_uplink_bands_are_on_the_metrics_page(upstream: int, tmp_path: Path) -> None:
+    """With an uplink scheduler (here the app-level one, which needs no qdisc) the bytes it wrote
+    are on /-/metrics (issue #6, metrics per band; the app-level scheduler has one band, "app")."""
+    gen = _serve(upstream, tmp_path, "app")
+    port, _ = next(gen)
+    try:
+        sizes = [3000, 20000, 150000]
+        for n in sizes:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.request("GET", f"/chunked/{n}")
+            assert len(conn.getresponse().read()) == n
+            conn.close()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/-/metrics")
+        text = conn.getresponse().read().decode()
+        conn.close()
+    finally:
+        gen.close()
+    sent = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith('overtake_uplink_bytes_total{band="app"}'))
+    assert sum(sizes) < sent < sum(sizes) + 2000 * len(sizes)  # bodies plus header blocks
 
 
 async def _guard(coro: object) -> None:
