@@ -50,6 +50,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="20x4,30x4,40x4")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--note", default="", help="a sentence appended to the section (e.g. a run stopped by hand)")
     args = ap.parse_args()
     if args.one:
         C, K = (int(x) for x in args.one.split("x"))
@@ -80,6 +81,7 @@ def main() -> int:
         f"command: `OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/mdp_scale.py --case {args.case} --sizes {args.sizes}`. "
         f"Table 1 case {args.case}, RVI to span ≤ 1e-5·g, one process per size (peak RSS = the largest child so far).", "",
         *rows,
+        *(["", args.note] if args.note else []),
     ])
     print(text)
     if not args.no_write:
