@@ -102,10 +102,10 @@ def main() -> int:
         "## mdp/sweep.py — `overtake sweep` on Dask, 1 vs 2 local workers (issue 4, part 4)",
         "",
         f"- Date: {started}; machine: {os.cpu_count()} vCPU, {platform.processor() or platform.machine()}, "
-        f"Python {platform.python_version()}. **The machine has 2 cores and other helpers' jobs were running** "
-        f"(load average {load0:.1f} at start; per run below), so two workers compete with them for the second core.",
-        "- Command: `setsid bash -c 'echo -20 > /proc/self/autogroup; OPENBLAS_NUM_THREADS=1 NUMBA_NUM_THREADS=1 "
-        f"exec .venv/bin/python bench/sweep_bench.py --record'` (autogroup: `{autogroup}`); "
+        f"Python {platform.python_version()}; load average {load0:.1f} at start (per run below; the machine is "
+        "shared, and two workers compete with any other job for the second core).",
+        f"- Command: `OPENBLAS_NUM_THREADS=1 NUMBA_NUM_THREADS=1 .venv/bin/python bench/sweep_bench.py "
+        f"{' '.join(sys.argv[1:])}`, run in autogroup `{autogroup}` (see the module docstring on autogroups); "
         "LocalCluster, single-threaded worker processes, one warm-up point per worker, timed from submission "
         "to the last result (cluster start-up excluded).",
         f"- Grid: `examples/sweep/grid.yaml`, {len(points)} points (load × stage SCVs × stage-2 mean), "
