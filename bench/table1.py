@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from api.commands._scenario import load_scenario  # noqa: E402
+from api.progress import progress_iter  # noqa: E402
 from mdp.compare import compare  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -99,7 +100,8 @@ def main() -> int:
     results: dict[int, dict] = {}
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=ctx) as pool:
-        for r in pool.map(run_case, order, [args.tol] * len(order)):
+        # a bar on a terminal (api/progress.py); the per-case progress lines go to stderr anyway
+        for r in progress_iter(pool.map(run_case, order, [args.tol] * len(order)), "table 1", total=len(order)):
             results[r["case"]] = r
     wall = time.perf_counter() - wall0
     total_cpu = 0.0

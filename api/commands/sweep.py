@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,7 @@ def run(args: argparse.Namespace) -> int:
         import dask.distributed  # noqa: F401
     except ImportError:
         raise ModelError("overtake sweep needs Dask: pip install 'overtake[sweep]'") from None
+    from api.progress import progress_bar
     from mdp.sweep import parse_grid, plot_gains, run_sweep, write_table
 
     low = args.out.lower()
@@ -43,11 +43,10 @@ def run(args: argparse.Namespace) -> int:
     except yaml.YAMLError as exc:
         raise ModelError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     points = parse_grid(doc)
-    progress = None if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
-    if progress:
-        progress(f"sweep: {len(points)} points")
     try:
-        df = run_sweep(points, scheduler=args.scheduler, workers=args.workers, progress=progress)
+        # a bar over the points on a terminal, silent in a pipe or CI (api/progress.py)
+        with progress_bar(f"sweep ({len(points)} points)", quiet=args.quiet) as progress:
+            df = run_sweep(points, scheduler=args.scheduler, workers=args.workers, progress=progress)
     except OSError as exc:  # scheduler unreachable
         raise ModelError(f"--scheduler {args.scheduler}: cannot connect ({exc}); start `dask scheduler` "
                          "there or drop --scheduler for a local cluster") from None
