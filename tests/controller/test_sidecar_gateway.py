@@ -27,12 +27,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller import apache
-from controller.errors import ApacheNotInstalledError
 from mdp import Stage, TandemModel, Truncation
 from mdp.truncation import solve_optimal
 
 REPO = Path(__file__).resolve().parents[2]
-IS_ROOT = os.geteuid() == 0
 
 STAGES = """
 stages:
@@ -44,23 +42,6 @@ stages:
     queue_timeout: 0.6
 limits: {max_inflight: 4, queue_cap: 100, queue_timeout: 20, max_body_bytes: 100000, response_buffer_bytes: 4096}
 """
-
-
-def _installed() -> bool:
-    try:
-        apache._check_installed()
-    except ApacheNotInstalledError:
-        return False
-    return True
-
-
-@pytest.fixture(scope="module")
-def apache_available() -> None:
-    if _installed():
-        return
-    if not IS_ROOT:
-        pytest.skip("apache2/liblua5.3-dev/gcc not installed and not root: run apache-conf/install-debian-packages.sh")
-    subprocess.run(["sh", str(REPO / "apache-conf" / "install-debian-packages.sh")], check=True)
 
 
 def _free_port() -> int:

@@ -1,0 +1,37 @@
+"""Shared by the controller tests: the real Apache they run against (installed on demand)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from controller import apache
+from controller.errors import ApacheNotInstalledError
+
+REPO = Path(__file__).resolve().parents[2]
+INSTALLER = REPO / "apache-conf" / "install-debian-packages.sh"
+
+
+def apache_installed() -> bool:
+    try:
+        apache._check_installed()
+    except ApacheNotInstalledError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def apache_available() -> None:
+    """Apache, mod_lua and the C toolchain, installed by the project's installer when root."""
+    if apache_installed():
+        return
+    if os.geteuid() != 0:
+        pytest.skip(
+            "apache2/liblua5.3-dev/gcc not installed and not root: run "
+            "`sudo apache-conf/install-debian-packages.sh` to enable these tests"
+        )
+    subprocess.run(["sh", str(INSTALLER)], check=True)
+    assert apache_installed(), "install-debian-packages.sh ran but the packages are still missing"
