@@ -35,16 +35,11 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 
 
 def run(points, warm, workers: int):  # type: ignore[no-untyped-def]
-    import dask
-    from dask.distributed import Client, LocalCluster
+    from dask.distributed import Client
 
-    from mdp.sweep import WORKER_ENV, run_sweep, solve_point
+    from mdp.sweep import local_cluster, run_sweep, solve_point
 
-    env = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
-    env.update(WORKER_ENV)
-    with dask.config.set({"distributed.nanny.pre-spawn-environ": env}):
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                               dashboard_address=None, silence_logs=50)
+    cluster = local_cluster(workers)
     client = Client(cluster)
     try:
         addrs = list(client.scheduler_info()["workers"])

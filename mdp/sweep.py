@@ -189,6 +189,18 @@ def estimated_states(point: SweepPoint) -> int:
     return count_states(model, tr)
 
 
+def local_cluster(workers: int):  # type: ignore[no-untyped-def]
+    """A LocalCluster of single-threaded worker processes with WORKER_ENV (one BLAS/numba thread)."""
+    import dask
+    from dask.distributed import LocalCluster
+
+    env = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
+    env.update(WORKER_ENV)
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": env}):
+        return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                            dashboard_address=None, silence_logs=50)
+
+
 def run_sweep(
     points: Sequence[SweepPoint],
     *,
@@ -203,24 +215,16 @@ def run_sweep(
     installed; otherwise a LocalCluster of ``workers`` single-threaded processes (default: CPUs).
     An existing ``client`` is used as is and left open.
     """
-    import dask
     import pandas as pd
-    from dask.distributed import Client, LocalCluster, as_completed
+    from dask.distributed import Client, as_completed
 
     t0 = time.perf_counter()
     cluster = None
     own = client is None
-    if client is not None:
-        pass
-    elif scheduler:
+    if client is None and scheduler:
         client = Client(scheduler, timeout="20s")
-    else:
-        n = workers or os.cpu_count() or 1
-        env = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}))
-        env.update(WORKER_ENV)
-        with dask.config.set({"distributed.nanny.pre-spawn-environ": env}):
-            cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                   dashboard_address=None, silence_logs=50)
+    elif client is None:
+        cluster = local_cluster(workers or os.cpu_count() or 1)
         client = Client(cluster)
     try:
         # largest first (longest-processing-time order), so no big point is left alone at the end
