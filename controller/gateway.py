@@ -86,6 +86,9 @@ class _ClientConn:
         self.resume: asyncio.Future[None] | None = None
         self.busy = False
         self.last_active = time.monotonic()
+        # a reservation for this client's next-stage request (limiter.py, tandem routing)
+        self.hold: Ticket | None = None
+        self.hold_timer: asyncio.TimerHandle | None = None
 
     # httptools callbacks ------------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -230,8 +233,11 @@ class Gateway:
         self.metrics = metrics
         self.admin = admin
         self.phase_header = (phase_header or table.config.classifier.header).lower().encode()
+        self.next_header = table.config.classifier.next_header.lower().encode()
         self.upstream_host = f"{pool.host}:{pool.port}".encode()
         self._conns: set[_ClientConn] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closing = False
         self._hist: dict[tuple[int, int], tuple[Any, Any]] = {}
         self.server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -264,12 +270,24 @@ class Gateway:
             self.server.close()
         for c in list(self._conns):
             c.writer.close()
+        # end the per-connection tasks here, not in the loop's final cancel-all, which would
+        # report each still-waiting handler as a CancelledError traceback
+        self._closing = True
+        tasks = [t for t in self._tasks if not t.done()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         self.pool.close()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = _ClientConn(self, reader, writer)
         self._conns.add(conn)
         reading = asyncio.create_task(conn.read_loop())
+        me = asyncio.current_task()
+        for t in (me, reading):
+            if t is not None:
+                self._tasks.add(t)
+                t.add_done_callback(self._tasks.discard)
         try:
             while True:
                 req = await conn.next_request()
@@ -285,11 +303,20 @@ class Gateway:
                 conn.last_active = time.monotonic()
                 if not keep:
                     break
+        except asyncio.CancelledError:
+            # close() cancels us: end normally, since Python 3.11's start_server callback calls
+            # task.exception() on a cancelled task and prints a CancelledError traceback
+            if not self._closing:
+                raise
         except (ConnectionError, OSError):
             pass
         finally:
             reading.cancel()
             self._conns.discard(conn)
+            if conn.hold is not None:
+                hold = conn.hold
+                self._drop_hold(conn)
+                self.limiter.abandon(hold)
             writer.close()
 
     async def _send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
@@ -339,7 +366,16 @@ class Gateway:
                 await self._send(writer, _simple(400, str(exc), close=not req.keep_alive))
                 return req.keep_alive
         lim = self.limiter
-        t = lim.submit(stage, phase, route_key)
+        t = None
+        hold = conn.hold
+        if hold is not None:
+            self._drop_hold(conn)
+            if stage == hold.stage:
+                t = lim.claim(hold, phase, route_key)
+            else:
+                lim.abandon(hold)  # the client asked for something else
+        if t is None:
+            t = lim.submit(stage, phase, route_key)
         if t is None:
             await self._send(writer, self._busy("queue full"))
             return req.keep_alive
@@ -352,6 +388,30 @@ class Gateway:
         h_dur, h_wait = self._hists(stage, t.start_phase)
         h_wait.observe(t.t_admit - t.t_arrive)
         return await self._forward(conn, req, t, h_dur)
+
+    def _follow(self, conn: _ClientConn, req: _Request, t: Ticket) -> tuple[int, int] | None:
+        """(stage, phase) of the request this client sends next, when its stage has a ``next``."""
+        if t.stage == PASSTHROUGH or not req.keep_alive or conn.closed.done():
+            return None
+        nxt = self.table.next_stage[t.stage]
+        if nxt is None:
+            return None
+        value = next((v for k, v in req.headers if k.lower() == self.next_header), None)
+        try:
+            return nxt, self.classifier.start_phase(nxt, "", value, None)
+        except BadPhaseHeader:
+            self.metrics.errors.labels("bad_phase").inc()
+            return nxt, self.classifier.prior_phase[nxt]
+
+    def _drop_hold(self, conn: _ClientConn) -> None:
+        if conn.hold_timer is not None:
+            conn.hold_timer.cancel()
+        conn.hold = conn.hold_timer = None
+
+    def _lapse(self, conn: _ClientConn, hold: Ticket) -> None:
+        if conn.hold is hold:
+            self._drop_hold(conn)
+            self.limiter.abandon(hold)
 
     def _log_upstream_error(self, detail: str) -> None:
         """At most one line a second while Apache is failing (with the count suppressed)."""
@@ -488,7 +548,11 @@ class Gateway:
         # the stage is complete: Apache has sent everything
         done = self.limiter.clock()
         admitted = self.limiter.admitted_total
-        self.limiter.release(t, "completed")
+        hold = self.limiter.release(t, "completed", self._follow(conn, req, t))
+        if hold is not None:
+            conn.hold = hold
+            conn.hold_timer = asyncio.get_running_loop().call_later(
+                self.limits.follow_up_timeout, self._lapse, conn, hold)
         if self.limiter.admitted_total != admitted:
             # the policy released waiting requests: let them reach Apache before we spend time on
             # this client (an idle gap on Apache's core costs every request behind it)

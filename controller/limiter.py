@@ -15,6 +15,16 @@ Invariants (tested):
   as rejected (``queue_full``, ``queue_timeout``, ``client_gone``); so
   ``admitted = completed + failed + inflight`` at all times.
 
+Tandem routing (paper 004 §2: a request leaving stage i joins queue i+1 at that instant): when a
+stage has a ``next`` stage, :meth:`Limiter.release` can put a *reservation* for the client's
+follow-up request into queue i+1 before the policy is consulted, so the decision made at the
+completion sees the request that moves on, as the model's does. The follow-up takes the
+reservation over (:meth:`Limiter.claim`, queued or already admitted); if it does not come
+(another request on the connection, a close, or the follow-up timeout), :meth:`Limiter.abandon`
+ends it as ``follow_up_missing`` (queued) or ``unused`` (admitted). Without it the client's
+round trip lets a waiting stage-i request take the thread first, and π(1) is no longer the
+model's π(1) (measured: +5-7 % E[W] in Table 2 case 1, bench/apache_table2.py).
+
 Liveness guard: if the policy starts nothing while no stage request is in service and some are
 waiting (it cannot happen for a solved policy, but a truncated or hand-made table could idle),
 the oldest request of the last non-empty stage is admitted and counted in ``guard_admissions``.
@@ -41,7 +51,7 @@ class Ticket:
     """One request's permit: queued, then admitted, then released exactly once."""
 
     __slots__ = ("stage", "phase", "start_phase", "route", "status", "future", "t_arrive",
-                 "t_admit", "v_admit", "seq")
+                 "t_admit", "v_admit", "seq", "held")
 
     def __init__(self, stage: int, phase: int, route: str, seq: int, now: float) -> None:
         self.stage = stage
@@ -54,6 +64,7 @@ class Ticket:
         self.t_admit = 0.0
         self.v_admit = 0.0
         self.seq = seq
+        self.held = False  # a reservation for a follow-up request not yet arrived
 
 
 class Limiter:
@@ -194,8 +205,13 @@ class Limiter:
         self.rejected[key] = self.rejected.get(key, 0) + 1
 
     # ---- completions -----------------------------------------------------------------------
-    def release(self, t: Ticket, outcome: str) -> None:
-        """End an admitted ticket: ``completed`` (whole response received) or ``failed``."""
+    def release(self, t: Ticket, outcome: str, follow: tuple[int, int] | None = None) -> Ticket | None:
+        """End an admitted ticket: ``completed`` (whole response received), ``failed``, or
+        ``unused`` (an admitted reservation whose request never came).
+
+        ``follow=(stage, phase)``: the client will ask for that stage next; a reservation joins
+        its queue *before* the policy decides (module docstring) and is returned.
+        """
         if t.status != ADMITTED:
             raise RuntimeError(f"release of a ticket in status {t.status}")
         t.status = DONE
@@ -209,7 +225,61 @@ class Limiter:
             self.threads[self.offset[t.stage] + t.phase] -= 1
             key = (t.stage, t.start_phase, outcome)
         self.completed[key] = self.completed.get(key, 0) + 1
+        hold = None
+        if follow is not None:
+            stage, phase = follow
+            self._seq += 1
+            hold = Ticket(stage, phase, "", self._seq, self.clock())
+            hold.held = True
+            self.queues[stage][phase].append(hold)
+            self.waiting[self.offset[stage] + phase] += 1
+            self.stage_waiting[stage] += 1
         self._dispatch()
+        return hold
+
+    def claim(self, hold: Ticket, phase: int, route: str) -> Ticket | None:
+        """The follow-up request arrived: it becomes ``hold`` (admitted already, or queued with a
+        ``future``) in ``phase``; None if the reservation has lapsed (submit it instead)."""
+        if hold.status == DONE or not hold.held:
+            return None
+        now = self.clock()
+        hold.held = False
+        hold.route = route
+        hold.t_arrive = now
+        moved = phase != hold.phase
+        if hold.status == QUEUED:
+            if moved:
+                self.queues[hold.stage][hold.phase].remove(hold)
+                self.waiting[self.offset[hold.stage] + hold.phase] -= 1
+                q = self.queues[hold.stage][phase]
+                # keep its place: the queue is in arrival (seq) order
+                q.insert(sum(1 for x in q if x.seq < hold.seq), hold)
+                self.waiting[self.offset[hold.stage] + phase] += 1
+            hold.phase = hold.start_phase = phase
+            if moved:
+                self._dispatch()
+            if hold.status == QUEUED:
+                hold.future = asyncio.get_running_loop().create_future()
+        else:
+            self._advance_v(now)
+            hold.t_admit, hold.v_admit = now, self._v  # its service starts now, not at the reservation
+            if moved:
+                self.threads[self.offset[hold.stage] + hold.phase] -= 1
+                self.threads[self.offset[hold.stage] + phase] += 1
+            hold.phase = hold.start_phase = phase
+            if moved:
+                self._dispatch()
+        return hold
+
+    def abandon(self, hold: Ticket) -> None:
+        """End a reservation whose request did not come (idempotent)."""
+        if not hold.held or hold.status == DONE:
+            return
+        hold.held = False
+        if hold.status == QUEUED:
+            self.cancel(hold, "follow_up_missing")
+        else:
+            self.release(hold, "unused")
 
     # ---- the decision ----------------------------------------------------------------------
     def _pt_room(self) -> bool:

@@ -12,9 +12,10 @@ overtake_stage_queued{stage,phase}                      gauge    waiting in the 
 overtake_stage_inflight{stage,phase}                    gauge    admitted, response not complete
 overtake_stage_limit{stage,phase}                       gauge    threads the policy allows now
 overtake_stage_admitted_total{stage,phase}              counter  released to Apache
-overtake_stage_completed_total{stage,phase,outcome}     counter  outcome = completed | failed
+overtake_stage_completed_total{stage,phase,outcome}     counter  outcome = completed | failed |
+                                                                 unused (a ``next`` reservation)
 overtake_stage_rejected_total{stage,reason}             counter  queue_full | queue_timeout |
-                                                                 client_gone
+                                                                 client_gone | follow_up_missing
 overtake_stage_duration_seconds{stage,phase}            hist.    arrival -> response received
 overtake_stage_queue_wait_seconds{stage,phase}          hist.    arrival -> admission
 overtake_gateway_errors_total{reason}                   counter  bad_request, header_too_large,

@@ -271,10 +271,19 @@ class RecordingLimiter(Limiter):
         if t.stage != PASSTHROUGH:
             self.recorder.on_admit(t, now)
 
-    def release(self, t: Ticket, outcome: str) -> None:
+    def release(self, t: Ticket, outcome: str, follow: tuple[int, int] | None = None) -> Ticket | None:
         if t.status == ADMITTED and t.stage != PASSTHROUGH:
             self.recorder.on_release(t, self.clock(), outcome)
-        super().release(t, outcome)
+        return super().release(t, outcome, follow)
+
+    def claim(self, hold: Ticket, phase: int, route: str) -> Ticket | None:
+        t = super().claim(hold, phase, route)
+        if t is not None:
+            self.recorder.on_arrival(t.stage, t.t_arrive)  # the follow-up's arrival is its claim
+            if t.status == ADMITTED:  # attained service counts from the claim, not the reservation
+                self.recorder.attained.release(id(t), t.t_admit)
+                self.recorder.on_admit(t, t.t_admit)
+        return t
 
 
 # ---- the worker's job ------------------------------------------------------------------------

@@ -8,6 +8,7 @@ optional concurrency cap. Example (``examples/sidecar/stages.yaml``)::
     stages:
       - name: stage1
         path: "^/stage1$"            # shorthand for routes: [{path: ...}]
+        next: stage2                 # the client asks for stage2 next (tandem routing, limiter.py)
       - name: stage2
         routes:
           - {path: "^/stage2$", methods: [GET, POST]}
@@ -81,6 +82,9 @@ class StageSpec(_Strict):
     routes: tuple[Route, ...] = ()
     queue_cap: int | None = Field(default=None, ge=0)
     queue_timeout: float | None = Field(default=None, gt=0)
+    # the stage whose request the client sends next on the same connection (paper 004's
+    # tandem): its thread decision is taken at this stage's completion, as in the model
+    next: str | None = None
 
     @field_validator("path")
     @classmethod
@@ -121,6 +125,7 @@ class Limits(_Strict):
     response_buffer_bytes: int = Field(default=1 << 20, ge=0)
     upstream_timeout: float = Field(default=120.0, gt=0)
     client_timeout: float = Field(default=60.0, gt=0)  # idle keep-alive and slow request heads
+    follow_up_timeout: float = Field(default=0.05, gt=0)  # a `next` reservation waits this long
 
 
 class ClassifierSettings(_Strict):
@@ -129,6 +134,7 @@ class ClassifierSettings(_Strict):
     mode: Literal["explicit", "learned", "hidden"] = "explicit"
     header: str = "X-Overtake-Phase"
     time_unit: float = Field(default=0.01, gt=0)  # seconds of service per model time unit
+    next_header: str = "X-Overtake-Next-Phase"  # explicit mode: the phase of the `next` request
     history: int = Field(default=64, ge=1)  # learned: samples kept per route
 
 
@@ -146,6 +152,10 @@ class StagesConfig(_Strict):
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"stage names must be unique; {sorted(dup)[0]!r} appears twice")
+        for s in self.stages:
+            if s.next is not None and (s.next not in names or s.next == s.name):
+                raise ValueError(f"stage {s.name!r}: next must name another stage ({', '.join(n for n in names if n != s.name)}), "
+                                 f"got {s.next!r}")
         return self
 
 
@@ -164,6 +174,8 @@ class StageTable:
     def __init__(self, config: StagesConfig) -> None:
         self.config = config
         self.names: tuple[str, ...] = tuple(s.name for s in config.stages)
+        self.next_stage: tuple[int | None, ...] = tuple(
+            None if s.next is None else self.names.index(s.next) for s in config.stages)
         routes = []
         for i, st in enumerate(config.stages):
             for r in st.all_routes():

@@ -66,7 +66,7 @@ $BIN/overtake apache start --workdir "$OUT/apache" --listen "127.0.0.1:$AP_PORT"
 cat > "$OUT/stages.yaml" <<YAML
 # the private Apache's stage handler; the example's time unit is the second of CPU
 stages:
-  - {name: stage1, path: "^/stage1\$"}
+  - {name: stage1, path: "^/stage1\$", next: stage2}   # the driver asks for stage2 right after
   - {name: stage2, path: "^/stage2\$"}
 limits: {max_inflight: 60, queue_cap: 100000, queue_timeout: 600}
 classifier: {mode: explicit, header: X-Overtake-Phase, time_unit: 1.0}

@@ -463,6 +463,94 @@ def test_one_scrape_shows_sidecar_and_apache(side: SidecarProc) -> None:
 # --------------------------------------------------------------------------- failures
 
 
+STAGES_NEXT = """
+stages:
+  - name: stage1
+    path: "^/stage1$"
+    next: stage2
+  - name: stage2
+    path: "^/stage2$"
+limits: {max_inflight: 4, follow_up_timeout: 0.4}
+"""
+
+
+def _keepalive_get(c: http.client.HTTPConnection, path: str, rid: str) -> int:
+    c.request("GET", path, headers={"X-Request-Id": rid})
+    r = c.getresponse()
+    r.read()
+    return r.status
+
+
+@pytest.mark.parametrize("follow_up", ["sent", "never"])
+def test_next_stage_reservation_orders_apache_like_the_model(inst: apache.ApacheInstance, follow_up: str) -> None:
+    """pi(1) with stage1 -> next: stage2. A's stage-2 follow-up runs before B's stage-1 request,
+    which waited while A's stage 1 ran (the model's tandem); if A never sends it, B gets the
+    thread when the reservation lapses (follow_up_timeout), not before."""
+    work = _tmpdir()
+    s = SidecarProc(inst.base_url, STAGES_NEXT, "pi(1)", work)
+    try:
+        a1, a2, b1 = (uuid.uuid4().hex for _ in range(3))
+        a = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+        b_done: list[float] = []
+        a.connect()
+
+        def b() -> None:
+            time.sleep(0.1)
+            assert s.get("/stage1?work=0.05", b1)[0] == 200
+            b_done.append(time.monotonic())
+
+        th = threading.Thread(target=b)
+        th.start()
+        assert _keepalive_get(a, "/stage1?work=0.3", a1) == 200
+        t_answer = time.monotonic()
+        if follow_up == "sent":
+            assert _keepalive_get(a, "/stage2?work=0.05", a2) == 200
+        th.join()
+        a.close()
+        if follow_up == "sent":
+            recs = {r.request_id: r for r in _records(inst, [a1, a2, b1])}
+            assert recs[a2].begin_us < recs[b1].begin_us, "B's stage-1 request overtook A's follow-up"
+        else:
+            # B could only start once the 0.4 s reservation lapsed (its own run takes 0.05 s)
+            assert b_done[0] - t_answer >= 0.4
+        # B closes after its stage 1: its reservation ends at the close; A's only if never used
+        time.sleep(0.1)
+        unused = m(_wait_idle(s), "overtake_stage_completed_total", stage="stage2", phase="1", outcome="unused")
+        assert unused == (1 if follow_up == "sent" else 2)
+    finally:
+        s.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_shutdown_with_idle_busy_and_queued_clients_is_clean(inst: apache.ApacheInstance) -> None:
+    """SIGTERM while one client idles on keep-alive, one request runs in Apache and one waits in
+    its queue: exit status 0 and no traceback (each waiting handler used to print one)."""
+    work = _tmpdir()
+    s = SidecarProc(inst.base_url, STAGES, "pi(1,1)", work)
+    try:
+        idle = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+        idle.request("GET", "/stage2?work=0")
+        assert idle.getresponse().read().startswith(b"ok")
+        held = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(2)]
+        for c in held:  # the first runs in Apache (0.5 s), the second queues behind it under pi(1,1)
+            c.sendall(b"GET /stage1?work=0.5 HTTP/1.1\r\nHost: x\r\n\r\n")
+        deadline = time.monotonic() + 5
+        while m(s.metrics(), "overtake_stage_queued", stage="stage1", phase="1") != 1:
+            assert time.monotonic() < deadline, "the second request never queued"
+            time.sleep(0.02)
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(15) == 0
+        log = s.log.read_text()
+        assert "Traceback" not in log and "CancelledError" not in log, log
+        for c in held:
+            c.close()
+        idle.close()
+    finally:
+        if s.proc.poll() is None:
+            s.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def test_apache_killed_mid_load(apache_available: None) -> None:
     parent = _tmpdir()
     inst2 = _start_apache(parent)

@@ -209,3 +209,122 @@ def test_queue_cap_zero_admits_while_room_and_rejects_waiters() -> None:
         assert unlimited.stage_limit(0, 0) == float("inf")
 
     asyncio.run(body())
+
+
+# ---- tandem routing: reservations for the client's next-stage request -----------------------
+
+
+def test_reservation_takes_the_thread_a_waiting_first_stage_request_would_get() -> None:
+    # pi(1): one thread in all, later stages first (paper 004 §3). When A's stage-1 request ends,
+    # its stage-2 follow-up must run before B's waiting stage-1 request, as in the model's
+    # tandem where A joins queue 2 at that instant; without the reservation B goes first.
+    async def body(reserve: bool) -> tuple[str, Limiter]:
+        lim = _limiter(BaselinePolicy("pi(1)", 2))
+        a = lim.submit(0, 0, "a")
+        b = lim.submit(0, 0, "b")
+        assert a is not None and b is not None and a.status == ADMITTED and b.status == QUEUED
+        hold = lim.release(a, "completed", (1, 0) if reserve else None)
+        if not reserve:
+            assert hold is None
+            return ("b" if b.status == ADMITTED else "a2"), lim
+        assert hold is not None and hold.status == ADMITTED and b.status == QUEUED
+        a2 = lim.claim(hold, 0, "a2")
+        assert a2 is hold and a2.status == ADMITTED and a2.route == "a2"
+        return "a2", lim
+
+    assert asyncio.run(body(True))[0] == "a2"
+    assert asyncio.run(body(False))[0] == "b"
+
+
+def test_lapsed_reservations_are_counted_and_free_their_thread() -> None:
+    async def body() -> Limiter:
+        lim = _limiter(BaselinePolicy("pi(1)", 2))
+        a = lim.submit(0, 0, "a")
+        b = lim.submit(0, 0, "b")
+        assert a is not None and b is not None
+        hold = lim.release(a, "completed", (1, 0))
+        assert hold is not None and hold.status == ADMITTED and b.status == QUEUED
+        lim.abandon(hold)  # the follow-up never came: its thread goes to b
+        assert hold.status == DONE and b.status == ADMITTED
+        assert lim.claim(hold, 0, "late") is None  # a late follow-up is submitted afresh
+        lim.abandon(hold)  # idempotent
+        # a queued reservation that lapses is a rejection, not a completion
+        c = lim.submit(0, 0, "c")
+        assert c is not None and c.status == QUEUED
+        hold2 = lim.release(b, "completed", (1, 0))
+        assert hold2 is not None and hold2.status == ADMITTED and c.status == QUEUED
+        lim.abandon(hold2)
+        assert c.status == ADMITTED
+        return lim
+
+    lim = asyncio.run(body())
+    assert lim.completed[(1, 0, "unused")] == 2
+    assert lim.completed[(0, 0, "completed")] == 2
+    assert sum(lim.admitted.values()) == sum(lim.completed.values()) + lim.inflight_total
+
+
+def test_claim_in_another_phase_moves_the_reservation(h2_policy: SpawnPolicy) -> None:
+    async def body() -> Limiter:
+        lim = _limiter(h2_policy)
+        a = lim.submit(0, 0, "a")
+        assert a is not None and a.status == ADMITTED
+        hold = lim.release(a, "completed", (1, 0))
+        assert hold is not None and hold.status == ADMITTED
+        assert lim.threads[lim.offset[1] + 0] == 1
+        t = lim.claim(hold, 1, "a2")  # the follow-up turned out to be in phase 2
+        assert t is hold and t.phase == t.start_phase == 1
+        assert lim.threads[lim.offset[1] + 0] == 0 and lim.threads[lim.offset[1] + 1] == 1
+        return lim
+
+    asyncio.run(body())
+
+
+follow_ops = st.lists(
+    st.tuples(st.sampled_from(["arrive", "arrive", "finish", "follow", "claim", "abandon", "cancel"]),
+              st.integers(0, 1), st.integers(0, 1), st.integers(0, 10_000)),
+    min_size=1, max_size=120,
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(program=follow_ops, hard=st.integers(1, 4))
+def test_reservations_keep_every_invariant(h2_policy: SpawnPolicy, program: list[Any], hard: int) -> None:
+    lim = _limiter(h2_policy, max_inflight=hard)
+
+    async def body() -> None:
+        tickets: list[Ticket] = []
+        holds: list[Ticket] = []
+        for op, stage, phase, pick in program:
+            if op == "arrive":
+                t = lim.submit(stage, phase, "r")
+                if t is not None:
+                    tickets.append(t)
+            elif op in ("finish", "follow"):
+                pool = [t for t in tickets if t.status == ADMITTED and not t.held]
+                if not pool:
+                    continue
+                t = pool[pick % len(pool)]
+                hold = lim.release(t, "completed", (1, phase) if op == "follow" and t.stage == 0 else None)
+                if hold is not None:
+                    tickets.append(hold)
+                    holds.append(hold)
+            elif op in ("claim", "abandon"):
+                live = [h for h in holds if h.held]
+                if not live:
+                    continue
+                h = live[pick % len(live)]
+                if op == "claim":
+                    assert lim.claim(h, phase, "r2") is h and not h.held
+                else:
+                    lim.abandon(h)
+                    assert h.status == DONE
+            else:
+                pool = [t for t in tickets if t.status == QUEUED and not t.held]
+                if pool:
+                    assert lim.cancel(pool[pick % len(pool)], "client_gone")
+            _check(lim, tickets)
+            # work-conserving: something waits only if something is in service or the cap is full
+            if any(lim.stage_waiting):
+                assert sum(lim.threads) > 0 or lim.inflight_total >= lim.max_inflight
+
+    asyncio.run(body())

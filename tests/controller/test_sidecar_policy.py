@@ -108,6 +108,13 @@ stages:
     assert t2.route("GET", "/x") is None and t2.route("POST", "/x1")[0] == 0
     assert t2.route("GET", "/y")[2] == 1
     assert t2.queue_cap(0) == 5 and t2.queue_timeout(0) == 30.0
+    assert table.next_stage == (None, None) and t2.next_stage == (None,)
+    t3 = load_stages(_stages(tmp_path, """
+stages:
+  - {name: page, path: "^/page", next: api}
+  - {name: api, path: "^/api"}
+"""))
+    assert t3.next_stage == (1, None) and t3.config.limits.follow_up_timeout == 0.05
 
 
 @pytest.mark.parametrize(
@@ -121,6 +128,9 @@ stages:
         ("stages: [{name: a, path: x}]\nlimits: {max_inflight: 0}", r"limits\.max_inflight: Input should be greater than or equal to 1"),
         ("stages: [{name: a, routes: [{path: x, methods: [FETCH]}]}]", r"stages\[0\]\.routes\[0\]\.methods: unknown HTTP method 'FETCH'"),
         ("stages: [{name: a, path: x}]\nclassifier: {mode: psychic}", r"classifier\.mode: Input should be 'explicit', 'learned' or 'hidden'"),
+        ("stages: [{name: a, path: x, next: c}, {name: b, path: y}]", r"stage 'a': next must name another stage \(b\), got 'c'"),
+        ("stages: [{name: a, path: x, next: a}]", r"stage 'a': next must name another stage"),
+        ("stages: [{name: a, path: x}]\nlimits: {follow_up_timeout: 0}", r"limits\.follow_up_timeout: Input should be greater than 0"),
         ("stages: {", r"not valid YAML"),
         ("- 1", r"must be a mapping with a 'stages' list"),
     ],
