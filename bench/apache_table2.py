@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from _report import halt_polling, set_sched_slice, write_section  # noqa: E402
 
 from api.commands._scenario import load_scenario  # noqa: E402
-from controller import apache  # noqa: E402
+from controller import apache, twin  # noqa: E402
 from mdp import Policy, TandemModel  # noqa: E402
 from mdp.truncation import evaluate_baseline  # noqa: E402
 
@@ -208,97 +208,12 @@ def paired_gain_ci(star: np.ndarray, other: np.ndarray, batches: int = 20) -> fl
     return T_975_19 * float(np.std(means, ddof=1)) / np.sqrt(batches) / base
 
 
-async def _ideal(trace: dict[str, np.ndarray], spec: str, unit: float, mode: str, cap: int,
-                 routing: str = "next") -> np.ndarray:
-    """Transaction response times (s) of ``trace`` on an ideal processor-sharing CPU, the
-    admissions decided by the sidecar's own Limiter (controller/) on a virtual clock.
-
-    The measurement's twin without Apache, the kernel or the network: same arrivals, demands and
-    phases, same policy code, zero overheads. Measured − ideal is the implementation's effect;
-    ideal − model is the randomness of this finite trace (paper 004 §2's model is an average
-    over traces)."""
-    from controller.classifier import Classifier
-    from controller.limiter import ADMITTED, Limiter
-    from controller.policies import load_policy
-    from controller.stages import ClassifierSettings
-
-    names = tuple(f"stage{i + 1}" for i in range(sum(1 for k in trace if k.startswith("demand"))))
-    pol = load_policy(spec, names)
-    clf = Classifier(ClassifierSettings(mode=mode, time_unit=unit), pol)
-    now = [0.0]
-    lim = Limiter(pol, clf, stage_names=names, queue_caps=(10**9,) * len(names), max_inflight=cap,
-                  passthrough_cap=None, passthrough_queue_cap=10**9, clock=lambda: now[0])
-    n = trace["arrival"].size
-    arrival = trace["arrival"] * unit
-    out = np.full(n, np.nan)
-    left: dict[Any, float] = {}  # admitted ticket -> remaining seconds of CPU
-    owner: dict[Any, tuple[int, int]] = {}  # ticket -> (transaction, stage)
-    queued: list[Any] = []
-
-    def submit(i: int, s: int) -> None:
-        ph = int(trace[f"phase{s}"][i])
-        j = clf.start_phase(s, f"/stage{s + 1}", str(ph + 1).encode(), None)
-        t = lim.submit(s, j, f"/stage{s + 1}")
-        owner[t] = (i, s)
-        queued.append(t)
-
-    def sweep() -> None:  # tickets the last call admitted start their service now
-        for t in [t for t in queued if t.status == ADMITTED]:
-            queued.remove(t)
-            i, s = owner[t]
-            left[t] = float(trace[f"demand{s}"][i]) * unit
-
-    nxt = 0
-    while nxt < n or left or queued:
-        k = len(left)
-        t_arr = arrival[nxt] if nxt < n else np.inf
-        done, t_done = None, np.inf
-        if k:
-            done = min(left, key=left.__getitem__)
-            t_done = now[0] + left[done] * k
-        if not np.isfinite(min(t_arr, t_done)):
-            raise RuntimeError(f"ideal replay of {spec}: requests wait but none is in service")
-        step = min(t_arr, t_done) - now[0]
-        for t in left:
-            left[t] -= step / k if k else 0.0
-        now[0] += step
-        if t_done <= t_arr:
-            del left[done]
-            i, s = owner.pop(done)
-            last = s + 1 == len(names)
-            if routing == "instant" and not last:
-                submit(i, s + 1)  # the model's routing: in queue s+1 before the decision
-            if routing == "next" and not last:
-                # the sidecar's `next`: a reservation joins queue s+1 before the decision and the
-                # follow-up (here after a zero round trip) claims it
-                ph = clf.start_phase(s + 1, "", str(int(trace[f"phase{s + 1}"][i]) + 1).encode(), None)
-                hold = lim.release(done, "completed", (s + 1, ph))
-                assert hold is not None
-                t = lim.claim(hold, ph, f"/stage{s + 2}")
-                owner[t] = (i, s + 1)
-                queued.append(t)
-            else:
-                lim.release(done, "completed")
-            sweep()
-            if last:
-                out[i] = now[0] - arrival[i]
-            elif routing == "client":
-                submit(i, s + 1)  # the client asks for stage s+1 after the answer
-        else:
-            submit(nxt, 0)
-            nxt += 1
-        sweep()
-    return out
-
-
 def ideal_response_times(trace: dict[str, np.ndarray], spec: str, unit: float, mode: str = "explicit",
                          cap: int = 60, routing: str = "next") -> np.ndarray:
-    """See :func:`_ideal`. ``routing``: ``next`` (the sidecar with the stages' ``next``, as the
-    bench runs it), ``client`` (no reservation: the follow-up is submitted after the decision),
-    ``instant`` (the model's: submitted before the decision)."""
-    if routing not in ("next", "client", "instant"):
-        raise ValueError(f"routing: next, client or instant, got {routing!r}")
-    return asyncio.run(_ideal(trace, spec, unit, mode, cap, routing))
+    """The trace's ideal twin (controller/twin.py): the same transactions through the sidecar's
+    limiter on a processor-sharing CPU with no overheads. Measured − twin is the implementation's
+    effect; twin − model is the randomness of this finite trace."""
+    return twin.replay(trace, spec, time_unit=unit, mode=mode, max_inflight=cap, routing=routing)
 
 
 # --------------------------------------------------------------------------- plumbing

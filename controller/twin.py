@@ -1,0 +1,136 @@
+"""The ideal twin: a trace of transactions through the sidecar's own limiter on a PS CPU.
+
+Paper 004 §2 models one processor shared equally (processor sharing) by the admitted requests,
+each transaction visiting stages 1..N in turn. :func:`replay` runs a recorded or generated trace
+(arrival times, per-stage demands and start phases, in model time units) through
+:class:`controller.limiter.Limiter` — the admission code the gateway runs — on a virtual clock,
+with service by exact processor sharing and no network, kernel or Apache in the way.
+
+Uses: the twin of a measurement (bench/apache_table2.py replays the same trace on Apache: measured
+minus twin is the implementation's effect, twin minus model the trace's randomness), and a
+check of the limiter against the MDP: over long traces the twin's mean response time converges
+to the policy's exact E[W] (tests/controller/test_twin.py).
+
+``routing`` says when the request for stage i+1 enters: ``next`` (the stages file's ``next``:
+a reservation at stage i's completion, claimed by the follow-up after a zero round trip — what
+the sidecar does), ``client`` (submitted after the completion's decision, as a proxy without
+``next`` sees it), ``instant`` (submitted before it: the model's routing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import numpy as np
+
+from controller.classifier import Classifier
+from controller.limiter import ADMITTED, Limiter, Ticket
+from controller.policies import SpawnPolicy, load_policy
+from controller.stages import ClassifierSettings
+
+__all__ = ["ROUTINGS", "replay"]
+
+ROUTINGS = ("next", "client", "instant")
+
+
+def replay(
+    trace: Mapping[str, np.ndarray],
+    policy: SpawnPolicy | str,
+    *,
+    time_unit: float = 1.0,
+    mode: str = "explicit",
+    max_inflight: int = 1_000_000,
+    routing: str = "next",
+) -> np.ndarray:
+    """Response time of every transaction (seconds = units × ``time_unit``).
+
+    Parameters
+    ----------
+    trace
+        ``arrival`` (increasing, units), and per stage i ``demand{i}`` (units) and ``phase{i}``
+        (0-based start phase, as the client would send it in the phase header).
+    policy
+        A loaded policy or a ``--policy`` spec (file, ``pi(k)``, ``passthrough``).
+    mode
+        Classifier mode (``explicit`` uses the trace's phases; ``hidden`` the prior and the
+        attained service).
+    """
+    if routing not in ROUTINGS:
+        raise ValueError(f"routing: one of {', '.join(ROUTINGS)}, got {routing!r}")
+    n_stages = sum(1 for k in trace if k.startswith("demand"))
+    if n_stages < 1 or "arrival" not in trace:
+        raise ValueError("trace: needs 'arrival' and 'demand0', 'phase0', ... per stage")
+    return asyncio.run(_replay(trace, policy, n_stages, time_unit, mode, max_inflight, routing))
+
+
+async def _replay(trace: Mapping[str, np.ndarray], policy: SpawnPolicy | str, n_stages: int, unit: float,
+                  mode: str, cap: int, routing: str) -> np.ndarray:
+    names = tuple(f"stage{i + 1}" for i in range(n_stages))
+    pol = load_policy(policy, names) if isinstance(policy, str) else policy
+    clf = Classifier(ClassifierSettings(mode=mode, time_unit=unit), pol)  # type: ignore[arg-type]
+    now = [0.0]
+    lim = Limiter(pol, clf, stage_names=names, queue_caps=(10**9,) * n_stages, max_inflight=cap,
+                  passthrough_cap=None, passthrough_queue_cap=10**9, clock=lambda: now[0])
+    n = len(trace["arrival"])
+    arrival = np.asarray(trace["arrival"], dtype=float) * unit
+    demand = [np.asarray(trace[f"demand{s}"], dtype=float) * unit for s in range(n_stages)]
+    phase = [np.asarray(trace[f"phase{s}"], dtype=np.int64) for s in range(n_stages)]
+    out = np.full(n, np.nan)
+    left: dict[Ticket, float] = {}  # in service: remaining seconds of CPU
+    owner: dict[Ticket, tuple[int, int]] = {}  # ticket -> (transaction, stage)
+    queued: list[Ticket] = []
+
+    def header_phase(i: int, s: int) -> int:
+        return clf.start_phase(s, "", str(int(phase[s][i]) + 1).encode(), None)
+
+    def enqueue(t: Ticket | None, i: int, s: int) -> None:
+        assert t is not None  # queue caps are unbounded here
+        owner[t] = (i, s)
+        queued.append(t)
+
+    def start_admitted() -> None:
+        for t in [t for t in queued if t.status == ADMITTED]:
+            queued.remove(t)
+            i, s = owner[t]
+            left[t] = float(demand[s][i])
+
+    nxt = 0
+    while nxt < n or left or queued:
+        k = len(left)
+        t_arr = arrival[nxt] if nxt < n else np.inf
+        done, t_done = None, np.inf
+        if k:
+            done = min(left, key=left.__getitem__)
+            t_done = now[0] + left[done] * k
+        if not np.isfinite(min(t_arr, t_done)):
+            raise RuntimeError(f"replay under {pol.name}: requests wait but none is in service")
+        step = min(t_arr, t_done) - now[0]
+        if k:
+            for t in left:
+                left[t] -= step / k  # processor sharing: every admitted request at rate 1/k
+        now[0] += step
+        if done is not None and t_done <= t_arr:
+            del left[done]
+            i, s = owner.pop(done)
+            last = s + 1 == n_stages
+            if last:
+                lim.release(done, "completed")
+                out[i] = now[0] - arrival[i]
+            elif routing == "instant":
+                enqueue(lim.submit(s + 1, header_phase(i, s + 1), ""), i, s + 1)
+                lim.release(done, "completed")
+            elif routing == "next":
+                ph = header_phase(i, s + 1)
+                hold = lim.release(done, "completed", (s + 1, ph))
+                assert hold is not None
+                enqueue(lim.claim(hold, ph, ""), i, s + 1)
+            else:
+                lim.release(done, "completed")
+                start_admitted()
+                enqueue(lim.submit(s + 1, header_phase(i, s + 1), ""), i, s + 1)
+        else:
+            enqueue(lim.submit(0, header_phase(nxt, 0), ""), nxt, 0)
+            nxt += 1
+        start_admitted()
+    return out

@@ -1,0 +1,71 @@
+"""controller.twin against closed forms and the MDP's exact evaluation (two independent methods).
+
+The twin drives the sidecar's Limiter on a virtual processor-sharing CPU; over long Poisson
+traces its mean response time must converge to (a) M/M/1-PS's 1/(mu - lambda) and (b) the
+exact E[W] that mdp/ computes for the same policy on paper 004's tandem — which also checks
+that `next` reservations give the model's routing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from controller import twin
+from mdp import Stage, TandemModel, Truncation
+from mdp.truncation import evaluate_baseline, solve_optimal
+
+
+def _trace(lam: float, means: list[float], n: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    tr = {"arrival": np.cumsum(rng.exponential(1 / lam, n))}
+    for i, m in enumerate(means):
+        tr[f"demand{i}"] = rng.exponential(m, n)
+        tr[f"phase{i}"] = np.zeros(n, dtype=np.int64)
+    return tr
+
+
+def _mean_ci(x: np.ndarray, batches: int = 20) -> tuple[float, float]:
+    x = x[x.size // 20:]
+    bm = np.array([b.mean() for b in np.array_split(x, batches)])
+    return float(bm.mean()), float(2.093 * bm.std(ddof=1) / np.sqrt(batches))
+
+
+def test_one_stage_ps_is_mm1() -> None:
+    m, ci = _mean_ci(twin.replay(_trace(0.5, [1.0], 60_000, 1), "passthrough"))
+    assert abs(m - 2.0) <= max(3 * ci, 0.02), (m, ci)  # E[W] = 1 / (mu - lambda)
+
+
+@pytest.fixture(scope="module")
+def tandem() -> TandemModel:
+    # paper 004 Table 1 case 1: two exponential stages of mean 1, rho = 0.6
+    e = (np.array([1.0]), np.array([[-1.0]]))
+    return TandemModel(arrival_rate=0.3, stages=(Stage("stage1", *e), Stage("stage2", *e)))
+
+
+@pytest.mark.parametrize("spec", ["pi(1)", "passthrough"])
+def test_tandem_converges_to_the_exact_evaluation(tandem: TandemModel, spec: str) -> None:
+    exact = evaluate_baseline(tandem, "pi(1)" if spec == "pi(1)" else "pi(inf)").metrics.mean_response_time
+    m, ci = _mean_ci(twin.replay(_trace(0.3, [1.0, 1.0], 60_000, 2), spec))
+    assert abs(m - exact) <= 3 * ci, (spec, m, ci, exact)
+
+
+def test_next_routing_is_the_models_and_client_routing_is_not(tandem: TandemModel, tmp_path: Path) -> None:
+    tr = _trace(0.3, [1.0, 1.0], 20_000, 3)
+    nxt = twin.replay(tr, "pi(1)", routing="next")
+    np.testing.assert_allclose(nxt, twin.replay(tr, "pi(1)", routing="instant"), rtol=1e-12)
+    # pi* of the exponential tandem is pi(1) (Table 1: gain 0.00): the same response times
+    path = tmp_path / "star.npz"
+    solve_optimal(tandem, truncation=Truncation(10, 3)).policy.save(path)
+    np.testing.assert_allclose(twin.replay(tr, str(path), routing="next"), nxt, rtol=1e-9)
+    # without the reservation a waiting stage-1 request takes the thread first: slower, every time
+    assert np.nanmean(twin.replay(tr, "pi(1)", routing="client")) > 1.03 * np.nanmean(nxt)
+
+
+def test_bad_routing_and_trace_are_named() -> None:
+    with pytest.raises(ValueError, match="routing: one of next, client, instant"):
+        twin.replay(_trace(0.5, [1.0], 10, 0), "pi(1)", routing="fast")
+    with pytest.raises(ValueError, match="trace: needs 'arrival'"):
+        twin.replay({"arrival": np.zeros(3)}, "pi(1)")
