@@ -29,8 +29,10 @@ Schedulers (``make_uplink(name)``):
 ``srrt``  paper 002 §3: the band of the remaining *time* ``RTT · (1 + remaining/(cwnd·MSS))``.
 ``app``   paper 000 §3.3: no kernel bands; at most ``concurrency`` flows hand data to the
           kernel at once, the one with the least remaining bytes first, ``quantum`` bytes at a
-          time; ``TCP_NOTSENT_LOWAT`` (1 byte) keeps the kernel from holding unsent data of flows that
-          wait for a permit. This costs
+          time. A holder keeps its permit until its quantum has left the send queue
+          (``TCP_INFO`` notsent) and, between quanta, for as long as no smaller flow waits, so
+          the backlog stays in the server where the ordering is decided; ``TCP_NOTSENT_LOWAT``
+          (1 byte) keeps the kernel from holding unsent data of flows that wait. This costs
           throughput when ``concurrency`` is small (paper 000 §5.4; bench/uplink_srpt.py).
 
 The control band (top class) is never given to a response: it carries SYN-ACKs and the first
@@ -359,6 +361,16 @@ class _Permits:
                 self.release()  # granted just before the cancel: hand it on
             raise
 
+    def keep(self, key: float) -> bool:
+        """The holder, now with ``key`` left, may go on unless a smaller key waits; in that
+        case the permit passes to that waiter and False is returned."""
+        while self._heap and self._heap[0][2].done():
+            heapq.heappop(self._heap)  # waiters cancelled while queued
+        if self._heap and self._heap[0][0] < key:
+            self.release()
+            return False
+        return True
+
     def release(self) -> None:
         while self._heap:
             _, _, fut = heapq.heappop(self._heap)
@@ -368,14 +380,23 @@ class _Permits:
         self._free += 1
 
 
+# a flow gives its permit back when at most this much of its quantum is still unsent: the
+# next holder's first segments are queued before the link idles (about two MSS)
+_APP_RELEASE_BYTES = 2896
+# a flow keeps its permit this long after a write() while more of its response is expected
+_APP_LINGER_S = 0.002
+
+
 class _AppFlow:
-    __slots__ = ("_up", "_writer", "_total", "_written")
+    __slots__ = ("_up", "_writer", "_total", "_written", "_held", "_linger")
 
     def __init__(self, up: AppUplink, writer: asyncio.StreamWriter, total: int | None) -> None:
         self._up = up
         self._writer = writer
         self._total = total
         self._written = 0
+        self._held = False  # this flow holds a write permit
+        self._linger: asyncio.TimerHandle | None = None
         try:
             # a flow without a permit keeps at most ~one segment unsent in the kernel, so only
             # permit holders compete in the qdisc (otherwise the kernel shares among all flows)
@@ -392,21 +413,70 @@ class _AppFlow:
 
     async def write(self, data: bytes) -> None:
         q = self._up.quantum
+        permits = self._up._permits
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
         view = memoryview(data)
-        for off in range(0, len(data), q):
-            piece = view[off : off + q]
-            rem = (self._total - self._written) if self._total is not None else _LARGE
-            await self._up._permits.acquire(float(rem))
-            try:
+        try:
+            for off in range(0, len(data), q):
+                piece = view[off : off + q]
+                rem = float((self._total - self._written) if self._total is not None else _LARGE)
+                # between quanta the holder keeps the link while it has the least remaining;
+                # releasing and re-queueing would alternate it with a larger flow (= FAIR)
+                if self._held and not permits.keep(rem):
+                    self._held = False
+                if not self._held:
+                    await permits.acquire(rem)
+                    self._held = True
                 self._writer.write(piece)
                 self._written += len(piece)
                 await self._writer.drain()
-            finally:
-                self._up._permits.release()
+                await self._until_sent()
+        except BaseException:
+            self._drop()
+            raise
         self._up.bytes_written += len(data)
+        if self._total is not None and self._written >= self._total:
+            self._drop()
+        elif self._held:
+            # more of this response is coming (the next chunk is being read): keep the permit a
+            # moment so that chunk does not queue behind a larger flow
+            self._linger = asyncio.get_running_loop().call_later(_APP_LINGER_S, self._drop)
+
+    def _drop(self) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
+        if self._held:
+            self._held = False
+            self._up._permits.release()
+
+    async def _until_sent(self) -> None:
+        """Hold the permit until the quantum has left the socket's send queue.
+
+        drain() returns once the kernel *accepted* the bytes (the send buffer is large), and
+        TCP_NOTSENT_LOWAT only gates poll(), not send(): releasing there lets every flow park
+        its data unsent in the kernel, where the qdisc shares it FAIRly and the ordering is
+        lost (measured: app:1 = FAIR). Paper 000 §3.3 needs the backlog held by the server.
+        """
+        try:
+            sock = _sock(self._writer)
+        except AttributeError:
+            return
+        rate = self._up.max_pacing_rate or 0
+        while not self._writer.transport.is_closing():
+            try:
+                left = _ti.read_tcp_info(sock).notsent_bytes
+            except OSError:
+                return
+            if left is None or left <= _APP_RELEASE_BYTES:
+                return
+            # sleep about as long as the excess takes at the link rate, polling at least every 5 ms
+            await asyncio.sleep(min((left - _APP_RELEASE_BYTES) / rate, 0.005) if rate else 0.001)
 
     def close(self) -> None:
-        pass
+        self._drop()
 
 
 class AppUplink:

@@ -82,6 +82,30 @@ def test_permits_go_to_the_smallest_remaining_first() -> None:
     assert asyncio.run(main()) == [1.0, 3.0, 7.0, 50.0]
 
 
+def test_holder_keeps_the_permit_until_a_smaller_flow_waits() -> None:
+    async def main() -> list[str]:
+        p = uplink._Permits(1)
+        await p.acquire(100.0)  # a bulk flow holds the only permit
+        seen: list[str] = []
+        assert p.keep(90.0)  # nobody waits: it goes on
+        big = asyncio.create_task(p.acquire(500.0))
+        await asyncio.sleep(0)
+        assert p.keep(80.0)  # a larger flow waits: still the holder's turn
+        small = asyncio.create_task(p.acquire(10.0))
+        await asyncio.sleep(0)
+        assert not p.keep(70.0)  # a smaller one waits: it gets the permit now
+        await small
+        seen.append("small")
+        assert not big.done()
+        p.release()
+        await big
+        seen.append("big")
+        p.release()
+        return seen
+
+    assert asyncio.run(main()) == ["small", "big"]
+
+
 def test_cancelled_waiter_does_not_leak_a_permit() -> None:
     async def main() -> int:
         p = uplink._Permits(1)
