@@ -102,13 +102,16 @@ def main() -> int:
     ap.add_argument("--connections", type=int, default=32, help="connections for the throughput runs")
     ap.add_argument("--maxconn", type=int, default=32, help="HAProxy per-server maxconn")
     ap.add_argument("--repeat", type=int, default=3, help="interleaved rounds; medians reported")
+    ap.add_argument("--no-raise-priority", dest="raise_priority", action="store_false",
+                    help="leave every process at the default scheduler priority (Apache included); "
+                    "writes section sidecar-default-priority")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
     args = ap.parse_args()
     for tool in ("wrk", "haproxy", "taskset"):
         if shutil.which(tool) is None:
             raise SystemExit(f"sidecar_overhead: {tool} not found; run apache-conf/install-debian-packages.sh")
-    lifted = raise_own_autogroup()
+    lifted = raise_own_autogroup() if args.raise_priority else False
     cores = sorted(os.sched_getaffinity(0))
     server_core, client_core = cores[-1], cores[0]
     tmp = Path(tempfile.mkdtemp(prefix="overtake-overhead-", dir="/tmp"))
@@ -116,7 +119,8 @@ def main() -> int:
     procs: list[subprocess.Popen[bytes]] = []
     inst = None
     try:
-        inst = apache.start(tmp / "apache", f"127.0.0.1:{_free_port()}", cpu=server_core, max_workers=64)
+        inst = apache.start(tmp / "apache", f"127.0.0.1:{_free_port()}", cpu=server_core, max_workers=64,
+                            raise_priority=args.raise_priority)
         ap_host, ap_port = apache.parse_listen(inst.listen)
         sc_port, hp_port = _free_port(), _free_port()
         (tmp / "stages.yaml").write_text(STAGES)
@@ -177,8 +181,9 @@ def main() -> int:
             f"({platform.processor() or platform.machine()}), shared with other jobs (1-min load average median "
             f"{summary['load_average_1min_median']:.1f} during the runs): treat as indicative.",
             f"Command: `python bench/sidecar_overhead.py --duration {args.duration:g} --connections {args.connections} "
-            f"--maxconn {args.maxconn} --repeat {args.repeat}`. GET /static/hello.txt (13 bytes); Apache "
-            f"pinned to core {server_core} (autogroup -20), wrk -t1, sidecar (uvloop) and HAProxy "
+            f"--maxconn {args.maxconn} --repeat {args.repeat}{'' if args.raise_priority else ' --no-raise-priority'}`. "
+            f"GET /static/hello.txt (13 bytes); Apache pinned to core {server_core} "
+            f"({'autogroup -20' if args.raise_priority else 'default priority'}), wrk -t1, sidecar (uvloop) and HAProxy "
             f"(nbthread 1, maxconn {args.maxconn}) on core {client_core}"
             f"{' (their autogroup raised to -20 like Apache)' if lifted else ''}; medians of {args.repeat} "
             f"interleaved {args.duration:g} s runs.",
@@ -201,7 +206,7 @@ def main() -> int:
             f"{100 * summary['sidecar_over_haproxy_rps_cN']:.0f} % (target >= 25 %: {'met' if ok2 else 'NOT met'}).",
         ]
         if not args.no_write:
-            write_section("sidecar", "\n".join(lines))
+            write_section("sidecar" if args.raise_priority else "sidecar-default-priority", "\n".join(lines))
         print("\n".join(lines))
         return 0
     finally:

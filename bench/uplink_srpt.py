@@ -18,7 +18,9 @@ Contract (issue 6)::
 
 prints ``{"policies": {"fair": {"mean_response_time": s, "mean_slowdown": x,
 "largest_1pct_mean_response_time": s, "throughput_bytes_per_s": b, ...}, ...}}``.
-``--workload w1`` runs paper 003's W1 (alternating ``--w1-phase`` s at load 0.2 and 1.2).
+``--workload w1`` runs paper 003's W1 (alternating ``--w1-phase`` s at load 0.2 and 1.2);
+``--workload w2`` .. ``w10`` the other transient-overload workloads of its Table 1, with both
+phases multiplied by ``--phase-scale`` (1 = the paper's lengths).
 ``--record`` writes the run into BENCHMARKS.md section ``uplink`` (appending to it).
 Needs root (namespaces, qdisc, SO_PRIORITY >= 7).
 """
@@ -47,7 +49,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from controller import bands as _bands  # noqa: E402
 from controller import qdisc as _qdisc  # noqa: E402
 from uplink.testbed import Testbed  # noqa: E402
-from uplink.workload import HEADER_BYTES, MODELS, schedule  # noqa: E402
+from uplink.workload import HEADER_BYTES, MODELS, TRANSIENT, schedule, transient_phases  # noqa: E402
 
 PY = sys.executable
 SERVER = ROOT / "bench" / "uplink" / "server.py"
@@ -63,20 +65,22 @@ OVERTAKE = str(Path(sys.executable).with_name("overtake"))
 STAGES = ROOT / "examples" / "sidecar" / "stages.yaml"
 
 
-def _sidecar(tb: Testbed, name: str, log_path: Path) -> subprocess.Popen[str]:
-    """Apache + ``overtake sidecar --policy passthrough --uplink NAME`` in the server namespace."""
-    cmd = [*tb.exec_prefix(tb.srv_ns), OVERTAKE, "sidecar", "--policy", "passthrough",
+def _sidecar(tb: Testbed, name: str, log_path: Path, *, policy: str = "passthrough", stages: Path = STAGES,
+             core: int | None = None) -> subprocess.Popen[str]:
+    """Apache + ``overtake sidecar --policy POLICY --uplink NAME`` in the server namespace."""
+    pin = ["taskset", "-c", str(core)] if core is not None else []
+    cmd = [*tb.exec_prefix(tb.srv_ns), *pin, OVERTAKE, "sidecar", "--policy", policy,
            "--apache", f"http://127.0.0.1:{APACHE_PORT}", "--listen", f"{tb.srv_ip}:{PORT}",
-           "--stages", str(STAGES), "--uplink", name]  # fmt: skip
+           "--stages", str(stages), "--uplink", name]  # fmt: skip
     log = open(log_path, "w")
     p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 30
     while "listening" not in log_path.read_text():
         if p.poll() is not None or time.monotonic() > deadline:
             p.kill()
-            raise RuntimeError(f"sidecar --uplink {name} did not start: {log_path.read_text()}")
+            raise RuntimeError(f"sidecar --policy {policy} --uplink {name} did not start: {log_path.read_text()}")
         time.sleep(0.1)
-    p.describe = f"Apache + overtake sidecar --policy passthrough --uplink {name}"  # type: ignore[attr-defined]
+    p.describe = f"Apache + overtake sidecar --policy {policy} --uplink {name}"  # type: ignore[attr-defined]
     return p
 
 
@@ -230,8 +234,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             solo = _calibrate(tb, tmp, args)
             goodput = solo[1] * 8
             w1 = args.w1_phase if args.workload == "w1" else None
-            sched = schedule(model, load=args.load, duration=args.duration,
-                             goodput_bps=goodput, seed=args.seed, w1_phase=w1)  # fmt: skip
+            phases = (transient_phases(args.workload, args.phase_scale)
+                      if args.workload not in ("poisson", "w1") else None)
+            sched = schedule(model, load=args.load, duration=args.duration, goodput_bps=goodput,
+                             seed=args.seed, w1_phase=w1, phases=phases)  # fmt: skip
             if apache_dir is not None:
                 _write_files(apache_dir, {sz for _, sz in sched})
             n_data = 7 if tb.mode == "htb" else 2
@@ -242,7 +248,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "qdisc": _qdisc.show(tb.srv_dev, netns=tb.srv_ns).describe(),
                 "solo_time_s": {"a": solo[0], "goodput_bps": goodput},
                 "sizes": args.sizes, "workload": args.workload, "load": args.load,
-                "w1_phase_s": w1, "duration_s": args.duration, "requests": len(sched),
+                "w1_phase_s": w1, "phases": phases, "duration_s": args.duration, "requests": len(sched),
                 "offered_load_realised": offered, "srpt_cutoffs_bytes": str(cut),
                 "seed": args.seed, "server": args.server, "autogroup_nice": args.autogroup,
                 "loadavg_1min_at_start": args.loadavg,
@@ -300,7 +306,9 @@ def _record(out: dict[str, Any], argv: list[str]) -> None:
     tb = out["testbed"]
     head = (
         f"### {tb['workload']} {tb['sizes']} "
-        + (f"load {tb['load']}" if tb["workload"] == "poisson" else f"W1 phase {tb['w1_phase_s']} s")
+        + (f"load {tb['load']}" if tb["workload"] == "poisson"
+           else f"W1 phase {tb['w1_phase_s']} s" if tb["workload"] == "w1"
+           else "phases " + ", ".join(f"{d:g} s at {ld:g}" for d, ld in tb["phases"]))
         + f", {tb['duration_s']} s, {tb['requests']} requests"
     )
     body = "\n".join([
@@ -361,7 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default="fair,srpt,srrt,app",
                     help="comma list of fair, srpt, srrt, app, app:K (K writers)")
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
-    ap.add_argument("--workload", choices=("poisson", "w1"), default="poisson")
+    ap.add_argument("--workload", choices=("poisson", *TRANSIENT), default="poisson")
+    ap.add_argument("--phase-scale", type=float, default=1.0,
+                    help="w2..w10: multiply both phase lengths (same shape and mean load)")
     ap.add_argument("--w1-phase", type=float, default=25.0,
                     help="W1 phase length s (paper 003: 25)")
     ap.add_argument("--sizes", choices=sorted(MODELS), default="wc98")
@@ -387,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--policies: unknown {p!r}; use fair, srpt, srrt, app or app:K")
     if not 0 < args.load < 2:
         ap.error(f"--load: {args.load} must be in (0, 2)")
+    if not args.phase_scale > 0:
+        ap.error(f"--phase-scale: {args.phase_scale} must be > 0 (1 = paper 003's phase lengths)")
     # SIGTERM -> SystemExit, so the namespaces and Apache are always torn down
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if os.geteuid() != 0:

@@ -11,7 +11,8 @@
           like wc98 (mean 5.5 KB instead of the paper's 11.1 KB).
 
 Loads: ``rate = load * goodput / E[size + header]`` requests per second. ``w1`` is paper 003
-Table 1 W1 (alternating ``phase`` s at load 0.2 and ``phase`` s at 1.2; mean 0.7).
+Table 1 W1 (alternating ``phase`` s at load 0.2 and ``phase`` s at 1.2; mean 0.7). ``TRANSIENT``
+holds all ten transient-overload workloads of that table as cycles of (seconds, load) phases.
 """
 
 from __future__ import annotations
@@ -69,6 +70,27 @@ MODELS = {
 }
 
 
+# paper 003 Table 1: (low-load seconds, overload seconds, low load, overload); mean load in the
+# last column of the paper (0.7 for W1, W2; 0.8 for W7, W8; 0.9 for the others)
+TRANSIENT: dict[str, tuple[float, float, float, float]] = {
+    "w1": (25, 25, 0.2, 1.2), "w2": (10, 10, 0.2, 1.2), "w3": (50, 50, 0.2, 1.6),
+    "w4": (25, 25, 0.4, 1.4), "w5": (10, 10, 0.4, 1.4), "w6": (40, 40, 0.1, 1.7),
+    "w7": (63, 6, 0.4, 5.0), "w8": (63, 10, 0.45, 3.0), "w9": (20, 3, 0.735, 2.0),
+    "w10": (13.3, 2, 0.735, 2.0),
+}
+
+
+def transient_phases(name: str, scale: float = 1.0) -> list[tuple[float, float]]:
+    """One cycle of paper 003's workload ``name`` as [(seconds, load), ...]; ``scale`` shortens
+    both phases alike (same shape and mean load, shorter run)."""
+    if name not in TRANSIENT:
+        raise ValueError(f"workload: one of {', '.join(TRANSIENT)}, got {name!r}")
+    if not scale > 0:
+        raise ValueError(f"phase scale: must be > 0, got {scale}")
+    lo_s, hi_s, lo, hi = TRANSIENT[name]
+    return [(lo_s * scale, lo), (hi_s * scale, hi)]
+
+
 def schedule(
     model: SizeModel,
     *,
@@ -78,26 +100,34 @@ def schedule(
     seed: int,
     w1_phase: float | None = None,
     w1_loads: tuple[float, float] = (0.2, 1.2),
+    phases: list[tuple[float, float]] | None = None,
 ) -> list[tuple[float, int]]:
-    """(arrival time s, size B) pairs: Poisson at ``load``, or W1 alternating phases."""
+    """(arrival time s, size B) pairs: Poisson at ``load``, W1 alternating ``w1_phase`` s at
+    ``w1_loads``, or any cycle of ``phases`` [(seconds, load), ...] (a piecewise-constant rate)."""
+    if w1_phase is not None:
+        phases = [(w1_phase, w1_loads[0]), (w1_phase, w1_loads[1])]
     rng = np.random.default_rng(seed)
     per_req = (model.mean() + HEADER_BYTES) * 8.0
     out: list[tuple[float, int]] = []
+    if phases is None:
+        assert load is not None
+        phases = [(duration, load)]
+    cycle = sum(d for d, _ in phases)
     t = 0.0
-    while True:
-        if w1_phase is not None:
-            ld = w1_loads[int(t // w1_phase) % 2]
-        else:
-            assert load is not None
-            ld = load
-        lam = ld * goodput_bps / per_req
-        t += rng.exponential(1.0 / lam)
-        if w1_phase is not None and int(t // w1_phase) % 2 != (0 if ld == w1_loads[0] else 1):
-            # crossed a phase boundary: restart from the boundary (memoryless)
-            t = (int(t // w1_phase)) * w1_phase
+    while t < duration:
+        # the phase containing t and its end; arrivals are Poisson within it and, being
+        # memoryless, restart at the boundary
+        k, start = 0, t - (t % cycle)
+        while start + phases[k][0] <= t:
+            start += phases[k][0]
+            k = (k + 1) % len(phases)
+        end = min(start + phases[k][0], duration)
+        lam = phases[k][1] * goodput_bps / per_req
+        nxt = t + rng.exponential(1.0 / lam) if lam > 0 else end
+        if nxt >= end:
+            t = end
             continue
-        if t >= duration:
-            break
+        t = nxt
         out.append((t, 0))
     sizes = model.sample(len(out), rng)
     return [(a, int(s)) for (a, _), s in zip(out, sizes)]
