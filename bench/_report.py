@@ -56,18 +56,29 @@ def halt_polling(ns: int) -> Iterator[int | None]:
     Yields the value in effect, or None where the knob is absent or not writable (not root).
     """
     knob, shrink = HALT_POLL / "guest_halt_poll_ns", HALT_POLL / "guest_halt_poll_allow_shrink"
+    def restore() -> None:
+        knob.write_text(old[0])
+        shrink.write_text(old[1])
+
     try:
         old = (knob.read_text(), shrink.read_text())
+    except OSError:
+        yield None
+        return
+    try:
         knob.write_text(f"{int(ns)}\n")
         shrink.write_text("N\n")  # the governor would otherwise shrink the window after misses
     except OSError:
+        try:
+            restore()  # one of the two may have been written
+        except OSError:
+            pass
         yield None
         return
     try:
         yield int(knob.read_text())
     finally:
-        knob.write_text(old[0])
-        shrink.write_text(old[1])
+        restore()
 
 
 def set_sched_slice(pids: list[int], ns: int) -> list[int]:
@@ -75,7 +86,8 @@ def set_sched_slice(pids: list[int], ns: int) -> list[int]:
 
     Why: paper 004's model shares the CPU by processor sharing. The kernel's default slice
     (``se.slice`` 1.4 ms here) lets a woken thread run a whole slice before the others, a
-    bias that PS does not have; a 0.1 ms slice is much closer to PS for 5-50 ms requests.
+    bias that PS does not have; a smaller slice should be closer to PS (an experiment option of
+    bench/apache_table2.py, not used in a recorded run yet).
     Returns the slices in effect afterwards (one per thread, from /proc/<pid>/task/*/sched).
     """
     import ctypes

@@ -174,6 +174,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _band(series: str) -> str:
+    """``overtake_uplink_bytes_total{band="3"}`` -> ``3``."""
+    return series.split('band="', 1)[1].split('"', 1)[0]
+
+
 def render(out: dict[str, Any], command: str, started: float, hp: int | None) -> str:
     s = out["setup"]
     lines = [
@@ -193,7 +198,7 @@ def render(out: dict[str, Any], command: str, started: float, hp: int | None) ->
     ]
     for name, r in out["runs"].items():
         st, m = r["static"], r["uplink_metrics"]
-        by_band = ", ".join(f"{k.split('band=')[1].strip(chr(34))}: {v / 1e6:.1f} MB"
+        by_band = ", ".join(f"{_band(k)}: {v / 1e6:.1f} MB"
                             for k, v in sorted(m.items()) if k.startswith("overtake_uplink_bytes_total{") and v > 0)
         lines.append(
             f"| {name} | {r['stages']['mean_response_time'] * 1e3:.1f} ± {r['stages']['ci95'] * 1e3:.1f} "
