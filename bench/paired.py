@@ -52,7 +52,9 @@ OVERTAKE = str(Path(sys.executable).with_name("overtake"))
 APACHE_PORT = 18081  # inside the server namespace: bench/uplink_srpt.py's port (its _calibrate uses it)
 PORT = 8080
 UPLINK_SERIES = ("overtake_uplink_bytes_total", "overtake_uplink_flows_total",
-                 "overtake_uplink_priority_changes_total")
+                 "overtake_uplink_priority_changes_total", "overtake_follow_up_gap_seconds_count",
+                 "overtake_follow_up_gap_seconds_sum", "overtake_stage_completed_total",
+                 "overtake_stage_rejected_total")
 
 
 def _side(tb: Testbed, policy: str, uplink: str, stages: Path, log: Path, core: int) -> subprocess.Popen[str]:
@@ -99,7 +101,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                        check=True, stdout=subprocess.DEVNULL)  # fmt: skip
         stages = work / "stages.yaml"
         # Table 2's stages (stage1 -> next: stage2) plus a cap on the static (passthrough) lane
-        stages.write_text(STAGES.format(cap=120, mode="explicit", unit=args.time_unit) + "passthrough: {cap: 48}\n")
+        text = STAGES.format(cap=120, mode="explicit", unit=args.time_unit, follow_up=args.follow_up_timeout)
+        stages.write_text(text + "passthrough: {cap: 48}\n")
         (work / "trace.json").write_text(json.dumps({k: v.tolist() for k, v in trace.items()}))
         # solo time of the link (FAIR, passthrough) for slowdowns and the static schedule's rate
         cal = argparse.Namespace(server="sidecar", rate=args.rate, prefix="/f/")
@@ -120,7 +123,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             _stop(side)
         out["setup"] = {"case": args.case, "transactions": n_tx, "static_requests": len(sched),
                         "time_unit": args.time_unit, "overhead_s": overhead, "solo": solo, "load": args.load,
-                        "rate": args.rate, "predicted_mean_response_time": {k: v * args.time_unit for k, v in pred.items()},
+                        "rate": args.rate, "follow_up_timeout": args.follow_up_timeout,
+                        "predicted_mean_response_time": {k: v * args.time_unit for k, v in pred.items()},
                         "predicted_gain_pi_inf": (pred["pi(inf)"] - pred["pi*"]) / pred["pi*"]}
         rts: dict[str, np.ndarray] = {}
         for pol in ("pi*", "passthrough"):
@@ -179,10 +183,18 @@ def _band(series: str) -> str:
     return series.split('band="', 1)[1].split('"', 1)[0]
 
 
-def render(out: dict[str, Any], command: str, started: float, hp: int | None) -> str:
+def _follow(m: dict[str, float]) -> str:
+    """`next` reservations: claimed in time (mean client round trip) / lapsed unused or while queued."""
+    n = sum(v for k, v in m.items() if k.startswith("overtake_follow_up_gap_seconds_count"))
+    gap = sum(v for k, v in m.items() if k.startswith("overtake_follow_up_gap_seconds_sum"))
+    lapsed = sum(v for k, v in m.items() if ('outcome="unused"' in k or 'reason="follow_up_missing"' in k))
+    return f"{n:.0f} ({1e3 * gap / n:.2f}) / {lapsed:.0f}" if n else f"0 / {lapsed:.0f}"
+
+
+def render(out: dict[str, Any], command: str, started: float, hp: int | None, section: str = "paired") -> str:
     s = out["setup"]
     lines = [
-        "## paired: thread policy and uplink SRPT in one sidecar (issue 6)",
+        f"## {section}: thread policy and uplink SRPT in one sidecar (issue 6)",
         "",
         f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC; {machine()} at the end; "
         f"guest halt polling {'off' if not hp else f'{hp / 1e6:g} ms'}; {time.time() - started:.0f} s.",
@@ -190,11 +202,12 @@ def render(out: dict[str, Any], command: str, started: float, hp: int | None) ->
         f"(autogroup -20), one `overtake sidecar` on core 0 in the server namespace; two open-loop clients at once: "
         f"{s['transactions']} CPU-stage transactions of Table 1 case {s['case']} (1 unit = {s['time_unit'] * 1e3:g} ms "
         f"of Apache CPU, {s['overhead_s'] * 1e3:.2f} ms per-request overhead subtracted) and {s['static_requests']} "
-        f"World Cup 98 static downloads at uplink load {s['load']}. Same two traces in all four runs.",
+        f"World Cup 98 static downloads at uplink load {s['load']}. Same two traces in all four runs. "
+        f"`next` reservations lapse after {s.get('follow_up_timeout', 0.05) * 1e3:g} ms (limits.follow_up_timeout).",
         "",
         "| thread policy + uplink | stages E[W] ms | static mean RT ms | static mean slowdown | static largest 1 % s "
-        "| static Mbit/s | uplink bytes by band | SO_PRIORITY changes |",
-        "|---|---:|---:|---:|---:|---:|---|---:|",
+        "| static Mbit/s | uplink bytes by band | SO_PRIORITY changes | follow-ups in time (mean gap ms) / lapsed |",
+        "|---|---:|---:|---:|---:|---:|---|---:|---|",
     ]
     for name, r in out["runs"].items():
         st, m = r["static"], r["uplink_metrics"]
@@ -204,7 +217,7 @@ def render(out: dict[str, Any], command: str, started: float, hp: int | None) ->
             f"| {name} | {r['stages']['mean_response_time'] * 1e3:.1f} ± {r['stages']['ci95'] * 1e3:.1f} "
             f"| {st['mean_response_time'] * 1e3:.1f} | {st['mean_slowdown']:.1f} "
             f"| {st['largest_1pct_mean_response_time']:.3f} | {st['throughput_bytes_per_s'] * 8 / 1e6:.2f} "
-            f"| {by_band or '-'} | {m.get('overtake_uplink_priority_changes_total', 0):.0f} |")
+            f"| {by_band or '-'} | {m.get('overtake_uplink_priority_changes_total', 0):.0f} | {_follow(m)} |")
     lines.append("")
     for up, g in out["thread_gain"].items():
         lines.append(f"- Thread policy vs its baseline (uplink {up}): pi* gains {100 * g['measured']:.1f} ± "
@@ -226,6 +239,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--policy-dir", default="/tmp/overtake-table2-policies")
     ap.add_argument("--halt-poll-us", type=float, default=20000)
+    ap.add_argument("--follow-up-timeout", type=float, default=0.005,
+                    help="limits.follow_up_timeout s: how long a `next` reservation holds its place")
+    ap.add_argument("--section", default="paired", help="BENCHMARKS.md section to (re)write")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
@@ -233,6 +249,8 @@ def main() -> int:
         raise SystemExit(f"paired: --case: a Table 1 case 1..12, got {args.case}")
     if not 0 < args.load < 1:
         raise SystemExit(f"paired: --load: uplink load in (0, 1), got {args.load}")
+    if not 0 < args.follow_up_timeout <= 10:
+        raise SystemExit(f"paired: --follow-up-timeout: seconds in (0, 10], got {args.follow_up_timeout}")
     if os.geteuid() != 0:
         raise SystemExit("paired: needs root (network namespaces, qdiscs, SO_PRIORITY); run as root")
     Path(args.policy_dir).mkdir(parents=True, exist_ok=True)
@@ -244,11 +262,11 @@ def main() -> int:
     started = time.time()
     with halt_polling(int(args.halt_poll_us * 1000)) as hp:
         out = run(args)
-    text = render(out, command, started, hp)
+    text = render(out, command, started, hp, args.section)
     if args.json:
         print(json.dumps(out, indent=2, default=float))
     if not args.no_write:
-        write_section("paired", text)
+        write_section(args.section, text)
     print(text, file=sys.stderr)
     return 0
 

@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from controller import bands as _bands  # noqa: E402
 from controller import qdisc as _qdisc  # noqa: E402
+from uplink.ideal import fluid_response_times  # noqa: E402
 from uplink.testbed import Testbed  # noqa: E402
 from uplink.workload import HEADER_BYTES, MODELS, TRANSIENT, schedule, transient_phases  # noqa: E402
 
@@ -219,6 +220,61 @@ def _metrics(res: list[list[Any]], solo: tuple[float, float]) -> dict[str, Any]:
     }
 
 
+# server-side TCP counters per run: retransmitted segments, retransmission timeouts, and
+# timeouts that found the segment still in the local qdisc (a band starved longer than the RTO)
+TCP_COUNTERS = ("TcpRetransSegs", "TcpExtTCPTimeouts", "TcpExtTCPSpuriousRtxHostQueues",
+                "TcpExtTCPLossUndo", "TcpOutSegs")  # fmt: skip
+
+
+def _variant(pol: str) -> tuple[str, float, float | None]:
+    """``srpt/f0.05/t0.001`` -> ("srpt", floor 0.05, cutoffs' top fraction 0.001).
+
+    ``/fF``: the lowest band guaranteed a fraction F of the link (srpt, srrt); ``/tF``: SRPT
+    cutoffs with only a fraction F of the sizes above the highest (paper 001's rule: 0.005-0.01)."""
+    base, *mods = pol.split("/")
+    if base.split(":")[0] not in ("fair", "srpt", "srrt", "app"):
+        raise ValueError("use fair, srpt, srrt, app or app:K, with /fF (floor) or /tF (top "
+                         "fraction of the cutoffs) after srpt, e.g. srpt/f0.05/t0.001")
+    floor, top = 0.0, None
+    for m in mods:
+        try:
+            v = float(m[1:])
+        except ValueError:
+            v = float("nan")
+        if m[:1] == "f" and base in ("srpt", "srrt") and 0 < v <= 0.5:
+            floor = v
+        elif m[:1] == "t" and base == "srpt" and 0 < v < 0.5:
+            top = v
+        else:
+            raise ValueError(f"{m!r}: /fF needs srpt or srrt and 0 < F <= 0.5; /tF needs srpt and "
+                             "0 < F < 0.5")
+    return base, floor, top
+
+
+def _tcp_counters(ns: str) -> dict[str, int]:
+    cp = subprocess.run(["ip", "netns", "exec", ns, "nstat", "-az", "--json"],
+                        capture_output=True, text=True)  # fmt: skip
+    if cp.returncode != 0:
+        return {}
+    data = json.loads(cp.stdout)
+    flat = data.get("kernel", data)
+    return {k: int(v) for k, v in flat.items() if k in TCP_COUNTERS}
+
+
+def _ideal(sched: list[tuple[float, int]], goodput_bps: float, cut: Any,
+           which: tuple[str, ...] = ("ps", "srpt", "bands")) -> dict[str, Any]:
+    """The schedule on a fluid link (bench/uplink/ideal.py): PS, exact SRPT and the bands."""
+    arr = np.array([a for a, _ in sched])
+    size = np.array([s + HEADER_BYTES for _, s in sched], float)
+    big = np.argsort(size, kind="stable")[int(0.99 * len(size)):]
+    out: dict[str, Any] = {}
+    for name in which:
+        rt = fluid_response_times(arr, size, goodput_bps / 8, name, tuple(cut.edges))
+        out[name] = {"mean_response_time": float(rt.mean()),
+                     "largest_1pct_mean_response_time": float(rt[big].mean())}  # fmt: skip
+    return out
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     model = MODELS[args.sizes]
     tb = Testbed.up(rate=args.rate, mode=args.mode)
@@ -253,17 +309,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "seed": args.seed, "server": args.server, "autogroup_nice": args.autogroup,
                 "loadavg_1min_at_start": args.loadavg,
             }  # fmt: skip
+            out["ideal"] = _ideal(sched, goodput, cut)
+            for top in sorted({t for _, _, t in map(_variant, args.policies) if t is not None}):
+                alt = _bands.cutoffs_from_samples(ref, n_data, top_fraction=top)
+                out["ideal"][f"bands/t{top:g}"] = _ideal(sched, goodput, alt, ("bands",))["bands"]
             for pol in args.policies:
-                stats_path = tmp / f"stats_{pol.replace(':', '_')}.json"
-                p = _server(tb, pol, args, str(cut), stats_path)
+                stats_path = tmp / f"stats_{pol.replace(':', '_').replace('/', '_')}.json"
+                base, floor, top = _variant(pol)
+                if tb.mode == "htb":
+                    tb.set_floor(floor)
+                pcut = cut if top is None else _bands.cutoffs_from_samples(ref, n_data, top_fraction=top)
+                p = _server(tb, base, args, str(pcut), stats_path)
                 t0 = time.monotonic()
+                tcp0 = _tcp_counters(tb.srv_ns)
                 try:
                     res = _client(tb, sched, tmp, args.timeout, args.prefix)
                 finally:
                     _stop(p)
                 m = _metrics(res, solo)
                 m["wall_s"] = time.monotonic() - t0
+                tcp1 = _tcp_counters(tb.srv_ns)
+                m["server_tcp"] = {k: tcp1.get(k, 0) - tcp0.get(k, 0) for k in TCP_COUNTERS}
                 m["uplink"] = p.describe  # type: ignore[attr-defined]
+                if floor:
+                    m["uplink"] += f"; lowest band guaranteed {floor:.0%} of the link (HTB rate)"
+                if top is not None:
+                    m["uplink"] += (f"; cutoffs with the top one at the {100 * (1 - top):g}th percentile: "
+                                    f"{pcut}")
                 if stats_path.exists():
                     st = json.loads(stats_path.read_text())
                     if "bands" in st:
@@ -286,8 +358,9 @@ def _table(out: dict[str, Any]) -> str:
     pols = out["policies"]
     fair = pols.get("fair")
     rows = ["| policy | mean RT s | vs FAIR | mean slowdown | RT 0-50% | 50-90% | 90-99% | "
-            "largest 1% | vs FAIR | Mbit/s | mean conns | max conns | errors |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+            "largest 1% | vs FAIR | Mbit/s | mean conns | max conns | errors | RTOs (in qdisc) | "
+            "retrans % |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, m in pols.items():
         g = m["response_time_by_size_percentile"]
         r1 = f"{m['mean_response_time'] / fair['mean_response_time']:.2f}" if fair else "-"
@@ -297,9 +370,27 @@ def _table(out: dict[str, Any]) -> str:
             f"| {name} | {m['mean_response_time']:.3f} | {r1} | {m['mean_slowdown']:.1f} | "
             f"{g['0-50']:.3f} | {g['50-90']:.3f} | {g['90-99']:.3f} | {g['99-100']:.3f} | {r2} | "
             f"{m['throughput_bytes_per_s'] * 8 / 1e6:.2f} | {m['mean_connections']:.1f} | "
-            f"{m['max_connections']} | {m['errors']} |"
+            f"{m['max_connections']} | {m['errors']} | {_rto(m)} |"
         )
+    ideal = out.get("ideal")
+    if ideal:
+        ps = ideal["ps"]["mean_response_time"]
+        for name in ideal:
+            i = ideal[name]
+            rows.append(
+                f"| ideal {name} | {i['mean_response_time']:.3f} | "
+                f"{i['mean_response_time'] / ps:.2f} (vs PS) | | | | | "
+                f"{i['largest_1pct_mean_response_time']:.3f} | | | | | | | |"
+            )
     return "\n".join(rows)
+
+
+def _rto(m: dict[str, Any]) -> str:
+    t = m.get("server_tcp")
+    if not t or not t.get("TcpOutSegs"):
+        return "- | -"
+    pct = 100.0 * t["TcpRetransSegs"] / t["TcpOutSegs"]
+    return f"{t['TcpExtTCPTimeouts']} ({t['TcpExtTCPSpuriousRtxHostQueues']}) | {pct:.2f}"
 
 
 def _record(out: dict[str, Any], argv: list[str]) -> None:
@@ -342,7 +433,11 @@ def _record(out: dict[str, Any], argv: list[str]) -> None:
             "--policy passthrough --uplink X` (bands detected, adaptive cutoffs). RT = response "
             "time (s) from the scheduled arrival to the last byte; slowdown = RT / solo time "
             "(a + bytes/goodput, calibrated on the idle link); size percentiles group requests "
-            "by size. No netem on this kernel: WAN rows (delay/loss) are not run.\n\n"
+            "by size. RTOs = the server's TCP retransmission timeouts during the run (in parentheses "
+            "those whose segment was still in the local qdisc: a starved band, not a loss); "
+            "`ideal` rows = the same schedule on a fluid link (bench/uplink/ideal.py: PS, exact SRPT, "
+            "the same SRPT bands), what the discipline alone allows. "
+            "No netem on this kernel: WAN rows (delay/loss) are not run.\n\n"
         )
         text = text.rstrip("\n") + f"\n\n{begin}\n{intro}{body}{end}\n"
     BENCH_MD.write_text(text)
@@ -367,7 +462,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--load", type=float, default=0.8, help="uplink load (default 0.8)")
     ap.add_argument("--policies", default="fair,srpt,srrt,app",
-                    help="comma list of fair, srpt, srrt, app, app:K (K writers)")
+                    help="comma list of fair, srpt, srrt, app, app:K (K writers); srpt/fF, "
+                    "srrt/fF: the lowest band guaranteed a fraction F of the link (HTB); srpt/tF: "
+                    "cutoffs with a fraction F of the sizes above the top one (default 0.01)")
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
     ap.add_argument("--workload", choices=("poisson", *TRANSIENT), default="poisson")
     ap.add_argument("--phase-scale", type=float, default=1.0,
@@ -393,8 +490,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for p in args.policies:
-        if p.split(":")[0] not in ("fair", "srpt", "srrt", "app"):
-            ap.error(f"--policies: unknown {p!r}; use fair, srpt, srrt, app or app:K")
+        try:
+            base, floor, _ = _variant(p)
+        except ValueError as exc:
+            ap.error(f"--policies: {p!r}: {exc}")
+        if floor and args.mode != "htb":
+            ap.error(f"--policies: {p!r}: a floor needs --mode htb (pfifo_fast bands are strict)")
     if not 0 < args.load < 2:
         ap.error(f"--load: {args.load} must be in (0, 2)")
     if not args.phase_scale > 0:

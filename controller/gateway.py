@@ -371,7 +371,10 @@ class Gateway:
         if hold is not None:
             self._drop_hold(conn)
             if stage == hold.stage:
+                gap = lim.clock() - hold.t_arrive
                 t = lim.claim(hold, phase, route_key)
+                if t is not None:
+                    self.metrics.follow_up_gap.labels(self.table.names[stage]).observe(gap)
             else:
                 lim.abandon(hold)  # the client asked for something else
         if t is None:

@@ -61,6 +61,7 @@ from controller.limiter import PASSTHROUGH, Limiter
 
 __all__ = ["ApacheCollector", "SidecarMetrics"]
 
+_GAP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -205,6 +206,12 @@ class SidecarMetrics:
         self.queue_wait = Histogram(
             "overtake_stage_queue_wait_seconds", "Arrival at the sidecar until admission to Apache",
             ["stage", "phase"], buckets=_BUCKETS, registry=self.registry,
+        )
+        self.follow_up_gap = Histogram(
+            "overtake_follow_up_gap_seconds",
+            "A `next` reservation until its request arrived (the client's round trip; reservations "
+            "that lapse after follow_up_timeout are counted in rejected/completed, not here)",
+            ["stage"], buckets=_GAP_BUCKETS, registry=self.registry,
         )
         self.errors = Counter(
             "overtake_gateway_errors", "Requests answered by the gateway itself, by reason",

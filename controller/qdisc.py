@@ -11,6 +11,11 @@ two arrangements are supported and probed in this order:
          control band of paper 001 §2.2.3. TSO/GSO are turned off (``ethtool -K``) because
          HTB does not segment 64 KB GSO packets, which would block the link for ~50 ms (§4.7).
          Priorities >= 7 need CAP_NET_ADMIN or CAP_NET_RAW in the server process.
+         ``floor`` > 0 guarantees the lowest data band (the largest remaining responses) that
+         fraction of ``rate`` as its HTB ``rate``: HTB serves a class below its own rate before
+         any class borrows, so a large response keeps moving while small ones arrive and its
+         segments do not sit in the qdisc past TCP's retransmission timeout (an RTO there
+         backs the flow off and cuts its window even though nothing was lost).
 ``tbf``  TBF shaper with a ``pfifo_fast`` child: 3 bands via the fixed priomap (§4.4):
          SO_PRIORITY 6 -> band 0 (control), 0 -> band 1, 1 -> band 2. Reachable unprivileged.
 
@@ -54,6 +59,8 @@ MODES = ("htb", "tbf")
 CAP_NET_ADMIN = 12
 _MTU_FRAME = 1514  # Ethernet frame incl. header: HTB/TBF account L2 bytes
 HTB_LEAVES = 8  # HTB has 8 priorities (TC_HTB_NUMPRIO)
+_NO_FLOOR_BPS = 8_000  # HTB needs a rate per class; 8 kbit is "none" at any real link speed
+MAX_FLOOR = 0.5
 
 
 @dataclass(frozen=True)
@@ -129,6 +136,7 @@ class QdiscState:
     classes: tuple[ClassStats, ...]
     gso_off: bool | None
     raw: list[dict[str, Any]] = field(repr=False, default_factory=list)
+    floor_bps: int | None = None  # HTB rate of the lowest data band (8 kbit = no floor)
 
     def describe(self) -> str:
         """One line for humans."""
@@ -138,7 +146,11 @@ class QdiscState:
         rate = f"{self.rate_bps / 1e6:g} Mbit/s" if self.rate_bps else "?"
         gso = {True: "TSO/GSO off", False: "TSO/GSO ON", None: "TSO/GSO unknown"}[self.gso_off]
         assert self.bands is not None
-        return f"{where}: {self.mode} at {rate}, {self.bands.describe()}; {gso}"
+        floor = ""
+        if self.mode == "htb" and self.floor_bps and self.floor_bps > _NO_FLOOR_BPS:
+            share = f" = {self.floor_bps / self.rate_bps:.0%}" if self.rate_bps else ""
+            floor = f"; lowest band guaranteed {self.floor_bps / 1e6:g} Mbit/s{share}"
+        return f"{where}: {self.mode} at {rate}, {self.bands.describe()}{floor}; {gso}"
 
 
 @dataclass(frozen=True)
@@ -204,6 +216,7 @@ def plan_install(
     rate: str | int = "10mbit",
     netns: str | None = None,
     leaf_limit: int = 1000,
+    floor: float = 0.0,
 ) -> list[list[str]]:
     """The command lines that install ``mode`` on ``dev`` (nothing is run)."""
     _check_dev(dev)
@@ -212,6 +225,7 @@ def plan_install(
     if not 1 <= leaf_limit <= 100_000:
         raise UplinkInputError(f"leaf_limit: {leaf_limit} packets must be in 1..100000")
     bps = parse_rate(rate)
+    floor_bps = _floor_bps(floor, bps, mode)
     burst = _burst(bps)
     tc = _tc(netns)
     if mode == "htb":
@@ -223,9 +237,11 @@ def plan_install(
              "rate", f"{bps}bit", "ceil", f"{bps}bit", "burst", str(burst), "cburst", str(burst)],
         ]  # fmt: skip
         for p in range(HTB_LEAVES):
+            floored = p == HTB_LEAVES - 1 and floor_bps > _NO_FLOOR_BPS
+            leaf_rate = f"{floor_bps}bit" if floored else "8kbit"
             cmds.append(
                 [*tc, "class", "replace", "dev", dev, "parent", "1:1", "classid", f"1:1{p}",
-                 "htb", "rate", "8kbit", "ceil", f"{ceil}bit", "prio", str(p),
+                 "htb", "rate", leaf_rate, "ceil", f"{ceil}bit", "prio", str(p),
                  "quantum", str(_MTU_FRAME), "burst", str(_MTU_FRAME),
                  "cburst", str(_MTU_FRAME)]  # fmt: skip
             )
@@ -239,6 +255,20 @@ def plan_install(
          "burst", str(burst), "limit", str(leaf_limit * _MTU_FRAME)],
         [*tc, "qdisc", "replace", "dev", dev, "parent", "1:1", "handle", "10:", "pfifo_fast"],
     ]  # fmt: skip
+
+
+def _floor_bps(floor: float, bps: int, mode: str) -> int:
+    if not (isinstance(floor, (int, float)) and 0.0 <= floor <= MAX_FLOOR):
+        raise UplinkInputError(
+            f"floor: {floor!r} must be a fraction of the rate in 0..{MAX_FLOOR} (e.g. 0.05 "
+            "guarantees the lowest band 5%); 0 is strict priority"
+        )
+    if floor > 0 and mode != "htb":
+        raise UplinkInputError(
+            f"floor: {floor} needs mode htb (pfifo_fast bands are strict); use --floor 0 "
+            "with tbf"
+        )
+    return max(_NO_FLOOR_BPS, int(round(floor * bps)))
 
 
 def plan_remove(dev: str, *, netns: str | None = None) -> list[list[str]]:
@@ -288,6 +318,7 @@ def show(dev: str, *, netns: str | None = None, run: Runner = _run) -> QdiscStat
     root_kind = root.get("kind") if root else None
     mode: str | None = None
     rate: int | None = None
+    floor_bps: int | None = None
     classes: list[ClassStats] = []
     bands: BandMap | None = None
     if root is not None and root.get("handle") == "1:" and root_kind == "htb":
@@ -296,6 +327,7 @@ def show(dev: str, *, netns: str | None = None, run: Runner = _run) -> QdiscStat
         if all(w in leaves for w in want) and "1:1" in leaves:
             mode, bands = "htb", HTB_BANDS
             rate = leaves["1:1"][1]
+            floor_bps = leaves[want[-1]][1]
             classes = [leaves[w][0] for w in want]
     elif root is not None and root.get("handle") == "1:" and root_kind == "tbf":
         child = next((q for q in qdiscs if q.get("parent") == "1:1"), None)
@@ -306,7 +338,8 @@ def show(dev: str, *, netns: str | None = None, run: Runner = _run) -> QdiscStat
             r = next((q for q in st if q.get("root")), {})
             classes = [_stats("1:", r)]
     gso = _gso_off(dev, netns, run) if mode == "htb" else None
-    return QdiscState(dev, netns, mode, root_kind, rate, bands, tuple(classes), gso, qdiscs)
+    return QdiscState(dev, netns, mode, root_kind, rate, bands, tuple(classes), gso, qdiscs,
+                      floor_bps)
 
 
 _CLASS = re.compile(r"^class htb (\S+) .*?(?:prio (\d+) )?rate (\S+)")
@@ -351,12 +384,16 @@ def _stats(classid: str, q: dict[str, Any]) -> ClassStats:
     )
 
 
-def _matches(state: QdiscState, mode: str, bps: int) -> bool:
+def _matches(state: QdiscState, mode: str, bps: int, floor_bps: int = _NO_FLOOR_BPS) -> bool:
     if state.mode != mode or state.rate_bps is None:
         return False
     # tc rounds rates to its internal units; within 1% is "the same rate"
     same_rate = abs(state.rate_bps - bps) <= 0.01 * bps
-    return same_rate and (mode == "tbf" or state.gso_off is True)
+    if mode == "tbf":
+        return same_rate
+    same_floor = state.floor_bps is not None and abs(state.floor_bps - floor_bps) <= max(
+        0.01 * floor_bps, 1000)
+    return same_rate and same_floor and state.gso_off is True
 
 
 def install(
@@ -366,6 +403,7 @@ def install(
     rate: str | int = "10mbit",
     netns: str | None = None,
     leaf_limit: int = 1000,
+    floor: float = 0.0,
     dry_run: bool = False,
     run: Runner = _run,
     net_admin: Callable[[], bool] = has_net_admin,
@@ -381,8 +419,10 @@ def install(
         raise UplinkInputError(f"mode: {mode!r} is not one of auto, {', '.join(MODES)}")
     bps = parse_rate(rate)
     first = "htb" if mode == "auto" else mode
+    floor_bps = _floor_bps(floor, bps, first)
     if dry_run:
-        cmds = plan_install(dev, mode=first, rate=bps, netns=netns, leaf_limit=leaf_limit)
+        cmds = plan_install(dev, mode=first, rate=bps, netns=netns, leaf_limit=leaf_limit,
+                            floor=floor)  # fmt: skip
         note = "auto: HTB first; TBF + pfifo_fast if the kernel lacks HTB" if mode == "auto" else ""
         return InstallResult(dev, netns, first, _tuples(cmds), False, True, note)
     if not net_admin():
@@ -397,9 +437,10 @@ def install(
         tried = [state.mode]
     errors: list[str] = []
     for m in tried:
-        if _matches(state, m, bps):
+        if _matches(state, m, bps, floor_bps):
             return InstallResult(dev, netns, m, (), False, False, "already installed")
-        cmds = plan_install(dev, mode=m, rate=bps, netns=netns, leaf_limit=leaf_limit)
+        cmds = plan_install(dev, mode=m, rate=bps, netns=netns, leaf_limit=leaf_limit,
+                            floor=floor if m == "htb" else 0.0)  # fmt: skip
         root = next((q for q in state.raw if q.get("root")), {})
         if state.root_kind not in (None, "noqueue") and root.get("handle") != "0:":
             # `replace` can neither change the root's kind nor an HTB root's parameters
@@ -412,7 +453,9 @@ def install(
             if m == "htb" and _gso_off(dev, netns, run) is False:
                 raise QdiscError(f"dev {dev}: TSO/GSO still on after `ethtool -K`; HTB needs "
                                  "them off (see shared/notes/apache_and_net.md §4.7)")
-            return InstallResult(dev, netns, m, _tuples(cmds), True, False)
+            note = (f"floor {floor} not applied: tbf's pfifo_fast bands are strict priorities"
+                    if m == "tbf" and floor > 0 else "")
+            return InstallResult(dev, netns, m, _tuples(cmds), True, False, note)
         errors.append(f"{m}: {failed}")
         if "kind is unknown" not in failed:
             break  # only a kernel without the qdisc moves auto on to the next arrangement

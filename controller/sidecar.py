@@ -43,6 +43,7 @@ from controller.policy_fetch import FETCH_RESULTS, PolicyFetcher, PolicyFetchErr
 from controller.stages import StageTable
 from controller.upstream import UpstreamPool
 from controller.uplink import make_uplink
+from controller.uplink_errors import UplinkInputError
 from controller.uplink_metrics import UplinkCollector
 
 __all__ = ["JsonFormatter", "Sidecar", "SidecarOptions", "parse_addr", "parse_apache_url"]
@@ -91,6 +92,8 @@ class SidecarOptions:
     listen: str
     phase_header: str | None = None
     uplink: str = "fair"
+    uplink_cutoffs: str | None = None  #: fixed SRPT/SRRT cutoffs ("1K,4K,16K"); adaptive when None
+    uplink_top_fraction: float = 0.01  #: adaptive cutoffs: share of responses above the highest
     watch_interval: float = 1.0
     admin_put: bool = True
     online: OnlineSettings | None = None  #: refit, re-solve and swap online (controller.online)
@@ -107,7 +110,10 @@ class Sidecar:
         self.options = options
         self.listen = parse_addr(options.listen, "listen")
         self.apache = parse_apache_url(options.apache)
-        self.uplink = make_uplink(options.uplink)
+        if options.uplink not in ("srpt", "srrt") and options.uplink_cutoffs is not None:
+            raise UplinkInputError(f"uplink_cutoffs: only for --uplink srpt or srrt, not {options.uplink!r}")
+        self.uplink = make_uplink(options.uplink, cutoffs=options.uplink_cutoffs,
+                                  top_fraction=options.uplink_top_fraction)
         self.fetcher: PolicyFetcher | None = None
         self.policy_etag: str | None = None
         self.fetch_error: str | None = None

@@ -267,6 +267,7 @@ class KernelUplink:
         interval: float = 0.01,
         lowat: int = 32768,
         note: str = "",
+        top_fraction: float = 0.01,
     ) -> None:
         if cutoffs.n_bands > len(bandmap.data):
             raise UplinkInputError(
@@ -284,7 +285,12 @@ class KernelUplink:
         self.lowat = lowat
         self.interval = interval
         self.note = note
-        self._adaptive = _bands.AdaptiveCutoffs(cutoffs) if adapt else None
+        if not 0.0 < top_fraction < 0.5:
+            raise UplinkInputError(
+                f"top_fraction: {top_fraction!r} must be in (0, 0.5): the share of responses above the "
+                "highest cutoff (paper 001: 0.005-0.01)"
+            )
+        self._adaptive = _bands.AdaptiveCutoffs(cutoffs, top_fraction=top_fraction) if adapt else None
         self._fixed = cutoffs
         self._flows: dict[int, _KernelFlow] = {}
         self._by_sock: dict[int, _KernelFlow] = {}
@@ -585,6 +591,7 @@ def make_uplink(
     concurrency: int = 4,
     quantum: int = 16384,
     max_pacing_rate: int | None = None,
+    top_fraction: float = 0.01,
 ) -> Uplink:
     """Build the uplink named on the command line (``--uplink fair|srpt|srrt|app``).
 
@@ -593,7 +600,9 @@ def make_uplink(
     found or HTB priorities are refused (no CAP_NET_ADMIN/CAP_NET_RAW); ``describe()`` says
     which is in use. ``cutoffs``: fixed cutoffs (bytes for SRPT, seconds for SRRT; a string
     like ``"1K,4K,16K"``); by default they start log-spaced (paper 001's 1K-50K for SRPT) and
-    adapt to the observed distribution (``adapt``; off when cutoffs are given).
+    adapt to the observed distribution (``adapt``; off when cutoffs are given) with
+    ``top_fraction`` of the responses above the highest cutoff (paper 001: 0.005-0.01; on the
+    World Cup 98 sizes 0.001 measured better, BENCHMARKS.md ``uplink``).
     ``concurrency``, ``quantum``, ``max_pacing_rate`` (bytes/s, the link rate) shape ``app``.
     """
     if name == "fair":
@@ -644,6 +653,7 @@ def make_uplink(
         interval=interval,
         lowat=notsent_lowat,
         note=note,
+        top_fraction=top_fraction,
     )
 
 

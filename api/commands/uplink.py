@@ -45,6 +45,9 @@ def register(subparsers: Any) -> None:
             a.add_argument("--mode", choices=("auto", *qdisc.MODES), default="auto")
             a.add_argument("--rate", default="10mbit", help="egress rate, tc units (10mbit)")
             a.add_argument("--leaf-limit", type=int, default=1000, help="packets per band")
+            a.add_argument("--floor", type=float, default=0.0,
+                           help="fraction of --rate guaranteed to the lowest band (htb; 0 = "
+                                "strict priority, e.g. 0.05)")  # fmt: skip
         if name in ("install", "remove"):
             a.add_argument("--dry-run", action="store_true", help="print the commands only")
         a.add_argument("--json", action="store_true", help="print as JSON")
@@ -77,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
                 rate=args.rate,
                 netns=args.netns,
                 leaf_limit=args.leaf_limit,
+                floor=args.floor,
                 dry_run=args.dry_run,
             )
             _print_result(res, args, "installed")

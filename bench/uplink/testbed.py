@@ -38,9 +38,11 @@ class Testbed:
     srv_ip: str
     cli_ip: str
     mode: str | None = None
+    rate: str = "10mbit"
 
     @classmethod
-    def up(cls, *, rate: str = "10mbit", mode: str = "htb", tag: str | None = None) -> "Testbed":
+    def up(cls, *, rate: str = "10mbit", mode: str = "htb", tag: str | None = None,
+           floor: float = 0.0) -> "Testbed":
         tag = tag or uuid.uuid4().hex[:6]
         octet = int(tag[:2], 16) % 250 + 1
         tb = cls(f"ovt_s_{tag}", f"ovt_c_{tag}", f"ovs{tag}", f"ovc{tag}",
@@ -60,12 +62,17 @@ class Testbed:
             for ns in (tb.srv_ns, tb.cli_ns):
                 sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.core.somaxconn=4096")
                 sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.tcp_max_syn_backlog=4096")
-            res = qdisc.install(tb.srv_dev, mode=mode, rate=rate, netns=tb.srv_ns)
-            tb.mode = res.mode
+            res = qdisc.install(tb.srv_dev, mode=mode, rate=rate, netns=tb.srv_ns, floor=floor)
+            tb.mode, tb.rate = res.mode, rate
         except BaseException:
             tb.down()
             raise
         return tb
+
+    def set_floor(self, floor: float) -> None:
+        """Re-install the server's qdisc with the lowest band guaranteed ``floor`` of the rate."""
+        qdisc.install(self.srv_dev, mode=self.mode or "htb", rate=self.rate, netns=self.srv_ns,
+                      floor=floor)  # fmt: skip
 
     def exec_prefix(self, ns: str) -> list[str]:
         return ["ip", "netns", "exec", ns]

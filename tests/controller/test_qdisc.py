@@ -164,3 +164,35 @@ def test_cli_install_show_remove(veth_ns: tuple[str, str], capsys: pytest.Captur
     assert cli.main(["uplink", "show", "--dev", "nope0", "--netns", ns]) == 2
     err = capsys.readouterr().err
     assert "dev: interface 'nope0' not found" in err
+
+
+def test_floor_sets_the_lowest_band_rate_and_bad_floors_name_the_field() -> None:
+    res = qdisc.install("eth9", mode="htb", rate="10mbit", floor=0.05, dry_run=True)
+    leaves = [ln for ln in res.script().splitlines() if "classid 1:1" in ln and "parent 1:1 " in ln]
+    assert len(leaves) == 8
+    # only the lowest data band 1:17 is guaranteed 5% of 10 Mbit/s; the others keep 8 kbit
+    assert [ln.split(" rate ")[1].split()[0] for ln in leaves] == ["8kbit"] * 7 + ["500000bit"]
+    for bad in (-0.1, 0.6, float("nan")):
+        with pytest.raises(UplinkInputError, match="floor: .* 0..0.5"):
+            qdisc.plan_install("eth9", floor=bad)
+    with pytest.raises(UplinkInputError, match="floor: .*needs mode htb"):
+        qdisc.install("eth9", mode="tbf", floor=0.1, dry_run=True)
+
+
+def test_cli_floor_bad_value(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["uplink", "install", "--dev", "eth9", "--floor", "0.9", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "floor:" in err[0] and "0.05" in err[0]
+
+
+@needs_root
+def test_floor_is_installed_shown_and_idempotent(veth_ns: tuple[str, str]) -> None:
+    ns, dev = veth_ns
+    assert qdisc.install(dev, netns=ns, rate="10mbit", floor=0.2).changed
+    st = qdisc.show(dev, netns=ns)
+    assert st.floor_bps == 2_000_000 and "lowest band guaranteed 2 Mbit/s = 20%" in st.describe()
+    assert not qdisc.install(dev, netns=ns, rate="10mbit", floor=0.2).changed
+    # back to strict priority: a change, and the leaf returns to the nominal 8 kbit
+    assert qdisc.install(dev, netns=ns, rate="10mbit", floor=0.0).changed
+    st = qdisc.show(dev, netns=ns)
+    assert st.floor_bps == 8_000 and "guaranteed" not in st.describe()

@@ -515,8 +515,14 @@ def test_next_stage_reservation_orders_apache_like_the_model(inst: apache.Apache
             assert b_done[0] - t_answer >= 0.4
         # B closes after its stage 1: its reservation ends at the close; A's only if never used
         time.sleep(0.1)
-        unused = m(_wait_idle(s), "overtake_stage_completed_total", stage="stage2", phase="1", outcome="unused")
+        text = _wait_idle(s)
+        unused = m(text, "overtake_stage_completed_total", stage="stage2", phase="1", outcome="unused")
         assert unused == (1 if follow_up == "sent" else 2)
+        # the client's round trip between its answer and the follow-up, only for the one that came
+        gaps = m(text, "overtake_follow_up_gap_seconds_count", stage="stage2")
+        assert gaps == (1 if follow_up == "sent" else 0)
+        if follow_up == "sent":
+            assert 0 < m(text, "overtake_follow_up_gap_seconds_sum", stage="stage2") < 0.4
     finally:
         s.stop()
         shutil.rmtree(work, ignore_errors=True)

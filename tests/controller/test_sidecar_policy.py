@@ -114,7 +114,7 @@ stages:
   - {name: page, path: "^/page", next: api}
   - {name: api, path: "^/api"}
 """))
-    assert t3.next_stage == (1, None) and t3.config.limits.follow_up_timeout == 0.05
+    assert t3.next_stage == (1, None) and t3.config.limits.follow_up_timeout == 0.005
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from controller import qdisc, tcpinfo, uplink
@@ -311,3 +312,34 @@ def test_keep_alive_socket_is_owned_by_its_latest_response() -> None:
     assert asyncio.run(main()) == b"".join(_expected(n) for n in sizes)
     assert up._by_sock == {} and up._flows == {}
     assert sum(up.stats().flows_opened.values()) == 3
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="SO_PRIORITY >= 7 (HTB classids) needs root/CAP_NET_ADMIN")
+def test_top_fraction_sets_how_many_responses_sit_above_the_highest_cutoff() -> None:
+    with pytest.raises(UplinkInputError, match=r"top_fraction: 0\.6 must be in \(0, 0\.5\)"):
+        uplink.make_uplink("srpt", bands="htb", top_fraction=0.6)
+    rng = np.random.default_rng(5)
+    sizes = np.exp(rng.normal(7.0, 1.7, 4096))  # lognormal response sizes, bytes
+    tops = {}
+    for tf in (0.01, 0.001):
+        up = uplink.make_uplink("srpt", bands="htb", top_fraction=tf)
+        assert isinstance(up, uplink.KernelUplink)
+        for x in sizes:
+            up._observe(float(x), int(x))  # what every opened flow reports
+        edges = up.cutoffs.edges
+        # the rule after adapting: lowest at the median, highest with tf of the sizes above it
+        assert edges[0] == pytest.approx(np.quantile(sizes, 0.5), rel=1e-9)
+        assert np.mean(sizes > edges[-1]) == pytest.approx(tf, abs=1.5 / len(sizes))  # quantile interpolation: +-1 size
+        tops[tf] = edges[-1]
+    assert tops[0.001] > 2 * tops[0.01]
+
+
+def test_sidecar_refuses_cutoffs_without_a_band_scheduler() -> None:
+    from controller.sidecar import Sidecar, SidecarOptions
+    from controller.stages import load_stages
+
+    table = load_stages(REPO / "examples" / "sidecar" / "stages.yaml")
+    opts = SidecarOptions(policy="pi(1)", apache="http://127.0.0.1:9", listen="127.0.0.1:9",
+                          uplink="fair", uplink_cutoffs="1K,4K")  # fmt: skip
+    with pytest.raises(UplinkInputError, match="uplink_cutoffs: only for --uplink srpt or srrt"):
+        Sidecar(table, opts)
