@@ -310,15 +310,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "loadavg_1min_at_start": args.loadavg,
             }  # fmt: skip
             out["ideal"] = _ideal(sched, goodput, cut)
-            for top in sorted({t for _, _, t in map(_variant, args.policies) if t is not None}):
-                alt = _bands.cutoffs_from_samples(ref, n_data, top_fraction=top)
+            # cutoffs of the srpt/tF variants, each also on the fluid link
+            alt_cuts = {t: _bands.cutoffs_from_samples(ref, n_data, top_fraction=t)
+                        for _, _, t in map(_variant, args.policies) if t is not None}  # fmt: skip
+            for top, alt in sorted(alt_cuts.items()):
                 out["ideal"][f"bands/t{top:g}"] = _ideal(sched, goodput, alt, ("bands",))["bands"]
             for pol in args.policies:
                 stats_path = tmp / f"stats_{pol.replace(':', '_').replace('/', '_')}.json"
                 base, floor, top = _variant(pol)
                 if tb.mode == "htb":
                     tb.set_floor(floor)
-                pcut = cut if top is None else _bands.cutoffs_from_samples(ref, n_data, top_fraction=top)
+                pcut = cut if top is None else alt_cuts[top]
                 p = _server(tb, base, args, str(pcut), stats_path)
                 t0 = time.monotonic()
                 tcp0 = _tcp_counters(tb.srv_ns)
