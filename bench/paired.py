@@ -42,10 +42,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 from _report import halt_polling, machine, write_section  # noqa: E402
 from apache_table2 import STAGES, batch_means, make_trace, paired_gain_ci, policy_file, predicted  # noqa: E402
 from api.commands._scenario import load_scenario  # noqa: E402
+from controller.qdisc import parse_rate  # noqa: E402
 from mdp import Policy  # noqa: E402
 from uplink.testbed import Testbed  # noqa: E402
 from uplink.workload import MODELS, schedule  # noqa: E402
-from uplink_srpt import _calibrate, _metrics, _sidecar, _stop, _write_files  # noqa: E402
+from uplink_srpt import CAL_SIZES, NOMINAL_GOODPUT, _calibrate, _metrics, _sidecar, _stop, _write_files  # noqa: E402
 
 PY = sys.executable
 OVERTAKE = str(Path(sys.executable).with_name("overtake"))
@@ -106,10 +107,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         (work / "trace.json").write_text(json.dumps({k: v.tolist() for k, v in trace.items()}))
         # solo time of the link (FAIR, passthrough) for slowdowns and the static schedule's rate
         cal = argparse.Namespace(server="sidecar", rate=args.rate, prefix="/f/")
-        _write_files(work / "apache", {100, 10_000, 100_000, 500_000, 1_000_000})
+        _write_files(work / "apache", set(CAL_SIZES))
         solo = _calibrate(tb, work, cal)
-        sched = schedule(MODELS["wc98"], load=args.load, duration=args.duration, goodput_bps=solo[1] * 8,
-                         seed=args.seed)
+        # the static load against the link's nominal goodput (as bench/uplink_srpt.py)
+        sched = schedule(MODELS["wc98"], load=args.load, duration=args.duration,
+                         goodput_bps=parse_rate(args.rate) * NOMINAL_GOODPUT, seed=args.seed)
         _write_files(work / "apache", {sz for _, sz in sched})
         (work / "sched.json").write_text(json.dumps(sched))
         # Apache's CPU per stage request beyond the burn, through a passthrough sidecar

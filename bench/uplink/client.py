@@ -50,14 +50,22 @@ async def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--prefix", default="/", help="URL path before the size, e.g. /f/")
+    ap.add_argument("--sequential", type=float, default=None, metavar="GAP",
+                    help="closed loop instead: each request GAP s after the previous one ended "
+                    "(arrival times ignored; recorded arrival = send time)")
     a = ap.parse_args()
     sched = json.load(open(a.schedule))
     host, port = a.server.rsplit(":", 1)
     out: list[list[float | int | str | None]] = []
     t0 = time.monotonic() + 0.2
     prefix = a.prefix.encode()
-    await asyncio.gather(*(one(host, int(port), t0, arr, sz, a.timeout, out, prefix)
-                           for arr, sz in sched))
+    if a.sequential is not None:
+        for _, sz in sched:
+            await asyncio.sleep(a.sequential)
+            await one(host, int(port), t0, time.monotonic() - t0, sz, a.timeout, out, prefix)
+    else:
+        await asyncio.gather(*(one(host, int(port), t0, arr, sz, a.timeout, out, prefix)
+                               for arr, sz in sched))
     json.dump(out, open(a.out, "w"))
 
 

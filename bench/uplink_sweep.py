@@ -1,0 +1,160 @@
+"""Uplink load sweep: FAIR vs SRPT (and friends) at loads 0.5-0.9, several seeds (issue 6).
+
+Each (load, seed) is one bench/uplink_srpt.py run: a fresh testbed, one seeded Poisson schedule
+replayed for every policy, so every ratio below is FAIR and the policy on the *same* arrivals
+in the same run. Seeds give the spread a single run hides (the largest 1 % of a 30-60 s run
+are a few dozen requests)::
+
+    python bench/uplink_sweep.py --loads 0.5,0.6,0.7,0.8,0.9 --seeds 1,2,3 --duration 40 \
+        --policies fair,srpt,srpt/t0.001,srrt,app:4 --record
+
+``--record`` rewrites BENCHMARKS.md section ``uplink-sweep``; ``--json`` prints every run.
+Any other flag is passed to bench/uplink_srpt.py (e.g. ``--sizes p000``). Needs root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import uplink_srpt  # noqa: E402
+from _report import machine, write_section  # noqa: E402
+
+SECTION = "uplink-sweep"
+
+
+def _floats(text: str, flag: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"{flag}: {text!r} must be a comma list of numbers, e.g. 0.5,0.8")
+
+
+def _ratio(m: dict[str, Any], fair: dict[str, Any], key: str) -> float:
+    return float(m[key] / fair[key])
+
+
+def _span(xs: list[float]) -> str:
+    """``median (min-max)`` of one ratio over the seeds."""
+    if len(xs) == 1:
+        return f"{xs[0]:.2f}"
+    return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
+
+
+def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (load, policy): the policy's ratios to FAIR of the same run, over seeds."""
+    rows: list[dict[str, Any]] = []
+    loads = sorted({r["testbed"]["load"] for r in runs})
+    for load in loads:
+        at = [r for r in runs if r["testbed"]["load"] == load]
+        for pol in at[0]["policies"]:
+            per = [(r["policies"][pol], r["policies"]["fair"]) for r in at]
+            rows.append({
+                "load": load, "policy": pol, "seeds": [r["testbed"]["seed"] for r in at],
+                "offered": [r["testbed"]["offered_load_realised"] for r in at],
+                "mean_rt": [m["mean_response_time"] for m, _ in per],
+                "mean_ratio": [_ratio(m, f, "mean_response_time") for m, f in per],
+                "slowdown": [m["mean_slowdown"] for m, _ in per],
+                "top1_ratio": [_ratio(m, f, "largest_1pct_mean_response_time") for m, f in per],
+                "tput_ratio": [_ratio(m, f, "throughput_bytes_per_s") for m, f in per],
+                "conns": [m["mean_connections"] for m, _ in per],
+                "errors": sum(m["errors"] for m, _ in per),
+            })  # fmt: skip
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    out = ["| load | policy | offered | mean RT s | mean RT / FAIR | mean slowdown | "
+           "largest 1 % / FAIR | bytes/s / FAIR | mean conns | errors |",
+           "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        out.append(
+            f"| {r['load']:g} | {r['policy']} | {statistics.mean(r['offered']):.2f} | "
+            f"{statistics.mean(r['mean_rt']):.3f} | {_span(r['mean_ratio'])} | "
+            f"{statistics.mean(r['slowdown']):.1f} | {_span(r['top1_ratio'])} | "
+            f"{_span(r['tput_ratio'])} | {statistics.mean(r['conns']):.1f} | {r['errors']} |"
+        )
+    return "\n".join(out)
+
+
+def targets(rows: list[dict[str, Any]]) -> str:
+    """Issue 6's targets at load 0.8, counted per seed: mean <= 1/3, largest 1 % <= 1.1x."""
+    lines = []
+    for r in rows:
+        if r["load"] != 0.8 or r["policy"] == "fair":
+            continue
+        n = len(r["seeds"])
+        m = sum(x <= 1 / 3 for x in r["mean_ratio"])
+        t = sum(x <= 1.1 for x in r["top1_ratio"])
+        e = sum(abs(x - 1) <= 0.01 for x in r["tput_ratio"])
+        lines.append(f"- {r['policy']} at load 0.8: mean RT <= 1/3 of FAIR's in {m}/{n} seeds, "
+                     f"largest 1 % <= 1.1x in {t}/{n}, byte throughput within 1 % in {e}/{n}.")
+    return "\n".join(lines)
+
+
+def record(rows: list[dict[str, Any]], runs: list[dict[str, Any]], argv: list[str]) -> None:
+    tb = runs[0]["testbed"]
+    text = "\n".join([
+        "## uplink-sweep: FAIR vs SRPT over uplink load 0.5-0.9, several seeds (issue 6)", "",
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine()} at the end; "
+        f"`OPENBLAS_NUM_THREADS=1 python bench/uplink_sweep.py {' '.join(argv)}`", "",
+        f"Each (load, seed) is one bench/uplink_srpt.py run ({tb['qdisc'].split(': ', 1)[-1]}; "
+        f"server {tb['server']}; {tb['sizes']} sizes; {tb['duration_s']:g} s of Poisson "
+        "arrivals, one connection per request): a fresh testbed and one schedule replayed for every "
+        "policy, so each ratio is the policy over FAIR on the same arrivals. Ratios: median over "
+        "the seeds (min-max); other columns: mean over the seeds. srpt = paper 001's cutoffs (top "
+        "one at the 99th size percentile); srpt/t0.001 = top cutoff at the 99.9th.", "",
+        table(rows), "", targets(rows), "",
+    ])  # fmt: skip
+    write_section(SECTION, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--loads", default="0.5,0.6,0.7,0.8,0.9")
+    ap.add_argument("--seeds", default="1,2,3")
+    ap.add_argument("--policies", default="fair,srpt,srpt/t0.001,srrt,app:4",
+                    help="as bench/uplink_srpt.py --policies; must include fair (the baseline)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--record", action="store_true")
+    args, rest = ap.parse_known_args(argv)
+    loads, seeds = _floats(args.loads, "--loads"), [int(s) for s in _floats(args.seeds, "--seeds")]
+    if "fair" not in args.policies.split(","):
+        ap.error("--policies: include fair, the baseline every ratio is taken against")
+    for bad in ("--load", "--seed", "--record", "--json", "--workload"):
+        if bad in rest:
+            ap.error(f"{bad}: set by the sweep (use --loads/--seeds, or bench/uplink_srpt.py)")
+    us_ap = uplink_srpt.parser()
+    per_run = [uplink_srpt.parse(us_ap, [*rest, "--load", str(ld), "--seed", str(sd),
+                                         "--policies", args.policies])
+               for ld in loads for sd in seeds]  # fmt: skip
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if os.geteuid() != 0:
+        print("uplink_sweep: needs root (network namespaces, qdiscs)", file=sys.stderr)
+        return 2
+    autogroup = uplink_srpt._raise_priority()
+    runs = []
+    for a in per_run:
+        a.autogroup, a.loadavg = autogroup, os.getloadavg()[0]
+        print(f"load {a.load} seed {a.seed}", file=sys.stderr, flush=True)
+        runs.append(uplink_srpt.run(a))
+    rows = summarise(runs)
+    print(json.dumps(runs, indent=1) if args.json else table(rows) + "\n\n" + targets(rows))
+    if args.record:
+        record(rows, runs, argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
