@@ -518,7 +518,7 @@ def parse(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for p in args.policies:
         try:
-            base, floor, _ = _variant(p)
+            _, floor, _ = _variant(p)
         except ValueError as exc:
             ap.error(f"--policies: {p!r}: {exc}")
         if floor and args.mode != "htb":

@@ -36,6 +36,7 @@ __all__ = [
     "PAPER_001",
     "AdaptiveCutoffs",
     "Cutoffs",
+    "check_rule",
     "cutoffs_from_samples",
     "log_spaced",
     "parse_cutoffs",
@@ -124,13 +125,7 @@ def cutoffs_from_samples(
     """
     if n_bands < 2:
         raise UplinkInputError(f"bands: {n_bands} data bands cannot separate sizes; need >= 2")
-    if not 0.0 < low_quantile < 1.0:
-        raise UplinkInputError(f"low_quantile: {low_quantile!r} must be in (0, 1), e.g. 0.5")
-    if not 0.0 < top_fraction < 1.0 - low_quantile:
-        raise UplinkInputError(
-            f"top_fraction: {top_fraction!r} must be in (0, {1 - low_quantile:g}); "
-            "paper 001 uses 0.005-0.01"
-        )
+    check_rule(low_quantile, top_fraction)
     a = np.asarray([float(s) for s in samples], dtype=float)
     a = a[np.isfinite(a) & (a > 0)]
     if a.size == 0:
@@ -138,6 +133,17 @@ def cutoffs_from_samples(
     low = float(np.quantile(a, low_quantile))
     high = float(np.quantile(a, 1.0 - top_fraction))
     return log_spaced(low, high, n_bands - 1)
+
+
+def check_rule(low_quantile: float, top_fraction: float) -> None:
+    """Reject a rule :func:`cutoffs_from_samples` cannot apply (at start-up, not mid-request)."""
+    if not 0.0 < low_quantile < 1.0:
+        raise UplinkInputError(f"low_quantile: {low_quantile!r} must be in (0, 1), e.g. 0.5")
+    if not 0.0 < top_fraction < 1.0 - low_quantile:
+        raise UplinkInputError(
+            f"top_fraction: {top_fraction!r} must be in (0, {1 - low_quantile:g}); "
+            "paper 001 uses 0.005-0.01"
+        )
 
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
@@ -187,6 +193,7 @@ class AdaptiveCutoffs:
                 f"adaptive cutoffs: need window ({window}) >= min_samples ({min_samples}) >= 2 "
                 f"and every ({every}) >= 1"
             )
+        check_rule(low_quantile, top_fraction)  # else the first refit would raise mid-request
         self._current = initial
         self._window: deque[float] = deque(maxlen=window)
         self._every = every

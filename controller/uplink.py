@@ -285,11 +285,7 @@ class KernelUplink:
         self.lowat = lowat
         self.interval = interval
         self.note = note
-        if not 0.0 < top_fraction < 0.5:
-            raise UplinkInputError(
-                f"top_fraction: {top_fraction!r} must be in (0, 0.5): the share of responses above the "
-                "highest cutoff (paper 001: 0.005-0.01)"
-            )
+        _bands.check_rule(0.5, top_fraction)  # also when fixed cutoffs leave it unused
         self._adaptive = _bands.AdaptiveCutoffs(cutoffs, top_fraction=top_fraction) if adapt else None
         self._fixed = cutoffs
         self._flows: dict[int, _KernelFlow] = {}
