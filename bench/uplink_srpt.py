@@ -62,6 +62,9 @@ CAL_SIZES = [10_000, 100, 100_000, 1_000_000, 3_000_000]
 CAL_REPEATS = 3
 # payload per L2 byte the qdisc counts: MSS 1448 (MTU 1500, TCP timestamps) per 1514-byte frame
 NOMINAL_GOODPUT = 1448 / 1514
+# plain "srpt" is paper 001's rule (top 1 % above the highest cutoff) whatever the product's
+# default, so records stay comparable; srpt/tF names any other rule
+PAPER_TOP_FRACTION = 0.01
 BENCH_MD = ROOT / "BENCHMARKS.md"
 SECTION = "uplink"
 
@@ -72,12 +75,12 @@ STAGES = ROOT / "examples" / "sidecar" / "stages.yaml"
 
 
 def _sidecar(tb: Testbed, name: str, log_path: Path, *, policy: str = "passthrough", stages: Path = STAGES,
-             core: int | None = None) -> subprocess.Popen[str]:
-    """Apache + ``overtake sidecar --policy POLICY --uplink NAME`` in the server namespace."""
+             core: int | None = None, extra: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+    """Apache + ``overtake sidecar --policy POLICY --uplink NAME [EXTRA]`` in the server namespace."""
     pin = ["taskset", "-c", str(core)] if core is not None else []
     cmd = [*tb.exec_prefix(tb.srv_ns), *pin, OVERTAKE, "sidecar", "--policy", policy,
            "--apache", f"http://127.0.0.1:{APACHE_PORT}", "--listen", f"{tb.srv_ip}:{PORT}",
-           "--stages", str(stages), "--uplink", name]  # fmt: skip
+           "--stages", str(stages), "--uplink", name, *extra]  # fmt: skip
     log = open(log_path, "w")
     p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 30
@@ -86,7 +89,7 @@ def _sidecar(tb: Testbed, name: str, log_path: Path, *, policy: str = "passthrou
             p.kill()
             raise RuntimeError(f"sidecar --policy {policy} --uplink {name} did not start: {log_path.read_text()}")
         time.sleep(0.1)
-    p.describe = f"Apache + overtake sidecar --policy {policy} --uplink {name}"  # type: ignore[attr-defined]
+    p.describe = " ".join(["Apache + overtake sidecar --policy", policy, "--uplink", name, *extra])  # type: ignore[attr-defined]
     return p
 
 
@@ -118,10 +121,13 @@ def _apache_down(tb: Testbed, work: Path) -> None:
 
 
 def _server(tb: Testbed, policy: str, args: argparse.Namespace, cutoffs: str | None,
-            stats_out: Path) -> subprocess.Popen[str]:
+            stats_out: Path, top: float | None = None) -> subprocess.Popen[str]:
     name = "app" if policy.startswith("app") else policy
     if args.server == "sidecar":
-        return _sidecar(tb, name, stats_out.with_suffix(".log"))
+        # the sidecar adapts its cutoffs from the served sizes; srpt/tF sets the rule it adapts by
+        extra = (("--uplink-top-fraction", f"{PAPER_TOP_FRACTION if top is None else top:g}")
+                 if name == "srpt" else ())
+        return _sidecar(tb, name, stats_out.with_suffix(".log"), extra=extra)
     cmd = [*tb.exec_prefix(tb.srv_ns), PY, str(SERVER), "--listen", f"{tb.srv_ip}:{PORT}",
            "--uplink", name, "--stats-out", str(stats_out),
            "--bands", "htb" if tb.mode == "htb" else "pfifo_fast"]  # fmt: skip
@@ -312,7 +318,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 _write_files(apache_dir, {sz for _, sz in sched})
             n_data = 7 if tb.mode == "htb" else 2
             ref = model.sample(200_000, np.random.default_rng(args.seed + 1)) + HEADER_BYTES
-            cut = _bands.cutoffs_from_samples(ref, n_data)
+            cut = _bands.cutoffs_from_samples(ref, n_data, top_fraction=PAPER_TOP_FRACTION)
             offered = sum(s + HEADER_BYTES for _, s in sched) * 8 / args.duration / goodput
             out["testbed"] = {
                 "qdisc": _qdisc.show(tb.srv_dev, netns=tb.srv_ns).describe(),
@@ -336,7 +342,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if tb.mode == "htb":
                     tb.set_floor(floor)
                 pcut = cut if top is None else alt_cuts[top]
-                p = _server(tb, base, args, str(pcut), stats_path)
+                p = _server(tb, base, args, str(pcut), stats_path, top)
                 t0 = time.monotonic()
                 tcp0 = _tcp_counters(tb.srv_ns)
                 q0 = _qdisc_drops(tb)
@@ -353,7 +359,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 m["uplink"] = p.describe  # type: ignore[attr-defined]
                 if floor:
                     m["uplink"] += f"; lowest band guaranteed {floor:.0%} of the link (HTB rate)"
-                if top is not None:
+                if top is not None and args.server == "sidecar":
+                    m["uplink"] += (f" (cutoffs adapt to the served sizes, the top one at their "
+                                    f"{100 * (1 - top):g}th percentile)")
+                elif top is not None:
                     m["uplink"] += (f"; cutoffs with the top one at the {100 * (1 - top):g}th percentile: "
                                     f"{pcut}")
                 if stats_path.exists():

@@ -8,8 +8,11 @@ are a few dozen requests)::
     python bench/uplink_sweep.py --loads 0.5,0.6,0.7,0.8,0.9 --seeds 1,2,3 --duration 40 \
         --policies fair,srpt,srpt/t0.001,srrt,app:4 --record
 
-``--record`` rewrites BENCHMARKS.md section ``uplink-sweep``; ``--json`` prints every run.
-Any other flag is passed to bench/uplink_srpt.py (e.g. ``--sizes p000``). Needs root.
+``--record`` rewrites BENCHMARKS.md section ``uplink-sweep`` (``--section`` names another);
+``--json`` prints every run. ``--out F`` appends each run to F as one JSON line as soon as it ends
+(an interrupted sweep keeps what it measured); ``--from F`` (repeatable) summarises and records
+runs saved that way instead of running any. Any other flag is passed to bench/uplink_srpt.py
+(e.g. ``--sizes p000``). Needs root.
 """
 
 from __future__ import annotations
@@ -102,21 +105,86 @@ def targets(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def record(rows: list[dict[str, Any]], runs: list[dict[str, Any]], argv: list[str]) -> None:
+def _cutoff_rules(policies: list[str]) -> str:
+    """Say what each srpt/tF variant in the table is (F = share of sizes above the top cutoff)."""
+    ts = sorted({p.split("/t", 1)[1] for p in policies if "/t" in p}, key=float)
+    return "".join(f"; srpt/t{t} = top cutoff at the {100 * (1 - float(t)):g}th" for t in ts)
+
+
+def load_runs(paths: list[str]) -> list[dict[str, Any]]:
+    """Runs saved by ``--out`` (one JSON object a line) or printed by ``--json`` (a JSON list)."""
+    runs: list[dict[str, Any]] = []
+    for p in paths:
+        try:
+            text = Path(p).read_text()
+        except OSError as exc:
+            raise SystemExit(f"--from: cannot read {p}: {exc.strerror}") from None
+        # (text, line offset) chunks: the whole file for a --json list, else one per line
+        chunks = ([(text, 0)] if text.lstrip().startswith("[")
+                  else [(ln, i) for i, ln in enumerate(text.splitlines()) if ln.strip()])
+        for chunk, off in chunks:
+            try:
+                got = json.loads(chunk)
+            except json.JSONDecodeError as exc:
+                raise SystemExit(f"--from: {p} line {off + exc.lineno}: not JSON ({exc.msg}); "
+                                 "give a file written by --out or --json") from None
+            runs.extend(got if isinstance(got, list) else [got])
+    if not runs:
+        raise SystemExit(f"--from: no runs in {', '.join(paths)}")
+    for i, r in enumerate(runs):
+        if not isinstance(r, dict) or not {"load", "seed", "duration_s"} <= set(r.get("testbed", {})):
+            raise SystemExit(f"--from: run {i} is not a bench/uplink_srpt.py result (no testbed "
+                             "load/seed/duration_s)")
+        if "fair" not in r.get("policies", {}):
+            raise SystemExit(f"--from: run {i} has no fair policy (every ratio is taken against it)")
+    return runs
+
+
+def commands(runs: list[dict[str, Any]]) -> list[list[str]]:
+    """The sweeps that measure ``runs`` again (for a record made with ``--from``): one per set
+    of runs sharing policies, duration, sizes and server."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in runs:
+        tb = r["testbed"]
+        key = (tuple(r["policies"]), tb["duration_s"], tb.get("sizes"), tb.get("server"))
+        groups.setdefault(key, []).append(r)
+    out = []
+    for (pols, dur, sizes, server), rs in groups.items():
+        loads = sorted({r["testbed"]["load"] for r in rs})
+        seeds = sorted({r["testbed"]["seed"] for r in rs})
+        out.append(["--loads", ",".join(f"{x:g}" for x in loads),
+                    "--seeds", ",".join(map(str, seeds)), "--duration", f"{dur:g}",
+                    "--policies", ",".join(pols), "--sizes", str(sizes), "--server", str(server)])  # fmt: skip
+    return out
+
+
+def record(rows: list[dict[str, Any]], runs: list[dict[str, Any]], argvs: list[list[str]],
+           section: str = SECTION, summarised_by: list[str] | None = None) -> None:
     tb = runs[0]["testbed"]
+    loads = sorted({r["testbed"]["load"] for r in runs})
+    durations = sorted({r["testbed"]["duration_s"] for r in runs})
+    span = f"{loads[0]:g}" if len(loads) == 1 else f"{loads[0]:g}-{loads[-1]:g}"
+    starts = [r["testbed"].get("loadavg_1min_at_start") for r in runs]
+    la = [x for x in starts if x is not None]
+    when = (f"load average {min(la):.1f}-{max(la):.1f} at the runs' starts" if la
+            else "load average unknown")
     text = "\n".join([
-        "## uplink-sweep: FAIR vs SRPT over uplink load 0.5-0.9, several seeds (issue 6)", "",
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine()} at the end; "
-        f"`OPENBLAS_NUM_THREADS=1 python bench/uplink_sweep.py {' '.join(argv)}`", "",
+        f"## {section}: FAIR vs SRPT over uplink load {span}, "
+        f"{'/'.join(f'{d:g}' for d in durations)} s, several seeds (issue 6)", "",
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine()} at the end, {when}; " +
+        "; ".join(f"`OPENBLAS_NUM_THREADS=1 python bench/uplink_sweep.py {' '.join(a)}`"
+                  for a in argvs)
+        + (f" (saved with --out or --json; recorded by `python bench/uplink_sweep.py "
+           f"{' '.join(summarised_by)}`)" if summarised_by else ""), "",
         f"Each (load, seed) is one bench/uplink_srpt.py run ({tb['qdisc'].split(': ', 1)[-1]}; "
-        f"server {tb['server']}; {tb['sizes']} sizes; {tb['duration_s']:g} s of Poisson "
+        f"server {tb['server']}; {tb['sizes']} sizes; Poisson "
         "arrivals, one connection per request): a fresh testbed and one schedule replayed for every "
         "policy, so each ratio is the policy over FAIR on the same arrivals. Ratios: median over "
         "the seeds (min-max); other columns: mean over the seeds. srpt = paper 001's cutoffs (top "
-        "one at the 99th size percentile); srpt/t0.001 = top cutoff at the 99.9th.", "",
+        f"one at the 99th size percentile){_cutoff_rules(list(runs[0]['policies']))}.", "",
         table(rows), "", targets(rows), "",
     ])  # fmt: skip
-    write_section(SECTION, text)
+    write_section(section, text)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,7 +196,22 @@ def main(argv: list[str] | None = None) -> int:
                     help="as bench/uplink_srpt.py --policies; must include fair (the baseline)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--record", action="store_true")
+    ap.add_argument("--section", default=SECTION, help="BENCHMARKS.md section for --record")
+    ap.add_argument("--out", help="append each run to this file as one JSON line when it ends")
+    ap.add_argument("--from", dest="from_", action="append", metavar="FILE",
+                    help="summarise runs saved by --out/--json instead of running (repeatable)")
     args, rest = ap.parse_known_args(argv)
+    if not args.section.replace("-", "").isalnum():
+        ap.error(f"--section: {args.section!r} must be letters, digits and '-', e.g. uplink-sweep")
+    if args.from_:
+        if rest:
+            ap.error(f"{rest[0]}: not used with --from (the saved runs already ran)")
+        runs = load_runs(args.from_)
+        rows = summarise(runs)
+        print(json.dumps(runs, indent=1) if args.json else table(rows) + "\n\n" + targets(rows))
+        if args.record:
+            record(rows, runs, commands(runs), args.section, summarised_by=argv)
+        return 0
     loads, seeds = _floats(args.loads, "--loads"), [int(s) for s in _floats(args.seeds, "--seeds")]
     if "fair" not in args.policies.split(","):
         ap.error("--policies: include fair, the baseline every ratio is taken against")
@@ -149,10 +232,13 @@ def main(argv: list[str] | None = None) -> int:
         a.autogroup, a.loadavg = autogroup, os.getloadavg()[0]
         print(f"load {a.load} seed {a.seed}", file=sys.stderr, flush=True)
         runs.append(uplink_srpt.run(a))
+        if args.out:
+            with open(args.out, "a") as f:
+                f.write(json.dumps(runs[-1]) + "\n")
     rows = summarise(runs)
     print(json.dumps(runs, indent=1) if args.json else table(rows) + "\n\n" + targets(rows))
     if args.record:
-        record(rows, runs, argv)
+        record(rows, runs, [argv], args.section)
     return 0
 
 

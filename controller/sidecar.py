@@ -31,6 +31,7 @@ from typing import Any
 
 from prometheus_client import generate_latest
 
+from controller import bands as _bands
 from controller.apache import parse_status
 from controller.classifier import Classifier
 from controller.errors import PolicyLoadError, SidecarInputError
@@ -93,7 +94,7 @@ class SidecarOptions:
     phase_header: str | None = None
     uplink: str = "fair"
     uplink_cutoffs: str | None = None  #: fixed SRPT/SRRT cutoffs ("1K,4K,16K"); adaptive when None
-    uplink_top_fraction: float = 0.01  #: adaptive cutoffs: share of responses above the highest
+    uplink_top_fraction: float = _bands.TOP_FRACTION  #: adaptive cutoffs: share of responses above the highest
     watch_interval: float = 1.0
     admin_put: bool = True
     online: OnlineSettings | None = None  #: refit, re-solve and swap online (controller.online)

@@ -3,6 +3,7 @@ targets at load 0.8 are counted per seed (synthetic runs with known answers)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,3 +52,57 @@ def test_ratios_are_within_a_run_and_targets_count_seeds() -> None:
 def test_span_of_one_seed_is_the_value() -> None:
     assert uplink_sweep._span([0.3]) == "0.30"
     assert uplink_sweep._span([0.3, 0.1, 0.2]) == "0.20 (0.10-0.30)"
+
+
+def _saved(load: float, seed: int) -> dict[str, Any]:
+    r = _run(load, seed, (1.0, 2.0, 100.0), (0.25, 2.0, 100.0))
+    r["testbed"].update(duration_s=60.0, sizes="wc98", server="asyncio",
+                      qdisc="htb on veth: 8 strict classes", loadavg_1min_at_start=0.3)
+    return r
+
+
+def test_from_reads_out_lines_and_json_lists(tmp_path: Path) -> None:
+    lines, listed = tmp_path / "a.jsonl", tmp_path / "b.json"
+    lines.write_text("\n".join(json.dumps(_saved(0.8, s)) for s in (1, 2)) + "\n")
+    listed.write_text(json.dumps([_saved(0.5, 3)]))
+    runs = uplink_sweep.load_runs([str(lines), str(listed)])
+    assert [(r["testbed"]["load"], r["testbed"]["seed"]) for r in runs] == [(0.8, 1), (0.8, 2),
+                                                                           (0.5, 3)]
+    # the record of saved runs names the sweep that measures them again
+    assert uplink_sweep.commands(runs) == [[
+        "--loads", "0.5,0.8", "--seeds", "1,2,3", "--duration", "60", "--policies", "fair,srpt",
+        "--sizes", "wc98", "--server", "asyncio"]]  # fmt: skip
+    # runs with other policies were another sweep: one command each
+    extra = _saved(0.8, 4)
+    extra["policies"]["srrt"] = extra["policies"]["srpt"]
+    cmds = uplink_sweep.commands([*runs, extra])
+    assert [c[1] for c in cmds] == ["0.5,0.8", "0.8"]
+    assert cmds[1][cmds[1].index("--policies") + 1] == "fair,srpt,srrt"
+
+
+def test_from_names_the_file_and_the_fix(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(_saved(0.8, 1)) + "\nnot json\n")
+    with pytest.raises(SystemExit, match=r"bad.jsonl line 2: not JSON .*--out or --json"):
+        uplink_sweep.load_runs([str(bad)])
+    nofair = tmp_path / "nofair.jsonl"
+    r = _saved(0.8, 1)
+    del r["policies"]["fair"]
+    nofair.write_text(json.dumps(r))
+    with pytest.raises(SystemExit, match="run 0 has no fair policy"):
+        uplink_sweep.load_runs([str(nofair)])
+    with pytest.raises(SystemExit, match="cannot read"):
+        uplink_sweep.load_runs([str(tmp_path / "missing")])
+
+
+def test_from_records_into_the_named_section(tmp_path: Path, monkeypatch) -> None:
+    saved = tmp_path / "runs.jsonl"
+    saved.write_text(json.dumps(_saved(0.8, 1)) + "\n")
+    got: dict[str, str] = {}
+    monkeypatch.setattr(uplink_sweep, "write_section", lambda name, text: got.update({name: text}))
+    assert uplink_sweep.main(["--from", str(saved), "--record", "--section", "uplink-sweep-60s"]) == 0
+    text = got["uplink-sweep-60s"]
+    assert text.startswith("## uplink-sweep-60s: FAIR vs SRPT over uplink load 0.8, 60 s")
+    assert "--loads 0.8 --seeds 1 --duration 60 --policies fair,srpt --sizes wc98 --server asyncio`" in text
+    assert f"recorded by `python bench/uplink_sweep.py --from {saved} --record" in text
+    assert "srpt at load 0.8: mean RT <= 1/3 of FAIR's in 1/1 seeds" in text

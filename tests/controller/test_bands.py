@@ -46,12 +46,17 @@ def test_cutoffs_from_lognormal_match_closed_form_quantiles() -> None:
     # median of LN(mu, s) is e^mu; its 99th percentile is e^(mu + s z_0.99)
     mu, s = math.log(1000.0), 1.74
     x = stats.lognorm.rvs(s, scale=math.exp(mu), size=400_000, random_state=3)
-    c = bands.cutoffs_from_samples(x, 7)
+    c = bands.cutoffs_from_samples(x, 7, top_fraction=0.01)
     assert c.n_bands == 7
     assert c.edges[0] == pytest.approx(1000.0, rel=0.02)
     assert c.edges[-1] == pytest.approx(math.exp(mu + s * stats.norm.ppf(0.99)), rel=0.03)
     assert c.fraction_above(x) == pytest.approx(0.01, abs=0.001)
     assert np.mean(x <= c.edges[0]) == pytest.approx(0.5, abs=0.005)
+    # the default rule: the low end of paper 001's 0.5-1 % above the highest cutoff
+    d = bands.cutoffs_from_samples(x, 7)
+    assert bands.TOP_FRACTION == 0.005
+    assert d.edges[-1] == pytest.approx(math.exp(mu + s * stats.norm.ppf(0.995)), rel=0.03)
+    assert d.fraction_above(x) == pytest.approx(0.005, abs=0.0007)
 
 
 def test_two_bands_cut_at_the_median() -> None:
@@ -99,5 +104,5 @@ def test_adaptive_cutoffs_follow_the_observed_distribution() -> None:
     c = a.current
     assert a.updates >= 1 and c.n_bands == bands.PAPER_001.n_bands
     assert c.edges[0] == pytest.approx(20000.0, rel=0.15)
-    assert c.edges[-1] == pytest.approx(20000.0 * math.exp(stats.norm.ppf(0.99)), rel=0.25)
+    assert c.edges[-1] == pytest.approx(20000.0 * math.exp(stats.norm.ppf(1 - bands.TOP_FRACTION)), rel=0.25)
 
