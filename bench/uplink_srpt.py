@@ -62,9 +62,6 @@ CAL_SIZES = [10_000, 100, 100_000, 1_000_000, 3_000_000]
 CAL_REPEATS = 3
 # payload per L2 byte the qdisc counts: MSS 1448 (MTU 1500, TCP timestamps) per 1514-byte frame
 NOMINAL_GOODPUT = 1448 / 1514
-# plain "srpt" is paper 001's rule (top 1 % above the highest cutoff) whatever the product's
-# default, so records stay comparable; srpt/tF names any other rule
-PAPER_TOP_FRACTION = 0.01
 BENCH_MD = ROOT / "BENCHMARKS.md"
 SECTION = "uplink"
 
@@ -125,8 +122,11 @@ def _server(tb: Testbed, policy: str, args: argparse.Namespace, cutoffs: str | N
     name = "app" if policy.startswith("app") else policy
     if args.server == "sidecar":
         # the sidecar adapts its cutoffs from the served sizes; srpt/tF sets the rule it adapts by
-        extra = (("--uplink-top-fraction", f"{PAPER_TOP_FRACTION if top is None else top:g}")
-                 if name == "srpt" else ())
+        extra: tuple[str, ...] = ()
+        if name == "srpt" and args.fixed_cutoffs and cutoffs:
+            extra = ("--uplink-cutoffs", cutoffs)  # the size model's, as the asyncio server gets
+        elif name == "srpt" and top is not None:
+            extra = ("--uplink-top-fraction", f"{top:g}")
         return _sidecar(tb, name, stats_out.with_suffix(".log"), extra=extra)
     cmd = [*tb.exec_prefix(tb.srv_ns), PY, str(SERVER), "--listen", f"{tb.srv_ip}:{PORT}",
            "--uplink", name, "--stats-out", str(stats_out),
@@ -318,7 +318,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 _write_files(apache_dir, {sz for _, sz in sched})
             n_data = 7 if tb.mode == "htb" else 2
             ref = model.sample(200_000, np.random.default_rng(args.seed + 1)) + HEADER_BYTES
-            cut = _bands.cutoffs_from_samples(ref, n_data, top_fraction=PAPER_TOP_FRACTION)
+            # plain srpt: the product's default rule (records before 2026-11-21 20:45 UTC: 1 %)
+            cut = _bands.cutoffs_from_samples(ref, n_data)
             offered = sum(s + HEADER_BYTES for _, s in sched) * 8 / args.duration / goodput
             out["testbed"] = {
                 "qdisc": _qdisc.show(tb.srv_dev, netns=tb.srv_ns).describe(),
@@ -327,6 +328,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "sizes": args.sizes, "workload": args.workload, "load": args.load,
                 "w1_phase_s": w1, "phases": phases, "duration_s": args.duration, "requests": len(sched),
                 "offered_load_realised": offered, "srpt_cutoffs_bytes": str(cut),
+                "srpt_top_fraction": _bands.TOP_FRACTION,
                 "seed": args.seed, "server": args.server, "autogroup_nice": args.autogroup,
                 "loadavg_1min_at_start": args.loadavg,
             }  # fmt: skip
@@ -359,7 +361,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 m["uplink"] = p.describe  # type: ignore[attr-defined]
                 if floor:
                     m["uplink"] += f"; lowest band guaranteed {floor:.0%} of the link (HTB rate)"
-                if top is not None and args.server == "sidecar":
+                if top is not None and args.server == "sidecar" and not args.fixed_cutoffs:
                     m["uplink"] += (f" (cutoffs adapt to the served sizes, the top one at their "
                                     f"{100 * (1 - top):g}th percentile)")
                 elif top is not None:
@@ -442,8 +444,8 @@ def _record(out: dict[str, Any], argv: list[str]) -> None:
         f"qdisc: {tb['qdisc']}. Solo time a = {tb['solo_time_s']['a'] * 1e3:.1f} ms, goodput "
         f"{tb['solo_time_s']['goodput_bps'] / 1e6:.2f} Mbit/s calibrated, "
         f"{tb.get('nominal_goodput_bps', 0) / 1e6:.2f} nominal (the load's base); realised offered load "
-        f"{tb['offered_load_realised']:.2f}; SRPT cutoffs (bytes, from the size model) "
-        f"{tb['srpt_cutoffs_bytes']}.", "",
+        f"{tb['offered_load_realised']:.2f}; SRPT cutoffs (bytes, from the size model, "
+        f"{100 * tb.get('srpt_top_fraction', 0.01):g} % above the top one) {tb['srpt_cutoffs_bytes']}.", "",
         _table(out), "",
         "Uplinks: " + "; ".join(f"{k}: {v['uplink']}" for k, v in out["policies"].items()), "",
     ])  # fmt: skip
@@ -495,7 +497,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--policies", default="fair,srpt,srrt,app",
                     help="comma list of fair, srpt, srrt, app, app:K (K writers); srpt/fF, "
                     "srrt/fF: the lowest band guaranteed a fraction F of the link (HTB); srpt/tF: "
-                    "cutoffs with a fraction F of the sizes above the top one (default 0.01)")
+                    f"cutoffs with a fraction F of the sizes above the top one (plain srpt: the "
+                    f"product's default, {_bands.TOP_FRACTION:g})")
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
     ap.add_argument("--workload", choices=("poisson", *TRANSIENT), default="poisson")
     ap.add_argument("--phase-scale", type=float, default=1.0,
@@ -514,6 +517,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--server", choices=("asyncio", "sidecar"), default="asyncio",
                     help="server under test: bench/uplink/server.py, or Apache + overtake sidecar "
                     "--policy passthrough --uplink X (SRPT cutoffs then adapt from 1K-50K)")
+    ap.add_argument("--fixed-cutoffs", action="store_true",
+                    help="--server sidecar: give SRPT the size model's cutoffs (as the asyncio "
+                    "server gets) instead of adapting them from the served sizes")
     ap.add_argument("--no-raise-priority", dest="raise_priority", action="store_false",
                     help="do not put this session's autogroup at nice -20")
     ap.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
