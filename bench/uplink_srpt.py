@@ -62,6 +62,8 @@ CAL_SIZES = [10_000, 100, 100_000, 1_000_000, 3_000_000]
 CAL_REPEATS = 3
 # payload per L2 byte the qdisc counts: MSS 1448 (MTU 1500, TCP timestamps) per 1514-byte frame
 NOMINAL_GOODPUT = 1448 / 1514
+# plain srpt's rule in runs recorded before the testbed said (srpt_top_fraction): paper 001's 1 %
+LEGACY_TOP_FRACTION = 0.01
 BENCH_MD = ROOT / "BENCHMARKS.md"
 SECTION = "uplink"
 
@@ -445,7 +447,7 @@ def _record(out: dict[str, Any], argv: list[str]) -> None:
         f"{tb['solo_time_s']['goodput_bps'] / 1e6:.2f} Mbit/s calibrated, "
         f"{tb.get('nominal_goodput_bps', 0) / 1e6:.2f} nominal (the load's base); realised offered load "
         f"{tb['offered_load_realised']:.2f}; SRPT cutoffs (bytes, from the size model, "
-        f"{100 * tb.get('srpt_top_fraction', 0.01):g} % above the top one) {tb['srpt_cutoffs_bytes']}.", "",
+        f"{100 * tb.get('srpt_top_fraction', LEGACY_TOP_FRACTION):g} % above the top one) {tb['srpt_cutoffs_bytes']}.", "",
         _table(out), "",
         "Uplinks: " + "; ".join(f"{k}: {v['uplink']}" for k, v in out["policies"].items()), "",
     ])  # fmt: skip

@@ -163,8 +163,7 @@ def record(rows: list[dict[str, Any]], runs: list[dict[str, Any]], argvs: list[l
     tb = runs[0]["testbed"]
     loads = sorted({r["testbed"]["load"] for r in runs})
     durations = sorted({r["testbed"]["duration_s"] for r in runs})
-    # plain srpt's rule: the product default at the time (runs before it was recorded: 1 %)
-    top_fraction = tb.get("srpt_top_fraction", 0.01)
+    top_fraction = tb.get("srpt_top_fraction", uplink_srpt.LEGACY_TOP_FRACTION)
     span = f"{loads[0]:g}" if len(loads) == 1 else f"{loads[0]:g}-{loads[-1]:g}"
     starts = [r["testbed"].get("loadavg_1min_at_start") for r in runs]
     la = [x for x in starts if x is not None]
@@ -210,11 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         if rest:
             ap.error(f"{rest[0]}: not used with --from (the saved runs already ran)")
         runs = load_runs(args.from_)
-        rows = summarise(runs)
-        print(json.dumps(runs, indent=1) if args.json else table(rows) + "\n\n" + targets(rows))
-        if args.record:
-            record(rows, runs, commands(runs), args.section, summarised_by=argv)
-        return 0
+        return _report(runs, args, commands(runs), summarised_by=argv)
     loads, seeds = _floats(args.loads, "--loads"), [int(s) for s in _floats(args.seeds, "--seeds")]
     if "fair" not in args.policies.split(","):
         ap.error("--policies: include fair, the baseline every ratio is taken against")
@@ -238,10 +233,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             with open(args.out, "a") as f:
                 f.write(json.dumps(runs[-1]) + "\n")
+    return _report(runs, args, [argv])
+
+
+def _report(runs: list[dict[str, Any]], args: argparse.Namespace, argvs: list[list[str]],
+            summarised_by: list[str] | None = None) -> int:
+    """Print the runs (``--json``) or their table and targets; ``--record`` writes the section."""
     rows = summarise(runs)
     print(json.dumps(runs, indent=1) if args.json else table(rows) + "\n\n" + targets(rows))
     if args.record:
-        record(rows, runs, [argv], args.section)
+        record(rows, runs, argvs, args.section, summarised_by)
     return 0
 
 
