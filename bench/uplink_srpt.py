@@ -6,11 +6,12 @@ is shaped to ``--rate`` by HTB (8 strict classes, TSO/GSO off) or TBF + pfifo_fa
 through ``controller.uplink``; an open-loop Poisson client (one connection per request, paper 001
 §3.1.4) runs in the client namespace. The same seeded schedule is replayed for every policy.
 
-Server under test (``--server``): ``asyncio`` = bench/uplink/server.py (the product's uplink code
-path with a minimal static server in front; SRPT gets cutoffs derived from the size model), or
-``sidecar`` = a private Apache (``overtake apache start``) serving the file set behind
+Server under test (``--server``): ``sidecar`` (the default from 2026-11-21 22:30 UTC; the issue's
+testbed) = a private Apache (``overtake apache start``) serving the file set behind
 ``overtake sidecar --policy passthrough --uplink X`` (the product path; the sidecar builds the
-uplink with ``make_uplink(X)``: bands detected from the installed qdisc, adaptive cutoffs).
+uplink with ``make_uplink(X)``: bands detected from the installed qdisc, adaptive cutoffs), or
+``asyncio`` = bench/uplink/server.py (the product's uplink code path with a minimal static server
+in front, no Apache; SRPT gets cutoffs derived from the size model).
 
 Contract (issue 6)::
 
@@ -516,9 +517,10 @@ def parser() -> argparse.ArgumentParser:
                     help="app: cap each socket's pacing rate at the link rate (default on)")
     ap.add_argument("--app-quantum", type=int, default=16384, help="bytes per app-level write")
     ap.add_argument("--timeout", type=float, default=300.0, help="per-request client timeout s")
-    ap.add_argument("--server", choices=("asyncio", "sidecar"), default="asyncio",
-                    help="server under test: bench/uplink/server.py, or Apache + overtake sidecar "
-                    "--policy passthrough --uplink X (SRPT cutoffs then adapt from 1K-50K)")
+    ap.add_argument("--server", choices=("asyncio", "sidecar"), default="sidecar",
+                    help="server under test: Apache + overtake sidecar --policy passthrough "
+                    "--uplink X (the default, the product path: SRPT cutoffs adapt from 1K-50K), "
+                    "or bench/uplink/server.py (asyncio, no Apache)")
     ap.add_argument("--fixed-cutoffs", action="store_true",
                     help="--server sidecar: give SRPT the size model's cutoffs (as the asyncio "
                     "server gets) instead of adapting them from the served sizes")

@@ -69,6 +69,8 @@ def summarise(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "mean_ratio": [_ratio(m, f, "mean_response_time") for m, f in per],
                 "slowdown": [m["mean_slowdown"] for m, _ in per],
                 "top1_ratio": [_ratio(m, f, "largest_1pct_mean_response_time") for m, f in per],
+                "top1": [m["largest_1pct_mean_response_time"] for m, _ in per],
+                "top1_fair": [f["largest_1pct_mean_response_time"] for _, f in per],
                 "tput_ratio": [_ratio(m, f, "throughput_bytes_per_s") for m, f in per],
                 "conns": [m["mean_connections"] for m, _ in per],
                 "errors": sum(m["errors"] for m, _ in per),
@@ -90,8 +92,16 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def pooled_top1(r: dict[str, Any]) -> float:
+    """The largest 1 %'s time over FAIR's, pooled over the seeds: the ratio of their summed
+    per-seed means (each seed's largest 1 % is the same ~1 % of its requests). One run's ratio
+    moves by +-10 % with the few very largest requests; pooling is the steadier estimate."""
+    return float(sum(r["top1"]) / sum(r["top1_fair"]))
+
+
 def targets(rows: list[dict[str, Any]]) -> str:
-    """Issue 6's targets at load 0.8, counted per seed: mean <= 1/3, largest 1 % <= 1.1x."""
+    """Issue 6's targets at load 0.8, counted per seed: mean <= 1/3, largest 1 % <= 1.1x; and the
+    largest 1 % pooled over the seeds."""
     lines = []
     for r in rows:
         if r["load"] != 0.8 or r["policy"] == "fair":
@@ -100,8 +110,10 @@ def targets(rows: list[dict[str, Any]]) -> str:
         m = sum(x <= 1 / 3 for x in r["mean_ratio"])
         t = sum(x <= 1.1 for x in r["top1_ratio"])
         e = sum(abs(x - 1) <= 0.01 for x in r["tput_ratio"])
+        pooled = f"; pooled over the seeds {pooled_top1(r):.2f}x" if n > 1 else ""
         lines.append(f"- {r['policy']} at load 0.8: mean RT <= 1/3 of FAIR's in {m}/{n} seeds, "
-                     f"largest 1 % <= 1.1x in {t}/{n}, byte throughput within 1 % in {e}/{n}.")
+                     f"largest 1 % <= 1.1x in {t}/{n}{pooled}, byte throughput within 1 % in "
+                     f"{e}/{n}.")
     return "\n".join(lines)
 
 

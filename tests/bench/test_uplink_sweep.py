@@ -42,8 +42,10 @@ def test_ratios_are_within_a_run_and_targets_count_seeds() -> None:
     assert rows[(0.8, "fair")]["mean_ratio"] == [1.0, 1.0]
     assert rows[(0.5, "srpt")]["seeds"] == [1]
     text = uplink_sweep.targets(list(rows.values()))
-    assert "srpt at load 0.8: mean RT <= 1/3 of FAIR's in 1/2 seeds, largest 1 % <= 1.1x in 1/2, " \
-           "byte throughput within 1 % in 1/2" in text
+    # pooled: (2.0 + 5.0) / (2.0 + 4.0) = 1.17, not the mean of the seeds' ratios (1.125)
+    assert uplink_sweep.pooled_top1(s) == pytest.approx(7.0 / 6.0)
+    assert "srpt at load 0.8: mean RT <= 1/3 of FAIR's in 1/2 seeds, largest 1 % <= 1.1x in 1/2; " \
+           "pooled over the seeds 1.17x, byte throughput within 1 % in 1/2" in text
     assert "0.5" not in text  # the targets are the issue's load-0.8 ones
     table = uplink_sweep.table(list(rows.values()))
     assert "| 0.8 | srpt | 0.80 | 0.625 | 0.38 (0.25-0.50) |" in table
