@@ -121,7 +121,7 @@ def _apache_down(tb: Testbed, work: Path) -> None:
 
 
 def _server(tb: Testbed, policy: str, args: argparse.Namespace, cutoffs: str | None,
-            stats_out: Path, top: float | None = None) -> subprocess.Popen[str]:
+            stats_out: Path, top: float | None = None, writers: int = 0) -> subprocess.Popen[str]:
     name = "app" if policy.startswith("app") else policy
     if args.server == "sidecar":
         # the sidecar adapts its cutoffs from the served sizes; srpt/tF sets the rule it adapts by
@@ -130,12 +130,16 @@ def _server(tb: Testbed, policy: str, args: argparse.Namespace, cutoffs: str | N
             extra = ("--uplink-cutoffs", cutoffs)  # the size model's, as the asyncio server gets
         elif name == "srpt" and top is not None:
             extra = ("--uplink-top-fraction", f"{top:g}")
+        if writers:
+            extra += ("--uplink-lowest-writers", str(writers))
         return _sidecar(tb, name, stats_out.with_suffix(".log"), extra=extra)
     cmd = [*tb.exec_prefix(tb.srv_ns), PY, str(SERVER), "--listen", f"{tb.srv_ip}:{PORT}",
            "--uplink", name, "--stats-out", str(stats_out),
            "--bands", "htb" if tb.mode == "htb" else "pfifo_fast"]  # fmt: skip
     if name == "srpt" and cutoffs:
         cmd += ["--cutoffs", cutoffs]
+    if writers:
+        cmd += ["--lowest-writers", str(writers)]
     if name == "app":
         k = policy.split(":", 1)[1] if ":" in policy else str(args.app_concurrency)
         cmd += ["--concurrency", k, "--quantum", str(args.app_quantum)]
@@ -241,16 +245,18 @@ TCP_COUNTERS = ("TcpRetransSegs", "TcpExtTCPTimeouts", "TcpExtTCPSpuriousRtxHost
                 "TcpExtTCPLossUndo", "TcpOutSegs")  # fmt: skip
 
 
-def _variant(pol: str) -> tuple[str, float, float | None]:
-    """``srpt/f0.05/t0.001`` -> ("srpt", floor 0.05, cutoffs' top fraction 0.001).
+def _variant(pol: str) -> tuple[str, float, float | None, int]:
+    """``srpt/f0.05/t0.001/w1`` -> ("srpt", floor 0.05, cutoffs' top fraction 0.001, 1 writer).
 
     ``/fF``: the lowest band guaranteed a fraction F of the link (srpt, srrt); ``/tF``: SRPT
-    cutoffs with only a fraction F of the sizes above the highest (paper 001's rule: 0.005-0.01)."""
+    cutoffs with only a fraction F of the sizes above the highest (paper 001's rule: 0.005-0.01);
+    ``/wK``: at most K responses of the lowest band write at once, least remaining first."""
     base, *mods = pol.split("/")
     if base.split(":")[0] not in ("fair", "srpt", "srrt", "app"):
-        raise ValueError("use fair, srpt, srrt, app or app:K, with /fF (floor) or /tF (top "
-                         "fraction of the cutoffs) after srpt, e.g. srpt/f0.05/t0.001")
-    floor, top = 0.0, None
+        raise ValueError("use fair, srpt, srrt, app or app:K, with /fF (floor), /tF (top "
+                         "fraction of the cutoffs) or /wK (lowest-band writers) after srpt, e.g. "
+                         "srpt/f0.05/t0.001/w1")
+    floor, top, writers = 0.0, None, 0
     for m in mods:
         try:
             v = float(m[1:])
@@ -260,10 +266,12 @@ def _variant(pol: str) -> tuple[str, float, float | None]:
             floor = v
         elif m[:1] == "t" and base == "srpt" and 0 < v < 0.5:
             top = v
+        elif m[:1] == "w" and base in ("srpt", "srrt") and v == int(v) and 1 <= v <= 64:
+            writers = int(v)
         else:
             raise ValueError(f"{m!r}: /fF needs srpt or srrt and 0 < F <= 0.5; /tF needs srpt and "
-                             "0 < F < 0.5")
-    return base, floor, top
+                             "0 < F < 0.5; /wK needs srpt or srrt and a whole K in 1..64")
+    return base, floor, top, writers
 
 
 def _tcp_counters(ns: str) -> dict[str, int]:
@@ -338,16 +346,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             out["ideal"] = _ideal(sched, goodput, cut)
             # cutoffs of the srpt/tF variants, each also on the fluid link
             alt_cuts = {t: _bands.cutoffs_from_samples(ref, n_data, top_fraction=t)
-                        for _, _, t in map(_variant, args.policies) if t is not None}  # fmt: skip
+                        for _, _, t, _ in map(_variant, args.policies) if t is not None}  # fmt: skip
             for top, alt in sorted(alt_cuts.items()):
                 out["ideal"][f"bands/t{top:g}"] = _ideal(sched, goodput, alt, ("bands",))["bands"]
             for pol in args.policies:
                 stats_path = tmp / f"stats_{pol.replace(':', '_').replace('/', '_')}.json"
-                base, floor, top = _variant(pol)
+                base, floor, top, writers = _variant(pol)
                 if tb.mode == "htb":
                     tb.set_floor(floor)
                 pcut = cut if top is None else alt_cuts[top]
-                p = _server(tb, base, args, str(pcut), stats_path, top)
+                p = _server(tb, base, args, str(pcut), stats_path, top, writers)
                 t0 = time.monotonic()
                 tcp0 = _tcp_counters(tb.srv_ns)
                 q0 = _qdisc_drops(tb)
@@ -501,7 +509,9 @@ def parser() -> argparse.ArgumentParser:
                     help="comma list of fair, srpt, srrt, app, app:K (K writers); srpt/fF, "
                     "srrt/fF: the lowest band guaranteed a fraction F of the link (HTB); srpt/tF: "
                     f"cutoffs with a fraction F of the sizes above the top one (plain srpt: the "
-                    f"product's default, {_bands.TOP_FRACTION:g})")
+                    f"product's default, {_bands.TOP_FRACTION:g}); srpt/wK: at most K responses of "
+                    "the lowest band write at once, least remaining first; modifiers combine: "
+                    "srpt/t0.005/w1")
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
     ap.add_argument("--workload", choices=("poisson", *TRANSIENT), default="poisson")
     ap.add_argument("--phase-scale", type=float, default=1.0,
@@ -537,7 +547,7 @@ def parse(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for p in args.policies:
         try:
-            _, floor, _ = _variant(p)
+            _, floor, _, _ = _variant(p)
         except ValueError as exc:
             ap.error(f"--policies: {p!r}: {exc}")
         if floor and args.mode != "htb":

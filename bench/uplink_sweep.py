@@ -111,16 +111,27 @@ def targets(rows: list[dict[str, Any]]) -> str:
         t = sum(x <= 1.1 for x in r["top1_ratio"])
         e = sum(abs(x - 1) <= 0.01 for x in r["tput_ratio"])
         pooled = f"; pooled over the seeds {pooled_top1(r):.2f}x" if n > 1 else ""
-        lines.append(f"- {r['policy']} at load 0.8: mean RT <= 1/3 of FAIR's in {m}/{n} seeds, "
+        # runs saved separately may repeat a seed: then they are counted as runs
+        what = "seeds" if len(set(r["seeds"])) == n else f"runs (seeds {_seed_list(r['seeds'])})"
+        lines.append(f"- {r['policy']} at load 0.8: mean RT <= 1/3 of FAIR's in {m}/{n} {what}, "
                      f"largest 1 % <= 1.1x in {t}/{n}{pooled}, byte throughput within 1 % in "
                      f"{e}/{n}.")
     return "\n".join(lines)
 
 
+def _seed_list(seeds: list[int]) -> str:
+    return ",".join(str(x) for x in seeds)
+
+
 def _cutoff_rules(policies: list[str]) -> str:
-    """Say what each srpt/tF variant in the table is (F = share of sizes above the top cutoff)."""
-    ts = sorted({p.split("/t", 1)[1] for p in policies if "/t" in p}, key=float)
-    return "".join(f"; srpt/t{t} = top cutoff at the {100 * (1 - float(t)):g}th" for t in ts)
+    """Say what each srpt/tF and /wK variant in the table is (F = share of sizes above the top
+    cutoff, K = lowest-band writers)."""
+    parts = [uplink_srpt._variant(p) for p in policies]
+    ts = sorted({t for _, _, t, _ in parts if t is not None})
+    ws = sorted({w for _, _, _, w in parts if w})
+    return ("".join(f"; srpt/t{t:g} = top cutoff at the {100 * (1 - t):g}th" for t in ts)
+            + "".join(f"; /w{w} = at most {w} response{'s' if w > 1 else ''} of the lowest band "
+                      "writing at once, least remaining first" for w in ws))
 
 
 def load_runs(paths: list[str]) -> list[dict[str, Any]]:

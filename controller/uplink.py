@@ -27,6 +27,13 @@ Schedulers (``make_uplink(name)``):
           ``TCP_NOTSENT_LOWAT`` keeps little unsent data in the kernel, so the socket's
           priority is still being updated while the tail of a large response drains.
 ``srrt``  paper 002 §3: the band of the remaining *time* ``RTT · (1 + remaining/(cwnd·MSS))``.
+          With ``lowest_writers=k`` (srpt, srrt) the responses in the lowest band are ordered
+          as well: at most ``k`` of them hand data to the kernel at once, the least remaining
+          first (paper 000 §3.3's write ordering applied to that band alone). The lowest band
+          is one FIFO, where TCP shares the leftover capacity among all its flows, so a large
+          response that arrived later slows one nearly done; HTB's eight levels are used up.
+          A holder that makes no progress for ``_GATE_STALL_S`` (client gone, RTO backoff)
+          passes its turn on so the band never idles behind it.
 ``app``   paper 000 §3.3: no kernel bands; at most ``concurrency`` flows hand data to the
           kernel at once, the one with the least remaining bytes first, ``quantum`` bytes at a
           time. A holder keeps its permit until its quantum has left the send queue
@@ -77,6 +84,9 @@ _LARGE = float(2**40)  # remaining bytes assumed for a response of unknown lengt
 _TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
 _TCP_ESTABLISHED = 1
 _SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)
+# a lowest-band write turn passes on after this long without an acknowledged byte: a gone
+# client or an RTO backoff (0.2 s, 0.4 s, ...) must not idle the band for everyone behind it
+_GATE_STALL_S = 1.0
 
 
 class UplinkFlow(Protocol):
@@ -103,6 +113,7 @@ class BandStats:
     flows_opened: dict[int, int] = field(default_factory=dict)
     priority_changes: int = 0
     active: dict[int, int] = field(default_factory=dict)
+    gate_waits: int = 0  #: times a lowest-band response waited for a write turn (lowest_writers)
 
 
 class _FairFlow:
@@ -141,7 +152,7 @@ class _KernelFlow:
 
     __slots__ = (
         "_up", "_writer", "_sock", "_total", "_written", "_acked0", "_backlog0", "_band",
-        "_closed", "_done", "_fd",
+        "_closed", "_done", "_fd", "_metric_now", "_gated", "_acked_seen", "_stall_since",
     )  # fmt: skip
 
     def __init__(self, up: KernelUplink, writer: asyncio.StreamWriter, total: int | None) -> None:
@@ -156,6 +167,10 @@ class _KernelFlow:
         self._acked0 = 0
         self._backlog0 = 0
         self._fd = -1
+        self._metric_now = _LARGE
+        self._gated = False  # holds one of the lowest band's write turns
+        self._acked_seen = 0
+        self._stall_since = 0.0
         try:
             self._fd = self._sock.fileno()
             # a keep-alive socket's previous response may still be draining: this flow owns
@@ -171,6 +186,7 @@ class _KernelFlow:
             if up.lowat:
                 self._sock.setsockopt(socket.IPPROTO_TCP, _TCP_NOTSENT_LOWAT, up.lowat)
             first = self._metric(float(total) if total is not None else _LARGE, info)
+            self._acked_seen = self._acked0
         except (OSError, AttributeError, ValueError):
             self._done = True
             if up._by_sock.get(self._fd) is self:
@@ -208,6 +224,8 @@ class _KernelFlow:
             st.active[self._band] = st.active.get(self._band, 1) - 1
         st.active[band] = st.active.get(band, 0) + 1
         self._band = band
+        if self._gated and band != self._up.lowest_band:
+            self._ungate()  # climbed out of the lowest band: the next one there may write
 
     def update(self) -> bool:
         """Re-read TCP_INFO and re-band; False once the flow needs no more updates."""
@@ -222,10 +240,44 @@ class _KernelFlow:
         if self._closed and (rem <= 0 or info.state != _TCP_ESTABLISHED):
             self._finish()
             return False
-        self._set_band(self._metric(rem, info))
+        self._metric_now = self._metric(rem, info)
+        self._set_band(self._metric_now)
+        if self._gated:
+            self._check_stall(info.bytes_acked or 0)
         return True
 
+    def _check_stall(self, acked: int) -> None:
+        now = asyncio.get_running_loop().time()
+        if acked != self._acked_seen or not self._stall_since:
+            self._acked_seen, self._stall_since = acked, now
+        elif now - self._stall_since >= _GATE_STALL_S:
+            self._ungate()  # re-queues by its remaining bytes at its next write
+
+    def _ungate(self) -> None:
+        if self._gated:
+            self._gated = False
+            self._stall_since = 0.0
+            gate = self._up._gate
+            if gate is not None:
+                gate.release()
+
+    async def _turn(self) -> None:
+        """In the lowest band, wait for a write turn (least remaining first)."""
+        gate = self._up._gate
+        if gate is None or self._done or self._band != self._up.lowest_band:
+            return
+        if self._gated and not gate.keep(self._metric_now):
+            self._gated = False  # keep() handed the turn to a smaller waiter
+            self._stall_since = 0.0
+        if not self._gated:
+            if gate.busy():
+                self._up._stats.gate_waits += 1
+            await gate.acquire(self._metric_now)
+            self._gated = True
+            self._stall_since = 0.0
+
     def _finish(self) -> None:
+        self._ungate()
         if not self._done:
             self._done = True
             st = self._up._stats
@@ -238,6 +290,7 @@ class _KernelFlow:
     async def write(self, data: bytes) -> None:
         if not self._done:
             self.update()
+            await self._turn()
             st = self._up._stats
             st.bytes_written[self._band] = st.bytes_written.get(self._band, 0) + len(data)
         self._writer.write(data)
@@ -248,6 +301,7 @@ class _KernelFlow:
         if self._closed:
             return
         self._closed = True
+        self._ungate()  # everything is handed to the kernel: its tail drains, the next may write
         if self._total is None:
             self._total = self._written
         if self.update():
@@ -268,6 +322,7 @@ class KernelUplink:
         lowat: int = 32768,
         note: str = "",
         top_fraction: float = _bands.TOP_FRACTION,
+        lowest_writers: int = 0,
     ) -> None:
         if cutoffs.n_bands > len(bandmap.data):
             raise UplinkInputError(
@@ -279,6 +334,7 @@ class KernelUplink:
             raise UplinkInputError(f"interval: {interval!r} s must be in [0.001, 1]")
         if not 0 <= lowat <= 1 << 24:
             raise UplinkInputError(f"notsent_lowat: {lowat} bytes must be in 0..16M (0 = off)")
+        _check_lowest_writers(lowest_writers)
         self.name = "srrt" if by_time else "srpt"
         self.by_time = by_time
         self.bandmap = bandmap
@@ -292,11 +348,18 @@ class KernelUplink:
         self._by_sock: dict[int, _KernelFlow] = {}
         self._stats = BandStats()
         self._task: asyncio.Task[None] | None = None
+        self.lowest_writers = lowest_writers
+        self._gate = _Permits(lowest_writers) if lowest_writers else None
 
     @property
     def cutoffs(self) -> _bands.Cutoffs:
         """Cutoffs in force (bytes for SRPT, seconds for SRRT)."""
         return self._adaptive.current if self._adaptive is not None else self._fixed
+
+    @property
+    def lowest_band(self) -> int:
+        """Index of the lowest data band in use (the one ``lowest_writers`` orders)."""
+        return min(self.cutoffs.n_bands, len(self.bandmap.data)) - 1
 
     def _observe(self, first_metric: float, total: int | None) -> None:
         if self._adaptive is not None and total is not None:
@@ -336,6 +399,10 @@ class KernelUplink:
         unit = "s" if self.by_time else "bytes"
         adapt = "adaptive" if self._adaptive is not None else "fixed"
         extra = f"; {self.note}" if self.note else ""
+        if self.lowest_writers:
+            extra = (f"; lowest band ordered: {self.lowest_writers} writer"
+                     f"{'s' if self.lowest_writers > 1 else ''} at a time, least remaining first"
+                     + extra)  # fmt: skip
         return (
             f"{self.name}: {self.bandmap.describe()}; {adapt} cutoffs ({unit}) "
             f"{self.cutoffs}{extra}"
@@ -362,6 +429,10 @@ class _Permits:
             if fut.done() and not fut.cancelled():
                 self.release()  # granted just before the cancel: hand it on
             raise
+
+    def busy(self) -> bool:
+        """An :meth:`acquire` now would wait."""
+        return self._free <= 0 or bool(self._heap)
 
     def keep(self, key: float) -> bool:
         """The holder, now with ``key`` left, may go on unless a smaller key waits; in that
@@ -529,6 +600,14 @@ class AppUplink:
         )
 
 
+def _check_lowest_writers(k: int) -> None:
+    if not 0 <= k <= 10_000:
+        raise UplinkInputError(
+            f"lowest_writers: {k} must be in 0..10000 (0 = the lowest band is one FIFO; 1 = "
+            "strict SRPT inside it)"
+        )
+
+
 def _priority_allowed(priority: int) -> bool:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -588,6 +667,7 @@ def make_uplink(
     quantum: int = 16384,
     max_pacing_rate: int | None = None,
     top_fraction: float = _bands.TOP_FRACTION,
+    lowest_writers: int = 0,
 ) -> Uplink:
     """Build the uplink named on the command line (``--uplink fair|srpt|srrt|app``).
 
@@ -601,8 +681,14 @@ def make_uplink(
     0.005: at load 0.8 its largest 1 % took 0.97-1.06x their FAIR time over seeds 1-3, 0.01's
     1.16-1.33x; 0.001 measured better still on World Cup 98 sizes, BENCHMARKS.md
     ``uplink-sweep-60s``).
-    ``concurrency``, ``quantum``, ``max_pacing_rate`` (bytes/s, the link rate) shape ``app``.
+    ``concurrency``, ``quantum``, ``max_pacing_rate`` (bytes/s, the link rate) shape ``app``;
+    ``lowest_writers`` (srpt, srrt) orders the lowest band's responses, see the module docstring.
     """
+    _check_lowest_writers(lowest_writers)  # before any fallback could drop it unchecked
+    if lowest_writers and name not in ("srpt", "srrt"):
+        raise UplinkInputError(
+            f"lowest_writers: orders the lowest kernel band, only for srpt or srrt, not {name!r}"
+        )
     if name == "fair":
         return FairUplink()
     if name == "app":
@@ -652,6 +738,7 @@ def make_uplink(
         lowat=notsent_lowat,
         note=note,
         top_fraction=top_fraction,
+        lowest_writers=lowest_writers,
     )
 
 

@@ -47,6 +47,11 @@ def test_ratios_are_within_a_run_and_targets_count_seeds() -> None:
     assert "srpt at load 0.8: mean RT <= 1/3 of FAIR's in 1/2 seeds, largest 1 % <= 1.1x in 1/2; " \
            "pooled over the seeds 1.17x, byte throughput within 1 % in 1/2" in text
     assert "0.5" not in text  # the targets are the load-0.8 ones
+    # a seed run twice (saved runs pooled with --from) is counted as runs, not as seeds
+    again = uplink_sweep.summarise([*runs, _run(0.8, 2, (2.0, 4.0, 100.0), (0.5, 4.0, 100.0))])
+    s2 = next(r for r in again if r["load"] == 0.8 and r["policy"] == "srpt")
+    assert "mean RT <= 1/3 of FAIR's in 2/3 runs (seeds 1,2,2), largest 1 % <= 1.1x in 2/3" in \
+        uplink_sweep.targets([s2])
     table = uplink_sweep.table(list(rows.values()))
     assert "| 0.8 | srpt | 0.80 | 0.625 | 0.38 (0.25-0.50) |" in table
 

@@ -38,6 +38,12 @@ def test_bad_options_name_the_field() -> None:
         uplink.make_uplink("app", concurrency=0)
     with pytest.raises(UplinkInputError, match=r"cutoffs\[0\]"):
         uplink.make_uplink("srrt", bands="pfifo_fast", cutoffs="fast")
+    with pytest.raises(UplinkInputError, match="lowest_writers: orders the lowest kernel band, only "
+                       "for srpt or srrt, not 'fair'"):
+        uplink.make_uplink("fair", lowest_writers=1)
+    with pytest.raises(UplinkInputError, match=r"lowest_writers: -1 must be in 0\.\.10000 \(0 = the "
+                       r"lowest band is one FIFO; 1 = strict SRPT inside it\)"):
+        uplink.make_uplink("srpt", bands="pfifo_fast", lowest_writers=-1)
 
 
 def test_fair_is_the_default_seam() -> None:
@@ -278,6 +284,8 @@ def test_per_band_metrics_add_up_to_what_was_written() -> None:
     changes = reg.get_sample_value("overtake_uplink_priority_changes_total")
     # climbing bands is timing-dependent on loopback (checked exactly in test_uplink_netns.py)
     assert changes == up.stats().priority_changes
+    # no lowest-band ordering asked for: nobody waited for a turn
+    assert reg.get_sample_value("overtake_uplink_lowest_band_waits_total") == 0
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="SO_PRIORITY >= 7 (HTB classids) needs root/CAP_NET_ADMIN")
@@ -332,6 +340,21 @@ def test_top_fraction_sets_how_many_responses_sit_above_the_highest_cutoff() -> 
         assert np.mean(sizes > edges[-1]) == pytest.approx(tf, abs=1.5 / len(sizes))  # quantile interpolation: +-1 size
         tops[tf] = edges[-1]
     assert tops[0.001] > 2 * tops[0.01]
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="SO_PRIORITY >= 7 (HTB classids) needs root/CAP_NET_ADMIN")
+def test_lowest_writers_deliver_everything_and_hand_back_every_turn() -> None:
+    # four responses above the top cutoff share the lowest band's one turn (the ordering itself
+    # is measured on a shaped link: test_uplink_netns.py); none may be lost or keep a turn
+    up = uplink.make_uplink("srpt", bands="htb", cutoffs="1K,10K,100K", interval=0.002,
+                            lowest_writers=1)  # fmt: skip
+    assert isinstance(up, uplink.KernelUplink) and up.lowest_band == 3
+    assert "lowest band ordered: 1 writer at a time, least remaining first" in up.describe()
+    sizes = [2_000_000, 150_000, 900_000, 500, 1_200_000, 3_000]
+    got = asyncio.run(_serve_through(up, sizes))
+    assert {n: got[n] == _expected(n) for n in sizes} == {n: True for n in sizes}
+    assert up._gate is not None and up._gate._free == 1 and not up._gate._heap
+    assert up._flows == {} and all(v == 0 for v in up.stats().active.values())
 
 
 def test_sidecar_refuses_cutoffs_without_a_band_scheduler() -> None:
