@@ -186,7 +186,6 @@ class _KernelFlow:
             if up.lowat:
                 self._sock.setsockopt(socket.IPPROTO_TCP, _TCP_NOTSENT_LOWAT, up.lowat)
             first = self._metric(float(total) if total is not None else _LARGE, info)
-            self._acked_seen = self._acked0
         except (OSError, AttributeError, ValueError):
             self._done = True
             if up._by_sock.get(self._fd) is self:
@@ -268,7 +267,6 @@ class _KernelFlow:
             return
         if self._gated and not gate.keep(self._metric_now):
             self._gated = False  # keep() handed the turn to a smaller waiter
-            self._stall_since = 0.0
         if not self._gated:
             if gate.busy():
                 self._up._stats.gate_waits += 1
@@ -349,17 +347,14 @@ class KernelUplink:
         self._stats = BandStats()
         self._task: asyncio.Task[None] | None = None
         self.lowest_writers = lowest_writers
+        # the band lowest_writers orders; adaptive cutoffs never change the number of bands
+        self.lowest_band = min(cutoffs.n_bands, len(bandmap.data)) - 1
         self._gate = _Permits(lowest_writers) if lowest_writers else None
 
     @property
     def cutoffs(self) -> _bands.Cutoffs:
         """Cutoffs in force (bytes for SRPT, seconds for SRRT)."""
         return self._adaptive.current if self._adaptive is not None else self._fixed
-
-    @property
-    def lowest_band(self) -> int:
-        """Index of the lowest data band in use (the one ``lowest_writers`` orders)."""
-        return min(self.cutoffs.n_bands, len(self.bandmap.data)) - 1
 
     def _observe(self, first_metric: float, total: int | None) -> None:
         if self._adaptive is not None and total is not None:

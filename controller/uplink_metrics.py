@@ -44,8 +44,6 @@ class UplinkCollector(Collector):
                               "Responses currently in each uplink band", labels=["band"])  # fmt: skip
         c = CounterMetricFamily("overtake_uplink_priority_changes",
                                 "SO_PRIORITY changes after a response's first band")  # fmt: skip
-        w = CounterMetricFamily("overtake_uplink_lowest_band_waits",
-                                "Times a lowest-band response waited for a write turn")  # fmt: skip
         if isinstance(up, KernelUplink):
             st = up.stats()
             for band in range(len(up.bandmap.data)):
@@ -54,12 +52,13 @@ class UplinkCollector(Collector):
                 f.add_metric([key], st.flows_opened.get(band, 0))
                 a.add_metric([key], max(st.active.get(band, 0), 0))
             c.add_metric([], st.priority_changes)
+            w = CounterMetricFamily("overtake_uplink_lowest_band_waits",
+                                    "Times a lowest-band response waited for a write turn")  # fmt: skip
             w.add_metric([], st.gate_waits)
+            yield w
         elif isinstance(up, AppUplink):
             b.add_metric(["app"], up.bytes_written)
             c.add_metric([], 0)
         else:
             c.add_metric([], 0)
         yield from (b, f, a, c)
-        if isinstance(up, KernelUplink):
-            yield w
