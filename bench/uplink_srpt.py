@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -121,7 +121,8 @@ def _apache_down(tb: Testbed, work: Path) -> None:
 
 
 def _server(tb: Testbed, policy: str, args: argparse.Namespace, cutoffs: str | None,
-            stats_out: Path, top: float | None = None, writers: int = 0) -> subprocess.Popen[str]:
+            stats_out: Path, top: float | None = None, writers: int = 0,
+            ordered: int = 1) -> subprocess.Popen[str]:
     name = "app" if policy.startswith("app") else policy
     if args.server == "sidecar":
         # the sidecar adapts its cutoffs from the served sizes; srpt/tF sets the rule it adapts by
@@ -132,6 +133,8 @@ def _server(tb: Testbed, policy: str, args: argparse.Namespace, cutoffs: str | N
             extra = ("--uplink-top-fraction", f"{top:g}")
         if writers:
             extra += ("--uplink-lowest-writers", str(writers))
+        if ordered > 1:
+            extra += ("--uplink-ordered-bands", str(ordered))
         return _sidecar(tb, name, stats_out.with_suffix(".log"), extra=extra)
     cmd = [*tb.exec_prefix(tb.srv_ns), PY, str(SERVER), "--listen", f"{tb.srv_ip}:{PORT}",
            "--uplink", name, "--stats-out", str(stats_out),
@@ -140,6 +143,8 @@ def _server(tb: Testbed, policy: str, args: argparse.Namespace, cutoffs: str | N
         cmd += ["--cutoffs", cutoffs]
     if writers:
         cmd += ["--lowest-writers", str(writers)]
+    if ordered > 1:
+        cmd += ["--ordered-bands", str(ordered)]
     if name == "app":
         k = policy.split(":", 1)[1] if ":" in policy else str(args.app_concurrency)
         cmd += ["--concurrency", k, "--quantum", str(args.app_quantum)]
@@ -178,8 +183,10 @@ def _client(tb: Testbed, sched: list[tuple[float, int]], tmp: Path, timeout: flo
     return out
 
 
-def _calibrate(tb: Testbed, tmp: Path, args: argparse.Namespace) -> tuple[float, float]:
-    """Solo response time t(s) = a + s/b on the idle link (sequential requests, FAIR).
+def _calibrate(tb: Testbed, tmp: Path, args: argparse.Namespace) -> tuple[float, float, float]:
+    """Solo response time t(s) = a + s/b on the idle link (sequential requests, FAIR), and the
+    bytes the qdisc carries per request beyond its modelled ones (size + HEADER_BYTES in full
+    frames): SYN-ACK, FIN, the real server's longer headers, the last frame's header.
 
     Closed loop with 10 ms between requests: after ~0.1 s idle this VM's next request pays
     several ms of cold caches (measured: a 100-byte request 0.5 ms back to back, 2-3 ms after
@@ -190,13 +197,16 @@ def _calibrate(tb: Testbed, tmp: Path, args: argparse.Namespace) -> tuple[float,
     p = _server(tb, "fair", args, None, tmp / "cal_stats.json")
     try:
         sched = [(0.0, s) for _ in range(CAL_REPEATS) for s in CAL_SIZES]
+        w0 = _wire_bytes(tb)
         res = _client(tb, sched, tmp, 60.0, args.prefix, sequential=0.01)
+        wire = _wire_bytes(tb) - w0
     finally:
         _stop(p)
     med = {s: float(np.median([r[3] - r[0] for r in res if r[4] == s])) for s in CAL_SIZES}
     big, bigger = CAL_SIZES[-2], CAL_SIZES[-1]
     b = (bigger - big) / (med[bigger] - med[big])
-    return med[100], float(b)
+    modelled = sum(s + HEADER_BYTES for _, s in sched) / NOMINAL_GOODPUT
+    return med[100], float(b), (wire - modelled) / len(sched)
 
 
 def _metrics(res: list[list[Any]], solo: tuple[float, float]) -> dict[str, Any]:
@@ -245,18 +255,28 @@ TCP_COUNTERS = ("TcpRetransSegs", "TcpExtTCPTimeouts", "TcpExtTCPSpuriousRtxHost
                 "TcpExtTCPLossUndo", "TcpOutSegs")  # fmt: skip
 
 
-def _variant(pol: str) -> tuple[str, float, float | None, int]:
-    """``srpt/f0.05/t0.001/w1`` -> ("srpt", floor 0.05, cutoffs' top fraction 0.001, 1 writer).
+class Variant(NamedTuple):
+    base: str  #: fair, srpt, srrt, app or app:K
+    floor: float  #: /fF
+    top: float | None  #: /tF
+    writers: int  #: /wK
+    ordered: int  #: /bN (1 without it)
+
+
+def _variant(pol: str) -> Variant:
+    """``srpt/f0.05/t0.001/w1/b3`` -> Variant("srpt", floor 0.05, top fraction 0.001, 1 writer,
+    3 ordered bands).
 
     ``/fF``: the lowest band guaranteed a fraction F of the link (srpt, srrt); ``/tF``: SRPT
     cutoffs with only a fraction F of the sizes above the highest (paper 001's rule: 0.005-0.01);
-    ``/wK``: at most K responses of the lowest band write at once, least remaining first."""
+    ``/wK``: at most K responses of the lowest band write at once, least remaining first;
+    ``/bN`` (with /wK): each of the lowest N bands ordered so."""
     base, *mods = pol.split("/")
     if base.split(":")[0] not in ("fair", "srpt", "srrt", "app"):
         raise ValueError("use fair, srpt, srrt, app or app:K, with /fF (floor), /tF (top "
-                         "fraction of the cutoffs) or /wK (lowest-band writers) after srpt, e.g. "
-                         "srpt/f0.05/t0.001/w1")
-    floor, top, writers = 0.0, None, 0
+                         "fraction of the cutoffs), /wK (lowest-band writers) or /bN (bands so "
+                         "ordered) after srpt, e.g. srpt/f0.05/t0.001/w1/b3")
+    floor, top, writers, ordered = 0.0, None, 0, 1
     for m in mods:
         try:
             v = float(m[1:])
@@ -268,10 +288,15 @@ def _variant(pol: str) -> tuple[str, float, float | None, int]:
             top = v
         elif m[:1] == "w" and base in ("srpt", "srrt") and v == int(v) and 1 <= v <= 64:
             writers = int(v)
+        elif m[:1] == "b" and base in ("srpt", "srrt") and v == int(v) and 1 <= v <= 7:
+            ordered = int(v)
         else:
             raise ValueError(f"{m!r}: /fF needs srpt or srrt and 0 < F <= 0.5; /tF needs srpt and "
-                             "0 < F < 0.5; /wK needs srpt or srrt and a whole K in 1..64")
-    return base, floor, top, writers
+                             "0 < F < 0.5; /wK needs srpt or srrt and a whole K in 1..64; /bN a "
+                             "whole N in 1..7")
+    if ordered > 1 and not writers:
+        raise ValueError(f"{pol!r}: /b{ordered} orders bands with /wK's writers; add /w1")
+    return Variant(base, floor, top, writers, ordered)
 
 
 def _tcp_counters(ns: str) -> dict[str, int]:
@@ -289,11 +314,18 @@ def _qdisc_drops(tb: Testbed) -> dict[str, int]:
     return {c.classid: c.drops for c in _qdisc.show(tb.srv_dev, netns=tb.srv_ns).classes}
 
 
+def _wire_bytes(tb: Testbed) -> int:
+    """Bytes (L2, as the shaper counts them) the server's qdisc has sent so far, all leaves."""
+    return sum(c.bytes for c in _qdisc.show(tb.srv_dev, netns=tb.srv_ns).classes)
+
+
 def _ideal(sched: list[tuple[float, int]], goodput_bps: float, cut: Any,
-           which: tuple[str, ...] = ("ps", "srpt", "bands")) -> dict[str, Any]:
-    """The schedule on a fluid link (bench/uplink/ideal.py): PS, exact SRPT and the bands."""
+           which: tuple[str, ...] = ("ps", "srpt", "bands"), overhead: float = 0.0) -> dict[str, Any]:
+    """The schedule on a fluid link (bench/uplink/ideal.py): PS, exact SRPT and the bands.
+    ``overhead``: wire bytes per request beyond size + HEADER_BYTES in full frames (0: the
+    sizes alone; the calibrated figure: every byte the link really carries for a request)."""
     arr = np.array([a for a, _ in sched])
-    size = np.array([s + HEADER_BYTES for _, s in sched], float)
+    size = np.array([s + HEADER_BYTES + overhead * NOMINAL_GOODPUT for _, s in sched], float)
     big = np.argsort(size, kind="stable")[int(0.99 * len(size)):]
     out: dict[str, Any] = {}
     for name in which:
@@ -335,6 +367,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             out["testbed"] = {
                 "qdisc": _qdisc.show(tb.srv_dev, netns=tb.srv_ns).describe(),
                 "solo_time_s": {"a": solo[0], "goodput_bps": solo[1] * 8},
+                "wire_overhead_bytes_per_request": solo[2],
                 "nominal_goodput_bps": goodput,
                 "sizes": args.sizes, "workload": args.workload, "load": args.load,
                 "w1_phase_s": w1, "phases": phases, "duration_s": args.duration, "requests": len(sched),
@@ -344,39 +377,44 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "loadavg_1min_at_start": args.loadavg,
             }  # fmt: skip
             out["ideal"] = _ideal(sched, goodput, cut)
+            if solo[2] > 0:
+                for name, row in _ideal(sched, goodput, cut, overhead=solo[2]).items():
+                    out["ideal"][f"{name} (wire)"] = row
             # cutoffs of the srpt/tF variants, each also on the fluid link
             alt_cuts = {t: _bands.cutoffs_from_samples(ref, n_data, top_fraction=t)
-                        for _, _, t, _ in map(_variant, args.policies) if t is not None}  # fmt: skip
+                        for t in (_variant(p).top for p in args.policies) if t is not None}  # fmt: skip
             for top, alt in sorted(alt_cuts.items()):
                 out["ideal"][f"bands/t{top:g}"] = _ideal(sched, goodput, alt, ("bands",))["bands"]
             for pol in args.policies:
                 stats_path = tmp / f"stats_{pol.replace(':', '_').replace('/', '_')}.json"
-                base, floor, top, writers = _variant(pol)
+                var = _variant(pol)
                 if tb.mode == "htb":
-                    tb.set_floor(floor)
-                pcut = cut if top is None else alt_cuts[top]
-                p = _server(tb, base, args, str(pcut), stats_path, top, writers)
+                    tb.set_floor(var.floor)
+                pcut = cut if var.top is None else alt_cuts[var.top]
+                p = _server(tb, var.base, args, str(pcut), stats_path, var.top, var.writers, var.ordered)
                 t0 = time.monotonic()
                 tcp0 = _tcp_counters(tb.srv_ns)
-                q0 = _qdisc_drops(tb)
+                q0, w0 = _qdisc_drops(tb), _wire_bytes(tb)
                 try:
                     res = _client(tb, sched, tmp, args.timeout, args.prefix)
                 finally:
                     _stop(p)
-                m = _metrics(res, solo)
+                m = _metrics(res, solo[:2])
                 m["wall_s"] = time.monotonic() - t0
                 tcp1 = _tcp_counters(tb.srv_ns)
                 m["server_tcp"] = {k: tcp1.get(k, 0) - tcp0.get(k, 0) for k in TCP_COUNTERS}
                 m["qdisc_drops"] = {k: v - q0.get(k, 0) for k, v in _qdisc_drops(tb).items()
                                     if v - q0.get(k, 0)}  # fmt: skip
+                # what the link carried for this run (incl. retransmissions, handshakes)
+                m["wire_bytes_per_request"] = (_wire_bytes(tb) - w0) / max(len(sched), 1)
                 m["uplink"] = p.describe  # type: ignore[attr-defined]
-                if floor:
-                    m["uplink"] += f"; lowest band guaranteed {floor:.0%} of the link (HTB rate)"
-                if top is not None and args.server == "sidecar" and not args.fixed_cutoffs:
+                if var.floor:
+                    m["uplink"] += f"; lowest band guaranteed {var.floor:.0%} of the link (HTB rate)"
+                if var.top is not None and args.server == "sidecar" and not args.fixed_cutoffs:
                     m["uplink"] += (f" (cutoffs adapt to the served sizes, the top one at their "
-                                    f"{100 * (1 - top):g}th percentile)")
-                elif top is not None:
-                    m["uplink"] += (f"; cutoffs with the top one at the {100 * (1 - top):g}th percentile: "
+                                    f"{100 * (1 - var.top):g}th percentile)")
+                elif var.top is not None:
+                    m["uplink"] += (f"; cutoffs with the top one at the {100 * (1 - var.top):g}th percentile: "
                                     f"{pcut}")
                 if stats_path.exists():
                     st = json.loads(stats_path.read_text())
@@ -417,15 +455,29 @@ def _table(out: dict[str, Any]) -> str:
         )
     ideal = out.get("ideal")
     if ideal:
-        ps = ideal["ps"]["mean_response_time"]
         for name in ideal:
             i = ideal[name]
+            # each twin against its own PS: sizes alone, or every byte on the wire
+            ps = ideal["ps (wire)" if name.endswith("(wire)") else "ps"]["mean_response_time"]
             rows.append(
                 f"| ideal {name} | {i['mean_response_time']:.3f} | "
                 f"{i['mean_response_time'] / ps:.2f} (vs PS) | | | | | "
                 f"{i['largest_1pct_mean_response_time']:.3f} | | | | | | | | |"
             )
     return "\n".join(rows)
+
+
+def _wire_line(out: dict[str, Any]) -> list[str]:
+    """Bytes on the link per request: the calibrated overhead and each policy's (runs from
+    2026-11-22 01:40 UTC on)."""
+    o = out["testbed"].get("wire_overhead_bytes_per_request")
+    if o is None:
+        return []
+    per = "; ".join(f"{k} {m['wire_bytes_per_request']:.0f}" for k, m in out["policies"].items()
+                    if "wire_bytes_per_request" in m)  # fmt: skip
+    return [f"Wire: {o:.0f} bytes a request beyond size + {HEADER_BYTES} in full frames "
+            f"(calibrated, idle link; the `(wire)` twins add it); the link carried per request: "
+            f"{per}.", ""]
 
 
 def _rto(m: dict[str, Any]) -> str:
@@ -458,6 +510,7 @@ def _record(out: dict[str, Any], argv: list[str]) -> None:
         f"{tb['offered_load_realised']:.2f}; SRPT cutoffs (bytes, from the size model, "
         f"{100 * tb.get('srpt_top_fraction', LEGACY_TOP_FRACTION):g} % above the top one) {tb['srpt_cutoffs_bytes']}.", "",
         _table(out), "",
+        *_wire_line(out),
         "Uplinks: " + "; ".join(f"{k}: {v['uplink']}" for k, v in out["policies"].items()), "",
     ])  # fmt: skip
     text = BENCH_MD.read_text() if BENCH_MD.exists() else "# Benchmarks\n"
@@ -480,7 +533,9 @@ def _record(out: dict[str, Any], argv: list[str]) -> None:
             "by size. RTOs = the server's TCP retransmission timeouts during the run (in parentheses "
             "those whose segment was still in the local qdisc: a starved band, not a loss); "
             "`ideal` rows = the same schedule on a fluid link (bench/uplink/ideal.py: PS, exact SRPT, "
-            "the same SRPT bands), what the discipline alone allows. "
+            "the same SRPT bands), what the discipline alone allows; `(wire)` ideal rows add the "
+            "calibrated bytes the link carries per request beyond its size (handshake, headers, "
+            "last frame). "
             "No netem on this kernel: WAN rows (delay/loss) are not run.\n\n"
         )
         text = text.rstrip("\n") + f"\n\n{begin}\n{intro}{body}{end}\n"
@@ -510,8 +565,8 @@ def parser() -> argparse.ArgumentParser:
                     "srrt/fF: the lowest band guaranteed a fraction F of the link (HTB); srpt/tF: "
                     f"cutoffs with a fraction F of the sizes above the top one (plain srpt: the "
                     f"product's default, {_bands.TOP_FRACTION:g}); srpt/wK: at most K responses of "
-                    "the lowest band write at once, least remaining first; modifiers combine: "
-                    "srpt/t0.005/w1")
+                    "the lowest band write at once, least remaining first; srpt/wK/bN: each of the "
+                    "lowest N bands so; modifiers combine: srpt/t0.005/w1")
     ap.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
     ap.add_argument("--workload", choices=("poisson", *TRANSIENT), default="poisson")
     ap.add_argument("--phase-scale", type=float, default=1.0,
@@ -547,7 +602,7 @@ def parse(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for p in args.policies:
         try:
-            _, floor, _, _ = _variant(p)
+            floor = _variant(p).floor
         except ValueError as exc:
             ap.error(f"--policies: {p!r}: {exc}")
         if floor and args.mode != "htb":

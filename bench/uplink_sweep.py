@@ -124,14 +124,16 @@ def _seed_list(seeds: list[int]) -> str:
 
 
 def _cutoff_rules(policies: list[str]) -> str:
-    """Say what each srpt/tF and /wK variant in the table is (F = share of sizes above the top
-    cutoff, K = lowest-band writers)."""
+    """Say what each srpt/tF, /wK and /bN variant in the table is (F = share of sizes above the
+    top cutoff, K = lowest-band writers, N = bands so ordered)."""
     parts = [uplink_srpt._variant(p) for p in policies]
-    ts = sorted({t for _, _, t, _ in parts if t is not None})
-    ws = sorted({w for _, _, _, w in parts if w})
+    ts = sorted({v.top for v in parts if v.top is not None})
+    ws = sorted({v.writers for v in parts if v.writers})
+    bs = sorted({v.ordered for v in parts if v.ordered > 1})
     return ("".join(f"; srpt/t{t:g} = top cutoff at the {100 * (1 - t):g}th" for t in ts)
             + "".join(f"; /w{w} = at most {w} response{'s' if w > 1 else ''} of the lowest band "
-                      "writing at once, least remaining first" for w in ws))
+                      "writing at once, least remaining first" for w in ws)
+            + "".join(f"; /b{b} = each of the lowest {b} bands so" for b in bs))
 
 
 def load_runs(paths: list[str]) -> list[dict[str, Any]]:

@@ -96,6 +96,7 @@ class SidecarOptions:
     uplink_cutoffs: str | None = None  #: fixed SRPT/SRRT cutoffs ("1K,4K,16K"); adaptive when None
     uplink_top_fraction: float = _bands.TOP_FRACTION  #: adaptive cutoffs: share of responses above the highest
     uplink_lowest_writers: int = 0  #: srpt/srrt: lowest-band responses writing at once (0 = one FIFO)
+    uplink_ordered_bands: int = 1  #: with uplink_lowest_writers: the lowest N bands each so ordered
     watch_interval: float = 1.0
     admin_put: bool = True
     online: OnlineSettings | None = None  #: refit, re-solve and swap online (controller.online)
@@ -116,7 +117,8 @@ class Sidecar:
             raise UplinkInputError(f"uplink_cutoffs: only for --uplink srpt or srrt, not {options.uplink!r}")
         self.uplink = make_uplink(options.uplink, cutoffs=options.uplink_cutoffs,
                                   top_fraction=options.uplink_top_fraction,
-                                  lowest_writers=options.uplink_lowest_writers)
+                                  lowest_writers=options.uplink_lowest_writers,
+                                  ordered_bands=options.uplink_ordered_bands)
         self.fetcher: PolicyFetcher | None = None
         self.policy_etag: str | None = None
         self.fetch_error: str | None = None

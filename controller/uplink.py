@@ -32,6 +32,9 @@ Schedulers (``make_uplink(name)``):
           first (paper 000 §3.3's write ordering applied to that band alone). The lowest band
           is one FIFO, where TCP shares the leftover capacity among all its flows, so a large
           response that arrived later slows one nearly done; HTB's eight levels are used up.
+          ``ordered_bands=n`` orders each of the lowest ``n`` bands the same way (its own ``k``
+          turns): under overload those are the bands that starve, and a starved flow that has
+          handed nothing to the kernel keeps no packet waiting in the qdisc past its RTO.
           A holder that makes no progress for ``_GATE_STALL_S`` (client gone, RTO backoff)
           passes its turn on so the band never idles behind it.
 ``app``   paper 000 §3.3: no kernel bands; at most ``concurrency`` flows hand data to the
@@ -113,7 +116,8 @@ class BandStats:
     flows_opened: dict[int, int] = field(default_factory=dict)
     priority_changes: int = 0
     active: dict[int, int] = field(default_factory=dict)
-    gate_waits: int = 0  #: times a lowest-band response waited for a write turn (lowest_writers)
+    #: per ordered band: times a response there waited for a write turn (lowest_writers)
+    turn_waits: dict[int, int] = field(default_factory=dict)
 
 
 class _FairFlow:
@@ -152,7 +156,7 @@ class _KernelFlow:
 
     __slots__ = (
         "_up", "_writer", "_sock", "_total", "_written", "_acked0", "_backlog0", "_band",
-        "_closed", "_done", "_fd", "_metric_now", "_gated", "_acked_seen", "_stall_since",
+        "_closed", "_done", "_fd", "_metric_now", "_gated", "_acked_seen", "_stall_since", "_gband",
     )  # fmt: skip
 
     def __init__(self, up: KernelUplink, writer: asyncio.StreamWriter, total: int | None) -> None:
@@ -168,7 +172,8 @@ class _KernelFlow:
         self._backlog0 = 0
         self._fd = -1
         self._metric_now = _LARGE
-        self._gated = False  # holds one of the lowest band's write turns
+        self._gated = False  # holds a write turn of the ordered band _gband
+        self._gband = -1
         self._acked_seen = 0
         self._stall_since = 0.0
         try:
@@ -223,8 +228,8 @@ class _KernelFlow:
             st.active[self._band] = st.active.get(self._band, 1) - 1
         st.active[band] = st.active.get(band, 0) + 1
         self._band = band
-        if self._gated and band != self._up.lowest_band:
-            self._ungate()  # climbed out of the lowest band: the next one there may write
+        if self._gated and band != self._gband:
+            self._ungate()  # climbed out of its ordered band: the next one there may write
 
     def update(self) -> bool:
         """Re-read TCP_INFO and re-band; False once the flow needs no more updates."""
@@ -256,22 +261,22 @@ class _KernelFlow:
         if self._gated:
             self._gated = False
             self._stall_since = 0.0
-            gate = self._up._gate
-            if gate is not None:
-                gate.release()
+            self._up._gates[self._gband].release()
 
     async def _turn(self) -> None:
-        """In the lowest band, wait for a write turn (least remaining first)."""
-        gate = self._up._gate
-        if gate is None or self._done or self._band != self._up.lowest_band:
+        """In an ordered band, wait for a write turn (least remaining first)."""
+        gate = self._up._gates.get(self._band)
+        if gate is None or self._done:
             return
         if self._gated and not gate.keep(self._metric_now):
             self._gated = False  # keep() handed the turn to a smaller waiter
         if not self._gated:
             if gate.busy():
-                self._up._stats.gate_waits += 1
+                waits = self._up._stats.turn_waits
+                waits[self._band] = waits.get(self._band, 0) + 1
+            band = self._band  # the turn belongs to the band it was asked in
             await gate.acquire(self._metric_now)
-            self._gated = True
+            self._gated, self._gband = True, band
             self._stall_since = 0.0
 
     def _finish(self) -> None:
@@ -321,6 +326,7 @@ class KernelUplink:
         note: str = "",
         top_fraction: float = _bands.TOP_FRACTION,
         lowest_writers: int = 0,
+        ordered_bands: int = 1,
     ) -> None:
         if cutoffs.n_bands > len(bandmap.data):
             raise UplinkInputError(
@@ -332,7 +338,14 @@ class KernelUplink:
             raise UplinkInputError(f"interval: {interval!r} s must be in [0.001, 1]")
         if not 0 <= lowat <= 1 << 24:
             raise UplinkInputError(f"notsent_lowat: {lowat} bytes must be in 0..16M (0 = off)")
-        _check_lowest_writers(lowest_writers)
+        _check_lowest_writers(lowest_writers, ordered_bands)
+        # adaptive cutoffs never change the number of bands
+        n_bands = min(cutoffs.n_bands, len(bandmap.data))
+        if ordered_bands > n_bands:
+            raise UplinkInputError(
+                f"ordered_bands: {ordered_bands} exceeds the {n_bands} data bands in use "
+                f"({bandmap.kind}); give 1..{n_bands}"
+            )
         self.name = "srrt" if by_time else "srpt"
         self.by_time = by_time
         self.bandmap = bandmap
@@ -347,9 +360,10 @@ class KernelUplink:
         self._stats = BandStats()
         self._task: asyncio.Task[None] | None = None
         self.lowest_writers = lowest_writers
-        # the band lowest_writers orders; adaptive cutoffs never change the number of bands
-        self.lowest_band = min(cutoffs.n_bands, len(bandmap.data)) - 1
-        self._gate = _Permits(lowest_writers) if lowest_writers else None
+        self.ordered_bands = ordered_bands if lowest_writers else 0
+        #: the bands whose responses take write turns (the lowest ordered_bands ones)
+        self.ordered = range(n_bands - self.ordered_bands, n_bands)
+        self._gates = {b: _Permits(lowest_writers) for b in self.ordered}
 
     @property
     def cutoffs(self) -> _bands.Cutoffs:
@@ -395,9 +409,10 @@ class KernelUplink:
         adapt = "adaptive" if self._adaptive is not None else "fixed"
         extra = f"; {self.note}" if self.note else ""
         if self.lowest_writers:
-            extra = (f"; lowest band ordered: {self.lowest_writers} writer"
-                     f"{'s' if self.lowest_writers > 1 else ''} at a time, least remaining first"
-                     + extra)  # fmt: skip
+            k, n = self.lowest_writers, self.ordered_bands
+            which = "lowest band" if n == 1 else f"lowest {n} bands"
+            extra = (f"; {which} ordered: {k} writer{'s' if k > 1 else ''} at a time"
+                     f"{' in each' if n > 1 else ''}, least remaining first" + extra)  # fmt: skip
         return (
             f"{self.name}: {self.bandmap.describe()}; {adapt} cutoffs ({unit}) "
             f"{self.cutoffs}{extra}"
@@ -595,11 +610,21 @@ class AppUplink:
         )
 
 
-def _check_lowest_writers(k: int) -> None:
+def _check_lowest_writers(k: int, ordered_bands: int = 1) -> None:
     if not 0 <= k <= 10_000:
         raise UplinkInputError(
             f"lowest_writers: {k} must be in 0..10000 (0 = the lowest band is one FIFO; 1 = "
             "strict SRPT inside it)"
+        )
+    if not 1 <= ordered_bands <= 8:
+        raise UplinkInputError(
+            f"ordered_bands: {ordered_bands} must be in 1..8 (how many of the lowest data bands "
+            "lowest_writers orders; 1 = the lowest only)"
+        )
+    if ordered_bands > 1 and not k:
+        raise UplinkInputError(
+            f"ordered_bands: {ordered_bands} needs lowest_writers >= 1 (the writers each ordered "
+            "band lets through at once)"
         )
 
 
@@ -663,6 +688,7 @@ def make_uplink(
     max_pacing_rate: int | None = None,
     top_fraction: float = _bands.TOP_FRACTION,
     lowest_writers: int = 0,
+    ordered_bands: int = 1,
 ) -> Uplink:
     """Build the uplink named on the command line (``--uplink fair|srpt|srrt|app``).
 
@@ -677,9 +703,10 @@ def make_uplink(
     1.16-1.33x; 0.001 measured better still on World Cup 98 sizes, BENCHMARKS.md
     ``uplink-sweep-60s``).
     ``concurrency``, ``quantum``, ``max_pacing_rate`` (bytes/s, the link rate) shape ``app``;
-    ``lowest_writers`` (srpt, srrt) orders the lowest band's responses, see the module docstring.
+    ``lowest_writers`` (srpt, srrt) orders the lowest band's responses, ``ordered_bands`` the
+    lowest that many bands' (each its own ``lowest_writers`` turns), see the module docstring.
     """
-    _check_lowest_writers(lowest_writers)  # before any fallback could drop it unchecked
+    _check_lowest_writers(lowest_writers, ordered_bands)  # before a fallback could drop it
     if lowest_writers and name not in ("srpt", "srrt"):
         raise UplinkInputError(
             f"lowest_writers: orders the lowest kernel band, only for srpt or srrt, not {name!r}"
@@ -734,6 +761,7 @@ def make_uplink(
         note=note,
         top_fraction=top_fraction,
         lowest_writers=lowest_writers,
+        ordered_bands=ordered_bands,
     )
 
 

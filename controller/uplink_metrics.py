@@ -11,8 +11,9 @@ for the application-level scheduler)::
     overtake_uplink_flows_total{band}          responses opened in that band
     overtake_uplink_active_flows{band}         responses currently in that band (incl. draining)
     overtake_uplink_priority_changes_total     SO_PRIORITY changes after the first
-    overtake_uplink_lowest_band_waits_total    lowest-band responses that waited for a write turn
-                                               (``--uplink-lowest-writers``; 0 without it)
+    overtake_uplink_turn_waits_total{band}     responses that waited for a write turn in an
+                                               ordered band (``--uplink-lowest-writers``; only
+                                               the bands it orders)
 """
 
 from __future__ import annotations
@@ -52,9 +53,11 @@ class UplinkCollector(Collector):
                 f.add_metric([key], st.flows_opened.get(band, 0))
                 a.add_metric([key], max(st.active.get(band, 0), 0))
             c.add_metric([], st.priority_changes)
-            w = CounterMetricFamily("overtake_uplink_lowest_band_waits",
-                                    "Times a lowest-band response waited for a write turn")  # fmt: skip
-            w.add_metric([], st.gate_waits)
+            w = CounterMetricFamily("overtake_uplink_turn_waits",
+                                    "Times a response waited for a write turn in an ordered band",
+                                    labels=["band"])  # fmt: skip
+            for band in up.ordered:
+                w.add_metric([str(band)], st.turn_waits.get(band, 0))
             yield w
         elif isinstance(up, AppUplink):
             b.add_metric(["app"], up.bytes_written)

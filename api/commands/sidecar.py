@@ -58,6 +58,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--uplink-lowest-writers", type=int, default=0, metavar="K",
                    help="srpt/srrt: at most K responses of the lowest band write at once, least "
                    "remaining first (SRPT inside that band); 0 = one FIFO (default)")
+    p.add_argument("--uplink-ordered-bands", type=int, default=1, metavar="N",
+                   help="with --uplink-lowest-writers: order each of the lowest N bands so "
+                   "(default 1, the lowest only)")
     p.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop", help="event loop (default uvloop)")
     o = p.add_argument_group("online loop", "measure demands and arrivals, refit the PH model, re-solve pi* in a "
                              "worker process and hot-swap it when predicted better (controller.online)")
@@ -98,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         policy=args.policy or "", apache=args.apache, listen=args.listen,
         phase_header=args.phase_header, uplink=args.uplink, uplink_cutoffs=args.uplink_cutoffs,
         uplink_top_fraction=args.uplink_top_fraction, uplink_lowest_writers=args.uplink_lowest_writers,
+        uplink_ordered_bands=args.uplink_ordered_bands,
         online=OnlineSettings(
             refit_interval=args.refit_interval, min_samples=args.min_samples, arrival_window=args.arrival_window,
             reservoir=max(2000, args.min_samples), margin=args.swap_margin, tolerance=args.refit_tolerance,

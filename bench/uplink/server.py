@@ -41,6 +41,8 @@ async def main() -> None:
     ap.add_argument("--interval", type=float, default=0.01)
     ap.add_argument("--max-pacing-rate", type=int, default=None, help="app: bytes/s cap")
     ap.add_argument("--lowest-writers", type=int, default=0, help="srpt/srrt: order the lowest band")
+    ap.add_argument("--ordered-bands", type=int, default=1,
+                    help="srpt/srrt with --lowest-writers: order the lowest N bands")
     ap.add_argument("--stats-out", default=None)
     a = ap.parse_args()
     up = make_uplink(
@@ -53,6 +55,7 @@ async def main() -> None:
         interval=a.interval,
         max_pacing_rate=a.max_pacing_rate,
         lowest_writers=a.lowest_writers,
+        ordered_bands=a.ordered_bands,
     )
     host, port = a.listen.rsplit(":", 1)
     lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -113,3 +113,17 @@ def test_from_records_into_the_named_section(tmp_path: Path, monkeypatch) -> Non
     assert "--loads 0.8 --seeds 1 --duration 60 --policies fair,srpt --sizes wc98 --server asyncio`" in text
     assert f"recorded by `python bench/uplink_sweep.py --from {saved} --record" in text
     assert "srpt at load 0.8: mean RT <= 1/3 of FAIR's in 1/1 seeds" in text
+
+
+def test_policy_modifiers_parse_and_name_their_fix() -> None:
+    import uplink_srpt
+
+    v = uplink_srpt._variant("srpt/t0.001/w1/b3")
+    assert (v.base, v.floor, v.top, v.writers, v.ordered) == ("srpt", 0.0, 0.001, 1, 3)
+    assert uplink_srpt._variant("srpt").ordered == 1 and uplink_srpt._variant("fair").writers == 0
+    with pytest.raises(ValueError, match=r"'srpt/b3': /b3 orders bands with /wK's writers; add /w1"):
+        uplink_srpt._variant("srpt/b3")
+    with pytest.raises(ValueError, match=r"'b9': .*/bN a whole N in 1\.\.7"):
+        uplink_srpt._variant("srpt/w1/b9")
+    rules = uplink_sweep._cutoff_rules(["fair", "srpt/w1", "srpt/w1/b3"])
+    assert rules.endswith("; /b3 = each of the lowest 3 bands so") and "/w1 = at most 1 response" in rules

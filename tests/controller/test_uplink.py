@@ -44,6 +44,13 @@ def test_bad_options_name_the_field() -> None:
     with pytest.raises(UplinkInputError, match=r"lowest_writers: -1 must be in 0\.\.10000 \(0 = the "
                        r"lowest band is one FIFO; 1 = strict SRPT inside it\)"):
         uplink.make_uplink("srpt", bands="pfifo_fast", lowest_writers=-1)
+    with pytest.raises(UplinkInputError, match=r"ordered_bands: 0 must be in 1\.\.8"):
+        uplink.make_uplink("srpt", bands="pfifo_fast", lowest_writers=1, ordered_bands=0)
+    with pytest.raises(UplinkInputError, match="ordered_bands: 3 needs lowest_writers >= 1"):
+        uplink.make_uplink("srpt", bands="pfifo_fast", ordered_bands=3)
+    with pytest.raises(UplinkInputError, match=r"ordered_bands: 3 exceeds the 2 data bands in use "
+                       r"\(pfifo_fast\); give 1\.\.2"):
+        uplink.make_uplink("srpt", bands="pfifo_fast", lowest_writers=1, ordered_bands=3)
 
 
 def test_fair_is_the_default_seam() -> None:
@@ -284,8 +291,8 @@ def test_per_band_metrics_add_up_to_what_was_written() -> None:
     changes = reg.get_sample_value("overtake_uplink_priority_changes_total")
     # climbing bands is timing-dependent on loopback (checked exactly in test_uplink_netns.py)
     assert changes == up.stats().priority_changes
-    # no lowest-band ordering asked for: nobody waited for a turn
-    assert reg.get_sample_value("overtake_uplink_lowest_band_waits_total") == 0
+    # no band ordering asked for: no turn-wait series at all
+    assert reg.get_sample_value("overtake_uplink_turn_waits_total", {"band": "6"}) is None
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="SO_PRIORITY >= 7 (HTB classids) needs root/CAP_NET_ADMIN")
@@ -348,13 +355,38 @@ def test_lowest_writers_deliver_everything_and_hand_back_every_turn() -> None:
     # is measured on a shaped link: test_uplink_netns.py); none may be lost or keep a turn
     up = uplink.make_uplink("srpt", bands="htb", cutoffs="1K,10K,100K", interval=0.002,
                             lowest_writers=1)  # fmt: skip
-    assert isinstance(up, uplink.KernelUplink) and up.lowest_band == 3
+    assert isinstance(up, uplink.KernelUplink) and list(up.ordered) == [3]
     assert "lowest band ordered: 1 writer at a time, least remaining first" in up.describe()
     sizes = [2_000_000, 150_000, 900_000, 500, 1_200_000, 3_000]
     got = asyncio.run(_serve_through(up, sizes))
     assert {n: got[n] == _expected(n) for n in sizes} == {n: True for n in sizes}
-    assert up._gate is not None and up._gate._free == 1 and not up._gate._heap
+    assert list(up._gates) == [3] and up._gates[3]._free == 1 and not up._gates[3]._heap
     assert up._flows == {} and all(v == 0 for v in up.stats().active.values())
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="SO_PRIORITY >= 7 (HTB classids) needs root/CAP_NET_ADMIN")
+def test_ordered_bands_each_hand_back_every_turn_and_count_waits_per_band() -> None:
+    # the lowest three bands (1: 1K-10K, 2: 10K-100K, 3: above) each have one turn; responses
+    # climb from band 3 through 2 and 1 as they drain, taking and returning a turn in each
+    up = uplink.make_uplink("srpt", bands="htb", cutoffs="1K,10K,100K", interval=0.002,
+                            lowest_writers=1, ordered_bands=3)  # fmt: skip
+    assert isinstance(up, uplink.KernelUplink) and list(up.ordered) == [1, 2, 3]
+    assert "lowest 3 bands ordered: 1 writer at a time in each, least remaining first" in up.describe()
+    sizes = [2_000_000, 150_000, 900_000, 500, 60_000, 1_200_000, 3_000, 40_000, 7_000]
+    got = asyncio.run(_serve_through(up, sizes))
+    assert {n: got[n] == _expected(n) for n in sizes} == {n: True for n in sizes}
+    assert {b: (g._free, len(g._heap)) for b, g in up._gates.items()} == {b: (1, 0) for b in (1, 2, 3)}
+    assert up._flows == {} and all(v == 0 for v in up.stats().active.values())
+    from prometheus_client import CollectorRegistry
+
+    from controller.uplink_metrics import UplinkCollector
+
+    reg = CollectorRegistry()
+    reg.register(UplinkCollector(up))
+    waits = {b: reg.get_sample_value("overtake_uplink_turn_waits_total", {"band": str(b)})
+             for b in range(7)}  # fmt: skip
+    # a series for each ordered band only, equal to the scheduler's own count
+    assert waits == {b: (up.stats().turn_waits.get(b, 0) if b in (1, 2, 3) else None) for b in range(7)}
 
 
 def test_sidecar_refuses_cutoffs_without_a_band_scheduler() -> None:
