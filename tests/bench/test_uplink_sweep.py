@@ -127,3 +127,24 @@ def test_policy_modifiers_parse_and_name_their_fix() -> None:
         uplink_srpt._variant("srpt/w1/b9")
     rules = uplink_sweep._cutoff_rules(["fair", "srpt/w1", "srpt/w1/b3"])
     assert rules.endswith("; /b3 = each of the lowest 3 bands so") and "/w1 = at most 1 response" in rules
+
+
+def test_each_fluid_twin_is_set_against_the_ps_twin_of_its_own_bytes() -> None:
+    import uplink_srpt
+
+    pol = {"mean_response_time": 1.0, "mean_slowdown": 1.0, "largest_1pct_mean_response_time": 2.0,
+           "throughput_bytes_per_s": 1e6, "mean_connections": 1.0, "max_connections": 1, "errors": 0,
+           "response_time_by_size_percentile": {"0-50": 0.1, "50-90": 0.2, "90-99": 0.3, "99-100": 2.0},
+           "wire_bytes_per_request": 5900.0}  # fmt: skip
+    ideal = {name + tail: {"mean_response_time": m * k, "largest_1pct_mean_response_time": 1.0}
+             for tail, k in (("", 1.0), (" (wire)", 2.0), (" (FAIR's bytes)", 4.0))
+             for name, m in (("ps", 0.5), ("srpt", 0.1))}  # fmt: skip
+    out = {"testbed": {"wire_overhead_bytes_per_request": 540.4,
+                       "fair_overhead_bytes_per_request": 460.0},
+           "policies": {"fair": pol}, "ideal": ideal}  # fmt: skip
+    rows = [r for r in uplink_srpt._table(out).splitlines() if r.startswith("| ideal")]
+    # srpt / ps is 0.2 on every pair of bytes; a row set against another pair's PS would not be
+    assert [r.split(" | ")[2] for r in rows] == ["1.00 (vs PS)", "0.20 (vs PS)"] * 3
+    line = uplink_srpt._wire_line(out)[0]
+    assert "540 bytes a request beyond size + 64" in line and "FAIR's run 460" in line
+    assert line.endswith("fair 5900.")
