@@ -205,8 +205,7 @@ def _calibrate(tb: Testbed, tmp: Path, args: argparse.Namespace) -> tuple[float,
     med = {s: float(np.median([r[3] - r[0] for r in res if r[4] == s])) for s in CAL_SIZES}
     big, bigger = CAL_SIZES[-2], CAL_SIZES[-1]
     b = (bigger - big) / (med[bigger] - med[big])
-    modelled = sum(s + HEADER_BYTES for _, s in sched) / NOMINAL_GOODPUT
-    return med[100], float(b), (wire - modelled) / len(sched)
+    return med[100], float(b), wire / len(sched) - _modelled_wire(sched)
 
 
 def _metrics(res: list[list[Any]], solo: tuple[float, float]) -> dict[str, Any]:
@@ -312,6 +311,11 @@ def _tcp_counters(ns: str) -> dict[str, int]:
 def _qdisc_drops(tb: Testbed) -> dict[str, int]:
     """Packets each leaf of the server's qdisc dropped so far (a full leaf FIFO)."""
     return {c.classid: c.drops for c in _qdisc.show(tb.srv_dev, netns=tb.srv_ns).classes}
+
+
+def _modelled_wire(sched: list[tuple[float, int]]) -> float:
+    """Wire bytes a request of ``sched`` costs in the model: size + HEADER_BYTES in full frames."""
+    return sum(s + HEADER_BYTES for _, s in sched) / (len(sched) * NOMINAL_GOODPUT)
 
 
 def _wire_bytes(tb: Testbed) -> int:
@@ -431,8 +435,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if fair is not None and "wire_bytes_per_request" in fair:
                 # the twins again on the bytes FAIR's run carried a request: no starved band, so
                 # hardly a retransmission, and under load FINs ride on the last data segment
-                o = fair["wire_bytes_per_request"] - sum(s + HEADER_BYTES for _, s in sched) / (
-                    len(sched) * NOMINAL_GOODPUT)
+                o = fair["wire_bytes_per_request"] - _modelled_wire(sched)
                 out["testbed"]["fair_overhead_bytes_per_request"] = o
                 for name, row in _ideal(sched, goodput, cut, overhead=o).items():
                     out["ideal"][f"{name} (FAIR's bytes)"] = row
@@ -467,7 +470,8 @@ def _table(out: dict[str, Any]) -> str:
         for name in ideal:
             i = ideal[name]
             # each twin against its own PS: sizes alone, or the bytes on the wire
-            ps = ideal["ps" + name[name.find(" "):] if " " in name else "ps"]["mean_response_time"]
+            _, sep, tail = name.partition(" ")
+            ps = ideal["ps" + sep + tail]["mean_response_time"]
             rows.append(
                 f"| ideal {name} | {i['mean_response_time']:.3f} | "
                 f"{i['mean_response_time'] / ps:.2f} (vs PS) | | | | | "

@@ -27,16 +27,6 @@ Schedulers (``make_uplink(name)``):
           ``TCP_NOTSENT_LOWAT`` keeps little unsent data in the kernel, so the socket's
           priority is still being updated while the tail of a large response drains.
 ``srrt``  paper 002 §3: the band of the remaining *time* ``RTT · (1 + remaining/(cwnd·MSS))``.
-          With ``lowest_writers=k`` (srpt, srrt) the responses in the lowest band are ordered
-          as well: at most ``k`` of them hand data to the kernel at once, the least remaining
-          first (paper 000 §3.3's write ordering applied to that band alone). The lowest band
-          is one FIFO, where TCP shares the leftover capacity among all its flows, so a large
-          response that arrived later slows one nearly done; HTB's eight levels are used up.
-          ``ordered_bands=n`` orders each of the lowest ``n`` bands the same way (its own ``k``
-          turns): under overload those are the bands that starve, and a starved flow that has
-          handed nothing to the kernel keeps no packet waiting in the qdisc past its RTO.
-          A holder that makes no progress for ``_GATE_STALL_S`` (client gone, RTO backoff)
-          passes its turn on so the band never idles behind it.
 ``app``   paper 000 §3.3: no kernel bands; at most ``concurrency`` flows hand data to the
           kernel at once, the one with the least remaining bytes first, ``quantum`` bytes at a
           time. A holder keeps its permit until its quantum has left the send queue
@@ -44,6 +34,16 @@ Schedulers (``make_uplink(name)``):
           the backlog stays in the server where the ordering is decided; ``TCP_NOTSENT_LOWAT``
           (1 byte) keeps the kernel from holding unsent data of flows that wait. This costs
           throughput when ``concurrency`` is small (paper 000 §5.4; bench/uplink_srpt.py).
+
+Ordering inside bands (srpt, srrt): with ``lowest_writers=k`` the responses in the lowest band
+are ordered as well: at most ``k`` of them hand data to the kernel at once, the least remaining
+first (paper 000 §3.3's write ordering applied to that band alone). The lowest band is one FIFO,
+where TCP shares the leftover capacity among all its flows, so a large response that arrived
+later slows one nearly done; HTB's eight levels are used up. ``ordered_bands=n`` orders each of
+the lowest ``n`` bands the same way (its own ``k`` turns): under overload those are the bands
+that starve, and a starved flow that has handed nothing to the kernel keeps no packet waiting in
+the qdisc past its RTO. A holder that makes no progress for ``_GATE_STALL_S`` (client gone, RTO
+backoff) passes its turn on so the band never idles behind it.
 
 The control band (top class) is never given to a response: it carries SYN-ACKs and the first
 bytes before the size is known (paper 001 §2.2.3). Bands come from :mod:`controller.qdisc`
