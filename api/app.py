@@ -1,9 +1,9 @@
 """The REST API (FastAPI): solve jobs, policies, decisions, fits, metrics and an HTML page.
 
 ``create_app(Settings(db=...))`` builds the app; ``overtake api`` serves it with uvicorn. Routes
-call the same library functions as the CLI (:func:`mdp.parse_scenario`, :func:`mdp.compare`,
-:func:`fitting.fit_observations`); solves and fits run in worker processes (:mod:`api.jobs`),
-results persist in SQLite (:mod:`api.db`).
+call the same library functions as the CLI (:func:`overtake.mdp.parse_scenario`, :func:`overtake.mdp.compare`,
+:func:`overtake.fitting.fit_observations`); solves and fits run in worker processes (:mod:`overtake.api.jobs`),
+results persist in SQLite (:mod:`overtake.api.db`).
 
 Errors: every 4xx body is ``{"detail": "<field>: <what is wrong and the fix>"}``. Invalid input
 (ρ ≥ 1, a bad PH, an unknown key) is 422 naming the field; a state space over the cap is 413 with
@@ -40,11 +40,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from mdp.errors import ModelError, PolicyFileError
-from mdp.model import TandemModel
-from mdp.policy import Policy
-from mdp.scenario import Scenario, parse_scenario
-from mdp.statespace import Truncation, count_states
+from overtake.mdp.errors import ModelError, PolicyFileError
+from overtake.mdp.model import TandemModel
+from overtake.mdp.policy import Policy
+from overtake.mdp.scenario import Scenario, parse_scenario
+from overtake.mdp.statespace import Truncation, count_states
 
 from . import plots
 from .db import Job, Store
@@ -135,7 +135,7 @@ def _validation_detail(errors: list[Any]) -> str:
 def estimate_states(sc: Scenario, model: TandemModel) -> int:
     """States of the largest truncated chain the job is expected to build.
 
-    Fixed truncation: exact (:func:`mdp.count_states`) for π*, and for the π(∞) baseline in the
+    Fixed truncation: exact (:func:`overtake.mdp.count_states`) for π*, and for the π(∞) baseline in the
     phase-at-start layout on the same request cap. Auto-truncation: the request cap C at which a
     PS queue's tail ρ^C falls below ``tolerance·(1−ρ)`` (at least the solver's start, 10), grown
     1.5× for the re-evaluation, with ``cores + 3`` threads for π*.
@@ -675,7 +675,7 @@ async def _fit_from_form(request: Request) -> tuple[str, dict[str, list[float]],
 
 def _fit_from_fields(raw: bytes, form: dict[str, Any],
                      stage_specs: list[str]) -> tuple[str, dict[str, list[float]], FitOptions, list[str]]:
-    from fitting import io as fio
+    from overtake.fitting import io as fio
 
     kind = str(form.get("kind") or "csv")
     order_s = str(form.get("order") or "4")

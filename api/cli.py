@@ -1,6 +1,6 @@
 """The ``overtake`` command line.
 
-Each sub-command lives in :mod:`api.commands` and only parses options, calls one library
+Each sub-command lives in :mod:`overtake.api.commands` and only parses options, calls one library
 function and prints. Input errors are reported as one line naming the field, exit code 2.
 """
 
@@ -11,18 +11,20 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from overtake import DISTRIBUTION, __version__
+
 # Sub-command modules, imported lazily so `overtake fit` does not pay for the solver's imports.
 COMMANDS: dict[str, str] = {
-    "fit": "api.commands.fit",
-    "solve": "api.commands.solve",
-    "compare": "api.commands.compare",
-    "sweep": "api.commands.sweep",
-    "simulate": "api.commands.simulate",
-    "apache": "api.commands.apache",
-    "sidecar": "api.commands.sidecar",
-    "uplink": "api.commands.uplink",
-    "api": "api.commands.api",
-    "prometheus": "api.commands.prometheus",
+    "fit": "overtake.api.commands.fit",
+    "solve": "overtake.api.commands.solve",
+    "compare": "overtake.api.commands.compare",
+    "sweep": "overtake.api.commands.sweep",
+    "simulate": "overtake.api.commands.simulate",
+    "apache": "overtake.api.commands.apache",
+    "sidecar": "overtake.api.commands.sidecar",
+    "uplink": "overtake.api.commands.uplink",
+    "api": "overtake.api.commands.api",
+    "prometheus": "overtake.api.commands.prometheus",
 }
 
 EXIT_USAGE = 2
@@ -33,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="overtake",
         description="Choose and enforce thread policies for multi-stage web servers.",
     )
+    parser.add_argument("--version", action="version", version=f"overtake {__version__} ({DISTRIBUTION})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module in COMMANDS.items():
         importlib.import_module(module).register(sub)

@@ -6,7 +6,7 @@ for an absolute path); other database URLs are refused with a message.
 
 A row holds the request as posted (JSON), the status (``queued`` → ``running`` → ``done`` |
 ``failed``), progress, the result document (JSON) and, for models, the policy artifact (the
-``.npz`` bytes of :meth:`mdp.Policy.save`).
+``.npz`` bytes of :meth:`overtake.mdp.Policy.save`).
 """
 
 from __future__ import annotations

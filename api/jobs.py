@@ -51,10 +51,10 @@ class _Reporter:
 
 def run_model(store: Store, job_id: str) -> None:
     """Solve π* (paper 004 §3, auto-truncation), extract the overtaking rules, compare with baselines."""
-    from mdp.compare import compare, default_baselines
-    from mdp.rules import overtaking_rule
-    from mdp.scenario import parse_scenario
-    from mdp.truncation import solve_optimal
+    from overtake.mdp.compare import compare, default_baselines
+    from overtake.mdp.rules import overtaking_rule
+    from overtake.mdp.scenario import parse_scenario
+    from overtake.mdp.truncation import solve_optimal
 
     job = store.get(job_id)
     assert job is not None
@@ -84,7 +84,7 @@ def run_fit(store: Store, job_id: str) -> None:
     """EM fit of a phase-type distribution per stage (as ``overtake fit``)."""
     import numpy as np
 
-    from fitting import FittingInputError, fit_observations, samples
+    from overtake.fitting import FittingInputError, fit_observations, samples
 
     job = store.get(job_id)
     assert job is not None
@@ -125,8 +125,8 @@ def execute(db_url: str, job_id: str) -> str:
 
 def _warm() -> None:
     """Import the solver once per worker so the first job does not pay for it."""
-    import fitting  # noqa: F401
-    import mdp  # noqa: F401
+    import overtake.fitting as fitting  # noqa: F401
+    import overtake.mdp as mdp  # noqa: F401
 
 
 class JobRunner:

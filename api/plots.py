@@ -24,7 +24,7 @@ import numpy.typing as npt
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-    from mdp.policy import Policy
+    from overtake.mdp.policy import Policy
 
 IntArray = npt.NDArray[np.int64]
 
@@ -156,7 +156,7 @@ def distributions_figure(stages: Sequence[tuple[str, Any, Any]], *,
     """
     from matplotlib.figure import Figure
 
-    from fitting import PhaseType
+    from overtake.fitting import PhaseType
 
     fig = Figure(figsize=(10, 3.8))
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.13, top=0.88, wspace=0.25)

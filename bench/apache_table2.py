@@ -46,10 +46,10 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from _report import halt_polling, set_sched_slice, write_section  # noqa: E402
 
-from api.commands._scenario import load_scenario  # noqa: E402
-from controller import apache, twin  # noqa: E402
-from mdp import Policy, TandemModel  # noqa: E402
-from mdp.truncation import evaluate_baseline  # noqa: E402
+from overtake.api.commands._scenario import load_scenario  # noqa: E402
+from overtake.controller import apache, twin  # noqa: E402
+from overtake.mdp import Policy, TandemModel  # noqa: E402
+from overtake.mdp.truncation import evaluate_baseline  # noqa: E402
 
 POLICIES = ("pi*", "pi(1)", "pi(inf)")
 T_975_19 = 2.093  # Student t, 19 degrees of freedom (20 batch means)
@@ -250,7 +250,7 @@ def policy_file(case: int, policy_dir: Path) -> Path:
     out = policy_dir / f"case{case:02d}.npz"
     if not out.exists():
         scen = REPO / "examples" / "table1" / f"case{case:02d}.yaml"
-        subprocess.run([sys.executable, "-m", "api.cli", "solve", str(scen), "--out", str(out)], cwd=REPO, check=True,
+        subprocess.run([sys.executable, "-m", "overtake.api.cli", "solve", str(scen), "--out", str(out)], cwd=REPO, check=True,
                        stdout=subprocess.DEVNULL)
     return out
 
@@ -278,7 +278,7 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
                                     follow_up=args.follow_up_timeout))
     log = (tmp / f"sidecar{case}.log").open("wb")
     side = subprocess.Popen(
-        ["taskset", "-c", str(client_core), sys.executable, "-m", "api.cli", "sidecar", "--policy", str(pfile),
+        ["taskset", "-c", str(client_core), sys.executable, "-m", "overtake.api.cli", "sidecar", "--policy", str(pfile),
          "--apache", inst.base_url, "--listen", f"127.0.0.1:{port}", "--stages", str(stages)],
         cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
     )

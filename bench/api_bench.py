@@ -95,7 +95,7 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="overtake-api-bench-"))
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "api.cli", "api", "--listen", f"127.0.0.1:{port}", "--db", str(tmp / "b.db"),
+    cmd = [sys.executable, "-m", "overtake.api.cli", "api", "--listen", f"127.0.0.1:{port}", "--db", str(tmp / "b.db"),
            "--log-level", "warning", "--max-states", "2000000"]
     # no pinning: pinning the server would pin its solver process to the same core (inherited
     # affinity) and measure the API competing with its own solve
@@ -169,7 +169,7 @@ def main() -> int:
                 time.sleep(0.005)
             out["healthz_during_solve_ms"] = {"n": len(hl), "p50": pct(hl, 50), "p99": pct(hl, 99), "max": max(hl)}
             blob = c.get(f"/v1/models/{mid}/policy.npz").content
-        from mdp.policy import Policy
+        from overtake.mdp.policy import Policy
 
         (tmp / "p.npz").write_bytes(blob)
         p = Policy.load(tmp / "p.npz")

@@ -46,8 +46,8 @@ from scipy import integrate, special, stats  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fitting import PhaseType, fit  # noqa: E402
-from fitting.diagnostics import distance_to_density  # noqa: E402
+from overtake.fitting import PhaseType, fit  # noqa: E402
+from overtake.fitting.diagnostics import distance_to_density  # noqa: E402
 
 BEGIN, END = "<!-- fitting:begin -->", "<!-- fitting:end -->"
 

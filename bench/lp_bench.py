@@ -32,10 +32,10 @@ def one(C: int, K: int) -> dict:
     sys.path.insert(0, str(ROOT))
     import numpy as np
 
-    from mdp.lp import cost_rate, occupation_lp
-    from mdp.model import Stage, TandemModel
-    from mdp.solve import relative_value_iteration
-    from mdp.statespace import StateSpace, Truncation
+    from overtake.mdp.lp import cost_rate, occupation_lp
+    from overtake.mdp.model import Stage, TandemModel
+    from overtake.mdp.solve import relative_value_iteration
+    from overtake.mdp.statespace import StateSpace, Truncation
 
     h2 = lambda n: Stage(n, np.array([0.91, 0.09]), np.diag([-1 / 0.55, -1 / 5.45]))  # noqa: E731
     s1, s2 = h2("s1"), h2("s2")

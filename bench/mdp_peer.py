@@ -33,10 +33,10 @@ import scipy.sparse as sp
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from api.commands._scenario import load_scenario  # noqa: E402
-from mdp.evaluate import stationary_distribution  # noqa: E402
-from mdp.solve import induced_matrix, relative_value_iteration  # noqa: E402
-from mdp.statespace import StateSpace, Truncation  # noqa: E402
+from overtake.api.commands._scenario import load_scenario  # noqa: E402
+from overtake.mdp.evaluate import stationary_distribution  # noqa: E402
+from overtake.mdp.solve import induced_matrix, relative_value_iteration  # noqa: E402
+from overtake.mdp.statespace import StateSpace, Truncation  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from _report import cpu_model, write_section  # noqa: E402

@@ -27,9 +27,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 
 def one(case: int, C: int, K: int) -> None:
-    from api.commands._scenario import load_scenario
-    from mdp.solve import relative_value_iteration
-    from mdp.statespace import StateSpace, Truncation
+    from overtake.api.commands._scenario import load_scenario
+    from overtake.mdp.solve import relative_value_iteration
+    from overtake.mdp.statespace import StateSpace, Truncation
 
     _, model = load_scenario(ROOT / "examples" / "table1" / f"case{case:02d}.yaml")
     w0, c0 = time.perf_counter(), time.process_time()

@@ -2,8 +2,8 @@
 
 Part ``fit`` (in-process, no Apache): case 4 of paper 004's Table 1 (H2 stages, load 0.6) as the
 truth; for each sample size and seed, draw demands per stage and Poisson arrivals over the
-arrival window, estimate λ with :class:`controller.online.ArrivalRate`, run
-:func:`controller.online.refit_job` with π(1) running (fit, solve π*, evaluate π(1) under the
+arrival window, estimate λ with :class:`overtake.controller.online.ArrivalRate`, run
+:func:`overtake.controller.online.refit_job` with π(1) running (fit, solve π*, evaluate π(1) under the
 refitted model) and report seconds per part, the estimators' errors and the predicted E[W]
 against the exact values on the true model.
 
@@ -42,9 +42,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from _report import machine, write_section  # noqa: E402
 
-from controller.online import ArrivalRate, RefitJob, refit_job  # noqa: E402
-from mdp.model import Stage, TandemModel  # noqa: E402
-from mdp.truncation import evaluate_baseline, solve_optimal  # noqa: E402
+from overtake.controller.online import ArrivalRate, RefitJob, refit_job  # noqa: E402
+from overtake.mdp.model import Stage, TandemModel  # noqa: E402
+from overtake.mdp.truncation import evaluate_baseline, solve_optimal  # noqa: E402
 
 PROBS, MEANS = np.array([0.91, 0.09]), np.array([0.55, 5.45])
 MEAN = float(PROBS @ MEANS)
@@ -130,7 +130,7 @@ def _get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[i
 
 
 def part_apache(transactions: int) -> tuple[str, dict[str, Any]]:
-    from controller import apache
+    from overtake.controller import apache
 
     parent = Path(tempfile.mkdtemp(prefix="overtake-online-bench-", dir="/tmp"))
     parent.chmod(0o755)
@@ -143,7 +143,7 @@ def part_apache(transactions: int) -> tuple[str, dict[str, Any]]:
         f"limits: {{max_inflight: 16, queue_cap: 5000, queue_timeout: 60}}\nclassifier: {{mode: explicit, time_unit: {unit}}}\n")
     port = _free_port()
     logf = parent / "sidecar.log"
-    cmd = [sys.executable, "-m", "api.cli", "sidecar", "--policy", "pi(1)", "--apache", inst.base_url,
+    cmd = [sys.executable, "-m", "overtake.api.cli", "sidecar", "--policy", "pi(1)", "--apache", inst.base_url,
            "--listen", f"127.0.0.1:{port}", "--stages", str(parent / "stages.yaml"), "--online",
            "--refit-interval", "5", "--min-samples", "200", "--arrival-window", "10", "--access-log", str(inst.access_log)]
     with logf.open("wb") as fh:

@@ -41,9 +41,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from _report import halt_polling, machine, write_section  # noqa: E402
 from apache_table2 import STAGES, batch_means, make_trace, paired_gain_ci, policy_file, predicted  # noqa: E402
-from api.commands._scenario import load_scenario  # noqa: E402
-from controller.qdisc import parse_rate  # noqa: E402
-from mdp import Policy  # noqa: E402
+from overtake.api.commands._scenario import load_scenario  # noqa: E402
+from overtake.controller.qdisc import parse_rate  # noqa: E402
+from overtake.mdp import Policy  # noqa: E402
 from uplink.testbed import Testbed  # noqa: E402
 from uplink.workload import MODELS, schedule  # noqa: E402
 from uplink_srpt import CAL_SIZES, NOMINAL_GOODPUT, _calibrate, _metrics, _sidecar, _stop, _write_files  # noqa: E402

@@ -5,7 +5,7 @@
 For each service family (same mean and c² = 5 as Table 1's H2 stages: lognormal σ = 1.3386;
 Pareto II / Lomax shape 2.5; the fitted PH itself is simulated too, as a check of the method):
 
-1. draw 10^5 service times, fit an H2 by EM (:func:`fitting.fit`, ``structure="hyperexp"``);
+1. draw 10^5 service times, fit an H2 by EM (:func:`overtake.fitting.fit`, ``structure="hyperexp"``);
 2. two stages with that fit, ρ = 0.6 (Table 1 case 4's layout); solve π* and evaluate π(1), π(4),
    π(∞) and the heuristic exactly on the PH model — the *predicted* figures;
 3. simulate every policy with service drawn from the true family, rescaled to the fitted mean, with
@@ -32,12 +32,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from sim_bench import git_rev, machine, write_section  # noqa: E402
 
-from fitting import fit  # noqa: E402
-from mdp.compare import compare  # noqa: E402
-from mdp.heuristic import evaluate_heuristic  # noqa: E402
-from mdp.model import Stage, TandemModel  # noqa: E402
-from mdp.simulate import SimulationResult, service_from_spec, simulate  # noqa: E402
-from mdp.truncation import solve_optimal  # noqa: E402
+from overtake.fitting import fit  # noqa: E402
+from overtake.mdp.compare import compare  # noqa: E402
+from overtake.mdp.heuristic import evaluate_heuristic  # noqa: E402
+from overtake.mdp.model import Stage, TandemModel  # noqa: E402
+from overtake.mdp.simulate import SimulationResult, service_from_spec, simulate  # noqa: E402
+from overtake.mdp.truncation import solve_optimal  # noqa: E402
 
 FAMILIES = {
     "lognormal σ=1.3386 (c²=5)": "lognorm(s=1.3386)",

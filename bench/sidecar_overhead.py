@@ -35,7 +35,7 @@ from _report import write_section  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from controller import apache  # noqa: E402
+from overtake.controller import apache  # noqa: E402
 
 STAGES = """stages:
   - name: stage1
@@ -127,7 +127,7 @@ def main() -> int:
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
         with (tmp / "sidecar.log").open("wb") as log:
             procs.append(subprocess.Popen(
-                ["taskset", "-c", str(client_core), sys.executable, "-m", "api.cli", "sidecar", "--policy", "passthrough",
+                ["taskset", "-c", str(client_core), sys.executable, "-m", "overtake.api.cli", "sidecar", "--policy", "passthrough",
                  "--apache", inst.base_url, "--listen", f"127.0.0.1:{sc_port}", "--stages", str(tmp / "stages.yaml")],
                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env,
             ))

@@ -5,11 +5,11 @@
 
 * Speed: 10^6 measured requests (plus 10% warm-up) on Table 1 case 4 under π(1), π(∞), π*
   (policy artifact table), the heuristic, and lognormal service with posterior phases; wall time
-  of :func:`mdp.simulate` after one warm-up call (numba compilation is reported separately).
+  of :func:`overtake.mdp.simulate` after one warm-up call (numba compilation is reported separately).
 * Check: for every Table 1 case and every policy of ``overtake compare`` (π*, π(1), π(4), π(∞),
   π(1,1)), the exact E[W] (auto-truncated chain, tolerance ``--tol``) against the simulator's
   batch-means 95% CI. π* and the exact figures are cached in ``--cache`` (one JSON + policy file
-  per case; re-used when present, else solved with :func:`mdp.solve_optimal` + :func:`mdp.compare`).
+  per case; re-used when present, else solved with :func:`overtake.mdp.solve_optimal` + :func:`overtake.mdp.compare`).
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from api.commands._scenario import load_scenario  # noqa: E402
-from mdp.compare import compare  # noqa: E402
-from mdp.policy import Policy  # noqa: E402
-from mdp.simulate import service_from_spec, simulate  # noqa: E402
-from mdp.truncation import solve_optimal  # noqa: E402
+from overtake.api.commands._scenario import load_scenario  # noqa: E402
+from overtake.mdp.compare import compare  # noqa: E402
+from overtake.mdp.policy import Policy  # noqa: E402
+from overtake.mdp.simulate import service_from_spec, simulate  # noqa: E402
+from overtake.mdp.truncation import solve_optimal  # noqa: E402
 
 POLICIES = ["pi*", "pi(1)", "pi(4)", "pi(inf)", "pi(1,1)"]
 

@@ -37,7 +37,7 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 def run(points, warm, workers: int):  # type: ignore[no-untyped-def]
     from dask.distributed import Client
 
-    from mdp.sweep import local_cluster, run_sweep, solve_point
+    from overtake.mdp.sweep import local_cluster, run_sweep, solve_point
 
     cluster = local_cluster(workers)
     client = Client(cluster)
@@ -58,7 +58,7 @@ def main() -> int:
     import numpy as np
     import yaml
 
-    from mdp.sweep import SweepPoint, estimated_states, parse_grid
+    from overtake.mdp.sweep import SweepPoint, estimated_states, parse_grid
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--grid", default=str(ROOT / "examples/sweep/grid.yaml"))
@@ -104,7 +104,7 @@ def main() -> int:
         "LocalCluster, single-threaded worker processes, one warm-up point per worker, timed from submission "
         "to the last result (cluster start-up excluded).",
         f"- Grid: `examples/sweep/grid.yaml`, {len(points)} points (load × stage SCVs × stage-2 mean), "
-        f"π* + 5 baselines per point via `mdp.compare`; π* MDP {states[0]}–{states[-1]} states; "
+        f"π* + 5 baselines per point via `overtake.mdp.compare`; π* MDP {states[0]}–{states[-1]} states; "
         f"one point alone took {per_point.min():.1f}–{per_point.max():.1f} s (median {per_point.median():.1f} s) "
         "inside the 1-worker run. Points are submitted largest first.",
         "",

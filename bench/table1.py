@@ -25,9 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from api.commands._scenario import load_scenario  # noqa: E402
-from api.progress import progress_iter  # noqa: E402
-from mdp.compare import compare  # noqa: E402
+from overtake.api.commands._scenario import load_scenario  # noqa: E402
+from overtake.api.progress import progress_iter  # noqa: E402
+from overtake.mdp.compare import compare  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
 from _report import cpu_model, write_section  # noqa: E402

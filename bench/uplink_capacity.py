@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from _report import machine, write_section  # noqa: E402
-from controller import bands as _bands  # noqa: E402
+from overtake.controller import bands as _bands  # noqa: E402
 from uplink.testbed import Testbed  # noqa: E402
 from uplink.workload import HEADER_BYTES, MODELS  # noqa: E402
 from uplink_srpt import PORT, _raise_priority, _server, _stop  # noqa: E402

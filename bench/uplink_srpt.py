@@ -3,7 +3,7 @@
 Two network namespaces joined by a veth pair (bench/uplink/testbed.py); the server side's egress
 is shaped to ``--rate`` by HTB (8 strict classes, TSO/GSO off) or TBF + pfifo_fast
 (controller.qdisc). The server under test runs in the server namespace and writes every response
-through ``controller.uplink``; an open-loop Poisson client (one connection per request, paper 001
+through ``overtake.controller.uplink``; an open-loop Poisson client (one connection per request, paper 001
 §3.1.4) runs in the client namespace. The same seeded schedule is replayed for every policy.
 
 Server under test (``--server``): ``sidecar`` (the default from 2026-11-21 22:30 UTC; the issue's
@@ -47,8 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from controller import bands as _bands  # noqa: E402
-from controller import qdisc as _qdisc  # noqa: E402
+from overtake.controller import bands as _bands  # noqa: E402
+from overtake.controller import qdisc as _qdisc  # noqa: E402
 from uplink.ideal import fluid_response_times  # noqa: E402
 from uplink.testbed import Testbed  # noqa: E402
 from uplink.workload import HEADER_BYTES, MODELS, TRANSIENT, schedule, transient_phases  # noqa: E402

@@ -17,8 +17,8 @@ CPU-burning stage handler at ``/stage1``, ``/stage2``, ...: ``GET /stage1?work=0
 0.05 s of the worker *thread's* CPU time (``CLOCK_THREAD_CPUTIME_ID``; Lua's ``os.clock()``
 is process-wide and wrong under mpm_event) and logs the CPU actually used as ``cpu_us``.
 
-The templates are read from ``apache-conf/`` at the root of the source checkout (the project
-is installed with ``pip install -e .``); pass ``conf_dir=`` to use another copy.
+The templates are ``apache-conf/``, installed with the package as :mod:`overtake.apache_conf`
+(a wheel carries them, so this works outside the checkout); pass ``conf_dir=`` to use another copy.
 
 For clean processor sharing (PS) between concurrent requests, :func:`start` can pin Apache
 to one core (``taskset``) and raise the priority of its scheduler autogroup (write -20 to
@@ -42,9 +42,10 @@ import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from importlib import resources
 from pathlib import Path
 
-from controller.errors import (
+from overtake.controller.errors import (
     ApacheError,
     ApacheInputError,
     ApacheNotInstalledError,
@@ -75,8 +76,8 @@ APACHE_BIN = "/usr/sbin/apache2"
 MODULES_DIR = "/usr/lib/apache2/modules"
 LUA_INCLUDE_DIR = "/usr/include/lua5.3"
 MIME_TYPES = "/etc/mime.types"
-#: ``apache-conf/`` of the source checkout this module belongs to.
-DEFAULT_CONF_DIR = Path(__file__).resolve().parent.parent / "apache-conf"
+#: The templates of ``apache-conf/``, installed as package data (:mod:`overtake.apache_conf`).
+DEFAULT_CONF_DIR = Path(str(resources.files("overtake.apache_conf")))
 
 #: Access-log format. ``D`` = microseconds from reading the request line to logging (sojourn
 #: in Apache); ``cpu_us`` = thread CPU burnt by the stage handler (``-`` for other URLs);
@@ -189,8 +190,8 @@ def _conf_dir(conf_dir: str | os.PathLike[str] | None) -> Path:
     d = Path(conf_dir) if conf_dir is not None else DEFAULT_CONF_DIR
     if not (d / "httpd.conf.in").is_file():
         raise ApacheInputError(
-            f"conf_dir: {d} has no httpd.conf.in; run from a source checkout of overtake "
-            "(pip install -e .) or pass conf_dir= pointing at its apache-conf/ directory"
+            f"conf_dir: {d} has no httpd.conf.in; reinstall overtake-server (its wheel carries "
+            "apache-conf/) or pass conf_dir= pointing at a copy of apache-conf/"
         )
     return d
 

@@ -25,8 +25,8 @@ from collections import OrderedDict, deque
 import numpy as np
 from scipy.linalg import expm  # type: ignore[import-untyped]  # no stubs installed
 
-from controller.policies import SpawnPolicy
-from controller.stages import ClassifierSettings
+from overtake.controller.policies import SpawnPolicy
+from overtake.controller.stages import ClassifierSettings
 
 __all__ = ["BadPhaseHeader", "Classifier"]
 

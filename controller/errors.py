@@ -1,8 +1,8 @@
-"""Errors raised by :mod:`controller`.
+"""Errors raised by :mod:`overtake.controller`.
 
 ::
 
-    OvertakeError
+    OvertakeError (overtake.errors)
     └── ControllerError
         └── ApacheError                     anything about the private Apache (controller.apache)
             ├── ApacheNotInstalledError     apache2, mod_lua, gcc or the Lua 5.3 headers missing
@@ -22,6 +22,8 @@ Input errors also subclass :class:`ValueError`, so the CLI reports them as usage
 
 from __future__ import annotations
 
+from overtake.errors import OvertakeError
+
 __all__ = [
     "ApacheError",
     "ApacheInputError",
@@ -37,12 +39,8 @@ __all__ = [
 ]
 
 
-class OvertakeError(Exception):
-    """Root of every error raised by the project's own code."""
-
-
 class ControllerError(OvertakeError):
-    """Root of the errors raised by :mod:`controller`."""
+    """Root of the errors raised by :mod:`overtake.controller`."""
 
 
 class ApacheError(ControllerError):
@@ -54,7 +52,7 @@ class ApacheNotInstalledError(ApacheError):
 
 
 class ApacheInputError(ApacheError, ValueError):
-    """An argument of :mod:`controller.apache` is invalid."""
+    """An argument of :mod:`overtake.controller.apache` is invalid."""
 
 
 class PortInUseError(ApacheInputError):

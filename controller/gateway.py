@@ -1,12 +1,12 @@
 """The gateway: an asyncio HTTP/1.1 reverse proxy in front of Apache (paper 004, §4.2's front end).
 
-I/O only. For every request it asks :class:`controller.stages.StageTable` for the stage,
-:class:`controller.classifier.Classifier` for the phase, then holds it in
-:class:`controller.limiter.Limiter` until the policy starts a thread for it, forwards it to Apache
+I/O only. For every request it asks :class:`overtake.controller.stages.StageTable` for the stage,
+:class:`overtake.controller.classifier.Classifier` for the phase, then holds it in
+:class:`overtake.controller.limiter.Limiter` until the policy starts a thread for it, forwards it to Apache
 on a keep-alive connection, and releases the permit the moment Apache's *whole* response has
 been received (buffered up to ``response_buffer_bytes``, then streamed; so a slow client never
 holds a stage slot unless the response is larger than the buffer). Responses go to the client
-through the uplink seam (:mod:`controller.uplink`).
+through the uplink seam (:mod:`overtake.controller.uplink`).
 
 HTTP handling: keep-alive and pipelining on the client side (requests are answered in order),
 hop-by-hop headers removed both ways (RFC 9110 §7.6.1, incl. those named in ``Connection``),
@@ -31,12 +31,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httptools
-from controller.classifier import BadPhaseHeader, Classifier
-from controller.limiter import ADMITTED, PASSTHROUGH, Limiter, Ticket
-from controller.metrics import SidecarMetrics
-from controller.stages import StageTable
-from controller.upstream import UpstreamError, UpstreamPool, UpstreamResponse
-from controller.uplink import Uplink
+from overtake.controller.classifier import BadPhaseHeader, Classifier
+from overtake.controller.limiter import ADMITTED, PASSTHROUGH, Limiter, Ticket
+from overtake.controller.metrics import SidecarMetrics
+from overtake.controller.stages import StageTable
+from overtake.controller.upstream import UpstreamError, UpstreamPool, UpstreamResponse
+from overtake.controller.uplink import Uplink
 
 __all__ = ["Gateway"]
 

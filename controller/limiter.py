@@ -1,6 +1,6 @@
 """Enforcement: per-(stage, phase) queues released exactly when the policy starts a thread.
 
-The limiter never computes a limit (that is :mod:`controller.policies`); it keeps the state of
+The limiter never computes a limit (that is :mod:`overtake.controller.policies`); it keeps the state of
 paper 004's tandem — waiting requests per queue and admitted requests ("threads") per
 (stage, phase) coordinate — and on every arrival, completion, cancellation and policy swap asks
 the policy ``action(state)`` and admits that many waiting requests, oldest first.
@@ -37,8 +37,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from controller.classifier import Classifier
-from controller.policies import SpawnPolicy
+from overtake.controller.classifier import Classifier
+from overtake.controller.policies import SpawnPolicy
 
 __all__ = ["PASSTHROUGH", "Limiter", "Ticket"]
 
@@ -144,7 +144,7 @@ class Limiter:
 
     # ---- state -----------------------------------------------------------------------------
     def state(self) -> tuple[int, ...]:
-        """The policy's state vector (:attr:`mdp.Policy.columns` order)."""
+        """The policy's state vector (:attr:`overtake.mdp.Policy.columns` order)."""
         w = self.waiting if self.per_phase else self.stage_waiting
         return (*w, *self.threads)
 

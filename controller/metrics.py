@@ -30,7 +30,7 @@ overtake_policy_fetches_total{result}                   counter  --policy-url po
                                                                  not_modified | error | refused
 ======================================================  =======  =================================
 
-With ``--online`` (:class:`controller.online.OnlineCollector`): ``overtake_online_refits_total{outcome}``
+With ``--online`` (:class:`overtake.controller.online.OnlineCollector`): ``overtake_online_refits_total{outcome}``
 (swapped, kept, failed, skipped_*), ``overtake_online_generation``,
 ``overtake_online_last_refit_timestamp_seconds``, ``overtake_online_arrival_rate_per_second``,
 ``overtake_online_demand_samples{stage,source}``, ``overtake_online_demand_observations_total{stage,source}``,
@@ -39,7 +39,7 @@ With ``--online`` (:class:`controller.online.OnlineCollector`): ``overtake_onlin
 ``overtake_online_predicted_response_time_seconds{policy}`` (current | new, under the last refitted
 model) and ``overtake_online_refit_duration_seconds``.
 
-Apache's ``/server-status?auto`` (:func:`controller.apache.parse_status`) is exported under the
+Apache's ``/server-status?auto`` (:func:`overtake.controller.apache.parse_status`) is exported under the
 names of prometheus-community/apache_exporter: ``apache_up``, ``apache_info{version,mpm}``,
 ``apache_accesses_total``, ``apache_sent_kilobytes_total``, ``apache_duration_ms_total``,
 ``apache_cpu_time_ms_total{type}``, ``apache_cpuload``, ``apache_uptime_seconds_total``,
@@ -56,8 +56,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from controller.apache import SCOREBOARD_STATES, scoreboard_counts
-from controller.limiter import PASSTHROUGH, Limiter
+from overtake.controller.apache import SCOREBOARD_STATES, scoreboard_counts
+from overtake.controller.limiter import PASSTHROUGH, Limiter
 
 __all__ = ["ApacheCollector", "SidecarMetrics"]
 

@@ -1,7 +1,7 @@
 """The online loop: measure service demand and arrivals, refit the PH model, re-solve, hot-swap (issue #5).
 
 Netflix concurrency-limits' split between algorithm and enforcement: the
-:class:`controller.limiter.Limiter` enforces; this module only *observes* it
+:class:`overtake.controller.limiter.Limiter` enforces; this module only *observes* it
 (:class:`RecordingLimiter` reports every arrival, admission and completion instant) and, rate
 limited, proposes a new policy through the sidecar's existing atomic swap path.
 
@@ -10,7 +10,7 @@ Estimates
 * **Service demand per completed stage request**, two sources, the log preferred:
 
   - ``access_log`` — Apache's own note of the thread CPU the stage handler burnt
-    (``cpu_us=%{stage_cpu_us}n`` in :data:`controller.apache.LOG_FORMAT`), tailed from the
+    (``cpu_us=%{stage_cpu_us}n`` in :data:`overtake.controller.apache.LOG_FORMAT`), tailed from the
     access log given with ``--access-log``;
   - ``attained`` — the attained service under processor sharing (paper 004, §2: with K active
     threads each progresses at rate c(K)/K, c(K) = min(K, m)/(1 + δK)):
@@ -29,10 +29,10 @@ Estimates
 Refit (at most once per ``refit_interval``; skipped with a logged reason when a stage has fewer
 than ``min_samples`` samples or the estimated load λ·ΣE[S]/m ≥ ``max_load``): in a worker
 process (:class:`concurrent.futures.ProcessPoolExecutor`, one worker; the event loop never
-blocks) :func:`refit_job` fits a PH per stage by EM (:func:`fitting.fit`, order 1 or 2 by BIC,
-hyperexponential for SCV > 1 else CF1, mean preserved), builds the :class:`mdp.TandemModel`,
-solves π* (:func:`mdp.solve_optimal`) and evaluates the *current* policy exactly under the
-*new* model (:func:`mdp.truncation.evaluate_rule`, both on one evaluation cap). The new policy
+blocks) :func:`refit_job` fits a PH per stage by EM (:func:`overtake.fitting.fit`, order 1 or 2 by BIC,
+hyperexponential for SCV > 1 else CF1, mean preserved), builds the :class:`overtake.mdp.TandemModel`,
+solves π* (:func:`overtake.mdp.solve_optimal`) and evaluates the *current* policy exactly under the
+*new* model (:func:`overtake.mdp.truncation.evaluate_rule`, both on one evaluation cap). The new policy
 is swapped in only if its predicted E[W] is lower by more than ``margin`` (default 1 %).
 Every decision is one JSON log line (``event = online_refit``) and counted in
 ``overtake_online_refits_total{outcome}``.
@@ -60,10 +60,10 @@ import numpy.typing as npt
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from controller.errors import SidecarInputError
-from controller.limiter import ADMITTED, PASSTHROUGH, Limiter, Ticket
-from controller.policies import BaselinePolicy, SpawnPolicy, TablePolicy
-from controller.stages import StageTable
+from overtake.controller.errors import SidecarInputError
+from overtake.controller.limiter import ADMITTED, PASSTHROUGH, Limiter, Ticket
+from overtake.controller.policies import BaselinePolicy, SpawnPolicy, TablePolicy
+from overtake.controller.stages import StageTable
 
 __all__ = [
     "OUTCOMES", "AccessLogTail", "ArrivalRate", "AttainedService", "OnlineCollector", "OnlineLoop",
@@ -83,7 +83,7 @@ _READ_MAX = 4 << 20  # bytes of access log parsed per poll (the rest at the next
 
 def capacity(k: int, cores: int, overhead: float) -> float:
     """c(K) = min(K, m) / (1 + δ·K): total service rate with K active threads (paper 004 §2,
-    δ > 0 the thread-overhead extension of :mod:`mdp.model`)."""
+    δ > 0 the thread-overhead extension of :mod:`overtake.mdp.model`)."""
     return min(k, cores) / (1.0 + overhead * k) if k > 0 else 0.0
 
 
@@ -205,7 +205,7 @@ class AccessLogTail:
     def __init__(self, path: str | os.PathLike[str], table: StageTable) -> None:
         import apachelogs  # type: ignore[import-untyped]  # no stubs upstream
 
-        from controller.apache import LOG_FORMAT
+        from overtake.controller.apache import LOG_FORMAT
 
         self.path = Path(path)
         self.table = table
@@ -307,12 +307,12 @@ class RefitJob:
 
 
 def _warm_up() -> None:
-    import fitting  # noqa: F401
-    import mdp  # noqa: F401
+    import overtake.fitting as fitting  # noqa: F401
+    import overtake.mdp as mdp  # noqa: F401
 
 
 def _fit_stage(x: FloatArray, order: int | None, max_order: int, seed: int) -> dict[str, Any]:
-    from fitting import fit
+    from overtake.fitting import fit
 
     scv = float(np.var(x) / np.mean(x) ** 2)
     best = None
@@ -335,7 +335,7 @@ def _fit_stage(x: FloatArray, order: int | None, max_order: int, seed: int) -> d
 
 
 def _grow(evaluate: Callable[[int], Any], start: int, tol: float) -> Any:
-    from mdp.truncation import grow_requests
+    from overtake.mdp.truncation import grow_requests
 
     return grow_requests(evaluate, start, tol, "current policy")[0]
 
@@ -345,11 +345,11 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
 
     Runs in the worker process. Returns the fitted stages, both predicted E[W] (model units, on a
     common evaluation cap) and timings."""
-    from mdp.baselines import Baseline
-    from mdp.model import Stage, TandemModel
-    from mdp.policy import Policy
-    from mdp.statespace import Layout
-    from mdp.truncation import evaluate_baseline, evaluate_rule, solve_optimal
+    from overtake.mdp.baselines import Baseline
+    from overtake.mdp.model import Stage, TandemModel
+    from overtake.mdp.policy import Policy
+    from overtake.mdp.statespace import Layout
+    from overtake.mdp.truncation import evaluate_baseline, evaluate_rule, solve_optimal
 
     t0 = time.perf_counter()
     fits = [_fit_stage(np.asarray(x, dtype=float), o, job.max_order, job.seed)

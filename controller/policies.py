@@ -1,15 +1,15 @@
 """The algorithm side of the sidecar: which threads to start in a given state (paper 004, §2-§4).
 
 A :class:`SpawnPolicy` never sees requests (Netflix concurrency-limits' ``Limit``); the
-:mod:`controller.limiter` enforces it. Every policy answers ``action(state)`` in O(1) for the
-state vector of :attr:`mdp.Policy.columns`: waiting requests per queue, then active threads per
+:mod:`overtake.controller.limiter` enforces it. Every policy answers ``action(state)`` in O(1) for the
+state vector of :attr:`overtake.mdp.Policy.columns`: waiting requests per queue, then active threads per
 (stage, phase) coordinate. Two families share this interface so a hot swap between them runs on
 the same code path:
 
 * :class:`TablePolicy` — the solver's artifact (``overtake solve --out P.npz``), looked up via
-  :meth:`mdp.Policy.action` (beyond the truncation it projects, see :mod:`mdp.policy`), memoised.
+  :meth:`overtake.mdp.Policy.action` (beyond the truncation it projects, see :mod:`overtake.mdp.policy`), memoised.
 * :class:`BaselinePolicy` — π(k) (later stages first, FCFS within a stage), π(k1,…,kN) and
-  π(∞) = ``passthrough`` (Apache's default), parsed by :meth:`mdp.Baseline.parse`. Phase-blind:
+  π(∞) = ``passthrough`` (Apache's default), parsed by :meth:`overtake.mdp.Baseline.parse`. Phase-blind:
   one phase per stage.
 """
 
@@ -23,10 +23,10 @@ from typing import Protocol
 
 import numpy as np
 
-from controller.errors import PolicyLoadError
-from mdp.baselines import Baseline
-from mdp.policy import Policy
-from mdp.errors import MDPError
+from overtake.controller.errors import PolicyLoadError
+from overtake.mdp.baselines import Baseline
+from overtake.mdp.policy import Policy
+from overtake.mdp.errors import MDPError
 
 __all__ = ["BaselinePolicy", "SpawnPolicy", "TablePolicy", "load_policy"]
 
@@ -51,7 +51,7 @@ class SpawnPolicy(Protocol):
 
 
 class BaselinePolicy:
-    """π(k), π(k1,…,kN) or π(∞), answered in plain Python (equal to :meth:`mdp.Baseline.rule`)."""
+    """π(k), π(k1,…,kN) or π(∞), answered in plain Python (equal to :meth:`overtake.mdp.Baseline.rule`)."""
 
     per_phase_queues = False
     predicted_wait: float | None = None
@@ -92,7 +92,7 @@ class BaselinePolicy:
 
 
 class TablePolicy:
-    """A solved policy artifact; ``action`` is :meth:`mdp.Policy.action`, memoised per state."""
+    """A solved policy artifact; ``action`` is :meth:`overtake.mdp.Policy.action`, memoised per state."""
 
     def __init__(self, policy: Policy, name: str) -> None:
         self.policy = policy

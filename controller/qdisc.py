@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.uplink_errors import QdiscError, QdiscPermissionError, UplinkInputError
+from overtake.controller.uplink_errors import QdiscError, QdiscPermissionError, UplinkInputError
 
 __all__ = [
     "HTB_BANDS",

@@ -1,13 +1,13 @@
 """Assembly of the sidecar: stages, policy, classifier, limiter, gateway, metrics, hot swap.
 
 :class:`Sidecar` owns the running policy. :meth:`Sidecar.swap` loads and validates a new one
-(:func:`controller.policies.load_policy`), and only then installs it with
-:meth:`controller.limiter.Limiter.swap` — one synchronous step on the event loop, so no request
+(:func:`overtake.controller.policies.load_policy`), and only then installs it with
+:meth:`overtake.controller.limiter.Limiter.swap` — one synchronous step on the event loop, so no request
 ever sees half a policy; queued requests keep their order. A policy that fails to load or does
-not match the stages raises :class:`controller.errors.PolicyLoadError` and the old policy stays.
+not match the stages raises :class:`overtake.controller.errors.PolicyLoadError` and the old policy stays.
 Swaps come from ``PUT /-/policy`` (loopback clients), from the policy file changing on disk
 (polled every ``watch_interval`` seconds; ``SIGHUP`` forces a reload), or from the REST API
-(``policy_url``: polled every ``policy_poll`` seconds with the ETag, see :mod:`controller.policy_fetch`;
+(``policy_url``: polled every ``policy_poll`` seconds with the ETag, see :mod:`overtake.controller.policy_fetch`;
 ``PUT /-/policy`` with an ``http://`` URL follows another model).
 
 Logs are JSON lines on stderr (``{"ts":..., "level":..., "event":..., ...}``).
@@ -31,21 +31,21 @@ from typing import Any
 
 from prometheus_client import generate_latest
 
-from controller import bands as _bands
-from controller.apache import parse_status
-from controller.classifier import Classifier
-from controller.errors import PolicyLoadError, SidecarInputError
-from controller.gateway import Gateway
-from controller.limiter import Limiter
-from controller.metrics import SidecarMetrics
-from controller.online import OnlineCollector, OnlineLoop, OnlineSettings, RecordingLimiter
-from controller.policies import SpawnPolicy, load_policy
-from controller.policy_fetch import FETCH_RESULTS, PolicyFetcher, PolicyFetchError, fetch_counter
-from controller.stages import StageTable
-from controller.upstream import UpstreamPool
-from controller.uplink import make_uplink
-from controller.uplink_errors import UplinkInputError
-from controller.uplink_metrics import UplinkCollector
+from overtake.controller import bands as _bands
+from overtake.controller.apache import parse_status
+from overtake.controller.classifier import Classifier
+from overtake.controller.errors import PolicyLoadError, SidecarInputError
+from overtake.controller.gateway import Gateway
+from overtake.controller.limiter import Limiter
+from overtake.controller.metrics import SidecarMetrics
+from overtake.controller.online import OnlineCollector, OnlineLoop, OnlineSettings, RecordingLimiter
+from overtake.controller.policies import SpawnPolicy, load_policy
+from overtake.controller.policy_fetch import FETCH_RESULTS, PolicyFetcher, PolicyFetchError, fetch_counter
+from overtake.controller.stages import StageTable
+from overtake.controller.upstream import UpstreamPool
+from overtake.controller.uplink import make_uplink
+from overtake.controller.uplink_errors import UplinkInputError
+from overtake.controller.uplink_metrics import UplinkCollector
 
 __all__ = ["JsonFormatter", "Sidecar", "SidecarOptions", "parse_addr", "parse_apache_url"]
 

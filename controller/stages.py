@@ -30,7 +30,7 @@ from typing import Literal
 import yaml  # type: ignore[import-untyped]  # no stubs installed
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from controller.errors import SidecarInputError
+from overtake.controller.errors import SidecarInputError
 
 __all__ = ["ClassifierSettings", "Limits", "Route", "StageSpec", "StagesConfig", "StageTable", "load_stages"]
 

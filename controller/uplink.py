@@ -46,8 +46,8 @@ the qdisc past its RTO. A holder that makes no progress for ``_GATE_STALL_S`` (c
 backoff) passes its turn on so the band never idles behind it.
 
 The control band (top class) is never given to a response: it carries SYN-ACKs and the first
-bytes before the size is known (paper 001 §2.2.3). Bands come from :mod:`controller.qdisc`
-(HTB: 7 data bands; TBF + pfifo_fast: 2), cutoffs from :mod:`controller.bands`.
+bytes before the size is known (paper 001 §2.2.3). Bands come from :mod:`overtake.controller.qdisc`
+(HTB: 7 data bands; TBF + pfifo_fast: 2), cutoffs from :mod:`overtake.controller.bands`.
 """
 
 from __future__ import annotations
@@ -62,10 +62,10 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from controller import bands as _bands
-from controller import qdisc as _qdisc
-from controller import tcpinfo as _ti
-from controller.uplink_errors import UplinkInputError
+from overtake.controller import bands as _bands
+from overtake.controller import qdisc as _qdisc
+from overtake.controller import tcpinfo as _ti
+from overtake.controller.uplink_errors import UplinkInputError
 
 __all__ = [
     "AppUplink",

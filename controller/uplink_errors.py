@@ -9,13 +9,13 @@
         └── QdiscError                     tc/ethtool failed, or the kernel lacks the qdisc
 
 Kept apart from ``controller/errors.py`` (owned by the Apache launcher) so the two features can
-be edited concurrently; both trees share the root :class:`controller.errors.ControllerError`.
+be edited concurrently; both trees share the root :class:`overtake.controller.errors.ControllerError`.
 Messages name the field, the value and the fix.
 """
 
 from __future__ import annotations
 
-from controller.errors import ControllerError
+from overtake.controller.errors import ControllerError
 
 __all__ = ["QdiscError", "QdiscPermissionError", "UplinkError", "UplinkInputError"]
 

@@ -24,7 +24,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from controller.uplink import AppUplink, KernelUplink
+from overtake.controller.uplink import AppUplink, KernelUplink
 
 __all__ = ["UplinkCollector"]
 

@@ -1,9 +1,9 @@
 """Phase-type distributions fitted by EM from measured service times.
 
-Data flow: durations (array, CSV, Apache log via :mod:`fitting.io`) → :func:`fit` /
+Data flow: durations (array, CSV, Apache log via :mod:`overtake.fitting.io`) → :func:`fit` /
 :func:`fit_binned` → :class:`FitResult` whose ``ph`` (:class:`PhaseType`) is written as
 ``{"alpha": [...], "T": [[...]], ...}`` for the solver (mdp/). This package is pure: no
-environment reads, no asyncio; file reading lives only in :mod:`fitting.io`.
+environment reads, no asyncio; file reading lives only in :mod:`overtake.fitting.io`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""E-step of the Asmussen–Nerman–Olsson EM over :class:`fitting.data.Observations`.
+"""E-step of the Asmussen–Nerman–Olsson EM over :class:`overtake.fitting.data.Observations`.
 
 Sufficient statistics (Asmussen, Nerman & Olsson, Scand. J. Statist. 23 (1996), §3.1; right
 and interval censoring as in Olsson (1996)): with ``H = sum_k c_k int_0^{x_k}
@@ -10,7 +10,7 @@ e^{T(x_k-u)} v_k alpha e^{Tu} du`` (``v_k = t`` for exact points, ``1`` for surv
 
 Survival terms use the full-path statistics ``E[S 1{X > c}]``, which add the expected future
 ``a(c) (-T)^{-1}`` after the censoring time; an interval ``(l, u]`` is the difference of two
-survival terms. Everything is computed by :mod:`fitting._uniformization` in one forward and
+survival terms. Everything is computed by :mod:`overtake.fitting._uniformization` in one forward and
 one backward sweep over the sorted grid; :func:`estep_reference` is the slow pure-numpy
 (Van Loan matrix exponential) version the tests compare against.
 """

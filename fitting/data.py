@@ -87,7 +87,7 @@ class Observations:
         """Same observations on a grid with extra points so no gap exceeds ``max_dt``.
 
         Uniformization renormalises only at grid points; long gaps in a stiff model would
-        otherwise underflow (see :data:`fitting._uniformization.MAX_STEP`).
+        otherwise underflow (see :data:`overtake.fitting._uniformization.MAX_STEP`).
         """
         gaps = np.diff(self.grid)
         if gaps.size == 0 or gaps.max() <= max_dt:

@@ -5,13 +5,13 @@
   Poisson series per gap serves all samples (Okamura, Dohi & Trivedi, Perform. Eval. 68 (2011);
   mapfit's engine). The M-step keeps the zero pattern of T, so CF1 (bidiagonal, ascending rates,
   Cumani 1982) and Coxian fits stay in their structure; CF1 rates are re-sorted after each
-  M-step by the swap rule of :func:`fitting.families.sort_cf1`.
+  M-step by the swap rule of :func:`overtake.fitting.families.sort_cf1`.
 * Hyper-exponential / hyper-Erlang: closed-form EM (G-FIT, Thümmler, Buchholz & Telek 2006)
   over Erlang branch shapes; for censored or binned data the same structure is fitted with the
   general E-step and rates tied per branch.
 
 Stopping rule: relative change of the log-likelihood ``|LL_k - LL_{k-1}| <= rtol |LL_k|``, or
-``max_iter``; :class:`fitting.FitResult` says which. The returned parameters are those whose
+``max_iter``; :class:`overtake.fitting.FitResult` says which. The returned parameters are those whose
 log-likelihood was computed last, so ``result.loglik == result.ph``'s log-likelihood.
 
 Initialisation (CF1, Coxian, general): candidates from three-moment matching, from the best
@@ -474,7 +474,7 @@ def fit_observations(
     preserve_mean: bool = False,
     random_state: RandomState = None,
 ) -> FitResult:
-    """Fit a phase-type distribution to validated :class:`fitting.data.Observations`.
+    """Fit a phase-type distribution to validated :class:`overtake.fitting.data.Observations`.
 
     See :func:`fit` for the parameters.
     """

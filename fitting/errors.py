@@ -1,21 +1,24 @@
-"""Errors raised by :mod:`fitting`.
+"""Errors raised by :mod:`overtake.fitting`.
 
 Hierarchy (catch at the level you need)::
 
-    FittingError                      root of every error raised by fitting/
-    ├── FittingInputError(ValueError) bad input; the message names field, value and rule
-    │   ├── InvalidParameterError     (alpha, T) is not a phase-type representation
-    │   ├── DataError                 samples, weights, censoring flags or bins are unusable
-    │   ├── MomentError               moments no distribution of the requested family can match
-    │   └── LogFormatError            an Apache ``LogFormat`` / stage regex / input file is unusable
-    └── MissingDependencyError(ImportError)
-                                      an optional dependency (cvxpy, apachelogs) is not installed
+    OvertakeError (overtake.errors)
+    └── FittingError                      root of every error raised by fitting/
+        ├── FittingInputError(ValueError) bad input; the message names field, value and rule
+        │   ├── InvalidParameterError     (alpha, T) is not a phase-type representation
+        │   ├── DataError                 samples, weights, censoring flags or bins are unusable
+        │   ├── MomentError               moments no distribution of the requested family can match
+        │   └── LogFormatError            an Apache ``LogFormat`` / stage regex / input file is unusable
+        └── MissingDependencyError(ImportError)
+                                          an optional dependency (cvxpy, apachelogs) is not installed
 
-Non-convergence is *not* an error: :class:`fitting.FitResult` reports ``converged`` and
+Non-convergence is *not* an error: :class:`overtake.fitting.FitResult` reports ``converged`` and
 ``n_iter`` honestly and the caller decides.
 """
 
 from __future__ import annotations
+
+from overtake.errors import OvertakeError
 
 __all__ = [
     "DataError",
@@ -28,8 +31,8 @@ __all__ = [
 ]
 
 
-class FittingError(Exception):
-    """Root of every error raised by :mod:`fitting`."""
+class FittingError(OvertakeError):
+    """Root of every error raised by :mod:`overtake.fitting`."""
 
 
 class FittingInputError(FittingError, ValueError):

@@ -1,6 +1,6 @@
 """Constructors of the named phase-type families (rates per second).
 
-Each returns a :class:`fitting.PhaseType` whose ``structure`` label records the family, so the
+Each returns a :class:`overtake.fitting.PhaseType` whose ``structure`` label records the family, so the
 JSON says what was fitted and AIC/BIC count the right number of parameters.
 
 * ``exponential(rate)``, ``erlang(k, rate)``;

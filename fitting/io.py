@@ -1,6 +1,6 @@
 """Readers for measured durations: plain text, CSV and Apache access logs.
 
-The only module of :mod:`fitting` that touches files. Everything it returns is in seconds.
+The only module of :mod:`overtake.fitting` that touches files. Everything it returns is in seconds.
 
 Apache logs are parsed with ``apachelogs`` from the server's ``LogFormat`` string. The duration
 comes from ``%D`` (microseconds), ``%{us}T``, ``%{ms}T`` or ``%T``/``%{s}T`` (whole seconds:

@@ -12,7 +12,7 @@ with transient states ``1..p`` started from ``alpha`` (Neuts 1981; paper 004, §
 If ``sum(alpha) < 1`` the remaining mass is an atom at zero. The object mimics a frozen
 ``scipy.stats`` distribution: ``pdf, logpdf, cdf, sf, logsf, ppf, rvs, mean, var, std, moment``.
 Densities and tails are evaluated by uniformization over the sorted evaluation points (see
-:mod:`fitting._uniformization`), so ``sf`` is computed directly and never as ``1 - cdf``.
+:mod:`overtake.fitting._uniformization`), so ``sf`` is computed directly and never as ``1 - cdf``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Compiled inner loops of the solver: the box minimum and fused relative value iteration.
 
-Both are plain loops over precomputed index arrays (built by :class:`mdp.bellman.ActionIndex`),
+Both are plain loops over precomputed index arrays (built by :class:`overtake.mdp.bellman.ActionIndex`),
 so one RVI sweep touches each state's spawn neighbours and event-matrix row once, without the
 temporaries a vectorised numpy sweep allocates.
 """

@@ -1,4 +1,4 @@
-"""The compiled event loop of :mod:`mdp.simulate` (numba ``njit``; one function, no Python calls).
+"""The compiled event loop of :mod:`overtake.mdp.simulate` (numba ``njit``; one function, no Python calls).
 
 Processor sharing in virtual time: with K active threads every thread progresses at rate
 r(K) = c(K)/K, so one virtual clock V (dV/dt = r(K)) serves all threads. A thread's next phase
@@ -6,7 +6,7 @@ event is stored as an absolute virtual time in a binary heap; it never moves whe
 each event costs O(log K) and the next real event is min(next arrival, (heap top − V)/r(K)).
 
 Policies (``ptype``): 0 π(k) / π(∞) (later stages first, FCFS in a stage), 1 π(k1,…,kN),
-2 a policy artifact's table (``full`` or ``start`` layout, with :class:`mdp.Policy`'s
+2 a policy artifact's table (``full`` or ``start`` layout, with :class:`overtake.mdp.Policy`'s
 projection beyond the truncation), 3 the overtaking heuristic. ``qmode`` 0 queues waiting
 requests per stage, 1 per (stage, phase label) coordinate.
 

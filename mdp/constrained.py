@@ -1,7 +1,7 @@
 """Constrained thread policies: minimise E[N] subject to a thread budget and per-stage SLAs.
 
 Value iteration cannot impose E[active threads] ≤ T̄ (a memory budget) or a mean sojourn target at
-one stage; the occupation-measure LP (:mod:`mdp.lp`, Altman 1999, ch. 4) can:
+one stage; the occupation-measure LP (:mod:`overtake.mdp.lp`, Altman 1999, ch. 4) can:
 
 * ``max_mean_threads``:  Σ_x π(x) K(x) ≤ T̄;
 * ``stage_sla[name]``:   E[sojourn at stage i] ≤ target, i.e. (Little) E[N_i] ≤ target·λ·(1 − P_block).
@@ -10,7 +10,7 @@ The optimum may randomise — with m constraints, in at most m decision nodes of
 (Altman, Thm 3.8). The shadow price μ of a constraint is the LP dual: E[cost] falls by μ per unit
 of extra budget (per thread of T̄; per request of allowed E[N_i], i.e. μ·λ_eff per second of target).
 
-The policy artifact (:class:`mdp.policy.Policy`) is deterministic; it holds the most likely action
+The policy artifact (:class:`overtake.mdp.policy.Policy`) is deterministic; it holds the most likely action
 and ``meta["randomization"]`` lists the states whose action is random with the distribution of
 the spawn vector (phase-known layout) or of the next queue to start from (phase-at-start layout).
 :class:`RandomizedPolicy` draws from it; a controller needs only that table and the artifact.
@@ -249,7 +249,7 @@ def solve_constrained(
     max_states: int = MAX_LP_STATES,
     progress: Progress | None = None,
 ) -> ConstrainedOptimum:
-    """Constrained optimum; fixed ``truncation`` or grown like :func:`mdp.truncation.solve_optimal`.
+    """Constrained optimum; fixed ``truncation`` or grown like :func:`overtake.mdp.truncation.solve_optimal`.
 
     Auto-truncation: one more thread is allowed while it lowers the objective by ≥ ``tol``
     (relative); the request cap grows ×1.5 until E[W] changes by < ``tol``.

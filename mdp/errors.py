@@ -1,8 +1,8 @@
-"""Errors raised by :mod:`mdp`.
+"""Errors raised by :mod:`overtake.mdp`.
 
 Hierarchy::
 
-    OvertakeError
+    OvertakeError (overtake.errors)
     └── MDPError
         ├── ModelError (ValueError)          invalid model or scenario input; names the field
         ├── TruncationError (ValueError)     a requested truncation is too small or too large
@@ -12,9 +12,7 @@ Hierarchy::
 
 from __future__ import annotations
 
-
-class OvertakeError(Exception):
-    """Root of every error Overtake raises on purpose."""
+from overtake.errors import OvertakeError
 
 
 class MDPError(OvertakeError):

@@ -187,7 +187,7 @@ class OvertakingHeuristic:
     """The overtaking heuristic for one model: a rule on the phase-known (``full``) layout.
 
     ``actions(rows)`` maps state rows (waiting per coordinate, then threads per coordinate, as
-    :attr:`mdp.Policy.columns` for ``phase_info="full"``) to threads to start per coordinate.
+    :attr:`overtake.mdp.Policy.columns` for ``phase_info="full"``) to threads to start per coordinate.
     """
 
     model: TandemModel
@@ -249,7 +249,7 @@ def evaluate_heuristic(
     start: int = 20, max_requests: int = 400,
 ) -> HeuristicEvaluation:
     """Exact metrics of the heuristic (chain on the ``full`` layout); the request cap grows 1.5×
-    until E[W] moves by less than ``tol`` (as :func:`mdp.truncation.evaluate_baseline`)."""
+    until E[W] moves by less than ``tol`` (as :func:`overtake.mdp.truncation.evaluate_baseline`)."""
     t0 = time.perf_counter()
     h = heuristic or overtaking_heuristic(model)
     model.check_stable(None)

@@ -3,7 +3,7 @@ Altman, *Constrained Markov Decision Processes*, 1999, ch. 4).
 
 The spawn decision at a pre-decision state y is a box of actions (start any number of threads from
 each queue). Enumerating the box per state makes the LP explode, so the decision is written as the
-chain of *instantaneous single-thread spawns* that :meth:`mdp.bellman.ActionIndex.spawn_minimum`
+chain of *instantaneous single-thread spawns* that :meth:`overtake.mdp.bellman.ActionIndex.spawn_minimum`
 already uses: at every node v (a state of the truncated space) the controller either stops — v is
 then the post-decision state held until the next event — or starts one thread from a queue q and
 decides again at the neighbour. Its optimality equation H(y) = min(V(y), min_q Σ_j α_qj H(y_qj)) is
@@ -20,7 +20,7 @@ as for randomised box policies, since flows on the acyclic spawn graph decompose
 and back). A solution is read as a randomised policy on nodes: at v, stop or spawn from q with
 probability proportional to z(v) and u(v, q). Nodes without flow take the action of least reduced
 cost (greedy against the dual values). Every policy is then evaluated exactly
-(:func:`mdp.evaluate.stationary_distribution` on P_E·R): HiGHS at default tolerances returned an
+(:func:`overtake.mdp.evaluate.stationary_distribution` on P_E·R): HiGHS at default tolerances returned an
 objective 0.2 % low with a worse policy (notes, mdp_and_control_peers.md A.2), so tolerances are
 1e-10 and the exact figures — not the LP objective — are what callers report.
 """
@@ -118,7 +118,7 @@ class NodePolicy:
         return (self.space.event_matrix @ self.outcome_matrix()).tocsr()
 
     def deterministic_decision(self) -> IntArray:
-        """The most likely action as a decision array in :mod:`mdp.solve`'s format.
+        """The most likely action as a decision array in :mod:`overtake.mdp.solve`'s format.
 
         Phase-known layout: the post-decision state reached (most likely outcome of R's row);
         phase-at-start layout: the queue to spawn from first, −1 for none.

@@ -4,7 +4,7 @@ A scenario is the YAML of ``overtake solve|compare``: ``load`` (ρ = λ·Σ E[S_
 or ``arrival_rate``; ``stages`` (``{name, service}``, service one of ``exponential``, ``erlang``,
 ``hyperexponential``, ``ph``; ``{file: fitted.json}`` is resolved to ``ph`` by the caller, which
 does the I/O); optional ``cores``, ``overhead``, ``max_threads``, ``truncation``, ``tolerance``.
-Every validation error becomes one :class:`~mdp.errors.ModelError` line naming the field.
+Every validation error becomes one :class:`~overtake.mdp.errors.ModelError` line naming the field.
 """
 
 from __future__ import annotations

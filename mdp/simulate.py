@@ -4,10 +4,10 @@ The simulated system is paper 004's (§2) exactly: Poisson(λ) arrivals, N stage
 shared by the K active threads at total rate c(K) = min(K, m)/(1 + δK), a thread kept until its
 stage completes, and the policy consulted at every arrival, phase change and completion with the
 state the MDP sees (waiting per queue, threads per (stage, phase) coordinate). The event loop is
-compiled with numba (:mod:`mdp._simkernel`, processor sharing in virtual time).
+compiled with numba (:mod:`overtake.mdp._simkernel`, processor sharing in virtual time).
 
-Policies: a :class:`~mdp.policy.Policy` artifact, the overtaking heuristic
-(:mod:`mdp.heuristic`), or a baseline π(k) / π(k1,…,kN) / π(∞) (later stages first, FCFS in a
+Policies: a :class:`~overtake.mdp.policy.Policy` artifact, the overtaking heuristic
+(:mod:`overtake.mdp.heuristic`), or a baseline π(k) / π(k1,…,kN) / π(∞) (later stages first, FCFS in a
 stage).
 
 Service: the model's PH (phases simulated, the policy sees the true phase), or any sampler per
@@ -253,7 +253,7 @@ def posterior_labels(stage: Stage, work: FloatArray, rng: np.random.Generator) -
         mu = -np.diag(stage.T)
         logf = np.log(mu)[None, :] - work[:, None] * mu[None, :]
     else:
-        from fitting import PhaseType  # general T: uniformization, robust in the tail
+        from overtake.fitting import PhaseType  # general T: uniformization, robust in the tail
 
         logf = np.empty((work.size, M))
         for j in range(M):

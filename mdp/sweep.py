@@ -1,6 +1,6 @@
 """Parameter sweeps: expand a grid of scenarios and solve every point on Dask (``overtake sweep``).
 
-A grid file is a base scenario (the schema of ``overtake solve``, :mod:`mdp.scenario`) and axes::
+A grid file is a base scenario (the schema of ``overtake solve``, :mod:`overtake.mdp.scenario`) and axes::
 
     base: {stages: [{name: stage1, service: {...}}, ...], tolerance: 0.01}
     grid:
@@ -12,9 +12,9 @@ A grid file is a base scenario (the schema of ``overtake solve``, :mod:`mdp.scen
     policies: ["pi(2)"]           # baselines besides compare's defaults (optional)
 
 Every combination is a point. A stage given by ``mean``/``scv`` gets the two-moment PH of Tijms (1994,
-§A.2; :func:`fitting.match_two_moments`: balanced-means H2 for scv > 1, exponential, mixed Erlang
+§A.2; :func:`overtake.fitting.match_two_moments`: balanced-means H2 for scv > 1, exponential, mixed Erlang
 below 1 — the parametrisation of paper 004's Table 1); an axis that gives only one of the two keeps
-the other from the base service. Each point runs :func:`mdp.compare.compare` (π* and the baselines,
+the other from the base service. Each point runs :func:`overtake.mdp.compare.compare` (π* and the baselines,
 paper 004 §4.1) as one Dask task; the result is one long table, a row per (point, policy).
 """
 
@@ -68,7 +68,7 @@ def _stage_moments(service: dict[str, Any], where: str) -> tuple[float, float]:
 
 
 def _ph_service(mean: float, scv: float, where: str) -> dict[str, Any]:
-    from fitting import match_two_moments
+    from overtake.fitting import match_two_moments
 
     if not (np.isfinite(mean) and mean > 0):
         raise ModelError(f"{where}.mean must be > 0, got {mean!r}")
@@ -159,7 +159,7 @@ def parse_grid(doc: Any) -> list[SweepPoint]:
 
 
 def solve_point(point: SweepPoint) -> list[dict[str, Any]]:
-    """π* and the baselines at one point (:func:`mdp.compare.compare`): one row per policy."""
+    """π* and the baselines at one point (:func:`overtake.mdp.compare.compare`): one row per policy."""
     t0, c0 = time.perf_counter(), time.process_time()
     sc = parse_scenario(point.scenario)
     model = sc.build_model()

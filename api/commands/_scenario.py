@@ -8,9 +8,9 @@ from typing import Any
 
 import yaml
 
-from mdp.errors import ModelError
-from mdp.model import TandemModel
-from mdp.scenario import Scenario, parse_scenario
+from overtake.mdp.errors import ModelError
+from overtake.mdp.model import TandemModel
+from overtake.mdp.scenario import Scenario, parse_scenario
 
 
 def _resolve_files(data: Any, base: Path) -> Any:

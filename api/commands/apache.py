@@ -1,4 +1,4 @@
-"""``overtake apache start|stop|status``: the private Apache of :mod:`controller.apache`.
+"""``overtake apache start|stop|status``: the private Apache of :mod:`overtake.controller.apache`.
 
 Benchmarks call exactly::
 
@@ -15,8 +15,8 @@ import json
 import sys
 from typing import Any
 
-from controller import apache
-from controller.errors import ApacheError
+from overtake.controller import apache
+from overtake.controller.errors import ApacheError
 
 
 def register(subparsers: Any) -> None:

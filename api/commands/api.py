@@ -53,7 +53,7 @@ def parse_listen(value: str) -> tuple[str, int]:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from api.app import Settings, create_app
+    from overtake.api.app import Settings, create_app
 
     host, port = parse_listen(args.listen)
     for opt in ("workers", "max_states", "max_queued"):

@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from mdp.compare import compare
+from overtake.mdp.compare import compare
 
 from ._scenario import load_scenario
 
@@ -24,10 +24,10 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mdp.baselines import Baseline
-    from mdp.compare import default_baselines
+    from overtake.mdp.baselines import Baseline
+    from overtake.mdp.compare import default_baselines
 
-    from api.progress import progress_bar
+    from overtake.api.progress import progress_bar
 
     sc, model = load_scenario(args.scenario)
     steps = ["pi*"] + [Baseline.parse(p, model.n_stages).name
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         doc = compare(model, policies=args.policy, phase_info_start=args.phase_info == "start",
                       tol=sc.tolerance, truncation=sc.fixed_truncation(), progress=progress)
     if args.plot:
-        from api.plots import gains_figure
+        from overtake.api.plots import gains_figure
 
         gains_figure(doc).savefig(args.plot, dpi=100)
     if args.json:

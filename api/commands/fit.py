@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from fitting import STRUCTURES, FitResult, FittingInputError, diagnose, fit_observations, samples
+from overtake.fitting import STRUCTURES, FitResult, FittingInputError, diagnose, fit_observations, samples
 
 
 
@@ -82,7 +82,7 @@ def _stages(specs: list[str]) -> dict[str, str]:
 
 
 def _load(args: argparse.Namespace) -> tuple[dict[str, np.ndarray], list[str]]:
-    from fitting import io
+    from overtake.fitting import io
 
     if args.apache_log and args.file:
         raise FitUsageError("give either FILE or --apache-log, not both")
@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from api.progress import progress_iter
+    from overtake.api.progress import progress_iter
 
     for name, x in progress_iter(data.items(), "fit", total=len(data)):  # a bar on a terminal only
         censored = None
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
             print(line)
         print(f"  wrote {path}")
         if args.plot:
-            from fitting.plot import fit_figure
+            from overtake.fitting.plot import fit_figure
 
             fig = fit_figure(x, res.ph, title=f"{name}: {res.structure}({res.ph.order})", censored=censored)
             png = out / f"{name}.png"

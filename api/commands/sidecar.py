@@ -17,11 +17,11 @@ import asyncio
 import signal
 from typing import Any
 
-from controller.bands import TOP_FRACTION
-from controller.errors import SidecarInputError
-from controller.online import OnlineSettings
-from controller.sidecar import Sidecar, SidecarOptions, configure_logging
-from controller.stages import load_stages
+from overtake.controller.bands import TOP_FRACTION
+from overtake.controller.errors import SidecarInputError
+from overtake.controller.online import OnlineSettings
+from overtake.controller.sidecar import Sidecar, SidecarOptions, configure_logging
+from overtake.controller.stages import load_stages
 
 
 def register(subparsers: Any) -> None:

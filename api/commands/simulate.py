@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mdp.errors import ModelError
+from overtake.mdp.errors import ModelError
 
 from ._scenario import load_scenario
 
@@ -41,8 +41,8 @@ def register(subparsers: Any) -> None:
 
 
 def _policy(name: str, sc: Any, model: Any, progress: Any) -> Any:
-    from mdp.policy import Policy
-    from mdp.truncation import solve_optimal
+    from overtake.mdp.policy import Policy
+    from overtake.mdp.truncation import solve_optimal
 
     if name.strip() in ("pi*", "π*"):
         return solve_optimal(model, truncation=sc.fixed_truncation(), tol=sc.tolerance, progress=progress).policy
@@ -55,7 +55,7 @@ def _policy(name: str, sc: Any, model: Any, progress: Any) -> Any:
 
 
 def _services(specs: list[str], model: Any) -> list[Any] | None:
-    from mdp.simulate import service_from_spec
+    from overtake.mdp.simulate import service_from_spec
 
     if not specs:
         return None
@@ -89,8 +89,8 @@ def _print(doc: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from mdp.baselines import Baseline
-    from mdp.simulate import simulate
+    from overtake.mdp.baselines import Baseline
+    from overtake.mdp.simulate import simulate
 
     sc, model = load_scenario(args.scenario)
     progress = None if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))

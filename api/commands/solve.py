@@ -7,9 +7,9 @@ import json
 import sys
 from typing import Any
 
-from mdp.policy import Policy
-from mdp.rules import overtaking_rule
-from mdp.truncation import solve_optimal
+from overtake.mdp.policy import Policy
+from overtake.mdp.rules import overtaking_rule
+from overtake.mdp.truncation import solve_optimal
 
 from ._scenario import load_scenario
 
@@ -30,7 +30,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from api.progress import progress_bar
+    from overtake.api.progress import progress_bar
 
     sc, model = load_scenario(args.scenario)
     if args.max_mean_threads is not None or args.stage_sla:
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     pol.meta.update(meta)
     pol.save(args.out)
     if args.plot:
-        from api.plots import policy_figure
+        from overtake.api.plots import policy_figure
 
         policy_figure(pol).savefig(args.plot, dpi=100)
     m = opt.metrics
@@ -72,7 +72,7 @@ def _run_constrained(args: argparse.Namespace, sc: Any, model: Any) -> int:
         import cvxpy  # noqa: F401
     except ImportError:
         raise ValueError("--max-mean-threads/--stage-sla need cvxpy: pip install 'overtake[convex]'") from None
-    from mdp.constrained import Constraints, solve_constrained
+    from overtake.mdp.constrained import Constraints, solve_constrained
 
     cons = Constraints.parse(model, args.max_mean_threads, args.stage_sla)
     progress = None if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from mdp.errors import ModelError
+from overtake.mdp.errors import ModelError
 
 
 def register(subparsers: Any) -> None:
@@ -27,8 +27,8 @@ def run(args: argparse.Namespace) -> int:
         import dask.distributed  # noqa: F401
     except ImportError:
         raise ModelError("overtake sweep needs Dask: pip install 'overtake[sweep]'") from None
-    from api.progress import progress_bar
-    from mdp.sweep import parse_grid, plot_gains, run_sweep, write_table
+    from overtake.api.progress import progress_bar
+    from overtake.mdp.sweep import parse_grid, plot_gains, run_sweep, write_table
 
     low = args.out.lower()
     if not (low.endswith(".csv") or low.endswith(".parquet") or low.endswith(".pq")):

@@ -18,8 +18,8 @@ import json
 import sys
 from typing import Any
 
-from controller import qdisc
-from controller.uplink_errors import QdiscError, QdiscPermissionError
+from overtake.controller import qdisc
+from overtake.controller.uplink_errors import QdiscError, QdiscPermissionError
 
 
 def register(subparsers: Any) -> None:

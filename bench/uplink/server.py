@@ -1,4 +1,4 @@
-"""Minimal asyncio static-content server whose responses go through ``controller.uplink``.
+"""Minimal asyncio static-content server whose responses go through ``overtake.controller.uplink``.
 
 ``GET /<n> HTTP/1.x`` answers ``n`` bytes (one connection per request, ``Connection: close``),
 written in 64 KiB chunks via ``flow = uplink.open(writer, total); await flow.write(..);
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from controller.uplink import make_uplink  # noqa: E402
+from overtake.controller.uplink import make_uplink  # noqa: E402
 
 CHUNK = 65536
 BODY = b"x" * (4 << 20)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from controller import qdisc  # noqa: E402
+from overtake.controller import qdisc  # noqa: E402
 
 
 def sh(*cmd: str) -> str:

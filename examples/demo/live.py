@@ -12,7 +12,7 @@ default π(∞) (``passthrough``) and under π* (``OUT/policy.npz``), swapped wi
 — with the load driver of ``bench/apache_table2.py``. It prints the measured mean response times
 (95 % CI, 20 batch means) next to the model's (π*: the solver's E[W]; π(∞): M/G/1-PS,
 E[S]/(1 − ρ), paper 004 §4), queries Prometheus once for the sidecar's and Apache's series, and
-writes ``OUT/report.png`` (measured vs predicted bars + π*'s heatmap from :mod:`api.plots`) and
+writes ``OUT/report.png`` (measured vs predicted bars + π*'s heatmap from :mod:`overtake.api.plots`) and
 ``OUT/live.json``.
 """
 
@@ -36,9 +36,9 @@ sys.path[:0] = [str(REPO), str(REPO / "bench")]
 
 from apache_table2 import _http, _wait_idle, batch_means, calibrate, make_trace, replay  # type: ignore[import-not-found]  # noqa: E402
 
-from api import plots  # noqa: E402
-from api.commands._scenario import load_scenario  # noqa: E402
-from mdp.policy import Policy  # noqa: E402
+from overtake.api import plots  # noqa: E402
+from overtake.api.commands._scenario import load_scenario  # noqa: E402
+from overtake.mdp.policy import Policy  # noqa: E402
 
 RUNS = (("pi(inf)", "passthrough", "Apache's default"), ("pi*", "", "the solved policy"))
 

@@ -56,7 +56,7 @@ def live_api(db: Path, *extra: str) -> Iterator[str]:
     env.pop("OVERTAKE_API_TOKEN", None)
     log = db.with_suffix(".log")
     with log.open("w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "api.cli", "api", "--listen", f"127.0.0.1:{port}",
+        proc = subprocess.Popen([sys.executable, "-m", "overtake.api.cli", "api", "--listen", f"127.0.0.1:{port}",
                                  "--db", str(db), "--log-level", "warning", *extra],
                                 cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"

@@ -15,9 +15,9 @@ from api_helpers import exp2, wait
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.app import Settings, create_app
-from api.db import Store
-from mdp.policy import Policy
+from overtake.api.app import Settings, create_app
+from overtake.api.db import Store
+from overtake.mdp.policy import Policy
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +107,8 @@ def test_not_json_is_422(client: TestClient) -> None:
 
 
 def test_state_space_over_the_cap_is_413_with_estimate_and_cap(client: TestClient) -> None:
-    from mdp.scenario import parse_scenario
-    from mdp.statespace import Truncation, count_states
+    from overtake.mdp.scenario import parse_scenario
+    from overtake.mdp.statespace import Truncation, count_states
 
     sc = exp2(0.5, max_requests=200)
     r = client.post("/v1/models", json=sc)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from api.cli import main
-from api.commands.api import ApiUsageError, parse_listen
-from api.db import INTERRUPTED, DatabaseURLError, Store, sqlite_path
+from overtake.api.cli import main
+from overtake.api.commands.api import ApiUsageError, parse_listen
+from overtake.api.db import INTERRUPTED, DatabaseURLError, Store, sqlite_path
 
 
 @pytest.mark.parametrize(("url", "path"), [

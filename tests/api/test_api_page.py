@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from api_helpers import exp2, live_api, wait
 
-from api.db import Store
+from overtake.api.db import Store
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian package chromium is not installed "

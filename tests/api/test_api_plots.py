@@ -11,13 +11,13 @@ import yaml
 from api_helpers import exp2
 from matplotlib.image import imread
 
-from api import plots
-from api.cli import main
-from api.progress import progress_bar, progress_iter
-from mdp.compare import compare
-from mdp.policy import Policy
-from mdp.scenario import parse_scenario
-from mdp.truncation import solve_optimal
+from overtake.api import plots
+from overtake.api.cli import main
+from overtake.api.progress import progress_bar, progress_iter
+from overtake.mdp.compare import compare
+from overtake.mdp.policy import Policy
+from overtake.mdp.scenario import parse_scenario
+from overtake.mdp.truncation import solve_optimal
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """A real Prometheus (Debian package) scrapes the sidecar (with Apache's series) and the API.
 
 Private Apache (controller.apache) ← ``overtake sidecar`` ← requests; ``overtake api``; and
-``api.prometheus`` scraping both every 0.5 s. The test reads everything back through Prometheus's
+``overtake.api.prometheus`` scraping both every 0.5 s. The test reads everything back through Prometheus's
 HTTP API and checks the counts against what it sent. Skips without apache2/prometheus unless root
 (then it runs the installer, like the Apache tests).
 """
@@ -24,9 +24,9 @@ import httpx
 import pytest
 from api_helpers import REPO, exp2, free_port, live_api, wait
 
-from api import prometheus
-from controller import apache
-from controller.errors import ApacheNotInstalledError
+from overtake.api import prometheus
+from overtake.controller import apache
+from overtake.controller.errors import ApacheNotInstalledError
 
 STAGES = """
 stages:
@@ -110,7 +110,7 @@ def test_prometheus_finds_sidecar_apache_and_api_series(tools: None, workdir: Pa
             model = wait(httpx, api_base + httpx.post(api_base + "/v1/models", json=sc).json()["url"])
             (workdir / "policy.npz").write_bytes(httpx.get(f"{api_base}/v1/models/{model['id']}/policy.npz").content)
             side = subprocess.Popen(
-                [sys.executable, "-m", "api.cli", "sidecar", "--policy", str(workdir / "policy.npz"),
+                [sys.executable, "-m", "overtake.api.cli", "sidecar", "--policy", str(workdir / "policy.npz"),
                  "--apache", inst.base_url, "--listen", f"127.0.0.1:{side_port}", "--stages", str(workdir / "stages.yaml")],
                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
             deadline = time.monotonic() + 60

@@ -1,4 +1,4 @@
-"""controller.apache and ``overtake apache`` against a real private Apache.
+"""overtake.controller.apache and ``overtake apache`` against a real private Apache.
 
 Needs Debian's apache2, liblua5.3-dev and gcc. As root they are installed on the fly with
 apache-conf/install-debian-packages.sh; otherwise the Apache-backed tests skip.
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from api.commands import apache as apache_cmd
-from controller import apache
-from controller.errors import (
+from overtake.api.commands import apache as apache_cmd
+from overtake.controller import apache
+from overtake.controller.errors import (
     ApacheError,
     ApacheInputError,
     ApacheNotInstalledError,

@@ -1,4 +1,4 @@
-"""controller.online: demand and arrival estimators, the refit/re-solve/swap loop, and the loop in
+"""overtake.controller.online: demand and arrival estimators, the refit/re-solve/swap loop, and the loop in
 a real sidecar in front of a real Apache.
 
 Known answers: hand-computed ∫ c(K)/K dt on small admission timelines; a Poisson stream of known
@@ -33,11 +33,11 @@ import numpy as np
 import pytest
 from prometheus_client import generate_latest
 
-from controller import apache
-from controller.classifier import Classifier
-from controller.errors import ApacheNotInstalledError, SidecarInputError
-from controller.limiter import Limiter
-from controller.online import (
+from overtake.controller import apache
+from overtake.controller.classifier import Classifier
+from overtake.controller.errors import ApacheNotInstalledError, SidecarInputError
+from overtake.controller.limiter import Limiter
+from overtake.controller.online import (
     AccessLogTail,
     ArrivalRate,
     AttainedService,
@@ -47,10 +47,10 @@ from controller.online import (
     RecordingLimiter,
     capacity,
 )
-from controller.policies import load_policy
-from controller.sidecar import Sidecar, SidecarOptions
-from controller.stages import StagesConfig, StageTable
-from mdp import Stage, TandemModel, evaluate_baseline
+from overtake.controller.policies import load_policy
+from overtake.controller.sidecar import Sidecar, SidecarOptions
+from overtake.controller.stages import StagesConfig, StageTable
+from overtake.mdp import Stage, TandemModel, evaluate_baseline
 
 REPO = Path(__file__).resolve().parents[2]
 CASE4_PROBS = np.array([0.91, 0.09])
@@ -300,7 +300,7 @@ def test_failing_solve_is_counted_and_the_old_policy_kept() -> None:
     """Fault injection: solve_optimal raises inside the (thread) worker."""
     side = _sidecar("pi(2)")
     clock = _Clock()
-    with ThreadPoolExecutor(1) as ex, mock.patch("mdp.truncation.solve_optimal", side_effect=RuntimeError("injected solver failure")):
+    with ThreadPoolExecutor(1) as ex, mock.patch("overtake.mdp.truncation.solve_optimal", side_effect=RuntimeError("injected solver failure")):
         loop = _case4_loop(side, clock, ex, seed=1, refit_interval=30.0)
         assert asyncio.run(loop.refit()) == "failed"
         assert "injected solver failure" in loop.last["reason"]
@@ -389,7 +389,7 @@ def test_online_loop_end_to_end_on_apache() -> None:
     logf = parent / "sidecar.log"
     with logf.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "sidecar", "--policy", "pi(1)", "--apache", inst.base_url,
+            [sys.executable, "-m", "overtake.api.cli", "sidecar", "--policy", "pi(1)", "--apache", inst.base_url,
              "--listen", f"127.0.0.1:{port}", "--stages", str(stages), "--online", "--refit-interval", "2",
              "--min-samples", "100", "--arrival-window", "5", "--access-log", str(inst.access_log)],
             cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,

@@ -1,4 +1,4 @@
-"""controller.qdisc and ``overtake uplink``: real qdiscs in namespaces the tests create.
+"""overtake.controller.qdisc and ``overtake uplink``: real qdiscs in namespaces the tests create.
 
 Root is needed for ``ip netns add``; without it the namespace tests skip with that reason.
 The CAP_NET_ADMIN fallback is checked both by injection and by running the CLI as ``nobody``.
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from api import cli
-from controller import qdisc
-from controller.uplink_errors import QdiscPermissionError, UplinkInputError
+from overtake.api import cli
+from overtake.controller import qdisc
+from overtake.controller.uplink_errors import QdiscPermissionError, UplinkInputError
 
 REPO = Path(__file__).resolve().parents[2]
 IS_ROOT = os.geteuid() == 0
@@ -114,7 +114,7 @@ def test_cli_as_unprivileged_user_falls_back() -> None:
            "PYTHONPATH": str(REPO)}  # fmt: skip
     cp = subprocess.run(
         ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--inh-caps=-all",
-         sys.executable, "-m", "api.cli", "uplink", "install", "--dev", "lo"],
+         sys.executable, "-m", "overtake.api.cli", "uplink", "install", "--dev", "lo"],
         capture_output=True, text=True, cwd=work, env=env, timeout=120,
     )  # fmt: skip
     shutil.rmtree(work, ignore_errors=True)

@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller import apache
-from mdp import Stage, TandemModel, Truncation
-from mdp.truncation import solve_optimal
+from overtake.controller import apache
+from overtake.mdp import Stage, TandemModel, Truncation
+from overtake.mdp.truncation import solve_optimal
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -95,7 +95,7 @@ class SidecarProc:
         self.log = workdir / f"sidecar-{self.port}.log"
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "api.cli", "sidecar", "--policy", policy, "--apache", apache_url,
+                [sys.executable, "-m", "overtake.api.cli", "sidecar", "--policy", policy, "--apache", apache_url,
                  "--listen", f"127.0.0.1:{self.port}", "--stages", str(self.stages)],
                 cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )

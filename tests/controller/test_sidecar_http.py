@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.sidecar import Sidecar, SidecarOptions
-from controller.stages import load_stages
+from overtake.controller.sidecar import Sidecar, SidecarOptions
+from overtake.controller.stages import load_stages
 
 
 class Echo(BaseHTTPRequestHandler):

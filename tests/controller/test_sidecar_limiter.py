@@ -1,4 +1,4 @@
-"""controller.limiter under random interleavings (hypothesis), no network.
+"""overtake.controller.limiter under random interleavings (hypothesis), no network.
 
 Checked after every operation: the global hard cap, per-stage caps of π(k1,k2), the conservation
 law admitted = completed + failed + inflight, queue bookkeeping, and — for a solved table
@@ -17,12 +17,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from controller.classifier import Classifier
-from controller.limiter import ADMITTED, DONE, PASSTHROUGH, QUEUED, Limiter, Ticket
-from controller.policies import BaselinePolicy, SpawnPolicy, load_policy
-from controller.stages import ClassifierSettings
-from mdp import Stage, TandemModel, Truncation
-from mdp.truncation import solve_optimal
+from overtake.controller.classifier import Classifier
+from overtake.controller.limiter import ADMITTED, DONE, PASSTHROUGH, QUEUED, Limiter, Ticket
+from overtake.controller.policies import BaselinePolicy, SpawnPolicy, load_policy
+from overtake.controller.stages import ClassifierSettings
+from overtake.mdp import Stage, TandemModel, Truncation
+from overtake.mdp.truncation import solve_optimal
 
 NAMES = ("stage1", "stage2")
 

@@ -1,4 +1,4 @@
-"""controller.policies, controller.stages and controller.classifier: known answers, no network.
+"""overtake.controller.policies, controller.stages and controller.classifier: known answers, no network.
 
 BaselinePolicy's plain-Python answers are checked against mdp.Baseline.rule (an independent
 vectorised implementation); TablePolicy against mdp.Policy.action; the learned classifier against
@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from controller.classifier import BadPhaseHeader, Classifier
-from controller.errors import PolicyLoadError, SidecarInputError
-from controller.policies import BaselinePolicy, TablePolicy, load_policy
-from controller.stages import ClassifierSettings, load_stages
-from mdp import Policy, Stage, TandemModel, Truncation
-from mdp.truncation import solve_optimal
+from overtake.controller.classifier import BadPhaseHeader, Classifier
+from overtake.controller.errors import PolicyLoadError, SidecarInputError
+from overtake.controller.policies import BaselinePolicy, TablePolicy, load_policy
+from overtake.controller.stages import ClassifierSettings, load_stages
+from overtake.mdp import Policy, Stage, TandemModel, Truncation
+from overtake.mdp.truncation import solve_optimal
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,7 +42,7 @@ def h2_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("spec", ["pi(1)", "pi(3)", "pi(2,1)", "pi(1,4)", "pi(inf)", "passthrough"])
 def test_baseline_matches_mdp_rule(spec: str) -> None:
     pol = BaselinePolicy(spec, 2)
-    from mdp import Baseline
+    from overtake.mdp import Baseline
 
     base = Baseline.parse("pi(inf)" if spec == "passthrough" else spec, 2)
     rule = base.rule(np.array([0, 1]), np.array([0, 1]))

@@ -79,7 +79,7 @@ def start_sidecar(tmp: Path, *args: str) -> tuple[subprocess.Popen[bytes], int, 
     log = tmp / f"sidecar-{port}.log"
     with log.open("wb") as fh:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "api.cli", "sidecar", *args, "--apache", f"http://127.0.0.1:{free_port()}",
+            [sys.executable, "-m", "overtake.api.cli", "sidecar", *args, "--apache", f"http://127.0.0.1:{free_port()}",
              "--listen", f"127.0.0.1:{port}", "--stages", str(stages), "--loop", "asyncio"],
             cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
     return proc, port, log
@@ -211,7 +211,7 @@ def test_unreachable_at_start(tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{free_port()}/v1/models/abc/policy.npz"
     stages = tmp_path / "stages.yaml"
     stages.write_text(STAGES)
-    base_args = [sys.executable, "-m", "api.cli", "sidecar", "--apache", "http://127.0.0.1:1",
+    base_args = [sys.executable, "-m", "overtake.api.cli", "sidecar", "--apache", "http://127.0.0.1:1",
                  "--listen", f"127.0.0.1:{free_port()}", "--stages", str(stages), "--loop", "asyncio"]
     r = subprocess.run([*base_args, "--policy-url", url], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2

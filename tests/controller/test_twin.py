@@ -1,4 +1,4 @@
-"""controller.twin against closed forms and the MDP's exact evaluation (two independent methods).
+"""overtake.controller.twin against closed forms and the MDP's exact evaluation (two independent methods).
 
 The twin drives the sidecar's Limiter on a virtual processor-sharing CPU; over long Poisson
 traces its mean response time must converge to (a) M/M/1-PS's 1/(mu - lambda) and (b) the
@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from controller import twin
-from mdp import Stage, TandemModel, Truncation
-from mdp.truncation import evaluate_baseline, solve_optimal
+from overtake.controller import twin
+from overtake.mdp import Stage, TandemModel, Truncation
+from overtake.mdp.truncation import evaluate_baseline, solve_optimal
 
 
 def _trace(lam: float, means: list[float], n: int, seed: int) -> dict[str, np.ndarray]:

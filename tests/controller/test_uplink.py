@@ -1,4 +1,4 @@
-"""controller.uplink: schedulers over real loopback TCP, band detection, fallbacks, SRRT estimate."""
+"""overtake.controller.uplink: schedulers over real loopback TCP, band detection, fallbacks, SRRT estimate."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from controller import qdisc, tcpinfo, uplink
-from controller.uplink_errors import UplinkInputError
+from overtake.controller import qdisc, tcpinfo, uplink
+from overtake.controller.uplink_errors import UplinkInputError
 
 REPO = Path(__file__).resolve().parents[2]
 IS_ROOT = os.geteuid() == 0
@@ -270,7 +270,7 @@ def test_unprivileged_srpt_falls_back_to_app_level() -> None:
 def test_per_band_metrics_add_up_to_what_was_written() -> None:
     from prometheus_client import CollectorRegistry
 
-    from controller.uplink_metrics import UplinkCollector
+    from overtake.controller.uplink_metrics import UplinkCollector
 
     up = uplink.make_uplink("srpt", bands="htb", cutoffs="1K,10K,100K")
     sizes = [100, 5_000, 50_000, 500_000, 700]
@@ -379,7 +379,7 @@ def test_ordered_bands_each_hand_back_every_turn_and_count_waits_per_band() -> N
     assert up._flows == {} and all(v == 0 for v in up.stats().active.values())
     from prometheus_client import CollectorRegistry
 
-    from controller.uplink_metrics import UplinkCollector
+    from overtake.controller.uplink_metrics import UplinkCollector
 
     reg = CollectorRegistry()
     reg.register(UplinkCollector(up))
@@ -390,8 +390,8 @@ def test_ordered_bands_each_hand_back_every_turn_and_count_waits_per_band() -> N
 
 
 def test_sidecar_refuses_cutoffs_without_a_band_scheduler() -> None:
-    from controller.sidecar import Sidecar, SidecarOptions
-    from controller.stages import load_stages
+    from overtake.controller.sidecar import Sidecar, SidecarOptions
+    from overtake.controller.stages import load_stages
 
     table = load_stages(REPO / "examples" / "sidecar" / "stages.yaml")
     opts = SidecarOptions(policy="pi(1)", apache="http://127.0.0.1:9", listen="127.0.0.1:9",

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from api.commands import fit as fit_cmd
-from fitting import PhaseType
+from overtake.api.commands import fit as fit_cmd
+from overtake.fitting import PhaseType
 
 
 def _main(argv: list[str]) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fitting import DataError, FittingInputError, binned, fit, fit_binned, samples
+from overtake.fitting import DataError, FittingInputError, binned, fit, fit_binned, samples
 
 
 @pytest.mark.parametrize(

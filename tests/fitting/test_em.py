@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fitting import PhaseType, cf1, fit, fit_binned, hyper_erlang, hyperexponential
+from overtake.fitting import PhaseType, cf1, fit, fit_binned, hyper_erlang, hyperexponential
 
 H2 = hyperexponential([0.35, 0.65], [0.4, 4.0])
 CF1_4 = cf1([0.15, 0.25, 0.3, 0.3], [0.3, 1.5, 6.0, 25.0])

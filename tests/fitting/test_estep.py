@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fitting import PhaseType, binned, samples
-from fitting._estep import Sparse, estep, estep_reference
-from fitting.phase_type import _sparse
+from overtake.fitting import PhaseType, binned, samples
+from overtake.fitting._estep import Sparse, estep, estep_reference
+from overtake.fitting.phase_type import _sparse
 
 ALPHA = np.array([0.3, 0.7, 0.0])
 T = np.array([[-2.0, 1.0, 0.5], [0.0, -3.0, 1.0], [0.2, 0.0, -0.5]])

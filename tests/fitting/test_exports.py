@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import fitting
+import overtake.fitting as fitting
 
 
 def test_all_is_sorted_and_complete() -> None:

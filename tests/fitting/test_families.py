@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fitting import PhaseType, cf1, coxian, hyper_erlang, to_cf1
-from fitting.families import sort_cf1
+from overtake.fitting import PhaseType, cf1, coxian, hyper_erlang, to_cf1
+from overtake.fitting.families import sort_cf1
 
 X = np.array([0.01, 0.3, 1.0, 4.0, 20.0])
 

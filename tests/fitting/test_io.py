@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fitting import LogFormatError
-from fitting.io import parse_apache_log, read_durations
+from overtake.fitting import LogFormatError
+from overtake.fitting.io import parse_apache_log, read_durations
 
 FMT_D = '%h %t "%r" %>s %b %D'
 FMT_MS = '%h %t "%r" %>s %b %{ms}T'

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fitting import MomentError, match_three_moments, match_two_moments
+from overtake.fitting import MomentError, match_three_moments, match_two_moments
 
 
 @pytest.mark.parametrize("scv", [0.05, 0.2, 0.25, 0.3, 0.5, 0.9, 1.0, 1.5, 4.0, 25.0])

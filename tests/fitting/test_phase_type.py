@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 from scipy.linalg import expm
 
-from fitting import (
+from overtake.fitting import (
     InvalidParameterError,
     PhaseType,
     cf1,

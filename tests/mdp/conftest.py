@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from mdp_helpers import h2_stage, tandem
 
-from mdp.model import TandemModel
+from overtake.mdp.model import TandemModel
 
 
 @pytest.fixture

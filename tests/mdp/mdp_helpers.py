@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mdp.model import Stage, TandemModel
+from overtake.mdp.model import Stage, TandemModel
 
 
 def exp_stage(name: str, mean: float) -> Stage:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from mdp.baselines import Baseline
-from mdp.errors import ModelError
-from mdp.truncation import evaluate_baseline
+from overtake.mdp.baselines import Baseline
+from overtake.mdp.errors import ModelError
+from overtake.mdp.truncation import evaluate_baseline
 
 from mdp_helpers import exp_stage, h2_stage, tandem
 

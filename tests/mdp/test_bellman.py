@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from mdp.bellman import ActionIndex, brute_force_minimum
-from mdp.statespace import StateSpace, Truncation
+from overtake.mdp.bellman import ActionIndex, brute_force_minimum
+from overtake.mdp.statespace import StateSpace, Truncation
 
 
 @pytest.mark.parametrize("cap,k_max", [(5, 5), (6, 3)])

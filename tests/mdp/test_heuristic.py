@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from mdp_helpers import exp_stage, h2_stage, tandem
 
-from mdp.baselines import Baseline
-from mdp.errors import ModelError
-from mdp.heuristic import evaluate_heuristic, overtaking_heuristic, remaining_work
-from mdp.model import Stage
-from mdp.statespace import Layout, StateSpace, Truncation
-from mdp.truncation import evaluate_baseline, evaluate_rule, solve_optimal
+from overtake.mdp.baselines import Baseline
+from overtake.mdp.errors import ModelError
+from overtake.mdp.heuristic import evaluate_heuristic, overtaking_heuristic, remaining_work
+from overtake.mdp.model import Stage
+from overtake.mdp.statespace import Layout, StateSpace, Truncation
+from overtake.mdp.truncation import evaluate_baseline, evaluate_rule, solve_optimal
 
 
 def erlang_stage(name: str, k: int, mean: float) -> Stage:

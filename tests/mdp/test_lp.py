@@ -11,12 +11,12 @@ import scipy.sparse as sp
 
 pytest.importorskip("cvxpy")
 
-from mdp.constrained import ConstraintError, Constraints, RandomizedPolicy, solve_constrained  # noqa: E402
-from mdp.evaluate import stationary_distribution  # noqa: E402
-from mdp.lp import cost_rate, occupation_lp, threads_constraint  # noqa: E402
-from mdp.policy import Policy  # noqa: E402
-from mdp.solve import induced_matrix, relative_value_iteration  # noqa: E402
-from mdp.statespace import StateSpace, Truncation  # noqa: E402
+from overtake.mdp.constrained import ConstraintError, Constraints, RandomizedPolicy, solve_constrained  # noqa: E402
+from overtake.mdp.evaluate import stationary_distribution  # noqa: E402
+from overtake.mdp.lp import cost_rate, occupation_lp, threads_constraint  # noqa: E402
+from overtake.mdp.policy import Policy  # noqa: E402
+from overtake.mdp.solve import induced_matrix, relative_value_iteration  # noqa: E402
+from overtake.mdp.statespace import StateSpace, Truncation  # noqa: E402
 
 TR = Truncation(6, 3)
 
@@ -133,7 +133,7 @@ def test_constraint_parsing_names_the_option(case4):
 
 
 def test_cli_constrained_solve_and_infeasible_budget(tmp_path, capsys):
-    from api.cli import main
+    from overtake.api.cli import main
 
     scen = tmp_path / "s.yaml"
     scen.write_text(

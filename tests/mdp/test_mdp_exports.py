@@ -1,4 +1,4 @@
-import mdp
+import overtake.mdp as mdp
 
 
 def test_all_is_sorted_and_complete():

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mdp.errors import PolicyFileError
-from mdp.policy import Policy
-from mdp.statespace import StateSpace, Truncation
-from mdp.solve import policy_iteration
+from overtake.mdp.errors import PolicyFileError
+from overtake.mdp.policy import Policy
+from overtake.mdp.statespace import StateSpace, Truncation
+from overtake.mdp.solve import policy_iteration
 
 
 @pytest.fixture
@@ -91,7 +91,7 @@ def test_scalar_rank_equals_vector_rank_and_action_equals_actions(case4) -> None
     """Policy.action ranks one state in plain Python (the sidecar and the API call it per
     request); it must agree with the vectorised rank and with Policy.actions everywhere,
     including states beyond the truncation (projected) and above the thread cap."""
-    from mdp.statespace import Ranker
+    from overtake.mdp.statespace import Ranker
 
     rng = np.random.default_rng(3)
     rk = Ranker(8, 12)

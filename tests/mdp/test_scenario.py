@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from api.cli import main
-from mdp.errors import ModelError
-from mdp.scenario import parse_scenario
+from overtake.api.cli import main
+from overtake.mdp.errors import ModelError
+from overtake.mdp.scenario import parse_scenario
 
 GOOD = {"load": 0.6, "stages": [{"name": "a", "service": {"exponential": {"mean": 1.0}}},
                                 {"name": "b", "service": {"hyperexponential": {"probs": [0.91, 0.09], "means": [0.55, 5.45]}}}]}
@@ -64,7 +64,7 @@ def test_cli_compare_json_contract(tmp_path, capsys):
 
 
 def test_cli_solve_writes_a_loadable_policy(tmp_path, capsys):
-    from mdp.policy import Policy
+    from overtake.mdp.policy import Policy
 
     p = tmp_path / "s.yaml"
     p.write_text(

@@ -15,14 +15,14 @@ import pytest
 import scipy.stats as st
 from mdp_helpers import exp_stage, h2_stage, tandem
 
-from api.cli import main
-from mdp.errors import ModelError, PolicyFileError
-from mdp.heuristic import evaluate_heuristic
-from mdp.model import Stage
-from mdp.policy import Policy
-from mdp.simulate import ServiceSampler, posterior_labels, service_from_spec, simulate
-from mdp.statespace import Layout, Truncation
-from mdp.truncation import evaluate_baseline, evaluate_rule, solve_optimal
+from overtake.api.cli import main
+from overtake.mdp.errors import ModelError, PolicyFileError
+from overtake.mdp.heuristic import evaluate_heuristic
+from overtake.mdp.model import Stage
+from overtake.mdp.policy import Policy
+from overtake.mdp.simulate import ServiceSampler, posterior_labels, service_from_spec, simulate
+from overtake.mdp.statespace import Layout, Truncation
+from overtake.mdp.truncation import evaluate_baseline, evaluate_rule, solve_optimal
 
 Z = 1.5  # multiples of the 95% half-width (see module docstring)
 
@@ -46,7 +46,7 @@ def test_mm1_mean_and_percentiles() -> None:
 def test_capacity_curve_cores_and_overhead() -> None:
     """c(K) = min(K, m)/(1 + δK): with m = 2 and exponential work π(∞) is M/M/2 (Erlang C);
     with δ = 0.25 and one thread π(1) is M/M/1 at rate 1/(1 + δ)."""
-    from mdp.model import TandemModel
+    from overtake.mdp.model import TandemModel
 
     m2 = TandemModel(1.2, (exp_stage("a", 1.0),), cores=2)
     res = simulate(m2, "pi(inf)", requests=300_000, seed=18)

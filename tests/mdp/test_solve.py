@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mdp.baselines import Baseline
-from mdp.evaluate import stationary_distribution
-from mdp.statespace import Layout, StateSpace, Truncation
-from mdp.solve import induced_matrix, policy_iteration, relative_value_iteration
-from mdp.policy import Policy
-from mdp.truncation import evaluate_rule, solve_optimal
+from overtake.mdp.baselines import Baseline
+from overtake.mdp.evaluate import stationary_distribution
+from overtake.mdp.statespace import Layout, StateSpace, Truncation
+from overtake.mdp.solve import induced_matrix, policy_iteration, relative_value_iteration
+from overtake.mdp.policy import Policy
+from overtake.mdp.truncation import evaluate_rule, solve_optimal
 
 from mdp_helpers import exp_stage, h2_stage, tandem
 

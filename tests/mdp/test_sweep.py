@@ -9,11 +9,11 @@ import pytest
 
 pytest.importorskip("dask.distributed")
 
-from mdp.compare import compare  # noqa: E402
-from mdp.errors import ModelError  # noqa: E402
-from mdp.model import Stage  # noqa: E402
-from mdp.scenario import parse_scenario  # noqa: E402
-from mdp.sweep import parse_grid, run_sweep  # noqa: E402
+from overtake.mdp.compare import compare  # noqa: E402
+from overtake.mdp.errors import ModelError  # noqa: E402
+from overtake.mdp.model import Stage  # noqa: E402
+from overtake.mdp.scenario import parse_scenario  # noqa: E402
+from overtake.mdp.sweep import parse_grid, run_sweep  # noqa: E402
 
 BASE = {
     "tolerance": 0.01,
@@ -73,7 +73,7 @@ def test_cli_sweep_writes_parquet_and_plot(tmp_path, capsys):
     import pandas as pd
     import yaml
 
-    from api.cli import main
+    from overtake.api.cli import main
 
     grid = tmp_path / "grid.yaml"
     grid.write_text(yaml.safe_dump({"base": BASE, "grid": {"load": [0.3, 0.4]}}))
