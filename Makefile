@@ -11,6 +11,7 @@ $(STAMP): setup.cfg pyproject.toml
 	sh apache-conf/install-debian-packages.sh  # python3-venv first on a fresh Debian
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip uninstall -q -y overtake 2>/dev/null || true  # the pre-0.1 distribution name
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
