@@ -533,8 +533,8 @@ def _record(out: dict[str, Any], argv: list[str]) -> None:
     from _report import write_section
 
     intro = (f"## {SECTION}: the latest recorded run of bench/uplink_srpt.py\n\n"
-             "Every run is in bench/results/uplink_srpt.jsonl; the uplink sections below rest "
-             "on those records.\n\n")
+             "Every run is in bench/results/uplink_srpt.jsonl; the curated uplink sections "
+             "rest on those records.\n\n")
     write_section(SECTION, intro + body, run=out,
                   bench="uplink_srpt", command=f"python bench/uplink_srpt.py {' '.join(argv)}")
 
