@@ -1,19 +1,55 @@
-"""Shared by the bench scripts: the machine line and BENCHMARKS.md's marked sections.
+"""Shared by the bench scripts: the machine line, raw-run records and BENCHMARKS.md's sections.
 
-Each script owns one section between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` and
-rewrites only that, so scripts run at different times never overwrite each other's figures.
+A bench's ``--record`` does two things, and nothing else:
+
+* it appends its raw run, one JSON object on one line, to ``bench/results/<bench>.jsonl``
+  (append-only: every run ever measured stays there with its date, command, machine and
+  figures; see bench/results/README.md);
+* it replaces its own section of BENCHMARKS.md, the text between ``<!-- NAME:begin -->`` and
+  ``<!-- NAME:end -->``, so the document keeps one curated section per claim and never grows
+  by appended runs (a section not in the document yet is added once, at its end).
+
+``--no-write`` writes neither, ``--json`` prints the run as JSON instead of the section
+(:func:`add_output_arguments`, :func:`publish`).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import datetime as dt
+import json
 import os
 import platform
-from collections.abc import Iterator
+import re
+import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BENCHMARKS",
+    "RESULTS",
+    "ROOT",
+    "add_output_arguments",
+    "append_run",
+    "command_line",
+    "cpu_model",
+    "halt_polling",
+    "machine",
+    "publish",
+    "read_runs",
+    "replace_section",
+    "run_record",
+    "set_sched_slice",
+    "write_section",
+]
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "BENCHMARKS.md"
+RESULTS = ROOT / "bench" / "results"
+
+_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 
 
 def cpu_model() -> str:
@@ -29,16 +65,148 @@ def machine() -> str:
             f"load average {os.getloadavg()[0]:.1f}")
 
 
-def write_section(name: str, text: str, path: Path = BENCHMARKS) -> None:
-    """Replace (or append) the section ``name`` of BENCHMARKS.md with ``text``."""
+def command_line(argv: list[str] | None = None) -> str:
+    """The command as a reader would retype it: ``python bench/<script> <args>``."""
+    script = Path(sys.argv[0])
+    name = f"bench/{script.name}" if script.parent.name == "bench" else script.name
+    return " ".join(["python", name, *(sys.argv[1:] if argv is None else argv)])
+
+
+def _bench_name() -> str:
+    """The running script's stem (``uplink_srpt``), the default name of its results file."""
+    return Path(sys.argv[0]).stem or "bench"
+
+
+def _check_name(kind: str, name: str) -> None:
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"{kind}: {name!r} must be lower-case letters, digits, '_', '.', '-' "
+                         "(it names a marker or a file)")
+
+
+def _jsonable(x: Any) -> Any:
+    """``json.dumps`` default: numpy scalars and arrays, paths, sets."""
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    if isinstance(x, Path):
+        return str(x)
+    if isinstance(x, (set, frozenset, tuple)):
+        return list(x)
+    raise TypeError(f"{type(x).__name__} is not JSON serialisable: {x!r}")
+
+
+def run_record(figures: Mapping[str, Any] | None = None, *, bench: str | None = None,
+               section: str | None = None, command: str | None = None,
+               markdown: str | None = None, date: str | None = None) -> dict[str, Any]:
+    """One raw run as a JSON object: ``date`` (UTC), ``bench``, ``command``, ``machine``,
+    ``section`` (its BENCHMARKS.md section), ``figures`` (the bench's own result document) and,
+    when given, ``markdown`` (the section text the run produced)."""
+    rec: dict[str, Any] = {
+        "date": date or dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "bench": bench or _bench_name(),
+        "command": command or command_line(),
+        "machine": machine(),
+        "section": section,
+        "figures": dict(figures) if figures is not None else None,
+    }
+    if markdown is not None:
+        rec["markdown"] = markdown
+    return rec
+
+
+def append_run(bench: str, record: Mapping[str, Any], results: Path = RESULTS) -> Path:
+    """Append ``record`` as one line to ``results/<bench>.jsonl`` (created if missing); return the path."""
+    _check_name("bench", bench)
+    line = json.dumps(record, default=_jsonable, ensure_ascii=False, allow_nan=False)
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"{bench}.jsonl"
+    with path.open("a", encoding="utf-8") as f:
+        f.write(line + "\n")
+    return path
+
+
+def read_runs(bench: str, results: Path = RESULTS) -> list[dict[str, Any]]:
+    """Every run recorded in ``results/<bench>.jsonl``, oldest first ([] if none)."""
+    _check_name("bench", bench)
+    path = results / f"{bench}.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def replace_section(name: str, text: str, path: Path = BENCHMARKS) -> None:
+    """Replace the section ``name`` of BENCHMARKS.md with ``text`` (added once at the end if absent)."""
+    _check_name("section", name)
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    cur = path.read_text() if path.exists() else "# Benchmarks\n"
-    block = f"{begin}\n{text.rstrip()}\n{end}"
+    cur = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
+    block = f"{begin}\n{text.strip()}\n{end}"
+    if cur.count(begin) > 1 or cur.count(end) > 1:
+        raise ValueError(f"{path}: section {name!r} is marked more than once; keep one "
+                         f"{begin} ... {end} block")
     if begin in cur and end in cur:
-        cur = cur[: cur.index(begin)] + block + cur[cur.index(end) + len(end):]
+        a, b = cur.index(begin), cur.index(end) + len(end)
+        if b < a:
+            raise ValueError(f"{path}: {end} comes before {begin}; put the markers in order")
+        cur = cur[:a] + block + cur[b:]
     else:
         cur = cur.rstrip() + "\n\n" + block + "\n"
-    path.write_text(cur)
+    path.write_text(cur, encoding="utf-8")
+
+
+def write_section(name: str, text: str, path: Path = BENCHMARKS, *,
+                  run: Mapping[str, Any] | None = None, bench: str | None = None,
+                  command: str | None = None, results: Path | None = None) -> Path:
+    """Record one run: append it to ``results/<bench>.jsonl``, then replace section ``name``.
+
+    Parameters
+    ----------
+    name, text
+        The BENCHMARKS.md section and its new text (a ``## `` heading first).
+    path
+        The document (tests pass a temporary one).
+    run
+        The bench's result document (its ``--json`` output), stored as the record's
+        ``figures``; without it the record keeps the section text only.
+    bench
+        Name of the results file; default the running script's stem.
+    command
+        The command line; default this process's, as ``python bench/<script> ...``.
+    results
+        Directory of the ``.jsonl`` files; default ``bench/results`` beside ``path``.
+
+    Returns
+    -------
+    Path
+        The ``.jsonl`` file the run went to.
+    """
+    bench = bench or _bench_name()
+    rec = run_record(run, bench=bench, section=name, command=command, markdown=text.strip())
+    out = append_run(bench, rec, path.parent / "bench" / "results" if results is None else results)
+    replace_section(name, text, path)
+    return out
+
+
+def add_output_arguments(ap: argparse.ArgumentParser) -> None:
+    """The three output flags every bench takes: ``--record``, ``--no-write``, ``--json``."""
+    ap.add_argument("--record", action="store_true",
+                    help="append the run to bench/results/<bench>.jsonl and replace its "
+                    "BENCHMARKS.md section")
+    ap.add_argument("--no-write", action="store_true",
+                    help="write nothing (overrides --record)")
+    ap.add_argument("--json", action="store_true", help="print the run as JSON on stdout")
+
+
+def publish(args: argparse.Namespace, name: str, text: str, run: Mapping[str, Any], *,
+            bench: str | None = None, command: str | None = None,
+            path: Path = BENCHMARKS, results: Path | None = None) -> Path | None:
+    """Print the run (JSON with ``--json``, else the section) and record it with ``--record``
+    unless ``--no-write``; return the ``.jsonl`` written to, or None."""
+    if getattr(args, "json", False):
+        print(json.dumps(run, indent=1, default=_jsonable))
+    else:
+        print(text)
+    if getattr(args, "no_write", False) or not getattr(args, "record", False):
+        return None
+    return write_section(name, text, path, run=run, bench=bench, command=command, results=results)
 
 
 HALT_POLL = Path("/sys/module/haltpoll/parameters")

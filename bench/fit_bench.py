@@ -49,7 +49,6 @@ sys.path.insert(0, str(ROOT))
 from overtake.fitting import PhaseType, fit  # noqa: E402
 from overtake.fitting.diagnostics import distance_to_density  # noqa: E402
 
-BEGIN, END = "<!-- fitting:begin -->", "<!-- fitting:end -->"
 
 # mapfit figures measured by the notes' author on this machine type (NOT re-run here)
 NOTES = {
@@ -352,15 +351,10 @@ def main() -> int:
 
 
 def write_block(block: str) -> None:
-    path = ROOT / "BENCHMARKS.md"
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    new = f"{BEGIN}\n{block}\n{END}"
-    if BEGIN in text and END in text:
-        a, b = text.index(BEGIN), text.index(END) + len(END)
-        text = text[:a] + new + text[b:]
-    else:
-        text = text.rstrip("\n") + "\n\n" + new + "\n"
-    path.write_text(text)
+    """Record the run: bench/results/fit_bench.jsonl gets it, BENCHMARKS.md's fitting section is replaced."""
+    from _report import write_section  # bench/ is on sys.path: the script's own folder
+
+    write_section("fitting", block, bench="fit_bench")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ prints ``{"policies": {"fair": {"mean_response_time": s, "mean_slowdown": x,
 ``--workload w1`` runs paper 003's W1 (alternating ``--w1-phase`` s at load 0.2 and 1.2);
 ``--workload w2`` .. ``w10`` the other transient-overload workloads of its Table 1, with both
 phases multiplied by ``--phase-scale`` (1 = the paper's lengths).
-``--record`` writes the run into BENCHMARKS.md section ``uplink`` (appending to it).
+``--record`` appends the run to bench/results/uplink_srpt.jsonl and replaces BENCHMARKS.md section
+``uplink-srpt`` (the latest run; the curated uplink sections rest on the records).
 Needs root (namespaces, qdisc, SO_PRIORITY >= 7).
 """
 
@@ -65,8 +66,7 @@ CAL_REPEATS = 3
 NOMINAL_GOODPUT = 1448 / 1514
 # plain srpt's rule in runs recorded before the testbed said (srpt_top_fraction): paper 001's 1 %
 LEGACY_TOP_FRACTION = 0.01
-BENCH_MD = ROOT / "BENCHMARKS.md"
-SECTION = "uplink"
+SECTION = "uplink-srpt"
 
 
 APACHE_PORT = 18081
@@ -529,33 +529,14 @@ def _record(out: dict[str, Any], argv: list[str]) -> None:
         *_wire_line(out),
         "Uplinks: " + "; ".join(f"{k}: {v['uplink']}" for k, v in out["policies"].items()), "",
     ])  # fmt: skip
-    text = BENCH_MD.read_text() if BENCH_MD.exists() else "# Benchmarks\n"
-    begin, end = f"<!-- {SECTION}:begin -->", f"<!-- {SECTION}:end -->"
-    if begin in text and end in text:
-        pre, rest = text.split(begin, 1)
-        mid, post = rest.split(end, 1)
-        mid = mid.rstrip("\n") + "\n\n" + body
-        text = pre + begin + mid + end + post
-    else:
-        intro = (
-            "## Uplink SRPT (issue 6)\n\nbench/uplink_srpt.py: FAIR / SRPT / SRRT / app-level on a "
-            "10 Mbit/s shaped veth between two namespaces, open-loop Poisson client, one "
-            "connection per request, same seeded schedule for every policy. Server under test "
-            "per run: `asyncio` = bench/uplink/server.py (writes through controller.uplink, SRPT "
-            "cutoffs from the size model) or `sidecar` = private Apache behind `overtake sidecar "
-            "--policy passthrough --uplink X` (bands detected, adaptive cutoffs). RT = response "
-            "time (s) from the scheduled arrival to the last byte; slowdown = RT / solo time "
-            "(a + bytes/goodput, calibrated on the idle link); size percentiles group requests "
-            "by size. RTOs = the server's TCP retransmission timeouts during the run (in parentheses "
-            "those whose segment was still in the local qdisc: a starved band, not a loss); "
-            "`ideal` rows = the same schedule on a fluid link (bench/uplink/ideal.py: PS, exact SRPT, "
-            "the same SRPT bands), what the discipline alone allows; `(wire)` ideal rows add the "
-            "calibrated bytes the link carries per request beyond its size (handshake, headers, "
-            "last frame). "
-            "No netem on this kernel: WAN rows (delay/loss) are not run.\n\n"
-        )
-        text = text.rstrip("\n") + f"\n\n{begin}\n{intro}{body}{end}\n"
-    BENCH_MD.write_text(text)
+    # the raw run goes to bench/results, this bench's own section is replaced
+    from _report import write_section
+
+    intro = (f"## {SECTION}: the latest recorded run of bench/uplink_srpt.py\n\n"
+             "Every run is in bench/results/uplink_srpt.jsonl; the curated uplink sections "
+             "rest on those records.\n\n")
+    write_section(SECTION, intro + body, run=out,
+                  bench="uplink_srpt", command=f"python bench/uplink_srpt.py {' '.join(argv)}")
 
 
 def _raise_priority() -> int | None:
@@ -608,7 +589,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-raise-priority", dest="raise_priority", action="store_false",
                     help="do not put this session's autogroup at nice -20")
     ap.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
-    ap.add_argument("--record", action="store_true", help="append to BENCHMARKS.md (uplink)")
+    ap.add_argument("--record", action="store_true", help="append the run to bench/results/uplink_srpt.jsonl, replace "
+                    "BENCHMARKS.md section uplink-srpt")
     return ap
 
 
