@@ -72,7 +72,8 @@ def test_built_wheel_runs_outside_the_checkout(tmp_path: Path) -> None:
     # The dependencies come from this test's environment (a .pth line adds its site-packages after
     # the fresh venv's own, and .pth files inside it are not processed: the editable install is not seen).
     site = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
-    (site / "_deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    deps = [p for p in sys.path if p.endswith("site-packages")]
+    (site / "_deps.pth").write_text("\n".join(deps) + "\n")
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
                     "--no-deps", str(wheel)], check=True, capture_output=True)
     exe = venv / "bin" / "overtake"
