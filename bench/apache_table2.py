@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _report import halt_polling, set_sched_slice, write_section
 
 from overtake.api.commands._scenario import load_scenario
 from overtake.controller import twin
@@ -52,8 +53,6 @@ from overtake.controller.harness.loadgen import (
 )
 from overtake.mdp import Policy, TandemModel
 from overtake.mdp.truncation import evaluate_baseline
-
-from _report import halt_polling, set_sched_slice, write_section
 
 REPO = Path(__file__).resolve().parents[1]
 POLICIES = ("pi*", "pi(1)", "pi(inf)")

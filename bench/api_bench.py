@@ -25,8 +25,8 @@ import os
 import platform
 import re
 import shutil
-import statistics
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,7 +35,6 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-
 from _report import write_section
 
 REPO = Path(__file__).resolve().parents[1]

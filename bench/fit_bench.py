@@ -351,7 +351,7 @@ def main() -> int:
 
 def write_block(block: str) -> None:
     """Record the run: bench/results/fit_bench.jsonl gets it, BENCHMARKS.md's fitting section is replaced."""
-    from _report import write_section  # bench/ is on sys.path: the script's own folder
+    from _report import write_section  # a sibling: the script's own folder (bench/) comes first on the import path
 
     write_section("fitting", block, bench="fit_bench")
 

@@ -19,14 +19,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+from sim_bench import git_rev, machine, table1_case, write_section
 
 from overtake.mdp.heuristic import evaluate_heuristic, overtaking_heuristic
 from overtake.mdp.model import Stage, TandemModel
 from overtake.mdp.simulate import simulate
 from overtake.mdp.statespace import Truncation, count_states
 from overtake.mdp.truncation import evaluate_baseline, solve_optimal
-
-from sim_bench import git_rev, machine, table1_case, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 

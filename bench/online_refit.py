@@ -35,12 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _report import machine, write_section
 
 from overtake.controller.online import ArrivalRate, RefitJob, refit_job
 from overtake.mdp.model import Stage, TandemModel
 from overtake.mdp.truncation import evaluate_baseline, solve_optimal
-
-from _report import machine, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from sim_bench import git_rev, machine, write_section
 
 from overtake.fitting import fit
 from overtake.mdp.compare import compare
@@ -32,8 +33,6 @@ from overtake.mdp.heuristic import evaluate_heuristic
 from overtake.mdp.model import Stage, TandemModel
 from overtake.mdp.simulate import SimulationResult, service_from_spec, simulate
 from overtake.mdp.truncation import solve_optimal
-
-from sim_bench import git_rev, machine, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -29,9 +29,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from overtake.controller.harness import apache
-
 from _report import write_section
+
+from overtake.controller.harness import apache
 
 REPO = Path(__file__).resolve().parents[1]
 

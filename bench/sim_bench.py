@@ -25,13 +25,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _report import write_section
+
 from overtake.api.commands._scenario import load_scenario
 from overtake.mdp.compare import compare
 from overtake.mdp.policy import Policy
 from overtake.mdp.simulate import service_from_spec, simulate
 from overtake.mdp.truncation import solve_optimal
-
-from _report import write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,21 +12,20 @@ import argparse
 import csv
 import datetime as dt
 import json
+import multiprocessing
 import os
 import platform
 import resource
-import subprocess
 import sys
 import time
-import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+
+from _report import cpu_model, write_section
 
 from overtake.api.commands._scenario import load_scenario
 from overtake.api.progress import progress_iter
 from overtake.mdp.compare import compare
-
-from _report import cpu_model, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = ROOT.parent / "shared" / "reference" / "table1.csv"

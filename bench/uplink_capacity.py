@@ -24,13 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from overtake.controller.uplink import bands as _bands
-
 from _report import machine, write_section
 from uplink.testbed import Testbed
 from uplink.workload import HEADER_BYTES, MODELS
 from uplink_srpt import PORT, raise_priority, start_server, stop_process
+
+from overtake.controller.uplink import bands as _bands
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -43,13 +43,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
-
-from overtake.controller.uplink import bands as _bands
-from overtake.controller.uplink import qdisc as _qdisc
-
 from uplink.ideal import fluid_response_times
 from uplink.testbed import Testbed
 from uplink.workload import HEADER_BYTES, MODELS, TRANSIENT, schedule, transient_phases
+
+from overtake.controller.uplink import bands as _bands
+from overtake.controller.uplink import qdisc as _qdisc
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable

@@ -27,9 +27,6 @@ from pathlib import Path
 import pytest
 
 from overtake.api.commands import apache as apache_cmd
-from overtake.controller.harness import apache
-from overtake.controller.harness.apache import prepare
-from overtake.controller.harness.apache.lifecycle import pid_alive
 from overtake.controller.errors import (
     ApacheError,
     ApacheInputError,
@@ -37,6 +34,9 @@ from overtake.controller.errors import (
     ApacheNotRunningError,
     PortInUseError,
 )
+from overtake.controller.harness import apache
+from overtake.controller.harness.apache import prepare
+from overtake.controller.harness.apache.lifecycle import pid_alive
 
 REPO = Path(__file__).resolve().parents[3]
 IS_ROOT = os.geteuid() == 0
