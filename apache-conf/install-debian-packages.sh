@@ -1,5 +1,5 @@
 #!/bin/sh
-# Install the Debian packages the private Apache needs (apache-conf/, controller/apache.py).
+# Install the Debian packages the private Apache needs (apache-conf/, controller/harness/apache/).
 #
 # Idempotent: does nothing when everything is installed; runs `apt-get update` once and only
 # when something is missing. Needs root to install; without root it prints what is missing and
@@ -11,9 +11,9 @@
 #   gcc libc6-dev  compile that module at start-up
 #   util-linux     taskset (pinning Apache to one core)
 #   wrk haproxy    sidecar overhead benchmark (bench/sidecar_overhead.py): load generator, proxy peer
-#   iproute2 ethtool  uplink qdisc (controller/qdisc.py: tc, ip netns; TSO/GSO off for HTB)
+#   iproute2 ethtool  uplink qdisc (controller/uplink/qdisc.py: tc, ip netns; TSO/GSO off for HTB)
 #   chromium       headless check of the API's page (tests/api/test_api_page.py)
-#   prometheus     private Prometheus scraping the sidecar and the API (api/prometheus.py)
+#   prometheus     private Prometheus scraping the sidecar and the API (controller/harness/prometheus.py)
 #   python3-venv   the project's .venv (Makefile; not in a minimal Debian 12)
 set -eu
 

@@ -29,30 +29,33 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _report import halt_polling, set_sched_slice, write_section
+
+from overtake.api.commands._scenario import load_scenario
+from overtake.controller import twin
+from overtake.controller.harness import apache
+from overtake.controller.harness.loadgen import (
+    batch_means,
+    calibrate,
+    http_request,
+    make_trace,
+    paired_gain_ci,
+    replay,
+    wait_idle,
+)
+from overtake.mdp import Policy, TandemModel
+from overtake.mdp.truncation import evaluate_baseline
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-
-from _report import halt_polling, set_sched_slice, write_section  # noqa: E402
-
-from overtake.api.commands._scenario import load_scenario  # noqa: E402
-from overtake.controller import apache, twin  # noqa: E402
-from overtake.mdp import Policy, TandemModel  # noqa: E402
-from overtake.mdp.truncation import evaluate_baseline  # noqa: E402
-
 POLICIES = ("pi*", "pi(1)", "pi(inf)")
-T_975_19 = 2.093  # Student t, 19 degrees of freedom (20 batch means)
 ZERO_GAIN = 0.0005  # a model gain below 0.05 % is "0.0 %" (Table 1 prints two decimals of percent)
 
 STAGES = """stages:
@@ -67,113 +70,6 @@ classifier: {{mode: {mode}, header: X-Overtake-Phase, time_unit: {unit}}}
 """
 
 
-# --------------------------------------------------------------------------- trace
-
-
-def sample_ph(alpha: np.ndarray, T: np.ndarray, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """n PH(α, T) samples by simulating the absorbing CTMC; returns (values, start phases 0-based)."""
-    m = T.shape[0]
-    rates = -np.diag(T)
-    exit_p = np.concatenate([np.maximum(T - np.diag(np.diag(T)), 0), -T.sum(axis=1, keepdims=True)], axis=1)
-    exit_p = exit_p / rates[:, None]
-    start = rng.choice(m, size=n, p=alpha / alpha.sum())
-    out = np.zeros(n)
-    for i in range(n):
-        j = start[i]
-        t = 0.0
-        while j < m:
-            t += rng.exponential(1.0 / rates[j])
-            j = rng.choice(m + 1, p=exit_p[j])
-        out[i] = t
-    return out, start
-
-
-def make_trace(model: TandemModel, n: int, seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    arrivals = np.cumsum(rng.exponential(1.0 / model.arrival_rate, size=n))
-    tr: dict[str, np.ndarray] = {"arrival": arrivals}
-    for i, st in enumerate(model.stages):
-        d, ph = sample_ph(np.asarray(st.alpha, float), np.asarray(st.T, float), n, rng)
-        tr[f"demand{i}"] = d
-        tr[f"phase{i}"] = ph
-    return tr
-
-
-# --------------------------------------------------------------------------- load generator
-
-
-async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str, phase: int,
-               next_phase: int | None = None) -> int:
-    nxt = "" if next_phase is None else f"X-Overtake-Next-Phase: {next_phase}\r\n"
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\nX-Overtake-Phase: {phase}\r\n{nxt}\r\n".encode())
-    head = await reader.readuntil(b"\r\n\r\n")
-    status = int(head[9:12])
-    n = 0
-    for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            n = int(line.split(b":", 1)[1])
-    await reader.readexactly(n)
-    return status
-
-
-async def replay(port: int, trace: dict[str, np.ndarray], unit: float, n_stages: int,
-                 overhead: float = 0.0, host: str = "127.0.0.1") -> tuple[np.ndarray, int]:
-    """Open-loop replay; returns response times (s) from the *scheduled* arrival, and failures."""
-    loop = asyncio.get_running_loop()
-    n = trace["arrival"].size
-    out = np.full(n, np.nan)
-    failures = 0
-    t0 = loop.time() + 0.2
-
-    async def one(i: int) -> None:
-        nonlocal failures
-        due = t0 + trace["arrival"][i] * unit
-        await asyncio.sleep(max(0.0, due - loop.time()))
-        try:
-            reader, writer = await asyncio.open_connection(host, port)
-            try:
-                for s in range(n_stages):
-                    work = max(trace[f"demand{s}"][i] * unit - overhead, 0.0)
-                    nxt = int(trace[f"phase{s + 1}"][i]) + 1 if s + 1 < n_stages else None
-                    code = await _get(reader, writer, f"/stage{s + 1}?work={work:.6f}", int(trace[f"phase{s}"][i]) + 1,
-                                      nxt)
-                    if code != 200:
-                        failures += 1
-                        return
-            finally:
-                writer.close()
-            out[i] = loop.time() - due
-        except (OSError, asyncio.IncompleteReadError, ValueError):
-            failures += 1
-
-    await asyncio.gather(*(one(i) for i in range(n)))
-    return out, failures
-
-
-async def _makespan(port: int, n: int, work: float, host: str = "127.0.0.1") -> float:
-    loop = asyncio.get_running_loop()
-
-    async def one() -> None:
-        r, w = await asyncio.open_connection(host, port)
-        try:
-            assert await _get(r, w, f"/stage1?work={work:.6f}", 1) == 200
-        finally:
-            w.close()
-
-    t = loop.time()
-    await asyncio.gather(*(one() for _ in range(n)))
-    return loop.time() - t
-
-
-def calibrate(port: int, unit: float, n: int = 40, rounds: int = 3, host: str = "127.0.0.1") -> float:
-    """Apache's CPU per request beyond the stage handler's burn (s): n concurrent requests of one
-    time unit each, direct to Apache (all share the core), overhead = makespan / n - unit; the
-    median of ``rounds``. Subtracted from every demand so a request costs Apache d x unit in all."""
-    asyncio.run(_makespan(port, n, 0.0, host))  # warm every worker thread's Lua state
-    runs = [asyncio.run(_makespan(port, n, unit, host)) / n - unit for _ in range(rounds)]
-    return max(0.0, statistics.median(runs))
-
-
 def foreign_apaches(core: int, ours: set[int]) -> int:
     """Other apache2 processes that may run on ``core`` (they compete with ours at autogroup -20)."""
     n = 0
@@ -186,28 +82,6 @@ def foreign_apaches(core: int, ours: set[int]) -> int:
         except OSError:
             continue
     return n
-
-
-def batch_means(x: np.ndarray, batches: int = 20) -> tuple[float, float]:
-    x = x[~np.isnan(x)]
-    x = x[int(0.05 * x.size):]
-    means = [float(b.mean()) for b in np.array_split(x, batches)]
-    return float(np.mean(means)), T_975_19 * float(np.std(means, ddof=1)) / np.sqrt(batches)
-
-
-def paired_gain_ci(star: np.ndarray, other: np.ndarray, batches: int = 20) -> float:
-    """95 % half-width of the gain (E W(π) − E W(π*)) / E W(π*) from paired batch means.
-
-    The policies replay the same trace, so per-transaction differences are strongly correlated
-    and the gain is far better determined than either mean; the half-width is that of the mean
-    difference over E W(π*) (the denominator's own error is second order at these sizes).
-    """
-    ok = ~(np.isnan(star) | np.isnan(other))
-    warm = int(0.05 * int(ok.sum()))
-    d = (other - star)[ok][warm:]
-    means = [float(b.mean()) for b in np.array_split(d, batches)]
-    base = float(np.mean(star[ok][warm:]))
-    return T_975_19 * float(np.std(means, ddof=1)) / np.sqrt(batches) / base
 
 
 def ideal_response_times(trace: dict[str, np.ndarray], spec: str, unit: float, mode: str = "explicit",
@@ -225,25 +99,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _http(method: str, url: str, body: bytes | None = None) -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=body, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
-def _wait_idle(port: int, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        text = _http("GET", f"http://127.0.0.1:{port}/-/metrics")[1].decode()
-        line = next((ln for ln in text.splitlines() if ln.startswith("overtake_inflight ")), "overtake_inflight 1")
-        if float(line.split()[1]) == 0:
-            return
-        time.sleep(0.2)
 
 
 def policy_file(case: int, policy_dir: Path) -> Path:
@@ -286,7 +141,7 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
         deadline = time.monotonic() + 60
         while True:
             try:
-                if _http("GET", f"http://127.0.0.1:{port}/-/healthz")[0] == 200:
+                if http_request("GET", f"http://127.0.0.1:{port}/-/healthz")[0] == 200:
                     break
             except OSError:
                 pass
@@ -297,10 +152,10 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
         rts: dict[str, np.ndarray] = {}
         for name in args.policies.split(","):
             spec = pfile.read_bytes() if name == "pi*" else name.encode()
-            code, body = _http("PUT", f"http://127.0.0.1:{port}/-/policy", spec)
+            code, body = http_request("PUT", f"http://127.0.0.1:{port}/-/policy", spec)
             if code != 200:
                 raise SystemExit(f"apache_table2: PUT {name} refused: {body.decode()}")
-            _wait_idle(port)
+            wait_idle(port)
             t = time.monotonic()
             rt, failures = asyncio.run(replay(port, trace, args.time_unit, model.n_stages, args.overhead_s))
             rts[name] = rt

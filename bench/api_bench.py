@@ -25,19 +25,17 @@ import os
 import platform
 import re
 import shutil
-import statistics
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import write_section  # noqa: E402
-
 import httpx
 import numpy as np
+from _report import write_section
 
 REPO = Path(__file__).resolve().parents[1]
 H2 = {"hyperexponential": {"probs": [0.91, 0.09], "means": [0.55, 5.45]}}

@@ -15,7 +15,7 @@ same sample in the same run when present (each skipped with a message otherwise)
   already-installed mapfit and ``Rscript`` is on PATH. The sample is written to a temp file and
   ``phfit.point(ph=cf1(p), x=x)`` is timed with R's ``system.time`` (user + sys, whole call incl.
   mapfit's initial-value search). This script only calls the peer; it never builds or installs it.
-  Without it, the notes' mapfit figures (``shared/notes/ph_fitting_peers.md``) are shown, labelled.
+  Without it, mapfit figures measured earlier on the same data (``NOTES`` below) are shown, labelled.
 
 Writes/replaces only its own block of BENCHMARKS.md, between the fitting markers.
 """
@@ -26,28 +26,27 @@ import os
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import argparse  # noqa: E402
-import datetime  # noqa: E402
-import math  # noqa: E402
-import platform  # noqa: E402
-import resource  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-import types  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+import argparse
+import datetime
+import math
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+from typing import Any
 
-import numpy as np  # noqa: E402
-from scipy import integrate, special, stats  # noqa: E402
+import numpy as np
+from scipy import integrate, special, stats
+
+from overtake.fitting import PhaseType, fit
+from overtake.fitting.diagnostics import distance_to_density
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from overtake.fitting import PhaseType, fit  # noqa: E402
-from overtake.fitting.diagnostics import distance_to_density  # noqa: E402
 
 
 # mapfit figures measured by the notes' author on this machine type (NOT re-run here)
@@ -352,7 +351,7 @@ def main() -> int:
 
 def write_block(block: str) -> None:
     """Record the run: bench/results/fit_bench.jsonl gets it, BENCHMARKS.md's fitting section is replaced."""
-    from _report import write_section  # bench/ is on sys.path: the script's own folder
+    from _report import write_section  # a sibling: the script's own folder (bench/) comes first on the import path
 
     write_section("fitting", block, bench="fit_bench")
 

@@ -19,18 +19,15 @@ import time
 from pathlib import Path
 
 import numpy as np
+from sim_bench import git_rev, machine, table1_case, write_section
+
+from overtake.mdp.heuristic import evaluate_heuristic, overtaking_heuristic
+from overtake.mdp.model import Stage, TandemModel
+from overtake.mdp.simulate import simulate
+from overtake.mdp.statespace import Truncation, count_states
+from overtake.mdp.truncation import evaluate_baseline, solve_optimal
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from sim_bench import git_rev, machine, table1_case, write_section  # noqa: E402
-
-from overtake.mdp.heuristic import evaluate_heuristic, overtaking_heuristic  # noqa: E402
-from overtake.mdp.model import Stage, TandemModel  # noqa: E402
-from overtake.mdp.simulate import simulate  # noqa: E402
-from overtake.mdp.statespace import Truncation, count_states  # noqa: E402
-from overtake.mdp.truncation import evaluate_baseline, solve_optimal  # noqa: E402
 
 
 def exp_(name: str, mean: float) -> Stage:

@@ -21,15 +21,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import write_section  # noqa: E402
+from _report import write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = [(6, 3), (8, 4), (10, 3), (10, 4), (12, 3)]
 
 
 def one(C: int, K: int) -> dict:
-    sys.path.insert(0, str(ROOT))
     import numpy as np
 
     from overtake.mdp.lp import cost_rate, occupation_lp

@@ -10,8 +10,8 @@ Actions that are impossible in y (a > waiting, thread cap, or leaving the proces
 self-loop and a reward of −10⁶, so they are never chosen. This is the same chain observed one
 decision earlier, so the average cost is the same; both policies are also evaluated exactly.
 
-pymdptoolbox's input check densifies sparse matrices (74 GiB at 10⁵ states, see
-../shared/notes/mdp_and_control_peers.md A.3); it is bypassed with
+pymdptoolbox's input check densifies sparse matrices (``util.isStochastic`` broadcasts a row
+sum of an S×S ``csr_matrix`` to S×S: 74.5 GiB at 10⁵ states); it is bypassed with
 ``mdptoolbox.util.check = lambda *a, **k: None``. Timings are CPU seconds of this process
 (the machine is shared); writes the ``mdp-peer`` section of BENCHMARKS.md.
 """
@@ -29,17 +29,14 @@ from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
+from _report import cpu_model, write_section
+
+from overtake.api.commands._scenario import load_scenario
+from overtake.mdp.evaluate import stationary_distribution
+from overtake.mdp.solve import induced_matrix, relative_value_iteration
+from overtake.mdp.statespace import StateSpace, Truncation
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from overtake.api.commands._scenario import load_scenario  # noqa: E402
-from overtake.mdp.evaluate import stationary_distribution  # noqa: E402
-from overtake.mdp.solve import induced_matrix, relative_value_iteration  # noqa: E402
-from overtake.mdp.statespace import StateSpace, Truncation  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "bench"))
-from _report import cpu_model, write_section  # noqa: E402
 
 
 def pre_decision_form(space: StateSpace) -> tuple[list[sp.csr_matrix], np.ndarray, np.ndarray]:

@@ -35,16 +35,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _report import machine, write_section
+
+from overtake.controller.online import ArrivalRate, RefitJob, refit_job
+from overtake.mdp.model import Stage, TandemModel
+from overtake.mdp.truncation import evaluate_baseline, solve_optimal
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from _report import machine, write_section  # noqa: E402
-
-from overtake.controller.online import ArrivalRate, RefitJob, refit_job  # noqa: E402
-from overtake.mdp.model import Stage, TandemModel  # noqa: E402
-from overtake.mdp.truncation import evaluate_baseline, solve_optimal  # noqa: E402
 
 PROBS, MEANS = np.array([0.91, 0.09]), np.array([0.55, 5.45])
 MEAN = float(PROBS @ MEANS)
@@ -130,7 +127,7 @@ def _get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[i
 
 
 def part_apache(transactions: int) -> tuple[str, dict[str, Any]]:
-    from overtake.controller import apache
+    from overtake.controller.harness import apache
 
     parent = Path(tempfile.mkdtemp(prefix="overtake-online-bench-", dir="/tmp"))
     parent.chmod(0o755)

@@ -34,23 +34,22 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _report import halt_polling, machine, write_section
+from apache_table2 import STAGES, policy_file, predicted
+from uplink.testbed import Testbed
+from uplink.workload import MODELS, schedule
+from uplink_srpt import CAL_SIZES, NOMINAL_GOODPUT, calibrate_solo, response_metrics, start_sidecar, stop_process, write_files
+
+from overtake.api.commands._scenario import load_scenario
+from overtake.controller.harness.loadgen import batch_means, make_trace, paired_gain_ci
+from overtake.controller.uplink.qdisc import parse_rate
+from overtake.mdp import Policy
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from _report import halt_polling, machine, write_section  # noqa: E402
-from apache_table2 import STAGES, batch_means, make_trace, paired_gain_ci, policy_file, predicted  # noqa: E402
-from overtake.api.commands._scenario import load_scenario  # noqa: E402
-from overtake.controller.qdisc import parse_rate  # noqa: E402
-from overtake.mdp import Policy  # noqa: E402
-from uplink.testbed import Testbed  # noqa: E402
-from uplink.workload import MODELS, schedule  # noqa: E402
-from uplink_srpt import CAL_SIZES, NOMINAL_GOODPUT, _calibrate, _metrics, _sidecar, _stop, _write_files  # noqa: E402
 
 PY = sys.executable
 OVERTAKE = str(Path(sys.executable).with_name("overtake"))
-APACHE_PORT = 18081  # inside the server namespace: bench/uplink_srpt.py's port (its _calibrate uses it)
+APACHE_PORT = 18081  # inside the server namespace: bench/uplink_srpt.py's port (its calibrate_solo uses it)
 PORT = 8080
 UPLINK_SERIES = ("overtake_uplink_bytes_total", "overtake_uplink_flows_total",
                  "overtake_uplink_priority_changes_total", "overtake_follow_up_gap_seconds_count",
@@ -60,7 +59,7 @@ UPLINK_SERIES = ("overtake_uplink_bytes_total", "overtake_uplink_flows_total",
 
 def _side(tb: Testbed, policy: str, uplink: str, stages: Path, log: Path, core: int) -> subprocess.Popen[str]:
     try:
-        return _sidecar(tb, uplink, log, policy=policy, stages=stages, core=core)
+        return start_sidecar(tb, uplink, log, policy=policy, stages=stages, core=core)
     except RuntimeError as exc:
         raise SystemExit(f"paired: {exc}") from None
 
@@ -107,12 +106,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         (work / "trace.json").write_text(json.dumps({k: v.tolist() for k, v in trace.items()}))
         # solo time of the link (FAIR, passthrough) for slowdowns and the static schedule's rate
         cal = argparse.Namespace(server="sidecar", rate=args.rate, prefix="/f/")
-        _write_files(work / "apache", set(CAL_SIZES))
-        solo = _calibrate(tb, work, cal)
+        write_files(work / "apache", set(CAL_SIZES))
+        solo = calibrate_solo(tb, work, cal)
         # the static load against the link's nominal goodput (as bench/uplink_srpt.py)
         sched = schedule(MODELS["wc98"], load=args.load, duration=args.duration,
                          goodput_bps=parse_rate(args.rate) * NOMINAL_GOODPUT, seed=args.seed)
-        _write_files(work / "apache", {sz for _, sz in sched})
+        write_files(work / "apache", {sz for _, sz in sched})
         (work / "sched.json").write_text(json.dumps(sched))
         # Apache's CPU per stage request beyond the burn, through a passthrough sidecar
         side = _side(tb, "passthrough", "fair", stages, work / "cal.log", client_core)
@@ -122,7 +121,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                            "--unit", str(args.time_unit), "--calibrate"),
                 capture_output=True, text=True, check=True).stdout)
         finally:
-            _stop(side)
+            stop_process(side)
         out["setup"] = {"case": args.case, "transactions": n_tx, "static_requests": len(sched),
                         "time_unit": args.time_unit, "overhead_s": overhead, "solo": solo, "load": args.load,
                         "rate": args.rate, "follow_up_timeout": args.follow_up_timeout,
@@ -148,12 +147,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         raise SystemExit(f"paired: a client failed in run {name}")
                     bands = _scrape(tb)
                 finally:
-                    _stop(side)
+                    stop_process(side)
                 txr = json.loads((work / "tx.json").read_text())
                 rt = np.array([np.nan if x is None else x for x in txr["response_times"]])
                 rts[name] = rt
                 mean, ci = batch_means(rt)
-                static = _metrics(json.loads((work / "static.json").read_text()), solo)
+                static = response_metrics(json.loads((work / "static.json").read_text()), solo)
                 out["runs"][name] = {"stages": {"mean_response_time": mean, "ci95": ci, "failures": txr["failures"]},
                                      "static": static, "uplink_metrics": bands, "wall_s": time.monotonic() - t0}
                 print(f"  {name}: stages E[W] {mean * 1e3:.1f} ± {ci * 1e3:.1f} ms; static mean "

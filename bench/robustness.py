@@ -25,19 +25,16 @@ import time
 from pathlib import Path
 
 import numpy as np
+from sim_bench import git_rev, machine, write_section
+
+from overtake.fitting import fit
+from overtake.mdp.compare import compare
+from overtake.mdp.heuristic import evaluate_heuristic
+from overtake.mdp.model import Stage, TandemModel
+from overtake.mdp.simulate import SimulationResult, service_from_spec, simulate
+from overtake.mdp.truncation import solve_optimal
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from sim_bench import git_rev, machine, write_section  # noqa: E402
-
-from overtake.fitting import fit  # noqa: E402
-from overtake.mdp.compare import compare  # noqa: E402
-from overtake.mdp.heuristic import evaluate_heuristic  # noqa: E402
-from overtake.mdp.model import Stage, TandemModel  # noqa: E402
-from overtake.mdp.simulate import SimulationResult, service_from_spec, simulate  # noqa: E402
-from overtake.mdp.truncation import solve_optimal  # noqa: E402
 
 FAMILIES = {
     "lognormal σ=1.3386 (c²=5)": "lognorm(s=1.3386)",

@@ -3,7 +3,7 @@ passthrough (π(∞)), and through HAProxy with per-server maxconn — in one ru
 
     python bench/sidecar_overhead.py [--duration 10] [--connections 32] [--repeat 3] [--json]
 
-Apache (private instance, controller.apache) is pinned to the last core with raised autogroup
+Apache (private instance, controller.harness.apache) is pinned to the last core with raised autogroup
 priority; wrk, the sidecar and HAProxy share core 0 (the machine has 2 cores). Two loads:
 ``-c 1`` (one request at a time: the latency a proxy adds) and ``-c N`` (throughput). Targets
 (issue #5): added p50 <= 0.5 ms over direct, sidecar throughput >= 25 % of HAProxy's. Medians
@@ -29,13 +29,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import write_section  # noqa: E402
+from _report import write_section
+
+from overtake.controller.harness import apache
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from overtake.controller import apache  # noqa: E402
 
 STAGES = """stages:
   - name: stage1
@@ -69,8 +67,8 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes] | None, timeout: float = 
 
 def raise_own_autogroup(nice: int = -20) -> bool:
     """Lift this process's scheduler autogroup (and so the sidecar, HAProxy and wrk it starts) to
-    ``nice`` — the same treatment controller.apache gives Apache; other jobs on a shared machine
-    sit in other autogroups, so ``nice`` alone would not help (shared/notes/apache_and_net.md §2)."""
+    ``nice`` — the same treatment controller.harness.apache gives Apache; other jobs on a shared
+    machine sit in other autogroups, and ``nice`` only ranks threads inside one autogroup."""
     try:
         Path("/proc/self/autogroup").write_text(str(nice))
         return True

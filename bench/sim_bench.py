@@ -23,19 +23,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _report import write_section  # noqa: E402
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from _report import write_section
 
-from overtake.api.commands._scenario import load_scenario  # noqa: E402
-from overtake.mdp.compare import compare  # noqa: E402
-from overtake.mdp.policy import Policy  # noqa: E402
-from overtake.mdp.simulate import service_from_spec, simulate  # noqa: E402
-from overtake.mdp.truncation import solve_optimal  # noqa: E402
+from overtake.api.commands._scenario import load_scenario
+from overtake.mdp.compare import compare
+from overtake.mdp.policy import Policy
+from overtake.mdp.simulate import service_from_spec, simulate
+from overtake.mdp.truncation import solve_optimal
+
+ROOT = Path(__file__).resolve().parents[1]
 
 POLICIES = ["pi*", "pi(1)", "pi(4)", "pi(inf)", "pi(1,1)"]
 

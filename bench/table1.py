@@ -12,26 +12,22 @@ import argparse
 import csv
 import datetime as dt
 import json
+import multiprocessing
 import os
 import platform
 import resource
-import subprocess
 import sys
 import time
-import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from _report import cpu_model, write_section
+
+from overtake.api.commands._scenario import load_scenario
+from overtake.api.progress import progress_iter
+from overtake.mdp.compare import compare
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from overtake.api.commands._scenario import load_scenario  # noqa: E402
-from overtake.api.progress import progress_iter  # noqa: E402
-from overtake.mdp.compare import compare  # noqa: E402
-
-sys.path.insert(0, str(ROOT / "bench"))
-from _report import cpu_model, write_section  # noqa: E402
-
 REF = ROOT.parent / "shared" / "reference" / "table1.csv"
 KEYS = {"pi(1)": "gain_pi1", "pi(4)": "gain_pi4", "pi(inf)": "gain_piinf", "pi(1,1)": "gain_pi11"}
 

@@ -24,16 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _report import machine, write_section
+from uplink.testbed import Testbed
+from uplink.workload import HEADER_BYTES, MODELS
+from uplink_srpt import PORT, raise_priority, start_server, stop_process
+
+from overtake.controller.uplink import bands as _bands
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from _report import machine, write_section  # noqa: E402
-from overtake.controller import bands as _bands  # noqa: E402
-from uplink.testbed import Testbed  # noqa: E402
-from uplink.workload import HEADER_BYTES, MODELS  # noqa: E402
-from uplink_srpt import PORT, _raise_priority, _server, _stop  # noqa: E402
 
 LUA = """
 local sizes = {%s}
@@ -78,11 +76,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                           app_pacing=True, rate=args.rate)  # fmt: skip
             for _ in range(args.repeat):
                 for pol in args.policies:
-                    p = _server(tb, pol, srv_args, str(cut), tmp / "stats.json")
+                    p = start_server(tb, pol, srv_args, str(cut), tmp / "stats.json")
                     try:
                         r = _wrk(tb, lua, args.connections, args.duration)
                     finally:
-                        _stop(p)
+                        stop_process(p)
                     # wrk's own count of the bytes it read (headers included, as on the wire)
                     r["bytes_per_s"] = r["bytes"] / r["span_s"]
                     r["requests_per_s"] = r["requests"] / r["span_s"]
@@ -143,7 +141,7 @@ def main() -> int:
     if os.geteuid() != 0:
         print("uplink_capacity: needs root (network namespaces, qdiscs)", file=sys.stderr)
         return 2
-    _raise_priority()
+    raise_priority()
     out = run(args)
     text = render(out, "python bench/uplink_capacity.py " + " ".join(sys.argv[1:]), args)
     if not args.no_write:

@@ -2,7 +2,7 @@
 
 Two network namespaces joined by a veth pair (bench/uplink/testbed.py); the server side's egress
 is shaped to ``--rate`` by HTB (8 strict classes, TSO/GSO off) or TBF + pfifo_fast
-(controller.qdisc). The server under test runs in the server namespace and writes every response
+(controller.uplink.qdisc). The server under test runs in the server namespace and writes every response
 through ``overtake.controller.uplink``; an open-loop Poisson client (one connection per request, paper 001
 §3.1.4) runs in the client namespace. The same seeded schedule is replayed for every policy.
 
@@ -43,17 +43,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+from uplink.ideal import fluid_response_times
+from uplink.testbed import Testbed
+from uplink.workload import HEADER_BYTES, MODELS, TRANSIENT, schedule, transient_phases
+
+from overtake.controller.uplink import bands as _bands
+from overtake.controller.uplink import qdisc as _qdisc
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from overtake.controller import bands as _bands  # noqa: E402
-from overtake.controller import qdisc as _qdisc  # noqa: E402
-from uplink.ideal import fluid_response_times  # noqa: E402
-from uplink.testbed import Testbed  # noqa: E402
-from uplink.workload import HEADER_BYTES, MODELS, TRANSIENT, schedule, transient_phases  # noqa: E402
-
 PY = sys.executable
 SERVER = ROOT / "bench" / "uplink" / "server.py"
 CLIENT = ROOT / "bench" / "uplink" / "client.py"
@@ -74,8 +71,8 @@ OVERTAKE = str(Path(sys.executable).with_name("overtake"))
 STAGES = ROOT / "examples" / "sidecar" / "stages.yaml"
 
 
-def _sidecar(tb: Testbed, name: str, log_path: Path, *, policy: str = "passthrough", stages: Path = STAGES,
-             core: int | None = None, extra: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+def start_sidecar(tb: Testbed, name: str, log_path: Path, *, policy: str = "passthrough", stages: Path = STAGES,
+                  core: int | None = None, extra: tuple[str, ...] = ()) -> subprocess.Popen[str]:
     """Apache + ``overtake sidecar --policy POLICY --uplink NAME [EXTRA]`` in the server namespace."""
     pin = ["taskset", "-c", str(core)] if core is not None else []
     cmd = [*tb.exec_prefix(tb.srv_ns), *pin, OVERTAKE, "sidecar", "--policy", policy,
@@ -99,11 +96,11 @@ def _apache_up(tb: Testbed, sizes: set[int]) -> Path:
     subprocess.run([*tb.exec_prefix(tb.srv_ns), OVERTAKE, "apache", "start", "--workdir",
                     str(work), "--listen", f"127.0.0.1:{APACHE_PORT}", "--max-workers", "128"],
                    check=True, stdout=subprocess.DEVNULL)  # fmt: skip
-    _write_files(work, sizes)
+    write_files(work, sizes)
     return work
 
 
-def _write_files(work: Path, sizes: set[int]) -> None:
+def write_files(work: Path, sizes: set[int]) -> None:
     files = work / "htdocs" / "f"
     files.mkdir(parents=True, exist_ok=True)
     os.chmod(files, 0o755)
@@ -120,9 +117,9 @@ def _apache_down(tb: Testbed, work: Path) -> None:
     shutil.rmtree(work, ignore_errors=True)
 
 
-def _server(tb: Testbed, policy: str, args: argparse.Namespace, cutoffs: str | None,
-            stats_out: Path, top: float | None = None, writers: int = 0,
-            ordered: int = 1) -> subprocess.Popen[str]:
+def start_server(tb: Testbed, policy: str, args: argparse.Namespace, cutoffs: str | None,
+                 stats_out: Path, top: float | None = None, writers: int = 0,
+                 ordered: int = 1) -> subprocess.Popen[str]:
     name = "app" if policy.startswith("app") else policy
     if args.server == "sidecar":
         # the sidecar adapts its cutoffs from the served sizes; srpt/tF sets the rule it adapts by
@@ -135,7 +132,7 @@ def _server(tb: Testbed, policy: str, args: argparse.Namespace, cutoffs: str | N
             extra += ("--uplink-lowest-writers", str(writers))
         if ordered > 1:
             extra += ("--uplink-ordered-bands", str(ordered))
-        return _sidecar(tb, name, stats_out.with_suffix(".log"), extra=extra)
+        return start_sidecar(tb, name, stats_out.with_suffix(".log"), extra=extra)
     cmd = [*tb.exec_prefix(tb.srv_ns), PY, str(SERVER), "--listen", f"{tb.srv_ip}:{PORT}",
            "--uplink", name, "--stats-out", str(stats_out),
            "--bands", "htb" if tb.mode == "htb" else "pfifo_fast"]  # fmt: skip
@@ -160,7 +157,7 @@ def _server(tb: Testbed, policy: str, args: argparse.Namespace, cutoffs: str | N
     return p
 
 
-def _stop(p: subprocess.Popen[str]) -> None:
+def stop_process(p: subprocess.Popen[str]) -> None:
     p.send_signal(signal.SIGTERM)
     try:
         p.wait(timeout=20)
@@ -183,7 +180,7 @@ def _client(tb: Testbed, sched: list[tuple[float, int]], tmp: Path, timeout: flo
     return out
 
 
-def _calibrate(tb: Testbed, tmp: Path, args: argparse.Namespace) -> tuple[float, float, float]:
+def calibrate_solo(tb: Testbed, tmp: Path, args: argparse.Namespace) -> tuple[float, float, float]:
     """Solo response time t(s) = a + s/b on the idle link (sequential requests, FAIR), and the
     bytes the qdisc carries per request beyond its modelled ones (size + HEADER_BYTES in full
     frames): SYN-ACK, FIN, the real server's longer headers, the last frame's header.
@@ -194,21 +191,21 @@ def _calibrate(tb: Testbed, tmp: Path, args: argparse.Namespace) -> tuple[float,
     largest sizes' difference (1.7 s of transfer, so a disturbed start is ~1 %); medians of
     the repeats.
     """
-    p = _server(tb, "fair", args, None, tmp / "cal_stats.json")
+    p = start_server(tb, "fair", args, None, tmp / "cal_stats.json")
     try:
         sched = [(0.0, s) for _ in range(CAL_REPEATS) for s in CAL_SIZES]
         w0 = _wire_bytes(tb)
         res = _client(tb, sched, tmp, 60.0, args.prefix, sequential=0.01)
         wire = _wire_bytes(tb) - w0
     finally:
-        _stop(p)
+        stop_process(p)
     med = {s: float(np.median([r[3] - r[0] for r in res if r[4] == s])) for s in CAL_SIZES}
     big, bigger = CAL_SIZES[-2], CAL_SIZES[-1]
     b = (bigger - big) / (med[bigger] - med[big])
     return med[100], float(b), wire / len(sched) - _modelled_wire(sched)
 
 
-def _metrics(res: list[list[Any]], solo: tuple[float, float]) -> dict[str, Any]:
+def response_metrics(res: list[list[Any]], solo: tuple[float, float]) -> dict[str, Any]:
     a, b = solo
     ok = [r for r in res if r[6] is None and r[5] >= r[4]]
     arr = np.array([r[0] for r in ok])
@@ -262,7 +259,7 @@ class Variant(NamedTuple):
     ordered: int  #: /bN (1 without it)
 
 
-def _variant(pol: str) -> Variant:
+def parse_variant(pol: str) -> Variant:
     """``srpt/f0.05/t0.001/w1/b3`` -> Variant("srpt", floor 0.05, top fraction 0.001, 1 writer,
     3 ordered bands).
 
@@ -351,7 +348,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if args.server == "sidecar":
                 apache_dir = _apache_up(tb, set(CAL_SIZES))
                 args.prefix = "/f/"
-            solo = _calibrate(tb, tmp, args)
+            solo = calibrate_solo(tb, tmp, args)
             # the schedule's load is against the link's nominal goodput, not the calibrated one:
             # calibration on this shared VM scatters by +-5 %, and W1's overload phase (1.2)
             # is very sensitive to that; the calibrated figure is reported beside it
@@ -362,7 +359,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             sched = schedule(model, load=args.load, duration=args.duration, goodput_bps=goodput,
                              seed=args.seed, w1_phase=w1, phases=phases)  # fmt: skip
             if apache_dir is not None:
-                _write_files(apache_dir, {sz for _, sz in sched})
+                write_files(apache_dir, {sz for _, sz in sched})
             n_data = 7 if tb.mode == "htb" else 2
             ref = model.sample(200_000, np.random.default_rng(args.seed + 1)) + HEADER_BYTES
             # plain srpt: the product's default rule (records before 2026-11-21 20:45 UTC: 1 %)
@@ -386,24 +383,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     out["ideal"][f"{name} (wire)"] = row
             # cutoffs of the srpt/tF variants, each also on the fluid link
             alt_cuts = {t: _bands.cutoffs_from_samples(ref, n_data, top_fraction=t)
-                        for t in (_variant(p).top for p in args.policies) if t is not None}  # fmt: skip
+                        for t in (parse_variant(p).top for p in args.policies) if t is not None}  # fmt: skip
             for top, alt in sorted(alt_cuts.items()):
                 out["ideal"][f"bands/t{top:g}"] = _ideal(sched, goodput, alt, ("bands",))["bands"]
             for pol in args.policies:
                 stats_path = tmp / f"stats_{pol.replace(':', '_').replace('/', '_')}.json"
-                var = _variant(pol)
+                var = parse_variant(pol)
                 if tb.mode == "htb":
                     tb.set_floor(var.floor)
                 pcut = cut if var.top is None else alt_cuts[var.top]
-                p = _server(tb, var.base, args, str(pcut), stats_path, var.top, var.writers, var.ordered)
+                p = start_server(tb, var.base, args, str(pcut), stats_path, var.top, var.writers, var.ordered)
                 t0 = time.monotonic()
                 tcp0 = _tcp_counters(tb.srv_ns)
                 q0, w0 = _qdisc_drops(tb), _wire_bytes(tb)
                 try:
                     res = _client(tb, sched, tmp, args.timeout, args.prefix)
                 finally:
-                    _stop(p)
-                m = _metrics(res, solo[:2])
+                    stop_process(p)
+                m = response_metrics(res, solo[:2])
                 m["wall_s"] = time.monotonic() - t0
                 tcp1 = _tcp_counters(tb.srv_ns)
                 m["server_tcp"] = {k: tcp1.get(k, 0) - tcp0.get(k, 0) for k in TCP_COUNTERS}
@@ -446,7 +443,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _table(out: dict[str, Any]) -> str:
+def render_table(out: dict[str, Any]) -> str:
     pols = out["policies"]
     fair = pols.get("fair")
     rows = ["| policy | mean RT s | vs FAIR | mean slowdown | RT 0-50% | 50-90% | 90-99% | "
@@ -480,7 +477,7 @@ def _table(out: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def _wire_line(out: dict[str, Any]) -> list[str]:
+def wire_line(out: dict[str, Any]) -> list[str]:
     """Bytes on the link per request: the calibrated overhead and each policy's (runs from
     2026-11-22 01:40 UTC on)."""
     o = out["testbed"].get("wire_overhead_bytes_per_request")
@@ -525,8 +522,8 @@ def _record(out: dict[str, Any], argv: list[str]) -> None:
         f"{tb.get('nominal_goodput_bps', 0) / 1e6:.2f} nominal (the load's base); realised offered load "
         f"{tb['offered_load_realised']:.2f}; SRPT cutoffs (bytes, from the size model, "
         f"{100 * tb.get('srpt_top_fraction', LEGACY_TOP_FRACTION):g} % above the top one) {tb['srpt_cutoffs_bytes']}.", "",
-        _table(out), "",
-        *_wire_line(out),
+        render_table(out), "",
+        *wire_line(out),
         "Uplinks: " + "; ".join(f"{k}: {v['uplink']}" for k, v in out["policies"].items()), "",
     ])  # fmt: skip
     # the raw run goes to bench/results, this bench's own section is replaced
@@ -539,12 +536,12 @@ def _record(out: dict[str, Any], argv: list[str]) -> None:
                   bench="uplink_srpt", command=f"python bench/uplink_srpt.py {' '.join(argv)}")
 
 
-def _raise_priority() -> int | None:
-    """Put this session's scheduler autogroup at nice -20 (as controller.apache does for Apache).
+def raise_priority() -> int | None:
+    """Put this session's scheduler autogroup at nice -20 (as controller.harness.apache does for Apache).
 
     The Python server and client must not be CPU-starved by other jobs on the shared machine, or
     response times measure the CPU queue instead of the uplink. ``nice`` alone does nothing
-    across autogroups (shared/notes/apache_and_net.md §1). Children share the autogroup.
+    across autogroups (it only ranks threads inside one). Children share the autogroup.
     """
     try:
         Path("/proc/self/autogroup").write_text("-20")
@@ -600,7 +597,7 @@ def parse(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     args.policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for p in args.policies:
         try:
-            floor = _variant(p).floor
+            floor = parse_variant(p).floor
         except ValueError as exc:
             ap.error(f"--policies: {p!r}: {exc}")
         if floor and args.mode != "htb":
@@ -620,13 +617,13 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("uplink_srpt: needs root (network namespaces, qdiscs)", file=sys.stderr)
         return 2
-    args.autogroup = _raise_priority() if args.raise_priority else None
+    args.autogroup = raise_priority() if args.raise_priority else None
     args.loadavg = os.getloadavg()[0]
     out = run(args)
     if args.json:
         print(json.dumps(out, indent=1))
     else:
-        print(_table(out))
+        print(render_table(out))
     if args.record:
         _record(out, argv)
     return 0

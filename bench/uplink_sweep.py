@@ -27,12 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import uplink_srpt
+from _report import machine, write_section
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-
-import uplink_srpt  # noqa: E402
-from _report import machine, write_section  # noqa: E402
-
 SECTION = "uplink-sweep"
 
 
@@ -47,7 +45,7 @@ def _ratio(m: dict[str, Any], fair: dict[str, Any], key: str) -> float:
     return float(m[key] / fair[key])
 
 
-def _span(xs: list[float]) -> str:
+def span(xs: list[float]) -> str:
     """``median (min-max)`` of one ratio over the seeds."""
     if len(xs) == 1:
         return f"{xs[0]:.2f}"
@@ -85,9 +83,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         out.append(
             f"| {r['load']:g} | {r['policy']} | {statistics.mean(r['offered']):.2f} | "
-            f"{statistics.mean(r['mean_rt']):.3f} | {_span(r['mean_ratio'])} | "
-            f"{statistics.mean(r['slowdown']):.1f} | {_span(r['top1_ratio'])} | "
-            f"{_span(r['tput_ratio'])} | {statistics.mean(r['conns']):.1f} | {r['errors']} |"
+            f"{statistics.mean(r['mean_rt']):.3f} | {span(r['mean_ratio'])} | "
+            f"{statistics.mean(r['slowdown']):.1f} | {span(r['top1_ratio'])} | "
+            f"{span(r['tput_ratio'])} | {statistics.mean(r['conns']):.1f} | {r['errors']} |"
         )
     return "\n".join(out)
 
@@ -123,10 +121,10 @@ def _seed_list(seeds: list[int]) -> str:
     return ",".join(str(x) for x in seeds)
 
 
-def _cutoff_rules(policies: list[str]) -> str:
+def cutoff_rules(policies: list[str]) -> str:
     """Say what each srpt/tF, /wK and /bN variant in the table is (F = share of sizes above the
     top cutoff, K = lowest-band writers, N = bands so ordered)."""
-    parts = [uplink_srpt._variant(p) for p in policies]
+    parts = [uplink_srpt.parse_variant(p) for p in policies]
     ts = sorted({v.top for v in parts if v.top is not None})
     ws = sorted({v.writers for v in parts if v.writers})
     bs = sorted({v.ordered for v in parts if v.ordered > 1})
@@ -208,7 +206,7 @@ def record(rows: list[dict[str, Any]], runs: list[dict[str, Any]], argvs: list[l
         "policy, so each ratio is the policy over FAIR on the same arrivals. Ratios: median over "
         "the seeds (min-max); other columns: mean over the seeds. srpt = the cutoffs of the bench's "
         f"default rule then (top one at the {100 * (1 - top_fraction):g}th size percentile)"
-        f"{_cutoff_rules(list(runs[0]['policies']))}.", "",
+        f"{cutoff_rules(list(runs[0]['policies']))}.", "",
         table(rows), "", targets(rows), "",
     ])  # fmt: skip
     write_section(section, text)
@@ -249,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("uplink_sweep: needs root (network namespaces, qdiscs)", file=sys.stderr)
         return 2
-    autogroup = uplink_srpt._raise_priority()
+    autogroup = uplink_srpt.raise_priority()
     runs = []
     for a in per_run:
         a.autogroup, a.loadavg = autogroup, os.getloadavg()[0]

@@ -4,7 +4,7 @@
 
     OvertakeError (overtake.errors)
     └── ControllerError
-        └── ApacheError                     anything about the private Apache (controller.apache)
+        └── ApacheError                     anything about the private Apache (controller.harness.apache)
             ├── ApacheNotInstalledError     apache2, mod_lua, gcc or the Lua 5.3 headers missing
             ├── ApacheInputError(ValueError) a bad argument: listen, cpu, max_workers, workdir, ...
             │   └── PortInUseError          the listen address is already bound by someone else
@@ -52,7 +52,7 @@ class ApacheNotInstalledError(ApacheError):
 
 
 class ApacheInputError(ApacheError, ValueError):
-    """An argument of :mod:`overtake.controller.apache` is invalid."""
+    """An argument of :mod:`overtake.controller.harness.apache` is invalid."""
 
 
 class PortInUseError(ApacheInputError):

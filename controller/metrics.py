@@ -56,7 +56,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from overtake.controller.apache import SCOREBOARD_STATES, scoreboard_counts
+from overtake.controller.harness.apache import SCOREBOARD_STATES, scoreboard_counts
 from overtake.controller.limiter import PASSTHROUGH, Limiter
 
 __all__ = ["ApacheCollector", "SidecarMetrics"]

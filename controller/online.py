@@ -205,7 +205,7 @@ class AccessLogTail:
     def __init__(self, path: str | os.PathLike[str], table: StageTable) -> None:
         import apachelogs  # type: ignore[import-untyped]  # no stubs upstream
 
-        from overtake.controller.apache import LOG_FORMAT
+        from overtake.controller.harness.apache import LOG_FORMAT
 
         self.path = Path(path)
         self.table = table

@@ -31,11 +31,10 @@ from typing import Any
 
 from prometheus_client import generate_latest
 
-from overtake.controller import bands as _bands
-from overtake.controller.apache import parse_status
 from overtake.controller.classifier import Classifier
 from overtake.controller.errors import PolicyLoadError, SidecarInputError
 from overtake.controller.gateway import Gateway
+from overtake.controller.harness.apache import parse_status
 from overtake.controller.limiter import Limiter
 from overtake.controller.metrics import SidecarMetrics
 from overtake.controller.online import OnlineCollector, OnlineLoop, OnlineSettings, RecordingLimiter
@@ -43,9 +42,10 @@ from overtake.controller.policies import SpawnPolicy, load_policy
 from overtake.controller.policy_fetch import FETCH_RESULTS, PolicyFetcher, PolicyFetchError, fetch_counter
 from overtake.controller.stages import StageTable
 from overtake.controller.upstream import UpstreamPool
+from overtake.controller.uplink import bands as _bands
 from overtake.controller.uplink import make_uplink
-from overtake.controller.uplink_errors import UplinkInputError
-from overtake.controller.uplink_metrics import UplinkCollector
+from overtake.controller.uplink.errors import UplinkInputError
+from overtake.controller.uplink.metrics import UplinkCollector
 
 __all__ = ["JsonFormatter", "Sidecar", "SidecarOptions", "parse_addr", "parse_apache_url"]
 

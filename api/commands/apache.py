@@ -1,4 +1,4 @@
-"""``overtake apache start|stop|status``: the private Apache of :mod:`overtake.controller.apache`.
+"""``overtake apache start|stop|status``: the private Apache of :mod:`overtake.controller.harness.apache`.
 
 Benchmarks call exactly::
 
@@ -15,7 +15,7 @@ import json
 import sys
 from typing import Any
 
-from overtake.controller import apache
+from overtake.controller.harness import apache
 from overtake.controller.errors import ApacheError
 
 

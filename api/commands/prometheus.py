@@ -29,7 +29,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from overtake.api import prometheus
+    from overtake.controller.harness import prometheus
 
     if args.action == "start":
         inst = prometheus.start(args.workdir, args.listen, sidecars=args.sidecar, apis=args.api,

@@ -17,7 +17,7 @@ import asyncio
 import signal
 from typing import Any
 
-from overtake.controller.bands import TOP_FRACTION
+from overtake.controller.uplink.bands import TOP_FRACTION
 from overtake.controller.errors import SidecarInputError
 from overtake.controller.online import OnlineSettings
 from overtake.controller.sidecar import Sidecar, SidecarOptions, configure_logging

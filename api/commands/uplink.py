@@ -1,4 +1,4 @@
-"""``overtake uplink install|show|remove``: the uplink's priority qdisc (controller.qdisc).
+"""``overtake uplink install|show|remove``: the uplink's priority qdisc (controller.uplink.qdisc).
 
 ::
 
@@ -18,8 +18,8 @@ import json
 import sys
 from typing import Any
 
-from overtake.controller import qdisc
-from overtake.controller.uplink_errors import QdiscError, QdiscPermissionError
+from overtake.controller.uplink import qdisc
+from overtake.controller.uplink.errors import QdiscError, QdiscPermissionError
 
 
 def register(subparsers: Any) -> None:

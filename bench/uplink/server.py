@@ -18,12 +18,9 @@ import dataclasses
 import json
 import signal
 import socket
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from overtake.controller.uplink import make_uplink  # noqa: E402
+from overtake.controller.uplink import make_uplink
 
 CHUNK = 65536
 BODY = b"x" * (4 << 20)

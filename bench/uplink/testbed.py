@@ -12,14 +12,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from overtake.controller import qdisc  # noqa: E402
+from overtake.controller.uplink import qdisc
 
 
 def sh(*cmd: str) -> str:

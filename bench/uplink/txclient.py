@@ -1,10 +1,11 @@
 """Open-loop CPU-stage transactions through the sidecar, run in the client namespace.
 
-Replays a Table 2 trace (bench/apache_table2.py: Poisson arrivals, PH demands and start phases)
+Replays a Table 2 trace (overtake.controller.harness.loadgen: Poisson arrivals, PH demands and
+start phases)
 against ``--server``: each transaction is GET /stage1?work=d1 then /stage2?work=d2 on one
 connection, the phase in X-Overtake-Phase. Writes the per-transaction response times (s, NaN
 for a failure) as JSON. With ``--calibrate`` it instead prints Apache's CPU per request beyond
-the burn, measured through a passthrough sidecar (bench/apache_table2.calibrate)::
+the burn, measured through a passthrough sidecar (``loadgen.calibrate``)::
 
     python bench/uplink/txclient.py --server 10.213.1.1:8080 --trace T.json --unit 0.01 \\
         --overhead 0.0003 --out R.json
@@ -20,9 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from apache_table2 import calibrate, replay  # noqa: E402
+from overtake.controller.harness.loadgen import calibrate, replay
 
 
 def main() -> int:

@@ -9,9 +9,9 @@ stops them again; this script only drives them. One trace of open-loop Poisson t
 fitted PH of each stage (the example's time unit is the second: a demand d burns d seconds of
 Apache thread CPU, the start phase goes in X-Overtake-Phase) is replayed twice — under Apache's
 default π(∞) (``passthrough``) and under π* (``OUT/policy.npz``), swapped with ``PUT /-/policy``
-— with the load driver of ``bench/apache_table2.py``. It prints the measured mean response times
-(95 % CI, 20 batch means) next to the model's (π*: the solver's E[W]; π(∞): M/G/1-PS,
-E[S]/(1 − ρ), paper 004 §4), queries Prometheus once for the sidecar's and Apache's series, and
+— with the load driver of :mod:`overtake.controller.harness.loadgen` (bench/apache_table2.py's).
+It prints the measured mean response times (95 % CI, 20 batch means) next to the model's (π*:
+the solver's E[W]; π(∞): M/G/1-PS, E[S]/(1 − ρ), paper 004 §4), queries Prometheus once for the sidecar's and Apache's series, and
 writes ``OUT/report.png`` (measured vs predicted bars + π*'s heatmap from :mod:`overtake.api.plots`) and
 ``OUT/live.json``.
 """
@@ -31,20 +31,18 @@ from typing import Any
 
 import numpy as np
 
+from overtake.api import plots
+from overtake.api.commands._scenario import load_scenario
+from overtake.controller.harness.loadgen import batch_means, calibrate, http_request, make_trace, replay, wait_idle
+from overtake.mdp.policy import Policy
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(REPO), str(REPO / "bench")]
-
-from apache_table2 import _http, _wait_idle, batch_means, calibrate, make_trace, replay  # type: ignore[import-not-found]  # noqa: E402
-
-from overtake.api import plots  # noqa: E402
-from overtake.api.commands._scenario import load_scenario  # noqa: E402
-from overtake.mdp.policy import Policy  # noqa: E402
 
 RUNS = (("pi(inf)", "passthrough", "Apache's default"), ("pi*", "", "the solved policy"))
 
 
 def prom_query(base: str, expr: str) -> list[dict[str, Any]]:
-    code, body = _http("GET", f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+    code, body = http_request("GET", f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
     if code != 200:
         raise SystemExit(f"demo: Prometheus query {expr!r} answered {code}: {body[:200]!r}")
     res: list[dict[str, Any]] = json.loads(body)["data"]["result"]
@@ -120,10 +118,10 @@ def main() -> int:
     rows: dict[str, dict[str, float]] = {}
     for name, spec, what in RUNS:
         body = (spec or str(out / "policy.npz")).encode()
-        code, text = _http("PUT", f"{side}/-/policy", body)
+        code, text = http_request("PUT", f"{side}/-/policy", body)
         if code != 200:
             raise SystemExit(f"demo: the sidecar refused {name}: {text.decode().strip()}")
-        _wait_idle(int(side_port))
+        wait_idle(int(side_port))
         t0 = time.monotonic()
         rt, failures = asyncio.run(replay(int(side_port), trace, 1.0, model.n_stages, overhead))
         mean, ci = batch_means(rt)

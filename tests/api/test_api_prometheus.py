@@ -1,7 +1,7 @@
 """A real Prometheus (Debian package) scrapes the sidecar (with Apache's series) and the API.
 
-Private Apache (controller.apache) ← ``overtake sidecar`` ← requests; ``overtake api``; and
-``overtake.api.prometheus`` scraping both every 0.5 s. The test reads everything back through Prometheus's
+Private Apache (controller.harness.apache) ← ``overtake sidecar`` ← requests; ``overtake api``; and
+``overtake.controller.harness.prometheus`` scraping both every 0.5 s. The test reads everything back through Prometheus's
 HTTP API and checks the counts against what it sent. Skips without apache2/prometheus unless root
 (then it runs the installer, like the Apache tests).
 """
@@ -24,9 +24,8 @@ import httpx
 import pytest
 from api_helpers import REPO, exp2, free_port, live_api, wait
 
-from overtake.api import prometheus
-from overtake.controller import apache
 from overtake.controller.errors import ApacheNotInstalledError
+from overtake.controller.harness import apache, prometheus
 
 STAGES = """
 stages:
@@ -40,7 +39,7 @@ limits: {max_inflight: 8, queue_cap: 100, queue_timeout: 20}
 
 def _installed() -> bool:
     try:
-        apache._check_installed()
+        apache.check_installed()
     except ApacheNotInstalledError:
         return False
     return shutil.which("prometheus") is not None

@@ -6,15 +6,9 @@ the mean, and bands that degenerate to PS (one band) or to SRPT (a band per job)
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-from uplink.ideal import fluid_response_times as fluid  # noqa: E402
+from uplink.ideal import fluid_response_times as fluid  # bench/ is on the path (setup.cfg [tool:pytest])
 
 
 def test_two_jobs_by_hand() -> None:

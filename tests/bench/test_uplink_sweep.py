@@ -4,15 +4,11 @@ targets at load 0.8 are counted per seed (synthetic runs with known answers)."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import uplink_sweep  # noqa: E402
+import uplink_sweep  # bench/ is on the path (setup.cfg [tool:pytest])
 
 
 def _m(mean: float, top: float, tput: float) -> dict[str, Any]:
@@ -57,8 +53,8 @@ def test_ratios_are_within_a_run_and_targets_count_seeds() -> None:
 
 
 def test_span_of_one_seed_is_the_value() -> None:
-    assert uplink_sweep._span([0.3]) == "0.30"
-    assert uplink_sweep._span([0.3, 0.1, 0.2]) == "0.20 (0.10-0.30)"
+    assert uplink_sweep.span([0.3]) == "0.30"
+    assert uplink_sweep.span([0.3, 0.1, 0.2]) == "0.20 (0.10-0.30)"
 
 
 def _saved(load: float, seed: int) -> dict[str, Any]:
@@ -118,14 +114,14 @@ def test_from_records_into_the_named_section(tmp_path: Path, monkeypatch) -> Non
 def test_policy_modifiers_parse_and_name_their_fix() -> None:
     import uplink_srpt
 
-    v = uplink_srpt._variant("srpt/t0.001/w1/b3")
+    v = uplink_srpt.parse_variant("srpt/t0.001/w1/b3")
     assert (v.base, v.floor, v.top, v.writers, v.ordered) == ("srpt", 0.0, 0.001, 1, 3)
-    assert uplink_srpt._variant("srpt").ordered == 1 and uplink_srpt._variant("fair").writers == 0
+    assert uplink_srpt.parse_variant("srpt").ordered == 1 and uplink_srpt.parse_variant("fair").writers == 0
     with pytest.raises(ValueError, match=r"'srpt/b3': /b3 orders bands with /wK's writers; add /w1"):
-        uplink_srpt._variant("srpt/b3")
+        uplink_srpt.parse_variant("srpt/b3")
     with pytest.raises(ValueError, match=r"'b9': .*/bN a whole N in 1\.\.7"):
-        uplink_srpt._variant("srpt/w1/b9")
-    rules = uplink_sweep._cutoff_rules(["fair", "srpt/w1", "srpt/w1/b3"])
+        uplink_srpt.parse_variant("srpt/w1/b9")
+    rules = uplink_sweep.cutoff_rules(["fair", "srpt/w1", "srpt/w1/b3"])
     assert rules.endswith("; /b3 = each of the lowest 3 bands so") and "/w1 = at most 1 response" in rules
 
 
@@ -142,9 +138,9 @@ def test_each_fluid_twin_is_set_against_the_ps_twin_of_its_own_bytes() -> None:
     out = {"testbed": {"wire_overhead_bytes_per_request": 540.4,
                        "fair_overhead_bytes_per_request": 460.0},
            "policies": {"fair": pol}, "ideal": ideal}  # fmt: skip
-    rows = [r for r in uplink_srpt._table(out).splitlines() if r.startswith("| ideal")]
+    rows = [r for r in uplink_srpt.render_table(out).splitlines() if r.startswith("| ideal")]
     # srpt / ps is 0.2 on every pair of bytes; a row set against another pair's PS would not be
     assert [r.split(" | ")[2] for r in rows] == ["1.00 (vs PS)", "0.20 (vs PS)"] * 3
-    line = uplink_srpt._wire_line(out)[0]
+    line = uplink_srpt.wire_line(out)[0]
     assert "540 bytes a request beyond size + 64" in line and "FAIR's run 460" in line
     assert line.endswith("fair 5900.")

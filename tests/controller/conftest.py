@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from overtake.controller import apache
+from overtake.controller.harness import apache
 from overtake.controller.errors import ApacheNotInstalledError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -17,7 +17,7 @@ INSTALLER = REPO / "apache-conf" / "install-debian-packages.sh"
 
 def apache_installed() -> bool:
     try:
-        apache._check_installed()
+        apache.check_installed()
     except ApacheNotInstalledError:
         return False
     return True

@@ -33,9 +33,9 @@ import numpy as np
 import pytest
 from prometheus_client import generate_latest
 
-from overtake.controller import apache
 from overtake.controller.classifier import Classifier
 from overtake.controller.errors import ApacheNotInstalledError, SidecarInputError
+from overtake.controller.harness import apache
 from overtake.controller.limiter import Limiter
 from overtake.controller.online import (
     AccessLogTail,
@@ -341,7 +341,7 @@ def test_refit_is_skipped_without_samples_or_at_high_load() -> None:
 # ---- end to end: real sidecar, real Apache ---------------------------------------------------
 def _installed() -> bool:
     try:
-        apache._check_installed()
+        apache.check_installed()
     except ApacheNotInstalledError:
         return False
     return True

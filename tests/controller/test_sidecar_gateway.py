@@ -1,4 +1,4 @@
-"""`overtake sidecar` in front of a real private Apache (controller.apache).
+"""`overtake sidecar` in front of a real private Apache (controller.harness.apache).
 
 Concurrency limits are verified with Apache's own access log (request begin + %D per request id),
 not with the sidecar's counters. Needs Debian's apache2 (see tests/controller/test_apache.py);
@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from overtake.controller import apache
+from overtake.controller.harness import apache
 from overtake.mdp import Stage, TandemModel, Truncation
 from overtake.mdp.truncation import solve_optimal
 
@@ -78,7 +78,7 @@ def inst(apache_available: None) -> Iterator[apache.ApacheInstance]:
 
 def _raise_autogroup(pid: int) -> None:
     """Give a process started in its own session the priority Apache gets (root only; a shared
-    machine's other jobs otherwise starve it, see shared/notes/apache_and_net.md §2)."""
+    machine's other jobs otherwise starve it: ``nice`` only ranks threads inside one autogroup)."""
     try:
         Path(f"/proc/{pid}/autogroup").write_text("-20")
     except OSError:

@@ -23,9 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "api"))
-from api_helpers import exp2, free_port, live_api, wait  # noqa: E402
+from api_helpers import exp2, free_port, live_api, wait  # tests/api/ is on the path (setup.cfg [tool:pytest])
 
 REPO = Path(__file__).resolve().parents[2]
 POLL = 0.3

@@ -11,12 +11,12 @@ import scipy.sparse as sp
 
 pytest.importorskip("cvxpy")
 
-from overtake.mdp.constrained import ConstraintError, Constraints, RandomizedPolicy, solve_constrained  # noqa: E402
-from overtake.mdp.evaluate import stationary_distribution  # noqa: E402
-from overtake.mdp.lp import cost_rate, occupation_lp, threads_constraint  # noqa: E402
-from overtake.mdp.policy import Policy  # noqa: E402
-from overtake.mdp.solve import induced_matrix, relative_value_iteration  # noqa: E402
-from overtake.mdp.statespace import StateSpace, Truncation  # noqa: E402
+from overtake.mdp.constrained import ConstraintError, Constraints, RandomizedPolicy, solve_constrained
+from overtake.mdp.evaluate import stationary_distribution
+from overtake.mdp.lp import cost_rate, occupation_lp, threads_constraint
+from overtake.mdp.policy import Policy
+from overtake.mdp.solve import induced_matrix, relative_value_iteration
+from overtake.mdp.statespace import StateSpace, Truncation
 
 TR = Truncation(6, 3)
 

@@ -9,11 +9,11 @@ import pytest
 
 pytest.importorskip("dask.distributed")
 
-from overtake.mdp.compare import compare  # noqa: E402
-from overtake.mdp.errors import ModelError  # noqa: E402
-from overtake.mdp.model import Stage  # noqa: E402
-from overtake.mdp.scenario import parse_scenario  # noqa: E402
-from overtake.mdp.sweep import parse_grid, run_sweep  # noqa: E402
+from overtake.mdp.compare import compare
+from overtake.mdp.errors import ModelError
+from overtake.mdp.model import Stage
+from overtake.mdp.scenario import parse_scenario
+from overtake.mdp.sweep import parse_grid, run_sweep
 
 BASE = {
     "tolerance": 0.01,

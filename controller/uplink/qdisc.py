@@ -1,22 +1,25 @@
 """Install, inspect and remove the uplink's priority qdisc on one interface.
 
 Paper 001 §2.1 drains the server's socket buffers into the NIC through a 16-band ``prio``
-qdisc. This kernel has no ``sch_prio`` (nor fq/netem; shared/notes/apache_and_net.md §4.2), so
-two arrangements are supported and probed in this order:
+qdisc. Kernels built without ``CONFIG_NET_SCH_PRIO`` (the project's test kernel, 6.18, also
+lacks fq and netem and loads no modules) refuse it, so two arrangements are supported and probed
+in this order:
 
 ``htb``  HTB shaper at ``rate`` with 8 strict-priority leaves ``1:10`` .. ``1:17`` (HTB ``prio``
          0..7), each a ``pfifo``. HTB classifies on ``skb->priority`` directly, so a socket's
-         ``SO_PRIORITY = 0x00010010 + b`` selects leaf ``1:1b`` without filters (§4.3).
+         ``SO_PRIORITY = 0x00010010 + b`` selects leaf ``1:1b`` without filters (tc minors are
+         hex; a priority that is no leaf's classid goes through filters, then ``default``).
          Unclassified packets (SYN-ACKs, pure ACKs) go to ``default 10``, the top class: the
          control band of paper 001 §2.2.3. TSO/GSO are turned off (``ethtool -K``) because
-         HTB does not segment 64 KB GSO packets, which would block the link for ~50 ms (§4.7).
+         HTB does not segment 64 KB GSO packets, which would block a 10 Mbit/s link for ~50 ms.
          Priorities >= 7 need CAP_NET_ADMIN or CAP_NET_RAW in the server process.
          ``floor`` > 0 guarantees the lowest data band (the largest remaining responses) that
          fraction of ``rate`` as its HTB ``rate``: HTB serves a class below its own rate before
          any class borrows, so a large response keeps moving while small ones arrive and its
          segments do not sit in the qdisc past TCP's retransmission timeout (an RTO there
          backs the flow off and cuts its window even though nothing was lost).
-``tbf``  TBF shaper with a ``pfifo_fast`` child: 3 bands via the fixed priomap (§4.4):
+``tbf``  TBF shaper with a ``pfifo_fast`` child: 3 bands via the fixed priomap
+         (``band = priomap[priority & 15]``; TBF segments GSO packets itself):
          SO_PRIORITY 6 -> band 0 (control), 0 -> band 1, 1 -> band 2. Reachable unprivileged.
 
 Installation is idempotent (``tc ... replace``; a matching setup is left untouched) and every
@@ -36,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from overtake.controller.uplink_errors import QdiscError, QdiscPermissionError, UplinkInputError
+from overtake.controller.uplink.errors import QdiscError, QdiscPermissionError, UplinkInputError
 
 __all__ = [
     "HTB_BANDS",
@@ -452,7 +455,8 @@ def install(
         if failed is None:
             if m == "htb" and _gso_off(dev, netns, run) is False:
                 raise QdiscError(f"dev {dev}: TSO/GSO still on after `ethtool -K`; HTB needs "
-                                 "them off (see shared/notes/apache_and_net.md §4.7)")
+                                 "them off (it does not segment 64 KB GSO packets, which hold "
+                                 "the link for ~50 ms at 10 Mbit/s)")
             note = (f"floor {floor} not applied: tbf's pfifo_fast bands are strict priorities"
                     if m == "tbf" and floor > 0 else "")
             return InstallResult(dev, netns, m, _tuples(cmds), True, False, note)

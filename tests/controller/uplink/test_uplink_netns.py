@@ -1,10 +1,11 @@
 """Uplink SRPT end to end on real qdiscs: two namespaces, a shaped veth, real TCP.
 
-The server (bench/uplink/server.py, writing through controller.uplink) runs in the server
+The server (bench/uplink/server.py, writing through overtake.controller.uplink) runs in the server
 namespace, the client (bench/uplink/client.py) in the client namespace; both are the
 benchmark's own programs. Known answers: a small download beside a bulk one finishes within
-1.2x its solo time under SRPT (shared/notes/apache_and_net.md §4.6 measured 1.01-1.05x), while
-under FAIR the same download is slowed well beyond that (FIFO sharing; the notes saw 4.7x).
+1.2x its solo time under SRPT (a 1 MB high-priority download beside a 4 MB low one was measured
+at 1.01-1.05x on a 10 Mbit/s HTB uplink), while under FAIR the same download is slowed well
+beyond that (FIFO sharing: 4.7x in the same measurement).
 """
 
 from __future__ import annotations
@@ -19,11 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from uplink import testbed as _tb  # bench/uplink/; bench/ is on the path (setup.cfg [tool:pytest])
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench"))
-
-from uplink import testbed as _tb  # noqa: E402
+REPO = Path(__file__).resolve().parents[3]
 
 Testbed = _tb.Testbed
 Testbed.__test__ = False  # not a test class (pytest collects names starting with Test)

@@ -1,8 +1,9 @@
 """``TCP_INFO`` and ``SO_PRIORITY`` on a connected socket (Linux).
 
-Offsets of ``struct tcp_info`` (``<linux/tcp.h>``, little-endian, native alignment), verified
-against the running 6.18 kernel in shared/notes/apache_and_net.md §4.8. Older kernels return a
-shorter struct; fields beyond the returned length read as ``None``.
+Offsets of ``struct tcp_info`` (``<linux/tcp.h>``, little-endian, native alignment), checked
+with ``offsetof()`` against the 6.1 userspace header and against ``ss -tin`` on a 6.18 kernel
+(which returns 256 bytes). Older kernels return a shorter struct; fields beyond the returned
+length read as ``None``.
 
 The remaining-time estimate is paper 002 §3, eq. (1)-(2): a TCP flow moves at most
 ``R = cwnd·MSS / RTT`` bytes per second, so the remaining response time is

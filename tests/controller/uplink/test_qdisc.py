@@ -1,4 +1,4 @@
-"""overtake.controller.qdisc and ``overtake uplink``: real qdiscs in namespaces the tests create.
+"""overtake.controller.uplink.qdisc and ``overtake uplink``: real qdiscs in namespaces the tests create.
 
 Root is needed for ``ip netns add``; without it the namespace tests skip with that reason.
 The CAP_NET_ADMIN fallback is checked both by injection and by running the CLI as ``nobody``.
@@ -18,10 +18,9 @@ from pathlib import Path
 import pytest
 
 from overtake.api import cli
-from overtake.controller import qdisc
-from overtake.controller.uplink_errors import QdiscPermissionError, UplinkInputError
+from overtake.controller.uplink import qdisc
+from overtake.controller.uplink.errors import QdiscPermissionError, UplinkInputError
 
-REPO = Path(__file__).resolve().parents[2]
 IS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root: ip netns add / tc qdisc")
 
@@ -110,8 +109,7 @@ def test_cli_as_unprivileged_user_falls_back() -> None:
     # nobody cannot write numba's cache next to fitting/ (imported by the CLI): give it one
     work = Path(tempfile.mkdtemp(prefix="ovt_nobody_"))
     os.chmod(work, 0o777)
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NUMBA_CACHE_DIR": str(work / "nb"),
-           "PYTHONPATH": str(REPO)}  # fmt: skip
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NUMBA_CACHE_DIR": str(work / "nb")}
     cp = subprocess.run(
         ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--inh-caps=-all",
          sys.executable, "-m", "overtake.api.cli", "uplink", "install", "--dev", "lo"],

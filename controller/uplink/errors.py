@@ -1,4 +1,4 @@
-"""Errors raised by the uplink scheduler modules (bands, tcpinfo, qdisc, uplink).
+"""Errors raised by the uplink room (:mod:`overtake.controller.uplink`).
 
 ::
 
@@ -8,9 +8,8 @@
         ├── QdiscPermissionError           no CAP_NET_ADMIN: the qdisc cannot be installed
         └── QdiscError                     tc/ethtool failed, or the kernel lacks the qdisc
 
-Kept apart from ``controller/errors.py`` (owned by the Apache launcher) so the two features can
-be edited concurrently; both trees share the root :class:`overtake.controller.errors.ControllerError`.
-Messages name the field, the value and the fix.
+The uplink room's own tree under the controller's root
+:class:`overtake.controller.errors.ControllerError`. Messages name the field, the value and the fix.
 """
 
 from __future__ import annotations

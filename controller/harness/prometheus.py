@@ -24,6 +24,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+__all__ = [
+    "BINARY",
+    "PrometheusError",
+    "PrometheusInstance",
+    "PrometheusNotInstalledError",
+    "PrometheusUsageError",
+    "render_config",
+    "start",
+    "stop",
+]
+
 BINARY = "prometheus"
 # Popen objects of the servers this process started: kept so they are reaped on stop, not
 # garbage-collected while running
@@ -61,7 +72,7 @@ def render_config(*, sidecars: Sequence[str] = (), apis: Sequence[str] = (), int
         if targets:
             tl = ", ".join(json.dumps(_check_addr(name, t)) for t in targets)
             jobs.append(f"  - job_name: {name}\n    metrics_path: {path}\n    static_configs:\n      - targets: [{tl}]\n")
-    return (f"# written by overtake (api/prometheus.py)\nglobal:\n  scrape_interval: {iv}\n"
+    return (f"# written by overtake (overtake.controller.harness.prometheus)\nglobal:\n  scrape_interval: {iv}\n"
             f"  evaluation_interval: {iv}\nscrape_configs:\n" + "".join(jobs))
 
 

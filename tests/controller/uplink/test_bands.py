@@ -1,4 +1,4 @@
-"""overtake.controller.bands: band selection and the paper 001 §2.2.2 cutoff rule, with known answers."""
+"""overtake.controller.uplink.bands: band selection and the paper 001 §2.2.2 cutoff rule, with known answers."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy import stats
 
-from overtake.controller import bands
-from overtake.controller.uplink_errors import UplinkInputError
+from overtake.controller.uplink import bands
+from overtake.controller.uplink.errors import UplinkInputError
 
 
 def test_paper_001_table_bands() -> None:

@@ -12,7 +12,7 @@ Paper 001 §2.2.2 (rules of thumb for heavy-tailed web workloads), with cutoffs
 Paper 001 §2.2.4 used six classes with cutoffs 1K, 2K, 5K, 20K, 50K (:data:`PAPER_001`), and
 §3.4 two classes cut at the median. Band 0 here is the *highest-priority data band*; the
 control band (SYN-ACKs, headers before the size is known, paper 001 §2.2.3) sits above all
-data bands and is handled by :mod:`overtake.controller.qdisc`, not here.
+data bands and is handled by :mod:`overtake.controller.uplink.qdisc`, not here.
 
 :class:`AdaptiveCutoffs` re-derives the cutoffs from a sliding window of observed values
 (response sizes for SRPT, remaining-time estimates for SRRT), so the rule follows the served
@@ -30,10 +30,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from overtake.controller.uplink_errors import UplinkInputError
+from overtake.controller.uplink.errors import UplinkInputError
 
 __all__ = [
     "PAPER_001",
+    "TOP_FRACTION",
     "AdaptiveCutoffs",
     "Cutoffs",
     "check_rule",

@@ -24,7 +24,8 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from overtake.controller.uplink import AppUplink, KernelUplink
+from overtake.controller.uplink.app import AppUplink
+from overtake.controller.uplink.kernel import KernelUplink
 
 __all__ = ["UplinkCollector"]
 

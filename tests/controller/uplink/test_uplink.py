@@ -16,10 +16,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from overtake.controller import qdisc, tcpinfo, uplink
-from overtake.controller.uplink_errors import UplinkInputError
+from overtake.controller import uplink
+from overtake.controller.uplink import qdisc, tcpinfo
+from overtake.controller.uplink.errors import UplinkInputError
+from overtake.controller.uplink.permits import Permits
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 IS_ROOT = os.geteuid() == 0
 
 
@@ -78,7 +80,7 @@ def test_default_srrt_cutoffs_are_the_size_cutoffs_as_times() -> None:
 # ---- application-level ordering (paper 000) ---------------------------------------------------
 def test_permits_go_to_the_smallest_remaining_first() -> None:
     async def main() -> list[float]:
-        p = uplink._Permits(1)
+        p = Permits(1)
         await p.acquire(0)  # held
         order: list[float] = []
 
@@ -98,7 +100,7 @@ def test_permits_go_to_the_smallest_remaining_first() -> None:
 
 def test_holder_keeps_the_permit_until_a_smaller_flow_waits() -> None:
     async def main() -> list[str]:
-        p = uplink._Permits(1)
+        p = Permits(1)
         await p.acquire(100.0)  # a bulk flow holds the only permit
         seen: list[str] = []
         assert p.keep(90.0)  # nobody waits: it goes on
@@ -122,7 +124,7 @@ def test_holder_keeps_the_permit_until_a_smaller_flow_waits() -> None:
 
 def test_cancelled_waiter_does_not_leak_a_permit() -> None:
     async def main() -> int:
-        p = uplink._Permits(1)
+        p = Permits(1)
         await p.acquire(0)
         t = asyncio.create_task(p.acquire(5))
         await asyncio.sleep(0)
@@ -251,13 +253,13 @@ def test_detect_bands_follows_the_installed_qdisc(veth_ns2: tuple[str, str]) -> 
 def test_unprivileged_srpt_falls_back_to_app_level() -> None:
     work = Path(tempfile.mkdtemp(prefix="ovt_nobody_"))
     os.chmod(work, 0o777)
-    code = ("from controller.uplink import make_uplink; "
+    code = ("from overtake.controller.uplink import make_uplink; "
             "print(make_uplink('srpt', bands='htb').describe())")  # fmt: skip
     cp = subprocess.run(
         ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--inh-caps=-all",
          sys.executable, "-c", code],
         capture_output=True, text=True, cwd=work, timeout=60,
-        env={"PATH": os.environ.get("PATH", "/usr/bin"), "PYTHONPATH": str(REPO)},
+        env={"PATH": os.environ.get("PATH", "/usr/bin")},
     )  # fmt: skip
     shutil.rmtree(work, ignore_errors=True)
     assert cp.returncode == 0, cp.stderr
@@ -270,7 +272,7 @@ def test_unprivileged_srpt_falls_back_to_app_level() -> None:
 def test_per_band_metrics_add_up_to_what_was_written() -> None:
     from prometheus_client import CollectorRegistry
 
-    from overtake.controller.uplink_metrics import UplinkCollector
+    from overtake.controller.uplink import UplinkCollector
 
     up = uplink.make_uplink("srpt", bands="htb", cutoffs="1K,10K,100K")
     sizes = [100, 5_000, 50_000, 500_000, 700]
@@ -379,7 +381,7 @@ def test_ordered_bands_each_hand_back_every_turn_and_count_waits_per_band() -> N
     assert up._flows == {} and all(v == 0 for v in up.stats().active.values())
     from prometheus_client import CollectorRegistry
 
-    from overtake.controller.uplink_metrics import UplinkCollector
+    from overtake.controller.uplink import UplinkCollector
 
     reg = CollectorRegistry()
     reg.register(UplinkCollector(up))
