@@ -189,7 +189,7 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
     return out
 
 
-PAPER_TABLE2 = REPO.parent / "shared" / "reference" / "table2.csv"
+PAPER_TABLE2 = Path(__file__).resolve().parent / "reference" / "paper004_table2.csv"
 
 
 def paper_gains() -> dict[str, dict[str, float]]:

@@ -28,7 +28,7 @@ from overtake.api.progress import progress_iter
 from overtake.mdp.compare import compare
 
 ROOT = Path(__file__).resolve().parents[1]
-REF = ROOT.parent / "shared" / "reference" / "table1.csv"
+REF = Path(__file__).resolve().parent / "reference" / "paper004_table1.csv"
 KEYS = {"pi(1)": "gain_pi1", "pi(4)": "gain_pi4", "pi(inf)": "gain_piinf", "pi(1,1)": "gain_pi11"}
 
 
