@@ -38,7 +38,7 @@ from overtake.controller.errors import PolicyLoadError, SidecarInputError
 from overtake.controller.gateway import Gateway
 from overtake.controller.limiter import Limiter
 from overtake.controller.metrics import SidecarMetrics
-from overtake.controller.online import OnlineCollector, OnlineLoop, OnlineSettings, RecordingLimiter
+from overtake.controller.online import OnlineCollector, OnlineLoop, OnlineSettings
 from overtake.controller.policies import SpawnPolicy, load_policy
 from overtake.controller.policy_fetch import FETCH_RESULTS, PolicyFetcher, PolicyFetchError, fetch_counter
 from overtake.controller.stages import StageTable
@@ -140,14 +140,14 @@ class Sidecar:
                 current=lambda: self.limiter.policy,
                 swap=lambda path: self.swap(path, source="online"), classifier_mode=settings.mode,
             )
-        self.limiter = (Limiter if self.online is None else RecordingLimiter)(
+        self.limiter = Limiter(
             policy, self.classifier, stage_names=table.names,
             queue_caps=tuple(table.queue_cap(i) for i in range(len(table.names))),
             max_inflight=cfg.limits.max_inflight, passthrough_cap=cfg.passthrough.cap,
             passthrough_queue_cap=cfg.limits.queue_cap,
         )
         if self.online is not None:
-            self.limiter.recorder = self.online  # type: ignore[attr-defined]
+            self.limiter.add_listener(self.online.recorder)
         self.metrics = SidecarMetrics(lambda: self.limiter, time_unit=cfg.classifier.time_unit)
         if self.online is not None:
             self.metrics.registry.register(OnlineCollector(self.online))
