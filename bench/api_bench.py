@@ -68,7 +68,7 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def raise_autogroup() -> int | None:
-    """This session's scheduler autogroup at nice -20 (as bench/uplink_srpt.py and controller.apache).
+    """This session's scheduler autogroup at nice -20 (as bench/uplink_srpt.py and the harness).
 
     On the shared 2-core machine other jobs' CPU queue otherwise dominates the tail; ``nice``
     alone does nothing across autogroups. The server and its solver process inherit it.

@@ -1,6 +1,7 @@
 """The gateway: an asyncio HTTP/1.1 reverse proxy in front of Apache (paper 004, §4.2's front end).
 
-I/O only. For every request it asks :class:`overtake.controller.stages.StageTable` for the stage,
+I/O only: routing and admission here, HTTP parsing in :mod:`overtake.controller.http1`,
+Apache's side and the response relay in :mod:`overtake.controller.forward`. For every request it asks :class:`overtake.controller.stages.StageTable` for the stage,
 :class:`overtake.controller.classifier.Classifier` for the phase, then holds it in
 :class:`overtake.controller.limiter.Limiter` until the policy starts a thread for it, forwards it to Apache
 on a keep-alive connection, and releases the permit the moment Apache's *whole* response has
@@ -26,191 +27,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import httptools
 from overtake.controller.classifier import BadPhaseHeader, Classifier
+from overtake.controller.forward import Forwarder
+from overtake.controller.http1 import REASONS, ClientConnection, Request, simple_response
 from overtake.controller.limiter import ADMITTED, PASSTHROUGH, Limiter, Ticket
 from overtake.controller.metrics import SidecarMetrics
 from overtake.controller.stages import StageTable
-from overtake.controller.upstream import UpstreamError, UpstreamPool, UpstreamResponse
+from overtake.controller.upstream import UpstreamPool, UpstreamResponse
 from overtake.controller.uplink import Uplink
 
 __all__ = ["Gateway"]
 
 log = logging.getLogger("overtake.sidecar")
 
-_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"proxy-authenticate",
-                  b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade"})
-_REASONS = {400: b"Bad Request", 403: b"Forbidden", 404: b"Not Found", 405: b"Method Not Allowed",
-            413: b"Content Too Large", 431: b"Request Header Fields Too Large", 500: b"Internal Server Error",
-            502: b"Bad Gateway", 503: b"Service Unavailable", 200: b"OK"}
-_MAX_PIPELINE = 16
-_ADMIN_BODY_MAX = 256 << 20  # PUT /-/policy carries a whole policy artifact
-
-
-class _Request:
-    __slots__ = ("method", "url", "headers", "body", "keep_alive", "version", "expect")
-
-    def __init__(self) -> None:
-        self.method = b""
-        self.url = b""
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.body: list[bytes] = []
-        self.keep_alive = True
-        self.version = "1.1"
-        self.expect = False
-
-
-class _ClientConn:
-    """Reads and parses one client connection; parsed requests queue up for the handler."""
-
-    def __init__(self, gw: Gateway, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.gw = gw
-        self.reader = reader
-        self.writer = writer
-        self.parser = httptools.HttpRequestParser(self)
-        self.cur: _Request | None = None
-        self.ready: deque[_Request] = deque()
-        self.error: tuple[int, str, str] | None = None  # (status, reason key, message)
-        self.eof = False
-        self.wake: asyncio.Future[None] | None = None
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.head_bytes = 0
-        self.body_bytes = 0
-        self.in_headers = False
-        peer = writer.get_extra_info("peername")
-        self.peer = peer[0] if isinstance(peer, tuple) else "unknown"
-        self.resume: asyncio.Future[None] | None = None
-        self.busy = False
-        self.last_active = time.monotonic()
-        # a reservation for this client's next-stage request (limiter.py, tandem routing)
-        self.hold: Ticket | None = None
-        self.hold_timer: asyncio.TimerHandle | None = None
-
-    # httptools callbacks ------------------------------------------------------------------
-    def on_message_begin(self) -> None:
-        self.cur = _Request()
-        self.in_headers = True
-        self.head_bytes = 0
-        self.body_bytes = 0
-
-    def on_url(self, url: bytes) -> None:
-        assert self.cur is not None
-        self.cur.url += url
-        self._count_head(len(url))
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        assert self.cur is not None
-        self.cur.headers.append((name, value))
-        self._count_head(len(name) + len(value) + 4)
-
-    def _count_head(self, n: int) -> None:
-        self.head_bytes += n
-        if self.head_bytes > self.gw.limits.max_header_bytes:
-            raise _TooLarge(431)
-
-    def on_headers_complete(self) -> None:
-        r = self.cur
-        assert r is not None
-        self.in_headers = False
-        r.method = self.parser.get_method()
-        r.keep_alive = self.parser.should_keep_alive()
-        r.version = self.parser.get_http_version()
-        for k, v in r.headers:
-            if k.lower() == b"expect" and v.lower() == b"100-continue":
-                r.expect = True
-                self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-
-    def on_body(self, body: bytes) -> None:
-        assert self.cur is not None
-        self.body_bytes += len(body)
-        if self.body_bytes > self.gw.limits.max_body_bytes and not (
-            self.cur.url.startswith(b"/-/") and self.body_bytes <= _ADMIN_BODY_MAX
-        ):
-            raise _TooLarge(413)
-        self.cur.body.append(body)
-
-    def on_message_complete(self) -> None:
-        assert self.cur is not None
-        self.ready.append(self.cur)
-        self.cur = None
-        self._wake()
-
-    # --------------------------------------------------------------------------------------
-    def _wake(self) -> None:
-        if self.wake is not None and not self.wake.done():
-            self.wake.set_result(None)
-
-    async def read_loop(self) -> None:
-        limits = self.gw.limits
-        try:
-            while True:
-                data = await self.reader.read(65536)
-                if not data:
-                    break
-                self.last_active = time.monotonic()
-                try:
-                    try:
-                        self.parser.feed_data(data)
-                    except httptools.HttpParserCallbackError as exc:
-                        if isinstance(exc.__context__, _TooLarge):
-                            raise exc.__context__ from None
-                        raise
-                except _TooLarge as exc:
-                    if exc.status == 431:
-                        self.error = (431, "header_too_large", f"request header block larger than {limits.max_header_bytes} bytes")
-                    else:
-                        self.error = (413, "body_too_large", f"request body larger than {limits.max_body_bytes} bytes")
-                    break
-                except httptools.HttpParserUpgrade:
-                    self.error = (400, "bad_request", "protocol upgrade is not supported by the sidecar")
-                    break
-                except httptools.HttpParserError as exc:
-                    self.error = (400, "bad_request", f"malformed HTTP request ({exc})")
-                    break
-                if len(self.ready) >= _MAX_PIPELINE:  # back-pressure on pipelining clients
-                    self.resume = asyncio.get_running_loop().create_future()
-                    await self.resume
-                    self.resume = None
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            self.eof = True
-            if not self.closed.done():
-                self.closed.set_result(None)
-            self._wake()
-
-    async def next_request(self) -> _Request | None:
-        while True:
-            if self.ready:
-                r = self.ready.popleft()
-                if self.resume is not None and not self.resume.done():
-                    self.resume.set_result(None)
-                return r
-            if self.error is not None or self.eof:
-                return None
-            self.wake = asyncio.get_running_loop().create_future()
-            await self.wake
-            self.wake = None
-
-
-class _TooLarge(Exception):
-    def __init__(self, status: int) -> None:
-        self.status = status
-
-
-def _simple(status: int, text: str, *, close: bool, extra: bytes = b"") -> bytes:
-    body = (text + "\n").encode()
-    return (b"HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n%s%s\r\n"
-            % (status, _REASONS.get(status, b"Error"), len(body), extra,
-               b"Connection: close\r\n" if close else b"")) + body
-
 
 class Gateway:
-    """The proxy. Build with the pieces, then ``await gateway.serve(host, port)``."""
+    """The proxy. Build with the pieces, then ``await gateway.start(host, port)``; ``close()`` ends it."""
 
     def __init__(
         self,
@@ -232,17 +67,15 @@ class Gateway:
         self.uplink = uplink
         self.metrics = metrics
         self.admin = admin
+        self.forwarder = Forwarder(pool, uplink, limiter, metrics, self.limits)
         self.phase_header = (phase_header or table.config.classifier.header).lower().encode()
         self.next_header = table.config.classifier.next_header.lower().encode()
-        self.upstream_host = f"{pool.host}:{pool.port}".encode()
-        self._conns: set[_ClientConn] = set()
+        self._conns: set[ClientConnection] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
         self._hist: dict[tuple[int, int], tuple[Any, Any]] = {}
         self.server: asyncio.base_events.Server | None = None
         self._sweeper: asyncio.Task[None] | None = None
-        self._err_logged = -1e9
-        self._err_suppressed = 0
 
     # ---- server ----------------------------------------------------------------------------
     async def start(self, host: str, port: int) -> None:
@@ -280,7 +113,7 @@ class Gateway:
         self.pool.close()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        conn = _ClientConn(self, reader, writer)
+        conn = ClientConnection(self.limits, reader, writer)
         self._conns.add(conn)
         reading = asyncio.create_task(conn.read_loop())
         me = asyncio.current_task()
@@ -295,7 +128,7 @@ class Gateway:
                     if conn.error is not None and not conn.ready:
                         status, reason, msg = conn.error
                         self.metrics.errors.labels(reason).inc()
-                        await self._send(writer, _simple(status, msg, close=True))
+                        await self._send(writer, simple_response(status, msg, close=True))
                     break
                 conn.busy = True
                 keep = await self._handle(conn, req)
@@ -320,11 +153,7 @@ class Gateway:
             writer.close()
 
     async def _send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
-        flow = self.uplink.open(writer, len(data))
-        try:
-            await flow.write(data)
-        finally:
-            flow.close()
+        await self.forwarder.send(writer, data)
 
     # ---- one request -----------------------------------------------------------------------
     def _hists(self, stage: int, phase: int) -> tuple[Any, Any]:
@@ -335,7 +164,7 @@ class Gateway:
             self._hist[(stage, phase)] = h
         return h
 
-    async def _handle(self, conn: _ClientConn, req: _Request) -> bool:
+    async def _handle(self, conn: ClientConnection, req: Request) -> bool:
         """Answer one request; False when the client connection must close."""
         writer = conn.writer
         url = req.url
@@ -344,41 +173,16 @@ class Gateway:
         if path.startswith("/-/") and self.admin is not None:
             status, ctype, body = await self.admin(req.method, path[2:].encode(), b"".join(req.body), conn.peer)
             head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n" % (
-                status, _REASONS.get(status, b"Error"), ctype, len(body))
+                status, REASONS.get(status, b"Error"), ctype, len(body))
             await self._send(writer, head + body)
             return req.keep_alive
-        method = req.method.decode("latin-1")
-        routed = self.table.route(method, path)
-        phase_value = None
-        for k, v in req.headers:
-            if k.lower() == self.phase_header:
-                phase_value = v
-                break
-        if routed is None:
-            stage, route_key, phase = PASSTHROUGH, "", 0
-        else:
-            stage, route_key, route_phase = routed
-            route_key = method + " " + path
-            try:
-                phase = self.classifier.start_phase(stage, route_key, phase_value, route_phase)
-            except BadPhaseHeader as exc:
-                self.metrics.errors.labels("bad_phase").inc()
-                await self._send(writer, _simple(400, str(exc), close=not req.keep_alive))
-                return req.keep_alive
-        lim = self.limiter
-        t = None
-        hold = conn.hold
-        if hold is not None:
-            self._drop_hold(conn)
-            if stage == hold.stage:
-                gap = lim.clock() - hold.t_arrive
-                t = lim.claim(hold, phase, route_key)
-                if t is not None:
-                    self.metrics.follow_up_gap.labels(self.table.names[stage]).observe(gap)
-            else:
-                lim.abandon(hold)  # the client asked for something else
-        if t is None:
-            t = lim.submit(stage, phase, route_key)
+        try:
+            stage, phase, route_key = self._route(req, path)
+        except BadPhaseHeader as exc:
+            self.metrics.errors.labels("bad_phase").inc()
+            await self._send(writer, simple_response(400, str(exc), close=not req.keep_alive))
+            return req.keep_alive
+        t = self._enter(conn, stage, phase, route_key)
         if t is None:
             await self._send(writer, self._busy("queue full"))
             return req.keep_alive
@@ -390,9 +194,41 @@ class Gateway:
                 return req.keep_alive
         h_dur, h_wait = self._hists(stage, t.start_phase)
         h_wait.observe(t.t_admit - t.t_arrive)
-        return await self._forward(conn, req, t, h_dur)
 
-    def _follow(self, conn: _ClientConn, req: _Request, t: Ticket) -> tuple[int, int] | None:
+        async def complete(resp: UpstreamResponse) -> None:
+            await self._complete(conn, req, t, resp, h_dur)
+
+        return await self.forwarder.forward(conn, req, t, complete)
+
+    def _route(self, req: Request, path: str) -> tuple[int, int, str]:
+        """(stage, start phase, route key) of a request; raises :class:`BadPhaseHeader`."""
+        method = req.method.decode("latin-1")
+        routed = self.table.route(method, path)
+        if routed is None:
+            return PASSTHROUGH, 0, ""
+        stage, _, route_phase = routed
+        phase_value = next((v for k, v in req.headers if k.lower() == self.phase_header), None)
+        route_key = method + " " + path
+        return stage, self.classifier.start_phase(stage, route_key, phase_value, route_phase), route_key
+
+    def _enter(self, conn: ClientConnection, stage: int, phase: int, route_key: str) -> Ticket | None:
+        """The request's ticket: the client's reservation when it asks for the reserved stage,
+        else a new one; None when the queue is full."""
+        lim = self.limiter
+        hold = conn.hold
+        if hold is not None:
+            self._drop_hold(conn)
+            if stage == hold.stage:
+                gap = lim.clock() - hold.t_arrive
+                t = lim.claim(hold, phase, route_key)
+                if t is not None:
+                    self.metrics.follow_up_gap.labels(self.table.names[stage]).observe(gap)
+                    return t
+            else:
+                lim.abandon(hold)  # the client asked for something else
+        return lim.submit(stage, phase, route_key)
+
+    def _follow(self, conn: ClientConnection, req: Request, t: Ticket) -> tuple[int, int] | None:
         """(stage, phase) of the request this client sends next, when its stage has a ``next``."""
         if t.stage == PASSTHROUGH or not req.keep_alive or conn.closed.done():
             return None
@@ -406,31 +242,21 @@ class Gateway:
             self.metrics.errors.labels("bad_phase").inc()
             return nxt, self.classifier.prior_phase[nxt]
 
-    def _drop_hold(self, conn: _ClientConn) -> None:
+    def _drop_hold(self, conn: ClientConnection) -> None:
         if conn.hold_timer is not None:
             conn.hold_timer.cancel()
         conn.hold = conn.hold_timer = None
 
-    def _lapse(self, conn: _ClientConn, hold: Ticket) -> None:
+    def _lapse(self, conn: ClientConnection, hold: Ticket) -> None:
         if conn.hold is hold:
             self._drop_hold(conn)
             self.limiter.abandon(hold)
 
-    def _log_upstream_error(self, detail: str) -> None:
-        """At most one line a second while Apache is failing (with the count suppressed)."""
-        now = time.monotonic()
-        if now - self._err_logged < 1.0:
-            self._err_suppressed += 1
-            return
-        extra = f" (+{self._err_suppressed} more since the last line)" if self._err_suppressed else ""
-        log.warning("upstream error", extra={"event": "upstream_error", "detail": detail + extra})
-        self._err_logged, self._err_suppressed = now, 0
-
     def _busy(self, why: str) -> bytes:
-        return _simple(503, f"overtake sidecar: {why}; retry later", close=False,
-                       extra=b"Retry-After: %d\r\n" % self.limits.retry_after)
+        return simple_response(503, f"overtake sidecar: {why}; retry later", close=False,
+                               extra=b"Retry-After: %d\r\n" % self.limits.retry_after)
 
-    async def _wait(self, conn: _ClientConn, t: Ticket, stage: int) -> bool:
+    async def _wait(self, conn: ClientConnection, t: Ticket, stage: int) -> bool:
         """Wait for admission; on timeout or client disconnect withdraw the ticket.
 
         The task awaits the ticket's future itself (no asyncio.wait): admission wakes it in one
@@ -459,96 +285,10 @@ class Gateway:
         self.limiter.cancel(t, "client_gone" if conn.closed.done() else "queue_timeout")
         return False
 
-    def _upstream_head(self, req: _Request, conn: _ClientConn, body_len: int) -> bytes:
-        drop = _drop_set(req.headers)
-        out = [b"%s %s HTTP/1.1\r\n" % (req.method, req.url)]
-        xff = None
-        has_host = False
-        for k, v in req.headers:
-            lk = k.lower()
-            if lk in drop or lk == b"content-length" or lk == b"expect":
-                continue
-            if lk == b"x-forwarded-for":
-                xff = v if xff is None else xff + b", " + v
-                continue
-            if lk == b"host":
-                has_host = True
-            out.append(k + b": " + v + b"\r\n")
-        peer = conn.peer.encode()
-        out.append(b"X-Forwarded-For: " + (xff + b", " + peer if xff else peer) + b"\r\n")
-        if not has_host:
-            out.append(b"Host: " + self.upstream_host + b"\r\n")
-        if body_len or req.method in (b"POST", b"PUT", b"PATCH"):
-            out.append(b"Content-Length: %d\r\n" % body_len)
-        out.append(b"\r\n")
-        return b"".join(out)
-
-    def _client_head(self, resp: UpstreamResponse, req: _Request, body_len: int | None, chunked: bool) -> bytes:
-        drop = _drop_set(resp.headers)
-        out = [b"HTTP/1.1 %d %s\r\n" % (resp.status, resp.reason or _REASONS.get(resp.status, b""))]
-        for k, v in resp.headers:
-            lk = k.lower()
-            if lk in drop or (lk == b"content-length" and body_len is not None):
-                continue
-            out.append(k + b": " + v + b"\r\n")
-        if body_len is not None and not (req.method == b"HEAD" or resp.status in (204, 304) or resp.status < 200):
-            out.append(b"Content-Length: %d\r\n" % body_len)
-        if chunked:
-            out.append(b"Transfer-Encoding: chunked\r\n")
-        if not req.keep_alive:
-            out.append(b"Connection: close\r\n")
-        elif req.version == "1.0":
-            out.append(b"Connection: keep-alive\r\n")
-        out.append(b"\r\n")
-        return b"".join(out)
-
-    async def _forward(self, conn: _ClientConn, req: _Request, t: Ticket, h_dur: Any) -> bool:
-        body = b"".join(req.body)
-        head = self._upstream_head(req, conn, len(body))
-        writer = conn.writer
-        state: dict[str, Any] = {"flow": None, "chunked": False}
-
-        async def stream(resp: UpstreamResponse) -> None:
-            # response larger than the buffer: start the client response, pass chunks through
-            if state["flow"] is None:
-                cl = _content_length(resp.headers)
-                state["chunked"] = chunked = cl is None and req.version == "1.1"
-                if cl is None and not chunked:
-                    req.keep_alive = False  # HTTP/1.0 client: close-delimited body
-                hd = self._client_head(resp, req, None, chunked)
-                flow = self.uplink.open(writer, None if cl is None else len(hd) + cl)
-                state["flow"] = flow
-                await flow.write(hd)
-            data = b"".join(resp.body)
-            resp.body.clear()
-            if data:
-                await state["flow"].write(b"%x\r\n%s\r\n" % (len(data), data) if state["chunked"] else data)
-
-        try:
-            resp = await self.pool.exchange(
-                req.method, head, body, buffer_bytes=self.limits.response_buffer_bytes,
-                timeout=self.limits.upstream_timeout, on_stream=stream,
-            )
-        except UpstreamError as exc:
-            self.limiter.release(t, "failed")
-            self.metrics.errors.labels("upstream_timeout" if "within" in str(exc) else "upstream_error").inc()
-            self._log_upstream_error(str(exc))
-            if state["flow"] is not None:
-                state["flow"].close()
-                return False
-            await self._send(writer, _simple(502, f"overtake sidecar: Apache did not answer ({exc})", close=False))
-            return req.keep_alive
-        except (ConnectionError, OSError):
-            # the client went away while we streamed to it: Apache's answer is complete or dropped
-            self.limiter.release(t, "failed")
-            if state["flow"] is not None:
-                state["flow"].close()
-            return False
-        except BaseException:
-            if t.status == ADMITTED:
-                self.limiter.release(t, "failed")
-            raise
-        # the stage is complete: Apache has sent everything
+    async def _complete(self, conn: ClientConnection, req: Request, t: Ticket, resp: UpstreamResponse,
+                        h_dur: Any) -> None:
+        """Apache has sent everything: release the permit (reserving the client's next stage),
+        let the requests it admitted go first, and record the duration and the demand."""
         done = self.limiter.clock()
         admitted = self.limiter.admitted_total
         hold = self.limiter.release(t, "completed", self._follow(conn, req, t))
@@ -563,43 +303,6 @@ class Gateway:
         h_dur.observe(done - t.t_arrive)
         if t.stage != PASSTHROUGH and self.classifier.mode == "learned":
             self.classifier.observe(t.stage, t.route, _demand(resp, done - t.t_admit))
-        if state["flow"] is None:
-            data = b"".join(resp.body)
-            hd = self._client_head(resp, req, None if req.method == b"HEAD" else len(data), False)
-            await self._send(writer, hd + data)
-        else:
-            flow = state["flow"]
-            try:
-                data = b"".join(resp.body)
-                if state["chunked"]:
-                    await flow.write((b"%x\r\n%s\r\n" % (len(data), data) if data else b"") + b"0\r\n\r\n")
-                elif data:
-                    await flow.write(data)
-            finally:
-                flow.close()
-        return req.keep_alive
-
-
-def _drop_set(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
-    """Hop-by-hop header names: the fixed list plus any named in Connection (RFC 9110 §7.6.1)."""
-    extra = None
-    for k, v in headers:
-        if k.lower() == b"connection":
-            for x in v.split(b","):
-                t = x.strip().lower()
-                if t not in (b"keep-alive", b"close"):
-                    extra = (extra or set()) | {t}
-    return _HOP if extra is None else _HOP | extra
-
-
-def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
-    for k, v in headers:
-        if k.lower() == b"content-length":
-            try:
-                return int(v)
-            except ValueError:
-                return None
-    return None
 
 
 def _demand(resp: UpstreamResponse, sojourn: float) -> float:
@@ -610,4 +313,3 @@ def _demand(resp: UpstreamResponse, sojourn: float) -> float:
             except ValueError:
                 break
     return sojourn
-

@@ -28,6 +28,11 @@ model's π(1) (measured: +5-7 % E[W] in Table 2 case 1, bench/apache_table2.py).
 Liveness guard: if the policy starts nothing while no stage request is in service and some are
 waiting (it cannot happen for a solved policy, but a truncated or hand-made table could idle),
 the oldest request of the last non-empty stage is admitted and counted in ``guard_admissions``.
+
+Observers (the online loop's recorder, :mod:`overtake.controller.online`) subscribe with
+:meth:`Limiter.add_listener` and are told of every arrival, admission, release, rejection and
+claim (:class:`LimiterListener`); they cannot change a decision. The queue and thread counts
+themselves are :class:`overtake.controller.tandem.TandemState`'s.
 """
 
 from __future__ import annotations
@@ -39,32 +44,37 @@ from collections.abc import Callable
 
 from overtake.controller.classifier import Classifier
 from overtake.controller.policies import SpawnPolicy
+from overtake.controller.tandem import ADMITTED, DONE, QUEUED, TandemState, Ticket
 
-__all__ = ["PASSTHROUGH", "Limiter", "Ticket"]
+__all__ = ["ADMITTED", "DONE", "PASSTHROUGH", "QUEUED", "Limiter", "LimiterListener", "Ticket"]
 
 PASSTHROUGH = -1  #: stage index of requests no stage claims
 
-QUEUED, ADMITTED, DONE = 0, 1, 2
 
+class LimiterListener:
+    """Observer of a :class:`Limiter`'s tickets; subclass it and override the events you need.
 
-class Ticket:
-    """One request's permit: queued, then admitted, then released exactly once."""
+    Called synchronously on the event loop inside the limiter's atomic step, for stage and
+    passthrough tickets alike (``ticket.stage == PASSTHROUGH``): keep each call O(1), and never
+    call back into the limiter. ``now`` is the limiter's clock at the event.
+    """
 
-    __slots__ = ("stage", "phase", "start_phase", "route", "status", "future", "t_arrive",
-                 "t_admit", "v_admit", "seq", "held")
+    def on_arrival(self, ticket: Ticket, now: float) -> None:
+        """A request was submitted, before the policy decides (it may still be turned away)."""
 
-    def __init__(self, stage: int, phase: int, route: str, seq: int, now: float) -> None:
-        self.stage = stage
-        self.phase = phase  # current coordinate's phase (re-estimated in hidden mode)
-        self.start_phase = phase
-        self.route = route
-        self.status = QUEUED
-        self.future: asyncio.Future[None] | None = None
-        self.t_arrive = now
-        self.t_admit = 0.0
-        self.v_admit = 0.0
-        self.seq = seq
-        self.held = False  # a reservation for a follow-up request not yet arrived
+    def on_admit(self, ticket: Ticket, now: float) -> None:
+        """``ticket`` was admitted: its thread starts (also a reservation's, see :meth:`on_claim`)."""
+
+    def on_release(self, ticket: Ticket, now: float, outcome: str) -> None:
+        """Admitted ``ticket`` ended: ``completed``, ``failed`` or ``unused``."""
+
+    def on_reject(self, ticket: Ticket, reason: str) -> None:
+        """Queued ``ticket`` ended unserved: ``queue_full``, ``queue_timeout``, ``client_gone``,
+        ``follow_up_missing``."""
+
+    def on_claim(self, ticket: Ticket, now: float) -> None:
+        """A follow-up request took over its reservation ``ticket`` (queued or admitted already);
+        it arrived at ``ticket.t_arrive`` and, if admitted, its service starts at ``ticket.t_admit``."""
 
 
 class Limiter:
@@ -90,6 +100,7 @@ class Limiter:
         self.passthrough_queue_cap = passthrough_queue_cap
         self.clock = clock
         self.classifier = classifier
+        self.listeners: list[LimiterListener] = []
         self._seq = 0
         self.inflight_total = 0  # stage + passthrough requests inside Apache
         self.max_seen_inflight = 0
@@ -103,59 +114,40 @@ class Limiter:
         self.admitted: dict[tuple[int, int], int] = {}
         self.completed: dict[tuple[int, int, str], int] = {}
         self.rejected: dict[tuple[int, str], int] = {}
-        # attained service clock: V(t) = ∫ 1/K(t) dt over busy periods (hidden mode)
-        self._v = 0.0
-        self._v_t = clock()
-        self._active: set[Ticket] = set()
+        self.tandem = TandemState(policy.phases, policy.per_phase_queues, clock())
         self.policy = policy
-        self._build(policy)
+        self._install(policy)
+
+    def add_listener(self, listener: LimiterListener) -> None:
+        """Tell ``listener`` of every ticket event from now on."""
+        self.listeners.append(listener)
 
     # ---- layout ----------------------------------------------------------------------------
-    def _build(self, policy: SpawnPolicy) -> None:
+    def _install(self, policy: SpawnPolicy) -> None:
         self.policy = policy
-        self.phases = policy.phases
-        self.offset = [0]
-        for m in self.phases:
-            self.offset.append(self.offset[-1] + m)
-        d = self.offset[-1]
-        self.queues: list[list[deque[Ticket]]] = [[deque() for _ in range(m)] for m in self.phases]
-        self.waiting = [0] * d  # per coordinate
-        self.stage_waiting = [0] * self.n
-        self.threads = [0] * d
+        # views for metrics and tests: the TandemState's own lists, which it updates in place
+        tandem = self.tandem
+        self.phases, self.offset, self.waiting = tandem.phases, tandem.offset, tandem.waiting
+        self.stage_waiting, self.threads = tandem.stage_waiting, tandem.threads
         self.per_phase = policy.per_phase_queues
-        self._loop_start = not policy.per_phase_queues and any(m > 1 for m in self.phases)
-        for key in ((i, j) for i in range(self.n) for j in range(self.phases[i])):
+        self._loop_start = not policy.per_phase_queues and any(m > 1 for m in policy.phases)
+        for key in ((i, j) for i in range(self.n) for j in range(policy.phases[i])):
             self.admitted.setdefault(key, 0)
 
     def swap(self, policy: SpawnPolicy) -> None:
         """Install a new policy atomically: re-bucket queued and in-service requests, then dispatch."""
-        queued = sorted((t for qs in self.queues for q in qs for t in q), key=lambda t: t.seq)
         self.classifier.bind(policy)
-        self._build(policy)
-        for t in queued:
-            t.phase = t.start_phase = min(t.start_phase, self.phases[t.stage] - 1)
-            self.queues[t.stage][t.phase].append(t)
-            self.waiting[self.offset[t.stage] + t.phase] += 1
-            self.stage_waiting[t.stage] += 1
-        for t in self._active:
-            t.phase = t.start_phase = min(t.start_phase, self.phases[t.stage] - 1)
-            self.threads[self.offset[t.stage] + t.phase] += 1
+        self.tandem = self.tandem.relayout(policy.phases, policy.per_phase_queues)
+        self._install(policy)
         self._dispatch()
 
-    # ---- state -----------------------------------------------------------------------------
+    # ---- state ----------------------------------------------------------------------------
     def state(self) -> tuple[int, ...]:
         """The policy's state vector (:attr:`overtake.mdp.Policy.columns` order)."""
-        w = self.waiting if self.per_phase else self.stage_waiting
-        return (*w, *self.threads)
+        return self.tandem.state()
 
     def stage_inflight(self) -> int:
-        return len(self._active)
-
-    def _advance_v(self, now: float) -> None:
-        k = len(self._active)
-        if k:
-            self._v += (now - self._v_t) / k
-        self._v_t = now
+        return len(self.tandem.active)
 
     # ---- arrivals --------------------------------------------------------------------------
     def submit(self, stage: int, phase: int, route: str) -> Ticket | None:
@@ -167,14 +159,14 @@ class Limiter:
         now = self.clock()
         self._seq += 1
         t = Ticket(stage, phase, route, self._seq, now)
+        for lsn in self.listeners:
+            lsn.on_arrival(t, now)
         if stage == PASSTHROUGH:
             full = len(self.pt_queue) >= self.passthrough_queue_cap
             self.pt_queue.append(t)
         else:
-            full = self.stage_waiting[stage] >= self.queue_caps[stage]
-            self.queues[stage][phase].append(t)
-            self.waiting[self.offset[stage] + phase] += 1
-            self.stage_waiting[stage] += 1
+            full = self.tandem.stage_waiting[stage] >= self.queue_caps[stage]
+            self.tandem.push(t)
         # the policy sees every arrival (it may start it at once even when the queue is full);
         # only a request that would have to wait beyond the cap is turned away
         self._dispatch()
@@ -192,9 +184,7 @@ class Limiter:
         if t.stage == PASSTHROUGH:
             self.pt_queue.remove(t)
         else:
-            self.queues[t.stage][t.phase].remove(t)
-            self.waiting[self.offset[t.stage] + t.phase] -= 1
-            self.stage_waiting[t.stage] -= 1
+            self.tandem.remove(t)
         self._reject(t, reason)
         self._dispatch()
         return True
@@ -203,6 +193,8 @@ class Limiter:
         t.status = DONE
         key = (t.stage, reason)
         self.rejected[key] = self.rejected.get(key, 0) + 1
+        for lsn in self.listeners:
+            lsn.on_reject(t, reason)
 
     # ---- completions -----------------------------------------------------------------------
     def release(self, t: Ticket, outcome: str, follow: tuple[int, int] | None = None) -> Ticket | None:
@@ -214,26 +206,26 @@ class Limiter:
         """
         if t.status != ADMITTED:
             raise RuntimeError(f"release of a ticket in status {t.status}")
+        now = self.clock()
+        for lsn in self.listeners:
+            lsn.on_release(t, now, outcome)
         t.status = DONE
         self.inflight_total -= 1
         if t.stage == PASSTHROUGH:
             self.pt_inflight -= 1
             key = (PASSTHROUGH, 0, outcome)
         else:
-            self._advance_v(self.clock())
-            self._active.discard(t)
-            self.threads[self.offset[t.stage] + t.phase] -= 1
+            self.tandem.advance(now)
+            self.tandem.finish(t)
             key = (t.stage, t.start_phase, outcome)
         self.completed[key] = self.completed.get(key, 0) + 1
         hold = None
         if follow is not None:
             stage, phase = follow
             self._seq += 1
-            hold = Ticket(stage, phase, "", self._seq, self.clock())
+            hold = Ticket(stage, phase, "", self._seq, now)
             hold.held = True
-            self.queues[stage][phase].append(hold)
-            self.waiting[self.offset[stage] + phase] += 1
-            self.stage_waiting[stage] += 1
+            self.tandem.push(hold)
         self._dispatch()
         return hold
 
@@ -249,26 +241,22 @@ class Limiter:
         moved = phase != hold.phase
         if hold.status == QUEUED:
             if moved:
-                self.queues[hold.stage][hold.phase].remove(hold)
-                self.waiting[self.offset[hold.stage] + hold.phase] -= 1
-                q = self.queues[hold.stage][phase]
-                # keep its place: the queue is in arrival (seq) order
-                q.insert(sum(1 for x in q if x.seq < hold.seq), hold)
-                self.waiting[self.offset[hold.stage] + phase] += 1
+                self.tandem.requeue(hold, phase)
             hold.phase = hold.start_phase = phase
             if moved:
                 self._dispatch()
             if hold.status == QUEUED:
                 hold.future = asyncio.get_running_loop().create_future()
         else:
-            self._advance_v(now)
-            hold.t_admit, hold.v_admit = now, self._v  # its service starts now, not at the reservation
+            self.tandem.advance(now)
+            hold.t_admit, hold.v_admit = now, self.tandem.v  # its service starts now, not at the reservation
             if moved:
-                self.threads[self.offset[hold.stage] + hold.phase] -= 1
-                self.threads[self.offset[hold.stage] + phase] += 1
+                self.tandem.move_thread(hold, phase)
             hold.phase = hold.start_phase = phase
             if moved:
                 self._dispatch()
+        for lsn in self.listeners:
+            lsn.on_claim(hold, now)
         return hold
 
     def abandon(self, hold: Ticket) -> None:
@@ -289,80 +277,56 @@ class Limiter:
         t.status = ADMITTED
         t.t_admit = now
         self.inflight_total += 1
-        if self.inflight_total > self.max_seen_inflight:
-            self.max_seen_inflight = self.inflight_total
+        self.max_seen_inflight = max(self.max_seen_inflight, self.inflight_total)
         if t.stage == PASSTHROUGH:
             self.pt_inflight += 1
             key = (PASSTHROUGH, 0)
         else:
-            c = self.offset[t.stage] + t.phase
-            self.waiting[c] -= 1
-            self.stage_waiting[t.stage] -= 1
-            self.threads[c] += 1
-            t.v_admit = self._v
-            self._active.add(t)
+            self.tandem.start(t)
             key = (t.stage, t.phase)
         self.admitted[key] = self.admitted.get(key, 0) + 1
         self.admitted_total += 1
         if t.future is not None and not t.future.done():
             t.future.set_result(None)
-
-    def _pop_oldest(self, stage: int, phase: int | None) -> Ticket | None:
-        qs = self.queues[stage]
-        if phase is not None:
-            return qs[phase].popleft() if qs[phase] else None
-        best = None
-        for q in qs:
-            if q and (best is None or q[0].seq < best[0].seq):
-                best = q
-        return best.popleft() if best is not None else None
-
-    def _reestimate(self) -> None:
-        """Hidden mode: move in-service requests to their most likely current phase."""
-        for t in self._active:
-            a = (self._v - t.v_admit)
-            j = self.classifier.current_phase(t.stage, t.start_phase, a)
-            if j != t.phase:
-                self.threads[self.offset[t.stage] + t.phase] -= 1
-                self.threads[self.offset[t.stage] + j] += 1
-                t.phase = j
+        for lsn in self.listeners:
+            lsn.on_admit(t, now)
 
     def _dispatch(self) -> None:
         """Consult the policy and admit; never awaits (atomic with respect to the event loop)."""
         now = self.clock()
-        self._advance_v(now)
-        if self.classifier.mode == "hidden" and self._active:
-            self._reestimate()
-        rounds = max(self.offset[-1], 1) if self._loop_start else 1
+        tandem = self.tandem
+        tandem.advance(now)
+        if self.classifier.mode == "hidden" and tandem.active:
+            tandem.reestimate(self.classifier)
+        offset, stage_waiting = tandem.offset, tandem.stage_waiting
+        rounds = max(offset[-1], 1) if self._loop_start else 1
         for _ in range(rounds):
-            if self.inflight_total >= self.max_inflight or not any(self.stage_waiting):
+            if self.inflight_total >= self.max_inflight or not any(stage_waiting):
                 break
             self.policy_consults += 1
-            act = self.policy.action(self.state())
+            act = self.policy.action(tandem.state())
             started = 0
             for q, k in enumerate(act):
                 if not k:
                     continue
                 if self.per_phase:
-                    stage = next(i for i in range(self.n) if q < self.offset[i + 1])
-                    phase: int | None = q - self.offset[stage]
-                else:
+                    stage = next(i for i in range(self.n) if q < offset[i + 1])
+                    phase: int | None = q - offset[stage]
+                else:  # a stage's oldest request, whatever its phase (hidden mode: the prior's)
                     stage, phase = q, None
                 for _ in range(k):
                     if self.inflight_total >= self.max_inflight:
                         break
-                    t = self._pop_oldest(stage, phase)
+                    t = tandem.pop_oldest(stage, phase)
                     if t is None:
                         break
-                    if phase is None and self.classifier.mode == "hidden":
-                        pass  # phase stays the prior's; re-estimated as it runs
                     self._admit(t, now)
                     started += 1
             if not started:
                 break
-        if (not self._active and self.inflight_total < self.max_inflight and any(self.stage_waiting)):
-            stage = max(i for i in range(self.n) if self.stage_waiting[i])
-            t = self._pop_oldest(stage, None)
+        if (not tandem.active and self.inflight_total < self.max_inflight and any(stage_waiting)):
+            stage = max(i for i in range(self.n) if stage_waiting[i])
+            t = tandem.pop_oldest(stage, None)
             if t is not None:
                 self.guard_admissions += 1
                 self._admit(t, now)
@@ -375,9 +339,9 @@ class Limiter:
         +Inf for π(∞)."""
         if getattr(self.policy, "unlimited", False):
             return float("inf")
-        c = self.offset[stage] + phase
+        c = self.tandem.offset[stage] + phase
         base = list(self.state())
         q = c if self.per_phase else stage
         base[q] += 64
         act = self.policy.action(tuple(base))
-        return self.threads[c] + int(act[q])
+        return self.tandem.threads[c] + int(act[q])

@@ -1,51 +1,45 @@
 """Assembly of the sidecar: stages, policy, classifier, limiter, gateway, metrics, hot swap.
 
-:class:`Sidecar` owns the running policy. :meth:`Sidecar.swap` loads and validates a new one
+:class:`Sidecar` builds the pieces from :class:`SidecarOptions` and runs them; the control
+endpoints are :mod:`overtake.controller.admin`'s, the policy's sources
+:mod:`overtake.controller.policy_source`'s. It owns the running policy. :meth:`Sidecar.swap` loads and validates a new one
 (:func:`overtake.controller.policies.load_policy`), and only then installs it with
 :meth:`overtake.controller.limiter.Limiter.swap` — one synchronous step on the event loop, so no request
 ever sees half a policy; queued requests keep their order. A policy that fails to load or does
 not match the stages raises :class:`overtake.controller.errors.PolicyLoadError` and the old policy stays.
 Swaps come from ``PUT /-/policy`` (loopback clients), from the policy file changing on disk
-(polled every ``watch_interval`` seconds; ``SIGHUP`` forces a reload), or from the REST API
+(polled every ``watch_interval`` seconds; ``SIGHUP`` forces a reload), from the REST API
 (``policy_url``: polled every ``policy_poll`` seconds with the ETag, see :mod:`overtake.controller.policy_fetch`;
-``PUT /-/policy`` with an ``http://`` URL follows another model).
+``PUT /-/policy`` with an ``http://`` URL follows another model), or from the online loop
+(:mod:`overtake.controller.online`).
 
 Logs are JSON lines on stderr (``{"ts":..., "level":..., "event":..., ...}``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import json
 import logging
-import os
-import shutil
-import signal
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from prometheus_client import generate_latest
-
+from overtake.controller.admin import AdminEndpoints
 from overtake.controller.classifier import Classifier
 from overtake.controller.errors import PolicyLoadError, SidecarInputError
 from overtake.controller.gateway import Gateway
-from overtake.controller.harness.apache import parse_status
 from overtake.controller.limiter import Limiter
 from overtake.controller.metrics import SidecarMetrics
-from overtake.controller.online import OnlineCollector, OnlineLoop, OnlineSettings, RecordingLimiter
+from overtake.controller.online import OnlineCollector, OnlineLoop, OnlineSettings
 from overtake.controller.policies import SpawnPolicy, load_policy
-from overtake.controller.policy_fetch import FETCH_RESULTS, PolicyFetcher, PolicyFetchError, fetch_counter
+from overtake.controller.policy_source import PolicySource
 from overtake.controller.stages import StageTable
-from overtake.controller.upstream import UpstreamPool
 from overtake.controller.uplink import bands as _bands
 from overtake.controller.uplink import make_uplink
 from overtake.controller.uplink.errors import UplinkInputError
 from overtake.controller.uplink.metrics import UplinkCollector
+from overtake.controller.upstream import UpstreamPool
 
 __all__ = ["JsonFormatter", "Sidecar", "SidecarOptions", "parse_addr", "parse_apache_url"]
 
@@ -119,20 +113,22 @@ class Sidecar:
                                   top_fraction=options.uplink_top_fraction,
                                   lowest_writers=options.uplink_lowest_writers,
                                   ordered_bands=options.uplink_ordered_bands)
-        self.fetcher: PolicyFetcher | None = None
-        self.policy_etag: str | None = None
-        self.fetch_error: str | None = None
-        self.fetch_counts = dict.fromkeys(FETCH_RESULTS, 0)
-        self._fetch_lock = asyncio.Lock()
-        first = self._initial_fetch(table) if options.policy_url else None
-        policy = first if first is not None else load_policy(options.policy, table.names)
-        self.policy_source = self.fetcher.url if first is not None and self.fetcher else options.policy
+        self.source = PolicySource(table, options, lambda spec, source: self.swap(spec, source=source),
+                                   lambda: self.limiter.policy)
+        policy = self.source.first
         self.swapped_at = time.time()
         cfg = table.config
         settings = cfg.classifier
         if options.phase_header:
             settings = settings.model_copy(update={"header": options.phase_header})
         self.classifier = Classifier(settings, policy)
+        self.limiter = Limiter(
+            policy, self.classifier, stage_names=table.names,
+            queue_caps=tuple(table.queue_cap(i) for i in range(len(table.names))),
+            max_inflight=cfg.limits.max_inflight, passthrough_cap=cfg.passthrough.cap,
+            passthrough_queue_cap=cfg.limits.queue_cap,
+        )
+        self.metrics = SidecarMetrics(lambda: self.limiter, time_unit=cfg.classifier.time_unit)
         self.online: OnlineLoop | None = None
         if options.online is not None:
             self.online = OnlineLoop(
@@ -140,30 +136,17 @@ class Sidecar:
                 current=lambda: self.limiter.policy,
                 swap=lambda path: self.swap(path, source="online"), classifier_mode=settings.mode,
             )
-        self.limiter = (Limiter if self.online is None else RecordingLimiter)(
-            policy, self.classifier, stage_names=table.names,
-            queue_caps=tuple(table.queue_cap(i) for i in range(len(table.names))),
-            max_inflight=cfg.limits.max_inflight, passthrough_cap=cfg.passthrough.cap,
-            passthrough_queue_cap=cfg.limits.queue_cap,
-        )
-        if self.online is not None:
-            self.limiter.recorder = self.online  # type: ignore[attr-defined]
-        self.metrics = SidecarMetrics(lambda: self.limiter, time_unit=cfg.classifier.time_unit)
-        if self.online is not None:
+            self.limiter.add_listener(self.online.recorder)
             self.metrics.registry.register(OnlineCollector(self.online))
         if self.uplink.name != "fair":  # srpt/srrt/app: per-band bytes, flows, priority changes
             self.metrics.registry.register(UplinkCollector(self.uplink))
-        self.fetches = fetch_counter(self.metrics.registry)
-        for result, n in self.fetch_counts.items():
-            self.fetches.labels(result).inc(n)
+        self.source.register(self.metrics.registry)
         self.pool = UpstreamPool(*self.apache)
+        self.admin = AdminEndpoints(self)
         self.gateway = Gateway(
             table, self.limiter, self.classifier, self.pool, self.uplink, self.metrics,
-            admin=self.admin, phase_header=options.phase_header,
+            admin=self.admin.handle, phase_header=options.phase_header,
         )
-        self._watch: asyncio.Task[None] | None = None
-        self._poll: asyncio.Task[None] | None = None
-        self._file_sig = self._signature()
 
     @property
     def policy(self) -> SpawnPolicy:
@@ -177,41 +160,37 @@ class Sidecar:
             raise SidecarInputError(
                 f"listen: cannot listen on {self.options.listen} ({exc.strerror}); choose a free port"
             ) from None
-        self._watch = asyncio.create_task(self._watch_file())
-        if self.options.policy_url:
-            self._poll = asyncio.create_task(self._poll_policy())
-        loop = asyncio.get_running_loop()
-        try:
-            loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(self._reload("sighup")))
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass
+        self.source.start()
         if self.online is not None:
             self.online.start()
-        await self.scrape_apache()
-        st = self.metrics.apache.status
-        if st is not None:
-            workers = int(st.get("BusyWorkers", 0)) + int(st.get("IdleWorkers", 0))
-            if workers < self.table.config.limits.max_inflight:
-                log.warning("Apache has fewer workers than the sidecar's hard cap", extra={
-                    "event": "config_warning", "detail": f"limits.max_inflight = {self.table.config.limits.max_inflight} "
-                    f"but Apache has {workers} workers (MaxRequestWorkers): excess admitted requests wait inside "
-                    "Apache; lower limits.max_inflight or start Apache with --max-workers >= it"})
-        else:
-            log.warning("Apache not reachable at start", extra={"event": "config_warning", "detail": self.options.apache})
+        await self.admin.scrape_apache()
+        self._check_apache()
         log.info("sidecar listening", extra={
             "event": "start", "listen": self.options.listen, "apache": self.options.apache,
             "policy": self.policy.name, "hash": self.policy.hash, "version": self.policy.version,
         })
 
+    def _check_apache(self) -> None:
+        """Warn when Apache is unreachable or has fewer workers than the hard cap admits."""
+        st = self.metrics.apache.status
+        if st is None:
+            log.warning("Apache not reachable at start", extra={"event": "config_warning", "detail": self.options.apache})
+            return
+        workers = int(st.get("BusyWorkers", 0)) + int(st.get("IdleWorkers", 0))
+        cap = self.table.config.limits.max_inflight
+        if workers < cap:
+            log.warning("Apache has fewer workers than the sidecar's hard cap", extra={
+                "event": "config_warning", "detail": f"limits.max_inflight = {cap} "
+                f"but Apache has {workers} workers (MaxRequestWorkers): excess admitted requests wait inside "
+                "Apache; lower limits.max_inflight or start Apache with --max-workers >= it"})
+
     async def close(self) -> None:
         if self.online is not None:
             await self.online.close()
-        for task in (self._watch, self._poll):
-            if task is not None:
-                task.cancel()
+        self.source.stop()
         await self.gateway.close()
 
-    # ---- policy swap -----------------------------------------------------------------------
+    # ---- the one swap path -----------------------------------------------------------------
     def swap(self, spec: str, *, source: str) -> SpawnPolicy:
         """Load ``spec`` and install it atomically; on any error keep the old policy and raise."""
         try:
@@ -231,218 +210,6 @@ class Sidecar:
             "version": new.version, "detail": f"from {old.name} ({old.hash})",
         })
         return new
-
-    def _signature(self) -> tuple[float, int] | None:
-        p = Path(self.policy_source)
-        try:
-            st = p.stat()
-        except OSError:
-            return None
-        return (st.st_mtime, st.st_size)
-
-    async def _reload(self, source: str) -> None:
-        if Path(self.policy_source).is_file():
-            try:
-                self.swap(self.policy_source, source=source)
-            except (PolicyLoadError, SidecarInputError):
-                pass
-
-    async def _watch_file(self) -> None:
-        while True:
-            await asyncio.sleep(self.options.watch_interval)
-            sig = self._signature()
-            if sig is not None and sig != self._file_sig:
-                self._file_sig = sig
-                await self._reload("file_watch")
-
-    # ---- policy from the REST API (--policy-url) ------------------------------------------
-    def _count(self, result: str) -> None:
-        self.fetch_counts[result] += 1
-        if hasattr(self, "fetches"):
-            self.fetches.labels(result).inc()
-
-    def _initial_fetch(self, table: StageTable) -> SpawnPolicy | None:
-        """First download (blocking, before listening). Without a fallback ``--policy`` a failure is fatal."""
-        assert self.options.policy_url
-        if not self.options.policy_poll > 0:
-            raise SidecarInputError(f"policy-poll: must be > 0 seconds, got {self.options.policy_poll}")
-        self.fetcher = PolicyFetcher(self.options.policy_url, token=self.options.policy_token)
-        try:
-            dl = self.fetcher.fetch(None)
-            if dl is None:
-                raise PolicyFetchError(f"GET {self.fetcher.url}: 304 without If-None-Match")
-        except PolicyFetchError as exc:
-            self._count("error")
-            self.fetch_error = str(exc)
-            if not self.options.policy:
-                raise SidecarInputError(f"policy-url: {exc}; start the API, fix the URL or give --policy as a fallback") from None
-            log.warning("policy URL unreachable, using --policy", extra={"event": "policy_fetch_error", "detail": str(exc)})
-            return None
-        try:
-            pol = load_policy(str(dl.path), table.names)
-        except PolicyLoadError as exc:
-            self._count("refused")
-            self.fetch_error = f"refused: {exc}"
-            if not self.options.policy:
-                raise PolicyLoadError(f"policy-url: {self.fetcher.url} did not give a usable policy ({exc})") from None
-            return None
-        finally:
-            dl.cleanup()
-        self._count("updated")
-        self.policy_etag = dl.etag
-        return pol
-
-    async def refresh_policy(self, source: str) -> bool:
-        """One conditional GET of the policy URL; True when a new policy was installed.
-
-        Raises :class:`PolicyFetchError` (API down, HTTP error) or :class:`PolicyLoadError` (bad
-        download); the running policy is kept in both cases.
-        """
-        async with self._fetch_lock:
-            fetcher = self.fetcher
-            if fetcher is None:
-                return False
-            try:
-                dl = await asyncio.to_thread(fetcher.fetch, self.policy_etag)
-            except PolicyFetchError as exc:
-                self._count("error")
-                self.fetch_error = str(exc)
-                log.warning("policy fetch failed, old policy kept", extra={
-                    "event": "policy_fetch_error", "source": source, "detail": str(exc), "policy": self.policy.name})
-                raise
-            if dl is None:
-                self._count("not_modified")
-                self.fetch_error = None
-                return False
-            try:
-                self.swap(str(dl.path), source=source)
-            except (PolicyLoadError, SidecarInputError) as exc:
-                self._count("refused")
-                self.fetch_error = f"refused: {exc}"
-                raise
-            finally:
-                dl.cleanup()
-            self._count("updated")
-            self.policy_etag = dl.etag
-            self.fetch_error = None
-            self.policy_source = fetcher.url
-            return True
-
-    async def _poll_policy(self) -> None:
-        while True:
-            await asyncio.sleep(self.options.policy_poll)
-            try:
-                await self.refresh_policy("policy_poll")
-            except (PolicyFetchError, PolicyLoadError, SidecarInputError):
-                pass  # counted and logged; retry at the next poll
-
-    async def _put_policy_url(self, url: str) -> tuple[int, bytes, bytes]:
-        """``PUT /-/policy`` with a URL: fetch it now and, if it installs, follow it from then on."""
-        try:
-            new = PolicyFetcher(url, token=self.options.policy_token)
-        except SidecarInputError as exc:
-            return 422, b"text/plain", (f"refused, old policy kept: {exc}\n").encode()
-        old_fetcher, old_etag = self.fetcher, self.policy_etag
-        self.fetcher, self.policy_etag = new, None
-        try:
-            await self.refresh_policy("admin_url")
-        except (PolicyFetchError, PolicyLoadError, SidecarInputError) as exc:
-            self.fetcher, self.policy_etag = old_fetcher, old_etag
-            return 422, b"text/plain", (f"refused, old policy kept: {exc}\n").encode()
-        if self._poll is None:
-            self._poll = asyncio.create_task(self._poll_policy())
-        return 200, b"application/json", _json(self.policy_info())
-
-    def policy_info(self) -> dict[str, Any]:
-        p = self.policy
-        return {
-            "name": p.name, "version": p.version, "hash": p.hash, "phases": list(p.phases),
-            "per_phase_queues": p.per_phase_queues, "predicted_response_time_model_units": p.predicted_wait,
-            "swapped_at": self.swapped_at, "swaps": self.metrics.swaps, "refused": self.metrics.refused,
-            "classifier": self.classifier.mode, "source": self.policy_source,
-            "policy_url": self.fetcher.url if self.fetcher else None, "etag": self.policy_etag,
-            "fetches": dict(self.fetch_counts), "fetch_error": self.fetch_error,
-            **({"online": self.online.status()} if self.online is not None else {}),
-        }
-
-    # ---- admin -----------------------------------------------------------------------------
-    async def scrape_apache(self) -> None:
-        host, port = self.apache
-        try:
-            async with asyncio.timeout(2.0):
-                r, w = await asyncio.open_connection(host, port)
-                try:
-                    w.write(b"GET /server-status?auto HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % host.encode())
-                    raw = await r.read()
-                finally:
-                    w.close()
-            head, _, body = raw.partition(b"\r\n\r\n")
-            if not head.startswith(b"HTTP/1.1 200") or b"ServerMPM" not in body:
-                raise ValueError("not mod_status")
-            if b"chunked" in head.lower():
-                body = _dechunk(body)
-            self.metrics.apache.status = parse_status(body.decode("latin-1"))
-        except (OSError, TimeoutError, ValueError):
-            self.metrics.apache.status = None
-            self.metrics.apache.scrape_failures += 1
-
-    async def admin(self, method: bytes, path: bytes, body: bytes, peer: str) -> tuple[int, bytes, bytes]:
-        """``/-/<path>`` handler: (status, content type, body)."""
-        if path in (b"/metrics", b"/metrics/"):
-            await self.scrape_apache()
-            return 200, b"text/plain; version=0.0.4; charset=utf-8", generate_latest(self.metrics.registry)
-        if path == b"/healthz":
-            return 200, b"text/plain", b"ok\n"
-        if path == b"/policy":
-            if method == b"GET":
-                return 200, b"application/json", _json(self.policy_info())
-            if method == b"PUT":
-                if not self.options.admin_put or peer not in ("127.0.0.1", "::1"):
-                    return 403, b"text/plain", b"PUT /-/policy: only loopback clients may swap the policy\n"
-                if body.strip().startswith((b"http://", b"https://")):
-                    return await self._put_policy_url(body.decode("utf-8", errors="replace").strip())
-                return self._put_policy(body)
-            return 405, b"text/plain", b"/-/policy: use GET or PUT\n"
-        return 404, b"text/plain", b"admin paths: /-/metrics, /-/policy, /-/healthz\n"
-
-    def _put_policy(self, body: bytes) -> tuple[int, bytes, bytes]:
-        tmp = None
-        if body.startswith(b"PK"):  # an .npz (zip) uploaded as bytes
-            digest = hashlib.sha256(body).hexdigest()[:12]
-            tmp = tempfile.mkdtemp(prefix="overtake-policy-")
-            spec = os.path.join(tmp, f"upload-{digest}.npz")
-            with open(spec, "wb") as f:
-                f.write(body)
-        else:
-            spec = body.decode("utf-8", errors="replace").strip()
-            if not spec:
-                return 400, b"text/plain", b"PUT /-/policy: body must be pi(k), pi(k1,...,kN), passthrough, a policy file path or .npz bytes\n"
-        try:
-            self.swap(spec, source="admin")
-        except (PolicyLoadError, SidecarInputError) as exc:
-            return 422, b"text/plain", (f"refused, old policy kept: {exc}\n").encode()
-        finally:
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
-        # an explicit policy replaces the API's: stop following --policy-url
-        self.fetcher, self.policy_etag, self.fetch_error = None, None, None
-        return 200, b"application/json", _json(self.policy_info())
-
-
-def _json(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True).encode() + b"\n"
-
-
-def _dechunk(body: bytes) -> bytes:
-    out = []
-    while body:
-        size_line, _, rest = body.partition(b"\r\n")
-        n = int(size_line.split(b";")[0], 16)
-        if n == 0:
-            break
-        out.append(rest[:n])
-        body = rest[n + 2:]
-    return b"".join(out)
 
 
 def configure_logging(level: int = logging.INFO) -> None:

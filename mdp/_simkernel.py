@@ -22,15 +22,9 @@ import numba
 import numpy as np
 
 from .heuristic import heuristic_decide
+from .model import capacity_compiled as _cap
 
 LMAX = 64
-
-
-@numba.njit(cache=True, inline="always")
-def _cap(K, cores, overhead):  # type: ignore[no-untyped-def]
-    if K <= 0:
-        return 0.0
-    return min(K, cores) / (1.0 + overhead * K)
 
 
 @numba.njit(cache=True)

@@ -50,6 +50,7 @@ import numpy.typing as npt
 from .errors import ModelError
 from .evaluate import PolicyMetrics
 from .model import TandemModel
+from .model import capacity_compiled as _cap
 from .statespace import Layout
 from .truncation import evaluate_rule
 
@@ -145,8 +146,8 @@ def heuristic_decide(w, k, remaining, min_pair, wait, order, coord_stage, varian
                 accept = True
             else:
                 # free capacity: the new thread does not slow the others down
-                cK = min(K, cores) / (1.0 + overhead * K)
-                cK1 = min(K + 1, cores) / (1.0 + overhead * (K + 1))
+                cK = _cap(K, cores, overhead)
+                cK1 = _cap(K + 1, cores, overhead)
                 if cK1 / (K + 1) >= cK / K * (1.0 - 1e-12):
                     accept = True
                 elif variant == 0:

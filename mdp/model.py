@@ -15,8 +15,9 @@ Time is in seconds (or any unit, consistently); rates are per unit time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
+import numba
 import numpy as np
 import numpy.typing as npt
 
@@ -25,6 +26,41 @@ from .errors import ModelError
 FloatArray = npt.NDArray[np.float64]
 
 _TOL = 1e-9
+
+
+@overload
+def capacity(k: float, cores: int, overhead: float) -> float: ...
+@overload
+def capacity(k: npt.NDArray[Any], cores: int, overhead: float) -> FloatArray: ...
+def capacity(k: Any, cores: int, overhead: float) -> Any:
+    """c(K) = min(K, m)/(1 + δ·K), the processor's total service rate with K active threads.
+
+    Paper 004, §2 (m = 1, δ = 0 there; δ > 0 is this module's thread-overhead extension). The
+    one definition: :meth:`TandemModel.capacity`, the simulator's and the heuristic's compiled
+    kernels (through :data:`capacity_compiled`, numba's compilation of this very function) and
+    the sidecar's attained-service clock all evaluate it.
+
+    Parameters
+    ----------
+    k
+        Active threads K: a number or an array (element-wise); K <= 0 gives c = 0.
+    cores
+        m, the processor's cores.
+    overhead
+        δ >= 0, the per-thread overhead.
+
+    Returns
+    -------
+    float or ndarray
+        c(K), a numpy float (or float array) of ``k``'s shape.
+    """
+    kk = np.maximum(k, 0)  # c(0) = 0: no thread, no service
+    return np.minimum(kk, cores) / (1.0 + overhead * kk)
+
+
+#: :func:`capacity` compiled by numba for the nopython kernels (``_simkernel``, ``heuristic``); the
+#: same source, so the kernels cannot drift from it (tests/mdp/test_simulate.py compares them).
+capacity_compiled = numba.njit(cache=True, inline="always")(capacity)
 
 
 def _as_ph(alpha: Any, T: Any, where: str) -> tuple[FloatArray, FloatArray]:
@@ -183,9 +219,9 @@ class TandemModel:
         return self.arrival_rate * self.mean_service() / self.cores
 
     def capacity(self, K: npt.ArrayLike) -> FloatArray:
-        """c(K) = min(K, m)/(1 + δK), the processor's total service rate with K active threads."""
-        k = np.asarray(K, dtype=float)
-        return np.where(k > 0, np.minimum(k, self.cores) / (1.0 + self.overhead * k), 0.0)
+        """c(K) = min(K, m)/(1 + δK), the processor's total service rate with K active threads
+        (:func:`capacity` with this model's m and δ)."""
+        return capacity(np.asarray(K, dtype=float), self.cores, self.overhead)
 
     def max_capacity(self, k_max: int) -> float:
         return float(np.max(self.capacity(np.arange(1, max(1, k_max) + 1))))

@@ -1,4 +1,4 @@
-"""overtake.controller.online: demand and arrival estimators, the refit/re-solve/swap loop, and the loop in
+"""overtake.controller.online (the package): demand and arrival estimators, the refit/re-solve/swap loop, and the loop in
 a real sidecar in front of a real Apache.
 
 Known answers: hand-computed ∫ c(K)/K dt on small admission timelines; a Poisson stream of known
@@ -44,13 +44,12 @@ from overtake.controller.online import (
     OnlineCollector,
     OnlineLoop,
     OnlineSettings,
-    RecordingLimiter,
-    capacity,
 )
 from overtake.controller.policies import load_policy
 from overtake.controller.sidecar import Sidecar, SidecarOptions
 from overtake.controller.stages import StagesConfig, StageTable
 from overtake.mdp import Stage, TandemModel, evaluate_baseline
+from overtake.mdp.model import capacity
 
 REPO = Path(__file__).resolve().parents[2]
 CASE4_PROBS = np.array([0.91, 0.09])
@@ -101,19 +100,20 @@ class _Clock:
         return self.t
 
 
-def _recording_limiter(spec: str, clock: _Clock, **online: Any) -> tuple[RecordingLimiter, OnlineLoop]:
+def _recording_limiter(spec: str, clock: _Clock, **online: Any) -> tuple[Limiter, OnlineLoop]:
+    """A limiter with an online loop's recorder listening, as the sidecar wires them."""
     table = _table()
     pol = load_policy(spec, table.names)
     cl = Classifier(table.config.classifier, pol)
-    lim = RecordingLimiter(pol, cl, stage_names=table.names, queue_caps=(100, 100), max_inflight=64,
-                           passthrough_cap=None, passthrough_queue_cap=10, clock=clock)
+    lim = Limiter(pol, cl, stage_names=table.names, queue_caps=(100, 100), max_inflight=64,
+                  passthrough_cap=None, passthrough_queue_cap=10, clock=clock)
     loop = OnlineLoop(OnlineSettings(**online), table=table, time_unit=1.0, policy=pol,
                       current=lambda: lim.policy, swap=lambda p: pol, clock=clock)
-    lim.recorder = loop
+    lim.add_listener(loop.recorder)
     return lim, loop
 
 
-def test_recording_limiter_feeds_attained_service_from_real_admissions() -> None:
+def test_recorder_feeds_attained_service_from_real_admissions() -> None:
     """The limiter's own admission instants drive the integral: π(1) serialises A and B
     (A alone 0..3, B alone 3..4), π(2) overlaps them (2 and 2)."""
 
@@ -128,8 +128,8 @@ def test_recording_limiter_feeds_attained_service_from_real_admissions() -> None
         lim.release(ta, "completed")
         clock.t = 4.0
         lim.release(tb, "completed")
-        assert loop.arrivals[0].total == 2
-        return list(loop.stages[0].reservoirs["attained"])
+        assert loop.recorder.arrivals[0].total == 2
+        return list(loop.recorder.stages[0].reservoirs["attained"])
 
     assert asyncio.run(run("pi(1)")) == pytest.approx([3.0, 1.0])
     assert asyncio.run(run("pi(2)")) == pytest.approx([2.0, 2.0])
@@ -159,10 +159,10 @@ def test_reservoir_keeps_the_latest_samples() -> None:
     clock = _Clock()
     _, loop = _recording_limiter("pi(1)", clock, min_samples=10, reservoir=100)
     for i in range(1000):
-        loop.add_demand(1, float(i), "attained")
-    kept = list(loop.stages[1].reservoirs["attained"])
+        loop.recorder.add_demand(1, float(i), "attained")
+    kept = list(loop.recorder.stages[1].reservoirs["attained"])
     assert kept == [float(i) for i in range(900, 1000)]
-    assert loop.stages[1].observed["attained"] == 1000
+    assert loop.recorder.stages[1].observed["attained"] == 1000
 
 
 def test_settings_are_validated_with_the_option_name() -> None:
@@ -225,14 +225,14 @@ def _case4_loop(side: Sidecar, clock: _Clock, executor: Any, seed: int, **kw: An
     rng = np.random.default_rng(seed)
     for stage in (0, 1):
         for x in _h2(rng, 4000):
-            loop.add_demand(stage, float(x) * TIME_UNIT, "attained")
+            loop.recorder.add_demand(stage, float(x) * TIME_UNIT, "attained")
     lam = 0.6 / (2 * CASE4_MEAN) / TIME_UNIT  # transactions per second
     t = clock.t
     for gap in rng.exponential(1 / lam, int(lam * 130)):
         t += gap
         if t > clock.t + 120:
             break
-        loop.on_arrival(0, t)
+        loop.recorder.add_arrival(0, t)
     clock.t += 120.0
     return loop
 
@@ -327,8 +327,8 @@ def test_refit_is_skipped_without_samples_or_at_high_load() -> None:
                          current=lambda: side.limiter.policy, swap=lambda p: side.swap(p, source="online"),
                          executor=ex, job=boom, clock=clock)
         for _ in range(49):
-            few.add_demand(0, 0.01, "attained")
-            few.add_demand(1, 0.01, "attained")
+            few.recorder.add_demand(0, 0.01, "attained")
+            few.recorder.add_demand(1, 0.01, "attained")
         assert asyncio.run(few.refit()) == "skipped_samples"
         assert "fewer than 50" in few.last["reason"]
         loop = _case4_loop(side, clock, ex, seed=2, max_load=0.5)  # true load 0.6

@@ -1,9 +1,10 @@
 """overtake.controller.limiter under random interleavings (hypothesis), no network.
 
 Checked after every operation: the global hard cap, per-stage caps of π(k1,k2), the conservation
-law admitted = completed + failed + inflight, queue bookkeeping, and — for a solved table
-policy — that the threads started in each (stage, phase) are exactly the policy's answer at the
-state it was asked in.
+law admitted = completed + failed + inflight, queue bookkeeping, that a listener has heard one
+event per admission, release and rejection (the limiter's own counters, by stage), and — for a
+solved table policy — that the threads started in each (stage, phase) are exactly the policy's
+answer at the state it was asked in.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from overtake.controller.classifier import Classifier
-from overtake.controller.limiter import ADMITTED, DONE, PASSTHROUGH, QUEUED, Limiter, Ticket
+from overtake.controller.limiter import ADMITTED, DONE, PASSTHROUGH, QUEUED, Limiter, LimiterListener, Ticket
 from overtake.controller.policies import BaselinePolicy, SpawnPolicy, load_policy
 from overtake.controller.stages import ClassifierSettings
 from overtake.mdp import Stage, TandemModel, Truncation
@@ -52,16 +53,57 @@ class Recording:
         return a
 
 
+class Events(LimiterListener):
+    """Every event a limiter reports, in order: (kind, ticket, stage, detail)."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, Ticket, int, str]] = []
+
+    def on_arrival(self, ticket: Ticket, now: float) -> None:
+        self.log.append(("arrival", ticket, ticket.stage, ""))
+
+    def on_admit(self, ticket: Ticket, now: float) -> None:
+        self.log.append(("admit", ticket, ticket.stage, ""))
+
+    def on_release(self, ticket: Ticket, now: float, outcome: str) -> None:
+        self.log.append(("release", ticket, ticket.stage, outcome))
+
+    def on_reject(self, ticket: Ticket, reason: str) -> None:
+        self.log.append(("reject", ticket, ticket.stage, reason))
+
+    def on_claim(self, ticket: Ticket, now: float) -> None:
+        self.log.append(("claim", ticket, ticket.stage, ""))
+
+    def count(self, kind: str) -> dict[tuple[int, str], int]:
+        out: dict[tuple[int, str], int] = {}
+        for k, _, stage, detail in self.log:
+            if k == kind:
+                out[(stage, detail)] = out.get((stage, detail), 0) + 1
+        return out
+
+
 def _limiter(policy: Any, *, max_inflight: int = 1000, queue_cap: int = 1000, pt_cap: int | None = None,
              mode: str = "explicit") -> Limiter:
-    return Limiter(
+    lim = Limiter(
         policy, Classifier(ClassifierSettings(mode=mode), policy), stage_names=NAMES,  # type: ignore[arg-type]
         queue_caps=(queue_cap, queue_cap), max_inflight=max_inflight, passthrough_cap=pt_cap,
         passthrough_queue_cap=queue_cap,
     )
+    lim.add_listener(Events())
+    return lim
 
 
 def _check(lim: Limiter, tickets: list[Ticket]) -> None:
+    # the listener heard each admission, release and rejection once, with the right stage
+    ev = lim.listeners[0]
+    assert isinstance(ev, Events)
+    by_stage: dict[tuple[int, str], int] = {}
+    for (stage, _phase), n in lim.admitted.items():
+        if n:
+            by_stage[(stage, "")] = by_stage.get((stage, ""), 0) + n
+    assert ev.count("admit") == by_stage
+    assert ev.count("release") == {k: v for k, v in _by_stage_outcome(lim).items() if v}
+    assert ev.count("reject") == {k: v for k, v in lim.rejected.items() if v}
     assert lim.inflight_total <= lim.max_inflight
     admitted = sum(lim.admitted.values())
     ended = sum(lim.completed.values())
@@ -73,6 +115,13 @@ def _check(lim: Limiter, tickets: list[Ticket]) -> None:
     assert sum(lim.threads) == len([t for t in live if t.stage != PASSTHROUGH])
     if lim.passthrough_cap is not None:
         assert lim.pt_inflight <= lim.passthrough_cap
+
+
+def _by_stage_outcome(lim: Limiter) -> dict[tuple[int, str], int]:
+    out: dict[tuple[int, str], int] = {}
+    for (stage, _phase, outcome), n in lim.completed.items():
+        out[(stage, outcome)] = out.get((stage, outcome), 0) + n
+    return out
 
 
 ops = st.lists(
@@ -277,6 +326,47 @@ def test_claim_in_another_phase_moves_the_reservation(h2_policy: SpawnPolicy) ->
         return lim
 
     asyncio.run(body())
+
+
+def test_listener_hears_each_event_once_with_its_stage() -> None:
+    """A known sequence under π(1) (one thread in all, later stages first) with a passthrough lane
+    of 1 and queues of 1: the listener hears exactly these events, in this order."""
+
+    async def body() -> tuple[Limiter, list[tuple[str, str, int, str]]]:
+        lim = _limiter(BaselinePolicy("pi(1)", 2), pt_cap=1, queue_cap=1)
+        a = lim.submit(0, 0, "a")
+        b = lim.submit(1, 0, "b")
+        c = lim.submit(0, 0, "c")
+        assert lim.submit(0, 0, "x") is None  # c already waits at stage 1: the queue is full
+        p = lim.submit(PASSTHROUGH, 0, "p")
+        assert a is not None and b is not None and c is not None and p is not None
+        assert lim.cancel(c, "client_gone")
+        hold = lim.release(a, "completed", (1, 0))  # b is older in stage 2: it gets the thread
+        assert hold is not None and hold.status == QUEUED and b.status == ADMITTED
+        lim.release(b, "failed")
+        assert lim.claim(hold, 0, "a2") is hold and hold.status == ADMITTED
+        lim.release(hold, "completed")
+        lim.release(p, "completed")
+        ev = lim.listeners[0]
+        assert isinstance(ev, Events)
+        return lim, [(kind, t.route, stage, detail) for kind, t, stage, detail in ev.log]
+
+    lim, log = asyncio.run(body())
+    assert log == [
+        ("arrival", "a", 0, ""), ("admit", "a", 0, ""),
+        ("arrival", "b", 1, ""),
+        ("arrival", "c", 0, ""),
+        ("arrival", "x", 0, ""), ("reject", "x", 0, "queue_full"),
+        ("arrival", "p", PASSTHROUGH, ""), ("admit", "p", PASSTHROUGH, ""),
+        ("reject", "c", 0, "client_gone"),
+        ("release", "a", 0, "completed"), ("admit", "b", 1, ""),
+        ("release", "b", 1, "failed"), ("admit", "a2", 1, ""),
+        ("claim", "a2", 1, ""),
+        ("release", "a2", 1, "completed"),
+        ("release", "p", PASSTHROUGH, "completed"),
+    ]
+    assert lim.admitted_total == sum(1 for e in log if e[0] == "admit") == 4
+    assert sum(lim.completed.values()) == sum(1 for e in log if e[0] == "release") == 4
 
 
 follow_ops = st.lists(

@@ -18,7 +18,7 @@ from mdp_helpers import exp_stage, h2_stage, tandem
 from overtake.api.cli import main
 from overtake.mdp.errors import ModelError, PolicyFileError
 from overtake.mdp.heuristic import evaluate_heuristic
-from overtake.mdp.model import Stage
+from overtake.mdp.model import Stage, capacity, capacity_compiled
 from overtake.mdp.policy import Policy
 from overtake.mdp.simulate import ServiceSampler, posterior_labels, service_from_spec, simulate
 from overtake.mdp.statespace import Layout, Truncation
@@ -54,6 +54,19 @@ def test_capacity_curve_cores_and_overhead() -> None:
     slow = TandemModel(0.5, (exp_stage("a", 1.0),), overhead=0.25)
     res = simulate(slow, "pi(1)", requests=300_000, seed=19)
     assert inside(res, 1.0 / (1.0 / 1.25 - 0.5))
+
+
+def test_capacity_is_one_function_for_numpy_and_the_compiled_kernels() -> None:
+    """c(K) = min(K, m)/(1 + δK) at hand-computed points; numba's compilation of the same function
+    (what the simulator and heuristic kernels call) gives bit-identical values."""
+    assert capacity(0, 1, 0.0) == 0.0 and capacity(3, 2, 0.0) == 2.0 and capacity(2, 1, 0.5) == 0.5
+    assert capacity(3, 2, 0.25) == 2 / 1.75
+    ks = np.arange(-1, 13)
+    for m in (1, 2, 4):
+        for d in (0.0, 0.1, 0.25):
+            want = np.array([min(k, m) / (1.0 + d * k) if k > 0 else 0.0 for k in ks.tolist()])
+            np.testing.assert_array_equal(capacity(ks, m, d), want)
+            assert [capacity_compiled(k, m, d) for k in ks.tolist()] == want.tolist()
 
 
 def test_pi1_is_pollaczek_khinchine_with_summed_exponential_stages() -> None:

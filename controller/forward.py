@@ -1,0 +1,129 @@
+"""Forwarding an admitted request to Apache and relaying the answer to the client.
+
+The request goes to Apache on a keep-alive connection of the
+:class:`overtake.controller.upstream.UpstreamPool`; the stage is complete the moment Apache's
+*whole* response has been received (buffered up to ``response_buffer_bytes``, then streamed,
+chunked to HTTP/1.1 clients when Apache gave no length), so a slow client never holds a stage
+slot unless the response is larger than the buffer. The gateway's ``complete`` callback releases
+the permit then, before a byte goes to the client. Every response goes to the client through
+the uplink seam (:mod:`overtake.controller.uplink`). Apache unreachable or broken mid-answer
+releases the permit as ``failed`` and answers 502 (or closes a response already started).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from overtake.controller.http1 import ClientConnection, Request, client_head, content_length, simple_response, upstream_head
+from overtake.controller.limiter import ADMITTED, Limiter, Ticket
+from overtake.controller.metrics import SidecarMetrics
+from overtake.controller.stages import Limits
+from overtake.controller.upstream import UpstreamError, UpstreamPool, UpstreamResponse
+from overtake.controller.uplink import Uplink
+
+__all__ = ["Forwarder"]
+
+log = logging.getLogger("overtake.sidecar")
+
+
+class Forwarder:
+    """Apache's side of a request and the response's way back (module docstring)."""
+
+    def __init__(self, pool: UpstreamPool, uplink: Uplink, limiter: Limiter, metrics: SidecarMetrics,
+                 limits: Limits) -> None:
+        self.pool = pool
+        self.uplink = uplink
+        self.limiter = limiter
+        self.metrics = metrics
+        self.limits = limits
+        self.upstream_host = f"{pool.host}:{pool.port}".encode()
+        self._err_logged = -1e9
+        self._err_suppressed = 0
+
+    async def send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
+        """Write one whole response through the uplink."""
+        flow = self.uplink.open(writer, len(data))
+        try:
+            await flow.write(data)
+        finally:
+            flow.close()
+
+    def _log_upstream_error(self, detail: str) -> None:
+        """At most one line a second while Apache is failing (with the count suppressed)."""
+        now = time.monotonic()
+        if now - self._err_logged < 1.0:
+            self._err_suppressed += 1
+            return
+        extra = f" (+{self._err_suppressed} more since the last line)" if self._err_suppressed else ""
+        log.warning("upstream error", extra={"event": "upstream_error", "detail": detail + extra})
+        self._err_logged, self._err_suppressed = now, 0
+
+    async def forward(self, conn: ClientConnection, req: Request, t: Ticket,
+                      complete: Callable[[UpstreamResponse], Awaitable[None]]) -> bool:
+        """Send ``req`` (admitted as ``t``) to Apache, ``await complete(resp)`` once its whole
+        response is in, then relay it; False when the client connection must close."""
+        body = b"".join(req.body)
+        head = upstream_head(req, conn.peer, len(body), self.upstream_host)
+        writer = conn.writer
+        state: dict[str, Any] = {"flow": None, "chunked": False}
+
+        async def stream(resp: UpstreamResponse) -> None:
+            # response larger than the buffer: start the client response, pass chunks through
+            if state["flow"] is None:
+                cl = content_length(resp.headers)
+                state["chunked"] = chunked = cl is None and req.version == "1.1"
+                if cl is None and not chunked:
+                    req.keep_alive = False  # HTTP/1.0 client: close-delimited body
+                hd = client_head(resp, req, None, chunked)
+                flow = self.uplink.open(writer, None if cl is None else len(hd) + cl)
+                state["flow"] = flow
+                await flow.write(hd)
+            data = b"".join(resp.body)
+            resp.body.clear()
+            if data:
+                await state["flow"].write(b"%x\r\n%s\r\n" % (len(data), data) if state["chunked"] else data)
+
+        try:
+            resp = await self.pool.exchange(
+                req.method, head, body, buffer_bytes=self.limits.response_buffer_bytes,
+                timeout=self.limits.upstream_timeout, on_stream=stream,
+            )
+        except UpstreamError as exc:
+            self.limiter.release(t, "failed")
+            self.metrics.errors.labels("upstream_timeout" if "within" in str(exc) else "upstream_error").inc()
+            self._log_upstream_error(str(exc))
+            if state["flow"] is not None:
+                state["flow"].close()
+                return False
+            await self.send(writer, simple_response(502, f"overtake sidecar: Apache did not answer ({exc})", close=False))
+            return req.keep_alive
+        except (ConnectionError, OSError):
+            # the client went away while we streamed to it: Apache's answer is complete or dropped
+            self.limiter.release(t, "failed")
+            if state["flow"] is not None:
+                state["flow"].close()
+            return False
+        except BaseException:
+            if t.status == ADMITTED:
+                self.limiter.release(t, "failed")
+            raise
+        await complete(resp)  # the stage is complete: Apache has sent everything
+        if state["flow"] is None:
+            data = b"".join(resp.body)
+            hd = client_head(resp, req, None if req.method == b"HEAD" else len(data), False)
+            await self.send(writer, hd + data)
+        else:
+            flow = state["flow"]
+            try:
+                data = b"".join(resp.body)
+                if state["chunked"]:
+                    await flow.write((b"%x\r\n%s\r\n" % (len(data), data) if data else b"") + b"0\r\n\r\n")
+                elif data:
+                    await flow.write(data)
+            finally:
+                flow.close()
+        return req.keep_alive

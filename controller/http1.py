@@ -1,0 +1,275 @@
+"""HTTP/1.1 for the gateway: client connections parsed by httptools, and the heads it writes.
+
+A :class:`ClientConnection` reads one client socket and queues complete requests (keep-alive and
+pipelining; at most ``_MAX_PIPELINE`` parsed ahead, then reading pauses). A header block larger
+than ``max_header_bytes`` is a 431, a body larger than ``max_body_bytes`` a 413 (admin paths
+under ``/-/`` may carry up to 256 MiB, a whole policy artifact), a malformed request or an upgrade
+a 400: the connection records the error and ends; the gateway answers it and closes.
+``Expect: 100-continue`` is answered at once. Hop-by-hop headers (RFC 9110 §7.6.1, incl. those
+named in ``Connection``) are dropped in both directions by :func:`upstream_head` and
+:func:`client_head`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+import httptools
+
+from overtake.controller.stages import Limits
+from overtake.controller.upstream import UpstreamResponse
+
+if TYPE_CHECKING:
+    from overtake.controller.limiter import Ticket
+
+__all__ = ["REASONS", "ClientConnection", "Request", "client_head", "content_length", "simple_response",
+           "upstream_head"]
+
+_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"proxy-authenticate",
+                  b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade"})
+#: reason phrases of the statuses the sidecar writes itself
+REASONS = {400: b"Bad Request", 403: b"Forbidden", 404: b"Not Found", 405: b"Method Not Allowed",
+           413: b"Content Too Large", 431: b"Request Header Fields Too Large", 500: b"Internal Server Error",
+           502: b"Bad Gateway", 503: b"Service Unavailable", 200: b"OK"}
+_MAX_PIPELINE = 16
+_ADMIN_BODY_MAX = 256 << 20  # PUT /-/policy carries a whole policy artifact
+
+
+class Request:
+    """One parsed client request."""
+
+    __slots__ = ("body", "expect", "headers", "keep_alive", "method", "url", "version")
+
+    def __init__(self) -> None:
+        self.method = b""
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body: list[bytes] = []
+        self.keep_alive = True
+        self.version = "1.1"
+        self.expect = False
+
+
+class _TooLarge(Exception):
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+
+class ClientConnection:
+    """Reads and parses one client connection; parsed requests queue up for the handler.
+
+    Also carries the gateway's per-connection state: ``busy`` (a request in progress),
+    ``last_active`` (for the idle sweep) and ``hold`` (a reservation for this client's
+    next-stage request, :mod:`overtake.controller.limiter`'s tandem routing).
+    """
+
+    def __init__(self, limits: Limits, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.limits = limits
+        self.reader = reader
+        self.writer = writer
+        self.parser = httptools.HttpRequestParser(self)
+        self.cur: Request | None = None
+        self.ready: deque[Request] = deque()
+        self.error: tuple[int, str, str] | None = None  # (status, reason key, message)
+        self.eof = False
+        self.wake: asyncio.Future[None] | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.head_bytes = 0
+        self.body_bytes = 0
+        self.in_headers = False
+        peer = writer.get_extra_info("peername")
+        self.peer = peer[0] if isinstance(peer, tuple) else "unknown"
+        self.resume: asyncio.Future[None] | None = None
+        self.busy = False
+        self.last_active = time.monotonic()
+        self.hold: Ticket | None = None
+        self.hold_timer: asyncio.TimerHandle | None = None
+
+    # httptools callbacks ------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self.cur = Request()
+        self.in_headers = True
+        self.head_bytes = 0
+        self.body_bytes = 0
+
+    def on_url(self, url: bytes) -> None:
+        assert self.cur is not None
+        self.cur.url += url
+        self._count_head(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        assert self.cur is not None
+        self.cur.headers.append((name, value))
+        self._count_head(len(name) + len(value) + 4)
+
+    def _count_head(self, n: int) -> None:
+        self.head_bytes += n
+        if self.head_bytes > self.limits.max_header_bytes:
+            raise _TooLarge(431)
+
+    def on_headers_complete(self) -> None:
+        r = self.cur
+        assert r is not None
+        self.in_headers = False
+        r.method = self.parser.get_method()
+        r.keep_alive = self.parser.should_keep_alive()
+        r.version = self.parser.get_http_version()
+        for k, v in r.headers:
+            if k.lower() == b"expect" and v.lower() == b"100-continue":
+                r.expect = True
+                self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        assert self.cur is not None
+        self.body_bytes += len(body)
+        if self.body_bytes > self.limits.max_body_bytes and not (
+            self.cur.url.startswith(b"/-/") and self.body_bytes <= _ADMIN_BODY_MAX
+        ):
+            raise _TooLarge(413)
+        self.cur.body.append(body)
+
+    def on_message_complete(self) -> None:
+        assert self.cur is not None
+        self.ready.append(self.cur)
+        self.cur = None
+        self._wake()
+
+    # --------------------------------------------------------------------------------------
+    def _wake(self) -> None:
+        if self.wake is not None and not self.wake.done():
+            self.wake.set_result(None)
+
+    async def read_loop(self) -> None:
+        limits = self.limits
+        try:
+            while True:
+                data = await self.reader.read(65536)
+                if not data:
+                    break
+                self.last_active = time.monotonic()
+                try:
+                    try:
+                        self.parser.feed_data(data)
+                    except httptools.HttpParserCallbackError as exc:
+                        if isinstance(exc.__context__, _TooLarge):
+                            raise exc.__context__ from None
+                        raise
+                except _TooLarge as exc:
+                    if exc.status == 431:
+                        self.error = (431, "header_too_large", f"request header block larger than {limits.max_header_bytes} bytes")
+                    else:
+                        self.error = (413, "body_too_large", f"request body larger than {limits.max_body_bytes} bytes")
+                    break
+                except httptools.HttpParserUpgrade:
+                    self.error = (400, "bad_request", "protocol upgrade is not supported by the sidecar")
+                    break
+                except httptools.HttpParserError as exc:
+                    self.error = (400, "bad_request", f"malformed HTTP request ({exc})")
+                    break
+                if len(self.ready) >= _MAX_PIPELINE:  # back-pressure on pipelining clients
+                    self.resume = asyncio.get_running_loop().create_future()
+                    await self.resume
+                    self.resume = None
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self.eof = True
+            if not self.closed.done():
+                self.closed.set_result(None)
+            self._wake()
+
+    async def next_request(self) -> Request | None:
+        while True:
+            if self.ready:
+                r = self.ready.popleft()
+                if self.resume is not None and not self.resume.done():
+                    self.resume.set_result(None)
+                return r
+            if self.error is not None or self.eof:
+                return None
+            self.wake = asyncio.get_running_loop().create_future()
+            await self.wake
+            self.wake = None
+
+
+def simple_response(status: int, text: str, *, close: bool, extra: bytes = b"") -> bytes:
+    """A whole plain-text response written by the sidecar itself."""
+    body = (text + "\n").encode()
+    return (b"HTTP/1.1 %d %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\n%s%s\r\n"
+            % (status, REASONS.get(status, b"Error"), len(body), extra,
+               b"Connection: close\r\n" if close else b"")) + body
+
+
+def upstream_head(req: Request, peer: str, body_len: int, upstream_host: bytes) -> bytes:
+    """The request head sent to Apache: hop-by-hop headers dropped, ``X-Forwarded-For`` appended,
+    ``Host`` added if missing, the (de-chunked) body's ``Content-Length``."""
+    drop = _drop_set(req.headers)
+    out = [b"%s %s HTTP/1.1\r\n" % (req.method, req.url)]
+    xff = None
+    has_host = False
+    for k, v in req.headers:
+        lk = k.lower()
+        if lk in drop or lk == b"content-length" or lk == b"expect":
+            continue
+        if lk == b"x-forwarded-for":
+            xff = v if xff is None else xff + b", " + v
+            continue
+        if lk == b"host":
+            has_host = True
+        out.append(k + b": " + v + b"\r\n")
+    p = peer.encode()
+    out.append(b"X-Forwarded-For: " + (xff + b", " + p if xff else p) + b"\r\n")
+    if not has_host:
+        out.append(b"Host: " + upstream_host + b"\r\n")
+    if body_len or req.method in (b"POST", b"PUT", b"PATCH"):
+        out.append(b"Content-Length: %d\r\n" % body_len)
+    out.append(b"\r\n")
+    return b"".join(out)
+
+
+def client_head(resp: UpstreamResponse, req: Request, body_len: int | None, chunked: bool) -> bytes:
+    """The response head sent to the client: Apache's, hop-by-hop headers dropped, with
+    ``Content-Length`` (``body_len``) or chunked framing and the client's keep-alive."""
+    drop = _drop_set(resp.headers)
+    out = [b"HTTP/1.1 %d %s\r\n" % (resp.status, resp.reason or REASONS.get(resp.status, b""))]
+    for k, v in resp.headers:
+        lk = k.lower()
+        if lk in drop or (lk == b"content-length" and body_len is not None):
+            continue
+        out.append(k + b": " + v + b"\r\n")
+    if body_len is not None and not (req.method == b"HEAD" or resp.status in (204, 304) or resp.status < 200):
+        out.append(b"Content-Length: %d\r\n" % body_len)
+    if chunked:
+        out.append(b"Transfer-Encoding: chunked\r\n")
+    if not req.keep_alive:
+        out.append(b"Connection: close\r\n")
+    elif req.version == "1.0":
+        out.append(b"Connection: keep-alive\r\n")
+    out.append(b"\r\n")
+    return b"".join(out)
+
+
+def _drop_set(headers: list[tuple[bytes, bytes]]) -> frozenset[bytes]:
+    """Hop-by-hop header names: the fixed list plus any named in Connection (RFC 9110 §7.6.1)."""
+    extra = None
+    for k, v in headers:
+        if k.lower() == b"connection":
+            for x in v.split(b","):
+                t = x.strip().lower()
+                if t not in (b"keep-alive", b"close"):
+                    extra = (extra or set()) | {t}
+    return _HOP if extra is None else _HOP | extra
+
+
+def content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The ``Content-Length`` header's value; None if absent or not a number."""
+    for k, v in headers:
+        if k.lower() == b"content-length":
+            try:
+                return int(v)
+            except ValueError:
+                return None
+    return None

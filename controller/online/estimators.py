@@ -1,0 +1,251 @@
+"""Estimators of the online loop: service demand per stage request, and the arrival rate.
+
+:class:`DemandRecorder` is the :class:`overtake.controller.limiter.LimiterListener` the sidecar
+subscribes to its limiter with ``--online``: it turns ticket events into arrival counts and
+attained-service samples, and holds the latest samples per (stage, source) for the refit
+(package docstring: :mod:`overtake.controller.online`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from overtake.controller.limiter import ADMITTED, PASSTHROUGH, LimiterListener, Ticket
+from overtake.controller.online.settings import SOURCES, OnlineSettings
+from overtake.controller.stages import StageTable
+from overtake.mdp.model import capacity
+
+__all__ = ["AccessLogTail", "ArrivalRate", "AttainedService", "DemandRecorder"]
+
+FloatArray = npt.NDArray[np.float64]
+
+_READ_MAX = 4 << 20  # bytes of access log parsed per poll (the rest at the next poll)
+
+
+class AttainedService:
+    """Attained service under processor sharing: S = ∫ c(K(t))/K(t) dt over the request's stay.
+
+    One virtual clock V(t) = ∫ c(K)/K dt advanced at every change of K; a request's attained
+    service is V(done) − V(admit) (K constant between events, so this is exact)."""
+
+    def __init__(self, cores: int = 1, overhead: float = 0.0) -> None:
+        self.cores = cores
+        self.overhead = overhead
+        self.k = 0
+        self.v = 0.0
+        self._t: float | None = None
+        self._start: dict[int, float] = {}
+        self._c: dict[int, float] = {}  # c(K) by K: a dict look-up on the request path, not numpy
+
+    def _advance(self, now: float) -> None:
+        if self._t is not None and self.k:
+            c = self._c.get(self.k)
+            if c is None:
+                c = self._c[self.k] = float(capacity(self.k, self.cores, self.overhead))
+            self.v += (now - self._t) * c / self.k
+        self._t = now
+
+    def admit(self, key: int, now: float) -> None:
+        self._advance(now)
+        self._start[key] = self.v
+        self.k += 1
+
+    def release(self, key: int, now: float) -> float | None:
+        """End ``key``'s stay; its attained service (None if it was never admitted here)."""
+        start = self._start.pop(key, None)
+        if start is None:
+            return None
+        self._advance(now)
+        self.k -= 1
+        return self.v - start
+
+
+class ArrivalRate:
+    """Arrivals per second over a sliding window, from counts in ``buckets`` equal buckets."""
+
+    def __init__(self, window: float, start: float | None = None, buckets: int = 64) -> None:
+        self.window = window
+        self.width = window / buckets
+        self.buckets = buckets
+        self.start = start  # None: from the first arrival (no bias from an idle start-up)
+        self.total = 0
+        self._counts: deque[list[int]] = deque()  # [bucket index, count], oldest first
+
+    def add(self, now: float, n: int = 1) -> None:
+        if self.start is None:
+            self.start = now
+        b = int((now - self.start) // self.width)
+        if self._counts and self._counts[-1][0] == b:
+            self._counts[-1][1] += n
+        else:
+            self._counts.append([b, n])
+        self.total += n
+        self._trim(b)
+
+    def _trim(self, b: int) -> None:
+        while self._counts and self._counts[0][0] <= b - self.buckets:
+            self._counts.popleft()
+
+    def rate(self, now: float) -> float | None:
+        """λ over the window ending at ``now`` (whole buckets plus the current partial one);
+        None before any arrival or time has passed."""
+        if self.start is None:
+            return None
+        b = int((now - self.start) // self.width)
+        self._trim(b)
+        span = min(now - self.start, (now - self.start) - (b - self.buckets + 1) * self.width)
+        if span <= 0:
+            return None
+        return sum(c for _, c in self._counts) / span
+
+
+class AccessLogTail:
+    """New lines of Apache's access log since the last read: (stage index, CPU seconds)."""
+
+    def __init__(self, path: str | os.PathLike[str], table: StageTable) -> None:
+        import apachelogs  # type: ignore[import-untyped]  # no stubs upstream
+
+        from overtake.controller.harness.apache import LOG_FORMAT
+
+        self.path = Path(path)
+        self.table = table
+        self.parser = apachelogs.LogParser(LOG_FORMAT)
+        try:  # only requests from now on: a long history would stall the first read
+            self.offset = self.path.stat().st_size
+        except FileNotFoundError:
+            self.offset = 0
+        self.bad_lines = 0
+        self.no_cpu = 0
+
+    def poll(self) -> list[tuple[int, float]]:
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return []
+        if size < self.offset:  # rotated or truncated
+            self.offset = 0
+        if size == self.offset:
+            return []
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            data = f.read(min(size - self.offset, _READ_MAX))
+        end = data.rfind(b"\n")
+        if end < 0:
+            return []
+        self.offset += end + 1
+        out = []
+        for line in data[:end].decode("utf-8", errors="replace").split("\n"):
+            if not line:
+                continue
+            try:
+                e = self.parser.parse(line).directives
+            except Exception:  # apachelogs.InvalidEntryError: a foreign line; counted, not fatal
+                self.bad_lines += 1
+                continue
+            method, _, rest = str(e["%r"]).partition(" ")
+            path = rest.rsplit(" ", 1)[0].partition("?")[0]
+            routed = self.table.route(method, path)
+            cpu = e["%{stage_cpu_us}n"]
+            if routed is None or e["%>s"] != 200:
+                continue
+            if cpu is None:
+                self.no_cpu += 1
+                continue
+            out.append((routed[0], int(cpu) / 1e6))
+        return out
+
+
+@dataclass
+class _StageEstimates:
+    reservoirs: dict[str, deque[float]]
+    observed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SOURCES, 0))
+
+
+class DemandRecorder(LimiterListener):
+    """Demand samples and arrivals per stage, fed by the limiter's events and the access log.
+
+    Demands are stored in model time units (seconds / ``time_unit``); the latest
+    ``settings.reservoir`` per (stage, source) are kept. Passthrough requests are ignored.
+    Every method runs on the event loop and is O(1) (the reservoirs are not shared with threads).
+    """
+
+    def __init__(self, settings: OnlineSettings, table: StageTable, *, time_unit: float, cores: int,
+                 overhead: float, clock: Callable[[], float]) -> None:
+        self.settings = settings
+        self.time_unit = time_unit
+        self.clock = clock
+        self.attained = AttainedService(cores, overhead)
+        self.arrivals = [ArrivalRate(settings.arrival_window) for _ in table.names]
+        self.stages = [_StageEstimates({s: deque(maxlen=settings.reservoir) for s in SOURCES}) for _ in table.names]
+        self.tail = AccessLogTail(settings.access_log, table) if settings.access_log else None
+
+    # ---- the limiter's events --------------------------------------------------------------
+    def on_arrival(self, ticket: Ticket, now: float) -> None:
+        if ticket.stage != PASSTHROUGH:
+            self.add_arrival(ticket.stage, now)
+
+    def on_admit(self, ticket: Ticket, now: float) -> None:
+        if ticket.stage != PASSTHROUGH:
+            self.attained.admit(id(ticket), now)
+
+    def on_release(self, ticket: Ticket, now: float, outcome: str) -> None:
+        if ticket.stage == PASSTHROUGH:
+            return
+        s = self.attained.release(id(ticket), now)
+        if s is not None and outcome == "completed" and s > 0:
+            self.add_demand(ticket.stage, s, "attained")
+
+    def on_claim(self, ticket: Ticket, now: float) -> None:
+        self.add_arrival(ticket.stage, ticket.t_arrive)  # the follow-up's arrival is its claim
+        if ticket.status == ADMITTED:  # attained service counts from the claim, not the reservation
+            self.attained.release(id(ticket), ticket.t_admit)
+            self.attained.admit(id(ticket), ticket.t_admit)
+
+    # ---- samples ---------------------------------------------------------------------------
+    def add_arrival(self, stage: int, now: float) -> None:
+        """One arrival to ``stage`` at ``now`` (seconds)."""
+        self.arrivals[stage].add(now)
+
+    def add_demand(self, stage: int, seconds: float, source: str) -> None:
+        """One service-demand sample (seconds) of ``stage`` from ``source``."""
+        st = self.stages[stage]
+        st.reservoirs[source].append(seconds / self.time_unit)
+        st.observed[source] += 1
+
+    def poll_log(self, recs: list[tuple[int, float]] | None = None) -> int:
+        """Add access-log samples (read now, or ``recs`` read by :meth:`AccessLogTail.poll`);
+        number added."""
+        if self.tail is None:
+            return 0
+        if recs is None:
+            recs = self.tail.poll()
+        for stage, cpu in recs:
+            if cpu > 0:
+                self.add_demand(stage, cpu, "access_log")
+        return len(recs)
+
+    # ---- what the refit uses ---------------------------------------------------------------
+    def arrival_rate(self) -> float | None:
+        """λ (per second) of transactions: arrivals to the first stage in the window."""
+        return self.arrivals[0].rate(self.clock())
+
+    def choose(self, stage: int) -> tuple[str, FloatArray]:
+        """The source whose samples the refit of ``stage`` uses, and those samples (model units)."""
+        res = self.stages[stage].reservoirs
+        log = np.fromiter(res["access_log"], dtype=float)
+        if log.size >= self.settings.min_samples:
+            return "access_log", log
+        # With an access log the log is the source: the attained estimate is biased whenever other
+        # work shares Apache's cores. Its lines arrive a poll later than completions, so wait for
+        # them; fall back only if the log has given nothing while 2 × min_samples requests completed
+        # (a wrong --access-log path or format).
+        if self.tail is not None and (log.size > 0 or len(res["attained"]) < 2 * self.settings.min_samples):
+            return "access_log", log
+        return "attained", np.fromiter(res["attained"], dtype=float)

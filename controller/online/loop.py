@@ -1,0 +1,253 @@
+"""The online loop's asyncio side: rate-limited refits in a worker process, the decision, the hot swap.
+
+Package docstring (:mod:`overtake.controller.online`) for what is estimated and when a refit is
+skipped. A refit runs :func:`overtake.controller.online.refit_job` in one worker process (the
+event loop never blocks); the new policy is installed through the sidecar's atomic swap only if
+its predicted E[W] beats the running policy's by more than ``margin``. Every decision is one JSON
+log line (``event = online_refit``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor, ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from overtake.controller.online.estimators import DemandRecorder
+from overtake.controller.online.refit import RefitJob, refit_job, warm_up
+from overtake.controller.online.settings import OUTCOMES, OnlineSettings
+from overtake.controller.policies import BaselinePolicy, SpawnPolicy, TablePolicy
+from overtake.controller.stages import StageTable
+
+__all__ = ["OnlineLoop"]
+
+log = logging.getLogger("overtake.sidecar")
+
+
+class OnlineLoop:
+    """Refits, re-solves and swaps, rate limited, from what :attr:`recorder` has heard.
+
+    ``policy`` is the policy at start, ``current()`` returns the running one, ``swap(path)``
+    installs a policy file through the sidecar's atomic path (raising on refusal). The sidecar
+    subscribes :attr:`recorder` (a :class:`~overtake.controller.online.DemandRecorder`) to its
+    limiter with :meth:`overtake.controller.limiter.Limiter.add_listener`."""
+
+    def __init__(
+        self,
+        settings: OnlineSettings,
+        *,
+        table: StageTable,
+        time_unit: float,
+        policy: SpawnPolicy,
+        current: Callable[[], SpawnPolicy],
+        swap: Callable[[str], SpawnPolicy],
+        classifier_mode: str = "explicit",
+        cores: int | None = None,
+        overhead: float | None = None,
+        executor: Executor | None = None,
+        job: Callable[[RefitJob], dict[str, Any]] = refit_job,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.table = table
+        self.names = table.names
+        self.time_unit = time_unit
+        self.current = current
+        self._swap = swap
+        self.classifier_mode = classifier_mode
+        # the processor (cores m, overhead δ) is the running policy's model's, else one core
+        model = policy.policy.model if isinstance(policy, TablePolicy) else None
+        self.cores = cores if cores is not None else (model.cores if model is not None else 1)
+        self.overhead = overhead if overhead is not None else (model.overhead if model is not None else 0.0)
+        self.clock = clock
+        self.wall = wall
+        self.recorder = DemandRecorder(settings, table, time_unit=time_unit, cores=self.cores,
+                                       overhead=self.overhead, clock=clock)
+        self.outcomes = dict.fromkeys(OUTCOMES, 0)
+        self.last_refit_start: float | None = None  # monotonic
+        self.last_refit_time: float | None = None  # unix time of the last completed refit
+        self.last: dict[str, Any] = {}  # the last decision's record
+        self.generation = 0  # policies swapped in by this loop
+        self._executor = executor
+        self._own_executor = executor is None
+        self._job = job
+        self._busy = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._dir = Path(settings.policy_dir) if settings.policy_dir else None
+        self._own_dir = self._dir is None
+        self._seq = 0
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the worker process and the refit (and access-log) tasks on the running loop."""
+        self._pool().submit(warm_up)
+        self._tasks.append(asyncio.create_task(self._run()))
+        if self.recorder.tail is not None:
+            self._tasks.append(asyncio.create_task(self._tail()))
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.refit_interval)
+            try:
+                await self.refit()
+            except Exception as exc:  # never let the loop die; the reason is logged
+                log.error("online refit crashed", extra={"event": "online_refit", "outcome": "failed",
+                                                         "detail": f"{type(exc).__name__}: {exc}"})
+
+    async def _tail(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.log_poll)
+            try:
+                self.recorder.poll_log(await asyncio.to_thread(self.recorder.tail.poll))  # type: ignore[union-attr]
+            except OSError as exc:
+                log.warning("access log unreadable", extra={"event": "online_log", "detail": str(exc)})
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+        self._tasks.clear()
+        if self._executor is not None and self._own_executor:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+        if self._own_dir and self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _pool(self) -> Executor:
+        if self._executor is None:
+            # spawn: no fork of a process running an event loop and threads
+            self._executor = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        return self._executor
+
+    def _out_path(self) -> str:
+        if self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix="overtake-online-"))
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._seq += 1
+        return str(self._dir / f"online-{os.getpid()}-{self._seq:04d}.npz")
+
+    # ---- one refit ---------------------------------------------------------------------------
+    def _decide(self, outcome: str, record: dict[str, Any], level: int = logging.INFO) -> str:
+        self.outcomes[outcome] += 1
+        record = {"outcome": outcome, **record}
+        self.last = record
+        if not outcome.startswith("skipped_rate") and not outcome.startswith("skipped_busy"):
+            self.last_refit_time = self.wall()
+        log.log(level, f"online refit: {outcome}", extra={"event": "online_refit", "outcome": outcome,
+                                                           "reason": record.get("reason"), "refit": record})
+        return outcome
+
+    async def refit(self) -> str:
+        """One refit attempt; returns its outcome (one of :data:`OUTCOMES`)."""
+        now = self.clock()
+        s = self.settings
+        if self._busy:
+            return self._decide("skipped_busy", {"reason": "a refit is still running"}, logging.DEBUG)
+        if self.last_refit_start is not None and now - self.last_refit_start < s.refit_interval:
+            return self._decide("skipped_rate_limited", {
+                "reason": f"last refit {now - self.last_refit_start:.3g} s ago < refit interval {s.refit_interval:g} s"},
+                logging.DEBUG)
+        chosen = [self.recorder.choose(i) for i in range(len(self.names))]
+        counts = {n: int(x.size) for n, (_, x) in zip(self.names, chosen)}
+        sources = {n: src for n, (src, _) in zip(self.names, chosen)}
+        lam = self.recorder.arrival_rate()
+        base: dict[str, Any] = {"samples": counts, "source": sources,
+                                "arrival_rate_per_second": lam}
+        short = [n for n, c in counts.items() if c < s.min_samples]
+        if short:
+            return self._decide("skipped_samples", {**base, "reason": f"stages {short} have fewer than "
+                                                    f"{s.min_samples} demand samples"})
+        if not lam:
+            return self._decide("skipped_samples", {**base, "reason": "no arrivals in the window"})
+        means = [float(x.mean()) for _, x in chosen]
+        lam_model = lam * self.time_unit
+        load = lam_model * sum(means) / self.cores
+        base.update(load=load, means_seconds={n: m * self.time_unit for n, m in zip(self.names, means)})
+        if load >= s.max_load:
+            return self._decide("skipped_load", {**base, "reason": f"estimated load {load:.3f} >= {s.max_load:g}: "
+                                                 "the model has no stationary optimum to re-solve for"})
+        pol = self.current()
+        if isinstance(pol, TablePolicy):
+            current: Any = pol.policy
+            orders: tuple[int | None, ...] = tuple(pol.phases)  # keep the phase count: exact comparison
+            phase_info = pol.policy.phase_info
+        elif isinstance(pol, BaselinePolicy):
+            current = pol.baseline.name
+            orders = (None,) * len(self.names)
+            phase_info = "start" if self.classifier_mode == "hidden" else "full"
+        else:  # pragma: no cover - only the two policy families exist
+            return self._decide("failed", {**base, "reason": f"policy type {type(pol).__name__} unknown"})
+        job = RefitJob(
+            stage_names=self.names, samples=tuple(x for _, x in chosen), arrival_rate=lam_model,
+            cores=self.cores, overhead=self.overhead, orders=orders, max_order=s.max_order,
+            phase_info=phase_info, current=current, tolerance=s.tolerance, out=self._out_path(), margin=s.margin,
+        )
+        self.last_refit_start = now
+        self._busy = True
+        t0 = time.perf_counter()
+        try:
+            res = await asyncio.get_running_loop().run_in_executor(self._pool(), self._job, job)
+        except Exception as exc:
+            if self._own_executor and self._executor is not None and type(exc).__name__ == "BrokenProcessPool":
+                self._executor.shutdown(wait=False, cancel_futures=True)
+                self._executor = None
+            _unlink(job.out)
+            return self._decide("failed", {**base, "reason": f"{type(exc).__name__}: {exc}",
+                                           "policy": pol.name}, logging.ERROR)
+        finally:
+            self._busy = False
+        wall = time.perf_counter() - t0
+        rec = {**base, "fit": res["stages"], "predicted_new": res["predicted_new"],
+               "predicted_current": res["predicted_current"], "current_error": res["current_error"],
+               "states": res["states"], "worker_seconds": res["seconds"], "seconds": wall,
+               "policy": pol.name, "new_hash": res["hash"]}
+        if self.current().hash != pol.hash:
+            _unlink(job.out)
+            return self._decide("skipped_superseded", {**rec, "reason": "the policy was swapped while the refit ran"})
+        new_w, cur_w = res["predicted_new"], res["predicted_current"]
+        if not new_w < cur_w * (1.0 - s.margin):
+            _unlink(job.out)
+            return self._decide("kept", {**rec, "reason": f"predicted E[W] {new_w:.6g} is not better than the "
+                                         f"current {cur_w:.6g} by more than {s.margin:.1%}"})
+        try:
+            installed = self._swap(job.out)
+        except (ValueError, OSError) as exc:
+            _unlink(job.out)
+            return self._decide("failed", {**rec, "reason": f"swap refused: {exc}"}, logging.ERROR)
+        self.generation += 1
+        self._prune(keep=job.out)
+        return self._decide("swapped", {**rec, "reason": f"predicted E[W] {new_w:.6g} < current {cur_w:.6g}",
+                                        "generation": self.generation, "new_policy": installed.name})
+
+    def _prune(self, keep: str) -> None:
+        """Delete earlier online policies (only the running one is needed)."""
+        if self._dir is None:
+            return
+        for p in self._dir.glob(f"online-{os.getpid()}-*.npz"):
+            if str(p) != keep:
+                _unlink(str(p))
+
+    def status(self) -> dict[str, Any]:
+        """For ``GET /-/policy``."""
+        return {"generation": self.generation, "refits": dict(self.outcomes), "last": self.last,
+                "last_refit_time": self.last_refit_time}
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

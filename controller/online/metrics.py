@@ -1,0 +1,71 @@
+"""``overtake_online_*`` Prometheus metrics of the online loop (list: :mod:`overtake.controller.metrics`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from overtake.controller.online.loop import OnlineLoop
+from overtake.controller.online.settings import SOURCES
+
+__all__ = ["OnlineCollector"]
+
+
+class OnlineCollector(Collector):
+    """``overtake_online_*`` metrics, read from the loop at scrape time."""
+
+    def __init__(self, loop: OnlineLoop) -> None:
+        self.loop = loop
+
+    def collect(self) -> Iterator[Metric]:
+        lp = self.loop
+        refits = CounterMetricFamily("overtake_online_refits", "Online refit attempts by outcome", labels=["outcome"])
+        for k, v in lp.outcomes.items():
+            refits.add_metric([k], v)
+        yield refits
+        yield GaugeMetricFamily("overtake_online_generation", "Policies swapped in by the online loop", value=lp.generation)
+        if lp.last_refit_time is not None:
+            yield GaugeMetricFamily("overtake_online_last_refit_timestamp_seconds",
+                                    "Unix time of the last refit decision (swapped, kept, failed or skipped)",
+                                    value=lp.last_refit_time)
+        rec = lp.recorder
+        lam = rec.arrival_rate()
+        if lam is not None:
+            yield GaugeMetricFamily("overtake_online_arrival_rate_per_second",
+                                    "Estimated transaction arrival rate (first stage) over the arrival window",
+                                    value=lam)
+        samples = GaugeMetricFamily("overtake_online_demand_samples", "Service-demand samples held per stage and source",
+                                    labels=["stage", "source"])
+        observed = CounterMetricFamily("overtake_online_demand_observations", "Service-demand samples recorded",
+                                       labels=["stage", "source"])
+        mean = GaugeMetricFamily("overtake_online_demand_mean_seconds",
+                                 "Mean of the held service-demand samples (compare the two sources)",
+                                 labels=["stage", "source"])
+        for name, st in zip(lp.names, rec.stages):
+            for src in SOURCES:
+                r = st.reservoirs[src]
+                samples.add_metric([name, src], len(r))
+                observed.add_metric([name, src], st.observed[src])
+                if r:
+                    mean.add_metric([name, src], sum(r) / len(r) * lp.time_unit)
+        yield samples
+        yield observed
+        yield mean
+        last = lp.last
+        if "fit" in last:
+            fm = GaugeMetricFamily("overtake_online_fitted_mean_seconds", "Mean service demand of the last fit",
+                                   labels=["stage", "source"])
+            for f in last["fit"]:
+                fm.add_metric([f["name"], last["source"][f["name"]]], f["mean"] * lp.time_unit)
+            yield fm
+            pw = GaugeMetricFamily("overtake_online_predicted_response_time_seconds",
+                                   "Model E[W] under the last refitted model", labels=["policy"])
+            for k in ("current", "new"):
+                w = last[f"predicted_{k}"]
+                pw.add_metric([k], w * lp.time_unit if math.isfinite(w) else math.inf)
+            yield pw
+            yield GaugeMetricFamily("overtake_online_refit_duration_seconds", "Wall time of the last refit job",
+                                    value=last["seconds"])

@@ -1,0 +1,163 @@
+"""The refit job: fit a PH per stage, re-solve π*, evaluate the running policy under the new model.
+
+Runs in the online loop's worker process (:class:`overtake.controller.online.OnlineLoop`), so
+everything it needs travels in one picklable :class:`RefitJob` and the heavy imports
+(:mod:`overtake.fitting`, :mod:`overtake.mdp`) happen in the worker. The method is paper 004's:
+the average-cost MDP of the fitted tandem solved by value iteration
+(:func:`overtake.mdp.solve_optimal`), compared with the running policy's exact E[W]
+(:func:`overtake.mdp.truncation.evaluate_rule`) on one evaluation cap.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["RefitJob", "refit_job", "warm_up"]
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class RefitJob:
+    """Everything the worker process needs (picklable). Times in model units."""
+
+    stage_names: tuple[str, ...]
+    samples: tuple[FloatArray, ...]
+    arrival_rate: float
+    cores: int
+    overhead: float
+    orders: tuple[int | None, ...]  #: pinned PH order per stage, None = BIC over 1..max_order
+    max_order: int
+    phase_info: str
+    current: str | Any  #: baseline name (e.g. "pi(1)") or the running mdp.Policy
+    tolerance: float
+    out: str  #: where to write the new policy
+    margin: float = 0.01  #: the swap margin (decides when a common evaluation cap is needed)
+    seed: int = 0
+
+
+def warm_up() -> None:
+    """Import fitting and mdp in the worker now, not at the first refit (seconds under load)."""
+    from overtake import fitting, mdp  # noqa: F401
+
+
+def _fit_stage(x: FloatArray, order: int | None, max_order: int, seed: int) -> dict[str, Any]:
+    from overtake.fitting import fit
+
+    scv = float(np.var(x) / np.mean(x) ** 2)
+    best = None
+    tried = []
+    for k in ([order] if order else range(1, max_order + 1)):
+        structure = "cf1" if k == 1 or scv <= 1 else "hyperexp"
+        r = fit(x, structure=structure, order=k, preserve_mean=True, random_state=seed)
+        tried.append({"order": k, "structure": structure, "bic": r.bic})
+        if best is None or r.bic < best.bic:
+            best = r
+    assert best is not None
+    a = np.asarray(best.ph.alpha, dtype=float)
+    T = np.asarray(best.ph.T, dtype=float)
+    if np.allclose(T, np.diag(np.diag(T))):
+        # hyperexponential: phase 1 = shortest mean, so clients' phase headers keep one meaning
+        idx = np.argsort(np.diag(T))  # most negative diagonal = highest rate = shortest mean
+        a, T = a[idx], T[np.ix_(idx, idx)]
+    return {"alpha": a, "T": T, "mean": float(best.ph.mean()), "order": int(a.size), "scv": scv,
+            "structure": best.structure, "bic": tried, "n": int(x.size)}
+
+
+def _grow(evaluate: Callable[[int], Any], start: int, tol: float) -> Any:
+    from overtake.mdp.truncation import grow_requests
+
+    return grow_requests(evaluate, start, tol, "current policy")[0]
+
+
+def refit_job(job: RefitJob) -> dict[str, Any]:
+    """Fit, solve π*, evaluate the current policy under the new model; write π* to ``job.out``.
+
+    Runs in the worker process. Returns the fitted stages, both predicted E[W] (model units, on a
+    common evaluation cap) and timings."""
+    from overtake.mdp.baselines import Baseline
+    from overtake.mdp.model import Stage, TandemModel
+    from overtake.mdp.policy import Policy
+    from overtake.mdp.statespace import Layout
+    from overtake.mdp.truncation import evaluate_baseline, evaluate_rule, solve_optimal
+
+    t0 = time.perf_counter()
+    fits = [_fit_stage(np.asarray(x, dtype=float), o, job.max_order, job.seed)
+            for x, o in zip(job.samples, job.orders)]
+    t_fit = time.perf_counter() - t0
+    model = TandemModel(job.arrival_rate, tuple(Stage(n, f["alpha"], f["T"]) for n, f in zip(job.stage_names, fits)),
+                        cores=job.cores, overhead=job.overhead)
+    opt = solve_optimal(model, phase_info=job.phase_info, tol=job.tolerance)  # type: ignore[arg-type]
+    t_solve = time.perf_counter() - t0 - t_fit
+    new = opt.metrics
+
+    cur_name: str
+    cur_error = None
+    cur: Any = None
+    try:
+        if isinstance(job.current, str):
+            cur_name = job.current
+            b = Baseline.parse(job.current, model.n_stages)
+            lay = Layout.build(model, "start")
+            rule = b.rule(lay.queue_stage, model.coord_stage())
+
+            def ev(C: int) -> Any:
+                return evaluate_rule(model, lay, rule, max_requests=C, max_threads=b.max_threads)
+
+            cur = evaluate_baseline(model, job.current, tol=job.tolerance).metrics
+        else:
+            old: Policy = job.current
+            cur_name = str(old.meta.get("hash", old.digest()))
+            if tuple(s.phases for s in old.model.stages) != tuple(s.phases for s in model.stages):
+                raise ValueError("the running policy's phase counts differ from the refitted model's")
+            lay = Layout.build(model, old.phase_info)
+
+            def ev(C: int) -> Any:
+                return evaluate_rule(model, lay, old.actions, max_requests=C, max_threads=old.max_threads)
+
+            cur = _grow(ev, max(new.max_requests, old.max_requests), job.tolerance)
+        # Each E[W] is within tol of its limit on its own cap. Where that could decide the swap,
+        # evaluate both on one cap, the larger (their truncation residues then largely cancel).
+        C = max(cur.max_requests, new.max_requests)
+        if cur.mean_response_time < new.mean_response_time * (1.0 + job.margin + 2.0 * job.tolerance):
+            if cur.max_requests < C:
+                cur = ev(C)
+            if new.max_requests < C:
+                new = evaluate_rule(model, Layout.build(model, job.phase_info), opt.policy.actions,  # type: ignore[arg-type]
+                                    max_requests=C, max_threads=opt.truncation.k_max)
+        cur_w = float(cur.mean_response_time)
+    except Exception as exc:  # unstable or unevaluable under the new model: any stable π* is better
+        cur_w = math.inf
+        cur_error = f"{type(exc).__name__}: {exc}"
+    t_eval = time.perf_counter() - t0 - t_fit - t_solve
+    pol = opt.policy
+    pol.meta.update(
+        metrics=new.to_dict(), method=opt.solve.method, gain_bounds=list(opt.solve.gain_bounds),
+        online={"arrival_rate": job.arrival_rate, "samples": [f["n"] for f in fits],
+                "current": cur_name, "current_mean_response_time": cur_w},
+    )
+    pol.save(job.out)
+    return {
+        "stages": [{"name": n, "mean": f["mean"], "order": f["order"], "scv": f["scv"], "structure": f["structure"],
+                    "bic": f["bic"], "n": f["n"], "alpha": f["alpha"].tolist(), "T": f["T"].tolist()}
+                   for n, f in zip(job.stage_names, fits)],
+        "arrival_rate": job.arrival_rate,
+        "load": job.arrival_rate * model.mean_service() / job.cores,
+        "predicted_new": float(new.mean_response_time),
+        "predicted_current": cur_w,
+        "current": cur_name,
+        "current_error": cur_error,
+        "evaluation_cap": int(new.max_requests),
+        "states": int(opt.solve.space.size),
+        "truncation": [opt.truncation.max_requests, opt.truncation.k_max],
+        "hash": pol.digest(),
+        "path": job.out,
+        "seconds": {"fit": t_fit, "solve": t_solve, "evaluate": t_eval, "total": time.perf_counter() - t0},
+    }
