@@ -346,9 +346,10 @@ def test_module_is_loaded_with_a_monitor_thread(clean: apache.ApacheInstance) ->
     assert all(a[1] <= b[1] for a, b in itertools.pairwise(buckets))
     # Idle, the monitor wakes once per first threshold (5 ms: no new request can cross it
     # sooner), not every 1 ms interval: ~40 wake-ups in 0.2 s (wide margin, shared machine).
-    ticks = st.monitor_ticks
+    t0, ticks = time.monotonic(), st.monitor_ticks
     time.sleep(0.2)
-    assert 15 <= _status(clean).monitor_ticks - ticks <= 60
+    n, elapsed = _status(clean).monitor_ticks - ticks, time.monotonic() - t0
+    assert 0.3 * elapsed / 0.005 <= n <= 1.5 * elapsed / 0.005 + 2, (n, elapsed)
 
 
 @needs_root
@@ -362,7 +363,9 @@ def test_long_request_demoted_level_by_level_then_restored(clean: apache.ApacheI
     assert len(seen) == 1, f"expected one demoted worker thread, saw {seen}"
     (states,) = seen.values()
     level1, level2 = (min(base + 10, 19), SCHED_OTHER), (min(base + 10, 19), SCHED_IDLE)
-    assert states == [level1, level2], states
+    # Level 1 lasts 45 ms of CPU; a poller starved by a loaded machine may miss it (the
+    # counters below still show both entries), but never sees anything else or another order.
+    assert states in ([level1, level2], [level2]), states
     after = _status(clean)
     assert after.requests[2] - before.requests[2] == 1
     assert after.demotions_age[1] - before.demotions_age[1] == 1
@@ -396,7 +399,7 @@ def test_static_files_are_tracked(clean: apache.ApacheInstance) -> None:
 def test_class_header_starts_request_at_level(clean: apache.ApacheInstance) -> None:
     base = _base_nice(clean)
     before = _status(clean)
-    (code, _), seen = _watch(clean, lambda: _get(clean, "/stage1?work=0.03", {"X-Overtake-Class": "2"}))
+    (code, _), seen = _watch(clean, lambda: _get(clean, "/stage1?work=0.1", {"X-Overtake-Class": "2"}))
     assert code == 200
     # Never seen at level 0 or 1: SCHED_IDLE from the start (the nice value is untouched).
     assert list(seen.values()) == [[(base, SCHED_IDLE)]], seen
@@ -426,7 +429,7 @@ def test_invalid_class_header_is_counted_and_ignored(clean: apache.ApacheInstanc
 @needs_root
 def test_handler_error_after_demotion_restores(clean: apache.ApacheInstance) -> None:
     before = _status(clean)
-    (code, _), seen = _watch(clean, lambda: _get(clean, "/crash?work=0.1"))
+    (code, _), seen = _watch(clean, lambda: _get(clean, "/crash?work=0.2"))
     assert code == 500
     assert seen and all(s[-1][1] == SCHED_IDLE for s in seen.values()), seen
     after = _status(clean)
@@ -560,10 +563,10 @@ def test_class_only_mode(apxs_available: None) -> None:
         kid = _status(i).child_pid
         comms = [Path(f"/proc/{kid}/task/{t}/comm").read_text().strip() for t in os.listdir(f"/proc/{kid}/task")]
         assert "overtake-prio" not in comms
-        (_, seen) = _watch(i, lambda: _get(i, "/stage1?work=0.05"))
+        (_, seen) = _watch(i, lambda: _get(i, "/stage1?work=0.1"))
         assert seen == {}
         base = _base_nice(i)
-        (_, seen) = _watch(i, lambda: _get(i, "/stage1?work=0.05", {"X-Overtake-Class": "1"}))
+        (_, seen) = _watch(i, lambda: _get(i, "/stage1?work=0.1", {"X-Overtake-Class": "1"}))
         assert list(seen.values()) == [[(base, SCHED_IDLE)]]
         assert not _demoted(i)
     finally:
@@ -594,7 +597,7 @@ def test_graceful_restart_while_demoted(apxs_available: None) -> None:
         st = _status(i)
         assert st.enabled and st.child_pid not in old_kids
         assert sum(st.requests) >= ended + 1  # shared counters kept across the restart
-        (code, _), seen = _watch(i, lambda: _get(i, "/stage1?work=0.08"))
+        (code, _), seen = _watch(i, lambda: _get(i, "/stage1?work=0.15"))
         assert code == 200 and seen
         assert not _demoted(i)
         # Graceful stop: the child's exit stops the monitor at once (it is woken, not polled).
@@ -625,7 +628,7 @@ def test_child_killed_while_demoted_replacement_starts_clean(apxs_available: Non
         assert not _demoted(i)
         st = _status(i)
         assert st.enabled and st.child_pid != old and sum(st.in_flight) == 1  # the status request
-        (code, _), seen = _watch(i, lambda: _get(i, "/stage1?work=0.08"))
+        (code, _), seen = _watch(i, lambda: _get(i, "/stage1?work=0.15"))
         assert code == 200 and seen and not _demoted(i)
     finally:
         apache.stop(i.workdir, graceful=False)
