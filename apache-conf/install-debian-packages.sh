@@ -9,6 +9,8 @@
 #   liblua5.3-dev  lua.h/lauxlib.h for the thread-CPU clock module (apache-conf/lua/tcpu.c)
 #   lua5.3         the interpreter, to syntax-check stage.lua (luac5.3 -p)
 #   gcc libc6-dev  compile that module at start-up
+#   apache2-dev    apxs + httpd/APR headers: builds mod_overtake_prio (per-request CPU priority
+#                  of the worker threads) when the launcher is asked for cpu_priority=
 #   util-linux     taskset (pinning Apache to one core)
 #   wrk haproxy    sidecar overhead benchmark (bench/sidecar_overhead.py): load generator, proxy peer
 #   iproute2 ethtool  uplink qdisc (controller/uplink/qdisc.py: tc, ip netns; TSO/GSO off for HTB)
@@ -17,7 +19,7 @@
 #   python3-venv   the project's .venv (Makefile; not in a minimal Debian 12)
 set -eu
 
-PKGS="apache2 liblua5.3-dev lua5.3 gcc libc6-dev util-linux wrk haproxy iproute2 ethtool chromium prometheus python3-venv"
+PKGS="apache2 apache2-dev liblua5.3-dev lua5.3 gcc libc6-dev util-linux wrk haproxy iproute2 ethtool chromium prometheus python3-venv"
 
 missing=""
 for p in $PKGS; do

@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 
 from overtake.controller.errors import ApacheInputError
+from overtake.controller.harness.apache.cpu_priority import CpuPriority, config_tokens
 
 __all__ = [
     "APACHE_BIN",
@@ -124,6 +125,7 @@ def render_config(
     run_group: str = "www-data",
     graceful_timeout: int = 5,
     conf_dir: str | os.PathLike[str] | None = None,
+    cpu_priority: CpuPriority | None = None,
 ) -> str:
     """Render ``httpd.conf`` for a private instance in ``workdir``.
 
@@ -144,6 +146,9 @@ def render_config(
         requests finish.
     conf_dir : path, optional
         Directory holding ``httpd.conf.in``; default :data:`DEFAULT_CONF_DIR`.
+    cpu_priority : CpuPriority, optional
+        Load mod_overtake_prio with these settings (see :mod:`.cpu_priority`); None leaves
+        it out.
 
     Returns
     -------
@@ -168,6 +173,7 @@ def render_config(
         "MIME_TYPES": MIME_TYPES,
         # Inside a quoted Apache directive argument, quotes are backslash-escaped.
         "LOG_FORMAT": LOG_FORMAT.replace("\\", "\\\\").replace('"', '\\"'),
+        **config_tokens(cpu_priority),
     }
 
     def substitute(m: re.Match[str]) -> str:

@@ -29,6 +29,7 @@ from overtake.controller.errors import (
     ApacheError,
     ApacheInputError,
     ApacheNotInstalledError,
+    ApacheNotRunningError,
     ApacheStartError,
     ApacheStopTimeoutError,
     PortInUseError,
@@ -36,11 +37,13 @@ from overtake.controller.errors import (
 from overtake.controller.harness.apache.config import (
     APACHE_BIN,
     check_max_workers,
+    connect_host,
     format_listen,
     parse_listen,
     render_config,
     resolve_conf_dir,
 )
+from overtake.controller.harness.apache.cpu_priority import CpuPriority, build_module, fetch_prio_status
 from overtake.controller.harness.apache.instance import ApacheInstance, existing_workdir, load_instance
 from overtake.controller.harness.apache.mod_status import fetch_status, http_get
 from overtake.controller.harness.apache.prepare import check_installed, check_run_user, compile_tcpu, install_tree
@@ -155,6 +158,7 @@ def start(
     graceful_timeout: int = 5,
     ready_timeout: float = 15.0,
     conf_dir: str | os.PathLike[str] | None = None,
+    cpu_priority: CpuPriority | None = None,
 ) -> ApacheInstance:
     """Render, test and start a private Apache; return once it serves requests.
 
@@ -187,6 +191,12 @@ def start(
         Seconds to wait for readiness.
     conf_dir : path, optional
         Template directory; default :data:`DEFAULT_CONF_DIR`.
+    cpu_priority : CpuPriority, optional
+        Build (``apxs``) and load mod_overtake_prio: per-request CPU priority of the worker
+        threads, counters at ``/overtake-prio-status`` (:mod:`.cpu_priority`). Needs
+        ``apache2-dev`` and a root start: the parent raises ``RLIMIT_NICE`` (or the workers
+        keep ``CAP_SYS_NICE``) so that demoted www-data threads can be restored; raises
+        :class:`ApacheStartError` if the module's restore self-test fails.
 
     Returns
     -------
@@ -236,6 +246,8 @@ def start(
     install_tree(conf / "lua", wd / "lua")
     install_tree(conf / "htdocs", wd / "htdocs")
     compile_tcpu(conf, wd / "luac")
+    if cpu_priority is not None:
+        build_module(conf, wd)
     conf_path = wd / "httpd.conf"
     conf_path.write_text(
         render_config(
@@ -246,6 +258,7 @@ def start(
             run_group=run_group,
             graceful_timeout=graceful_timeout,
             conf_dir=conf,
+            cpu_priority=cpu_priority,
         )
     )
 
@@ -269,6 +282,8 @@ def start(
 
     try:
         pid, kids = _wait_ready(wd, host, port, ready_timeout)
+        if cpu_priority is not None:
+            _check_cpu_priority(wd, host, port)
     except ApacheStartError:
         _kill_quietly(wd)
         raise
@@ -319,6 +334,20 @@ def _wait_ready(wd: Path, host: str, port: int, timeout: float) -> tuple[int, li
     raise ApacheStartError(
         f"start: Apache not ready within {timeout} s ({last}); error log: {_error_log_tail(wd)}"
     )
+
+
+def _check_cpu_priority(wd: Path, host: str, port: int) -> None:
+    """mod_overtake_prio must answer and be enabled (its child self-test passed)."""
+    try:
+        st = fetch_prio_status(connect_host(host), port)
+    except ApacheNotRunningError as exc:
+        raise ApacheStartError(f"cpu_priority: {exc}; error log: {_error_log_tail(wd)}") from None
+    if not st.enabled:
+        raise ApacheStartError(
+            f"cpu_priority: mod_overtake_prio disabled itself in child {st.child_pid} "
+            f"(RLIMIT_NICE {st.rlimit_nice}): demoted threads could not be restored; start as "
+            f"root or `ulimit -e 20` first. Error log: {_error_log_tail(wd)}"
+        )
 
 
 def _kill_quietly(wd: Path) -> None:

@@ -1,0 +1,1128 @@
+/*
+ * mod_overtake_prio -- per-request CPU priority for Apache worker threads.
+ *
+ * Processor sharing (Linux EEVDF among equal-weight threads) is what an unmodified Apache
+ * gives concurrent requests. For service times with a decreasing hazard rate,
+ * least-attained-service scheduling beats it without knowing the sizes (Aalto, Ayesta and
+ * Righter, "On the Gittins index in the M/G/1 queue", Queueing Systems 2009); a few
+ * priority levels by attained service approximate it (multilevel processor sharing). This
+ * module is that lever inside Apache:
+ *
+ *   - request start (post_read_request, first): note the worker thread's id, its thread CPU
+ *     clock and the wall time; an optional header (OvertakePrioClassHeader, set by the
+ *     sidecar) starts the request at a given level (known-phase short-first, route class);
+ *   - a monitor thread per child process wakes when a threshold can have been crossed (at
+ *     most every OvertakePrioInterval seconds) and, for each request in flight whose attained
+ *     thread CPU has crossed the next threshold of OvertakePrioLevels, lowers its thread's
+ *     priority: setpriority() to the thread's own nice value plus the level's increment (at
+ *     most 19), or sched_setscheduler(SCHED_IDLE) (OvertakePrioNice ... idle);
+ *   - request end: restore the thread's original nice value and policy as soon as the
+ *     response's end (EOS) leaves the handler's filters, so that writing it out and logging
+ *     do not wait at the demoted priority; the cleanup of the request pool (errors, client
+ *     aborts, anything that never sends EOS) and child exit restore what is left;
+ *   - counters per level at the handler "overtake-prio-status" (Prometheus text format).
+ *
+ * Raising a thread's priority back needs RLIMIT_NICE >= 20 - nice, or CAP_SYS_NICE, which
+ * the workers lose when Apache switches user. post_config raises RLIMIT_NICE in the root
+ * parent (OvertakePrioRlimitNice, default 20; needs CAP_SYS_RESOURCE for the hard limit).
+ * Where that is not enough (a root without CAP_SYS_RESOURCE, as in some containers and VMs),
+ * OvertakePrioCapSysNice auto keeps CAP_SYS_NICE -- and only that capability -- across the
+ * switch to the worker user. Every child checks, on a throw-away thread, that a demotion
+ * can be undone before it enables itself.
+ *
+ * Build: apxs -c mod_overtake_prio.c   (Debian: apt-get install apache2-dev)
+ * See README.md next to this file for the directives and for use in an existing Apache.
+ */
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE  /* apxs passes it too */
+#endif
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <linux/capability.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "httpd.h"
+#include "http_config.h"
+#include "http_core.h"
+#include "http_log.h"
+#include "http_protocol.h"
+#include "http_request.h"
+#include "ap_mpm.h"
+#include "mpm_common.h"
+#include "apr_strings.h"
+
+#define OP_MAX_LEVELS 8         /* demoted levels 1..OP_MAX_LEVELS; level 0 = original */
+#define OP_NICE_IDLE 100        /* marker in nice[]: SCHED_IDLE */
+#define OP_UNSET (-1)
+#define OP_HANDLER "overtake-prio-status"
+#define OP_RETAINED_KEY "mod_overtake_prio_retained"
+
+module AP_MODULE_DECLARE_DATA overtake_prio_module;
+
+/* ------------------------------------------------------------------------ configuration */
+
+typedef struct {
+    int enabled;                        /* OvertakePrio On|Off */
+    int nlevels;                        /* number of demoted levels, 0 = unset */
+    double threshold[OP_MAX_LEVELS];    /* thread CPU seconds at which level k+1 starts */
+    int nnice;                          /* 0 = unset: defaults from nlevels */
+    int nice[OP_MAX_LEVELS];            /* nice increment of level k+1, or OP_NICE_IDLE */
+    double interval;                    /* monitor period, seconds */
+    int age;                            /* demote by attained CPU (else class header only) */
+    const char *class_header;           /* NULL = "none" */
+    int class_header_set;
+    int rlimit_nice;                    /* RLIMIT_NICE set in the parent */
+    int cap_sys_nice;                   /* OP_CAP_*: keep CAP_SYS_NICE across the user switch */
+} op_conf;
+
+enum { OP_CAP_AUTO = 0, OP_CAP_ON = 1, OP_CAP_OFF = 2 };
+
+static void *op_create_server_conf(apr_pool_t *p, server_rec *s)
+{
+    op_conf *c = apr_pcalloc(p, sizeof *c);
+    (void)s;
+    c->enabled = OP_UNSET;
+    c->interval = OP_UNSET;
+    c->age = OP_UNSET;
+    c->rlimit_nice = OP_UNSET;
+    return c;
+}
+
+/* Effective values (the directives are global: only the main server's config is used). */
+static int conf_enabled(const op_conf *c) { return c->enabled == 1; }
+static double conf_interval(const op_conf *c) { return c->interval > 0 ? c->interval : 0.001; }
+static int conf_age(const op_conf *c) { return c->age != 0; }
+static int conf_rlimit(const op_conf *c) { return c->rlimit_nice >= 0 ? c->rlimit_nice : 20; }
+static const char *conf_header(const op_conf *c)
+{
+    return c->class_header_set ? c->class_header : "X-Overtake-Class";
+}
+
+static const double op_default_thresholds[] = {0.005, 0.05};
+
+static int conf_nlevels(const op_conf *c) { return c->nlevels ? c->nlevels : 2; }
+static double conf_threshold(const op_conf *c, int k)
+{
+    return c->nlevels ? c->threshold[k] : op_default_thresholds[k];
+}
+/* Default priorities: nice +10 for every level but the last, SCHED_IDLE for the last. */
+static int conf_nice(const op_conf *c, int k)
+{
+    if (c->nnice) {
+        return c->nice[k];
+    }
+    return k == conf_nlevels(c) - 1 ? OP_NICE_IDLE : 10;
+}
+
+static const char *set_enabled(cmd_parms *cmd, void *d, int on)
+{
+    op_conf *c = ap_get_module_config(cmd->server->module_config, &overtake_prio_module);
+    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
+    (void)d;
+    if (err) {
+        return err;
+    }
+    c->enabled = on;
+    return NULL;
+}
+
+static const char *set_age(cmd_parms *cmd, void *d, int on)
+{
+    op_conf *c = ap_get_module_config(cmd->server->module_config, &overtake_prio_module);
+    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
+    (void)d;
+    if (err) {
+        return err;
+    }
+    c->age = on;
+    return NULL;
+}
+
+static const char *parse_seconds(apr_pool_t *p, const char *name, const char *w,
+                                 double lo, double hi, double *out)
+{
+    char *end;
+    double v;
+    errno = 0;
+    v = strtod(w, &end);
+    if (errno || end == w || *end || !(v >= lo && v <= hi)) {
+        return apr_psprintf(p, "%s: '%s' must be seconds in [%g, %g], e.g. 0.005", name, w,
+                            lo, hi);
+    }
+    *out = v;
+    return NULL;
+}
+
+static const char *set_levels(cmd_parms *cmd, void *d, const char *args)
+{
+    op_conf *c = ap_get_module_config(cmd->server->module_config, &overtake_prio_module);
+    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
+    int n = 0;
+    (void)d;
+    if (err) {
+        return err;
+    }
+    while (*args) {
+        char *w = ap_getword_conf(cmd->temp_pool, &args);
+        double v;
+        if (!*w) {
+            break;
+        }
+        if (n == OP_MAX_LEVELS) {
+            return apr_psprintf(cmd->pool, "OvertakePrioLevels: at most %d thresholds",
+                                OP_MAX_LEVELS);
+        }
+        if ((err = parse_seconds(cmd->pool, "OvertakePrioLevels", w, 0.0, 3600.0, &v))) {
+            return err;
+        }
+        if (v <= 0.0 || (n > 0 && v <= c->threshold[n - 1])) {
+            return apr_psprintf(cmd->pool, "OvertakePrioLevels: thresholds must be > 0 and "
+                                "strictly increasing, got %s after %g", w,
+                                n ? c->threshold[n - 1] : 0.0);
+        }
+        c->threshold[n++] = v;
+    }
+    if (n == 0) {
+        return "OvertakePrioLevels: give one or more thread-CPU thresholds in seconds, "
+               "e.g. OvertakePrioLevels 0.005 0.05";
+    }
+    c->nlevels = n;
+    return NULL;
+}
+
+static const char *set_nice(cmd_parms *cmd, void *d, const char *args)
+{
+    op_conf *c = ap_get_module_config(cmd->server->module_config, &overtake_prio_module);
+    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
+    int n = 0;
+    (void)d;
+    if (err) {
+        return err;
+    }
+    while (*args) {
+        char *w = ap_getword_conf(cmd->temp_pool, &args);
+        char *end;
+        long v;
+        if (!*w) {
+            break;
+        }
+        if (n == OP_MAX_LEVELS) {
+            return apr_psprintf(cmd->pool, "OvertakePrioNice: at most %d levels",
+                                OP_MAX_LEVELS);
+        }
+        if (n > 0 && c->nice[n - 1] == OP_NICE_IDLE) {
+            return "OvertakePrioNice: 'idle' (SCHED_IDLE) can only be the last level";
+        }
+        if (!strcasecmp(w, "idle")) {
+            c->nice[n++] = OP_NICE_IDLE;
+            continue;
+        }
+        errno = 0;
+        v = strtol(w, &end, 10);
+        if (errno || end == w || *end || v < 1 || v > 19) {
+            return apr_psprintf(cmd->pool, "OvertakePrioNice: '%s' must be a nice increment "
+                                "in 1..19 or 'idle', e.g. OvertakePrioNice 10 idle", w);
+        }
+        if (n > 0 && v < c->nice[n - 1]) {
+            return apr_psprintf(cmd->pool, "OvertakePrioNice: levels must not rise in "
+                                "priority, got nice %ld after %d", v, c->nice[n - 1]);
+        }
+        c->nice[n++] = (int)v;
+    }
+    if (n == 0) {
+        return "OvertakePrioNice: give one nice increment (1..19) or 'idle' per level, "
+               "e.g. OvertakePrioNice 10 idle";
+    }
+    c->nnice = n;
+    return NULL;
+}
+
+static const char *set_interval(cmd_parms *cmd, void *d, const char *w)
+{
+    op_conf *c = ap_get_module_config(cmd->server->module_config, &overtake_prio_module);
+    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
+    (void)d;
+    if (err) {
+        return err;
+    }
+    return parse_seconds(cmd->pool, "OvertakePrioInterval", w, 0.0001, 1.0, &c->interval);
+}
+
+static const char *set_header(cmd_parms *cmd, void *d, const char *w)
+{
+    op_conf *c = ap_get_module_config(cmd->server->module_config, &overtake_prio_module);
+    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
+    (void)d;
+    if (err) {
+        return err;
+    }
+    c->class_header = strcasecmp(w, "none") ? apr_pstrdup(cmd->pool, w) : NULL;
+    c->class_header_set = 1;
+    return NULL;
+}
+
+static const char *set_cap(cmd_parms *cmd, void *d, const char *w)
+{
+    op_conf *c = ap_get_module_config(cmd->server->module_config, &overtake_prio_module);
+    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
+    (void)d;
+    if (err) {
+        return err;
+    }
+    if (!strcasecmp(w, "auto")) {
+        c->cap_sys_nice = OP_CAP_AUTO;
+    }
+    else if (!strcasecmp(w, "on")) {
+        c->cap_sys_nice = OP_CAP_ON;
+    }
+    else if (!strcasecmp(w, "off")) {
+        c->cap_sys_nice = OP_CAP_OFF;
+    }
+    else {
+        return apr_psprintf(cmd->pool, "OvertakePrioCapSysNice: '%s' must be auto, on or off", w);
+    }
+    return NULL;
+}
+
+static const char *set_rlimit(cmd_parms *cmd, void *d, const char *w)
+{
+    op_conf *c = ap_get_module_config(cmd->server->module_config, &overtake_prio_module);
+    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
+    char *end;
+    long v;
+    (void)d;
+    if (err) {
+        return err;
+    }
+    errno = 0;
+    v = strtol(w, &end, 10);
+    if (errno || end == w || *end || v < 0 || v > 40) {
+        return apr_psprintf(cmd->pool, "OvertakePrioRlimitNice: '%s' must be in 0..40 "
+                            "(20 lets a thread return to nice 0)", w);
+    }
+    c->rlimit_nice = (int)v;
+    return NULL;
+}
+
+static const command_rec op_cmds[] = {
+    AP_INIT_FLAG("OvertakePrio", set_enabled, NULL, RSRC_CONF,
+                 "On: lower worker-thread CPU priority per request (default Off)"),
+    AP_INIT_RAW_ARGS("OvertakePrioLevels", set_levels, NULL, RSRC_CONF,
+                     "thread-CPU seconds at which a request enters level 1, 2, ... "
+                     "(default 0.005 0.05)"),
+    AP_INIT_RAW_ARGS("OvertakePrioNice", set_nice, NULL, RSRC_CONF,
+                     "priority of level 1, 2, ...: nice increment 1..19 over the thread's own "
+                     "nice, or 'idle' (SCHED_IDLE) last (default 10 ... idle)"),
+    AP_INIT_TAKE1("OvertakePrioInterval", set_interval, NULL, RSRC_CONF,
+                  "monitor period in seconds (default 0.001)"),
+    AP_INIT_FLAG("OvertakePrioAge", set_age, NULL, RSRC_CONF,
+                 "On: demote by attained thread CPU (default); Off: class header only"),
+    AP_INIT_TAKE1("OvertakePrioClassHeader", set_header, NULL, RSRC_CONF,
+                  "request header giving the starting level (default X-Overtake-Class; "
+                  "'none' to ignore)"),
+    AP_INIT_TAKE1("OvertakePrioRlimitNice", set_rlimit, NULL, RSRC_CONF,
+                  "RLIMIT_NICE set before Apache switches user (default 20: back to nice 0)"),
+    AP_INIT_TAKE1("OvertakePrioCapSysNice", set_cap, NULL, RSRC_CONF,
+                  "keep CAP_SYS_NICE (only) across the switch to the worker user: auto (when "
+                  "RLIMIT_NICE cannot allow the restore; default), on, off"),
+    {NULL}
+};
+
+/* ------------------------------------------------------------------------ shared counters */
+
+/* Cumulative counters for all children, in anonymous shared memory mapped by the parent
+ * (children inherit it) and retained across graceful restarts. */
+typedef struct {
+    apr_uint64_t requests[OP_MAX_LEVELS + 1];        /* ended, by deepest level reached */
+    apr_uint64_t demoted_age[OP_MAX_LEVELS + 1];     /* entries into a level by attained CPU */
+    apr_uint64_t demoted_class[OP_MAX_LEVELS + 1];   /* entries into a level by the header */
+    apr_uint64_t restores;                           /* demoted threads restored */
+    apr_uint64_t restore_errors;
+    apr_uint64_t demote_errors;
+    apr_uint64_t untracked;                          /* no slot for the thread */
+    apr_uint64_t class_invalid;                      /* unparsable or out-of-range header */
+    apr_uint64_t handoffs;      /* thread began a new request before the old one's cleanup */
+    apr_uint64_t monitor_ticks;
+} op_shared;
+
+typedef struct {
+    op_shared *shm;
+} op_retained;
+
+static op_shared *shm;  /* set in post_config (parent), inherited by the children */
+
+#define ADD(field, v) __atomic_fetch_add(&(field), (v), __ATOMIC_RELAXED)
+#define LOAD(field) __atomic_load_n(&(field), __ATOMIC_RELAXED)
+
+/* ------------------------------------------------------------------------ per-child state */
+
+typedef struct {
+    pthread_mutex_t mu;         /* guards everything below but active/check_after reads */
+    pid_t tid;
+    clockid_t clk;              /* the worker thread's CPU clock */
+    int orig_policy;
+    struct sched_param orig_param;
+    int orig_nice;
+    int active;                 /* a request is in flight on this thread (atomic) */
+    apr_uint64_t seq;           /* request generation on this slot */
+    int64_t cpu0_ns;            /* thread CPU at request start */
+    int64_t check_after_ns;     /* monotonic time before which no threshold can be crossed */
+    int level;                  /* level applied to the thread now */
+} op_slot;
+
+static const op_conf *cconf;    /* main server's config, in the child */
+static int child_ok;            /* self-test passed: demotions can be undone */
+static op_slot *slots;
+static int nslots;
+static int slots_used;          /* claimed so far (atomic) */
+static __thread op_slot *my_slot;
+static apr_uint64_t inflight[OP_MAX_LEVELS + 1];
+static int64_t thr_ns[OP_MAX_LEVELS];
+static int nlevels;
+static int any_idle;            /* some level uses SCHED_IDLE */
+static pthread_t monitor;
+static int monitor_running;
+static int monitor_stop;        /* under monitor_mu */
+static pthread_mutex_t monitor_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t monitor_cv;   /* CLOCK_MONOTONIC; signalled to stop the monitor */
+static int64_t late_max_ns;     /* worst monitor wake-up delay in this child */
+static int64_t late_sum_ns;
+/* Histogram of the monitor's wake-up delays in this child (Prometheus buckets, seconds). */
+static const double late_le[] = {0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05};
+#define OP_LATE_BUCKETS (sizeof late_le / sizeof late_le[0])
+static apr_uint64_t late_count[OP_LATE_BUCKETS + 1];  /* last = above every bound */
+static int rlimit_cur;
+static int keep_cap_pending;    /* drop_privileges asked the kernel to keep capabilities */
+static int has_cap_sys_nice;    /* this child's threads hold CAP_SYS_NICE */
+
+typedef struct {
+    op_slot *slot;
+    apr_uint64_t seq;
+} op_req;
+
+static ap_filter_rec_t *op_end_filter_handle;
+
+static pid_t op_gettid(void) { return (pid_t)syscall(SYS_gettid); }
+
+static int64_t ts_ns(const struct timespec *ts)
+{
+    return (int64_t)ts->tv_sec * 1000000000 + ts->tv_nsec;
+}
+
+static int64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts_ns(&ts);
+}
+
+static op_slot *slot_claim(void)
+{
+    int i = __atomic_fetch_add(&slots_used, 1, __ATOMIC_ACQ_REL);
+    op_slot *s;
+    if (i >= nslots) {
+        __atomic_store_n(&slots_used, nslots, __ATOMIC_RELEASE);
+        return NULL;
+    }
+    s = &slots[i];
+    s->tid = op_gettid();
+    if (pthread_getcpuclockid(pthread_self(), &s->clk) != 0) {
+        s->clk = CLOCK_THREAD_CPUTIME_ID;  /* unusable from the monitor: age checks skip */
+    }
+    errno = 0;
+    s->orig_nice = getpriority(PRIO_PROCESS, (id_t)s->tid);
+    if (errno) {
+        s->orig_nice = 0;
+    }
+    s->orig_policy = sched_getscheduler(s->tid);
+    if (s->orig_policy < 0 || sched_getparam(s->tid, &s->orig_param) != 0) {
+        s->orig_policy = SCHED_OTHER;
+        memset(&s->orig_param, 0, sizeof s->orig_param);
+    }
+    my_slot = s;
+    return s;
+}
+
+/* Move the slot's thread to level k (> current). Caller holds s->mu. */
+static void apply_level(op_slot *s, int k, int by_class)
+{
+    int nice = conf_nice(cconf, k - 1);
+    int rc;
+    if (nice != OP_NICE_IDLE) {
+        nice = s->orig_nice + nice > 19 ? 19 : s->orig_nice + nice;
+    }
+    if (nice == OP_NICE_IDLE) {
+        struct sched_param p;
+        memset(&p, 0, sizeof p);
+        rc = sched_setscheduler(s->tid, SCHED_IDLE, &p);
+    }
+    else {
+        rc = setpriority(PRIO_PROCESS, (id_t)s->tid, nice);
+    }
+    if (rc != 0) {
+        ADD(shm->demote_errors, 1);  /* the thread keeps its priority; restore is harmless */
+    }
+    ADD(inflight[s->level], -1);
+    ADD(inflight[k], 1);
+    if (by_class) {
+        ADD(shm->demoted_class[k], 1);
+    }
+    else {
+        ADD(shm->demoted_age[k], 1);
+    }
+    s->level = k;
+}
+
+/* Give the thread its original policy and nice value back. Caller holds s->mu. */
+static int restore_thread(op_slot *s)
+{
+    int ok = 1;
+    if (any_idle && sched_setscheduler(s->tid, s->orig_policy, &s->orig_param) != 0
+        && errno != ESRCH) {
+        ok = 0;
+    }
+    if (setpriority(PRIO_PROCESS, (id_t)s->tid, s->orig_nice) != 0 && errno != ESRCH) {
+        ok = 0;
+    }
+    return ok;
+}
+
+/* End the slot's current request: restore, count, mark idle. Caller holds s->mu. */
+static void slot_close(op_slot *s)
+{
+    if (s->level > 0) {
+        if (restore_thread(s)) {
+            ADD(shm->restores, 1);
+        }
+        else {
+            ADD(shm->restore_errors, 1);
+        }
+    }
+    ADD(shm->requests[s->level], 1);
+    ADD(inflight[s->level], -1);
+    s->level = 0;
+    __atomic_store_n(&s->active, 0, __ATOMIC_RELEASE);
+}
+
+static apr_status_t op_request_end(void *data)
+{
+    op_req *q = data;
+    op_slot *s = q->slot;
+    pthread_mutex_lock(&s->mu);
+    if (__atomic_load_n(&s->active, __ATOMIC_ACQUIRE) && s->seq == q->seq) {
+        slot_close(s);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return APR_SUCCESS;
+}
+
+static int parse_class(const char *h, int *out)
+{
+    char *end;
+    long v;
+    errno = 0;
+    v = strtol(h, &end, 10);
+    while (*end == ' ' || *end == '\t') {
+        end++;
+    }
+    if (errno || end == h || *end || v < 0 || v > nlevels) {
+        return 0;
+    }
+    *out = (int)v;
+    return 1;
+}
+
+static int op_post_read_request(request_rec *r)
+{
+    op_slot *s;
+    op_req *q;
+    int start = 0;
+    struct timespec cpu;
+    int64_t now;
+    const char *hname;
+
+    if (!child_ok || r->main || r->prev) {
+        return DECLINED;  /* subrequests and internal redirects belong to the first request */
+    }
+    s = my_slot ? my_slot : slot_claim();
+    if (!s) {
+        ADD(shm->untracked, 1);
+        return DECLINED;
+    }
+    hname = conf_header(cconf);
+    if (hname) {
+        const char *h = apr_table_get(r->headers_in, hname);
+        if (h && !parse_class(h, &start)) {
+            ADD(shm->class_invalid, 1);
+            ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, "%s: '%s' is not a level in 0..%d",
+                          hname, h, nlevels);
+        }
+    }
+    now = mono_ns();
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu);
+
+    pthread_mutex_lock(&s->mu);
+    if (__atomic_load_n(&s->active, __ATOMIC_ACQUIRE)) {
+        /* The previous request's pool outlived its work on this thread (async write
+         * completion): the thread now serves this request, so its priority is reset. */
+        slot_close(s);
+        ADD(shm->handoffs, 1);
+    }
+    s->seq++;
+    s->cpu0_ns = ts_ns(&cpu);
+    s->level = 0;
+    ADD(inflight[0], 1);
+    if (start > 0) {
+        apply_level(s, start, 1);
+    }
+    __atomic_store_n(&s->check_after_ns,
+                     conf_age(cconf) && s->level < nlevels ? now + thr_ns[s->level] : INT64_MAX,
+                     __ATOMIC_RELAXED);
+    __atomic_store_n(&s->active, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&s->mu);
+
+    q = apr_palloc(r->pool, sizeof *q);
+    q->slot = s;
+    q->seq = s->seq;
+    ap_set_module_config(r->request_config, &overtake_prio_module, q);
+    apr_pool_cleanup_register(r->pool, q, op_request_end, apr_pool_cleanup_null);
+    return DECLINED;
+}
+
+/* Every request that runs a handler (internal redirects included) gets the end filter. */
+static void op_insert_filter(request_rec *r)
+{
+    request_rec *first = r;
+    op_req *q;
+    if (r->main) {
+        return;
+    }
+    while (first->prev) {
+        first = first->prev;
+    }
+    q = ap_get_module_config(first->request_config, &overtake_prio_module);
+    if (q) {
+        ap_add_output_filter_handle(op_end_filter_handle, q, r, r->connection);
+    }
+}
+
+/* EOS = the handler and the content filters are done: the rest of the request (protocol
+ * filters, the network write, logging) is not the request's CPU demand. Restoring before
+ * the last write also means a client never sees the response of a still-demoted thread. */
+static apr_status_t op_end_filter(ap_filter_t *f, apr_bucket_brigade *bb)
+{
+    if (!APR_BRIGADE_EMPTY(bb) && APR_BUCKET_IS_EOS(APR_BRIGADE_LAST(bb))) {
+        op_request_end(f->ctx);
+        ap_remove_output_filter(f);
+    }
+    return ap_pass_brigade(f->next, bb);
+}
+
+/* One monitor pass: demote the threads whose attained CPU crossed a threshold. Returns the
+ * earliest time at which an in-flight request could cross its next one (INT64_MAX: none). */
+static int64_t monitor_scan(int64_t now)
+{
+    int n = __atomic_load_n(&slots_used, __ATOMIC_ACQUIRE);
+    int64_t soonest = INT64_MAX;
+    int i;
+    if (n > nslots) {
+        n = nslots;
+    }
+    for (i = 0; i < n; i++) {
+        op_slot *s = &slots[i];
+        struct timespec ts;
+        int64_t after;
+        if (!__atomic_load_n(&s->active, __ATOMIC_ACQUIRE)) {
+            continue;
+        }
+        after = __atomic_load_n(&s->check_after_ns, __ATOMIC_RELAXED);
+        if (now < after) {
+            /* thread CPU <= wall time since start: it cannot have crossed yet */
+            soonest = after < soonest ? after : soonest;
+            continue;
+        }
+        pthread_mutex_lock(&s->mu);
+        if (__atomic_load_n(&s->active, __ATOMIC_ACQUIRE) && s->level < nlevels) {
+            after = INT64_MAX;
+            if (s->clk != CLOCK_THREAD_CPUTIME_ID && clock_gettime(s->clk, &ts) == 0) {
+                int64_t cpu = ts_ns(&ts) - s->cpu0_ns;
+                int k = s->level;
+                while (k < nlevels && cpu >= thr_ns[k]) {
+                    k++;
+                }
+                if (k > s->level) {
+                    apply_level(s, k, 0);
+                }
+                if (s->level < nlevels) {
+                    after = now + (thr_ns[s->level] - cpu);
+                }
+            }
+            __atomic_store_n(&s->check_after_ns, after, __ATOMIC_RELAXED);
+            soonest = after < soonest ? after : soonest;
+        }
+        pthread_mutex_unlock(&s->mu);
+    }
+    return soonest;
+}
+
+/* Wakes only when a threshold can be crossed: at the earliest check_after of the requests in
+ * flight, and no later than one first threshold from now (a request that starts later cannot
+ * cross sooner), but never more often than OvertakePrioInterval. An idle child wakes once per
+ * first threshold; a busy one with short requests about as rarely. */
+static void *monitor_main(void *arg)
+{
+    int64_t period = (int64_t)(conf_interval(cconf) * 1e9 + 0.5);
+    int64_t horizon = thr_ns[0] < 100000000 ? thr_ns[0] : 100000000;  /* <= 0.1 s: exit fast */
+    int64_t next = mono_ns() + period;
+    (void)arg;
+    pthread_setname_np(pthread_self(), "overtake-prio");
+    pthread_mutex_lock(&monitor_mu);
+    while (!monitor_stop) {
+        struct timespec ts;
+        int64_t now, late, soonest;
+        ts.tv_sec = next / 1000000000;
+        ts.tv_nsec = next % 1000000000;
+        if (pthread_cond_timedwait(&monitor_cv, &monitor_mu, &ts) != ETIMEDOUT) {
+            continue;  /* stop request (or a spurious wake-up: wait again) */
+        }
+        now = mono_ns();
+        late = now - next;
+        if (late > late_max_ns) {
+            late_max_ns = late;
+        }
+        late_sum_ns += late;
+        {
+            unsigned b = 0;
+            while (b < OP_LATE_BUCKETS && late > (int64_t)(late_le[b] * 1e9)) {
+                b++;
+            }
+            ADD(late_count[b], 1);
+        }
+        ADD(shm->monitor_ticks, 1);
+        soonest = monitor_scan(now);
+        next = now + horizon < soonest ? now + horizon : soonest;
+        if (next < now + period) {
+            next = now + period;
+        }
+    }
+    pthread_mutex_unlock(&monitor_mu);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ capabilities */
+
+/* Runs in the child as root, just before mod_unixd switches to the worker user. If
+ * RLIMIT_NICE will not let the workers undo a demotion, ask the kernel to keep the permitted
+ * capabilities over setuid(); child_init then reduces them to CAP_SYS_NICE alone. */
+static int op_drop_privileges(apr_pool_t *pchild, server_rec *s)
+{
+    const op_conf *c = ap_get_module_config(s->module_config, &overtake_prio_module);
+    struct rlimit rl;
+    int need;
+    (void)pchild;
+    if (!conf_enabled(c) || c->cap_sys_nice == OP_CAP_OFF || geteuid() != 0) {
+        return DECLINED;
+    }
+    errno = 0;
+    need = 20 - getpriority(PRIO_PROCESS, 0);  /* the workers' own nice value */
+    if (c->cap_sys_nice == OP_CAP_AUTO && getrlimit(RLIMIT_NICE, &rl) == 0
+        && (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= (rlim_t)need)) {
+        return DECLINED;
+    }
+    if (prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) == 0) {
+        keep_cap_pending = 1;
+    }
+    return DECLINED;  /* mod_unixd still does the switch */
+}
+
+/* After the switch: effective = permitted = {CAP_SYS_NICE}; nothing else survives. */
+static int keep_only_cap_sys_nice(void)
+{
+    struct __user_cap_header_struct hdr;
+    struct __user_cap_data_struct data[2];
+    memset(&hdr, 0, sizeof hdr);
+    memset(data, 0, sizeof data);
+    hdr.version = _LINUX_CAPABILITY_VERSION_3;
+    hdr.pid = 0;
+    data[CAP_TO_INDEX(CAP_SYS_NICE)].effective = CAP_TO_MASK(CAP_SYS_NICE);
+    data[CAP_TO_INDEX(CAP_SYS_NICE)].permitted = CAP_TO_MASK(CAP_SYS_NICE);
+    prctl(PR_SET_KEEPCAPS, 0, 0, 0, 0);
+    return syscall(SYS_capset, &hdr, data) == 0;
+}
+
+/* ------------------------------------------------------------------------ child lifecycle */
+
+/* Demote this (throw-away) thread as far as the deepest level and undo it: proves that the
+ * worker threads, running as the same user with the same RLIMIT_NICE, can be restored. */
+static void *self_test(void *arg)
+{
+    const char **why = arg;
+    pid_t tid = op_gettid();
+    int orig_nice, orig_policy, worst = 0, k;
+    struct sched_param orig_param, p;
+    errno = 0;
+    orig_nice = getpriority(PRIO_PROCESS, (id_t)tid);
+    orig_policy = sched_getscheduler(tid);
+    sched_getparam(tid, &orig_param);
+    for (k = 0; k < nlevels; k++) {
+        int v = conf_nice(cconf, k);
+        if (v != OP_NICE_IDLE && v > worst) {
+            worst = v;
+        }
+    }
+    if (worst && setpriority(PRIO_PROCESS, (id_t)tid,
+                             orig_nice + worst > 19 ? 19 : orig_nice + worst) != 0) {
+        *why = "lowering the priority (setpriority) was refused";
+        return NULL;
+    }
+    memset(&p, 0, sizeof p);
+    if (any_idle && sched_setscheduler(tid, SCHED_IDLE, &p) != 0) {
+        *why = "sched_setscheduler(SCHED_IDLE) failed";
+        return NULL;
+    }
+    if (any_idle && sched_setscheduler(tid, orig_policy, &orig_param) != 0) {
+        *why = "leaving SCHED_IDLE (sched_setscheduler) was refused";
+        return NULL;
+    }
+    if (setpriority(PRIO_PROCESS, (id_t)tid, orig_nice) != 0) {
+        *why = "returning to the original nice value (setpriority) was refused";
+        return NULL;
+    }
+    *why = NULL;
+    return NULL;
+}
+
+static apr_status_t op_child_exit(void *data)
+{
+    int i, n;
+    (void)data;
+    if (monitor_running) {
+        pthread_mutex_lock(&monitor_mu);
+        monitor_stop = 1;
+        pthread_cond_signal(&monitor_cv);
+        pthread_mutex_unlock(&monitor_mu);
+        pthread_join(monitor, NULL);
+        monitor_running = 0;
+    }
+    n = __atomic_load_n(&slots_used, __ATOMIC_ACQUIRE);
+    if (n > nslots) {
+        n = nslots;
+    }
+    for (i = 0; i < n; i++) {
+        pthread_mutex_lock(&slots[i].mu);
+        if (__atomic_load_n(&slots[i].active, __ATOMIC_ACQUIRE)) {
+            slot_close(&slots[i]);
+        }
+        pthread_mutex_unlock(&slots[i].mu);
+    }
+    __atomic_store_n(&child_ok, 0, __ATOMIC_RELEASE);
+    return APR_SUCCESS;
+}
+
+static void op_child_init(apr_pool_t *p, server_rec *s)
+{
+    const char *why = "self-test did not run";
+    pthread_t t;
+    struct rlimit rl;
+    int threads = 0, k;
+    sigset_t all, old;
+
+    cconf = ap_get_module_config(s->module_config, &overtake_prio_module);
+    if (!conf_enabled(cconf) || !shm) {
+        return;
+    }
+    nlevels = conf_nlevels(cconf);
+    any_idle = 0;
+    for (k = 0; k < nlevels; k++) {
+        thr_ns[k] = (int64_t)(conf_threshold(cconf, k) * 1e9 + 0.5);
+        any_idle |= conf_nice(cconf, k) == OP_NICE_IDLE;
+    }
+    rlimit_cur = getrlimit(RLIMIT_NICE, &rl) == 0 ? (int)rl.rlim_cur : -1;
+    if (keep_cap_pending) {
+        /* Before any thread exists: the MPM's threads inherit these credentials. */
+        has_cap_sys_nice = keep_only_cap_sys_nice();
+        keep_cap_pending = 0;
+        if (!has_cap_sys_nice) {
+            ap_log_error(APLOG_MARK, APLOG_WARNING, errno, s,
+                         "mod_overtake_prio: cannot reduce the kept capabilities to "
+                         "CAP_SYS_NICE");
+        }
+        else {
+            ap_log_error(APLOG_MARK, APLOG_INFO, 0, s,
+                         "mod_overtake_prio: RLIMIT_NICE %d is too low to restore a demoted "
+                         "thread; child %ld keeps CAP_SYS_NICE (only) instead", rlimit_cur,
+                         (long)getpid());
+        }
+    }
+
+    if (pthread_create(&t, NULL, self_test, &why) == 0) {
+        pthread_join(t, NULL);
+    }
+    if (why) {
+        ap_log_error(APLOG_MARK, APLOG_ERR, 0, s,
+                     "mod_overtake_prio: disabled in child %ld: %s (RLIMIT_NICE %d, user id "
+                     "%ld, CAP_SYS_NICE %s); a demoted thread could not get its priority back. "
+                     "Start Apache as root (it raises RLIMIT_NICE to OvertakePrioRlimitNice, or "
+                     "keeps CAP_SYS_NICE with OvertakePrioCapSysNice auto) or run "
+                     "`ulimit -e 20` before starting it",
+                     (long)getpid(), why, rlimit_cur, (long)getuid(),
+                     has_cap_sys_nice ? "kept" : "not kept");
+        return;
+    }
+
+    ap_mpm_query(AP_MPMQ_MAX_THREADS, &threads);
+    /* Worker threads, plus room for threads that other modules run requests on (mod_http2). */
+    nslots = 2 * (threads > 0 ? threads : 64) + 16;
+    slots = apr_pcalloc(p, sizeof *slots * (apr_size_t)nslots);
+    for (k = 0; k < nslots; k++) {
+        pthread_mutex_init(&slots[k].mu, NULL);
+    }
+    apr_pool_cleanup_register(p, NULL, op_child_exit, apr_pool_cleanup_null);
+    __atomic_store_n(&child_ok, 1, __ATOMIC_RELEASE);
+
+    if (conf_age(cconf)) {
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&monitor_cv, &ca);
+        pthread_condattr_destroy(&ca);
+        /* Signals belong to the MPM's threads, never to the monitor. */
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, &old);
+        monitor_running = pthread_create(&monitor, NULL, monitor_main, NULL) == 0;
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (!monitor_running) {
+            ap_log_error(APLOG_MARK, APLOG_ERR, 0, s,
+                         "mod_overtake_prio: cannot start the monitor thread; requests are "
+                         "tracked but never demoted by age");
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ server lifecycle */
+
+static int op_check_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp,
+                           server_rec *s)
+{
+    op_conf *c = ap_get_module_config(s->module_config, &overtake_prio_module);
+    (void)pconf; (void)plog; (void)ptemp;
+    if (c->nnice && c->nnice != conf_nlevels(c)) {
+        ap_log_error(APLOG_MARK, APLOG_STARTUP | APLOG_EMERG, 0, s,
+                     "OvertakePrioNice: %d values for %d levels (OvertakePrioLevels%s); give "
+                     "one nice value or 'idle' per threshold", c->nnice, conf_nlevels(c),
+                     c->nlevels ? "" : " default 0.005 0.05");
+        return HTTP_INTERNAL_SERVER_ERROR;
+    }
+    return OK;
+}
+
+static int op_post_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp,
+                          server_rec *s)
+{
+    op_conf *c = ap_get_module_config(s->module_config, &overtake_prio_module);
+    op_retained *ret;
+    struct rlimit rl;
+    (void)pconf; (void)plog; (void)ptemp;
+
+    ret = ap_retained_data_get(OP_RETAINED_KEY);
+    if (!ret) {
+        ret = ap_retained_data_create(OP_RETAINED_KEY, sizeof *ret);
+        ret->shm = NULL;
+    }
+    if (!ret->shm) {
+        void *m = mmap(NULL, sizeof(op_shared), PROT_READ | PROT_WRITE,
+                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) {
+            ap_log_error(APLOG_MARK, APLOG_ERR, errno, s,
+                         "mod_overtake_prio: cannot map the shared counters; module disabled");
+            return OK;
+        }
+        memset(m, 0, sizeof(op_shared));
+        ret->shm = m;
+    }
+    shm = ret->shm;
+    if (!conf_enabled(c)) {
+        return OK;
+    }
+    /* Here the parent still runs as root: raise RLIMIT_NICE so that the workers (www-data,
+     * no CAP_SYS_NICE) may lower their nice value back. Inherited by every child. */
+    if (getrlimit(RLIMIT_NICE, &rl) == 0 && rl.rlim_cur < (rlim_t)conf_rlimit(c)) {
+        rl.rlim_cur = (rlim_t)conf_rlimit(c);
+        if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < rl.rlim_cur) {
+            rl.rlim_max = rl.rlim_cur;
+        }
+        if (setrlimit(RLIMIT_NICE, &rl) != 0) {
+            ap_log_error(APLOG_MARK, geteuid() == 0 && c->cap_sys_nice != OP_CAP_OFF
+                         ? APLOG_INFO : APLOG_WARNING, errno, s,
+                         "mod_overtake_prio: cannot raise RLIMIT_NICE to %d (no "
+                         "CAP_SYS_RESOURCE); %s", conf_rlimit(c),
+                         geteuid() == 0 && c->cap_sys_nice != OP_CAP_OFF
+                         ? "children keep CAP_SYS_NICE instead (OvertakePrioCapSysNice)"
+                         : "children will disable the module unless `ulimit -e 20` was set");
+        }
+    }
+    return OK;
+}
+
+/* ------------------------------------------------------------------------ status handler */
+
+static void metric_head(request_rec *r, const char *name, const char *type, const char *help)
+{
+    ap_rprintf(r, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static int op_status_handler(request_rec *r)
+{
+    const op_conf *c;
+    int k, n;
+    if (!r->handler || strcmp(r->handler, OP_HANDLER)) {
+        return DECLINED;
+    }
+    if (r->method_number != M_GET) {
+        r->allowed = AP_METHOD_BIT << M_GET;
+        return HTTP_METHOD_NOT_ALLOWED;
+    }
+    c = ap_get_module_config(r->server->module_config, &overtake_prio_module);
+    ap_set_content_type(r, "text/plain; version=0.0.4; charset=utf-8");
+    apr_table_setn(r->headers_out, "Cache-Control", "no-store");
+    if (r->header_only) {
+        return OK;
+    }
+    n = conf_nlevels(c);
+
+    metric_head(r, "overtake_cpu_prio_enabled", "gauge",
+                "1 if this child demotes and restores worker threads (self-test passed).");
+    ap_rprintf(r, "overtake_cpu_prio_enabled %d\n", __atomic_load_n(&child_ok, __ATOMIC_ACQUIRE));
+    metric_head(r, "overtake_cpu_prio_levels", "gauge", "Demoted levels (level 0 = original).");
+    ap_rprintf(r, "overtake_cpu_prio_levels %d\n", n);
+    metric_head(r, "overtake_cpu_prio_level_threshold_seconds", "gauge",
+                "Thread CPU at which a request enters the level.");
+    for (k = 1; k <= n; k++) {
+        ap_rprintf(r, "overtake_cpu_prio_level_threshold_seconds{level=\"%d\"} %.9g\n", k,
+                   conf_threshold(c, k - 1));
+    }
+    metric_head(r, "overtake_cpu_prio_level_nice_increment", "gauge",
+                "Nice increment of the level over the thread's own (not for SCHED_IDLE levels).");
+    for (k = 0; k <= n; k++) {
+        int v = k ? conf_nice(c, k - 1) : 0;
+        if (v != OP_NICE_IDLE) {
+            ap_rprintf(r, "overtake_cpu_prio_level_nice_increment{level=\"%d\"} %d\n", k, v);
+        }
+    }
+    metric_head(r, "overtake_cpu_prio_level_sched_idle", "gauge",
+                "1 if the level runs its threads under SCHED_IDLE.");
+    for (k = 0; k <= n; k++) {
+        ap_rprintf(r, "overtake_cpu_prio_level_sched_idle{level=\"%d\"} %d\n", k,
+                   k > 0 && conf_nice(c, k - 1) == OP_NICE_IDLE);
+    }
+    metric_head(r, "overtake_cpu_prio_monitor_interval_seconds", "gauge",
+                "Period of the monitor thread.");
+    ap_rprintf(r, "overtake_cpu_prio_monitor_interval_seconds %.9g\n", conf_interval(c));
+    metric_head(r, "overtake_cpu_prio_age_enabled", "gauge",
+                "1 if requests are demoted by attained thread CPU.");
+    ap_rprintf(r, "overtake_cpu_prio_age_enabled %d\n", conf_age(c));
+    metric_head(r, "overtake_cpu_prio_rlimit_nice", "gauge",
+                "RLIMIT_NICE of this child (20 lets a thread return to nice 0).");
+    ap_rprintf(r, "overtake_cpu_prio_rlimit_nice %d\n", rlimit_cur);
+    metric_head(r, "overtake_cpu_prio_cap_sys_nice", "gauge",
+                "1 if this child kept CAP_SYS_NICE to restore threads (RLIMIT_NICE too low).");
+    ap_rprintf(r, "overtake_cpu_prio_cap_sys_nice %d\n", has_cap_sys_nice);
+    metric_head(r, "overtake_cpu_prio_child_pid", "gauge",
+                "PID of the child that answered (in-flight gauges are per child).");
+    ap_rprintf(r, "overtake_cpu_prio_child_pid %ld\n", (long)getpid());
+
+    metric_head(r, "overtake_cpu_prio_in_flight", "gauge",
+                "Requests in flight in this child, by current level.");
+    for (k = 0; k <= n; k++) {
+        ap_rprintf(r, "overtake_cpu_prio_in_flight{level=\"%d\"} %" APR_INT64_T_FMT "\n", k,
+                   (apr_int64_t)LOAD(inflight[k]));
+    }
+    if (!shm) {
+        return OK;
+    }
+    metric_head(r, "overtake_cpu_prio_requests_total", "counter",
+                "Requests ended, by the deepest level they reached.");
+    for (k = 0; k <= n; k++) {
+        ap_rprintf(r, "overtake_cpu_prio_requests_total{level=\"%d\"} %" APR_UINT64_T_FMT "\n",
+                   k, LOAD(shm->requests[k]));
+    }
+    metric_head(r, "overtake_cpu_prio_demotions_total", "counter",
+                "Requests that entered the level, by cause (attained CPU or class header).");
+    for (k = 1; k <= n; k++) {
+        ap_rprintf(r, "overtake_cpu_prio_demotions_total{level=\"%d\",cause=\"age\"} %"
+                   APR_UINT64_T_FMT "\n", k, LOAD(shm->demoted_age[k]));
+        ap_rprintf(r, "overtake_cpu_prio_demotions_total{level=\"%d\",cause=\"class\"} %"
+                   APR_UINT64_T_FMT "\n", k, LOAD(shm->demoted_class[k]));
+    }
+#define COUNTER(name, field, help)                                                      \
+    metric_head(r, "overtake_cpu_prio_" name "_total", "counter", help);                \
+    ap_rprintf(r, "overtake_cpu_prio_" name "_total %" APR_UINT64_T_FMT "\n", LOAD(shm->field))
+    COUNTER("restores", restores, "Demoted threads given their original priority back.");
+    COUNTER("restore_errors", restore_errors, "Restores the kernel refused.");
+    COUNTER("demote_errors", demote_errors, "Demotions the kernel refused.");
+    COUNTER("untracked", untracked, "Requests on threads beyond the slot table.");
+    COUNTER("class_invalid", class_invalid, "Class headers that were not a level.");
+    COUNTER("handoffs", handoffs,
+            "Threads that began a request before the previous one's pool was cleaned up.");
+    COUNTER("monitor_ticks", monitor_ticks, "Monitor passes, all children.");
+#undef COUNTER
+    metric_head(r, "overtake_cpu_prio_monitor_late_max_seconds", "gauge",
+                "Worst delay of a monitor wake-up in this child.");
+    ap_rprintf(r, "overtake_cpu_prio_monitor_late_max_seconds %.9g\n", late_max_ns * 1e-9);
+    metric_head(r, "overtake_cpu_prio_monitor_late_seconds", "histogram",
+                "Delay of the monitor's wake-ups past their deadline, this child.");
+    {
+        apr_uint64_t cum = 0;
+        unsigned b;
+        for (b = 0; b < OP_LATE_BUCKETS; b++) {
+            cum += LOAD(late_count[b]);
+            ap_rprintf(r, "overtake_cpu_prio_monitor_late_seconds_bucket{le=\"%g\"} %"
+                       APR_UINT64_T_FMT "\n", late_le[b], cum);
+        }
+        cum += LOAD(late_count[OP_LATE_BUCKETS]);
+        ap_rprintf(r, "overtake_cpu_prio_monitor_late_seconds_bucket{le=\"+Inf\"} %"
+                   APR_UINT64_T_FMT "\n", cum);
+        ap_rprintf(r, "overtake_cpu_prio_monitor_late_seconds_sum %.9g\n", late_sum_ns * 1e-9);
+        ap_rprintf(r, "overtake_cpu_prio_monitor_late_seconds_count %" APR_UINT64_T_FMT "\n", cum);
+    }
+    return OK;
+}
+
+static void op_register_hooks(apr_pool_t *p)
+{
+    (void)p;
+    ap_hook_check_config(op_check_config, NULL, NULL, APR_HOOK_MIDDLE);
+    ap_hook_post_config(op_post_config, NULL, NULL, APR_HOOK_MIDDLE);
+    /* First: the capability reduction must precede any thread another module may start. */
+    ap_hook_child_init(op_child_init, NULL, NULL, APR_HOOK_REALLY_FIRST);
+    ap_hook_drop_privileges(op_drop_privileges, NULL, NULL, APR_HOOK_REALLY_FIRST);
+    ap_hook_post_read_request(op_post_read_request, NULL, NULL, APR_HOOK_REALLY_FIRST);
+    ap_hook_handler(op_status_handler, NULL, NULL, APR_HOOK_MIDDLE);
+    ap_hook_insert_filter(op_insert_filter, NULL, NULL, APR_HOOK_MIDDLE);
+    /* After the content filters (deflate, ...), before the protocol filters. */
+    op_end_filter_handle = ap_register_output_filter("OVERTAKE_PRIO_END", op_end_filter, NULL,
+                                                     AP_FTYPE_CONTENT_SET + 5);
+}
+
+AP_DECLARE_MODULE(overtake_prio) = {
+    STANDARD20_MODULE_STUFF,
+    NULL,                       /* per-directory config */
+    NULL,
+    op_create_server_conf,
+    NULL,                       /* vhosts share the main server's (global) settings */
+    op_cmds,
+    op_register_hooks,
+    AP_MODULE_FLAG_NONE
+};

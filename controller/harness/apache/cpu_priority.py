@@ -1,0 +1,410 @@
+"""Per-request CPU priority of Apache's worker threads: mod_overtake_prio for the launcher.
+
+The C module (``apache-conf/mod_overtake_prio/``) lowers a worker thread's CPU priority
+while its request runs: by attained thread CPU (age-based demotion, a few levels of
+multilevel processor sharing approximating least-attained-service) or from a starting
+class the sidecar sends in a request header (known-phase short-first, route class). Level
+0 is the thread's own priority; level k >= 1 starts when the request's thread CPU reaches
+``levels[k-1]`` seconds and runs at its own nice value plus ``nice[k-1]`` (or, for ``"idle"``,
+``SCHED_IDLE``). The thread gets its priority back when the request ends.
+
+Why: for service times with a decreasing hazard rate, least-attained-service beats processor
+sharing among blind policies (Aalto, Ayesta and Righter, *On the Gittins index in the M/G/1
+queue*, Queueing Systems 2009), while no admission limit does (Nuyens and van der Weij,
+*Monotonicity in the limited processor sharing queue*).
+
+This module holds what :func:`~overtake.controller.harness.apache.lifecycle.start` needs for
+it (the ``cpu_priority=`` option): the settings (:class:`CpuPriority`), the ``apxs`` build
+(:func:`build_module`), the ``httpd.conf`` tokens (:func:`config_tokens`, used by
+:func:`~overtake.controller.harness.apache.config.render_config`) and the module's counters
+at ``/overtake-prio-status`` (:func:`parse_prio_status`, :func:`fetch_prio_status`).
+"""
+
+from __future__ import annotations
+
+import http.client
+import math
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from overtake.controller.errors import (
+    ApacheInputError,
+    ApacheNotInstalledError,
+    ApacheNotRunningError,
+)
+from prometheus_client.parser import text_string_to_metric_families
+
+__all__ = [
+    "DEFAULT_CLASS_HEADER",
+    "MODULE_SOURCE",
+    "STATUS_PATH",
+    "CpuPriority",
+    "PrioStatus",
+    "build_module",
+    "config_tokens",
+    "fetch_prio_status",
+    "parse_prio_status",
+]
+
+#: Request header whose integer value (0..levels) is the request's starting level.
+DEFAULT_CLASS_HEADER = "X-Overtake-Class"
+#: Where the private Apache serves the module's counters (local clients only).
+STATUS_PATH = "/overtake-prio-status"
+#: Source file, relative to the ``apache-conf/`` templates.
+MODULE_SOURCE = Path("mod_overtake_prio") / "mod_overtake_prio.c"
+
+_APXS = "apxs"
+_MAX_LEVELS = 8  # OP_MAX_LEVELS in the C module
+_INSTALL_HINT = (
+    "install it with apache-conf/install-debian-packages.sh or `apt-get install apache2-dev`"
+)
+
+
+def _default_nice(n: int) -> tuple[int | str, ...]:
+    return (*([10] * (n - 1)), "idle")
+
+
+@dataclass(frozen=True)
+class CpuPriority:
+    """Settings of mod_overtake_prio (the ``OvertakePrio*`` directives).
+
+    Parameters
+    ----------
+    levels : tuple of float
+        Thread-CPU seconds at which a request enters level 1, 2, ... (strictly increasing,
+        > 0; at most 8). ``OvertakePrioLevels``.
+    nice : tuple of int or "idle", optional
+        Priority of each level: a nice increment 1..19 over the thread's own nice value
+        (non-decreasing; the result is capped at 19) or ``"idle"``
+        (``SCHED_IDLE``, last level only). Default: nice 10 for every level but the last,
+        ``"idle"`` for the last. ``OvertakePrioNice``.
+    interval : float
+        Period of the monitor thread in seconds, 0.0001..1. ``OvertakePrioInterval``.
+    age : bool
+        Demote by attained thread CPU. False: only the class header sets a level (class
+        priority). ``OvertakePrioAge``.
+    class_header : str or None
+        Request header with the starting level (an integer 0..len(levels)); None ignores
+        headers. ``OvertakePrioClassHeader``.
+    cap_sys_nice : {"auto", "on", "off"}
+        Keep ``CAP_SYS_NICE`` (only) for the worker user so that it can restore demoted
+        threads: ``"auto"`` when ``RLIMIT_NICE`` cannot be raised to 20 (a root without
+        ``CAP_SYS_RESOURCE``), ``"off"`` never (the module then disables itself if
+        ``RLIMIT_NICE`` is too low). ``OvertakePrioCapSysNice``.
+    """
+
+    levels: tuple[float, ...] = (0.005, 0.05)
+    nice: tuple[int | str, ...] | None = None
+    interval: float = 0.001
+    age: bool = True
+    class_header: str | None = DEFAULT_CLASS_HEADER
+    cap_sys_nice: str = "auto"
+    priorities: tuple[int | str, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        levels = tuple(self.levels)
+        if not 1 <= len(levels) <= _MAX_LEVELS:
+            raise ApacheInputError(
+                f"cpu_priority.levels: give 1..{_MAX_LEVELS} thread-CPU thresholds in seconds, "
+                f"e.g. (0.005, 0.05); got {self.levels!r}"
+            )
+        prev = 0.0
+        for v in levels:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ApacheInputError(f"cpu_priority.levels: {v!r} is not a number of seconds")
+            if not prev < v <= 3600:
+                raise ApacheInputError(
+                    f"cpu_priority.levels: thresholds must be > 0, <= 3600 s and strictly "
+                    f"increasing; got {levels!r}"
+                )
+            prev = float(v)
+        nice = _default_nice(len(levels)) if self.nice is None else tuple(self.nice)
+        if len(nice) != len(levels):
+            raise ApacheInputError(
+                f"cpu_priority.nice: one value per level ({len(levels)}), got {len(nice)}: {nice!r}"
+            )
+        last = 0
+        for i, p in enumerate(nice):
+            if p == "idle":
+                if i != len(nice) - 1:
+                    raise ApacheInputError(
+                        f"cpu_priority.nice: 'idle' (SCHED_IDLE) can only be the last level; got {nice!r}"
+                    )
+                continue
+            if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= 19:
+                raise ApacheInputError(
+                    f"cpu_priority.nice: {p!r} must be a nice increment 1..19 or 'idle'"
+                )
+            if p < last:
+                raise ApacheInputError(
+                    f"cpu_priority.nice: levels must not rise in priority; got {nice!r}"
+                )
+            last = p
+        if not isinstance(self.interval, (int, float)) or not 0.0001 <= self.interval <= 1.0:
+            raise ApacheInputError(
+                f"cpu_priority.interval: monitor period must be 0.0001..1 s, got {self.interval!r}"
+            )
+        hdr = self.class_header
+        if hdr is not None and (
+            not hdr or hdr.lower() == "none" or any(c in hdr for c in ' \t\r\n:"')
+        ):
+            raise ApacheInputError(
+                f"cpu_priority.class_header: {hdr!r} is not a header name; use None to ignore "
+                "headers"
+            )
+        if self.cap_sys_nice not in ("auto", "on", "off"):
+            raise ApacheInputError(
+                f"cpu_priority.cap_sys_nice: must be 'auto', 'on' or 'off', got {self.cap_sys_nice!r}"
+            )
+        object.__setattr__(self, "levels", tuple(float(v) for v in levels))
+        object.__setattr__(self, "priorities", nice)
+
+
+def config_tokens(cpu_priority: CpuPriority | None) -> dict[str, str]:
+    """Values of the ``@CPU_PRIO_*@`` tokens of ``httpd.conf.in``.
+
+    Parameters
+    ----------
+    cpu_priority : CpuPriority or None
+        None leaves the module out (``Define OVERTAKE_CPU_PRIO`` is not rendered; the
+        ``<IfDefine>`` block is skipped, its other tokens get inert defaults).
+
+    Returns
+    -------
+    dict of str to str
+        Token name (without at-signs) to text.
+    """
+    cp = cpu_priority if cpu_priority is not None else CpuPriority()
+    return {
+        "CPU_PRIO_DEFINE": (
+            "Define OVERTAKE_CPU_PRIO" if cpu_priority is not None else "# cpu_priority: off"
+        ),
+        "CPU_PRIO_LEVELS": " ".join(repr(v) for v in cp.levels),
+        "CPU_PRIO_NICE": " ".join(str(p) for p in cp.priorities),
+        "CPU_PRIO_INTERVAL": repr(float(cp.interval)),
+        "CPU_PRIO_AGE": "On" if cp.age else "Off",
+        "CPU_PRIO_CLASS_HEADER": cp.class_header or "none",
+        "CPU_PRIO_CAP_SYS_NICE": cp.cap_sys_nice,
+    }
+
+
+def build_module(conf_dir: Path, workdir: Path) -> Path:
+    """Compile ``mod_overtake_prio.c`` with ``apxs`` into ``workdir/modules``.
+
+    Skipped when the ``.so`` is newer than the source. The build runs in
+    ``workdir/modules/build`` (apxs/libtool leave objects in the current directory) and the
+    result replaces ``workdir/modules/mod_overtake_prio.so`` atomically.
+
+    Parameters
+    ----------
+    conf_dir : Path
+        The ``apache-conf/`` templates.
+    workdir : Path
+        Absolute instance directory.
+
+    Returns
+    -------
+    Path
+        The shared object, world-readable (Apache's parent loads it as root; fine either way).
+
+    Raises
+    ------
+    ApacheNotInstalledError
+        ``apxs`` (package ``apache2-dev``) is missing or the compilation failed.
+    """
+    src = conf_dir / MODULE_SOURCE
+    mod_dir = workdir / "modules"
+    out = mod_dir / "mod_overtake_prio.so"
+    if out.exists() and out.stat().st_mtime >= src.stat().st_mtime:
+        return out
+    apxs = shutil.which(_APXS)
+    if apxs is None:
+        raise ApacheNotInstalledError(
+            f"apxs: not found (package apache2-dev), needed for cpu_priority=; {_INSTALL_HINT}"
+        )
+    build = mod_dir / "build"
+    build.mkdir(parents=True, exist_ok=True)
+    mod_dir.chmod(0o755)
+    shutil.copyfile(src, build / src.name)
+    cmd = [apxs, "-c", "-Wc,-Wall", "-Wc,-O2", src.name]
+    proc = subprocess.run(cmd, cwd=build, capture_output=True, text=True, check=False)
+    built = build / ".libs" / "mod_overtake_prio.so"
+    if proc.returncode != 0 or not built.exists():
+        raise ApacheNotInstalledError(
+            f"mod_overtake_prio: `{' '.join(cmd)}` in {build} failed (rc {proc.returncode}): "
+            f"{(proc.stderr or proc.stdout).strip()[-800:]}; {_INSTALL_HINT}"
+        )
+    tmp = mod_dir / f".mod_overtake_prio.{os.getpid()}.so"
+    shutil.copyfile(built, tmp)
+    tmp.chmod(0o755)
+    os.replace(tmp, out)  # atomic: a running Apache never maps a half-written file
+    return out
+
+
+@dataclass(frozen=True)
+class PrioStatus:
+    """The counters of ``/overtake-prio-status`` (one child's view; see the C module).
+
+    Level 0 is the original priority. Tuples indexed by level have ``levels + 1`` entries
+    (index 0 is always 0 for the demotion counts).
+
+    Attributes
+    ----------
+    enabled : bool
+        The answering child demotes and restores (its self-test passed).
+    levels : int
+        Demoted levels.
+    thresholds : tuple of float
+        Thread CPU (s) at which level 1, 2, ... starts.
+    in_flight : tuple of int
+        Requests in flight in the answering child, by current level.
+    requests : tuple of int
+        Requests ended, by deepest level reached (all children, since start).
+    demotions_age, demotions_class : tuple of int
+        Entries into each level by attained CPU or by the class header.
+    restores, restore_errors, demote_errors, untracked, class_invalid, handoffs : int
+        Cumulative counters (all children).
+    monitor_ticks : int
+        Monitor passes (all children).
+    monitor_late_max : float
+        Worst wake-up delay of the answering child's monitor, seconds.
+    monitor_late_buckets : tuple of (float, int)
+        Cumulative histogram of the answering child's monitor wake-up delays: (upper bound
+        in seconds, count), the last bound ``inf``.
+    monitor_late_sum : float
+        Sum of those delays, seconds.
+    rlimit_nice : int
+        RLIMIT_NICE of the answering child.
+    child_pid : int
+        PID of the answering child.
+    """
+
+    enabled: bool
+    levels: int
+    thresholds: tuple[float, ...]
+    in_flight: tuple[int, ...]
+    requests: tuple[int, ...]
+    demotions_age: tuple[int, ...]
+    demotions_class: tuple[int, ...]
+    restores: int
+    restore_errors: int
+    demote_errors: int
+    untracked: int
+    class_invalid: int
+    handoffs: int
+    monitor_ticks: int
+    monitor_late_max: float
+    monitor_late_buckets: tuple[tuple[float, int], ...]
+    monitor_late_sum: float
+    rlimit_nice: int
+    child_pid: int
+
+
+def parse_prio_status(text: str) -> PrioStatus:
+    """Parse the Prometheus text of ``/overtake-prio-status``.
+
+    Parameters
+    ----------
+    text : str
+        Response body.
+
+    Returns
+    -------
+    PrioStatus
+
+    Raises
+    ------
+    ApacheNotRunningError
+        If the text lacks the module's metrics.
+    """
+    plain: dict[str, float] = {}
+    by_level: dict[str, dict[int, float]] = {}
+    late: list[tuple[float, int]] = []
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            name = s.name.removeprefix("overtake_cpu_prio_")
+            if name == "monitor_late_seconds_bucket":
+                late.append((float(s.labels["le"]), int(s.value)))
+                continue
+            if "cause" in s.labels:
+                name = f"{name}:{s.labels['cause']}"
+            if "level" in s.labels:
+                by_level.setdefault(name, {})[int(s.labels["level"])] = s.value
+            else:
+                plain[name] = s.value
+    if "levels" not in plain or "enabled" not in plain:
+        raise ApacheNotRunningError(
+            f"{STATUS_PATH}: no overtake_cpu_prio_levels/enabled metrics; is mod_overtake_prio "
+            "loaded (start(cpu_priority=...))?"
+        )
+    n = int(plain["levels"])
+
+    def per_level(name: str) -> tuple[int, ...]:
+        got = by_level.get(name, {})
+        return tuple(int(got.get(k, 0)) for k in range(n + 1))
+
+    return PrioStatus(
+        enabled=plain["enabled"] == 1,
+        levels=n,
+        thresholds=tuple(
+            by_level.get("level_threshold_seconds", {}).get(k, math.nan) for k in range(1, n + 1)
+        ),
+        in_flight=per_level("in_flight"),
+        requests=per_level("requests_total"),
+        demotions_age=per_level("demotions_total:age"),
+        demotions_class=per_level("demotions_total:class"),
+        restores=int(plain.get("restores_total", 0)),
+        restore_errors=int(plain.get("restore_errors_total", 0)),
+        demote_errors=int(plain.get("demote_errors_total", 0)),
+        untracked=int(plain.get("untracked_total", 0)),
+        class_invalid=int(plain.get("class_invalid_total", 0)),
+        handoffs=int(plain.get("handoffs_total", 0)),
+        monitor_ticks=int(plain.get("monitor_ticks_total", 0)),
+        monitor_late_max=float(plain.get("monitor_late_max_seconds", math.nan)),
+        monitor_late_buckets=tuple(sorted(late)),
+        monitor_late_sum=float(plain.get("monitor_late_seconds_sum", 0.0)),
+        rlimit_nice=int(plain.get("rlimit_nice", -1)),
+        child_pid=int(plain.get("child_pid", 0)),
+    )
+
+
+def fetch_prio_status(host: str, port: int, *, timeout: float = 2.0) -> PrioStatus:
+    """GET and parse ``/overtake-prio-status``.
+
+    Parameters
+    ----------
+    host : str
+        Address to connect to (loopback: the location is local-only).
+    port : int
+        Apache's port.
+    timeout : float
+        Socket timeout, seconds.
+
+    Returns
+    -------
+    PrioStatus
+
+    Raises
+    ------
+    ApacheNotRunningError
+        Nothing answers, the answer is not 200 or lacks the module's metrics.
+    """
+    # Its own GET, not mod_status.http_get: config imports this module, mod_status imports config.
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("GET", STATUS_PATH)
+        resp = conn.getresponse()
+        code, body = resp.status, resp.read().decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise ApacheNotRunningError(f"{STATUS_PATH}: no answer from {host}:{port} ({exc})") from None
+    finally:
+        conn.close()
+    if code != 200:
+        raise ApacheNotRunningError(
+            f"{STATUS_PATH}: {host}:{port} answered {code}; is mod_overtake_prio loaded "
+            "(start(cpu_priority=...))?"
+        )
+    return parse_prio_status(body)
