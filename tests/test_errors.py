@@ -10,9 +10,9 @@ from overtake.errors import OvertakeError
 
 PACKAGES = ("overtake", "overtake.fitting", "overtake.mdp", "overtake.controller", "overtake.api")
 
-# Classes in modules other engineers are moving (issue 17, item 3: controller/ as rooms, the
-# Prometheus launcher into the harness); by name, so a move does not matter. Remove a name once
-# its class derives from OvertakeError.
+# Classes of controller/ modules being restructured (issue 17, item 3: controller/ as rooms, the
+# Prometheus launcher now in controller/harness/); by name, so a move does not matter. Remove a
+# name once its class derives from OvertakeError.
 PENDING = frozenset({
     "BadPhaseHeader", "PolicyFetchError", "UpstreamError", "_TooLarge",
     "PrometheusError", "PrometheusNotInstalledError", "PrometheusUsageError",
