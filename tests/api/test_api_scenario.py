@@ -44,7 +44,7 @@ def test_resolve_leaves_its_input_alone(tmp_path: Path) -> None:
     (tmp_path / "f.json").write_text(json.dumps({"alpha": [1.0], "T": [[-2.0]]}))
     data = {"load": 0.5, "stages": [{"name": "a", "service": {"file": "f.json"}}]}
     before = copy.deepcopy(data)
-    sc, model = resolve_scenario(data, {"file": file_resolver(tmp_path)})
+    _, model = resolve_scenario(data, {"file": file_resolver(tmp_path)})
     assert data == before
     assert model.mean_service() == pytest.approx(0.5)
 
