@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .errors import DatabaseURLError
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY,
@@ -42,10 +44,6 @@ CREATE INDEX IF NOT EXISTS jobs_kind_created ON jobs (kind, created);
 
 
 INTERRUPTED = "interrupted: the API stopped while this job was running; post it again"
-
-
-class DatabaseURLError(ValueError):
-    """The ``--db`` value is not a SQLite path or URL."""
 
 
 def sqlite_path(url: str) -> Path:

@@ -19,9 +19,13 @@ import traceback
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .db import INTERRUPTED, Store
+
+if TYPE_CHECKING:  # pragma: no cover
+    from overtake.mdp.model import TandemModel
+    from overtake.mdp.scenario import Scenario
 
 log = logging.getLogger("overtake.api")
 
@@ -47,6 +51,19 @@ class _Reporter:
         if now - self.last >= 0.2:
             self.store.progress(self.job_id, self.done / len(self.steps), message)
             self.last = now
+
+
+def estimate_states(scenario: Scenario, model: TandemModel) -> int:
+    """States of the largest space :func:`run_model` builds, without building it.
+
+    The larger of π*'s largest MDP (:func:`overtake.mdp.truncation.estimate_states`: exact for a
+    fixed truncation) and the π(∞) baseline's chain, which grows with the load
+    (:func:`overtake.mdp.truncation.ps_chain_states`: exact).
+    """
+    from overtake.mdp.truncation import estimate_states as mdp_states
+    from overtake.mdp.truncation import ps_chain_states
+
+    return max(mdp_states(model, scenario.fixed_truncation()), ps_chain_states(model, tol=scenario.tolerance))
 
 
 def run_model(store: Store, job_id: str) -> None:

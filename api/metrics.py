@@ -6,11 +6,13 @@ durations are in seconds, labels are bounded (route templates, not raw paths).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 KINDS = ("model", "fit")
 STATUSES = ("queued", "running", "done", "failed")
@@ -50,3 +52,34 @@ class ApiMetrics:
             for reason in ("invalid", "too_large", "queue_full"):
                 self.rejected.labels(k, reason)
         r.register(_JobGauge(counts))
+
+
+class InstrumentMiddleware:
+    """Pure ASGI middleware counting requests by route template and timing them.
+
+    (Starlette's ``BaseHTTPMiddleware`` costs a task and a stream per request; this costs two
+    dictionary lookups.)
+    """
+
+    def __init__(self, app: ASGIApp, metrics: ApiMetrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        t0 = time.perf_counter()
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            path = getattr(scope.get("route"), "path", "unmatched")
+            self.metrics.requests.labels(scope["method"], path, str(status)).inc()
+            self.metrics.latency.labels(path).observe(time.perf_counter() - t0)

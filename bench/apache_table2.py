@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from _report import halt_polling, set_sched_slice, write_section
 
-from overtake.api.commands._scenario import load_scenario
+from overtake.api.scenario import load_scenario
 from overtake.controller import twin
 from overtake.controller.harness import apache
 from overtake.controller.harness.loadgen import (

@@ -31,7 +31,7 @@ import numpy as np
 import scipy.sparse as sp
 from _report import cpu_model, write_section
 
-from overtake.api.commands._scenario import load_scenario
+from overtake.api.scenario import load_scenario
 from overtake.mdp.evaluate import stationary_distribution
 from overtake.mdp.solve import induced_matrix, relative_value_iteration
 from overtake.mdp.statespace import StateSpace, Truncation

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def one(case: int, C: int, K: int) -> None:
-    from overtake.api.commands._scenario import load_scenario
+    from overtake.api.scenario import load_scenario
     from overtake.mdp.solve import relative_value_iteration
     from overtake.mdp.statespace import StateSpace, Truncation
 

@@ -40,7 +40,7 @@ from uplink.testbed import Testbed
 from uplink.workload import MODELS, schedule
 from uplink_srpt import CAL_SIZES, NOMINAL_GOODPUT, calibrate_solo, response_metrics, start_sidecar, stop_process, write_files
 
-from overtake.api.commands._scenario import load_scenario
+from overtake.api.scenario import load_scenario
 from overtake.controller.harness.loadgen import batch_means, make_trace, paired_gain_ci
 from overtake.controller.uplink.qdisc import parse_rate
 from overtake.mdp import Policy

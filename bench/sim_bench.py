@@ -27,7 +27,7 @@ from typing import Any
 
 from _report import write_section
 
-from overtake.api.commands._scenario import load_scenario
+from overtake.api.scenario import load_scenario
 from overtake.mdp.compare import compare
 from overtake.mdp.policy import Policy
 from overtake.mdp.simulate import service_from_spec, simulate

@@ -23,8 +23,8 @@ from pathlib import Path
 
 from _report import cpu_model, write_section
 
-from overtake.api.commands._scenario import load_scenario
 from overtake.api.progress import progress_iter
+from overtake.api.scenario import load_scenario
 from overtake.mdp.compare import compare
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,6 +9,7 @@ Every validation error becomes one :class:`~overtake.mdp.errors.ModelError` line
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -135,15 +136,21 @@ class Scenario(_Strict):
         return Truncation(self.truncation.max_requests, kt)
 
 
-def _format(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    loc = ".".join(str(x) for x in err["loc"]) or "scenario"
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "extra_forbidden":
+def validation_message(errors: Sequence[Mapping[str, Any]], *, root: str = "scenario") -> str:
+    """pydantic's errors as the project's one line: ``<field>: <rule>`` and how many more.
+
+    The field is the error's location joined by dots (``stages.0.service.exponential.mean``),
+    without ``body``, the root a web framework puts first for a request body; ``root`` names
+    an empty location (the document as a whole).
+    """
+    err = errors[0]
+    loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or root
+    msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+    if err.get("type") == "extra_forbidden":
         msg = "unknown key; remove it or check its spelling"
-    elif err["type"] == "missing":
+    elif err.get("type") == "missing":
         msg = "required field is missing"
-    extra = f" ({len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    extra = f" ({len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{loc}: {msg}{extra}"
 
 
@@ -154,4 +161,4 @@ def parse_scenario(data: Any) -> Scenario:
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:
-        raise ModelError(_format(exc)) from None
+        raise ModelError(validation_message(exc.errors())) from None

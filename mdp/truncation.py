@@ -26,7 +26,7 @@ from .evaluate import PolicyMetrics, metrics, stationary_distribution
 from .model import TandemModel
 from .policy import Policy
 from .solve import SolveResult, induced_matrix, policy_iteration, relative_value_iteration
-from .statespace import Layout, PhaseInfo, StateSpace, Truncation
+from .statespace import Layout, PhaseInfo, StateSpace, Truncation, count_states
 
 FloatArray = npt.NDArray[np.float64]
 Progress = Callable[[str], None]
@@ -67,6 +67,11 @@ def evaluate_rule(
     return metrics(model, chain.rows[reach], layout.queue_stage, pi, max_requests)
 
 
+def next_evaluation_cap(max_requests: int) -> int:
+    """The evaluation cap after ``max_requests``: 1.5× larger (at least +2)."""
+    return max(max_requests + 2, math.ceil(1.5 * max_requests))
+
+
 def grow_requests(
     evaluate: Callable[[int], PolicyMetrics], start: int, tol: float, name: str,
     progress: Progress | None = None, max_cap: int = 2000,
@@ -77,7 +82,7 @@ def grow_requests(
     prev = evaluate(C)
     trace.append({"max_requests": C, "mean_response_time": prev.mean_response_time, "states": prev.states})
     while True:
-        C2 = max(C + 2, int(math.ceil(1.5 * C)))
+        C2 = next_evaluation_cap(C)
         if C2 > max_cap:
             raise RuntimeError(f"{name}: E[W] still changes at max_requests = {C}; the load is too close to 1")
         cur = evaluate(C2)
@@ -147,6 +152,63 @@ def _exact_metrics(space: StateSpace, res: SolveResult) -> PolicyMetrics:
     P = induced_matrix(space, res.decision)
     reach, pi = stationary_distribution(P)
     return metrics(space.model, space.rows[reach], space.layout.queue_stage, pi, space.cap)
+
+
+def auto_start(model: TandemModel) -> Truncation:
+    """Where auto-truncation starts: 10 requests, ``cores + 2`` threads (at most 10)."""
+    return Truncation(10, min(model.cores + 2, 10))
+
+
+def next_solve_cap(max_requests: int) -> int:
+    """The solve cap auto-truncation tries after ``max_requests``: 1.25× larger (at least +2)."""
+    return max(max_requests + 2, math.ceil(1.25 * max_requests))
+
+
+def estimate_states(model: TandemModel, truncation: Truncation | None = None, phase_info: PhaseInfo = "full") -> int:
+    """States of the largest MDP :func:`solve_optimal` is expected to solve, without solving.
+
+    A fixed ``truncation`` is solved once: the count is exact (:func:`count_states`). Auto-truncation
+    solves on its start (C0, K0) (:func:`auto_start`), grows the thread cap while one more thread
+    helps, then always re-solves once on the next solve cap C1 (:func:`next_solve_cap`) with the
+    thread cap it settled on, K ≥ K0. So the largest solve holds at least ``count(C1, K0)`` states;
+    the estimate is ``count(C1, K0 + 1)``, one thread more, as non-exponential stages settle on
+    (paper 004, Table 1: within 1.5× of the largest solve on every case). It is at most
+    ``count(C1, K0 + 1) / count(C1, K0)`` (1.35 to 1.6 for two stages of one to four phases in
+    all) above the largest solve; it falls short when K grows by three or more or C grows past C1.
+    """
+    if truncation is not None:
+        return count_states(model, truncation, phase_info)
+    tr = auto_start(model)
+    c1 = next_solve_cap(tr.max_requests)
+    return count_states(model, Truncation(c1, min(tr.k_max + 1, c1)), phase_info)
+
+
+def ps_chain_states(model: TandemModel, *, tol: float = 1e-3, start: int = 20, max_cap: int = 2000) -> int:
+    """States of the π(∞) baseline's chain on the cap :func:`evaluate_baseline` settles on, unbuilt.
+
+    Under π(∞) every request holds a thread, so the tandem is a symmetric (processor-sharing)
+    queue with total rate c(n) (:meth:`TandemModel.capacity`), and its number in system is
+    insensitive to the phases, blocking included: p(n) ∝ Π_{k≤n} λ·ΣE[S_i] / c(k), n ≤ C
+    (Kelly, *Reversibility and Stochastic Networks*, §3.3). E[W](C) = E[N]/(λ(1 − p(C))) follows
+    in O(C), so the caps C, 1.5·C, … of :func:`grow_requests` are walked exactly; the chain on
+    the last holds every thread vector of D phases with sum ≤ C: binom(C + D, D) states.
+    """
+    work = model.arrival_rate * model.mean_service()
+
+    def mean_response_time(C: int) -> float:
+        log_p = np.concatenate([[0.0], np.cumsum(np.log(work / model.capacity(np.arange(1, C + 1))))])
+        p = np.exp(log_p - log_p.max())
+        p /= p.sum()
+        return float(np.arange(C + 1) @ p / (model.arrival_rate * (1.0 - p[-1])))
+
+    C, prev = start, mean_response_time(start)
+    while (C2 := next_evaluation_cap(C)) <= max_cap:
+        cur = mean_response_time(C2)
+        C = C2
+        if _rel(cur, prev) < tol:
+            break
+        prev = cur
+    return math.comb(C + model.n_coords, model.n_coords)
 
 
 def solve_optimal(
@@ -229,7 +291,7 @@ def solve_optimal(
                 return cur, C2
             C, prev = C2, cur
 
-    tr = start or Truncation(10, min(3 + model.cores - 1, 10))
+    tr = start or auto_start(model)
     space, res, m = run(tr, None)
     while True:  # thread cap: does one more thread help?
         trK = Truncation(tr.max_requests, tr.k_max + 1)
@@ -243,7 +305,7 @@ def solve_optimal(
     C0 = tr.max_requests
     lim, Ce = limit(pol, tr, C0, m)
     while True:  # solve cap: does re-solving on a larger cap change the policy's E[W]?
-        tr2 = Truncation(max(tr.max_requests + 2, int(math.ceil(1.25 * tr.max_requests))), tr.k_max)
+        tr2 = Truncation(next_solve_cap(tr.max_requests), tr.k_max)
         # a check, not the answer: tol/10 bounds this policy's sub-optimality on its truncation
         space2, res2, m2 = run(tr2, (space, res), loose=True)
         pol2 = Policy.from_decision(space2, res2.decision)

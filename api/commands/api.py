@@ -16,9 +16,7 @@ import ipaddress
 import os
 from typing import Any
 
-
-class ApiUsageError(ValueError):
-    """An ``overtake api`` option is unusable."""
+from overtake.api.errors import ApiUsageError
 
 
 def register(subparsers: Any) -> None:

@@ -6,9 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from overtake.api.scenario import load_scenario
 from overtake.mdp.compare import compare
-
-from ._scenario import load_scenario
 
 
 def register(subparsers: Any) -> None:

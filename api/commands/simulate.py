@@ -15,9 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from overtake.api.scenario import load_scenario
 from overtake.mdp.errors import ModelError
-
-from ._scenario import load_scenario
 
 
 def register(subparsers: Any) -> None:

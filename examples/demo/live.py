@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from overtake.api import plots
-from overtake.api.commands._scenario import load_scenario
+from overtake.api.scenario import load_scenario
 from overtake.controller.harness.loadgen import batch_means, calibrate, http_request, make_trace, replay, wait_idle
 from overtake.mdp.policy import Policy
 

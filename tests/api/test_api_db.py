@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from overtake.api.cli import main
-from overtake.api.commands.api import ApiUsageError, parse_listen
-from overtake.api.db import INTERRUPTED, DatabaseURLError, Store, sqlite_path
+from overtake.api.commands.api import parse_listen
+from overtake.api.db import INTERRUPTED, Store, sqlite_path
+from overtake.api.errors import ApiUsageError, DatabaseURLError
 
 
 @pytest.mark.parametrize(("url", "path"), [

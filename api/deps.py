@@ -1,0 +1,123 @@
+"""What the routes share, as FastAPI dependencies: settings, store, runner, metrics, caches, checks.
+
+:func:`overtake.api.app.create_app` puts each long-lived part on ``app.state``; a route asks for
+one with its ``...Dep`` annotation (``store: StoreDep``). The job runner exists only while the
+app's lifespan runs (it owns worker processes). The checks below answer with the API's one-line
+errors: 401 without the bearer token, 404 for an unknown id, 409 for a model not done yet, 429
+for a full queue.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from typing import Annotated, cast
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from .caches import PlotCache, PolicyCache
+from .db import Job, Store
+from .errors import HTTPError
+from .jobs import JobRunner
+from .metrics import ApiMetrics
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What ``overtake api`` configures.
+
+    Parameters
+    ----------
+    db
+        SQLite file or ``sqlite:///PATH`` URL.
+    token
+        Bearer token required on mutating endpoints (POST); ``None``: open.
+    workers
+        Solver processes: at most this many jobs run at once.
+    max_states
+        Cap on the estimated state space of a solve (413 above it).
+    max_queued
+        Jobs waiting for a worker at most (429 above it).
+    """
+
+    db: str
+    token: str | None = None
+    workers: int = 1
+    max_states: int = 300_000
+    max_queued: int = 32
+
+
+def get_settings(request: Request) -> Settings:
+    return cast(Settings, request.app.state.settings)
+
+
+def get_store(request: Request) -> Store:
+    return cast(Store, request.app.state.store)
+
+
+def get_metrics(request: Request) -> ApiMetrics:
+    return cast(ApiMetrics, request.app.state.metrics)
+
+
+def get_runner(request: Request) -> JobRunner:
+    runner = getattr(request.app.state, "runner", None)
+    if runner is None:
+        raise HTTPError(503, "server: the job runner is not running (start the app with its lifespan)")
+    return cast(JobRunner, runner)
+
+
+def get_policies(request: Request) -> PolicyCache:
+    return cast(PolicyCache, request.app.state.policies)
+
+
+def get_plots(request: Request) -> PlotCache:
+    return cast(PlotCache, request.app.state.plots)
+
+
+# module level: FastAPI resolves the annotations of route signatures in their module's globals
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+StoreDep = Annotated[Store, Depends(get_store)]
+MetricsDep = Annotated[ApiMetrics, Depends(get_metrics)]
+RunnerDep = Annotated[JobRunner, Depends(get_runner)]
+PoliciesDep = Annotated[PolicyCache, Depends(get_policies)]
+PlotsDep = Annotated[PlotCache, Depends(get_plots)]
+
+bearer = HTTPBearer(auto_error=False, description="required on POST when the API was started with --token")
+
+
+def authorize(settings: SettingsDep,
+              cred: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
+    """401 unless the server is open or the request carries its bearer token (constant-time compare)."""
+    if settings.token is None:
+        return
+    if cred is None or not hmac.compare_digest(cred.credentials.encode(), settings.token.encode()):
+        raise HTTPError(401, "authorization: a valid bearer token is required (Authorization: Bearer TOKEN)",
+                        {"WWW-Authenticate": "Bearer"})
+
+
+def queue_room(store: Store, settings: Settings, metrics: ApiMetrics, kind: str) -> None:
+    """429 when ``settings.max_queued`` jobs already wait for a worker."""
+    counts = store.counts()
+    queued = counts.get(("model", "queued"), 0) + counts.get(("fit", "queued"), 0)
+    if queued >= settings.max_queued:
+        metrics.rejected.labels(kind, "queue_full").inc()
+        raise HTTPError(429, f"queue: {queued} jobs are waiting (limit {settings.max_queued}); retry later",
+                        {"Retry-After": "10"})
+
+
+def get_job(store: Store, job_id: str, kind: str) -> Job:
+    """The job, or 404."""
+    job = store.get(job_id, kind)
+    if job is None:
+        raise HTTPError(404, f"id: no {kind} {job_id!r}")
+    return job
+
+
+def done_model(store: Store, job_id: str) -> Job:
+    """The model job once done, or 404 / 409 (with the failure reason)."""
+    job = get_job(store, job_id, "model")
+    if job.status != "done":
+        raise HTTPError(409, f"id: model {job_id!r} is {job.status}" + (f" ({job.reason})" if job.reason else "")
+                        + "; the policy exists once status is done")
+    return job

@@ -1,0 +1,50 @@
+"""Errors raised by :mod:`overtake.api` (the REST API and the ``overtake`` command line).
+
+Hierarchy::
+
+    OvertakeError (overtake.errors)
+    └── ApiError
+        ├── HTTPError                       an answer other than 2xx: status, one-line detail, headers
+        └── ApiUsageError (ValueError)      an ``overtake api`` option is unusable; names the flag
+            └── DatabaseURLError            --db is neither a SQLite path nor a sqlite:///PATH URL
+
+Scenario errors stay :class:`overtake.mdp.errors.ModelError` (the schema is the solver's), fit
+errors :class:`overtake.fitting.errors.FittingInputError`; the API answers both with 422. Every
+4xx body is ``{"detail": "<field>: <what is wrong and the fix>"}``.
+"""
+
+from __future__ import annotations
+
+from overtake.errors import OvertakeError
+
+__all__ = ["ApiError", "ApiUsageError", "DatabaseURLError", "HTTPError"]
+
+
+class ApiError(OvertakeError):
+    """Root of the API package's errors."""
+
+
+class HTTPError(ApiError):
+    """An answer other than 2xx with a one-line ``detail`` naming the field and the fix.
+
+    Parameters
+    ----------
+    status
+        The HTTP status code (4xx, or 500 for a stored artifact that cannot be read).
+    detail
+        ``"<field>: <what is wrong and the fix>"``, the body's only key.
+    headers
+        Extra response headers (``WWW-Authenticate`` on 401, ``Retry-After`` on 429).
+    """
+
+    def __init__(self, status: int, detail: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status, self.detail, self.headers = status, detail, headers
+
+
+class ApiUsageError(ApiError, ValueError):
+    """An ``overtake api`` option is unusable; the message names the flag and the rule."""
+
+
+class DatabaseURLError(ApiUsageError):
+    """The ``--db`` value is not a SQLite path or URL."""

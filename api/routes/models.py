@@ -1,0 +1,185 @@
+"""``/v1/models``: solve jobs from a scenario, their documents, policies and decisions (paper 004).
+
+A scenario is the CLI's YAML as JSON (:class:`overtake.mdp.scenario.Scenario`, read by
+:func:`overtake.api.scenario.resolve_scenario`); a stage's service may also be a fit of
+``POST /v1/fits``. The job runs what ``overtake compare`` runs (:func:`overtake.api.jobs.run_model`),
+on the same auto-truncation, so both give the same answer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import numpy as np
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, Response
+
+from overtake.mdp.errors import ModelError
+from overtake.mdp.policy import Policy
+from overtake.mdp.scenario import Scenario
+
+from ..db import Store
+from ..deps import (
+    MetricsDep,
+    PoliciesDep,
+    RunnerDep,
+    SettingsDep,
+    StoreDep,
+    authorize,
+    done_model,
+    get_job,
+    queue_room,
+)
+from ..documents import model_doc
+from ..errors import HTTPError
+from ..jobs import estimate_states
+from ..scenario import resolve_scenario
+from ..schemas import STATE_FORMAT, Accepted, Decision, Error, ModelDoc, PolicyDoc
+
+router = APIRouter(tags=["models"])
+
+
+def scenario_schema() -> tuple[dict[str, Any], dict[str, Any]]:
+    """Scenario's JSON schema with refs into the OpenAPI components, and its definitions."""
+    schema = Scenario.model_json_schema(ref_template="#/components/schemas/{model}")
+    defs = schema.pop("$defs", {})
+    return schema, defs
+
+
+SCENARIO_SCHEMA, SCENARIO_DEFS = scenario_schema()
+
+
+class FitResolver:
+    """Resolves ``{fit: {id: FIT_ID, stage: NAME}}`` services from the store's done fits.
+
+    ``used`` maps each stage name to the fit it came from (the distributions plot shows its samples).
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.used: dict[str, dict[str, str]] = {}
+
+    def __call__(self, ref: Any, *, where: str, stage: str) -> Mapping[str, Any]:
+        if not isinstance(ref, dict) or set(ref) != {"id", "stage"}:
+            raise ModelError(f"{where}: give {{fit: {{id: FIT_ID, stage: NAME}}}}")
+        job = self.store.get(str(ref["id"]), "fit")
+        if job is None:
+            raise ModelError(f"{where}.id: no fit {ref['id']!r} (POST /v1/fits first)")
+        if job.status != "done" or job.result is None:
+            raise ModelError(f"{where}.id: fit {ref['id']!r} is {job.status}, not done")
+        ph: Mapping[str, Any] | None = job.result["stages"].get(str(ref["stage"]))
+        if ph is None:
+            raise ModelError(f"{where}.stage: fit {ref['id']!r} has stages {sorted(job.result['stages'])}, "
+                             f"not {ref['stage']!r}")
+        self.used[stage] = {"id": job.id, "stage": str(ref["stage"])}
+        return ph
+
+
+def _parse_state(text: str, policy: Policy) -> list[int]:
+    parts = [p.strip() for p in text.split(",")]
+    n = policy.Q + policy.D
+    if len(parts) != n:
+        raise HTTPError(422, f"state: needs {n} comma-separated counts in the order {policy.columns}, got {len(parts)}")
+    out = []
+    for i, p in enumerate(parts):
+        if not p.isdigit() or len(p) > 6:
+            raise HTTPError(422, f"state[{i}] ({policy.columns[i]}): must be an integer in 0..999999, got {p!r}")
+        out.append(int(p))
+    return out
+
+
+@router.post("/v1/models", status_code=202, response_model=Accepted, dependencies=[Depends(authorize)],
+             responses={401: {"model": Error}, 413: {"model": Error}, 429: {"model": Error}},
+             openapi_extra={"requestBody": {"required": True,
+                                            "content": {"application/json": {"schema": SCENARIO_SCHEMA}}}})
+async def create_model(request: Request, store: StoreDep, settings: SettingsDep, metrics: MetricsDep,
+                       runner: RunnerDep, name: Annotated[str | None, Query(max_length=80)] = None) -> Accepted:
+    """Start a solve job for a scenario (the CLI's YAML schema, as JSON); returns its id at once.
+
+    A stage's service may also be ``{"fit": {"id": FIT_ID, "stage": NAME}}``, a fit from
+    ``POST /v1/fits``. Invalid scenarios (ρ ≥ 1, a bad PH, an unknown key) are 422 naming the
+    field; an estimated state space over the server's cap is 413 with both numbers.
+    """
+    try:
+        data = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise HTTPError(422, f"body: not valid JSON ({exc})") from None
+    fits = FitResolver(store)
+    try:
+        sc, model = resolve_scenario(data, {"fit": fits})
+    except ValueError as exc:
+        metrics.rejected.labels("model", "invalid").inc()
+        raise HTTPError(422, str(exc)) from None
+    est = estimate_states(sc, model)
+    if est > settings.max_states:
+        metrics.rejected.labels("model", "too_large").inc()
+        raise HTTPError(413, f"truncation: estimated state space {est} states exceeds the cap of "
+                             f"{settings.max_states}; give a smaller truncation (truncation.max_requests, "
+                             f"truncation.max_threads), a lower load, or fewer phases")
+    queue_room(store, settings, metrics, "model")
+    label = name or " + ".join(s.name for s in sc.stages) + f" @ rho {model.load:.3g}"
+    job_id = store.create("model", label, {"scenario": sc.model_dump(exclude_none=True), "estimated_states": est,
+                                           "fits": fits.used})
+    runner.submit(job_id)
+    metrics.submitted.labels("model").inc()
+    return Accepted(id=job_id, status="queued", url=f"/v1/models/{job_id}")
+
+
+@router.get("/v1/models", response_model=list[ModelDoc])
+async def list_models(store: StoreDep) -> list[ModelDoc]:
+    """All model jobs, newest first."""
+    return [model_doc(j) for j in store.list("model")]
+
+
+@router.get("/v1/models/{model_id}", response_model=ModelDoc, responses={404: {"model": Error}})
+async def get_model(model_id: str, store: StoreDep) -> ModelDoc:
+    """Status (queued, running with progress, done, failed with the reason), then π*'s metrics and
+    the comparison with the baselines (the document of ``overtake compare --json``)."""
+    return model_doc(get_job(store, model_id, "model"))
+
+
+@router.get("/v1/models/{model_id}/policy", response_model=PolicyDoc,
+            responses={404: {"model": Error}, 409: {"model": Error}})
+async def get_policy(model_id: str, store: StoreDep) -> PolicyDoc:
+    """Readable overtaking rules (paper 004, Theorem 3.1) and the artifact's download URL."""
+    res = done_model(store, model_id).result or {}
+    return PolicyDoc(id=model_id, hash=res["policy_hash"], phase_info=res["phase_info"], columns=res["columns"],
+                     max_requests=res["max_requests"], max_threads=res["max_threads"], states=res["states"],
+                     rules=res.get("rules"), artifact=f"/v1/models/{model_id}/policy.npz")
+
+
+@router.get("/v1/models/{model_id}/policy.npz",
+            responses={200: {"content": {"application/octet-stream": {}}}, 304: {"description": "ETag matches"},
+                       404: {"model": Error}, 409: {"model": Error}})
+async def get_policy_file(model_id: str, request: Request, store: StoreDep) -> Response:
+    """The policy artifact (``mdp.Policy.load`` reads it; ``overtake solve --out`` writes the same format).
+
+    The ETag is the policy's hash: a poller sending ``If-None-Match`` gets 304 while it is unchanged.
+    """
+    job = done_model(store, model_id)
+    etag = f'"{(job.result or {}).get("policy_hash", "")}"'
+    if request.headers.get("if-none-match") == etag:
+        return Response(status_code=304, headers={"ETag": etag})
+    blob = store.artifact(model_id) or b""
+    return Response(blob, media_type="application/octet-stream", headers={
+        "Content-Disposition": f'attachment; filename="policy-{model_id}.npz"', "ETag": etag})
+
+
+@router.get("/v1/models/{model_id}/decision", response_model=Decision,
+            responses={404: {"model": Error}, 409: {"model": Error}})
+async def get_decision(model_id: str, state: Annotated[str, Query(description=STATE_FORMAT, max_length=4000)],
+                       store: StoreDep, policies: PoliciesDep, metrics: MetricsDep) -> Response:
+    """Threads to start from each queue in the given state (π*'s action)."""
+    if model_id not in policies:
+        done_model(store, model_id)
+    pol = policies.get(model_id)
+    row = _parse_state(state, pol)
+    act = pol.action(np.asarray(row, dtype=np.int64))
+    metrics.decisions.inc()
+    labels = [c.removeprefix("waiting:") for c in pol.columns[: pol.Q]]
+    # the Decision document, serialised directly: this is the hot path (issue 7: p99 <= 5 ms)
+    return JSONResponse({"state": row, "columns": pol.columns,
+                         "spawn": {lab: int(a) for lab, a in zip(labels, act)}, "total": int(act.sum()),
+                         "policy_hash": pol.meta.get("hash") or pol.digest()})

@@ -1,0 +1,49 @@
+"""State counts of the truncation path known before solving (mdp/truncation.py).
+
+``ps_chain_states`` walks the π(∞) baseline's caps on the processor-sharing queue's closed form;
+it must land on the cap and the chain size the baseline's own numerical evaluation reaches.
+"""
+
+from __future__ import annotations
+
+import pytest
+from mdp_helpers import exp_stage, h2_stage, tandem
+
+from overtake.mdp.statespace import StateSpace, Truncation
+from overtake.mdp.truncation import auto_start, estimate_states, evaluate_baseline, next_solve_cap, ps_chain_states
+
+MODELS = {
+    "exp rho 0.6": tandem(0.6, exp_stage("a", 1.0), exp_stage("b", 1.0)),
+    "exp rho 0.85": tandem(0.85, exp_stage("a", 1.0), exp_stage("b", 5.0)),
+    "exp 2 cores": tandem(0.8, exp_stage("a", 1.0), exp_stage("b", 1.0), cores=2),
+    "exp overhead": tandem(0.6, exp_stage("a", 1.0), exp_stage("b", 1.0), overhead=0.005),
+    "h2 + exp rho 0.6": tandem(0.6, exp_stage("a", 1.0), h2_stage("b", 0.91, 0.55, 5.45)),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_ps_chain_matches_the_baselines_own_evaluation(name: str) -> None:
+    model = MODELS[name]
+    ev = evaluate_baseline(model, "pi(inf)")
+    # insensitivity: the closed form and the phase-level chain agree on every cap of the walk
+    assert ps_chain_states(model) == ev.metrics.states
+    assert [t["max_requests"] for t in ev.trace][-1] == ev.metrics.max_requests
+
+
+def test_fixed_truncation_is_counted_exactly() -> None:
+    model = MODELS["h2 + exp rho 0.6"]
+    tr = Truncation(7, 3)
+    assert estimate_states(model, tr) == StateSpace(model, tr).size
+    assert estimate_states(model, tr, "start") == StateSpace(model, tr, "start").size
+
+
+@pytest.mark.parametrize("cores", [1, 2, 8, 12])
+def test_auto_estimate_is_one_thread_above_the_solve_every_run_makes(cores: int) -> None:
+    # every auto run re-solves once on cap C1 with at least its start's threads K0: the estimate
+    # counts that space with K0 + 1 threads
+    model = tandem(0.6, exp_stage("a", 1.0), h2_stage("b", 0.91, 0.55, 5.45), cores=cores)
+    start = auto_start(model)
+    c1 = next_solve_cap(start.max_requests)
+    assert (start.max_requests, c1) == (10, 13)
+    assert start.k_max == min(cores + 2, 10)
+    assert estimate_states(model) == StateSpace(model, Truncation(c1, start.k_max + 1)).size
