@@ -140,20 +140,14 @@ class Ranker:
         return key
 
     def rank(self, rows: IntArray) -> IntArray:
-        rows = np.asarray(rows, dtype=np.int64)
+        """Ranks of many rows (one compiled pass); IndexError if a row exceeds the cap."""
+        from . import _kernels  # numba only where many rows are ranked, not for Policy.action
+
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
         if rows.ndim == 1:
             rows = rows[None, :]
-        budget = np.full(rows.shape[0], self.cap, dtype=np.int64)
-        key = np.zeros(rows.shape[0], dtype=np.int64)
-        L = self.length
-        for col in range(L):
-            v = rows[:, col]
-            r = L - col - 1
-            # vectors sharing the prefix with a smaller value here: N[r+1][b] - N[r+1][b-v]
-            b = np.maximum(budget, 0)
-            key += np.where(v > 0, self._n[r + 1, b] - self._n[r + 1, np.maximum(b - v, 0)], 0)
-            budget = budget - v
-        if np.any(budget < 0):
+        key = np.empty(rows.shape[0], dtype=np.int64)
+        if not _kernels.rank_rows(rows, self._n, self.cap, key):
             raise IndexError("a row exceeds the truncation's request cap")
         return key
 
