@@ -110,3 +110,18 @@ def rank_rows(rows, table, cap, key):  # type: ignore[no-untyped-def]
             ok = False
         key[i] = k
     return ok
+
+
+@numba.njit(cache=True, nogil=True)
+def gauss_seidel(indptr, indices, data, diag, x, sweeps):  # type: ignore[no-untyped-def]
+    """In-place Gauss–Seidel sweeps for xᵀ = xᵀP (P in CSC), x[0] held fixed."""
+    n = x.size
+    for _ in range(sweeps):
+        for j in range(1, n):
+            acc = 0.0
+            for t in range(indptr[j], indptr[j + 1]):
+                i = indices[t]
+                if i != j:
+                    acc += x[i] * data[t]
+            x[j] = acc / (1.0 - diag[j])
+    return x

@@ -29,11 +29,9 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
-import scipy.sparse.linalg as spla
 
-from . import _kernels
 from .anderson import AndersonMixer
-from .bellman import ActionIndex
+from .bellman import KERNEL_MIN_STATES, ActionIndex
 from .errors import SolverError
 from .evaluate import solve_sparse
 from .statespace import StateSpace
@@ -157,7 +155,9 @@ def relative_value_iteration(
     lo = hi = 0.0
     converged = False
     it = 0
-    if space.layout.deterministic:
+    if space.layout.deterministic and space.size >= KERNEL_MIN_STATES:
+        from . import _kernels
+
         # compiled fused sweeps, in chunks so progress can be reported between them
         order, nb = ai.box_order
         idle = ai.idle
@@ -216,7 +216,9 @@ def anderson_rvi(
     V = np.zeros(n) if V0 is None else np.array(V0, dtype=np.float64)
     V -= V[0]
     TV = np.empty(n)
-    if space.layout.deterministic:
+    if space.layout.deterministic and n >= KERNEL_MIN_STATES:
+        from . import _kernels
+
         order, nb = ai.box_order
         idle = ai.idle
         G = np.empty(n)

@@ -16,6 +16,7 @@ an exact, collision-free int64 key used for every index lookup.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from functools import cached_property
 from math import comb
@@ -31,6 +32,8 @@ from .model import TandemModel
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 PhaseInfo = Literal["full", "start"]
+
+_RANK_KERNEL_ROWS = 20_000
 
 
 @dataclass(frozen=True)
@@ -140,14 +143,32 @@ class Ranker:
         return key
 
     def rank(self, rows: IntArray) -> IntArray:
-        """Ranks of many rows (one compiled pass); IndexError if a row exceeds the cap."""
-        from . import _kernels  # numba only where many rows are ranked, not for Policy.action
+        """Ranks of many rows; IndexError if a row exceeds the cap.
 
+        One compiled pass (numba) for many rows or once numba is loaded anyway; column-by-column
+        numpy otherwise, so small scenarios start without importing numba.
+        """
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         if rows.ndim == 1:
             rows = rows[None, :]
-        key = np.empty(rows.shape[0], dtype=np.int64)
-        if not _kernels.rank_rows(rows, self._n, self.cap, key):
+        if rows.shape[0] >= _RANK_KERNEL_ROWS or "numba" in sys.modules:
+            from . import _kernels
+
+            key = np.empty(rows.shape[0], dtype=np.int64)
+            if not _kernels.rank_rows(rows, self._n, self.cap, key):
+                raise IndexError("a row exceeds the truncation's request cap")
+            return key
+        budget = np.full(rows.shape[0], self.cap, dtype=np.int64)
+        key = np.zeros(rows.shape[0], dtype=np.int64)
+        L = self.length
+        for col in range(L):
+            v = rows[:, col]
+            r = L - col - 1
+            # vectors sharing the prefix with a smaller value here: N[r+1][b] - N[r+1][b-v]
+            b = np.maximum(budget, 0)
+            key += np.where(v > 0, self._n[r + 1, b] - self._n[r + 1, np.maximum(b - v, 0)], 0)
+            budget = budget - v
+        if np.any(budget < 0):
             raise IndexError("a row exceeds the truncation's request cap")
         return key
 
