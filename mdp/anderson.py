@@ -7,7 +7,8 @@ the last ``memory`` differences ΔX, ΔF of iterates and residuals, the accelera
     x⁺ = x + f − (ΔX + ΔF)·γ,    γ = argmin ‖f − ΔF·γ‖₂          (Walker and Ni 2011, eq. 2.1, β = 1),
 
 which on a linear map is GMRES on (I − G)x = b (their §2.2). The least-squares problem is solved by
-its normal equations on an incrementally updated Gram matrix (m dot products a step, m ≤ 10), with
+its normal equations on an incrementally updated Gram matrix (one pass over the m stored Δf for
+the new Gram row and Δfᵀf, one over the stored Δx + Δf for the step), with
 a tiny Tikhonov term; callers check their own convergence test on every iterate, so a poor step
 only costs time, and :meth:`AndersonMixer.reset` drops a history that has stopped helping.
 """
@@ -37,9 +38,11 @@ class AndersonMixer:
         if isinstance(memory, bool) or not isinstance(memory, (int, np.integer)) or memory < 1:
             raise ValueError(f"memory must be an integer >= 1, got {memory!r}")
         self.memory = int(memory)
-        self._dx = np.zeros((self.memory, size))
+        # rows: Δf_i and Δx_i + Δf_i — all the step needs, two passes over m·n numbers a step
         self._df = np.zeros((self.memory, size))
+        self._dxf = np.zeros((self.memory, size))
         self._gram = np.zeros((self.memory, self.memory))
+        self._pair = np.zeros((size, 2))
         self._x: FloatArray | None = None
         self._f: FloatArray | None = None
         self._count = 0
@@ -55,26 +58,32 @@ class AndersonMixer:
 
         ``x`` and ``f`` are kept by reference until the next call: do not change them in place.
         """
+        k = 0  # a history exists only when the previous call left one (see reset)
+        rhs = np.zeros(0)
         if self._x is not None and self._f is not None:
             h = self._head
-            np.subtract(x, self._x, out=self._dx[h])
-            np.subtract(f, self._f, out=self._df[h])
-            self._count = min(self._count + 1, self.memory)
-            row = self._df[: self._count] @ self._df[h]
-            self._gram[h, : self._count] = row
-            self._gram[: self._count, h] = row
+            df, dxf = self._df[h], self._dxf[h]
+            np.subtract(f, self._f, out=df)
+            np.subtract(x, self._x, out=dxf)
+            dxf += df
+            k = self._count = min(self._count + 1, self.memory)
             self._head = (h + 1) % self.memory
+            # one pass over the history for the Gram row of the new Δf and for Δfᵀf
+            self._pair[:, 0] = df
+            self._pair[:, 1] = f
+            both = self._df[:k] @ self._pair
+            self._gram[h, :k] = both[:, 0]
+            self._gram[:k, h] = both[:, 0]
+            rhs = both[:, 1]
         self._x, self._f = x, f
         out = x + f
-        k = self._count
         if k:
             g = self._gram[:k, :k]
             reg = 1e-13 * float(np.trace(g)) + 1e-300
             try:
-                gamma = np.linalg.solve(g + reg * np.eye(k), self._df[:k] @ f)
+                gamma = np.linalg.solve(g + reg * np.eye(k), rhs)
             except np.linalg.LinAlgError:
                 self.reset()
                 return out
-            out -= gamma @ self._dx[:k]
-            out -= gamma @ self._df[:k]
+            out -= gamma @ self._dxf[:k]
         return out
