@@ -76,10 +76,10 @@ def main() -> int:
     ap.add_argument("--no-write", action="store_true", help=f"do not append to {RESULTS.relative_to(ROOT)}")
     args = ap.parse_args()
     cases = [int(x) for x in args.cases.split(",")]
-    runs = []
+    runs: list[dict[str, Any]] = []
     for _ in range(args.repeat):
         t0 = time.perf_counter()
-        per = []
+        per: list[dict[str, Any]] = []
         for c in cases:
             per.append(run_case(args.exe, c))
             if not args.json:

@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from .model import TandemModel
 
 __all__ = ["kernel_cache_misses", "warm_up"]
 
 
-def _model():  # type: ignore[no-untyped-def]
+def _model() -> TandemModel:
     from .model import Stage, TandemModel
 
     def h2(name: str) -> Stage:
