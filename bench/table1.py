@@ -84,6 +84,7 @@ def main() -> int:
     ap.add_argument("--tol", type=float, default=1e-3)
     ap.add_argument("--jobs", type=int, default=2, help="cases solved in parallel, one process each")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print only the per-case figures as JSON (with the wall time)")
     args = ap.parse_args()
     paper = paper_rows()
     out = {}
@@ -119,7 +120,8 @@ def main() -> int:
         )
         out[c] = {"gains": g, "seconds": sec, "cpu": cpu, "states": doc["states"], "iterations": doc["iterations"],
                   "mean_response_time": {k: v["mean_response_time"] for k, v in doc["policies"].items()}}
-        print(lines[-1], flush=True)
+        if not args.json:
+            print(lines[-1], flush=True)
     cmd = "OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/table1.py " + " ".join(sys.argv[1:])
     head = (
         f"## Paper 004 Table 1: pi* and baselines (mdp/)\n\n"
@@ -134,7 +136,7 @@ def main() -> int:
     text = head + "\n" + "\n".join(lines) + "\n\n" + "\n".join(checks)
     if not args.no_write:
         write_section("table1", text)
-    print(json.dumps(out))
+    print(json.dumps({"wall_s": wall, "cpu_s": total_cpu, "load_end": os.getloadavg()[0], "cases": out}))
     return 0
 
 

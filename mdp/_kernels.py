@@ -63,3 +63,65 @@ def rvi_sweeps(indptr, indices, data, cost, V, idle, order, nb, max_sweeps, tol)
         if hi - lo <= tol * max(abs(hi), 1e-12):
             return it, lo, hi, True
     return max_sweeps, lo, hi, False
+
+
+@numba.njit(cache=True, nogil=True)
+def bellman_step(indptr, indices, data, cost, V, idle, order, nb, G, A, TV):  # type: ignore[no-untyped-def]
+    """One Bellman step TV = cost + P_E·H(V) into the caller's buffers; returns (min, max) of TV − V.
+
+    The allocation-free single sweep the accelerated solvers call once per iteration.
+    """
+    n = V.size
+    box_minimum(V, idle, order, nb, 0.0, G, A)
+    lo = np.inf
+    hi = -np.inf
+    for x in range(n):
+        acc = cost[x]
+        for t in range(indptr[x], indptr[x + 1]):
+            acc += data[t] * G[indices[t]]
+        TV[x] = acc
+        d = acc - V[x]
+        if d < lo:
+            lo = d
+        if d > hi:
+            hi = d
+    return lo, hi
+
+
+@numba.njit(cache=True, nogil=True)
+def rank_rows(rows, table, cap, key):  # type: ignore[no-untyped-def]
+    """Lexicographic rank of each row among vectors with sum ≤ cap (statespace.Ranker); False if a row exceeds cap.
+
+    ``table[r, b]`` = C(b + r, r), the number of vectors of length r with sum ≤ b.
+    """
+    n, L = rows.shape
+    ok = True
+    for i in range(n):
+        budget = cap
+        k = 0
+        for col in range(L):
+            v = rows[i, col]
+            if v > 0:
+                b = budget if budget > 0 else 0
+                lo = b - v if b - v > 0 else 0
+                k += table[L - col, b] - table[L - col, lo]
+            budget -= v
+        if budget < 0:
+            ok = False
+        key[i] = k
+    return ok
+
+
+@numba.njit(cache=True, nogil=True)
+def gauss_seidel(indptr, indices, data, diag, x, sweeps):  # type: ignore[no-untyped-def]
+    """In-place Gauss–Seidel sweeps for xᵀ = xᵀP (P in CSC), x[0] held fixed."""
+    n = x.size
+    for _ in range(sweeps):
+        for j in range(1, n):
+            acc = 0.0
+            for t in range(indptr[j], indptr[j + 1]):
+                i = indices[t]
+                if i != j:
+                    acc += x[i] * data[t]
+            x[j] = acc / (1.0 - diag[j])
+    return x

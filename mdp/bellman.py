@@ -26,11 +26,14 @@ from functools import cached_property
 import numpy as np
 import numpy.typing as npt
 
-from . import _kernels
 from .statespace import StateSpace
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
+
+#: Below this many states the solvers use numpy passes instead of the compiled kernels, so a small
+#: scenario never imports numba (0.3–0.5 s of start-up); above it the kernels are faster.
+KERNEL_MIN_STATES = 5_000
 
 
 class ActionIndex:
@@ -64,16 +67,44 @@ class ActionIndex:
         K = self.space.threads
         return [np.flatnonzero(K == k) for k in range(self.space.k_max, -1, -1)]
 
+    @cached_property
+    def box_batches(self) -> list[tuple[IntArray, IntArray]]:
+        """:attr:`box_order` cut into (queue, neighbour level) runs: each run's states are disjoint
+        from its neighbours, so one run is one vectorised numpy step of the suffix-minimum DP."""
+        sp = self.space
+        order, nb = self.box_order
+        key = np.empty(order.size, dtype=np.int64)
+        at = 0
+        for q in range(sp.Q):
+            (d, _), = sp.layout.spawn[q]
+            m = int(np.count_nonzero(sp.spawn_neighbours[q][0][0] >= 0))
+            key[at:at + m] = q * (sp.k_max + 2) + sp.rows[nb[at:at + m], sp.Q + d]
+            at += m
+        cuts = np.flatnonzero(np.diff(key)) + 1
+        return [(o, j) for o, j in zip(np.split(order, cuts), np.split(nb, cuts), strict=True) if o.size]
+
     def box_minimum(self, V: FloatArray, rtol: float = 0.0) -> tuple[FloatArray, IntArray]:
         """H(y) and its minimiser (a state index) for every y, phase-known layout."""
         sp = self.space
         if not sp.layout.deterministic:
             raise ValueError("box_minimum needs the phase-known layout; use spawn_minimum")
+        V = np.ascontiguousarray(V, dtype=np.float64)
+        tol = rtol * (np.max(np.abs(V)) + 1.0)
+        if sp.size < KERNEL_MIN_STATES:
+            G = np.where(self.idle, np.inf, V)
+            A = np.arange(sp.size, dtype=np.int64)
+            for o, j in self.box_batches:
+                better = G[j] < G[o] - tol
+                oo, jj = o[better], j[better]
+                G[oo] = G[jj]
+                A[oo] = A[jj]
+            return G, A
+        from . import _kernels
+
         order, nb = self.box_order
         G = np.empty(sp.size)
         A = np.empty(sp.size, dtype=np.int64)
-        _kernels.box_minimum(np.ascontiguousarray(V, dtype=np.float64), self.idle, order, nb,
-                             rtol * (np.max(np.abs(V)) + 1.0), G, A)
+        _kernels.box_minimum(V, self.idle, order, nb, tol, G, A)
         return G, A
 
     def spawn_minimum(self, V: FloatArray, rtol: float = 0.0) -> tuple[FloatArray, IntArray]:

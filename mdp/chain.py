@@ -111,9 +111,11 @@ def build_chain(
         dst_keys.append(keys)
         rates.append(prob)
         uk, first = np.unique(keys, return_index=True)
-        new = ~np.isin(uk, known_keys, assume_unique=True)
+        pos = np.minimum(np.searchsorted(known_keys, uk), known_keys.size - 1)
+        new = known_keys[pos] != uk
         frontier = post[first[new]]
-        known_keys = np.union1d(known_keys, uk[new])
+        # merge two sorted runs (timsort: linear); np.union1d's hash-based unique is ~20x slower here
+        known_keys = np.sort(np.concatenate([known_keys, uk[new]]), kind="stable")
         all_rows.append(frontier)
         n_known += frontier.shape[0]
         if n_known > max_states:

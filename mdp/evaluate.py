@@ -14,13 +14,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numba
 import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
-import scipy.sparse.linalg as spla
-from scipy.sparse.csgraph import breadth_first_order
 
+from .anderson import AndersonMixer
 from .errors import SolverError
 from .model import TandemModel
 
@@ -28,22 +26,9 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 _DIRECT_LIMIT = 4_000
-_GS_ROUNDS = 500
-
-
-@numba.njit(cache=True)
-def _gauss_seidel(indptr, indices, data, diag, x, sweeps):  # type: ignore[no-untyped-def]
-    """In-place Gauss–Seidel sweeps for xᵀ = xᵀP (P in CSC), x[0] held fixed."""
-    n = x.size
-    for _ in range(sweeps):
-        for j in range(1, n):
-            acc = 0.0
-            for t in range(indptr[j], indptr[j + 1]):
-                i = indices[t]
-                if i != j:
-                    acc += x[i] * data[t]
-            x[j] = acc / (1.0 - diag[j])
-    return x
+_DENSE_LIMIT = 1_500
+_GS_ROUNDS = 5_000  # accelerated steps of two sweeps each
+_AA_MEMORY = 10
 
 
 @dataclass(frozen=True)
@@ -69,6 +54,8 @@ class PolicyMetrics:
 
 def solve_sparse(A: sp.csc_matrix, b: FloatArray, x0: FloatArray | None = None) -> FloatArray:
     """Solve A x = b: SuperLU for small systems, ILU-preconditioned GMRES for large lattices."""
+    import scipy.sparse.linalg as spla  # 0.1 s of start-up, only where a system is solved
+
     n = A.shape[0]
     if n <= _DIRECT_LIMIT:
         return np.asarray(spla.splu(A, permc_spec="COLAMD").solve(b))
@@ -81,29 +68,84 @@ def solve_sparse(A: sp.csc_matrix, b: FloatArray, x0: FloatArray | None = None) 
     return np.asarray(x)
 
 
+def reachable(P: sp.csr_matrix, start: int = 0) -> IntArray:
+    """Sorted indices of the states reachable from ``start`` along positive entries of P.
+
+    Breadth-first, one vectorised step per level (scipy.sparse.csgraph would do the same but costs
+    0.2 s of imports through scipy.sparse.linalg).
+    """
+    P = sp.csr_matrix(P)
+    n = P.shape[0]
+    seen = np.zeros(n, dtype=bool)
+    seen[start] = True
+    frontier = np.array([start], dtype=np.int64)
+    indptr, indices, positive = P.indptr, P.indices, P.data > 0
+    while frontier.size:
+        first = indptr[frontier].astype(np.int64)
+        counts = indptr[frontier + 1] - first
+        # positions first[i] .. first[i] + counts[i] − 1 of every frontier row, concatenated
+        pos = np.repeat(first - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+        nbrs = indices[pos[positive[pos]]]
+        new = np.unique(nbrs[~seen[nbrs]])
+        seen[new] = True
+        frontier = new
+    return np.flatnonzero(seen)
+
+
 def stationary_distribution(P: sp.csr_matrix, start: int = 0) -> tuple[IntArray, FloatArray]:
     """Stationary law of the uniformized chain P on the states reachable from ``start``.
 
     Returns (indices of the reachable states, their probabilities).
     """
-    reach = np.sort(breadth_first_order(P, start, directed=True, return_predecessors=False))
+    reach = reachable(P, start)
     Psub = P[reach][:, reach].tocsr()
     n = reach.size
     if np.any(np.abs(np.asarray(Psub.sum(axis=1)).ravel() - 1.0) > 1e-9):
         raise SolverError("the states reachable from the empty system are not closed under the policy")
-    # Gauss–Seidel on π_j(1 − P_jj) = Σ_{i≠j} π_i P_ij with π(0) held at 1: level-ordered states
-    # make it converge in a few hundred sweeps, where sparse LU fills in badly on these lattices.
+    if n <= _DIRECT_LIMIT:
+        # small chains: one LU of the reduced system π₋₀(I − P)₋₀ = P(0, ·)₋₀ with π(0) = 1, dense
+        # (LAPACK, no solver imports) up to _DENSE_LIMIT states, sparse (SuperLU) above
+        A = (sp.identity(n, format="csr") - Psub).T.tocsc()
+        rhs = Psub[0, 1:].toarray().ravel()
+        if n <= _DENSE_LIMIT:
+            rest = np.linalg.solve(A[1:, 1:].toarray(), rhs)
+        else:
+            rest = solve_sparse(A[1:, 1:], rhs)
+        pi = np.concatenate([[1.0], rest])
+        p = pi / pi.sum()
+        resid = float(np.abs(Psub.T @ p - p).max() / p.max())
+        if resid < 1e-12:
+            return reach, np.clip(p, 0.0, None) / np.clip(p, 0.0, None).sum()
+    from . import _kernels  # numba: imported (and its cache loaded) only for large chains
+
+    # Gauss–Seidel on π_j(1 − P_jj) = Σ_{i≠j} π_i P_ij with π(0) held at 1, two sweeps a step,
+    # Anderson-accelerated (anderson.py): level-ordered states make plain Gauss–Seidel converge in
+    # a few hundred sweeps, long phases in thousands; sparse LU fills in badly on these lattices.
     Pc = Psub.tocsc()
+    PT = Pc.T.tocsr()
     diag = Pc.diagonal()
     pi = np.full(n, 1.0 / n)
     pi[0] = 1.0
+    p = pi
+    mixer = AndersonMixer(n, _AA_MEMORY)
     resid = np.inf
+    best, stale = np.inf, 0
     for _ in range(_GS_ROUNDS):
-        _gauss_seidel(Pc.indptr, Pc.indices, Pc.data, diag, pi, 20)
-        p = pi / pi.sum()
-        resid = float(np.abs(Pc.T @ p - p).max() / p.max())
+        y = _kernels.gauss_seidel(Pc.indptr, Pc.indices, Pc.data, diag, pi.copy(), 2)
+        p = y / y.sum()
+        resid = float(np.abs(PT @ p - p).max() / p.max())
         if resid < 1e-12:
+            pi = y
             break
+        if resid < best:
+            best, stale = resid, 0
+        else:
+            stale += 1
+        if stale > 4 * _AA_MEMORY:
+            mixer.reset()
+            best, stale = resid, 0
+        pi = mixer.step(pi, y - pi)
+        pi /= pi[0]
     else:
         # slow to mix: fall back to a Krylov solve of the reduced system
         A = (sp.identity(n, format="csr") - Psub).T.tocsr()

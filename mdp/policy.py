@@ -57,6 +57,29 @@ def model_from_dict(d: dict[str, Any]) -> TandemModel:
     )
 
 
+def _trim_longest(w: IntArray, excess: IntArray) -> IntArray:
+    """Remove ``excess`` requests one at a time from the longest queue (lowest index on ties).
+
+    Closed form of that loop: every queue is cut to a level T, the least with
+    Σ_q max(w_q − T, 0) ≤ excess, and the r = excess − that sum remaining removals take one more
+    from the r lowest-indexed queues still at T. Requires excess ≤ Σ w.
+    """
+    lo = np.zeros(w.shape[0], dtype=np.int64)  # the least feasible T lies in [lo, hi]
+    hi = w.max(axis=1)
+    while np.any(lo < hi):  # least T in [0, max w] with cut(T) <= excess
+        mid = (lo + hi) // 2
+        ok = np.maximum(w - mid[:, None], 0).sum(axis=1) <= excess
+        hi = np.where(ok, mid, hi)
+        lo = np.where(ok, lo, mid + 1)
+    T = hi
+    out = np.minimum(w, T[:, None])
+    r = excess - (w - out).sum(axis=1)
+    at = out == T[:, None]
+    take = at & (np.cumsum(at, axis=1) <= r[:, None])
+    out -= take
+    return out
+
+
 @dataclass
 class Policy:
     """A solved thread policy on a truncated state space, answering ``action(state)``."""
@@ -110,11 +133,9 @@ class Policy:
         Q = self.Q
         over_threads = rows[:, Q:].sum(axis=1) > self.max_threads
         excess = np.where(over_threads, 0, rows.sum(axis=1) - self.max_requests)
-        while np.any(excess > 0):
-            sel = np.flatnonzero(excess > 0)
-            q = np.argmax(rows[sel, :Q], axis=1)
-            rows[sel, q] -= 1
-            excess[sel] -= 1
+        sel = np.flatnonzero(excess > 0)
+        if sel.size:
+            rows[sel, :Q] = _trim_longest(rows[sel, :Q], excess[sel])
         return rows, over_threads
 
     def actions(self, rows: IntArray) -> IntArray:

@@ -25,7 +25,7 @@ from .chain import build_chain
 from .evaluate import PolicyMetrics, metrics, stationary_distribution
 from .model import TandemModel
 from .policy import Policy
-from .solve import SolveResult, induced_matrix, policy_iteration, relative_value_iteration
+from .solve import SolveResult, anderson_rvi, induced_matrix, policy_iteration, relative_value_iteration
 from .statespace import Layout, PhaseInfo, StateSpace, Truncation, count_states
 
 FloatArray = npt.NDArray[np.float64]
@@ -145,7 +145,11 @@ def _warm_values(old: StateSpace, V: FloatArray, new: StateSpace) -> FloatArray:
 def _solve_space(space: StateSpace, method: str, V0: FloatArray | None, tol: float, progress: Progress | None) -> SolveResult:
     if method == "pi":
         return policy_iteration(space, progress=progress)
-    return relative_value_iteration(space, tol=tol, V0=V0, progress=progress)
+    if method == "anderson":
+        return anderson_rvi(space, tol=tol, V0=V0, progress=progress)
+    if method == "rvi":
+        return relative_value_iteration(space, tol=tol, V0=V0, progress=progress)
+    raise ValueError(f"method must be 'anderson', 'rvi' or 'pi', got {method!r}")
 
 
 def _exact_metrics(space: StateSpace, res: SolveResult) -> PolicyMetrics:
@@ -217,7 +221,7 @@ def solve_optimal(
     phase_info: PhaseInfo = "full",
     truncation: Truncation | None = None,
     tol: float = 1e-3,
-    method: str = "rvi",
+    method: str = "anderson",
     rvi_tol: float | None = None,
     start: Truncation | None = None,
     progress: Progress | None = None,
@@ -250,7 +254,7 @@ def solve_optimal(
     ) -> tuple[StateSpace, SolveResult, PolicyMetrics]:
         nonlocal sweeps
         space = StateSpace(model, tr, phase_info)
-        V0 = _warm_values(prev[0], prev[1].bias, space) if prev is not None and method == "rvi" else None
+        V0 = _warm_values(prev[0], prev[1].bias, space) if prev is not None and method != "pi" else None
         res = _solve_space(space, method, V0, rtol * 10 if loose else rtol, progress)
         sweeps += res.sweeps
         m = _exact_metrics(space, res)

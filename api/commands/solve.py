@@ -19,7 +19,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--out", help="policy file to write (.npz); required unless a constraint is given")
     p.add_argument("--phase-info", choices=("full", "start"), default="full",
                    help="full: a waiting request's phase is known (paper 004); start: seen when its thread starts")
-    p.add_argument("--method", choices=("rvi", "pi"), default="rvi", help="relative value or policy iteration")
+    p.add_argument("--method", choices=("anderson", "rvi", "pi"), default="anderson",
+                   help="anderson: relative value iteration with Anderson acceleration (default); rvi: plain; "
+                        "pi: policy iteration")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--plot", metavar="PNG", help="also write the policy as heatmaps over the two stages' queues")
     p.add_argument("--max-mean-threads", type=float, metavar="T",

@@ -1,0 +1,121 @@
+"""Paper 004 Table 1 through the CLI: twelve sequential `overtake compare CASE --json` processes.
+
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/cli_table1.py [--exe PATH] [--cases 1,...,12]
+        [--reference OLD.json] [--repeat N] [--json] [--no-write]
+
+What a user pays: each case is a fresh process (start-up, imports, compiled kernels loaded from
+the cache, the solve, the baselines), one after another, at the scenario's tolerance (0.1 %).
+``--exe`` points at another install's `overtake` (e.g. the main branch's) so old and new run in
+one session; ``--reference`` is an earlier run's ``--json`` output, and every policy's E[W] is
+compared with it (the largest relative difference is reported). The 1-minute load average is
+recorded before and after each process: timings taken above a load of 1 are flagged.
+Appends one JSON line to bench/results/solver_speed.jsonl unless ``--no-write``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results" / "solver_speed.jsonl"
+
+
+def machine() -> str:
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores, {model}, Python {platform.python_version()}"
+
+
+def git_rev(path: Path) -> str:
+    try:
+        return subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run_case(exe: str, case: int) -> dict[str, Any]:
+    scen = ROOT / "examples" / "table1" / f"case{case:02d}.yaml"
+    load0 = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    proc = subprocess.run([exe, "compare", str(scen), "--json", "--quiet"], capture_output=True, text=True, check=False,
+                          env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"case {case}: exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
+    doc = json.loads(proc.stdout)
+    return {
+        "case": case, "wall_s": wall, "load_before": load0, "load_after": os.getloadavg()[0],
+        "states": doc["states"], "iterations": doc["iterations"], "method": doc.get("method"),
+        "mean_response_time": {k: v["mean_response_time"] for k, v in doc["policies"].items()},
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--exe", default=str(ROOT / ".venv" / "bin" / "overtake"), help="the `overtake` to time")
+    ap.add_argument("--cases", default=",".join(str(i) for i in range(1, 13)))
+    ap.add_argument("--reference", help="an earlier --json output: compare every E[W] with it")
+    ap.add_argument("--repeat", type=int, default=1, help="run the whole sequence N times; report each")
+    ap.add_argument("--json", action="store_true", help="print the run as one JSON document")
+    ap.add_argument("--no-write", action="store_true", help=f"do not append to {RESULTS.relative_to(ROOT)}")
+    args = ap.parse_args()
+    cases = [int(x) for x in args.cases.split(",")]
+    runs: list[dict[str, Any]] = []
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        per: list[dict[str, Any]] = []
+        for c in cases:
+            per.append(run_case(args.exe, c))
+            if not args.json:
+                r = per[-1]
+                print(f"case {c:2d}: {r['wall_s']:6.2f} s  {r['states']:7d} states  {r['iterations']:6d} "
+                      f"{r['method']} steps  E[W](pi*) {r['mean_response_time']['pi*']:.6f}  "
+                      f"load {r['load_before']:.2f}", file=sys.stderr, flush=True)
+        runs.append({"total_wall_s": time.perf_counter() - t0, "cases": per})
+    out: dict[str, Any] = {
+        "bench": "cli_table1", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": machine(), "exe": args.exe, "rev": git_rev(Path(args.exe).resolve().parents[2]),
+        "command": "OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/cli_table1.py " + " ".join(sys.argv[1:]),
+        "runs": runs, "max_load": max(max(r["load_before"], r["load_after"]) for run in runs for r in run["cases"]),
+    }
+    if args.reference:
+        ref = json.loads(Path(args.reference).read_text())
+        old = {r["case"]: r["mean_response_time"] for r in ref["runs"][0]["cases"]}
+        worst = 0.0
+        for r in runs[0]["cases"]:
+            for k, v in r["mean_response_time"].items():
+                if k in old.get(r["case"], {}):
+                    worst = max(worst, abs(v - old[r["case"]][k]) / abs(old[r["case"]][k]))
+        out["max_rel_diff_vs_reference"] = worst
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        for i, run in enumerate(runs):
+            print(f"run {i + 1}: {run['total_wall_s']:.1f} s wall for cases {args.cases}")
+        if "max_rel_diff_vs_reference" in out:
+            print(f"largest relative E[W] difference from the reference: {out['max_rel_diff_vs_reference']:.2e}")
+        print(f"largest 1-min load average seen: {out['max_load']:.2f}")
+    if not args.no_write:
+        with RESULTS.open("a") as fh:
+            fh.write(json.dumps(out) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Compile every numba kernel of overtake.mdp once, into numba's on-disk cache.
+
+    python -m overtake.mdp._warmup
+
+Run by the Makefile when the virtual environment is set up (and again when a kernel's source
+changes), so the first solve of a fresh install loads machine code instead of compiling it
+(several seconds). Each kernel is reached through the code that calls it in production, on a
+model just large enough to take the compiled paths, so the cached signatures are the real ones
+(int32 sparse indices, int64 state indices, float64 values).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .model import TandemModel
+
+__all__ = ["kernel_cache_misses", "warm_up"]
+
+
+def _model() -> TandemModel:
+    from .model import Stage, TandemModel
+
+    def h2(name: str) -> Stage:
+        return Stage(name, np.array([0.91, 0.09]), np.diag([-1 / 0.55, -1 / 5.45]))
+
+    return TandemModel(0.3, (h2("s1"), h2("s2")))
+
+
+def warm_up() -> float:
+    """Call every compiled kernel once; returns the seconds it took (compiling or loading)."""
+    t0 = time.perf_counter()
+    from . import _kernels
+    from .bellman import KERNEL_MIN_STATES, ActionIndex
+    from .evaluate import stationary_distribution
+    from .heuristic import overtaking_heuristic
+    from .simulate import simulate
+    from .solve import anderson_rvi, induced_matrix, relative_value_iteration
+    from .statespace import StateSpace, Truncation
+
+    model = _model()
+    space = StateSpace(model, Truncation(8, 3))  # 6,435 states: above every kernel threshold
+    assert space.size >= KERNEL_MIN_STATES
+    space.ranker.rank(space.rows)
+    ActionIndex(space).box_minimum(np.zeros(space.size))
+    relative_value_iteration(space, max_iter=2)
+    res = anderson_rvi(space, max_iter=2)
+    P = induced_matrix(space, res.decision).tocsc()
+    x = np.ones(space.size)
+    _kernels.gauss_seidel(P.indptr, P.indices, P.data, P.diagonal(), x, 1)
+    stationary_distribution(induced_matrix(space, res.decision))
+    overtaking_heuristic(model).actions(space.rows[:10])
+    simulate(model, "pi(1)", requests=1000, seed=0)
+    return time.perf_counter() - t0
+
+
+def kernel_cache_misses() -> int:
+    """Compilations (cache misses) so far of this package's solver kernels in this process."""
+    from . import _kernels
+
+    total = 0
+    for name in ("box_minimum", "rvi_sweeps", "bellman_step", "rank_rows", "gauss_seidel"):
+        total += sum(getattr(_kernels, name).stats.cache_misses.values())
+    return total
+
+
+if __name__ == "__main__":
+    seconds = warm_up()
+    print(f"overtake.mdp kernels ready ({seconds:.1f} s)", file=sys.stderr)

@@ -1,0 +1,149 @@
+"""Every solver method against relative value iteration, the reference (issue 21).
+
+RVI, Anderson-accelerated RVI and policy iteration solve the same truncated MDP: their average
+costs must agree to 1e-9 relative on exponential, hyperexponential (H2) and Erlang stages, in both
+queue layouts, and the default method must reproduce a paper 004 Table 1 row.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from overtake.mdp.anderson import AndersonMixer
+from overtake.mdp.compare import compare
+from overtake.mdp.evaluate import stationary_distribution
+from overtake.mdp.model import Stage
+from overtake.mdp.policy import _trim_longest
+from overtake.mdp.solve import anderson_rvi, induced_matrix, policy_iteration, relative_value_iteration, solve
+from overtake.mdp.statespace import Ranker, StateSpace, Truncation
+
+from mdp_helpers import exp_stage, h2_stage, tandem
+
+
+def erlang_stage(name: str, k: int, mean: float) -> Stage:
+    rate = k / mean
+    T = np.diag(np.full(k, -rate)) + np.diag(np.full(k - 1, rate), 1)
+    return Stage(name, np.eye(k)[0], T)
+
+
+MODELS = {
+    "exp-exp": (lambda: tandem(0.6, exp_stage("a", 1.0), exp_stage("b", 5.0)), Truncation(8, 3), "full"),
+    "h2-h2": (lambda: tandem(0.6, h2_stage("a", 0.91, 0.55, 5.45), h2_stage("b", 0.91, 2.75, 27.25)),
+              Truncation(6, 3), "full"),
+    "erlang-h2": (lambda: tandem(0.7, erlang_stage("a", 3, 1.0), h2_stage("b", 0.9, 0.5, 5.5)),
+                  Truncation(6, 3), "full"),
+    "h2-h2 phase at start": (lambda: tandem(0.6, h2_stage("a", 0.91, 0.55, 5.45), h2_stage("b", 0.91, 0.55, 5.45)),
+                             Truncation(7, 3), "start"),
+    "three stages": (lambda: tandem(0.5, h2_stage("a", 0.9, 0.5, 5.5), exp_stage("b", 1.0), erlang_stage("c", 2, 1.0)),
+                     Truncation(5, 2), "full"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_every_method_agrees_with_rvi_to_1e_9(name):
+    build, trunc, info = MODELS[name]
+    space = StateSpace(build(), trunc, info)
+    ref = relative_value_iteration(space, tol=1e-12)
+    assert ref.converged
+    aa = anderson_rvi(space, tol=1e-12)
+    pi = policy_iteration(space)
+    assert aa.converged and pi.converged
+    g = ref.gain
+    for res in (aa, pi):
+        assert res.gain == pytest.approx(g, rel=1e-9), res.method
+        # the returned policy's exact gain (stationary law of its chain) is the optimum too
+        reach, p = stationary_distribution(induced_matrix(space, res.decision))
+        assert float(p @ space.cost[reach]) == pytest.approx(g, rel=1e-9), res.method
+    # Odoni bounds from the accelerated iterates bracket the reference
+    lo, hi = aa.gain_bounds
+    assert lo <= g * (1 + 1e-12) and g <= hi * (1 + 1e-12)
+    assert solve(space, method="anderson", tol=1e-12).gain == pytest.approx(g, rel=1e-9)
+
+
+def test_anderson_needs_far_fewer_sweeps_on_a_long_phase():
+    """Table 1 case 8's chain mixes slowly (long phase mean 27.25): Anderson cuts the sweeps >= 5x."""
+    model = tandem(0.6, h2_stage("a", 0.91, 0.55, 5.45), h2_stage("b", 0.91, 2.75, 27.25))
+    space = StateSpace(model, Truncation(8, 3))
+    ref = relative_value_iteration(space, tol=1e-8)
+    aa = anderson_rvi(space, tol=1e-8)
+    assert aa.gain == pytest.approx(ref.gain, rel=1e-7)
+    assert aa.sweeps * 5 <= ref.sweeps
+
+
+def test_unknown_method_is_one_line_error():
+    space = StateSpace(tandem(0.5, exp_stage("a", 1.0)), Truncation(4, 2))
+    with pytest.raises(ValueError, match="method must be"):
+        solve(space, method="newton")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="memory must be an integer >= 1"):
+        anderson_rvi(space, memory=0)
+
+
+def test_anderson_mixer_solves_a_linear_fixed_point_like_gmres():
+    """x = Mx + b, M symmetric with spectrum in [−0.3, 0.999]: plain iteration needs ~23,000 steps
+    (0.999ⁿ = 1e-10), Anderson with memory 10 fewer than 1,500."""
+    rng = np.random.default_rng(7)
+    n = 300
+    Q, _ = np.linalg.qr(rng.normal(size=(n, n)))
+    M = Q @ np.diag(np.linspace(-0.3, 0.999, n)) @ Q.T
+    b = rng.normal(size=n)
+    exact = np.linalg.solve(np.eye(n) - M, b)
+    x = np.zeros(n)
+    mix = AndersonMixer(n, 10)
+    for it in range(1, 5000):
+        f = M @ x + b - x
+        if np.linalg.norm(f) < 1e-10 * np.linalg.norm(b):
+            break
+        x = mix.step(x, f)
+    assert it < 1500
+    assert np.abs(x - exact).max() < 1e-5 * np.abs(exact).max()
+
+
+def test_stationary_distribution_matches_a_dense_solve():
+    model = tandem(0.6, h2_stage("a", 0.91, 0.55, 5.45), h2_stage("b", 0.91, 2.75, 27.25))
+    space = StateSpace(model, Truncation(6, 3))
+    res = anderson_rvi(space, tol=1e-9)
+    P = induced_matrix(space, res.decision)
+    reach, p = stationary_distribution(P)
+    Pd = P[reach][:, reach].toarray()
+    n = reach.size
+    A = np.vstack([(np.eye(n) - Pd).T, np.ones(n)])
+    ref = np.linalg.lstsq(A, np.concatenate([np.zeros(n), [1.0]]), rcond=None)[0]
+    assert np.abs(p - ref).max() < 1e-11
+    assert isinstance(P, sp.csr_matrix)
+
+
+def test_compiled_rank_equals_the_scalar_rank():
+    rng = np.random.default_rng(3)
+    r = Ranker(7, 12)
+    rows = rng.integers(0, 4, size=(500, 7))
+    rows = rows[rows.sum(axis=1) <= 12]
+    keys = r.rank(rows)
+    assert [r.rank_one(x.tolist()) for x in rows] == keys.tolist()
+    with pytest.raises(IndexError):
+        r.rank(np.array([[13, 0, 0, 0, 0, 0, 0]]))
+
+
+def test_trim_longest_equals_removing_one_at_a_time():
+    rng = np.random.default_rng(11)
+    for Q in (1, 2, 4, 6):
+        w = rng.integers(0, 9, size=(400, Q))
+        e = np.array([rng.integers(0, x.sum() + 1) for x in w])
+        ref = w.copy()
+        for i in range(w.shape[0]):
+            for _ in range(e[i]):
+                ref[i, np.argmax(ref[i])] -= 1
+        assert np.array_equal(_trim_longest(w, e), ref)
+
+
+def test_table1_case1_with_the_default_method_matches_the_paper():
+    """Paper 004 Table 1, case 1 (two exp(1) stages, ρ = 0.6): gains 0.00, 13.82, 17.63, 16.92 % over
+    π(1), π(4), π(∞), π(1,1); π* = π(1) with E[W] = 4.25 (Pollaczek–Khinchine, E S = 2, E S² = 6)."""
+    model = tandem(0.6, exp_stage("s1", 1.0), exp_stage("s2", 1.0))
+    doc = compare(model, tol=1e-3)
+    assert doc["method"] == "anderson"
+    assert doc["policies"]["pi*"]["mean_response_time"] == pytest.approx(4.25, rel=1e-3)
+    paper = {"pi(1)": 0.00, "pi(4)": 13.82, "pi(inf)": 17.63, "pi(1,1)": 16.92}
+    for k, v in paper.items():
+        assert 100 * doc["gains"][k] == pytest.approx(v, abs=0.1), k
