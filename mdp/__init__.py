@@ -12,6 +12,14 @@ from .heuristic import OvertakingHeuristic, evaluate_heuristic, overtaking_heuri
 from .lp import LinearConstraint, LPResult, NodePolicy, occupation_lp
 from .model import Stage, TandemModel
 from .policy import Policy
+from .priority import (
+    CpuPriority,
+    age_priority,
+    choose_tandem_thresholds,
+    choose_thresholds,
+    class_priority,
+    level_weights,
+)
 from .rules import OvertakingRules, overtaking_rule
 from .scenario import Scenario, parse_scenario
 from .simulate import SimulationResult, service_from_spec, simulate
@@ -31,4 +39,6 @@ __all__ = sorted([
     "service_from_spec", "simulate",
     "ConstrainedOptimum", "ConstraintError", "Constraints", "LPResult", "LinearConstraint", "NodePolicy",
     "RandomizedPolicy", "SweepPoint", "occupation_lp", "parse_grid", "run_sweep", "solve_constrained",
+    "CpuPriority", "age_priority", "choose_tandem_thresholds", "choose_thresholds", "class_priority",
+    "level_weights",
 ])

@@ -56,6 +56,7 @@ insensitivity, an approximation with priority — and the simulator measures the
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -144,7 +145,7 @@ def level_weights(spec: str | Sequence[float]) -> tuple[float, ...]:
             out.append(float(it))
     if len(out) < 1 or not all(math.isfinite(w) and w > 0 for w in out):
         raise ModelError(f"level weights must be positive numbers, got {spec!r}")
-    if any(b >= a for a, b in zip(out, out[1:])):
+    if any(b >= a for a, b in itertools.pairwise(out)):
         raise ModelError(f"level weights must be strictly decreasing (level 0 first), got {spec!r}")
     return tuple(w / out[0] for w in out)
 
@@ -179,7 +180,7 @@ class CpuPriority:
         w = tuple(float(x) for x in self.weights)
         object.__setattr__(self, "weights", w)
         if len(w) < 1 or w[0] != 1.0 or not all(math.isfinite(x) and x > 0 for x in w) or any(
-                b >= a for a, b in zip(w, w[1:])):
+                b >= a for a, b in itertools.pairwise(w)):
             raise ModelError(f"cpu priority weights must start at 1 and decrease strictly, got {w}")
         th = tuple(tuple(float(x) for x in row) for row in self.thresholds)
         object.__setattr__(self, "thresholds", th)
@@ -187,7 +188,7 @@ class CpuPriority:
             if len(row) != len(w) - 1:
                 raise ModelError(f"cpu priority thresholds[{i}]: {len(w)} levels need {len(w) - 1} thresholds, "
                                  f"got {len(row)}")
-            if any(not (x > 0) for x in row) or any(b <= a for a, b in zip(row, row[1:]) if math.isfinite(a)):
+            if any(not (x > 0) for x in row) or any(b <= a for a, b in itertools.pairwise(row) if math.isfinite(a)):
                 raise ModelError(f"cpu priority thresholds[{i}] must be > 0 and increasing, got {row}")
         if self.start_levels is not None:
             sl = tuple(tuple(int(x) for x in row) for row in self.start_levels)
@@ -240,9 +241,15 @@ def age_priority(model: TandemModel, thresholds: Sequence[float] | Sequence[Sequ
     """Age priority: every thread starts in level 0 and is demoted as its stage's attained service
     passes ``thresholds`` (one list for all stages, or one per stage). Default weights: 1 then
     powers of :data:`DEFAULT_LOW_WEIGHT` (SCHED_IDLE by the kernel's tables)."""
-    th = list(thresholds)
-    rows = [tuple(float(x) for x in r) for r in th] if th and isinstance(th[0], Sequence) else \
-        [tuple(float(x) for x in th)] * model.n_stages  # type: ignore[arg-type]
+    rows: list[tuple[float, ...]] = []
+    flat: list[float] = []
+    for item in thresholds:
+        if isinstance(item, Sequence):
+            rows.append(tuple(float(x) for x in item))
+        else:
+            flat.append(float(item))
+    if flat or not rows:
+        rows = [tuple(flat)] * model.n_stages
     w = _weights(weights, len(rows[0]) + 1)
     name = "age priority " + "; ".join(",".join(f"{x:.4g}" for x in r) for r in rows)
     return CpuPriority(w, tuple(rows), None, name)
@@ -311,7 +318,7 @@ class _PH:
         self.rates = -np.diag(self.T)
 
     def row(self, x: float) -> FloatArray:
-        return self.alpha @ expm(self.T * x) if x > 0 else self.alpha.copy()  # type: ignore[no-any-return]
+        return np.asarray(self.alpha @ expm(self.T * x), dtype=float) if x > 0 else self.alpha.copy()
 
     def sf(self, x: float) -> float:
         if math.isinf(x):
@@ -337,7 +344,7 @@ class _PH:
         def tail(y: float) -> float:
             return float(row0 @ expm(self.T * y) @ self.one)
 
-        y = max(1.0 / self.rates.max(), 1e-9)
+        y = max(1.0 / float(self.rates.max()), 1e-9)
         while tail(y) > tol and y < 1e12:
             y *= 2.0
         lo = y / 2
@@ -350,13 +357,16 @@ class _PH:
         return y
 
 
-def _as_ph(ph: PHLike | tuple[FloatArray, FloatArray]) -> tuple[FloatArray, FloatArray]:
+PHInput = PHLike | tuple[FloatArray, FloatArray]
+
+
+def _as_ph(ph: PHInput) -> tuple[FloatArray, FloatArray]:
     if isinstance(ph, tuple):
         return np.asarray(ph[0], dtype=float), np.asarray(ph[1], dtype=float)
     return np.asarray(ph.alpha, dtype=float), np.asarray(ph.T, dtype=float)
 
 
-def ps_mean(ph: PHLike, arrival_rate: float) -> float:
+def ps_mean(ph: PHInput, arrival_rate: float) -> float:
     """M/G/1-PS: E[T] = E[S]/(1 − ρ)."""
     p = _PH(*_as_ph(ph))
     rho = arrival_rate * p.mean
@@ -369,7 +379,7 @@ def _stable(rho: float, what: str) -> None:
         raise ModelError(f"{what}: load {rho:.4g} >= 1, the queue is unstable")
 
 
-def fb_response(ph: PHLike, arrival_rate: float, x: npt.ArrayLike) -> FloatArray:
+def fb_response(ph: PHInput, arrival_rate: float, x: npt.ArrayLike) -> FloatArray:
     """E[T(x)] under least-attained-service (FB): (x(1−ρ_x) + λm₂(x)/2)/(1−ρ_x)²."""
     p = _PH(*_as_ph(ph))
     xs = np.atleast_1d(np.asarray(x, dtype=float))
@@ -382,7 +392,7 @@ def fb_response(ph: PHLike, arrival_rate: float, x: npt.ArrayLike) -> FloatArray
     return out
 
 
-def fb_mean(ph: PHLike, arrival_rate: float) -> float:
+def fb_mean(ph: PHInput, arrival_rate: float) -> float:
     """E[T] under FB: ∫ E[T_FB(x)] dF(x) (Gauss–Legendre panels on the PH's scales)."""
     a, T = _as_ph(ph)
     p = _PH(a, T)
@@ -394,10 +404,10 @@ def fb_mean(ph: PHLike, arrival_rate: float) -> float:
     xg, wg = np.polynomial.legendre.leggauss(8)
     total = 0.0
     t = -T.sum(axis=1)
-    for x0, x1 in zip(edges[:-1], edges[1:]):
+    for x0, x1 in itertools.pairwise(edges):
         xs = 0.5 * (x1 - x0) * xg + 0.5 * (x1 + x0)
         dens = np.array([float(p.row(xi) @ t) for xi in xs])
-        total += 0.5 * (x1 - x0) * float(np.sum(wg * dens * fb_response((a, T), arrival_rate, xs)))  # type: ignore[arg-type]
+        total += 0.5 * (x1 - x0) * float(np.sum(wg * dens * fb_response((a, T), arrival_rate, xs)))  
     return total
 
 
@@ -435,7 +445,7 @@ def _solve_level(parts: list[_LevelClass], phs: list[_PH], rho_below: float, n_t
     if finite:
         h0 = finite[0] / max(1, math.ceil(finite[0] / h0))
     h = h0 / refine
-    n = [max(1, int(round(x / h0))) * refine for x in hor]
+    n = [max(1, round(x / h0)) * refine for x in hor]
     nmax = max(n)
     one_m = 1.0 / (1.0 - rho_below)
     C = len(parts)
@@ -456,7 +466,7 @@ def _solve_level(parts: list[_LevelClass], phs: list[_PH], rho_below: float, n_t
     mu = np.array([p.nu * one_m for p in parts])
     TA = np.array([p.TA for p in parts])
     nu = np.array([p.nu for p in parts])
-    nfft = 1 << int(math.ceil(math.log2(3 * Lg)))
+    nfft = 1 << math.ceil(math.log2(3 * Lg))
     # Volterra: class i sees new arrivals of every class j, kernel Σ_j ν'_j Ḡ_j
     gsum = mu @ G
     F_vol = np.fft.rfft(gsum, nfft)
@@ -608,17 +618,17 @@ def mlps_classes_mean(classes: Sequence[JobClass], *, grid: int = 256) -> list[f
     return [(4.0 * f_m - c_m) / 3.0 for c_m, f_m in zip(coarse, fine)]
 
 
-def mlps_mean(ph: PHLike, arrival_rate: float, thresholds: Sequence[float], *, grid: int = 256) -> float:
+def mlps_mean(ph: PHInput, arrival_rate: float, thresholds: Sequence[float], *, grid: int = 256) -> float:
     """E[T] of M/G/1 with PS in each level and strict priority between levels (``thresholds``
     a_1 < a_2 < …; none = PS)."""
     a, T = _as_ph(ph)
     th = tuple(float(x) for x in thresholds)
-    if any(not x > 0 for x in th) or any(y <= x for x, y in zip(th, th[1:])):
+    if any(not x > 0 for x in th) or any(y <= x for x, y in itertools.pairwise(th)):
         raise ModelError(f"thresholds must be > 0 and increasing, got {th}")
     return mlps_classes_mean([JobClass(arrival_rate, a, T, 0, th)], grid=grid)[0]
 
 
-def mlps_response(ph: PHLike, arrival_rate: float, thresholds: Sequence[float], x: npt.ArrayLike, *,
+def mlps_response(ph: PHInput, arrival_rate: float, thresholds: Sequence[float], x: npt.ArrayLike, *,
                   grid: int = 8192) -> FloatArray:
     """E[T(x)] of the same M/G/1 (one grid; linear interpolation of F inside a level)."""
     a, T = _as_ph(ph)
@@ -668,7 +678,7 @@ def dps_means(arrival_rates: Sequence[float], service_rates: Sequence[float],
     den = mu[None, :] * g[None, :] + mu[:, None] * g[:, None]  # [k, j] = μ_j g_j + μ_k g_k
     c = lam[None, :] * g[None, :] / den
     A = np.diag(1.0 - c.sum(axis=1)) - c
-    return np.linalg.solve(A, 1.0 / mu)  # type: ignore[no-any-return]
+    return np.asarray(np.linalg.solve(A, 1.0 / mu), dtype=float)
 
 
 # ---- threshold choice -------------------------------------------------------------------------
@@ -700,7 +710,7 @@ def _optimise(fun: Callable[[FloatArray], float], x0: FloatArray, lo: float, hi:
     return np.asarray(res.x), float(res.fun), int(res.nfev)
 
 
-def choose_thresholds(ph: PHLike, arrival_rate: float, *, levels: int = 2, grid: int = 256) -> ThresholdChoice:
+def choose_thresholds(ph: PHInput, arrival_rate: float, *, levels: int = 2, grid: int = 256) -> ThresholdChoice:
     """Age thresholds minimising the exact E[T] (strict priority, PS within levels) of one M/G/1.
 
     A coarse log-spaced scan of the first threshold (levels = 2) or of a geometric ladder
@@ -711,8 +721,8 @@ def choose_thresholds(ph: PHLike, arrival_rate: float, *, levels: int = 2, grid:
     if levels < 1:
         raise ModelError(f"levels must be >= 1, got {levels}")
     p = _PH(a, T)
-    ps = ps_mean((a, T), arrival_rate)  # type: ignore[arg-type]
-    fb = fb_mean((a, T), arrival_rate)  # type: ignore[arg-type]
+    ps = ps_mean((a, T), arrival_rate)  
+    fb = fb_mean((a, T), arrival_rate)  
     if levels == 1:
         return ThresholdChoice((), ps, ps, fb, 0)
     n_eval = 0
@@ -746,7 +756,7 @@ def choose_thresholds(ph: PHLike, arrival_rate: float, *, levels: int = 2, grid:
         th = np.exp(np.sort(lx))
         if np.any(np.diff(th) <= 1e-9 * th[:-1]):
             return math.inf
-        return ev(th)
+        return ev(tuple(float(v) for v in th))
 
     xs, val, _ = _optimise(fun, x0, math.log(1e-3 * p.mean), math.log(1e3 * p.mean))
     th = tuple(float(v) for v in np.exp(np.sort(xs)))
@@ -832,6 +842,7 @@ def choose_tandem_thresholds(model: TandemModel, *, levels: int = 2, weights: Se
         v = ev((ladder,) * N)
         if v < best:
             best, x0 = v, math.log(x)
+    rows: tuple[tuple[float, ...], ...]
     if levels == 2:
         def fun(lx: FloatArray) -> float:
             return ev(tuple((float(math.exp(v)),) for v in lx))

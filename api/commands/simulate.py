@@ -166,7 +166,8 @@ def run(args: argparse.Namespace) -> int:
     policy = _policy(args.policy, sc, model, progress)
     service = _services(args.service_from, model)
     lever, predicted = _priority(args, model, progress)
-    kw = dict(requests=args.requests, seed=args.seed, warmup=args.warmup, batches=args.batches, cpu_priority=lever)
+    kw = {"requests": args.requests, "seed": args.seed, "warmup": args.warmup, "batches": args.batches,
+          "cpu_priority": lever}
     if service is None:
         doc = simulate(model, policy, **kw).to_dict()  # type: ignore[arg-type]
         docs = [doc]
