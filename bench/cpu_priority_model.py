@@ -39,6 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import machine
+
 from overtake.api.commands._scenario import load_scenario
 from overtake.mdp.priority import (
     CpuPriority,
