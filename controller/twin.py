@@ -15,6 +15,10 @@ to the policy's exact E[W] (tests/controller/test_twin.py).
 a reservation at stage i's completion, claimed by the follow-up after a zero round trip — what
 the sidecar does), ``client`` (submitted after the completion's decision, as a proxy without
 ``next`` sees it), ``instant`` (submitted before it: the model's routing).
+
+``cpu_priority`` (:class:`overtake.mdp.priority.CpuPriority`) replaces equal sharing by the
+CPU-priority lever: each admitted request is in a level set by its attained service at the stage
+(thresholds in model units) and its start phase; levels share the CPU by weight, PS within a level.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from overtake.controller.classifier import Classifier
 from overtake.controller.limiter import ADMITTED, Limiter, Ticket
 from overtake.controller.policies import SpawnPolicy, load_policy
 from overtake.controller.stages import ClassifierSettings
+from overtake.mdp.priority import CpuPriority
 
 __all__ = ["ROUTINGS", "replay"]
 
@@ -42,6 +47,7 @@ def replay(
     mode: str = "explicit",
     max_inflight: int = 1_000_000,
     routing: str = "next",
+    cpu_priority: CpuPriority | None = None,
 ) -> np.ndarray:
     """Response time of every transaction (seconds = units × ``time_unit``).
 
@@ -55,17 +61,21 @@ def replay(
     mode
         Classifier mode (``explicit`` uses the trace's phases; ``hidden`` the prior and the
         attained service).
+    cpu_priority
+        Priority levels on the virtual CPU; ``None`` is equal processor sharing.
     """
     if routing not in ROUTINGS:
         raise ValueError(f"routing: one of {', '.join(ROUTINGS)}, got {routing!r}")
     n_stages = sum(1 for k in trace if k.startswith("demand"))
     if n_stages < 1 or "arrival" not in trace:
         raise ValueError("trace: needs 'arrival' and 'demand0', 'phase0', ... per stage")
-    return asyncio.run(_replay(trace, policy, n_stages, time_unit, mode, max_inflight, routing))
+    if cpu_priority is not None and len(cpu_priority.thresholds) != n_stages:
+        raise ValueError(f"cpu_priority: thresholds for {len(cpu_priority.thresholds)} stages, the trace has {n_stages}")
+    return asyncio.run(_replay(trace, policy, n_stages, time_unit, mode, max_inflight, routing, cpu_priority))
 
 
 async def _replay(trace: Mapping[str, np.ndarray], policy: SpawnPolicy | str, n_stages: int, unit: float,
-                  mode: str, cap: int, routing: str) -> np.ndarray:
+                  mode: str, cap: int, routing: str, lever: CpuPriority | None = None) -> np.ndarray:
     names = tuple(f"stage{i + 1}" for i in range(n_stages))
     pol = load_policy(policy, names) if isinstance(policy, str) else policy
     clf = Classifier(ClassifierSettings(mode=mode, time_unit=unit), pol)  # type: ignore[arg-type]
@@ -80,6 +90,14 @@ async def _replay(trace: Mapping[str, np.ndarray], policy: SpawnPolicy | str, n_
     left: dict[Ticket, float] = {}  # in service: remaining seconds of CPU
     owner: dict[Ticket, tuple[int, int]] = {}  # ticket -> (transaction, stage)
     queued: list[Ticket] = []
+    level: dict[Ticket, int] = {}  # with the lever: each request's level on the CPU
+    rate: dict[Ticket, float] = {}
+
+    def edge(t: Ticket) -> float:
+        """Attained seconds at which t leaves its level (inf in the last)."""
+        assert lever is not None
+        lv, s = level[t], owner[t][1]
+        return lever.thresholds[s][lv] * unit if lv < lever.levels - 1 else np.inf
 
     def header_phase(i: int, s: int) -> int:
         return clf.start_phase(s, "", str(int(phase[s][i]) + 1).encode(), None)
@@ -94,24 +112,46 @@ async def _replay(trace: Mapping[str, np.ndarray], policy: SpawnPolicy | str, n_
             queued.remove(t)
             i, s = owner[t]
             left[t] = float(demand[s][i])
+            if lever is not None:
+                start = lever.start_levels[s][int(phase[s][i])] if lever.start_levels is not None else 0
+                level[t] = start
 
     nxt = 0
     while nxt < n or left or queued:
         k = len(left)
         t_arr = arrival[nxt] if nxt < n else np.inf
         done, t_done = None, np.inf
-        if k:
+        demote, t_dem = None, np.inf
+        if k and lever is None:
             done = min(left, key=left.__getitem__)
             t_done = now[0] + left[done] * k
+        elif k:
+            assert lever is not None
+            wsum = sum(lever.weights[lv] for lv in (level[t] for t in left))
+            rate = {t: lever.weights[level[t]] / wsum for t in left}  # weighted share, PS within a level
+            done = min(left, key=lambda t: left[t] / rate[t])
+            t_done = now[0] + left[done] / rate[done]
+            for t, rem in left.items():
+                i, s = owner[t]
+                d = max(now[0], now[0] + (edge(t) - (float(demand[s][i]) - rem)) / rate[t])
+                if d < t_dem:
+                    demote, t_dem = t, d
         if not np.isfinite(min(t_arr, t_done)):
             raise RuntimeError(f"replay under {pol.name}: requests wait but none is in service")
-        step = min(t_arr, t_done) - now[0]
-        if k:
+        step = min(t_arr, t_done, t_dem) - now[0]
+        if k and lever is None:
             for t in left:
                 left[t] -= step / k  # processor sharing: every admitted request at rate 1/k
+        elif k:
+            for t in left:
+                left[t] -= step * rate[t]
         now[0] += step
+        if demote is not None and t_dem < min(t_arr, t_done):
+            level[demote] += 1  # its attained service at the stage reached the level's upper threshold
+            continue
         if done is not None and t_done <= t_arr:
             del left[done]
+            level.pop(done, None)
             i, s = owner.pop(done)
             last = s + 1 == n_stages
             if last:

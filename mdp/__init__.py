@@ -25,6 +25,14 @@ if TYPE_CHECKING:
     from .lp import LinearConstraint, LPResult, NodePolicy, occupation_lp
     from .model import Stage, TandemModel
     from .policy import Policy
+    from .priority import (
+        CpuPriority,
+        age_priority,
+        choose_tandem_thresholds,
+        choose_thresholds,
+        class_priority,
+        level_weights,
+    )
     from .rules import OvertakingRules, overtaking_rule
     from .scenario import Scenario, parse_scenario
     from .simulate import SimulationResult, service_from_spec, simulate
@@ -43,6 +51,9 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "lp": ("LPResult", "LinearConstraint", "NodePolicy", "occupation_lp"),
     "model": ("Stage", "TandemModel"),
     "policy": ("Policy",),
+    "priority": (
+        "CpuPriority", "age_priority", "choose_tandem_thresholds", "choose_thresholds", "class_priority", "level_weights",
+    ),
     "rules": ("OvertakingRules", "overtaking_rule"),
     "scenario": ("Scenario", "parse_scenario"),
     "simulate": ("SimulationResult", "service_from_spec", "simulate"),

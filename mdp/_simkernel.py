@@ -10,6 +10,15 @@ Policies (``ptype``): 0 π(k) / π(∞) (later stages first, FCFS in a stage), 1
 projection beyond the truncation), 3 the overtaking heuristic. ``qmode`` 0 queues waiting
 requests per stage, 1 per (stage, phase label) coordinate.
 
+CPU priority levels (``n_lv`` > 1, :mod:`overtake.mdp.priority`): each level ℓ has its own
+virtual clock V_ℓ and heap; a thread of level ℓ progresses at rate r_ℓ = min(u, θw_ℓ) with
+u = 1/(1 + δK) (one core at most) and θ set so the rates sum to c(K) (water-filling; PS within a
+level, weighted sharing between levels). A thread's heap key is min(next phase event, the virtual
+time at which its attained service at the stage reaches its level's upper threshold); at the
+latter it moves to the next level's clock with its remaining work (no decision epoch: the
+policy's state does not change). With one level every line reduces to the plain PS loop, bit for
+bit (same arithmetic, same random draws).
+
 Service (``svc_mode``): 0 PH — the label *is* the phase; sojourns Exp(μ_d) in virtual time,
 jumps by the embedded chain. 1 given work — the request's stage work ``work[r, i]`` is fixed;
 its label path is a PH path from ``label0[r, i]`` whose time axis is stretched to end exactly
@@ -62,6 +71,42 @@ def _heap_pop(hv, hs, size):  # type: ignore[no-untyped-def]
         hs[c], hs[i] = hs[i], hs[c]
         i = c
     return s, size
+
+
+@numba.njit(cache=True)
+def _level_rates(nlev, w, K, cores, overhead, out):  # type: ignore[no-untyped-def]
+    """Per-thread rate of each level: water-filling of c(K) by weight, each thread capped at one core."""
+    n_lv = nlev.size
+    u = 1.0 / (1.0 + overhead * K)
+    for lv in range(n_lv):
+        out[lv] = 0.0
+    if K <= cores:
+        for lv in range(n_lv):
+            if nlev[lv] > 0:
+                out[lv] = u
+        return
+    cap_left = _cap(K, cores, overhead)
+    done = np.zeros(n_lv, np.bool_)
+    while True:
+        wsum = 0.0
+        for lv in range(n_lv):
+            if nlev[lv] > 0 and not done[lv]:
+                wsum += nlev[lv] * w[lv]
+        if wsum <= 0.0:
+            return
+        theta = cap_left / wsum
+        capped = False
+        for lv in range(n_lv):
+            if nlev[lv] > 0 and not done[lv] and theta * w[lv] > u:
+                out[lv] = u
+                done[lv] = True
+                cap_left -= nlev[lv] * u
+                capped = True
+        if not capped:
+            for lv in range(n_lv):
+                if nlev[lv] > 0 and not done[lv]:
+                    out[lv] = theta * w[lv]
+            return
 
 
 @numba.njit(cache=True)
@@ -119,6 +164,7 @@ def run_kernel(  # type: ignore[no-untyped-def]
     tab_keys, tab_spawn, tab_ntab, tab_C, tab_kmax,
     h_remaining, h_min_pair, h_wait, h_order, h_variant,
     max_slots,
+    lv_w, lv_thr, lv_start, lv_area,
 ):
     np.random.seed(seed)
     N = stage_off.size - 1
@@ -145,9 +191,17 @@ def run_kernel(  # type: ignore[no-untyped-def]
     path_len = np.zeros(max_slots, np.int64)
     free = np.arange(max_slots - 1, -1, -1).astype(np.int64)
     n_free = max_slots
-    hv = np.zeros(max_slots)
-    hs = np.zeros(max_slots, np.int64)
-    hsize = 0
+    # priority levels: one heap and one virtual clock per level (n_lv = 1: plain PS)
+    n_lv = lv_w.size
+    hv2 = np.zeros((n_lv, max_slots))
+    hs2 = np.zeros((n_lv, max_slots), np.int64)
+    hsz = np.zeros(n_lv, np.int64)
+    Vl = np.zeros(n_lv)
+    rl = np.zeros(n_lv)
+    nlev = np.zeros(n_lv, np.int64)
+    slot_lv = np.zeros(max_slots, np.int64)
+    ev_v = np.zeros(max_slots)   # next phase event of the slot, on its level's clock
+    thr_v = np.full(max_slots, np.inf)  # demotion epoch of the slot, on its level's clock
     # statistics
     stage_soj = np.zeros(N)
     stage_wait = np.zeros(N)
@@ -168,15 +222,26 @@ def run_kernel(  # type: ignore[no-untyped-def]
     caps_room = np.zeros(N, np.int64)
 
     t = 0.0
-    V = 0.0
     K = 0
     next_arr = np.random.exponential(1.0 / lam)
     n_arr = 0
     inf = np.inf
     while done_meas < n_meas:
         # ---- next event --------------------------------------------------------------
-        r = _cap(K, cores, overhead) / K if K > 0 else 0.0
-        dt_thr = (hv[0] - V) / r if K > 0 else inf
+        lv_ev = 0
+        if n_lv == 1:
+            r = _cap(K, cores, overhead) / K if K > 0 else 0.0
+            rl[0] = r
+            dt_thr = (hv2[0, 0] - Vl[0]) / r if K > 0 else inf
+        else:
+            _level_rates(nlev, lv_w, K, cores, overhead, rl)
+            dt_thr = inf
+            for lv in range(n_lv):
+                if nlev[lv] > 0 and rl[lv] > 0.0:
+                    d_lv = (hv2[lv, 0] - Vl[lv]) / rl[lv]
+                    if d_lv < dt_thr:
+                        dt_thr = d_lv
+                        lv_ev = lv
         dt_arr = next_arr - t if n_arr < n_total else inf
         is_arr = dt_arr <= dt_thr
         dt = dt_arr if is_arr else dt_thr
@@ -189,9 +254,16 @@ def run_kernel(  # type: ignore[no-untyped-def]
             area_N += n_sys * dt
             for i in range(N):
                 area_ks[i] += ks[i] * dt
+            for lv in range(n_lv):
+                lv_area[lv] += nlev[lv] * dt
         t += dt
-        if K > 0:
-            V += r * dt
+        if n_lv == 1:
+            if K > 0:
+                Vl[0] += rl[0] * dt
+        else:
+            for lv in range(n_lv):
+                if nlev[lv] > 0:
+                    Vl[lv] += rl[lv] * dt
         events += 1
         if is_arr:
             req = n_arr
@@ -207,7 +279,23 @@ def run_kernel(  # type: ignore[no-untyped-def]
             n_sys += 1
             i_new = 0
         else:
-            s, hsize = _heap_pop(hv, hs, hsize)
+            s, hsz[lv_ev] = _heap_pop(hv2[lv_ev], hs2[lv_ev], hsz[lv_ev])
+            if thr_v[s] < ev_v[s]:
+                # demotion: the attained service at the stage reached the level's upper threshold
+                lv0 = lv_ev
+                lv1 = lv0 + 1
+                i_s = stage[slot_req[s]]
+                shift = Vl[lv1] - Vl[lv0]
+                ev_v[s] += shift
+                if svc_mode == 1:
+                    for m in range(slot_pos[s], path_len[s]):
+                        path_v[s, m] += shift
+                thr_v[s] = Vl[lv1] + (lv_thr[i_s, lv1] - lv_thr[i_s, lv0]) if lv1 < n_lv - 1 else inf
+                slot_lv[s] = lv1
+                nlev[lv0] -= 1
+                nlev[lv1] += 1
+                hsz[lv1] = _heap_push(hv2[lv1], hs2[lv1], hsz[lv1], min(ev_v[s], thr_v[s]), s)
+                continue
             req = slot_req[s]
             d = label[req]
             completes = False
@@ -219,7 +307,8 @@ def run_kernel(  # type: ignore[no-untyped-def]
                     kc[d] -= 1
                     kc[nd] += 1
                     label[req] = nd
-                    hsize = _heap_push(hv, hs, hsize, V + np.random.exponential(1.0) / mu[nd], s)
+                    ev_v[s] = Vl[lv_ev] + np.random.exponential(1.0) / mu[nd]
+                    hsz[lv_ev] = _heap_push(hv2[lv_ev], hs2[lv_ev], hsz[lv_ev], min(ev_v[s], thr_v[s]), s)
             else:
                 pos = slot_pos[s] + 1
                 if pos >= path_len[s]:
@@ -230,11 +319,13 @@ def run_kernel(  # type: ignore[no-untyped-def]
                     kc[d] -= 1
                     kc[nd] += 1
                     label[req] = nd
-                    hsize = _heap_push(hv, hs, hsize, path_v[s, pos], s)
+                    ev_v[s] = path_v[s, pos]
+                    hsz[lv_ev] = _heap_push(hv2[lv_ev], hs2[lv_ev], hsz[lv_ev], min(ev_v[s], thr_v[s]), s)
             i_new = -1
             if completes:
                 kc[d] -= 1
                 K -= 1
+                nlev[lv_ev] -= 1
                 i_old = stage[req]
                 ks[i_old] -= 1
                 free[n_free] = s
@@ -323,8 +414,14 @@ def run_kernel(  # type: ignore[no-untyped-def]
                     ks[i2] += 1
                     K += 1
                     started += 1
+                    lv2 = lv_start[lab2]
+                    slot_lv[s2] = lv2
+                    nlev[lv2] += 1
+                    V = Vl[lv2]
+                    thr_v[s2] = V + lv_thr[i2, lv2] if lv2 < n_lv - 1 else inf
                     if svc_mode == 0:
-                        hsize = _heap_push(hv, hs, hsize, V + np.random.exponential(1.0) / mu[lab2], s2)
+                        ev_v[s2] = V + np.random.exponential(1.0) / mu[lab2]
+                        hsz[lv2] = _heap_push(hv2[lv2], hs2[lv2], hsz[lv2], min(ev_v[s2], thr_v[s2]), s2)
                     else:
                         # a PH path from the label, stretched to end exactly at the request's work
                         cur = lab2
@@ -346,7 +443,8 @@ def run_kernel(  # type: ignore[no-untyped-def]
                         path_v[s2, n_p - 1] = V + w_req
                         path_len[s2] = n_p
                         slot_pos[s2] = 0
-                        hsize = _heap_push(hv, hs, hsize, path_v[s2, 0], s2)
+                        ev_v[s2] = path_v[s2, 0]
+                        hsz[lv2] = _heap_push(hv2[lv2], hs2[lv2], hsz[lv2], min(ev_v[s2], thr_v[s2]), s2)
                 if overflow:
                     break
             if overflow or not (ptype == 2 and qmode == 0 and started > 0):

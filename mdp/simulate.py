@@ -16,6 +16,11 @@ For non-PH service the policy still needs a phase label; ``phase="oracle"`` draw
 label from the fitted PH's posterior given the request's actual work, P(J₀ = j | S = s) ∝
 α_j (e^{Ts} t)_j; ``phase="prior"`` draws it from α (all a server knows at arrival).
 
+CPU priority (``cpu_priority``, :class:`~overtake.mdp.priority.CpuPriority`): the active threads
+share the CPU by per-level weights, PS within a level, a thread's level set by its attained
+service at the stage and its starting class (:mod:`overtake.mdp.priority`). Without it the CPU is
+plain PS, exactly as before.
+
 Output: mean response time with a 95% confidence interval by batch means (``batches``
 consecutive batches of measured requests in arrival order, Student t), per-stage sojourn and
 waiting, time-average threads and requests in system, and response-time percentiles.
@@ -41,6 +46,7 @@ from .errors import ModelError, PolicyFileError
 from .heuristic import OvertakingHeuristic, overtaking_heuristic
 from .model import Stage, TandemModel
 from .policy import Policy
+from .priority import CpuPriority
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -310,6 +316,7 @@ def simulate(
     service: Sequence[Sampler] | None = None,
     phase: PhaseMode = "oracle",
     max_threads: int = 8192,
+    cpu_priority: CpuPriority | None = None,
 ) -> SimulationResult:
     """Simulate ``requests`` measured requests (after ``warmup``·requests discarded ones).
 
@@ -324,6 +331,9 @@ def simulate(
         Non-PH service only: where the policy's phase labels come from (module docstring).
     max_threads
         Concurrent-thread slots of the simulator; exceeding them is an error (an unstable run).
+    cpu_priority
+        Priority levels on the CPU (weights, attained-service thresholds per stage, starting
+        levels per phase); ``None`` is plain processor sharing.
     """
     t0 = time.perf_counter()
     if requests < batches * 10:
@@ -336,6 +346,15 @@ def simulate(
         raise ModelError(f"phase must be 'oracle' or 'prior', got {phase!r}")
     pol = _resolve(model, policy)
     N, D = model.n_stages, model.n_coords
+    if cpu_priority is None:
+        lv_w, lv_thr, lv_start = np.ones(1), np.zeros((N, 0)), np.zeros(D, dtype=np.int64)
+    else:
+        if not isinstance(cpu_priority, CpuPriority):
+            raise ModelError(f"cpu_priority must be a CpuPriority, got {type(cpu_priority).__name__}")
+        lv_start = cpu_priority.coord_start(model)
+        lv_w = np.asarray(cpu_priority.weights, dtype=float)
+        lv_thr = np.asarray(cpu_priority.thresholds, dtype=float).reshape(N, cpu_priority.levels - 1)
+    lv_area = np.zeros(lv_w.size)
     cs, off, alpha_cum, mu, jump_cum = _tables(model)
     n_warm = int(round(warmup * requests))
     n_meas = int(requests)
@@ -402,6 +421,7 @@ def simulate(
         tab_keys, tab_spawn, tab_ntab, tab_C, tab_kmax,
         h_rem, h_min, h_wait, h_order, h_var,
         int(max_threads),
+        lv_w, np.ascontiguousarray(lv_thr), lv_start, lv_area,
     )
     resp, stage_soj, stage_wait, area_K, area_N, area_ks, window, events, overflow, done = out
     if overflow:
@@ -416,10 +436,15 @@ def simulate(
         StageFigures(s.name, float(stage_soj[i] / n_meas), float(stage_wait[i] / n_meas), float(area_ks[i] / window))
         for i, s in enumerate(model.stages)
     )
+    extra: dict[str, Any] = {}
+    if cpu_priority is not None:
+        extra["cpu_priority"] = cpu_priority.to_dict()
+        extra["mean_threads_per_level"] = [float(a / window) for a in lv_area]
     return SimulationResult(
         policy=policy_name(pol), service=svc_name, phase_info=phase_used, requests=n_meas, warmup=n_warm,
         seed=int(seed), mean_response_time=float(resp.mean()), ci95=half, batches=batches,
         percentiles={f"p{p:g}": float(v) for p, v in zip(PERCENTILES, pct)}, stages=stages,
         mean_threads=float(area_K / window), mean_in_system=float(area_N / window),
         arrival_rate=float(model.arrival_rate), events=int(events), seconds=time.perf_counter() - t0,
+        extra=extra,
     )

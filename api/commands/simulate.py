@@ -5,6 +5,12 @@ overtaking heuristic) or a baseline ``pi(k)``, ``pi(k1,...,kN)``, ``pi(inf)``. W
 ``--service-from`` the stages' service times come from a distribution or a sample instead of the
 scenario's PH; the policy then sees the fitted PH's posterior phase (oracle) and, as a second
 run, only the prior (realistic) — both are reported.
+
+``--cpu-priority age|class`` puts the CPU-priority lever in the model (mdp.priority): threads
+demoted by attained service at the stage (``--thresholds auto`` chooses them by the exact
+M/G/1 analysis, the tandem through its visit model) or classed by start phase (known-phase
+short-first), sharing the CPU by ``--level-weights`` (default: the kernel's nice 0 : SCHED_IDLE
+weights, 1024 : 3). The visit model's strict-priority E[W] is reported next to the simulation.
 """
 
 from __future__ import annotations
@@ -35,6 +41,15 @@ def register(subparsers: Any) -> None:
     p.add_argument("--warmup", type=float, default=0.1, help="discarded warm-up, as a fraction of --requests")
     p.add_argument("--batches", type=int, default=30, help="batches for the batch-means CI (default 30)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cpu-priority", choices=("off", "age", "class"), default="off",
+                   help="CPU priority levels: age (demote by attained service at the stage), class "
+                        "(known-phase short-first), off (plain PS, default)")
+    p.add_argument("--thresholds", metavar="auto|T1[,T2..][;..]", default=None,
+                   help="age thresholds in seconds of attained service at the stage: auto (default: exact "
+                        "M/G/1 analysis / visit model), one list for all stages, or one per stage separated by ';'")
+    p.add_argument("--level-weights", metavar="W0,W1,..", default=None,
+                   help="CPU weight per level, numbers or niceN/idle (default nice0,idle = 1, 3/1024 by the "
+                        "kernel's tables; give the measured ratio)")
     p.add_argument("--json", action="store_true", help="print the JSON document on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
@@ -74,6 +89,50 @@ def _services(specs: list[str], model: Any) -> list[Any] | None:
     return [service_from_spec(per[i], model.stages[i].mean()) for i in range(len(names))]
 
 
+def _priority(args: argparse.Namespace, model: Any, progress: Any) -> tuple[Any, float | None]:
+    """The CPU-priority lever from the flags, and the visit model's E[W] for it (or None)."""
+    from overtake.mdp import priority as pr
+
+    if args.cpu_priority == "off":
+        if args.thresholds is not None or args.level_weights is not None:
+            raise ModelError("--thresholds/--level-weights need --cpu-priority age or class")
+        return None, None
+    weights = pr.level_weights(args.level_weights) if args.level_weights is not None else None
+    spec = (args.thresholds or "auto").strip()
+    rows: list[list[float]] | None = None
+    if spec != "auto":
+        try:
+            rows = [[float(x) for x in part.split(",")] for part in spec.split(";")]
+        except ValueError:
+            raise ModelError(f"--thresholds: give auto, T1,T2,.. or one list per stage separated by ';', "
+                             f"got {spec!r}") from None
+        if len(rows) == 1:
+            rows = rows * model.n_stages
+        elif len(rows) != model.n_stages:
+            raise ModelError(f"--thresholds: {len(rows)} lists for {model.n_stages} stages")
+    levels = len(weights) if weights is not None else (len(rows[0]) + 1 if rows else 2)
+    if args.cpu_priority == "class":
+        lever = pr.class_priority(model, weights=weights)
+        if rows is not None:
+            lever = pr.CpuPriority(lever.weights, tuple(tuple(r) for r in rows), lever.start_levels,
+                                   lever.name + " + age")
+    elif rows is None:
+        if progress:
+            progress("choosing age thresholds by the exact analysis ...")
+        if model.n_stages == 1:
+            ch = pr.choose_thresholds(model.stages[0], model.arrival_rate, levels=levels)
+            lever = pr.age_priority(model, ch.thresholds, weights=weights)
+        else:
+            lever = pr.choose_tandem_thresholds(model, levels=levels, weights=weights).priority
+    else:
+        lever = pr.age_priority(model, rows, weights=weights)
+    try:
+        predicted: float | None = pr.tandem_model_mean(model, lever)
+    except ModelError:
+        predicted = None
+    return lever, predicted
+
+
 def _print(doc: dict[str, Any]) -> None:
     print(f"{doc['policy']} on {doc['service']} (policy phase: {doc['phase_info']}): "
           f"E[W] = {doc['mean_response_time']:.4f} ± {doc['ci95']:.4f} (95% CI, {doc['batches']} batch means), "
@@ -85,6 +144,14 @@ def _print(doc: dict[str, Any]) -> None:
     for s in doc["stages"]:
         print(f"  {s['name']:<12} sojourn {s['mean_sojourn']:.4f}  waiting {s['mean_waiting']:.4f}  "
               f"threads {s['mean_threads']:.3f}")
+    cp = doc.get("extra", {}).get("cpu_priority")
+    if cp:
+        th = "; ".join(",".join(f"{x:.4g}" for x in r) for r in cp["thresholds"])
+        print(f"  cpu priority: {cp['name']}, weights {', '.join(f'{w:.4g}' for w in cp['weights'])}, "
+              f"thresholds {th or '-'}; threads per level "
+              + ", ".join(f"{x:.3f}" for x in doc["extra"]["mean_threads_per_level"]))
+        if doc["extra"].get("model_mean_response_time") is not None:
+            print(f"  visit model (strict priority, pi(inf)): E[W] = {doc['extra']['model_mean_response_time']:.4f}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,7 +164,9 @@ def run(args: argparse.Namespace) -> int:
         raise ModelError(f"--requests must be >= 1, got {args.requests}")
     policy = _policy(args.policy, sc, model, progress)
     service = _services(args.service_from, model)
-    kw = dict(requests=args.requests, seed=args.seed, warmup=args.warmup, batches=args.batches)
+    lever, predicted = _priority(args, model, progress)
+    kw = {"requests": args.requests, "seed": args.seed, "warmup": args.warmup, "batches": args.batches,
+          "cpu_priority": lever}
     if service is None:
         doc = simulate(model, policy, **kw).to_dict()  # type: ignore[arg-type]
         docs = [doc]
@@ -114,6 +183,9 @@ def run(args: argparse.Namespace) -> int:
         if len(runs) > 1:
             doc["prior_phase"] = runs[1]
         docs = runs
+    if lever is not None:
+        for d in docs:
+            d["extra"]["model_mean_response_time"] = predicted
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0

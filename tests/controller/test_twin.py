@@ -8,6 +8,7 @@ that `next` reservations give the model's routing.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -69,3 +70,29 @@ def test_bad_routing_and_trace_are_named() -> None:
         twin.replay(_trace(0.5, [1.0], 10, 0), "pi(1)", routing="fast")
     with pytest.raises(ValueError, match="trace: needs 'arrival'"):
         twin.replay({"arrival": np.zeros(3)}, "pi(1)")
+
+
+def test_one_stage_priority_levels_match_the_simulator_and_mlps() -> None:
+    """The twin's CPU-priority lever on one H2 stage under passthrough (π(∞)): E[W] of the
+    exact MLPS analysis (strict priority) and of the simulator (kernel weight 3/1024) agree
+    with the twin's within the CIs."""
+    from overtake.mdp.priority import age_priority, mlps_mean
+    from overtake.mdp.simulate import simulate
+
+    h2 = Stage("a", np.array([0.91, 0.09]), np.diag([-1 / 0.55, -1 / 5.45]))
+    model = TandemModel(arrival_rate=0.6 / h2.mean(), stages=(h2,))
+    rng = np.random.default_rng(5)
+    n = 150_000
+    ph = (rng.random(n) >= 0.91).astype(np.int64)
+    tr = {"arrival": np.cumsum(rng.exponential(1 / model.arrival_rate, n)),
+          "demand0": rng.exponential(np.where(ph == 1, 5.45, 0.55)), "phase0": ph}
+    strict = age_priority(model, [1.8], weights=[1.0, 1e-9])
+    m, ci = _mean_ci(twin.replay(tr, "passthrough", cpu_priority=strict), batches=30)
+    exact = mlps_mean(h2, model.arrival_rate, [1.8])
+    assert abs(m - exact) <= 1.5 * ci, (m, ci, exact)
+    kernel = age_priority(model, [1.8])  # default demoted weight: SCHED_IDLE's 3/1024
+    m, ci = _mean_ci(twin.replay(tr, "passthrough", cpu_priority=kernel), batches=30)
+    sim = simulate(model, "pi(inf)", requests=1_000_000, seed=8, cpu_priority=kernel)
+    assert abs(m - sim.mean_response_time) <= 1.5 * math.hypot(ci, sim.ci95), (m, ci, sim.mean_response_time)
+    plain = twin.replay(tr, "passthrough")  # no lever: the equal-sharing path, untouched
+    assert abs(_mean_ci(plain, batches=30)[0] - h2.mean() / 0.4) <= 1.5 * _mean_ci(plain, batches=30)[1]

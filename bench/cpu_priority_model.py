@@ -1,0 +1,209 @@
+"""The CPU-priority lever in the model: thresholds chosen by exact analysis and by simulation, Table 1.
+
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/cpu_priority_model.py [--cases 2,3,4,6,7,8,10,11,12]
+        [--requests 1000000] [--seeds 2] [--search-requests 300000] [--weight idle]
+        [--spawn-cases 4,8,12] [--json] [--no-write]
+
+Per Table 1 case (π(∞): every request gets a thread at once, as Apache's default does):
+
+* ``ps``: E[W] under plain PS, exact ((E S1 + E S2)/(1 − ρ)) and simulated;
+* ``visit``: per-stage age thresholds chosen by the exact analysis of the *visit model* (the stage
+  visits as Poisson classes of one M/G/1, strict priority; :func:`overtake.mdp.priority.
+  choose_tandem_thresholds`), its predicted E[W], and the simulated E[W] at those thresholds with
+  strict priority (the model's own assumption) and with the kernel's weight (``--weight``);
+* ``search``: per-stage thresholds chosen by simulation — coordinate search over {¼, ½, 1, 2, 4, 8}
+  × the stage mean and ∞ (never demote) from the better of PS and the visit choice, common random
+  numbers, ``--search-requests`` per point — then measured on ``--seeds`` fresh seeds;
+* ``class``: known-phase short-first (start level by start phase), visit model (strict) and
+  simulated at the kernel weight.
+
+``--spawn-cases``: π* (full phase information) alone against π* with short-first CPU classes,
+simulated (issue 20's "short-first priority plus π*'s spawn rules").
+
+Pooled over seeds: the mean of the seed means and the half-width sqrt(Σ h²)/k. The raw run is
+appended to bench/results/cpu_priority_model.jsonl unless ``--no-write``; BENCHMARKS.md is not
+touched (its section is curated by hand from this output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _report import machine
+
+from overtake.api.commands._scenario import load_scenario
+from overtake.mdp.priority import (
+    CpuPriority,
+    age_priority,
+    choose_tandem_thresholds,
+    class_priority,
+    level_weights,
+    tandem_model_mean,
+)
+from overtake.mdp.simulate import simulate
+
+STRICT = 1e-9
+MULTS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+
+
+def pooled(model: Any, policy: Any, lever: CpuPriority | None, requests: int, seeds: list[int]) -> dict[str, float]:
+    runs = [simulate(model, policy, requests=requests, seed=s, cpu_priority=lever) for s in seeds]
+    k = len(runs)
+    return {"mean": sum(r.mean_response_time for r in runs) / k,
+            "ci95": math.sqrt(sum(r.ci95**2 for r in runs)) / k,
+            "seconds": sum(r.seconds for r in runs)}
+
+
+def fmt(d: dict[str, float]) -> str:
+    return f"{d['mean']:.3f} ± {d['ci95']:.3f}"
+
+
+def search(model: Any, w: float, requests: int, seed: int, start: tuple[float, ...],
+           log: Any) -> tuple[tuple[tuple[float], ...], float, int]:
+    """Coordinate search of per-stage thresholds by simulation (common random numbers), from the
+    better of PS (∞ everywhere) and the visit model's choice ``start``."""
+    N = model.n_stages
+    grid = [[m * s.mean() for m in MULTS] + [math.inf] for s in model.stages]
+    cache: dict[tuple[float, ...], float] = {}
+
+    def ev(th: tuple[float, ...]) -> float:
+        if th not in cache:
+            lever = age_priority(model, [[x] for x in th], weights=[1.0, w])
+            cache[th] = simulate(model, "pi(inf)", requests=requests, seed=seed, cpu_priority=lever).mean_response_time
+        return cache[th]
+
+    cur = tuple([math.inf] * N)
+    best = ev(cur)
+    if ev(start) < best:
+        cur, best = start, ev(start)
+    for sweep in range(2):
+        moved = False
+        for i in (list(range(N)) if sweep % 2 == 0 else list(range(N - 1, -1, -1))):
+            for x in grid[i]:
+                cand = cur[:i] + (x,) + cur[i + 1:]
+                v = ev(cand)
+                if v < best - 1e-12:
+                    best, cur, moved = v, cand, True
+        log(f"    sweep {sweep}: {cur} -> {best:.4f} ({len(cache)} points)")
+        if not moved:
+            break
+    return tuple((x,) for x in cur), best, len(cache)
+
+
+def run_case(c: int, args: argparse.Namespace, w: float, log: Any) -> dict[str, Any]:
+    _sc, model = load_scenario(ROOT / "examples" / "table1" / f"case{c:02d}.yaml")
+    seeds = [1000 * c + k for k in range(args.seeds)]
+    out: dict[str, Any] = {"case": c, "stages": [s.name for s in model.stages],
+                           "stage_means": [s.mean() for s in model.stages], "load": model.load}
+    t0 = time.perf_counter()
+    out["ps"] = {"exact": tandem_model_mean(model), "sim": pooled(model, "pi(inf)", None, args.requests, seeds)}
+    ch = choose_tandem_thresholds(model, weights=[1.0, w])
+    th = [list(r) for r in ch.priority.thresholds]
+    out["visit"] = {
+        "thresholds": th, "model_strict": ch.mean_response_time, "evaluations": ch.evaluations,
+        "sim_strict": pooled(model, "pi(inf)", age_priority(model, th, weights=[1.0, STRICT]), args.requests, seeds),
+        "sim_weight": pooled(model, "pi(inf)", age_priority(model, th, weights=[1.0, w]), args.requests, seeds),
+    }
+    log(f"  case {c}: PS {out['ps']['exact']:.3f} (sim {fmt(out['ps']['sim'])}); visit model {th} -> "
+        f"{ch.mean_response_time:.3f}, sim strict {fmt(out['visit']['sim_strict'])}, "
+        f"w {fmt(out['visit']['sim_weight'])}")
+    sth, sval, npts = search(model, w, args.search_requests, 7 + c, tuple(r[0] for r in th), log)
+    lever = age_priority(model, [list(r) for r in sth], weights=[1.0, w])
+    try:
+        smodel: float | None = tandem_model_mean(model, age_priority(model, [list(r) for r in sth],
+                                                                      weights=[1.0, STRICT]))
+    except Exception:  # noqa: BLE001 - a lever the visit model cannot evaluate
+        smodel = None
+    out["search"] = {"thresholds": [list(r) for r in sth], "search_mean": sval, "points": npts,
+                     "model_strict": smodel, "sim_weight": pooled(model, "pi(inf)", lever, args.requests, seeds)}
+    log(f"  case {c}: search {out['search']['thresholds']} -> {fmt(out['search']['sim_weight'])} "
+        f"(visit model {smodel if smodel is None else round(smodel, 3)})")
+    if any(s.phases > 1 for s in model.stages):
+        cl = class_priority(model, weights=[1.0, w])
+        out["class"] = {"start_levels": [list(r) for r in cl.start_levels or ()],
+                        "model_strict": tandem_model_mean(model, class_priority(model, weights=[1.0, STRICT])),
+                        "sim_weight": pooled(model, "pi(inf)", cl, args.requests, seeds)}
+        log(f"  case {c}: class (short-first) model {out['class']['model_strict']:.3f}, "
+            f"sim {fmt(out['class']['sim_weight'])}")
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def spawn_case(c: int, args: argparse.Namespace, w: float, log: Any) -> dict[str, Any]:
+    from overtake.mdp.truncation import solve_optimal
+
+    sc, model = load_scenario(ROOT / "examples" / "table1" / f"case{c:02d}.yaml")
+    t0 = time.perf_counter()
+    opt = solve_optimal(model, truncation=sc.fixed_truncation(), tol=args.tol)
+    solve_s = time.perf_counter() - t0
+    seeds = [5000 + 1000 * c + k for k in range(args.seeds)]
+    cl = class_priority(model, weights=[1.0, w])
+    out = {"case": c, "exact_pi_star": opt.metrics.mean_response_time, "solve_seconds": solve_s,
+           "pi_star": pooled(model, opt.policy, None, args.requests, seeds),
+           "pi_star_class": pooled(model, opt.policy, cl, args.requests, seeds),
+           "pi_inf_class": pooled(model, "pi(inf)", cl, args.requests, seeds)}
+    log(f"  spawn case {c}: pi* {fmt(out['pi_star'])}, pi*+class {fmt(out['pi_star_class'])}, "
+        f"pi(inf)+class {fmt(out['pi_inf_class'])}")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--cases", default="2,3,4,6,7,8,10,11,12")
+    ap.add_argument("--requests", type=int, default=1_000_000, help="measured requests per seed per figure")
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--search-requests", type=int, default=500_000)
+    ap.add_argument("--weight", default="idle", help="weight of the demoted level: a number, niceN or idle "
+                    "(default idle = 3/1024, the kernel's table; nice19 = 15/1024)")
+    ap.add_argument("--spawn-cases", default="", help="cases for pi* with and without short-first classes")
+    ap.add_argument("--tol", type=float, default=1e-3, help="pi* solver tolerance (--spawn-cases)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    w = level_weights(f"1,{args.weight}" if not args.weight.startswith("nice") and args.weight != "idle"
+                      else f"nice0,{args.weight}")[1]
+
+    def log(s: str) -> None:
+        print(s, file=sys.stderr, flush=True)
+
+    t0 = time.perf_counter()
+    doc: dict[str, Any] = {"bench": "cpu_priority_model", "date": dt.datetime.now().isoformat(timespec="seconds"),
+                           "machine": machine(), "weight": w, "requests": args.requests, "seeds": args.seeds,
+                           "search_requests": args.search_requests, "cases": [], "spawn": []}
+    log(f"cpu priority model bench, demoted weight {w:.5g}, {machine()}")
+    simulate(load_scenario(ROOT / "examples" / "table1" / "case01.yaml")[1], "pi(inf)", requests=1000)  # numba
+    for c in [int(x) for x in args.cases.split(",") if x]:
+        doc["cases"].append(run_case(c, args, w, log))
+    for c in [int(x) for x in args.spawn_cases.split(",") if x]:
+        doc["spawn"].append(spawn_case(c, args, w, log))
+    doc["seconds"] = time.perf_counter() - t0
+    if not args.no_write:
+        path = ROOT / "bench" / "results" / "cpu_priority_model.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as f:
+            f.write(json.dumps(doc) + "\n")
+    if args.json:
+        print(json.dumps(doc, indent=1))
+    else:
+        print("| case | PS exact | visit thresholds | visit model (strict) | sim strict | sim w | "
+              "search thresholds | sim w | short-first model | sim w |")
+        for d in doc["cases"]:
+            v, s, cl = d["visit"], d["search"], d.get("class")
+            th = lambda t: "; ".join(",".join("inf" if math.isinf(x) else f"{x:.3g}" for x in r) for r in t)
+            print(f"| {d['case']} | {d['ps']['exact']:.3f} | {th(v['thresholds'])} | {v['model_strict']:.3f} | "
+                  f"{fmt(v['sim_strict'])} | {fmt(v['sim_weight'])} | {th(s['thresholds'])} | {fmt(s['sim_weight'])} | "
+                  + (f"{cl['model_strict']:.3f} | {fmt(cl['sim_weight'])} |" if cl else "- | - |"))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
