@@ -202,7 +202,7 @@ def test_one_thread_at_a_time_is_untouched_by_levels() -> None:
     assert lv.mean_response_time == pytest.approx(plain.mean_response_time, rel=1e-9)
 
 
-def _route_ctmc(lam: float, mu1: float, mu2: float, w: float, cap: int = 400) -> float:
+def _route_ctmc(lam: float, mu1: float, mu2: float, w: float, cap: int = 250) -> float:
     """E[W] of the two-stage exponential tandem under π(∞) with stage-1 threads at weight 1 and
     stage-2 threads at weight w: a CTMC on (n1, n2), solved on n1 + n2 <= cap."""
     import scipy.sparse as sp
