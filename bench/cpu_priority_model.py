@@ -17,6 +17,10 @@ Per Table 1 case (π(∞): every request gets a thread at once, as Apache's defa
 * ``class``: known-phase short-first (start level by start phase), visit model (strict) and
   simulated at the kernel weight.
 
+``--mg1``: issue 20's single-M/G/1 table (Table 1's H2 alone at ρ = 0.6): PS, FB (LAS), the best
+two-level age priority and known-phase short-first, each exact (closed form, MLPS analysis, DPS at
+finite weights) and simulated (FB as 40 levels of width 0.25).
+
 ``--spawn-cases``: π* (full phase information) alone against π* with short-first CPU classes,
 simulated (issue 20's "short-first priority plus π*'s spawn rules").
 
@@ -36,13 +40,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import machine
 
 from overtake.api.commands._scenario import load_scenario
 from overtake.mdp.priority import (
+    NICE19_WEIGHT,
     CpuPriority,
+    choose_thresholds,
+    dps_means,
+    fb_mean,
+    mlps_mean,
     age_priority,
     choose_tandem_thresholds,
     class_priority,
@@ -156,6 +167,39 @@ def spawn_case(c: int, args: argparse.Namespace, w: float, log: Any) -> dict[str
     return out
 
 
+def mg1_table(args: argparse.Namespace, w: float, log: Any) -> dict[str, Any]:
+    """Issue 20's table: one M/G/1 with Table 1's H2 at ρ = 0.6, exact and simulated."""
+    from overtake.mdp.model import Stage, TandemModel
+
+    h2 = Stage("h2", np.array([0.91, 0.09]), np.diag([-1 / 0.55, -1 / 5.45]))
+    model = TandemModel(0.6 / h2.mean(), (h2,))
+    lam = model.arrival_rate
+    seeds = [90 + k for k in range(args.seeds)]
+    ch = choose_thresholds(h2, lam)
+    a = list(ch.thresholds)
+    thin = [0.25 * k for k in range(1, 41)]
+    rows: dict[str, Any] = {"threshold": a[0]}
+
+    def dps(g: float) -> float:
+        t = dps_means([lam * 0.91, lam * 0.09], [1 / 0.55, 1 / 5.45], [1.0, g])
+        return float(0.91 * t[0] + 0.09 * t[1])
+
+    spec = [("PS", ch.ps, None),
+            ("LAS (FB); sim: 40 levels of 0.25", fb_mean(h2, lam),
+             age_priority(model, thin, weights=[1e-6**k for k in range(41)])),
+            ("two-level age, strict", ch.mean_response_time, age_priority(model, a, weights=[1.0, STRICT])),
+            ("two-level age, SCHED_IDLE 3/1024", None, age_priority(model, a, weights=[1.0, w])),
+            ("two-level age, nice 19 15/1024", None, age_priority(model, a, weights=[1.0, NICE19_WEIGHT])),
+            ("short-first, strict", dps(STRICT), class_priority(model, weights=[1.0, STRICT])),
+            ("short-first, SCHED_IDLE 3/1024", dps(w), class_priority(model, weights=[1.0, w])),
+            ("short-first, nice 19 15/1024", dps(NICE19_WEIGHT), class_priority(model, weights=[1.0, NICE19_WEIGHT]))]
+    for name, exact, lever in spec:
+        rows[name] = {"exact": exact, "sim": pooled(model, "pi(inf)", lever, args.mg1_requests, seeds)}
+        log(f"  M/G/1 {name}: exact {exact if exact is None else round(exact, 4)}, sim {fmt(rows[name]['sim'])}")
+    rows["thin_levels_exact"] = mlps_mean(h2, lam, thin)
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", default="2,3,4,6,7,8,10,11,12")
@@ -165,6 +209,8 @@ def main() -> int:
     ap.add_argument("--weight", default="idle", help="weight of the demoted level: a number, niceN or idle "
                     "(default idle = 3/1024, the kernel's table; nice19 = 15/1024)")
     ap.add_argument("--spawn-cases", default="", help="cases for pi* with and without short-first classes")
+    ap.add_argument("--mg1", action="store_true", help="issue 20's single-M/G/1 table")
+    ap.add_argument("--mg1-requests", type=int, default=2_000_000)
     ap.add_argument("--tol", type=float, default=1e-3, help="pi* solver tolerance (--spawn-cases)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--no-write", action="store_true")
@@ -183,6 +229,8 @@ def main() -> int:
     simulate(load_scenario(ROOT / "examples" / "table1" / "case01.yaml")[1], "pi(inf)", requests=1000)  # numba
     for c in [int(x) for x in args.cases.split(",") if x]:
         doc["cases"].append(run_case(c, args, w, log))
+    if args.mg1:
+        doc["mg1"] = mg1_table(args, w, log)
     for c in [int(x) for x in args.spawn_cases.split(",") if x]:
         doc["spawn"].append(spawn_case(c, args, w, log))
     doc["seconds"] = time.perf_counter() - t0

@@ -640,18 +640,18 @@ def mlps_response(ph: PHInput, arrival_rate: float, thresholds: Sequence[float],
     xs = np.atleast_1d(np.asarray(x, dtype=float))
     out = np.empty(xs.size)
     edges = (0.0,) + th + (math.inf,)
-    for k, xi in enumerate(xs):
-        lvl = int(np.searchsorted(np.asarray(th), xi, side="left"))
-        if lvl == 0:
-            rb = arrival_rate * p.trunc(edges[1])[0]
-            out[k] = xi / (1.0 - rb)
+    lvl_of = np.searchsorted(np.asarray(th), xs, side="left")  # level of a job of size x
+    for lvl in range(len(edges) - 1):
+        sel = lvl_of == lvl
+        if not np.any(sel):
             continue
-        piece = [pc for pc in pieces[0] if pc[0] == lvl]
-        _, TA, h, f = piece[0]
+        if lvl == 0:
+            out[sel] = xs[sel] / (1.0 - arrival_rate * p.trunc(edges[1])[0])
+            continue
+        _, TA, h, f = next(pc for pc in pieces[0] if pc[0] == lvl)
         F = np.concatenate([[0.0], np.cumsum(0.5 * h * (f[1:] + f[:-1]))])
-        tau = xi - edges[lvl]
-        Fv = float(np.interp(tau, np.arange(f.size) * h, F))
-        out[k] = TA + Fv / (1.0 - rho_a[lvl - 1])
+        Fv = np.interp(xs[sel] - edges[lvl], np.arange(f.size) * h, F)
+        out[sel] = TA + Fv / (1.0 - rho_a[lvl - 1])
     return out
 
 

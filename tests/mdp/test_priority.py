@@ -202,7 +202,7 @@ def test_one_thread_at_a_time_is_untouched_by_levels() -> None:
     assert lv.mean_response_time == pytest.approx(plain.mean_response_time, rel=1e-9)
 
 
-def _route_ctmc(lam: float, mu1: float, mu2: float, w: float, cap: int = 400) -> float:
+def _route_ctmc(lam: float, mu1: float, mu2: float, w: float, cap: int = 250) -> float:
     """E[W] of the two-stage exponential tandem under π(∞) with stage-1 threads at weight 1 and
     stage-2 threads at weight w: a CTMC on (n1, n2), solved on n1 + n2 <= cap."""
     import scipy.sparse as sp
@@ -303,3 +303,18 @@ def test_cli_simulate_cpu_priority(tmp_path, capsys) -> None:  # type: ignore[no
     assert "increasing" in capsys.readouterr().err
     assert main(["simulate", str(sc), "--policy", "pi(inf)", "--thresholds", "1", "--requests", "3000"]) == 2
     assert "--cpu-priority" in capsys.readouterr().err
+
+
+def test_simulator_levels_with_given_work(h2) -> None:  # type: ignore[no-untyped-def]
+    """Non-PH service (work drawn outside the model from the same H2 law): demotions shift the
+    request's stretched phase path to the new level's clock; E[W] is still the MLPS one."""
+    class H2:
+        name = "H2 sampler"
+
+        def rvs(self, size: int, random_state: np.random.Generator) -> np.ndarray:
+            long = random_state.random(size) >= 0.91
+            return random_state.exponential(np.where(long, 5.45, 0.55))
+
+    pr = age_priority(h2, [1.8], weights=[1.0, STRICT])
+    res = simulate(h2, "pi(inf)", requests=1_000_000, seed=71, service=[H2()], cpu_priority=pr)
+    assert inside(res, mlps_mean(h2.stages[0], h2.arrival_rate, [1.8]))
