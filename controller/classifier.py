@@ -23,7 +23,7 @@ import math
 from collections import OrderedDict, deque
 
 import numpy as np
-from scipy.linalg import expm  # type: ignore[import-untyped]  # no stubs installed
+from scipy.linalg import expm
 
 from overtake.controller.policies import SpawnPolicy
 from overtake.controller.stages import ClassifierSettings

@@ -159,7 +159,11 @@ class ClientConnection:
                         raise
                 except _TooLarge as exc:
                     if exc.status == 431:
-                        self.error = (431, "header_too_large", f"request header block larger than {limits.max_header_bytes} bytes")
+                        self.error = (
+                            431,
+                            "header_too_large",
+                            f"request header block larger than {limits.max_header_bytes} bytes",
+                        )
                     else:
                         self.error = (413, "body_too_large", f"request body larger than {limits.max_body_bytes} bytes")
                     break
