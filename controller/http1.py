@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import httptools
 
+from overtake.controller.errors import ControllerError
 from overtake.controller.stages import Limits
 from overtake.controller.upstream import UpstreamResponse
 
@@ -53,7 +54,7 @@ class Request:
         self.expect = False
 
 
-class _TooLarge(Exception):
+class _TooLarge(ControllerError):
     def __init__(self, status: int) -> None:
         self.status = status
 
