@@ -24,12 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-
 from overtake.mdp.heuristic import overtaking_heuristic
 from overtake.mdp.model import Stage, TandemModel
 from overtake.mdp.statespace import Layout, Truncation
 from overtake.mdp.truncation import evaluate_baseline, evaluate_rule, solve_optimal
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def h2(name: str) -> Stage:
