@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 WARM    := $(VENV)/.kernels
 export OPENBLAS_NUM_THREADS ?= 1
 
-.PHONY: demo test venv clean
+.PHONY: demo test lint typecheck venv clean
 
 $(STAMP): setup.cfg pyproject.toml
 	sh apache-conf/install-debian-packages.sh  # python3-venv first on a fresh Debian
@@ -28,9 +28,20 @@ demo: $(WARM)
 	sh apache-conf/install-debian-packages.sh
 	bash examples/demo/run.sh
 
-test: $(WARM)
+test: $(WARM) lint typecheck
 	sh apache-conf/install-debian-packages.sh
 	$(BIN)/python -m pytest -q
 
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+# mypy cannot follow setup.cfg's package_dir, so it reads a tree of links with the installed names.
+TYPECHECK := build/typecheck
+typecheck: $(STAMP)
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/overtake
+	for f in overtake/*.py; do ln -s ../../../$$f $(TYPECHECK)/$$f; done
+	for p in fitting mdp controller api; do ln -s ../../../$$p $(TYPECHECK)/overtake/$$p; done
+	cd $(TYPECHECK) && $(abspath $(BIN))/mypy --config-file $(abspath setup.cfg) -p overtake
+
 clean:
-	rm -rf $(VENV) demo-out
+	rm -rf $(VENV) demo-out build

@@ -118,7 +118,7 @@ async def _starlette_error(request: Request, exc: StarletteHTTPException) -> JSO
 def _mount_docs(app: FastAPI) -> None:
     """Swagger UI at ``/docs`` from the ``swagger-ui-bundle-v2`` wheel (FastAPI's default loads a CDN)."""
     from fastapi.openapi.docs import get_swagger_ui_html
-    from swagger_ui_bundle import swagger_ui_path  # type: ignore[import-untyped]
+    from swagger_ui_bundle import swagger_ui_path
 
     app.mount("/docs-static", StaticFiles(directory=str(swagger_ui_path)), name="docs-static")
 

@@ -34,7 +34,7 @@ def progress_bar(desc: str, *, steps: Sequence[str] | None = None, quiet: bool =
     if quiet or not is_terminal(out):
         yield None
         return
-    from tqdm import tqdm  # type: ignore[import-untyped]
+    from tqdm import tqdm
 
     prefixes = list(steps or ())
     bar = tqdm(total=len(prefixes) or None, desc=desc, file=out, unit="step" if prefixes else "line",

@@ -414,7 +414,7 @@ def main() -> int:
             for c in cases:
                 t_case = time.time()
                 results[str(c)] = run_case(c, args, inst, tmp, client_core)
-                run = {"command": command, "date": f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC",
+                run = {"command": command, "date": f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC",
                        "node": os.uname().nodename, "cores": os.cpu_count(), "load_before": load_before,
                        "load_after": os.getloadavg()[0], "foreign_apache": foreign, "halt_poll_ns": hp,
                        "overhead_s": args.overhead_s, "seconds": time.time() - started,

@@ -187,7 +187,7 @@ def main() -> int:
         return 0
     rounds = out["decision_ms"]
     med99 = statistics.median(r["p99"] for r in rounds)
-    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "## api: REST API latency (decision endpoint, responsiveness during a solve)",
         "",

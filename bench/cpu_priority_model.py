@@ -41,26 +41,25 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import machine
 
-from overtake.api.commands._scenario import load_scenario
+from overtake.api.scenario import load_scenario
 from overtake.mdp.priority import (
     NICE19_WEIGHT,
     CpuPriority,
-    choose_thresholds,
-    dps_means,
-    fb_mean,
-    mlps_mean,
     age_priority,
     choose_tandem_thresholds,
+    choose_thresholds,
     class_priority,
+    dps_means,
+    fb_mean,
     level_weights,
+    mlps_mean,
     tandem_model_mean,
 )
 from overtake.mdp.simulate import simulate
+
+ROOT = Path(__file__).resolve().parents[1]
 
 STRICT = 1e-9
 MULTS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
@@ -246,7 +245,10 @@ def main() -> int:
               "search thresholds | sim w | short-first model | sim w |")
         for d in doc["cases"]:
             v, s, cl = d["visit"], d["search"], d.get("class")
-            th = lambda t: "; ".join(",".join("inf" if math.isinf(x) else f"{x:.3g}" for x in r) for r in t)
+
+            def th(t: Any) -> str:
+                return "; ".join(",".join("inf" if math.isinf(x) else f"{x:.3g}" for x in r) for r in t)
+
             print(f"| {d['case']} | {d['ps']['exact']:.3f} | {th(v['thresholds'])} | {v['model_strict']:.3f} | "
                   f"{fmt(v['sim_strict'])} | {fmt(v['sim_weight'])} | {th(s['thresholds'])} | {fmt(s['sim_weight'])} | "
                   + (f"{cl['model_strict']:.3f} | {fmt(cl['sim_weight'])} |" if cl else "- | - |"))

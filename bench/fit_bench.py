@@ -228,7 +228,7 @@ def bobbio_telek(orders: tuple[int, ...], n_points: int) -> list[tuple[str, int,
         x = x[x > 0]
         upper = float(t["ppf"](1 - 1e-9))  # type: ignore[operator]
         for p in orders:
-            res, sec = cpu(lambda p=p: fit(x, order=p, structure="cf1", random_state=0))
+            res, sec = cpu(lambda p=p, x=x: fit(x, order=p, structure="cf1", random_state=0))
             lower = 1e-6 if name in ("L1", "W2") else None
             m = distance_to_density(res.ph, t["pdf"], t["cdf"], tuple(t["m"]), upper * 1.2, lower=lower)  # type: ignore[arg-type]
             rows.append((name, p, m, sec, res.loglik / x.size))
@@ -251,10 +251,14 @@ def main() -> int:
 
     lines: list[str] = []
     w = lines.append
-    w(f"## fitting/ — phase-type EM (issue 3)\n")
+    w("## fitting/ — phase-type EM (issue 3)\n")
     w(f"- Date: {datetime.date.today().isoformat()}; machine: {machine()}; load at start: {os.getloadavg()[0]:.2f}")
-    w(f"- Command: `{cmd}`; CPU time = `time.process_time()` of one call after a JIT warm-up ({jit:.2f} s, mostly loading numba's cache).")
-    w(f"- Data: 10,000 Lognormal(0,1) samples, `numpy.random.default_rng(20240601)`; log-likelihood under the true density {true_ll:.2f}.\n")
+    w(
+        f"- Command: `{cmd}`; CPU time = `time.process_time()` of one call after a JIT warm-up ({jit:.2f} s, mostly loading numba's cache)."
+    )
+    w(
+        f"- Data: 10,000 Lognormal(0,1) samples, `numpy.random.default_rng(20240601)`; log-likelihood under the true density {true_ll:.2f}.\n"
+    )
     w("| model | ours: log-lik | ours: CPU s | E-steps (final run) | converged | peer | peer log-lik | peer CPU s "
       "| CPU ratio ours/peer | ΔLL ours − peer | target |")
     w("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -297,7 +301,9 @@ def main() -> int:
     peer4 = gfit(x, 4)
     p4 = (f"G-FIT `PHFromTrace(x, 4)` | {peer4[0]:.2f} | {peer4[1]:.2f} | {ratios(rh4.loglik, th4, peer4[0], peer4[1])} "
           if not isinstance(peer4, str) else f"{peer4} | – | – | – | – ")
-    w(f"| hyper-Erlang(4), shapes {list(rh4.shapes or ())} | {rh4.loglik:.2f} | {th4:.2f} | {rh4.n_iter} | {rh4.converged} | {p4}| – |")
+    w(
+        f"| hyper-Erlang(4), shapes {list(rh4.shapes or ())} | {rh4.loglik:.2f} | {th4:.2f} | {rh4.n_iter} | {rh4.converged} | {p4}| – |"
+    )
     rg, tg = ours("general(4)", order=4, structure="general", random_state=0)
     w(f"| general PH(4) | {rg.loglik:.2f} | {tg:.2f} | {rg.n_iter} | {rg.converged} | mapfit ph(4) (notes' figure, not re-run) "
       f"| −14147.59 | 18.2 | – | – | – |")
@@ -327,7 +333,7 @@ def main() -> int:
           f"E-step column counts only the final full-data iterations.")
     w("")
     n_pts = 1000 if args.quick else 2000
-    w(f"### Bobbio–Telek benchmark (CF1 fits at orders 2, 4, 8)\n")
+    w("### Bobbio–Telek benchmark (CF1 fits at orders 2, 4, 8)\n")
     w(f"Parameters as listed in the notes (from memory there, not checked against the 1994 paper's Table 1): "
       f"W1 Weibull(η=1, β=1.5), W2 Weibull(η=1, β=0.5), L1/L2/L3 lognormal with median φ=1 "
       f"(ln(t/φ) ~ N(0, σ²)), σ = 1.8 / 0.8 / 0.2, U1 = U(0,1), U2 = U(1,2), SE = ½Exp(1) + ½(1+Exp(1)), "

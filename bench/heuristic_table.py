@@ -109,7 +109,7 @@ def lookahead_only(args: argparse.Namespace) -> int:
     block = "\n".join([
         LOOKAHEAD_HEAD,
         "",
-        f"Command: `{cmd}` ({dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {git_rev()}). The wait "
+        f"Command: `{cmd}` ({dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, commit {git_rev()}). The wait "
         "alternative of the pairwise test becomes an optimal-stopping value: x may be started at any later phase "
         "change of the active thread a, when its new phase is known (`mdp/heuristic.py`, `wait_costs`). Exact E[W] "
         f"as above. Worst gap to π*: {100 * (worst[1]['w'] / worst[1]['star'] - 1):+.2f}% (case {worst[0]}).",
@@ -225,44 +225,50 @@ def main() -> int:
         log(t45[-1])
 
     cmd = "OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/heuristic_table.py " + " ".join(sys.argv[1:])
-    text = "\n".join([
-        "## Overtaking heuristic (mdp/heuristic.py) vs π* and baselines",
-        "",
-        f"Date {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {git_rev()}; machine: {machine()}.",
-        f"Command: `{cmd}`.",
-        "",
-        "Rule (Theorem 3.1 made concrete, no value iteration): start a waiting request x next to the active set A "
-        "iff Σ_a (2·E min(R_x, R_a) − E R_a) < 0, R = remaining work to departure (a PH through the remaining "
-        "stages); candidates cheapest E R first, the first one always when no thread is active. 'literal' = start "
-        f"x iff E R_x < E R_a for some active a at a stage ≥ x's (simulated, {args.requests:,} requests: its exact chain is too large). E[W] exact (chain of the rule, auto-truncation "
-        f"tolerance {args.tol}); π* = `overtake compare` at tolerance 'π* tol' (cached policy files).",
-        "",
-        f"### Table 1: worst heuristic gap to π* = {100 * worst[0]:+.2f}% (case {worst[1]}); target ≤ 2%",
-        "",
-        "| case | π* tol | π* E[W] | heuristic E[W] | gap % | literal E[W] (simulated) | literal gap % | gain of π* / heuristic over π(1) % | over π(∞) % | heuristic threads | heuristic eval s | π* solve+compare s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-        *t1,
-        *([f"\nNot run: case(s) {', '.join(map(str, skipped))} — π* was not solved within the session."] if skipped else []),
-        "",
-        f"### N = 3 (ρ = 0.6), value iteration still fits (auto-truncation tolerance {args.n3_tol})",
-        "",
-        f"π* exact (its auto-truncated chain) and simulated (the same policy file); the heuristic simulated only — its "
-        f"exact chain exceeded 5·10^6 states at C = 30 on H2 → exp(1) → H2 (5 coordinates). {args.n3_requests:,} measured requests per "
-        "simulation; gap = sim heuristic / sim π* − 1 with its 95% half-width; gains over the exact π(1), π(∞).",
-        "",
-        "| stages | π* E[W] exact | π* simulated | heuristic simulated | gap % | gain over π(1) %: π* / heuristic | over π(∞) % | π* states (C / K) | π* s |",
-        "|---|---|---|---|---|---|---|---|---|",
-        *(t3 or ["| (not run: --skip-n3) | | | | | | | | |"]),
-        "",
-        f"### N = 4–5 (ρ = 0.6) by simulation, {args.requests:,} measured requests per run",
-        "",
-        "MDP states at the smallest useful truncation (C = 20 requests, 4 threads) shown to say why π* is out of reach. "
-        "Gains = E W(baseline)/E W(heuristic) − 1.",
-        "",
-        "| stages | phases D | MDP states (20 / 4) | heuristic E[W] | π(1) | π(4) | π(∞) | gain over π(1) / π(4) / π(∞) % | p99 heuristic / π(∞) | heuristic threads | build ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-        *t45,
-    ])
+    text = "\n".join(
+        [
+            "## Overtaking heuristic (mdp/heuristic.py) vs π* and baselines",
+            "",
+            f"Date {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, commit {git_rev()}; machine: {machine()}.",
+            f"Command: `{cmd}`.",
+            "",
+            "Rule (Theorem 3.1 made concrete, no value iteration): start a waiting request x next to the active set A "
+            "iff Σ_a (2·E min(R_x, R_a) − E R_a) < 0, R = remaining work to departure (a PH through the remaining "
+            "stages); candidates cheapest E R first, the first one always when no thread is active. 'literal' = start "
+            f"x iff E R_x < E R_a for some active a at a stage ≥ x's (simulated, {args.requests:,} requests: its exact chain is too large). E[W] exact (chain of the rule, auto-truncation "
+            f"tolerance {args.tol}); π* = `overtake compare` at tolerance 'π* tol' (cached policy files).",
+            "",
+            f"### Table 1: worst heuristic gap to π* = {100 * worst[0]:+.2f}% (case {worst[1]}); target ≤ 2%",
+            "",
+            "| case | π* tol | π* E[W] | heuristic E[W] | gap % | literal E[W] (simulated) | literal gap % | gain of π* / heuristic over π(1) % | over π(∞) % | heuristic threads | heuristic eval s | π* solve+compare s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            *t1,
+            *(
+                [f"\nNot run: case(s) {', '.join(map(str, skipped))} — π* was not solved within the session."]
+                if skipped
+                else []
+            ),
+            "",
+            f"### N = 3 (ρ = 0.6), value iteration still fits (auto-truncation tolerance {args.n3_tol})",
+            "",
+            f"π* exact (its auto-truncated chain) and simulated (the same policy file); the heuristic simulated only — its "
+            f"exact chain exceeded 5·10^6 states at C = 30 on H2 → exp(1) → H2 (5 coordinates). {args.n3_requests:,} measured requests per "
+            "simulation; gap = sim heuristic / sim π* − 1 with its 95% half-width; gains over the exact π(1), π(∞).",
+            "",
+            "| stages | π* E[W] exact | π* simulated | heuristic simulated | gap % | gain over π(1) %: π* / heuristic | over π(∞) % | π* states (C / K) | π* s |",
+            "|---|---|---|---|---|---|---|---|---|",
+            *(t3 or ["| (not run: --skip-n3) | | | | | | | | |"]),
+            "",
+            f"### N = 4–5 (ρ = 0.6) by simulation, {args.requests:,} measured requests per run",
+            "",
+            "MDP states at the smallest useful truncation (C = 20 requests, 4 threads) shown to say why π* is out of reach. "
+            "Gains = E W(baseline)/E W(heuristic) − 1.",
+            "",
+            "| stages | phases D | MDP states (20 / 4) | heuristic E[W] | π(1) | π(4) | π(∞) | gain over π(1) / π(4) / π(∞) % | p99 heuristic / π(∞) | heuristic threads | build ms |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+            *t45,
+        ]
+    )
     if not args.no_write:
         write_section("heuristic", text)
     return 0

@@ -47,11 +47,22 @@ def one(C: int, K: int) -> dict:
     lp_cpu = time.process_time() - c0
     exact = float(lp.stationary @ cost_rate(space))
     return {
-        "C": C, "K": K, "states": space.size, "variables": lp.variables, "rows": lp.info["rows"],
-        "rvi_g": rvi.gain, "rvi_seconds": t_rvi, "rvi_sweeps": rvi.n_iter,
-        "lp_objective": lp.objective, "lp_exact": exact,
-        "rel_obj": (lp.objective - rvi.gain) / rvi.gain, "rel_exact": (exact - rvi.gain) / rvi.gain,
-        "build_seconds": lp.build_seconds, "solve_seconds": lp.solve_seconds, "eval_seconds": lp.eval_seconds, "lp_cpu_seconds": lp_cpu,
+        "C": C,
+        "K": K,
+        "states": space.size,
+        "variables": lp.variables,
+        "rows": lp.info["rows"],
+        "rvi_g": rvi.gain,
+        "rvi_seconds": t_rvi,
+        "rvi_sweeps": rvi.n_iter,
+        "lp_objective": lp.objective,
+        "lp_exact": exact,
+        "rel_obj": (lp.objective - rvi.gain) / rvi.gain,
+        "rel_exact": (exact - rvi.gain) / rvi.gain,
+        "build_seconds": lp.build_seconds,
+        "solve_seconds": lp.solve_seconds,
+        "eval_seconds": lp.eval_seconds,
+        "lp_cpu_seconds": lp_cpu,
         "E_W": lp.metrics.mean_response_time,
         "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
@@ -102,9 +113,11 @@ def main() -> int:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(f"| {r['C']} | {r['K']} | {r['states']} | {r['variables']} | {r['rvi_g']:.10f} | {r['lp_objective']:.10f} "
-                     f"| {r['rel_obj']:.1e} | {r['rel_exact']:.1e} | {r['build_seconds']:.2f} | {r['solve_seconds']:.1f} | {r['lp_cpu_seconds']:.1f} "
-                     f"| {r['eval_seconds']:.2f} | {r['rvi_seconds']:.1f} | {r['peak_mb']:.0f} |")
+        lines.append(
+            f"| {r['C']} | {r['K']} | {r['states']} | {r['variables']} | {r['rvi_g']:.10f} | {r['lp_objective']:.10f} "
+            f"| {r['rel_obj']:.1e} | {r['rel_exact']:.1e} | {r['build_seconds']:.2f} | {r['solve_seconds']:.1f} | {r['lp_cpu_seconds']:.1f} "
+            f"| {r['eval_seconds']:.2f} | {r['rvi_seconds']:.1f} | {r['peak_mb']:.0f} |"
+        )
     if stopped:
         lines += ["", f"Size limit reached: {stopped}."]
     if args.record:

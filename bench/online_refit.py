@@ -30,7 +30,7 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -87,10 +87,10 @@ def part_fit(seeds: int, out: Path) -> tuple[str, dict[str, Any]]:
                          "new": r["predicted_new"], "cur": r["predicted_current"], "states": r["states"]})
             print(json.dumps(runs[-1]), flush=True)
         raw["runs"] += runs
-        def med(k: str) -> float:
+        def med(k: str, runs: list[dict[str, Any]] = runs) -> float:
             return float(np.median([x[k] for x in runs]))
 
-        def mx(k: str) -> float:
+        def mx(k: str, runs: list[dict[str, Any]] = runs) -> float:
             return float(np.max([x[k] for x in runs]))
 
         swaps = sum(x["new"] < 0.99 * x["cur"] for x in runs)
@@ -222,10 +222,15 @@ def part_apache(transactions: int) -> tuple[str, dict[str, Any]]:
         "|---|---|---|---|\n" + "\n".join(rows) + "\n\n"
         f"λ estimate mid-stream {lam_mid:.1f}/s (sent {lam:.1f}/s). Refit decisions in order: "
         f"{', '.join(x.get('outcome', '?') for x in refits)}. First refit: "
-        + (f"outcome {done[0]['outcome']}, sources {first.get('source')}, load {first.get('load', float('nan')):.3f}, "
-           f"predicted E[W] π(1) {first.get('predicted_current', float('nan')):.3f} → π* {first.get('predicted_new', float('nan')):.3f} "
-           f"model units, {first.get('seconds', float('nan')):.2f} s wall (worker {json.dumps({k: round(v, 2) for k, v in first.get('worker_seconds', {}).items()})})."
-           if done else "none completed.") + "\n")
+        + (
+            f"outcome {done[0]['outcome']}, sources {first.get('source')}, load {first.get('load', float('nan')):.3f}, "
+            f"predicted E[W] π(1) {first.get('predicted_current', float('nan')):.3f} → π* {first.get('predicted_new', float('nan')):.3f} "
+            f"model units, {first.get('seconds', float('nan')):.2f} s wall (worker {json.dumps({k: round(v, 2) for k, v in first.get('worker_seconds', {}).items()})})."
+            if done
+            else "none completed."
+        )
+        + "\n"
+    )
     return out, raw
 
 
@@ -237,7 +242,7 @@ def main() -> None:
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     tmp = Path(tempfile.mkdtemp(prefix="overtake-online-bench-"))
-    date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    date = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     head = (f"## Sidecar online loop (controller/online.py): refit cost and estimator accuracy\n\n"
             f"Date {date}, commit {commit}; machine: {machine()} — other helpers' jobs share the machine, so "

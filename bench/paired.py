@@ -197,7 +197,7 @@ def render(out: dict[str, Any], command: str, started: float, hp: int | None, se
     lines = [
         f"## {section}: thread policy and uplink SRPT in one sidecar (issue 6)",
         "",
-        f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC; {machine()} at the end; "
+        f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; {machine()} at the end; "
         f"guest halt polling {'off' if not hp else f'{hp / 1e6:g} ms'}; {time.time() - started:.0f} s.",
         f"Command: `{command}`. Uplink testbed at {s['rate']} (HTB, TSO/GSO off); Apache pinned to the last core "
         f"(autogroup -20), one `overtake sidecar` on core 0 in the server namespace; two open-loop clients at once: "

@@ -136,7 +136,7 @@ def main() -> int:
     text = "\n".join([
         "## Robustness: policy solved on a fitted PH, run on lognormal and Pareto service",
         "",
-        f"Date {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {git_rev()}; machine: {machine()}.",
+        f"Date {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, commit {git_rev()}; machine: {machine()}.",
         f"Command: `{cmd}`. {args.requests:,} measured requests per simulation (batch-means 95% CI); "
         f"exact evaluation tolerance {args.tol}. Two stages with the same service family, ρ = 0.6 on the fitted means.",
         "",

@@ -124,11 +124,31 @@ def main() -> int:
         (tmp / "stages.yaml").write_text(STAGES)
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
         with (tmp / "sidecar.log").open("wb") as log:
-            procs.append(subprocess.Popen(
-                ["taskset", "-c", str(client_core), sys.executable, "-m", "overtake.api.cli", "sidecar", "--policy", "passthrough",
-                 "--apache", inst.base_url, "--listen", f"127.0.0.1:{sc_port}", "--stages", str(tmp / "stages.yaml")],
-                cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env,
-            ))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        "taskset",
+                        "-c",
+                        str(client_core),
+                        sys.executable,
+                        "-m",
+                        "overtake.api.cli",
+                        "sidecar",
+                        "--policy",
+                        "passthrough",
+                        "--apache",
+                        inst.base_url,
+                        "--listen",
+                        f"127.0.0.1:{sc_port}",
+                        "--stages",
+                        str(tmp / "stages.yaml"),
+                    ],
+                    cwd=REPO,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                )
+            )
         cfg = (REPO / "apache-conf" / "haproxy.cfg.in").read_text()
         cfg = cfg.replace("@LISTEN@", f"127.0.0.1:{hp_port}").replace("@APACHE@", f"{ap_host}:{ap_port}")
         cfg = cfg.replace("@MAXCONN@", str(args.maxconn))
@@ -175,7 +195,7 @@ def main() -> int:
         lines = [
             "## sidecar: overhead of `overtake sidecar` (passthrough) vs direct Apache and HAProxy",
             "",
-            f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} vCPU "
+            f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} vCPU "
             f"({platform.processor() or platform.machine()}), shared with other jobs (1-min load average median "
             f"{summary['load_average_1min_median']:.1f} during the runs): treat as indicative.",
             f"Command: `python bench/sidecar_overhead.py --duration {args.duration:g} --connections {args.connections} "
@@ -192,7 +212,9 @@ def main() -> int:
         for ld in loads:
             for t in targets:
                 r = res[ld][t]
-                lines.append(f"| wrk -c{loads[ld]} | {t} | {r['rps']:.0f} | {r['p50_ms']:.3f} | {r['p99_ms']:.2f} | {r['non2xx']:.0f} |")
+                lines.append(
+                    f"| wrk -c{loads[ld]} | {t} | {r['rps']:.0f} | {r['p50_ms']:.3f} | {r['p99_ms']:.2f} | {r['non2xx']:.0f} |"
+                )
         ok1 = summary["added_p50_ms_c1"] <= 0.5
         ok2 = summary["sidecar_over_haproxy_rps_cN"] >= 0.25
         lines += [

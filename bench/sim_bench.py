@@ -140,46 +140,54 @@ def main() -> int:
             inside += ok
             total += 1
             worst_z = max(worst_z, abs(z))
-            rows.append(f"| {c} | {name} | {doc['tolerance']:g} | {exact:.4f} | {r.mean_response_time:.4f} | {r.ci95:.4f} | {z:+.2f} | "
-                        f"{'yes' if ok else '**no**'} | {doc['policies'][name]['mean_threads']:.3f} / {r.mean_threads:.3f} | "
-                        f"{r.percentiles['p99']:.2f} | {r.percentiles['p99.9']:.2f} | {sec:.1f} |")
+            rows.append(
+                f"| {c} | {name} | {doc['tolerance']:g} | {exact:.4f} | {r.mean_response_time:.4f} | {r.ci95:.4f} | {z:+.2f} | "
+                f"{'yes' if ok else '**no**'} | {doc['policies'][name]['mean_threads']:.3f} / {r.mean_threads:.3f} | "
+                f"{r.percentiles['p99']:.2f} | {r.percentiles['p99.9']:.2f} | {sec:.1f} |"
+            )
             print(rows[-1], flush=True)
     cmd = "OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/sim_bench.py " + " ".join(sys.argv[1:])
-    text = "\n".join([
-        "## Simulator (mdp/simulate.py): speed and the check against exact evaluation",
-        "",
-        f"Date {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, commit {git_rev()}; machine: {machine()}.",
-        f"Command: `{cmd}`.",
-        "",
-        "Method: event-driven, compiled with numba (`mdp/_simkernel.py`, one `njit` loop). Processor sharing in "
-        "virtual time: with K threads each progresses at c(K)/K, so one virtual clock serves all threads and every "
-        "thread's next phase event sits in a binary heap keyed by virtual time (O(log K) per event). The policy is "
-        "consulted at every arrival, phase change and completion: baselines inline, a policy file by its rank-table "
-        "lookup (the artifact's projection beyond the truncation included), the heuristic by its compiled rule. "
-        "95% CI: 30 batch means over the measured requests in arrival order, Student t; 10% warm-up discarded.",
-        "",
-        f"### Speed (Table 1 case {args.speed_case}, ρ = 0.6); numba compile/cache load on first call: {compile_s:.1f} s",
-        "",
-        "| policy | measured requests | wall s | CPU s | 10^6 requests / wall min | 10^6 requests / CPU min | 10^6 events / CPU s | E[W] ± 95% |",
-        "|---|---|---|---|---|---|---|---|",
-        *speed_rows,
-        "",
-        "Target ≥ 10^6 requests per minute: see columns 5 (wall, inflated by the other jobs on the 2 cores) and 6 "
-        "(CPU time of this process). Wall and CPU time include drawing the service times and, for lognormal "
-        "service, the posterior phase of every request.",
-        "",
-        f"### Exact E[W] inside the simulator's 95% CI: {inside} of {total} "
-        f"(expected ≈ 95% of them by chance alone); largest |z| = {worst_z:.2f}",
-        "",
-        f"{args.requests:,} measured requests per run, seed 1000·case + policy index. Exact = `overtake compare` "
-        f"(auto-truncation tolerance 'exact tol'); the π* row simulates the very policy file that was evaluated. "
-        "z = (sim − exact)/(half-width/1.96). Threads: exact / simulated time-average.",
-        "",
-        "| case | policy | exact tol | exact E[W] | sim E[W] | ±95% | z | inside | threads exact / sim | sim p99 | sim p99.9 | s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-        *rows,
-        *([f"\nNot run: case(s) {', '.join(map(str, skipped))} — π* was not solved within the session."] if skipped else []),
-    ])
+    text = "\n".join(
+        [
+            "## Simulator (mdp/simulate.py): speed and the check against exact evaluation",
+            "",
+            f"Date {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, commit {git_rev()}; machine: {machine()}.",
+            f"Command: `{cmd}`.",
+            "",
+            "Method: event-driven, compiled with numba (`mdp/_simkernel.py`, one `njit` loop). Processor sharing in "
+            "virtual time: with K threads each progresses at c(K)/K, so one virtual clock serves all threads and every "
+            "thread's next phase event sits in a binary heap keyed by virtual time (O(log K) per event). The policy is "
+            "consulted at every arrival, phase change and completion: baselines inline, a policy file by its rank-table "
+            "lookup (the artifact's projection beyond the truncation included), the heuristic by its compiled rule. "
+            "95% CI: 30 batch means over the measured requests in arrival order, Student t; 10% warm-up discarded.",
+            "",
+            f"### Speed (Table 1 case {args.speed_case}, ρ = 0.6); numba compile/cache load on first call: {compile_s:.1f} s",
+            "",
+            "| policy | measured requests | wall s | CPU s | 10^6 requests / wall min | 10^6 requests / CPU min | 10^6 events / CPU s | E[W] ± 95% |",
+            "|---|---|---|---|---|---|---|---|",
+            *speed_rows,
+            "",
+            "Target ≥ 10^6 requests per minute: see columns 5 (wall, inflated by the other jobs on the 2 cores) and 6 "
+            "(CPU time of this process). Wall and CPU time include drawing the service times and, for lognormal "
+            "service, the posterior phase of every request.",
+            "",
+            f"### Exact E[W] inside the simulator's 95% CI: {inside} of {total} "
+            f"(expected ≈ 95% of them by chance alone); largest |z| = {worst_z:.2f}",
+            "",
+            f"{args.requests:,} measured requests per run, seed 1000·case + policy index. Exact = `overtake compare` "
+            f"(auto-truncation tolerance 'exact tol'); the π* row simulates the very policy file that was evaluated. "
+            "z = (sim − exact)/(half-width/1.96). Threads: exact / simulated time-average.",
+            "",
+            "| case | policy | exact tol | exact E[W] | sim E[W] | ±95% | z | inside | threads exact / sim | sim p99 | sim p99.9 | s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            *rows,
+            *(
+                [f"\nNot run: case(s) {', '.join(map(str, skipped))} — π* was not solved within the session."]
+                if skipped
+                else []
+            ),
+        ]
+    )
     if not args.no_write:
         write_section("simulator", text)
     print(f"inside {inside}/{total}, worst |z| {worst_z:.2f}")

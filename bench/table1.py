@@ -88,8 +88,10 @@ def main() -> int:
     args = ap.parse_args()
     paper = paper_rows()
     out = {}
-    lines = ["| case | arrival rate | pi* E[W] | gain pi(1) | pi(4) | pi(inf) | pi(1,1) | paper pi(1) | pi(4) | pi(inf) | pi(1,1) | states | sweeps | cap C / threads | blocking | s | CPU s | peak MB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| case | arrival rate | pi* E[W] | gain pi(1) | pi(4) | pi(inf) | pi(1,1) | paper pi(1) | pi(4) | pi(inf) | pi(1,1) | states | sweeps | cap C / threads | blocking | s | CPU s | peak MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     cases = [int(x) for x in args.cases.split(",")]
     # longest first, so two workers finish together
     order = sorted(cases, key=lambda c: -(c in (8, 12)) * 2 - (c in (4,)))

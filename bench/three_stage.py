@@ -24,13 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from overtake.mdp.heuristic import overtaking_heuristic
+from overtake.mdp.model import Stage, TandemModel
+from overtake.mdp.statespace import Layout, Truncation
+from overtake.mdp.truncation import evaluate_baseline, evaluate_rule, solve_optimal
 
-from overtake.mdp.heuristic import overtaking_heuristic  # noqa: E402
-from overtake.mdp.model import Stage, TandemModel  # noqa: E402
-from overtake.mdp.statespace import Layout, Truncation  # noqa: E402
-from overtake.mdp.truncation import evaluate_baseline, evaluate_rule, solve_optimal  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def h2(name: str) -> Stage:

@@ -38,7 +38,7 @@ def _floats(text: str, flag: str) -> list[float]:
     try:
         return [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise SystemExit(f"{flag}: {text!r} must be a comma list of numbers, e.g. 0.5,0.8")
+        raise SystemExit(f"{flag}: {text!r} must be a comma list of numbers, e.g. 0.5,0.8") from None
 
 
 def _ratio(m: dict[str, Any], fair: dict[str, Any], key: str) -> float:

@@ -18,10 +18,11 @@ import shutil
 import tempfile
 from typing import TYPE_CHECKING, Any
 
+from prometheus_client import generate_latest
+
 from overtake.controller.errors import PolicyLoadError, SidecarInputError
 from overtake.controller.harness.apache import parse_status
 from overtake.controller.policy_fetch import PolicyFetchError
-from prometheus_client import generate_latest
 
 if TYPE_CHECKING:
     from overtake.controller.sidecar import Sidecar
@@ -103,7 +104,11 @@ class AdminEndpoints:
         else:
             spec = body.decode("utf-8", errors="replace").strip()
             if not spec:
-                return 400, b"text/plain", b"PUT /-/policy: body must be pi(k), pi(k1,...,kN), passthrough, a policy file path or .npz bytes\n"
+                return (
+                    400,
+                    b"text/plain",
+                    b"PUT /-/policy: body must be pi(k), pi(k1,...,kN), passthrough, a policy file path or .npz bytes\n",
+                )
         try:
             self.side.swap(spec, source="admin")
         except (PolicyLoadError, SidecarInputError) as exc:

@@ -23,8 +23,9 @@ import math
 from collections import OrderedDict, deque
 
 import numpy as np
-from scipy.linalg import expm  # type: ignore[import-untyped]  # no stubs installed
+from scipy.linalg import expm
 
+from overtake.controller.errors import ControllerError
 from overtake.controller.policies import SpawnPolicy
 from overtake.controller.stages import ClassifierSettings
 
@@ -34,7 +35,7 @@ _GRID = 512  # attained-service grid points for hidden-mode lookups
 _ROUTES_MAX = 4096  # learned-mode routes remembered (LRU)
 
 
-class BadPhaseHeader(Exception):
+class BadPhaseHeader(ControllerError):
     """The phase header is present but not an integer in 1..M (answered 400)."""
 
 

@@ -22,8 +22,8 @@ from overtake.controller.http1 import ClientConnection, Request, client_head, co
 from overtake.controller.limiter import ADMITTED, Limiter, Ticket
 from overtake.controller.metrics import SidecarMetrics
 from overtake.controller.stages import Limits
-from overtake.controller.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 from overtake.controller.uplink import Uplink
+from overtake.controller.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
 __all__ = ["Forwarder"]
 

@@ -1,7 +1,8 @@
 """The gateway: an asyncio HTTP/1.1 reverse proxy in front of Apache (paper 004, §4.2's front end).
 
 I/O only: routing and admission here, HTTP parsing in :mod:`overtake.controller.http1`,
-Apache's side and the response relay in :mod:`overtake.controller.forward`. For every request it asks :class:`overtake.controller.stages.StageTable` for the stage,
+Apache's side and the response relay in :mod:`overtake.controller.forward`. For every request it
+asks :class:`overtake.controller.stages.StageTable` for the stage,
 :class:`overtake.controller.classifier.Classifier` for the phase, then holds it in
 :class:`overtake.controller.limiter.Limiter` until the policy starts a thread for it, forwards it to Apache
 on a keep-alive connection, and releases the permit the moment Apache's *whole* response has
@@ -36,8 +37,8 @@ from overtake.controller.http1 import REASONS, ClientConnection, Request, simple
 from overtake.controller.limiter import ADMITTED, PASSTHROUGH, Limiter, Ticket
 from overtake.controller.metrics import SidecarMetrics
 from overtake.controller.stages import StageTable
-from overtake.controller.upstream import UpstreamPool, UpstreamResponse
 from overtake.controller.uplink import Uplink
+from overtake.controller.upstream import UpstreamPool, UpstreamResponse
 
 __all__ = ["Gateway"]
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import httptools
 
+from overtake.controller.errors import ControllerError
 from overtake.controller.stages import Limits
 from overtake.controller.upstream import UpstreamResponse
 
@@ -53,7 +54,7 @@ class Request:
         self.expect = False
 
 
-class _TooLarge(Exception):
+class _TooLarge(ControllerError):
     def __init__(self, status: int) -> None:
         self.status = status
 
@@ -159,7 +160,11 @@ class ClientConnection:
                         raise
                 except _TooLarge as exc:
                     if exc.status == 431:
-                        self.error = (431, "header_too_large", f"request header block larger than {limits.max_header_bytes} bytes")
+                        self.error = (
+                            431,
+                            "header_too_large",
+                            f"request header block larger than {limits.max_header_bytes} bytes",
+                        )
                     else:
                         self.error = (413, "body_too_large", f"request body larger than {limits.max_body_bytes} bytes")
                     break

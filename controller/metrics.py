@@ -74,11 +74,25 @@ class _LimiterCollector(Collector):
         pol = lim.policy
         names = lim.stage_names
         queued = GaugeMetricFamily("overtake_stage_queued", "Requests waiting in the sidecar", labels=["stage", "phase"])
-        inflight = GaugeMetricFamily("overtake_stage_inflight", "Requests admitted to Apache, response not yet received", labels=["stage", "phase"])
-        limit = GaugeMetricFamily("overtake_stage_limit", "Threads the policy allows in this stage and phase at the current state", labels=["stage", "phase"])
+        inflight = GaugeMetricFamily(
+            "overtake_stage_inflight",
+            "Requests admitted to Apache, response not yet received",
+            labels=["stage", "phase"],
+        )
+        limit = GaugeMetricFamily(
+            "overtake_stage_limit",
+            "Threads the policy allows in this stage and phase at the current state",
+            labels=["stage", "phase"],
+        )
         admitted = CounterMetricFamily("overtake_stage_admitted", "Requests released to Apache", labels=["stage", "phase"])
-        completed = CounterMetricFamily("overtake_stage_completed", "Admitted requests ended, by outcome", labels=["stage", "phase", "outcome"])
-        rejected = CounterMetricFamily("overtake_stage_rejected", "Requests answered 503 or dropped before admission, by reason", labels=["stage", "reason"])
+        completed = CounterMetricFamily(
+            "overtake_stage_completed", "Admitted requests ended, by outcome", labels=["stage", "phase", "outcome"]
+        )
+        rejected = CounterMetricFamily(
+            "overtake_stage_rejected",
+            "Requests answered 503 or dropped before admission, by reason",
+            labels=["stage", "reason"],
+        )
         for i, name in enumerate(names):
             for j in range(lim.phases[i]):
                 c = lim.offset[i] + j
@@ -99,7 +113,9 @@ class _LimiterCollector(Collector):
         yield from (queued, inflight, limit, admitted, completed, rejected)
         yield GaugeMetricFamily("overtake_inflight", "Requests inside Apache through the sidecar", value=lim.inflight_total)
         yield GaugeMetricFamily("overtake_inflight_limit", "Global hard cap on requests inside Apache", value=lim.max_inflight)
-        yield GaugeMetricFamily("overtake_inflight_max", "Largest number of requests inside Apache seen", value=lim.max_seen_inflight)
+        yield GaugeMetricFamily(
+            "overtake_inflight_max", "Largest number of requests inside Apache seen", value=lim.max_seen_inflight
+        )
         info = GaugeMetricFamily("overtake_policy_info", "The running policy", labels=["name", "version", "hash"])
         info.add_metric([pol.name, pol.version, pol.hash], 1)
         yield info
@@ -111,7 +127,9 @@ class _LimiterCollector(Collector):
             )
         yield CounterMetricFamily("overtake_policy_swaps", "Policies installed at runtime", value=self.owner.swaps)
         yield CounterMetricFamily("overtake_policy_refused", "Policy swaps refused (old policy kept)", value=self.owner.refused)
-        yield CounterMetricFamily("overtake_policy_guard_admissions", "Admissions by the liveness guard", value=lim.guard_admissions)
+        yield CounterMetricFamily(
+            "overtake_policy_guard_admissions", "Admissions by the liveness guard", value=lim.guard_admissions
+        )
 
 
 def _labels(names: tuple[str, ...], i: int, j: int) -> list[str]:
@@ -138,7 +156,9 @@ class ApacheCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         s = self.status
         yield GaugeMetricFamily("apache_up", "Could the apache server be reached", value=1 if s else 0)
-        yield CounterMetricFamily("apache_exporter_scrape_failures", "Number of errors while scraping apache", value=self.scrape_failures)
+        yield CounterMetricFamily(
+            "apache_exporter_scrape_failures", "Number of errors while scraping apache", value=self.scrape_failures
+        )
         if not s:
             return
         version = str(s.get("ServerVersion", ""))
@@ -169,7 +189,11 @@ class ApacheCollector(Collector):
             cpu.add_metric(["system"], 1000 * (float(s.get("CPUSystem", 0)) + float(s.get("CPUChildrenSystem", 0))))
             yield cpu
         if "CPULoad" in s:
-            yield GaugeMetricFamily("apache_cpuload", "The current percentage CPU used by each worker and in total by all workers combined", value=float(s["CPULoad"]))
+            yield GaugeMetricFamily(
+                "apache_cpuload",
+                "The current percentage CPU used by each worker and in total by all workers combined",
+                value=float(s["CPULoad"]),
+            )
         workers = GaugeMetricFamily("apache_workers", "Apache worker statuses", labels=["state"])
         workers.add_metric(["busy"], float(s.get("BusyWorkers", 0)))
         workers.add_metric(["idle"], float(s.get("IdleWorkers", 0)))

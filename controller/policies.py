@@ -25,8 +25,8 @@ import numpy as np
 
 from overtake.controller.errors import PolicyLoadError
 from overtake.mdp.baselines import Baseline
-from overtake.mdp.policy import Policy
 from overtake.mdp.errors import MDPError
+from overtake.mdp.policy import Policy
 
 __all__ = ["BaselinePolicy", "SpawnPolicy", "TablePolicy", "load_policy"]
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter
 
-from overtake.controller.errors import SidecarInputError
+from overtake.controller.errors import ControllerError, SidecarInputError
 
 __all__ = ["FETCH_RESULTS", "Download", "PolicyFetchError", "PolicyFetcher", "fetch_counter", "normalize_policy_url"]
 
@@ -35,7 +35,7 @@ _MODEL = re.compile(r"^(?P<base>.*/v1/models/(?P<id>[^/]+))(?:/policy(?:\.npz)?)
 _MAX_BYTES = 256 << 20  # a policy artifact is a few MB at most; refuse anything absurd
 
 
-class PolicyFetchError(RuntimeError):
+class PolicyFetchError(ControllerError, RuntimeError):
     """The API could not be reached or did not answer 200/304; the message says which."""
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import yaml  # type: ignore[import-untyped]  # no stubs installed
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from overtake.controller.errors import SidecarInputError
@@ -156,8 +156,10 @@ class StagesConfig(_Strict):
             raise ValueError(f"stage names must be unique; {sorted(dup)[0]!r} appears twice")
         for s in self.stages:
             if s.next is not None and (s.next not in names or s.next == s.name):
-                raise ValueError(f"stage {s.name!r}: next must name another stage ({', '.join(n for n in names if n != s.name)}), "
-                                 f"got {s.next!r}")
+                raise ValueError(
+                    f"stage {s.name!r}: next must name another stage ({', '.join(n for n in names if n != s.name)}), "
+                    f"got {s.next!r}"
+                )
         return self
 
 

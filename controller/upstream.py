@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 
 import httptools
 
+from overtake.controller.errors import ControllerError
+
 __all__ = ["UpstreamError", "UpstreamPool", "UpstreamResponse"]
 
 _IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"})
 
 
-class UpstreamError(Exception):
+class UpstreamError(ControllerError):
     """Apache could not be reached or broke the exchange (answered 502 by the gateway)."""
 
 

@@ -50,7 +50,6 @@ class Sparse:
         return bool(np.all(self.dst == self.src + 1))
 
     def dense(self) -> FloatArray:
-        p = self.alpha.size
         T = np.diag(self.diag).astype(np.float64)
         np.add.at(T, (self.src, self.dst), self.rate)
         return T
@@ -132,7 +131,9 @@ def estep(s: Sparse, obs: Observations, q_factor: float = 1.01) -> Stats:
     return Stats(ll, B, Z, s.rate * Nh, s.exitv * exits)
 
 
-def estep_reference(alpha: FloatArray, T: FloatArray, obs: Observations) -> tuple[float, FloatArray, FloatArray, FloatArray, FloatArray]:
+def estep_reference(
+    alpha: FloatArray, T: FloatArray, obs: Observations
+) -> tuple[float, FloatArray, FloatArray, FloatArray, FloatArray]:
     """Pure numpy/scipy E-step, one Van Loan block exponential per record (slow; for tests).
 
     Returns ``(loglik, B, Z, N (dense p x p), E)``.

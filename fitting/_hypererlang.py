@@ -12,10 +12,13 @@ import math
 
 import numba as nb
 import numpy as np
+import numpy.typing as npt
 
 
 @nb.njit(cache=True)
-def her_em(x, w, shapes, pi, lam, max_iter, rtol):
+def her_em(x: npt.NDArray[np.float64], w: npt.NDArray[np.float64], shapes: npt.NDArray[np.int64],
+           pi: npt.NDArray[np.float64], lam: npt.NDArray[np.float64], max_iter: int,
+           rtol: float) -> tuple[npt.NDArray[np.float64], int, bool]:
     """Run closed-form EM in place on ``pi, lam``; return ``(trace, n_iter, converged)``."""
     n = x.shape[0]
     M = shapes.shape[0]

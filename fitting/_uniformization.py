@@ -25,6 +25,11 @@ import math
 
 import numba as nb
 import numpy as np
+import numpy.typing as npt
+
+# Annotations only (numba compiles from the arguments' types): float64 and int64 arrays.
+F = npt.NDArray[np.float64]
+I = npt.NDArray[np.int64]
 
 POISSON_EPS = 1e-13  # evaluation accuracy
 MAX_STEP = 300.0  # largest q*dt between renormalisations (grids are refined to respect it)
@@ -74,7 +79,7 @@ def poisson_weights(lam: float, eps: float, buf: np.ndarray) -> int:
 
 
 @nb.njit(cache=True)
-def _row_step(v, out, pdiag, src, dst, prate):
+def _row_step(v: F, out: F, pdiag: F, src: I, dst: I, prate: F) -> None:
     # out = v P for a row vector
     for i in range(v.shape[0]):
         out[i] = v[i] * pdiag[i]
@@ -83,7 +88,7 @@ def _row_step(v, out, pdiag, src, dst, prate):
 
 
 @nb.njit(cache=True)
-def _col_step(v, out, pdiag, src, dst, prate):
+def _col_step(v: F, out: F, pdiag: F, src: I, dst: I, prate: F) -> None:
     # out = P v for a column vector
     for i in range(v.shape[0]):
         out[i] = v[i] * pdiag[i]
@@ -92,7 +97,8 @@ def _col_step(v, out, pdiag, src, dst, prate):
 
 
 @nb.njit(cache=True)
-def forward(alpha, diag, src, dst, rate, exitv, q, dt, with_cdf, eps):
+def forward(alpha: F, diag: F, src: I, dst: I, rate: F, exitv: F, q: float, dt: F, with_cdf: bool,
+            eps: float) -> tuple[F, F, F]:
     """Normalised forward vectors ``A[j] ~ alpha exp(T x_j)`` at grid times ``x_j``.
 
     ``x_0 = 0`` and ``x_j = x_{j-1} + dt[j-1]``.  Returns ``(A, logs, cdf)`` with
@@ -154,7 +160,8 @@ def forward(alpha, diag, src, dst, rate, exitv, q, dt, with_cdf, eps):
 
 
 @nb.njit(cache=True)
-def backward(alpha, diag, src, dst, rate, exitv, q, dt, A, logs, coef_p, coef_s, eps):
+def backward(alpha: F, diag: F, src: I, dst: I, rate: F, exitv: F, q: float, dt: F, A: F, logs: F,
+             coef_p: F, coef_s: F, eps: float) -> tuple[F, F, F]:
     """E-step sums of the EM over the grid (Asmussen, Nerman & Olsson 1996, §3).
 
     ``coef_p[j]`` weights the density term ``exp(T(x_k-x_j)) t`` and ``coef_s[j]`` the
@@ -240,7 +247,7 @@ def backward(alpha, diag, src, dst, rate, exitv, q, dt, A, logs, coef_p, coef_s,
 
 
 @nb.njit(cache=True, fastmath=True)
-def forward_chain(alpha, d, u, q, dt, eps):
+def forward_chain(alpha: F, d: F, u: F, q: float, dt: F, eps: float) -> tuple[F, F]:
     """:func:`forward` for bidiagonal T (no cdf)."""
     n = dt.shape[0]
     p = alpha.shape[0]
@@ -289,7 +296,8 @@ def forward_chain(alpha, d, u, q, dt, eps):
 
 
 @nb.njit(cache=True, fastmath=True)
-def backward_chain(alpha, d, u, exitv, q, dt, A, logs, coef_p, coef_s, eps):
+def backward_chain(alpha: F, d: F, u: F, exitv: F, q: float, dt: F, A: F, logs: F, coef_p: F, coef_s: F,
+                   eps: float) -> tuple[F, F, F]:
     """:func:`backward` for bidiagonal T; ``Nedge[i]`` is ``H[i+1, i]`` for the edge i -> i+1."""
     n = dt.shape[0]
     p = alpha.shape[0]

@@ -208,7 +208,7 @@ def samples(x: npt.ArrayLike, *, weights: npt.ArrayLike | None = None,
 
 
 def _collapse(idx: IntArray, w: FloatArray, size: int) -> tuple[IntArray, FloatArray]:
-    tot = np.bincount(idx, weights=w, minlength=size)
+    tot = np.asarray(np.bincount(idx, weights=w, minlength=size), dtype=np.float64)
     nz = np.flatnonzero(tot > 0)
     return nz.astype(np.int64), tot[nz]
 

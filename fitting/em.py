@@ -84,7 +84,7 @@ def _to_sparse(ph: PhaseType, pat: _Pattern) -> Sparse:
     T = ph.T
     rate = T[pat.src, pat.dst].astype(np.float64)
     exitv = np.where(pat.has_exit, ph.exit_rates, 0.0)
-    diag = -(np.bincount(pat.src, weights=rate, minlength=ph.order) + exitv)
+    diag = -(np.asarray(np.bincount(pat.src, weights=rate, minlength=ph.order), dtype=np.float64) + exitv)
     return Sparse(ph.alpha.astype(np.float64).copy(), diag, pat.src, pat.dst, rate, exitv)
 
 
@@ -118,7 +118,7 @@ def _mstep_raw(st: Stats, s: Sparse, pat: _Pattern) -> Sparse:
         alpha, lam = sort_cf1(alpha, lam)
         rate, exitv = lam[:-1].copy(), np.zeros(p)
         exitv[-1] = lam[-1]
-    diag = -(np.bincount(pat.src, weights=rate, minlength=p) + exitv)
+    diag = -(np.asarray(np.bincount(pat.src, weights=rate, minlength=p), dtype=np.float64) + exitv)
     return Sparse(alpha, diag, pat.src, pat.dst, rate, exitv)
 
 
@@ -159,7 +159,7 @@ def _unpack(theta: FloatArray, s: Sparse, pat: _Pattern) -> Sparse:
         alpha, lam = sort_cf1(alpha, lam)
         rate, exitv = lam[:-1].copy(), np.zeros(p)
         exitv[-1] = lam[-1]
-    diag = -(np.bincount(pat.src, weights=rate, minlength=p) + exitv)
+    diag = -(np.asarray(np.bincount(pat.src, weights=rate, minlength=p), dtype=np.float64) + exitv)
     return Sparse(alpha, diag, pat.src, pat.dst, rate, exitv)
 
 

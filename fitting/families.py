@@ -132,7 +132,9 @@ def _bidiag(rates: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     return np.diag(-rates) + np.diag(rates[:-1], 1)
 
 
-def sort_cf1(alpha: npt.NDArray[np.float64], rates: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+def sort_cf1(
+    alpha: npt.NDArray[np.float64], rates: npt.NDArray[np.float64]
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """Reorder a bidiagonal chain to ascending rates without changing the distribution.
 
     Swapping adjacent phases with rates ``a > b`` (a first) uses

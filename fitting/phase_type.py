@@ -73,6 +73,11 @@ class PhaseType:
     """
 
     __slots__ = ("_alpha", "_T", "_t", "_structure", "_sparse")
+    _alpha: FloatArray
+    _T: FloatArray
+    _t: FloatArray
+    _structure: str
+    _sparse: tuple[FloatArray, npt.NDArray[np.int64], npt.NDArray[np.int64], FloatArray]
 
     def __init__(self, alpha: npt.ArrayLike, T: npt.ArrayLike, *, structure: str = "general") -> None:
         a, tm, t = _validate(alpha, T)
@@ -142,9 +147,9 @@ class PhaseType:
         k = int(k)
         if k == 0:
             return 1.0
-        v = np.ones(self.order)
+        v: FloatArray = np.ones(self.order)
         for _ in range(k):
-            v = np.linalg.solve(-self._T, v)
+            v = np.asarray(np.linalg.solve(-self._T, v), dtype=np.float64)
         return float(math.factorial(k) * self._alpha @ v)
 
     def mean(self) -> float:
@@ -194,7 +199,7 @@ class PhaseType:
         out[np.isposinf(flat)] = above
         if not log and row != 2:
             out[ok] = np.exp(out[ok])
-        return out.reshape(shape) if shape else out.reshape(())[()]  # type: ignore[return-value]
+        return out.reshape(shape) if shape else out.reshape(())[()]
 
     def logpdf(self, x: npt.ArrayLike) -> FloatArray:
         """Log density (``-inf`` outside the support, no warning)."""
@@ -214,11 +219,11 @@ class PhaseType:
         out[ok] = vals[1][inv]
         out[np.isfinite(flat) & (flat < 0)] = 0.0
         out[np.isposinf(flat)] = -np.inf
-        return out.reshape(shape) if shape else out.reshape(())[()]  # type: ignore[return-value]
+        return out.reshape(shape) if shape else out.reshape(())[()]
 
     def sf(self, x: npt.ArrayLike) -> FloatArray:
         """Survival function ``alpha exp(Tx) 1``, computed directly (not ``1 - cdf``)."""
-        return np.exp(self._logsf(x))  # type: ignore[no-any-return]
+        return np.exp(self._logsf(x))
 
     def cdf(self, x: npt.ArrayLike) -> FloatArray:
         """Distribution function, accumulated from absorption increments (accurate near 0)."""
@@ -258,7 +263,7 @@ class PhaseType:
                     break
                 x = x_new
             out[todo] = x
-        return out.reshape(ua.shape) if ua.shape else out.reshape(())[()]  # type: ignore[return-value]
+        return out.reshape(ua.shape) if ua.shape else out.reshape(())[()]
 
     def isf(self, u: npt.ArrayLike) -> FloatArray:
         """Inverse survival function ``ppf(1 - u)``."""
@@ -301,7 +306,7 @@ class PhaseType:
             nxt = (u[:, None] >= cum[s]).sum(axis=1)
             state[alive] = nxt
             alive = alive[nxt < p]
-        return out.reshape(shape) if shape else out[0]  # type: ignore[return-value]
+        return out.reshape(shape) if shape else out[0]
 
     # ----------------------------------------------------------------- serialisation
     def to_dict(self, **metadata: Any) -> dict[str, Any]:

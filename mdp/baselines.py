@@ -84,7 +84,8 @@ class Baseline:
 
             def per_stage_rule(rows: IntArray) -> IntArray:
                 room = np.maximum(caps[None, :] - threads_per_stage(rows), 0)
-                return np.minimum(rows[:, :Q], room[:, queue_stage])
+                capped: IntArray = np.minimum(rows[:, :Q], room[:, queue_stage])
+                return capped
 
             return per_stage_rule
 

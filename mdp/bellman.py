@@ -60,7 +60,8 @@ class ActionIndex:
     @cached_property
     def idle(self) -> npt.NDArray[np.bool_]:
         """Post-decision states not allowed: requests present but no active thread."""
-        return (self.space.threads == 0) & (self.space.n_total > 0)
+        idle: npt.NDArray[np.bool_] = (self.space.threads == 0) & (self.space.n_total > 0)
+        return idle
 
     @cached_property
     def _thread_levels(self) -> list[IntArray]:

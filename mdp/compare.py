@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .baselines import Baseline
-from .model import TandemModel
 from .evaluate import PolicyMetrics
+from .model import TandemModel
 from .statespace import Layout, Truncation
 from .truncation import Optimum, evaluate_baseline, evaluate_rule, solve_optimal
 

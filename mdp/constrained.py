@@ -195,7 +195,8 @@ class RandomizedPolicy:
         key = tuple(int(x) for x in np.asarray(state).ravel())
         if key in self._table:
             acts, probs = self._table[key]
-            return acts[int(rng.choice(probs.size, p=probs))].copy()
+            chosen: IntArray = acts[int(rng.choice(probs.size, p=probs))].copy()
+            return chosen
         return self.policy.action(state)
 
 

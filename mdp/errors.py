@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from overtake.errors import OvertakeError
 
+__all__ = ["MDPError", "ModelError", "OvertakeError", "PolicyFileError", "SolverError", "TruncationError"]
+
 
 class MDPError(OvertakeError):
     """Root of the solver package's errors."""

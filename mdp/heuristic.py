@@ -81,12 +81,12 @@ def remaining_work(model: TandemModel) -> tuple[FloatArray, FloatArray]:
     A = chained_generator(model)
     D = A.shape[0]
     one = np.ones(D)
-    mean = np.linalg.solve(-A, one)
+    mean = np.asarray(np.linalg.solve(-A, one), dtype=np.float64)
     # ∫ P(R_c > t) P(R_d > t) dt with independent paths: the Kronecker sum A ⊕ A
     I = np.eye(D)
     ksum = np.kron(A, I) + np.kron(I, A)
     mins = np.linalg.solve(-ksum, np.ones(D * D)).reshape(D, D)
-    return mean, 0.5 * (mins + mins.T)
+    return mean, np.asarray(0.5 * (mins + mins.T), dtype=np.float64)
 
 
 def wait_costs(model: TandemModel, mean: FloatArray, mins: FloatArray, variant: str) -> FloatArray:
@@ -218,7 +218,8 @@ class OvertakingHeuristic:
                             self.variant_code, self.model.cores, self.model.overhead, cap)
 
     def action(self, state: npt.ArrayLike) -> IntArray:
-        return self.actions(np.asarray(state, dtype=np.int64).reshape(1, -1))[0]
+        row: IntArray = self.actions(np.asarray(state, dtype=np.int64).reshape(1, -1))[0]
+        return row
 
     def rule(self):  # type: ignore[no-untyped-def]
         return self.actions

@@ -133,7 +133,8 @@ class NodePolicy:
                     dec[y] = R.indices[a + int(np.argmax(R.data[a:b]))]
             return dec
         probs = np.column_stack([self.stop, self.spawn])
-        return np.argmax(probs, axis=1).astype(np.int64) - 1
+        best: IntArray = np.argmax(probs, axis=1).astype(np.int64) - 1
+        return best
 
     def evaluate(self) -> tuple[PolicyMetrics, FloatArray]:
         """Exact stationary metrics (and the stationary law on all S states) of this policy."""

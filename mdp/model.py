@@ -126,7 +126,7 @@ class Stage:
     @property
     def exit_rates(self) -> FloatArray:
         """t = −T·1, the rate of completing service from each phase."""
-        return np.clip(-self.T.sum(axis=1), 0.0, None)
+        return np.asarray(np.clip(-self.T.sum(axis=1), 0.0, None), dtype=np.float64)
 
     def mean(self) -> float:
         """E[S] = α(−T)⁻¹1."""
@@ -139,7 +139,7 @@ class Stage:
 
     def phase_means(self) -> FloatArray:
         """Expected remaining service from each phase, (−T)⁻¹1."""
-        return np.linalg.solve(-self.T, np.ones(self.phases))
+        return np.asarray(np.linalg.solve(-self.T, np.ones(self.phases)), dtype=np.float64)
 
     def __eq__(self, other: object) -> bool:
         return (

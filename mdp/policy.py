@@ -77,7 +77,8 @@ def _trim_longest(w: IntArray, excess: IntArray) -> IntArray:
     at = out == T[:, None]
     take = at & (np.cumsum(at, axis=1) <= r[:, None])
     out -= take
-    return out
+    result: IntArray = out
+    return result
 
 
 @dataclass
@@ -166,8 +167,10 @@ class Policy:
                 self._lookup = {int(k): i for i, k in enumerate(self.keys)}
             i = self._lookup.get(self._ranker.rank_one(vals))
             if i is not None:
-                return np.minimum(self.spawn[i].astype(np.int64), row[0, : self.Q])
-        return self.actions(row)[0]
+                known: IntArray = np.minimum(self.spawn[i].astype(np.int64), row[0, : self.Q])
+                return known
+        first: IntArray = self.actions(row)[0]
+        return first
 
     def rule(self):  # type: ignore[no-untyped-def]
         return self.actions

@@ -407,7 +407,7 @@ def fb_mean(ph: PHInput, arrival_rate: float) -> float:
     for x0, x1 in itertools.pairwise(edges):
         xs = 0.5 * (x1 - x0) * xg + 0.5 * (x1 + x0)
         dens = np.array([float(p.row(xi) @ t) for xi in xs])
-        total += 0.5 * (x1 - x0) * float(np.sum(wg * dens * fb_response((a, T), arrival_rate, xs)))  
+        total += 0.5 * (x1 - x0) * float(np.sum(wg * dens * fb_response((a, T), arrival_rate, xs)))
     return total
 
 
@@ -721,8 +721,8 @@ def choose_thresholds(ph: PHInput, arrival_rate: float, *, levels: int = 2, grid
     if levels < 1:
         raise ModelError(f"levels must be >= 1, got {levels}")
     p = _PH(a, T)
-    ps = ps_mean((a, T), arrival_rate)  
-    fb = fb_mean((a, T), arrival_rate)  
+    ps = ps_mean((a, T), arrival_rate)
+    fb = fb_mean((a, T), arrival_rate)
     if levels == 1:
         return ThresholdChoice((), ps, ps, fb, 0)
     n_eval = 0

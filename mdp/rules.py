@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .evaluate import stationary_distribution
 from .policy import Policy
 from .solve import SolveResult, induced_matrix
-from .evaluate import stationary_distribution
 
 IntArray = npt.NDArray[np.int64]
 
@@ -82,7 +82,8 @@ def overtaking_rule(res: SolveResult, policy: Policy) -> OvertakingRules:
     text: list[str] = []
     for q in range(Q):
         entries = []
-        spawn_when, hold_when = [], []
+        spawn_when: list[tuple[str, int]] = []
+        hold_when: list[tuple[str, int]] = []
         # most visited configurations first, so a shortened list keeps what matters
         keyed = sorted(((k, a) for (qq, k), a in rule_of.items() if qq == q),
                        key=lambda ka: -sum(table[(q, ka[0])].values()))

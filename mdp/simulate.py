@@ -75,7 +75,7 @@ class ServiceSampler:
             x = random_state.choice(self.sample, size=size, replace=True)
         else:
             x = np.asarray(self.dist.rvs(size=size, random_state=random_state), dtype=float)
-        return x * self.factor  # type: ignore[no-any-return]
+        return x * self.factor
 
     def mean(self) -> float:
         m = float(np.mean(self.sample)) if self.sample is not None else float(self.dist.mean())
@@ -271,7 +271,8 @@ def posterior_labels(stage: Stage, work: FloatArray, rng: np.random.Generator) -
     p = np.exp(lp)
     cum = np.cumsum(p, axis=1)
     u = rng.random(work.size) * cum[:, -1]
-    return np.minimum((cum < u[:, None]).sum(axis=1), M - 1).astype(np.int64)
+    starts: IntArray = np.minimum((cum < u[:, None]).sum(axis=1), M - 1).astype(np.int64)
+    return starts
 
 
 PolicyLike = Policy | OvertakingHeuristic | Baseline | str

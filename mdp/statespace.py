@@ -89,6 +89,8 @@ class Layout:
 
     @staticmethod
     def build(model: TandemModel, phase_info: PhaseInfo = "full") -> Layout:
+        entry: tuple[tuple[tuple[int, float], ...], ...]
+        spawn: tuple[tuple[tuple[int, float], ...], ...]
         if phase_info == "full":
             qs = model.coord_stage()
             entry = tuple(
@@ -364,7 +366,7 @@ class StateSpace:
         C = 6 (tests/mdp/test_solve.py), and H2 optima at C = 10 are within 0.01% of C = 23's
         (BENCHMARKS.md); auto-truncation checks the rest. Without it, c(x) = n(x) exactly.
         """
-        n = self.n_total.astype(np.float64)
+        n: FloatArray = self.n_total.astype(np.float64)
         if not self.blocking_cost:
             return n
         m = self.model
@@ -377,12 +379,14 @@ class StateSpace:
         ])
         work = self.rows[:, : self.Q] @ queue_work + self.rows[:, self.Q :] @ coord_work
         r = (work / m.max_capacity(self.k_max) + m.mean_service()) / (1.0 - m.load)
-        return n + np.where(self.blocked, m.arrival_rate * r, 0.0)
+        cost: FloatArray = n + np.where(self.blocked, m.arrival_rate * r, 0.0)
+        return cost
 
     @cached_property
     def blocked(self) -> npt.NDArray[np.bool_]:
         """States in which an arrival is blocked by the truncation."""
-        return self.n_total >= self.cap
+        full: npt.NDArray[np.bool_] = self.n_total >= self.cap
+        return full
 
     def requests_per_stage(self) -> IntArray:
         """Matrix (S, N): requests present at each stage."""

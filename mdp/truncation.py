@@ -139,7 +139,8 @@ def _warm_values(old: StateSpace, V: FloatArray, new: StateSpace) -> FloatArray:
         excess[sel] -= 1
     idx = old.find(rows)
     out = np.where(idx >= 0, V[np.maximum(idx, 0)], 0.0)
-    return out - out[0]
+    shifted: FloatArray = out - out[0]
+    return shifted
 
 
 def _solve_space(space: StateSpace, method: str, V0: FloatArray | None, tol: float, progress: Progress | None) -> SolveResult:

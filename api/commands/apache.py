@@ -15,8 +15,8 @@ import json
 import sys
 from typing import Any
 
-from overtake.controller.harness import apache
 from overtake.controller.errors import ApacheError
+from overtake.controller.harness import apache
 
 
 def register(subparsers: Any) -> None:

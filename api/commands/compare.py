@@ -23,10 +23,9 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from overtake.api.progress import progress_bar
     from overtake.mdp.baselines import Baseline
     from overtake.mdp.compare import default_baselines
-
-    from overtake.api.progress import progress_bar
 
     sc, model = load_scenario(args.scenario)
     steps = ["pi*"] + [Baseline.parse(p, model.n_stages).name

@@ -24,7 +24,6 @@ import numpy as np
 from overtake.fitting import STRUCTURES, FitResult, FittingInputError, diagnose, fit_observations, samples
 
 
-
 class FitUsageError(FittingInputError):
     """A command-line option of ``overtake fit`` is unusable."""
 

@@ -17,11 +17,11 @@ import asyncio
 import signal
 from typing import Any
 
-from overtake.controller.uplink.bands import TOP_FRACTION
 from overtake.controller.errors import SidecarInputError
 from overtake.controller.online import OnlineSettings
 from overtake.controller.sidecar import Sidecar, SidecarOptions, configure_logging
 from overtake.controller.stages import load_stages
+from overtake.controller.uplink.bands import TOP_FRACTION
 
 
 def register(subparsers: Any) -> None:

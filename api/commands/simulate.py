@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     kw = {"requests": args.requests, "seed": args.seed, "warmup": args.warmup, "batches": args.batches,
           "cpu_priority": lever}
     if service is None:
-        doc = simulate(model, policy, **kw).to_dict()  # type: ignore[arg-type]
+        doc = simulate(model, policy, **kw).to_dict()
         docs = [doc]
     else:
         blind = isinstance(policy, str) and not policy.strip().startswith("heuristic")

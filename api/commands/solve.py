@@ -8,7 +8,6 @@ import sys
 from typing import Any
 
 from overtake.api.scenario import load_scenario
-from overtake.mdp.policy import Policy
 from overtake.mdp.rules import overtaking_rule
 from overtake.mdp.truncation import solve_optimal
 

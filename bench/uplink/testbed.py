@@ -38,7 +38,7 @@ class Testbed:
 
     @classmethod
     def up(cls, *, rate: str = "10mbit", mode: str = "htb", tag: str | None = None,
-           floor: float = 0.0) -> "Testbed":
+           floor: float = 0.0) -> Testbed:
         tag = tag or uuid.uuid4().hex[:6]
         octet = int(tag[:2], 16) % 250 + 1
         tb = cls(f"ovt_s_{tag}", f"ovt_c_{tag}", f"ovs{tag}", f"ovc{tag}",

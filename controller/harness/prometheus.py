@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from overtake.controller.errors import ControllerError
+
 __all__ = [
     "BINARY",
     "PrometheusError",
@@ -41,7 +43,7 @@ BINARY = "prometheus"
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
-class PrometheusError(RuntimeError):
+class PrometheusError(ControllerError, RuntimeError):
     """The private Prometheus could not be started, queried or stopped."""
 
 
@@ -49,7 +51,7 @@ class PrometheusNotInstalledError(PrometheusError):
     """The Debian package ``prometheus`` is missing (apache-conf/install-debian-packages.sh)."""
 
 
-class PrometheusUsageError(ValueError):
+class PrometheusUsageError(ControllerError, ValueError):
     """A target or address is malformed; the message names it."""
 
 

@@ -110,7 +110,7 @@ class AccessLogTail:
     """New lines of Apache's access log since the last read: (stage index, CPU seconds)."""
 
     def __init__(self, path: str | os.PathLike[str], table: StageTable) -> None:
-        import apachelogs  # type: ignore[import-untyped]  # no stubs upstream
+        import apachelogs
 
         from overtake.controller.harness.apache import LOG_FORMAT
 

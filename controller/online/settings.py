@@ -35,13 +35,25 @@ class OnlineSettings:
 
     def __post_init__(self) -> None:
         checks = (
-            ("refit-interval", self.refit_interval > 0 and math.isfinite(self.refit_interval), "a number of seconds > 0, e.g. 60"),
+            (
+                "refit-interval",
+                self.refit_interval > 0 and math.isfinite(self.refit_interval),
+                "a number of seconds > 0, e.g. 60",
+            ),
             ("min-samples", self.min_samples >= 2, "an integer >= 2, e.g. 200"),
-            ("arrival-window", self.arrival_window > 0 and math.isfinite(self.arrival_window), "a number of seconds > 0, e.g. 60"),
+            (
+                "arrival-window",
+                self.arrival_window > 0 and math.isfinite(self.arrival_window),
+                "a number of seconds > 0, e.g. 60",
+            ),
             ("reservoir", self.reservoir >= self.min_samples, f"an integer >= --min-samples ({self.min_samples})"),
             ("swap-margin", 0 <= self.margin < 1, "a fraction in [0, 1), e.g. 0.01"),
             ("max-load", 0 < self.max_load < 1, "a load in (0, 1), e.g. 0.95"),
-            ("max-order", 1 <= self.max_order <= 4, "an integer 1..4 (larger orders make the MDP too big to re-solve online)"),
+            (
+                "max-order",
+                1 <= self.max_order <= 4,
+                "an integer 1..4 (larger orders make the MDP too big to re-solve online)",
+            ),
             ("refit-tolerance", 0 < self.tolerance < 0.5, "a fraction in (0, 0.5), e.g. 0.01"),
             ("log-poll", self.log_poll > 0, "a number of seconds > 0"),
         )

@@ -142,9 +142,18 @@ def main() -> int:
     time.sleep(2.5)  # > 2 scrape intervals since the last request
     admitted = prom_query(args.prometheus, "sum by (stage) (overtake_stage_admitted_total)")
     apache_acc = prom_query(args.prometheus, "apache_accesses_total")
-    print(f"Prometheus ({args.prometheus}): " + ", ".join(
-        f"overtake_stage_admitted_total{{stage={r['metric'].get('stage')}}} = {float(r['value'][1]):.0f}" for r in admitted)
-        + (f"; apache_accesses_total = {float(apache_acc[0]['value'][1]):.0f}" if apache_acc else "; apache_accesses_total: none"))
+    print(
+        f"Prometheus ({args.prometheus}): "
+        + ", ".join(
+            f"overtake_stage_admitted_total{{stage={r['metric'].get('stage')}}} = {float(r['value'][1]):.0f}"
+            for r in admitted
+        )
+        + (
+            f"; apache_accesses_total = {float(apache_acc[0]['value'][1]):.0f}"
+            if apache_acc
+            else "; apache_accesses_total: none"
+        )
+    )
     if not admitted:
         raise SystemExit("demo: Prometheus has no overtake_stage_admitted_total series (is it scraping the sidecar?)")
 

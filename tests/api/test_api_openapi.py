@@ -8,7 +8,6 @@ be valid solve in well under a second (or are refused with 413/429), keeping the
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import schemathesis

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from overtake.controller.harness import apache
 from overtake.controller.errors import ApacheNotInstalledError
+from overtake.controller.harness import apache
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALLER = REPO / "apache-conf" / "install-debian-packages.sh"

@@ -10,7 +10,6 @@ answer at the state it was asked in.
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import numpy as np

@@ -7,7 +7,6 @@ the Bayes posterior of a hyperexponential with well-separated phases.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -83,7 +82,9 @@ def test_policy_errors_are_one_line(tmp_path: Path, h2_policy: Path) -> None:
     bad.write_bytes(h2_policy.read_bytes()[:200])
     with pytest.raises(PolicyLoadError, match="not an overtake policy file"):
         load_policy(str(bad), ("stage1", "stage2"))
-    with pytest.raises(PolicyLoadError, match=r"solved for stages \['stage1', 'stage2'\] but the stages file defines \['a', 'b'\]"):
+    with pytest.raises(
+        PolicyLoadError, match=r"solved for stages \['stage1', 'stage2'\] but the stages file defines \['a', 'b'\]"
+    ):
         load_policy(str(h2_policy), ("a", "b"))
 
 
@@ -125,12 +126,27 @@ stages:
         ("stages: [{name: a}]", r"stages\[0\]: needs path"),
         ("stages: [{name: a, path: x, colour: red}]", r"stages\[0\]\.colour: unknown key"),
         ("stages: [{name: a, path: x}, {name: a, path: y}]", r"stage names must be unique; 'a' appears twice"),
-        ("stages: [{name: a, path: x}]\nlimits: {max_inflight: 0}", r"limits\.max_inflight: Input should be greater than or equal to 1"),
-        ("stages: [{name: a, routes: [{path: x, methods: [FETCH]}]}]", r"stages\[0\]\.routes\[0\]\.methods: unknown HTTP method 'FETCH'"),
-        ("stages: [{name: a, path: x}]\nclassifier: {mode: psychic}", r"classifier\.mode: Input should be 'explicit', 'learned' or 'hidden'"),
-        ("stages: [{name: a, path: x, next: c}, {name: b, path: y}]", r"stage 'a': next must name another stage \(b\), got 'c'"),
+        (
+            "stages: [{name: a, path: x}]\nlimits: {max_inflight: 0}",
+            r"limits\.max_inflight: Input should be greater than or equal to 1",
+        ),
+        (
+            "stages: [{name: a, routes: [{path: x, methods: [FETCH]}]}]",
+            r"stages\[0\]\.routes\[0\]\.methods: unknown HTTP method 'FETCH'",
+        ),
+        (
+            "stages: [{name: a, path: x}]\nclassifier: {mode: psychic}",
+            r"classifier\.mode: Input should be 'explicit', 'learned' or 'hidden'",
+        ),
+        (
+            "stages: [{name: a, path: x, next: c}, {name: b, path: y}]",
+            r"stage 'a': next must name another stage \(b\), got 'c'",
+        ),
         ("stages: [{name: a, path: x, next: a}]", r"stage 'a': next must name another stage"),
-        ("stages: [{name: a, path: x}]\nlimits: {follow_up_timeout: 0}", r"limits\.follow_up_timeout: Input should be greater than 0"),
+        (
+            "stages: [{name: a, path: x}]\nlimits: {follow_up_timeout: 0}",
+            r"limits\.follow_up_timeout: Input should be greater than 0",
+        ),
         ("stages: {", r"not valid YAML"),
         ("- 1", r"must be a mapping with a 'stages' list"),
     ],

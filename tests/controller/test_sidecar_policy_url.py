@@ -129,7 +129,14 @@ def test_follow_api_policy(api: tuple[str, Path, dict[str, str]], tmp_path: Path
         assert info["policy_url"] == f"{base}/v1/models/{ids['a']}/policy.npz"
         assert side.fetches("updated") == 1
         text = httpx.get(side.base + "/-/metrics").text
-        assert _metric(text, "overtake_policy_info", f'{{hash="{ha}",name="policy-{ids["a"]}.npz",version="{info["version"]}"}}') == 1
+        assert (
+            _metric(
+                text,
+                "overtake_policy_info",
+                f'{{hash="{ha}",name="policy-{ids["a"]}.npz",version="{info["version"]}"}}',
+            )
+            == 1
+        )
 
         # unchanged model: polls are 304, nothing swapped
         side.wait_for("not_modified", 3)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.mdp.baselines import Baseline
 from overtake.mdp.errors import ModelError
 from overtake.mdp.truncation import evaluate_baseline
-
-from mdp_helpers import exp_stage, h2_stage, tandem
 
 
 def pollaczek_khinchine(model):

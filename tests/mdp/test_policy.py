@@ -7,8 +7,8 @@ import pytest
 
 from overtake.mdp.errors import PolicyFileError
 from overtake.mdp.policy import Policy
-from overtake.mdp.statespace import StateSpace, Truncation
 from overtake.mdp.solve import policy_iteration
+from overtake.mdp.statespace import StateSpace, Truncation
 
 
 @pytest.fixture

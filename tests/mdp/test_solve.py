@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from mdp_helpers import exp_stage, tandem
 
 from overtake.mdp.baselines import Baseline
 from overtake.mdp.evaluate import stationary_distribution
-from overtake.mdp.statespace import Layout, StateSpace, Truncation
-from overtake.mdp.solve import induced_matrix, policy_iteration, relative_value_iteration
 from overtake.mdp.policy import Policy
+from overtake.mdp.solve import induced_matrix, policy_iteration, relative_value_iteration
+from overtake.mdp.statespace import Layout, StateSpace, Truncation
 from overtake.mdp.truncation import evaluate_rule, solve_optimal
-
-from mdp_helpers import exp_stage, h2_stage, tandem
 
 
 @pytest.mark.parametrize("blocking_cost", [False, True])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.mdp.anderson import AndersonMixer
 from overtake.mdp.compare import compare
@@ -18,8 +19,6 @@ from overtake.mdp.model import Stage
 from overtake.mdp.policy import _trim_longest
 from overtake.mdp.solve import anderson_rvi, induced_matrix, policy_iteration, relative_value_iteration, solve
 from overtake.mdp.statespace import Ranker, StateSpace, Truncation
-
-from mdp_helpers import exp_stage, h2_stage, tandem
 
 
 def erlang_stage(name: str, k: int, mean: float) -> Stage:
@@ -91,7 +90,7 @@ def test_anderson_mixer_solves_a_linear_fixed_point_like_gmres():
     exact = np.linalg.solve(np.eye(n) - M, b)
     x = np.zeros(n)
     mix = AndersonMixer(n, 10)
-    for it in range(1, 5000):
+    for it in range(1, 5000):  # noqa: B007  (the count is checked after the loop)
         f = M @ x + b - x
         if np.linalg.norm(f) < 1e-10 * np.linalg.norm(b):
             break

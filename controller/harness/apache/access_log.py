@@ -79,7 +79,7 @@ def read_access_log(workdir: str | os.PathLike[str]) -> list[AccessRecord]:
 
 def _parse_lines(text: str, path: Path) -> Iterator[AccessRecord]:
     # Imported here: start/stop/status (the CLI) need nothing beyond the standard library.
-    import apachelogs  # type: ignore[import-untyped]  # no stubs upstream
+    import apachelogs
 
     parser = apachelogs.LogParser(LOG_FORMAT)
     lines = text.split("\n")

@@ -30,12 +30,13 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from overtake.controller.errors import (
     ApacheInputError,
     ApacheNotInstalledError,
     ApacheNotRunningError,
 )
-from prometheus_client.parser import text_string_to_metric_families
 
 __all__ = [
     "DEFAULT_CLASS_HEADER",

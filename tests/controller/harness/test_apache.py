@@ -427,7 +427,8 @@ def test_render_config_substitutes_everything(tmp_path: Path) -> None:
 
 def test_read_access_log_skips_only_an_unfinished_last_line(tmp_path: Path) -> None:
     (tmp_path / "logs").mkdir()
-    line = '127.0.0.1 1795248174299969 "GET /stage1?work=0.05 HTTP/1.1" 200 24 D=50441 msT=50 usT=50441 stage=1 cpu_us=50000 tid=7 rid=abc'
+    line = ('127.0.0.1 1795248174299969 "GET /stage1?work=0.05 HTTP/1.1" 200 24 D=50441 msT=50 usT=50441 '
+            "stage=1 cpu_us=50000 tid=7 rid=abc")
     (tmp_path / "logs" / "access.log").write_text(line + "\n" + line[:40])
     (rec,) = apache.read_access_log(tmp_path)
     assert (rec.path, rec.query, rec.cpu_us, rec.duration_us, rec.request_id) == (

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import pytest
+
 from overtake.controller.errors import ApacheInputError, ApacheStartError
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache.config import APACHE_BIN, MODULES_DIR
