@@ -44,6 +44,7 @@ from overtake.controller.uplink import Uplink
 __all__ = ["Gateway"]
 
 log = logging.getLogger("overtake.sidecar")
+_DRAIN_QUIET = 0.25  # s without a byte before an idle connection is closed by drain()
 
 
 class Gateway:
@@ -111,18 +112,22 @@ class Gateway:
         self._draining = True
         if self.server is not None:
             self.server.close()
-        for c in list(self._conns):
-            if c in self._admin_conns:
-                continue
+        for c in self._conns:
             cur = self._current.get(c)
-            if cur is None and not c.ready:
-                c.writer.close()  # idle keep-alive connection
-            elif cur is not None and not c.ready:
+            if cur is not None and not c.ready and c not in self._admin_conns:
                 cur.keep_alive = False  # its answer says Connection: close
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(c not in self._admin_conns for c in self._conns):
-            await asyncio.sleep(0.05)
-        return sum(c not in self._admin_conns for c in self._conns)
+        while True:
+            now = time.monotonic()
+            public = [c for c in self._conns if c not in self._admin_conns]
+            for c in public:
+                # idle: nothing in progress, nothing parsed or half-received, quiet for a moment
+                # (a client that connected just before the signal gets its request read)
+                if c not in self._current and not c.ready and c.cur is None and now - c.last_active > _DRAIN_QUIET:
+                    c.writer.close()
+            if not public or now >= deadline:
+                return len(public)
+            await asyncio.sleep(0.02)
 
     async def _sweep(self) -> None:
         """Close client connections idle (no request in progress) longer than client_timeout:

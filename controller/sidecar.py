@@ -260,6 +260,7 @@ class Sidecar:
         """SIGTERM: stop accepting, let the requests already received finish (up to
         ``drain_timeout``); the number of connections still busy at the deadline."""
         t0 = time.monotonic()
+        self.admin.draining = True  # /-/healthz answers 503: load balancers stop sending
         log.info("draining", extra={"event": "drain", "detail": f"up to {self.options.drain_timeout:g} s"})
         cut = await self.gateway.drain(self.options.drain_timeout)
         log.info("drained" if not cut else "drain deadline passed", extra={

@@ -132,7 +132,6 @@ async def _main(side: Sidecar) -> None:
     await side.start()
     try:
         await stop.wait()
-        side.admin.draining = True
         drain = asyncio.ensure_future(side.drain())
         try:
             await drain

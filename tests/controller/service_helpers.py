@@ -83,6 +83,7 @@ class StubApache:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
+        self.server.handle_error = lambda *a: None  # type: ignore[method-assign]  # clients cut by tests
         self.port = int(self.server.server_address[1])
         self.url = f"http://127.0.0.1:{self.port}"
         self._th = threading.Thread(target=self.server.serve_forever, daemon=True)
