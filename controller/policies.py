@@ -202,6 +202,8 @@ def check_archive(data: bytes, name: str, *, max_array_bytes: int = MAX_ARRAY_BY
             if "meta.npy" not in z.namelist():
                 raise PolicyLoadError(f"policy: {name}: not an overtake policy file (no meta)")
             raw = np.load(io.BytesIO(z.read("meta.npy")), allow_pickle=False)
+    except PolicyLoadError:
+        raise
     except (zipfile.BadZipFile, EOFError, ValueError, OSError) as exc:
         raise PolicyLoadError(f"policy: {name}: not an overtake policy file (corrupt archive: {exc})") from None
     try:

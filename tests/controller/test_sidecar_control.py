@@ -227,6 +227,7 @@ def test_zip_bomb_is_refused_without_blocking_or_memory(side: SidecarProc) -> No
     numbers = f"PUT took {took:.2f} s, slowest healthz {max(lat):.2f} s, RSS grew by {grown} kB: {body[:200]!r}"
     assert took < 1.0 and max(lat) < 0.5 and grown < 50 * 1024, numbers
     assert code == 422 and b"keys.npy" in body and b"policy_max_array_bytes" in body, body
+    assert body.count(b"policy:") == 1 and body.count(b"\n") == 1, body  # one line, not wrapped twice
 
 
 def test_put_policy_url_must_be_allow_listed(side: SidecarProc) -> None:
@@ -237,6 +238,26 @@ def test_put_policy_url_must_be_allow_listed(side: SidecarProc) -> None:
         assert sum(other.hits.values()) == 0  # never contacted
     finally:
         other.close()
+
+
+@pytest.mark.parametrize(("url", "ok"), [
+    ("http://api:8000/v1/models/x/policy.npz", True),    # policy_url's origin
+    ("http://api:8000/anything", True),
+    ("http://API:8000/v1/models/y", True),               # host names are case-insensitive
+    ("https://api:8000/v1/models/x", False),             # another scheme is another origin
+    ("http://api:8001/v1/models/x", False),
+    ("http://files/policies/a.npz", True),               # under an allowed prefix
+    ("http://files:80/policies/a.npz", True),            # the default port made explicit
+    ("http://files/policies", True),
+    ("http://files/policiesX/a.npz", False),             # a prefix is a path segment, not a string
+    ("http://files.evil/policies/a.npz", False),
+    ("http://api:8000@evil/policies/a.npz", False),      # userinfo: the host is evil
+    ("file:///etc/passwd", False),
+])
+def test_url_allow_list(url: str, ok: bool) -> None:
+    from overtake.controller.policy_fetch import url_allowed
+
+    assert url_allowed(url, ["http://files/policies"], "http://api:8000/v1/models/m1") is ok
 
 
 # ---- 3. the policy token goes only to the policy URL's origin ------------------------------------

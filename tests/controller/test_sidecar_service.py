@@ -283,7 +283,7 @@ def test_access_log_has_stage_phase_queue_wait_and_upstream(work: Path, stub: St
     assert slow[0]["user_agent"] == "t/1" and slow[0]["bytes"] > 0
     other = [r for r in recs if r["target"] == "/other"]
     assert other[0]["stage"] == "passthrough" and other[0]["phase"] is None
-    assert [r for r in recs if r["target"] == "/-/healthz"][0]["stage"] == "admin"
+    assert next(r for r in recs if r["target"] == "/-/healthz")["stage"] == "admin"
 
 
 def test_access_log_combined_format(work: Path, stub: StubApache) -> None:
@@ -424,6 +424,19 @@ def test_unit_file_runs_the_sidecar_and_stops_it_gracefully(work: Path, stub: St
     assert time.monotonic() - t0 < stop_timeout
 
 
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_unit_file_passes_systemd_analyze_verify(work: Path) -> None:
+    """systemd's own parser accepts every directive (ExecStart pointed at this checkout's entry
+    point: verify also checks that the program exists)."""
+    exe = Path(sys.executable).with_name("overtake")
+    if not exe.exists():
+        pytest.skip(f"no {exe}: the package is not installed with its console script")
+    unit = work / "overtake-sidecar.service"
+    unit.write_text(UNIT.read_text().replace("/usr/local/bin/overtake", str(exe)))
+    r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, check=False)
+    assert r.returncode == 0 and not r.stderr.strip(), r.stderr
+
+
 def test_vhost_example_trusts_the_sidecar_and_keeps_server_status_private() -> None:
     text = VHOST.read_text()
     assert re.search(r"^\s*RemoteIPHeader\s+X-Forwarded-For", text, re.MULTILINE)
@@ -440,3 +453,52 @@ def test_unit_and_examples_are_package_data() -> None:
     cfg = (REPO / "setup.cfg").read_text()
     line = next(ln for ln in cfg.splitlines() if ln.startswith("overtake.apache_conf ="))
     assert "*.service" in line and "examples/*" in line
+
+
+def test_vhost_example_on_a_real_apache_behind_the_sidecar(apache_available: None, work: Path) -> None:
+    """Debian's apache2 with the example vhost (its address, DocumentRoot and log folder moved
+    into a temporary folder) behind the sidecar: the sidecar's own mod_status scrape is allowed
+    (apache_up 1), a client arriving through the sidecar from 127.0.0.2 is logged by Apache as
+    127.0.0.2 (mod_remoteip) and refused /server-status (403), since the Require rule now sees the
+    client, not the sidecar."""
+    root = Path(tempfile.mkdtemp(prefix="overtake-vhost-", dir="/tmp"))
+    root.chmod(0o755)
+    (root / "htdocs").mkdir()
+    (root / "htdocs" / "index.html").write_text("hello\n")
+    (root / "logs").mkdir()
+    (root / "run").mkdir()
+    port = free_port()
+    vhost = (VHOST.read_text().replace("127.0.0.1:8081", f"127.0.0.1:{port}")
+             .replace("/var/www/html", str(root / "htdocs")).replace("${APACHE_LOG_DIR}", str(root / "logs")))
+    (root / "vhost.conf").write_text(vhost)
+    mods = "/usr/lib/apache2/modules"
+    user = "User www-data\nGroup www-data\n" if os.geteuid() == 0 else ""
+    (root / "httpd.conf").write_text(
+        f'ServerRoot "{root}"\nDefaultRuntimeDir "{root}/run"\nPidFile "{root}/run/httpd.pid"\n'
+        f'ErrorLog "{root}/logs/error.log"\nListen 127.0.0.1:{port}\nServerName localhost\n{user}'
+        + "".join(f"LoadModule {m}_module {mods}/mod_{m}.so\n"
+                  for m in ("mpm_event", "authz_core", "authz_host", "mime", "status", "remoteip"))
+        + f"TypesConfig /etc/mime.types\nInclude {root}/vhost.conf\n")
+    subprocess.run(["apache2", "-f", str(root / "httpd.conf"), "-t"], check=True, capture_output=True)
+    subprocess.run(["apache2", "-f", str(root / "httpd.conf"), "-k", "start"], check=True)
+    s = None
+    try:
+        s = SidecarProc(work, ["--policy", "pi(2)", "--apache", f"http://127.0.0.1:{port}"])
+        assert "apache_up 1.0" in s.request("GET", "/-/metrics")[2].decode()
+        code, _, body = s.request("GET", "/index.html", source="127.0.0.2")
+        assert code == 200 and body == b"hello\n"
+        assert s.request("GET", "/server-status", source="127.0.0.2")[0] == 403
+        deadline = time.monotonic() + 5
+        while "GET /index.html" not in (root / "logs" / "access.log").read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        line = next(ln for ln in (root / "logs" / "access.log").read_text().splitlines() if "GET /index.html" in ln)
+        assert line.startswith("127.0.0.2 "), line
+    finally:
+        if s is not None:
+            s.stop()
+        subprocess.run(["apache2", "-f", str(root / "httpd.conf"), "-k", "stop"], check=False, capture_output=True)
+        deadline = time.monotonic() + 10
+        while (root / "run" / "httpd.pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        shutil.rmtree(root, ignore_errors=True)
