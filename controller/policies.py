@@ -27,14 +27,22 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-
 from overtake.controller.errors import PolicyLoadError
 from overtake.mdp.baselines import Baseline
-from overtake.mdp.policy import Policy
 from overtake.mdp.errors import MDPError
+from overtake.mdp.policy import Policy
 
-__all__ = ["BaselinePolicy", "MAX_ARRAY_BYTES", "MAX_POLICY_BYTES", "SpawnPolicy", "TablePolicy", "check_archive",
-           "load_policy", "load_policy_bytes", "read_policy_file"]
+__all__ = [
+    "MAX_ARRAY_BYTES",
+    "MAX_POLICY_BYTES",
+    "BaselinePolicy",
+    "SpawnPolicy",
+    "TablePolicy",
+    "check_archive",
+    "load_policy",
+    "load_policy_bytes",
+    "read_policy_file",
+]
 
 _MEMO_MAX = 1 << 16  # states remembered per policy; the reachable set is far smaller
 
