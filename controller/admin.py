@@ -71,7 +71,7 @@ class AdminEndpoints:
                 return 503, b"text/plain", b"draining\n"
             return 200, b"text/plain", b"ok\n"
         if path == b"/policy":
-            if method in (b"GET", b"HEAD"):
+            if method == b"GET":
                 return 200, b"application/json", _json(self.policy_info())
             if method == b"PUT":
                 if not self.side.options.admin_put or peer not in LOOPBACK:
