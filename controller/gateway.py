@@ -18,9 +18,10 @@ de-chunked and sent with Content-Length. Malformed requests → 400, header bloc
 connection. Queue full or queue timeout → 503 with ``Retry-After``; a client that disconnects
 while queued is withdrawn (never sent to Apache); Apache unreachable or broken mid-answer → 502.
 
-Admin paths under ``/-/`` on the same listener: ``GET /-/metrics`` (Prometheus), ``GET
-/-/policy`` (name, version, hash), ``PUT /-/policy`` (loopback clients only; body = a baseline
-name, a server-side policy file path, or the bytes of a ``.npz`` policy), ``GET /-/healthz``.
+Admin paths under ``/-/`` (:mod:`overtake.controller.admin`) on the same listener, or only on
+a separate admin listener (``start_admin``; the public one then answers 404 there). ``drain``
+stops accepting and lets the requests already received finish (SIGTERM). ``on_request`` gets
+one :class:`overtake.controller.request_log.RequestRecord` per answered request (the access log).
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from typing import Any
 
 from overtake.controller.classifier import BadPhaseHeader, Classifier
 from overtake.controller.forward import Forwarder
-from overtake.controller.http1 import REASONS, ClientConnection, Request, simple_response
+from overtake.controller.http1 import REASONS, ClientConnection, Request, content_length, simple_response
 from overtake.controller.limiter import ADMITTED, PASSTHROUGH, Limiter, Ticket
 from overtake.controller.metrics import SidecarMetrics
+from overtake.controller.request_log import RequestRecord
 from overtake.controller.stages import StageTable
 from overtake.controller.uplink import Uplink
 from overtake.controller.upstream import UpstreamPool, UpstreamResponse
@@ -43,6 +45,7 @@ from overtake.controller.upstream import UpstreamPool, UpstreamResponse
 __all__ = ["Gateway"]
 
 log = logging.getLogger("overtake.sidecar")
+_DRAIN_QUIET = 0.25  # s without a byte before an idle connection is closed by drain()
 
 
 class Gateway:
@@ -59,6 +62,8 @@ class Gateway:
         *,
         admin: Callable[[bytes, bytes, bytes, str], Awaitable[tuple[int, bytes, bytes]]] | None = None,
         phase_header: str | None = None,
+        admin_body_cap: Callable[[str], tuple[int, str]] | None = None,
+        on_request: Callable[[RequestRecord], None] | None = None,
     ) -> None:
         self.table = table
         self.limits = table.config.limits
@@ -68,6 +73,13 @@ class Gateway:
         self.uplink = uplink
         self.metrics = metrics
         self.admin = admin
+        #: (body bytes a /-/ request from this peer may carry, the refusal when 0)
+        self.admin_body_cap = admin_body_cap
+        self.on_request = on_request
+        self.admin_server: asyncio.base_events.Server | None = None
+        self._admin_conns: set[ClientConnection] = set()
+        self._draining = False
+        self._current: dict[ClientConnection, Request] = {}
         self.forwarder = Forwarder(pool, uplink, limiter, metrics, self.limits)
         self.phase_header = (phase_header or table.config.classifier.header).lower().encode()
         self.next_header = table.config.classifier.next_header.lower().encode()
@@ -87,6 +99,37 @@ class Gateway:
                 prepare(sock)
         self._sweeper = asyncio.create_task(self._sweep())
 
+    async def start_admin(self, host: str, port: int) -> None:
+        """Serve the /-/ paths on their own listener; the public one no longer does."""
+        self.admin_server = await asyncio.start_server(self._admin_client, host, port, limit=1 << 16)
+
+    async def _admin_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self._client(reader, writer, admin=True)
+
+    async def drain(self, timeout: float) -> int:
+        """Stop accepting; close idle connections; let the requests already received (in Apache,
+        queued, or pipelined) finish, each connection closing after its last answer; after
+        ``timeout`` seconds close what is left. Returns the connections still busy then."""
+        self._draining = True
+        if self.server is not None:
+            self.server.close()
+        for c in self._conns:
+            cur = self._current.get(c)
+            if cur is not None and not c.ready and c not in self._admin_conns:
+                cur.keep_alive = False  # its answer says Connection: close
+        deadline = time.monotonic() + timeout
+        while True:
+            now = time.monotonic()
+            public = [c for c in self._conns if c not in self._admin_conns]
+            for c in public:
+                # idle: nothing in progress, nothing parsed or half-received, quiet for a moment
+                # (a client that connected just before the signal gets its request read)
+                if c not in self._current and not c.ready and c.cur is None and now - c.last_active > _DRAIN_QUIET:
+                    c.writer.close()
+            if not public or now >= deadline:
+                return len(public)
+            await asyncio.sleep(0.02)
+
     async def _sweep(self) -> None:
         """Close client connections idle (no request in progress) longer than client_timeout:
         one timer for all connections instead of one per request."""
@@ -100,8 +143,9 @@ class Gateway:
     async def close(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
-        if self.server is not None:
-            self.server.close()
+        for srv in (self.server, self.admin_server):
+            if srv is not None:
+                srv.close()
         for c in list(self._conns):
             c.writer.close()
         # end the per-connection tasks here, not in the loop's final cancel-all, which would
@@ -113,8 +157,14 @@ class Gateway:
         await asyncio.gather(*tasks, return_exceptions=True)
         self.pool.close()
 
-    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, admin: bool = False) -> None:
         conn = ClientConnection(self.limits, reader, writer)
+        if admin:
+            self._admin_conns.add(conn)
+        if self.admin is None or (self.admin_server is not None and not admin):
+            conn.admin_body_max, conn.admin_refusal = 0, "control endpoints are not served on this listener"
+        elif self.admin_body_cap is not None:
+            conn.admin_body_max, conn.admin_refusal = self.admin_body_cap(conn.peer)
         self._conns.add(conn)
         reading = asyncio.create_task(conn.read_loop())
         me = asyncio.current_task()
@@ -132,10 +182,18 @@ class Gateway:
                         await self._send(writer, simple_response(status, msg, close=True))
                     break
                 conn.busy = True
-                keep = await self._handle(conn, req)
+                if self._draining and not conn.ready and not admin:
+                    req.keep_alive = False  # the last answer before the drain closes it
+                self._current[conn] = req
+                rec = RequestRecord(time.time(), time.monotonic(), conn.peer, req.method.decode("latin-1"),
+                                    req.url.decode("latin-1"), req.version)
+                keep = await self._handle(conn, req, rec)
+                del self._current[conn]
+                if self.on_request is not None:
+                    self._log_request(req, rec)
                 conn.busy = False
                 conn.last_active = time.monotonic()
-                if not keep:
+                if not keep or (self._draining and not conn.ready and not admin):
                     break
         except asyncio.CancelledError:
             # close() cancels us: end normally, since Python 3.11's start_server callback calls
@@ -147,6 +205,8 @@ class Gateway:
         finally:
             reading.cancel()
             self._conns.discard(conn)
+            self._admin_conns.discard(conn)
+            self._current.pop(conn, None)
             if conn.hold is not None:
                 hold = conn.hold
                 self._drop_hold(conn)
@@ -165,41 +225,75 @@ class Gateway:
             self._hist[(stage, phase)] = h
         return h
 
-    async def _handle(self, conn: ClientConnection, req: Request) -> bool:
+    def _log_request(self, req: Request, rec: RequestRecord) -> None:
+        for k, v in req.headers:
+            lk = k.lower()
+            if lk == b"host":
+                rec.host = v.decode("latin-1")
+            elif lk == b"user-agent":
+                rec.user_agent = v.decode("latin-1")
+            elif lk == b"referer":
+                rec.referer = v.decode("latin-1")
+        assert self.on_request is not None
+        self.on_request(rec)
+
+    async def _handle(self, conn: ClientConnection, req: Request, rec: RequestRecord) -> bool:
         """Answer one request; False when the client connection must close."""
         writer = conn.writer
         url = req.url
         q = url.find(b"?")
         path = (url if q < 0 else url[:q]).decode("latin-1")
-        if path.startswith("/-/") and self.admin is not None:
-            status, ctype, body = await self.admin(req.method, path[2:].encode(), b"".join(req.body), conn.peer)
-            head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n" % (
-                status, REASONS.get(status, b"Error"), ctype, len(body))
+        is_admin = conn in self._admin_conns
+        if (path.startswith("/-/") or is_admin) and self.admin is not None:
+            rec.stage = "admin"
+            if path.startswith("/-/") and (is_admin or self.admin_server is None):
+                status, ctype, body = await self.admin(req.method, path[2:].encode(), b"".join(req.body), conn.peer)
+            else:
+                status, ctype, body = 404, b"text/plain", (b"the control endpoints are on the admin listener\n"
+                                                           if not is_admin else b"admin listener: only /-/ paths\n")
+            head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n" % (
+                status, REASONS.get(status, b"Error"), ctype, len(body),
+                b"" if req.keep_alive else b"Connection: close\r\n")
+            rec.status, rec.bytes = status, len(body)
             await self._send(writer, head + body)
             return req.keep_alive
         try:
             stage, phase, route_key = self._route(req, path)
         except BadPhaseHeader as exc:
             self.metrics.errors.labels("bad_phase").inc()
+            rec.status = 400
             await self._send(writer, simple_response(400, str(exc), close=not req.keep_alive))
             return req.keep_alive
+        rec.stage = "passthrough" if stage == PASSTHROUGH else self.table.names[stage]
         t = self._enter(conn, stage, phase, route_key)
         if t is None:
+            rec.status = 503
             await self._send(writer, self._busy("queue full"))
             return req.keep_alive
         if t.status != ADMITTED:
             if not await self._wait(conn, t, stage):
+                rec.queue_wait = self.limiter.clock() - t.t_arrive
                 if conn.closed.done():
                     return False
+                rec.status = 503
                 await self._send(writer, self._busy("queue timeout"))
                 return req.keep_alive
         h_dur, h_wait = self._hists(stage, t.start_phase)
         h_wait.observe(t.t_admit - t.t_arrive)
+        rec.queue_wait = t.t_admit - t.t_arrive
+        if stage != PASSTHROUGH:
+            rec.phase = t.start_phase + 1
 
         async def complete(resp: UpstreamResponse) -> None:
+            rec.status = resp.status
+            rec.bytes = content_length(resp.headers) if resp.streamed else resp.body_bytes
+            rec.upstream = self.limiter.clock() - t.t_admit
             await self._complete(conn, req, t, resp, h_dur)
 
-        return await self.forwarder.forward(conn, req, t, complete)
+        keep = await self.forwarder.forward(conn, req, t, complete)
+        if rec.status == 0 and not conn.closed.done():
+            rec.status = 502  # the forwarder answered Apache's failure
+        return keep
 
     def _route(self, req: Request, path: str) -> tuple[int, int, str]:
         """(stage, start phase, route key) of a request; raises :class:`BadPhaseHeader`."""

@@ -3,8 +3,11 @@
 A :class:`ClientConnection` reads one client socket and queues complete requests (keep-alive and
 pipelining; at most ``_MAX_PIPELINE`` parsed ahead, then reading pauses). A header block larger
 than ``max_header_bytes`` is a 431, a body larger than ``max_body_bytes`` a 413 (admin paths
-under ``/-/`` may carry up to 256 MiB, a whole policy artifact), a malformed request or an upgrade
+under ``/-/`` at most ``ADMIN_BODY_MAX``), a malformed request or an upgrade
 a 400: the connection records the error and ends; the gateway answers it and closes.
+Control-endpoint bodies are checked from the header block, before a byte of the body is read:
+refused (403) on a connection the gateway allows none (``admin_body_max`` 0: not loopback, or
+not the admin listener), 413 beyond ``admin_body_max`` (1 MiB).
 ``Expect: 100-continue`` is answered at once. Hop-by-hop headers (RFC 9110 §7.6.1, incl. those
 named in ``Connection``) are dropped in both directions by :func:`upstream_head` and
 :func:`client_head`.
@@ -36,7 +39,9 @@ REASONS = {400: b"Bad Request", 403: b"Forbidden", 404: b"Not Found", 405: b"Met
            413: b"Content Too Large", 431: b"Request Header Fields Too Large", 500: b"Internal Server Error",
            502: b"Bad Gateway", 503: b"Service Unavailable", 200: b"OK"}
 _MAX_PIPELINE = 16
-_ADMIN_BODY_MAX = 256 << 20  # PUT /-/policy carries a whole policy artifact
+_SET_HERE = frozenset({b"content-length", b"expect", b"x-forwarded-proto", b"x-forwarded-host"})
+#: control endpoints take a baseline name, a path, a URL or a small .npz; a larger artifact goes by URL
+ADMIN_BODY_MAX = 1 << 20
 
 
 class Request:
@@ -55,8 +60,10 @@ class Request:
 
 
 class _TooLarge(ControllerError):
-    def __init__(self, status: int) -> None:
+    def __init__(self, status: int, reason: str = "", message: str = "") -> None:
         self.status = status
+        self.reason = reason
+        self.message = message
 
 
 class ClientConnection:
@@ -88,6 +95,9 @@ class ClientConnection:
         self.last_active = time.monotonic()
         self.hold: Ticket | None = None
         self.hold_timer: asyncio.TimerHandle | None = None
+        #: body bytes a /-/ request may carry on this connection (0: none; set by the gateway)
+        self.admin_body_max = ADMIN_BODY_MAX
+        self.admin_refusal = "control endpoints under /-/ take a request body only from loopback clients"
 
     # httptools callbacks ------------------------------------------------------------------
     def on_message_begin(self) -> None:
@@ -118,17 +128,38 @@ class ClientConnection:
         r.method = self.parser.get_method()
         r.keep_alive = self.parser.should_keep_alive()
         r.version = self.parser.get_http_version()
+        if r.url.startswith(b"/-/"):
+            self._check_admin_body(r)
         for k, v in r.headers:
             if k.lower() == b"expect" and v.lower() == b"100-continue":
                 r.expect = True
                 self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
+    def _check_admin_body(self, r: Request) -> None:
+        """Refuse a control-endpoint body from its header block, before reading it."""
+        declared, chunked = 0, False
+        for k, v in r.headers:
+            lk = k.lower()
+            if lk == b"content-length" and v.strip().isdigit():
+                declared = int(v)
+            elif lk == b"transfer-encoding":
+                chunked = True
+        if (declared or chunked) and self.admin_body_max <= 0:
+            raise _TooLarge(403, "admin_body_refused", self.admin_refusal)
+        if declared > self.admin_body_max:
+            raise self._admin_too_large()
+
+    def _admin_too_large(self) -> _TooLarge:
+        return _TooLarge(413, "body_too_large", f"control endpoint body larger than {self.admin_body_max} bytes; "
+                         "give a larger policy artifact as a URL")
+
     def on_body(self, body: bytes) -> None:
         assert self.cur is not None
         self.body_bytes += len(body)
-        if self.body_bytes > self.limits.max_body_bytes and not (
-            self.cur.url.startswith(b"/-/") and self.body_bytes <= _ADMIN_BODY_MAX
-        ):
+        if self.cur.url.startswith(b"/-/"):
+            if self.body_bytes > self.admin_body_max:
+                raise self._admin_too_large()
+        elif self.body_bytes > self.limits.max_body_bytes:
             raise _TooLarge(413)
         self.cur.body.append(body)
 
@@ -159,12 +190,11 @@ class ClientConnection:
                             raise exc.__context__ from None
                         raise
                 except _TooLarge as exc:
-                    if exc.status == 431:
-                        self.error = (
-                            431,
-                            "header_too_large",
-                            f"request header block larger than {limits.max_header_bytes} bytes",
-                        )
+                    if exc.message:
+                        self.error = (exc.status, exc.reason, exc.message)
+                    elif exc.status == 431:
+                        msg = f"request header block larger than {limits.max_header_bytes} bytes"
+                        self.error = (431, "header_too_large", msg)
                     else:
                         self.error = (413, "body_too_large", f"request body larger than {limits.max_body_bytes} bytes")
                     break
@@ -210,23 +240,29 @@ def simple_response(status: int, text: str, *, close: bool, extra: bytes = b"") 
 
 def upstream_head(req: Request, peer: str, body_len: int, upstream_host: bytes) -> bytes:
     """The request head sent to Apache: hop-by-hop headers dropped, ``X-Forwarded-For`` appended,
-    ``Host`` added if missing, the (de-chunked) body's ``Content-Length``."""
+    ``X-Forwarded-Proto`` (``http``: the scheme the client used to reach the sidecar) and
+    ``X-Forwarded-Host`` (the client's ``Host``) set in place of any the client sent, ``Host``
+    added if missing, the (de-chunked) body's ``Content-Length``."""
     drop = _drop_set(req.headers)
     out = [b"%s %s HTTP/1.1\r\n" % (req.method, req.url)]
     xff = None
     has_host = False
+    host = b""
     for k, v in req.headers:
         lk = k.lower()
-        if lk in drop or lk == b"content-length" or lk == b"expect":
+        if lk in drop or lk in _SET_HERE:
             continue
         if lk == b"x-forwarded-for":
             xff = v if xff is None else xff + b", " + v
             continue
         if lk == b"host":
-            has_host = True
+            has_host, host = True, v
         out.append(k + b": " + v + b"\r\n")
     p = peer.encode()
     out.append(b"X-Forwarded-For: " + (xff + b", " + p if xff else p) + b"\r\n")
+    out.append(b"X-Forwarded-Proto: http\r\n")
+    if host:
+        out.append(b"X-Forwarded-Host: " + host + b"\r\n")
     if not has_host:
         out.append(b"Host: " + upstream_host + b"\r\n")
     if body_len or req.method in (b"POST", b"PUT", b"PATCH"):

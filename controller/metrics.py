@@ -147,14 +147,18 @@ def _version_number(v: str) -> float:
 
 
 class ApacheCollector(Collector):
-    """Yields apache_exporter-named metrics from the last parsed ``?auto`` (or ``apache_up 0``)."""
+    """Yields apache_exporter-named metrics from the last parsed ``?auto`` (or ``apache_up 0``);
+    nothing at all while ``absent`` (Apache answers, but has no mod_status for the sidecar)."""
 
     def __init__(self) -> None:
         self.status: dict[str, Any] | None = None
         self.scrape_failures = 0
+        self.absent = False
 
     def collect(self) -> Iterator[Metric]:
         s = self.status
+        if self.absent:
+            return
         yield GaugeMetricFamily("apache_up", "Could the apache server be reached", value=1 if s else 0)
         yield CounterMetricFamily(
             "apache_exporter_scrape_failures", "Number of errors while scraping apache", value=self.scrape_failures

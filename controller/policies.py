@@ -16,6 +16,11 @@ the same code path:
 from __future__ import annotations
 
 import hashlib
+import io
+import json
+import os
+import stat
+import tempfile
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,7 +33,17 @@ from overtake.mdp.baselines import Baseline
 from overtake.mdp.errors import MDPError
 from overtake.mdp.policy import Policy
 
-__all__ = ["BaselinePolicy", "SpawnPolicy", "TablePolicy", "load_policy"]
+__all__ = [
+    "MAX_ARRAY_BYTES",
+    "MAX_POLICY_BYTES",
+    "BaselinePolicy",
+    "SpawnPolicy",
+    "TablePolicy",
+    "check_archive",
+    "load_policy",
+    "load_policy_bytes",
+    "read_policy_file",
+]
 
 _MEMO_MAX = 1 << 16  # states remembered per policy; the reachable set is far smaller
 
@@ -119,8 +134,102 @@ class TablePolicy:
         return hit
 
 
-def load_policy(spec: str, stage_names: Sequence[str]) -> SpawnPolicy:
+#: ``policy_max_bytes``: the largest policy file read (a server-side path, a download)
+MAX_POLICY_BYTES = 64 << 20
+#: ``policy_max_array_bytes``: the largest uncompressed member of a policy archive; 128 MiB holds
+#: the spawn table of 5 million states (mdp.chain's cap) with 8 queues
+MAX_ARRAY_BYTES = 128 << 20
+_MEMBERS = frozenset({"keys.npy", "spawn.npy", "meta.npy"})
+
+
+def read_policy_file(path: str | Path, *, max_bytes: int = MAX_POLICY_BYTES) -> bytes:
+    """The bytes of a policy file, refusing anything but a regular file of at most ``max_bytes``.
+
+    The file is opened non-blocking (a FIFO opens at once instead of waiting for a writer) and
+    checked with ``fstat`` on that descriptor, so a path swapped for a device or a pipe between
+    the check and the read is refused too.
+
+    Raises
+    ------
+    PolicyLoadError
+        Missing, unreadable, not a regular file (``/dev/zero``, a FIFO, a directory), or too large.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise PolicyLoadError(f"policy: cannot read {path} ({exc.strerror})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+                    else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
+                    else "a socket" if stat.S_ISSOCK(st.st_mode) else "special")
+            raise PolicyLoadError(f"policy: {path} is not a regular file ({kind}); give a policy file "
+                                  "from `overtake solve --out`")
+        if st.st_size > max_bytes:
+            raise PolicyLoadError(f"policy: {path} has {st.st_size} bytes, more than policy_max_bytes = "
+                                  f"{max_bytes}; raise policy_max_bytes or check the file")
+        os.set_blocking(fd, True)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as exc:
+        raise PolicyLoadError(f"policy: cannot read {path} ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:  # grew while we read it
+        raise PolicyLoadError(f"policy: {path} is larger than policy_max_bytes = {max_bytes}")
+    return data
+
+
+def check_archive(data: bytes, name: str, *, max_array_bytes: int = MAX_ARRAY_BYTES) -> None:
+    """Check a policy archive before anything in it is inflated by more than a bounded amount.
+
+    Only the members ``keys.npy``, ``spawn.npy`` and ``meta.npy`` are allowed, each at most
+    ``max_array_bytes`` uncompressed as the zip directory declares it (a zip bomb is refused
+    here, from the directory alone); then the CRCs are checked (this inflates, bounded by the cap,
+    and the inflater stops at the declared size) and ``meta`` must be a JSON object.
+
+    Raises
+    ------
+    PolicyLoadError
+        Not a zip, an unknown or oversized member, a bad CRC, or metadata that is not a mapping.
+    """
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            infos = z.infolist()
+            for info in infos:
+                if info.filename not in _MEMBERS:
+                    raise PolicyLoadError(f"policy: {name}: not an overtake policy file (unexpected member "
+                                          f"{info.filename!r}; expected keys, spawn and meta)")
+                if info.file_size > max_array_bytes:
+                    raise PolicyLoadError(
+                        f"policy: {name}: member {info.filename} would inflate to {info.file_size} bytes, more "
+                        f"than policy_max_array_bytes = {max_array_bytes}; raise it if the policy is genuine")
+            broken = z.testzip()
+            if broken is not None:
+                raise zipfile.BadZipFile(f"bad CRC in member {broken}")
+            if "meta.npy" not in z.namelist():
+                raise PolicyLoadError(f"policy: {name}: not an overtake policy file (no meta)")
+            raw = np.load(io.BytesIO(z.read("meta.npy")), allow_pickle=False)
+    except PolicyLoadError:
+        raise
+    except (zipfile.BadZipFile, EOFError, ValueError, OSError) as exc:
+        raise PolicyLoadError(f"policy: {name}: not an overtake policy file (corrupt archive: {exc})") from None
+    try:
+        meta = json.loads(bytes(raw).decode())
+    except (ValueError, TypeError) as exc:
+        raise PolicyLoadError(f"policy: {name}: meta is not JSON ({exc}); not an overtake policy file") from None
+    if not isinstance(meta, dict):
+        raise PolicyLoadError(f"policy: {name}: meta must be a mapping (a JSON object), got "
+                              f"{type(meta).__name__ if meta is not None else 'null'}; not an overtake policy file")
+
+
+def load_policy(spec: str, stage_names: Sequence[str], *, max_bytes: int = MAX_POLICY_BYTES,
+                max_array_bytes: int = MAX_ARRAY_BYTES) -> SpawnPolicy:
     """Parse ``--policy``: a policy file, ``pi(k)``, ``pi(k1,...,kN)`` or ``passthrough``.
+
+    A file is read by :func:`read_policy_file` (regular files of at most ``max_bytes`` only) and
+    checked by :func:`check_archive` before it is loaded.
 
     Raises
     ------
@@ -130,32 +239,39 @@ def load_policy(spec: str, stage_names: Sequence[str]) -> SpawnPolicy:
     text = spec.strip()
     if text == "passthrough" or text.replace(" ", "").startswith(("pi(", "π(")):
         return BaselinePolicy(text, len(stage_names))
-    path = Path(text)
-    if not path.exists():
+    if not os.path.lexists(text):
         raise PolicyLoadError(
             f"policy: {text!r} is neither a file nor a baseline; give P.npz from `overtake solve --out`, "
             "pi(k), pi(k1,...,kN) or passthrough"
         )
-    try:
-        # Checked here first: np.load leaks its file handle on a truncated archive.
-        with zipfile.ZipFile(path) as z:
-            broken = z.testzip()
-        if broken is not None:
-            raise zipfile.BadZipFile(f"bad CRC in member {broken}")
-    except (zipfile.BadZipFile, EOFError) as exc:
-        raise PolicyLoadError(f"policy: {path}: not an overtake policy file (corrupt archive: {exc})") from None
-    except OSError as exc:
-        raise PolicyLoadError(f"policy: cannot read {path} ({exc.strerror})") from None
-    try:
-        pol = Policy.load(path)
-    except MDPError as exc:
-        raise PolicyLoadError(f"policy: {exc}") from None
-    except OSError as exc:
-        raise PolicyLoadError(f"policy: cannot read {path} ({exc.strerror})") from None
+    data = read_policy_file(text, max_bytes=max_bytes)
+    return load_policy_bytes(data, Path(text).name, stage_names, max_array_bytes=max_array_bytes, shown=text)
+
+
+def load_policy_bytes(data: bytes, name: str, stage_names: Sequence[str], *,
+                      max_array_bytes: int = MAX_ARRAY_BYTES, shown: str | None = None) -> TablePolicy:
+    """A policy from the bytes of its ``.npz`` (an upload, a download); ``name`` names it.
+
+    Raises
+    ------
+    PolicyLoadError
+        As :func:`load_policy`; messages name ``shown`` (default ``name``).
+    """
+    label = shown or name
+    check_archive(data, label, max_array_bytes=max_array_bytes)
+    with tempfile.TemporaryDirectory(prefix="overtake-policy-") as tmp:
+        path = Path(tmp) / (Path(name).name or "policy.npz")
+        path.write_bytes(data)
+        try:
+            pol = Policy.load(path)
+        except MDPError as exc:
+            raise PolicyLoadError(f"policy: {str(exc).replace(str(path), label)}") from None
+        except OSError as exc:
+            raise PolicyLoadError(f"policy: cannot read {label} ({exc.strerror})") from None
     table = TablePolicy(pol, path.name)
     if tuple(table.stage_names) != tuple(stage_names):
         raise PolicyLoadError(
-            f"policy: {path} was solved for stages {list(table.stage_names)} but the stages file "
+            f"policy: {label} was solved for stages {list(table.stage_names)} but the stages file "
             f"defines {list(stage_names)}; rename the stages or solve the matching scenario"
         )
     return table

@@ -8,6 +8,13 @@ into a fresh temporary directory; the caller installs the file through the sidec
 download is refused and the running policy kept. Network and HTTP errors raise
 :class:`PolicyFetchError`; they never touch the running policy.
 
+The bearer token (``--policy-token``) goes only to the origin (scheme, host, port) of the
+configured ``--policy-url``: a ``PUT /-/policy`` URL elsewhere is fetched without it, and a
+redirect to another origin drops it (it is an unredirected header, re-added only when the
+redirect stays on the token's origin), as curl and requests do. ``PUT /-/policy`` follows only
+URLs that :func:`url_allowed` admits: the ``--policy-url`` origin and the ``admin_policy_urls``
+prefixes.
+
 Fetch outcomes are counted in ``overtake_policy_fetches_total{result}`` with ``result`` one of
 ``updated`` (new policy installed), ``not_modified`` (304), ``error`` (API unreachable, non-2xx)
 and ``refused`` (downloaded but not a valid policy for these stages).
@@ -21,18 +28,21 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
 from overtake.controller.errors import ControllerError, SidecarInputError
 
-__all__ = ["FETCH_RESULTS", "Download", "PolicyFetchError", "PolicyFetcher", "fetch_counter", "normalize_policy_url"]
+__all__ = ["FETCH_RESULTS", "Download", "PolicyFetchError", "PolicyFetcher", "fetch_counter", "normalize_policy_url",
+           "origin", "url_allowed"]
 
 FETCH_RESULTS = ("updated", "not_modified", "error", "refused")
 _MODEL = re.compile(r"^(?P<base>.*/v1/models/(?P<id>[^/]+))(?:/policy(?:\.npz)?)?/?$")
-_MAX_BYTES = 256 << 20  # a policy artifact is a few MB at most; refuse anything absurd
+_MAX_BYTES = 64 << 20  # policies.MAX_POLICY_BYTES (not imported: keep this module free of numpy)
 
 
 class PolicyFetchError(ControllerError, RuntimeError):
@@ -52,6 +62,50 @@ def normalize_policy_url(url: str) -> str:
     m = _MODEL.match(parts.path)
     path = f"{m['base']}/policy.npz" if m else parts.path
     return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+def origin(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of an http(s) URL, the port made explicit (RFC 6454 §4)."""
+    parts = urllib.parse.urlsplit(url.strip())
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port or (443 if scheme == "https" else 80)
+    except ValueError:
+        port = -1
+    return scheme, (parts.hostname or "").lower(), port
+
+
+def url_allowed(url: str, allow: Sequence[str], policy_url: str | None) -> bool:
+    """May ``PUT /-/policy`` follow ``url``? Yes on the origin of ``policy_url`` and under any
+    ``allow`` prefix (same origin, path below the prefix's path)."""
+    o = origin(url)
+    if o[0] not in ("http", "https") or not o[1]:
+        return False
+    if policy_url and o == origin(policy_url):
+        return True
+    path = urllib.parse.urlsplit(url.strip()).path or "/"
+    for prefix in allow:
+        if o != origin(prefix):
+            continue
+        base = urllib.parse.urlsplit(prefix.strip()).path or "/"
+        if path == base or path.startswith(base if base.endswith("/") else base + "/"):
+            return True
+    return False
+
+
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    """Re-adds the token to a redirect only when it stays on the token's origin."""
+
+    def __init__(self, fetcher: PolicyFetcher) -> None:
+        self.fetcher = fetcher
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> urllib.request.Request | None:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None:
+            new.remove_header("Authorization")
+            self.fetcher._authorize(new)
+        return new
 
 
 def fetch_counter(registry: CollectorRegistry) -> Counter:
@@ -77,14 +131,24 @@ class Download:
 class PolicyFetcher:
     """Conditional GET of one artifact URL; blocking (run it in a thread from the event loop)."""
 
-    def __init__(self, url: str, *, token: str | None = None, timeout: float = 10.0) -> None:
+    def __init__(self, url: str, *, token: str | None = None, token_origin: str | None = None,
+                 timeout: float = 10.0, max_bytes: int = _MAX_BYTES) -> None:
         self.url = normalize_policy_url(url)
         self.token = token
+        #: the token goes only here (default: this URL's own origin, i.e. ``--policy-url``)
+        self.token_origin = origin(token_origin if token_origin is not None else self.url)
         self.timeout = timeout
+        self.max_bytes = max_bytes
+        self._opener = urllib.request.build_opener(_Redirects(self))
         tail = urllib.parse.urlsplit(self.url).path.rstrip("/")
         m = _MODEL.match(tail)
         # the file name becomes the policy's name in /-/policy and overtake_policy_info
         self.filename = f"policy-{m['id']}.npz" if m else (Path(tail).name or "policy.npz")
+
+    def _authorize(self, req: urllib.request.Request) -> None:
+        """The token as an unredirected header, on the token's origin only."""
+        if self.token and origin(req.full_url) == self.token_origin:
+            req.add_unredirected_header("Authorization", f"Bearer {self.token}")
 
     def fetch(self, etag: str | None) -> Download | None:
         """The artifact, or ``None`` when the server answers 304 for ``etag``.
@@ -97,11 +161,10 @@ class PolicyFetcher:
         req = urllib.request.Request(self.url, headers={"Accept": "application/octet-stream"})
         if etag:
             req.add_header("If-None-Match", etag)
-        if self.token:
-            req.add_header("Authorization", f"Bearer {self.token}")
+        self._authorize(req)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                body = r.read(_MAX_BYTES + 1)
+            with self._opener.open(req, timeout=self.timeout) as r:
+                body = r.read(self.max_bytes + 1)
                 new_etag = r.headers.get("ETag")
         except urllib.error.HTTPError as exc:
             if exc.code == 304:
@@ -111,8 +174,8 @@ class PolicyFetcher:
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
             raise PolicyFetchError(f"GET {self.url}: {reason}") from None
-        if len(body) > _MAX_BYTES:
-            raise PolicyFetchError(f"GET {self.url}: body larger than {_MAX_BYTES} bytes")
+        if len(body) > self.max_bytes:
+            raise PolicyFetchError(f"GET {self.url}: body larger than policy_max_bytes = {self.max_bytes}")
         tmp = Path(tempfile.mkdtemp(prefix="overtake-policy-url-"))
         path = tmp / self.filename
         path.write_bytes(body)

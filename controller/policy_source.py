@@ -2,19 +2,20 @@
 
 :class:`PolicySource` loads the first policy before the sidecar listens, then follows its source:
 the ``--policy`` file is re-read when its mtime or size changes (polled every ``watch_interval``
-seconds; ``SIGHUP`` forces a reload), and with ``--policy-url`` the API's artifact is polled every
-``policy_poll`` seconds with its ETag (:mod:`overtake.controller.policy_fetch`); ``PUT /-/policy``
+seconds; ``SIGHUP`` forces a reload through :meth:`PolicySource.reload`), and with ``--policy-url``
+the API's artifact is polled every ``policy_poll`` seconds with its ETag (:mod:`overtake.controller.policy_fetch`); ``PUT /-/policy``
 with an ``http://`` URL follows another model. Every new policy goes through the sidecar's one
-atomic swap (``install``, :meth:`overtake.controller.sidecar.Sidecar.swap`), which validates it
-first: a refused or unreachable policy leaves the running one in place.
+atomic swap (``install``, :meth:`overtake.controller.sidecar.Sidecar.install`), which validates
+it off the event loop first: a refused or unreachable policy leaves the running one in place, and
+the watcher logs it and keeps watching (whatever the file holds). The bearer token goes only to
+the ``--policy-url`` origin (:mod:`overtake.controller.policy_fetch`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import signal
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from overtake.controller.errors import PolicyLoadError, SidecarInputError
 from overtake.controller.policies import SpawnPolicy, load_policy
-from overtake.controller.policy_fetch import FETCH_RESULTS, PolicyFetcher, PolicyFetchError, fetch_counter
+from overtake.controller.policy_fetch import FETCH_RESULTS, PolicyFetcher, PolicyFetchError, fetch_counter, url_allowed
 from overtake.controller.stages import StageTable
 
 if TYPE_CHECKING:
@@ -43,7 +44,7 @@ class PolicySource:
     options
         ``policy``, ``policy_url``, ``policy_poll``, ``policy_token`` and ``watch_interval`` are read.
     install
-        ``install(spec, source)`` loads and swaps in a policy, raising
+        ``await install(spec, source)`` loads (off the event loop) and swaps in a policy, raising
         :class:`~overtake.controller.errors.PolicyLoadError` or
         :class:`~overtake.controller.errors.SidecarInputError` when it refuses it.
     current
@@ -51,7 +52,7 @@ class PolicySource:
     """
 
     def __init__(self, table: StageTable, options: SidecarOptions,
-                 install: Callable[[str, str], SpawnPolicy], current: Callable[[], SpawnPolicy]) -> None:
+                 install: Callable[[str, str], Awaitable[SpawnPolicy]], current: Callable[[], SpawnPolicy]) -> None:
         self.table = table
         self.options = options
         self.install = install
@@ -64,7 +65,9 @@ class PolicySource:
         self._fetch_lock = asyncio.Lock()
         fetched = self._initial_fetch() if options.policy_url else None
         #: the policy to start with
-        self.first = fetched if fetched is not None else load_policy(options.policy, table.names)
+        self.first = fetched if fetched is not None else load_policy(
+            options.policy, table.names, max_bytes=options.policy_max_bytes,
+            max_array_bytes=options.policy_max_array_bytes)
         #: the file, spec or URL the running policy came from
         self.path = self.fetcher.url if fetched is not None and self.fetcher else options.policy
         self._file_sig = self._signature()
@@ -79,15 +82,43 @@ class PolicySource:
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
-        """Watch the file, poll the URL (with ``--policy-url``) and reload on ``SIGHUP``."""
+        """Watch the file and poll the URL (with ``--policy-url``)."""
         self._watch = asyncio.create_task(self._watch_file())
         if self.options.policy_url:
             self._poll = asyncio.create_task(self._poll_policy())
-        try:
-            asyncio.get_running_loop().add_signal_handler(
-                signal.SIGHUP, lambda: asyncio.ensure_future(self._reload("sighup")))
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass
+
+    async def reload(self, source: str, options: SidecarOptions | None = None) -> None:
+        """``SIGHUP``: take new ``options`` (a reloaded config), then re-read the policy file, or
+        poll the followed URL now. Failures are logged; the running policy stays."""
+        if options is not None:
+            old = self.options
+            self.options = options
+            if options.policy and options.policy != old.policy:
+                self.path = options.policy
+                self.unfollow()
+            if options.policy_url and options.policy_url != old.policy_url:
+                self.fetcher = self._new_fetcher(options.policy_url)
+                self.etag = None
+                if self._poll is None:
+                    self._poll = asyncio.create_task(self._poll_policy())
+        if self.fetcher is not None:
+            try:
+                await self.refresh(source)
+            except (PolicyFetchError, PolicyLoadError, SidecarInputError):
+                pass  # counted and logged
+            return
+        self._file_sig = self._signature()
+        await self._reload(source)
+
+    def url_allowed(self, url: str) -> bool:
+        """May ``PUT /-/policy`` follow ``url`` (the policy URL's origin, ``admin_policy_urls``)?"""
+        return url_allowed(url, self.options.admin_policy_urls, self.options.policy_url)
+
+    def _new_fetcher(self, url: str) -> PolicyFetcher:
+        opts = self.options
+        # the token belongs to --policy-url's origin; without one it goes nowhere
+        return PolicyFetcher(url, token=opts.policy_token, token_origin=opts.policy_url or "",
+                             max_bytes=opts.policy_max_bytes)
 
     def stop(self) -> None:
         for task in (self._watch, self._poll):
@@ -108,19 +139,25 @@ class PolicySource:
         return (st.st_mtime, st.st_size)
 
     async def _reload(self, source: str) -> None:
-        if Path(self.path).is_file():
+        if Path(self.path).exists() or source == "sighup":
             try:
-                self.install(self.path, source)
+                await self.install(self.path, source)
             except (PolicyLoadError, SidecarInputError):
-                pass
+                pass  # logged and counted by install; the old policy stays
 
     async def _watch_file(self) -> None:
         while True:
             await asyncio.sleep(self.options.watch_interval)
-            sig = self._signature()
-            if sig is not None and sig != self._file_sig:
-                self._file_sig = sig
-                await self._reload("file_watch")
+            try:
+                sig = self._signature()
+                if sig is not None and sig != self._file_sig:
+                    self._file_sig = sig
+                    await self._reload("file_watch")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the watcher must outlive any one bad file
+                log.error("policy file watch failed, still watching", extra={
+                    "event": "policy_watch_error", "detail": f"{exc.__class__.__name__}: {exc}"})
 
     # ---- the REST API (--policy-url) -------------------------------------------------------
     def _count(self, result: str) -> None:
@@ -134,7 +171,7 @@ class PolicySource:
         assert opts.policy_url
         if not opts.policy_poll > 0:
             raise SidecarInputError(f"policy-poll: must be > 0 seconds, got {opts.policy_poll}")
-        self.fetcher = PolicyFetcher(opts.policy_url, token=opts.policy_token)
+        self.fetcher = self._new_fetcher(opts.policy_url)
         try:
             dl = self.fetcher.fetch(None)
             if dl is None:
@@ -147,7 +184,8 @@ class PolicySource:
             log.warning("policy URL unreachable, using --policy", extra={"event": "policy_fetch_error", "detail": str(exc)})
             return None
         try:
-            pol = load_policy(str(dl.path), self.table.names)
+            pol = load_policy(str(dl.path), self.table.names, max_bytes=opts.policy_max_bytes,
+                              max_array_bytes=opts.policy_max_array_bytes)
         except PolicyLoadError as exc:
             self._count("refused")
             self.fetch_error = f"refused: {exc}"
@@ -184,7 +222,7 @@ class PolicySource:
                 self.fetch_error = None
                 return False
             try:
-                self.install(str(dl.path), source)
+                await self.install(str(dl.path), source)
             except (PolicyLoadError, SidecarInputError) as exc:
                 self._count("refused")
                 self.fetch_error = f"refused: {exc}"
@@ -208,7 +246,7 @@ class PolicySource:
     async def follow(self, url: str) -> None:
         """Fetch ``url`` now and, if it installs, poll it from then on; on any error keep
         following the previous source and raise."""
-        new = PolicyFetcher(url, token=self.options.policy_token)
+        new = self._new_fetcher(url)
         old_fetcher, old_etag = self.fetcher, self.etag
         self.fetcher, self.etag = new, None
         try:

@@ -13,16 +13,30 @@ Swaps come from ``PUT /-/policy`` (loopback clients), from the policy file chang
 ``PUT /-/policy`` with an ``http://`` URL follows another model), or from the online loop
 (:mod:`overtake.controller.online`).
 
+Policies from outside (``PUT /-/policy``, the file, the URL, ``SIGHUP``) are loaded by
+:meth:`Sidecar.install`: in a worker thread under a deadline (``policy_load_timeout``), one at a
+time, from regular files of bounded size only, with each archive member's inflated size checked
+before it is read (:func:`overtake.controller.policies.load_policy`).
+
+As a service (``overtake sidecar --config FILE``, :mod:`overtake.controller.sidecar_config`):
+:meth:`Sidecar.drain` on ``SIGTERM`` stops accepting and lets every request already received
+finish within ``drain_timeout``; :meth:`Sidecar.reload` on ``SIGHUP`` applies a re-read config
+(the settings that need no new socket) and reloads the policy; ``admin_listen`` moves the control
+endpoints to their own listener; ``request_log`` writes one line per request
+(:mod:`overtake.controller.request_log`).
+
 Logs are JSON lines on stderr (``{"ts":..., "level":..., "event":..., ...}``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any
 
 from overtake.controller.admin import AdminEndpoints
@@ -32,8 +46,15 @@ from overtake.controller.gateway import Gateway
 from overtake.controller.limiter import Limiter
 from overtake.controller.metrics import SidecarMetrics
 from overtake.controller.online import OnlineCollector, OnlineLoop, OnlineSettings
-from overtake.controller.policies import SpawnPolicy, load_policy
+from overtake.controller.policies import (
+    MAX_ARRAY_BYTES,
+    MAX_POLICY_BYTES,
+    SpawnPolicy,
+    load_policy,
+    load_policy_bytes,
+)
 from overtake.controller.policy_source import PolicySource
+from overtake.controller.request_log import RequestLog
 from overtake.controller.stages import StageTable
 from overtake.controller.uplink import bands as _bands
 from overtake.controller.uplink import make_uplink
@@ -55,7 +76,7 @@ class JsonFormatter(logging.Formatter):
         }
         for k, v in record.__dict__.items():
             if k in ("event", "policy", "hash", "version", "detail", "listen", "apache", "reason", "source",
-                     "outcome", "refit"):
+                     "outcome", "refit", "admin_listen", "drained", "cut"):
                 out[k] = v
         return json.dumps(out, sort_keys=True)
 
@@ -97,23 +118,48 @@ class SidecarOptions:
     policy_url: str | None = None  #: API artifact URL; ``policy`` is then only the fallback ("" = none)
     policy_poll: float = 10.0
     policy_token: str | None = None
+    admin_listen: str | None = None  #: HOST:PORT of a separate listener for /-/ (the public one answers 404)
+    admin_policy_urls: tuple[str, ...] = ()  #: URL prefixes PUT /-/policy may follow (besides policy_url's origin)
+    policy_max_bytes: int = MAX_POLICY_BYTES  #: largest policy file or download read
+    policy_max_array_bytes: int = MAX_ARRAY_BYTES  #: largest inflated member of a policy archive
+    policy_load_timeout: float = 10.0  #: seconds a policy load may take off the event loop
+    status_interval: float = 5.0  #: seconds between scrapes of Apache's mod_status (never per /-/metrics)
+    drain_timeout: float = 30.0  #: SIGTERM: seconds to let accepted requests finish
+    request_log: str | None = None  #: access log file ("-": stdout), one line per request
+    request_log_format: str = "json"  #: json | combined
+
+
+#: options a SIGHUP can change; the others need a restart (sockets, stages, event loop, online loop)
+_RELOADABLE = frozenset({
+    "policy", "policy_url", "policy_poll", "policy_token", "watch_interval", "admin_put", "admin_policy_urls",
+    "policy_max_bytes", "policy_max_array_bytes", "policy_load_timeout", "status_interval", "drain_timeout",
+    "request_log", "request_log_format",
+})
 
 
 class Sidecar:
     """Everything wired together; ``await start()``, then ``await serve_forever()`` / ``close()``."""
 
-    def __init__(self, table: StageTable, options: SidecarOptions) -> None:
+    def __init__(self, table: StageTable, options: SidecarOptions, *,
+                 reload_options: Callable[[], SidecarOptions] | None = None) -> None:
         self.table = table
         self.options = options
+        #: SIGHUP: re-read the config (``overtake sidecar --config``); None: reload the policy only
+        self.reload_options = reload_options
         self.listen = parse_addr(options.listen, "listen")
+        self.admin_addr = parse_addr(options.admin_listen, "admin_listen") if options.admin_listen else None
         self.apache = parse_apache_url(options.apache)
+        _check_numbers(options)
+        self._swap_lock = asyncio.Lock()
+        self.request_log = (RequestLog(options.request_log, options.request_log_format)
+                            if options.request_log else None)
         if options.uplink not in ("srpt", "srrt") and options.uplink_cutoffs is not None:
             raise UplinkInputError(f"uplink_cutoffs: only for --uplink srpt or srrt, not {options.uplink!r}")
         self.uplink = make_uplink(options.uplink, cutoffs=options.uplink_cutoffs,
                                   top_fraction=options.uplink_top_fraction,
                                   lowest_writers=options.uplink_lowest_writers,
                                   ordered_bands=options.uplink_ordered_bands)
-        self.source = PolicySource(table, options, lambda spec, source: self.swap(spec, source=source),
+        self.source = PolicySource(table, options, lambda spec, source: self.install(spec, source=source),
                                    lambda: self.limiter.policy)
         policy = self.source.first
         self.swapped_at = time.time()
@@ -145,7 +191,8 @@ class Sidecar:
         self.admin = AdminEndpoints(self)
         self.gateway = Gateway(
             table, self.limiter, self.classifier, self.pool, self.uplink, self.metrics,
-            admin=self.admin.handle, phase_header=options.phase_header,
+            admin=self.admin.handle, phase_header=options.phase_header, admin_body_cap=self.admin.body_cap,
+            on_request=self._log_request,
         )
 
     @property
@@ -153,10 +200,22 @@ class Sidecar:
         return self.limiter.policy
 
     # ---- lifecycle -------------------------------------------------------------------------
+    def _log_request(self, rec: Any) -> None:
+        if self.request_log is not None:
+            self.request_log.write(rec)
+
     async def start(self) -> None:
+        if self.admin_addr is not None:
+            try:
+                await self.gateway.start_admin(*self.admin_addr)
+            except OSError as exc:
+                raise SidecarInputError(
+                    f"admin_listen: cannot listen on {self.options.admin_listen} ({exc.strerror}); choose a free port"
+                ) from None
         try:
             await self.gateway.start(*self.listen)
         except OSError as exc:
+            await self.gateway.close()
             raise SidecarInputError(
                 f"listen: cannot listen on {self.options.listen} ({exc.strerror}); choose a free port"
             ) from None
@@ -164,17 +223,21 @@ class Sidecar:
         if self.online is not None:
             self.online.start()
         await self.admin.scrape_apache()
+        self.admin.start()
         self._check_apache()
         log.info("sidecar listening", extra={
             "event": "start", "listen": self.options.listen, "apache": self.options.apache,
             "policy": self.policy.name, "hash": self.policy.hash, "version": self.policy.version,
+            "admin_listen": self.options.admin_listen,
         })
 
     def _check_apache(self) -> None:
         """Warn when Apache is unreachable or has fewer workers than the hard cap admits."""
         st = self.metrics.apache.status
         if st is None:
-            log.warning("Apache not reachable at start", extra={"event": "config_warning", "detail": self.options.apache})
+            if not self.metrics.apache.absent:  # no mod_status is logged once by the scraper
+                log.warning("Apache not reachable at start", extra={"event": "config_warning",
+                                                                    "detail": self.options.apache})
             return
         workers = int(st.get("BusyWorkers", 0)) + int(st.get("IdleWorkers", 0))
         cap = self.table.config.limits.max_inflight
@@ -188,19 +251,107 @@ class Sidecar:
         if self.online is not None:
             await self.online.close()
         self.source.stop()
+        await self.admin.stop()
         await self.gateway.close()
+        if self.request_log is not None:
+            self.request_log.close()
 
-    # ---- the one swap path -----------------------------------------------------------------
+    async def drain(self) -> int:
+        """SIGTERM: stop accepting, let the requests already received finish (up to
+        ``drain_timeout``); the number of connections still busy at the deadline."""
+        t0 = time.monotonic()
+        self.admin.draining = True  # /-/healthz answers 503: load balancers stop sending
+        log.info("draining", extra={"event": "drain", "detail": f"up to {self.options.drain_timeout:g} s"})
+        cut = await self.gateway.drain(self.options.drain_timeout)
+        log.info("drained" if not cut else "drain deadline passed", extra={
+            "event": "drained", "drained": round(time.monotonic() - t0, 3), "cut": cut})
+        return cut
+
+    async def reload(self) -> None:
+        """SIGHUP: apply the re-read config (reloadable settings; the others are named in a
+        warning and wait for a restart), reopen the request log, reload the policy."""
+        new = None
+        if self.reload_options is not None:
+            try:
+                new = self.reload_options()
+                _check_numbers(new)
+            except (SidecarInputError, OSError) as exc:
+                log.error("config reload refused, old config kept", extra={"event": "reload_refused",
+                                                                            "detail": str(exc)})
+                new = None
+        if new is not None:
+            fixed = [f.name for f in fields(SidecarOptions)
+                     if f.name not in _RELOADABLE and getattr(new, f.name) != getattr(self.options, f.name)]
+            if fixed:
+                log.warning("config changes that need a restart were not applied", extra={
+                    "event": "reload_partial", "detail": ", ".join(fixed)})
+                keep = {k: getattr(self.options, k) for k in fixed}
+                new = SidecarOptions(**{**{f.name: getattr(new, f.name) for f in fields(SidecarOptions)}, **keep})
+            log_changed = (new.request_log, new.request_log_format) != (self.options.request_log,
+                                                                       self.options.request_log_format)
+            self.options = new
+            if log_changed:
+                try:
+                    old_log = self.request_log
+                    self.request_log = RequestLog(new.request_log, new.request_log_format) if new.request_log else None
+                    if old_log is not None:
+                        old_log.close()
+                except SidecarInputError as exc:
+                    log.error("request log not reopened", extra={"event": "reload_refused", "detail": str(exc)})
+        if self.request_log is not None:
+            self.request_log.reopen()  # logrotate moved it
+        log.info("reloading", extra={"event": "reload", "detail": "config and policy" if new else "policy"})
+        await self.source.reload("sighup", new)
+
+    # ---- the swap paths --------------------------------------------------------------------
+    async def install(self, spec: str, *, source: str, data: bytes | None = None) -> SpawnPolicy:
+        """Load ``spec`` (or ``data``, the bytes of an ``.npz`` named ``spec``) in a worker thread
+        under ``policy_load_timeout`` and install it atomically; one load at a time. On any error
+        keep the old policy and raise :class:`PolicyLoadError` (one line, naming the field)."""
+        opts = self.options
+        names = self.table.names
+
+        def load() -> SpawnPolicy:
+            if data is not None:
+                return load_policy_bytes(data, spec, names, max_array_bytes=opts.policy_max_array_bytes)
+            return load_policy(spec, names, max_bytes=opts.policy_max_bytes,
+                               max_array_bytes=opts.policy_max_array_bytes)
+
+        async with self._swap_lock:
+            try:
+                try:
+                    new = await asyncio.wait_for(asyncio.to_thread(load), opts.policy_load_timeout)
+                except TimeoutError:
+                    raise PolicyLoadError(
+                        f"policy: loading {spec} took longer than policy_load_timeout = {opts.policy_load_timeout:g} s; "
+                        "raise it for a very large policy") from None
+                except (PolicyLoadError, SidecarInputError):
+                    raise
+                except Exception as exc:  # noqa: BLE001 - any malformed file is refused, never a traceback
+                    raise PolicyLoadError(f"policy: {spec}: not a usable policy ({exc.__class__.__name__}: {exc})") from None
+            except (PolicyLoadError, SidecarInputError) as exc:
+                self._refused(exc, source)
+                raise
+            return self._install(new, source)
+
     def swap(self, spec: str, *, source: str) -> SpawnPolicy:
-        """Load ``spec`` and install it atomically; on any error keep the old policy and raise."""
+        """Load ``spec`` on the calling thread and install it atomically (the online loop's own
+        solved files); on any error keep the old policy and raise."""
         try:
-            new = load_policy(spec, self.table.names)
+            new = load_policy(spec, self.table.names, max_bytes=self.options.policy_max_bytes,
+                              max_array_bytes=self.options.policy_max_array_bytes)
         except (PolicyLoadError, SidecarInputError) as exc:
-            self.metrics.refused += 1
-            log.error("policy refused, old policy kept", extra={
-                "event": "policy_refused", "source": source, "detail": str(exc), "policy": self.policy.name,
-            })
+            self._refused(exc, source)
             raise
+        return self._install(new, source)
+
+    def _refused(self, exc: Exception, source: str) -> None:
+        self.metrics.refused += 1
+        log.error("policy refused, old policy kept", extra={
+            "event": "policy_refused", "source": source, "detail": str(exc), "policy": self.policy.name,
+        })
+
+    def _install(self, new: SpawnPolicy, source: str) -> SpawnPolicy:
         old = self.policy
         self.limiter.swap(new)
         self.metrics.swaps += 1
@@ -210,6 +361,21 @@ class Sidecar:
             "version": new.version, "detail": f"from {old.name} ({old.hash})",
         })
         return new
+
+
+def _check_numbers(o: SidecarOptions) -> None:
+    """Bounds of the numeric options, each error naming the key and the fix."""
+    for key in ("watch_interval", "policy_poll", "policy_load_timeout", "status_interval"):
+        v = getattr(o, key)
+        if not v > 0:
+            raise SidecarInputError(f"{key}: must be > 0 seconds, got {v}")
+    if not o.drain_timeout >= 0:
+        raise SidecarInputError(f"drain_timeout: must be >= 0 seconds, got {o.drain_timeout}")
+    for key in ("policy_max_bytes", "policy_max_array_bytes"):
+        if not getattr(o, key) > 0:
+            raise SidecarInputError(f"{key}: must be > 0 bytes, got {getattr(o, key)}")
+    if o.request_log_format not in ("json", "combined"):
+        raise SidecarInputError(f"request_log_format: expected json or combined, got {o.request_log_format!r}")
 
 
 def configure_logging(level: int = logging.INFO) -> None:

@@ -8,20 +8,28 @@ Benchmarks call exactly::
                       [--access-log PATH] [--swap-margin F] [--refit-tolerance F]]
     overtake sidecar --policy-url http://API/v1/models/ID/policy.npz [--policy-poll 10]
                      [--policy-token TOKEN] [--policy FALLBACK] --apache URL --listen ADDR --stages FILE
+    overtake sidecar --config sidecar.yaml [any flag above, overriding the file]
+
+As a service: SIGTERM drains (stop accepting, finish what was received, within --drain-timeout,
+then exit 0); SIGHUP re-reads --config and reloads the policy and the request log.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 from typing import Any
 
 from overtake.controller.errors import SidecarInputError
-from overtake.controller.online import OnlineSettings
 from overtake.controller.sidecar import Sidecar, SidecarOptions, configure_logging
+from overtake.controller.sidecar_config import SidecarConfig, load_config, to_options
 from overtake.controller.stages import load_stages
 from overtake.controller.uplink.bands import TOP_FRACTION
+
+log = logging.getLogger("overtake.sidecar")
+_ONLINE_FLAGS = ("refit_interval", "min_samples", "arrival_window", "access_log", "swap_margin", "refit_tolerance")
 
 
 def register(subparsers: Any) -> None:
@@ -31,91 +39,148 @@ def register(subparsers: Any) -> None:
         help="reverse proxy that releases requests to Apache exactly when the policy starts a thread",
         description="Hold each request in its stage queue and release it to Apache when the policy "
         "says a thread should start (paper 004 §4.2). Metrics at /-/metrics, policy at /-/policy "
-        "(PUT from loopback to hot-swap).",
+        "(PUT from loopback to hot-swap). Options may come from --config FILE (YAML, keys as the "
+        "flags with _ for -); a flag given overrides the file.",
     )
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="YAML config file (apache-conf/examples/sidecar.yaml); flags override its keys")
     p.add_argument("--policy", default=None,
                    help='policy file from `overtake solve --out`, "pi(k)", "pi(k1,k2)" or passthrough '
                    "(with --policy-url: the fallback while the API is unreachable at start)")
     p.add_argument("--policy-url", default=None, metavar="URL",
                    help="take the policy from `overtake api`: http://HOST:PORT/v1/models/ID/policy.npz "
                    "(or .../models/ID); polled with its ETag, hot-swapped when the model changes")
-    p.add_argument("--policy-poll", type=float, default=10.0, metavar="SECONDS",
+    p.add_argument("--policy-poll", type=float, default=None, metavar="SECONDS",
                    help="seconds between polls of --policy-url (default 10)")
     p.add_argument("--policy-token", default=None, metavar="TOKEN",
                    help="bearer token sent with --policy-url requests")
-    p.add_argument("--apache", required=True, help="Apache base URL, e.g. http://127.0.0.1:8081")
-    p.add_argument("--listen", required=True, help="HOST:PORT to listen on, e.g. 127.0.0.1:8080")
-    p.add_argument("--stages", required=True, help="stages YAML (see examples/sidecar/stages.yaml)")
+    p.add_argument("--apache", default=None, help="Apache base URL, e.g. http://127.0.0.1:8081 (required here or in --config)")
+    p.add_argument("--listen", default=None, help="HOST:PORT to listen on, e.g. 127.0.0.1:8080 (required here or in --config)")
+    p.add_argument("--stages", default=None, help="stages YAML (see examples/sidecar/stages.yaml; required here or in --config)")
     p.add_argument("--phase-header", default=None,
                    help="request header carrying the phase (explicit mode); overrides the stages file")
-    p.add_argument("--uplink", default="fair", help="uplink scheduler for responses (controller.uplink)")
+    p.add_argument("--uplink", default=None, help="uplink scheduler for responses (controller.uplink; default fair)")
     p.add_argument("--uplink-cutoffs", default=None, metavar="LIST",
                    help="fixed SRPT band cutoffs in bytes ('1K,4K,16K,64K'; SRRT: seconds); default adaptive")
-    p.add_argument("--uplink-top-fraction", type=float, default=TOP_FRACTION, metavar="F",
+    p.add_argument("--uplink-top-fraction", type=float, default=None, metavar="F",
                    help=f"adaptive cutoffs: share of responses above the highest cutoff (default "
                         f"{TOP_FRACTION:g}, the low end of paper 001's 0.005-0.01; 0.001 measured "
                         "better on World Cup 98 sizes)")
-    p.add_argument("--uplink-lowest-writers", type=int, default=0, metavar="K",
+    p.add_argument("--uplink-lowest-writers", type=int, default=None, metavar="K",
                    help="srpt/srrt: at most K responses of the lowest band write at once, least "
                    "remaining first (SRPT inside that band); 0 = one FIFO (default)")
-    p.add_argument("--uplink-ordered-bands", type=int, default=1, metavar="N",
+    p.add_argument("--uplink-ordered-bands", type=int, default=None, metavar="N",
                    help="with --uplink-lowest-writers: order each of the lowest N bands so "
                    "(default 1, the lowest only)")
-    p.add_argument("--loop", choices=["uvloop", "asyncio"], default="uvloop", help="event loop (default uvloop)")
+    p.add_argument("--loop", choices=["uvloop", "asyncio"], default=None, help="event loop (default uvloop)")
+    s = p.add_argument_group("service", "running as a service: control endpoints, limits, logs, shutdown")
+    s.add_argument("--admin-listen", default=None, metavar="HOST:PORT",
+                   help="serve /-/metrics, /-/policy and /-/healthz only on this listener (the public one answers 404)")
+    s.add_argument("--admin-policy-url", action="append", default=None, dest="admin_policy_urls", metavar="PREFIX",
+                   help="URL prefix PUT /-/policy may follow besides --policy-url's origin (repeatable)")
+    s.add_argument("--policy-max-bytes", type=int, default=None, metavar="N",
+                   help="largest policy file or download read (default 64 MiB)")
+    s.add_argument("--policy-max-array-bytes", type=int, default=None, metavar="N",
+                   help="largest inflated member of a policy archive (default 128 MiB)")
+    s.add_argument("--policy-load-timeout", type=float, default=None, metavar="SECONDS",
+                   help="deadline of a policy load off the event loop (default 10)")
+    s.add_argument("--watch-interval", type=float, default=None, metavar="SECONDS",
+                   help="seconds between checks of the --policy file (default 1)")
+    s.add_argument("--status-interval", type=float, default=None, metavar="SECONDS",
+                   help="seconds between scrapes of Apache's mod_status (default 5; never per /-/metrics request)")
+    s.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
+                   help="SIGTERM: seconds to let accepted requests finish before exiting (default 30)")
+    s.add_argument("--request-log", default=None, metavar="PATH",
+                   help="access log, one line per request with stage, phase, queue wait, upstream time (- = stdout)")
+    s.add_argument("--request-log-format", choices=["json", "combined"], default=None,
+                   help="json (default) or Apache combined plus stage=, phase=, queue_wait=, upstream=")
     o = p.add_argument_group("online loop", "measure demands and arrivals, refit the PH model, re-solve pi* in a "
                              "worker process and hot-swap it when predicted better (controller.online)")
-    o.add_argument("--online", action="store_true", help="enable the online refit loop")
-    o.add_argument("--refit-interval", type=float, default=60.0, metavar="SECONDS",
+    o.add_argument("--online", action="store_true", default=None, help="enable the online refit loop")
+    o.add_argument("--refit-interval", type=float, default=None, metavar="SECONDS",
                    help="at most one refit per interval (default 60)")
-    o.add_argument("--min-samples", type=int, default=200, metavar="N",
+    o.add_argument("--min-samples", type=int, default=None, metavar="N",
                    help="demand samples per stage before a refit is tried (default 200)")
-    o.add_argument("--arrival-window", type=float, default=60.0, metavar="SECONDS",
+    o.add_argument("--arrival-window", type=float, default=None, metavar="SECONDS",
                    help="window of the arrival-rate estimate (default 60)")
     o.add_argument("--access-log", default=None, metavar="PATH",
                    help="Apache access log (overtake apache's WORKDIR/logs/access.log): take service demands "
                    "from its cpu_us notes instead of the attained service under sharing")
-    o.add_argument("--swap-margin", type=float, default=0.01, metavar="FRACTION",
+    o.add_argument("--swap-margin", type=float, default=None, metavar="FRACTION",
                    help="swap only when the new policy's predicted E[W] is lower by more than this (default 0.01)")
-    o.add_argument("--refit-tolerance", type=float, default=0.01, metavar="FRACTION",
+    o.add_argument("--refit-tolerance", type=float, default=None, metavar="FRACTION",
                    help="relative accuracy of the re-solve (default 0.01)")
 
 
 async def _main(side: Sidecar) -> None:
+    """Serve until SIGTERM/SIGINT, then drain (a second signal cuts the drain short); SIGHUP reloads."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    signals = 0
+
+    def on_stop() -> None:
+        nonlocal signals
+        signals += 1
+        stop.set()
+        if signals > 1 and drain is not None:
+            drain.cancel()
+
+    drain: asyncio.Task[int] | None = None
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)  # clean shutdown, exit code 0
+        loop.add_signal_handler(sig, on_stop)  # graceful shutdown, exit code 0
+    loop.add_signal_handler(signal.SIGHUP, lambda: asyncio.ensure_future(side.reload()))
     await side.start()
     try:
         await stop.wait()
+        drain = asyncio.ensure_future(side.drain())
+        try:
+            await drain
+        except asyncio.CancelledError:
+            if not drain.cancelled():
+                raise
+            log.warning("drain cut short by a second signal", extra={"event": "drained"})
     finally:
+        loop.remove_signal_handler(signal.SIGHUP)
         await side.close()
 
 
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags given on the command line, as config keys (online flags under ``online``)."""
+    given = {k: v for k, v in vars(args).items() if v is not None and k in SidecarConfig.model_fields}
+    online = {k: v for k, v in vars(args).items() if v is not None and k in _ONLINE_FLAGS}
+    if getattr(args, "online", None):
+        online["enabled"] = True
+    elif online and args.config is None:
+        online = {}  # without --online (or online: in the file) these flags do nothing, as before
+    given.pop("online", None)
+    if online:
+        given["online"] = online
+    return given
+
+
+def options_from_args(args: argparse.Namespace) -> tuple[SidecarConfig, SidecarOptions]:
+    """The validated config (file + flags) and the sidecar's options."""
+    cfg = load_config(args.config, _overrides(args))
+    return cfg, to_options(cfg)
+
+
 def run(args: argparse.Namespace) -> int:
-    """Build the sidecar from the options and serve until interrupted."""
-    if args.policy is None and args.policy_url is None:
+    """Build the sidecar from the config file and the flags, and serve until SIGTERM."""
+    if args.config is None and args.policy is None and args.policy_url is None:
         raise SidecarInputError("policy: give --policy FILE|pi(k)|passthrough or --policy-url URL")
-    table = load_stages(args.stages)
-    opts = SidecarOptions(
-        policy=args.policy or "", apache=args.apache, listen=args.listen,
-        phase_header=args.phase_header, uplink=args.uplink, uplink_cutoffs=args.uplink_cutoffs,
-        uplink_top_fraction=args.uplink_top_fraction, uplink_lowest_writers=args.uplink_lowest_writers,
-        uplink_ordered_bands=args.uplink_ordered_bands,
-        online=OnlineSettings(
-            refit_interval=args.refit_interval, min_samples=args.min_samples, arrival_window=args.arrival_window,
-            reservoir=max(2000, args.min_samples), margin=args.swap_margin, tolerance=args.refit_tolerance,
-            access_log=args.access_log,
-        ) if args.online else None,
-        policy_url=args.policy_url, policy_poll=args.policy_poll, policy_token=args.policy_token,
-    )
+    cfg, opts = options_from_args(args)
+    table = load_stages(cfg.stages)
+
+    def reload_options() -> SidecarOptions:
+        return options_from_args(args)[1]
+
     configure_logging()
 
     async def main() -> None:
-        side = Sidecar(table, opts)  # validates policy, addresses and uplink before listening
+        side = Sidecar(table, opts, reload_options=reload_options if args.config else None)
         await _main(side)
 
-    if args.loop == "uvloop":
+    if cfg.loop == "uvloop":
         import uvloop
 
         uvloop.run(main())

@@ -557,6 +557,14 @@ def test_shutdown_with_idle_busy_and_queued_clients_is_clean(inst: apache.Apache
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _apache_up(s: SidecarProc, want: float = 0, timeout: float = 8.0) -> float:
+    """apache_up once it reads ``want``, or at the timeout (mod_status is scraped every 5 s)."""
+    deadline = time.monotonic() + timeout
+    while (v := m(s.metrics(), "apache_up")) != want and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return v
+
+
 def test_apache_killed_mid_load(apache_available: None) -> None:
     parent = _tmpdir()
     inst2 = _start_apache(parent)
@@ -575,7 +583,7 @@ def test_apache_killed_mid_load(apache_available: None) -> None:
             t.join()
         assert codes == [502] * 4
         mm = _wait_idle(s)
-        assert m(mm, "overtake_inflight") == 0 and m(mm, "apache_up") == 0
+        assert m(mm, "overtake_inflight") == 0 and _apache_up(s) == 0
         assert m(mm, "overtake_stage_completed_total", stage="stage1", phase="1", outcome="failed") == 4
         assert s.get("/stage1?work=0")[0] == 502  # Apache down: fails fast, not queued forever
         shutil.rmtree(parent / "wd" / "logs", ignore_errors=True)
@@ -584,7 +592,7 @@ def test_apache_killed_mid_load(apache_available: None) -> None:
         mm = _wait_idle(s)
         adm = m(mm, "overtake_stage_admitted_total", stage="stage1", phase="1")
         done = sum(m(mm, "overtake_stage_completed_total", stage="stage1", phase="1", outcome=o) for o in ("completed", "failed"))
-        assert adm == done == 7 and m(mm, "apache_up") == 1
+        assert adm == done == 7 and _apache_up(s, 1) == 1
     finally:
         s.stop()
         apache.stop(inst2.workdir, graceful=False)

@@ -1,0 +1,185 @@
+"""The sidecar's YAML config file (``overtake sidecar --config FILE``) as a pydantic schema.
+
+Every key is an ``overtake sidecar`` option with ``-`` written ``_`` (``--policy-url`` is
+``policy_url``); the online loop's options sit under ``online:``. A flag given on the command line
+overrides the file's key. Relative paths in the file (``stages``, ``policy``, ``request_log``,
+``policy_token_file``, ``online.access_log``) are taken relative to the file's folder, so a unit
+file may run the sidecar from any working directory. The token is best kept out of the file
+and the command line: ``policy_token_file`` names a file holding it (mode 0600).
+
+An unknown key or a bad value is refused with one line naming the file, the key and the fix,
+e.g. ``sidecar.yaml: drain_timout: unknown key; known keys: admin_listen, ...``. Example:
+``apache-conf/examples/sidecar.yaml``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from overtake.controller.errors import SidecarInputError
+from overtake.controller.online import OnlineSettings
+from overtake.controller.policies import MAX_ARRAY_BYTES, MAX_POLICY_BYTES
+from overtake.controller.sidecar import SidecarOptions
+from overtake.controller.uplink.bands import TOP_FRACTION
+
+__all__ = ["OnlineConfig", "SidecarConfig", "load_config", "to_options"]
+
+
+class OnlineConfig(BaseModel):
+    """``online:`` — the online refit loop (:mod:`overtake.controller.online`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    refit_interval: float = Field(60.0, gt=0)
+    min_samples: int = Field(200, ge=1)
+    arrival_window: float = Field(60.0, gt=0)
+    access_log: str | None = None
+    swap_margin: float = Field(0.01, ge=0)
+    refit_tolerance: float = Field(0.01, gt=0)
+
+
+class SidecarConfig(BaseModel):
+    """The whole file; defaults are those of the command line."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    apache: str
+    listen: str
+    stages: str
+    policy: str | None = None
+    policy_url: str | None = None
+    policy_poll: float = Field(10.0, gt=0)
+    policy_token: str | None = None
+    policy_token_file: str | None = None
+    phase_header: str | None = None
+    uplink: str = "fair"
+    uplink_cutoffs: str | None = None
+    uplink_top_fraction: float = Field(TOP_FRACTION, gt=0, lt=1)
+    uplink_lowest_writers: int = Field(0, ge=0)
+    uplink_ordered_bands: int = Field(1, ge=1)
+    loop: Literal["uvloop", "asyncio"] = "uvloop"
+    watch_interval: float = Field(1.0, gt=0)
+    admin_listen: str | None = None
+    admin_put: bool = True
+    admin_policy_urls: list[str] = Field(default_factory=list)
+    policy_max_bytes: int = Field(MAX_POLICY_BYTES, gt=0)
+    policy_max_array_bytes: int = Field(MAX_ARRAY_BYTES, gt=0)
+    policy_load_timeout: float = Field(10.0, gt=0)
+    status_interval: float = Field(5.0, gt=0)
+    drain_timeout: float = Field(30.0, ge=0)
+    request_log: str | None = None
+    request_log_format: Literal["json", "combined"] = "json"
+    online: OnlineConfig | None = None
+
+
+_PATHS = ("stages", "request_log", "policy_token_file")
+
+
+def _field(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(x) for x in loc) or "(top level)"
+
+
+def _is_file_spec(policy: str) -> bool:
+    text = policy.strip()
+    return not (text == "passthrough" or text.replace(" ", "").startswith(("pi(", "π(")))
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any]) -> SidecarConfig:
+    """The config in ``path`` (None: none) with ``overrides`` (the flags given) on top.
+
+    Raises
+    ------
+    SidecarInputError
+        Unreadable file, not YAML, not a mapping, an unknown key, a bad value or a missing
+        required key (``apache``, ``listen``, ``stages``): one line naming the key and the fix.
+    """
+    where = str(path) if path is not None else "command line"
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            raw = yaml.safe_load(p.read_text())
+        except OSError as exc:
+            raise SidecarInputError(f"config: cannot read {p} ({exc.strerror}); give the sidecar's YAML file") from None
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            at = f" at line {mark.line + 1}" if mark is not None else ""
+            raise SidecarInputError(f"{p}: not valid YAML{at}; check the indentation and quoting") from None
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise SidecarInputError(f"{p}: must be a mapping of option: value (see apache-conf/examples/sidecar.yaml)")
+        base = p.resolve().parent
+        data = dict(raw)
+        for key in _PATHS:
+            if isinstance(data.get(key), str) and data[key] != "-":
+                data[key] = str(base / os.path.expanduser(data[key]))
+        if isinstance(data.get("policy"), str) and _is_file_spec(data["policy"]):
+            data["policy"] = str(base / os.path.expanduser(data["policy"]))
+        online = data.get("online")
+        if isinstance(online, dict) and isinstance(online.get("access_log"), str):
+            data["online"] = {**online, "access_log": str(base / os.path.expanduser(online["access_log"]))}
+    online_flags = overrides.pop("online", None)
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    if online_flags and ("online" in data or online_flags.get("enabled")):
+        data["online"] = {**(data.get("online") or {}), **online_flags}
+    try:
+        return SidecarConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(err["loc"])
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            model: type[BaseModel] = OnlineConfig if loc[:1] == ("online",) and len(loc) > 1 else SidecarConfig
+            msg = f"unknown key; known keys: {', '.join(sorted(model.model_fields))}"
+        elif err["type"] == "missing":
+            flag = "--" + str(loc[-1]).replace("_", "-")
+            msg = f"required: set it in the config file or give {flag}"
+        got = "" if err["type"] in ("missing", "extra_forbidden") else f" (got {err.get('input')!r})"
+        raise SidecarInputError(f"{where}: {_field(loc)}: {msg}{got}") from None
+
+
+def to_options(cfg: SidecarConfig) -> SidecarOptions:
+    """The :class:`~overtake.controller.sidecar.SidecarOptions` of a validated config.
+
+    Raises
+    ------
+    SidecarInputError
+        Neither ``policy`` nor ``policy_url``, both tokens, or an unreadable token file.
+    """
+    if not cfg.policy and not cfg.policy_url:
+        raise SidecarInputError("policy: give policy (a file, pi(k), passthrough) or policy_url in the config, "
+                                "or --policy / --policy-url")
+    token = cfg.policy_token
+    if cfg.policy_token_file:
+        if token:
+            raise SidecarInputError("policy_token_file: give either policy_token or policy_token_file, not both")
+        try:
+            token = Path(cfg.policy_token_file).read_text().strip()
+        except OSError as exc:
+            raise SidecarInputError(f"policy_token_file: cannot read {cfg.policy_token_file} ({exc.strerror})") from None
+    on = cfg.online
+    online = None
+    if on is not None and on.enabled:
+        online = OnlineSettings(
+            refit_interval=on.refit_interval, min_samples=on.min_samples, arrival_window=on.arrival_window,
+            reservoir=max(2000, on.min_samples), margin=on.swap_margin, tolerance=on.refit_tolerance,
+            access_log=on.access_log,
+        )
+    return SidecarOptions(
+        policy=cfg.policy or "", apache=cfg.apache, listen=cfg.listen, phase_header=cfg.phase_header,
+        uplink=cfg.uplink, uplink_cutoffs=cfg.uplink_cutoffs, uplink_top_fraction=cfg.uplink_top_fraction,
+        uplink_lowest_writers=cfg.uplink_lowest_writers, uplink_ordered_bands=cfg.uplink_ordered_bands,
+        watch_interval=cfg.watch_interval, admin_put=cfg.admin_put, online=online, policy_url=cfg.policy_url,
+        policy_poll=cfg.policy_poll, policy_token=token, admin_listen=cfg.admin_listen,
+        admin_policy_urls=tuple(cfg.admin_policy_urls), policy_max_bytes=cfg.policy_max_bytes,
+        policy_max_array_bytes=cfg.policy_max_array_bytes, policy_load_timeout=cfg.policy_load_timeout,
+        status_interval=cfg.status_interval, drain_timeout=cfg.drain_timeout, request_log=cfg.request_log,
+        request_log_format=cfg.request_log_format,
+    )

@@ -1,0 +1,504 @@
+"""The sidecar as a service (issue 19): config file, graceful drain on SIGTERM, reload on SIGHUP,
+a separate admin listener, the access log, X-Forwarded-Proto/Host, and a start from the shipped
+systemd unit.
+
+Known answers: under pi(1) two concurrent 0.3 s requests to one stage run one after the other,
+so the access log must show a queue wait of about 0.3 s for one of them and ~0 for the other,
+and an upstream time of at least 0.3 s for both. A SIGTERM during a bounded load must lose no
+request that was sent before it (each gets its 200), and the process must exit 0.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from service_helpers import REPO, STAGES, SidecarProc, StubApache, free_port
+
+UNIT = REPO / "apache-conf" / "overtake-sidecar.service"
+VHOST = REPO / "apache-conf" / "examples" / "vhost-behind-sidecar.conf"
+EXAMPLE_CONFIG = REPO / "apache-conf" / "examples" / "sidecar.yaml"
+
+
+@pytest.fixture(scope="module")
+def work() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="overtake-service-test-"))
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def stub() -> Iterator[StubApache]:
+    s = StubApache()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def _config(work: Path, stub: StubApache, name: str = "sidecar.yaml", **extra: Any) -> tuple[Path, int]:
+    (work / "stages.yaml").write_text(STAGES)
+    port = free_port()
+    cfg = {"apache": stub.url, "listen": f"127.0.0.1:{port}", "stages": "stages.yaml", "policy": "pi(2)",
+           "loop": "asyncio", **extra}
+    path = work / name
+    path.write_text("\n".join(f"{k}: {json.dumps(v)}" for k, v in cfg.items()) + "\n")
+    return path, port
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "overtake.api.cli", "sidecar", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+# ---- config file ---------------------------------------------------------------------------------
+def test_config_file_and_flags_override_it(work: Path, stub: StubApache) -> None:
+    cfg, port = _config(work, stub, policy="pi(3)", drain_timeout=5)
+    override = free_port()
+    argv = [sys.executable, "-m", "overtake.api.cli", "sidecar", "--config", str(cfg), "--listen",
+            f"127.0.0.1:{override}"]
+    s = SidecarProc(work, [], argv=argv, ready_port=override)
+    s.port = override
+    try:
+        assert json.loads(s.request("GET", "/-/policy")[2])["name"] == "pi(3)"  # from the file
+        with pytest.raises(OSError):  # the file's listen was overridden by --listen
+            s.request("GET", "/-/healthz", port=port, timeout=2)
+    finally:
+        assert s.stop() == 0
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    ("drain_timout: 5", r"drain_timout: unknown key; known keys: .*drain_timeout"),
+    ("drain_timeout: -1", r"drain_timeout: Input should be greater than or equal to 0"),
+    ("request_log_format: xml", r"request_log_format: Input should be 'json' or 'combined'"),
+    ("online: {refit_every: 3}", r"online\.refit_every: unknown key; known keys: .*refit_interval"),
+    ("admin_put: maybe", r"admin_put: Input should be a valid boolean"),
+])
+def test_config_errors_are_one_line_naming_the_key(work: Path, stub: StubApache, line: str, message: str) -> None:
+    cfg, _ = _config(work, stub, name="bad.yaml")
+    cfg.write_text(cfg.read_text() + line + "\n")
+    r = _cli("--config", str(cfg))
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.search(message, lines[0]), r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_missing_required_key_names_the_flag(work: Path) -> None:
+    cfg = work / "partial.yaml"
+    cfg.write_text("policy: pi(2)\nlisten: 127.0.0.1:1\n")
+    r = _cli("--config", str(cfg))
+    assert r.returncode == 2 and "apache: required: set it in the config file or give --apache" in r.stderr, r.stderr
+
+
+# ---- SIGTERM: drain ------------------------------------------------------------------------------
+def _load_until_signal(port: int, n_clients: int, t_stop: float) -> list[tuple[float, float, int | str]]:
+    """``n_clients`` threads each loop: new connection, GET /slow/0.3, until ``t_stop``. Each
+    result: (time the request was written, time answered, status or error name)."""
+    out: list[tuple[float, float, int | str]] = []
+    lock = threading.Lock()
+
+    def client(i: int) -> None:
+        path = "/slow/0.3" if i % 2 else "/stage2"
+        while time.monotonic() < t_stop:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            try:
+                conn.connect()
+            except OSError:
+                time.sleep(0.05)
+                continue
+            try:
+                conn.request("GET", path)
+                sent = time.monotonic()
+            except OSError as exc:
+                conn.close()
+                with lock:
+                    out.append((time.monotonic(), time.monotonic(), type(exc).__name__))
+                continue
+            try:
+                r = conn.getresponse()
+                r.read()
+                res: int | str = r.status
+            except (OSError, http.client.HTTPException) as exc:
+                res = type(exc).__name__
+            finally:
+                conn.close()
+            with lock:
+                out.append((sent, time.monotonic(), res))
+
+    th = [threading.Thread(target=client, args=(i,)) for i in range(n_clients)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(60)
+    return out
+
+
+def test_sigterm_drains_every_accepted_request(work: Path, stub: StubApache) -> None:
+    """pi(2) over 12 clients of 0.3 s requests: at the signal some run in Apache and more wait in
+    the sidecar's queue. Every request written before the signal is answered 200; the process
+    exits 0 within the drain deadline."""
+    s = SidecarProc(work, ["--policy", "pi(2)", "--apache", stub.url, "--drain-timeout", "20"])
+    t_sig = time.monotonic() + 1.5
+    box: dict[str, Any] = {}
+    th = threading.Thread(target=lambda: box.update(res=_load_until_signal(s.port, 12, t_sig + 1.0)))
+    th.start()
+    time.sleep(max(0.0, t_sig - time.monotonic()))
+    queued = _metric(s, "overtake_stage_queued")
+    t_sig = time.monotonic()
+    s.proc.send_signal(signal.SIGTERM)
+    code = s.proc.wait(30)
+    t_exit = time.monotonic()
+    th.join(60)
+    res = box["res"]
+    before = [r for r in res if r[0] < t_sig]
+    lost = [r for r in before if r[2] != 200]
+    assert code == 0, s.text()
+    assert queued > 0, "no request was queued at the signal: the test did not exercise the queue"
+    assert len(before) >= 12 and not lost, (len(before), lost)
+    assert t_exit - t_sig < 5
+    drained = [e for e in s.events() if e.get("event") == "drained"]
+    assert drained and drained[0]["cut"] == 0, s.text()
+    assert "Traceback" not in s.text()
+    print(f"drain: {len(before)} requests sent before SIGTERM, {len(lost)} lost, {queued:g} queued at the "
+          f"signal, exit {code} after {t_exit - t_sig:.2f} s")
+
+
+def _metric(s: SidecarProc, name: str, port: int | None = None) -> float:
+    text = s.request("GET", "/-/metrics", port=port)[2].decode()
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(name + "{"))
+
+
+def test_drain_deadline_cuts_and_still_exits_0(work: Path, stub: StubApache) -> None:
+    s = SidecarProc(work, ["--policy", "pi(2)", "--apache", stub.url, "--drain-timeout", "0.5"])
+    box: dict[str, Any] = {}
+
+    def slow() -> None:
+        try:
+            box["r"] = s.request("GET", "/slow/3", timeout=10)[0]
+        except (OSError, http.client.HTTPException) as exc:
+            box["r"] = type(exc).__name__
+
+    th = threading.Thread(target=slow)
+    th.start()
+    time.sleep(0.5)
+    t0 = time.monotonic()
+    s.proc.send_signal(signal.SIGTERM)
+    assert s.proc.wait(10) == 0
+    assert time.monotonic() - t0 < 2.5
+    th.join(10)
+    assert box["r"] != 200
+    drained = [e for e in s.events() if e.get("event") == "drained"]
+    assert drained and drained[0]["cut"] == 1
+
+
+# ---- SIGHUP: reload ------------------------------------------------------------------------------
+def test_sighup_reloads_config_and_policy(work: Path, stub: StubApache) -> None:
+    log1, log2 = work / "req1.log", work / "req2.log"
+    cfg, port = _config(work, stub, name="hup.yaml", request_log=str(log1))
+    argv = [sys.executable, "-m", "overtake.api.cli", "sidecar", "--config", str(cfg)]
+    s = SidecarProc(work, [], argv=argv, ready_port=port)
+    s.port = port
+    try:
+        assert json.loads(s.request("GET", "/-/policy")[2])["name"] == "pi(2)"
+        text = cfg.read_text().replace('policy: "pi(2)"', 'policy: "pi(1)"').replace(str(log1), str(log2))
+        cfg.write_text(text + f'listen: "127.0.0.1:{free_port()}"\n'.replace("listen", "admin_listen"))
+        s.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 5
+        while json.loads(s.request("GET", "/-/policy")[2])["name"] != "pi(1)":
+            assert time.monotonic() < deadline, s.text()
+            time.sleep(0.05)
+        s.request("GET", "/stage2")
+        while not (log2.exists() and '"stage": "stage2"' in log2.read_text()):  # written after the answer
+            assert time.monotonic() < deadline + 5, "the reloaded request_log got no line"
+            time.sleep(0.05)
+        partial = [e for e in s.events() if e.get("event") == "reload_partial"]
+        assert partial and "admin_listen" in partial[0]["detail"]  # needs a restart: named, not applied
+        assert s.request("GET", "/-/healthz")[0] == 200  # still on the public listener
+        # a broken config on reload is refused and the running one kept
+        cfg.write_text(cfg.read_text() + "nonsense_key: 1\n")
+        s.proc.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        refused = [e for e in s.events() if e.get("event") == "reload_refused"]
+        assert refused and "nonsense_key: unknown key" in refused[0]["detail"]
+        assert s.request("GET", "/stage2")[0] == 200
+    finally:
+        assert s.stop() == 0
+
+
+# ---- admin listener, access log, forwarded headers ------------------------------------------------
+def test_admin_listener_takes_the_control_endpoints(work: Path, stub: StubApache) -> None:
+    admin = free_port()
+    s = SidecarProc(work, ["--policy", "pi(2)", "--apache", stub.url, "--admin-listen", f"127.0.0.1:{admin}"],
+                    ready_port=admin)
+    try:
+        for path in ("/-/metrics", "/-/policy", "/-/healthz"):
+            assert s.request("GET", path, port=admin)[0] == 200
+            assert s.request("GET", path)[0] == 404
+        code, _, body = s.request("PUT", "/-/policy", body=b"pi(1)")
+        assert code == 403 and b"not served on this listener" in body
+        assert s.request("PUT", "/-/policy", body=b"pi(1)", port=admin)[0] == 200
+        assert s.request("GET", "/stage2", port=admin)[0] == 404  # the admin listener proxies nothing
+        assert s.request("GET", "/stage2")[0] == 200
+    finally:
+        assert s.stop() == 0
+
+
+def test_access_log_has_stage_phase_queue_wait_and_upstream(work: Path, stub: StubApache) -> None:
+    log = work / "access.jsonl"
+    s = SidecarProc(work, ["--policy", "pi(1)", "--apache", stub.url, "--request-log", str(log)])
+    try:
+        th = [threading.Thread(target=s.request, args=("GET", "/slow/0.3"), kwargs={"headers": {"User-Agent": "t/1"}})
+              for _ in range(2)]
+        for t in th:
+            t.start()
+            time.sleep(0.05)
+        for t in th:
+            t.join()
+        s.request("GET", "/-/healthz")
+        s.request("GET", "/other")
+    finally:
+        assert s.stop() == 0
+    recs = [json.loads(x) for x in log.read_text().splitlines()]
+    slow = sorted((r for r in recs if r["target"] == "/slow/0.3"), key=lambda r: r["queue_wait"])
+    assert len(slow) == 2 and all(r["stage"] == "stage1" and r["phase"] == 1 and r["status"] == 200 for r in slow)
+    assert slow[0]["queue_wait"] < 0.05 and 0.2 < slow[1]["queue_wait"] < 0.6, slow
+    assert all(r["upstream"] >= 0.3 and r["duration"] >= r["queue_wait"] + r["upstream"] - 0.01 for r in slow)
+    assert slow[0]["user_agent"] == "t/1" and slow[0]["bytes"] > 0
+    other = [r for r in recs if r["target"] == "/other"]
+    assert other[0]["stage"] == "passthrough" and other[0]["phase"] is None
+    assert next(r for r in recs if r["target"] == "/-/healthz")["stage"] == "admin"
+
+
+def test_access_log_combined_format(work: Path, stub: StubApache) -> None:
+    log = work / "access.log"
+    s = SidecarProc(work, ["--policy", "pi(1)", "--apache", stub.url, "--request-log", str(log),
+                           "--request-log-format", "combined"])
+    try:
+        s.request("GET", "/slow/0.1?x=1", headers={"User-Agent": 'quote"d', "Referer": "http://r/"})
+    finally:
+        assert s.stop() == 0
+    line = next(ln for ln in log.read_text().splitlines() if "/slow/" in ln)
+    m = re.fullmatch(r'127\.0\.0\.1 - - \[[^]]+\] "GET /slow/0\.1\?x=1 HTTP/1\.1" 200 (\d+) "http://r/" "quote\\"d" '
+                     r"stage=stage1 phase=1 queue_wait=([0-9.]+) upstream=([0-9.]+) duration=([0-9.]+)", line)
+    assert m is not None, line
+    assert float(m[3]) >= 0.1 and int(m[1]) > 0
+
+
+def test_forwarded_proto_and_host(work: Path, stub: StubApache) -> None:
+    s = SidecarProc(work, ["--policy", "pi(2)", "--apache", stub.url])
+    try:
+        body = s.request("GET", "/stage2", headers={"Host": "shop.example:8443", "X-Forwarded-Proto": "gopher",
+                                                    "X-Forwarded-Host": "evil"})[2]
+    finally:
+        s.stop()
+    h = {k.lower(): v for k, v in json.loads(body)["headers"]}
+    assert h["x-forwarded-proto"] == "http" and h["x-forwarded-host"] == "shop.example:8443"
+    assert h["x-forwarded-for"] == "127.0.0.1" and h["host"] == "shop.example:8443"
+
+
+# ---- the shipped unit file -------------------------------------------------------------------------
+def _parse_unit(path: Path) -> dict[str, dict[str, list[str]]]:
+    """systemd's unit syntax as far as the shipped unit uses it: sections, repeated keys,
+    backslash line continuation, comments."""
+    out: dict[str, dict[str, list[str]]] = {}
+    section = ""
+    pending = ""
+    for raw in path.read_text().splitlines():
+        line = pending + raw.strip()
+        pending = ""
+        if line.endswith("\\"):
+            pending = line[:-1] + " "
+            continue
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            out.setdefault(section, {})
+            continue
+        key, _, value = line.partition("=")
+        out[section].setdefault(key.strip(), []).append(value.strip())
+    return out
+
+
+def _unit_env(unit: dict[str, dict[str, list[str]]]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in unit["Service"].get("Environment", []):
+        for word in shlex.split(item):
+            k, _, v = word.partition("=")
+            env[k] = v
+    return env
+
+
+def _expand(word: str, env: dict[str, str]) -> str:
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: env.get(m[1] or m[2], ""), word)
+
+
+def _systemd_usable() -> bool:
+    if shutil.which("systemctl") is None or shutil.which("systemd-run") is None:
+        return False
+    r = subprocess.run(["systemctl", "is-system-running"], capture_output=True, text=True, check=False)
+    return r.stdout.strip() in ("running", "degraded")
+
+
+def test_unit_file_runs_the_sidecar_and_stops_it_gracefully(work: Path, stub: StubApache) -> None:
+    """Start the sidecar from apache-conf/overtake-sidecar.service as systemd would: its
+    Environment= and ExecStart= (the config path pointed at a test config, as a drop-in would),
+    then KillSignal= to the main process with a request in flight; it must finish that request
+    and exit 0 within TimeoutStopSec=. Under systemd-run when systemd is PID 1 here; otherwise
+    this supervisor (systemd is 'offline' in the CI container)."""
+    unit = _parse_unit(UNIT)
+    svc = unit["Service"]
+    assert svc["Type"] == ["exec"] and svc["KillSignal"] == ["SIGTERM"] and svc["ExecReload"]
+    stop_timeout = float(svc["TimeoutStopSec"][0])
+    cfg, port = _config(work, stub, name="unit.yaml", drain_timeout=min(20.0, stop_timeout - 5))
+    env = {**_unit_env(unit), "OVERTAKE_CONFIG": str(cfg)}
+    argv = [_expand(w, env) for w in shlex.split(svc["ExecStart"][0])]
+    assert Path(argv[0]).name == "overtake" and argv[1:3] == ["sidecar", "--config"]
+    # the unit names the installed entry point; here it is this interpreter's
+    argv = [sys.executable, "-m", "overtake.api.cli", *argv[1:]]
+    if _systemd_usable():  # pragma: no cover - not in the CI container
+        name = f"overtake-test-{port}"
+        props = [f"--property={k}={v}" for k in ("KillSignal", "TimeoutStopSec") for v in svc[k]]
+        subprocess.run(["systemd-run", f"--unit={name}", *props, *[f"--setenv={k}={v}" for k, v in env.items()],
+                        *argv], check=True)
+        stopper = ["systemctl", "stop", name]
+        proc = None
+    else:
+        with (work / "unit.log").open("wb") as err:
+            proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=err,
+                                    start_new_session=True)
+    deadline = time.monotonic() + 60
+    while True:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        try:
+            c.request("GET", "/-/healthz")
+            if c.getresponse().status == 200:
+                break
+        except OSError:
+            pass
+        finally:
+            c.close()
+        assert time.monotonic() < deadline, (work / "unit.log").read_text()
+        time.sleep(0.1)
+    box: dict[str, Any] = {}
+
+    def inflight() -> None:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            c.request("GET", "/slow/1")
+            r = c.getresponse()
+            box["status"], box["body"] = r.status, r.read()
+        finally:
+            c.close()
+
+    th = threading.Thread(target=inflight)
+    th.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    if proc is None:  # pragma: no cover
+        subprocess.run(stopper, check=True)
+        code = 0
+    else:
+        proc.send_signal(getattr(signal, svc["KillSignal"][0]))  # KillMode=mixed: to the main process
+        code = proc.wait(stop_timeout)
+    th.join(10)
+    assert code == 0, (work / "unit.log").read_text()
+    assert box.get("status") == 200, box
+    assert time.monotonic() - t0 < stop_timeout
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_unit_file_passes_systemd_analyze_verify(work: Path) -> None:
+    """systemd's own parser accepts every directive (ExecStart pointed at this checkout's entry
+    point: verify also checks that the program exists)."""
+    exe = Path(sys.executable).with_name("overtake")
+    if not exe.exists():
+        pytest.skip(f"no {exe}: the package is not installed with its console script")
+    unit = work / "overtake-sidecar.service"
+    unit.write_text(UNIT.read_text().replace("/usr/local/bin/overtake", str(exe)))
+    r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, check=False)
+    assert r.returncode == 0 and not r.stderr.strip(), r.stderr
+
+
+def test_vhost_example_trusts_the_sidecar_and_keeps_server_status_private() -> None:
+    text = VHOST.read_text()
+    assert re.search(r"^\s*RemoteIPHeader\s+X-Forwarded-For", text, re.MULTILINE)
+    assert re.search(r"^\s*RemoteIPInternalProxy\s+127\.0\.0\.1", text, re.MULTILINE)
+    status = re.search(r"<Location\s+/server-status>(.*?)</Location>", text, re.DOTALL)
+    assert status is not None and "SetHandler server-status" in status[1]
+    # with mod_remoteip the client's address (from X-Forwarded-For) replaces the sidecar's, so a
+    # loopback-only rule admits the sidecar's own scrape (no X-Forwarded-For) and not its clients
+    assert re.search(r"^\s*Require\s+ip\s+127\.0\.0\.1\s+::1\s*$", status[1], re.MULTILINE), status[1]
+    assert EXAMPLE_CONFIG.exists()
+
+
+def test_unit_and_examples_are_package_data() -> None:
+    cfg = (REPO / "setup.cfg").read_text()
+    line = next(ln for ln in cfg.splitlines() if ln.startswith("overtake.apache_conf ="))
+    assert "*.service" in line and "examples/*" in line
+
+
+def test_vhost_example_on_a_real_apache_behind_the_sidecar(apache_available: None, work: Path) -> None:
+    """Debian's apache2 with the example vhost (its address, DocumentRoot and log folder moved
+    into a temporary folder) behind the sidecar: the sidecar's own mod_status scrape is allowed
+    (apache_up 1), a client arriving through the sidecar from 127.0.0.2 is logged by Apache as
+    127.0.0.2 (mod_remoteip) and refused /server-status (403), since the Require rule now sees the
+    client, not the sidecar."""
+    root = Path(tempfile.mkdtemp(prefix="overtake-vhost-", dir="/tmp"))
+    root.chmod(0o755)
+    (root / "htdocs").mkdir()
+    (root / "htdocs" / "index.html").write_text("hello\n")
+    (root / "logs").mkdir()
+    (root / "run").mkdir()
+    port = free_port()
+    vhost = (VHOST.read_text().replace("127.0.0.1:8081", f"127.0.0.1:{port}")
+             .replace("/var/www/html", str(root / "htdocs")).replace("${APACHE_LOG_DIR}", str(root / "logs")))
+    (root / "vhost.conf").write_text(vhost)
+    mods = "/usr/lib/apache2/modules"
+    user = "User www-data\nGroup www-data\n" if os.geteuid() == 0 else ""
+    (root / "httpd.conf").write_text(
+        f'ServerRoot "{root}"\nDefaultRuntimeDir "{root}/run"\nPidFile "{root}/run/httpd.pid"\n'
+        f'ErrorLog "{root}/logs/error.log"\nListen 127.0.0.1:{port}\nServerName localhost\n{user}'
+        + "".join(f"LoadModule {m}_module {mods}/mod_{m}.so\n"
+                  for m in ("mpm_event", "authz_core", "authz_host", "mime", "status", "remoteip"))
+        + f"TypesConfig /etc/mime.types\nInclude {root}/vhost.conf\n")
+    subprocess.run(["apache2", "-f", str(root / "httpd.conf"), "-t"], check=True, capture_output=True)
+    subprocess.run(["apache2", "-f", str(root / "httpd.conf"), "-k", "start"], check=True)
+    s = None
+    try:
+        s = SidecarProc(work, ["--policy", "pi(2)", "--apache", f"http://127.0.0.1:{port}"])
+        assert "apache_up 1.0" in s.request("GET", "/-/metrics")[2].decode()
+        code, _, body = s.request("GET", "/index.html", source="127.0.0.2")
+        assert code == 200 and body == b"hello\n"
+        assert s.request("GET", "/server-status", source="127.0.0.2")[0] == 403
+        deadline = time.monotonic() + 5
+        while "GET /index.html" not in (root / "logs" / "access.log").read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        line = next(ln for ln in (root / "logs" / "access.log").read_text().splitlines() if "GET /index.html" in ln)
+        assert line.startswith("127.0.0.2 "), line
+    finally:
+        if s is not None:
+            s.stop()
+        subprocess.run(["apache2", "-f", str(root / "httpd.conf"), "-k", "stop"], check=False, capture_output=True)
+        deadline = time.monotonic() + 10
+        while (root / "run" / "httpd.pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        shutil.rmtree(root, ignore_errors=True)
