@@ -3,8 +3,9 @@
 :class:`PolicySource` loads the first policy before the sidecar listens, then follows its source:
 the ``--policy`` file is re-read when its mtime or size changes (polled every ``watch_interval``
 seconds; ``SIGHUP`` forces a reload through :meth:`PolicySource.reload`), and with ``--policy-url``
-the API's artifact is polled every ``policy_poll`` seconds with its ETag (:mod:`overtake.controller.policy_fetch`); ``PUT /-/policy``
-with an ``http://`` URL follows another model. Every new policy goes through the sidecar's one
+the API's artifact is polled every ``policy_poll`` seconds with its ETag
+(:mod:`overtake.controller.policy_fetch`); ``PUT /-/policy`` with an ``http://`` URL follows
+another model. Every new policy goes through the sidecar's one
 atomic swap (``install``, :meth:`overtake.controller.sidecar.Sidecar.install`), which validates
 it off the event loop first: a refused or unreachable policy leaves the running one in place, and
 the watcher logs it and keeps watching (whatever the file holds). The bearer token goes only to
