@@ -126,27 +126,35 @@ static int conf_nice(const op_conf *c, int k)
     return k == conf_nlevels(c) - 1 ? OP_NICE_IDLE : 10;
 }
 
-static const char *set_enabled(cmd_parms *cmd, void *d, int on)
+/* Every directive is server-wide. take_word and take_flag check that once, then hand the main
+ * server's config to the setter the directive names in its cmd_data (an op_directive). */
+typedef const char *(*op_setter)(cmd_parms *cmd, op_conf *c, const char *arg);
+typedef struct {
+    op_setter set;
+    size_t field;               /* set_flag: offset of the int it sets in op_conf */
+} op_directive;
+
+static const char *take_word(cmd_parms *cmd, void *d, const char *arg)
 {
-    op_conf *c = ap_get_module_config(cmd->server->module_config, &overtake_prio_module);
     const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
+    const op_directive *dir = cmd->info;
     (void)d;
     if (err) {
         return err;
     }
-    c->enabled = on;
-    return NULL;
+    return dir->set(cmd, ap_get_module_config(cmd->server->module_config, &overtake_prio_module),
+                    arg);
 }
 
-static const char *set_age(cmd_parms *cmd, void *d, int on)
+static const char *take_flag(cmd_parms *cmd, void *d, int on)
 {
-    op_conf *c = ap_get_module_config(cmd->server->module_config, &overtake_prio_module);
-    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
-    (void)d;
-    if (err) {
-        return err;
-    }
-    c->age = on;
+    return take_word(cmd, d, on ? "On" : "Off");
+}
+
+static const char *set_flag(cmd_parms *cmd, op_conf *c, const char *arg)
+{
+    const op_directive *dir = cmd->info;
+    *(int *)((char *)c + dir->field) = !strcmp(arg, "On");
     return NULL;
 }
 
@@ -165,147 +173,105 @@ static const char *parse_seconds(apr_pool_t *p, const char *name, const char *w,
     return NULL;
 }
 
-static const char *set_levels(cmd_parms *cmd, void *d, const char *args)
+/* The words of a per-level directive: 1..OP_MAX_LEVELS of them, else usage. */
+static const char *split_levels(cmd_parms *cmd, const char *args, const char *usage,
+                                char **words, int *n)
 {
-    op_conf *c = ap_get_module_config(cmd->server->module_config, &overtake_prio_module);
-    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
-    int n = 0;
-    (void)d;
-    if (err) {
-        return err;
-    }
+    *n = 0;
     while (*args) {
         char *w = ap_getword_conf(cmd->temp_pool, &args);
-        double v;
         if (!*w) {
             break;
         }
-        if (n == OP_MAX_LEVELS) {
-            return apr_psprintf(cmd->pool, "OvertakePrioLevels: at most %d thresholds",
+        if (*n == OP_MAX_LEVELS) {
+            return apr_psprintf(cmd->pool, "%s: at most %d levels", cmd->cmd->name,
                                 OP_MAX_LEVELS);
         }
-        if ((err = parse_seconds(cmd->pool, "OvertakePrioLevels", w, 0.0, 3600.0, &v))) {
-            return err;
-        }
-        if (v <= 0.0 || (n > 0 && v <= c->threshold[n - 1])) {
-            return apr_psprintf(cmd->pool, "OvertakePrioLevels: thresholds must be > 0 and "
-                                "strictly increasing, got %s after %g", w,
-                                n ? c->threshold[n - 1] : 0.0);
-        }
-        c->threshold[n++] = v;
+        words[(*n)++] = w;
     }
-    if (n == 0) {
-        return "OvertakePrioLevels: give one or more thread-CPU thresholds in seconds, "
-               "e.g. OvertakePrioLevels 0.005 0.05";
-    }
-    c->nlevels = n;
-    return NULL;
+    return *n ? NULL : usage;
 }
 
-static const char *set_nice(cmd_parms *cmd, void *d, const char *args)
+static const char *set_levels(cmd_parms *cmd, op_conf *c, const char *args)
 {
-    op_conf *c = ap_get_module_config(cmd->server->module_config, &overtake_prio_module);
-    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
-    int n = 0;
-    (void)d;
-    if (err) {
-        return err;
+    char *w[OP_MAX_LEVELS];
+    int n, k;
+    const char *err = split_levels(cmd, args, "OvertakePrioLevels: give one or more thread-CPU "
+                                   "thresholds in seconds, e.g. OvertakePrioLevels 0.005 0.05",
+                                   w, &n);
+    for (k = 0; !err && k < n; k++) {
+        err = parse_seconds(cmd->pool, "OvertakePrioLevels", w[k], 0.0, 3600.0, &c->threshold[k]);
+        if (!err && (c->threshold[k] <= 0.0 || (k > 0 && c->threshold[k] <= c->threshold[k - 1]))) {
+            err = apr_psprintf(cmd->pool, "OvertakePrioLevels: thresholds must be > 0 and "
+                               "strictly increasing, got %s after %g", w[k],
+                               k ? c->threshold[k - 1] : 0.0);
+        }
     }
-    while (*args) {
-        char *w = ap_getword_conf(cmd->temp_pool, &args);
+    c->nlevels = err ? 0 : n;
+    return err;
+}
+
+static const char *set_nice(cmd_parms *cmd, op_conf *c, const char *args)
+{
+    char *w[OP_MAX_LEVELS];
+    int n, k;
+    const char *err = split_levels(cmd, args, "OvertakePrioNice: give one nice increment (1..19) "
+                                   "or 'idle' per level, e.g. OvertakePrioNice 10 idle", w, &n);
+    for (k = 0; !err && k < n; k++) {
         char *end;
         long v;
-        if (!*w) {
-            break;
-        }
-        if (n == OP_MAX_LEVELS) {
-            return apr_psprintf(cmd->pool, "OvertakePrioNice: at most %d levels",
-                                OP_MAX_LEVELS);
-        }
-        if (n > 0 && c->nice[n - 1] == OP_NICE_IDLE) {
+        if (k > 0 && c->nice[k - 1] == OP_NICE_IDLE) {
             return "OvertakePrioNice: 'idle' (SCHED_IDLE) can only be the last level";
         }
-        if (!strcasecmp(w, "idle")) {
-            c->nice[n++] = OP_NICE_IDLE;
+        if (!strcasecmp(w[k], "idle")) {
+            c->nice[k] = OP_NICE_IDLE;
             continue;
         }
         errno = 0;
-        v = strtol(w, &end, 10);
-        if (errno || end == w || *end || v < 1 || v > 19) {
+        v = strtol(w[k], &end, 10);
+        if (errno || end == w[k] || *end || v < 1 || v > 19) {
             return apr_psprintf(cmd->pool, "OvertakePrioNice: '%s' must be a nice increment "
-                                "in 1..19 or 'idle', e.g. OvertakePrioNice 10 idle", w);
+                                "in 1..19 or 'idle', e.g. OvertakePrioNice 10 idle", w[k]);
         }
-        if (n > 0 && v < c->nice[n - 1]) {
+        if (k > 0 && v < c->nice[k - 1]) {
             return apr_psprintf(cmd->pool, "OvertakePrioNice: levels must not rise in "
-                                "priority, got nice %ld after %d", v, c->nice[n - 1]);
+                                "priority, got nice %ld after %d", v, c->nice[k - 1]);
         }
-        c->nice[n++] = (int)v;
+        c->nice[k] = (int)v;
     }
-    if (n == 0) {
-        return "OvertakePrioNice: give one nice increment (1..19) or 'idle' per level, "
-               "e.g. OvertakePrioNice 10 idle";
-    }
-    c->nnice = n;
-    return NULL;
+    c->nnice = err ? 0 : n;
+    return err;
 }
 
-static const char *set_interval(cmd_parms *cmd, void *d, const char *w)
+static const char *set_interval(cmd_parms *cmd, op_conf *c, const char *w)
 {
-    op_conf *c = ap_get_module_config(cmd->server->module_config, &overtake_prio_module);
-    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
-    (void)d;
-    if (err) {
-        return err;
-    }
     return parse_seconds(cmd->pool, "OvertakePrioInterval", w, 0.0001, 1.0, &c->interval);
 }
 
-static const char *set_header(cmd_parms *cmd, void *d, const char *w)
+static const char *set_header(cmd_parms *cmd, op_conf *c, const char *w)
 {
-    op_conf *c = ap_get_module_config(cmd->server->module_config, &overtake_prio_module);
-    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
-    (void)d;
-    if (err) {
-        return err;
-    }
     c->class_header = strcasecmp(w, "none") ? apr_pstrdup(cmd->pool, w) : NULL;
     c->class_header_set = 1;
     return NULL;
 }
 
-static const char *set_cap(cmd_parms *cmd, void *d, const char *w)
+static const char *set_cap(cmd_parms *cmd, op_conf *c, const char *w)
 {
-    op_conf *c = ap_get_module_config(cmd->server->module_config, &overtake_prio_module);
-    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
-    (void)d;
-    if (err) {
-        return err;
+    static const char *const names[] = {"auto", "on", "off"};  /* indexed by OP_CAP_* */
+    int k;
+    for (k = 0; k < 3; k++) {
+        if (!strcasecmp(w, names[k])) {
+            c->cap_sys_nice = k;
+            return NULL;
+        }
     }
-    if (!strcasecmp(w, "auto")) {
-        c->cap_sys_nice = OP_CAP_AUTO;
-    }
-    else if (!strcasecmp(w, "on")) {
-        c->cap_sys_nice = OP_CAP_ON;
-    }
-    else if (!strcasecmp(w, "off")) {
-        c->cap_sys_nice = OP_CAP_OFF;
-    }
-    else {
-        return apr_psprintf(cmd->pool, "OvertakePrioCapSysNice: '%s' must be auto, on or off", w);
-    }
-    return NULL;
+    return apr_psprintf(cmd->pool, "OvertakePrioCapSysNice: '%s' must be auto, on or off", w);
 }
 
-static const char *set_rlimit(cmd_parms *cmd, void *d, const char *w)
+static const char *set_rlimit(cmd_parms *cmd, op_conf *c, const char *w)
 {
-    op_conf *c = ap_get_module_config(cmd->server->module_config, &overtake_prio_module);
-    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
     char *end;
     long v;
-    (void)d;
-    if (err) {
-        return err;
-    }
     errno = 0;
     v = strtol(w, &end, 10);
     if (errno || end == w || *end || v < 0 || v > 40) {
@@ -316,25 +282,34 @@ static const char *set_rlimit(cmd_parms *cmd, void *d, const char *w)
     return NULL;
 }
 
+static op_directive dir_enabled = {set_flag, APR_OFFSETOF(op_conf, enabled)};
+static op_directive dir_age = {set_flag, APR_OFFSETOF(op_conf, age)};
+static op_directive dir_levels = {set_levels, 0};
+static op_directive dir_nice = {set_nice, 0};
+static op_directive dir_interval = {set_interval, 0};
+static op_directive dir_header = {set_header, 0};
+static op_directive dir_rlimit = {set_rlimit, 0};
+static op_directive dir_cap = {set_cap, 0};
+
 static const command_rec op_cmds[] = {
-    AP_INIT_FLAG("OvertakePrio", set_enabled, NULL, RSRC_CONF,
+    AP_INIT_FLAG("OvertakePrio", take_flag, &dir_enabled, RSRC_CONF,
                  "On: lower worker-thread CPU priority per request (default Off)"),
-    AP_INIT_RAW_ARGS("OvertakePrioLevels", set_levels, NULL, RSRC_CONF,
+    AP_INIT_RAW_ARGS("OvertakePrioLevels", take_word, &dir_levels, RSRC_CONF,
                      "thread-CPU seconds at which a request enters level 1, 2, ... "
                      "(default 0.005 0.05)"),
-    AP_INIT_RAW_ARGS("OvertakePrioNice", set_nice, NULL, RSRC_CONF,
+    AP_INIT_RAW_ARGS("OvertakePrioNice", take_word, &dir_nice, RSRC_CONF,
                      "priority of level 1, 2, ...: nice increment 1..19 over the thread's own "
                      "nice, or 'idle' (SCHED_IDLE) last (default 10 ... idle)"),
-    AP_INIT_TAKE1("OvertakePrioInterval", set_interval, NULL, RSRC_CONF,
+    AP_INIT_TAKE1("OvertakePrioInterval", take_word, &dir_interval, RSRC_CONF,
                   "monitor period in seconds (default 0.001)"),
-    AP_INIT_FLAG("OvertakePrioAge", set_age, NULL, RSRC_CONF,
+    AP_INIT_FLAG("OvertakePrioAge", take_flag, &dir_age, RSRC_CONF,
                  "On: demote by attained thread CPU (default); Off: class header only"),
-    AP_INIT_TAKE1("OvertakePrioClassHeader", set_header, NULL, RSRC_CONF,
+    AP_INIT_TAKE1("OvertakePrioClassHeader", take_word, &dir_header, RSRC_CONF,
                   "request header giving the starting level (default X-Overtake-Class; "
                   "'none' to ignore)"),
-    AP_INIT_TAKE1("OvertakePrioRlimitNice", set_rlimit, NULL, RSRC_CONF,
+    AP_INIT_TAKE1("OvertakePrioRlimitNice", take_word, &dir_rlimit, RSRC_CONF,
                   "RLIMIT_NICE set before Apache switches user (default 20: back to nice 0)"),
-    AP_INIT_TAKE1("OvertakePrioCapSysNice", set_cap, NULL, RSRC_CONF,
+    AP_INIT_TAKE1("OvertakePrioCapSysNice", take_word, &dir_cap, RSRC_CONF,
                   "keep CAP_SYS_NICE (only) across the switch to the worker user: auto (when "
                   "RLIMIT_NICE cannot allow the restore; default), on, off"),
     {NULL}
