@@ -28,10 +28,8 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -51,6 +49,7 @@ from overtake.controller.harness.loadgen import (
     replay,
     wait_idle,
 )
+from overtake.controller.harness.scratch import free_port, scratch_dir
 from overtake.mdp import Policy, TandemModel
 from overtake.mdp.truncation import evaluate_baseline
 
@@ -95,12 +94,6 @@ def ideal_response_times(trace: dict[str, np.ndarray], spec: str, unit: float, m
 # --------------------------------------------------------------------------- plumbing
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def policy_file(case: int, policy_dir: Path) -> Path:
     out = policy_dir / f"case{case:02d}.npz"
     if not out.exists():
@@ -127,7 +120,7 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
     specs = {"pi*": str(pfile), "pi(1)": "pi(1)", "pi(inf)": "passthrough"}
     ideal = {name: ideal_response_times(trace, specs[name], args.time_unit, args.classifier, args.max_workers - 4)
              for name in args.policies.split(",")}
-    port = _free_port()
+    port = free_port()
     stages = tmp / f"stages{case}.yaml"
     stages.write_text(STAGES.format(cap=args.max_workers - 4, mode=args.classifier, unit=args.time_unit,
                                     follow_up=args.follow_up_timeout))
@@ -390,8 +383,7 @@ def main() -> int:
         pass
     cores = sorted(os.sched_getaffinity(0))
     server_core, client_core = cores[-1], cores[0]
-    tmp = Path(tempfile.mkdtemp(prefix="overtake-table2-", dir="/tmp"))
-    tmp.chmod(0o755)
+    tmp = scratch_dir("overtake-table2-")
     load_before = os.getloadavg()[0]
     command = (f"python bench/apache_table2.py --cases {args.cases} --transactions {args.transactions} "
                f"--time-unit {args.time_unit:g} --classifier {args.classifier}"
@@ -400,7 +392,7 @@ def main() -> int:
     results: dict[str, Any] = {}
     started = time.time()
     with halt_polling(int(args.halt_poll_us * 1000)) if args.halt_poll_us > 0 else contextlib.nullcontext() as hp:
-        inst = apache.start(tmp / "apache", f"127.0.0.1:{_free_port()}", cpu=server_core, max_workers=args.max_workers)
+        inst = apache.start(tmp / "apache", f"127.0.0.1:{free_port()}", cpu=server_core, max_workers=args.max_workers)
         try:
             os.sched_setaffinity(0, {client_core})  # after Apache's start: it checks the core against ours
             slices = set_sched_slice([inst.pid, *inst.child_pids], int(args.apache_slice_us * 1000)) \

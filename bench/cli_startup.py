@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _report import append_run
+
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("numba", "scipy.sparse", "scipy.sparse.linalg", "pydantic", "matplotlib", "fastapi", "cvxpy", "tqdm")
 
@@ -69,8 +71,7 @@ def main() -> int:
         print(f"compare imported: {' '.join(imported) or 'none of ' + ', '.join(HEAVY)}; "
               f"load {min(loads):.2f}-{max(loads):.2f}")
     if not args.no_write:
-        with (ROOT / "bench" / "results" / "solver_speed.jsonl").open("a") as fh:
-            fh.write(json.dumps(doc) + "\n")
+        append_run("solver_speed", doc)
     return 0
 
 

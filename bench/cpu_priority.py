@@ -40,36 +40,31 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+from _report import append_run
+from _wrk import wrk
+
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache.cpu_priority import (
     CpuPriority,
     fetch_prio_status,
 )
-from overtake.controller.harness.apache.lifecycle import _children
+from overtake.controller.harness.apache.lifecycle import children
+from overtake.controller.harness.scratch import free_port, scratch_dir
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "cpu_priority.jsonl"
 #: Kernel load weights (kernel/sched/core.c sched_prio_to_weight; WEIGHT_IDLEPRIO = 3).
 KERNEL_WEIGHT = {"nice0": 1024, "nice10": 110, "nice19": 15, "idle": 3}
 CANDIDATES = ("nice10", "nice19", "idle")
-_UNIT = {"us": 1e-3, "ms": 1.0, "s": 1e3}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _raise_own_autogroup() -> bool:
@@ -168,7 +163,7 @@ def weights_apache(tmp: Path, core: int, repeat: int, long_s: float = 0.6, short
     for cand in CANDIDATES:
         nice: tuple[int | str, ...] = ("idle",) if cand == "idle" else (int(cand.removeprefix("nice")),)
         cp = CpuPriority(levels=(1.0,), nice=nice, age=False)
-        inst = apache.start(tmp / f"w-{cand}", f"127.0.0.1:{_free_port()}", cpu=core, max_workers=8,
+        inst = apache.start(tmp / f"w-{cand}", f"127.0.0.1:{free_port()}", cpu=core, max_workers=8,
                             cpu_priority=cp)
         host, port = apache.parse_listen(inst.listen)
         slowdowns, alone = [], []
@@ -200,31 +195,10 @@ def weights_apache(tmp: Path, core: int, repeat: int, long_s: float = 0.6, short
     return out
 
 
-def wrk(url: str, connections: int, duration: float, core: int) -> dict[str, float]:
-    out = subprocess.run(
-        ["taskset", "-c", str(core), "wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency", url],
-        capture_output=True, text=True, check=True,
-    ).stdout
-    res: dict[str, float] = {}
-    for pct in ("50", "99"):
-        m = re.search(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s)\s*$", out, re.MULTILINE)
-        assert m, out
-        res[f"p{pct}_ms"] = float(m.group(1)) * _UNIT[m.group(2)]
-    m = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    assert m, out
-    res["rps"] = float(m.group(1))
-    m = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
-    res["non2xx"] = float(m.group(1)) if m else 0.0
-    m = re.search(r"^\s+(\d+) requests in", out, re.MULTILINE)
-    assert m, out
-    res["requests"] = float(m.group(1))
-    return res
-
-
 def _apache_cpu_ns(pid: int) -> int:
     """On-CPU nanoseconds of every thread of Apache's children (schedstat field 1)."""
     total = 0
-    for kid in _children(pid):
+    for kid in children(pid):
         for tid in os.listdir(f"/proc/{kid}/task"):
             try:
                 total += int(Path(f"/proc/{kid}/task/{tid}/schedstat").read_text().split()[0])
@@ -241,7 +215,7 @@ def _monitor_tid(child: int) -> int | None:
 
 
 def _signal_all(inst: apache.ApacheInstance, sig: int) -> None:
-    for pid in (inst.pid, *_children(inst.pid)):
+    for pid in (inst.pid, *children(inst.pid)):
         os.kill(pid, sig)
 
 
@@ -256,7 +230,7 @@ _CLOCK_SYMS = ("posix_cpu_clock_get", "task_sched_runtime", "__x64_sys_clock_get
 def _perf_profile(inst: apache.ApacheInstance, url: str, connections: int, duration: float,
                   client_core: int, tmp: Path) -> dict[str, float]:
     """Share of Apache's CPU samples in the module's code and in its clock system call."""
-    kid = _children(inst.pid)[0]
+    kid = children(inst.pid)[0]
     data = tmp / "perf.data"
     rec = subprocess.Popen(["taskset", "-c", str(client_core), "perf", "record", "-e", "cpu-clock", "-F", "20000",
                             "-p", str(kid), "-o", str(data)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -314,10 +288,10 @@ def overhead(tmp: Path, server_core: int, client_core: int, duration: float, con
     (the monitor included) runs during another's run.
     """
     insts = {
-        "off": apache.start(tmp / "o-off", f"127.0.0.1:{_free_port()}", cpu=server_core, max_workers=64),
-        "on": apache.start(tmp / "o-on", f"127.0.0.1:{_free_port()}", cpu=server_core, max_workers=64,
+        "off": apache.start(tmp / "o-off", f"127.0.0.1:{free_port()}", cpu=server_core, max_workers=64),
+        "on": apache.start(tmp / "o-on", f"127.0.0.1:{free_port()}", cpu=server_core, max_workers=64,
                            cpu_priority=CpuPriority()),
-        "ctl": apache.start(tmp / "o-ctl", f"127.0.0.1:{_free_port()}", cpu=server_core, max_workers=64),
+        "ctl": apache.start(tmp / "o-ctl", f"127.0.0.1:{free_port()}", cpu=server_core, max_workers=64),
     }
     modes = list(insts)
     runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
@@ -430,8 +404,7 @@ def main() -> int:
         raise SystemExit("cpu_priority: needs two cores (Apache on one, wrk and the bench on the other)")
     server_core, client_core = cores[-1], cores[0]
     lifted = _raise_own_autogroup()
-    tmp = Path(tempfile.mkdtemp(prefix="overtake-cpu-prio-", dir="/tmp"))
-    tmp.chmod(0o755)
+    tmp = scratch_dir("overtake-cpu-prio-")
     t0 = time.time()
     try:
         res: dict[str, Any] = {
@@ -450,9 +423,7 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if not args.no_write:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        with RESULTS.open("a") as f:
-            f.write(json.dumps(res) + "\n")
+        append_run("cpu_priority", res)
     if args.json:
         print(json.dumps(res, indent=2))
     else:

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _report import machine
+from _report import append_run, machine
 
 from overtake.api.scenario import load_scenario
 from overtake.mdp.priority import (
@@ -234,10 +234,7 @@ def main() -> int:
         doc["spawn"].append(spawn_case(c, args, w, log))
     doc["seconds"] = time.perf_counter() - t0
     if not args.no_write:
-        path = ROOT / "bench" / "results" / "cpu_priority_model.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as f:
-            f.write(json.dumps(doc) + "\n")
+        append_run("cpu_priority_model", doc)
     if args.json:
         print(json.dumps(doc, indent=1))
     else:

@@ -29,7 +29,6 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import argparse
 import datetime
 import math
-import platform
 import resource
 import shutil
 import subprocess
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _report import machine, write_section
 from scipy import integrate, special, stats
 
 from overtake.fitting import PhaseType, fit
@@ -61,18 +61,6 @@ def cpu(f):  # type: ignore[no-untyped-def]
     t = time.process_time()
     out = f()
     return out, time.process_time() - t
-
-
-def machine() -> str:
-    model = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"nproc {os.cpu_count()}, {model}, Python {platform.python_version()}, numpy {np.__version__}"
 
 
 # ------------------------------------------------------------------------------ peer: G-FIT
@@ -357,7 +345,6 @@ def main() -> int:
 
 def write_block(block: str) -> None:
     """Record the run: bench/results/fit_bench.jsonl gets it, BENCHMARKS.md's fitting section is replaced."""
-    from _report import write_section  # a sibling: the script's own folder (bench/) comes first on the import path
 
     write_section("fitting", block, bench="fit_bench")
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
-from _report import cpu_model, write_section
+from _report import append_run, cpu_model, write_section
 
 from overtake.api.scenario import load_scenario
 from overtake.mdp.evaluate import stationary_distribution
@@ -160,8 +160,7 @@ def main() -> int:
     else:
         print(text)
     if args.results:
-        with (ROOT / "bench" / "results" / "solver_speed.jsonl").open("a") as fh:
-            fh.write(json.dumps(doc) + "\n")
+        append_run("solver_speed", doc)
     if not args.no_write:
         write_section("mdp-peer", text)
     return 0

@@ -60,7 +60,7 @@ def main() -> int:
         C, K = (int(x) for x in args.one.split("x"))
         one(args.case, C, K, args.method)
         return 0
-    from _report import cpu_model, write_section
+    from _report import append_run, cpu_model, write_section
 
     rows = ["| cap C / K_max | states | nnz(P_E) | sweeps | build s | wall s | CPU s | peak RSS GB | g bounds |",
             "|---|---|---|---|---|---|---|---|---|"]
@@ -95,8 +95,7 @@ def main() -> int:
     if args.json:
         print(json.dumps(doc, indent=1))
     if args.results:
-        with (ROOT / "bench" / "results" / "solver_speed.jsonl").open("a") as fh:
-            fh.write(json.dumps(doc) + "\n")
+        append_run("solver_speed", doc)
     text = "\n".join([
         "## Largest MDP in 8 GB and 10 minutes (mdp/)", "",
         f"Date {dt.date.today()}, machine: {os.cpu_count()} cores, {cpu_model()}, Python {platform.python_version()}; "

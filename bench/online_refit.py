@@ -18,13 +18,11 @@ refit it made.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +35,8 @@ from typing import Any
 import numpy as np
 from _report import machine, write_section
 
+from overtake.controller.harness.loadgen import get
+from overtake.controller.harness.scratch import free_port, scratch_dir
 from overtake.controller.online import ArrivalRate, RefitJob, refit_job
 from overtake.mdp.model import Stage, TandemModel
 from overtake.mdp.truncation import evaluate_baseline, solve_optimal
@@ -110,35 +110,18 @@ def part_fit(seeds: int, out: Path) -> tuple[str, dict[str, Any]]:
     return text, raw
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    try:
-        c.request("GET", path, headers=headers or {})
-        r = c.getresponse()
-        return r.status, r.read()
-    finally:
-        c.close()
-
-
 def part_apache(transactions: int) -> tuple[str, dict[str, Any]]:
     from overtake.controller.harness import apache
 
-    parent = Path(tempfile.mkdtemp(prefix="overtake-online-bench-", dir="/tmp"))
-    parent.chmod(0o755)
+    parent = scratch_dir("overtake-online-bench-")
     cores = sorted(os.sched_getaffinity(0))
-    inst = apache.start(parent / "wd", f"127.0.0.1:{_free_port()}", cpu=cores[-1] if len(cores) > 1 else None,
+    inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=cores[-1] if len(cores) > 1 else None,
                         max_workers=32)
     unit = 0.005
     (parent / "stages.yaml").write_text(
         'stages:\n  - {name: stage1, path: "^/stage1$"}\n  - {name: stage2, path: "^/stage2$"}\n'
         f"limits: {{max_inflight: 16, queue_cap: 5000, queue_timeout: 60}}\nclassifier: {{mode: explicit, time_unit: {unit}}}\n")
-    port = _free_port()
+    port = free_port()
     logf = parent / "sidecar.log"
     cmd = [sys.executable, "-m", "overtake.api.cli", "sidecar", "--policy", "pi(1)", "--apache", inst.base_url,
            "--listen", f"127.0.0.1:{port}", "--stages", str(parent / "stages.yaml"), "--online",
@@ -148,7 +131,7 @@ def part_apache(transactions: int) -> tuple[str, dict[str, Any]]:
     try:
         for _ in range(300):
             try:
-                if _get(port, "/-/healthz")[0] == 200:
+                if get(port, "/-/healthz")[0] == 200:
                     break
             except OSError:
                 time.sleep(0.1)
@@ -161,7 +144,7 @@ def part_apache(transactions: int) -> tuple[str, dict[str, Any]]:
 
         def tx(i: int) -> None:
             for s in (0, 1):
-                codes.append(_get(port, f"/stage{s + 1}?work={demands[i, s]:.6f}",
+                codes.append(get(port, f"/stage{s + 1}?work={demands[i, s]:.6f}",
                                   {"X-Overtake-Phase": str(int(phases[i, s]) + 1)})[0])
 
         threads = []
@@ -172,18 +155,18 @@ def part_apache(transactions: int) -> tuple[str, dict[str, Any]]:
             th.start()
             threads.append(th)
             if i == transactions // 2:  # mid-stream: λ over the window is steady here
-                mid = _get(port, "/-/metrics")[1].decode()
+                mid = get(port, "/-/metrics")[1].decode()
         for th in threads:
             th.join(120)
         # wait for a completed refit decision (the next interval after enough samples)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
-            info = json.loads(_get(port, "/-/policy")[1])
+            info = json.loads(get(port, "/-/policy")[1])
             r = info["online"]["refits"]
             if r["swapped"] + r["kept"] + r["failed"] + r["skipped_load"]:
                 break
             time.sleep(0.5)
-        text = _get(port, "/-/metrics")[1].decode()
+        text = get(port, "/-/metrics")[1].decode()
     finally:
         proc.send_signal(signal.SIGINT)
         try:

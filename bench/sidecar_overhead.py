@@ -18,20 +18,19 @@ import datetime as dt
 import json
 import os
 import platform
-import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 from _report import write_section
+from _wrk import wrk
 
 from overtake.controller.harness import apache
+from overtake.controller.harness.scratch import free_port, scratch_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,13 +41,6 @@ STAGES = """stages:
     path: "^/stage2$"
 limits: {max_inflight: 64}
 """
-_UNIT = {"us": 1e-3, "ms": 1.0, "s": 1e3}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_http(url: str, proc: subprocess.Popen[bytes] | None, timeout: float = 60) -> None:
@@ -76,24 +68,6 @@ def raise_own_autogroup(nice: int = -20) -> bool:
         return False
 
 
-def wrk(url: str, connections: int, duration: float, core: int) -> dict[str, float]:
-    out = subprocess.run(
-        ["taskset", "-c", str(core), "wrk", "-t1", f"-c{connections}", f"-d{duration:g}s", "--latency", url],
-        capture_output=True, text=True, check=True,
-    ).stdout
-    res: dict[str, float] = {}
-    for pct in ("50", "99"):
-        m = re.search(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
-        assert m, out
-        res[f"p{pct}_ms"] = float(m.group(1)) * _UNIT[m.group(2)]
-    m = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    assert m, out
-    res["rps"] = float(m.group(1))
-    m = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
-    res["non2xx"] = float(m.group(1)) if m else 0.0
-    return res
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=float, default=10.0, help="seconds per wrk run")
@@ -112,15 +86,14 @@ def main() -> int:
     lifted = raise_own_autogroup() if args.raise_priority else False
     cores = sorted(os.sched_getaffinity(0))
     server_core, client_core = cores[-1], cores[0]
-    tmp = Path(tempfile.mkdtemp(prefix="overtake-overhead-", dir="/tmp"))
-    tmp.chmod(0o755)
+    tmp = scratch_dir("overtake-overhead-")
     procs: list[subprocess.Popen[bytes]] = []
     inst = None
     try:
-        inst = apache.start(tmp / "apache", f"127.0.0.1:{_free_port()}", cpu=server_core, max_workers=64,
+        inst = apache.start(tmp / "apache", f"127.0.0.1:{free_port()}", cpu=server_core, max_workers=64,
                             raise_priority=args.raise_priority)
         ap_host, ap_port = apache.parse_listen(inst.listen)
-        sc_port, hp_port = _free_port(), _free_port()
+        sc_port, hp_port = free_port(), free_port()
         (tmp / "stages.yaml").write_text(STAGES)
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
         with (tmp / "sidecar.log").open("wb") as log:

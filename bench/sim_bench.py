@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -25,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _report import write_section
+from _report import machine, write_section
 
 from overtake.api.scenario import load_scenario
 from overtake.mdp.compare import compare
@@ -43,13 +42,6 @@ def cpu_model() -> str:
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
     return platform.processor()
-
-
-def machine() -> str:
-    aff = sorted(os.sched_getaffinity(0))
-    load = os.getloadavg()[0]
-    return (f"{os.cpu_count()} cores ({cpu_model()}), this process pinned to CPU(s) {aff}, Python "
-            f"{platform.python_version()}; load average at start {load:.2f} — other helpers' jobs share the machine")
 
 
 def table1_case(case: int, cache: Path, tol: float, solve: bool = True) -> tuple[Any, dict[str, Any], Policy]:

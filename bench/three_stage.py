@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _report import append_run
 
 from overtake.mdp.heuristic import overtaking_heuristic
 from overtake.mdp.model import Stage, TandemModel
@@ -88,8 +89,7 @@ def main() -> int:
         print("baselines: " + ", ".join(f"{k} {v:.4f} (pi* gain {100 * doc['gain_over'][k]:.2f} %, heuristic "
                                         f"{100 * doc['heuristic_gain_over'][k]:.2f} %)" for k, v in base.items()))
     if not args.no_write:
-        with (ROOT / "bench" / "results" / "solver_speed.jsonl").open("a") as fh:
-            fh.write(json.dumps(doc) + "\n")
+        append_run("solver_speed", doc)
     return 0
 
 

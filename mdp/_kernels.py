@@ -32,40 +32,6 @@ def box_minimum(V, idle, order, nb, tol, G, A):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True)
-def rvi_sweeps(indptr, indices, data, cost, V, idle, order, nb, max_sweeps, tol):  # type: ignore[no-untyped-def]
-    """Up to ``max_sweeps`` sweeps V ← TV − TV(0); stops when span(TV − V) ≤ tol·|max(TV − V)|.
-
-    Returns (sweeps done, min(TV − V), max(TV − V), converged). ``V`` is updated in place.
-    """
-    n = V.size
-    G = np.empty(n)
-    A = np.empty(n, dtype=np.int64)
-    TV = np.empty(n)
-    lo = 0.0
-    hi = 0.0
-    for it in range(1, max_sweeps + 1):
-        box_minimum(V, idle, order, nb, 0.0, G, A)
-        lo = np.inf
-        hi = -np.inf
-        for x in range(n):
-            acc = cost[x]
-            for t in range(indptr[x], indptr[x + 1]):
-                acc += data[t] * G[indices[t]]
-            TV[x] = acc
-            d = acc - V[x]
-            if d < lo:
-                lo = d
-            if d > hi:
-                hi = d
-        ref = TV[0]
-        for x in range(n):
-            V[x] = TV[x] - ref
-        if hi - lo <= tol * max(abs(hi), 1e-12):
-            return it, lo, hi, True
-    return max_sweeps, lo, hi, False
-
-
-@numba.njit(cache=True, nogil=True)
 def bellman_step(indptr, indices, data, cost, V, idle, order, nb, G, A, TV):  # type: ignore[no-untyped-def]
     """One Bellman step TV = cost + P_E·H(V) into the caller's buffers; returns (min, max) of TV − V.
 
@@ -86,6 +52,28 @@ def bellman_step(indptr, indices, data, cost, V, idle, order, nb, G, A, TV):  # 
         if d > hi:
             hi = d
     return lo, hi
+
+
+@numba.njit(cache=True, nogil=True)
+def rvi_sweeps(indptr, indices, data, cost, V, idle, order, nb, max_sweeps, tol):  # type: ignore[no-untyped-def]
+    """Up to ``max_sweeps`` sweeps V ← TV − TV(0); stops when span(TV − V) ≤ tol·|max(TV − V)|.
+
+    Returns (sweeps done, min(TV − V), max(TV − V), converged). ``V`` is updated in place.
+    """
+    n = V.size
+    G = np.empty(n)
+    A = np.empty(n, dtype=np.int64)
+    TV = np.empty(n)
+    lo = 0.0
+    hi = 0.0
+    for it in range(1, max_sweeps + 1):
+        lo, hi = bellman_step(indptr, indices, data, cost, V, idle, order, nb, G, A, TV)
+        ref = TV[0]
+        for x in range(n):
+            V[x] = TV[x] - ref
+        if hi - lo <= tol * max(abs(hi), 1e-12):
+            return it, lo, hi, True
+    return max_sweeps, lo, hi, False
 
 
 @numba.njit(cache=True, nogil=True)

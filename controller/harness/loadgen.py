@@ -14,6 +14,7 @@ degrees of freedom). Used by bench/apache_table2.py, bench/paired.py and the dem
 from __future__ import annotations
 
 import asyncio
+import http.client
 import statistics
 import time
 import urllib.error
@@ -27,10 +28,12 @@ __all__ = [
     "T_975_19",
     "batch_means",
     "calibrate",
+    "get",
     "http_request",
     "make_trace",
     "paired_gain_ci",
     "replay",
+    "request",
     "sample_ph",
     "wait_idle",
 ]
@@ -161,6 +164,29 @@ def paired_gain_ci(star: np.ndarray, other: np.ndarray, batches: int = 20) -> fl
     means = [float(b.mean()) for b in np.array_split(d, batches)]
     base = float(np.mean(star[ok][warm:]))
     return float(T_975_19 * float(np.std(means, ddof=1)) / np.sqrt(batches) / base)
+
+
+def request(method: str, port: int, path: str, *, body: bytes | None = None,
+            headers: dict[str, str] | None = None, host: str = "127.0.0.1", timeout: float = 60.0,
+            source: str | None = None) -> tuple[int, dict[str, str], bytes]:
+    """One request on a fresh connection (no proxy, no redirects), from ``source`` if given.
+
+    Returns the status, the response headers (lower-case names) and the body.
+    """
+    conn = http.client.HTTPConnection(host, port, timeout=timeout, source_address=(source, 0) if source else None)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+def get(port: int, path: str, headers: dict[str, str] | None = None, *, host: str = "127.0.0.1",
+        timeout: float = 60.0) -> tuple[int, bytes]:
+    """:func:`request` ``GET``: the status and the body."""
+    code, _, body = request("GET", port, path, headers=headers, host=host, timeout=timeout)
+    return code, body
 
 
 def http_request(method: str, url: str, body: bytes | None = None) -> tuple[int, bytes]:

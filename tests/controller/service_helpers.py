@@ -10,11 +10,9 @@ as JSON otherwise. A small ``.npz`` policy solved for its two stages is made on 
 from __future__ import annotations
 
 import collections
-import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,19 +22,27 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from overtake.controller.harness.loadgen import request
+from overtake.controller.harness.scratch import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 
 STAGES = """
-stages:
-  - name: stage1
-    path: "^/slow/"
-  - name: stage2
-    path: "^/stage2"
+stages: [{name: stage1, path: "^/slow/"}, {name: stage2, path: "^/stage2"}]
 limits: {max_inflight: 8, queue_cap: 200, queue_timeout: 30, response_buffer_bytes: 65536}
 """
 
 MOD_STATUS = (b"127.0.0.1\nServerVersion: Apache/2.4.99 (Debian)\nServerMPM: event\nTotal Accesses: 7\n"
               b"Total kBytes: 3\nUptime: 12\nBusyWorkers: 1\nIdleWorkers: 31\nScoreboard: W_______\n")
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """HTTP/1.1 (keep-alive) and no request log on stderr: the base of the tests' stub servers."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:
+        pass
 
 
 class StubApache:
@@ -48,12 +54,7 @@ class StubApache:
         self.headers: list[dict[str, str]] = []
         stub = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
+        class Handler(QuietHandler):
             def _answer(self) -> None:
                 n = int(self.headers.get("Content-Length") or 0)
                 if n:
@@ -94,12 +95,6 @@ class StubApache:
         self.server.server_close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def rss_kb(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -138,14 +133,7 @@ class SidecarProc:
 
     def request(self, method: str, path: str, *, body: bytes | None = None, headers: dict[str, str] | None = None,
                 port: int | None = None, timeout: float = 30, source: str | None = None) -> tuple[int, dict[str, str], bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", port or self.port, timeout=timeout,
-                                          source_address=(source, 0) if source else None)
-        try:
-            conn.request(method, path, body=body, headers=headers or {})
-            r = conn.getresponse()
-            return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
-        finally:
-            conn.close()
+        return request(method, port or self.port, path, body=body, headers=headers, timeout=timeout, source=source)
 
     def rss_kb(self) -> int:
         return rss_kb(self.proc.pid)

@@ -9,7 +9,6 @@ exact E[W] of π(1) on the true model (mdp.evaluate_baseline).
 from __future__ import annotations
 
 import asyncio
-import http.client
 import json
 import math
 import multiprocessing
@@ -17,10 +16,8 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -36,6 +33,8 @@ from prometheus_client import generate_latest
 from overtake.controller.classifier import Classifier
 from overtake.controller.errors import ApacheNotInstalledError, SidecarInputError
 from overtake.controller.harness import apache
+from overtake.controller.harness.loadgen import get
+from overtake.controller.harness.scratch import free_port, scratch_dir
 from overtake.controller.limiter import Limiter
 from overtake.controller.online import (
     AccessLogTail,
@@ -350,22 +349,6 @@ def _installed() -> bool:
     return True
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(port: int, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        c.request("GET", path, headers=headers or {})
-        r = c.getresponse()
-        return r.status, r.read()
-    finally:
-        c.close()
-
-
 E2E_STAGES = """
 stages:
   - name: stage1
@@ -381,14 +364,13 @@ classifier: {mode: explicit, time_unit: 0.005}
 def test_online_loop_end_to_end_on_apache() -> None:
     """~300 stage requests with case-4 H2 demands (time unit 5 ms, load 0.6) through a sidecar
     started with π(1) and --online: it must refit from Apache's CPU notes and swap in π*."""
-    parent = Path(tempfile.mkdtemp(prefix="overtake-online-test-", dir="/tmp"))
-    parent.chmod(0o755)
+    parent = scratch_dir("overtake-online-test-")
     cores = sorted(os.sched_getaffinity(0))
-    inst = apache.start(parent / "wd", f"127.0.0.1:{_free_port()}", cpu=cores[-1] if len(cores) > 1 else None,
+    inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=cores[-1] if len(cores) > 1 else None,
                         max_workers=32)
     stages = parent / "stages.yaml"
     stages.write_text(E2E_STAGES)
-    port = _free_port()
+    port = free_port()
     logf = parent / "sidecar.log"
     with logf.open("wb") as out:
         proc = subprocess.Popen(
@@ -401,7 +383,7 @@ def test_online_loop_end_to_end_on_apache() -> None:
         deadline = time.monotonic() + 30
         while True:
             try:
-                if _get(port, "/-/healthz")[0] == 200:
+                if get(port, "/-/healthz")[0] == 200:
                     break
             except OSError:
                 pass
@@ -418,7 +400,7 @@ def test_online_loop_end_to_end_on_apache() -> None:
 
         def transaction(i: int) -> None:
             for s in (0, 1):
-                code, _ = _get(port, f"/stage{s + 1}?work={demands[i, s]:.6f}",
+                code, _ = get(port, f"/stage{s + 1}?work={demands[i, s]:.6f}",
                                {"X-Overtake-Phase": str(int(phases[i, s]) + 1)})
                 codes.append(code)
 
@@ -435,7 +417,7 @@ def test_online_loop_end_to_end_on_apache() -> None:
         info: dict[str, Any] = {}
         deadline = time.monotonic() + 35
         while time.monotonic() < deadline:
-            info = json.loads(_get(port, "/-/policy")[1])
+            info = json.loads(get(port, "/-/policy")[1])
             if info["online"]["generation"] >= 1 or info["online"]["refits"]["failed"]:
                 break
             time.sleep(0.5)
@@ -452,7 +434,7 @@ def test_online_loop_end_to_end_on_apache() -> None:
         for i in range(10):
             transaction(i)
         assert codes.count(200) == 2 * n + 20
-        text = _get(port, "/-/metrics")[1].decode()
+        text = get(port, "/-/metrics")[1].decode()
         assert 'overtake_online_refits_total{outcome="swapped"} 1.0' in text
         lines = [json.loads(x) for x in logf.read_text().splitlines() if x.startswith("{")]
         ev = [x for x in lines if x.get("event") == "online_refit" and x.get("outcome") == "swapped"]

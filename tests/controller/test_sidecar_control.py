@@ -16,37 +16,18 @@ import os
 import select
 import shutil
 import socket
-import tempfile
 import threading
 import time
 import zipfile
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
 import pytest
-from service_helpers import SidecarProc, StubApache, free_port, small_policy
+from service_helpers import QuietHandler, SidecarProc, StubApache, free_port, small_policy
 
 MiB = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def work() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="overtake-control-test-"))
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def stub() -> Iterator[StubApache]:
-    s = StubApache()
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 @pytest.fixture(scope="module")
@@ -270,12 +251,7 @@ class PolicyServer:
         self.redirect_to = ""
         srv = self
 
-        class H(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: object) -> None:
-                pass
-
+        class H(QuietHandler):
             def do_GET(self) -> None:
                 srv.seen.append((self.path, self.headers.get("Authorization")))
                 if self.path.startswith("/redirect"):

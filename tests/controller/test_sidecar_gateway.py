@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -27,6 +26,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from overtake.controller.harness import apache
+from overtake.controller.harness.loadgen import request
+from overtake.controller.harness.scratch import free_port, scratch_dir
 from overtake.mdp import Stage, TandemModel, Truncation
 from overtake.mdp.truncation import solve_optimal
 
@@ -44,16 +45,8 @@ limits: {max_inflight: 4, queue_cap: 100, queue_timeout: 20, max_body_bytes: 100
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _tmpdir() -> Path:
-    d = Path(tempfile.mkdtemp(prefix="overtake-sidecar-test-", dir="/tmp"))
-    d.chmod(0o755)  # www-data must read the Lua handler
-    return d
+    return scratch_dir("overtake-sidecar-test-")
 
 
 def _apache_core() -> int | None:
@@ -62,7 +55,7 @@ def _apache_core() -> int | None:
 
 
 def _start_apache(parent: Path, port: int | None = None) -> apache.ApacheInstance:
-    return apache.start(parent / "wd", f"127.0.0.1:{port or _free_port()}", cpu=_apache_core(), max_workers=32)
+    return apache.start(parent / "wd", f"127.0.0.1:{port or free_port()}", cpu=_apache_core(), max_workers=32)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +82,7 @@ class SidecarProc:
     """`python -m api.cli sidecar ...` as a subprocess."""
 
     def __init__(self, apache_url: str, stages: str, policy: str, workdir: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.stages = workdir / f"stages-{self.port}.yaml"
         self.stages.write_text(stages)
         self.log = workdir / f"sidecar-{self.port}.log"
@@ -113,13 +106,7 @@ class SidecarProc:
 
     def request(self, method: str, path: str, *, headers: dict[str, str] | None = None,
                 body: bytes | None = None, timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        try:
-            conn.request(method, path, body=body, headers=headers or {})
-            r = conn.getresponse()
-            return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
-        finally:
-            conn.close()
+        return request(method, self.port, path, body=body, headers=headers, timeout=timeout)
 
     def get(self, path: str, rid: str | None = None, **kw: Any) -> tuple[int, dict[str, str], bytes]:
         h = dict(kw.pop("headers", {}) or {})

@@ -18,21 +18,18 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from service_helpers import QuietHandler
 
+from overtake.controller.harness.scratch import free_port
 from overtake.controller.sidecar import Sidecar, SidecarOptions
 from overtake.controller.stages import load_stages
 
 
-class Echo(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args: object) -> None:
-        pass
-
+class Echo(QuietHandler):
     def _answer(self) -> None:
         n = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(n) if n else b""
@@ -67,12 +64,6 @@ class Echo(BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = _answer
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[int]:
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
@@ -92,7 +83,7 @@ def _serve(upstream: int, d: Path, uplink: str) -> Iterator[tuple[int, Sidecar]]
         "stages:\n  - name: stage1\n    path: '^/slow/'\n  - name: stage2\n    path: '^/stage2'\n"
         "limits: {response_buffer_bytes: 4096, max_inflight: 8}\n"
     )
-    port = _free_port()
+    port = free_port()
     opts = SidecarOptions(policy="pi(1)", apache=f"http://127.0.0.1:{upstream}", listen=f"127.0.0.1:{port}",
                           uplink=uplink)
     loop = asyncio.new_event_loop()

@@ -22,7 +22,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,24 +31,6 @@ from service_helpers import REPO, STAGES, SidecarProc, StubApache, free_port
 UNIT = REPO / "apache-conf" / "overtake-sidecar.service"
 VHOST = REPO / "apache-conf" / "examples" / "vhost-behind-sidecar.conf"
 EXAMPLE_CONFIG = REPO / "apache-conf" / "examples" / "sidecar.yaml"
-
-
-@pytest.fixture(scope="module")
-def work() -> Iterator[Path]:
-    d = Path(tempfile.mkdtemp(prefix="overtake-service-test-"))
-    try:
-        yield d
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def stub() -> Iterator[StubApache]:
-    s = StubApache()
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def _config(work: Path, stub: StubApache, name: str = "sidecar.yaml", **extra: Any) -> tuple[Path, int]:

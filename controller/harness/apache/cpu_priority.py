@@ -307,19 +307,7 @@ class PrioStatus:
 def parse_prio_status(text: str) -> PrioStatus:
     """Parse the Prometheus text of ``/overtake-prio-status``.
 
-    Parameters
-    ----------
-    text : str
-        Response body.
-
-    Returns
-    -------
-    PrioStatus
-
-    Raises
-    ------
-    ApacheNotRunningError
-        If the text lacks the module's metrics.
+    Raises :class:`ApacheNotRunningError` if ``text`` lacks the module's metrics.
     """
     plain: dict[str, float] = {}
     by_level: dict[str, dict[int, float]] = {}

@@ -48,7 +48,7 @@ from overtake.controller.harness.apache.instance import ApacheInstance, existing
 from overtake.controller.harness.apache.mod_status import fetch_status, http_get
 from overtake.controller.harness.apache.prepare import check_installed, check_run_user, compile_tcpu, install_tree
 
-__all__ = ["pid_alive", "start", "status", "stop"]
+__all__ = ["children", "pid_alive", "start", "status", "stop"]
 
 # Apache needs no environment; a clean one keeps /etc/apache2/envvars conventions out.
 _APACHE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C"}
@@ -101,7 +101,8 @@ def _is_apache(pid: int) -> bool:
     return os.path.basename(argv0.decode(errors="replace")) in ("apache2", "httpd")
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` (Apache's children), ascending, from ``/proc``."""
     kids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -319,7 +320,7 @@ def _wait_ready(wd: Path, host: str, port: int, timeout: float) -> tuple[int, li
                     # Exercises mod_lua + tcpu.so end to end (fails if the module cannot load).
                     code, headers, body = http_get(host, port, "/stage1?work=0", 2.0)
                     if code == 200 and "x-stage-cpu-us" in headers:
-                        kids = _children(pid)
+                        kids = children(pid)
                         if kids:
                             return pid, kids
                         last = "no worker child yet"
@@ -401,7 +402,7 @@ def stop(workdir: str | os.PathLike[str], *, timeout: float = 15.0, graceful: bo
         # Stale pidfile (crash, reboot, PID reuse): never signal a PID that is not Apache.
         (wd / "run" / "httpd.pid").unlink(missing_ok=True)
         return False
-    procs = [pid, *_children(pid)]
+    procs = [pid, *children(pid)]
     start_t = time.monotonic()
     try:
         os.kill(pid, 0)
@@ -439,19 +440,7 @@ def _graceful_timeout(wd: Path) -> float:
 
 
 def status(workdir: str | os.PathLike[str], *, timeout: float = 2.0) -> dict[str, int | float | str]:
-    """Fetch and parse ``/server-status?auto`` of the instance in ``workdir``.
-
-    Parameters
-    ----------
-    workdir : path
-        Instance directory given to :func:`start`.
-    timeout : float
-        Socket timeout in seconds.
-
-    Returns
-    -------
-    dict
-        See :func:`parse_status`.
+    """:func:`~.mod_status.fetch_status` of the instance recorded in ``workdir`` (by :func:`start`).
 
     Raises
     ------

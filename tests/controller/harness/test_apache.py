@@ -17,7 +17,6 @@ import os
 import shutil
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 import uuid
@@ -37,22 +36,15 @@ from overtake.controller.errors import (
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache import prepare
 from overtake.controller.harness.apache.lifecycle import pid_alive
+from overtake.controller.harness.scratch import free_port, scratch_dir
 
 REPO = Path(__file__).resolve().parents[3]
 IS_ROOT = os.geteuid() == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _workdir_parent() -> Path:
     # pytest's tmp_path is mode 0700 under root: www-data could not read the Lua script.
-    d = Path(tempfile.mkdtemp(prefix="overtake-apache-test-", dir="/tmp"))
-    d.chmod(0o755)
-    return d
+    return scratch_dir("overtake-apache-test-")
 
 
 def _cores() -> tuple[int | None, int | None]:
@@ -67,7 +59,7 @@ def _cores() -> tuple[int | None, int | None]:
 def instance(apache_available: None) -> Iterator[apache.ApacheInstance]:
     parent = _workdir_parent()
     server_core, _ = _cores()
-    inst = apache.start(parent / "wd", f"127.0.0.1:{_free_port()}", cpu=server_core, max_workers=32)
+    inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=server_core, max_workers=32)
     try:
         yield inst
     finally:
@@ -342,7 +334,7 @@ def test_start_refuses_a_port_in_use(apache_available: None) -> None:
 
 def test_start_refuses_a_second_instance_in_the_same_workdir(instance: apache.ApacheInstance) -> None:
     with pytest.raises(ApacheInputError, match=rf"already runs in {instance.workdir}"):
-        apache.start(instance.workdir, f"127.0.0.1:{_free_port()}")
+        apache.start(instance.workdir, f"127.0.0.1:{free_port()}")
 
 
 @pytest.mark.parametrize(
@@ -365,7 +357,7 @@ def test_start_names_the_bad_field(apache_available: None, kwargs: dict[str, obj
 def test_start_explains_a_workdir_the_worker_user_cannot_read(apache_available: None, tmp_path: Path) -> None:
     os.chmod(tmp_path, 0o700)
     with pytest.raises(ApacheInputError, match=r"workdir: .* not reachable by the worker user 'www-data'"):
-        apache.start(tmp_path / "wd", f"127.0.0.1:{_free_port()}")
+        apache.start(tmp_path / "wd", f"127.0.0.1:{free_port()}")
 
 
 def test_missing_install_points_at_make_demo(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -389,7 +381,7 @@ def test_status_of_a_workdir_without_instance(tmp_path: Path) -> None:
 def test_graceful_stop_finishes_in_flight_requests_and_waits_for_exit(apache_available: None) -> None:
     parent = _workdir_parent()
     try:
-        inst = apache.start(parent / "wd", f"127.0.0.1:{_free_port()}", max_workers=4)
+        inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", max_workers=4)
         procs = [inst.pid, *inst.child_pids]
         result: list[int] = []
         t = threading.Thread(target=lambda: result.append(_get(inst, "/stage1?work=0.3")[0]))
@@ -456,7 +448,7 @@ def test_cli_start_status_stop(apache_available: None, capsys: pytest.CaptureFix
     parent = _workdir_parent()
     wd = str(parent / "wd")
     try:
-        port = _free_port()
+        port = free_port()
         assert _cli(["apache", "start", "--workdir", wd, "--listen", f"127.0.0.1:{port}", "--max-workers", "8", "--json"]) == 0
         started = json.loads(capsys.readouterr().out)
         assert started["listen"] == f"127.0.0.1:{port}" and started["max_workers"] == 8

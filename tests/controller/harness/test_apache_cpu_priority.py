@@ -26,7 +26,6 @@ import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -45,7 +44,9 @@ from overtake.controller.harness.apache.cpu_priority import (
     fetch_prio_status,
     parse_prio_status,
 )
-from overtake.controller.harness.apache.lifecycle import _children, pid_alive
+from overtake.controller.harness.apache.lifecycle import children, pid_alive
+from overtake.controller.harness.loadgen import get
+from overtake.controller.harness.scratch import free_port, scratch_dir
 
 T = TypeVar("T")
 IS_ROOT = os.geteuid() == 0
@@ -69,12 +70,6 @@ end
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _server_core() -> int | None:
@@ -110,7 +105,7 @@ def _demoted(inst: apache.ApacheInstance) -> dict[tuple[int, int], tuple[int, in
     """(child, tid) -> (nice, policy) for every thread not at Apache's own priority."""
     base = (_base_nice(inst), SCHED_OTHER)
     out = {}
-    for kid in _children(inst.pid):
+    for kid in children(inst.pid):
         for tid, st in _threads(kid).items():
             if st != base:
                 out[(kid, tid)] = st
@@ -122,17 +117,9 @@ def _status(inst: apache.ApacheInstance) -> PrioStatus:
     return fetch_prio_status(host, port)
 
 
-def _get(
-    inst: apache.ApacheInstance, path: str, headers: dict[str, str] | None = None
-) -> tuple[int, bytes]:
+def _get(inst: apache.ApacheInstance, path: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     host, port = apache.parse_listen(inst.listen)
-    conn = http.client.HTTPConnection(host, port, timeout=60)
-    try:
-        conn.request("GET", path, headers=headers or {})
-        r = conn.getresponse()
-        return r.status, r.read()
-    finally:
-        conn.close()
+    return get(port, path, headers, host=host)
 
 
 def _wait(cond: Callable[[], bool], timeout: float, what: str) -> None:
@@ -167,9 +154,7 @@ def _watch(
 
 
 def _workdir_parent() -> Path:
-    d = Path(tempfile.mkdtemp(prefix="overtake-prio-test-", dir="/tmp"))
-    d.chmod(0o755)  # www-data must reach WORKDIR/lua
-    return d
+    return scratch_dir("overtake-prio-test-")
 
 
 def _conf_with_crash(parent: Path) -> Path:
@@ -200,7 +185,7 @@ def inst(apxs_available: None) -> Iterator[apache.ApacheInstance]:
     parent = _workdir_parent()
     conf = _conf_with_crash(parent)
     i = apache.start(
-        parent / "wd", f"127.0.0.1:{_free_port()}", cpu=_server_core(), max_workers=16,
+        parent / "wd", f"127.0.0.1:{free_port()}", cpu=_server_core(), max_workers=16,
         conf_dir=conf, cpu_priority=CpuPriority(levels=(0.005, 0.05), nice=(10, "idle")),
     )
     try:
@@ -322,7 +307,7 @@ def test_directives_rejected_by_config_test(
     conf = tmp_path / "t.conf"
     conf.write_text(
         f'ServerRoot "{tmp_path}"\nErrorLog "{tmp_path}/e.log"\nServerName localhost\n'
-        f"Listen 127.0.0.1:{_free_port()}\nLoadModule mpm_event_module "
+        f"Listen 127.0.0.1:{free_port()}\nLoadModule mpm_event_module "
         f"{MODULES_DIR}/mod_mpm_event.so\nLoadModule overtake_prio_module {so}\n"
         f"OvertakePrio On\n{directives}\n"
     )
@@ -523,7 +508,7 @@ def test_rlimit_nice_lets_www_data_thread_return(apxs_available: None) -> None:
             "test_workers_run_as_www_data_and_can_restore cover this machine"
         )
     parent = _workdir_parent()
-    i = apache.start(parent / "wd", f"127.0.0.1:{_free_port()}", cpu=_server_core(), max_workers=8,
+    i = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=_server_core(), max_workers=8,
                      cpu_priority=CpuPriority(cap_sys_nice="off"))
     try:
         st = _status(i)
@@ -546,7 +531,7 @@ def test_without_restore_rights_module_refuses_to_start(apxs_available: None) ->
     parent = _workdir_parent()
     try:
         with pytest.raises(ApacheStartError, match=r"disabled itself .*RLIMIT_NICE 0"):
-            apache.start(parent / "wd", f"127.0.0.1:{_free_port()}", max_workers=4,
+            apache.start(parent / "wd", f"127.0.0.1:{free_port()}", max_workers=4,
                          cpu_priority=CpuPriority(cap_sys_nice="off"))
         assert "leaving SCHED_IDLE" in (parent / "wd" / "logs" / "error.log").read_text()
     finally:
@@ -558,7 +543,7 @@ def test_without_restore_rights_module_refuses_to_start(apxs_available: None) ->
 def test_class_only_mode(apxs_available: None) -> None:
     """age=False: no monitor thread, long requests keep their priority, the header still works."""
     parent = _workdir_parent()
-    i = apache.start(parent / "wd", f"127.0.0.1:{_free_port()}", cpu=_server_core(), max_workers=8,
+    i = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=_server_core(), max_workers=8,
                      cpu_priority=CpuPriority(levels=(0.005,), age=False))
     try:
         kid = _status(i).child_pid
@@ -580,10 +565,10 @@ def test_graceful_restart_while_demoted(apxs_available: None) -> None:
     """The old child finishes the demoted request (restored) and exits; the new child starts
     with every thread at Apache's priority and demotes again; counters survive the restart."""
     parent = _workdir_parent()
-    i = apache.start(parent / "wd", f"127.0.0.1:{_free_port()}", cpu=_server_core(), max_workers=8,
+    i = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=_server_core(), max_workers=8,
                      cpu_priority=CpuPriority())
     try:
-        old_kids = _children(i.pid)
+        old_kids = children(i.pid)
         box: dict[str, tuple[int, bytes]] = {}
         t = threading.Thread(target=lambda: box.setdefault("r", _get(i, "/stage1?work=0.3")))
         t.start()
@@ -593,7 +578,7 @@ def test_graceful_restart_while_demoted(apxs_available: None) -> None:
         t.join(30)
         assert box["r"][0] == 200
         _wait(lambda: not any(pid_alive(k) for k in old_kids), 20, "the old child to exit")
-        _wait(lambda: bool(_children(i.pid)), 10, "a new child")
+        _wait(lambda: bool(children(i.pid)), 10, "a new child")
         assert not _demoted(i)
         st = _status(i)
         assert st.enabled and st.child_pid not in old_kids
@@ -615,17 +600,17 @@ def test_child_killed_while_demoted_replacement_starts_clean(apxs_available: Non
     """A child that dies mid-request (SIGKILL: no cleanup runs) takes its demoted thread with
     it; the child the parent forks in its place starts every thread at Apache's priority."""
     parent = _workdir_parent()
-    i = apache.start(parent / "wd", f"127.0.0.1:{_free_port()}", cpu=_server_core(), max_workers=8,
+    i = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=_server_core(), max_workers=8,
                      cpu_priority=CpuPriority())
     try:
-        (old,) = _children(i.pid)
+        (old,) = children(i.pid)
         host, port = apache.parse_listen(i.listen)
         s = socket.create_connection((host, port))
         s.sendall(b"GET /stage1?work=0.5 HTTP/1.1\r\nHost: t\r\n\r\n")
         _wait(lambda: any(p == SCHED_IDLE for _, p in _demoted(i).values()), 10, "demotion")
         os.kill(old, signal.SIGKILL)
         s.close()
-        _wait(lambda: bool(set(_children(i.pid)) - {old}), 15, "a replacement child")
+        _wait(lambda: bool(set(children(i.pid)) - {old}), 15, "a replacement child")
         assert not _demoted(i)
         st = _status(i)
         assert st.enabled and st.child_pid != old and sum(st.in_flight) == 1  # the status request

@@ -11,8 +11,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,22 +21,6 @@ from overtake.controller.uplink.errors import QdiscPermissionError, UplinkInputE
 
 IS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="needs root: ip netns add / tc qdisc")
-
-
-@pytest.fixture
-def veth_ns() -> Iterator[tuple[str, str]]:
-    """A fresh namespace holding a veth pair (both ends up); deleted whatever happens."""
-    if not IS_ROOT:
-        pytest.skip("needs root: ip netns add / tc qdisc")
-    ns = f"ovt_q_{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        subprocess.run(["ip", "-n", ns, "link", "add", "va", "type", "veth", "peer", "name", "vb"], check=True)
-        for d in ("va", "vb"):
-            subprocess.run(["ip", "-n", ns, "link", "set", d, "up"], check=True)
-        yield ns, "va"
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], check=False)
 
 
 def test_parse_rate() -> None:

@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -221,21 +220,8 @@ def _count(xs: Iterator[int] | Any) -> dict[int, int]:
 
 
 # ---- band detection and fallbacks -------------------------------------------------------------
-@pytest.fixture
-def veth_ns2() -> Iterator[tuple[str, str]]:
-    if not IS_ROOT:
-        pytest.skip("needs root: ip netns add / tc qdisc")
-    ns = f"ovt_u_{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        subprocess.run(["ip", "-n", ns, "link", "add", "va", "type", "veth", "peer", "name", "vb"], check=True)
-        yield ns, "va"
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], check=False)
-
-
-def test_detect_bands_follows_the_installed_qdisc(veth_ns2: tuple[str, str]) -> None:
-    ns, dev = veth_ns2
+def test_detect_bands_follows_the_installed_qdisc(veth_ns: tuple[str, str]) -> None:
+    ns, dev = veth_ns
     up = uplink.make_uplink("srpt", dev=dev, netns=ns)
     assert isinstance(up, uplink.AppUplink) and "no HTB or pfifo_fast qdisc found" in up.describe()
     qdisc.install(dev, netns=ns, mode="htb")
