@@ -133,18 +133,12 @@ def make_uplink(
         if bandmap is None:
             note = "no HTB or pfifo_fast qdisc found (install with `overtake uplink install`)"
     if bandmap is not None and not _priority_allowed(bandmap.data[0]):
-        note = (
-            f"SO_PRIORITY {bandmap.data[0]:#x} refused: needs CAP_NET_ADMIN or CAP_NET_RAW"
-        )
+        note = f"SO_PRIORITY {bandmap.data[0]:#x} refused: needs CAP_NET_ADMIN or CAP_NET_RAW"
         bandmap = None
     if bandmap is None:
         log.warning("uplink %s: %s; falling back to application-level ordering", name, note)
-        return AppUplink(
-            concurrency=concurrency,
-            quantum=quantum,
-            max_pacing_rate=max_pacing_rate,
-            note=f"fallback from {name}: {note}",
-        )
+        return AppUplink(concurrency=concurrency, quantum=quantum, max_pacing_rate=max_pacing_rate,
+                         note=f"fallback from {name}: {note}")
     by_time = name == "srrt"
     if isinstance(cutoffs, str):
         cutoffs = _bands.parse_cutoffs(cutoffs, unit="seconds" if by_time else "bytes")
@@ -152,18 +146,9 @@ def make_uplink(
         adapt = cutoffs is None
     if cutoffs is None:
         cutoffs = default_cutoffs(len(bandmap.data), by_time=by_time)
-    return KernelUplink(
-        bandmap=bandmap,
-        cutoffs=cutoffs,
-        by_time=by_time,
-        adapt=adapt,
-        interval=interval,
-        lowat=notsent_lowat,
-        note=note,
-        top_fraction=top_fraction,
-        lowest_writers=lowest_writers,
-        ordered_bands=ordered_bands,
-    )
+    return KernelUplink(bandmap=bandmap, cutoffs=cutoffs, by_time=by_time, adapt=adapt, interval=interval,
+                        lowat=notsent_lowat, note=note, top_fraction=top_fraction, lowest_writers=lowest_writers,
+                        ordered_bands=ordered_bands)
 
 
 def default_cutoffs(n_bands: int, *, by_time: bool) -> _bands.Cutoffs:

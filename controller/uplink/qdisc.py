@@ -212,15 +212,8 @@ def _check_dev(dev: str) -> None:
         )
 
 
-def plan_install(
-    dev: str,
-    *,
-    mode: str = "htb",
-    rate: str | int = "10mbit",
-    netns: str | None = None,
-    leaf_limit: int = 1000,
-    floor: float = 0.0,
-) -> list[list[str]]:
+def plan_install(dev: str, *, mode: str = "htb", rate: str | int = "10mbit", netns: str | None = None,
+                 leaf_limit: int = 1000, floor: float = 0.0) -> list[list[str]]:
     """The command lines that install ``mode`` on ``dev`` (nothing is run)."""
     _check_dev(dev)
     if mode not in MODES:

@@ -250,18 +250,8 @@ def start(
     if cpu_priority is not None:
         build_module(conf, wd)
     conf_path = wd / "httpd.conf"
-    conf_path.write_text(
-        render_config(
-            wd,
-            listen=listen,
-            max_workers=max_workers,
-            run_user=run_user,
-            run_group=run_group,
-            graceful_timeout=graceful_timeout,
-            conf_dir=conf,
-            cpu_priority=cpu_priority,
-        )
-    )
+    conf_path.write_text(render_config(wd, listen=listen, max_workers=max_workers, run_user=run_user, run_group=run_group,
+                                       graceful_timeout=graceful_timeout, conf_dir=conf, cpu_priority=cpu_priority))
 
     test = subprocess.run(
         [APACHE_BIN, "-t", "-f", str(conf_path)], env=_APACHE_ENV, capture_output=True, text=True
@@ -289,15 +279,8 @@ def start(
         _kill_quietly(wd)
         raise
     nice = _raise_autogroup([pid, *kids], -20) if raise_priority else None
-    inst = ApacheInstance(
-        workdir=str(wd),
-        listen=listen,
-        pid=pid,
-        child_pids=tuple(kids),
-        cpu=cpu,
-        max_workers=max_workers,
-        autogroup_nice=nice,
-    )
+    inst = ApacheInstance(workdir=str(wd), listen=listen, pid=pid, child_pids=tuple(kids), cpu=cpu,
+                          max_workers=max_workers, autogroup_nice=nice)
     (wd / "instance.json").write_text(json.dumps(asdict(inst), indent=2) + "\n")
     return inst
 
