@@ -1,0 +1,383 @@
+"""A normal client's latency and the sidecar's memory while the sidecar is attacked (issue 19).
+
+A real Apache (pinned to one core) behind ``overtake sidecar`` enforcing a solved π* on two
+stages. One client, the normal one, GETs a 13-byte static file on a fresh connection every
+20 ms for the whole run. After an idle phase, each attack runs alone for ``--seconds``, from a
+separate process at nice 19 (remote attackers do not share the sidecar's core; here they must,
+so they yield it), then the bench waits for the sidecar's ``overtake_inflight`` to return to 0:
+
+=================  ==========================================================================
+slowloris          300 connections send a request's header one byte a second
+slow_readers       32 clients GET a 32 MB file and never read the answer
+body_flood         4 streams PUT 250 MB bodies to a stage path and 4 to ``/-/policy``
+pipeline_flood     4 connections pipeline 2,000 GETs each and read the answers
+bypass_paths       ``//stage1``, ``/./stage1``, ``/%73tage1``, ``/x/../stage1`` with 0.3 s of
+                   work, 6 at once (the policy allows fewer in stage 1)
+garbage            8 connections write random bytes, then close
+expect_upgrade     pipelined ``Expect: 100-continue`` and ``Upgrade: h2c`` requests
+=================  ==========================================================================
+
+Reported per phase: the normal client's p50/p99 and failures, the sidecar's RSS (idle, peak
+during, after), and whether ``overtake_inflight`` returned to 0. Targets (issue 19): p99 <= 50 ms
+and peak RSS <= 2x idle under every attack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import random
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _report import add_output_arguments, machine, publish
+
+from overtake.controller.harness import apache
+from overtake.controller.harness.loadgen import get
+from overtake.controller.harness.scratch import free_port, scratch_dir
+
+REPO = Path(__file__).resolve().parents[1]
+STAGES = """stages:
+  - {name: stage1, path: "^/stage1$"}
+  - {name: stage2, path: "^/stage2$"}
+limits: {max_inflight: 64}
+"""
+SMALL = "/static/hello.txt"
+BIG = "/static/big.bin"
+MiB = 1 << 20
+
+
+def _policy(path: Path) -> Path:
+    """π* for two H2 stages (Table 1's H2 at load 0.3; a small truncation, solved in a second)."""
+    from overtake.mdp import Stage, TandemModel, Truncation
+    from overtake.mdp.truncation import solve_optimal
+
+    p, m = np.array([0.91, 0.09]), np.array([0.55, 5.45])
+    s1 = Stage("stage1", p, np.diag(-1.0 / m))
+    model = TandemModel(arrival_rate=0.3, stages=(s1, Stage("stage2", s1.alpha, s1.T)))
+    solve_optimal(model, truncation=Truncation(6, 3)).policy.save(path)
+    return path
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _inflight(port: int) -> float:
+    text = get(port, "/-/metrics", timeout=5)[1].decode()
+    m = re.search(r"^overtake_inflight(?:\{[^}]*\})? ([0-9.e+]+)$", text, re.MULTILINE)
+    return float(m.group(1)) if m else float("nan")
+
+
+# ---- attacks: each runs in its own process until ``stop`` (seconds since the epoch) -----------
+
+def _connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=5)
+
+
+def slowloris(port: int, stop: float) -> None:
+    socks = []
+    for _ in range(300):
+        try:
+            s = _connect(port)
+            s.sendall(b"GET /static/hello.txt HTTP/1.1\r\nHost: x\r\n")
+            socks.append(s)
+        except OSError:
+            pass
+    while time.time() < stop:
+        for s in list(socks):
+            try:
+                s.sendall(b"X")
+            except OSError:
+                socks.remove(s)
+        time.sleep(1)
+    for s in socks:
+        s.close()
+
+
+def slow_readers(port: int, stop: float) -> None:
+    socks = []
+    for _ in range(32):
+        try:
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", port))
+            s.sendall(f"GET {BIG} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            socks.append(s)
+        except OSError:
+            pass
+    time.sleep(max(0.0, stop - time.time()))
+    for s in socks:
+        s.close()
+
+
+def _flood_one(port: int, path: str, stop: float) -> None:
+    chunk = b"\0" * MiB
+    while time.time() < stop:
+        try:
+            with _connect(port) as s:
+                s.sendall(f"PUT {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {250 * MiB}\r\n\r\n".encode())
+                for _ in range(250):
+                    if time.time() >= stop:
+                        break
+                    s.sendall(chunk)
+        except OSError:
+            time.sleep(0.05)  # refused or cut: what a capped server does; try again
+
+
+def body_flood(port: int, stop: float) -> None:
+    ts = [threading.Thread(target=_flood_one, args=(port, p, stop)) for p in ["/stage1"] * 4 + ["/-/policy"] * 4]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def _pipeline_one(port: int, stop: float) -> None:
+    burst = f"GET {SMALL} HTTP/1.1\r\nHost: x\r\n\r\n".encode() * 2000
+    while time.time() < stop:
+        try:
+            with _connect(port) as s:
+                s.settimeout(10)
+                sender = threading.Thread(target=s.sendall, args=(burst,))
+                sender.start()
+                got = 0
+                while got < 2000 and time.time() < stop:
+                    data = s.recv(1 << 16)
+                    if not data:
+                        break
+                    got += data.count(b"HTTP/1.1 ")
+                sender.join(5)
+        except OSError:
+            time.sleep(0.05)
+
+
+def pipeline_flood(port: int, stop: float) -> None:
+    ts = [threading.Thread(target=_pipeline_one, args=(port, stop)) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def bypass_paths(port: int, stop: float) -> None:
+    paths = ["//stage1", "/./stage1", "/%73tage1", "/x/../stage1", "//stage1", "/./stage1"]
+
+    def one(path: str) -> None:
+        while time.time() < stop:
+            try:
+                get(port, f"{path}?work=0.3", timeout=30)
+            except OSError:
+                time.sleep(0.05)
+
+    ts = [threading.Thread(target=one, args=(p,)) for p in paths]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def garbage(port: int, stop: float) -> None:
+    rng = random.Random(19)
+
+    def one() -> None:
+        while time.time() < stop:
+            try:
+                with _connect(port) as s:
+                    s.sendall(rng.randbytes(rng.randint(1, 65536)))
+                    s.settimeout(1)
+                    try:
+                        s.recv(4096)
+                    except OSError:
+                        pass
+            except OSError:
+                time.sleep(0.01)
+
+    ts = [threading.Thread(target=one) for _ in range(8)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def expect_upgrade(port: int, stop: float) -> None:
+    reqs = (f"GET {SMALL} HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+            "HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n"
+            "PUT /stage2?work=0.001 HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\nhello"
+            f"GET {SMALL} HTTP/1.1\r\nHost: x\r\n\r\n").encode()
+    while time.time() < stop:
+        try:
+            with _connect(port) as s:
+                s.settimeout(5)
+                s.sendall(reqs)
+                got = b""
+                while got.count(b"HTTP/1.1 2") < 3:
+                    data = s.recv(1 << 16)
+                    if not data:
+                        break
+                    got += data
+        except OSError:
+            time.sleep(0.05)
+
+
+ATTACKS: dict[str, Callable[[int, float], None]] = {
+    f.__name__: f for f in (slowloris, slow_readers, body_flood, pipeline_flood, bypass_paths, garbage, expect_upgrade)
+}
+
+
+def _attacker(name: str, port: int, stop: float) -> None:
+    os.nice(19)
+    ATTACKS[name](port, stop)
+
+
+# ---- the normal client and the sampler -------------------------------------------------------
+
+class Probe(threading.Thread):
+    """The normal client: GET SMALL on a fresh connection every 20 ms; latencies in ms, failures."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.port = port
+        self.samples: list[tuple[float, float | None]] = []  # (time, ms or None on failure)
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            t0 = time.perf_counter()
+            try:
+                code = get(self.port, SMALL, timeout=10)[0]
+                ms: float | None = (time.perf_counter() - t0) * 1e3 if code == 200 else None
+            except OSError:
+                ms = None
+            self.samples.append((time.time(), ms))
+            time.sleep(max(0.0, 0.02 - (time.perf_counter() - t0)))
+
+    def window(self, t0: float, t1: float) -> dict[str, float]:
+        got = [ms for t, ms in self.samples if t0 <= t < t1]
+        ok = [ms for ms in got if ms is not None]
+        return {"requests": len(got), "failed": len(got) - len(ok),
+                "p50_ms": statistics.median(ok) if ok else float("nan"),
+                "p99_ms": float(np.percentile(ok, 99)) if ok else float("nan")}
+
+
+def _phase(name: str, seconds: float, port: int, pid: int, probe: Probe) -> dict[str, Any]:
+    t0 = time.time()
+    proc = None
+    if name != "idle":
+        proc = mp.get_context("fork").Process(target=_attacker, args=(name, port, t0 + seconds), daemon=True)
+        proc.start()
+    peak = _rss_kb(pid)
+    while time.time() < t0 + seconds:
+        peak = max(peak, _rss_kb(pid))
+        time.sleep(0.1)
+    t1 = time.time()
+    if proc is not None:
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+    # drained: every request the attack left in the sidecar ends (deadlines included) within 30 s
+    deadline, inflight = time.time() + 30, float("nan")
+    while time.time() < deadline:
+        peak = max(peak, _rss_kb(pid))
+        inflight = _inflight(port)
+        if inflight == 0:
+            break
+        time.sleep(0.5)
+    return {"attack": name, **probe.window(t0, t1), "rss_peak_kb": peak, "rss_after_kb": _rss_kb(pid),
+            "inflight_after": inflight, "drain_s": time.time() - t1}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    cores = sorted(os.sched_getaffinity(0))
+    server_core, proxy_core = cores[-1], cores[0]
+    tmp = scratch_dir("overtake-attack-")
+    inst = apache.start(tmp / "apache", f"127.0.0.1:{free_port()}", cpu=server_core, max_workers=64)
+    side = None
+    try:
+        big = tmp / "apache" / "htdocs" / "static" / "big.bin"
+        big.write_bytes(os.urandom(32 * MiB))
+        big.chmod(0o644)
+        (tmp / "stages.yaml").write_text(STAGES)
+        port = free_port()
+        argv = ["taskset", "-c", str(proxy_core), sys.executable, "-m", "overtake.api.cli", "sidecar",
+                "--apache", inst.base_url, "--listen", f"127.0.0.1:{port}", "--stages", str(tmp / "stages.yaml"),
+                "--policy", str(_policy(tmp / "pi.npz"))]
+        with (tmp / "sidecar.log").open("wb") as log:
+            side = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                    env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+        deadline = time.time() + 60
+        while True:
+            try:
+                if get(port, "/-/healthz", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass
+            if side.poll() is not None or time.time() > deadline:
+                raise SystemExit(f"sidecar_attack: the sidecar did not start:\n{(tmp / 'sidecar.log').read_text()}")
+            time.sleep(0.1)
+        probe = Probe(port)
+        probe.start()
+        names = ["idle", *(args.attacks.split(",") if args.attacks else ATTACKS)]
+        phases = [_phase(n, args.seconds, port, side.pid, probe) for n in names]
+        probe.done.set()
+        idle_rss = phases[0]["rss_peak_kb"]
+        for ph in phases:
+            ph["rss_peak_over_idle"] = ph["rss_peak_kb"] / idle_rss
+            ph["ok"] = bool(ph["p99_ms"] <= 50 and ph["rss_peak_over_idle"] <= 2 and ph["inflight_after"] == 0)
+        return {"machine": machine(), "seconds": args.seconds, "phases": phases,
+                "load_average": os.getloadavg()[0], "all_ok": all(p["ok"] for p in phases)}
+    finally:
+        if side is not None and side.poll() is None:
+            side.terminate()
+            side.wait(30)
+        apache.stop(inst.workdir, graceful=False)
+
+
+def section(res: dict[str, Any], command: str) -> str:
+    rows = [f"| {p['attack']} | {p['requests']} | {p['failed']} | {p['p50_ms']:.1f} | {p['p99_ms']:.1f} | "
+            f"{p['rss_peak_kb'] / 1024:.0f} ({p['rss_peak_over_idle']:.2f}×) | {p['inflight_after']:.0f} | "
+            f"{'yes' if p['ok'] else '**no**'} |" for p in res["phases"]]
+    return "\n".join([
+        "## sidecar-attack: a normal client while the sidecar is attacked (issue 19)",
+        f"`{command}`, {res['machine']}. A real Apache (one core) behind the sidecar enforcing π*; the normal "
+        "client GETs a 13-byte file every 20 ms on a fresh connection; each attack runs alone from a nice-19 "
+        f"process for {res['seconds']:g} s (see the script's docstring). Raw runs: `bench/results/sidecar_attack.jsonl`.",
+        "",
+        "| attack | normal requests | failed | p50 ms | p99 ms | sidecar peak RSS MB | inflight after | p99 ≤ 50 ms, RSS ≤ 2× |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+        *rows,
+        "",
+        f"Conclusion: {'every target met' if res['all_ok'] else 'NOT all targets met (rows marked no)'}.",
+    ])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=10.0, help="length of each attack phase")
+    ap.add_argument("--attacks", default="", help=f"comma-separated subset of: {', '.join(ATTACKS)}")
+    add_output_arguments(ap)
+    args = ap.parse_args()
+    bad = set(filter(None, args.attacks.split(","))) - set(ATTACKS)
+    if bad:
+        ap.error(f"--attacks: unknown {', '.join(sorted(bad))}; choose from {', '.join(ATTACKS)}")
+    res = run(args)
+    command = f"python bench/sidecar_attack.py --seconds {args.seconds:g}" + (f" --attacks {args.attacks}" if args.attacks else "")
+    publish(args, "sidecar-attack", section(res, command), res, command=command)
+    return 0 if res["all_ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
