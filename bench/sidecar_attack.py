@@ -29,6 +29,7 @@ import multiprocessing as mp
 import os
 import random
 import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -344,6 +345,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             side.terminate()
             side.wait(30)
         apache.stop(inst.workdir, graceful=False)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def section(res: dict[str, Any], command: str) -> str:
