@@ -123,7 +123,7 @@ def _pick(cum, row, ncols):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True)
-def _table_lookup(row, L, Q, C, kmax, keys, spawn, ntab, out):  # type: ignore[no-untyped-def]
+def _table_lookup(row, L, Q, C, kmax, keys, spawn, ntab, out, counts_only):  # type: ignore[no-untyped-def]
     """mdp.Policy.action: rank lookup with the documented projection beyond the truncation."""
     K = 0
     tot = 0
@@ -133,17 +133,24 @@ def _table_lookup(row, L, Q, C, kmax, keys, spawn, ntab, out):  # type: ignore[n
             K += row[c]
     for q in range(Q):
         out[q] = 0
-    if K > kmax:
+    if K > kmax and not counts_only:
         return
     proj = row.copy()
     excess = tot - C
     while excess > 0:
         best = 0
-        for q in range(1, Q):
+        # observation tables shrink the largest count of all, the others the longest queue
+        for q in range(1, L if counts_only else Q):
             if proj[q] > proj[best]:
                 best = q
         proj[best] -= 1
         excess -= 1
+    if counts_only:
+        K = 0
+        for c in range(Q, L):
+            K += proj[c]
+        if K > kmax:
+            return
     budget = C
     key = 0
     for c in range(L):
@@ -392,7 +399,7 @@ def run_kernel(  # type: ignore[no-untyped-def]
                 else:
                     for d2 in range(D):
                         row[Q + d2] = kc[d2]
-                _table_lookup(row, L, Q, tab_C, tab_kmax, tab_keys, tab_spawn, tab_ntab, cnt)
+                _table_lookup(row, L, Q, tab_C, tab_kmax, tab_keys, tab_spawn, tab_ntab, cnt, qmode == 2)
                 if qmode == 0:
                     # phase at start: one thread, then ask again once its phase is known
                     first = -1

@@ -138,7 +138,8 @@ def _compare_observed(
     out["gain_bounds"] = list(opt.solve.gain_bounds)
     out["truncation"] = {"max_requests": opt.truncation.max_requests, "max_threads": opt.truncation.k_max,
                          "trace": opt.trace}
-    out["observation"] = {"phase_info": opt.policy.phase_info if opt.source != "improved" else phase_info,
-                          "source": opt.source, "candidates": opt.candidates, "history": opt.solve.history}
+    out["observation"] = {"phase_info": phase_info if phase_info in ("none", "route") else opt.policy.phase_info,
+                          "policy_phase_info": opt.policy.phase_info, "source": opt.source,
+                          "candidates": opt.candidates, "history": opt.solve.history}
     out["seconds"] = time.perf_counter() - t0
     return out

@@ -26,11 +26,12 @@ P_A, both from one sparse LU (:class:`Factor`). The weighted Q-value of an actio
 
     Q̄(o, a) = Σ_{y ∈ o} μ(y) · E[h(post(y, a))],     μ = π P_chg (the epochs' stationary weights),
 
-is the first-order change of the gain when ``a`` is taken in class o (the policy-gradient form of
-the performance-difference identity for memoryless policies of a partially observed chain;
-Aberdeen, "A (revised) survey of approximate methods for solving POMDPs", 2003, §3). Unlike in
-an MDP, acting on it is not guaranteed to improve the gain; :mod:`overtake.mdp.observed` accepts
-a step only when exact evaluation confirms it.
+is, times Λ, the first-order change of the gain when class o moves towards ``a`` (the
+average-reward policy-gradient theorem, Sutton, McAllester, Singh and Mansour, "Policy gradient
+methods for reinforcement learning with function approximation", NIPS 2000, Theorem 1, applied
+to a policy that reads the observation only). Unlike in an MDP, acting on it in every class at
+once is not guaranteed to lower the gain; :mod:`overtake.mdp.observed` accepts a step only when
+exact evaluation confirms it.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ evaluated exactly on the full chain:
    action the heuristic takes most often there, weighted by its own stationary law of decision
    epochs), each as a table; for ``route`` also the ``none`` optimum and the baselines with the
    lightest route (least expected work) started first.
-   One local search from each, the best result kept; a larger solve cap starts from the
-   previous cap's table instead.
+   One local search from each, the best result kept; a larger solve cap starts from the best two
+   of the previous cap's table and the baselines.
 2. Improve: the weighted-Q step of :meth:`ObservationSpace.propose` in every class; accept it
    only if the exact gain is lower. If not, try the changed classes with the largest first-order
    gains (a quarter of them, a sixteenth, …, one), then single classes in that order; stop when
@@ -378,7 +378,8 @@ def solve_observed(
     starts
         Local searches at the first solve cap, one from each of the best ``starts`` starting
         tables (the search is local: π(∞) is a local optimum on small caps where a table near
-        π(2) is better); the best result is kept, and larger caps start from it.
+        π(2) is better); the best result is kept. Larger caps run two, from the best two of the
+        previous cap's table and the baselines.
     evaluated
         Baseline evaluations already made (name → :class:`Evaluation`), reused.
     none_optimum
@@ -420,13 +421,11 @@ def solve_observed(
         extra: dict[str, IntArray] = {}
         if none_opt is not None:
             extra["none optimum (lightest route first)"] = _lift(osp, none_opt.policy.actions(_stage_view(osp)))
-        if warm is not None:  # a larger cap starts from the previous table (its documented projection)
+        if warm is not None:  # a larger cap: the previous table (its documented projection) and the baselines
             extra["previous cap"] = warm.actions(osp.classes)
-            tables = {k: osp.repair(v) for k, v in extra.items()}
-        else:
-            tables = _starting_tables(osp, names, heuristic, extra)
+        tables = _starting_tables(osp, names, heuristic and warm is None, extra)
         evs = {k: osp.evaluate(A) for k, A in tables.items()}
-        ranked = sorted(evs, key=lambda k: evs[k].gain)[:starts]
+        ranked = sorted(evs, key=lambda k: evs[k].gain)[:starts if warm is None else min(starts, 2)]
         if progress:
             progress(f"pi*: cap {tr.max_requests}, threads {osp.k_max}: {osp.size} states, {osp.n_classes} classes; "
                      f"start from {', '.join(ranked)} (g = {evs[ranked[0]].gain:.8g})")

@@ -12,6 +12,9 @@ States beyond the truncation get a defined answer (:meth:`Policy.action`):
    queue (lowest index on ties) until the state fits, and answer for that state — the spawn counts
    are then at most the real waiting counts.
 
+Observation policies (below) instead remove one from the largest count, waiting or active (the
+first on ties), until the state fits, then apply rule 1 to what is left.
+
 In the phase-at-start layout a spawn reveals a phase, so the answer starts at most one thread; ask
 again once its phase is known.
 
@@ -155,6 +158,15 @@ class Policy:
     def _project(self, rows: IntArray) -> tuple[IntArray, npt.NDArray[np.bool_]]:
         rows = np.array(rows, dtype=np.int64, copy=True)
         Q = self.Q
+        if self.observed:
+            # counts only: shrink the largest count, waiting or active (first column on ties), so
+            # a table that starts every request (π(∞)-like) still does so beyond its cap
+            excess = rows.sum(axis=1) - self.max_requests
+            while np.any(excess > 0):
+                sel = np.flatnonzero(excess > 0)
+                rows[sel, np.argmax(rows[sel], axis=1)] -= 1
+                excess[sel] -= 1
+            return rows, rows[:, Q:].sum(axis=1) > self.max_threads
         over_threads = rows[:, Q:].sum(axis=1) > self.max_threads
         excess = np.where(over_threads, 0, rows.sum(axis=1) - self.max_requests)
         sel = np.flatnonzero(excess > 0)

@@ -288,3 +288,23 @@ def test_cli_compare_and_solve_with_phase_info_none(tmp_path, capsys) -> None:  
     assert solved["mean_response_time"] <= doc["policies"]["pi*"]["mean_response_time"]
     assert main(["simulate", str(scen), "--policy", str(out), "--requests", "3000", "--json", "--quiet"]) == 0
     assert json.loads(capsys.readouterr().out)["requests"] == 3000
+
+
+def test_scenario_phase_info_and_routes() -> None:
+    from overtake.mdp.scenario import parse_scenario
+
+    h2 = {"hyperexponential": {"probs": [0.91, 0.09], "means": [0.55, 5.45]}}
+    routes = [{"name": "light", "weight": 0.9101123595505618, "alpha": [0.99, 0.01]},
+              {"name": "heavy", "weight": 0.0898876404494382, "alpha": [0.1, 0.9]}]
+    sc = parse_scenario({"load": 0.6, "phase_info": "route", "stages": [
+        {"name": "a", "service": {"exponential": {"mean": 1.0}}}, {"name": "b", "service": h2, "routes": routes}]})
+    split = sc.build_routes(sc.build_model())
+    assert split is not None and split.n_queues == 3 and split.queue_labels(sc.build_model())[1:] == ["b/light", "b/heavy"]
+    bare = parse_scenario({"load": 0.6, "phase_info": "route", "stages": [{"name": "b", "service": h2}]})
+    with pytest.raises(ModelError, match=r"phase_info: 'route' needs routes on at least one stage"):
+        bare.build_routes(bare.build_model())
+    with pytest.raises(ModelError, match=r"^phase_info: Input should be 'full', 'start', 'none' or 'route'"):
+        parse_scenario({"load": 0.6, "phase_info": "hidden", "stages": [{"name": "b", "service": h2}]})
+    bad = parse_scenario({"load": 0.6, "stages": [{"name": "b", "service": h2, "routes": routes[:1]}]})
+    with pytest.raises(ModelError, match=r"stages\.0\.routes: weights must be > 0 and sum to 1"):
+        bad.build_routes(bad.build_model())
