@@ -79,9 +79,11 @@ def run_model(store: Store, job_id: str) -> None:
     model = sc.build_model()
     baselines = default_baselines(model.n_stages)
     rep = _Reporter(store, job_id, ["pi*", "rules", *baselines])
-    opt = solve_optimal(model, truncation=sc.fixed_truncation(), tol=sc.tolerance, progress=rep)
+    opt = solve_optimal(model, truncation=sc.fixed_truncation(), tol=sc.tolerance, progress=rep,
+                        phase_info=sc.phase_info, routes=sc.build_routes(model))
     rep.step(1, "extracting the overtaking rules")
-    rules = overtaking_rule(opt.solve, opt.policy).to_dict()
+    # the rules read pi*'s phase-known decisions; a policy over counts has none to read
+    rules = overtaking_rule(opt.solve, opt.policy).to_dict() if sc.phase_info == "full" else None  # type: ignore[arg-type]
     rep.step(2, "evaluating the baselines")
     doc = compare(model, tol=sc.tolerance, truncation=sc.fixed_truncation(), progress=rep, optimum=opt)
     pol = opt.policy

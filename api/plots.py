@@ -99,6 +99,10 @@ def policy_grid(policy: Policy, *, size: int = 8) -> PolicyGrid:
     configs: list[tuple[str, np.ndarray]] = [("no thread active", np.zeros(D, dtype=np.int64))]
     for s in shown:
         k = np.zeros(D, dtype=np.int64)
+        if policy.observed:  # an observation policy counts threads per stage
+            k[s] = 1
+            configs.append((f"1 thread at {model.stages[s].name}", k))
+            continue
         d = model.coord(s, int(np.argmax(model.stages[s].alpha)))
         k[d] = 1
         configs.append((f"1 thread at {labels[d]}", k))

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from .heuristic import OvertakingHeuristic, evaluate_heuristic, overtaking_heuristic
     from .lp import LinearConstraint, LPResult, NodePolicy, occupation_lp
     from .model import Stage, TandemModel
+    from .observation import ObservationSpace
+    from .observed import ObservedOptimum, solve_observed
     from .policy import Policy
     from .priority import (
         CpuPriority,
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
         class_priority,
         level_weights,
     )
+    from .routes import Route, RouteSplit
     from .rules import OvertakingRules, overtaking_rule
     from .scenario import Scenario, parse_scenario
     from .simulate import SimulationResult, service_from_spec, simulate
@@ -50,10 +53,13 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "heuristic": ("OvertakingHeuristic", "evaluate_heuristic", "overtaking_heuristic"),
     "lp": ("LPResult", "LinearConstraint", "NodePolicy", "occupation_lp"),
     "model": ("Stage", "TandemModel"),
+    "observation": ("ObservationSpace",),
+    "observed": ("ObservedOptimum", "solve_observed"),
     "policy": ("Policy",),
     "priority": (
         "CpuPriority", "age_priority", "choose_tandem_thresholds", "choose_thresholds", "class_priority", "level_weights",
     ),
+    "routes": ("Route", "RouteSplit"),
     "rules": ("OvertakingRules", "overtaking_rule"),
     "scenario": ("Scenario", "parse_scenario"),
     "simulate": ("SimulationResult", "service_from_spec", "simulate"),

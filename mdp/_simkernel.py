@@ -8,7 +8,11 @@ each event costs O(log K) and the next real event is min(next arrival, (heap top
 Policies (``ptype``): 0 π(k) / π(∞) (later stages first, FCFS in a stage), 1 π(k1,…,kN),
 2 a policy artifact's table (``full`` or ``start`` layout, with :class:`overtake.mdp.Policy`'s
 projection beyond the truncation), 3 the overtaking heuristic. ``qmode`` 0 queues waiting
-requests per stage, 1 per (stage, phase label) coordinate.
+requests per stage, 1 per (stage, phase label) coordinate, 2 per (stage, route) for observation
+tables (:mod:`overtake.mdp.observation`): a request entering stage i joins route r with
+probability ``route_cum``, starts in a phase drawn from its route's prior, and the table sees
+waiting per queue and threads per stage, answers at arrivals and completions only (the events
+the observation shows), and its answer is started at once.
 
 CPU priority levels (``n_lv`` > 1, :mod:`overtake.mdp.priority`): each level ℓ has its own
 virtual clock V_ℓ and heap; a thread of level ℓ progresses at rate r_ℓ = min(u, θw_ℓ) with
@@ -119,7 +123,7 @@ def _pick(cum, row, ncols):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True)
-def _table_lookup(row, L, Q, C, kmax, keys, spawn, ntab, out):  # type: ignore[no-untyped-def]
+def _table_lookup(row, L, Q, C, kmax, keys, spawn, ntab, out, counts_only):  # type: ignore[no-untyped-def]
     """mdp.Policy.action: rank lookup with the documented projection beyond the truncation."""
     K = 0
     tot = 0
@@ -129,17 +133,24 @@ def _table_lookup(row, L, Q, C, kmax, keys, spawn, ntab, out):  # type: ignore[n
             K += row[c]
     for q in range(Q):
         out[q] = 0
-    if K > kmax:
+    if K > kmax and not counts_only:
         return
     proj = row.copy()
     excess = tot - C
     while excess > 0:
         best = 0
-        for q in range(1, Q):
+        # observation tables shrink the largest count of all, the others the longest queue
+        for q in range(1, L if counts_only else Q):
             if proj[q] > proj[best]:
                 best = q
         proj[best] -= 1
         excess -= 1
+    if counts_only:
+        K = 0
+        for c in range(Q, L):
+            K += proj[c]
+        if K > kmax:
+            return
     budget = C
     key = 0
     for c in range(L):
@@ -165,11 +176,12 @@ def run_kernel(  # type: ignore[no-untyped-def]
     h_remaining, h_min_pair, h_wait, h_order, h_variant,
     max_slots,
     lv_w, lv_thr, lv_start, lv_area,
+    route_cum, route_q0, queue_alpha_cum,
 ):
     np.random.seed(seed)
     N = stage_off.size - 1
     D = coord_stage.size
-    Q = N if qmode == 0 else D
+    Q = N if qmode == 0 else (D if qmode == 1 else route_q0[N])
     # requests
     arr_t = np.zeros(n_total)
     enter_t = np.zeros(n_total)
@@ -216,7 +228,7 @@ def run_kernel(  # type: ignore[no-untyped-def]
     events = 0
     overflow = False
     # policy buffers
-    L = Q + D
+    L = Q + D if qmode != 2 else Q + N
     row = np.zeros(L, np.int64)
     cnt = np.zeros(max(Q, D), np.int64)
     caps_room = np.zeros(N, np.int64)
@@ -278,6 +290,7 @@ def run_kernel(  # type: ignore[no-untyped-def]
             next_arr = t + np.random.exponential(1.0 / lam)
             n_sys += 1
             i_new = 0
+            seen = True
         else:
             s, hsz[lv_ev] = _heap_pop(hv2[lv_ev], hs2[lv_ev], hsz[lv_ev])
             if thr_v[s] < ev_v[s]:
@@ -322,6 +335,7 @@ def run_kernel(  # type: ignore[no-untyped-def]
                     ev_v[s] = path_v[s, pos]
                     hsz[lv_ev] = _heap_push(hv2[lv_ev], hs2[lv_ev], hsz[lv_ev], min(ev_v[s], thr_v[s]), s)
             i_new = -1
+            seen = completes  # a phase change is invisible to an observation table
             if completes:
                 kc[d] -= 1
                 K -= 1
@@ -343,12 +357,18 @@ def run_kernel(  # type: ignore[no-untyped-def]
             # the request enters stage i_new: its starting label, then its queue
             stage[req] = i_new
             enter_t[req] = t
+            qr = 0
+            if qmode == 2:
+                qr = route_q0[i_new] + _pick(route_cum, i_new, route_q0[i_new + 1] - route_q0[i_new])
             if svc_mode == 0:
-                lab = stage_off[i_new] + _pick(alpha_cum, i_new, stage_off[i_new + 1] - stage_off[i_new])
+                if qmode == 2:
+                    lab = stage_off[i_new] + _pick(queue_alpha_cum, qr, stage_off[i_new + 1] - stage_off[i_new])
+                else:
+                    lab = stage_off[i_new] + _pick(alpha_cum, i_new, stage_off[i_new + 1] - stage_off[i_new])
             else:
                 lab = stage_off[i_new] + label0[req, i_new]
             label[req] = lab
-            q = i_new if qmode == 0 else lab
+            q = i_new if qmode == 0 else (lab if qmode == 1 else qr)
             nxt[req] = -1
             if q_tail[q] >= 0:
                 nxt[q_tail[q]] = req
@@ -357,7 +377,7 @@ def run_kernel(  # type: ignore[no-untyped-def]
             q_tail[q] = req
             wq[q] += 1
         # ---- decision epoch: the policy sees (waiting per queue, threads per coordinate) --
-        while True:
+        while qmode != 2 or seen:
             for q in range(max(Q, D)):
                 cnt[q] = 0
             if ptype == 0:
@@ -373,9 +393,13 @@ def run_kernel(  # type: ignore[no-untyped-def]
             elif ptype == 2:
                 for q in range(Q):
                     row[q] = wq[q]
-                for d2 in range(D):
-                    row[Q + d2] = kc[d2]
-                _table_lookup(row, L, Q, tab_C, tab_kmax, tab_keys, tab_spawn, tab_ntab, cnt)
+                if qmode == 2:
+                    for i in range(N):
+                        row[Q + i] = ks[i]
+                else:
+                    for d2 in range(D):
+                        row[Q + d2] = kc[d2]
+                _table_lookup(row, L, Q, tab_C, tab_kmax, tab_keys, tab_spawn, tab_ntab, cnt, qmode == 2)
                 if qmode == 0:
                     # phase at start: one thread, then ask again once its phase is known
                     first = -1

@@ -1,6 +1,8 @@
 """``compare``: π* against the baselines on one scenario (paper 004, §4.1, Table 1).
 
-Gain of π* over a policy π: (E W(π) − E W(π*)) / E W(π*), as a fraction.
+Gain of π* over a policy π: (E W(π) − E W(π*)) / E W(π*), as a fraction. With ``phase_info``
+``none`` or ``route``, π* is the best policy that sees counts only (and routes),
+:func:`overtake.mdp.observed.solve_observed`, never worse than a baseline by construction.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from typing import Any
 from .baselines import Baseline
 from .evaluate import PolicyMetrics
 from .model import TandemModel
-from .statespace import Layout, Truncation
+from .observed import ObservedOptimum, observed_baselines, solve_observed
+from .routes import RouteSplit
+from .statespace import Layout, PhaseInfo, Truncation
 from .truncation import Optimum, evaluate_baseline, evaluate_rule, solve_optimal
 
 Progress = Callable[[str], None]
@@ -53,15 +57,24 @@ def compare(
     tol: float = 1e-3,
     truncation: Truncation | None = None,
     progress: Progress | None = None,
-    optimum: Optimum | None = None,
+    optimum: Optimum | ObservedOptimum | None = None,
+    phase_info: PhaseInfo = "full",
+    routes: RouteSplit | None = None,
 ) -> dict[str, Any]:
-    """Solve π* and evaluate the baselines; returns the JSON document of ``overtake compare``."""
+    """Solve π* and evaluate the baselines; returns the JSON document of ``overtake compare``.
+
+    ``phase_info`` ``none`` or ``route`` (with ``routes``): π* is the best observation policy,
+    and the document gains an ``observation`` entry (where π* came from, the candidates' E[W]
+    and the improvement steps).
+    """
     t0 = time.perf_counter()
     names = default_baselines(model.n_stages)
     for p in policies:
         b = Baseline.parse(p, model.n_stages).name
         if b not in names:
             names.append(b)
+    if phase_info in ("none", "route") or isinstance(optimum, ObservedOptimum):
+        return _compare_observed(model, names, phase_info, routes, tol, truncation, progress, optimum, t0)
     opt = optimum or solve_optimal(model, truncation=truncation, tol=tol, progress=progress)
     out: dict[str, Any] = {"policies": {"pi*": opt.metrics.to_dict()}}
     start_opt = None
@@ -95,5 +108,38 @@ def compare(
         out["phase_at_start"] = {"states": start_opt.solve.space.size, "iterations": start_opt.sweeps,
                                  "truncation": {"max_requests": start_opt.truncation.max_requests,
                                                 "max_threads": start_opt.truncation.k_max}}
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def _compare_observed(
+    model: TandemModel, names: list[str], phase_info: str, routes: RouteSplit | None, tol: float,
+    truncation: Truncation | None, progress: Progress | None, optimum: Optimum | ObservedOptimum | None, t0: float,
+) -> dict[str, Any]:
+    """The document of :func:`compare` with π* the best observation policy (it reuses its baselines)."""
+    if optimum is not None and not isinstance(optimum, ObservedOptimum):
+        raise ValueError("compare: an optimum for phase_info 'none'/'route' must come from solve_observed")
+    opt = optimum or solve_observed(model, phase_info=phase_info, routes=routes, truncation=truncation,  # type: ignore[arg-type]
+                                    tol=tol, baselines=list(dict.fromkeys([*observed_baselines(model.n_stages), *names])),
+                                    progress=progress)
+    out: dict[str, Any] = {"policies": {"pi*": opt.metrics.to_dict()}}
+    for name in names:
+        ev = opt.baselines.get(name) or evaluate_baseline(model, name, tol=tol, progress=progress)
+        out["policies"][ev.name] = ev.metrics.to_dict()
+    ew_star = opt.metrics.mean_response_time
+    out["gains"] = {
+        k: (v["mean_response_time"] - ew_star) / ew_star for k, v in out["policies"].items() if k != "pi*"
+    }
+    out["arrival_rate"] = model.arrival_rate
+    out["load"] = model.arrival_rate * model.mean_service()
+    out["states"] = opt.solve.space.size
+    out["iterations"] = opt.sweeps
+    out["method"] = opt.solve.method
+    out["gain_bounds"] = list(opt.solve.gain_bounds)
+    out["truncation"] = {"max_requests": opt.truncation.max_requests, "max_threads": opt.truncation.k_max,
+                         "trace": opt.trace}
+    out["observation"] = {"phase_info": phase_info if phase_info in ("none", "route") else opt.policy.phase_info,
+                          "policy_phase_info": opt.policy.phase_info, "source": opt.source,
+                          "candidates": opt.candidates, "history": opt.solve.history}
     out["seconds"] = time.perf_counter() - t0
     return out

@@ -12,8 +12,16 @@ States beyond the truncation get a defined answer (:meth:`Policy.action`):
    queue (lowest index on ties) until the state fits, and answer for that state — the spawn counts
    are then at most the real waiting counts.
 
+Observation policies (below) instead remove one from the largest count, waiting or active (the
+first on ties), until the state fits, then apply rule 1 to what is left.
+
 In the phase-at-start layout a spawn reveals a phase, so the answer starts at most one thread; ask
 again once its phase is known.
+
+Observation policies (``phase_info`` ``none`` or ``route``, :mod:`overtake.mdp.observation`) key
+their table by the *observation*: waiting per queue (per stage, or per (stage, route)), then active
+threads per stage. Their answer is started at once, and only at arrivals and completions; a
+``route`` policy carries its route split (``meta["routes"]``).
 """
 
 from __future__ import annotations
@@ -29,8 +37,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .errors import PolicyFileError
+from .errors import ModelError, PolicyFileError
 from .model import Stage, TandemModel
+from .routes import RouteSplit
 from .statespace import Layout, PhaseInfo, Ranker, StateSpace
 
 IntArray = npt.NDArray[np.int64]
@@ -92,11 +101,18 @@ class Policy:
     keys: IntArray
     spawn: npt.NDArray[np.int16]
     meta: dict[str, Any] = field(default_factory=dict)
+    routes: RouteSplit | None = None
 
     def __post_init__(self) -> None:
-        self.layout = Layout.build(self.model, self.phase_info)
+        if self.phase_info == "route":
+            if self.routes is None:
+                raise PolicyFileError("a route policy needs its route split (routes)")
+            self.layout = self.routes.layout(self.model)
+        else:
+            self.layout = Layout.build(self.model, self.phase_info)
         self.Q = self.layout.n_queues
-        self.D = self.model.n_coords
+        # observation policies see threads per stage, the others threads per (stage, phase)
+        self.D = self.model.n_stages if self.observed else self.model.n_coords
         self._ranker = Ranker(self.Q + self.D, self.max_requests)
         self._lookup: dict[int, int] | None = None
 
@@ -120,18 +136,37 @@ class Policy:
 
     # ---- queries ---------------------------------------------------------------------------
     @property
+    def observed(self) -> bool:
+        """True for observation policies (counts only: ``none``, ``route``)."""
+        return self.phase_info in ("none", "route")
+
+    @property
     def columns(self) -> list[str]:
-        """Labels of the state vector's components: waiting per queue, then threads per coordinate."""
+        """Labels of the state vector's components: waiting per queue, then threads per coordinate
+        (per stage for observation policies)."""
         labels = self.model.coord_labels()
         if self.phase_info == "full":
             w = [f"waiting:{x}" for x in labels]
+        elif self.routes is not None:
+            w = [f"waiting:{x}" for x in self.routes.queue_labels(self.model)]
         else:
             w = [f"waiting:{s.name}" for s in self.model.stages]
+        if self.observed:
+            return w + [f"threads:{s.name}" for s in self.model.stages]
         return w + [f"threads:{x}" for x in labels]
 
     def _project(self, rows: IntArray) -> tuple[IntArray, npt.NDArray[np.bool_]]:
         rows = np.array(rows, dtype=np.int64, copy=True)
         Q = self.Q
+        if self.observed:
+            # counts only: shrink the largest count, waiting or active (first column on ties), so
+            # a table that starts every request (π(∞)-like) still does so beyond its cap
+            excess = rows.sum(axis=1) - self.max_requests
+            while np.any(excess > 0):
+                sel = np.flatnonzero(excess > 0)
+                rows[sel, np.argmax(rows[sel], axis=1)] -= 1
+                excess[sel] -= 1
+            return rows, rows[:, Q:].sum(axis=1) > self.max_threads
         over_threads = rows[:, Q:].sum(axis=1) > self.max_threads
         excess = np.where(over_threads, 0, rows.sum(axis=1) - self.max_requests)
         sel = np.flatnonzero(excess > 0)
@@ -181,6 +216,8 @@ class Policy:
         h.update(json.dumps(model_to_dict(self.model), sort_keys=True).encode())
         h.update(self.keys.tobytes())
         h.update(self.spawn.tobytes())
+        if self.routes is not None:
+            h.update(json.dumps(self.routes.to_dict(), sort_keys=True).encode())
         return h.hexdigest()[:16]
 
     def save(self, path: str | Path) -> None:
@@ -190,6 +227,8 @@ class Policy:
             phase_info=self.phase_info, max_requests=self.max_requests, max_threads=self.max_threads,
             columns=self.columns, states=int(self.keys.size), hash=self.digest(),
         )
+        if self.routes is not None:
+            meta["routes"] = self.routes.to_dict()
         buf = io.BytesIO()
         np.savez_compressed(buf, keys=self.keys, spawn=self.spawn, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
         Path(path).write_bytes(buf.getvalue())
@@ -216,8 +255,10 @@ class Policy:
             )
         try:
             model = model_from_dict(meta["model"])
-            pol = Policy(model, meta["phase_info"], int(meta["max_requests"]), int(meta["max_threads"]), keys, spawn, meta)
-        except (KeyError, TypeError, ValueError) as exc:
+            routes = RouteSplit.from_dict(model, meta["routes"]) if meta["phase_info"] == "route" else None
+            pol = Policy(model, meta["phase_info"], int(meta["max_requests"]), int(meta["max_threads"]), keys, spawn,
+                         meta, routes=routes)
+        except (KeyError, TypeError, ValueError, ModelError) as exc:
             raise PolicyFileError(f"{p}: policy metadata is invalid ({exc})") from None
         if keys.ndim != 1 or spawn.shape != (keys.size, pol.Q) or np.any(np.diff(keys) <= 0):
             raise PolicyFileError(f"{p}: policy tables are corrupt (shape or order)")

@@ -3,20 +3,24 @@
 A scenario is the YAML of ``overtake solve|compare``: ``load`` (ρ = λ·Σ E[S_i] with exact means)
 or ``arrival_rate``; ``stages`` (``{name, service}``, service one of ``exponential``, ``erlang``,
 ``hyperexponential``, ``ph``; ``{file: fitted.json}`` is resolved to ``ph`` by the caller, which
-does the I/O); optional ``cores``, ``overhead``, ``max_threads``, ``truncation``, ``tolerance``.
+does the I/O); optional ``cores``, ``overhead``, ``max_threads``, ``truncation``, ``tolerance``,
+``phase_info`` (what the policy may see: ``full``, ``start``, ``none`` or ``route``) and, per stage,
+``routes`` (``{name, weight, alpha}``: observable route classes with their own start-phase prior,
+:mod:`overtake.mdp.routes`).
 Every validation error becomes one :class:`~overtake.mdp.errors.ModelError` line naming the field.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import ModelError
 from .model import Stage, TandemModel
+from .routes import RouteSplit
 from .statespace import Truncation
 
 
@@ -84,9 +88,16 @@ class Service(_Strict):
         return np.asarray(self.ph.alpha, dtype=float), np.asarray(self.ph.T, dtype=float)
 
 
+class RouteSpec(_Strict):
+    name: str = Field(min_length=1)
+    weight: float = Field(gt=0, le=1)
+    alpha: list[float] = Field(min_length=1)
+
+
 class StageSpec(_Strict):
     name: str = Field(min_length=1)
     service: Service
+    routes: list[RouteSpec] | None = Field(default=None, min_length=1)
 
 
 class TruncationSpec(_Strict):
@@ -103,6 +114,7 @@ class Scenario(_Strict):
     max_threads: int | None = Field(default=None, ge=1)
     truncation: TruncationSpec | None = None
     tolerance: float = Field(default=1e-3, gt=0, lt=0.5)
+    phase_info: Literal["full", "start", "none", "route"] = "full"
 
     @model_validator(mode="after")
     def _rate(self) -> Scenario:
@@ -126,6 +138,18 @@ class Scenario(_Strict):
         model = TandemModel(lam, tuple(stages), cores=self.cores, overhead=self.overhead)
         model.check_stable(self.max_threads)
         return model
+
+    def build_routes(self, model: TandemModel) -> RouteSplit | None:
+        """The route split of the stages' ``routes`` (None when no stage lists any)."""
+        if all(s.routes is None for s in self.stages):
+            if self.phase_info == "route":
+                raise ModelError("phase_info: 'route' needs routes on at least one stage (stages[].routes)")
+            return None
+        split = RouteSplit.build(model, [None if s.routes is None else [(r.name, r.weight, r.alpha) for r in s.routes]
+                                         for s in self.stages])
+        if self.phase_info == "route" and split.trivial:
+            raise ModelError("phase_info: 'route' needs a stage with two or more routes (stages[].routes)")
+        return split
 
     def fixed_truncation(self) -> Truncation | None:
         if self.truncation is None:

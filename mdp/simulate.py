@@ -47,6 +47,7 @@ from .heuristic import OvertakingHeuristic, overtaking_heuristic
 from .model import Stage, TandemModel
 from .policy import Policy
 from .priority import CpuPriority
+from .routes import RouteSplit
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -298,6 +299,26 @@ def _resolve(model: TandemModel, policy: PolicyLike) -> PolicyLike:
     return policy
 
 
+def _route_tables(pol: Policy) -> tuple[FloatArray, IntArray, FloatArray]:
+    """Cumulative route weights per stage, first queue of each stage, cumulative priors per queue."""
+    model = pol.model
+    split = pol.routes if pol.routes is not None else RouteSplit.single(model)
+    rmax = max(len(rs) for rs in split.stages)
+    mmax = max(s.phases for s in model.stages)
+    route_cum = np.ones((model.n_stages, rmax)) * (1.0 + 1e-12)
+    q0 = np.zeros(model.n_stages + 1, dtype=np.int64)
+    alpha_cum = np.ones((split.n_queues, mmax)) * (1.0 + 1e-12)
+    q = 0
+    for i, rs in enumerate(split.stages):
+        q0[i] = q
+        route_cum[i, : len(rs)] = _cum(np.array([r.weight for r in rs]))
+        for r in rs:
+            alpha_cum[q, : r.alpha.size] = _cum(np.asarray(r.alpha, dtype=float))
+            q += 1
+    q0[-1] = q
+    return route_cum, q0, alpha_cum
+
+
 def policy_name(policy: PolicyLike) -> str:
     if isinstance(policy, Policy):
         return f"policy file ({policy.phase_info} phase info, {policy.keys.size} states)"
@@ -385,6 +406,7 @@ def simulate(
         phase_used = phase
     e_i = np.zeros(0, dtype=np.int64)
     e_f = np.zeros(0)
+    route_cum, route_q0, queue_alpha_cum = np.ones((1, 1)), np.zeros(N + 1, dtype=np.int64), np.ones((1, 1))
     base_total, base_caps = -1, e_i
     tab_keys, tab_spawn, tab_ntab, tab_C, tab_kmax = e_i, np.zeros((1, 1), dtype=np.int64), np.zeros((1, 1), dtype=np.int64), 0, 0
     h_rem, h_min, h_wait, h_order, h_var = e_f, np.zeros((1, 1)), np.zeros((1, 1)), e_i, 0
@@ -400,7 +422,12 @@ def simulate(
                 f"policy file has stages with {[s.phases for s in pol.model.stages]} phases but the scenario "
                 f"has {[s.phases for s in model.stages]}; solve the policy for this scenario")
         ptype = 2
-        qmode = 1 if pol.phase_info == "full" else 0
+        qmode = 1 if pol.phase_info == "full" else (2 if pol.observed else 0)
+        if pol.observed:
+            if pol.routes is not None and service is not None:
+                raise ModelError("a route policy needs the model's PH service (routes set the start phases); "
+                                 "drop --service-from or use a policy without routes")
+            route_cum, route_q0, queue_alpha_cum = _route_tables(pol)
         tab_keys = np.ascontiguousarray(pol.keys, dtype=np.int64)
         tab_spawn = np.ascontiguousarray(pol.spawn, dtype=np.int64)
         tab_ntab = _ntab(pol.Q + pol.D, pol.max_requests)
@@ -423,6 +450,7 @@ def simulate(
         h_rem, h_min, h_wait, h_order, h_var,
         int(max_threads),
         lv_w, np.ascontiguousarray(lv_thr), lv_start, lv_area,
+        route_cum, route_q0, queue_alpha_cum,
     )
     resp, stage_soj, stage_wait, area_K, area_N, area_ks, window, events, overflow, done = out
     if overflow:

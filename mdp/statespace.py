@@ -8,6 +8,9 @@ and ``k_d`` active threads in coordinate ``d`` = (stage, phase). The paper's ``n
   spawning from queue (i, j) starts a thread in coordinate (i, j).
 * ``start``: one queue per stage — a waiting request's phase is unknown; it is drawn from α_i
   when its thread starts (what a sidecar without a classifier can enforce).
+* ``none``: the chain of ``start``; the policy sees only counts per stage
+  (:mod:`overtake.mdp.observation`). ``route``: one queue per (stage, route class), each with
+  its own start-phase prior (:mod:`overtake.mdp.routes` builds that layout).
 
 Truncation: at most ``C`` requests in the system (arrivals finding C are blocked) and at most
 ``K_max`` threads. States are ranked by their lexicographic rank among all vectors with sum ≤ C,
@@ -32,7 +35,7 @@ from .model import TandemModel
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
-PhaseInfo = Literal["full", "start"]
+PhaseInfo = Literal["full", "start", "none", "route"]
 
 _RANK_KERNEL_ROWS = 20_000
 
@@ -98,15 +101,18 @@ class Layout:
                 for i, st in enumerate(model.stages)
             )
             spawn = tuple(((d, 1.0),) for d in range(model.n_coords))
-        elif phase_info == "start":
+        elif phase_info in ("start", "none"):
+            # ``none`` keeps the chain of ``start``: only what the policy may look at differs
             qs = np.arange(model.n_stages)
             entry = tuple(((i, 1.0),) for i in range(model.n_stages))
             spawn = tuple(
                 tuple((model.coord(i, j), float(p)) for j, p in enumerate(st.alpha) if p > 0)
                 for i, st in enumerate(model.stages)
             )
+        elif phase_info == "route":
+            raise ValueError("phase_info 'route' needs the route split: build it with RouteSplit.layout(model)")
         else:
-            raise ValueError(f"phase_info must be 'full' or 'start', got {phase_info!r}")
+            raise ValueError(f"phase_info must be 'full', 'start', 'none' or 'route', got {phase_info!r}")
         return Layout(phase_info, np.asarray(qs, dtype=np.int64), entry, spawn)
 
 
@@ -261,6 +267,8 @@ def _enumerate(Q: int, D: int, cap: int, k_max: int) -> IntArray:
 
 def count_states(model: TandemModel, trunc: Truncation, phase_info: PhaseInfo = "full") -> int:
     """Number of states of the truncated MDP, computed without enumerating them."""
+    if phase_info == "route":
+        raise ValueError("count_states: the route layout's queues depend on the route split; count its StateSpace")
     Q = model.n_coords if phase_info == "full" else model.n_stages
     D = model.n_coords
     C, km = trunc.max_requests, trunc.k_max
@@ -271,12 +279,14 @@ class StateSpace:
     """The full truncated MDP state space with its event matrix and spawn neighbours."""
 
     def __init__(
-        self, model: TandemModel, trunc: Truncation, phase_info: PhaseInfo = "full", *, blocking_cost: bool = True
+        self, model: TandemModel, trunc: Truncation, phase_info: PhaseInfo = "full", *, blocking_cost: bool = True,
+        layout: Layout | None = None,
     ) -> None:
         self.model = model
         self.blocking_cost = blocking_cost
         self.trunc = trunc
-        self.layout = Layout.build(model, phase_info)
+        # an explicit layout (the ``route`` one) takes precedence over ``phase_info``
+        self.layout = Layout.build(model, phase_info) if layout is None else layout
         self.Q = self.layout.n_queues
         self.D = model.n_coords
         self.cap = trunc.max_requests

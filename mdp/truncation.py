@@ -15,7 +15,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -27,6 +27,10 @@ from .model import TandemModel
 from .policy import Policy
 from .solve import SolveResult, anderson_rvi, induced_matrix, policy_iteration, relative_value_iteration
 from .statespace import Layout, PhaseInfo, StateSpace, Truncation, count_states
+
+if TYPE_CHECKING:
+    from .observed import ObservedOptimum
+    from .routes import RouteSplit
 
 FloatArray = npt.NDArray[np.float64]
 Progress = Callable[[str], None]
@@ -216,6 +220,24 @@ def ps_chain_states(model: TandemModel, *, tol: float = 1e-3, start: int = 20, m
     return math.comb(C + model.n_coords, model.n_coords)
 
 
+@overload
+def solve_optimal(
+    model: TandemModel, *, phase_info: Literal["full", "start"] = ..., truncation: Truncation | None = ...,
+    tol: float = ..., method: str = ..., rvi_tol: float | None = ..., start: Truncation | None = ...,
+    progress: Progress | None = ..., routes: RouteSplit | None = ...,
+) -> Optimum: ...
+@overload
+def solve_optimal(
+    model: TandemModel, *, phase_info: Literal["none", "route"], truncation: Truncation | None = ...,
+    tol: float = ..., method: str = ..., rvi_tol: float | None = ..., start: Truncation | None = ...,
+    progress: Progress | None = ..., routes: RouteSplit | None = ...,
+) -> ObservedOptimum: ...
+@overload
+def solve_optimal(
+    model: TandemModel, *, phase_info: PhaseInfo, truncation: Truncation | None = ...,
+    tol: float = ..., method: str = ..., rvi_tol: float | None = ..., start: Truncation | None = ...,
+    progress: Progress | None = ..., routes: RouteSplit | None = ...,
+) -> Optimum | ObservedOptimum: ...
 def solve_optimal(
     model: TandemModel,
     *,
@@ -226,8 +248,12 @@ def solve_optimal(
     rvi_tol: float | None = None,
     start: Truncation | None = None,
     progress: Progress | None = None,
-) -> Optimum:
+    routes: RouteSplit | None = None,
+) -> Optimum | ObservedOptimum:
     """π* for the model; fixed ``truncation``, or auto-truncation to relative accuracy ``tol``.
+
+    ``phase_info`` ``none`` or ``route`` (with ``routes``): the best policy that sees counts only
+    (and routes), :func:`overtake.mdp.observed.solve_observed`.
 
     Auto-truncation separates the two caps a truncated MDP has:
 
@@ -243,6 +269,11 @@ def solve_optimal(
     stopping tolerance ``rvi_tol`` (default ``tol``/100) bounds the policy's sub-optimality on
     its truncation: g(π) ≤ max(TV − V) (Odoni), so it is far inside ``tol``.
     """
+    if phase_info in ("none", "route"):
+        from .observed import solve_observed  # observed builds on this module
+
+        return solve_observed(model, phase_info=phase_info, routes=routes, truncation=truncation, tol=tol,
+                              progress=progress)
     t0 = time.perf_counter()
     model.check_stable(None if truncation is None else truncation.k_max)
     rtol = tol * 1e-2 if rvi_tol is None else rvi_tol

@@ -16,8 +16,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the JSON document on stdout")
     p.add_argument("--policy", action="append", default=[], metavar="NAME",
                    help='more baselines, e.g. --policy "pi(2)" --policy "pi(2,3)"')
-    p.add_argument("--phase-info", choices=("full", "start"), default="full",
-                   help="start: also solve the variant where a waiting request's phase is unknown")
+    p.add_argument("--phase-info", choices=("full", "start", "none", "route"), default=None,
+                   help="start: also solve the variant where a waiting request's phase is unknown; none: pi* is "
+                        "the best policy that sees counts per stage only; route: counts per route "
+                        "(stages[].routes). Default: the scenario's phase_info, else full")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--plot", metavar="PNG", help="also write E[W] per policy with the gains (paper 004, Fig. 2)")
 
@@ -28,11 +30,14 @@ def run(args: argparse.Namespace) -> int:
     from overtake.mdp.compare import default_baselines
 
     sc, model = load_scenario(args.scenario)
+    phase_info = args.phase_info or sc.phase_info
+    routes = sc.build_routes(model)
     steps = ["pi*"] + [Baseline.parse(p, model.n_stages).name
                        for p in dict.fromkeys([*default_baselines(model.n_stages), *args.policy])]
     with progress_bar("compare", steps=steps, quiet=args.quiet) as progress:  # silent when not a terminal
-        doc = compare(model, policies=args.policy, phase_info_start=args.phase_info == "start",
-                      tol=sc.tolerance, truncation=sc.fixed_truncation(), progress=progress)
+        doc = compare(model, policies=args.policy, phase_info_start=phase_info == "start",
+                      tol=sc.tolerance, truncation=sc.fixed_truncation(), progress=progress,
+                      phase_info="full" if phase_info == "start" else phase_info, routes=routes)
     if args.plot:
         from overtake.api.plots import gains_figure
 
@@ -42,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"arrival rate {doc['arrival_rate']:.6g}, load {doc['load']:.4g}; pi*: {doc['states']} states, "
           f"{doc['iterations']} {doc['method']} steps, {doc['seconds']:.1f} s")
+    if "observation" in doc:
+        print(f"pi* sees {phase_info}: the best observation policy is {doc['observation']['source']}")
     print(f"{'policy':<22}{'E[W]':>10}{'E[N]':>10}{'threads':>9}{'blocking':>11}{'gain':>9}")
     for name, m in doc["policies"].items():
         g = doc["gains"].get(name)

@@ -34,9 +34,10 @@ def register(subparsers: Any) -> None:
                    help="service times from a file of durations or a scipy.stats spec such as "
                         "'lognorm(s=1)', 'pareto(b=2.5)', 'truncpareto(b=1.2,c=1000)', 'weibull_min(c=0.5)', "
                         "'bimodal(p=0.9,ratio=10)' (rescaled to the stage's mean); once for all stages or per stage")
-    p.add_argument("--phase-info", choices=("oracle", "prior", "both"), default="both",
+    p.add_argument("--phase-info", choices=("oracle", "prior", "both", "none", "route"), default="both",
                    help="non-PH service: policy phase from the PH posterior given the work (oracle), "
-                        "from the prior only (prior), or both (default)")
+                        "from the prior only (prior), or both (default). none / route: pi* is the best policy "
+                        "that sees counts per stage (per route, stages[].routes) only")
     p.add_argument("--requests", type=int, default=100_000, help="measured requests (default 100000)")
     p.add_argument("--warmup", type=float, default=0.1, help="discarded warm-up, as a fraction of --requests")
     p.add_argument("--batches", type=int, default=30, help="batches for the batch-means CI (default 30)")
@@ -54,12 +55,13 @@ def register(subparsers: Any) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
 
 
-def _policy(name: str, sc: Any, model: Any, progress: Any) -> Any:
+def _policy(name: str, sc: Any, model: Any, progress: Any, phase_info: str = "full") -> Any:
     from overtake.mdp.policy import Policy
     from overtake.mdp.truncation import solve_optimal
 
     if name.strip() in ("pi*", "π*"):
-        return solve_optimal(model, truncation=sc.fixed_truncation(), tol=sc.tolerance, progress=progress).policy
+        return solve_optimal(model, truncation=sc.fixed_truncation(), tol=sc.tolerance, progress=progress,
+                             phase_info=phase_info, routes=sc.build_routes(model)).policy  # type: ignore[call-overload]
     path = Path(name)
     if path.suffix == ".npz" or path.exists():
         if not path.exists():
@@ -156,13 +158,15 @@ def _print(doc: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from overtake.mdp.baselines import Baseline
+    from overtake.mdp.policy import Policy
     from overtake.mdp.simulate import simulate
 
     sc, model = load_scenario(args.scenario)
     progress = None if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     if args.requests < 1:
         raise ModelError(f"--requests must be >= 1, got {args.requests}")
-    policy = _policy(args.policy, sc, model, progress)
+    observed = args.phase_info in ("none", "route")
+    policy = _policy(args.policy, sc, model, progress, args.phase_info if observed else "full")
     service = _services(args.service_from, model)
     lever, predicted = _priority(args, model, progress)
     kw = {"requests": args.requests, "seed": args.seed, "warmup": args.warmup, "batches": args.batches,
@@ -172,14 +176,18 @@ def run(args: argparse.Namespace) -> int:
         docs = [doc]
     else:
         blind = isinstance(policy, str) and not policy.strip().startswith("heuristic")
-        modes = ["oracle", "prior"] if args.phase_info == "both" else [args.phase_info]
+        counts_only = isinstance(policy, Policy) and policy.observed
+        modes = ["oracle", "prior"] if args.phase_info in ("both", "none", "route") else [args.phase_info]
         if blind:
             Baseline.parse(policy, model.n_stages)  # phase-blind: one run answers both modes
+        if blind or counts_only:
             modes = modes[:1]
         runs = [simulate(model, policy, service=service, phase=m, **kw).to_dict() for m in modes]  # type: ignore[arg-type]
         doc = runs[0]
         if blind:
             doc["phase_info"] = "not used (phase-blind baseline)"
+        elif counts_only:
+            doc["phase_info"] = f"not used (the policy sees counts only: {policy.phase_info})"
         if len(runs) > 1:
             doc["prior_phase"] = runs[1]
         docs = runs

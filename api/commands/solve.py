@@ -16,8 +16,10 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("solve", help="solve the optimal thread policy and write it as a file")
     p.add_argument("scenario", help="scenario YAML")
     p.add_argument("--out", help="policy file to write (.npz); required unless a constraint is given")
-    p.add_argument("--phase-info", choices=("full", "start"), default="full",
-                   help="full: a waiting request's phase is known (paper 004); start: seen when its thread starts")
+    p.add_argument("--phase-info", choices=("full", "start", "none", "route"), default=None,
+                   help="what the policy sees: full, a waiting request's phase (paper 004); start, the phase "
+                        "once its thread starts; none, counts per stage only; route, counts per route "
+                        "(stages[].routes). Default: the scenario's phase_info, else full")
     p.add_argument("--method", choices=("anderson", "rvi", "pi"), default="anderson",
                    help="anderson: relative value iteration with Anderson acceleration (default); rvi: plain; "
                         "pi: policy iteration")
@@ -33,13 +35,18 @@ def run(args: argparse.Namespace) -> int:
     from overtake.api.progress import progress_bar
 
     sc, model = load_scenario(args.scenario)
+    args.phase_info = args.phase_info or sc.phase_info
+    routes = sc.build_routes(model)
     if args.max_mean_threads is not None or args.stage_sla:
+        if args.phase_info in ("none", "route"):
+            raise ValueError(f"--phase-info {args.phase_info}: the constrained optimum (--max-mean-threads, "
+                             "--stage-sla) needs full or start")
         return _run_constrained(args, sc, model)
     if args.out is None:
         raise ValueError("--out: give the policy file to write, e.g. --out policy.npz")
     with progress_bar("solve pi*", quiet=args.quiet) as progress:  # a bar on a terminal, silent otherwise
         opt = solve_optimal(model, phase_info=args.phase_info, truncation=sc.fixed_truncation(),
-                            tol=sc.tolerance, method=args.method, progress=progress)
+                            tol=sc.tolerance, method=args.method, progress=progress, routes=routes)
     pol = opt.policy
     meta: dict[str, Any] = {
         "metrics": opt.metrics.to_dict(),
@@ -47,6 +54,10 @@ def run(args: argparse.Namespace) -> int:
         "truncation_trace": opt.trace,
         "method": opt.solve.method,
     }
+    source = getattr(opt, "source", None)  # observation policies: the improved table or a baseline
+    if source is not None:
+        meta["observation"] = {"source": source, "candidates": opt.candidates,
+                               "history": opt.solve.history}
     if args.phase_info == "full":
         meta["rules"] = overtaking_rule(opt.solve, pol).to_dict()
     pol.meta.update(meta)
@@ -56,9 +67,12 @@ def run(args: argparse.Namespace) -> int:
 
         policy_figure(pol).savefig(args.plot, dpi=100)
     m = opt.metrics
-    print(json.dumps({"out": args.out, "states": pol.keys.size, "hash": pol.digest(),
-                      "mean_response_time": m.mean_response_time, "blocking_probability": m.blocking_probability,
-                      "max_requests": pol.max_requests, "max_threads": pol.max_threads}, indent=2))
+    doc = {"out": args.out, "states": pol.keys.size, "hash": pol.digest(), "phase_info": pol.phase_info,
+           "mean_response_time": m.mean_response_time, "blocking_probability": m.blocking_probability,
+           "max_requests": pol.max_requests, "max_threads": pol.max_threads}
+    if source is not None:
+        doc["source"] = source
+    print(json.dumps(doc, indent=2))
     if "rules" in meta and not args.quiet:
         print(f"overtaking rules (agree with pi* on {meta['rules']['agreement']:.1%} of decisions):", file=sys.stderr)
         for line in meta["rules"]["text"]:

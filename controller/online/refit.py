@@ -94,7 +94,7 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
     t_fit = time.perf_counter() - t0
     model = TandemModel(job.arrival_rate, tuple(Stage(n, f["alpha"], f["T"]) for n, f in zip(job.stage_names, fits)),
                         cores=job.cores, overhead=job.overhead)
-    opt = solve_optimal(model, phase_info=job.phase_info, tol=job.tolerance)  # type: ignore[arg-type]
+    opt = solve_optimal(model, phase_info=job.phase_info, tol=job.tolerance)  # type: ignore[call-overload]
     t_solve = time.perf_counter() - t0 - t_fit
     new = opt.metrics
 

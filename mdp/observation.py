@@ -1,0 +1,503 @@
+"""Policies that see counts, not phases, evaluated exactly on the full chain.
+
+A sidecar without phase labels sees, per waiting queue (a stage, or a stage's route class,
+:mod:`overtake.mdp.routes`), the number of requests waiting, and per stage the number of active
+threads. The chain keeps everything else: the phase of every active thread (a coordinate of paper
+004's state, §2) and, through the queue's prior α, the phase each waiting request will start in.
+With ``x = (w, k)`` a full state (waiting per queue, threads per (stage, phase) coordinate) the
+observation is
+
+    o(x) = (w_1 .. w_Q,  K_1 .. K_N),      K_i = Σ_j k_ij,
+
+and a policy is a table: one action per observation class, a ∈ {0..w_1} × … × {0..w_Q}, the
+threads to start from each queue. Starting a_q threads from queue q draws their phases from
+α_q (a multinomial), so one action leads to a distribution over post-decision states.
+
+Decision epochs are the events the observation shows: arrivals and completions. A phase change
+inside a thread (or a uniformization self-loop) leaves ``o`` unchanged and, unlike the MDP of
+paper 004 §2 which re-decides at every event, triggers no decision: a sidecar cannot act on an
+event it does not see. With ``P_E`` the uniformized event matrix split into observation-changing
+``P_chg`` and unchanged ``P_same`` parts, a table ``A`` induces the post-decision chain
+
+    P_A = P_chg · R_A + P_same,        R_A(y, ·) = law of the post-decision state from y under A(o(y)),
+
+evaluated exactly: (I − P_A) h + γ 1 = c/Λ (bias ``h``, gain g = Λγ) and the stationary law π of
+P_A, both from one sparse LU (:class:`Factor`). The weighted Q-value of an action at class o,
+
+    Q̄(o, a) = Σ_{y ∈ o} μ(y) · E[h(post(y, a))],     μ = π P_chg (the epochs' stationary weights),
+
+is, times Λ, the first-order change of the gain when class o moves towards ``a`` (the
+average-reward policy-gradient theorem, Sutton, McAllester, Singh and Mansour, "Policy gradient
+methods for reinforcement learning with function approximation", NIPS 2000, Theorem 1, applied
+to a policy that reads the observation only). Unlike in an MDP, acting on it in every class at
+once is not guaranteed to lower the gain; :mod:`overtake.mdp.observed` accepts a step only when
+exact evaluation confirms it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from itertools import product
+
+import numpy as np
+import numpy.typing as npt
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+from scipy.sparse.csgraph import breadth_first_order
+
+from .chain import Chain
+from .errors import SolverError, TruncationError
+from .evaluate import PolicyMetrics, metrics, stationary_distribution
+from .model import TandemModel
+from .policy import Policy
+from .routes import RouteSplit
+from .statespace import (
+    Layout,
+    Ranker,
+    StateSpace,
+    Truncation,
+    _events,
+    uniformization_rate,
+)
+
+__all__ = ["ExactEvaluation", "Factor", "ObservationSpace", "Proposal", "evaluate_observed", "observe", "observed_chain"]
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+ObservedRule = Callable[[IntArray], IntArray]
+
+
+def observe(model: TandemModel, layout: Layout, rows: IntArray) -> IntArray:
+    """Observation rows (waiting per queue, active threads per stage) of full rows (waiting, threads per coordinate)."""
+    Q = layout.n_queues
+    rows = np.asarray(rows, dtype=np.int64)
+    out = np.zeros((rows.shape[0], Q + model.n_stages), dtype=np.int64)
+    out[:, :Q] = rows[:, :Q]
+    for i in range(model.n_stages):
+        lo, hi = model.offsets[i], model.offsets[i + 1]
+        out[:, Q + i] = rows[:, Q + lo:Q + hi].sum(axis=1)
+    return out
+
+
+@cache
+def _compositions(n: int, probs: tuple[float, ...]) -> tuple[tuple[tuple[int, ...], float], ...]:
+    """Every split of n threads over len(probs) phases with its multinomial probability."""
+    m = len(probs)
+    out = []
+    for c in product(range(n + 1), repeat=m - 1):
+        if sum(c) > n:
+            continue
+        counts = (*c, n - sum(c))
+        coef = math.factorial(n)
+        for k in counts:
+            coef //= math.factorial(k)
+        pr = float(coef) * math.prod(pk**k for pk, k in zip(probs, counts))
+        if pr > 0:
+            out.append((counts, pr))
+    return tuple(out)
+
+
+def spawn_vector(
+    layout: Layout, rows: IntArray, counts: IntArray, prob: FloatArray, src: IntArray
+) -> tuple[IntArray, FloatArray, IntArray]:
+    """Start ``counts[s, q]`` threads from each queue q of each row s, phases drawn from the queue's prior.
+
+    Returns the post-decision rows with their probabilities and the index of the row they came
+    from (``src``), one entry per multinomial outcome.
+    """
+    Q = layout.n_queues
+    for q in range(Q):
+        c = counts[:, q]
+        if not np.any(c > 0):
+            continue
+        coords = [d for d, _ in layout.spawn[q]]
+        probs = tuple(p for _, p in layout.spawn[q])
+        parts_r, parts_p, parts_s, parts_c = [rows[c == 0]], [prob[c == 0]], [src[c == 0]], [counts[c == 0]]
+        for n in np.unique(c[c > 0]):
+            sel = c == n
+            for split, pr in _compositions(int(n), probs):
+                r = rows[sel].copy()
+                r[:, q] -= n
+                for d, k in zip(coords, split):
+                    r[:, Q + d] += k
+                parts_r.append(r)
+                parts_p.append(prob[sel] * pr)
+                parts_s.append(src[sel])
+                parts_c.append(counts[sel])
+        rows, prob, src, counts = (np.concatenate(parts_r), np.concatenate(parts_p), np.concatenate(parts_s),
+                                   np.concatenate(parts_c))
+    return rows, prob, src
+
+
+class Factor:
+    """A sparse LU of (I − P)_{−0,−0}, the matrix of both the bias and the stationary equations.
+
+    With h(0) = 0 the bias is h = u − γv, A u = c_{−0}, A v = 1, γ = (c_0 + P_{0,−0}u)/(1 + P_{0,−0}v);
+    the stationary law with π_0 = 1 solves Aᵀ π_{−0} = P_{0,−0}ᵀ. One factorization answers all
+    three, and stays a good GMRES preconditioner for a table that differs in a few classes.
+    """
+
+    def __init__(self, A: sp.csc_matrix, actions: IntArray) -> None:
+        self.lu = spla.splu(A, permc_spec="COLAMD")
+        self.shape = A.shape
+        self.actions = np.array(actions, dtype=np.int64, copy=True)
+
+    def solve(self, A: sp.csc_matrix, B: FloatArray, *, trans: bool = False, rank: int | None = None) -> FloatArray | None:
+        """Solve A X = B (Aᵀ X = B with ``trans``), column by column.
+
+        ``rank`` None: A is the factored matrix, solve directly. Otherwise A differs from it by a
+        matrix of that rank: GMRES preconditioned by the factor, which converges in rank + 1
+        iterations in exact arithmetic (restart rank + 10); None if it has not.
+        """
+        t = "T" if trans else "N"
+        if rank is None:
+            return np.asarray(self.lu.solve(B, trans=t))
+        M = spla.LinearOperator(self.shape, lambda b: self.lu.solve(b, trans=t))
+        op = A.T.tocsr() if trans else A
+        out = np.empty_like(B)
+        for j in range(B.shape[1]):
+            x0 = self.lu.solve(B[:, j], trans=t)
+            x, info = spla.gmres(op, B[:, j], x0=x0, M=M, rtol=1e-12, atol=0.0, restart=rank + 10, maxiter=1)
+            if info != 0:
+                return None
+            out[:, j] = x
+        return out
+
+
+_DIRECT_STATES = 6_000  # below: factor every table (an LU is cheaper than GMRES set-up)
+_LOW_RANK = 60  # above this many changed states a trial is factored afresh (GMRES would cost more)
+
+
+@dataclass(frozen=True, eq=False)
+class ExactEvaluation:
+    """A table's exact performance on an :class:`ObservationSpace`.
+
+    ``gain`` = Λγ (time-average cost, blocking charged as :attr:`StateSpace.cost`); ``bias`` the
+    relative values h on post-decision states (h(0) = 0); ``post`` the stationary law on
+    post-decision states, ``epochs`` the stationary rate of decision epochs per pre-decision
+    state (μ = π P_chg), both of length ``space.size``; ``metrics`` E[W] and the rest;
+    ``factor`` the LU the solves used (a preconditioner for the next table).
+    """
+
+    gain: float
+    bias: FloatArray
+    post: FloatArray
+    epochs: FloatArray
+    metrics: PolicyMetrics
+    factor: Factor
+    refactored: bool
+
+
+@dataclass(frozen=True, eq=False)
+class Proposal:
+    """The weighted-Q improvement step for every class.
+
+    ``actions`` the argmin action per class (the current one on ties), ``advantage`` its weighted
+    Q̄ minus the current action's (≤ 0; Λ × it is the first-order gain change for reached
+    classes), ``mass`` the classes' epoch weights (0: not reached by the current table, whose
+    states are then weighted uniformly).
+    """
+
+    actions: IntArray
+    advantage: FloatArray
+    mass: FloatArray
+
+
+class ObservationSpace:
+    """The full truncated chain of a hidden-phase layout, its observation classes and their actions.
+
+    Parameters
+    ----------
+    model
+        The tandem.
+    trunc
+        Request cap C and thread cap K_max of the chain.
+    layout
+        ``Layout.build(model, "none")`` (one queue per stage) or ``RouteSplit.layout(model)``.
+    """
+
+    def __init__(self, model: TandemModel, trunc: Truncation, layout: Layout, *, blocking_cost: bool = True) -> None:
+        self.model = model
+        self.layout = layout
+        self.space = StateSpace(model, trunc, layout.phase_info, blocking_cost=blocking_cost, layout=layout)
+        sp_ = self.space
+        self.Q = sp_.Q
+        self.N = model.n_stages
+        self.k_max = sp_.k_max
+        self.cap = sp_.cap
+        obs = observe(model, layout, sp_.rows)
+        self.ranker = Ranker(self.Q + self.N, self.cap)
+        keys = self.ranker.rank(obs)
+        self.keys, first, inv = np.unique(keys, return_index=True, return_inverse=True)
+        self.class_of: IntArray = inv.astype(np.int64).ravel()
+        self.classes: IntArray = obs[first]
+        self.n_classes = int(self.keys.size)
+        self.class_size = np.bincount(self.class_of, minlength=self.n_classes)
+        w = self.classes[:, : self.Q]
+        self._w = w
+        self._K = self.classes[:, self.Q :].sum(axis=1)
+        self._n = w.sum(axis=1) + self._K
+        PE = sp_.event_matrix.tocoo()
+        # Idle states (requests, no thread) are never post-decision states of a feasible table; they
+        # decide at every event so that the bias is defined on them too (none is absorbing).
+        idle = (sp_.threads == 0) & (sp_.n_total > 0)
+        same = (self.class_of[PE.row] == self.class_of[PE.col]) & ~idle[PE.row]
+        S = sp_.size
+        self.P_same = sp.csr_matrix((PE.data[same], (PE.row[same], PE.col[same])), shape=(S, S))
+        self.P_change = sp.csr_matrix((PE.data[~same], (PE.row[~same], PE.col[~same])), shape=(S, S))
+
+    # ---- actions ------------------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return self.space.size
+
+    def feasible(self, a: IntArray) -> BoolArray:
+        """Classes in which starting ``a`` (threads per queue) is allowed: enough waiting, within
+        K_max, and not idling (requests present, no thread active after the decision)."""
+        a = np.asarray(a, dtype=np.int64)
+        tot = int(a.sum())
+        K = self._K + tot
+        ok: BoolArray = np.all(self._w >= a, axis=1) & (K <= self.k_max) & ~((self._n > 0) & (K == 0))
+        return ok
+
+    def repair(self, actions: IntArray) -> IntArray:
+        """Make a table feasible: clip to the waiting counts and K_max (later queues kept first),
+        and start one thread (the latest stage's first non-empty queue) where it would idle."""
+        a = np.minimum(np.maximum(np.asarray(actions, dtype=np.int64), 0), self._w).copy()
+        room = self.k_max - self._K
+        for q in range(self.Q):  # drop from the earliest queues first: later stages have priority
+            over = np.maximum(a.sum(axis=1) - room, 0)
+            a[:, q] -= np.minimum(a[:, q], over)
+        idle = (self._n > 0) & (self._K + a.sum(axis=1) == 0)
+        if np.any(idle):
+            has = self._w[idle] > 0
+            q = self.Q - 1 - np.argmax(has[:, ::-1], axis=1)
+            a[np.flatnonzero(idle), q] = 1
+        return a
+
+    def table(self, rule: ObservedRule) -> IntArray:
+        """The table of a rule on observation rows (made feasible by :meth:`repair`)."""
+        return self.repair(np.asarray(rule(self.classes), dtype=np.int64))
+
+    @property
+    def spawn_operators(self) -> list[sp.csr_matrix]:
+        """B_q: one thread started from queue q (phase drawn from its prior); zero rows where none can."""
+        if not hasattr(self, "_ops"):
+            S = self.size
+            ops = []
+            for q in range(self.Q):
+                r, c, v = [], [], []
+                for nb, p in self.space.spawn_neighbours[q]:
+                    ok = np.flatnonzero(nb >= 0)
+                    r.append(ok)
+                    c.append(nb[ok])
+                    v.append(np.full(ok.size, p))
+                ops.append(sp.csr_matrix((np.concatenate(v), (np.concatenate(r), np.concatenate(c))), shape=(S, S)))
+            self._ops = ops
+        return self._ops
+
+    # ---- exact evaluation -----------------------------------------------------------------------
+    def decision_matrix(self, actions: IntArray) -> sp.csr_matrix:
+        """R_A: pre-decision state → law of its post-decision state under the table."""
+        sp_ = self.space
+        S = sp_.size
+        counts = np.asarray(actions, dtype=np.int64)[self.class_of]
+        go = np.flatnonzero(counts.sum(axis=1) > 0)
+        rows, prob, src = spawn_vector(self.layout, sp_.rows[go], counts[go], np.ones(go.size), go)
+        idx = sp_.index(rows)
+        stay = np.setdiff1d(np.arange(S), go, assume_unique=True)
+        R = sp.csr_matrix((np.concatenate([prob, np.ones(stay.size)]),
+                           (np.concatenate([src, stay]), np.concatenate([idx, stay]))), shape=(S, S))
+        R.sum_duplicates()
+        return R
+
+    def transition(self, actions: IntArray) -> sp.csr_matrix:
+        """P_A = P_chg R_A + P_same on post-decision states."""
+        return (self.P_change @ self.decision_matrix(actions) + self.P_same).tocsr()
+
+    def evaluate(self, actions: IntArray, *, near: ExactEvaluation | None = None) -> ExactEvaluation:
+        """Gain, bias and stationary laws of a table, all exact (sparse solves, :class:`Factor`).
+
+        ``near``: the evaluation of a similar table. On a large chain, when the two differ in at
+        most 60 states (a perturbation of that rank), its factor preconditions GMRES (relative
+        residual 1e-12) instead of a new factorization.
+        """
+        sp_ = self.space
+        S = sp_.size
+        P = self.transition(actions)
+        A = (sp.identity(S, format="csr") - P)[1:, 1:].tocsc()
+        cost = sp_.cost / sp_.rate
+        p0 = P[0, 1:].toarray().ravel()
+        rhs = np.column_stack([cost[1:], np.ones(S - 1)])
+        sol = solT = None
+        factor = near.factor if near is not None and S > _DIRECT_STATES else None
+        if factor is not None:
+            rank = int(self.class_size[np.any(np.asarray(actions) != factor.actions, axis=1)].sum())
+            if rank <= _LOW_RANK:
+                sol = factor.solve(A, rhs, rank=rank)
+                solT = None if sol is None else factor.solve(A, p0[:, None], trans=True, rank=rank)
+        refactored = sol is None or solT is None
+        if refactored:
+            factor = Factor(A, actions)
+            sol = factor.solve(A, rhs)
+            solT = factor.solve(A, p0[:, None], trans=True)
+        assert factor is not None and sol is not None and solT is not None
+        u, v = sol[:, 0], sol[:, 1]
+        gamma = float((cost[0] + p0 @ u) / (1.0 + p0 @ v))
+        h = np.concatenate([[0.0], u - gamma * v])
+        post = np.clip(np.concatenate([[1.0], solT[:, 0]]), 0.0, None)
+        reach = np.sort(breadth_first_order(P, 0, directed=True, return_predecessors=False))
+        post[np.setdiff1d(np.arange(S), reach, assume_unique=True)] = 0.0
+        post /= post.sum()
+        resid = float(np.abs(P.T @ post - post).max() / post.max())
+        if resid > 1e-9:
+            raise SolverError(f"stationary solve inaccurate: residual {resid:.2e} on {S} states")
+        epochs = np.asarray(self.P_change.T @ post).ravel()
+        m = metrics(self.model, sp_.rows[reach], self.layout.queue_stage, post[reach], self.cap)
+        return ExactEvaluation(gamma * sp_.rate, h, post, epochs, m, factor, refactored)
+
+    # ---- improvement ----------------------------------------------------------------------------
+    def propose(self, actions: IntArray, ev: ExactEvaluation, *, rtol: float = 1e-10) -> Proposal:
+        """Weighted-Q argmin per class (module docstring), the current action kept on ties.
+
+        E h(post(·, a)) for every action vector a is (Π_q B_q^{a_q}) h: the spawn operators are
+        applied queue after queue in a depth-first walk over a (they commute in law), one sparse
+        product per step, and each vector is summed per class with the weights μ.
+        """
+        actions = np.asarray(actions, dtype=np.int64)
+        mu = ev.epochs
+        mass = np.bincount(self.class_of, weights=mu, minlength=self.n_classes).astype(np.float64)
+        weight = np.where(mass[self.class_of] > 0, mu, 1.0 / self.class_size[self.class_of])
+        h = ev.bias
+        tol = rtol * (float(np.max(np.abs(h))) + 1.0)
+        wsum = np.bincount(self.class_of, weights=weight, minlength=self.n_classes)
+        best = np.full(self.n_classes, np.inf)
+        best_a = actions.copy()
+        cur = np.full(self.n_classes, np.nan)
+        ops = self.spawn_operators
+        wmax = self._w.max(axis=0) if self.n_classes else np.zeros(self.Q, np.int64)
+        budget = self.k_max
+        a = np.zeros(self.Q, dtype=np.int64)
+
+        def visit(v: FloatArray) -> None:
+            ok = self.feasible(a)
+            if not np.any(ok):
+                return
+            s = np.bincount(self.class_of, weights=weight * v, minlength=self.n_classes)
+            better = ok & (s < best)
+            best[better] = s[better]
+            best_a[better] = a
+            mine = np.all(actions == a, axis=1)
+            cur[mine] = s[mine]
+
+        def walk(q: int, v: FloatArray, total: int) -> None:
+            if q == self.Q:
+                visit(v)
+                return
+            vq = v
+            for t in range(int(wmax[q]) + 1):
+                if t > 0:
+                    if total + t > budget:
+                        break
+                    vq = ops[q] @ vq
+                a[q] = t
+                walk(q + 1, vq, total + t)
+            a[q] = 0
+
+        walk(0, h, 0)
+        if np.any(np.isnan(cur)):
+            raise ValueError("propose: the current table is not feasible in some class; repair it first")
+        keep = cur <= best + tol * wsum
+        best_a[keep] = actions[keep]
+        adv = np.where(keep, 0.0, best - cur)
+        return Proposal(best_a, adv, mass)
+
+    # ---- artifact ---------------------------------------------------------------------------------
+    def policy(self, actions: IntArray, *, routes: RouteSplit | None = None,
+               meta: dict[str, object] | None = None) -> Policy:
+        """The table as a policy artifact over observation vectors (:class:`overtake.mdp.Policy`)."""
+        return Policy(self.model, self.layout.phase_info, self.cap, self.k_max, self.keys.copy(),
+                      np.asarray(actions, dtype=np.int16), dict(meta or {}), routes=routes)
+
+
+def observed_chain(
+    model: TandemModel,
+    layout: Layout,
+    rule: ObservedRule,
+    *,
+    max_requests: int,
+    max_threads: int | None = None,
+    max_states: int = 3_000_000,
+) -> Chain:
+    """Breadth-first chain of a rule on observation rows, from the empty system (reachable states only).
+
+    As :func:`overtake.mdp.chain.build_chain`, but the rule is asked once per observation-changing
+    event and its answer started at once (phases drawn per queue prior), as a sidecar enforces it.
+    """
+    Q, D = layout.n_queues, model.n_coords
+    C = max_requests
+    k_max = C if max_threads is None else min(max_threads, C)
+    ranker = Ranker(Q + D, C)
+    lam_u = uniformization_rate(model, k_max)
+    zero = np.zeros((1, Q + D), dtype=np.int64)
+    known = ranker.rank(zero)
+    all_rows = [zero]
+    frontier = zero
+    n_known = 1
+    srcs, dkeys, rates = [], [], []
+    while frontier.shape[0] > 0:
+        base = n_known - frontier.shape[0]
+        s, pre, r = _events(model, layout, frontier, C)
+        o_pre = observe(model, layout, pre)
+        changed = np.any(o_pre != observe(model, layout, frontier)[s], axis=1)
+        counts = np.zeros((pre.shape[0], Q), dtype=np.int64)
+        if np.any(changed):
+            want = np.asarray(rule(o_pre[changed]), dtype=np.int64)
+            want = np.minimum(np.maximum(want, 0), pre[changed, :Q])
+            room = np.maximum(k_max - pre[changed, Q:].sum(axis=1), 0)
+            for q in range(Q - 1, -1, -1):  # the thread cap: later queues first
+                take = np.minimum(want[:, q], room)
+                want[:, q] = take
+                room = room - take
+            counts[changed] = want
+        post, prob, s2 = spawn_vector(layout, pre, counts, r, s)
+        keys = ranker.rank(post)
+        srcs.append(s2 + base)
+        dkeys.append(keys)
+        rates.append(prob)
+        uk, first = np.unique(keys, return_index=True)
+        new = ~np.isin(uk, known, assume_unique=True)
+        frontier = post[first[new]]
+        known = np.union1d(known, uk[new])
+        all_rows.append(frontier)
+        n_known += frontier.shape[0]
+        if n_known > max_states:
+            raise TruncationError(f"the chain exceeds {max_states} states at max_requests = {C}; lower the truncation")
+    rows = np.concatenate(all_rows)
+    row_keys = ranker.rank(rows)
+    order = np.argsort(row_keys)
+    src = np.concatenate(srcs)
+    dst = order[np.searchsorted(row_keys[order], np.concatenate(dkeys))]
+    rate = np.concatenate(rates)
+    S = rows.shape[0]
+    out = np.bincount(src, weights=rate, minlength=S)
+    ar = np.arange(S)
+    P = sp.csr_matrix((np.concatenate([rate / lam_u, 1.0 - out / lam_u]),
+                       (np.concatenate([src, ar]), np.concatenate([dst, ar]))), shape=(S, S))
+    P.sum_duplicates()
+    return Chain(rows, P, layout, C)
+
+
+def evaluate_observed(
+    model: TandemModel, layout: Layout, rule: ObservedRule, *, max_requests: int, max_threads: int | None = None,
+    max_states: int = 3_000_000,
+) -> PolicyMetrics:
+    """Exact metrics of an observation rule on the chain it reaches within ``max_requests``."""
+    ch = observed_chain(model, layout, rule, max_requests=max_requests, max_threads=max_threads,
+                        max_states=max_states)
+    reach, pi = stationary_distribution(ch.P)
+    return metrics(model, ch.rows[reach], layout.queue_stage, pi, max_requests)

@@ -1,0 +1,310 @@
+"""Observation policies (phase_info none / route) against known answers and invariants.
+
+* the observation is the state when every stage has one phase: the local search is Howard's policy
+  iteration there, and its table is π* exactly;
+* more information never hurts: π*(full) ≤ π*(start) ≤ best(none) on one truncation, and a route
+  split sits between full and none;
+* the chain's decisions are constant on each observation class;
+* every accepted improvement step lowers the exact gain, and the gain it reports is the one an
+  independent evaluation (breadth-first chain, Gauss–Seidel stationary law) finds;
+* a single H2 stage on a cap of 3 requests has 72 deterministic observation policies: the
+  exhaustive minimum is the search's answer;
+* E W(none) is at most every baseline's exactly evaluated E[W] (auto-truncation).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+from mdp_helpers import exp_stage, h2_stage, tandem
+
+from overtake.mdp.errors import ModelError
+from overtake.mdp.model import Stage
+from overtake.mdp.observation import ObservationSpace, evaluate_observed, observe
+from overtake.mdp.observed import _stage_rule, improve, solve_observed
+from overtake.mdp.policy import Policy
+from overtake.mdp.routes import RouteSplit
+from overtake.mdp.solve import induced_matrix, policy_iteration
+from overtake.mdp.statespace import Layout, StateSpace, Truncation
+from overtake.mdp.truncation import evaluate_baseline
+
+
+def _exact_gain(space: StateSpace, decision: np.ndarray) -> float:
+    from overtake.mdp.solve import evaluate_bias
+
+    gamma, _ = evaluate_bias(space, induced_matrix(space, decision), space.cost / space.rate)
+    return gamma * space.rate
+
+
+def erlang(name: str, k: int, mean: float) -> Stage:
+    rate = k / mean
+    return Stage(name, np.eye(k)[0], -rate * np.eye(k) + rate * np.eye(k, k=1))
+
+
+# ---- known answers ------------------------------------------------------------------------------
+def test_single_exponential_stage_gain_is_the_mm1c_queue() -> None:
+    """One exponential stage, PS at rate 1 with any number of threads: E[N] of M/M/1/C."""
+    rho, C = 0.6, 6
+    model = tandem(rho, exp_stage("a", 1.0))
+    osp = ObservationSpace(model, Truncation(C), Layout.build(model, "none"), blocking_cost=False)
+    for table in (osp.classes[:, :1], np.minimum(osp.classes[:, :1], 1)):  # π(∞), and one per epoch
+        ev = osp.evaluate(osp.repair(table))
+        want = rho / (1 - rho) - (C + 1) * rho ** (C + 1) / (1 - rho ** (C + 1))
+        assert ev.gain == pytest.approx(want, rel=1e-10)
+
+
+def test_none_is_full_with_exponential_stages() -> None:
+    """One phase per stage: the observation is the state; starting from π(∞) the search (then
+    Howard's policy iteration) reaches π*, whose gain policy iteration on the full layout gives."""
+    model = tandem(0.6, exp_stage("a", 1.0), exp_stage("b", 5.0))
+    tr = Truncation(8)
+    full = policy_iteration(StateSpace(model, tr, "full"))
+    g_full = _exact_gain(full.space, full.decision)
+    for start in (["pi(inf)"], None):
+        opt = solve_observed(model, truncation=tr, baselines=start, heuristic=start is None)
+        assert opt.solve.gain == pytest.approx(g_full, rel=1e-10)
+    opt = solve_observed(model, truncation=tr, baselines=["pi(inf)"], heuristic=False)
+    assert any(h.get("accepted") for h in opt.solve.history)  # it had to move away from π(∞)
+
+
+def _models() -> list[tuple[str, object]]:
+    return [
+        ("case 4 (H2, H2)", tandem(0.6, h2_stage("s1", 0.91, 0.55, 5.45), h2_stage("s2", 0.91, 0.55, 5.45))),
+        ("case 7 (H2, exp)", tandem(0.6, h2_stage("s1", 0.91, 0.55, 5.45), exp_stage("s2", 5.0))),
+        ("exp, H2 at load 0.8", tandem(0.8, exp_stage("s1", 1.0), h2_stage("s2", 0.8, 0.2, 3.0))),
+        ("Erlang-2, H2", tandem(0.6, erlang("s1", 2, 1.0), h2_stage("s2", 0.9, 0.5, 5.5))),
+    ]
+
+
+@pytest.mark.parametrize("name,model", _models())
+def test_more_information_never_hurts(name: str, model) -> None:  # type: ignore[no-untyped-def]
+    """g(π*, full) ≤ g(π*, start) ≤ g(best none) on one truncation (same caps, same blocking cost)."""
+    tr = Truncation(6)
+    full = policy_iteration(StateSpace(model, tr, "full"))
+    start = policy_iteration(StateSpace(model, tr, "start"))
+    none = solve_observed(model, truncation=tr)
+    g_full, g_start = _exact_gain(full.space, full.decision), _exact_gain(start.space, start.decision)
+    assert g_full <= g_start * (1 + 1e-9)
+    assert g_start <= none.solve.gain * (1 + 1e-9)
+    # each local search (one per starting table) lowers the gain at every step; the best is kept
+    runs: list[list[float]] = []
+    for h in none.solve.history:
+        if h["iteration"] == 0:
+            runs.append([h["gain"]])
+        elif h.get("accepted"):
+            runs[-1].append(h["gain"])
+    assert len(runs) == 3
+    assert all(b < a for run in runs for a, b in itertools.pairwise(run))
+    assert none.solve.gain == min(run[-1] for run in runs)
+
+
+def test_improvement_steps_lower_the_exact_gain_and_match_an_independent_evaluation() -> None:
+    model = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))  # Table 1, case 2
+    tr = Truncation(8)
+    layout = Layout.build(model, "none")
+    osp = ObservationSpace(model, tr, layout)
+    start = osp.table(_stage_rule(model, "pi(2)"))
+    imp = improve(osp, start, start="pi(2)")
+    gains = [h["gain"] for h in imp.history if h["iteration"] == 0 or h.get("accepted")]
+    assert len(gains) >= 3  # it moved
+    assert all(b < a for a, b in itertools.pairwise(gains))
+    # independently: the table as a policy file, its chain built breadth-first, Gauss–Seidel
+    pol = osp.policy(imp.actions)
+    m = evaluate_observed(model, layout, pol.actions, max_requests=tr.max_requests, max_threads=tr.k_max)
+    assert m.mean_response_time == pytest.approx(imp.evaluation.metrics.mean_response_time, rel=1e-9)
+    m0 = evaluate_observed(model, layout, _stage_rule(model, "pi(2)"), max_requests=tr.max_requests)
+    assert m0.mean_response_time == pytest.approx(imp.history[0]["mean_response_time"], rel=1e-9)
+
+
+def test_baseline_tables_evaluate_as_the_baselines() -> None:
+    """π(k) and π(∞) are observation policies: on one cap their tables' exact E[W] is the
+    baselines' (phase-at-start chain, breadth-first, decisions at every event)."""
+    model = tandem(0.6, h2_stage("s1", 0.91, 0.55, 5.45), h2_stage("s2", 0.91, 0.55, 5.45))
+    C = 8
+    osp = ObservationSpace(model, Truncation(C), Layout.build(model, "none"))
+    from overtake.mdp.baselines import Baseline
+    from overtake.mdp.truncation import evaluate_rule
+
+    for name in ("pi(1)", "pi(2)", "pi(inf)", "pi(1,1)"):
+        ev = osp.evaluate(osp.table(_stage_rule(model, name)))
+        b = Baseline.parse(name, 2)
+        lay = Layout.build(model, "start")
+        want = evaluate_rule(model, lay, b.rule(lay.queue_stage, model.coord_stage()), max_requests=C,
+                             max_threads=b.max_threads)
+        assert ev.metrics.mean_response_time == pytest.approx(want.mean_response_time, rel=1e-9), name
+
+
+def test_decisions_are_constant_on_observation_classes() -> None:
+    model = tandem(0.6, h2_stage("s1", 0.91, 0.55, 5.45), erlang("s2", 2, 1.0))
+    opt = solve_observed(model, truncation=Truncation(6))
+    pol = opt.policy
+    osp = ObservationSpace(model, Truncation(6), Layout.build(model, "none"))
+    table = pol.actions(osp.classes)
+    R = osp.decision_matrix(table).tocoo()
+    # threads started from each queue in state y: w(y) − E[w(post)], the class's action for every y
+    Q = osp.Q
+    started = np.zeros((osp.size, Q))
+    np.add.at(started, R.row, R.data[:, None] * (osp.space.rows[R.row, :Q] - osp.space.rows[R.col, :Q]))
+    assert np.allclose(started, table[osp.class_of])
+    # the artifact answers by observation: every full state of a class gets the class's action
+    obs = observe(model, osp.layout, osp.space.rows)
+    assert np.array_equal(pol.actions(obs), table[osp.class_of])
+
+
+def test_exhaustive_search_on_a_single_h2_stage() -> None:
+    """One H2 stage, cap 3: 72 deterministic observation policies; the search finds the best."""
+    model = tandem(0.7, h2_stage("s", 0.8, 0.3, 3.8))
+    tr = Truncation(3)
+    osp = ObservationSpace(model, tr, Layout.build(model, "none"))
+    choices = []
+    for o in osp.classes:
+        w, K = int(o[0]), int(o[1])
+        lo = 1 if K == 0 and w > 0 else 0
+        choices.append(range(lo, min(w, 3 - K) + 1))
+    assert math.prod(len(c) for c in choices) == 72
+    best = min(osp.evaluate(np.array(t)[:, None]).gain for t in itertools.product(*choices))
+    assert solve_observed(model, truncation=tr).solve.gain == pytest.approx(best, rel=1e-10)
+
+
+@pytest.mark.parametrize("model", [
+    tandem(0.7, h2_stage("s", 0.8, 0.3, 3.8)),  # the improved table wins
+    tandem(0.6, exp_stage("s1", 1.0), exp_stage("s2", 5.0)),  # π(1) is optimal: a tie at best
+])
+def test_none_is_never_worse_than_a_baseline(model) -> None:  # type: ignore[no-untyped-def]
+    """Auto-truncation: E W(none) ≤ min over the baselines, each exactly evaluated."""
+    opt = solve_observed(model, tol=1e-3)
+    ew = opt.metrics.mean_response_time
+    names = ["pi(1)", "pi(2)", "pi(4)", "pi(inf)"] + (["pi(1,1)"] if model.n_stages == 2 else [])
+    for name in names:
+        assert ew <= evaluate_baseline(model, name, tol=1e-3).metrics.mean_response_time
+    assert opt.source in opt.candidates and opt.candidates[opt.source] == ew
+    assert ew == min(opt.candidates.values())
+
+
+# ---- routes -------------------------------------------------------------------------------------
+def _split(model, s_light: float = 0.99, s_heavy: float = 0.1) -> RouteSplit:  # type: ignore[no-untyped-def]
+    """Two routes on the last (H2) stage, 'light' and 'heavy', averaging to its α."""
+    a = model.stages[-1].alpha[0]
+    p = (a - s_heavy) / (s_light - s_heavy)
+    routes: list[list[tuple[str, float, list[float]]] | None] = [None] * (model.n_stages - 1)
+    routes.append([("light", p, [s_light, 1 - s_light]), ("heavy", 1 - p, [s_heavy, 1 - s_heavy])])
+    return RouteSplit.build(model, routes)
+
+
+def test_route_sits_between_full_and_none() -> None:
+    model = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))
+    tr = Truncation(6)
+    full = policy_iteration(StateSpace(model, tr, "full"))
+    none = solve_observed(model, truncation=tr)
+    route = solve_observed(model, phase_info="route", routes=_split(model), truncation=tr)
+    assert _exact_gain(full.space, full.decision) <= route.solve.gain * (1 + 1e-9)
+    assert route.metrics.mean_response_time <= none.metrics.mean_response_time
+    assert route.source == "improved" and route.policy.phase_info == "route"
+    # routes that reveal the phase (α = e_j) are the full layout's waiting queues: for H2 stages,
+    # whose phases never move, route then sees everything but the active threads' phases
+    exact = _split(model, 1.0, 0.0)
+    perfect = solve_observed(model, phase_info="route", routes=exact, truncation=tr)
+    assert perfect.solve.gain <= route.solve.gain * (1 + 1e-9)
+
+
+def test_a_single_route_per_stage_is_none() -> None:
+    model = tandem(0.6, h2_stage("s1", 0.91, 0.55, 5.45), exp_stage("s2", 1.0))
+    tr = Truncation(6)
+    a = ObservationSpace(model, tr, Layout.build(model, "none"))
+    b = ObservationSpace(model, tr, RouteSplit.single(model).layout(model, "none"))
+    t = a.table(lambda o: np.minimum(o[:, :2], 1))
+    assert a.evaluate(t).gain == pytest.approx(b.evaluate(t).gain, rel=1e-12)
+
+
+def test_route_split_validation_names_the_field() -> None:
+    model = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))
+    with pytest.raises(ModelError, match=r"stages\.1\.routes: the routes' mixture"):
+        RouteSplit.build(model, [None, [("a", 0.5, [0.99, 0.01]), ("b", 0.5, [0.1, 0.9])]])
+    with pytest.raises(ModelError, match=r"stages\.1\.routes\.0\.alpha: must be 2 probabilities"):
+        RouteSplit.build(model, [None, [("a", 1.0, [1.0])]])
+    with pytest.raises(ModelError, match=r"stages\.1\.routes: weights must be > 0 and sum to 1"):
+        RouteSplit.build(model, [None, [("a", 0.7, [0.91, 0.09]), ("b", 0.7, [0.91, 0.09])]])
+
+
+# ---- the artifact -------------------------------------------------------------------------------
+@pytest.mark.parametrize("info", ["none", "route"])
+def test_observation_policy_file_round_trip(tmp_path, info: str) -> None:  # type: ignore[no-untyped-def]
+    model = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))
+    routes = _split(model) if info == "route" else None
+    opt = solve_observed(model, phase_info=info, routes=routes, truncation=Truncation(5))  # type: ignore[arg-type]
+    path = tmp_path / "p.npz"
+    opt.policy.save(path)
+    pol = Policy.load(path)
+    assert pol.phase_info == info and pol.digest() == opt.policy.digest()
+    want = ["waiting:s1"] + (["waiting:s2/light", "waiting:s2/heavy"] if info == "route" else ["waiting:s2"])
+    assert pol.columns == want + ["threads:s1", "threads:s2"]
+    rows = np.array([[2, 1, *([0] if info == "route" else []), 0, 1]])
+    assert np.array_equal(pol.actions(rows), opt.policy.actions(rows))
+
+
+def test_simulated_observation_policies_match_their_exact_evaluation(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The simulator (decisions at arrivals and completions, route drawn at each stage entry)
+    against the exact chain of the same artifact on a cap where blocking is negligible."""
+    from overtake.mdp.simulate import simulate
+
+    model = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))
+    for info, routes, seed in (("none", None, 31), ("route", _split(model), 32)):
+        opt = solve_observed(model, phase_info=info, routes=routes, truncation=Truncation(7))  # type: ignore[arg-type]
+        pol = opt.policy
+        lay = pol.layout
+        exact = evaluate_observed(model, lay, pol.actions, max_requests=40)
+        assert exact.blocking_probability < 1e-5
+        res = simulate(model, pol, requests=300_000, seed=seed)
+        assert abs(res.mean_response_time - exact.mean_response_time) <= 1.5 * res.ci95, info
+        assert res.mean_threads == pytest.approx(exact.mean_threads, rel=0.03)
+
+
+# ---- the CLI ------------------------------------------------------------------------------------
+def test_cli_compare_and_solve_with_phase_info_none(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from overtake.api.cli import main
+
+    scen = tmp_path / "s.yaml"
+    scen.write_text(
+        "load: 0.5\ntruncation: {max_requests: 6}\nstages:\n"
+        "  - {name: stage1, service: {exponential: {mean: 1.0}}}\n"
+        "  - {name: stage2, service: {hyperexponential: {probs: [0.91, 0.09], means: [0.55, 5.45]}},\n"
+        "     routes: [{name: light, weight: 0.9101123595505618, alpha: [0.99, 0.01]},\n"
+        "              {name: heavy, weight: 0.0898876404494382, alpha: [0.1, 0.9]}]}\n"
+    )
+    assert main(["compare", str(scen), "--phase-info", "none", "--json", "--quiet"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) >= {"policies", "gains", "arrival_rate", "load", "states", "iterations", "method",
+                        "gain_bounds", "truncation", "seconds", "observation"}
+    assert all(g >= 0 for g in doc["gains"].values())
+    assert set(doc["policies"]) == {"pi*", "pi(1)", "pi(4)", "pi(inf)", "pi(1,1)"}
+    out = tmp_path / "p.npz"
+    assert main(["solve", str(scen), "--phase-info", "route", "--out", str(out), "--quiet"]) == 0
+    solved = json.loads(capsys.readouterr().out)
+    assert solved["phase_info"] in ("route", "none") and Policy.load(out).observed
+    assert solved["mean_response_time"] <= doc["policies"]["pi*"]["mean_response_time"]
+    assert main(["simulate", str(scen), "--policy", str(out), "--requests", "3000", "--json", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out)["requests"] == 3000
+
+
+def test_scenario_phase_info_and_routes() -> None:
+    from overtake.mdp.scenario import parse_scenario
+
+    h2 = {"hyperexponential": {"probs": [0.91, 0.09], "means": [0.55, 5.45]}}
+    routes = [{"name": "light", "weight": 0.9101123595505618, "alpha": [0.99, 0.01]},
+              {"name": "heavy", "weight": 0.0898876404494382, "alpha": [0.1, 0.9]}]
+    sc = parse_scenario({"load": 0.6, "phase_info": "route", "stages": [
+        {"name": "a", "service": {"exponential": {"mean": 1.0}}}, {"name": "b", "service": h2, "routes": routes}]})
+    split = sc.build_routes(sc.build_model())
+    assert split is not None and split.n_queues == 3 and split.queue_labels(sc.build_model())[1:] == ["b/light", "b/heavy"]
+    bare = parse_scenario({"load": 0.6, "phase_info": "route", "stages": [{"name": "b", "service": h2}]})
+    with pytest.raises(ModelError, match=r"phase_info: 'route' needs routes on at least one stage"):
+        bare.build_routes(bare.build_model())
+    with pytest.raises(ModelError, match=r"^phase_info: Input should be 'full', 'start', 'none' or 'route'"):
+        parse_scenario({"load": 0.6, "phase_info": "hidden", "stages": [{"name": "b", "service": h2}]})
+    bad = parse_scenario({"load": 0.6, "stages": [{"name": "b", "service": h2, "routes": routes[:1]}]})
+    with pytest.raises(ModelError, match=r"stages\.0\.routes: weights must be > 0 and sum to 1"):
+        bad.build_routes(bad.build_model())
