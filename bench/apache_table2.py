@@ -94,12 +94,14 @@ def ideal_response_times(trace: dict[str, np.ndarray], spec: str, unit: float, m
 # --------------------------------------------------------------------------- plumbing
 
 
-def policy_file(case: int, policy_dir: Path) -> Path:
-    out = policy_dir / f"case{case:02d}.npz"
+def policy_file(case: int, policy_dir: Path, phase_info: str = "full") -> Path:
+    """The product's policy for the case: π* (``full``), or with hidden phases the best policy over
+    counts (``overtake solve --phase-info none``, issue 18), solved once and cached."""
+    out = policy_dir / (f"case{case:02d}.npz" if phase_info == "full" else f"case{case:02d}-{phase_info}.npz")
     if not out.exists():
         scen = REPO / "examples" / "table1" / f"case{case:02d}.yaml"
-        subprocess.run([sys.executable, "-m", "overtake.api.cli", "solve", str(scen), "--out", str(out)], cwd=REPO, check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run([sys.executable, "-m", "overtake.api.cli", "solve", str(scen), "--phase-info", phase_info,
+                        "--out", str(out), "--quiet"], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
     return out
 
 
@@ -112,7 +114,7 @@ def predicted(model: TandemModel, pol: Policy) -> dict[str, float]:
 
 def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, tmp: Path, client_core: int) -> dict[str, Any]:
     _, model = load_scenario(REPO / "examples" / "table1" / f"case{case:02d}.yaml")
-    pfile = policy_file(case, Path(args.policy_dir))
+    pfile = policy_file(case, Path(args.policy_dir), "none" if args.classifier == "hidden" else "full")
     pol = Policy.load(pfile)
     pred_w = predicted(model, pol)
     trace = make_trace(model, args.transactions, args.seed + case)

@@ -32,6 +32,7 @@ from prometheus_client import generate_latest
 from overtake.controller.errors import PolicyLoadError, SidecarInputError
 from overtake.controller.harness.apache import parse_status
 from overtake.controller.http1 import ADMIN_BODY_MAX
+from overtake.controller.policies import PolicySet
 from overtake.controller.policy_fetch import PolicyFetchError
 
 if TYPE_CHECKING:
@@ -88,9 +89,13 @@ class AdminEndpoints:
         online = side.online
         return {
             "name": p.name, "version": p.version, "hash": p.hash, "phases": list(p.phases),
-            "per_phase_queues": p.per_phase_queues, "predicted_response_time_model_units": p.predicted_wait,
+            "per_phase_queues": p.per_phase_queues, "phase_info": p.phase_info,
+            "predicted_response_time_model_units": p.predicted_wait,
             "swapped_at": side.swapped_at, "swaps": side.metrics.swaps, "refused": side.metrics.refused,
             "classifier": side.classifier.mode, **side.source.info(),
+            **({"auto": {"chosen": p.chosen.name, "phase_info": p.chosen.phase_info, "reason": p.reason,
+                         "predicted_gain": p.predicted_gain, "candidates": [m.name for m in p.members]}}
+               if isinstance(p, PolicySet) else {}),
             **({"online": online.status()} if online is not None else {}),
         }
 

@@ -1,26 +1,35 @@
 """Phase classification: which PH phase a request is in (paper 004, §2: the state counts
-requests per (stage, phase) coordinate).
+requests per (stage, phase) coordinate), or which route class for a ``route`` policy.
 
-Three modes (stages file ``classifier.mode``):
+A policy's *labels* are what its queues are keyed by: the phases of a ``full``/``start`` policy,
+the route classes of a ``route`` policy (each with its own prior over start phases, issue 18),
+one label per stage for ``none`` policies and baselines (nothing to classify). Three modes
+(stages file ``classifier.mode``):
 
 * ``explicit`` — a request header (default ``X-Overtake-Phase: <1..M>``) or the matching route's
-  ``phase`` gives the start phase; the phase is kept while in service (exact for
+  ``phase`` gives the start label; the phase is kept while in service (exact for
   hyperexponential stages, whose phases do not move).
 * ``learned`` — per route (method + path) a window of observed service demands t_1..t_n; the
-  start phase is argmax_j  log α_j + Σ_k log f_j(t_k), with f_j(t) = e_j exp(T t) t⁰ the PH
-  density started in phase j. Demands come from Apache's ``X-Stage-CPU-us`` answer header when
-  present (the stage handler's thread CPU), else the sojourn in Apache.
-* ``hidden`` — waiting requests take the prior's most likely phase argmax α; in-service requests
-  are re-estimated from their attained service a (∫ share dt, share = 1/K under PS) as the most
-  likely *current* phase, argmax_j (α exp(T a))_j.
+  start label is argmax_l  log w_l + Σ_k log f_l(t_k), with f_l(t) = a_l exp(T t) t⁰ the PH
+  density started from label l's prior a_l over phases (e_j for phase j; the route class's α_r for
+  a ``route`` policy, whose classes are so learned from history rather than one phase per route)
+  and w_l the label's weight (α_j, or the class's share p_r). Demands come from Apache's
+  ``X-Stage-CPU-us`` answer header when present (the stage handler's thread CPU), else the
+  sojourn in Apache.
+* ``hidden`` — waiting requests take the most likely label argmax w; for a phase policy,
+  in-service requests are re-estimated from their attained service a (∫ share dt, share = 1/K
+  under PS) as the most likely *current* phase, argmax_j (α exp(T a))_j. A ``none`` policy needs
+  neither: it was solved for exactly this information (mdp.observation).
 
-Phase-blind policies (baselines) have one phase per stage: everything is phase 0.
+``auto`` (:mod:`overtake.controller.auto`) picks the policy and one of these modes from what the
+traffic shows.
 """
 
 from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.linalg import expm
@@ -28,6 +37,9 @@ from scipy.linalg import expm
 from overtake.controller.errors import ControllerError
 from overtake.controller.policies import SpawnPolicy
 from overtake.controller.stages import ClassifierSettings
+
+if TYPE_CHECKING:
+    from overtake.controller.auto import Evidence
 
 __all__ = ["BadPhaseHeader", "Classifier"]
 
@@ -40,11 +52,16 @@ class BadPhaseHeader(ControllerError):
 
 
 class _Route:
-    __slots__ = ("samples", "loglik")
+    """A route's recent demands (model time units) and, for the bound policy, their log-likelihood
+    under each label (recomputed after a swap: the history outlives the policy)."""
 
-    def __init__(self, m: int) -> None:
-        self.samples: deque[np.ndarray] = deque()
-        self.loglik = np.zeros(m)
+    __slots__ = ("samples", "ll", "loglik", "version")
+
+    def __init__(self) -> None:
+        self.samples: deque[float] = deque()
+        self.ll: deque[np.ndarray] = deque()
+        self.loglik = np.zeros(0)
+        self.version = -1
 
 
 class Classifier:
@@ -52,27 +69,41 @@ class Classifier:
 
     def __init__(self, settings: ClassifierSettings, policy: SpawnPolicy) -> None:
         self.settings = settings
-        self.mode = settings.mode
+        self.mode: str = settings.mode
         self.header = settings.header.lower().encode()
+        self._routes: OrderedDict[str, _Route] = OrderedDict()
+        self._version = 0
+        #: set by ``auto`` (controller.auto.Evidence): told of every phase header and demand
+        self.evidence: Evidence | None = None
         self.bind(policy)
 
+    @property
+    def collects(self) -> bool:
+        """Demands are recorded (learned mode, or auto, which may switch to it)."""
+        return self.mode == "learned" or self.evidence is not None
+
     def bind(self, policy: SpawnPolicy) -> None:
-        """Adopt a (new) policy's phases and PH parameters; learned history is kept per phase count."""
+        """Adopt a (new) policy's labels and PH parameters; learned history is kept per label count."""
         self.phases = policy.phases
         self.alpha = policy.alpha
         self.T = policy.T
+        self.labels = policy.labels
         self.prior_phase = tuple(
-            0 if self.alpha is None else int(np.argmax(self.alpha[i])) for i in range(len(self.phases))
+            0 if self.labels is None else int(np.argmax(self.labels[i][1])) for i in range(len(self.phases))
         )
-        self._routes: OrderedDict[str, _Route] = OrderedDict()
+        self._version += 1  # every route's likelihoods are recomputed under the new labels
         self._grid: list[tuple[float, np.ndarray]] = []
-        self.aware = any(m > 1 for m in self.phases) and self.alpha is not None
-        if self.aware and self.mode == "hidden":
+        self.aware = any(m > 1 for m in self.phases) and self.labels is not None and self.T is not None
+        #: in-service requests move between phases (hidden mode, a policy that counts threads per phase)
+        self.reestimates = self.aware and self.mode == "hidden" and not policy.threads_per_stage
+        if self.reestimates:
             self._grid = [self._current_phase_grid(i) for i in range(len(self.phases))]
 
     # ---- start phase ---------------------------------------------------------------------
     def start_phase(self, stage: int, route_key: str, header: bytes | None, route_phase: int | None) -> int:
         """Phase (0-based) a request joins its stage's queue with."""
+        if self.evidence is not None:
+            self.evidence.request(header is not None and header.strip().isdigit() and int(header) >= 1)
         if not self.aware:
             return 0
         m = self.phases[stage]
@@ -95,33 +126,53 @@ class Classifier:
             r = self._routes.get(route_key)
             if r is None or not r.samples:
                 return self.prior_phase[stage]
-            a = self.alpha[stage]  # type: ignore[index]
+            if r.version != self._version:
+                self._relabel(stage, r)
+            w = self.labels[stage][1]  # type: ignore[index]
             with np.errstate(divide="ignore"):
-                score = np.log(a) + r.loglik
+                score = np.log(w) + r.loglik
             return int(np.argmax(score))
         return self.prior_phase[stage]
 
     # ---- learned ---------------------------------------------------------------------------
     def observe(self, stage: int, route_key: str, demand_seconds: float) -> None:
-        """Record one completed request's service demand (learned mode only)."""
-        if self.mode != "learned" or not self.aware:
+        """Record one completed request's service demand (learned mode, auto)."""
+        if not self.collects:
             return
+        if self.evidence is not None:
+            self.evidence.demand(route_key)
         t = demand_seconds / self.settings.time_unit
-        T = self.T[stage]  # type: ignore[index]
-        t0 = -T.sum(axis=1)
-        with np.errstate(divide="ignore"):
-            ll = np.log(np.maximum(expm(T * t) @ t0, 1e-300))
         r = self._routes.get(route_key)
         if r is None:
-            r = self._routes[route_key] = _Route(T.shape[0])
+            r = self._routes[route_key] = _Route()
             if len(self._routes) > _ROUTES_MAX:
                 self._routes.popitem(last=False)
         else:
             self._routes.move_to_end(route_key)
-        r.samples.append(ll)
-        r.loglik += ll
+        r.samples.append(t)
         if len(r.samples) > self.settings.history:
-            r.loglik -= r.samples.popleft()
+            r.samples.popleft()
+        if self.aware and r.version == self._version:
+            ll = self._loglik(stage, t)
+            r.ll.append(ll)
+            r.loglik = r.loglik + ll
+            if len(r.ll) > len(r.samples):
+                r.loglik = r.loglik - r.ll.popleft()
+        else:
+            r.version = -1  # recomputed from the samples when a learned lookup needs it
+
+    def _loglik(self, stage: int, t: float) -> np.ndarray:
+        """log f_l(t) per label l: the PH density of demand t started from label l's prior."""
+        T = self.T[stage]  # type: ignore[index]
+        prior = self.labels[stage][0]  # type: ignore[index]
+        f = np.maximum(prior @ (expm(T * t) @ -T.sum(axis=1)), 1e-300)
+        out: np.ndarray = np.log(f)
+        return out
+
+    def _relabel(self, stage: int, r: _Route) -> None:
+        r.ll = deque(self._loglik(stage, t) for t in r.samples)
+        r.loglik = np.sum(list(r.ll), axis=0) if r.ll else np.zeros(len(self.labels[stage][1]))  # type: ignore[index]
+        r.version = self._version
 
     # ---- hidden ----------------------------------------------------------------------------
     def _current_phase_grid(self, stage: int) -> tuple[float, np.ndarray]:
@@ -143,8 +194,8 @@ class Classifier:
         return step, out
 
     def current_phase(self, stage: int, start: int, attained_seconds: float) -> int:
-        """Re-estimated phase of an in-service request (hidden mode), else ``start``."""
-        if self.mode != "hidden" or not self.aware:
+        """Re-estimated phase of an in-service request (hidden mode, phase policies), else ``start``."""
+        if not self.reestimates:
             return start
         step, table = self._grid[stage]
         g = int(attained_seconds / self.settings.time_unit / step)

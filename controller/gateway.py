@@ -396,7 +396,7 @@ class Gateway:
             # this client (an idle gap on Apache's core costs every request behind it)
             await asyncio.sleep(0)
         h_dur.observe(done - t.t_arrive)
-        if t.stage != PASSTHROUGH and self.classifier.mode == "learned":
+        if t.stage != PASSTHROUGH and self.classifier.collects:
             self.classifier.observe(t.stage, t.route, _demand(resp, done - t.t_admit))
 
 

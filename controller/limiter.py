@@ -114,7 +114,7 @@ class Limiter:
         self.admitted: dict[tuple[int, int], int] = {}
         self.completed: dict[tuple[int, int, str], int] = {}
         self.rejected: dict[tuple[int, str], int] = {}
-        self.tandem = TandemState(policy.phases, policy.per_phase_queues, clock())
+        self.tandem = TandemState(policy.phases, policy.per_phase_queues, clock(), policy.threads_per_stage)
         self.policy = policy
         self._install(policy)
 
@@ -137,7 +137,7 @@ class Limiter:
     def swap(self, policy: SpawnPolicy) -> None:
         """Install a new policy atomically: re-bucket queued and in-service requests, then dispatch."""
         self.classifier.bind(policy)
-        self.tandem = self.tandem.relayout(policy.phases, policy.per_phase_queues)
+        self.tandem = self.tandem.relayout(policy.phases, policy.per_phase_queues, policy.threads_per_stage)
         self._install(policy)
         self._dispatch()
 
@@ -296,7 +296,7 @@ class Limiter:
         now = self.clock()
         tandem = self.tandem
         tandem.advance(now)
-        if self.classifier.mode == "hidden" and tandem.active:
+        if self.classifier.reestimates and tandem.active:
             tandem.reestimate(self.classifier)
         offset, stage_waiting = tandem.offset, tandem.stage_waiting
         rounds = max(offset[-1], 1) if self._loop_start else 1

@@ -22,7 +22,8 @@ overtake_gateway_errors_total{reason}                   counter  bad_request, he
                                                                  body_too_large, bad_phase, ...
 overtake_inflight / overtake_inflight_limit             gauge    all requests in Apache / hard cap
 overtake_inflight_max                                   gauge    largest inflight seen
-overtake_policy_info{name,version,hash}                 gauge    1
+overtake_policy_info{name,version,hash,phase_info,      gauge    1 (auto: the chosen policy and why)
+                     chosen,reason}
 overtake_policy_predicted_response_time_seconds         gauge    model E[W] x time unit (tables)
 overtake_policy_swaps_total / _refused_total            counter  hot swaps done / refused
 overtake_policy_guard_admissions_total                  counter  liveness-guard admissions
@@ -116,8 +117,12 @@ class _LimiterCollector(Collector):
         yield GaugeMetricFamily(
             "overtake_inflight_max", "Largest number of requests inside Apache seen", value=lim.max_seen_inflight
         )
-        info = GaugeMetricFamily("overtake_policy_info", "The running policy", labels=["name", "version", "hash"])
-        info.add_metric([pol.name, pol.version, pol.hash], 1)
+        # phase_info: what the enforced policy sees; chosen/reason: what classifier.mode auto runs and why
+        # (passthrough when no candidate is predicted better than Apache's default by the margin)
+        info = GaugeMetricFamily("overtake_policy_info", "The running policy",
+                                 labels=["name", "version", "hash", "phase_info", "chosen", "reason"])
+        chosen = getattr(pol, "chosen", pol)
+        info.add_metric([pol.name, pol.version, pol.hash, pol.phase_info, chosen.name, getattr(pol, "reason", "")], 1)
         yield info
         if pol.predicted_wait is not None:
             yield GaugeMetricFamily(

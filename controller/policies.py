@@ -37,6 +37,7 @@ __all__ = [
     "MAX_ARRAY_BYTES",
     "MAX_POLICY_BYTES",
     "BaselinePolicy",
+    "PolicySet",
     "SpawnPolicy",
     "TablePolicy",
     "check_archive",
@@ -49,16 +50,56 @@ _MEMO_MAX = 1 << 16  # states remembered per policy; the reachable set is far sm
 
 
 class SpawnPolicy(Protocol):
-    """What the limiter needs from a policy."""
+    """What the limiter needs from a policy (read-only attributes)."""
 
-    name: str  #: e.g. "pi(2)", "passthrough", "case04.npz"
-    version: str  #: human-readable version (format version + states, or the baseline name)
-    hash: str  #: content hash (16 hex digits)
-    phases: tuple[int, ...]  #: phases per stage as the policy sees them
-    per_phase_queues: bool  #: True: one waiting queue per (stage, phase); False: per stage
-    predicted_wait: float | None  #: model E[W] in model time units, when known
-    alpha: tuple[np.ndarray, ...] | None  #: phase priors per stage (None for baselines)
-    T: tuple[np.ndarray, ...] | None  #: sub-generators per stage (None for baselines)
+    @property
+    def name(self) -> str:
+        """E.g. "pi(2)", "passthrough", "case04.npz"."""
+
+    @property
+    def version(self) -> str:
+        """Human-readable version (format version + states, or the baseline name)."""
+
+    @property
+    def hash(self) -> str:
+        """Content hash (16 hex digits)."""
+
+    @property
+    def phases(self) -> tuple[int, ...]:
+        """Labels per stage as the policy sees them: phases, or route classes."""
+
+    @property
+    def per_phase_queues(self) -> bool:
+        """True: one waiting queue per (stage, label); False: per stage."""
+
+    @property
+    def threads_per_stage(self) -> bool:
+        """True: the state counts threads per stage (observation policies)."""
+
+    @property
+    def phase_info(self) -> str:
+        """What the policy was solved to see: full, start, none, route (baselines: none)."""
+
+    @property
+    def predicted_wait(self) -> float | None:
+        """Model E[W] in model time units, when known."""
+
+    @property
+    def passthrough_wait(self) -> float | None:
+        """Model E[W] of π(∞) for the same model, when known."""
+
+    @property
+    def alpha(self) -> tuple[np.ndarray, ...] | None:
+        """Phase priors per stage (None for baselines)."""
+
+    @property
+    def T(self) -> tuple[np.ndarray, ...] | None:
+        """Sub-generators per stage (None for baselines)."""
+
+    @property
+    def labels(self) -> tuple[tuple[np.ndarray, np.ndarray], ...] | None:
+        """Per stage, the start-phase prior of each label (labels x phases) and the labels' weights:
+        route classes for ``route`` policies, the identity and α for phase policies; None for baselines."""
 
     def action(self, state: tuple[int, ...]) -> tuple[int, ...]:
         """Threads to start from each queue."""
@@ -69,9 +110,13 @@ class BaselinePolicy:
     """π(k), π(k1,…,kN) or π(∞), answered in plain Python (equal to :meth:`overtake.mdp.Baseline.rule`)."""
 
     per_phase_queues = False
+    threads_per_stage = False
+    phase_info = "none"  # phase-blind: counts per stage
     predicted_wait: float | None = None
+    passthrough_wait: float | None = None
     alpha: tuple[np.ndarray, ...] | None = None
     T: tuple[np.ndarray, ...] | None = None
+    labels: tuple[tuple[np.ndarray, np.ndarray], ...] | None = None
 
     def __init__(self, spec: str, n_stages: int) -> None:
         text = spec.strip()
@@ -114,13 +159,32 @@ class TablePolicy:
         self.name = name
         self.hash = policy.digest()
         self.version = f"v{policy.meta.get('format_version', '?')}-{policy.phase_info}-{int(policy.keys.size)}states"
-        self.phases = tuple(int(s.phases) for s in policy.model.stages)
-        self.per_phase_queues = policy.phase_info == "full"
+        stages = policy.model.stages
+        self.phase_info: str = policy.phase_info
+        # observation policies (mdp.observation) see waiting per stage (none) or per (stage, route
+        # class) (route), and threads per stage; their labels are route classes, not phases
+        self.threads_per_stage = policy.observed
+        if policy.phase_info == "none":
+            self.phases = (1,) * len(stages)
+        elif policy.phase_info == "route" and policy.routes is not None:
+            self.phases = tuple(len(rs) for rs in policy.routes.stages)
+        else:
+            self.phases = tuple(int(s.phases) for s in stages)
+        self.per_phase_queues = policy.phase_info in ("full", "route")
         metrics = policy.meta.get("metrics") or {}
         w = metrics.get("mean_response_time") if isinstance(metrics, dict) else None
         self.predicted_wait = float(w) if w is not None else None
+        base = policy.meta.get("baselines")
+        #: Apache's default π(∞), exactly evaluated at solve time (``overtake solve`` writes it)
+        self.passthrough_wait = float(base["pi(inf)"]) if isinstance(base, dict) and "pi(inf)" in base else None
         self.alpha: tuple[np.ndarray, ...] | None = tuple(np.asarray(s.alpha, dtype=float) for s in policy.model.stages)
         self.T: tuple[np.ndarray, ...] | None = tuple(np.asarray(s.T, dtype=float) for s in policy.model.stages)
+        self.labels: tuple[tuple[np.ndarray, np.ndarray], ...] | None
+        if policy.phase_info == "route" and policy.routes is not None:
+            self.labels = tuple((np.array([r.alpha for r in rs], dtype=float), np.array([r.weight for r in rs]))
+                                for rs in policy.routes.stages)
+        else:
+            self.labels = tuple((np.eye(int(s.phases)), np.asarray(s.alpha, dtype=float)) for s in stages)
         self.stage_names = tuple(s.name for s in policy.model.stages)
         self._memo: dict[tuple[int, ...], tuple[int, ...]] = {}
 
@@ -132,6 +196,62 @@ class TablePolicy:
                 self._memo.clear()
             self._memo[state] = hit
         return hit
+
+
+class PolicySet:
+    """Candidate policies for ``classifier.mode: auto`` (:mod:`overtake.controller.auto`): every
+    ``.npz`` of a directory given as ``--policy``, or one file. It acts as the member chosen last
+    (:attr:`chosen`, π(∞) until the sidecar chooses), so the limiter enforces that one."""
+
+    def __init__(self, members: Sequence[SpawnPolicy], name: str, n_stages: int) -> None:
+        self.members = tuple(members)
+        self.name = name
+        self.passthrough: SpawnPolicy = BaselinePolicy("passthrough", n_stages)
+        self.chosen: SpawnPolicy = self.passthrough
+        self.reason = "not chosen yet"
+        self.predicted_gain: float | None = None  #: the chosen one's, over π(∞)
+        self.hash = hashlib.sha256("".join(sorted(m.hash for m in self.members)).encode()).hexdigest()[:16]
+        self.version = f"auto over {len(self.members)} policies"
+
+    # the chosen member's view (SpawnPolicy)
+    @property
+    def phases(self) -> tuple[int, ...]:
+        return self.chosen.phases
+
+    @property
+    def per_phase_queues(self) -> bool:
+        return self.chosen.per_phase_queues
+
+    @property
+    def threads_per_stage(self) -> bool:
+        return self.chosen.threads_per_stage
+
+    @property
+    def phase_info(self) -> str:
+        return self.chosen.phase_info
+
+    @property
+    def predicted_wait(self) -> float | None:
+        return self.chosen.predicted_wait
+
+    @property
+    def passthrough_wait(self) -> float | None:
+        return next((m.passthrough_wait for m in self.members if m.passthrough_wait is not None), None)
+
+    @property
+    def alpha(self) -> tuple[np.ndarray, ...] | None:
+        return self.chosen.alpha
+
+    @property
+    def T(self) -> tuple[np.ndarray, ...] | None:
+        return self.chosen.T
+
+    @property
+    def labels(self) -> tuple[tuple[np.ndarray, np.ndarray], ...] | None:
+        return self.chosen.labels
+
+    def action(self, state: tuple[int, ...]) -> tuple[int, ...]:
+        return self.chosen.action(state)
 
 
 #: ``policy_max_bytes``: the largest policy file read (a server-side path, a download)
@@ -226,7 +346,8 @@ def check_archive(data: bytes, name: str, *, max_array_bytes: int = MAX_ARRAY_BY
 
 def load_policy(spec: str, stage_names: Sequence[str], *, max_bytes: int = MAX_POLICY_BYTES,
                 max_array_bytes: int = MAX_ARRAY_BYTES) -> SpawnPolicy:
-    """Parse ``--policy``: a policy file, ``pi(k)``, ``pi(k1,...,kN)`` or ``passthrough``.
+    """Parse ``--policy``: a policy file, a directory of them (:class:`PolicySet`, for
+    ``classifier.mode: auto``), ``pi(k)``, ``pi(k1,...,kN)`` or ``passthrough``.
 
     A file is read by :func:`read_policy_file` (regular files of at most ``max_bytes`` only) and
     checked by :func:`check_archive` before it is loaded.
@@ -239,6 +360,14 @@ def load_policy(spec: str, stage_names: Sequence[str], *, max_bytes: int = MAX_P
     text = spec.strip()
     if text == "passthrough" or text.replace(" ", "").startswith(("pi(", "π(")):
         return BaselinePolicy(text, len(stage_names))
+    if os.path.isdir(text):
+        files = sorted(Path(text).glob("*.npz"))
+        if not files:
+            raise PolicyLoadError(f"policy: directory {text} holds no .npz policy; put the files of "
+                                  "`overtake solve --phase-info full|none|route --out DIR/NAME.npz` there")
+        members = [load_policy_bytes(read_policy_file(f, max_bytes=max_bytes), f.name, stage_names,
+                                     max_array_bytes=max_array_bytes, shown=str(f)) for f in files]
+        return PolicySet(members, Path(text).name or text, len(stage_names))
     if not os.path.lexists(text):
         raise PolicyLoadError(
             f"policy: {text!r} is neither a file nor a baseline; give P.npz from `overtake solve --out`, "

@@ -40,6 +40,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from overtake.controller.admin import AdminEndpoints
+from overtake.controller.auto import Evidence, choose
 from overtake.controller.classifier import Classifier
 from overtake.controller.errors import PolicyLoadError, SidecarInputError
 from overtake.controller.gateway import Gateway
@@ -49,6 +50,8 @@ from overtake.controller.online import OnlineCollector, OnlineLoop, OnlineSettin
 from overtake.controller.policies import (
     MAX_ARRAY_BYTES,
     MAX_POLICY_BYTES,
+    BaselinePolicy,
+    PolicySet,
     SpawnPolicy,
     load_policy,
     load_policy_bytes,
@@ -167,7 +170,19 @@ class Sidecar:
         settings = cfg.classifier
         if options.phase_header:
             settings = settings.model_copy(update={"header": options.phase_header})
+        #: classifier.mode auto (controller.auto): the evidence the traffic gives, the candidates
+        self.auto = settings.mode == "auto"
+        self._auto_task: asyncio.Task[None] | None = None
+        if self.auto:
+            policy = self._as_set(policy)
+            settings = settings.model_copy(update={"mode": "hidden"})  # until the first choice
+        elif isinstance(policy, PolicySet):
+            raise SidecarInputError(f"policy: {options.policy} is a directory of policies; that needs "
+                                    "classifier.mode: auto in the stages file (or give one .npz)")
         self.classifier = Classifier(settings, policy)
+        if self.auto:
+            self.classifier.evidence = Evidence()
+            self._auto_choose(policy, initial=True)  # type: ignore[arg-type]
         self.limiter = Limiter(
             policy, self.classifier, stage_names=table.names,
             queue_caps=tuple(table.queue_cap(i) for i in range(len(table.names))),
@@ -199,6 +214,40 @@ class Sidecar:
     def policy(self) -> SpawnPolicy:
         return self.limiter.policy
 
+    # ---- auto (controller.auto) ------------------------------------------------------------
+    def _as_set(self, policy: SpawnPolicy) -> PolicySet:
+        if isinstance(policy, PolicySet):
+            return policy
+        members = [] if isinstance(policy, BaselinePolicy) else [policy]
+        return PolicySet(members, policy.name, len(self.table.names))
+
+    def _auto_choose(self, ps: PolicySet, *, initial: bool = False) -> bool:
+        """Choose among ``ps``'s members for the evidence so far; True when the choice changed.
+        The caller installs ``ps`` (``initial``: the limiter is built with it next)."""
+        ev = self.classifier.evidence
+        assert ev is not None
+        settings = self.table.config.classifier
+        choice = choose(ps.members, ev.available(), ps.passthrough, margin=settings.auto_margin)
+        changed = choice.policy is not ps.chosen or initial
+        ps.chosen, ps.reason, ps.predicted_gain = choice.policy, choice.reason, choice.predicted_gain
+        if changed:
+            self.classifier.mode = choice.mode
+            log.info("auto: " + choice.reason, extra={
+                "event": "auto_choice", "policy": choice.policy.name, "detail": f"information {choice.info}, "
+                f"classifier {choice.mode}, available {', '.join(sorted(ev.available()))}"})
+        return changed
+
+    async def _auto_loop(self) -> None:
+        """Re-check what the traffic shows; swap when the best usable policy changes."""
+        interval = self.table.config.classifier.auto_interval
+        while True:
+            await asyncio.sleep(interval)
+            ps = self.limiter.policy
+            if isinstance(ps, PolicySet) and self._auto_choose(ps):
+                self.limiter.swap(ps)
+                self.metrics.swaps += 1
+                self.swapped_at = time.time()
+
     # ---- lifecycle -------------------------------------------------------------------------
     def _log_request(self, rec: Any) -> None:
         if self.request_log is not None:
@@ -220,6 +269,8 @@ class Sidecar:
                 f"listen: cannot listen on {self.options.listen} ({exc.strerror}); choose a free port"
             ) from None
         self.source.start()
+        if self.auto:
+            self._auto_task = asyncio.create_task(self._auto_loop())
         if self.online is not None:
             self.online.start()
         await self.admin.scrape_apache()
@@ -248,6 +299,8 @@ class Sidecar:
                 "Apache; lower limits.max_inflight or start Apache with --max-workers >= it"})
 
     async def close(self) -> None:
+        if self._auto_task is not None:
+            self._auto_task.cancel()
         if self.online is not None:
             await self.online.close()
         self.source.stop()
@@ -353,6 +406,11 @@ class Sidecar:
 
     def _install(self, new: SpawnPolicy, source: str) -> SpawnPolicy:
         old = self.policy
+        if self.auto:
+            new = self._as_set(new)
+            self._auto_choose(new, initial=True)
+        elif isinstance(new, PolicySet):
+            raise PolicyLoadError(f"policy: {new.name} is a directory of policies; that needs classifier.mode: auto")
         self.limiter.swap(new)
         self.metrics.swaps += 1
         self.swapped_at = time.time()

@@ -133,11 +133,15 @@ class Limits(_Strict):
 class ClassifierSettings(_Strict):
     """Phase classification (paper 004 needs the phase of waiting requests for ``full`` policies)."""
 
-    mode: Literal["explicit", "learned", "hidden"] = "explicit"
+    mode: Literal["explicit", "learned", "hidden", "auto"] = "explicit"
     header: str = "X-Overtake-Phase"
     time_unit: float = Field(default=0.01, gt=0)  # seconds of service per model time unit
     next_header: str = "X-Overtake-Next-Phase"  # explicit mode: the phase of the `next` request
     history: int = Field(default=64, ge=1)  # learned: samples kept per route
+    # auto (controller.auto): run a policy only when predicted this much better than passthrough,
+    # and re-check what the traffic shows every auto_interval seconds
+    auto_margin: float = Field(default=0.02, ge=0, lt=1)
+    auto_interval: float = Field(default=5.0, gt=0)
 
 
 class StagesConfig(_Strict):

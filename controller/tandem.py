@@ -59,12 +59,16 @@ class TandemState:
         The policy's state has one queue per coordinate (else one per stage).
     now
         Start of the attained-service clock.
+    threads_per_stage
+        The policy's state counts threads per stage (observation policies, whose labels are route
+        classes: a thread's class no longer matters once it runs), else per coordinate.
     """
 
-    def __init__(self, phases: tuple[int, ...], per_phase: bool, now: float) -> None:
+    def __init__(self, phases: tuple[int, ...], per_phase: bool, now: float, threads_per_stage: bool = False) -> None:
         self.n = len(phases)
         self.phases = phases
         self.per_phase = per_phase
+        self.threads_per_stage = threads_per_stage
         self.offset = [0]  #: first coordinate of each stage, and the coordinate count last
         for m in phases:
             self.offset.append(self.offset[-1] + m)
@@ -77,10 +81,10 @@ class TandemState:
         self.v = 0.0  # the attained-service clock V (module docstring)
         self._v_t = now
 
-    def relayout(self, phases: tuple[int, ...], per_phase: bool) -> TandemState:
+    def relayout(self, phases: tuple[int, ...], per_phase: bool, threads_per_stage: bool = False) -> TandemState:
         """The same tickets in another policy's layout: queues keep their arrival order, and a
         phase beyond a stage's new phase count becomes its last phase."""
-        new = TandemState(phases, per_phase, self._v_t)
+        new = TandemState(phases, per_phase, self._v_t, threads_per_stage)
         new.v = self.v
         for t in sorted((t for qs in self.queues for q in qs for t in q), key=lambda t: t.seq):
             t.phase = t.start_phase = min(t.start_phase, phases[t.stage] - 1)
@@ -94,6 +98,9 @@ class TandemState:
     def state(self) -> tuple[int, ...]:
         """The policy's state vector (:attr:`overtake.mdp.Policy.columns` order)."""
         w = self.waiting if self.per_phase else self.stage_waiting
+        if self.threads_per_stage:
+            off = self.offset
+            return (*w, *(sum(self.threads[off[i]:off[i + 1]]) for i in range(self.n)))
         return (*w, *self.threads)
 
     # ---- queues ----------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Any
 
 from overtake.api.scenario import load_scenario
 from overtake.mdp.rules import overtaking_rule
-from overtake.mdp.truncation import solve_optimal
+from overtake.mdp.truncation import evaluate_baseline, solve_optimal
 
 
 def register(subparsers: Any) -> None:
@@ -58,6 +58,10 @@ def run(args: argparse.Namespace) -> int:
     if source is not None:
         meta["observation"] = {"source": source, "candidates": opt.candidates,
                                "history": opt.solve.history}
+    # Apache's default, exactly evaluated: the sidecar's auto mode weighs every policy against it
+    done = getattr(opt, "baselines", {})
+    ps = done["pi(inf)"].metrics if "pi(inf)" in done else evaluate_baseline(model, "pi(inf)", tol=sc.tolerance).metrics
+    meta["baselines"] = {"pi(inf)": ps.mean_response_time}
     if args.phase_info == "full":
         meta["rules"] = overtaking_rule(opt.solve, pol).to_dict()
     pol.meta.update(meta)

@@ -182,12 +182,17 @@ class OnlineLoop:
         pol = self.current()
         if isinstance(pol, TablePolicy):
             current: Any = pol.policy
-            orders: tuple[int | None, ...] = tuple(pol.phases)  # keep the phase count: exact comparison
-            phase_info = pol.policy.phase_info
+            # keep the model's phase counts (not the policy's labels): an exact comparison
+            orders: tuple[int | None, ...] = tuple(int(st.phases) for st in pol.policy.model.stages)
+            phase_info = pol.policy.phase_info  # re-solve for the same information (issue 18)
+            if phase_info == "route":
+                return self._decide("skipped_route", {**base, "reason": "a route policy's classes are re-learned offline: "
+                                                "solve with the new routes and PUT /-/policy"})
         elif isinstance(pol, BaselinePolicy):
             current = pol.baseline.name
             orders = (None,) * len(self.names)
-            phase_info = "start" if self.classifier_mode == "hidden" else "full"
+            # what the classifier can see: without phases, the best policy over counts (mdp.observed)
+            phase_info = "none" if self.classifier_mode == "hidden" else "full"
         else:  # pragma: no cover - only the two policy families exist
             return self._decide("failed", {**base, "reason": f"policy type {type(pol).__name__} unknown"})
         job = RefitJob(

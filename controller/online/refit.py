@@ -84,6 +84,7 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
     common evaluation cap) and timings."""
     from overtake.mdp.baselines import Baseline
     from overtake.mdp.model import Stage, TandemModel
+    from overtake.mdp.observation import evaluate_observed
     from overtake.mdp.policy import Policy
     from overtake.mdp.statespace import Layout
     from overtake.mdp.truncation import evaluate_baseline, evaluate_rule, solve_optimal
@@ -120,6 +121,8 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
             lay = Layout.build(model, old.phase_info)
 
             def ev(C: int) -> Any:
+                if old.observed:  # a table over counts: its own chain (mdp.observation)
+                    return evaluate_observed(model, lay, old.actions, max_requests=C, max_threads=None)
                 return evaluate_rule(model, lay, old.actions, max_requests=C, max_threads=old.max_threads)
 
             cur = _grow(ev, max(new.max_requests, old.max_requests), job.tolerance)
@@ -130,8 +133,10 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
             if cur.max_requests < C:
                 cur = ev(C)
             if new.max_requests < C:
-                new = evaluate_rule(model, Layout.build(model, job.phase_info), opt.policy.actions,  # type: ignore[arg-type]
-                                    max_requests=C, max_threads=opt.truncation.k_max)
+                lay_new = Layout.build(model, job.phase_info)  # type: ignore[arg-type]
+                new = (evaluate_observed(model, lay_new, opt.policy.actions, max_requests=C, max_threads=None)
+                       if opt.policy.observed else
+                       evaluate_rule(model, lay_new, opt.policy.actions, max_requests=C, max_threads=opt.truncation.k_max))
         cur_w = float(cur.mean_response_time)
     except Exception as exc:  # unstable or unevaluable under the new model: any stable π* is better
         cur_w = math.inf

@@ -12,7 +12,7 @@ __all__ = ["OUTCOMES", "SOURCES", "OnlineSettings"]
 
 #: values of the ``outcome`` label of ``overtake_online_refits_total``
 OUTCOMES = ("swapped", "kept", "failed", "skipped_samples", "skipped_load", "skipped_rate_limited",
-            "skipped_busy", "skipped_superseded")
+            "skipped_busy", "skipped_superseded", "skipped_route")
 #: where a service-demand sample comes from (the ``source`` label)
 SOURCES = ("access_log", "attained")
 

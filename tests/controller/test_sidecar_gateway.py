@@ -380,7 +380,8 @@ def test_policy_swaps_and_refusals(side: SidecarProc, policies: dict[str, Path])
     mm = side.metrics()
     meta = __import__("json").loads(side.get("/-/policy")[2])
     assert meta["hash"] == h06 and meta["name"].startswith("upload-") and meta["swaps"] >= 1 and meta["refused"] >= 3
-    assert m(mm, "overtake_policy_info", name=meta["name"], version=meta["version"], hash=h06) == 1
+    assert m(mm, "overtake_policy_info", name=meta["name"], version=meta["version"], hash=h06, phase_info="full",
+             chosen=meta["name"], reason="") == 1
     # file watch: a new policy written over the file is picked up; a corrupt one is refused
     tmp = live.with_suffix(".tmp")
     shutil.copy(policies["rho04"], tmp)

@@ -43,7 +43,8 @@ class Recording:
     def __init__(self, inner: SpawnPolicy) -> None:
         self.inner = inner
         self.log: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
-        for k in ("name", "version", "hash", "phases", "per_phase_queues", "predicted_wait", "alpha", "T"):
+        for k in ("name", "version", "hash", "phases", "per_phase_queues", "threads_per_stage", "phase_info",
+                  "predicted_wait", "passthrough_wait", "alpha", "T", "labels"):
             setattr(self, k, getattr(inner, k))
 
     def action(self, state: tuple[int, ...]) -> tuple[int, ...]:

@@ -136,7 +136,7 @@ stages:
         ),
         (
             "stages: [{name: a, path: x}]\nclassifier: {mode: psychic}",
-            r"classifier\.mode: Input should be 'explicit', 'learned' or 'hidden'",
+            r"classifier\.mode: Input should be 'explicit', 'learned', 'hidden' or 'auto'",
         ),
         (
             "stages: [{name: a, path: x, next: c}, {name: b, path: y}]",

@@ -133,7 +133,8 @@ def test_follow_api_policy(api: tuple[str, Path, dict[str, str]], tmp_path: Path
             _metric(
                 text,
                 "overtake_policy_info",
-                f'{{hash="{ha}",name="policy-{ids["a"]}.npz",version="{info["version"]}"}}',
+                f'{{chosen="policy-{ids["a"]}.npz",hash="{ha}",name="policy-{ids["a"]}.npz",phase_info="full",'
+                f'reason="",version="{info["version"]}"}}',
             )
             == 1
         )

@@ -1,0 +1,110 @@
+"""``classifier.mode: auto``: run the policy solved for the information the traffic carries (issue 18).
+
+A policy is optimal only for what it was solved to see (``phase_info``, :mod:`overtake.mdp.observation`):
+
+==========  ===================================================  =====================
+solved for  what the sidecar must know of each request           classifier mode run
+==========  ===================================================  =====================
+``full``    its phase, from a trusted phase header                ``explicit``
+``start``   the same (the model reveals it when a thread starts)  ``explicit``
+``route``   its route's class, learned from the route's history   ``learned``
+``none``    nothing: waiting and active counts per stage          ``hidden``
+==========  ===================================================  =====================
+
+:func:`choose` takes the candidates the operator solved (one file, or every ``.npz`` of a
+directory), keeps those whose information is available now, and runs the one with the lowest
+predicted E[W] — unless it is not predicted better than Apache's default π(∞) by ``margin``
+(relative), in which case it runs passthrough and says why. :class:`Evidence` decides what is
+available from the traffic itself: the phase header counts only when nearly every recent stage
+request carried a valid one, route classes only once enough routes have a history.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+from overtake.controller.policies import BaselinePolicy, SpawnPolicy
+
+__all__ = ["MODE_FOR", "Choice", "Evidence", "choose", "passthrough_policy"]
+
+#: the classifier mode that supplies each information level
+MODE_FOR = {"full": "explicit", "start": "explicit", "route": "learned", "none": "hidden"}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What auto runs: a policy, the classifier mode that feeds it, and why."""
+
+    policy: SpawnPolicy
+    mode: str
+    info: str  #: the information level of ``policy`` ("none" for passthrough)
+    predicted_gain: float | None  #: over π(∞), relative; None when not predicted
+    reason: str
+
+
+def choose(candidates: Sequence[SpawnPolicy], available: Collection[str], passthrough: SpawnPolicy, *,
+           margin: float = 0.02) -> Choice:
+    """The candidate with the lowest predicted E[W] among those whose information is ``available``.
+
+    Passthrough (π(∞), ``mode`` hidden) when no candidate is usable, or when the best one's
+    predicted gain (E W(π(∞)) − E W) / E W(π(∞)) is below ``margin``; a candidate without
+    both predictions (an old file, a baseline) is never chosen over passthrough.
+    """
+    usable = [p for p in candidates if p.phase_info in available and p.predicted_wait is not None
+              and p.passthrough_wait is not None]
+    if not usable:
+        have = sorted({p.phase_info for p in candidates})
+        return Choice(passthrough, "hidden", "none", None,
+                      f"no candidate policy for the information available ({', '.join(sorted(available))}); "
+                      f"candidates are solved for {', '.join(have) or 'nothing'}: running passthrough")
+    best = min(usable, key=lambda p: p.predicted_wait or 0.0)
+    ps, w = best.passthrough_wait or 0.0, best.predicted_wait or 0.0
+    gain = (ps - w) / ps
+    if gain < margin:
+        return Choice(passthrough, "hidden", "none", gain,
+                      f"best policy {best.name} ({best.phase_info}) predicts {100 * gain:.1f} % over Apache's "
+                      f"default, below the {100 * margin:g} % margin: running passthrough")
+    return Choice(best, MODE_FOR[best.phase_info], best.phase_info, gain,
+                  f"{best.name} ({best.phase_info}) predicts {100 * gain:.1f} % over Apache's default")
+
+
+@dataclass
+class Evidence:
+    """What the recent traffic shows: phase headers and route histories.
+
+    ``window`` stage requests are remembered; the header counts as available when at least
+    ``header_share`` of them carried a valid phase header, route classes when at least
+    ``min_routes`` routes have ``min_samples`` observed demands each.
+    """
+
+    window: int = 500
+    header_share: float = 0.99
+    min_routes: int = 1
+    min_samples: int = 8
+    _headers: deque[bool] = field(default_factory=deque)
+    _samples: dict[str, int] = field(default_factory=dict)
+
+    def request(self, has_header: bool) -> None:
+        self._headers.append(has_header)
+        if len(self._headers) > self.window:
+            self._headers.popleft()
+
+    def demand(self, route_key: str) -> None:
+        if route_key in self._samples or len(self._samples) < 4096:
+            self._samples[route_key] = self._samples.get(route_key, 0) + 1
+
+    def available(self) -> frozenset[str]:
+        out = {"none"}
+        if sum(1 for n in self._samples.values() if n >= self.min_samples) >= self.min_routes:
+            out.add("route")
+        h = self._headers
+        if len(h) >= min(self.window, 50) and sum(h) >= self.header_share * len(h):
+            out.update(("full", "start"))
+        return frozenset(out)
+
+
+def passthrough_policy(n_stages: int) -> SpawnPolicy:
+    """π(∞): Apache's default."""
+    return BaselinePolicy("passthrough", n_stages)
