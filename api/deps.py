@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass
-from typing import Annotated, cast
+from typing import Annotated, Any, cast
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -21,6 +21,7 @@ from .db import Job, Store
 from .errors import HTTPError
 from .jobs import JobRunner
 from .metrics import ApiMetrics
+from .schemas import Accepted
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,16 @@ def queue_room(store: Store, settings: Settings, metrics: ApiMetrics, kind: str)
         metrics.rejected.labels(kind, "queue_full").inc()
         raise HTTPError(429, f"queue: {queued} jobs are waiting (limit {settings.max_queued}); retry later",
                         {"Retry-After": "10"})
+
+
+def submit_job(store: Store, runner: JobRunner, settings: Settings, metrics: ApiMetrics, kind: str, label: str,
+               payload: dict[str, Any]) -> Accepted:
+    """Queue a ``kind`` job (429 when the queue is full) and hand it to a worker: the 202 document."""
+    queue_room(store, settings, metrics, kind)
+    job_id = store.create(kind, label, payload)
+    runner.submit(job_id)
+    metrics.submitted.labels(kind).inc()
+    return Accepted(id=job_id, status="queued", url=f"/v1/{kind}s/{job_id}")
 
 
 def get_job(store: Store, job_id: str, kind: str) -> Job:

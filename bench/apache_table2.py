@@ -48,6 +48,7 @@ from overtake.controller.harness.loadgen import (
     paired_gain_ci,
     replay,
     wait_idle,
+    wait_sidecar,
 )
 from overtake.controller.harness.scratch import free_port, scratch_dir
 from overtake.mdp import Policy, TandemModel
@@ -133,16 +134,7 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
         cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if http_request("GET", f"http://127.0.0.1:{port}/-/healthz")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if side.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"apache_table2: sidecar did not start: {(tmp / f'sidecar{case}.log').read_text()}")
-            time.sleep(0.2)
+        wait_sidecar(port, side, tmp / f"sidecar{case}.log")
         res: dict[str, Any] = {}
         rts: dict[str, np.ndarray] = {}
         for name in args.policies.split(","):

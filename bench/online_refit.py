@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from _report import machine, write_section
 
-from overtake.controller.harness.loadgen import get
+from overtake.controller.harness.loadgen import get, wait_sidecar
 from overtake.controller.harness.scratch import free_port, scratch_dir
 from overtake.controller.online import ArrivalRate, RefitJob, refit_job
 from overtake.mdp.model import Stage, TandemModel
@@ -129,12 +129,7 @@ def part_apache(transactions: int) -> tuple[str, dict[str, Any]]:
     with logf.open("wb") as fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        for _ in range(300):
-            try:
-                if get(port, "/-/healthz")[0] == 200:
-                    break
-            except OSError:
-                time.sleep(0.1)
+        wait_sidecar(port, proc, logf)
         rng = np.random.default_rng(5)
         lam = LOAD / (2 * MEAN) / unit
         phases = rng.random((transactions, 2)) < PROBS[1]

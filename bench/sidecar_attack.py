@@ -44,7 +44,7 @@ import numpy as np
 from _report import add_output_arguments, machine, publish
 
 from overtake.controller.harness import apache
-from overtake.controller.harness.loadgen import get
+from overtake.controller.harness.loadgen import get, wait_sidecar
 from overtake.controller.harness.scratch import free_port, scratch_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -319,16 +319,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with (tmp / "sidecar.log").open("wb") as log:
             side = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                     env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
-        deadline = time.time() + 60
-        while True:
-            try:
-                if get(port, "/-/healthz", timeout=2)[0] == 200:
-                    break
-            except OSError:
-                pass
-            if side.poll() is not None or time.time() > deadline:
-                raise SystemExit(f"sidecar_attack: the sidecar did not start:\n{(tmp / 'sidecar.log').read_text()}")
-            time.sleep(0.1)
+        wait_sidecar(port, side, tmp / "sidecar.log")
         probe = Probe(port)
         probe.start()
         names = ["idle", *(args.attacks.split(",") if args.attacks else ATTACKS)]

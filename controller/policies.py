@@ -50,56 +50,22 @@ _MEMO_MAX = 1 << 16  # states remembered per policy; the reachable set is far sm
 
 
 class SpawnPolicy(Protocol):
-    """What the limiter needs from a policy (read-only attributes)."""
+    """What the limiter needs from a policy."""
 
-    @property
-    def name(self) -> str:
-        """E.g. "pi(2)", "passthrough", "case04.npz"."""
-
-    @property
-    def version(self) -> str:
-        """Human-readable version (format version + states, or the baseline name)."""
-
-    @property
-    def hash(self) -> str:
-        """Content hash (16 hex digits)."""
-
-    @property
-    def phases(self) -> tuple[int, ...]:
-        """Labels per stage as the policy sees them: phases, or route classes."""
-
-    @property
-    def per_phase_queues(self) -> bool:
-        """True: one waiting queue per (stage, label); False: per stage."""
-
-    @property
-    def threads_per_stage(self) -> bool:
-        """True: the state counts threads per stage (observation policies)."""
-
-    @property
-    def phase_info(self) -> str:
-        """What the policy was solved to see: full, start, none, route (baselines: none)."""
-
-    @property
-    def predicted_wait(self) -> float | None:
-        """Model E[W] in model time units, when known."""
-
-    @property
-    def passthrough_wait(self) -> float | None:
-        """Model E[W] of π(∞) for the same model, when known."""
-
-    @property
-    def alpha(self) -> tuple[np.ndarray, ...] | None:
-        """Phase priors per stage (None for baselines)."""
-
-    @property
-    def T(self) -> tuple[np.ndarray, ...] | None:
-        """Sub-generators per stage (None for baselines)."""
-
-    @property
-    def labels(self) -> tuple[tuple[np.ndarray, np.ndarray], ...] | None:
-        """Per stage, the start-phase prior of each label (labels x phases) and the labels' weights:
-        route classes for ``route`` policies, the identity and α for phase policies; None for baselines."""
+    name: str  #: e.g. "pi(2)", "passthrough", "case04.npz"
+    version: str  #: human-readable version (format version + states, or the baseline name)
+    hash: str  #: content hash (16 hex digits)
+    phases: tuple[int, ...]  #: labels per stage as the policy sees them: phases, or route classes
+    per_phase_queues: bool  #: True: one waiting queue per (stage, label); False: per stage
+    threads_per_stage: bool  #: True: the state counts threads per stage (observation policies)
+    phase_info: str  #: what the policy was solved to see: full, start, none, route (baselines: none)
+    predicted_wait: float | None  #: model E[W] in model time units, when known
+    passthrough_wait: float | None  #: model E[W] of π(∞) for the same model, when known
+    alpha: tuple[np.ndarray, ...] | None  #: phase priors per stage (None for baselines)
+    T: tuple[np.ndarray, ...] | None  #: sub-generators per stage (None for baselines)
+    #: per stage, the start-phase prior of each label (labels x phases) and the labels' weights:
+    #: route classes for ``route`` policies, the identity and α for phase policies; None for baselines
+    labels: tuple[tuple[np.ndarray, np.ndarray], ...] | None
 
     def action(self, state: tuple[int, ...]) -> tuple[int, ...]:
         """Threads to start from each queue."""
@@ -201,54 +167,28 @@ class TablePolicy:
 class PolicySet:
     """Candidate policies for ``classifier.mode: auto`` (:mod:`overtake.controller.auto`): every
     ``.npz`` of a directory given as ``--policy``, or one file. It acts as the member chosen last
-    (:attr:`chosen`, π(∞) until the sidecar chooses), so the limiter enforces that one."""
+    (:meth:`adopt`; π(∞) until the sidecar chooses), so the limiter enforces that one."""
 
     def __init__(self, members: Sequence[SpawnPolicy], name: str, n_stages: int) -> None:
         self.members = tuple(members)
         self.name = name
-        self.passthrough: SpawnPolicy = BaselinePolicy("passthrough", n_stages)
-        self.chosen: SpawnPolicy = self.passthrough
-        self.reason = "not chosen yet"
-        self.predicted_gain: float | None = None  #: the chosen one's, over π(∞)
         self.hash = hashlib.sha256("".join(sorted(m.hash for m in self.members)).encode()).hexdigest()[:16]
         self.version = f"auto over {len(self.members)} policies"
+        self.passthrough: SpawnPolicy = BaselinePolicy("passthrough", n_stages)
+        self.passthrough_wait = next((m.passthrough_wait for m in self.members if m.passthrough_wait is not None), None)
+        self.adopt(self.passthrough, "not chosen yet", None)
 
-    # the chosen member's view (SpawnPolicy)
-    @property
-    def phases(self) -> tuple[int, ...]:
-        return self.chosen.phases
-
-    @property
-    def per_phase_queues(self) -> bool:
-        return self.chosen.per_phase_queues
-
-    @property
-    def threads_per_stage(self) -> bool:
-        return self.chosen.threads_per_stage
-
-    @property
-    def phase_info(self) -> str:
-        return self.chosen.phase_info
-
-    @property
-    def predicted_wait(self) -> float | None:
-        return self.chosen.predicted_wait
-
-    @property
-    def passthrough_wait(self) -> float | None:
-        return next((m.passthrough_wait for m in self.members if m.passthrough_wait is not None), None)
-
-    @property
-    def alpha(self) -> tuple[np.ndarray, ...] | None:
-        return self.chosen.alpha
-
-    @property
-    def T(self) -> tuple[np.ndarray, ...] | None:
-        return self.chosen.T
-
-    @property
-    def labels(self) -> tuple[tuple[np.ndarray, np.ndarray], ...] | None:
-        return self.chosen.labels
+    def adopt(self, policy: SpawnPolicy, reason: str, gain: float | None) -> None:
+        """Act as ``policy`` from now on (the limiter re-reads the layout on its next swap)."""
+        self.chosen, self.reason, self.predicted_gain = policy, reason, gain
+        self.phases: tuple[int, ...] = policy.phases
+        self.per_phase_queues: bool = policy.per_phase_queues
+        self.threads_per_stage: bool = policy.threads_per_stage
+        self.phase_info: str = policy.phase_info
+        self.predicted_wait: float | None = policy.predicted_wait
+        self.alpha: tuple[np.ndarray, ...] | None = policy.alpha
+        self.T: tuple[np.ndarray, ...] | None = policy.T
+        self.labels: tuple[tuple[np.ndarray, np.ndarray], ...] | None = policy.labels
 
     def action(self, state: tuple[int, ...]) -> tuple[int, ...]:
         return self.chosen.action(state)

@@ -229,7 +229,7 @@ class Sidecar:
         settings = self.table.config.classifier
         choice = choose(ps.members, ev.available(), ps.passthrough, margin=settings.auto_margin)
         changed = choice.policy is not ps.chosen or initial
-        ps.chosen, ps.reason, ps.predicted_gain = choice.policy, choice.reason, choice.predicted_gain
+        ps.adopt(choice.policy, choice.reason, choice.predicted_gain)
         if changed:
             self.classifier.mode = choice.mode
             log.info("auto: " + choice.reason, extra={

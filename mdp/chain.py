@@ -91,9 +91,28 @@ def build_chain(
     max_states: int = 5_000_000,
 ) -> Chain:
     """Breadth-first construction of the post-decision chain a rule induces."""
-    Q, D = layout.n_queues, model.n_coords
     C = max_requests
     k_max = C if max_threads is None else min(max_threads, C)
+
+    def step(frontier: IntArray) -> tuple[IntArray, FloatArray, IntArray]:
+        s, pre, r = _events(model, layout, frontier, C)
+        return _apply_rule(layout, pre, r, s, rule, k_max)
+
+    return breadth_first(model, layout, step, max_requests=C, k_max=k_max, max_states=max_states)
+
+
+#: one breadth-first step: the transitions out of ``frontier`` as (post-decision rows, rates,
+#: index of each transition's source row in ``frontier``)
+Step = Callable[[IntArray], tuple[IntArray, FloatArray, IntArray]]
+
+
+def breadth_first(model: TandemModel, layout: Layout, step: Step, *, max_requests: int, k_max: int,
+                  max_states: int) -> Chain:
+    """The chain of the states ``step`` reaches from the empty system, uniformized at the rate of
+    ``k_max`` threads (shared by :func:`build_chain` and the observation chains of
+    :mod:`overtake.mdp.observation`)."""
+    Q, D = layout.n_queues, model.n_coords
+    C = max_requests
     ranker = Ranker(Q + D, C)
     lam_u = uniformization_rate(model, k_max)
     zero = np.zeros((1, Q + D), dtype=np.int64)
@@ -104,8 +123,7 @@ def build_chain(
     srcs, dst_keys, rates = [], [], []
     while frontier.shape[0] > 0:
         base = n_known - frontier.shape[0]
-        s, pre, r = _events(model, layout, frontier, C)
-        post, prob, s2 = _apply_rule(layout, pre, r, s, rule, k_max)
+        post, prob, s2 = step(frontier)
         keys = ranker.rank(post)
         srcs.append(s2 + base)
         dst_keys.append(keys)

@@ -93,17 +93,7 @@ def compare(
         out["policies"][ev.name] = base.to_dict()
     out["policies"]["pi*"] = star.to_dict()
     ew_star = star.mean_response_time
-    out["gains"] = {
-        k: (v["mean_response_time"] - ew_star) / ew_star for k, v in out["policies"].items() if k != "pi*"
-    }
-    out["arrival_rate"] = model.arrival_rate
-    out["load"] = model.arrival_rate * model.mean_service()
-    out["states"] = opt.solve.space.size
-    out["iterations"] = opt.sweeps
-    out["method"] = opt.solve.method
-    out["gain_bounds"] = list(opt.solve.gain_bounds)
-    out["truncation"] = {"max_requests": opt.truncation.max_requests, "max_threads": opt.truncation.k_max,
-                         "trace": opt.trace}
+    _summary(out, model, opt, ew_star)
     if start_opt is not None:
         out["phase_at_start"] = {"states": start_opt.solve.space.size, "iterations": start_opt.sweeps,
                                  "truncation": {"max_requests": start_opt.truncation.max_requests,
@@ -127,6 +117,16 @@ def _compare_observed(
         ev = opt.baselines.get(name) or evaluate_baseline(model, name, tol=tol, progress=progress)
         out["policies"][ev.name] = ev.metrics.to_dict()
     ew_star = opt.metrics.mean_response_time
+    _summary(out, model, opt, ew_star)
+    out["observation"] = {"phase_info": phase_info if phase_info in ("none", "route") else opt.policy.phase_info,
+                          "policy_phase_info": opt.policy.phase_info, "source": opt.source,
+                          "candidates": opt.candidates, "history": opt.solve.history}
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def _summary(out: dict[str, Any], model: TandemModel, opt: Any, ew_star: float) -> None:
+    """The document's fields after the policies: gains over π*, load, π*'s solve and truncation."""
     out["gains"] = {
         k: (v["mean_response_time"] - ew_star) / ew_star for k, v in out["policies"].items() if k != "pi*"
     }
@@ -138,8 +138,3 @@ def _compare_observed(
     out["gain_bounds"] = list(opt.solve.gain_bounds)
     out["truncation"] = {"max_requests": opt.truncation.max_requests, "max_threads": opt.truncation.k_max,
                          "trace": opt.trace}
-    out["observation"] = {"phase_info": phase_info if phase_info in ("none", "route") else opt.policy.phase_info,
-                          "policy_phase_info": opt.policy.phase_info, "source": opt.source,
-                          "candidates": opt.candidates, "history": opt.solve.history}
-    out["seconds"] = time.perf_counter() - t0
-    return out

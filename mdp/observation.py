@@ -48,8 +48,8 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 from scipy.sparse.csgraph import breadth_first_order
 
-from .chain import Chain
-from .errors import SolverError, TruncationError
+from .chain import Chain, breadth_first
+from .errors import SolverError
 from .evaluate import PolicyMetrics, metrics, stationary_distribution
 from .model import TandemModel
 from .policy import Policy
@@ -60,7 +60,6 @@ from .statespace import (
     StateSpace,
     Truncation,
     _events,
-    uniformization_rate,
 )
 
 __all__ = ["ExactEvaluation", "Factor", "ObservationSpace", "Proposal", "evaluate_observed", "observe", "observed_chain"]
@@ -424,33 +423,18 @@ class ObservationSpace:
                       np.asarray(actions, dtype=np.int16), dict(meta or {}), routes=routes)
 
 
-def observed_chain(
-    model: TandemModel,
-    layout: Layout,
-    rule: ObservedRule,
-    *,
-    max_requests: int,
-    max_threads: int | None = None,
-    max_states: int = 3_000_000,
-) -> Chain:
+def observed_chain(model: TandemModel, layout: Layout, rule: ObservedRule, *, max_requests: int,
+                   max_threads: int | None = None, max_states: int = 3_000_000) -> Chain:
     """Breadth-first chain of a rule on observation rows, from the empty system (reachable states only).
 
     As :func:`overtake.mdp.chain.build_chain`, but the rule is asked once per observation-changing
     event and its answer started at once (phases drawn per queue prior), as a sidecar enforces it.
     """
-    Q, D = layout.n_queues, model.n_coords
+    Q = layout.n_queues
     C = max_requests
     k_max = C if max_threads is None else min(max_threads, C)
-    ranker = Ranker(Q + D, C)
-    lam_u = uniformization_rate(model, k_max)
-    zero = np.zeros((1, Q + D), dtype=np.int64)
-    known = ranker.rank(zero)
-    all_rows = [zero]
-    frontier = zero
-    n_known = 1
-    srcs, dkeys, rates = [], [], []
-    while frontier.shape[0] > 0:
-        base = n_known - frontier.shape[0]
+
+    def step(frontier: IntArray) -> tuple[IntArray, FloatArray, IntArray]:
         s, pre, r = _events(model, layout, frontier, C)
         o_pre = observe(model, layout, pre)
         changed = np.any(o_pre != observe(model, layout, frontier)[s], axis=1)
@@ -464,32 +448,9 @@ def observed_chain(
                 want[:, q] = take
                 room = room - take
             counts[changed] = want
-        post, prob, s2 = spawn_vector(layout, pre, counts, r, s)
-        keys = ranker.rank(post)
-        srcs.append(s2 + base)
-        dkeys.append(keys)
-        rates.append(prob)
-        uk, first = np.unique(keys, return_index=True)
-        new = ~np.isin(uk, known, assume_unique=True)
-        frontier = post[first[new]]
-        known = np.union1d(known, uk[new])
-        all_rows.append(frontier)
-        n_known += frontier.shape[0]
-        if n_known > max_states:
-            raise TruncationError(f"the chain exceeds {max_states} states at max_requests = {C}; lower the truncation")
-    rows = np.concatenate(all_rows)
-    row_keys = ranker.rank(rows)
-    order = np.argsort(row_keys)
-    src = np.concatenate(srcs)
-    dst = order[np.searchsorted(row_keys[order], np.concatenate(dkeys))]
-    rate = np.concatenate(rates)
-    S = rows.shape[0]
-    out = np.bincount(src, weights=rate, minlength=S)
-    ar = np.arange(S)
-    P = sp.csr_matrix((np.concatenate([rate / lam_u, 1.0 - out / lam_u]),
-                       (np.concatenate([src, ar]), np.concatenate([dst, ar]))), shape=(S, S))
-    P.sum_duplicates()
-    return Chain(rows, P, layout, C)
+        return spawn_vector(layout, pre, counts, r, s)
+
+    return breadth_first(model, layout, step, max_requests=C, k_max=k_max, max_states=max_states)
 
 
 def evaluate_observed(

@@ -332,22 +332,11 @@ def _thread_cap(layout: Layout, n_coords: int, C: int, max_threads: int | None, 
 
 
 def solve_observed(
-    model: TandemModel,
-    *,
-    phase_info: Observed = "none",
-    routes: RouteSplit | None = None,
-    truncation: Truncation | None = None,
-    tol: float = 1e-3,
-    baselines: Sequence[str] | None = None,
-    heuristic: bool = True,
-    start: int = 10,
-    max_threads: int | None = None,
-    max_states: int = 40_000,
-    ladder: float | None = None,
-    max_eval_states: int = 1_500_000,
-    starts: int = 3,
-    evaluated: dict[str, Evaluation] | None = None,
-    none_optimum: ObservedOptimum | None = None,
+    model: TandemModel, *, phase_info: Observed = "none", routes: RouteSplit | None = None,
+    truncation: Truncation | None = None, tol: float = 1e-3, baselines: Sequence[str] | None = None,
+    heuristic: bool = True, start: int = 10, max_threads: int | None = None, max_states: int = 40_000,
+    ladder: float | None = None, max_eval_states: int = 1_500_000, starts: int = 3,
+    evaluated: dict[str, Evaluation] | None = None, none_optimum: ObservedOptimum | None = None,
     progress: Progress | None = None,
 ) -> ObservedOptimum:
     """The best deterministic observation policy (module docstring) for ``phase_info`` none or route.

@@ -292,26 +292,14 @@ static op_directive dir_rlimit = {set_rlimit, 0};
 static op_directive dir_cap = {set_cap, 0};
 
 static const command_rec op_cmds[] = {
-    AP_INIT_FLAG("OvertakePrio", take_flag, &dir_enabled, RSRC_CONF,
-                 "On: lower worker-thread CPU priority per request (default Off)"),
-    AP_INIT_RAW_ARGS("OvertakePrioLevels", take_word, &dir_levels, RSRC_CONF,
-                     "thread-CPU seconds at which a request enters level 1, 2, ... "
-                     "(default 0.005 0.05)"),
-    AP_INIT_RAW_ARGS("OvertakePrioNice", take_word, &dir_nice, RSRC_CONF,
-                     "priority of level 1, 2, ...: nice increment 1..19 over the thread's own "
-                     "nice, or 'idle' (SCHED_IDLE) last (default 10 ... idle)"),
-    AP_INIT_TAKE1("OvertakePrioInterval", take_word, &dir_interval, RSRC_CONF,
-                  "monitor period in seconds (default 0.001)"),
-    AP_INIT_FLAG("OvertakePrioAge", take_flag, &dir_age, RSRC_CONF,
-                 "On: demote by attained thread CPU (default); Off: class header only"),
-    AP_INIT_TAKE1("OvertakePrioClassHeader", take_word, &dir_header, RSRC_CONF,
-                  "request header giving the starting level (default X-Overtake-Class; "
-                  "'none' to ignore)"),
-    AP_INIT_TAKE1("OvertakePrioRlimitNice", take_word, &dir_rlimit, RSRC_CONF,
-                  "RLIMIT_NICE set before Apache switches user (default 20: back to nice 0)"),
-    AP_INIT_TAKE1("OvertakePrioCapSysNice", take_word, &dir_cap, RSRC_CONF,
-                  "keep CAP_SYS_NICE (only) across the switch to the worker user: auto (when "
-                  "RLIMIT_NICE cannot allow the restore; default), on, off"),
+    AP_INIT_FLAG("OvertakePrio", take_flag, &dir_enabled, RSRC_CONF, "On: lower worker-thread CPU priority per request (default Off)"),
+    AP_INIT_RAW_ARGS("OvertakePrioLevels", take_word, &dir_levels, RSRC_CONF, "thread-CPU seconds at which a request enters level 1, 2, ... (default 0.005 0.05)"),
+    AP_INIT_RAW_ARGS("OvertakePrioNice", take_word, &dir_nice, RSRC_CONF, "priority of level 1, 2, ...: nice increment 1..19 over the thread's own nice, or 'idle' (SCHED_IDLE) last (default 10 ... idle)"),
+    AP_INIT_TAKE1("OvertakePrioInterval", take_word, &dir_interval, RSRC_CONF, "monitor period in seconds (default 0.001)"),
+    AP_INIT_FLAG("OvertakePrioAge", take_flag, &dir_age, RSRC_CONF, "On: demote by attained thread CPU (default); Off: class header only"),
+    AP_INIT_TAKE1("OvertakePrioClassHeader", take_word, &dir_header, RSRC_CONF, "request header giving the starting level (default X-Overtake-Class; 'none' to ignore)"),
+    AP_INIT_TAKE1("OvertakePrioRlimitNice", take_word, &dir_rlimit, RSRC_CONF, "RLIMIT_NICE set before Apache switches user (default 20: back to nice 0)"),
+    AP_INIT_TAKE1("OvertakePrioCapSysNice", take_word, &dir_cap, RSRC_CONF, "keep CAP_SYS_NICE (only) across the switch to the worker user: auto (when RLIMIT_NICE cannot allow the restore; default), on, off"),
     {NULL}
 };
 

@@ -32,6 +32,18 @@ log = logging.getLogger("overtake.sidecar")
 _ONLINE_FLAGS = ("refit_interval", "min_samples", "arrival_window", "access_log", "swap_margin", "refit_tolerance")
 
 
+#: the service group's numeric knobs: (flag, type, metavar, help); every default lives in SidecarConfig
+_SERVICE_NUMBERS: tuple[tuple[str, type, str, str], ...] = (
+    ("--policy-max-bytes", int, "N", "largest policy file or download read (default 64 MiB)"),
+    ("--policy-max-array-bytes", int, "N", "largest inflated member of a policy archive (default 128 MiB)"),
+    ("--policy-load-timeout", float, "SECONDS", "deadline of a policy load off the event loop (default 10)"),
+    ("--watch-interval", float, "SECONDS", "seconds between checks of the --policy file (default 1)"),
+    ("--status-interval", float, "SECONDS",
+     "seconds between scrapes of Apache's mod_status (default 5; never per /-/metrics request)"),
+    ("--drain-timeout", float, "SECONDS", "SIGTERM: seconds to let accepted requests finish before exiting (default 30)"),
+)
+
+
 def register(subparsers: Any) -> None:
     """Add the ``sidecar`` sub-command."""
     p = subparsers.add_parser(
@@ -78,18 +90,8 @@ def register(subparsers: Any) -> None:
                    help="serve /-/metrics, /-/policy and /-/healthz only on this listener (the public one answers 404)")
     s.add_argument("--admin-policy-url", action="append", default=None, dest="admin_policy_urls", metavar="PREFIX",
                    help="URL prefix PUT /-/policy may follow besides --policy-url's origin (repeatable)")
-    s.add_argument("--policy-max-bytes", type=int, default=None, metavar="N",
-                   help="largest policy file or download read (default 64 MiB)")
-    s.add_argument("--policy-max-array-bytes", type=int, default=None, metavar="N",
-                   help="largest inflated member of a policy archive (default 128 MiB)")
-    s.add_argument("--policy-load-timeout", type=float, default=None, metavar="SECONDS",
-                   help="deadline of a policy load off the event loop (default 10)")
-    s.add_argument("--watch-interval", type=float, default=None, metavar="SECONDS",
-                   help="seconds between checks of the --policy file (default 1)")
-    s.add_argument("--status-interval", type=float, default=None, metavar="SECONDS",
-                   help="seconds between scrapes of Apache's mod_status (default 5; never per /-/metrics request)")
-    s.add_argument("--drain-timeout", type=float, default=None, metavar="SECONDS",
-                   help="SIGTERM: seconds to let accepted requests finish before exiting (default 30)")
+    for flag, kind, metavar, text in _SERVICE_NUMBERS:
+        s.add_argument(flag, type=kind, default=None, metavar=metavar, help=text)
     s.add_argument("--request-log", default=None, metavar="PATH",
                    help="access log, one line per request with stage, phase, queue wait, upstream time (- = stdout)")
     s.add_argument("--request-log-format", choices=["json", "combined"], default=None,

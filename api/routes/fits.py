@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from overtake.mdp.scenario import validation_message
 
-from ..deps import MetricsDep, RunnerDep, SettingsDep, StoreDep, authorize, get_job, queue_room
+from ..deps import MetricsDep, RunnerDep, SettingsDep, StoreDep, authorize, get_job, submit_job
 from ..documents import fit_doc
 from ..errors import HTTPError
 from ..schemas import Accepted, Error, FitDoc, FitOptions, FitRequest
@@ -76,12 +76,8 @@ async def create_fit(request: Request, store: StoreDep, settings: SettingsDep, m
         data = req.samples if isinstance(req.samples, dict) else {req.name: req.samples}
         source, opts, report = "json", FitOptions(**req.model_dump(exclude={"samples", "name"})), []
     _check_samples(data)
-    queue_room(store, settings, metrics, "fit")
-    job_id = store.create("fit", ", ".join(data), {"source": source, "samples": data,
-                                                   "options": opts.model_dump(), "report": report})
-    runner.submit(job_id)
-    metrics.submitted.labels("fit").inc()
-    return Accepted(id=job_id, status="queued", url=f"/v1/fits/{job_id}")
+    return submit_job(store, runner, settings, metrics, "fit", ", ".join(data),
+                      {"source": source, "samples": data, "options": opts.model_dump(), "report": report})
 
 
 @router.get("/v1/fits", response_model=list[FitDoc])

@@ -30,7 +30,7 @@ from ..deps import (
     authorize,
     done_model,
     get_job,
-    queue_room,
+    submit_job,
 )
 from ..documents import model_doc
 from ..errors import HTTPError
@@ -118,13 +118,9 @@ async def create_model(request: Request, store: StoreDep, settings: SettingsDep,
         raise HTTPError(413, f"truncation: estimated state space {est} states exceeds the cap of "
                              f"{settings.max_states}; give a smaller truncation (truncation.max_requests, "
                              f"truncation.max_threads), a lower load, or fewer phases")
-    queue_room(store, settings, metrics, "model")
     label = name or " + ".join(s.name for s in sc.stages) + f" @ rho {model.load:.3g}"
-    job_id = store.create("model", label, {"scenario": sc.model_dump(exclude_none=True), "estimated_states": est,
-                                           "fits": fits.used})
-    runner.submit(job_id)
-    metrics.submitted.labels("model").inc()
-    return Accepted(id=job_id, status="queued", url=f"/v1/models/{job_id}")
+    return submit_job(store, runner, settings, metrics, "model", label,
+                      {"scenario": sc.model_dump(exclude_none=True), "estimated_states": est, "fits": fits.used})
 
 
 @router.get("/v1/models", response_model=list[ModelDoc])

@@ -16,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import http.client
 import statistics
+import subprocess
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 
@@ -36,6 +38,7 @@ __all__ = [
     "request",
     "sample_ph",
     "wait_idle",
+    "wait_sidecar",
 ]
 
 T_975_19 = 2.093  # Student t, 19 degrees of freedom (20 batch means)
@@ -208,3 +211,23 @@ def wait_idle(port: int, timeout: float = 120) -> None:
         if float(line.split()[1]) == 0:
             return
         time.sleep(0.2)
+
+
+def wait_sidecar(port: int, proc: subprocess.Popen[bytes], log: Path, *, timeout: float = 60.0) -> None:
+    """Wait until the sidecar started as ``proc`` answers ``/-/healthz`` on ``port``.
+
+    Raises
+    ------
+    RuntimeError
+        ``proc`` exited or ``timeout`` passed first; the message holds its log.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if get(port, "/-/healthz", timeout=2)[0] == 200:
+                return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the sidecar on port {port} did not start:\n{log.read_text(errors='replace')}")
+        time.sleep(0.1)

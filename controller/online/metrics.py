@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -14,11 +15,11 @@ from overtake.controller.online.settings import SOURCES
 __all__ = ["OnlineCollector"]
 
 
+@dataclass(eq=False)  # the registry keys collectors by identity
 class OnlineCollector(Collector):
     """``overtake_online_*`` metrics, read from the loop at scrape time."""
 
-    def __init__(self, loop: OnlineLoop) -> None:
-        self.loop = loop
+    loop: OnlineLoop
 
     def collect(self) -> Iterator[Metric]:
         lp = self.loop

@@ -15,33 +15,16 @@ __all__ = ["ApacheInstance", "existing_workdir", "load_instance"]
 
 @dataclass(frozen=True)
 class ApacheInstance:
-    """A running private Apache, as recorded in ``WORKDIR/instance.json``.
+    """A running private Apache, as recorded in ``WORKDIR/instance.json``."""
 
-    Attributes
-    ----------
-    workdir : str
-        Absolute instance directory.
-    listen : str
-        ``IP:PORT`` it listens on.
-    pid : int
-        PID of the root parent process.
-    child_pids : tuple of int
-        Worker child processes at start (one for the config used).
-    cpu : int or None
-        Core Apache is pinned to, or None.
-    max_workers : int
-        ``MaxRequestWorkers``.
-    autogroup_nice : int or None
-        Nice value written to the autogroup, or None when not raised (not requested, not
-        root, or kernel without autogroups).
-    """
-
-    workdir: str
-    listen: str
-    pid: int
-    child_pids: tuple[int, ...]
-    cpu: int | None
-    max_workers: int
+    workdir: str  #: absolute instance directory
+    listen: str  #: ``IP:PORT`` it listens on
+    pid: int  #: PID of the root parent process
+    child_pids: tuple[int, ...]  #: worker child processes at start (one for the config used)
+    cpu: int | None  #: core Apache is pinned to, or None
+    max_workers: int  #: ``MaxRequestWorkers``
+    #: nice value written to the autogroup; None when not raised (not requested, not root, or a
+    #: kernel without autogroups)
     autogroup_nice: int | None
 
     @property
