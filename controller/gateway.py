@@ -240,9 +240,12 @@ class Gateway:
     async def _handle(self, conn: ClientConnection, req: Request, rec: RequestRecord) -> bool:
         """Answer one request; False when the client connection must close."""
         writer = conn.writer
-        url = req.url
-        q = url.find(b"?")
-        path = (url if q < 0 else url[:q]).decode("latin-1")
+        if req.bad_target is not None:  # routing could differ from Apache's: refuse, as HAProxy does
+            self.metrics.errors.labels("bad_target").inc()
+            rec.status = 400
+            await self._send(writer, simple_response(400, f"request-target: {req.bad_target}", close=not req.keep_alive))
+            return req.keep_alive
+        path = req.path  # normalised (RFC 3986 §6.2.2, dot segments, merged slashes): what Apache routes on
         is_admin = conn in self._admin_conns
         if (path.startswith("/-/") or is_admin) and self.admin is not None:
             rec.stage = "admin"
