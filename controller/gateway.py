@@ -27,9 +27,10 @@ one :class:`overtake.controller.request_log.RequestRecord` per answered request 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from overtake.controller.classifier import BadPhaseHeader, Classifier
@@ -45,6 +46,8 @@ from overtake.controller.upstream import UpstreamPool, UpstreamResponse
 __all__ = ["Gateway"]
 
 log = logging.getLogger("overtake.sidecar")
+#: Apache's own status pages: the sidecar scrapes them directly, clients never get them through it
+_PRIVATE = ("/server-status", "/server-info", "/overtake-prio-status")
 _DRAIN_QUIET = 0.25  # s without a byte before an idle connection is closed by drain()
 
 
@@ -64,6 +67,7 @@ class Gateway:
         phase_header: str | None = None,
         admin_body_cap: Callable[[str], tuple[int, str]] | None = None,
         on_request: Callable[[RequestRecord], None] | None = None,
+        trusted_sources: Sequence[str] = ("127.0.0.0/8", "::1/128"),
     ) -> None:
         self.table = table
         self.limits = table.config.limits
@@ -83,6 +87,10 @@ class Gateway:
         self.forwarder = Forwarder(pool, uplink, limiter, metrics, self.limits)
         self.phase_header = (phase_header or table.config.classifier.header).lower().encode()
         self.next_header = table.config.classifier.next_header.lower().encode()
+        #: headers that steer scheduling: honoured from trusted sources only, else stripped
+        self._steering = frozenset({self.phase_header, self.next_header, b"x-overtake-class"})
+        self._trusted_nets = tuple(ipaddress.ip_network(c, strict=False) for c in trusted_sources)
+        self._trust: dict[str, bool] = {}
         self._conns: set[ClientConnection] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closing = False
@@ -246,6 +254,14 @@ class Gateway:
             await self._send(writer, simple_response(400, f"request-target: {req.bad_target}", close=not req.keep_alive))
             return req.keep_alive
         path = req.path  # normalised (RFC 3986 §6.2.2, dot segments, merged slashes): what Apache routes on
+        if path.startswith(_PRIVATE):
+            # Apache's Require local sees the sidecar's loopback address: never proxy its status pages
+            self.metrics.errors.labels("private_path").inc()
+            rec.status = 404
+            await self._send(writer, simple_response(404, "not found", close=not req.keep_alive))
+            return req.keep_alive
+        if not self._trusted(conn.peer):
+            req.headers = [(k, v) for k, v in req.headers if k.lower() not in self._steering]
         is_admin = conn in self._admin_conns
         if (path.startswith("/-/") or is_admin) and self.admin is not None:
             rec.stage = "admin"
@@ -297,6 +313,20 @@ class Gateway:
         if rec.status == 0 and not conn.closed.done():
             rec.status = 502  # the forwarder answered Apache's failure
         return keep
+
+    def _trusted(self, peer: str) -> bool:
+        """May ``peer`` set the phase and class headers (``trusted_sources``)?"""
+        hit = self._trust.get(peer)
+        if hit is None:
+            try:
+                addr = ipaddress.ip_address(peer)
+                hit = any(addr in net for net in self._trusted_nets)
+            except ValueError:
+                hit = False
+            if len(self._trust) > 4096:
+                self._trust.clear()
+            self._trust[peer] = hit
+        return hit
 
     def _route(self, req: Request, path: str) -> tuple[int, int, str]:
         """(stage, start phase, route key) of a request; raises :class:`BadPhaseHeader`."""

@@ -130,6 +130,8 @@ class SidecarOptions:
     drain_timeout: float = 30.0  #: SIGTERM: seconds to let accepted requests finish
     request_log: str | None = None  #: access log file ("-": stdout), one line per request
     request_log_format: str = "json"  #: json | combined
+    #: CIDRs whose phase and class headers are honoured; stripped from everyone else
+    trusted_sources: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
 
 
 #: options a SIGHUP can change; the others need a restart (sockets, stages, event loop, online loop)
@@ -207,6 +209,7 @@ class Sidecar:
         self.gateway = Gateway(
             table, self.limiter, self.classifier, self.pool, self.uplink, self.metrics,
             admin=self.admin.handle, phase_header=options.phase_header, admin_body_cap=self.admin.body_cap,
+            trusted_sources=options.trusted_sources,
             on_request=self._log_request,
         )
 

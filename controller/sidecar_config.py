@@ -14,12 +14,13 @@ e.g. ``sidecar.yaml: drain_timout: unknown key; known keys: admin_listen, ...``.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from overtake.controller.errors import SidecarInputError
 from overtake.controller.online import OnlineSettings
@@ -75,7 +76,20 @@ class SidecarConfig(BaseModel):
     drain_timeout: float = Field(30.0, ge=0)
     request_log: str | None = None
     request_log_format: Literal["json", "combined"] = "json"
+    #: clients whose X-Overtake-Phase / -Next-Phase / -Class headers are honoured (CIDRs); from anyone
+    #: else they are stripped, so a client cannot claim the short phase or a CPU class
+    trusted_sources: list[str] = Field(default_factory=lambda: ["127.0.0.0/8", "::1/128"])
     online: OnlineConfig | None = None
+
+    @field_validator("trusted_sources")
+    @classmethod
+    def _cidrs(cls, v: list[str]) -> list[str]:
+        for cidr in v:
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError:
+                raise ValueError(f"{cidr!r} is not an address or CIDR, e.g. 10.0.0.0/8 or 192.0.2.7") from None
+        return v
 
 
 _PATHS = ("stages", "request_log", "policy_token_file")
@@ -181,5 +195,5 @@ def to_options(cfg: SidecarConfig) -> SidecarOptions:
         admin_policy_urls=tuple(cfg.admin_policy_urls), policy_max_bytes=cfg.policy_max_bytes,
         policy_max_array_bytes=cfg.policy_max_array_bytes, policy_load_timeout=cfg.policy_load_timeout,
         status_interval=cfg.status_interval, drain_timeout=cfg.drain_timeout, request_log=cfg.request_log,
-        request_log_format=cfg.request_log_format,
+        request_log_format=cfg.request_log_format, trusted_sources=tuple(cfg.trusted_sources),
     )

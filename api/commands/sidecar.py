@@ -88,6 +88,9 @@ def register(subparsers: Any) -> None:
     s = p.add_argument_group("service", "running as a service: control endpoints, limits, logs, shutdown")
     s.add_argument("--admin-listen", default=None, metavar="HOST:PORT",
                    help="serve /-/metrics, /-/policy and /-/healthz only on this listener (the public one answers 404)")
+    s.add_argument("--trusted-source", action="append", default=None, dest="trusted_sources", metavar="CIDR",
+                   help="client network whose X-Overtake-Phase/-Next-Phase/-Class headers are honoured (repeatable; "
+                   "default loopback); from others they are stripped")
     s.add_argument("--admin-policy-url", action="append", default=None, dest="admin_policy_urls", metavar="PREFIX",
                    help="URL prefix PUT /-/policy may follow besides --policy-url's origin (repeatable)")
     for flag, kind, metavar, text in _SERVICE_NUMBERS:

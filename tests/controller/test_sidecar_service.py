@@ -440,8 +440,8 @@ def test_vhost_example_on_a_real_apache_behind_the_sidecar(apache_available: Non
     """Debian's apache2 with the example vhost (its address, DocumentRoot and log folder moved
     into a temporary folder) behind the sidecar: the sidecar's own mod_status scrape is allowed
     (apache_up 1), a client arriving through the sidecar from 127.0.0.2 is logged by Apache as
-    127.0.0.2 (mod_remoteip) and refused /server-status (403), since the Require rule now sees the
-    client, not the sidecar."""
+    127.0.0.2 (mod_remoteip); /server-status is refused by the sidecar itself (404), and the
+    vhost's Require rule, which now sees the client rather than the sidecar, would refuse it too."""
     root = Path(tempfile.mkdtemp(prefix="overtake-vhost-", dir="/tmp"))
     root.chmod(0o755)
     (root / "htdocs").mkdir()
@@ -468,7 +468,8 @@ def test_vhost_example_on_a_real_apache_behind_the_sidecar(apache_available: Non
         assert "apache_up 1.0" in s.request("GET", "/-/metrics")[2].decode()
         code, _, body = s.request("GET", "/index.html", source="127.0.0.2")
         assert code == 200 and body == b"hello\n"
-        assert s.request("GET", "/server-status", source="127.0.0.2")[0] == 403
+        assert s.request("GET", "/server-status", source="127.0.0.2")[0] == 404
+        assert s.request("GET", "//server-status?auto", source="127.0.0.2")[0] == 404
         deadline = time.monotonic() + 5
         while "GET /index.html" not in (root / "logs" / "access.log").read_text():
             assert time.monotonic() < deadline
