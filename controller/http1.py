@@ -3,8 +3,9 @@
 A :class:`ClientConnection` reads one client socket and queues complete requests (keep-alive and
 pipelining; at most ``_MAX_PIPELINE`` parsed ahead, then reading pauses). A header block larger
 than ``max_header_bytes`` is a 431, a body larger than ``max_body_bytes`` a 413 (admin paths
-under ``/-/`` at most ``ADMIN_BODY_MAX``), a malformed request or an upgrade
-a 400: the connection records the error and ends; the gateway answers it and closes.
+under ``/-/`` at most ``ADMIN_BODY_MAX``), a malformed request or an upgrade other than ``h2c``
+(ignored, RFC 9113 §3.1) a 400: the connection records the error and ends; the gateway answers it
+and closes.
 Control-endpoint bodies are checked from the header block, before a byte of the body is read:
 refused (403) on a connection the gateway allows none (``admin_body_max`` 0: not loopback, or
 not the admin listener), 413 beyond ``admin_body_max`` (1 MiB).
@@ -287,6 +288,29 @@ class ClientConnection:
         if self.wake is not None and not self.wake.done():
             self.wake.set_result(None)
 
+    def _feed(self, data: bytes) -> None:
+        """Parse ``data``. An ``Upgrade: h2c`` request is served as plain HTTP/1.1 (RFC 9113 §3.1:
+        a server that does not speak h2c ignores the offer), and parsing goes on after it with a
+        fresh parser; any other upgrade raises ``HttpParserUpgrade``."""
+        while True:
+            try:
+                self.parser.feed_data(data)
+                return
+            except httptools.HttpParserCallbackError as exc:
+                if isinstance(exc.__context__, _TooLarge):
+                    raise exc.__context__ from None
+                raise
+            except httptools.HttpParserUpgrade as exc:
+                last = self.ready[-1] if self.ready else None
+                offer = next((v for k, v in last.headers if k.lower() == b"upgrade"), b"") if last else b""
+                if last is None or offer.strip().lower() != b"h2c":
+                    raise
+                offset = int(exc.args[0]) if exc.args and isinstance(exc.args[0], int) else len(data)
+                self.parser = httptools.HttpRequestParser(self)
+                data = data[offset:]
+                if not data:
+                    return
+
     async def read_loop(self) -> None:
         limits = self.limits
         try:
@@ -296,12 +320,7 @@ class ClientConnection:
                     break
                 self.last_active = time.monotonic()
                 try:
-                    try:
-                        self.parser.feed_data(data)
-                    except httptools.HttpParserCallbackError as exc:
-                        if isinstance(exc.__context__, _TooLarge):
-                            raise exc.__context__ from None
-                        raise
+                    self._feed(data)
                 except _TooLarge as exc:
                     if exc.message:
                         self.error = (exc.status, exc.reason, exc.message)
@@ -312,7 +331,8 @@ class ClientConnection:
                         self.error = (413, "body_too_large", f"request body larger than {limits.max_body_bytes} bytes")
                     break
                 except httptools.HttpParserUpgrade:
-                    self.error = (400, "bad_request", "protocol upgrade is not supported by the sidecar")
+                    self.error = (400, "bad_request", "protocol upgrade is not supported by the sidecar (only "
+                                  "h2c, which is ignored: the answer comes in HTTP/1.1)")
                     break
                 except httptools.HttpParserError as exc:
                     self.error = (400, "bad_request", f"malformed HTTP request ({exc})")
