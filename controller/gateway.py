@@ -200,6 +200,7 @@ class Gateway:
                 if self.on_request is not None:
                     self._log_request(req, rec)
                 conn.busy = False
+                conn.answered()
                 conn.last_active = time.monotonic()
                 if not keep or (self._draining and not conn.ready and not admin):
                     break

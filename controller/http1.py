@@ -247,7 +247,11 @@ class ClientConnection:
         for k, v in r.headers:
             if k.lower() == b"expect" and v.lower() == b"100-continue":
                 r.expect = True
-                self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                # behind an answer still being written (pipelining), the interim response waits
+                # for it (:meth:`answered`): written now it would land inside that answer's body
+                if not (self.busy or self.ready):
+                    self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                    r.expect = False
 
     def _check_admin_body(self, r: Request) -> None:
         """Refuse a control-endpoint body from its header block, before reading it."""
@@ -310,6 +314,14 @@ class ClientConnection:
                 data = data[offset:]
                 if not data:
                     return
+
+    def answered(self) -> None:
+        """The gateway finished an answer: send a deferred ``100 Continue`` for the request being
+        read now, if it still waits for one (its body not yet received)."""
+        r = self.cur
+        if r is not None and r.expect and not self.ready and not self.writer.is_closing():
+            self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            r.expect = False
 
     async def read_loop(self) -> None:
         limits = self.limits

@@ -50,3 +50,29 @@ def test_h2c_offer_is_ignored_and_the_connection_goes_on(work: Path, stub: StubA
             assert c.recv(65536).startswith(b"HTTP/1.1 200")
     finally:
         assert s.stop() == 0
+
+
+def test_pipelined_expect_continue_waits_for_the_answer_before_it(work: Path, stub: StubApache) -> None:
+    """``Expect: 100-continue`` pipelined behind a slow answer: the interim 100 comes after that
+    answer, never inside it (issue 19 found it inside an 8 MB body)."""
+    s = SidecarProc(work, ["--policy", "pi(2)", "--apache", stub.url])
+    try:
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as c:
+            c.sendall(b"GET /slow/0.4 HTTP/1.1\r\nHost: x\r\n\r\n"
+                      b"PUT /stage2/put HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+            buf = b""
+            while b"100 Continue" not in buf:
+                chunk = c.recv(65536)
+                assert chunk, buf
+                buf += chunk
+            assert buf.startswith(b"HTTP/1.1 200"), buf[:40]  # the slow answer first, whole
+            head, rest = buf.split(b"\r\n\r\n", 1)
+            length = int(next(ln.split(b":")[1] for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")))
+            assert rest[length:].startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+            c.sendall(b"hello")
+            buf = rest[length + len(b"HTTP/1.1 100 Continue\r\n\r\n"):]
+            while b"\r\n\r\n" not in buf:
+                buf += c.recv(65536)
+            assert buf.startswith(b"HTTP/1.1 200")
+    finally:
+        assert s.stop() == 0
