@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from overtake.controller.errors import ControllerError
 from overtake.controller.http1 import ClientConnection, Request, client_head, content_length, simple_response, upstream_head
 from overtake.controller.limiter import ADMITTED, Limiter, Ticket
 from overtake.controller.metrics import SidecarMetrics
@@ -26,6 +27,10 @@ from overtake.controller.uplink import Uplink
 from overtake.controller.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
 __all__ = ["Forwarder"]
+
+class ClientGone(ControllerError):
+    """The client connection failed while its response streamed (counted ``client_abort``)."""
+
 
 log = logging.getLogger("overtake.sidecar")
 
@@ -85,7 +90,10 @@ class Forwarder:
             data = b"".join(resp.body)
             resp.body.clear()
             if data:
-                await state["flow"].write(b"%x\r\n%s\r\n" % (len(data), data) if state["chunked"] else data)
+                try:
+                    await state["flow"].write(b"%x\r\n%s\r\n" % (len(data), data) if state["chunked"] else data)
+                except (ConnectionError, OSError) as exc:
+                    raise ClientGone(str(exc)) from None  # not Apache's failure: exchange must not say so
 
         try:
             resp = await self.pool.exchange(
@@ -101,9 +109,10 @@ class Forwarder:
                 return False
             await self.send(writer, simple_response(502, f"overtake sidecar: Apache did not answer ({exc})", close=False))
             return req.keep_alive
-        except (ConnectionError, OSError):
+        except (ClientGone, ConnectionError, OSError):
             # the client went away while we streamed to it: Apache's answer is complete or dropped
-            self.limiter.release(t, "failed")
+            self.limiter.release(t, "client_abort")
+            self.metrics.errors.labels("client_abort").inc()
             if state["flow"] is not None:
                 state["flow"].close()
             return False

@@ -204,7 +204,7 @@ class Sidecar:
         if self.uplink.name != "fair":  # srpt/srrt/app: per-band bytes, flows, priority changes
             self.metrics.registry.register(UplinkCollector(self.uplink))
         self.source.register(self.metrics.registry)
-        self.pool = UpstreamPool(*self.apache)
+        self.pool = UpstreamPool(*self.apache, connect_timeout=cfg.limits.upstream_connect_timeout)
         self.admin = AdminEndpoints(self)
         self.gateway = Gateway(
             table, self.limiter, self.classifier, self.pool, self.uplink, self.metrics,

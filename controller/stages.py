@@ -124,6 +124,7 @@ class Limits(_Strict):
     max_body_bytes: int = Field(default=1 << 20, ge=0)
     response_buffer_bytes: int = Field(default=1 << 20, ge=0)
     upstream_timeout: float = Field(default=120.0, gt=0)
+    upstream_connect_timeout: float = Field(default=5.0, gt=0)  # seconds to connect to Apache
     client_timeout: float = Field(default=60.0, gt=0)  # idle keep-alive and slow request heads
     # a `next` reservation waits this long for its request, the reserved thread idle meanwhile:
     # about a loopback client's round trip (the Table 2 bench: mean 0.3 ms, all within 5 ms)

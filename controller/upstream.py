@@ -95,9 +95,12 @@ StreamCallback = Callable[[UpstreamResponse], Awaitable[None]]
 class UpstreamPool:
     """Connections to one Apache ``host:port``."""
 
-    def __init__(self, host: str, port: int, *, idle_timeout: float = 4.0, max_idle: int = 512) -> None:
+    def __init__(self, host: str, port: int, *, idle_timeout: float = 4.0, max_idle: int = 512,
+                 connect_timeout: float = 5.0) -> None:
         self.host = host
         self.port = port
+        #: a full accept queue leaves a SYN unanswered: without a bound the request would hold its slot
+        self.connect_timeout = connect_timeout
         self.idle_timeout = idle_timeout
         self.max_idle = max_idle
         self._idle: list[_Conn] = []
@@ -111,7 +114,11 @@ class UpstreamPool:
                 return c, True
             c.close()
         try:
-            r, w = await asyncio.open_connection(self.host, self.port)
+            async with asyncio.timeout(self.connect_timeout):
+                r, w = await asyncio.open_connection(self.host, self.port)
+        except TimeoutError:
+            raise UpstreamError(f"connect to {self.host}:{self.port}: no answer within {self.connect_timeout:g} s "
+                                "(limits.upstream_connect_timeout)") from None
         except OSError as exc:
             raise UpstreamError(f"connect to {self.host}:{self.port}: {exc.strerror or exc}") from None
         self.opened += 1

@@ -1,0 +1,96 @@
+"""Outcomes the sidecar must tell apart (issue 19): Apache not answering a connect (a full accept
+queue: bounded by ``limits.upstream_connect_timeout``), and a client that leaves mid-response
+(``client_abort``, not an upstream error)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import threading
+import time
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from service_helpers import QuietHandler, SidecarProc
+
+from overtake.controller.upstream import UpstreamError, UpstreamPool
+
+
+@pytest.fixture
+def full_backlog() -> tuple[str, int]:
+    """A listener that never accepts, its accept queue filled: further SYNs go unanswered."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(0)
+    port = srv.getsockname()[1]
+    fillers = []
+    for _ in range(4):
+        c = socket.socket()
+        c.setblocking(False)
+        try:
+            c.connect(("127.0.0.1", port))
+        except BlockingIOError:
+            pass
+        fillers.append(c)
+    time.sleep(0.2)
+    yield "127.0.0.1", port  # type: ignore[misc]
+    for c in fillers:
+        c.close()
+    srv.close()
+
+
+def test_connect_to_a_full_accept_queue_times_out(full_backlog: tuple[str, int]) -> None:
+    pool = UpstreamPool(*full_backlog, connect_timeout=0.5)
+
+    async def go() -> None:
+        await pool.exchange(b"GET", b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"", buffer_bytes=1 << 16, timeout=30,
+                            on_stream=lambda r: asyncio.sleep(0))
+
+    t0 = time.monotonic()
+    with pytest.raises(UpstreamError, match=r"no answer within 0\.5 s \(limits\.upstream_connect_timeout\)"):
+        asyncio.run(go())
+    assert time.monotonic() - t0 < 3  # not the kernel's minutes of SYN retries
+
+
+class Big(QuietHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(64 << 20))
+        self.end_headers()
+        chunk = b"x" * (1 << 20)
+        try:
+            for _ in range(64):
+                self.wfile.write(chunk)
+                time.sleep(0.01)
+        except OSError:
+            pass
+
+
+def test_a_client_leaving_mid_response_is_a_client_abort(work: Path) -> None:
+    up = ThreadingHTTPServer(("127.0.0.1", 0), Big)
+    threading.Thread(target=up.serve_forever, daemon=True).start()
+    stages = 'stages: [{name: stage1, path: "^/big"}, {name: stage2, path: "^/other"}]\n' \
+             "limits: {max_inflight: 8, response_buffer_bytes: 65536}\n"
+    s = SidecarProc(work, ["--policy", "pi(2)", "--apache", f"http://127.0.0.1:{up.server_address[1]}"], stages=stages)
+    try:
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as c:
+            c.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+            got = 0
+            while got < 2 << 20:
+                got += len(c.recv(1 << 16))
+        deadline = time.monotonic() + 10
+        while True:
+            text = s.request("GET", "/-/metrics")[2].decode()
+            if re.search(r'overtake_gateway_errors_total\{reason="client_abort"\} [1-9]', text):
+                break
+            assert time.monotonic() < deadline, "no client_abort counted"
+            time.sleep(0.2)
+        assert 'overtake_gateway_errors_total{reason="upstream_error"} 0.0' in text
+        assert re.search(r'overtake_stage_completed_total\{outcome="client_abort",phase="1",stage="stage1"\} 1\.0', text)
+        assert re.search(r"^overtake_inflight 0\.0$", text, re.M)
+    finally:
+        assert s.stop() == 0
+        up.shutdown()
+        up.server_close()
