@@ -139,13 +139,21 @@ class Gateway:
             await asyncio.sleep(0.02)
 
     async def _sweep(self) -> None:
-        """Close client connections idle (no request in progress) longer than client_timeout:
-        one timer for all connections instead of one per request."""
+        """Close client connections idle (no request in progress) longer than client_timeout, and
+        those whose request head takes longer than header_timeout (408): one timer for all
+        connections instead of one per request."""
         while True:
             await asyncio.sleep(1.0)
-            cutoff = time.monotonic() - self.limits.client_timeout
+            now = time.monotonic()
+            cutoff = now - self.limits.client_timeout
             for c in list(self._conns):
-                if not c.busy and not c.ready and c.last_active < cutoff:
+                if c.head_started is not None and now - c.head_started > self.limits.header_timeout:
+                    self.metrics.errors.labels("header_timeout").inc()  # slowloris: 408, then close
+                    if not c.busy:
+                        c.writer.write(simple_response(408, f"request head not complete within "
+                                                            f"{self.limits.header_timeout:g} s", close=True))
+                    c.writer.close()
+                elif not c.busy and not c.ready and c.last_active < cutoff:
                     c.writer.close()
 
     async def close(self) -> None:

@@ -36,7 +36,7 @@ __all__ = ["REASONS", "BadTarget", "ClientConnection", "Request", "client_head",
 _HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"proxy-authenticate",
                   b"proxy-authorization", b"te", b"trailer", b"transfer-encoding", b"upgrade"})
 #: reason phrases of the statuses the sidecar writes itself
-REASONS = {400: b"Bad Request", 403: b"Forbidden", 404: b"Not Found", 405: b"Method Not Allowed",
+REASONS = {400: b"Bad Request", 403: b"Forbidden", 404: b"Not Found", 405: b"Method Not Allowed", 408: b"Request Timeout",
            413: b"Content Too Large", 431: b"Request Header Fields Too Large", 500: b"Internal Server Error",
            502: b"Bad Gateway", 503: b"Service Unavailable", 200: b"OK"}
 _MAX_PIPELINE = 16
@@ -198,6 +198,9 @@ class ClientConnection:
         self.head_bytes = 0
         self.body_bytes = 0
         self.in_headers = False
+        #: when the request head being read began (None between heads): slowloris keeps a
+        #: connection active with a byte a second, so the deadline is on the whole head
+        self.head_started: float | None = None
         peer = writer.get_extra_info("peername")
         self.peer = peer[0] if isinstance(peer, tuple) else "unknown"
         self.resume: asyncio.Future[None] | None = None
@@ -213,6 +216,7 @@ class ClientConnection:
     def on_message_begin(self) -> None:
         self.cur = Request()
         self.in_headers = True
+        self.head_started = time.monotonic()
         self.head_bytes = 0
         self.body_bytes = 0
 
@@ -235,6 +239,7 @@ class ClientConnection:
         r = self.cur
         assert r is not None
         self.in_headers = False
+        self.head_started = None
         r.method = self.parser.get_method()
         r.keep_alive = self.parser.should_keep_alive()
         r.version = self.parser.get_http_version()

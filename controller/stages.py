@@ -125,7 +125,8 @@ class Limits(_Strict):
     response_buffer_bytes: int = Field(default=1 << 20, ge=0)
     upstream_timeout: float = Field(default=120.0, gt=0)
     upstream_connect_timeout: float = Field(default=5.0, gt=0)  # seconds to connect to Apache
-    client_timeout: float = Field(default=60.0, gt=0)  # idle keep-alive and slow request heads
+    client_timeout: float = Field(default=60.0, gt=0)  # idle keep-alive
+    header_timeout: float = Field(default=10.0, gt=0)  # a whole request head (slowloris), as RequestReadTimeout
     # a `next` reservation waits this long for its request, the reserved thread idle meanwhile:
     # about a loopback client's round trip (the Table 2 bench: mean 0.3 ms, all within 5 ms)
     follow_up_timeout: float = Field(default=0.005, gt=0)

@@ -94,3 +94,35 @@ def test_a_client_leaving_mid_response_is_a_client_abort(work: Path) -> None:
         assert s.stop() == 0
         up.shutdown()
         up.server_close()
+
+
+def test_slowloris_gets_408_after_the_header_timeout(work: Path) -> None:
+    """A head dribbled a byte at a time keeps the connection active; the deadline is on the head."""
+    from service_helpers import STAGES, StubApache
+
+    stub = StubApache()
+    stages = STAGES.replace("limits: {", "limits: {header_timeout: 1, ")
+    s = SidecarProc(work, ["--policy", "pi(2)", "--apache", stub.url], stages=stages)
+    try:
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as c:
+            c.sendall(b"GET /stage2/x HTTP/1.1\r\nHost: x\r\n")
+            t0, got = time.monotonic(), b""
+            c.settimeout(0.3)
+            while time.monotonic() - t0 < 6:
+                try:
+                    c.sendall(b"X")
+                    chunk = c.recv(4096)
+                except TimeoutError:
+                    continue
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                got += chunk
+            assert got.startswith(b"HTTP/1.1 408"), got[:60]
+            assert time.monotonic() - t0 < 4
+        assert s.request("GET", "/stage2/ok")[0] == 200  # a normal client is unaffected
+        assert 'overtake_gateway_errors_total{reason="header_timeout"} 1.0' in s.request("GET", "/-/metrics")[2].decode()
+    finally:
+        assert s.stop() == 0
+        stub.close()
