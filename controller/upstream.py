@@ -156,7 +156,7 @@ class UpstreamPool:
             resp = UpstreamResponse()
             got_bytes = False
             try:
-                async with asyncio.timeout(timeout):
+                async with asyncio.timeout(timeout) as deadline:
                     c.writer.write(head + body if len(body) < 65536 else head)
                     if len(body) >= 65536:
                         c.writer.write(body)
@@ -180,9 +180,14 @@ class UpstreamPool:
                             resp.streamed = True
                             await on_stream(resp)
                             resp.body_bytes = sum(len(b) for b in resp.body)
+                        if resp.streamed:
+                            # a deadline per progress, not per response: a slow reader's long
+                            # download goes on as long as bytes keep moving (issue 19)
+                            deadline.reschedule(asyncio.get_running_loop().time() + timeout)
             except TimeoutError:
                 c.close()
-                raise UpstreamError(f"no complete answer from {self.host}:{self.port} within {timeout:g} s") from None
+                raise UpstreamError(f"no complete answer from {self.host}:{self.port} within {timeout:g} s "
+                                    "(of a streamed answer: no progress for that long)") from None
             except (OSError, httptools.HttpParserError) as exc:
                 c.close()
                 if attempt == 0 and reused and not got_bytes and method in _IDEMPOTENT:

@@ -126,3 +126,31 @@ def test_slowloris_gets_408_after_the_header_timeout(work: Path) -> None:
     finally:
         assert s.stop() == 0
         stub.close()
+
+
+class Steady(QuietHandler):
+    """64 × 256 KiB over about 3 s: slower in total than the test's upstream_timeout, never idle."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(64 << 18))
+        self.end_headers()
+        for _ in range(64):
+            self.wfile.write(b"y" * (1 << 18))
+            time.sleep(0.05)
+
+
+def test_a_long_streamed_answer_is_bounded_per_progress_not_per_response(work: Path) -> None:
+    up = ThreadingHTTPServer(("127.0.0.1", 0), Steady)
+    threading.Thread(target=up.serve_forever, daemon=True).start()
+    stages = 'stages: [{name: stage1, path: "^/big"}, {name: stage2, path: "^/other"}]\n' \
+             "limits: {max_inflight: 8, response_buffer_bytes: 65536, upstream_timeout: 1}\n"
+    s = SidecarProc(work, ["--policy", "pi(2)", "--apache", f"http://127.0.0.1:{up.server_address[1]}"], stages=stages)
+    try:
+        t0 = time.monotonic()
+        code, _, body = s.request("GET", "/big")
+        assert code == 200 and len(body) == 64 << 18 and time.monotonic() - t0 > 2
+    finally:
+        assert s.stop() == 0
+        up.shutdown()
+        up.server_close()
