@@ -10,6 +10,7 @@ for a full queue.
 from __future__ import annotations
 
 import hmac
+import json
 from dataclasses import dataclass
 from typing import Annotated, Any, cast
 
@@ -115,6 +116,35 @@ def submit_job(store: Store, runner: JobRunner, settings: Settings, metrics: Api
     runner.submit(job_id)
     metrics.submitted.labels(kind).inc()
     return Accepted(id=job_id, status="queued", url=f"/v1/{kind}s/{job_id}")
+
+
+#: the largest JSON document a route parses (a scenario, inline samples); uploads have their own cap
+MAX_JSON_BYTES = 16 << 20
+
+
+async def read_body(request: Request, cap: int = MAX_JSON_BYTES) -> bytes:
+    """The request body, read as it streams: 413 as soon as it exceeds ``cap`` (a declared
+    Content-Length over it is refused before reading; a chunked body is counted)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > cap:
+        raise HTTPError(413, f"body: {declared} bytes, larger than the limit of {cap}; send less")
+    parts, n = [], 0
+    async for chunk in request.stream():
+        n += len(chunk)
+        if n > cap:
+            raise HTTPError(413, f"body: larger than the limit of {cap} bytes; send less")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def parse_json(data: bytes) -> Any:
+    """JSON of a request body; 422 naming the problem (malformed, or nested too deeply) instead of a 500."""
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise HTTPError(422, f"body: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise HTTPError(422, "body: JSON nested too deeply; a scenario is a few levels deep") from None
 
 
 def get_job(store: Store, job_id: str, kind: str) -> Job:

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import ModelError
 from .model import Stage, TandemModel
@@ -38,8 +38,8 @@ class Erlang(_Strict):
 
 
 class HyperExponential(_Strict):
-    probs: list[float] = Field(min_length=1)
-    means: list[float] = Field(min_length=1)
+    probs: list[float] = Field(min_length=1, max_length=64)
+    means: list[float] = Field(min_length=1, max_length=64)
 
     @model_validator(mode="after")
     def _check(self) -> HyperExponential:
@@ -53,8 +53,8 @@ class HyperExponential(_Strict):
 
 
 class PH(_Strict):
-    alpha: list[float] = Field(min_length=1)
-    T: list[list[float]] = Field(min_length=1)
+    alpha: list[float] = Field(min_length=1, max_length=64)
+    T: list[list[float]] = Field(min_length=1, max_length=64)
 
 
 class Service(_Strict):
@@ -102,19 +102,33 @@ class StageSpec(_Strict):
 
 class TruncationSpec(_Strict):
     max_requests: int = Field(ge=2, le=2000)
-    max_threads: int | None = Field(default=None, ge=1)
+    max_threads: int | None = Field(default=None, ge=1, le=2000)
+
+
+#: the highest load an exact solve takes: its truncation grows like 1/(1 − ρ)
+MAX_LOAD = 0.99
 
 
 class Scenario(_Strict):
     load: float | None = Field(default=None, gt=0)
-    arrival_rate: float | None = Field(default=None, gt=0)
-    stages: list[StageSpec] = Field(min_length=1)
+    arrival_rate: float | None = Field(default=None, gt=0, le=1e9)
+    stages: list[StageSpec] = Field(min_length=1, max_length=16)
     cores: int = Field(default=1, ge=1, le=64)
-    overhead: float = Field(default=0.0, ge=0)
-    max_threads: int | None = Field(default=None, ge=1)
+    overhead: float = Field(default=0.0, ge=0, le=100)
+    max_threads: int | None = Field(default=None, ge=1, le=2000)
     truncation: TruncationSpec | None = None
-    tolerance: float = Field(default=1e-3, gt=0, lt=0.5)
+    tolerance: float = Field(default=1e-3, ge=1e-8, lt=0.5)
     phase_info: Literal["full", "start", "none", "route"] = "full"
+
+    @field_validator("load")
+    @classmethod
+    def _load(cls, v: float | None) -> float | None:
+        if v is not None and v >= 1:
+            raise ValueError(f"load must be < 1 (an unstable system has no stationary optimum), got {v:g}")
+        if v is not None and v > MAX_LOAD:
+            raise ValueError(f"at most {MAX_LOAD} for an exact solve (its truncation grows like 1/(1 - load)), "
+                             f"got {v:.10g}; lower the load")
+        return v
 
     @model_validator(mode="after")
     def _rate(self) -> Scenario:
@@ -136,6 +150,10 @@ class Scenario(_Strict):
         work = sum(s.mean() for s in stages)
         lam = self.arrival_rate if self.arrival_rate is not None else float(self.load) / work  # type: ignore[arg-type]
         model = TandemModel(lam, tuple(stages), cores=self.cores, overhead=self.overhead)
+        if model.load > MAX_LOAD:
+            raise ModelError(f"arrival_rate: gives load {model.load:.6g} > {MAX_LOAD}; an exact solve's truncation "
+                             f"grows like 1/(1 - load): give a lower arrival_rate (load = arrival_rate x total mean "
+                             f"service {work:.6g})")
         model.check_stable(self.max_threads)
         return model
 

@@ -5,7 +5,6 @@ A done fit's stages can serve a scenario: ``{"fit": {"id": FIT_ID, "stage": NAME
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import tempfile
@@ -17,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from overtake.mdp.scenario import validation_message
 
-from ..deps import MetricsDep, RunnerDep, SettingsDep, StoreDep, authorize, get_job, submit_job
+from ..deps import MetricsDep, RunnerDep, SettingsDep, StoreDep, authorize, get_job, parse_json, read_body, submit_job
 from ..documents import fit_doc
 from ..errors import HTTPError
 from ..schemas import Accepted, Error, FitDoc, FitOptions, FitRequest
@@ -64,12 +63,12 @@ async def create_fit(request: Request, store: StoreDep, settings: SettingsDep, m
     if int(request.headers.get("content-length") or 0) > MAX_UPLOAD_BYTES:
         raise HTTPError(413, f"body: larger than {MAX_UPLOAD_BYTES} bytes")
     if request.headers.get("content-type", "").startswith("multipart/form-data"):
+        # counted as it streams (a chunked upload declares no length), then parsed from memory
+        request._body = await read_body(request, MAX_UPLOAD_BYTES)
         source, data, opts, report = await _fit_from_form(request)
     else:
         try:
-            req = FitRequest.model_validate(json.loads(await request.body()))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise HTTPError(422, f"body: not valid JSON ({exc})") from None
+            req = FitRequest.model_validate(parse_json(await read_body(request, MAX_UPLOAD_BYTES)))
         except ValidationError as exc:
             metrics.rejected.labels("fit", "invalid").inc()
             raise HTTPError(422, validation_message(exc.errors(), root="body")) from None

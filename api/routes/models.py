@@ -8,7 +8,6 @@ on the same auto-truncation, so both give the same answer.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Annotated, Any
 
@@ -30,6 +29,8 @@ from ..deps import (
     authorize,
     done_model,
     get_job,
+    parse_json,
+    read_body,
     submit_job,
 )
 from ..documents import model_doc
@@ -102,10 +103,7 @@ async def create_model(request: Request, store: StoreDep, settings: SettingsDep,
     ``POST /v1/fits``. Invalid scenarios (ρ ≥ 1, a bad PH, an unknown key) are 422 naming the
     field; an estimated state space over the server's cap is 413 with both numbers.
     """
-    try:
-        data = json.loads(await request.body())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HTTPError(422, f"body: not valid JSON ({exc})") from None
+    data = parse_json(await read_body(request))
     fits = FitResolver(store)
     try:
         sc, model = resolve_scenario(data, {"fit": fits})

@@ -1,0 +1,83 @@
+"""Hostile input to the REST API gets a clear 4xx at once (issue 19): unbounded numbers, a load
+whose exact solve would not end, JSON nested 100,000 deep, bodies over the cap (chunked too)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from overtake.api.app import create_app
+from overtake.api.deps import MAX_JSON_BYTES, Settings
+
+EXP = {"exponential": {"mean": 1.0}}
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    app = create_app(Settings(db=str(tmp_path_factory.mktemp("limits") / "api.db")))
+    with TestClient(app) as c:
+        yield c
+
+
+def _post(c: TestClient, body: object) -> tuple[int, str]:
+    r = c.post("/v1/models", content=json.dumps(body), headers={"content-type": "application/json"})
+    return r.status_code, r.json()["detail"]
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"load": 0.6, "stages": [{"name": "a", "service": EXP}], "truncation": {"max_requests": 10, "max_threads": 10**9}},
+     "truncation.max_threads"),
+    ({"load": 0.6, "stages": [{"name": "a", "service": EXP}], "max_threads": 10**9}, "max_threads"),
+    ({"load": 0.999999999, "stages": [{"name": "a", "service": EXP}]}, "load"),
+    ({"arrival_rate": 0.995, "stages": [{"name": "a", "service": EXP}]}, "arrival_rate"),
+    ({"load": 0.6, "stages": [{"name": "a", "service": EXP}], "tolerance": 1e-15}, "tolerance"),
+    ({"load": 0.6, "stages": [{"name": "a", "service": {"hyperexponential": {"probs": [1 / 100] * 100,
+                                                                             "means": [1.0] * 100}}}]},
+     "stages.0.service.hyperexponential.probs"),
+])
+def test_unbounded_numbers_are_refused_naming_the_field(client: TestClient, body: object, field: str) -> None:
+    code, detail = _post(client, body)
+    assert code == 422 and detail.startswith(field), detail
+
+
+def test_deep_json_is_a_422_not_a_500(client: TestClient) -> None:
+    r = client.post("/v1/models", content="[" * 100_000, headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "nested too deeply" in r.json()["detail"]
+
+
+def test_bodies_over_the_cap_are_refused_declared_or_chunked(client: TestClient) -> None:
+    big = b'{"pad": "' + b"x" * (MAX_JSON_BYTES + 10) + b'"}'
+    r = client.post("/v1/models", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"pad": "'
+        for _ in range(MAX_JSON_BYTES // (1 << 20) + 2):
+            yield b"x" * (1 << 20)
+        yield b'"}'
+
+    r = client.post("/v1/models", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "larger than the limit" in r.json()["detail"]
+
+
+def test_fits_count_chunked_uploads_too(client: TestClient) -> None:
+    from overtake.api.routes.fits import MAX_UPLOAD_BYTES
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"samples": ['
+        for _ in range(MAX_UPLOAD_BYTES // (1 << 20) + 2):
+            yield b"1.0," * (1 << 18)
+        yield b"1.0]}"
+
+    r = client.post("/v1/fits", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+
+
+def test_a_sane_model_still_passes(client: TestClient, tmp_path: Path) -> None:
+    code = client.post("/v1/models", json={"load": 0.5, "stages": [{"name": "a", "service": EXP}],
+                                           "truncation": {"max_requests": 6}}).status_code
+    assert code == 202
