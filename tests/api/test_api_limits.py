@@ -49,32 +49,28 @@ def test_deep_json_is_a_422_not_a_500(client: TestClient) -> None:
     assert r.status_code == 422 and "nested too deeply" in r.json()["detail"]
 
 
+def _chunked(head: bytes, filler: bytes, mib: int, tail: bytes) -> Iterator[bytes]:
+    """A body sent chunked (no Content-Length): head, ``mib`` MiB of ``filler``, tail."""
+    yield head
+    for _ in range(mib):
+        yield filler * ((1 << 20) // len(filler))
+    yield tail
+
+
 def test_bodies_over_the_cap_are_refused_declared_or_chunked(client: TestClient) -> None:
     big = b'{"pad": "' + b"x" * (MAX_JSON_BYTES + 10) + b'"}'
     r = client.post("/v1/models", content=big, headers={"content-type": "application/json"})
     assert r.status_code == 413
-
-    def chunks() -> Iterator[bytes]:
-        yield b'{"pad": "'
-        for _ in range(MAX_JSON_BYTES // (1 << 20) + 2):
-            yield b"x" * (1 << 20)
-        yield b'"}'
-
-    r = client.post("/v1/models", content=chunks(), headers={"content-type": "application/json"})
+    body = _chunked(b'{"pad": "', b"x", MAX_JSON_BYTES // (1 << 20) + 2, b'"}')
+    r = client.post("/v1/models", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 413 and "larger than the limit" in r.json()["detail"]
 
 
 def test_fits_count_chunked_uploads_too(client: TestClient) -> None:
     from overtake.api.routes.fits import MAX_UPLOAD_BYTES
 
-    def chunks() -> Iterator[bytes]:
-        yield b'{"samples": ['
-        for _ in range(MAX_UPLOAD_BYTES // (1 << 20) + 2):
-            yield b"1.0," * (1 << 18)
-        yield b"1.0]}"
-
-    r = client.post("/v1/fits", content=chunks(), headers={"content-type": "application/json"})
-    assert r.status_code == 413
+    body = _chunked(b'{"samples": [', b"1.0,", MAX_UPLOAD_BYTES // (1 << 20) + 2, b"1.0]}")
+    assert client.post("/v1/fits", content=body, headers={"content-type": "application/json"}).status_code == 413
 
 
 def test_a_sane_model_still_passes(client: TestClient, tmp_path: Path) -> None:

@@ -68,12 +68,18 @@ class Big(QuietHandler):
             pass
 
 
-def test_a_client_leaving_mid_response_is_a_client_abort(work: Path) -> None:
-    up = ThreadingHTTPServer(("127.0.0.1", 0), Big)
+def _behind_sidecar(work: Path, handler: type[QuietHandler], limits: str = "") -> tuple[ThreadingHTTPServer, SidecarProc]:
+    """An upstream serving ``handler`` at /big (stage 1) and a sidecar in front of it (pi(2))."""
+    up = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=up.serve_forever, daemon=True).start()
-    stages = 'stages: [{name: stage1, path: "^/big"}, {name: stage2, path: "^/other"}]\n' \
-             "limits: {max_inflight: 8, response_buffer_bytes: 65536}\n"
-    s = SidecarProc(work, ["--policy", "pi(2)", "--apache", f"http://127.0.0.1:{up.server_address[1]}"], stages=stages)
+    stages = ('stages: [{name: stage1, path: "^/big"}, {name: stage2, path: "^/other"}]\n'
+              f"limits: {{max_inflight: 8, response_buffer_bytes: 65536{limits}}}\n")
+    return up, SidecarProc(work, ["--policy", "pi(2)", "--apache", f"http://127.0.0.1:{up.server_address[1]}"],
+                           stages=stages)
+
+
+def test_a_client_leaving_mid_response_is_a_client_abort(work: Path) -> None:
+    up, s = _behind_sidecar(work, Big)
     try:
         with socket.create_connection(("127.0.0.1", s.port), timeout=10) as c:
             c.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -141,11 +147,7 @@ class Steady(QuietHandler):
 
 
 def test_a_long_streamed_answer_is_bounded_per_progress_not_per_response(work: Path) -> None:
-    up = ThreadingHTTPServer(("127.0.0.1", 0), Steady)
-    threading.Thread(target=up.serve_forever, daemon=True).start()
-    stages = 'stages: [{name: stage1, path: "^/big"}, {name: stage2, path: "^/other"}]\n' \
-             "limits: {max_inflight: 8, response_buffer_bytes: 65536, upstream_timeout: 1}\n"
-    s = SidecarProc(work, ["--policy", "pi(2)", "--apache", f"http://127.0.0.1:{up.server_address[1]}"], stages=stages)
+    up, s = _behind_sidecar(work, Steady, ", upstream_timeout: 1")
     try:
         t0 = time.monotonic()
         code, _, body = s.request("GET", "/big")
