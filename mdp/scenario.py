@@ -123,9 +123,8 @@ class Scenario(_Strict):
     @field_validator("load")
     @classmethod
     def _load(cls, v: float | None) -> float | None:
-        if v is not None and v >= 1:
-            raise ValueError(f"load must be < 1 (an unstable system has no stationary optimum), got {v:g}")
-        if v is not None and v > MAX_LOAD:
+        # load >= 1 is refused by the model's stability check, with the message the CLI has always given
+        if v is not None and MAX_LOAD < v < 1:
             raise ValueError(f"at most {MAX_LOAD} for an exact solve (its truncation grows like 1/(1 - load)), "
                              f"got {v:.10g}; lower the load")
         return v
@@ -150,11 +149,11 @@ class Scenario(_Strict):
         work = sum(s.mean() for s in stages)
         lam = self.arrival_rate if self.arrival_rate is not None else float(self.load) / work  # type: ignore[arg-type]
         model = TandemModel(lam, tuple(stages), cores=self.cores, overhead=self.overhead)
-        if model.load > MAX_LOAD:
+        model.check_stable(self.max_threads)
+        if self.arrival_rate is not None and model.load > MAX_LOAD:
             raise ModelError(f"arrival_rate: gives load {model.load:.6g} > {MAX_LOAD}; an exact solve's truncation "
                              f"grows like 1/(1 - load): give a lower arrival_rate (load = arrival_rate x total mean "
                              f"service {work:.6g})")
-        model.check_stable(self.max_threads)
         return model
 
     def build_routes(self, model: TandemModel) -> RouteSplit | None:
