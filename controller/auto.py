@@ -25,9 +25,9 @@ from collections import deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-from overtake.controller.policies import BaselinePolicy, SpawnPolicy
+from overtake.controller.policies import SpawnPolicy
 
-__all__ = ["MODE_FOR", "Choice", "Evidence", "choose", "passthrough_policy"]
+__all__ = ["MODE_FOR", "Choice", "Evidence", "choose"]
 
 #: the classifier mode that supplies each information level
 MODE_FOR = {"full": "explicit", "start": "explicit", "route": "learned", "none": "hidden"}
@@ -104,7 +104,3 @@ class Evidence:
             out.update(("full", "start"))
         return frozenset(out)
 
-
-def passthrough_policy(n_stages: int) -> SpawnPolicy:
-    """π(∞): Apache's default."""
-    return BaselinePolicy("passthrough", n_stages)

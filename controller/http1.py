@@ -53,6 +53,8 @@ class BadTarget(ControllerError, ValueError):
 
 def _normalize_path(path: bytes) -> tuple[bytes, str]:
     """(normalised path, decoded path) of an origin-form path (starts with ``/``)."""
+    if b"%" not in path and b"//" not in path and b"/." not in path:  # the common case, on every request
+        return path, path.decode("utf-8", "surrogateescape")
     out = bytearray()
     i, n = 0, len(path)
     escaped = False

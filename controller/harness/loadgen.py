@@ -18,8 +18,7 @@ import http.client
 import statistics
 import subprocess
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from pathlib import Path
 
 import numpy as np
@@ -193,13 +192,12 @@ def get(port: int, path: str, headers: dict[str, str] | None = None, *, host: st
 
 
 def http_request(method: str, url: str, body: bytes | None = None) -> tuple[int, bytes]:
-    """One request; the status and body, also for an HTTP error status."""
-    req = urllib.request.Request(url, data=body, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
+    """:func:`request` by URL (``http://host:port/path?query``); the status and body, also for an
+    HTTP error status."""
+    u = urllib.parse.urlsplit(url)
+    target = (u.path or "/") + (f"?{u.query}" if u.query else "")
+    code, _, data = request(method, u.port or 80, target, body=body, host=u.hostname or "127.0.0.1", timeout=30)
+    return code, data
 
 
 def wait_idle(port: int, timeout: float = 120) -> None:

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 from scipy.linalg import expm
 
-from overtake.controller.auto import Evidence, choose, passthrough_policy
+from overtake.controller.auto import Evidence, choose
 from overtake.controller.classifier import Classifier
 from overtake.controller.limiter import ADMITTED, QUEUED, Limiter
-from overtake.controller.policies import PolicySet, TablePolicy, load_policy
+from overtake.controller.policies import BaselinePolicy, PolicySet, TablePolicy, load_policy
 from overtake.controller.stages import ClassifierSettings
 from overtake.mdp.model import Stage, TandemModel
 from overtake.mdp.observed import solve_observed
@@ -184,7 +184,7 @@ class _Fake:
 
 def test_choose_takes_the_best_usable_policy_or_passthrough() -> None:
     full, route, none = _Fake("full", "full", 4.0, 5.0), _Fake("route", "route", 4.5, 5.0), _Fake("none", "none", 4.8, 5.0)
-    ps = passthrough_policy(2)
+    ps = BaselinePolicy("passthrough", 2)
     cands = [full, route, none]
     c = choose(cands, {"none"}, ps)  # type: ignore[arg-type]
     assert c.policy is none and c.mode == "hidden" and c.predicted_gain == pytest.approx(0.04)
