@@ -16,6 +16,15 @@ E[W] per policy: mean response time of the transactions after a 5 % warm-up, 95 
 means (t_{19}). Gains are fractions (E W(π) − E W(π*)) / E W(π*), measured and predicted.
 Writes the `apache-table2` (or, with --classifier hidden, `apache-table2-hidden`) section of
 BENCHMARKS.md unless --no-write.
+
+--cpu-priority age (issue 20): the CPU-priority lever inside Apache (mod_overtake_prio). Per case
+the lever's threshold is chosen in the model (one threshold for both stages, as one server-wide
+``OvertakePrioLevels`` applies it; :func:`overtake.mdp.priority.choose_tandem_thresholds`), the
+demoted level is SCHED_IDLE, and the model's E[W] of π(∞) with the lever is simulated (no exact
+analysis of the tandem exists). π* is the product's choice for the information available:
+π(∞) with the lever on a second Apache that loads the module, unless the best policy without it
+(``--phase-info none`` for hidden phases, π* for explicit ones) is predicted as good within 2 %;
+π(1) and π(∞) run on the Apache without it. Section `apache-table2-age`.
 """
 
 from __future__ import annotations
@@ -52,11 +61,15 @@ from overtake.controller.harness.loadgen import (
 )
 from overtake.controller.harness.scratch import free_port, scratch_dir
 from overtake.mdp import Policy, TandemModel
+from overtake.mdp.priority import DEFAULT_LOW_WEIGHT, CpuPriority, age_priority, choose_tandem_thresholds
+from overtake.mdp.simulate import simulate
 from overtake.mdp.truncation import evaluate_baseline
 
 REPO = Path(__file__).resolve().parents[1]
 POLICIES = ("pi*", "pi(1)", "pi(inf)")
 ZERO_GAIN = 0.0005  # a model gain below 0.05 % is "0.0 %" (Table 1 prints two decimals of percent)
+LEVER_MARGIN = 0.02  # the lever is used when its predicted E[W] is this much below the best policy without it
+LEVER_REQUESTS, LEVER_SEEDS = 500_000, 2  # simulated requests per seed for the lever's predicted E[W]
 
 STAGES = """stages:
   - name: stage1
@@ -85,11 +98,25 @@ def foreign_apaches(core: int, ours: set[int]) -> int:
 
 
 def ideal_response_times(trace: dict[str, np.ndarray], spec: str, unit: float, mode: str = "explicit",
-                         cap: int = 60, routing: str = "next") -> np.ndarray:
+                         cap: int = 60, routing: str = "next", lever: CpuPriority | None = None) -> np.ndarray:
     """The trace's ideal twin (controller/twin.py): the same transactions through the sidecar's
     limiter on a processor-sharing CPU with no overheads. Measured − twin is the implementation's
     effect; twin − model is the randomness of this finite trace."""
-    return twin.replay(trace, spec, time_unit=unit, mode=mode, max_inflight=cap, routing=routing)
+    return twin.replay(trace, spec, time_unit=unit, mode=mode, max_inflight=cap, routing=routing, cpu_priority=lever)
+
+
+def choose_lever(model: TandemModel, best_without: float, seed: int) -> dict[str, Any]:
+    """Age priority for π(∞): the common threshold of the visit model, its E[W] simulated at the
+    kernel's SCHED_IDLE weight, and whether it beats ``best_without`` by :data:`LEVER_MARGIN`."""
+    ch = choose_tandem_thresholds(model, common=True)
+    a = ch.priority.thresholds[0][0]
+    lever = age_priority(model, [a], weights=[1.0, DEFAULT_LOW_WEIGHT])
+    runs = [simulate(model, "pi(inf)", requests=LEVER_REQUESTS, seed=seed + k, cpu_priority=lever)
+            for k in range(LEVER_SEEDS)]
+    mean = sum(r.mean_response_time for r in runs) / len(runs)
+    ci = float(np.sqrt(sum(r.ci95**2 for r in runs))) / len(runs)
+    return {"threshold": a, "visit_model": ch.mean_response_time, "simulated": mean, "simulated_ci95": ci,
+            "best_without": best_without, "used": mean < (1 - LEVER_MARGIN) * best_without, "lever": lever}
 
 
 # --------------------------------------------------------------------------- plumbing
@@ -113,32 +140,67 @@ def predicted(model: TandemModel, pol: Policy) -> dict[str, float]:
     return w
 
 
+def start_lever_apache(tmp: Path, case: int, args: argparse.Namespace, threshold_s: float,
+                       server_core: int, client_core: int) -> apache.ApacheInstance:
+    """A second private Apache loading mod_overtake_prio (one level below 0: SCHED_IDLE from
+    ``threshold_s`` of thread CPU); started with our affinity widened, as the launcher checks it."""
+    os.sched_setaffinity(0, {server_core, client_core})
+    try:
+        return apache.start(tmp / f"apache-prio{case}", f"127.0.0.1:{free_port()}", cpu=server_core,
+                            max_workers=args.max_workers,
+                            cpu_priority=apache.CpuPriority(levels=(threshold_s,), nice=("idle",)))
+    finally:
+        os.sched_setaffinity(0, {client_core})
+
+
 def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, tmp: Path, client_core: int) -> dict[str, Any]:
     _, model = load_scenario(REPO / "examples" / "table1" / f"case{case:02d}.yaml")
     pfile = policy_file(case, Path(args.policy_dir), "none" if args.classifier == "hidden" else "full")
     pol = Policy.load(pfile)
     pred_w = predicted(model, pol)
+    names = args.policies.split(",")
+    lever: dict[str, Any] | None = None
+    if args.cpu_priority == "age":
+        lever = choose_lever(model, pred_w["pi*"], 7919 * case)
+        print(f"case {case}: age lever threshold {lever['threshold']:.3f} units, simulated E[W] "
+              f"{lever['simulated']:.3f} ± {lever['simulated_ci95']:.3f} vs {lever['best_without']:.3f} without: "
+              f"{'used' if lever['used'] else 'not used'}", file=sys.stderr)
+    use_lever = lever is not None and lever["used"]
+    if use_lever and lever is not None:
+        pred_w["pi*"] = lever["simulated"]
     trace = make_trace(model, args.transactions, args.seed + case)
     # the trace's ideal twin (PS CPU, the sidecar's limiter, zero overheads), before Apache runs
-    specs = {"pi*": str(pfile), "pi(1)": "pi(1)", "pi(inf)": "passthrough"}
-    ideal = {name: ideal_response_times(trace, specs[name], args.time_unit, args.classifier, args.max_workers - 4)
-             for name in args.policies.split(",")}
-    port = free_port()
+    specs = {"pi*": "passthrough" if use_lever else str(pfile), "pi(1)": "pi(1)", "pi(inf)": "passthrough"}
+    ideal = {name: ideal_response_times(trace, specs[name], args.time_unit, args.classifier, args.max_workers - 4,
+                                        lever=lever["lever"] if use_lever and name == "pi*" and lever else None)
+             for name in names}
+    servers = {name: inst for name in names}
+    started: list[apache.ApacheInstance] = []
+    if use_lever and lever is not None:
+        servers["pi*"] = start_lever_apache(tmp, case, args, lever["threshold"] * args.time_unit,
+                                            args.server_core, client_core)
+        started.append(servers["pi*"])
     stages = tmp / f"stages{case}.yaml"
     stages.write_text(STAGES.format(cap=args.max_workers - 4, mode=args.classifier, unit=args.time_unit,
                                     follow_up=args.follow_up_timeout))
-    log = (tmp / f"sidecar{case}.log").open("wb")
-    side = subprocess.Popen(
-        ["taskset", "-c", str(client_core), sys.executable, "-m", "overtake.api.cli", "sidecar", "--policy", str(pfile),
-         "--apache", inst.base_url, "--listen", f"127.0.0.1:{port}", "--stages", str(stages)],
-        cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-    )
+    sidecars: dict[str, tuple[int, subprocess.Popen[bytes], Path]] = {}  # Apache base URL -> sidecar
+    logs = []
     try:
-        wait_sidecar(port, side, tmp / f"sidecar{case}.log")
+        for srv in {s.base_url for s in servers.values()}:
+            port = free_port()
+            logp = tmp / f"sidecar{case}-{len(sidecars)}.log"
+            logs.append(logp.open("wb"))
+            sidecars[srv] = (port, subprocess.Popen(
+                ["taskset", "-c", str(client_core), sys.executable, "-m", "overtake.api.cli", "sidecar", "--policy",
+                 str(pfile), "--apache", srv, "--listen", f"127.0.0.1:{port}", "--stages", str(stages)],
+                cwd=REPO, stdout=logs[-1], stderr=subprocess.STDOUT), logp)
+        for port, side, logp in sidecars.values():
+            wait_sidecar(port, side, logp)
         res: dict[str, Any] = {}
         rts: dict[str, np.ndarray] = {}
-        for name in args.policies.split(","):
-            spec = pfile.read_bytes() if name == "pi*" else name.encode()
+        for name in names:
+            port = sidecars[servers[name].base_url][0]
+            spec = pfile.read_bytes() if name == "pi*" and not use_lever else specs[name].encode()
             code, body = http_request("PUT", f"http://127.0.0.1:{port}/-/policy", spec)
             if code != 200:
                 raise SystemExit(f"apache_table2: PUT {name} refused: {body.decode()}")
@@ -154,14 +216,25 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
             print(f"case {case} {name}: E[W] {mean * 1e3:.1f} ms ± {ci * 1e3:.1f} (ideal twin {im * 1e3:.1f}, "
                   f"model {pred_w.get(name, float('nan')) * args.time_unit * 1e3:.1f} ms), failures {failures}",
                   file=sys.stderr)
+        if use_lever:
+            st = apache.fetch_prio_status(*apache.parse_listen(servers["pi*"].listen))
+            res["pi*"]["prio_status"] = {"enabled": st.enabled, "requests": list(st.requests),
+                                        "demotions_age": list(st.demotions_age), "restores": st.restores,
+                                        "restore_errors": st.restore_errors, "in_flight": list(st.in_flight)}
     finally:
-        side.terminate()
-        side.wait(10)
-        log.close()
+        for _, side, _ in sidecars.values():
+            side.terminate()
+            side.wait(10)
+        for f in logs:
+            f.close()
+        for srv in started:
+            apache.stop(srv.workdir, graceful=False)
     star = res.get("pi*", {}).get("mean_response_time")
     out: dict[str, Any] = {"policies": res, "measured_gains": {}, "measured_gains_ci95": {}, "predicted_gains": {},
                            "ideal_gains": {}, "adjusted_gains": {}, "adjusted_gains_ci95": {},
                            "predicted_mean_response_time": {k: v * args.time_unit for k, v in pred_w.items()}}
+    if lever is not None:
+        out["lever"] = {k: v for k, v in lever.items() if k != "lever"} | {"threshold_s": lever["threshold"] * args.time_unit}
     for name in ("pi(1)", "pi(inf)"):
         out["predicted_gains"][name] = (pred_w[name] - pred_w["pi*"]) / pred_w["pi*"]
         if star and name in res:
@@ -293,6 +366,75 @@ def render(record: dict[str, Any], classifier: str, explicit: dict[str, Any] | N
     return "\n".join(lines)
 
 
+def section(args: argparse.Namespace) -> str:
+    return "apache-table2-age" if args.cpu_priority == "age" else \
+        "apache-table2" + ("-hidden" if args.classifier == "hidden" else "")
+
+
+def render_any(record: dict[str, Any], args: argparse.Namespace) -> str:
+    if args.cpu_priority == "age":
+        return render_age(record, args.classifier)
+    return render(record, args.classifier, _explicit(args))
+
+
+def render_age(record: dict[str, Any], classifier: str) -> str:
+    """The `apache-table2-age` section: pi* with the CPU-priority lever against Apache's default."""
+    runs: dict[str, dict[str, Any]] = {}
+    for r in record.values():
+        runs.setdefault(r["run"]["command"], r["run"])
+    lines = [
+        f"## apache-table2-age: the CPU-priority lever on a real Apache ({classifier} phases, issue 20)",
+        "",
+        "As apache-table2 (same trace per case under each policy, Apache on the last core at autogroup −20, "
+        "sidecar and load generator on core 0, 20 batch means after 5 % warm-up), with pi* the product's choice "
+        "for the information available: pi(inf) through a second Apache that loads mod_overtake_prio, whose "
+        "worker threads drop to SCHED_IDLE once a request's thread CPU passes one threshold (common to both "
+        "stages, chosen in the visit model), unless the best policy without the lever is predicted within "
+        f"{100 * LEVER_MARGIN:.0f} %. pi(inf) is Apache's default without the module. 'model' for the lever is "
+        f"simulated ({LEVER_SEEDS} × {LEVER_REQUESTS:,} requests, SCHED_IDLE weight 3/1024): the tandem has "
+        "no exact analysis with priority levels.",
+        "",
+        "Runs:",
+    ]
+    for cmd, run in runs.items():
+        lines.append(f"- {run['date']}: `{cmd}` ({run['node']}, {run['cores']} vCPU; load average "
+                     f"{run['load_before']:.1f} before, {run['load_after']:.1f} after; {run['foreign_apache']} foreign "
+                     f"apache2 processes on Apache's core; per-request overhead {run['overhead_s'] * 1e3:.2f} ms; "
+                     f"{run['seconds']:.0f} s)")
+    lines += [
+        "",
+        "Mean response time per transaction, ms: measured ± 95 % CI [ideal twin; model]. Gain over pi(inf), "
+        "percent: measured ± paired CI / twin / model; 'adj.' = measured − twin + model (the twin as control "
+        "variate). Demoted: share of requests that reached SCHED_IDLE (the module's counters).",
+        "",
+        "| case | 1 unit | threshold | pi* | pi(inf) | gain meas / twin / model | adj. | demoted | restore errors |",
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for c in sorted(record, key=int):
+        r = record[c]
+        unit, lv = r["run"]["time_unit"], r.get("lever", {})
+
+        def w(name: str, r: dict[str, Any] = r) -> str:
+            p = r["policies"].get(name)
+            if p is None:
+                return "-"
+            return (f"{p['mean_response_time'] * 1e3:.1f} ± {p['ci95'] * 1e3:.1f} "
+                    f"[{p['ideal_mean_response_time'] * 1e3:.1f}; {r['predicted_mean_response_time'][name] * 1e3:.1f}]")
+
+        m, ci = r["measured_gains"].get("pi(inf)"), r["measured_gains_ci95"].get("pi(inf)")
+        gain = "-" if m is None else (f"{100 * m:.1f} ± {100 * ci:.1f} / {100 * r['ideal_gains']['pi(inf)']:.1f} / "
+                                      f"{100 * r['predicted_gains']['pi(inf)']:.1f}")
+        adj = "-" if m is None else (f"{100 * r['adjusted_gains']['pi(inf)']:.1f} ± "
+                                     f"{100 * r['adjusted_gains_ci95']['pi(inf)']:.1f}")
+        st = r["policies"].get("pi*", {}).get("prio_status")
+        dem = "-" if not st else f"{100 * sum(st['requests'][1:]) / max(1, sum(st['requests'])):.1f} %"
+        err = "-" if not st else str(st["restore_errors"])
+        th = (f"{lv['threshold']:.2f} ({lv['threshold_s'] * 1e3:.1f} ms)" if lv.get("used")
+              else "not used" if lv else "-")
+        lines.append(f"| {c} | {unit * 1e3:g} ms | {th} | {w('pi*')} | {w('pi(inf)')} | {gain} | {adj} | {dem} | {err} |")
+    return "\n".join(lines)
+
+
 def _survival(hidden: dict[str, Any], explicit: dict[str, Any] | None) -> list[str]:
     """How much of pi*'s gain survives hidden phases: the hidden case beside the explicit one.
 
@@ -338,6 +480,8 @@ def main() -> int:
     ap.add_argument("--time-unit", type=float, default=0.01, help="seconds of CPU per model time unit")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--classifier", choices=["explicit", "hidden"], default="explicit")
+    ap.add_argument("--cpu-priority", choices=["off", "age"], default="off",
+                    help="age: pi* may use mod_overtake_prio's age priority (see the module docstring)")
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--max-workers", type=int, default=64)
     ap.add_argument("--policy-dir", default="/tmp/overtake-table2-policies")
@@ -366,7 +510,7 @@ def main() -> int:
         raise SystemExit(f"apache_table2: --transactions: at least 100 (20 batch means after warm-up), got {args.transactions}")
     if not args.time_unit > 0:
         raise SystemExit(f"apache_table2: --time-unit: seconds of CPU per model time unit, > 0, got {args.time_unit}")
-    suffix = "-hidden" if args.classifier == "hidden" else ""
+    suffix = ("-hidden" if args.classifier == "hidden" else "") + ("-age" if args.cpu_priority == "age" else "")
     results_path = Path(args.results) if args.results else REPO / "bench" / "results" / f"apache_table2{suffix}.json"
     # SIGTERM (e.g. a CI timeout) must still stop Apache and restore the halt-poll knob
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -377,10 +521,13 @@ def main() -> int:
         pass
     cores = sorted(os.sched_getaffinity(0))
     server_core, client_core = cores[-1], cores[0]
+    args.server_core = server_core
     tmp = scratch_dir("overtake-table2-")
     load_before = os.getloadavg()[0]
     command = (f"python bench/apache_table2.py --cases {args.cases} --transactions {args.transactions} "
                f"--time-unit {args.time_unit:g} --classifier {args.classifier}"
+               + ("" if args.policies == ",".join(POLICIES) else f" --policies {args.policies}")
+               + ("" if args.cpu_priority == "off" else f" --cpu-priority {args.cpu_priority}")
                + ("" if args.halt_poll_us == 20000 else f" --halt-poll-us {args.halt_poll_us:g}")
                + (f" --apache-slice-us {args.apache_slice_us:g}" if args.apache_slice_us else ""))
     results: dict[str, Any] = {}
@@ -414,14 +561,14 @@ def main() -> int:
                     record[str(c)] = results[str(c)]
                     results_path.parent.mkdir(parents=True, exist_ok=True)
                     results_path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-                    write_section("apache-table2" + suffix, render(record, args.classifier, _explicit(args)))
+                    write_section(section(args), render_any(record, args))
         finally:
             apache.stop(inst.workdir, graceful=False)
             shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
         print(json.dumps({"cases": results, "transactions": args.transactions, "time_unit": args.time_unit,
                           "classifier": args.classifier, "seed": args.seed}, indent=2))
-    print(render(results, args.classifier, _explicit(args)), file=sys.stderr)
+    print(render_any(results, args), file=sys.stderr)
     return 0
 
 

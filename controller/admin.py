@@ -16,7 +16,9 @@ A refused policy answers 422 with one line naming the field; the running policy 
 Apache's ``/server-status?auto`` is scraped every ``status_interval`` seconds by one task, never
 per ``/-/metrics`` request, so scrapes add no load on Apache. An Apache that answers 401, 403, 404
 or 410 there (no mod_status, or not for the sidecar's address) is said so once in the log, and
-the ``apache_*`` series are left out; ``apache_up 0`` means Apache could not be reached.
+the ``apache_*`` series are left out; ``apache_up 0`` means Apache could not be reached. With
+``cpu_priority`` age or class the same task reads mod_overtake_prio's ``/overtake-prio-status`` and
+passes its counters through; an Apache without the module is said so once.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from overtake.controller.errors import PolicyLoadError, SidecarInputError
 from overtake.controller.harness.apache import parse_status
@@ -55,6 +58,7 @@ class AdminEndpoints:
         self.draining = False
         self._scraper: asyncio.Task[None] | None = None
         self._state = "unknown"  # ok | absent | unreachable: the scrape's last outcome
+        self._prio_ok: bool | None = None  # mod_overtake_prio's counters: last scrape answered
 
     def body_cap(self, peer: str) -> tuple[int, str]:
         """(largest control-endpoint body from ``peer``, the refusal when none is allowed)."""
@@ -92,7 +96,7 @@ class AdminEndpoints:
             "per_phase_queues": p.per_phase_queues, "phase_info": p.phase_info,
             "predicted_response_time_model_units": p.predicted_wait,
             "swapped_at": side.swapped_at, "swaps": side.metrics.swaps, "refused": side.metrics.refused,
-            "classifier": side.classifier.mode, **side.source.info(),
+            "classifier": side.classifier.mode, "cpu_priority": side.options.cpu_priority, **side.source.info(),
             **({"auto": {"chosen": p.chosen.name, "phase_info": p.chosen.phase_info, "reason": p.reason,
                          "predicted_gain": p.predicted_gain, "candidates": [m.name for m in p.members]}}
                if isinstance(p, PolicySet) else {}),
@@ -114,29 +118,38 @@ class AdminEndpoints:
             await asyncio.sleep(self.side.options.status_interval)
             await self.scrape_apache()
 
+    async def _get(self, path: bytes) -> tuple[int, bytes]:
+        """GET ``path`` from Apache (2 s, 1 MiB at most): (status, de-chunked body)."""
+        host, port = self.side.apache
+        async with asyncio.timeout(2.0):
+            r, w = await asyncio.open_connection(host, port)
+            try:
+                w.write(b"GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % (path, host.encode()))
+                raw = b""
+                while len(raw) < 1 << 20:  # mod_status ?auto and the module's counters are a few kB
+                    chunk = await r.read(65536)
+                    if not chunk:
+                        break
+                    raw += chunk
+            finally:
+                w.close()
+        head, _, body = raw.partition(b"\r\n\r\n")
+        try:
+            code = int(head.split(b" ", 2)[1])
+        except (IndexError, ValueError):
+            raise ValueError("not HTTP") from None
+        if b"chunked" in head.lower():
+            body = _dechunk(body)
+        return code, body
+
     async def scrape_apache(self) -> None:
         """Read Apache's ``/server-status?auto`` into the metrics: the parsed status, or absent
         (Apache answers 401/403/404/410 or not with mod_status), or unreachable (a failure)."""
-        host, port = self.side.apache
         apache = self.side.metrics.apache
+        if self.side.options.cpu_priority != "off":
+            await self.scrape_prio()
         try:
-            async with asyncio.timeout(2.0):
-                r, w = await asyncio.open_connection(host, port)
-                try:
-                    w.write(b"GET /server-status?auto HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % host.encode())
-                    raw = b""
-                    while len(raw) < 1 << 20:  # mod_status ?auto is a few kB
-                        chunk = await r.read(65536)
-                        if not chunk:
-                            break
-                        raw += chunk
-                finally:
-                    w.close()
-            head, _, body = raw.partition(b"\r\n\r\n")
-            try:
-                code = int(head.split(b" ", 2)[1])
-            except (IndexError, ValueError):
-                raise ValueError("not HTTP") from None
+            code, body = await self._get(b"/server-status?auto")
             if code in _NO_STATUS or (code == 200 and b"ServerMPM" not in body):
                 apache.status, apache.absent = None, True
                 self._enter("absent", f"GET /server-status?auto answered HTTP {code}" + (
@@ -144,14 +157,34 @@ class AdminEndpoints:
                 return
             if code != 200:
                 raise ValueError(f"HTTP {code}")
-            if b"chunked" in head.lower():
-                body = _dechunk(body)
             apache.status, apache.absent = parse_status(body.decode("latin-1")), False
             self._enter("ok", "")
         except (OSError, TimeoutError, ValueError) as exc:
             apache.status, apache.absent = None, False
             apache.scrape_failures += 1
             self._enter("unreachable", f"{exc.__class__.__name__}: {exc}")
+
+    async def scrape_prio(self) -> None:
+        """mod_overtake_prio's counters into the metrics (left out while it does not answer)."""
+        prio = self.side.metrics.prio
+        try:
+            code, body = await self._get(b"/overtake-prio-status")
+            if code != 200 or b"overtake_cpu_prio_enabled" not in body:
+                raise ValueError(f"HTTP {code}" + (" without the module's counters" if code == 200 else ""))
+            prio.families = list(text_string_to_metric_families(body.decode("utf-8", errors="replace")))
+            ok, detail = True, ""
+        except (OSError, TimeoutError, ValueError) as exc:
+            prio.families = []
+            ok, detail = False, f"{exc.__class__.__name__}: {exc}"
+        if ok != self._prio_ok:
+            self._prio_ok = ok
+            if not ok:
+                log.warning("Apache's mod_overtake_prio does not answer: overtake_cpu_prio_* metrics left out", extra={
+                    "event": "cpu_priority_absent", "detail": f"GET /overtake-prio-status: {detail}; cpu_priority "
+                    f"{self.side.options.cpu_priority} needs mod_overtake_prio loaded in Apache "
+                    "(apache-conf/mod_overtake_prio/README.md)"})
+            else:
+                log.info("mod_overtake_prio counters scraped", extra={"event": "cpu_priority_ok"})
 
     def _enter(self, state: str, detail: str) -> None:
         """Log a change of the scrape's outcome once (not at every scrape)."""

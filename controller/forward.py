@@ -68,11 +68,12 @@ class Forwarder:
         self._err_logged, self._err_suppressed = now, 0
 
     async def forward(self, conn: ClientConnection, req: Request, t: Ticket,
-                      complete: Callable[[UpstreamResponse], Awaitable[None]]) -> bool:
+                      complete: Callable[[UpstreamResponse], Awaitable[None]], cpu_class: int | None = None) -> bool:
         """Send ``req`` (admitted as ``t``) to Apache, ``await complete(resp)`` once its whole
-        response is in, then relay it; False when the client connection must close."""
+        response is in, then relay it; False when the client connection must close.
+        ``cpu_class``: the ``X-Overtake-Class`` level to send (``--cpu-priority class``)."""
         body = b"".join(req.body)
-        head = upstream_head(req, conn.peer, len(body), self.upstream_host)
+        head = upstream_head(req, conn.peer, len(body), self.upstream_host, cpu_class)
         writer = conn.writer
         state: dict[str, Any] = {"flow": None, "chunked": False}
 

@@ -68,6 +68,7 @@ class Gateway:
         admin_body_cap: Callable[[str], tuple[int, str]] | None = None,
         on_request: Callable[[RequestRecord], None] | None = None,
         trusted_sources: Sequence[str] = ("127.0.0.0/8", "::1/128"),
+        cpu_class: Callable[[int, int], int | None] | None = None,
     ) -> None:
         self.table = table
         self.limits = table.config.limits
@@ -80,6 +81,8 @@ class Gateway:
         #: (body bytes a /-/ request from this peer may carry, the refusal when 0)
         self.admin_body_cap = admin_body_cap
         self.on_request = on_request
+        #: (stage, label) -> mod_overtake_prio starting level to send, or None (--cpu-priority class)
+        self.cpu_class = cpu_class
         self.admin_server: asyncio.base_events.Server | None = None
         self._admin_conns: set[ClientConnection] = set()
         self._draining = False
@@ -318,7 +321,8 @@ class Gateway:
             rec.upstream = self.limiter.clock() - t.t_admit
             await self._complete(conn, req, t, resp, h_dur)
 
-        keep = await self.forwarder.forward(conn, req, t, complete)
+        level = self.cpu_class(stage, t.start_phase) if self.cpu_class is not None and stage != PASSTHROUGH else None
+        keep = await self.forwarder.forward(conn, req, t, complete, level)
         if rec.status == 0 and not conn.closed.done():
             rec.status = 502  # the forwarder answered Apache's failure
         return keep

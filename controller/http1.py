@@ -390,12 +390,15 @@ def simple_response(status: int, text: str, *, close: bool, extra: bytes = b"") 
                b"Connection: close\r\n" if close else b"")) + body
 
 
-def upstream_head(req: Request, peer: str, body_len: int, upstream_host: bytes) -> bytes:
+def upstream_head(req: Request, peer: str, body_len: int, upstream_host: bytes, cpu_class: int | None = None) -> bytes:
     """The request head sent to Apache: hop-by-hop headers dropped, ``X-Forwarded-For`` appended,
     ``X-Forwarded-Proto`` (``http``: the scheme the client used to reach the sidecar) and
     ``X-Forwarded-Host`` (the client's ``Host``) set in place of any the client sent, ``Host``
-    added if missing, the (de-chunked) body's ``Content-Length``."""
+    added if missing, the (de-chunked) body's ``Content-Length``; with ``cpu_class`` the sidecar's
+    ``X-Overtake-Class`` (mod_overtake_prio's starting level) replaces the client's."""
     drop = _drop_set(req.headers)
+    if cpu_class is not None:
+        drop = drop | {b"x-overtake-class"}
     out = [b"%s %s HTTP/1.1\r\n" % (req.method, req.target or req.url)]
     xff = None
     has_host = False
@@ -417,6 +420,8 @@ def upstream_head(req: Request, peer: str, body_len: int, upstream_host: bytes) 
         out.append(b"X-Forwarded-Host: " + host + b"\r\n")
     if not has_host:
         out.append(b"Host: " + upstream_host + b"\r\n")
+    if cpu_class is not None:
+        out.append(b"X-Overtake-Class: %d\r\n" % cpu_class)
     if body_len or req.method in (b"POST", b"PUT", b"PATCH"):
         out.append(b"Content-Length: %d\r\n" % body_len)
     out.append(b"\r\n")

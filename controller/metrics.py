@@ -46,6 +46,11 @@ names of prometheus-community/apache_exporter: ``apache_up``, ``apache_info{vers
 ``apache_cpu_time_ms_total{type}``, ``apache_cpuload``, ``apache_uptime_seconds_total``,
 ``apache_workers{state}``, ``apache_processes{state}``, ``apache_connections{state}``,
 ``apache_scoreboard{state}``, ``apache_load{interval}``, ``apache_generation{type}``.
+
+With ``--cpu-priority age|class``, mod_overtake_prio's counters (``/overtake-prio-status``, scraped
+with mod_status) are passed through under the module's own names: ``overtake_cpu_prio_enabled``,
+``overtake_cpu_prio_requests_total{level}``, ``overtake_cpu_prio_demotions_total{level,cause}``,
+``overtake_cpu_prio_restores_total`` and the rest (apache-conf/mod_overtake_prio/README.md).
 """
 
 from __future__ import annotations
@@ -151,6 +156,16 @@ def _version_number(v: str) -> float:
     return nums[0] + nums[1] / 100 + nums[2] / 100000
 
 
+class PrioCollector(Collector):
+    """mod_overtake_prio's metric families as last scraped (empty until then, or without it)."""
+
+    def __init__(self) -> None:
+        self.families: list[Metric] = []
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families
+
+
 class ApacheCollector(Collector):
     """Yields apache_exporter-named metrics from the last parsed ``?auto`` (or ``apache_up 0``);
     nothing at all while ``absent`` (Apache answers, but has no mod_status for the sidecar)."""
@@ -253,5 +268,7 @@ class SidecarMetrics:
         for reason in ("bad_request", "header_too_large", "body_too_large", "bad_phase", "upstream_error", "upstream_timeout"):
             self.errors.labels(reason)
         self.apache = ApacheCollector()
+        self.prio = PrioCollector()
+        self.registry.register(self.prio)
         self.registry.register(_LimiterCollector(self))
         self.registry.register(self.apache)

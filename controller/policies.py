@@ -41,6 +41,7 @@ __all__ = [
     "SpawnPolicy",
     "TablePolicy",
     "check_archive",
+    "class_levels",
     "load_policy",
     "load_policy_bytes",
     "read_policy_file",
@@ -192,6 +193,21 @@ class PolicySet:
 
     def action(self, state: tuple[int, ...]) -> tuple[int, ...]:
         return self.chosen.action(state)
+
+
+def class_levels(policy: SpawnPolicy) -> tuple[tuple[int, ...], ...] | None:
+    """Short-first CPU classes for mod_overtake_prio's class header (issue 20), per stage and label
+    (a phase, or a route class): 0 where the label's expected work α_k(−T)⁻¹1 is at most the
+    stage's mean, 1 otherwise (:func:`overtake.mdp.priority.short_first_levels` for phases).
+    None where the policy knows no labels (baselines, ``phase_info: none``): no class to send."""
+    if policy.alpha is None or policy.T is None or policy.labels is None or policy.phase_info == "none":
+        return None
+    out = []
+    for alpha, T, (rows, _) in zip(policy.alpha, policy.T, policy.labels):
+        m = np.linalg.solve(-T, np.ones(len(alpha)))  # expected remaining work per phase
+        mean = float(alpha @ m)
+        out.append(tuple(int(float(r @ m) > mean * (1 + 1e-9)) for r in rows))
+    return tuple(out)
 
 
 #: ``policy_max_bytes``: the largest policy file read (a server-side path, a download)

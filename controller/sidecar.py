@@ -53,6 +53,7 @@ from overtake.controller.policies import (
     BaselinePolicy,
     PolicySet,
     SpawnPolicy,
+    class_levels,
     load_policy,
     load_policy_bytes,
 )
@@ -132,6 +133,8 @@ class SidecarOptions:
     request_log_format: str = "json"  #: json | combined
     #: CIDRs whose phase and class headers are honoured; stripped from everyone else
     trusted_sources: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
+    #: mod_overtake_prio in Apache (issue 20): off | age (export its counters) | class (also set X-Overtake-Class)
+    cpu_priority: str = "off"
 
 
 #: options a SIGHUP can change; the others need a restart (sockets, stages, event loop, online loop)
@@ -156,6 +159,8 @@ class Sidecar:
         self.apache = parse_apache_url(options.apache)
         _check_numbers(options)
         self._swap_lock = asyncio.Lock()
+        self._class_key: tuple[object, object] | None = None
+        self._class_levels: tuple[tuple[int, ...], ...] | None = None
         self.request_log = (RequestLog(options.request_log, options.request_log_format)
                             if options.request_log else None)
         if options.uplink not in ("srpt", "srrt") and options.uplink_cutoffs is not None:
@@ -211,11 +216,24 @@ class Sidecar:
             admin=self.admin.handle, phase_header=options.phase_header, admin_body_cap=self.admin.body_cap,
             trusted_sources=options.trusted_sources,
             on_request=self._log_request,
+            cpu_class=self._cpu_class if options.cpu_priority == "class" else None,
         )
 
     @property
     def policy(self) -> SpawnPolicy:
         return self.limiter.policy
+
+    def _cpu_class(self, stage: int, label: int) -> int | None:
+        """mod_overtake_prio's starting level for a request of ``stage`` with ``label`` under the
+        policy in force (short-first classes, :func:`~overtake.controller.policies.class_levels`)."""
+        pol = self.limiter.policy
+        key = (pol, getattr(pol, "chosen", pol))  # held, so a new policy is never mistaken for it
+        if self._class_key is None or key[0] is not self._class_key[0] or key[1] is not self._class_key[1]:
+            self._class_key, self._class_levels = key, class_levels(pol)
+        lv = self._class_levels
+        if lv is None or stage >= len(lv) or not 0 <= label < len(lv[stage]):
+            return None
+        return lv[stage][label]
 
     # ---- auto (controller.auto) ------------------------------------------------------------
     def _as_set(self, policy: SpawnPolicy) -> PolicySet:
@@ -435,6 +453,8 @@ def _check_numbers(o: SidecarOptions) -> None:
     for key in ("policy_max_bytes", "policy_max_array_bytes"):
         if not getattr(o, key) > 0:
             raise SidecarInputError(f"{key}: must be > 0 bytes, got {getattr(o, key)}")
+    if o.cpu_priority not in ("off", "age", "class"):
+        raise SidecarInputError(f"cpu_priority: expected off, age or class, got {o.cpu_priority!r}")
     if o.request_log_format not in ("json", "combined"):
         raise SidecarInputError(f"request_log_format: expected json or combined, got {o.request_log_format!r}")
 

@@ -65,6 +65,7 @@ class SidecarConfig(BaseModel):
     uplink_lowest_writers: int = Field(0, ge=0)
     uplink_ordered_bands: int = Field(1, ge=1)
     loop: Literal["uvloop", "asyncio"] = "uvloop"
+    cpu_priority: Literal["off", "age", "class"] = "off"
     watch_interval: float = Field(1.0, gt=0)
     admin_listen: str | None = None
     admin_put: bool = True
@@ -196,4 +197,5 @@ def to_options(cfg: SidecarConfig) -> SidecarOptions:
         policy_max_array_bytes=cfg.policy_max_array_bytes, policy_load_timeout=cfg.policy_load_timeout,
         status_interval=cfg.status_interval, drain_timeout=cfg.drain_timeout, request_log=cfg.request_log,
         request_log_format=cfg.request_log_format, trusted_sources=tuple(cfg.trusted_sources),
+        cpu_priority=cfg.cpu_priority,
     )

@@ -810,12 +810,13 @@ class TandemChoice:
 
 
 def choose_tandem_thresholds(model: TandemModel, *, levels: int = 2, weights: Sequence[float] | str | None = None,
-                             grid: int = 256) -> TandemChoice:
+                             grid: int = 256, common: bool = False) -> TandemChoice:
     """Age thresholds for the tandem under π(∞), minimising the visit model's E[W].
 
     Two levels: one threshold per stage (seeded by the best common threshold, then Nelder–Mead
     over the per-stage log-thresholds). More levels: one ladder common to all stages (the exact
-    analysis needs equal middle-level widths across classes). ``weights`` only label the
+    analysis needs equal middle-level widths across classes). ``common``: the same thresholds
+    for every stage, as one server-wide ``OvertakePrioLevels`` applies them. ``weights`` only label the
     returned lever (default 1 then :data:`DEFAULT_LOW_WEIGHT` powers); the prediction is the
     strict-priority limit, the simulator gives E[W] at the real weights.
     """
@@ -843,7 +844,13 @@ def choose_tandem_thresholds(model: TandemModel, *, levels: int = 2, weights: Se
         if v < best:
             best, x0 = v, math.log(x)
     rows: tuple[tuple[float, ...], ...]
-    if levels == 2:
+    if levels == 2 and common:
+        def fun(lx: FloatArray) -> float:
+            return ev(((float(math.exp(lx[0])),),) * N)
+
+        xs, val, _ = _optimise(fun, np.array([x0]), math.log(1e-3 * scale), math.log(1e3 * scale))
+        rows = ((float(math.exp(xs[0])),),) * N
+    elif levels == 2:
         def fun(lx: FloatArray) -> float:
             return ev(tuple((float(math.exp(v)),) for v in lx))
 

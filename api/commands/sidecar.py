@@ -85,6 +85,10 @@ def register(subparsers: Any) -> None:
                    help="with --uplink-lowest-writers: order each of the lowest N bands so "
                    "(default 1, the lowest only)")
     p.add_argument("--loop", choices=["uvloop", "asyncio"], default=None, help="event loop (default uvloop)")
+    p.add_argument("--cpu-priority", choices=["off", "age", "class"], default=None,
+                   help="the CPU-priority lever of mod_overtake_prio in Apache: age (Apache demotes by attained "
+                   "CPU; the sidecar exports its counters), class (also sets X-Overtake-Class: 0 for requests "
+                   "whose phase or route is expected shorter than the stage's mean, 1 otherwise), off (default)")
     s = p.add_argument_group("service", "running as a service: control endpoints, limits, logs, shutdown")
     s.add_argument("--admin-listen", default=None, metavar="HOST:PORT",
                    help="serve /-/metrics, /-/policy and /-/healthz only on this listener (the public one answers 404)")

@@ -22,6 +22,7 @@ from overtake.mdp.priority import (
     CpuPriority,
     JobClass,
     age_priority,
+    choose_tandem_thresholds,
     choose_thresholds,
     class_priority,
     dps_means,
@@ -136,6 +137,23 @@ def test_choose_thresholds_is_a_minimum(h2) -> None:  # type: ignore[no-untyped-
     assert ch.fb < ch.mean_response_time < ch.ps and min(v for _, v in ch.curve) >= ch.mean_response_time - 1e-9
     three = choose_thresholds(s, lam, levels=3)
     assert ch.fb < three.mean_response_time < ch.mean_response_time
+
+
+def test_common_tandem_threshold_is_the_pooled_mg1_choice() -> None:
+    """Two identical H2 stages: the visit model is one M/G/1 fed at 2λ, so the best common
+    threshold is that M/G/1's and E[W] is twice its E[T]. With an exponential stage beside the
+    H2, one common threshold (a server-wide OvertakePrioLevels) can only lose to one per stage."""
+    s = h2_stage("a", 0.91, 0.55, 5.45)
+    m = tandem(0.6, s, h2_stage("b", 0.91, 0.55, 5.45))
+    one = choose_thresholds(s, 2 * m.arrival_rate)
+    ch = choose_tandem_thresholds(m, common=True)
+    assert ch.priority.thresholds[0] == ch.priority.thresholds[1]
+    assert ch.priority.thresholds[0][0] == pytest.approx(one.thresholds[0], rel=0.03)
+    assert ch.mean_response_time == pytest.approx(2 * one.mean_response_time, rel=1e-4)
+    mixed = tandem(0.6, exp_stage("e", 1.0), s)
+    c, per = choose_tandem_thresholds(mixed, common=True), choose_tandem_thresholds(mixed)
+    assert c.priority.thresholds[0] == c.priority.thresholds[1]
+    assert per.mean_response_time <= c.mean_response_time + 1e-9 < c.ps
 
 
 # ---- the simulator against the analysis -------------------------------------------------------
