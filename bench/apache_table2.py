@@ -25,6 +25,12 @@ analysis of the tandem exists). π* is the product's choice for the information 
 π(∞) with the lever on a second Apache that loads the module, unless the best policy without it
 (``--phase-info none`` for hidden phases, π* for explicit ones) is predicted as good within 2 %;
 π(1) and π(∞) run on the Apache without it. Section `apache-table2-age`.
+
+--cpu-priority class (with --classifier explicit): π* with known-phase short-first classes: the
+sidecar runs ``--cpu-priority class`` (X-Overtake-Class 1 for phases whose expected work exceeds
+the stage's mean) in front of an Apache whose module has no age levels (``OvertakePrioAge Off``),
+the class-1 level SCHED_IDLE; the model's E[W] of π* with the classes is simulated. Section
+`apache-table2-class`.
 """
 
 from __future__ import annotations
@@ -61,7 +67,13 @@ from overtake.controller.harness.loadgen import (
 )
 from overtake.controller.harness.scratch import free_port, scratch_dir
 from overtake.mdp import Policy, TandemModel
-from overtake.mdp.priority import DEFAULT_LOW_WEIGHT, CpuPriority, age_priority, choose_tandem_thresholds
+from overtake.mdp.priority import (
+    DEFAULT_LOW_WEIGHT,
+    CpuPriority,
+    age_priority,
+    choose_tandem_thresholds,
+    class_priority,
+)
 from overtake.mdp.simulate import simulate
 from overtake.mdp.truncation import evaluate_baseline
 
@@ -105,18 +117,25 @@ def ideal_response_times(trace: dict[str, np.ndarray], spec: str, unit: float, m
     return twin.replay(trace, spec, time_unit=unit, mode=mode, max_inflight=cap, routing=routing, cpu_priority=lever)
 
 
-def choose_lever(model: TandemModel, best_without: float, seed: int) -> dict[str, Any]:
-    """Age priority for π(∞): the common threshold of the visit model, its E[W] simulated at the
-    kernel's SCHED_IDLE weight, and whether it beats ``best_without`` by :data:`LEVER_MARGIN`."""
-    ch = choose_tandem_thresholds(model, common=True)
-    a = ch.priority.thresholds[0][0]
-    lever = age_priority(model, [a], weights=[1.0, DEFAULT_LOW_WEIGHT])
-    runs = [simulate(model, "pi(inf)", requests=LEVER_REQUESTS, seed=seed + k, cpu_priority=lever)
+def choose_lever(model: TandemModel, pol: Policy, best_without: float, seed: int, kind: str) -> dict[str, Any]:
+    """The lever and its E[W] simulated at the kernel's SCHED_IDLE weight, and whether it beats
+    ``best_without`` by :data:`LEVER_MARGIN`. ``age``: π(∞) with the visit model's common
+    threshold; ``class``: ``pol`` with known-phase short-first classes."""
+    a = visit = None
+    if kind == "age":
+        ch = choose_tandem_thresholds(model, common=True)
+        a, visit = ch.priority.thresholds[0][0], ch.mean_response_time
+        lever = age_priority(model, [a], weights=[1.0, DEFAULT_LOW_WEIGHT])
+    else:
+        lever = class_priority(model, weights=[1.0, DEFAULT_LOW_WEIGHT])
+    spawn: Policy | str = "pi(inf)" if kind == "age" else pol
+    runs = [simulate(model, spawn, requests=LEVER_REQUESTS, seed=seed + k, cpu_priority=lever)
             for k in range(LEVER_SEEDS)]
     mean = sum(r.mean_response_time for r in runs) / len(runs)
     ci = float(np.sqrt(sum(r.ci95**2 for r in runs))) / len(runs)
-    return {"threshold": a, "visit_model": ch.mean_response_time, "simulated": mean, "simulated_ci95": ci,
-            "best_without": best_without, "used": mean < (1 - LEVER_MARGIN) * best_without, "lever": lever}
+    return {"kind": kind, "threshold": a, "visit_model": visit, "simulated": mean, "simulated_ci95": ci,
+            "best_without": best_without, "used": mean < (1 - LEVER_MARGIN) * best_without, "lever": lever,
+            "start_levels": None if lever.start_levels is None else [list(r) for r in lever.start_levels]}
 
 
 # --------------------------------------------------------------------------- plumbing
@@ -140,15 +159,17 @@ def predicted(model: TandemModel, pol: Policy) -> dict[str, float]:
     return w
 
 
-def start_lever_apache(tmp: Path, case: int, args: argparse.Namespace, threshold_s: float,
+def start_lever_apache(tmp: Path, case: int, args: argparse.Namespace, threshold_s: float | None,
                        server_core: int, client_core: int) -> apache.ApacheInstance:
-    """A second private Apache loading mod_overtake_prio (one level below 0: SCHED_IDLE from
-    ``threshold_s`` of thread CPU); started with our affinity widened, as the launcher checks it."""
+    """A second private Apache loading mod_overtake_prio (one level below 0, SCHED_IDLE: from
+    ``threshold_s`` of thread CPU, or by the class header only when None); started with our
+    affinity widened, as the launcher checks it."""
     os.sched_setaffinity(0, {server_core, client_core})
+    cp = (apache.CpuPriority(levels=(threshold_s,), nice=("idle",)) if threshold_s is not None
+          else apache.CpuPriority(levels=(3600.0,), nice=("idle",), age=False))
     try:
         return apache.start(tmp / f"apache-prio{case}", f"127.0.0.1:{free_port()}", cpu=server_core,
-                            max_workers=args.max_workers,
-                            cpu_priority=apache.CpuPriority(levels=(threshold_s,), nice=("idle",)))
+                            max_workers=args.max_workers, cpu_priority=cp)
     finally:
         os.sched_setaffinity(0, {client_core})
 
@@ -160,24 +181,26 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
     pred_w = predicted(model, pol)
     names = args.policies.split(",")
     lever: dict[str, Any] | None = None
-    if args.cpu_priority == "age":
-        lever = choose_lever(model, pred_w["pi*"], 7919 * case)
-        print(f"case {case}: age lever threshold {lever['threshold']:.3f} units, simulated E[W] "
-              f"{lever['simulated']:.3f} ± {lever['simulated_ci95']:.3f} vs {lever['best_without']:.3f} without: "
-              f"{'used' if lever['used'] else 'not used'}", file=sys.stderr)
+    if args.cpu_priority != "off":
+        lever = choose_lever(model, pol, pred_w["pi*"], 7919 * case, args.cpu_priority)
+        print(f"case {case}: {args.cpu_priority} lever "
+              + (f"threshold {lever['threshold']:.3f} units" if lever["threshold"] else f"classes {lever['start_levels']}")
+              + f", simulated E[W] {lever['simulated']:.3f} ± {lever['simulated_ci95']:.3f} vs "
+              f"{lever['best_without']:.3f} without: {'used' if lever['used'] else 'not used'}", file=sys.stderr)
     use_lever = lever is not None and lever["used"]
     if use_lever and lever is not None:
         pred_w["pi*"] = lever["simulated"]
     trace = make_trace(model, args.transactions, args.seed + case)
     # the trace's ideal twin (PS CPU, the sidecar's limiter, zero overheads), before Apache runs
-    specs = {"pi*": "passthrough" if use_lever else str(pfile), "pi(1)": "pi(1)", "pi(inf)": "passthrough"}
+    age = use_lever and args.cpu_priority == "age"
+    specs = {"pi*": "passthrough" if age else str(pfile), "pi(1)": "pi(1)", "pi(inf)": "passthrough"}
     ideal = {name: ideal_response_times(trace, specs[name], args.time_unit, args.classifier, args.max_workers - 4,
                                         lever=lever["lever"] if use_lever and name == "pi*" and lever else None)
              for name in names}
     servers = {name: inst for name in names}
     started: list[apache.ApacheInstance] = []
     if use_lever and lever is not None:
-        servers["pi*"] = start_lever_apache(tmp, case, args, lever["threshold"] * args.time_unit,
+        servers["pi*"] = start_lever_apache(tmp, case, args, lever["threshold"] * args.time_unit if age else None,
                                             args.server_core, client_core)
         started.append(servers["pi*"])
     stages = tmp / f"stages{case}.yaml"
@@ -190,9 +213,11 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
             port = free_port()
             logp = tmp / f"sidecar{case}-{len(sidecars)}.log"
             logs.append(logp.open("wb"))
+            lever_side = use_lever and srv == servers["pi*"].base_url
             sidecars[srv] = (port, subprocess.Popen(
                 ["taskset", "-c", str(client_core), sys.executable, "-m", "overtake.api.cli", "sidecar", "--policy",
-                 str(pfile), "--apache", srv, "--listen", f"127.0.0.1:{port}", "--stages", str(stages)],
+                 str(pfile), "--apache", srv, "--listen", f"127.0.0.1:{port}", "--stages", str(stages),
+                 "--cpu-priority", args.cpu_priority if lever_side else "off"],
                 cwd=REPO, stdout=logs[-1], stderr=subprocess.STDOUT), logp)
         for port, side, logp in sidecars.values():
             wait_sidecar(port, side, logp)
@@ -200,7 +225,7 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
         rts: dict[str, np.ndarray] = {}
         for name in names:
             port = sidecars[servers[name].base_url][0]
-            spec = pfile.read_bytes() if name == "pi*" and not use_lever else specs[name].encode()
+            spec = pfile.read_bytes() if name == "pi*" and not age else specs[name].encode()
             code, body = http_request("PUT", f"http://127.0.0.1:{port}/-/policy", spec)
             if code != 200:
                 raise SystemExit(f"apache_table2: PUT {name} refused: {body.decode()}")
@@ -234,7 +259,8 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
                            "ideal_gains": {}, "adjusted_gains": {}, "adjusted_gains_ci95": {},
                            "predicted_mean_response_time": {k: v * args.time_unit for k, v in pred_w.items()}}
     if lever is not None:
-        out["lever"] = {k: v for k, v in lever.items() if k != "lever"} | {"threshold_s": lever["threshold"] * args.time_unit}
+        out["lever"] = {k: v for k, v in lever.items() if k != "lever"} | {
+            "threshold_s": lever["threshold"] * args.time_unit if lever["threshold"] else None}
     for name in ("pi(1)", "pi(inf)"):
         out["predicted_gains"][name] = (pred_w[name] - pred_w["pi*"]) / pred_w["pi*"]
         if star and name in res:
@@ -367,29 +393,34 @@ def render(record: dict[str, Any], classifier: str, explicit: dict[str, Any] | N
 
 
 def section(args: argparse.Namespace) -> str:
-    return "apache-table2-age" if args.cpu_priority == "age" else \
+    return f"apache-table2-{args.cpu_priority}" if args.cpu_priority != "off" else \
         "apache-table2" + ("-hidden" if args.classifier == "hidden" else "")
 
 
 def render_any(record: dict[str, Any], args: argparse.Namespace) -> str:
-    if args.cpu_priority == "age":
-        return render_age(record, args.classifier)
+    if args.cpu_priority != "off":
+        return render_lever(record, args.classifier, args.cpu_priority, _explicit_record())
     return render(record, args.classifier, _explicit(args))
 
 
-def render_age(record: dict[str, Any], classifier: str) -> str:
-    """The `apache-table2-age` section: pi* with the CPU-priority lever against Apache's default."""
+def render_lever(record: dict[str, Any], classifier: str, kind: str, explicit: dict[str, Any] | None = None) -> str:
+    """The `apache-table2-age` / `-class` section: pi* with the CPU-priority lever against Apache's
+    default; with class priority, beside explicit pi*'s gain without the lever (apache-table2)."""
     runs: dict[str, dict[str, Any]] = {}
     for r in record.values():
         runs.setdefault(r["run"]["command"], r["run"])
+    what = ("pi(inf) through a second Apache that loads mod_overtake_prio, whose worker threads drop to "
+            "SCHED_IDLE once a request's thread CPU passes one threshold (common to both stages, chosen in the "
+            "visit model)" if kind == "age" else
+            "pi* through a sidecar that sends X-Overtake-Class 1 (SCHED_IDLE) for phases whose expected work "
+            "exceeds the stage's mean and 0 otherwise, to a second Apache that loads mod_overtake_prio without "
+            "age levels")
     lines = [
-        f"## apache-table2-age: the CPU-priority lever on a real Apache ({classifier} phases, issue 20)",
+        f"## apache-table2-{kind}: the CPU-priority lever on a real Apache ({classifier} phases, issue 20)",
         "",
         "As apache-table2 (same trace per case under each policy, Apache on the last core at autogroup −20, "
         "sidecar and load generator on core 0, 20 batch means after 5 % warm-up), with pi* the product's choice "
-        "for the information available: pi(inf) through a second Apache that loads mod_overtake_prio, whose "
-        "worker threads drop to SCHED_IDLE once a request's thread CPU passes one threshold (common to both "
-        "stages, chosen in the visit model), unless the best policy without the lever is predicted within "
+        f"for the information available: {what}, unless the best policy without the lever is predicted within "
         f"{100 * LEVER_MARGIN:.0f} %. pi(inf) is Apache's default without the module. 'model' for the lever is "
         f"simulated ({LEVER_SEEDS} × {LEVER_REQUESTS:,} requests, SCHED_IDLE weight 3/1024): the tandem has "
         "no exact analysis with priority levels.",
@@ -407,8 +438,9 @@ def render_age(record: dict[str, Any], classifier: str) -> str:
         "percent: measured ± paired CI / twin / model; 'adj.' = measured − twin + model (the twin as control "
         "variate). Demoted: share of requests that reached SCHED_IDLE (the module's counters).",
         "",
-        "| case | 1 unit | threshold | pi* | pi(inf) | gain meas / twin / model | adj. | demoted | restore errors |",
-        "|---|---:|---:|---|---:|---:|---:|---:|---:|",
+        "| case | 1 unit | lever | pi* | pi(inf) | gain meas / twin / model | adj. | demoted | restore errors |"
+        + (" explicit pi* without the lever: meas / adj. |" if kind == "class" else ""),
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|" + ("---:|" if kind == "class" else ""),
     ]
     for c in sorted(record, key=int):
         r = record[c]
@@ -429,9 +461,15 @@ def render_age(record: dict[str, Any], classifier: str) -> str:
         st = r["policies"].get("pi*", {}).get("prio_status")
         dem = "-" if not st else f"{100 * sum(st['requests'][1:]) / max(1, sum(st['requests'])):.1f} %"
         err = "-" if not st else str(st["restore_errors"])
-        th = (f"{lv['threshold']:.2f} ({lv['threshold_s'] * 1e3:.1f} ms)" if lv.get("used")
-              else "not used" if lv else "-")
-        lines.append(f"| {c} | {unit * 1e3:g} ms | {th} | {w('pi*')} | {w('pi(inf)')} | {gain} | {adj} | {dem} | {err} |")
+        th = ("not used" if lv and not lv.get("used") else "-" if not lv else
+              f"{lv['threshold']:.2f} ({lv['threshold_s'] * 1e3:.1f} ms)" if lv.get("threshold") else
+              "classes " + " / ".join("".join(str(x) for x in row) for row in lv["start_levels"]))
+        row = f"| {c} | {unit * 1e3:g} ms | {th} | {w('pi*')} | {w('pi(inf)')} | {gain} | {adj} | {dem} | {err} |"
+        if kind == "class":
+            e = (explicit or {}).get(c)
+            row += (" - |" if e is None or e["run"]["time_unit"] != unit else
+                    f" {100 * e['measured_gains']['pi(inf)']:.1f} / {100 * e['adjusted_gains']['pi(inf)']:.1f} |")
+        lines.append(row)
     return "\n".join(lines)
 
 
@@ -465,12 +503,15 @@ def _survival(hidden: dict[str, Any], explicit: dict[str, Any] | None) -> list[s
     return lines
 
 
+def _explicit_record() -> dict[str, Any] | None:
+    """The explicit-phase record (apache-table2), if any."""
+    path = REPO / "bench" / "results" / "apache_table2.json"
+    return dict(json.loads(path.read_text())) if path.exists() else None
+
+
 def _explicit(args: argparse.Namespace) -> dict[str, Any] | None:
     """The explicit-phase record beside a hidden run (default path only)."""
-    path = REPO / "bench" / "results" / "apache_table2.json"
-    if args.classifier != "hidden" or not path.exists():
-        return None
-    return dict(json.loads(path.read_text()))
+    return _explicit_record() if args.classifier == "hidden" else None
 
 
 def main() -> int:
@@ -480,8 +521,9 @@ def main() -> int:
     ap.add_argument("--time-unit", type=float, default=0.01, help="seconds of CPU per model time unit")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--classifier", choices=["explicit", "hidden"], default="explicit")
-    ap.add_argument("--cpu-priority", choices=["off", "age"], default="off",
-                    help="age: pi* may use mod_overtake_prio's age priority (see the module docstring)")
+    ap.add_argument("--cpu-priority", choices=["off", "age", "class"], default="off",
+                    help="pi* may use mod_overtake_prio: age priority, or short-first classes with "
+                    "explicit phases (see the module docstring)")
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--max-workers", type=int, default=64)
     ap.add_argument("--policy-dir", default="/tmp/overtake-table2-policies")
@@ -510,7 +552,10 @@ def main() -> int:
         raise SystemExit(f"apache_table2: --transactions: at least 100 (20 batch means after warm-up), got {args.transactions}")
     if not args.time_unit > 0:
         raise SystemExit(f"apache_table2: --time-unit: seconds of CPU per model time unit, > 0, got {args.time_unit}")
-    suffix = ("-hidden" if args.classifier == "hidden" else "") + ("-age" if args.cpu_priority == "age" else "")
+    if args.cpu_priority == "class" and args.classifier != "explicit":
+        raise SystemExit("apache_table2: --cpu-priority class needs --classifier explicit (classes are known phases)")
+    suffix = ("-hidden" if args.classifier == "hidden" else "") + \
+        ("" if args.cpu_priority == "off" else f"-{args.cpu_priority}")
     results_path = Path(args.results) if args.results else REPO / "bench" / "results" / f"apache_table2{suffix}.json"
     # SIGTERM (e.g. a CI timeout) must still stop Apache and restore the halt-poll knob
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -17,6 +17,13 @@ predicted E[W] — unless it is not predicted better than Apache's default π(�
 (relative), in which case it runs passthrough and says why. :class:`Evidence` decides what is
 available from the traffic itself: the phase header counts only when nearly every recent stage
 request carried a valid one, route classes only once enough routes have a history.
+
+With the CPU-priority lever in Apache (``--cpu-priority``, issue 20) the exact predictions no
+longer hold; a policy file solved with ``overtake solve --cpu-priority`` carries simulated ones
+(:mod:`overtake.mdp.lever`): under ``age`` every candidate is weighed by its prediction with age
+priority (one without is not usable) and passthrough by π(∞)'s with it; under ``class`` a
+candidate that sees the phases is weighed by its prediction with short-first classes. Gains are
+always against Apache's default without the lever.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from dataclasses import dataclass, field
 
 from overtake.controller.policies import SpawnPolicy
 
-__all__ = ["MODE_FOR", "Choice", "Evidence", "choose"]
+__all__ = ["MODE_FOR", "Choice", "Evidence", "choose", "lever_wait"]
 
 #: the classifier mode that supplies each information level
 MODE_FOR = {"full": "explicit", "start": "explicit", "route": "learned", "none": "hidden"}
@@ -44,30 +51,56 @@ class Choice:
     reason: str
 
 
+def lever_wait(p: SpawnPolicy, lever: str) -> float | None:
+    """``p``'s predicted E[W] with the lever in force (module docstring); None when unknown."""
+    pred = (getattr(p, "lever", None) or {}).get(lever)
+    if lever == "age":
+        return float(pred["mean_response_time"]) if pred else None
+    if lever == "class" and pred and p.phase_info == "full":
+        return float(pred["mean_response_time"])
+    return p.predicted_wait
+
+
 def choose(candidates: Sequence[SpawnPolicy], available: Collection[str], passthrough: SpawnPolicy, *,
-           margin: float = 0.02) -> Choice:
+           margin: float = 0.02, lever: str = "off") -> Choice:
     """The candidate with the lowest predicted E[W] among those whose information is ``available``.
 
     Passthrough (π(∞), ``mode`` hidden) when no candidate is usable, or when the best one's
     predicted gain (E W(π(∞)) − E W) / E W(π(∞)) is below ``margin``; a candidate without
-    both predictions (an old file, a baseline) is never chosen over passthrough.
+    both predictions (an old file, a baseline) is never chosen over passthrough. ``lever``: the
+    CPU-priority lever Apache runs (off, age, class).
     """
-    usable = [p for p in candidates if p.phase_info in available and p.predicted_wait is not None
-              and p.passthrough_wait is not None]
-    if not usable:
+    with_lever = "" if lever == "off" else f" with {lever} priority"
+    # (policy, predicted E[W], Apache's default without the lever, label)
+    options: list[tuple[SpawnPolicy, float, float, str]] = []
+    for p in candidates:
+        w = lever_wait(p, lever)
+        if p.phase_info in available and w is not None and p.passthrough_wait is not None:
+            options.append((p, w, p.passthrough_wait, f"{p.name} ({p.phase_info}){with_lever}"))
+    if lever == "age":  # age priority alone, π(∞) plus the lever, is a candidate of its own
+        for p in candidates:
+            pr = (getattr(p, "lever", None) or {}).get("age")
+            if pr and pr.get("passthrough") is not None and p.passthrough_wait is not None:
+                options.append((passthrough, float(pr["passthrough"]), p.passthrough_wait,
+                                "passthrough with age priority in Apache"))
+                break
+    if not options:
         have = sorted({p.phase_info for p in candidates})
+        why = (f"candidates are solved for {', '.join(have) or 'nothing'}" if lever == "off" else
+               f"none carries a prediction with {lever} priority (overtake solve --cpu-priority {lever})")
         return Choice(passthrough, "hidden", "none", None,
                       f"no candidate policy for the information available ({', '.join(sorted(available))}); "
-                      f"candidates are solved for {', '.join(have) or 'nothing'}: running passthrough")
-    best = min(usable, key=lambda p: p.predicted_wait or 0.0)
-    ps, w = best.passthrough_wait or 0.0, best.predicted_wait or 0.0
+                      f"{why}: running passthrough")
+    best, w, ps, label = min(options, key=lambda t: t[1])
     gain = (ps - w) / ps
     if gain < margin:
         return Choice(passthrough, "hidden", "none", gain,
-                      f"best policy {best.name} ({best.phase_info}) predicts {100 * gain:.1f} % over Apache's "
-                      f"default, below the {100 * margin:g} % margin: running passthrough")
+                      f"best choice {label} predicts {100 * gain:.1f} % over Apache's default, below the "
+                      f"{100 * margin:g} % margin: running passthrough")
+    if best is passthrough:
+        return Choice(passthrough, "hidden", "none", gain, f"{label} predicts {100 * gain:.1f} % over Apache's default")
     return Choice(best, MODE_FOR[best.phase_info], best.phase_info, gain,
-                  f"{best.name} ({best.phase_info}) predicts {100 * gain:.1f} % over Apache's default")
+                  f"{label} predicts {100 * gain:.1f} % over Apache's default")
 
 
 @dataclass

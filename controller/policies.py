@@ -24,7 +24,7 @@ import tempfile
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -153,6 +153,12 @@ class TablePolicy:
         else:
             self.labels = tuple((np.eye(int(s.phases)), np.asarray(s.alpha, dtype=float)) for s in stages)
         self.stage_names = tuple(s.name for s in policy.model.stages)
+        #: simulated predictions with mod_overtake_prio's lever (``overtake solve --cpu-priority``):
+        #: kind -> {"mean_response_time", "passthrough", "thresholds", ...} (mdp.lever)
+        lv = policy.meta.get("cpu_priority")
+        self.lever: dict[str, dict[str, Any]] = {
+            k: v for k, v in lv.items() if isinstance(v, dict) and isinstance(v.get("mean_response_time"), float)
+        } if isinstance(lv, dict) else {}
         self._memo: dict[tuple[int, ...], tuple[int, ...]] = {}
 
     def action(self, state: tuple[int, ...]) -> tuple[int, ...]:

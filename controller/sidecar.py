@@ -187,6 +187,8 @@ class Sidecar:
             raise SidecarInputError(f"policy: {options.policy} is a directory of policies; that needs "
                                     "classifier.mode: auto in the stages file (or give one .npz)")
         self.classifier = Classifier(settings, policy)
+        if options.cpu_priority == "age":
+            self._say_age_threshold(policy, cfg.classifier.time_unit)
         if self.auto:
             self.classifier.evidence = Evidence()
             self._auto_choose(policy, initial=True)  # type: ignore[arg-type]
@@ -223,6 +225,23 @@ class Sidecar:
     def policy(self) -> SpawnPolicy:
         return self.limiter.policy
 
+    @staticmethod
+    def _say_age_threshold(policy: SpawnPolicy, time_unit: float) -> None:
+        """Log the age threshold the policy file's model chose, in seconds of thread CPU: the
+        value for Apache's ``OvertakePrioLevels`` (the sidecar cannot set it)."""
+        members = policy.members if isinstance(policy, PolicySet) else (policy,)
+        for p in members:
+            th = ((getattr(p, "lever", None) or {}).get("age") or {}).get("thresholds")
+            if th and th[0] and th[0][0] is not None:
+                secs = float(th[0][0]) * time_unit
+                log.info(f"cpu_priority age: the model's threshold is {secs:.4g} s of thread CPU; Apache "
+                         f"should run OvertakePrioLevels {secs:.4g} (mod_overtake_prio)",
+                         extra={"event": "cpu_priority_threshold", "detail": f"{th[0][0]:.4g} model units x "
+                                f"time_unit {time_unit:g} s, from {p.name}"})
+                return
+        log.warning("cpu_priority age: no policy file carries a prediction with age priority; solve with "
+                    "`overtake solve --cpu-priority age` so that auto can weigh it", extra={"event": "cpu_priority_threshold"})
+
     def _cpu_class(self, stage: int, label: int) -> int | None:
         """mod_overtake_prio's starting level for a request of ``stage`` with ``label`` under the
         policy in force (short-first classes, :func:`~overtake.controller.policies.class_levels`)."""
@@ -248,7 +267,8 @@ class Sidecar:
         ev = self.classifier.evidence
         assert ev is not None
         settings = self.table.config.classifier
-        choice = choose(ps.members, ev.available(), ps.passthrough, margin=settings.auto_margin)
+        choice = choose(ps.members, ev.available(), ps.passthrough, margin=settings.auto_margin,
+                        lever=self.options.cpu_priority)
         changed = choice.policy is not ps.chosen or initial
         ps.adopt(choice.policy, choice.reason, choice.predicted_gain)
         if changed:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .errors import MDPError, ModelError, OvertakeError, PolicyFileError, SolverError, TruncationError
     from .evaluate import PolicyMetrics, stationary_distribution
     from .heuristic import OvertakingHeuristic, evaluate_heuristic, overtaking_heuristic
+    from .lever import LeverPrediction, predict_lever
     from .lp import LinearConstraint, LPResult, NodePolicy, occupation_lp
     from .model import Stage, TandemModel
     from .observation import ObservationSpace
@@ -51,6 +52,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "errors": ("MDPError", "ModelError", "OvertakeError", "PolicyFileError", "SolverError", "TruncationError"),
     "evaluate": ("PolicyMetrics", "stationary_distribution"),
     "heuristic": ("OvertakingHeuristic", "evaluate_heuristic", "overtaking_heuristic"),
+    "lever": ("LeverPrediction", "predict_lever"),
     "lp": ("LPResult", "LinearConstraint", "NodePolicy", "occupation_lp"),
     "model": ("Stage", "TandemModel"),
     "observation": ("ObservationSpace",),
