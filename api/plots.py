@@ -74,16 +74,51 @@ class PolicyGrid:
 
     ``spawn[c, s, i, j]``: threads π* starts for stage ``s`` of the two shown when ``i`` requests
     wait at the first shown stage, ``j`` at the second, and the active threads are ``configs[c]``.
-    Waiting requests of a stage sit in the queue of its most likely entry phase.
+    Waiting requests of a stage sit in the queue of its most likely entry phase. ``reached[c, i, j]``:
+    the policy's chain visits that state from the empty system (None: not computed, see
+    :func:`reached_rows`).
     """
 
     stages: tuple[str, ...]
     configs: tuple[str, ...]
     spawn: IntArray
+    reached: npt.NDArray[np.bool_] | None = None
 
 
-def policy_grid(policy: Policy, *, size: int = 8) -> PolicyGrid:
-    """Evaluate ``policy.actions`` on a (size+1)² grid of the first two stages' waiting requests."""
+#: the chain is built to tell the reached states up to this many states (a few seconds)
+REACH_MAX_STATES = 400_000
+
+
+def reached_rows(policy: Policy, rows: IntArray) -> npt.NDArray[np.bool_] | None:
+    """Which pre-decision state ``rows`` the policy's chain visits from the empty system (positive
+    stationary probability: the chain is unichain on them). None where that is not told cheaply:
+    observation policies, spawns that start a random phase, more than :data:`REACH_MAX_STATES`."""
+    from overtake.mdp.evaluate import reachable
+    from overtake.mdp.solve import induced_matrix
+    from overtake.mdp.statespace import StateSpace, Truncation
+
+    if policy.observed or policy.keys.size > REACH_MAX_STATES:
+        return None
+    space = StateSpace(policy.model, Truncation(policy.max_requests, policy.max_threads), policy.phase_info)
+    if not space.layout.deterministic or space.size != policy.keys.size:
+        return None
+    Q = space.Q
+    spawn = policy.actions(space.rows)
+    post = space.rows.copy()
+    post[:, :Q] -= spawn
+    for q, targets in enumerate(space.layout.spawn):  # deterministic: one coordinate per queue
+        post[:, Q + targets[0][0]] += spawn[:, q]
+    P = induced_matrix(space, space.index(post))
+    after = reachable(P, 0)  # post-decision states the chain visits
+    seen = np.zeros(space.size, dtype=bool)
+    seen[np.unique(space.event_matrix[after].indices)] = True  # the states one event leads to
+    idx = space.find(rows)
+    return np.where(idx >= 0, seen[np.maximum(idx, 0)], False)
+
+
+def policy_grid(policy: Policy, *, size: int = 8, reached: bool = True) -> PolicyGrid:
+    """Evaluate ``policy.actions`` on a (size+1)² grid of the first two stages' waiting requests
+    (``reached``: also which of those states the policy's chain visits, :func:`reached_rows`)."""
     model = policy.model
     shown = list(range(min(2, model.n_stages)))
     Q, D = policy.Q, policy.D
@@ -110,20 +145,26 @@ def policy_grid(policy: Policy, *, size: int = 8) -> PolicyGrid:
     ii, jj = np.meshgrid(np.arange(n + 1), np.arange(n + 1) if len(shown) > 1 else np.zeros(1, dtype=np.int64),
                          indexing="ij")
     out = np.zeros((len(configs), len(shown), ii.shape[0], ii.shape[1]), dtype=np.int64)
+    grids = []
     for c, (_, k) in enumerate(configs):
         rows = np.zeros((ii.size, Q + D), dtype=np.int64)
         rows[:, entry_q[0]] += ii.ravel()
         if len(shown) > 1:
             rows[:, entry_q[1]] += jj.ravel()
         rows[:, Q:] = k
+        grids.append(rows)
         act = policy.actions(rows)
         for si, s in enumerate(shown):
             out[c, si] = act[:, qstage == s].sum(axis=1).reshape(ii.shape)
-    return PolicyGrid(tuple(model.stages[s].name for s in shown), tuple(name for name, _ in configs), out)
+    seen = reached_rows(policy, np.concatenate(grids)) if reached else None
+    mask = None if seen is None else seen.reshape(len(configs), *ii.shape)
+    return PolicyGrid(tuple(model.stages[s].name for s in shown), tuple(name for name, _ in configs), out, mask)
 
 
 def policy_figure(policy: Policy, *, size: int = 8, title: str = "") -> Figure:
     """Heatmaps of :func:`policy_grid`: rows = active threads, columns = stage spawned from."""
+    from matplotlib import colormaps
+    from matplotlib.colors import BoundaryNorm, ListedColormap
     from matplotlib.figure import Figure
 
     g = policy_grid(policy, size=size)
@@ -132,22 +173,27 @@ def policy_figure(policy: Policy, *, size: int = 8, title: str = "") -> Figure:
     fig.subplots_adjust(left=0.1, right=0.84, bottom=0.06, top=0.92, hspace=0.45, wspace=0.35)
     axes = np.atleast_2d(fig.subplots(nc, ns, squeeze=False))
     vmax = max(1, int(g.spawn.max()))
+    # thread counts are integers: one colour each; states the chain never visits stay blank
+    cmap = ListedColormap(colormaps["viridis"](np.linspace(0, 1, vmax + 1))).with_extremes(bad="white")
+    norm = BoundaryNorm(np.arange(-0.5, vmax + 1), cmap.N)
     im = None
     for c in range(nc):
         for s in range(ns):
             ax = axes[c, s]
             grid = g.spawn[c, s]
-            im = ax.imshow(grid.T, origin="lower", cmap="viridis", vmin=0, vmax=vmax, aspect="auto")
+            shown = grid if g.reached is None else np.ma.masked_array(grid, ~g.reached[c])
+            im = ax.imshow(shown.T, origin="lower", cmap=cmap, norm=norm, aspect="auto")
             for (i, j), v in np.ndenumerate(grid):
-                if v:  # zeros are the dark background; labelling only the rest keeps drawing cheap
+                if v and (g.reached is None or g.reached[c, i, j]):  # zeros: the dark background
                     ax.text(i, j, str(v), ha="center", va="center", fontsize=7, color="w" if v < vmax / 2 else "k")
             ax.set_xlabel(f"waiting at {g.stages[0]}")
             if len(g.stages) > 1:
                 ax.set_ylabel(f"waiting at {g.stages[1]}")
             ax.set_title(f"start at {g.stages[s]} | {g.configs[c]}", fontsize=8)
     if im is not None:
-        fig.colorbar(im, cax=fig.add_axes((0.88, 0.3, 0.025, 0.4)), label="threads started")
-    fig.suptitle(title or f"policy {policy.digest()}: threads started per state")
+        fig.colorbar(im, cax=fig.add_axes((0.88, 0.3, 0.025, 0.4)), label="threads started", ticks=range(vmax + 1))
+    note = "" if g.reached is None else " (blank: never reached)"
+    fig.suptitle((title or f"policy {policy.digest()}: threads started per state") + note)
     return fig
 
 

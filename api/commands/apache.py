@@ -46,6 +46,14 @@ def register(subparsers: Any) -> None:
         action="store_false",
         help="do not write -20 to /proc/<pid>/autogroup (default: do, when root)",
     )
+    s.add_argument("--cpu-priority-levels", default=None, metavar="SECONDS[,SECONDS...]",
+                   help="load mod_overtake_prio (per-request CPU priority of the worker threads, built with apxs): "
+                   "thread-CPU seconds at which a request drops a level (OvertakePrioLevels), e.g. 0.02")
+    s.add_argument("--cpu-priority-nice", default=None, metavar="N|idle[,...]",
+                   help="per level a nice increment 1..19 or idle (SCHED_IDLE, last level only); "
+                   "default 10 for each level but the last, idle for the last")
+    s.add_argument("--cpu-priority-class-only", action="store_true",
+                   help="no demotion by attained CPU: only the X-Overtake-Class header sets a level")
     s.add_argument("--json", action="store_true", help="print the instance as JSON")
 
     t = act.add_parser("stop", help="graceful stop; return when the processes have exited")
@@ -58,6 +66,26 @@ def register(subparsers: Any) -> None:
     q.add_argument("--json", action="store_true", help="print as JSON")
 
 
+def _cpu_priority(args: argparse.Namespace) -> apache.CpuPriority | None:
+    """mod_overtake_prio's settings from the flags, or None (module not loaded)."""
+    if args.cpu_priority_levels is None:
+        if args.cpu_priority_nice is not None or args.cpu_priority_class_only:
+            raise ValueError("--cpu-priority-nice/--cpu-priority-class-only: give --cpu-priority-levels too, "
+                             "e.g. --cpu-priority-levels 0.02")
+        return None
+    try:
+        levels = tuple(float(x) for x in args.cpu_priority_levels.split(","))
+    except ValueError:
+        raise ValueError(f"--cpu-priority-levels: comma-separated seconds of thread CPU such as 0.02 or "
+                         f"0.005,0.05, got {args.cpu_priority_levels!r}") from None
+    nice: tuple[int | str, ...] | None = None
+    if args.cpu_priority_nice is not None:
+        nice = tuple(x if x == "idle" else int(x) if x.lstrip("-").isdigit() else x
+                     for x in args.cpu_priority_nice.split(","))
+    # CpuPriority checks every field and names it (an ApacheInputError, a ValueError)
+    return apache.CpuPriority(levels=levels, nice=nice, age=not args.cpu_priority_class_only)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run one action; 0 on success, 1 on an Apache error (input errors raise ValueError)."""
     try:
@@ -68,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
                 cpu=args.cpu,
                 max_workers=args.max_workers,
                 raise_priority=args.raise_priority,
+                cpu_priority=_cpu_priority(args),
             )
             if args.json:
                 print(json.dumps(dataclasses.asdict(inst)))

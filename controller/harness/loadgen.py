@@ -73,10 +73,11 @@ def make_trace(model: TandemModel, n: int, seed: int) -> dict[str, np.ndarray]:
     return tr
 
 
-async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str, phase: int,
+async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str, phase: int | None,
                next_phase: int | None = None) -> int:
     nxt = "" if next_phase is None else f"X-Overtake-Next-Phase: {next_phase}\r\n"
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\nX-Overtake-Phase: {phase}\r\n{nxt}\r\n".encode())
+    ph = "" if phase is None else f"X-Overtake-Phase: {phase}\r\n"
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\n{ph}{nxt}\r\n".encode())
     head = await reader.readuntil(b"\r\n\r\n")
     status = int(head[9:12])
     n = 0
@@ -88,8 +89,9 @@ async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path:
 
 
 async def replay(port: int, trace: dict[str, np.ndarray], unit: float, n_stages: int,
-                 overhead: float = 0.0, host: str = "127.0.0.1") -> tuple[np.ndarray, int]:
-    """Open-loop replay; returns response times (s) from the *scheduled* arrival, and failures."""
+                 overhead: float = 0.0, host: str = "127.0.0.1", phase_header: bool = True) -> tuple[np.ndarray, int]:
+    """Open-loop replay; returns response times (s) from the *scheduled* arrival, and failures.
+    ``phase_header`` False sends no X-Overtake-Phase/-Next-Phase: traffic as a real site has it."""
     loop = asyncio.get_running_loop()
     n = trace["arrival"].size
     out = np.full(n, np.nan)
@@ -105,9 +107,9 @@ async def replay(port: int, trace: dict[str, np.ndarray], unit: float, n_stages:
             try:
                 for s in range(n_stages):
                     work = max(trace[f"demand{s}"][i] * unit - overhead, 0.0)
-                    nxt = int(trace[f"phase{s + 1}"][i]) + 1 if s + 1 < n_stages else None
-                    code = await _get(reader, writer, f"/stage{s + 1}?work={work:.6f}", int(trace[f"phase{s}"][i]) + 1,
-                                      nxt)
+                    nxt = int(trace[f"phase{s + 1}"][i]) + 1 if s + 1 < n_stages and phase_header else None
+                    code = await _get(reader, writer, f"/stage{s + 1}?work={work:.6f}",
+                                      int(trace[f"phase{s}"][i]) + 1 if phase_header else None, nxt)
                     if code != 200:
                         failures += 1
                         return

@@ -44,6 +44,21 @@ def test_policy_grid_of_exponential_stages_is_one_thread_at_a_time(exp_policy: P
         assert [g.spawn[0, 0, i, j], g.spawn[0, 1, i, j]] == a.tolist()
 
 
+def test_policy_grid_marks_the_states_the_chain_reaches(exp_policy: Policy) -> None:
+    """π* = π(1), the back stage first: a front thread starts only while no request waits at the
+    back, and only a front completion adds one there. So while any thread runs the back queue is
+    empty (j = 0), and with no thread active (just after a completion) it holds at most the one
+    request a front completion has just added (j <= 1); the front queue takes any length."""
+    g = plots.policy_grid(exp_policy, size=5)
+    assert g.reached is not None
+    i, j = np.meshgrid(np.arange(6), np.arange(6), indexing="ij")
+    np.testing.assert_array_equal(g.reached[0], j <= 1)
+    np.testing.assert_array_equal(g.reached[1], j == 0)
+    np.testing.assert_array_equal(g.reached[2], j == 0)
+    fig = plots.policy_figure(exp_policy, size=5)
+    assert "blank: never reached" in fig.texts[0].get_text()  # the suptitle says what blank means
+
+
 def test_gains_figure_bars_are_the_mean_response_times() -> None:
     sc = parse_scenario(exp2(0.3))
     doc = compare(sc.build_model(), tol=sc.tolerance, truncation=sc.fixed_truncation())
