@@ -3,9 +3,12 @@
 The request goes to Apache on a keep-alive connection of the
 :class:`overtake.controller.upstream.UpstreamPool`; the stage is complete the moment Apache's
 *whole* response has been received (buffered up to ``response_buffer_bytes``, then streamed,
-chunked to HTTP/1.1 clients when Apache gave no length), so a slow client never holds a stage
-slot unless the response is larger than the buffer. The gateway's ``complete`` callback releases
-the permit then, before a byte goes to the client. Every response goes to the client through
+chunked to HTTP/1.1 clients when Apache gave no length). The gateway's ``complete`` callback
+releases the permit then. A response larger than the buffer goes to the client through a
+:class:`~overtake.controller.spool.Spool` (memory, then a temporary file up to
+``response_spill_bytes``), so a slow reader does not hold a stage slot or the passthrough cap
+while Apache has finished; each write to the client must make progress within
+``client_timeout``. Every response goes to the client through
 the uplink seam (:mod:`overtake.controller.uplink`). Apache unreachable or broken mid-answer
 releases the permit as ``failed`` and answers 502 (or closes a response already started).
 """
@@ -22,6 +25,7 @@ from overtake.controller.errors import ControllerError
 from overtake.controller.http1 import ClientConnection, Request, client_head, content_length, simple_response, upstream_head
 from overtake.controller.limiter import ADMITTED, Limiter, Ticket
 from overtake.controller.metrics import SidecarMetrics
+from overtake.controller.spool import Spool
 from overtake.controller.stages import Limits
 from overtake.controller.uplink import Uplink
 from overtake.controller.upstream import UpstreamError, UpstreamPool, UpstreamResponse
@@ -48,6 +52,9 @@ class Forwarder:
         self.upstream_host = f"{pool.host}:{pool.port}".encode()
         self._err_logged = -1e9
         self._err_suppressed = 0
+        #: responses on their way to slow clients; their bytes on disk are a gauge
+        self.spools: set[Spool] = set()
+        metrics.spool_bytes.set_function(lambda: float(sum(s.disk_bytes for s in self.spools)))
 
     async def send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
         """Write one whole response through the uplink."""
@@ -75,10 +82,16 @@ class Forwarder:
         body = b"".join(req.body)
         head = upstream_head(req, conn.peer, len(body), self.upstream_host, cpu_class)
         writer = conn.writer
-        state: dict[str, Any] = {"flow": None, "chunked": False}
+        state: dict[str, Any] = {"flow": None, "chunked": False, "spool": None, "drain": None}
+
+        def gone() -> None:
+            d: asyncio.Task[None] | None = state["drain"]
+            if d is not None and d.done():  # the client stopped reading or went away
+                raise ClientGone(str(d.exception()) if not d.cancelled() and d.exception() else "client gone")
 
         async def stream(resp: UpstreamResponse) -> None:
-            # response larger than the buffer: start the client response, pass chunks through
+            # response larger than the buffer: start the client response; Apache's bytes go to the
+            # spool at Apache's pace, a drain task writes them at the client's
             if state["flow"] is None:
                 cl = content_length(resp.headers)
                 state["chunked"] = chunked = cl is None and req.version == "1.1"
@@ -86,15 +99,16 @@ class Forwarder:
                     req.keep_alive = False  # HTTP/1.0 client: close-delimited body
                 hd = client_head(resp, req, None, chunked)
                 flow = self.uplink.open(writer, None if cl is None else len(hd) + cl)
-                state["flow"] = flow
-                await flow.write(hd)
+                spool = Spool(self.limits.response_buffer_bytes)
+                spool.append(hd)
+                state.update(flow=flow, spool=spool, drain=asyncio.create_task(self._drain(spool, flow)))
+            gone()
             data = b"".join(resp.body)
             resp.body.clear()
             if data:
-                try:
-                    await state["flow"].write(b"%x\r\n%s\r\n" % (len(data), data) if state["chunked"] else data)
-                except (ConnectionError, OSError) as exc:
-                    raise ClientGone(str(exc)) from None  # not Apache's failure: exchange must not say so
+                state["spool"].append(b"%x\r\n%s\r\n" % (len(data), data) if state["chunked"] else data)
+                await state["spool"].wait_room(self.limits.response_spill_bytes)  # beyond it, the client's pace
+                gone()
 
         try:
             resp = await self.pool.exchange(
@@ -106,7 +120,7 @@ class Forwarder:
             self.metrics.errors.labels("upstream_timeout" if "within" in str(exc) else "upstream_error").inc()
             self._log_upstream_error(str(exc))
             if state["flow"] is not None:
-                state["flow"].close()
+                self._abandon(state)
                 return False
             await self.send(writer, simple_response(502, f"overtake sidecar: Apache did not answer ({exc})", close=False))
             return req.keep_alive
@@ -115,11 +129,13 @@ class Forwarder:
             self.limiter.release(t, "client_abort")
             self.metrics.errors.labels("client_abort").inc()
             if state["flow"] is not None:
-                state["flow"].close()
+                self._abandon(state)
             return False
         except BaseException:
             if t.status == ADMITTED:
                 self.limiter.release(t, "failed")
+            if state["flow"] is not None:
+                self._abandon(state)
             raise
         await complete(resp)  # the stage is complete: Apache has sent everything
         if state["flow"] is None:
@@ -127,13 +143,41 @@ class Forwarder:
             hd = client_head(resp, req, None if req.method == b"HEAD" else len(data), False)
             await self.send(writer, hd + data)
         else:
-            flow = state["flow"]
+            spool, drain = state["spool"], state["drain"]
+            data = b"".join(resp.body)
+            spool.append((b"%x\r\n%s\r\n" % (len(data), data) if data else b"") + b"0\r\n\r\n"
+                         if state["chunked"] else data)
+            spool.feed_eof()
             try:
-                data = b"".join(resp.body)
-                if state["chunked"]:
-                    await flow.write((b"%x\r\n%s\r\n" % (len(data), data) if data else b"") + b"0\r\n\r\n")
-                elif data:
-                    await flow.write(data)
+                await drain  # the slot is free already; this connection waits for its client
+            except (ConnectionError, OSError, TimeoutError):
+                self.metrics.errors.labels("client_abort").inc()
+                return False
             finally:
-                flow.close()
+                self._abandon(state)
         return req.keep_alive
+
+    async def _drain(self, spool: Spool, flow: Any) -> None:
+        """Copy ``spool`` to the client; a write that makes no progress within ``client_timeout``
+        ends it (TimeoutError), as a client that went away does (ConnectionError)."""
+        self.spools.add(spool)
+        try:
+            while chunk := await spool.read():
+                async with asyncio.timeout(self.limits.client_timeout):
+                    await flow.write(chunk)
+        finally:
+            spool.close()  # wakes a producer held back by the spill cap
+            self.spools.discard(spool)
+
+    def _abandon(self, state: dict[str, Any]) -> None:
+        """Stop the drain task, drop the spool, close the flow (idempotent)."""
+        d: asyncio.Task[None] | None = state["drain"]
+        if d is not None and not d.done():
+            d.cancel()
+        if d is not None and d.done() and not d.cancelled():
+            d.exception()  # retrieved: a client that went away is not an unhandled error
+        spool: Spool | None = state["spool"]
+        if spool is not None:
+            spool.close()
+        if state["flow"] is not None:
+            state["flow"].close()

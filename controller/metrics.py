@@ -22,6 +22,8 @@ overtake_gateway_errors_total{reason}                   counter  bad_request, he
                                                                  body_too_large, bad_phase, ...
 overtake_inflight / overtake_inflight_limit             gauge    all requests in Apache / hard cap
 overtake_inflight_max                                   gauge    largest inflight seen
+overtake_response_spool_bytes                           gauge    finished answers waiting on disk
+                                                                 for slow clients
 overtake_policy_info{name,version,hash,phase_info,      gauge    1 (auto: the chosen policy and why)
                      chosen,reason}
 overtake_policy_predicted_response_time_seconds         gauge    model E[W] x time unit (tables)
@@ -58,7 +60,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -260,6 +262,10 @@ class SidecarMetrics:
             "A `next` reservation until its request arrived (the client's round trip; reservations "
             "that lapse after follow_up_timeout are counted in rejected/completed, not here)",
             ["stage"], buckets=_GAP_BUCKETS, registry=self.registry,
+        )
+        self.spool_bytes = Gauge(
+            "overtake_response_spool_bytes", "Bytes of responses Apache has finished that wait on disk for "
+            "slow clients (limits.response_spill_bytes per response)", registry=self.registry,
         )
         self.errors = Counter(
             "overtake_gateway_errors", "Requests answered by the gateway itself, by reason",

@@ -123,6 +123,9 @@ class Limits(_Strict):
     max_header_bytes: int = Field(default=16384, ge=256)
     max_body_bytes: int = Field(default=1 << 20, ge=0)
     response_buffer_bytes: int = Field(default=1 << 20, ge=0)
+    # beyond the buffer, a response Apache has finished waits on disk (an unlinked temp file) for a
+    # slow client up to this many bytes, so the client never holds a stage slot; 0 = never spill
+    response_spill_bytes: int = Field(default=1 << 30, ge=0)
     upstream_timeout: float = Field(default=120.0, gt=0)
     upstream_connect_timeout: float = Field(default=5.0, gt=0)  # seconds to connect to Apache
     client_timeout: float = Field(default=60.0, gt=0)  # idle keep-alive
