@@ -16,6 +16,7 @@ releases the permit as ``failed`` and answers 502 (or closes a response already 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -54,6 +55,8 @@ class Forwarder:
         self._err_suppressed = 0
         #: responses on their way to slow clients; their bytes on disk are a gauge
         self.spools: set[Spool] = set()
+        self.tunnels: set[asyncio.Task[Any]] = set()  #: open WebSocket tunnels (``overtake_tunnels``)
+        metrics.tunnels.set_function(lambda: float(len(self.tunnels)))
         metrics.spool_bytes.set_function(lambda: float(sum(s.disk_bytes for s in self.spools)))
 
     async def send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
@@ -156,6 +159,71 @@ class Forwarder:
             finally:
                 self._abandon(state)
         return req.keep_alive
+
+    async def tunnel(self, conn: ClientConnection, req: Request) -> int:
+        """A WebSocket upgrade (RFC 6455 §4): Apache's answer relayed and, on 101, the bytes both
+        ways until one side closes; the status is returned, the connection then closes.
+
+        A tunnel is no CPU request of the model: it takes no stage slot and no passthrough cap,
+        only one of ``limits.max_tunnels`` (503 beyond), on its own connection to Apache."""
+        writer = conn.writer
+        if len(self.tunnels) >= self.limits.max_tunnels:
+            self.metrics.errors.labels("tunnel_limit").inc()
+            await self.send(writer, simple_response(503, f"overtake sidecar: {self.limits.max_tunnels} tunnels open "
+                                                    "(limits.max_tunnels)", close=True))
+            return 503
+        body = b"".join(req.body)
+        head = upstream_head(req, conn.peer, len(body), self.upstream_host, upgrade=req.upgrade)
+        try:
+            async with asyncio.timeout(self.limits.upstream_connect_timeout):
+                ur, uw = await asyncio.open_connection(self.pool.host, self.pool.port)
+        except (OSError, TimeoutError) as exc:
+            self.metrics.errors.labels("upstream_error").inc()
+            await self.send(writer, simple_response(502, f"overtake sidecar: Apache did not answer ({exc})", close=True))
+            return 502
+        me = asyncio.current_task()
+        assert me is not None
+        self.tunnels.add(me)
+        try:
+            uw.write(head + body)
+            try:
+                async with asyncio.timeout(self.limits.upstream_timeout):
+                    answer = await ur.readuntil(b"\r\n\r\n")
+                status = int(answer[9:12])
+            except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+                self.metrics.errors.labels("upstream_error").inc()
+                await self.send(writer, simple_response(502, f"overtake sidecar: no upgrade answer from Apache ({exc})",
+                                                        close=True))
+                return 502
+            writer.write(answer)
+            if status != 101:  # refused: relay the rest of Apache's answer, then close
+                async with asyncio.timeout(self.limits.upstream_timeout):
+                    while data := await ur.read(65536):
+                        writer.write(data)
+                        await writer.drain()
+                return status
+
+            async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, first: bytes = b"") -> None:
+                with contextlib.suppress(ConnectionError, OSError):
+                    if first:
+                        w.write(first)
+                    while data := await r.read(65536):
+                        w.write(data)
+                        await w.drain()
+                    if w.can_write_eof():
+                        w.write_eof()
+
+            ups = asyncio.create_task(pipe(conn.reader, uw, conn.tunnel_rest or b""))
+            down = asyncio.create_task(pipe(ur, writer))
+            _, pending = await asyncio.wait({ups, down}, return_when=asyncio.FIRST_COMPLETED)
+            if pending:  # one side closed: the other gets a moment to finish its close handshake
+                _, pending = await asyncio.wait(pending, timeout=1.0)
+            for t in pending:
+                t.cancel()
+            return 101
+        finally:
+            self.tunnels.discard(me)
+            uw.close()
 
     async def _drain(self, spool: Spool, flow: Any) -> None:
         """Copy ``spool`` to the client; a write that makes no progress within ``client_timeout``

@@ -288,6 +288,10 @@ class Gateway:
             rec.status, rec.bytes = status, len(body)
             await self._send(writer, head + body)
             return req.keep_alive
+        if req.upgrade is not None:
+            rec.stage = "tunnel"
+            rec.status = await self.forwarder.tunnel(conn, req)
+            return False
         try:
             stage, phase, route_key = self._route(req, path)
         except BadPhaseHeader as exc:

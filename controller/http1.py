@@ -156,7 +156,8 @@ class Request:
     was refused (400), if it was.
     """
 
-    __slots__ = ("bad_target", "body", "expect", "headers", "keep_alive", "method", "path", "target", "url", "version")
+    __slots__ = ("bad_target", "body", "expect", "headers", "keep_alive", "method", "path", "target", "upgrade", "url",
+                 "version")
 
     def __init__(self) -> None:
         self.method = b""
@@ -169,6 +170,8 @@ class Request:
         self.keep_alive = True
         self.version = "1.1"
         self.expect = False
+        #: ``b"websocket"`` for a WebSocket upgrade (RFC 6455 §4.1): answered as a tunnel
+        self.upgrade: bytes | None = None
 
 
 class _TooLarge(ControllerError):
@@ -195,6 +198,9 @@ class ClientConnection:
         self.ready: deque[Request] = deque()
         self.error: tuple[int, str, str] | None = None  # (status, reason key, message)
         self.eof = False
+        #: a WebSocket upgrade was read: parsing stops, the bytes after its head (the client's
+        #: first frames) wait here for the tunnel, which takes the reader over
+        self.tunnel_rest: bytes | None = None
         self.wake: asyncio.Future[None] | None = None
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.head_bytes = 0
@@ -314,9 +320,15 @@ class ClientConnection:
             except httptools.HttpParserUpgrade as exc:
                 last = self.ready[-1] if self.ready else None
                 offer = next((v for k, v in last.headers if k.lower() == b"upgrade"), b"") if last else b""
+                offset = int(exc.args[0]) if exc.args and isinstance(exc.args[0], int) else len(data)
+                protocols = {p.strip().split(b"/")[0].lower() for p in offer.split(b",")}
+                if last is not None and b"websocket" in protocols and last.method == b"GET":
+                    last.upgrade = b"websocket"
+                    self.tunnel_rest = data[offset:]
+                    self._wake()
+                    return
                 if last is None or offer.strip().lower() != b"h2c":
                     raise
-                offset = int(exc.args[0]) if exc.args and isinstance(exc.args[0], int) else len(data)
                 self.parser = httptools.HttpRequestParser(self)
                 data = data[offset:]
                 if not data:
@@ -351,11 +363,13 @@ class ClientConnection:
                     break
                 except httptools.HttpParserUpgrade:
                     self.error = (400, "bad_request", "protocol upgrade is not supported by the sidecar (only "
-                                  "h2c, which is ignored: the answer comes in HTTP/1.1)")
+                                  "websocket, tunnelled, and h2c, which is ignored: the answer comes in HTTP/1.1)")
                     break
                 except httptools.HttpParserError as exc:
                     self.error = (400, "bad_request", f"malformed HTTP request ({exc})")
                     break
+                if self.tunnel_rest is not None:
+                    return  # the tunnel reads from here on; the connection stays open
                 if len(self.ready) >= _MAX_PIPELINE:  # back-pressure on pipelining clients
                     self.resume = asyncio.get_running_loop().create_future()
                     await self.resume
@@ -363,9 +377,10 @@ class ClientConnection:
         except (ConnectionError, OSError):
             pass
         finally:
-            self.eof = True
-            if not self.closed.done():
-                self.closed.set_result(None)
+            if self.tunnel_rest is None:  # a tunnel's reader lives on
+                self.eof = True
+                if not self.closed.done():
+                    self.closed.set_result(None)
             self._wake()
 
     async def next_request(self) -> Request | None:
@@ -390,7 +405,8 @@ def simple_response(status: int, text: str, *, close: bool, extra: bytes = b"") 
                b"Connection: close\r\n" if close else b"")) + body
 
 
-def upstream_head(req: Request, peer: str, body_len: int, upstream_host: bytes, cpu_class: int | None = None) -> bytes:
+def upstream_head(req: Request, peer: str, body_len: int, upstream_host: bytes, cpu_class: int | None = None,
+                  upgrade: bytes | None = None) -> bytes:
     """The request head sent to Apache: hop-by-hop headers dropped, ``X-Forwarded-For`` appended,
     ``X-Forwarded-Proto`` (``http``: the scheme the client used to reach the sidecar) and
     ``X-Forwarded-Host`` (the client's ``Host``) set in place of any the client sent, ``Host``
@@ -422,6 +438,8 @@ def upstream_head(req: Request, peer: str, body_len: int, upstream_host: bytes, 
         out.append(b"Host: " + upstream_host + b"\r\n")
     if cpu_class is not None:
         out.append(b"X-Overtake-Class: %d\r\n" % cpu_class)
+    if upgrade is not None:  # hop-by-hop: the sidecar asks Apache for the upgrade itself
+        out.append(b"Connection: Upgrade\r\nUpgrade: %s\r\n" % upgrade)
     if body_len or req.method in (b"POST", b"PUT", b"PATCH"):
         out.append(b"Content-Length: %d\r\n" % body_len)
     out.append(b"\r\n")

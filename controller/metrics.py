@@ -24,6 +24,7 @@ overtake_inflight / overtake_inflight_limit             gauge    all requests in
 overtake_inflight_max                                   gauge    largest inflight seen
 overtake_response_spool_bytes                           gauge    finished answers waiting on disk
                                                                  for slow clients
+overtake_tunnels                                        gauge    open WebSocket tunnels
 overtake_policy_info{name,version,hash,phase_info,      gauge    1 (auto: the chosen policy and why)
                      chosen,reason}
 overtake_policy_predicted_response_time_seconds         gauge    model E[W] x time unit (tables)
@@ -267,6 +268,7 @@ class SidecarMetrics:
             "overtake_response_spool_bytes", "Bytes of responses Apache has finished that wait on disk for "
             "slow clients (limits.response_spill_bytes per response)", registry=self.registry,
         )
+        self.tunnels = Gauge("overtake_tunnels", "Open WebSocket tunnels (limits.max_tunnels)", registry=self.registry)
         self.errors = Counter(
             "overtake_gateway_errors", "Requests answered by the gateway itself, by reason",
             ["reason"], registry=self.registry,
