@@ -22,7 +22,10 @@ two-level age priority and known-phase short-first, each exact (closed form, MLP
 finite weights) and simulated (FB as 40 levels of width 0.25).
 
 ``--spawn-cases``: π* (full phase information) alone against π* with short-first CPU classes,
-simulated (issue 20's "short-first priority plus π*'s spawn rules").
+simulated (issue 20's "short-first priority plus π*'s spawn rules"), and exact: with hyperexponential
+stages the phases do not move, so class priority by start phase is weighted sharing by phase
+(``TandemModel.weights``, discriminatory processor sharing), and the MDP gives the exact E[W] of
+π(∞) and of π* under it and the optimal spawn policy with the classes in force (``opt_class``).
 
 Pooled over seeds: the mean of the seed means and the half-width sqrt(Σ h²)/k. The raw run is
 appended to bench/results/cpu_priority_model.jsonl unless ``--no-write``; BENCHMARKS.md is not
@@ -55,6 +58,7 @@ from overtake.mdp.priority import (
     fb_mean,
     level_weights,
     mlps_mean,
+    short_first_levels,
     tandem_model_mean,
 )
 from overtake.mdp.simulate import simulate
@@ -163,6 +167,30 @@ def spawn_case(c: int, args: argparse.Namespace, w: float, log: Any) -> dict[str
            "pi_inf_class": pooled(model, "pi(inf)", cl, args.requests, seeds)}
     log(f"  spawn case {c}: pi* {fmt(out['pi_star'])}, pi*+class {fmt(out['pi_star_class'])}, "
         f"pi(inf)+class {fmt(out['pi_inf_class'])}")
+    # exact: class priority by start phase = weighted sharing by phase (H2 phases do not move)
+    from dataclasses import replace
+
+    from overtake.mdp.truncation import evaluate_baseline, evaluate_rule
+
+    if all(np.allclose(s.T, np.diag(np.diag(s.T))) for s in model.stages):
+        weighted = replace(model, weights=tuple(1.0 if lv == 0 else w for s in model.stages
+                                                for lv in short_first_levels(s)))
+        pol = opt.policy
+        ex: dict[str, Any] = {"pi_inf": evaluate_baseline(model, "pi(inf)", tol=1e-5).metrics.mean_response_time,
+                              "pi_star": opt.metrics.mean_response_time,
+                              "pi_inf_class": evaluate_baseline(weighted, "pi(inf)", tol=1e-5).metrics.mean_response_time}
+        ex["pi_star_class"] = [evaluate_rule(weighted, pol.layout, pol.rule(), max_requests=C,
+                                             max_threads=pol.max_threads).mean_response_time
+                               for C in (pol.max_requests, pol.max_requests + 6)]
+        t1 = time.perf_counter()
+        oc = solve_optimal(weighted, truncation=sc.fixed_truncation(), tol=args.tol)
+        ex.update(opt_class=oc.metrics.mean_response_time, opt_class_seconds=time.perf_counter() - t1,
+                  opt_class_gain_bounds=list(oc.solve.gain_bounds))
+        ex["gap"] = ex["pi_star_class"][-1] / ex["opt_class"] - 1
+        out["exact"] = ex
+        log(f"  spawn case {c} exact: pi(inf) {ex['pi_inf']:.4f}, pi* {ex['pi_star']:.4f}, pi(inf)+class "
+            f"{ex['pi_inf_class']:.4f}, pi*+class {ex['pi_star_class']}, optimum with classes {ex['opt_class']:.4f} "
+            f"(pi*+class {100 * ex['gap']:+.2f} % from it)")
     return out
 
 

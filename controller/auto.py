@@ -52,7 +52,11 @@ class Choice:
 
 
 def lever_wait(p: SpawnPolicy, lever: str) -> float | None:
-    """``p``'s predicted E[W] with the lever in force (module docstring); None when unknown."""
+    """``p``'s predicted E[W] with the lever in force (module docstring); None when unknown. A
+    policy solved for class priority is a candidate only under it."""
+    solved = getattr(p, "solved_lever", "off")
+    if solved != "off":
+        return p.predicted_wait if lever == solved else None
     pred = (getattr(p, "lever", None) or {}).get(lever)
     if lever == "age":
         return float(pred["mean_response_time"]) if pred else None

@@ -159,6 +159,9 @@ class TablePolicy:
         self.lever: dict[str, dict[str, Any]] = {
             k: v for k, v in lv.items() if isinstance(v, dict) and isinstance(v.get("mean_response_time"), float)
         } if isinstance(lv, dict) else {}
+        #: "class": solved with short-first CPU classes in force (``overtake solve --cpu-priority
+        #: class``): its predictions hold only with them
+        self.solved_lever = "class" if policy.model.weights is not None else "off"
         self._memo: dict[tuple[int, ...], tuple[int, ...]] = {}
 
     def action(self, state: tuple[int, ...]) -> tuple[int, ...]:

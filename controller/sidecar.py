@@ -189,6 +189,11 @@ class Sidecar:
         self.classifier = Classifier(settings, policy)
         if options.cpu_priority == "age":
             self._say_age_threshold(policy, cfg.classifier.time_unit)
+        for p in policy.members if isinstance(policy, PolicySet) else (policy,):
+            if getattr(p, "solved_lever", "off") == "class" and options.cpu_priority != "class":
+                log.warning(f"policy {p.name} was solved with short-first CPU classes in force; run with "
+                            "--cpu-priority class (and mod_overtake_prio, OvertakePrioAge Off) or solve without "
+                            "--cpu-priority class", extra={"event": "cpu_priority_mismatch", "policy": p.name})
         if self.auto:
             self.classifier.evidence = Evidence()
             self._auto_choose(policy, initial=True)  # type: ignore[arg-type]

@@ -167,12 +167,20 @@ class TandemModel:
         ``m`` in c(K) = min(K, m)/(1 + δK); paper 004 has m = 1.
     overhead
         ``δ`` ≥ 0, the per-thread slowdown; paper 004 has δ = 0.
+    weights
+        CPU weight of a thread at each (stage, phase) coordinate: the processor's c(K) is shared
+        in proportion to them (discriminatory processor sharing; Fayolle, Mitrani and Iasnogorodski,
+        *Sharing a processor among many job classes*, JACM 1980). None: equal shares, paper 004's
+        processor sharing. With phases that do not move (hyperexponential stages) this is the
+        CPU-priority lever's class priority by start phase (issue 20, :mod:`overtake.mdp.priority`).
+        One core only.
     """
 
     arrival_rate: float
     stages: tuple[Stage, ...]
     cores: int = 1
     overhead: float = 0.0
+    weights: tuple[float, ...] | None = None
     offsets: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -187,6 +195,14 @@ class TandemModel:
         object.__setattr__(self, "stages", tuple(self.stages))
         offs = np.concatenate([[0], np.cumsum([s.phases for s in self.stages])]).astype(int)
         object.__setattr__(self, "offsets", tuple(int(o) for o in offs))
+        if self.weights is not None:
+            w = tuple(float(x) for x in self.weights)
+            if len(w) != self.n_coords or not all(np.isfinite(x) and x > 0 for x in w):
+                raise ModelError(f"weights: one positive CPU weight per (stage, phase) coordinate ({self.n_coords}), "
+                                 f"got {self.weights!r}")
+            if self.cores != 1:
+                raise ModelError("weights: weighted CPU sharing is modelled on one core; set cores: 1")
+            object.__setattr__(self, "weights", w)
 
     # ---- sizes and coordinates -------------------------------------------------------------
     @property

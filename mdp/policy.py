@@ -54,6 +54,7 @@ def model_to_dict(model: TandemModel) -> dict[str, Any]:
         "cores": model.cores,
         "overhead": model.overhead,
         "stages": [{"name": s.name, "alpha": s.alpha.tolist(), "T": s.T.tolist()} for s in model.stages],
+        **({"weights": list(model.weights)} if model.weights is not None else {}),
     }
 
 
@@ -63,6 +64,7 @@ def model_from_dict(d: dict[str, Any]) -> TandemModel:
         stages=tuple(Stage(s["name"], np.asarray(s["alpha"]), np.asarray(s["T"])) for s in d["stages"]),
         cores=int(d.get("cores", 1)),
         overhead=float(d.get("overhead", 0.0)),
+        weights=tuple(float(x) for x in d["weights"]) if d.get("weights") is not None else None,
     )
 
 

@@ -201,7 +201,13 @@ def _events(
     S = rows.shape[0]
     n_tot = rows.sum(axis=1)
     K = rows[:, Q:].sum(axis=1)
-    per_thread = np.where(K > 0, model.capacity(K) / np.maximum(K, 1), 0.0)
+    if model.weights is None:  # processor sharing: c(K)/K each
+        per_thread = np.where(K > 0, model.capacity(K) / np.maximum(K, 1), 0.0)
+        w_of = np.ones(model.n_coords)
+    else:  # weighted sharing: c(K)·w_d / Σ k_d' w_d' each
+        w_of = np.asarray(model.weights)
+        W = rows[:, Q:] @ w_of
+        per_thread = np.where(W > 0, model.capacity(K) / np.where(W > 0, W, 1.0), 0.0)
     srcs: list[IntArray] = []
     dsts: list[IntArray] = []
     rates: list[FloatArray] = []
@@ -225,7 +231,7 @@ def _events(
             d = model.coord(i, j)
             kd = rows[:, Q + d]
             active = kd > 0
-            base = kd * per_thread
+            base = kd * per_thread * w_of[d]
             for l in range(st.phases):
                 if l != j and st.T[j, l] > 0:
                     add(active, ((Q + d, -1), (Q + model.coord(i, l), 1)), base * st.T[j, l])

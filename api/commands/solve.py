@@ -8,8 +8,9 @@ import sys
 from typing import Any
 
 from overtake.api.scenario import load_scenario
+from overtake.mdp.errors import ModelError
 from overtake.mdp.rules import overtaking_rule
-from overtake.mdp.truncation import evaluate_baseline, solve_optimal
+from overtake.mdp.truncation import evaluate_baseline, evaluate_rule, solve_optimal
 
 
 def register(subparsers: Any) -> None:
@@ -24,9 +25,11 @@ def register(subparsers: Any) -> None:
                    help="anderson: relative value iteration with Anderson acceleration (default); rvi: plain; "
                         "pi: policy iteration")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    p.add_argument("--cpu-priority", default=None, metavar="KINDS",
-                   help="also predict (simulate) the policy with mod_overtake_prio's CPU-priority lever: age, "
-                   "class or age,class; stored in the policy file for the sidecar's auto mode")
+    p.add_argument("--cpu-priority", choices=("age", "class"), default=None,
+                   help="mod_overtake_prio's CPU-priority lever in Apache: age (also predict the policy, and "
+                   "pi(inf), with age priority, simulated) or class (solve the spawn policy that is optimal "
+                   "with short-first classes in force; exact for hyperexponential stages); stored in the "
+                   "policy file for the sidecar's auto mode")
     p.add_argument("--plot", metavar="PNG", help="also write the policy as heatmaps over the two stages' queues")
     p.add_argument("--max-mean-threads", type=float, metavar="T",
                    help="constrained optimum (LP): mean active threads at most T (a memory budget)")
@@ -47,15 +50,19 @@ def run(args: argparse.Namespace) -> int:
         return _run_constrained(args, sc, model)
     if args.out is None:
         raise ValueError("--out: give the policy file to write, e.g. --out policy.npz")
-    kinds = [k.strip() for k in args.cpu_priority.split(",")] if args.cpu_priority else []
-    for k in kinds:
-        if k not in ("age", "class"):
-            raise ValueError(f"--cpu-priority: age, class or age,class, got {args.cpu_priority!r}")
-    if "class" in kinds and args.phase_info != "full":
-        raise ValueError(f"--cpu-priority class: short-first classes need the phases; --phase-info "
-                         f"{args.phase_info} does not see them (use age)")
+    solve_for = model
+    if args.cpu_priority == "class":
+        if args.phase_info != "full":
+            raise ValueError(f"--cpu-priority class: short-first classes need the phases; --phase-info "
+                             f"{args.phase_info} does not see them (use age)")
+        from overtake.mdp.lever import class_model
+
+        try:
+            solve_for = class_model(model)  # the classes as CPU weights by phase: the exact chain
+        except ModelError as exc:
+            raise ValueError(f"--cpu-priority class: {exc}") from None
     with progress_bar("solve pi*", quiet=args.quiet) as progress:  # a bar on a terminal, silent otherwise
-        opt = solve_optimal(model, phase_info=args.phase_info, truncation=sc.fixed_truncation(),
+        opt = solve_optimal(solve_for, phase_info=args.phase_info, truncation=sc.fixed_truncation(),
                             tol=sc.tolerance, method=args.method, progress=progress, routes=routes)
     pol = opt.policy
     meta: dict[str, Any] = {
@@ -75,10 +82,17 @@ def run(args: argparse.Namespace) -> int:
     if args.phase_info == "full":
         meta["rules"] = overtaking_rule(opt.solve, pol).to_dict()
     pol.meta.update(meta)
-    if kinds:
+    if args.cpu_priority == "age":
         from overtake.mdp.lever import predict_lever
 
-        pol.meta["cpu_priority"] = {k: predict_lever(model, pol, k).to_meta() for k in kinds}
+        pol.meta["cpu_priority"] = {"age": predict_lever(model, pol, "age").to_meta()}
+    elif args.cpu_priority == "class":
+        from overtake.mdp.lever import predict_lever
+
+        # the policy is the optimum with the classes; its E[W] without them, for the record
+        pol.meta["cpu_priority"] = {"class": predict_lever(model, pol, "class").to_meta() | {"solved": True}}
+        plain = evaluate_rule(model, pol.layout, pol.actions, max_requests=pol.max_requests, max_threads=pol.max_threads)
+        pol.meta["cpu_priority"]["class"]["without_lever"] = plain.mean_response_time
     pol.save(args.out)
     if args.plot:
         from overtake.api.plots import policy_figure
@@ -90,10 +104,11 @@ def run(args: argparse.Namespace) -> int:
            "max_requests": pol.max_requests, "max_threads": pol.max_threads}
     if source is not None:
         doc["source"] = source
-    if kinds:
+    if args.cpu_priority:
         doc["cpu_priority"] = {k: {"mean_response_time": v["mean_response_time"], "ci95": v["ci95"],
-                                   "passthrough": v["passthrough"], "thresholds": v["thresholds"],
-                                   "start_levels": v["start_levels"]} for k, v in pol.meta["cpu_priority"].items()}
+                                   "exact": v["exact"], "passthrough": v["passthrough"], "thresholds": v["thresholds"],
+                                   "start_levels": v["start_levels"], "solved": v.get("solved", False)}
+                               for k, v in pol.meta["cpu_priority"].items()}
     print(json.dumps(doc, indent=2))
     if "rules" in meta and not args.quiet:
         print(f"overtaking rules (agree with pi* on {meta['rules']['agreement']:.1%} of decisions):", file=sys.stderr)

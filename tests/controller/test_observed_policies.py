@@ -220,6 +220,11 @@ def test_choose_with_the_cpu_priority_lever() -> None:
     c = choose([none, full], {"none", "full", "start"}, ps, lever="class")  # type: ignore[list-item]
     assert c.policy is full and c.predicted_gain == pytest.approx(0.28)
     assert choose([none, full], {"none"}, ps, lever="class").policy is none  # type: ignore[list-item]
+    # a policy solved with the classes in force is a candidate under class priority only
+    solved = _Fake("class.npz", "full", 3.5, 5.0)
+    solved.solved_lever = "class"  # type: ignore[attr-defined]
+    assert choose([full, solved], {"none", "full", "start"}, ps, lever="class").policy is solved  # type: ignore[list-item]
+    assert choose([full, solved], {"none", "full", "start"}, ps).policy is full  # type: ignore[list-item]
 
 
 def test_evidence_needs_nearly_every_request_to_carry_the_header() -> None:

@@ -16,10 +16,10 @@ from mdp_helpers import h2_stage, tandem
 from overtake.api.cli import main
 from overtake.mdp import Truncation
 from overtake.mdp.errors import ModelError
-from overtake.mdp.lever import predict_lever
+from overtake.mdp.lever import class_model, predict_lever
 from overtake.mdp.observed import solve_observed
-from overtake.mdp.priority import mlps_mean
-from overtake.mdp.truncation import solve_optimal
+from overtake.mdp.priority import dps_means, mlps_mean
+from overtake.mdp.truncation import evaluate_baseline, evaluate_rule, solve_optimal
 
 
 @pytest.fixture(scope="module")
@@ -39,16 +39,50 @@ def test_age_prediction_of_passthrough_is_the_mlps_mean(h2) -> None:  # type: ig
     assert meta["kind"] == "age" and meta["thresholds"] == [[a]] and json.loads(json.dumps(meta)) == meta
 
 
-def test_class_prediction_needs_the_phases(h2) -> None:  # type: ignore[no-untyped-def]
+def test_weighted_sharing_is_discriminatory_processor_sharing() -> None:
+    """One H2 stage under π(∞) with CPU weights by phase is M/M/1 discriminatory processor sharing
+    of its two exponential branches: the chain's exact E[W] is Fayolle–Mitrani–Iasnogorodski's."""
+    s = h2_stage("a", 0.91, 0.55, 5.45)
+    lam = 0.6 / s.mean()
+    for w in ((1.0, 1.0), (1.0, 0.1), (1.0, 3 / 1024)):
+        m = tandem(0.6, s)
+        m = type(m)(lam, m.stages, weights=w)
+        exact = float(np.array([0.91, 0.09]) @ dps_means([0.91 * lam, 0.09 * lam], [1 / 0.55, 1 / 5.45], w))
+        assert evaluate_baseline(m, "pi(inf)", tol=1e-7).metrics.mean_response_time == pytest.approx(exact, rel=1e-6)
+    with pytest.raises(ModelError, match="one positive CPU weight per"):
+        type(m)(lam, m.stages, weights=(1.0,))
+
+
+def test_class_prediction_is_exact_and_the_class_optimum_beats_it(h2) -> None:  # type: ignore[no-untyped-def]
+    """π* solved for PS, run with short-first classes: exact (weighted chain) and simulated agree;
+    the spawn policy solved with the classes in force is never worse (it optimises that chain)."""
+    two = tandem(0.6, h2_stage("a", 0.91, 0.55, 5.45), h2_stage("b", 0.91, 0.55, 5.45))
+    full = solve_optimal(two, truncation=Truncation(10, 3)).policy
+    pr = predict_lever(two, full, "class")
+    assert pr.requests == 0 and pr.ci95 == 0.0 and pr.priority.start_levels == ((0, 1), (0, 1))
+    from overtake.mdp.simulate import simulate
+
+    sim = simulate(two, full, requests=300_000, seed=11, cpu_priority=pr.priority)
+    assert abs(sim.mean_response_time - pr.mean_response_time) <= 1.5 * sim.ci95 + 0.01 * pr.mean_response_time
+    cm = class_model(two)
+    opt = solve_optimal(cm, truncation=Truncation(10, 3))
+    ev = evaluate_rule(cm, full.layout, full.actions, max_requests=10, max_threads=3)
+    assert opt.metrics.mean_response_time <= ev.mean_response_time + 1e-9
+    assert pr.to_meta()["thresholds"] == [[None], [None]]  # never demoted by age: JSON null, not Infinity
+
+
+def test_class_needs_the_phases_and_phases_that_stay(h2) -> None:  # type: ignore[no-untyped-def]
     obs = solve_observed(h2, phase_info="none", truncation=Truncation(8, 3))
     with pytest.raises(ModelError, match="phase_info 'none'.*use age"):
         predict_lever(h2, obs.policy, "class")
     full = solve_optimal(h2, truncation=Truncation(8, 3)).policy
-    pr = predict_lever(h2, full, "class", requests=20_000, seeds=1)
-    assert pr.priority.start_levels == ((0, 1),) and pr.passthrough is None
-    assert pr.to_meta()["thresholds"] == [[None]]  # never demoted by age: JSON null, not Infinity
     with pytest.raises(ModelError, match="expected one of age, class"):
         predict_lever(h2, full, "nice")
+    from overtake.mdp import Stage
+
+    erlang = Stage("e", np.array([1.0, 0.0]), np.array([[-2.0, 2.0], [0.0, -2.0]]))
+    with pytest.raises(ModelError, match="phases do not move"):
+        class_model(tandem(0.5, erlang))
 
 
 def test_cli_solve_stores_the_predictions(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -58,10 +92,17 @@ def test_cli_solve_stores_the_predictions(tmp_path, capsys) -> None:  # type: ig
     scen.write_text("load: 0.5\nstages:\n  - name: a\n    service: {hyperexponential: {probs: [0.9, 0.1], "
                     "means: [0.5, 5.5]}}\n")
     out = tmp_path / "p.npz"
-    assert main(["solve", str(scen), "--out", str(out), "--quiet", "--cpu-priority", "age,class"]) == 0
+    assert main(["solve", str(scen), "--out", str(out), "--quiet", "--cpu-priority", "age"]) == 0
     doc = json.loads(capsys.readouterr().out)
     meta = Policy.load(out).meta["cpu_priority"]
-    assert set(doc["cpu_priority"]) == set(meta) == {"age", "class"}
-    assert np.isfinite(meta["age"]["passthrough"]) and meta["class"]["start_levels"] == [[0, 1]]
+    assert set(doc["cpu_priority"]) == set(meta) == {"age"} and np.isfinite(meta["age"]["passthrough"])
+    assert main(["solve", str(scen), "--out", str(out), "--quiet", "--cpu-priority", "class"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    pol = Policy.load(out)
+    cls = pol.meta["cpu_priority"]["class"]
+    assert pol.model.weights is not None and cls["solved"] and cls["start_levels"] == [[0, 1]]
+    # solved with the classes in force: its E[W] is the chain's, and better than without them
+    assert cls["mean_response_time"] == pytest.approx(doc["mean_response_time"], rel=2e-3)
+    assert cls["mean_response_time"] < cls["without_lever"]
     assert main(["solve", str(scen), "--out", str(out), "--phase-info", "none", "--cpu-priority", "class"]) != 0
     assert "--cpu-priority class" in capsys.readouterr().err
