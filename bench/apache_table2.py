@@ -26,11 +26,11 @@ analysis of the tandem exists). π* is the product's choice for the information 
 (``--phase-info none`` for hidden phases, π* for explicit ones) is predicted as good within 2 %;
 π(1) and π(∞) run on the Apache without it. Section `apache-table2-age`.
 
---cpu-priority class (with --classifier explicit): π* with known-phase short-first classes: the
-sidecar runs ``--cpu-priority class`` (X-Overtake-Class 1 for phases whose expected work exceeds
-the stage's mean) in front of an Apache whose module has no age levels (``OvertakePrioAge Off``),
-the class-1 level SCHED_IDLE; the model's E[W] of π* with the classes is simulated. Section
-`apache-table2-class`.
+--cpu-priority class (with --classifier explicit): π* solved with known-phase short-first classes
+in force (``overtake solve --cpu-priority class``; exact: H2 phases do not move, so the classes
+are weighted sharing by phase): the sidecar runs ``--cpu-priority class`` (X-Overtake-Class 1 for
+phases whose expected work exceeds the stage's mean) in front of an Apache whose module has no
+age levels (``OvertakePrioAge Off``), the class-1 level SCHED_IDLE. Section `apache-table2-class`.
 """
 
 from __future__ import annotations
@@ -118,37 +118,42 @@ def ideal_response_times(trace: dict[str, np.ndarray], spec: str, unit: float, m
 
 
 def choose_lever(model: TandemModel, pol: Policy, best_without: float, seed: int, kind: str) -> dict[str, Any]:
-    """The lever and its E[W] simulated at the kernel's SCHED_IDLE weight, and whether it beats
+    """The lever, its predicted E[W] at the kernel's SCHED_IDLE weight and whether it beats
     ``best_without`` by :data:`LEVER_MARGIN`. ``age``: π(∞) with the visit model's common
-    threshold; ``class``: ``pol`` with known-phase short-first classes."""
+    threshold, simulated; ``class``: ``pol`` (solved with the classes in force, ``overtake solve
+    --cpu-priority class``) with known-phase short-first classes, exact."""
     a = visit = None
     if kind == "age":
         ch = choose_tandem_thresholds(model, common=True)
         a, visit = ch.priority.thresholds[0][0], ch.mean_response_time
         lever = age_priority(model, [a], weights=[1.0, DEFAULT_LOW_WEIGHT])
+        runs = [simulate(model, "pi(inf)", requests=LEVER_REQUESTS, seed=seed + k, cpu_priority=lever)
+                for k in range(LEVER_SEEDS)]
+        mean = sum(r.mean_response_time for r in runs) / len(runs)
+        ci = float(np.sqrt(sum(r.ci95**2 for r in runs))) / len(runs)
     else:
         lever = class_priority(model, weights=[1.0, DEFAULT_LOW_WEIGHT])
-    spawn: Policy | str = "pi(inf)" if kind == "age" else pol
-    runs = [simulate(model, spawn, requests=LEVER_REQUESTS, seed=seed + k, cpu_priority=lever)
-            for k in range(LEVER_SEEDS)]
-    mean = sum(r.mean_response_time for r in runs) / len(runs)
-    ci = float(np.sqrt(sum(r.ci95**2 for r in runs))) / len(runs)
+        mean, ci = float(pol.meta["metrics"]["mean_response_time"]), 0.0
     return {"kind": kind, "threshold": a, "visit_model": visit, "simulated": mean, "simulated_ci95": ci,
-            "best_without": best_without, "used": mean < (1 - LEVER_MARGIN) * best_without, "lever": lever,
+            "exact": kind == "class", "best_without": best_without,
+            "used": mean < (1 - LEVER_MARGIN) * best_without, "lever": lever,
             "start_levels": None if lever.start_levels is None else [list(r) for r in lever.start_levels]}
 
 
 # --------------------------------------------------------------------------- plumbing
 
 
-def policy_file(case: int, policy_dir: Path, phase_info: str = "full") -> Path:
+def policy_file(case: int, policy_dir: Path, phase_info: str = "full", cpu_priority: str | None = None) -> Path:
     """The product's policy for the case: π* (``full``), or with hidden phases the best policy over
-    counts (``overtake solve --phase-info none``, issue 18), solved once and cached."""
-    out = policy_dir / (f"case{case:02d}.npz" if phase_info == "full" else f"case{case:02d}-{phase_info}.npz")
+    counts (``overtake solve --phase-info none``, issue 18), or π* solved with short-first CPU
+    classes in force (``cpu_priority="class"``), solved once and cached."""
+    tag = ("" if phase_info == "full" else f"-{phase_info}") + (f"-{cpu_priority}" if cpu_priority else "")
+    out = policy_dir / f"case{case:02d}{tag}.npz"
     if not out.exists():
         scen = REPO / "examples" / "table1" / f"case{case:02d}.yaml"
         subprocess.run([sys.executable, "-m", "overtake.api.cli", "solve", str(scen), "--phase-info", phase_info,
-                        "--out", str(out), "--quiet"], cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+                        "--out", str(out), "--quiet", *(["--cpu-priority", cpu_priority] if cpu_priority else [])],
+                       cwd=REPO, check=True, stdout=subprocess.DEVNULL)
     return out
 
 
@@ -181,11 +186,15 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
     pred_w = predicted(model, pol)
     names = args.policies.split(",")
     lever: dict[str, Any] | None = None
+    pstar = pfile  # what pi* runs: with class priority, the policy solved with the classes in force
+    if args.cpu_priority == "class":
+        pstar = policy_file(case, Path(args.policy_dir), "full", "class")
     if args.cpu_priority != "off":
-        lever = choose_lever(model, pol, pred_w["pi*"], 7919 * case, args.cpu_priority)
+        lever = choose_lever(model, Policy.load(pstar), pred_w["pi*"], 7919 * case, args.cpu_priority)
         print(f"case {case}: {args.cpu_priority} lever "
               + (f"threshold {lever['threshold']:.3f} units" if lever["threshold"] else f"classes {lever['start_levels']}")
-              + f", simulated E[W] {lever['simulated']:.3f} ± {lever['simulated_ci95']:.3f} vs "
+              + f", {'exact' if lever['exact'] else 'simulated'} E[W] {lever['simulated']:.3f} ± "
+              f"{lever['simulated_ci95']:.3f} vs "
               f"{lever['best_without']:.3f} without: {'used' if lever['used'] else 'not used'}", file=sys.stderr)
     use_lever = lever is not None and lever["used"]
     if use_lever and lever is not None:
@@ -193,7 +202,9 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
     trace = make_trace(model, args.transactions, args.seed + case)
     # the trace's ideal twin (PS CPU, the sidecar's limiter, zero overheads), before Apache runs
     age = use_lever and args.cpu_priority == "age"
-    specs = {"pi*": "passthrough" if age else str(pfile), "pi(1)": "pi(1)", "pi(inf)": "passthrough"}
+    if not use_lever:
+        pstar = pfile
+    specs = {"pi*": "passthrough" if age else str(pstar), "pi(1)": "pi(1)", "pi(inf)": "passthrough"}
     ideal = {name: ideal_response_times(trace, specs[name], args.time_unit, args.classifier, args.max_workers - 4,
                                         lever=lever["lever"] if use_lever and name == "pi*" and lever else None)
              for name in names}
@@ -216,7 +227,7 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
             lever_side = use_lever and srv == servers["pi*"].base_url
             sidecars[srv] = (port, subprocess.Popen(
                 ["taskset", "-c", str(client_core), sys.executable, "-m", "overtake.api.cli", "sidecar", "--policy",
-                 str(pfile), "--apache", srv, "--listen", f"127.0.0.1:{port}", "--stages", str(stages),
+                 str(pstar if lever_side else pfile), "--apache", srv, "--listen", f"127.0.0.1:{port}", "--stages", str(stages),
                  "--cpu-priority", args.cpu_priority if lever_side else "off"],
                 cwd=REPO, stdout=logs[-1], stderr=subprocess.STDOUT), logp)
         for port, side, logp in sidecars.values():
@@ -225,7 +236,7 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
         rts: dict[str, np.ndarray] = {}
         for name in names:
             port = sidecars[servers[name].base_url][0]
-            spec = pfile.read_bytes() if name == "pi*" and not age else specs[name].encode()
+            spec = pstar.read_bytes() if name == "pi*" and not age else specs[name].encode()
             code, body = http_request("PUT", f"http://127.0.0.1:{port}/-/policy", spec)
             if code != 200:
                 raise SystemExit(f"apache_table2: PUT {name} refused: {body.decode()}")
@@ -412,18 +423,20 @@ def render_lever(record: dict[str, Any], classifier: str, kind: str, explicit: d
     what = ("pi(inf) through a second Apache that loads mod_overtake_prio, whose worker threads drop to "
             "SCHED_IDLE once a request's thread CPU passes one threshold (common to both stages, chosen in the "
             "visit model)" if kind == "age" else
-            "pi* through a sidecar that sends X-Overtake-Class 1 (SCHED_IDLE) for phases whose expected work "
-            "exceeds the stage's mean and 0 otherwise, to a second Apache that loads mod_overtake_prio without "
-            "age levels")
+            "pi* solved with short-first classes in force (overtake solve --cpu-priority class) through a "
+            "sidecar that sends X-Overtake-Class 1 (SCHED_IDLE) for phases whose expected work exceeds the "
+            "stage's mean and 0 otherwise, to a second Apache that loads mod_overtake_prio without age levels")
     lines = [
         f"## apache-table2-{kind}: the CPU-priority lever on a real Apache ({classifier} phases, issue 20)",
         "",
         "As apache-table2 (same trace per case under each policy, Apache on the last core at autogroup −20, "
         "sidecar and load generator on core 0, 20 batch means after 5 % warm-up), with pi* the product's choice "
         f"for the information available: {what}, unless the best policy without the lever is predicted within "
-        f"{100 * LEVER_MARGIN:.0f} %. pi(inf) is Apache's default without the module. 'model' for the lever is "
-        f"simulated ({LEVER_SEEDS} × {LEVER_REQUESTS:,} requests, SCHED_IDLE weight 3/1024): the tandem has "
-        "no exact analysis with priority levels.",
+        f"{100 * LEVER_MARGIN:.0f} %. pi(inf) is Apache's default without the module. " + (
+            f"'model' for the lever is simulated ({LEVER_SEEDS} × {LEVER_REQUESTS:,} requests, SCHED_IDLE weight "
+            "3/1024): the tandem has no exact analysis with age levels." if kind == "age" else
+            "'model' for the lever is exact: H2 phases do not move, so the classes are weighted sharing by "
+            "phase (SCHED_IDLE weight 3/1024) in the MDP's chain."),
         "",
         "Runs:",
     ]
