@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from overtake.mdp.scenario import validation_message
+from overtake.regex import check_pattern
 
 from ..deps import MetricsDep, RunnerDep, SettingsDep, StoreDep, authorize, get_job, parse_json, read_body, submit_job
 from ..documents import fit_doc
@@ -158,7 +159,10 @@ def _samples_from_log(text: str, fmt: Any, stage_specs: list[str]) -> tuple[Samp
             raise HTTPError(422, f"stage: must be NAME=REGEX, got {spec!r}")
         if name in stages:
             raise HTTPError(422, f"stage: {name!r} given twice")
-        stages[name] = rx
+        try:
+            stages[name] = check_pattern(rx)
+        except ValueError as exc:
+            raise HTTPError(422, f"stage: {name}={rx[:70]}: {exc}") from None
     if not stages:
         raise HTTPError(422, "stage: give at least one NAME=REGEX with kind=apache-log")
     try:
