@@ -22,6 +22,7 @@ from .db import Job, Store
 from .errors import HTTPError
 from .jobs import JobRunner
 from .metrics import ApiMetrics
+from .offload import DEFAULT_DEADLINE, Offload
 from .schemas import Accepted
 
 
@@ -41,6 +42,9 @@ class Settings:
         Cap on the estimated state space of a solve (413 above it).
     max_queued
         Jobs waiting for a worker at most (429 above it).
+    request_deadline
+        Seconds a request's own work (validation, parsing, reading the store) may take off the
+        event loop before the answer is a 503 (:mod:`overtake.api.offload`).
     """
 
     db: str
@@ -48,6 +52,7 @@ class Settings:
     workers: int = 1
     max_states: int = 300_000
     max_queued: int = 32
+    request_deadline: float = DEFAULT_DEADLINE
 
 
 def get_settings(request: Request) -> Settings:
@@ -77,6 +82,14 @@ def get_plots(request: Request) -> PlotCache:
     return cast(PlotCache, request.app.state.plots)
 
 
+def get_work(request: Request) -> Offload:
+    return cast(Offload, request.app.state.work)
+
+
+def get_reads(request: Request) -> Offload:
+    return cast(Offload, request.app.state.reads)
+
+
 # module level: FastAPI resolves the annotations of route signatures in their module's globals
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[Store, Depends(get_store)]
@@ -84,6 +97,10 @@ MetricsDep = Annotated[ApiMetrics, Depends(get_metrics)]
 RunnerDep = Annotated[JobRunner, Depends(get_runner)]
 PoliciesDep = Annotated[PolicyCache, Depends(get_policies)]
 PlotsDep = Annotated[PlotCache, Depends(get_plots)]
+#: CPU work of a request (validation, parsing); reads of the store and of policies have their own
+#: threads, so work that overruns its deadline cannot hold up polling and decisions
+WorkDep = Annotated[Offload, Depends(get_work)]
+ReadsDep = Annotated[Offload, Depends(get_reads)]
 
 bearer = HTTPBearer(auto_error=False, description="required on POST when the API was started with --token")
 
