@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Annotated, Any, cast
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from .caches import PlotCache, PolicyCache
@@ -105,6 +105,17 @@ ReadsDep = Annotated[Offload, Depends(get_reads)]
 bearer = HTTPBearer(auto_error=False, description="required on POST when the API was started with --token")
 
 
+#: the 202 answers' header pointing at the job to poll (RFC 9110 §15.3.3)
+ACCEPTED_RESPONSES: dict[int | str, dict[str, Any]] = {202: {"headers": {"Location": {
+    "description": "the job to poll (the document's url)", "schema": {"type": "string"}}}}}
+
+
+def accepted(doc: Accepted, response: Response) -> Accepted:
+    """``doc``, with its URL in the response's ``Location`` header."""
+    response.headers["Location"] = doc.url
+    return doc
+
+
 def authorize(settings: SettingsDep,
               cred: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
     """401 unless the server is open or the request carries its bearer token (constant-time compare)."""
@@ -125,11 +136,28 @@ def queue_room(store: Store, settings: Settings, metrics: ApiMetrics, kind: str)
                         {"Retry-After": "10"})
 
 
+def unique_name(store: Store, kind: str, label: str, digest: str) -> str:
+    """``label · <digest prefix>``: two different jobs (digests) never share a name on the page.
+
+    Eight hex digits, more only if a job of another digest already holds that name (a collision,
+    found or made on purpose); the same job posted twice keeps one name.
+    """
+    for width in (8, 16, len(digest)):
+        name = f"{label} · {digest[:width]}"
+        if store.digests(kind, name) <= {digest}:
+            return name
+    return name  # the whole digest: equal names mean equal jobs
+
+
 def submit_job(store: Store, runner: JobRunner, settings: Settings, metrics: ApiMetrics, kind: str, label: str,
-               payload: dict[str, Any]) -> Accepted:
-    """Queue a ``kind`` job (429 when the queue is full) and hand it to a worker: the 202 document."""
+               payload: dict[str, Any], digest: str) -> Accepted:
+    """Queue a ``kind`` job (429 when the queue is full) and hand it to a worker: the 202 document.
+
+    ``digest`` identifies what is computed (the scenario, the samples and options): it makes the
+    job's name unique (:func:`unique_name`) and is stored with the request.
+    """
     queue_room(store, settings, metrics, kind)
-    job_id = store.create(kind, label, payload)
+    job_id = store.create(kind, unique_name(store, kind, label, digest), {**payload, "digest": digest})
     runner.submit(job_id)
     metrics.submitted.labels(kind).inc()
     return Accepted(id=job_id, status="queued", url=f"/v1/{kind}s/{job_id}")

@@ -5,24 +5,29 @@ A done fit's stages can serve a scenario: ``{"fit": {"id": FIT_ID, "stage": NAME
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 import tempfile
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, Request
+import numpy as np
+from fastapi import APIRouter, Depends, Request, Response
 from pydantic import ValidationError
 
 from overtake.mdp.scenario import validation_message
 from overtake.regex import check_pattern
 
 from ..deps import (
+    ACCEPTED_RESPONSES,
     MetricsDep,
     ReadsDep,
     RunnerDep,
     SettingsDep,
     StoreDep,
     WorkDep,
+    accepted,
     authorize,
     get_job,
     parse_json,
@@ -61,17 +66,19 @@ Samples = dict[str, list[float]]
 
 
 @router.post("/v1/fits", status_code=202, response_model=Accepted, dependencies=[Depends(authorize)],
-             responses={401: {"model": Error}, 413: {"model": Error}, 429: {"model": Error}},
+             responses={**ACCEPTED_RESPONSES, 401: {"model": Error}, 413: {"model": Error}, 429: {"model": Error}},
              openapi_extra={"requestBody": {"required": True, "content": {
                  "application/json": {"schema": {"$ref": "#/components/schemas/FitRequest"}},
                  "multipart/form-data": {"schema": FIT_FORM_SCHEMA}}}})
-async def create_fit(request: Request, store: StoreDep, settings: SettingsDep, metrics: MetricsDep,
-                     runner: RunnerDep, work: WorkDep) -> Accepted:
+async def create_fit(request: Request, response: Response, store: StoreDep, settings: SettingsDep,
+                     metrics: MetricsDep, runner: RunnerDep, work: WorkDep) -> Accepted:
     """Fit a phase-type distribution per stage by EM (as ``overtake fit``).
 
     Three inputs: JSON ``{"samples": [...]}`` or ``{"samples": {stage: [...]}}`` (seconds); a
     multipart CSV upload (``file``, ``kind=csv``, optional ``column``, ``scale``); or an access
     log (``file``, ``kind=apache-log``, ``log_format``, one ``stage=NAME=REGEX`` per stage).
+    The fit's name is its stages and a short hash of the samples and options; ``Location``
+    points at the job.
     """
     if int(request.headers.get("content-length") or 0) > MAX_UPLOAD_BYTES:
         raise HTTPError(413, f"body: larger than {MAX_UPLOAD_BYTES} bytes")
@@ -86,8 +93,20 @@ async def create_fit(request: Request, store: StoreDep, settings: SettingsDep, m
                                                     metrics)
     # stored off the loop (a large sample list is seconds of JSON), and without a deadline: a
     # 503 after the job is stored would have the client post it twice
-    return await work.commit(submit_job, store, runner, settings, metrics, "fit", ", ".join(data),
-                             {"source": source, "samples": data, "options": opts.model_dump(), "report": report})
+    options = opts.model_dump()
+    doc = await work.commit(lambda: submit_job(
+        store, runner, settings, metrics, "fit", ", ".join(data),
+        {"source": source, "samples": data, "options": options, "report": report}, _digest(data, options)))
+    return accepted(doc, response)
+
+
+def _digest(data: Samples, options: dict[str, Any]) -> str:
+    """What a fit computes: its options and each stage's samples, in stage-name order."""
+    h = hashlib.sha256(json.dumps(options, sort_keys=True).encode())
+    for name in sorted(data):
+        h.update(name.encode() + b"\0")
+        h.update(np.asarray(data[name], dtype=np.float64).tobytes())
+    return h.hexdigest()
 
 
 def _fit_from_json(body: bytes, metrics: ApiMetrics) -> tuple[str, Samples, FitOptions, list[str]]:

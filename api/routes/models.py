@@ -8,6 +8,8 @@ on the same auto-truncation, so both give the same answer.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from typing import Annotated, Any
 
@@ -22,6 +24,7 @@ from overtake.mdp.scenario import Scenario
 from ..caches import PolicyCache
 from ..db import Store
 from ..deps import (
+    ACCEPTED_RESPONSES,
     MetricsDep,
     PoliciesDep,
     ReadsDep,
@@ -30,6 +33,7 @@ from ..deps import (
     SettingsDep,
     StoreDep,
     WorkDep,
+    accepted,
     authorize,
     done_model,
     get_job,
@@ -97,21 +101,25 @@ def _parse_state(text: str, policy: Policy) -> list[int]:
 
 
 @router.post("/v1/models", status_code=202, response_model=Accepted, dependencies=[Depends(authorize)],
-             responses={401: {"model": Error}, 413: {"model": Error}, 429: {"model": Error}},
+             responses={**ACCEPTED_RESPONSES, 401: {"model": Error}, 413: {"model": Error}, 429: {"model": Error}},
              openapi_extra={"requestBody": {"required": True,
                                             "content": {"application/json": {"schema": SCENARIO_SCHEMA}}}})
-async def create_model(request: Request, store: StoreDep, settings: SettingsDep, metrics: MetricsDep,
-                       runner: RunnerDep, work: WorkDep,
+async def create_model(request: Request, response: Response, store: StoreDep, settings: SettingsDep,
+                       metrics: MetricsDep, runner: RunnerDep, work: WorkDep,
                        name: Annotated[str | None, Query(max_length=80)] = None) -> Accepted:
     """Start a solve job for a scenario (the CLI's YAML schema, as JSON); returns its id at once.
 
     A stage's service may also be ``{"fit": {"id": FIT_ID, "stage": NAME}}``, a fit from
     ``POST /v1/fits``. Invalid scenarios (ρ ≥ 1, a bad PH, an unknown key) are 422 naming the
-    field; an estimated state space over the server's cap is 413 with both numbers.
+    field; an estimated state space over the server's cap is 413 with both numbers. The job's
+    name is ``name`` (default: the stages and the load) and a short hash of the scenario, so two
+    different models never share one; ``Location`` points at the job.
     """
     body = await read_body(request)
     label, payload = await work.run("body", _check_model, body, store, settings, metrics, name)
-    return await work.commit(submit_job, store, runner, settings, metrics, "model", label, payload)
+    digest = hashlib.sha256(json.dumps(payload["scenario"], sort_keys=True).encode()).hexdigest()
+    doc = await work.commit(submit_job, store, runner, settings, metrics, "model", label, payload, digest)
+    return accepted(doc, response)
 
 
 def _check_model(body: bytes, store: Store, settings: Settings, metrics: ApiMetrics,
