@@ -34,6 +34,7 @@ from .deps import Settings
 from .errors import HTTPError
 from .jobs import JobRunner
 from .metrics import ApiMetrics, InstrumentMiddleware
+from .offload import Offload
 from .routes import fits, models, operations, page, plots
 from .schemas import Error, FitRequest
 
@@ -70,7 +71,9 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.store = store
     app.state.metrics = ApiMetrics(store.counts)
     app.state.policies = PolicyCache(store)
-    app.state.plots = PlotCache()
+    app.state.plots = PlotCache(deadline=settings.request_deadline)
+    app.state.work = Offload(settings.request_deadline, threads=2)
+    app.state.reads = Offload(settings.request_deadline, threads=4)
     app.state.runner = None  # the lifespan's
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
     _mount_docs(app)
@@ -90,6 +93,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     state = app.state
     runner = state.runner = JobRunner(state.store, workers=state.settings.workers)
     state.plots.start()
+    state.work.start()
+    state.reads.start()
     failed, queued = state.store.recover()
     for job_id in queued:
         runner.submit(job_id)
@@ -100,6 +105,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         runner.shutdown()
         state.runner = None
         state.plots.close()
+        state.work.close()
+        state.reads.close()
 
 
 async def _http_error(request: Request, exc: HTTPError) -> JSONResponse:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +17,7 @@ from overtake.mdp.policy import Policy
 from . import plots
 from .db import Store
 from .errors import HTTPError
+from .offload import DEFAULT_DEADLINE
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -29,21 +31,24 @@ class LRU(Generic[V]):
     def __init__(self, size: int) -> None:
         self.size = size
         self._items: OrderedDict[str, V] = OrderedDict()
+        self._lock = threading.Lock()  # filled from the request threads (overtake.api.offload) too
 
     def __contains__(self, key: str) -> bool:
         return key in self._items
 
     def put(self, key: str, value: V) -> V:
-        self._items[key] = value
-        self._items.move_to_end(key)
-        while len(self._items) > self.size:
-            self._items.popitem(last=False)
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
         return value
 
     def hit(self, key: str) -> V | None:
-        value = self._items.get(key)
-        if value is not None:
-            self._items.move_to_end(key)
+        with self._lock:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
         return value
 
 
@@ -76,15 +81,16 @@ class PolicyCache:
 
 
 class PlotCache:
-    """PNGs by key (128 by default), drawn off the event loop on one thread.
+    """PNGs by key (128 by default), drawn off the event loop on one thread, within the request deadline.
 
     One thread: matplotlib's font cache is not thread-safe. Off the loop: a decision must not wait
     for a figure. :meth:`start` and :meth:`close` follow the app's lifespan.
     """
 
-    def __init__(self, size: int = 128) -> None:
+    def __init__(self, size: int = 128, deadline: float = DEFAULT_DEADLINE) -> None:
         self._lru: LRU[bytes] = LRU(size)
         self._pool: ThreadPoolExecutor | None = None
+        self.deadline = deadline
 
     def start(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="overtake-plot")
@@ -98,6 +104,11 @@ class PlotCache:
         """The cached PNG under ``key``, or the figure ``build`` draws, rendered and cached."""
         blob = self._lru.hit(key)
         if blob is None:
-            fig_bytes = await asyncio.get_running_loop().run_in_executor(self._pool, lambda: plots.png(build()))
+            fut = asyncio.get_running_loop().run_in_executor(self._pool, lambda: plots.png(build()))
+            try:
+                fig_bytes = await asyncio.wait_for(fut, self.deadline)
+            except TimeoutError:
+                raise HTTPError(503, f"figure: not drawn within the request deadline of {self.deadline:g} s "
+                                     f"(overtake api --request-deadline); retry later", {"Retry-After": "5"}) from None
             blob = self._lru.put(key, fig_bytes)
         return blob

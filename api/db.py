@@ -180,6 +180,14 @@ class Store:
                              (kind, limit)).fetchall()
         return [_job(r) for r in rows]
 
+    def digests(self, kind: str, name: str) -> set[str]:
+        """The ``digest`` of each ``kind`` job named ``name`` (read from the request in SQL: a fit's
+        request holds its samples, not decoded here)."""
+        with self._conn() as c:
+            rows = c.execute("SELECT json_extract(request, '$.digest') FROM jobs WHERE kind=? AND name=?",
+                             (kind, name)).fetchall()
+        return {r[0] for r in rows}
+
     def counts(self) -> dict[tuple[str, str], int]:
         with self._conn() as c:
             rows = c.execute("SELECT kind, status, COUNT(*) FROM jobs GROUP BY kind, status").fetchall()

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Annotated, Any, cast
 
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from .caches import PlotCache, PolicyCache
@@ -22,6 +22,7 @@ from .db import Job, Store
 from .errors import HTTPError
 from .jobs import JobRunner
 from .metrics import ApiMetrics
+from .offload import DEFAULT_DEADLINE, Offload
 from .schemas import Accepted
 
 
@@ -41,6 +42,9 @@ class Settings:
         Cap on the estimated state space of a solve (413 above it).
     max_queued
         Jobs waiting for a worker at most (429 above it).
+    request_deadline
+        Seconds a request's own work (validation, parsing, reading the store) may take off the
+        event loop before the answer is a 503 (:mod:`overtake.api.offload`).
     """
 
     db: str
@@ -48,6 +52,7 @@ class Settings:
     workers: int = 1
     max_states: int = 300_000
     max_queued: int = 32
+    request_deadline: float = DEFAULT_DEADLINE
 
 
 def get_settings(request: Request) -> Settings:
@@ -77,6 +82,14 @@ def get_plots(request: Request) -> PlotCache:
     return cast(PlotCache, request.app.state.plots)
 
 
+def get_work(request: Request) -> Offload:
+    return cast(Offload, request.app.state.work)
+
+
+def get_reads(request: Request) -> Offload:
+    return cast(Offload, request.app.state.reads)
+
+
 # module level: FastAPI resolves the annotations of route signatures in their module's globals
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[Store, Depends(get_store)]
@@ -84,8 +97,23 @@ MetricsDep = Annotated[ApiMetrics, Depends(get_metrics)]
 RunnerDep = Annotated[JobRunner, Depends(get_runner)]
 PoliciesDep = Annotated[PolicyCache, Depends(get_policies)]
 PlotsDep = Annotated[PlotCache, Depends(get_plots)]
+#: CPU work of a request (validation, parsing); reads of the store and of policies have their own
+#: threads, so work that overruns its deadline cannot hold up polling and decisions
+WorkDep = Annotated[Offload, Depends(get_work)]
+ReadsDep = Annotated[Offload, Depends(get_reads)]
 
 bearer = HTTPBearer(auto_error=False, description="required on POST when the API was started with --token")
+
+
+#: the 202 answers' header pointing at the job to poll (RFC 9110 §15.3.3)
+ACCEPTED_RESPONSES: dict[int | str, dict[str, Any]] = {202: {"headers": {"Location": {
+    "description": "the job to poll (the document's url)", "schema": {"type": "string"}}}}}
+
+
+def accepted(doc: Accepted, response: Response) -> Accepted:
+    """``doc``, with its URL in the response's ``Location`` header."""
+    response.headers["Location"] = doc.url
+    return doc
 
 
 def authorize(settings: SettingsDep,
@@ -108,11 +136,28 @@ def queue_room(store: Store, settings: Settings, metrics: ApiMetrics, kind: str)
                         {"Retry-After": "10"})
 
 
+def unique_name(store: Store, kind: str, label: str, digest: str) -> str:
+    """``label · <digest prefix>``: two different jobs (digests) never share a name on the page.
+
+    Eight hex digits, more only if a job of another digest already holds that name (a collision,
+    found or made on purpose); the same job posted twice keeps one name.
+    """
+    for width in (8, 16, len(digest)):
+        name = f"{label} · {digest[:width]}"
+        if store.digests(kind, name) <= {digest}:
+            return name
+    return name  # the whole digest: equal names mean equal jobs
+
+
 def submit_job(store: Store, runner: JobRunner, settings: Settings, metrics: ApiMetrics, kind: str, label: str,
-               payload: dict[str, Any]) -> Accepted:
-    """Queue a ``kind`` job (429 when the queue is full) and hand it to a worker: the 202 document."""
+               payload: dict[str, Any], digest: str) -> Accepted:
+    """Queue a ``kind`` job (429 when the queue is full) and hand it to a worker: the 202 document.
+
+    ``digest`` identifies what is computed (the scenario, the samples and options): it makes the
+    job's name unique (:func:`unique_name`) and is stored with the request.
+    """
     queue_room(store, settings, metrics, kind)
-    job_id = store.create(kind, label, payload)
+    job_id = store.create(kind, unique_name(store, kind, label, digest), {**payload, "digest": digest})
     runner.submit(job_id)
     metrics.submitted.labels(kind).inc()
     return Accepted(id=job_id, status="queued", url=f"/v1/{kind}s/{job_id}")

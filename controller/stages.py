@@ -1,7 +1,8 @@
 """The stages file: which requests belong to which stage, and the sidecar's limits.
 
 A request is routed to the first stage with a route whose ``path`` regex matches the URL path
-(``re.match``, query excluded) and whose ``methods`` contain the request method; requests no
+(``re.match``, query excluded; run in linear time by :class:`overtake.regex.LinearRegex`, which
+refuses backreferences and lookaround) and whose ``methods`` contain the request method; requests no
 stage claims are *passed through* (paper 004 models only the policed stages) under their own
 optional concurrency cap. Example (``examples/sidecar/stages.yaml``)::
 
@@ -22,7 +23,6 @@ Validation is eager; every error is one line naming the field, the value and the
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -31,18 +31,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from overtake.controller.errors import SidecarInputError
+from overtake.regex import LinearRegex, check_pattern
 
 __all__ = ["ClassifierSettings", "Limits", "Route", "StageSpec", "StagesConfig", "StageTable", "load_stages"]
 
 _HTTP_METHODS = {"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE", "CONNECT"}
-
-
-def _check_regex(v: str) -> str:
-    try:
-        re.compile(v)
-    except re.error as exc:
-        raise ValueError(f"not a valid regular expression ({exc}); e.g. '^/stage1$'") from None
-    return v
 
 
 class _Strict(BaseModel):
@@ -59,7 +52,7 @@ class Route(_Strict):
     @field_validator("path")
     @classmethod
     def _regex(cls, v: str) -> str:
-        return _check_regex(v)
+        return check_pattern(v)
 
     @field_validator("methods")
     @classmethod
@@ -89,7 +82,7 @@ class StageSpec(_Strict):
     @field_validator("path")
     @classmethod
     def _regex(cls, v: str | None) -> str | None:
-        return None if v is None else _check_regex(v)
+        return None if v is None else check_pattern(v)
 
     @model_validator(mode="after")
     def _one_form(self) -> StageSpec:
@@ -175,7 +168,7 @@ class StagesConfig(_Strict):
 
 @dataclass(frozen=True)
 class _CompiledRoute:
-    regex: re.Pattern[str]
+    regex: LinearRegex
     methods: frozenset[str] | None
     stage: int
     phase: int | None  # 0-based
@@ -195,7 +188,7 @@ class StageTable:
             for r in st.all_routes():
                 routes.append(
                     _CompiledRoute(
-                        re.compile(r.path), frozenset(r.methods) if r.methods else None, i,
+                        LinearRegex(r.path), frozenset(r.methods) if r.methods else None, i,
                         None if r.phase is None else r.phase - 1, f"{st.name}:{r.path}",
                     )
                 )

@@ -5,7 +5,8 @@ The only module of :mod:`overtake.fitting` that touches files. Everything it ret
 Apache logs are parsed with ``apachelogs`` from the server's ``LogFormat`` string. The duration
 comes from ``%D`` (microseconds), ``%{us}T``, ``%{ms}T`` or ``%T``/``%{s}T`` (whole seconds:
 coarse), first match in that order. Each request line (``%r``, or ``%U`` if present) is mapped to
-the first stage whose regex matches its URL path; non-2xx responses are dropped. Lines that do
+the first stage whose regex matches its URL path (``re.search``, run in linear time by
+:class:`overtake.regex.LinearRegex`); non-2xx responses are dropped. Lines that do
 not parse are counted and a few kept as examples, never fatal. A logged duration of 0 (below the
 clock tick) is replaced by half a tick, since a phase-type density has no atom at 0; such
 replacements are counted.
@@ -21,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+
+from overtake.regex import LinearRegex
 
 from .errors import LogFormatError, MissingDependencyError
 
@@ -128,7 +131,7 @@ class ApacheSamples:
         return out
 
 
-def _compile_stages(stages: Mapping[str, str]) -> list[tuple[str, re.Pattern[str]]]:
+def _compile_stages(stages: Mapping[str, str]) -> list[tuple[str, LinearRegex]]:
     if not stages:
         raise LogFormatError("at least one stage NAME=REGEX is needed")
     out = []
@@ -136,9 +139,9 @@ def _compile_stages(stages: Mapping[str, str]) -> list[tuple[str, re.Pattern[str
         if not name or not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
             raise LogFormatError(f"stage name must be letters, digits, '_', '.', '-' (used as a file name), got {name!r}")
         try:
-            out.append((name, re.compile(rx)))
-        except re.error as exc:
-            raise LogFormatError(f"stage {name!r}: bad regex {rx!r}: {exc}") from None
+            out.append((name, LinearRegex(rx)))
+        except ValueError as exc:
+            raise LogFormatError(f"stage {name!r}: regex {rx!r}: {exc}") from None
     return out
 
 

@@ -3,6 +3,7 @@
 ::
 
     overtake api [--listen 127.0.0.1:8080] --db PATH [--token TOKEN] [--workers N] [--max-states N]
+                 [--request-deadline SECONDS]
 
 Binds loopback by default. ``--token`` (or ``OVERTAKE_API_TOKEN``) makes every POST need
 ``Authorization: Bearer TOKEN``. Jobs, fits and policies persist in the SQLite database; on
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import math
 import os
 from typing import Any
 
@@ -29,6 +31,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--workers", type=int, default=1, help="solver processes, i.e. jobs running at once (default 1)")
     p.add_argument("--max-states", type=int, default=300_000, help="413 above this estimated state space")
     p.add_argument("--max-queued", type=int, default=32, help="429 above this many waiting jobs")
+    p.add_argument("--request-deadline", type=float, default=10.0, metavar="SECONDS",
+                   help="503 when a request's own work (validation, parsing, reading jobs) takes longer (default 10)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
 
 
@@ -57,9 +61,11 @@ def run(args: argparse.Namespace) -> int:
     for opt in ("workers", "max_states", "max_queued"):
         if getattr(args, opt) < 1:
             raise ApiUsageError(f"--{opt.replace('_', '-')} must be >= 1, got {getattr(args, opt)}")
+    if not (math.isfinite(args.request_deadline) and args.request_deadline > 0):
+        raise ApiUsageError(f"--request-deadline must be > 0 seconds, got {args.request_deadline}")
     if args.token is not None and not args.token:
         raise ApiUsageError("--token must not be empty")
     app = create_app(Settings(db=args.db, token=args.token, workers=args.workers, max_states=args.max_states,
-                              max_queued=args.max_queued))
+                              max_queued=args.max_queued, request_deadline=args.request_deadline))
     uvicorn.run(app, host=host, port=port, log_level=args.log_level)
     return 0

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from overtake.fitting import STRUCTURES, FitResult, FittingInputError, diagnose, fit_observations, samples
+from overtake.regex import check_pattern
 
 
 class FitUsageError(FittingInputError):
@@ -76,7 +77,10 @@ def _stages(specs: list[str]) -> dict[str, str]:
             raise FitUsageError(f"--stage must be NAME=REGEX, got {spec!r}")
         if name in out:
             raise FitUsageError(f"--stage {name!r} given twice")
-        out[name] = rx
+        try:
+            out[name] = check_pattern(rx)
+        except ValueError as exc:
+            raise FitUsageError(f"--stage {name}={rx}: {exc}") from None
     return out
 
 

@@ -5,20 +5,38 @@ A done fit's stages can serve a scenario: ``{"fit": {"id": FIT_ID, "stage": NAME
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 import tempfile
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, Request
+import numpy as np
+from fastapi import APIRouter, Depends, Request, Response
 from pydantic import ValidationError
-from starlette.concurrency import run_in_threadpool
 
 from overtake.mdp.scenario import validation_message
+from overtake.regex import check_pattern
 
-from ..deps import MetricsDep, RunnerDep, SettingsDep, StoreDep, authorize, get_job, parse_json, read_body, submit_job
+from ..deps import (
+    ACCEPTED_RESPONSES,
+    MetricsDep,
+    ReadsDep,
+    RunnerDep,
+    SettingsDep,
+    StoreDep,
+    WorkDep,
+    accepted,
+    authorize,
+    get_job,
+    parse_json,
+    read_body,
+    submit_job,
+)
 from ..documents import fit_doc
 from ..errors import HTTPError
+from ..metrics import ApiMetrics
 from ..schemas import Accepted, Error, FitDoc, FitOptions, FitRequest
 
 router = APIRouter(tags=["fits"])
@@ -48,47 +66,70 @@ Samples = dict[str, list[float]]
 
 
 @router.post("/v1/fits", status_code=202, response_model=Accepted, dependencies=[Depends(authorize)],
-             responses={401: {"model": Error}, 413: {"model": Error}, 429: {"model": Error}},
+             responses={**ACCEPTED_RESPONSES, 401: {"model": Error}, 413: {"model": Error}, 429: {"model": Error}},
              openapi_extra={"requestBody": {"required": True, "content": {
                  "application/json": {"schema": {"$ref": "#/components/schemas/FitRequest"}},
                  "multipart/form-data": {"schema": FIT_FORM_SCHEMA}}}})
-async def create_fit(request: Request, store: StoreDep, settings: SettingsDep, metrics: MetricsDep,
-                     runner: RunnerDep) -> Accepted:
+async def create_fit(request: Request, response: Response, store: StoreDep, settings: SettingsDep,
+                     metrics: MetricsDep, runner: RunnerDep, work: WorkDep) -> Accepted:
     """Fit a phase-type distribution per stage by EM (as ``overtake fit``).
 
     Three inputs: JSON ``{"samples": [...]}`` or ``{"samples": {stage: [...]}}`` (seconds); a
     multipart CSV upload (``file``, ``kind=csv``, optional ``column``, ``scale``); or an access
     log (``file``, ``kind=apache-log``, ``log_format``, one ``stage=NAME=REGEX`` per stage).
+    The fit's name is its stages and a short hash of the samples and options; ``Location``
+    points at the job.
     """
     if int(request.headers.get("content-length") or 0) > MAX_UPLOAD_BYTES:
         raise HTTPError(413, f"body: larger than {MAX_UPLOAD_BYTES} bytes")
     if request.headers.get("content-type", "").startswith("multipart/form-data"):
         # counted as it streams (a chunked upload declares no length), then parsed from memory
         request._body = await read_body(request, MAX_UPLOAD_BYTES)
-        source, data, opts, report = await _fit_from_form(request)
+        raw, fields, stage_specs = await _read_form(request)
+        # parsing a large log or CSV and checking its samples is CPU work: off the loop
+        source, data, opts, report = await work.run("file", _fit_from_fields, raw, fields, stage_specs)
     else:
-        try:
-            req = FitRequest.model_validate(parse_json(await read_body(request, MAX_UPLOAD_BYTES)))
-        except ValidationError as exc:
-            metrics.rejected.labels("fit", "invalid").inc()
-            raise HTTPError(422, validation_message(exc.errors(), root="body")) from None
-        data = req.samples if isinstance(req.samples, dict) else {req.name: req.samples}
-        source, opts, report = "json", FitOptions(**req.model_dump(exclude={"samples", "name"})), []
+        source, data, opts, report = await work.run("body", _fit_from_json, await read_body(request, MAX_UPLOAD_BYTES),
+                                                    metrics)
+    # stored off the loop (a large sample list is seconds of JSON), and without a deadline: a
+    # 503 after the job is stored would have the client post it twice
+    options = opts.model_dump()
+    doc = await work.commit(lambda: submit_job(
+        store, runner, settings, metrics, "fit", ", ".join(data),
+        {"source": source, "samples": data, "options": options, "report": report}, _digest(data, options)))
+    return accepted(doc, response)
+
+
+def _digest(data: Samples, options: dict[str, Any]) -> str:
+    """What a fit computes: its options and each stage's samples, in stage-name order."""
+    h = hashlib.sha256(json.dumps(options, sort_keys=True).encode())
+    for name in sorted(data):
+        h.update(name.encode() + b"\0")
+        h.update(np.asarray(data[name], dtype=np.float64).tobytes())
+    return h.hexdigest()
+
+
+def _fit_from_json(body: bytes, metrics: ApiMetrics) -> tuple[str, Samples, FitOptions, list[str]]:
+    try:
+        req = FitRequest.model_validate(parse_json(body))
+    except ValidationError as exc:
+        metrics.rejected.labels("fit", "invalid").inc()
+        raise HTTPError(422, validation_message(exc.errors(), root="body")) from None
+    data = req.samples if isinstance(req.samples, dict) else {req.name: req.samples}
     _check_samples(data)
-    return submit_job(store, runner, settings, metrics, "fit", ", ".join(data),
-                      {"source": source, "samples": data, "options": opts.model_dump(), "report": report})
+    return "json", data, FitOptions(**req.model_dump(exclude={"samples", "name"})), []
 
 
 @router.get("/v1/fits", response_model=list[FitDoc])
-async def list_fits(store: StoreDep) -> list[FitDoc]:
+async def list_fits(store: StoreDep, reads: ReadsDep) -> list[FitDoc]:
     """All fit jobs, newest first."""
-    return [fit_doc(j) for j in store.list("fit")]
+    return await reads.run("fits", lambda: [fit_doc(j) for j in store.list("fit")])
 
 
 @router.get("/v1/fits/{fit_id}", response_model=FitDoc, responses={404: {"model": Error}})
-async def get_fit(fit_id: str, store: StoreDep) -> FitDoc:
+async def get_fit(fit_id: str, store: StoreDep, reads: ReadsDep) -> FitDoc:
     """Status, then the fitted PH per stage (alpha, T, loglik, mean, SCV, ...)."""
-    return fit_doc(get_job(store, fit_id, "fit"))
+    return await reads.run("id", lambda: fit_doc(get_job(store, fit_id, "fit")))
 
 
 def _check_samples(data: Samples) -> None:
@@ -104,8 +145,8 @@ def _check_samples(data: Samples) -> None:
             raise HTTPError(422, f"samples.{name}[{bad}]: durations must be finite and > 0 seconds, got {xs[bad]!r}")
 
 
-async def _fit_from_form(request: Request) -> tuple[str, Samples, FitOptions, list[str]]:
-    """Parse the multipart form of ``POST /v1/fits`` into samples per stage."""
+async def _read_form(request: Request) -> tuple[bytes, dict[str, Any], list[str]]:
+    """The multipart form of ``POST /v1/fits``: the upload's bytes, the fields, the stage specs."""
     from starlette.datastructures import UploadFile
 
     async with request.form() as form:  # closes the spooled upload files
@@ -116,8 +157,7 @@ async def _fit_from_form(request: Request) -> tuple[str, Samples, FitOptions, li
         fields = {k: form.get(k) for k in ("kind", "order", "structure", "preserve_mean", "seed", "log_format",
                                             "scale", "name", "column")}
         stage_specs = [str(v) for v in form.getlist("stage")]
-    # parsing a large log is CPU work: keep it off the event loop
-    return await run_in_threadpool(_fit_from_fields, raw, fields, stage_specs)
+    return raw, fields, stage_specs
 
 
 def _fit_from_fields(raw: bytes, form: dict[str, Any],
@@ -127,10 +167,13 @@ def _fit_from_fields(raw: bytes, form: dict[str, Any],
     kind = str(form.get("kind") or "csv")
     if kind == "apache-log":
         data, report = _samples_from_log(text, form.get("log_format"), stage_specs)
+        _check_samples(data)
         return "apache-log", data, opts, report
     if kind != "csv":
         raise HTTPError(422, f"kind: must be csv or apache-log, got {kind!r}")
-    return "csv", _samples_from_csv(text, form), opts, []
+    data = _samples_from_csv(text, form)
+    _check_samples(data)
+    return "csv", data, opts, []
 
 
 def _form_options(form: dict[str, Any]) -> FitOptions:
@@ -158,7 +201,10 @@ def _samples_from_log(text: str, fmt: Any, stage_specs: list[str]) -> tuple[Samp
             raise HTTPError(422, f"stage: must be NAME=REGEX, got {spec!r}")
         if name in stages:
             raise HTTPError(422, f"stage: {name!r} given twice")
-        stages[name] = rx
+        try:
+            stages[name] = check_pattern(rx)
+        except ValueError as exc:
+            raise HTTPError(422, f"stage: {name}={rx[:70]}: {exc}") from None
     if not stages:
         raise HTTPError(422, "stage: give at least one NAME=REGEX with kind=apache-log")
     try:

@@ -8,6 +8,8 @@ on the same auto-truncation, so both give the same answer.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from typing import Annotated, Any
 
@@ -19,13 +21,19 @@ from overtake.mdp.errors import ModelError
 from overtake.mdp.policy import Policy
 from overtake.mdp.scenario import Scenario
 
+from ..caches import PolicyCache
 from ..db import Store
 from ..deps import (
+    ACCEPTED_RESPONSES,
     MetricsDep,
     PoliciesDep,
+    ReadsDep,
     RunnerDep,
+    Settings,
     SettingsDep,
     StoreDep,
+    WorkDep,
+    accepted,
     authorize,
     done_model,
     get_job,
@@ -36,6 +44,7 @@ from ..deps import (
 from ..documents import model_doc
 from ..errors import HTTPError
 from ..jobs import estimate_states
+from ..metrics import ApiMetrics
 from ..scenario import resolve_scenario
 from ..schemas import STATE_FORMAT, Accepted, Decision, Error, ModelDoc, PolicyDoc
 
@@ -92,18 +101,31 @@ def _parse_state(text: str, policy: Policy) -> list[int]:
 
 
 @router.post("/v1/models", status_code=202, response_model=Accepted, dependencies=[Depends(authorize)],
-             responses={401: {"model": Error}, 413: {"model": Error}, 429: {"model": Error}},
+             responses={**ACCEPTED_RESPONSES, 401: {"model": Error}, 413: {"model": Error}, 429: {"model": Error}},
              openapi_extra={"requestBody": {"required": True,
                                             "content": {"application/json": {"schema": SCENARIO_SCHEMA}}}})
-async def create_model(request: Request, store: StoreDep, settings: SettingsDep, metrics: MetricsDep,
-                       runner: RunnerDep, name: Annotated[str | None, Query(max_length=80)] = None) -> Accepted:
+async def create_model(request: Request, response: Response, store: StoreDep, settings: SettingsDep,
+                       metrics: MetricsDep, runner: RunnerDep, work: WorkDep,
+                       name: Annotated[str | None, Query(max_length=80)] = None) -> Accepted:
     """Start a solve job for a scenario (the CLI's YAML schema, as JSON); returns its id at once.
 
     A stage's service may also be ``{"fit": {"id": FIT_ID, "stage": NAME}}``, a fit from
     ``POST /v1/fits``. Invalid scenarios (ρ ≥ 1, a bad PH, an unknown key) are 422 naming the
-    field; an estimated state space over the server's cap is 413 with both numbers.
+    field; an estimated state space over the server's cap is 413 with both numbers. The job's
+    name is ``name`` (default: the stages and the load) and a short hash of the scenario, so two
+    different models never share one; ``Location`` points at the job.
     """
-    data = parse_json(await read_body(request))
+    body = await read_body(request)
+    label, payload = await work.run("body", _check_model, body, store, settings, metrics, name)
+    digest = hashlib.sha256(json.dumps(payload["scenario"], sort_keys=True).encode()).hexdigest()
+    doc = await work.commit(submit_job, store, runner, settings, metrics, "model", label, payload, digest)
+    return accepted(doc, response)
+
+
+def _check_model(body: bytes, store: Store, settings: Settings, metrics: ApiMetrics,
+                 name: str | None) -> tuple[str, dict[str, Any]]:
+    """Parse and validate a scenario and estimate its state space (CPU: off the loop): label and payload."""
+    data = parse_json(body)
     fits = FitResolver(store)
     try:
         sc, model = resolve_scenario(data, {"fit": fits})
@@ -117,28 +139,27 @@ async def create_model(request: Request, store: StoreDep, settings: SettingsDep,
                              f"{settings.max_states}; give a smaller truncation (truncation.max_requests, "
                              f"truncation.max_threads), a lower load, or fewer phases")
     label = name or " + ".join(s.name for s in sc.stages) + f" @ rho {model.load:.3g}"
-    return submit_job(store, runner, settings, metrics, "model", label,
-                      {"scenario": sc.model_dump(exclude_none=True), "estimated_states": est, "fits": fits.used})
+    return label, {"scenario": sc.model_dump(exclude_none=True), "estimated_states": est, "fits": fits.used}
 
 
 @router.get("/v1/models", response_model=list[ModelDoc])
-async def list_models(store: StoreDep) -> list[ModelDoc]:
+async def list_models(store: StoreDep, reads: ReadsDep) -> list[ModelDoc]:
     """All model jobs, newest first."""
-    return [model_doc(j) for j in store.list("model")]
+    return await reads.run("models", lambda: [model_doc(j) for j in store.list("model")])
 
 
 @router.get("/v1/models/{model_id}", response_model=ModelDoc, responses={404: {"model": Error}})
-async def get_model(model_id: str, store: StoreDep) -> ModelDoc:
+async def get_model(model_id: str, store: StoreDep, reads: ReadsDep) -> ModelDoc:
     """Status (queued, running with progress, done, failed with the reason), then π*'s metrics and
     the comparison with the baselines (the document of ``overtake compare --json``)."""
-    return model_doc(get_job(store, model_id, "model"))
+    return await reads.run("id", lambda: model_doc(get_job(store, model_id, "model")))
 
 
 @router.get("/v1/models/{model_id}/policy", response_model=PolicyDoc,
             responses={404: {"model": Error}, 409: {"model": Error}})
-async def get_policy(model_id: str, store: StoreDep) -> PolicyDoc:
+async def get_policy(model_id: str, store: StoreDep, reads: ReadsDep) -> PolicyDoc:
     """Readable overtaking rules (paper 004, Theorem 3.1) and the artifact's download URL."""
-    res = done_model(store, model_id).result or {}
+    res = (await reads.run("id", done_model, store, model_id)).result or {}
     return PolicyDoc(id=model_id, hash=res["policy_hash"], phase_info=res["phase_info"], columns=res["columns"],
                      max_requests=res["max_requests"], max_threads=res["max_threads"], states=res["states"],
                      rules=res.get("rules"), artifact=f"/v1/models/{model_id}/policy.npz")
@@ -147,16 +168,16 @@ async def get_policy(model_id: str, store: StoreDep) -> PolicyDoc:
 @router.get("/v1/models/{model_id}/policy.npz",
             responses={200: {"content": {"application/octet-stream": {}}}, 304: {"description": "ETag matches"},
                        404: {"model": Error}, 409: {"model": Error}})
-async def get_policy_file(model_id: str, request: Request, store: StoreDep) -> Response:
+async def get_policy_file(model_id: str, request: Request, store: StoreDep, reads: ReadsDep) -> Response:
     """The policy artifact (``mdp.Policy.load`` reads it; ``overtake solve --out`` writes the same format).
 
     The ETag is the policy's hash: a poller sending ``If-None-Match`` gets 304 while it is unchanged.
     """
-    job = done_model(store, model_id)
+    job = await reads.run("id", done_model, store, model_id)
     etag = f'"{(job.result or {}).get("policy_hash", "")}"'
     if request.headers.get("if-none-match") == etag:
         return Response(status_code=304, headers={"ETag": etag})
-    blob = store.artifact(model_id) or b""
+    blob = await reads.run("id", store.artifact, model_id) or b""
     return Response(blob, media_type="application/octet-stream", headers={
         "Content-Disposition": f'attachment; filename="policy-{model_id}.npz"', "ETag": etag})
 
@@ -164,11 +185,12 @@ async def get_policy_file(model_id: str, request: Request, store: StoreDep) -> R
 @router.get("/v1/models/{model_id}/decision", response_model=Decision,
             responses={404: {"model": Error}, 409: {"model": Error}})
 async def get_decision(model_id: str, state: Annotated[str, Query(description=STATE_FORMAT, max_length=4000)],
-                       store: StoreDep, policies: PoliciesDep, metrics: MetricsDep) -> Response:
+                       store: StoreDep, policies: PoliciesDep, metrics: MetricsDep, reads: ReadsDep) -> Response:
     """Threads to start from each queue in the given state (π*'s action)."""
-    if model_id not in policies:
-        done_model(store, model_id)
-    pol = policies.get(model_id)
+    if model_id in policies:  # the hot path: a cached policy, answered on the loop
+        pol = policies.get(model_id)
+    else:  # reading the job and loading its artifact: off the loop
+        pol = await reads.run("id", _load_policy, store, policies, model_id)
     row = _parse_state(state, pol)
     act = pol.action(np.asarray(row, dtype=np.int64))
     metrics.decisions.inc()
@@ -177,3 +199,8 @@ async def get_decision(model_id: str, state: Annotated[str, Query(description=ST
     return JSONResponse({"state": row, "columns": pol.columns,
                          "spawn": {lab: int(a) for lab, a in zip(labels, act)}, "total": int(act.sum()),
                          "policy_hash": pol.meta.get("hash") or pol.digest()})
+
+
+def _load_policy(store: Store, policies: PolicyCache, model_id: str) -> Policy:
+    done_model(store, model_id)
+    return policies.get(model_id)

@@ -188,6 +188,10 @@ def test_bad_log_upload_is_422(client: TestClient) -> None:
     r = client.post("/v1/fits", data={"kind": "apache-log", "log_format": "%h %D %r"},
                     files={"file": ("a.log", io.BytesIO(b"x"), "text/plain")})
     assert r.status_code == 422 and r.json()["detail"].startswith("stage:")
+    r = client.post("/v1/fits", data={"kind": "apache-log", "log_format": "%h %D %r", "stage": ["a=^/(?!x)"]},
+                    files={"file": ("a.log", io.BytesIO(b"x"), "text/plain")})
+    detail = r.json()["detail"]
+    assert r.status_code == 422 and detail.startswith("stage: a=^/(?!x): not supported by the linear-time matcher")
 
 
 def test_model_from_a_fit(client: TestClient) -> None:

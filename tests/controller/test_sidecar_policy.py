@@ -123,6 +123,11 @@ stages:
     [
         ("stages: []", r"stages: Tuple should have at least 1 item"),
         ("stages: [{name: a, path: '^/(x'}]", r"stages\[0\]\.path: not a valid regular expression"),
+        (
+            "stages: [{name: a, path: x}, {name: b, routes: [{path: '^/(?=b)'}]}]",
+            r"stages\[1\]\.routes\[0\]\.path: not supported by the linear-time matcher .*rewrite without them",
+        ),
+        ("stages: [{name: a, path: '^/(a)\\1$'}]", r"stages\[0\]\.path: not supported by the linear-time matcher"),
         ("stages: [{name: a}]", r"stages\[0\]: needs path"),
         ("stages: [{name: a, path: x, colour: red}]", r"stages\[0\]\.colour: unknown key"),
         ("stages: [{name: a, path: x}, {name: a, path: y}]", r"stage names must be unique; 'a' appears twice"),

@@ -77,10 +77,12 @@ def test_censor_at(durations: Path, tmp_path: Path) -> None:
         (["--order", "x"], "--order must be an integer"),
         (["--stage", "oops"], "give FILE"),
         (["--censor-at", "-1"], "--censor-at must be"),
+        (["--apache-log", "LOG", "--log-format", "%r %D", "--stage", r"a=^/(x)\1"],
+         r"--stage a=^/(x)\1: not supported by the linear-time matcher"),
     ],
 )
 def test_usage_errors_exit_2(durations: Path, argv: list[str], match: str, capsys: pytest.CaptureFixture[str]) -> None:
-    args = argv if argv[0] == "--stage" else [str(durations), *argv]
+    args = argv if argv[0] in ("--stage", "--apache-log") else [str(durations), *argv]
     assert _main(args) == 2
     err = capsys.readouterr().err
     assert match in err and err.count("\n") == 1

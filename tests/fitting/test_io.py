@@ -49,7 +49,8 @@ def test_apache_milliseconds_directive() -> None:
         ("%h %t %>s %D", {"x": "."}, "no request line"),
         ("%Q{", {"x": "."}, "log format"),
         (FMT_D, {}, "at least one stage"),
-        (FMT_D, {"x": "("}, "bad regex"),
+        (FMT_D, {"x": "("}, "stage 'x': regex '\\(': not a valid regular expression"),
+        (FMT_D, {"x": r"(?<=/)x"}, "stage 'x': .* not supported by the linear-time matcher"),
         (FMT_D, {"a/b": "."}, "stage name"),
     ],
 )
