@@ -62,8 +62,12 @@ def compare(
     optimum: Optimum | ObservedOptimum | None = None,
     phase_info: PhaseInfo = "full",
     routes: RouteSplit | None = None,
+    method: str = "anderson",
 ) -> dict[str, Any]:
     """Solve π* and evaluate the baselines; returns the JSON document of ``overtake compare``.
+
+    ``method`` is π*'s solver (:func:`overtake.mdp.truncation.solve_optimal`): "anderson"
+    (default, the fastest measured, BENCHMARKS.md ``cli-table1``), "rvi" or "pi".
 
     ``phase_info`` ``none`` or ``route`` (with ``routes``): π* is the best observation policy,
     and the document gains an ``observation`` entry (where π* came from, the candidates' E[W]
@@ -78,11 +82,12 @@ def compare(
     # observed.py (scipy's iterative solvers, the heuristic's kernels) only when it is used
     if phase_info in ("none", "route") or (optimum is not None and not isinstance(optimum, Optimum)):
         return _compare_observed(model, names, phase_info, routes, tol, truncation, progress, optimum, t0)
-    opt = optimum or solve_optimal(model, truncation=truncation, tol=tol, progress=progress)
+    opt = optimum or solve_optimal(model, truncation=truncation, tol=tol, method=method, progress=progress)
     out: dict[str, Any] = {"policies": {"pi*": opt.metrics.to_dict()}}
     start_opt = None
     if phase_info_start:
-        start_opt = solve_optimal(model, phase_info="start", truncation=truncation, tol=tol, progress=progress)
+        start_opt = solve_optimal(model, phase_info="start", truncation=truncation, tol=tol, method=method,
+                                  progress=progress)
         out["policies"]["pi*(phase at start)"] = start_opt.metrics.to_dict()
     star = opt.metrics
     for name in names:

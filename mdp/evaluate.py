@@ -11,6 +11,7 @@ per-stage mean sojourn E[N_i]/λ_eff, mean active threads and their distribution
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -54,18 +55,37 @@ class PolicyMetrics:
 
 def solve_sparse(A: sp.csc_matrix, b: FloatArray, x0: FloatArray | None = None) -> FloatArray:
     """Solve A x = b: SuperLU for small systems, ILU-preconditioned GMRES for large lattices."""
+    return sparse_solver(A)(b, x0)
+
+
+def sparse_solver(A: sp.csc_matrix) -> Callable[[FloatArray, FloatArray | None], FloatArray]:
+    """Factor A once; the returned ``solve(b, x0)`` reuses the factor for every right-hand side.
+
+    SuperLU up to ``_DIRECT_LIMIT`` unknowns; above, an incomplete LU preconditions GMRES (a
+    complete LU of these lattices fills in badly: 17 M factor entries and 184 s on Table 1
+    case 8's 96,075 states, BENCHMARKS.md ``mdp-peer``), warm-started from ``x0`` when given.
+    """
     import scipy.sparse.linalg as spla  # 0.1 s of start-up, only where a system is solved
 
     n = A.shape[0]
     if n <= _DIRECT_LIMIT:
-        return np.asarray(spla.splu(A, permc_spec="COLAMD").solve(b))
+        lu = spla.splu(A, permc_spec="COLAMD")
+
+        def direct(b: FloatArray, x0: FloatArray | None = None) -> FloatArray:
+            return np.asarray(lu.solve(b))
+
+        return direct
     ilu = spla.spilu(A, drop_tol=1e-5, fill_factor=15)
     M = spla.LinearOperator(A.shape, ilu.solve)
-    x, info = spla.gmres(A, b, x0=ilu.solve(b) if x0 is None else x0, M=M, rtol=1e-13, atol=0.0,
-                         restart=80, maxiter=300)
-    if info != 0:
-        raise SolverError(f"sparse solve did not converge (gmres info {info}) on {n} states")
-    return np.asarray(x)
+
+    def solve(b: FloatArray, x0: FloatArray | None = None) -> FloatArray:
+        x, info = spla.gmres(A, b, x0=ilu.solve(b) if x0 is None else x0, M=M, rtol=1e-13, atol=0.0,
+                             restart=80, maxiter=300)
+        if info != 0:
+            raise SolverError(f"sparse solve did not converge (gmres info {info}) on {n} states")
+        return np.asarray(x)
+
+    return solve
 
 
 def reachable(P: sp.csr_matrix, start: int = 0) -> IntArray:

@@ -33,7 +33,7 @@ import scipy.sparse as sp
 from .anderson import AndersonMixer
 from .bellman import KERNEL_MIN_STATES, ActionIndex
 from .errors import SolverError
-from .evaluate import solve_sparse
+from .evaluate import sparse_solver
 from .statespace import StateSpace
 
 FloatArray = npt.NDArray[np.float64]
@@ -117,16 +117,25 @@ def induced_matrix(space: StateSpace, decision: IntArray) -> sp.csr_matrix:
 
 def evaluate_bias(space: StateSpace, P: sp.csr_matrix, cost: FloatArray) -> tuple[float, FloatArray]:
     """Solve (I − P)h + γ·1 = cost with h(0) = 0; returns (γ, h). Unichain P required."""
+    gamma, h, _ = _evaluate_bias(space, P, cost)
+    return gamma, h
+
+
+def _evaluate_bias(
+    space: StateSpace, P: sp.csr_matrix, cost: FloatArray, warm: tuple[FloatArray, FloatArray] | None = None
+) -> tuple[float, FloatArray, tuple[FloatArray, FloatArray]]:
+    """:func:`evaluate_bias` also returning (u, v) below, and starting the iterative solve from
+    ``warm``, the previous policy's (u, v) (policy iteration changes few decisions a step)."""
     # With h(0) = 0 the other equations give h = u − γ·v, (I − P)₋₀ u = cost₋₀, (I − P)₋₀ v = 1;
-    # row 0 then fixes γ. Two right-hand sides, one sparse matrix without a dense column.
+    # row 0 then fixes γ. Two right-hand sides, one factorisation, no dense column.
     S = space.size
     A = (sp.identity(S, format="csr") - P).tocsr()
-    Ar = A[1:, 1:].tocsc()
-    uv = [solve_sparse(Ar, cost[1:]), solve_sparse(Ar, np.ones(S - 1))]
+    solve = sparse_solver(A[1:, 1:].tocsc())
+    uv = (solve(cost[1:], None if warm is None else warm[0]), solve(np.ones(S - 1), None if warm is None else warm[1]))
     p0 = P[0, 1:].toarray().ravel()
     gamma = (cost[0] + p0 @ uv[0]) / (1.0 + p0 @ uv[1])
     h = np.concatenate([[0.0], uv[0] - gamma * uv[1]])
-    return float(gamma), h
+    return float(gamma), h, uv
 
 
 def bellman_bounds(space: StateSpace, ai: ActionIndex, V: FloatArray) -> tuple[float, float, FloatArray]:
@@ -281,9 +290,10 @@ def policy_iteration(
     converged = False
     it = 0
     h = np.zeros(space.size)
+    warm = None
     for it in range(1, max_iter + 1):
         P = induced_matrix(space, dec)
-        gam, h = evaluate_bias(space, P, cost)
+        gam, h, warm = _evaluate_bias(space, P, cost, warm)
         history.append(gam * space.rate)
         if progress:
             progress(f"policy iteration {it}: g = {gam * space.rate:.8g}")

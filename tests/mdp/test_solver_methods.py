@@ -146,3 +146,26 @@ def test_table1_case1_with_the_default_method_matches_the_paper():
     paper = {"pi(1)": 0.00, "pi(4)": 13.82, "pi(inf)": 17.63, "pi(1,1)": 16.92}
     for k, v in paper.items():
         assert 100 * doc["gains"][k] == pytest.approx(v, abs=0.1), k
+
+
+def test_compiled_anderson_step_equals_the_numpy_step(monkeypatch):
+    """The compiled two-pass mixer (large iterates) and the numpy one (small) give the same iterates."""
+    import overtake.mdp.anderson as aa
+
+    rng = np.random.default_rng(5)
+    n = 400
+    Q, _ = np.linalg.qr(rng.normal(size=(n, n)))
+    M = Q @ np.diag(np.linspace(-0.3, 0.99, n)) @ Q.T
+    b = rng.normal(size=n)
+    runs = {}
+    for kernel_min in (10**9, 1):  # numpy everywhere, then compiled everywhere
+        monkeypatch.setattr(aa, "KERNEL_MIN", kernel_min)
+        mix = AndersonMixer(n, 4)
+        x, xs = np.zeros(n), []
+        for i in range(60):
+            if i == 30:
+                mix.reset()
+            x = mix.step(x, M @ x + b - x)
+            xs.append(x)
+        runs[kernel_min] = np.array(xs)
+    assert np.allclose(runs[1], runs[10**9], rtol=1e-9, atol=1e-9 * np.abs(runs[1]).max())
