@@ -15,8 +15,13 @@ optimality equation on post-decision states is
 * :func:`policy_iteration` — Howard's algorithm: evaluate the policy exactly by one sparse solve of
   (I − P_π) h + g/Λ·1 = c/Λ with h(0) = 0, improve greedily (keeping the current action on ties),
   repeat until the policy is stable; then one Bellman step on h gives the same bounds as RVI.
+  Exact, and 7–8 policies suffice on Table 1, but each evaluation is a linear solve on a lattice
+  of Q + D dimensions: a complete LU fills in (184 s, 17 M entries on case 8's 96,075 states)
+  and an incomplete one costs 2–15 s to factor there, so PI took 55.9 s CPU on that space
+  against 1.7 s for :func:`anderson_rvi` and 16.3 s for RVI (bench/mdp_peer.py --ours-only,
+  bench/results/solver_speed.jsonl); on 22,761 states 2.8 s against 0.23 s.
 
-:func:`solve` dispatches on ``method`` ("pi", default, "rvi" or "anderson").
+:func:`solve` dispatches on ``method`` ("anderson", default, "rvi" or "pi").
 """
 
 from __future__ import annotations
@@ -345,13 +350,13 @@ def _initial_decision(space: StateSpace, ai: ActionIndex) -> IntArray:
 def solve(
     space: StateSpace,
     *,
-    method: Literal["pi", "rvi", "anderson"] = "pi",
+    method: Literal["pi", "rvi", "anderson"] = "anderson",
     tol: float = 1e-6,
     max_iter: int | None = None,
     decision0: IntArray | None = None,
     progress: Progress | None = None,
 ) -> SolveResult:
-    """Solve the truncated MDP; ``method`` is "pi" (policy iteration), "rvi" or "anderson"."""
+    """Solve the truncated MDP; ``method`` is "anderson" (the fastest measured), "rvi" or "pi"."""
     if method == "pi":
         return policy_iteration(space, decision0=decision0, max_iter=max_iter or 100, progress=progress)
     if method == "rvi":
