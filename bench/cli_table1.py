@@ -10,7 +10,7 @@ one session; ``--reference`` is an earlier run's ``--json`` output, and every po
 compared with it (the largest relative difference is reported). The 1-minute load average is
 recorded before and after each process: timings taken above a load of 1 are flagged.
 Appends one JSON line to bench/results/solver_speed.jsonl and replaces the ``cli-table1`` section of
-BENCHMARKS.md unless ``--no-write`` (``--other RUN.json``: a run of another ``--exe`` from the same
+BENCHMARKS.md (all twelve cases only) unless ``--no-write`` (``--other RUN.json``: a run of another ``--exe`` from the same
 session, shown beside this one).
 """
 
@@ -106,8 +106,9 @@ def main() -> int:
     if not args.no_write:
         with RESULTS.open("a") as fh:
             fh.write(json.dumps(out) + "\n")
-        other = json.loads(Path(args.other).read_text()) if args.other else None
-        replace_section("cli-table1", section(out, other))
+        if cases == list(range(1, 13)):  # the section is the whole table; a subset only goes to results
+            other = json.loads(Path(args.other).read_text()) if args.other else None
+            replace_section("cli-table1", section(out, other))
     return 0
 
 

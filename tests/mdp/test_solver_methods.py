@@ -191,3 +191,22 @@ def test_policy_iteration_matches_rvi_on_table1_cases(case):
         exact[res.method] = float(p @ space.cost[reach])
     assert exact["pi"] == pytest.approx(exact["rvi"], rel=1e-9)
     assert exact["pi"] == pytest.approx(ref.gain, rel=1e-9)
+
+
+def test_stationary_law_by_gauss_seidel_equals_the_direct_solve(monkeypatch):
+    """Mid-size chains go to Gauss–Seidel once the kernels are loaded, to an LU otherwise: the two
+    laws agree (Table 1 case 8's stages, π* of cap 8)."""
+    import overtake.mdp.evaluate as ev
+
+    model = tandem(0.6, h2_stage("a", 0.91, 0.55, 5.45), h2_stage("b", 0.91, 2.75, 27.25))
+    space = StateSpace(model, Truncation(8, 3))
+    P = induced_matrix(space, anderson_rvi(space, tol=1e-9).decision)
+    monkeypatch.setattr(ev, "_DENSE_LIMIT", 10**6)
+    monkeypatch.setattr(ev, "_DIRECT_LIMIT", 10**6)
+    reach, direct = stationary_distribution(P)  # one dense LU, whatever is loaded
+    assert reach.size > 1_000
+    monkeypatch.setattr(ev, "_DENSE_LIMIT", 0)
+    monkeypatch.setattr(ev, "_DIRECT_LIMIT", 0)
+    reach2, gs = stationary_distribution(P)  # Gauss–Seidel
+    assert np.array_equal(reach, reach2)
+    assert np.abs(gs - direct).max() < 1e-10 * direct.max()
