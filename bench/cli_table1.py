@@ -95,6 +95,7 @@ def main() -> int:
                 if k in old.get(r["case"], {}):
                     worst = max(worst, abs(v - old[r["case"]][k]) / abs(old[r["case"]][k]))
         out["max_rel_diff_vs_reference"] = worst
+        out["reference"] = {"date": ref.get("date"), "rev": ref.get("rev")}
     if args.json:
         print(json.dumps(out, indent=1))
     else:
@@ -144,7 +145,9 @@ def section(out: dict[str, Any], other: dict[str, Any] | None) -> str:
         lines.append(row + (f" {theirs[case]:.2f} |" if other and case in theirs else ""))
     lines.append(f"| all twelve | | | | {total:.1f} |" + (f" {total_o:.1f} |" if other else ""))
     if "max_rel_diff_vs_reference" in out:
-        lines += ["", f"Largest relative difference of any policy's E[W] from the reference run: "
+        ref = out.get("reference", {})
+        lines += ["", f"Largest relative difference of any policy's E[W] from the reference run (rev {ref.get('rev')}, "
+                      f"{str(ref.get('date'))[:10]}, bench/results/solver_speed.jsonl): "
                       f"{out['max_rel_diff_vs_reference']:.1e} (target 1e-4)."]
     return "\n".join(lines)
 
