@@ -252,8 +252,19 @@ def anderson_rvi(
     lo = hi = 0.0
     converged = False
     it = 0
+    last = V  # the last iterate with finite Bellman bounds
     for it in range(1, max_iter + 1):
         lo, hi = step(V)
+        if not (np.isfinite(lo) and np.isfinite(hi) and lo <= hi):
+            # a non-finite mixed iterate (the compiled step then returns (inf, -inf), which would
+            # pass the test below): drop the history, go on from the last good iterate
+            if V is last:
+                raise SolverError("anderson: the Bellman step is not finite; check the model's rates")
+            mixer.reset()
+            V = last
+            best, stale = np.inf, 0
+            continue
+        last = V
         if hi - lo <= tol * max(abs(hi), 1e-12):
             converged = True
             break

@@ -210,3 +210,24 @@ def test_stationary_law_by_gauss_seidel_equals_the_direct_solve(monkeypatch):
     reach2, gs = stationary_distribution(P)  # Gauss–Seidel
     assert np.array_equal(reach, reach2)
     assert np.abs(gs - direct).max() < 1e-10 * direct.max()
+
+
+def test_anderson_recovers_from_a_non_finite_mixed_iterate(monkeypatch):
+    """A NaN from the mixing step must not pass the span test (the compiled step's min/max of NaN is
+    (inf, -inf)): the solver drops the history and still reaches RVI's gain."""
+    model = tandem(0.6, h2_stage("a", 0.91, 0.55, 5.45), h2_stage("b", 0.91, 2.75, 27.25))
+    space = StateSpace(model, Truncation(12, 4))
+    assert space.size >= 5_000  # the compiled Bellman step
+    ref = relative_value_iteration(space, tol=1e-9)
+    real = AndersonMixer.step
+    calls = {"n": 0}
+
+    def flaky(self, x, f):
+        calls["n"] += 1
+        out = real(self, x, f)
+        return out * np.nan if calls["n"] == 5 else out
+
+    monkeypatch.setattr(AndersonMixer, "step", flaky)
+    res = anderson_rvi(space, tol=1e-9)
+    assert res.converged and np.isfinite(res.gain)
+    assert res.gain == pytest.approx(ref.gain, rel=1e-8)
