@@ -84,6 +84,7 @@ def main() -> int:
         "bench": "cli_table1", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": machine(), "exe": args.exe, "rev": git_rev(Path(args.exe).resolve().parents[2]),
         "command": "OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/cli_table1.py " + " ".join(sys.argv[1:]),
+        "_reference_arg": args.reference, "_other_arg": args.other,
         "runs": runs, "max_load": max(max(r["load_before"], r["load_after"]) for run in runs for r in run["cases"]),
     }
     if args.reference:
@@ -122,6 +123,17 @@ def section(out: dict[str, Any], other: dict[str, Any] | None) -> str:
                 per[c["case"]] = min(per.get(c["case"], float("inf")), c["wall_s"])
         return per, min(r["total_wall_s"] for r in run["runs"])
 
+    def latest(pred: Any) -> dict[str, Any] | None:
+        found = None
+        if RESULTS.exists():
+            for line in RESULTS.read_text().splitlines():
+                rec = json.loads(line)
+                if pred(rec):
+                    found = rec
+        return found
+
+    command = " ".join("REF.json" if a == out.get("_reference_arg") else "OTHER.json" if a == out.get("_other_arg") else a
+                       for a in out["command"].split(" "))
     mine, total = best(out)
     theirs, total_o = best(other) if other else ({}, float("nan"))
     first = {c["case"]: c for c in out["runs"][0]["cases"]}
@@ -129,8 +141,9 @@ def section(out: dict[str, Any], other: dict[str, Any] | None) -> str:
     lines = [
         "## Table 1 through the CLI: twelve sequential `overtake compare` processes (issue 21)",
         "",
-        f"Date {out['date'][:10]}, machine: {out['machine']}; command: `{out['command']}` (rev {out['rev']}"
-        + (f"; beside it `--exe` of rev {other['rev']}, the same session" if other else "") + "). "
+        f"Date {out['date'][:10]}, machine: {out['machine']}; command: `{command}` (rev {out['rev']}"
+        + (f"; OTHER.json: {len(other['runs'])} sequence(s) of `--exe` rev {other['rev']}, the same session" if other else "")
+        + "; every run in bench/results/solver_speed.jsonl). "
         f"Each case is a fresh process at the scenario's tolerance (0.1 %); per case the fastest of "
         f"{len(out['runs'])} sequence(s), and the fastest whole sequence. 1-min load average up to "
         f"{out['max_load']:.2f} (the machine is shared: wall times vary by up to 2× between runs). "
@@ -149,6 +162,19 @@ def section(out: dict[str, Any], other: dict[str, Any] | None) -> str:
         lines += ["", f"Largest relative difference of any policy's E[W] from the reference run (rev {ref.get('rev')}, "
                       f"{str(ref.get('date'))[:10]}, bench/results/solver_speed.jsonl): "
                       f"{out['max_rel_diff_vs_reference']:.1e} (target 1e-4)."]
+    start = latest(lambda r: r.get("bench") == "cli_startup" and r.get("exe") == out["exe"])
+    if start:
+        w = start["wall_s"]["compare case01"]
+        lines += ["", f"Cold start (`bench/cli_startup.py`, {start['date'][:10]}): `overtake compare case01.yaml --json` "
+                      f"{w['min']:.3f} s min, {w['median']:.3f} s median (target 0.8 s); heavy imports: "
+                      f"{', '.join(start['compare_imports']) or 'none'}."]
+    pi = latest(lambda r: r.get("bench") == "mdp_peer" and "pi" in r.get("cpu_s", {}) and "pymdptoolbox" not in r["cpu_s"])
+    if pi:
+        c = pi["cpu_s"]
+        lines += ["", f"Why Anderson stays the default (`{pi['command']}`): on case {pi['case']}'s {pi['states']:,} "
+                      f"states policy iteration took {c['pi']:.1f} s CPU ({pi['sweeps']['pi']} policies, each evaluated by "
+                      f"ILU-preconditioned GMRES), plain RVI {c['rvi']:.1f} s, Anderson {c['anderson']:.1f} s; a complete "
+                      "sparse LU of one policy's system fills in (17 M entries, 184 s)."]
     return "\n".join(lines)
 
 
