@@ -4,9 +4,12 @@
         [--repeat 3] [--json] [--no-write] [--results]
 
 Ours: Anderson-accelerated RVI (the default solver) and plain RVI, each the best of ``--repeat``
-CPU timings after one untimed warm-up call (numba's cache load); the speed-up is pymdptoolbox's
-CPU time over the default solver's, at equal g (both policies' exact average costs are shown).
-``--results`` appends one JSON line to bench/results/solver_speed.jsonl.
+CPU timings after one untimed warm-up call (numba's cache load), and policy iteration (one timed
+run: its evaluations are ILU-preconditioned GMRES solves, BENCHMARKS.md says why it is not the
+default); the speed-up is pymdptoolbox's CPU time over the default solver's, at equal g (both
+policies' exact average costs are shown). ``--ours-only`` skips pymdptoolbox (for instances it
+cannot hold, e.g. Table 1 case 8's 96,075 states) and writes no section. ``--results`` appends
+one JSON line to bench/results/solver_speed.jsonl.
 
 pymdptoolbox (PyPI, the `bench` extra) needs a fixed action set, one S×S matrix per action, and
 maximises reward, so the instance is written in its pre-decision form: state y, action a = how
@@ -40,7 +43,7 @@ from _report import append_run, cpu_model, write_section
 
 from overtake.api.scenario import load_scenario
 from overtake.mdp.evaluate import stationary_distribution
-from overtake.mdp.solve import anderson_rvi, induced_matrix, relative_value_iteration
+from overtake.mdp.solve import anderson_rvi, induced_matrix, policy_iteration, relative_value_iteration
 from overtake.mdp.statespace import StateSpace, Truncation
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,6 +92,7 @@ def main() -> int:
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--json", action="store_true", help="print the figures as one JSON document")
     ap.add_argument("--results", action="store_true", help="append one JSON line to bench/results/solver_speed.jsonl")
+    ap.add_argument("--ours-only", action="store_true", help="time our three solvers only (no pymdptoolbox, no section)")
     args = ap.parse_args()
     import mdptoolbox
     import mdptoolbox.mdp
@@ -109,6 +113,24 @@ def main() -> int:
         timed[name] = (res, best, exact_gain(space, res.decision))
     ours, t_ours, g_ours = timed["anderson"]
     rvi, t_rvi, g_rvi = timed["rvi"]
+    c0 = time.process_time()
+    pi = policy_iteration(space)
+    t_pi = time.process_time() - c0
+    g_pi = exact_gain(space, pi.decision)
+    if args.ours_only:
+        doc = {"bench": "mdp_peer", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+               "machine": f"{os.cpu_count()} cores, {cpu_model()}, Python {platform.python_version()}",
+               "command": "OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/mdp_peer.py " + " ".join(sys.argv[1:]),
+               "case": args.case, "states": space.size,
+               "cpu_s": {"anderson": t_ours, "rvi": t_rvi, "pi": t_pi},
+               "sweeps": {"anderson": ours.sweeps, "rvi": rvi.sweeps, "pi": pi.n_iter},
+               "gain": {"anderson": ours.gain, "rvi": rvi.gain, "pi": pi.gain},
+               "exact_g": {"anderson": g_ours, "rvi": g_rvi, "pi": g_pi},
+               "pi_history": pi.history, "load_before": load0, "load_after": os.getloadavg()[0]}
+        print(json.dumps(doc, indent=1))
+        if args.results:
+            append_run("solver_speed", doc)
+        return 0
     c0 = time.process_time()
     P_list, R, post = pre_decision_form(space)
     t_build = time.process_time() - c0
@@ -141,18 +163,20 @@ def main() -> int:
         "|---|---|---|---|---|",
         f"| overtake Anderson-accelerated RVI (default) | {ours.sweeps} | {t_ours:.3f} | {ours.gain:.9f} [{ours.gain_bounds[0]:.9f}, {ours.gain_bounds[1]:.9f}] | {g_ours:.9f} |",
         f"| overtake RVI (box DP, compiled sweep) | {rvi.sweeps} | {t_rvi:.3f} | {rvi.gain:.9f} [{rvi.gain_bounds[0]:.9f}, {rvi.gain_bounds[1]:.9f}] | {g_rvi:.9f} |",
+        f"| overtake policy iteration (ILU-GMRES evaluation) | {pi.n_iter} policies | {t_pi:.2f} | {pi.gain:.9f} [{pi.gain_bounds[0]:.9f}, {pi.gain_bounds[1]:.9f}] | {g_pi:.9f} |",
         f"| pymdptoolbox RelativeValueIteration | {peer.iter} | {t_peer:.2f} (+ {t_build:.2f} building its input) | {g_peer_reported:.9f} | {g_peer:.9f} |",
         "",
-        f"Speed-up {t_peer / t_ours:.1f}× (CPU, solve only; plain RVI {t_peer / t_rvi:.1f}×); relative difference of "
+        f"Speed-up {t_peer / t_ours:.1f}× (CPU, solve only; plain RVI {t_peer / t_rvi:.1f}×, policy iteration "
+        f"{t_peer / t_pi:.1f}×); relative difference of "
         f"the exact average costs {rel:.1e}; 1-min load average {load0:.2f} before, {os.getloadavg()[0]:.2f} after.",
     ]
     text = "\n".join(lines)
     doc = {"bench": "mdp_peer", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
            "machine": f"{os.cpu_count()} cores, {cpu_model()}, Python {platform.python_version()}",
            "command": "OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/mdp_peer.py " + " ".join(sys.argv[1:]),
-           "states": space.size, "cpu_s": {"anderson": t_ours, "rvi": t_rvi, "pymdptoolbox": t_peer},
-           "sweeps": {"anderson": ours.sweeps, "rvi": rvi.sweeps, "pymdptoolbox": int(peer.iter)},
-           "exact_g": {"anderson": g_ours, "rvi": g_rvi, "pymdptoolbox": g_peer},
+           "states": space.size, "cpu_s": {"anderson": t_ours, "rvi": t_rvi, "pi": t_pi, "pymdptoolbox": t_peer},
+           "sweeps": {"anderson": ours.sweeps, "rvi": rvi.sweeps, "pi": pi.n_iter, "pymdptoolbox": int(peer.iter)},
+           "exact_g": {"anderson": g_ours, "rvi": g_rvi, "pi": g_pi, "pymdptoolbox": g_peer},
            "speedup": t_peer / t_ours, "speedup_rvi": t_peer / t_rvi, "rel_diff_g": rel,
            "load_before": load0, "load_after": os.getloadavg()[0]}
     if args.json:

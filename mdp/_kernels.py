@@ -113,3 +113,34 @@ def gauss_seidel(indptr, indices, data, diag, x, sweeps):  # type: ignore[no-unt
                     acc += x[i] * data[t]
             x[j] = acc / (1.0 - diag[j])
     return x
+
+
+@numba.njit(cache=True, nogil=True)
+def anderson_history(x, f, x_old, f_old, df, dxf, head, k, both):  # type: ignore[no-untyped-def]
+    """One pass of the Anderson step (anderson.py): store Δf = f − f_old and Δx + Δf in row ``head``,
+    and both[j] = (Δf_j·Δf_head, Δf_j·f) for the first ``k`` rows — the Gram row and the right side."""
+    n = x.size
+    for j in range(k):
+        both[j, 0] = 0.0
+        both[j, 1] = 0.0
+    for i in range(n):
+        d = f[i] - f_old[i]
+        df[head, i] = d
+        dxf[head, i] = x[i] - x_old[i] + d
+        fi = f[i]
+        for j in range(k):
+            v = df[j, i]
+            both[j, 0] += v * d
+            both[j, 1] += v * fi
+
+
+@numba.njit(cache=True, nogil=True)
+def anderson_mix(x, f, dxf, gamma, out):  # type: ignore[no-untyped-def]
+    """out = x + f − Σ_j γ_j (Δx_j + Δf_j), one pass over the history (anderson.py)."""
+    n = x.size
+    k = gamma.size
+    for i in range(n):
+        acc = x[i] + f[i]
+        for j in range(k):
+            acc -= gamma[j] * dxf[j, i]
+        out[i] = acc

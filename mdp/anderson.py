@@ -8,7 +8,8 @@ the last ``memory`` differences ΔX, ΔF of iterates and residuals, the accelera
 
 which on a linear map is GMRES on (I − G)x = b (their §2.2). The least-squares problem is solved by
 its normal equations on an incrementally updated Gram matrix (one pass over the m stored Δf for
-the new Gram row and Δfᵀf, one over the stored Δx + Δf for the step), with
+the new Gram row and Δfᵀf, one over the stored Δx + Δf for the step; compiled, _kernels.py, from
+``KERNEL_MIN`` entries on, where numpy's temporaries made the mixing cost more than the sweep), with
 a tiny Tikhonov term; callers check their own convergence test on every iterate, so a poor step
 only costs time, and :meth:`AndersonMixer.reset` drops a history that has stopped helping.
 """
@@ -21,6 +22,10 @@ import numpy.typing as npt
 FloatArray = npt.NDArray[np.float64]
 
 __all__ = ["AndersonMixer"]
+
+#: From this size on the two passes run compiled (numba is imported then; smaller problems stay
+#: numpy so a small scenario never loads it — bellman.KERNEL_MIN_STATES, the same threshold).
+KERNEL_MIN = 5_000
 
 
 class AndersonMixer:
@@ -42,7 +47,7 @@ class AndersonMixer:
         self._df = np.zeros((self.memory, size))
         self._dxf = np.zeros((self.memory, size))
         self._gram = np.zeros((self.memory, self.memory))
-        self._pair = np.zeros((size, 2))
+        self._pair = np.zeros((size if size < KERNEL_MIN else 0, 2))  # the numpy path's buffer
         self._x: FloatArray | None = None
         self._f: FloatArray | None = None
         self._count = 0
@@ -58,6 +63,8 @@ class AndersonMixer:
 
         ``x`` and ``f`` are kept by reference until the next call: do not change them in place.
         """
+        if x.size >= KERNEL_MIN:
+            return self._step_compiled(x, f)
         k = 0  # a history exists only when the previous call left one (see reset)
         rhs = np.zeros(0)
         if self._x is not None and self._f is not None:
@@ -77,13 +84,42 @@ class AndersonMixer:
             rhs = both[:, 1]
         self._x, self._f = x, f
         out = x + f
-        if k:
-            g = self._gram[:k, :k]
-            reg = 1e-13 * float(np.trace(g)) + 1e-300
-            try:
-                gamma = np.linalg.solve(g + reg * np.eye(k), rhs)
-            except np.linalg.LinAlgError:
-                self.reset()
-                return out
+        gamma = self._mix(k, rhs) if k else None
+        if gamma is not None:
             out -= gamma @ self._dxf[:k]
+        return out
+
+    def _mix(self, k: int, rhs: FloatArray) -> FloatArray | None:
+        """γ from the normal equations, or None (history reset) when they are singular."""
+        g = self._gram[:k, :k]
+        reg = 1e-13 * float(np.trace(g)) + 1e-300
+        try:
+            gamma = np.asarray(np.linalg.solve(g + reg * np.eye(k), rhs), dtype=np.float64)
+        except np.linalg.LinAlgError:
+            self.reset()
+            return None
+        return gamma
+
+    def _step_compiled(self, x: FloatArray, f: FloatArray) -> FloatArray:
+        """:meth:`step` in two compiled passes over the history (same arithmetic, no temporaries)."""
+        from . import _kernels
+
+        x = np.ascontiguousarray(x, dtype=np.float64)
+        f = np.ascontiguousarray(f, dtype=np.float64)
+        out = np.empty_like(x)
+        gamma = None
+        if self._x is not None and self._f is not None:
+            h = self._head
+            k = self._count = min(self._count + 1, self.memory)
+            self._head = (h + 1) % self.memory
+            both = np.empty((k, 2))
+            _kernels.anderson_history(x, f, self._x, self._f, self._df, self._dxf, h, k, both)
+            self._gram[h, :k] = both[:, 0]
+            self._gram[:k, h] = both[:, 0]
+            gamma = self._mix(k, both[:, 1])
+        self._x, self._f = x, f
+        if gamma is None:
+            np.add(x, f, out=out)
+        else:
+            _kernels.anderson_mix(x, f, self._dxf, gamma, out)
         return out

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .baselines import Baseline
 from .evaluate import PolicyMetrics
 from .model import TandemModel
-from .observed import ObservedOptimum, observed_baselines, solve_observed
 from .routes import RouteSplit
 from .statespace import Layout, PhaseInfo, Truncation
 from .truncation import Optimum, evaluate_baseline, evaluate_rule, solve_optimal
+
+if TYPE_CHECKING:
+    from .observed import ObservedOptimum
 
 Progress = Callable[[str], None]
 
@@ -60,8 +62,12 @@ def compare(
     optimum: Optimum | ObservedOptimum | None = None,
     phase_info: PhaseInfo = "full",
     routes: RouteSplit | None = None,
+    method: str = "anderson",
 ) -> dict[str, Any]:
     """Solve π* and evaluate the baselines; returns the JSON document of ``overtake compare``.
+
+    ``method`` is π*'s solver (:func:`overtake.mdp.truncation.solve_optimal`): "anderson"
+    (default, the fastest measured, BENCHMARKS.md ``cli-table1``), "rvi" or "pi".
 
     ``phase_info`` ``none`` or ``route`` (with ``routes``): π* is the best observation policy,
     and the document gains an ``observation`` entry (where π* came from, the candidates' E[W]
@@ -73,13 +79,15 @@ def compare(
         b = Baseline.parse(p, model.n_stages).name
         if b not in names:
             names.append(b)
-    if phase_info in ("none", "route") or isinstance(optimum, ObservedOptimum):
+    # observed.py (scipy's iterative solvers, the heuristic's kernels) only when it is used
+    if phase_info in ("none", "route") or (optimum is not None and not isinstance(optimum, Optimum)):
         return _compare_observed(model, names, phase_info, routes, tol, truncation, progress, optimum, t0)
-    opt = optimum or solve_optimal(model, truncation=truncation, tol=tol, progress=progress)
+    opt = optimum or solve_optimal(model, truncation=truncation, tol=tol, method=method, progress=progress)
     out: dict[str, Any] = {"policies": {"pi*": opt.metrics.to_dict()}}
     start_opt = None
     if phase_info_start:
-        start_opt = solve_optimal(model, phase_info="start", truncation=truncation, tol=tol, progress=progress)
+        start_opt = solve_optimal(model, phase_info="start", truncation=truncation, tol=tol, method=method,
+                                  progress=progress)
         out["policies"]["pi*(phase at start)"] = start_opt.metrics.to_dict()
     star = opt.metrics
     for name in names:
@@ -107,6 +115,8 @@ def _compare_observed(
     truncation: Truncation | None, progress: Progress | None, optimum: Optimum | ObservedOptimum | None, t0: float,
 ) -> dict[str, Any]:
     """The document of :func:`compare` with π* the best observation policy (it reuses its baselines)."""
+    from .observed import ObservedOptimum, observed_baselines, solve_observed
+
     if optimum is not None and not isinstance(optimum, ObservedOptimum):
         raise ValueError("compare: an optimum for phase_info 'none'/'route' must come from solve_observed")
     opt = optimum or solve_observed(model, phase_info=phase_info, routes=routes, truncation=truncation,  # type: ignore[arg-type]

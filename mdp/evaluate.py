@@ -11,6 +11,8 @@ per-stage mean sojourn E[N_i]/λ_eff, mean active threads and their distribution
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -54,18 +56,37 @@ class PolicyMetrics:
 
 def solve_sparse(A: sp.csc_matrix, b: FloatArray, x0: FloatArray | None = None) -> FloatArray:
     """Solve A x = b: SuperLU for small systems, ILU-preconditioned GMRES for large lattices."""
+    return sparse_solver(A)(b, x0)
+
+
+def sparse_solver(A: sp.csc_matrix) -> Callable[[FloatArray, FloatArray | None], FloatArray]:
+    """Factor A once; the returned ``solve(b, x0)`` reuses the factor for every right-hand side.
+
+    SuperLU up to ``_DIRECT_LIMIT`` unknowns; above, an incomplete LU preconditions GMRES (a
+    complete LU of these lattices fills in badly: 17 M factor entries and 184 s on Table 1
+    case 8's 96,075 states, BENCHMARKS.md ``mdp-peer``), warm-started from ``x0`` when given.
+    """
     import scipy.sparse.linalg as spla  # 0.1 s of start-up, only where a system is solved
 
     n = A.shape[0]
     if n <= _DIRECT_LIMIT:
-        return np.asarray(spla.splu(A, permc_spec="COLAMD").solve(b))
+        lu = spla.splu(A, permc_spec="COLAMD")
+
+        def direct(b: FloatArray, x0: FloatArray | None = None) -> FloatArray:
+            return np.asarray(lu.solve(b))
+
+        return direct
     ilu = spla.spilu(A, drop_tol=1e-5, fill_factor=15)
     M = spla.LinearOperator(A.shape, ilu.solve)
-    x, info = spla.gmres(A, b, x0=ilu.solve(b) if x0 is None else x0, M=M, rtol=1e-13, atol=0.0,
-                         restart=80, maxiter=300)
-    if info != 0:
-        raise SolverError(f"sparse solve did not converge (gmres info {info}) on {n} states")
-    return np.asarray(x)
+
+    def solve(b: FloatArray, x0: FloatArray | None = None) -> FloatArray:
+        x, info = spla.gmres(A, b, x0=ilu.solve(b) if x0 is None else x0, M=M, rtol=1e-13, atol=0.0,
+                             restart=80, maxiter=300)
+        if info != 0:
+            raise SolverError(f"sparse solve did not converge (gmres info {info}) on {n} states")
+        return np.asarray(x)
+
+    return solve
 
 
 def reachable(P: sp.csr_matrix, start: int = 0) -> IntArray:
@@ -102,7 +123,11 @@ def stationary_distribution(P: sp.csr_matrix, start: int = 0) -> tuple[IntArray,
     n = reach.size
     if np.any(np.abs(np.asarray(Psub.sum(axis=1)).ravel() - 1.0) > 1e-9):
         raise SolverError("the states reachable from the empty system are not closed under the policy")
-    if n <= _DIRECT_LIMIT:
+    # Gauss–Seidel (below) needs the compiled kernels; once a large solve has loaded them it beats
+    # a sparse LU from _DENSE_LIMIT states on (π* chains of Table 1 case 8, 2,744 and 3,705 states:
+    # 0.02 s against 0.05-0.25 s, the LU filling in), while a small scenario keeps numba unloaded.
+    direct_limit = _DENSE_LIMIT if "overtake.mdp._kernels" in sys.modules else _DIRECT_LIMIT
+    if n <= direct_limit:
         # small chains: one LU of the reduced system π₋₀(I − P)₋₀ = P(0, ·)₋₀ with π(0) = 1, dense
         # (LAPACK, no solver imports) up to _DENSE_LIMIT states, sparse (SuperLU) above
         A = (sp.identity(n, format="csr") - Psub).T.tocsc()

@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, overload
 
-import numba
 import numpy as np
 import numpy.typing as npt
 
@@ -58,9 +57,21 @@ def capacity(k: Any, cores: int, overhead: float) -> Any:
     return np.minimum(kk, cores) / (1.0 + overhead * kk)
 
 
-#: :func:`capacity` compiled by numba for the nopython kernels (``_simkernel``, ``heuristic``); the
-#: same source, so the kernels cannot drift from it (tests/mdp/test_simulate.py compares them).
-capacity_compiled = numba.njit(cache=True, inline="always")(capacity)
+_compiled: dict[str, Any] = {}
+
+
+def __getattr__(name: str) -> Any:
+    """``capacity_compiled``: :func:`capacity` compiled by numba for the nopython kernels
+    (``_simkernel``, ``heuristic``); the same source, so the kernels cannot drift from it
+    (tests/mdp/test_simulate.py compares them). Built on first access (PEP 562): importing numba
+    costs 0.3-0.5 s of start-up that a small scenario never needs."""
+    if name != "capacity_compiled":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _compiled:
+        import numba
+
+        _compiled[name] = numba.njit(cache=True, inline="always")(capacity)
+    return _compiled[name]
 
 
 def _as_ph(alpha: Any, T: Any, where: str) -> tuple[FloatArray, FloatArray]:

@@ -20,6 +20,9 @@ def register(subparsers: Any) -> None:
                    help="start: also solve the variant where a waiting request's phase is unknown; none: pi* is "
                         "the best policy that sees counts per stage only; route: counts per route "
                         "(stages[].routes). Default: the scenario's phase_info, else full")
+    p.add_argument("--method", choices=("anderson", "rvi", "pi"), default="anderson",
+                   help="pi*'s solver (phase_info full/start): anderson, relative value iteration with Anderson "
+                        "acceleration (default, the fastest measured); rvi: plain; pi: policy iteration")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--plot", metavar="PNG", help="also write E[W] per policy with the gains (paper 004, Fig. 2)")
 
@@ -37,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     with progress_bar("compare", steps=steps, quiet=args.quiet) as progress:  # silent when not a terminal
         doc = compare(model, policies=args.policy, phase_info_start=phase_info == "start",
                       tol=sc.tolerance, truncation=sc.fixed_truncation(), progress=progress,
-                      phase_info="full" if phase_info == "start" else phase_info, routes=routes)
+                      phase_info="full" if phase_info == "start" else phase_info, routes=routes,
+                      method=args.method)
     if args.plot:
         from overtake.api.plots import gains_figure
 

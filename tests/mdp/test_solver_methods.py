@@ -7,6 +7,8 @@ queue layouts, and the default method must reproduce a paper 004 Table 1 row.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -146,3 +148,86 @@ def test_table1_case1_with_the_default_method_matches_the_paper():
     paper = {"pi(1)": 0.00, "pi(4)": 13.82, "pi(inf)": 17.63, "pi(1,1)": 16.92}
     for k, v in paper.items():
         assert 100 * doc["gains"][k] == pytest.approx(v, abs=0.1), k
+
+
+def test_compiled_anderson_step_equals_the_numpy_step(monkeypatch):
+    """The compiled two-pass mixer (large iterates) and the numpy one (small) give the same iterates."""
+    import overtake.mdp.anderson as aa
+
+    rng = np.random.default_rng(5)
+    n = 400
+    Q, _ = np.linalg.qr(rng.normal(size=(n, n)))
+    M = Q @ np.diag(np.linspace(-0.3, 0.99, n)) @ Q.T
+    b = rng.normal(size=n)
+    runs = {}
+    for kernel_min in (10**9, 1):  # numpy everywhere, then compiled everywhere
+        monkeypatch.setattr(aa, "KERNEL_MIN", kernel_min)
+        mix = AndersonMixer(n, 4)
+        x, xs = np.zeros(n), []
+        for i in range(60):
+            if i == 30:
+                mix.reset()
+            x = mix.step(x, M @ x + b - x)
+            xs.append(x)
+        runs[kernel_min] = np.array(xs)
+    assert np.allclose(runs[1], runs[10**9], rtol=1e-9, atol=1e-9 * np.abs(runs[1]).max())
+
+
+@pytest.mark.parametrize("case", [2, 3, 7, 10, 12])
+def test_policy_iteration_matches_rvi_on_table1_cases(case):
+    """Paper 004 Table 1 scenarios on a small cap: PI's g equals RVI's to 1e-9 relative, and the two
+    returned policies are equal-valued (their exact gains agree to 1e-9), ties aside."""
+    from overtake.api.scenario import load_scenario
+
+    _, model = load_scenario(Path(__file__).resolve().parents[2] / "examples" / "table1" / f"case{case:02d}.yaml")
+    space = StateSpace(model, Truncation(6, 3))
+    ref = relative_value_iteration(space, tol=1e-12)
+    pi = policy_iteration(space)
+    assert ref.converged and pi.converged
+    assert pi.gain == pytest.approx(ref.gain, rel=1e-9)
+    exact = {}
+    for res in (ref, pi):
+        reach, p = stationary_distribution(induced_matrix(space, res.decision))
+        exact[res.method] = float(p @ space.cost[reach])
+    assert exact["pi"] == pytest.approx(exact["rvi"], rel=1e-9)
+    assert exact["pi"] == pytest.approx(ref.gain, rel=1e-9)
+
+
+def test_stationary_law_by_gauss_seidel_equals_the_direct_solve(monkeypatch):
+    """Mid-size chains go to Gauss–Seidel once the kernels are loaded, to an LU otherwise: the two
+    laws agree (Table 1 case 8's stages, π* of cap 8)."""
+    import overtake.mdp.evaluate as ev
+
+    model = tandem(0.6, h2_stage("a", 0.91, 0.55, 5.45), h2_stage("b", 0.91, 2.75, 27.25))
+    space = StateSpace(model, Truncation(8, 3))
+    P = induced_matrix(space, anderson_rvi(space, tol=1e-9).decision)
+    monkeypatch.setattr(ev, "_DENSE_LIMIT", 10**6)
+    monkeypatch.setattr(ev, "_DIRECT_LIMIT", 10**6)
+    reach, direct = stationary_distribution(P)  # one dense LU, whatever is loaded
+    assert reach.size > 1_000
+    monkeypatch.setattr(ev, "_DENSE_LIMIT", 0)
+    monkeypatch.setattr(ev, "_DIRECT_LIMIT", 0)
+    reach2, gs = stationary_distribution(P)  # Gauss–Seidel
+    assert np.array_equal(reach, reach2)
+    assert np.abs(gs - direct).max() < 1e-10 * direct.max()
+
+
+def test_anderson_recovers_from_a_non_finite_mixed_iterate(monkeypatch):
+    """A NaN from the mixing step must not pass the span test (the compiled step's min/max of NaN is
+    (inf, -inf)): the solver drops the history and still reaches RVI's gain."""
+    model = tandem(0.6, h2_stage("a", 0.91, 0.55, 5.45), h2_stage("b", 0.91, 2.75, 27.25))
+    space = StateSpace(model, Truncation(12, 4))
+    assert space.size >= 5_000  # the compiled Bellman step
+    ref = relative_value_iteration(space, tol=1e-9)
+    real = AndersonMixer.step
+    calls = {"n": 0}
+
+    def flaky(self, x, f):
+        calls["n"] += 1
+        out = real(self, x, f)
+        return out * np.nan if calls["n"] == 5 else out
+
+    monkeypatch.setattr(AndersonMixer, "step", flaky)
+    res = anderson_rvi(space, tol=1e-9)
+    assert res.converged and np.isfinite(res.gain)
+    assert res.gain == pytest.approx(ref.gain, rel=1e-8)

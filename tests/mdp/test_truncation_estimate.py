@@ -9,8 +9,17 @@ from __future__ import annotations
 import pytest
 from mdp_helpers import exp_stage, h2_stage, tandem
 
-from overtake.mdp.statespace import StateSpace, Truncation
-from overtake.mdp.truncation import auto_start, estimate_states, evaluate_baseline, next_solve_cap, ps_chain_states
+from overtake.mdp.baselines import Baseline
+from overtake.mdp.statespace import Layout, StateSpace, Truncation
+from overtake.mdp.truncation import (
+    auto_start,
+    estimate_states,
+    evaluate_baseline,
+    evaluate_rule,
+    next_solve_cap,
+    ps_chain_states,
+    ps_metrics,
+)
 
 MODELS = {
     "exp rho 0.6": tandem(0.6, exp_stage("a", 1.0), exp_stage("b", 1.0)),
@@ -18,7 +27,25 @@ MODELS = {
     "exp 2 cores": tandem(0.8, exp_stage("a", 1.0), exp_stage("b", 1.0), cores=2),
     "exp overhead": tandem(0.6, exp_stage("a", 1.0), exp_stage("b", 1.0), overhead=0.005),
     "h2 + exp rho 0.6": tandem(0.6, exp_stage("a", 1.0), h2_stage("b", 0.91, 0.55, 5.45)),
+    "h2 + h2 2 cores overhead": tandem(0.7, h2_stage("a", 0.91, 0.55, 5.45), h2_stage("b", 0.91, 2.75, 27.25),
+                                       cores=2, overhead=0.01),
 }
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_ps_closed_form_equals_the_chain_of_pi_inf(name: str) -> None:
+    """π(∞)'s O(C) metrics (symmetric queue, insensitivity) against its phase-level chain built and
+    solved like every other policy's: every field, on two caps."""
+    model = MODELS[name]
+    lay = Layout.build(model, "start")
+    rule = Baseline.parse("pi(inf)", model.n_stages).rule(lay.queue_stage, model.coord_stage())
+    for C in (7, 12):
+        chain = evaluate_rule(model, lay, rule, max_requests=C, max_threads=None).to_dict()
+        closed = ps_metrics(model, C).to_dict()
+        assert closed.keys() == chain.keys()
+        for key, v in chain.items():
+            # the chain's law is exact to a residual of 1e-12 of its largest probability
+            assert closed[key] == (pytest.approx(v, rel=1e-9, abs=1e-10) if not isinstance(v, int) else v), key
 
 
 @pytest.mark.parametrize("name", list(MODELS))

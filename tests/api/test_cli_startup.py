@@ -1,0 +1,52 @@
+"""Start-up of `overtake compare` on a small scenario (issue 21, part 2): what it must not import.
+
+A fresh process pays for every module it loads; numba (0.3-0.5 s) and scipy's sparse solvers
+(0.2 s) serve only large models. Checked in a child process so this suite's imports do not count.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CASE1 = Path(__file__).resolve().parents[2] / "examples" / "table1" / "case01.yaml"
+
+PROBE = """
+import contextlib, io, json, sys
+from overtake.api.cli import main
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    code = main(["compare", sys.argv[1], "--json", "--quiet"])
+doc = json.loads(out.getvalue())
+heavy = [m for m in ("numba", "scipy.sparse.linalg", "scipy.sparse.csgraph") if m in sys.modules]
+print(json.dumps({"code": code, "states": doc["states"], "heavy": heavy}))
+"""
+
+
+def test_small_compare_imports_neither_numba_nor_scipy_solvers():
+    proc = subprocess.run([sys.executable, "-c", PROBE, str(CASE1)], capture_output=True, text=True, check=True)
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["code"] == 0 and res["states"] < 5_000  # below bellman.KERNEL_MIN_STATES: numpy passes
+    assert res["heavy"] == []
+
+
+def test_compare_method_option_reaches_every_solver(capsys):
+    """`overtake compare --method`: each solver answers Table 1 case 7 (H2 stages) with the same π*.
+
+    The policies may differ only where two actions tie, so π*'s exact E[W] agrees to far inside the
+    scenario's tolerance; the document names the solver used."""
+    from overtake.api.cli import main
+
+    case7 = CASE1.with_name("case07.yaml")
+    ew = {}
+    for method in ("anderson", "pi", "rvi"):
+        assert main(["compare", str(case7), "--json", "--quiet", "--method", method]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["method"] == method
+        ew[method] = doc["policies"]["pi*"]["mean_response_time"]
+    assert ew["pi"] == pytest.approx(ew["rvi"], rel=1e-6)
+    assert ew["anderson"] == pytest.approx(ew["rvi"], rel=1e-6)
