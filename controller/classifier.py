@@ -100,9 +100,12 @@ class Classifier:
             self._grid = [self._current_phase_grid(i) for i in range(len(self.phases))]
 
     # ---- start phase ---------------------------------------------------------------------
-    def start_phase(self, stage: int, route_key: str, header: bytes | None, route_phase: int | None) -> int:
-        """Phase (0-based) a request joins its stage's queue with."""
-        if self.evidence is not None:
+    def start_phase(self, stage: int, route_key: str, header: bytes | None, route_phase: int | None, *,
+                    observe: bool = True) -> int:
+        """Phase (0-based) a request joins its stage's queue with. ``observe`` False: a peek at
+        the follow-up request (``X-Overtake-Next-Phase``), not a request: auto's evidence is the
+        requests' own phase headers."""
+        if self.evidence is not None and observe:
             self.evidence.request(header is not None and header.strip().isdigit() and int(header) >= 1)
         if not self.aware:
             return 0

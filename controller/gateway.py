@@ -382,7 +382,7 @@ class Gateway:
             return None
         value = next((v for k, v in req.headers if k.lower() == self.next_header), None)
         try:
-            return nxt, self.classifier.start_phase(nxt, "", value, None)
+            return nxt, self.classifier.start_phase(nxt, "", value, None, observe=False)
         except BadPhaseHeader:
             self.metrics.errors.labels("bad_phase").inc()
             return nxt, self.classifier.prior_phase[nxt]

@@ -1,19 +1,26 @@
 """The live half of ``make demo``: the bundled example's load on a private Apache through the sidecar.
 
-    python examples/demo/live.py --out demo-out --sidecar 127.0.0.1:PORT --apache 127.0.0.1:PORT \
-        --prometheus http://127.0.0.1:PORT [--seconds 45] [--seed 7]
+    python examples/demo/live.py --out demo-out --default 127.0.0.1:PORT --sidecar 127.0.0.1:PORT \
+        --apache 127.0.0.1:PORT --prometheus http://127.0.0.1:PORT [--seconds 70] [--seed 7]
 
-``examples/demo/run.sh`` starts Apache, the sidecar (``--policy passthrough``) and Prometheus and
-stops them again; this script only drives them. One trace of open-loop Poisson transactions
-(rate λ of ``OUT/scenario.yaml``, about ``--seconds`` long) with service demands drawn from the
-fitted PH of each stage (the example's time unit is the second: a demand d burns d seconds of
-Apache thread CPU, the start phase goes in X-Overtake-Phase) is replayed twice — under Apache's
-default π(∞) (``passthrough``) and under π* (``OUT/policy.npz``), swapped with ``PUT /-/policy``
-— with the load driver of :mod:`overtake.controller.harness.loadgen` (bench/apache_table2.py's).
-It prints the measured mean response times (95 % CI, 20 batch means) next to the model's (π*:
-the solver's E[W]; π(∞): M/G/1-PS, E[S]/(1 − ρ), paper 004 §4), queries Prometheus once for the sidecar's and Apache's series, and
-writes ``OUT/report.png`` (measured vs predicted bars + π*'s heatmap from :mod:`overtake.api.plots`) and
-``OUT/live.json``.
+``examples/demo/run.sh`` starts everything and stops it again; this script only drives it. Two
+private Apaches share one core: Apache's default (behind a sidecar that passes everything
+through, ``--default``) and one loading mod_overtake_prio at the threshold the model chose,
+behind the product's sidecar (``--sidecar``: ``classifier.mode: auto`` over the policies of
+``OUT/policies/``, ``--cpu-priority age``). One trace of open-loop Poisson transactions (rate λ
+of ``OUT/scenario.yaml``, demands drawn from the fitted PH; the example's time unit is the second
+of Apache thread CPU) is replayed three times (common random numbers):
+
+1. Apache's default π(∞);
+2. the product without any phase header — what a real site sends; auto runs what it predicts best
+   for that (and says why);
+3. the product with the phase header (``X-Overtake-Phase``, the start phase of each demand).
+
+Each row: measured mean response time (95 % CI, 20 batch means), the trace's ideal twin (the same
+transactions on a processor-sharing CPU through the sidecar's own limiter and, where Apache runs
+it, the priority lever) and the model's prediction. Gains over π(∞) are (E W(π(∞)) − E W) / E W
+with a paired 95 % CI, and 'adjusted' = measured − twin + model: the twin as control variate
+removes this trace's randomness. Writes ``OUT/report.png`` and ``OUT/live.json``.
 """
 
 from __future__ import annotations
@@ -33,12 +40,23 @@ import numpy as np
 
 from overtake.api import plots
 from overtake.api.scenario import load_scenario
-from overtake.controller.harness.loadgen import batch_means, calibrate, http_request, make_trace, replay, wait_idle
+from overtake.controller import twin
+from overtake.controller.harness.loadgen import (
+    batch_means,
+    calibrate,
+    get,
+    http_request,
+    make_trace,
+    paired_gain_ci,
+    replay,
+    wait_idle,
+)
 from overtake.mdp.policy import Policy
+from overtake.mdp.priority import DEFAULT_LOW_WEIGHT, age_priority
 
 REPO = Path(__file__).resolve().parents[2]
-
-RUNS = (("pi(inf)", "passthrough", "Apache's default"), ("pi*", "", "the solved policy"))
+ROWS = (("pi(inf)", "Apache's default", False), ("no header", "Overtake, no phase header", False),
+        ("header", "Overtake, with phase header", True))
 
 
 def prom_query(base: str, expr: str) -> list[dict[str, Any]]:
@@ -49,33 +67,58 @@ def prom_query(base: str, expr: str) -> list[dict[str, Any]]:
     return res
 
 
-def report(out: Path, pol: Policy, rows: dict[str, dict[str, float]]) -> Path:
-    """Measured vs predicted bars (left) and π*'s policy heatmap (right, api.plots.policy_figure)."""
+def auto_state(port: int) -> dict[str, Any]:
+    code, body = http_request("GET", f"http://127.0.0.1:{port}/-/policy")
+    if code != 200:
+        raise SystemExit(f"demo: GET /-/policy answered {code}")
+    auto: dict[str, Any] = json.loads(body)["auto"]
+    return auto
+
+
+def prime(port: int, header: bool, want: str, timeout: float = 30.0) -> dict[str, Any]:
+    """Show auto the traffic of the next row (tiny requests with or without the phase header)
+    until it runs a policy for information ``want``; its state then."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for _ in range(120):
+            for s in (1, 2):
+                get(port, f"/stage{s}?work=0.00005", {"X-Overtake-Phase": "1"} if header else None)
+        st = auto_state(port)
+        if st["phase_info"] == want or time.monotonic() > deadline:
+            return st
+        time.sleep(0.5)
+
+
+def report(out: Path, pol: Policy, rows: dict[str, dict[str, Any]], caption: str) -> Path:
+    """Measured (± 95 % CI), twin and model bars per row (left); π*'s heatmap (right)."""
     from matplotlib.figure import Figure
     from matplotlib.image import imread
 
     heat = imread(io.BytesIO(plots.png(plots.policy_figure(
-        pol, size=6, title=f"π* ({pol.digest()}): threads started per state"), dpi=80)))
-    fig = Figure(figsize=(14, 7.5))
-    left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1.5]})
-    names = [n for n, _, _ in RUNS]
+        pol, size=6, title=f"π* for known phases ({pol.digest()}): threads started per state"), dpi=80)))
+    fig = Figure(figsize=(15, 7.5))
+    left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.1, 1.4]})
+    names = list(rows)
     x = np.arange(len(names))
     meas = [rows[n]["measured_ms"] for n in names]
     ci = [rows[n]["ci95_ms"] for n in names]
+    tw = [rows[n]["twin_ms"] for n in names]
     pred = [rows[n]["predicted_ms"] for n in names]
-    left.bar(x - 0.2, meas, 0.4, yerr=ci, capsize=4, color="#d62728", label="measured (Apache + sidecar)")
-    left.bar(x + 0.2, pred, 0.4, color="#1f77b4", label="model")
+    left.bar(x - 0.27, meas, 0.27, yerr=ci, capsize=4, color="#d62728", label="measured ± 95 % CI")
+    left.bar(x, tw, 0.27, color="#ff9896", label="ideal twin (same trace)")
+    left.bar(x + 0.27, pred, 0.27, color="#1f77b4", label="model")
     for xi, m, p in zip(x, meas, pred):
-        left.annotate(f"{m:.1f}", (xi - 0.2, m), ha="center", va="bottom", xytext=(0, 3), textcoords="offset points")
-        left.annotate(f"{p:.1f}", (xi + 0.2, p), ha="center", va="bottom", xytext=(0, 3), textcoords="offset points")
-    left.set_xticks(x, ["π(∞) (Apache default)", "π*"])
-    left.set_ylabel("mean response time, ms")
-    left.set_title("measured vs predicted mean response time")
+        left.annotate(f"{m:.1f}", (xi - 0.27, m), ha="center", va="bottom", xytext=(0, 3), textcoords="offset points")
+        left.annotate(f"{p:.1f}", (xi + 0.27, p), ha="center", va="bottom", xytext=(0, 3), textcoords="offset points")
+    left.set_xticks(x, [f"{rows[n]['label']}\n({rows[n]['runs']})" for n in names], fontsize=8)
+    left.set_ylabel("mean response time per transaction, ms")
     left.set_ylim(0, 1.3 * max(m + c for m, c in zip(meas, ci)))
-    left.legend(loc="upper left")
+    left.legend(loc="upper right", fontsize=8)
+    left.set_title("measured vs predicted", fontsize=10)
     right.imshow(heat)
     right.set_axis_off()
-    fig.subplots_adjust(left=0.06, right=0.99, bottom=0.06, top=0.93, wspace=0.05)
+    fig.suptitle(caption, fontsize=10)
+    fig.subplots_adjust(left=0.06, right=0.99, bottom=0.12, top=0.88, wspace=0.05)
     path = out / "report.png"
     fig.savefig(path, dpi=80)
     return path
@@ -84,13 +127,14 @@ def report(out: Path, pol: Policy, rows: dict[str, dict[str, float]]) -> Path:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="demo-out")
-    ap.add_argument("--sidecar", required=True, metavar="HOST:PORT")
+    ap.add_argument("--default", required=True, metavar="HOST:PORT", help="sidecar in front of Apache's default")
+    ap.add_argument("--sidecar", required=True, metavar="HOST:PORT", help="the product's sidecar (auto, lever)")
     ap.add_argument("--apache", required=True, metavar="HOST:PORT", help="Apache itself (overhead calibration)")
     ap.add_argument("--prometheus", required=True, metavar="URL")
-    ap.add_argument("--seconds", type=float, default=45.0, help="length of the load trace per policy (default 45)")
+    ap.add_argument("--seconds", type=float, default=70.0, help="length of the load trace per row (default 70)")
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args()
-    # own session, hence own scheduler autogroup at -20 (root), as Apache's and the sidecar's: the
+    # own session, hence own scheduler autogroup at -20 (root), as Apache's and the sidecars': the
     # load driver must send on time on a shared machine (bench/apache_table2.py does the same)
     try:
         os.setsid()
@@ -99,68 +143,90 @@ def main() -> int:
         pass
     out = Path(args.out).resolve()
     _, model = load_scenario(out / "scenario.yaml")
-    pol = Policy.load(out / "policy.npz")
-    side_host, side_port = args.sidecar.rsplit(":", 1)
-    side = f"http://{args.sidecar}"
+    full = Policy.load(out / "policies" / "full.npz")
+    ps_w = float(full.meta["baselines"]["pi(inf)"])  # Apache's default, exact (seconds: unit 1 s)
+    age = full.meta["cpu_priority"]["age"]
+    lever = age_priority(model, age["thresholds"], weights=[1.0, DEFAULT_LOW_WEIGHT])
+    ports = {"pi(inf)": int(args.default.rsplit(":", 1)[1]), "no header": int(args.sidecar.rsplit(":", 1)[1]),
+             "header": int(args.sidecar.rsplit(":", 1)[1])}
 
-    # model predictions in the example's unit (seconds): π* from the solver, π(∞) = M/G/1-PS
-    means = [float(st.mean()) for st in model.stages]
-    es = sum(means)
-    predicted = {"pi*": float(pol.meta["metrics"]["mean_response_time"]), "pi(inf)": es / (1 - model.arrival_rate * es)}
-
-    n = max(200, int(round(args.seconds * model.arrival_rate)))
+    n = max(400, int(round(args.seconds * model.arrival_rate)))
     trace = make_trace(model, n, args.seed)
     overhead = calibrate(int(args.apache.rsplit(":", 1)[1]), 0.01)
-    print(f"load: {n} transactions (Poisson, {model.arrival_rate:.2f}/s, {trace['arrival'][-1]:.0f} s), "
+    means = [float(st.mean()) for st in model.stages]
+    print(f"load: {n} transactions (Poisson, {model.arrival_rate:.2f}/s, {trace['arrival'][-1]:.0f} s per row), "
           f"stage means {', '.join(f'{1e3 * m:.2f} ms' for m in means)} of Apache CPU, rho {model.load:.2f}; "
-          f"Apache's own CPU per request {1e3 * overhead:.2f} ms (subtracted from each demand)", flush=True)
+          f"Apache's own CPU per request {1e3 * overhead:.2f} ms (subtracted from each demand); "
+          f"age threshold {1e3 * lever.thresholds[0][0]:.1f} ms of thread CPU", flush=True)
 
-    rows: dict[str, dict[str, float]] = {}
-    for name, spec, what in RUNS:
-        body = (spec or str(out / "policy.npz")).encode()
-        code, text = http_request("PUT", f"{side}/-/policy", body)
-        if code != 200:
-            raise SystemExit(f"demo: the sidecar refused {name}: {text.decode().strip()}")
-        wait_idle(int(side_port))
+    rows: dict[str, dict[str, Any]] = {}
+    rts: dict[str, np.ndarray] = {}
+    ideal: dict[str, np.ndarray] = {}
+    for name, label, header in ROWS:
+        port = ports[name]
+        if name == "pi(inf)":
+            runs, spec, mode, lv, w = "passthrough, no lever", "passthrough", "explicit", None, ps_w
+            why = "Apache's default: a thread for every request, the CPU shared equally"
+        else:
+            st = prime(port, header, "full" if header else "none")
+            chosen = st["chosen"]
+            spec = "passthrough" if chosen == "passthrough" else str(out / "policies" / chosen)
+            mode = {"full": "explicit", "start": "explicit", "route": "learned", "none": "hidden"}[st["phase_info"]]
+            lv, runs = lever, f"{chosen} + age priority"
+            w = ps_w * (1 - float(st["predicted_gain"]))
+            why = st["reason"]
+        ideal[name] = twin.replay(trace, spec, time_unit=1.0, mode=mode, max_inflight=60, cpu_priority=lv)
+        wait_idle(port)
         t0 = time.monotonic()
-        rt, failures = asyncio.run(replay(int(side_port), trace, 1.0, model.n_stages, overhead))
+        rt, failures = asyncio.run(replay(port, trace, 1.0, model.n_stages, overhead, phase_header=header))
+        rts[name] = rt
         mean, ci = batch_means(rt)
-        rows[name] = {"measured_ms": 1e3 * mean, "ci95_ms": 1e3 * ci, "predicted_ms": 1e3 * predicted[name],
-                      "failures": failures, "seconds": time.monotonic() - t0}
-        print(f"  {name:8s} ({what}): measured {1e3 * mean:6.1f} ms ± {1e3 * ci:.1f}, model {1e3 * predicted[name]:6.1f} ms, "
-              f"{failures} failures, {time.monotonic() - t0:.0f} s", flush=True)
+        im, _ = batch_means(ideal[name])
+        rows[name] = {"label": label, "runs": runs, "why": why, "measured_ms": 1e3 * mean, "ci95_ms": 1e3 * ci,
+                      "twin_ms": 1e3 * im, "predicted_ms": 1e3 * w, "failures": failures,
+                      "seconds": time.monotonic() - t0}
+        print(f"  {label:28s}: measured {1e3 * mean:6.1f} ms ± {1e3 * ci:.1f}, twin {1e3 * im:6.1f}, "
+              f"model {1e3 * w:6.1f} ms, {failures} failures, {time.monotonic() - t0:.0f} s\n"
+              f"  {'':28s}  runs {runs}: {why}", flush=True)
 
-    star, inf = rows["pi*"], rows["pi(inf)"]
-    g_meas = (inf["measured_ms"] - star["measured_ms"]) / star["measured_ms"]
-    g_pred = (inf["predicted_ms"] - star["predicted_ms"]) / star["predicted_ms"]
-    print(f"\n{'policy':24s}{'measured E[W]':>18s}{'model E[W]':>13s}")
-    print(f"{'pi(inf) Apache default':24s}{inf['measured_ms']:10.1f} ± {inf['ci95_ms']:4.1f} ms{inf['predicted_ms']:10.1f} ms")
-    print(f"{'pi* (policy.npz)':24s}{star['measured_ms']:10.1f} ± {star['ci95_ms']:4.1f} ms{star['predicted_ms']:10.1f} ms")
-    print(f"gain of pi* over pi(inf): measured {100 * g_meas:+.1f} %, model {100 * g_pred:+.1f} %")
+    inf = rows["pi(inf)"]
+    print(f"\n{'':30s}{'measured E[W]':>18s}{'twin':>9s}{'model':>9s}   gain over Apache's default: measured ± CI "
+          "(adjusted ± CI) / model")
+    for name, label, _ in ROWS:
+        r = rows[name]
+        line = f"{label:30s}{r['measured_ms']:10.1f} ± {r['ci95_ms']:4.1f}{r['twin_ms']:9.1f}{r['predicted_ms']:9.1f}"
+        if name != "pi(inf)":
+            g = (inf["measured_ms"] - r["measured_ms"]) / r["measured_ms"]
+            gt = (inf["twin_ms"] - r["twin_ms"]) / r["twin_ms"]
+            gm = (inf["predicted_ms"] - r["predicted_ms"]) / r["predicted_ms"]
+            gci = paired_gain_ci(rts[name], rts["pi(inf)"])
+            aci = paired_gain_ci(rts[name], rts["pi(inf)"] - ideal["pi(inf)"] + ideal[name])
+            r.update(gain=g, gain_ci95=gci, gain_twin=gt, gain_model=gm, gain_adjusted=g - gt + gm, gain_adjusted_ci95=aci)
+            verdict = ("resolved" if g - gci > 0 else "not resolved (the CI includes 0)") if gm >= 0.05 else \
+                "model gain below 5 %"
+            line += (f"   {100 * g:+.1f} % ± {100 * gci:.1f} ({100 * (g - gt + gm):+.1f} % ± {100 * aci:.1f}) / "
+                     f"{100 * gm:+.1f} %: {verdict}")
+        print(line)
 
-    # one Prometheus query: the sidecar's series (and Apache's, exported by the sidecar) are scraped
+    # one Prometheus query: the product sidecar's series (and Apache's and the lever's, exported by it)
     time.sleep(2.5)  # > 2 scrape intervals since the last request
     admitted = prom_query(args.prometheus, "sum by (stage) (overtake_stage_admitted_total)")
-    apache_acc = prom_query(args.prometheus, "apache_accesses_total")
-    print(
-        f"Prometheus ({args.prometheus}): "
-        + ", ".join(
-            f"overtake_stage_admitted_total{{stage={r['metric'].get('stage')}}} = {float(r['value'][1]):.0f}"
-            for r in admitted
-        )
-        + (
-            f"; apache_accesses_total = {float(apache_acc[0]['value'][1]):.0f}"
-            if apache_acc
-            else "; apache_accesses_total: none"
-        )
-    )
+    demoted = prom_query(args.prometheus, 'sum(overtake_cpu_prio_requests_total{level!="0"})')
+    print(f"Prometheus ({args.prometheus}): "
+          + ", ".join(f"overtake_stage_admitted_total{{stage={r['metric'].get('stage')}}} = {float(r['value'][1]):.0f}"
+                      for r in admitted)
+          + (f"; requests demoted by mod_overtake_prio = {float(demoted[0]['value'][1]):.0f}" if demoted else ""))
     if not admitted:
         raise SystemExit("demo: Prometheus has no overtake_stage_admitted_total series (is it scraping the sidecar?)")
 
-    path = report(out, pol, rows)
+    nh = rows["no header"]
+    caption = (f"load ρ = {model.load:.2f} ({model.arrival_rate:.1f} transactions/s, {n} per row); without a phase "
+               f"header Overtake runs {nh['runs']}: {100 * nh['gain']:+.1f} % ± {100 * nh['gain_ci95']:.1f} over "
+               f"Apache's default (model {100 * nh['gain_model']:+.1f} %)")
+    path = report(out, full, rows, caption)
     (out / "live.json").write_text(json.dumps({
-        "transactions": n, "seed": args.seed, "apache_overhead_ms": 1e3 * overhead, "policies": rows,
-        "gain_measured": g_meas, "gain_model": g_pred,
+        "transactions": n, "seed": args.seed, "apache_overhead_ms": 1e3 * overhead, "rows": rows,
+        "age_threshold_s": lever.thresholds[0][0],
         "prometheus": {"admitted": {r["metric"].get("stage"): float(r["value"][1]) for r in admitted}},
     }, indent=1))
     print(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path} and live.json")

@@ -283,6 +283,47 @@ def test_sidecar_auto_runs_none_without_headers_and_full_once_they_come(work: Pa
         assert s.stop() == 0
 
 
+def test_auto_sees_phase_headers_of_clients_that_send_no_next_phase(work: Path, stub: Any) -> None:
+    """With a ``next`` stage the sidecar peeks at the follow-up's phase; a front end that sets only
+    X-Overtake-Phase must still count as sending phases (``make demo`` found auto stuck at
+    counts: each peek was counted as a request without a header)."""
+    import http.client
+
+    from service_helpers import SidecarProc
+
+    from overtake.mdp.truncation import solve_optimal
+
+    s1 = Stage("stage1", np.array([1.0]), np.array([[-1.0]]))
+    s2 = Stage("stage2", *H2)
+    model = TandemModel(0.6 / (1.0 + s2.mean()), (s1, s2))
+    d = work / "auto-next"
+    d.mkdir()
+    ps = evaluate_baseline(model, "pi(inf)").metrics.mean_response_time
+    for name, opt in (("full", solve_optimal(model, truncation=Truncation(6))),
+                      ("none", solve_observed(model, truncation=Truncation(6)))):
+        opt.policy.meta.update(metrics=opt.metrics.to_dict(), baselines={"pi(inf)": ps})
+        opt.policy.save(d / f"{name}.npz")
+    stages = ('stages: [{name: stage1, path: "^/slow/", next: stage2}, {name: stage2, path: "^/stage2"}]\n'
+              "limits: {max_inflight: 8, queue_cap: 200, queue_timeout: 30}\n"
+              "classifier: {mode: auto, auto_interval: 0.2, time_unit: 0.001}\n")
+    s = SidecarProc(work, ["--policy", str(d), "--apache", stub.url], stages=stages)
+    try:
+        for _ in range(40):  # transactions: stage 1 then stage 2 on one connection, phase headers only
+            c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+            for path in ("/slow/0", "/stage2"):
+                c.request("GET", path, headers={"X-Overtake-Phase": "1"})
+                assert c.getresponse().read() is not None
+            c.close()
+        deadline = time.monotonic() + 10
+        info = json.loads(s.request("GET", "/-/policy")[2])
+        while info["auto"]["chosen"] != "full.npz" and time.monotonic() < deadline:
+            time.sleep(0.2)
+            info = json.loads(s.request("GET", "/-/policy")[2])
+        assert info["auto"]["chosen"] == "full.npz", info["auto"]
+    finally:
+        assert s.stop() == 0
+
+
 def test_the_twin_enforcing_a_none_policy_matches_its_exact_evaluation(files: dict[str, Path]) -> None:
     """The sidecar's own limiter and classifier (controller.twin) on a 40,000-transaction trace,
     against the exact E[W] of the same table extended beyond its truncation (mdp.observation)."""
