@@ -115,7 +115,7 @@ def evaluate_baseline(
         model.check_stable(None)
 
     def ev(C: int) -> PolicyMetrics:
-        if kmax is None:  # π(∞): a symmetric queue, exact in O(C) without building its chain
+        if kmax is None and model.weights is None:  # π(∞) under PS: a symmetric queue, exact in O(C)
             return ps_metrics(model, C)
         return evaluate_rule(model, layout, rule, max_requests=C, max_threads=kmax)
 
