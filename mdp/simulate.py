@@ -368,6 +368,15 @@ def simulate(
         raise ModelError(f"phase must be 'oracle' or 'prior', got {phase!r}")
     pol = _resolve(model, policy)
     N, D = model.n_stages, model.n_coords
+    if model.weights is not None:
+        # weights by phase are class priority by start phase while no phase moves to another
+        if cpu_priority is not None or any(np.count_nonzero(st.T - np.diag(np.diag(st.T))) for st in model.stages):
+            raise ModelError("weights: the simulator shares the CPU by cpu_priority=; weights by phase translate "
+                             "only for stages whose phases do not move and without another cpu_priority")
+        ws = sorted(set(model.weights), reverse=True)
+        cpu_priority = CpuPriority(tuple(w / ws[0] for w in ws), tuple((math.inf,) * (len(ws) - 1) for _ in range(N)),
+                                   tuple(tuple(ws.index(model.weights[model.coord(i, j)]) for j in range(st.phases))
+                                         for i, st in enumerate(model.stages)), "weights by phase")
     if cpu_priority is None:
         lv_w, lv_thr, lv_start = np.ones(1), np.zeros((N, 0)), np.zeros(D, dtype=np.int64)
     else:

@@ -49,6 +49,11 @@ def test_weighted_sharing_is_discriminatory_processor_sharing() -> None:
         m = type(m)(lam, m.stages, weights=w)
         exact = float(np.array([0.91, 0.09]) @ dps_means([0.91 * lam, 0.09 * lam], [1 / 0.55, 1 / 5.45], w))
         assert evaluate_baseline(m, "pi(inf)", tol=1e-7).metrics.mean_response_time == pytest.approx(exact, rel=1e-6)
+    from overtake.mdp.simulate import simulate
+
+    sim = simulate(type(m)(lam, m.stages, weights=(1.0, 0.1)), "pi(inf)", requests=200_000, seed=5)  # the same lever
+    exact = float(np.array([0.91, 0.09]) @ dps_means([0.91 * lam, 0.09 * lam], [1 / 0.55, 1 / 5.45], (1.0, 0.1)))
+    assert abs(sim.mean_response_time - exact) <= 1.5 * sim.ci95
     with pytest.raises(ModelError, match="one positive CPU weight per"):
         type(m)(lam, m.stages, weights=(1.0,))
 
