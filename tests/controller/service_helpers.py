@@ -172,3 +172,42 @@ def small_policy(path: Path) -> Path:
     opt = solve_optimal(TandemModel(arrival_rate=0.3, stages=(s1, s2)), truncation=Truncation(6, 3))
     opt.policy.save(path)
     return path
+
+
+def sidecar_in_thread(stages: Path, **options: Any) -> Iterator[tuple[int, Any]]:
+    """An in-process :class:`~overtake.controller.sidecar.Sidecar` on its own event-loop thread,
+    listening on a free loopback port; yields (port, sidecar), then closes it. ``options`` are
+    :class:`~overtake.controller.sidecar.SidecarOptions` fields (``policy``, ``apache``, ...)."""
+    import asyncio
+
+    from overtake.controller.sidecar import Sidecar, SidecarOptions
+    from overtake.controller.stages import load_stages
+
+    port = free_port()
+    opts = SidecarOptions(listen=f"127.0.0.1:{port}", **options)
+    loop = asyncio.new_event_loop()
+    box: dict[str, Sidecar] = {}
+    ready = threading.Event()
+
+    async def run() -> None:
+        side = Sidecar(load_stages(stages), opts)
+        box["side"] = side
+        await side.start()
+        ready.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            pass
+        finally:
+            await side.close()
+
+    th = threading.Thread(target=lambda: loop.run_until_complete(run()), daemon=True)
+    th.start()
+    assert ready.wait(30), "the sidecar did not start"
+    try:
+        yield port, box["side"]
+    finally:
+        for task in asyncio.all_tasks(loop):
+            loop.call_soon_threadsafe(task.cancel)
+        th.join(10)
+        loop.close()

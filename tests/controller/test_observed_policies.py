@@ -247,22 +247,27 @@ def test_a_directory_of_policies_is_auto_s_candidate_set(files: dict[str, Path])
     assert pset.chosen is pset.passthrough and pset.phase_info == "none" and pset.per_phase_queues is False
 
 
-def test_sidecar_auto_runs_none_without_headers_and_full_once_they_come(work: Path, stub: Any) -> None:
-    """A real sidecar process in auto mode over a directory of three policies (full, none, route)."""
-    from service_helpers import STAGES, SidecarProc
-
+def _auto_dir(d: Path) -> Path:
+    """A directory with a full and a none policy for stages stage1 (exp) and stage2 (H2)."""
     from overtake.mdp.truncation import solve_optimal
 
     s1 = Stage("stage1", np.array([1.0]), np.array([[-1.0]]))
     s2 = Stage("stage2", *H2)
     model = TandemModel(0.6 / (1.0 + s2.mean()), (s1, s2))
-    d = work / "auto-policies"
     d.mkdir()
     ps = evaluate_baseline(model, "pi(inf)").metrics.mean_response_time
     for name, opt in (("full", solve_optimal(model, truncation=Truncation(6))),
                       ("none", solve_observed(model, truncation=Truncation(6)))):
         opt.policy.meta.update(metrics=opt.metrics.to_dict(), baselines={"pi(inf)": ps})
         opt.policy.save(d / f"{name}.npz")
+    return d
+
+
+def test_sidecar_auto_runs_none_without_headers_and_full_once_they_come(work: Path, stub: Any) -> None:
+    """A real sidecar process in auto mode over a directory of three policies (full, none, route)."""
+    from service_helpers import STAGES, SidecarProc
+
+    d = _auto_dir(work / "auto-policies")
     stages = STAGES + "classifier: {mode: auto, auto_interval: 0.2, time_unit: 0.001}\n"
     s = SidecarProc(work, ["--policy", str(d), "--apache", stub.url], stages=stages)
     try:
@@ -291,18 +296,7 @@ def test_auto_sees_phase_headers_of_clients_that_send_no_next_phase(work: Path, 
 
     from service_helpers import SidecarProc
 
-    from overtake.mdp.truncation import solve_optimal
-
-    s1 = Stage("stage1", np.array([1.0]), np.array([[-1.0]]))
-    s2 = Stage("stage2", *H2)
-    model = TandemModel(0.6 / (1.0 + s2.mean()), (s1, s2))
-    d = work / "auto-next"
-    d.mkdir()
-    ps = evaluate_baseline(model, "pi(inf)").metrics.mean_response_time
-    for name, opt in (("full", solve_optimal(model, truncation=Truncation(6))),
-                      ("none", solve_observed(model, truncation=Truncation(6)))):
-        opt.policy.meta.update(metrics=opt.metrics.to_dict(), baselines={"pi(inf)": ps})
-        opt.policy.save(d / f"{name}.npz")
+    d = _auto_dir(work / "auto-next")
     stages = ('stages: [{name: stage1, path: "^/slow/", next: stage2}, {name: stage2, path: "^/stage2"}]\n'
               "limits: {max_inflight: 8, queue_cap: 200, queue_timeout: 30}\n"
               "classifier: {mode: auto, auto_interval: 0.2, time_unit: 0.001}\n")

@@ -26,11 +26,9 @@ Invariants, per connection:
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import re
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -39,11 +37,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from service_helpers import StubApache
+from service_helpers import StubApache, sidecar_in_thread
 
-from overtake.controller.harness.scratch import free_port
-from overtake.controller.sidecar import Sidecar, SidecarOptions
-from overtake.controller.stages import load_stages
+from overtake.controller.sidecar import Sidecar
 
 _ids = itertools.count()
 _TOKEN = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!#$%&'*+-.^_`|~"
@@ -65,47 +61,11 @@ class Req:
 
 
 @pytest.fixture(scope="module")
-def stub() -> Iterator[StubApache]:
-    s = StubApache()
-    try:
-        yield s
-    finally:
-        s.close()
-
-
-@pytest.fixture(scope="module")
 def sidecar(stub: StubApache, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Sidecar]]:
     stages = Path(tmp_path_factory.mktemp("fuzz")) / "stages.yaml"
     stages.write_text("stages: [{name: stage1, path: '^/s1/'}, {name: stage2, path: '^/s2/'}]\n"
                       "passthrough: {cap: 4}\nlimits: {max_inflight: 8}\n")
-    port = free_port()
-    opts = SidecarOptions(policy="pi(2)", apache=stub.url, listen=f"127.0.0.1:{port}", status_interval=3600)
-    loop = asyncio.new_event_loop()
-    box: dict[str, Sidecar] = {}
-    ready = threading.Event()
-
-    async def run() -> None:
-        side = Sidecar(load_stages(stages), opts)
-        box["side"] = side
-        await side.start()
-        ready.set()
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            pass
-        finally:
-            await side.close()
-
-    th = threading.Thread(target=lambda: loop.run_until_complete(run()), daemon=True)
-    th.start()
-    assert ready.wait(30)
-    try:
-        yield port, box["side"]
-    finally:
-        for task in asyncio.all_tasks(loop):
-            loop.call_soon_threadsafe(task.cancel)
-        th.join(10)
-        loop.close()
+    yield from sidecar_in_thread(stages, policy="pi(2)", apache=stub.url, status_interval=3600)
 
 
 def _chunked(draw: st.DrawFn, body: bytes) -> bytes:

@@ -11,7 +11,6 @@ slot is held until Apache's whole response is in.
 
 from __future__ import annotations
 
-import asyncio
 import http.client
 import json
 import socket
@@ -22,11 +21,9 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from service_helpers import QuietHandler
+from service_helpers import QuietHandler, sidecar_in_thread
 
-from overtake.controller.harness.scratch import free_port
-from overtake.controller.sidecar import Sidecar, SidecarOptions
-from overtake.controller.stages import load_stages
+from overtake.controller.sidecar import Sidecar
 
 
 class Echo(QuietHandler):
@@ -83,33 +80,7 @@ def _serve(upstream: int, d: Path, uplink: str) -> Iterator[tuple[int, Sidecar]]
         "stages:\n  - name: stage1\n    path: '^/slow/'\n  - name: stage2\n    path: '^/stage2'\n"
         "limits: {response_buffer_bytes: 4096, max_inflight: 8}\n"
     )
-    port = free_port()
-    opts = SidecarOptions(policy="pi(1)", apache=f"http://127.0.0.1:{upstream}", listen=f"127.0.0.1:{port}",
-                          uplink=uplink)
-    loop = asyncio.new_event_loop()
-    box: dict[str, Sidecar] = {}
-    ready = threading.Event()
-
-    async def run() -> None:
-        side = Sidecar(load_stages(stages), opts)
-        box["side"] = side
-        await side.start()
-        ready.set()
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await side.close()
-
-    th = threading.Thread(target=lambda: loop.run_until_complete(_guard(run())), daemon=True)
-    th.start()
-    assert ready.wait(30)
-    try:
-        yield port, box["side"]
-    finally:
-        for task in asyncio.all_tasks(loop):
-            loop.call_soon_threadsafe(task.cancel)
-        th.join(10)
-        loop.close()
+    yield from sidecar_in_thread(stages, policy="pi(1)", apache=f"http://127.0.0.1:{upstream}", uplink=uplink)
 
 
 @pytest.fixture(scope="module")
@@ -138,13 +109,6 @@ def test_uplink_bands_are_on_the_metrics_page(upstream: int, tmp_path: Path) -> 
     sent = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith('overtake_uplink_bytes_total{band="app"}'))
     assert sum(sizes) < sent < sum(sizes) + 2000 * len(sizes)  # bodies plus header blocks
-
-
-async def _guard(coro: object) -> None:
-    try:
-        await coro  # type: ignore[misc]
-    except asyncio.CancelledError:
-        pass
 
 
 def _raw(port: int, data: bytes, *, read_until_close: bool = False) -> bytes:
