@@ -483,7 +483,35 @@ def render_lever(record: dict[str, Any], classifier: str, kind: str, explicit: d
             row += (" - |" if e is None or e["run"]["time_unit"] != unit else
                     f" {100 * e['measured_gains']['pi(inf)']:.1f} / {100 * e['adjusted_gains']['pi(inf)']:.1f} |")
         lines.append(row)
+    lines += ["", _lever_conclusion(record, kind, explicit)]
     return "\n".join(lines)
+
+
+def _lever_conclusion(record: dict[str, Any], kind: str, explicit: dict[str, Any] | None) -> str:
+    """Issue 20's targets on the recorded cases: with the lever, the mean response time ≥ 8 % below
+    pi(inf) with the paired CI excluding 0 (age), or a gain over pi(inf) at least explicit pi*'s
+    without the lever (class); without it, never worse than pi(inf) beyond the CI."""
+    used = [c for c in sorted(record, key=int) if record[c].get("lever", {}).get("used")]
+    rest = [c for c in sorted(record, key=int) if c not in used]
+    out = []
+    if used:
+        below = {c: record[c]["measured_gains"]["pi(inf)"] / (1 + record[c]["measured_gains"]["pi(inf)"]) for c in used}
+        resolved = [c for c in used if record[c]["measured_gains"]["pi(inf)"] > record[c]["measured_gains_ci95"]["pi(inf)"]]
+        out.append(f"With the lever (cases {', '.join(used)}): mean response time {100 * min(below.values()):.1f}–"
+                   f"{100 * max(below.values()):.1f} % below pi(inf), the paired CI excluding 0 in {len(resolved)} of "
+                   f"{len(used)}")
+        if kind == "age":
+            ok = [c for c in resolved if below[c] >= 0.08]
+            out[-1] += f"; target (≥ 8 %, CI excluding 0) met in {len(ok)} of {len(used)}."
+        else:
+            ok = [c for c in used if explicit and c in explicit
+                  and record[c]["measured_gains"]["pi(inf)"] >= explicit[c]["measured_gains"]["pi(inf)"]]
+            out[-1] += f"; gain at least explicit pi*'s without the lever in {len(ok)} of {len(used)}."
+    if rest:
+        worse = [c for c in rest if record[c]["measured_gains"]["pi(inf)"] < -record[c]["measured_gains_ci95"]["pi(inf)"]]
+        out.append(f"Without it (cases {', '.join(rest)}: the lever not predicted better): slower than pi(inf) beyond "
+                   f"the CI in {len(worse)} of {len(rest)}.")
+    return "Conclusion: " + " ".join(out)
 
 
 def _survival(hidden: dict[str, Any], explicit: dict[str, Any] | None) -> list[str]:
