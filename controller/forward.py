@@ -90,7 +90,8 @@ class Forwarder:
         def gone() -> None:
             d: asyncio.Task[None] | None = state["drain"]
             if d is not None and d.done():  # the client stopped reading or went away
-                raise ClientGone(str(d.exception()) if not d.cancelled() and d.exception() else "client gone")
+                exc = None if d.cancelled() else d.exception()
+                raise ClientGone(str(exc) if exc else "client gone")
 
         async def stream(resp: UpstreamResponse) -> None:
             # response larger than the buffer: start the client response; Apache's bytes go to the

@@ -41,6 +41,7 @@ import numpy as np
 from overtake.api import plots
 from overtake.api.scenario import load_scenario
 from overtake.controller import twin
+from overtake.controller.auto import MODE_FOR
 from overtake.controller.harness.loadgen import (
     batch_means,
     calibrate,
@@ -171,7 +172,7 @@ def main() -> int:
             st = prime(port, header, "full" if header else "none")
             chosen = st["chosen"]
             spec = "passthrough" if chosen == "passthrough" else str(out / "policies" / chosen)
-            mode = {"full": "explicit", "start": "explicit", "route": "learned", "none": "hidden"}[st["phase_info"]]
+            mode = MODE_FOR[st["phase_info"]]
             lv, runs = lever, f"{chosen} + age priority"
             w = ps_w * (1 - float(st["predicted_gain"]))
             why = st["reason"]
