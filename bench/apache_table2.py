@@ -26,10 +26,11 @@ analysis of the tandem exists). π* is the product's choice for the information 
 (``--phase-info none`` for hidden phases, π* for explicit ones) is predicted as good within 2 %;
 π(1) and π(∞) run on the Apache without it. Section `apache-table2-age`.
 
---cpu-priority class (with --classifier explicit): π* solved with known-phase short-first classes
-in force (``overtake solve --cpu-priority class``; exact: H2 phases do not move, so the classes
-are weighted sharing by phase): the sidecar runs ``--cpu-priority class`` (X-Overtake-Class 1 for
-phases whose expected work exceeds the stage's mean) in front of an Apache whose module has no
+--cpu-priority class (with --classifier explicit): π* solved with two CPU classes by phase in
+force (``overtake solve --cpu-priority class`` picks the assignment, by expected remaining work;
+exact: H2 phases do not move, so the classes are weighted sharing by phase): the sidecar runs
+``--cpu-priority class`` (X-Overtake-Class 1 for the phases in the low class) in front of an
+Apache whose module has no
 age levels (``OvertakePrioAge Off``), the class-1 level SCHED_IDLE. Section `apache-table2-class`.
 """
 
@@ -67,6 +68,7 @@ from overtake.controller.harness.loadgen import (
 )
 from overtake.controller.harness.scratch import free_port, scratch_dir
 from overtake.mdp import Policy, TandemModel
+from overtake.mdp.lever import model_levels
 from overtake.mdp.priority import (
     DEFAULT_LOW_WEIGHT,
     CpuPriority,
@@ -121,7 +123,7 @@ def choose_lever(model: TandemModel, pol: Policy, best_without: float, seed: int
     """The lever, its predicted E[W] at the kernel's SCHED_IDLE weight and whether it beats
     ``best_without`` by :data:`LEVER_MARGIN`. ``age``: π(∞) with the visit model's common
     threshold, simulated; ``class``: ``pol`` (solved with the classes in force, ``overtake solve
-    --cpu-priority class``) with known-phase short-first classes, exact."""
+    --cpu-priority class``) with the classes it was solved with, exact."""
     a = visit = None
     if kind == "age":
         ch = choose_tandem_thresholds(model, common=True)
@@ -132,7 +134,8 @@ def choose_lever(model: TandemModel, pol: Policy, best_without: float, seed: int
         mean = sum(r.mean_response_time for r in runs) / len(runs)
         ci = float(np.sqrt(sum(r.ci95**2 for r in runs))) / len(runs)
     else:
-        lever = class_priority(model, weights=[1.0, DEFAULT_LOW_WEIGHT])
+        # the classes pol was solved with (overtake solve --cpu-priority class chooses them)
+        lever = class_priority(model, weights=[1.0, DEFAULT_LOW_WEIGHT], start_levels=model_levels(pol.model))
         mean, ci = float(pol.meta["metrics"]["mean_response_time"]), 0.0
     return {"kind": kind, "threshold": a, "visit_model": visit, "simulated": mean, "simulated_ci95": ci,
             "exact": kind == "class", "best_without": best_without,
@@ -145,8 +148,8 @@ def choose_lever(model: TandemModel, pol: Policy, best_without: float, seed: int
 
 def policy_file(case: int, policy_dir: Path, phase_info: str = "full", cpu_priority: str | None = None) -> Path:
     """The product's policy for the case: π* (``full``), or with hidden phases the best policy over
-    counts (``overtake solve --phase-info none``, issue 18), or π* solved with short-first CPU
-    classes in force (``cpu_priority="class"``), solved once and cached."""
+    counts (``overtake solve --phase-info none``, issue 18), or π* solved with CPU classes by
+    phase in force (``cpu_priority="class"``), solved once and cached."""
     tag = ("" if phase_info == "full" else f"-{phase_info}") + (f"-{cpu_priority}" if cpu_priority else "")
     out = policy_dir / f"case{case:02d}{tag}.npz"
     if not out.exists():
@@ -423,9 +426,10 @@ def render_lever(record: dict[str, Any], classifier: str, kind: str, explicit: d
     what = ("pi(inf) through a second Apache that loads mod_overtake_prio, whose worker threads drop to "
             "SCHED_IDLE once a request's thread CPU passes one threshold (common to both stages, chosen in the "
             "visit model)" if kind == "age" else
-            "pi* solved with short-first classes in force (overtake solve --cpu-priority class) through a "
-            "sidecar that sends X-Overtake-Class 1 (SCHED_IDLE) for phases whose expected work exceeds the "
-            "stage's mean and 0 otherwise, to a second Apache that loads mod_overtake_prio without age levels")
+            "pi* solved with two CPU classes by phase in force (overtake solve --cpu-priority class, which picks "
+            "the assignment by expected remaining work; 'classes' gives each stage's phases' class) through a "
+            "sidecar that sends X-Overtake-Class 1 (SCHED_IDLE) for the low class, to a second Apache that "
+            "loads mod_overtake_prio without age levels")
     lines = [
         f"## apache-table2-{kind}: the CPU-priority lever on a real Apache ({classifier} phases, issue 20)",
         "",
@@ -563,7 +567,7 @@ def main() -> int:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--classifier", choices=["explicit", "hidden"], default="explicit")
     ap.add_argument("--cpu-priority", choices=["off", "age", "class"], default="off",
-                    help="pi* may use mod_overtake_prio: age priority, or short-first classes with "
+                    help="pi* may use mod_overtake_prio: age priority, or CPU classes by phase with "
                     "explicit phases (see the module docstring)")
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--max-workers", type=int, default=64)

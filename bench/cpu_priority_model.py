@@ -2,7 +2,7 @@
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/cpu_priority_model.py [--cases 2,3,4,6,7,8,10,11,12]
         [--requests 1000000] [--seeds 2] [--search-requests 300000] [--weight idle]
-        [--spawn-cases 4,8,12] [--json] [--no-write]
+        [--spawn-cases 4,8,12 [--class-action]] [--json] [--no-write]
 
 Per Table 1 case (π(∞): every request gets a thread at once, as Apache's default does):
 
@@ -21,11 +21,17 @@ Per Table 1 case (π(∞): every request gets a thread at once, as Apache's defa
 two-level age priority and known-phase short-first, each exact (closed form, MLPS analysis, DPS at
 finite weights) and simulated (FB as 40 levels of width 0.25).
 
+``--class-action`` (with ``--spawn-cases``): the MDP in which each spawn also picks the thread's
+class (:func:`overtake.mdp.lever.class_action_optimum`), solved on ``opt_class``'s truncation; its
+average cost against the fixed-class optimum's on the same truncation (how much fixing the class
+by the phase costs).
+
 ``--spawn-cases``: π* (full phase information) alone against π* with short-first CPU classes,
 simulated (issue 20's "short-first priority plus π*'s spawn rules"), and exact: with hyperexponential
 stages the phases do not move, so class priority by start phase is weighted sharing by phase
 (``TandemModel.weights``, discriminatory processor sharing), and the MDP gives the exact E[W] of
-π(∞) and of π* under it and the optimal spawn policy with the classes in force (``opt_class``).
+π(∞) and of π* under it, and the optimal spawn policy with the classes in force: short-first, and
+the assignment ``overtake solve --cpu-priority class`` chooses (``opt_class``, :func:`overtake.mdp.lever.choose_classes`).
 
 Pooled over seeds: the mean of the seed means and the half-width sqrt(Σ h²)/k. The raw run is
 appended to bench/results/cpu_priority_model.jsonl unless ``--no-write``; BENCHMARKS.md is not
@@ -153,6 +159,7 @@ def run_case(c: int, args: argparse.Namespace, w: float, log: Any) -> dict[str, 
 
 
 def spawn_case(c: int, args: argparse.Namespace, w: float, log: Any) -> dict[str, Any]:
+    from overtake.mdp.lever import choose_classes, class_action_optimum
     from overtake.mdp.truncation import solve_optimal
 
     sc, model = load_scenario(ROOT / "examples" / "table1" / f"case{c:02d}.yaml")
@@ -183,13 +190,33 @@ def spawn_case(c: int, args: argparse.Namespace, w: float, log: Any) -> dict[str
                                              max_threads=pol.max_threads).mean_response_time
                                for C in (pol.max_requests, pol.max_requests + 6)]
         t1 = time.perf_counter()
-        oc = solve_optimal(weighted, truncation=sc.fixed_truncation(), tol=args.tol)
+        # what overtake solve --cpu-priority class does: the best of the candidate assignments
+        ch = choose_classes(model, weight=w, truncation=sc.fixed_truncation(), tol=args.tol)
+        oc = ch.optimum
+        by = {lv: ew for lv, ew in ch.candidates}
+        short_first = tuple(short_first_levels(s) for s in model.stages)
         ex.update(opt_class=oc.metrics.mean_response_time, opt_class_seconds=time.perf_counter() - t1,
-                  opt_class_gain_bounds=list(oc.solve.gain_bounds))
+                  opt_class_gain_bounds=list(oc.solve.gain_bounds), class_levels=[list(r) for r in ch.levels],
+                  opt_short_first=by[short_first],
+                  class_candidates=[{"levels": [list(r) for r in lv], "mean_response_time": ew} for lv, ew in by.items()])
         ex["gap"] = ex["pi_star_class"][-1] / ex["opt_class"] - 1
+        if args.class_action:
+            # the class as part of the action, on opt_class's own solve truncation (issue 20, part 2)
+            act = class_action_optimum(model, oc.solve.space.trunc, weight=w, tol=args.class_action_tol)
+            ex["class_action"] = {"truncation": [oc.solve.space.trunc.max_requests, oc.solve.space.trunc.k_max],
+                                  "states": act.states, "gain": act.gain, "gain_bounds": list(act.gain_bounds),
+                                  "mean_response_time": act.mean_response_time, "fixed_gain": act.fixed_gain,
+                                  "fixed_mean_response_time": act.fixed_mean_response_time,
+                                  "gain_gap": None if act.fixed_gain is None else act.fixed_gain / act.gain - 1,
+                                  "low_share": list(act.low_share), "seconds": act.seconds}
+            log(f"  spawn case {c}, class as action on C={oc.solve.space.trunc.max_requests}, "
+                f"K={oc.solve.space.trunc.k_max} ({act.states:,} states, {act.seconds:.0f} s): g {act.gain:.7f}, "
+                f"fixed classes g {act.fixed_gain:.7f} ({100 * ex['class_action']['gain_gap']:+.5f} %), "
+                f"low share by phase {[round(x, 4) for x in act.low_share]}")
         out["exact"] = ex
         log(f"  spawn case {c} exact: pi(inf) {ex['pi_inf']:.4f}, pi* {ex['pi_star']:.4f}, pi(inf)+class "
-            f"{ex['pi_inf_class']:.4f}, pi*+class {ex['pi_star_class']}, optimum with classes {ex['opt_class']:.4f} "
+            f"{ex['pi_inf_class']:.4f}, pi*+class {ex['pi_star_class']}, optimum with short-first classes "
+            f"{ex['opt_short_first']:.4f}, with the chosen classes {ex['class_levels']} {ex['opt_class']:.4f} "
             f"(pi*+class {100 * ex['gap']:+.2f} % from it)")
     return out
 
@@ -239,6 +266,9 @@ def main() -> int:
     ap.add_argument("--mg1", action="store_true", help="issue 20's single-M/G/1 table")
     ap.add_argument("--mg1-requests", type=int, default=2_000_000)
     ap.add_argument("--tol", type=float, default=1e-3, help="pi* solver tolerance (--spawn-cases)")
+    ap.add_argument("--class-action", action="store_true",
+                    help="--spawn-cases: also solve the MDP with the CPU class as part of the spawn action")
+    ap.add_argument("--class-action-tol", type=float, default=1e-7, help="its RVI span tolerance (relative to g)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()

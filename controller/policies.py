@@ -162,6 +162,16 @@ class TablePolicy:
         #: "class": solved with short-first CPU classes in force (``overtake solve --cpu-priority
         #: class``): its predictions hold only with them
         self.solved_lever = "class" if policy.model.weights is not None else "off"
+        #: the classes it was solved with (mdp.lever.choose_classes): 1 where a phase's CPU weight
+        #: is below the highest; the sidecar sends these rather than short-first
+        self.class_start_levels: tuple[tuple[int, ...], ...] | None = None
+        w = policy.model.weights
+        if w is not None and policy.phase_info == "full":
+            top, at, rows = max(w), 0, []
+            for st in stages:
+                rows.append(tuple(int(x < top) for x in w[at:at + st.phases]))
+                at += st.phases
+            self.class_start_levels = tuple(rows)
         self._memo: dict[tuple[int, ...], tuple[int, ...]] = {}
 
     def action(self, state: tuple[int, ...]) -> tuple[int, ...]:
@@ -199,6 +209,7 @@ class PolicySet:
         self.alpha: tuple[np.ndarray, ...] | None = policy.alpha
         self.T: tuple[np.ndarray, ...] | None = policy.T
         self.labels: tuple[tuple[np.ndarray, np.ndarray], ...] | None = policy.labels
+        self.class_start_levels: tuple[tuple[int, ...], ...] | None = getattr(policy, "class_start_levels", None)
 
     def action(self, state: tuple[int, ...]) -> tuple[int, ...]:
         return self.chosen.action(state)
@@ -208,7 +219,11 @@ def class_levels(policy: SpawnPolicy) -> tuple[tuple[int, ...], ...] | None:
     """Short-first CPU classes for mod_overtake_prio's class header (issue 20), per stage and label
     (a phase, or a route class): 0 where the label's expected work α_k(−T)⁻¹1 is at most the
     stage's mean, 1 otherwise (:func:`overtake.mdp.priority.short_first_levels` for phases).
-    None where the policy knows no labels (baselines, ``phase_info: none``): no class to send."""
+    None where the policy knows no labels (baselines, ``phase_info: none``): no class to send.
+    A policy solved with classes (``overtake solve --cpu-priority class``) gets its own."""
+    solved: tuple[tuple[int, ...], ...] | None = getattr(policy, "class_start_levels", None)
+    if solved is not None:
+        return solved
     if policy.alpha is None or policy.T is None or policy.labels is None or policy.phase_info == "none":
         return None
     out = []

@@ -109,14 +109,14 @@ class ActionIndex:
         return G, A
 
     def spawn_minimum(self, V: FloatArray, rtol: float = 0.0) -> tuple[FloatArray, IntArray]:
-        """H(y) and the first queue to spawn from (−1 = stop) for every y, any layout."""
+        """H(y) and the first spawn action (the queue, where each has one; −1 = stop) for every y."""
         sp = self.space
         H = np.where(self.idle, np.inf, V)
         dec = np.full(sp.size, -1, dtype=np.int64)
         tol = rtol * (np.max(np.abs(V)) + 1.0)
         for states in self._thread_levels:
             best = H[states]
-            for q in range(sp.Q):
+            for q in range(sp.layout.n_actions):
                 val = np.zeros(states.size)
                 ok = np.ones(states.size, dtype=bool)
                 for nb, p in sp.spawn_neighbours[q]:

@@ -86,7 +86,7 @@ def decision_matrix(space: StateSpace, decision: IntArray) -> sp.csr_matrix:
         return sp.csr_matrix((np.ones(S), (np.arange(S), decision)), shape=(S, S))
     stop = decision < 0
     rows, cols, vals = [], [], []
-    for q in range(space.Q):
+    for q in range(space.layout.n_actions):
         sel = np.flatnonzero(decision == q)
         for nb, p in space.spawn_neighbours[q]:
             if np.any(nb[sel] < 0):
@@ -336,7 +336,7 @@ def policy_iteration(
 def _decision_value(space: StateSpace, dec: IntArray, h: FloatArray, H: FloatArray) -> FloatArray:
     """Value of taking ``dec`` now and acting optimally (w.r.t. h) afterwards: compare with H."""
     val = h.copy()
-    for q in range(space.Q):
+    for q in range(space.layout.n_actions):
         sel = np.flatnonzero(dec == q)
         v = np.zeros(sel.size)
         for nb, p in space.spawn_neighbours[q]:
@@ -349,8 +349,8 @@ def _initial_decision(space: StateSpace, ai: ActionIndex) -> IntArray:
     """Greedy start: minimise −(active coordinates) so each waiting class gets one thread if free."""
     Q = space.Q
     busy = np.zeros(space.size)
-    for q in range(Q):
-        for d, _ in space.layout.spawn[q]:
+    for spawn in space.layout.spawn:
+        for d, _ in spawn:
             busy += (space.rows[:, Q + d] > 0) * 1.0
     # prefer more distinct busy coordinates, then fewer threads
     score = -busy + 1e-3 * space.threads

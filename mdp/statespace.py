@@ -73,22 +73,51 @@ class Layout:
     """How waiting requests are queued and what spawning a thread from a queue does.
 
     ``entry[i]`` lists (queue, probability) for a request entering stage ``i``;
-    ``spawn[q]`` lists (coordinate, probability) for a thread started from queue ``q``.
+    ``spawn[a]`` lists (coordinate, probability) for spawn action ``a``, which starts a thread for
+    a request of queue ``action_queue[a]`` (``None``: action ``a`` is queue ``a``'s one action).
+    Several actions on one queue let the controller choose what the thread becomes — the CPU
+    class it starts in (:func:`overtake.mdp.lever.class_action_layout`).
     """
 
     phase_info: PhaseInfo
     queue_stage: IntArray
     entry: tuple[tuple[tuple[int, float], ...], ...]
     spawn: tuple[tuple[tuple[int, float], ...], ...]
+    action_queue: IntArray | None = None
+
+    def __post_init__(self) -> None:
+        n = self.queue_stage.size
+        if self.action_queue is None:
+            if len(self.spawn) != n:
+                raise ValueError(f"layout: {len(self.spawn)} spawn entries for {n} queues; give action_queue")
+        elif (self.action_queue.size != len(self.spawn) or self.action_queue.min(initial=0) < 0
+              or self.action_queue.max(initial=0) >= n or np.unique(self.action_queue).size != n):
+            raise ValueError("layout: action_queue must name a queue (0..n_queues-1) per spawn action, "
+                             "every queue at least once")
 
     @property
     def n_queues(self) -> int:
         return int(self.queue_stage.size)
 
     @property
+    def n_actions(self) -> int:
+        return len(self.spawn)
+
+    @property
+    def queue_of_action(self) -> IntArray:
+        """The queue each spawn action draws its request from."""
+        if self.action_queue is None:
+            return np.arange(self.n_queues, dtype=np.int64)
+        return self.action_queue
+
+    def first_action(self, q: int) -> int:
+        """Queue ``q``'s first spawn action (the one a projection or a work estimate uses)."""
+        return int(np.flatnonzero(self.queue_of_action == q)[0])
+
+    @property
     def deterministic(self) -> bool:
-        """True when every spawn starts a known coordinate (the ``full`` layout)."""
-        return all(len(s) == 1 for s in self.spawn)
+        """True when each queue has one spawn action that starts a known coordinate (``full``)."""
+        return self.action_queue is None and all(len(s) == 1 for s in self.spawn)
 
     @staticmethod
     def build(model: TandemModel, phase_info: PhaseInfo = "full") -> Layout:
@@ -349,16 +378,17 @@ class StateSpace:
 
     @cached_property
     def spawn_neighbours(self) -> list[list[tuple[IntArray, float]]]:
-        """For queue q: [(index of the state after starting one thread in coordinate d, prob)].
+        """For spawn action a (queue a, or ``layout.action_queue[a]``): [(index of the state after
+        starting one thread in coordinate d, prob)].
 
-        −1 where no request waits in q or the thread cap is reached.
+        −1 where no request waits in the action's queue or the thread cap is reached.
         """
         out: list[list[tuple[IntArray, float]]] = []
         can = self.threads < self.k_max
-        for q in range(self.Q):
+        for a, q in enumerate(self.layout.queue_of_action):
             lst = []
             ok = can & (self.rows[:, q] > 0)
-            for d, p in self.layout.spawn[q]:
+            for d, p in self.layout.spawn[a]:
                 nb = np.full(self.size, -1, dtype=np.int64)
                 if np.any(ok):
                     nr = self.rows[ok].copy()
@@ -391,7 +421,7 @@ class StateSpace:
             [st.phase_means() + downstream[i] for i, st in enumerate(m.stages)]
         )
         queue_work = np.array([
-            sum(p * coord_work[d] for d, p in self.layout.spawn[q]) for q in range(self.Q)
+            sum(p * coord_work[d] for d, p in self.layout.spawn[self.layout.first_action(q)]) for q in range(self.Q)
         ])
         work = self.rows[:, : self.Q] @ queue_work + self.rows[:, self.Q :] @ coord_work
         r = (work / m.max_capacity(self.k_max) + m.mean_service()) / (1.0 - m.load)

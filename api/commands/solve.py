@@ -27,8 +27,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--cpu-priority", choices=("age", "class"), default=None,
                    help="mod_overtake_prio's CPU-priority lever in Apache: age (also predict the policy, and "
-                   "pi(inf), with age priority, simulated) or class (solve the spawn policy that is optimal "
-                   "with short-first classes in force; exact for hyperexponential stages); stored in the "
+                   "pi(inf), with age priority, simulated) or class (two CPU classes by phase, by expected "
+                   "remaining work: the spawn policy optimal under each candidate assignment, the best kept; "
+                   "exact for hyperexponential stages); stored in the "
                    "policy file for the sidecar's auto mode")
     p.add_argument("--plot", metavar="PNG", help="also write the policy as heatmaps over the two stages' queues")
     p.add_argument("--max-mean-threads", type=float, metavar="T",
@@ -50,20 +51,28 @@ def run(args: argparse.Namespace) -> int:
         return _run_constrained(args, sc, model)
     if args.out is None:
         raise ValueError("--out: give the policy file to write, e.g. --out policy.npz")
-    solve_for = model
+    choice = None
     if args.cpu_priority == "class":
         if args.phase_info != "full":
-            raise ValueError(f"--cpu-priority class: short-first classes need the phases; --phase-info "
+            raise ValueError(f"--cpu-priority class: classes by phase need the phases; --phase-info "
                              f"{args.phase_info} does not see them (use age)")
         from overtake.mdp.lever import class_model
 
         try:
-            solve_for = class_model(model)  # the classes as CPU weights by phase: the exact chain
+            class_model(model)  # the classes as CPU weights by phase: exact only where phases stay
         except ModelError as exc:
             raise ValueError(f"--cpu-priority class: {exc}") from None
     with progress_bar("solve pi*", quiet=args.quiet) as progress:  # a bar on a terminal, silent otherwise
-        opt = solve_optimal(solve_for, phase_info=args.phase_info, truncation=sc.fixed_truncation(),
-                            tol=sc.tolerance, method=args.method, progress=progress, routes=routes)
+        if args.cpu_priority == "class":
+            from overtake.mdp.lever import choose_classes
+
+            # the spawn optimum under each candidate class assignment, exact; the best is kept
+            choice = choose_classes(model, truncation=sc.fixed_truncation(), tol=sc.tolerance, method=args.method,
+                                    progress=progress)
+            opt = choice.optimum
+        else:
+            opt = solve_optimal(model, phase_info=args.phase_info, truncation=sc.fixed_truncation(),
+                                tol=sc.tolerance, method=args.method, progress=progress, routes=routes)
     pol = opt.policy
     meta: dict[str, Any] = {
         "metrics": opt.metrics.to_dict(),
@@ -93,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
         pol.meta["cpu_priority"] = {"class": predict_lever(model, pol, "class").to_meta() | {"solved": True}}
         plain = evaluate_rule(model, pol.layout, pol.actions, max_requests=pol.max_requests, max_threads=pol.max_threads)
         pol.meta["cpu_priority"]["class"]["without_lever"] = plain.mean_response_time
+        assert choice is not None
+        pol.meta["cpu_priority"]["class"]["candidates"] = [
+            {"start_levels": [list(r) for r in lv], "mean_response_time": ew} for lv, ew in choice.candidates]
     pol.save(args.out)
     if args.plot:
         from overtake.api.plots import policy_figure

@@ -52,6 +52,18 @@ def test_class_levels_are_short_first_by_expected_work(tmp_path: Path) -> None:
     assert class_levels(BaselinePolicy("pi(2)", 2)) is None
 
 
+def test_a_policy_solved_with_classes_sends_its_own() -> None:
+    from overtake.mdp.lever import class_model
+
+    s1 = Stage("stage1", np.array([0.91, 0.09]), np.diag([-1 / 2.75, -1 / 27.25]))
+    s2 = Stage("stage2", np.array([0.91, 0.09]), np.diag([-1 / 0.55, -1 / 5.45]))
+    lv = ((0, 1), (0, 0))  # not short-first: stage 2's long phase stays in class 0
+    opt = solve_optimal(class_model(TandemModel(0.05, (s1, s2)), levels=lv), truncation=Truncation(5, 2))
+    assert class_levels(TablePolicy(opt.policy, "lv")) == lv
+    plain = solve_optimal(TandemModel(0.05, (s1, s2)), truncation=Truncation(5, 2))
+    assert class_levels(TablePolicy(plain.policy, "plain")) == ((0, 1), (0, 1))
+
+
 def test_no_class_without_phase_information() -> None:
     s = Stage("stage1", np.array([0.91, 0.09]), np.diag([-1 / 0.55, -1 / 5.45]))
     obs = solve_observed(TandemModel(0.3, (s,)), phase_info="none", truncation=Truncation(6, 3))

@@ -16,7 +16,16 @@ from mdp_helpers import h2_stage, tandem
 from overtake.api.cli import main
 from overtake.mdp import Truncation
 from overtake.mdp.errors import ModelError
-from overtake.mdp.lever import class_model, predict_lever
+from overtake.mdp.lever import (
+    choose_classes,
+    class_action_layout,
+    class_action_optimum,
+    class_candidates,
+    class_model,
+    model_levels,
+    predict_lever,
+)
+from overtake.mdp.model import Stage
 from overtake.mdp.observed import solve_observed
 from overtake.mdp.priority import dps_means, mlps_mean
 from overtake.mdp.truncation import evaluate_baseline, evaluate_rule, solve_optimal
@@ -109,5 +118,82 @@ def test_cli_solve_stores_the_predictions(tmp_path, capsys) -> None:  # type: ig
     # solved with the classes in force: its E[W] is the chain's, and better than without them
     assert cls["mean_response_time"] == pytest.approx(doc["mean_response_time"], rel=2e-3)
     assert cls["mean_response_time"] < cls["without_lever"]
+    # one H2 stage: the cuts of the remaining-work ranking give short-first only
+    assert [c["start_levels"] for c in cls["candidates"]] == [[[0, 1]]]
     assert main(["solve", str(scen), "--out", str(out), "--phase-info", "none", "--cpu-priority", "class"]) != 0
     assert "--cpu-priority class" in capsys.readouterr().err
+
+
+def _plain_gain(model, trunc: Truncation) -> float:  # type: ignore[no-untyped-def]
+    from overtake.mdp.solve import solve
+    from overtake.mdp.statespace import StateSpace
+
+    return solve(StateSpace(model, trunc), method="rvi", tol=1e-11).gain
+
+
+def test_class_action_with_equal_weights_is_the_plain_optimum(h2) -> None:  # type: ignore[no-untyped-def]
+    # two CPU classes of the same weight are one class: the doubled MDP's optimum is π*'s
+    two = tandem(0.6, h2_stage("a", 0.91, 0.55, 5.45), h2_stage("b", 0.91, 0.55, 5.45))
+    trunc = Truncation(6, 3)
+    r = class_action_optimum(two, trunc, weight=1.0, tol=1e-11, method="rvi")
+    assert r.gain == pytest.approx(_plain_gain(two, trunc), rel=1e-9)
+    assert r.fixed_gain == pytest.approx(r.gain, rel=1e-9)
+
+
+def test_class_action_handles_moving_phases() -> None:
+    # Erlang-2 stages: the class must follow the request through its phases (block-diagonal T)
+    T = np.array([[-4.0, 4.0], [0.0, -4.0]])
+    model = tandem(0.5, Stage("e1", np.array([1.0, 0.0]), T), Stage("e2", np.array([1.0, 0.0]), T))
+    trunc = Truncation(6, 3)
+    r = class_action_optimum(model, trunc, weight=1.0, tol=1e-11, method="rvi")
+    assert r.gain == pytest.approx(_plain_gain(model, trunc), rel=1e-9)
+    assert r.fixed_gain is None  # short-first by phase is not exact when phases move
+    low = class_action_optimum(model, trunc, weight=0.1, tol=1e-11, method="rvi")
+    assert low.gain <= r.gain * (1 + 1e-9)  # more actions never cost
+
+
+def test_class_action_optimum_bounds_the_fixed_class_optimum(h2) -> None:  # type: ignore[no-untyped-def]
+    two = tandem(0.6, h2_stage("a", 0.91, 0.55, 5.45), h2_stage("b", 0.91, 0.55, 5.45))
+    trunc = Truncation(7, 3)
+    r = class_action_optimum(two, trunc, weight=0.01, tol=1e-11, method="rvi")
+    pi_ = class_action_optimum(two, trunc, weight=0.01, tol=1e-11, method="pi")
+    assert pi_.gain == pytest.approx(r.gain, rel=1e-9)  # two solvers, one optimum
+    assert r.fixed_gain is not None and r.gain <= r.fixed_gain * (1 + 1e-9)
+    assert r.gain < _plain_gain(two, trunc)  # the low class helps with H2 stages
+    assert r.gain_bounds[0] <= r.gain <= r.gain_bounds[1]
+    assert all(0.0 <= s <= 1.0 for s in r.low_share)
+
+
+def test_layout_rejects_spawn_actions_without_a_queue() -> None:
+    from overtake.mdp.statespace import Layout
+
+    with pytest.raises(ValueError, match="action_queue"):
+        Layout("full", np.array([0, 0]), (((0, 1.0),),), (((0, 1.0),), ((1, 1.0),), ((1, 1.0),)),
+               np.array([0, 1, 2]))
+    with pytest.raises(ValueError, match="give action_queue"):
+        Layout("full", np.array([0]), (((0, 1.0),),), (((0, 1.0),), ((0, 1.0),)))
+    with pytest.raises(ModelError, match="weight"):
+        class_action_layout(tandem(0.5, h2_stage("a", 0.91, 0.55, 5.45)), 0.0)
+
+
+def test_classes_by_remaining_work_beat_short_first_where_the_long_stage_comes_first() -> None:
+    # Table 1 case 12's shape: stage 1 slow (2.75 / 27.25), stage 2 fast (0.55 / 5.45). Expected
+    # remaining work: (1, short) 3.75, (1, long) 28.25, (2, short) 0.55, (2, long) 5.45; short-first
+    # demotes (2, long) although it has less work left than (1, short)
+    model = tandem(0.6, h2_stage("a", 0.91, 2.75, 27.25), h2_stage("b", 0.91, 0.55, 5.45))
+    cands = class_candidates(model)
+    assert cands[0] == ((0, 1), (0, 1))  # short-first first
+    assert set(cands[1:]) == {((1, 1), (0, 1)), ((0, 1), (0, 1)), ((0, 1), (0, 0))} - {cands[0]}
+    trunc = Truncation(8, 3)
+    ch = choose_classes(model, truncation=trunc, tol=1e-3)
+    by = dict(ch.candidates)
+    assert ch.levels == min(by, key=lambda lv: by[lv])
+    assert by[ch.levels] < by[((0, 1), (0, 1))]  # the cut above (2, long) beats short-first here
+    assert model_levels(ch.optimum.policy.model) == ch.levels
+    # the class as an action bounds every fixed assignment, the chosen one included
+    act = class_action_optimum(model, trunc, tol=1e-9, method="rvi")
+    fixed = class_action_optimum(model, trunc, tol=1e-9, method="rvi", levels=((0, 1), (0, 1)))
+    assert act.fixed_gain is not None and fixed.fixed_gain is not None
+    assert act.gain <= act.fixed_gain * (1 + 1e-9) <= fixed.fixed_gain * (1 + 1e-9)
+    with pytest.raises(ModelError, match="levels"):
+        class_model(model, levels=((0, 1),))
