@@ -48,6 +48,7 @@ def replay(
     max_inflight: int = 1_000_000,
     routing: str = "next",
     cpu_priority: CpuPriority | None = None,
+    dispatch_delay: float = 0.0,
 ) -> np.ndarray:
     """Response time of every transaction (seconds = units × ``time_unit``).
 
@@ -63,7 +64,13 @@ def replay(
         attained service).
     cpu_priority
         Priority levels on the virtual CPU; ``None`` is equal processor sharing.
+    dispatch_delay
+        Seconds from a request's admission to the start of its service (the hand-over to a
+        real server: the sidecar's forward, the server's wake-up); the CPU serves the others
+        meanwhile, or idles. 0 is the ideal twin.
     """
+    if not (dispatch_delay >= 0.0 and np.isfinite(dispatch_delay)):
+        raise ValueError(f"dispatch_delay: seconds >= 0, got {dispatch_delay!r}")
     if routing not in ROUTINGS:
         raise ValueError(f"routing: one of {', '.join(ROUTINGS)}, got {routing!r}")
     n_stages = sum(1 for k in trace if k.startswith("demand"))
@@ -71,11 +78,13 @@ def replay(
         raise ValueError("trace: needs 'arrival' and 'demand0', 'phase0', ... per stage")
     if cpu_priority is not None and len(cpu_priority.thresholds) != n_stages:
         raise ValueError(f"cpu_priority: thresholds for {len(cpu_priority.thresholds)} stages, the trace has {n_stages}")
-    return asyncio.run(_replay(trace, policy, n_stages, time_unit, mode, max_inflight, routing, cpu_priority))
+    return asyncio.run(_replay(trace, policy, n_stages, time_unit, mode, max_inflight, routing, cpu_priority,
+                               dispatch_delay))
 
 
 async def _replay(trace: Mapping[str, np.ndarray], policy: SpawnPolicy | str, n_stages: int, unit: float,
-                  mode: str, cap: int, routing: str, lever: CpuPriority | None = None) -> np.ndarray:
+                  mode: str, cap: int, routing: str, lever: CpuPriority | None = None,
+                  delay: float = 0.0) -> np.ndarray:
     names = tuple(f"stage{i + 1}" for i in range(n_stages))
     pol = load_policy(policy, names) if isinstance(policy, str) else policy
     clf = Classifier(ClassifierSettings(mode=mode, time_unit=unit), pol)  # type: ignore[arg-type]
@@ -92,6 +101,7 @@ async def _replay(trace: Mapping[str, np.ndarray], policy: SpawnPolicy | str, n_
     queued: list[Ticket] = []
     level: dict[Ticket, int] = {}  # with the lever: each request's level on the CPU
     rate: dict[Ticket, float] = {}
+    pending: dict[Ticket, float] = {}  # admitted, service starts at this time (dispatch_delay)
 
     def edge(t: Ticket) -> float:
         """Attained seconds at which t leaves its level (inf in the last)."""
@@ -107,19 +117,26 @@ async def _replay(trace: Mapping[str, np.ndarray], policy: SpawnPolicy | str, n_
         owner[t] = (i, s)
         queued.append(t)
 
+    def begin(t: Ticket) -> None:
+        i, s = owner[t]
+        left[t] = float(demand[s][i])
+        if lever is not None:
+            start = lever.start_levels[s][int(phase[s][i])] if lever.start_levels is not None else 0
+            level[t] = start
+
     def start_admitted() -> None:
         for t in [t for t in queued if t.status == ADMITTED]:
             queued.remove(t)
-            i, s = owner[t]
-            left[t] = float(demand[s][i])
-            if lever is not None:
-                start = lever.start_levels[s][int(phase[s][i])] if lever.start_levels is not None else 0
-                level[t] = start
+            if delay > 0:
+                pending[t] = now[0] + delay
+            else:
+                begin(t)
 
     nxt = 0
-    while nxt < n or left or queued:
+    while nxt < n or left or queued or pending:
         k = len(left)
         t_arr = arrival[nxt] if nxt < n else np.inf
+        t_start = min(pending.values()) if pending else np.inf
         done, t_done = None, np.inf
         demote, t_dem = None, np.inf
         if k and lever is None:
@@ -136,9 +153,9 @@ async def _replay(trace: Mapping[str, np.ndarray], policy: SpawnPolicy | str, n_
                 d = max(now[0], now[0] + (edge(t) - (float(demand[s][i]) - rem)) / rate[t])
                 if d < t_dem:
                     demote, t_dem = t, d
-        if not np.isfinite(min(t_arr, t_done)):
+        if not np.isfinite(min(t_arr, t_done, t_start)):
             raise RuntimeError(f"replay under {pol.name}: requests wait but none is in service")
-        step = min(t_arr, t_done, t_dem) - now[0]
+        step = min(t_arr, t_done, t_dem, t_start) - now[0]
         if k and lever is None:
             for t in left:
                 left[t] -= step / k  # processor sharing: every admitted request at rate 1/k
@@ -146,6 +163,11 @@ async def _replay(trace: Mapping[str, np.ndarray], policy: SpawnPolicy | str, n_
             for t in left:
                 left[t] -= step * rate[t]
         now[0] += step
+        if t_start < min(t_arr, t_done, t_dem):
+            for t in [t for t, at in pending.items() if at <= t_start]:
+                del pending[t]
+                begin(t)
+            continue
         if demote is not None and t_dem < min(t_arr, t_done):
             level[demote] += 1  # its attained service at the stage reached the level's upper threshold
             continue

@@ -96,3 +96,18 @@ def test_one_stage_priority_levels_match_the_simulator_and_mlps() -> None:
     assert abs(m - sim.mean_response_time) <= 1.5 * math.hypot(ci, sim.ci95), (m, ci, sim.mean_response_time)
     plain = twin.replay(tr, "passthrough")  # no lever: the equal-sharing path, untouched
     assert abs(_mean_ci(plain, batches=30)[0] - h2.mean() / 0.4) <= 1.5 * _mean_ci(plain, batches=30)[1]
+
+
+def test_a_dispatch_delay_under_pi1_is_mg1_with_the_delay_added_to_service() -> None:
+    # π(1) on one stage serves one request at a time, FCFS; each hand-over idles the CPU for d,
+    # so the queue is M/G/1 with service S + d: Pollaczek–Khinchine, E W = E B + λ E B² / (2(1 − λ E B))
+    lam, d = 0.5, 0.2
+    eb, eb2 = 1.0 + d, 2.0 + 2 * d + d * d  # S ~ Exp(1)
+    pk = eb + lam * eb2 / (2 * (1 - lam * eb))
+    m, ci = _mean_ci(twin.replay(_trace(lam, [1.0], 60_000, 4), "pi(1)", dispatch_delay=d))
+    assert abs(m - pk) <= max(3 * ci, 0.02), (m, ci, pk)
+    # a lone request: response = delay + demand, under any policy
+    lone = {"arrival": np.array([0.0, 100.0]), "demand0": np.array([1.5, 0.5]), "phase0": np.zeros(2, np.int64)}
+    np.testing.assert_allclose(twin.replay(lone, "passthrough", dispatch_delay=0.25), [1.75, 0.75], rtol=1e-12)
+    with pytest.raises(ValueError, match="dispatch_delay"):
+        twin.replay(lone, "pi(1)", dispatch_delay=-1.0)
