@@ -87,10 +87,10 @@ LEVER_REQUESTS, LEVER_SEEDS = 500_000, 2  # simulated requests per seed for the 
 
 STAGES = """stages:
   - name: stage1
-    path: "^/stage1$"
+    path: "^/stage1(/r[0-9]+)?$"
     next: stage2
   - name: stage2
-    path: "^/stage2$"
+    path: "^/stage2(/r[0-9]+)?$"
 limits: {{max_inflight: {cap}, queue_cap: 100000, queue_timeout: 3600, upstream_timeout: 3600, client_timeout: 3600,
          follow_up_timeout: {follow_up}}}
 classifier: {{mode: {mode}, header: X-Overtake-Phase, time_unit: {unit}}}

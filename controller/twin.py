@@ -56,12 +56,13 @@ def replay(
     ----------
     trace
         ``arrival`` (increasing, units), and per stage i ``demand{i}`` (units) and ``phase{i}``
-        (0-based start phase, as the client would send it in the phase header).
+        (0-based start phase, as the client would send it in the phase header); optionally
+        ``route{i}``, the route class, asked for as ``/stage<i+1>/r<route>`` (loadgen.make_trace).
     policy
         A loaded policy or a ``--policy`` spec (file, ``pi(k)``, ``passthrough``).
     mode
         Classifier mode (``explicit`` uses the trace's phases; ``hidden`` the prior and the
-        attained service).
+        attained service; ``learned`` each route's history of demands, fed as requests complete).
     cpu_priority
         Priority levels on the virtual CPU; ``None`` is equal processor sharing.
     dispatch_delay
@@ -109,8 +110,15 @@ async def _replay(trace: Mapping[str, np.ndarray], policy: SpawnPolicy | str, n_
         lv, s = level[t], owner[t][1]
         return lever.thresholds[s][lv] * unit if lv < lever.levels - 1 else np.inf
 
+    routes = [trace.get(f"route{s}") for s in range(n_stages)]
+
+    def key(i: int, s: int) -> str:
+        """The route key the gateway would form (method + path), "" without route classes."""
+        r = routes[s]
+        return "" if r is None else f"GET /stage{s + 1}/r{int(r[i])}"
+
     def header_phase(i: int, s: int) -> int:
-        return clf.start_phase(s, "", str(int(phase[s][i]) + 1).encode(), None)
+        return clf.start_phase(s, key(i, s), str(int(phase[s][i]) + 1).encode(), None)
 
     def enqueue(t: Ticket | None, i: int, s: int) -> None:
         assert t is not None  # queue caps are unbounded here
@@ -175,24 +183,25 @@ async def _replay(trace: Mapping[str, np.ndarray], policy: SpawnPolicy | str, n_
             del left[done]
             level.pop(done, None)
             i, s = owner.pop(done)
+            clf.observe(s, key(i, s), float(demand[s][i]))  # learned mode: the route's history
             last = s + 1 == n_stages
             if last:
                 lim.release(done, "completed")
                 out[i] = now[0] - arrival[i]
             elif routing == "instant":
-                enqueue(lim.submit(s + 1, header_phase(i, s + 1), ""), i, s + 1)
+                enqueue(lim.submit(s + 1, header_phase(i, s + 1), key(i, s + 1)), i, s + 1)
                 lim.release(done, "completed")
             elif routing == "next":
                 ph = header_phase(i, s + 1)
                 hold = lim.release(done, "completed", (s + 1, ph))
                 assert hold is not None
-                enqueue(lim.claim(hold, ph, ""), i, s + 1)
+                enqueue(lim.claim(hold, ph, key(i, s + 1)), i, s + 1)
             else:
                 lim.release(done, "completed")
                 start_admitted()
-                enqueue(lim.submit(s + 1, header_phase(i, s + 1), ""), i, s + 1)
+                enqueue(lim.submit(s + 1, header_phase(i, s + 1), key(i, s + 1)), i, s + 1)
         else:
-            enqueue(lim.submit(0, header_phase(nxt, 0), ""), nxt, 0)
+            enqueue(lim.submit(0, header_phase(nxt, 0), key(nxt, 0)), nxt, 0)
             nxt += 1
         start_admitted()
     return out

@@ -1,4 +1,5 @@
--- Stage handler of the private Apache (apache-conf/, mapped at /stage<N>).
+-- Stage handler of the private Apache (apache-conf/, mapped at /stage<N> and /stage<N>/r<route>,
+-- the multi-route workload of the learned classifier: the route only names the path).
 --
 -- GET /stage1?work=0.05 burns exactly 0.05 s of this worker thread's CPU time and answers
 -- 200 "ok". The thread CPU clock comes from the C module tcpu (CLOCK_THREAD_CPUTIME_ID):
@@ -22,7 +23,7 @@ function handle(r)
         return reply(r, 500, "stage: thread CPU clock module tcpu not loaded (" .. tostring(tcpu)
             .. "); restart with `overtake apache start`, which compiles it")
     end
-    local stage = r.uri:match("^/stage(%d+)$") or "?"
+    local stage = r.uri:match("^/stage(%d+)$") or r.uri:match("^/stage(%d+)/r%d+$") or "?"
     local args = r:parseargs()
     local raw = args.work
     if raw == nil then

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from overtake.mdp.model import TandemModel
+from overtake.mdp.routes import RouteSplit
 
 __all__ = [
     "T_975_19",
@@ -35,6 +36,7 @@ __all__ = [
     "paired_gain_ci",
     "replay",
     "request",
+    "route_path",
     "sample_ph",
     "wait_idle",
     "wait_sidecar",
@@ -61,16 +63,38 @@ def sample_ph(alpha: np.ndarray, T: np.ndarray, n: int, rng: np.random.Generator
     return out, start
 
 
-def make_trace(model: TandemModel, n: int, seed: int) -> dict[str, np.ndarray]:
-    """``n`` Poisson transactions at the model's rate: arrivals, per stage a PH demand and its start phase."""
+def make_trace(model: TandemModel, n: int, seed: int, routes: RouteSplit | None = None) -> dict[str, np.ndarray]:
+    """``n`` Poisson transactions at the model's rate: arrivals, per stage a PH demand and its start phase.
+
+    With ``routes`` (issue 18's multi-route workload) each stage entry also draws its route class
+    ``route{i}`` by the routes' weights and the start phase from that route's prior, so the
+    stage's demands are still PH(α_i, T_i) (Σ_r p_r α_r = α_i).
+    """
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1.0 / model.arrival_rate, size=n))
     tr: dict[str, np.ndarray] = {"arrival": arrivals}
     for i, st in enumerate(model.stages):
-        d, ph = sample_ph(np.asarray(st.alpha, float), np.asarray(st.T, float), n, rng)
+        T = np.asarray(st.T, float)
+        if routes is None:
+            d, ph = sample_ph(np.asarray(st.alpha, float), T, n, rng)
+        else:
+            rs = routes.stages[i]
+            r = rng.choice(len(rs), size=n, p=np.array([x.weight for x in rs]) / sum(x.weight for x in rs))
+            d, ph = np.zeros(n), np.zeros(n, dtype=np.int64)
+            for k, route in enumerate(rs):
+                sel = np.flatnonzero(r == k)
+                d[sel], ph[sel] = sample_ph(np.asarray(route.alpha, float), T, sel.size, rng)
+            tr[f"route{i}"] = r.astype(np.int64)
         tr[f"demand{i}"] = d
         tr[f"phase{i}"] = ph
     return tr
+
+
+def route_path(stage: int, trace: dict[str, np.ndarray], i: int) -> str:
+    """The path transaction ``i`` asks for at ``stage`` (0-based): ``/stage<k>``, or with route
+    classes in the trace ``/stage<k>/r<route>`` (the sidecar's learned mode keys history by it)."""
+    routes = trace.get(f"route{stage}")
+    return f"/stage{stage + 1}" if routes is None else f"/stage{stage + 1}/r{int(routes[i])}"
 
 
 async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str, phase: int | None,
@@ -108,7 +132,7 @@ async def replay(port: int, trace: dict[str, np.ndarray], unit: float, n_stages:
                 for s in range(n_stages):
                     work = max(trace[f"demand{s}"][i] * unit - overhead, 0.0)
                     nxt = int(trace[f"phase{s + 1}"][i]) + 1 if s + 1 < n_stages and phase_header else None
-                    code = await _get(reader, writer, f"/stage{s + 1}?work={work:.6f}",
+                    code = await _get(reader, writer, f"{route_path(s, trace, i)}?work={work:.6f}",
                                       int(trace[f"phase{s}"][i]) + 1 if phase_header else None, nxt)
                     if code != 200:
                         failures += 1

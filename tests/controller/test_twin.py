@@ -111,3 +111,47 @@ def test_a_dispatch_delay_under_pi1_is_mg1_with_the_delay_added_to_service() -> 
     np.testing.assert_allclose(twin.replay(lone, "passthrough", dispatch_delay=0.25), [1.75, 0.75], rtol=1e-12)
     with pytest.raises(ValueError, match="dispatch_delay"):
         twin.replay(lone, "pi(1)", dispatch_delay=-1.0)
+
+
+def test_routes_in_the_trace_keep_the_stage_prior_and_learned_mode_finds_pure_routes(tmp_path: Path) -> None:
+    from overtake.controller.harness.loadgen import make_trace, route_path
+    from overtake.mdp.routes import RouteSplit
+
+    h2 = Stage("stage1", np.array([0.91, 0.09]), np.diag([-1 / 0.55, -1 / 5.45]))
+    model = TandemModel(arrival_rate=0.5, stages=(h2,))
+    # two routes that each reveal the phase: 91 % of requests on the short one
+    split = RouteSplit.build(model, [[("short", 0.91, [1.0, 0.0]), ("long", 0.09, [0.0, 1.0])]])
+    tr = make_trace(model, 30_000, 5, routes=split)
+    assert np.array_equal(tr["phase0"], tr["route0"])  # pure routes: the route is the phase
+    assert abs(float(np.mean(tr["phase0"] == 0)) - 0.91) < 0.01
+    assert abs(float(tr["demand0"].mean()) - 1.0) < 0.05  # E S = 0.91·0.55 + 0.09·5.45
+    assert route_path(0, tr, 0) == f"/stage1/r{int(tr['route0'][0])}" and "route0" not in make_trace(model, 5, 5)
+    path = tmp_path / "star.npz"
+    opt = solve_optimal(model, truncation=Truncation(14, 4))
+    opt.policy.save(path)
+    # learned mode classifies each route from its history: π* then runs as with phase headers,
+    # so both converge to the MDP's exact E[W] (the first requests of each route are guessed)
+    for mode in ("explicit", "learned"):
+        m, ci = _mean_ci(twin.replay(tr, str(path), mode=mode))
+        assert abs(m - opt.metrics.mean_response_time) <= max(3 * ci, 0.02 * m), (mode, m, ci)
+    ex = twin.replay(tr, str(path), mode="explicit")
+    le = twin.replay(tr, str(path), mode="learned")
+    assert np.mean(np.isclose(ex[3000:], le[3000:], rtol=1e-9)) > 0.95  # the same decisions once learned
+
+
+def test_a_route_policy_in_learned_mode_converges_to_its_exact_evaluation(tmp_path: Path) -> None:
+    # issue 18's multi-route workload on one H2 stage: three routes, 99 / 50 / 10 % short
+    from overtake.controller.harness.loadgen import make_trace
+    from overtake.mdp.routes import RouteSplit
+
+    h2 = Stage("stage1", np.array([0.91, 0.09]), np.diag([-1 / 0.55, -1 / 5.45]))
+    model = TandemModel(arrival_rate=0.6, stages=(h2,))
+    x = (0.99 - 0.91) / (2 * 0.99 - 0.5 - 0.1)
+    split = RouteSplit.build(model, [[("r0", 1 - 2 * x, [0.99, 0.01]), ("r1", x, [0.5, 0.5]),
+                                      ("r2", x, [0.1, 0.9])]])
+    opt = solve_optimal(model, phase_info="route", routes=split, truncation=Truncation(12, 4))
+    path = tmp_path / "route.npz"
+    opt.policy.save(path)
+    tr = make_trace(model, 40_000, 6, routes=split)
+    m, ci = _mean_ci(twin.replay(tr, str(path), mode="learned"))
+    assert abs(m - opt.metrics.mean_response_time) <= max(3 * ci, 0.02 * m), (m, ci, opt.metrics.mean_response_time)

@@ -127,6 +127,16 @@ def test_stage2_is_served_and_logged_as_stage_2(instance: apache.ApacheInstance)
     assert rec.stage == "2" and rec.cpu_us is not None and 2000 <= rec.cpu_us <= 4000
 
 
+def test_a_route_path_is_served_by_its_stage(instance: apache.ApacheInstance) -> None:
+    # the multi-route workload (loadgen.make_trace with routes) asks for /stage<N>/r<route>
+    rid = uuid.uuid4().hex
+    code, _, body = _get(instance, "/stage2/r3?work=0.002", rid)
+    assert code == 200 and body.startswith(b"ok stage=2")
+    (rec,) = _records(instance, [rid])
+    assert rec.stage == "2" and rec.path == "/stage2/r3"
+    assert _get(instance, "/stage2/x3?work=0.002")[0] == 404  # only routes r<digits> are stages
+
+
 @pytest.mark.parametrize(
     "query, message",
     [("", b"work: required"), ("?work=abc", b"got abc"), ("?work=-1", b"got -1"), ("?work=61", b"got 61")],
