@@ -137,7 +137,6 @@ def section(out: dict[str, Any], other: dict[str, Any] | None) -> str:
     mine, total = best(out)
     theirs, total_o = best(other) if other else ({}, float("nan"))
     first = {c["case"]: c for c in out["runs"][0]["cases"]}
-    head = "| case | states | steps | method | wall s |" + (f" wall s, {other['rev']} |" if other else "")
     lines = [
         "## Table 1 through the CLI: twelve sequential `overtake compare` processes (issue 21)",
         "",
@@ -149,32 +148,38 @@ def section(out: dict[str, Any], other: dict[str, Any] | None) -> str:
         f"{out['max_load']:.2f} (the machine is shared: wall times vary by up to 2× between runs). "
         "Targets: all twelve <= 20 s, cases 8 and 12 <= 3 s each.",
         "",
-        head,
-        "|---|---|---|---|---|" + ("---|" if other else ""),
     ]
+    # one line for the twelve cases: the section stays short (BENCHMARKS.md has a line budget)
+    cells = []
     for case in sorted(mine):
-        c = first[case]
-        row = f"| {case} | {c['states']} | {c['iterations']} | {c['method']} | {mine[case]:.2f} |"
-        lines.append(row + (f" {theirs[case]:.2f} |" if other and case in theirs else ""))
-    lines.append(f"| all twelve | | | | {total:.1f} |" + (f" {total_o:.1f} |" if other else ""))
+        cell = f"{mine[case]:.2f}" + (f"/{theirs[case]:.2f}" if other and case in theirs else "")
+        if case in (8, 12):
+            c = first[case]
+            cell = f"**{cell}** ({c['states']:,} states, {c['iterations']:,} {c['method']} steps)"
+        cells.append(cell)
+    lines.append("Wall s per case 1–12" + (f" (this rev / {other['rev']})" if other else "") + ": "
+                 + ", ".join(cells) + f"; **all twelve {total:.1f} s**" + (f" / {total_o:.1f} s" if other else "") + ".")
+    notes: list[str] = []  # one closing paragraph
     if "max_rel_diff_vs_reference" in out:
         ref = out.get("reference", {})
-        lines += ["", f"Largest relative difference of any policy's E[W] from the reference run (rev {ref.get('rev')}, "
+        notes += [f"Largest relative difference of any policy's E[W] from the reference run (rev {ref.get('rev')}, "
                       f"{str(ref.get('date'))[:10]}, bench/results/solver_speed.jsonl): "
                       f"{out['max_rel_diff_vs_reference']:.1e} (target 1e-4)."]
     start = latest(lambda r: r.get("bench") == "cli_startup" and r.get("exe") == out["exe"])
     if start:
         w = start["wall_s"]["compare case01"]
-        lines += ["", f"Cold start (`bench/cli_startup.py`, {start['date'][:10]}): `overtake compare case01.yaml --json` "
+        notes += [f"Cold start (`bench/cli_startup.py`, {start['date'][:10]}): `overtake compare case01.yaml --json` "
                       f"{w['min']:.3f} s min, {w['median']:.3f} s median (target 0.8 s); heavy imports: "
                       f"{', '.join(start['compare_imports']) or 'none'}."]
     pi = latest(lambda r: r.get("bench") == "mdp_peer" and "pi" in r.get("cpu_s", {}) and "pymdptoolbox" not in r["cpu_s"])
     if pi:
         c = pi["cpu_s"]
-        lines += ["", f"Why Anderson stays the default (`{pi['command']}`): on case {pi['case']}'s {pi['states']:,} "
+        notes += [f"Why Anderson stays the default (`{pi['command']}`): on case {pi['case']}'s {pi['states']:,} "
                       f"states policy iteration took {c['pi']:.1f} s CPU ({pi['sweeps']['pi']} policies, each evaluated by "
                       f"ILU-preconditioned GMRES), plain RVI {c['rvi']:.1f} s, Anderson {c['anderson']:.1f} s; a complete "
                       "sparse LU of one policy's system fills in (17 M entries, 184 s)."]
+    if notes:
+        lines += ["", " ".join(notes)]
     return "\n".join(lines)
 
 
