@@ -64,7 +64,7 @@ def kernel_cache_misses() -> int:
     from . import _kernels
 
     total = 0
-    for name in ("box_minimum", "rvi_sweeps", "bellman_step", "rank_rows", "gauss_seidel", "anderson_history",
+    for name in ("box_minimum", "box_value", "rvi_sweeps", "bellman_step", "rank_rows", "gauss_seidel", "anderson_history",
                  "anderson_mix"):
         total += sum(getattr(_kernels, name).stats.cache_misses.values())
     return total
