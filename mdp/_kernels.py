@@ -116,6 +116,20 @@ def rank_rows(rows, table, cap, key):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True)
+def trim_longest(w, excess):  # type: ignore[no-untyped-def]
+    """policy._trim_longest's loop itself, per row: take ``excess[i]`` requests one at a time from
+    the longest queue of row i (lowest index on ties), in place."""
+    m, Q = w.shape
+    for i in range(m):
+        for _ in range(excess[i]):
+            best = 0
+            for q in range(1, Q):
+                if w[i, q] > w[i, best]:
+                    best = q
+            w[i, best] -= 1
+
+
+@numba.njit(cache=True, nogil=True)
 def gauss_seidel(indptr, indices, data, diag, x, sweeps):  # type: ignore[no-untyped-def]
     """In-place Gauss–Seidel sweeps for xᵀ = xᵀP (P in CSC), x[0] held fixed."""
     n = x.size

@@ -53,6 +53,7 @@ def warm_up() -> float:
     P = induced_matrix(space, res.decision).tocsc()
     x = np.ones(space.size)
     _kernels.gauss_seidel(P.indptr, P.indices, P.data, P.diagonal(), x, 1)
+    _kernels.trim_longest(np.ones((1, 2), dtype=np.int64), np.ones(1, dtype=np.int64))
     stationary_distribution(induced_matrix(space, res.decision))
     overtaking_heuristic(model).actions(space.rows[:10])
     simulate(model, "pi(1)", requests=1000, seed=0)
@@ -65,7 +66,7 @@ def kernel_cache_misses() -> int:
 
     total = 0
     for name in ("box_minimum", "box_value", "rvi_sweeps", "bellman_step", "rank_rows", "gauss_seidel", "anderson_history",
-                 "anderson_mix"):
+                 "anderson_mix", "trim_longest"):
         total += sum(getattr(_kernels, name).stats.cache_misses.values())
     return total
 

@@ -126,16 +126,25 @@ def test_compiled_rank_equals_the_scalar_rank():
         r.rank(np.array([[13, 0, 0, 0, 0, 0, 0]]))
 
 
-def test_trim_longest_equals_removing_one_at_a_time():
+@pytest.mark.parametrize("compiled", [False, True])
+def test_trim_longest_equals_removing_one_at_a_time(compiled, monkeypatch):
+    """Both paths: the closed form (numba not loaded) and the compiled loop (loaded by a large solve)."""
+    import sys
+
+    import overtake.mdp._kernels  # noqa: F401
+
+    if not compiled:
+        monkeypatch.delitem(sys.modules, "overtake.mdp._kernels")
     rng = np.random.default_rng(11)
     for Q in (1, 2, 4, 6):
         w = rng.integers(0, 9, size=(400, Q))
         e = np.array([rng.integers(0, x.sum() + 1) for x in w])
-        ref = w.copy()
+        ref, before = w.copy(), w.copy()
         for i in range(w.shape[0]):
             for _ in range(e[i]):
                 ref[i, np.argmax(ref[i])] -= 1
         assert np.array_equal(_trim_longest(w, e), ref)
+        assert np.array_equal(w, before)  # the input is not changed
 
 
 def test_table1_case1_with_the_default_method_matches_the_paper():
