@@ -209,9 +209,12 @@ def _solve_space(space: StateSpace, method: str, V0: FloatArray | None, tol: flo
     raise ValueError(f"method must be 'anderson', 'rvi' or 'pi', got {method!r}")
 
 
-def _exact_metrics(space: StateSpace, res: SolveResult) -> PolicyMetrics:
+def _exact_metrics(space: StateSpace, res: SolveResult, laws: Laws | None = None) -> PolicyMetrics:
     P = induced_matrix(space, res.decision)
-    reach, pi = stationary_distribution(P)
+    x0 = laws.guess(space.cap, space.rows) if laws is not None and space.size > _DENSE_LIMIT else None
+    reach, pi = stationary_distribution(P, x0=x0)
+    if laws is not None:
+        laws.record(space.cap, space.rows[reach], pi)
     return metrics(space.model, space.rows[reach], space.layout.queue_stage, pi, space.cap)
 
 
@@ -360,6 +363,7 @@ def solve_optimal(
     trace: list[dict[str, Any]] = []
     sweeps = 0
     layout = Layout.build(model, phase_info)
+    laws = Laws()  # every exact evaluation of a π* candidate starts from the nearest law already computed
 
     def run(
         tr: Truncation, prev: tuple[StateSpace, SolveResult] | None, loose: bool = False
@@ -369,7 +373,7 @@ def solve_optimal(
         V0 = _warm_values(prev[0], prev[1].bias, space) if prev is not None and method != "pi" else None
         res = _solve_space(space, method, V0, rtol * 10 if loose else rtol, progress)
         sweeps += res.sweeps
-        m = _exact_metrics(space, res)
+        m = _exact_metrics(space, res, laws)
         trace.append({"max_requests": tr.max_requests, "max_threads": tr.k_max, "states": space.size,
                       "sweeps": res.sweeps, "gain_bounds": list(res.gain_bounds),
                       "mean_response_time": m.mean_response_time, "blocking_probability": m.blocking_probability})
@@ -383,7 +387,6 @@ def solve_optimal(
         pol = Policy.from_decision(space, res.decision)
         return Optimum(pol, res, m, truncation, trace, time.perf_counter() - t0, sweeps)
 
-    laws = Laws()  # every evaluation of a π* candidate starts from the nearest law already computed
 
     def extended(pol: Policy, tr: Truncation, C: int) -> PolicyMetrics:
         m = evaluate_rule(model, layout, pol.actions, max_requests=C, max_threads=tr.k_max, laws=laws)
