@@ -147,9 +147,8 @@ def section(out: dict[str, Any], other: dict[str, Any] | None) -> str:
         f"{len(out['runs'])} sequence(s), and the fastest whole sequence. 1-min load average up to "
         f"{out['max_load']:.2f} (the machine is shared: wall times vary by up to 2× between runs). "
         "Targets: all twelve <= 20 s, cases 8 and 12 <= 3 s each.",
-        "",
     ]
-    # one line for the twelve cases: the section stays short (BENCHMARKS.md has a line budget)
+    # one paragraph, the twelve cases in one sentence: BENCHMARKS.md has a line budget
     cells = []
     for case in sorted(mine):
         cell = f"{mine[case]:.2f}" + (f"/{theirs[case]:.2f}" if other and case in theirs else "")
@@ -157,8 +156,8 @@ def section(out: dict[str, Any], other: dict[str, Any] | None) -> str:
             c = first[case]
             cell = f"**{cell}** ({c['states']:,} states, {c['iterations']:,} {c['method']} steps)"
         cells.append(cell)
-    lines.append("Wall s per case 1–12" + (f" (this rev / {other['rev']})" if other else "") + ": "
-                 + ", ".join(cells) + f"; **all twelve {total:.1f} s**" + (f" / {total_o:.1f} s" if other else "") + ".")
+    lines[-1] += (" Wall s per case 1–12" + (f" (this rev / {other['rev']})" if other else "") + ": "
+                  + ", ".join(cells) + f"; **all twelve {total:.1f} s**" + (f" / {total_o:.1f} s" if other else "") + ".")
     notes: list[str] = []  # one closing paragraph
     if "max_rel_diff_vs_reference" in out:
         ref = out.get("reference", {})
@@ -179,7 +178,7 @@ def section(out: dict[str, Any], other: dict[str, Any] | None) -> str:
                       f"ILU-preconditioned GMRES), plain RVI {c['rvi']:.1f} s, Anderson {c['anderson']:.1f} s; a complete "
                       "sparse LU of one policy's system fills in (17 M entries, 184 s)."]
     if notes:
-        lines += ["", " ".join(notes)]
+        lines[-1] += " " + " ".join(notes)
     return "\n".join(lines)
 
 
