@@ -16,9 +16,10 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# numba compiles the solver kernels once into its on-disk cache, so no first solve pays for it
+# numba compiles the solver kernels once into its on-disk cache and ahead of time (mdp/_kernels_aot),
+# so no solve pays for compiling nor, with the extension, for importing numba
 # (re-run when a kernel's source changes: numba's cache is keyed by the source file)
-$(WARM): $(STAMP) mdp/_kernels.py mdp/_simkernel.py mdp/heuristic.py mdp/_warmup.py
+$(WARM): $(STAMP) mdp/_kernels.py mdp/_kernels_jit.py mdp/_simkernel.py mdp/heuristic.py mdp/_warmup.py
 	$(BIN)/python -m overtake.mdp._warmup
 	touch $(WARM)
 

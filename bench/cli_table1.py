@@ -1,7 +1,7 @@
 """Paper 004 Table 1 through the CLI: twelve sequential `overtake compare CASE --json` processes.
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/cli_table1.py [--exe PATH] [--cases 1,...,12]
-        [--reference OLD.json] [--repeat N] [--json] [--no-write]
+        [--reference OLD.json] [--repeat N] [--other RUN.json | --other-exe PATH] [--json] [--no-write]
 
 What a user pays: each case is a fresh process (start-up, imports, compiled kernels loaded from
 the cache, the solve, the baselines), one after another, at the scenario's tolerance (0.1 %).
@@ -11,7 +11,8 @@ compared with it (the largest relative difference is reported). The 1-minute loa
 recorded before and after each process: timings taken above a load of 1 are flagged.
 Appends one JSON line to bench/results/solver_speed.jsonl and replaces the ``cli-table1`` section of
 BENCHMARKS.md (all twelve cases only) unless ``--no-write`` (``--other RUN.json``: a run of another ``--exe`` from the same
-session, shown beside this one).
+session, shown beside this one; ``--other-exe PATH``: another install run just before this one on
+every case, so the two see the same load on a shared machine).
 """
 
 from __future__ import annotations
@@ -64,22 +65,32 @@ def main() -> int:
     ap.add_argument("--reference", help="an earlier --json output: compare every E[W] with it")
     ap.add_argument("--repeat", type=int, default=1, help="run the whole sequence N times; report each")
     ap.add_argument("--other", help="a --json run of another --exe in the same session, for the section's table")
+    ap.add_argument("--other-exe", help="another install's `overtake`, run case by case in alternation with --exe "
+                                         "(both see the same load; shown beside it like --other)")
     ap.add_argument("--json", action="store_true", help="print the run as one JSON document")
     ap.add_argument("--no-write", action="store_true", help=f"do not append to {RESULTS.relative_to(ROOT)}")
     args = ap.parse_args()
     cases = [int(x) for x in args.cases.split(",")]
     runs: list[dict[str, Any]] = []
+    other_runs: list[dict[str, Any]] = []
     for _ in range(args.repeat):
         t0 = time.perf_counter()
         per: list[dict[str, Any]] = []
+        per_other: list[dict[str, Any]] = []
         for c in cases:
+            if args.other_exe:
+                per_other.append(run_case(args.other_exe, c))
             per.append(run_case(args.exe, c))
             if not args.json:
                 r = per[-1]
                 print(f"case {c:2d}: {r['wall_s']:6.2f} s  {r['states']:7d} states  {r['iterations']:6d} "
                       f"{r['method']} steps  E[W](pi*) {r['mean_response_time']['pi*']:.6f}  "
                       f"load {r['load_before']:.2f}", file=sys.stderr, flush=True)
-        runs.append({"total_wall_s": time.perf_counter() - t0, "cases": per})
+        # alternating, a sequence's wall time is the sum of its cases'
+        total = sum(r["wall_s"] for r in per) if args.other_exe else time.perf_counter() - t0
+        runs.append({"total_wall_s": total, "cases": per})
+        if args.other_exe:
+            other_runs.append({"total_wall_s": sum(r["wall_s"] for r in per_other), "cases": per_other})
     out: dict[str, Any] = {
         "bench": "cli_table1", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": machine(), "exe": args.exe, "rev": git_rev(Path(args.exe).resolve().parents[2]),
@@ -87,6 +98,9 @@ def main() -> int:
         "_reference_arg": args.reference, "_other_arg": args.other,
         "runs": runs, "max_load": max(max(r["load_before"], r["load_after"]) for run in runs for r in run["cases"]),
     }
+    if args.other_exe:
+        out["other_exe"] = {"exe": args.other_exe, "rev": git_rev(Path(args.other_exe).resolve().parents[2]),
+                            "runs": other_runs, "interleaved": True}
     if args.reference:
         ref = json.loads(Path(args.reference).read_text())
         old = {r["case"]: r["mean_response_time"] for r in ref["runs"][0]["cases"]}
@@ -109,7 +123,7 @@ def main() -> int:
         with RESULTS.open("a") as fh:
             fh.write(json.dumps(out) + "\n")
         if cases == list(range(1, 13)):  # the section is the whole table; a subset only goes to results
-            other = json.loads(Path(args.other).read_text()) if args.other else None
+            other = out.get("other_exe") or (json.loads(Path(args.other).read_text()) if args.other else None)
             replace_section("cli-table1", section(out, other))
     return 0
 
@@ -137,44 +151,50 @@ def section(out: dict[str, Any], other: dict[str, Any] | None) -> str:
     mine, total = best(out)
     theirs, total_o = best(other) if other else ({}, float("nan"))
     first = {c["case"]: c for c in out["runs"][0]["cases"]}
-    head = "| case | states | steps | method | wall s |" + (f" wall s, {other['rev']} |" if other else "")
     lines = [
         "## Table 1 through the CLI: twelve sequential `overtake compare` processes (issue 21)",
         "",
         f"Date {out['date'][:10]}, machine: {out['machine']}; command: `{command}` (rev {out['rev']}"
-        + (f"; OTHER.json: {len(other['runs'])} sequence(s) of `--exe` rev {other['rev']}, the same session" if other else "")
+        + ("" if not other else f"; `--other-exe` rev {other['rev']} run in alternation with it, case by case"
+           if other.get("interleaved") else
+           f"; OTHER.json: {len(other['runs'])} sequence(s) of `--exe` rev {other['rev']}, the same session")
         + "; every run in bench/results/solver_speed.jsonl). "
         f"Each case is a fresh process at the scenario's tolerance (0.1 %); per case the fastest of "
         f"{len(out['runs'])} sequence(s), and the fastest whole sequence. 1-min load average up to "
         f"{out['max_load']:.2f} (the machine is shared: wall times vary by up to 2× between runs). "
         "Targets: all twelve <= 20 s, cases 8 and 12 <= 3 s each.",
-        "",
-        head,
-        "|---|---|---|---|---|" + ("---|" if other else ""),
     ]
+    # one paragraph, the twelve cases in one sentence: BENCHMARKS.md has a line budget
+    cells = []
     for case in sorted(mine):
-        c = first[case]
-        row = f"| {case} | {c['states']} | {c['iterations']} | {c['method']} | {mine[case]:.2f} |"
-        lines.append(row + (f" {theirs[case]:.2f} |" if other and case in theirs else ""))
-    lines.append(f"| all twelve | | | | {total:.1f} |" + (f" {total_o:.1f} |" if other else ""))
+        cell = f"{mine[case]:.2f}" + (f"/{theirs[case]:.2f}" if other and case in theirs else "")
+        if case in (8, 12):
+            c = first[case]
+            cell = f"**{cell}** ({c['states']:,} states, {c['iterations']:,} {c['method']} steps)"
+        cells.append(cell)
+    lines[-1] += (" Wall s per case 1–12" + (f" (this rev / {other['rev']})" if other else "") + ": "
+                  + ", ".join(cells) + f"; **all twelve {total:.1f} s**" + (f" / {total_o:.1f} s" if other else "") + ".")
+    notes: list[str] = []  # one closing paragraph
     if "max_rel_diff_vs_reference" in out:
         ref = out.get("reference", {})
-        lines += ["", f"Largest relative difference of any policy's E[W] from the reference run (rev {ref.get('rev')}, "
+        notes += [f"Largest relative difference of any policy's E[W] from the reference run (rev {ref.get('rev')}, "
                       f"{str(ref.get('date'))[:10]}, bench/results/solver_speed.jsonl): "
                       f"{out['max_rel_diff_vs_reference']:.1e} (target 1e-4)."]
     start = latest(lambda r: r.get("bench") == "cli_startup" and r.get("exe") == out["exe"])
     if start:
         w = start["wall_s"]["compare case01"]
-        lines += ["", f"Cold start (`bench/cli_startup.py`, {start['date'][:10]}): `overtake compare case01.yaml --json` "
+        notes += [f"Cold start (`bench/cli_startup.py`, {start['date'][:10]}): `overtake compare case01.yaml --json` "
                       f"{w['min']:.3f} s min, {w['median']:.3f} s median (target 0.8 s); heavy imports: "
                       f"{', '.join(start['compare_imports']) or 'none'}."]
     pi = latest(lambda r: r.get("bench") == "mdp_peer" and "pi" in r.get("cpu_s", {}) and "pymdptoolbox" not in r["cpu_s"])
     if pi:
         c = pi["cpu_s"]
-        lines += ["", f"Why Anderson stays the default (`{pi['command']}`): on case {pi['case']}'s {pi['states']:,} "
+        notes += [f"Why Anderson stays the default (`{pi['command']}`): on case {pi['case']}'s {pi['states']:,} "
                       f"states policy iteration took {c['pi']:.1f} s CPU ({pi['sweeps']['pi']} policies, each evaluated by "
                       f"ILU-preconditioned GMRES), plain RVI {c['rvi']:.1f} s, Anderson {c['anderson']:.1f} s; a complete "
                       "sparse LU of one policy's system fills in (17 M entries, 184 s)."]
+    if notes:
+        lines[-1] += " " + " ".join(notes)
     return "\n".join(lines)
 
 

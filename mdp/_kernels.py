@@ -1,146 +1,144 @@
-"""Compiled inner loops of the solver: the box minimum and fused relative value iteration.
+"""Compiled inner loops of the solver; the sources are the numba kernels of ``_kernels_jit.py``.
 
-Both are plain loops over precomputed index arrays (built by :class:`overtake.mdp.bellman.ActionIndex`),
-so one RVI sweep touches each state's spawn neighbours and event-matrix row once, without the
-temporaries a vectorised numpy sweep allocates.
+``python -m overtake.mdp._warmup`` (run at set-up) also compiles them ahead of time into the
+extension ``_kernels_aot`` (numba.pycc, for this machine's CPU). It loads in milliseconds, while
+importing numba and initialising its JIT, even with every kernel in numba's cache, costs about
+0.65 s in each process that solves a large model: 9 of the 12 Table 1 cases, a fifth of their
+sequential wall time (BENCHMARKS.md ``cli-table1``). The extension is used only when it was built
+from the current ``_kernels_jit.py`` (a digest recorded beside it) and for the argument types it
+was built for (:data:`SIGNATURES`); otherwise the JIT kernels run, from numba's cache.
 """
 
 from __future__ import annotations
 
-import numba
+import hashlib
+import importlib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
 import numpy as np
 
+__all__ = ["SIGNATURES", "aot_active", "source_digest"]
 
-@numba.njit(cache=True, nogil=True)
-def box_minimum(V, idle, order, nb, tol, G, A):  # type: ignore[no-untyped-def]
-    """G(y) = min of V over y's spawn box, A(y) its argmin (bellman.py's suffix-minimum DP).
+_HERE = Path(__file__).resolve().parent
+DIGEST_FILE = _HERE / "_kernels_aot.sha256"
 
-    ``order``/``nb`` list, queue after queue, each state with its one-more-thread neighbour,
-    neighbours first (higher thread level), so a suffix minimum is read only once complete.
-    Idle post-decision states are excluded (G = inf there before the passes).
-    """
-    n = V.size
-    for s in range(n):
-        G[s] = np.inf if idle[s] else V[s]
-        A[s] = s
-    for t in range(order.size):
-        s = order[t]
-        j = nb[t]
-        if G[j] < G[s] - tol:
-            G[s] = G[j]
-            A[s] = A[j]
-
-
-@numba.njit(cache=True, nogil=True)
-def bellman_step(indptr, indices, data, cost, V, idle, order, nb, G, A, TV):  # type: ignore[no-untyped-def]
-    """One Bellman step TV = cost + P_E·H(V) into the caller's buffers; returns (min, max) of TV − V.
-
-    The allocation-free single sweep the accelerated solvers call once per iteration.
-    """
-    n = V.size
-    box_minimum(V, idle, order, nb, 0.0, G, A)
-    lo = np.inf
-    hi = -np.inf
-    for x in range(n):
-        acc = cost[x]
-        for t in range(indptr[x], indptr[x + 1]):
-            acc += data[t] * G[indices[t]]
-        TV[x] = acc
-        d = acc - V[x]
-        if d < lo:
-            lo = d
-        if d > hi:
-            hi = d
-    return lo, hi
+_F = "f8[::1]"
+_I = "i8[::1]"
+_B = "b1[::1]"
+_M = "f8[:, ::1]"
+#: exported name -> (kernel, signature); the CSR kernels twice, for int32 and int64 sparse indices
+SIGNATURES: dict[str, tuple[str, str]] = {
+    "rank_rows": ("rank_rows", "b1(i8[:, ::1], i8[:, ::1], i8, i8[::1])"),
+    "box_minimum": ("box_minimum", f"void({_F}, {_B}, {_I}, {_I}, f8, {_F}, {_I})"),
+    "box_value": ("box_value", f"void({_F}, {_B}, {_I}, {_I}, {_F})"),
+    "trim_longest": ("trim_longest", f"void(i8[:, ::1], {_I})"),
+    "anderson_history": ("anderson_history", f"void({_F}, {_F}, {_F}, {_F}, {_M}, {_M}, i8, i8, {_M})"),
+    "anderson_mix": ("anderson_mix", f"void({_F}, {_F}, {_M}, {_F}, {_F})"),
+}
+for _ix in ("i4", "i8"):
+    _X = f"{_ix}[::1]"
+    SIGNATURES[f"bellman_step_{_ix}"] = (
+        "bellman_step", f"UniTuple(f8, 2)({_X}, {_X}, {_F}, {_F}, {_F}, {_B}, {_I}, {_I}, {_F}, {_F})")
+    SIGNATURES[f"rvi_sweeps_{_ix}"] = (
+        "rvi_sweeps", f"Tuple((i8, f8, f8, b1))({_X}, {_X}, {_F}, {_F}, {_F}, {_B}, {_I}, {_I}, i8, f8)")
+    SIGNATURES[f"gauss_seidel_{_ix}"] = ("gauss_seidel", f"{_F}({_X}, {_X}, {_F}, {_F}, {_F}, i8)")
 
 
-@numba.njit(cache=True, nogil=True)
-def rvi_sweeps(indptr, indices, data, cost, V, idle, order, nb, max_sweeps, tol):  # type: ignore[no-untyped-def]
-    """Up to ``max_sweeps`` sweeps V ← TV − TV(0); stops when span(TV − V) ≤ tol·|max(TV − V)|.
-
-    Returns (sweeps done, min(TV − V), max(TV − V), converged). ``V`` is updated in place.
-    """
-    n = V.size
-    G = np.empty(n)
-    A = np.empty(n, dtype=np.int64)
-    TV = np.empty(n)
-    lo = 0.0
-    hi = 0.0
-    for it in range(1, max_sweeps + 1):
-        lo, hi = bellman_step(indptr, indices, data, cost, V, idle, order, nb, G, A, TV)
-        ref = TV[0]
-        for x in range(n):
-            V[x] = TV[x] - ref
-        if hi - lo <= tol * max(abs(hi), 1e-12):
-            return it, lo, hi, True
-    return max_sweeps, lo, hi, False
+def source_digest() -> str:
+    """sha256 of the kernels' source and their signatures: what the extension must have been built from."""
+    h = hashlib.sha256((_HERE / "_kernels_jit.py").read_bytes())
+    h.update(repr(sorted(SIGNATURES.items())).encode())
+    return h.hexdigest()
 
 
-@numba.njit(cache=True, nogil=True)
-def rank_rows(rows, table, cap, key):  # type: ignore[no-untyped-def]
-    """Lexicographic rank of each row among vectors with sum ≤ cap (statespace.Ranker); False if a row exceeds cap.
-
-    ``table[r, b]`` = C(b + r, r), the number of vectors of length r with sum ≤ b.
-    """
-    n, L = rows.shape
-    ok = True
-    for i in range(n):
-        budget = cap
-        k = 0
-        for col in range(L):
-            v = rows[i, col]
-            if v > 0:
-                b = budget if budget > 0 else 0
-                lo = b - v if b - v > 0 else 0
-                k += table[L - col, b] - table[L - col, lo]
-            budget -= v
-        if budget < 0:
-            ok = False
-        key[i] = k
-    return ok
+def _load_aot() -> ModuleType | None:
+    try:
+        if DIGEST_FILE.read_text().strip() != source_digest():
+            return None  # built from other kernels: stale
+        return importlib.import_module(f"{__package__}._kernels_aot")
+    except (OSError, ImportError):
+        return None
 
 
-@numba.njit(cache=True, nogil=True)
-def gauss_seidel(indptr, indices, data, diag, x, sweeps):  # type: ignore[no-untyped-def]
-    """In-place Gauss–Seidel sweeps for xᵀ = xᵀP (P in CSC), x[0] held fixed."""
-    n = x.size
-    for _ in range(sweeps):
-        for j in range(1, n):
-            acc = 0.0
-            for t in range(indptr[j], indptr[j + 1]):
-                i = indices[t]
-                if i != j:
-                    acc += x[i] * data[t]
-            x[j] = acc / (1.0 - diag[j])
-    return x
+_aot = _load_aot()
+#: set False to run the JIT kernels even where the extension would do (the warm-up fills their cache)
+USE_AOT = True
 
 
-@numba.njit(cache=True, nogil=True)
-def anderson_history(x, f, x_old, f_old, df, dxf, head, k, both):  # type: ignore[no-untyped-def]
-    """One pass of the Anderson step (anderson.py): store Δf = f − f_old and Δx + Δf in row ``head``,
-    and both[j] = (Δf_j·Δf_head, Δf_j·f) for the first ``k`` rows — the Gram row and the right side."""
-    n = x.size
-    for j in range(k):
-        both[j, 0] = 0.0
-        both[j, 1] = 0.0
-    for i in range(n):
-        d = f[i] - f_old[i]
-        df[head, i] = d
-        dxf[head, i] = x[i] - x_old[i] + d
-        fi = f[i]
-        for j in range(k):
-            v = df[j, i]
-            both[j, 0] += v * d
-            both[j, 1] += v * fi
+def aot_active() -> bool:
+    """True when calls go to the ahead-of-time extension."""
+    return USE_AOT and _aot is not None
 
 
-@numba.njit(cache=True, nogil=True)
-def anderson_mix(x, f, dxf, gamma, out):  # type: ignore[no-untyped-def]
-    """out = x + f − Σ_j γ_j (Δx_j + Δf_j), one pass over the history (anderson.py)."""
-    n = x.size
-    k = gamma.size
-    for i in range(n):
-        acc = x[i] + f[i]
-        for j in range(k):
-            acc -= gamma[j] * dxf[j, i]
-        out[i] = acc
+def _jit(name: str) -> Any:
+    from . import _kernels_jit  # imports numba: only without the extension
+
+    return getattr(_kernels_jit, name)
+
+
+def _call(name: str, args: tuple[Any, ...], index: np.ndarray | None = None) -> Any:
+    if USE_AOT and _aot is not None:
+        exported = name if index is None else f"{name}_{'i4' if index.dtype == np.int32 else 'i8'}"
+        try:
+            return getattr(_aot, exported)(*args)
+        except (TypeError, ValueError):  # an argument outside the signature (dtype, layout): unboxing
+            pass  # fails before the kernel runs, so nothing was written
+    return _jit(name)(*args)
+
+
+def box_minimum(*args: Any) -> Any:
+    """G(y) = min of V over y's spawn box and its argmin (_kernels_jit.box_minimum)."""
+    return _call("box_minimum", args)
+
+
+def box_value(*args: Any) -> Any:
+    return _call("box_value", args)
+
+
+def bellman_step(*args: Any) -> Any:
+    """One Bellman step; returns (min, max) of TV − V (_kernels_jit.bellman_step)."""
+    return _call("bellman_step", args, args[0])
+
+
+def rvi_sweeps(*args: Any) -> Any:
+    return _call("rvi_sweeps", args, args[0])
+
+
+def rank_rows(*args: Any) -> Any:
+    return _call("rank_rows", args)
+
+
+def trim_longest(*args: Any) -> Any:
+    return _call("trim_longest", args)
+
+
+def gauss_seidel(*args: Any) -> Any:
+    return _call("gauss_seidel", args, args[0])
+
+
+def anderson_history(*args: Any) -> Any:
+    return _call("anderson_history", args)
+
+
+def anderson_mix(*args: Any) -> Any:
+    return _call("anderson_mix", args)
+
+
+def build_aot(output_dir: Path = _HERE) -> Path:
+    """Compile every kernel into ``_kernels_aot`` (numba.pycc, host CPU) and record the digest."""
+    import numba.pycc
+
+    from . import _kernels_jit
+
+    make_cc: Any = vars(numba.pycc)["CC"]  # untyped, and not re-exported for mypy (numba ships no stubs)
+    cc = make_cc("_kernels_aot")
+    cc.output_dir = str(output_dir)
+    cc.target_cpu = "host"
+    cc.verbose = False
+    for exported, (kernel, sig) in SIGNATURES.items():
+        cc.export(exported, sig)(getattr(_kernels_jit, kernel).py_func)
+    cc.compile()
+    (output_dir / DIGEST_FILE.name).write_text(source_digest() + "\n")
+    return output_dir

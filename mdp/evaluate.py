@@ -113,10 +113,14 @@ def reachable(P: sp.csr_matrix, start: int = 0) -> IntArray:
     return np.flatnonzero(seen)
 
 
-def stationary_distribution(P: sp.csr_matrix, start: int = 0) -> tuple[IntArray, FloatArray]:
+def stationary_distribution(
+    P: sp.csr_matrix, start: int = 0, x0: FloatArray | None = None
+) -> tuple[IntArray, FloatArray]:
     """Stationary law of the uniformized chain P on the states reachable from ``start``.
 
-    Returns (indices of the reachable states, their probabilities).
+    Returns (indices of the reachable states, their probabilities). ``x0`` (over all states of
+    P, any scale) starts the iterative solve of large chains, e.g. a similar policy's law mapped
+    onto these states; the answer meets the same residual test either way.
     """
     reach = reachable(P, start)
     Psub = P[reach][:, reach].tocsr()
@@ -150,6 +154,10 @@ def stationary_distribution(P: sp.csr_matrix, start: int = 0) -> tuple[IntArray,
     PT = Pc.T.tocsr()
     diag = Pc.diagonal()
     pi = np.full(n, 1.0 / n)
+    if x0 is not None:
+        guess = np.asarray(x0, dtype=np.float64)[reach]
+        if guess[0] > 0 and np.all(np.isfinite(guess)):
+            pi = np.maximum(guess / guess[0], 0.0)
     pi[0] = 1.0
     p = pi
     mixer = AndersonMixer(n, _AA_MEMORY)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import sys
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +76,12 @@ def _trim_longest(w: IntArray, excess: IntArray) -> IntArray:
     Σ_q max(w_q − T, 0) ≤ excess, and the r = excess − that sum remaining removals take one more
     from the r lowest-indexed queues still at T. Requires excess ≤ Σ w.
     """
+    if "overtake.mdp._kernels" in sys.modules:  # loaded by a large solve: the plain loop, compiled
+        from . import _kernels
+
+        trimmed: IntArray = np.array(w, dtype=np.int64, copy=True)
+        _kernels.trim_longest(trimmed, np.asarray(excess, dtype=np.int64))
+        return trimmed
     lo = np.zeros(w.shape[0], dtype=np.int64)  # the least feasible T lies in [lo, hi]
     hi = w.max(axis=1)
     while np.any(lo < hi):  # least T in [0, max w] with cut(T) <= excess

@@ -236,10 +236,9 @@ def anderson_rvi(
         order, nb = ai.box_order
         idle = ai.idle
         G = np.empty(n)
-        A = np.empty(n, dtype=np.int64)
 
         def step(V: FloatArray) -> tuple[float, float]:
-            lo, hi = _kernels.bellman_step(PE.indptr, PE.indices, PE.data, cost, V, idle, order, nb, G, A, TV)
+            lo, hi = _kernels.bellman_step(PE.indptr, PE.indices, PE.data, cost, V, idle, order, nb, G, TV)
             return float(lo), float(hi)
     else:
         def step(V: FloatArray) -> tuple[float, float]:

@@ -183,13 +183,13 @@ class Ranker:
     def rank(self, rows: IntArray) -> IntArray:
         """Ranks of many rows; IndexError if a row exceeds the cap.
 
-        One compiled pass (numba) for many rows or once numba is loaded anyway; column-by-column
-        numpy otherwise, so small scenarios start without importing numba.
+        One compiled pass for many rows or once the kernels are loaded anyway (by a large solve);
+        column-by-column numpy otherwise, so small scenarios start without loading them.
         """
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         if rows.ndim == 1:
             rows = rows[None, :]
-        if rows.shape[0] >= _RANK_KERNEL_ROWS or "numba" in sys.modules:
+        if rows.shape[0] >= _RANK_KERNEL_ROWS or "numba" in sys.modules or "overtake.mdp._kernels" in sys.modules:
             from . import _kernels
 
             key = np.empty(rows.shape[0], dtype=np.int64)

@@ -126,16 +126,25 @@ def test_compiled_rank_equals_the_scalar_rank():
         r.rank(np.array([[13, 0, 0, 0, 0, 0, 0]]))
 
 
-def test_trim_longest_equals_removing_one_at_a_time():
+@pytest.mark.parametrize("compiled", [False, True])
+def test_trim_longest_equals_removing_one_at_a_time(compiled, monkeypatch):
+    """Both paths: the closed form (numba not loaded) and the compiled loop (loaded by a large solve)."""
+    import sys
+
+    import overtake.mdp._kernels  # noqa: F401
+
+    if not compiled:
+        monkeypatch.delitem(sys.modules, "overtake.mdp._kernels")
     rng = np.random.default_rng(11)
     for Q in (1, 2, 4, 6):
         w = rng.integers(0, 9, size=(400, Q))
         e = np.array([rng.integers(0, x.sum() + 1) for x in w])
-        ref = w.copy()
+        ref, before = w.copy(), w.copy()
         for i in range(w.shape[0]):
             for _ in range(e[i]):
                 ref[i, np.argmax(ref[i])] -= 1
         assert np.array_equal(_trim_longest(w, e), ref)
+        assert np.array_equal(w, before)  # the input is not changed
 
 
 def test_table1_case1_with_the_default_method_matches_the_paper():
@@ -210,6 +219,42 @@ def test_stationary_law_by_gauss_seidel_equals_the_direct_solve(monkeypatch):
     reach2, gs = stationary_distribution(P)  # Gauss–Seidel
     assert np.array_equal(reach, reach2)
     assert np.abs(gs - direct).max() < 1e-10 * direct.max()
+
+
+def test_warm_started_stationary_law_equals_the_direct_solve(monkeypatch):
+    """Auto-truncation's warm starts (truncation.Laws): a policy's law on cap 8, mapped onto the chain
+    a second, differently solved policy induces on cap 10, starts Gauss–Seidel; the law equals that
+    chain's dense LU solve, and E[W] evaluated with and without the warm start agrees to 1e-9."""
+    import overtake.mdp.evaluate as ev
+    from overtake.mdp.chain import build_chain
+    from overtake.mdp.policy import Policy
+    from overtake.mdp.statespace import Layout
+    from overtake.mdp.truncation import Laws, evaluate_rule
+
+    model = tandem(0.6, h2_stage("a", 0.91, 0.55, 5.45), h2_stage("b", 0.91, 2.75, 27.25))
+    lay = Layout.build(model, "full")
+    pols = []
+    for cap in (6, 7):
+        space = StateSpace(model, Truncation(cap, 3))
+        pols.append(Policy.from_decision(space, anderson_rvi(space, tol=1e-9).decision))
+    laws = Laws()
+    evaluate_rule(model, lay, pols[0].actions, max_requests=8, max_threads=3, laws=laws)
+    chain = build_chain(model, lay, pols[1].actions, max_requests=10, max_threads=3)
+    x0 = laws.guess(10, chain.rows)
+    assert x0 is not None and x0.shape == (chain.rows.shape[0],)
+    assert np.all(x0[chain.rows.sum(axis=1) > 8] == 0) and x0.max() > 0  # states beyond cap 8: no guess
+    monkeypatch.setattr(ev, "_DENSE_LIMIT", 10**6)
+    monkeypatch.setattr(ev, "_DIRECT_LIMIT", 10**6)
+    reach, direct = stationary_distribution(chain.P)
+    cold = evaluate_rule(model, lay, pols[1].actions, max_requests=10, max_threads=3)
+    assert reach.size > 1_000
+    monkeypatch.setattr(ev, "_DENSE_LIMIT", 0)
+    monkeypatch.setattr(ev, "_DIRECT_LIMIT", 0)
+    reach2, warm = stationary_distribution(chain.P, x0=x0)
+    assert np.array_equal(reach, reach2)
+    assert np.abs(warm - direct).max() < 1e-10 * direct.max()
+    warm_m = evaluate_rule(model, lay, pols[1].actions, max_requests=10, max_threads=3, laws=laws)
+    assert warm_m.mean_response_time == pytest.approx(cold.mean_response_time, rel=1e-9)
 
 
 def test_anderson_recovers_from_a_non_finite_mixed_iterate(monkeypatch):
