@@ -35,6 +35,7 @@ import contextlib
 import datetime as dt
 import http.client
 import json
+import math
 import os
 import platform
 import re
@@ -422,6 +423,7 @@ def main() -> int:
         res["elapsed_s"] = time.time() - t0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    res = _finite(res)  # a ratio over an empty sample (e.g. no perf samples) is recorded as null
     if not args.no_write:
         append_run("cpu_priority", res)
     if args.json:
@@ -429,6 +431,17 @@ def main() -> int:
     else:
         print(summary(res))
     return 0
+
+
+def _finite(x: Any) -> Any:
+    """``x`` with every non-finite float replaced by None (JSON has no NaN or infinity)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
 
 
 def summary(res: dict[str, Any]) -> str:
