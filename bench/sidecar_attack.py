@@ -469,7 +469,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if api_names:
         phases += run_api(api_names, args.seconds)
     autogroup = Path("/proc/self/autogroup").read_text().split()[-1]
-    return {"machine": machine(), "seconds": args.seconds, "phases": phases, "autogroup_nice": int(autogroup),
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
+            "seconds": args.seconds, "phases": phases, "autogroup_nice": int(autogroup),
             "load_average": os.getloadavg()[0], "all_ok": all(p["ok"] for p in phases)}
 
 
@@ -514,7 +515,7 @@ def section(res: dict[str, Any], command: str) -> str:
             f"{'yes' if p['ok'] else '**no**'} |" for p in res["phases"]]
     return "\n".join([
         "## sidecar-attack: a normal client while the sidecar or the API is attacked (issue 19)",
-        f"`{command}`, {res['machine']}, autogroup {res['autogroup_nice']}. A real Apache (one core) behind the "
+        f"`{command}`, {res['date']}, {res['machine']}, autogroup {res['autogroup_nice']}. A real Apache (one core) behind the "
         "sidecar enforcing π*, its normal "
         "client GETting a 13-byte file every 20 ms on a fresh connection; then `overtake api`, its normal client "
         f"GETting `/healthz` likewise. Each attack runs alone from a nice-19 process for {res['seconds']:g} s "
