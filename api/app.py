@@ -14,6 +14,7 @@ the estimate and the cap; a full queue is 429; a missing or wrong bearer token i
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -34,7 +35,7 @@ from .deps import Settings
 from .errors import HTTPError
 from .jobs import JobRunner
 from .metrics import ApiMetrics, InstrumentMiddleware
-from .offload import Offload
+from .offload import Offload, ParseProcess
 from .routes import fits, models, operations, page, plots
 from .schemas import Error, FitRequest
 
@@ -74,6 +75,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.plots = PlotCache(deadline=settings.request_deadline)
     app.state.work = Offload(settings.request_deadline, threads=2)
     app.state.reads = Offload(settings.request_deadline, threads=4)
+    app.state.parse = ParseProcess(settings.request_deadline)
+    app.state.large_body = asyncio.Semaphore(1)  # deps.read_body: one large upload received at a time
     app.state.runner = None  # the lifespan's
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")
     _mount_docs(app)
@@ -95,6 +98,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     state.plots.start()
     state.work.start()
     state.reads.start()
+    state.parse.start()
     failed, queued = state.store.recover()
     for job_id in queued:
         runner.submit(job_id)
@@ -107,6 +111,7 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.plots.close()
         state.work.close()
         state.reads.close()
+        state.parse.close()
 
 
 async def _http_error(request: Request, exc: HTTPError) -> JSONResponse:

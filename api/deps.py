@@ -9,6 +9,7 @@ for a full queue.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from .db import Job, Store
 from .errors import HTTPError
 from .jobs import JobRunner
 from .metrics import ApiMetrics
-from .offload import DEFAULT_DEADLINE, Offload
+from .offload import DEFAULT_DEADLINE, Offload, ParseProcess
 from .schemas import Accepted
 
 
@@ -90,6 +91,10 @@ def get_reads(request: Request) -> Offload:
     return cast(Offload, request.app.state.reads)
 
 
+def get_parse(request: Request) -> ParseProcess:
+    return cast(ParseProcess, request.app.state.parse)
+
+
 # module level: FastAPI resolves the annotations of route signatures in their module's globals
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 StoreDep = Annotated[Store, Depends(get_store)]
@@ -101,6 +106,8 @@ PlotsDep = Annotated[PlotCache, Depends(get_plots)]
 #: threads, so work that overruns its deadline cannot hold up polling and decisions
 WorkDep = Annotated[Offload, Depends(get_work)]
 ReadsDep = Annotated[Offload, Depends(get_reads)]
+#: decoding request bodies, in its own process (the interpreter lock stays with the loop)
+ParseDep = Annotated[ParseProcess, Depends(get_parse)]
 
 bearer = HTTPBearer(auto_error=False, description="required on POST when the API was started with --token")
 
@@ -163,22 +170,50 @@ def submit_job(store: Store, runner: JobRunner, settings: Settings, metrics: Api
     return Accepted(id=job_id, status="queued", url=f"/v1/{kind}s/{job_id}")
 
 
-#: the largest JSON document a route parses (a scenario, inline samples); uploads have their own cap
-MAX_JSON_BYTES = 16 << 20
+#: the largest JSON document ``read_body`` takes by default: a scenario. The largest the schema
+#: allows (16 stages of 64-phase PH, every number at full precision) is about 1.5 MB; fits have
+#: their own cap (MAX_UPLOAD_BYTES)
+MAX_JSON_BYTES = 2 << 20
+#: values (numbers, strings, booleans, nulls) in such a scenario: 16 x (64 + 64 x 64) and its fields
+MAX_SCENARIO_VALUES = 70_000
+
+
+#: a body past this many bytes is read only while no other such body is (:func:`read_body`)
+LARGE_BODY_BYTES = 1 << 20
 
 
 async def read_body(request: Request, cap: int = MAX_JSON_BYTES) -> bytes:
     """The request body, read as it streams: 413 as soon as it exceeds ``cap`` (a declared
-    Content-Length over it is refused before reading; a chunked body is counted)."""
+    Content-Length over it is refused before reading; a chunked body is counted).
+
+    Past ``LARGE_BODY_BYTES`` a body goes on only with the app's one large-body permit: the
+    others wait unread (their sockets push back on the clients), 503 after ``request_deadline``.
+    So N clients streaming 64 MiB uploads hold one upload's memory, not N, and take one
+    stream's share of the event loop (bench/sidecar_attack.py, ``api: chunked_fits``)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > cap:
         raise HTTPError(413, f"body: {declared} bytes, larger than the limit of {cap}; send less")
     parts, n = [], 0
-    async for chunk in request.stream():
-        n += len(chunk)
-        if n > cap:
-            raise HTTPError(413, f"body: larger than the limit of {cap} bytes; send less")
-        parts.append(chunk)
+    permit: asyncio.Semaphore | None = None
+    try:
+        async for chunk in request.stream():
+            n += len(chunk)
+            if n > cap:
+                raise HTTPError(413, f"body: larger than the limit of {cap} bytes; send less")
+            if permit is None and n > LARGE_BODY_BYTES:
+                permit = cast(asyncio.Semaphore, request.app.state.large_body)
+                deadline = get_settings(request).request_deadline
+                try:
+                    await asyncio.wait_for(permit.acquire(), deadline)
+                except TimeoutError:
+                    permit = None
+                    raise HTTPError(503, f"body: other uploads over {LARGE_BODY_BYTES} bytes were being received "
+                                         f"for the whole request deadline ({deadline:g} s); retry later",
+                                    {"Retry-After": "5"}) from None
+            parts.append(chunk)
+    finally:
+        if permit is not None:
+            permit.release()
     return b"".join(parts)
 
 
@@ -190,6 +225,21 @@ def parse_json(data: bytes) -> Any:
         raise HTTPError(422, f"body: not valid JSON ({exc})") from None
     except RecursionError:
         raise HTTPError(422, "body: JSON nested too deeply; a scenario is a few levels deep") from None
+
+
+def count_values(data: Any, limit: int) -> int:
+    """The leaves of a parsed JSON document, counted up to ``limit + 1`` (then it stops)."""
+    n, todo = 0, [data]
+    while todo and n <= limit:
+        x = todo.pop()
+        if isinstance(x, dict):
+            todo.extend(x.values())
+            n += len(x)  # a key is a value too: a mapping of 10^6 empty keys is no smaller
+        elif isinstance(x, list):
+            todo.extend(x)
+        else:
+            n += 1
+    return n
 
 
 def get_job(store: Store, job_id: str, kind: str) -> Job:

@@ -41,6 +41,10 @@ class HTTPError(ApiError):
         super().__init__(detail)
         self.status, self.detail, self.headers = status, detail, headers
 
+    def __reduce__(self) -> tuple[type[HTTPError], tuple[int, str, dict[str, str] | None]]:
+        # raised in the parse process (overtake.api.offload.ParseProcess): crosses back by pickle
+        return HTTPError, (self.status, self.detail, self.headers)
+
 
 class ApiUsageError(ApiError, ValueError):
     """An ``overtake api`` option is unusable; the message names the flag and the rule."""

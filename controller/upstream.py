@@ -184,6 +184,9 @@ class UpstreamPool:
                             # a deadline per progress, not per response: a slow reader's long
                             # download goes on as long as bytes keep moving (issue 19)
                             deadline.reschedule(asyncio.get_running_loop().time() + timeout)
+                            # read() returns buffered bytes without suspending: one read per turn
+                            # of the loop, or 32 downloads copy megabytes between two turns
+                            await asyncio.sleep(0)
             except TimeoutError:
                 c.close()
                 raise UpstreamError(f"no complete answer from {self.host}:{self.port} within {timeout:g} s "

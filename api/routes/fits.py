@@ -22,6 +22,7 @@ from overtake.regex import check_pattern
 from ..deps import (
     ACCEPTED_RESPONSES,
     MetricsDep,
+    ParseDep,
     ReadsDep,
     RunnerDep,
     SettingsDep,
@@ -36,7 +37,6 @@ from ..deps import (
 )
 from ..documents import fit_doc
 from ..errors import HTTPError
-from ..metrics import ApiMetrics
 from ..schemas import Accepted, Error, FitDoc, FitOptions, FitRequest
 
 router = APIRouter(tags=["fits"])
@@ -63,6 +63,7 @@ FIT_FORM_SCHEMA: dict[str, Any] = {
 }
 
 Samples = dict[str, list[float]]
+Arrays = dict[str, "np.ndarray[Any, np.dtype[np.float64]]"]
 
 
 @router.post("/v1/fits", status_code=202, response_model=Accepted, dependencies=[Depends(authorize)],
@@ -71,7 +72,7 @@ Samples = dict[str, list[float]]
                  "application/json": {"schema": {"$ref": "#/components/schemas/FitRequest"}},
                  "multipart/form-data": {"schema": FIT_FORM_SCHEMA}}}})
 async def create_fit(request: Request, response: Response, store: StoreDep, settings: SettingsDep,
-                     metrics: MetricsDep, runner: RunnerDep, work: WorkDep) -> Accepted:
+                     metrics: MetricsDep, runner: RunnerDep, work: WorkDep, parse: ParseDep) -> Accepted:
     """Fit a phase-type distribution per stage by EM (as ``overtake fit``).
 
     Three inputs: JSON ``{"samples": [...]}`` or ``{"samples": {stage: [...]}}`` (seconds); a
@@ -82,25 +83,32 @@ async def create_fit(request: Request, response: Response, store: StoreDep, sett
     """
     if int(request.headers.get("content-length") or 0) > MAX_UPLOAD_BYTES:
         raise HTTPError(413, f"body: larger than {MAX_UPLOAD_BYTES} bytes")
-    if request.headers.get("content-type", "").startswith("multipart/form-data"):
-        # counted as it streams (a chunked upload declares no length), then parsed from memory
-        request._body = await read_body(request, MAX_UPLOAD_BYTES)
-        raw, fields, stage_specs = await _read_form(request)
-        # parsing a large log or CSV and checking its samples is CPU work: off the loop
-        source, data, opts, report = await work.run("file", _fit_from_fields, raw, fields, stage_specs)
-    else:
-        source, data, opts, report = await work.run("body", _fit_from_json, await read_body(request, MAX_UPLOAD_BYTES),
-                                                    metrics)
+    # parsing a large log, CSV or JSON and checking its samples is CPU work that would hold the
+    # interpreter lock: in the parse process, which sends the samples back as arrays
+    try:
+        if request.headers.get("content-type", "").startswith("multipart/form-data"):
+            # counted as it streams (a chunked upload declares no length), then parsed from memory
+            request._body = await read_body(request, MAX_UPLOAD_BYTES)
+            raw, fields, stage_specs = await _read_form(request)
+            source, data, opts, report = await parse.run("file", fit_from_fields, raw, fields, stage_specs)
+        else:
+            source, data, opts, report = await parse.run("body", fit_from_json,
+                                                         await read_body(request, MAX_UPLOAD_BYTES))
+    except HTTPError as exc:
+        if exc.status == 422:
+            metrics.rejected.labels("fit", "invalid").inc()
+        raise
     # stored off the loop (a large sample list is seconds of JSON), and without a deadline: a
     # 503 after the job is stored would have the client post it twice
     options = opts.model_dump()
     doc = await work.commit(lambda: submit_job(
         store, runner, settings, metrics, "fit", ", ".join(data),
-        {"source": source, "samples": data, "options": options, "report": report}, _digest(data, options)))
+        {"source": source, "samples": {k: v.tolist() for k, v in data.items()}, "options": options,
+         "report": report}, _digest(data, options)))
     return accepted(doc, response)
 
 
-def _digest(data: Samples, options: dict[str, Any]) -> str:
+def _digest(data: Arrays, options: dict[str, Any]) -> str:
     """What a fit computes: its options and each stage's samples, in stage-name order."""
     h = hashlib.sha256(json.dumps(options, sort_keys=True).encode())
     for name in sorted(data):
@@ -109,15 +117,19 @@ def _digest(data: Samples, options: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
-def _fit_from_json(body: bytes, metrics: ApiMetrics) -> tuple[str, Samples, FitOptions, list[str]]:
+def _arrays(data: Samples) -> Arrays:
+    return {k: np.asarray(v, dtype=np.float64) for k, v in data.items()}
+
+
+def fit_from_json(body: bytes) -> tuple[str, Arrays, FitOptions, list[str]]:
+    """A JSON fit request's samples and options (in the parse process)."""
     try:
         req = FitRequest.model_validate(parse_json(body))
     except ValidationError as exc:
-        metrics.rejected.labels("fit", "invalid").inc()
         raise HTTPError(422, validation_message(exc.errors(), root="body")) from None
     data = req.samples if isinstance(req.samples, dict) else {req.name: req.samples}
     _check_samples(data)
-    return "json", data, FitOptions(**req.model_dump(exclude={"samples", "name"})), []
+    return "json", _arrays(data), FitOptions(**req.model_dump(exclude={"samples", "name"})), []
 
 
 @router.get("/v1/fits", response_model=list[FitDoc])
@@ -160,20 +172,21 @@ async def _read_form(request: Request) -> tuple[bytes, dict[str, Any], list[str]
     return raw, fields, stage_specs
 
 
-def _fit_from_fields(raw: bytes, form: dict[str, Any],
-                     stage_specs: list[str]) -> tuple[str, Samples, FitOptions, list[str]]:
+def fit_from_fields(raw: bytes, form: dict[str, Any],
+                    stage_specs: list[str]) -> tuple[str, Arrays, FitOptions, list[str]]:
+    """An uploaded CSV's or access log's samples and the form's options (in the parse process)."""
     opts = _form_options(form)
     text = raw.decode("utf-8", errors="replace")
     kind = str(form.get("kind") or "csv")
     if kind == "apache-log":
         data, report = _samples_from_log(text, form.get("log_format"), stage_specs)
         _check_samples(data)
-        return "apache-log", data, opts, report
+        return "apache-log", _arrays(data), opts, report
     if kind != "csv":
         raise HTTPError(422, f"kind: must be csv or apache-log, got {kind!r}")
     data = _samples_from_csv(text, form)
     _check_samples(data)
-    return "csv", data, opts, []
+    return "csv", _arrays(data), opts, []
 
 
 def _form_options(form: dict[str, Any]) -> FitOptions:

@@ -25,7 +25,9 @@ from ..caches import PolicyCache
 from ..db import Store
 from ..deps import (
     ACCEPTED_RESPONSES,
+    MAX_SCENARIO_VALUES,
     MetricsDep,
+    ParseDep,
     PoliciesDep,
     ReadsDep,
     RunnerDep,
@@ -35,6 +37,7 @@ from ..deps import (
     WorkDep,
     accepted,
     authorize,
+    count_values,
     done_model,
     get_job,
     parse_json,
@@ -105,7 +108,7 @@ def _parse_state(text: str, policy: Policy) -> list[int]:
              openapi_extra={"requestBody": {"required": True,
                                             "content": {"application/json": {"schema": SCENARIO_SCHEMA}}}})
 async def create_model(request: Request, response: Response, store: StoreDep, settings: SettingsDep,
-                       metrics: MetricsDep, runner: RunnerDep, work: WorkDep,
+                       metrics: MetricsDep, runner: RunnerDep, work: WorkDep, parse: ParseDep,
                        name: Annotated[str | None, Query(max_length=80)] = None) -> Accepted:
     """Start a solve job for a scenario (the CLI's YAML schema, as JSON); returns its id at once.
 
@@ -115,17 +118,27 @@ async def create_model(request: Request, response: Response, store: StoreDep, se
     name is ``name`` (default: the stages and the load) and a short hash of the scenario, so two
     different models never share one; ``Location`` points at the job.
     """
-    body = await read_body(request)
-    label, payload = await work.run("body", _check_model, body, store, settings, metrics, name)
+    data = await parse.run("body", decode_scenario, await read_body(request))
+    label, payload = await work.run("body", _check_model, data, store, settings, metrics, name)
     digest = hashlib.sha256(json.dumps(payload["scenario"], sort_keys=True).encode()).hexdigest()
     doc = await work.commit(submit_job, store, runner, settings, metrics, "model", label, payload, digest)
     return accepted(doc, response)
 
 
-def _check_model(body: bytes, store: Store, settings: Settings, metrics: ApiMetrics,
-                 name: str | None) -> tuple[str, dict[str, Any]]:
-    """Parse and validate a scenario and estimate its state space (CPU: off the loop): label and payload."""
+def decode_scenario(body: bytes) -> Any:
+    """The JSON of a scenario body, in the parse process (:class:`overtake.api.offload.ParseProcess`):
+    what crosses back to the server is at most ``MAX_SCENARIO_VALUES`` values, so a body of a
+    million numbers costs the server's interpreter nothing."""
     data = parse_json(body)
+    if count_values(data, MAX_SCENARIO_VALUES) > MAX_SCENARIO_VALUES:
+        raise HTTPError(413, f"body: more than {MAX_SCENARIO_VALUES} values; a scenario has at most 16 stages "
+                             "of 64 phases; send a smaller document")
+    return data
+
+
+def _check_model(data: Any, store: Store, settings: Settings, metrics: ApiMetrics,
+                 name: str | None) -> tuple[str, dict[str, Any]]:
+    """Validate a scenario and estimate its state space (CPU: off the loop): label and payload."""
     fits = FitResolver(store)
     try:
         sc, model = resolve_scenario(data, {"fit": fits})

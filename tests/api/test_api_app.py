@@ -311,8 +311,10 @@ def test_a_killed_worker_fails_its_job_and_the_pool_recovers(tmp_path: Path) -> 
     h2 = {"hyperexponential": {"probs": [0.91, 0.09], "means": [0.55, 5.45]}}
     slow = {"load": 0.6, "truncation": {"max_requests": 12, "max_threads": 4},
             "stages": [{"name": "a", "service": h2}, {"name": "b", "service": h2}]}
-    others = set(_spawned_workers())  # pools of other apps in this test process
-    with TestClient(create_app(Settings(db=str(tmp_path / "k.db")))) as c:
+    app = create_app(Settings(db=str(tmp_path / "k.db")))
+    with TestClient(app) as c:
+        app.state.parse.wait_ready(120)
+        others = set(_spawned_workers())  # pools of other apps in this test process, the parse process
         sid = c.post("/v1/models", json=slow).json()["id"]
         t0 = time.monotonic()
         while c.get(f"/v1/models/{sid}").json()["status"] != "running":

@@ -77,3 +77,31 @@ def test_a_sane_model_still_passes(client: TestClient, tmp_path: Path) -> None:
     code = client.post("/v1/models", json={"load": 0.5, "stages": [{"name": "a", "service": EXP}],
                                            "truncation": {"max_requests": 6}}).status_code
     assert code == 202
+
+
+def test_one_large_body_is_received_at_a_time(tmp_path: Path) -> None:
+    """Past LARGE_BODY_BYTES a body needs the app's one permit: with it held elsewhere (no permit
+    left) a larger body is a 503 naming the limit while a small one passes; the permit comes
+    back after a body read whole and after one refused for the cap."""
+    import asyncio
+
+    from overtake.api.deps import LARGE_BODY_BYTES
+
+    bad = b'{"samples": "' + b"x" * (LARGE_BODY_BYTES + (1 << 20)) + b'"'  # read whole, then 422 (not JSON)
+    small = {"load": 0.5, "stages": [{"name": "a", "service": EXP}], "truncation": {"max_requests": 6}}
+    app = create_app(Settings(db=str(tmp_path / "api.db"), request_deadline=2))
+    with TestClient(app) as c:
+        def fit(body: bytes) -> tuple[int, str]:
+            r = c.post("/v1/fits", content=body, headers={"content-type": "application/json"})
+            return r.status_code, r.json()["detail"]
+
+        app.state.large_body = asyncio.Semaphore(0)  # another large upload holds the permit
+        code, detail = fit(bad)
+        assert code == 503 and detail.startswith("body: other uploads over") and "(2 s)" in detail
+        assert c.post("/v1/models", json=small).status_code == 202
+        app.state.large_body = asyncio.Semaphore(1)
+        assert fit(bad)[0] == 422
+        over = _chunked(b'{"pad": "', b"x", MAX_JSON_BYTES // (1 << 20) + 2, b'"}')
+        assert c.post("/v1/models", content=over, headers={"content-type": "application/json"}).status_code == 413
+        code, detail = fit(bad)
+        assert code == 422 and detail.startswith("body: not valid JSON"), detail

@@ -15,7 +15,6 @@ patched).
 
 from __future__ import annotations
 
-import io
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,10 +30,8 @@ from overtake.api import plots
 from overtake.api.app import create_app
 from overtake.api.db import Store
 from overtake.api.deps import Settings
-from overtake.api.routes import fits, models
+from overtake.api.routes import models
 from overtake.mdp.policy import Policy
-
-LOG_LINE = '1.2.3.4 - - [21/Nov/2026:08:00:00 +0000] "GET /a HTTP/1.1" 200 1 {}'
 
 
 class Gate:
@@ -94,18 +91,10 @@ def _done_model(base: str) -> str:
         return str(doc["id"])
 
 
-def _log_form() -> dict[str, Any]:
-    log = "\n".join(LOG_LINE.format(d) for d in (1500, 2500, 3500)).encode()
-    return {"data": {"kind": "apache-log", "log_format": '%h %l %u %t "%r" %>s %b %D', "stage": ["a=^/a"],
-                     "order": "1"},
-            "files": {"file": ("a.log", io.BytesIO(log), "text/plain")}}
-
-
-# (name, patch target (object, attribute), request: (method, url template, httpx kwargs))
+# (name, patch target (object, attribute), request: (method, url template, httpx kwargs)); the
+# fits' samples (inline, CSV, access log) are decoded in the parse process: test_api_parse_process
 HEAVY: list[tuple[str, tuple[Any, str], tuple[str, str, Callable[[], dict[str, Any]]]]] = [
     ("model validation", (models, "resolve_scenario"), ("POST", "/v1/models", lambda: {"json": exp2(0.3)})),
-    ("inline samples", (fits, "_check_samples"), ("POST", "/v1/fits", lambda: {"json": {"samples": [1.0, 2.0]}})),
-    ("access log", (fits, "_samples_from_log"), ("POST", "/v1/fits", _log_form)),
     ("job read", (Store, "get"), ("GET", "/v1/models/{id}", dict)),
     ("job list", (Store, "list"), ("GET", "/v1/fits", dict)),
     ("page", (Store, "list"), ("GET", "/", dict)),
