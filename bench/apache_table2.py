@@ -14,8 +14,15 @@ sidecar and this load generator share core 0 (raised autogroup too).
 
 E[W] per policy: mean response time of the transactions after a 5 % warm-up, 95 % CI by 20 batch
 means (t_{19}). Gains are fractions (E W(π) − E W(π*)) / E W(π*), measured and predicted.
-Writes the `apache-table2` (or, with --classifier hidden, `apache-table2-hidden`) section of
-BENCHMARKS.md unless --no-write.
+Writes the `apache-table2` (or, with --classifier hidden or learned, `apache-table2-hidden` or
+`apache-table2-learned`) section of BENCHMARKS.md unless --no-write.
+
+--classifier learned (issue 18): the multi-route workload. Each two-phase stage's requests come
+in route classes with their own start-phase priors (value_of_information.route_split: 99/50/10 %
+short on one H2 stage, 99/10 % on each of two), asked for as /stage<N>/r<route> without a phase
+header; π* is the policy solved for route classes (``overtake solve --phase-info route`` on the
+case with those routes), and the sidecar and the twin learn each route's class from its
+demands (``classifier.mode: learned``).
 
 --cpu-priority age (issue 20): the CPU-priority lever inside Apache (mod_overtake_prio). Per case
 the lever's threshold is chosen in the model (one threshold for both stages, as one server-wide
@@ -30,8 +37,8 @@ analysis of the tandem exists). π* is the product's choice for the information 
 force (``overtake solve --cpu-priority class`` picks the assignment, by expected remaining work;
 exact: H2 phases do not move, so the classes are weighted sharing by phase): the sidecar runs
 ``--cpu-priority class`` (X-Overtake-Class 1 for the phases in the low class) in front of an
-Apache whose module has no
-age levels (``OvertakePrioAge Off``), the class-1 level SCHED_IDLE. Section `apache-table2-class`.
+Apache whose module has no age levels (``OvertakePrioAge Off``), the class-1 level SCHED_IDLE.
+Section `apache-table2-class`.
 """
 
 from __future__ import annotations
@@ -51,7 +58,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 from _report import halt_polling, set_sched_slice, write_section
+from value_of_information import route_split
 
 from overtake.api.scenario import load_scenario
 from overtake.controller import twin
@@ -82,6 +91,7 @@ from overtake.mdp.truncation import evaluate_baseline
 REPO = Path(__file__).resolve().parents[1]
 POLICIES = ("pi*", "pi(1)", "pi(inf)")
 ZERO_GAIN = 0.0005  # a model gain below 0.05 % is "0.0 %" (Table 1 prints two decimals of percent)
+TAGS = {"explicit": "", "hidden": "-hidden", "learned": "-learned"}  # section and record suffixes
 LEVER_MARGIN = 0.02  # the lever is used when its predicted E[W] is this much below the best policy without it
 LEVER_REQUESTS, LEVER_SEEDS = 500_000, 2  # simulated requests per seed for the lever's predicted E[W]
 
@@ -148,15 +158,34 @@ def choose_lever(model: TandemModel, pol: Policy, best_without: float, seed: int
 
 def policy_file(case: int, policy_dir: Path, phase_info: str = "full", cpu_priority: str | None = None) -> Path:
     """The product's policy for the case: π* (``full``), or with hidden phases the best policy over
-    counts (``overtake solve --phase-info none``, issue 18), or π* solved with CPU classes by
-    phase in force (``cpu_priority="class"``), solved once and cached."""
+    counts (``overtake solve --phase-info none``, issue 18), or with route classes the best policy
+    over counts per route class (``route``: the scenario with :func:`route_split`'s routes), or π*
+    solved with CPU classes by phase in force (``cpu_priority="class"``), solved once and cached."""
     tag = ("" if phase_info == "full" else f"-{phase_info}") + (f"-{cpu_priority}" if cpu_priority else "")
     out = policy_dir / f"case{case:02d}{tag}.npz"
     if not out.exists():
         scen = REPO / "examples" / "table1" / f"case{case:02d}.yaml"
+        if phase_info == "route":
+            scen = routes_scenario(case, policy_dir)
         subprocess.run([sys.executable, "-m", "overtake.api.cli", "solve", str(scen), "--phase-info", phase_info,
                         "--out", str(out), "--quiet", *(["--cpu-priority", cpu_priority] if cpu_priority else [])],
                        cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    return out
+
+
+def routes_scenario(case: int, policy_dir: Path) -> Path:
+    """Table 1's case with :func:`route_split`'s route classes on its two-phase stages (the
+    multi-route workload of ``--classifier learned``), as a scenario file for ``overtake solve``."""
+    src = REPO / "examples" / "table1" / f"case{case:02d}.yaml"
+    doc = yaml.safe_load(src.read_text())
+    split = route_split(load_scenario(src)[1])
+    if split is None:
+        raise SystemExit(f"apache_table2: --classifier learned: case {case} has no two-phase stage to split into routes")
+    for st, rs in zip(doc["stages"], split.stages, strict=True):
+        if len(rs) > 1:
+            st["routes"] = [{"name": r.name, "weight": float(r.weight), "alpha": [float(a) for a in r.alpha]} for r in rs]
+    out = policy_dir / f"case{case:02d}-routes.yaml"
+    out.write_text(yaml.safe_dump(doc, sort_keys=False))
     return out
 
 
@@ -184,7 +213,8 @@ def start_lever_apache(tmp: Path, case: int, args: argparse.Namespace, threshold
 
 def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, tmp: Path, client_core: int) -> dict[str, Any]:
     _, model = load_scenario(REPO / "examples" / "table1" / f"case{case:02d}.yaml")
-    pfile = policy_file(case, Path(args.policy_dir), "none" if args.classifier == "hidden" else "full")
+    info = {"hidden": "none", "learned": "route"}.get(args.classifier, "full")
+    pfile = policy_file(case, Path(args.policy_dir), info)
     pol = Policy.load(pfile)
     pred_w = predicted(model, pol)
     names = args.policies.split(",")
@@ -202,7 +232,10 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
     use_lever = lever is not None and lever["used"]
     if use_lever and lever is not None:
         pred_w["pi*"] = lever["simulated"]
-    trace = make_trace(model, args.transactions, args.seed + case)
+    # learned: each stage entry draws a route class (path /stage<N>/r<route>) and its phase from
+    # the route's prior; the sidecar and the twin learn each route's class from its history
+    trace = make_trace(model, args.transactions, args.seed + case,
+                       routes=route_split(model) if args.classifier == "learned" else None)
     # the trace's ideal twin (PS CPU, the sidecar's limiter, zero overheads), before Apache runs
     age = use_lever and args.cpu_priority == "age"
     if not use_lever:
@@ -245,7 +278,8 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
                 raise SystemExit(f"apache_table2: PUT {name} refused: {body.decode()}")
             wait_idle(port)
             t = time.monotonic()
-            rt, failures = asyncio.run(replay(port, trace, args.time_unit, model.n_stages, args.overhead_s))
+            rt, failures = asyncio.run(replay(port, trace, args.time_unit, model.n_stages, args.overhead_s,
+                                              phase_header=args.classifier != "learned"))
             rts[name] = rt
             mean, ci = batch_means(rt)
             im, ici = batch_means(ideal[name])
@@ -312,7 +346,7 @@ def render(record: dict[str, Any], classifier: str, explicit: dict[str, Any] | N
         runs.setdefault(r["run"]["command"], r["run"])
     paper = paper_gains()
     lines = [
-        f"## apache-table2{'-hidden' if classifier == 'hidden' else ''}: paper 004 Table 2 on a real Apache "
+        f"## apache-table2{TAGS[classifier]}: paper 004 Table 2 on a real Apache "
         f"through the sidecar ({classifier} phases)",
         "",
         "Apache (private, mpm_event, stage handler burning exact thread CPU) on the last core at autogroup -20; "
@@ -398,8 +432,8 @@ def render(record: dict[str, Any], classifier: str, explicit: dict[str, Any] | N
         g1, g2 = g("pi(1)"), g("pi(inf)")
         lines.append(f"| {c} | {g1[0]} | {g1[1]} | {g1[2]} | {g2[0]} | {g2[1]} | {g2[2]} | {worst:.1f} | "
                      f"{aworst:.1f} | {'yes' if signs else 'NO'} |")
-    if classifier == "hidden":
-        lines += ["", *_survival(record, explicit)]
+    if classifier in ("hidden", "learned"):
+        lines += ["", *_survival(record, explicit, classifier)]
         return "\n".join(lines)
     lines += ["", f"Target (issue 5): every case within 5 percentage points of the model, same sign: "
               f"{n_ok} of {n} recorded cases as measured, {n_adj} of {n} after removing the trace's randomness."]
@@ -408,7 +442,7 @@ def render(record: dict[str, Any], classifier: str, explicit: dict[str, Any] | N
 
 def section(args: argparse.Namespace) -> str:
     return f"apache-table2-{args.cpu_priority}" if args.cpu_priority != "off" else \
-        "apache-table2" + ("-hidden" if args.classifier == "hidden" else "")
+        "apache-table2" + TAGS[args.classifier]
 
 
 def render_any(record: dict[str, Any], args: argparse.Namespace) -> str:
@@ -518,19 +552,25 @@ def _lever_conclusion(record: dict[str, Any], kind: str, explicit: dict[str, Any
     return "Conclusion: " + " ".join(out)
 
 
-def _survival(hidden: dict[str, Any], explicit: dict[str, Any] | None) -> list[str]:
-    """How much of pi*'s gain survives hidden phases: the hidden case beside the explicit one.
+def _survival(hidden: dict[str, Any], explicit: dict[str, Any] | None, classifier: str = "hidden") -> list[str]:
+    """How much of pi*'s gain survives hidden phases (or learned route classes): the case beside
+    the explicit one.
 
     In hidden mode the twin runs the same hidden classifier, so its gains are what hidden phases
-    leave of the model's on this trace; 'adj.' above is then not a comparison with the model."""
+    leave of the model's on this trace; 'adj.' above is then not a comparison with the model.
+    In learned mode pi* is the route policy and the model its exact E[W]: 'adj.' is one again."""
+    how = ("Here the twin classifies like the sidecar (prior at arrival, re-estimated from attained service), so "
+           "'adj.' is not a distance to the model and the 5 pp target (explicit phases) does not apply."
+           if classifier == "hidden" else
+           "Here pi* is the policy solved for route classes (`overtake solve --phase-info route`), the sidecar and "
+           "the twin learn each route's class from its demands, and the model is that policy's exact E[W]. The "
+           "explicit run replays another trace of the same model (no routes).")
     lines = [
-        "Here the twin classifies like the sidecar (prior at arrival, re-estimated from attained service), so "
-        "'adj.' is not a distance to the model and the 5 pp target (explicit phases) does not apply. What "
-        "survives: pi*'s gain with hidden phases over its gain with explicit phases, both measured and, on the "
-        "same trace without measurement noise, both ideal twins.",
+        how + f" What survives: pi*'s gain with {classifier} phases over its gain with explicit phases, both "
+        "measured and, without measurement noise, both ideal twins.",
         "",
-        "| case | vs pi(1): explicit / hidden measured | survives | twins explicit / hidden | survives "
-        "| vs pi(inf): explicit / hidden measured | survives | twins explicit / hidden | survives |",
+        f"| case | vs pi(1): explicit / {classifier} measured | survives | twins explicit / {classifier} | survives "
+        f"| vs pi(inf): explicit / {classifier} measured | survives | twins explicit / {classifier} | survives |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in sorted(hidden, key=int):
@@ -540,6 +580,9 @@ def _survival(hidden: dict[str, Any], explicit: dict[str, Any] | None) -> list[s
             continue
         cells = []
         for name in ("pi(1)", "pi(inf)"):
+            if name not in h["measured_gains"] or name not in e["measured_gains"]:
+                cells += ["not run", "-", "-", "-"]
+                continue
             em, hm = e["measured_gains"][name], h["measured_gains"][name]
             et, ht = e["ideal_gains"][name], h["ideal_gains"][name]
             cells += [f"{100 * em:.1f} / {100 * hm:.1f}", f"{100 * hm / em:.0f} %" if abs(em) > ZERO_GAIN else "-",
@@ -555,8 +598,8 @@ def _explicit_record() -> dict[str, Any] | None:
 
 
 def _explicit(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The explicit-phase record beside a hidden run (default path only)."""
-    return _explicit_record() if args.classifier == "hidden" else None
+    """The explicit-phase record beside a hidden or learned run (default path only)."""
+    return _explicit_record() if args.classifier in ("hidden", "learned") else None
 
 
 def main() -> int:
@@ -565,7 +608,9 @@ def main() -> int:
     ap.add_argument("--transactions", type=int, default=5000)
     ap.add_argument("--time-unit", type=float, default=0.01, help="seconds of CPU per model time unit")
     ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--classifier", choices=["explicit", "hidden"], default="explicit")
+    ap.add_argument("--classifier", choices=["explicit", "hidden", "learned"], default="explicit",
+                    help="learned: a multi-route workload (route classes on the two-phase stages) and the policy "
+                    "solved for route classes, classes learned from each route's history")
     ap.add_argument("--cpu-priority", choices=["off", "age", "class"], default="off",
                     help="pi* may use mod_overtake_prio: age priority, or CPU classes by phase with "
                     "explicit phases (see the module docstring)")
@@ -599,7 +644,9 @@ def main() -> int:
         raise SystemExit(f"apache_table2: --time-unit: seconds of CPU per model time unit, > 0, got {args.time_unit}")
     if args.cpu_priority == "class" and args.classifier != "explicit":
         raise SystemExit("apache_table2: --cpu-priority class needs --classifier explicit (classes are known phases)")
-    suffix = ("-hidden" if args.classifier == "hidden" else "") + \
+    if args.classifier == "learned" and args.cpu_priority != "off":
+        raise SystemExit("apache_table2: --classifier learned runs without --cpu-priority")
+    suffix = TAGS[args.classifier] + \
         ("" if args.cpu_priority == "off" else f"-{args.cpu_priority}")
     results_path = Path(args.results) if args.results else REPO / "bench" / "results" / f"apache_table2{suffix}.json"
     # SIGTERM (e.g. a CI timeout) must still stop Apache and restore the halt-poll knob
