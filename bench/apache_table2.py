@@ -476,13 +476,13 @@ def render_lever(record: dict[str, Any], classifier: str, kind: str, explicit: d
             "'model' for the lever is exact: H2 phases do not move, so the classes are weighted sharing by "
             "phase (SCHED_IDLE weight 3/1024) in the MDP's chain."),
         "",
-        "Runs:",
     ]
-    for cmd, run in runs.items():
-        lines.append(f"- {run['date']}: `{cmd}` ({run['node']}, {run['cores']} vCPU; load average "
-                     f"{run['load_before']:.1f} before, {run['load_after']:.1f} after; {run['foreign_apache']} foreign "
-                     f"apache2 processes on Apache's core; per-request overhead {run['overhead_s'] * 1e3:.2f} ms; "
-                     f"{run['seconds']:.0f} s)")
+    # one paragraph for all runs, oldest first (the section must fit BENCHMARKS.md's line budget)
+    lines.append("Runs: " + "; ".join(
+        f"{run['date']}: `{cmd}` ({run['node']}, {run['cores']} vCPU; load average {run['load_before']:.1f} before, "
+        f"{run['load_after']:.1f} after; {run['foreign_apache']} foreign apache2 processes on Apache's core; "
+        f"per-request overhead {run['overhead_s'] * 1e3:.2f} ms; {run['seconds']:.0f} s)"
+        for cmd, run in sorted(runs.items(), key=lambda kv: kv[1]["date"])) + ".")
     lines += [
         "",
         "Mean response time per transaction, ms: measured ± 95 % CI [ideal twin; model]. Gain over pi(inf), "
