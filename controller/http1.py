@@ -18,6 +18,7 @@ named in ``Connection``) are dropped in both directions by :func:`upstream_head`
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections import deque
 from typing import TYPE_CHECKING
@@ -42,6 +43,9 @@ REASONS = {400: b"Bad Request", 403: b"Forbidden", 404: b"Not Found", 405: b"Met
            502: b"Bad Gateway", 503: b"Service Unavailable", 200: b"OK"}
 #: pipelined requests parsed ahead of the one being answered, at most (then reading pauses)
 _MAX_PIPELINE = 16
+#: s between two looks at a paused connection's TCP state (:func:`_peer_reset`)
+_RESET_POLL = 0.25
+_TCP_CLOSE = 7  # tcp_states.h: what a socket becomes once the peer's RST arrived
 #: bytes parsed per step of the event loop: at most _SLICE // 18 requests (the smallest request
 #: line and empty header block, "GET / HTTP/1.1\r\n\r\n") beyond _MAX_PIPELINE are ever queued
 _SLICE = 1024
@@ -184,6 +188,24 @@ class _TooLarge(ControllerError):
         self.status = status
         self.reason = reason
         self.message = message
+
+
+def _peer_reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+    """Has the client reset the connection? If the transport was still reading, it has seen the
+    reset and closed (an exception waits in the reader); if not, the socket's TCP state
+    (``TCP_INFO``) is CLOSE once an RST arrived: a client that closes with answers unread, or
+    aborts, sends one. A FIN alone (CLOSE_WAIT) is a half-close: the client may still read its
+    answers (HAProxy's default, no ``abortonclose``), so it is served."""
+    transport = getattr(writer, "transport", None)
+    if reader.exception() is not None or (transport is not None and transport.is_closing()):
+        return True
+    sock = writer.get_extra_info("socket")
+    if sock is None or not hasattr(socket, "TCP_INFO"):
+        return False
+    try:
+        return bool(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == _TCP_CLOSE)
+    except (OSError, AttributeError, TypeError):
+        return False
 
 
 class ClientConnection:
@@ -360,7 +382,13 @@ class ClientConnection:
             if len(self.ready) >= _MAX_PIPELINE:  # back-pressure on pipelining clients
                 self.resume = asyncio.get_running_loop().create_future()
                 try:
-                    await self.resume
+                    # reading is paused, so a client's reset would go unseen until the next
+                    # write: watch the socket's TCP state meanwhile
+                    while not self.resume.done():
+                        await asyncio.wait({self.resume}, timeout=_RESET_POLL)
+                        if not self.resume.done() and _peer_reset(self.reader, self.writer):
+                            self.ready.clear()  # its pipelined requests go unanswered: drop them
+                            raise ConnectionResetError("the client reset its connection while its requests waited")
                 finally:
                     self.resume = None
             elif self.parsed != before and pos < n:

@@ -109,3 +109,58 @@ def test_parsing_yields_to_the_loop_between_slices() -> None:
     got, most = asyncio.run(main())
     assert got == N
     assert most <= PER_SLICE, most
+
+
+def _serve_pipelined(finish: str) -> tuple[bool, int, int]:
+    """A real loopback connection: the client pipelines 2,000 GETs, nobody answers, so reading
+    pauses at _MAX_PIPELINE; then the client resets (``reset``) or half-closes (``fin``).
+    Returns (connection closed, requests still queued, requests parsed)."""
+    import socket
+    import struct
+
+    async def main() -> tuple[bool, int, int]:
+        conns: list[ClientConnection] = []
+        loops: list[asyncio.Task[None]] = []
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            conn = ClientConnection(Limits(), reader, writer)
+            conns.append(conn)
+            loops.append(asyncio.create_task(conn.read_loop()))
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        cli = socket.create_connection(("127.0.0.1", port))
+        cli.sendall(REQ * N)
+        while not conns or conns[0].resume is None:  # reading paused: 16 requests wait
+            await asyncio.sleep(0.01)
+        if finish == "reset":
+            cli.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            cli.close()
+        else:
+            cli.shutdown(socket.SHUT_WR)
+        conn = conns[0]
+        # a liveness bound, not a speed target: twenty looks at the socket
+        done, _ = await asyncio.wait({conn.closed}, timeout=20 * http1._RESET_POLL)
+        out = (bool(done), len(conn.ready), conn.parsed)
+        for t in loops:
+            t.cancel()
+        for c in conns:
+            c.writer.close()
+        if finish != "reset":
+            cli.close()
+        server.close()
+        await server.wait_closed()
+        return out
+
+    return asyncio.run(main())
+
+
+def test_a_reset_while_reading_is_paused_closes_the_connection_and_drops_its_requests() -> None:
+    closed, queued, _ = _serve_pipelined("reset")
+    assert closed and queued == 0
+
+
+def test_a_half_close_while_reading_is_paused_keeps_the_requests() -> None:
+    # a FIN after the last request: the client may still read its answers (HAProxy's default)
+    closed, queued, parsed = _serve_pipelined("fin")
+    assert not closed and queued >= http1._MAX_PIPELINE and parsed < N
