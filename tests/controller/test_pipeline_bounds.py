@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from loop_turns import LoopTurns
+
 from overtake.controller import http1
 from overtake.controller.http1 import ClientConnection
 from overtake.controller.stages import Limits
@@ -78,32 +80,22 @@ def test_parsing_yields_to_the_loop_between_slices() -> None:
     async def main() -> tuple[int, int]:
         conn, reader = await _connection(REQ * N)
         reader.feed_eof()
-        loop = asyncio.get_running_loop()
-        turn = 0
-        running = True
-
-        def tick() -> None:
-            nonlocal turn
-            turn += 1
-            if running:
-                loop.call_soon(tick)
-
         per_turn: dict[int, int] = {}
         complete = conn.on_message_complete
 
         def counted() -> None:
-            per_turn[turn] = per_turn.get(turn, 0) + 1
+            per_turn[turns.turn] = per_turn.get(turns.turn, 0) + 1
             complete()
 
         conn.on_message_complete = counted  # type: ignore[method-assign]
         conn.parser = http1.httptools.HttpRequestParser(conn)  # bound to the counting callback
-        tick()
+        turns = LoopTurns()
         reading = asyncio.create_task(conn.read_loop())
         got = 0
         while await conn.next_request() is not None:
             got += 1
         await reading
-        running = False
+        turns.stop()
         return got, max(per_turn.values())
 
     got, most = asyncio.run(main())

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
+from loop_turns import LoopTurns
+
 from overtake.controller.upstream import UpstreamPool, UpstreamResponse
 
 SIZE = 8 << 20
@@ -32,28 +34,19 @@ def test_a_streamed_answer_is_read_once_per_turn_of_the_loop() -> None:
 
         server = await asyncio.start_server(apache, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        loop = asyncio.get_running_loop()
-        turn, running = 0, True
-
-        def tick() -> None:
-            nonlocal turn
-            turn += 1
-            if running:
-                loop.call_soon(tick)
-
         per_turn: dict[int, int] = {}
 
         async def on_stream(resp: UpstreamResponse) -> None:
-            per_turn[turn] = per_turn.get(turn, 0) + sum(len(b) for b in resp.body)
+            per_turn[turns.turn] = per_turn.get(turns.turn, 0) + sum(len(b) for b in resp.body)
             resp.body.clear()
 
-        tick()
+        turns = LoopTurns()
         pool = UpstreamPool("127.0.0.1", port)
         try:
             resp = await pool.exchange(b"GET", b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n", b"", buffer_bytes=0,
                                        timeout=60, on_stream=on_stream)
         finally:
-            running = False
+            turns.stop()
             pool.close()
             await asyncio.wait_for(served.wait(), 30)
             server.close()
