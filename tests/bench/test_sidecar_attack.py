@@ -7,12 +7,19 @@ it lives in the bench's BENCHMARKS.md section, not in a test."""
 from __future__ import annotations
 
 import argparse
+import os
 
 from sidecar_attack import API_ATTACKS, ATTACKS, run  # bench/ is on the path (setup.cfg [tool:pytest])
 
 
 def test_every_attack_leaves_memory_bounded_and_nothing_in_flight() -> None:
-    res = run(argparse.Namespace(seconds=2.0, attacks=""))
+    cores = os.sched_getaffinity(0)
+    try:
+        res = run(argparse.Namespace(seconds=2.0, attacks=""))
+        restored = os.sched_getaffinity(0)
+    finally:
+        os.sched_setaffinity(0, cores)  # whatever happened: the later tests need both cores
+    assert restored == cores  # the bench pins itself to the proxy's core while it runs, then gives them back
     phases = {(p["target"], p["attack"]): p for p in res["phases"]}
     assert {a for t, a in phases if t == "sidecar"} >= set(ATTACKS)
     assert {a for t, a in phases if t == "api"} >= set(API_ATTACKS)
