@@ -40,6 +40,7 @@ during, after), and for the sidecar whether ``overtake_inflight`` returned to 0.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -192,19 +193,7 @@ def pipeline_flood(port: int, stop: float) -> None:
 
 def bypass_paths(port: int, stop: float) -> None:
     paths = ["//stage1", "/./stage1", "/%73tage1", "/x/../stage1", "//stage1", "/./stage1"]
-
-    def one(path: str) -> None:
-        while time.time() < stop:
-            try:
-                get(port, f"{path}?work=0.3", timeout=30)
-            except OSError:
-                time.sleep(0.05)
-
-    ts = [threading.Thread(target=one, args=(p,)) for p in paths]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    _loop(stop, [functools.partial(get, port, f"{p}?work=0.3", timeout=30) for p in paths])
 
 
 def garbage(port: int, stop: float) -> None:
