@@ -65,6 +65,16 @@ def machine() -> str:
             f"load average {os.getloadavg()[0]:.1f}")
 
 
+def autogroup_nice(pid: int | str = "self") -> int | None:
+    """The nice value of a process's scheduler autogroup; None where the kernel has no autogroups
+    (the file is absent or empty, as on some CI runners)."""
+    try:
+        fields = Path(f"/proc/{pid}/autogroup").read_text().split()
+        return int(fields[-1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def command_line(argv: list[str] | None = None) -> str:
     """The command as a reader would retype it: ``python bench/<script> <args>``."""
     script = Path(sys.argv[0])

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _report import add_output_arguments, machine, publish
+from _report import add_output_arguments, autogroup_nice, machine, publish
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.loadgen import get, wait_sidecar
@@ -457,9 +457,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     phases = run_sidecar(side_names, args.seconds) if side_names else []
     if api_names:
         phases += run_api(api_names, args.seconds)
-    autogroup = Path("/proc/self/autogroup").read_text().split()[-1]
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
-            "seconds": args.seconds, "phases": phases, "autogroup_nice": int(autogroup),
+            "seconds": args.seconds, "phases": phases, "autogroup_nice": autogroup_nice(),
             "load_average": os.getloadavg()[0], "all_ok": all(p["ok"] for p in phases)}
 
 

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from _report import write_section
+from _report import autogroup_nice, write_section
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -86,10 +86,8 @@ def main() -> int:
     ratio = best1 / best2
     per_point = a.groupby("point")["seconds"].first()
     cpu = {w: tables[w].groupby("point")["cpu_seconds"].first().sum() for w in (1, 2)}
-    try:
-        autogroup = Path("/proc/self/autogroup").read_text().strip()
-    except OSError:
-        autogroup = "n/a"
+    nice = autogroup_nice()
+    autogroup = "n/a" if nice is None else f"nice {nice}"
     states = sorted(estimated_states(p) for p in points)
     lines = [
         "## mdp/sweep.py — `overtake sweep` on Dask, 1 vs 2 local workers (issue 4, part 4)",

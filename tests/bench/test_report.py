@@ -182,3 +182,18 @@ def test_uplink_srpt_record_replaces_its_section_and_appends_the_run(doc: Path, 
     recs = _lines(doc.parent / "bench" / "results" / "uplink_srpt.jsonl")
     assert [r["figures"]["policies"]["srpt"]["mean_response_time"] for r in recs] == [0.025, 0.031]
     assert recs[1]["command"] == "python bench/uplink_srpt.py --load 0.8 --seed 2 --record"
+
+
+def test_autogroup_nice_is_none_where_the_kernel_has_no_autogroups(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a CI runner's /proc/<pid>/autogroup was empty: the benches must record None, not crash
+    real = Path.read_text
+
+    canned = {"/proc/1/autogroup": "", "/proc/2/autogroup": "/autogroup-7 nice -20\n"}
+
+    def fake(self: Path, *a: Any, **k: Any) -> str:
+        return canned[str(self)] if str(self) in canned else real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "read_text", fake)
+    assert report.autogroup_nice(1) is None
+    assert report.autogroup_nice(2) == -20
+    assert report.autogroup_nice(2**30) is None  # no such process
