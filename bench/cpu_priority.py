@@ -1,7 +1,7 @@
 """CPU priority lever (issue 20, item 1): effective weights on this kernel and mod_overtake_prio's overhead.
 
-    python bench/cpu_priority.py [--weight-seconds 8] [--repeat 3] [--rounds 10] [--duration 3] [--connections 16]
-                                 [--perf] [--json] [--no-write]
+    python bench/cpu_priority.py [--weight-seconds 8] [--repeat 3] [--pairs 3] [--windows 6] [--duration 2]
+                                 [--connections 16] [--perf] [--skip-weights] [--json] [--no-write]
 
 1. Weights, two methods, each with two CPU-bound tasks on one core (``taskset``), in one
    scheduler autogroup raised to -20 (other jobs on the machine sit in other autogroups):
@@ -13,17 +13,17 @@
       mode; a long request is started in class 1 (the candidate level), then a short one in
       class 0; the short one's sojourn ``%D``, over the same request's ``%D`` alone, is its
       slowdown, predicted 1 + w_low / w_0 when both run throughout.
-2. Overhead: wrk (``-t1``, pinned to the other core) on a 13-byte static file, Apache with
-   the module (default settings: levels 5 ms / 50 ms, nice +10 / SCHED_IDLE, 1 ms monitor),
-   the same Apache without it, and a second one without it (A/A control: the method's own
-   noise), in ``--rounds`` rounds (instances not measured are SIGSTOPped); ratio on/off of the
-   median requests/s (target >= 0.98) and the median of the per-round ratios; and Apache's
-   CPU time per request
-   (all threads of the child, ``schedstat``), which a load generator starved by other jobs
-   does not distort. Also the monitor thread's own CPU, idle and as a share of Apache's CPU
-   under load, and its worst wake-up delay; with ``--perf``, the share of Apache's CPU
-   samples (``perf record -e cpu-clock``) in the module's code and in the kernel side of its
-   one system call per request (the thread CPU clock).
+2. Overhead: Apache with the module (default settings: levels 5 ms / 50 ms, nice +10 /
+   SCHED_IDLE, 1 ms monitor, 1 ms CPU-clock resolution) and the same Apache without it, side
+   by side on one core, each under its own wrk (``-t1 -c16``, pinned to the other core) on a
+   13-byte static file: Apache's CPU time per request (all threads of the child,
+   ``schedstat``) on / off per window, averaged over ``--pairs`` independent instance pairs
+   with a Student-t 95 % interval, and the same for A/A pairs (two instances without the
+   module: the method's own error); requests per CPU-second is its inverse (target >= 0.98).
+   Also the monitor thread's own CPU, idle and as a share of Apache's CPU under load, its
+   worst wake-up delay, the module's CPU-clock reads per request, and with ``--perf`` the
+   share of Apache's CPU samples (``perf record -e cpu-clock``) in the module's code and in
+   the kernel side of its one system call (the thread CPU clock).
 
 Appends the raw run to ``bench/results/cpu_priority.jsonl`` unless ``--no-write``.
 """
@@ -52,6 +52,7 @@ from typing import Any
 
 from _report import append_run
 from _wrk import wrk
+from scipy import stats
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache.cpu_priority import (
@@ -279,104 +280,135 @@ def _monitor_timeliness(host: str, port: int, k: int = 4, work: float = 1.0) -> 
     }
 
 
-def overhead(tmp: Path, server_core: int, client_core: int, duration: float, connections: int,
-             repeat: int, profile: bool) -> dict[str, Any]:
-    """wrk on /static/hello.txt: Apache without the module (``off``), with it (``on``) and a
-    second instance without it (``ctl``, an A/A control: its ratio to ``off`` shows the
-    method's noise), in rounds of one short run each, the order rotating.
+def _wrk_pair(urls: dict[str, str], pids: dict[str, int], connections: int, duration: float,
+              client_core: int) -> dict[str, dict[str, float]]:
+    """wrk against two instances at once; each instance's requests/s, CPU and CPU per request."""
+    out: dict[str, dict[str, float]] = {}
+    cpu0 = {n: _apache_cpu_ns(pid) for n, pid in pids.items()}
 
-    All instances stay up; those not measured are stopped (SIGSTOP), so nothing of theirs
-    (the monitor included) runs during another's run.
+    def load(n: str) -> None:
+        out[n] = wrk(urls[n], connections, duration, client_core)
+
+    ts = [threading.Thread(target=load, args=(n,)) for n in urls]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for n, r in out.items():
+        cpu = _apache_cpu_ns(pids[n]) - cpu0[n]
+        r["apache_cpu_us_per_request"] = cpu / 1e3 / r["requests"]
+        r["apache_cpu_s"] = cpu / 1e9
+    return out
+
+
+def _mean_ci95(xs: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its Student-t 95 % interval (nan for fewer than 2)."""
+    n = len(xs)
+    m = statistics.fmean(xs)
+    if n < 2:
+        return m, float("nan")
+    return m, float(stats.t.ppf(0.975, n - 1)) * statistics.stdev(xs) / math.sqrt(n)
+
+
+def overhead(tmp: Path, server_core: int, client_core: int, duration: float, connections: int,
+             pairs: int, windows: int, profile: bool) -> dict[str, Any]:
+    """Apache CPU per request with the module against the same Apache without it, measured
+    side by side: the two instances of a pair run at the same time on one core, each under its
+    own wrk, so the VM's and the other jobs' slow-downs of the moment hit both alike (measured
+    one after the other, windows of a few seconds differed by 10 % on this machine, swamping a
+    2 % effect). Each window gives the ratio of CPU per request, on / off. An instance's memory
+    layout is drawn at its start, so ``pairs`` independent pairs (``on_i``, ``off_i``) are
+    averaged (Student-t interval over the pairs), and as many A/A pairs (``ctl_i``, ``off_i``:
+    two instances without the module) show the method's own error. The instances of the other
+    pairs are stopped (SIGSTOP) meanwhile. Requests per CPU-second is 1 / CPU per request:
+    the throughput of an Apache whose core is the bottleneck.
     """
-    insts = {
-        "off": apache.start(tmp / "o-off", f"127.0.0.1:{free_port()}", cpu=server_core, max_workers=64),
-        "on": apache.start(tmp / "o-on", f"127.0.0.1:{free_port()}", cpu=server_core, max_workers=64,
-                           cpu_priority=CpuPriority()),
-        "ctl": apache.start(tmp / "o-ctl", f"127.0.0.1:{free_port()}", cpu=server_core, max_workers=64),
-    }
-    modes = list(insts)
-    runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
-    load_avg = []
+    insts: dict[str, apache.ApacheInstance] = {}
     out: dict[str, Any] = {}
     try:
-        urls = {m: f"{i.base_url}/static/hello.txt" for m, i in insts.items()}
-        on_host, on_port = apache.parse_listen(insts["on"].listen)
+        for i in range(pairs):
+            for kind in ("off", "on", "ctl"):
+                insts[f"{kind}{i}"] = apache.start(
+                    tmp / f"o-{kind}{i}", f"127.0.0.1:{free_port()}", cpu=server_core, max_workers=64,
+                    cpu_priority=CpuPriority() if kind == "on" else None)
+        urls = {n: f"{i.base_url}/static/hello.txt" for n, i in insts.items()}
+        pids = {n: i.pid for n, i in insts.items()}
+        on_host, on_port = apache.parse_listen(insts["on0"].listen)
         kid = fetch_prio_status(on_host, on_port).child_pid
         mon = _monitor_tid(kid)
         assert mon is not None, "no overtake-prio monitor thread"
-        for m in ("off", "ctl"):
-            _signal_all(insts[m], signal.SIGSTOP)
+        for n in insts:
+            if n != "on0":
+                _signal_all(insts[n], signal.SIGSTOP)
         c0, t0 = _task_cpu_ns(kid, mon), time.monotonic()
         time.sleep(2.0)
         out["monitor_idle_cpu_fraction"] = (_task_cpu_ns(kid, mon) - c0) / 1e9 / (time.monotonic() - t0)
         out["monitor_late_under_cpu_load"] = _monitor_timeliness(on_host, on_port)
-        for m in ("off", "ctl"):
-            _signal_all(insts[m], signal.SIGCONT)
-        for m in insts:  # warm-up: worker threads, connections, caches
-            wrk(urls[m], connections, 2, client_core)
-        mon_busy = []
-        for rnd in range(repeat):
-            for mode in modes[rnd % 3:] + modes[: rnd % 3]:
-                others = [m for m in modes if m != mode]
-                for m in others:
-                    _signal_all(insts[m], signal.SIGSTOP)
+        for n in insts:
+            if n != "on0":
+                _signal_all(insts[n], signal.SIGCONT)
+        for n in insts:  # warm-up: worker threads, connections, caches
+            wrk(urls[n], connections, 2, client_core)
+        plan = [(f"on{i}", f"off{i}") for i in range(pairs)] + [(f"ctl{i}", f"off{i}") for i in range(pairs)]
+        runs: dict[str, list[dict[str, Any]]] = {f"{a}/{b}": [] for a, b in plan}
+        load_avg, mon_busy = [], []
+        st0 = fetch_prio_status(on_host, on_port)
+        for w in range(windows):
+            for a, b in plan[w % len(plan):] + plan[: w % len(plan)]:
+                others = [n for n in insts if n not in (a, b)]
+                for n in others:
+                    _signal_all(insts[n], signal.SIGSTOP)
                 try:
                     load_avg.append(os.getloadavg()[0])
-                    cpu0 = _apache_cpu_ns(insts[mode].pid)
-                    m0 = _task_cpu_ns(kid, mon) if mode == "on" else 0
-                    r = wrk(urls[mode], connections, duration, client_core)
-                    cpu = _apache_cpu_ns(insts[mode].pid) - cpu0
-                    # Apache's CPU per request: insensitive to a starved client (the load
-                    # generator shares its core with other jobs), unlike requests/s.
-                    r["apache_cpu_us_per_request"] = cpu / 1e3 / r["requests"]
-                    if mode == "on":
-                        mon_busy.append((_task_cpu_ns(kid, mon) - m0) / cpu)
-                    runs[mode].append(r)
+                    m0 = _task_cpu_ns(kid, mon)
+                    r = _wrk_pair({a: urls[a], b: urls[b]}, {a: pids[a], b: pids[b]}, connections,
+                                  duration, client_core)
+                    if a == "on0":
+                        mon_busy.append((_task_cpu_ns(kid, mon) - m0) / 1e9 / r[a]["apache_cpu_s"])
                 finally:
-                    for m in others:
-                        _signal_all(insts[m], signal.SIGCONT)
+                    for n in others:
+                        _signal_all(insts[n], signal.SIGCONT)
+                runs[f"{a}/{b}"].append({
+                    "cpu_per_request_ratio": r[a]["apache_cpu_us_per_request"] / r[b]["apache_cpu_us_per_request"],
+                    "rps_ratio": r[a]["rps"] / r[b]["rps"],
+                    "cpu_share_ratio": r[a]["apache_cpu_s"] / r[b]["apache_cpu_s"],
+                    a: r[a], b: r[b]})
+        st1 = fetch_prio_status(on_host, on_port)
+        out["clock_reads_per_request_on0"] = (st1.clock_reads - st0.clock_reads) / max(
+            1, sum(st1.requests) - sum(st0.requests))
         if profile and shutil.which("perf"):
-            for m in ("off", "ctl"):
-                _signal_all(insts[m], signal.SIGSTOP)
+            for n in insts:
+                if n != "on0":
+                    _signal_all(insts[n], signal.SIGSTOP)
             try:
-                out["perf"] = _perf_profile(insts["on"], urls["on"], connections, duration, client_core, tmp)
+                out["perf"] = _perf_profile(insts["on0"], urls["on0"], connections, duration, client_core, tmp)
             finally:
-                for m in ("off", "ctl"):
-                    _signal_all(insts[m], signal.SIGCONT)
-        st = fetch_prio_status(on_host, on_port)
+                for n in insts:
+                    if n != "on0":
+                        _signal_all(insts[n], signal.SIGCONT)
         out["monitor_share_of_apache_cpu_median"] = statistics.median(mon_busy)
-        out["untracked"] = st.untracked
+        out["untracked"] = fetch_prio_status(on_host, on_port).untracked
     finally:
         for i in insts.values():
             with contextlib.suppress(OSError):
                 _signal_all(i, signal.SIGCONT)
             apache.stop(i.workdir, graceful=False)
-    med = {m: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for m, rs in runs.items()}
-    def per_round(a: str, key: str) -> list[float]:
-        return [x[key] / y[key] for x, y in zip(runs[a], runs["off"])]
 
-    def over_both(key: str) -> list[float]:
-        """on / mean(off, ctl) per round: two module-less baselines in the same round."""
-        return [x[key] / ((y[key] + z[key]) / 2) for x, y, z in zip(runs["on"], runs["off"], runs["ctl"])]
+    def pair_means(kind: str, key: str) -> list[float]:
+        return [statistics.fmean(x[key] for x in rs) for k, rs in runs.items() if k.startswith(kind)]
 
-    ratios, cpu_ratios = per_round("on", "rps"), per_round("on", "apache_cpu_us_per_request")
-    ctl, ctl_cpu = per_round("ctl", "rps"), per_round("ctl", "apache_cpu_us_per_request")
+    on_cpu, ctl_cpu = pair_means("on", "cpu_per_request_ratio"), pair_means("ctl", "cpu_per_request_ratio")
+    on_m, on_h = _mean_ci95(on_cpu)
+    ctl_m, ctl_h = _mean_ci95(ctl_cpu)
     return {
-        **out, "runs": runs, "median": med,
-        "rps_ratio_on_off": med["on"]["rps"] / med["off"]["rps"],
-        "rps_ratio_per_round": ratios,
-        "rps_ratio_per_round_median": statistics.median(ratios),
-        "cpu_per_request_ratio_on_off": (med["on"]["apache_cpu_us_per_request"]
-                                         / med["off"]["apache_cpu_us_per_request"]),
-        "cpu_per_request_ratio_per_round": cpu_ratios,
-        "cpu_per_request_ratio_per_round_median": statistics.median(cpu_ratios),
-        "rps_ratio_over_both_baselines_median": statistics.median(over_both("rps")),
-        "cpu_per_request_ratio_over_both_baselines_median": statistics.median(
-            over_both("apache_cpu_us_per_request")),
-        "control_rps_ratio_per_round": ctl,
-        "control_rps_ratio_per_round_median": statistics.median(ctl),
-        "control_cpu_per_request_ratio_per_round": ctl_cpu,
-        "control_cpu_per_request_ratio_per_round_median": statistics.median(ctl_cpu),
+        **out, "runs": runs, "pairs": pairs, "windows": windows,
+        "cpu_per_request_ratio_pairs": on_cpu,
+        "cpu_per_request_ratio": on_m, "cpu_per_request_ratio_ci95": on_h,
+        "requests_per_cpu_second_ratio": 1.0 / on_m,
+        "control_cpu_per_request_ratio_pairs": ctl_cpu,
+        "control_cpu_per_request_ratio": ctl_m, "control_cpu_per_request_ratio_ci95": ctl_h,
+        "rps_ratio_pairs": pair_means("on", "rps_ratio"),
+        "control_rps_ratio_pairs": pair_means("ctl", "rps_ratio"),
         "load_average_1min_median": statistics.median(load_avg),
         "target_ratio_min": 0.98,
     }
@@ -387,11 +419,14 @@ def main() -> int:
     ap.add_argument("--weight-seconds", type=float, default=8.0,
                     help="window of the two-task weight runs (SCHED_IDLE gets ~1 slice a second)")
     ap.add_argument("--repeat", type=int, default=3, help="repeats of each weight measurement")
-    ap.add_argument("--rounds", type=int, default=12, help="wrk rounds (module off, on, A/A control)")
-    ap.add_argument("--duration", type=float, default=3.0, help="seconds per wrk run")
+    ap.add_argument("--pairs", type=int, default=3,
+                    help="independent instance pairs, module on/off (and as many A/A pairs)")
+    ap.add_argument("--windows", type=int, default=6, help="side-by-side wrk windows per pair")
+    ap.add_argument("--duration", type=int, default=2, help="seconds per wrk window (whole seconds)")
     ap.add_argument("--perf", action="store_true", help="also profile Apache with the module (perf record)")
     ap.add_argument("--connections", type=int, default=16, help="wrk connections")
     ap.add_argument("--skip-overhead", action="store_true", help="weights only")
+    ap.add_argument("--skip-weights", action="store_true", help="overhead only")
     ap.add_argument("--json", action="store_true", help="print the raw results as JSON")
     ap.add_argument("--no-write", action="store_true", help=f"do not append to {RESULTS.relative_to(REPO)}")
     args = ap.parse_args()
@@ -414,12 +449,13 @@ def main() -> int:
             "load_average_1min_start": os.getloadavg()[0], "own_autogroup_raised": lifted,
             "server_core": server_core, "client_core": client_core,
             "args": vars(args),
-            "weights_tasks": weights_tasks(server_core, args.weight_seconds, args.repeat),
-            "weights_apache": weights_apache(tmp, server_core, args.repeat),
         }
+        if not args.skip_weights:
+            res["weights_tasks"] = weights_tasks(server_core, args.weight_seconds, args.repeat)
+            res["weights_apache"] = weights_apache(tmp, server_core, args.repeat)
         if not args.skip_overhead:
             res["overhead"] = overhead(tmp, server_core, client_core, args.duration, args.connections,
-                                       args.rounds, args.perf)
+                                       args.pairs, args.windows, args.perf)
         res["elapsed_s"] = time.time() - t0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -445,50 +481,41 @@ def _finite(x: Any) -> Any:
 
 
 def summary(res: dict[str, Any]) -> str:
-    lines = [f"{res['date_utc']} UTC, kernel {res['kernel']}, load {res['load_average_1min_start']:.1f}",
-             ("| low level | kernel w0/w | tasks: measured w0/w | tasks: low share | "
-              "apache: short-request slowdown, over alone (raw) | kernel slowdown |"),
-             "|---|---:|---:|---:|---:|---:|"]
-    for c in CANDIDATES:
-        a, b = res["weights_tasks"][c], res["weights_apache"][c]
-        lines.append(f"| {c} | {a['kernel_ratio']:.1f} | {a['ratio_median']:.1f} | {a['lo_share_median']:.4f} | "
-                     f"{b['slowdown_over_alone_median']:.4f} ({b['slowdown_median']:.4f}) | "
-                     f"{b['kernel_slowdown']:.4f} |")
+    lines = [f"{res['date_utc']} UTC, kernel {res['kernel']}, load {res['load_average_1min_start']:.1f}"]
+    if "weights_tasks" in res:
+        lines += [("| low level | kernel w0/w | tasks: measured w0/w | tasks: low share | "
+                   "apache: short-request slowdown, over alone (raw) | kernel slowdown |"),
+                  "|---|---:|---:|---:|---:|---:|"]
+        for c in CANDIDATES:
+            a, b = res["weights_tasks"][c], res["weights_apache"][c]
+            lines.append(f"| {c} | {a['kernel_ratio']:.1f} | {a['ratio_median']:.1f} | {a['lo_share_median']:.4f} | "
+                         f"{b['slowdown_over_alone_median']:.4f} ({b['slowdown_median']:.4f}) | "
+                         f"{b['kernel_slowdown']:.4f} |")
     if "overhead" in res:
         o = res["overhead"]
-        m = o["median"]
         late = o["monitor_late_under_cpu_load"]
-        rounds = ", ".join(f"{r:.3f}" for r in o["rps_ratio_per_round"])
+        fmt = ", ".join
         lines.append("")
         lines.append(
-            f"wrk -c{res['args']['connections']}, {res['args']['rounds']} paired rounds of "
-            f"{res['args']['duration']:g} s (load average median {o['load_average_1min_median']:.1f}): "
-            f"off {m['off']['rps']:.0f} req/s, on {m['on']['rps']:.0f} req/s: ratio of medians "
-            f"{o['rps_ratio_on_off']:.4f}, median per-round ratio {o['rps_ratio_per_round_median']:.4f} "
-            f"(rounds {rounds})"
+            f"wrk -c{res['args']['connections']} on each instance of a pair at once, {o['pairs']} pairs x "
+            f"{o['windows']} windows of {res['args']['duration']} s (load average median "
+            f"{o['load_average_1min_median']:.1f}): Apache CPU per request on / off "
+            f"{o['cpu_per_request_ratio']:.4f} +- {o['cpu_per_request_ratio_ci95']:.4f} (pairs "
+            f"{fmt(f'{x:.4f}' for x in o['cpu_per_request_ratio_pairs'])}), requests per CPU-second "
+            f"{o['requests_per_cpu_second_ratio']:.4f} (target >= {o['target_ratio_min']})"
         )
         lines.append(
-            f"A/A control (a second instance without the module, same rounds): median per-round ratio "
-            f"{o['control_rps_ratio_per_round_median']:.4f} req/s, "
-            f"{o['control_cpu_per_request_ratio_per_round_median']:.4f} CPU/request; per-round req/s ratios "
-            f"{min(o['control_rps_ratio_per_round']):.3f}..{max(o['control_rps_ratio_per_round']):.3f}"
-        )
-        lines.append(
-            f"module against both module-less instances of each round (median per round): "
-            f"req/s {o['rps_ratio_over_both_baselines_median']:.4f}, CPU/request "
-            f"{o['cpu_per_request_ratio_over_both_baselines_median']:.4f}"
-        )
-        lines.append(
-            f"Apache CPU per request: off {m['off']['apache_cpu_us_per_request']:.1f} us, on "
-            f"{m['on']['apache_cpu_us_per_request']:.1f} us: ratio {o['cpu_per_request_ratio_on_off']:.4f} "
-            f"(median per-round {o['cpu_per_request_ratio_per_round_median']:.4f})"
+            f"A/A control (two instances without the module): {o['control_cpu_per_request_ratio']:.4f} +- "
+            f"{o['control_cpu_per_request_ratio_ci95']:.4f} (pairs "
+            f"{fmt(f'{x:.4f}' for x in o['control_cpu_per_request_ratio_pairs'])}); raw req/s ratios on/off "
+            f"{fmt(f'{x:.3f}' for x in o['rps_ratio_pairs'])}, A/A {fmt(f'{x:.3f}' for x in o['control_rps_ratio_pairs'])}"
         )
         lines.append(
             f"monitor: idle {100 * o['monitor_idle_cpu_fraction']:.3f} % of a core; under wrk "
             f"{100 * o['monitor_share_of_apache_cpu_median']:.3f} % of Apache's CPU; wake-up delay with "
             f"{late['concurrent_requests']} CPU-bound requests: mean {late['mean_ms']:.3f} ms, "
             f"<= 1 ms {100 * late['le_1ms']:.1f} %, <= 2 ms {100 * late['le_2ms']:.1f} % of "
-            f"{late['wakeups']} wake-ups"
+            f"{late['wakeups']} wake-ups; CPU-clock reads per request {o['clock_reads_per_request_on0']:.3f}"
         )
         if "perf" in o:
             lines.append(f"perf: module code {o['perf']['module_code_pct']:.2f} % of Apache's CPU samples, "

@@ -67,7 +67,7 @@
 #define OP_NICE_IDLE 100        /* marker in nice[]: SCHED_IDLE */
 #define OP_UNSET (-1)
 #define OP_HANDLER "overtake-prio-status"
-#define OP_RETAINED_KEY "mod_overtake_prio_retained"
+#define OP_RETAINED_KEY "mod_overtake_prio_retained_v2"  /* v2: op_shared.clock_reads */
 
 module AP_MODULE_DECLARE_DATA overtake_prio_module;
 
@@ -80,6 +80,7 @@ typedef struct {
     int nnice;                          /* 0 = unset: defaults from nlevels */
     int nice[OP_MAX_LEVELS];            /* nice increment of level k+1, or OP_NICE_IDLE */
     double interval;                    /* monitor period, seconds */
+    double resolution;                  /* CPU clock re-read period, seconds (0: every request) */
     int age;                            /* demote by attained CPU (else class header only) */
     const char *class_header;           /* NULL = "none" */
     int class_header_set;
@@ -95,6 +96,7 @@ static void *op_create_server_conf(apr_pool_t *p, server_rec *s)
     (void)s;
     c->enabled = OP_UNSET;
     c->interval = OP_UNSET;
+    c->resolution = OP_UNSET;
     c->age = OP_UNSET;
     c->rlimit_nice = OP_UNSET;
     return c;
@@ -103,6 +105,7 @@ static void *op_create_server_conf(apr_pool_t *p, server_rec *s)
 /* Effective values (the directives are global: only the main server's config is used). */
 static int conf_enabled(const op_conf *c) { return c->enabled == 1; }
 static double conf_interval(const op_conf *c) { return c->interval > 0 ? c->interval : 0.001; }
+static double conf_resolution(const op_conf *c) { return c->resolution >= 0 ? c->resolution : 0.001; }
 static int conf_age(const op_conf *c) { return c->age != 0; }
 static int conf_rlimit(const op_conf *c) { return c->rlimit_nice >= 0 ? c->rlimit_nice : 20; }
 static const char *conf_header(const op_conf *c)
@@ -248,6 +251,11 @@ static const char *set_interval(cmd_parms *cmd, op_conf *c, const char *w)
     return parse_seconds(cmd->pool, "OvertakePrioInterval", w, 0.0001, 1.0, &c->interval);
 }
 
+static const char *set_resolution(cmd_parms *cmd, op_conf *c, const char *w)
+{
+    return parse_seconds(cmd->pool, "OvertakePrioCpuResolution", w, 0.0, 0.1, &c->resolution);
+}
+
 static const char *set_header(cmd_parms *cmd, op_conf *c, const char *w)
 {
     c->class_header = strcasecmp(w, "none") ? apr_pstrdup(cmd->pool, w) : NULL;
@@ -288,6 +296,7 @@ static op_directive dir_levels = {set_levels, 0};
 static op_directive dir_nice = {set_nice, 0};
 static op_directive dir_interval = {set_interval, 0};
 static op_directive dir_header = {set_header, 0};
+static op_directive dir_resolution = {set_resolution, 0};
 static op_directive dir_rlimit = {set_rlimit, 0};
 static op_directive dir_cap = {set_cap, 0};
 
@@ -296,6 +305,7 @@ static const command_rec op_cmds[] = {
     AP_INIT_RAW_ARGS("OvertakePrioLevels", take_word, &dir_levels, RSRC_CONF, "thread-CPU seconds at which a request enters level 1, 2, ... (default 0.005 0.05)"),
     AP_INIT_RAW_ARGS("OvertakePrioNice", take_word, &dir_nice, RSRC_CONF, "priority of level 1, 2, ...: nice increment 1..19 over the thread's own nice, or 'idle' (SCHED_IDLE) last (default 10 ... idle)"),
     AP_INIT_TAKE1("OvertakePrioInterval", take_word, &dir_interval, RSRC_CONF, "monitor period in seconds (default 0.001)"),
+    AP_INIT_TAKE1("OvertakePrioCpuResolution", take_word, &dir_resolution, RSRC_CONF, "a worker reads its thread CPU clock at most once per this many seconds; attained CPU is overcounted by less (default 0.001; 0: at every request)"),
     AP_INIT_FLAG("OvertakePrioAge", take_flag, &dir_age, RSRC_CONF, "On: demote by attained thread CPU (default); Off: class header only"),
     AP_INIT_TAKE1("OvertakePrioClassHeader", take_word, &dir_header, RSRC_CONF, "request header giving the starting level (default X-Overtake-Class; 'none' to ignore)"),
     AP_INIT_TAKE1("OvertakePrioRlimitNice", take_word, &dir_rlimit, RSRC_CONF, "RLIMIT_NICE set before Apache switches user (default 20: back to nice 0)"),
@@ -318,6 +328,7 @@ typedef struct {
     apr_uint64_t class_invalid;                      /* unparsable or out-of-range header */
     apr_uint64_t handoffs;      /* thread began a new request before the old one's cleanup */
     apr_uint64_t monitor_ticks;
+    apr_uint64_t clock_reads;   /* thread CPU clock reads at request start */
 } op_shared;
 
 typedef struct {
@@ -332,7 +343,7 @@ static op_shared *shm;  /* set in post_config (parent), inherited by the childre
 /* ------------------------------------------------------------------------ per-child state */
 
 typedef struct {
-    pthread_mutex_t mu;         /* guards everything below but active/check_after reads */
+    pthread_mutex_t mu;         /* guards everything below but reads of active */
     pid_t tid;
     clockid_t clk;              /* the worker thread's CPU clock */
     int orig_policy;
@@ -340,19 +351,27 @@ typedef struct {
     int orig_nice;
     int active;                 /* a request is in flight on this thread (atomic) */
     apr_uint64_t seq;           /* request generation on this slot */
-    int64_t cpu0_ns;            /* thread CPU at request start */
-    int64_t check_after_ns;     /* monotonic time before which no threshold can be crossed */
+    int64_t cpu0_ns;            /* thread CPU at request start, or less by < resolution */
+    int64_t clock_read_ns;      /* owner thread only: when it last read its CPU clock ... */
+    int64_t clock_cpu_ns;       /* ... and what it read */
     int level;                  /* level applied to the thread now */
 } op_slot;
 
 static const op_conf *cconf;    /* main server's config, in the child */
 static int child_ok;            /* self-test passed: demotions can be undone */
 static op_slot *slots;
+/* due[i]: monotonic time before which slot i's request cannot cross its next threshold;
+ * INT64_MAX when no request is in flight there (or none can cross). Apart from the slots so
+ * that a monitor pass reads a few cache lines, not two per worker thread. */
+static int64_t *due;
 static int nslots;
 static int slots_used;          /* claimed so far (atomic) */
-static __thread op_slot *my_slot;
+/* initial-exec: a plain load from the thread pointer instead of a __tls_get_addr call per
+ * request (a dlopen'ed module's default); 8 bytes of glibc's static TLS surplus */
+static __thread op_slot *my_slot __attribute__((tls_model("initial-exec")));
 static apr_uint64_t inflight[OP_MAX_LEVELS + 1];
 static int64_t thr_ns[OP_MAX_LEVELS];
+static int64_t resolution_ns;
 static int nlevels;
 static int any_idle;            /* some level uses SCHED_IDLE */
 static pthread_t monitor;
@@ -401,6 +420,7 @@ static op_slot *slot_claim(void)
     }
     s = &slots[i];
     s->tid = op_gettid();
+    s->clock_read_ns = INT64_MIN / 2;  /* never read: the first request reads */
     if (pthread_getcpuclockid(pthread_self(), &s->clk) != 0) {
         s->clk = CLOCK_THREAD_CPUTIME_ID;  /* unusable from the monitor: age checks skip */
     }
@@ -476,6 +496,7 @@ static void slot_close(op_slot *s)
     ADD(shm->requests[s->level], 1);
     ADD(inflight[s->level], -1);
     s->level = 0;
+    __atomic_store_n(&due[s - slots], INT64_MAX, __ATOMIC_RELAXED);
     __atomic_store_n(&s->active, 0, __ATOMIC_RELEASE);
 }
 
@@ -483,6 +504,12 @@ static apr_status_t op_request_end(void *data)
 {
     op_req *q = data;
     op_slot *s = q->slot;
+    /* Called twice per request (EOS, then the pool cleanup): the second finds the slot
+     * closed, or serving a newer request, without taking the lock (checked again under it). */
+    if (!__atomic_load_n(&s->active, __ATOMIC_ACQUIRE)
+        || __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) != q->seq) {
+        return APR_SUCCESS;
+    }
     pthread_mutex_lock(&s->mu);
     if (__atomic_load_n(&s->active, __ATOMIC_ACQUIRE) && s->seq == q->seq) {
         slot_close(s);
@@ -534,7 +561,17 @@ static int op_post_read_request(request_rec *r)
         }
     }
     now = mono_ns();
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu);
+    /* The thread CPU clock is a system call (the vDSO has no thread clocks), which costs a
+     * tiny request ~2 % of its CPU: read it at most once per resolution. A reading taken
+     * at t <= now is short of the CPU at this start by less than now - t (CPU never runs ahead
+     * of wall time), so attained CPU is overcounted by less than the resolution, and no
+     * threshold can be crossed before clock_read_ns + threshold. Class-only mode reads none. */
+    if (conf_age(cconf) && now - s->clock_read_ns >= resolution_ns) {
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu);
+        s->clock_cpu_ns = ts_ns(&cpu);
+        s->clock_read_ns = now;
+        ADD(shm->clock_reads, 1);
+    }
 
     pthread_mutex_lock(&s->mu);
     if (__atomic_load_n(&s->active, __ATOMIC_ACQUIRE)) {
@@ -543,15 +580,16 @@ static int op_post_read_request(request_rec *r)
         slot_close(s);
         ADD(shm->handoffs, 1);
     }
-    s->seq++;
-    s->cpu0_ns = ts_ns(&cpu);
+    __atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELEASE);
+    s->cpu0_ns = s->clock_cpu_ns;
     s->level = 0;
     ADD(inflight[0], 1);
     if (start > 0) {
         apply_level(s, start, 1);
     }
-    __atomic_store_n(&s->check_after_ns,
-                     conf_age(cconf) && s->level < nlevels ? now + thr_ns[s->level] : INT64_MAX,
+    __atomic_store_n(&due[s - slots],
+                     conf_age(cconf) && s->level < nlevels ? s->clock_read_ns + thr_ns[s->level]
+                                                           : INT64_MAX,
                      __ATOMIC_RELAXED);
     __atomic_store_n(&s->active, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&s->mu);
@@ -606,11 +644,7 @@ static int64_t monitor_scan(int64_t now)
     for (i = 0; i < n; i++) {
         op_slot *s = &slots[i];
         struct timespec ts;
-        int64_t after;
-        if (!__atomic_load_n(&s->active, __ATOMIC_ACQUIRE)) {
-            continue;
-        }
-        after = __atomic_load_n(&s->check_after_ns, __ATOMIC_RELAXED);
+        int64_t after = __atomic_load_n(&due[i], __ATOMIC_RELAXED);
         if (now < after) {
             /* thread CPU <= wall time since start: it cannot have crossed yet */
             soonest = after < soonest ? after : soonest;
@@ -632,7 +666,7 @@ static int64_t monitor_scan(int64_t now)
                     after = now + (thr_ns[s->level] - cpu);
                 }
             }
-            __atomic_store_n(&s->check_after_ns, after, __ATOMIC_RELAXED);
+            __atomic_store_n(&due[i], after, __ATOMIC_RELAXED);
             soonest = after < soonest ? after : soonest;
         }
         pthread_mutex_unlock(&s->mu);
@@ -640,9 +674,9 @@ static int64_t monitor_scan(int64_t now)
     return soonest;
 }
 
-/* Wakes only when a threshold can be crossed: at the earliest check_after of the requests in
+/* Wakes only when a threshold can be crossed: at the earliest due time of the requests in
  * flight, and no later than one first threshold from now (a request that starts later cannot
- * cross sooner), but never more often than OvertakePrioInterval. An idle child wakes once per
+ * cross sooner, but for the CPU resolution), but never more often than OvertakePrioInterval. An idle child wakes once per
  * first threshold; a busy one with short requests about as rarely. */
 static void *monitor_main(void *arg)
 {
@@ -812,6 +846,7 @@ static void op_child_init(apr_pool_t *p, server_rec *s)
         thr_ns[k] = (int64_t)(conf_threshold(cconf, k) * 1e9 + 0.5);
         any_idle |= conf_nice(cconf, k) == OP_NICE_IDLE;
     }
+    resolution_ns = (int64_t)(conf_resolution(cconf) * 1e9 + 0.5);
     rlimit_cur = getrlimit(RLIMIT_NICE, &rl) == 0 ? (int)rl.rlim_cur : -1;
     if (keep_cap_pending) {
         /* Before any thread exists: the MPM's threads inherit these credentials. */
@@ -849,8 +884,10 @@ static void op_child_init(apr_pool_t *p, server_rec *s)
     /* Worker threads, plus room for threads that other modules run requests on (mod_http2). */
     nslots = 2 * (threads > 0 ? threads : 64) + 16;
     slots = apr_pcalloc(p, sizeof *slots * (apr_size_t)nslots);
+    due = apr_palloc(p, sizeof *due * (apr_size_t)nslots);
     for (k = 0; k < nslots; k++) {
         pthread_mutex_init(&slots[k].mu, NULL);
+        due[k] = INT64_MAX;
     }
     apr_pool_cleanup_register(p, NULL, op_child_exit, apr_pool_cleanup_null);
     __atomic_store_n(&child_ok, 1, __ATOMIC_RELEASE);
@@ -993,6 +1030,10 @@ static int op_status_handler(request_rec *r)
     metric_head(r, "overtake_cpu_prio_monitor_interval_seconds", "gauge",
                 "Period of the monitor thread.");
     ap_rprintf(r, "overtake_cpu_prio_monitor_interval_seconds %.9g\n", conf_interval(c));
+    metric_head(r, "overtake_cpu_prio_cpu_resolution_seconds", "gauge",
+                "A worker re-reads its thread CPU clock at most this often; attained CPU is "
+                "overcounted by less.");
+    ap_rprintf(r, "overtake_cpu_prio_cpu_resolution_seconds %.9g\n", conf_resolution(c));
     metric_head(r, "overtake_cpu_prio_age_enabled", "gauge",
                 "1 if requests are demoted by attained thread CPU.");
     ap_rprintf(r, "overtake_cpu_prio_age_enabled %d\n", conf_age(c));
@@ -1040,6 +1081,7 @@ static int op_status_handler(request_rec *r)
     COUNTER("handoffs", handoffs,
             "Threads that began a request before the previous one's pool was cleaned up.");
     COUNTER("monitor_ticks", monitor_ticks, "Monitor passes, all children.");
+    COUNTER("clock_reads", clock_reads, "Thread CPU clock reads at request start, all children.");
 #undef COUNTER
     metric_head(r, "overtake_cpu_prio_monitor_late_max_seconds", "gauge",
                 "Worst delay of a monitor wake-up in this child.");

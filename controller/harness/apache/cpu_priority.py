@@ -84,6 +84,10 @@ class CpuPriority:
         ``"idle"`` for the last. ``OvertakePrioNice``.
     interval : float
         Period of the monitor thread in seconds, 0.0001..1. ``OvertakePrioInterval``.
+    cpu_resolution : float
+        A worker thread reads its CPU clock (a system call) at most once per this many
+        seconds, 0..0.1; a request's attained CPU is then overcounted by less than this
+        (0: read at every request start). ``OvertakePrioCpuResolution``.
     age : bool
         Demote by attained thread CPU. False: only the class header sets a level (class
         priority). ``OvertakePrioAge``.
@@ -100,6 +104,7 @@ class CpuPriority:
     levels: tuple[float, ...] = (0.005, 0.05)
     nice: tuple[int | str, ...] | None = None
     interval: float = 0.001
+    cpu_resolution: float = 0.001
     age: bool = True
     class_header: str | None = DEFAULT_CLASS_HEADER
     cap_sys_nice: str = "auto"
@@ -148,6 +153,12 @@ class CpuPriority:
             raise ApacheInputError(
                 f"cpu_priority.interval: monitor period must be 0.0001..1 s, got {self.interval!r}"
             )
+        res = self.cpu_resolution
+        if isinstance(res, bool) or not isinstance(res, (int, float)) or not 0.0 <= res <= 0.1:
+            raise ApacheInputError(
+                f"cpu_priority.cpu_resolution: seconds in 0..0.1 (0 reads the thread CPU clock at "
+                f"every request), got {res!r}"
+            )
         hdr = self.class_header
         if hdr is not None and (
             not hdr or hdr.lower() == "none" or any(c in hdr for c in ' \t\r\n:"')
@@ -186,6 +197,7 @@ def config_tokens(cpu_priority: CpuPriority | None) -> dict[str, str]:
         "CPU_PRIO_LEVELS": " ".join(repr(v) for v in cp.levels),
         "CPU_PRIO_NICE": " ".join(str(p) for p in cp.priorities),
         "CPU_PRIO_INTERVAL": repr(float(cp.interval)),
+        "CPU_PRIO_RESOLUTION": repr(float(cp.cpu_resolution)),
         "CPU_PRIO_AGE": "On" if cp.age else "Off",
         "CPU_PRIO_CLASS_HEADER": cp.class_header or "none",
         "CPU_PRIO_CAP_SYS_NICE": cp.cap_sys_nice,
@@ -270,6 +282,11 @@ class PrioStatus:
         Cumulative counters (all children).
     monitor_ticks : int
         Monitor passes (all children).
+    clock_reads : int
+        Thread CPU clock reads at request start (all children): at most one per request and
+        per ``cpu_resolution`` of a thread's time.
+    cpu_resolution : float
+        ``OvertakePrioCpuResolution`` in effect, seconds.
     monitor_late_max : float
         Worst wake-up delay of the answering child's monitor, seconds.
     monitor_late_buckets : tuple of (float, int)
@@ -297,6 +314,8 @@ class PrioStatus:
     class_invalid: int
     handoffs: int
     monitor_ticks: int
+    clock_reads: int
+    cpu_resolution: float
     monitor_late_max: float
     monitor_late_buckets: tuple[tuple[float, int], ...]
     monitor_late_sum: float
@@ -352,6 +371,8 @@ def parse_prio_status(text: str) -> PrioStatus:
         class_invalid=int(plain.get("class_invalid_total", 0)),
         handoffs=int(plain.get("handoffs_total", 0)),
         monitor_ticks=int(plain.get("monitor_ticks_total", 0)),
+        clock_reads=int(plain.get("clock_reads_total", 0)),
+        cpu_resolution=float(plain.get("cpu_resolution_seconds", math.nan)),
         monitor_late_max=float(plain.get("monitor_late_max_seconds", math.nan)),
         monitor_late_buckets=tuple(sorted(late)),
         monitor_late_sum=float(plain.get("monitor_late_seconds_sum", 0.0)),

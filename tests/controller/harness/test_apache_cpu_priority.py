@@ -214,6 +214,8 @@ def test_cpu_priority_defaults_and_tokens() -> None:
     assert tok["CPU_PRIO_DEFINE"] == "Define OVERTAKE_CPU_PRIO"
     assert (tok["CPU_PRIO_LEVELS"], tok["CPU_PRIO_NICE"]) == ("0.005 0.05", "10 idle")
     assert tok["CPU_PRIO_CLASS_HEADER"] == "X-Overtake-Class"
+    assert tok["CPU_PRIO_RESOLUTION"] == "0.001" and config_tokens(CpuPriority(cpu_resolution=0))[
+        "CPU_PRIO_RESOLUTION"] == "0.0"
     assert config_tokens(None)["CPU_PRIO_DEFINE"].startswith("#")
     assert config_tokens(CpuPriority(class_header=None, age=False))["CPU_PRIO_CLASS_HEADER"] == "none"
 
@@ -230,6 +232,9 @@ def test_cpu_priority_defaults_and_tokens() -> None:
         ({"nice": (0, "idle")}, "1..19"),
         ({"nice": (19, 10)}, "must not rise"),
         ({"interval": 0.0}, "cpu_priority.interval"),
+        ({"cpu_resolution": -0.001}, "cpu_priority.cpu_resolution"),
+        ({"cpu_resolution": 0.5}, "cpu_priority.cpu_resolution"),
+        ({"cpu_resolution": True}, "cpu_priority.cpu_resolution"),
         ({"class_header": "X Bad"}, "cpu_priority.class_header"),
         ({"cap_sys_nice": "yes"}, "cpu_priority.cap_sys_nice"),
     ],
@@ -297,6 +302,8 @@ def test_parse_prio_status_sample() -> None:
         ("OvertakePrioNice 25 idle", "nice increment in 1..19"),
         ("OvertakePrioLevels 0.01\nOvertakePrioNice 10 idle", "2 values for 1 levels"),
         ("OvertakePrioInterval 5", "OvertakePrioInterval"),
+        ("OvertakePrioCpuResolution 1", "OvertakePrioCpuResolution"),
+        ("OvertakePrioCpuResolution -0.1", "OvertakePrioCpuResolution"),
         ("OvertakePrioCapSysNice maybe", "auto, on or off"),
     ],
 )
@@ -554,6 +561,52 @@ def test_class_only_mode(apxs_available: None) -> None:
         base = _base_nice(i)
         (_, seen) = _watch(i, lambda: _get(i, "/stage1?work=0.1", {"X-Overtake-Class": "1"}))
         assert list(seen.values()) == [[(base, SCHED_IDLE)]]
+        assert not _demoted(i)
+    finally:
+        apache.stop(i.workdir, graceful=False)
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def _keepalive_gets(inst: apache.ApacheInstance, paths: list[str]) -> None:
+    host, port = apache.parse_listen(inst.listen)
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    try:
+        for path in paths:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            resp.read()
+            assert resp.status == 200, (path, resp.status)
+    finally:
+        conn.close()
+
+
+@needs_root
+@pytest.mark.parametrize("resolution", [0.0, 0.1])
+def test_cpu_clock_reads_and_the_overcount_bound(apxs_available: None, resolution: float) -> None:
+    """The thread CPU clock is read at most once per ``cpu_resolution`` of a thread's time:
+    with 0, at every request; with 0.1 s, a 0.05 s request and the next one on the same
+    keep-alive connection share a reading. Attained CPU is then overcounted by less than the
+    resolution, never more: a 0.19 s request after a 0.05 s one on the same thread is never
+    demoted at a 0.3 s threshold (a reading kept for longer than the resolution would charge it
+    the earlier request's CPU), and a 0.32 s one always is."""
+    parent = _workdir_parent()
+    i = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=_server_core(), max_workers=4,
+                     cpu_priority=CpuPriority(levels=(0.3,), nice=("idle",), cpu_resolution=resolution))
+    try:
+        before = _status(i)
+        assert before.cpu_resolution == resolution
+        pairs = 6
+        _keepalive_gets(i, ["/stage1?work=0.05", "/stage1?work=0.19"] * pairs + ["/stage1?work=0.32"])
+        after = _status(i)
+        # the status requests: the first has ended by `after`, each has read the clock at its start
+        ended = sum(after.requests) - sum(before.requests) - 1
+        reads = after.clock_reads - before.clock_reads - 1
+        assert after.requests[1] - before.requests[1] == 1, "only the 0.32 s request reaches level 1"
+        assert ended == 2 * pairs + 1
+        if resolution == 0.0:
+            assert reads == ended
+        else:
+            assert reads < ended, (reads, ended)
         assert not _demoted(i)
     finally:
         apache.stop(i.workdir, graceful=False)
