@@ -38,6 +38,7 @@ import json
 import math
 import os
 import platform
+import random
 import re
 import shutil
 import signal
@@ -327,7 +328,7 @@ def overhead(tmp: Path, server_core: int, client_core: int, duration: float, con
     out: dict[str, Any] = {}
     try:
         for i in range(pairs):
-            for kind in ("off", "on", "ctl"):
+            for kind in random.sample(("off", "on", "ctl"), 3):  # start order drawn: no order bias
                 insts[f"{kind}{i}"] = apache.start(
                     tmp / f"o-{kind}{i}", f"127.0.0.1:{free_port()}", cpu=server_core, max_workers=64,
                     cpu_priority=CpuPriority() if kind == "on" else None)

@@ -77,7 +77,7 @@ typedef struct {
     int enabled;                        /* OvertakePrio On|Off */
     int nlevels;                        /* number of demoted levels, 0 = unset */
     double threshold[OP_MAX_LEVELS];    /* thread CPU seconds at which level k+1 starts */
-    int nnice;                          /* 0 = unset: defaults from nlevels */
+    int nnice;                          /* 0 = unset: defaults from hot.nlevels */
     int nice[OP_MAX_LEVELS];            /* nice increment of level k+1, or OP_NICE_IDLE */
     double interval;                    /* monitor period, seconds */
     double resolution;                  /* CPU clock re-read period, seconds (0: every request) */
@@ -358,7 +358,16 @@ typedef struct {
 } op_slot;
 
 static const op_conf *cconf;    /* main server's config, in the child */
-static int child_ok;            /* self-test passed: demotions can be undone */
+/* What every request start reads, together on one or two cache lines (set in child_init):
+ * on a tiny request the module's cost was mostly cache misses on scattered globals. */
+static struct {
+    int child_ok;               /* self-test passed: demotions can be undone */
+    int age;                    /* OvertakePrioAge */
+    int nlevels;
+    const char *hname;          /* class header, NULL = none */
+    int64_t resolution_ns;
+    int64_t thr_ns[OP_MAX_LEVELS];
+} hot __attribute__((aligned(64)));
 static op_slot *slots;
 /* due[i]: monotonic time before which slot i's request cannot cross its next threshold;
  * INT64_MAX when no request is in flight there (or none can cross). Apart from the slots so
@@ -370,9 +379,6 @@ static int slots_used;          /* claimed so far (atomic) */
  * request (a dlopen'ed module's default); 8 bytes of glibc's static TLS surplus */
 static __thread op_slot *my_slot __attribute__((tls_model("initial-exec")));
 static apr_uint64_t inflight[OP_MAX_LEVELS + 1];
-static int64_t thr_ns[OP_MAX_LEVELS];
-static int64_t resolution_ns;
-static int nlevels;
 static int any_idle;            /* some level uses SCHED_IDLE */
 static pthread_t monitor;
 static int monitor_running;
@@ -527,7 +533,7 @@ static int parse_class(const char *h, int *out)
     while (*end == ' ' || *end == '\t') {
         end++;
     }
-    if (errno || end == h || *end || v < 0 || v > nlevels) {
+    if (errno || end == h || *end || v < 0 || v > hot.nlevels) {
         return 0;
     }
     *out = (int)v;
@@ -543,7 +549,7 @@ static int op_post_read_request(request_rec *r)
     int64_t now;
     const char *hname;
 
-    if (!child_ok || r->main || r->prev) {
+    if (!hot.child_ok || r->main || r->prev) {
         return DECLINED;  /* subrequests and internal redirects belong to the first request */
     }
     s = my_slot ? my_slot : slot_claim();
@@ -551,13 +557,13 @@ static int op_post_read_request(request_rec *r)
         ADD(shm->untracked, 1);
         return DECLINED;
     }
-    hname = conf_header(cconf);
+    hname = hot.hname;
     if (hname) {
         const char *h = apr_table_get(r->headers_in, hname);
         if (h && !parse_class(h, &start)) {
             ADD(shm->class_invalid, 1);
             ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, "%s: '%s' is not a level in 0..%d",
-                          hname, h, nlevels);
+                          hname, h, hot.nlevels);
         }
     }
     now = mono_ns();
@@ -566,7 +572,7 @@ static int op_post_read_request(request_rec *r)
      * at t <= now is short of the CPU at this start by less than now - t (CPU never runs ahead
      * of wall time), so attained CPU is overcounted by less than the resolution, and no
      * threshold can be crossed before clock_read_ns + threshold. Class-only mode reads none. */
-    if (conf_age(cconf) && now - s->clock_read_ns >= resolution_ns) {
+    if (hot.age && now - s->clock_read_ns >= hot.resolution_ns) {
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu);
         s->clock_cpu_ns = ts_ns(&cpu);
         s->clock_read_ns = now;
@@ -588,7 +594,7 @@ static int op_post_read_request(request_rec *r)
         apply_level(s, start, 1);
     }
     __atomic_store_n(&due[s - slots],
-                     conf_age(cconf) && s->level < nlevels ? s->clock_read_ns + thr_ns[s->level]
+                     hot.age && s->level < hot.nlevels ? s->clock_read_ns + hot.thr_ns[s->level]
                                                            : INT64_MAX,
                      __ATOMIC_RELAXED);
     __atomic_store_n(&s->active, 1, __ATOMIC_RELEASE);
@@ -651,19 +657,19 @@ static int64_t monitor_scan(int64_t now)
             continue;
         }
         pthread_mutex_lock(&s->mu);
-        if (__atomic_load_n(&s->active, __ATOMIC_ACQUIRE) && s->level < nlevels) {
+        if (__atomic_load_n(&s->active, __ATOMIC_ACQUIRE) && s->level < hot.nlevels) {
             after = INT64_MAX;
             if (s->clk != CLOCK_THREAD_CPUTIME_ID && clock_gettime(s->clk, &ts) == 0) {
                 int64_t cpu = ts_ns(&ts) - s->cpu0_ns;
                 int k = s->level;
-                while (k < nlevels && cpu >= thr_ns[k]) {
+                while (k < hot.nlevels && cpu >= hot.thr_ns[k]) {
                     k++;
                 }
                 if (k > s->level) {
                     apply_level(s, k, 0);
                 }
-                if (s->level < nlevels) {
-                    after = now + (thr_ns[s->level] - cpu);
+                if (s->level < hot.nlevels) {
+                    after = now + (hot.thr_ns[s->level] - cpu);
                 }
             }
             __atomic_store_n(&due[i], after, __ATOMIC_RELAXED);
@@ -681,7 +687,7 @@ static int64_t monitor_scan(int64_t now)
 static void *monitor_main(void *arg)
 {
     int64_t period = (int64_t)(conf_interval(cconf) * 1e9 + 0.5);
-    int64_t horizon = thr_ns[0] < 100000000 ? thr_ns[0] : 100000000;  /* <= 0.1 s: exit fast */
+    int64_t horizon = hot.thr_ns[0] < 100000000 ? hot.thr_ns[0] : 100000000;  /* <= 0.1 s: exit fast */
     int64_t next = mono_ns() + period;
     (void)arg;
     pthread_setname_np(pthread_self(), "overtake-prio");
@@ -773,7 +779,7 @@ static void *self_test(void *arg)
     orig_nice = getpriority(PRIO_PROCESS, (id_t)tid);
     orig_policy = sched_getscheduler(tid);
     sched_getparam(tid, &orig_param);
-    for (k = 0; k < nlevels; k++) {
+    for (k = 0; k < hot.nlevels; k++) {
         int v = conf_nice(cconf, k);
         if (v != OP_NICE_IDLE && v > worst) {
             worst = v;
@@ -824,7 +830,7 @@ static apr_status_t op_child_exit(void *data)
         }
         pthread_mutex_unlock(&slots[i].mu);
     }
-    __atomic_store_n(&child_ok, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&hot.child_ok, 0, __ATOMIC_RELEASE);
     return APR_SUCCESS;
 }
 
@@ -840,13 +846,15 @@ static void op_child_init(apr_pool_t *p, server_rec *s)
     if (!conf_enabled(cconf) || !shm) {
         return;
     }
-    nlevels = conf_nlevels(cconf);
+    hot.nlevels = conf_nlevels(cconf);
     any_idle = 0;
-    for (k = 0; k < nlevels; k++) {
-        thr_ns[k] = (int64_t)(conf_threshold(cconf, k) * 1e9 + 0.5);
+    for (k = 0; k < hot.nlevels; k++) {
+        hot.thr_ns[k] = (int64_t)(conf_threshold(cconf, k) * 1e9 + 0.5);
         any_idle |= conf_nice(cconf, k) == OP_NICE_IDLE;
     }
-    resolution_ns = (int64_t)(conf_resolution(cconf) * 1e9 + 0.5);
+    hot.resolution_ns = (int64_t)(conf_resolution(cconf) * 1e9 + 0.5);
+    hot.age = conf_age(cconf);
+    hot.hname = conf_header(cconf);
     rlimit_cur = getrlimit(RLIMIT_NICE, &rl) == 0 ? (int)rl.rlim_cur : -1;
     if (keep_cap_pending) {
         /* Before any thread exists: the MPM's threads inherit these credentials. */
@@ -890,7 +898,7 @@ static void op_child_init(apr_pool_t *p, server_rec *s)
         due[k] = INT64_MAX;
     }
     apr_pool_cleanup_register(p, NULL, op_child_exit, apr_pool_cleanup_null);
-    __atomic_store_n(&child_ok, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&hot.child_ok, 1, __ATOMIC_RELEASE);
 
     if (conf_age(cconf)) {
         pthread_condattr_t ca;
@@ -1004,7 +1012,7 @@ static int op_status_handler(request_rec *r)
 
     metric_head(r, "overtake_cpu_prio_enabled", "gauge",
                 "1 if this child demotes and restores worker threads (self-test passed).");
-    ap_rprintf(r, "overtake_cpu_prio_enabled %d\n", __atomic_load_n(&child_ok, __ATOMIC_ACQUIRE));
+    ap_rprintf(r, "overtake_cpu_prio_enabled %d\n", __atomic_load_n(&hot.child_ok, __ATOMIC_ACQUIRE));
     metric_head(r, "overtake_cpu_prio_levels", "gauge", "Demoted levels (level 0 = original).");
     ap_rprintf(r, "overtake_cpu_prio_levels %d\n", n);
     metric_head(r, "overtake_cpu_prio_level_threshold_seconds", "gauge",
