@@ -383,6 +383,9 @@ static int any_idle;            /* some level uses SCHED_IDLE */
 static pthread_t monitor;
 static int monitor_running;
 static int monitor_stop;        /* under monitor_mu */
+static int monitor_idle;        /* the monitor waits without a deadline: nothing in flight */
+static int monitor_woken;       /* under monitor_mu: a request start ended that wait */
+static void monitor_wake(void);
 static pthread_mutex_t monitor_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t monitor_cv;   /* CLOCK_MONOTONIC; signalled to stop the monitor */
 static int64_t late_max_ns;     /* worst monitor wake-up delay in this child */
@@ -599,6 +602,12 @@ static int op_post_read_request(request_rec *r)
                      __ATOMIC_RELAXED);
     __atomic_store_n(&s->active, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&s->mu);
+    if (hot.age) {
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);  /* due[] before monitor_idle: see monitor_main */
+        if (__atomic_load_n(&monitor_idle, __ATOMIC_SEQ_CST)) {
+            monitor_wake();
+        }
+    }
 
     q = apr_palloc(r->pool, sizeof *q);
     q->slot = s;
@@ -680,27 +689,61 @@ static int64_t monitor_scan(int64_t now)
     return soonest;
 }
 
+/* A request start found the monitor waiting without a deadline: wake it. The monitor holds
+ * monitor_mu from raising monitor_idle until its wait begins, so the signal cannot be lost. */
+static void monitor_wake(void)
+{
+    pthread_mutex_lock(&monitor_mu);
+    if (monitor_idle) {
+        __atomic_store_n(&monitor_idle, 0, __ATOMIC_RELAXED);
+        monitor_woken = 1;
+        pthread_cond_signal(&monitor_cv);
+    }
+    pthread_mutex_unlock(&monitor_mu);
+}
+
 /* Wakes only when a threshold can be crossed: at the earliest due time of the requests in
  * flight, and no later than one first threshold from now (a request that starts later cannot
- * cross sooner, but for the CPU resolution), but never more often than OvertakePrioInterval. An idle child wakes once per
- * first threshold; a busy one with short requests about as rarely. */
+ * cross sooner, but for the CPU resolution), but never more often than OvertakePrioInterval;
+ * a busy child with short requests wakes about once per first threshold. With nothing in
+ * flight it waits without a deadline until a request starts (monitor_wake): an idle Apache
+ * costs no wake-ups. */
 static void *monitor_main(void *arg)
 {
     int64_t period = (int64_t)(conf_interval(cconf) * 1e9 + 0.5);
     int64_t horizon = hot.thr_ns[0] < 100000000 ? hot.thr_ns[0] : 100000000;  /* <= 0.1 s: exit fast */
     int64_t next = mono_ns() + period;
+    int idle = 0;
     (void)arg;
     pthread_setname_np(pthread_self(), "overtake-prio");
     pthread_mutex_lock(&monitor_mu);
     while (!monitor_stop) {
         struct timespec ts;
         int64_t now, late, soonest;
+        int rc;
         ts.tv_sec = next / 1000000000;
         ts.tv_nsec = next % 1000000000;
-        if (pthread_cond_timedwait(&monitor_cv, &monitor_mu, &ts) != ETIMEDOUT) {
-            continue;  /* stop request (or a spurious wake-up: wait again) */
+        rc = idle ? pthread_cond_wait(&monitor_cv, &monitor_mu)
+                  : pthread_cond_timedwait(&monitor_cv, &monitor_mu, &ts);
+        if (monitor_stop) {
+            break;
         }
         now = mono_ns();
+        if (rc != ETIMEDOUT) {
+            if (!monitor_woken) {
+                continue;  /* a spurious wake-up: wait again */
+            }
+            monitor_woken = 0;
+            idle = 0;
+            ADD(shm->monitor_ticks, 1);
+            next = now + horizon;
+            soonest = monitor_scan(now);
+            next = next < soonest ? next : soonest;
+            if (next < now + period) {
+                next = now + period;
+            }
+            continue;
+        }
         late = now - next;
         if (late > late_max_ns) {
             late_max_ns = late;
@@ -715,6 +758,19 @@ static void *monitor_main(void *arg)
         }
         ADD(shm->monitor_ticks, 1);
         soonest = monitor_scan(now);
+        if (soonest == INT64_MAX) {
+            /* Nothing to watch. Raise the flag, then look once more: a request start publishes
+             * its due time before it reads the flag (both sequentially consistent), so either
+             * this pass sees it or that start sees the flag and wakes us. */
+            __atomic_store_n(&monitor_idle, 1, __ATOMIC_SEQ_CST);
+            __atomic_thread_fence(__ATOMIC_SEQ_CST);
+            soonest = monitor_scan(mono_ns());
+            if (soonest == INT64_MAX) {
+                idle = 1;
+                continue;
+            }
+            __atomic_store_n(&monitor_idle, 0, __ATOMIC_RELAXED);
+        }
         next = now + horizon < soonest ? now + horizon : soonest;
         if (next < now + period) {
             next = now + period;
