@@ -590,9 +590,10 @@ def _keepalive_gets(inst: apache.ApacheInstance, paths: list[str]) -> None:
 @pytest.mark.parametrize("resolution", [0.0, 0.1])
 def test_cpu_clock_reads_and_the_overcount_bound(apxs_available: None, resolution: float) -> None:
     """The thread CPU clock is read at most once per ``cpu_resolution`` of a thread's time:
-    with 0, at every request; with 0.1 s, a 0.05 s request and the next one on the same
-    keep-alive connection share a reading. Attained CPU is then overcounted by less than the
-    resolution, never more: a 0.19 s request after a 0.05 s one on the same thread is never
+    with 0, at every request; with 0.1 s, a 0.01 s request and the next one on the same
+    keep-alive connection (the same worker thread: the event MPM reuses the last idle one)
+    share a reading. Attained CPU is then overcounted by less than the
+    resolution, never more: a 0.19 s request after a 0.01 s one on the same thread is never
     demoted at a 0.3 s threshold (a reading kept for longer than the resolution would charge it
     the earlier request's CPU), and a 0.32 s one always is."""
     parent = _workdir_parent()
@@ -601,8 +602,8 @@ def test_cpu_clock_reads_and_the_overcount_bound(apxs_available: None, resolutio
     try:
         before = _status(i)
         assert before.cpu_resolution == resolution
-        pairs = 6
-        _keepalive_gets(i, ["/stage1?work=0.05", "/stage1?work=0.19"] * pairs + ["/stage1?work=0.32"])
+        pairs = 8  # a short request, then one that a reading kept too long would push over 0.3 s
+        _keepalive_gets(i, ["/stage1?work=0.01", "/stage1?work=0.19"] * pairs + ["/stage1?work=0.32"])
         after = _status(i)
         # the status requests: the first has ended by `after`, each has read the clock at its start
         ended = sum(after.requests) - sum(before.requests) - 1
