@@ -230,6 +230,8 @@ def anderson_rvi(
     V = np.zeros(n) if V0 is None else np.array(V0, dtype=np.float64)
     V -= V[0]
     TV = np.empty(n)
+    # the residual TV − TV(0) − V of the last step; a new array each step (the mixer keeps it)
+    res: list[FloatArray] = [np.empty(0)]
     if space.layout.deterministic and n >= KERNEL_MIN_STATES:
         from . import _kernels
 
@@ -238,13 +240,15 @@ def anderson_rvi(
         G = np.empty(n)
 
         def step(V: FloatArray) -> tuple[float, float]:
-            lo, hi = _kernels.bellman_step(PE.indptr, PE.indices, PE.data, cost, V, idle, order, nb, G, TV)
+            res[0] = np.empty(n)
+            lo, hi = _kernels.bellman_residual(PE.indptr, PE.indices, PE.data, cost, V, idle, order, nb, G, TV, res[0])
             return float(lo), float(hi)
     else:
         def step(V: FloatArray) -> tuple[float, float]:
             H, _ = _minimize(ai, V)
             TV[:] = cost + PE @ H
             d = TV - V
+            res[0] = TV - TV[0] - V
             return float(d.min()), float(d.max())
 
     best, stale = np.inf, 0
@@ -276,7 +280,7 @@ def anderson_rvi(
         if stale > 4 * memory:  # the history stopped helping (e.g. after a policy switch)
             mixer.reset()
             best, stale = hi - lo, 0
-        V = mixer.step(V, TV - TV[0] - V)
+        V = mixer.step(V, res[0])
         V -= V[0]
     _, decision = _minimize(ai, V)
     return SolveResult(
