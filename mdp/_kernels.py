@@ -47,6 +47,7 @@ for _ix in ("i4", "i8"):
         "bellman_residual", f"UniTuple(f8, 2)({_X}, {_X}, {_F}, {_F}, {_F}, {_B}, {_I}, {_I}, {_F}, {_F}, {_F})")
     SIGNATURES[f"rvi_sweeps_{_ix}"] = (
         "rvi_sweeps", f"Tuple((i8, f8, f8, b1))({_X}, {_X}, {_F}, {_F}, {_F}, {_B}, {_I}, {_I}, i8, f8)")
+    SIGNATURES[f"law_residual_{_ix}"] = ("law_residual", f"f8({_X}, {_X}, {_F}, {_F}, f8)")
     SIGNATURES[f"reach_mark_{_ix}"] = ("reach_mark", f"i8({_X}, {_X}, {_F}, i8, {_B})")
     SIGNATURES[f"gauss_seidel_{_ix}"] = ("gauss_seidel", f"{_F}({_X}, {_X}, {_F}, {_F}, {_F}, i8)")
 
@@ -117,6 +118,11 @@ def rank_rows(*args: Any) -> Any:
 
 def trim_longest(*args: Any) -> Any:
     return _call("trim_longest", args)
+
+
+def law_residual(*args: Any) -> Any:
+    """The stationary solve's relative residual of y / total in one pass (_kernels_jit.law_residual)."""
+    return _call("law_residual", args, args[0])
 
 
 def reach_mark(*args: Any) -> Any:

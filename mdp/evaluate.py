@@ -157,8 +157,13 @@ def stationary_distribution(
     # Anderson-accelerated (anderson.py): level-ordered states make plain Gauss–Seidel converge in
     # a few hundred sweeps, long phases in thousands; sparse LU fills in badly on these lattices.
     Pc = Psub.tocsc()
-    PT = Pc.T.tocsr()
     diag = Pc.diagonal()
+    # the sweeps skip the diagonal: without its entries they read a sixth less, the same sums
+    col = np.repeat(np.arange(n, dtype=Pc.indices.dtype), np.diff(Pc.indptr))
+    keep = Pc.indices != col
+    off_ptr = np.zeros(n + 1, dtype=Pc.indptr.dtype)
+    np.cumsum(np.bincount(col[keep], minlength=n), out=off_ptr[1:])
+    off_idx, off_val = Pc.indices[keep], Pc.data[keep]
     pi = np.full(n, 1.0 / n)
     if x0 is not None:
         guess = np.asarray(x0, dtype=np.float64)[reach]
@@ -170,9 +175,9 @@ def stationary_distribution(
     resid = np.inf
     best, stale = np.inf, 0
     for _ in range(_GS_ROUNDS):
-        y = _kernels.gauss_seidel(Pc.indptr, Pc.indices, Pc.data, diag, pi.copy(), 2)
-        p = y / y.sum()
-        resid = float(np.abs(PT @ p - p).max() / p.max())
+        y = _kernels.gauss_seidel(off_ptr, off_idx, off_val, diag, pi.copy(), 2)
+        # np.abs(Pᵀp − p).max() / p.max() for p = y / Σy, in one compiled pass
+        resid = float(_kernels.law_residual(Pc.indptr, Pc.indices, Pc.data, y, float(y.sum())))
         if resid < 1e-12:
             pi = y
             break

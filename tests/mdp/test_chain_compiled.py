@@ -190,3 +190,24 @@ def test_the_bellman_step_writes_numpys_residual() -> None:
     np.testing.assert_allclose(TV, space.cost / space.rate + PE @ H, rtol=1e-12, atol=1e-14)
     assert np.array_equal(f, TV - TV[0] - V)
     assert (lo, hi) == (float((TV - V).min()), float((TV - V).max()))
+
+
+def test_the_stationary_solves_compiled_residual_and_sweeps_are_numpys() -> None:
+    """evaluate.stationary_distribution's stopping test in one pass equals numpy's expression bit for
+    bit, and Gauss–Seidel sweeps on the matrix without its diagonal equal sweeps that skip it."""
+    model = MODELS["h2"]
+    space = StateSpace(model, Truncation(8, 3))
+    from overtake.mdp.solve import induced_matrix
+
+    P = induced_matrix(space, anderson_rvi(space, tol=1e-6).decision)
+    Pc = P.tocsc()
+    y = np.random.default_rng(2).random(P.shape[0])
+    p = y / y.sum()
+    want = float(np.abs(Pc.T.tocsr() @ p - p).max() / p.max())
+    assert float(_kernels.law_residual(Pc.indptr, Pc.indices, Pc.data, y, float(y.sum()))) == want
+    off = Pc.copy()
+    off.setdiag(0.0)
+    off.eliminate_zeros()
+    a = _kernels.gauss_seidel(Pc.indptr, Pc.indices, Pc.data, Pc.diagonal(), y.copy(), 3)
+    b = _kernels.gauss_seidel(off.indptr, off.indices, off.data, Pc.diagonal(), y.copy(), 3)
+    assert np.array_equal(a, b)
