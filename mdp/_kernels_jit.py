@@ -136,6 +136,114 @@ def trim_longest(w, excess):  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True)
+def event_rows(  # type: ignore[no-untyped-def]
+    rows, keys, dense, rank_table, cap, ev_src, ev_move, ev_f, per_thread, weights, weighted, lam, fill, indptr,
+    indices, data, out,
+):
+    """The uniformized event matrix P_E of a state space (statespace.StateSpace.event_matrix) in CSR.
+
+    ``rows`` are the states in rank order (``keys``); a destination is found through ``dense``
+    (position per rank, −1: none) or, when it is empty, a binary search of ``keys``. Events and
+    rates as chain_bfs (statespace._events' types, order and arithmetic); each row's total rate
+    ``out`` is summed in that order, its entries are rate / ``lam`` and the diagonal 1 − out / lam,
+    the columns sorted. ``fill`` False: only count each row's entries into indptr[x + 1]. Returns
+    −1, or the first state with a destination outside the space."""
+    S, L = rows.shape
+    D = weights.size
+    Q = L - D
+    n_keys = keys.size
+    use_dense = dense.size > 0
+    row = np.empty(L, dtype=np.int64)
+    cols = np.empty(ev_src.size + 1, dtype=np.int64)
+    vals = np.empty(ev_src.size + 1)
+    for x in range(S):
+        n_tot = 0
+        K = 0
+        W = 0.0
+        for c in range(L):
+            row[c] = rows[x, c]
+            n_tot += row[c]
+        for d in range(D):
+            K += row[Q + d]
+            W += row[Q + d] * weights[d]
+        if weighted:
+            pt = per_thread[K] / W if W > 0 else 0.0
+        else:
+            pt = per_thread[K]
+        m = 0
+        total = 0.0
+        for e in range(ev_src.size):
+            d = ev_src[e]
+            if d < 0:
+                if n_tot >= cap:
+                    continue
+                rate = ev_f[e, 0]
+            else:
+                kd = row[Q + d]
+                if kd <= 0:
+                    continue
+                rate = kd * pt * weights[d] * ev_f[e, 0] * ev_f[e, 1]
+            if not rate > 0:
+                continue
+            if fill:
+                row[ev_move[e, 0]] += ev_move[e, 1]
+                if ev_move[e, 2] >= 0:
+                    row[ev_move[e, 2]] += ev_move[e, 3]
+                budget = cap
+                key = 0
+                for c in range(L):
+                    v = row[c]
+                    if v > 0:
+                        b = budget if budget > 0 else 0
+                        lo = b - v if b - v > 0 else 0
+                        key += rank_table[L - c, b] - rank_table[L - c, lo]
+                    budget -= v
+                row[ev_move[e, 0]] -= ev_move[e, 1]
+                if ev_move[e, 2] >= 0:
+                    row[ev_move[e, 2]] -= ev_move[e, 3]
+                if use_dense:
+                    j = dense[key] if 0 <= key < dense.size else -1
+                else:
+                    pos = 0
+                    span = n_keys
+                    while span > 1:
+                        half = span >> 1
+                        pos = pos + half if keys[pos + half] < key else pos
+                        span -= half
+                    if span == 1 and keys[pos] < key:
+                        pos += 1
+                    j = pos if pos < n_keys and keys[pos] == key else -1
+                if j < 0 or budget < 0:
+                    return x
+                cols[m] = j
+                vals[m] = rate / lam
+                total += rate
+            m += 1
+        if not fill:
+            indptr[x + 1] = m + 1
+            continue
+        out[x] = total
+        cols[m] = x
+        vals[m] = 1.0 - total / lam
+        m += 1
+        for a in range(1, m):  # insertion sort by column: a handful of entries
+            c0 = cols[a]
+            v0 = vals[a]
+            b = a - 1
+            while b >= 0 and cols[b] > c0:
+                cols[b + 1] = cols[b]
+                vals[b + 1] = vals[b]
+                b -= 1
+            cols[b + 1] = c0
+            vals[b + 1] = v0
+        at = indptr[x]
+        for a in range(m):
+            indices[at + a] = cols[a]
+            data[at + a] = vals[a]
+    return -1
+
+
+@numba.njit(cache=True, nogil=True)
 def law_residual(indptr, indices, data, y, total):  # type: ignore[no-untyped-def]
     """max_j |(Pᵀp)_j − p_j| / max_j p_j for p = y / total, P in CSC (evaluate.py's stopping test):
     numpy's ``np.abs(P.T @ p - p).max() / p.max()`` in one pass, the same sums in the same order."""

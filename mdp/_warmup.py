@@ -76,6 +76,7 @@ def _calls(_kernels: Any) -> None:
     space = StateSpace(model, Truncation(8, 3))  # 6,435 states: above every kernel threshold
     assert space.size >= KERNEL_MIN_STATES
     space.ranker.rank(space.rows)
+    space._compiled_event_matrix(force=True)
     ActionIndex(space).box_minimum(np.zeros(space.size))
     relative_value_iteration(space, max_iter=2)
     res = anderson_rvi(space, max_iter=3)  # the second step on mixes (anderson.py kernels)
@@ -103,7 +104,8 @@ def kernel_cache_misses() -> int:
 
     total = 0
     for name in ("box_minimum", "box_value", "rvi_sweeps", "bellman_residual", "rank_rows",
-                 "gauss_seidel", "anderson_history", "anderson_mix", "trim_longest", "chain_bfs", "reach_mark", "law_residual"):
+                 "gauss_seidel", "anderson_history", "anderson_mix", "trim_longest", "chain_bfs", "reach_mark", "law_residual",
+                 "event_rows"):
         total += sum(getattr(_kernels, name).stats.cache_misses.values())
     return total
 

@@ -19,7 +19,7 @@ import scipy.sparse as sp
 
 from .errors import TruncationError
 from .model import TandemModel
-from .statespace import Layout, Ranker, _events, uniformization_rate
+from .statespace import Layout, Ranker, _event_tables, _events, _share_tables, uniformization_rate
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -205,40 +205,6 @@ def _rule_tables(rule: Rule, layout: Layout, model: TandemModel) -> tuple[int, t
     return None
 
 
-def _event_tables(model: TandemModel, layout: Layout) -> tuple[IntArray, IntArray, FloatArray]:
-    """statespace._events' event types, in its order: (source coordinate or −1 for an arrival,
-    column moves (col, step, col, step; col −1: none), the two rate factors)."""
-    Q = layout.n_queues
-    src: list[int] = []
-    move: list[tuple[int, int, int, int]] = []
-    fac: list[tuple[float, float]] = []
-    for q, p in layout.entry[0]:
-        src.append(-1)
-        move.append((q, 1, -1, 0))
-        fac.append((model.arrival_rate * p, 1.0))
-    for i, st in enumerate(model.stages):
-        t_exit = st.exit_rates
-        for j in range(st.phases):
-            d = model.coord(i, j)
-            for l in range(st.phases):
-                if l != j and st.T[j, l] > 0:
-                    src.append(d)
-                    move.append((Q + d, -1, Q + model.coord(i, l), 1))
-                    fac.append((float(st.T[j, l]), 1.0))
-            if t_exit[j] > 0:
-                if i + 1 < model.n_stages:
-                    for q, p in layout.entry[i + 1]:
-                        src.append(d)
-                        move.append((Q + d, -1, q, 1))
-                        fac.append((float(t_exit[j]), float(p)))
-                else:
-                    src.append(d)
-                    move.append((Q + d, -1, -1, 0))
-                    fac.append((float(t_exit[j]), 1.0))
-    return (np.array(src, dtype=np.int64), np.array(move, dtype=np.int64).reshape(-1, 4),
-            np.array(fac, dtype=np.float64).reshape(-1, 2))
-
-
 def _build_compiled(model: TandemModel, layout: Layout, rule: Rule, C: int, k_max: int, max_states: int,
                     force: bool = False) -> Chain | None:
     """:func:`build_chain` by _kernels_jit.chain_bfs; None where that does not apply (or would
@@ -258,13 +224,7 @@ def _build_compiled(model: TandemModel, layout: Layout, rule: Rule, C: int, k_ma
     ranker = Ranker(L, C)
     lam_u = uniformization_rate(model, k_max)
     ev_src, ev_move, ev_f = _event_tables(model, layout)
-    Ks = np.arange(k_max + 1)
-    if model.weights is None:  # statespace._events' per-thread share, c(K)/K, tabulated by K
-        per_thread = np.asarray(np.where(Ks > 0, model.capacity(Ks) / np.maximum(Ks, 1), 0.0), dtype=np.float64)
-        weights = np.ones(D)
-    else:  # c(K), divided by Σ k_d w_d in the kernel
-        per_thread = np.asarray(model.capacity(Ks), dtype=np.float64)
-        weights = np.asarray(model.weights, dtype=np.float64)
+    per_thread, weights = _share_tables(model, k_max)
     sp_ptr = np.zeros(Q + 1, dtype=np.int64)
     sp_coord: list[int] = []
     sp_prob: list[float] = []

@@ -6,8 +6,11 @@ compiled passes of issue 21's speed-ups give what the numpy code gives.
   numpy search (to rounding where coinciding transitions are summed in another order), on both
   layouts, with coordinates that move between phases, three stages, several cores with an
   overhead, CPU weights, and buffers grown while the search runs.
+* A state space's event matrix built by one compiled pass per row is the numpy construction's
+  bit for bit (to rounding with CPU weights).
 * evaluate.reachable's compiled pass finds the numpy pass's states; the Bellman step that also
-  writes the RVI residual writes numpy's ``TV - TV[0] - V`` bit for bit.
+  writes the RVI residual writes numpy's ``TV - TV[0] - V`` bit for bit; the stationary solve's
+  one-pass residual and diagonal-free sweeps are numpy's expression and the sweeps that skip it.
 """
 
 from __future__ import annotations
@@ -211,3 +214,33 @@ def test_the_stationary_solves_compiled_residual_and_sweeps_are_numpys() -> None
     a = _kernels.gauss_seidel(Pc.indptr, Pc.indices, Pc.data, Pc.diagonal(), y.copy(), 3)
     b = _kernels.gauss_seidel(off.indptr, off.indices, off.data, Pc.diagonal(), y.copy(), 3)
     assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("phase_info", ["full", "start"])
+def test_the_compiled_event_matrix_is_the_numpy_one_bit_for_bit(name: str, phase_info: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    model = MODELS[name]
+    space = StateSpace(model, Truncation(6, 3), phase_info)  # type: ignore[arg-type]
+    fast = space._compiled_event_matrix(force=True)
+    assert fast is not None
+    monkeypatch.setattr(StateSpace, "_compiled_event_matrix", lambda self, force=False: None)
+    slow = StateSpace(model, Truncation(6, 3), phase_info).event_matrix  # type: ignore[arg-type]
+    for attr in ("indptr", "indices", "data"):
+        assert np.array_equal(getattr(fast, attr), getattr(slow, attr)), attr
+
+
+def test_the_compiled_event_matrix_with_weights_and_a_binary_search(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU weights (Σ k_d w_d summed in another order: equal to rounding), and destinations found by
+    a binary search of the keys where a position per rank would be too large."""
+    base = MODELS["h2"]
+    model = TandemModel(base.arrival_rate, base.stages, weights=(1.0, 0.2, 0.7, 0.1))
+    space = StateSpace(model, Truncation(7, 3))
+    from overtake.mdp import statespace
+
+    monkeypatch.setattr(statespace, "_DENSE_RANKS", 0)
+    fast = space._compiled_event_matrix(force=True)
+    monkeypatch.setattr(StateSpace, "_compiled_event_matrix", lambda self, force=False: None)
+    slow = StateSpace(model, Truncation(7, 3)).event_matrix
+    assert fast is not None and np.array_equal(fast.indptr, slow.indptr) and np.array_equal(fast.indices, slow.indices)
+    np.testing.assert_allclose(fast.data, slow.data, rtol=1e-13, atol=1e-16)
