@@ -50,7 +50,6 @@ for _ix in ("i4", "i8"):
     SIGNATURES[f"event_rows_{_ix}"] = (
         "event_rows", f"i8(i8[:, ::1], {_I}, i4[::1], i8[:, ::1], i8, {_I}, i8[:, ::1], {_M}, {_F}, {_F}, b1, f8, b1, "
                       f"{_X}, {_X}, {_F}, {_F})")
-    SIGNATURES[f"law_residual_{_ix}"] = ("law_residual", f"f8({_X}, {_X}, {_F}, {_F}, f8)")
     SIGNATURES[f"reach_mark_{_ix}"] = ("reach_mark", f"i8({_X}, {_X}, {_F}, i8, {_B})")
     SIGNATURES[f"gauss_seidel_{_ix}"] = ("gauss_seidel", f"{_F}({_X}, {_X}, {_F}, {_F}, {_F}, i8)")
 
@@ -126,11 +125,6 @@ def trim_longest(*args: Any) -> Any:
 def event_rows(*args: Any) -> Any:
     """A state space's event matrix in CSR, or its row lengths (_kernels_jit.event_rows)."""
     return _call("event_rows", args, args[13])
-
-
-def law_residual(*args: Any) -> Any:
-    """The stationary solve's relative residual of y / total in one pass (_kernels_jit.law_residual)."""
-    return _call("law_residual", args, args[0])
 
 
 def reach_mark(*args: Any) -> Any:

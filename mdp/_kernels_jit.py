@@ -244,26 +244,6 @@ def event_rows(  # type: ignore[no-untyped-def]
 
 
 @numba.njit(cache=True, nogil=True)
-def law_residual(indptr, indices, data, y, total):  # type: ignore[no-untyped-def]
-    """max_j |(Pᵀp)_j − p_j| / max_j p_j for p = y / total, P in CSC (evaluate.py's stopping test):
-    numpy's ``np.abs(P.T @ p - p).max() / p.max()`` in one pass, the same sums in the same order."""
-    n = y.size
-    worst = 0.0
-    top = 0.0
-    for j in range(n):
-        acc = 0.0
-        for t in range(indptr[j], indptr[j + 1]):
-            acc += data[t] * (y[indices[t]] / total)
-        pj = y[j] / total
-        d = abs(acc - pj)
-        if d > worst:
-            worst = d
-        if pj > top:
-            top = pj
-    return worst / top
-
-
-@numba.njit(cache=True, nogil=True)
 def reach_mark(indptr, indices, data, start, seen):  # type: ignore[no-untyped-def]
     """Mark in ``seen`` every state reachable from ``start`` along positive entries of a CSR
     matrix (evaluate.reachable); returns how many."""

@@ -104,8 +104,7 @@ def kernel_cache_misses() -> int:
 
     total = 0
     for name in ("box_minimum", "box_value", "rvi_sweeps", "bellman_residual", "rank_rows",
-                 "gauss_seidel", "anderson_history", "anderson_mix", "trim_longest", "chain_bfs", "reach_mark", "law_residual",
-                 "event_rows"):
+                 "gauss_seidel", "anderson_history", "anderson_mix", "trim_longest", "chain_bfs", "reach_mark", "event_rows"):
         total += sum(getattr(_kernels, name).stats.cache_misses.values())
     return total
 
