@@ -34,6 +34,7 @@ SIGNATURES: dict[str, tuple[str, str]] = {
     "box_minimum": ("box_minimum", f"void({_F}, {_B}, {_I}, {_I}, f8, {_F}, {_I})"),
     "box_value": ("box_value", f"void({_F}, {_B}, {_I}, {_I}, {_F})"),
     "trim_longest": ("trim_longest", f"void(i8[:, ::1], {_I})"),
+    "residual_stats": ("residual_stats", f"UniTuple(f8, 2)({_F}, {_F}, {_F})"),
     "anderson_history": ("anderson_history", f"void({_F}, {_F}, {_F}, {_F}, {_M}, {_M}, i8, i8, {_M})"),
     "anderson_mix": ("anderson_mix", f"void({_F}, {_F}, {_M}, {_F}, {_F})"),
 }
@@ -108,6 +109,11 @@ def box_value(*args: Any) -> Any:
 def bellman_residual(*args: Any) -> Any:
     """One Bellman step, and the residual (TV − TV(0)) − V; returns (min, max) of TV − V (_kernels_jit.bellman_residual)."""
     return _call("bellman_residual", args, args[0])
+
+
+def residual_stats(*args: Any) -> Any:
+    """f = (TV − TV(0)) − V and (min, max) of TV − V in one pass (_kernels_jit.residual_stats)."""
+    return _call("residual_stats", args)
 
 
 def rvi_sweeps(*args: Any) -> Any:

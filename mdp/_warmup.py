@@ -103,7 +103,7 @@ def kernel_cache_misses() -> int:
     from . import _kernels_jit as _kernels
 
     total = 0
-    for name in ("box_minimum", "box_value", "rvi_sweeps", "bellman_residual", "rank_rows",
+    for name in ("box_minimum", "box_value", "rvi_sweeps", "bellman_residual", "residual_stats", "rank_rows",
                  "gauss_seidel", "anderson_history", "anderson_mix", "trim_longest", "chain_bfs", "reach_mark", "event_rows"):
         total += sum(getattr(_kernels, name).stats.cache_misses.values())
     return total
