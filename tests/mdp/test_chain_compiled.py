@@ -257,3 +257,22 @@ def test_anderson_steps_through_scipys_product_equal_the_kernels(monkeypatch: py
     b = anderson_rvi(space, tol=1e-7)
     assert a.sweeps == b.sweeps and np.array_equal(a.bias, b.bias) and np.array_equal(a.decision, b.decision)
     assert a.gain_bounds == b.gain_bounds
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 6])
+def test_the_anderson_history_pass_sums_each_row_in_index_order(k: int) -> None:
+    """_kernels_jit.anderson_history reads stored rows in pairs; each dot product still adds its
+    terms in index order: equal, bit for bit, to a plain left-to-right sum."""
+    rng = np.random.default_rng(k)
+    n, m, head = 257, 6, k - 1
+    x, f, xo, fo = (rng.normal(size=n) for _ in range(4))
+    df, dxf = rng.normal(size=(m, n)), rng.normal(size=(m, n))
+    both = np.empty((k, 2))
+    _kernels.anderson_history(x, f, xo, fo, df, dxf, head, k, both)
+    assert np.array_equal(df[head], f - fo) and np.array_equal(dxf[head], x - xo + (f - fo))
+    for j in range(k):
+        s0 = s1 = 0.0
+        for i in range(n):
+            s0 += df[j, i] * df[head, i]
+            s1 += df[j, i] * f[i]
+        assert (both[j, 0], both[j, 1]) == (s0, s1)
