@@ -34,15 +34,24 @@ SIGNATURES: dict[str, tuple[str, str]] = {
     "box_minimum": ("box_minimum", f"void({_F}, {_B}, {_I}, {_I}, f8, {_F}, {_I})"),
     "box_value": ("box_value", f"void({_F}, {_B}, {_I}, {_I}, {_F})"),
     "trim_longest": ("trim_longest", f"void(i8[:, ::1], {_I})"),
+    "residual_stats": ("residual_stats", f"UniTuple(f8, 2)({_F}, {_F}, {_F})"),
     "anderson_history": ("anderson_history", f"void({_F}, {_F}, {_F}, {_F}, {_M}, {_M}, i8, i8, {_M})"),
     "anderson_mix": ("anderson_mix", f"void({_F}, {_F}, {_M}, {_F}, {_F})"),
 }
+SIGNATURES["chain_bfs"] = (
+    "chain_bfs",
+    f"i8({_I}, i8[:, ::1], {_I}, {_I}, i8[:, ::1], {_I}, {_I}, {_F}, i8[:, ::1], i8, i8, i8, {_I}, i8[:, ::1], {_M}, {_F}, {_F}, "
+    f"b1, {_I}, {_I}, {_F}, b1, i8, {_I}, {_I}, i4[::1], i8[:, ::1], i8[:, ::1], i8, i8, {_I}, {_I}, {_I})")
 for _ix in ("i4", "i8"):
     _X = f"{_ix}[::1]"
-    SIGNATURES[f"bellman_step_{_ix}"] = (
-        "bellman_step", f"UniTuple(f8, 2)({_X}, {_X}, {_F}, {_F}, {_F}, {_B}, {_I}, {_I}, {_F}, {_F})")
+    SIGNATURES[f"bellman_residual_{_ix}"] = (
+        "bellman_residual", f"UniTuple(f8, 2)({_X}, {_X}, {_F}, {_F}, {_F}, {_B}, {_I}, {_I}, {_F}, {_F}, {_F})")
     SIGNATURES[f"rvi_sweeps_{_ix}"] = (
         "rvi_sweeps", f"Tuple((i8, f8, f8, b1))({_X}, {_X}, {_F}, {_F}, {_F}, {_B}, {_I}, {_I}, i8, f8)")
+    SIGNATURES[f"event_rows_{_ix}"] = (
+        "event_rows", f"i8(i8[:, ::1], {_I}, i4[::1], i8[:, ::1], i8, {_I}, i8[:, ::1], {_M}, {_F}, {_F}, b1, f8, b1, "
+                      f"{_X}, {_X}, {_F}, {_F})")
+    SIGNATURES[f"reach_mark_{_ix}"] = ("reach_mark", f"i8({_X}, {_X}, {_F}, i8, {_B})")
     SIGNATURES[f"gauss_seidel_{_ix}"] = ("gauss_seidel", f"{_F}({_X}, {_X}, {_F}, {_F}, {_F}, i8)")
 
 
@@ -97,9 +106,14 @@ def box_value(*args: Any) -> Any:
     return _call("box_value", args)
 
 
-def bellman_step(*args: Any) -> Any:
-    """One Bellman step; returns (min, max) of TV − V (_kernels_jit.bellman_step)."""
-    return _call("bellman_step", args, args[0])
+def bellman_residual(*args: Any) -> Any:
+    """One Bellman step, and the residual (TV − TV(0)) − V; returns (min, max) of TV − V (_kernels_jit.bellman_residual)."""
+    return _call("bellman_residual", args, args[0])
+
+
+def residual_stats(*args: Any) -> Any:
+    """f = (TV − TV(0)) − V and (min, max) of TV − V in one pass (_kernels_jit.residual_stats)."""
+    return _call("residual_stats", args)
 
 
 def rvi_sweeps(*args: Any) -> Any:
@@ -114,12 +128,27 @@ def trim_longest(*args: Any) -> Any:
     return _call("trim_longest", args)
 
 
+def event_rows(*args: Any) -> Any:
+    """A state space's event matrix in CSR, or its row lengths (_kernels_jit.event_rows)."""
+    return _call("event_rows", args, args[13])
+
+
+def reach_mark(*args: Any) -> Any:
+    """Mark the states reachable from a start along positive entries (_kernels_jit.reach_mark)."""
+    return _call("reach_mark", args, args[0])
+
+
 def gauss_seidel(*args: Any) -> Any:
     return _call("gauss_seidel", args, args[0])
 
 
 def anderson_history(*args: Any) -> Any:
     return _call("anderson_history", args)
+
+
+def chain_bfs(*args: Any) -> Any:
+    """Breadth-first search of a rule's chain (_kernels_jit.chain_bfs); returns its status."""
+    return _call("chain_bfs", args)
 
 
 def anderson_mix(*args: Any) -> Any:

@@ -70,12 +70,13 @@ def _calls(_kernels: Any) -> None:
     from .heuristic import overtaking_heuristic
     from .simulate import simulate
     from .solve import anderson_rvi, induced_matrix, relative_value_iteration
-    from .statespace import StateSpace, Truncation
+    from .statespace import Layout, StateSpace, Truncation
 
     model = _model()
     space = StateSpace(model, Truncation(8, 3))  # 6,435 states: above every kernel threshold
     assert space.size >= KERNEL_MIN_STATES
     space.ranker.rank(space.rows)
+    space._compiled_event_matrix(force=True)
     ActionIndex(space).box_minimum(np.zeros(space.size))
     relative_value_iteration(space, max_iter=2)
     res = anderson_rvi(space, max_iter=3)  # the second step on mixes (anderson.py kernels)
@@ -84,6 +85,15 @@ def _calls(_kernels: Any) -> None:
     _kernels.gauss_seidel(P.indptr, P.indices, P.data, P.diagonal(), x, 1)
     _kernels.trim_longest(np.ones((1, 2), dtype=np.int64), np.ones(1, dtype=np.int64))
     stationary_distribution(induced_matrix(space, res.decision))
+    from .baselines import Baseline
+    from .chain import build_chain
+    from .policy import Policy
+
+    pol = Policy.from_decision(space, res.decision)
+    build_chain(model, space.layout, pol.actions, max_requests=10, max_threads=3, compiled=True)
+    start = Layout.build(model, "start")
+    build_chain(model, start, Baseline.parse("pi(2)", 2).rule(start.queue_stage, model.coord_stage()), max_requests=10,
+                max_threads=2, compiled=True)
     overtaking_heuristic(model).actions(space.rows[:10])
     simulate(model, "pi(1)", requests=1000, seed=0)
 
@@ -93,8 +103,8 @@ def kernel_cache_misses() -> int:
     from . import _kernels_jit as _kernels
 
     total = 0
-    for name in ("box_minimum", "box_value", "rvi_sweeps", "bellman_step", "rank_rows", "gauss_seidel", "anderson_history",
-                 "anderson_mix", "trim_longest"):
+    for name in ("box_minimum", "box_value", "rvi_sweeps", "bellman_residual", "residual_stats", "rank_rows",
+                 "gauss_seidel", "anderson_history", "anderson_mix", "trim_longest", "chain_bfs", "reach_mark", "event_rows"):
         total += sum(getattr(_kernels, name).stats.cache_misses.values())
     return total
 

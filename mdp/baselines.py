@@ -64,41 +64,56 @@ class Baseline:
             return sum(self.per_stage)
         return None
 
-    def rule(self, queue_stage: IntArray, coord_stage: IntArray):  # type: ignore[no-untyped-def]
+    def rule(self, queue_stage: IntArray, coord_stage: IntArray) -> BaselineRule:
         """Vectorised rule: rows (w per stage, k per coordinate) → threads to start per stage."""
-        Q = queue_stage.size
-        N = int(coord_stage.max()) + 1
-
-        def threads_per_stage(rows: IntArray) -> IntArray:
-            k = rows[:, Q:]
-            out = np.zeros((rows.shape[0], N), dtype=np.int64)
-            for i in range(N):
-                out[:, i] = k[:, coord_stage == i].sum(axis=1)
-            return out
-
+        queue_stage = np.asarray(queue_stage, dtype=np.int64)
+        coord_stage = np.asarray(coord_stage, dtype=np.int64)
         if self.total is None and self.per_stage is None:
-            return lambda rows: rows[:, :Q].copy()
-
+            return BaselineRule(RULE_ALL, np.zeros(1, dtype=np.int64), queue_stage, coord_stage)
         if self.per_stage is not None:
-            caps = np.asarray(self.per_stage, dtype=np.int64)
+            return BaselineRule(RULE_PER_STAGE, np.asarray(self.per_stage, dtype=np.int64), queue_stage, coord_stage)
+        return BaselineRule(RULE_TOTAL, np.array([self.total], dtype=np.int64), queue_stage, coord_stage)
 
-            def per_stage_rule(rows: IntArray) -> IntArray:
-                room = np.maximum(caps[None, :] - threads_per_stage(rows), 0)
-                capped: IntArray = np.minimum(rows[:, :Q], room[:, queue_stage])
-                return capped
 
-            return per_stage_rule
+#: :class:`BaselineRule` kinds, as the compiled chain builder numbers them (_kernels_jit.chain_bfs)
+RULE_ALL, RULE_TOTAL, RULE_PER_STAGE = 1, 2, 3
 
-        total = int(self.total)  # type: ignore[arg-type]
 
-        def total_rule(rows: IntArray) -> IntArray:
-            room = np.maximum(total - rows[:, Q:].sum(axis=1), 0)
-            out = np.zeros((rows.shape[0], Q), dtype=np.int64)
-            # later stages first
-            for q in np.argsort(-queue_stage, kind="stable"):
-                take = np.minimum(rows[:, q], room)
-                out[:, q] = take
-                room = room - take
-            return out
+@dataclass(frozen=True, eq=False)
+class BaselineRule:
+    """A baseline's decision rule: callable on state rows (w per queue, k per coordinate), and
+    described by ``kind`` and ``param`` (π(∞); π(k): [k]; π(k1,…,kN): the caps) so that
+    :func:`overtake.mdp.chain.build_chain` can run it compiled (the same counts)."""
 
-        return total_rule
+    kind: int
+    param: IntArray
+    queue_stage: IntArray
+    coord_stage: IntArray
+
+    @property
+    def priority(self) -> IntArray:
+        """π(k)'s order of queues: later stages first, FCFS (lower index) within a stage."""
+        order: IntArray = np.argsort(-self.queue_stage, kind="stable").astype(np.int64)
+        return order
+
+    def __call__(self, rows: IntArray) -> IntArray:
+        Q = self.queue_stage.size
+        if self.kind == RULE_ALL:
+            everything: IntArray = rows[:, :Q].copy()
+            return everything
+        if self.kind == RULE_PER_STAGE:
+            N = int(self.coord_stage.max()) + 1
+            k = rows[:, Q:]
+            threads = np.zeros((rows.shape[0], N), dtype=np.int64)
+            for i in range(N):
+                threads[:, i] = k[:, self.coord_stage == i].sum(axis=1)
+            room = np.maximum(self.param[None, :] - threads, 0)
+            capped: IntArray = np.minimum(rows[:, :Q], room[:, self.queue_stage])
+            return capped
+        room1 = np.maximum(int(self.param[0]) - rows[:, Q:].sum(axis=1), 0)
+        out = np.zeros((rows.shape[0], Q), dtype=np.int64)
+        for q in self.priority:  # later stages first
+            take = np.minimum(rows[:, q], room1)
+            out[:, q] = take
+            room1 = room1 - take
+        return out

@@ -45,6 +45,9 @@ from .statespace import Layout, PhaseInfo, Ranker, StateSpace
 
 IntArray = npt.NDArray[np.int64]
 
+#: :meth:`Policy.lookup_tables` keeps a position per rank up to this many ranks (16 MB of int32)
+DENSE_RANKS = 4_000_000
+
 FORMAT = "overtake-policy"
 FORMAT_VERSION = 1
 
@@ -124,6 +127,7 @@ class Policy:
         self.D = self.model.n_stages if self.observed else self.model.n_coords
         self._ranker = Ranker(self.Q + self.D, self.max_requests)
         self._lookup: dict[int, int] | None = None
+        self._tables: tuple[IntArray, npt.NDArray[np.int32], IntArray] | None = None
 
     # ---- construction ----------------------------------------------------------------------
     @staticmethod
@@ -199,6 +203,21 @@ class Policy:
             hit = self.keys[idx] == keys
             out[ok] = np.where(hit[:, None], self.spawn[idx].astype(np.int64), 0)
         return np.minimum(out, rows[:, : self.Q])
+
+    def lookup_tables(self) -> tuple[IntArray, npt.NDArray[np.int32], IntArray]:
+        """(keys, position of each rank, spawn counts as int64): the table in the form the compiled
+        chain builder reads it (chain.py). The positions by rank (−1: not in the table) are an
+        array over every rank of the truncation, kept when it has at most ``DENSE_RANKS`` entries
+        (Table 1 case 8's π* on C = 13: 203,490), else empty (a binary search on ``keys`` then)."""
+        if self._tables is None:
+            total = int(self._ranker._n[self._ranker.length, self._ranker.cap])  # vectors with sum <= cap
+            dense = np.zeros(0, dtype=np.int32)
+            if total <= DENSE_RANKS:
+                dense = np.full(total, -1, dtype=np.int32)
+                dense[self.keys] = np.arange(self.keys.size, dtype=np.int32)
+            self._tables = (np.ascontiguousarray(self.keys, dtype=np.int64), dense,
+                            np.ascontiguousarray(self.spawn, dtype=np.int64))
+        return self._tables
 
     def action(self, state: npt.ArrayLike) -> IntArray:
         """Threads to start from each queue in ``state`` (waiting per queue, then threads per coordinate)."""

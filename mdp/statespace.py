@@ -38,6 +38,8 @@ FloatArray = npt.NDArray[np.float64]
 PhaseInfo = Literal["full", "start", "none", "route"]
 
 _RANK_KERNEL_ROWS = 20_000
+#: the compiled event matrix finds destinations through a position per rank up to this many ranks
+_DENSE_RANKS = 4_000_000
 
 
 @dataclass(frozen=True)
@@ -276,6 +278,51 @@ def _events(
     return np.concatenate(srcs), np.concatenate(dsts), np.concatenate(rates)
 
 
+def _event_tables(model: TandemModel, layout: Layout) -> tuple[IntArray, IntArray, FloatArray]:
+    """statespace._events' event types, in its order: (source coordinate or −1 for an arrival,
+    column moves (col, step, col, step; col −1: none), the two rate factors)."""
+    Q = layout.n_queues
+    src: list[int] = []
+    move: list[tuple[int, int, int, int]] = []
+    fac: list[tuple[float, float]] = []
+    for q, p in layout.entry[0]:
+        src.append(-1)
+        move.append((q, 1, -1, 0))
+        fac.append((model.arrival_rate * p, 1.0))
+    for i, st in enumerate(model.stages):
+        t_exit = st.exit_rates
+        for j in range(st.phases):
+            d = model.coord(i, j)
+            for l in range(st.phases):
+                if l != j and st.T[j, l] > 0:
+                    src.append(d)
+                    move.append((Q + d, -1, Q + model.coord(i, l), 1))
+                    fac.append((float(st.T[j, l]), 1.0))
+            if t_exit[j] > 0:
+                if i + 1 < model.n_stages:
+                    for q, p in layout.entry[i + 1]:
+                        src.append(d)
+                        move.append((Q + d, -1, q, 1))
+                        fac.append((float(t_exit[j]), float(p)))
+                else:
+                    src.append(d)
+                    move.append((Q + d, -1, -1, 0))
+                    fac.append((float(t_exit[j]), 1.0))
+    return (np.array(src, dtype=np.int64), np.array(move, dtype=np.int64).reshape(-1, 4),
+            np.array(fac, dtype=np.float64).reshape(-1, 2))
+
+
+def _share_tables(model: TandemModel, k_max: int) -> tuple[FloatArray, FloatArray]:
+    """(per-thread share by thread count K, CPU weights) for the compiled event loops: c(K)/K and
+    ones under processor sharing (:func:`_events`' arithmetic), c(K) and the weights (divided by
+    Σ k_d w_d per state) under weighted sharing."""
+    Ks = np.arange(k_max + 1)
+    if model.weights is None:
+        share: FloatArray = np.asarray(np.where(Ks > 0, model.capacity(Ks) / np.maximum(Ks, 1), 0.0), dtype=np.float64)
+        return share, np.ones(model.n_coords)
+    return np.asarray(model.capacity(Ks), dtype=np.float64), np.asarray(model.weights, dtype=np.float64)
+
+
 def uniformization_rate(model: TandemModel, k_max: int) -> float:
     """Λ = λ + max_K c(K) · max_j |T_jj|: an upper bound on every state's total outflow."""
     mu_max = max(float(np.max(-np.diag(st.T))) for st in model.stages)
@@ -361,7 +408,16 @@ class StateSpace:
 
     @cached_property
     def event_matrix(self) -> sp.csr_matrix:
-        """Uniformized transition matrix P_E (rows: post-decision, columns: pre-decision states)."""
+        """Uniformized transition matrix P_E (rows: post-decision, columns: pre-decision states).
+
+        Built by one compiled pass per row (_kernels_jit.event_rows) where the solver kernels load
+        without numba (or numba is loaded anyway): the same matrix bit for bit, its rows' rates
+        summed in :func:`_events`' order (tests/mdp/test_chain_compiled.py), without the event
+        arrays the numpy construction below holds at once.
+        """
+        compiled = self._compiled_event_matrix()
+        if compiled is not None:
+            return compiled
         src, dst, rate = _events(self.model, self.layout, self.rows, self.cap, self.index)
         out = np.bincount(src, weights=rate, minlength=self.size)
         if np.any(out > self.rate * (1 + 1e-12)):
@@ -374,6 +430,40 @@ class StateSpace:
         P = sp.csr_matrix((data, (src, dst)), shape=(self.size, self.size))
         del data, src, dst
         P.sum_duplicates()
+        return P
+
+    def _compiled_event_matrix(self, force: bool = False) -> sp.csr_matrix | None:
+        from . import _kernels
+
+        if not force and not _kernels.aot_active() and "numba" not in sys.modules:
+            return None
+        ev_src, ev_move, ev_f = _event_tables(self.model, self.layout)
+        share, weights = _share_tables(self.model, self.k_max)
+        total = int(self.ranker._n[self.ranker.length, self.cap])  # ranks of every vector with sum <= cap
+        dense = np.zeros(0, dtype=np.int32)
+        if total <= _DENSE_RANKS:
+            dense = np.full(total, -1, dtype=np.int32)
+            dense[self.keys] = np.arange(self.size, dtype=np.int32)
+        S = self.size
+        args = (self.rows, self.keys, dense, self.ranker._n, self.cap, ev_src, ev_move, ev_f, share, weights,
+                self.model.weights is not None, float(self.rate))
+        wide = S * (ev_src.size + 1) >= 2**31 - 1
+        index_dtype = np.int64 if wide else np.int32
+        indptr = np.zeros(S + 1, dtype=index_dtype)
+        none_i, none_f = np.zeros(0, dtype=index_dtype), np.zeros(0)
+        _kernels.event_rows(*args, False, indptr, none_i, none_f, none_f)
+        np.cumsum(indptr, out=indptr)
+        nnz = int(indptr[-1])
+        indices = np.empty(nnz, dtype=index_dtype)
+        data = np.empty(nnz)
+        out = np.empty(S)
+        bad = int(_kernels.event_rows(*args, True, indptr, indices, data, out))
+        if bad >= 0:
+            raise IndexError("row outside the state space")
+        if np.any(out > self.rate * (1 + 1e-12)):
+            raise AssertionError("uniformization rate below a state's outflow")
+        P = sp.csr_matrix((data, indices, indptr), shape=(S, S))
+        P.has_sorted_indices = True
         return P
 
     @cached_property
