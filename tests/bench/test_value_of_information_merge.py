@@ -59,8 +59,8 @@ def _run(case: int, ew: dict[str, float], date: str, **extra: Any) -> dict[str, 
             **extra}
 
 
-NEWER = {"date": "2026-11-26T15:40:00+00:00", "bench": "value_of_information", "command": "python bench/value_of_information.py --cases 2",
-         "machine": "2 cores", "section": "value-of-information",
+NEWER = {"date": "2026-11-26T15:40:00+00:00", "bench": "value_of_information",
+         "command": "python bench/value_of_information.py --cases 2", "machine": "2 cores", "section": "value-of-information",
          "figures": {"tol": 1e-3, "cases": {"2": _run(2, _ew(4.385, 4.7729, 4.9, 5.7124, 4.9775, route=4.6),
                                                       "2026-11-26T15:40:00+00:00")}}}
 
@@ -104,8 +104,8 @@ def test_section_names_each_cases_run_and_checks_the_invariants(runs: list[dict[
     lines = text.splitlines()
     assert lines[0].startswith("## value-of-information:")
     assert "on all 3 cases: yes" in text
-    assert "cases 3: `python bench/value_of_information.py --cases 3 --merge --record`, 2026-11-26 16:00 UTC" in text
-    assert "cases 1: the run of 2026-11-24 01:58 UTC" in text and "cases 2: the run of 2026-11-26 15:40 UTC" in text
+    assert "case 3: `python bench/value_of_information.py --cases 3 --merge --record`, 2026-11-26 16:00 UTC" in text
+    assert "case 1: the run of 2026-11-24 01:58 UTC" in text and "case 2: the run of 2026-11-26 15:40 UTC" in text
     assert "beats every baseline by more than the tolerance in cases 2–3" in text and "not run in case 3 " in text
     header = next(ln for ln in lines if ln.startswith("| E[W]"))
     assert header.split("|")[2:5] == [" 1 ", " 2 ", " 3 "]

@@ -332,11 +332,12 @@ def test_iterative_evaluation_agrees_with_the_direct_solve(monkeypatch: pytest.M
         return out
 
     monkeypatch.setattr(observation, "_DIRECT_STATES", 0)
+    monkeypatch.setattr(observation, "_ITER_MIN_SECONDS", 60.0)  # a loaded machine must not decide the path
     monkeypatch.setattr(observation.Factor, "iterate", counted)
     osp = ObservationSpace(model, tr, layout)
     assert osp.size > 1000
     fast = improve(osp, start, start="pi(inf)")
-    assert sum(calls) >= 4  # the iterative path was taken, and converged
+    assert len(calls) >= 4 and all(calls)  # the iterative path was taken, and converged every time
     assert np.array_equal(fast.actions, direct.actions)
     assert [h.get("accepted") for h in fast.history] == [h.get("accepted") for h in direct.history]
     for a, b in zip(fast.history, direct.history, strict=True):
