@@ -266,6 +266,11 @@ def section(doc: dict[str, Any]) -> str:
         cmd = results[cs[0]]["run"].get("command", "")
         prov.append(f"{_cases(cs)}: the run of {_when(date)} UTC" + (f" (`{cmd}`)" if cmd else ""))
     routed = [c for c in sorted(results) if "route" in results[c]["ew"]]
+    capped = [c for c in routed if isinstance(results[c].get("route"), dict) and results[c]["route"].get("unsettled")]
+    caps: dict[tuple[int, int], list[int]] = {}
+    for c in capped:
+        caps.setdefault((results[c]["route"]["solve_cap"], results[c]["route"]["threads"]), []).append(c)
+    untraced = [c for c in routed if not isinstance(results[c].get("route"), dict)]
     return "\n".join([
         "## value-of-information: what each level of phase knowledge is worth, paper 004's Table 1 (issue 18)",
         f"Conclusion: E W(none) ≤ every baseline and full ≤ start ≤ none (full ≤ route ≤ none) on all {len(results)} cases: "
@@ -277,7 +282,11 @@ def section(doc: dict[str, Any]) -> str:
         + (f"; in {_cases(ties)} its best is a baseline" if ties else "") + ". "
         + (f"`route` where it applies: {_cases(routed)}" if routed else "")
         + (f"; not run in {_cases(skipped)} (the time this session had)" if skipped else "")
- + ". "
+        + (" (route tables optimised on "
+           + "; ".join(f"request cap {C} with {K} threads in {_cases(cs)}" for (C, K), cs in caps.items())
+           + ": a larger solve cap would exceed the 40,000-state budget, so their optimality there is unchecked; "
+           "their E[W] is exact all the same" + (f"; {_cases(untraced)}: no solve trace recorded" if untraced else "")
+           + ")" if capped else "") + ". "
         f"Every E[W] exact (auto-truncation, tolerance {tol:g}): `full` π* (every phase known; paper 004), `start` (a "
         "phase seen once its thread starts), `route` (each request's route class seen, not its phase: three classes "
         "with short-phase shares 99/50/10 % on a single H2 stage, two (99/10 %) on each of two), `none` (waiting "
