@@ -37,6 +37,7 @@ exact evaluation confirms it.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -68,6 +69,9 @@ IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 ObservedRule = Callable[[IntArray], IntArray]
+_ITER_RTOL = 1e-13  # relative residual of the iterative solves (E[W] then agrees with a direct solve to < 1e-9)
+_ITER_MIN_SECONDS = 0.05  # an iterative solve's time budget at least (tests raise it: convergence, not the clock)
+_ITER_MAX = 2_000  # BiCGSTAB iterations per column at most (time bounds them first: Factor.iterate)
 
 
 def observe(model: TandemModel, layout: Layout, rows: IntArray) -> IntArray:
@@ -137,11 +141,14 @@ class Factor:
 
     With h(0) = 0 the bias is h = u − γv, A u = c_{−0}, A v = 1, γ = (c_0 + P_{0,−0}u)/(1 + P_{0,−0}v);
     the stationary law with π_0 = 1 solves Aᵀ π_{−0} = P_{0,−0}ᵀ. One factorization answers all
-    three, and stays a good GMRES preconditioner for a table that differs in a few classes.
+    three, and stays a good preconditioner for a table that differs in a few classes (GMRES) or in
+    many (BiCGSTAB, :meth:`iterate`). ``seconds`` is what the factorization took.
     """
 
     def __init__(self, A: sp.csc_matrix, actions: IntArray) -> None:
+        t = time.perf_counter()
         self.lu = spla.splu(A, permc_spec="COLAMD")
+        self.seconds = time.perf_counter() - t
         self.shape = A.shape
         self.actions = np.array(actions, dtype=np.int64, copy=True)
 
@@ -166,9 +173,42 @@ class Factor:
             out[:, j] = x
         return out
 
+    def iterate(self, A: sp.csc_matrix, B: FloatArray, X0: FloatArray, *, deadline: float, trans: bool = False,
+                rtol: float = _ITER_RTOL) -> FloatArray | None:
+        """Solve A X = B (Aᵀ X = B with ``trans``) for an A far from the factored matrix: BiCGSTAB
+        preconditioned by the factor, started from ``X0`` (a similar table's solution), to relative
+        residual ``rtol``; None if a column broke down or has not converged by ``deadline``
+        (``time.perf_counter()``: the caller gives it what a new factorization would cost).
+        """
+        t = "T" if trans else "N"
+        M = spla.LinearOperator(self.shape, lambda b: self.lu.solve(b, trans=t))
+        op = A.T.tocsr() if trans else A
+
+        def check(_: FloatArray) -> None:
+            if time.perf_counter() > deadline:
+                raise _OutOfTime
+
+        out = np.empty_like(B)
+        for j in range(B.shape[1]):
+            try:
+                x, info = spla.bicgstab(op, B[:, j], x0=X0[:, j], M=M, rtol=rtol, atol=0.0, maxiter=_ITER_MAX,
+                                        callback=check)
+            except _OutOfTime:
+                return None
+            if info != 0 or not np.all(np.isfinite(x)):
+                return None
+            if np.linalg.norm(op @ x - B[:, j]) > 10 * rtol * np.linalg.norm(B[:, j]):
+                return None  # the recurrence's residual drifted from the true one
+            out[:, j] = x
+        return out
+
+
+class _OutOfTime(Exception):
+    """An iterative solve ran past the cost of a new factorization."""
+
 
 _DIRECT_STATES = 6_000  # below: factor every table (an LU is cheaper than GMRES set-up)
-_LOW_RANK = 60  # above this many changed states a trial is factored afresh (GMRES would cost more)
+_LOW_RANK = 60  # above this many changed states: BiCGSTAB (Factor.iterate), else GMRES of that rank
 
 
 @dataclass(frozen=True, eq=False)
@@ -179,7 +219,8 @@ class ExactEvaluation:
     relative values h on post-decision states (h(0) = 0); ``post`` the stationary law on
     post-decision states, ``epochs`` the stationary rate of decision epochs per pre-decision
     state (μ = π P_chg), both of length ``space.size``; ``metrics`` E[W] and the rest;
-    ``factor`` the LU the solves used (a preconditioner for the next table).
+    ``factor`` the LU the solves used (a preconditioner for the next table), ``refactored``
+    whether this table was factored itself, ``solution`` the three solves' answers.
     """
 
     gain: float
@@ -189,6 +230,7 @@ class ExactEvaluation:
     metrics: PolicyMetrics
     factor: Factor
     refactored: bool
+    solution: FloatArray | None = None  # (u, v, π_{−0}) as columns: the next table's starting point
 
 
 @dataclass(frozen=True, eq=False)
@@ -248,6 +290,12 @@ class ObservationSpace:
         S = sp_.size
         self.P_same = sp.csr_matrix((PE.data[same], (PE.row[same], PE.col[same])), shape=(S, S))
         self.P_change = sp.csr_matrix((PE.data[~same], (PE.row[~same], PE.col[~same])), shape=(S, S))
+        # iterative solves (evaluate): the cheapest factorization made on this space preconditions
+        # them (a π(∞)-like table fills in 10x less than the tables the search reaches, and its LU
+        # preconditions those as well: ~100 BiCGSTAB iterations on Table 1 case 6's route chain),
+        # and they may take what the costliest factorization took
+        self._preconditioner: Factor | None = None
+        self._lu_seconds = 0.0
 
     # ---- actions ------------------------------------------------------------------------------
     @property
@@ -321,9 +369,13 @@ class ObservationSpace:
     def evaluate(self, actions: IntArray, *, near: ExactEvaluation | None = None) -> ExactEvaluation:
         """Gain, bias and stationary laws of a table, all exact (sparse solves, :class:`Factor`).
 
-        ``near``: the evaluation of a similar table. On a large chain, when the two differ in at
-        most 60 states (a perturbation of that rank), its factor preconditions GMRES (relative
-        residual 1e-12) instead of a new factorization.
+        ``near``: the evaluation of a similar table. On a large chain its factor preconditions
+        the solves instead of a new factorization: GMRES (relative residual 1e-12) when the two
+        differ in at most 60 states (a perturbation of that rank), else BiCGSTAB preconditioned by
+        the cheapest factorization made on this space and started from ``near``'s solution
+        (relative residual 1e-13, :meth:`Factor.iterate`). A solve that has not converged within
+        the costliest factorization's time, or a stationary law whose residual exceeds 1e-9, is
+        replaced by a new factorization: the answer is exact either way.
         """
         sp_ = self.space
         S = sp_.size
@@ -334,14 +386,23 @@ class ObservationSpace:
         rhs = np.column_stack([cost[1:], np.ones(S - 1)])
         sol = solT = None
         factor = near.factor if near is not None and S > _DIRECT_STATES else None
-        if factor is not None:
+        if factor is not None and near is not None:
             rank = int(self.class_size[np.any(np.asarray(actions) != factor.actions, axis=1)].sum())
             if rank <= _LOW_RANK:
                 sol = factor.solve(A, rhs, rank=rank)
                 solT = None if sol is None else factor.solve(A, p0[:, None], trans=True, rank=rank)
+            else:
+                X0 = near.solution if near.solution is not None else np.zeros((S - 1, 3))
+                pre = self._preconditioner or factor
+                deadline = time.perf_counter() + max(self._lu_seconds, 4 * pre.seconds, _ITER_MIN_SECONDS)
+                sol = pre.iterate(A, rhs, X0[:, :2], deadline=deadline)
+                solT = None if sol is None else pre.iterate(A, p0[:, None], X0[:, 2:], deadline=deadline, trans=True)
         refactored = sol is None or solT is None
         if refactored:
             factor = Factor(A, actions)
+            self._lu_seconds = max(self._lu_seconds, factor.seconds)
+            if self._preconditioner is None or factor.seconds < self._preconditioner.seconds:
+                self._preconditioner = factor
             sol = factor.solve(A, rhs)
             solT = factor.solve(A, p0[:, None], trans=True)
         assert factor is not None and sol is not None and solT is not None
@@ -354,10 +415,12 @@ class ObservationSpace:
         post /= post.sum()
         resid = float(np.abs(P.T @ post - post).max() / post.max())
         if resid > 1e-9:
+            if not refactored:  # an iterative answer not good enough: factor this table itself
+                return self.evaluate(actions)
             raise SolverError(f"stationary solve inaccurate: residual {resid:.2e} on {S} states")
         epochs = np.asarray(self.P_change.T @ post).ravel()
         m = metrics(self.model, sp_.rows[reach], self.layout.queue_stage, post[reach], self.cap)
-        return ExactEvaluation(gamma * sp_.rate, h, post, epochs, m, factor, refactored)
+        return ExactEvaluation(gamma * sp_.rate, h, post, epochs, m, factor, refactored, np.column_stack([sol, solT]))
 
     # ---- improvement ----------------------------------------------------------------------------
     def propose(self, actions: IntArray, ev: ExactEvaluation, *, rtol: float = 1e-10) -> Proposal:
