@@ -7,31 +7,12 @@ from ``ew``; the section names the run of every case and says "no" when an invar
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import _report as report  # bench/ is on the path (setup.cfg [tool:pytest])
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _module(name: str) -> ModuleType:
-    """The bench module ``name``, loaded by path as tests/bench/test_report.py does."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-report = _module("_report")
-voi = _module("value_of_information")
+import value_of_information as voi
 
 
 def _ew(full: float, start: float, none: float, pi1: float, pi_inf: float, route: float | None = None) -> dict[str, float]:
