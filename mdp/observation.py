@@ -203,8 +203,8 @@ class Factor:
         return out
 
 
-class _OutOfTime(Exception):
-    """An iterative solve ran past the cost of a new factorization."""
+class _OutOfTime(SolverError):
+    """An iterative solve ran past the cost of a new factorization (caught here: the direct solve follows)."""
 
 
 _DIRECT_STATES = 6_000  # below: factor every table (an LU is cheaper than GMRES set-up)
