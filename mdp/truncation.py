@@ -375,7 +375,7 @@ def solve_optimal(
         sweeps += res.sweeps
         m = _exact_metrics(space, res, laws)
         trace.append({"max_requests": tr.max_requests, "max_threads": tr.k_max, "states": space.size,
-                      "sweeps": res.sweeps, "gain_bounds": list(res.gain_bounds),
+                      "sweeps": res.sweeps, "loose": loose, "gain_bounds": list(res.gain_bounds),
                       "mean_response_time": m.mean_response_time, "blocking_probability": m.blocking_probability})
         if progress:
             progress(f"pi*: cap {tr.max_requests}, threads {tr.k_max}: {space.size} states, "
@@ -418,7 +418,9 @@ def solve_optimal(
         trK = Truncation(tr.max_requests, tr.k_max + 1)
         if trK.k_max == tr.k_max:
             break
-        spK, resK, mK = run(trK, (space, res))
+        # a check like the solve-cap one below: tol/10 on the gain bounds its sub-optimality, ten
+        # times finer than the tol it is judged by (the thread-cap probes were ~40 % of case 8's steps)
+        spK, resK, mK = run(trK, (space, res), loose=True)
         if _rel(mK.mean_response_time, m.mean_response_time) < tol:
             break
         tr, space, res, m = trK, spK, resK, mK
