@@ -189,6 +189,17 @@ def routes_scenario(case: int, policy_dir: Path) -> Path:
     return out
 
 
+def wait_gate(port: int, logp: Path, timeout: float = 10.0) -> None:
+    """Until the sidecar reports ``overtake_gate_enabled 1`` (Apache has mapped its gate file)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        code, body = http_request("GET", f"http://127.0.0.1:{port}/-/metrics", b"")
+        if code == 200 and b"\novertake_gate_enabled 1.0" in body:
+            return
+        time.sleep(0.1)
+    raise SystemExit(f"apache_table2: --gate: the sidecar never paired with Apache's gate; log: {logp.read_text()[-800:]}")
+
+
 def predicted(model: TandemModel, pol: Policy) -> dict[str, float]:
     w = {"pi*": float(pol.meta["metrics"]["mean_response_time"])}
     for name in ("pi(1)", "pi(inf)"):
@@ -196,17 +207,20 @@ def predicted(model: TandemModel, pol: Policy) -> dict[str, float]:
     return w
 
 
+GATE_SLOTS = 64  #: requests the admission gate may hold in the pi* Apache (--gate)
+
+
 def start_lever_apache(tmp: Path, case: int, args: argparse.Namespace, threshold_s: float | None,
-                       server_core: int, client_core: int) -> apache.ApacheInstance:
+                       server_core: int, client_core: int, gate: str | None = None) -> apache.ApacheInstance:
     """A second private Apache loading mod_overtake_prio (one level below 0, SCHED_IDLE: from
-    ``threshold_s`` of thread CPU, or by the class header only when None); started with our
-    affinity widened, as the launcher checks it."""
+    ``threshold_s`` of thread CPU, or by the class header only when None), with the admission
+    gate on file ``gate`` if given; started with our affinity widened, as the launcher checks it."""
     os.sched_setaffinity(0, {server_core, client_core})
-    cp = (apache.CpuPriority(levels=(threshold_s,), nice=("idle",)) if threshold_s is not None
-          else apache.CpuPriority(levels=(3600.0,), nice=("idle",), age=False))
+    cp = (apache.CpuPriority(levels=(threshold_s,), nice=("idle",), gate=gate) if threshold_s is not None
+          else apache.CpuPriority(levels=(3600.0,), nice=("idle",), age=False, gate=gate))
     try:
         return apache.start(tmp / f"apache-prio{case}", f"127.0.0.1:{free_port()}", cpu=server_core,
-                            max_workers=args.max_workers, cpu_priority=cp)
+                            max_workers=args.max_workers + (GATE_SLOTS if gate else 0), cpu_priority=cp)
     finally:
         os.sched_setaffinity(0, {client_core})
 
@@ -246,9 +260,12 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
              for name in names}
     servers = {name: inst for name in names}
     started: list[apache.ApacheInstance] = []
-    if use_lever and lever is not None:
-        servers["pi*"] = start_lever_apache(tmp, case, args, lever["threshold"] * args.time_unit if age else None,
-                                            args.server_core, client_core)
+    # --gate: pi*'s queued requests wait in Apache (mod_overtake_prio's admission gate) instead of the sidecar
+    gate = f"/dev/shm/overtake-table2-gate-{os.getpid()}" if args.gate and "pi*" in names else None
+    if (use_lever and lever is not None) or gate:
+        servers["pi*"] = start_lever_apache(
+            tmp, case, args, lever["threshold"] * args.time_unit if age and lever is not None else None,
+            args.server_core, client_core, gate)
         started.append(servers["pi*"])
     stages = tmp / f"stages{case}.yaml"
     stages.write_text(STAGES.format(cap=args.max_workers - 4, mode=args.classifier, unit=args.time_unit,
@@ -261,13 +278,17 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
             logp = tmp / f"sidecar{case}-{len(sidecars)}.log"
             logs.append(logp.open("wb"))
             lever_side = use_lever and srv == servers["pi*"].base_url
+            gate_side = ["--gate", gate, "--gate-slots", str(GATE_SLOTS), "--status-interval", "0.5"] \
+                if gate and srv == servers["pi*"].base_url else []
             sidecars[srv] = (port, subprocess.Popen(
                 ["taskset", "-c", str(client_core), sys.executable, "-m", "overtake.api.cli", "sidecar", "--policy",
                  str(pstar if lever_side else pfile), "--apache", srv, "--listen", f"127.0.0.1:{port}", "--stages", str(stages),
-                 "--cpu-priority", args.cpu_priority if lever_side else "off"],
+                 "--cpu-priority", args.cpu_priority if lever_side else "off", *gate_side],
                 cwd=REPO, stdout=logs[-1], stderr=subprocess.STDOUT), logp)
         for port, side, logp in sidecars.values():
             wait_sidecar(port, side, logp)
+        if gate:
+            wait_gate(sidecars[servers["pi*"].base_url][0], sidecars[servers["pi*"].base_url][2])
         res: dict[str, Any] = {}
         rts: dict[str, np.ndarray] = {}
         for name in names:
@@ -294,6 +315,11 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
             res["pi*"]["prio_status"] = {"enabled": st.enabled, "requests": list(st.requests),
                                         "demotions_age": list(st.demotions_age), "restores": st.restores,
                                         "restore_errors": st.restore_errors, "in_flight": list(st.in_flight)}
+        if gate and "pi*" in res:
+            st = apache.fetch_prio_status(*apache.parse_listen(servers["pi*"].listen))
+            res["pi*"]["gate"] = {"held": st.gate_held, "wait_s": st.gate_wait_s, "timeouts": st.gate_timeouts,
+                                  "cancels": st.gate_cancels, "stale": st.gate_stale, "aborts": st.gate_aborts,
+                                  "unmapped": st.gate_unmapped}
     finally:
         for _, side, _ in sidecars.values():
             side.terminate()
@@ -302,6 +328,8 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
             f.close()
         for srv in started:
             apache.stop(srv.workdir, graceful=False)
+        if gate:
+            Path(gate).unlink(missing_ok=True)
     star = res.get("pi*", {}).get("mean_response_time")
     out: dict[str, Any] = {"policies": res, "measured_gains": {}, "measured_gains_ci95": {}, "predicted_gains": {},
                            "ideal_gains": {}, "adjusted_gains": {}, "adjusted_gains_ci95": {},
@@ -464,6 +492,10 @@ def render_lever(record: dict[str, Any], classifier: str, kind: str, explicit: d
             "the assignment by expected remaining work; 'classes' gives each stage's phases' class) through a "
             "sidecar that sends X-Overtake-Class 1 (SCHED_IDLE) for the low class, to a second Apache that "
             "loads mod_overtake_prio without age levels")
+    if any(r["policies"].get("pi*", {}).get("gate") for r in record.values()):
+        what += ("; lever 'not used, gate': pi* through the sidecar's admission gate (--gate) into a second Apache "
+                 "that loads the module for it, held requests waiting there and the oldest one started early under "
+                 "SCHED_IDLE (--gate-backfill 1)")
     lines = [
         f"## apache-table2-{kind}: the CPU-priority lever on a real Apache ({classifier} phases, issue 20)",
         "",
@@ -512,7 +544,8 @@ def render_lever(record: dict[str, Any], classifier: str, kind: str, explicit: d
         st = r["policies"].get("pi*", {}).get("prio_status")
         dem = "-" if not st else f"{100 * sum(st['requests'][1:]) / max(1, sum(st['requests'])):.1f} %"
         err = "-" if not st else str(st["restore_errors"])
-        th = ("not used" if lv and not lv.get("used") else "-" if not lv else
+        th = ("not used" + (", gate" if r["policies"].get("pi*", {}).get("gate") else "")
+              if lv and not lv.get("used") else "-" if not lv else
               f"{lv['threshold']:.2f} ({lv['threshold_s'] * 1e3:.1f} ms)" if lv.get("threshold") else
               "classes " + " / ".join("".join(str(x) for x in row) for row in lv["start_levels"]))
         row = f"| {c} | {unit * 1e3:g} ms | {th} | {w('pi*')} | {w('pi(inf)')} | {gain} | {adj} | {dem} | {err} |"
@@ -549,6 +582,12 @@ def _lever_conclusion(record: dict[str, Any], kind: str, explicit: dict[str, Any
         worse = [c for c in rest if record[c]["measured_gains"]["pi(inf)"] < -record[c]["measured_gains_ci95"]["pi(inf)"]]
         out.append(f"Without it (cases {', '.join(rest)}: the lever not predicted better): slower than pi(inf) beyond "
                    f"the CI in {len(worse)} of {len(rest)}.")
+    if kind == "age":  # issue 18: the adjusted gains within 5 pp of the model's
+        off = {c: 100 * (r["predicted_gains"]["pi(inf)"] - r["adjusted_gains"]["pi(inf)"])
+               for c, r in sorted(record.items(), key=lambda kv: int(kv[0])) if "pi(inf)" in r["adjusted_gains"]}
+        far = [f"{c} ({d:+.1f} pp)" for c, d in off.items() if abs(d) > 5]
+        out.append(f"Adjusted gain within 5 pp of the model's in {len(off) - len(far)} of {len(off)} cases"
+                   + (f"; short of it: {', '.join(far)}." if far else "."))
     return "Conclusion: " + " ".join(out)
 
 
@@ -614,6 +653,9 @@ def main() -> int:
     ap.add_argument("--cpu-priority", choices=["off", "age", "class"], default="off",
                     help="pi* may use mod_overtake_prio: age priority, or CPU classes by phase with "
                     "explicit phases (see the module docstring)")
+    ap.add_argument("--gate", action="store_true",
+                    help="pi* through a sidecar with mod_overtake_prio's admission gate (--gate): its queued requests "
+                    "wait inside a second Apache that loads the module, admission is a futex wake-up")
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--max-workers", type=int, default=64)
     ap.add_argument("--policy-dir", default="/tmp/overtake-table2-policies")
@@ -665,6 +707,7 @@ def main() -> int:
                f"--time-unit {args.time_unit:g} --classifier {args.classifier}"
                + ("" if args.policies == ",".join(POLICIES) else f" --policies {args.policies}")
                + ("" if args.cpu_priority == "off" else f" --cpu-priority {args.cpu_priority}")
+               + (" --gate" if args.gate else "")
                + ("" if args.halt_poll_us == 20000 else f" --halt-poll-us {args.halt_poll_us:g}")
                + (f" --apache-slice-us {args.apache_slice_us:g}" if args.apache_slice_us else ""))
     results: dict[str, Any] = {}

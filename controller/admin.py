@@ -146,7 +146,7 @@ class AdminEndpoints:
         """Read Apache's ``/server-status?auto`` into the metrics: the parsed status, or absent
         (Apache answers 401/403/404/410 or not with mod_status), or unreachable (a failure)."""
         apache = self.side.metrics.apache
-        if self.side.options.cpu_priority != "off":
+        if self.side.options.cpu_priority != "off" or self.side.gate is not None:
             await self.scrape_prio()
         try:
             code, body = await self._get(b"/server-status?auto")
@@ -176,6 +176,8 @@ class AdminEndpoints:
         except (OSError, TimeoutError, ValueError) as exc:
             prio.families = []
             ok, detail = False, f"{exc.__class__.__name__}: {exc}"
+        token = next((int(s.value) for f in prio.families if f.name == "overtake_gate_token" for s in f.samples), None)
+        self.side.check_gate(token, "" if ok else f"GET /overtake-prio-status: {detail}")
         if ok != self._prio_ok:
             self._prio_ok = ok
             if not ok:

@@ -78,12 +78,16 @@ class Forwarder:
         self._err_logged, self._err_suppressed = now, 0
 
     async def forward(self, conn: ClientConnection, req: Request, t: Ticket,
-                      complete: Callable[[UpstreamResponse], Awaitable[None]], cpu_class: int | None = None) -> bool:
+                      complete: Callable[[UpstreamResponse], Awaitable[None]], cpu_class: int | None = None,
+                      gate: bytes | None = None, admitted: Callable[[], Awaitable[bool]] | None = None) -> bool:
         """Send ``req`` (admitted as ``t``) to Apache, ``await complete(resp)`` once its whole
         response is in, then relay it; False when the client connection must close.
-        ``cpu_class``: the ``X-Overtake-Class`` level to send (``--cpu-priority class``)."""
+        ``cpu_class``: the ``X-Overtake-Class`` level to send (``--cpu-priority class``).
+        ``gate``/``admitted``: ``t`` is still queued; the request goes out now with the gate
+        header and ``admitted()`` waits for the decision (:class:`~overtake.controller.upstream.Withdrawn`
+        propagates when it is withdrawn)."""
         body = b"".join(req.body)
-        head = upstream_head(req, conn.peer, len(body), self.upstream_host, cpu_class)
+        head = upstream_head(req, conn.peer, len(body), self.upstream_host, cpu_class, gate=gate)
         writer = conn.writer
         state: dict[str, Any] = {"flow": None, "chunked": False, "spool": None, "drain": None}
 
@@ -117,10 +121,13 @@ class Forwarder:
         try:
             resp = await self.pool.exchange(
                 req.method, head, body, buffer_bytes=self.limits.response_buffer_bytes,
-                timeout=self.limits.upstream_timeout, on_stream=stream,
+                timeout=self.limits.upstream_timeout, on_stream=stream, admitted=admitted,
             )
         except UpstreamError as exc:
-            self.limiter.release(t, "failed")
+            if t.status == ADMITTED:
+                self.limiter.release(t, "failed")
+            else:  # sent ahead to the gate and lost before its admission
+                self.limiter.cancel(t, "upstream_error")
             self.metrics.errors.labels("upstream_timeout" if "within" in str(exc) else "upstream_error").inc()
             self._log_upstream_error(str(exc))
             if state["flow"] is not None:
@@ -130,7 +137,8 @@ class Forwarder:
             return req.keep_alive
         except (ClientGone, ConnectionError, OSError):
             # the client went away while we streamed to it: Apache's answer is complete or dropped
-            self.limiter.release(t, "client_abort")
+            if t.status == ADMITTED:
+                self.limiter.release(t, "client_abort")
             self.metrics.errors.labels("client_abort").inc()
             if state["flow"] is not None:
                 self._abandon(state)

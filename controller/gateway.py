@@ -35,13 +35,14 @@ from typing import Any
 
 from overtake.controller.classifier import BadPhaseHeader, Classifier
 from overtake.controller.forward import Forwarder
+from overtake.controller.gate import Gate
 from overtake.controller.http1 import REASONS, ClientConnection, Request, content_length, simple_response
 from overtake.controller.limiter import ADMITTED, PASSTHROUGH, Limiter, Ticket
 from overtake.controller.metrics import SidecarMetrics
 from overtake.controller.request_log import RequestRecord
 from overtake.controller.stages import StageTable
 from overtake.controller.uplink import Uplink
-from overtake.controller.upstream import UpstreamPool, UpstreamResponse
+from overtake.controller.upstream import UpstreamPool, UpstreamResponse, Withdrawn
 
 __all__ = ["Gateway"]
 
@@ -69,6 +70,8 @@ class Gateway:
         on_request: Callable[[RequestRecord], None] | None = None,
         trusted_sources: Sequence[str] = ("127.0.0.0/8", "::1/128"),
         cpu_class: Callable[[int, int], int | None] | None = None,
+        gate: Gate | None = None,
+        gate_slots: int = 64,
     ) -> None:
         self.table = table
         self.limits = table.config.limits
@@ -83,6 +86,11 @@ class Gateway:
         self.on_request = on_request
         #: (stage, label) -> mod_overtake_prio starting level to send, or None (--cpu-priority class)
         self.cpu_class = cpu_class
+        #: Apache's admission gate (controller.gate); queued requests use it while ``gate_on``
+        #: (the sidecar sets it once Apache reports the same gate file), at most ``gate_slots``
+        self.gate = gate
+        self.gate_on = False
+        self.gate_slots = gate_slots
         self.admin_server: asyncio.base_events.Server | None = None
         self._admin_conns: set[ClientConnection] = set()
         self._draining = False
@@ -305,19 +313,34 @@ class Gateway:
             rec.status = 503
             await self._send(writer, self._busy("queue full"))
             return req.keep_alive
-        if t.status != ADMITTED:
-            if not await self._wait(conn, t, stage):
-                rec.queue_wait = self.limiter.clock() - t.t_arrive
-                if conn.closed.done():
-                    return False
-                rec.status = 503
-                await self._send(writer, self._busy("queue timeout"))
-                return req.keep_alive
         h_dur, h_wait = self._hists(stage, t.start_phase)
-        h_wait.observe(t.t_admit - t.t_arrive)
-        rec.queue_wait = t.t_admit - t.t_arrive
-        if stage != PASSTHROUGH:
-            rec.phase = t.start_phase + 1
+
+        def admitted_now() -> None:
+            h_wait.observe(t.t_admit - t.t_arrive)
+            rec.queue_wait = t.t_admit - t.t_arrive
+            if stage != PASSTHROUGH:
+                rec.phase = t.start_phase + 1
+
+        gate: tuple[int, bytes] | None = None
+        admitted: Callable[[], Awaitable[bool]] | None = None
+        if t.status != ADMITTED:
+            gate = self._arm(t)
+            if gate is None:
+                if not await self._wait(conn, t, stage):
+                    return await self._withdrawn(conn, req, rec, t)
+            else:
+                slot = gate[0]
+
+                async def admitted() -> bool:
+                    # sent already, held in Apache's gate: the limiter's admission opens it
+                    if await self._wait(conn, t, stage):
+                        admitted_now()
+                        return True
+                    assert self.gate is not None
+                    self.gate.cancel(slot)
+                    return False
+        if admitted is None:
+            admitted_now()
 
         async def complete(resp: UpstreamResponse) -> None:
             rec.status = resp.status
@@ -326,10 +349,43 @@ class Gateway:
             await self._complete(conn, req, t, resp, h_dur)
 
         level = self.cpu_class(stage, t.start_phase) if self.cpu_class is not None and stage != PASSTHROUGH else None
-        keep = await self.forwarder.forward(conn, req, t, complete, level)
+        try:
+            keep = await self.forwarder.forward(conn, req, t, complete, level,
+                                                gate=None if gate is None else gate[1], admitted=admitted)
+        except Withdrawn:
+            return await self._withdrawn(conn, req, rec, t)
+        finally:
+            if gate is not None:
+                t.gate = None
+                assert self.gate is not None
+                self.gate.free(gate[0])
         if rec.status == 0 and not conn.closed.done():
             rec.status = 502  # the forwarder answered Apache's failure
         return keep
+
+    def _arm(self, t: Ticket) -> tuple[int, bytes] | None:
+        """A gate slot for queued ``t`` (it is then sent to Apache at once), or None: no gate, a
+        passthrough request, or every slot in use (it waits here, as without a gate)."""
+        if not self.gate_on or self.gate is None or t.stage == PASSTHROUGH:
+            return None
+        if self.gate.in_use >= self.gate_slots:
+            self.metrics.gate_full.inc()
+            return None
+        armed = self.gate.arm()
+        if armed is not None:
+            t.gate = armed[0]
+            for fn in self.limiter.after_dispatch:  # the decision ran before the slot: idle starts
+                fn()
+        return armed
+
+    async def _withdrawn(self, conn: ClientConnection, req: Request, rec: RequestRecord, t: Ticket) -> bool:
+        """A queued request timed out or its client went away: 503, or close."""
+        rec.queue_wait = self.limiter.clock() - t.t_arrive
+        if conn.closed.done():
+            return False
+        rec.status = 503
+        await self._send(conn.writer, self._busy("queue timeout"))
+        return req.keep_alive
 
     def _trusted(self, peer: str) -> bool:
         """May ``peer`` set the phase and class headers (``trusted_sources``)?"""

@@ -49,7 +49,8 @@ _TCP_CLOSE = 7  # tcp_states.h: what a socket becomes once the peer's RST arrive
 #: bytes parsed per step of the event loop: at most _SLICE // 18 requests (the smallest request
 #: line and empty header block, "GET / HTTP/1.1\r\n\r\n") beyond _MAX_PIPELINE are ever queued
 _SLICE = 1024
-_SET_HERE = frozenset({b"content-length", b"expect", b"x-forwarded-proto", b"x-forwarded-host"})
+#: x-overtake-gate: only the sidecar's own reaches Apache (a client's would hold a worker)
+_SET_HERE = frozenset({b"content-length", b"expect", b"x-forwarded-proto", b"x-forwarded-host", b"x-overtake-gate"})
 #: control endpoints take a baseline name, a path, a URL or a small .npz; a larger artifact goes by URL
 ADMIN_BODY_MAX = 1 << 20
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
@@ -462,12 +463,14 @@ def simple_response(status: int, text: str, *, close: bool, extra: bytes = b"") 
 
 
 def upstream_head(req: Request, peer: str, body_len: int, upstream_host: bytes, cpu_class: int | None = None,
-                  upgrade: bytes | None = None) -> bytes:
+                  upgrade: bytes | None = None, gate: bytes | None = None) -> bytes:
     """The request head sent to Apache: hop-by-hop headers dropped, ``X-Forwarded-For`` appended,
     ``X-Forwarded-Proto`` (``http``: the scheme the client used to reach the sidecar) and
     ``X-Forwarded-Host`` (the client's ``Host``) set in place of any the client sent, ``Host``
     added if missing, the (de-chunked) body's ``Content-Length``; with ``cpu_class`` the sidecar's
-    ``X-Overtake-Class`` (mod_overtake_prio's starting level) replaces the client's."""
+    ``X-Overtake-Class`` (mod_overtake_prio's starting level) replaces the client's; ``gate`` is the
+    ``X-Overtake-Gate`` value of a request sent while queued (:mod:`overtake.controller.gate`); a
+    client's own ``X-Overtake-Gate`` never passes."""
     drop = _drop_set(req.headers)
     if cpu_class is not None:
         drop = drop | {b"x-overtake-class"}
@@ -494,6 +497,8 @@ def upstream_head(req: Request, peer: str, body_len: int, upstream_host: bytes, 
         out.append(b"Host: " + upstream_host + b"\r\n")
     if cpu_class is not None:
         out.append(b"X-Overtake-Class: %d\r\n" % cpu_class)
+    if gate is not None:
+        out.append(b"X-Overtake-Gate: " + gate + b"\r\n")
     if upgrade is not None:  # hop-by-hop: the sidecar asks Apache for the upgrade itself
         out.append(b"Connection: Upgrade\r\nUpgrade: %s\r\n" % upgrade)
     if body_len or req.method in (b"POST", b"PUT", b"PATCH"):

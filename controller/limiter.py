@@ -101,6 +101,8 @@ class Limiter:
         self.clock = clock
         self.classifier = classifier
         self.listeners: list[LimiterListener] = []
+        #: called at the end of every decision (the gate's idle starts; never admit here)
+        self.after_dispatch: list[Callable[[], None]] = []
         self._seq = 0
         self.inflight_total = 0  # stage + passthrough requests inside Apache
         self.max_seen_inflight = 0
@@ -332,6 +334,8 @@ class Limiter:
                 self._admit(t, now)
         while self.pt_queue and self.inflight_total < self.max_inflight and self._pt_room():
             self._admit(self.pt_queue.popleft(), now)
+        for fn in self.after_dispatch:
+            fn()
 
     # ---- introspection ---------------------------------------------------------------------
     def stage_limit(self, stage: int, phase: int) -> float:

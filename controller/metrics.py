@@ -25,6 +25,11 @@ overtake_inflight_max                                   gauge    largest infligh
 overtake_response_spool_bytes                           gauge    finished answers waiting on disk
                                                                  for slow clients
 overtake_tunnels                                        gauge    open WebSocket tunnels
+overtake_gate_enabled                                   gauge    1 while queued requests wait in
+                                                                 Apache's gate (``--gate``, paired)
+overtake_gate_slots_in_use                              gauge    gated requests not yet finished
+overtake_gate_full_total                                counter  queued requests kept in the sidecar
+                                                                 for want of a gate slot
 overtake_policy_info{name,version,hash,phase_info,      gauge    1 (auto: the chosen policy and why)
                      chosen,reason}
 overtake_policy_predicted_response_time_seconds         gauge    model E[W] x time unit (tables)
@@ -50,10 +55,11 @@ names of prometheus-community/apache_exporter: ``apache_up``, ``apache_info{vers
 ``apache_workers{state}``, ``apache_processes{state}``, ``apache_connections{state}``,
 ``apache_scoreboard{state}``, ``apache_load{interval}``, ``apache_generation{type}``.
 
-With ``--cpu-priority age|class``, mod_overtake_prio's counters (``/overtake-prio-status``, scraped
+With ``--cpu-priority age|class`` or ``--gate``, mod_overtake_prio's counters (``/overtake-prio-status``, scraped
 with mod_status) are passed through under the module's own names: ``overtake_cpu_prio_enabled``,
 ``overtake_cpu_prio_requests_total{level}``, ``overtake_cpu_prio_demotions_total{level,cause}``,
-``overtake_cpu_prio_restores_total`` and the rest (apache-conf/mod_overtake_prio/README.md).
+``overtake_cpu_prio_restores_total``, the gate's ``overtake_gate_held_total``,
+``overtake_gate_wait_seconds_total`` and the rest (apache-conf/mod_overtake_prio/README.md).
 """
 
 from __future__ import annotations
@@ -269,6 +275,13 @@ class SidecarMetrics:
             "slow clients (limits.response_spill_bytes per response)", registry=self.registry,
         )
         self.tunnels = Gauge("overtake_tunnels", "Open WebSocket tunnels (limits.max_tunnels)", registry=self.registry)
+        self.gate_enabled = Gauge("overtake_gate_enabled", "1 while queued requests are sent to Apache and wait in "
+                                  "mod_overtake_prio's gate (--gate, with Apache reporting the same file)",
+                                  registry=self.registry)
+        self.gate_in_use = Gauge("overtake_gate_slots_in_use", "Gated requests sent to Apache whose exchange has "
+                                 "not ended (at most gate_slots)", registry=self.registry)
+        self.gate_full = Counter("overtake_gate_full", "Queued requests kept in the sidecar because every gate slot "
+                                 "was in use (gate_slots)", registry=self.registry)
         self.errors = Counter(
             "overtake_gateway_errors", "Requests answered by the gateway itself, by reason",
             ["reason"], registry=self.registry,

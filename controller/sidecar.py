@@ -43,6 +43,7 @@ from overtake.controller.admin import AdminEndpoints
 from overtake.controller.auto import Evidence, choose
 from overtake.controller.classifier import Classifier
 from overtake.controller.errors import PolicyLoadError, SidecarInputError
+from overtake.controller.gate import Gate, GateOpener
 from overtake.controller.gateway import Gateway
 from overtake.controller.limiter import Limiter
 from overtake.controller.metrics import SidecarMetrics
@@ -135,6 +136,13 @@ class SidecarOptions:
     trusted_sources: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
     #: mod_overtake_prio in Apache (issue 20): off | age (export its counters) | class (also set X-Overtake-Class)
     cpu_priority: str = "off"
+    #: mod_overtake_prio's admission gate (controller.gate): the file both map, or None
+    gate: str | None = None
+    #: requests the gate may hold inside Apache at once (each holds a worker: keep
+    #: MaxRequestWorkers >= limits.max_inflight + gate_slots)
+    gate_slots: int = 64
+    #: queued gated requests started early at SCHED_IDLE (controller.gate: idle starts)
+    gate_backfill: int = 1
 
 
 #: options a SIGHUP can change; the others need a restart (sockets, stages, event loop, online loop)
@@ -217,6 +225,11 @@ class Sidecar:
             self.metrics.registry.register(UplinkCollector(self.uplink))
         self.source.register(self.metrics.registry)
         self.pool = UpstreamPool(*self.apache, connect_timeout=cfg.limits.upstream_connect_timeout)
+        #: Apache's admission gate (controller.gate), in use once Apache reports the same file
+        self.gate = Gate(options.gate, options.gate_slots) if options.gate else None
+        self._gate_said: bool | None = None
+        if self.gate is not None:
+            self.limiter.add_listener(GateOpener(self.gate, self.limiter, options.gate_backfill))
         self.admin = AdminEndpoints(self)
         self.gateway = Gateway(
             table, self.limiter, self.classifier, self.pool, self.uplink, self.metrics,
@@ -224,7 +237,12 @@ class Sidecar:
             trusted_sources=options.trusted_sources,
             on_request=self._log_request,
             cpu_class=self._cpu_class if options.cpu_priority == "class" else None,
+            gate=self.gate, gate_slots=options.gate_slots,
         )
+        if self.gate is not None:
+            gw = self.gateway
+            self.metrics.gate_enabled.set_function(lambda: float(gw.gate_on))
+            self.metrics.gate_in_use.set_function(lambda: float(self.gate.in_use) if self.gate else 0.0)
 
     @property
     def policy(self) -> SpawnPolicy:
@@ -298,6 +316,25 @@ class Sidecar:
     def _log_request(self, rec: Any) -> None:
         if self.request_log is not None:
             self.request_log.write(rec)
+
+    def check_gate(self, token: int | None, detail: str = "") -> None:
+        """Use the gate only while Apache reports our gate file mapped (token from its
+        ``/overtake-prio-status``; None: not reported); say each change once."""
+        if self.gate is None:
+            return
+        ok = token == self.gate.token
+        if ok == self._gate_said:
+            return
+        self._gate_said = self.gateway.gate_on = ok
+        if ok:
+            log.info("admission gate in use: queued requests wait in Apache", extra={
+                "event": "gate_on", "detail": f"{self.gate.path}, {self.options.gate_slots} slots"})
+        else:
+            why = detail or ("Apache reports no gate file" if token in (None, 0) else
+                             f"Apache has another gate file mapped (token {token}, ours {self.gate.token})")
+            log.warning("admission gate not in use: queued requests wait in the sidecar", extra={
+                "event": "gate_off", "detail": f"{why}; load mod_overtake_prio with OvertakeGate {self.gate.path} "
+                "(apache-conf/mod_overtake_prio/README.md)"})
 
     async def start(self) -> None:
         if self.admin_addr is not None:

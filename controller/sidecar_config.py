@@ -66,6 +66,9 @@ class SidecarConfig(BaseModel):
     uplink_ordered_bands: int = Field(1, ge=1)
     loop: Literal["uvloop", "asyncio"] = "uvloop"
     cpu_priority: Literal["off", "age", "class"] = "off"
+    gate: str | None = None
+    gate_slots: int = Field(64, ge=1, le=1 << 20)
+    gate_backfill: int = Field(1, ge=0, le=1024)
     watch_interval: float = Field(1.0, gt=0)
     admin_listen: str | None = None
     admin_put: bool = True
@@ -197,5 +200,6 @@ def to_options(cfg: SidecarConfig) -> SidecarOptions:
         policy_max_array_bytes=cfg.policy_max_array_bytes, policy_load_timeout=cfg.policy_load_timeout,
         status_interval=cfg.status_interval, drain_timeout=cfg.drain_timeout, request_log=cfg.request_log,
         request_log_format=cfg.request_log_format, trusted_sources=tuple(cfg.trusted_sources),
-        cpu_priority=cfg.cpu_priority,
+        cpu_priority=cfg.cpu_priority, gate=cfg.gate, gate_slots=cfg.gate_slots,
+        gate_backfill=cfg.gate_backfill,
     )

@@ -31,7 +31,7 @@ QUEUED, ADMITTED, DONE = 0, 1, 2  #: :attr:`Ticket.status` values
 class Ticket:
     """One request's permit: queued, then admitted, then released exactly once."""
 
-    __slots__ = ("future", "held", "phase", "route", "seq", "stage", "start_phase", "status", "t_admit",
+    __slots__ = ("future", "gate", "held", "phase", "route", "seq", "stage", "start_phase", "status", "t_admit",
                  "t_arrive", "v_admit")
 
     def __init__(self, stage: int, phase: int, route: str, seq: int, now: float) -> None:
@@ -46,6 +46,7 @@ class Ticket:
         self.v_admit = 0.0
         self.seq = seq
         self.held = False  # a reservation for a follow-up request not yet arrived
+        self.gate: int | None = None  # its slot while held in Apache's admission gate (controller.gate)
 
 
 class TandemState:

@@ -20,13 +20,18 @@ import httptools
 
 from overtake.controller.errors import ControllerError
 
-__all__ = ["UpstreamError", "UpstreamPool", "UpstreamResponse"]
+__all__ = ["UpstreamError", "UpstreamPool", "UpstreamResponse", "Withdrawn"]
 
 _IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"})
 
 
 class UpstreamError(ControllerError):
     """Apache could not be reached or broke the exchange (answered 502 by the gateway)."""
+
+
+class Withdrawn(ControllerError):
+    """A request sent ahead of its admission (Apache's gate) was withdrawn before it (the
+    connection is closed; the gateway answers the client itself)."""
 
 
 @dataclass
@@ -138,9 +143,13 @@ class UpstreamPool:
 
     async def exchange(
         self, method: bytes, head: bytes, body: bytes, *, buffer_bytes: int, timeout: float,
-        on_stream: StreamCallback,
+        on_stream: StreamCallback, admitted: Callable[[], Awaitable[bool]] | None = None,
     ) -> UpstreamResponse:
         """Send one request and read its response.
+
+        ``admitted``: the request goes out at once and waits in Apache's gate; ``await
+        admitted()`` then says whether it was admitted (True: read the response, ``timeout``
+        counting from then) or withdrawn (False: :class:`Withdrawn` is raised).
 
         ``on_stream(resp)`` is awaited whenever more than ``buffer_bytes`` of body are pending:
         it must consume ``resp.body`` (write it to the client and clear the list). The return
@@ -155,11 +164,17 @@ class UpstreamPool:
             c, reused = await self._get()
             resp = UpstreamResponse()
             got_bytes = False
+            sent = False
             try:
+                if admitted is not None:  # a retry on a fresh connection goes out admitted
+                    wait, admitted = admitted, None
+                    self._send(c, head, body)
+                    sent = True
+                    if not await wait():
+                        raise Withdrawn("withdrawn while held in Apache's gate")
                 async with asyncio.timeout(timeout) as deadline:
-                    c.writer.write(head + body if len(body) < 65536 else head)
-                    if len(body) >= 65536:
-                        c.writer.write(body)
+                    if not sent:
+                        self._send(c, head, body)
                     cb = _Parse(resp, method == b"HEAD")
                     parser = httptools.HttpResponseParser(cb)
                     cb.parser = parser
@@ -205,3 +220,9 @@ class UpstreamPool:
                 c.close()
             return resp
         raise AssertionError("unreachable")
+
+    @staticmethod
+    def _send(c: _Conn, head: bytes, body: bytes) -> None:
+        c.writer.write(head + body if len(body) < 65536 else head)
+        if len(body) >= 65536:
+            c.writer.write(body)

@@ -20,7 +20,19 @@
  *     response's end (EOS) leaves the handler's filters, so that writing it out and logging
  *     do not wait at the demoted priority; the cleanup of the request pool (errors, client
  *     aborts, anything that never sends EOS) and child exit restore what is left;
- *   - counters per level at the handler "overtake-prio-status" (Prometheus text format).
+ *   - counters per level at the handler "overtake-prio-status" (Prometheus text format);
+ *   - an admission gate (OvertakeGate FILE): a request carrying the sidecar's gate header
+ *     ("SLOT GENERATION") waits, before anything else runs for it, on a futex word of a file
+ *     the sidecar maps too, until the sidecar opens it (admission) or cancels it (503). The
+ *     sidecar then sends a request to Apache as soon as it arrives, and its admission is a
+ *     store and a futex wake instead of a request written to Apache and parsed there: the
+ *     hand-over that leaves Apache's CPU idle between a completion and the next admission
+ *     (0.28 ms measured through the sidecar, bench/handover.py) shrinks to the sidecar's
+ *     reaction to the completion. A request whose gate never opens is let through after
+ *     OvertakeGateTimeout, or ended when the sidecar closes its connection. A slot set to IDLE
+ *     starts its request at the lowest level (SCHED_IDLE) before its admission: it runs only
+ *     while Apache's core would otherwise idle (the hand-over, a client's round trip between
+ *     two stages); a promoter thread gives it its priority back when the sidecar opens it.
  *
  * Raising a thread's priority back needs RLIMIT_NICE >= 20 - nice, or CAP_SYS_NICE, which
  * the workers lose when Apache switches user. post_config raises RLIMIT_NICE in the root
@@ -44,7 +56,11 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <linux/capability.h>
+#include <linux/futex.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -67,7 +83,7 @@
 #define OP_NICE_IDLE 100        /* marker in nice[]: SCHED_IDLE */
 #define OP_UNSET (-1)
 #define OP_HANDLER "overtake-prio-status"
-#define OP_RETAINED_KEY "mod_overtake_prio_retained_v2"  /* v2: op_shared.clock_reads */
+#define OP_RETAINED_KEY "mod_overtake_prio_retained_v3"  /* v3: op_shared.gate_* */
 
 module AP_MODULE_DECLARE_DATA overtake_prio_module;
 
@@ -86,6 +102,9 @@ typedef struct {
     int class_header_set;
     int rlimit_nice;                    /* RLIMIT_NICE set in the parent */
     int cap_sys_nice;                   /* OP_CAP_*: keep CAP_SYS_NICE across the user switch */
+    const char *gate_file;              /* OvertakeGate: the sidecar's slot file, NULL = no gate */
+    const char *gate_header;            /* OvertakeGateHeader */
+    double gate_timeout;                /* OvertakeGateTimeout, seconds */
 } op_conf;
 
 enum { OP_CAP_AUTO = 0, OP_CAP_ON = 1, OP_CAP_OFF = 2 };
@@ -99,6 +118,7 @@ static void *op_create_server_conf(apr_pool_t *p, server_rec *s)
     c->resolution = OP_UNSET;
     c->age = OP_UNSET;
     c->rlimit_nice = OP_UNSET;
+    c->gate_timeout = OP_UNSET;
     return c;
 }
 
@@ -112,6 +132,12 @@ static const char *conf_header(const op_conf *c)
 {
     return c->class_header_set ? c->class_header : "X-Overtake-Class";
 }
+
+static const char *conf_gate_header(const op_conf *c)
+{
+    return c->gate_header ? c->gate_header : "X-Overtake-Gate";
+}
+static double conf_gate_timeout(const op_conf *c) { return c->gate_timeout > 0 ? c->gate_timeout : 60.0; }
 
 static const double op_default_thresholds[] = {0.005, 0.05};
 
@@ -290,6 +316,27 @@ static const char *set_rlimit(cmd_parms *cmd, op_conf *c, const char *w)
     return NULL;
 }
 
+static const char *set_gate_file(cmd_parms *cmd, op_conf *c, const char *w)
+{
+    if (w[0] != '/') {
+        return apr_psprintf(cmd->pool, "OvertakeGate: '%s' must be an absolute path, the file "
+                            "the sidecar's --gate option names (e.g. /dev/shm/overtake-gate)", w);
+    }
+    c->gate_file = apr_pstrdup(cmd->pool, w);
+    return NULL;
+}
+
+static const char *set_gate_header(cmd_parms *cmd, op_conf *c, const char *w)
+{
+    c->gate_header = apr_pstrdup(cmd->pool, w);
+    return NULL;
+}
+
+static const char *set_gate_timeout(cmd_parms *cmd, op_conf *c, const char *w)
+{
+    return parse_seconds(cmd->pool, "OvertakeGateTimeout", w, 0.001, 3600.0, &c->gate_timeout);
+}
+
 static op_directive dir_enabled = {set_flag, APR_OFFSETOF(op_conf, enabled)};
 static op_directive dir_age = {set_flag, APR_OFFSETOF(op_conf, age)};
 static op_directive dir_levels = {set_levels, 0};
@@ -299,6 +346,9 @@ static op_directive dir_header = {set_header, 0};
 static op_directive dir_resolution = {set_resolution, 0};
 static op_directive dir_rlimit = {set_rlimit, 0};
 static op_directive dir_cap = {set_cap, 0};
+static op_directive dir_gate_file = {set_gate_file, 0};
+static op_directive dir_gate_header = {set_gate_header, 0};
+static op_directive dir_gate_timeout = {set_gate_timeout, 0};
 
 static const command_rec op_cmds[] = {
     AP_INIT_FLAG("OvertakePrio", take_flag, &dir_enabled, RSRC_CONF, "On: lower worker-thread CPU priority per request (default Off)"),
@@ -310,6 +360,9 @@ static const command_rec op_cmds[] = {
     AP_INIT_TAKE1("OvertakePrioClassHeader", take_word, &dir_header, RSRC_CONF, "request header giving the starting level (default X-Overtake-Class; 'none' to ignore)"),
     AP_INIT_TAKE1("OvertakePrioRlimitNice", take_word, &dir_rlimit, RSRC_CONF, "RLIMIT_NICE set before Apache switches user (default 20: back to nice 0)"),
     AP_INIT_TAKE1("OvertakePrioCapSysNice", take_word, &dir_cap, RSRC_CONF, "keep CAP_SYS_NICE (only) across the switch to the worker user: auto (when RLIMIT_NICE cannot allow the restore; default), on, off"),
+    AP_INIT_TAKE1("OvertakeGate", take_word, &dir_gate_file, RSRC_CONF, "file of the sidecar's admission gate (its --gate): requests with the gate header wait there until the sidecar admits them (default: no gate)"),
+    AP_INIT_TAKE1("OvertakeGateHeader", take_word, &dir_gate_header, RSRC_CONF, "request header with a gated request's slot and generation (default X-Overtake-Gate)"),
+    AP_INIT_TAKE1("OvertakeGateTimeout", take_word, &dir_gate_timeout, RSRC_CONF, "seconds a request waits at a gate that never opens before it is let through (default 60; keep above the sidecar's queue timeout)"),
     {NULL}
 };
 
@@ -329,6 +382,16 @@ typedef struct {
     apr_uint64_t handoffs;      /* thread began a new request before the old one's cleanup */
     apr_uint64_t monitor_ticks;
     apr_uint64_t clock_reads;   /* thread CPU clock reads at request start */
+    apr_uint64_t gate_held;     /* gated requests let through by their gate opening */
+    apr_uint64_t gate_wait_ns;  /* ... and their total wait */
+    apr_uint64_t gate_cancels;  /* the sidecar withdrew the request (503) */
+    apr_uint64_t gate_stale;    /* the slot had moved on to another request (503) */
+    apr_uint64_t gate_timeouts; /* let through after OvertakeGateTimeout */
+    apr_uint64_t gate_aborts;   /* the sidecar closed the connection while the request waited */
+    apr_uint64_t gate_invalid;  /* unparsable header or slot out of range (400) */
+    apr_uint64_t gate_unmapped; /* no usable gate file: let through at once */
+    apr_uint64_t gate_idle_starts;  /* started at the lowest level before their admission */
+    apr_uint64_t gate_promotions;   /* ... and given their priority back on it */
 } op_shared;
 
 typedef struct {
@@ -355,6 +418,8 @@ typedef struct {
     int64_t clock_read_ns;      /* owner thread only: when it last read its CPU clock ... */
     int64_t clock_cpu_ns;       /* ... and what it read */
     int level;                  /* level applied to the thread now */
+    const uint32_t *gate_word;  /* an idle start's gate word until its admission (under mu) */
+    uint32_t gate_gen;
 } op_slot;
 
 static const op_conf *cconf;    /* main server's config, in the child */
@@ -505,6 +570,7 @@ static void slot_close(op_slot *s)
     ADD(shm->requests[s->level], 1);
     ADD(inflight[s->level], -1);
     s->level = 0;
+    s->gate_word = NULL;
     __atomic_store_n(&due[s - slots], INT64_MAX, __ATOMIC_RELAXED);
     __atomic_store_n(&s->active, 0, __ATOMIC_RELEASE);
 }
@@ -525,6 +591,274 @@ static apr_status_t op_request_end(void *data)
     }
     pthread_mutex_unlock(&s->mu);
     return APR_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------ admission gate */
+
+/* The gate file, written by the sidecar (controller/gate.py): a 64-byte head, then one 32-bit
+ * futex word per slot, (generation << 2) | state. The sidecar arms a slot (new generation,
+ * WAIT) before it sends the request, opens it when the policy admits the request, cancels it
+ * when the request is withdrawn, and moves it to the next generation when the exchange ends,
+ * so a late or duplicate request on an old generation finds it stale. */
+#define OG_MAGIC "OVTGATE1"
+enum { OG_WAIT = 0, OG_OPEN = 1, OG_CANCEL = 2, OG_IDLE = 3 };
+#define OG_NOTE "overtake-gate-idle"  /* r->notes: "SLOT GEN" of a request started idle */
+#define OG_GEN_MASK 0x3fffffffu
+#define OG_SLICE_NS 100000000   /* between checks that the sidecar still holds the connection */
+
+typedef struct {
+    char magic[8];
+    uint32_t nslots;
+    uint32_t token;             /* the sidecar's random pairing token, shown in the status */
+    uint32_t epoch;             /* bumped (and woken) by the sidecar when it opens an idle start */
+    uint32_t reserved[11];
+} og_head;
+
+static pthread_t promoter;      /* restores idle starts on admission (gate_promote) */
+static int promoter_running;
+static volatile int promoter_stop;
+
+static struct {
+    pthread_mutex_t mu;
+    og_head *head;              /* published with release order once mapped and checked */
+    uint32_t *words;
+    uint32_t nslots;
+    dev_t dev;
+    ino_t ino;
+    int warned;
+} gate = {PTHREAD_MUTEX_INITIALIZER, NULL, NULL, 0, 0, 0, 0};
+
+/* Map the gate file (again if it was replaced: a sidecar that re-created it); 1 if usable.
+ * An old mapping is left in place: a request may still wait on it (it ends stale or by the
+ * connection check). */
+static int gate_map(int recheck)
+{
+    struct stat st;
+    int fd, ok = 0;
+    void *m;
+    if (__atomic_load_n(&gate.head, __ATOMIC_ACQUIRE) && !recheck) {
+        return 1;
+    }
+    pthread_mutex_lock(&gate.mu);
+    if (stat(cconf->gate_file, &st) != 0) {
+        ok = gate.head != NULL;
+        goto out;
+    }
+    if (gate.head && st.st_dev == gate.dev && st.st_ino == gate.ino) {
+        ok = 1;
+        goto out;
+    }
+    /* read-only: the workers (www-data) only wait; only the sidecar writes the words */
+    fd = open(cconf->gate_file, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &st) != 0 || st.st_size < (off_t)sizeof(og_head)) {
+        if (fd >= 0) {
+            close(fd);
+        }
+        ok = gate.head != NULL;
+        goto out;
+    }
+    m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        ok = gate.head != NULL;
+        goto out;
+    }
+    {
+        og_head *h = m;
+        uint32_t n = h->nslots;
+        if (memcmp(h->magic, OG_MAGIC, 8) || n == 0
+            || (off_t)(sizeof(og_head) + 4 * (uint64_t)n) > st.st_size) {
+            munmap(m, (size_t)st.st_size);
+            ok = gate.head != NULL;
+            goto out;
+        }
+        gate.words = (uint32_t *)(h + 1);
+        gate.nslots = n;
+        gate.dev = st.st_dev;
+        gate.ino = st.st_ino;
+        __atomic_store_n(&gate.head, h, __ATOMIC_RELEASE);
+        ok = 1;
+    }
+out:
+    pthread_mutex_unlock(&gate.mu);
+    return ok;
+}
+
+/* The sidecar closed the connection (it gave the request up, or it went away)? */
+static int gate_client_gone(conn_rec *c)
+{
+    apr_socket_t *sock = ap_get_conn_socket(c);
+    apr_os_sock_t fd;
+    char b;
+    ssize_t n;
+    if (!sock || apr_os_sock_get(&fd, sock) != APR_SUCCESS) {
+        return 0;
+    }
+    n = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+static int parse_gate(const char *h, unsigned long *slot, unsigned long *gen)
+{
+    char *end;
+    if (*h < '0' || *h > '9') {
+        return 0;
+    }
+    errno = 0;
+    *slot = strtoul(h, &end, 10);
+    if (errno || *end != ' ' || end[1] < '0' || end[1] > '9') {
+        return 0;
+    }
+    h = end + 1;
+    *gen = strtoul(h, &end, 10);
+    return !errno && !*end && *gen <= OG_GEN_MASK;
+}
+
+/* Before every other hook of the request (and before the CPU-priority start, so that neither
+ * its wall age nor its thread CPU counts the wait). */
+static int gate_post_read_request(request_rec *r)
+{
+    const char *h;
+    unsigned long slot, gen;
+    uint32_t *w, v;
+    int64_t t0, deadline, now;
+    int slices = 0;
+
+    if (!cconf || !cconf->gate_file || !shm || r->main || r->prev) {
+        return DECLINED;
+    }
+    h = apr_table_get(r->headers_in, conf_gate_header(cconf));
+    if (!h) {
+        return DECLINED;
+    }
+    if (!parse_gate(h, &slot, &gen)) {
+        ADD(shm->gate_invalid, 1);
+        ap_log_rerror(APLOG_MARK, APLOG_WARNING, 0, r, "mod_overtake_prio: %s: '%s' is not "
+                      "'SLOT GENERATION'", conf_gate_header(cconf), h);
+        return HTTP_BAD_REQUEST;
+    }
+    apr_table_unset(r->headers_in, conf_gate_header(cconf));
+    if (!gate_map(0)) {
+        ADD(shm->gate_unmapped, 1);
+        if (!__atomic_exchange_n(&gate.warned, 1, __ATOMIC_RELAXED)) {
+            ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r, "mod_overtake_prio: OvertakeGate %s is "
+                          "missing or not a gate file (start the sidecar with --gate %s); "
+                          "gated requests pass at once", cconf->gate_file, cconf->gate_file);
+        }
+        return DECLINED;
+    }
+    if (slot >= gate.nslots) {
+        ADD(shm->gate_invalid, 1);
+        ap_log_rerror(APLOG_MARK, APLOG_WARNING, 0, r, "mod_overtake_prio: gate slot %lu is "
+                      "beyond the file's %u", slot, gate.nslots);
+        return HTTP_BAD_REQUEST;
+    }
+    w = &gate.words[slot];
+    t0 = mono_ns();
+    deadline = t0 + (int64_t)(conf_gate_timeout(cconf) * 1e9);
+    for (;;) {
+        struct timespec ts;
+        int64_t left;
+        v = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+        if ((v >> 2) != gen) {
+            ADD(shm->gate_stale, 1);
+            return HTTP_SERVICE_UNAVAILABLE;
+        }
+        if ((v & 3) == OG_OPEN) {
+            break;
+        }
+        /* idle start: only where this child can demote (and restore) its threads */
+        if ((v & 3) == OG_IDLE && __atomic_load_n(&hot.child_ok, __ATOMIC_ACQUIRE) && promoter_running) {
+            apr_table_setn(r->notes, OG_NOTE, apr_psprintf(r->pool, "%lu %lu", slot, gen));
+            ADD(shm->gate_idle_starts, 1);
+            return DECLINED;  /* op_post_read_request starts it at the idle level */
+        }
+        if ((v & 3) == OG_CANCEL) {
+            ADD(shm->gate_cancels, 1);
+            return HTTP_SERVICE_UNAVAILABLE;
+        }
+        now = mono_ns();
+        if (now >= deadline) {
+            ADD(shm->gate_timeouts, 1);
+            ap_log_rerror(APLOG_MARK, APLOG_WARNING, 0, r, "mod_overtake_prio: gate slot %lu "
+                          "not opened within OvertakeGateTimeout %g s; let through", slot,
+                          conf_gate_timeout(cconf));
+            return DECLINED;
+        }
+        /* a slice ended without news: is the sidecar still there? (one recv per 100 ms) */
+        if (slices++ && gate_client_gone(r->connection)) {
+            ADD(shm->gate_aborts, 1);
+            r->connection->keepalive = AP_CONN_CLOSE;
+            return HTTP_SERVICE_UNAVAILABLE;
+        }
+        left = deadline - now < OG_SLICE_NS ? deadline - now : OG_SLICE_NS;
+        ts.tv_sec = (time_t)(left / 1000000000);
+        ts.tv_nsec = (long)(left % 1000000000);
+        /* shared (not FUTEX_PRIVATE): the sidecar's process wakes us through its own mapping */
+        syscall(SYS_futex, w, FUTEX_WAIT, v, &ts, NULL, 0);
+    }
+    ADD(shm->gate_held, 1);
+    ADD(shm->gate_wait_ns, (apr_uint64_t)(mono_ns() - t0));
+    return DECLINED;
+}
+
+/* Back to level 0: an idle start the sidecar has opened. Caller holds s->mu. */
+static void gate_promote(op_slot *s)
+{
+    if (restore_thread(s)) {
+        ADD(shm->restores, 1);
+    }
+    else {
+        ADD(shm->restore_errors, 1);
+    }
+    ADD(inflight[s->level], -1);
+    ADD(inflight[0], 1);
+    s->level = 0;
+    s->gate_word = NULL;
+    ADD(shm->gate_promotions, 1);
+    /* its age levels start over from here (attained CPU includes the idle run) */
+    __atomic_store_n(&due[s - slots], hot.age && hot.nlevels > 0 ? s->clock_read_ns + hot.thr_ns[0]
+                                                                 : INT64_MAX, __ATOMIC_RELAXED);
+}
+
+/* Waits on the gate file's epoch word (the sidecar bumps and wakes it when it opens an idle
+ * start) and restores every idle start whose slot is open, cancelled or moved on. */
+static void *promoter_main(void *arg)
+{
+    uint32_t seen = 0;
+    (void)arg;
+    while (!promoter_stop) {
+        og_head *h = __atomic_load_n(&gate.head, __ATOMIC_ACQUIRE);
+        struct timespec ts = {0, 50000000};  /* 50 ms: also the bound on a missed wake-up */
+        int n, i;
+        if (!h) {
+            nanosleep(&ts, NULL);
+            gate_map(0);
+            continue;
+        }
+        syscall(SYS_futex, &h->epoch, FUTEX_WAIT, seen, &ts, NULL, 0);
+        seen = __atomic_load_n(&h->epoch, __ATOMIC_ACQUIRE);
+        n = __atomic_load_n(&slots_used, __ATOMIC_ACQUIRE);
+        if (n > nslots) {
+            n = nslots;
+        }
+        for (i = 0; i < n; i++) {
+            op_slot *s = &slots[i];
+            uint32_t v;
+            if (!__atomic_load_n(&s->gate_word, __ATOMIC_ACQUIRE)) {
+                continue;
+            }
+            pthread_mutex_lock(&s->mu);
+            if (s->gate_word && __atomic_load_n(&s->active, __ATOMIC_ACQUIRE)) {
+                v = __atomic_load_n(s->gate_word, __ATOMIC_ACQUIRE);
+                if ((v >> 2) != s->gate_gen || (v & 3) != OG_IDLE) {
+                    gate_promote(s);
+                }
+            }
+            pthread_mutex_unlock(&s->mu);
+        }
+    }
+    return NULL;
 }
 
 static int parse_class(const char *h, int *out)
@@ -548,6 +882,8 @@ static int op_post_read_request(request_rec *r)
     op_slot *s;
     op_req *q;
     int start = 0;
+    const uint32_t *gate_word = NULL;
+    uint32_t gate_gen = 0;
     struct timespec cpu;
     int64_t now;
     const char *hname;
@@ -567,6 +903,16 @@ static int op_post_read_request(request_rec *r)
             ADD(shm->class_invalid, 1);
             ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, "%s: '%s' is not a level in 0..%d",
                           hname, h, hot.nlevels);
+        }
+    }
+    {
+        /* an idle start (the gate's IDLE state): the lowest level until the sidecar opens it */
+        const char *note = apr_table_get(r->notes, OG_NOTE);
+        unsigned long gslot, ggen;
+        if (note && sscanf(note, "%lu %lu", &gslot, &ggen) == 2 && gslot < gate.nslots) {
+            gate_word = &gate.words[gslot];
+            gate_gen = (uint32_t)ggen;
+            start = hot.nlevels;
         }
     }
     now = mono_ns();
@@ -595,6 +941,16 @@ static int op_post_read_request(request_rec *r)
     ADD(inflight[0], 1);
     if (start > 0) {
         apply_level(s, start, 1);
+    }
+    if (gate_word) {
+        uint32_t v = __atomic_load_n(gate_word, __ATOMIC_ACQUIRE);
+        if ((v >> 2) == gate_gen && (v & 3) == OG_IDLE) {
+            s->gate_word = gate_word;  /* the promoter restores it when the slot opens */
+            s->gate_gen = gate_gen;
+        }
+        else if (s->level > 0) {  /* opened (or given up) meanwhile: run at its own priority */
+            gate_promote(s);
+        }
     }
     __atomic_store_n(&due[s - slots],
                      hot.age && s->level < hot.nlevels ? s->clock_read_ns + hot.thr_ns[s->level]
@@ -875,6 +1231,11 @@ static apr_status_t op_child_exit(void *data)
         pthread_join(monitor, NULL);
         monitor_running = 0;
     }
+    if (promoter_running) {
+        promoter_stop = 1;  /* it wakes within its 50 ms wait */
+        pthread_join(promoter, NULL);
+        promoter_running = 0;
+    }
     n = __atomic_load_n(&slots_used, __ATOMIC_ACQUIRE);
     if (n > nslots) {
         n = nslots;
@@ -971,6 +1332,16 @@ static void op_child_init(apr_pool_t *p, server_rec *s)
             ap_log_error(APLOG_MARK, APLOG_ERR, 0, s,
                          "mod_overtake_prio: cannot start the monitor thread; requests are "
                          "tracked but never demoted by age");
+        }
+    }
+    if (cconf->gate_file && any_idle) {  /* idle starts need a thread to promote them */
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, &old);
+        promoter_running = pthread_create(&promoter, NULL, promoter_main, NULL) == 0;
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (!promoter_running) {
+            ap_log_error(APLOG_MARK, APLOG_ERR, 0, s, "mod_overtake_prio: cannot start the gate's "
+                         "promoter thread; idle starts wait for their admission instead");
         }
     }
 }
@@ -1147,6 +1518,37 @@ static int op_status_handler(request_rec *r)
     COUNTER("monitor_ticks", monitor_ticks, "Monitor passes, all children.");
     COUNTER("clock_reads", clock_reads, "Thread CPU clock reads at request start, all children.");
 #undef COUNTER
+    {
+        int mapped = c->gate_file && cconf && gate_map(1);
+        og_head *gh = __atomic_load_n(&gate.head, __ATOMIC_ACQUIRE);
+        metric_head(r, "overtake_gate_configured", "gauge", "1 if OvertakeGate names a gate file.");
+        ap_rprintf(r, "overtake_gate_configured %d\n", c->gate_file != NULL);
+        metric_head(r, "overtake_gate_mapped", "gauge",
+                    "1 if this child has mapped the sidecar's gate file.");
+        ap_rprintf(r, "overtake_gate_mapped %d\n", mapped);
+        metric_head(r, "overtake_gate_token", "gauge",
+                    "Pairing token in the mapped gate file (the sidecar checks it is its own).");
+        ap_rprintf(r, "overtake_gate_token %u\n", mapped && gh ? gh->token : 0u);
+        metric_head(r, "overtake_gate_slots", "gauge", "Slots in the mapped gate file.");
+        ap_rprintf(r, "overtake_gate_slots %u\n", mapped ? gate.nslots : 0u);
+    }
+#define COUNTER(name, field, help)                                                      \
+    metric_head(r, "overtake_gate_" name "_total", "counter", help);                    \
+    ap_rprintf(r, "overtake_gate_" name "_total %" APR_UINT64_T_FMT "\n", LOAD(shm->field))
+    COUNTER("held", gate_held, "Gated requests let through by the sidecar's admission.");
+    COUNTER("cancels", gate_cancels, "Gated requests the sidecar withdrew (answered 503).");
+    COUNTER("stale", gate_stale, "Gated requests whose slot had moved on (answered 503).");
+    COUNTER("timeouts", gate_timeouts, "Gated requests let through after OvertakeGateTimeout.");
+    COUNTER("aborts", gate_aborts, "Gated requests whose connection the sidecar closed.");
+    COUNTER("invalid", gate_invalid, "Gate headers that were not a slot of the file (400).");
+    COUNTER("unmapped", gate_unmapped, "Gated requests let through for want of a gate file.");
+    COUNTER("idle_starts", gate_idle_starts,
+            "Gated requests started at the lowest level (SCHED_IDLE) before their admission.");
+    COUNTER("promotions", gate_promotions, "Idle starts given their priority back on admission.");
+#undef COUNTER
+    metric_head(r, "overtake_gate_wait_seconds_total", "counter",
+                "Time gated requests waited for their admission, all children.");
+    ap_rprintf(r, "overtake_gate_wait_seconds_total %.9g\n", LOAD(shm->gate_wait_ns) * 1e-9);
     metric_head(r, "overtake_cpu_prio_monitor_late_max_seconds", "gauge",
                 "Worst delay of a monitor wake-up in this child.");
     ap_rprintf(r, "overtake_cpu_prio_monitor_late_max_seconds %.9g\n", late_max_ns * 1e-9);
@@ -1177,6 +1579,8 @@ static void op_register_hooks(apr_pool_t *p)
     /* First: the capability reduction must precede any thread another module may start. */
     ap_hook_child_init(op_child_init, NULL, NULL, APR_HOOK_REALLY_FIRST);
     ap_hook_drop_privileges(op_drop_privileges, NULL, NULL, APR_HOOK_REALLY_FIRST);
+    /* The gate before everything: a held request has not started, for any module. */
+    ap_hook_post_read_request(gate_post_read_request, NULL, NULL, APR_HOOK_REALLY_FIRST - 1);
     ap_hook_post_read_request(op_post_read_request, NULL, NULL, APR_HOOK_REALLY_FIRST);
     ap_hook_handler(op_status_handler, NULL, NULL, APR_HOOK_MIDDLE);
     ap_hook_insert_filter(op_insert_filter, NULL, NULL, APR_HOOK_MIDDLE);

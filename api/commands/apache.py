@@ -54,6 +54,10 @@ def register(subparsers: Any) -> None:
                    "default 10 for each level but the last, idle for the last")
     s.add_argument("--cpu-priority-class-only", action="store_true",
                    help="no demotion by attained CPU: only the X-Overtake-Class header sets a level")
+    s.add_argument("--gate", default=None, metavar="PATH",
+                   help="mod_overtake_prio's admission gate on the sidecar's --gate file (OvertakeGate), e.g. "
+                   "/dev/shm/overtake-gate; without --cpu-priority-levels the module loads for the gate only "
+                   "(no demotion by age, an idle level for --gate-backfill)")
     s.add_argument("--json", action="store_true", help="print the instance as JSON")
 
     t = act.add_parser("stop", help="graceful stop; return when the processes have exited")
@@ -68,10 +72,13 @@ def register(subparsers: Any) -> None:
 
 def _cpu_priority(args: argparse.Namespace) -> apache.CpuPriority | None:
     """mod_overtake_prio's settings from the flags, or None (module not loaded)."""
+    gate = getattr(args, "gate", None)
     if args.cpu_priority_levels is None:
         if args.cpu_priority_nice is not None or args.cpu_priority_class_only:
             raise ValueError("--cpu-priority-nice/--cpu-priority-class-only: give --cpu-priority-levels too, "
                              "e.g. --cpu-priority-levels 0.02")
+        if gate is not None:  # the gate alone: an idle level for idle starts, no age demotion
+            return apache.CpuPriority(levels=(3600.0,), nice=("idle",), age=False, gate=gate)
         return None
     try:
         levels = tuple(float(x) for x in args.cpu_priority_levels.split(","))
@@ -83,7 +90,7 @@ def _cpu_priority(args: argparse.Namespace) -> apache.CpuPriority | None:
         nice = tuple(x if x == "idle" else int(x) if x.lstrip("-").isdigit() else x
                      for x in args.cpu_priority_nice.split(","))
     # CpuPriority checks every field and names it (an ApacheInputError, a ValueError)
-    return apache.CpuPriority(levels=levels, nice=nice, age=not args.cpu_priority_class_only)
+    return apache.CpuPriority(levels=levels, nice=nice, age=not args.cpu_priority_class_only, gate=gate)
 
 
 def run(args: argparse.Namespace) -> int:

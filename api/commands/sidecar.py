@@ -89,6 +89,16 @@ def register(subparsers: Any) -> None:
                    help="the CPU-priority lever of mod_overtake_prio in Apache: age (Apache demotes by attained "
                    "CPU; the sidecar exports its counters), class (also sets X-Overtake-Class: 0 for requests "
                    "whose phase or route is expected shorter than the stage's mean, 1 otherwise), off (default)")
+    p.add_argument("--gate", default=None, metavar="PATH",
+                   help="admission gate inside Apache (mod_overtake_prio's OvertakeGate PATH, e.g. /dev/shm/overtake-gate): "
+                   "queued requests go to Apache at once and wait there on a futex until admitted, so an admission "
+                   "costs a wake-up instead of a request hand-over; off when Apache does not report the same file")
+    p.add_argument("--gate-slots", type=int, default=None, metavar="N",
+                   help="requests the gate may hold in Apache at once (default 64); each holds a worker, so keep "
+                   "MaxRequestWorkers >= limits.max_inflight + N")
+    p.add_argument("--gate-backfill", type=int, default=None, metavar="N",
+                   help="start the N oldest requests held in the gate early at SCHED_IDLE, so Apache's core "
+                   "never idles while they wait (needs an 'idle' level in OvertakePrioNice; default 1, 0 = off)")
     s = p.add_argument_group("service", "running as a service: control endpoints, limits, logs, shutdown")
     s.add_argument("--admin-listen", default=None, metavar="HOST:PORT",
                    help="serve /-/metrics, /-/policy and /-/healthz only on this listener (the public one answers 404)")

@@ -99,6 +99,13 @@ class CpuPriority:
         threads: ``"auto"`` when ``RLIMIT_NICE`` cannot be raised to 20 (a root without
         ``CAP_SYS_RESOURCE``), ``"off"`` never (the module then disables itself if
         ``RLIMIT_NICE`` is too low). ``OvertakePrioCapSysNice``.
+    gate : str, optional
+        Absolute path of the sidecar's admission-gate file (its ``--gate``): requests carrying
+        ``X-Overtake-Gate`` wait in Apache until the sidecar admits them. ``OvertakeGate``.
+        Each waiting request holds a worker: give ``max_workers`` room for ``gate_slots`` more.
+    gate_timeout : float
+        Seconds a gated request waits for a gate that never opens before it is let through
+        (0.001..3600; keep it above the sidecar's queue timeout). ``OvertakeGateTimeout``.
     """
 
     levels: tuple[float, ...] = (0.005, 0.05)
@@ -108,6 +115,8 @@ class CpuPriority:
     age: bool = True
     class_header: str | None = DEFAULT_CLASS_HEADER
     cap_sys_nice: str = "auto"
+    gate: str | None = None
+    gate_timeout: float = 60.0
     priorities: tuple[int | str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -171,6 +180,15 @@ class CpuPriority:
             raise ApacheInputError(
                 f"cpu_priority.cap_sys_nice: must be 'auto', 'on' or 'off', got {self.cap_sys_nice!r}"
             )
+        if self.gate is not None and (not isinstance(self.gate, str) or not self.gate.startswith("/")
+                                      or any(c in self.gate for c in ' \t\r\n"')):
+            raise ApacheInputError(
+                f"cpu_priority.gate: {self.gate!r} must be an absolute path without spaces, the "
+                "sidecar's --gate file (e.g. /dev/shm/overtake-gate)"
+            )
+        gt = self.gate_timeout
+        if isinstance(gt, bool) or not isinstance(gt, (int, float)) or not 0.001 <= gt <= 3600:
+            raise ApacheInputError(f"cpu_priority.gate_timeout: seconds in 0.001..3600, got {gt!r}")
         object.__setattr__(self, "levels", tuple(float(v) for v in levels))
         object.__setattr__(self, "priorities", nice)
 
@@ -201,6 +219,8 @@ def config_tokens(cpu_priority: CpuPriority | None) -> dict[str, str]:
         "CPU_PRIO_AGE": "On" if cp.age else "Off",
         "CPU_PRIO_CLASS_HEADER": cp.class_header or "none",
         "CPU_PRIO_CAP_SYS_NICE": cp.cap_sys_nice,
+        "CPU_PRIO_GATE": (f'OvertakeGate "{cp.gate}"\n    OvertakeGateTimeout {float(cp.gate_timeout)!r}'
+                          if cp.gate else "# no admission gate"),
     }
 
 
@@ -298,6 +318,19 @@ class PrioStatus:
         RLIMIT_NICE of the answering child.
     child_pid : int
         PID of the answering child.
+    gate_mapped : bool
+        The answering child has mapped the ``OvertakeGate`` file.
+    gate_token : int
+        Pairing token in that file (the sidecar's; 0 when none is mapped).
+    gate_held, gate_cancels, gate_stale, gate_timeouts, gate_aborts, gate_invalid, gate_unmapped : int
+        Gated requests (all children): let through on admission, withdrawn, stale, let
+        through after ``OvertakeGateTimeout``, connection closed while held, bad header, no
+        file.
+    gate_wait_s : float
+        Total time gated requests waited for their admission, seconds.
+    gate_idle_starts, gate_promotions : int
+        Gated requests started at the lowest level before their admission, and those given
+        their priority back on it.
     """
 
     enabled: bool
@@ -321,6 +354,18 @@ class PrioStatus:
     monitor_late_sum: float
     rlimit_nice: int
     child_pid: int
+    gate_mapped: bool = False
+    gate_token: int = 0
+    gate_held: int = 0
+    gate_cancels: int = 0
+    gate_stale: int = 0
+    gate_timeouts: int = 0
+    gate_aborts: int = 0
+    gate_invalid: int = 0
+    gate_unmapped: int = 0
+    gate_wait_s: float = 0.0
+    gate_idle_starts: int = 0
+    gate_promotions: int = 0
 
 
 def parse_prio_status(text: str) -> PrioStatus:
@@ -378,6 +423,12 @@ def parse_prio_status(text: str) -> PrioStatus:
         monitor_late_sum=float(plain.get("monitor_late_seconds_sum", 0.0)),
         rlimit_nice=int(plain.get("rlimit_nice", -1)),
         child_pid=int(plain.get("child_pid", 0)),
+        gate_mapped=plain.get("overtake_gate_mapped", 0) == 1,
+        gate_token=int(plain.get("overtake_gate_token", 0)),
+        **{f"gate_{k}": int(plain.get(f"overtake_gate_{k}_total", 0))
+           for k in ("held", "cancels", "stale", "timeouts", "aborts", "invalid", "unmapped", "idle_starts",
+                     "promotions")},
+        gate_wait_s=float(plain.get("overtake_gate_wait_seconds_total", 0.0)),
     )
 
 

@@ -1,0 +1,253 @@
+"""mod_overtake_prio's admission gate (``OvertakeGate``) on a real Apache.
+
+Known answers: a request carrying ``X-Overtake-Gate: SLOT GEN`` does not run until the sidecar's
+:class:`~overtake.controller.gate.Gate` opens that slot (its response comes only after
+:meth:`Gate.open`); a cancelled or stale slot answers 503 at once; a malformed header or a slot
+beyond the file answers 400; a gate that never opens lets the request through after
+``OvertakeGateTimeout``; a closed connection frees the worker within a 100 ms slice; without the
+file, gated requests pass at once. The sidecar's side: tests/controller/test_sidecar_gate.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from overtake.controller.gate import Gate
+from overtake.controller.harness import apache
+from overtake.controller.harness.apache.cpu_priority import CpuPriority, PrioStatus, fetch_prio_status
+from overtake.controller.harness.scratch import free_port, scratch_dir
+
+GATE_TIMEOUT = 1.5
+
+
+def _core() -> int | None:
+    cores = sorted(os.sched_getaffinity(0))
+    return cores[-1] if len(cores) > 1 else None
+
+
+@pytest.fixture(scope="module")
+def gated(apache_available: None) -> Iterator[tuple[apache.ApacheInstance, Gate]]:
+    if os.geteuid() != 0 or shutil.which("apxs") is None:
+        pytest.skip("needs root and apxs (apache2-dev): mod_overtake_prio")
+    parent = scratch_dir("overtake-gate-test-")
+    path = f"/dev/shm/overtake-gate-test-{os.getpid()}"
+    gate = Gate(path, 16)
+    inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=_core(), max_workers=16,
+                        cpu_priority=CpuPriority(levels=(3600.0,), nice=("idle",), age=False, class_header=None,
+                                                 gate=path, gate_timeout=GATE_TIMEOUT))
+    try:
+        yield inst, gate
+    finally:
+        apache.stop(inst.workdir, graceful=False)
+        gate.close()
+        Path(path).unlink(missing_ok=True)
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def _status(inst: apache.ApacheInstance) -> PrioStatus:
+    return fetch_prio_status(*apache.parse_listen(inst.listen))
+
+
+def _get(inst: apache.ApacheInstance, path: str, gate: bytes | None, timeout: float = 10) -> tuple[int, float]:
+    host, port = apache.parse_listen(inst.listen)
+    c = http.client.HTTPConnection(host, port, timeout=timeout)
+    t0 = time.monotonic()
+    try:
+        c.request("GET", path, headers={"X-Overtake-Gate": gate.decode()} if gate is not None else {})
+        r = c.getresponse()
+        r.read()
+        return r.status, time.monotonic() - t0
+    finally:
+        c.close()
+
+
+def _in_background(fn) -> tuple[threading.Thread, dict[str, object]]:  # type: ignore[no-untyped-def]
+    out: dict[str, object] = {}
+
+    def run() -> None:
+        out["result"] = fn()
+
+    th = threading.Thread(target=run)
+    th.start()
+    return th, out
+
+
+def test_gate_settings_and_tokens() -> None:
+    """No Apache: the directive is rendered only with a gate, bad values name the field."""
+    from overtake.api.commands.apache import _cpu_priority
+    from overtake.controller.errors import ApacheInputError
+    from overtake.controller.harness.apache.cpu_priority import config_tokens
+
+    tok = config_tokens(CpuPriority(levels=(0.02,), gate="/dev/shm/g", gate_timeout=5))
+    assert tok["CPU_PRIO_GATE"] == 'OvertakeGate "/dev/shm/g"\n    OvertakeGateTimeout 5.0'
+    assert config_tokens(CpuPriority())["CPU_PRIO_GATE"].startswith("#")  # no gate: a comment
+    for bad, field in (({"gate": "rel/path"}, "cpu_priority.gate"), ({"gate": "/a b"}, "cpu_priority.gate"),
+                       ({"gate": "/g", "gate_timeout": 0}, "cpu_priority.gate_timeout")):
+        with pytest.raises(ApacheInputError, match=field):
+            CpuPriority(**bad)  # type: ignore[arg-type]
+    ns = argparse.Namespace(cpu_priority_levels=None, cpu_priority_nice=None, cpu_priority_class_only=False,
+                            gate="/dev/shm/g")
+    cp = _cpu_priority(ns)
+    assert cp is not None and cp.gate == "/dev/shm/g" and not cp.age and cp.priorities == ("idle",)
+    ns.gate = None
+    assert _cpu_priority(ns) is None
+
+
+def test_status_reports_the_sidecars_file(gated: tuple[apache.ApacheInstance, Gate]) -> None:
+    inst, gate = gated
+    st = _status(inst)
+    assert st.gate_mapped and st.gate_token == gate.token
+
+
+def test_a_held_request_runs_only_once_opened(gated: tuple[apache.ApacheInstance, Gate]) -> None:
+    inst, gate = gated
+    before = _status(inst)
+    slot, header = gate.arm()  # type: ignore[misc]
+    try:
+        th, out = _in_background(lambda: _get(inst, "/stage1?work=0.001", header))
+        time.sleep(0.4)
+        assert th.is_alive(), f"answered before the gate opened: {out}"
+        t_open = time.monotonic()
+        gate.open(slot)
+        th.join(5)
+        code, _ = out["result"]  # type: ignore[misc]
+        assert code == 200 and time.monotonic() - t_open < 0.5
+    finally:
+        gate.free(slot)
+    after = _status(inst)
+    assert after.gate_held - before.gate_held == 1
+    assert after.gate_wait_s - before.gate_wait_s >= 0.35
+    assert after.gate_timeouts == before.gate_timeouts
+
+
+@pytest.mark.parametrize("how", ["cancel", "stale"])
+def test_withdrawn_or_stale_answers_503_at_once(gated: tuple[apache.ApacheInstance, Gate], how: str) -> None:
+    inst, gate = gated
+    before = _status(inst)
+    slot, header = gate.arm()  # type: ignore[misc]
+    try:
+        if how == "stale":  # the header names the slot's previous generation
+            gen = int(header.split()[1])
+            header = b"%d %d" % (slot, gen - 1)
+            code, dt = _get(inst, "/stage1", header)
+        else:
+            th, out = _in_background(lambda: _get(inst, "/stage1", header))
+            time.sleep(0.2)
+            assert th.is_alive()
+            gate.cancel(slot)
+            th.join(5)
+            code, dt = out["result"]  # type: ignore[misc]
+    finally:
+        gate.free(slot)
+    assert code == 503 and dt < 1.0
+    after = _status(inst)
+    got = after.gate_cancels - before.gate_cancels if how == "cancel" else after.gate_stale - before.gate_stale
+    assert got == 1 and after.gate_held == before.gate_held
+
+
+@pytest.mark.parametrize("value", [b"x", b"1", b"1 2 3", b"-1 0", b"99999 1", b"1 4294967295"])
+def test_a_bad_gate_header_is_refused(gated: tuple[apache.ApacheInstance, Gate], value: bytes) -> None:
+    inst, _ = gated
+    before = _status(inst)
+    code, dt = _get(inst, "/stage1", value)
+    assert code == 400 and dt < 1.0
+    assert _status(inst).gate_invalid - before.gate_invalid == 1
+
+
+def test_a_gate_that_never_opens_lets_the_request_through(gated: tuple[apache.ApacheInstance, Gate]) -> None:
+    inst, gate = gated
+    before = _status(inst)
+    slot, header = gate.arm()  # type: ignore[misc]
+    try:
+        code, dt = _get(inst, "/stage1?work=0.001", header)
+    finally:
+        gate.free(slot)
+    assert code == 200 and GATE_TIMEOUT <= dt < GATE_TIMEOUT + 1.0
+    assert _status(inst).gate_timeouts - before.gate_timeouts == 1
+
+
+def test_a_closed_connection_frees_the_worker(gated: tuple[apache.ApacheInstance, Gate]) -> None:
+    inst, gate = gated
+    before = _status(inst)
+    slot, header = gate.arm()  # type: ignore[misc]
+    host, port = apache.parse_listen(inst.listen)
+    try:
+        s = socket.create_connection((host, port))
+        s.sendall(b"GET /stage1 HTTP/1.1\r\nHost: x\r\nX-Overtake-Gate: " + header + b"\r\n\r\n")
+        time.sleep(0.2)
+        s.close()
+        deadline = time.monotonic() + 1.0  # well before GATE_TIMEOUT
+        while _status(inst).gate_aborts == before.gate_aborts:
+            assert time.monotonic() < deadline, "the worker still waits for a connection that is gone"
+            time.sleep(0.05)
+    finally:
+        gate.free(slot)
+    assert _status(inst).gate_timeouts == before.gate_timeouts
+
+
+def test_without_the_file_gated_requests_pass(apache_available: None) -> None:
+    if os.geteuid() != 0 or shutil.which("apxs") is None:
+        pytest.skip("needs root and apxs (apache2-dev): mod_overtake_prio")
+    parent = scratch_dir("overtake-gate-test-")
+    path = f"/dev/shm/overtake-gate-missing-{os.getpid()}"
+    inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=_core(), max_workers=4,
+                        cpu_priority=CpuPriority(levels=(3600.0,), nice=("idle",), age=False, gate=path))
+    try:
+        code, dt = _get(inst, "/stage1?work=0.001", b"0 1")
+        st = _status(inst)
+        assert code == 200 and dt < 1.0 and st.gate_unmapped == 1 and not st.gate_mapped
+        assert "start the sidecar with --gate" in (Path(inst.workdir) / "logs" / "error.log").read_text()
+    finally:
+        apache.stop(inst.workdir, graceful=False)
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def _policies(inst: apache.ApacheInstance) -> list[int]:
+    """Scheduling policy (field 41 of /proc/<tid>/stat) of every thread of Apache's child."""
+    kid = _status(inst).child_pid
+    out = []
+    for tid in os.listdir(f"/proc/{kid}/task"):
+        try:
+            stat = Path(f"/proc/{kid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        out.append(int(stat.rsplit(")", 1)[1].split()[38]))
+    return out
+
+
+def test_an_idle_start_runs_at_sched_idle_until_opened(gated: tuple[apache.ApacheInstance, Gate]) -> None:
+    """IDLE: the request runs before its admission, its thread under SCHED_IDLE (5); opening the
+    slot gives the thread SCHED_OTHER back (the promoter), the answer follows."""
+    inst, gate = gated
+    before = _status(inst)
+    slot, header = gate.arm()  # type: ignore[misc]
+    gate.idle(slot)
+    try:
+        th, out = _in_background(lambda: _get(inst, "/stage1?work=0.6", header))
+        deadline = time.monotonic() + 2
+        while 5 not in _policies(inst):
+            assert time.monotonic() < deadline and th.is_alive(), "no thread under SCHED_IDLE"
+            time.sleep(0.02)
+        gate.open(slot)
+        deadline = time.monotonic() + 0.5
+        while 5 in _policies(inst):
+            assert time.monotonic() < deadline, "still SCHED_IDLE after the slot opened"
+            time.sleep(0.01)
+        th.join(5)
+        assert out["result"][0] == 200  # type: ignore[index]
+    finally:
+        gate.free(slot)
+    after = _status(inst)
+    assert after.gate_idle_starts - before.gate_idle_starts == 1
+    assert after.gate_promotions - before.gate_promotions == 1 and after.restore_errors == before.restore_errors
+    assert after.gate_held == before.gate_held
