@@ -1505,19 +1505,21 @@ static int op_status_handler(request_rec *r)
         ap_rprintf(r, "overtake_cpu_prio_demotions_total{level=\"%d\",cause=\"class\"} %"
                    APR_UINT64_T_FMT "\n", k, LOAD(shm->demoted_class[k]));
     }
-#define COUNTER(name, field, help)                                                      \
-    metric_head(r, "overtake_cpu_prio_" name "_total", "counter", help);                \
-    ap_rprintf(r, "overtake_cpu_prio_" name "_total %" APR_UINT64_T_FMT "\n", LOAD(shm->field))
-    COUNTER("restores", restores, "Demoted threads given their original priority back.");
-    COUNTER("restore_errors", restore_errors, "Restores the kernel refused.");
-    COUNTER("demote_errors", demote_errors, "Demotions the kernel refused.");
-    COUNTER("untracked", untracked, "Requests on threads beyond the slot table.");
-    COUNTER("class_invalid", class_invalid, "Class headers that were not a level.");
-    COUNTER("handoffs", handoffs,
+/* a counter of the shared block: overtake_<prefix><name>_total */
+#define COUNTER(prefix, name, field, help)                                              \
+    metric_head(r, "overtake_" prefix name "_total", "counter", help);                  \
+    ap_rprintf(r, "overtake_" prefix name "_total %" APR_UINT64_T_FMT "\n", LOAD(shm->field))
+#define PRIO_COUNTER(name, field, help) COUNTER("cpu_prio_", name, field, help)
+#define GATE_COUNTER(name, field, help) COUNTER("gate_", name, field, help)
+    PRIO_COUNTER("restores", restores, "Demoted threads given their original priority back.");
+    PRIO_COUNTER("restore_errors", restore_errors, "Restores the kernel refused.");
+    PRIO_COUNTER("demote_errors", demote_errors, "Demotions the kernel refused.");
+    PRIO_COUNTER("untracked", untracked, "Requests on threads beyond the slot table.");
+    PRIO_COUNTER("class_invalid", class_invalid, "Class headers that were not a level.");
+    PRIO_COUNTER("handoffs", handoffs,
             "Threads that began a request before the previous one's pool was cleaned up.");
-    COUNTER("monitor_ticks", monitor_ticks, "Monitor passes, all children.");
-    COUNTER("clock_reads", clock_reads, "Thread CPU clock reads at request start, all children.");
-#undef COUNTER
+    PRIO_COUNTER("monitor_ticks", monitor_ticks, "Monitor passes, all children.");
+    PRIO_COUNTER("clock_reads", clock_reads, "Thread CPU clock reads at request start, all children.");
     {
         int mapped = c->gate_file && cconf && gate_map(1);
         og_head *gh = __atomic_load_n(&gate.head, __ATOMIC_ACQUIRE);
@@ -1532,19 +1534,18 @@ static int op_status_handler(request_rec *r)
         metric_head(r, "overtake_gate_slots", "gauge", "Slots in the mapped gate file.");
         ap_rprintf(r, "overtake_gate_slots %u\n", mapped ? gate.nslots : 0u);
     }
-#define COUNTER(name, field, help)                                                      \
-    metric_head(r, "overtake_gate_" name "_total", "counter", help);                    \
-    ap_rprintf(r, "overtake_gate_" name "_total %" APR_UINT64_T_FMT "\n", LOAD(shm->field))
-    COUNTER("held", gate_held, "Gated requests let through by the sidecar's admission.");
-    COUNTER("cancels", gate_cancels, "Gated requests the sidecar withdrew (answered 503).");
-    COUNTER("stale", gate_stale, "Gated requests whose slot had moved on (answered 503).");
-    COUNTER("timeouts", gate_timeouts, "Gated requests let through after OvertakeGateTimeout.");
-    COUNTER("aborts", gate_aborts, "Gated requests whose connection the sidecar closed.");
-    COUNTER("invalid", gate_invalid, "Gate headers that were not a slot of the file (400).");
-    COUNTER("unmapped", gate_unmapped, "Gated requests let through for want of a gate file.");
-    COUNTER("idle_starts", gate_idle_starts,
+    GATE_COUNTER("held", gate_held, "Gated requests let through by the sidecar's admission.");
+    GATE_COUNTER("cancels", gate_cancels, "Gated requests the sidecar withdrew (answered 503).");
+    GATE_COUNTER("stale", gate_stale, "Gated requests whose slot had moved on (answered 503).");
+    GATE_COUNTER("timeouts", gate_timeouts, "Gated requests let through after OvertakeGateTimeout.");
+    GATE_COUNTER("aborts", gate_aborts, "Gated requests whose connection the sidecar closed.");
+    GATE_COUNTER("invalid", gate_invalid, "Gate headers that were not a slot of the file (400).");
+    GATE_COUNTER("unmapped", gate_unmapped, "Gated requests let through for want of a gate file.");
+    GATE_COUNTER("idle_starts", gate_idle_starts,
             "Gated requests started at the lowest level (SCHED_IDLE) before their admission.");
-    COUNTER("promotions", gate_promotions, "Idle starts given their priority back on admission.");
+    GATE_COUNTER("promotions", gate_promotions, "Idle starts given their priority back on admission.");
+#undef GATE_COUNTER
+#undef PRIO_COUNTER
 #undef COUNTER
     metric_head(r, "overtake_gate_wait_seconds_total", "counter",
                 "Time gated requests waited for their admission, all children.");

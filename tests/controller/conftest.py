@@ -1,9 +1,11 @@
-"""Shared by the controller tests: the real Apache they run against (installed on demand), and
-for the sidecar-as-a-process tests a module-wide scratch directory and stub upstream."""
+"""Shared by the controller tests: the real Apache they run against (installed on demand), one
+loading mod_overtake_prio's admission gate, and for the sidecar-as-a-process tests a module-wide
+scratch directory and stub upstream."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +15,8 @@ from service_helpers import StubApache
 
 from overtake.controller.errors import ApacheNotInstalledError
 from overtake.controller.harness import apache
+from overtake.controller.harness.apache.cpu_priority import CpuPriority
+from overtake.controller.harness.scratch import free_port, scratch_dir
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALLER = REPO / "apache-conf" / "install-debian-packages.sh"
@@ -38,6 +42,30 @@ def apache_available() -> None:
         )
     subprocess.run(["sh", str(INSTALLER)], check=True)
     assert apache_installed(), "install-debian-packages.sh ran but the packages are still missing"
+
+
+#: seconds a gated request waits for a gate that never opens (the gate_apache fixture)
+GATE_TIMEOUT = 1.5
+
+
+@pytest.fixture(scope="module")
+def gate_apache(apache_available: None) -> Iterator[tuple[apache.ApacheInstance, str]]:
+    """A private Apache with mod_overtake_prio's admission gate on a fresh file path (not created:
+    the test's Gate or sidecar makes it), age levels off and an idle level for idle starts."""
+    if os.geteuid() != 0 or shutil.which("apxs") is None:
+        pytest.skip("needs root and apxs (apache2-dev): mod_overtake_prio")
+    parent = scratch_dir("overtake-gate-test-")
+    path = f"/dev/shm/overtake-gate-test-{os.getpid()}-{free_port()}"
+    cores = sorted(os.sched_getaffinity(0))
+    inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=cores[-1] if len(cores) > 1 else None,
+                        max_workers=16, cpu_priority=CpuPriority(levels=(3600.0,), nice=("idle",), age=False,
+                                                                 class_header=None, gate=path, gate_timeout=GATE_TIMEOUT))
+    try:
+        yield inst, path
+    finally:
+        apache.stop(inst.workdir, graceful=False)
+        Path(path).unlink(missing_ok=True)
+        shutil.rmtree(parent, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -10,18 +10,15 @@ Apache does not map, the sidecar says so and keeps the requests itself.
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from service_helpers import SidecarProc
 
 from overtake.controller.harness import apache
-from overtake.controller.harness.apache.cpu_priority import CpuPriority, PrioStatus, fetch_prio_status
-from overtake.controller.harness.scratch import free_port, scratch_dir
+from overtake.controller.harness.apache.cpu_priority import PrioStatus, fetch_prio_status
 
 STAGES = """stages:
   - {name: stage1, path: "^/stage1$"}
@@ -29,29 +26,13 @@ limits: {max_inflight: 8, queue_cap: 200, queue_timeout: 0.4}
 """
 
 
-def _core() -> int | None:
-    cores = sorted(os.sched_getaffinity(0))
-    return cores[-1] if len(cores) > 1 else None
-
-
 def _status(inst: apache.ApacheInstance) -> PrioStatus:
     return fetch_prio_status(*apache.parse_listen(inst.listen))
 
 
 @pytest.fixture(scope="module")
-def gated(apache_available: None) -> Iterator[tuple[apache.ApacheInstance, str]]:
-    if os.geteuid() != 0 or shutil.which("apxs") is None:
-        pytest.skip("needs root and apxs (apache2-dev): mod_overtake_prio")
-    parent = scratch_dir("overtake-gate-side-")
-    path = f"/dev/shm/overtake-gate-side-{os.getpid()}"
-    inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=_core(), max_workers=16,
-                        cpu_priority=CpuPriority(levels=(3600.0,), nice=("idle",), age=False, gate=path))
-    try:
-        yield inst, path
-    finally:
-        apache.stop(inst.workdir, graceful=False)
-        Path(path).unlink(missing_ok=True)
-        shutil.rmtree(parent, ignore_errors=True)
+def gated(gate_apache: tuple[apache.ApacheInstance, str]) -> tuple[apache.ApacheInstance, str]:
+    return gate_apache
 
 
 def _metric(side: SidecarProc, name: str) -> float | None:

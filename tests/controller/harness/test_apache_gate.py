@@ -27,7 +27,7 @@ from overtake.controller.harness import apache
 from overtake.controller.harness.apache.cpu_priority import CpuPriority, PrioStatus, fetch_prio_status
 from overtake.controller.harness.scratch import free_port, scratch_dir
 
-GATE_TIMEOUT = 1.5
+GATE_TIMEOUT = 1.5  # the gate_apache fixture's (tests/controller/conftest.py)
 
 
 def _core() -> int | None:
@@ -36,22 +36,13 @@ def _core() -> int | None:
 
 
 @pytest.fixture(scope="module")
-def gated(apache_available: None) -> Iterator[tuple[apache.ApacheInstance, Gate]]:
-    if os.geteuid() != 0 or shutil.which("apxs") is None:
-        pytest.skip("needs root and apxs (apache2-dev): mod_overtake_prio")
-    parent = scratch_dir("overtake-gate-test-")
-    path = f"/dev/shm/overtake-gate-test-{os.getpid()}"
+def gated(gate_apache: tuple[apache.ApacheInstance, str]) -> Iterator[tuple[apache.ApacheInstance, Gate]]:
+    inst, path = gate_apache
     gate = Gate(path, 16)
-    inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=_core(), max_workers=16,
-                        cpu_priority=CpuPriority(levels=(3600.0,), nice=("idle",), age=False, class_header=None,
-                                                 gate=path, gate_timeout=GATE_TIMEOUT))
     try:
         yield inst, gate
     finally:
-        apache.stop(inst.workdir, graceful=False)
         gate.close()
-        Path(path).unlink(missing_ok=True)
-        shutil.rmtree(parent, ignore_errors=True)
 
 
 def _status(inst: apache.ApacheInstance) -> PrioStatus:
