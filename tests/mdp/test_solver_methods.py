@@ -182,6 +182,33 @@ def test_compiled_anderson_step_equals_the_numpy_step(monkeypatch):
     assert np.allclose(runs[1], runs[10**9], rtol=1e-9, atol=1e-9 * np.abs(runs[1]).max())
 
 
+@pytest.mark.parametrize("k", [1, 2, 6, 10])
+def test_compiled_mixing_coefficients_equal_numpys_solve(k):
+    """The compiled normal-equation solve (the large mixer's) against np.linalg.solve of the same
+    regularised Gram system, as AndersonMixer._mix (the small mixer's) sets it up."""
+    from overtake.mdp import _kernels
+
+    rng = np.random.default_rng(k)
+    m = 10
+    for _ in range(20):
+        F = rng.normal(size=(m, 50)) * np.logspace(0, -6, m)[:, None]  # ill-conditioned like late Δf rows
+        gram = np.ascontiguousarray(F @ F.T)
+        both = np.ascontiguousarray(rng.normal(size=(m, 2)))
+        gamma = np.full(k, np.nan)
+        assert _kernels.anderson_gamma(gram, k, both, gamma)
+        g = gram[:k, :k]
+        want = np.linalg.solve(g + (1e-13 * np.trace(g) + 1e-300) * np.eye(k), both[:k, 1])
+        assert np.allclose(gamma, want, rtol=1e-9, atol=1e-9 * np.abs(want).max())
+    # a zero history: the 1e-300 floor keeps the system regular, γ = 0 (as numpy's)
+    gamma = np.full(k, 7.0)
+    assert _kernels.anderson_gamma(np.zeros((m, m)), k, np.zeros((m, 2)), gamma)
+    assert np.all(gamma == 0.0)
+    # a non-finite history is reported (the mixer then drops it), γ untouched
+    gamma = np.full(k, 7.0)
+    assert not _kernels.anderson_gamma(np.full((m, m), np.nan), k, np.zeros((m, 2)), gamma)
+    assert np.all(gamma == 7.0)
+
+
 @pytest.mark.parametrize("case", [2, 3, 7, 10, 12])
 def test_policy_iteration_matches_rvi_on_table1_cases(case):
     """Paper 004 Table 1 scenarios on a small cap: PI's g equals RVI's to 1e-9 relative, and the two
