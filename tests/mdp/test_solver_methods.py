@@ -248,6 +248,38 @@ def test_stationary_law_by_gauss_seidel_equals_the_direct_solve(monkeypatch):
     assert np.abs(gs - direct).max() < 1e-10 * direct.max()
 
 
+@pytest.mark.parametrize("name, cap", [("pi(4)", 30), ("pi(1,1)", 20)])
+def test_baseline_chains_go_to_gauss_seidel_and_match_the_dense_solve(monkeypatch, name, cap):
+    """With the kernels loaded, chains from evaluate._GS_FROM states on (here Table 1 case 8's
+    baselines, 980 and 841 states) are solved by Gauss–Seidel, not a dense LU: the same law."""
+    import overtake.mdp.evaluate as ev
+    from overtake.mdp import _kernels  # noqa: F401  (loaded, as after a large solve)
+    from overtake.mdp.baselines import Baseline
+    from overtake.mdp.chain import build_chain
+    from overtake.mdp.statespace import Layout
+
+    model = tandem(0.6, h2_stage("a", 0.91, 0.55, 5.45), h2_stage("b", 0.91, 2.75, 27.25))
+    lay = Layout.build(model, "start")
+    b = Baseline.parse(name, 2)
+    P = build_chain(model, lay, b.rule(lay.queue_stage, model.coord_stage()), max_requests=cap,
+                    max_threads=b.max_threads).P
+    assert ev._GS_FROM < P.shape[0] <= ev._DENSE_LIMIT
+    calls = []
+    real = _kernels.gauss_seidel
+    monkeypatch.setattr(_kernels, "gauss_seidel", lambda *a: calls.append(1) or real(*a))
+    reach, gs = stationary_distribution(P)
+    assert calls  # Gauss–Seidel ran
+    monkeypatch.setattr(ev, "_GS_FROM", 10**6)
+    calls.clear()
+    reach2, dense = stationary_distribution(P)
+    assert not calls and np.array_equal(reach, reach2)
+    # both meet the same residual test (1e-12); on these slowly mixing chains that is 1e-9 on the law
+    assert np.abs(gs - dense).max() < 1e-8 * dense.max()
+    n = np.asarray(build_chain(model, lay, b.rule(lay.queue_stage, model.coord_stage()), max_requests=cap,
+                               max_threads=b.max_threads).rows.sum(axis=1))[reach]
+    assert float(gs @ n) == pytest.approx(float(dense @ n), rel=1e-8)
+
+
 def test_warm_started_stationary_law_equals_the_direct_solve(monkeypatch):
     """Auto-truncation's warm starts (truncation.Laws): a policy's law on cap 8, mapped onto the chain
     a second, differently solved policy induces on cap 10, starts Gauss–Seidel; the law equals that
