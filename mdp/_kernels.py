@@ -37,6 +37,7 @@ SIGNATURES: dict[str, tuple[str, str]] = {
     "residual_stats": ("residual_stats", f"UniTuple(f8, 2)({_F}, {_F}, {_F})"),
     "anderson_history": ("anderson_history", f"void({_F}, {_F}, {_F}, {_F}, {_M}, {_M}, i8, i8, {_M})"),
     "anderson_mix": ("anderson_mix", f"void({_F}, {_F}, {_M}, {_F}, {_F})"),
+    "anderson_gamma": ("anderson_gamma", f"b1({_M}, i8, {_M}, {_F})"),
 }
 SIGNATURES["chain_bfs"] = (
     "chain_bfs",
@@ -153,6 +154,11 @@ def chain_bfs(*args: Any) -> Any:
 
 def anderson_mix(*args: Any) -> Any:
     return _call("anderson_mix", args)
+
+
+def anderson_gamma(*args: Any) -> Any:
+    """The mixing coefficients of the normal equations; False when singular (_kernels_jit.anderson_gamma)."""
+    return _call("anderson_gamma", args)
 
 
 def build_aot(output_dir: Path = _HERE) -> Path:

@@ -358,6 +358,49 @@ def anderson_mix(x, f, dxf, gamma, out):  # type: ignore[no-untyped-def]
         out[i] = acc
 
 
+@numba.njit(cache=True, nogil=True)
+def anderson_gamma(gram, k, both, gamma):  # type: ignore[no-untyped-def]
+    """γ = (G + εI)⁻¹ r, G the leading k×k block of ``gram``, r = ``both[:k, 1]`` and
+    ε = 1e-13·trace(G) + 1e-300: anderson.py's regularised normal equations, by Gaussian
+    elimination with partial pivoting (LAPACK's dgesv does the same on so small a system, but
+    numpy's call costs 13.5 µs against 0.7 µs here: ~20 ms of Table 1 case 8's ~1,400 mixing
+    steps). False (γ not written) when a pivot is zero or not finite: the caller drops its history."""
+    a = np.empty((k, k + 1))
+    tr = 0.0
+    for i in range(k):
+        tr += gram[i, i]
+    reg = 1e-13 * tr + 1e-300
+    for i in range(k):
+        for j in range(k):
+            a[i, j] = gram[i, j]
+        a[i, i] += reg
+        a[i, k] = both[i, 1]
+    for c in range(k):
+        p = c
+        best = abs(a[c, c])
+        for r in range(c + 1, k):
+            if abs(a[r, c]) > best:
+                best = abs(a[r, c])
+                p = r
+        if not (best > 0.0 and best < np.inf):
+            return False
+        if p != c:
+            for j in range(c, k + 1):
+                t = a[c, j]
+                a[c, j] = a[p, j]
+                a[p, j] = t
+        for r in range(c + 1, k):
+            m = a[r, c] / a[c, c]
+            for j in range(c, k + 1):
+                a[r, j] -= m * a[c, j]
+    for i in range(k - 1, -1, -1):
+        acc = a[i, k]
+        for j in range(i + 1, k):
+            acc -= a[i, j] * gamma[j]
+        gamma[i] = acc / a[i, i]
+    return True
+
+
 # ---- breadth-first construction of a policy's chain (chain.py) -------------------------------
 
 

@@ -116,7 +116,10 @@ class AndersonMixer:
             _kernels.anderson_history(x, f, self._x, self._f, self._df, self._dxf, h, k, both)
             self._gram[h, :k] = both[:, 0]
             self._gram[:k, h] = both[:, 0]
-            gamma = self._mix(k, both[:, 1])
+            gamma = np.empty(k)
+            if not _kernels.anderson_gamma(self._gram, k, both, gamma):  # _mix's system, compiled
+                self.reset()
+                gamma = None
         self._x, self._f = x, f
         if gamma is None:
             np.add(x, f, out=out)

@@ -29,6 +29,10 @@ IntArray = npt.NDArray[np.int64]
 
 _DIRECT_LIMIT = 4_000
 _DENSE_LIMIT = 1_500
+#: once the kernels are loaded, Gauss–Seidel from this many states on: a dense LU is O(n³) (the
+#: baselines of Table 1 case 8: π(4) on cap 30, 980 states, 32 ms against 5.2 ms; π(1,1) on cap
+#: 20, 841 states, 18 ms against 2.6 ms; 280 states 2.9 against 1.7 ms; E[W] within 1e-8)
+_GS_FROM = 250
 _GS_ROUNDS = 2_500  # accelerated steps of _GS_SWEEPS sweeps each
 #: Gauss–Seidel sweeps between two residual tests and Anderson steps: four, not two, take 21 % less
 #: time on Table 1 case 12's π* chain on cap 23 (115,219 states, warm start: 21 steps against 39;
@@ -138,9 +142,10 @@ def stationary_distribution(
     if np.any(np.abs(np.asarray(Psub.sum(axis=1)).ravel() - 1.0) > 1e-9):
         raise SolverError("the states reachable from the empty system are not closed under the policy")
     # Gauss–Seidel (below) needs the compiled kernels; once a large solve has loaded them it beats
-    # a sparse LU from _DENSE_LIMIT states on (π* chains of Table 1 case 8, 2,744 and 3,705 states:
-    # 0.02 s against 0.05-0.25 s, the LU filling in), while a small scenario keeps numba unloaded.
-    direct_limit = _DENSE_LIMIT if "overtake.mdp._kernels" in sys.modules else _DIRECT_LIMIT
+    # a sparse LU (π* chains of Table 1 case 8, 2,744 and 3,705 states: 0.02 s against 0.05-0.25 s,
+    # the LU filling in) and a dense one from _GS_FROM states on, while a small scenario keeps
+    # numba unloaded.
+    direct_limit = min(_GS_FROM, _DENSE_LIMIT) if "overtake.mdp._kernels" in sys.modules else _DIRECT_LIMIT
     if n <= direct_limit:
         # small chains: one LU of the reduced system π₋₀(I − P)₋₀ = P(0, ·)₋₀ with π(0) = 1, dense
         # (LAPACK, no solver imports) up to _DENSE_LIMIT states, sparse (SuperLU) above

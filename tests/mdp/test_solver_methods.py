@@ -182,6 +182,33 @@ def test_compiled_anderson_step_equals_the_numpy_step(monkeypatch):
     assert np.allclose(runs[1], runs[10**9], rtol=1e-9, atol=1e-9 * np.abs(runs[1]).max())
 
 
+@pytest.mark.parametrize("k", [1, 2, 6, 10])
+def test_compiled_mixing_coefficients_equal_numpys_solve(k):
+    """The compiled normal-equation solve (the large mixer's) against np.linalg.solve of the same
+    regularised Gram system, as AndersonMixer._mix (the small mixer's) sets it up."""
+    from overtake.mdp import _kernels
+
+    rng = np.random.default_rng(k)
+    m = 10
+    for _ in range(20):
+        F = rng.normal(size=(m, 50)) * np.logspace(0, -6, m)[:, None]  # ill-conditioned like late Δf rows
+        gram = np.ascontiguousarray(F @ F.T)
+        both = np.ascontiguousarray(rng.normal(size=(m, 2)))
+        gamma = np.full(k, np.nan)
+        assert _kernels.anderson_gamma(gram, k, both, gamma)
+        g = gram[:k, :k]
+        want = np.linalg.solve(g + (1e-13 * np.trace(g) + 1e-300) * np.eye(k), both[:k, 1])
+        assert np.allclose(gamma, want, rtol=1e-9, atol=1e-9 * np.abs(want).max())
+    # a zero history: the 1e-300 floor keeps the system regular, γ = 0 (as numpy's)
+    gamma = np.full(k, 7.0)
+    assert _kernels.anderson_gamma(np.zeros((m, m)), k, np.zeros((m, 2)), gamma)
+    assert np.all(gamma == 0.0)
+    # a non-finite history is reported (the mixer then drops it), γ untouched
+    gamma = np.full(k, 7.0)
+    assert not _kernels.anderson_gamma(np.full((m, m), np.nan), k, np.zeros((m, 2)), gamma)
+    assert np.all(gamma == 7.0)
+
+
 @pytest.mark.parametrize("case", [2, 3, 7, 10, 12])
 def test_policy_iteration_matches_rvi_on_table1_cases(case):
     """Paper 004 Table 1 scenarios on a small cap: PI's g equals RVI's to 1e-9 relative, and the two
@@ -219,6 +246,38 @@ def test_stationary_law_by_gauss_seidel_equals_the_direct_solve(monkeypatch):
     reach2, gs = stationary_distribution(P)  # Gauss–Seidel
     assert np.array_equal(reach, reach2)
     assert np.abs(gs - direct).max() < 1e-10 * direct.max()
+
+
+@pytest.mark.parametrize("name, cap", [("pi(4)", 30), ("pi(1,1)", 20)])
+def test_baseline_chains_go_to_gauss_seidel_and_match_the_dense_solve(monkeypatch, name, cap):
+    """With the kernels loaded, chains from evaluate._GS_FROM states on (here Table 1 case 8's
+    baselines, 980 and 841 states) are solved by Gauss–Seidel, not a dense LU: the same law."""
+    import overtake.mdp.evaluate as ev
+    from overtake.mdp import _kernels  # noqa: F401  (loaded, as after a large solve)
+    from overtake.mdp.baselines import Baseline
+    from overtake.mdp.chain import build_chain
+    from overtake.mdp.statespace import Layout
+
+    model = tandem(0.6, h2_stage("a", 0.91, 0.55, 5.45), h2_stage("b", 0.91, 2.75, 27.25))
+    lay = Layout.build(model, "start")
+    b = Baseline.parse(name, 2)
+    P = build_chain(model, lay, b.rule(lay.queue_stage, model.coord_stage()), max_requests=cap,
+                    max_threads=b.max_threads).P
+    assert ev._GS_FROM < P.shape[0] <= ev._DENSE_LIMIT
+    calls = []
+    real = _kernels.gauss_seidel
+    monkeypatch.setattr(_kernels, "gauss_seidel", lambda *a: calls.append(1) or real(*a))
+    reach, gs = stationary_distribution(P)
+    assert calls  # Gauss–Seidel ran
+    monkeypatch.setattr(ev, "_GS_FROM", 10**6)
+    calls.clear()
+    reach2, dense = stationary_distribution(P)
+    assert not calls and np.array_equal(reach, reach2)
+    # both meet the same residual test (1e-12); on these slowly mixing chains that is 1e-9 on the law
+    assert np.abs(gs - dense).max() < 1e-8 * dense.max()
+    n = np.asarray(build_chain(model, lay, b.rule(lay.queue_stage, model.coord_stage()), max_requests=cap,
+                               max_threads=b.max_threads).rows.sum(axis=1))[reach]
+    assert float(gs @ n) == pytest.approx(float(dense @ n), rel=1e-8)
 
 
 def test_warm_started_stationary_law_equals_the_direct_solve(monkeypatch):
