@@ -380,6 +380,12 @@ class Sidecar:
                 "event": "config_warning", "detail": f"limits.max_inflight = {cap} "
                 f"but Apache has {workers} workers (MaxRequestWorkers): excess admitted requests wait inside "
                 "Apache; lower limits.max_inflight or start Apache with --max-workers >= it"})
+        elif self.gate is not None and workers < cap + self.options.gate_slots:
+            # held requests occupy workers too: admitted ones could find none free
+            log.warning("Apache has fewer workers than the hard cap plus the gate's slots", extra={
+                "event": "config_warning", "detail": f"limits.max_inflight {cap} + gate_slots "
+                f"{self.options.gate_slots} > {workers} workers (MaxRequestWorkers): lower gate_slots to "
+                f"{max(workers - cap, 1)} or raise MaxRequestWorkers"})
 
     async def close(self) -> None:
         if self._auto_task is not None:

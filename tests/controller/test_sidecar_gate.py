@@ -129,3 +129,19 @@ def test_sidecar_without_apaches_gate_keeps_requests_itself(
     finally:
         side.stop()
         Path(other).unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("slots", [4, 12])
+def test_sidecar_warns_when_held_requests_could_take_every_worker(
+        gated: tuple[apache.ApacheInstance, str], work: Path, slots: int) -> None:
+    """Apache has 16 workers; max_inflight 8 + 12 gate slots could leave an admitted request none."""
+    inst, path = gated
+    side = SidecarProc(work, ["--policy", "pi(1)", "--apache", inst.base_url, "--gate", path,
+                              "--gate-slots", str(slots)], stages=STAGES)
+    try:
+        warn = [e for e in side.events() if e.get("event") == "config_warning" and "gate_slots" in e.get("detail", "")]
+        assert len(warn) == (1 if slots == 12 else 0)
+        if warn:
+            assert "lower gate_slots to 8" in warn[0]["detail"]
+    finally:
+        side.stop()
