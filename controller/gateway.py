@@ -329,15 +329,13 @@ class Gateway:
                 if not await self._wait(conn, t, stage):
                     return await self._withdrawn(conn, req, rec, t)
             else:
-                slot = gate[0]
 
                 async def admitted() -> bool:
-                    # sent already, held in Apache's gate: the limiter's admission opens it
+                    # sent already, held in Apache's gate: the limiter's admission opens it and a
+                    # withdrawal cancels it (controller.gate.GateOpener)
                     if await self._wait(conn, t, stage):
                         admitted_now()
                         return True
-                    assert self.gate is not None
-                    self.gate.cancel(slot)
                     return False
         if admitted is None:
             admitted_now()
