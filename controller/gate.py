@@ -15,7 +15,7 @@ Idle starts (:meth:`Gate.idle`, ``--gate-backfill``): the oldest queued requests
 before their admission at the module's lowest level (``SCHED_IDLE``), so that Apache's core
 does not idle while the policy waits for something that is not on the CPU yet — a
 completion's hand-over, or a client's round trip between two stages with the thread reserved
-for its next request (``next``; 0.68 ms per transaction measured on loopback). Under
+for its next request (``next``; 0.7–0.9 ms per transaction measured on loopback). Under
 ``SCHED_IDLE`` (weight 3 against 1024) such a request takes ~0.3 % of the core from admitted
 ones; when the policy admits it, :meth:`Gate.open` bumps the file's epoch word and the
 module's promoter thread gives it its priority back.
@@ -32,6 +32,7 @@ request's admission.
 from __future__ import annotations
 
 import ctypes
+import heapq
 import mmap
 import os
 import platform
@@ -204,8 +205,9 @@ class GateOpener(LimiterListener):
         gate, lim = self.gate, self.limiter
         if lim is None or gate.idle_waiting >= self.backfill or not any(lim.tandem.stage_waiting):
             return
-        queued = sorted((t for qs in lim.tandem.queues for q in qs for t in q
-                         if t.gate is not None and not gate.is_idle(t.gate)), key=lambda t: t.seq)
-        for t in queued[: self.backfill - gate.idle_waiting]:
+        queued = heapq.nsmallest(self.backfill - gate.idle_waiting,
+                                 (t for qs in lim.tandem.queues for q in qs for t in q
+                                  if t.gate is not None and not gate.is_idle(t.gate)), key=lambda t: t.seq)
+        for t in queued:
             assert t.gate is not None
             gate.idle(t.gate)

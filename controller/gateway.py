@@ -71,7 +71,6 @@ class Gateway:
         trusted_sources: Sequence[str] = ("127.0.0.0/8", "::1/128"),
         cpu_class: Callable[[int, int], int | None] | None = None,
         gate: Gate | None = None,
-        gate_slots: int = 64,
     ) -> None:
         self.table = table
         self.limits = table.config.limits
@@ -87,10 +86,9 @@ class Gateway:
         #: (stage, label) -> mod_overtake_prio starting level to send, or None (--cpu-priority class)
         self.cpu_class = cpu_class
         #: Apache's admission gate (controller.gate); queued requests use it while ``gate_on``
-        #: (the sidecar sets it once Apache reports the same gate file), at most ``gate_slots``
+        #: (the sidecar sets it once Apache reports the same gate file), one per slot of it
         self.gate = gate
         self.gate_on = False
-        self.gate_slots = gate_slots
         self.admin_server: asyncio.base_events.Server | None = None
         self._admin_conns: set[ClientConnection] = set()
         self._draining = False
@@ -366,14 +364,13 @@ class Gateway:
         passthrough request, or every slot in use (it waits here, as without a gate)."""
         if not self.gate_on or self.gate is None or t.stage == PASSTHROUGH:
             return None
-        if self.gate.in_use >= self.gate_slots:
+        armed = self.gate.arm()  # the gate has gate_slots slots
+        if armed is None:
             self.metrics.gate_full.inc()
             return None
-        armed = self.gate.arm()
-        if armed is not None:
-            t.gate = armed[0]
-            for fn in self.limiter.after_dispatch:  # the decision ran before the slot: idle starts
-                fn()
+        t.gate = armed[0]
+        for fn in self.limiter.after_dispatch:  # the decision ran before the slot: idle starts
+            fn()
         return armed
 
     async def _withdrawn(self, conn: ClientConnection, req: Request, rec: RequestRecord, t: Ticket) -> bool:

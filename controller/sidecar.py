@@ -237,7 +237,7 @@ class Sidecar:
             trusted_sources=options.trusted_sources,
             on_request=self._log_request,
             cpu_class=self._cpu_class if options.cpu_priority == "class" else None,
-            gate=self.gate, gate_slots=options.gate_slots,
+            gate=self.gate,
         )
         if self.gate is not None:
             gw = self.gateway
