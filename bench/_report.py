@@ -1,13 +1,16 @@
-"""Shared by the bench scripts: the machine line, raw-run records and BENCHMARKS.md's sections.
+"""Shared by the bench scripts: the machine line, raw-run records and their full write-ups.
 
 A bench's ``--record`` does two things, and nothing else:
 
 * it appends its raw run, one JSON object on one line, to ``bench/results/<bench>.jsonl``
   (append-only: every run ever measured stays there with its date, command, machine and
   figures; see bench/results/README.md);
-* it replaces its own section of BENCHMARKS.md, the text between ``<!-- NAME:begin -->`` and
-  ``<!-- NAME:end -->``, so the document keeps one curated section per claim and never grows
-  by appended runs (a section not in the document yet is added once, at its end).
+* it replaces its own section of ``bench/results/sections.md``, the text between
+  ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->``: the full write-up of the latest recorded run
+  (a section not in the file yet is added once, at its end).
+
+BENCHMARKS.md is written by hand from those write-ups: one short table and conclusion per claim,
+with a provenance line that links here. No script writes to it, so it cannot grow by appended runs.
 
 ``--no-write`` writes neither, ``--json`` prints the run as JSON instead of the section
 (:func:`add_output_arguments`, :func:`publish`).
@@ -31,6 +34,7 @@ __all__ = [
     "BENCHMARKS",
     "RESULTS",
     "ROOT",
+    "SECTIONS",
     "add_output_arguments",
     "append_run",
     "command_line",
@@ -46,8 +50,9 @@ __all__ = [
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ROOT / "BENCHMARKS.md"
+BENCHMARKS = ROOT / "BENCHMARKS.md"  # the curated document (by hand; no bench writes it)
 RESULTS = ROOT / "bench" / "results"
+SECTIONS = RESULTS / "sections.md"  # the benches' full write-ups, one section each
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]*")
 
@@ -108,7 +113,7 @@ def run_record(figures: Mapping[str, Any] | None = None, *, bench: str | None = 
                section: str | None = None, command: str | None = None,
                markdown: str | None = None, date: str | None = None) -> dict[str, Any]:
     """One raw run as a JSON object: ``date`` (UTC), ``bench``, ``command``, ``machine``,
-    ``section`` (its BENCHMARKS.md section), ``figures`` (the bench's own result document) and,
+    ``section`` (its section of bench/results/sections.md), ``figures`` (the bench's own result document) and,
     when given, ``markdown`` (the section text the run produced)."""
     rec: dict[str, Any] = {
         "date": date or dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -143,11 +148,12 @@ def read_runs(bench: str, results: Path = RESULTS) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def replace_section(name: str, text: str, path: Path = BENCHMARKS) -> None:
-    """Replace the section ``name`` of BENCHMARKS.md with ``text`` (added once at the end if absent)."""
+def replace_section(name: str, text: str, path: Path = SECTIONS) -> None:
+    """Replace the section ``name`` of ``path`` (default bench/results/sections.md) with ``text``
+    (added once at the end if absent)."""
     _check_name("section", name)
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
-    cur = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
+    cur = path.read_text(encoding="utf-8") if path.exists() else "# Benchmark write-ups\n"
     block = f"{begin}\n{text.strip()}\n{end}"
     if cur.count(begin) > 1 or cur.count(end) > 1:
         raise ValueError(f"{path}: section {name!r} is marked more than once; keep one "
@@ -162,7 +168,7 @@ def replace_section(name: str, text: str, path: Path = BENCHMARKS) -> None:
     path.write_text(cur, encoding="utf-8")
 
 
-def write_section(name: str, text: str, path: Path = BENCHMARKS, *,
+def write_section(name: str, text: str, path: Path = SECTIONS, *,
                   run: Mapping[str, Any] | None = None, bench: str | None = None,
                   command: str | None = None, results: Path | None = None) -> Path:
     """Record one run: append it to ``results/<bench>.jsonl``, then replace section ``name``.
@@ -170,9 +176,9 @@ def write_section(name: str, text: str, path: Path = BENCHMARKS, *,
     Parameters
     ----------
     name, text
-        The BENCHMARKS.md section and its new text (a ``## `` heading first).
+        The section and its new text (a ``## `` heading first).
     path
-        The document (tests pass a temporary one).
+        The write-ups file (tests pass a temporary one).
     run
         The bench's result document (its ``--json`` output), stored as the record's
         ``figures``; without it the record keeps the section text only.
@@ -181,7 +187,8 @@ def write_section(name: str, text: str, path: Path = BENCHMARKS, *,
     command
         The command line; default this process's, as ``python bench/<script> ...``.
     results
-        Directory of the ``.jsonl`` files; default ``bench/results`` beside ``path``.
+        Directory of the ``.jsonl`` files; default ``bench/results`` (for another ``path``:
+        ``bench/results`` beside it).
 
     Returns
     -------
@@ -190,7 +197,9 @@ def write_section(name: str, text: str, path: Path = BENCHMARKS, *,
     """
     bench = bench or _bench_name()
     rec = run_record(run, bench=bench, section=name, command=command, markdown=text.strip())
-    out = append_run(bench, rec, path.parent / "bench" / "results" if results is None else results)
+    if results is None:
+        results = RESULTS if path == SECTIONS else path.parent / "bench" / "results"
+    out = append_run(bench, rec, results)
     replace_section(name, text, path)
     return out
 
@@ -199,7 +208,7 @@ def add_output_arguments(ap: argparse.ArgumentParser) -> None:
     """The three output flags every bench takes: ``--record``, ``--no-write``, ``--json``."""
     ap.add_argument("--record", action="store_true",
                     help="append the run to bench/results/<bench>.jsonl and replace its "
-                    "BENCHMARKS.md section")
+                    "write-up in bench/results/sections.md")
     ap.add_argument("--no-write", action="store_true",
                     help="write nothing (overrides --record)")
     ap.add_argument("--json", action="store_true", help="print the run as JSON on stdout")
@@ -207,7 +216,7 @@ def add_output_arguments(ap: argparse.ArgumentParser) -> None:
 
 def publish(args: argparse.Namespace, name: str, text: str, run: Mapping[str, Any], *,
             bench: str | None = None, command: str | None = None,
-            path: Path = BENCHMARKS, results: Path | None = None) -> Path | None:
+            path: Path = SECTIONS, results: Path | None = None) -> Path | None:
     """Print the run (JSON with ``--json``, else the section) and record it with ``--record``
     unless ``--no-write``; return the ``.jsonl`` written to, or None."""
     if getattr(args, "json", False):

@@ -15,7 +15,7 @@ sidecar and this load generator share core 0 (raised autogroup too).
 E[W] per policy: mean response time of the transactions after a 5 % warm-up, 95 % CI by 20 batch
 means (t_{19}). Gains are fractions (E W(π) − E W(π*)) / E W(π*), measured and predicted.
 Writes the `apache-table2` (or, with --classifier hidden or learned, `apache-table2-hidden` or
-`apache-table2-learned`) section of BENCHMARKS.md unless --no-write.
+`apache-table2-learned`) section of bench/results/sections.md unless --no-write.
 
 --classifier learned (issue 18): the multi-route workload. Each two-phase stage's requests come
 in route classes with their own start-phase priors (value_of_information.route_split: 99/50/10 %
@@ -384,7 +384,7 @@ def paper_gains() -> dict[str, dict[str, float]]:
 
 
 def render(record: dict[str, Any], classifier: str, explicit: dict[str, Any] | None = None) -> str:
-    """The BENCHMARKS.md section from every case recorded so far (each row keeps its run); in hidden
+    """The write-up (bench/results/sections.md) from every case recorded so far (each row keeps its run); in hidden
     mode ``explicit`` is the explicit-phase record, for how much of the gain survives."""
     runs: dict[str, dict[str, Any]] = {}
     for r in record.values():
@@ -533,7 +533,7 @@ def render_lever(record: dict[str, Any], classifier: str, kind: str, explicit: d
             "phase (SCHED_IDLE weight 3/1024) in the MDP's chain."),
         "",
     ]
-    # one paragraph for all runs, oldest first (the section must fit BENCHMARKS.md's line budget)
+    # one paragraph for all runs, oldest first (one short paragraph)
     lines.append("Runs: " + "; ".join(
         f"{run['date']}: `{cmd}` ({run['node']}, {run['cores']} vCPU; load average {run['load_before']:.1f} before, "
         f"{run['load_after']:.1f} after; {run['foreign_apache']} foreign apache2 processes on Apache's core; "

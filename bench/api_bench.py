@@ -12,7 +12,7 @@ through the API (paper 004 Table 1 case 4 shapes: two H2 stages, rho 0.6, cap 10
    responsive: solves run in a separate process);
 4. ``Policy.action`` in-process, the floor under (1).
 
-Writes the ``api`` section of BENCHMARKS.md (``--no-write`` to skip).
+Writes the ``api`` section of bench/results/sections.md (``--no-write`` to skip).
 """
 
 from __future__ import annotations

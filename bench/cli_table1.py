@@ -10,7 +10,7 @@ one session; ``--reference`` is an earlier run's ``--json`` output, and every po
 compared with it (the largest relative difference is reported). The 1-minute load average is
 recorded before and after each process: timings taken above a load of 1 are flagged.
 Appends one JSON line to bench/results/solver_speed.jsonl and replaces the ``cli-table1`` section of
-BENCHMARKS.md (all twelve cases only) unless ``--no-write`` (``--other RUN.json``: a run of another ``--exe`` from the same
+bench/results/sections.md (all twelve cases only) unless ``--no-write`` (``--other RUN.json``: a run of another ``--exe`` from the same
 session, shown beside this one; ``--other-exe PATH``: another install run just before this one on
 every case, so the two see the same load on a shared machine).
 """
@@ -164,7 +164,7 @@ def section(out: dict[str, Any], other: dict[str, Any] | None) -> str:
         f"{out['max_load']:.2f} (the machine is shared: wall times vary by up to 2× between runs). "
         "Targets: all twelve <= 20 s, cases 8 and 12 <= 3 s each.",
     ]
-    # one paragraph, the twelve cases in one sentence: BENCHMARKS.md has a line budget
+    # one paragraph, the twelve cases in one sentence: a short write-up
     cells = []
     for case in sorted(mine):
         cell = f"{mine[case]:.2f}" + (f"/{theirs[case]:.2f}" if other and case in theirs else "")

@@ -34,8 +34,8 @@ stages the phases do not move, so class priority by start phase is weighted shar
 the assignment ``overtake solve --cpu-priority class`` chooses (``opt_class``, :func:`overtake.mdp.lever.choose_classes`).
 
 Pooled over seeds: the mean of the seed means and the half-width sqrt(Σ h²)/k. The raw run is
-appended to bench/results/cpu_priority_model.jsonl unless ``--no-write``; BENCHMARKS.md is not
-touched (its section is curated by hand from this output).
+appended to bench/results/cpu_priority_model.jsonl unless ``--no-write``; BENCHMARKS.md's section is
+curated by hand from this output.
 """
 
 from __future__ import annotations

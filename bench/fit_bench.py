@@ -17,7 +17,7 @@ same sample in the same run when present (each skipped with a message otherwise)
   mapfit's initial-value search). This script only calls the peer; it never builds or installs it.
   Without it, mapfit figures measured earlier on the same data (``NOTES`` below) are shown, labelled.
 
-Writes/replaces only its own block of BENCHMARKS.md, between the fitting markers.
+Writes/replaces only its own block of bench/results/sections.md, between the fitting markers.
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ def bobbio_telek(orders: tuple[int, ...], n_points: int) -> list[tuple[str, int,
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="skip the 10^5 run and use a coarser Bobbio–Telek grid")
-    ap.add_argument("--no-write", action="store_true", help="print only; leave BENCHMARKS.md alone")
+    ap.add_argument("--no-write", action="store_true", help="print only; write nothing")
     args = ap.parse_args()
     rlib = os.environ.get("OVERTAKE_MAPFIT_RLIB")
     cmd = (f"OVERTAKE_MAPFIT_RLIB={rlib} " if rlib else "") + "OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/fit_bench.py" + (
@@ -344,7 +344,7 @@ def main() -> int:
 
 
 def write_block(block: str) -> None:
-    """Record the run: bench/results/fit_bench.jsonl gets it, BENCHMARKS.md's fitting section is replaced."""
+    """Record the run: bench/results/fit_bench.jsonl gets it, the fitting write-up in bench/results/sections.md is replaced."""
 
     write_section("fitting", block, bench="fit_bench")
 

@@ -21,7 +21,7 @@ age levels off, so the modes share Apache's per-request cost). One client straig
 client's own round trip. Apache is pinned to the last core at autogroup −20; the sidecar and
 the clients share core 0 in this process's raised autogroup. Rounds alternate the modes; the
 figures are medians over rounds. The run is appended to bench/results/handover.jsonl and
-replaces BENCHMARKS.md's ``handover`` section unless ``--no-write``.
+replaces the ``handover`` write-up in bench/results/sections.md unless ``--no-write``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Overtaking heuristic (mdp/heuristic.py) against π* and the baselines; writes BENCHMARKS.md `heuristic`.
+"""Overtaking heuristic (mdp/heuristic.py) against π* and the baselines; writes the `heuristic` write-up (bench/results/sections.md).
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/heuristic_table.py [--cache DIR] [--skip-n3] [--no-write]
 
@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _report import SECTIONS
 from sim_bench import git_rev, machine, table1_case, write_section
 
 from overtake.mdp.heuristic import evaluate_heuristic, overtaking_heuristic
@@ -121,11 +122,11 @@ def lookahead_only(args: argparse.Namespace) -> int:
     ])
     print(block)
     if not args.no_write:
-        path = ROOT / "BENCHMARKS.md"
+        path = SECTIONS
         cur = path.read_text()
         begin, end = "<!-- heuristic:begin -->", "<!-- heuristic:end -->"
         if begin not in cur:
-            raise SystemExit("run the main heuristic bench first (no heuristic section in BENCHMARKS.md)")
+            raise SystemExit("run the main heuristic bench first (no heuristic section in bench/results/sections.md)")
         body = cur[cur.index(begin) + len(begin):cur.index(end)].strip("\n")
         if LOOKAHEAD_HEAD in body:
             body = body[: body.index(LOOKAHEAD_HEAD)].rstrip()

@@ -4,7 +4,7 @@ Paper 004 Table 1 case 4 (two H2 stages, r = 0.91, means 0.55/5.45, ρ = 0.6), p
 on growing truncations. Per size (each in its own process, for its peak RSS): states, LP variables,
 cvxpy build, HiGHS solve (IPM + crossover, tolerances 1e-10), exact evaluation of the LP policy,
 relative difference of the LP objective and of the LP policy's exactly evaluated cost to RVI's g
-(RVI to span 1e-11), and the peak RSS. Writes the `lp` section of BENCHMARKS.md with --record.
+(RVI to span 1e-11), and the peak RSS. Writes the `lp` section of bench/results/sections.md with --record.
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/lp_bench.py --record
 """
@@ -72,7 +72,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--one", nargs=2, type=int, help=argparse.SUPPRESS)
     ap.add_argument("--timeout", type=float, default=900, help="seconds per size before giving up")
-    ap.add_argument("--record", action="store_true", help="write the lp section of BENCHMARKS.md")
+    ap.add_argument("--record", action="store_true", help="write the lp section of bench/results/sections.md")
     args = ap.parse_args()
     if args.one:
         print(json.dumps(one(*args.one)))

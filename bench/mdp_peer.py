@@ -5,7 +5,7 @@
 
 Ours: Anderson-accelerated RVI (the default solver) and plain RVI, each the best of ``--repeat``
 CPU timings after one untimed warm-up call (numba's cache load), and policy iteration (one timed
-run: its evaluations are ILU-preconditioned GMRES solves, BENCHMARKS.md says why it is not the
+run: its evaluations are ILU-preconditioned GMRES solves, BENCHMARKS.md's cli-table1 section says why it is not the
 default); the speed-up is pymdptoolbox's CPU time over the default solver's, at equal g (both
 policies' exact average costs are shown). ``--ours-only`` skips pymdptoolbox (for instances it
 cannot hold, e.g. Table 1 case 8's 96,075 states) and writes no section. ``--results`` appends
@@ -22,7 +22,7 @@ decision earlier, so the average cost is the same; both policies are also evalua
 pymdptoolbox's input check densifies sparse matrices (``util.isStochastic`` broadcasts a row
 sum of an S×S ``csr_matrix`` to S×S: 74.5 GiB at 10⁵ states); it is bypassed with
 ``mdptoolbox.util.check = lambda *a, **k: None``. Timings are CPU seconds of this process
-(the machine is shared); writes the ``mdp-peer`` section of BENCHMARKS.md.
+(the machine is shared); writes the ``mdp-peer`` section of bench/results/sections.md.
 """
 
 from __future__ import annotations

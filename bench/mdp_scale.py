@@ -7,7 +7,7 @@ Each size runs in its own process (so its peak RSS is its own, read with wait4):
 space and event matrix, solve by ``--method`` (Anderson-accelerated RVI by default, plain RVI as
 the reference) to span ≤ 1e-5·g (the product's default for a 0.1% auto-truncation), report
 states, sweeps, seconds (wall and CPU), peak memory. Writes the ``mdp-scale`` section of
-BENCHMARKS.md unless ``--no-write``; ``--results`` appends the rows as one JSON line to
+bench/results/sections.md unless ``--no-write``; ``--results`` appends the rows as one JSON line to
 bench/results/solver_speed.jsonl instead (with the load average before and after each size).
 """
 

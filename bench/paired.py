@@ -17,7 +17,7 @@ x U in {srpt, fair}. Each scheduler is compared with its own baseline: the threa
 (E W(pi(inf)) - E W(pi*)) / E W(pi*) on the transactions, with U held fixed, against the model's
 prediction; SRPT's mean response time and largest-1 % time on the static files over FAIR's, with
 P held fixed. Per-band bytes, responses and SO_PRIORITY changes come from the sidecar's /metrics.
-Writes BENCHMARKS.md section ``paired`` unless --no-write. Needs root.
+Writes the bench/results/sections.md section ``paired`` unless --no-write. Needs root.
 """
 
 from __future__ import annotations
@@ -242,7 +242,7 @@ def main() -> int:
     ap.add_argument("--halt-poll-us", type=float, default=20000)
     ap.add_argument("--follow-up-timeout", type=float, default=0.005,
                     help="limits.follow_up_timeout s: how long a `next` reservation holds its place")
-    ap.add_argument("--section", default="paired", help="BENCHMARKS.md section to (re)write")
+    ap.add_argument("--section", default="paired", help="section of bench/results/sections.md to (re)write")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()

@@ -7,7 +7,7 @@ Apache (private instance, controller.harness.apache) is pinned to the last core 
 priority; wrk, the sidecar and HAProxy share core 0 (the machine has 2 cores). Two loads:
 ``-c 1`` (one request at a time: the latency a proxy adds) and ``-c N`` (throughput). Targets
 (issue #5): added p50 <= 0.5 ms over direct, sidecar throughput >= 25 % of HAProxy's. Medians
-over --repeat interleaved rounds. Writes the `sidecar` section of BENCHMARKS.md unless
+over --repeat interleaved rounds. Writes the `sidecar` section of bench/results/sections.md unless
 --no-write.
 """
 
@@ -78,7 +78,7 @@ def main() -> int:
                     help="leave every process at the default scheduler priority (Apache included); "
                     "writes section sidecar-default-priority")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
-    ap.add_argument("--no-write", action="store_true", help="do not update BENCHMARKS.md")
+    ap.add_argument("--no-write", action="store_true", help="write nothing")
     args = ap.parse_args()
     for tool in ("wrk", "haproxy", "taskset"):
         if shutil.which(tool) is None:

@@ -5,7 +5,7 @@ Each configuration gets a fresh LocalCluster of single-threaded worker processes
 numba cache), then the 24 points are timed from submission to the last result. Configurations
 alternate 1, 2, 1, 2 (``--rounds``) so drifting background load hits both; throughput =
 points / wall seconds; the ratio uses the best round of each. Also checks that both give the same
-table. Writes the `sweep` section of BENCHMARKS.md with --record.
+table. Writes the `sweep` section of bench/results/sections.md with --record.
 
     setsid bash -c 'echo -20 > /proc/self/autogroup; OPENBLAS_NUM_THREADS=1 NUMBA_NUM_THREADS=1 \
         exec .venv/bin/python bench/sweep_bench.py --record'

@@ -8,7 +8,7 @@ shows at saturation: wrk (Debian package) in the client namespace keeps ``--conn
 requests outstanding, one connection per request, sizes drawn from the World Cup 98 model
 (the same seeded list for every policy), against bench/uplink/server.py on the 10 Mbit/s testbed.
 Reports bytes/s over the run, requests/s and the ratio to FAIR; policies are interleaved over
-``--repeat`` rounds and medians reported. Writes BENCHMARKS.md section ``uplink-capacity``.
+``--repeat`` rounds and medians reported. Writes the bench/results/sections.md section ``uplink-capacity``.
 """
 
 from __future__ import annotations

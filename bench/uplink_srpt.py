@@ -22,7 +22,7 @@ prints ``{"policies": {"fair": {"mean_response_time": s, "mean_slowdown": x,
 ``--workload w1`` runs paper 003's W1 (alternating ``--w1-phase`` s at load 0.2 and 1.2);
 ``--workload w2`` .. ``w10`` the other transient-overload workloads of its Table 1, with both
 phases multiplied by ``--phase-scale`` (1 = the paper's lengths).
-``--record`` appends the run to bench/results/uplink_srpt.jsonl and replaces BENCHMARKS.md section
+``--record`` appends the run to bench/results/uplink_srpt.jsonl and replaces the bench/results/sections.md section
 ``uplink-srpt`` (the latest run; the curated uplink sections rest on the records).
 Needs root (namespaces, qdisc, SO_PRIORITY >= 7).
 """
@@ -587,7 +587,7 @@ def parser() -> argparse.ArgumentParser:
                     help="do not put this session's autogroup at nice -20")
     ap.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     ap.add_argument("--record", action="store_true", help="append the run to bench/results/uplink_srpt.jsonl, replace "
-                    "BENCHMARKS.md section uplink-srpt")
+                    "bench/results/sections.md section uplink-srpt")
     return ap
 
 

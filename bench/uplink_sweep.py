@@ -8,7 +8,7 @@ are a few dozen requests)::
     python bench/uplink_sweep.py --loads 0.5,0.6,0.7,0.8,0.9 --seeds 1,2,3 --duration 40 \
         --policies fair,srpt,srpt/t0.001,srrt,app:4 --record
 
-``--record`` rewrites BENCHMARKS.md section ``uplink-sweep`` (``--section`` names another);
+``--record`` rewrites the bench/results/sections.md section ``uplink-sweep`` (``--section`` names another);
 ``--json`` prints every run. ``--out F`` appends each run to F as one JSON line as soon as it ends
 (an interrupted sweep keeps what it measured); ``--from F`` (repeatable) summarises and records
 runs saved that way instead of running any. Any other flag is passed to bench/uplink_srpt.py
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="as bench/uplink_srpt.py --policies; must include fair (the baseline)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--record", action="store_true")
-    ap.add_argument("--section", default=SECTION, help="BENCHMARKS.md section for --record")
+    ap.add_argument("--section", default=SECTION, help="bench/results/sections.md section for --record")
     ap.add_argument("--out", help="append each run to this file as one JSON line when it ends")
     ap.add_argument("--from", dest="from_", action="append", metavar="FILE",
                     help="summarise runs saved by --out/--json instead of running (repeatable)")

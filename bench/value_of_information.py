@@ -24,7 +24,7 @@ stage, 99/1 and 10/90 (three per stage would make the route chain 6 queues wide,
 state budget at Table 1's caps).
 
 ``--record`` appends the run to bench/results/value_of_information.jsonl and replaces the
-``value-of-information`` section of BENCHMARKS.md; ``--json`` prints the run's document. With
+``value-of-information`` section of bench/results/sections.md; ``--json`` prints the run's document. With
 ``--merge`` the section also shows every Table 1 case this run did not solve, each from the latest
 recorded run that has it (the raw run keeps its own cases only; the section names each case's
 run), so that cases can be solved one run at a time. ``--no-route`` skips the ``route`` solves (the
@@ -197,7 +197,7 @@ def _cases(cs: list[int]) -> str:
 
 
 def table(cases: dict[int, dict[str, Any]]) -> list[str]:
-    """Cases as columns (twelve rows would not fit BENCHMARKS.md's 600 lines): one row per E[W],
+    """Cases as columns (twelve columns keep the table short): one row per E[W],
     then none against the best baseline."""
     cs = sorted(cases)
     lines = ["| E[W] \\ case | " + " | ".join(map(str, cs)) + " |", "|---|" + "---:|" * len(cs)]
@@ -232,7 +232,7 @@ def check(cases: dict[int, dict[str, Any]]) -> bool:
 
 
 def section(doc: dict[str, Any]) -> str:
-    """The BENCHMARKS.md section: this run's cases and, with ``--merge``, the others' latest runs."""
+    """The write-up: this run's cases and, with ``--merge``, the others' latest runs."""
     results = {int(c): r for c, r in doc["cases"].items()}
     results.update({int(c): r for c, r in doc.get("merged", {}).items()})
     this = [c for c in results if str(c) in doc["cases"]]

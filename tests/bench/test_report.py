@@ -1,5 +1,5 @@
 """bench/_report.py: a bench's --record appends one raw run to bench/results/<bench>.jsonl and
-replaces its own BENCHMARKS.md section (never appends to the document); --no-write writes
+replaces its own write-up in bench/results/sections.md (never appends); --no-write writes
 nothing; --json prints the run."""
 
 from __future__ import annotations

@@ -103,5 +103,5 @@ def test_section_names_each_cases_run_and_checks_the_invariants(runs: list[dict[
 def test_twelve_cases_fit_the_line_budget() -> None:
     doc = _doc({c: _run(c, _ew(4.0, 4.1, 4.2, 4.3, 4.4), "2026-11-26T16:00:00+00:00") for c in range(1, 13)})
     text = voi.section(doc)
-    assert len(text.splitlines()) <= 14  # BENCHMARKS.md stays within 600 lines with all twelve
+    assert len(text.splitlines()) <= 14  # the write-up stays short with all twelve
     assert "cases 1–12:" in text and "on all 12 cases: yes" in text
