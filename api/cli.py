@@ -27,6 +27,21 @@ COMMANDS: dict[str, str] = {
     "prometheus": "overtake.api.commands.prometheus",
 }
 
+# One line per sub-command for `overtake --help`, which then imports none of them (each module
+# registers the same line as its parser's help: tests/api/test_cli_startup.py checks they agree).
+SUMMARIES: dict[str, str] = {
+    "fit": "fit phase-type service-time distributions from durations or an Apache log",
+    "solve": "solve the optimal thread policy and write it as a file",
+    "compare": "compare the optimal policy with pi(1), pi(4), pi(inf), pi(1,1)",
+    "sweep": "solve pi* and the baselines on a grid of scenarios with Dask",
+    "simulate": "simulate a policy: mean response time with 95%% CI, per stage, tails",
+    "apache": "start/stop a private Apache with the CPU stage handler and mod_status",
+    "sidecar": "reverse proxy that releases requests to Apache exactly when the policy starts a thread",
+    "uplink": "install/show/remove the priority qdisc for uplink SRPT (HTB or TBF+pfifo_fast)",
+    "api": "serve the REST API and its HTML page",
+    "prometheus": "private Prometheus (Debian package) scraping the sidecar and the API",
+}
+
 EXIT_USAGE = 2
 
 
@@ -38,12 +53,13 @@ def _named_command(argv: Sequence[str]) -> str | None:
     return None
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The full parser, or with ``only`` a parser that registers just that sub-command.
+def build_parser(only: str | None = None, *, full: bool = False) -> argparse.ArgumentParser:
+    """The parser: the sub-command ``only`` registered by its module, every other one a placeholder
+    that carries only its one-line summary (``full``: every module registers its own).
 
     ``overtake compare …`` then imports one command module instead of ten (the fitting, the
-    sidecar and the Apache tooling cost about a second of imports); ``overtake --help`` and an
-    unknown command still see every sub-command.
+    sidecar and the Apache tooling cost about a second of imports), and ``overtake --version``,
+    ``overtake --help`` and an unknown command import none.
     """
     parser = argparse.ArgumentParser(
         prog="overtake",
@@ -52,8 +68,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"overtake {__version__} ({DISTRIBUTION})")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module in COMMANDS.items():
-        if only is None or name == only:
+        if full or name == only:
             importlib.import_module(module).register(sub)
+        else:
+            sub.add_parser(name, help=SUMMARIES[name], add_help=False)
     return parser
 
 

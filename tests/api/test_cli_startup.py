@@ -50,3 +50,53 @@ def test_compare_method_option_reaches_every_solver(capsys):
         ew[method] = doc["policies"]["pi*"]["mean_response_time"]
     assert ew["pi"] == pytest.approx(ew["rvi"], rel=1e-6)
     assert ew["anderson"] == pytest.approx(ew["rvi"], rel=1e-6)
+
+
+LIGHT_PROBE = """
+import contextlib, io, json, sys
+from overtake.api.cli import main
+out, err = io.StringIO(), io.StringIO()
+with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    try:
+        code = main(sys.argv[1:])
+    except SystemExit as e:
+        code = e.code
+heavy = sorted(m for m in ("numpy", "numba", "scipy", "fastapi", "pydantic", "yaml", "overtake.api.commands")
+               if any(k == m or k.startswith(m + ".") for k in sys.modules))
+print(json.dumps({"code": code, "out": out.getvalue(), "err": err.getvalue(), "heavy": heavy}))
+"""
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["no-such-command"], []])
+def test_version_help_and_a_bad_command_import_nothing_heavy(argv):
+    proc = subprocess.run([sys.executable, "-c", LIGHT_PROBE, *argv], capture_output=True, text=True, check=True)
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["heavy"] == [], res
+    if argv == ["--version"]:
+        assert res["code"] == 0 and "overtake-server" in res["out"]
+    elif argv == ["--help"]:
+        assert res["code"] == 0
+        from overtake.api.cli import COMMANDS
+        assert all(name in res["out"] for name in COMMANDS)  # every sub-command still listed
+        assert "95% CI" in res["out"]
+    else:
+        assert res["code"] == 2 and res["err"]
+
+
+def test_the_help_summaries_are_the_commands_own():
+    """`overtake --help` shows SUMMARIES without importing the commands; each must be what the
+    command's own parser registers, or the two drift apart."""
+    from overtake.api.cli import SUMMARIES, build_parser
+
+    parser = build_parser(full=True)
+    sub = next(a for a in parser._actions if a.dest == "command")
+    registered = {c.dest: c.help for c in sub._choices_actions}
+    assert registered == SUMMARIES
+
+
+def test_a_named_command_gets_its_full_parser():
+    from overtake.api.cli import build_parser
+
+    parser = build_parser("compare")
+    args = parser.parse_args(["compare", "x.yaml", "--json"])
+    assert args.command == "compare" and args.json is True
