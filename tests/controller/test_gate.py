@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import hashlib
+import hmac
 import mmap
 import os
 import platform
 import struct
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -36,20 +40,27 @@ def _words(path: Path) -> tuple[bytes, int, int, list[int]]:
     return magic, n, token, list(struct.unpack(f"<{n}I", raw[64:64 + 4 * n]))
 
 
+def _mac(key: bytes, msg: bytes) -> bytes:
+    return hmac.new(key, msg, hashlib.sha256).digest()
+
+
 def test_file_layout_and_slot_states(tmp_path: Path) -> None:
     p = tmp_path / "gate"
     g = Gate(str(p), 4)
     magic, n, token, words = _words(p)
-    assert (magic, n, token) == (b"OVTGATE1", 4, g.token) and token != 0
+    assert (magic, n, token) == (b"OVTGATE2", 4, g.token) and token != 0
     assert words == [1 << 2] * 4  # generation 1, WAIT
+    key = bytes.fromhex((tmp_path / "gate.key").read_text())
+    assert p.read_bytes()[32:64] == _mac(key, b"OVTGATE2 file 4 %d" % token)  # the key check
+    assert (p.stat().st_mode & 0o777, (tmp_path / "gate.key").stat().st_mode & 0o777) == (0o640, 0o600)
     slot, header = g.arm()  # type: ignore[misc]
-    assert header == b"%d 1" % slot
+    assert header == b"%d 1 %s" % (slot, _mac(key, b"%d %d 1" % (token, slot))[:16].hex().encode())
     g.open(slot)
     assert _words(p)[3][slot] == (1 << 2) | OPEN
     g.free(slot)  # the next generation: a late request on generation 1 finds it stale
     assert _words(p)[3][slot] == (2 << 2) | WAIT
     s2, h2 = g.arm()  # type: ignore[misc]
-    assert s2 == slot and h2 == b"%d 2" % slot  # LIFO reuse, new generation
+    assert s2 == slot and h2.startswith(b"%d 2 " % slot) and h2 != header  # LIFO reuse, new generation
     g.cancel(s2)
     assert _words(p)[3][s2] == (2 << 2) | CANCEL
     g.close()
@@ -229,3 +240,22 @@ def test_idle_starts_are_the_oldest_held_requests(tmp_path: Path, backfill: int,
         gate.close()
 
     asyncio.run(run())
+
+
+def test_a_truncated_gate_file_does_not_crash_the_sidecar(tmp_path: Path) -> None:
+    """``truncate -s 0`` on the gate file, then every store the limiter makes: the sidecar's
+    process survives (it died of SIGBUS touching its mapping) and reports the file lost."""
+    p = tmp_path / "gate"
+    script = (
+        "import os\n"
+        "from overtake.controller.gate import Gate\n"
+        f"g = Gate({str(p)!r}, 8)\n"
+        "s, _ = g.arm()\n"
+        f"os.truncate({str(p)!r}, 0)\n"
+        "g.idle(s); g.open(s); g.cancel(s); g.free(s)\n"
+        "s2, _ = g.arm(); g.open(s2); g.free(s2)\n"
+        "print('lost:', getattr(g, 'lost', None))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"rc {r.returncode}: {r.stderr[-2000:]}"
+    assert "lost: " in r.stdout and "shrank" in r.stdout

@@ -11,10 +11,12 @@ file, gated requests pass at once. The sidecar's side: tests/controller/test_sid
 from __future__ import annotations
 
 import argparse
+import functools
 import http.client
 import os
 import shutil
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -129,7 +131,7 @@ def test_withdrawn_or_stale_answers_503_at_once(gated: tuple[apache.ApacheInstan
     try:
         if how == "stale":  # the header names the slot's previous generation
             gen = int(header.split()[1])
-            header = b"%d %d" % (slot, gen - 1)
+            header = gate.sign(slot, gen - 1)
             code, dt = _get(inst, "/stage1", header)
         else:
             th, out = _in_background(lambda: _get(inst, "/stage1", header))
@@ -146,9 +148,12 @@ def test_withdrawn_or_stale_answers_503_at_once(gated: tuple[apache.ApacheInstan
     assert got == 1 and after.gate_held == before.gate_held
 
 
-@pytest.mark.parametrize("value", [b"x", b"1", b"1 2 3", b"-1 0", b"99999 1", b"1 4294967295"])
+@pytest.mark.parametrize("value", [b"x", b"1", b"1 2 3", b"-1 0", b"99999 1", b"1 4294967295", b"1 2 " + b"0" * 31,
+                                   b"1 2 " + b"g" * 32, b"1 4294967295 " + b"0" * 32, b"signed beyond the file"])
 def test_a_bad_gate_header_is_refused(gated: tuple[apache.ApacheInstance, Gate], value: bytes) -> None:
-    inst, _ = gated
+    inst, gate = gated
+    if value == b"signed beyond the file":
+        value = gate.sign(99999, 1)  # a MAC of the key, but no such slot
     before = _status(inst)
     code, dt = _get(inst, "/stage1", value)
     assert code == 400 and dt < 1.0
@@ -194,12 +199,14 @@ def test_without_the_file_gated_requests_pass(apache_available: None) -> None:
     inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=_core(), max_workers=4,
                         cpu_priority=CpuPriority(levels=(3600.0,), nice=("idle",), age=False, gate=path))
     try:
-        code, dt = _get(inst, "/stage1?work=0.001", b"0 1")
+        code, dt = _get(inst, "/stage1?work=0.001", b"0 1 " + b"0" * 32)
         st = _status(inst)
         assert code == 200 and dt < 1.0 and st.gate_unmapped == 1 and not st.gate_mapped
         assert "start the sidecar with --gate" in (Path(inst.workdir) / "logs" / "error.log").read_text()
     finally:
         apache.stop(inst.workdir, graceful=False)
+        for p in (path, path + ".key"):
+            Path(p).unlink(missing_ok=True)
         shutil.rmtree(parent, ignore_errors=True)
 
 
@@ -242,3 +249,68 @@ def test_an_idle_start_runs_at_sched_idle_until_opened(gated: tuple[apache.Apach
     assert after.gate_idle_starts - before.gate_idle_starts == 1
     assert after.gate_promotions - before.gate_promotions == 1 and after.restore_errors == before.restore_errors
     assert after.gate_held == before.gate_held
+
+
+def test_a_forged_gate_header_is_refused_at_once(gated: tuple[apache.ApacheInstance, Gate]) -> None:
+    """A client that reaches Apache directly and copies a waiting slot's ``SLOT GENERATION``
+    (from the file, or guessed) must not park a worker until ``OvertakeGateTimeout``."""
+    inst, gate = gated
+    before = _status(inst)
+    slot, _ = gate.arm()  # type: ignore[misc]
+    try:
+        gen = struct.unpack_from("<I", Path(gate.path).read_bytes(), 64 + 4 * slot)[0] >> 2
+        for value in (b"%d %d" % (slot, gen), b"%d %d %s" % (slot, gen, b"0" * 32)):
+            code, dt = _get(inst, "/stage1?work=0.001", value)
+            assert code in (400, 403) and dt < 1.0, (value, code, dt)
+    finally:
+        gate.free(slot)
+    after = _status(inst)
+    assert after.gate_held == before.gate_held and after.gate_timeouts == before.gate_timeouts
+    assert getattr(after, "gate_forged", 0) - getattr(before, "gate_forged", 0) == 1  # the one with a MAC
+
+
+def test_the_gate_file_and_its_key_are_private(gated: tuple[apache.ApacheInstance, Gate]) -> None:
+    """Slot and generation are not for other local users to read; the key only for root."""
+    _, gate = gated
+    assert os.stat(gate.path).st_mode & 0o007 == 0, oct(os.stat(gate.path).st_mode)
+    key = os.stat(gate.path + ".key")
+    assert key.st_mode & 0o077 == 0 and key.st_uid == 0, oct(key.st_mode)
+
+
+def test_a_truncated_gate_file_lets_held_requests_through(apache_available: None) -> None:
+    """``truncate -s 0`` while requests wait in the gate: no child dies of SIGBUS, the waiting
+    requests run (as without a file, long before OvertakeGateTimeout), the child says so once."""
+    if os.geteuid() != 0 or shutil.which("apxs") is None:
+        pytest.skip("needs root and apxs (apache2-dev): mod_overtake_prio")
+    parent = scratch_dir("overtake-gate-test-")
+    path = f"/dev/shm/overtake-gate-trunc-{os.getpid()}-{free_port()}"
+    inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=_core(), max_workers=8,
+                        cpu_priority=CpuPriority(levels=(3600.0,), nice=("idle",), age=False, gate=path,
+                                                 gate_timeout=8))
+    gate = Gate(path, 8)
+    try:
+        deadline = time.monotonic() + 10
+        while _status(inst).gate_token != gate.token:  # the status page maps the file
+            assert time.monotonic() < deadline, "Apache never mapped the gate file"
+            time.sleep(0.05)
+        held = [gate.arm() for _ in range(3)]
+        runs = [_in_background(functools.partial(_get, inst, "/stage1?work=0.001", h)) for _, h in held]  # type: ignore[misc]
+        time.sleep(0.3)
+        assert all(th.is_alive() for th, _ in runs), "answered before the gate opened"
+        t_cut = time.monotonic()
+        os.truncate(path, 0)
+        for th, _ in runs:
+            th.join(10)
+        assert [out.get("result", (None,))[0] for _, out in runs] == [200] * 3  # type: ignore[index]
+        assert time.monotonic() - t_cut < 3.0  # let through, not timed out (8 s)
+        log = (Path(inst.workdir) / "logs" / "error.log").read_text()
+        assert "exit signal" not in log, log[-2000:]
+        st = _status(inst)
+        assert getattr(st, "gate_faults", 0) >= 1 and not st.gate_mapped and st.gate_token == 0
+        assert log.count("shrank under its mapping") == 1, log[-2000:]  # once per child
+    finally:
+        gate.close()
+        apache.stop(inst.workdir, graceful=False)
+        for p in (path, path + ".key"):
+            Path(p).unlink(missing_ok=True)
+        shutil.rmtree(parent, ignore_errors=True)
