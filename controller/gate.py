@@ -111,7 +111,7 @@ class _SafeMemory:
 
 def _open_file(path: str) -> int:
     """The gate file, created 0640 if missing; only this user's or root's (Apache's parent
-    creates it empty for its workers' group)."""
+    creates it empty for its workers)."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o640)
     except OSError as exc:
@@ -131,6 +131,17 @@ def _open_file(path: str) -> int:
         os.close(fd)
         raise SidecarInputError(f"gate: {path} {why}")
     return fd
+
+
+def _give_group(fd: int, gid: int) -> None:
+    """A file this user owns gets group ``gid``: the key file's, which Apache's parent sets to
+    its workers' group, so that they can read a gate file made while Apache runs."""
+    st = os.fstat(fd)
+    if st.st_uid == os.geteuid() and st.st_gid != gid:
+        try:
+            os.fchown(fd, -1, gid)
+        except PermissionError:
+            pass  # not a member of that group: the file keeps this user's (docs/sidecar.md)
 
 
 class Gate:
@@ -153,7 +164,9 @@ class Gate:
         self._size = size = _HEAD + 4 * slots
         self._fd = fd = _open_file(path)
         try:
-            self._signer = GateSigner(load_key(key_path(path)))
+            key, gid = load_key(key_path(path))
+            self._signer = GateSigner(key)
+            _give_group(fd, gid)
             st = os.fstat(fd)
             if st.st_size != size:
                 os.ftruncate(fd, size)

@@ -56,8 +56,10 @@ def _create(path: str) -> None:
         os.unlink(tmp)
 
 
-def load_key(path: str) -> bytes:
-    """The key in ``path``, created (0600, owned by this process's user) when missing.
+def load_key(path: str) -> tuple[bytes, int]:
+    """The key in ``path``, created (0600, owned by this process's user) when missing, and the
+    file's group: Apache's root parent gives the key file its workers' group (mode 0600 lets
+    that group read nothing), and the sidecar gives that group to a gate file it creates.
 
     Raises
     ------
@@ -86,7 +88,7 @@ def load_key(path: str) -> bytes:
                          "root, or give it read access through the key's group (chgrp GROUP, chmod 0640)") from None
     try:
         st = os.fstat(fd)
-        data = os.read(fd, 4 * KEY_BYTES)
+        data = os.read(fd, 4 * KEY_BYTES) if stat.S_ISREG(st.st_mode) else b""
     finally:
         os.close(fd)
     if not stat.S_ISREG(st.st_mode):
@@ -103,7 +105,7 @@ def load_key(path: str) -> bytes:
         key = b""
     if len(key) != KEY_BYTES:
         raise refuse(f"does not hold {2 * KEY_BYTES} hex digits; remove it (either side creates a new one)")
-    return key
+    return key, st.st_gid
 
 
 class GateSigner:

@@ -1080,7 +1080,9 @@ static void *promoter_main(void *arg)
 
 /* ---- in the root parent (post_config): the key and the file's group -------------------- */
 
-/* The key in path (64 hex digits) into key; NULL, or why not (*missing: no such file). */
+/* The key in path (64 hex digits) into key; NULL, or why not (*missing: no such file). A key
+ * file of root's that gives its group nothing (0600) gets the workers' group: a sidecar gives a
+ * gate file it creates the key file's group, so that the workers can read it. */
 static const char *gate_key_read(apr_pool_t *p, const char *path, uint8_t key[OG_KEY_BYTES],
                                  int *missing)
 {
@@ -1108,6 +1110,10 @@ static const char *gate_key_read(apr_pool_t *p, const char *path, uint8_t key[OG
         return apr_psprintf(p, "has mode %04o: others may read or change it (chmod 0600, or "
                             "0640 for a sidecar that reads it through the file's group)",
                             (unsigned)(st.st_mode & 07777));
+    }
+    if (geteuid() == 0 && st.st_uid == 0 && !(st.st_mode & 070)
+        && st.st_gid != ap_unixd_config.group_id) {
+        (void)!fchown(fd, (uid_t)-1, ap_unixd_config.group_id);  /* best effort: see the file's */
     }
     n = read(fd, buf, sizeof buf - 1);
     close(fd);

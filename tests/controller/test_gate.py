@@ -259,3 +259,92 @@ def test_a_truncated_gate_file_does_not_crash_the_sidecar(tmp_path: Path) -> Non
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, f"rc {r.returncode}: {r.stderr[-2000:]}"
     assert "lost: " in r.stdout and "shrank" in r.stdout
+
+
+@pytest.mark.parametrize("how", ["truncate", "remove", "replace", "grow"])
+def test_the_gate_notices_a_file_that_is_no_longer_its_own(tmp_path: Path, how: str) -> None:
+    """Without any store (no traffic), the periodic check finds the change; the sidecar hears it
+    once, and later stores neither raise nor report it again."""
+    p = tmp_path / "gate"
+    g = Gate(str(p), 4)
+    heard: list[str] = []
+    g.on_lost = heard.append
+    slot, _ = g.arm()  # type: ignore[misc]
+    assert g.check() is None
+    if how == "truncate":
+        os.truncate(p, 0)
+    elif how == "remove":
+        p.unlink()
+    elif how == "replace":
+        p.unlink()
+        p.write_bytes(bytes(64 + 16))  # same size, another inode
+    else:
+        os.truncate(p, 64 + 4 * 4 + 4096)
+    why = g.check()
+    want = {"truncate": "shrank to 0 bytes", "remove": "was removed", "replace": "was replaced",
+            "grow": "grew to"}[how]
+    assert why is not None and want in why and heard == [why]
+    g.open(slot)
+    g.free(slot)
+    assert g.check() == why and heard == [why]
+    g.close()
+
+
+def test_a_store_into_a_truncated_file_is_reported_once(tmp_path: Path) -> None:
+    p = tmp_path / "gate"
+    g = Gate(str(p), 4)
+    heard: list[str] = []
+    g.on_lost = heard.append
+    slot, _ = g.arm()  # type: ignore[misc]
+    os.truncate(p, 0)
+    g.idle(slot)
+    g.open(slot)  # also the epoch word (an idle start's promotion)
+    g.free(slot)
+    assert len(heard) == 1 and "shrank under the sidecar's mapping" in heard[0] and g.lost == heard[0]
+    g.close()
+
+
+def test_the_key_is_made_once_and_shared(tmp_path: Path) -> None:
+    """Whoever starts first creates GATE.key (0600); a restarted sidecar signs with the same key."""
+    p = str(tmp_path / "gate")
+    g1 = Gate(p, 2)
+    key = (tmp_path / "gate.key").read_text()
+    g1.close()
+    g2 = Gate(p, 2)
+    assert (tmp_path / "gate.key").read_text() == key and len(key.strip()) == 64
+    slot, header = g2.arm()  # type: ignore[misc]
+    mac = _mac(bytes.fromhex(key), b"%d %d %s" % (g2.token, slot, header.split()[1]))[:16].hex().encode()
+    assert header.split()[2] == mac
+    assert not list(tmp_path.glob("*.tmp"))
+    g2.close()
+
+
+@pytest.mark.parametrize("case", ["mode", "owner", "content", "symlink", "directory"])
+def test_a_key_file_anyone_else_could_know_is_refused(tmp_path: Path, case: str) -> None:
+    key = tmp_path / "gate.key"
+    if case == "symlink":
+        (tmp_path / "elsewhere").write_text("ab" * 32)
+        key.symlink_to(tmp_path / "elsewhere")
+    elif case == "directory":
+        key.mkdir()
+    else:
+        key.write_text("x" * 64 if case == "content" else "ab" * 32)
+        key.chmod(0o644 if case == "mode" else 0o600)
+        if case == "owner":
+            if os.geteuid() != 0:
+                pytest.skip("needs root to give the key to another user")
+            os.chown(key, 65534, 65534)
+    want = {"mode": "mode 0644", "owner": "belongs to uid 65534", "content": "64 hex digits",
+            "symlink": "cannot be read", "directory": "cannot be read|not a regular file"}[case]
+    with pytest.raises(SidecarInputError, match=f"gate: the gate key .*({want})"):
+        Gate(str(tmp_path / "gate"), 2)
+
+
+def test_a_gate_file_of_another_user_is_refused(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the file to another user")
+    p = tmp_path / "gate"
+    p.write_bytes(b"")
+    os.chown(p, 65534, 65534)
+    with pytest.raises(SidecarInputError, match="belongs to uid 65534"):
+        Gate(str(p), 2)
