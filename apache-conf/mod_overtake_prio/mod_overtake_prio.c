@@ -1248,7 +1248,8 @@ static int op_post_read_request(request_rec *r)
         const char *h = apr_table_get(r->headers_in, hname);
         if (h && !parse_class(h, &start)) {
             ADD(shm->class_invalid, 1);
-            ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, "%s: '%s' is not a level in 0..%d",
+            ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, APLOGNO(90001)
+                          "%s: '%s' is not a level in 0..%d",
                           hname, h, hot.nlevels);
         }
     }
@@ -1634,11 +1635,12 @@ static void op_child_init(apr_pool_t *p, server_rec *s)
         keep_cap_pending = 0;
         if (!has_cap_sys_nice) {
             ap_log_error(APLOG_MARK, APLOG_WARNING, errno, s,
-                         "mod_overtake_prio: cannot reduce the kept capabilities to "
+                         APLOGNO(90002) "mod_overtake_prio: cannot reduce the kept capabilities to "
                          "CAP_SYS_NICE");
         }
         else {
             ap_log_error(APLOG_MARK, APLOG_INFO, 0, s,
+                         APLOGNO(90003)
                          "mod_overtake_prio: RLIMIT_NICE %d is too low to restore a demoted "
                          "thread; child %ld keeps CAP_SYS_NICE (only) instead", rlimit_cur,
                          (long)getpid());
@@ -1650,6 +1652,7 @@ static void op_child_init(apr_pool_t *p, server_rec *s)
     }
     if (why) {
         ap_log_error(APLOG_MARK, APLOG_ERR, 0, s,
+                     APLOGNO(90004)
                      "mod_overtake_prio: disabled in child %ld: %s (RLIMIT_NICE %d, user id "
                      "%ld, CAP_SYS_NICE %s); a demoted thread could not get its priority back. "
                      "Start Apache as root (it raises RLIMIT_NICE to OvertakePrioRlimitNice, or "
@@ -1685,6 +1688,7 @@ static void op_child_init(apr_pool_t *p, server_rec *s)
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         if (!monitor_running) {
             ap_log_error(APLOG_MARK, APLOG_ERR, 0, s,
+                         APLOGNO(90005)
                          "mod_overtake_prio: cannot start the monitor thread; requests are "
                          "tracked but never demoted by age");
         }
@@ -1695,8 +1699,9 @@ static void op_child_init(apr_pool_t *p, server_rec *s)
         promoter_running = pthread_create(&promoter, NULL, promoter_main, NULL) == 0;
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         if (!promoter_running) {
-            ap_log_error(APLOG_MARK, APLOG_ERR, 0, s, "mod_overtake_prio: cannot start the gate's "
-                         "promoter thread; idle starts wait for their admission instead");
+            ap_log_error(APLOG_MARK, APLOG_ERR, 0, s, APLOGNO(90006) "mod_overtake_prio: cannot "
+                         "start the gate's promoter thread; idle starts wait for their admission "
+                         "instead");
         }
     }
 }
@@ -1710,6 +1715,7 @@ static int op_check_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptem
     (void)pconf; (void)plog; (void)ptemp;
     if (c->nnice && c->nnice != conf_nlevels(c)) {
         ap_log_error(APLOG_MARK, APLOG_STARTUP | APLOG_EMERG, 0, s,
+                     APLOGNO(90007)
                      "OvertakePrioNice: %d values for %d levels (OvertakePrioLevels%s); give "
                      "one nice value or 'idle' per threshold", c->nnice, conf_nlevels(c),
                      c->nlevels ? "" : " default 0.005 0.05");
@@ -1736,6 +1742,7 @@ static int op_post_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp
                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         if (m == MAP_FAILED) {
             ap_log_error(APLOG_MARK, APLOG_ERR, errno, s,
+                         APLOGNO(90008)
                          "mod_overtake_prio: cannot map the shared counters; module disabled");
             return OK;
         }
@@ -1759,7 +1766,7 @@ static int op_post_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp
         if (setrlimit(RLIMIT_NICE, &rl) != 0) {
             ap_log_error(APLOG_MARK, geteuid() == 0 && c->cap_sys_nice != OP_CAP_OFF
                          ? APLOG_INFO : APLOG_WARNING, errno, s,
-                         "mod_overtake_prio: cannot raise RLIMIT_NICE to %d (no "
+                         APLOGNO(90009) "mod_overtake_prio: cannot raise RLIMIT_NICE to %d (no "
                          "CAP_SYS_RESOURCE); %s", conf_rlimit(c),
                          geteuid() == 0 && c->cap_sys_nice != OP_CAP_OFF
                          ? "children keep CAP_SYS_NICE instead (OvertakePrioCapSysNice)"

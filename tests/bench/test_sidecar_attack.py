@@ -2,8 +2,9 @@
 behind the sidecar, and against the API, each for a short time. Checked here: no request of the
 normal client fails, the server's memory stays within 2x its idle size, and the sidecar's
 in-flight count returns to 0 after each attack; against the admission gate's pair, no Apache
-child dies, the clients looping a stage lose nothing, forged gate headers are refused at once. The p99 target (<= 50 ms) is a latency figure:
-it lives in the bench's BENCHMARKS.md section, not in a test."""
+child dies, the clients looping a stage lose nothing, forged gate headers are refused at once.
+The p99 target (<= 50 ms) is a latency figure: it lives in the bench's BENCHMARKS.md section,
+not in a test."""
 
 from __future__ import annotations
 
