@@ -348,3 +348,12 @@ def test_a_gate_file_of_another_user_is_refused(tmp_path: Path) -> None:
     os.chown(p, 65534, 65534)
     with pytest.raises(SidecarInputError, match="belongs to uid 65534"):
         Gate(str(p), 2)
+
+
+def test_a_forbidden_process_vm_writev_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A seccomp profile that forbids the safe store: the sidecar says so at start."""
+    from overtake.controller import gate as gate_mod
+
+    monkeypatch.setattr(gate_mod._SafeMemory, "write", lambda self, offset, data: False)
+    with pytest.raises(SidecarInputError, match="process_vm_writev.*seccomp"):
+        Gate(str(tmp_path / "gate"), 2)
