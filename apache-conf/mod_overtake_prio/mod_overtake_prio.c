@@ -22,10 +22,11 @@
  *     aborts, anything that never sends EOS) and child exit restore what is left;
  *   - counters per level at the handler "overtake-prio-status" (Prometheus text format);
  *   - an admission gate (OvertakeGate FILE): a request carrying the sidecar's gate header
- *     ("SLOT GENERATION") waits, before anything else runs for it, on a futex word of a file
- *     the sidecar maps too, until the sidecar opens it (admission) or cancels it (503). The
- *     sidecar then sends a request to Apache as soon as it arrives, and its admission is a
- *     store and a futex wake instead of a request written to Apache and parsed there: the
+ *     ("SLOT GENERATION MAC", signed with the key in FILE.key: a forged one is refused) waits,
+ *     before anything else runs for it, on a futex word of a file the sidecar maps too, until
+ *     the sidecar opens it (admission) or cancels it (503). The sidecar then sends a request
+ *     to Apache as soon as it arrives, and its admission is a store and a futex wake
+ *     instead of a request written to Apache and parsed there: the
  *     hand-over that leaves Apache's CPU idle between a completion and the next admission
  *     (0.28 ms measured through the sidecar, bench/handover.py) shrinks to the sidecar's
  *     reaction to the completion. A request whose gate never opens is let through after
