@@ -128,7 +128,8 @@ def test_sidecar_without_apaches_gate_keeps_requests_itself(
         assert _status(inst).gate_held == before.gate_held
     finally:
         side.stop()
-        Path(other).unlink(missing_ok=True)
+        for p in (other, other + ".key"):  # the sidecar makes both
+            Path(p).unlink(missing_ok=True)
 
 
 @pytest.mark.parametrize("slots", [4, 12])
