@@ -346,7 +346,8 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
         for srv in started:
             apache.stop(srv.workdir, graceful=False)
         if gate:
-            Path(gate).unlink(missing_ok=True)
+            for left in (gate, gate + ".key"):  # the module and the sidecar make both
+                Path(left).unlink(missing_ok=True)
     star = res.get("pi*", {}).get("mean_response_time")
     out: dict[str, Any] = {"policies": res, "measured_gains": {}, "measured_gains_ci95": {}, "predicted_gains": {},
                            "ideal_gains": {}, "adjusted_gains": {}, "adjusted_gains_ci95": {},

@@ -130,7 +130,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         apache.stop(inst.workdir, graceful=False)
         os.sched_setaffinity(0, set(cores))
         shutil.rmtree(tmp, ignore_errors=True)
-        Path(gate_file).unlink(missing_ok=True)
+        for f in (gate_file, gate_file + ".key"):  # the module and the sidecar make both
+            Path(f).unlink(missing_ok=True)
     med = {m: statistics.median(v) for m, v in rounds.items()}
     per_round = [s - d for s, d in zip(rounds["sidecar-pi1"], rounds["direct-ps"])]
     per_round_gate = [s - d for s, d in zip(rounds["sidecar-gate-pi1"], rounds["direct-ps"])]

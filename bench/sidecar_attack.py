@@ -17,6 +17,21 @@ garbage            8 connections write random bytes, then close
 expect_upgrade     pipelined ``Expect: 100-continue`` and ``Upgrade: h2c`` requests
 =================  ==========================================================================
 
+Then a second pair, Apache with mod_overtake_prio's admission gate and ``overtake sidecar
+--policy pi(1) --gate FILE``, with four clients looping ``/stage1`` through the sidecar (so that
+requests wait in Apache's gate) besides the normal one, under the gate attacks of issue 29:
+
+=================  ==========================================================================
+gate_forged        32 clients GET ``/stage1`` from Apache directly with a waiting slot's
+                   ``SLOT GENERATION`` (read from the gate file, as if it had leaked), bare or
+                   with a made-up MAC: each must be refused at once, none held
+gate_shrink        ``truncate -s 0`` on the gate file every 0.5 s (the first one while
+                   requests wait in it)
+=================  ==========================================================================
+
+Reported besides: Apache children that died (``exit signal`` in its error log) and the looping
+clients' requests that were not answered 200 (both must be 0).
+
 Then ``overtake api`` (no Apache needed) on the same core, its normal client GETting ``/healthz``
 every 20 ms on a fresh connection, under the API attacks of issue 19, each alone as above:
 
@@ -49,11 +64,13 @@ import re
 import shutil
 import socket
 import statistics
+import struct
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -339,6 +356,194 @@ def slow_work(port: int, stop: float) -> None:
 API_ATTACKS: dict[str, Callable[[int, float], None]] = {f.__name__: f for f in (json_bodies, chunked_fits, slow_work)}
 
 
+# ---- attacks on the admission gate (mod_overtake_prio's OvertakeGate) -------------------------
+
+GATE_STAGES = """stages:
+  - {name: stage1, path: "^/stage1$"}
+limits: {max_inflight: 32, queue_timeout: 60}
+"""
+
+
+@dataclass(frozen=True)
+class GateTarget:
+    """What the gate attacks aim at: Apache's own port and the gate file."""
+
+    apache_port: int
+    path: str
+
+
+def _waiting_slot(path: str, rng: random.Random) -> tuple[int, int]:
+    """A slot of the gate file and its generation, as an attacker who can read the file sees them."""
+    raw = Path(path).read_bytes()
+    n = struct.unpack_from("<I", raw, 8)[0] if len(raw) >= 64 else 0
+    if not n or len(raw) < 64 + 4 * n:
+        return rng.randrange(64), 1
+    slot = rng.randrange(n)
+    return slot, struct.unpack_from("<I", raw, 64 + 4 * slot)[0] >> 2
+
+
+def gate_forged(t: GateTarget, stop: float, tally: Any) -> None:
+    """``tally``: [sent, refused within 1 s (400/403), anything else (held, let through, failed)]."""
+    def one(i: int) -> None:
+        rng = random.Random(i)
+        while time.time() < stop:
+            slot, gen = _waiting_slot(t.path, rng)
+            value = f"{slot} {gen}" if i % 2 else f"{slot} {gen} {rng.randbytes(16).hex()}"
+            t0 = time.time()
+            try:
+                code = get(t.apache_port, "/stage1?work=0.001", {"X-Overtake-Gate": value}, timeout=5)[0]
+            except OSError:
+                code = 0
+            fast = code in (400, 403) and time.time() - t0 < 1.0
+            with tally.get_lock():
+                tally[0] += 1
+                tally[1 if fast else 2] += 1
+
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(32)]
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join()
+
+
+def gate_shrink(t: GateTarget, stop: float, tally: Any) -> None:
+    """``tally``: [truncations, 0, 0]."""
+    while time.time() < stop:
+        try:
+            os.truncate(t.path, 0)
+            with tally.get_lock():
+                tally[0] += 1
+        except OSError:
+            pass
+        time.sleep(0.5)
+
+
+GATE_ATTACKS: dict[str, Callable[[GateTarget, float, Any], None]] = {
+    f.__name__: f for f in (gate_forged, gate_shrink)  # in this order: the shrink ends the gate's use
+}
+
+
+def _gate_attacker(name: str, target: GateTarget, stop: float, tally: Any) -> None:
+    os.nice(19)
+    GATE_ATTACKS[name](target, stop, tally)
+
+
+class StageLoad(threading.Thread):
+    """``clients`` clients looping ``path`` through the sidecar; every answer but 200 is a loss."""
+
+    def __init__(self, port: int, clients: int = 4, path: str = "/stage1?work=0.002") -> None:
+        super().__init__(daemon=True)
+        self.port, self.clients, self.path = port, clients, path
+        self.sent = self.lost = 0
+        self.done = threading.Event()
+        self._lock = threading.Lock()
+
+    def _one(self) -> None:
+        while not self.done.is_set():
+            try:
+                ok = get(self.port, self.path, timeout=60)[0] == 200
+            except OSError:
+                ok = False
+            with self._lock:
+                self.sent += 1
+                self.lost += not ok
+
+    def run(self) -> None:
+        ts = [threading.Thread(target=self._one) for _ in range(self.clients)]
+        for th in ts:
+            th.start()
+        for th in ts:
+            th.join()
+
+
+def _gate_phase(name: str, seconds: float, port: int, pid: int, probe: Probe, target: GateTarget,
+                err_log: Path) -> dict[str, Any]:
+    """One phase against the gated pair: the attack (or idle) with the stage load, then the drain."""
+    crashes = err_log.read_text(errors="replace").count("exit signal")
+    tally = mp.get_context("fork").Array("l", 3)
+    load = StageLoad(port)
+    t0 = time.time()
+    load.start()
+    proc = None
+    if name != "idle":
+        proc = mp.get_context("fork").Process(target=_gate_attacker, args=(name, target, t0 + seconds, tally),
+                                              daemon=True)
+        proc.start()
+    peak = _rss_kb(pid)
+    while time.time() < t0 + seconds:
+        peak = max(peak, _rss_kb(pid))
+        time.sleep(0.1)
+    t1 = time.time()
+    load.done.set()
+    load.join(90)
+    if proc is not None:
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+    deadline, inflight = time.time() + 30, float("nan")
+    while time.time() < deadline:
+        peak = max(peak, _rss_kb(pid))
+        inflight = _inflight(port)
+        if inflight == 0:
+            break
+        time.sleep(0.5)
+    return {"target": "sidecar+gate", "attack": name, **probe.window(t0, t1), "rss_peak_kb": peak,
+            "rss_after_kb": _rss_kb(pid), "inflight_after": inflight, "drain_s": time.time() - t1,
+            "stage_requests": load.sent, "stage_lost": load.lost, "attack_tally": list(tally),
+            "apache_crashes": err_log.read_text(errors="replace").count("exit signal") - crashes}
+
+
+def run_gate(names: list[str], seconds: float) -> list[dict[str, Any]]:
+    """The gated pair (``overtake apache start --gate``, ``overtake sidecar --policy pi(1) --gate``):
+    idle, then each gate attack in GATE_ATTACKS' order."""
+    cores = sorted(os.sched_getaffinity(0))
+    server_core, proxy_core = cores[-1], cores[0]
+    tmp = scratch_dir("overtake-gate-attack-")
+    path = f"/dev/shm/overtake-gate-attack-{os.getpid()}"
+    inst = apache.start(tmp / "apache", f"127.0.0.1:{free_port()}", cpu=server_core, max_workers=64,
+                        cpu_priority=apache.CpuPriority(levels=(3600.0,), nice=("idle",), age=False, gate=path))
+    os.sched_setaffinity(0, {proxy_core})
+    side = None
+    try:
+        (tmp / "stages.yaml").write_text(GATE_STAGES)
+        port = free_port()
+        argv = ["taskset", "-c", str(proxy_core), sys.executable, "-m", "overtake.api.cli", "sidecar",
+                "--apache", inst.base_url, "--listen", f"127.0.0.1:{port}", "--stages", str(tmp / "stages.yaml"),
+                "--policy", "pi(1)", "--gate", path, "--gate-slots", "16", "--status-interval", "0.2"]
+        with (tmp / "sidecar.log").open("wb") as log:
+            side = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                    env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
+        wait_sidecar(port, side, tmp / "sidecar.log")
+        deadline = time.time() + 20
+        while b"\novertake_gate_enabled 1.0" not in get(port, "/-/metrics", timeout=5)[1]:
+            if time.time() > deadline:
+                raise RuntimeError(f"the sidecar never paired with Apache's gate: {(tmp / 'sidecar.log').read_text()[-2000:]}")
+            time.sleep(0.2)
+        target = GateTarget(apache.parse_listen(inst.listen)[1], path)
+        err_log = Path(inst.workdir) / "logs" / "error.log"
+        probe = Probe(port)
+        probe.start()
+        order = [n for n in GATE_ATTACKS if n in names]
+        phases = [_gate_phase(n, seconds, port, side.pid, probe, target, err_log) for n in ["idle", *order]]
+        probe.done.set()
+        _judge(phases)
+        for ph in phases:
+            held = ph["attack"] == "gate_forged" and ph["attack_tally"][2] > 0
+            ph["ok"] = bool(ph["ok"] and ph["apache_crashes"] == 0 and ph["stage_lost"] == 0 and not held)
+        phases[-1]["sidecar_alive"] = side.poll() is None
+        phases[-1]["ok"] = bool(phases[-1]["ok"] and phases[-1]["sidecar_alive"])
+        return phases
+    finally:
+        if side is not None and side.poll() is None:
+            side.terminate()
+            side.wait(30)
+        apache.stop(inst.workdir, graceful=False)
+        for left in (path, path + ".key"):
+            Path(left).unlink(missing_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.sched_setaffinity(0, set(cores))
+
+
 def _attacker(name: str, port: int, stop: float) -> None:
     os.nice(19)
     (ATTACKS | API_ATTACKS)[name](port, stop)
@@ -451,10 +656,13 @@ def run_api(names: list[str], seconds: float) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    chosen = args.attacks.split(",") if args.attacks else [*ATTACKS, *API_ATTACKS]
+    chosen = args.attacks.split(",") if args.attacks else [*ATTACKS, *API_ATTACKS, *GATE_ATTACKS]
     side_names = [n for n in chosen if n in ATTACKS]
     api_names = [n for n in chosen if n in API_ATTACKS]
+    gate_names = [n for n in chosen if n in GATE_ATTACKS]
     phases = run_sidecar(side_names, args.seconds) if side_names else []
+    if gate_names:
+        phases += run_gate(gate_names, args.seconds)
     if api_names:
         phases += run_api(api_names, args.seconds)
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
@@ -522,12 +730,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=10.0, help="length of each attack phase")
     ap.add_argument("--attacks", default="",
-                    help=f"comma-separated subset of: {', '.join([*ATTACKS, *API_ATTACKS])} (the last three: the API)")
+                    help=f"comma-separated subset of: {', '.join([*ATTACKS, *API_ATTACKS, *GATE_ATTACKS])} "
+                    f"({', '.join(API_ATTACKS)}: the API; {', '.join(GATE_ATTACKS)}: Apache's admission gate)")
     add_output_arguments(ap)
     args = ap.parse_args()
-    bad = set(filter(None, args.attacks.split(","))) - set(ATTACKS) - set(API_ATTACKS)
+    bad = set(filter(None, args.attacks.split(","))) - set(ATTACKS) - set(API_ATTACKS) - set(GATE_ATTACKS)
     if bad:
-        ap.error(f"--attacks: unknown {', '.join(sorted(bad))}; choose from {', '.join([*ATTACKS, *API_ATTACKS])}")
+        ap.error(f"--attacks: unknown {', '.join(sorted(bad))}; choose from "
+                 f"{', '.join([*ATTACKS, *API_ATTACKS, *GATE_ATTACKS])}")
     try:  # as bench/api_bench.py and apache_table2.py: other jobs' autogroups (at -20) would own the cores' tails
         Path("/proc/self/autogroup").write_text("-20")
     except OSError:

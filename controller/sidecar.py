@@ -230,6 +230,7 @@ class Sidecar:
         self._gate_said: bool | None = None
         if self.gate is not None:
             self.limiter.add_listener(GateOpener(self.gate, self.limiter, options.gate_backfill))
+            self.gate.on_lost = self._gate_lost
         self.admin = AdminEndpoints(self)
         self.gateway = Gateway(
             table, self.limiter, self.classifier, self.pool, self.uplink, self.metrics,
@@ -322,7 +323,7 @@ class Sidecar:
         ``/overtake-prio-status``; None: not reported); say each change once."""
         if self.gate is None:
             return
-        ok = token == self.gate.token
+        ok = token == self.gate.token and self.gate.check() is None
         if ok == self._gate_said:
             return
         self._gate_said = self.gateway.gate_on = ok
@@ -335,6 +336,14 @@ class Sidecar:
             log.warning("admission gate not in use: queued requests wait in the sidecar", extra={
                 "event": "gate_off", "detail": f"{why}; load mod_overtake_prio with OvertakeGate {self.gate.path} "
                 "(apache-conf/mod_overtake_prio/README.md)"})
+
+    def _gate_lost(self, why: str) -> None:
+        """The gate file is no longer ours (truncated, removed, replaced): requests already held
+        in Apache are let through there; new ones wait here, until a restart re-creates it."""
+        self._gate_said = self.gateway.gate_on = False
+        assert self.gate is not None
+        log.warning("admission gate lost: queued requests wait in the sidecar", extra={
+            "event": "gate_lost", "detail": f"{why}; restart the sidecar to create {self.gate.path} again"})
 
     async def start(self) -> None:
         if self.admin_addr is not None:

@@ -22,10 +22,11 @@
  *     aborts, anything that never sends EOS) and child exit restore what is left;
  *   - counters per level at the handler "overtake-prio-status" (Prometheus text format);
  *   - an admission gate (OvertakeGate FILE): a request carrying the sidecar's gate header
- *     ("SLOT GENERATION") waits, before anything else runs for it, on a futex word of a file
- *     the sidecar maps too, until the sidecar opens it (admission) or cancels it (503). The
- *     sidecar then sends a request to Apache as soon as it arrives, and its admission is a
- *     store and a futex wake instead of a request written to Apache and parsed there: the
+ *     ("SLOT GENERATION MAC", signed with the key in FILE.key: a forged one is refused) waits,
+ *     before anything else runs for it, on a futex word of a file the sidecar maps too, until
+ *     the sidecar opens it (admission) or cancels it (503). The sidecar then sends a request
+ *     to Apache as soon as it arrives, and its admission is a store and a futex wake
+ *     instead of a request written to Apache and parsed there: the
  *     hand-over that leaves Apache's CPU idle between a completion and the next admission
  *     (0.28 ms measured through the sidecar, bench/handover.py) shrinks to the sidecar's
  *     reaction to the completion. A request whose gate never opens is let through after
@@ -77,13 +78,18 @@
 #include "http_request.h"
 #include "ap_mpm.h"
 #include "mpm_common.h"
+#include "unixd.h"
 #include "apr_strings.h"
+#include "apr_general.h"
+
+#include "og_fault.h"
+#include "og_hmac.h"
 
 #define OP_MAX_LEVELS 8         /* demoted levels 1..OP_MAX_LEVELS; level 0 = original */
 #define OP_NICE_IDLE 100        /* marker in nice[]: SCHED_IDLE */
 #define OP_UNSET (-1)
 #define OP_HANDLER "overtake-prio-status"
-#define OP_RETAINED_KEY "mod_overtake_prio_retained_v3"  /* v3: op_shared.gate_* */
+#define OP_RETAINED_KEY "mod_overtake_prio_retained_v4"  /* v4: gate_forged, gate_faults */
 
 module AP_MODULE_DECLARE_DATA overtake_prio_module;
 
@@ -389,7 +395,9 @@ typedef struct {
     apr_uint64_t gate_timeouts; /* let through after OvertakeGateTimeout */
     apr_uint64_t gate_aborts;   /* the sidecar closed the connection while the request waited */
     apr_uint64_t gate_invalid;  /* unparsable header or slot out of range (400) */
+    apr_uint64_t gate_forged;   /* a header whose MAC is not the key's (403) */
     apr_uint64_t gate_unmapped; /* no usable gate file: let through at once */
+    apr_uint64_t gate_faults;   /* loads that found the mapped file shrunk under them */
     apr_uint64_t gate_idle_starts;  /* started at the lowest level before their admission */
     apr_uint64_t gate_promotions;   /* ... and given their priority back on it */
 } op_shared;
@@ -599,88 +607,235 @@ static apr_status_t op_request_end(void *data)
  * futex word per slot, (generation << 2) | state. The sidecar arms a slot (new generation,
  * WAIT) before it sends the request, opens it when the policy admits the request, cancels it
  * when the request is withdrawn, and moves it to the next generation when the exchange ends,
- * so a late or duplicate request on an old generation finds it stale. */
-#define OG_MAGIC "OVTGATE1"
+ * so a late or duplicate request on an old generation finds it stale.
+ *
+ * A gated request's header is "SLOT GENERATION MAC": MAC is the first 128 bits, in hex, of
+ * HMAC-SHA256(key, "TOKEN SLOT GENERATION") with the file's pairing token, so a client that
+ * reaches Apache directly cannot park a worker with a slot it read or guessed (403 at once).
+ * The key is FILE.key, read by the root parent before the children start (created there when
+ * missing); the head carries HMAC(key, "OVTGATE2 file SLOTS TOKEN"), and only a file written
+ * with this key is mapped, so a file put at the path by anyone else is never used.
+ *
+ * The file can shrink under the mapping (truncate): every load from it goes through og_load
+ * (og_fault.h), which turns the SIGBUS into a failed load; the file then counts as gone and
+ * gated requests, held ones included, pass at once, as without a file. */
+#define OG_MAGIC "OVTGATE2"
 enum { OG_WAIT = 0, OG_OPEN = 1, OG_CANCEL = 2, OG_IDLE = 3 };
 #define OG_NOTE "overtake-gate-idle"  /* r->notes: "SLOT GEN" of a request started idle */
 #define OG_GEN_MASK 0x3fffffffu
 #define OG_SLICE_NS 100000000   /* between checks that the sidecar still holds the connection */
+#define OG_MAX_SLOTS (1u << 20) /* the sidecar's gate_slots bound */
+#define OG_KEY_BYTES 32
+#define OG_MAC_BYTES 16         /* of the header's MAC: HMAC-SHA256 truncated to 128 bits */
 
 typedef struct {
     char magic[8];
     uint32_t nslots;
     uint32_t token;             /* the sidecar's random pairing token, shown in the status */
     uint32_t epoch;             /* bumped (and woken) by the sidecar when it opens an idle start */
-    uint32_t reserved[11];
+    uint32_t reserved[3];
+    uint8_t keycheck[32];       /* HMAC(key, "OVTGATE2 file SLOTS TOKEN") */
 } og_head;
+
+/* Every mapping covers the largest file, so a file that shrinks and grows again in place
+ * (a restarted sidecar with another slot count) is served by the same mapping. */
+#define OG_MAP_BYTES (sizeof(og_head) + 4 * (size_t)OG_MAX_SLOTS)
+
+/* A checked file as requests use it, published whole (never freed: a request may hold it). */
+typedef struct {
+    og_head *head;
+    uint32_t *words;
+    uint32_t nslots;
+} og_view;
+
+/* The key, read in the root parent in post_config; the children inherit it. */
+static struct {
+    int loaded;
+    og_hmac_key mac;            /* the key's pad states */
+} gate_key;
+
+/* What a child has said about its file since the file was last good (each once). */
+enum { OG_SAID_UNMAPPED = 1, OG_SAID_FAULT = 2, OG_SAID_GONE = 4, OG_SAID_FOREIGN = 8,
+       OG_SAID_CHANGED = 16 };
 
 static pthread_t promoter;      /* restores idle starts on admission (gate_promote) */
 static int promoter_running;
 static volatile int promoter_stop;
+static int said_forged, said_invalid;   /* first forged / malformed header of this child */
 
 static struct {
-    pthread_mutex_t mu;
-    og_head *head;              /* published with release order once mapped and checked */
-    uint32_t *words;
-    uint32_t nslots;
+    pthread_mutex_t mu;         /* guards the fields below but reads of view */
+    og_view *view;              /* published (release) while the file is usable; NULL: pass */
+    og_view *last;              /* the newest view made, republished when the file is good again */
+    og_head *map;               /* this child's mapping (OG_MAP_BYTES) of the inode below */
     dev_t dev;
     ino_t ino;
-    int warned;
-} gate = {PTHREAD_MUTEX_INITIALIZER, NULL, NULL, 0, 0, 0, 0};
+    unsigned said;              /* OG_SAID_* */
+    server_rec *s;
+} gate = {PTHREAD_MUTEX_INITIALIZER, NULL, NULL, NULL, 0, 0, 0, NULL};
 
-/* Map the gate file (again if it was replaced: a sidecar that re-created it); 1 if usable.
- * An old mapping is left in place: a request may still wait on it (it ends stale or by the
- * connection check). */
+/* A guarded load found the page of addr gone: the file shrank under the mapping. If it is the
+ * mapping in use, requests pass from now on, until a gate_map finds a good file again. */
+static void gate_fault(const void *addr)
+{
+    const char *a = addr;
+    int first;
+    ADD(shm->gate_faults, 1);
+    pthread_mutex_lock(&gate.mu);
+    if (gate.map && a >= (const char *)gate.map && a < (const char *)gate.map + OG_MAP_BYTES) {
+        __atomic_store_n(&gate.view, NULL, __ATOMIC_RELEASE);
+    }
+    first = !(gate.said & OG_SAID_FAULT);
+    gate.said |= OG_SAID_FAULT;
+    pthread_mutex_unlock(&gate.mu);
+    if (first) {
+        ap_log_error(APLOG_MARK, APLOG_ERR, 0, gate.s, APLOGNO(90101) "mod_overtake_prio: "
+                     "OvertakeGate %s shrank under its mapping (truncated?): requests held on it "
+                     "and new gated requests pass at once until the sidecar writes it again",
+                     cconf->gate_file);
+    }
+}
+
+/* *out = *w from the gate mapping; 0 (and the file counts as gone) if its page is gone. */
+static int gate_load(const uint32_t *w, uint32_t *out)
+{
+    if (og_load(w, out)) {
+        return 1;
+    }
+    gate_fault(w);
+    return 0;
+}
+
+/* Why the open file fd (st) is no gate file of this server's key, or NULL; *h: its head.
+ * Read with pread, not through a mapping: nothing here can fault. */
+static const char *gate_check(int fd, const struct stat *st, og_head *h)
+{
+    uint8_t want[32];
+    char msg[64];
+    int n;
+    if (!S_ISREG(st->st_mode)) {
+        return "it is not a regular file";
+    }
+    if (pread(fd, h, sizeof *h, 0) != (ssize_t)sizeof *h) {
+        return "it is shorter than a gate file's head (empty: no sidecar has written it yet)";
+    }
+    if (memcmp(h->magic, OG_MAGIC, 8)) {
+        return "it has no " OG_MAGIC " head (not written by a sidecar of this version)";
+    }
+    if (h->nslots == 0 || h->nslots > OG_MAX_SLOTS
+        || st->st_size != (off_t)(sizeof *h + 4 * (uint64_t)h->nslots)) {
+        return "its size does not match its slot count";
+    }
+    n = snprintf(msg, sizeof msg, "OVTGATE2 file %u %u", h->nslots, h->token);
+    og_hmac(&gate_key.mac, msg, (size_t)n, want);
+    if (!og_equal(want, h->keycheck, sizeof want)) {
+        return "it was not written with this server's key (a sidecar that read another key "
+               "file, or no sidecar's file)";
+    }
+    return NULL;
+}
+
+/* Publish a view of the mapping with n slots (the last one made, if it is the same).
+ * Caller holds gate.mu. */
+static int gate_publish(uint32_t n)
+{
+    og_view *v = gate.last;
+    if (!v || v->head != gate.map || v->nslots != n) {
+        v = malloc(sizeof *v);
+        if (!v) {
+            return 0;
+        }
+        v->head = gate.map;
+        v->words = (uint32_t *)(gate.map + 1);
+        v->nslots = n;
+        gate.last = v;
+    }
+    __atomic_store_n(&gate.view, v, __ATOMIC_RELEASE);
+    return 1;
+}
+
+/* Map the gate file and publish it; 1 if a usable file is published. A request (recheck 0)
+ * looks only while none is; the status page (recheck 1) judges the path again every time. The
+ * file changed in place (same inode): judged again, unpublished if no longer good. Another
+ * inode at the path: mapped if good (a sidecar that re-created it), else ignored; the old
+ * mapping stays (requests may still wait on it: they end by the sidecar, stale or by the
+ * connection check). Each change is logged once. */
 static int gate_map(int recheck)
 {
     struct stat st;
-    int fd, ok = 0;
-    void *m;
-    if (__atomic_load_n(&gate.head, __ATOMIC_ACQUIRE) && !recheck) {
+    og_head h;
+    const char *why = NULL;
+    unsigned say = 0;
+    int fd, same = 0, gone = 0, err = 0, ok;
+    if (!gate_key.loaded) {
+        return 0;  /* said at start: gated requests pass */
+    }
+    if (__atomic_load_n(&gate.view, __ATOMIC_ACQUIRE) && !recheck) {
         return 1;
     }
     pthread_mutex_lock(&gate.mu);
-    if (stat(cconf->gate_file, &st) != 0) {
-        ok = gate.head != NULL;
-        goto out;
+    fd = open(cconf->gate_file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        err = errno;
+        gone = err == ENOENT;
+        why = "it cannot be opened";
     }
-    if (gate.head && st.st_dev == gate.dev && st.st_ino == gate.ino) {
-        ok = 1;
-        goto out;
-    }
-    /* read-only: the workers (www-data) only wait; only the sidecar writes the words */
-    fd = open(cconf->gate_file, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || fstat(fd, &st) != 0 || st.st_size < (off_t)sizeof(og_head)) {
-        if (fd >= 0) {
-            close(fd);
+    else {
+        same = gate.map && st.st_dev == gate.dev && st.st_ino == gate.ino;
+        why = gate_check(fd, &st, &h);
+        if (!why && !same) {
+            void *m = mmap(NULL, OG_MAP_BYTES, PROT_READ, MAP_SHARED, fd, 0);
+            if (m == MAP_FAILED || !og_fault_install()) {
+                err = errno;
+                why = "it cannot be mapped";
+                if (m != MAP_FAILED) {
+                    munmap(m, OG_MAP_BYTES);
+                }
+            }
+            else {
+                gate.map = m;
+                gate.dev = st.st_dev;
+                gate.ino = st.st_ino;
+                same = 1;
+            }
         }
-        ok = gate.head != NULL;
-        goto out;
     }
-    m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED) {
-        ok = gate.head != NULL;
-        goto out;
+    if (fd >= 0) {
+        close(fd);
     }
-    {
-        og_head *h = m;
-        uint32_t n = h->nslots;
-        if (memcmp(h->magic, OG_MAGIC, 8) || n == 0
-            || (off_t)(sizeof(og_head) + 4 * (uint64_t)n) > st.st_size) {
-            munmap(m, (size_t)st.st_size);
-            ok = gate.head != NULL;
-            goto out;
+    if (!why) {
+        if (gate_publish(h.nslots)) {
+            gate.said = 0;
         }
-        gate.words = (uint32_t *)(h + 1);
-        gate.nslots = n;
-        gate.dev = st.st_dev;
-        gate.ino = st.st_ino;
-        __atomic_store_n(&gate.head, h, __ATOMIC_RELEASE);
-        ok = 1;
     }
-out:
+    else if (gate.view && same) {  /* the file in use changed: truncated, or another key's */
+        __atomic_store_n(&gate.view, NULL, __ATOMIC_RELEASE);
+        say = OG_SAID_CHANGED;
+    }
+    else if (gate.view) {          /* removed or replaced: what waits keeps the old file */
+        say = gone ? OG_SAID_GONE : OG_SAID_FOREIGN;
+    }
+    if (say & gate.said) {
+        say = 0;
+    }
+    gate.said |= say;
+    ok = __atomic_load_n(&gate.view, __ATOMIC_ACQUIRE) != NULL;
     pthread_mutex_unlock(&gate.mu);
+    if (say == OG_SAID_CHANGED) {
+        ap_log_error(APLOG_MARK, APLOG_ERR, err, gate.s, APLOGNO(90102) "mod_overtake_prio: "
+                     "OvertakeGate %s changed under its mapping: %s; gated requests pass at once "
+                     "until the sidecar writes it again", cconf->gate_file, why);
+    }
+    else if (say == OG_SAID_GONE) {
+        ap_log_error(APLOG_MARK, APLOG_WARNING, 0, gate.s, APLOGNO(90103) "mod_overtake_prio: "
+                     "OvertakeGate %s was removed; requests keep waiting on the file mapped "
+                     "before (the sidecar sends no new ones to it)", cconf->gate_file);
+    }
+    else if (say == OG_SAID_FOREIGN) {
+        ap_log_error(APLOG_MARK, APLOG_WARNING, err, gate.s, APLOGNO(90104) "mod_overtake_prio: "
+                     "OvertakeGate %s was replaced by a file this server does not use: %s; "
+                     "requests keep waiting on the file mapped before", cconf->gate_file, why);
+    }
     return ok;
 }
 
@@ -698,7 +853,9 @@ static int gate_client_gone(conn_rec *c)
     return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
-static int parse_gate(const char *h, unsigned long *slot, unsigned long *gen)
+/* "SLOT GENERATION MAC": two decimal numbers and 2 * OG_MAC_BYTES hex digits. */
+static int parse_gate(const char *h, unsigned long *slot, unsigned long *gen,
+                      uint8_t mac[OG_MAC_BYTES])
 {
     char *end;
     if (*h < '0' || *h > '9') {
@@ -711,7 +868,29 @@ static int parse_gate(const char *h, unsigned long *slot, unsigned long *gen)
     }
     h = end + 1;
     *gen = strtoul(h, &end, 10);
-    return !errno && !*end && *gen <= OG_GEN_MASK;
+    if (errno || *end != ' ' || *gen > OG_GEN_MASK) {
+        return 0;
+    }
+    h = end + 1;
+    return strlen(h) == 2 * OG_MAC_BYTES && og_unhex(h, OG_MAC_BYTES, mac);
+}
+
+/* The header's MAC is the key's for this file (token), slot and generation? Constant time. */
+static int gate_verify(uint32_t token, unsigned long slot, unsigned long gen,
+                       const uint8_t mac[OG_MAC_BYTES])
+{
+    char msg[48];
+    uint8_t want[32];
+    int n = snprintf(msg, sizeof msg, "%u %lu %lu", token, slot, gen);
+    og_hmac(&gate_key.mac, msg, (size_t)n, want);
+    return og_equal(want, mac, OG_MAC_BYTES);
+}
+
+/* Log level of a refused header: the first of this child at WARNING, the rest (counted on the
+ * status page) at DEBUG, so that a flood of them does not flood the log. */
+static int gate_refusal_level(int *said)
+{
+    return __atomic_exchange_n(said, 1, __ATOMIC_RELAXED) ? APLOG_DEBUG : APLOG_WARNING;
 }
 
 /* Before every other hook of the request (and before the CPU-priority start, so that neither
@@ -720,7 +899,9 @@ static int gate_post_read_request(request_rec *r)
 {
     const char *h;
     unsigned long slot, gen;
-    uint32_t *w, v;
+    uint8_t mac[OG_MAC_BYTES];
+    og_view *view;
+    uint32_t *w, v, token;
     int64_t t0, deadline, now;
     int slices = 0;
 
@@ -731,35 +912,56 @@ static int gate_post_read_request(request_rec *r)
     if (!h) {
         return DECLINED;
     }
-    if (!parse_gate(h, &slot, &gen)) {
+    if (!parse_gate(h, &slot, &gen, mac)) {
         ADD(shm->gate_invalid, 1);
-        ap_log_rerror(APLOG_MARK, APLOG_WARNING, 0, r, "mod_overtake_prio: %s: '%s' is not "
-                      "'SLOT GENERATION'", conf_gate_header(cconf), h);
+        ap_log_rerror(APLOG_MARK, gate_refusal_level(&said_invalid), 0, r, APLOGNO(90105)
+                      "mod_overtake_prio: %s: '%.80s' is not 'SLOT GENERATION MAC' (400; "
+                      "further ones are counted in overtake_gate_invalid_total)",
+                      conf_gate_header(cconf), h);
         return HTTP_BAD_REQUEST;
     }
     apr_table_unset(r->headers_in, conf_gate_header(cconf));
-    if (!gate_map(0)) {
+    view = gate_map(0) ? __atomic_load_n(&gate.view, __ATOMIC_ACQUIRE) : NULL;
+    if (!view || !gate_load(&view->head->token, &token)) {
+        int first;
         ADD(shm->gate_unmapped, 1);
-        if (!__atomic_exchange_n(&gate.warned, 1, __ATOMIC_RELAXED)) {
-            ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r, "mod_overtake_prio: OvertakeGate %s is "
-                          "missing or not a gate file (start the sidecar with --gate %s); "
-                          "gated requests pass at once", cconf->gate_file, cconf->gate_file);
+        pthread_mutex_lock(&gate.mu);
+        first = !(gate.said & (OG_SAID_UNMAPPED | OG_SAID_FAULT));
+        gate.said |= OG_SAID_UNMAPPED;
+        pthread_mutex_unlock(&gate.mu);
+        if (first) {
+            ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r, APLOGNO(90106) "mod_overtake_prio: "
+                          "OvertakeGate %s %s; gated requests pass at once", cconf->gate_file,
+                          gate_key.loaded ? "is missing or not a gate file of this server's key "
+                          "(start the sidecar with --gate on the same path)"
+                          : "is not used: its key file was refused at start (see above)");
         }
         return DECLINED;
     }
-    if (slot >= gate.nslots) {
+    if (!gate_verify(token, slot, gen, mac)) {
+        ADD(shm->gate_forged, 1);
+        ap_log_rerror(APLOG_MARK, gate_refusal_level(&said_forged), 0, r, APLOGNO(90107)
+                      "mod_overtake_prio: %s: slot %lu generation %lu carries a MAC that is not "
+                      "the sidecar's (403; further ones are counted in "
+                      "overtake_gate_forged_total)", conf_gate_header(cconf), slot, gen);
+        return HTTP_FORBIDDEN;
+    }
+    if (slot >= view->nslots) {
         ADD(shm->gate_invalid, 1);
-        ap_log_rerror(APLOG_MARK, APLOG_WARNING, 0, r, "mod_overtake_prio: gate slot %lu is "
-                      "beyond the file's %u", slot, gate.nslots);
+        ap_log_rerror(APLOG_MARK, APLOG_WARNING, 0, r, APLOGNO(90108) "mod_overtake_prio: gate "
+                      "slot %lu is beyond the file's %u", slot, view->nslots);
         return HTTP_BAD_REQUEST;
     }
-    w = &gate.words[slot];
+    w = &view->words[slot];
     t0 = mono_ns();
     deadline = t0 + (int64_t)(conf_gate_timeout(cconf) * 1e9);
     for (;;) {
         struct timespec ts;
         int64_t left;
-        v = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+        if (!gate_load(w, &v)) {  /* the file shrank: as without a file */
+            ADD(shm->gate_unmapped, 1);
+            return DECLINED;
+        }
         if ((v >> 2) != gen) {
             ADD(shm->gate_stale, 1);
             return HTTP_SERVICE_UNAVAILABLE;
@@ -780,9 +982,9 @@ static int gate_post_read_request(request_rec *r)
         now = mono_ns();
         if (now >= deadline) {
             ADD(shm->gate_timeouts, 1);
-            ap_log_rerror(APLOG_MARK, APLOG_WARNING, 0, r, "mod_overtake_prio: gate slot %lu "
-                          "not opened within OvertakeGateTimeout %g s; let through", slot,
-                          conf_gate_timeout(cconf));
+            ap_log_rerror(APLOG_MARK, APLOG_WARNING, 0, r, APLOGNO(90109) "mod_overtake_prio: "
+                          "gate slot %lu not opened within OvertakeGateTimeout %g s; let through",
+                          slot, conf_gate_timeout(cconf));
             return DECLINED;
         }
         /* a slice ended without news: is the sidecar still there? (one recv per 100 ms) */
@@ -794,7 +996,8 @@ static int gate_post_read_request(request_rec *r)
         left = deadline - now < OG_SLICE_NS ? deadline - now : OG_SLICE_NS;
         ts.tv_sec = (time_t)(left / 1000000000);
         ts.tv_nsec = (long)(left % 1000000000);
-        /* shared (not FUTEX_PRIVATE): the sidecar's process wakes us through its own mapping */
+        /* shared (not FUTEX_PRIVATE): the sidecar's process wakes us through its own mapping;
+         * a page gone under it is EFAULT here, and the next load says so */
         syscall(SYS_futex, w, FUTEX_WAIT, v, &ts, NULL, 0);
     }
     ADD(shm->gate_held, 1);
@@ -822,43 +1025,188 @@ static void gate_promote(op_slot *s)
 }
 
 /* Waits on the gate file's epoch word (the sidecar bumps and wakes it when it opens an idle
- * start) and restores every idle start whose slot is open, cancelled or moved on. */
+ * start) and restores every idle start whose slot is open, cancelled, moved on or gone. */
 static void *promoter_main(void *arg)
 {
     uint32_t seen = 0;
+    sigset_t bus;
     (void)arg;
+    /* started with every signal blocked; a guarded load needs SIGBUS (og_fault.h) */
+    sigemptyset(&bus);
+    sigaddset(&bus, SIGBUS);
+    pthread_sigmask(SIG_UNBLOCK, &bus, NULL);
     while (!promoter_stop) {
-        og_head *h = __atomic_load_n(&gate.head, __ATOMIC_ACQUIRE);
+        og_view *view = __atomic_load_n(&gate.view, __ATOMIC_ACQUIRE);
         struct timespec ts = {0, 50000000};  /* 50 ms: also the bound on a missed wake-up */
         int n, i;
-        if (!h) {
+        if (!view) {
             nanosleep(&ts, NULL);
             gate_map(0);
-            continue;
         }
-        syscall(SYS_futex, &h->epoch, FUTEX_WAIT, seen, &ts, NULL, 0);
-        seen = __atomic_load_n(&h->epoch, __ATOMIC_ACQUIRE);
+        else {
+            syscall(SYS_futex, &view->head->epoch, FUTEX_WAIT, seen, &ts, NULL, 0);
+            if (!gate_load(&view->head->epoch, &seen)) {
+                nanosleep(&ts, NULL);  /* EFAULT returns at once: no busy loop */
+            }
+        }
         n = __atomic_load_n(&slots_used, __ATOMIC_ACQUIRE);
         if (n > nslots) {
             n = nslots;
         }
         for (i = 0; i < n; i++) {
             op_slot *s = &slots[i];
+            const uint32_t *gw = NULL;
             uint32_t v;
             if (!__atomic_load_n(&s->gate_word, __ATOMIC_ACQUIRE)) {
                 continue;
             }
             pthread_mutex_lock(&s->mu);
             if (s->gate_word && __atomic_load_n(&s->active, __ATOMIC_ACQUIRE)) {
-                v = __atomic_load_n(s->gate_word, __ATOMIC_ACQUIRE);
-                if ((v >> 2) != s->gate_gen || (v & 3) != OG_IDLE) {
+                if (!og_load(s->gate_word, &v)) {
+                    gw = s->gate_word;  /* the file shrank: let it run at its own priority */
+                    gate_promote(s);
+                }
+                else if ((v >> 2) != s->gate_gen || (v & 3) != OG_IDLE) {
                     gate_promote(s);
                 }
             }
             pthread_mutex_unlock(&s->mu);
+            if (gw) {
+                gate_fault(gw);
+            }
         }
     }
     return NULL;
+}
+
+/* ---- in the root parent (post_config): the key and the file's group -------------------- */
+
+/* The key in path (64 hex digits) into key; NULL, or why not (*missing: no such file). A key
+ * file of root's that gives its group nothing (0600) gets the workers' group: a sidecar gives a
+ * gate file it creates the key file's group, so that the workers can read it. */
+static const char *gate_key_read(apr_pool_t *p, const char *path, uint8_t key[OG_KEY_BYTES],
+                                 int *missing)
+{
+    char buf[4 * OG_KEY_BYTES + 1];
+    struct stat st;
+    ssize_t n;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    *missing = fd < 0 && errno == ENOENT;
+    if (fd < 0) {
+        return apr_psprintf(p, "cannot be opened (%s)", strerror(errno));
+    }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return "is not a regular file (remove it)";
+    }
+    if (st.st_uid != 0 && st.st_uid != geteuid()) {
+        close(fd);
+        return apr_psprintf(p, "belongs to uid %ld: the key must belong to root (someone else "
+                            "may know it; remove it, or chown root and let a sidecar that does "
+                            "not run as root read it through the file's group)",
+                            (long)st.st_uid);
+    }
+    if (st.st_mode & 027) {
+        close(fd);
+        return apr_psprintf(p, "has mode %04o: others may read or change it (chmod 0600, or "
+                            "0640 for a sidecar that reads it through the file's group)",
+                            (unsigned)(st.st_mode & 07777));
+    }
+    if (geteuid() == 0 && st.st_uid == 0 && !(st.st_mode & 070)
+        && st.st_gid != ap_unixd_config.group_id) {
+        (void)!fchown(fd, (uid_t)-1, ap_unixd_config.group_id);  /* best effort: see the file's */
+    }
+    n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ')) {
+        n--;
+    }
+    if (n != 2 * OG_KEY_BYTES || !og_unhex(buf, OG_KEY_BYTES, key)) {
+        return "does not hold 64 hex digits (remove it: Apache or the sidecar creates a new one)";
+    }
+    return NULL;
+}
+
+/* A new random key at path, mode 0600: written to a temporary file, then linked into place,
+ * so that neither side ever reads half a key and a key the sidecar made meanwhile wins. */
+static const char *gate_key_create(apr_pool_t *p, const char *path)
+{
+    uint8_t raw[OG_KEY_BYTES];
+    char hex[2 * OG_KEY_BYTES + 2];
+    const char *tmp = apr_psprintf(p, "%s.%ld.tmp", path, (long)getpid());
+    int fd, ok, err;
+    if (apr_generate_random_bytes(raw, sizeof raw) != APR_SUCCESS) {
+        return "cannot be created (no random bytes from apr_generate_random_bytes)";
+    }
+    og_hex(raw, sizeof raw, hex);
+    hex[2 * OG_KEY_BYTES] = '\n';
+    memset(raw, 0, sizeof raw);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        return apr_psprintf(p, "cannot be created (%s)", strerror(errno));
+    }
+    ok = write(fd, hex, 2 * OG_KEY_BYTES + 1) == 2 * OG_KEY_BYTES + 1;
+    err = errno;
+    close(fd);
+    memset(hex, 0, sizeof hex);
+    if (ok && link(tmp, path) != 0 && errno != EEXIST) {
+        ok = 0;
+        err = errno;
+    }
+    unlink(tmp);
+    return ok ? NULL : apr_psprintf(p, "cannot be created (%s)", strerror(err));
+}
+
+/* Root only: the gate file exists (empty until a sidecar writes it) and belongs to the
+ * workers' group, mode 0640, so that they can read it and other users cannot. A file of a
+ * sidecar that does not run as root is left as it is (its group must be the workers'). */
+static void gate_file_prepare(server_rec *s, const char *path)
+{
+    struct stat st;
+    int fd;
+    if (geteuid() != 0) {
+        return;
+    }
+    fd = open(path, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0640);
+    if (fd < 0) {
+        ap_log_error(APLOG_MARK, APLOG_WARNING, errno, s, APLOGNO(90110) "mod_overtake_prio: "
+                     "cannot create OvertakeGate %s; the sidecar creates it (its group must be "
+                     "Apache's Group for the workers to read it)", path);
+        return;
+    }
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0
+        && (fchown(fd, (uid_t)-1, ap_unixd_config.group_id) != 0 || fchmod(fd, 0640) != 0)) {
+        ap_log_error(APLOG_MARK, APLOG_WARNING, errno, s, APLOGNO(90111) "mod_overtake_prio: "
+                     "cannot give OvertakeGate %s to group %ld, mode 0640; the workers may not "
+                     "read it", path, (long)ap_unixd_config.group_id);
+    }
+    close(fd);
+}
+
+/* The key (created when missing) and the file, before the children start. */
+static void gate_prepare(apr_pool_t *p, server_rec *s, const op_conf *c)
+{
+    const char *kpath = apr_pstrcat(p, c->gate_file, ".key", NULL);
+    uint8_t key[OG_KEY_BYTES];
+    int missing;
+    const char *why = gate_key_read(p, kpath, key, &missing);
+    if (why && missing) {
+        why = gate_key_create(p, kpath);
+        if (!why) {
+            why = gate_key_read(p, kpath, key, &missing);
+        }
+    }
+    gate_key.loaded = !why;
+    if (why) {
+        ap_log_error(APLOG_MARK, APLOG_ERR, 0, s, APLOGNO(90112) "mod_overtake_prio: the key "
+                     "file of OvertakeGate, %s, %s; gated requests pass at once (the sidecar "
+                     "keeps its queue itself)", kpath, why);
+    }
+    else {
+        og_hmac_init(&gate_key.mac, key, sizeof key);
+    }
+    memset(key, 0, sizeof key);
+    gate_file_prepare(s, c->gate_file);
 }
 
 static int parse_class(const char *h, int *out)
@@ -882,7 +1230,7 @@ static int op_post_read_request(request_rec *r)
     op_slot *s;
     op_req *q;
     int start = 0;
-    const uint32_t *gate_word = NULL;
+    const uint32_t *gate_word = NULL, *gate_gone = NULL;
     uint32_t gate_gen = 0;
     struct timespec cpu;
     int64_t now;
@@ -901,16 +1249,18 @@ static int op_post_read_request(request_rec *r)
         const char *h = apr_table_get(r->headers_in, hname);
         if (h && !parse_class(h, &start)) {
             ADD(shm->class_invalid, 1);
-            ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, "%s: '%s' is not a level in 0..%d",
+            ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, APLOGNO(90001)
+                          "%s: '%s' is not a level in 0..%d",
                           hname, h, hot.nlevels);
         }
     }
     {
         /* an idle start (the gate's IDLE state): the lowest level until the sidecar opens it */
         const char *note = apr_table_get(r->notes, OG_NOTE);
+        og_view *gv = note ? __atomic_load_n(&gate.view, __ATOMIC_ACQUIRE) : NULL;
         unsigned long gslot, ggen;
-        if (note && sscanf(note, "%lu %lu", &gslot, &ggen) == 2 && gslot < gate.nslots) {
-            gate_word = &gate.words[gslot];
+        if (gv && sscanf(note, "%lu %lu", &gslot, &ggen) == 2 && gslot < gv->nslots) {
+            gate_word = &gv->words[gslot];
             gate_gen = (uint32_t)ggen;
             start = hot.nlevels;
         }
@@ -943,8 +1293,11 @@ static int op_post_read_request(request_rec *r)
         apply_level(s, start, 1);
     }
     if (gate_word) {
-        uint32_t v = __atomic_load_n(gate_word, __ATOMIC_ACQUIRE);
-        if ((v >> 2) == gate_gen && (v & 3) == OG_IDLE) {
+        uint32_t v = 0;
+        if (!og_load(gate_word, &v)) {
+            gate_gone = gate_word;  /* the file shrank: it runs at its own priority */
+        }
+        else if ((v >> 2) == gate_gen && (v & 3) == OG_IDLE) {
             s->gate_word = gate_word;  /* the promoter restores it when the slot opens */
             s->gate_gen = gate_gen;
         }
@@ -958,6 +1311,9 @@ static int op_post_read_request(request_rec *r)
                      __ATOMIC_RELAXED);
     __atomic_store_n(&s->active, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&s->mu);
+    if (gate_gone) {
+        gate_fault(gate_gone);
+    }
     if (hot.age) {
         __atomic_thread_fence(__ATOMIC_SEQ_CST);  /* due[] before monitor_idle: see monitor_main */
         if (__atomic_load_n(&monitor_idle, __ATOMIC_SEQ_CST)) {
@@ -1260,6 +1616,7 @@ static void op_child_init(apr_pool_t *p, server_rec *s)
     sigset_t all, old;
 
     cconf = ap_get_module_config(s->module_config, &overtake_prio_module);
+    gate.s = s;
     if (!conf_enabled(cconf) || !shm) {
         return;
     }
@@ -1279,11 +1636,12 @@ static void op_child_init(apr_pool_t *p, server_rec *s)
         keep_cap_pending = 0;
         if (!has_cap_sys_nice) {
             ap_log_error(APLOG_MARK, APLOG_WARNING, errno, s,
-                         "mod_overtake_prio: cannot reduce the kept capabilities to "
+                         APLOGNO(90002) "mod_overtake_prio: cannot reduce the kept capabilities to "
                          "CAP_SYS_NICE");
         }
         else {
             ap_log_error(APLOG_MARK, APLOG_INFO, 0, s,
+                         APLOGNO(90003)
                          "mod_overtake_prio: RLIMIT_NICE %d is too low to restore a demoted "
                          "thread; child %ld keeps CAP_SYS_NICE (only) instead", rlimit_cur,
                          (long)getpid());
@@ -1295,6 +1653,7 @@ static void op_child_init(apr_pool_t *p, server_rec *s)
     }
     if (why) {
         ap_log_error(APLOG_MARK, APLOG_ERR, 0, s,
+                     APLOGNO(90004)
                      "mod_overtake_prio: disabled in child %ld: %s (RLIMIT_NICE %d, user id "
                      "%ld, CAP_SYS_NICE %s); a demoted thread could not get its priority back. "
                      "Start Apache as root (it raises RLIMIT_NICE to OvertakePrioRlimitNice, or "
@@ -1330,6 +1689,7 @@ static void op_child_init(apr_pool_t *p, server_rec *s)
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         if (!monitor_running) {
             ap_log_error(APLOG_MARK, APLOG_ERR, 0, s,
+                         APLOGNO(90005)
                          "mod_overtake_prio: cannot start the monitor thread; requests are "
                          "tracked but never demoted by age");
         }
@@ -1340,8 +1700,9 @@ static void op_child_init(apr_pool_t *p, server_rec *s)
         promoter_running = pthread_create(&promoter, NULL, promoter_main, NULL) == 0;
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         if (!promoter_running) {
-            ap_log_error(APLOG_MARK, APLOG_ERR, 0, s, "mod_overtake_prio: cannot start the gate's "
-                         "promoter thread; idle starts wait for their admission instead");
+            ap_log_error(APLOG_MARK, APLOG_ERR, 0, s, APLOGNO(90006) "mod_overtake_prio: cannot "
+                         "start the gate's promoter thread; idle starts wait for their admission "
+                         "instead");
         }
     }
 }
@@ -1355,6 +1716,7 @@ static int op_check_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptem
     (void)pconf; (void)plog; (void)ptemp;
     if (c->nnice && c->nnice != conf_nlevels(c)) {
         ap_log_error(APLOG_MARK, APLOG_STARTUP | APLOG_EMERG, 0, s,
+                     APLOGNO(90007)
                      "OvertakePrioNice: %d values for %d levels (OvertakePrioLevels%s); give "
                      "one nice value or 'idle' per threshold", c->nnice, conf_nlevels(c),
                      c->nlevels ? "" : " default 0.005 0.05");
@@ -1381,6 +1743,7 @@ static int op_post_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp
                        MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         if (m == MAP_FAILED) {
             ap_log_error(APLOG_MARK, APLOG_ERR, errno, s,
+                         APLOGNO(90008)
                          "mod_overtake_prio: cannot map the shared counters; module disabled");
             return OK;
         }
@@ -1388,6 +1751,9 @@ static int op_post_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp
         ret->shm = m;
     }
     shm = ret->shm;
+    if (c->gate_file) {
+        gate_prepare(ptemp, s, c);
+    }
     if (!conf_enabled(c)) {
         return OK;
     }
@@ -1401,7 +1767,7 @@ static int op_post_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp
         if (setrlimit(RLIMIT_NICE, &rl) != 0) {
             ap_log_error(APLOG_MARK, geteuid() == 0 && c->cap_sys_nice != OP_CAP_OFF
                          ? APLOG_INFO : APLOG_WARNING, errno, s,
-                         "mod_overtake_prio: cannot raise RLIMIT_NICE to %d (no "
+                         APLOGNO(90009) "mod_overtake_prio: cannot raise RLIMIT_NICE to %d (no "
                          "CAP_SYS_RESOURCE); %s", conf_rlimit(c),
                          geteuid() == 0 && c->cap_sys_nice != OP_CAP_OFF
                          ? "children keep CAP_SYS_NICE instead (OvertakePrioCapSysNice)"
@@ -1522,17 +1888,22 @@ static int op_status_handler(request_rec *r)
     PRIO_COUNTER("clock_reads", clock_reads, "Thread CPU clock reads at request start, all children.");
     {
         int mapped = c->gate_file && cconf && gate_map(1);
-        og_head *gh = __atomic_load_n(&gate.head, __ATOMIC_ACQUIRE);
+        og_view *gv = mapped ? __atomic_load_n(&gate.view, __ATOMIC_ACQUIRE) : NULL;
+        uint32_t token = 0;
+        mapped = gv && gate_load(&gv->head->token, &token);
         metric_head(r, "overtake_gate_configured", "gauge", "1 if OvertakeGate names a gate file.");
         ap_rprintf(r, "overtake_gate_configured %d\n", c->gate_file != NULL);
+        metric_head(r, "overtake_gate_key_loaded", "gauge",
+                    "1 if Apache read the gate's key file at start (else gated requests pass).");
+        ap_rprintf(r, "overtake_gate_key_loaded %d\n", gate_key.loaded);
         metric_head(r, "overtake_gate_mapped", "gauge",
-                    "1 if this child has mapped the sidecar's gate file.");
+                    "1 if this child has mapped the sidecar's gate file (written with its key).");
         ap_rprintf(r, "overtake_gate_mapped %d\n", mapped);
         metric_head(r, "overtake_gate_token", "gauge",
                     "Pairing token in the mapped gate file (the sidecar checks it is its own).");
-        ap_rprintf(r, "overtake_gate_token %u\n", mapped && gh ? gh->token : 0u);
+        ap_rprintf(r, "overtake_gate_token %u\n", mapped ? token : 0u);
         metric_head(r, "overtake_gate_slots", "gauge", "Slots in the mapped gate file.");
-        ap_rprintf(r, "overtake_gate_slots %u\n", mapped ? gate.nslots : 0u);
+        ap_rprintf(r, "overtake_gate_slots %u\n", mapped ? gv->nslots : 0u);
     }
     GATE_COUNTER("held", gate_held, "Gated requests let through by the sidecar's admission.");
     GATE_COUNTER("cancels", gate_cancels, "Gated requests the sidecar withdrew (answered 503).");
@@ -1540,7 +1911,10 @@ static int op_status_handler(request_rec *r)
     GATE_COUNTER("timeouts", gate_timeouts, "Gated requests let through after OvertakeGateTimeout.");
     GATE_COUNTER("aborts", gate_aborts, "Gated requests whose connection the sidecar closed.");
     GATE_COUNTER("invalid", gate_invalid, "Gate headers that were not a slot of the file (400).");
+    GATE_COUNTER("forged", gate_forged, "Gate headers whose MAC is not the sidecar's key's (403).");
     GATE_COUNTER("unmapped", gate_unmapped, "Gated requests let through for want of a gate file.");
+    GATE_COUNTER("faults", gate_faults,
+            "Loads that found the gate file shrunk under its mapping (its requests let through).");
     GATE_COUNTER("idle_starts", gate_idle_starts,
             "Gated requests started at the lowest level (SCHED_IDLE) before their admission.");
     GATE_COUNTER("promotions", gate_promotions, "Idle starts given their priority back on admission.");

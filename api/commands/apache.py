@@ -57,7 +57,8 @@ def register(subparsers: Any) -> None:
     s.add_argument("--gate", default=None, metavar="PATH",
                    help="mod_overtake_prio's admission gate on the sidecar's --gate file (OvertakeGate), e.g. "
                    "/dev/shm/overtake-gate; without --cpu-priority-levels the module loads for the gate only "
-                   "(no demotion by age, an idle level for --gate-backfill)")
+                   "(no demotion by age, an idle level for --gate-backfill); the key is PATH.key, created at start "
+                   "when missing")
     s.add_argument("--json", action="store_true", help="print the instance as JSON")
 
     t = act.add_parser("stop", help="graceful stop; return when the processes have exited")

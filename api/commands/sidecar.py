@@ -92,7 +92,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--gate", default=None, metavar="PATH",
                    help="admission gate inside Apache (mod_overtake_prio's OvertakeGate PATH, e.g. /dev/shm/overtake-gate): "
                    "queued requests go to Apache at once and wait there on a futex until admitted, so an admission "
-                   "costs a wake-up instead of a request hand-over; off when Apache does not report the same file")
+                   "costs a wake-up instead of a request hand-over; off when Apache does not report the same file. "
+                   "The headers are signed with the key in PATH.key (created by whichever of Apache and the sidecar "
+                   "starts first)")
     p.add_argument("--gate-slots", type=int, default=None, metavar="N",
                    help="requests the gate may hold in Apache at once (default 64); each holds a worker, so keep "
                    "MaxRequestWorkers >= limits.max_inflight + N")

@@ -1,15 +1,17 @@
 """bench/sidecar_attack.py as issue 19's robustness suite in CI: every probe against a real Apache
 behind the sidecar, and against the API, each for a short time. Checked here: no request of the
 normal client fails, the server's memory stays within 2x its idle size, and the sidecar's
-in-flight count returns to 0 after each attack. The p99 target (<= 50 ms) is a latency figure:
-it lives in BENCHMARKS.md (curated from the bench's write-up), not in a test."""
+in-flight count returns to 0 after each attack; against the admission gate's pair, no Apache
+child dies, the clients looping a stage lose nothing, forged gate headers are refused at once.
+The p99 target (<= 50 ms) is a latency figure: it lives in BENCHMARKS.md (curated from the
+bench's write-up), not in a test."""
 
 from __future__ import annotations
 
 import argparse
 import os
 
-from sidecar_attack import API_ATTACKS, ATTACKS, run  # bench/ is on the path (setup.cfg [tool:pytest])
+from sidecar_attack import API_ATTACKS, ATTACKS, GATE_ATTACKS, run  # bench/ is on the path (setup.cfg [tool:pytest])
 
 
 def test_every_attack_leaves_memory_bounded_and_nothing_in_flight() -> None:
@@ -28,3 +30,14 @@ def test_every_attack_leaves_memory_bounded_and_nothing_in_flight() -> None:
         assert p["rss_peak_over_idle"] <= 2.0, (target, attack, p["rss_peak_over_idle"])
         if target == "sidecar":
             assert p["inflight_after"] == 0, (attack, p["inflight_after"])
+    # the admission gate's pair: no Apache child died, every request of the looping clients was
+    # answered, every forged header was refused at once, the sidecar outlived the shrink
+    assert {a for t, a in phases if t == "sidecar+gate"} >= set(GATE_ATTACKS)
+    for (target, attack), p in phases.items():
+        if target == "sidecar+gate":
+            assert p["apache_crashes"] == 0 and p["stage_requests"] > 0 and p["stage_lost"] == 0, (attack, p)
+            assert p["inflight_after"] == 0, (attack, p["inflight_after"])
+    sent, refused, other = phases[("sidecar+gate", "gate_forged")]["attack_tally"]
+    assert sent > 0 and refused == sent and other == 0
+    assert phases[("sidecar+gate", "gate_shrink")]["attack_tally"][0] > 0
+    assert phases[("sidecar+gate", "gate_shrink")]["sidecar_alive"]

@@ -50,8 +50,9 @@ GATE_TIMEOUT = 1.5
 
 @pytest.fixture(scope="module")
 def gate_apache(apache_available: None) -> Iterator[tuple[apache.ApacheInstance, str]]:
-    """A private Apache with mod_overtake_prio's admission gate on a fresh file path (not created:
-    the test's Gate or sidecar makes it), age levels off and an idle level for idle starts."""
+    """A private Apache with mod_overtake_prio's admission gate on a fresh file path (Apache creates
+    it empty, and its key; the test's Gate or sidecar writes it), age levels off and an idle level
+    for idle starts."""
     if os.geteuid() != 0 or shutil.which("apxs") is None:
         pytest.skip("needs root and apxs (apache2-dev): mod_overtake_prio")
     parent = scratch_dir("overtake-gate-test-")
@@ -64,7 +65,8 @@ def gate_apache(apache_available: None) -> Iterator[tuple[apache.ApacheInstance,
         yield inst, path
     finally:
         apache.stop(inst.workdir, graceful=False)
-        Path(path).unlink(missing_ok=True)
+        for p in (path, path + ".key"):  # the module creates both
+            Path(p).unlink(missing_ok=True)
         shutil.rmtree(parent, ignore_errors=True)
 
 

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import hashlib
+import hmac
 import mmap
 import os
 import platform
 import struct
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -36,20 +40,27 @@ def _words(path: Path) -> tuple[bytes, int, int, list[int]]:
     return magic, n, token, list(struct.unpack(f"<{n}I", raw[64:64 + 4 * n]))
 
 
+def _mac(key: bytes, msg: bytes) -> bytes:
+    return hmac.new(key, msg, hashlib.sha256).digest()
+
+
 def test_file_layout_and_slot_states(tmp_path: Path) -> None:
     p = tmp_path / "gate"
     g = Gate(str(p), 4)
     magic, n, token, words = _words(p)
-    assert (magic, n, token) == (b"OVTGATE1", 4, g.token) and token != 0
+    assert (magic, n, token) == (b"OVTGATE2", 4, g.token) and token != 0
     assert words == [1 << 2] * 4  # generation 1, WAIT
+    key = bytes.fromhex((tmp_path / "gate.key").read_text())
+    assert p.read_bytes()[32:64] == _mac(key, b"OVTGATE2 file 4 %d" % token)  # the key check
+    assert (p.stat().st_mode & 0o777, (tmp_path / "gate.key").stat().st_mode & 0o777) == (0o640, 0o600)
     slot, header = g.arm()  # type: ignore[misc]
-    assert header == b"%d 1" % slot
+    assert header == b"%d 1 %s" % (slot, _mac(key, b"%d %d 1" % (token, slot))[:16].hex().encode())
     g.open(slot)
     assert _words(p)[3][slot] == (1 << 2) | OPEN
     g.free(slot)  # the next generation: a late request on generation 1 finds it stale
     assert _words(p)[3][slot] == (2 << 2) | WAIT
     s2, h2 = g.arm()  # type: ignore[misc]
-    assert s2 == slot and h2 == b"%d 2" % slot  # LIFO reuse, new generation
+    assert s2 == slot and h2.startswith(b"%d 2 " % slot) and h2 != header  # LIFO reuse, new generation
     g.cancel(s2)
     assert _words(p)[3][s2] == (2 << 2) | CANCEL
     g.close()
@@ -229,3 +240,120 @@ def test_idle_starts_are_the_oldest_held_requests(tmp_path: Path, backfill: int,
         gate.close()
 
     asyncio.run(run())
+
+
+def test_a_truncated_gate_file_does_not_crash_the_sidecar(tmp_path: Path) -> None:
+    """``truncate -s 0`` on the gate file, then every store the limiter makes: the sidecar's
+    process survives (it died of SIGBUS touching its mapping) and reports the file lost."""
+    p = tmp_path / "gate"
+    script = (
+        "import os\n"
+        "from overtake.controller.gate import Gate\n"
+        f"g = Gate({str(p)!r}, 8)\n"
+        "s, _ = g.arm()\n"
+        f"os.truncate({str(p)!r}, 0)\n"
+        "g.idle(s); g.open(s); g.cancel(s); g.free(s)\n"
+        "s2, _ = g.arm(); g.open(s2); g.free(s2)\n"
+        "print('lost:', getattr(g, 'lost', None))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"rc {r.returncode}: {r.stderr[-2000:]}"
+    assert "lost: " in r.stdout and "shrank" in r.stdout
+
+
+@pytest.mark.parametrize("how", ["truncate", "remove", "replace", "grow"])
+def test_the_gate_notices_a_file_that_is_no_longer_its_own(tmp_path: Path, how: str) -> None:
+    """Without any store (no traffic), the periodic check finds the change; the sidecar hears it
+    once, and later stores neither raise nor report it again."""
+    p = tmp_path / "gate"
+    g = Gate(str(p), 4)
+    heard: list[str] = []
+    g.on_lost = heard.append
+    slot, _ = g.arm()  # type: ignore[misc]
+    assert g.check() is None
+    if how == "truncate":
+        os.truncate(p, 0)
+    elif how == "remove":
+        p.unlink()
+    elif how == "replace":
+        p.unlink()
+        p.write_bytes(bytes(64 + 16))  # same size, another inode
+    else:
+        os.truncate(p, 64 + 4 * 4 + 4096)
+    why = g.check()
+    want = {"truncate": "shrank to 0 bytes", "remove": "was removed", "replace": "was replaced",
+            "grow": "grew to"}[how]
+    assert why is not None and want in why and heard == [why]
+    g.open(slot)
+    g.free(slot)
+    assert g.check() == why and heard == [why]
+    g.close()
+
+
+def test_a_store_into_a_truncated_file_is_reported_once(tmp_path: Path) -> None:
+    p = tmp_path / "gate"
+    g = Gate(str(p), 4)
+    heard: list[str] = []
+    g.on_lost = heard.append
+    slot, _ = g.arm()  # type: ignore[misc]
+    os.truncate(p, 0)
+    g.idle(slot)
+    g.open(slot)  # also the epoch word (an idle start's promotion)
+    g.free(slot)
+    assert len(heard) == 1 and "shrank under the sidecar's mapping" in heard[0] and g.lost == heard[0]
+    g.close()
+
+
+def test_the_key_is_made_once_and_shared(tmp_path: Path) -> None:
+    """Whoever starts first creates GATE.key (0600); a restarted sidecar signs with the same key."""
+    p = str(tmp_path / "gate")
+    g1 = Gate(p, 2)
+    key = (tmp_path / "gate.key").read_text()
+    g1.close()
+    g2 = Gate(p, 2)
+    assert (tmp_path / "gate.key").read_text() == key and len(key.strip()) == 64
+    slot, header = g2.arm()  # type: ignore[misc]
+    mac = _mac(bytes.fromhex(key), b"%d %d %s" % (g2.token, slot, header.split()[1]))[:16].hex().encode()
+    assert header.split()[2] == mac
+    assert not list(tmp_path.glob("*.tmp"))
+    g2.close()
+
+
+@pytest.mark.parametrize("case", ["mode", "owner", "content", "symlink", "directory"])
+def test_a_key_file_anyone_else_could_know_is_refused(tmp_path: Path, case: str) -> None:
+    key = tmp_path / "gate.key"
+    if case == "symlink":
+        (tmp_path / "elsewhere").write_text("ab" * 32)
+        key.symlink_to(tmp_path / "elsewhere")
+    elif case == "directory":
+        key.mkdir()
+    else:
+        key.write_text("x" * 64 if case == "content" else "ab" * 32)
+        key.chmod(0o644 if case == "mode" else 0o600)
+        if case == "owner":
+            if os.geteuid() != 0:
+                pytest.skip("needs root to give the key to another user")
+            os.chown(key, 65534, 65534)
+    want = {"mode": "mode 0644", "owner": "belongs to uid 65534", "content": "64 hex digits",
+            "symlink": "cannot be read", "directory": "cannot be read|not a regular file"}[case]
+    with pytest.raises(SidecarInputError, match=f"gate: the gate key .*({want})"):
+        Gate(str(tmp_path / "gate"), 2)
+
+
+def test_a_gate_file_of_another_user_is_refused(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give the file to another user")
+    p = tmp_path / "gate"
+    p.write_bytes(b"")
+    os.chown(p, 65534, 65534)
+    with pytest.raises(SidecarInputError, match="belongs to uid 65534"):
+        Gate(str(p), 2)
+
+
+def test_a_forbidden_process_vm_writev_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A seccomp profile that forbids the safe store: the sidecar says so at start."""
+    from overtake.controller import gate as gate_mod
+
+    monkeypatch.setattr(gate_mod._SafeMemory, "write", lambda self, offset, data: False)
+    with pytest.raises(SidecarInputError, match="process_vm_writev.*seccomp"):
+        Gate(str(tmp_path / "gate"), 2)

@@ -128,7 +128,8 @@ def test_sidecar_without_apaches_gate_keeps_requests_itself(
         assert _status(inst).gate_held == before.gate_held
     finally:
         side.stop()
-        Path(other).unlink(missing_ok=True)
+        for p in (other, other + ".key"):  # the sidecar makes both
+            Path(p).unlink(missing_ok=True)
 
 
 @pytest.mark.parametrize("slots", [4, 12])
@@ -143,5 +144,52 @@ def test_sidecar_warns_when_held_requests_could_take_every_worker(
         assert len(warn) == (1 if slots == 12 else 0)
         if warn:
             assert "lower gate_slots to 8" in warn[0]["detail"]
+    finally:
+        side.stop()
+
+
+LONG_QUEUE = """stages:
+  - {name: stage1, path: "^/stage1$"}
+limits: {max_inflight: 8, queue_cap: 200, queue_timeout: 30}
+"""
+
+
+def test_truncating_the_gate_file_under_load_loses_nothing(gated: tuple[apache.ApacheInstance, str],
+                                                          work: Path) -> None:
+    """``truncate -s 0`` on the gate file while 16 requests are in flight under pi(1), 8 of them
+    held in Apache's gate: every request is answered 200, the sidecar and Apache's children live,
+    the sidecar says once that it lost the file and keeps the queue itself from then on."""
+    inst, path = gated
+    err_log = Path(inst.workdir) / "logs" / "error.log"
+    crashes = err_log.read_text().count("exit signal")
+    side = SidecarProc(work, ["--policy", "pi(1)", "--apache", inst.base_url, "--gate", path, "--gate-slots", "8",
+                              "--gate-backfill", "0", "--status-interval", "0.2"], stages=LONG_QUEUE)
+    try:
+        _wait_metric(side, "overtake_gate_enabled", 1.0)
+        codes: list[int] = []
+
+        def one() -> None:
+            try:
+                codes.append(side.request("GET", "/stage1?work=0.02", timeout=60)[0])
+            except OSError:
+                codes.append(-1)
+
+        ths = [threading.Thread(target=one) for _ in range(16)]
+        for th in ths:
+            th.start()
+        deadline = time.monotonic() + 10
+        while (_metric(side, "overtake_gate_slots_in_use") or 0) < 4:
+            assert time.monotonic() < deadline, "no request was held in Apache's gate"
+            time.sleep(0.02)
+        os.truncate(path, 0)
+        for th in ths:
+            th.join(60)
+        assert side.proc.poll() is None, f"the sidecar died (rc {side.proc.returncode}): {side.text()[-2000:]}"
+        assert sorted(codes) == [200] * 16
+        assert err_log.read_text().count("exit signal") == crashes, err_log.read_text()[-2000:]
+        _wait_metric(side, "overtake_gate_enabled", 0.0)
+        lost = [e for e in side.events() if e.get("event") == "gate_lost"]
+        assert len(lost) == 1 and "shrank" in lost[0]["detail"], side.text()[-2000:]
+        assert side.request("GET", "/stage1?work=0.001")[0] == 200  # the queue is the sidecar's again
     finally:
         side.stop()

@@ -249,9 +249,10 @@ def build_module(conf_dir: Path, workdir: Path) -> Path:
         ``apxs`` (package ``apache2-dev``) is missing or the compilation failed.
     """
     src = conf_dir / MODULE_SOURCE
+    sources = [src, *sorted(src.parent.glob("*.h"))]  # the headers it includes (og_hmac.h, og_fault.h)
     mod_dir = workdir / "modules"
     out = mod_dir / "mod_overtake_prio.so"
-    if out.exists() and out.stat().st_mtime >= src.stat().st_mtime:
+    if out.exists() and out.stat().st_mtime >= max(f.stat().st_mtime for f in sources):
         return out
     apxs = shutil.which(_APXS)
     if apxs is None:
@@ -261,7 +262,8 @@ def build_module(conf_dir: Path, workdir: Path) -> Path:
     build = mod_dir / "build"
     build.mkdir(parents=True, exist_ok=True)
     mod_dir.chmod(0o755)
-    shutil.copyfile(src, build / src.name)
+    for f in sources:
+        shutil.copyfile(f, build / f.name)
     cmd = [apxs, "-c", "-Wc,-Wall", "-Wc,-O2", src.name]
     proc = subprocess.run(cmd, cwd=build, capture_output=True, text=True, check=False)
     built = build / ".libs" / "mod_overtake_prio.so"
@@ -322,10 +324,15 @@ class PrioStatus:
         The answering child has mapped the ``OvertakeGate`` file.
     gate_token : int
         Pairing token in that file (the sidecar's; 0 when none is mapped).
-    gate_held, gate_cancels, gate_stale, gate_timeouts, gate_aborts, gate_invalid, gate_unmapped : int
+    gate_key_loaded : bool
+        Apache read the gate's key file (``OvertakeGate`` path + ``.key``) at start.
+    gate_held, gate_cancels, gate_stale, gate_timeouts, gate_aborts, gate_invalid, gate_forged, gate_unmapped : int
         Gated requests (all children): let through on admission, withdrawn, stale, let
-        through after ``OvertakeGateTimeout``, connection closed while held, bad header, no
-        file.
+        through after ``OvertakeGateTimeout``, connection closed while held, bad header, a
+        MAC not of the key (403), no usable file.
+    gate_faults : int
+        Loads that found the gate file shrunk under its mapping (truncated): the requests held
+        there were let through.
     gate_wait_s : float
         Total time gated requests waited for their admission, seconds.
     gate_idle_starts, gate_promotions : int
@@ -356,13 +363,16 @@ class PrioStatus:
     child_pid: int
     gate_mapped: bool = False
     gate_token: int = 0
+    gate_key_loaded: bool = False
     gate_held: int = 0
     gate_cancels: int = 0
     gate_stale: int = 0
     gate_timeouts: int = 0
     gate_aborts: int = 0
     gate_invalid: int = 0
+    gate_forged: int = 0
     gate_unmapped: int = 0
+    gate_faults: int = 0
     gate_wait_s: float = 0.0
     gate_idle_starts: int = 0
     gate_promotions: int = 0
@@ -425,9 +435,10 @@ def parse_prio_status(text: str) -> PrioStatus:
         child_pid=int(plain.get("child_pid", 0)),
         gate_mapped=plain.get("overtake_gate_mapped", 0) == 1,
         gate_token=int(plain.get("overtake_gate_token", 0)),
+        gate_key_loaded=plain.get("overtake_gate_key_loaded", 0) == 1,
         **{f"gate_{k}": int(plain.get(f"overtake_gate_{k}_total", 0))
-           for k in ("held", "cancels", "stale", "timeouts", "aborts", "invalid", "unmapped", "idle_starts",
-                     "promotions")},
+           for k in ("held", "cancels", "stale", "timeouts", "aborts", "invalid", "forged", "unmapped", "faults",
+                     "idle_starts", "promotions")},
         gate_wait_s=float(plain.get("overtake_gate_wait_seconds_total", 0.0)),
     )
 

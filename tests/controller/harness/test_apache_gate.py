@@ -11,10 +11,13 @@ file, gated requests pass at once. The sidecar's side: tests/controller/test_sid
 from __future__ import annotations
 
 import argparse
+import functools
+import grp
 import http.client
 import os
 import shutil
 import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -129,7 +132,7 @@ def test_withdrawn_or_stale_answers_503_at_once(gated: tuple[apache.ApacheInstan
     try:
         if how == "stale":  # the header names the slot's previous generation
             gen = int(header.split()[1])
-            header = b"%d %d" % (slot, gen - 1)
+            header = gate.sign(slot, gen - 1)
             code, dt = _get(inst, "/stage1", header)
         else:
             th, out = _in_background(lambda: _get(inst, "/stage1", header))
@@ -146,9 +149,12 @@ def test_withdrawn_or_stale_answers_503_at_once(gated: tuple[apache.ApacheInstan
     assert got == 1 and after.gate_held == before.gate_held
 
 
-@pytest.mark.parametrize("value", [b"x", b"1", b"1 2 3", b"-1 0", b"99999 1", b"1 4294967295"])
+@pytest.mark.parametrize("value", [b"x", b"1", b"1 2 3", b"-1 0", b"99999 1", b"1 4294967295", b"1 2 " + b"0" * 31,
+                                   b"1 2 " + b"g" * 32, b"1 4294967295 " + b"0" * 32, b"signed beyond the file"])
 def test_a_bad_gate_header_is_refused(gated: tuple[apache.ApacheInstance, Gate], value: bytes) -> None:
-    inst, _ = gated
+    inst, gate = gated
+    if value == b"signed beyond the file":
+        value = gate.sign(99999, 1)  # a MAC of the key, but no such slot
     before = _status(inst)
     code, dt = _get(inst, "/stage1", value)
     assert code == 400 and dt < 1.0
@@ -194,12 +200,14 @@ def test_without_the_file_gated_requests_pass(apache_available: None) -> None:
     inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=_core(), max_workers=4,
                         cpu_priority=CpuPriority(levels=(3600.0,), nice=("idle",), age=False, gate=path))
     try:
-        code, dt = _get(inst, "/stage1?work=0.001", b"0 1")
+        code, dt = _get(inst, "/stage1?work=0.001", b"0 1 " + b"0" * 32)
         st = _status(inst)
         assert code == 200 and dt < 1.0 and st.gate_unmapped == 1 and not st.gate_mapped
         assert "start the sidecar with --gate" in (Path(inst.workdir) / "logs" / "error.log").read_text()
     finally:
         apache.stop(inst.workdir, graceful=False)
+        for p in (path, path + ".key"):
+            Path(p).unlink(missing_ok=True)
         shutil.rmtree(parent, ignore_errors=True)
 
 
@@ -242,3 +250,187 @@ def test_an_idle_start_runs_at_sched_idle_until_opened(gated: tuple[apache.Apach
     assert after.gate_idle_starts - before.gate_idle_starts == 1
     assert after.gate_promotions - before.gate_promotions == 1 and after.restore_errors == before.restore_errors
     assert after.gate_held == before.gate_held
+
+
+def test_a_forged_gate_header_is_refused_at_once(gated: tuple[apache.ApacheInstance, Gate]) -> None:
+    """A client that reaches Apache directly and copies a waiting slot's ``SLOT GENERATION``
+    (from the file, or guessed) must not park a worker until ``OvertakeGateTimeout``."""
+    inst, gate = gated
+    before = _status(inst)
+    slot, _ = gate.arm()  # type: ignore[misc]
+    try:
+        gen = struct.unpack_from("<I", Path(gate.path).read_bytes(), 64 + 4 * slot)[0] >> 2
+        for value in (b"%d %d" % (slot, gen), b"%d %d %s" % (slot, gen, b"0" * 32)):
+            code, dt = _get(inst, "/stage1?work=0.001", value)
+            assert code in (400, 403) and dt < 1.0, (value, code, dt)
+    finally:
+        gate.free(slot)
+    after = _status(inst)
+    assert after.gate_held == before.gate_held and after.gate_timeouts == before.gate_timeouts
+    assert getattr(after, "gate_forged", 0) - getattr(before, "gate_forged", 0) == 1  # the one with a MAC
+
+
+def test_the_gate_file_and_its_key_are_private(gated: tuple[apache.ApacheInstance, Gate]) -> None:
+    """Slot and generation are not for other local users to read; the key only for root."""
+    _, gate = gated
+    assert os.stat(gate.path).st_mode & 0o007 == 0, oct(os.stat(gate.path).st_mode)
+    key = os.stat(gate.path + ".key")
+    assert key.st_mode & 0o077 == 0 and key.st_uid == 0, oct(key.st_mode)
+    workers = grp.getgrnam("www-data").gr_gid  # the private Apache's Group: the workers read the file
+    assert os.stat(gate.path).st_gid == key.st_gid == workers
+
+
+@pytest.fixture(scope="module")
+def private(apache_available: None) -> Iterator[tuple[apache.ApacheInstance, str]]:
+    """An Apache of its own for the tests that break its gate file (truncate, remove, replace)."""
+    if os.geteuid() != 0 or shutil.which("apxs") is None:
+        pytest.skip("needs root and apxs (apache2-dev): mod_overtake_prio")
+    parent = scratch_dir("overtake-gate-test-")
+    path = f"/dev/shm/overtake-gate-broken-{os.getpid()}-{free_port()}"
+    inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=_core(), max_workers=8,
+                        cpu_priority=CpuPriority(levels=(3600.0,), nice=("idle",), age=False, gate=path,
+                                                 gate_timeout=8))
+    try:
+        yield inst, path
+    finally:
+        apache.stop(inst.workdir, graceful=False)
+        for p in (path, path + ".key"):
+            Path(p).unlink(missing_ok=True)
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def _paired(inst: apache.ApacheInstance, path: str) -> Gate:
+    """A sidecar's Gate on ``path``, once Apache reports its token (the status page maps it)."""
+    gate = Gate(path, 8)
+    deadline = time.monotonic() + 10
+    while _status(inst).gate_token != gate.token:
+        assert time.monotonic() < deadline, "Apache never mapped the gate file: " + _log(inst)[-1500:]
+        time.sleep(0.05)
+    return gate
+
+
+def _log(inst: apache.ApacheInstance) -> str:
+    return (Path(inst.workdir) / "logs" / "error.log").read_text()
+
+
+def _hold(inst: apache.ApacheInstance, gate: Gate, n: int) -> list[tuple[int, tuple[threading.Thread, dict[str, object]]]]:
+    """``n`` requests held on fresh slots, still waiting 0.3 s later: (slot, background run)."""
+    held = [gate.arm() for _ in range(n)]
+    runs = [(s, _in_background(functools.partial(_get, inst, "/stage1?work=0.001", h))) for s, h in held]  # type: ignore[misc]
+    time.sleep(0.3)
+    assert all(th.is_alive() for _, (th, _) in runs), "answered before the gate opened"
+    return runs
+
+
+def _codes(runs: list[tuple[int, tuple[threading.Thread, dict[str, object]]]]) -> list[object]:
+    for _, (th, _) in runs:
+        th.join(10)
+    return [out.get("result", (None,))[0] for _, (_, out) in runs]  # type: ignore[index]
+
+
+def test_a_truncated_gate_file_lets_held_requests_through(private: tuple[apache.ApacheInstance, str]) -> None:
+    """``truncate -s 0`` while requests wait in the gate: no child dies of SIGBUS, the waiting
+    requests run (as without a file, long before OvertakeGateTimeout), the child says so once;
+    a sidecar that writes the file again is paired and holds requests again."""
+    inst, path = private
+    gate = _paired(inst, path)
+    crashes, said = _log(inst).count("exit signal"), _log(inst).count("AH90101")
+    try:
+        runs = _hold(inst, gate, 3)
+        t_cut = time.monotonic()
+        os.truncate(path, 0)
+        assert _codes(runs) == [200] * 3
+        assert time.monotonic() - t_cut < 3.0  # let through, not timed out (8 s)
+        log = _log(inst)
+        assert log.count("exit signal") == crashes, log[-2000:]
+        st = _status(inst)
+        assert st.gate_faults >= 1 and not st.gate_mapped and st.gate_token == 0
+        assert log.count("AH90101") - said == 1 and "shrank under its mapping" in log, log[-2000:]  # once
+    finally:
+        gate.close()
+    gate = _paired(inst, path)  # the same inode, written again
+    try:
+        (slot, run), = _hold(inst, gate, 1)
+        gate.open(slot)
+        assert _codes([(slot, run)]) == [200]
+    finally:
+        gate.close()
+
+
+def test_a_removed_gate_file_keeps_serving_what_waits(private: tuple[apache.ApacheInstance, str]) -> None:
+    """``rm`` of the file: a request waiting on it is still opened by the sidecar (both keep the
+    inode mapped), the child says once that the file is gone, the sidecar notices; a restarted
+    sidecar's new file is readable by the workers (the key file's group) and paired at once."""
+    inst, path = private
+    gate = _paired(inst, path)
+    said = _log(inst).count("AH90103")
+    try:
+        (slot, run), = _hold(inst, gate, 1)
+        os.unlink(path)
+        for _ in range(3):
+            assert _status(inst).gate_token == gate.token  # still what the waiting request uses
+        gate.open(slot)
+        assert _codes([(slot, run)]) == [200]
+        assert _log(inst).count("AH90103") - said == 1
+        assert gate.check() is not None and "removed" in gate.check()  # type: ignore[operator]
+    finally:
+        gate.close()
+    gate = _paired(inst, path)
+    assert os.stat(path).st_gid == os.stat(path + ".key").st_gid != 0
+    gate.close()
+
+
+def test_a_file_of_another_key_is_never_used(private: tuple[apache.ApacheInstance, str]) -> None:
+    """A gate file not written with Apache's key (another file put at the path, or a sidecar that
+    read another key file writing the mapped one) is never mapped: Apache keeps the old one, or
+    lets gated requests pass; each said once."""
+    inst, path = private
+    key = Path(path + ".key")
+    original = key.read_text()
+    gate = _paired(inst, path)
+    foreign_said, changed_said = _log(inst).count("AH90104"), _log(inst).count("AH90102")
+    try:
+        key.write_text("ab" * 32 + "\n")
+        os.unlink(path)
+        other = Gate(path, 8)  # a new inode, another key
+        for _ in range(3):
+            assert _status(inst).gate_token == gate.token  # the old file stays in use
+        assert _log(inst).count("AH90104") - foreign_said == 1
+        other.close()
+        gate.close()
+        key.write_text(original)
+        gate = _paired(inst, path)  # the new inode, Apache's key: used
+        key.write_text("cd" * 32 + "\n")
+        other = Gate(path, 8)  # the same inode, rewritten with another key
+        for _ in range(3):
+            st = _status(inst)
+            assert st.gate_token == 0 and not st.gate_mapped
+        assert _log(inst).count("AH90102") - changed_said == 1 and "not written with this server's key" in _log(inst)
+        other.close()
+    finally:
+        key.write_text(original)
+        gate.close()
+    _paired(inst, path).close()
+
+
+def test_a_key_others_can_read_is_refused_at_start(apache_available: None) -> None:
+    if os.geteuid() != 0 or shutil.which("apxs") is None:
+        pytest.skip("needs root and apxs (apache2-dev): mod_overtake_prio")
+    parent = scratch_dir("overtake-gate-test-")
+    path = f"/dev/shm/overtake-gate-badkey-{os.getpid()}-{free_port()}"
+    Path(path + ".key").write_text("ab" * 32)
+    os.chmod(path + ".key", 0o644)
+    inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=_core(), max_workers=4,
+                        cpu_priority=CpuPriority(levels=(3600.0,), nice=("idle",), age=False, gate=path))
+    try:
+        st = _status(inst)
+        assert not st.gate_key_loaded and not st.gate_mapped
+        code, dt = _get(inst, "/stage1?work=0.001", b"0 1 " + b"0" * 32)
+        assert code == 200 and dt < 1.0 and _status(inst).gate_unmapped == 1  # never held
+        log = _log(inst)
+        assert "AH90112" in log and "has mode 0644" in log, log[-2000:]
+    finally:
+        apache.stop(inst.workdir, graceful=False)
+        for p in (path, path + ".key"):
+            Path(p).unlink(missing_ok=True)
+        shutil.rmtree(parent, ignore_errors=True)
