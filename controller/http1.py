@@ -6,7 +6,10 @@ ahead, then reading pauses). A header block larger
 than ``max_header_bytes`` is a 431, a body larger than ``max_body_bytes`` a 413 (admin paths
 under ``/-/`` at most ``ADMIN_BODY_MAX``), a malformed request or an upgrade other than ``h2c``
 (ignored, RFC 9113 §3.1) a 400: the connection records the error and ends; the gateway answers it
-and closes.
+and closes. So is a head RFC 9112 makes an error (:func:`_head_error`: a request line other than
+HTTP/1.0 or 1.1, no ``Host`` in HTTP/1.1 or two, ``Transfer-Encoding`` in HTTP/1.0) and a
+WebSocket handshake with a body. An ``h2c`` offer with a body is ignored and the body read as
+the request's (llhttp stops at the head of an upgrade); a chunked body's trailer fields are dropped.
 Control-endpoint bodies are checked from the header block, before a byte of the body is read:
 refused (403) on a connection the gateway allows none (``admin_body_max`` 0: not loopback, or
 not the admin listener), 413 beyond ``admin_body_max`` (1 MiB).
@@ -166,8 +169,8 @@ class Request:
     was refused (400), if it was.
     """
 
-    __slots__ = ("bad_target", "body", "expect", "headers", "keep_alive", "method", "path", "target", "upgrade", "url",
-                 "version")
+    __slots__ = ("bad_target", "body", "expect", "headers", "keep_alive", "method", "path", "resume_body", "target",
+                 "upgrade", "url", "version")
 
     def __init__(self) -> None:
         self.method = b""
@@ -182,13 +185,65 @@ class Request:
         self.expect = False
         #: ``b"websocket"`` for a WebSocket upgrade (RFC 6455 §4.1): answered as a tunnel
         self.upgrade: bytes | None = None
+        #: an ``h2c`` offer with a body: the framing header of the body, which llhttp leaves
+        #: unread at the upgrade point and a fresh parser reads for this request (:meth:`ClientConnection._feed`)
+        self.resume_body: bytes | None = None
 
 
-class _TooLarge(ControllerError):
+class _Refusal(ControllerError):
+    """A request refused from what was parsed so far: the connection answers ``status`` and ends."""
+
     def __init__(self, status: int, reason: str = "", message: str = "") -> None:
         self.status = status
         self.reason = reason
         self.message = message
+
+
+def _head_error(r: Request) -> str | None:
+    """Why a parsed request head is refused (400), or None: RFC 9112 §2.3 (the sidecar speaks
+    HTTP/1.0 and 1.1; llhttp also accepts 0.9 and 2.0 request lines), §3.2 (exactly one ``Host``
+    in HTTP/1.1, at most one in 1.0) and §6.1 (``Transfer-Encoding`` in HTTP/1.0 is faulty
+    framing). Forwarded, each would reach Apache framed or routed otherwise than here."""
+    if r.version not in ("1.0", "1.1"):
+        return f"HTTP/{r.version} request line: the sidecar speaks HTTP/1.1 (and 1.0)"
+    hosts = 0
+    for k, _ in r.headers:
+        lk = k.lower()
+        if lk == b"host":
+            hosts += 1
+        elif lk == b"transfer-encoding" and r.version == "1.0":
+            return "Transfer-Encoding in an HTTP/1.0 request is faulty framing (RFC 9112 §6.1); send Content-Length"
+    if hosts > 1:
+        return "more than one Host header field (RFC 9112 §3.2)"
+    if hosts == 0 and r.version == "1.1":
+        return "an HTTP/1.1 request needs a Host header field (RFC 9112 §3.2)"
+    return None
+
+
+def _upgrade_offer(headers: list[tuple[bytes, bytes]]) -> set[bytes] | None:
+    """The protocols (lower case, no version) of an ``Upgrade`` that ``Connection`` names, which
+    is what makes llhttp stop at the end of the head; None without one."""
+    offer: bytes | None = None
+    named = False
+    for k, v in headers:
+        lk = k.lower()
+        if lk == b"upgrade":
+            offer = v
+        elif lk == b"connection":
+            named = named or any(t.strip().lower() == b"upgrade" for t in v.split(b","))
+    if offer is None or not named:
+        return None
+    return {p.strip().split(b"/")[0].lower() for p in offer.split(b",")}
+
+
+def _body_framing(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """The framing header of a request body (``Content-Length: N`` with N > 0, or a chunked
+    ``Transfer-Encoding``), or None for a request without a body."""
+    for k, _ in headers:
+        if k.lower() == b"transfer-encoding":
+            return b"Transfer-Encoding: chunked"  # llhttp refuses any other final coding
+    n = content_length(headers)
+    return b"Content-Length: %d" % n if n else None
 
 
 def _peer_reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
@@ -235,6 +290,7 @@ class ClientConnection:
         self.head_bytes = 0
         self.body_bytes = 0
         self.in_headers = False
+        self._resuming = False  # parsing the synthetic head of :meth:`_resume_body`
         #: when the request head being read began (None between heads): slowloris keeps a
         #: connection active with a byte a second, so the deadline is on the whole head
         self.head_started: float | None = None
@@ -251,6 +307,8 @@ class ClientConnection:
 
     # httptools callbacks ------------------------------------------------------------------
     def on_message_begin(self) -> None:
+        if self._resuming:
+            return  # the synthetic head before an h2c offer's body: the request is self.cur
         self.cur = Request()
         self.in_headers = True
         self.head_started = time.monotonic()
@@ -259,20 +317,26 @@ class ClientConnection:
 
     def on_url(self, url: bytes) -> None:
         assert self.cur is not None
+        if self._resuming:
+            return
         self.cur.url += url
         self._count_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         assert self.cur is not None
+        if not self.in_headers:
+            return  # a chunked body's trailer: not a header field (a second Host, a forged X-Forwarded-For)
         self.cur.headers.append((name, value))
         self._count_head(len(name) + len(value) + 4)
 
     def _count_head(self, n: int) -> None:
         self.head_bytes += n
         if self.head_bytes > self.limits.max_header_bytes:
-            raise _TooLarge(431)
+            raise _Refusal(431)
 
     def on_headers_complete(self) -> None:
+        if self._resuming:
+            return
         r = self.cur
         assert r is not None
         self.in_headers = False
@@ -280,6 +344,10 @@ class ClientConnection:
         r.method = self.parser.get_method()
         r.keep_alive = self.parser.should_keep_alive()
         r.version = self.parser.get_http_version()
+        err = _head_error(r)
+        if err is not None:
+            raise _Refusal(400, "bad_request", err)
+        self._check_upgrade_body(r)
         try:
             r.target, r.path, _ = normalize_target(r.url, r.method)
         except BadTarget as exc:
@@ -295,6 +363,19 @@ class ClientConnection:
                     self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                     r.expect = False
 
+    def _check_upgrade_body(self, r: Request) -> None:
+        """An upgrade offer on a request with a body: llhttp stops at the head and would take the
+        body for the next request (a smuggled one). An ``h2c`` offer is ignored and its body read
+        for it (``resume_body``); a WebSocket handshake has no body (RFC 6455 §4.1): 400."""
+        protocols = _upgrade_offer(r.headers)
+        framing = _body_framing(r.headers) if protocols is not None and r.method != b"CONNECT" else None
+        if framing is None or protocols is None:
+            return
+        if protocols == {b"h2c"}:
+            r.resume_body = framing
+        elif b"websocket" in protocols:
+            raise _Refusal(400, "bad_request", "a WebSocket handshake carries no body (RFC 6455 §4.1)")
+
     def _check_admin_body(self, r: Request) -> None:
         """Refuse a control-endpoint body from its header block, before reading it."""
         declared, chunked = 0, False
@@ -305,12 +386,12 @@ class ClientConnection:
             elif lk == b"transfer-encoding":
                 chunked = True
         if (declared or chunked) and self.admin_body_max <= 0:
-            raise _TooLarge(403, "admin_body_refused", self.admin_refusal)
+            raise _Refusal(403, "admin_body_refused", self.admin_refusal)
         if declared > self.admin_body_max:
             raise self._admin_too_large()
 
-    def _admin_too_large(self) -> _TooLarge:
-        return _TooLarge(413, "body_too_large", f"control endpoint body larger than {self.admin_body_max} bytes; "
+    def _admin_too_large(self) -> _Refusal:
+        return _Refusal(413, "body_too_large", f"control endpoint body larger than {self.admin_body_max} bytes; "
                          "give a larger policy artifact as a URL")
 
     def on_body(self, body: bytes) -> None:
@@ -320,11 +401,13 @@ class ClientConnection:
             if self.body_bytes > self.admin_body_max:
                 raise self._admin_too_large()
         elif self.body_bytes > self.limits.max_body_bytes:
-            raise _TooLarge(413)
+            raise _Refusal(413)
         self.cur.body.append(body)
 
     def on_message_complete(self) -> None:
         assert self.cur is not None
+        if self.cur.resume_body is not None:
+            return  # llhttp's upgrade point: the body follows (_feed)
         self.parsed += 1
         self.ready.append(self.cur)
         self.cur = None
@@ -344,13 +427,19 @@ class ClientConnection:
                 self.parser.feed_data(data)
                 return
             except httptools.HttpParserCallbackError as exc:
-                if isinstance(exc.__context__, _TooLarge):
+                if isinstance(exc.__context__, _Refusal):
                     raise exc.__context__ from None
                 raise
             except httptools.HttpParserUpgrade as exc:
+                offset = int(exc.args[0]) if exc.args and isinstance(exc.args[0], int) else len(data)
+                if self.cur is not None and self.cur.resume_body is not None:
+                    self._resume_body(self.cur)
+                    data = data[offset:]
+                    if not data:
+                        return
+                    continue
                 last = self.ready[-1] if self.ready else None
                 offer = next((v for k, v in last.headers if k.lower() == b"upgrade"), b"") if last else b""
-                offset = int(exc.args[0]) if exc.args and isinstance(exc.args[0], int) else len(data)
                 protocols = {p.strip().split(b"/")[0].lower() for p in offer.split(b",")}
                 if last is not None and b"websocket" in protocols and last.method == b"GET":
                     last.upgrade = b"websocket"
@@ -363,6 +452,19 @@ class ClientConnection:
                 data = data[offset:]
                 if not data:
                     return
+
+    def _resume_body(self, r: Request) -> None:
+        """Read the body of ``r`` (an ``h2c`` offer, ignored) with a fresh parser: it is given a
+        head with the body's framing first, whose callbacks leave ``r`` in place, so the bytes
+        after the upgrade point are parsed as ``r``'s body, then as the next requests."""
+        framing, r.resume_body = r.resume_body, None
+        assert framing is not None
+        self.parser = httptools.HttpRequestParser(self)
+        self._resuming = True
+        try:
+            self.parser.feed_data(b"POST / HTTP/1.1\r\nHost: h\r\n" + framing + b"\r\n\r\n")
+        finally:
+            self._resuming = False
 
     async def _feed_bounded(self, data: bytes) -> None:
         """Parse ``data`` ``_SLICE`` bytes at a time. After a slice that completed a request, the
@@ -413,7 +515,7 @@ class ClientConnection:
                 self.last_active = time.monotonic()
                 try:
                     await self._feed_bounded(data)
-                except _TooLarge as exc:
+                except _Refusal as exc:
                     if exc.message:
                         self.error = (exc.status, exc.reason, exc.message)
                     elif exc.status == 431:
