@@ -96,8 +96,9 @@ class Gateway:
         self.forwarder = Forwarder(pool, uplink, limiter, metrics, self.limits)
         self.phase_header = (phase_header or table.config.classifier.header).lower().encode()
         self.next_header = table.config.classifier.next_header.lower().encode()
-        #: headers that steer scheduling: honoured from trusted sources only, else stripped
-        self._steering = frozenset({self.phase_header, self.next_header, b"x-overtake-class"})
+        #: headers honoured from trusted sources only, else stripped: those that steer scheduling,
+        #: and X-Forwarded-Proto (a front end that terminated TLS says https; a client must not)
+        self._steering = frozenset({self.phase_header, self.next_header, b"x-overtake-class", b"x-forwarded-proto"})
         self._trusted_nets = tuple(ipaddress.ip_network(c, strict=False) for c in trusted_sources)
         self._trust: dict[str, bool] = {}
         self._conns: set[ClientConnection] = set()

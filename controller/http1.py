@@ -53,7 +53,7 @@ _TCP_CLOSE = 7  # tcp_states.h: what a socket becomes once the peer's RST arrive
 #: line and empty header block, "GET / HTTP/1.1\r\n\r\n") beyond _MAX_PIPELINE are ever queued
 _SLICE = 1024
 #: x-overtake-gate: only the sidecar's own reaches Apache (a client's would hold a worker)
-_SET_HERE = frozenset({b"content-length", b"expect", b"x-forwarded-proto", b"x-forwarded-host", b"x-overtake-gate"})
+_SET_HERE = frozenset({b"content-length", b"expect", b"x-forwarded-host", b"x-overtake-gate"})
 #: control endpoints take a baseline name, a path, a URL or a small .npz; a larger artifact goes by URL
 ADMIN_BODY_MAX = 1 << 20
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
@@ -567,8 +567,10 @@ def simple_response(status: int, text: str, *, close: bool, extra: bytes = b"") 
 def upstream_head(req: Request, peer: str, body_len: int, upstream_host: bytes, cpu_class: int | None = None,
                   upgrade: bytes | None = None, gate: bytes | None = None) -> bytes:
     """The request head sent to Apache: hop-by-hop headers dropped, ``X-Forwarded-For`` appended,
-    ``X-Forwarded-Proto`` (``http``: the scheme the client used to reach the sidecar) and
-    ``X-Forwarded-Host`` (the client's ``Host``) set in place of any the client sent, ``Host``
+    ``X-Forwarded-Proto`` kept if the request has one (the gateway strips it from untrusted
+    clients: a trusted front end that terminated TLS says ``https``), else ``http`` (the scheme
+    the client used to reach the sidecar), ``X-Forwarded-Host`` (the client's ``Host``) set in
+    place of any the client sent, ``Host``
     added if missing, the (de-chunked) body's ``Content-Length``; with ``cpu_class`` the sidecar's
     ``X-Overtake-Class`` (mod_overtake_prio's starting level) replaces the client's; ``gate`` is the
     ``X-Overtake-Gate`` value of a request sent while queued (:mod:`overtake.controller.gate`); a
@@ -578,7 +580,7 @@ def upstream_head(req: Request, peer: str, body_len: int, upstream_host: bytes, 
         drop = drop | {b"x-overtake-class"}
     out = [b"%s %s HTTP/1.1\r\n" % (req.method, req.target or req.url)]
     xff = None
-    has_host = False
+    has_host = has_proto = False
     host = b""
     for k, v in req.headers:
         lk = k.lower()
@@ -589,10 +591,13 @@ def upstream_head(req: Request, peer: str, body_len: int, upstream_host: bytes, 
             continue
         if lk == b"host":
             has_host, host = True, v
+        elif lk == b"x-forwarded-proto":
+            has_proto = True
         out.append(k + b": " + v + b"\r\n")
     p = peer.encode()
     out.append(b"X-Forwarded-For: " + (xff + b", " + p if xff else p) + b"\r\n")
-    out.append(b"X-Forwarded-Proto: http\r\n")
+    if not has_proto:
+        out.append(b"X-Forwarded-Proto: http\r\n")
     if host:
         out.append(b"X-Forwarded-Host: " + host + b"\r\n")
     if not has_host:
