@@ -120,7 +120,7 @@ class Limits(_Strict):
     # slow client up to this many bytes, so the client never holds a stage slot; 0 = never spill
     response_spill_bytes: int = Field(default=1 << 30, ge=0)
     max_tunnels: int = Field(default=1024, ge=0)  # open WebSocket tunnels (no stage slot each); 503 beyond
-    upstream_timeout: float = Field(default=120.0, gt=0)
+    upstream_timeout: float = Field(default=120.0, gt=0)  # longest silence of Apache within an answer (502)
     upstream_connect_timeout: float = Field(default=5.0, gt=0)  # seconds to connect to Apache
     client_timeout: float = Field(default=60.0, gt=0)  # idle keep-alive
     header_timeout: float = Field(default=10.0, gt=0)  # a whole request head (slowloris), as RequestReadTimeout
