@@ -22,6 +22,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import httptools
+
 from overtake.controller.errors import ControllerError
 from overtake.controller.http1 import ClientConnection, Request, client_head, content_length, simple_response, upstream_head
 from overtake.controller.limiter import ADMITTED, Limiter, Ticket
@@ -32,6 +34,18 @@ from overtake.controller.uplink import Uplink
 from overtake.controller.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
 __all__ = ["Forwarder"]
+
+class _AnswerEnd:
+    """httptools callbacks: has the answer been read to its end?"""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
 
 class ClientGone(ControllerError):
     """The client connection failed while its response streamed (counted ``client_abort``)."""
@@ -170,11 +184,10 @@ class Forwarder:
         return req.keep_alive
 
     async def tunnel(self, conn: ClientConnection, req: Request) -> int:
-        """A WebSocket upgrade (RFC 6455 §4): Apache's answer relayed and, on 101, the bytes both
-        ways until one side closes; the status is returned, the connection then closes.
-
-        A tunnel is no CPU request of the model: it takes no stage slot and no passthrough cap,
-        only one of ``limits.max_tunnels`` (503 beyond), on its own connection to Apache."""
+        """A WebSocket upgrade (RFC 6455 §4), admitted already: Apache's answer relayed and, on
+        101, the bytes both ways until one side closes; the status is returned, the connection
+        then closes. At most ``limits.max_tunnels`` are open (503 beyond), each on its own
+        connection to Apache."""
         writer = conn.writer
         if len(self.tunnels) >= self.limits.max_tunnels:
             self.metrics.errors.labels("tunnel_limit").inc()
@@ -204,13 +217,10 @@ class Forwarder:
                 await self.send(writer, simple_response(502, f"overtake sidecar: no upgrade answer from Apache ({exc})",
                                                         close=True))
                 return 502
-            writer.write(answer)
-            if status != 101:  # refused: relay the rest of Apache's answer, then close
-                async with asyncio.timeout(self.limits.upstream_timeout):
-                    while data := await ur.read(65536):
-                        writer.write(data)
-                        await writer.drain()
+            if status != 101:  # refused: relay Apache's answer, then close
+                await self._relay_answer(ur, writer, answer)
                 return status
+            writer.write(answer)
 
             async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, first: bytes = b"") -> None:
                 with contextlib.suppress(ConnectionError, OSError):
@@ -233,6 +243,22 @@ class Forwarder:
         finally:
             self.tunnels.discard(me)
             uw.close()
+
+    async def _relay_answer(self, ur: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes) -> None:
+        """Apache's answer to a handshake it did not upgrade, relayed to its end: Apache may keep
+        the connection open after it, and the tunnel's slot is held until this returns."""
+        end = _AnswerEnd()
+        parser = httptools.HttpResponseParser(end)
+        data = head
+        with contextlib.suppress(ConnectionError, OSError, TimeoutError, httptools.HttpParserError):
+            while data:
+                async with asyncio.timeout(self.limits.upstream_timeout):
+                    parser.feed_data(data)
+                    writer.write(data)
+                    await writer.drain()
+                    if end.done:
+                        return
+                    data = await ur.read(65536)
 
     async def _drain(self, spool: Spool, flow: Any) -> None:
         """Copy ``spool`` to the client; a write that makes no progress within ``client_timeout``

@@ -295,10 +295,6 @@ class Gateway:
             rec.status, rec.bytes = status, len(body)
             await self._send(writer, head + body)
             return req.keep_alive
-        if req.upgrade is not None:
-            rec.stage = "tunnel"
-            rec.status = await self.forwarder.tunnel(conn, req)
-            return False
         try:
             stage, phase, route_key = self._route(req, path)
         except BadPhaseHeader as exc:
@@ -307,6 +303,8 @@ class Gateway:
             await self._send(writer, simple_response(400, str(exc), close=not req.keep_alive))
             return req.keep_alive
         rec.stage = "passthrough" if stage == PASSTHROUGH else self.table.names[stage]
+        if req.upgrade is not None:
+            return await self._tunnel(conn, req, rec, stage, phase, route_key)
         t = self._enter(conn, stage, phase, route_key)
         if t is None:
             rec.status = 503
@@ -359,6 +357,33 @@ class Gateway:
         if rec.status == 0 and not conn.closed.done():
             rec.status = 502  # the forwarder answered Apache's failure
         return keep
+
+    async def _tunnel(self, conn: ClientConnection, req: Request, rec: RequestRecord, stage: int, phase: int,
+                      route_key: str) -> bool:
+        """A WebSocket handshake: admitted as a request of its route (the stage's policy, or the
+        passthrough cap), it holds that slot until the tunnel closes, for Apache's worker is busy
+        with it all along (``overtake_stage_completed_total{outcome="tunnel"}``). The connection
+        closes after it (False)."""
+        t = self._enter(conn, stage, phase, route_key)
+        if t is None:
+            rec.status = 503
+            await self._send(conn.writer, self._busy("queue full"))
+            return False
+        if t.status != ADMITTED:
+            watch = asyncio.create_task(conn.watch_close())  # its reader is the tunnel's: no EOF seen otherwise
+            try:
+                admitted = await self._wait(conn, t, stage)
+            finally:
+                watch.cancel()
+            if not admitted:
+                await self._withdrawn(conn, req, rec, t)
+                return False
+        rec.queue_wait = t.t_admit - t.t_arrive
+        try:
+            rec.status = await self.forwarder.tunnel(conn, req)
+        finally:
+            self.limiter.release(t, "tunnel")
+        return False
 
     def _arm(self, t: Ticket) -> tuple[int, bytes] | None:
         """A gate slot for queued ``t`` (it is then sent to Apache at once), or None: no gate, a

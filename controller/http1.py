@@ -183,7 +183,8 @@ class Request:
         self.keep_alive = True
         self.version = "1.1"
         self.expect = False
-        #: ``b"websocket"`` for a WebSocket upgrade (RFC 6455 §4.1): answered as a tunnel
+        #: ``b"websocket"`` for a WebSocket upgrade (RFC 6455 §4.1): admitted as a request of its
+        #: route, then answered as a tunnel
         self.upgrade: bytes | None = None
         #: an ``h2c`` offer with a body: the framing header of the body, which llhttp leaves
         #: unread at the upgrade point and a fresh parser reads for this request (:meth:`ClientConnection._feed`)
@@ -541,6 +542,15 @@ class ClientConnection:
                 if not self.closed.done():
                     self.closed.set_result(None)
             self._wake()
+
+    async def watch_close(self) -> None:
+        """For a connection whose reading stopped (a tunnel waiting for its admission): resolve
+        ``closed`` once the client has closed or reset it; cancel it when no longer needed."""
+        while not self.closed.done():
+            if self.reader.at_eof() or _peer_reset(self.reader, self.writer):
+                self.closed.set_result(None)
+                return
+            await asyncio.sleep(_RESET_POLL)
 
     async def next_request(self) -> Request | None:
         while True:
