@@ -4,7 +4,10 @@ A :class:`ClientConnection` reads one client socket and queues complete requests
 pipelining; parsed ``_SLICE`` bytes per turn of the event loop, at most ``_MAX_PIPELINE`` queued
 ahead, then reading pauses). A header block larger
 than ``max_header_bytes`` is a 431, a body larger than ``max_body_bytes`` a 413 (admin paths
-under ``/-/`` at most ``ADMIN_BODY_MAX``), a malformed request or an upgrade other than ``h2c``
+under ``/-/`` at most ``ADMIN_BODY_MAX``), a body that does not fit in the bodies' shared
+:class:`~overtake.controller.budget.ByteBudget` a 503 (its declared length is held from the head,
+a chunked body's bytes as they come; given back when the gateway takes the next request or the
+connection ends), a malformed request or an upgrade other than ``h2c``
 (ignored, RFC 9113 §3.1) a 400: the connection records the error and ends; the gateway answers it
 and closes. So is a head RFC 9112 makes an error (:func:`_head_error`: a request line other than
 HTTP/1.0 or 1.1, no ``Host`` in HTTP/1.1 or two, ``Transfer-Encoding`` in HTTP/1.0) and a
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import httptools
 
+from overtake.controller.budget import ByteBudget
 from overtake.controller.errors import ControllerError
 from overtake.controller.stages import Limits
 from overtake.controller.upstream import UpstreamResponse
@@ -169,8 +173,8 @@ class Request:
     was refused (400), if it was.
     """
 
-    __slots__ = ("bad_target", "body", "expect", "headers", "keep_alive", "method", "path", "resume_body", "target",
-                 "upgrade", "url", "version")
+    __slots__ = ("bad_target", "body", "expect", "headers", "held", "keep_alive", "method", "path", "resume_body",
+                 "target", "upgrade", "url", "version")
 
     def __init__(self) -> None:
         self.method = b""
@@ -189,6 +193,8 @@ class Request:
         #: an ``h2c`` offer with a body: the framing header of the body, which llhttp leaves
         #: unread at the upgrade point and a fresh parser reads for this request (:meth:`ClientConnection._feed`)
         self.resume_body: bytes | None = None
+        #: bytes of the body budget this request holds (its declared length, or what it received)
+        self.held = 0
 
 
 class _Refusal(ControllerError):
@@ -273,8 +279,13 @@ class ClientConnection:
     next-stage request, :mod:`overtake.controller.limiter`'s tandem routing).
     """
 
-    def __init__(self, limits: Limits, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, limits: Limits, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 budget: ByteBudget | None = None) -> None:
         self.limits = limits
+        #: request bodies held in memory by every connection (``limits.body_budget_bytes``)
+        self.budget = budget if budget is not None else ByteBudget(limits.body_budget_bytes)
+        #: the request the gateway took last: its body is held until it asks for the next one
+        self._served: Request | None = None
         self.reader = reader
         self.writer = writer
         self.parser = httptools.HttpRequestParser(self)
@@ -295,6 +306,9 @@ class ClientConnection:
         #: when the request head being read began (None between heads): slowloris keeps a
         #: connection active with a byte a second, so the deadline is on the whole head
         self.head_started: float | None = None
+        #: when the body being read began to be due (the end of its head, or the 100 Continue):
+        #: due within body_timeout plus a second per body_min_rate bytes (:meth:`body_late`)
+        self.body_started: float | None = None
         peer = writer.get_extra_info("peername")
         self.peer = peer[0] if isinstance(peer, tuple) else "unknown"
         self.resume: asyncio.Future[None] | None = None
@@ -313,6 +327,7 @@ class ClientConnection:
         self.cur = Request()
         self.in_headers = True
         self.head_started = time.monotonic()
+        self.body_started = None
         self.head_bytes = 0
         self.body_bytes = 0
 
@@ -355,6 +370,7 @@ class ClientConnection:
             r.bad_target, r.target = str(exc), r.url
         if r.path.startswith("/-/"):
             self._check_admin_body(r)
+        has_body = self._hold_declared(r)
         for k, v in r.headers:
             if k.lower() == b"expect" and v.lower() == b"100-continue":
                 r.expect = True
@@ -363,6 +379,44 @@ class ClientConnection:
                 if not (self.busy or self.ready):
                     self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                     r.expect = False
+        if has_body and not r.expect:  # a deferred 100 Continue starts it (answered)
+            self.body_started = time.monotonic()
+
+    def _hold_declared(self, r: Request) -> bool:
+        """A request with a body: hold its declared length in the body budget, refused before a
+        byte of it is read when it does not fit (503) or exceeds ``max_body_bytes`` (413). True
+        if the request has a body."""
+        if _body_framing(r.headers) is None:
+            return False
+        declared = content_length(r.headers) or 0  # chunked: held as it comes (on_body)
+        if declared > self.limits.max_body_bytes and not r.path.startswith("/-/"):
+            raise _Refusal(413)
+        self._hold(r, declared)
+        return True
+
+    def _hold(self, r: Request, n: int) -> None:
+        if not self.budget.take(n):
+            raise _Refusal(503, "body_budget", f"overtake sidecar: request bodies held in memory would exceed "
+                           f"limits.body_budget_bytes ({self.budget.limit} bytes); retry later")
+        r.held += n
+
+    def release(self, r: Request | None) -> None:
+        """``r``'s body is no longer held: give its bytes back to the budget."""
+        if r is not None and r.held:
+            self.budget.give(r.held)
+            r.held = 0
+
+    def release_all(self) -> None:
+        """The connection ends: every request it still holds gives its bytes back."""
+        for r in (self._served, self.cur, *self.ready):
+            self.release(r)
+
+    def body_late(self, now: float) -> bool:
+        """Is the body being read behind its deadline: ``body_timeout`` seconds plus one per
+        ``body_min_rate`` bytes received (Apache's RequestReadTimeout ``body=…,MinRate=…``), so
+        a body that stalls or trickles ends while one at a fair rate goes on?"""
+        t0 = self.body_started
+        return t0 is not None and now - t0 > self.limits.body_timeout + self.body_bytes / self.limits.body_min_rate
 
     def _check_upgrade_body(self, r: Request) -> None:
         """An upgrade offer on a request with a body: llhttp stops at the head and would take the
@@ -403,6 +457,8 @@ class ClientConnection:
                 raise self._admin_too_large()
         elif self.body_bytes > self.limits.max_body_bytes:
             raise _Refusal(413)
+        if self.body_bytes > self.cur.held:  # beyond its declared length: a chunked body
+            self._hold(self.cur, self.body_bytes - self.cur.held)
         self.cur.body.append(body)
 
     def on_message_complete(self) -> None:
@@ -412,6 +468,7 @@ class ClientConnection:
         self.parsed += 1
         self.ready.append(self.cur)
         self.cur = None
+        self.body_started = None
         self._wake()
 
     # --------------------------------------------------------------------------------------
@@ -485,26 +542,40 @@ class ClientConnection:
                 return
             if len(self.ready) >= _MAX_PIPELINE:  # back-pressure on pipelining clients
                 self.resume = asyncio.get_running_loop().create_future()
+                paused = time.monotonic()
                 try:
                     # reading is paused, so a client's reset would go unseen until the next
                     # write: watch the socket's TCP state meanwhile
                     while not self.resume.done():
                         await asyncio.wait({self.resume}, timeout=_RESET_POLL)
                         if not self.resume.done() and _peer_reset(self.reader, self.writer):
-                            self.ready.clear()  # its pipelined requests go unanswered: drop them
+                            for r in self.ready:  # its pipelined requests go unanswered: drop them
+                                self.release(r)
+                            self.ready.clear()
                             raise ConnectionResetError("the client reset its connection while its requests waited")
                 finally:
                     self.resume = None
+                    self._postpone(time.monotonic() - paused)
             elif self.parsed != before and pos < n:
                 await asyncio.sleep(0)  # a request per slice at most between two turns of the others
 
+    def _postpone(self, dt: float) -> None:
+        """Reading was paused ``dt`` seconds by the sidecar (pipelining back-pressure): the head
+        or body being read gets that time back."""
+        if self.head_started is not None:
+            self.head_started += dt
+        if self.body_started is not None:
+            self.body_started += dt
+
     def answered(self) -> None:
         """The gateway finished an answer: send a deferred ``100 Continue`` for the request being
-        read now, if it still waits for one (its body not yet received)."""
+        read now, if it still waits for one (its body not yet received; its deadline starts)."""
         r = self.cur
         if r is not None and r.expect and not self.ready and not self.writer.is_closing():
             self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             r.expect = False
+            if _body_framing(r.headers) is not None:
+                self.body_started = time.monotonic()
 
     async def read_loop(self) -> None:
         limits = self.limits
@@ -553,9 +624,14 @@ class ClientConnection:
             await asyncio.sleep(_RESET_POLL)
 
     async def next_request(self) -> Request | None:
+        """The next complete request (None once the connection has ended); the one returned
+        before is done with, its body's bytes given back to the budget."""
+        self.release(self._served)
+        self._served = None
         while True:
             if self.ready:
                 r = self.ready.popleft()
+                self._served = r
                 if self.resume is not None and not self.resume.done():
                     self.resume.set_result(None)
                 return r
