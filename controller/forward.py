@@ -6,8 +6,9 @@ The request goes to Apache on a keep-alive connection of the
 chunked to HTTP/1.1 clients when Apache gave no length). The gateway's ``complete`` callback
 releases the permit then. A response larger than the buffer goes to the client through a
 :class:`~overtake.controller.spool.Spool` (memory, then a temporary file up to
-``response_spill_bytes``), so a slow reader does not hold a stage slot or the passthrough cap
-while Apache has finished; each write to the client must make progress within
+``response_spill_bytes``, and all spools together up to ``spool_budget_bytes``: beyond it
+Apache's answer is read at its client's pace), so a slow reader does not hold a stage slot or
+the passthrough cap while Apache has finished; each write to the client must make progress within
 ``client_timeout``. Every response goes to the client through
 the uplink seam (:mod:`overtake.controller.uplink`). Apache unreachable or broken mid-answer
 releases the permit as ``failed`` and answers 502 (or closes a response already started).
@@ -24,6 +25,7 @@ from typing import Any
 
 import httptools
 
+from overtake.controller.budget import ByteBudget
 from overtake.controller.errors import ControllerError
 from overtake.controller.http1 import ClientConnection, Request, client_head, content_length, simple_response, upstream_head
 from overtake.controller.limiter import ADMITTED, Limiter, Ticket
@@ -69,6 +71,8 @@ class Forwarder:
         self._err_suppressed = 0
         #: responses on their way to slow clients; their bytes on disk are a gauge
         self.spools: set[Spool] = set()
+        #: bytes on disk of all of them (limits.spool_budget_bytes; beyond it, Apache waits)
+        self.spool_budget = ByteBudget(limits.spool_budget_bytes)
         self.tunnels: set[asyncio.Task[Any]] = set()  #: open WebSocket tunnels (``overtake_tunnels``)
         metrics.tunnels.set_function(lambda: float(len(self.tunnels)))
         metrics.spool_bytes.set_function(lambda: float(sum(s.disk_bytes for s in self.spools)))
@@ -121,7 +125,7 @@ class Forwarder:
                     req.keep_alive = False  # HTTP/1.0 client: close-delimited body
                 hd = client_head(resp, req, None, chunked)
                 flow = self.uplink.open(writer, None if cl is None else len(hd) + cl)
-                spool = Spool(self.limits.response_buffer_bytes)
+                spool = Spool(self.limits.response_buffer_bytes, budget=self.spool_budget)
                 spool.append(hd)
                 state.update(flow=flow, spool=spool, drain=asyncio.create_task(self._drain(spool, flow)))
             gone()

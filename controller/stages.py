@@ -119,6 +119,9 @@ class Limits(_Strict):
     # beyond the buffer, a response Apache has finished waits on disk (an unlinked temp file) for a
     # slow client up to this many bytes, so the client never holds a stage slot; 0 = never spill
     response_spill_bytes: int = Field(default=1 << 30, ge=0)
+    # all responses spilled to disk together: beyond it, Apache's answers are read at their
+    # clients' pace (the stage slot is then held longer), never failed
+    spool_budget_bytes: int = Field(default=1 << 30, ge=0)
     max_tunnels: int = Field(default=1024, ge=0)  # open WebSocket tunnels (no stage slot each); 503 beyond
     upstream_timeout: float = Field(default=120.0, gt=0)  # longest silence of Apache within an answer (502)
     upstream_connect_timeout: float = Field(default=5.0, gt=0)  # seconds to connect to Apache
