@@ -133,7 +133,7 @@ class Limits(_Strict):
     body_min_rate: int = Field(default=8192, gt=0)
     # request bodies held in memory by all connections together (declared lengths count from the
     # head): a body that would exceed it is refused with 503 + Retry-After before it is read
-    body_budget_bytes: int = Field(default=64 << 20, ge=0)
+    body_budget_bytes: int = Field(default=32 << 20, ge=0)
     # a `next` reservation waits this long for its request, the reserved thread idle meanwhile:
     # about a loopback client's round trip (the Table 2 bench: mean 0.3 ms, all within 5 ms)
     follow_up_timeout: float = Field(default=0.005, gt=0)
