@@ -37,6 +37,7 @@ from overtake.controller.upstream import UpstreamError, UpstreamPool, UpstreamRe
 
 __all__ = ["Forwarder"]
 
+
 class _AnswerEnd:
     """httptools callbacks: has the answer been read to its end?"""
 
@@ -75,7 +76,7 @@ class Forwarder:
         self.spool_budget = ByteBudget(limits.spool_budget_bytes)
         self.tunnels: set[asyncio.Task[Any]] = set()  #: open WebSocket tunnels (``overtake_tunnels``)
         metrics.tunnels.set_function(lambda: float(len(self.tunnels)))
-        metrics.spool_bytes.set_function(lambda: float(sum(s.disk_bytes for s in self.spools)))
+        metrics.spool_bytes.set_function(lambda: float(self.spool_budget.used))
 
     async def send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
         """Write one whole response through the uplink."""
