@@ -15,7 +15,18 @@ bypass_paths       ``//stage1``, ``/./stage1``, ``/%73tage1``, ``/x/../stage1`` 
                    work, 6 at once (the policy allows fewer in stage 1)
 garbage            8 connections write random bytes, then close
 expect_upgrade     pipelined ``Expect: 100-continue`` and ``Upgrade: h2c`` requests
+stage_tunnels      31 WebSocket handshakes for ``/stage1?work=1`` at once, each renewed when
+                   answered (Apache burns the CPU and does not upgrade): the stage's policy
+                   must admit them
+h2c_body           4 streams of ``POST /stage2`` with an ``Upgrade: h2c`` offer and a body that
+                   is itself a request for ``/stage2?work=0.5``, then a GET, on one connection
+stalled_bodies     300 connections send 1 MiB - 2 of a 1 MiB body to ``/stage1``, then stall;
+                   20 more trickle a body a byte a second
+spool_flood        10 clients GET a 100 MiB file and never read the answer
 =================  ==========================================================================
+
+The sidecar runs with ``spool_budget_bytes`` 256 MiB, so that the spool flood meets it (the
+default is 1 GiB); each phase reports the largest spool on disk seen.
 
 Then a second pair, Apache with mod_overtake_prio's admission gate and ``overtake sidecar
 --policy pi(1) --gate FILE``, with four clients looping ``/stage1`` through the sidecar (so that
@@ -85,10 +96,11 @@ REPO = Path(__file__).resolve().parents[1]
 STAGES = """stages:
   - {name: stage1, path: "^/stage1$"}
   - {name: stage2, path: "^/stage2$"}
-limits: {max_inflight: 64}
+limits: {max_inflight: 64, spool_budget_bytes: 268435456}
 """
 SMALL = "/static/hello.txt"
 BIG = "/static/big.bin"
+HUGE = "/static/huge.bin"  # 100 MiB: the spool flood
 MiB = 1 << 20
 
 
@@ -111,10 +123,14 @@ def _rss_kb(pid: int) -> int:
     return 0
 
 
-def _inflight(port: int) -> float:
+def _gauge(port: int, name: str) -> float:
     text = get(port, "/-/metrics", timeout=5)[1].decode()
-    m = re.search(r"^overtake_inflight(?:\{[^}]*\})? ([0-9.e+]+)$", text, re.MULTILINE)
+    m = re.search(rf"^{name}(?:\{{[^}}]*\}})? ([0-9.e+]+)$", text, re.MULTILINE)
     return float(m.group(1)) if m else float("nan")
+
+
+def _inflight(port: int) -> float:
+    return _gauge(port, "overtake_inflight")
 
 
 # ---- attacks: each runs in its own process until ``stop`` (seconds since the epoch) -----------
@@ -256,8 +272,89 @@ def expect_upgrade(port: int, stop: float) -> None:
             time.sleep(0.05)
 
 
+def _hold_open(s: socket.socket, stop: float) -> None:
+    """Read what comes until the server closes ``s`` or ``stop``."""
+    s.settimeout(0.5)
+    while time.time() < stop:
+        try:
+            if not s.recv(1 << 16):
+                return
+        except TimeoutError:
+            continue
+
+
+WS_HANDSHAKE = ("GET {} HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+
+
+def stage_tunnels(port: int, stop: float) -> None:
+    def one() -> None:
+        with _connect(port) as s:
+            s.sendall(WS_HANDSHAKE.format("/stage1?work=1").encode())
+            _hold_open(s, stop)
+
+    _loop(stop, [one] * 31)
+
+
+def h2c_body(port: int, stop: float) -> None:
+    smuggled = b"GET /stage2?work=0.5 HTTP/1.1\r\nHost: x\r\n\r\n"
+    data = (b"POST /stage2?work=0.001 HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+            b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\nContent-Length: %d\r\n\r\n" % len(smuggled)
+            + smuggled + b"GET /stage2?work=0.001 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+
+    def one() -> None:
+        with _connect(port) as s:
+            s.sendall(data)
+            _hold_open(s, stop)
+
+    _loop(stop, [one] * 4)
+
+
+def stalled_bodies(port: int, stop: float) -> None:
+    socks = []
+    almost = b"\0" * (MiB - 2)
+    for i in range(320):
+        if time.time() >= stop:
+            break
+        try:
+            s = _connect(port)
+            socks.append(s)
+            s.sendall(b"PUT /stage1 HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % MiB)
+            if i < 300:  # refused ones are cut (503 then close): that ends them
+                s.settimeout(2)
+                s.sendall(almost)
+        except OSError:
+            pass
+    while time.time() < stop:
+        for s in socks[300:]:  # the tricklers
+            try:
+                s.sendall(b"x")
+            except OSError:
+                pass
+        time.sleep(1)
+    for s in socks:
+        s.close()
+
+
+def spool_flood(port: int, stop: float) -> None:
+    socks = []
+    for _ in range(10):
+        try:
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", port))
+            s.sendall(f"GET {HUGE} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            socks.append(s)
+        except OSError:
+            pass
+    time.sleep(max(0.0, stop - time.time()))
+    for s in socks:
+        s.close()
+
+
 ATTACKS: dict[str, Callable[[int, float], None]] = {
-    f.__name__: f for f in (slowloris, slow_readers, body_flood, pipeline_flood, bypass_paths, garbage, expect_upgrade)
+    f.__name__: f for f in (slowloris, slow_readers, body_flood, pipeline_flood, bypass_paths, garbage, expect_upgrade,
+                            stage_tunnels, h2c_body, stalled_bodies, spool_flood)
 }
 
 
@@ -587,8 +684,12 @@ def _phase(name: str, seconds: float, port: int, pid: int, probe: Probe, sidecar
         proc = mp.get_context("fork").Process(target=_attacker, args=(name, port, t0 + seconds), daemon=True)
         proc.start()
     peak = _rss_kb(pid)
+    spool, ticks = 0.0, 0
     while time.time() < t0 + seconds:
         peak = max(peak, _rss_kb(pid))
+        if sidecar and ticks % 5 == 0:  # twice a second: the largest spool on disk
+            spool = max(spool, _gauge(port, "overtake_response_spool_bytes"))
+        ticks += 1
         time.sleep(0.1)
     t1 = time.time()
     if proc is not None:
@@ -607,7 +708,8 @@ def _phase(name: str, seconds: float, port: int, pid: int, probe: Probe, sidecar
         time.sleep(2)  # what the attack left running (a body being parsed) ends
         peak = max(peak, _rss_kb(pid))
     return {"target": "sidecar" if sidecar else "api", "attack": name, **probe.window(t0, t1), "rss_peak_kb": peak,
-            "rss_after_kb": _rss_kb(pid), "inflight_after": inflight, "drain_s": time.time() - t1}
+            "rss_after_kb": _rss_kb(pid), "inflight_after": inflight, "drain_s": time.time() - t1,
+            "spool_peak_bytes": spool if sidecar else None}
 
 
 def _judge(phases: list[dict[str, Any]]) -> None:
@@ -681,6 +783,12 @@ def run_sidecar(names: list[str], seconds: float) -> list[dict[str, Any]]:
         big = tmp / "apache" / "htdocs" / "static" / "big.bin"
         big.write_bytes(os.urandom(32 * MiB))
         big.chmod(0o644)
+        if "spool_flood" in names:
+            huge = tmp / "apache" / "htdocs" / "static" / "huge.bin"
+            with huge.open("wb") as f:
+                for _ in range(100):
+                    f.write(os.urandom(MiB))
+            huge.chmod(0o644)
         (tmp / "stages.yaml").write_text(STAGES)
         port = free_port()
         argv = ["taskset", "-c", str(proxy_core), sys.executable, "-m", "overtake.api.cli", "sidecar",

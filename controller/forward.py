@@ -6,8 +6,9 @@ The request goes to Apache on a keep-alive connection of the
 chunked to HTTP/1.1 clients when Apache gave no length). The gateway's ``complete`` callback
 releases the permit then. A response larger than the buffer goes to the client through a
 :class:`~overtake.controller.spool.Spool` (memory, then a temporary file up to
-``response_spill_bytes``), so a slow reader does not hold a stage slot or the passthrough cap
-while Apache has finished; each write to the client must make progress within
+``response_spill_bytes``, and all spools together up to ``spool_budget_bytes``: beyond it
+Apache's answer is read at its client's pace), so a slow reader does not hold a stage slot or
+the passthrough cap while Apache has finished; each write to the client must make progress within
 ``client_timeout``. Every response goes to the client through
 the uplink seam (:mod:`overtake.controller.uplink`). Apache unreachable or broken mid-answer
 releases the permit as ``failed`` and answers 502 (or closes a response already started).
@@ -22,6 +23,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import httptools
+
+from overtake.controller.budget import ByteBudget
 from overtake.controller.errors import ControllerError
 from overtake.controller.http1 import ClientConnection, Request, client_head, content_length, simple_response, upstream_head
 from overtake.controller.limiter import ADMITTED, Limiter, Ticket
@@ -32,6 +36,19 @@ from overtake.controller.uplink import Uplink
 from overtake.controller.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
 __all__ = ["Forwarder"]
+
+
+class _AnswerEnd:
+    """httptools callbacks: has the answer been read to its end?"""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
 
 class ClientGone(ControllerError):
     """The client connection failed while its response streamed (counted ``client_abort``)."""
@@ -55,9 +72,11 @@ class Forwarder:
         self._err_suppressed = 0
         #: responses on their way to slow clients; their bytes on disk are a gauge
         self.spools: set[Spool] = set()
+        #: bytes on disk of all of them (limits.spool_budget_bytes; beyond it, Apache waits)
+        self.spool_budget = ByteBudget(limits.spool_budget_bytes)
         self.tunnels: set[asyncio.Task[Any]] = set()  #: open WebSocket tunnels (``overtake_tunnels``)
         metrics.tunnels.set_function(lambda: float(len(self.tunnels)))
-        metrics.spool_bytes.set_function(lambda: float(sum(s.disk_bytes for s in self.spools)))
+        metrics.spool_bytes.set_function(lambda: float(self.spool_budget.used))
 
     async def send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
         """Write one whole response through the uplink."""
@@ -107,7 +126,7 @@ class Forwarder:
                     req.keep_alive = False  # HTTP/1.0 client: close-delimited body
                 hd = client_head(resp, req, None, chunked)
                 flow = self.uplink.open(writer, None if cl is None else len(hd) + cl)
-                spool = Spool(self.limits.response_buffer_bytes)
+                spool = Spool(self.limits.response_buffer_bytes, budget=self.spool_budget)
                 spool.append(hd)
                 state.update(flow=flow, spool=spool, drain=asyncio.create_task(self._drain(spool, flow)))
             gone()
@@ -170,11 +189,10 @@ class Forwarder:
         return req.keep_alive
 
     async def tunnel(self, conn: ClientConnection, req: Request) -> int:
-        """A WebSocket upgrade (RFC 6455 §4): Apache's answer relayed and, on 101, the bytes both
-        ways until one side closes; the status is returned, the connection then closes.
-
-        A tunnel is no CPU request of the model: it takes no stage slot and no passthrough cap,
-        only one of ``limits.max_tunnels`` (503 beyond), on its own connection to Apache."""
+        """A WebSocket upgrade (RFC 6455 §4), admitted already: Apache's answer relayed and, on
+        101, the bytes both ways until one side closes; the status is returned, the connection
+        then closes. At most ``limits.max_tunnels`` are open (503 beyond), each on its own
+        connection to Apache."""
         writer = conn.writer
         if len(self.tunnels) >= self.limits.max_tunnels:
             self.metrics.errors.labels("tunnel_limit").inc()
@@ -204,13 +222,10 @@ class Forwarder:
                 await self.send(writer, simple_response(502, f"overtake sidecar: no upgrade answer from Apache ({exc})",
                                                         close=True))
                 return 502
-            writer.write(answer)
-            if status != 101:  # refused: relay the rest of Apache's answer, then close
-                async with asyncio.timeout(self.limits.upstream_timeout):
-                    while data := await ur.read(65536):
-                        writer.write(data)
-                        await writer.drain()
+            if status != 101:  # refused: relay Apache's answer, then close
+                await self._relay_answer(ur, writer, answer)
                 return status
+            writer.write(answer)
 
             async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter, first: bytes = b"") -> None:
                 with contextlib.suppress(ConnectionError, OSError):
@@ -233,6 +248,22 @@ class Forwarder:
         finally:
             self.tunnels.discard(me)
             uw.close()
+
+    async def _relay_answer(self, ur: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes) -> None:
+        """Apache's answer to a handshake it did not upgrade, relayed to its end: Apache may keep
+        the connection open after it, and the tunnel's slot is held until this returns."""
+        end = _AnswerEnd()
+        parser = httptools.HttpResponseParser(end)
+        data = head
+        with contextlib.suppress(ConnectionError, OSError, TimeoutError, httptools.HttpParserError):
+            while data:
+                async with asyncio.timeout(self.limits.upstream_timeout):
+                    parser.feed_data(data)
+                    writer.write(data)
+                    await writer.drain()
+                    if end.done:
+                        return
+                    data = await ur.read(65536)
 
     async def _drain(self, spool: Spool, flow: Any) -> None:
         """Copy ``spool`` to the client; a write that makes no progress within ``client_timeout``

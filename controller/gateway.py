@@ -14,7 +14,8 @@ HTTP handling: keep-alive and pipelining on the client side (requests are answer
 hop-by-hop headers removed both ways (RFC 9110 §7.6.1, incl. those named in ``Connection``),
 ``X-Forwarded-For`` appended, ``Expect: 100-continue`` answered, chunked request bodies
 de-chunked and sent with Content-Length. Malformed requests → 400, header block larger than
-``max_header_bytes`` → 431, body larger than ``max_body_bytes`` → 413; each closes only its own
+``max_header_bytes`` → 431, body larger than ``max_body_bytes`` → 413, a head or body behind its
+deadline → 408, a body beyond the bodies' memory budget → 503; each closes only its own
 connection. Queue full or queue timeout → 503 with ``Retry-After``; a client that disconnects
 while queued is withdrawn (never sent to Apache); Apache unreachable or broken mid-answer → 502.
 
@@ -33,6 +34,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from overtake.controller.budget import ByteBudget
 from overtake.controller.classifier import BadPhaseHeader, Classifier
 from overtake.controller.forward import Forwarder
 from overtake.controller.gate import Gate
@@ -94,10 +96,13 @@ class Gateway:
         self._draining = False
         self._current: dict[ClientConnection, Request] = {}
         self.forwarder = Forwarder(pool, uplink, limiter, metrics, self.limits)
+        #: request bodies held in memory by all connections (limits.body_budget_bytes)
+        self.body_budget = ByteBudget(self.limits.body_budget_bytes)
         self.phase_header = (phase_header or table.config.classifier.header).lower().encode()
         self.next_header = table.config.classifier.next_header.lower().encode()
-        #: headers that steer scheduling: honoured from trusted sources only, else stripped
-        self._steering = frozenset({self.phase_header, self.next_header, b"x-overtake-class"})
+        #: headers honoured from trusted sources only, else stripped: those that steer scheduling,
+        #: and X-Forwarded-Proto (a front end that terminated TLS says https; a client must not)
+        self._steering = frozenset({self.phase_header, self.next_header, b"x-overtake-class", b"x-forwarded-proto"})
         self._trusted_nets = tuple(ipaddress.ip_network(c, strict=False) for c in trusted_sources)
         self._trust: dict[str, bool] = {}
         self._conns: set[ClientConnection] = set()
@@ -149,21 +154,30 @@ class Gateway:
 
     async def _sweep(self) -> None:
         """Close client connections idle (no request in progress) longer than client_timeout, and
-        those whose request head takes longer than header_timeout (408): one timer for all
-        connections instead of one per request."""
+        those whose request head takes longer than header_timeout or whose body falls behind
+        its deadline (408, :meth:`ClientConnection.body_late`): one timer for all connections
+        instead of one per request."""
+        lim = self.limits
         while True:
             await asyncio.sleep(1.0)
             now = time.monotonic()
-            cutoff = now - self.limits.client_timeout
+            cutoff = now - lim.client_timeout
             for c in list(self._conns):
-                if c.head_started is not None and now - c.head_started > self.limits.header_timeout:
-                    self.metrics.errors.labels("header_timeout").inc()  # slowloris: 408, then close
-                    if not c.busy:
-                        c.writer.write(simple_response(408, f"request head not complete within "
-                                                            f"{self.limits.header_timeout:g} s", close=True))
-                    c.writer.close()
+                if c.head_started is not None and now - c.head_started > lim.header_timeout:
+                    self._cut(c, "header_timeout", f"request head not complete within {lim.header_timeout:g} s")
+                elif c.body_late(now):
+                    self._cut(c, "body_timeout", f"request body too slow: due within {lim.body_timeout:g} s "
+                              f"plus 1 s per {lim.body_min_rate} bytes received")
                 elif not c.busy and not c.ready and c.last_active < cutoff:
                     c.writer.close()
+
+    def _cut(self, c: ClientConnection, reason: str, message: str) -> None:
+        """A request being read missed its deadline (slowloris, a stalled body): 408, then close
+        (no 408 while an answer is being written: it would land inside it)."""
+        self.metrics.errors.labels(reason).inc()
+        if not c.busy:
+            c.writer.write(simple_response(408, message, close=True))
+        c.writer.close()
 
     async def close(self) -> None:
         if self._sweeper is not None:
@@ -183,7 +197,7 @@ class Gateway:
         self.pool.close()
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, admin: bool = False) -> None:
-        conn = ClientConnection(self.limits, reader, writer)
+        conn = ClientConnection(self.limits, reader, writer, self.body_budget)
         if admin:
             self._admin_conns.add(conn)
         if self.admin is None or (self.admin_server is not None and not admin):
@@ -204,7 +218,8 @@ class Gateway:
                     if conn.error is not None and not conn.ready:
                         status, reason, msg = conn.error
                         self.metrics.errors.labels(reason).inc()
-                        await self._send(writer, simple_response(status, msg, close=True))
+                        retry = b"Retry-After: %d\r\n" % self.limits.retry_after if status == 503 else b""
+                        await self._send(writer, simple_response(status, msg, close=True, extra=retry))
                     break
                 conn.busy = True
                 if self._draining and not conn.ready and not admin:
@@ -230,6 +245,7 @@ class Gateway:
             pass
         finally:
             reading.cancel()
+            conn.release_all()
             self._conns.discard(conn)
             self._admin_conns.discard(conn)
             self._current.pop(conn, None)
@@ -294,10 +310,6 @@ class Gateway:
             rec.status, rec.bytes = status, len(body)
             await self._send(writer, head + body)
             return req.keep_alive
-        if req.upgrade is not None:
-            rec.stage = "tunnel"
-            rec.status = await self.forwarder.tunnel(conn, req)
-            return False
         try:
             stage, phase, route_key = self._route(req, path)
         except BadPhaseHeader as exc:
@@ -306,6 +318,8 @@ class Gateway:
             await self._send(writer, simple_response(400, str(exc), close=not req.keep_alive))
             return req.keep_alive
         rec.stage = "passthrough" if stage == PASSTHROUGH else self.table.names[stage]
+        if req.upgrade is not None:
+            return await self._tunnel(conn, req, rec, stage, phase, route_key)
         t = self._enter(conn, stage, phase, route_key)
         if t is None:
             rec.status = 503
@@ -358,6 +372,33 @@ class Gateway:
         if rec.status == 0 and not conn.closed.done():
             rec.status = 502  # the forwarder answered Apache's failure
         return keep
+
+    async def _tunnel(self, conn: ClientConnection, req: Request, rec: RequestRecord, stage: int, phase: int,
+                      route_key: str) -> bool:
+        """A WebSocket handshake: admitted as a request of its route (the stage's policy, or the
+        passthrough cap), it holds that slot until the tunnel closes, for Apache's worker is busy
+        with it all along (``overtake_stage_completed_total{outcome="tunnel"}``). The connection
+        closes after it (False)."""
+        t = self._enter(conn, stage, phase, route_key)
+        if t is None:
+            rec.status = 503
+            await self._send(conn.writer, self._busy("queue full"))
+            return False
+        if t.status != ADMITTED:
+            watch = asyncio.create_task(conn.watch_close())  # its reader is the tunnel's: no EOF seen otherwise
+            try:
+                admitted = await self._wait(conn, t, stage)
+            finally:
+                watch.cancel()
+            if not admitted:
+                await self._withdrawn(conn, req, rec, t)
+                return False
+        rec.queue_wait = t.t_admit - t.t_arrive
+        try:
+            rec.status = await self.forwarder.tunnel(conn, req)
+        finally:
+            self.limiter.release(t, "tunnel")
+        return False
 
     def _arm(self, t: Ticket) -> tuple[int, bytes] | None:
         """A gate slot for queued ``t`` (it is then sent to Apache at once), or None: no gate, a

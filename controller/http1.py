@@ -4,9 +4,15 @@ A :class:`ClientConnection` reads one client socket and queues complete requests
 pipelining; parsed ``_SLICE`` bytes per turn of the event loop, at most ``_MAX_PIPELINE`` queued
 ahead, then reading pauses). A header block larger
 than ``max_header_bytes`` is a 431, a body larger than ``max_body_bytes`` a 413 (admin paths
-under ``/-/`` at most ``ADMIN_BODY_MAX``), a malformed request or an upgrade other than ``h2c``
+under ``/-/`` at most ``ADMIN_BODY_MAX``), a body that does not fit in the bodies' shared
+:class:`~overtake.controller.budget.ByteBudget` a 503 (its declared length is held from the head,
+a chunked body's bytes as they come; given back when the gateway takes the next request or the
+connection ends), a malformed request or an upgrade other than ``h2c``
 (ignored, RFC 9113 §3.1) a 400: the connection records the error and ends; the gateway answers it
-and closes.
+and closes. So is a head RFC 9112 makes an error (:func:`_head_error`: a request line other than
+HTTP/1.0 or 1.1, no ``Host`` in HTTP/1.1 or two, ``Transfer-Encoding`` in HTTP/1.0) and a
+WebSocket handshake with a body. An ``h2c`` offer with a body is ignored and the body read as
+the request's (llhttp stops at the head of an upgrade); a chunked body's trailer fields are dropped.
 Control-endpoint bodies are checked from the header block, before a byte of the body is read:
 refused (403) on a connection the gateway allows none (``admin_body_max`` 0: not loopback, or
 not the admin listener), 413 beyond ``admin_body_max`` (1 MiB).
@@ -25,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import httptools
 
+from overtake.controller.budget import ByteBudget
 from overtake.controller.errors import ControllerError
 from overtake.controller.stages import Limits
 from overtake.controller.upstream import UpstreamResponse
@@ -50,7 +57,7 @@ _TCP_CLOSE = 7  # tcp_states.h: what a socket becomes once the peer's RST arrive
 #: line and empty header block, "GET / HTTP/1.1\r\n\r\n") beyond _MAX_PIPELINE are ever queued
 _SLICE = 1024
 #: x-overtake-gate: only the sidecar's own reaches Apache (a client's would hold a worker)
-_SET_HERE = frozenset({b"content-length", b"expect", b"x-forwarded-proto", b"x-forwarded-host", b"x-overtake-gate"})
+_SET_HERE = frozenset({b"content-length", b"expect", b"x-forwarded-host", b"x-overtake-gate"})
 #: control endpoints take a baseline name, a path, a URL or a small .npz; a larger artifact goes by URL
 ADMIN_BODY_MAX = 1 << 20
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
@@ -166,8 +173,8 @@ class Request:
     was refused (400), if it was.
     """
 
-    __slots__ = ("bad_target", "body", "expect", "headers", "keep_alive", "method", "path", "target", "upgrade", "url",
-                 "version")
+    __slots__ = ("bad_target", "body", "expect", "headers", "held", "keep_alive", "method", "path", "resume_body",
+                 "target", "upgrade", "url", "version")
 
     def __init__(self) -> None:
         self.method = b""
@@ -180,15 +187,70 @@ class Request:
         self.keep_alive = True
         self.version = "1.1"
         self.expect = False
-        #: ``b"websocket"`` for a WebSocket upgrade (RFC 6455 §4.1): answered as a tunnel
+        #: ``b"websocket"`` for a WebSocket upgrade (RFC 6455 §4.1): admitted as a request of its
+        #: route, then answered as a tunnel
         self.upgrade: bytes | None = None
+        #: an ``h2c`` offer with a body: the framing header of the body, which llhttp leaves
+        #: unread at the upgrade point and a fresh parser reads for this request (:meth:`ClientConnection._feed`)
+        self.resume_body: bytes | None = None
+        #: bytes of the body budget this request holds (its declared length, or what it received)
+        self.held = 0
 
 
-class _TooLarge(ControllerError):
+class _Refusal(ControllerError):
+    """A request refused from what was parsed so far: the connection answers ``status`` and ends."""
+
     def __init__(self, status: int, reason: str = "", message: str = "") -> None:
         self.status = status
         self.reason = reason
         self.message = message
+
+
+def _head_error(r: Request) -> str | None:
+    """Why a parsed request head is refused (400), or None: RFC 9112 §2.3 (the sidecar speaks
+    HTTP/1.0 and 1.1; llhttp also accepts 0.9 and 2.0 request lines), §3.2 (exactly one ``Host``
+    in HTTP/1.1, at most one in 1.0) and §6.1 (``Transfer-Encoding`` in HTTP/1.0 is faulty
+    framing). Forwarded, each would reach Apache framed or routed otherwise than here."""
+    if r.version not in ("1.0", "1.1"):
+        return f"HTTP/{r.version} request line: the sidecar speaks HTTP/1.1 (and 1.0)"
+    hosts = 0
+    for k, _ in r.headers:
+        lk = k.lower()
+        if lk == b"host":
+            hosts += 1
+        elif lk == b"transfer-encoding" and r.version == "1.0":
+            return "Transfer-Encoding in an HTTP/1.0 request is faulty framing (RFC 9112 §6.1); send Content-Length"
+    if hosts > 1:
+        return "more than one Host header field (RFC 9112 §3.2)"
+    if hosts == 0 and r.version == "1.1":
+        return "an HTTP/1.1 request needs a Host header field (RFC 9112 §3.2)"
+    return None
+
+
+def _upgrade_offer(headers: list[tuple[bytes, bytes]]) -> set[bytes] | None:
+    """The protocols (lower case, no version) of an ``Upgrade`` that ``Connection`` names, which
+    is what makes llhttp stop at the end of the head; None without one."""
+    offer: bytes | None = None
+    named = False
+    for k, v in headers:
+        lk = k.lower()
+        if lk == b"upgrade":
+            offer = v
+        elif lk == b"connection":
+            named = named or any(t.strip().lower() == b"upgrade" for t in v.split(b","))
+    if offer is None or not named:
+        return None
+    return {p.strip().split(b"/")[0].lower() for p in offer.split(b",")}
+
+
+def _body_framing(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """The framing header of a request body (``Content-Length: N`` with N > 0, or a chunked
+    ``Transfer-Encoding``), or None for a request without a body."""
+    for k, _ in headers:
+        if k.lower() == b"transfer-encoding":
+            return b"Transfer-Encoding: chunked"  # llhttp refuses any other final coding
+    n = content_length(headers)
+    return b"Content-Length: %d" % n if n else None
 
 
 def _peer_reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
@@ -217,8 +279,13 @@ class ClientConnection:
     next-stage request, :mod:`overtake.controller.limiter`'s tandem routing).
     """
 
-    def __init__(self, limits: Limits, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, limits: Limits, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 budget: ByteBudget | None = None) -> None:
         self.limits = limits
+        #: request bodies held in memory by every connection (``limits.body_budget_bytes``)
+        self.budget = budget if budget is not None else ByteBudget(limits.body_budget_bytes)
+        #: the request the gateway took last: its body is held until it asks for the next one
+        self._served: Request | None = None
         self.reader = reader
         self.writer = writer
         self.parser = httptools.HttpRequestParser(self)
@@ -235,9 +302,13 @@ class ClientConnection:
         self.head_bytes = 0
         self.body_bytes = 0
         self.in_headers = False
+        self._resuming = False  # parsing the synthetic head of :meth:`_resume_body`
         #: when the request head being read began (None between heads): slowloris keeps a
         #: connection active with a byte a second, so the deadline is on the whole head
         self.head_started: float | None = None
+        #: when the body being read began to be due (the end of its head, or the 100 Continue):
+        #: due within body_timeout plus a second per body_min_rate bytes (:meth:`body_late`)
+        self.body_started: float | None = None
         peer = writer.get_extra_info("peername")
         self.peer = peer[0] if isinstance(peer, tuple) else "unknown"
         self.resume: asyncio.Future[None] | None = None
@@ -251,28 +322,37 @@ class ClientConnection:
 
     # httptools callbacks ------------------------------------------------------------------
     def on_message_begin(self) -> None:
+        if self._resuming:
+            return  # the synthetic head before an h2c offer's body: the request is self.cur
         self.cur = Request()
         self.in_headers = True
         self.head_started = time.monotonic()
+        self.body_started = None
         self.head_bytes = 0
         self.body_bytes = 0
 
     def on_url(self, url: bytes) -> None:
         assert self.cur is not None
+        if self._resuming:
+            return
         self.cur.url += url
         self._count_head(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
         assert self.cur is not None
+        if not self.in_headers:
+            return  # a chunked body's trailer: not a header field (a second Host, a forged X-Forwarded-For)
         self.cur.headers.append((name, value))
         self._count_head(len(name) + len(value) + 4)
 
     def _count_head(self, n: int) -> None:
         self.head_bytes += n
         if self.head_bytes > self.limits.max_header_bytes:
-            raise _TooLarge(431)
+            raise _Refusal(431)
 
     def on_headers_complete(self) -> None:
+        if self._resuming:
+            return
         r = self.cur
         assert r is not None
         self.in_headers = False
@@ -280,12 +360,17 @@ class ClientConnection:
         r.method = self.parser.get_method()
         r.keep_alive = self.parser.should_keep_alive()
         r.version = self.parser.get_http_version()
+        err = _head_error(r)
+        if err is not None:
+            raise _Refusal(400, "bad_request", err)
+        self._check_upgrade_body(r)
         try:
             r.target, r.path, _ = normalize_target(r.url, r.method)
         except BadTarget as exc:
             r.bad_target, r.target = str(exc), r.url
         if r.path.startswith("/-/"):
             self._check_admin_body(r)
+        has_body = self._hold_declared(r)
         for k, v in r.headers:
             if k.lower() == b"expect" and v.lower() == b"100-continue":
                 r.expect = True
@@ -294,6 +379,57 @@ class ClientConnection:
                 if not (self.busy or self.ready):
                     self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                     r.expect = False
+        if has_body and not r.expect:  # a deferred 100 Continue starts it (answered)
+            self.body_started = time.monotonic()
+
+    def _hold_declared(self, r: Request) -> bool:
+        """A request with a body: hold its declared length in the body budget, refused before a
+        byte of it is read when it does not fit (503) or exceeds ``max_body_bytes`` (413). True
+        if the request has a body."""
+        if _body_framing(r.headers) is None:
+            return False
+        declared = content_length(r.headers) or 0  # chunked: held as it comes (on_body)
+        if declared > self.limits.max_body_bytes and not r.path.startswith("/-/"):
+            raise _Refusal(413)
+        self._hold(r, declared)
+        return True
+
+    def _hold(self, r: Request, n: int) -> None:
+        if not self.budget.take(n):
+            raise _Refusal(503, "body_budget", f"overtake sidecar: request bodies held in memory would exceed "
+                           f"limits.body_budget_bytes ({self.budget.limit} bytes); retry later")
+        r.held += n
+
+    def release(self, r: Request | None) -> None:
+        """``r``'s body is no longer held: give its bytes back to the budget."""
+        if r is not None and r.held:
+            self.budget.give(r.held)
+            r.held = 0
+
+    def release_all(self) -> None:
+        """The connection ends: every request it still holds gives its bytes back."""
+        for r in (self._served, self.cur, *self.ready):
+            self.release(r)
+
+    def body_late(self, now: float) -> bool:
+        """Is the body being read behind its deadline: ``body_timeout`` seconds plus one per
+        ``body_min_rate`` bytes received (Apache's RequestReadTimeout ``body=…,MinRate=…``), so
+        a body that stalls or trickles ends while one at a fair rate goes on?"""
+        t0 = self.body_started
+        return t0 is not None and now - t0 > self.limits.body_timeout + self.body_bytes / self.limits.body_min_rate
+
+    def _check_upgrade_body(self, r: Request) -> None:
+        """An upgrade offer on a request with a body: llhttp stops at the head and would take the
+        body for the next request (a smuggled one). An ``h2c`` offer is ignored and its body read
+        for it (``resume_body``); a WebSocket handshake has no body (RFC 6455 §4.1): 400."""
+        protocols = _upgrade_offer(r.headers)
+        framing = _body_framing(r.headers) if protocols is not None and r.method != b"CONNECT" else None
+        if framing is None or protocols is None:
+            return
+        if protocols == {b"h2c"}:
+            r.resume_body = framing
+        elif b"websocket" in protocols:
+            raise _Refusal(400, "bad_request", "a WebSocket handshake carries no body (RFC 6455 §4.1)")
 
     def _check_admin_body(self, r: Request) -> None:
         """Refuse a control-endpoint body from its header block, before reading it."""
@@ -305,12 +441,12 @@ class ClientConnection:
             elif lk == b"transfer-encoding":
                 chunked = True
         if (declared or chunked) and self.admin_body_max <= 0:
-            raise _TooLarge(403, "admin_body_refused", self.admin_refusal)
+            raise _Refusal(403, "admin_body_refused", self.admin_refusal)
         if declared > self.admin_body_max:
             raise self._admin_too_large()
 
-    def _admin_too_large(self) -> _TooLarge:
-        return _TooLarge(413, "body_too_large", f"control endpoint body larger than {self.admin_body_max} bytes; "
+    def _admin_too_large(self) -> _Refusal:
+        return _Refusal(413, "body_too_large", f"control endpoint body larger than {self.admin_body_max} bytes; "
                          "give a larger policy artifact as a URL")
 
     def on_body(self, body: bytes) -> None:
@@ -320,14 +456,19 @@ class ClientConnection:
             if self.body_bytes > self.admin_body_max:
                 raise self._admin_too_large()
         elif self.body_bytes > self.limits.max_body_bytes:
-            raise _TooLarge(413)
+            raise _Refusal(413)
+        if self.body_bytes > self.cur.held:  # beyond its declared length: a chunked body
+            self._hold(self.cur, self.body_bytes - self.cur.held)
         self.cur.body.append(body)
 
     def on_message_complete(self) -> None:
         assert self.cur is not None
+        if self.cur.resume_body is not None:
+            return  # llhttp's upgrade point: the body follows (_feed)
         self.parsed += 1
         self.ready.append(self.cur)
         self.cur = None
+        self.body_started = None
         self._wake()
 
     # --------------------------------------------------------------------------------------
@@ -344,13 +485,19 @@ class ClientConnection:
                 self.parser.feed_data(data)
                 return
             except httptools.HttpParserCallbackError as exc:
-                if isinstance(exc.__context__, _TooLarge):
+                if isinstance(exc.__context__, _Refusal):
                     raise exc.__context__ from None
                 raise
             except httptools.HttpParserUpgrade as exc:
+                offset = int(exc.args[0]) if exc.args and isinstance(exc.args[0], int) else len(data)
+                if self.cur is not None and self.cur.resume_body is not None:
+                    self._resume_body(self.cur)
+                    data = data[offset:]
+                    if not data:
+                        return
+                    continue
                 last = self.ready[-1] if self.ready else None
                 offer = next((v for k, v in last.headers if k.lower() == b"upgrade"), b"") if last else b""
-                offset = int(exc.args[0]) if exc.args and isinstance(exc.args[0], int) else len(data)
                 protocols = {p.strip().split(b"/")[0].lower() for p in offer.split(b",")}
                 if last is not None and b"websocket" in protocols and last.method == b"GET":
                     last.upgrade = b"websocket"
@@ -363,6 +510,19 @@ class ClientConnection:
                 data = data[offset:]
                 if not data:
                     return
+
+    def _resume_body(self, r: Request) -> None:
+        """Read the body of ``r`` (an ``h2c`` offer, ignored) with a fresh parser: it is given a
+        head with the body's framing first, whose callbacks leave ``r`` in place, so the bytes
+        after the upgrade point are parsed as ``r``'s body, then as the next requests."""
+        framing, r.resume_body = r.resume_body, None
+        assert framing is not None
+        self.parser = httptools.HttpRequestParser(self)
+        self._resuming = True
+        try:
+            self.parser.feed_data(b"POST / HTTP/1.1\r\nHost: h\r\n" + framing + b"\r\n\r\n")
+        finally:
+            self._resuming = False
 
     async def _feed_bounded(self, data: bytes) -> None:
         """Parse ``data`` ``_SLICE`` bytes at a time. After a slice that completed a request, the
@@ -382,26 +542,40 @@ class ClientConnection:
                 return
             if len(self.ready) >= _MAX_PIPELINE:  # back-pressure on pipelining clients
                 self.resume = asyncio.get_running_loop().create_future()
+                paused = time.monotonic()
                 try:
                     # reading is paused, so a client's reset would go unseen until the next
                     # write: watch the socket's TCP state meanwhile
                     while not self.resume.done():
                         await asyncio.wait({self.resume}, timeout=_RESET_POLL)
                         if not self.resume.done() and _peer_reset(self.reader, self.writer):
-                            self.ready.clear()  # its pipelined requests go unanswered: drop them
+                            for r in self.ready:  # its pipelined requests go unanswered: drop them
+                                self.release(r)
+                            self.ready.clear()
                             raise ConnectionResetError("the client reset its connection while its requests waited")
                 finally:
                     self.resume = None
+                    self._postpone(time.monotonic() - paused)
             elif self.parsed != before and pos < n:
                 await asyncio.sleep(0)  # a request per slice at most between two turns of the others
 
+    def _postpone(self, dt: float) -> None:
+        """Reading was paused ``dt`` seconds by the sidecar (pipelining back-pressure): the head
+        or body being read gets that time back."""
+        if self.head_started is not None:
+            self.head_started += dt
+        if self.body_started is not None:
+            self.body_started += dt
+
     def answered(self) -> None:
         """The gateway finished an answer: send a deferred ``100 Continue`` for the request being
-        read now, if it still waits for one (its body not yet received)."""
+        read now, if it still waits for one (its body not yet received; its deadline starts)."""
         r = self.cur
         if r is not None and r.expect and not self.ready and not self.writer.is_closing():
             self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             r.expect = False
+            if _body_framing(r.headers) is not None:
+                self.body_started = time.monotonic()
 
     async def read_loop(self) -> None:
         limits = self.limits
@@ -413,7 +587,7 @@ class ClientConnection:
                 self.last_active = time.monotonic()
                 try:
                     await self._feed_bounded(data)
-                except _TooLarge as exc:
+                except _Refusal as exc:
                     if exc.message:
                         self.error = (exc.status, exc.reason, exc.message)
                     elif exc.status == 431:
@@ -440,10 +614,24 @@ class ClientConnection:
                     self.closed.set_result(None)
             self._wake()
 
+    async def watch_close(self) -> None:
+        """For a connection whose reading stopped (a tunnel waiting for its admission): resolve
+        ``closed`` once the client has closed or reset it; cancel it when no longer needed."""
+        while not self.closed.done():
+            if self.reader.at_eof() or _peer_reset(self.reader, self.writer):
+                self.closed.set_result(None)
+                return
+            await asyncio.sleep(_RESET_POLL)
+
     async def next_request(self) -> Request | None:
+        """The next complete request (None once the connection has ended); the one returned
+        before is done with, its body's bytes given back to the budget."""
+        self.release(self._served)
+        self._served = None
         while True:
             if self.ready:
                 r = self.ready.popleft()
+                self._served = r
                 if self.resume is not None and not self.resume.done():
                     self.resume.set_result(None)
                 return r
@@ -465,8 +653,10 @@ def simple_response(status: int, text: str, *, close: bool, extra: bytes = b"") 
 def upstream_head(req: Request, peer: str, body_len: int, upstream_host: bytes, cpu_class: int | None = None,
                   upgrade: bytes | None = None, gate: bytes | None = None) -> bytes:
     """The request head sent to Apache: hop-by-hop headers dropped, ``X-Forwarded-For`` appended,
-    ``X-Forwarded-Proto`` (``http``: the scheme the client used to reach the sidecar) and
-    ``X-Forwarded-Host`` (the client's ``Host``) set in place of any the client sent, ``Host``
+    ``X-Forwarded-Proto`` kept if the request has one (the gateway strips it from untrusted
+    clients: a trusted front end that terminated TLS says ``https``), else ``http`` (the scheme
+    the client used to reach the sidecar), ``X-Forwarded-Host`` (the client's ``Host``) set in
+    place of any the client sent, ``Host``
     added if missing, the (de-chunked) body's ``Content-Length``; with ``cpu_class`` the sidecar's
     ``X-Overtake-Class`` (mod_overtake_prio's starting level) replaces the client's; ``gate`` is the
     ``X-Overtake-Gate`` value of a request sent while queued (:mod:`overtake.controller.gate`); a
@@ -476,7 +666,7 @@ def upstream_head(req: Request, peer: str, body_len: int, upstream_host: bytes, 
         drop = drop | {b"x-overtake-class"}
     out = [b"%s %s HTTP/1.1\r\n" % (req.method, req.target or req.url)]
     xff = None
-    has_host = False
+    has_host = has_proto = False
     host = b""
     for k, v in req.headers:
         lk = k.lower()
@@ -487,10 +677,13 @@ def upstream_head(req: Request, peer: str, body_len: int, upstream_host: bytes, 
             continue
         if lk == b"host":
             has_host, host = True, v
+        elif lk == b"x-forwarded-proto":
+            has_proto = True
         out.append(k + b": " + v + b"\r\n")
     p = peer.encode()
     out.append(b"X-Forwarded-For: " + (xff + b", " + p if xff else p) + b"\r\n")
-    out.append(b"X-Forwarded-Proto: http\r\n")
+    if not has_proto:
+        out.append(b"X-Forwarded-Proto: http\r\n")
     if host:
         out.append(b"X-Forwarded-Host: " + host + b"\r\n")
     if not has_host:

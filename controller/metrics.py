@@ -13,7 +13,8 @@ overtake_stage_inflight{stage,phase}                    gauge    admitted, respo
 overtake_stage_limit{stage,phase}                       gauge    threads the policy allows now
 overtake_stage_admitted_total{stage,phase}              counter  released to Apache
 overtake_stage_completed_total{stage,phase,outcome}     counter  outcome = completed | failed |
-                                                                 unused (a ``next`` reservation)
+                                                                 client_abort | unused (a ``next``
+                                                                 reservation) | tunnel (closed)
 overtake_stage_rejected_total{stage,reason}             counter  queue_full | queue_timeout |
                                                                  client_gone | follow_up_missing
 overtake_stage_duration_seconds{stage,phase}            hist.    arrival -> response received

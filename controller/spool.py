@@ -5,7 +5,9 @@ with temp files, HAProxy's buffers): the stage slot is released when Apache has 
 not when the client has read it, so a slow reader never holds a thread of the policy's. The
 first ``memory_bytes`` stay in memory; the rest goes to a temporary file that is unlinked at
 creation (nothing is left on disk, whatever happens to the process). The writer is held back
-(:meth:`Spool.wait_room`) once more than a cap of bytes wait on disk.
+(:meth:`Spool.wait_room`) once more than a cap of bytes wait on disk, or, while all spools
+together hold more than their shared :class:`~overtake.controller.budget.ByteBudget`, until its
+own bytes on disk have been read: beyond the budget an answer moves at its client's pace.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import tempfile
 from collections import deque
 from typing import IO
 
+from overtake.controller.budget import ByteBudget
+
 __all__ = ["Spool"]
 
 _READ = 1 << 16  # bytes per read from the file: one socket write's worth
@@ -23,9 +27,10 @@ _READ = 1 << 16  # bytes per read from the file: one socket write's worth
 class Spool:
     """Bytes in order, appended by one producer and read by one consumer."""
 
-    def __init__(self, memory_bytes: int, directory: str | None = None) -> None:
+    def __init__(self, memory_bytes: int, directory: str | None = None, budget: ByteBudget | None = None) -> None:
         self.memory_bytes = memory_bytes
         self.directory = directory
+        self.budget = budget  #: bytes on disk of every spool
         self._mem: deque[bytes] = deque()
         self._mem_bytes = 0
         self._file: IO[bytes] | None = None
@@ -59,6 +64,8 @@ class Spool:
             self._file.seek(self._wpos)
             self._file.write(data)
             self._wpos += len(data)
+            if self.budget is not None:
+                self.budget.add(len(data))
         self._data.set()
 
     def feed_eof(self) -> None:
@@ -78,6 +85,8 @@ class Spool:
                 self._file.seek(self._rpos)
                 chunk = self._file.read(min(_READ, self._wpos - self._rpos))
                 self._rpos += len(chunk)
+                if self.budget is not None:
+                    self.budget.give(len(chunk))
                 if self._rpos == self._wpos:  # drained: reuse the file from its start
                     self._file.seek(0)
                     self._file.truncate()
@@ -89,15 +98,30 @@ class Spool:
             self._data.clear()
             await self._data.wait()
 
+    def _full(self, disk_cap: int) -> bool:
+        over = self.budget is not None and self.budget.over and self.disk_bytes > 0
+        return not self._closed and (self.disk_bytes > disk_cap or over)
+
     async def wait_room(self, disk_cap: int) -> None:
-        """Return once at most ``disk_cap`` bytes wait on disk (or the spool is closed)."""
-        while self.disk_bytes > disk_cap and not self._closed:
-            self._room.clear()
-            await self._room.wait()
+        """Return once at most ``disk_cap`` bytes wait on disk and, while the shared budget is
+        exceeded, none (or the spool is closed)."""
+        if not self._full(disk_cap):
+            return
+        if self.budget is not None:
+            self.budget.watch(self._room)  # another spool's reader may make the room
+        try:
+            while self._full(disk_cap):
+                self._room.clear()
+                await self._room.wait()
+        finally:
+            if self.budget is not None:
+                self.budget.unwatch(self._room)
 
     def close(self) -> None:
         """Drop what is left and release the file; wakes both sides."""
         self._closed = True
+        if self.budget is not None:
+            self.budget.give(self.disk_bytes)
         self._mem.clear()
         self._mem_bytes = 0
         if self._file is not None:

@@ -119,14 +119,33 @@ class Limits(_Strict):
     # beyond the buffer, a response Apache has finished waits on disk (an unlinked temp file) for a
     # slow client up to this many bytes, so the client never holds a stage slot; 0 = never spill
     response_spill_bytes: int = Field(default=1 << 30, ge=0)
+    # all responses spilled to disk together: beyond it, Apache's answers are read at their
+    # clients' pace (the stage slot is then held longer), never failed
+    spool_budget_bytes: int = Field(default=1 << 30, ge=0)
     max_tunnels: int = Field(default=1024, ge=0)  # open WebSocket tunnels (no stage slot each); 503 beyond
-    upstream_timeout: float = Field(default=120.0, gt=0)
+    upstream_timeout: float = Field(default=120.0, gt=0)  # longest silence of Apache within an answer (502)
     upstream_connect_timeout: float = Field(default=5.0, gt=0)  # seconds to connect to Apache
     client_timeout: float = Field(default=60.0, gt=0)  # idle keep-alive
     header_timeout: float = Field(default=10.0, gt=0)  # a whole request head (slowloris), as RequestReadTimeout
+    # a request body must arrive within body_timeout s plus 1 s per body_min_rate bytes received
+    # (Apache's RequestReadTimeout body=...,MinRate=...): a stalled or trickling body gets 408
+    body_timeout: float = Field(default=20.0, gt=0)
+    body_min_rate: int = Field(default=8192, gt=0)
+    # request bodies held in memory by all connections together (declared lengths count from the
+    # head): a body that would exceed it is refused with 503 + Retry-After before it is read
+    body_budget_bytes: int = Field(default=32 << 20, ge=0)
     # a `next` reservation waits this long for its request, the reserved thread idle meanwhile:
     # about a loopback client's round trip (the Table 2 bench: mean 0.3 ms, all within 5 ms)
     follow_up_timeout: float = Field(default=0.005, gt=0)
+
+
+    @model_validator(mode="after")
+    def _budget_fits_a_body(self) -> Limits:
+        if self.body_budget_bytes < self.max_body_bytes:
+            raise ValueError(f"body_budget_bytes ({self.body_budget_bytes}) must be at least max_body_bytes "
+                             f"({self.max_body_bytes}), or a largest body could never be received; raise it or "
+                             "lower max_body_bytes")
+        return self
 
 
 class ClassifierSettings(_Strict):

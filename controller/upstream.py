@@ -155,10 +155,13 @@ class UpstreamPool:
         it must consume ``resp.body`` (write it to the client and clear the list). The return
         value is the complete response (``done``), its unconsumed body in ``resp.body``.
 
+        ``timeout`` bounds each silence of Apache (from the request, or the last bytes read, to
+        the next), not the whole answer.
+
         Raises
         ------
         UpstreamError
-            Connect/read/write failure, a malformed response, or ``timeout`` elapsed.
+            Connect/read/write failure, a malformed response, or ``timeout`` without a byte.
         """
         for attempt in (0, 1):
             c, reused = await self._get()
@@ -190,22 +193,27 @@ class UpstreamPool:
                             resp.keep_alive = False
                             break
                         got_bytes = True
+                        # a deadline per progress, not per response: an answer that trickles, or a
+                        # slow reader's long download, goes on as long as Apache keeps sending
+                        deadline.reschedule(asyncio.get_running_loop().time() + timeout)
                         parser.feed_data(data)
                         if (resp.streamed or resp.body_bytes > buffer_bytes) and resp.body and not resp.done:
                             resp.streamed = True
+                            # on_stream waits for the client (and the spool's room): Apache is
+                            # not silent meanwhile, we are not reading; the client's own deadline
+                            # (client_timeout per write) bounds this wait
+                            deadline.reschedule(None)
                             await on_stream(resp)
                             resp.body_bytes = sum(len(b) for b in resp.body)
-                        if resp.streamed:
-                            # a deadline per progress, not per response: a slow reader's long
-                            # download goes on as long as bytes keep moving (issue 19)
                             deadline.reschedule(asyncio.get_running_loop().time() + timeout)
+                        if resp.streamed:
                             # read() returns buffered bytes without suspending: one read per turn
                             # of the loop, or 32 downloads copy megabytes between two turns
                             await asyncio.sleep(0)
             except TimeoutError:
                 c.close()
-                raise UpstreamError(f"no complete answer from {self.host}:{self.port} within {timeout:g} s "
-                                    "(of a streamed answer: no progress for that long)") from None
+                raise UpstreamError(f"{self.host}:{self.port} sent nothing within {timeout:g} s "
+                                    "(limits.upstream_timeout: the longest silence of an answer)") from None
             except (OSError, httptools.HttpParserError) as exc:
                 c.close()
                 if attempt == 0 and reused and not got_bytes and method in _IDEMPOTENT:

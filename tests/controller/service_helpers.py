@@ -46,21 +46,25 @@ class QuietHandler(BaseHTTPRequestHandler):
 
 
 class StubApache:
-    """A loopback HTTP server standing in for Apache; ``hits`` counts paths (without query)."""
+    """A loopback HTTP server standing in for Apache; ``hits`` counts paths (without query),
+    ``bodies`` the bodies received per path and ``fields`` each request's header lines, in order."""
 
     def __init__(self, *, mod_status: bool = True) -> None:
         self.mod_status = mod_status
         self.hits: collections.Counter[str] = collections.Counter()
         self.headers: list[dict[str, str]] = []
+        self.bodies: collections.defaultdict[str, list[bytes]] = collections.defaultdict(list)
+        self.fields: collections.defaultdict[str, list[list[tuple[str, str]]]] = collections.defaultdict(list)
         stub = self
 
         class Handler(QuietHandler):
             def _answer(self) -> None:
                 n = int(self.headers.get("Content-Length") or 0)
-                if n:
-                    self.rfile.read(n)
+                body = self.rfile.read(n) if n else b""
                 path = self.path.split("?", 1)[0]
                 stub.hits[path] += 1
+                stub.bodies[path].append(body)
+                stub.fields[path].append(list(self.headers.items()))
                 stub.headers.append({k.lower(): v for k, v in self.headers.items()})
                 if path == "/server-status":
                     if stub.mod_status:

@@ -53,3 +53,16 @@ def test_bad_trusted_source_names_the_field(work: Path) -> None:
                           "--trusted-source", "10.0.0.0/33"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "trusted_sources" in out.stderr and "10.0.0.0/33" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(("source", "sent", "seen"), [
+    ("127.0.0.1", "https", "https"),  # a TLS-terminating front end the sidecar trusts
+    ("127.0.0.2", "https", "http"),  # anyone else: the scheme they used to reach the sidecar
+    ("127.0.0.1", None, "http"),
+])
+def test_forwarded_proto_is_kept_from_trusted_sources_only(side: SidecarProc, source: str, sent: str | None,
+                                                           seen: str) -> None:
+    headers = {"X-Forwarded-Proto": sent} if sent else {}
+    code, _, body = side.request("GET", "/stage2/proto", headers=headers, source=source)
+    fields = [(k.lower(), v) for k, v in json.loads(body)["headers"]]
+    assert code == 200 and [v for k, v in fields if k == "x-forwarded-proto"] == [seen]

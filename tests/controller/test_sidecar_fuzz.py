@@ -6,20 +6,25 @@ its own event-loop thread, in front of ``service_helpers.StubApache`` as the cap
 (it records every path it is asked for). Each generated connection pipelines one to four
 requests in a single write: random methods, stage and passthrough paths, random extra header
 fields, bodies framed by Content-Length or chunked (random chunk sizes, extensions, trailers),
-``Expect: 100-continue``, and bodies that hold a complete request (a smuggling probe). At most
-one request of a connection carries a defect that RFC 9112 makes a framing or syntax error:
-Content-Length with Transfer-Encoding, two different Content-Lengths, a non-decimal or
-overflowing Content-Length, a transfer coding other than a final ``chunked``, a bad chunk size,
-chunk data without its CRLF, obs-fold, a bare LF, whitespace before the colon, a bad field name,
-NUL or CR in a value, a space in the request-target, or a body cut short by the client's EOF.
+``Expect: 100-continue``, an ``Upgrade: h2c`` offer (ignored by the sidecar: llhttp stops at the
+head of an upgrade, so a body must still be read as the request's), and bodies that hold a
+complete request (a smuggling probe). At most one request of a connection carries a defect that
+RFC 9112 makes a framing or syntax error: Content-Length with Transfer-Encoding, two different
+Content-Lengths, a non-decimal or overflowing Content-Length, a transfer coding other than a
+final ``chunked``, a bad chunk size, chunk data without its CRLF, obs-fold, a bare LF,
+whitespace before the colon, a bad field name, NUL or CR in a value, a space in the
+request-target, no ``Host`` or two, a request line other than HTTP/1.0 or 1.1,
+Transfer-Encoding in HTTP/1.0, a WebSocket handshake with a body, or a body cut short by the
+client's EOF.
 
 Invariants, per connection:
 
 * every response is a valid status line and framing (interim 100s allowed); the requests before
   the defective one are each answered 200 by the backend, in order; the defective one gets one
   4xx/501 and the connection closes (or, for a body cut short, no answer and a close);
-* the backend saw each request before the defect once, and never the defective one, any request
-  after it, or the request hidden in a body;
+* the backend saw each request before the defect once, with exactly the body the client framed,
+  and nothing else: never the defective one, any request after it, or the request hidden in a
+  body (its count of requests grew by exactly the number answered 200);
 * the sidecar keeps serving (``/-/healthz``), and its counters return to 0: requests inside
   Apache, stage threads and queues, passthrough, open client connections.
 """
@@ -49,7 +54,11 @@ _RESERVED = {"host", "content-length", "transfer-encoding", "expect", "connectio
              "keep-alive", "proxy-connection", "x-overtake-phase", "x-overtake-next-phase", "x-overtake-class",
              "http2-settings"}
 DEFECTS = ("cl_te", "dup_cl", "bad_cl", "bad_te", "bad_chunk_size", "chunk_no_crlf", "obs_fold", "bare_lf",
-           "space_before_colon", "bad_name", "ctl_in_value", "bad_target", "truncated")
+           "space_before_colon", "bad_name", "ctl_in_value", "bad_target", "no_host", "dup_host", "bad_version",
+           "te_on_10", "ws_body", "truncated")
+H2C = [b"Connection: Upgrade, HTTP2-Settings", b"Upgrade: h2c", b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA"]
+WS = [b"Connection: Upgrade", b"Upgrade: websocket", b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+      b"Sec-WebSocket-Version: 13"]
 
 
 @dataclass
@@ -58,6 +67,7 @@ class Req:
     marker: str  # the path the backend would see
     defect: str | None
     smuggled: str | None  # the path of a request hidden in the body
+    body: bytes  # what the backend must receive as its body
 
 
 @pytest.fixture(scope="module")
@@ -105,12 +115,18 @@ def request(draw: st.DrawFn, conn: int, index: int, last: bool, defect: str | No
             body = draw(st.binary(max_size=300))
         if body and draw(st.booleans()):
             lines.append(b"Expect: 100-continue")
-    if defect in ("cl_te", "bad_te", "bad_chunk_size", "chunk_no_crlf"):
+    if defect in ("cl_te", "bad_te", "bad_chunk_size", "chunk_no_crlf", "te_on_10"):
         framing = "chunked"
         body = body or b"hello"
     if defect in ("dup_cl", "bad_cl", "truncated"):
         framing = "length"
         body = body or b"hello"
+    if defect == "ws_body":
+        framing = "length" if framing == "none" else framing
+        body = body or b"hello"
+        lines += WS
+    elif draw(st.booleans()):
+        lines += H2C
     payload = b""
     if framing == "length":
         lines.append(b"Content-Length: %d" % len(body))
@@ -149,11 +165,20 @@ def request(draw: st.DrawFn, conn: int, index: int, last: bool, defect: str | No
         lines.insert(draw(st.integers(1, len(lines))), draw(st.sampled_from([b"X-Nul: a\x00b", b"X-Cr: a\rb"])))
     elif defect == "bad_target":
         target = draw(st.sampled_from([marker + " x", marker + "\x01", marker + "\x7f"]))
+    elif defect == "no_host":
+        lines = lines[1:]
+    elif defect == "dup_host":
+        lines.insert(draw(st.integers(1, len(lines))), draw(st.sampled_from([b"Host: h", b"Host: other"])))
+    version = "HTTP/1.1"
+    if defect == "bad_version":
+        version = draw(st.sampled_from(["HTTP/2.0", "HTTP/3.0", "HTTP/1.2", "HTTP/0.9"]))
+    elif defect == "te_on_10":
+        version = "HTTP/1.0"
     eol = b"\n" if defect == "bare_lf" else b"\r\n"
-    head = f"{method} {target} HTTP/1.1".encode() + eol + eol.join(lines) + eol + eol
+    head = f"{method} {target} {version}".encode() + eol + eol.join(lines) + eol + eol
     if defect == "truncated":
         payload = payload[: draw(st.integers(0, len(payload) - 1))]
-    return Req(head + payload, marker, defect, smuggled)
+    return Req(head + payload, marker, defect, smuggled, body)
 
 
 @st.composite
@@ -233,6 +258,7 @@ def _settled(side: Sidecar) -> dict[str, int]:
 def test_parser_fuzz(sidecar: tuple[int, Sidecar], stub: StubApache, reqs: list[Req]) -> None:
     port, side = sidecar
     event(f"defect {next((r.defect for r in reqs if r.defect), None)}")
+    before = sum(n for path, n in stub.hits.items() if path != "/server-status")
     statuses = _responses(_exchange(port, reqs))
     k = next((i for i, r in enumerate(reqs) if r.defect is not None), len(reqs))
     assert statuses[:k] == [200] * k, (statuses, [r.data for r in reqs])
@@ -244,8 +270,11 @@ def test_parser_fuzz(sidecar: tuple[int, Sidecar], stub: StubApache, reqs: list[
                 (reqs[k].defect, statuses, reqs[k].data)
     for i, r in enumerate(reqs):
         assert stub.hits[r.marker] == (1 if i < k else 0), (r.defect, r.marker, r.data)
+        if i < k:
+            assert stub.bodies[r.marker] == [r.body], r.data  # exactly its body: no desync
         if r.smuggled is not None:
             assert stub.hits[r.smuggled] == 0, r.data
+    assert sum(n for path, n in stub.hits.items() if path != "/server-status") - before == k  # nothing else
     # counters settle once the connection is closed on both ends (a bounded poll, not a timing check)
     t0 = time.monotonic()
     while any(_settled(side).values()):

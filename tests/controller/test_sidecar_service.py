@@ -283,15 +283,16 @@ def test_access_log_combined_format(work: Path, stub: StubApache) -> None:
 
 
 def test_forwarded_proto_and_host(work: Path, stub: StubApache) -> None:
-    s = SidecarProc(work, ["--policy", "pi(2)", "--apache", stub.url])
+    """From a client outside ``trusted_sources`` (test_header_trust.py: a trusted one's proto is kept)."""
+    s = SidecarProc(work, ["--policy", "pi(2)", "--apache", stub.url, "--trusted-source", "127.0.0.1/32"])
     try:
         body = s.request("GET", "/stage2", headers={"Host": "shop.example:8443", "X-Forwarded-Proto": "gopher",
-                                                    "X-Forwarded-Host": "evil"})[2]
+                                                    "X-Forwarded-Host": "evil"}, source="127.0.0.2")[2]
     finally:
         s.stop()
     h = {k.lower(): v for k, v in json.loads(body)["headers"]}
     assert h["x-forwarded-proto"] == "http" and h["x-forwarded-host"] == "shop.example:8443"
-    assert h["x-forwarded-for"] == "127.0.0.1" and h["host"] == "shop.example:8443"
+    assert h["x-forwarded-for"] == "127.0.0.2" and h["host"] == "shop.example:8443"
 
 
 # ---- the shipped unit file -------------------------------------------------------------------------

@@ -153,3 +153,32 @@ def test_a_client_that_stops_reading_is_cut_after_client_timeout(work: Path, ups
         assert s.request("GET", "/big/1000")[0] == 200
     finally:
         assert s.stop() == 0
+
+
+def test_spooled_answers_share_one_budget_and_apache_waits_beyond_it(work: Path, upstream) -> None:  # type: ignore[no-untyped-def]
+    """Three clients not reading a 6 MB answer with ``spool_budget_bytes: 2000000``: the spool
+    stays within the budget (plus at most one read of Apache's per answer: 64 KiB), Apache's
+    answers wait instead of failing, and once the clients read, each gets every byte."""
+    url, _ = upstream
+    stages = ('stages: [{name: stage1, path: "^/stage1"}, {name: stage2, path: "^/other"}]\n'
+              "limits: {max_inflight: 8, response_buffer_bytes: 65536, spool_budget_bytes: 2000000}\n")
+    s = SidecarProc(work, ["--policy", "pi(1)", "--apache", url], stages=stages)
+    n = 6_000_000
+    try:
+        clients = [_stalled_client(s.port, n) for _ in range(3)]
+        _wait(lambda: _metric(s, "overtake_response_spool_bytes") > 1_500_000, 15, "the answers to spill")
+        seen = []
+        for _ in range(10):  # what it settles at (without the budget: nearly 3 x 6 MB)
+            time.sleep(0.1)
+            seen.append(_metric(s, "overtake_response_spool_bytes"))
+        assert max(seen) <= 2_000_000 + 3 * (65536 + 16), seen
+        assert _metric(s, "overtake_inflight") == 3  # Apache's answers are held back, not failed
+        for c in clients:
+            head, got = _read_response(c)
+            c.close()
+            assert head.startswith(b"HTTP/1.1 200") and got == body(n)
+        _wait(lambda: _metric(s, "overtake_response_spool_bytes") == 0, 10, "the spool to empty")
+        assert _metric(s, "overtake_inflight") == 0
+        assert _metric(s, 'overtake_gateway_errors_total{reason="upstream_error"}') == 0
+    finally:
+        assert s.stop() == 0

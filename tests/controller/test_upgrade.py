@@ -1,16 +1,27 @@
 """``Upgrade: h2c`` (what ``curl --http2`` sends) is ignored and answered in HTTP/1.1, and the
 connection goes on (RFC 9113 §3.1); issue 19 found the next request refused with a 400.
 ``Upgrade: websocket`` becomes a tunnel (RFC 6455): Apache's 101 relayed, then bytes both ways,
-outside the stage slots, capped by ``limits.max_tunnels``."""
+capped by ``limits.max_tunnels``. A tunnel is admitted like any request of its route (a stage's
+policy, or the passthrough cap) and holds that slot until it closes: Apache's worker is busy
+with it all along."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 import socket
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from service_helpers import SidecarProc, StubApache
+import pytest
+from service_helpers import SidecarProc, StubApache, sidecar_in_thread
+
+from overtake.controller.harness import apache
+from overtake.controller.harness.scratch import free_port, scratch_dir
 
 H2C = (b"GET /stage2/first HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
        b"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n")
@@ -134,6 +145,10 @@ class WsEcho:
             if b"sec-websocket-key" not in hdrs:
                 c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 6\r\nConnection: close\r\n\r\nno key")
                 return
+            if b"keep-open" in head.split(b"\r\n")[0]:  # refused, and the connection kept for more
+                c.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 4\r\n\r\nnope")
+                c.recv(1)  # until the sidecar closes it
+                return
             c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                       b"Sec-WebSocket-Accept: " + _accept(hdrs[b"sec-websocket-key"]) + b"\r\n\r\n")
             if rest:
@@ -175,18 +190,23 @@ def test_websocket_upgrade_is_a_tunnel(work: Path) -> None:
             assert answer.startswith(b"HTTP/1.1 101")
             assert b"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=" in answer  # RFC 6455 §1.3
             assert rest + _read_until(c, len(FRAME) - len(rest)) == FRAME  # echoed through the tunnel
-            # the tunnel takes no stage slot: under pi(1) a stage1 request is still served at once
-            assert s.request("GET", "/stage1/plain")[0] == 200
+            # the tunnel holds stage1's one thread under pi(1): a stage1 request waits, and gives
+            # up at the queue timeout; passthrough requests are not held
+            assert s.request("GET", "/stage1/plain")[0] == 503
+            assert s.request("GET", "/elsewhere")[0] == 200
             text = s.request("GET", "/-/metrics")[2].decode()
             assert "overtake_tunnels 1.0" in text
+            assert 'overtake_stage_inflight{phase="1",stage="stage1"} 1.0' in text
             c.sendall(FRAME)
             assert _read_until(c, len(FRAME)) == FRAME
         sent = next(h for h in ws.heads if h.startswith(b"GET /stage1/chat")).lower()
         assert b"upgrade: websocket" in sent and b"sec-websocket-key: " + KEY.lower() in sent
         deadline = time.monotonic() + 5
-        while "overtake_tunnels 0.0" not in s.request("GET", "/-/metrics")[2].decode():
+        while "overtake_tunnels 0.0" not in (text := s.request("GET", "/-/metrics")[2].decode()):
             assert time.monotonic() < deadline, "tunnel not closed"
             time.sleep(0.1)
+        assert re.search(r'overtake_stage_completed_total\{outcome="tunnel",phase="1",stage="stage1"\} 1\.0', text)
+        assert s.request("GET", "/stage1/plain")[0] == 200  # the slot is back
     finally:
         assert s.stop() == 0
         ws.close()
@@ -195,7 +215,7 @@ def test_websocket_upgrade_is_a_tunnel(work: Path) -> None:
 def test_websocket_refused_by_apache_is_relayed_and_tunnels_are_capped(work: Path) -> None:
     ws = WsEcho()
     stages = ('stages: [{name: stage1, path: "^/stage1"}, {name: stage2, path: "^/stage2"}]\n'
-              "limits: {max_inflight: 8, max_tunnels: 1}\n")
+              "limits: {max_inflight: 8, max_tunnels: 1, upstream_timeout: 60}\n")
     s = SidecarProc(work, ["--policy", "pi(2)", "--apache", ws.url], stages=stages)
     try:
         no_key = WS_HANDSHAKE.replace(b"Sec-WebSocket-Key: " + KEY + b"\r\n", b"")
@@ -205,6 +225,13 @@ def test_websocket_refused_by_apache_is_relayed_and_tunnels_are_capped(work: Pat
             while chunk := c.recv(65536):
                 got += chunk
             assert got.startswith(b"HTTP/1.1 400") and got.endswith(b"no key")  # then closed
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as c:
+            # a refusal on a connection Apache keeps open: relayed to its end, not to Apache's close
+            c.sendall(WS_HANDSHAKE.replace(b"/stage1/chat", b"/stage1/keep-open"))
+            got = b""
+            while chunk := c.recv(65536):
+                got += chunk
+            assert got.startswith(b"HTTP/1.1 403") and got.endswith(b"\r\n\r\nnope")
         with socket.create_connection(("127.0.0.1", s.port), timeout=10) as c1:
             c1.sendall(WS_HANDSHAKE)
             assert _read_until(c1, 12).startswith(b"HTTP/1.1 101")
@@ -214,3 +241,112 @@ def test_websocket_refused_by_apache_is_relayed_and_tunnels_are_capped(work: Pat
     finally:
         assert s.stop() == 0
         ws.close()
+
+
+def test_tunnels_elsewhere_hold_the_passthrough_cap(work: Path) -> None:
+    ws = WsEcho()
+    stages = ('stages: [{name: stage1, path: "^/stage1"}, {name: stage2, path: "^/stage2"}]\n'
+              "passthrough: {cap: 1}\nlimits: {max_inflight: 8, queue_timeout: 1}\n")
+    s = SidecarProc(work, ["--policy", "pi(2)", "--apache", ws.url], stages=stages)
+    try:
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as c:
+            c.sendall(WS_HANDSHAKE.replace(b"/stage1/chat", b"/chat"))
+            assert _read_until(c, 12).startswith(b"HTTP/1.1 101")
+            assert s.request("GET", "/plain")[0] == 503  # the cap's one request is the tunnel
+            assert s.request("GET", "/stage2/x")[0] == 200
+        deadline = time.monotonic() + 5
+        while s.request("GET", "/plain")[0] != 200:
+            assert time.monotonic() < deadline, "the passthrough slot was not given back"
+    finally:
+        assert s.stop() == 0
+        ws.close()
+
+
+def test_a_queued_handshake_whose_client_leaves_is_withdrawn(work: Path) -> None:
+    ws = WsEcho()
+    stages = ('stages: [{name: stage1, path: "^/stage1"}, {name: stage2, path: "^/stage2"}]\n'
+              "limits: {max_inflight: 8, queue_timeout: 60}\n")
+    s = SidecarProc(work, ["--policy", "pi(1)", "--apache", ws.url], stages=stages)
+    try:
+        with socket.create_connection(("127.0.0.1", s.port), timeout=10) as c:
+            c.sendall(WS_HANDSHAKE)
+            assert _read_until(c, 12).startswith(b"HTTP/1.1 101")
+            with socket.create_connection(("127.0.0.1", s.port), timeout=10) as queued:
+                queued.sendall(WS_HANDSHAKE)
+                deadline = time.monotonic() + 10
+                while 'overtake_stage_queued{phase="1",stage="stage1"} 1.0' not in s.request("GET", "/-/metrics")[2].decode():
+                    assert time.monotonic() < deadline, "the second handshake was not queued"
+                    time.sleep(0.05)
+            deadline = time.monotonic() + 10  # closed while queued: withdrawn, never sent to Apache
+            while 'overtake_stage_rejected_total{reason="client_gone",stage="stage1"} 1.0' not in (
+                    text := s.request("GET", "/-/metrics")[2].decode()):
+                assert time.monotonic() < deadline, "the queued handshake was not withdrawn"
+                time.sleep(0.05)
+            assert 'overtake_stage_queued{phase="1",stage="stage1"} 0.0' in text
+        assert sum(1 for h in ws.heads if h.startswith(b"GET /stage1/chat")) == 1
+    finally:
+        assert s.stop() == 0
+        ws.close()
+
+
+# ---- on a real Apache: a handshake Apache does not upgrade is an ordinary stage request ----------
+
+def _handshake(port: int, target: str) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as c:
+        c.sendall(WS_HANDSHAKE.replace(b"/stage1/chat", target.encode()))
+        got = b""
+        while chunk := c.recv(65536):
+            got += chunk
+        return got
+
+
+@pytest.fixture(scope="module")
+def real_apache(apache_available: None) -> Iterator[apache.ApacheInstance]:
+    parent = scratch_dir("overtake-upgrade-test-")
+    cores = sorted(os.sched_getaffinity(0))
+    inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=cores[-1] if len(cores) > 1 else None,
+                        max_workers=16)
+    try:
+        yield inst
+    finally:
+        apache.stop(inst.workdir, graceful=False)
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def test_handshakes_on_a_stage_route_obey_its_policy(real_apache: apache.ApacheInstance, tmp_path: Path) -> None:
+    """Six WebSocket handshakes for ``/stage1?work=0.3`` through π(1): Apache's stage handler
+    burns the CPU and answers 200 (no upgrade). Each must be admitted by stage1's policy, one in
+    Apache at a time (the hostile probe ran six at once, stage1's count at 0)."""
+    stages = tmp_path / "stages.yaml"
+    stages.write_text('stages: [{name: stage1, path: "^/stage1$"}, {name: stage2, path: "^/stage2$"}]\n'
+                      "limits: {max_inflight: 8, queue_timeout: 60}\n")
+    gen = sidecar_in_thread(stages, policy="pi(1)", apache=real_apache.base_url, status_interval=3600)
+    port, side = next(gen)
+    busy: list[int] = []
+    answers: list[bytes] = []
+    done = threading.Event()
+
+    def sample() -> None:  # Apache's own count of busy workers (this status request is one)
+        while not done.is_set():
+            busy.append(int(apache.status(real_apache.workdir)["BusyWorkers"]))
+            time.sleep(0.05)
+
+    try:
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        clients = [threading.Thread(target=lambda: answers.append(_handshake(port, "/stage1?work=0.3")))
+                   for _ in range(6)]
+        for t in clients:
+            t.start()
+        for t in clients:
+            t.join(60)
+        done.set()
+        sampler.join(5)
+        assert [a[:12] for a in answers] == [b"HTTP/1.1 200"] * 6
+        lim = side.limiter
+        assert sum(v for (st, _), v in lim.admitted.items() if st == 0) == 6  # each admitted as stage1
+        assert lim.max_seen_inflight == 1 and lim.inflight_total == 0
+        assert busy and max(busy) <= 2, busy
+    finally:
+        done.set()
+        gen.close()

@@ -156,3 +156,35 @@ def test_a_long_streamed_answer_is_bounded_per_progress_not_per_response(work: P
         assert s.stop() == 0
         up.shutdown()
         up.server_close()
+
+
+class Trickle(QuietHandler):
+    """A small answer (well within the response buffer) in 30 pieces 0.1 s apart: about 3 s in
+    all, never idle for long; ``/big?stall`` stops after the head instead."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "300")
+        self.end_headers()
+        self.wfile.flush()
+        if self.path.endswith("stall"):
+            time.sleep(3)
+            return
+        for _ in range(30):
+            time.sleep(0.1)
+            self.wfile.write(b"t" * 10)
+            self.wfile.flush()
+
+
+def test_upstream_timeout_is_the_longest_silence_of_apache_not_the_whole_answer(work: Path) -> None:
+    """A small answer that trickles is not cut at ``upstream_timeout`` (buffered, it was: 502);
+    an Apache that goes silent for longer still is."""
+    up, s = _behind_sidecar(work, Trickle, ", upstream_timeout: 1")
+    try:
+        code, _, body = s.request("GET", "/big")
+        assert (code, body) == (200, b"t" * 300)
+        assert s.request("GET", "/big?stall")[0] == 502
+    finally:
+        assert s.stop() == 0
+        up.shutdown()
+        up.server_close()
