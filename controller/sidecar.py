@@ -421,6 +421,10 @@ class Sidecar:
                 log.error("config reload refused, old config kept", extra={"event": "reload_refused",
                                                                             "detail": str(exc)})
                 new = None
+            except Exception as exc:  # noqa: BLE001 - a reload runs as a bare task: an escape is a lost traceback
+                log.error("config reload refused, old config kept", extra={
+                    "event": "reload_refused", "detail": f"{exc.__class__.__name__}: {exc}"})
+                new = None
         if new is not None:
             fixed = [f.name for f in fields(SidecarOptions)
                      if f.name not in _RELOADABLE and getattr(new, f.name) != getattr(self.options, f.name)]

@@ -122,7 +122,7 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> SidecarCo
     if path is not None:
         p = Path(path)
         try:
-            raw = yaml.safe_load(p.read_text())
+            raw = yaml.safe_load(p.read_text(encoding="utf-8"))
         except OSError as exc:
             raise SidecarInputError(f"config: cannot read {p} ({exc.strerror}); give the sidecar's YAML file") from None
         except yaml.YAMLError as exc:
@@ -130,6 +130,9 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> SidecarCo
             at = f" at line {mark.line + 1}" if mark is not None else ""
             raise SidecarInputError(f"{p}: not valid YAML{at}; check the indentation and quoting") from None
         if raw is None:
+        except UnicodeDecodeError as exc:
+            raise SidecarInputError(f"{p}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                                    "save the file as UTF-8") from None
             raw = {}
         if not isinstance(raw, dict):
             raise SidecarInputError(f"{p}: must be a mapping of option: value (see apache-conf/examples/sidecar.yaml)")

@@ -226,6 +226,29 @@ def test_sighup_reloads_config_and_policy(work: Path, stub: StubApache) -> None:
 # ---- admin listener, access log, forwarded headers ------------------------------------------------
 def test_admin_listener_takes_the_control_endpoints(work: Path, stub: StubApache) -> None:
     admin = free_port()
+def test_sighup_with_a_non_utf8_config_is_refused_and_logged(work: Path, stub: StubApache) -> None:
+    """A config saved as Latin-1 on reload: one ``reload_refused`` line naming the file and the
+    byte, the old config kept (on main the reload task died with "Task exception was never
+    retrieved" and a UnicodeDecodeError traceback)."""
+    cfg, port, admin = _config(work, stub, name="latin1.yaml")
+    argv = [sys.executable, "-m", "overtake.api.cli", "sidecar", "--config", str(cfg)]
+    s = SidecarProc(work, [], argv=argv, ready_port=port, admin_port=admin)
+    s.port = port
+    try:
+        cfg.write_bytes(cfg.read_bytes() + "# caf\u00e9\n".encode("latin-1"))
+        s.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 5
+        while not [e for e in s.events() if e.get("event") == "reload_refused"]:
+            assert time.monotonic() < deadline, s.text()
+            time.sleep(0.05)
+        refused = [e for e in s.events() if e.get("event") == "reload_refused"]
+        assert "latin1.yaml: not UTF-8 text (byte 0xe9" in refused[0]["detail"], refused
+        assert "Task exception" not in s.text() and "Traceback" not in s.text(), s.text()
+        assert s.request("GET", "/stage2")[0] == 200
+    finally:
+        assert s.stop() == 0
+
+
     s = SidecarProc(work, ["--policy", "pi(2)", "--apache", stub.url, "--admin-listen", f"127.0.0.1:{admin}"],
                     ready_port=admin)
     try:
