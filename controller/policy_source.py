@@ -24,7 +24,14 @@ from prometheus_client import CollectorRegistry, Counter
 
 from overtake.controller.errors import PolicyLoadError, SidecarInputError
 from overtake.controller.policies import SpawnPolicy, load_policy
-from overtake.controller.policy_fetch import FETCH_RESULTS, PolicyFetcher, PolicyFetchError, fetch_counter, url_allowed
+from overtake.controller.policy_fetch import (
+    FETCH_RESULTS,
+    PolicyFetcher,
+    PolicyFetchError,
+    fetch_counter,
+    redact_url,
+    url_allowed,
+)
 from overtake.controller.stages import StageTable
 
 if TYPE_CHECKING:
@@ -115,11 +122,14 @@ class PolicySource:
         """May ``PUT /-/policy`` follow ``url`` (the policy URL's origin, ``admin_policy_urls``)?"""
         return url_allowed(url, self.options.admin_policy_urls, self.options.policy_url)
 
-    def _new_fetcher(self, url: str) -> PolicyFetcher:
+    def _new_fetcher(self, url: str, *, checked: bool = False) -> PolicyFetcher:
+        """A fetcher of ``url``; ``checked``: a URL given to ``PUT /-/policy``, whose redirects
+        must stay where :meth:`url_allowed` admits (the configured ``policy_url`` is the
+        operator's own choice and may redirect anywhere)."""
         opts = self.options
         # the token belongs to --policy-url's origin; without one it goes nowhere
         return PolicyFetcher(url, token=opts.policy_token, token_origin=opts.policy_url or "",
-                             max_bytes=opts.policy_max_bytes)
+                             max_bytes=opts.policy_max_bytes, allow=self.url_allowed if checked else None)
 
     def stop(self) -> None:
         for task in (self._watch, self._poll):
@@ -128,7 +138,7 @@ class PolicySource:
 
     def info(self) -> dict[str, Any]:
         """The source fields of ``GET /-/policy``."""
-        return {"source": self.path, "policy_url": self.fetcher.url if self.fetcher else None,
+        return {"source": redact_url(self.path), "policy_url": self.fetcher.shown if self.fetcher else None,
                 "etag": self.etag, "fetches": dict(self.fetch_counts), "fetch_error": self.fetch_error}
 
     # ---- the policy file -------------------------------------------------------------------
@@ -176,7 +186,7 @@ class PolicySource:
         try:
             dl = self.fetcher.fetch(None)
             if dl is None:
-                raise PolicyFetchError(f"GET {self.fetcher.url}: 304 without If-None-Match")
+                raise PolicyFetchError(f"GET {self.fetcher.shown}: 304 without If-None-Match")
         except PolicyFetchError as exc:
             self._count("error")
             self.fetch_error = str(exc)
@@ -191,7 +201,7 @@ class PolicySource:
             self._count("refused")
             self.fetch_error = f"refused: {exc}"
             if not opts.policy:
-                raise PolicyLoadError(f"policy-url: {self.fetcher.url} did not give a usable policy ({exc})") from None
+                raise PolicyLoadError(f"policy-url: {self.fetcher.shown} did not give a usable policy ({exc})") from None
             return None
         finally:
             dl.cleanup()
@@ -247,7 +257,7 @@ class PolicySource:
     async def follow(self, url: str) -> None:
         """Fetch ``url`` now and, if it installs, poll it from then on; on any error keep
         following the previous source and raise."""
-        new = self._new_fetcher(url)
+        new = self._new_fetcher(url, checked=True)
         old_fetcher, old_etag = self.fetcher, self.etag
         self.fetcher, self.etag = new, None
         try:

@@ -382,3 +382,48 @@ def test_put_policy_answers_are_one_line(side: SidecarProc) -> None:
     conn.request("DELETE", "/-/policy")
     assert conn.getresponse().status == 405
     conn.close()
+def test_a_redirect_cannot_leave_the_allow_list(work: Path, stub: StubApache, policy_file: Path) -> None:
+    """``PUT /-/policy`` with a URL on the policy URL's origin that redirects to an origin on no
+    list: refused (422, naming admin_policy_urls) before the redirect target is contacted, the
+    old policy kept (on main the redirect was followed and its policy installed)."""
+    api, other = PolicyServer(policy_file.read_bytes()), PolicyServer(policy_file.read_bytes())
+    api.redirect_to = f"{other.url.replace('127.0.0.1', 'localhost')}/v1/models/r/policy.npz"
+    s = SidecarProc(work, ["--policy", "pi(2)", "--apache", stub.url, "--policy-url", f"{api.url}/v1/models/m1"])
+    try:
+        code, _, body = s.request("PUT", "/-/policy", body=f"{api.url}/redirect".encode())
+        assert code == 422 and b"redirected (302)" in body and b"admin_policy_urls" in body, body
+        assert other.seen == [], other.seen
+        assert json.loads(s.request("GET", "/-/policy")[2])["name"] == "policy-m1.npz"
+    finally:
+        s.stop()
+        api.close()
+        other.close()
+
+
+def test_get_policy_redacts_credentials_in_the_policy_url(work: Path, stub: StubApache, policy_file: Path) -> None:
+    """A ``policy_url`` with a query-string token: ``GET /-/policy`` does not show it (on main it
+    was echoed verbatim); userinfo is redacted the same way (test_redact_url)."""
+    api = PolicyServer(policy_file.read_bytes())
+    url = api.url + "/v1/models/m1/policy.npz?token=s3cret"
+    s = SidecarProc(work, ["--policy", "pi(2)", "--apache", stub.url, "--policy-url", url])
+    try:
+        raw = s.request("GET", "/-/policy")[2]
+        info = json.loads(raw)
+        assert b"s3cret" not in raw, raw
+        shown = api.url + "/v1/models/m1/policy.npz?REDACTED"
+        assert info["policy_url"] == shown and info["source"] == shown, info
+        assert api.seen and api.seen[0][0].endswith("?token=s3cret")  # the real URL is still used
+    finally:
+        s.stop()
+        api.close()
+
+
+def test_redact_url() -> None:
+    from overtake.controller.policy_fetch import redact_url
+
+    assert redact_url("https://u:p@h:8/a/b?x=1#f") == "https://REDACTED@h:8/a/b?REDACTED"
+    assert redact_url("http://h/v1/models/m/policy.npz") == "http://h/v1/models/m/policy.npz"
+    assert redact_url("/etc/overtake/policy.npz") == "/etc/overtake/policy.npz"
+    assert redact_url("pi(2)") == "pi(2)"
+
+
