@@ -75,7 +75,8 @@ class PolicySource:
         #: the policy to start with
         self.first = fetched if fetched is not None else load_policy(
             options.policy, table.names, max_bytes=options.policy_max_bytes,
-            max_array_bytes=options.policy_max_array_bytes)
+            max_array_bytes=options.policy_max_array_bytes,
+            max_inflated_bytes=options.policy_max_inflated_bytes)
         #: the file, spec or URL the running policy came from
         self.path = self.fetcher.url if fetched is not None and self.fetcher else options.policy
         self._file_sig = self._signature()
@@ -196,7 +197,8 @@ class PolicySource:
             return None
         try:
             pol = load_policy(str(dl.path), self.table.names, max_bytes=opts.policy_max_bytes,
-                              max_array_bytes=opts.policy_max_array_bytes)
+                              max_array_bytes=opts.policy_max_array_bytes,
+                              max_inflated_bytes=opts.policy_max_inflated_bytes)
         except PolicyLoadError as exc:
             self._count("refused")
             self.fetch_error = f"refused: {exc}"

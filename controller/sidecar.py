@@ -52,6 +52,7 @@ from overtake.controller.policies import (
     MAX_ARRAY_BYTES,
     MAX_POLICY_BYTES,
     BaselinePolicy,
+    MAX_INFLATED_BYTES,
     PolicySet,
     SpawnPolicy,
     class_levels,
@@ -133,6 +134,7 @@ class SidecarOptions:
     request_log: str | None = None  #: access log file ("-": stdout), one line per request
     request_log_format: str = "json"  #: json | combined
     #: CIDRs whose phase and class headers are honoured; stripped from everyone else
+    policy_max_inflated_bytes: int = MAX_INFLATED_BYTES  #: all members of one policy archive, inflated
     trusted_sources: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
     #: mod_overtake_prio in Apache (issue 20): off | age (export its counters) | class (also set X-Overtake-Class)
     cpu_priority: str = "off"
@@ -148,8 +150,8 @@ class SidecarOptions:
 #: options a SIGHUP can change; the others need a restart (sockets, stages, event loop, online loop)
 _RELOADABLE = frozenset({
     "policy", "policy_url", "policy_poll", "policy_token", "watch_interval", "admin_put", "admin_policy_urls",
-    "policy_max_bytes", "policy_max_array_bytes", "policy_load_timeout", "status_interval", "drain_timeout",
-    "request_log", "request_log_format",
+    "policy_max_bytes", "policy_max_array_bytes", "policy_max_inflated_bytes", "policy_load_timeout",
+    "status_interval", "drain_timeout", "request_log", "request_log_format",
 })
 
 
@@ -459,9 +461,11 @@ class Sidecar:
 
         def load() -> SpawnPolicy:
             if data is not None:
-                return load_policy_bytes(data, spec, names, max_array_bytes=opts.policy_max_array_bytes)
+                return load_policy_bytes(data, spec, names, max_array_bytes=opts.policy_max_array_bytes,
+                                         max_inflated_bytes=opts.policy_max_inflated_bytes)
             return load_policy(spec, names, max_bytes=opts.policy_max_bytes,
-                               max_array_bytes=opts.policy_max_array_bytes)
+                               max_array_bytes=opts.policy_max_array_bytes,
+                               max_inflated_bytes=opts.policy_max_inflated_bytes)
 
         async with self._swap_lock:
             try:
@@ -485,7 +489,8 @@ class Sidecar:
         solved files); on any error keep the old policy and raise."""
         try:
             new = load_policy(spec, self.table.names, max_bytes=self.options.policy_max_bytes,
-                              max_array_bytes=self.options.policy_max_array_bytes)
+                              max_array_bytes=self.options.policy_max_array_bytes,
+                              max_inflated_bytes=self.options.policy_max_inflated_bytes)
         except (PolicyLoadError, SidecarInputError) as exc:
             self._refused(exc, source)
             raise
@@ -522,7 +527,7 @@ def _check_numbers(o: SidecarOptions) -> None:
             raise SidecarInputError(f"{key}: must be > 0 seconds, got {v}")
     if not o.drain_timeout >= 0:
         raise SidecarInputError(f"drain_timeout: must be >= 0 seconds, got {o.drain_timeout}")
-    for key in ("policy_max_bytes", "policy_max_array_bytes"):
+    for key in ("policy_max_bytes", "policy_max_array_bytes", "policy_max_inflated_bytes"):
         if not getattr(o, key) > 0:
             raise SidecarInputError(f"{key}: must be > 0 bytes, got {getattr(o, key)}")
     if o.cpu_priority not in ("off", "age", "class"):

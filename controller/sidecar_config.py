@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from overtake.controller.errors import SidecarInputError
 from overtake.controller.online import OnlineSettings
-from overtake.controller.policies import MAX_ARRAY_BYTES, MAX_POLICY_BYTES
+from overtake.controller.policies import MAX_ARRAY_BYTES, MAX_INFLATED_BYTES, MAX_POLICY_BYTES
 from overtake.controller.sidecar import SidecarOptions
 from overtake.controller.uplink.bands import TOP_FRACTION
 
@@ -79,6 +79,7 @@ class SidecarConfig(BaseModel):
     status_interval: float = Field(5.0, gt=0)
     drain_timeout: float = Field(30.0, ge=0)
     request_log: str | None = None
+    policy_max_inflated_bytes: int = Field(MAX_INFLATED_BYTES, gt=0)
     request_log_format: Literal["json", "combined"] = "json"
     #: clients whose X-Overtake-Phase / -Next-Phase / -Class headers are honoured (CIDRs); from anyone
     #: else they are stripped, so a client cannot claim the short phase or a CPU class
@@ -200,7 +201,8 @@ def to_options(cfg: SidecarConfig) -> SidecarOptions:
         watch_interval=cfg.watch_interval, admin_put=cfg.admin_put, online=online, policy_url=cfg.policy_url,
         policy_poll=cfg.policy_poll, policy_token=token, admin_listen=cfg.admin_listen,
         admin_policy_urls=tuple(cfg.admin_policy_urls), policy_max_bytes=cfg.policy_max_bytes,
-        policy_max_array_bytes=cfg.policy_max_array_bytes, policy_load_timeout=cfg.policy_load_timeout,
+        policy_max_array_bytes=cfg.policy_max_array_bytes, policy_max_inflated_bytes=cfg.policy_max_inflated_bytes,
+        policy_load_timeout=cfg.policy_load_timeout,
         status_interval=cfg.status_interval, drain_timeout=cfg.drain_timeout, request_log=cfg.request_log,
         request_log_format=cfg.request_log_format, trusted_sources=tuple(cfg.trusted_sources),
         cpu_priority=cfg.cpu_priority, gate=cfg.gate, gate_slots=cfg.gate_slots,

@@ -36,6 +36,7 @@ _ONLINE_FLAGS = ("refit_interval", "min_samples", "arrival_window", "access_log"
 _SERVICE_NUMBERS: tuple[tuple[str, type, str, str], ...] = (
     ("--policy-max-bytes", int, "N", "largest policy file or download read (default 64 MiB)"),
     ("--policy-max-array-bytes", int, "N", "largest inflated member of a policy archive (default 128 MiB)"),
+    ("--policy-max-inflated-bytes", int, "N", "all members of a policy archive together, inflated (default 192 MiB)"),
     ("--policy-load-timeout", float, "SECONDS", "deadline of a policy load off the event loop (default 10)"),
     ("--watch-interval", float, "SECONDS", "seconds between checks of the --policy file (default 1)"),
     ("--status-interval", float, "SECONDS",

@@ -208,6 +208,31 @@ def sidecar_in_thread(stages: Path, **options: Any) -> Iterator[tuple[int, Any]]
         yield port, box["side"]
     finally:
         for task in asyncio.all_tasks(loop):
+def inflating_archive(member_bytes: int, names: tuple[str, ...] = ("keys.npy", "spawn.npy", "meta.npy")) -> bytes:
+    """A small .npz whose members each declare and hold ``member_bytes`` of zeros (deflate
+    packs them about 1000:1): three of 127 MiB make a 400 KB upload that inflates to 381 MiB."""
+    import io
+    import zipfile
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for name in names:
+            dtype = "|u1" if name == "meta.npy" else "<i8"
+            item = np.dtype(dtype).itemsize
+            head = io.BytesIO()
+            np.lib.format.write_array_header_1_0(head, {"descr": dtype, "fortran_order": False,
+                                                        "shape": (member_bytes // item,)})
+            with z.open(name, "w") as f:
+                f.write(head.getvalue())
+                left, zero = member_bytes // item * item, bytes(4 << 20)
+                while left:
+                    f.write(zero[:min(left, len(zero))])
+                    left -= min(left, len(zero))
+    return buf.getvalue()
+
+
             loop.call_soon_threadsafe(task.cancel)
         th.join(10)
         loop.close()
