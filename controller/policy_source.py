@@ -32,6 +32,7 @@ from overtake.controller.policy_fetch import (
     redact_url,
     url_allowed,
 )
+from overtake.controller.policy_loads import LoadBusy
 from overtake.controller.stages import StageTable
 
 if TYPE_CHECKING:
@@ -154,6 +155,8 @@ class PolicySource:
         if Path(self.path).exists() or source == "sighup":
             try:
                 await self.install(self.path, source)
+            except LoadBusy:
+                self._file_sig = None  # not read at all: the watcher tries again at its next check
             except (PolicyLoadError, SidecarInputError):
                 pass  # logged and counted by install; the old policy stays
 

@@ -61,6 +61,7 @@ from overtake.controller.policies import (
 )
 from overtake.controller.policy_source import PolicySource
 from overtake.controller.request_log import RequestLog
+from overtake.controller.policy_loads import LoadSlots
 from overtake.controller.stages import StageTable
 from overtake.controller.uplink import bands as _bands
 from overtake.controller.uplink import make_uplink
@@ -168,7 +169,8 @@ class Sidecar:
         self.admin_addr = parse_addr(options.admin_listen, "admin_listen") if options.admin_listen else None
         self.apache = parse_apache_url(options.apache)
         _check_numbers(options)
-        self._swap_lock = asyncio.Lock()
+        #: policy loads off the event loop: one running, a few waiting, the rest refused
+        self.loads = LoadSlots()
         self._class_key: tuple[object, object] | None = None
         self._class_levels: tuple[tuple[int, ...], ...] | None = None
         self.request_log = (RequestLog(options.request_log, options.request_log_format)
@@ -454,8 +456,10 @@ class Sidecar:
     # ---- the swap paths --------------------------------------------------------------------
     async def install(self, spec: str, *, source: str, data: bytes | None = None) -> SpawnPolicy:
         """Load ``spec`` (or ``data``, the bytes of an ``.npz`` named ``spec``) in a worker thread
-        under ``policy_load_timeout`` and install it atomically; one load at a time. On any error
-        keep the old policy and raise :class:`PolicyLoadError` (one line, naming the field)."""
+        under ``policy_load_timeout`` and install it atomically; loads are bounded by
+        :class:`~overtake.controller.policy_loads.LoadSlots` (one at a time, a few waiting). On
+        any error keep the old policy and raise :class:`PolicyLoadError` (one line, naming the
+        field; :class:`~overtake.controller.policy_loads.LoadBusy` when no slot is free)."""
         opts = self.options
         names = self.table.names
 
@@ -467,22 +471,25 @@ class Sidecar:
                                max_array_bytes=opts.policy_max_array_bytes,
                                max_inflated_bytes=opts.policy_max_inflated_bytes)
 
-        async with self._swap_lock:
-            try:
-                try:
-                    new = await asyncio.wait_for(asyncio.to_thread(load), opts.policy_load_timeout)
-                except TimeoutError:
-                    raise PolicyLoadError(
-                        f"policy: loading {spec} took longer than policy_load_timeout = {opts.policy_load_timeout:g} s; "
-                        "raise it for a very large policy") from None
-                except (PolicyLoadError, SidecarInputError):
-                    raise
-                except Exception as exc:  # noqa: BLE001 - any malformed file is refused, never a traceback
-                    raise PolicyLoadError(f"policy: {spec}: not a usable policy ({exc.__class__.__name__}: {exc})") from None
-            except (PolicyLoadError, SidecarInputError) as exc:
-                self._refused(exc, source)
-                raise
-            return self._install(new, source)
+        try:
+            new = await self._load(load, spec)
+        except (PolicyLoadError, SidecarInputError) as exc:
+            self._refused(exc, source)
+            raise
+        return self._install(new, source)
+
+    async def _load(self, load: Callable[[], SpawnPolicy], spec: str) -> SpawnPolicy:
+        """``load()`` through the load slots, every failure turned into one-line PolicyLoadError."""
+        timeout = self.options.policy_load_timeout
+        try:
+            return await self.loads.run(load, timeout, spec)
+        except TimeoutError:
+            raise PolicyLoadError(f"policy: loading {spec} took longer than policy_load_timeout = {timeout:g} s; "
+                                  "raise it for a very large policy") from None
+        except (PolicyLoadError, SidecarInputError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - any malformed file is refused, never a traceback
+            raise PolicyLoadError(f"policy: {spec}: not a usable policy ({exc.__class__.__name__}: {exc})") from None
 
     def swap(self, spec: str, *, source: str) -> SpawnPolicy:
         """Load ``spec`` on the calling thread and install it atomically (the online loop's own
