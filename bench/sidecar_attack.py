@@ -61,7 +61,7 @@ import numpy as np
 from _report import add_output_arguments, autogroup_nice, machine, publish
 
 from overtake.controller.harness import apache
-from overtake.controller.harness.loadgen import get, wait_sidecar
+from overtake.controller.harness.loadgen import get, sidecar_admin, wait_sidecar
 from overtake.controller.harness.scratch import free_port, scratch_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -94,8 +94,8 @@ def _rss_kb(pid: int) -> int:
     return 0
 
 
-def _inflight(port: int) -> float:
-    text = get(port, "/-/metrics", timeout=5)[1].decode()
+def _inflight(admin: int) -> float:
+    text = get(admin, "/metrics", timeout=5)[1].decode()
     m = re.search(r"^overtake_inflight(?:\{[^}]*\})? ([0-9.e+]+)$", text, re.MULTILINE)
     return float(m.group(1)) if m else float("nan")
 
@@ -375,7 +375,8 @@ class Probe(threading.Thread):
                 "p99_ms": float(np.percentile(ok, 99)) if ok else float("nan")}
 
 
-def _phase(name: str, seconds: float, port: int, pid: int, probe: Probe, sidecar: bool = True) -> dict[str, Any]:
+def _phase(name: str, seconds: float, port: int, pid: int, probe: Probe, sidecar: bool = True,
+           admin: int = 0) -> dict[str, Any]:
     t0 = time.time()
     proc = None
     if name != "idle":
@@ -394,7 +395,7 @@ def _phase(name: str, seconds: float, port: int, pid: int, probe: Probe, sidecar
     deadline, inflight = time.time() + 30, (float("nan") if sidecar else None)
     while sidecar and time.time() < deadline:
         peak = max(peak, _rss_kb(pid))
-        inflight = _inflight(port)
+        inflight = _inflight(admin)
         if inflight == 0:
             break
         time.sleep(0.5)
@@ -475,16 +476,17 @@ def run_sidecar(names: list[str], seconds: float) -> list[dict[str, Any]]:
         big.chmod(0o644)
         (tmp / "stages.yaml").write_text(STAGES)
         port = free_port()
+        admin, admin_flags, _ = sidecar_admin(tmp / "admin-token")
         argv = ["taskset", "-c", str(proxy_core), sys.executable, "-m", "overtake.api.cli", "sidecar",
                 "--apache", inst.base_url, "--listen", f"127.0.0.1:{port}", "--stages", str(tmp / "stages.yaml"),
-                "--policy", str(_policy(tmp / "pi.npz"))]
+                "--policy", str(_policy(tmp / "pi.npz")), *admin_flags]
         with (tmp / "sidecar.log").open("wb") as log:
             side = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                     env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
         wait_sidecar(port, side, tmp / "sidecar.log")
         probe = Probe(port)
         probe.start()
-        phases = [_phase(n, seconds, port, side.pid, probe) for n in ["idle", *names]]
+        phases = [_phase(n, seconds, port, side.pid, probe, admin=admin) for n in ["idle", *names]]
         probe.done.set()
         _judge(phases)
         return phases
