@@ -72,6 +72,7 @@ from overtake.controller.harness.loadgen import (
     make_trace,
     paired_gain_ci,
     replay,
+    sidecar_admin,
     wait_idle,
     wait_sidecar,
 )
@@ -107,11 +108,11 @@ classifier: {{mode: {mode}, header: X-Overtake-Phase, time_unit: {unit}}}
 """
 
 
-def follow_up_gap(port: int) -> tuple[float, float]:
+def follow_up_gap(admin: int) -> tuple[float, float]:
     """The sidecar's ``overtake_follow_up_gap_seconds`` (sum, count) over all stages: the time from
     a stage's completion to its client's follow-up request, which the model's tandem does not have."""
     total, n = 0.0, 0.0
-    for line in http_request("GET", f"http://127.0.0.1:{port}/-/metrics")[1].decode().splitlines():
+    for line in http_request("GET", f"http://127.0.0.1:{admin}/metrics")[1].decode().splitlines():
         if line.startswith("overtake_follow_up_gap_seconds_sum"):
             total += float(line.rsplit(" ", 1)[1])
         elif line.startswith("overtake_follow_up_gap_seconds_count"):
@@ -201,11 +202,11 @@ def routes_scenario(case: int, policy_dir: Path) -> Path:
     return out
 
 
-def wait_gate(port: int, logp: Path, timeout: float = 10.0) -> None:
+def wait_gate(admin: int, logp: Path, timeout: float = 10.0) -> None:
     """Until the sidecar reports ``overtake_gate_enabled 1`` (Apache has mapped its gate file)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        code, body = http_request("GET", f"http://127.0.0.1:{port}/-/metrics", b"")
+        code, body = http_request("GET", f"http://127.0.0.1:{admin}/metrics")
         if code == 200 and b"\novertake_gate_enabled 1.0" in body:
             return
         time.sleep(0.1)
@@ -283,6 +284,7 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
     stages.write_text(STAGES.format(cap=args.max_workers - 4, mode=args.classifier, unit=args.time_unit,
                                     follow_up=args.follow_up_timeout))
     sidecars: dict[str, tuple[int, subprocess.Popen[bytes], Path]] = {}  # Apache base URL -> sidecar
+    admins: dict[str, tuple[int, dict[str, str]]] = {}  # Apache base URL -> its admin port, PUT header
     logs = []
     try:
         for srv in {s.base_url for s in servers.values()}:
@@ -292,32 +294,35 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
             lever_side = use_lever and srv == servers["pi*"].base_url
             gate_side = ["--gate", gate, "--gate-slots", str(GATE_SLOTS), "--status-interval", "0.5"] \
                 if gate and srv == servers["pi*"].base_url else []
+            admin, admin_flags, auth = sidecar_admin(tmp / f"admin-token{case}-{len(sidecars)}")
+            admins[srv] = (admin, auth)
             sidecars[srv] = (port, subprocess.Popen(
                 ["taskset", "-c", str(client_core), sys.executable, "-m", "overtake.api.cli", "sidecar", "--policy",
                  str(pstar if lever_side else pfile), "--apache", srv, "--listen", f"127.0.0.1:{port}", "--stages", str(stages),
-                 "--cpu-priority", args.cpu_priority if lever_side else "off", *gate_side],
+                 "--cpu-priority", args.cpu_priority if lever_side else "off", *gate_side, *admin_flags],
                 cwd=REPO, stdout=logs[-1], stderr=subprocess.STDOUT), logp)
         for port, side, logp in sidecars.values():
             wait_sidecar(port, side, logp)
         if gate:
-            wait_gate(sidecars[servers["pi*"].base_url][0], sidecars[servers["pi*"].base_url][2])
+            wait_gate(admins[servers["pi*"].base_url][0], sidecars[servers["pi*"].base_url][2])
         res: dict[str, Any] = {}
         rts: dict[str, np.ndarray] = {}
         for name in names:
             port = sidecars[servers[name].base_url][0]
+            admin, auth = admins[servers[name].base_url]
             spec = pstar.read_bytes() if name == "pi*" and not age else specs[name].encode()
-            code, body = http_request("PUT", f"http://127.0.0.1:{port}/-/policy", spec)
+            code, body = http_request("PUT", f"http://127.0.0.1:{admin}/-/policy", spec, auth)
             if code != 200:
                 raise SystemExit(f"apache_table2: PUT {name} refused: {body.decode()}")
-            wait_idle(port)
-            gap0 = follow_up_gap(port)
+            wait_idle(admin)
+            gap0 = follow_up_gap(admin)
             t = time.monotonic()
             rt, failures = asyncio.run(replay(port, trace, args.time_unit, model.n_stages, args.overhead_s,
                                               phase_header=args.classifier != "learned"))
             rts[name] = rt
             mean, ci = batch_means(rt)
             im, ici = batch_means(ideal[name])
-            gap1 = follow_up_gap(port)
+            gap1 = follow_up_gap(admin)
             res[name] = {"mean_response_time": mean, "ci95": ci, "failures": failures,
                          "model_units": mean / args.time_unit, "seconds": time.monotonic() - t,
                          "ideal_mean_response_time": im, "ideal_ci95": ici,

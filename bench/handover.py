@@ -103,7 +103,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             sides.append(subprocess.Popen(
                 ["taskset", "-c", str(client_core), sys.executable, "-m", "overtake.api.cli", "sidecar", "--policy",
                  "pi(1)", "--apache", inst.base_url, "--listen", f"127.0.0.1:{ports[-1]}", "--stages",
-                 str(tmp / "stages.yaml"), *extra], stdout=subprocess.DEVNULL, stderr=log_file))
+                 str(tmp / "stages.yaml"), "--admin-listen", f"127.0.0.1:{free_port()}", *extra],
+                stdout=subprocess.DEVNULL, stderr=log_file))
             wait_sidecar(ports[-1], sides[-1], log)
         direct = apache.parse_listen(inst.listen)[1]
         modes = {"sidecar-pi1": (ports[0], args.clients), "sidecar-gate-pi1": (ports[1], args.clients),

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from _report import machine, write_section
 
-from overtake.controller.harness.loadgen import get, wait_sidecar
+from overtake.controller.harness.loadgen import get, sidecar_admin, wait_sidecar
 from overtake.controller.harness.scratch import free_port, scratch_dir
 from overtake.controller.online import ArrivalRate, RefitJob, refit_job
 from overtake.mdp.model import Stage, TandemModel
@@ -122,9 +122,10 @@ def part_apache(transactions: int) -> tuple[str, dict[str, Any]]:
         'stages:\n  - {name: stage1, path: "^/stage1$"}\n  - {name: stage2, path: "^/stage2$"}\n'
         f"limits: {{max_inflight: 16, queue_cap: 5000, queue_timeout: 60}}\nclassifier: {{mode: explicit, time_unit: {unit}}}\n")
     port = free_port()
+    admin, admin_flags, _ = sidecar_admin(parent / "admin-token")
     logf = parent / "sidecar.log"
     cmd = [sys.executable, "-m", "overtake.api.cli", "sidecar", "--policy", "pi(1)", "--apache", inst.base_url,
-           "--listen", f"127.0.0.1:{port}", "--stages", str(parent / "stages.yaml"), "--online",
+           "--listen", f"127.0.0.1:{port}", "--stages", str(parent / "stages.yaml"), *admin_flags, "--online",
            "--refit-interval", "5", "--min-samples", "200", "--arrival-window", "10", "--access-log", str(inst.access_log)]
     with logf.open("wb") as fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
@@ -150,18 +151,18 @@ def part_apache(transactions: int) -> tuple[str, dict[str, Any]]:
             th.start()
             threads.append(th)
             if i == transactions // 2:  # mid-stream: λ over the window is steady here
-                mid = get(port, "/-/metrics")[1].decode()
+                mid = get(admin, "/metrics")[1].decode()
         for th in threads:
             th.join(120)
         # wait for a completed refit decision (the next interval after enough samples)
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
-            info = json.loads(get(port, "/-/policy")[1])
+            info = json.loads(get(admin, "/-/policy")[1])
             r = info["online"]["refits"]
             if r["swapped"] + r["kept"] + r["failed"] + r["skipped_load"]:
                 break
             time.sleep(0.5)
-        text = get(port, "/-/metrics")[1].decode()
+        text = get(admin, "/metrics")[1].decode()
     finally:
         proc.send_signal(signal.SIGINT)
         try:

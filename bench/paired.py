@@ -38,7 +38,16 @@ from _report import halt_polling, machine, write_section
 from apache_table2 import STAGES, policy_file, predicted
 from uplink.testbed import Testbed
 from uplink.workload import MODELS, schedule
-from uplink_srpt import CAL_SIZES, NOMINAL_GOODPUT, calibrate_solo, response_metrics, start_sidecar, stop_process, write_files
+from uplink_srpt import (
+    ADMIN_PORT,
+    CAL_SIZES,
+    NOMINAL_GOODPUT,
+    calibrate_solo,
+    response_metrics,
+    start_sidecar,
+    stop_process,
+    write_files,
+)
 
 from overtake.api.scenario import load_scenario
 from overtake.controller.harness.loadgen import batch_means, make_trace, paired_gain_ci
@@ -72,7 +81,7 @@ def _scrape(tb: Testbed) -> dict[str, float]:
     """The sidecar's uplink series (summed over bands where labelled) plus per-band bytes."""
     code = ("import sys, urllib.request; "
             "sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())")
-    text = subprocess.run(_in_client(tb, "-c", code, f"http://{tb.srv_ip}:{PORT}/-/metrics"),
+    text = subprocess.run(_in_client(tb, "-c", code, f"http://{tb.srv_ip}:{ADMIN_PORT}/metrics"),
                           capture_output=True, text=True, check=True).stdout
     out: dict[str, float] = {}
     for line in text.splitlines():

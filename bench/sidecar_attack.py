@@ -89,7 +89,7 @@ import numpy as np
 from _report import add_output_arguments, autogroup_nice, machine, publish
 
 from overtake.controller.harness import apache
-from overtake.controller.harness.loadgen import get, wait_sidecar
+from overtake.controller.harness.loadgen import get, sidecar_admin, wait_sidecar
 from overtake.controller.harness.scratch import free_port, scratch_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -123,14 +123,14 @@ def _rss_kb(pid: int) -> int:
     return 0
 
 
-def _gauge(port: int, name: str) -> float:
-    text = get(port, "/-/metrics", timeout=5)[1].decode()
+def _gauge(admin: int, name: str) -> float:
+    text = get(admin, "/metrics", timeout=5)[1].decode()
     m = re.search(rf"^{name}(?:\{{[^}}]*\}})? ([0-9.e+]+)$", text, re.MULTILINE)
     return float(m.group(1)) if m else float("nan")
 
 
-def _inflight(port: int) -> float:
-    return _gauge(port, "overtake_inflight")
+def _inflight(admin: int) -> float:
+    return _gauge(admin, "overtake_inflight")
 
 
 # ---- attacks: each runs in its own process until ``stop`` (seconds since the epoch) -----------
@@ -554,7 +554,7 @@ class StageLoad(threading.Thread):
 
 
 def _gate_phase(name: str, seconds: float, port: int, pid: int, probe: Probe, target: GateTarget,
-                err_log: Path) -> dict[str, Any]:
+                err_log: Path, admin: int) -> dict[str, Any]:
     """One phase against the gated pair: the attack (or idle) with the stage load, then the drain."""
     crashes = err_log.read_text(errors="replace").count("exit signal")
     tally = mp.get_context("fork").Array("l", 3)
@@ -580,7 +580,7 @@ def _gate_phase(name: str, seconds: float, port: int, pid: int, probe: Probe, ta
     deadline, inflight = time.time() + 30, float("nan")
     while time.time() < deadline:
         peak = max(peak, _rss_kb(pid))
-        inflight = _inflight(port)
+        inflight = _inflight(admin)
         if inflight == 0:
             break
         time.sleep(0.5)
@@ -604,15 +604,16 @@ def run_gate(names: list[str], seconds: float) -> list[dict[str, Any]]:
     try:
         (tmp / "stages.yaml").write_text(GATE_STAGES)
         port = free_port()
+        admin, admin_flags, _ = sidecar_admin(tmp / "admin-token")
         argv = ["taskset", "-c", str(proxy_core), sys.executable, "-m", "overtake.api.cli", "sidecar",
                 "--apache", inst.base_url, "--listen", f"127.0.0.1:{port}", "--stages", str(tmp / "stages.yaml"),
-                "--policy", "pi(1)", "--gate", path, "--gate-slots", "16", "--status-interval", "0.2"]
+                "--policy", "pi(1)", "--gate", path, "--gate-slots", "16", "--status-interval", "0.2", *admin_flags]
         with (tmp / "sidecar.log").open("wb") as log:
             side = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                     env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
         wait_sidecar(port, side, tmp / "sidecar.log")
         deadline = time.time() + 20
-        while b"\novertake_gate_enabled 1.0" not in get(port, "/-/metrics", timeout=5)[1]:
+        while b"\novertake_gate_enabled 1.0" not in get(admin, "/metrics", timeout=5)[1]:
             if time.time() > deadline:
                 raise RuntimeError(f"the sidecar never paired with Apache's gate: {(tmp / 'sidecar.log').read_text()[-2000:]}")
             time.sleep(0.2)
@@ -621,7 +622,8 @@ def run_gate(names: list[str], seconds: float) -> list[dict[str, Any]]:
         probe = Probe(port)
         probe.start()
         order = [n for n in GATE_ATTACKS if n in names]
-        phases = [_gate_phase(n, seconds, port, side.pid, probe, target, err_log) for n in ["idle", *order]]
+        phases = [_gate_phase(n, seconds, port, side.pid, probe, target, err_log, admin)
+                  for n in ["idle", *order]]
         probe.done.set()
         _judge(phases)
         for ph in phases:
@@ -677,7 +679,8 @@ class Probe(threading.Thread):
                 "p99_ms": float(np.percentile(ok, 99)) if ok else float("nan")}
 
 
-def _phase(name: str, seconds: float, port: int, pid: int, probe: Probe, sidecar: bool = True) -> dict[str, Any]:
+def _phase(name: str, seconds: float, port: int, pid: int, probe: Probe, sidecar: bool = True,
+           admin: int = 0) -> dict[str, Any]:
     t0 = time.time()
     proc = None
     if name != "idle":
@@ -688,7 +691,7 @@ def _phase(name: str, seconds: float, port: int, pid: int, probe: Probe, sidecar
     while time.time() < t0 + seconds:
         peak = max(peak, _rss_kb(pid))
         if sidecar and ticks % 5 == 0:  # twice a second: the largest spool on disk
-            spool = max(spool, _gauge(port, "overtake_response_spool_bytes"))
+            spool = max(spool, _gauge(admin, "overtake_response_spool_bytes"))
         ticks += 1
         time.sleep(0.1)
     t1 = time.time()
@@ -700,7 +703,7 @@ def _phase(name: str, seconds: float, port: int, pid: int, probe: Probe, sidecar
     deadline, inflight = time.time() + 30, (float("nan") if sidecar else None)
     while sidecar and time.time() < deadline:
         peak = max(peak, _rss_kb(pid))
-        inflight = _inflight(port)
+        inflight = _inflight(admin)
         if inflight == 0:
             break
         time.sleep(0.5)
@@ -791,16 +794,17 @@ def run_sidecar(names: list[str], seconds: float) -> list[dict[str, Any]]:
             huge.chmod(0o644)
         (tmp / "stages.yaml").write_text(STAGES)
         port = free_port()
+        admin, admin_flags, _ = sidecar_admin(tmp / "admin-token")
         argv = ["taskset", "-c", str(proxy_core), sys.executable, "-m", "overtake.api.cli", "sidecar",
                 "--apache", inst.base_url, "--listen", f"127.0.0.1:{port}", "--stages", str(tmp / "stages.yaml"),
-                "--policy", str(_policy(tmp / "pi.npz"))]
+                "--policy", str(_policy(tmp / "pi.npz")), *admin_flags]
         with (tmp / "sidecar.log").open("wb") as log:
             side = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                     env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
         wait_sidecar(port, side, tmp / "sidecar.log")
         probe = Probe(port)
         probe.start()
-        phases = [_phase(n, seconds, port, side.pid, probe) for n in ["idle", *names]]
+        phases = [_phase(n, seconds, port, side.pid, probe, admin=admin) for n in ["idle", *names]]
         probe.done.set()
         _judge(phases)
         return phases

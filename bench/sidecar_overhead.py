@@ -115,6 +115,8 @@ def main() -> int:
                         f"127.0.0.1:{sc_port}",
                         "--stages",
                         str(tmp / "stages.yaml"),
+                        "--admin-listen",
+                        f"127.0.0.1:{free_port()}",
                     ],
                     cwd=REPO,
                     stdout=log,

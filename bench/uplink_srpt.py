@@ -67,6 +67,7 @@ SECTION = "uplink-srpt"
 
 
 APACHE_PORT = 18081
+ADMIN_PORT = 18089  # the sidecar's admin listener, on the server's address (the client namespace scrapes it)
 OVERTAKE = str(Path(sys.executable).with_name("overtake"))
 STAGES = ROOT / "examples" / "sidecar" / "stages.yaml"
 
@@ -77,7 +78,7 @@ def start_sidecar(tb: Testbed, name: str, log_path: Path, *, policy: str = "pass
     pin = ["taskset", "-c", str(core)] if core is not None else []
     cmd = [*tb.exec_prefix(tb.srv_ns), *pin, OVERTAKE, "sidecar", "--policy", policy,
            "--apache", f"http://127.0.0.1:{APACHE_PORT}", "--listen", f"{tb.srv_ip}:{PORT}",
-           "--stages", str(stages), "--uplink", name, *extra]  # fmt: skip
+           "--stages", str(stages), "--uplink", name, "--admin-listen", f"{tb.srv_ip}:{ADMIN_PORT}", *extra]  # fmt: skip
     log = open(log_path, "w")
     p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 30

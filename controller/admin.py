@@ -1,233 +1,200 @@
-"""The sidecar's control endpoints under ``/-/`` and the Apache status scrape.
+"""The sidecar's control endpoints, and who may use them.
 
-``GET /-/metrics`` (Prometheus text: the sidecar's metrics and Apache's mod_status as last
-scraped), ``GET /-/policy`` (name, version, hash, source, swap and fetch counts, the online
-loop's status), ``PUT /-/policy`` and ``GET /-/healthz`` (503 while draining). They are served on
-the public listener, or only on ``admin_listen`` when that is set.
+They live on the admin listener (``admin_listen``, default ``127.0.0.1:9089``, loopback only),
+never on the public one:
 
-``PUT /-/policy`` (loopback clients only, unless ``admin_put`` is off) takes a body of at most
-1 MiB, checked from the header block before it is read (:mod:`overtake.controller.http1`): a
-baseline name, a server-side path (regular files only, at most ``policy_max_bytes``), the bytes
-of a ``.npz`` policy, or an ``http(s)://`` URL to follow, on the ``--policy-url`` origin or under
-an ``admin_policy_urls`` prefix (403 otherwise, and the URL is not contacted). The policy is
-loaded off the event loop under a deadline (:meth:`overtake.controller.sidecar.Sidecar.install`).
-A refused policy answers 422 with one line naming the field; the running policy stays.
+* ``GET /-/metrics`` and ``GET /metrics`` (Prometheus's default ``metrics_path``): the sidecar's
+  metrics and Apache's mod_status as last scraped (:mod:`overtake.controller.apache_probe`);
+* ``GET /-/policy``: name, version, hash, source, swap and fetch counts, the online loop's status;
+* ``PUT /-/policy``: swap the policy (below);
+* ``GET /-/healthz`` (readiness): ``ok``, or 503 ``draining`` after SIGTERM, or 503 ``degraded:``
+  with the reason while Apache is down; ``GET /-/livez`` (liveness): ``ok`` while the process
+  runs, draining or not.
 
-Apache's ``/server-status?auto`` is scraped every ``status_interval`` seconds by one task, never
-per ``/-/metrics`` request, so scrapes add no load on Apache. An Apache that answers 401, 403, 404
-or 410 there (no mod_status, or not for the sidecar's address) is said so once in the log, and
-the ``apache_*`` series are left out; ``apache_up 0`` means Apache could not be reached. With
-``cpu_priority`` age or class the same task reads mod_overtake_prio's ``/overtake-prio-status`` and
-passes its counters through; an Apache without the module is said so once.
+The public listener answers only ``/-/healthz`` and ``/-/livez`` (a load balancer probes the
+address it sends traffic to); every other ``/-/`` path there is a 404.
+
+``PUT /-/policy`` needs ``Authorization: Bearer TOKEN`` with the ``admin_token`` (or the content
+of ``admin_token_file``), whatever the client's address; with no token configured every write is
+refused (403, naming the key), and so it is with ``admin_put: false``. A body is refused from its
+header block before it is read when no write can succeed, and is at most 1 MiB
+(:mod:`overtake.controller.http1`). It holds a baseline name, a server-side path (regular files
+only, at most ``policy_max_bytes``), the bytes of a ``.npz`` policy, or an ``http(s)://`` URL to
+follow, on the ``--policy-url`` origin or under an ``admin_policy_urls`` prefix (403 otherwise,
+and the URL is not contacted). A refused policy answers 422 with one line naming the field and the
+running policy stays; 503 when the policy loads already running or waiting are the most the
+sidecar takes (:mod:`overtake.controller.policy_loads`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
+import hmac
 import json
-import logging
-from typing import TYPE_CHECKING, Any
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client import CollectorRegistry, generate_latest
 
+from overtake.controller.apache_probe import Health
 from overtake.controller.errors import PolicyLoadError, SidecarInputError
-from overtake.controller.harness.apache import parse_status
-from overtake.controller.http1 import ADMIN_BODY_MAX
-from overtake.controller.policies import PolicySet
+from overtake.controller.http1 import ADMIN_BODY_MAX, Request
 from overtake.controller.policy_fetch import PolicyFetchError
+from overtake.controller.policy_loads import LoadBusy
 
-if TYPE_CHECKING:
-    from overtake.controller.sidecar import Sidecar
+__all__ = ["DEFAULT_ADMIN_LISTEN", "AdminAccess", "AdminEndpoints", "PolicyControl"]
 
-__all__ = ["AdminEndpoints"]
-
-log = logging.getLogger("overtake.sidecar")
+#: the admin listener's default: loopback, off Prometheus's own ports (9090-9094) and off the
+#: exporter range 9100-9999, every port of which some exporter has registered
+DEFAULT_ADMIN_LISTEN = "127.0.0.1:9089"
 
 Answer = tuple[int, bytes, bytes]  # (status, content type, body)
-LOOPBACK = frozenset({"127.0.0.1", "::1", "::ffff:127.0.0.1"})
-_NO_STATUS = (401, 403, 404, 410)  # Apache answers, but not with mod_status for us
+_TEXT = b"text/plain; charset=utf-8"
+_METRICS = b"text/plain; version=0.0.4; charset=utf-8"
+_PUBLIC = frozenset({"/-/healthz", "/-/livez"})
+_NO_TOKEN = ("PUT /-/policy needs the admin token: set admin_token_file (or admin_token) in the sidecar's "
+             "config, or --admin-token-file, and send Authorization: Bearer TOKEN")
+
+
+@dataclass(frozen=True)
+class AdminAccess:
+    """Who may write: ``put`` (``admin_put``) and the bearer ``token`` (``admin_token``)."""
+
+    put: bool
+    token: str | None
+
+
+class PolicyControl(Protocol):
+    """What the endpoints need from the sidecar's policy (:class:`~overtake.controller.sidecar.Sidecar`)."""
+
+    def policy_info(self) -> dict[str, Any]: ...
+
+    async def install(self, spec: str, *, source: str, data: bytes | None = None) -> object: ...
+
+    def url_allowed(self, url: str) -> bool: ...
+
+    async def follow(self, url: str) -> None: ...
+
+    def unfollow(self) -> None: ...
 
 
 class AdminEndpoints:
-    """``/-/<path>`` requests of one :class:`~overtake.controller.sidecar.Sidecar`."""
+    """Answers the admin paths of one sidecar.
 
-    def __init__(self, sidecar: Sidecar) -> None:
-        self.side = sidecar
+    Parameters
+    ----------
+    registry
+        The metrics served at ``/-/metrics`` and ``/metrics``.
+    control
+        The running policy: shown, swapped, followed.
+    access
+        The current :class:`AdminAccess` (read per request: a reload may change it).
+    health
+        Apache's health as last probed.
+    """
+
+    def __init__(self, registry: CollectorRegistry, control: PolicyControl, access: Callable[[], AdminAccess],
+                 health: Callable[[], Health]) -> None:
+        self.registry = registry
+        self.control = control
+        self.access = access
+        self.health = health
         self.draining = False
-        self._scraper: asyncio.Task[None] | None = None
-        self._state = "unknown"  # ok | absent | unreachable: the scrape's last outcome
-        self._prio_ok: bool | None = None  # mod_overtake_prio's counters: last scrape answered
 
     def body_cap(self, peer: str) -> tuple[int, str]:
-        """(largest control-endpoint body from ``peer``, the refusal when none is allowed)."""
-        if not self.side.options.admin_put:
+        """(largest request body the admin listener reads, the refusal when none is allowed)."""
+        acc = self.access()
+        if not acc.put:
             return 0, "PUT /-/policy is disabled (admin_put: false); control endpoints take no request body"
-        if peer not in LOOPBACK:
-            return 0, "control endpoints under /-/ take a request body only from loopback clients (127.0.0.1, ::1)"
+        if not acc.token:
+            return 0, _NO_TOKEN
         return ADMIN_BODY_MAX, ""
 
-    async def handle(self, method: bytes, path: bytes, body: bytes, peer: str) -> Answer:
-        """Answer ``/-/<path>`` (``path`` without the ``/-``) from client address ``peer``."""
-        if path in (b"/metrics", b"/metrics/"):
-            return 200, b"text/plain; version=0.0.4; charset=utf-8", generate_latest(self.side.metrics.registry)
-        if path == b"/healthz":
-            if self.draining:
-                return 503, b"text/plain", b"draining\n"
-            return 200, b"text/plain", b"ok\n"
-        if path == b"/policy":
-            if method == b"GET":
-                return 200, b"application/json", _json(self.policy_info())
-            if method == b"PUT":
-                if not self.side.options.admin_put or peer not in LOOPBACK:
-                    return 403, b"text/plain", b"PUT /-/policy: only loopback clients may swap the policy\n"
-                return await self._put_policy(body)
-            return 405, b"text/plain", b"/-/policy: use GET or PUT\n"
-        return 404, b"text/plain", b"admin paths: /-/metrics, /-/policy, /-/healthz\n"
+    async def handle(self, req: Request, public: bool) -> Answer:
+        """Answer ``req`` (a ``/-/`` path on the public listener, any path on the admin one)."""
+        path = req.path.rstrip("/") or "/"
+        if path in _PUBLIC:
+            return self._live() if path == "/-/livez" else self._ready()
+        if public:
+            return 404, _TEXT, b"the control endpoints are on the admin listener (admin_listen); here only " \
+                               b"/-/healthz and /-/livez\n"
+        if path in ("/-/metrics", "/metrics"):
+            return 200, _METRICS, generate_latest(self.registry)
+        if path == "/-/policy":
+            if req.method == b"GET":
+                return 200, b"application/json", _json(self.control.policy_info())
+            if req.method == b"PUT":
+                refusal = self._write_refusal(req)
+                return refusal if refusal is not None else await self._put_policy(b"".join(req.body))
+            return 405, _TEXT, b"/-/policy: use GET or PUT\n"
+        return 404, _TEXT, b"admin paths: /-/metrics (or /metrics), /-/policy, /-/healthz, /-/livez\n"
 
-    def policy_info(self) -> dict[str, Any]:
-        """The body of ``GET /-/policy``."""
-        side = self.side
-        p = side.policy
-        online = side.online
-        return {
-            "name": p.name, "version": p.version, "hash": p.hash, "phases": list(p.phases),
-            "per_phase_queues": p.per_phase_queues, "phase_info": p.phase_info,
-            "predicted_response_time_model_units": p.predicted_wait,
-            "swapped_at": side.swapped_at, "swaps": side.metrics.swaps, "refused": side.metrics.refused,
-            "classifier": side.classifier.mode, "cpu_priority": side.options.cpu_priority, **side.source.info(),
-            **({"auto": {"chosen": p.chosen.name, "phase_info": p.chosen.phase_info, "reason": p.reason,
-                         "predicted_gain": p.predicted_gain, "candidates": [m.name for m in p.members]}}
-               if isinstance(p, PolicySet) else {}),
-            **({"online": online.status()} if online is not None else {}),
-        }
+    # ---- health ----------------------------------------------------------------------------
+    @staticmethod
+    def _live() -> Answer:
+        return 200, _TEXT, b"ok\n"
 
-    # ---- the mod_status scrape -------------------------------------------------------------
-    def start(self) -> None:
-        """Scrape Apache every ``status_interval`` seconds from now on."""
-        self._scraper = asyncio.create_task(self._scrape_loop())
-
-    async def stop(self) -> None:
-        if self._scraper is not None:
-            self._scraper.cancel()
-            await asyncio.gather(self._scraper, return_exceptions=True)
-
-    async def _scrape_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.side.options.status_interval)
-            await self.scrape_apache()
-
-    async def _get(self, path: bytes) -> tuple[int, bytes]:
-        """GET ``path`` from Apache (2 s, 1 MiB at most): (status, de-chunked body)."""
-        host, port = self.side.apache
-        async with asyncio.timeout(2.0):
-            r, w = await asyncio.open_connection(host, port)
-            try:
-                w.write(b"GET %s HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % (path, host.encode()))
-                raw = b""
-                while len(raw) < 1 << 20:  # mod_status ?auto and the module's counters are a few kB
-                    chunk = await r.read(65536)
-                    if not chunk:
-                        break
-                    raw += chunk
-            finally:
-                w.close()
-        head, _, body = raw.partition(b"\r\n\r\n")
-        try:
-            code = int(head.split(b" ", 2)[1])
-        except (IndexError, ValueError):
-            raise ValueError("not HTTP") from None
-        if b"chunked" in head.lower():
-            body = _dechunk(body)
-        return code, body
-
-    async def scrape_apache(self) -> None:
-        """Read Apache's ``/server-status?auto`` into the metrics: the parsed status, or absent
-        (Apache answers 401/403/404/410 or not with mod_status), or unreachable (a failure)."""
-        apache = self.side.metrics.apache
-        if self.side.options.cpu_priority != "off" or self.side.gate is not None:
-            await self.scrape_prio()
-        try:
-            code, body = await self._get(b"/server-status?auto")
-            if code in _NO_STATUS or (code == 200 and b"ServerMPM" not in body):
-                apache.status, apache.absent = None, True
-                self._enter("absent", f"GET /server-status?auto answered HTTP {code}" + (
-                    " without mod_status fields" if code == 200 else ""))
-                return
-            if code != 200:
-                raise ValueError(f"HTTP {code}")
-            apache.status, apache.absent = parse_status(body.decode("latin-1")), False
-            self._enter("ok", "")
-        except (OSError, TimeoutError, ValueError) as exc:
-            apache.status, apache.absent = None, False
-            apache.scrape_failures += 1
-            self._enter("unreachable", f"{exc.__class__.__name__}: {exc}")
-
-    async def scrape_prio(self) -> None:
-        """mod_overtake_prio's counters into the metrics (left out while it does not answer)."""
-        prio = self.side.metrics.prio
-        try:
-            code, body = await self._get(b"/overtake-prio-status")
-            if code != 200 or b"overtake_cpu_prio_enabled" not in body:
-                raise ValueError(f"HTTP {code}" + (" without the module's counters" if code == 200 else ""))
-            prio.families = list(text_string_to_metric_families(body.decode("utf-8", errors="replace")))
-            ok, detail = True, ""
-        except (OSError, TimeoutError, ValueError) as exc:
-            prio.families = []
-            ok, detail = False, f"{exc.__class__.__name__}: {exc}"
-        token = next((int(s.value) for f in prio.families if f.name == "overtake_gate_token" for s in f.samples), None)
-        self.side.check_gate(token, "" if ok else f"GET /overtake-prio-status: {detail}")
-        if ok != self._prio_ok:
-            self._prio_ok = ok
-            if not ok:
-                log.warning("Apache's mod_overtake_prio does not answer: overtake_cpu_prio_* metrics left out", extra={
-                    "event": "cpu_priority_absent", "detail": f"GET /overtake-prio-status: {detail}; cpu_priority "
-                    f"{self.side.options.cpu_priority} needs mod_overtake_prio loaded in Apache "
-                    "(apache-conf/mod_overtake_prio/README.md)"})
-            else:
-                log.info("mod_overtake_prio counters scraped", extra={"event": "cpu_priority_ok"})
-
-    def _enter(self, state: str, detail: str) -> None:
-        """Log a change of the scrape's outcome once (not at every scrape)."""
-        if state == self._state:
-            return
-        first, self._state = self._state == "unknown", state
-        if state == "absent":
-            log.warning("Apache has no mod_status for the sidecar: apache_* metrics left out", extra={
-                "event": "apache_status_absent", "detail": f"{detail}; to get them, load mod_status and allow "
-                "the sidecar's address to /server-status (apache-conf/examples/vhost-behind-sidecar.conf)"})
-        elif state == "unreachable" and not first:  # at start, Sidecar._check_apache says so
-            log.warning("Apache not reachable for the status scrape", extra={
-                "event": "apache_unreachable", "detail": detail})
-        elif state == "ok" and not first:
-            log.info("Apache status scrape ok", extra={"event": "apache_status_ok"})
+    def _ready(self) -> Answer:
+        if self.draining:
+            return 503, _TEXT, b"draining\n"
+        h = self.health()
+        if not h.up:
+            since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(h.since))
+            return 503, _TEXT, f"degraded: {h.reason} (since {since})\n".encode()
+        return 200, _TEXT, b"ok\n"
 
     # ---- PUT /-/policy ---------------------------------------------------------------------
+    def _write_refusal(self, req: Request) -> Answer | None:
+        """403 unless writes are on, a token is configured and the request carries it."""
+        acc = self.access()
+        if not acc.put:
+            return 403, _TEXT, b"PUT /-/policy is disabled (admin_put: false)\n"
+        if not acc.token:
+            return 403, _TEXT, _NO_TOKEN.encode() + b"\n"
+        if not _bearer_matches(req.headers, acc.token):
+            return 403, _TEXT, (b"PUT /-/policy: missing or wrong Authorization: Bearer token "
+                                b"(the sidecar's admin_token / admin_token_file)\n")
+        return None
+
     async def _put_policy(self, body: bytes) -> Answer:
-        side = self.side
+        ctl = self.control
         text = body.strip()
         try:
             if body.startswith(b"PK"):  # an .npz (zip) uploaded as bytes
                 name = f"upload-{hashlib.sha256(body).hexdigest()[:12]}.npz"
-                await side.install(name, source="admin", data=body)
+                await ctl.install(name, source="admin", data=body)
             elif text.startswith((b"http://", b"https://")):
                 url = text.decode("utf-8", errors="replace")
-                if not side.source.url_allowed(url):
-                    return 403, b"text/plain", (
+                if not ctl.url_allowed(url):
+                    return 403, _TEXT, (
                         f"PUT /-/policy: {url} is not on the policy_url origin nor under admin_policy_urls; "
                         "add its prefix to admin_policy_urls in the sidecar's config\n").encode()
-                await side.source.follow(url)
-                return 200, b"application/json", _json(self.policy_info())
+                await ctl.follow(url)
+                return 200, b"application/json", _json(ctl.policy_info())
             elif not text:
-                return 400, b"text/plain", (b"PUT /-/policy: body must be pi(k), pi(k1,...,kN), passthrough, "
-                                            b"a policy file path, .npz bytes or an allowed URL\n")
+                return 400, _TEXT, (b"PUT /-/policy: body must be pi(k), pi(k1,...,kN), passthrough, "
+                                    b"a policy file path, .npz bytes or an allowed URL\n")
             else:
-                await side.install(text.decode("utf-8", errors="replace"), source="admin")
+                await ctl.install(text.decode("utf-8", errors="replace"), source="admin")
+        except LoadBusy as exc:
+            return 503, _TEXT, (f"busy, old policy kept: {_one_line(str(exc))}\n").encode()
         except (PolicyFetchError, PolicyLoadError, SidecarInputError) as exc:
-            return 422, b"text/plain", (f"refused, old policy kept: {_one_line(str(exc))}\n").encode()
-        side.source.unfollow()  # an explicit policy replaces the API's
-        return 200, b"application/json", _json(self.policy_info())
+            return 422, _TEXT, (f"refused, old policy kept: {_one_line(str(exc))}\n").encode()
+        ctl.unfollow()  # an explicit policy replaces the API's
+        return 200, b"application/json", _json(ctl.policy_info())
+
+
+def _bearer_matches(headers: list[tuple[bytes, bytes]], token: str) -> bool:
+    """Does an ``Authorization: Bearer`` header carry ``token`` (compared in constant time)?"""
+    want = token.encode()
+    for k, v in headers:
+        if k.lower() == b"authorization":
+            scheme, _, given = v.strip().partition(b" ")
+            if scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), want):
+                return True
+    return False
 
 
 def _one_line(text: str) -> str:
@@ -236,15 +203,3 @@ def _one_line(text: str) -> str:
 
 def _json(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True).encode() + b"\n"
-
-
-def _dechunk(body: bytes) -> bytes:
-    out = []
-    while body:
-        size_line, _, rest = body.partition(b"\r\n")
-        n = int(size_line.split(b";")[0], 16)
-        if n == 0:
-            break
-        out.append(rest[:n])
-        body = rest[n + 2:]
-    return b"".join(out)

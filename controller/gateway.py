@@ -19,8 +19,9 @@ deadline → 408, a body beyond the bodies' memory budget → 503; each closes o
 connection. Queue full or queue timeout → 503 with ``Retry-After``; a client that disconnects
 while queued is withdrawn (never sent to Apache); Apache unreachable or broken mid-answer → 502.
 
-Admin paths under ``/-/`` (:mod:`overtake.controller.admin`) on the same listener, or only on
-a separate admin listener (``start_admin``; the public one then answers 404 there). ``drain``
+Admin paths (:mod:`overtake.controller.admin`): every path of a separate admin listener
+(``start_admin``), and the ``/-/`` paths of the public one, which the admin side answers knowing
+they came from there (it serves only health checks to it). ``drain``
 stops accepting and lets the requests already received finish (SIGTERM). ``on_request`` gets
 one :class:`overtake.controller.request_log.RequestRecord` per answered request (the access log).
 """
@@ -66,7 +67,7 @@ class Gateway:
         uplink: Uplink,
         metrics: SidecarMetrics,
         *,
-        admin: Callable[[bytes, bytes, bytes, str], Awaitable[tuple[int, bytes, bytes]]] | None = None,
+        admin: Callable[[Request, bool], Awaitable[tuple[int, bytes, bytes]]] | None = None,
         phase_header: str | None = None,
         admin_body_cap: Callable[[str], tuple[int, str]] | None = None,
         on_request: Callable[[RequestRecord], None] | None = None,
@@ -299,11 +300,8 @@ class Gateway:
         is_admin = conn in self._admin_conns
         if (path.startswith("/-/") or is_admin) and self.admin is not None:
             rec.stage = "admin"
-            if path.startswith("/-/") and (is_admin or self.admin_server is None):
-                status, ctype, body = await self.admin(req.method, path[2:].encode(), b"".join(req.body), conn.peer)
-            else:
-                status, ctype, body = 404, b"text/plain", (b"the control endpoints are on the admin listener\n"
-                                                           if not is_admin else b"admin listener: only /-/ paths\n")
+            # public: a /-/ path on the public listener (the admin side serves health checks there)
+            status, ctype, body = await self.admin(req, not is_admin and self.admin_server is not None)
             head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n" % (
                 status, REASONS.get(status, b"Error"), ctype, len(body),
                 b"" if req.keep_alive else b"Connection: close\r\n")

@@ -16,12 +16,9 @@ the same code path:
 from __future__ import annotations
 
 import hashlib
-import io
-import json
 import os
 import stat
 import tempfile
-import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,12 +26,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from overtake.controller.errors import PolicyLoadError
+from overtake.controller.policy_archive import MAX_ARRAY_BYTES, MAX_INFLATED_BYTES, check_archive
 from overtake.mdp.baselines import Baseline
 from overtake.mdp.errors import MDPError
 from overtake.mdp.policy import Policy
 
 __all__ = [
     "MAX_ARRAY_BYTES",
+    "MAX_INFLATED_BYTES",
     "MAX_POLICY_BYTES",
     "BaselinePolicy",
     "PolicySet",
@@ -236,10 +235,6 @@ def class_levels(policy: SpawnPolicy) -> tuple[tuple[int, ...], ...] | None:
 
 #: ``policy_max_bytes``: the largest policy file read (a server-side path, a download)
 MAX_POLICY_BYTES = 64 << 20
-#: ``policy_max_array_bytes``: the largest uncompressed member of a policy archive; 128 MiB holds
-#: the spawn table of 5 million states (mdp.chain's cap) with 8 queues
-MAX_ARRAY_BYTES = 128 << 20
-_MEMBERS = frozenset({"keys.npy", "spawn.npy", "meta.npy"})
 
 
 def read_policy_file(path: str | Path, *, max_bytes: int = MAX_POLICY_BYTES) -> bytes:
@@ -281,56 +276,14 @@ def read_policy_file(path: str | Path, *, max_bytes: int = MAX_POLICY_BYTES) -> 
     return data
 
 
-def check_archive(data: bytes, name: str, *, max_array_bytes: int = MAX_ARRAY_BYTES) -> None:
-    """Check a policy archive before anything in it is inflated by more than a bounded amount.
-
-    Only the members ``keys.npy``, ``spawn.npy`` and ``meta.npy`` are allowed, each at most
-    ``max_array_bytes`` uncompressed as the zip directory declares it (a zip bomb is refused
-    here, from the directory alone); then the CRCs are checked (this inflates, bounded by the cap,
-    and the inflater stops at the declared size) and ``meta`` must be a JSON object.
-
-    Raises
-    ------
-    PolicyLoadError
-        Not a zip, an unknown or oversized member, a bad CRC, or metadata that is not a mapping.
-    """
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as z:
-            infos = z.infolist()
-            for info in infos:
-                if info.filename not in _MEMBERS:
-                    raise PolicyLoadError(f"policy: {name}: not an overtake policy file (unexpected member "
-                                          f"{info.filename!r}; expected keys, spawn and meta)")
-                if info.file_size > max_array_bytes:
-                    raise PolicyLoadError(
-                        f"policy: {name}: member {info.filename} would inflate to {info.file_size} bytes, more "
-                        f"than policy_max_array_bytes = {max_array_bytes}; raise it if the policy is genuine")
-            broken = z.testzip()
-            if broken is not None:
-                raise zipfile.BadZipFile(f"bad CRC in member {broken}")
-            if "meta.npy" not in z.namelist():
-                raise PolicyLoadError(f"policy: {name}: not an overtake policy file (no meta)")
-            raw = np.load(io.BytesIO(z.read("meta.npy")), allow_pickle=False)
-    except PolicyLoadError:
-        raise
-    except (zipfile.BadZipFile, EOFError, ValueError, OSError) as exc:
-        raise PolicyLoadError(f"policy: {name}: not an overtake policy file (corrupt archive: {exc})") from None
-    try:
-        meta = json.loads(bytes(raw).decode())
-    except (ValueError, TypeError) as exc:
-        raise PolicyLoadError(f"policy: {name}: meta is not JSON ({exc}); not an overtake policy file") from None
-    if not isinstance(meta, dict):
-        raise PolicyLoadError(f"policy: {name}: meta must be a mapping (a JSON object), got "
-                              f"{type(meta).__name__ if meta is not None else 'null'}; not an overtake policy file")
-
-
 def load_policy(spec: str, stage_names: Sequence[str], *, max_bytes: int = MAX_POLICY_BYTES,
-                max_array_bytes: int = MAX_ARRAY_BYTES) -> SpawnPolicy:
+                max_array_bytes: int = MAX_ARRAY_BYTES, max_inflated_bytes: int = MAX_INFLATED_BYTES) -> SpawnPolicy:
     """Parse ``--policy``: a policy file, a directory of them (:class:`PolicySet`, for
     ``classifier.mode: auto``), ``pi(k)``, ``pi(k1,...,kN)`` or ``passthrough``.
 
     A file is read by :func:`read_policy_file` (regular files of at most ``max_bytes`` only) and
-    checked by :func:`check_archive` before it is loaded.
+    checked by :func:`~overtake.controller.policy_archive.check_archive` (each member at most
+    ``max_array_bytes`` inflated, all of them ``max_inflated_bytes``) before it is loaded.
 
     Raises
     ------
@@ -346,7 +299,8 @@ def load_policy(spec: str, stage_names: Sequence[str], *, max_bytes: int = MAX_P
             raise PolicyLoadError(f"policy: directory {text} holds no .npz policy; put the files of "
                                   "`overtake solve --phase-info full|none|route --out DIR/NAME.npz` there")
         members = [load_policy_bytes(read_policy_file(f, max_bytes=max_bytes), f.name, stage_names,
-                                     max_array_bytes=max_array_bytes, shown=str(f)) for f in files]
+                                     max_array_bytes=max_array_bytes, max_inflated_bytes=max_inflated_bytes,
+                                     shown=str(f)) for f in files]
         return PolicySet(members, Path(text).name or text, len(stage_names))
     if not os.path.lexists(text):
         raise PolicyLoadError(
@@ -354,11 +308,12 @@ def load_policy(spec: str, stage_names: Sequence[str], *, max_bytes: int = MAX_P
             "pi(k), pi(k1,...,kN) or passthrough"
         )
     data = read_policy_file(text, max_bytes=max_bytes)
-    return load_policy_bytes(data, Path(text).name, stage_names, max_array_bytes=max_array_bytes, shown=text)
+    return load_policy_bytes(data, Path(text).name, stage_names, max_array_bytes=max_array_bytes,
+                             max_inflated_bytes=max_inflated_bytes, shown=text)
 
 
-def load_policy_bytes(data: bytes, name: str, stage_names: Sequence[str], *,
-                      max_array_bytes: int = MAX_ARRAY_BYTES, shown: str | None = None) -> TablePolicy:
+def load_policy_bytes(data: bytes, name: str, stage_names: Sequence[str], *, max_array_bytes: int = MAX_ARRAY_BYTES,
+                      max_inflated_bytes: int = MAX_INFLATED_BYTES, shown: str | None = None) -> TablePolicy:
     """A policy from the bytes of its ``.npz`` (an upload, a download); ``name`` names it.
 
     Raises
@@ -367,7 +322,7 @@ def load_policy_bytes(data: bytes, name: str, stage_names: Sequence[str], *,
         As :func:`load_policy`; messages name ``shown`` (default ``name``).
     """
     label = shown or name
-    check_archive(data, label, max_array_bytes=max_array_bytes)
+    check_archive(data, label, max_array_bytes=max_array_bytes, max_inflated_bytes=max_inflated_bytes)
     with tempfile.TemporaryDirectory(prefix="overtake-policy-") as tmp:
         path = Path(tmp) / (Path(name).name or "policy.npz")
         path.write_bytes(data)

@@ -13,7 +13,11 @@ configured ``--policy-url``: a ``PUT /-/policy`` URL elsewhere is fetched withou
 redirect to another origin drops it (it is an unredirected header, re-added only when the
 redirect stays on the token's origin), as curl and requests do. ``PUT /-/policy`` follows only
 URLs that :func:`url_allowed` admits: the ``--policy-url`` origin and the ``admin_policy_urls``
-prefixes.
+prefixes; such a fetcher re-checks every redirect against the same rule (``allow``) and refuses
+one that leaves it, before contacting it.
+
+Where a URL is shown (``GET /-/policy``, log lines, errors) it goes through :func:`redact_url`:
+credentials in its userinfo or query string never leave the process.
 
 Fetch outcomes are counted in ``overtake_policy_fetches_total{result}`` with ``result`` one of
 ``updated`` (new policy installed), ``not_modified`` (304), ``error`` (API unreachable, non-2xx)
@@ -28,7 +32,7 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +42,7 @@ from prometheus_client import CollectorRegistry, Counter
 from overtake.controller.errors import ControllerError, SidecarInputError
 
 __all__ = ["FETCH_RESULTS", "Download", "PolicyFetchError", "PolicyFetcher", "fetch_counter", "normalize_policy_url",
-           "origin", "url_allowed"]
+           "origin", "redact_url", "url_allowed"]
 
 FETCH_RESULTS = ("updated", "not_modified", "error", "refused")
 _MODEL = re.compile(r"^(?P<base>.*/v1/models/(?P<id>[^/]+))(?:/policy(?:\.npz)?)?/?$")
@@ -75,6 +79,18 @@ def origin(url: str) -> tuple[str, str, int]:
     return scheme, (parts.hostname or "").lower(), port
 
 
+def redact_url(url: str) -> str:
+    """``url`` as it may be shown: userinfo and query string replaced by ``REDACTED`` (either
+    may carry a credential, e.g. ``?token=...``); anything that is not a URL is returned as is."""
+    parts = urllib.parse.urlsplit(url)
+    if not parts.scheme or not parts.netloc:
+        return url
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "REDACTED@" + netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "REDACTED" if parts.query else "", ""))
+
+
 def url_allowed(url: str, allow: Sequence[str], policy_url: str | None) -> bool:
     """May ``PUT /-/policy`` follow ``url``? Yes on the origin of ``policy_url`` and under any
     ``allow`` prefix (same origin, path below the prefix's path)."""
@@ -94,13 +110,20 @@ def url_allowed(url: str, allow: Sequence[str], policy_url: str | None) -> bool:
 
 
 class _Redirects(urllib.request.HTTPRedirectHandler):
-    """Re-adds the token to a redirect only when it stays on the token's origin."""
+    """Re-adds the token to a redirect only when it stays on the token's origin; with the
+    fetcher's ``allow``, refuses a redirect to a URL it does not admit."""
 
     def __init__(self, fetcher: PolicyFetcher) -> None:
         self.fetcher = fetcher
 
     def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
                          newurl: str) -> urllib.request.Request | None:
+        allow = self.fetcher.allow
+        if allow is not None and not allow(newurl):
+            fp.close()
+            raise PolicyFetchError(
+                f"GET {self.fetcher.shown}: redirected ({code}) to {redact_url(newurl)}, which is not on the "
+                "policy_url origin nor under admin_policy_urls; not followed (add its prefix to admin_policy_urls)")
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
         if new is not None:
             new.remove_header("Authorization")
@@ -132,8 +155,13 @@ class PolicyFetcher:
     """Conditional GET of one artifact URL; blocking (run it in a thread from the event loop)."""
 
     def __init__(self, url: str, *, token: str | None = None, token_origin: str | None = None,
-                 timeout: float = 10.0, max_bytes: int = _MAX_BYTES) -> None:
+                 timeout: float = 10.0, max_bytes: int = _MAX_BYTES,
+                 allow: Callable[[str], bool] | None = None) -> None:
         self.url = normalize_policy_url(url)
+        #: the URL as shown in errors and ``GET /-/policy`` (no userinfo, no query)
+        self.shown = redact_url(self.url)
+        #: every redirect target must pass this (None: any redirect is followed)
+        self.allow = allow
         self.token = token
         #: the token goes only here (default: this URL's own origin, i.e. ``--policy-url``)
         self.token_origin = origin(token_origin if token_origin is not None else self.url)
@@ -170,12 +198,12 @@ class PolicyFetcher:
             if exc.code == 304:
                 return None
             detail = exc.read(300).decode("utf-8", errors="replace").strip()
-            raise PolicyFetchError(f"GET {self.url}: HTTP {exc.code} {detail}") from None
+            raise PolicyFetchError(f"GET {self.shown}: HTTP {exc.code} {detail}") from None
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise PolicyFetchError(f"GET {self.url}: {reason}") from None
+            raise PolicyFetchError(f"GET {self.shown}: {reason}") from None
         if len(body) > self.max_bytes:
-            raise PolicyFetchError(f"GET {self.url}: body larger than policy_max_bytes = {self.max_bytes}")
+            raise PolicyFetchError(f"GET {self.shown}: body larger than policy_max_bytes = {self.max_bytes}")
         tmp = Path(tempfile.mkdtemp(prefix="overtake-policy-url-"))
         path = tmp / self.filename
         path.write_bytes(body)

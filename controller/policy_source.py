@@ -24,7 +24,15 @@ from prometheus_client import CollectorRegistry, Counter
 
 from overtake.controller.errors import PolicyLoadError, SidecarInputError
 from overtake.controller.policies import SpawnPolicy, load_policy
-from overtake.controller.policy_fetch import FETCH_RESULTS, PolicyFetcher, PolicyFetchError, fetch_counter, url_allowed
+from overtake.controller.policy_fetch import (
+    FETCH_RESULTS,
+    PolicyFetcher,
+    PolicyFetchError,
+    fetch_counter,
+    redact_url,
+    url_allowed,
+)
+from overtake.controller.policy_loads import LoadBusy
 from overtake.controller.stages import StageTable
 
 if TYPE_CHECKING:
@@ -68,7 +76,8 @@ class PolicySource:
         #: the policy to start with
         self.first = fetched if fetched is not None else load_policy(
             options.policy, table.names, max_bytes=options.policy_max_bytes,
-            max_array_bytes=options.policy_max_array_bytes)
+            max_array_bytes=options.policy_max_array_bytes,
+            max_inflated_bytes=options.policy_max_inflated_bytes)
         #: the file, spec or URL the running policy came from
         self.path = self.fetcher.url if fetched is not None and self.fetcher else options.policy
         self._file_sig = self._signature()
@@ -115,11 +124,14 @@ class PolicySource:
         """May ``PUT /-/policy`` follow ``url`` (the policy URL's origin, ``admin_policy_urls``)?"""
         return url_allowed(url, self.options.admin_policy_urls, self.options.policy_url)
 
-    def _new_fetcher(self, url: str) -> PolicyFetcher:
+    def _new_fetcher(self, url: str, *, checked: bool = False) -> PolicyFetcher:
+        """A fetcher of ``url``; ``checked``: a URL given to ``PUT /-/policy``, whose redirects
+        must stay where :meth:`url_allowed` admits (the configured ``policy_url`` is the
+        operator's own choice and may redirect anywhere)."""
         opts = self.options
         # the token belongs to --policy-url's origin; without one it goes nowhere
         return PolicyFetcher(url, token=opts.policy_token, token_origin=opts.policy_url or "",
-                             max_bytes=opts.policy_max_bytes)
+                             max_bytes=opts.policy_max_bytes, allow=self.url_allowed if checked else None)
 
     def stop(self) -> None:
         for task in (self._watch, self._poll):
@@ -128,7 +140,7 @@ class PolicySource:
 
     def info(self) -> dict[str, Any]:
         """The source fields of ``GET /-/policy``."""
-        return {"source": self.path, "policy_url": self.fetcher.url if self.fetcher else None,
+        return {"source": redact_url(self.path), "policy_url": self.fetcher.shown if self.fetcher else None,
                 "etag": self.etag, "fetches": dict(self.fetch_counts), "fetch_error": self.fetch_error}
 
     # ---- the policy file -------------------------------------------------------------------
@@ -143,6 +155,8 @@ class PolicySource:
         if Path(self.path).exists() or source == "sighup":
             try:
                 await self.install(self.path, source)
+            except LoadBusy:
+                self._file_sig = None  # not read at all: the watcher tries again at its next check
             except (PolicyLoadError, SidecarInputError):
                 pass  # logged and counted by install; the old policy stays
 
@@ -176,7 +190,7 @@ class PolicySource:
         try:
             dl = self.fetcher.fetch(None)
             if dl is None:
-                raise PolicyFetchError(f"GET {self.fetcher.url}: 304 without If-None-Match")
+                raise PolicyFetchError(f"GET {self.fetcher.shown}: 304 without If-None-Match")
         except PolicyFetchError as exc:
             self._count("error")
             self.fetch_error = str(exc)
@@ -186,12 +200,13 @@ class PolicySource:
             return None
         try:
             pol = load_policy(str(dl.path), self.table.names, max_bytes=opts.policy_max_bytes,
-                              max_array_bytes=opts.policy_max_array_bytes)
+                              max_array_bytes=opts.policy_max_array_bytes,
+                              max_inflated_bytes=opts.policy_max_inflated_bytes)
         except PolicyLoadError as exc:
             self._count("refused")
             self.fetch_error = f"refused: {exc}"
             if not opts.policy:
-                raise PolicyLoadError(f"policy-url: {self.fetcher.url} did not give a usable policy ({exc})") from None
+                raise PolicyLoadError(f"policy-url: {self.fetcher.shown} did not give a usable policy ({exc})") from None
             return None
         finally:
             dl.cleanup()
@@ -247,7 +262,7 @@ class PolicySource:
     async def follow(self, url: str) -> None:
         """Fetch ``url`` now and, if it installs, poll it from then on; on any error keep
         following the previous source and raise."""
-        new = self._new_fetcher(url)
+        new = self._new_fetcher(url, checked=True)
         old_fetcher, old_etag = self.fetcher, self.etag
         self.fetcher, self.etag = new, None
         try:

@@ -7,7 +7,7 @@ endpoints are :mod:`overtake.controller.admin`'s, the policy's sources
 :meth:`overtake.controller.limiter.Limiter.swap` — one synchronous step on the event loop, so no request
 ever sees half a policy; queued requests keep their order. A policy that fails to load or does
 not match the stages raises :class:`overtake.controller.errors.PolicyLoadError` and the old policy stays.
-Swaps come from ``PUT /-/policy`` (loopback clients), from the policy file changing on disk
+Swaps come from ``PUT /-/policy`` (with the admin token), from the policy file changing on disk
 (polled every ``watch_interval`` seconds; ``SIGHUP`` forces a reload), from the REST API
 (``policy_url``: polled every ``policy_poll`` seconds with the ETag, see :mod:`overtake.controller.policy_fetch`;
 ``PUT /-/policy`` with an ``http://`` URL follows another model), or from the online loop
@@ -15,14 +15,15 @@ Swaps come from ``PUT /-/policy`` (loopback clients), from the policy file chang
 
 Policies from outside (``PUT /-/policy``, the file, the URL, ``SIGHUP``) are loaded by
 :meth:`Sidecar.install`: in a worker thread under a deadline (``policy_load_timeout``), one at a
-time, from regular files of bounded size only, with each archive member's inflated size checked
-before it is read (:func:`overtake.controller.policies.load_policy`).
+time (:mod:`overtake.controller.policy_loads`), from regular files of bounded size only, with the
+archive's inflated size bounded (:mod:`overtake.controller.policy_archive`).
 
 As a service (``overtake sidecar --config FILE``, :mod:`overtake.controller.sidecar_config`):
 :meth:`Sidecar.drain` on ``SIGTERM`` stops accepting and lets every request already received
 finish within ``drain_timeout``; :meth:`Sidecar.reload` on ``SIGHUP`` applies a re-read config
-(the settings that need no new socket) and reloads the policy; ``admin_listen`` moves the control
-endpoints to their own listener; ``request_log`` writes one line per request
+(the settings that need no new socket) and reloads the policy; the control endpoints are on their
+own listener (``admin_listen``, loopback by default; :mod:`overtake.controller.admin`), Apache's
+status and health are :mod:`overtake.controller.apache_probe`'s; ``request_log`` writes one line per request
 (:mod:`overtake.controller.request_log`).
 
 Logs are JSON lines on stderr (``{"ts":..., "level":..., "event":..., ...}``).
@@ -39,7 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from overtake.controller.admin import AdminEndpoints
+from overtake.controller.admin import DEFAULT_ADMIN_LISTEN, AdminAccess, AdminEndpoints
+from overtake.controller.apache_probe import ApacheProbe, workers_warning
 from overtake.controller.auto import Evidence, choose
 from overtake.controller.classifier import Classifier
 from overtake.controller.errors import PolicyLoadError, SidecarInputError
@@ -50,6 +52,7 @@ from overtake.controller.metrics import SidecarMetrics
 from overtake.controller.online import OnlineCollector, OnlineLoop, OnlineSettings
 from overtake.controller.policies import (
     MAX_ARRAY_BYTES,
+    MAX_INFLATED_BYTES,
     MAX_POLICY_BYTES,
     BaselinePolicy,
     PolicySet,
@@ -58,6 +61,7 @@ from overtake.controller.policies import (
     load_policy,
     load_policy_bytes,
 )
+from overtake.controller.policy_loads import LoadSlots
 from overtake.controller.policy_source import PolicySource
 from overtake.controller.request_log import RequestLog
 from overtake.controller.stages import StageTable
@@ -123,10 +127,14 @@ class SidecarOptions:
     policy_url: str | None = None  #: API artifact URL; ``policy`` is then only the fallback ("" = none)
     policy_poll: float = 10.0
     policy_token: str | None = None
-    admin_listen: str | None = None  #: HOST:PORT of a separate listener for /-/ (the public one answers 404)
+    #: HOST:PORT of the admin listener (/-/metrics, /metrics, /-/policy; the public one answers only
+    #: /-/healthz and /-/livez)
+    admin_listen: str = DEFAULT_ADMIN_LISTEN
+    admin_token: str | None = None  #: bearer token PUT /-/policy must carry (None: writes refused)
     admin_policy_urls: tuple[str, ...] = ()  #: URL prefixes PUT /-/policy may follow (besides policy_url's origin)
     policy_max_bytes: int = MAX_POLICY_BYTES  #: largest policy file or download read
     policy_max_array_bytes: int = MAX_ARRAY_BYTES  #: largest inflated member of a policy archive
+    policy_max_inflated_bytes: int = MAX_INFLATED_BYTES  #: all members of one policy archive, inflated
     policy_load_timeout: float = 10.0  #: seconds a policy load may take off the event loop
     status_interval: float = 5.0  #: seconds between scrapes of Apache's mod_status (never per /-/metrics)
     drain_timeout: float = 30.0  #: SIGTERM: seconds to let accepted requests finish
@@ -147,9 +155,9 @@ class SidecarOptions:
 
 #: options a SIGHUP can change; the others need a restart (sockets, stages, event loop, online loop)
 _RELOADABLE = frozenset({
-    "policy", "policy_url", "policy_poll", "policy_token", "watch_interval", "admin_put", "admin_policy_urls",
-    "policy_max_bytes", "policy_max_array_bytes", "policy_load_timeout", "status_interval", "drain_timeout",
-    "request_log", "request_log_format",
+    "policy", "policy_url", "policy_poll", "policy_token", "watch_interval", "admin_put", "admin_policy_urls", "admin_token",
+    "policy_max_bytes", "policy_max_array_bytes", "policy_max_inflated_bytes", "policy_load_timeout",
+    "status_interval", "drain_timeout", "request_log", "request_log_format",
 })
 
 
@@ -163,10 +171,11 @@ class Sidecar:
         #: SIGHUP: re-read the config (``overtake sidecar --config``); None: reload the policy only
         self.reload_options = reload_options
         self.listen = parse_addr(options.listen, "listen")
-        self.admin_addr = parse_addr(options.admin_listen, "admin_listen") if options.admin_listen else None
+        self.admin_addr = parse_addr(options.admin_listen, "admin_listen")
         self.apache = parse_apache_url(options.apache)
         _check_numbers(options)
-        self._swap_lock = asyncio.Lock()
+        #: policy loads off the event loop: one running, a few waiting, the rest refused
+        self.loads = LoadSlots()
         self._class_key: tuple[object, object] | None = None
         self._class_levels: tuple[tuple[int, ...], ...] | None = None
         self.request_log = (RequestLog(options.request_log, options.request_log_format)
@@ -231,7 +240,12 @@ class Sidecar:
         if self.gate is not None:
             self.limiter.add_listener(GateOpener(self.gate, self.limiter, options.gate_backfill))
             self.gate.on_lost = self._gate_lost
-        self.admin = AdminEndpoints(self)
+        self.probe = ApacheProbe(
+            *self.apache, self.metrics.apache, self.metrics.prio, interval=lambda: self.options.status_interval,
+            want_prio=(f"cpu_priority {options.cpu_priority}" if options.cpu_priority != "off"
+                       else "the gate" if self.gate is not None else None),
+            on_gate_token=self.check_gate)
+        self.admin = AdminEndpoints(self.metrics.registry, self, self._admin_access, lambda: self.probe.health)
         self.gateway = Gateway(
             table, self.limiter, self.classifier, self.pool, self.uplink, self.metrics,
             admin=self.admin.handle, phase_header=options.phase_header, admin_body_cap=self.admin.body_cap,
@@ -346,13 +360,12 @@ class Sidecar:
             "event": "gate_lost", "detail": f"{why}; restart the sidecar to create {self.gate.path} again"})
 
     async def start(self) -> None:
-        if self.admin_addr is not None:
-            try:
-                await self.gateway.start_admin(*self.admin_addr)
-            except OSError as exc:
-                raise SidecarInputError(
-                    f"admin_listen: cannot listen on {self.options.admin_listen} ({exc.strerror}); choose a free port"
-                ) from None
+        try:
+            await self.gateway.start_admin(*self.admin_addr)
+        except OSError as exc:
+            raise SidecarInputError(
+                f"admin_listen: cannot listen on {self.options.admin_listen} ({exc.strerror}); choose a free port"
+            ) from None
         try:
             await self.gateway.start(*self.listen)
         except OSError as exc:
@@ -365,8 +378,8 @@ class Sidecar:
             self._auto_task = asyncio.create_task(self._auto_loop())
         if self.online is not None:
             self.online.start()
-        await self.admin.scrape_apache()
-        self.admin.start()
+        await self.probe.scrape()
+        self.probe.start()
         self._check_apache()
         log.info("sidecar listening", extra={
             "event": "start", "listen": self.options.listen, "apache": self.options.apache,
@@ -375,26 +388,52 @@ class Sidecar:
         })
 
     def _check_apache(self) -> None:
-        """Warn when Apache is unreachable or has fewer workers than the hard cap admits."""
-        st = self.metrics.apache.status
-        if st is None:
-            if not self.metrics.apache.absent:  # no mod_status is logged once by the scraper
+        """Warn when Apache is unreachable or has fewer workers than the sidecar may send it."""
+        if self.metrics.apache.status is None:
+            if not self.metrics.apache.absent:  # no mod_status is logged once by the probe
                 log.warning("Apache not reachable at start", extra={"event": "config_warning",
                                                                     "detail": self.options.apache})
             return
-        workers = int(st.get("BusyWorkers", 0)) + int(st.get("IdleWorkers", 0))
-        cap = self.table.config.limits.max_inflight
-        if workers < cap:
-            log.warning("Apache has fewer workers than the sidecar's hard cap", extra={
-                "event": "config_warning", "detail": f"limits.max_inflight = {cap} "
-                f"but Apache has {workers} workers (MaxRequestWorkers): excess admitted requests wait inside "
-                "Apache; lower limits.max_inflight or start Apache with --max-workers >= it"})
-        elif self.gate is not None and workers < cap + self.options.gate_slots:
-            # held requests occupy workers too: admitted ones could find none free
-            log.warning("Apache has fewer workers than the hard cap plus the gate's slots", extra={
-                "event": "config_warning", "detail": f"limits.max_inflight {cap} + gate_slots "
-                f"{self.options.gate_slots} > {workers} workers (MaxRequestWorkers): lower gate_slots to "
-                f"{max(workers - cap, 1)} or raise MaxRequestWorkers"})
+        workers = self.probe.max_workers
+        if workers is None:
+            return
+        warning = workers_warning(workers, self.table.config.limits.max_inflight,
+                                  self.options.gate_slots if self.gate is not None else None)
+        if warning is not None:
+            log.warning("Apache has fewer workers than the sidecar may send it", extra={
+                "event": "config_warning", "detail": warning})
+
+    # ---- the admin endpoints' view (controller.admin.PolicyControl) -------------------------
+    def _admin_access(self) -> AdminAccess:
+        return AdminAccess(self.options.admin_put, self.options.admin_token)
+
+    def url_allowed(self, url: str) -> bool:
+        """May ``PUT /-/policy`` follow ``url``?"""
+        return self.source.url_allowed(url)
+
+    async def follow(self, url: str) -> None:
+        """Take the policy from ``url`` now and poll it from then on."""
+        await self.source.follow(url)
+
+    def unfollow(self) -> None:
+        """An explicit policy replaced the API's: stop following it."""
+        self.source.unfollow()
+
+    def policy_info(self) -> dict[str, Any]:
+        """The body of ``GET /-/policy``."""
+        p = self.policy
+        online = self.online
+        return {
+            "name": p.name, "version": p.version, "hash": p.hash, "phases": list(p.phases),
+            "per_phase_queues": p.per_phase_queues, "phase_info": p.phase_info,
+            "predicted_response_time_model_units": p.predicted_wait,
+            "swapped_at": self.swapped_at, "swaps": self.metrics.swaps, "refused": self.metrics.refused,
+            "classifier": self.classifier.mode, "cpu_priority": self.options.cpu_priority, **self.source.info(),
+            **({"auto": {"chosen": p.chosen.name, "phase_info": p.chosen.phase_info, "reason": p.reason,
+                         "predicted_gain": p.predicted_gain, "candidates": [m.name for m in p.members]}}
+               if isinstance(p, PolicySet) else {}),
+            **({"online": online.status()} if online is not None else {}),
+        }
 
     async def close(self) -> None:
         if self._auto_task is not None:
@@ -402,7 +441,7 @@ class Sidecar:
         if self.online is not None:
             await self.online.close()
         self.source.stop()
-        await self.admin.stop()
+        await self.probe.stop()
         await self.gateway.close()
         if self.request_log is not None:
             self.request_log.close()
@@ -429,6 +468,10 @@ class Sidecar:
             except (SidecarInputError, OSError) as exc:
                 log.error("config reload refused, old config kept", extra={"event": "reload_refused",
                                                                             "detail": str(exc)})
+                new = None
+            except Exception as exc:  # noqa: BLE001 - a reload runs as a bare task: an escape is a lost traceback
+                log.error("config reload refused, old config kept", extra={
+                    "event": "reload_refused", "detail": f"{exc.__class__.__name__}: {exc}"})
                 new = None
         if new is not None:
             fixed = [f.name for f in fields(SidecarOptions)
@@ -457,40 +500,48 @@ class Sidecar:
     # ---- the swap paths --------------------------------------------------------------------
     async def install(self, spec: str, *, source: str, data: bytes | None = None) -> SpawnPolicy:
         """Load ``spec`` (or ``data``, the bytes of an ``.npz`` named ``spec``) in a worker thread
-        under ``policy_load_timeout`` and install it atomically; one load at a time. On any error
-        keep the old policy and raise :class:`PolicyLoadError` (one line, naming the field)."""
+        under ``policy_load_timeout`` and install it atomically; loads are bounded by
+        :class:`~overtake.controller.policy_loads.LoadSlots` (one at a time, a few waiting). On
+        any error keep the old policy and raise :class:`PolicyLoadError` (one line, naming the
+        field; :class:`~overtake.controller.policy_loads.LoadBusy` when no slot is free)."""
         opts = self.options
         names = self.table.names
 
         def load() -> SpawnPolicy:
             if data is not None:
-                return load_policy_bytes(data, spec, names, max_array_bytes=opts.policy_max_array_bytes)
+                return load_policy_bytes(data, spec, names, max_array_bytes=opts.policy_max_array_bytes,
+                                         max_inflated_bytes=opts.policy_max_inflated_bytes)
             return load_policy(spec, names, max_bytes=opts.policy_max_bytes,
-                               max_array_bytes=opts.policy_max_array_bytes)
+                               max_array_bytes=opts.policy_max_array_bytes,
+                               max_inflated_bytes=opts.policy_max_inflated_bytes)
 
-        async with self._swap_lock:
-            try:
-                try:
-                    new = await asyncio.wait_for(asyncio.to_thread(load), opts.policy_load_timeout)
-                except TimeoutError:
-                    raise PolicyLoadError(
-                        f"policy: loading {spec} took longer than policy_load_timeout = {opts.policy_load_timeout:g} s; "
-                        "raise it for a very large policy") from None
-                except (PolicyLoadError, SidecarInputError):
-                    raise
-                except Exception as exc:  # noqa: BLE001 - any malformed file is refused, never a traceback
-                    raise PolicyLoadError(f"policy: {spec}: not a usable policy ({exc.__class__.__name__}: {exc})") from None
-            except (PolicyLoadError, SidecarInputError) as exc:
-                self._refused(exc, source)
-                raise
-            return self._install(new, source)
+        try:
+            new = await self._load(load, spec)
+        except (PolicyLoadError, SidecarInputError) as exc:
+            self._refused(exc, source)
+            raise
+        return self._install(new, source)
+
+    async def _load(self, load: Callable[[], SpawnPolicy], spec: str) -> SpawnPolicy:
+        """``load()`` through the load slots, every failure turned into one-line PolicyLoadError."""
+        timeout = self.options.policy_load_timeout
+        try:
+            return await self.loads.run(load, timeout, spec)
+        except TimeoutError:
+            raise PolicyLoadError(f"policy: loading {spec} took longer than policy_load_timeout = {timeout:g} s; "
+                                  "raise it for a very large policy") from None
+        except (PolicyLoadError, SidecarInputError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - any malformed file is refused, never a traceback
+            raise PolicyLoadError(f"policy: {spec}: not a usable policy ({exc.__class__.__name__}: {exc})") from None
 
     def swap(self, spec: str, *, source: str) -> SpawnPolicy:
         """Load ``spec`` on the calling thread and install it atomically (the online loop's own
         solved files); on any error keep the old policy and raise."""
         try:
             new = load_policy(spec, self.table.names, max_bytes=self.options.policy_max_bytes,
-                              max_array_bytes=self.options.policy_max_array_bytes)
+                              max_array_bytes=self.options.policy_max_array_bytes,
+                              max_inflated_bytes=self.options.policy_max_inflated_bytes)
         except (PolicyLoadError, SidecarInputError) as exc:
             self._refused(exc, source)
             raise
@@ -527,7 +578,7 @@ def _check_numbers(o: SidecarOptions) -> None:
             raise SidecarInputError(f"{key}: must be > 0 seconds, got {v}")
     if not o.drain_timeout >= 0:
         raise SidecarInputError(f"drain_timeout: must be >= 0 seconds, got {o.drain_timeout}")
-    for key in ("policy_max_bytes", "policy_max_array_bytes"):
+    for key in ("policy_max_bytes", "policy_max_array_bytes", "policy_max_inflated_bytes"):
         if not getattr(o, key) > 0:
             raise SidecarInputError(f"{key}: must be > 0 bytes, got {getattr(o, key)}")
     if o.cpu_priority not in ("off", "age", "class"):

@@ -3,9 +3,10 @@
 Every key is an ``overtake sidecar`` option with ``-`` written ``_`` (``--policy-url`` is
 ``policy_url``); the online loop's options sit under ``online:``. A flag given on the command line
 overrides the file's key. Relative paths in the file (``stages``, ``policy``, ``request_log``,
-``policy_token_file``, ``online.access_log``) are taken relative to the file's folder, so a unit
-file may run the sidecar from any working directory. The token is best kept out of the file
-and the command line: ``policy_token_file`` names a file holding it (mode 0600).
+``policy_token_file``, ``admin_token_file``, ``online.access_log``) are taken relative to the
+file's folder, so a unit file may run the sidecar from any working directory. Tokens are best kept
+out of the file and the command line: ``policy_token_file`` and ``admin_token_file`` name files
+holding them (mode 0600); a SIGHUP re-reads them.
 
 An unknown key or a bad value is refused with one line naming the file, the key and the fix,
 e.g. ``sidecar.yaml: drain_timout: unknown key; known keys: admin_listen, ...``. Example:
@@ -22,9 +23,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from overtake.controller.admin import DEFAULT_ADMIN_LISTEN
 from overtake.controller.errors import SidecarInputError
 from overtake.controller.online import OnlineSettings
-from overtake.controller.policies import MAX_ARRAY_BYTES, MAX_POLICY_BYTES
+from overtake.controller.policies import MAX_ARRAY_BYTES, MAX_INFLATED_BYTES, MAX_POLICY_BYTES
 from overtake.controller.sidecar import SidecarOptions
 from overtake.controller.uplink.bands import TOP_FRACTION
 
@@ -70,11 +72,14 @@ class SidecarConfig(BaseModel):
     gate_slots: int = Field(64, ge=1, le=1 << 20)
     gate_backfill: int = Field(1, ge=0, le=1024)
     watch_interval: float = Field(1.0, gt=0)
-    admin_listen: str | None = None
+    admin_listen: str = DEFAULT_ADMIN_LISTEN
     admin_put: bool = True
+    admin_token: str | None = None
+    admin_token_file: str | None = None
     admin_policy_urls: list[str] = Field(default_factory=list)
     policy_max_bytes: int = Field(MAX_POLICY_BYTES, gt=0)
     policy_max_array_bytes: int = Field(MAX_ARRAY_BYTES, gt=0)
+    policy_max_inflated_bytes: int = Field(MAX_INFLATED_BYTES, gt=0)
     policy_load_timeout: float = Field(10.0, gt=0)
     status_interval: float = Field(5.0, gt=0)
     drain_timeout: float = Field(30.0, ge=0)
@@ -96,7 +101,7 @@ class SidecarConfig(BaseModel):
         return v
 
 
-_PATHS = ("stages", "request_log", "policy_token_file")
+_PATHS = ("stages", "request_log", "policy_token_file", "admin_token_file")
 
 
 def _field(loc: tuple[Any, ...]) -> str:
@@ -122,9 +127,12 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> SidecarCo
     if path is not None:
         p = Path(path)
         try:
-            raw = yaml.safe_load(p.read_text())
+            raw = yaml.safe_load(p.read_text(encoding="utf-8"))
         except OSError as exc:
             raise SidecarInputError(f"config: cannot read {p} ({exc.strerror}); give the sidecar's YAML file") from None
+        except UnicodeDecodeError as exc:
+            raise SidecarInputError(f"{p}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                                    "save the file as UTF-8") from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             at = f" at line {mark.line + 1}" if mark is not None else ""
@@ -163,6 +171,19 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> SidecarCo
         raise SidecarInputError(f"{where}: {_field(loc)}: {msg}{got}") from None
 
 
+def _token(value: str | None, file: str | None, kind: str) -> str | None:
+    """``{kind}_token``, or the content of ``{kind}_token_file`` (one of them; an empty one is none)."""
+    if file:
+        if value:
+            raise SidecarInputError(f"{kind}_token_file: give either {kind}_token or {kind}_token_file, not both")
+        try:
+            value = Path(file).read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise SidecarInputError(f"{kind}_token_file: cannot read {file} ({why})") from None
+    return value or None
+
+
 def to_options(cfg: SidecarConfig) -> SidecarOptions:
     """The :class:`~overtake.controller.sidecar.SidecarOptions` of a validated config.
 
@@ -174,14 +195,8 @@ def to_options(cfg: SidecarConfig) -> SidecarOptions:
     if not cfg.policy and not cfg.policy_url:
         raise SidecarInputError("policy: give policy (a file, pi(k), passthrough) or policy_url in the config, "
                                 "or --policy / --policy-url")
-    token = cfg.policy_token
-    if cfg.policy_token_file:
-        if token:
-            raise SidecarInputError("policy_token_file: give either policy_token or policy_token_file, not both")
-        try:
-            token = Path(cfg.policy_token_file).read_text().strip()
-        except OSError as exc:
-            raise SidecarInputError(f"policy_token_file: cannot read {cfg.policy_token_file} ({exc.strerror})") from None
+    token = _token(cfg.policy_token, cfg.policy_token_file, "policy")
+    admin_token = _token(cfg.admin_token, cfg.admin_token_file, "admin")
     on = cfg.online
     online = None
     if on is not None and on.enabled:
@@ -195,9 +210,10 @@ def to_options(cfg: SidecarConfig) -> SidecarOptions:
         uplink=cfg.uplink, uplink_cutoffs=cfg.uplink_cutoffs, uplink_top_fraction=cfg.uplink_top_fraction,
         uplink_lowest_writers=cfg.uplink_lowest_writers, uplink_ordered_bands=cfg.uplink_ordered_bands,
         watch_interval=cfg.watch_interval, admin_put=cfg.admin_put, online=online, policy_url=cfg.policy_url,
-        policy_poll=cfg.policy_poll, policy_token=token, admin_listen=cfg.admin_listen,
+        policy_poll=cfg.policy_poll, policy_token=token, admin_listen=cfg.admin_listen, admin_token=admin_token,
         admin_policy_urls=tuple(cfg.admin_policy_urls), policy_max_bytes=cfg.policy_max_bytes,
-        policy_max_array_bytes=cfg.policy_max_array_bytes, policy_load_timeout=cfg.policy_load_timeout,
+        policy_max_array_bytes=cfg.policy_max_array_bytes, policy_max_inflated_bytes=cfg.policy_max_inflated_bytes,
+        policy_load_timeout=cfg.policy_load_timeout,
         status_interval=cfg.status_interval, drain_timeout=cfg.drain_timeout, request_log=cfg.request_log,
         request_log_format=cfg.request_log_format, trusted_sources=tuple(cfg.trusted_sources),
         cpu_priority=cfg.cpu_priority, gate=cfg.gate, gate_slots=cfg.gate_slots,

@@ -2,7 +2,7 @@
 
 Benchmarks call exactly::
 
-    overtake apache start --workdir DIR --listen 127.0.0.1:PORT [--cpu CORE] [--max-workers N]
+    overtake apache start --workdir DIR --listen 127.0.0.1:PORT [--cpu CORE] [--max-workers N] [--mpm prefork]
     overtake apache stop --workdir DIR
     overtake apache status --workdir DIR [--json]
 """
@@ -40,6 +40,9 @@ def register(subparsers: Any) -> None:
         default=64,
         help="MaxRequestWorkers: the policy's max threads plus margin (default 64)",
     )
+    s.add_argument("--mpm", choices=["event", "prefork"], default="event",
+                   help="Apache's MPM: event (default, one child of --max-workers threads) or prefork "
+                   "(one process per worker, a few started, as a stock Debian Apache with mod_php)")
     s.add_argument(
         "--no-raise-priority",
         dest="raise_priority",
@@ -105,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
                 max_workers=args.max_workers,
                 raise_priority=args.raise_priority,
                 cpu_priority=_cpu_priority(args),
+                mpm=args.mpm,
             )
             if args.json:
                 print(json.dumps(dataclasses.asdict(inst)))
@@ -117,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
                 pin = f"cpu {inst.cpu}" if inst.cpu is not None else "not pinned"
                 print(
                     f"apache started: pid {inst.pid} (children {list(inst.child_pids)}), "
-                    f"{inst.base_url}, max_workers {inst.max_workers}, {pin}, {prio}; "
+                    f"{inst.base_url}, {inst.mpm} max_workers {inst.max_workers}, {pin}, {prio}; "
                     f"logs in {inst.workdir}/logs"
                 )
         elif args.apache_action == "stop":

@@ -2,7 +2,7 @@
 
 ::
 
-    overtake prometheus start --workdir DIR --listen 127.0.0.1:9090 --sidecar 127.0.0.1:8080 [--api HOST:PORT] [--interval 1]
+    overtake prometheus start --workdir DIR --listen 127.0.0.1:9090 --sidecar 127.0.0.1:9089 [--api HOST:PORT] [--interval 1]
     overtake prometheus stop --workdir DIR
 
 Apache's series arrive through the sidecar's scrape (``apache_*``, apache_exporter's names).
@@ -21,7 +21,8 @@ def register(subparsers: Any) -> None:
     s = sub.add_parser("start", help="write DIR/prometheus.yml and start prometheus in the background")
     s.add_argument("--workdir", required=True, metavar="DIR")
     s.add_argument("--listen", default="127.0.0.1:9090", metavar="HOST:PORT")
-    s.add_argument("--sidecar", action="append", default=[], metavar="HOST:PORT", help="scrape HOST:PORT/-/metrics")
+    s.add_argument("--sidecar", action="append", default=[], metavar="HOST:PORT",
+                   help="a sidecar's admin listener (admin_listen, default 127.0.0.1:9089): scrape HOST:PORT/metrics")
     s.add_argument("--api", action="append", default=[], metavar="HOST:PORT", help="scrape HOST:PORT/metrics")
     s.add_argument("--interval", type=float, default=1.0, help="scrape interval in seconds (default 1)")
     t = sub.add_parser("stop", help="stop the instance of DIR")

@@ -36,6 +36,7 @@ _ONLINE_FLAGS = ("refit_interval", "min_samples", "arrival_window", "access_log"
 _SERVICE_NUMBERS: tuple[tuple[str, type, str, str], ...] = (
     ("--policy-max-bytes", int, "N", "largest policy file or download read (default 64 MiB)"),
     ("--policy-max-array-bytes", int, "N", "largest inflated member of a policy archive (default 128 MiB)"),
+    ("--policy-max-inflated-bytes", int, "N", "all members of a policy archive together, inflated (default 192 MiB)"),
     ("--policy-load-timeout", float, "SECONDS", "deadline of a policy load off the event loop (default 10)"),
     ("--watch-interval", float, "SECONDS", "seconds between checks of the --policy file (default 1)"),
     ("--status-interval", float, "SECONDS",
@@ -51,8 +52,8 @@ def register(subparsers: Any) -> None:
         help="reverse proxy that releases requests to Apache exactly when the policy starts a thread",
         description="Hold each request in its stage queue and release it to Apache when the policy "
         "says a thread should start (paper 004 §4.2). Metrics at /-/metrics, policy at /-/policy "
-        "(PUT from loopback to hot-swap). Options may come from --config FILE (YAML, keys as the "
-        "flags with _ for -); a flag given overrides the file.",
+        "(PUT with the admin token to hot-swap), both on the admin listener. Options may come from "
+        "--config FILE (YAML, keys as the flags with _ for -); a flag given overrides the file.",
     )
     p.add_argument("--config", default=None, metavar="FILE",
                    help="YAML config file (apache-conf/examples/sidecar.yaml); flags override its keys")
@@ -103,7 +104,10 @@ def register(subparsers: Any) -> None:
                    "never idles while they wait (needs an 'idle' level in OvertakePrioNice; default 1, 0 = off)")
     s = p.add_argument_group("service", "running as a service: control endpoints, limits, logs, shutdown")
     s.add_argument("--admin-listen", default=None, metavar="HOST:PORT",
-                   help="serve /-/metrics, /-/policy and /-/healthz only on this listener (the public one answers 404)")
+                   help="the admin listener: /-/metrics (and /metrics), /-/policy, /-/healthz, /-/livez "
+                   "(default 127.0.0.1:9089; the public listener answers only /-/healthz and /-/livez)")
+    s.add_argument("--admin-token-file", default=None, metavar="PATH",
+                   help="file holding the bearer token PUT /-/policy must carry (without one, writes are refused)")
     s.add_argument("--trusted-source", action="append", default=None, dest="trusted_sources", metavar="CIDR",
                    help="client network whose X-Overtake-Phase/-Next-Phase/-Class headers are honoured (repeatable; "
                    "default loopback); from others they are stripped")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import secrets
 import statistics
 import subprocess
 import time
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from overtake.controller.harness.scratch import free_port
 from overtake.mdp.model import TandemModel
 from overtake.mdp.routes import RouteSplit
 
@@ -38,6 +40,7 @@ __all__ = [
     "request",
     "route_path",
     "sample_ph",
+    "sidecar_admin",
     "wait_idle",
     "wait_sidecar",
 ]
@@ -217,20 +220,35 @@ def get(port: int, path: str, headers: dict[str, str] | None = None, *, host: st
     return code, body
 
 
-def http_request(method: str, url: str, body: bytes | None = None) -> tuple[int, bytes]:
+def http_request(method: str, url: str, body: bytes | None = None,
+                 headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     """:func:`request` by URL (``http://host:port/path?query``); the status and body, also for an
     HTTP error status."""
     u = urllib.parse.urlsplit(url)
     target = (u.path or "/") + (f"?{u.query}" if u.query else "")
-    code, _, data = request(method, u.port or 80, target, body=body, host=u.hostname or "127.0.0.1", timeout=30)
+    code, _, data = request(method, u.port or 80, target, body=body, headers=headers, host=u.hostname or "127.0.0.1",
+                            timeout=30)
     return code, data
 
 
-def wait_idle(port: int, timeout: float = 120) -> None:
-    """Wait until the sidecar on ``port`` has no request in flight (``overtake_inflight`` 0)."""
+def sidecar_admin(token_file: Path) -> tuple[int, list[str], dict[str, str]]:
+    """For a sidecar a bench starts: a free loopback port for its admin listener and a fresh token
+    written to ``token_file``; (the port, the sidecar's flags, the header its ``PUT /-/policy`` sends)."""
+    token = secrets.token_hex(16)
+    path = token_file
+    path.write_text(token + "\n")
+    path.chmod(0o600)
+    port = free_port()
+    return (port, ["--admin-listen", f"127.0.0.1:{port}", "--admin-token-file", str(path)],
+            {"Authorization": f"Bearer {token}"})
+
+
+def wait_idle(admin: int, timeout: float = 120) -> None:
+    """Wait until the sidecar whose admin listener is on ``admin`` has no request in flight
+    (``overtake_inflight`` 0)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        text = http_request("GET", f"http://127.0.0.1:{port}/-/metrics")[1].decode()
+        text = http_request("GET", f"http://127.0.0.1:{admin}/metrics")[1].decode()
         line = next((ln for ln in text.splitlines() if ln.startswith("overtake_inflight ")), "overtake_inflight 1")
         if float(line.split()[1]) == 0:
             return
@@ -238,7 +256,8 @@ def wait_idle(port: int, timeout: float = 120) -> None:
 
 
 def wait_sidecar(port: int, proc: subprocess.Popen[bytes], log: Path, *, timeout: float = 60.0) -> None:
-    """Wait until the sidecar started as ``proc`` answers ``/-/healthz`` on ``port``.
+    """Wait until the sidecar started as ``proc`` answers ``/-/healthz`` on ``port`` (its public
+    listener: ready, Apache reachable).
 
     Raises
     ------

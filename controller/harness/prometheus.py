@@ -1,9 +1,9 @@
 """A private Prometheus server (Debian ``prometheus``) scraping the sidecar and the API on loopback.
 
 :func:`start` writes ``WORKDIR/prometheus.yml`` with one scrape job per kind of target —
-``overtake-sidecar`` (path ``/-/metrics``: the sidecar's ``overtake_*`` series and Apache's
-``apache_*`` series, which the sidecar exports from mod_status under apache_exporter's names) and
-``overtake-api`` (path ``/metrics``) — and runs ``prometheus`` in its own session with its TSDB in
+``overtake-sidecar`` (the sidecar's admin listener, path ``/metrics``: its ``overtake_*`` series
+and Apache's ``apache_*`` series, which the sidecar exports from mod_status under apache_exporter's
+names) and ``overtake-api`` (path ``/metrics``) — and runs ``prometheus`` in its own session with its TSDB in
 ``WORKDIR/data``; :func:`stop` ends it. :meth:`PrometheusInstance.query` asks the HTTP API
 (``/api/v1/query``).
 """
@@ -70,7 +70,7 @@ def render_config(*, sidecars: Sequence[str] = (), apis: Sequence[str] = (), int
         raise PrometheusUsageError(f"--interval must be in 0.1..300 seconds, got {interval}")
     iv = f"{int(round(interval * 1000))}ms"
     jobs = []
-    for name, path, targets in (("overtake-sidecar", "/-/metrics", sidecars), ("overtake-api", "/metrics", apis)):
+    for name, path, targets in (("overtake-sidecar", "/metrics", sidecars), ("overtake-api", "/metrics", apis)):
         if targets:
             tl = ", ".join(json.dumps(_check_addr(name, t)) for t in targets)
             jobs.append(f"  - job_name: {name}\n    metrics_path: {path}\n    static_configs:\n      - targets: [{tl}]\n")

@@ -68,15 +68,15 @@ def prom_query(base: str, expr: str) -> list[dict[str, Any]]:
     return res
 
 
-def auto_state(port: int) -> dict[str, Any]:
-    code, body = http_request("GET", f"http://127.0.0.1:{port}/-/policy")
+def auto_state(admin: int) -> dict[str, Any]:
+    code, body = http_request("GET", f"http://127.0.0.1:{admin}/-/policy")
     if code != 200:
         raise SystemExit(f"demo: GET /-/policy answered {code}")
     auto: dict[str, Any] = json.loads(body)["auto"]
     return auto
 
 
-def prime(port: int, header: bool, want: str, timeout: float = 30.0) -> dict[str, Any]:
+def prime(port: int, admin: int, header: bool, want: str, timeout: float = 30.0) -> dict[str, Any]:
     """Show auto the traffic of the next row (tiny requests with or without the phase header)
     until it runs a policy for information ``want``; its state then."""
     deadline = time.monotonic() + timeout
@@ -84,7 +84,7 @@ def prime(port: int, header: bool, want: str, timeout: float = 30.0) -> dict[str
         for _ in range(120):
             for s in (1, 2):
                 get(port, f"/stage{s}?work=0.00005", {"X-Overtake-Phase": "1"} if header else None)
-        st = auto_state(port)
+        st = auto_state(admin)
         if st["phase_info"] == want or time.monotonic() > deadline:
             return st
         time.sleep(0.5)
@@ -130,6 +130,8 @@ def main() -> int:
     ap.add_argument("--out", default="demo-out")
     ap.add_argument("--default", required=True, metavar="HOST:PORT", help="sidecar in front of Apache's default")
     ap.add_argument("--sidecar", required=True, metavar="HOST:PORT", help="the product's sidecar (auto, lever)")
+    ap.add_argument("--default-admin", required=True, metavar="HOST:PORT", help="--default's admin listener")
+    ap.add_argument("--sidecar-admin", required=True, metavar="HOST:PORT", help="--sidecar's admin listener")
     ap.add_argument("--apache", required=True, metavar="HOST:PORT", help="Apache itself (overhead calibration)")
     ap.add_argument("--prometheus", required=True, metavar="URL")
     ap.add_argument("--seconds", type=float, default=70.0, help="length of the load trace per row (default 70)")
@@ -150,6 +152,8 @@ def main() -> int:
     lever = age_priority(model, age["thresholds"], weights=[1.0, DEFAULT_LOW_WEIGHT])
     ports = {"pi(inf)": int(args.default.rsplit(":", 1)[1]), "no header": int(args.sidecar.rsplit(":", 1)[1]),
              "header": int(args.sidecar.rsplit(":", 1)[1])}
+    admins = {"pi(inf)": int(args.default_admin.rsplit(":", 1)[1]),
+              "no header": int(args.sidecar_admin.rsplit(":", 1)[1]), "header": int(args.sidecar_admin.rsplit(":", 1)[1])}
 
     n = max(400, int(round(args.seconds * model.arrival_rate)))
     trace = make_trace(model, n, args.seed)
@@ -169,7 +173,7 @@ def main() -> int:
             runs, spec, mode, lv, w = "passthrough, no lever", "passthrough", "explicit", None, ps_w
             why = "Apache's default: a thread for every request, the CPU shared equally"
         else:
-            st = prime(port, header, "full" if header else "none")
+            st = prime(port, admins[name], header, "full" if header else "none")
             chosen = st["chosen"]
             spec = "passthrough" if chosen == "passthrough" else str(out / "policies" / chosen)
             mode = MODE_FOR[st["phase_info"]]
@@ -177,7 +181,7 @@ def main() -> int:
             w = ps_w * (1 - float(st["predicted_gain"]))
             why = st["reason"]
         ideal[name] = twin.replay(trace, spec, time_unit=1.0, mode=mode, max_inflight=60, cpu_priority=lv)
-        wait_idle(port)
+        wait_idle(admins[name])
         t0 = time.monotonic()
         rt, failures = asyncio.run(replay(port, trace, 1.0, model.n_stages, overhead, phase_header=header))
         rts[name] = rt

@@ -83,6 +83,7 @@ $BIN/overtake compare "$OUT/scenario.yaml" --quiet | tee "$OUT/compare.txt"
 echo "== 4. live: two private Apaches (the default, and one with mod_overtake_prio) + sidecars + Prometheus"
 free_port() { $BIN/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 AP_PORT=$(free_port); AP2_PORT=$(free_port); SD_PORT=$(free_port); SC_PORT=$(free_port); PR_PORT=$(free_port)
+SD_ADMIN=$(free_port); SC_ADMIN=$(free_port)  # each sidecar's admin listener (metrics, policy)
 TH=$($BIN/python -c "from overtake.mdp import Policy; print(Policy.load('$OUT/policies/full.npz').meta['cpu_priority']['age']['thresholds'][0][0])")
 # the model is one processor: both Apaches get core 0 (one runs at a time), the sidecars and the load driver the rest
 PIN=() ; AP_CPU=()
@@ -103,9 +104,10 @@ stages explicit > "$OUT/stages-default.yaml"
 stages auto > "$OUT/stages.yaml"
 # own session = own scheduler autogroup, raised below like Apache's: on a busy machine a starved
 # proxy delays every hand-off, which costs a policy that runs few threads far more than pi(inf)
-start_sidecar() {  # NAME PORT ARGS...
-    local name=$1 port=$2; shift 2
-    setsid "${PIN[@]}" $BIN/overtake sidecar --listen "127.0.0.1:$port" "$@" > "$OUT/$name.log" 2>&1 &
+start_sidecar() {  # NAME PORT ADMIN_PORT ARGS...
+    local name=$1 port=$2 admin=$3; shift 3
+    setsid "${PIN[@]}" $BIN/overtake sidecar --listen "127.0.0.1:$port" --admin-listen "127.0.0.1:$admin" "$@" \
+        > "$OUT/$name.log" 2>&1 &
     echo $! > "$OUT/$name.pid"
     for _ in $(seq 100); do
         $BIN/python -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/-/healthz', timeout=1)" 2>/dev/null && break
@@ -114,18 +116,18 @@ start_sidecar() {  # NAME PORT ARGS...
     done
     echo -20 > "/proc/$(cat "$OUT/$name.pid")/autogroup" 2>/dev/null || true  # root only, else unchanged
 }
-start_sidecar sidecar-default "$SD_PORT" --policy passthrough --apache "http://127.0.0.1:$AP_PORT" \
+start_sidecar sidecar-default "$SD_PORT" "$SD_ADMIN" --policy passthrough --apache "http://127.0.0.1:$AP_PORT" \
     --stages "$OUT/stages-default.yaml"
-start_sidecar sidecar "$SC_PORT" --policy "$OUT/policies" --cpu-priority age --apache "http://127.0.0.1:$AP2_PORT" \
+start_sidecar sidecar "$SC_PORT" "$SC_ADMIN" --policy "$OUT/policies" --cpu-priority age --apache "http://127.0.0.1:$AP2_PORT" \
     --stages "$OUT/stages.yaml"
 echo "sidecars on 127.0.0.1:$SD_PORT (passthrough to Apache's default) and 127.0.0.1:$SC_PORT (auto over $OUT/policies, age priority), logs $OUT/sidecar*.log"
 rm -rf "$OUT/prometheus/data"
-$BIN/overtake prometheus start --workdir "$OUT/prometheus" --listen "127.0.0.1:$PR_PORT" --sidecar "127.0.0.1:$SC_PORT"
+$BIN/overtake prometheus start --workdir "$OUT/prometheus" --listen "127.0.0.1:$PR_PORT" --sidecar "127.0.0.1:$SC_ADMIN"
 
 echo "== 5. one open-loop trace under Apache's default, Overtake without and with a phase header (${DEMO_SECONDS:-70} s each)"
 # in the background so that Ctrl-C reaches the trap at once (live.py moves to its own session)
 "${PIN[@]}" $BIN/python examples/demo/live.py --out "$OUT" --default "127.0.0.1:$SD_PORT" --sidecar "127.0.0.1:$SC_PORT" \
-    --apache "127.0.0.1:$AP_PORT" --prometheus "http://127.0.0.1:$PR_PORT" --seconds "${DEMO_SECONDS:-70}" &
+    --default-admin "127.0.0.1:$SD_ADMIN" --sidecar-admin "127.0.0.1:$SC_ADMIN" --apache "127.0.0.1:$AP_PORT" --prometheus "http://127.0.0.1:$PR_PORT" --seconds "${DEMO_SECONDS:-70}" &
 LIVE_PID=$!
 wait "$LIVE_PID"
 LIVE_PID=""

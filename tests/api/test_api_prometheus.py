@@ -94,7 +94,7 @@ def _dashboard_exprs() -> list[str]:
 
 def test_prometheus_finds_sidecar_apache_and_api_series(tools: None, workdir: Path) -> None:
     inst = apache.start(workdir / "apache", f"127.0.0.1:{free_port()}", max_workers=16)
-    side_port = free_port()
+    side_port, admin_port = free_port(), free_port()
     (workdir / "stages.yaml").write_text(STAGES)
     log = (workdir / "sidecar.log").open("wb")
     prom_dir = workdir / "prom"
@@ -110,7 +110,8 @@ def test_prometheus_finds_sidecar_apache_and_api_series(tools: None, workdir: Pa
             (workdir / "policy.npz").write_bytes(httpx.get(f"{api_base}/v1/models/{model['id']}/policy.npz").content)
             side = subprocess.Popen(
                 [sys.executable, "-m", "overtake.api.cli", "sidecar", "--policy", str(workdir / "policy.npz"),
-                 "--apache", inst.base_url, "--listen", f"127.0.0.1:{side_port}", "--stages", str(workdir / "stages.yaml")],
+                 "--apache", inst.base_url, "--listen", f"127.0.0.1:{side_port}", "--stages", str(workdir / "stages.yaml"),
+                 "--admin-listen", f"127.0.0.1:{admin_port}"],
                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
             deadline = time.monotonic() + 60
             while True:
@@ -121,7 +122,7 @@ def test_prometheus_finds_sidecar_apache_and_api_series(tools: None, workdir: Pa
                     pass
                 assert side.poll() is None and time.monotonic() < deadline, (workdir / "sidecar.log").read_text()
                 time.sleep(0.1)
-            prom = prometheus.start(prom_dir, f"127.0.0.1:{free_port()}", sidecars=[f"127.0.0.1:{side_port}"],
+            prom = prometheus.start(prom_dir, f"127.0.0.1:{free_port()}", sidecars=[f"127.0.0.1:{admin_port}"],
                                     apis=[api_addr], interval=0.5)
             sent = 6
             for _ in range(sent):
@@ -170,7 +171,7 @@ def test_prometheus_finds_sidecar_apache_and_api_series(tools: None, workdir: Pa
 
 def test_config_names_jobs_paths_and_rejects_bad_targets() -> None:
     cfg = prometheus.render_config(sidecars=["127.0.0.1:8080"], apis=["127.0.0.1:8000"], interval=0.5)
-    assert "job_name: overtake-sidecar\n    metrics_path: /-/metrics" in cfg
+    assert "job_name: overtake-sidecar\n    metrics_path: /metrics" in cfg
     assert "job_name: overtake-api\n    metrics_path: /metrics" in cfg
     assert "scrape_interval: 500ms" in cfg
     with pytest.raises(prometheus.PrometheusUsageError, match="overtake-sidecar must be HOST:PORT"):

@@ -99,26 +99,53 @@ class StubApache:
         self.server.server_close()
 
 
-def rss_kb(pid: int) -> int:
+def rss_kb(pid: int, field: str = "VmRSS") -> int:
+    """Resident memory of ``pid`` in kB: now (VmRSS) or its peak so far (VmHWM)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1])
-    raise RuntimeError(f"no VmRSS for {pid}")
+    raise RuntimeError(f"no {field} for {pid}")
+
+
+#: the admin token SidecarProc gives its sidecars (``--admin-token-file``) and sends with PUTs
+ADMIN_TOKEN = "test-admin-token-0123"
+
+
+def admin_token_file(workdir: Path) -> Path:
+    """A file holding :data:`ADMIN_TOKEN` (mode 0600) in ``workdir``."""
+    path = workdir / "admin-token"
+    if not path.exists():
+        path.write_text(ADMIN_TOKEN + "\n")
+        path.chmod(0o600)
+    return path
+
+
+def is_admin_path(path: str) -> bool:
+    """Paths served on the admin listener only (health checks are answered on both)."""
+    return path.startswith(("/-/", "/metrics")) and not path.startswith(("/-/healthz", "/-/livez"))
 
 
 class SidecarProc:
-    """``python -m overtake.api.cli sidecar ARGS`` (``--listen`` and ``--stages`` added unless given)."""
+    """``python -m overtake.api.cli sidecar ARGS``: ``--listen``, ``--stages``, ``--admin-listen``
+    (a free port, :attr:`admin_port`) and ``--admin-token-file`` (:data:`ADMIN_TOKEN`) are added
+    unless ``argv`` is given (then pass ``admin_port``). :meth:`request` sends admin paths to the
+    admin listener and a ``PUT /-/policy`` with the token, unless told otherwise."""
 
     def __init__(self, workdir: Path, args: list[str], *, stages: str = STAGES, ready_port: int | None = None,
-                 argv: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+                 argv: list[str] | None = None, env: dict[str, str] | None = None,
+                 admin_port: int | None = None) -> None:
         self.port = free_port()
+        self.admin_port = admin_port or free_port()
         self.workdir = workdir
         self.log = workdir / f"sidecar-{self.port}.log"
         if argv is None:
             st = workdir / f"stages-{self.port}.yaml"
             st.write_text(stages)
+            if "--admin-listen" in args:
+                self.admin_port = int(args[args.index("--admin-listen") + 1].rsplit(":", 1)[1])
             argv = [sys.executable, "-m", "overtake.api.cli", "sidecar", "--listen", f"127.0.0.1:{self.port}",
-                    "--stages", str(st), "--loop", "asyncio", *args]
+                    "--stages", str(st), "--loop", "asyncio", "--admin-listen", f"127.0.0.1:{self.admin_port}",
+                    "--admin-token-file", str(admin_token_file(workdir)), *args]
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True, env=env)
@@ -126,7 +153,7 @@ class SidecarProc:
         deadline = time.monotonic() + 60
         while True:
             try:
-                if self.request("GET", "/-/healthz", port=self.ready_port, timeout=2)[0] == 200:
+                if self.request("GET", "/-/livez", port=self.ready_port, timeout=2)[0] == 200:
                     break
             except OSError:
                 pass
@@ -136,11 +163,18 @@ class SidecarProc:
             time.sleep(0.1)
 
     def request(self, method: str, path: str, *, body: bytes | None = None, headers: dict[str, str] | None = None,
-                port: int | None = None, timeout: float = 30, source: str | None = None) -> tuple[int, dict[str, str], bytes]:
-        return request(method, port or self.port, path, body=body, headers=headers, timeout=timeout, source=source)
+                port: int | None = None, timeout: float = 30, source: str | None = None,
+                token: str | None = ADMIN_TOKEN) -> tuple[int, dict[str, str], bytes]:
+        """One request; ``port`` None: the admin listener for admin paths, else the public one.
+        A ``PUT`` to an admin path carries ``token`` (None: no Authorization header)."""
+        if port is None:
+            port = self.admin_port if is_admin_path(path) else self.port
+        if method == "PUT" and is_admin_path(path) and token is not None:
+            headers = {"Authorization": f"Bearer {token}", **(headers or {})}
+        return request(method, port, path, body=body, headers=headers, timeout=timeout, source=source)
 
-    def rss_kb(self) -> int:
-        return rss_kb(self.proc.pid)
+    def rss_kb(self, field: str = "VmRSS") -> int:
+        return rss_kb(self.proc.pid, field)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -178,6 +212,31 @@ def small_policy(path: Path) -> Path:
     return path
 
 
+def inflating_archive(member_bytes: int, names: tuple[str, ...] = ("keys.npy", "spawn.npy", "meta.npy")) -> bytes:
+    """A small .npz whose members each declare and hold ``member_bytes`` of zeros (deflate
+    packs them about 1000:1): three of 127 MiB make a 400 KB upload that inflates to 381 MiB."""
+    import io
+    import zipfile
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        for name in names:
+            dtype = "|u1" if name == "meta.npy" else "<i8"
+            item = np.dtype(dtype).itemsize
+            head = io.BytesIO()
+            np.lib.format.write_array_header_1_0(head, {"descr": dtype, "fortran_order": False,
+                                                        "shape": (member_bytes // item,)})
+            with z.open(name, "w") as f:
+                f.write(head.getvalue())
+                left, zero = member_bytes // item * item, bytes(4 << 20)
+                while left:
+                    f.write(zero[:min(left, len(zero))])
+                    left -= min(left, len(zero))
+    return buf.getvalue()
+
+
 def sidecar_in_thread(stages: Path, **options: Any) -> Iterator[tuple[int, Any]]:
     """An in-process :class:`~overtake.controller.sidecar.Sidecar` on its own event-loop thread,
     listening on a free loopback port; yields (port, sidecar), then closes it. ``options`` are
@@ -188,6 +247,8 @@ def sidecar_in_thread(stages: Path, **options: Any) -> Iterator[tuple[int, Any]]
     from overtake.controller.stages import load_stages
 
     port = free_port()
+    options.setdefault("admin_listen", f"127.0.0.1:{free_port()}")
+    options.setdefault("admin_token", ADMIN_TOKEN)
     opts = SidecarOptions(listen=f"127.0.0.1:{port}", **options)
     loop = asyncio.new_event_loop()
     box: dict[str, Sidecar] = {}

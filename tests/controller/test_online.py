@@ -370,12 +370,13 @@ def test_online_loop_end_to_end_on_apache() -> None:
                         max_workers=32)
     stages = parent / "stages.yaml"
     stages.write_text(E2E_STAGES)
-    port = free_port()
+    port, admin = free_port(), free_port()
     logf = parent / "sidecar.log"
     with logf.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "overtake.api.cli", "sidecar", "--policy", "pi(1)", "--apache", inst.base_url,
-             "--listen", f"127.0.0.1:{port}", "--stages", str(stages), "--online", "--refit-interval", "2",
+             "--listen", f"127.0.0.1:{port}", "--stages", str(stages), "--admin-listen", f"127.0.0.1:{admin}",
+             "--online", "--refit-interval", "2",
              "--min-samples", "100", "--arrival-window", "5", "--access-log", str(inst.access_log)],
             cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
@@ -417,7 +418,7 @@ def test_online_loop_end_to_end_on_apache() -> None:
         info: dict[str, Any] = {}
         deadline = time.monotonic() + 35
         while time.monotonic() < deadline:
-            info = json.loads(get(port, "/-/policy")[1])
+            info = json.loads(get(admin, "/-/policy")[1])
             if info["online"]["generation"] >= 1 or info["online"]["refits"]["failed"]:
                 break
             time.sleep(0.5)
@@ -434,7 +435,7 @@ def test_online_loop_end_to_end_on_apache() -> None:
         for i in range(10):
             transaction(i)
         assert codes.count(200) == 2 * n + 20
-        text = get(port, "/-/metrics")[1].decode()
+        text = get(admin, "/-/metrics")[1].decode()
         assert 'overtake_online_refits_total{outcome="swapped"} 1.0' in text
         lines = [json.loads(x) for x in logf.read_text().splitlines() if x.startswith("{")]
         ev = [x for x in lines if x.get("event") == "online_refit" and x.get("outcome") == "swapped"]

@@ -3,8 +3,8 @@ policy uploads that cannot block or exhaust the event loop, the policy token kep
 malformed policy metadata, and the Apache status scrape kept off the request path.
 
 The sidecar runs as a subprocess (its memory is read from /proc) in front of a stub upstream on
-loopback (tests/controller/service_helpers.py). A "remote" client is one that connects from
-127.0.0.2: the sidecar accepts control-endpoint bodies only from 127.0.0.1 and ::1.
+loopback (tests/controller/service_helpers.py), its control endpoints on their own loopback
+listener with an admin token; a "remote" client is one that connects from 127.0.0.2.
 """
 
 from __future__ import annotations
@@ -25,7 +25,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from service_helpers import QuietHandler, SidecarProc, StubApache, free_port, small_policy
+from service_helpers import (
+    ADMIN_TOKEN,
+    STAGES,
+    QuietHandler,
+    SidecarProc,
+    StubApache,
+    free_port,
+    inflating_archive,
+    sidecar_in_thread,
+    small_policy,
+)
 
 MiB = 1 << 20
 
@@ -80,9 +90,9 @@ def _stream_body(port: int, head: bytes, *, source: str, send_max: int) -> tuple
 
 # ---- 1. control-endpoint bodies: who may send one, and how large --------------------------------
 def test_remote_control_bodies_are_refused_before_reading(side: SidecarProc) -> None:
-    """Four parallel 250 MB PUTs from a non-loopback client: each is answered 403 after its
-    header block, with at most a few MB taken off the wire, and the sidecar's memory stays put
-    (on main it read every body: RSS rose by the bytes sent)."""
+    """Four parallel 250 MB PUTs to the public listener from a non-loopback client: each is
+    answered 403 after its header block (control endpoints are not served there), with at most a
+    few MB taken off the wire, and the sidecar's memory stays put."""
     before = side.rss_kb()
     head = b"PUT /-/policy HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (250 * MiB)
     results: list[tuple[bytes, int]] = []
@@ -100,18 +110,18 @@ def test_remote_control_bodies_are_refused_before_reading(side: SidecarProc) -> 
     for answer, sent in results:
         assert answer.startswith(b"HTTP/1.1 403 "), (answer[:200], sent)
         assert sent < 8 * MiB, sent
-    assert b"loopback" in results[0][0]
+    assert b"not served on this listener" in results[0][0]
     assert side.request("GET", "/-/healthz")[0] == 200
 
 
-def test_loopback_control_bodies_are_capped_at_1_mib(side: SidecarProc) -> None:
+def test_admin_control_bodies_are_capped_at_1_mib(side: SidecarProc) -> None:
     head = b"PUT /-/policy HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (2 * MiB)
-    answer, sent = _stream_body(side.port, head, source="127.0.0.1", send_max=64 * MiB)
+    answer, sent = _stream_body(side.admin_port, head, source="127.0.0.1", send_max=64 * MiB)
     assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
     assert sent < 8 * MiB
     assert b"1048576" in answer and b"URL" in answer  # names the cap and the way around it
     chunked = b"PUT /-/policy HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-    with socket.create_connection(("127.0.0.1", side.port), timeout=10) as s:
+    with socket.create_connection(("127.0.0.1", side.admin_port), timeout=10) as s:
         s.sendall(chunked)
         piece = b"%x\r\n%s\r\n" % (64 * 1024, b"a" * 64 * 1024)
         out = b""
@@ -211,6 +221,97 @@ def test_zip_bomb_is_refused_without_blocking_or_memory(side: SidecarProc) -> No
     assert body.count(b"policy:") == 1 and body.count(b"\n") == 1, body  # one line, not wrapped twice
 
 
+def test_concurrent_inflating_uploads_keep_the_memory_bounded(work: Path, stub: StubApache) -> None:
+    """15 concurrent uploads of a 400 KB .npz whose three members declare 127 MiB each (under
+    the per-member cap, 381 MiB in all): each is refused from the zip directory, naming
+    policy_max_inflated_bytes (or, beyond the loads the sidecar takes at once, answered 503), and
+    the sidecar's peak RSS hardly moves (on main each upload inflated its 127 MiB meta.npy: the
+    peak rose by hundreds of MB)."""
+    bomb = inflating_archive(127 * MiB)
+    s = SidecarProc(work, ["--policy", "pi(2)", "--apache", stub.url])
+    try:
+        peak0 = s.rss_kb("VmHWM")
+        out: list[tuple[int, bytes]] = []
+
+        def put() -> None:
+            code, _, body = s.request("PUT", "/-/policy", body=bomb, timeout=60)
+            out.append((code, body))
+
+        th = [threading.Thread(target=put) for _ in range(15)]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join(90)
+        grown = s.rss_kb("VmHWM") - peak0
+        refused = [body for code, body in out if code == 422]
+        busy = [body for code, body in out if code == 503]  # beyond one load running and four waiting
+        assert len(refused) + len(busy) == 15 and refused, out
+        assert all(b"policy_max_inflated_bytes" in body for body in refused), refused
+        assert all(b"policy load(s) running" in body for body in busy), busy
+        assert grown < 48 * 1024, f"peak RSS grew by {grown} kB"
+    finally:
+        s.stop()
+
+
+def test_policy_loads_are_bounded_by_their_threads(work: Path, stub: StubApache,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A load that hangs (a fault injected into load_policy) past policy_load_timeout keeps its
+    slot until its thread ends: of 12 PUTs at once one gets the 422 of its deadline, the others
+    503 naming the running load, and at most one load thread ever runs. On main the swap lock was
+    released at each deadline and every PUT started another thread (12 at once)."""
+    from overtake.controller import sidecar as sidecar_module
+    from overtake.controller.harness.loadgen import request
+
+    real = sidecar_module.load_policy
+    release, lock = threading.Event(), threading.Lock()
+    running, most = [0], [0]
+
+    def hung(spec: str, names: object, **kw: object) -> object:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            release.wait(30)
+            return real(spec, names, **kw)  # type: ignore[arg-type]
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(sidecar_module, "load_policy", hung)
+    stages = work / "stages-loads.yaml"
+    stages.write_text(STAGES)
+    gen = sidecar_in_thread(stages, policy="pi(2)", apache=stub.url, policy_load_timeout=0.5)
+    _, side = next(gen)
+    try:
+        admin = side.admin_addr[1]
+        auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        out: list[tuple[int, bytes]] = []
+
+        def put() -> None:
+            code, _, body = request("PUT", admin, "/-/policy", body=b"pi(1)", headers=auth, timeout=30)
+            out.append((code, body))
+
+        th = [threading.Thread(target=put) for _ in range(12)]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join(30)
+        assert most[0] == 1, f"{most[0]} load threads ran at once"
+        codes = sorted(code for code, _ in out)
+        assert codes == [422] + [503] * 11, out
+        assert all(b"policy load" in body or b"load slot" in body for code, body in out if code == 503), out
+        release.set()
+        deadline = time.monotonic() + 10
+        while side.loads.threads:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        code, _, body = request("PUT", admin, "/-/policy", body=b"pi(1)", headers=auth, timeout=30)
+        assert code == 200 and json.loads(body)["name"] == "pi(1)", body
+    finally:
+        release.set()
+        gen.close()
+
+
 def test_put_policy_url_must_be_allow_listed(side: SidecarProc) -> None:
     other = StubApache()
     try:
@@ -300,6 +401,51 @@ def test_policy_token_stays_with_its_origin(work: Path, stub: StubApache, policy
         other.close()
 
 
+def test_a_redirect_cannot_leave_the_allow_list(work: Path, stub: StubApache, policy_file: Path) -> None:
+    """``PUT /-/policy`` with a URL on the policy URL's origin that redirects to an origin on no
+    list: refused (422, naming admin_policy_urls) before the redirect target is contacted, the
+    old policy kept (on main the redirect was followed and its policy installed)."""
+    api, other = PolicyServer(policy_file.read_bytes()), PolicyServer(policy_file.read_bytes())
+    api.redirect_to = f"{other.url.replace('127.0.0.1', 'localhost')}/v1/models/r/policy.npz"
+    s = SidecarProc(work, ["--policy", "pi(2)", "--apache", stub.url, "--policy-url", f"{api.url}/v1/models/m1"])
+    try:
+        code, _, body = s.request("PUT", "/-/policy", body=f"{api.url}/redirect".encode())
+        assert code == 422 and b"redirected (302)" in body and b"admin_policy_urls" in body, body
+        assert other.seen == [], other.seen
+        assert json.loads(s.request("GET", "/-/policy")[2])["name"] == "policy-m1.npz"
+    finally:
+        s.stop()
+        api.close()
+        other.close()
+
+
+def test_get_policy_redacts_credentials_in_the_policy_url(work: Path, stub: StubApache, policy_file: Path) -> None:
+    """A ``policy_url`` with a query-string token: ``GET /-/policy`` does not show it (on main it
+    was echoed verbatim); userinfo is redacted the same way (test_redact_url)."""
+    api = PolicyServer(policy_file.read_bytes())
+    url = api.url + "/v1/models/m1/policy.npz?token=s3cret"
+    s = SidecarProc(work, ["--policy", "pi(2)", "--apache", stub.url, "--policy-url", url])
+    try:
+        raw = s.request("GET", "/-/policy")[2]
+        info = json.loads(raw)
+        assert b"s3cret" not in raw, raw
+        shown = api.url + "/v1/models/m1/policy.npz?REDACTED"
+        assert info["policy_url"] == shown and info["source"] == shown, info
+        assert api.seen and api.seen[0][0].endswith("?token=s3cret")  # the real URL is still used
+    finally:
+        s.stop()
+        api.close()
+
+
+def test_redact_url() -> None:
+    from overtake.controller.policy_fetch import redact_url
+
+    assert redact_url("https://u:p@h:8/a/b?x=1#f") == "https://REDACTED@h:8/a/b?REDACTED"
+    assert redact_url("http://h/v1/models/m/policy.npz") == "http://h/v1/models/m/policy.npz"
+    assert redact_url("/etc/overtake/policy.npz") == "/etc/overtake/policy.npz"
+    assert redact_url("pi(2)") == "pi(2)"
+
+
 # ---- 4. policy metadata that is not a mapping ----------------------------------------------------
 def _bad_meta_policy(path: Path, meta: bytes) -> Path:
     buf = io.BytesIO()
@@ -378,7 +524,7 @@ def test_unreachable_apache_still_reports_apache_up_0(work: Path) -> None:
 def test_put_policy_answers_are_one_line(side: SidecarProc) -> None:
     code, _, body = side.request("PUT", "/-/policy", body=b"nope")
     assert code == 422 and body.count(b"\n") == 1
-    conn = http.client.HTTPConnection("127.0.0.1", side.port, timeout=5)
+    conn = http.client.HTTPConnection("127.0.0.1", side.admin_port, timeout=5)
     conn.request("DELETE", "/-/policy")
     assert conn.getresponse().status == 405
     conn.close()

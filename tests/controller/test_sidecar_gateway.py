@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from service_helpers import ADMIN_TOKEN, admin_token_file, is_admin_path
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.loadgen import request
@@ -82,14 +83,15 @@ class SidecarProc:
     """`python -m api.cli sidecar ...` as a subprocess."""
 
     def __init__(self, apache_url: str, stages: str, policy: str, workdir: Path) -> None:
-        self.port = free_port()
+        self.port, self.admin_port = free_port(), free_port()
         self.stages = workdir / f"stages-{self.port}.yaml"
         self.stages.write_text(stages)
         self.log = workdir / f"sidecar-{self.port}.log"
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "overtake.api.cli", "sidecar", "--policy", policy, "--apache", apache_url,
-                 "--listen", f"127.0.0.1:{self.port}", "--stages", str(self.stages)],
+                 "--listen", f"127.0.0.1:{self.port}", "--stages", str(self.stages),
+                 "--admin-listen", f"127.0.0.1:{self.admin_port}", "--admin-token-file", str(admin_token_file(workdir))],
                 cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
         _raise_autogroup(self.proc.pid)
@@ -106,7 +108,11 @@ class SidecarProc:
 
     def request(self, method: str, path: str, *, headers: dict[str, str] | None = None,
                 body: bytes | None = None, timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
-        return request(method, self.port, path, body=body, headers=headers, timeout=timeout)
+        """Admin paths go to the admin listener, a PUT there with the admin token."""
+        port = self.admin_port if is_admin_path(path) else self.port
+        if method == "PUT" and is_admin_path(path):
+            headers = {"Authorization": f"Bearer {ADMIN_TOKEN}", **(headers or {})}
+        return request(method, port, path, body=body, headers=headers, timeout=timeout)
 
     def get(self, path: str, rid: str | None = None, **kw: Any) -> tuple[int, dict[str, str], bytes]:
         h = dict(kw.pop("headers", {}) or {})

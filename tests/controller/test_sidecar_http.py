@@ -92,7 +92,7 @@ def test_uplink_bands_are_on_the_metrics_page(upstream: int, tmp_path: Path) -> 
     """With an uplink scheduler (here the app-level one, which needs no qdisc) the bytes it wrote
     are on /-/metrics (issue #6, metrics per band; the app-level scheduler has one band, "app")."""
     gen = _serve(upstream, tmp_path, "app")
-    port, _ = next(gen)
+    port, side = next(gen)
     try:
         sizes = [3000, 20000, 150000]
         for n in sizes:
@@ -100,7 +100,7 @@ def test_uplink_bands_are_on_the_metrics_page(upstream: int, tmp_path: Path) -> 
             conn.request("GET", f"/chunked/{n}")
             assert len(conn.getresponse().read()) == n
             conn.close()
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn = http.client.HTTPConnection("127.0.0.1", side.admin_addr[1], timeout=10)
         conn.request("GET", "/-/metrics")
         text = conn.getresponse().read().decode()
         conn.close()

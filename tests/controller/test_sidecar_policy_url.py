@@ -24,9 +24,11 @@ from typing import Any
 import httpx
 import pytest
 from api_helpers import exp2, free_port, live_api, wait  # tests/api/ is on the path (setup.cfg [tool:pytest])
+from service_helpers import ADMIN_TOKEN, admin_token_file
 
 REPO = Path(__file__).resolve().parents[2]
 POLL = 0.3
+AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}  # PUT /-/policy carries the admin token
 STAGES = """stages:
   - name: front
     path: "^/front$"
@@ -71,16 +73,18 @@ class Side:
 
 
 def start_sidecar(tmp: Path, *args: str) -> tuple[subprocess.Popen[bytes], int, Path]:
-    port = free_port()
+    """The sidecar, its admin port (every request of these tests goes there), its log."""
+    port, admin = free_port(), free_port()
     stages = tmp / "stages.yaml"
     stages.write_text(STAGES)
     log = tmp / f"sidecar-{port}.log"
     with log.open("wb") as fh:
         proc = subprocess.Popen(
             [sys.executable, "-m", "overtake.api.cli", "sidecar", *args, "--apache", f"http://127.0.0.1:{free_port()}",
-             "--listen", f"127.0.0.1:{port}", "--stages", str(stages), "--loop", "asyncio"],
+             "--listen", f"127.0.0.1:{port}", "--stages", str(stages), "--loop", "asyncio",
+             "--admin-listen", f"127.0.0.1:{admin}", "--admin-token-file", str(admin_token_file(tmp))],
             cwd=REPO, stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
-    return proc, port, log
+    return proc, admin, log
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +149,7 @@ def test_follow_api_policy(api: tuple[str, Path, dict[str, str]], tmp_path: Path
         assert info["hash"] == ha and info["swaps"] == 0 and info["fetch_error"] is None
 
         # a new model's policy: PUT its URL, the sidecar installs it and follows it
-        r = httpx.put(side.base + "/-/policy", content=f"{base}/v1/models/{ids['b']}".encode())
+        r = httpx.put(side.base + "/-/policy", headers=AUTH, content=f"{base}/v1/models/{ids['b']}".encode())
         assert r.status_code == 200, r.text
         info = side.info()
         assert info["hash"] == hb and info["swaps"] == 1 and info["phases"] == [2, 2]
@@ -158,7 +162,7 @@ def test_follow_api_policy(api: tuple[str, Path, dict[str, str]], tmp_path: Path
         with sqlite3.connect(db) as con:
             blob = con.execute("SELECT artifact FROM jobs WHERE id=?", (ids["c"],)).fetchone()[0]
             con.execute("UPDATE jobs SET artifact=? WHERE id=?", (blob[: len(blob) // 2], ids["c"]))
-        r = httpx.put(side.base + "/-/policy", content=f"{base}/v1/models/{ids['c']}/policy.npz".encode())
+        r = httpx.put(side.base + "/-/policy", headers=AUTH, content=f"{base}/v1/models/{ids['c']}/policy.npz".encode())
         assert r.status_code == 422 and r.text.startswith("refused, old policy kept: policy:"), r.text
         assert "not an overtake policy file" in r.text
         info = side.info()
@@ -166,7 +170,7 @@ def test_follow_api_policy(api: tuple[str, Path, dict[str, str]], tmp_path: Path
         assert info["policy_url"] == f"{base}/v1/models/{ids['b']}/policy.npz"  # still following b
 
         # a URL the API answers 404 for is refused the same way
-        r = httpx.put(side.base + "/-/policy", content=f"{base}/v1/models/nosuchmodel/policy.npz".encode())
+        r = httpx.put(side.base + "/-/policy", headers=AUTH, content=f"{base}/v1/models/nosuchmodel/policy.npz".encode())
         assert r.status_code == 422 and "HTTP 404" in r.text
         assert side.info()["hash"] == hb
     finally:

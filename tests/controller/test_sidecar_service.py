@@ -17,6 +17,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,21 +27,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from service_helpers import REPO, STAGES, SidecarProc, StubApache, free_port
+from service_helpers import REPO, STAGES, SidecarProc, StubApache, admin_token_file, free_port
 
 UNIT = REPO / "apache-conf" / "overtake-sidecar.service"
 VHOST = REPO / "apache-conf" / "examples" / "vhost-behind-sidecar.conf"
 EXAMPLE_CONFIG = REPO / "apache-conf" / "examples" / "sidecar.yaml"
 
 
-def _config(work: Path, stub: StubApache, name: str = "sidecar.yaml", **extra: Any) -> tuple[Path, int]:
+def _config(work: Path, stub: StubApache, name: str = "sidecar.yaml", **extra: Any) -> tuple[Path, int, int]:
+    """A config file on free ports: (its path, the public port, the admin port)."""
     (work / "stages.yaml").write_text(STAGES)
-    port = free_port()
+    port, admin = free_port(), free_port()
     cfg = {"apache": stub.url, "listen": f"127.0.0.1:{port}", "stages": "stages.yaml", "policy": "pi(2)",
-           "loop": "asyncio", **extra}
+           "loop": "asyncio", "admin_listen": f"127.0.0.1:{admin}", "admin_token_file": str(admin_token_file(work)),
+           **extra}
     path = work / name
     path.write_text("\n".join(f"{k}: {json.dumps(v)}" for k, v in cfg.items()) + "\n")
-    return path, port
+    return path, port, admin
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -50,11 +53,11 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 # ---- config file ---------------------------------------------------------------------------------
 def test_config_file_and_flags_override_it(work: Path, stub: StubApache) -> None:
-    cfg, port = _config(work, stub, policy="pi(3)", drain_timeout=5)
+    cfg, port, admin = _config(work, stub, policy="pi(3)", drain_timeout=5)
     override = free_port()
     argv = [sys.executable, "-m", "overtake.api.cli", "sidecar", "--config", str(cfg), "--listen",
             f"127.0.0.1:{override}"]
-    s = SidecarProc(work, [], argv=argv, ready_port=override)
+    s = SidecarProc(work, [], argv=argv, ready_port=override, admin_port=admin)
     s.port = override
     try:
         assert json.loads(s.request("GET", "/-/policy")[2])["name"] == "pi(3)"  # from the file
@@ -72,7 +75,7 @@ def test_config_file_and_flags_override_it(work: Path, stub: StubApache) -> None
     ("admin_put: maybe", r"admin_put: Input should be a valid boolean"),
 ])
 def test_config_errors_are_one_line_naming_the_key(work: Path, stub: StubApache, line: str, message: str) -> None:
-    cfg, _ = _config(work, stub, name="bad.yaml")
+    cfg, _, _ = _config(work, stub, name="bad.yaml")
     cfg.write_text(cfg.read_text() + line + "\n")
     r = _cli("--config", str(cfg))
     assert r.returncode == 2, r.stderr
@@ -192,9 +195,9 @@ def test_drain_deadline_cuts_and_still_exits_0(work: Path, stub: StubApache) -> 
 # ---- SIGHUP: reload ------------------------------------------------------------------------------
 def test_sighup_reloads_config_and_policy(work: Path, stub: StubApache) -> None:
     log1, log2 = work / "req1.log", work / "req2.log"
-    cfg, port = _config(work, stub, name="hup.yaml", request_log=str(log1))
+    cfg, port, admin = _config(work, stub, name="hup.yaml", request_log=str(log1))
     argv = [sys.executable, "-m", "overtake.api.cli", "sidecar", "--config", str(cfg)]
-    s = SidecarProc(work, [], argv=argv, ready_port=port)
+    s = SidecarProc(work, [], argv=argv, ready_port=port, admin_port=admin)
     s.port = port
     try:
         assert json.loads(s.request("GET", "/-/policy")[2])["name"] == "pi(2)"
@@ -223,20 +226,117 @@ def test_sighup_reloads_config_and_policy(work: Path, stub: StubApache) -> None:
         assert s.stop() == 0
 
 
+def test_sighup_with_a_non_utf8_config_is_refused_and_logged(work: Path, stub: StubApache) -> None:
+    """A config saved as Latin-1 on reload: one ``reload_refused`` line naming the file and the
+    byte, the old config kept (on main the reload task died with "Task exception was never
+    retrieved" and a UnicodeDecodeError traceback)."""
+    cfg, port, admin = _config(work, stub, name="latin1.yaml")
+    argv = [sys.executable, "-m", "overtake.api.cli", "sidecar", "--config", str(cfg)]
+    s = SidecarProc(work, [], argv=argv, ready_port=port, admin_port=admin)
+    s.port = port
+    try:
+        cfg.write_bytes(cfg.read_bytes() + "# caf\u00e9\n".encode("latin-1"))
+        s.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 5
+        while not [e for e in s.events() if e.get("event") == "reload_refused"]:
+            assert time.monotonic() < deadline, s.text()
+            time.sleep(0.05)
+        refused = [e for e in s.events() if e.get("event") == "reload_refused"]
+        assert "latin1.yaml: not UTF-8 text (byte 0xe9" in refused[0]["detail"], refused
+        assert "Task exception" not in s.text() and "Traceback" not in s.text(), s.text()
+        assert s.request("GET", "/stage2")[0] == 200
+    finally:
+        assert s.stop() == 0
+
+
 # ---- admin listener, access log, forwarded headers ------------------------------------------------
 def test_admin_listener_takes_the_control_endpoints(work: Path, stub: StubApache) -> None:
-    admin = free_port()
-    s = SidecarProc(work, ["--policy", "pi(2)", "--apache", stub.url, "--admin-listen", f"127.0.0.1:{admin}"],
-                    ready_port=admin)
+    """The public listener answers only the health checks; metrics (at /-/metrics and at
+    Prometheus's default /metrics) and the policy are on the admin listener, which proxies
+    nothing (on main /metrics was a 404 there)."""
+    s = SidecarProc(work, ["--policy", "pi(2)", "--apache", stub.url])
+    admin = s.admin_port
     try:
-        for path in ("/-/metrics", "/-/policy", "/-/healthz"):
-            assert s.request("GET", path, port=admin)[0] == 200
-            assert s.request("GET", path)[0] == 404
-        code, _, body = s.request("PUT", "/-/policy", body=b"pi(1)")
+        for path in ("/-/metrics", "/metrics", "/-/policy", "/-/healthz", "/-/livez"):
+            code, _, body = s.request("GET", path, port=admin)
+            assert code == 200, (path, body)
+        assert b"overtake_stage_limit" in s.request("GET", "/metrics", port=admin)[2]
+        for path in ("/-/metrics", "/-/policy"):
+            code, _, body = s.request("GET", path, port=s.port)
+            assert code == 404 and b"admin_listen" in body, (path, body)
+        assert s.request("GET", "/-/healthz", port=s.port)[2] == b"ok\n"
+        assert s.request("GET", "/-/livez", port=s.port)[2] == b"ok\n"
+        code, _, body = s.request("PUT", "/-/policy", body=b"pi(1)", port=s.port)
         assert code == 403 and b"not served on this listener" in body
         assert s.request("PUT", "/-/policy", body=b"pi(1)", port=admin)[0] == 200
         assert s.request("GET", "/stage2", port=admin)[0] == 404  # the admin listener proxies nothing
         assert s.request("GET", "/stage2")[0] == 200
+    finally:
+        assert s.stop() == 0
+
+
+def test_admin_listener_is_on_loopback_by_default(work: Path, stub: StubApache) -> None:
+    """Without admin_listen the control endpoints are on 127.0.0.1:9089 and the public listener
+    answers 404 for them (on main they answered any client on the public listener)."""
+    from overtake.controller.admin import DEFAULT_ADMIN_LISTEN
+    from overtake.controller.sidecar import SidecarOptions
+    from overtake.controller.sidecar_config import SidecarConfig
+
+    assert DEFAULT_ADMIN_LISTEN == "127.0.0.1:9089"
+    assert SidecarOptions(policy="pi(1)", apache="http://127.0.0.1:1", listen="127.0.0.1:2").admin_listen == \
+        DEFAULT_ADMIN_LISTEN
+    assert SidecarConfig(apache="http://127.0.0.1:1", listen="127.0.0.1:2", stages="s").admin_listen == \
+        DEFAULT_ADMIN_LISTEN
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", 9089)) == 0:
+            pytest.skip("port 9089 is in use here: cannot start a sidecar on its default admin port")
+    st = work / "stages-default-admin.yaml"
+    st.write_text(STAGES)
+    port = free_port()
+    argv = [sys.executable, "-m", "overtake.api.cli", "sidecar", "--listen", f"127.0.0.1:{port}", "--stages", str(st),
+            "--loop", "asyncio", "--policy", "pi(2)", "--apache", stub.url]
+    s = SidecarProc(work, [], argv=argv, ready_port=port, admin_port=9089)
+    s.port = port
+    try:
+        assert s.request("GET", "/-/metrics", port=port)[0] == 404
+        assert s.request("GET", "/-/policy", port=port)[0] == 404
+        assert s.request("GET", "/-/metrics", port=9089)[0] == 200
+        start = next(e for e in s.events() if e.get("event") == "start")
+        assert start["admin_listen"] == "127.0.0.1:9089"
+    finally:
+        assert s.stop() == 0
+
+
+def test_writes_need_the_admin_token(work: Path, stub: StubApache) -> None:
+    """PUT /-/policy from loopback: refused (403, naming the config key) while no token is
+    configured, also before a large body is read; with a token configured, refused without it or
+    with a wrong one, taken with it. On main a loopback peer needed no token at all."""
+    st = work / "stages-token.yaml"
+    st.write_text(STAGES)
+    port, admin = free_port(), free_port()
+    base = [sys.executable, "-m", "overtake.api.cli", "sidecar", "--listen", f"127.0.0.1:{port}", "--stages", str(st),
+            "--loop", "asyncio", "--policy", "pi(2)", "--apache", stub.url, "--admin-listen", f"127.0.0.1:{admin}"]
+    s = SidecarProc(work, [], argv=base, ready_port=port, admin_port=admin)
+    s.port = port
+    try:
+        code, _, body = s.request("PUT", "/-/policy", body=b"pi(1)")
+        assert code == 403 and b"admin_token_file" in body, body
+        with socket.create_connection(("127.0.0.1", admin), timeout=10) as c:
+            c.sendall(b"PUT /-/policy HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer x\r\n"
+                      b"Content-Length: 1000000\r\n\r\n")  # the body never comes: refused from the head
+            answer = c.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 403 ") and b"admin_token_file" in answer, answer
+        assert json.loads(s.request("GET", "/-/policy")[2])["name"] == "pi(2)"
+    finally:
+        assert s.stop() == 0
+    s = SidecarProc(work, ["--policy", "pi(2)", "--apache", stub.url])  # with --admin-token-file
+    try:
+        assert s.request("PUT", "/-/policy", body=b"pi(1)", token=None)[0] == 403
+        code, _, body = s.request("PUT", "/-/policy", body=b"pi(1)", token="wrong")
+        assert code == 403 and b"Authorization: Bearer" in body, body
+        assert json.loads(s.request("GET", "/-/policy")[2])["name"] == "pi(2)"
+        code, _, body = s.request("PUT", "/-/policy", body=b"pi(1)")
+        assert code == 200 and json.loads(body)["name"] == "pi(1)", body
     finally:
         assert s.stop() == 0
 
@@ -349,7 +449,7 @@ def test_unit_file_runs_the_sidecar_and_stops_it_gracefully(work: Path, stub: St
     svc = unit["Service"]
     assert svc["Type"] == ["exec"] and svc["KillSignal"] == ["SIGTERM"] and svc["ExecReload"]
     stop_timeout = float(svc["TimeoutStopSec"][0])
-    cfg, port = _config(work, stub, name="unit.yaml", drain_timeout=min(20.0, stop_timeout - 5))
+    cfg, port, _ = _config(work, stub, name="unit.yaml", drain_timeout=min(20.0, stop_timeout - 5))
     env = {**_unit_env(unit), "OVERTAKE_CONFIG": str(cfg)}
     argv = [_expand(w, env) for w in shlex.split(svc["ExecStart"][0])]
     assert Path(argv[0]).name == "overtake" and argv[1:3] == ["sidecar", "--config"]

@@ -23,9 +23,12 @@ __all__ = [
     "LUA_INCLUDE_DIR",
     "MIME_TYPES",
     "MODULES_DIR",
+    "MPMS",
     "check_max_workers",
+    "check_mpm",
     "connect_host",
     "format_listen",
+    "mpm_tokens",
     "parse_listen",
     "render_config",
     "resolve_conf_dir",
@@ -47,6 +50,8 @@ LOG_FORMAT = (
 )
 _TOKEN = re.compile(r"@([A-Z_]+)@")
 _MAX_WORKERS_LIMIT = 20000  # Apache's hard ThreadLimit ceiling for mpm_event
+#: the MPMs a private instance can run (both ship in Debian's apache2-bin)
+MPMS = ("event", "prefork")
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -116,6 +121,34 @@ def check_max_workers(max_workers: int) -> None:
         )
 
 
+def check_mpm(mpm: str, max_workers: int, threads_per_child: int | None) -> None:
+    """``mpm`` is event or prefork; ``threads_per_child`` (event only) divides ``max_workers``,
+    as Apache would otherwise round MaxRequestWorkers down to a multiple of it."""
+    if mpm not in MPMS:
+        raise ApacheInputError(f"mpm: expected one of {', '.join(MPMS)}, got {mpm!r}")
+    if threads_per_child is None:
+        return
+    if mpm != "event":
+        raise ApacheInputError(f"threads_per_child: only for mpm event (prefork runs one thread per process), got mpm {mpm}")
+    if isinstance(threads_per_child, bool) or not isinstance(threads_per_child, int) or not (
+            1 <= threads_per_child <= max_workers and max_workers % threads_per_child == 0):
+        raise ApacheInputError(f"threads_per_child: must divide max_workers = {max_workers} (Apache would round "
+                               f"MaxRequestWorkers down otherwise), got {threads_per_child!r}")
+
+
+def mpm_tokens(mpm: str, max_workers: int, threads_per_child: int | None) -> dict[str, str]:
+    """The template's MPM values: event with one child of ``max_workers`` threads (or children of
+    ``threads_per_child``), or prefork with a few spare processes of at most ``max_workers``."""
+    tpc = threads_per_child or max_workers
+    return {
+        "MPM": mpm,
+        "THREADS_PER_CHILD": str(tpc),
+        "SERVER_LIMIT": str(max_workers // tpc),
+        "PREFORK_SPARE_MIN": str(min(5, max_workers)),
+        "PREFORK_SPARE_MAX": str(min(10, max_workers)),
+    }
+
+
 def render_config(
     workdir: str | os.PathLike[str],
     *,
@@ -126,6 +159,8 @@ def render_config(
     graceful_timeout: int = 5,
     conf_dir: str | os.PathLike[str] | None = None,
     cpu_priority: CpuPriority | None = None,
+    mpm: str = "event",
+    threads_per_child: int | None = None,
 ) -> str:
     """Render ``httpd.conf`` for a private instance in ``workdir``.
 
@@ -137,8 +172,8 @@ def render_config(
     listen : str
         ``IP:PORT`` to listen on.
     max_workers : int
-        ``MaxRequestWorkers`` = ``ThreadsPerChild`` of the single mpm_event child: the
-        policy's maximum number of threads plus a margin.
+        ``MaxRequestWorkers``: the policy's maximum number of threads plus a margin; under
+        mpm_event by default the ``ThreadsPerChild`` of its single child.
     run_user, run_group : str
         Account of the worker child when started as root (Apache refuses root).
     graceful_timeout : int
@@ -149,6 +184,12 @@ def render_config(
     cpu_priority : CpuPriority, optional
         Load mod_overtake_prio with these settings (see :mod:`.cpu_priority`); None leaves
         it out.
+    mpm : str
+        ``event`` (default) or ``prefork`` (one process per worker, a few started: what a stock
+        Debian Apache with mod_php runs).
+    threads_per_child : int, optional
+        mpm_event only: children of this many threads (it must divide ``max_workers``), started
+        on demand, instead of one child holding them all.
 
     Returns
     -------
@@ -156,6 +197,7 @@ def render_config(
         The configuration text.
     """
     check_max_workers(max_workers)
+    check_mpm(mpm, max_workers, threads_per_child)
     host, port = parse_listen(listen)
     if graceful_timeout < 0:
         raise ApacheInputError(f"graceful_timeout: must be >= 0 s, got {graceful_timeout}")
@@ -174,6 +216,7 @@ def render_config(
         # Inside a quoted Apache directive argument, quotes are backslash-escaped.
         "LOG_FORMAT": LOG_FORMAT.replace("\\", "\\\\").replace('"', '\\"'),
         **config_tokens(cpu_priority),
+        **mpm_tokens(mpm, max_workers, threads_per_child),
     }
 
     def substitute(m: re.Match[str]) -> str:

@@ -26,6 +26,7 @@ class ApacheInstance:
     #: nice value written to the autogroup; None when not raised (not requested, not root, or a
     #: kernel without autogroups)
     autogroup_nice: int | None
+    mpm: str = "event"  #: the MPM it runs (event or prefork)
 
     @property
     def base_url(self) -> str:

@@ -36,7 +36,9 @@ from overtake.controller.errors import (
 )
 from overtake.controller.harness.apache.config import (
     APACHE_BIN,
+    MODULES_DIR,
     check_max_workers,
+    check_mpm,
     connect_host,
     format_listen,
     parse_listen,
@@ -160,6 +162,8 @@ def start(
     ready_timeout: float = 15.0,
     conf_dir: str | os.PathLike[str] | None = None,
     cpu_priority: CpuPriority | None = None,
+    mpm: str = "event",
+    threads_per_child: int | None = None,
 ) -> ApacheInstance:
     """Render, test and start a private Apache; return once it serves requests.
 
@@ -198,6 +202,10 @@ def start(
         ``apache2-dev`` and a root start: the parent raises ``RLIMIT_NICE`` (or the workers
         keep ``CAP_SYS_NICE``) so that demoted www-data threads can be restored; raises
         :class:`ApacheStartError` if the module's restore self-test fails.
+    mpm : str
+        ``event`` (default) or ``prefork`` (:func:`~.config.render_config`).
+    threads_per_child : int, optional
+        mpm_event: children of this many threads instead of one child of ``max_workers``.
 
     Returns
     -------
@@ -218,6 +226,9 @@ def start(
     host, port = parse_listen(listen)
     listen = format_listen(host, port)
     check_max_workers(max_workers)
+    check_mpm(mpm, max_workers, threads_per_child)
+    if not os.path.exists(os.path.join(MODULES_DIR, f"mod_mpm_{mpm}.so")):
+        raise ApacheNotInstalledError(f"mpm: {MODULES_DIR}/mod_mpm_{mpm}.so not found (package apache2-bin)")
     if cpu is not None:
         allowed = sorted(os.sched_getaffinity(0))
         if isinstance(cpu, bool) or not isinstance(cpu, int) or cpu not in allowed:
@@ -251,7 +262,8 @@ def start(
         build_module(conf, wd)
     conf_path = wd / "httpd.conf"
     conf_path.write_text(render_config(wd, listen=listen, max_workers=max_workers, run_user=run_user, run_group=run_group,
-                                       graceful_timeout=graceful_timeout, conf_dir=conf, cpu_priority=cpu_priority))
+                                       graceful_timeout=graceful_timeout, conf_dir=conf, cpu_priority=cpu_priority,
+                                       mpm=mpm, threads_per_child=threads_per_child))
 
     test = subprocess.run(
         [APACHE_BIN, "-t", "-f", str(conf_path)], env=_APACHE_ENV, capture_output=True, text=True
@@ -280,7 +292,7 @@ def start(
         raise
     nice = _raise_autogroup([pid, *kids], -20) if raise_priority else None
     inst = ApacheInstance(workdir=str(wd), listen=listen, pid=pid, child_pids=tuple(kids), cpu=cpu,
-                          max_workers=max_workers, autogroup_nice=nice)
+                          max_workers=max_workers, autogroup_nice=nice, mpm=mpm)
     (wd / "instance.json").write_text(json.dumps(asdict(inst), indent=2) + "\n")
     return inst
 

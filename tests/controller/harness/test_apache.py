@@ -435,6 +435,24 @@ def test_render_config_substitutes_everything(tmp_path: Path) -> None:
     assert 'LogFormat "%h %{begin:usec}t \\"%r\\" %>s' in text
 
 
+def test_render_config_selects_the_mpm(tmp_path: Path) -> None:
+    """event with children of 4 threads (ServerLimit 16/4) and prefork (16 processes at most, a
+    few started); a threads_per_child that does not divide max_workers, or one for prefork, or an
+    unknown MPM is refused naming the field."""
+    event = apache.render_config(tmp_path, listen="127.0.0.1:18080", max_workers=16, threads_per_child=4)
+    assert "LoadModule mpm_event_module  /usr/lib/apache2/modules/mod_mpm_event.so" in event
+    assert "ServerLimit             4\n" in event and "ThreadsPerChild         4\n" in event
+    prefork = apache.render_config(tmp_path, listen="127.0.0.1:18080", max_workers=16, mpm="prefork")
+    assert "LoadModule mpm_prefork_module  /usr/lib/apache2/modules/mod_mpm_prefork.so" in prefork
+    block = prefork.split("<IfModule mpm_prefork_module>", 1)[1].split("</IfModule>", 1)[0]
+    assert "StartServers            5" in block and "MaxRequestWorkers       16" in block
+    for kw, field in (({"threads_per_child": 5}, "threads_per_child: must divide max_workers = 16"),
+                      ({"mpm": "prefork", "threads_per_child": 4}, "threads_per_child: only for mpm event"),
+                      ({"mpm": "worker"}, "mpm: expected one of event, prefork")):
+        with pytest.raises(ApacheInputError, match=field):
+            apache.render_config(tmp_path, listen="127.0.0.1:18080", max_workers=16, **kw)
+
+
 def test_read_access_log_skips_only_an_unfinished_last_line(tmp_path: Path) -> None:
     (tmp_path / "logs").mkdir()
     line = ('127.0.0.1 1795248174299969 "GET /stage1?work=0.05 HTTP/1.1" 200 24 D=50441 msT=50 usT=50441 '
