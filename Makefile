@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 WARM    := $(VENV)/.kernels
 export OPENBLAS_NUM_THREADS ?= 1
 
-.PHONY: demo test lint typecheck venv clean
+.PHONY: demo test lint typecheck venv deb clean
 
 $(STAMP): setup.cfg pyproject.toml
 	sh apache-conf/install-debian-packages.sh  # python3-venv first on a fresh Debian
@@ -44,5 +44,19 @@ typecheck: $(STAMP)
 	for p in fitting mdp controller api; do ln -s ../../../$$p $(TYPECHECK)/overtake/$$p; done
 	cd $(TYPECHECK) && $(abspath $(BIN))/mypy --config-file $(abspath setup.cfg) -p overtake
 
+# The Debian package (packaging/deb/build.sh): the application in its own venv under /opt/overtake,
+# mod_overtake_prio, the systemd unit and /etc/overtake/sidecar.yaml. Rebuilt when a shipped file changes.
+VERSION    := $(shell sed -n 's/^version *= *//p' setup.cfg)
+DEB_ARCH   := $(shell dpkg --print-architecture 2>/dev/null || echo amd64)
+DEB        := dist/overtake-server_$(VERSION)_$(DEB_ARCH).deb
+DEB_INPUTS := setup.cfg pyproject.toml README.md LICENSE $(shell find overtake fitting mdp controller api apache-conf \
+	dashboards examples/sidecar docs/install-debian.md packaging/deb -type f -not -path '*/__pycache__/*' \
+	-not -name '_kernels_aot*' 2>/dev/null)
+
+deb: $(DEB)
+
+$(DEB): $(DEB_INPUTS)
+	bash packaging/deb/build.sh $@
+
 clean:
-	rm -rf $(VENV) demo-out build
+	rm -rf $(VENV) demo-out build dist

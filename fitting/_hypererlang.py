@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 
-import numba as nb
 import numpy as np
 import numpy.typing as npt
 
+from overtake.jit import njit
 
-@nb.njit(cache=True)
+
+@njit(cache=True)
 def her_em(x: npt.NDArray[np.float64], w: npt.NDArray[np.float64], shapes: npt.NDArray[np.int64],
            pi: npt.NDArray[np.float64], lam: npt.NDArray[np.float64], max_iter: int,
            rtol: float) -> tuple[npt.NDArray[np.float64], int, bool]:

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import math
 
-import numba as nb
 import numpy as np
 import numpy.typing as npt
+
+from overtake.jit import njit
 
 # Annotations only (numba compiles from the arguments' types): float64 and int64 arrays.
 F = npt.NDArray[np.float64]
@@ -36,13 +37,13 @@ MAX_STEP = 300.0  # largest q*dt between renormalisations (grids are refined to 
 EM_POISSON_EPS = 1e-10  # E-step: renormalised weights keep mass exact, direction error ~eps
 
 
-@nb.njit(cache=True)
+@njit(cache=True)
 def poisson_capacity(lam_max: float) -> int:
     """Buffer length that holds the truncated Poisson series for any ``lam <= lam_max``."""
     return int(lam_max + 10.0 * math.sqrt(lam_max) + 60.0)
 
 
-@nb.njit(cache=True)
+@njit(cache=True)
 def poisson_weights(lam: float, eps: float, buf: np.ndarray) -> int:
     """Fill ``buf[0..R]`` with normalised Poisson(lam) weights; return R.
 
@@ -78,7 +79,7 @@ def poisson_weights(lam: float, eps: float, buf: np.ndarray) -> int:
     return right
 
 
-@nb.njit(cache=True)
+@njit(cache=True)
 def _row_step(v: F, out: F, pdiag: F, src: I, dst: I, prate: F) -> None:
     # out = v P for a row vector
     for i in range(v.shape[0]):
@@ -87,7 +88,7 @@ def _row_step(v: F, out: F, pdiag: F, src: I, dst: I, prate: F) -> None:
         out[dst[e]] += v[src[e]] * prate[e]
 
 
-@nb.njit(cache=True)
+@njit(cache=True)
 def _col_step(v: F, out: F, pdiag: F, src: I, dst: I, prate: F) -> None:
     # out = P v for a column vector
     for i in range(v.shape[0]):
@@ -96,7 +97,7 @@ def _col_step(v: F, out: F, pdiag: F, src: I, dst: I, prate: F) -> None:
         out[src[e]] += prate[e] * v[dst[e]]
 
 
-@nb.njit(cache=True)
+@njit(cache=True)
 def forward(alpha: F, diag: F, src: I, dst: I, rate: F, exitv: F, q: float, dt: F, with_cdf: bool,
             eps: float) -> tuple[F, F, F]:
     """Normalised forward vectors ``A[j] ~ alpha exp(T x_j)`` at grid times ``x_j``.
@@ -159,7 +160,7 @@ def forward(alpha: F, diag: F, src: I, dst: I, rate: F, exitv: F, q: float, dt: 
     return A, logs, cdf
 
 
-@nb.njit(cache=True)
+@njit(cache=True)
 def backward(alpha: F, diag: F, src: I, dst: I, rate: F, exitv: F, q: float, dt: F, A: F, logs: F,
              coef_p: F, coef_s: F, eps: float) -> tuple[F, F, F]:
     """E-step sums of the EM over the grid (Asmussen, Nerman & Olsson 1996, §3).
@@ -246,7 +247,7 @@ def backward(alpha: F, diag: F, src: I, dst: I, rate: F, exitv: F, q: float, dt:
 # direct indexing lets the compiler vectorise, ~3x faster than the edge-list kernels above.
 
 
-@nb.njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=True)
 def forward_chain(alpha: F, d: F, u: F, q: float, dt: F, eps: float) -> tuple[F, F]:
     """:func:`forward` for bidiagonal T (no cdf)."""
     n = dt.shape[0]
@@ -295,7 +296,7 @@ def forward_chain(alpha: F, d: F, u: F, q: float, dt: F, eps: float) -> tuple[F,
     return A, logs
 
 
-@nb.njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=True)
 def backward_chain(alpha: F, d: F, u: F, exitv: F, q: float, dt: F, A: F, logs: F, coef_p: F, coef_s: F,
                    eps: float) -> tuple[F, F, F]:
     """:func:`backward` for bidiagonal T; ``Nedge[i]`` is ``H[i+1, i]`` for the edge i -> i+1."""

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from overtake import install_hint
+
 from . import _hypererlang as _her
 from ._estep import Sparse, Stats, estep
 from .data import Observations, binned, samples
@@ -314,7 +316,7 @@ def _convex_init(obs: Observations, p: int, grid_size: int = 60) -> PhaseType:
     try:
         import cvxpy as cp
     except ImportError:
-        raise MissingDependencyError("init='convex' needs cvxpy: pip install 'overtake[convex]'") from None
+        raise MissingDependencyError(f"init='convex' needs cvxpy: {install_hint('convex')}") from None
     obs = obs.coarse()  # a few hundred weighted points: the problem stays small
     g = obs.grid
     pos = g[g > 0]

@@ -161,8 +161,12 @@ def anderson_gamma(*args: Any) -> Any:
     return _call("anderson_gamma", args)
 
 
-def build_aot(output_dir: Path = _HERE) -> Path:
-    """Compile every kernel into ``_kernels_aot`` (numba.pycc, host CPU) and record the digest."""
+def build_aot(output_dir: Path = _HERE, cpu: str = "host") -> Path:
+    """Compile every kernel into ``_kernels_aot`` (numba.pycc) and record the digest.
+
+    ``cpu`` is LLVM's name of the processor to generate code for: ``host`` (this machine's, the
+    fastest) or a baseline every machine of a package's architecture has, e.g. ``x86-64``.
+    """
     import numba.pycc
 
     from . import _kernels_jit
@@ -170,7 +174,7 @@ def build_aot(output_dir: Path = _HERE) -> Path:
     make_cc: Any = vars(numba.pycc)["CC"]  # untyped, and not re-exported for mypy (numba ships no stubs)
     cc = make_cc("_kernels_aot")
     cc.output_dir = str(output_dir)
-    cc.target_cpu = "host"
+    cc.target_cpu = cpu
     cc.verbose = False
     for exported, (kernel, sig) in SIGNATURES.items():
         cc.export(exported, sig)(getattr(_kernels_jit, kernel).py_func)

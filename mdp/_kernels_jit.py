@@ -9,11 +9,12 @@ sweep allocates.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from overtake.jit import njit
 
-@numba.njit(cache=True, nogil=True)
+
+@njit(cache=True, nogil=True)
 def box_minimum(V, idle, order, nb, tol, G, A):  # type: ignore[no-untyped-def]
     """G(y) = min of V over y's spawn box, A(y) its argmin (bellman.py's suffix-minimum DP).
 
@@ -37,7 +38,7 @@ def box_minimum(V, idle, order, nb, tol, G, A):  # type: ignore[no-untyped-def]
         A[s] = A[j] if better else A[s]
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def box_value(V, idle, order, nb, G):  # type: ignore[no-untyped-def]
     """G of :func:`box_minimum` without the argmin: what a Bellman step needs (5x faster, no
     branch and no second array; the decision is taken once, after the iteration)."""
@@ -49,7 +50,7 @@ def box_value(V, idle, order, nb, G):  # type: ignore[no-untyped-def]
         G[u] = min(G[u], G[np.uint64(nb[t])])
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def bellman_residual(indptr, indices, data, cost, V, idle, order, nb, G, TV, f):  # type: ignore[no-untyped-def]
     """One Bellman step TV = cost + P_E·H(V) into the caller's buffers, and the RVI map's residual
     f = (TV − TV(0)) − V (numpy's ``TV - TV[0] - V``, the same arithmetic) in the same pass;
@@ -75,7 +76,7 @@ def bellman_residual(indptr, indices, data, cost, V, idle, order, nb, G, TV, f):
     return lo, hi
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def residual_stats(TV, V, f):  # type: ignore[no-untyped-def]
     """The rest of :func:`bellman_residual` once TV is known: f = (TV − TV(0)) − V, and (min, max)
     of TV − V, in one pass (solve.anderson_rvi, after scipy's sparse product)."""
@@ -93,7 +94,7 @@ def residual_stats(TV, V, f):  # type: ignore[no-untyped-def]
     return lo, hi
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def rvi_sweeps(indptr, indices, data, cost, V, idle, order, nb, max_sweeps, tol):  # type: ignore[no-untyped-def]
     """Up to ``max_sweeps`` sweeps V ← TV − TV(0); stops when span(TV − V) ≤ tol·|max(TV − V)|.
 
@@ -115,7 +116,7 @@ def rvi_sweeps(indptr, indices, data, cost, V, idle, order, nb, max_sweeps, tol)
     return max_sweeps, lo, hi, False
 
 
-@numba.njit(cache=True, nogil=True, inline="always")  # inlined: called per row and event
+@njit(cache=True, nogil=True, inline="always")  # inlined: called per row and event
 def _rank(v, table, cap):  # type: ignore[no-untyped-def]
     """Lexicographic rank of vector ``v`` among vectors with sum <= cap (statespace.Ranker), and the
     budget left (negative: ``v`` exceeds cap). ``table[r, b]`` = C(b + r, r)."""
@@ -132,7 +133,7 @@ def _rank(v, table, cap):  # type: ignore[no-untyped-def]
     return key, budget
 
 
-@numba.njit(cache=True, nogil=True, inline="always")  # inlined: called per row and event
+@njit(cache=True, nogil=True, inline="always")  # inlined: called per row and event
 def _lower_bound(keys, key):  # type: ignore[no-untyped-def]
     """First position in sorted ``keys`` not below ``key`` (branch-free binary search)."""
     pos = 0
@@ -146,7 +147,7 @@ def _lower_bound(keys, key):  # type: ignore[no-untyped-def]
     return pos
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def rank_rows(rows, table, cap, key):  # type: ignore[no-untyped-def]
     """Lexicographic rank of each row among vectors with sum ≤ cap (statespace.Ranker); False if a row exceeds cap.
 
@@ -160,7 +161,7 @@ def rank_rows(rows, table, cap, key):  # type: ignore[no-untyped-def]
     return ok
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def trim_longest(w, excess):  # type: ignore[no-untyped-def]
     """policy._trim_longest's loop itself, per row: take ``excess[i]`` requests one at a time from
     the longest queue of row i (lowest index on ties), in place."""
@@ -174,7 +175,7 @@ def trim_longest(w, excess):  # type: ignore[no-untyped-def]
             w[i, best] -= 1
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def event_rows(  # type: ignore[no-untyped-def]
     rows, keys, dense, rank_table, cap, ev_src, ev_move, ev_f, per_thread, weights, weighted, lam, fill, indptr,
     indices, data, out,
@@ -269,7 +270,7 @@ def event_rows(  # type: ignore[no-untyped-def]
     return -1
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def reach_mark(indptr, indices, data, start, seen):  # type: ignore[no-untyped-def]
     """Mark in ``seen`` every state reachable from ``start`` along positive entries of a CSR
     matrix (evaluate.reachable); returns how many."""
@@ -291,7 +292,7 @@ def reach_mark(indptr, indices, data, start, seen):  # type: ignore[no-untyped-d
     return tail
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def gauss_seidel(indptr, indices, data, diag, x, sweeps):  # type: ignore[no-untyped-def]
     """In-place Gauss–Seidel sweeps for xᵀ = xᵀP (P in CSC), x[0] held fixed."""
     n = x.size
@@ -306,7 +307,7 @@ def gauss_seidel(indptr, indices, data, diag, x, sweeps):  # type: ignore[no-unt
     return x
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def anderson_history(x, f, x_old, f_old, df, dxf, head, k, both):  # type: ignore[no-untyped-def]
     """One pass of the Anderson step (anderson.py): store Δf = f − f_old and Δx + Δf in row ``head``,
     and both[j] = (Δf_j·Δf_head, Δf_j·f) for the first ``k`` rows — the Gram row and the right side.
@@ -354,7 +355,7 @@ def anderson_history(x, f, x_old, f_old, df, dxf, head, k, both):  # type: ignor
             j += 1
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def anderson_mix(x, f, dxf, gamma, out):  # type: ignore[no-untyped-def]
     """out = x + f − Σ_j γ_j (Δx_j + Δf_j), one pass over the history (anderson.py)."""
     n = x.size
@@ -366,7 +367,7 @@ def anderson_mix(x, f, dxf, gamma, out):  # type: ignore[no-untyped-def]
         out[i] = acc
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def anderson_gamma(gram, k, both, gamma):  # type: ignore[no-untyped-def]
     """γ = (G + εI)⁻¹ r, G the leading k×k block of ``gram``, r = ``both[:k, 1]`` and
     ε = 1e-13·trace(G) + 1e-300: anderson.py's regularised normal equations, by Gaussian
@@ -412,7 +413,7 @@ def anderson_gamma(gram, k, both, gamma):  # type: ignore[no-untyped-def]
 # ---- breadth-first construction of a policy's chain (chain.py) -------------------------------
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def chain_bfs(  # type: ignore[no-untyped-def]
     st, rows, keys, level, ht, t_src, t_dst, t_rate, rank_table, cap, k_max, max_states, ev_src, ev_move, ev_f,
     per_thread, weights, weighted, sp_ptr, sp_coord, sp_prob, deterministic, kind, param, rkeys, rdense, rspawn,

@@ -31,8 +31,9 @@ at the work (for hyper-exponential fits the label never changes).
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from overtake.jit import njit
 
 from .heuristic import heuristic_decide
 from .model import capacity_compiled as _cap
@@ -40,7 +41,7 @@ from .model import capacity_compiled as _cap
 LMAX = 64
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _heap_push(hv, hs, size, v, s):  # type: ignore[no-untyped-def]
     i = size
     hv[i] = v
@@ -55,7 +56,7 @@ def _heap_push(hv, hs, size, v, s):  # type: ignore[no-untyped-def]
     return size + 1
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _heap_pop(hv, hs, size):  # type: ignore[no-untyped-def]
     s = hs[0]
     size -= 1
@@ -77,7 +78,7 @@ def _heap_pop(hv, hs, size):  # type: ignore[no-untyped-def]
     return s, size
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _level_rates(nlev, w, K, cores, overhead, out):  # type: ignore[no-untyped-def]
     """Per-thread rate of each level: water-filling of c(K) by weight, each thread capped at one core."""
     n_lv = nlev.size
@@ -113,7 +114,7 @@ def _level_rates(nlev, w, K, cores, overhead, out):  # type: ignore[no-untyped-d
             return
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _pick(cum, row, ncols):  # type: ignore[no-untyped-def]
     u = np.random.random()
     for c in range(ncols):
@@ -122,7 +123,7 @@ def _pick(cum, row, ncols):  # type: ignore[no-untyped-def]
     return ncols - 1
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _table_lookup(row, L, Q, C, kmax, keys, spawn, ntab, out, counts_only):  # type: ignore[no-untyped-def]
     """mdp.Policy.action: rank lookup with the documented projection beyond the truncation."""
     K = 0
@@ -165,7 +166,7 @@ def _table_lookup(row, L, Q, C, kmax, keys, spawn, ntab, out, counts_only):  # t
             out[q] = min(spawn[i, q], row[q])
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def run_kernel(  # type: ignore[no-untyped-def]
     n_total, n_warm, n_meas, lam, seed,
     coord_stage, stage_off, alpha_cum, mu, jump_cum,

@@ -47,8 +47,8 @@ def warm_up() -> float:
     return time.perf_counter() - t0
 
 
-def build_extension() -> str:
-    """Build ``_kernels_aot`` unless the one present was built from the current kernels; says what it did."""
+def build_extension(cpu: str = "host") -> str:
+    """Build ``_kernels_aot`` for ``cpu`` unless the one present was built from the current kernels; says what it did."""
     from . import _kernels
 
     try:
@@ -58,7 +58,7 @@ def build_extension() -> str:
         pass
     t0 = time.perf_counter()
     try:
-        _kernels.build_aot()
+        _kernels.build_aot(cpu=cpu)
     except Exception as exc:  # no C compiler, read-only install: the JIT kernels (cached) still run
         return f"ahead-of-time kernels not built ({type(exc).__name__}: {exc}); the JIT kernels will run"
     return f"ahead-of-time kernels built ({time.perf_counter() - t0:.1f} s)"
@@ -109,6 +109,23 @@ def kernel_cache_misses() -> int:
     return total
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m overtake.mdp._warmup", description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu", default="host",
+                        help="processor the ahead-of-time kernels are built for (LLVM's name): host (default) or, "
+                             "for a package other machines install, a baseline such as x86-64")
+    parser.add_argument("--aot-only", action="store_true",
+                        help="build the extension only; leave numba's cache alone (a package's read-only tree)")
+    args = parser.parse_args(argv)
+    if args.aot_only:
+        print(f"overtake.mdp: {build_extension(args.cpu)}", file=sys.stderr)
+        return 0
     seconds = warm_up()
-    print(f"overtake.mdp kernels ready ({seconds:.1f} s); {build_extension()}", file=sys.stderr)
+    print(f"overtake.mdp kernels ready ({seconds:.1f} s); {build_extension(args.cpu)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

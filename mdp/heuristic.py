@@ -43,9 +43,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numba
 import numpy as np
 import numpy.typing as npt
+
+from overtake.jit import njit
 
 from .errors import ModelError
 from .evaluate import PolicyMetrics
@@ -121,7 +122,7 @@ def wait_costs(model: TandemModel, mean: FloatArray, mins: FloatArray, variant: 
     return W
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def heuristic_decide(w, k, remaining, min_pair, wait, order, coord_stage, variant, cores, overhead, k_cap, out):  # type: ignore[no-untyped-def]
     """Threads to start per coordinate queue for one state (w waiting, k active per coordinate).
 
@@ -170,7 +171,7 @@ def heuristic_decide(w, k, remaining, min_pair, wait, order, coord_stage, varian
     return started
 
 
-@numba.njit(cache=True)
+@njit(cache=True)
 def _decide_rows(rows, remaining, min_pair, wait, order, coord_stage, variant, cores, overhead, k_cap):  # type: ignore[no-untyped-def]
     D = remaining.size
     S = rows.shape[0]

@@ -68,9 +68,9 @@ def __getattr__(name: str) -> Any:
     if name != "capacity_compiled":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     if name not in _compiled:
-        import numba
+        from overtake.jit import njit
 
-        _compiled[name] = numba.njit(cache=True, inline="always")(capacity)
+        _compiled[name] = njit(cache=True, inline="always")(capacity)
     return _compiled[name]
 
 

@@ -15,7 +15,7 @@ Every error raised on purpose derives from :class:`overtake.errors.OvertakeError
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import PackageNotFoundError, metadata, version
 
 #: The installed distribution (``overtake`` on PyPI is an unrelated project).
 DISTRIBUTION = "overtake-server"
@@ -25,4 +25,19 @@ try:
 except PackageNotFoundError:  # imported from a checkout that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["DISTRIBUTION", "__version__"]
+__all__ = ["DISTRIBUTION", "__version__", "install_hint"]
+
+
+def install_hint(extra: str) -> str:
+    """The command that installs an optional feature of the distribution, e.g. ``pip install 'overtake-server[sweep]'``.
+
+    Error messages about a missing optional dependency end with it; ``extra`` must be one of the
+    distribution's extras (setup.cfg ``extras_require``).
+    """
+    try:
+        extras = metadata(DISTRIBUTION).get_all("Provides-Extra") or []
+    except PackageNotFoundError:  # a checkout that was never installed: nothing to check against
+        extras = [extra]
+    if extra not in extras:
+        raise ValueError(f"{DISTRIBUTION} has no extra {extra!r} (its extras: {', '.join(sorted(extras))})")
+    return f"pip install '{DISTRIBUTION}[{extra}]'"

@@ -89,6 +89,12 @@ def test_built_wheel_runs_outside_the_checkout(tmp_path: Path) -> None:
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import overtake.mdp; print(overtake.mdp.__file__)"],
                            cwd=cwd, env=env, capture_output=True, text=True, check=True).stdout
     assert str(venv) in where and str(REPO) not in where
+    # the operator's files are package data: the dashboard, its scrape job, the example stages file
+    shipped = ("import importlib.resources as r; d = r.files('overtake.dashboards'); e = r.files('overtake.apache_conf') / "
+               "'examples'; print((d / 'grafana-sidecar.json').is_file(), (d / 'prometheus-scrape.yml').is_file(), "
+               f"(e / 'stages.yaml').read_text() == open({str(REPO / 'examples' / 'sidecar' / 'stages.yaml')!r}).read())")
+    out = subprocess.run([str(venv / "bin" / "python"), "-c", shipped], cwd=cwd, env=env, capture_output=True, text=True)
+    assert out.stdout.split() == ["True", "True", "True"], out.stderr
     scenario = shutil.copy(REPO / "examples" / "table1" / "case01.yaml", cwd / "case01.yaml")
     out = run("compare", str(scenario), "--json")
     assert out.returncode == 0, out.stderr

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from overtake import install_hint
 from overtake.api.scenario import load_scenario
 from overtake.mdp.errors import ModelError
 from overtake.mdp.rules import overtaking_rule
@@ -134,7 +135,7 @@ def _run_constrained(args: argparse.Namespace, sc: Any, model: Any) -> int:
     try:
         import cvxpy  # noqa: F401
     except ImportError:
-        raise ValueError("--max-mean-threads/--stage-sla need cvxpy: pip install 'overtake[convex]'") from None
+        raise ValueError(f"--max-mean-threads/--stage-sla need cvxpy: {install_hint('convex')}") from None
     from overtake.mdp.constrained import Constraints, solve_constrained
 
     cons = Constraints.parse(model, args.max_mean_threads, args.stage_sla)

@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from overtake import install_hint
 from overtake.mdp.errors import ModelError
 
 
@@ -26,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import dask.distributed  # noqa: F401
     except ImportError:
-        raise ModelError("overtake sweep needs Dask: pip install 'overtake[sweep]'") from None
+        raise ModelError(f"overtake sweep needs Dask: {install_hint('sweep')}") from None
     from overtake.api.progress import progress_bar
     from overtake.mdp.sweep import parse_grid, plot_gains, run_sweep, write_table
 

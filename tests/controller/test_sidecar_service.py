@@ -514,7 +514,7 @@ def test_unit_file_passes_systemd_analyze_verify(work: Path) -> None:
     if not exe.exists():
         pytest.skip(f"no {exe}: the package is not installed with its console script")
     unit = work / "overtake-sidecar.service"
-    unit.write_text(UNIT.read_text().replace("/usr/local/bin/overtake", str(exe)))
+    unit.write_text(UNIT.read_text().replace("/usr/bin/overtake", str(exe)))
     r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, check=False)
     assert r.returncode == 0 and not r.stderr.strip(), r.stderr
 
