@@ -46,8 +46,9 @@
  * This file holds the module record, its hooks and the server and child lifecycle (privileges,
  * the self-test, the threads). The features live next to it, one file each, sharing
  * mod_overtake_prio.h: op_directives.c (the directives), op_prio.c (per-request priority),
- * op_monitor.c (the monitor thread), op_gate.c (the admission gate), op_status.c (the status
- * page), op_pure.c (what needs no Apache: directive values, headers, level arithmetic).
+ * op_monitor.c (the monitor thread), op_gate.c (the admission gate), op_gate_key.c (its key
+ * and file, in the root parent), op_status.c (the status page), op_pure.c (what needs no Apache:
+ * directive values, headers, level arithmetic).
  *
  * Build: make (apxs -c on every file above; Debian: apt-get install apache2-dev)
  * See README.md next to this file for the directives and for use in an existing Apache.

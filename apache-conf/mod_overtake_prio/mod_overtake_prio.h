@@ -207,7 +207,10 @@ typedef struct {
     uint32_t token;             /* its pairing token, 0 unless mapped */
     uint32_t nslots;            /* its slots, 0 unless mapped */
 } op_gate_state;
+/* op_gate_key.c: the gate's key, read in the root parent; the children inherit it */
+extern int op_gate_key_loaded;   /* else gated requests pass */
 void op_gate_prepare(apr_pool_t *p, server_rec *s, const op_conf *c);
+void op_gate_mac(const void *msg, size_t n, uint8_t out[32]);
 void op_gate_child_init(server_rec *s);
 int op_gate_post_read_request(request_rec *r);
 int op_gate_idle_word(const char *note, const uint32_t **word, uint32_t *gen);

@@ -101,7 +101,7 @@ static const char *set_levels(cmd_parms *cmd, op_conf *c, const char *args)
     const char *err = count_error(cmd, st, "OvertakePrioLevels: give one or more thread-CPU "
                                   "thresholds in seconds, e.g. OvertakePrioLevels 0.005 0.05");
     if (st == OP_PARSE_RANGE) {
-        err = seconds_error(cmd->pool, "OvertakePrioLevels", w[bad], 0.0, 3600.0);
+        err = seconds_error(cmd->pool, "OvertakePrioLevels", w[bad], 0.0, OP_THRESHOLD_MAX);
     }
     else if (st == OP_PARSE_ORDER) {
         err = apr_psprintf(cmd->pool, "OvertakePrioLevels: thresholds must be > 0 and "

@@ -2,10 +2,11 @@
  * op_gate.c -- the admission gate: a request carrying the sidecar's gate header waits, before
  * anything else runs for it, on a futex word of a file the sidecar maps too, until the sidecar
  * opens it (admission) or cancels it (503); an idle start runs at the lowest level until then
- * and the promoter thread gives it its priority back. Also the gate's key and file, prepared
- * by the root parent before the children start.
+ * and the promoter thread gives it its priority back. The gate's key and file are prepared by
+ * the root parent (op_gate_key.c).
  *
- * og_fault.h keeps its state per file: every load from the gate file is made here.
+ * og_fault.h's state is static, one copy per file that includes it: every guarded load from
+ * the gate file is made here, so that its SIGBUS handler sees the load's jump buffer.
  */
 #include "mod_overtake_prio.h"
 
@@ -23,11 +24,9 @@
 #include <unistd.h>
 
 #include "apr_strings.h"
-#include "apr_general.h"
 #include "http_connection.h"
 #include "http_core.h"
 #include "http_protocol.h"
-#include "unixd.h"
 
 #include "og_fault.h"
 #include "og_hmac.h"
@@ -52,7 +51,6 @@
 enum { OG_WAIT = 0, OG_OPEN = 1, OG_CANCEL = 2, OG_IDLE = 3 };
 #define OG_SLICE_NS 100000000   /* between checks that the sidecar still holds the connection */
 #define OG_MAX_SLOTS (1u << 20) /* the sidecar's gate_slots bound */
-#define OG_KEY_BYTES 32
 
 typedef struct {
     char magic[8];
@@ -73,12 +71,6 @@ typedef struct {
     uint32_t *words;
     uint32_t nslots;
 } og_view;
-
-/* The key, read in the root parent in post_config; the children inherit it. */
-static struct {
-    int loaded;
-    og_hmac_key mac;            /* the key's pad states */
-} gate_key;
 
 /* What a child has said about its file since the file was last good (each once). */
 enum { OG_SAID_UNMAPPED = 1, OG_SAID_FAULT = 2, OG_SAID_GONE = 4, OG_SAID_FOREIGN = 8,
@@ -153,7 +145,7 @@ static const char *gate_check(int fd, const struct stat *st, og_head *h)
         return "its size does not match its slot count";
     }
     n = snprintf(msg, sizeof msg, "OVTGATE2 file %u %u", h->nslots, h->token);
-    og_hmac(&gate_key.mac, msg, (size_t)n, want);
+    op_gate_mac(msg, (size_t)n, want);
     if (!og_equal(want, h->keycheck, sizeof want)) {
         return "it was not written with this server's key (a sidecar that read another key "
                "file, or no sidecar's file)";
@@ -193,7 +185,7 @@ static int gate_map(int recheck)
     const char *why = NULL;
     unsigned say = 0;
     int fd, same = 0, gone = 0, err = 0, ok;
-    if (!gate_key.loaded) {
+    if (!op_gate_key_loaded) {
         return 0;  /* said at start: gated requests pass */
     }
     if (__atomic_load_n(&gate.view, __ATOMIC_ACQUIRE) && !recheck) {
@@ -286,7 +278,7 @@ static int gate_verify(uint32_t token, unsigned long slot, unsigned long gen,
     char msg[48];
     uint8_t want[32];
     int n = snprintf(msg, sizeof msg, "%u %lu %lu", token, slot, gen);
-    og_hmac(&gate_key.mac, msg, (size_t)n, want);
+    op_gate_mac(msg, (size_t)n, want);
     return og_equal(want, mac, OG_MAC_BYTES);
 }
 
@@ -336,7 +328,7 @@ int op_gate_post_read_request(request_rec *r)
         if (first) {
             ap_log_rerror(APLOG_MARK, APLOG_ERR, 0, r, APLOGNO(90106) "mod_overtake_prio: "
                           "OvertakeGate %s %s; gated requests pass at once", op_cconf->gate_file,
-                          gate_key.loaded ? "is missing or not a gate file of this server's key "
+                          op_gate_key_loaded ? "is missing or not a gate file of this server's key "
                           "(start the sidecar with --gate on the same path)"
                           : "is not used: its key file was refused at start (see above)");
         }
@@ -526,7 +518,7 @@ void op_gate_snapshot(const op_conf *c, op_gate_state *st)
     og_view *gv = mapped ? __atomic_load_n(&gate.view, __ATOMIC_ACQUIRE) : NULL;
     uint32_t token = 0;
     mapped = gv && gate_load(&gv->head->token, &token);
-    st->key_loaded = gate_key.loaded;
+    st->key_loaded = op_gate_key_loaded;
     st->mapped = mapped;
     st->token = mapped ? token : 0u;
     st->nslots = mapped ? gv->nslots : 0u;
@@ -535,134 +527,4 @@ void op_gate_snapshot(const op_conf *c, op_gate_state *st)
 void op_gate_child_init(server_rec *s)
 {
     gate.s = s;
-}
-
-/* ---- in the root parent (post_config): the key and the file's group -------------------- */
-
-/* The key in path (64 hex digits) into key; NULL, or why not (*missing: no such file). A key
- * file of root's that gives its group nothing (0600) gets the workers' group: a sidecar gives a
- * gate file it creates the key file's group, so that the workers can read it. */
-static const char *gate_key_read(apr_pool_t *p, const char *path, uint8_t key[OG_KEY_BYTES],
-                                 int *missing)
-{
-    char buf[4 * OG_KEY_BYTES + 1];
-    struct stat st;
-    ssize_t n;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    *missing = fd < 0 && errno == ENOENT;
-    if (fd < 0) {
-        return apr_psprintf(p, "cannot be opened (%s)", strerror(errno));
-    }
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return "is not a regular file (remove it)";
-    }
-    if (st.st_uid != 0 && st.st_uid != geteuid()) {
-        close(fd);
-        return apr_psprintf(p, "belongs to uid %ld: the key must belong to root (someone else "
-                            "may know it; remove it, or chown root and let a sidecar that does "
-                            "not run as root read it through the file's group)",
-                            (long)st.st_uid);
-    }
-    if (st.st_mode & 027) {
-        close(fd);
-        return apr_psprintf(p, "has mode %04o: others may read or change it (chmod 0600, or "
-                            "0640 for a sidecar that reads it through the file's group)",
-                            (unsigned)(st.st_mode & 07777));
-    }
-    if (geteuid() == 0 && st.st_uid == 0 && !(st.st_mode & 070)
-        && st.st_gid != ap_unixd_config.group_id) {
-        (void)!fchown(fd, (uid_t)-1, ap_unixd_config.group_id);  /* best effort: see the file's */
-    }
-    n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ')) {
-        n--;
-    }
-    if (n != 2 * OG_KEY_BYTES || !og_unhex(buf, OG_KEY_BYTES, key)) {
-        return "does not hold 64 hex digits (remove it: Apache or the sidecar creates a new one)";
-    }
-    return NULL;
-}
-
-/* A new random key at path, mode 0600: written to a temporary file, then linked into place,
- * so that neither side ever reads half a key and a key the sidecar made meanwhile wins. */
-static const char *gate_key_create(apr_pool_t *p, const char *path)
-{
-    uint8_t raw[OG_KEY_BYTES];
-    char hex[2 * OG_KEY_BYTES + 2];
-    const char *tmp = apr_psprintf(p, "%s.%ld.tmp", path, (long)getpid());
-    int fd, ok, err;
-    if (apr_generate_random_bytes(raw, sizeof raw) != APR_SUCCESS) {
-        return "cannot be created (no random bytes from apr_generate_random_bytes)";
-    }
-    og_hex(raw, sizeof raw, hex);
-    hex[2 * OG_KEY_BYTES] = '\n';
-    memset(raw, 0, sizeof raw);
-    fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        return apr_psprintf(p, "cannot be created (%s)", strerror(errno));
-    }
-    ok = write(fd, hex, 2 * OG_KEY_BYTES + 1) == 2 * OG_KEY_BYTES + 1;
-    err = errno;
-    close(fd);
-    memset(hex, 0, sizeof hex);
-    if (ok && link(tmp, path) != 0 && errno != EEXIST) {
-        ok = 0;
-        err = errno;
-    }
-    unlink(tmp);
-    return ok ? NULL : apr_psprintf(p, "cannot be created (%s)", strerror(err));
-}
-
-/* Root only: the gate file exists (empty until a sidecar writes it) and belongs to the
- * workers' group, mode 0640, so that they can read it and other users cannot. A file of a
- * sidecar that does not run as root is left as it is (its group must be the workers'). */
-static void gate_file_prepare(server_rec *s, const char *path)
-{
-    struct stat st;
-    int fd;
-    if (geteuid() != 0) {
-        return;
-    }
-    fd = open(path, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0640);
-    if (fd < 0) {
-        ap_log_error(APLOG_MARK, APLOG_WARNING, errno, s, APLOGNO(90110) "mod_overtake_prio: "
-                     "cannot create OvertakeGate %s; the sidecar creates it (its group must be "
-                     "Apache's Group for the workers to read it)", path);
-        return;
-    }
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0
-        && (fchown(fd, (uid_t)-1, ap_unixd_config.group_id) != 0 || fchmod(fd, 0640) != 0)) {
-        ap_log_error(APLOG_MARK, APLOG_WARNING, errno, s, APLOGNO(90111) "mod_overtake_prio: "
-                     "cannot give OvertakeGate %s to group %ld, mode 0640; the workers may not "
-                     "read it", path, (long)ap_unixd_config.group_id);
-    }
-    close(fd);
-}
-
-/* The key (created when missing) and the file, before the children start. */
-void op_gate_prepare(apr_pool_t *p, server_rec *s, const op_conf *c)
-{
-    const char *kpath = apr_pstrcat(p, c->gate_file, ".key", NULL);
-    uint8_t key[OG_KEY_BYTES];
-    int missing;
-    const char *why = gate_key_read(p, kpath, key, &missing);
-    if (why && missing) {
-        why = gate_key_create(p, kpath);
-        if (!why) {
-            why = gate_key_read(p, kpath, key, &missing);
-        }
-    }
-    gate_key.loaded = !why;
-    if (why) {
-        ap_log_error(APLOG_MARK, APLOG_ERR, 0, s, APLOGNO(90112) "mod_overtake_prio: the key "
-                     "file of OvertakeGate, %s, %s; gated requests pass at once (the sidecar "
-                     "keeps its queue itself)", kpath, why);
-    }
-    else {
-        og_hmac_init(&gate_key.mac, key, sizeof key);
-    }
-    memset(key, 0, sizeof key);
-    gate_file_prepare(s, c->gate_file);
 }

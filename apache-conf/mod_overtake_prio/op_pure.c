@@ -52,7 +52,7 @@ op_parse_status op_parse_levels(const char *const *w, int n, double thr[OP_MAX_L
     *bad = 0;
     for (k = 0; st == OP_PARSE_OK && k < n; k++) {
         *bad = k;
-        if (!op_parse_seconds(w[k], 0.0, 3600.0, &thr[k])) {
+        if (!op_parse_seconds(w[k], 0.0, OP_THRESHOLD_MAX, &thr[k])) {
             st = OP_PARSE_RANGE;
         }
         else if (thr[k] <= 0.0 || (k > 0 && thr[k] <= thr[k - 1])) {

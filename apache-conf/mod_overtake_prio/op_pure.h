@@ -15,6 +15,7 @@
 
 #define OP_MAX_LEVELS 8         /* demoted levels 1..OP_MAX_LEVELS; level 0 = original */
 #define OP_NICE_IDLE 100        /* marker in a nice list: SCHED_IDLE */
+#define OP_THRESHOLD_MAX 3600.0 /* seconds: the largest threshold OvertakePrioLevels takes */
 #define OG_GEN_MASK 0x3fffffffu /* a gate slot's generation: the word's upper 30 bits */
 #define OG_MAC_BYTES 16         /* of the gate header's MAC: HMAC-SHA256 truncated to 128 bits */
 
@@ -33,7 +34,8 @@ int op_parse_seconds(const char *w, double lo, double hi, double *out);
 /* w is a decimal integer in [lo, hi] and nothing else: 1 and *out set, else 0. */
 int op_parse_long(const char *w, long lo, long hi, long *out);
 
-/* OvertakePrioLevels: n thresholds in seconds, > 0 and strictly increasing, into thr[]. */
+/* OvertakePrioLevels: n thresholds in seconds, in (0, OP_THRESHOLD_MAX] and strictly increasing,
+ * into thr[]. */
 op_parse_status op_parse_levels(const char *const *w, int n, double thr[OP_MAX_LEVELS], int *bad);
 /* OvertakePrioNice: n increments in 1..19, non-decreasing, or 'idle' (OP_NICE_IDLE) last, into
  * nice[]. On OP_PARSE_ORDER, nice[*bad] holds the refused increment. */

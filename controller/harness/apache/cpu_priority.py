@@ -66,6 +66,7 @@ MODULE_SOURCES = (
     "op_prio.c",
     "op_monitor.c",
     "op_gate.c",
+    "op_gate_key.c",
     "op_status.c",
     "op_pure.c",
 )
