@@ -39,7 +39,7 @@ static const uint32_t og_sha256_k[64] = {
 
 #define OG_ROR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
 
-static void og_sha256_block(og_sha256 *c, const uint8_t *p)
+static inline void og_sha256_block(og_sha256 *c, const uint8_t *p)
 {
     uint32_t w[64], a, b, d, e, f, g, h, cc, t1, t2;
     int i;
@@ -65,7 +65,7 @@ static void og_sha256_block(og_sha256 *c, const uint8_t *p)
     c->h[4] += e; c->h[5] += f; c->h[6] += g; c->h[7] += h;
 }
 
-static void og_sha256_init(og_sha256 *c)
+static inline void og_sha256_init(og_sha256 *c)
 {
     static const uint32_t iv[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
                                    0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
@@ -74,7 +74,7 @@ static void og_sha256_init(og_sha256 *c)
     c->n = 0;
 }
 
-static void og_sha256_update(og_sha256 *c, const void *data, size_t len)
+static inline void og_sha256_update(og_sha256 *c, const void *data, size_t len)
 {
     const uint8_t *p = data;
     c->bytes += len;
@@ -91,7 +91,7 @@ static void og_sha256_update(og_sha256 *c, const void *data, size_t len)
     }
 }
 
-static void og_sha256_final(og_sha256 *c, uint8_t out[32])
+static inline void og_sha256_final(og_sha256 *c, uint8_t out[32])
 {
     uint64_t bits = c->bytes * 8;
     int i;
@@ -115,7 +115,7 @@ static void og_sha256_final(og_sha256 *c, uint8_t out[32])
 }
 
 /* The pad states of `key` (a key longer than a block is hashed first, RFC 2104). */
-static void og_hmac_init(og_hmac_key *k, const uint8_t *key, size_t len)
+static inline void og_hmac_init(og_hmac_key *k, const uint8_t *key, size_t len)
 {
     uint8_t block[64], pad[64];
     int i;
@@ -143,7 +143,7 @@ static void og_hmac_init(og_hmac_key *k, const uint8_t *key, size_t len)
     memset(pad, 0, sizeof pad);
 }
 
-static void og_hmac(const og_hmac_key *k, const void *msg, size_t len, uint8_t out[32])
+static inline void og_hmac(const og_hmac_key *k, const void *msg, size_t len, uint8_t out[32])
 {
     og_sha256 c = k->inner;
     uint8_t inner[32];
@@ -155,7 +155,7 @@ static void og_hmac(const og_hmac_key *k, const void *msg, size_t len, uint8_t o
 }
 
 /* 1 if the n bytes are equal; the time does not depend on where they differ. */
-static int og_equal(const uint8_t *a, const uint8_t *b, size_t n)
+static inline int og_equal(const uint8_t *a, const uint8_t *b, size_t n)
 {
     volatile uint8_t diff = 0;
     size_t i;
@@ -166,7 +166,7 @@ static int og_equal(const uint8_t *a, const uint8_t *b, size_t n)
 }
 
 /* Lower-case hex of n bytes (out holds 2n + 1). */
-static void og_hex(const uint8_t *p, size_t n, char *out)
+static inline void og_hex(const uint8_t *p, size_t n, char *out)
 {
     static const char digits[] = "0123456789abcdef";
     size_t i;
@@ -178,7 +178,7 @@ static void og_hex(const uint8_t *p, size_t n, char *out)
 }
 
 /* n bytes from exactly 2n hex digits (either case) at s; 0 on anything else. */
-static int og_unhex(const char *s, size_t n, uint8_t *out)
+static inline int og_unhex(const char *s, size_t n, uint8_t *out)
 {
     size_t i;
     for (i = 0; i < 2 * n; i++) {

@@ -74,8 +74,9 @@ ln -s "$PREFIX/venv/bin/overtake" "$STAGE/usr/bin/overtake"
 step "mod_overtake_prio (apxs)"
 cd "$REPO"
 mkdir "$WORK/mod"
-cp apache-conf/mod_overtake_prio/mod_overtake_prio.c "$WORK/mod/"
-(cd "$WORK/mod" && apxs -c -Wc,-Wall -Wc,-O2 mod_overtake_prio.c >/dev/null)
+# every source and header the module's Makefile lists (one module, several files; -Werror)
+cp apache-conf/mod_overtake_prio/Makefile apache-conf/mod_overtake_prio/*.c apache-conf/mod_overtake_prio/*.h "$WORK/mod/"
+make -s -C "$WORK/mod" >/dev/null
 install -D -m 0644 "$WORK/mod/.libs/mod_overtake_prio.so" "$STAGE/usr/lib/apache2/modules/mod_overtake_prio.so"
 strip --strip-unneeded "$STAGE/usr/lib/apache2/modules/mod_overtake_prio.so"
 install -D -m 0644 "$HERE/overtake_prio.load" "$STAGE/etc/apache2/mods-available/overtake_prio.load"

@@ -40,7 +40,10 @@ from overtake.controller.errors import (
 
 __all__ = [
     "DEFAULT_CLASS_HEADER",
-    "MODULE_SOURCE",
+    "MODULE_CFLAGS",
+    "MODULE_DIR",
+    "MODULE_HEADERS",
+    "MODULE_SOURCES",
     "STATUS_PATH",
     "CpuPriority",
     "PrioStatus",
@@ -54,8 +57,25 @@ __all__ = [
 DEFAULT_CLASS_HEADER = "X-Overtake-Class"
 #: Where the private Apache serves the module's counters (local clients only).
 STATUS_PATH = "/overtake-prio-status"
-#: Source file, relative to the ``apache-conf/`` templates.
-MODULE_SOURCE = Path("mod_overtake_prio") / "mod_overtake_prio.c"
+#: The module's folder, relative to the ``apache-conf/`` templates.
+MODULE_DIR = Path("mod_overtake_prio")
+#: The files ``apxs`` compiles into the one module (``SOURCES`` in ``MODULE_DIR/Makefile``).
+MODULE_SOURCES = (
+    "mod_overtake_prio.c",
+    "op_directives.c",
+    "op_prio.c",
+    "op_monitor.c",
+    "op_gate.c",
+    "op_gate_key.c",
+    "op_status.c",
+    "op_pure.c",
+)
+#: The headers they include (``HEADERS`` in the Makefile).
+MODULE_HEADERS = ("mod_overtake_prio.h", "op_pure.h", "og_fault.h", "og_hmac.h")
+#: Compiler flags (``WARNINGS`` and ``-O2`` in the Makefile): a warning fails the build.
+MODULE_CFLAGS = (
+    "-Wall", "-Wextra", "-Wshadow", "-Wstrict-prototypes", "-Wmissing-prototypes", "-Werror", "-O2",
+)
 
 _APXS = "apxs"
 _MAX_LEVELS = 8  # OP_MAX_LEVELS in the C module
@@ -225,9 +245,9 @@ def config_tokens(cpu_priority: CpuPriority | None) -> dict[str, str]:
 
 
 def build_module(conf_dir: Path, workdir: Path) -> Path:
-    """Compile ``mod_overtake_prio.c`` with ``apxs`` into ``workdir/modules``.
+    """Compile :data:`MODULE_SOURCES` with ``apxs`` into ``workdir/modules``.
 
-    Skipped when the ``.so`` is newer than the source. The build runs in
+    Skipped when the ``.so`` is newer than every source and header. The build runs in
     ``workdir/modules/build`` (apxs/libtool leave objects in the current directory) and the
     result replaces ``workdir/modules/mod_overtake_prio.so`` atomically.
 
@@ -248,8 +268,8 @@ def build_module(conf_dir: Path, workdir: Path) -> Path:
     ApacheNotInstalledError
         ``apxs`` (package ``apache2-dev``) is missing or the compilation failed.
     """
-    src = conf_dir / MODULE_SOURCE
-    sources = [src, *sorted(src.parent.glob("*.h"))]  # the headers it includes (og_hmac.h, og_fault.h)
+    src_dir = conf_dir / MODULE_DIR
+    sources = [src_dir / name for name in (*MODULE_SOURCES, *MODULE_HEADERS)]
     mod_dir = workdir / "modules"
     out = mod_dir / "mod_overtake_prio.so"
     if out.exists() and out.stat().st_mtime >= max(f.stat().st_mtime for f in sources):
@@ -264,7 +284,7 @@ def build_module(conf_dir: Path, workdir: Path) -> Path:
     mod_dir.chmod(0o755)
     for f in sources:
         shutil.copyfile(f, build / f.name)
-    cmd = [apxs, "-c", "-Wc,-Wall", "-Wc,-O2", src.name]
+    cmd = [apxs, "-c", "-o", "mod_overtake_prio.la", *(f"-Wc,{f}" for f in MODULE_CFLAGS), *MODULE_SOURCES]
     proc = subprocess.run(cmd, cwd=build, capture_output=True, text=True, check=False)
     built = build / ".libs" / "mod_overtake_prio.so"
     if proc.returncode != 0 or not built.exists():

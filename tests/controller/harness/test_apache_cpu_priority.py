@@ -305,6 +305,18 @@ def test_parse_prio_status_sample() -> None:
         ("OvertakePrioCpuResolution 1", "OvertakePrioCpuResolution"),
         ("OvertakePrioCpuResolution -0.1", "OvertakePrioCpuResolution"),
         ("OvertakePrioCapSysNice maybe", "auto, on or off"),
+        # the words of a per-level directive (op_pure.c) and the messages that name the refused one
+        ("OvertakePrioLevels", "OvertakePrioLevels: give one or more thread-CPU thresholds"),
+        ("OvertakePrioLevels 1 2 3 4 5 6 7 8 9", "OvertakePrioLevels: at most 8 levels"),
+        ("OvertakePrioLevels 0.005 1e999", "OvertakePrioLevels: '1e999' must be seconds in [0, 3600]"),
+        ("OvertakePrioLevels 0.005x", "OvertakePrioLevels: '0.005x' must be seconds in [0, 3600]"),
+        ("OvertakePrioLevels 0.01 0.02 0.002", "strictly increasing, got 0.002 after .02"),
+        ("OvertakePrioNice", "OvertakePrioNice: give one nice increment (1..19) or 'idle' per level"),
+        ("OvertakePrioNice 1 2 3 4 5 6 7 8 9", "OvertakePrioNice: at most 8 levels"),
+        ("OvertakePrioNice 10 5", "must not rise in priority, got nice 5 after 10"),
+        ("OvertakePrioNice 10x idle", "OvertakePrioNice: '10x' must be a nice increment"),
+        ("OvertakePrioRlimitNice 41", "OvertakePrioRlimitNice: '41' must be in 0..40"),
+        ("OvertakeGate relative/path", "OvertakeGate: 'relative/path' must be an absolute path"),
     ],
 )
 def test_directives_rejected_by_config_test(

@@ -1,0 +1,228 @@
+/*
+ * mod_overtake_prio.h -- what the files of mod_overtake_prio share (see mod_overtake_prio.c
+ * for the module as a whole and README.md for the layout): the configuration, the counters in
+ * shared memory, the per-thread slots and the functions each file offers the others.
+ *
+ * Everything declared after the Apache headers is hidden: Apache loads modules with
+ * RTLD_GLOBAL, and only the module record may be visible to it and to other modules.
+ */
+#ifndef MOD_OVERTAKE_PRIO_H
+#define MOD_OVERTAKE_PRIO_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE  /* apxs passes it too */
+#endif
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include "httpd.h"
+#include "http_config.h"
+#include "http_log.h"
+#include "util_filter.h"
+
+#include "op_pure.h"
+
+extern module AP_MODULE_DECLARE_DATA overtake_prio_module;
+
+#pragma GCC visibility push(hidden)
+
+#define OP_UNSET (-1)
+#define OP_HANDLER "overtake-prio-status"
+#define OG_NOTE "overtake-gate-idle"  /* r->notes: "SLOT GEN" of a request started idle */
+
+/* ------------------------------------------------------------------------ configuration */
+
+typedef struct {
+    int enabled;                        /* OvertakePrio On|Off */
+    int nlevels;                        /* number of demoted levels, 0 = unset */
+    double threshold[OP_MAX_LEVELS];    /* thread CPU seconds at which level k+1 starts */
+    int nnice;                          /* 0 = unset: defaults from hot.nlevels */
+    int nice[OP_MAX_LEVELS];            /* nice increment of level k+1, or OP_NICE_IDLE */
+    double interval;                    /* monitor period, seconds */
+    double resolution;                  /* CPU clock re-read period, seconds (0: every request) */
+    int age;                            /* demote by attained CPU (else class header only) */
+    const char *class_header;           /* NULL = "none" */
+    int class_header_set;
+    int rlimit_nice;                    /* RLIMIT_NICE set in the parent */
+    int cap_sys_nice;                   /* OP_CAP_*: keep CAP_SYS_NICE across the user switch */
+    const char *gate_file;              /* OvertakeGate: the sidecar's slot file, NULL = no gate */
+    const char *gate_header;            /* OvertakeGateHeader */
+    double gate_timeout;                /* OvertakeGateTimeout, seconds */
+} op_conf;
+
+enum { OP_CAP_AUTO = 0, OP_CAP_ON = 1, OP_CAP_OFF = 2 };
+
+/* Effective values (the directives are global: only the main server's config is used). */
+static inline int conf_enabled(const op_conf *c) { return c->enabled == 1; }
+static inline double conf_interval(const op_conf *c) { return c->interval > 0 ? c->interval : 0.001; }
+static inline double conf_resolution(const op_conf *c) { return c->resolution >= 0 ? c->resolution : 0.001; }
+static inline int conf_age(const op_conf *c) { return c->age != 0; }
+static inline int conf_rlimit(const op_conf *c) { return c->rlimit_nice >= 0 ? c->rlimit_nice : 20; }
+static inline const char *conf_header(const op_conf *c)
+{
+    return c->class_header_set ? c->class_header : "X-Overtake-Class";
+}
+
+static inline const char *conf_gate_header(const op_conf *c)
+{
+    return c->gate_header ? c->gate_header : "X-Overtake-Gate";
+}
+static inline double conf_gate_timeout(const op_conf *c) { return c->gate_timeout > 0 ? c->gate_timeout : 60.0; }
+
+static inline int conf_nlevels(const op_conf *c) { return c->nlevels ? c->nlevels : 2; }
+static inline double conf_threshold(const op_conf *c, int k)
+{
+    static const double defaults[] = {0.005, 0.05};
+    return c->nlevels ? c->threshold[k] : defaults[k];
+}
+/* Default priorities: nice +10 for every level but the last, SCHED_IDLE for the last. */
+static inline int conf_nice(const op_conf *c, int k)
+{
+    if (c->nnice) {
+        return c->nice[k];
+    }
+    return k == conf_nlevels(c) - 1 ? OP_NICE_IDLE : 10;
+}
+
+/* op_directives.c */
+void *op_create_server_conf(apr_pool_t *p, server_rec *s);
+extern const command_rec op_cmds[];
+
+/* ------------------------------------------------------------------------ shared counters */
+
+/* Cumulative counters for all children, in anonymous shared memory mapped by the parent
+ * (children inherit it) and retained across graceful restarts. */
+typedef struct {
+    apr_uint64_t requests[OP_MAX_LEVELS + 1];        /* ended, by deepest level reached */
+    apr_uint64_t demoted_age[OP_MAX_LEVELS + 1];     /* entries into a level by attained CPU */
+    apr_uint64_t demoted_class[OP_MAX_LEVELS + 1];   /* entries into a level by the header */
+    apr_uint64_t restores;                           /* demoted threads restored */
+    apr_uint64_t restore_errors;
+    apr_uint64_t demote_errors;
+    apr_uint64_t untracked;                          /* no slot for the thread */
+    apr_uint64_t class_invalid;                      /* unparsable or out-of-range header */
+    apr_uint64_t handoffs;      /* thread began a new request before the old one's cleanup */
+    apr_uint64_t monitor_ticks;
+    apr_uint64_t clock_reads;   /* thread CPU clock reads at request start */
+    apr_uint64_t gate_held;     /* gated requests let through by their gate opening */
+    apr_uint64_t gate_wait_ns;  /* ... and their total wait */
+    apr_uint64_t gate_cancels;  /* the sidecar withdrew the request (503) */
+    apr_uint64_t gate_stale;    /* the slot had moved on to another request (503) */
+    apr_uint64_t gate_timeouts; /* let through after OvertakeGateTimeout */
+    apr_uint64_t gate_aborts;   /* the sidecar closed the connection while the request waited */
+    apr_uint64_t gate_invalid;  /* unparsable header or slot out of range (400) */
+    apr_uint64_t gate_forged;   /* a header whose MAC is not the key's (403) */
+    apr_uint64_t gate_unmapped; /* no usable gate file: let through at once */
+    apr_uint64_t gate_faults;   /* loads that found the mapped file shrunk under them */
+    apr_uint64_t gate_idle_starts;  /* started at the lowest level before their admission */
+    apr_uint64_t gate_promotions;   /* ... and given their priority back on it */
+} op_shared;
+
+extern op_shared *op_shm;   /* set in post_config (parent), inherited by the children */
+
+#define ADD(field, v) __atomic_fetch_add(&(field), (v), __ATOMIC_RELAXED)
+#define LOAD(field) __atomic_load_n(&(field), __ATOMIC_RELAXED)
+
+/* ------------------------------------------------------------------------ per-child state */
+
+typedef struct {
+    pthread_mutex_t mu;         /* guards everything below but reads of active */
+    pid_t tid;
+    clockid_t clk;              /* the worker thread's CPU clock */
+    int orig_policy;
+    struct sched_param orig_param;
+    int orig_nice;
+    int active;                 /* a request is in flight on this thread (atomic) */
+    apr_uint64_t seq;           /* request generation on this slot */
+    int64_t cpu0_ns;            /* thread CPU at request start, or less by < resolution */
+    int64_t clock_read_ns;      /* owner thread only: when it last read its CPU clock ... */
+    int64_t clock_cpu_ns;       /* ... and what it read */
+    int level;                  /* level applied to the thread now */
+    const uint32_t *gate_word;  /* an idle start's gate word until its admission (under mu) */
+    uint32_t gate_gen;
+} op_slot;
+
+/* What every request start reads, together on one or two cache lines (set in child_init):
+ * on a tiny request the module's cost was mostly cache misses on scattered globals. */
+typedef struct {
+    int child_ok;               /* self-test passed: demotions can be undone */
+    int age;                    /* OvertakePrioAge */
+    int nlevels;
+    const char *hname;          /* class header, NULL = none */
+    int64_t resolution_ns;
+    int64_t thr_ns[OP_MAX_LEVELS];
+} __attribute__((aligned(64))) op_hot_state;
+
+/* mod_overtake_prio.c: set in child_init */
+extern const op_conf *op_cconf;     /* main server's config, in the child */
+extern op_hot_state op_hot;
+extern int op_any_idle;             /* some level uses SCHED_IDLE */
+extern int op_rlimit_cur;
+extern int op_has_cap_sys_nice;     /* this child's threads hold CAP_SYS_NICE */
+
+/* op_prio.c: per-request priority */
+extern op_slot *op_slots;
+/* op_due[i]: monotonic time before which slot i's request cannot cross its next threshold;
+ * INT64_MAX when no request is in flight there (or none can cross). Apart from the slots so
+ * that a monitor pass reads a few cache lines, not two per worker thread. */
+extern int64_t *op_due;
+extern int op_nslots;
+extern int op_slots_used;           /* claimed so far (atomic) */
+extern apr_uint64_t op_inflight[OP_MAX_LEVELS + 1];
+extern ap_filter_rec_t *op_end_filter_handle;
+static inline int64_t op_ts_ns(const struct timespec *ts)
+{
+    return (int64_t)ts->tv_sec * 1000000000 + ts->tv_nsec;
+}
+pid_t op_gettid(void);
+int64_t op_mono_ns(void);
+void op_slots_create(apr_pool_t *p, int threads);
+void op_slots_close_all(void);
+int op_slots_in_use(void);
+void op_apply_level(op_slot *s, int k, int by_class);
+void op_slot_close(op_slot *s);
+void op_promote(op_slot *s);
+int op_post_read_request(request_rec *r);
+void op_insert_filter(request_rec *r);
+apr_status_t op_end_filter(ap_filter_t *f, apr_bucket_brigade *bb);
+
+/* op_monitor.c: the thread that demotes by attained CPU */
+#define OP_LATE_BUCKETS 7u
+extern const double op_late_le[OP_LATE_BUCKETS];
+extern apr_uint64_t op_late_count[OP_LATE_BUCKETS + 1];  /* last = above every bound */
+extern int64_t op_late_max_ns;      /* worst monitor wake-up delay in this child */
+extern int64_t op_late_sum_ns;
+extern int op_monitor_idle;         /* the monitor waits without a deadline: nothing in flight */
+int op_monitor_start(void);
+void op_monitor_stop(void);
+void op_monitor_wake(void);
+
+/* op_gate.c: the admission gate */
+typedef struct {
+    int key_loaded;             /* the key file was read at start */
+    int mapped;                 /* a gate file of this key is mapped */
+    uint32_t token;             /* its pairing token, 0 unless mapped */
+    uint32_t nslots;            /* its slots, 0 unless mapped */
+} op_gate_state;
+/* op_gate_key.c: the gate's key, read in the root parent; the children inherit it */
+extern int op_gate_key_loaded;   /* else gated requests pass */
+void op_gate_prepare(apr_pool_t *p, server_rec *s, const op_conf *c);
+void op_gate_mac(const void *msg, size_t n, uint8_t out[32]);
+void op_gate_child_init(server_rec *s);
+int op_gate_post_read_request(request_rec *r);
+int op_gate_idle_word(const char *note, const uint32_t **word, uint32_t *gen);
+const uint32_t *op_gate_idle_hold(op_slot *s, const uint32_t *word, uint32_t gen);
+void op_gate_fault(const void *addr);
+void op_gate_snapshot(const op_conf *c, op_gate_state *st);
+int op_promoter_start(void);
+void op_promoter_stop(void);
+
+/* op_status.c */
+int op_status_handler(request_rec *r);
+
+#pragma GCC visibility pop
+
+#endif

@@ -1,0 +1,316 @@
+/*
+ * op_prio.c -- per-request CPU priority: a slot per worker thread, the request's start (its
+ * starting level, its CPU clock), the move to a lower level, and the restore at its end (the
+ * end filter on EOS, the request pool's cleanup, a hand-over to the thread's next request).
+ * The monitor thread (op_monitor.c) decides the moves by attained CPU.
+ */
+#include "mod_overtake_prio.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "http_request.h"
+
+op_slot *op_slots;
+int64_t *op_due;
+int op_nslots;
+int op_slots_used;
+apr_uint64_t op_inflight[OP_MAX_LEVELS + 1];
+ap_filter_rec_t *op_end_filter_handle;
+/* initial-exec: a plain load from the thread pointer instead of a __tls_get_addr call per
+ * request (a dlopen'ed module's default); 8 bytes of glibc's static TLS surplus */
+static __thread op_slot *my_slot __attribute__((tls_model("initial-exec")));
+
+typedef struct {
+    op_slot *slot;
+    apr_uint64_t seq;
+} op_req;
+
+pid_t op_gettid(void) { return (pid_t)syscall(SYS_gettid); }
+
+int64_t op_mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return op_ts_ns(&ts);
+}
+
+/* Worker threads, plus room for threads that other modules run requests on (mod_http2). */
+void op_slots_create(apr_pool_t *p, int threads)
+{
+    int k;
+    op_nslots = 2 * (threads > 0 ? threads : 64) + 16;
+    op_slots = apr_pcalloc(p, sizeof *op_slots * (apr_size_t)op_nslots);
+    op_due = apr_palloc(p, sizeof *op_due * (apr_size_t)op_nslots);
+    for (k = 0; k < op_nslots; k++) {
+        pthread_mutex_init(&op_slots[k].mu, NULL);
+        op_due[k] = INT64_MAX;
+    }
+}
+
+/* Slots claimed so far (a claim beyond the table counts up before it is refused). */
+int op_slots_in_use(void)
+{
+    int n = __atomic_load_n(&op_slots_used, __ATOMIC_ACQUIRE);
+    return n > op_nslots ? op_nslots : n;
+}
+
+static op_slot *slot_claim(void)
+{
+    int i = __atomic_fetch_add(&op_slots_used, 1, __ATOMIC_ACQ_REL);
+    op_slot *s;
+    if (i >= op_nslots) {
+        __atomic_store_n(&op_slots_used, op_nslots, __ATOMIC_RELEASE);
+        return NULL;
+    }
+    s = &op_slots[i];
+    s->tid = op_gettid();
+    s->clock_read_ns = INT64_MIN / 2;  /* never read: the first request reads */
+    if (pthread_getcpuclockid(pthread_self(), &s->clk) != 0) {
+        s->clk = CLOCK_THREAD_CPUTIME_ID;  /* unusable from the monitor: age checks skip */
+    }
+    errno = 0;
+    s->orig_nice = getpriority(PRIO_PROCESS, (id_t)s->tid);
+    if (errno) {
+        s->orig_nice = 0;
+    }
+    s->orig_policy = sched_getscheduler(s->tid);
+    if (s->orig_policy < 0 || sched_getparam(s->tid, &s->orig_param) != 0) {
+        s->orig_policy = SCHED_OTHER;
+        memset(&s->orig_param, 0, sizeof s->orig_param);
+    }
+    my_slot = s;
+    return s;
+}
+
+/* Move the slot's thread to level k (> current). Caller holds s->mu. */
+void op_apply_level(op_slot *s, int k, int by_class)
+{
+    int nice = op_level_nice(s->orig_nice, conf_nice(op_cconf, k - 1));
+    int rc;
+    if (nice == OP_NICE_IDLE) {
+        struct sched_param p;
+        memset(&p, 0, sizeof p);
+        rc = sched_setscheduler(s->tid, SCHED_IDLE, &p);
+    }
+    else {
+        rc = setpriority(PRIO_PROCESS, (id_t)s->tid, nice);
+    }
+    if (rc != 0) {
+        ADD(op_shm->demote_errors, 1);  /* the thread keeps its priority; restore is harmless */
+    }
+    ADD(op_inflight[s->level], -1);
+    ADD(op_inflight[k], 1);
+    if (by_class) {
+        ADD(op_shm->demoted_class[k], 1);
+    }
+    else {
+        ADD(op_shm->demoted_age[k], 1);
+    }
+    s->level = k;
+}
+
+/* Give the thread its original policy and nice value back. Caller holds s->mu. */
+static int restore_thread(op_slot *s)
+{
+    int ok = 1;
+    if (op_any_idle && sched_setscheduler(s->tid, s->orig_policy, &s->orig_param) != 0
+        && errno != ESRCH) {
+        ok = 0;
+    }
+    if (setpriority(PRIO_PROCESS, (id_t)s->tid, s->orig_nice) != 0 && errno != ESRCH) {
+        ok = 0;
+    }
+    return ok;
+}
+
+static void count_restore(op_slot *s)
+{
+    if (restore_thread(s)) {
+        ADD(op_shm->restores, 1);
+    }
+    else {
+        ADD(op_shm->restore_errors, 1);
+    }
+}
+
+/* End the slot's current request: restore, count, mark idle. Caller holds s->mu. */
+void op_slot_close(op_slot *s)
+{
+    if (s->level > 0) {
+        count_restore(s);
+    }
+    ADD(op_shm->requests[s->level], 1);
+    ADD(op_inflight[s->level], -1);
+    s->level = 0;
+    s->gate_word = NULL;
+    __atomic_store_n(&op_due[s - op_slots], INT64_MAX, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->active, 0, __ATOMIC_RELEASE);
+}
+
+/* Child exit: every request still in flight gets its thread's priority back. */
+void op_slots_close_all(void)
+{
+    int i, n = op_slots_in_use();
+    for (i = 0; i < n; i++) {
+        pthread_mutex_lock(&op_slots[i].mu);
+        if (__atomic_load_n(&op_slots[i].active, __ATOMIC_ACQUIRE)) {
+            op_slot_close(&op_slots[i]);
+        }
+        pthread_mutex_unlock(&op_slots[i].mu);
+    }
+}
+
+/* Back to level 0: an idle start the sidecar has opened. Caller holds s->mu. */
+void op_promote(op_slot *s)
+{
+    count_restore(s);
+    ADD(op_inflight[s->level], -1);
+    ADD(op_inflight[0], 1);
+    s->level = 0;
+    s->gate_word = NULL;
+    ADD(op_shm->gate_promotions, 1);
+    /* its age levels start over from here (attained CPU includes the idle run) */
+    __atomic_store_n(&op_due[s - op_slots],
+                     op_hot.age ? op_next_due(s->clock_read_ns, 0, 0, op_hot.thr_ns,
+                                              op_hot.nlevels)
+                                : INT64_MAX, __ATOMIC_RELAXED);
+}
+
+static apr_status_t op_request_end(void *data)
+{
+    op_req *q = data;
+    op_slot *s = q->slot;
+    /* Called twice per request (EOS, then the pool cleanup): the second finds the slot
+     * closed, or serving a newer request, without taking the lock (checked again under it). */
+    if (!__atomic_load_n(&s->active, __ATOMIC_ACQUIRE)
+        || __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) != q->seq) {
+        return APR_SUCCESS;
+    }
+    pthread_mutex_lock(&s->mu);
+    if (__atomic_load_n(&s->active, __ATOMIC_ACQUIRE) && s->seq == q->seq) {
+        op_slot_close(s);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return APR_SUCCESS;
+}
+
+int op_post_read_request(request_rec *r)
+{
+    op_slot *s;
+    op_req *q;
+    int start = 0;
+    const uint32_t *gate_word = NULL, *gate_gone = NULL;
+    uint32_t gate_gen = 0;
+    struct timespec cpu;
+    int64_t now;
+    const char *hname, *note;
+
+    if (!op_hot.child_ok || r->main || r->prev) {
+        return DECLINED;  /* subrequests and internal redirects belong to the first request */
+    }
+    s = my_slot ? my_slot : slot_claim();
+    if (!s) {
+        ADD(op_shm->untracked, 1);
+        return DECLINED;
+    }
+    hname = op_hot.hname;
+    if (hname) {
+        const char *h = apr_table_get(r->headers_in, hname);
+        if (h && !op_parse_class(h, op_hot.nlevels, &start)) {
+            ADD(op_shm->class_invalid, 1);
+            ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, APLOGNO(90001)
+                          "%s: '%s' is not a level in 0..%d",
+                          hname, h, op_hot.nlevels);
+        }
+    }
+    /* an idle start (the gate's IDLE state): the lowest level until the sidecar opens it */
+    note = apr_table_get(r->notes, OG_NOTE);
+    if (note && op_gate_idle_word(note, &gate_word, &gate_gen)) {
+        start = op_hot.nlevels;
+    }
+    now = op_mono_ns();
+    /* The thread CPU clock is a system call (the vDSO has no thread clocks), which costs a
+     * tiny request ~2 % of its CPU: read it at most once per resolution. A reading taken
+     * at t <= now is short of the CPU at this start by less than now - t (CPU never runs ahead
+     * of wall time), so attained CPU is overcounted by less than the resolution, and no
+     * threshold can be crossed before clock_read_ns + threshold. Class-only mode reads none. */
+    if (op_hot.age && now - s->clock_read_ns >= op_hot.resolution_ns) {
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu);
+        s->clock_cpu_ns = op_ts_ns(&cpu);
+        s->clock_read_ns = now;
+        ADD(op_shm->clock_reads, 1);
+    }
+
+    pthread_mutex_lock(&s->mu);
+    if (__atomic_load_n(&s->active, __ATOMIC_ACQUIRE)) {
+        /* The previous request's pool outlived its work on this thread (async write
+         * completion): the thread now serves this request, so its priority is reset. */
+        op_slot_close(s);
+        ADD(op_shm->handoffs, 1);
+    }
+    __atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELEASE);
+    s->cpu0_ns = s->clock_cpu_ns;
+    s->level = 0;
+    ADD(op_inflight[0], 1);
+    if (start > 0) {
+        op_apply_level(s, start, 1);
+    }
+    if (gate_word) {
+        gate_gone = op_gate_idle_hold(s, gate_word, gate_gen);
+    }
+    __atomic_store_n(&op_due[s - op_slots],
+                     op_hot.age ? op_next_due(s->clock_read_ns, 0, s->level, op_hot.thr_ns,
+                                              op_hot.nlevels)
+                                : INT64_MAX, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->active, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&s->mu);
+    if (gate_gone) {
+        op_gate_fault(gate_gone);
+    }
+    if (op_hot.age) {
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);  /* due[] before monitor_idle: see monitor_main */
+        if (__atomic_load_n(&op_monitor_idle, __ATOMIC_SEQ_CST)) {
+            op_monitor_wake();
+        }
+    }
+
+    q = apr_palloc(r->pool, sizeof *q);
+    q->slot = s;
+    q->seq = s->seq;
+    ap_set_module_config(r->request_config, &overtake_prio_module, q);
+    apr_pool_cleanup_register(r->pool, q, op_request_end, apr_pool_cleanup_null);
+    return DECLINED;
+}
+
+/* Every request that runs a handler (internal redirects included) gets the end filter. */
+void op_insert_filter(request_rec *r)
+{
+    request_rec *first = r;
+    op_req *q;
+    if (r->main) {
+        return;
+    }
+    while (first->prev) {
+        first = first->prev;
+    }
+    q = ap_get_module_config(first->request_config, &overtake_prio_module);
+    if (q) {
+        ap_add_output_filter_handle(op_end_filter_handle, q, r, r->connection);
+    }
+}
+
+/* EOS = the handler and the content filters are done: the rest of the request (protocol
+ * filters, the network write, logging) is not the request's CPU demand. Restoring before
+ * the last write also means a client never sees the response of a still-demoted thread. */
+apr_status_t op_end_filter(ap_filter_t *f, apr_bucket_brigade *bb)
+{
+    if (!APR_BRIGADE_EMPTY(bb) && APR_BUCKET_IS_EOS(APR_BRIGADE_LAST(bb))) {
+        op_request_end(f->ctx);
+        ap_remove_output_filter(f);
+    }
+    return ap_pass_brigade(f->next, bb);
+}
