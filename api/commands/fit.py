@@ -122,7 +122,8 @@ def _load(args: argparse.Namespace) -> tuple[dict[str, np.ndarray], list[str]]:
     return {name: x}, []
 
 
-def _summary(name: str, res: FitResult, lines: list[str]) -> list[str]:
+def _summary(name: str, res: FitResult, lines: list[str], chosen: int | None = None) -> list[str]:
+    """``chosen``: the order marked in the selection table (a shifted fit's body order)."""
     out = [
         f"[{name}] {res.structure} order {res.ph.order}: loglik {res.loglik:.4f}  AIC {res.aic:.2f}  "
         f"BIC {res.bic:.2f}  n {res.n:g}  {'converged' if res.converged else 'NOT converged'} "
@@ -131,7 +132,7 @@ def _summary(name: str, res: FitResult, lines: list[str]) -> list[str]:
     if res.shapes is not None:
         out.append(f"  Erlang branch shapes {list(res.shapes)}")
     for row in res.selection:
-        mark = " <" if row.order == res.ph.order else ""
+        mark = " <" if row.order == (chosen or res.ph.order) else ""
         out.append(f"  order {row.order:2d}: loglik {row.loglik:.3f}  AIC {row.aic:.2f}  BIC {row.bic:.2f}{mark}")
     out += ["  " + s for s in lines]
     return out
@@ -235,7 +236,7 @@ def run(args: argparse.Namespace) -> int:
         path = out / f"{name}.json"
         path.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
         diag = diagnose(obs, res.ph).lines()
-        for line in _summary(name, res, diag):
+        for line in _summary(name, res, diag, doc.get("shift", {}).get("body_order")):
             print(line)
         if max_order is not None and shift is None:
             print(*_over_budget(res, max_order, args.max_states), sep="\n", end="")
