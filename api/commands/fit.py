@@ -194,7 +194,7 @@ def _over_budget(res: FitResult, max_order: int, max_states: int) -> list[str]:
     if bic_best <= max_order:
         return []
     return [f"  BIC-best order {bic_best} is over budget: order {res.ph.order} kept, the best of at most "
-            f"{max_order} phases that fit --max-states {max_states:,} (raise it for more, or try --shift auto)\n"]
+            f"{max_order} phases that fit --max-states {max_states:,} (raise it for more)\n"]
 
 
 def run(args: argparse.Namespace) -> int:
