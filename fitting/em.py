@@ -475,10 +475,13 @@ def fit_observations(
     n_restarts: int = 2,
     preserve_mean: bool = False,
     random_state: RandomState = None,
+    max_order: int | None = None,
 ) -> FitResult:
     """Fit a phase-type distribution to validated :class:`overtake.fitting.data.Observations`.
 
-    See :func:`fit` for the parameters.
+    See :func:`fit` for the parameters. ``max_order`` (with ``order="auto"``): the order chosen is
+    the BIC-best of at most ``max_order`` phases (a budget of the solver's); every order is still
+    scored, so ``result.selection`` shows where BIC alone would have gone.
     """
     if structure not in STRUCTURES:
         raise FittingInputError(f"structure must be one of {', '.join(STRUCTURES)}, got {structure!r}")
@@ -491,8 +494,11 @@ def fit_observations(
     if isinstance(order, str):
         if order != "auto":
             raise FittingInputError(f"order must be an integer in 1..{MAX_AUTO_ORDER} or 'auto', got {order!r}")
-        return _select(obs, structure=structure, max_iter=max_iter, rtol=rtol, init=init, init_iter=init_iter,
-                       n_restarts=n_restarts, preserve_mean=preserve_mean, random_state=random_state)
+        if max_order is not None and not (isinstance(max_order, (int, np.integer)) and max_order >= 1):
+            raise FittingInputError(f"max_order must be an integer >= 1, got {max_order!r}")
+        return _select(obs, structure=structure, max_order=max_order, max_iter=max_iter, rtol=rtol, init=init,
+                       init_iter=init_iter, n_restarts=n_restarts, preserve_mean=preserve_mean,
+                       random_state=random_state)
     if int(order) != order or order < 1:
         raise FittingInputError(f"order must be an integer >= 1 or 'auto', got {order!r}")
     p = int(order)
@@ -593,20 +599,25 @@ def _densify(ph: PhaseType, eps: float = 0.02) -> PhaseType:
     return PhaseType(a / a.sum(), T, structure="general")
 
 
-def _select(obs: Observations, *, structure: str, **kw: object) -> FitResult:
-    """Order by BIC over 1..MAX_AUTO_ORDER; stops after three orders without BIC improvement."""
+def _select(obs: Observations, *, structure: str, max_order: int | None = None, **kw: object) -> FitResult:
+    """Order by BIC over 1..MAX_AUTO_ORDER; stops after three orders without BIC improvement.
+    The result is the BIC-best of at most ``max_order`` phases."""
     rows: list[OrderScore] = []
-    best: FitResult | None = None
+    best: FitResult | None = None  # the BIC-best overall: the stopping rule follows it
+    kept: FitResult | None = None  # the BIC-best within max_order: the answer
     worse = 0
     for p in range(1, MAX_AUTO_ORDER + 1):
         r = fit_observations(obs, structure=structure if p > 1 or structure != "general" else "cf1", order=p, **kw)  # type: ignore[arg-type]
         rows.append(OrderScore(p, r.loglik, r.aic, r.bic, r.n_params, r.converged, r.n_iter))
+        if (max_order is None or p <= max_order) and (kept is None or r.bic < kept.bic):
+            kept = r
         if best is None or r.bic < best.bic:
             best, worse = r, 0
         else:
             worse += 1
             if worse >= 3:
                 break
+    best = kept
     assert best is not None
     return FitResult(best.ph, best.loglik, best.loglik_trace, best.n_iter, best.converged, best.aic, best.bic,
                      best.n, best.n_params, best.structure, best.shapes, best.mean_preserved, tuple(rows))

@@ -63,11 +63,14 @@ def compare(
     phase_info: PhaseInfo = "full",
     routes: RouteSplit | None = None,
     method: str = "anderson",
+    max_states: int | None = None,
 ) -> dict[str, Any]:
     """Solve π* and evaluate the baselines; returns the JSON document of ``overtake compare``.
 
     ``method`` is π*'s solver (:func:`overtake.mdp.truncation.solve_optimal`): "anderson"
     (default, the fastest measured, BENCHMARKS.md ``cli-table1``), "rvi" or "pi".
+
+    ``max_states`` bounds π*'s auto-truncation ladder (:func:`overtake.mdp.truncation.solve_optimal`).
 
     ``phase_info`` ``none`` or ``route`` (with ``routes``): π* is the best observation policy,
     and the document gains an ``observation`` entry (where π* came from, the candidates' E[W]
@@ -82,12 +85,13 @@ def compare(
     # observed.py (scipy's iterative solvers, the heuristic's kernels) only when it is used
     if phase_info in ("none", "route") or (optimum is not None and not isinstance(optimum, Optimum)):
         return _compare_observed(model, names, phase_info, routes, tol, truncation, progress, optimum, t0)
-    opt = optimum or solve_optimal(model, truncation=truncation, tol=tol, method=method, progress=progress)
+    opt = optimum or solve_optimal(model, truncation=truncation, tol=tol, method=method, progress=progress,
+                                   max_states=max_states)
     out: dict[str, Any] = {"policies": {"pi*": opt.metrics.to_dict()}}
     start_opt = None
     if phase_info_start:
         start_opt = solve_optimal(model, phase_info="start", truncation=truncation, tol=tol, method=method,
-                                  progress=progress)
+                                  progress=progress, max_states=max_states)
         out["policies"]["pi*(phase at start)"] = start_opt.metrics.to_dict()
     star = opt.metrics
     for name in names:

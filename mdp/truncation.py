@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from .baselines import Baseline
 from .chain import build_chain
+from .errors import TruncationError
 from .evaluate import _DENSE_LIMIT, PolicyMetrics, metrics, stationary_distribution
 from .model import TandemModel
 from .policy import Policy
@@ -334,19 +335,19 @@ def ps_chain_states(model: TandemModel, *, tol: float = 1e-3, start: int = 20, m
 def solve_optimal(
     model: TandemModel, *, phase_info: Literal["full", "start"] = ..., truncation: Truncation | None = ...,
     tol: float = ..., method: str = ..., rvi_tol: float | None = ..., start: Truncation | None = ...,
-    progress: Progress | None = ..., routes: RouteSplit | None = ...,
+    progress: Progress | None = ..., routes: RouteSplit | None = ..., max_states: int | None = ...,
 ) -> Optimum: ...
 @overload
 def solve_optimal(
     model: TandemModel, *, phase_info: Literal["none", "route"], truncation: Truncation | None = ...,
     tol: float = ..., method: str = ..., rvi_tol: float | None = ..., start: Truncation | None = ...,
-    progress: Progress | None = ..., routes: RouteSplit | None = ...,
+    progress: Progress | None = ..., routes: RouteSplit | None = ..., max_states: int | None = ...,
 ) -> ObservedOptimum: ...
 @overload
 def solve_optimal(
     model: TandemModel, *, phase_info: PhaseInfo, truncation: Truncation | None = ...,
     tol: float = ..., method: str = ..., rvi_tol: float | None = ..., start: Truncation | None = ...,
-    progress: Progress | None = ..., routes: RouteSplit | None = ...,
+    progress: Progress | None = ..., routes: RouteSplit | None = ..., max_states: int | None = ...,
 ) -> Optimum | ObservedOptimum: ...
 def solve_optimal(
     model: TandemModel,
@@ -359,6 +360,7 @@ def solve_optimal(
     start: Truncation | None = None,
     progress: Progress | None = None,
     routes: RouteSplit | None = None,
+    max_states: int | None = None,
 ) -> Optimum | ObservedOptimum:
     """π* for the model; fixed ``truncation``, or auto-truncation to relative accuracy ``tol``.
 
@@ -380,6 +382,10 @@ def solve_optimal(
     last two policies, both exactly evaluated on that cap, the better is returned. The RVI
     stopping tolerance ``rvi_tol`` (default ``tol``/100) bounds the policy's sub-optimality on
     its truncation: g(π) ≤ max(TV − V) (Odoni), so it is far inside ``tol``.
+
+    ``max_states`` bounds the ladder: a thread cap whose MDP would exceed it is not probed (a
+    ``"budget"`` check in the trace: the optimum under that many threads is returned), and a solve
+    cap that would exceed it stops the solve with a :class:`TruncationError` naming the budget.
     """
     if phase_info in ("none", "route"):
         from .observed import solve_observed  # observed builds on this module
@@ -458,6 +464,12 @@ def solve_optimal(
         trK = Truncation(tr.max_requests, tr.k_max + 1)
         if trK.k_max == tr.k_max:
             break
+        if max_states is not None and (n := count_states(model, trK, phase_info)) > max_states:
+            trace.append({"check": "budget", "max_requests": tr.max_requests, "max_threads": trK.k_max,
+                          "states": n, "max_states": max_states, "solved": False})
+            if progress:
+                progress(f"pi*: threads {trK.k_max} not probed: {n} states, over --max-states {max_states}")
+            break
         predicted = predicted_thread_gain(gains)
         if predicted is not None and predicted < PREDICT_MARGIN * tol:
             # the probe would be discarded: its own E[W] would not be reported (see the function)
@@ -478,6 +490,10 @@ def solve_optimal(
     lim, Ce = limit(pol, tr, C0, m)
     while True:  # solve cap: does re-solving on a larger cap change the policy's E[W]?
         tr2 = Truncation(next_solve_cap(tr.max_requests), tr.k_max)
+        if max_states is not None and (n := count_states(model, tr2, phase_info)) > max_states:
+            raise TruncationError(
+                f"pi*: E[W] still moves at solve cap {tr.max_requests}; the next cap {tr2.max_requests} needs "
+                f"{n:,} states, over --max-states {max_states:,}; raise --max-states or fit fewer phases")
         # the ladder cap below Ce that is >= the new solve cap, then Ce: the same settling test
         C = C0
         while ladder(C) < Ce and ladder(C) <= tr2.max_requests:

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from overtake.api.scenario import load_scenario
+from overtake.mdp.budget import DEFAULT_MAX_STATES, check_budget
 from overtake.mdp.compare import compare
 
 
@@ -24,6 +25,9 @@ def register(subparsers: Any) -> None:
                    help="pi*'s solver (phase_info full/start): anderson, relative value iteration with Anderson "
                         "acceleration (default, the fastest measured); rvi: plain; pi: policy iteration")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--max-states", type=int, default=DEFAULT_MAX_STATES, metavar="N",
+                   help="refuse (exit 2, before building anything) when pi*'s estimated state space exceeds N; "
+                        "the auto-truncation ladder stops at N too (default %(default)s: minutes and a few GB)")
     p.add_argument("--plot", metavar="PNG", help="also write E[W] per policy with the gains (paper 004, Fig. 2)")
 
 
@@ -35,13 +39,15 @@ def run(args: argparse.Namespace) -> int:
     sc, model = load_scenario(args.scenario)
     phase_info = args.phase_info or sc.phase_info
     routes = sc.build_routes(model)
+    # before anything is built: a model too large for the machine is refused as one line
+    check_budget(model, max_states=args.max_states, truncation=sc.fixed_truncation(), phase_info=phase_info)
     steps = ["pi*"] + [Baseline.parse(p, model.n_stages).name
                        for p in dict.fromkeys([*default_baselines(model.n_stages), *args.policy])]
     with progress_bar("compare", steps=steps, quiet=args.quiet) as progress:  # silent when not a terminal
         doc = compare(model, policies=args.policy, phase_info_start=phase_info == "start",
                       tol=sc.tolerance, truncation=sc.fixed_truncation(), progress=progress,
                       phase_info="full" if phase_info == "start" else phase_info, routes=routes,
-                      method=args.method)
+                      method=args.method, max_states=args.max_states)
     if args.plot:
         from overtake.api.plots import gains_figure
 

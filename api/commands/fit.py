@@ -4,7 +4,8 @@
 
     overtake fit (FILE [--column COL] | --apache-log LOG --log-format FMT --stage NAME=REGEX ...)
                  [--structure cf1|coxian|general|hyperexp|hypererlang] [--order N|auto]
-                 [--censor-at T] [--preserve-mean] [--out DIR] [--plot] [--seed N]
+                 [--max-states N] [--shift auto|SECONDS] [--censor-at T] [--preserve-mean]
+                 [--out DIR] [--plot] [--seed N]
 
 Writes ``DIR/<stage>.json`` (``{"alpha": [...], "T": [[...]], ...}``, what a scenario's
 ``{file: stage1.json}`` points at) and, with ``--plot``, ``DIR/<stage>.png``. Prints one block of
@@ -14,6 +15,7 @@ diagnostics per stage.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -21,7 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from overtake.fitting import STRUCTURES, FitResult, FittingInputError, diagnose, fit_observations, samples
+from overtake.fitting import STRUCTURES, FitResult, FittingInputError, Observations, diagnose, fit_observations, samples
+from overtake.fitting.em import MAX_AUTO_ORDER
+from overtake.mdp.budget import DEFAULT_MAX_STATES, max_uniform_order
 from overtake.regex import check_pattern
 
 
@@ -47,7 +51,16 @@ def register(subparsers: Any) -> None:
     p.add_argument("--stage", action="append", default=[], metavar="NAME=REGEX",
                    help="map request paths matching REGEX to stage NAME (repeatable; first match wins)")
     p.add_argument("--structure", choices=STRUCTURES, default="cf1", help="default cf1 (acyclic canonical form)")
-    p.add_argument("--order", default="4", help="number of phases, or 'auto' (BIC over 1..12); default 4")
+    p.add_argument("--order", default="4",
+                   help="number of phases, or 'auto' (BIC over 1..12, within --max-states); default 4")
+    p.add_argument("--max-states", type=int, default=DEFAULT_MAX_STATES, metavar="N",
+                   help="with --order auto: only orders such that a tandem of the fitted stages (at least two) "
+                        "of that order on one core solves within N states, what solve and compare accept "
+                        "(default %(default)s); the BIC-best order above it is reported, not chosen")
+    p.add_argument("--shift", metavar="auto|SECONDS",
+                   help="fit a service floor: a constant (auto: estimated from the smallest durations) then "
+                        "the PH; the solver gets the constant as an Erlang of the phases --max-states leaves "
+                        "(at least one) in front of the PH, so a floor costs few phases. Exact durations only")
     p.add_argument("--censor-at", type=float, metavar="T",
                    help="durations >= T seconds were cut off by a timeout: treat them as right-censored at T")
     p.add_argument("--preserve-mean", action="store_true", help="make the fitted mean equal the sample mean exactly")
@@ -109,7 +122,8 @@ def _load(args: argparse.Namespace) -> tuple[dict[str, np.ndarray], list[str]]:
     return {name: x}, []
 
 
-def _summary(name: str, res: FitResult, lines: list[str]) -> list[str]:
+def _summary(name: str, res: FitResult, lines: list[str], chosen: int | None = None) -> list[str]:
+    """``chosen``: the order marked in the selection table (a shifted fit's body order)."""
     out = [
         f"[{name}] {res.structure} order {res.ph.order}: loglik {res.loglik:.4f}  AIC {res.aic:.2f}  "
         f"BIC {res.bic:.2f}  n {res.n:g}  {'converged' if res.converged else 'NOT converged'} "
@@ -118,10 +132,69 @@ def _summary(name: str, res: FitResult, lines: list[str]) -> list[str]:
     if res.shapes is not None:
         out.append(f"  Erlang branch shapes {list(res.shapes)}")
     for row in res.selection:
-        mark = " <" if row.order == res.ph.order else ""
+        mark = " <" if row.order == (chosen or res.ph.order) else ""
         out.append(f"  order {row.order:2d}: loglik {row.loglik:.3f}  AIC {row.aic:.2f}  BIC {row.bic:.2f}{mark}")
     out += ["  " + s for s in lines]
     return out
+
+
+def _shift(value: str | None) -> float | str | None:
+    if value is None or value == "auto":
+        return value
+    try:
+        c = float(value)
+    except ValueError:
+        raise FitUsageError(f"--shift must be 'auto' or a duration in seconds, got {value!r}") from None
+    if not (math.isfinite(c) and c > 0):
+        raise FitUsageError(f"--shift must be > 0 seconds, got {value!r}")
+    return c
+
+
+def _fit_floor(obs: Observations, shift: float | str, order: int | str, budget: int,
+               args: argparse.Namespace) -> tuple[FitResult, dict[str, Any], list[str]]:
+    """Constant + PH within ``budget`` phases; the fit file, and the lines comparing it with a plain fit."""
+    from overtake.fitting.shifted import fit_shifted
+
+    if budget < 2:
+        raise FitUsageError(f"--shift: --max-states {args.max_states} affords {budget} phase(s) a stage, none "
+                            "left for the floor; raise --max-states")
+    kw: dict[str, Any] = {"structure": args.structure, "preserve_mean": args.preserve_mean,
+                          "random_state": args.seed, "max_iter": args.max_iter}
+    body_order: int | str = order if order != "auto" else "auto"
+    max_body = budget - 1 if order == "auto" else None
+    try:
+        sf = fit_shifted(obs, shift=shift, erlang_phases=None, max_phases=budget, order=body_order,
+                         max_order=max_body, **kw)
+    except FittingInputError as exc:
+        raise FitUsageError(f"--shift: {exc}") from None
+    plain = fit_observations(obs, order=min(sf.ph.order, MAX_AUTO_ORDER), **kw)
+    res = sf.result()
+    doc = res.to_dict()
+    doc["shift"] = sf.meta()
+    lines = [f"  floor {sf.shift:.6g} s as an Erlang of {sf.erlang_phases} phase(s) + {sf.body.structure} order "
+             f"{sf.body.ph.order}: loglik {sf.loglik:.4f} with the constant, {sf.loglik_model:.4f} as modelled "
+             f"(order {sf.ph.order}); unshifted {plain.structure} order {plain.ph.order}: loglik {plain.loglik:.4f}"]
+    return res, doc, lines
+
+
+def _budget_order(n_stages: int, max_states: int) -> int:
+    """The largest order a tandem of ``n_stages`` (at least two) such stages affords on one core."""
+    p = max_uniform_order(max(2, n_stages), 1, max_states)
+    if p < 1:
+        raise FitUsageError(f"--max-states {max_states}: not even order 1 fits; raise it (default "
+                            f"{DEFAULT_MAX_STATES})")
+    return p
+
+
+def _over_budget(res: FitResult, max_order: int, max_states: int) -> list[str]:
+    """One line when BIC alone would have chosen more phases than the budget affords."""
+    if not res.selection:
+        return []
+    bic_best = min(res.selection, key=lambda r: r.bic).order
+    if bic_best <= max_order:
+        return []
+    return [f"  BIC-best order {bic_best} is over budget: order {res.ph.order} kept, the best of at most "
+            f"{max_order} phases that fit --max-states {max_states:,} (raise it for more)\n"]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -131,9 +204,15 @@ def run(args: argparse.Namespace) -> int:
         raise FitUsageError(f"--censor-at must be a duration > 0 seconds, got {args.censor_at}")
     if args.max_iter < 1:
         raise FitUsageError(f"--max-iter must be >= 1, got {args.max_iter}")
+    if args.max_states < 1:
+        raise FitUsageError(f"--max-states must be >= 1, got {args.max_states}")
     data, report = _load(args)
     for line in report:
         print(line)
+    max_order = _budget_order(len(data), args.max_states) if order == "auto" else None
+    shift = _shift(args.shift)
+    if shift is not None and args.censor_at is not None:
+        raise FitUsageError("--shift needs exact durations: drop --censor-at")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from overtake.api.progress import progress_iter
@@ -147,12 +226,21 @@ def run(args: argparse.Namespace) -> int:
             obs = samples(x, censored=censored)
         except FittingInputError as exc:
             raise type(exc)(f"stage {name!r}: {exc}") from None
-        res = fit_observations(obs, structure=args.structure, order=order, preserve_mean=args.preserve_mean,
-                               random_state=args.seed, max_iter=args.max_iter)
+        shift_lines: list[str] = []
+        if shift is None:
+            res = fit_observations(obs, structure=args.structure, order=order, preserve_mean=args.preserve_mean,
+                                   random_state=args.seed, max_iter=args.max_iter, max_order=max_order)
+            doc = res.to_dict()
+        else:
+            res, doc, shift_lines = _fit_floor(obs, shift, order, _budget_order(len(data), args.max_states), args)
         path = out / f"{name}.json"
-        path.write_text(res.to_json() + "\n")
+        path.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
         diag = diagnose(obs, res.ph).lines()
-        for line in _summary(name, res, diag):
+        for line in _summary(name, res, diag, doc.get("shift", {}).get("body_order")):
+            print(line)
+        if max_order is not None and shift is None:
+            print(*_over_budget(res, max_order, args.max_states), sep="\n", end="")
+        for line in shift_lines:
             print(line)
         print(f"  wrote {path}")
         if args.plot:

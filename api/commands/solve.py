@@ -9,6 +9,7 @@ from typing import Any
 
 from overtake import install_hint
 from overtake.api.scenario import load_scenario
+from overtake.mdp.budget import DEFAULT_MAX_STATES, check_budget
 from overtake.mdp.errors import ModelError
 from overtake.mdp.rules import overtaking_rule
 from overtake.mdp.truncation import evaluate_baseline, evaluate_rule, solve_optimal
@@ -26,6 +27,9 @@ def register(subparsers: Any) -> None:
                    help="anderson: relative value iteration with Anderson acceleration (default, the fastest "
                         "measured); rvi: plain; pi: policy iteration")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--max-states", type=int, default=DEFAULT_MAX_STATES, metavar="N",
+                   help="refuse (exit 2, before building anything) when pi*'s estimated state space exceeds N; "
+                        "the auto-truncation ladder stops at N too (default %(default)s: minutes and a few GB)")
     p.add_argument("--cpu-priority", choices=("age", "class"), default=None,
                    help="mod_overtake_prio's CPU-priority lever in Apache: age (also predict the policy, and "
                    "pi(inf), with age priority, simulated) or class (two CPU classes by phase, by expected "
@@ -45,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     sc, model = load_scenario(args.scenario)
     args.phase_info = args.phase_info or sc.phase_info
     routes = sc.build_routes(model)
+    # before anything is built: a model too large for the machine is refused as one line
+    check_budget(model, max_states=args.max_states, truncation=sc.fixed_truncation(), phase_info=args.phase_info)
     if args.max_mean_threads is not None or args.stage_sla:
         if args.phase_info in ("none", "route"):
             raise ValueError(f"--phase-info {args.phase_info}: the constrained optimum (--max-mean-threads, "
@@ -73,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
             opt = choice.optimum
         else:
             opt = solve_optimal(model, phase_info=args.phase_info, truncation=sc.fixed_truncation(),
-                                tol=sc.tolerance, method=args.method, progress=progress, routes=routes)
+                                tol=sc.tolerance, method=args.method, progress=progress, routes=routes,
+                                max_states=args.max_states)
     pol = opt.policy
     meta: dict[str, Any] = {
         "metrics": opt.metrics.to_dict(),

@@ -93,3 +93,59 @@ def test_hostile_file_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     p.write_text("1.0\nnan\n2.0\n")
     assert _main([str(p)]) == 2
     assert "stage 's': x[1] must be finite" in capsys.readouterr().err
+
+
+def test_auto_order_stays_within_the_state_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    x = np.random.default_rng(2).gamma(3.0, 0.01, 1500)  # Erlang-3-like: BIC wants about three phases
+    p = tmp_path / "s.txt"
+    np.savetxt(p, x)
+    out = tmp_path / "out"
+    # 2,000 states afford two stages of one phase each (1,060 states), not of two (68,355)
+    assert _main([str(p), "--order", "auto", "--max-states", "2000", "--out", str(out)]) == 0
+    d = json.loads((out / "s.json").read_text())
+    bic_best = min(d["selection"], key=lambda r: r["bic"])["order"]
+    assert d["order"] == 1 and bic_best > 1
+    said = [line for line in capsys.readouterr().out.splitlines() if "over budget" in line]
+    assert len(said) == 1 and f"BIC-best order {bic_best}" in said[0] and "--max-states 2,000" in said[0]
+    # the default budget affords BIC's choice here: nothing to say
+    assert _main([str(p), "--order", "auto", "--out", str(out)]) == 0
+    assert json.loads((out / "s.json").read_text())["order"] == bic_best
+    assert "over budget" not in capsys.readouterr().out
+
+
+def test_state_budget_too_small_for_one_phase(durations: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _main([str(durations), "--order", "auto", "--max-states", "100"]) == 2
+    assert "--max-states 100: not even order 1 fits" in capsys.readouterr().err
+
+
+def test_shift_auto_writes_a_floor_the_solver_affords(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from overtake.api.scenario import load_scenario
+    from overtake.mdp.budget import DEFAULT_MAX_STATES, check_budget
+
+    rng = np.random.default_rng(5)
+    out = tmp_path / "out"
+    for name in ("preview", "view"):
+        np.savetxt(tmp_path / f"{name}.txt", 0.02 + rng.exponential(0.03, 2000))
+        assert _main([str(tmp_path / f"{name}.txt"), "--shift", "auto", "--order", "auto", "--out", str(out)]) == 0
+        d = json.loads((out / f"{name}.json").read_text())
+        floor = d["shift"]
+        assert floor["shift"] == pytest.approx(0.02, abs=1e-3) and floor["body_order"] == 1
+        assert floor["erlang_phases"] == 2  # the default budget affords three phases a stage
+        ph = PhaseType.from_dict(d)
+        assert ph.mean() == pytest.approx(0.05, rel=0.06)
+        assert ph.mean() == pytest.approx(floor["shift"] + floor["body_mean"], rel=1e-12)
+        said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  floor ")]
+        assert len(said) == 1 and "unshifted cf1 order 3" in said[0]
+    sc = tmp_path / "scenario.yaml"
+    sc.write_text("load: 0.6\nstages:\n  - name: preview\n    service: {file: out/preview.json}\n"
+                  "  - name: view\n    service: {file: out/view.json}\n")
+    _, model = load_scenario(str(sc))
+    assert [st.phases for st in model.stages] == [3, 3]
+    assert check_budget(model, max_states=DEFAULT_MAX_STATES) <= DEFAULT_MAX_STATES
+
+
+def test_shift_usage_errors(durations: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _main([str(durations), "--shift", "-1"]) == 2
+    assert "--shift must be > 0 seconds" in capsys.readouterr().err
+    assert _main([str(durations), "--shift", "10"]) == 2
+    assert "--shift: shift: 10 s is not below the smallest duration" in capsys.readouterr().err
