@@ -6,8 +6,9 @@
                  [--structure cf1|coxian|general|hyperexp|hypererlang] [--order N|auto]
                  [--censor-at T] [--preserve-mean] [--out DIR] [--plot] [--seed N]
 
-Writes ``DIR/<stage>.json`` (``{"alpha": [...], "T": [[...]], ...}``, what a scenario's
-``{file: stage1.json}`` points at) and, with ``--plot``, ``DIR/<stage>.png``. Prints one block of
+Writes ``DIR/<stage>.json`` (``{"alpha": [...], "T": [[...]], "time_unit": 1, "phases": [...], ...}``,
+what a scenario's ``{file: stage1.json}`` points at; times in seconds, phases from the shortest mean
+to the longest, see :mod:`overtake.phases`) and, with ``--plot``, ``DIR/<stage>.png``. Prints one block of
 diagnostics per stage.
 """
 
@@ -109,6 +110,13 @@ def _load(args: argparse.Namespace) -> tuple[dict[str, np.ndarray], list[str]]:
     return {name: x}, []
 
 
+def _phases(phases: list[dict[str, Any]]) -> str:
+    """``1 short: starts 93.3 %, mean 0.0134 s; 2 long: ...`` (the phases of a fit's JSON)."""
+    return "; ".join(f"{j} {p['name']}: starts {100 * p['start']:.1f} %, mean {p['mean']:.4g} s" if p["name"] != str(j)
+                     else f"{j}: starts {100 * p['start']:.1f} %, mean {p['mean']:.4g} s"
+                     for j, p in enumerate(phases, start=1))
+
+
 def _summary(name: str, res: FitResult, lines: list[str]) -> list[str]:
     out = [
         f"[{name}] {res.structure} order {res.ph.order}: loglik {res.loglik:.4f}  AIC {res.aic:.2f}  "
@@ -117,6 +125,7 @@ def _summary(name: str, res: FitResult, lines: list[str]) -> list[str]:
     ]
     if res.shapes is not None:
         out.append(f"  Erlang branch shapes {list(res.shapes)}")
+    out.append("  phases by mean (as written): " + _phases(res.to_dict()["phases"]))
     for row in res.selection:
         mark = " <" if row.order == res.ph.order else ""
         out.append(f"  order {row.order:2d}: loglik {row.loglik:.3f}  AIC {row.aic:.2f}  BIC {row.bic:.2f}{mark}")
