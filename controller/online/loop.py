@@ -86,6 +86,12 @@ class OnlineLoop:
         self._own_dir = self._dir is None
         self._seq = 0
 
+    def set_time_unit(self, seconds: float) -> None:
+        """Run at a new time unit (the sidecar's changed): the held samples are rescaled; the
+        last decision keeps the unit it was made in (``time_unit`` in its record)."""
+        self.recorder.set_time_unit(seconds)
+        self.time_unit = seconds
+
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         """Start the worker process and the refit (and access-log) tasks on the running loop."""
@@ -165,7 +171,7 @@ class OnlineLoop:
         sources = {n: src for n, (src, _) in zip(self.names, chosen)}
         lam = self.recorder.arrival_rate()
         base: dict[str, Any] = {"samples": counts, "source": sources,
-                                "arrival_rate_per_second": lam}
+                                "arrival_rate_per_second": lam, "time_unit": self.time_unit}
         short = [n for n, c in counts.items() if c < s.min_samples]
         if short:
             return self._decide("skipped_samples", {**base, "reason": f"stages {short} have fewer than "
@@ -199,6 +205,7 @@ class OnlineLoop:
             stage_names=self.names, samples=tuple(x for _, x in chosen), arrival_rate=lam_model,
             cores=self.cores, overhead=self.overhead, orders=orders, max_order=s.max_order,
             phase_info=phase_info, current=current, tolerance=s.tolerance, out=self._out_path(), margin=s.margin,
+            time_unit=self.time_unit,
         )
         self.last_refit_start = now
         self._busy = True

@@ -41,6 +41,7 @@ class RefitJob:
     out: str  #: where to write the new policy
     margin: float = 0.01  #: the swap margin (decides when a common evaluation cap is needed)
     seed: int = 0
+    time_unit: float = 1.0  #: seconds per model unit of the samples: stored in the policy (controller.units)
 
 
 def warm_up() -> None:
@@ -145,6 +146,7 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
     pol = opt.policy
     pol.meta.update(
         metrics=new.to_dict(), method=opt.solve.method, gain_bounds=list(opt.solve.gain_bounds),
+        time_unit=job.time_unit,
         online={"arrival_rate": job.arrival_rate, "samples": [f["n"] for f in fits],
                 "current": cur_name, "current_mean_response_time": cur_w},
     )
