@@ -62,12 +62,11 @@ def _fit_stage(x: FloatArray, order: int | None, max_order: int, seed: int) -> d
         if best is None or r.bic < best.bic:
             best = r
     assert best is not None
-    a = np.asarray(best.ph.alpha, dtype=float)
-    T = np.asarray(best.ph.T, dtype=float)
-    if np.allclose(T, np.diag(np.diag(T))):
-        # hyperexponential: phase 1 = shortest mean, so clients' phase headers keep one meaning
-        idx = np.argsort(np.diag(T))  # most negative diagonal = highest rate = shortest mean
-        a, T = a[idx], T[np.ix_(idx, idx)]
+    # phases by mean, as `overtake fit` writes them (phase 1 the shortest): clients' phase headers
+    # and the running policy's phase indices keep one meaning across refits
+    ordered = best.ph.by_mean()
+    a = np.asarray(ordered.alpha, dtype=float)
+    T = np.asarray(ordered.T, dtype=float)
     return {"alpha": a, "T": T, "mean": float(best.ph.mean()), "order": int(a.size), "scv": scv,
             "structure": best.structure, "bic": tried, "n": int(x.size)}
 
