@@ -97,6 +97,7 @@ class AdminEndpoints:
             "predicted_response_time_model_units": p.predicted_wait,
             "predicted_response_time_seconds": None if p.predicted_wait is None else p.predicted_wait * side.time_unit,
             "time_unit": side.time_unit,
+            "phase_names": None if p.model_phases is None else [list(n) for n in p.model_phases],
             "swapped_at": side.swapped_at, "swaps": side.metrics.swaps, "refused": side.metrics.refused,
             "classifier": side.classifier.mode, "cpu_priority": side.options.cpu_priority, **side.source.info(),
             **({"auto": {"chosen": p.chosen.name, "phase_info": p.chosen.phase_info, "reason": p.reason,

@@ -292,7 +292,7 @@ class Sidecar:
         self._say_unit(source)
 
     @staticmethod
-    def _say_age_threshold(policy: SpawnPolicy, time_unit: float) -> None:
+    def _say_age_threshold(policy: SpawnPolicy, time_unit: float, *, warn: bool = True) -> None:
         """Log the age threshold the policy file's model chose, in seconds of thread CPU: the
         value for Apache's ``OvertakePrioLevels`` (the sidecar cannot set it)."""
         members = policy.members if isinstance(policy, PolicySet) else (policy,)
@@ -305,6 +305,8 @@ class Sidecar:
                          extra={"event": "cpu_priority_threshold", "detail": f"{th[0][0]:.4g} model units x "
                                 f"time_unit {time_unit:g} s, from {p.name}"})
                 return
+        if not warn:  # a swapped-in policy without the lever's prediction: nothing new to say
+            return
         log.warning("cpu_priority age: no policy file carries a prediction with age priority; solve with "
                     "`overtake solve --cpu-priority age` so that auto can weigh it", extra={"event": "cpu_priority_threshold"})
 
@@ -594,7 +596,7 @@ class Sidecar:
             "version": new.version, "detail": f"from {old.name} ({old.hash})",
         })
         if self.options.cpu_priority == "age":
-            self._say_age_threshold(new, self.time_unit)
+            self._say_age_threshold(new, self.time_unit, warn=False)
         return new
 
 

@@ -63,7 +63,7 @@ def test_phase_names_and_numbers_under_a_two_phase_policy(tmp_path: Path, stub: 
             assert code == 400 and body.startswith(b"X-Overtake-Phase: must name a phase of stage 2: 1..2 or short, "
                                                    b"long; got "), body
         info = json.loads(s.request("GET", "/-/policy")[2])
-        assert info["phases"] == [2, 2]
+        assert info["phases"] == [2, 2] and info["phase_names"] == [["short", "long"], ["short", "long"]]
     finally:
         assert s.stop() == 0
 

@@ -111,7 +111,8 @@ def test_shipped_config_with_a_fresh_fit_reads_as_solve(tmp_path: Path, stub: St
         assert s.stop() == 0
     assert predicted == pytest.approx(ew, rel=0.01)
     assert levels == pytest.approx(threshold, rel=0.01)
-    assert solved["time_unit"] == 1.0 and info["time_unit"] == 1.0 and info["predicted_response_time_seconds"] == pytest.approx(ew, rel=1e-9)
+    assert solved["time_unit"] == 1.0 and info["time_unit"] == 1.0
+    assert info["predicted_response_time_seconds"] == pytest.approx(ew, rel=1e-9)
     print(f"solve: E[W] {ew:.6g} s, threshold {threshold:.6g} s; sidecar: {predicted:.6g} s, "
           f"OvertakePrioLevels {levels:.6g}")
 
