@@ -222,8 +222,10 @@ class OnlineLoop:
         finally:
             self._busy = False
         wall = time.perf_counter() - t0
+        u = job.time_unit  # predictions are in its model units; the reasons say seconds
         rec = {**base, "fit": res["stages"], "predicted_new": res["predicted_new"],
                "predicted_current": res["predicted_current"], "current_error": res["current_error"],
+               "predicted_new_seconds": res["predicted_new"] * u, "predicted_current_seconds": res["predicted_current"] * u,
                "states": res["states"], "worker_seconds": res["seconds"], "seconds": wall,
                "policy": pol.name, "new_hash": res["hash"]}
         if self.current().hash != pol.hash:
@@ -232,8 +234,8 @@ class OnlineLoop:
         new_w, cur_w = res["predicted_new"], res["predicted_current"]
         if not new_w < cur_w * (1.0 - s.margin):
             _unlink(job.out)
-            return self._decide("kept", {**rec, "reason": f"predicted E[W] {new_w:.6g} is not better than the "
-                                         f"current {cur_w:.6g} by more than {s.margin:.1%}"})
+            return self._decide("kept", {**rec, "reason": f"predicted E[W] {new_w * u:.6g} s is not better than the "
+                                         f"current {cur_w * u:.6g} s by more than {s.margin:.1%}"})
         try:
             installed = self._swap(job.out)
         except (ValueError, OSError) as exc:
@@ -241,7 +243,7 @@ class OnlineLoop:
             return self._decide("failed", {**rec, "reason": f"swap refused: {exc}"}, logging.ERROR)
         self.generation += 1
         self._prune(keep=job.out)
-        return self._decide("swapped", {**rec, "reason": f"predicted E[W] {new_w:.6g} < current {cur_w:.6g}",
+        return self._decide("swapped", {**rec, "reason": f"predicted E[W] {new_w * u:.6g} s < current {cur_w * u:.6g} s",
                                         "generation": self.generation, "new_policy": installed.name})
 
     def _prune(self, keep: str) -> None:

@@ -165,3 +165,33 @@ def test_policy_units_and_old_files(tmp_path: Path, stub: StubApache) -> None:
         assert code == 422 and b"abstract unit (time_unit: model); set classifier.time_unit" in body
     finally:
         assert s.stop() == 0
+
+
+# ---- a unit change keeps what was measured -------------------------------------------------------
+def test_a_unit_change_rescales_learned_demands_and_online_samples(tmp_path: Path) -> None:
+    """Conservation: the seconds measured before a unit change are the seconds held after it."""
+    from overtake.controller.classifier import Classifier
+    from overtake.controller.online import OnlineSettings
+    from overtake.controller.online.estimators import DemandRecorder
+    from overtake.controller.policies import load_policy
+    from overtake.controller.stages import ClassifierSettings, StagesConfig, StageTable
+
+    pol = load_policy(str(policy_file(tmp_path / "p.npz", time_unit=MODEL)), ("stage1", "stage2"))
+    moved = Classifier(ClassifierSettings(mode="learned", time_unit=0.01, history=8), pol)
+    fresh = Classifier(ClassifierSettings(mode="learned", time_unit=0.001, history=8), pol)
+    for c in (moved, fresh):
+        for _ in range(4):
+            c.observe(0, "r", 0.004)  # 0.4 units at 10 ms: short; 4 units at 1 ms: long
+    assert moved.start_phase(0, "r", None, None) == 0 and fresh.start_phase(0, "r", None, None) == 1
+    moved.set_time_unit(0.001)
+    assert moved.start_phase(0, "r", None, None) == 1  # as if it had always run at 1 ms
+    assert list(moved._routes["r"].samples) == pytest.approx(list(fresh._routes["r"].samples))
+
+    table = StageTable(StagesConfig.model_validate({"stages": [{"name": "stage1", "path": "^/a"},
+                                                               {"name": "stage2", "path": "^/b"}]}))
+    rec = DemandRecorder(OnlineSettings(), table, time_unit=0.01, cores=1, overhead=0.0, clock=lambda: 0.0)
+    for s in (0.01, 0.03):
+        rec.add_demand(0, s, "attained")
+    rec.set_time_unit(0.005)
+    assert np.mean(rec.choose(0)[1]) * 0.005 == pytest.approx(0.02)  # 20 ms either way
+    assert rec.stages[0].reservoirs["attained"].maxlen == OnlineSettings().reservoir
