@@ -21,9 +21,13 @@ before it is read (:func:`overtake.controller.policies.load_policy`).
 As a service (``overtake sidecar --config FILE``, :mod:`overtake.controller.sidecar_config`):
 :meth:`Sidecar.drain` on ``SIGTERM`` stops accepting and lets every request already received
 finish within ``drain_timeout``; :meth:`Sidecar.reload` on ``SIGHUP`` applies a re-read config
-(the settings that need no new socket) and reloads the policy; ``admin_listen`` moves the control
+(the settings that need no new socket) and stages file (what does not reshape the queues,
+:mod:`overtake.controller.stages_reload`) and reloads the policy; ``admin_listen`` moves the control
 endpoints to their own listener; ``request_log`` writes one line per request
 (:mod:`overtake.controller.request_log`).
+
+The time unit (seconds per model time unit) comes from the policy, else the stages file
+(:mod:`overtake.controller.units`); every time the sidecar shows is in seconds.
 
 Logs are JSON lines on stderr (``{"ts":..., "level":..., "event":..., ...}``).
 """
@@ -260,12 +264,11 @@ class Sidecar:
         return self.limiter.policy
 
     # ---- the time unit (controller.units) -------------------------------------------------
-    def _resolve_unit(self, policy: SpawnPolicy, stages_unit: float | None = None, *,
-                      reloaded: bool = False) -> Resolution:
-        """The unit ``policy`` runs at under the stages file's ``classifier.time_unit`` (the
-        running one unless ``reloaded``); raises :class:`PolicyLoadError` (one line naming both
-        values and the fix) when they disagree. Warns once per policy that recorded no unit."""
-        res = resolve(units_of(policy), stages_unit if reloaded else self.table.config.classifier.time_unit)
+    def _resolve_unit(self, policy: SpawnPolicy, stages: StagesConfig | None = None) -> Resolution:
+        """The unit ``policy`` runs at under ``stages``' ``classifier.time_unit`` (default: the
+        running stages file's); raises :class:`PolicyLoadError` (one line naming both values and
+        the fix) when they disagree. Warns once per policy that recorded no unit."""
+        res = resolve(units_of(policy), (stages or self.table.config).classifier.time_unit)
         for name in res.unrecorded:
             if name not in self._warned_unrecorded:
                 self._warned_unrecorded.add(name)
@@ -498,7 +501,7 @@ class Sidecar:
         try:
             fresh = read()
             merged, applied, restart = live_merge(self.table.config, fresh.config)
-            unit = (self._resolve_unit(self.policy, merged.classifier.time_unit, reloaded=True)
+            unit = (self._resolve_unit(self.policy, merged)
                     if merged.classifier.time_unit != self.table.config.classifier.time_unit else None)
         except (SidecarInputError, OSError) as exc:  # PolicyLoadError is a SidecarInputError
             log.error("stages file reload refused, old stages kept", extra={
