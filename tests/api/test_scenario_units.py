@@ -96,3 +96,27 @@ def test_solve_stores_the_unit_and_names_the_phases(tmp_path: Path, capsys: pyte
     assert main(["solve", str(REPO / "examples" / "table1" / "case04.yaml"), "--out", str(out2), "--quiet"]) == 0
     doc2 = json.loads(capsys.readouterr().out)
     assert Policy.load(out2).meta["time_unit"] == "model" and doc2["mean_response_time_seconds"] is None
+
+
+def test_the_api_stores_the_fits_unit_in_its_policy(tmp_path: Path) -> None:
+    """POST /v1/fits, then a model on that fit: its policy.npz carries the fit's unit (seconds),
+    which a sidecar following policy_url takes; a hand-written model says model units."""
+    from api_helpers import exp2, wait
+    from fastapi.testclient import TestClient
+
+    from overtake.api.app import Settings, create_app
+
+    x = np.random.default_rng(8).exponential(0.02, 300)
+    with TestClient(create_app(Settings(db=str(tmp_path / "jobs.db"), max_states=50_000))) as client:
+        fit = wait(client, client.post("/v1/fits", json={"samples": {"a": x.tolist()}, "order": 1}).json()["url"])
+        assert fit["stages"]["a"]["time_unit"] == 1.0 and fit["stages"]["a"]["phases"][0]["name"] == "1"
+        sc = {"load": 0.3, "truncation": {"max_requests": 6},
+              "stages": [{"name": "a", "service": {"fit": {"id": fit["id"], "stage": "a"}}}]}
+        units = {}
+        for name, body in (("fit", sc), ("hand", exp2(0.3))):
+            doc = wait(client, client.post("/v1/models", json=body).json()["url"])
+            assert doc["status"] == "done", doc
+            blob = client.get(f"/v1/models/{doc['id']}/policy.npz").content
+            (tmp_path / f"{name}.npz").write_bytes(blob)
+            units[name] = Policy.load(tmp_path / f"{name}.npz").meta["time_unit"]
+    assert units == {"fit": 1.0, "hand": "model"}
