@@ -88,14 +88,14 @@ def run_model(store: Store, job_id: str) -> None:
     doc = compare(model, tol=sc.tolerance, truncation=sc.fixed_truncation(), progress=rep, optimum=opt)
     pol = opt.policy
     pol.meta.update(metrics=opt.metrics.to_dict(), gain_bounds=list(opt.solve.gain_bounds),
-                    truncation_trace=opt.trace, method=opt.solve.method, rules=rules)
+                    truncation_trace=opt.trace, method=opt.solve.method, rules=rules, time_unit=sc.time_unit)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "policy.npz"
         pol.save(path)
         artifact = path.read_bytes()
     result = {"metrics": opt.metrics.to_dict(), "comparison": doc, "rules": rules, "policy_hash": pol.digest(),
               "columns": pol.columns, "phase_info": pol.phase_info, "max_requests": pol.max_requests,
-              "max_threads": pol.max_threads, "states": int(pol.keys.size)}
+              "max_threads": pol.max_threads, "states": int(pol.keys.size), "time_unit": sc.time_unit}
     store.finish(job_id, result, artifact)
 
 

@@ -10,8 +10,9 @@ A stage's ``service`` may say where its phase-type distribution comes from inste
   (:func:`file_resolver`, what :func:`load_scenario` uses);
 * ``{fit: {id: FIT_ID, stage: NAME}}``: a fit job of the REST API (its resolver reads the store).
 
-A :class:`ServiceResolver` turns such a reference into ``{alpha, T}``; :func:`resolve_scenario`
-puts ``{ph: {alpha, T}}`` in its place, then validates. Every error is one
+A :class:`ServiceResolver` turns such a reference into ``{alpha, T}`` (and the fit's ``time_unit``,
+seconds per unit); :func:`resolve_scenario` puts ``{ph: {alpha, T}}`` in its place, sets the
+scenario's ``time_unit`` to the fits' (which must agree), then validates. Every error is one
 :class:`~overtake.mdp.errors.ModelError` line naming the field (``stages.1.service.file: ...``).
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -63,6 +65,7 @@ def resolve_scenario(
     """
     if resolvers and isinstance(data, dict) and isinstance(data.get("stages"), list):
         data = copy.deepcopy(data)
+        units: list[tuple[str, float]] = []  # (field, seconds per unit) of every resolved fit
         for i, st in enumerate(data["stages"]):
             svc = st.get("service") if isinstance(st, dict) else None
             key = next((k for k in resolvers if isinstance(svc, dict) and k in svc), None)
@@ -74,8 +77,37 @@ def resolve_scenario(
                 raise ModelError(f"{where}: give {key} alone, not with {', '.join(sorted(set(svc) - {key}))}")
             ph = resolvers[key](svc[key], where=f"{where}.{key}", stage=str(st.get("name")))
             st["service"] = {"ph": {"alpha": ph["alpha"], "T": ph["T"]}}
+            units.append((f"{where}.{key}", _fit_unit(ph, f"{where}.{key}")))
+        if units:
+            data["time_unit"] = _common_unit(units, data.get("time_unit"))
     sc = parse_scenario(data)
     return sc, sc.build_model()
+
+
+def _fit_unit(doc: Mapping[str, Any], where: str) -> float:
+    """Seconds per unit of a fit document; one without ``time_unit`` is an ``overtake fit``
+    output from before it was written, which was in seconds."""
+    u = doc.get("time_unit", 1.0)
+    if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0 < u < float("inf"):
+        raise ModelError(f"{where}: time_unit must be the seconds per unit of the fit (a number > 0), got {u!r}")
+    return float(u)
+
+
+def _common_unit(units: list[tuple[str, float]], given: Any) -> float:
+    """The scenario's unit when stages come from fits: theirs, which must agree with each other
+    and with a ``time_unit`` the scenario gives (services written by hand are read in it too)."""
+    first_at, first = units[0]
+    for at, u in units[1:]:
+        if not math.isclose(u, first, rel_tol=1e-9):
+            raise ModelError(f"{at}: fitted in units of {u:g} s but {first_at} in units of {first:g} s; "
+                             "refit both from data in the same unit (overtake fit writes seconds)")
+    if given is None:
+        return first
+    if isinstance(given, bool) or not isinstance(given, (int, float)) or not math.isclose(float(given), first,
+                                                                                          rel_tol=1e-9):
+        raise ModelError(f"time_unit: the fitted stages ({first_at}) are in units of {first:g} s but the scenario "
+                         f"says {given!r}; remove time_unit (fits carry their unit) or give {first:g}")
+    return first
 
 
 def file_resolver(base: Path) -> ServiceResolver:

@@ -6,9 +6,12 @@ the route classes of a ``route`` policy (each with its own prior over start phas
 one label per stage for ``none`` policies and baselines (nothing to classify). Three modes
 (stages file ``classifier.mode``):
 
-* ``explicit`` — a request header (default ``X-Overtake-Phase: <1..M>``) or the matching route's
-  ``phase`` gives the start label; the phase is kept while in service (exact for
-  hyperexponential stages, whose phases do not move).
+* ``explicit`` — a request header (default ``X-Overtake-Phase: <1..M>``, or the phase's name,
+  ``short``/``long`` for two phases: :mod:`overtake.phases`) or the matching route's ``phase``
+  gives the start label; the phase is kept while in service (exact for hyperexponential stages,
+  whose phases do not move). In every mode a header that names no phase of the stage's model is
+  answered 400 (under a baseline: the phases of the last solved policy, else any of the
+  :data:`~overtake.phases.MAX_PHASES` a model could have).
 * ``learned`` — per route (method + path) a window of observed service demands t_1..t_n; the
   start label is argmax_l  log w_l + Σ_k log f_l(t_k), with f_l(t) = a_l exp(T t) t⁰ the PH
   density started from label l's prior a_l over phases (e_j for phase j; the route class's α_r for
@@ -37,6 +40,7 @@ from scipy.linalg import expm
 from overtake.controller.errors import ControllerError
 from overtake.controller.policies import SpawnPolicy
 from overtake.controller.stages import ClassifierSettings
+from overtake.phases import MAX_PHASES, TWO_PHASE_NAMES, accepted_values, parse_phase
 
 if TYPE_CHECKING:
     from overtake.controller.auto import Evidence
@@ -48,7 +52,7 @@ _ROUTES_MAX = 4096  # learned-mode routes remembered (LRU)
 
 
 class BadPhaseHeader(ControllerError):
-    """The phase header is present but not an integer in 1..M (answered 400)."""
+    """The phase header is present but names no phase of the stage (answered 400)."""
 
 
 class _Route:
@@ -70,6 +74,8 @@ class Classifier:
     def __init__(self, settings: ClassifierSettings, policy: SpawnPolicy) -> None:
         self.settings = settings
         self.mode: str = settings.mode
+        #: seconds per model time unit (controller.units; the sidecar sets the one in force)
+        self.time_unit: float = settings.time_unit if settings.time_unit is not None else 1.0
         self.header = settings.header.lower().encode()
         self._routes: OrderedDict[str, _Route] = OrderedDict()
         self._version = 0
@@ -84,6 +90,14 @@ class Classifier:
 
     def bind(self, policy: SpawnPolicy) -> None:
         """Adopt a (new) policy's labels and PH parameters; learned history is kept per label count."""
+        named = getattr(policy, "model_phases", None)
+        if named is not None:
+            self.header_names: tuple[tuple[str, ...] | None, ...] = named
+        elif len(getattr(self, "header_names", ())) != len(policy.phases):
+            # a baseline has no model: the phases of the last solved policy stand (a fallback to
+            # pi(k) keeps its clients' headers valid); before any, any phase a model could have
+            # (clients may send them ahead of the first solved policy, e.g. for the online loop)
+            self.header_names = (None,) * len(policy.phases)
         self.phases = policy.phases
         self.alpha = policy.alpha
         self.T = policy.T
@@ -100,28 +114,39 @@ class Classifier:
             self._grid = [self._current_phase_grid(i) for i in range(len(self.phases))]
 
     # ---- start phase ---------------------------------------------------------------------
+    def header_phase(self, stage: int, header: bytes) -> int:
+        """The 0-based phase a phase header names (:func:`overtake.phases.parse_phase`: ``1..M``
+        or a name such as ``short``), checked against the stage's model phases in every mode.
+
+        Raises
+        ------
+        BadPhaseHeader
+            The value names no phase (answered 400, naming the header and the accepted values).
+        """
+        known = self.header_names[stage] if stage < len(self.header_names) else None
+        m, names = (len(known), known) if known is not None else (MAX_PHASES, TWO_PHASE_NAMES)
+        j = parse_phase(header, m, names)
+        if j is None or (self.aware and self.mode == "explicit" and j >= self.phases[stage]):
+            raise BadPhaseHeader(
+                f"{self.settings.header}: must name a phase of stage {stage + 1}: "
+                f"{accepted_values(m, names)}; got {header[:32].decode('latin-1')!r}"
+            )
+        return j
+
     def start_phase(self, stage: int, route_key: str, header: bytes | None, route_phase: int | None, *,
                     observe: bool = True) -> int:
         """Phase (0-based) a request joins its stage's queue with. ``observe`` False: a peek at
         the follow-up request (``X-Overtake-Next-Phase``), not a request: auto's evidence is the
         requests' own phase headers."""
+        j = None if header is None else self.header_phase(stage, header)
         if self.evidence is not None and observe:
-            self.evidence.request(header is not None and header.strip().isdigit() and int(header) >= 1)
+            self.evidence.request(j is not None)
         if not self.aware:
             return 0
         m = self.phases[stage]
         if self.mode == "explicit":
-            if header is not None:
-                try:
-                    j = int(header)
-                except ValueError:
-                    j = 0
-                if not 1 <= j <= m:
-                    raise BadPhaseHeader(
-                        f"{self.settings.header}: must be an integer phase in 1..{m} for stage "
-                        f"{stage + 1}, got {header[:32]!r}"
-                    )
-                return j - 1
+            if j is not None:
+                return j
             if route_phase is not None and route_phase < m:
                 return route_phase
             return self.prior_phase[stage]
@@ -144,7 +169,7 @@ class Classifier:
             return
         if self.evidence is not None:
             self.evidence.demand(route_key)
-        t = demand_seconds / self.settings.time_unit
+        t = demand_seconds / self.time_unit
         r = self._routes.get(route_key)
         if r is None:
             r = self._routes[route_key] = _Route()
@@ -163,6 +188,18 @@ class Classifier:
                 r.loglik = r.loglik - r.ll.popleft()
         else:
             r.version = -1  # recomputed from the samples when a learned lookup needs it
+
+    def set_time_unit(self, seconds: float) -> None:
+        """Run at a new time unit: the learned demands are rescaled (they are kept in model units)
+        and their likelihoods recomputed."""
+        if seconds == self.time_unit:
+            return
+        f = self.time_unit / seconds
+        for r in self._routes.values():
+            r.samples = deque(t * f for t in r.samples)
+            r.ll.clear()
+            r.version = -1
+        self.time_unit = seconds
 
     def _loglik(self, stage: int, t: float) -> np.ndarray:
         """log f_l(t) per label l: the PH density of demand t started from label l's prior."""
@@ -201,5 +238,5 @@ class Classifier:
         if not self.reestimates:
             return start
         step, table = self._grid[stage]
-        g = int(attained_seconds / self.settings.time_unit / step)
+        g = int(attained_seconds / self.time_unit / step)
         return int(table[min(g, _GRID - 1)])

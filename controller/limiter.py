@@ -143,6 +143,16 @@ class Limiter:
         self._install(policy)
         self._dispatch()
 
+    def set_limits(self, *, queue_caps: tuple[int, ...], max_inflight: int, passthrough_cap: int | None,
+                   passthrough_queue_cap: int) -> None:
+        """New caps (a reloaded stages file): queued and admitted requests stay; a raised cap may
+        admit at once. A lowered one admits nothing new until enough have left."""
+        self.queue_caps = queue_caps
+        self.max_inflight = max_inflight
+        self.passthrough_cap = passthrough_cap
+        self.passthrough_queue_cap = passthrough_queue_cap
+        self._dispatch()
+
     # ---- state ----------------------------------------------------------------------------
     def state(self) -> tuple[int, ...]:
         """The policy's state vector (:attr:`overtake.mdp.Policy.columns` order)."""

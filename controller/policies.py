@@ -27,6 +27,7 @@ import numpy as np
 
 from overtake.controller.errors import PolicyLoadError
 from overtake.controller.policy_archive import MAX_ARRAY_BYTES, MAX_INFLATED_BYTES, check_archive
+from overtake.controller.units import UNITLESS, policy_unit
 from overtake.mdp.baselines import Baseline
 from overtake.mdp.errors import MDPError
 from overtake.mdp.policy import Policy
@@ -66,6 +67,11 @@ class SpawnPolicy(Protocol):
     #: per stage, the start-phase prior of each label (labels x phases) and the labels' weights:
     #: route classes for ``route`` policies, the identity and α for phase policies; None for baselines
     labels: tuple[tuple[np.ndarray, np.ndarray], ...] | None
+    #: seconds per model time unit, or "model", "unrecorded", "unitless" (controller.units)
+    time_unit: float | str
+    #: per stage, its model phases' names by index (overtake.phases), what a phase header may
+    #: name; None without a model (baselines)
+    model_phases: tuple[tuple[str, ...], ...] | None
 
     def action(self, state: tuple[int, ...]) -> tuple[int, ...]:
         """Threads to start from each queue."""
@@ -83,6 +89,8 @@ class BaselinePolicy:
     alpha: tuple[np.ndarray, ...] | None = None
     T: tuple[np.ndarray, ...] | None = None
     labels: tuple[tuple[np.ndarray, np.ndarray], ...] | None = None
+    time_unit: float | str = UNITLESS  # no model times to convert
+    model_phases: tuple[tuple[str, ...], ...] | None = None
 
     def __init__(self, spec: str, n_stages: int) -> None:
         text = spec.strip()
@@ -152,6 +160,9 @@ class TablePolicy:
         else:
             self.labels = tuple((np.eye(int(s.phases)), np.asarray(s.alpha, dtype=float)) for s in stages)
         self.stage_names = tuple(s.name for s in policy.model.stages)
+        #: seconds per model time unit (controller.units): what the sidecar converts its times with
+        self.time_unit: float | str = policy_unit(policy.meta, name)
+        self.model_phases: tuple[tuple[str, ...], ...] | None = tuple(s.phase_names() for s in stages)
         #: simulated predictions with mod_overtake_prio's lever (``overtake solve --cpu-priority``):
         #: kind -> {"mean_response_time", "passthrough", "thresholds", ...} (mdp.lever)
         lv = policy.meta.get("cpu_priority")
@@ -195,6 +206,10 @@ class PolicySet:
         self.version = f"auto over {len(self.members)} policies"
         self.passthrough: SpawnPolicy = BaselinePolicy("passthrough", n_stages)
         self.passthrough_wait = next((m.passthrough_wait for m in self.members if m.passthrough_wait is not None), None)
+        # a phase header may name any phase of the members' models (the chosen one may be a baseline)
+        with_model = [m.model_phases for m in self.members if m.model_phases is not None]
+        self.model_phases: tuple[tuple[str, ...], ...] | None = (
+            tuple(max(per, key=len) for per in zip(*with_model)) if with_model else None)
         self.adopt(self.passthrough, "not chosen yet", None)
 
     def adopt(self, policy: SpawnPolicy, reason: str, gain: float | None) -> None:
@@ -209,6 +224,7 @@ class PolicySet:
         self.T: tuple[np.ndarray, ...] | None = policy.T
         self.labels: tuple[tuple[np.ndarray, np.ndarray], ...] | None = policy.labels
         self.class_start_levels: tuple[tuple[int, ...], ...] | None = getattr(policy, "class_start_levels", None)
+        self.time_unit: float | str = policy.time_unit  # the set's own unit: controller.units.units_of
 
     def action(self, state: tuple[int, ...]) -> tuple[int, ...]:
         return self.chosen.action(state)

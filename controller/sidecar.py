@@ -21,10 +21,14 @@ archive's inflated size bounded (:mod:`overtake.controller.policy_archive`).
 As a service (``overtake sidecar --config FILE``, :mod:`overtake.controller.sidecar_config`):
 :meth:`Sidecar.drain` on ``SIGTERM`` stops accepting and lets every request already received
 finish within ``drain_timeout``; :meth:`Sidecar.reload` on ``SIGHUP`` applies a re-read config
-(the settings that need no new socket) and reloads the policy; the control endpoints are on their
+(the settings that need no new socket) and stages file (what does not reshape the queues,
+:mod:`overtake.controller.stages_reload`) and reloads the policy; the control endpoints are on their
 own listener (``admin_listen``, loopback by default; :mod:`overtake.controller.admin`), Apache's
 status and health are :mod:`overtake.controller.apache_probe`'s; ``request_log`` writes one line per request
 (:mod:`overtake.controller.request_log`).
+
+The time unit (seconds per model time unit) comes from the policy, else the stages file
+(:mod:`overtake.controller.units`); every time the sidecar shows is in seconds.
 
 Logs are JSON lines on stderr (``{"ts":..., "level":..., "event":..., ...}``).
 """
@@ -64,7 +68,9 @@ from overtake.controller.policies import (
 from overtake.controller.policy_loads import LoadSlots
 from overtake.controller.policy_source import PolicySource
 from overtake.controller.request_log import RequestLog
-from overtake.controller.stages import StageTable
+from overtake.controller.stages import StagesConfig, StageTable
+from overtake.controller.stages_reload import live_merge
+from overtake.controller.units import FORMER_DEFAULT, Resolution, resolve, units_of
 from overtake.controller.uplink import bands as _bands
 from overtake.controller.uplink import make_uplink
 from overtake.controller.uplink.errors import UplinkInputError
@@ -165,11 +171,14 @@ class Sidecar:
     """Everything wired together; ``await start()``, then ``await serve_forever()`` / ``close()``."""
 
     def __init__(self, table: StageTable, options: SidecarOptions, *,
-                 reload_options: Callable[[], SidecarOptions] | None = None) -> None:
+                 reload_options: Callable[[], SidecarOptions] | None = None,
+                 reload_stages: Callable[[], StageTable] | None = None) -> None:
         self.table = table
         self.options = options
         #: SIGHUP: re-read the config (``overtake sidecar --config``); None: reload the policy only
         self.reload_options = reload_options
+        #: SIGHUP: re-read the stages file and apply what can be applied live (controller.stages_reload)
+        self.reload_stages = reload_stages
         self.listen = parse_addr(options.listen, "listen")
         self.admin_addr = parse_addr(options.admin_listen, "admin_listen")
         self.apache = parse_apache_url(options.apache)
@@ -203,9 +212,15 @@ class Sidecar:
         elif isinstance(policy, PolicySet):
             raise SidecarInputError(f"policy: {options.policy} is a directory of policies; that needs "
                                     "classifier.mode: auto in the stages file (or give one .npz)")
+        #: seconds per model time unit (controller.units): the policy's, else the stages file's
+        self._warned_unrecorded: set[str] = set()
+        res = self._resolve_unit(policy)
+        self.time_unit = res.seconds if res.seconds is not None else 1.0
+        self._say_unit(res.source if res.seconds is not None else "seconds: no policy model to convert")
+        settings = settings.model_copy(update={"time_unit": self.time_unit})
         self.classifier = Classifier(settings, policy)
         if options.cpu_priority == "age":
-            self._say_age_threshold(policy, cfg.classifier.time_unit)
+            self._say_age_threshold(policy, self.time_unit)
         for p in policy.members if isinstance(policy, PolicySet) else (policy,):
             if getattr(p, "solved_lever", "off") == "class" and options.cpu_priority != "class":
                 log.warning(f"policy {p.name} was solved with short-first CPU classes in force; run with "
@@ -220,11 +235,11 @@ class Sidecar:
             max_inflight=cfg.limits.max_inflight, passthrough_cap=cfg.passthrough.cap,
             passthrough_queue_cap=cfg.limits.queue_cap,
         )
-        self.metrics = SidecarMetrics(lambda: self.limiter, time_unit=cfg.classifier.time_unit)
+        self.metrics = SidecarMetrics(lambda: self.limiter, time_unit=self.time_unit)
         self.online: OnlineLoop | None = None
         if options.online is not None:
             self.online = OnlineLoop(
-                options.online, table=table, time_unit=cfg.classifier.time_unit, policy=policy,
+                options.online, table=table, time_unit=self.time_unit, policy=policy,
                 current=lambda: self.limiter.policy,
                 swap=lambda path: self.swap(path, source="online"), classifier_mode=settings.mode,
             )
@@ -263,8 +278,39 @@ class Sidecar:
     def policy(self) -> SpawnPolicy:
         return self.limiter.policy
 
+    # ---- the time unit (controller.units) -------------------------------------------------
+    def _resolve_unit(self, policy: SpawnPolicy, stages: StagesConfig | None = None) -> Resolution:
+        """The unit ``policy`` runs at under ``stages``' ``classifier.time_unit`` (default: the
+        running stages file's); raises :class:`PolicyLoadError` (one line naming both values and
+        the fix) when they disagree. Warns once per policy that recorded no unit."""
+        res = resolve(units_of(policy), (stages or self.table.config).classifier.time_unit)
+        for name in res.unrecorded:
+            if name not in self._warned_unrecorded:
+                self._warned_unrecorded.add(name)
+                used = res.seconds if res.seconds is not None else FORMER_DEFAULT
+                log.warning(f"policy {name} records no time unit (solved by an older overtake): its model times are "
+                            f"taken as {used:g} s per unit ({res.source}); re-solve it with `overtake solve` to "
+                            "carry its unit", extra={"event": "time_unit_unrecorded", "policy": name})
+        return res
+
+    def _say_unit(self, source: str) -> None:
+        log.info(f"time unit: {self.time_unit:g} s per model time unit ({source})",
+                 extra={"event": "time_unit", "detail": source})
+
+    def _set_time_unit(self, seconds: float, source: str) -> None:
+        """Run at a new unit from now on: the classifier's learned demands and the online loop's
+        samples are rescaled, metrics and logs convert with it."""
+        if seconds == self.time_unit:
+            return
+        self.time_unit = seconds
+        self.classifier.set_time_unit(seconds)
+        self.metrics.time_unit = seconds
+        if self.online is not None:
+            self.online.set_time_unit(seconds)
+        self._say_unit(source)
+
     @staticmethod
-    def _say_age_threshold(policy: SpawnPolicy, time_unit: float) -> None:
+    def _say_age_threshold(policy: SpawnPolicy, time_unit: float, *, warn: bool = True) -> None:
         """Log the age threshold the policy file's model chose, in seconds of thread CPU: the
         value for Apache's ``OvertakePrioLevels`` (the sidecar cannot set it)."""
         members = policy.members if isinstance(policy, PolicySet) else (policy,)
@@ -277,6 +323,8 @@ class Sidecar:
                          extra={"event": "cpu_priority_threshold", "detail": f"{th[0][0]:.4g} model units x "
                                 f"time_unit {time_unit:g} s, from {p.name}"})
                 return
+        if not warn:  # a swapped-in policy without the lever's prediction: nothing new to say
+            return
         log.warning("cpu_priority age: no policy file carries a prediction with age priority; solve with "
                     "`overtake solve --cpu-priority age` so that auto can weigh it", extra={"event": "cpu_priority_threshold"})
 
@@ -318,9 +366,8 @@ class Sidecar:
 
     async def _auto_loop(self) -> None:
         """Re-check what the traffic shows; swap when the best usable policy changes."""
-        interval = self.table.config.classifier.auto_interval
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self.table.config.classifier.auto_interval)  # a reload may change it
             ps = self.limiter.policy
             if isinstance(ps, PolicySet) and self._auto_choose(ps):
                 self.limiter.swap(ps)
@@ -427,6 +474,9 @@ class Sidecar:
             "name": p.name, "version": p.version, "hash": p.hash, "phases": list(p.phases),
             "per_phase_queues": p.per_phase_queues, "phase_info": p.phase_info,
             "predicted_response_time_model_units": p.predicted_wait,
+            "predicted_response_time_seconds": None if p.predicted_wait is None else p.predicted_wait * self.time_unit,
+            "time_unit": self.time_unit,
+            "phase_names": None if p.model_phases is None else [list(n) for n in p.model_phases],
             "swapped_at": self.swapped_at, "swaps": self.metrics.swaps, "refused": self.metrics.refused,
             "classifier": self.classifier.mode, "cpu_priority": self.options.cpu_priority, **self.source.info(),
             **({"auto": {"chosen": p.chosen.name, "phase_info": p.chosen.phase_info, "reason": p.reason,
@@ -494,8 +544,48 @@ class Sidecar:
                     log.error("request log not reopened", extra={"event": "reload_refused", "detail": str(exc)})
         if self.request_log is not None:
             self.request_log.reopen()  # logrotate moved it
+        if self.reload_stages is not None:
+            self._reload_stages(self.reload_stages)
         log.info("reloading", extra={"event": "reload", "detail": "config and policy" if new else "policy"})
         await self.source.reload("sighup", new)
+
+    def _reload_stages(self, read: Callable[[], StageTable]) -> None:
+        """SIGHUP: re-read the stages file; apply what a running sidecar can change, name what
+        needs a restart (``reload_partial``); a file that does not load, or whose time unit the
+        running policy contradicts, is refused whole (``reload_refused``)."""
+        try:
+            fresh = read()
+            merged, applied, restart = live_merge(self.table.config, fresh.config)
+            unit = (self._resolve_unit(self.policy, merged)
+                    if merged.classifier.time_unit != self.table.config.classifier.time_unit else None)
+        except (SidecarInputError, OSError) as exc:  # PolicyLoadError is a SidecarInputError
+            log.error("stages file reload refused, old stages kept", extra={
+                "event": "reload_refused", "detail": str(exc) if not isinstance(exc, OSError)
+                else f"stages file: {exc.strerror}: {exc.filename}"})
+            return
+        if restart:
+            log.warning("stages file changes that need a restart were not applied", extra={
+                "event": "reload_partial", "detail": "stages file: " + ", ".join(restart)})
+        if not applied:
+            return
+        self._apply_stages(merged)
+        if unit is not None:
+            self._set_time_unit(unit.seconds if unit.seconds is not None else self.time_unit, unit.source)
+        log.info("stages file changes applied", extra={"event": "reload", "detail": "; ".join(applied)})
+
+    def _apply_stages(self, cfg: StagesConfig) -> None:
+        """Run with ``cfg``, whose stages route exactly as the running ones (live_merge's output)."""
+        table = StageTable(cfg)
+        self.table = self.source.table = self.gateway.table = table
+        if self.online is not None:
+            self.online.table = table
+        self.gateway.limits = self.gateway.forwarder.limits = cfg.limits
+        self.pool.connect_timeout = cfg.limits.upstream_connect_timeout
+        self.classifier.settings = cfg.classifier.model_copy(update={
+            "time_unit": self.time_unit, "header": self.classifier.settings.header})
+        self.limiter.set_limits(queue_caps=tuple(table.queue_cap(i) for i in range(len(table.names))),
+                                max_inflight=cfg.limits.max_inflight, passthrough_cap=cfg.passthrough.cap,
+                                passthrough_queue_cap=cfg.limits.queue_cap)
 
     # ---- the swap paths --------------------------------------------------------------------
     async def install(self, spec: str, *, source: str, data: bytes | None = None) -> SpawnPolicy:
@@ -517,10 +607,11 @@ class Sidecar:
 
         try:
             new = await self._load(load, spec)
+            res = self._resolve_unit(new)
         except (PolicyLoadError, SidecarInputError) as exc:
             self._refused(exc, source)
             raise
-        return self._install(new, source)
+        return self._install(new, source, res)
 
     async def _load(self, load: Callable[[], SpawnPolicy], spec: str) -> SpawnPolicy:
         """``load()`` through the load slots, every failure turned into one-line PolicyLoadError."""
@@ -542,10 +633,11 @@ class Sidecar:
             new = load_policy(spec, self.table.names, max_bytes=self.options.policy_max_bytes,
                               max_array_bytes=self.options.policy_max_array_bytes,
                               max_inflated_bytes=self.options.policy_max_inflated_bytes)
+            res = self._resolve_unit(new)
         except (PolicyLoadError, SidecarInputError) as exc:
             self._refused(exc, source)
             raise
-        return self._install(new, source)
+        return self._install(new, source, res)
 
     def _refused(self, exc: Exception, source: str) -> None:
         self.metrics.refused += 1
@@ -553,13 +645,15 @@ class Sidecar:
             "event": "policy_refused", "source": source, "detail": str(exc), "policy": self.policy.name,
         })
 
-    def _install(self, new: SpawnPolicy, source: str) -> SpawnPolicy:
+    def _install(self, new: SpawnPolicy, source: str, unit: Resolution) -> SpawnPolicy:
         old = self.policy
         if self.auto:
             new = self._as_set(new)
             self._auto_choose(new, initial=True)
         elif isinstance(new, PolicySet):
             raise PolicyLoadError(f"policy: {new.name} is a directory of policies; that needs classifier.mode: auto")
+        if unit.seconds is not None:
+            self._set_time_unit(unit.seconds, unit.source)
         self.limiter.swap(new)
         self.metrics.swaps += 1
         self.swapped_at = time.time()
@@ -567,6 +661,8 @@ class Sidecar:
             "event": "policy_swap", "source": source, "policy": new.name, "hash": new.hash,
             "version": new.version, "detail": f"from {old.name} ({old.hash})",
         })
+        if self.options.cpu_priority == "age":
+            self._say_age_threshold(new, self.time_unit, warn=False)
         return new
 
 

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from overtake.phases import mean_order, phase_means
+
 from . import _uniformization as _u
 from .errors import InvalidParameterError
 
@@ -169,6 +171,24 @@ class PhaseType:
         """Squared coefficient of variation ``var / mean**2``."""
         m1 = self.moment(1)
         return self.var() / (m1 * m1)
+
+    # ----------------------------------------------------------------- phases
+    def phase_means(self) -> FloatArray:
+        """Expected time to absorption from each phase, ``(-T)^{-1} 1``, seconds."""
+        return phase_means(self._T)
+
+    def by_mean(self) -> PhaseType:
+        """The same distribution with its phases relabelled from the shortest mean to the longest.
+
+        Phase ``j`` of the result has the ``j``-th smallest :meth:`phase_means` (ties keep their
+        order): the numbering :mod:`overtake.phases` gives users and phase headers. Only the
+        labels move (``alpha P``, ``P^T T P`` for the permutation ``P``), so every density,
+        moment and sample path law is unchanged; ``structure`` is kept (a CF1 chain then runs
+        from the last phase to the first)."""
+        order = mean_order(self._T)
+        if np.array_equal(order, np.arange(self.order)):
+            return self
+        return PhaseType(self._alpha[order], self._T[np.ix_(order, order)], structure=self._structure)
 
     # ----------------------------------------------------------------- evaluation
     def _evaluate(self, x: npt.ArrayLike, with_cdf: bool) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray, FloatArray]:

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from overtake.phases import phase_names
+
 from .phase_type import PhaseType
 
 __all__ = ["FitResult", "OrderScore"]
@@ -78,8 +80,17 @@ class FitResult:
         """``(AIC, BIC)``."""
         return 2 * n_params - 2 * loglik, n_params * math.log(max(n, 1.0)) - 2 * loglik
 
-    def to_dict(self) -> dict[str, Any]:
-        """``alpha``, ``T`` and metadata (structure, order, loglik, n, converged, iterations, ...)."""
+    def to_dict(self, *, time_unit: float = 1.0) -> dict[str, Any]:
+        """``alpha``, ``T`` and metadata (structure, order, loglik, n, converged, iterations, ...).
+
+        The phases are written from the shortest mean to the longest (:meth:`PhaseType.by_mean`,
+        the same distribution), so phase 1 is the shortest kind whatever the structure; ``phases``
+        lists each one's name (:func:`overtake.phases.phase_names`), start probability and mean.
+        ``time_unit`` is the seconds per unit of the fitted times (1: the data were seconds, as
+        every reader of :mod:`overtake.fitting.io` gives them); a scenario built on this fit takes
+        it as its unit.
+        """
+        ph = self.ph.by_mean()
         meta: dict[str, Any] = {
             "loglik": self.loglik,
             "n": self.n,
@@ -88,15 +99,18 @@ class FitResult:
             "aic": self.aic,
             "bic": self.bic,
             "n_params": self.n_params,
-            "mean": self.ph.mean(),
-            "scv": self.ph.scv(),
+            "mean": ph.mean(),
+            "scv": ph.scv(),
             "mean_preserved": self.mean_preserved,
+            "time_unit": float(time_unit),
+            "phases": [{"name": n, "start": float(a), "mean": float(m)}
+                       for n, a, m in zip(phase_names(ph.T), ph.alpha, ph.phase_means())],
         }
         if self.shapes is not None:
             meta["shapes"] = list(self.shapes)
         if self.selection:
             meta["selection"] = [s.__dict__ for s in self.selection]
-        d = self.ph.to_dict(**meta)
+        d = ph.to_dict(**meta)
         d["structure"] = self.structure
         return d
 

@@ -20,6 +20,8 @@ from typing import Any, overload
 import numpy as np
 import numpy.typing as npt
 
+from overtake.phases import phase_names
+
 from .errors import ModelError
 
 FloatArray = npt.NDArray[np.float64]
@@ -151,6 +153,17 @@ class Stage:
     def phase_means(self) -> FloatArray:
         """Expected remaining service from each phase, (−T)⁻¹1."""
         return np.asarray(np.linalg.solve(-self.T, np.ones(self.phases)), dtype=np.float64)
+
+    def phase_names(self) -> tuple[str, ...]:
+        """Each phase's name by index (:func:`overtake.phases.phase_names`: ``short``/``long``
+        for two phases, else the rank by mean)."""
+        return phase_names(self.T)
+
+    def describe_phases(self) -> list[dict[str, Any]]:
+        """``[{"phase": 1, "name": "short", "start": α_1, "mean": m_1}, ...]`` by index; means in
+        the model's unit."""
+        return [{"phase": j + 1, "name": n, "start": float(a), "mean": float(m)}
+                for j, (n, a, m) in enumerate(zip(self.phase_names(), self.alpha, self.phase_means()))]
 
     def __eq__(self, other: object) -> bool:
         return (

@@ -6,7 +6,8 @@ or ``arrival_rate``; ``stages`` (``{name, service}``, service one of ``exponenti
 does the I/O); optional ``cores``, ``overhead``, ``max_threads``, ``truncation``, ``tolerance``,
 ``phase_info`` (what the policy may see: ``full``, ``start``, ``none`` or ``route``) and, per stage,
 ``routes`` (``{name, weight, alpha}``: observable route classes with their own start-phase prior,
-:mod:`overtake.mdp.routes`).
+:mod:`overtake.mdp.routes`) and ``time_unit`` (seconds per unit of the service times, or ``model``:
+:attr:`Scenario.time_unit`, which ``overtake solve`` stores in the policy for the sidecar).
 Every validation error becomes one :class:`~overtake.mdp.errors.ModelError` line naming the field.
 """
 
@@ -17,6 +18,8 @@ from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from overtake.phases import MAX_PHASES
 
 from .errors import ModelError
 from .model import Stage, TandemModel
@@ -38,8 +41,8 @@ class Erlang(_Strict):
 
 
 class HyperExponential(_Strict):
-    probs: list[float] = Field(min_length=1, max_length=64)
-    means: list[float] = Field(min_length=1, max_length=64)
+    probs: list[float] = Field(min_length=1, max_length=MAX_PHASES)
+    means: list[float] = Field(min_length=1, max_length=MAX_PHASES)
 
     @model_validator(mode="after")
     def _check(self) -> HyperExponential:
@@ -53,8 +56,8 @@ class HyperExponential(_Strict):
 
 
 class PH(_Strict):
-    alpha: list[float] = Field(min_length=1, max_length=64)
-    T: list[list[float]] = Field(min_length=1, max_length=64)
+    alpha: list[float] = Field(min_length=1, max_length=MAX_PHASES)
+    T: list[list[float]] = Field(min_length=1, max_length=MAX_PHASES)
 
 
 class Service(_Strict):
@@ -119,6 +122,20 @@ class Scenario(_Strict):
     truncation: TruncationSpec | None = None
     tolerance: float = Field(default=1e-3, ge=1e-8, lt=0.5)
     phase_info: Literal["full", "start", "none", "route"] = "full"
+    #: seconds per unit of the service times: a number (1 = the times are seconds, as every
+    #: ``overtake fit`` output), or ``model``: an abstract unit (paper 004's), which the sidecar's
+    #: ``classifier.time_unit`` binds at deployment. Stages from fits set it (api.scenario).
+    time_unit: float | Literal["model"] = "model"
+
+    @field_validator("time_unit", mode="before")
+    @classmethod
+    def _unit(cls, v: Any) -> Any:
+        if v == "model":
+            return v
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 86400:
+            raise ValueError(f"seconds per unit of the service times (a number > 0, e.g. 1 for seconds, 0.001 for "
+                             f"milliseconds) or model (an abstract unit), got {v!r}")
+        return float(v)
 
     @field_validator("load")
     @classmethod

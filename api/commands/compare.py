@@ -55,8 +55,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0
+    unit = sc.time_unit
     print(f"arrival rate {doc['arrival_rate']:.6g}, load {doc['load']:.4g}; pi*: {doc['states']} states, "
-          f"{doc['iterations']} {doc['method']} steps, {doc['seconds']:.1f} s")
+          f"{doc['iterations']} {doc['method']} steps, {doc['seconds']:.1f} s; times in "
+          + ("model units (time_unit: model)" if unit == "model" else "seconds" if unit == 1 else f"units of {unit:g} s"))
     if "observation" in doc:
         print(f"pi* sees {phase_info}: the best observation policy is {doc['observation']['source']}")
     print(f"{'policy':<22}{'E[W]':>10}{'E[N]':>10}{'threads':>9}{'blocking':>11}{'gain':>9}")

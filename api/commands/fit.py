@@ -7,8 +7,9 @@
                  [--max-states N] [--shift auto|SECONDS] [--censor-at T] [--preserve-mean]
                  [--out DIR] [--plot] [--seed N]
 
-Writes ``DIR/<stage>.json`` (``{"alpha": [...], "T": [[...]], ...}``, what a scenario's
-``{file: stage1.json}`` points at) and, with ``--plot``, ``DIR/<stage>.png``. Prints one block of
+Writes ``DIR/<stage>.json`` (``{"alpha": [...], "T": [[...]], "time_unit": 1, "phases": [...], ...}``,
+what a scenario's ``{file: stage1.json}`` points at; times in seconds, phases from the shortest mean
+to the longest, see :mod:`overtake.phases`) and, with ``--plot``, ``DIR/<stage>.png``. Prints one block of
 diagnostics per stage.
 """
 
@@ -122,6 +123,13 @@ def _load(args: argparse.Namespace) -> tuple[dict[str, np.ndarray], list[str]]:
     return {name: x}, []
 
 
+def _phases(phases: list[dict[str, Any]]) -> str:
+    """``1 short: starts 93.3 %, mean 0.0134 s; 2 long: ...`` (the phases of a fit's JSON)."""
+    return "; ".join(f"{j} {p['name']}: starts {100 * p['start']:.1f} %, mean {p['mean']:.4g} s" if p["name"] != str(j)
+                     else f"{j}: starts {100 * p['start']:.1f} %, mean {p['mean']:.4g} s"
+                     for j, p in enumerate(phases, start=1))
+
+
 def _summary(name: str, res: FitResult, lines: list[str], chosen: int | None = None) -> list[str]:
     """``chosen``: the order marked in the selection table (a shifted fit's body order)."""
     out = [
@@ -131,6 +139,7 @@ def _summary(name: str, res: FitResult, lines: list[str], chosen: int | None = N
     ]
     if res.shapes is not None:
         out.append(f"  Erlang branch shapes {list(res.shapes)}")
+    out.append("  phases by mean (as written): " + _phases(res.to_dict()["phases"]))
     for row in res.selection:
         mark = " <" if row.order == (chosen or res.ph.order) else ""
         out.append(f"  order {row.order:2d}: loglik {row.loglik:.3f}  AIC {row.aic:.2f}  BIC {row.bic:.2f}{mark}")

@@ -11,7 +11,8 @@ Benchmarks call exactly::
     overtake sidecar --config sidecar.yaml [any flag above, overriding the file]
 
 As a service: SIGTERM drains (stop accepting, finish what was received, within --drain-timeout,
-then exit 0); SIGHUP re-reads --config and reloads the policy and the request log.
+then exit 0); SIGHUP re-reads --config and the stages file (applying what can change live,
+controller.stages_reload) and reloads the policy and the request log.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 from overtake.controller.errors import SidecarInputError
 from overtake.controller.sidecar import Sidecar, SidecarOptions, configure_logging
 from overtake.controller.sidecar_config import SidecarConfig, load_config, to_options
-from overtake.controller.stages import load_stages
+from overtake.controller.stages import StageTable, load_stages
 from overtake.controller.uplink.bands import TOP_FRACTION
 
 log = logging.getLogger("overtake.sidecar")
@@ -199,10 +200,15 @@ def run(args: argparse.Namespace) -> int:
     def reload_options() -> SidecarOptions:
         return options_from_args(args)[1]
 
+    def reload_stages() -> StageTable:
+        # the config may name another stages file now; its content is what a reload applies
+        return load_stages(load_config(args.config, _overrides(args)).stages if args.config else cfg.stages)
+
     configure_logging()
 
     async def main() -> None:
-        side = Sidecar(table, opts, reload_options=reload_options if args.config else None)
+        side = Sidecar(table, opts, reload_options=reload_options if args.config else None,
+                       reload_stages=reload_stages)
         await _main(side)
 
     if cfg.loop == "uvloop":

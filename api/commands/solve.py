@@ -87,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
         "gain_bounds": list(opt.solve.gain_bounds),
         "truncation_trace": opt.trace,
         "method": opt.solve.method,
+        # seconds per model time unit, or "model": the sidecar converts with it (controller.units)
+        "time_unit": sc.time_unit,
     }
     source = getattr(opt, "source", None)  # observation policies: the improved table or a baseline
     if source is not None:
@@ -121,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     m = opt.metrics
     doc = {"out": args.out, "states": pol.keys.size, "hash": pol.digest(), "phase_info": pol.phase_info,
            "mean_response_time": m.mean_response_time, "blocking_probability": m.blocking_probability,
-           "max_requests": pol.max_requests, "max_threads": pol.max_threads}
+           "max_requests": pol.max_requests, "max_threads": pol.max_threads, **unit_fields(sc, model, m)}
     if source is not None:
         doc["source"] = source
     if args.cpu_priority:
@@ -130,11 +132,41 @@ def run(args: argparse.Namespace) -> int:
                                    "start_levels": v["start_levels"], "solved": v.get("solved", False)}
                                for k, v in pol.meta["cpu_priority"].items()}
     print(json.dumps(doc, indent=2))
+    if not args.quiet:
+        print(phases_text(model, sc.time_unit), file=sys.stderr)
     if "rules" in meta and not args.quiet:
         print(f"overtaking rules (agree with pi* on {meta['rules']['agreement']:.1%} of decisions):", file=sys.stderr)
         for line in meta["rules"]["text"]:
             print("  " + line, file=sys.stderr)
     return 0
+
+
+def unit_fields(sc: Any, model: Any, metrics: Any) -> dict[str, Any]:
+    """The solve document's unit and phase fields: ``time_unit`` (seconds per model unit, or
+    "model"), ``mean_response_time_seconds`` (None in model units) and each stage's phases by
+    index with their names (:mod:`overtake.phases`), start probabilities and means."""
+    u = sc.time_unit
+    return {"time_unit": u,
+            "mean_response_time_seconds": None if u == "model" else metrics.mean_response_time * u,
+            "phases": {st.name: st.describe_phases() for st in model.stages}}
+
+
+def phases_text(model: Any, time_unit: float | str) -> str:
+    """One line per stage: its phases with their names, e.g. ``stage1: phase 1 short (starts
+    93.3 %, mean 0.0134 s), phase 2 long (...)``; says when a stage's numbers do not follow the means."""
+
+    def mean(m: float) -> str:
+        return f"{m:.4g} model units" if time_unit == "model" else f"{m * float(time_unit):.4g} s"
+
+    lines = ["phases (X-Overtake-Phase takes the number or the name):"]
+    for st in model.stages:
+        ph = st.describe_phases()
+        parts = [f"phase {p['phase']}" + (f" {p['name']}" if not p["name"].isdigit() else "")
+                 + f" (starts {100 * p['start']:.1f} %, mean {mean(p['mean'])})" for p in ph]
+        ranked = [p["name"] for p in ph] in (["short", "long"], [str(j + 1) for j in range(len(ph))])
+        lines.append(f"  {st.name}: " + ", ".join(parts)
+                     + ("" if ranked else "  [numbered as the scenario lists them; the names follow the means]"))
+    return "\n".join(lines)
 
 
 def _run_constrained(args: argparse.Namespace, sc: Any, model: Any) -> int:

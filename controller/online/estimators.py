@@ -186,6 +186,14 @@ class DemandRecorder(LimiterListener):
         self.stages = [_StageEstimates({s: deque(maxlen=settings.reservoir) for s in SOURCES}) for _ in table.names]
         self.tail = AccessLogTail(settings.access_log, table) if settings.access_log else None
 
+    def set_time_unit(self, seconds: float) -> None:
+        """Keep the held demands in a new model unit (rescaled, none dropped)."""
+        f = self.time_unit / seconds
+        for st in self.stages:
+            for src, r in st.reservoirs.items():
+                st.reservoirs[src] = deque((x * f for x in r), maxlen=r.maxlen)
+        self.time_unit = seconds
+
     # ---- the limiter's events --------------------------------------------------------------
     def on_arrival(self, ticket: Ticket, now: float) -> None:
         if ticket.stage != PASSTHROUGH:

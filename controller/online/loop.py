@@ -86,6 +86,12 @@ class OnlineLoop:
         self._own_dir = self._dir is None
         self._seq = 0
 
+    def set_time_unit(self, seconds: float) -> None:
+        """Run at a new time unit (the sidecar's changed): the held samples are rescaled; the
+        last decision keeps the unit it was made in (``time_unit`` in its record)."""
+        self.recorder.set_time_unit(seconds)
+        self.time_unit = seconds
+
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         """Start the worker process and the refit (and access-log) tasks on the running loop."""
@@ -165,7 +171,7 @@ class OnlineLoop:
         sources = {n: src for n, (src, _) in zip(self.names, chosen)}
         lam = self.recorder.arrival_rate()
         base: dict[str, Any] = {"samples": counts, "source": sources,
-                                "arrival_rate_per_second": lam}
+                                "arrival_rate_per_second": lam, "time_unit": self.time_unit}
         short = [n for n, c in counts.items() if c < s.min_samples]
         if short:
             return self._decide("skipped_samples", {**base, "reason": f"stages {short} have fewer than "
@@ -199,6 +205,7 @@ class OnlineLoop:
             stage_names=self.names, samples=tuple(x for _, x in chosen), arrival_rate=lam_model,
             cores=self.cores, overhead=self.overhead, orders=orders, max_order=s.max_order,
             phase_info=phase_info, current=current, tolerance=s.tolerance, out=self._out_path(), margin=s.margin,
+            time_unit=self.time_unit,
         )
         self.last_refit_start = now
         self._busy = True
@@ -215,8 +222,10 @@ class OnlineLoop:
         finally:
             self._busy = False
         wall = time.perf_counter() - t0
+        u = job.time_unit  # predictions are in its model units; the reasons say seconds
         rec = {**base, "fit": res["stages"], "predicted_new": res["predicted_new"],
                "predicted_current": res["predicted_current"], "current_error": res["current_error"],
+               "predicted_new_seconds": res["predicted_new"] * u, "predicted_current_seconds": res["predicted_current"] * u,
                "states": res["states"], "worker_seconds": res["seconds"], "seconds": wall,
                "policy": pol.name, "new_hash": res["hash"]}
         if self.current().hash != pol.hash:
@@ -225,8 +234,8 @@ class OnlineLoop:
         new_w, cur_w = res["predicted_new"], res["predicted_current"]
         if not new_w < cur_w * (1.0 - s.margin):
             _unlink(job.out)
-            return self._decide("kept", {**rec, "reason": f"predicted E[W] {new_w:.6g} is not better than the "
-                                         f"current {cur_w:.6g} by more than {s.margin:.1%}"})
+            return self._decide("kept", {**rec, "reason": f"predicted E[W] {new_w * u:.6g} s is not better than the "
+                                         f"current {cur_w * u:.6g} s by more than {s.margin:.1%}"})
         try:
             installed = self._swap(job.out)
         except (ValueError, OSError) as exc:
@@ -234,7 +243,7 @@ class OnlineLoop:
             return self._decide("failed", {**rec, "reason": f"swap refused: {exc}"}, logging.ERROR)
         self.generation += 1
         self._prune(keep=job.out)
-        return self._decide("swapped", {**rec, "reason": f"predicted E[W] {new_w:.6g} < current {cur_w:.6g}",
+        return self._decide("swapped", {**rec, "reason": f"predicted E[W] {new_w * u:.6g} s < current {cur_w * u:.6g} s",
                                         "generation": self.generation, "new_policy": installed.name})
 
     def _prune(self, keep: str) -> None:

@@ -57,16 +57,17 @@ class OnlineCollector(Collector):
         yield mean
         last = lp.last
         if "fit" in last:
+            unit = last.get("time_unit", lp.time_unit)  # the unit the refit ran in
             fm = GaugeMetricFamily("overtake_online_fitted_mean_seconds", "Mean service demand of the last fit",
                                    labels=["stage", "source"])
             for f in last["fit"]:
-                fm.add_metric([f["name"], last["source"][f["name"]]], f["mean"] * lp.time_unit)
+                fm.add_metric([f["name"], last["source"][f["name"]]], f["mean"] * unit)
             yield fm
             pw = GaugeMetricFamily("overtake_online_predicted_response_time_seconds",
                                    "Model E[W] under the last refitted model", labels=["policy"])
             for k in ("current", "new"):
                 w = last[f"predicted_{k}"]
-                pw.add_metric([k], w * lp.time_unit if math.isfinite(w) else math.inf)
+                pw.add_metric([k], w * unit if math.isfinite(w) else math.inf)
             yield pw
             yield GaugeMetricFamily("overtake_online_refit_duration_seconds", "Wall time of the last refit job",
                                     value=last["seconds"])

@@ -41,6 +41,7 @@ class RefitJob:
     out: str  #: where to write the new policy
     margin: float = 0.01  #: the swap margin (decides when a common evaluation cap is needed)
     seed: int = 0
+    time_unit: float = 1.0  #: seconds per model unit of the samples: stored in the policy (controller.units)
 
 
 def warm_up() -> None:
@@ -61,12 +62,11 @@ def _fit_stage(x: FloatArray, order: int | None, max_order: int, seed: int) -> d
         if best is None or r.bic < best.bic:
             best = r
     assert best is not None
-    a = np.asarray(best.ph.alpha, dtype=float)
-    T = np.asarray(best.ph.T, dtype=float)
-    if np.allclose(T, np.diag(np.diag(T))):
-        # hyperexponential: phase 1 = shortest mean, so clients' phase headers keep one meaning
-        idx = np.argsort(np.diag(T))  # most negative diagonal = highest rate = shortest mean
-        a, T = a[idx], T[np.ix_(idx, idx)]
+    # phases by mean, as `overtake fit` writes them (phase 1 the shortest): clients' phase headers
+    # and the running policy's phase indices keep one meaning across refits
+    ordered = best.ph.by_mean()
+    a = np.asarray(ordered.alpha, dtype=float)
+    T = np.asarray(ordered.T, dtype=float)
     return {"alpha": a, "T": T, "mean": float(best.ph.mean()), "order": int(a.size), "scv": scv,
             "structure": best.structure, "bic": tried, "n": int(x.size)}
 
@@ -145,6 +145,7 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
     pol = opt.policy
     pol.meta.update(
         metrics=new.to_dict(), method=opt.solve.method, gain_bounds=list(opt.solve.gain_bounds),
+        time_unit=job.time_unit,
         online={"arrival_rate": job.arrival_rate, "samples": [f["n"] for f in fits],
                 "current": cur_name, "current_mean_response_time": cur_w},
     )

@@ -168,10 +168,13 @@ def test_explicit_classifier(h2_policy: Path) -> None:
     assert c.start_phase(0, "r", b"2", None) == 1
     assert c.start_phase(0, "r", None, 1) == 1  # route rule
     assert c.start_phase(0, "r", None, None) == 0  # prior argmax (0.91)
-    with pytest.raises(BadPhaseHeader, match=r"X-Overtake-Phase: must be an integer phase in 1\.\.2"):
+    assert c.start_phase(0, "r", b"long", None) == 1  # the name of the phase with the longer mean
+    with pytest.raises(BadPhaseHeader, match=r"X-Overtake-Phase: must name a phase of stage 1: 1\.\.2 or short, long"):
         c.start_phase(0, "r", b"3", None)
     blind = Classifier(ClassifierSettings(mode="explicit"), BaselinePolicy("pi(1)", 2))
-    assert blind.start_phase(0, "r", b"9", None) == 0  # phase-blind policy: header irrelevant
+    assert blind.start_phase(0, "r", b"9", None) == 0  # phase-blind policy: the phase is irrelevant
+    with pytest.raises(BadPhaseHeader, match=r"must name a phase of stage 1: 1\.\.64 or short, long; got '0'"):
+        blind.start_phase(0, "r", b"0", None)  # but it must still name a phase
 
 
 def test_learned_classifier_follows_the_posterior(h2_policy: Path) -> None:

@@ -47,6 +47,28 @@ def test_file_to_json_and_png(durations: Path, tmp_path: Path, capsys: pytest.Ca
     assert "[stage1] cf1 order 3" in text and "KS distance" in text
 
 
+def test_fit_writes_phases_ordered_by_mean_in_seconds(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # two kinds of request: 90 % short (10 ms), 10 % long (200 ms); the default structure is CF1,
+    # whose chain puts the long phase first
+    rng = np.random.default_rng(7)
+    x = np.where(rng.random(3000) < 0.9, rng.exponential(0.01, 3000), rng.exponential(0.2, 3000))
+    src = tmp_path / "search.txt"
+    np.savetxt(src, x)
+    out = tmp_path / "fits"
+    assert _main([str(src), "--order", "2", "--out", str(out)]) == 0
+    d = json.loads((out / "search.json").read_text())
+    assert d["time_unit"] == 1.0  # seconds
+    ph = PhaseType(d["alpha"], d["T"])
+    means = ph.phase_means()
+    assert means[0] < means[1]  # phase 1 is the short kind
+    assert [p["name"] for p in d["phases"]] == ["short", "long"]
+    assert [p["mean"] for p in d["phases"]] == pytest.approx(means.tolist())
+    assert [p["start"] for p in d["phases"]] == pytest.approx(d["alpha"])
+    assert ph.mean() == pytest.approx(float(np.mean(x)), rel=0.05) and d["mean"] == pytest.approx(ph.mean())
+    text = capsys.readouterr().out
+    assert "phases by mean (as written): 1 short: starts" in text and "2 long: starts" in text
+
+
 def test_apache_log_stages(tmp_path: Path) -> None:
     rng = np.random.default_rng(2)
     log = tmp_path / "access.log"

@@ -176,3 +176,30 @@ def test_from_json_rejects_missing_keys() -> None:
         PhaseType.from_json('{"alpha": [1.0]}')
     with pytest.raises(InvalidParameterError, match="not valid JSON"):
         PhaseType.from_json("{")
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_by_mean_relabels_phases_without_changing_the_distribution(name: str) -> None:
+    ph = FAMILIES[name]
+    ordered = ph.by_mean()
+    means = ordered.phase_means()
+    assert np.all(np.diff(means) >= 0)  # phase 1 the shortest expected time to absorption
+    assert sorted(means.tolist()) == pytest.approx(sorted(ph.phase_means().tolist()), rel=1e-12)
+    x = np.linspace(0.0, 4.0 * ph.mean(), 41)
+    assert ordered.pdf(x) == pytest.approx(ph.pdf(x), rel=1e-9, abs=1e-300)
+    assert ordered.cdf(x) == pytest.approx(ph.cdf(x), rel=1e-9, abs=1e-15)
+    for k in (1, 2, 3):
+        assert ordered.moment(k) == pytest.approx(ph.moment(k), rel=1e-10)
+    assert ordered.structure == ph.structure and ordered.atom == pytest.approx(ph.atom)
+    with pytest.raises(ValueError):
+        ordered.alpha[0] = 0.5  # still frozen
+
+
+def test_by_mean_reverses_a_cf1_chain() -> None:
+    # CF1 runs from its slowest phase to its fastest, all exits at the last: phase 1 is the longest
+    ph = cf1([0.6, 0.3, 0.1], [1.0, 4.0, 10.0])
+    assert np.argmax(ph.phase_means()) == 0
+    ordered = ph.by_mean()
+    assert ordered.alpha.tolist() == pytest.approx([0.1, 0.3, 0.6])
+    assert ordered.phase_means() == pytest.approx([0.1, 0.1 + 0.25, 0.1 + 0.25 + 1.0])
+    assert ordered.by_mean() is ordered  # already in order: nothing to do
