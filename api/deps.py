@@ -191,7 +191,7 @@ async def read_body(request: Request, cap: int = MAX_JSON_BYTES) -> bytes:
     So N clients streaming 64 MiB uploads hold one upload's memory, not N, and take one
     stream's share of the event loop (bench/sidecar_attack.py, ``api: chunked_fits``)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > cap:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > cap:
         raise HTTPError(413, f"body: {declared} bytes, larger than the limit of {cap}; send less")
     parts, n = [], 0
     permit: asyncio.Semaphore | None = None

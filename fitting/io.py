@@ -82,7 +82,8 @@ def read_durations(path: str | Path, *, column: str | int | None = None, scale: 
             header = next(reader)
         except StopIteration:
             return np.zeros(0)
-        if isinstance(column, int) or (isinstance(column, str) and column.isdigit() and column not in header):
+        index = isinstance(column, str) and column.isascii() and column.isdigit()  # not '²' or '٣'
+        if isinstance(column, int) or (index and column not in header):
             idx = int(column)
             rows: Iterable[list[str]] = reader
             if idx >= len(header):

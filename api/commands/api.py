@@ -47,7 +47,7 @@ def parse_listen(value: str) -> tuple[str, int]:
     except ValueError:
         if host != "localhost":
             raise ApiUsageError(f"--listen host must be an IP address or localhost, got {host!r}") from None
-    if not port_s.isdigit() or not 0 < int(port_s) < 65536:
+    if not (port_s.isascii() and port_s.isdigit()) or not 0 < int(port_s) < 65536:
         raise ApiUsageError(f"--listen port must be 1..65535, got {port_s!r}")
     return host, int(port_s)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any
 
@@ -90,6 +91,9 @@ class FitResolver:
         return ph
 
 
+_COUNT = re.compile(r"[0-9]{1,6}")
+
+
 def _parse_state(text: str, policy: Policy) -> list[int]:
     parts = [p.strip() for p in text.split(",")]
     n = policy.Q + policy.D
@@ -97,8 +101,9 @@ def _parse_state(text: str, policy: Policy) -> list[int]:
         raise HTTPError(422, f"state: needs {n} comma-separated counts in the order {policy.columns}, got {len(parts)}")
     out = []
     for i, p in enumerate(parts):
-        if not p.isdigit() or len(p) > 6:
-            raise HTTPError(422, f"state[{i}] ({policy.columns[i]}): must be an integer in 0..999999, got {p!r}")
+        if not _COUNT.fullmatch(p):  # str.isdigit() also takes '²' and '٣', which int() refuses or reads
+            raise HTTPError(422, f"state[{i}] ({policy.columns[i]}): must be an integer in 0..999999 written "
+                                 f"with the ASCII digits 0-9, got {p[:20]!r}")
         out.append(int(p))
     return out
 

@@ -80,11 +80,16 @@ def test_policy_rules_and_artifact_agree_with_decisions(client: TestClient, solv
     assert client.get(f"/v1/models/{mid}/decision", params={"state": "2,0,1,0"}).json()["total"] == 0
 
 
-@pytest.mark.parametrize(("state", "field"), [("1,0,0", "state:"), ("1,0,x,0", "state[2]"), ("1,0,-1,0", "state[2]")])
+@pytest.mark.parametrize(("state", "field"), [
+    ("1,0,0", "state:"), ("1,0,x,0", "state[2]"), ("1,0,-1,0", "state[2]"),
+    # digits of other scripts: str.isdigit() takes them, int() refuses '²' (a 500) and reads '٣' as 3
+    ("\u00b2,0,0,0", "state[0]"), ("1,\u0663,0,0", "state[1]"), ("1,0,\uff11,0", "state[2]"),
+])
 def test_bad_state_is_422_naming_it(client: TestClient, solved: dict, state: str, field: str) -> None:
     r = client.get(f"/v1/models/{solved['id']}/decision", params={"state": state})
-    assert r.status_code == 422
+    assert r.status_code == 422, r.text
     assert r.json()["detail"].startswith(field)
+    assert "ASCII digits 0-9" in r.json()["detail"] or field == "state:"
 
 
 @pytest.mark.parametrize(("change", "field"), [

@@ -58,7 +58,7 @@ def test_listen(value: str, expected: tuple[str, int]) -> None:
     assert parse_listen(value) == expected
 
 
-@pytest.mark.parametrize("value", ["8080", "example.com:80", "127.0.0.1:0", "127.0.0.1:x"])
+@pytest.mark.parametrize("value", ["8080", "example.com:80", "127.0.0.1:0", "127.0.0.1:x", "127.0.0.1:\u00b2", "127.0.0.1:\u0663"])
 def test_bad_listen(value: str) -> None:
     with pytest.raises(ApiUsageError, match="--listen"):
         parse_listen(value)
