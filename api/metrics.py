@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 KINDS = ("model", "fit")
-STATUSES = ("queued", "running", "done", "failed")
+STATUSES = ("queued", "running", "done", "failed", "cancelled")
 
 
 class _JobGauge(Collector):

@@ -120,11 +120,16 @@ class ParseProcess:
         self._loop = asyncio.get_running_loop()
         self._idle: asyncio.Queue[Worker] = asyncio.Queue()
         self._up = asyncio.Event()
-        # per process at most one step it runs and one replacement being spawned
-        self._threads = ThreadPoolExecutor(max_workers=2 * self.processes, thread_name_prefix="overtake-parse")
+        # per process at most one step it runs and one replacement being spawned; one for the start
+        self._threads = ThreadPoolExecutor(max_workers=2 * self.processes + 1, thread_name_prefix="overtake-parse")
         self._closed = False
+        self._threads.submit(self._spawn_all)
+
+    def _spawn_all(self) -> None:
+        """The processes one after another: the first is up (and serving) sooner than if all
+        imported at once on a busy machine."""
         for _ in range(self.processes):
-            self._threads.submit(self._spawn)
+            self._spawn()
 
     def wait_ready(self, timeout: float) -> None:
         """Block until every process has started and imported (tests: their pids are then known)."""

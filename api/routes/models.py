@@ -38,6 +38,7 @@ from ..deps import (
     WorkDep,
     accepted,
     authorize,
+    cancel_job,
     count_values,
     done_model,
     get_job,
@@ -171,6 +172,14 @@ async def get_model(model_id: str, store: StoreDep, reads: ReadsDep) -> ModelDoc
     """Status (queued, running with progress, done, failed with the reason), then π*'s metrics and
     the comparison with the baselines (the document of ``overtake compare --json``)."""
     return await reads.run("id", lambda: model_doc(get_job(store, model_id, "model")))
+
+
+@router.delete("/v1/models/{model_id}", response_model=ModelDoc, dependencies=[Depends(authorize)],
+               responses={401: {"model": Error}, 404: {"model": Error}, 409: {"model": Error}})
+async def cancel_model(model_id: str, store: StoreDep, runner: RunnerDep, work: WorkDep) -> ModelDoc:
+    """Cancel a queued or running solve: a running one has its process stopped. The answer is the
+    job, status ``cancelled``; 409 for a job that has already ended (done, failed, cancelled)."""
+    return await work.commit(lambda: model_doc(cancel_job(store, runner, model_id, "model")))
 
 
 @router.get("/v1/models/{model_id}/policy", response_model=PolicyDoc,
