@@ -50,6 +50,8 @@ Solve the optimal thread-spawn policy π* of a multi-stage server (paper 004) an
 * `POST /v1/models` takes the scenario of `overtake solve|compare` (as JSON) and answers 202 with
   an id; `GET /v1/models/{id}` shows `queued`, `running` (with `progress`), `done` (metrics and the
   comparison), `failed` or `cancelled` (with the `reason`); `DELETE /v1/models/{id}` cancels it.
+* The same input posted again under the same name answers the job it already has (queued,
+  running or done) instead of solving it again; a failed or cancelled one is run again.
 * A job runs for at most the server's job deadline (`overtake api --job-deadline`); past it, it
   fails with a reason saying so.
 * Errors are `{"detail": "<field>: <what is wrong and the fix>"}`: invalid input (ρ ≥ 1, a bad PH,

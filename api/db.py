@@ -74,6 +74,23 @@ def _migrate(c: sqlite3.Connection) -> None:
     c.execute("DROP TABLE jobs_before_cancel")
 
 
+class QueueFull(Exception):
+    """``max_queued`` jobs already wait; ``queued`` is their number."""
+
+    def __init__(self, queued: int) -> None:
+        super().__init__(f"{queued} jobs are queued")
+        self.queued = queued
+
+
+@dataclass(frozen=True)
+class Admission:
+    """:meth:`Store.admit`'s answer: the job's id and status, and whether it existed already."""
+
+    id: str
+    status: str
+    existing: bool
+
+
 @dataclass(frozen=True)
 class Job:
     """One row of ``jobs``; ``request`` and ``result`` decoded."""
@@ -130,6 +147,28 @@ class Store:
     def create(self, kind: str, name: str, request: dict[str, Any]) -> str:
         with self._conn() as c:
             return _insert(c, kind, name, request)
+
+    def admit(self, kind: str, label: str, request: dict[str, Any], digest: str, *, max_queued: int) -> Admission:
+        """Queue a job, unless the same one already lives: one transaction, so concurrent posts
+        never admit more than ``max_queued`` waiting jobs between them.
+
+        The job is named :meth:`unique_name`; ``digest`` (what the job computes) is stored in
+        the request. When a job of this kind, name and digest is queued, running or done, that
+        job is the answer (``existing``) and nothing is queued; a failed or cancelled one is run
+        again as a new job. Raises :class:`QueueFull` when ``max_queued`` jobs wait.
+        """
+        with self._conn() as c:
+            c.execute("BEGIN IMMEDIATE")  # the count, the look-up and the insert see no other writer
+            name = _unique_name(c, kind, label, digest)
+            row = c.execute("SELECT id, status FROM jobs WHERE kind=? AND name=? AND status IN ('queued', 'running', "
+                            "'done') AND json_extract(request, '$.digest')=? ORDER BY created DESC LIMIT 1",
+                            (kind, name, digest)).fetchone()
+            if row is not None:
+                return Admission(row[0], row[1], existing=True)
+            queued = c.execute("SELECT COUNT(*) FROM jobs WHERE status='queued'").fetchone()[0]
+            if queued >= max_queued:
+                raise QueueFull(queued)
+            return Admission(_insert(c, kind, name, {**request, "digest": digest}), "queued", existing=False)
 
     def unique_name(self, kind: str, label: str, digest: str) -> str:
         """``label · <digest prefix>``: two different jobs (digests) never share a name.

@@ -19,7 +19,7 @@ from fastapi import Depends, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from .caches import PlotCache, PolicyCache
-from .db import Job, Store
+from .db import Job, QueueFull, Store
 from .errors import HTTPError
 from .jobs import DEFAULT_JOB_DEADLINE, JobRunner, cancelled_reason
 from .metrics import ApiMetrics
@@ -143,28 +143,25 @@ def unique_name(store: Store, kind: str, label: str, digest: str) -> str:
     return store.unique_name(kind, label, digest)
 
 
-def queue_room(store: Store, settings: Settings, metrics: ApiMetrics, kind: str) -> None:
-    """429 when ``settings.max_queued`` jobs already wait for a worker."""
-    counts = store.counts()
-    queued = counts.get(("model", "queued"), 0) + counts.get(("fit", "queued"), 0)
-    if queued >= settings.max_queued:
-        metrics.rejected.labels(kind, "queue_full").inc()
-        raise HTTPError(429, f"queue: {queued} jobs are waiting (limit {settings.max_queued}); retry later",
-                        {"Retry-After": "10"})
-
-
 def submit_job(store: Store, runner: JobRunner, settings: Settings, metrics: ApiMetrics, kind: str, label: str,
                payload: dict[str, Any], digest: str) -> Accepted:
     """Queue a ``kind`` job (429 when the queue is full) and hand it to a worker: the 202 document.
 
     ``digest`` identifies what is computed (the scenario, the samples and options): it makes the
-    job's name unique (:func:`unique_name`) and is stored with the request.
+    job's name unique (:func:`unique_name`) and is stored with the request. The same input
+    posted again under the same name while its job is queued, running or done answers that job
+    and solves nothing (:meth:`overtake.api.db.Store.admit`).
     """
-    queue_room(store, settings, metrics, kind)
-    job_id = store.create(kind, unique_name(store, kind, label, digest), {**payload, "digest": digest})
-    runner.submit(job_id)
-    metrics.submitted.labels(kind).inc()
-    return Accepted(id=job_id, status="queued", url=f"/v1/{kind}s/{job_id}")
+    try:
+        job = store.admit(kind, label, payload, digest, max_queued=settings.max_queued)
+    except QueueFull as exc:
+        metrics.rejected.labels(kind, "queue_full").inc()
+        raise HTTPError(429, f"queue: {exc.queued} jobs are waiting (limit {settings.max_queued}; overtake api "
+                             "--max-queued); retry later", {"Retry-After": "10"}) from None
+    if not job.existing:
+        runner.submit(job.id)
+        metrics.submitted.labels(kind).inc()
+    return Accepted(id=job.id, status=job.status, url=f"/v1/{kind}s/{job.id}")  # type: ignore[arg-type]
 
 
 #: the largest JSON document ``read_body`` takes by default: a scenario. The largest the schema

@@ -1,5 +1,6 @@
-"""Jobs end: a deadline stops a runaway job, DELETE cancels a queued or running one, shutdown
-leaves no writer behind.
+"""Jobs end, and each input is solved once: a deadline stops a runaway job, DELETE cancels a
+queued or running one, shutdown leaves no writer behind; the same input posted twice under one
+name is one job, and concurrent posts never pass the queue limit.
 
 A runaway job is a fault injected as the runner's ``entry`` (``job_faults``); every process
 and store involved is real. No wall-clock bound is asserted: waits poll with a generous limit.
@@ -10,17 +11,18 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import job_faults
 import pytest
-from api_helpers import exp2
+from api_helpers import exp2, wait
 from fastapi.testclient import TestClient
 
 from overtake.api.app import create_app
-from overtake.api.db import INTERRUPTED, Store
+from overtake.api.db import INTERRUPTED, QueueFull, Store
 from overtake.api.deps import Settings
 from overtake.api.jobs import JobRunner
 
@@ -191,6 +193,68 @@ def test_delete_cancels_queued_and_running_jobs(client: TestClient) -> None:
     r = c.delete(model["url"])
     assert r.status_code == 200 and r.json()["status"] == "cancelled"
     assert c.delete(model["url"]).status_code == 409
+
+
+def test_the_same_input_under_one_name_is_one_job(client: TestClient) -> None:
+    c = client
+    body = {"samples": {"db": [0.5, 1.5, 2.5]}, "order": 1}
+    first = c.post("/v1/fits", json=body).json()
+    second = c.post("/v1/fits", json=body).json()  # while queued or running: the same job
+    assert (second["id"], second["url"]) == (first["id"], first["url"])
+    done = wait(c, first["url"])
+    assert done["status"] == "done"
+    again = c.post("/v1/fits", json=body)
+    assert again.status_code == 202 and again.headers["location"] == first["url"]
+    assert again.json() == {**first, "status": "done"}
+    assert [f["id"] for f in c.get("/v1/fits").json()] == [first["id"]]
+    assert c.post("/v1/fits", json={**body, "order": 2}).json()["id"] != first["id"]  # other options
+    m = c.post("/v1/models", json=exp2(0.3)).json()
+    assert c.post("/v1/models", json=exp2(0.3)).json()["id"] == m["id"]
+    assert c.post("/v1/models", json=exp2(0.3), params={"name": "mine"}).json()["id"] != m["id"]  # other name
+
+
+def test_a_failed_or_cancelled_job_is_solved_again(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "jobs.db"))
+    digest = "ab" * 32
+    a = store.admit("fit", "x", {}, digest, max_queued=8)
+    same = store.admit("fit", "x", {}, digest, max_queued=8)
+    assert not a.existing and same.existing and same.id == a.id
+    assert store.cancel(a.id, "cancelled: test")
+    b = store.admit("fit", "x", {}, digest, max_queued=8)
+    assert not b.existing and b.id != a.id
+    store.fail(b.id, "broken")
+    c = store.admit("fit", "x", {}, digest, max_queued=8)
+    assert not c.existing and c.id not in (a.id, b.id)
+    assert store.admit("fit", "y", {}, digest, max_queued=8).id != c.id  # another name: another job
+
+
+def test_concurrent_admissions_never_pass_the_limit(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "jobs.db"))
+    start = threading.Barrier(45)
+
+    def admit(i: int) -> bool:
+        start.wait()
+        try:
+            store.admit("fit", f"f{i}", {}, f"{i:064x}", max_queued=32)
+            return True
+        except QueueFull:
+            return False
+
+    with ThreadPoolExecutor(45) as pool:
+        admitted = list(pool.map(admit, range(45)))
+    assert sum(admitted) == 32 and store.counts() == {("fit", "queued"): 32}
+
+
+def test_concurrent_posts_never_pass_max_queued(tmp_path: Path) -> None:
+    app = create_app(Settings(db=str(tmp_path / "api.db"), max_queued=32))
+    with TestClient(app) as c:
+        _inject(c, workers=1, entry=job_faults.stall)  # no job leaves the queue
+        with ThreadPoolExecutor(45) as pool:
+            codes = list(pool.map(lambda i: c.post("/v1/fits", json={"samples": [1.0, 2.0 + i]}).status_code,
+                                  range(45)))
+        counts = app.state.store.counts()
+    assert (codes.count(202), codes.count(429)) == (32, 13)
+    assert counts == {("fit", "queued"): 32}
 
 
 def test_openapi_documents_cancel_and_the_cancelled_status(client: TestClient) -> None:
