@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import DatabaseURLError
+from .errors import DatabaseURLError, QueueFullError
 
 STATUSES = ("queued", "running", "done", "failed", "cancelled")
 
@@ -72,14 +72,6 @@ def _migrate(c: sqlite3.Connection) -> None:
     c.execute(_TABLE)
     c.execute("INSERT INTO jobs SELECT * FROM jobs_before_cancel")
     c.execute("DROP TABLE jobs_before_cancel")
-
-
-class QueueFull(Exception):
-    """``max_queued`` jobs already wait; ``queued`` is their number."""
-
-    def __init__(self, queued: int) -> None:
-        super().__init__(f"{queued} jobs are queued")
-        self.queued = queued
 
 
 @dataclass(frozen=True)
@@ -155,7 +147,7 @@ class Store:
         The job is named :meth:`unique_name`; ``digest`` (what the job computes) is stored in
         the request. When a job of this kind, name and digest is queued, running or done, that
         job is the answer (``existing``) and nothing is queued; a failed or cancelled one is run
-        again as a new job. Raises :class:`QueueFull` when ``max_queued`` jobs wait.
+        again as a new job. Raises :class:`~overtake.api.errors.QueueFullError` when ``max_queued`` jobs wait.
         """
         with self._conn() as c:
             c.execute("BEGIN IMMEDIATE")  # the count, the look-up and the insert see no other writer
@@ -167,7 +159,7 @@ class Store:
                 return Admission(row[0], row[1], existing=True)
             queued = c.execute("SELECT COUNT(*) FROM jobs WHERE status='queued'").fetchone()[0]
             if queued >= max_queued:
-                raise QueueFull(queued)
+                raise QueueFullError(queued)
             return Admission(_insert(c, kind, name, {**request, "digest": digest}), "queued", existing=False)
 
     def unique_name(self, kind: str, label: str, digest: str) -> str:

@@ -19,8 +19,8 @@ from fastapi import Depends, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from .caches import PlotCache, PolicyCache
-from .db import Job, QueueFull, Store
-from .errors import HTTPError
+from .db import Job, Store
+from .errors import HTTPError, QueueFullError
 from .jobs import DEFAULT_JOB_DEADLINE, JobRunner, cancelled_reason
 from .metrics import ApiMetrics
 from .offload import DEFAULT_DEADLINE, Offload, ParseProcess
@@ -154,7 +154,7 @@ def submit_job(store: Store, runner: JobRunner, settings: Settings, metrics: Api
     """
     try:
         job = store.admit(kind, label, payload, digest, max_queued=settings.max_queued)
-    except QueueFull as exc:
+    except QueueFullError as exc:
         metrics.rejected.labels(kind, "queue_full").inc()
         raise HTTPError(429, f"queue: {exc.queued} jobs are waiting (limit {settings.max_queued}; overtake api "
                              "--max-queued); retry later", {"Retry-After": "10"}) from None

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .db import INTERRUPTED, Store
-from .worker import Worker, WorkerDied, WorkerTimeout
+from .errors import WorkerDiedError, WorkerTimeoutError
+from .worker import Worker
 
 if TYPE_CHECKING:  # pragma: no cover
     from overtake.mdp.model import TandemModel
@@ -284,7 +285,7 @@ class JobRunner:
             try:
                 worker.wait_ready()
                 return worker
-            except WorkerDied as exc:
+            except WorkerDiedError as exc:
                 self._retire(worker)
                 with self._cond:
                     if self._closing:
@@ -302,10 +303,10 @@ class JobRunner:
         ended: str | None = None
         try:
             worker.call(self._entry, (self.store.url, job_id), {}, self.deadline)
-        except WorkerTimeout:
+        except WorkerTimeoutError:
             worker.stop()
             ended = deadline_reason(self.deadline)
-        except WorkerDied as exc:
+        except WorkerDiedError as exc:
             ended = f"worker process failed ({exc}: out of memory, or killed?); post the job again"
         except Exception as exc:  # execute() itself failed (the store is unreadable?): the process lives on
             log.error("job %s could not run: %s: %s", job_id, type(exc).__name__, exc)

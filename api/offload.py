@@ -33,8 +33,8 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 from starlette.concurrency import run_in_threadpool
 
-from .errors import HTTPError
-from .worker import Worker, WorkerDied, WorkerTimeout
+from .errors import HTTPError, WorkerDiedError, WorkerTimeoutError
+from .worker import Worker
 
 log = logging.getLogger("overtake.api")
 
@@ -147,7 +147,7 @@ class ParseProcess:
             workers = list(self._workers)
             self._workers.clear()
         for w in workers:
-            w.stop()  # a step still running gets WorkerDied; its thread closes its pipe
+            w.stop()  # a step still running gets WorkerDiedError; its thread closes its pipe
         while not self._idle.empty():
             self._idle.get_nowait().close()
         self._threads.shutdown(wait=False, cancel_futures=True)
@@ -186,10 +186,10 @@ class ParseProcess:
         """In a thread: the step, then the process back to the idle ones, or replaced."""
         try:
             value = worker.call(fn, args, kwargs, timeout)
-        except WorkerTimeout:
+        except WorkerTimeoutError:
             self._replace(worker)
             return "timeout", None
-        except WorkerDied as exc:
+        except WorkerDiedError as exc:
             self._replace(worker)
             return "died", exc
         except Exception as exc:
@@ -207,7 +207,7 @@ class ParseProcess:
             self._workers.add(worker)
         try:
             worker.wait_ready()
-        except WorkerDied as exc:  # its imports failed: a broken install, not worth a loop of retries
+        except WorkerDiedError as exc:  # its imports failed: a broken install, not worth a loop of retries
             log.error("a parse process ended while starting (%s); requests wait for the others", exc)
             self._discard(worker)
             return

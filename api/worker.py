@@ -25,17 +25,11 @@ from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
+from .errors import WorkerDiedError, WorkerTimeoutError
+
 log = logging.getLogger("overtake.api")
 
 _READY = "ready"
-
-
-class WorkerDied(Exception):
-    """The process ended without answering; the message says how (exit code or signal)."""
-
-
-class WorkerTimeout(Exception):
-    """The call did not answer within its timeout (the process is still running it)."""
 
 
 def _exit_with_parent() -> None:
@@ -89,7 +83,7 @@ class Worker:
     """A spawned process answering one call at a time (see the module docstring).
 
     One thread at a time may :meth:`call`; :meth:`stop` may come from any thread (it terminates
-    the process, so a pending :meth:`call` raises :class:`WorkerDied`). :meth:`close` belongs to
+    the process, so a pending :meth:`call` raises :class:`WorkerDiedError`). :meth:`close` belongs to
     the owner, once no call is pending.
     """
 
@@ -104,17 +98,17 @@ class Worker:
     def pid(self) -> int | None:
         return self.process.pid
 
-    def _died(self) -> WorkerDied:
+    def _died(self) -> WorkerDiedError:
         self.process.join(5)  # the pipe closes a moment before the process is reaped
-        return WorkerDied(how_it_ended(self.process.exitcode))
+        return WorkerDiedError(how_it_ended(self.process.exitcode))
 
     def wait_ready(self, timeout: float | None = None) -> None:
-        """Block until the process has run its initializer; WorkerTimeout or WorkerDied otherwise."""
+        """Block until the process has run its initializer; WorkerTimeoutError or WorkerDiedError otherwise."""
         try:
             if not self._conn.poll(timeout):
-                raise WorkerTimeout(f"not ready within {timeout} s")
+                raise WorkerTimeoutError(f"not ready within {timeout} s")
             if self._conn.recv() != _READY:
-                raise WorkerDied("answered before it was ready")
+                raise WorkerDiedError("answered before it was ready")
         except (EOFError, OSError):
             raise self._died() from None
 
@@ -122,13 +116,13 @@ class Worker:
              timeout: float | None) -> Any:
         """``fn(*args, **kwargs)`` in the process; what it raises is raised here.
 
-        :class:`WorkerTimeout` after ``timeout`` seconds without an answer (the process still
-        runs it: stop it), :class:`WorkerDied` when the process ended first.
+        :class:`WorkerTimeoutError` after ``timeout`` seconds without an answer (the process still
+        runs it: stop it), :class:`WorkerDiedError` when the process ended first.
         """
         try:
             self._conn.send((fn, args, kwargs))
             if not self._conn.poll(timeout):
-                raise WorkerTimeout(f"no answer within {timeout} s")
+                raise WorkerTimeoutError(f"no answer within {timeout} s")
             ok, value = self._conn.recv()
         except (EOFError, OSError):  # BrokenPipeError on send, EOF on recv: the process is gone
             raise self._died() from None

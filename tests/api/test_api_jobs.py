@@ -22,8 +22,9 @@ from api_helpers import exp2, wait
 from fastapi.testclient import TestClient
 
 from overtake.api.app import create_app
-from overtake.api.db import INTERRUPTED, QueueFull, Store
+from overtake.api.db import INTERRUPTED, Store
 from overtake.api.deps import Settings
+from overtake.api.errors import QueueFullError
 from overtake.api.jobs import JobRunner
 
 #: a solve of a few seconds: two H2 stages, 48,915 states
@@ -237,7 +238,7 @@ def test_concurrent_admissions_never_pass_the_limit(tmp_path: Path) -> None:
         try:
             store.admit("fit", f"f{i}", {}, f"{i:064x}", max_queued=32)
             return True
-        except QueueFull:
+        except QueueFullError:
             return False
 
     with ThreadPoolExecutor(45) as pool:
