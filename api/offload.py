@@ -24,6 +24,7 @@ and replaced, so it takes no process from the requests after it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -160,13 +161,17 @@ class ParseProcess:
             raise HTTPError(503, "server: the parse process is not running (start the app with its lifespan)")
         await self._up.wait()
         t0 = self._loop.time()
+        busy = HTTPError(503, f"{what}: every parse process was busy for the whole request deadline of "
+                              f"{self.deadline:g} s (overtake api --request-deadline); retry later",
+                         {"Retry-After": "5"})
         try:
             worker = await asyncio.wait_for(self._idle.get(), self.deadline)
         except TimeoutError:
-            raise HTTPError(503, f"{what}: every parse process was busy for the whole request deadline of "
-                                 f"{self.deadline:g} s (overtake api --request-deadline); retry later",
-                            {"Retry-After": "5"}) from None
-        left = max(self.deadline - (self._loop.time() - t0), 0.0)
+            raise busy from None
+        left = self.deadline - (self._loop.time() - t0)
+        if left <= 0:  # the process came just too late: it goes back, unharmed
+            self._release(worker)
+            raise busy
         # the thread owns the process until the step ends: a client that hangs up meanwhile
         # cancels only this await, and the process still comes back (or is replaced)
         outcome, value = await self._loop.run_in_executor(self._threads, self._step, worker, fn, args, kwargs, left)
@@ -210,6 +215,8 @@ class ParseProcess:
         except WorkerDiedError as exc:  # its imports failed: a broken install, not worth a loop of retries
             log.error("a parse process ended while starting (%s); requests wait for the others", exc)
             self._discard(worker)
+            with contextlib.suppress(RuntimeError):  # (the loop is gone: the server stopped)
+                self._loop.call_soon_threadsafe(self._up.set)  # requests then wait at most their deadline
             return
         with self._lock:
             self._started += 1
