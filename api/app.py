@@ -49,10 +49,15 @@ Solve the optimal thread-spawn policy π* of a multi-stage server (paper 004) an
 
 * `POST /v1/models` takes the scenario of `overtake solve|compare` (as JSON) and answers 202 with
   an id; `GET /v1/models/{id}` shows `queued`, `running` (with `progress`), `done` (metrics and the
-  comparison) or `failed` (with the `reason`).
+  comparison), `failed` or `cancelled` (with the `reason`); `DELETE /v1/models/{id}` cancels it.
+* The same input posted again under the same name answers the job it already has (queued,
+  running or done) instead of solving it again; a failed or cancelled one is run again.
+* A job runs for at most the server's job deadline (`overtake api --job-deadline`); past it, it
+  fails with a reason saying so.
 * Errors are `{"detail": "<field>: <what is wrong and the fix>"}`: invalid input (ρ ≥ 1, a bad PH,
   an unknown key) 422; an estimated state space over the server's cap 413 (both numbers given);
-  a full queue 429; a missing or wrong bearer token on a POST 401 (when the server has a token).
+  a full queue 429; a missing or wrong bearer token on a POST or DELETE 401 (when the server has a
+  token); a DELETE of a job that has ended 409.
 """
 
 
@@ -94,7 +99,8 @@ def create_app(settings: Settings) -> FastAPI:
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Start the worker pool and the plot thread; re-queue the jobs a previous run left queued."""
     state = app.state
-    runner = state.runner = JobRunner(state.store, workers=state.settings.workers)
+    runner = state.runner = JobRunner(state.store, workers=state.settings.workers,
+                                      deadline=state.settings.job_deadline)
     state.plots.start()
     state.work.start()
     state.reads.start()
@@ -106,7 +112,8 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        runner.shutdown()
+        if state.runner is not None:  # the runner in use (a test may have replaced the first)
+            state.runner.shutdown()
         state.runner = None
         state.plots.close()
         state.work.close()

@@ -3,8 +3,8 @@
 :func:`overtake.api.app.create_app` puts each long-lived part on ``app.state``; a route asks for
 one with its ``...Dep`` annotation (``store: StoreDep``). The job runner exists only while the
 app's lifespan runs (it owns worker processes). The checks below answer with the API's one-line
-errors: 401 without the bearer token, 404 for an unknown id, 409 for a model not done yet, 429
-for a full queue.
+errors: 401 without the bearer token, 404 for an unknown id, 409 for a model not done yet or a
+job that cannot be cancelled, 429 for a full queue.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from .caches import PlotCache, PolicyCache
 from .db import Job, Store
-from .errors import HTTPError
-from .jobs import JobRunner
+from .errors import HTTPError, QueueFullError
+from .jobs import DEFAULT_JOB_DEADLINE, JobRunner, cancelled_reason
 from .metrics import ApiMetrics
 from .offload import DEFAULT_DEADLINE, Offload, ParseProcess
 from .schemas import Accepted
@@ -46,6 +46,9 @@ class Settings:
     request_deadline
         Seconds a request's own work (validation, parsing, reading the store) may take off the
         event loop before the answer is a 503 (:mod:`overtake.api.offload`).
+    job_deadline
+        Seconds a job may run; past it its process is stopped and the job fails saying so
+        (:class:`overtake.api.jobs.JobRunner`).
     """
 
     db: str
@@ -54,6 +57,7 @@ class Settings:
     max_states: int = 300_000
     max_queued: int = 32
     request_deadline: float = DEFAULT_DEADLINE
+    job_deadline: float = DEFAULT_JOB_DEADLINE
 
 
 def get_settings(request: Request) -> Settings:
@@ -133,27 +137,10 @@ def authorize(settings: SettingsDep,
                         {"WWW-Authenticate": "Bearer"})
 
 
-def queue_room(store: Store, settings: Settings, metrics: ApiMetrics, kind: str) -> None:
-    """429 when ``settings.max_queued`` jobs already wait for a worker."""
-    counts = store.counts()
-    queued = counts.get(("model", "queued"), 0) + counts.get(("fit", "queued"), 0)
-    if queued >= settings.max_queued:
-        metrics.rejected.labels(kind, "queue_full").inc()
-        raise HTTPError(429, f"queue: {queued} jobs are waiting (limit {settings.max_queued}); retry later",
-                        {"Retry-After": "10"})
-
-
 def unique_name(store: Store, kind: str, label: str, digest: str) -> str:
-    """``label · <digest prefix>``: two different jobs (digests) never share a name on the page.
-
-    Eight hex digits, more only if a job of another digest already holds that name (a collision,
-    found or made on purpose); the same job posted twice keeps one name.
-    """
-    for width in (8, 16, len(digest)):
-        name = f"{label} · {digest[:width]}"
-        if store.digests(kind, name) <= {digest}:
-            return name
-    return name  # the whole digest: equal names mean equal jobs
+    """``label · <digest prefix>``: two different jobs (digests) never share a name on the page
+    (:meth:`overtake.api.db.Store.unique_name`)."""
+    return store.unique_name(kind, label, digest)
 
 
 def submit_job(store: Store, runner: JobRunner, settings: Settings, metrics: ApiMetrics, kind: str, label: str,
@@ -161,13 +148,20 @@ def submit_job(store: Store, runner: JobRunner, settings: Settings, metrics: Api
     """Queue a ``kind`` job (429 when the queue is full) and hand it to a worker: the 202 document.
 
     ``digest`` identifies what is computed (the scenario, the samples and options): it makes the
-    job's name unique (:func:`unique_name`) and is stored with the request.
+    job's name unique (:func:`unique_name`) and is stored with the request. The same input
+    posted again under the same name while its job is queued, running or done answers that job
+    and solves nothing (:meth:`overtake.api.db.Store.admit`).
     """
-    queue_room(store, settings, metrics, kind)
-    job_id = store.create(kind, unique_name(store, kind, label, digest), {**payload, "digest": digest})
-    runner.submit(job_id)
-    metrics.submitted.labels(kind).inc()
-    return Accepted(id=job_id, status="queued", url=f"/v1/{kind}s/{job_id}")
+    try:
+        job = store.admit(kind, label, payload, digest, max_queued=settings.max_queued)
+    except QueueFullError as exc:
+        metrics.rejected.labels(kind, "queue_full").inc()
+        raise HTTPError(429, f"queue: {exc.queued} jobs are waiting (limit {settings.max_queued}; overtake api "
+                             "--max-queued); retry later", {"Retry-After": "10"}) from None
+    if not job.existing:
+        runner.submit(job.id)
+        metrics.submitted.labels(kind).inc()
+    return Accepted(id=job.id, status=job.status, url=f"/v1/{kind}s/{job.id}")  # type: ignore[arg-type]
 
 
 #: the largest JSON document ``read_body`` takes by default: a scenario. The largest the schema
@@ -191,7 +185,7 @@ async def read_body(request: Request, cap: int = MAX_JSON_BYTES) -> bytes:
     So N clients streaming 64 MiB uploads hold one upload's memory, not N, and take one
     stream's share of the event loop (bench/sidecar_attack.py, ``api: chunked_fits``)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > cap:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > cap:
         raise HTTPError(413, f"body: {declared} bytes, larger than the limit of {cap}; send less")
     parts, n = [], 0
     permit: asyncio.Semaphore | None = None
@@ -248,6 +242,16 @@ def get_job(store: Store, job_id: str, kind: str) -> Job:
     if job is None:
         raise HTTPError(404, f"id: no {kind} {job_id!r}")
     return job
+
+
+def cancel_job(store: Store, runner: JobRunner, job_id: str, kind: str) -> Job:
+    """Cancel a queued or running job (its process stopped first): the job, now cancelled; 404 for
+    an unknown id, 409 for a job that has ended."""
+    job = get_job(store, job_id, kind)
+    if job.status in ("queued", "running") and runner.cancel(job_id, cancelled_reason(kind, job_id)):
+        return get_job(store, job_id, kind)
+    job = get_job(store, job_id, kind)
+    raise HTTPError(409, f"id: {kind} {job_id!r} is {job.status}; only a queued or running job can be cancelled")
 
 
 def done_model(store: Store, job_id: str) -> Job:

@@ -5,8 +5,11 @@ Hierarchy::
     OvertakeError (overtake.errors)
     └── ApiError
         ├── HTTPError                       an answer other than 2xx: status, one-line detail, headers
-        └── ApiUsageError (ValueError)      an ``overtake api`` option is unusable; names the flag
-            └── DatabaseURLError            --db is neither a SQLite path nor a sqlite:///PATH URL
+        ├── ApiUsageError (ValueError)      an ``overtake api`` option is unusable; names the flag
+        │   └── DatabaseURLError            --db is neither a SQLite path nor a sqlite:///PATH URL
+        ├── QueueFullError                  ``--max-queued`` jobs already wait (answered 429)
+        ├── WorkerDiedError                 a worker process ended without answering its call
+        └── WorkerTimeoutError              a worker process did not answer its call in time
 
 Scenario errors stay :class:`overtake.mdp.errors.ModelError` (the schema is the solver's), fit
 errors :class:`overtake.fitting.errors.FittingInputError`; the API answers both with 422. Every
@@ -17,7 +20,8 @@ from __future__ import annotations
 
 from overtake.errors import OvertakeError
 
-__all__ = ["ApiError", "ApiUsageError", "DatabaseURLError", "HTTPError"]
+__all__ = ["ApiError", "ApiUsageError", "DatabaseURLError", "HTTPError", "QueueFullError", "WorkerDiedError",
+           "WorkerTimeoutError"]
 
 
 class ApiError(OvertakeError):
@@ -52,3 +56,19 @@ class ApiUsageError(ApiError, ValueError):
 
 class DatabaseURLError(ApiUsageError):
     """The ``--db`` value is not a SQLite path or URL."""
+
+
+class QueueFullError(ApiError):
+    """``max_queued`` jobs already wait; ``queued`` is their number."""
+
+    def __init__(self, queued: int) -> None:
+        super().__init__(f"{queued} jobs are queued")
+        self.queued = queued
+
+
+class WorkerDiedError(ApiError):
+    """A worker process ended without answering; the message says how (exit code or signal)."""
+
+
+class WorkerTimeoutError(ApiError):
+    """A worker process did not answer within the call's timeout (it still runs the call)."""

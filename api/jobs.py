@@ -1,33 +1,37 @@
 """Solve and fit jobs run in worker processes, with progress and results in the store.
 
-Solves and EM fits are CPU-bound and hold the GIL, so they run in a bounded
-:class:`~concurrent.futures.ProcessPoolExecutor` (``spawn`` start method: no fork of a threaded
-server) and the API stays responsive. A worker reads its job from the store, marks it running,
-writes progress lines as the solver reports them, and stores the result — or the failure reason —
-itself; the API process only submits ids and watches for a crashed pool.
+Solves and EM fits are CPU-bound and hold the GIL, so they run in solver processes
+(:class:`~overtake.api.worker.Worker`: spawned, no fork of a threaded server), at most
+``--workers`` at once, and the API stays responsive. A worker reads its job from the store,
+marks it running, writes progress lines as the solver reports them, and stores the result — or
+the failure reason — itself. The API process (:class:`JobRunner`) hands out ids in order and
+stops a job at its deadline or on a cancel by terminating its process.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import multiprocessing
 import tempfile
 import threading
 import time
 import traceback
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .db import INTERRUPTED, Store
+from .errors import WorkerDiedError, WorkerTimeoutError
+from .worker import Worker
 
 if TYPE_CHECKING:  # pragma: no cover
     from overtake.mdp.model import TandemModel
     from overtake.mdp.scenario import Scenario
 
 log = logging.getLogger("overtake.api")
+
+#: seconds a job may run; ``overtake api --job-deadline``
+DEFAULT_JOB_DEADLINE = 3600.0
 
 
 class _Reporter:
@@ -148,60 +152,170 @@ def _warm() -> None:
     import overtake.mdp as mdp  # noqa: F401
 
 
-class JobRunner:
-    """Bounded pool of solver processes: at most ``workers`` jobs run at once."""
+def deadline_reason(deadline: float) -> str:
+    """The failure reason of a job stopped at its deadline: the limit, and how to raise it."""
+    return (f"deadline: still running after the job deadline of {deadline:g} s, so it was stopped; raise the "
+            f"deadline (overtake api --job-deadline SECONDS) or post a smaller job (a smaller truncation, fewer "
+            f"phases, a lower load, fewer samples)")
 
-    def __init__(self, store: Store, *, workers: int = 1) -> None:
+
+def cancelled_reason(kind: str, job_id: str) -> str:
+    return f"cancelled: DELETE /v1/{kind}s/{job_id} stopped it; post it again to run it"
+
+
+class JobRunner:
+    """At most ``workers`` jobs run at once, each in a solver process of its own, for at most
+    ``deadline`` seconds.
+
+    One thread per process (a slot) takes the oldest queued id, hands it to its process and
+    waits for the answer up to the deadline. A job past it, or cancelled, has its process
+    terminated; the slot starts a fresh one and the other slots never notice. A process that
+    dies (out of memory, killed) fails the job it was running. ``entry`` is what a process runs
+    for a job (:func:`execute`; tests inject a job that never ends).
+
+    Store writes of the runner happen under its lock and never once :meth:`shutdown` has begun:
+    shutdown fails the running jobs itself, synchronously, and returns with every slot thread
+    and process gone, so nothing writes to the store after it.
+    """
+
+    def __init__(self, store: Store, *, workers: int = 1, deadline: float = DEFAULT_JOB_DEADLINE,
+                 entry: Callable[[str, str], str] = execute) -> None:
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
+        if not deadline > 0:
+            raise ValueError(f"deadline must be > 0 seconds, got {deadline}")
         self.store = store
         self.workers = workers
-        self._lock = threading.Lock()
+        self.deadline = deadline
+        self._entry = entry
+        self._cond = threading.Condition()
+        self._queue: deque[str] = deque()
+        self._running: dict[str, Worker] = {}  # job id -> the process running it
+        self._cancelled: set[str] = set()
+        self._processes: set[Worker] = set()
         self._closing = False
-        self._pool = self._new_pool()
-        self._futures: dict[str, Future[str]] = {}
-
-    def _new_pool(self) -> ProcessPoolExecutor:
-        return ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_warm)
-
-    def submit(self, job_id: str) -> None:
-        with self._lock:
-            try:
-                fut = self._pool.submit(execute, self.store.url, job_id)
-            except BrokenProcessPool:  # a worker died earlier: start a fresh pool
-                self._pool = self._new_pool()
-                fut = self._pool.submit(execute, self.store.url, job_id)
-            self._futures[job_id] = fut
-        fut.add_done_callback(functools.partial(self._done, job_id))
-
-    def _done(self, job_id: str, fut: Future[str]) -> None:
-        with self._lock:
-            self._futures.pop(job_id, None)
-        if fut.cancelled():
-            return
-        exc = fut.exception()
-        if exc is None:
-            return
-        # the worker died (killed, out of memory, or stopped by shutdown): the running job fails,
-        # a queued one runs again
-        reason = INTERRUPTED if self._closing else f"worker process failed: {type(exc).__name__}: {exc}"
-        self.store.fail(job_id, reason, only_running=True)
-        job = self.store.get(job_id)
-        if not self._closing and job is not None and job.status == "queued":
-            self.submit(job_id)
+        self._slots = [threading.Thread(target=self._slot, name=f"overtake-jobs-{i}", daemon=True)
+                       for i in range(workers)]
+        for t in self._slots:
+            t.start()
 
     @property
     def pending(self) -> int:
-        return len(self._futures)
+        """Jobs handed to this runner and not ended: queued here or running."""
+        with self._cond:
+            return len(self._queue) + len(self._running)
+
+    def pids(self) -> list[int]:
+        """The solver processes' ids."""
+        with self._cond:
+            return sorted(w.pid for w in self._processes if w.pid is not None)
+
+    def submit(self, job_id: str) -> None:
+        """Queue a stored job; after :meth:`shutdown` it stays queued in the store (run at the next start)."""
+        with self._cond:
+            if self._closing:
+                return
+            self._queue.append(job_id)
+            self._cond.notify()
+
+    def cancel(self, job_id: str, reason: str) -> bool:
+        """Cancel a queued or running job (its process terminated first); False when it had ended."""
+        with self._cond:
+            if self._closing:
+                return False
+            if job_id in self._queue:
+                self._queue.remove(job_id)
+            worker = self._running.get(job_id)
+            if worker is not None:
+                self._cancelled.add(job_id)  # its slot writes nothing for it
+                worker.stop()  # reaped: it writes nothing more either
+            return self.store.cancel(job_id, reason)
 
     def shutdown(self) -> None:
         """Stop now: queued jobs stay queued (re-queued at the next start); running ones are failed."""
-        self._closing = True
-        procs = list((getattr(self._pool, "_processes", None) or {}).values())  # no public handle on them
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.join(5)
+        with self._cond:
+            self._closing = True
+            self._queue.clear()
+            self._cond.notify_all()
+            workers = list(self._processes)
+        for w in workers:
+            w.stop()
+        for t in self._slots:
+            t.join(30)
         self.store.fail_running(INTERRUPTED)
+
+    # ---- a slot: one thread, one process at a time -----------------------------------------
+    def _slot(self) -> None:
+        worker: Worker | None = None
+        try:
+            while True:
+                with self._cond:
+                    while not self._queue and not self._closing:
+                        self._cond.wait()
+                    if self._closing:
+                        return
+                # the process starts with the slot's first job (an idle server runs none, and the
+                # API's start is not slowed by the solver's imports), and stays for the next
+                if worker is None and (worker := self._start_process()) is None:
+                    return
+                with self._cond:
+                    if self._closing:
+                        return
+                    if not self._queue:  # cancelled while the process started
+                        continue
+                    job_id = self._queue.popleft()
+                    self._running[job_id] = worker
+                if not self._run(worker, job_id):
+                    self._retire(worker)
+                    worker = None
+        except Exception:  # a bug here would silently lose a slot: say so
+            log.exception("job slot %s stopped", threading.current_thread().name)
+        finally:
+            if worker is not None:
+                self._retire(worker)
+
+    def _start_process(self) -> Worker | None:
+        """A fresh solver process, once it has imported; None when shutting down."""
+        while True:
+            with self._cond:
+                if self._closing:
+                    return None
+                worker = Worker(_warm, name="overtake-job")
+                self._processes.add(worker)
+            try:
+                worker.wait_ready()
+                return worker
+            except WorkerDiedError as exc:
+                self._retire(worker)
+                with self._cond:
+                    if self._closing:
+                        return None
+                log.error("a solver process ended while starting (%s); starting another", exc)
+                time.sleep(1.0)
+
+    def _retire(self, worker: Worker) -> None:
+        with self._cond:
+            self._processes.discard(worker)
+        worker.close()
+
+    def _run(self, worker: Worker, job_id: str) -> bool:
+        """One job in ``worker``; False when the process is gone (ended, or stopped here)."""
+        ended: str | None = None
+        try:
+            worker.call(self._entry, (self.store.url, job_id), {}, self.deadline)
+        except WorkerTimeoutError:
+            worker.stop()
+            ended = deadline_reason(self.deadline)
+        except WorkerDiedError as exc:
+            ended = f"worker process failed ({exc}: out of memory, or killed?); post the job again"
+        except Exception as exc:  # execute() itself failed (the store is unreadable?): the process lives on
+            log.error("job %s could not run: %s: %s", job_id, type(exc).__name__, exc)
+            ended = f"worker: {type(exc).__name__}: {exc}"
+        with self._cond:
+            self._running.pop(job_id, None)
+            cancelled = job_id in self._cancelled
+            self._cancelled.discard(job_id)
+            if ended is not None and not cancelled and not self._closing:
+                # queued too: a process that died before it started the job failed it all the same
+                self.store.fail(job_id, ended)
+        return worker.process.exitcode is None

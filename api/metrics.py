@@ -15,7 +15,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 KINDS = ("model", "fit")
-STATUSES = ("queued", "running", "done", "failed")
+STATUSES = ("queued", "running", "done", "failed", "cancelled")
 
 
 class _JobGauge(Collector):
@@ -44,7 +44,8 @@ class ApiMetrics:
         self.latency = Histogram("overtake_api_http_request_duration_seconds", "Time to answer a request",
                                  ["route"], registry=r,
                                  buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5))
-        self.submitted = Counter("overtake_api_jobs_submitted_total", "Jobs accepted (202)", ["kind"], registry=r)
+        self.submitted = Counter("overtake_api_jobs_submitted_total", "Jobs queued (a 202 naming a new job)", ["kind"],
+                                 registry=r)
         self.rejected = Counter("overtake_api_jobs_rejected_total", "Jobs refused", ["kind", "reason"], registry=r)
         self.decisions = Counter("overtake_api_decisions_total", "Decision queries answered", registry=r)
         for k in KINDS:

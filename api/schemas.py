@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from overtake.fitting import STRUCTURES
 
-JobStatus = Literal["queued", "running", "done", "failed"]
+JobStatus = Literal["queued", "running", "done", "failed", "cancelled"]
 
 STATE_FORMAT = (
     "Comma-separated non-negative integers, one per component of the policy's state vector, in the "
@@ -53,7 +53,7 @@ class JobDoc(_Doc):
     status: JobStatus
     progress: float = Field(ge=0, le=1, description="fraction of the job's steps done (0 while queued)")
     message: str = Field(description="last progress line while running")
-    reason: str | None = Field(default=None, description="why the job failed (status failed)")
+    reason: str | None = Field(default=None, description="why the job failed or was cancelled")
     created: float
     started: float | None = None
     finished: float | None = None

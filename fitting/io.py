@@ -2,7 +2,8 @@
 
 The only module of :mod:`overtake.fitting` that touches files. Everything it returns is in seconds.
 
-Apache logs are parsed with ``apachelogs`` from the server's ``LogFormat`` string. The duration
+Apache logs are parsed from the server's ``LogFormat`` string (``apachelogs``' translation, matched
+in linear time by :class:`overtake.fitting.logformat.LogFormat`). The duration
 comes from ``%D`` (microseconds), ``%{us}T``, ``%{ms}T`` or ``%T``/``%{s}T`` (whole seconds:
 coarse), first match in that order. Each request line (``%r``, or ``%U`` if present) is mapped to
 the first stage whose regex matches its URL path (``re.search``, run in linear time by
@@ -25,7 +26,8 @@ import numpy.typing as npt
 
 from overtake.regex import LinearRegex
 
-from .errors import LogFormatError, MissingDependencyError
+from .errors import LogFormatError
+from .logformat import LogFormat
 
 __all__ = ["ApacheSamples", "parse_apache_log", "read_apache_log", "read_durations"]
 
@@ -39,6 +41,8 @@ _DURATIONS = (
     ("%{s}T", "request_duration_seconds", 1.0),
     ("%T", "request_duration_seconds", 1.0),
 )
+#: what a line's fields are read for: the status, the request path and the duration
+_FIELDS = frozenset(("status", "final_status", "request_uri", "request_line", *(a for _, a, _ in _DURATIONS)))
 
 
 def read_durations(path: str | Path, *, column: str | int | None = None, scale: float = 1.0) -> FloatArray:
@@ -78,7 +82,8 @@ def read_durations(path: str | Path, *, column: str | int | None = None, scale: 
             header = next(reader)
         except StopIteration:
             return np.zeros(0)
-        if isinstance(column, int) or (isinstance(column, str) and column.isdigit() and column not in header):
+        index = isinstance(column, str) and column.isascii() and column.isdigit()  # not '²' or '٣'
+        if isinstance(column, int) or (index and column not in header):
             idx = int(column)
             rows: Iterable[list[str]] = reader
             if idx >= len(header):
@@ -147,19 +152,14 @@ def _compile_stages(stages: Mapping[str, str]) -> list[tuple[str, LinearRegex]]:
 
 def parse_apache_log(lines: Iterable[str], log_format: str, stages: Mapping[str, str]) -> ApacheSamples:
     """Map access-log lines to per-stage durations (seconds); see the module docstring."""
-    try:
-        import apachelogs
-    except ImportError:
-        raise MissingDependencyError("reading Apache logs needs apachelogs: pip install apachelogs") from None
-    try:
-        parser = apachelogs.LogParser(log_format)
-    except apachelogs.Error as exc:
-        raise LogFormatError(f"log format {log_format!r}: {exc}") from None
+    parser = LogFormat(log_format, _FIELDS)
     dur = next(((d, attr, unit) for d, attr, unit in _DURATIONS if d in log_format), None)
     if dur is None:
-        raise LogFormatError(f"log format {log_format!r} has no duration directive: add %D (microseconds) or %{{ms}}T")
+        raise LogFormatError(f"log format {log_format[:200]!r} has no duration directive: add %D (microseconds) "
+                             "or %{ms}T")
     if "%r" not in log_format and "%U" not in log_format:
-        raise LogFormatError(f"log format {log_format!r} has no request line: add %r (or %U) to map requests to stages")
+        raise LogFormatError(f"log format {log_format[:200]!r} has no request line: add %r (or %U) to map "
+                             "requests to stages")
     _, attr, unit = dur
     compiled = _compile_stages(stages)
     has_status = "%>s" in log_format or "%s" in log_format
@@ -171,28 +171,27 @@ def parse_apache_log(lines: Iterable[str], log_format: str, stages: Mapping[str,
         if not line.strip():
             continue
         n += 1
-        try:
-            e = parser.parse(line)
-        except apachelogs.Error:
+        e = parser.fields(line)
+        if e is None:
             garbage += 1
             if len(examples) < 3:
-                examples.append(line)
+                examples.append(line[:200])
             continue
         if has_status:
-            status = getattr(e, "final_status", None) or getattr(e, "status", None)
+            status = e.get("final_status") or e.get("status")
             if status is None or not 200 <= int(status) < 300:
                 non2xx += 1
                 continue
-        path = getattr(e, "request_uri", None)
+        path = e.get("request_uri")
         if path is None:
-            req = getattr(e, "request_line", None) or ""
+            req = e.get("request_line") or ""
             parts = req.split()
             path = parts[1] if len(parts) >= 2 else req
         stage = next((name for name, rx in compiled if rx.search(path)), None)
         if stage is None:
             unmatched += 1
             continue
-        d = getattr(e, attr, None)
+        d = e.get(attr)
         if d is None:
             nodur += 1
             continue

@@ -3,7 +3,7 @@
 ::
 
     overtake api [--listen 127.0.0.1:8080] --db PATH [--token TOKEN] [--workers N] [--max-states N]
-                 [--request-deadline SECONDS]
+                 [--request-deadline SECONDS] [--job-deadline SECONDS]
 
 Binds loopback by default. ``--token`` (or ``OVERTAKE_API_TOKEN``) makes every POST need
 ``Authorization: Bearer TOKEN``. Jobs, fits and policies persist in the SQLite database; on
@@ -33,6 +33,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-queued", type=int, default=32, help="429 above this many waiting jobs")
     p.add_argument("--request-deadline", type=float, default=10.0, metavar="SECONDS",
                    help="503 when a request's own work (validation, parsing, reading jobs) takes longer (default 10)")
+    p.add_argument("--job-deadline", type=float, default=3600.0, metavar="SECONDS",
+                   help="a job still running after this long is stopped and fails saying so (default 3600)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
 
 
@@ -47,7 +49,7 @@ def parse_listen(value: str) -> tuple[str, int]:
     except ValueError:
         if host != "localhost":
             raise ApiUsageError(f"--listen host must be an IP address or localhost, got {host!r}") from None
-    if not port_s.isdigit() or not 0 < int(port_s) < 65536:
+    if not (port_s.isascii() and port_s.isdigit()) or not 0 < int(port_s) < 65536:
         raise ApiUsageError(f"--listen port must be 1..65535, got {port_s!r}")
     return host, int(port_s)
 
@@ -63,9 +65,12 @@ def run(args: argparse.Namespace) -> int:
             raise ApiUsageError(f"--{opt.replace('_', '-')} must be >= 1, got {getattr(args, opt)}")
     if not (math.isfinite(args.request_deadline) and args.request_deadline > 0):
         raise ApiUsageError(f"--request-deadline must be > 0 seconds, got {args.request_deadline}")
+    if not (math.isfinite(args.job_deadline) and args.job_deadline > 0):
+        raise ApiUsageError(f"--job-deadline must be > 0 seconds, got {args.job_deadline}")
     if args.token is not None and not args.token:
         raise ApiUsageError("--token must not be empty")
     app = create_app(Settings(db=args.db, token=args.token, workers=args.workers, max_states=args.max_states,
-                              max_queued=args.max_queued, request_deadline=args.request_deadline))
+                              max_queued=args.max_queued, request_deadline=args.request_deadline,
+                              job_deadline=args.job_deadline))
     uvicorn.run(app, host=host, port=port, log_level=args.log_level)
     return 0

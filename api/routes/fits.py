@@ -30,6 +30,7 @@ from ..deps import (
     WorkDep,
     accepted,
     authorize,
+    cancel_job,
     get_job,
     parse_json,
     read_body,
@@ -142,6 +143,14 @@ async def list_fits(store: StoreDep, reads: ReadsDep) -> list[FitDoc]:
 async def get_fit(fit_id: str, store: StoreDep, reads: ReadsDep) -> FitDoc:
     """Status, then the fitted PH per stage (alpha, T, loglik, mean, SCV, ...)."""
     return await reads.run("id", lambda: fit_doc(get_job(store, fit_id, "fit")))
+
+
+@router.delete("/v1/fits/{fit_id}", response_model=FitDoc, dependencies=[Depends(authorize)],
+               responses={401: {"model": Error}, 404: {"model": Error}, 409: {"model": Error}})
+async def cancel_fit(fit_id: str, store: StoreDep, runner: RunnerDep, work: WorkDep) -> FitDoc:
+    """Cancel a queued or running fit: a running one has its process stopped. The answer is the
+    job, status ``cancelled``; 409 for a job that has already ended (done, failed, cancelled)."""
+    return await work.commit(lambda: fit_doc(cancel_job(store, runner, fit_id, "fit")))
 
 
 def _check_samples(data: Samples) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any
 
@@ -37,6 +38,7 @@ from ..deps import (
     WorkDep,
     accepted,
     authorize,
+    cancel_job,
     count_values,
     done_model,
     get_job,
@@ -90,6 +92,9 @@ class FitResolver:
         return ph
 
 
+_COUNT = re.compile(r"[0-9]{1,6}")
+
+
 def _parse_state(text: str, policy: Policy) -> list[int]:
     parts = [p.strip() for p in text.split(",")]
     n = policy.Q + policy.D
@@ -97,8 +102,9 @@ def _parse_state(text: str, policy: Policy) -> list[int]:
         raise HTTPError(422, f"state: needs {n} comma-separated counts in the order {policy.columns}, got {len(parts)}")
     out = []
     for i, p in enumerate(parts):
-        if not p.isdigit() or len(p) > 6:
-            raise HTTPError(422, f"state[{i}] ({policy.columns[i]}): must be an integer in 0..999999, got {p!r}")
+        if not _COUNT.fullmatch(p):  # str.isdigit() also takes '²' and '٣', which int() refuses or reads
+            raise HTTPError(422, f"state[{i}] ({policy.columns[i]}): must be an integer in 0..999999 written "
+                                 f"with the ASCII digits 0-9, got {p[:20]!r}")
         out.append(int(p))
     return out
 
@@ -166,6 +172,14 @@ async def get_model(model_id: str, store: StoreDep, reads: ReadsDep) -> ModelDoc
     """Status (queued, running with progress, done, failed with the reason), then π*'s metrics and
     the comparison with the baselines (the document of ``overtake compare --json``)."""
     return await reads.run("id", lambda: model_doc(get_job(store, model_id, "model")))
+
+
+@router.delete("/v1/models/{model_id}", response_model=ModelDoc, dependencies=[Depends(authorize)],
+               responses={401: {"model": Error}, 404: {"model": Error}, 409: {"model": Error}})
+async def cancel_model(model_id: str, store: StoreDep, runner: RunnerDep, work: WorkDep) -> ModelDoc:
+    """Cancel a queued or running solve: a running one has its process stopped. The answer is the
+    job, status ``cancelled``; 409 for a job that has already ended (done, failed, cancelled)."""
+    return await work.commit(lambda: model_doc(cancel_job(store, runner, model_id, "model")))
 
 
 @router.get("/v1/models/{model_id}/policy", response_model=PolicyDoc,

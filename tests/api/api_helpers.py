@@ -31,11 +31,11 @@ def exp2(load: float = 0.3, max_requests: int | None = 8, **extra: Any) -> dict[
 
 
 def wait(client: Any, url: str, timeout: float = 90.0) -> dict[str, Any]:
-    """Poll a job until done or failed."""
+    """Poll a job until it ends (done, failed or cancelled)."""
     t0 = time.monotonic()
     while True:
         doc: dict[str, Any] = client.get(url).json()
-        if doc["status"] in ("done", "failed"):
+        if doc["status"] in ("done", "failed", "cancelled"):
             return doc
         if time.monotonic() - t0 > timeout:
             raise AssertionError(f"{url} still {doc['status']} after {timeout} s: {doc}")

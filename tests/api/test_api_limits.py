@@ -1,13 +1,17 @@
 """Hostile input to the REST API gets a clear 4xx at once (issue 19): unbounded numbers, a load
-whose exact solve would not end, JSON nested 100,000 deep, bodies over the cap (chunked too)."""
+whose exact solve would not end, JSON nested 100,000 deep, bodies over the cap (chunked too), an
+access log whose lines a backtracking matcher would split in exponentially many ways."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
+from api_helpers import exp2, live_api
 from fastapi.testclient import TestClient
 
 from overtake.api.app import create_app
@@ -105,3 +109,38 @@ def test_one_large_body_is_received_at_a_time(tmp_path: Path) -> None:
         assert c.post("/v1/models", content=over, headers={"content-type": "application/json"}).status_code == 413
         code, detail = fit(bad)
         assert code == 422 and detail.startswith("body: not valid JSON"), detail
+
+
+#: twelve free-text fields side by side, then the path and the duration; a line of 28 words
+#: (57 bytes) without a duration: a backtracking matcher tries every split of the words between
+#: the fields (about 20 s here, x1.7 per extra word)
+HOSTILE_FORMAT = " ".join(["%{X}i"] * 12) + " %U %D"
+HOSTILE_LINE = "a " * 28 + "\n"
+
+
+def test_a_log_line_that_would_backtrack_holds_up_neither_its_upload_nor_other_posts(tmp_path: Path) -> None:
+    """Three such uploads (more than the parse processes) and models posted meanwhile: all are
+    answered within the request deadline (5 s, against milliseconds for the linear matcher)."""
+    assert len(HOSTILE_LINE.encode()) == 57
+    ok = " ".join(["-"] * 12)
+    log = HOSTILE_LINE + f"{ok} /a 1500\n{ok} /a 2500\n"
+    with live_api(tmp_path / "api.db", "--request-deadline", "5") as base:
+        def upload() -> httpx.Response:
+            return httpx.post(base + "/v1/fits", data={"kind": "apache-log", "log_format": HOSTILE_FORMAT,
+                                                       "stage": ["a=^/a"], "order": "1"},
+                              files={"file": ("access.log", log.encode(), "text/plain")}, timeout=120)
+
+        with ThreadPoolExecutor(3) as pool:
+            uploads = [pool.submit(upload) for _ in range(3)]
+            models = []
+            while True:  # models posted for as long as an upload is not answered
+                models.append(httpx.post(base + "/v1/models", json=exp2(0.3), timeout=120))
+                if all(u.done() for u in uploads):
+                    break
+            answers = [u.result() for u in uploads]
+        for r in models:
+            assert r.status_code == 202, r.text
+        for r in answers:
+            assert r.status_code == 202, r.text
+        fit = httpx.get(base + answers[0].headers["location"]).json()
+        assert fit["report"][0].startswith("3 lines: 2 kept, 1 unparsable")

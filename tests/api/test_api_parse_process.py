@@ -70,6 +70,43 @@ def test_a_dead_parse_process_is_a_503_and_is_replaced() -> None:
     assert status == 503 and pid != os.getpid()
 
 
+def _say_pid_then_sleep(path: str) -> None:
+    """A step that never ends (the fault injected): it writes its process id first."""
+    import time
+
+    Path(path).write_text(str(os.getpid()))
+    time.sleep(600)
+
+
+def test_a_step_past_the_deadline_is_stopped_and_the_others_are_served(tmp_path: Path) -> None:
+    """A step still running at the deadline is a 503 and its process is terminated; another
+    request is answered while it runs, and the next after it too."""
+    marker = tmp_path / "pid"
+
+    async def main() -> tuple[int, HTTPError, int]:
+        p = ParseProcess(deadline=3)
+        p.start()
+        try:
+            await asyncio.to_thread(p.wait_ready, 120)
+            stuck = asyncio.ensure_future(p.run("file", _say_pid_then_sleep, str(marker)))
+            for _ in range(2400):  # until the step runs (at most 120 s)
+                if marker.exists() and marker.read_text():
+                    break
+                await asyncio.sleep(0.05)
+            other = await p.run("body", os.getpid)  # while the step sleeps
+            with pytest.raises(HTTPError) as exc:
+                await stuck
+            return other, exc.value, await p.run("body", os.getpid)
+        finally:
+            p.close()
+
+    other, err, after = asyncio.run(main())
+    stuck_pid = int(marker.read_text())
+    assert err.status == 503 and err.detail.startswith("file: not done within the request deadline of 3 s"), err.detail
+    assert other not in (stuck_pid, os.getpid()) and after not in (stuck_pid, os.getpid())
+    assert not Path(f"/proc/{stuck_pid}").exists()  # terminated and reaped, not left running
+
+
 class Recording(ParseProcess):
     def __init__(self) -> None:
         super().__init__(deadline=60)

@@ -72,6 +72,10 @@ def test_read_plain_and_csv(tmp_path: Path) -> None:
         read_durations(c, column="sec")
     with pytest.raises(LogFormatError, match=r"d.csv:1: not a number.*--column"):
         read_durations(c)
+    # a digit of another script is a column name, not an index ('٣' would have been column 3)
+    for col in ("\u0663", "\u00b2"):
+        with pytest.raises(LogFormatError, match=f"no column '{col}'"):
+            read_durations(c, column=col)
 
 
 def test_read_bad_value_names_line(tmp_path: Path) -> None:
