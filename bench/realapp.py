@@ -9,22 +9,23 @@ a wiki on SQLite in --data-dir whose articles follow a seeded recipe with heavy-
 parser or object cache.
 
 Stacks (--php): ``prefork`` = mpm_prefork + mod_php, ``fpm`` = mpm_event + proxy_fcgi to a private
-php-fpm (Debian's pool defaults); a private Apache per arm from the bench's own config
+php-fpm (Debian's pool defaults); a private Apache per arm and run from the bench's own config
 (bench/mediawiki/httpd.conf.in, Debian's MPM defaults), pinned with php-fpm to the last core at
 autogroup nice -20; the client and the sidecar on the first core.
 
-Calibration (once per invocation): on an idle default server, each article's preview and view in
-turn; Apache's %D of each is its idle service time. They give the trace's arrival rate
-(--load / mean(preview + view)), the fits Overtake solves with, and the wiki's structure
-(service floor, per-section cost, preview-view correlation, and a serialisation probe: four
-identical requests at once, mean completion over the last, 1 under processor sharing, 0.625 when
-they run one at a time).
+Calibration (once per invocation, or the last one with --reuse-calibration): on an idle default
+server, each article's preview and view in turn; Apache's %D of each is its idle service time.
+They give the trace's arrival rate (--load / mean(preview + view)), the fits Overtake solves
+with, and the wiki's structure (service floor, cost per section, preview-view correlation, and a
+serialisation probe: four identical requests at once, mean completion over the last, about 1
+under processor sharing, 0.625 when they run one at a time).
 
 Workload: open-loop Poisson transactions, each a preview (``POST /api.php?action=parse`` of the
 article's wikitext) then its view (``GET /wiki/Title``) on one connection, the article uniform.
-Run k replays one trace (seed --seed + k) under every arm, the arms' order rotated by k; the
-response time runs from the scheduled arrival to the view's last byte. A failure is a non-2xx
-answer, a MediaWiki API error, a reset or a --timeout.
+Run k (0-based) replays one trace (seed --seed + k) under every arm, the arms' order rotated by
+k; the response time runs from the scheduled arrival to the view's last byte. A failure is a
+non-2xx answer, a MediaWiki API error, a reset or a --timeout. A run lasts about arms x
+transactions / arrival rate (with the default wiki, 9 to 11 minutes per arm at load 0.6 here).
 
 Arms: ``default`` (Apache's default, no Overtake), ``overtake`` (the README's deployment: the
 sidecar in ``auto`` mode with ``--cpu-priority age`` over the policy ``overtake solve --phase-info
@@ -34,9 +35,11 @@ auto mode in front of a plain Apache: admission alone) and ``modqos`` (mod_qos,
 ``QS_LocRequestLimitMatch`` of --qos-cap per stage; it rejects beyond the cap).
 
 Figures per arm: mean and p99 response time (successful transactions after a 5 % warm-up),
-failures; per run the paired gain of every arm over ``default`` with its 95 % CI
+failures, CPU seconds in Apache and php-fpm, the module's and the sidecar's counters, and what
+Apache saw (time per stage, slowdown against the idle time, previews that overlapped another
+preview apart); per run the paired gain of every arm over ``default`` with its 95 % CI
 (bench/mediawiki/stats.py) — ``gain`` / ``gain_ci95`` are ``overtake``'s — and over the runs the
-spread. Raw runs go to bench/results/realapp.jsonl unless --no-write.
+spread. Raw runs go to bench/results/realapp.jsonl unless --no-write (no BENCHMARKS.md section).
 """
 
 from __future__ import annotations
@@ -190,6 +193,21 @@ def stack_cpu(srv: server.Server) -> dict[str, float]:
     return out
 
 
+def foreign_servers(core: int, ours: set[int]) -> int:
+    """Other Apache and php-fpm processes that may run on ``core``: other jobs' servers, often
+    at the same raised autogroup priority as ours, share the core with the one measured."""
+    n = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) in ours:
+            continue
+        try:
+            if (d / "comm").read_text().strip() in ("apache2", "php-fpm8.2") and core in os.sched_getaffinity(int(d.name)):
+                n += 1
+        except OSError:
+            continue
+    return n
+
+
 # --------------------------------------------------------------------------- calibration
 
 
@@ -274,13 +292,13 @@ def run_arm(name: str, k: int, b: Bench, trace: dict[str, np.ndarray]) -> tuple[
     t0 = time.monotonic()
     with arm_server(name, b, b.tmp / f"run{k}") as (port, srv, sc):
         warm_up(port, b)
+        foreign = foreign_servers(b.args.server_core, set(srv.pids()))
         rt, outcomes = workload.replay(port, trace, b.txs, tag=f"r{k}", timeout=b.args.timeout)
-        extra: dict[str, Any] = {"cpu_s": stack_cpu(srv)}
+        extra: dict[str, Any] = {"cpu_s": stack_cpu(srv), "foreign_servers": foreign}
         if sc is not None:
             extra["sidecar_policy"] = sc.policy()
             extra["sidecar_metrics"] = {m: v for m, v in sc.metrics().items()
-                                        if m.startswith(("overtake_stage_", "overtake_queue_wait_seconds_sum",
-                                                         "overtake_queue_wait_seconds_count", "overtake_policy_info"))}
+                                        if not any(x in m for x in ("_bucket{", "_created{"))}
         if srv.cpu_priority is not None:
             st = fetch_prio_status("127.0.0.1", srv.port)
             extra["prio"] = {"threshold_s": srv.cpu_priority.levels[0], "requests": list(st.requests),
