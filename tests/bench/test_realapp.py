@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -174,6 +175,7 @@ def test_run_document_has_the_contract_shape(capsys: pytest.CaptureFixture[str],
     assert set(run["gains"]) == {"overtake", "modqos"} and run["arms"]["modqos"]["failures"] > 0
     doc = {"runs": [run | {"seed": 1, "order": ["default"], "offered_load": 0.6}], "nan": float("nan")}
     monkeypatch.setattr(realapp, "run", lambda args: doc)
+    monkeypatch.setattr(realapp.signal, "signal", lambda *a: None)  # leave pytest's SIGTERM alone
     assert realapp.main(["--php", "prefork", "--runs", "1", "--json", "--no-write"]) == 0
     out = json.loads(capsys.readouterr().out)  # stdout is the JSON document alone
     assert out["nan"] is None  # JSON has no NaN
@@ -239,11 +241,13 @@ def _skip_reason() -> str | None:
 def test_end_to_end_on_a_tiny_trace(capsys: pytest.CaptureFixture[str]) -> None:
     data = scratch_dir("realapp-test-")  # www-data reads the wiki's settings below it
     cores = os.sched_getaffinity(0)
+    sigterm = signal.getsignal(signal.SIGTERM)
     try:
         rc = realapp.main(["--php", "prefork", "--runs", "1", "--transactions", "60", "--articles", "10",
                            "--data-dir", str(data), "--json", "--no-write", "--halt-poll-us", "0"])
         assert os.sched_getaffinity(0) == cores
     finally:
+        signal.signal(signal.SIGTERM, sigterm)
         shutil.rmtree(data, ignore_errors=True)
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
