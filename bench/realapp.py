@@ -14,7 +14,8 @@ php-fpm (Debian's pool defaults); a private Apache per arm and run from the benc
 autogroup nice -20; the client and the sidecar on the first core.
 
 Calibration (once per invocation, or the last one with --reuse-calibration): on an idle default
-server, each article's preview and view in turn; Apache's %D of each is its idle service time.
+server, each article's preview and view in turn, in --cal-reps passes; the median of Apache's %D
+over the passes is the article's idle service time.
 They give the trace's arrival rate (--load / mean(preview + view)), the fits Overtake solves
 with, and the wiki's structure (service floor, cost per section, preview-view correlation, and a
 serialisation probe: four identical requests at once, mean completion over the last, about 1
@@ -25,7 +26,7 @@ article's wikitext) then its view (``GET /wiki/Title``) on one connection, the a
 Run k (0-based) replays one trace (seed --seed + k) under every arm, the arms' order rotated by
 k; the response time runs from the scheduled arrival to the view's last byte. A failure is a
 non-2xx answer, a MediaWiki API error, a reset or a --timeout. A run lasts about arms x
-transactions / arrival rate (with the default wiki, 9 to 11 minutes per arm at load 0.6 here).
+transactions / arrival rate (the rate is printed after the calibration).
 
 Arms: ``default`` (Apache's default, no Overtake), ``overtake`` (the README's deployment: the
 sidecar in ``auto`` mode with ``--cpu-priority age`` over the policy ``overtake solve --phase-info
@@ -223,31 +224,46 @@ def warm_up(port: int, b: Bench, n: int = 6) -> None:
 
 def calibrate(b: Bench) -> dict[str, Any]:
     """Idle service times of every article's preview and view (Apache's %D, s), their structure
-    and the serialisation probe, on a default server of the stack."""
-    reps = b.args.cal_reps
+    and the serialisation probe, on a default server of the stack.
+
+    --cal-reps passes over all articles, one after another (a passing disturbance from other
+    jobs hits one pass of a few articles, not every pass of one), and each article's time is the
+    median of its passes."""
+    reps, n = b.args.cal_reps, len(b.txs)
+    client = np.full((reps, n, 2), np.nan)
     with arm_server("default", b, b.tmp / "calibration") as (port, srv, _):
         warm_up(port, b)
-        client = np.zeros((len(b.txs), 2))
-        for i, tx in enumerate(b.txs):
-            for rep in range(reps):
+        for rep in range(reps):
+            for i, tx in enumerate(b.txs):
                 res, tp, tv = asyncio.run(workload.run_one("127.0.0.1", port, tx, f"cal-{i}-{rep}"))
                 if res != workload.OK:
                     raise SystemExit(f"realapp: calibration of {tx.title} failed: {res}")
-                client[i] += (tp / reps, tv / reps)
+                client[rep, i] = tp, tv
         probe_i = int(np.argsort(b.units, kind="stable")[len(b.units) // 2])  # a median article
         probe = workload.serialisation_probe(port, b.txs[probe_i], k=4, rounds=3)
         log = [x for x in server.read_access(srv.workdir) if x.rid and x.rid.startswith("cal-")]
-    d = {"p": np.zeros(len(b.txs)), "v": np.zeros(len(b.txs))}
+    apache = np.full((reps, n, 2), np.nan)
     for x in log:
         assert x.rid is not None
-        _, i, _, stage = x.rid.split("-")
-        d[stage][int(i)] += x.duration_us / 1e6 / reps
-    if np.any(d["p"] == 0) or np.any(d["v"] == 0):
+        _, i, rep, stage = x.rid.split("-")
+        apache[int(rep), int(i), 0 if stage == "p" else 1] = x.duration_us / 1e6
+    if np.isnan(apache).any():
         raise SystemExit("realapp: calibration: the access log lacks some requests")
-    return structure(d["p"], d["v"], b.units) | {
-        "preview_s": d["p"].tolist(), "view_s": d["v"].tolist(), "client_preview_s": client[:, 0].tolist(),
-        "client_view_s": client[:, 1].tolist(), "serialisation_probe": probe | {"k": 4, "article": article_title(probe_i)},
-        "reps": reps, "php": b.args.php, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    idle, cl = np.median(apache, axis=0), np.median(client, axis=0)
+    return structure(idle[:, 0], idle[:, 1], b.units) | {
+        "preview_s": idle[:, 0].tolist(), "view_s": idle[:, 1].tolist(), "client_preview_s": cl[:, 0].tolist(),
+        "client_view_s": cl[:, 1].tolist(), "serialisation_probe": probe | {"k": 4, "article": article_title(probe_i)},
+        "reps": reps, "pass_spread": pass_spread(apache), "php": b.args.php,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def pass_spread(x: np.ndarray) -> dict[str, float] | None:
+    """How much the calibration's passes disagree: per stage the median over articles of
+    (max - min) / median of an article's passes (None with one pass)."""
+    if x.shape[0] < 2:
+        return None
+    rel = (x.max(axis=0) - x.min(axis=0)) / np.median(x, axis=0)
+    return {"preview": float(np.median(rel[:, 0])), "view": float(np.median(rel[:, 1]))}
 
 
 def structure(preview: np.ndarray, view: np.ndarray, units: np.ndarray) -> dict[str, Any]:
@@ -402,7 +418,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--data-dir", default=str(wiki.DEFAULT_DATA_DIR), help="the wiki's data directory")
     ap.add_argument("--qos-cap", type=int, default=2, help="mod_qos: requests at once per stage (default 2)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds before a transaction counts as failed")
-    ap.add_argument("--cal-reps", type=int, default=1, help="idle measurements per article (averaged)")
+    ap.add_argument("--cal-reps", type=int, default=3,
+                    help="calibration passes over the articles; an article's idle time is their median (default 3)")
     ap.add_argument("--reuse-calibration", action="store_true",
                     help="reuse the last calibration of this stack and wiki (DATA/calibration-<php>.json) if any")
     ap.add_argument("--halt-poll-us", type=float, default=20000,

@@ -156,6 +156,17 @@ def test_slowdowns_split_previews_by_overlap() -> None:
     assert (s["previews_overlapped"], s["previews"]) == (2, 4)
 
 
+def test_calibration_pass_spread() -> None:
+    # two articles, three passes; the second article's view disturbed once (10 s instead of 1 s)
+    x = np.array([[[1.0, 2.0], [1.0, 1.0]], [[1.1, 2.0], [1.0, 10.0]], [[0.9, 2.0], [1.0, 1.0]]])
+    assert np.median(x, axis=0)[1, 1] == 1.0  # the median of the passes ignores the disturbance
+    s = realapp.pass_spread(x)
+    assert s is not None
+    assert s["preview"] == pytest.approx(np.median([0.2 / 1.0, 0.0]))
+    assert s["view"] == pytest.approx(np.median([0.0, 9.0 / 1.0]))
+    assert realapp.pass_spread(x[:1]) is None
+
+
 # --------------------------------------------------------------------------- the document
 
 
