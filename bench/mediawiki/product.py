@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +42,17 @@ FIT_ARGS = ("--structure", "hyperexp", "--order", "2")
 STAGES = ("preview", "view")
 
 
+@dataclass(frozen=True)
 class Model:
-    """What ``overtake fit`` and ``overtake solve`` produced for one stack."""
+    """What ``overtake fit`` and ``overtake solve`` produced for one stack: the policy directory
+    the sidecar runs, the age threshold (s), the policy's metadata, the fits, the seconds taken."""
 
-    def __init__(self, workdir: Path, policy_dir: Path, threshold_s: float, meta: dict[str, Any], fits: dict[str, Any],
-                 seconds: float) -> None:
-        self.workdir, self.policy_dir, self.threshold_s = workdir, policy_dir, threshold_s
-        self.meta, self.fits, self.seconds = meta, fits, seconds
+    workdir: Path
+    policy_dir: Path
+    threshold_s: float
+    meta: dict[str, Any]
+    fits: dict[str, Any]
+    seconds: float
 
     def summary(self) -> dict[str, Any]:
         m = self.meta
@@ -101,9 +106,13 @@ def stages_yaml(max_inflight: int, max_body_bytes: int) -> str:
     return yaml.safe_dump(doc, sort_keys=False)
 
 
+@dataclass(frozen=True)
 class Sidecar:
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, log: Path) -> None:
-        self.proc, self.port, self.log = proc, port, log
+    """A running ``overtake sidecar``: its process, port and log."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
 
     def policy(self) -> dict[str, Any]:
         """``GET /-/policy``: what auto runs and why."""
