@@ -1,0 +1,171 @@
+"""Overtake on the wiki as the README's operator guide deploys it, by its own commands.
+
+1. Measure the stages: the calibration's idle service times (Apache's ``%D`` of each article's
+   preview and view, a quiet server) are fitted with ``overtake fit`` (``--structure hyperexp
+   --order 2``, the demo's choice: ``--order auto`` picks orders the solver cannot afford).
+2. Solve: a scenario with the trace's arrival rate, ``overtake solve --phase-info none
+   --cpu-priority age`` (real clients send no phase header): the policy over counts, the
+   predictions with age priority and the age threshold ``T`` (seconds: the fits are in seconds,
+   ``classifier.time_unit: 1``).
+3. Run: ``overtake sidecar`` in ``auto`` mode over the policy's directory, with ``--cpu-priority
+   age`` in front of an Apache loading mod_overtake_prio at ``T`` (the ``overtake`` arm), or
+   without it in front of a plain Apache (the ``sidecar`` arm, admission alone).
+
+The stages file names ``preview`` (``POST /api.php``, followed by ``view`` on the same connection)
+and ``view`` (``/wiki/``); other requests pass through.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from overtake.controller.harness.loadgen import http_request, wait_idle, wait_sidecar
+from overtake.mdp import Policy
+
+from .server import raise_autogroup
+
+__all__ = ["Model", "Sidecar", "prepare_model", "start_sidecar", "stages_yaml", "stop_sidecar"]
+
+CLI = [sys.executable, "-m", "overtake.api.cli"]
+FIT_ARGS = ("--structure", "hyperexp", "--order", "2")
+STAGES = ("preview", "view")
+
+
+@dataclass(frozen=True)
+class Model:
+    """What ``overtake fit`` and ``overtake solve`` produced for one stack: the policy directory
+    the sidecar runs, the age threshold (s), the policy's metadata, the fits, the seconds taken."""
+
+    workdir: Path
+    policy_dir: Path
+    threshold_s: float
+    meta: dict[str, Any]
+    fits: dict[str, Any]
+    seconds: float
+
+    def summary(self) -> dict[str, Any]:
+        m = self.meta
+        age = m.get("cpu_priority", {}).get("age", {})
+        return {"fit_args": list(FIT_ARGS), "threshold_s": self.threshold_s, "fits": self.fits, "solve_s": self.seconds,
+                "predicted": {"pi(inf)": m.get("baselines", {}).get("pi(inf)"),
+                              "none": m.get("metrics", {}).get("mean_response_time"),
+                              "none+age": age.get("mean_response_time"), "passthrough+age": age.get("passthrough")}}
+
+
+def _cli(*args: str, log: Path) -> None:
+    with log.open("a") as out:
+        out.write("$ overtake " + " ".join(args) + "\n")
+        out.flush()
+        proc = subprocess.run([*CLI, *args], stdout=out, stderr=subprocess.STDOUT, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"`overtake {' '.join(args)}` failed (rc {proc.returncode}); log {log}:\n"
+                           + "\n".join(log.read_text(errors="replace").splitlines()[-10:]))
+
+
+def prepare_model(workdir: Path, samples: dict[str, np.ndarray], arrival_rate: float) -> Model:
+    """Fit each stage's idle service times, write the scenario and solve (see the module docstring)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    log, fits_dir, pol_dir = workdir / "overtake.log", workdir / "fits", workdir / "policies"
+    t0 = time.monotonic()
+    for stage in STAGES:
+        f = workdir / f"{stage}.txt"
+        f.write_text("".join(f"{x:.6f}\n" for x in samples[stage]))
+        _cli("fit", str(f), *FIT_ARGS, "--out", str(fits_dir), log=log)
+    scen = {"arrival_rate": float(arrival_rate), "tolerance": 0.005,
+            "stages": [{"name": s, "service": {"file": str(fits_dir / f"{s}.json")}} for s in STAGES]}
+    (workdir / "scenario.yaml").write_text(yaml.safe_dump(scen, sort_keys=False))
+    pol_dir.mkdir(exist_ok=True)
+    out = pol_dir / "none.npz"
+    _cli("solve", str(workdir / "scenario.yaml"), "--phase-info", "none", "--cpu-priority", "age", "--out", str(out),
+         "--quiet", log=log)
+    meta = Policy.load(out).meta
+    th = float(meta["cpu_priority"]["age"]["thresholds"][0][0])  # model time unit = 1 s
+    fits = {s: json.loads((fits_dir / f"{s}.json").read_text()) for s in STAGES}
+    return Model(workdir, pol_dir, th, meta, fits, time.monotonic() - t0)
+
+
+def stages_yaml(max_inflight: int, max_body_bytes: int) -> str:
+    """The stages file: preview then view, ``auto`` classifier, generous queue limits (the bench
+    counts a queue timeout as a failure, it does not want one)."""
+    doc = {"stages": [{"name": "preview", "routes": [{"path": r"^/api\.php$", "methods": ["POST"]}], "next": "view"},
+                      {"name": "view", "path": "^/wiki/"}],
+           "limits": {"max_inflight": max_inflight, "queue_cap": 100000, "queue_timeout": 600,
+                      "upstream_timeout": 600, "client_timeout": 600, "max_body_bytes": max_body_bytes},
+           "classifier": {"mode": "auto", "time_unit": 1.0, "auto_interval": 1}}
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    """A running ``overtake sidecar``: its process, port and log."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    def policy(self) -> dict[str, Any]:
+        """``GET /-/policy``: what auto runs and why."""
+        code, body = http_request("GET", f"http://127.0.0.1:{self.port}/-/policy")
+        return dict(json.loads(body)) if code == 200 else {"status": code}
+
+    def metrics(self, prefixes: tuple[str, ...] = ("overtake_",)) -> dict[str, float]:
+        """The sidecar's ``/-/metrics`` samples whose names start with ``prefixes``."""
+        out: dict[str, float] = {}
+        for line in http_request("GET", f"http://127.0.0.1:{self.port}/-/metrics")[1].decode().splitlines():
+            if line and not line.startswith("#") and line.startswith(prefixes):
+                name, _, value = line.rpartition(" ")
+                try:
+                    out[name] = float(value)
+                except ValueError:
+                    continue
+        return out
+
+
+def start_sidecar(workdir: Path, *, port: int, apache_port: int, model: Model, cpu_priority: bool, core: int,
+                  max_inflight: int, max_body_bytes: int) -> Sidecar:
+    """``overtake sidecar`` in auto mode, pinned to ``core`` in a session (autogroup) of its own,
+    raised like Apache's (a starved proxy delays every hand-off)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    stages = workdir / "stages.yaml"
+    stages.write_text(stages_yaml(max_inflight, max_body_bytes))
+    log = workdir / "sidecar.log"
+    args = ["taskset", "-c", str(core), *CLI, "sidecar", "--policy", str(model.policy_dir), "--apache",
+            f"http://127.0.0.1:{apache_port}", "--listen", f"127.0.0.1:{port}", "--stages", str(stages)]
+    if cpu_priority:
+        args += ["--cpu-priority", "age"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        wait_sidecar(port, proc, log)
+    except RuntimeError:
+        proc.kill()
+        proc.wait()
+        raise
+    raise_autogroup([proc.pid])
+    return Sidecar(proc, port, log)
+
+
+def stop_sidecar(sc: Sidecar, timeout: float = 15.0) -> None:
+    if sc.proc.poll() is None:
+        try:
+            wait_idle(sc.port, timeout=5)
+        except OSError:
+            pass
+        sc.proc.send_signal(signal.SIGTERM)
+        try:
+            sc.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            sc.proc.kill()
+            sc.proc.wait()

@@ -1,0 +1,519 @@
+"""A real application: MediaWiki on SQLite, Apache's default against Overtake and its peers.
+
+    python bench/realapp.py --php prefork|fpm [--runs N] [--transactions T] [--arms a,b] [--json] [--no-write]
+
+Set-up (the bench's own, not ``make test``; as root): Debian's MediaWiki, PHP and mod_qos
+packages (bench/mediawiki/install-packages.sh, run when one is missing unless --no-setup), and
+a wiki on SQLite in --data-dir whose articles follow a seeded recipe with heavy-tailed cost
+(bench/mediawiki/pages.py; rebuilt only when the recipe changes). Every request renders: no
+parser or object cache.
+
+Stacks (--php): ``prefork`` = mpm_prefork + mod_php, ``fpm`` = mpm_event + proxy_fcgi to a private
+php-fpm (Debian's pool defaults); a private Apache per arm and run from the bench's own config
+(bench/mediawiki/httpd.conf.in, Debian's MPM defaults), pinned with php-fpm to the last core at
+autogroup nice -20; the client and the sidecar on the first core.
+
+Calibration (once per invocation, or the last one with --reuse-calibration): on an idle default
+server, each article's preview and view in turn, in --cal-reps passes; the median of Apache's %D
+over the passes is the article's idle service time.
+They give the trace's arrival rate (--load / mean(preview + view)), the fits Overtake solves
+with, and the wiki's structure (service floor, cost per section, preview-view correlation, and a
+serialisation probe: four identical requests at once, mean completion over the last, about 1
+under processor sharing, 0.625 when they run one at a time).
+
+Workload: open-loop Poisson transactions, each a preview (``POST /api.php?action=parse`` of the
+article's wikitext) then its view (``GET /wiki/Title``) on one connection, the article uniform.
+Run k (0-based) replays one trace (seed --seed + k) under every arm, the arms' order rotated by
+k; the response time runs from the scheduled arrival to the view's last byte. A failure is a
+non-2xx answer, a MediaWiki API error, a reset or a --timeout. A run lasts about arms x
+transactions / arrival rate (the rate is printed after the calibration).
+
+Arms: ``default`` (Apache's default, no Overtake), ``overtake`` (the README's deployment: the
+sidecar in ``auto`` mode with ``--cpu-priority age`` over the policy ``overtake solve --phase-info
+none --cpu-priority age`` chose, in front of an Apache with mod_overtake_prio at the solved
+threshold; bench/mediawiki/product.py), ``age`` (that module alone), ``sidecar`` (the sidecar in
+auto mode in front of a plain Apache: admission alone) and ``modqos`` (mod_qos,
+``QS_LocRequestLimitMatch`` of --qos-cap per stage; it rejects beyond the cap).
+
+Figures per arm: mean and p99 response time (successful transactions after a 5 % warm-up),
+failures, CPU seconds in Apache and php-fpm, the module's and the sidecar's counters, and what
+Apache saw (time per stage, slowdown against the idle time, previews that overlapped another
+preview apart); per run the paired gain of every arm over ``default`` with its 95 % CI
+(bench/mediawiki/stats.py) — ``gain`` / ``gain_ci95`` are ``overtake``'s — and over the runs the
+spread. Raw runs go to bench/results/realapp.jsonl unless --no-write (no BENCHMARKS.md section).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _report import append_run, halt_polling, run_record
+from mediawiki import product, server, stats, wiki, workload
+from mediawiki.pages import Recipe, article_title, draw_units
+
+from overtake.controller.harness.apache import CpuPriority, fetch_prio_status
+from overtake.controller.harness.apache.lifecycle import children
+from overtake.controller.harness.scratch import free_port, scratch_dir
+
+ARMS = ("default", "overtake", "age", "sidecar", "modqos")
+SIDECAR_INFLIGHT = 120  # the sidecar's max_inflight: below Apache's MaxRequestWorkers (150)
+
+
+@dataclass(frozen=True)
+class Arm:
+    """What one arm runs: mod_overtake_prio at the solved threshold, the sidecar (and whether it
+    is told about the module), mod_qos caps."""
+
+    module: bool = False
+    sidecar: bool = False
+    qos: bool = False
+
+    @property
+    def needs_model(self) -> bool:
+        return self.module or self.sidecar
+
+
+ARM_SPECS = {"default": Arm(), "overtake": Arm(module=True, sidecar=True), "age": Arm(module=True),
+             "sidecar": Arm(sidecar=True), "modqos": Arm(qos=True)}
+
+
+def say(msg: str) -> None:
+    print(f"realapp: {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- set-up
+
+
+def ensure_setup(args: argparse.Namespace, recipe: Recipe) -> dict[str, Any]:
+    """Packages (their script, unless --no-setup) and the wiki of ``recipe``; its stamp."""
+    if wiki.missing_packages():
+        if args.no_setup:
+            raise SystemExit(f"realapp: packages missing: {' '.join(wiki.missing_packages())}; run "
+                             f"`sh {wiki.PACKAGES_SCRIPT}` as root (or drop --no-setup)")
+        say(f"installing Debian packages: {' '.join(wiki.missing_packages())}")
+        if subprocess.run(["sh", str(wiki.PACKAGES_SCRIPT)], stdout=sys.stderr, check=False).returncode != 0:
+            raise SystemExit(f"realapp: {wiki.PACKAGES_SCRIPT} failed")
+    try:
+        return wiki.ensure_wiki(Path(args.data_dir), recipe, say=say)
+    except wiki.WikiNotInstalled as exc:
+        raise SystemExit(f"realapp: {exc}") from None
+
+
+def transactions(data_dir: Path, recipe: Recipe) -> list[workload.Transaction]:
+    """Every article's transaction, from the wikitext the set-up imported."""
+    adir = data_dir / "pages" / "articles"
+    out = []
+    for i in range(recipe.articles):
+        title = article_title(i)
+        out.append(workload.Transaction(title, workload.preview_body(title, (adir / title).read_text())))
+    return out
+
+
+@dataclass
+class Bench:
+    """What every arm of every run shares: the options, the wiki's transactions and sizes, the
+    calibration's idle service times, Overtake's model, the scratch directory."""
+
+    args: argparse.Namespace
+    tmp: Path
+    txs: list[workload.Transaction]
+    units: np.ndarray
+    idle_preview: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    idle_view: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    model: product.Model | None = None
+
+    @property
+    def max_body(self) -> int:
+        """The sidecar's ``max_body_bytes``: room for the largest preview (default 1 MiB)."""
+        return max(1 << 20, 2 * max(len(t.body) for t in self.txs))
+
+
+# --------------------------------------------------------------------------- servers
+
+
+@contextlib.contextmanager
+def arm_server(name: str, b: Bench, where: Path) -> Iterator[tuple[int, server.Server, product.Sidecar | None]]:
+    """The arm's private Apache (and sidecar) for one replay; yields the port clients use."""
+    spec, args = ARM_SPECS[name], b.args
+    cp = None
+    if spec.module:
+        assert b.model is not None
+        cp = CpuPriority(levels=(b.model.threshold_s,), nice=("idle",))
+    wd = where / f"{name}-{time.monotonic_ns()}"
+    srv = server.start(wd, php=args.php, port=free_port(), core=args.server_core, data_dir=Path(args.data_dir),
+                       cpu_priority=cp, qos_cap=args.qos_cap if spec.qos else None)
+    sc = None
+    try:
+        if spec.sidecar:
+            assert b.model is not None
+            sc = product.start_sidecar(wd / "sidecar", port=free_port(), apache_port=srv.port, model=b.model,
+                                       cpu_priority=spec.module, core=args.client_core,
+                                       max_inflight=SIDECAR_INFLIGHT, max_body_bytes=b.max_body)
+        yield (sc.port if sc else srv.port), srv, sc
+    finally:
+        try:
+            if sc is not None:
+                product.stop_sidecar(sc)
+        finally:
+            server.stop(srv)
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU of ``pids`` and of their reaped children, seconds."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        total += sum(int(x) for x in f[11:15])  # utime, stime, cutime, cstime
+    return total / tick
+
+
+def stack_cpu(srv: server.Server) -> dict[str, float]:
+    """CPU seconds so far in Apache's processes and in php-fpm's (where the PHP work runs)."""
+    out = {"apache": cpu_seconds([srv.apache_pid, *children(srv.apache_pid)])}
+    if srv.fpm is not None:
+        out["php_fpm"] = cpu_seconds([srv.fpm.pid, *children(srv.fpm.pid)])
+    return out
+
+
+def foreign_servers(core: int, ours: set[int]) -> int:
+    """Other Apache and php-fpm processes that may run on ``core``: other jobs' servers, often
+    at the same raised autogroup priority as ours, share the core with the one measured."""
+    n = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) in ours:
+            continue
+        try:
+            if (d / "comm").read_text().strip() in ("apache2", "php-fpm8.2") and core in os.sched_getaffinity(int(d.name)):
+                n += 1
+        except OSError:
+            continue
+    return n
+
+
+# --------------------------------------------------------------------------- calibration
+
+
+def warm_up(port: int, b: Bench, n: int = 6) -> None:
+    """A few sequential transactions of the smallest articles: PHP's opcode cache, MediaWiki's
+    localisation and the sidecar's connections warm before anything is measured."""
+    small = [int(i) for i in np.argsort(b.units, kind="stable")[:n]]
+    for k, i in enumerate(small):
+        res, _, _ = asyncio.run(workload.run_one("127.0.0.1", port, b.txs[i], f"warm-{k}"))
+        if res != workload.OK:
+            raise SystemExit(f"realapp: warm-up transaction on {article_title(i)} failed: {res}")
+
+
+def calibrate(b: Bench) -> dict[str, Any]:
+    """Idle service times of every article's preview and view (Apache's %D, s), their structure
+    and the serialisation probe, on a default server of the stack.
+
+    --cal-reps passes over all articles, one after another (a passing disturbance from other
+    jobs hits one pass of a few articles, not every pass of one), and each article's time is the
+    median of its passes."""
+    reps, n = b.args.cal_reps, len(b.txs)
+    client = np.full((reps, n, 2), np.nan)
+    with arm_server("default", b, b.tmp / "calibration") as (port, srv, _):
+        warm_up(port, b)
+        for rep in range(reps):
+            for i, tx in enumerate(b.txs):
+                res, tp, tv = asyncio.run(workload.run_one("127.0.0.1", port, tx, f"cal-{i}-{rep}"))
+                if res != workload.OK:
+                    raise SystemExit(f"realapp: calibration of {tx.title} failed: {res}")
+                client[rep, i] = tp, tv
+        probe_i = int(np.argsort(b.units, kind="stable")[len(b.units) // 2])  # a median article
+        probe = workload.serialisation_probe(port, b.txs[probe_i], k=4, rounds=3)
+        log = [x for x in server.read_access(srv.workdir) if x.rid and x.rid.startswith("cal-")]
+    apache = np.full((reps, n, 2), np.nan)
+    for x in log:
+        assert x.rid is not None
+        _, i, rep, stage = x.rid.split("-")
+        apache[int(rep), int(i), 0 if stage == "p" else 1] = x.duration_us / 1e6
+    if np.isnan(apache).any():
+        raise SystemExit("realapp: calibration: the access log lacks some requests")
+    idle, cl = np.median(apache, axis=0), np.median(client, axis=0)
+    return structure(idle[:, 0], idle[:, 1], b.units) | {
+        "preview_s": idle[:, 0].tolist(), "view_s": idle[:, 1].tolist(), "client_preview_s": cl[:, 0].tolist(),
+        "client_view_s": cl[:, 1].tolist(), "serialisation_probe": probe | {"k": 4, "article": article_title(probe_i)},
+        "reps": reps, "pass_spread": pass_spread(apache), "php": b.args.php,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def pass_spread(x: np.ndarray) -> dict[str, float] | None:
+    """How much the calibration's passes disagree: per stage the median over articles of
+    (max - min) / median of an article's passes (None with one pass)."""
+    if x.shape[0] < 2:
+        return None
+    rel = (x.max(axis=0) - x.min(axis=0)) / np.median(x, axis=0)
+    return {"preview": float(np.median(rel[:, 0])), "view": float(np.median(rel[:, 1]))}
+
+
+def structure(preview: np.ndarray, view: np.ndarray, units: np.ndarray) -> dict[str, Any]:
+    """What the model needs to know of the wiki's service times: per stage mean, scv, floor,
+    quantiles and a linear fit of cost on the article's sections; the stages' correlation."""
+    out: dict[str, Any] = {}
+    for name, x in (("preview", preview), ("view", view)):
+        slope, intercept = np.polyfit(units.astype(float), x, 1)
+        out[name] = {"mean": float(x.mean()), "scv": float(x.var() / x.mean() ** 2), "min": float(x.min()),
+                     "p50": float(np.median(x)), "p99": float(np.percentile(x, 99)), "max": float(x.max()),
+                     "per_section_s": float(slope), "intercept_s": float(intercept)}
+    rank = np.argsort(np.argsort(preview)), np.argsort(np.argsort(view))
+    out["correlation"] = {"pearson": float(np.corrcoef(preview, view)[0, 1]),
+                          "spearman": float(np.corrcoef(*rank)[0, 1])}
+    return out
+
+
+def calibration(b: Bench, stamp: dict[str, Any]) -> dict[str, Any]:
+    """The calibration: measured now, or with --reuse-calibration the last one of this stack and
+    wiki (``DATA/calibration-<php>.json``) when there is one."""
+    saved = Path(b.args.data_dir) / f"calibration-{b.args.php}.json"
+    if b.args.reuse_calibration:
+        try:
+            cal = dict(json.loads(saved.read_text()))
+            if cal.get("fingerprint") == stamp["fingerprint"]:
+                say(f"calibration: reusing {saved} ({cal.get('date')})")
+                return cal | {"reused": str(saved)}
+        except (OSError, ValueError):
+            pass
+        say(f"calibration: nothing to reuse for this wiki in {saved}; measuring")
+    say(f"calibration: {len(b.txs)} articles' preview and view on an idle {b.args.php} server")
+    cal = calibrate(b) | {"fingerprint": stamp["fingerprint"]}
+    saved.write_text(json.dumps(cal) + "\n")
+    return cal
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def run_arm(name: str, k: int, b: Bench, trace: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, Any]]:
+    """One replay of run ``k``'s trace under arm ``name``: response times and the arm's figures."""
+    t0 = time.monotonic()
+    with arm_server(name, b, b.tmp / f"run{k}") as (port, srv, sc):
+        warm_up(port, b)
+        foreign = foreign_servers(b.args.server_core, set(srv.pids()))
+        rt, outcomes = workload.replay(port, trace, b.txs, tag=f"r{k}", timeout=b.args.timeout)
+        extra: dict[str, Any] = {"cpu_s": stack_cpu(srv), "foreign_servers": foreign}
+        if sc is not None:
+            extra["sidecar_policy"] = sc.policy()
+            extra["sidecar_metrics"] = {m: v for m, v in sc.metrics().items()
+                                        if not any(x in m for x in ("_bucket{", "_created{"))}
+        if srv.cpu_priority is not None:
+            st = fetch_prio_status("127.0.0.1", srv.port)
+            extra["prio"] = {"threshold_s": srv.cpu_priority.levels[0], "requests": list(st.requests),
+                             "demotions_age": list(st.demotions_age), "restore_errors": st.restore_errors}
+        log = [x for x in server.read_access(srv.workdir) if x.rid and x.rid.startswith(f"r{k}-")]
+    extra["in_apache"] = in_apache(log, trace, b)
+    return rt, stats.arm_summary(rt, outcomes) | extra | {"wall_s": time.monotonic() - t0}
+
+
+def in_apache(log: list[server.AccessLine], trace: dict[str, np.ndarray], b: Bench) -> dict[str, Any]:
+    """The replay's requests as Apache saw them: mean time in Apache per stage and the slowdowns
+    against each article's idle service time (:func:`stats.slowdowns`)."""
+    if not log:
+        return {}
+    art = np.array([int(trace["article"][int(x.rid.split("-")[1])]) for x in log if x.rid])
+    is_p = np.array([x.rid.endswith("-p") for x in log if x.rid])
+    begin = np.array([x.begin_us / 1e6 for x in log if x.rid])
+    dur = np.array([x.duration_us / 1e6 for x in log if x.rid])
+    idle = np.where(is_p, b.idle_preview[art], b.idle_view[art])
+    return {"mean_s": {"preview": float(dur[is_p].mean()) if is_p.any() else None,
+                       "view": float(dur[~is_p].mean()) if (~is_p).any() else None},
+            "slowdown": stats.slowdowns(begin, dur, idle, is_p)}
+
+
+def one_run(k: int, b: Bench, rate: float) -> dict[str, Any]:
+    """Run k: its trace replayed under every arm, the arms' order rotated by k."""
+    args = b.args
+    trace = workload.make_trace(args.transactions, rate, len(b.txs), args.seed + k)
+    order = args.arms[k % len(args.arms):] + args.arms[:k % len(args.arms)]
+    rts: dict[str, np.ndarray] = {}
+    arms: dict[str, Any] = {}
+    for name in order:
+        say(f"run {k + 1}/{args.runs}: arm {name} ({args.transactions} transactions, "
+            f"{trace['arrival'][-1]:.0f} s of arrivals)")
+        rts[name], arms[name] = run_arm(name, k, b, trace)
+        a = arms[name]
+        say(f"  {name}: mean {a['mean'] * 1e3:.1f} ms, p99 {a['p99'] * 1e3:.1f} ms, failures {a['failures']}")
+    cost = (b.idle_preview + b.idle_view)[trace["article"]]
+    return summarise_run(rts, arms, args.arms) | {"seed": args.seed + k, "order": order,
+                                                  "offered_load": float(rate * cost.mean())}
+
+
+def summarise_run(rts: dict[str, np.ndarray], arms: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """One run's document: the arms' figures, every arm's paired gain over ``default`` and, as
+    ``gain`` / ``gain_ci95``, ``overtake``'s (None when either is missing)."""
+    gains = {}
+    if "default" in rts:
+        for name in names:
+            if name != "default" and name in rts:
+                g, ci = stats.paired_gain(rts[name], rts["default"])
+                gains[name] = {"gain": g, "ci95": ci}
+    ov = gains.get("overtake", {"gain": None, "ci95": None})
+    return {"arms": {n: arms[n] for n in names if n in arms}, "gain": ov["gain"], "gain_ci95": ov["ci95"], "gains": gains}
+
+
+def across_runs(runs: list[dict[str, Any]], arm_names: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in arm_names:
+        out[name] = {"mean": stats.spread([r["arms"][name]["mean"] for r in runs]),
+                     "p99": stats.spread([r["arms"][name]["p99"] for r in runs]),
+                     "failures": stats.spread([r["arms"][name]["failures"] for r in runs])}
+        if name != "default" and all(name in r["gains"] for r in runs):
+            out[name]["gain"] = stats.spread([r["gains"][name]["gain"] for r in runs])
+    return out
+
+
+def render(doc: dict[str, Any]) -> str:
+    """The run as a text table (stdout without --json)."""
+    cal = doc["calibration"]
+    lines = [f"MediaWiki, {doc['php']}, load {doc['load']}, {doc['transactions']} transactions a run, "
+             f"{len(doc['runs'])} run(s); arrival rate {doc['arrival_rate']:.2f}/s",
+             f"idle service: preview mean {cal['preview']['mean'] * 1e3:.1f} ms (scv {cal['preview']['scv']:.2f}, "
+             f"floor {cal['preview']['min'] * 1e3:.1f}), view {cal['view']['mean'] * 1e3:.1f} ms "
+             f"(scv {cal['view']['scv']:.2f}, floor {cal['view']['min'] * 1e3:.1f}); correlation "
+             f"{cal['correlation']['pearson']:.2f}; serialisation probe preview "
+             f"{cal['serialisation_probe']['preview']:.2f}, view {cal['serialisation_probe']['view']:.2f}"]
+    if doc.get("model"):
+        lines.append(f"model: age threshold {doc['model']['threshold_s'] * 1e3:.1f} ms")
+    lines.append("| run | arm | mean ms | p99 ms | failures | gain over default |")
+    lines.append("|---|---|---:|---:|---:|---:|")
+    for k, r in enumerate(doc["runs"]):
+        for name, a in r["arms"].items():
+            g = r["gains"].get(name)
+            gs = "-" if g is None or g["gain"] is None or not math.isfinite(g["gain"]) else \
+                f"{100 * g['gain']:+.1f} ± {100 * g['ci95']:.1f} %"
+            lines.append(f"| {k + 1} | {name} | {a['mean'] * 1e3:.1f} | {a['p99'] * 1e3:.1f} | {a['failures']} | {gs} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--php", choices=server.STACKS, default="prefork",
+                    help="prefork: mpm_prefork + mod_php; fpm: mpm_event + php-fpm (default prefork)")
+    ap.add_argument("--runs", type=int, default=3, help="runs, each a new trace (seed + run index); default 3")
+    ap.add_argument("--transactions", type=int, default=1000, help="transactions per trace (default 1000)")
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, from {', '.join(ARMS)}")
+    ap.add_argument("--load", type=float, default=0.6, help="target CPU load of the trace (default 0.6)")
+    ap.add_argument("--seed", type=int, default=2026, help="trace seed of run 1 (run k: seed + k - 1)")
+    ap.add_argument("--articles", type=int, default=Recipe.articles, help="articles in the wiki (default 300)")
+    ap.add_argument("--wiki-seed", type=int, default=Recipe.seed, help="seed of the page recipe")
+    ap.add_argument("--data-dir", default=str(wiki.DEFAULT_DATA_DIR), help="the wiki's data directory")
+    ap.add_argument("--qos-cap", type=int, default=2, help="mod_qos: requests at once per stage (default 2)")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds before a transaction counts as failed")
+    ap.add_argument("--cal-reps", type=int, default=3,
+                    help="calibration passes over the articles; an article's idle time is their median (default 3)")
+    ap.add_argument("--reuse-calibration", action="store_true",
+                    help="reuse the last calibration of this stack and wiki (DATA/calibration-<php>.json) if any")
+    ap.add_argument("--halt-poll-us", type=float, default=20000,
+                    help="guest halt polling while measuring (as bench/apache_table2.py); 0 leaves it")
+    ap.add_argument("--no-setup", action="store_true", help="fail instead of installing missing packages")
+    ap.add_argument("--json", action="store_true", help="print the run as JSON on stdout")
+    ap.add_argument("--no-write", action="store_true", help="do not append the run to bench/results/realapp.jsonl")
+    args = ap.parse_args(argv)
+    names = [a.strip() for a in args.arms.split(",") if a.strip()]
+    bad = [a for a in names if a not in ARMS]
+    if bad or not names or len(set(names)) != len(names):
+        ap.error(f"--arms: distinct names from {', '.join(ARMS)}, got {args.arms!r}")
+    args.arms = names
+    if args.runs < 1:
+        ap.error(f"--runs: at least 1, got {args.runs}")
+    if args.transactions < 50:
+        ap.error(f"--transactions: at least 50 (paired batch means after warm-up), got {args.transactions}")
+    if not 0 < args.load < 1:
+        ap.error(f"--load: the target CPU load in (0, 1), got {args.load}")
+    if args.articles < 8:
+        ap.error(f"--articles: at least 8, got {args.articles}")
+    if args.qos_cap < 1:
+        ap.error(f"--qos-cap: at least 1 request per stage, got {args.qos_cap}")
+    if not args.timeout > 0 or args.cal_reps < 1:
+        ap.error("--timeout must be > 0 s and --cal-reps >= 1")
+    return args
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Set-up, calibration, the model, the runs: the bench's document."""
+    if os.geteuid() != 0:
+        raise SystemExit("realapp: needs root (www-data workers, autogroup priority, mod_overtake_prio's RLIMIT_NICE)")
+    recipe = Recipe(articles=args.articles, seed=args.wiki_seed)
+    stamp = ensure_setup(args, recipe)
+    cores = sorted(os.sched_getaffinity(0))
+    args.server_core, args.client_core = cores[-1], cores[0]
+    started, load_before = time.time(), os.getloadavg()[0]
+    b = Bench(args, scratch_dir("overtake-realapp-"), transactions(Path(args.data_dir), recipe), draw_units(recipe)[1])
+    try:
+        Path("/proc/self/autogroup").write_text("-20")
+    except OSError:
+        pass
+    with halt_polling(int(args.halt_poll_us * 1000)) if args.halt_poll_us > 0 else contextlib.nullcontext() as hp:
+        try:
+            os.sched_setaffinity(0, {args.client_core})
+            cal = calibration(b, stamp)
+            b.idle_preview, b.idle_view = np.asarray(cal["preview_s"]), np.asarray(cal["view_s"])
+            rate = workload.arrival_rate(args.load, b.idle_preview, b.idle_view)
+            say(f"calibration: preview {cal['preview']['mean'] * 1e3:.1f} ms, view {cal['view']['mean'] * 1e3:.1f} ms "
+                f"mean; {rate:.2f} transactions/s for load {args.load}")
+            if any(ARM_SPECS[a].needs_model for a in args.arms):
+                b.model = product.prepare_model(b.tmp / "model", {"preview": b.idle_preview, "view": b.idle_view}, rate)
+                say(f"model: age threshold {b.model.threshold_s * 1e3:.1f} ms; predicted {b.model.summary()['predicted']}")
+            runs = [one_run(k, b, rate) for k in range(args.runs)]
+        finally:
+            os.sched_setaffinity(0, set(cores))
+            shutil.rmtree(b.tmp, ignore_errors=True)
+    stack = {"php": args.php, "mpm": "prefork" if args.php == "prefork" else "event",
+             "fpm_pool": server.FPM_DEFAULTS if args.php == "fpm" else None}
+    return {"runs": runs, "across_runs": across_runs(runs, args.arms), "php": args.php, "stack": stack,
+            "load": args.load, "transactions": args.transactions, "arms": args.arms, "seed": args.seed,
+            "arrival_rate": rate, "qos_cap": args.qos_cap, "timeout": args.timeout, "calibration": cal,
+            "model": b.model.summary() if b.model else None, "wiki": stamp | {"units": b.units.tolist()},
+            "recipe": asdict(recipe), "cores": {"server": args.server_core, "client": args.client_core},
+            "halt_poll_ns": hp, "load_before": load_before, "load_after": os.getloadavg()[0],
+            "seconds": time.time() - started}
+
+
+def finite(x: Any) -> Any:
+    """``x`` with every NaN or infinity replaced by None (JSON has neither)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite(v) for v in x]
+    if isinstance(x, np.generic):
+        return finite(x.item())
+    return x
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the servers
+    doc = finite(run(args))
+    if args.json:
+        print(json.dumps(doc, indent=1))
+    else:
+        print(render(doc))
+    if not args.no_write:
+        path = append_run("realapp", run_record(doc, bench="realapp"))
+        say(f"run appended to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

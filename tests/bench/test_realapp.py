@@ -1,0 +1,278 @@
+"""bench/realapp.py, the real-application bench: its page recipe, trace, statistics and output
+document, checked without MediaWiki; and one end-to-end run on a tiny trace where MediaWiki is
+installed (the packages are the bench's own set-up, never installed by a test)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import realapp  # bench/ is on the path (setup.cfg [tool:pytest])
+from mediawiki import pages, product, server, stats, wiki, workload
+from scipy import stats as sps
+
+from overtake.controller.harness.scratch import scratch_dir
+from overtake.controller.stages import load_stages
+
+# --------------------------------------------------------------------------- the page recipe
+
+
+def test_recipe_is_deterministic_for_a_seed() -> None:
+    r = pages.Recipe(articles=40, seed=11)
+    a, b = pages.wiki_pages(r), pages.wiki_pages(pages.Recipe(articles=40, seed=11))
+    assert a == b
+    other = pages.wiki_pages(pages.Recipe(articles=40, seed=12))
+    assert sum(a[t] != other[t] for t in a) >= 35  # another seed, other articles
+    assert pages.fingerprint(r) == pages.fingerprint(pages.Recipe(articles=40, seed=11))
+    assert pages.fingerprint(r) != pages.fingerprint(pages.Recipe(articles=40, seed=12))
+    # the first articles' section counts do not depend on how many articles there are
+    assert np.array_equal(pages.draw_units(pages.Recipe(articles=10, seed=11))[1], pages.draw_units(r)[1][:10])
+
+
+def test_an_article_has_as_many_template_sections_as_its_units() -> None:
+    r = pages.Recipe(articles=30, seed=3)
+    _, units = pages.draw_units(r)
+    for i, (title, text) in enumerate(pages.wiki_pages(r).items()):
+        assert title == pages.article_title(i)
+        assert text.count("{{" + pages.TABLE_TEMPLATE + "|") == units[i]
+        assert text.count("\n== Section ") == units[i]
+    table = pages.templates()[pages.TABLE_TEMPLATE]
+    assert table.count("{{" + pages.ROW_TEMPLATE + "|") == pages.ROWS
+
+
+def test_section_counts_are_lognormal_and_heavy_tailed() -> None:
+    # uncapped, the draws are lognormal(mu, sigma): their logarithms pass a normality test
+    r = pages.Recipe(articles=4000, seed=7, mu=0.5, sigma=2.0, cap=10**9)
+    x, units = pages.draw_units(r)
+    assert sps.kstest(np.log(x), "norm", args=(0.5, 2.0)).pvalue > 0.01
+    assert np.array_equal(units, np.clip(np.rint(x), 1, r.cap))
+    # the known tail share: the largest tenth of a lognormal(., 2) holds 1 - Phi(z_0.9 - 2) = 76 %
+    top = np.sort(x)[-len(x) // 10:].sum() / x.sum()
+    assert abs(top - (1 - sps.norm.cdf(sps.norm.ppf(0.9) - 2.0))) < 0.06
+    # the default recipe (capped at 300): median 2, most of the work in a few articles
+    _, u = pages.draw_units(pages.Recipe())
+    assert np.median(u) == 2 and u.max() <= 300
+    assert np.sort(u)[-30:].sum() / u.sum() > 0.6
+    assert u.var() / u.mean() ** 2 > 2  # far more variable than exponential
+
+
+def test_recipe_refuses_bad_fields() -> None:
+    for kw, field in (({"articles": 0}, "recipe.articles"), ({"sigma": 0.0}, "recipe.sigma"), ({"cap": 0}, "recipe.cap")):
+        with pytest.raises(ValueError, match=field):
+            pages.Recipe(**kw)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- the trace
+
+
+def test_trace_arrival_rate_and_load_match_the_target() -> None:
+    rng = np.random.default_rng(5)
+    preview = rng.lognormal(np.log(0.05), 1.0, size=300)
+    view = preview * 1.2 + 0.03
+    rate = workload.arrival_rate(0.6, preview, view)
+    assert rate == pytest.approx(0.6 / np.mean(preview + view))
+    n = 20000
+    tr = workload.make_trace(n, rate, 300, seed=9)
+    assert np.all(np.diff(tr["arrival"]) > 0) and tr["article"].min() >= 0 and tr["article"].max() < 300
+    # Poisson: n / T estimates the rate with relative standard error 1 / sqrt(n)
+    assert abs(n / tr["arrival"][-1] / rate - 1) < 4 / np.sqrt(n)
+    # the offered load: rate x mean cost of the drawn articles, within its sampling error
+    cost = (preview + view)[tr["article"]]
+    assert abs(rate * cost.mean() - 0.6) < 4 * rate * cost.std() / np.sqrt(n)
+    # the same seed gives the same trace, another seed another one
+    again = workload.make_trace(n, rate, 300, seed=9)
+    assert np.array_equal(again["arrival"], tr["arrival"]) and np.array_equal(again["article"], tr["article"])
+    assert not np.array_equal(workload.make_trace(n, rate, 300, seed=10)["article"], tr["article"])
+
+
+def test_arrival_rate_refuses_a_load_outside_0_1() -> None:
+    with pytest.raises(ValueError, match="load"):
+        workload.arrival_rate(1.0, np.ones(3), np.ones(3))
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def _independent_gain(arm: np.ndarray, default: np.ndarray) -> tuple[float, float]:
+    """The paired gain written out again: pairs both completed, 5 % warm-up, 20 batches."""
+    pairs = [(a, d) for a, d in zip(arm, default) if not (np.isnan(a) or np.isnan(d))]
+    pairs = pairs[int(0.05 * len(pairs)):]
+    a = np.array([p[0] for p in pairs])
+    d = np.array([p[1] for p in pairs])
+    n, b = len(pairs), 20
+    sizes = [n // b + (1 if k < n % b else 0) for k in range(b)]
+    edges = np.concatenate([[0], np.cumsum(sizes)])
+    means = np.array([np.mean(d[edges[k]:edges[k + 1]] - a[edges[k]:edges[k + 1]]) for k in range(b)])
+    half = sps.t.ppf(0.975, b - 1) * means.std(ddof=1) / np.sqrt(b)
+    return (d.mean() - a.mean()) / a.mean(), half / a.mean()
+
+
+def test_paired_gain_matches_an_independent_computation() -> None:
+    rng = np.random.default_rng(3)
+    default = rng.lognormal(-2, 1, size=997)
+    arm = default * rng.uniform(0.6, 1.1, size=997)
+    default[rng.choice(997, 40, replace=False)] = np.nan  # failures on either side
+    arm[rng.choice(997, 25, replace=False)] = np.nan
+    g, ci = stats.paired_gain(arm, default)
+    g2, ci2 = _independent_gain(arm, default)
+    assert g == pytest.approx(g2, rel=1e-12)
+    assert ci == pytest.approx(ci2, rel=2e-3)  # the helper's t quantile is 2.093 to 4 digits
+    assert g > 0 and 0 < ci < g
+
+
+def test_paired_gain_known_answer_for_a_constant_saving() -> None:
+    default = np.random.default_rng(1).uniform(0.1, 0.5, size=400)
+    arm = default - 0.05  # every transaction 50 ms faster: the differences have no spread
+    g, ci = stats.paired_gain(arm, default)
+    steady = arm[int(0.05 * 400):]
+    assert g == pytest.approx(0.05 / steady.mean())
+    assert ci == pytest.approx(0.0, abs=1e-12)
+    assert np.isnan(stats.paired_gain(arm[:30], default[:30])[0])  # too few pairs for 20 batches
+
+
+def test_arm_summary_counts_failures_and_leaves_them_out_of_the_times() -> None:
+    rt = np.array([np.nan] + [0.1] * 98 + [1.0])
+    outcomes = ["reset"] + ["ok"] * 99
+    s = stats.arm_summary(rt, outcomes)
+    assert s["failures"] == 1 and s["failure_kinds"] == {"reset": 1} and s["transactions"] == 100
+    steady = rt[1:][int(0.05 * 99):]
+    assert s["mean"] == pytest.approx(steady.mean()) and s["p99"] == pytest.approx(np.percentile(steady, 99))
+
+
+def test_slowdowns_split_previews_by_overlap() -> None:
+    # previews 0 and 1 overlap; preview 2 starts after both ended and preview 3 exactly when 2
+    # ends (touching is no overlap); the view overlaps them but is no preview
+    begin = np.array([0.0, 0.5, 3.0, 0.2, 4.0])
+    dur = np.array([1.0, 1.0, 1.0, 2.0, 0.5])
+    idle = np.array([0.5, 0.5, 1.0, 1.0, 0.25])
+    s = stats.slowdowns(begin, dur, idle, np.array([True, True, True, False, True]))
+    assert s["preview"] == pytest.approx((2 + 2 + 1 + 2) / 4) and s["view"] == pytest.approx(2.0)
+    assert s["preview_overlapped"] == pytest.approx(2.0) and s["preview_alone"] == pytest.approx(1.5)
+    assert (s["previews_overlapped"], s["previews"]) == (2, 4)
+
+
+def test_calibration_pass_spread() -> None:
+    # two articles, three passes; the second article's view disturbed once (10 s instead of 1 s)
+    x = np.array([[[1.0, 2.0], [1.0, 1.0]], [[1.1, 2.0], [1.0, 10.0]], [[0.9, 2.0], [1.0, 1.0]]])
+    assert np.median(x, axis=0)[1, 1] == 1.0  # the median of the passes ignores the disturbance
+    s = realapp.pass_spread(x)
+    assert s is not None
+    assert s["preview"] == pytest.approx(np.median([0.2 / 1.0, 0.0]))
+    assert s["view"] == pytest.approx(np.median([0.0, 9.0 / 1.0]))
+    assert realapp.pass_spread(x[:1]) is None
+
+
+# --------------------------------------------------------------------------- the document
+
+
+def _fake_rts(n: int = 200) -> tuple[dict[str, np.ndarray], dict[str, object]]:
+    rng = np.random.default_rng(2)
+    base = rng.lognormal(-2, 1, size=n)
+    rts = {"default": base, "overtake": base * 0.9, "modqos": np.where(rng.random(n) < 0.1, np.nan, base * 0.8)}
+    outs = {k: ["ok" if np.isfinite(x) else "preview_http_500" for x in v] for k, v in rts.items()}
+    return rts, {k: stats.arm_summary(v, outs[k]) for k, v in rts.items()}
+
+
+def test_run_document_has_the_contract_shape(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    rts, arms = _fake_rts()
+    run = realapp.summarise_run(rts, arms, ["default", "overtake", "modqos"])
+    assert run["gain"] == pytest.approx(stats.paired_gain(rts["overtake"], rts["default"])[0])
+    assert run["gain"] == pytest.approx(1 / 0.9 - 1)
+    assert set(run["gains"]) == {"overtake", "modqos"} and run["arms"]["modqos"]["failures"] > 0
+    doc = {"runs": [run | {"seed": 1, "order": ["default"], "offered_load": 0.6}], "nan": float("nan")}
+    monkeypatch.setattr(realapp, "run", lambda args: doc)
+    monkeypatch.setattr(realapp.signal, "signal", lambda *a: None)  # leave pytest's SIGTERM alone
+    assert realapp.main(["--php", "prefork", "--runs", "1", "--json", "--no-write"]) == 0
+    out = json.loads(capsys.readouterr().out)  # stdout is the JSON document alone
+    assert out["nan"] is None  # JSON has no NaN
+    (r,) = out["runs"]
+    for name in ("default", "overtake"):
+        assert {"mean", "p99", "failures"} <= set(r["arms"][name])
+        assert isinstance(r["arms"][name]["mean"], float) and isinstance(r["arms"][name]["failures"], int)
+    assert isinstance(r["gain"], float) and isinstance(r["gain_ci95"], float) and r["gain_ci95"] > 0
+
+
+def test_without_overtake_the_gain_is_null() -> None:
+    rts, arms = _fake_rts()
+    run = realapp.summarise_run({"default": rts["default"]}, {"default": arms["default"]}, ["default"])
+    assert run["gain"] is None and run["gain_ci95"] is None and run["gains"] == {}
+
+
+def test_bad_arguments_are_refused_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, flag in ((["--arms", "default,nope"], "--arms"), (["--load", "1.2"], "--load"),
+                       (["--runs", "0"], "--runs"), (["--transactions", "10"], "--transactions")):
+        with pytest.raises(SystemExit):
+            realapp.parse_args(argv)
+        assert flag in capsys.readouterr().err
+
+
+def test_stages_file_is_valid_for_the_sidecar(tmp_path: Path) -> None:
+    f = tmp_path / "stages.yaml"
+    f.write_text(product.stages_yaml(120, 2 << 20))
+    table = load_stages(f)
+    assert table.names == ("preview", "view") and table.next_stage == (1, None)
+    assert table.config.classifier.mode == "auto" and table.config.limits.max_body_bytes == 2 << 20
+    # a preview is a POST to the API, a view a short URL; anything else passes through
+    assert table.route("POST", "/api.php")[0] == 0  # type: ignore[index]
+    assert table.route("GET", "/wiki/Bench_article_0001")[0] == 1  # type: ignore[index]
+    assert table.route("GET", "/api.php") is None and table.route("GET", "/load.php") is None
+
+
+def test_access_log_lines_parse(tmp_path: Path) -> None:
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "access.log").write_text(
+        '127.0.0.1 1764230000123456 "POST /api.php?action=parse&format=json HTTP/1.1" 200 5120 D=41234 pid=77 rid=r0-3-p\n'
+        '127.0.0.1 1764230000200000 "GET /wiki/Bench_article_0001 HTTP/1.1" 500 - D=99 pid=78 rid=-\n'
+        '127.0.0.1 17642300003')  # being written: left out
+    a, b = server.read_access(tmp_path)
+    assert (a.method, a.path, a.status, a.duration_us, a.pid, a.rid) == ("POST", "/api.php", 200, 41234, 77, "r0-3-p")
+    assert (b.path, b.status, b.rid) == ("/wiki/Bench_article_0001", 500, None)
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def _skip_reason() -> str | None:
+    if wiki.missing_packages():
+        return f"MediaWiki's packages are not installed ({' '.join(wiki.missing_packages())}): sh {wiki.PACKAGES_SCRIPT}"
+    if os.geteuid() != 0:
+        return "needs root (www-data workers, autogroup priority)"
+    if len(os.sched_getaffinity(0)) < 2:
+        return "needs two cores (the server's and the client's)"
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+def test_end_to_end_on_a_tiny_trace(capsys: pytest.CaptureFixture[str]) -> None:
+    data = scratch_dir("realapp-test-")  # www-data reads the wiki's settings below it
+    cores = os.sched_getaffinity(0)
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        rc = realapp.main(["--php", "prefork", "--runs", "1", "--transactions", "60", "--articles", "10",
+                           "--data-dir", str(data), "--json", "--no-write", "--halt-poll-us", "0"])
+        assert os.sched_getaffinity(0) == cores
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+        shutil.rmtree(data, ignore_errors=True)
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    (run,) = doc["runs"]
+    assert set(run["arms"]) == set(realapp.ARMS)
+    for name in ("default", "overtake", "age", "sidecar"):
+        a = run["arms"][name]
+        assert a["failures"] == 0 and a["transactions"] == 60, (name, a)
+        assert 0 < a["mean"] <= a["p99"]
+    # a transaction is at least its idle preview and view
+    cal = doc["calibration"]
+    assert run["arms"]["default"]["mean"] > cal["preview"]["min"] + cal["view"]["min"]
+    assert run["gain"] is not None and run["gain_ci95"] is not None
+    assert run["arms"]["overtake"]["prio"]["threshold_s"] == doc["model"]["threshold_s"] > 0
+    assert "auto" in json.dumps(run["arms"]["overtake"]["sidecar_policy"])
+    probe = cal["serialisation_probe"]
+    assert 0.5 < probe["preview"] <= 1 and 0.5 < probe["view"] <= 1
