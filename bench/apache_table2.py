@@ -77,7 +77,6 @@ from overtake.controller.harness.loadgen import (
 )
 from overtake.controller.harness.scratch import free_port, scratch_dir
 from overtake.mdp import Policy, TandemModel
-from overtake.mdp.lever import model_levels
 from overtake.mdp.priority import (
     DEFAULT_LOW_WEIGHT,
     CpuPriority,
@@ -85,8 +84,9 @@ from overtake.mdp.priority import (
     choose_tandem_thresholds,
     class_priority,
 )
-from overtake.mdp.simulate import simulate
-from overtake.mdp.truncation import evaluate_baseline
+from overtake.mdp.priority_classes import model_levels
+from overtake.mdp.rule_evaluation import evaluate_baseline
+from overtake.mdp.simulation import simulate
 
 REPO = Path(__file__).resolve().parents[1]
 POLICIES = ("pi*", "pi(1)", "pi(inf)")

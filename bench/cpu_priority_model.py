@@ -67,7 +67,7 @@ from overtake.mdp.priority import (
     short_first_levels,
     tandem_model_mean,
 )
-from overtake.mdp.simulate import simulate
+from overtake.mdp.simulation import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -159,12 +159,12 @@ def run_case(c: int, args: argparse.Namespace, w: float, log: Any) -> dict[str, 
 
 
 def spawn_case(c: int, args: argparse.Namespace, w: float, log: Any) -> dict[str, Any]:
-    from overtake.mdp.lever import choose_classes, class_action_optimum
-    from overtake.mdp.truncation import solve_optimal
+    from overtake.mdp import solve
+    from overtake.mdp.priority_classes import choose_classes, class_action_optimum
 
     sc, model = load_scenario(ROOT / "examples" / "table1" / f"case{c:02d}.yaml")
     t0 = time.perf_counter()
-    opt = solve_optimal(model, truncation=sc.fixed_truncation(), tol=args.tol)
+    opt = solve(model, truncation=sc.fixed_truncation(), tol=args.tol)
     solve_s = time.perf_counter() - t0
     seeds = [5000 + 1000 * c + k for k in range(args.seeds)]
     cl = class_priority(model, weights=[1.0, w])
@@ -177,7 +177,7 @@ def spawn_case(c: int, args: argparse.Namespace, w: float, log: Any) -> dict[str
     # exact: class priority by start phase = weighted sharing by phase (H2 phases do not move)
     from dataclasses import replace
 
-    from overtake.mdp.truncation import evaluate_baseline, evaluate_rule
+    from overtake.mdp.rule_evaluation import evaluate_baseline, evaluate_rule
 
     if all(np.allclose(s.T, np.diag(np.diag(s.T))) for s in model.stages):
         weighted = replace(model, weights=tuple(1.0 if lv == 0 else w for s in model.stages

@@ -27,10 +27,9 @@ from typing import Any
 from _report import machine, write_section
 
 from overtake.api.scenario import load_scenario
-from overtake.mdp.compare import compare
+from overtake.mdp.comparison import compare
 from overtake.mdp.policy import Policy
-from overtake.mdp.simulate import service_from_spec, simulate
-from overtake.mdp.truncation import solve_optimal
+from overtake.mdp.simulation import service_from_spec, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,7 +58,7 @@ def table1_case(case: int, cache: Path, tol: float, solve: bool = True) -> tuple
         if not solve:
             raise FileNotFoundError(js)
         t0 = time.perf_counter()
-        opt = solve_optimal(model, tol=tol)
+        opt = solve(model, tol=tol)
         opt.policy.save(npz)
         doc = compare(model, tol=tol, optimum=opt)
         doc["solve_seconds"] = time.perf_counter() - t0

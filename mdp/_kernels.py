@@ -63,7 +63,7 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
-def _load_aot() -> ModuleType | None:
+def load_aot() -> ModuleType | None:
     try:
         if DIGEST_FILE.read_text().strip() != source_digest():
             return None  # built from other kernels: stale
@@ -72,7 +72,7 @@ def _load_aot() -> ModuleType | None:
         return None
 
 
-_aot = _load_aot()
+_aot = load_aot()
 #: set False to run the JIT kernels even where the extension would do (the warm-up fills their cache)
 USE_AOT = True
 

@@ -183,7 +183,7 @@ def event_rows(  # type: ignore[no-untyped-def]
 
     ``rows`` are the states in rank order (``keys``); a destination is found through ``dense``
     (position per rank, −1: none) or, when it is empty, a binary search of ``keys``. Events and
-    rates as chain_bfs (statespace._events' types, order and arithmetic); each row's total rate
+    rates as chain_bfs (statespace.transitions' types, order and arithmetic); each row's total rate
     ``out`` is summed in that order, its entries are rate / ``lam`` and the diagonal 1 − out / lam,
     the columns sorted. ``fill`` False: only count each row's entries into indptr[x + 1]. Returns
     −1, or the first state with a destination outside the space."""
@@ -424,7 +424,7 @@ def chain_bfs(  # type: ignore[no-untyped-def]
     resumes from it, so when the buffers fill (return 1) the caller enlarges them and calls again
     (the state being expanded is expanded anew). Returns 0 when done, 2 beyond ``max_states``.
 
-    Each state's events are those of statespace._events (``ev_src`` −1: an arrival, while the
+    Each state's events are those of statespace.transitions (``ev_src`` −1: an arrival, while the
     system holds fewer than ``cap``; else the busy coordinate it needs), with the same rate
     arithmetic; the rule then starts threads as chain._apply_rule does: all at once with phases
     known (``deterministic``), else one at a time, each phase drawn (a tree of outcomes), the rule

@@ -52,7 +52,7 @@ def build_extension() -> str:
     from . import _kernels
 
     try:
-        if _kernels.DIGEST_FILE.read_text().strip() == _kernels.source_digest() and _kernels._load_aot() is not None:
+        if _kernels.DIGEST_FILE.read_text().strip() == _kernels.source_digest() and _kernels.load_aot() is not None:
             return "ahead-of-time kernels current"
     except OSError:
         pass
@@ -65,18 +65,18 @@ def build_extension() -> str:
 
 
 def _calls(_kernels: Any) -> None:
+    from .average_cost import anderson_rvi, induced_matrix, relative_value_iteration
     from .bellman import KERNEL_MIN_STATES, ActionIndex
     from .evaluate import stationary_distribution
     from .heuristic import overtaking_heuristic
-    from .simulate import simulate
-    from .solve import anderson_rvi, induced_matrix, relative_value_iteration
+    from .simulation import simulate
     from .statespace import Layout, StateSpace, Truncation
 
     model = _model()
     space = StateSpace(model, Truncation(8, 3))  # 6,435 states: above every kernel threshold
     assert space.size >= KERNEL_MIN_STATES
     space.ranker.rank(space.rows)
-    space._compiled_event_matrix(force=True)
+    space.compiled_event_matrix(force=True)
     ActionIndex(space).box_minimum(np.zeros(space.size))
     relative_value_iteration(space, max_iter=2)
     res = anderson_rvi(space, max_iter=3)  # the second step on mixes (anderson.py kernels)

@@ -62,6 +62,12 @@ class PolicyMetrics:
         return d
 
 
+def start_vector_pays(states: int) -> bool:
+    """Whether a start vector for :func:`stationary_distribution` on a chain of ``states`` states is
+    worth mapping: not where a dense LU solves the chain, which takes no start."""
+    return states > _DENSE_LIMIT
+
+
 def solve_sparse(A: sp.csc_matrix, b: FloatArray, x0: FloatArray | None = None) -> FloatArray:
     """Solve A x = b: SuperLU for small systems, ILU-preconditioned GMRES for large lattices."""
     return sparse_solver(A)(b, x0)

@@ -60,7 +60,7 @@ from .statespace import (
     Ranker,
     StateSpace,
     Truncation,
-    _events,
+    transitions,
 )
 
 __all__ = ["ExactEvaluation", "Factor", "ObservationSpace", "Proposal", "evaluate_observed", "observe", "observed_chain"]
@@ -498,7 +498,7 @@ def observed_chain(model: TandemModel, layout: Layout, rule: ObservedRule, *, ma
     k_max = C if max_threads is None else min(max_threads, C)
 
     def step(frontier: IntArray) -> tuple[IntArray, FloatArray, IntArray]:
-        s, pre, r = _events(model, layout, frontier, C)
+        s, pre, r = transitions(model, layout, frontier, C)
         o_pre = observe(model, layout, pre)
         changed = np.any(o_pre != observe(model, layout, frontier)[s], axis=1)
         counts = np.zeros((pre.shape[0], Q), dtype=np.int64)

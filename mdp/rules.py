@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .average_cost import SolveResult, induced_matrix
 from .evaluate import stationary_distribution
 from .policy import Policy
-from .solve import SolveResult, induced_matrix
 
 IntArray = npt.NDArray[np.int64]
 

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .baselines import Baseline
-from .compare import compare
+from .comparison import compare
 from .errors import ModelError
 from .scenario import parse_scenario
 from .statespace import Truncation, count_states

@@ -27,7 +27,6 @@ KNOWN_CYCLES: list[frozenset[str]] = [
     frozenset({"overtake.api.caches", "overtake.api.deps", "overtake.api.offload", "overtake.api.routes.fits",
                "overtake.api.routes.models"}),
     frozenset({"overtake.controller.admin", "overtake.controller.policy_source", "overtake.controller.sidecar"}),
-    frozenset({"overtake.mdp.heuristic", "overtake.mdp.observed", "overtake.mdp.truncation"}),
 ]
 
 

@@ -56,12 +56,12 @@ def register(subparsers: Any) -> None:
 
 
 def _policy(name: str, sc: Any, model: Any, progress: Any, phase_info: str = "full") -> Any:
+    from overtake.mdp import solve
     from overtake.mdp.policy import Policy
-    from overtake.mdp.truncation import solve_optimal
 
     if name.strip() in ("pi*", "π*"):
-        return solve_optimal(model, truncation=sc.fixed_truncation(), tol=sc.tolerance, progress=progress,
-                             phase_info=phase_info, routes=sc.build_routes(model)).policy  # type: ignore[call-overload]
+        return solve(model, truncation=sc.fixed_truncation(), tol=sc.tolerance, progress=progress,
+                     phase_info=phase_info, routes=sc.build_routes(model)).policy
     path = Path(name)
     if path.suffix == ".npz" or path.exists():
         if not path.exists():
@@ -71,7 +71,7 @@ def _policy(name: str, sc: Any, model: Any, progress: Any, phase_info: str = "fu
 
 
 def _services(specs: list[str], model: Any) -> list[Any] | None:
-    from overtake.mdp.simulate import service_from_spec
+    from overtake.mdp.simulation import service_from_spec
 
     if not specs:
         return None
@@ -159,7 +159,7 @@ def _print(doc: dict[str, Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     from overtake.mdp.baselines import Baseline
     from overtake.mdp.policy import Policy
-    from overtake.mdp.simulate import simulate
+    from overtake.mdp.simulation import simulate
 
     sc, model = load_scenario(args.scenario)
     progress = None if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))

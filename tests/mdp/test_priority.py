@@ -36,7 +36,7 @@ from overtake.mdp.priority import (
     short_first_levels,
     tandem_model_mean,
 )
-from overtake.mdp.simulate import simulate
+from overtake.mdp.simulation import simulate
 
 Z = 1.5
 STRICT = 1e-9  # a weight ratio that is strict priority for every purpose here

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 from .baselines import Baseline
 from .evaluate import PolicyMetrics
 from .model import TandemModel
+from .optimum import Optimum, solve_mdp
 from .routes import RouteSplit
+from .rule_evaluation import evaluate_baseline, evaluate_rule
 from .statespace import Layout, PhaseInfo, Truncation
-from .truncation import Optimum, evaluate_baseline, evaluate_rule, solve_optimal
 
 if TYPE_CHECKING:
     from .observed import ObservedOptimum
@@ -66,8 +67,8 @@ def compare(
 ) -> dict[str, Any]:
     """Solve π* and evaluate the baselines; returns the JSON document of ``overtake compare``.
 
-    ``method`` is π*'s solver (:func:`overtake.mdp.truncation.solve_optimal`): "anderson"
-    (default, the fastest measured, BENCHMARKS.md ``cli-table1``), "rvi" or "pi".
+    ``method`` is π*'s average-cost solver (:func:`overtake.mdp.solver.solve`): "anderson"
+    (default; BENCHMARKS.md ``cli-table1``), "rvi" or "pi".
 
     ``phase_info`` ``none`` or ``route`` (with ``routes``): π* is the best observation policy,
     and the document gains an ``observation`` entry (where π* came from, the candidates' E[W]
@@ -82,12 +83,12 @@ def compare(
     # observed.py (scipy's iterative solvers, the heuristic's kernels) only when it is used
     if phase_info in ("none", "route") or (optimum is not None and not isinstance(optimum, Optimum)):
         return _compare_observed(model, names, phase_info, routes, tol, truncation, progress, optimum, t0)
-    opt = optimum or solve_optimal(model, truncation=truncation, tol=tol, method=method, progress=progress)
+    opt = optimum or solve_mdp(model, truncation=truncation, tol=tol, method=method, progress=progress)
     out: dict[str, Any] = {"policies": {"pi*": opt.metrics.to_dict()}}
     start_opt = None
     if phase_info_start:
-        start_opt = solve_optimal(model, phase_info="start", truncation=truncation, tol=tol, method=method,
-                                  progress=progress)
+        start_opt = solve_mdp(model, phase_info="start", truncation=truncation, tol=tol, method=method,
+                              progress=progress)
         out["policies"]["pi*(phase at start)"] = start_opt.metrics.to_dict()
     star = opt.metrics
     for name in names:

@@ -21,7 +21,7 @@ optimality equation on post-decision states is
   against 1.7 s for :func:`anderson_rvi` and 16.3 s for RVI (bench/mdp_peer.py --ours-only,
   bench/results/solver_speed.jsonl); on 22,761 states 2.8 s against 0.23 s.
 
-:func:`solve` dispatches on ``method`` ("anderson", default, "rvi" or "pi").
+:func:`solve_space` dispatches on ``method`` ("anderson", default, "rvi" or "pi").
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -387,20 +386,25 @@ def _initial_decision(space: StateSpace, ai: ActionIndex) -> IntArray:
     return dec
 
 
-def solve(
+def solve_space(
     space: StateSpace,
     *,
-    method: Literal["pi", "rvi", "anderson"] = "anderson",
+    method: str = "anderson",
     tol: float = 1e-6,
     max_iter: int | None = None,
     decision0: IntArray | None = None,
+    V0: FloatArray | None = None,
     progress: Progress | None = None,
 ) -> SolveResult:
-    """Solve the truncated MDP; ``method`` is "anderson" (the fastest measured), "rvi" or "pi"."""
+    """Solve the MDP on one truncated space; ``method`` is "anderson" (the default), "rvi" or "pi".
+
+    ``V0`` starts the value iterations (a smaller space's values mapped onto this one),
+    ``decision0`` policy iteration.
+    """
     if method == "pi":
         return policy_iteration(space, decision0=decision0, max_iter=max_iter or 100, progress=progress)
     if method == "rvi":
-        return relative_value_iteration(space, tol=tol, max_iter=max_iter or 200_000, progress=progress)
+        return relative_value_iteration(space, tol=tol, max_iter=max_iter or 200_000, V0=V0, progress=progress)
     if method == "anderson":
-        return anderson_rvi(space, tol=tol, max_iter=max_iter or 100_000, progress=progress)
-    raise ValueError(f"method must be 'pi', 'rvi' or 'anderson', got {method!r}")
+        return anderson_rvi(space, tol=tol, max_iter=max_iter or 100_000, V0=V0, progress=progress)
+    raise ValueError(f"method must be 'anderson', 'rvi' or 'pi', got {method!r}")
