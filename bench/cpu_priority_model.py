@@ -53,21 +53,17 @@ import numpy as np
 from _report import append_run, machine
 
 from overtake.api.scenario import load_scenario
+from overtake.mdp.mlps import dps_means, fb_mean, mlps_mean
 from overtake.mdp.priority import (
     NICE19_WEIGHT,
     CpuPriority,
     age_priority,
-    choose_tandem_thresholds,
-    choose_thresholds,
     class_priority,
-    dps_means,
-    fb_mean,
     level_weights,
-    mlps_mean,
     short_first_levels,
-    tandem_model_mean,
 )
 from overtake.mdp.simulation import simulate
+from overtake.mdp.thresholds import choose_tandem_thresholds, choose_thresholds, tandem_model_mean
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .observed import ObservedOptimum
     from .optimum import Optimum
     from .policy import Policy
-    from .priority import CpuPriority, age_priority, choose_tandem_thresholds, choose_thresholds, class_priority, level_weights
+    from .priority import CpuPriority, age_priority, class_priority, level_weights
     from .priority_classes import ClassChoice
     from .priority_prediction import PriorityPrediction, predict_priority
     from .routes import Route, RouteSplit
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from .solver import solve
     from .statespace import Layout, StateSpace, Truncation, count_states
     from .sweep import SweepPoint, parse_grid, run_sweep
+    from .thresholds import choose_tandem_thresholds, choose_thresholds
 
 __all__ = [
     "Baseline",
@@ -141,8 +142,8 @@ _HOME: dict[str, str] = {
     "Truncation": "statespace",
     "TruncationError": "errors",
     "age_priority": "priority",
-    "choose_tandem_thresholds": "priority",
-    "choose_thresholds": "priority",
+    "choose_tandem_thresholds": "thresholds",
+    "choose_thresholds": "thresholds",
     "class_priority": "priority",
     "compare": "comparison",
     "count_states": "statespace",

@@ -28,10 +28,11 @@ from typing import Any
 from .errors import ModelError
 from .model import TandemModel
 from .policy import Policy
-from .priority import DEFAULT_LOW_WEIGHT, CpuPriority, age_priority, choose_tandem_thresholds, class_priority
+from .priority import DEFAULT_LOW_WEIGHT, CpuPriority, age_priority, class_priority
 from .priority_classes import class_model, model_levels, phases_stay
 from .rule_evaluation import evaluate_rule
 from .simulation import simulate
+from .thresholds import choose_tandem_thresholds
 
 __all__ = ["PRIORITY_KINDS", "PriorityPrediction", "predict_priority"]
 

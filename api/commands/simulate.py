@@ -94,6 +94,7 @@ def _services(specs: list[str], model: Any) -> list[Any] | None:
 def _priority(args: argparse.Namespace, model: Any, progress: Any) -> tuple[Any, float | None]:
     """The CPU-priority lever from the flags, and the visit model's E[W] for it (or None)."""
     from overtake.mdp import priority as pr
+    from overtake.mdp import thresholds as th
 
     if args.cpu_priority == "off":
         if args.thresholds is not None or args.level_weights is not None:
@@ -122,14 +123,14 @@ def _priority(args: argparse.Namespace, model: Any, progress: Any) -> tuple[Any,
         if progress:
             progress("choosing age thresholds by the exact analysis ...")
         if model.n_stages == 1:
-            ch = pr.choose_thresholds(model.stages[0], model.arrival_rate, levels=levels)
+            ch = th.choose_thresholds(model.stages[0], model.arrival_rate, levels=levels)
             lever = pr.age_priority(model, ch.thresholds, weights=weights)
         else:
-            lever = pr.choose_tandem_thresholds(model, levels=levels, weights=weights).priority
+            lever = th.choose_tandem_thresholds(model, levels=levels, weights=weights).priority
     else:
         lever = pr.age_priority(model, rows, weights=weights)
     try:
-        predicted: float | None = pr.tandem_model_mean(model, lever)
+        predicted: float | None = th.tandem_model_mean(model, lever)
     except ModelError:
         predicted = None
     return lever, predicted

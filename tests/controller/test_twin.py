@@ -76,7 +76,8 @@ def test_one_stage_priority_levels_match_the_simulator_and_mlps() -> None:
     """The twin's CPU-priority lever on one H2 stage under passthrough (π(∞)): E[W] of the
     exact MLPS analysis (strict priority) and of the simulator (kernel weight 3/1024) agree
     with the twin's within the CIs."""
-    from overtake.mdp.priority import age_priority, mlps_mean
+    from overtake.mdp.mlps import mlps_mean
+    from overtake.mdp.priority import age_priority
     from overtake.mdp.simulation import simulate
 
     h2 = Stage("a", np.array([0.91, 0.09]), np.diag([-1 / 0.55, -1 / 5.45]))

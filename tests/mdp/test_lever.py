@@ -16,9 +16,9 @@ from mdp_helpers import h2_stage, tandem
 from overtake.api.cli import main
 from overtake.mdp import Truncation, solve
 from overtake.mdp.errors import ModelError
+from overtake.mdp.mlps import dps_means, mlps_mean
 from overtake.mdp.model import Stage
 from overtake.mdp.observed import solve_observed
-from overtake.mdp.priority import dps_means, mlps_mean
 from overtake.mdp.priority_classes import (
     choose_classes,
     class_action_layout,

@@ -15,28 +15,28 @@ from mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.api.cli import main
 from overtake.mdp.errors import ModelError
+from overtake.mdp.mlps import (
+    JobClass,
+    dps_means,
+    fb_mean,
+    fb_response,
+    mlps_classes_mean,
+    mlps_mean,
+    mlps_response,
+    ps_mean,
+)
 from overtake.mdp.model import TandemModel
 from overtake.mdp.priority import (
     DEFAULT_LOW_WEIGHT,
     NICE19_WEIGHT,
     CpuPriority,
-    JobClass,
     age_priority,
-    choose_tandem_thresholds,
-    choose_thresholds,
     class_priority,
-    dps_means,
-    fb_mean,
-    fb_response,
     level_weights,
-    mlps_classes_mean,
-    mlps_mean,
-    mlps_response,
-    ps_mean,
     short_first_levels,
-    tandem_model_mean,
 )
 from overtake.mdp.simulation import simulate
+from overtake.mdp.thresholds import choose_tandem_thresholds, choose_thresholds, tandem_model_mean
 
 Z = 1.5
 STRICT = 1e-9  # a weight ratio that is strict priority for every purpose here
