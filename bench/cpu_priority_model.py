@@ -22,7 +22,7 @@ two-level age priority and known-phase short-first, each exact (closed form, MLP
 finite weights) and simulated (FB as 40 levels of width 0.25).
 
 ``--class-action`` (with ``--spawn-cases``): the MDP in which each spawn also picks the thread's
-class (:func:`overtake.mdp.lever.class_action_optimum`), solved on ``opt_class``'s truncation; its
+class (:func:`overtake.mdp.priority_classes.class_action_optimum`), solved on ``opt_class``'s truncation; its
 average cost against the fixed-class optimum's on the same truncation (how much fixing the class
 by the phase costs).
 
@@ -31,7 +31,7 @@ simulated (issue 20's "short-first priority plus π*'s spawn rules"), and exact:
 stages the phases do not move, so class priority by start phase is weighted sharing by phase
 (``TandemModel.weights``, discriminatory processor sharing), and the MDP gives the exact E[W] of
 π(∞) and of π* under it, and the optimal spawn policy with the classes in force: short-first, and
-the assignment ``overtake solve --cpu-priority class`` chooses (``opt_class``, :func:`overtake.mdp.lever.choose_classes`).
+the assignment ``overtake solve --cpu-priority class`` chooses (``opt_class``, :func:`overtake.mdp.priority_classes.choose_classes`).
 
 Pooled over seeds: the mean of the seed means and the half-width sqrt(Σ h²)/k. The raw run is
 appended to bench/results/cpu_priority_model.jsonl unless ``--no-write``; BENCHMARKS.md is not

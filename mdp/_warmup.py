@@ -3,10 +3,10 @@
     python -m overtake.mdp._warmup
 
 Run by the Makefile when the virtual environment is set up (and again when a kernel's source
-changes), so the first solve of a fresh install loads machine code instead of compiling it
-(several seconds). It then builds the solver kernels' extension ``_kernels_aot`` (numba.pycc, about
-10 s, needs a C compiler) unless the one present is current: with it a solve imports no numba at
-all (0.65 s less per process, :mod:`overtake.mdp._kernels`). Each kernel is reached through the
+changes), so the first solve of a fresh install loads machine code instead of compiling it.
+It then builds the solver kernels' extension ``_kernels_aot`` (numba.pycc, needs a C compiler)
+unless the one present is current: with it a solve imports no numba at all
+(:mod:`overtake.mdp._kernels`). Each kernel is reached through the
 code that calls it in production, on a model just large enough to take the compiled paths, so
 the cached signatures are the real ones (int32 sparse indices, int64 state indices, float64 values).
 """

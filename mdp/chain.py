@@ -100,10 +100,9 @@ def build_chain(
     (_kernels_jit.chain_bfs) where the solver kernels load without numba (their ahead-of-time
     build) or numba is loaded anyway: the same states in the same order and the same transition
     matrix (to rounding in sums of coinciding transitions) as the level-by-level numpy search
-    below, which any other rule takes (tests/mdp/test_chain_compiled.py). Table 1 case 8: its
-    eighteen chains took 1.19 s of CPU, now 0.40 s (π* on cap 23, 84,919 states: 0.32 s, now
-    0.18 s, a third of it the sparse matrix's assembly). ``compiled``: True forces the compiled
-    search (numba's JIT if need be), False the numpy one; None chooses as above.
+    below, which any other rule takes (tests/mdp/test_chain_compiled.py), without the level-by-level
+    search's temporaries. ``compiled``: True forces the compiled search (numba's JIT if need be),
+    False the numpy one; None chooses as above.
     """
     C = max_requests
     k_max = C if max_threads is None else min(max_threads, C)
@@ -150,7 +149,7 @@ def breadth_first(model: TandemModel, layout: Layout, step: Step, *, max_request
         pos = np.minimum(np.searchsorted(known_keys, uk), known_keys.size - 1)
         new = known_keys[pos] != uk
         frontier = post[first[new]]
-        # merge two sorted runs (timsort: linear); np.union1d's hash-based unique is ~20x slower here
+        # merge two sorted runs (timsort: linear), not np.union1d, which sorts both from scratch
         known_keys = np.sort(np.concatenate([known_keys, uk[new]]), kind="stable")
         all_rows.append(frontier)
         n_known += frontier.shape[0]

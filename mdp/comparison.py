@@ -1,4 +1,4 @@
-"""``compare``: π* against the baselines on one scenario (paper 004, §4.1, Table 1).
+"""``compare``: π* against the baselines on one scenario (van der Weij et al., "Dynamic thread assignment", §4.1, Table 1).
 
 Gain of π* over a policy π: (E W(π) − E W(π*)) / E W(π*), as a fraction. With ``phase_info``
 ``none`` or ``route``, π* is the best policy that sees counts only (and routes),

@@ -1,4 +1,6 @@
-"""The overtaking heuristic: Theorem 3.1 of paper 004 as an index rule, without value iteration.
+"""The overtaking heuristic: Theorem 3.1 as an index rule, without value iteration.
+
+The theorem is van der Weij et al.'s ("Dynamic thread assignment").
 
 Theorem 3.1 starts threads for phase-j requests at stage i when they *overtake in expectation*
 requests at stages ≥ i under the downstream rules. We make "in expectation" concrete with the

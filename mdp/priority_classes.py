@@ -84,8 +84,8 @@ def class_candidates(model: TandemModel) -> list[Levels]:
     work through the last stage (the phase's mean plus the later stages' means: shortest expected
     remaining work first, the cμ order of one server) and cut the ranking at each place, plus
     short-first within each stage (:func:`short_first_levels`). Solving the MDP with the class in
-    the action (:func:`class_action_optimum`) on Table 1's H2 cases found its optimum within
-    0.8 % of the best of these (BENCHMARKS.md ``cpu-priority-model``)."""
+    the action (:func:`class_action_optimum`) on Table 1's H2 cases found its optimum close to
+    the best of these (BENCHMARKS.md ``cpu-priority-model``)."""
     later = [sum(t.mean() for t in model.stages[i + 1:]) for i in range(model.n_stages)]
     work = [(float(m) + later[i], i, j) for i, s in enumerate(model.stages) for j, m in enumerate(s.phase_means())]
     order = sorted(work)

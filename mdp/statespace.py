@@ -1,4 +1,4 @@
-"""Truncated state spaces of the tandem and their transition structure (paper 004, §2).
+"""Truncated state spaces of the tandem and their transition structure (van der Weij et al., "Dynamic thread assignment", §2).
 
 A state is a vector ``(w_0..w_{Q-1}, k_0..k_{D-1})``: ``w_q`` requests *waiting* in queue ``q``
 and ``k_d`` active threads in coordinate ``d`` = (stage, phase). The paper's ``n_j^{(i)}`` is
@@ -78,7 +78,7 @@ class Layout:
     ``spawn[a]`` lists (coordinate, probability) for spawn action ``a``, which starts a thread for
     a request of queue ``action_queue[a]`` (``None``: action ``a`` is queue ``a``'s one action).
     Several actions on one queue let the controller choose what the thread becomes — the CPU
-    class it starts in (:func:`overtake.mdp.lever.class_action_layout`).
+    class it starts in (:func:`overtake.mdp.priority_classes.class_action_layout`).
     """
 
     phase_info: PhaseInfo
@@ -222,7 +222,7 @@ def transitions(
 ) -> tuple[IntArray, IntArray, FloatArray]:
     """Transitions out of post-decision states: (source row number, destination row, rate).
 
-    Implements the rates of paper 004's operator T (§2): arrivals λα_1, phase moves
+    Implements the rates of the MDP's operator T (§2): arrivals λα_1, phase moves
     k_j μ_j p_jl · c(K)/K, completions k_j μ_j p_j,M+1 · c(K)/K routed to stage i+1's entry.
     Blocked arrivals and uniformization self-loops are left to the caller. With ``index`` the
     destinations are returned as ``index(rows)``, computed per event type, so the destination rows
@@ -498,7 +498,7 @@ class StateSpace:
     def cost(self) -> FloatArray:
         """Cost rate c(x): requests in the system, plus λ·r(x) where arrivals are blocked.
 
-        Paper 004 §2 charges c(x) = n(x) only. On a truncated space that lets an optimum gain by
+        The paper (§2) charges c(x) = n(x) only. On a truncated space that lets an optimum gain by
         blocking: states near the cap look cheap because arrivals there vanish. With
         ``blocking_cost`` each blocked arrival is charged r(x) = (W(x) + E[S]) / (1 − ρ), where W(x)
         is the remaining work of everything present (through all its stages, at full capacity):

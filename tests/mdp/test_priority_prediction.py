@@ -1,6 +1,7 @@
-"""mdp.lever: the CPU-priority lever's predictions stored by ``overtake solve --cpu-priority``.
+"""mdp.priority_prediction and mdp.priority_classes: what CPU priority does to a solved policy, as
+``overtake solve --cpu-priority`` stores it.
 
-Known answers: on one M/G/1 stage the age lever's π(∞) prediction is the exact multilevel-PS
+Known answers: on one M/G/1 stage age priority's π(∞) prediction is the exact multilevel-PS
 mean (Kleinrock–Muntz–Rodemich) at the threshold the visit model chose; class priority needs
 the phases, and says so.
 """
@@ -60,7 +61,7 @@ def test_weighted_sharing_is_discriminatory_processor_sharing() -> None:
         assert evaluate_baseline(m, "pi(inf)", tol=1e-7).metrics.mean_response_time == pytest.approx(exact, rel=1e-6)
     from overtake.mdp.simulation import simulate
 
-    sim = simulate(type(m)(lam, m.stages, weights=(1.0, 0.1)), "pi(inf)", requests=200_000, seed=5)  # the same lever
+    sim = simulate(type(m)(lam, m.stages, weights=(1.0, 0.1)), "pi(inf)", requests=200_000, seed=5)  # the same weights
     exact = float(np.array([0.91, 0.09]) @ dps_means([0.91 * lam, 0.09 * lam], [1 / 0.55, 1 / 5.45], (1.0, 0.1)))
     assert abs(sim.mean_response_time - exact) <= 1.5 * sim.ci95
     with pytest.raises(ModelError, match="one positive CPU weight per"):
