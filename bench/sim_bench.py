@@ -9,7 +9,7 @@
 * Check: for every Table 1 case and every policy of ``overtake compare`` (π*, π(1), π(4), π(∞),
   π(1,1)), the exact E[W] (auto-truncated chain, tolerance ``--tol``) against the simulator's
   batch-means 95% CI. π* and the exact figures are cached in ``--cache`` (one JSON + policy file
-  per case; re-used when present, else solved with :func:`overtake.mdp.solve_optimal` + :func:`overtake.mdp.compare`).
+  per case; re-used when present, else solved with :func:`overtake.mdp.solve` + :func:`overtake.mdp.compare`).
 """
 
 from __future__ import annotations

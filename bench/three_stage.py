@@ -4,7 +4,7 @@
 
 Model: three stages, each paper 004 Table 1's H2 (phase 1 w.p. 0.91 with mean 0.55, phase 2 with
 mean 5.45; E S = 1), load ρ = 0.6 — 6 coordinates, 12 state components on the phase-known layout.
-π* by auto-truncation (solve_optimal, Anderson-accelerated RVI) from C = 10, K = 3. The heuristic
+π* by auto-truncation (overtake.mdp.solve, Anderson-accelerated RVI) from C = 10, K = 3. The heuristic
 (mdp/heuristic.py) is evaluated exactly on the chain of the same request cap and thread cap as
 π*'s reported metrics (its uncapped chain outgrows memory); π(1) and π(∞) with their own
 auto-truncation. Appends one JSON line to bench/results/solver_speed.jsonl unless ``--no-write``.
