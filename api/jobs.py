@@ -60,22 +60,22 @@ class _Reporter:
 def estimate_states(scenario: Scenario, model: TandemModel) -> int:
     """States of the largest space :func:`run_model` builds, without building it.
 
-    The larger of π*'s largest MDP (:func:`overtake.mdp.truncation.estimate_states`: exact for a
+    The larger of π*'s largest MDP (:func:`overtake.mdp.optimum.estimate_states`: exact for a
     fixed truncation) and the π(∞) baseline's chain, which grows with the load
-    (:func:`overtake.mdp.truncation.ps_chain_states`: exact).
+    (:func:`overtake.mdp.rule_evaluation.ps_chain_states`: exact).
     """
-    from overtake.mdp.truncation import estimate_states as mdp_states
-    from overtake.mdp.truncation import ps_chain_states
+    from overtake.mdp.optimum import estimate_states as mdp_states
+    from overtake.mdp.rule_evaluation import ps_chain_states
 
     return max(mdp_states(model, scenario.fixed_truncation()), ps_chain_states(model, tol=scenario.tolerance))
 
 
 def run_model(store: Store, job_id: str) -> None:
     """Solve π* (paper 004 §3, auto-truncation), extract the overtaking rules, compare with baselines."""
-    from overtake.mdp.compare import compare, default_baselines
+    from overtake.mdp import solve
+    from overtake.mdp.comparison import compare, default_baselines
     from overtake.mdp.rules import overtaking_rule
     from overtake.mdp.scenario import parse_scenario
-    from overtake.mdp.truncation import solve_optimal
 
     job = store.get(job_id)
     assert job is not None
@@ -83,8 +83,8 @@ def run_model(store: Store, job_id: str) -> None:
     model = sc.build_model()
     baselines = default_baselines(model.n_stages)
     rep = _Reporter(store, job_id, ["pi*", "rules", *baselines])
-    opt = solve_optimal(model, truncation=sc.fixed_truncation(), tol=sc.tolerance, progress=rep,
-                        phase_info=sc.phase_info, routes=sc.build_routes(model))
+    opt = solve(model, truncation=sc.fixed_truncation(), tol=sc.tolerance, progress=rep,
+                phase_info=sc.phase_info, routes=sc.build_routes(model))
     rep.step(1, "extracting the overtaking rules")
     # the rules read pi*'s phase-known decisions; a policy over counts has none to read
     rules = overtaking_rule(opt.solve, opt.policy).to_dict() if sc.phase_info == "full" else None  # type: ignore[arg-type]

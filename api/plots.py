@@ -93,8 +93,8 @@ def reached_rows(policy: Policy, rows: IntArray) -> npt.NDArray[np.bool_] | None
     """Which pre-decision state ``rows`` the policy's chain visits from the empty system (positive
     stationary probability: the chain is unichain on them). None where that is not told cheaply:
     observation policies, spawns that start a random phase, more than :data:`REACH_MAX_STATES`."""
+    from overtake.mdp.average_cost import induced_matrix
     from overtake.mdp.evaluate import reachable
-    from overtake.mdp.solve import induced_matrix
     from overtake.mdp.statespace import StateSpace, Truncation
 
     if policy.observed or policy.keys.size > REACH_MAX_STATES:

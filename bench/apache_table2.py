@@ -78,16 +78,11 @@ from overtake.controller.harness.loadgen import (
 )
 from overtake.controller.harness.scratch import free_port, scratch_dir
 from overtake.mdp import Policy, TandemModel
-from overtake.mdp.lever import model_levels
-from overtake.mdp.priority import (
-    DEFAULT_LOW_WEIGHT,
-    CpuPriority,
-    age_priority,
-    choose_tandem_thresholds,
-    class_priority,
-)
-from overtake.mdp.simulate import simulate
-from overtake.mdp.truncation import evaluate_baseline
+from overtake.mdp.priority import DEFAULT_LOW_WEIGHT, CpuPriority, age_priority, class_priority
+from overtake.mdp.priority_classes import model_levels
+from overtake.mdp.rule_evaluation import evaluate_baseline
+from overtake.mdp.simulation import simulate
+from overtake.mdp.thresholds import choose_tandem_thresholds
 
 REPO = Path(__file__).resolve().parents[1]
 POLICIES = ("pi*", "pi(1)", "pi(inf)")

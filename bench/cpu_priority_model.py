@@ -22,7 +22,7 @@ two-level age priority and known-phase short-first, each exact (closed form, MLP
 finite weights) and simulated (FB as 40 levels of width 0.25).
 
 ``--class-action`` (with ``--spawn-cases``): the MDP in which each spawn also picks the thread's
-class (:func:`overtake.mdp.lever.class_action_optimum`), solved on ``opt_class``'s truncation; its
+class (:func:`overtake.mdp.priority_classes.class_action_optimum`), solved on ``opt_class``'s truncation; its
 average cost against the fixed-class optimum's on the same truncation (how much fixing the class
 by the phase costs).
 
@@ -31,7 +31,7 @@ simulated (issue 20's "short-first priority plus π*'s spawn rules"), and exact:
 stages the phases do not move, so class priority by start phase is weighted sharing by phase
 (``TandemModel.weights``, discriminatory processor sharing), and the MDP gives the exact E[W] of
 π(∞) and of π* under it, and the optimal spawn policy with the classes in force: short-first, and
-the assignment ``overtake solve --cpu-priority class`` chooses (``opt_class``, :func:`overtake.mdp.lever.choose_classes`).
+the assignment ``overtake solve --cpu-priority class`` chooses (``opt_class``, :func:`overtake.mdp.priority_classes.choose_classes`).
 
 Pooled over seeds: the mean of the seed means and the half-width sqrt(Σ h²)/k. The raw run is
 appended to bench/results/cpu_priority_model.jsonl unless ``--no-write``; BENCHMARKS.md's section is
@@ -53,21 +53,17 @@ import numpy as np
 from _report import append_run, machine
 
 from overtake.api.scenario import load_scenario
+from overtake.mdp.mlps import dps_means, fb_mean, mlps_mean
 from overtake.mdp.priority import (
     NICE19_WEIGHT,
     CpuPriority,
     age_priority,
-    choose_tandem_thresholds,
-    choose_thresholds,
     class_priority,
-    dps_means,
-    fb_mean,
     level_weights,
-    mlps_mean,
     short_first_levels,
-    tandem_model_mean,
 )
-from overtake.mdp.simulate import simulate
+from overtake.mdp.simulation import simulate
+from overtake.mdp.thresholds import choose_tandem_thresholds, choose_thresholds, tandem_model_mean
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -159,12 +155,12 @@ def run_case(c: int, args: argparse.Namespace, w: float, log: Any) -> dict[str, 
 
 
 def spawn_case(c: int, args: argparse.Namespace, w: float, log: Any) -> dict[str, Any]:
-    from overtake.mdp.lever import choose_classes, class_action_optimum
-    from overtake.mdp.truncation import solve_optimal
+    from overtake.mdp import solve
+    from overtake.mdp.priority_classes import choose_classes, class_action_optimum
 
     sc, model = load_scenario(ROOT / "examples" / "table1" / f"case{c:02d}.yaml")
     t0 = time.perf_counter()
-    opt = solve_optimal(model, truncation=sc.fixed_truncation(), tol=args.tol)
+    opt = solve(model, truncation=sc.fixed_truncation(), tol=args.tol)
     solve_s = time.perf_counter() - t0
     seeds = [5000 + 1000 * c + k for k in range(args.seeds)]
     cl = class_priority(model, weights=[1.0, w])
@@ -177,7 +173,7 @@ def spawn_case(c: int, args: argparse.Namespace, w: float, log: Any) -> dict[str
     # exact: class priority by start phase = weighted sharing by phase (H2 phases do not move)
     from dataclasses import replace
 
-    from overtake.mdp.truncation import evaluate_baseline, evaluate_rule
+    from overtake.mdp.rule_evaluation import evaluate_baseline, evaluate_rule
 
     if all(np.allclose(s.T, np.diag(np.diag(s.T))) for s in model.stages):
         weighted = replace(model, weights=tuple(1.0 if lv == 0 else w for s in model.stages

@@ -22,11 +22,12 @@ import numpy as np
 from _report import SECTIONS
 from sim_bench import git_rev, machine, table1_case, write_section
 
+from overtake.mdp import solve
 from overtake.mdp.heuristic import evaluate_heuristic, overtaking_heuristic
 from overtake.mdp.model import Stage, TandemModel
-from overtake.mdp.simulate import simulate
+from overtake.mdp.rule_evaluation import evaluate_baseline
+from overtake.mdp.simulation import simulate
 from overtake.mdp.statespace import Truncation, count_states
-from overtake.mdp.truncation import evaluate_baseline, solve_optimal
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -188,7 +189,7 @@ def main() -> int:
         for name, stages in N3.items():
             model = tandem(0.6, *stages)
             t0 = time.perf_counter()
-            opt = solve_optimal(model, tol=args.n3_tol, start=Truncation(10, 3))
+            opt = solve(model, tol=args.n3_tol, start=Truncation(10, 3))
             s_opt = time.perf_counter() - t0
             star = opt.metrics.mean_response_time
             b = {n: evaluate_baseline(model, n, tol=args.n3_tol).metrics.mean_response_time for n in ("pi(1)", "pi(inf)")}

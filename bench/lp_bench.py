@@ -30,9 +30,9 @@ SIZES = [(6, 3), (8, 4), (10, 3), (10, 4), (12, 3)]
 def one(C: int, K: int) -> dict:
     import numpy as np
 
+    from overtake.mdp.average_cost import relative_value_iteration
     from overtake.mdp.lp import cost_rate, occupation_lp
     from overtake.mdp.model import Stage, TandemModel
-    from overtake.mdp.solve import relative_value_iteration
     from overtake.mdp.statespace import StateSpace, Truncation
 
     h2 = lambda n: Stage(n, np.array([0.91, 0.09]), np.diag([-1 / 0.55, -1 / 5.45]))  # noqa: E731

@@ -42,8 +42,8 @@ import scipy.sparse as sp
 from _report import append_run, cpu_model, write_section
 
 from overtake.api.scenario import load_scenario
+from overtake.mdp.average_cost import anderson_rvi, induced_matrix, policy_iteration, relative_value_iteration
 from overtake.mdp.evaluate import stationary_distribution
-from overtake.mdp.solve import anderson_rvi, induced_matrix, policy_iteration, relative_value_iteration
 from overtake.mdp.statespace import StateSpace, Truncation
 
 ROOT = Path(__file__).resolve().parents[1]

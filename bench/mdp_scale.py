@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def one(case: int, C: int, K: int, method: str) -> None:
     from overtake.api.scenario import load_scenario
-    from overtake.mdp.solve import anderson_rvi, relative_value_iteration
+    from overtake.mdp.average_cost import anderson_rvi, relative_value_iteration
     from overtake.mdp.statespace import StateSpace, Truncation
 
     _, model = load_scenario(ROOT / "examples" / "table1" / f"case{case:02d}.yaml")

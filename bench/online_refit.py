@@ -38,8 +38,9 @@ from _report import machine, write_section
 from overtake.controller.harness.loadgen import get, sidecar_admin, wait_sidecar
 from overtake.controller.harness.scratch import free_port, scratch_dir
 from overtake.controller.online import ArrivalRate, RefitJob, refit_job
+from overtake.mdp import solve
 from overtake.mdp.model import Stage, TandemModel
-from overtake.mdp.truncation import evaluate_baseline, solve_optimal
+from overtake.mdp.rule_evaluation import evaluate_baseline
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,7 +57,7 @@ def part_fit(seeds: int, out: Path) -> tuple[str, dict[str, Any]]:
     a, T = PROBS, np.diag(-1 / MEANS)
     lam = LOAD / (2 * MEAN)
     true = TandemModel(lam, (Stage("stage1", a, T), Stage("stage2", a, T)))
-    star_true = solve_optimal(true, tol=1e-3).metrics.mean_response_time
+    star_true = solve(true, tol=1e-3).metrics.mean_response_time
     pi1_true = evaluate_baseline(true, "pi(1)", tol=1e-3).metrics.mean_response_time
     unit, window = 0.01, 60.0
     rows = []

@@ -28,11 +28,11 @@ import numpy as np
 from sim_bench import git_rev, machine, write_section
 
 from overtake.fitting import fit
-from overtake.mdp.compare import compare
+from overtake.mdp import solve
+from overtake.mdp.comparison import compare
 from overtake.mdp.heuristic import evaluate_heuristic
 from overtake.mdp.model import Stage, TandemModel
-from overtake.mdp.simulate import SimulationResult, service_from_spec, simulate
-from overtake.mdp.truncation import solve_optimal
+from overtake.mdp.simulation import SimulationResult, service_from_spec, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,7 +70,7 @@ def main() -> int:
         st2 = Stage("stage2", ph.alpha, ph.T)
         model = TandemModel(0.6 / (st1.mean() + st2.mean()), (st1, st2))
         t0 = time.perf_counter()
-        opt = solve_optimal(model, tol=args.tol)
+        opt = solve(model, tol=args.tol)
         doc = compare(model, tol=args.tol, optimum=opt)
         heur = evaluate_heuristic(model, tol=args.tol).metrics.mean_response_time
         solve_s = time.perf_counter() - t0

@@ -106,13 +106,12 @@ MiB = 1 << 20
 
 def _policy(path: Path) -> Path:
     """π* for two H2 stages (Table 1's H2 at load 0.3; a small truncation, solved in a second)."""
-    from overtake.mdp import Stage, TandemModel, Truncation
-    from overtake.mdp.truncation import solve_optimal
+    from overtake.mdp import Stage, TandemModel, Truncation, solve
 
     p, m = np.array([0.91, 0.09]), np.array([0.55, 5.45])
     s1 = Stage("stage1", p, np.diag(-1.0 / m))
     model = TandemModel(arrival_rate=0.3, stages=(s1, Stage("stage2", s1.alpha, s1.T)))
-    solve_optimal(model, truncation=Truncation(6, 3)).policy.save(path)
+    solve(model, truncation=Truncation(6, 3)).policy.save(path)
     return path
 
 

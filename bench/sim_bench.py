@@ -9,7 +9,7 @@
 * Check: for every Table 1 case and every policy of ``overtake compare`` (π*, π(1), π(4), π(∞),
   π(1,1)), the exact E[W] (auto-truncated chain, tolerance ``--tol``) against the simulator's
   batch-means 95% CI. π* and the exact figures are cached in ``--cache`` (one JSON + policy file
-  per case; re-used when present, else solved with :func:`overtake.mdp.solve_optimal` + :func:`overtake.mdp.compare`).
+  per case; re-used when present, else solved with :func:`overtake.mdp.solve` + :func:`overtake.mdp.compare`).
 """
 
 from __future__ import annotations
@@ -27,10 +27,9 @@ from typing import Any
 from _report import machine, write_section
 
 from overtake.api.scenario import load_scenario
-from overtake.mdp.compare import compare
+from overtake.mdp.comparison import compare
 from overtake.mdp.policy import Policy
-from overtake.mdp.simulate import service_from_spec, simulate
-from overtake.mdp.truncation import solve_optimal
+from overtake.mdp.simulation import service_from_spec, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,7 +58,7 @@ def table1_case(case: int, cache: Path, tol: float, solve: bool = True) -> tuple
         if not solve:
             raise FileNotFoundError(js)
         t0 = time.perf_counter()
-        opt = solve_optimal(model, tol=tol)
+        opt = solve(model, tol=tol)
         opt.policy.save(npz)
         doc = compare(model, tol=tol, optimum=opt)
         doc["solve_seconds"] = time.perf_counter() - t0

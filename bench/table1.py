@@ -25,7 +25,7 @@ from _report import cpu_model, write_section
 
 from overtake.api.progress import progress_iter
 from overtake.api.scenario import load_scenario
-from overtake.mdp.compare import compare
+from overtake.mdp.comparison import compare
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = Path(__file__).resolve().parent / "reference" / "paper004_table1.csv"

@@ -4,7 +4,7 @@
 
 Model: three stages, each paper 004 Table 1's H2 (phase 1 w.p. 0.91 with mean 0.55, phase 2 with
 mean 5.45; E S = 1), load ρ = 0.6 — 6 coordinates, 12 state components on the phase-known layout.
-π* by auto-truncation (solve_optimal, Anderson-accelerated RVI) from C = 10, K = 3. The heuristic
+π* by auto-truncation (overtake.mdp.solve, Anderson-accelerated RVI) from C = 10, K = 3. The heuristic
 (mdp/heuristic.py) is evaluated exactly on the chain of the same request cap and thread cap as
 π*'s reported metrics (its uncapped chain outgrows memory); π(1) and π(∞) with their own
 auto-truncation. Appends one JSON line to bench/results/solver_speed.jsonl unless ``--no-write``.
@@ -25,10 +25,11 @@ from pathlib import Path
 import numpy as np
 from _report import append_run
 
+from overtake.mdp import solve
 from overtake.mdp.heuristic import overtaking_heuristic
 from overtake.mdp.model import Stage, TandemModel
+from overtake.mdp.rule_evaluation import evaluate_baseline, evaluate_rule
 from overtake.mdp.statespace import Layout, Truncation
-from overtake.mdp.truncation import evaluate_baseline, evaluate_rule, solve_optimal
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,7 +53,7 @@ def main() -> int:
             print(f"{time.perf_counter() - t_start:8.1f} s  {msg}", file=sys.stderr, flush=True)
 
     t0, c0 = time.perf_counter(), time.process_time()
-    opt = solve_optimal(model, tol=args.tol, start=Truncation(10, 3), progress=log)
+    opt = solve(model, tol=args.tol, start=Truncation(10, 3), progress=log)
     solve_wall, solve_cpu = time.perf_counter() - t0, time.process_time() - c0
     mt = opt.policy.meta.get("metrics_truncation", {"max_requests": opt.truncation.max_requests})
     C, K = int(mt["max_requests"]), opt.truncation.k_max

@@ -47,11 +47,11 @@ import numpy as np
 from _report import add_output_arguments, command_line, machine, publish, read_runs
 
 from overtake.api.scenario import load_scenario
+from overtake.mdp import solve
 from overtake.mdp.heuristic import evaluate_heuristic
 from overtake.mdp.model import TandemModel
 from overtake.mdp.observed import solve_observed
 from overtake.mdp.routes import RouteSplit
-from overtake.mdp.truncation import solve_optimal
 
 ROOT = Path(__file__).resolve().parents[1]
 MIXES_ONE = (("light", 0.99), ("mixed", 0.5), ("heavy", 0.1))
@@ -91,10 +91,10 @@ def run_case(c: int, tol: float, route: bool = True) -> dict[str, Any]:
 
     out: dict[str, Any] = {"case": c, "arrival_rate": model.arrival_rate, "ew": {}, "seconds": {}}
     t = time.perf_counter()
-    full = solve_optimal(model, tol=tol, progress=log)
+    full = solve(model, tol=tol, progress=log)
     out["ew"]["full"], out["seconds"]["full"] = full.metrics.mean_response_time, time.perf_counter() - t
     t = time.perf_counter()
-    start = solve_optimal(model, phase_info="start", tol=tol, progress=log)
+    start = solve(model, phase_info="start", tol=tol, progress=log)
     out["ew"]["start"], out["seconds"]["start"] = start.metrics.mean_response_time, time.perf_counter() - t
     t = time.perf_counter()
     none = solve_observed(model, tol=tol, progress=log)

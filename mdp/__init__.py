@@ -1,78 +1,169 @@
-"""Optimal thread-spawn policies for the N-stage two-layered tandem (paper 004).
+"""Optimal thread-spawn policies for the N-stage two-layered tandem.
 
-Pure library: no file I/O beyond the policy artifact's save/load, no environment reads.
+The model and the MDP are van der Weij, Bhulai and van der Mei's ("Dynamic thread assignment in
+web server performance optimization"). Pure library: no file I/O beyond the policy artifact's
+save/load, no environment reads. The entry to the solvers is :func:`solve`
+(:mod:`overtake.mdp.solver`).
 
 The names below are imported from their modules on first use (PEP 562), so ``import
 overtake.mdp.errors`` — the CLI's start, the sidecar's — does not pay for numba, scipy's solvers
-and cvxpy. Three names are also module names (``compare``, ``simulate``, ``solve``): the package
-attribute stays the function even after its module is imported.
+and cvxpy. No name is also a module's name, so importing a module never hides a function.
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .average_cost import SolveResult
     from .baselines import Baseline
-    from .compare import compare, default_baselines
+    from .comparison import compare, default_baselines
     from .constrained import ConstrainedOptimum, ConstraintError, Constraints, RandomizedPolicy, solve_constrained
     from .errors import MDPError, ModelError, OvertakeError, PolicyFileError, SolverError, TruncationError
     from .evaluate import PolicyMetrics, stationary_distribution
     from .heuristic import OvertakingHeuristic, evaluate_heuristic, overtaking_heuristic
-    from .lever import LeverPrediction, predict_lever
     from .lp import LinearConstraint, LPResult, NodePolicy, occupation_lp
     from .model import Stage, TandemModel
     from .observation import ObservationSpace
-    from .observed import ObservedOptimum, solve_observed
+    from .observed import ObservedOptimum
+    from .optimum import Optimum
     from .policy import Policy
-    from .priority import (
-        CpuPriority,
-        age_priority,
-        choose_tandem_thresholds,
-        choose_thresholds,
-        class_priority,
-        level_weights,
-    )
+    from .priority import CpuPriority, age_priority, class_priority, level_weights
+    from .priority_classes import ClassChoice
+    from .priority_prediction import PriorityPrediction, predict_priority
     from .routes import Route, RouteSplit
+    from .rule_evaluation import Evaluation, evaluate_baseline
     from .rules import OvertakingRules, overtaking_rule
     from .scenario import Scenario, parse_scenario
-    from .simulate import SimulationResult, service_from_spec, simulate
-    from .solve import SolveResult, policy_iteration, relative_value_iteration, solve
+    from .simulation import SimulationResult, service_from_spec, simulate
+    from .solver import solve
     from .statespace import Layout, StateSpace, Truncation, count_states
     from .sweep import SweepPoint, parse_grid, run_sweep
-    from .truncation import Evaluation, Optimum, evaluate_baseline, solve_optimal
+    from .thresholds import choose_tandem_thresholds, choose_thresholds
 
-_MODULES: dict[str, tuple[str, ...]] = {
-    "baselines": ("Baseline",),
-    "compare": ("compare", "default_baselines"),
-    "constrained": ("ConstrainedOptimum", "ConstraintError", "Constraints", "RandomizedPolicy", "solve_constrained"),
-    "errors": ("MDPError", "ModelError", "OvertakeError", "PolicyFileError", "SolverError", "TruncationError"),
-    "evaluate": ("PolicyMetrics", "stationary_distribution"),
-    "heuristic": ("OvertakingHeuristic", "evaluate_heuristic", "overtaking_heuristic"),
-    "lever": ("LeverPrediction", "predict_lever"),
-    "lp": ("LPResult", "LinearConstraint", "NodePolicy", "occupation_lp"),
-    "model": ("Stage", "TandemModel"),
-    "observation": ("ObservationSpace",),
-    "observed": ("ObservedOptimum", "solve_observed"),
-    "policy": ("Policy",),
-    "priority": (
-        "CpuPriority", "age_priority", "choose_tandem_thresholds", "choose_thresholds", "class_priority", "level_weights",
-    ),
-    "routes": ("Route", "RouteSplit"),
-    "rules": ("OvertakingRules", "overtaking_rule"),
-    "scenario": ("Scenario", "parse_scenario"),
-    "simulate": ("SimulationResult", "service_from_spec", "simulate"),
-    "solve": ("SolveResult", "policy_iteration", "relative_value_iteration", "solve"),
-    "statespace": ("Layout", "StateSpace", "Truncation", "count_states"),
-    "sweep": ("SweepPoint", "parse_grid", "run_sweep"),
-    "truncation": ("Evaluation", "Optimum", "evaluate_baseline", "solve_optimal"),
+__all__ = [
+    "Baseline",
+    "ClassChoice",
+    "ConstrainedOptimum",
+    "ConstraintError",
+    "Constraints",
+    "CpuPriority",
+    "Evaluation",
+    "LPResult",
+    "Layout",
+    "LinearConstraint",
+    "MDPError",
+    "ModelError",
+    "NodePolicy",
+    "ObservationSpace",
+    "ObservedOptimum",
+    "Optimum",
+    "OvertakeError",
+    "OvertakingHeuristic",
+    "OvertakingRules",
+    "Policy",
+    "PolicyFileError",
+    "PolicyMetrics",
+    "PriorityPrediction",
+    "RandomizedPolicy",
+    "Route",
+    "RouteSplit",
+    "Scenario",
+    "SimulationResult",
+    "SolveResult",
+    "SolverError",
+    "Stage",
+    "StateSpace",
+    "SweepPoint",
+    "TandemModel",
+    "Truncation",
+    "TruncationError",
+    "age_priority",
+    "choose_tandem_thresholds",
+    "choose_thresholds",
+    "class_priority",
+    "compare",
+    "count_states",
+    "default_baselines",
+    "evaluate_baseline",
+    "evaluate_heuristic",
+    "level_weights",
+    "occupation_lp",
+    "overtaking_heuristic",
+    "overtaking_rule",
+    "parse_grid",
+    "parse_scenario",
+    "predict_priority",
+    "run_sweep",
+    "service_from_spec",
+    "simulate",
+    "solve",
+    "solve_constrained",
+    "stationary_distribution",
+]
+
+#: the module of each name in ``__all__``
+_HOME: dict[str, str] = {
+    "Baseline": "baselines",
+    "ClassChoice": "priority_classes",
+    "ConstrainedOptimum": "constrained",
+    "ConstraintError": "constrained",
+    "Constraints": "constrained",
+    "CpuPriority": "priority",
+    "Evaluation": "rule_evaluation",
+    "LPResult": "lp",
+    "Layout": "statespace",
+    "LinearConstraint": "lp",
+    "MDPError": "errors",
+    "ModelError": "errors",
+    "NodePolicy": "lp",
+    "ObservationSpace": "observation",
+    "ObservedOptimum": "observed",
+    "Optimum": "optimum",
+    "OvertakeError": "errors",
+    "OvertakingHeuristic": "heuristic",
+    "OvertakingRules": "rules",
+    "Policy": "policy",
+    "PolicyFileError": "errors",
+    "PolicyMetrics": "evaluate",
+    "PriorityPrediction": "priority_prediction",
+    "RandomizedPolicy": "constrained",
+    "Route": "routes",
+    "RouteSplit": "routes",
+    "Scenario": "scenario",
+    "SimulationResult": "simulation",
+    "SolveResult": "average_cost",
+    "SolverError": "errors",
+    "Stage": "model",
+    "StateSpace": "statespace",
+    "SweepPoint": "sweep",
+    "TandemModel": "model",
+    "Truncation": "statespace",
+    "TruncationError": "errors",
+    "age_priority": "priority",
+    "choose_tandem_thresholds": "thresholds",
+    "choose_thresholds": "thresholds",
+    "class_priority": "priority",
+    "compare": "comparison",
+    "count_states": "statespace",
+    "default_baselines": "comparison",
+    "evaluate_baseline": "rule_evaluation",
+    "evaluate_heuristic": "heuristic",
+    "level_weights": "priority",
+    "occupation_lp": "lp",
+    "overtaking_heuristic": "heuristic",
+    "overtaking_rule": "rules",
+    "parse_grid": "sweep",
+    "parse_scenario": "scenario",
+    "predict_priority": "priority_prediction",
+    "run_sweep": "sweep",
+    "service_from_spec": "simulation",
+    "simulate": "simulation",
+    "solve": "solver",
+    "solve_constrained": "constrained",
+    "stationary_distribution": "evaluate",
 }
-_HOME = {name: mod for mod, names in _MODULES.items() for name in names}
-
-__all__ = sorted(_HOME)
 
 
 def __getattr__(name: str) -> Any:
@@ -86,15 +177,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
-
-
-class _Package(types.ModuleType):
-    """Importing submodule ``solve`` sets package attribute ``solve``; keep the function there."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, types.ModuleType) and _HOME.get(name) == name:
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -1,10 +1,9 @@
 """Compiled inner loops of the solver; the sources are the numba kernels of ``_kernels_jit.py``.
 
 ``python -m overtake.mdp._warmup`` (run at set-up) also compiles them ahead of time into the
-extension ``_kernels_aot`` (numba.pycc, for this machine's CPU). It loads in milliseconds, while
-importing numba and initialising its JIT, even with every kernel in numba's cache, costs about
-0.65 s in each process that solves a large model: 9 of the 12 Table 1 cases, a fifth of their
-sequential wall time (BENCHMARKS.md ``cli-table1``). The extension is used only when it was built
+extension ``_kernels_aot`` (numba.pycc, for this machine's CPU). It loads at once, while importing
+numba and initialising its JIT, even with every kernel in numba's cache, is a large part of the
+start-up of each process that solves a large model (BENCHMARKS.md ``cli-table1``). The extension is used only when it was built
 from the current ``_kernels_jit.py`` (a digest recorded beside it) and for the argument types it
 was built for (:data:`SIGNATURES`); otherwise the JIT kernels run, from numba's cache.
 """
@@ -63,7 +62,7 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
-def _load_aot() -> ModuleType | None:
+def load_aot() -> ModuleType | None:
     try:
         if DIGEST_FILE.read_text().strip() != source_digest():
             return None  # built from other kernels: stale
@@ -72,7 +71,7 @@ def _load_aot() -> ModuleType | None:
         return None
 
 
-_aot = _load_aot()
+_aot = load_aot()
 #: set False to run the JIT kernels even where the extension would do (the warm-up fills their cache)
 USE_AOT = True
 

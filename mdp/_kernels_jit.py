@@ -21,8 +21,8 @@ def box_minimum(V, idle, order, nb, tol, G, A):  # type: ignore[no-untyped-def]
     ``order``/``nb`` list, queue after queue, each state with its one-more-thread neighbour,
     neighbours first (higher thread level), so a suffix minimum is read only once complete.
     Idle post-decision states are excluded (G = inf there before the passes). The updates are
-    selects, not branches: which neighbour wins is data-dependent and a mispredicted branch per
-    pair made this pass 2.4x slower (case 8, 96,075 states, 195,660 pairs).
+    selects, not branches: which neighbour wins is data-dependent, so a branch per pair would be
+    mispredicted about half the time.
     """
     n = V.size
     for s in range(n):
@@ -40,8 +40,8 @@ def box_minimum(V, idle, order, nb, tol, G, A):  # type: ignore[no-untyped-def]
 
 @njit(cache=True, nogil=True)
 def box_value(V, idle, order, nb, G):  # type: ignore[no-untyped-def]
-    """G of :func:`box_minimum` without the argmin: what a Bellman step needs (5x faster, no
-    branch and no second array; the decision is taken once, after the iteration)."""
+    """G of :func:`box_minimum` without the argmin: what a Bellman step needs (no branch and no
+    second array; the decision is taken once, after the iteration)."""
     n = V.size
     for s in range(n):
         G[s] = np.inf if idle[s] else V[s]
@@ -63,7 +63,7 @@ def bellman_residual(indptr, indices, data, cost, V, idle, order, nb, G, TV, f):
     for x in range(n):
         acc = cost[x]
         for t in range(indptr[x], indptr[x + 1]):
-            acc += data[t] * G[np.uint64(indices[t])]  # unsigned: no wraparound test (20 % faster)
+            acc += data[t] * G[np.uint64(indices[t])]  # unsigned: no wraparound test
         TV[x] = acc
         if x == 0:
             tv0 = acc
@@ -184,7 +184,7 @@ def event_rows(  # type: ignore[no-untyped-def]
 
     ``rows`` are the states in rank order (``keys``); a destination is found through ``dense``
     (position per rank, −1: none) or, when it is empty, a binary search of ``keys``. Events and
-    rates as chain_bfs (statespace._events' types, order and arithmetic); each row's total rate
+    rates as chain_bfs (statespace.transitions' types, order and arithmetic); each row's total rate
     ``out`` is summed in that order, its entries are rate / ``lam`` and the diagonal 1 − out / lam,
     the columns sorted. ``fill`` False: only count each row's entries into indptr[x + 1]. Returns
     −1, or the first state with a destination outside the space."""
@@ -197,8 +197,8 @@ def event_rows(  # type: ignore[no-untyped-def]
     cols = np.empty(ev_src.size + 1, dtype=np.int64)
     vals = np.empty(ev_src.size + 1)
     for x in range(S):
-        # the row and event rates as in chain_bfs, written out in both: as a shared njit helper
-        # this pass measured ~1.5x slower in the ahead-of-time build
+        # the row and event rates as in chain_bfs, written out in both: the ahead-of-time build
+        # does not inline a shared njit helper taking arrays
         n_tot = 0
         K = 0
         W = 0.0
@@ -313,9 +313,9 @@ def anderson_history(x, f, x_old, f_old, df, dxf, head, k, both):  # type: ignor
     and both[j] = (Δf_j·Δf_head, Δf_j·f) for the first ``k`` rows — the Gram row and the right side.
 
     Stored rows are read two at a time: four independent sums instead of two, each still adding its
-    terms in index order (so bit for bit the sums of one row at a time), which a pass bound by the
-    latency of its additions takes 23 % less time over (0.48 against 0.62 ms, 96,075 states, six
-    rows; interleaving every row per entry, strided, measured 1.2-1.7x slower).
+    terms in index order (so bit for bit the sums of one row at a time): a pass bound by the
+    latency of its additions overlaps two chains of them (interleaving every row per entry would
+    stride through memory instead).
     """
     n = x.size
     for i in range(n):
@@ -371,9 +371,9 @@ def anderson_mix(x, f, dxf, gamma, out):  # type: ignore[no-untyped-def]
 def anderson_gamma(gram, k, both, gamma):  # type: ignore[no-untyped-def]
     """γ = (G + εI)⁻¹ r, G the leading k×k block of ``gram``, r = ``both[:k, 1]`` and
     ε = 1e-13·trace(G) + 1e-300: anderson.py's regularised normal equations, by Gaussian
-    elimination with partial pivoting (LAPACK's dgesv does the same on so small a system, but
-    numpy's call costs 13.5 µs against 0.7 µs here: ~20 ms of Table 1 case 8's ~1,400 mixing
-    steps). False (γ not written) when a pivot is zero or not finite: the caller drops its history."""
+    elimination with partial pivoting (LAPACK's dgesv does the same, but on so small a system
+    numpy's call overhead is most of the cost, once per mixing step). False (γ not written) when
+    a pivot is zero or not finite: the caller drops its history."""
     a = np.empty((k, k + 1))
     tr = 0.0
     for i in range(k):
@@ -425,7 +425,7 @@ def chain_bfs(  # type: ignore[no-untyped-def]
     resumes from it, so when the buffers fill (return 1) the caller enlarges them and calls again
     (the state being expanded is expanded anew). Returns 0 when done, 2 beyond ``max_states``.
 
-    Each state's events are those of statespace._events (``ev_src`` −1: an arrival, while the
+    Each state's events are those of statespace.transitions (``ev_src`` −1: an arrival, while the
     system holds fewer than ``cap``; else the busy coordinate it needs), with the same rate
     arithmetic; the rule then starts threads as chain._apply_rule does: all at once with phases
     known (``deterministic``), else one at a time, each phase drawn (a tree of outcomes), the rule
@@ -436,7 +436,7 @@ def chain_bfs(  # type: ignore[no-untyped-def]
     Transitions are (source, destination discovery index, rate); ``level`` is each state's depth.
     A post-decision state's key is its rank (statespace.Ranker); the hash table holds (key, index)
     pairs side by side. Written as one function without array views or helper calls taking
-    arrays: each of those costs atomic reference counts per use (measured: 60 % of the time).
+    arrays: each of those costs atomic reference counts per use, most of the time of this loop.
     """
     L = rows.shape[1]
     Q = sp_ptr.size - 1

@@ -1,4 +1,4 @@
-"""The compiled event loop of :mod:`overtake.mdp.simulate` (numba ``njit``; one function, no Python calls).
+"""The compiled event loop of :mod:`overtake.mdp.simulation` (numba ``njit``; one function, no Python calls).
 
 Processor sharing in virtual time: with K active threads every thread progresses at rate
 r(K) = c(K)/K, so one virtual clock V (dV/dt = r(K)) serves all threads. A thread's next phase

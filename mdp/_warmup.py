@@ -3,10 +3,10 @@
     python -m overtake.mdp._warmup
 
 Run by the Makefile when the virtual environment is set up (and again when a kernel's source
-changes), so the first solve of a fresh install loads machine code instead of compiling it
-(several seconds). It then builds the solver kernels' extension ``_kernels_aot`` (numba.pycc, about
-10 s, needs a C compiler) unless the one present is current: with it a solve imports no numba at
-all (0.65 s less per process, :mod:`overtake.mdp._kernels`). Each kernel is reached through the
+changes), so the first solve of a fresh install loads machine code instead of compiling it.
+It then builds the solver kernels' extension ``_kernels_aot`` (numba.pycc, needs a C compiler)
+unless the one present is current: with it a solve imports no numba at all
+(:mod:`overtake.mdp._kernels`). Each kernel is reached through the
 code that calls it in production, on a model just large enough to take the compiled paths, so
 the cached signatures are the real ones (int32 sparse indices, int64 state indices, float64 values).
 """
@@ -52,7 +52,7 @@ def build_extension(cpu: str = "host") -> str:
     from . import _kernels
 
     try:
-        if _kernels.DIGEST_FILE.read_text().strip() == _kernels.source_digest() and _kernels._load_aot() is not None:
+        if _kernels.DIGEST_FILE.read_text().strip() == _kernels.source_digest() and _kernels.load_aot() is not None:
             return "ahead-of-time kernels current"
     except OSError:
         pass
@@ -65,18 +65,18 @@ def build_extension(cpu: str = "host") -> str:
 
 
 def _calls(_kernels: Any) -> None:
+    from .average_cost import anderson_rvi, induced_matrix, relative_value_iteration
     from .bellman import KERNEL_MIN_STATES, ActionIndex
     from .evaluate import stationary_distribution
     from .heuristic import overtaking_heuristic
-    from .simulate import simulate
-    from .solve import anderson_rvi, induced_matrix, relative_value_iteration
+    from .simulation import simulate
     from .statespace import Layout, StateSpace, Truncation
 
     model = _model()
     space = StateSpace(model, Truncation(8, 3))  # 6,435 states: above every kernel threshold
     assert space.size >= KERNEL_MIN_STATES
     space.ranker.rank(space.rows)
-    space._compiled_event_matrix(force=True)
+    space.compiled_event_matrix(force=True)
     ActionIndex(space).box_minimum(np.zeros(space.size))
     relative_value_iteration(space, max_iter=2)
     res = anderson_rvi(space, max_iter=3)  # the second step on mixes (anderson.py kernels)

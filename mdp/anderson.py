@@ -1,7 +1,7 @@
 """Anderson acceleration of a fixed-point iteration x ← G(x) (Walker and Ni 2011, type II).
 
 The solvers iterate maps whose slow modes come from long service phases: relative value iteration
-(solve.py) and Gauss–Seidel for stationary laws (evaluate.py). Given the residual f = G(x) − x and
+(average_cost.py) and Gauss–Seidel for stationary laws (evaluate.py). Given the residual f = G(x) − x and
 the last ``memory`` differences ΔX, ΔF of iterates and residuals, the accelerated step is
 
     x⁺ = x + f − (ΔX + ΔF)·γ,    γ = argmin ‖f − ΔF·γ‖₂          (Walker and Ni 2011, eq. 2.1, β = 1),

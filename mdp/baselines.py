@@ -1,4 +1,6 @@
-"""Baseline thread policies of paper 004, §3–4, as decision rules on the phase-blind layout.
+"""Baseline thread policies as decision rules on the phase-blind layout.
+
+The baselines are van der Weij et al.'s ("Dynamic thread assignment", §3–4):
 
 * π(k): at most k threads in total, later stages first (requests at stage i have priority over
   stage j when i ≥ j), FCFS within a stage.

@@ -1,4 +1,6 @@
-"""The minimisation over spawn actions in paper 004's operator (the function H of §2).
+"""The minimisation over spawn actions in the MDP's operator.
+
+The function H of van der Weij et al., "Dynamic thread assignment", §2.
 
 At a pre-decision state y = (w, k) the controller may start threads for any waiting requests:
 
@@ -32,7 +34,7 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 #: Below this many states the solvers use numpy passes instead of the compiled kernels, so a small
-#: scenario never imports numba (0.3–0.5 s of start-up); above it the kernels are faster.
+#: scenario never imports numba (a noticeable start-up); above it the kernels are faster.
 KERNEL_MIN_STATES = 5_000
 
 

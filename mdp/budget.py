@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from math import comb
 
+from .caps import next_solve_cap
 from .errors import TruncationError
 from .model import TandemModel
+from .optimum import estimate_states
 from .statespace import PhaseInfo, Truncation
-from .truncation import estimate_states, next_solve_cap
 
 __all__ = ["BYTES_PER_STATE", "DEFAULT_MAX_STATES", "StateBudgetError", "check_budget", "max_uniform_order",
            "shape_states"]

@@ -19,7 +19,7 @@ import scipy.sparse as sp
 
 from .errors import TruncationError
 from .model import TandemModel
-from .statespace import Layout, Ranker, _event_tables, _events, _share_tables, uniformization_rate
+from .statespace import Layout, Ranker, event_tables, share_tables, transitions, uniformization_rate
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -100,10 +100,9 @@ def build_chain(
     (_kernels_jit.chain_bfs) where the solver kernels load without numba (their ahead-of-time
     build) or numba is loaded anyway: the same states in the same order and the same transition
     matrix (to rounding in sums of coinciding transitions) as the level-by-level numpy search
-    below, which any other rule takes (tests/mdp/test_chain_compiled.py). Table 1 case 8: its
-    eighteen chains took 1.19 s of CPU, now 0.40 s (π* on cap 23, 84,919 states: 0.32 s, now
-    0.18 s, a third of it the sparse matrix's assembly). ``compiled``: True forces the compiled
-    search (numba's JIT if need be), False the numpy one; None chooses as above.
+    below, which any other rule takes (tests/mdp/test_chain_compiled.py), without the level-by-level
+    search's temporaries. ``compiled``: True forces the compiled search (numba's JIT if need be),
+    False the numpy one; None chooses as above.
     """
     C = max_requests
     k_max = C if max_threads is None else min(max_threads, C)
@@ -113,7 +112,7 @@ def build_chain(
             return chain
 
     def step(frontier: IntArray) -> tuple[IntArray, FloatArray, IntArray]:
-        s, pre, r = _events(model, layout, frontier, C)
+        s, pre, r = transitions(model, layout, frontier, C)
         return _apply_rule(layout, pre, r, s, rule, k_max)
 
     return breadth_first(model, layout, step, max_requests=C, k_max=k_max, max_states=max_states)
@@ -150,7 +149,7 @@ def breadth_first(model: TandemModel, layout: Layout, step: Step, *, max_request
         pos = np.minimum(np.searchsorted(known_keys, uk), known_keys.size - 1)
         new = known_keys[pos] != uk
         frontier = post[first[new]]
-        # merge two sorted runs (timsort: linear); np.union1d's hash-based unique is ~20x slower here
+        # merge two sorted runs (timsort: linear), not np.union1d, which sorts both from scratch
         known_keys = np.sort(np.concatenate([known_keys, uk[new]]), kind="stable")
         all_rows.append(frontier)
         n_known += frontier.shape[0]
@@ -200,7 +199,7 @@ def _rule_tables(rule: Rule, layout: Layout, model: TandemModel) -> tuple[int, t
         keys, dense, spawn = pol.lookup_tables()
         queue_stage = np.asarray(layout.queue_stage, dtype=np.int64)
         coord_stage = np.asarray(model.coord_stage(), dtype=np.int64)
-        return 0, (np.zeros(1, dtype=np.int64), keys, dense, spawn, pol._ranker._n, int(pol.max_requests),
+        return 0, (np.zeros(1, dtype=np.int64), keys, dense, spawn, pol.ranker.counts, int(pol.max_requests),
                    int(pol.max_threads), queue_stage, coord_stage, np.arange(Q, dtype=np.int64))
     return None
 
@@ -223,8 +222,8 @@ def _build_compiled(model: TandemModel, layout: Layout, rule: Rule, C: int, k_ma
     L = Q + D
     ranker = Ranker(L, C)
     lam_u = uniformization_rate(model, k_max)
-    ev_src, ev_move, ev_f = _event_tables(model, layout)
-    per_thread, weights = _share_tables(model, k_max)
+    ev_src, ev_move, ev_f = event_tables(model, layout)
+    per_thread, weights = share_tables(model, k_max)
     sp_ptr = np.zeros(Q + 1, dtype=np.int64)
     sp_coord: list[int] = []
     sp_prob: list[float] = []
@@ -247,7 +246,7 @@ def _build_compiled(model: TandemModel, layout: Layout, rule: Rule, C: int, k_ma
     ht = np.empty((2 * n_cap, 2), dtype=np.int64)
     st = np.array([1, 0, 0, 1], dtype=np.int64)  # one state (the empty system), rebuild the table
     while True:
-        status = _kernels.chain_bfs(st, rows, keys, level, ht, t_src, t_dst, t_rate, ranker._n, C, k_max, max_states,
+        status = _kernels.chain_bfs(st, rows, keys, level, ht, t_src, t_dst, t_rate, ranker.counts, C, k_max, max_states,
                                     ev_src, ev_move, ev_f, per_thread, weights, model.weights is not None, sp_ptr,
                                     coords, probs, layout.deterministic, kind, *rargs)
         if status == 0:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .caps import next_evaluation_cap, relative_change
 from .errors import ModelError, TruncationError
 from .lp import InfeasibleError, LinearConstraint, LPResult, occupation_lp, stage_sojourn_constraint, threads_constraint
 from .model import TandemModel
@@ -250,7 +251,7 @@ def solve_constrained(
     max_states: int = MAX_LP_STATES,
     progress: Progress | None = None,
 ) -> ConstrainedOptimum:
-    """Constrained optimum; fixed ``truncation`` or grown like :func:`overtake.mdp.truncation.solve_optimal`.
+    """Constrained optimum; fixed ``truncation`` or grown like :func:`overtake.mdp.optimum.solve_mdp`.
 
     Auto-truncation: one more thread is allowed while it lowers the objective by ≥ ``tol``
     (relative); the request cap grows ×1.5 until E[W] changes by < ``tol``.
@@ -293,10 +294,9 @@ def solve_constrained(
                 if lp.objective - lpK.objective >= tol * lp.objective:
                     tr, lp, free = trK, lpK, freeK
                     continue
-            C2 = max(tr.max_requests + 2, int(math.ceil(1.5 * tr.max_requests)))
-            tr2 = Truncation(C2, tr.k_max)
+            tr2 = Truncation(next_evaluation_cap(tr.max_requests), tr.k_max)
             lp2, free2 = run(tr2)
-            change = abs(lp2.metrics.mean_response_time - lp.metrics.mean_response_time) / lp.metrics.mean_response_time
+            change = relative_change(lp2.metrics.mean_response_time, lp.metrics.mean_response_time)
             tr, lp, free = tr2, lp2, free2
             if change < tol:
                 break

@@ -1,4 +1,4 @@
-"""Exact policy evaluation: the stationary law of the chain a policy induces (paper 004, §4.1).
+"""Exact policy evaluation: the stationary law of the chain a policy induces.
 
 Every policy — π*, a baseline, or a loaded artifact — is evaluated the same way: build the chain
 of post-decision states reachable from the empty system, solve πQ = 0 (sparse LU for small chains,
@@ -29,14 +29,12 @@ IntArray = npt.NDArray[np.int64]
 
 _DIRECT_LIMIT = 4_000
 _DENSE_LIMIT = 1_500
-#: once the kernels are loaded, Gauss–Seidel from this many states on: a dense LU is O(n³) (the
-#: baselines of Table 1 case 8: π(4) on cap 30, 980 states, 32 ms against 5.2 ms; π(1,1) on cap
-#: 20, 841 states, 18 ms against 2.6 ms; 280 states 2.9 against 1.7 ms; E[W] within 1e-8)
+#: once the kernels are loaded, Gauss–Seidel from this many states on: a dense LU is O(n³) and
+#: loses to it on the baselines' chains from a few hundred states (E[W] the same within 1e-8)
 _GS_FROM = 250
 _GS_ROUNDS = 2_500  # accelerated steps of _GS_SWEEPS sweeps each
-#: Gauss–Seidel sweeps between two residual tests and Anderson steps: four, not two, take 21 % less
-#: time on Table 1 case 12's π* chain on cap 23 (115,219 states, warm start: 21 steps against 39;
-#: cold: 0.47 against 0.78 s), as fast on the baselines' chains; the law meets the same test.
+#: Gauss–Seidel sweeps between two residual tests and Anderson steps: four rather than two halve
+#: the steps on large π* chains and cost no more on the baselines'; the law meets the same test.
 _GS_SWEEPS = 4
 _AA_MEMORY = 10
 
@@ -62,6 +60,12 @@ class PolicyMetrics:
         return d
 
 
+def start_vector_pays(states: int) -> bool:
+    """Whether a start vector for :func:`stationary_distribution` on a chain of ``states`` states is
+    worth mapping: not where a dense LU solves the chain, which takes no start."""
+    return states > _DENSE_LIMIT
+
+
 def solve_sparse(A: sp.csc_matrix, b: FloatArray, x0: FloatArray | None = None) -> FloatArray:
     """Solve A x = b: SuperLU for small systems, ILU-preconditioned GMRES for large lattices."""
     return sparse_solver(A)(b, x0)
@@ -71,10 +75,10 @@ def sparse_solver(A: sp.csc_matrix) -> Callable[[FloatArray, FloatArray | None],
     """Factor A once; the returned ``solve(b, x0)`` reuses the factor for every right-hand side.
 
     SuperLU up to ``_DIRECT_LIMIT`` unknowns; above, an incomplete LU preconditions GMRES (a
-    complete LU of these lattices fills in badly: 17 M factor entries and 184 s on Table 1
-    case 8's 96,075 states, BENCHMARKS.md ``mdp-peer``), warm-started from ``x0`` when given.
+    complete LU of these lattices fills in badly, BENCHMARKS.md ``mdp-peer``), warm-started from
+    ``x0`` when given.
     """
-    import scipy.sparse.linalg as spla  # 0.1 s of start-up, only where a system is solved
+    import scipy.sparse.linalg as spla  # slow to import: only where a system is solved
 
     n = A.shape[0]
     if n <= _DIRECT_LIMIT:
@@ -101,7 +105,7 @@ def reachable(P: sp.csr_matrix, start: int = 0) -> IntArray:
     """Sorted indices of the states reachable from ``start`` along positive entries of P.
 
     Breadth-first, compiled once the solver kernels are loaded, else one vectorised step per level
-    (scipy.sparse.csgraph would do the same but costs 0.2 s of imports through scipy.sparse.linalg).
+    (scipy.sparse.csgraph would do the same but imports scipy.sparse.linalg, slow to load).
     """
     P = sp.csr_matrix(P)
     n = P.shape[0]
@@ -142,9 +146,8 @@ def stationary_distribution(
     if np.any(np.abs(np.asarray(Psub.sum(axis=1)).ravel() - 1.0) > 1e-9):
         raise SolverError("the states reachable from the empty system are not closed under the policy")
     # Gauss–Seidel (below) needs the compiled kernels; once a large solve has loaded them it beats
-    # a sparse LU (π* chains of Table 1 case 8, 2,744 and 3,705 states: 0.02 s against 0.05-0.25 s,
-    # the LU filling in) and a dense one from _GS_FROM states on, while a small scenario keeps
-    # numba unloaded.
+    # a sparse LU (which fills in on these chains) and a dense one from _GS_FROM states on, while a
+    # small scenario keeps numba unloaded.
     direct_limit = min(_GS_FROM, _DENSE_LIMIT) if "overtake.mdp._kernels" in sys.modules else _DIRECT_LIMIT
     if n <= direct_limit:
         # small chains: one LU of the reduced system π₋₀(I − P)₋₀ = P(0, ·)₋₀ with π(0) = 1, dense
@@ -168,8 +171,7 @@ def stationary_distribution(
     Pc = Psub.tocsc()
     PT = Pc.T.tocsr()
     diag = Pc.diagonal()
-    # the sweeps skip the diagonal: without its entries they read a sixth less (10 % faster on
-    # Table 1 case 8's π* chain on cap 23), the same sums
+    # the sweeps skip the diagonal: without its entries they read a sixth less, the same sums
     col = np.repeat(np.arange(n, dtype=Pc.indices.dtype), np.diff(Pc.indptr))
     keep = Pc.indices != col
     off_ptr = np.zeros(n + 1, dtype=Pc.indptr.dtype)

@@ -1,4 +1,6 @@
-"""The overtaking heuristic: Theorem 3.1 of paper 004 as an index rule, without value iteration.
+"""The overtaking heuristic: Theorem 3.1 as an index rule, without value iteration.
+
+The theorem is van der Weij et al.'s ("Dynamic thread assignment").
 
 Theorem 3.1 starts threads for phase-j requests at stage i when they *overtake in expectation*
 requests at stages ≥ i under the downstream rules. We make "in expectation" concrete with the
@@ -38,7 +40,6 @@ With more than one core, a thread that adds capacity (c(K+1)/(K+1) ≥ c(K)/K) i
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,8 +53,8 @@ from .errors import ModelError
 from .evaluate import PolicyMetrics
 from .model import TandemModel
 from .model import capacity_compiled as _cap
+from .rule_evaluation import evaluate_rule, grow_requests
 from .statespace import Layout
-from .truncation import evaluate_rule
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -252,23 +253,14 @@ def evaluate_heuristic(
     start: int = 20, max_requests: int = 400,
 ) -> HeuristicEvaluation:
     """Exact metrics of the heuristic (chain on the ``full`` layout); the request cap grows 1.5×
-    until E[W] moves by less than ``tol`` (as :func:`overtake.mdp.truncation.evaluate_baseline`)."""
+    until E[W] moves by less than ``tol`` (as :func:`overtake.mdp.rule_evaluation.evaluate_baseline`)."""
     t0 = time.perf_counter()
     h = heuristic or overtaking_heuristic(model)
     model.check_stable(None)
     layout = Layout.build(model, "full")
-    trace: list[dict[str, Any]] = []
-    C = start
-    prev = evaluate_rule(model, layout, h.actions, max_requests=C, max_threads=None)
-    trace.append({"max_requests": C, "mean_response_time": prev.mean_response_time, "states": prev.states})
-    while True:
-        C2 = max(C + 2, int(math.ceil(1.5 * C)))
-        if C2 > max_requests:
-            raise ModelError(f"heuristic: E[W] still changes at max_requests = {C}; the load is too close to 1")
-        cur = evaluate_rule(model, layout, h.actions, max_requests=C2, max_threads=None)
-        change = abs(cur.mean_response_time - prev.mean_response_time) / prev.mean_response_time
-        trace.append({"max_requests": C2, "mean_response_time": cur.mean_response_time,
-                      "states": cur.states, "relative_change": change})
-        if change < tol:
-            return HeuristicEvaluation(h.name, cur, trace, time.perf_counter() - t0)
-        C, prev = C2, cur
+
+    def ev(C: int) -> PolicyMetrics:
+        return evaluate_rule(model, layout, h.actions, max_requests=C, max_threads=None)
+
+    m, trace = grow_requests(ev, start, tol, h.name, max_cap=max_requests, error=ModelError)
+    return HeuristicEvaluation(h.name, m, trace, time.perf_counter() - t0)

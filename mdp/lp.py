@@ -1,5 +1,7 @@
-"""The average-cost MDP as an occupation-measure linear programme (paper 004, §2; Puterman 1994, §8.8;
-Altman, *Constrained Markov Decision Processes*, 1999, ch. 4).
+"""The average-cost MDP as an occupation-measure linear programme.
+
+The MDP is van der Weij et al.'s ("Dynamic thread assignment", §2); the programme is Puterman's
+(*Markov Decision Processes*, §8.8) and Altman's (*Constrained Markov Decision Processes*, ch. 4).
 
 The spawn decision at a pre-decision state y is a box of actions (start any number of threads from
 each queue). Enumerating the box per state makes the LP explode, so the decision is written as the
@@ -20,9 +22,9 @@ as for randomised box policies, since flows on the acyclic spawn graph decompose
 and back). A solution is read as a randomised policy on nodes: at v, stop or spawn from q with
 probability proportional to z(v) and u(v, q). Nodes without flow take the action of least reduced
 cost (greedy against the dual values). Every policy is then evaluated exactly
-(:func:`overtake.mdp.evaluate.stationary_distribution` on P_E·R): HiGHS at default tolerances returned an
-objective 0.2 % low with a worse policy (notes, mdp_and_control_peers.md A.2), so tolerances are
-1e-10 and the exact figures — not the LP objective — are what callers report.
+(:func:`overtake.mdp.evaluate.stationary_distribution` on P_E·R): at its default tolerances HiGHS
+can return an objective below the optimum with a worse policy, so tolerances are 1e-10 and the
+exact figures — not the LP objective — are what callers report.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 #: HiGHS options: interior point then crossover to a basic (hence minimally randomised) solution,
-#: at 1e-10 tolerances. Dual simplex alone was 1.5x slower at 2k states and far slower beyond.
+#: at 1e-10 tolerances. Dual simplex alone is slower, the more so the larger the space.
 HIGHS_OPTIONS: dict[str, Any] = {
     "solver": "ipm",
     "run_crossover": "on",
@@ -118,7 +120,7 @@ class NodePolicy:
         return (self.space.event_matrix @ self.outcome_matrix()).tocsr()
 
     def deterministic_decision(self) -> IntArray:
-        """The most likely action as a decision array in :mod:`overtake.mdp.solve`'s format.
+        """The most likely action as a decision array in :mod:`overtake.mdp.average_cost`'s format.
 
         Phase-known layout: the post-decision state reached (most likely outcome of R's row);
         phase-at-start layout: the queue to spawn from first, −1 for none.

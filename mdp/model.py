@@ -1,4 +1,4 @@
-"""The two-layered tandem model of paper 004, §2.
+"""The two-layered tandem model of van der Weij, Bhulai and van der Mei, "Dynamic thread assignment", §2.
 
 N stages in tandem share one processor. Stage ``i`` has a phase-type service time
 PH(α_i, T_i) with ``M_i`` phases; a request is served at a stage only once a thread has been
@@ -7,7 +7,7 @@ active threads in total every thread progresses at rate ``c(K)/K`` where
 
     c(K) = min(K, m) / (1 + δ·K),    c(0) = 0,
 
-``m`` = ``cores`` and ``δ`` = ``overhead`` (paper 004 has m = 1, δ = 0; δ > 0 models the
+``m`` = ``cores`` and ``δ`` = ``overhead`` (the paper has m = 1, δ = 0; δ > 0 models the
 "too many threads hurts" effect its introduction describes). Arrivals are Poisson(λ) to stage 1.
 Time is in seconds (or any unit, consistently); rates are per unit time.
 """
@@ -36,7 +36,7 @@ def capacity(k: npt.NDArray[Any], cores: int, overhead: float) -> FloatArray: ..
 def capacity(k: Any, cores: int, overhead: float) -> Any:
     """c(K) = min(K, m)/(1 + δ·K), the processor's total service rate with K active threads.
 
-    Paper 004, §2 (m = 1, δ = 0 there; δ > 0 is this module's thread-overhead extension). The
+    The paper's §2 (m = 1, δ = 0 there; δ > 0 is this module's thread-overhead extension). The
     one definition: :meth:`TandemModel.capacity`, the simulator's and the heuristic's compiled
     kernels (through :data:`capacity_compiled`, numba's compilation of this very function) and
     the sidecar's attained-service clock all evaluate it.
@@ -66,7 +66,7 @@ def __getattr__(name: str) -> Any:
     """``capacity_compiled``: :func:`capacity` compiled by numba for the nopython kernels
     (``_simkernel``, ``heuristic``); the same source, so the kernels cannot drift from it
     (tests/mdp/test_simulate.py compares them). Built on first access (PEP 562): importing numba
-    costs 0.3-0.5 s of start-up that a small scenario never needs."""
+    costs a noticeable start-up that a small scenario never needs."""
     if name != "capacity_compiled":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     if name not in _compiled:
@@ -179,7 +179,7 @@ class Stage:
 
 @dataclass(frozen=True)
 class TandemModel:
-    """Paper 004's tandem: Poisson(λ) arrivals, N PH stages, one shared processor.
+    """The paper's tandem: Poisson(λ) arrivals, N PH stages, one shared processor.
 
     Parameters
     ----------
@@ -188,15 +188,15 @@ class TandemModel:
     stages
         The stages in the order requests visit them.
     cores
-        ``m`` in c(K) = min(K, m)/(1 + δK); paper 004 has m = 1.
+        ``m`` in c(K) = min(K, m)/(1 + δK); the paper has m = 1.
     overhead
-        ``δ`` ≥ 0, the per-thread slowdown; paper 004 has δ = 0.
+        ``δ`` ≥ 0, the per-thread slowdown; the paper has δ = 0.
     weights
         CPU weight of a thread at each (stage, phase) coordinate: the processor's c(K) is shared
         in proportion to them (discriminatory processor sharing; Fayolle, Mitrani and Iasnogorodski,
-        *Sharing a processor among many job classes*, JACM 1980). None: equal shares, paper 004's
+        *Sharing a processor among many job classes*, JACM 1980). None: equal shares, the paper's
         processor sharing. With phases that do not move (hyperexponential stages) this is the
-        CPU-priority lever's class priority by start phase (issue 20, :mod:`overtake.mdp.priority`).
+        CPU priority by start phase (class priority, :mod:`overtake.mdp.priority_classes`).
         One core only.
     """
 

@@ -2,8 +2,8 @@
 
 A sidecar without phase labels sees, per waiting queue (a stage, or a stage's route class,
 :mod:`overtake.mdp.routes`), the number of requests waiting, and per stage the number of active
-threads. The chain keeps everything else: the phase of every active thread (a coordinate of paper
-004's state, §2) and, through the queue's prior α, the phase each waiting request will start in.
+threads. The chain keeps everything else: the phase of every active thread (a coordinate of the
+MDP's state) and, through the queue's prior α, the phase each waiting request will start in.
 With ``x = (w, k)`` a full state (waiting per queue, threads per (stage, phase) coordinate) the
 observation is
 
@@ -14,10 +14,11 @@ threads to start from each queue. Starting a_q threads from queue q draws their 
 α_q (a multinomial), so one action leads to a distribution over post-decision states.
 
 Decision epochs are the events the observation shows: arrivals and completions. A phase change
-inside a thread (or a uniformization self-loop) leaves ``o`` unchanged and, unlike the MDP of
-paper 004 §2 which re-decides at every event, triggers no decision: a sidecar cannot act on an
-event it does not see. With ``P_E`` the uniformized event matrix split into observation-changing
-``P_chg`` and unchanged ``P_same`` parts, a table ``A`` induces the post-decision chain
+inside a thread (or a uniformization self-loop) leaves ``o`` unchanged and, unlike the MDP (van
+der Weij, Bhulai and van der Mei, "Dynamic thread assignment", §2), which re-decides at every
+event, triggers no decision: a sidecar cannot act on an event it does not see. With ``P_E`` the
+uniformized event matrix split into observation-changing ``P_chg`` and unchanged ``P_same``
+parts, a table ``A`` induces the post-decision chain
 
     P_A = P_chg · R_A + P_same,        R_A(y, ·) = law of the post-decision state from y under A(o(y)),
 
@@ -60,7 +61,7 @@ from .statespace import (
     Ranker,
     StateSpace,
     Truncation,
-    _events,
+    transitions,
 )
 
 __all__ = ["ExactEvaluation", "Factor", "ObservationSpace", "Proposal", "evaluate_observed", "observe", "observed_chain"]
@@ -291,9 +292,9 @@ class ObservationSpace:
         self.P_same = sp.csr_matrix((PE.data[same], (PE.row[same], PE.col[same])), shape=(S, S))
         self.P_change = sp.csr_matrix((PE.data[~same], (PE.row[~same], PE.col[~same])), shape=(S, S))
         # iterative solves (evaluate): the cheapest factorization made on this space preconditions
-        # them (a π(∞)-like table fills in 10x less than the tables the search reaches, and its LU
-        # preconditions those as well: ~100 BiCGSTAB iterations on Table 1 case 6's route chain),
-        # and they may take what the costliest factorization took
+        # them (a π(∞)-like table's LU fills in far less than those of the tables the search
+        # reaches, and preconditions them as well), and they may take what the costliest
+        # factorization took
         self._preconditioner: Factor | None = None
         self._lu_seconds = 0.0
 
@@ -498,7 +499,7 @@ def observed_chain(model: TandemModel, layout: Layout, rule: ObservedRule, *, ma
     k_max = C if max_threads is None else min(max_threads, C)
 
     def step(frontier: IntArray) -> tuple[IntArray, FloatArray, IntArray]:
-        s, pre, r = _events(model, layout, frontier, C)
+        s, pre, r = transitions(model, layout, frontier, C)
         o_pre = observe(model, layout, pre)
         changed = np.any(o_pre != observe(model, layout, frontier)[s], axis=1)
         counts = np.zeros((pre.shape[0], Q), dtype=np.int64)

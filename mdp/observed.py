@@ -1,11 +1,11 @@
 """The best thread policy for what a sidecar can see: observation-restricted policy improvement.
 
-Paper 004's π* needs every request's phase. Without phase labels a sidecar sees the counts of
-:mod:`overtake.mdp.observation` (waiting per queue, active threads per stage); with route
-classes (:mod:`overtake.mdp.routes`) it also sees each waiting request's route. The problem is
-then partially observed: the chain keeps the phases, the policy may not look at them. We
-optimise over deterministic observation policies (one action per observation class), every one
-evaluated exactly on the full chain:
+π* (van der Weij, Bhulai and van der Mei, "Dynamic thread assignment") needs every request's phase.
+Without phase labels a sidecar sees the counts of :mod:`overtake.mdp.observation` (waiting per
+queue, active threads per stage); with route classes (:mod:`overtake.mdp.routes`) it also sees each
+waiting request's route. The problem is then partially observed: the chain keeps the phases, the
+policy may not look at them. We optimise over deterministic observation policies (one action per
+observation class), every one evaluated exactly on the full chain:
 
 1. Start from the best few (three), by exact gain on the truncated chain, of the baselines π(1), π(2), π(4),
    π(∞), π(1,…,1) and the overtaking heuristic restricted to the observation (per class, the
@@ -18,10 +18,10 @@ evaluated exactly on the full chain:
    only if the exact gain is lower. If not, try the changed classes with the largest first-order
    gains (a quarter of them, a sixteenth, …, one), then single classes in that order; stop when
    no step lowers the exact gain or no class proposes a change. Every step is recorded.
-3. Auto-truncation as for π* (:func:`overtake.mdp.truncation.solve_optimal`): the table, extended
-   beyond its cap by :class:`overtake.mdp.Policy`'s projection, is evaluated exactly on request
-   caps C, 1.5C, … until E[W] moves by less than ``tol``; the solve cap grows by 1.25 (warm start:
-   the previous table) until the re-solved table's E[W] moves by less than ``tol``.
+3. Auto-truncation as for π* (:mod:`overtake.mdp.optimum`, :mod:`overtake.mdp.caps`): the table,
+   extended beyond its cap by :class:`overtake.mdp.Policy`'s projection, is evaluated exactly on
+   request caps C, 1.5C, … until E[W] moves by less than ``tol``; the solve cap grows by 1.25
+   (warm start: the previous table) until the re-solved table's E[W] moves by less than ``tol``.
 4. The answer is the best of the improved table and every baseline, each by its own exactly
    evaluated E[W] (and, for ``route``, the ``none`` optimum): E W(none) ≤ min over the baselines
    by construction. ``source`` names where the answer came from.
@@ -35,7 +35,6 @@ the state, the step is Howard's, and the result is π*; and π*(full) ≤ π*(st
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .baselines import Baseline
+from .caps import EVALUATION_GROWTH, ladder_cap, next_solve_cap, relative_change, settle
 from .chain import build_chain
 from .errors import TruncationError
 from .evaluate import PolicyMetrics, stationary_distribution
@@ -53,8 +53,8 @@ from .model import TandemModel
 from .observation import ExactEvaluation, ObservationSpace, evaluate_observed
 from .policy import Policy
 from .routes import RouteSplit
-from .statespace import Layout, StateSpace, Truncation, _events
-from .truncation import Evaluation, evaluate_baseline
+from .rule_evaluation import Evaluation, evaluate_baseline
+from .statespace import Layout, StateSpace, Truncation, count_states, transitions
 
 __all__ = ["Improvement", "ObservedOptimum", "ObservedSolve", "improve", "observed_baselines", "solve_observed"]
 
@@ -122,7 +122,7 @@ def _heuristic_table(osp: ObservationSpace, fallback: IntArray) -> IntArray:
     ch = build_chain(model, full, h.actions, max_requests=osp.cap, max_threads=osp.k_max)
     reach, pi = stationary_distribution(ch.P)
     rows = ch.rows[reach]
-    s, pre, rate = _events(model, full, rows, osp.cap)
+    s, pre, rate = transitions(model, full, rows, osp.cap)
     D, N = model.n_coords, model.n_stages
     cs = model.coord_stage()
 
@@ -294,7 +294,7 @@ class ObservedSolve:
 
 @dataclass(eq=False)
 class ObservedOptimum:
-    """The best observation policy found, as :class:`overtake.mdp.truncation.Optimum` for π*.
+    """The best observation policy found, as :class:`overtake.mdp.optimum.Optimum` for π*.
 
     ``source`` is ``"improved"`` (the local search's table), a baseline name, or ``"none"`` (for
     ``route``: the best policy without routes); ``candidates`` the exact E[W] of each; ``baselines``
@@ -313,20 +313,10 @@ class ObservedOptimum:
     baselines: dict[str, Evaluation] = field(default_factory=dict)
 
 
-def _ladder(C: int, factor: float = 1.5) -> int:
-    return max(C + 2, math.ceil(factor * C))
-
-
-def _states(layout: Layout, n_coords: int, C: int, K: int) -> int:
-    """States of the truncated chain: Σ_{s ≤ K} C(s + D − 1, D − 1) · C(C − s + Q, Q)."""
-    Q, D = layout.n_queues, n_coords
-    return sum(math.comb(s + D - 1, D - 1) * math.comb(C - s + Q, Q) for s in range(min(K, C) + 1))
-
-
-def _thread_cap(layout: Layout, n_coords: int, C: int, max_threads: int | None, budget: int) -> int:
+def _thread_cap(model: TandemModel, layout: Layout, C: int, max_threads: int | None, budget: int) -> int:
     """The largest thread cap K ≤ C (and ≤ max_threads) whose chain has at most ``budget`` states."""
     K = C if max_threads is None else min(C, max_threads)
-    while K > 1 and _states(layout, n_coords, C, K) > budget:
+    while K > 1 and count_states(model, Truncation(C, K), layout) > budget:
         K -= 1
     return K
 
@@ -335,7 +325,7 @@ def solve_observed(
     model: TandemModel, *, phase_info: Observed = "none", routes: RouteSplit | None = None,
     truncation: Truncation | None = None, tol: float = 1e-3, baselines: Sequence[str] | None = None,
     heuristic: bool = True, start: int = 10, max_threads: int | None = None, max_states: int = 40_000,
-    ladder: float | None = None, max_eval_states: int = 1_500_000, starts: int = 3,
+    cap_growth: float | None = None, max_eval_states: int = 1_500_000, starts: int = 3,
     evaluated: dict[str, Evaluation] | None = None, none_optimum: ObservedOptimum | None = None,
     progress: Progress | None = None,
 ) -> ObservedOptimum:
@@ -358,7 +348,7 @@ def solve_observed(
         State budget of a solve chain: its thread cap is lowered until the chain fits (the table
         then starts no thread beyond it; the baselines are evaluated without it). The solve cap
         stops growing where the next one would need a lower thread cap (trace: ``settled`` False).
-    ladder
+    cap_growth
         Growth factor of the evaluation caps (default 1.5 for ``none`` as for π*, 1.25 for
         ``route``, whose chains grow faster with the cap).
     max_eval_states
@@ -445,11 +435,10 @@ def solve_observed(
         return ObservedOptimum(pol, solve, m, osp.space.trunc, trace, time.perf_counter() - t0, n_steps,
                                source, cands, base)
 
-    factor = ladder or (1.25 if phase_info == "route" else 1.5)
-    D = model.n_coords
+    factor = cap_growth or (1.25 if phase_info == "route" else EVALUATION_GROWTH)
 
     def truncation_for(C: int) -> Truncation:
-        return Truncation(C, _thread_cap(layout, D, C, max_threads, max_states))
+        return Truncation(C, _thread_cap(model, layout, C, max_threads, max_states))
 
     if truncation is not None:
         tr = Truncation(truncation.max_requests, truncation.max_threads if max_threads is None else
@@ -464,7 +453,7 @@ def solve_observed(
         return record(osp, imp, m, source, cands, {}, pol)
 
     def extended(pol: Policy, C: int, solve_cap: int) -> PolicyMetrics | None:
-        if _states(layout, D, C, pol.max_threads) > 4 * max_eval_states:
+        if count_states(model, Truncation(C, pol.max_threads), layout) > 4 * max_eval_states:
             return None  # certainly beyond the budget: do not even start the search
         try:
             m = evaluate_observed(model, layout, pol.actions, max_requests=C, max_threads=None,
@@ -476,26 +465,28 @@ def solve_observed(
         return m
 
     def limit(pol: Policy, C: int, solve_cap: int, first: PolicyMetrics | None = None) -> tuple[PolicyMetrics, int]:
-        prev = first or extended(pol, C, solve_cap)
-        if prev is None:
+        """E[W] of the extended table on ladder caps from C on, until one step moves it < tol or
+        the next chain is beyond the evaluation budget (then the last E[W], recorded as unsettled)."""
+        first = first or extended(pol, C, solve_cap)
+        if first is None:
             raise TruncationError(f"observation policy: the chain at cap {C} exceeds {max_eval_states} states")
-        while True:
-            C2 = _ladder(C, factor)
-            cur = extended(pol, C2, solve_cap)
-            if cur is None:
-                trace.append({"check": "evaluation cap", "solve_cap": solve_cap, "max_requests": C2, "settled": False,
-                              "reason": f"the chain exceeds {max_eval_states} states; E[W] of cap {C} reported"})
-                if progress:
-                    progress(f"pi*: cap {C2} exceeds {max_eval_states} states: E[W] of cap {C} reported, unsettled")
-                return prev, C
-            change = abs(cur.mean_response_time - prev.mean_response_time) / prev.mean_response_time
+
+        def step(cap: int, m: PolicyMetrics, change: float) -> None:
             if progress:
-                progress(f"pi*: evaluated on cap {C2}: E[W] = {cur.mean_response_time:.6g} (change {change:.2e})")
-            if change < tol:
-                return cur, C2
-            if C2 > 2000:
-                raise RuntimeError(f"observation policy: E[W] still changes at max_requests = {C2}")
-            C, prev = C2, cur
+                progress(f"pi*: evaluated on cap {cap}: E[W] = {m.mean_response_time:.6g} (change {change:.2e})")
+
+        out = settle(lambda c: extended(pol, c, solve_cap), C, tol=tol, factor=factor, first=first, max_cap=2000,
+                     step=step)
+        if out.stop == "max_cap":
+            raise RuntimeError(f"observation policy: E[W] still changes at max_requests = {out.cap}")
+        if out.stop == "budget":
+            trace.append({"check": "evaluation cap", "solve_cap": solve_cap, "max_requests": out.refused,
+                          "settled": False,
+                          "reason": f"the chain exceeds {max_eval_states} states; E[W] of cap {out.cap} reported"})
+            if progress:
+                progress(f"pi*: cap {out.refused} exceeds {max_eval_states} states: E[W] of cap {out.cap} reported, "
+                         "unsettled")
+        return out.metrics, out.cap
 
     tr = truncation_for(start)
     osp, imp = optimise(tr, None)
@@ -503,7 +494,7 @@ def solve_observed(
     C0 = tr.max_requests
     lim, Ce = limit(pol, C0, C0, imp.evaluation.metrics)
     while True:  # solve cap: does re-solving on a larger cap change the table's E[W]?
-        tr2 = truncation_for(max(tr.max_requests + 2, math.ceil(1.25 * tr.max_requests)))
+        tr2 = truncation_for(next_solve_cap(tr.max_requests))
         if tr2.k_max < tr.k_max:
             # the larger cap fits the state budget only with fewer threads: keep this table (its
             # E[W] is exact all the same; only its optimality on a larger cap is left unchecked)
@@ -516,9 +507,7 @@ def solve_observed(
             break
         osp2, imp2 = optimise(tr2, pol)
         pol2 = osp2.policy(imp2.actions, routes=routes)
-        C = C0
-        while _ladder(C, factor) < Ce and _ladder(C, factor) <= tr2.max_requests:
-            C = _ladder(C, factor)
+        C = ladder_cap(C0, Ce, tr2.max_requests, factor)
         lim2, Ce2 = limit(pol2, C, tr2.max_requests, imp2.evaluation.metrics if C == tr2.max_requests else None)
         if Ce2 != Ce:  # compare both on one evaluation cap: the larger if it fits the budget
             for cap in (max(Ce, Ce2), min(Ce, Ce2)):
@@ -527,7 +516,7 @@ def solve_observed(
                 if a1 is not None and b1 is not None:
                     lim, lim2, Ce = a1, b1, cap
                     break
-        change = abs(lim2.mean_response_time - lim.mean_response_time) / lim.mean_response_time
+        change = relative_change(lim2.mean_response_time, lim.mean_response_time)
         trace.append({"check": "solve cap", "max_requests": tr2.max_requests, "previous": tr.max_requests,
                       "evaluation_cap": Ce, "relative_change": change})
         if progress:

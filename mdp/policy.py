@@ -125,7 +125,7 @@ class Policy:
         self.Q = self.layout.n_queues
         # observation policies see threads per stage, the others threads per (stage, phase)
         self.D = self.model.n_stages if self.observed else self.model.n_coords
-        self._ranker = Ranker(self.Q + self.D, self.max_requests)
+        self.ranker = Ranker(self.Q + self.D, self.max_requests)
         self._lookup: dict[int, int] | None = None
         self._tables: tuple[IntArray, npt.NDArray[np.int32], IntArray] | None = None
 
@@ -198,7 +198,7 @@ class Policy:
         out = np.zeros((rows.shape[0], self.Q), dtype=np.int64)
         ok = np.flatnonzero(~over)
         if ok.size:
-            keys = self._ranker.rank(proj[ok])
+            keys = self.ranker.rank(proj[ok])
             idx = np.minimum(np.searchsorted(self.keys, keys), self.keys.size - 1)
             hit = self.keys[idx] == keys
             out[ok] = np.where(hit[:, None], self.spawn[idx].astype(np.int64), 0)
@@ -210,7 +210,7 @@ class Policy:
         array over every rank of the truncation, kept when it has at most ``DENSE_RANKS`` entries
         (Table 1 case 8's π* on C = 13: 203,490), else empty (a binary search on ``keys`` then)."""
         if self._tables is None:
-            total = int(self._ranker._n[self._ranker.length, self._ranker.cap])  # vectors with sum <= cap
+            total = int(self.ranker.counts[self.ranker.length, self.ranker.cap])  # vectors with sum <= cap
             dense = np.zeros(0, dtype=np.int32)
             if total <= DENSE_RANKS:
                 dense = np.full(total, -1, dtype=np.int32)
@@ -228,7 +228,7 @@ class Policy:
         if sum(vals) <= self.max_requests and sum(vals[self.Q :]) <= self.max_threads and min(vals) >= 0:
             if self._lookup is None:
                 self._lookup = {int(k): i for i, k in enumerate(self.keys)}
-            i = self._lookup.get(self._ranker.rank_one(vals))
+            i = self._lookup.get(self.ranker.rank_one(vals))
             if i is not None:
                 known: IntArray = np.minimum(self.spawn[i].astype(np.int64), row[0, : self.Q])
                 return known

@@ -1,71 +1,30 @@
-"""CPU priority levels by attained service: the lever, its exact analysis on one M/G/1, the thresholds.
+"""CPU priority levels: how the admitted threads share the CPU, and by what rule each gets a level.
 
-The lever (issue 20): every active thread sits in a priority level; the CPU is shared in
-proportion to per-level weights w_0 = 1 > w_1 > … (the kernel's nice/SCHED_IDLE weights), equally
-among the threads of one level. A thread's level is max(its starting class, its age level), the
-age level being the number of thresholds a_1 < a_2 < … its request's attained service *at the
-current stage* has passed. The starting class comes from the policy: 0 for all (age priority),
-or per (stage, phase) coordinate (known-phase short-first, route classes). Thresholds are in the
-model's time unit of attained service (seconds of CPU when δ = 0). :class:`CpuPriority` carries
-the lever to :func:`overtake.mdp.simulate.simulate` and to the ideal twin.
+Every active thread sits in a priority level; the CPU is shared in proportion to per-level weights
+w_0 = 1 > w_1 > … (the kernel's nice/SCHED_IDLE weights), equally among the threads of one level.
+A thread's level is max(its starting class, its age level), the age level being the number of
+thresholds a_1 < a_2 < … its request's attained service *at the current stage* has passed. The
+starting class comes from the policy: 0 for all (age priority), or per (stage, phase) coordinate
+(known-phase short-first, route classes). Thresholds are in the model's time unit of attained
+service (seconds of CPU when δ = 0). Apache's mod_overtake_prio applies them
+(``OvertakePrioLevels``); :class:`CpuPriority` carries them to the simulator
+(:func:`overtake.mdp.simulation.simulate`) and to the sidecar's replay model.
 
-Exact analysis (strict priority, the limit w → 0) on one M/G/1 with phase-type service
----------------------------------------------------------------------------------------
-Multilevel processor sharing (MLPS; Kleinrock, *Queueing Systems* vol. 2, §4.7; Aalto, Ayesta
-and Nyberg-Oksanen, *Two-level processor-sharing scheduling disciplines: mean delay analysis*,
-SIGMETRICS 2004). Write X_a = min(S, a), ρ_a = λE[X_a], m₂(a) = E[X_a²]. A job of size x in a
-level spanning attained service (A, A + B]:
-
-* waits until all work below A is done (priority by attained service makes that work an M/G/1
-  with service X_A): the first-service epoch of the level is, in mean,
-
-  .. math:: T_A = \\frac{A + λm₂(A)/(2(1-ρ_A))}{1-ρ_A}   \\quad(= T_{FB}(A)),
-
-* then shares the level with PS while every new arrival interrupts it with a busy period of
-  below-A work, so one unit of level time costs 1/(1 − ρ_A) of real time, and
-  E[T(x)] = T_A + F(x − A)/(1 − ρ_A) with F(τ) = ∫₀^τ f.
-
-Seen on the level's own clock this is an M^X/G/1-PS queue (jobs cross A in batches), whose
-attained-service density f solves the integral equation of Kleinrock, Muntz and Rodemich (*The
-processor-sharing queueing model for time-shared systems with bulk arrivals*, Networks 1971):
-
-.. math:: f(τ) = 1 + ν'\\Big[\\int_0^{B-τ} f(y)Ḡ(y+τ)\\,dy + \\int_0^τ f(u)Ḡ(τ-u)\\,du\\Big] + βḠ(τ),
-
-with Ḡ(y) = P(S > A + y | S > A) on [0, B), ν' = λP(S > A)/(1 − ρ_A) the level's arrival rate per
-unit of level time, and β = 2λP(S > A)·T_A the mean number of other jobs that start the level
-with the tagged one (those already waiting at age A when it arrives plus those reaching A
-during its wait, each λP(S > A)·T_A by PASTA). The first level has T_A = β = 0 and the constant
-solution f = 1/(1 − ρ_B): E[T(x)] = x/(1 − ρ_{a_1}) (M/G/1-PS with truncated service). With one
-level the whole thing is M/G/1-PS, E[T] = E[S]/(1 − ρ); with ever thinner levels it tends to
-least-attained-service (FB, Schrage 1967; Kleinrock vol. 2 eq. 4.61):
-
-.. math:: E[T_{FB}(x)] = \\frac{x(1-ρ_x) + λm₂(x)/2}{(1-ρ_x)^2}.
-
-Several job classes (each its own Poisson stream and PH, a starting class and thresholds) follow
-the same argument with the level's batch mixing the classes; class priority ("known-phase
-short-first": classes by the start phase) is the case without thresholds. :func:`mlps_mean`
-solves f by Nyström (trapezoid, FFT convolutions, GMRES) with Richardson extrapolation.
-
-Threshold choice: :func:`choose_thresholds` minimises the exact E[T] over the thresholds (the
-SOAP programme of Scully, Harchol-Balter and Scheller-Wolf, *SOAP: one clean analysis of all
-age-based scheduling policies*, 2018, does the same for rank-based policies). The tandem has no
-exact analysis: :func:`tandem_visit_classes` models it as one M/G/1 whose jobs are the stage
-visits (Poisson at rate λ per stage, the stage's PH, its thresholds) — exact for PS by BCMP
-insensitivity, an approximation with priority — and the simulator measures the real thing.
+The exact analysis of one M/G/1 with these levels is :mod:`overtake.mdp.mlps`, the choice of
+thresholds :mod:`overtake.mdp.thresholds`, what they do to a solved policy
+:mod:`overtake.mdp.priority_prediction`, CPU classes by phase :mod:`overtake.mdp.priority_classes`.
 """
-
 from __future__ import annotations
 
 import itertools
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from scipy.linalg import expm
 
 from .errors import ModelError
 from .model import Stage, TandemModel
@@ -76,27 +35,12 @@ __all__ = [
     "NICE_WEIGHTS",
     "SCHED_IDLE_WEIGHT",
     "CpuPriority",
-    "JobClass",
-    "TandemChoice",
-    "ThresholdChoice",
     "age_priority",
-    "choose_tandem_thresholds",
-    "choose_thresholds",
     "class_priority",
-    "dps_means",
-    "fb_mean",
-    "fb_response",
     "level_weights",
-    "mlps_classes_mean",
-    "mlps_mean",
-    "mlps_response",
-    "ps_mean",
     "short_first_levels",
-    "tandem_model_mean",
-    "tandem_visit_classes",
+    "weights_for_levels",
 ]
-
-FloatArray = npt.NDArray[np.float64]
 
 #: Linux ``sched_prio_to_weight`` (kernel/sched/core.c): CFS/EEVDF weight of each nice level.
 NICE_WEIGHTS: Mapping[int, int] = dict(zip(range(-20, 20), (
@@ -204,7 +148,7 @@ class CpuPriority:
         return len(self.weights)
 
     def check(self, model: TandemModel) -> None:
-        """Raise :class:`ModelError` unless the lever fits ``model`` (stages, phases)."""
+        """Raise :class:`ModelError` unless these levels fit ``model`` (stages, phases)."""
         if len(self.thresholds) != model.n_stages:
             raise ModelError(f"cpu priority: thresholds for {len(self.thresholds)} stages, the model has "
                              f"{model.n_stages}")
@@ -227,7 +171,9 @@ class CpuPriority:
                 "start_levels": None if self.start_levels is None else [list(r) for r in self.start_levels]}
 
 
-def _weights(weights: Sequence[float] | str | None, levels: int) -> tuple[float, ...]:
+def weights_for_levels(weights: Sequence[float] | str | None, levels: int) -> tuple[float, ...]:
+    """``levels`` weights: ``weights`` parsed (:func:`level_weights`), or by default 1 then powers of
+    :data:`DEFAULT_LOW_WEIGHT`."""
     if weights is None:
         return (1.0,) + tuple(DEFAULT_LOW_WEIGHT ** k for k in range(1, levels))
     w = level_weights(weights)
@@ -250,7 +196,7 @@ def age_priority(model: TandemModel, thresholds: Sequence[float] | Sequence[Sequ
             flat.append(float(item))
     if flat or not rows:
         rows = [tuple(flat)] * model.n_stages
-    w = _weights(weights, len(rows[0]) + 1)
+    w = weights_for_levels(weights, len(rows[0]) + 1)
     name = "age priority " + "; ".join(",".join(f"{x:.4g}" for x in r) for r in rows)
     return CpuPriority(w, tuple(rows), None, name)
 
@@ -270,601 +216,6 @@ def class_priority(model: TandemModel, *, weights: Sequence[float] | str | None 
         tuple(short_first_levels(s) for s in model.stages)
     L = max(max(r) for r in sl) + 1 if sl else 1
     L = max(L, 2)
-    w = _weights(weights, L)
+    w = weights_for_levels(weights, L)
     th = tuple((math.inf,) * (L - 1) for _ in model.stages)
     return CpuPriority(w, th, sl, "class priority (known-phase short-first)")
-
-
-# ----------------------------------------------------------------------------------------------
-# exact analysis on one M/G/1
-
-
-class PHLike(Protocol):
-    """Anything with a PH representation: ``alpha`` (row) and ``T`` (sub-generator)."""
-
-    @property
-    def alpha(self) -> FloatArray: ...
-
-    @property
-    def T(self) -> FloatArray: ...
-
-
-@dataclass(frozen=True)
-class JobClass:
-    """One Poisson stream of an M/G/1 with priority levels.
-
-    ``arrival_rate`` λ_c; PH(``alpha``, ``T``) service; ``start_level`` its class floor;
-    ``thresholds`` its L − 1 attained-service thresholds (``inf`` = never demoted further).
-    """
-
-    arrival_rate: float
-    alpha: FloatArray
-    T: FloatArray
-    start_level: int = 0
-    thresholds: tuple[float, ...] = ()
-
-
-class _PH:
-    """Truncated moments and survival function of PH(α, T) (all closed forms, expm)."""
-
-    def __init__(self, alpha: FloatArray, T: FloatArray) -> None:
-        self.alpha = np.asarray(alpha, dtype=float)
-        self.T = np.asarray(T, dtype=float)
-        self.M = self.alpha.size
-        self.one = np.ones(self.M)
-        self.u1 = np.linalg.solve(-self.T, self.one)  # (−T)⁻¹1
-        self.mean = float(self.alpha @ self.u1)
-        self.m2 = float(2.0 * self.alpha @ np.linalg.solve(-self.T, self.u1))
-        self.rates = -np.diag(self.T)
-
-    def row(self, x: float) -> FloatArray:
-        return np.asarray(self.alpha @ expm(self.T * x), dtype=float) if x > 0 else self.alpha.copy()
-
-    def sf(self, x: float) -> float:
-        if math.isinf(x):
-            return 0.0
-        return float(self.row(x) @ self.one)
-
-    def trunc(self, x: float) -> tuple[float, float]:
-        """(E[min(S, x)], E[min(S, x)²])."""
-        if math.isinf(x):
-            return self.mean, self.m2
-        if x <= 0:
-            return 0.0, 0.0
-        E = expm(self.T * x)
-        I = np.eye(self.M)
-        A1 = np.linalg.solve(self.T, E - I)            # ∫₀ˣ e^{Tu} du
-        A2 = np.linalg.solve(self.T, x * E - A1)       # ∫₀ˣ u e^{Tu} du
-        return float(self.alpha @ A1 @ self.one), float(2.0 * self.alpha @ A2 @ self.one)
-
-    def horizon(self, start: FloatArray, tol: float = 1e-11) -> float:
-        """A y with P(S > y | start row) below ``tol`` (doubling search)."""
-        row0 = start / max(float(start @ self.one), 1e-300)
-
-        def tail(y: float) -> float:
-            return float(row0 @ expm(self.T * y) @ self.one)
-
-        y = max(1.0 / float(self.rates.max()), 1e-9)
-        while tail(y) > tol and y < 1e12:
-            y *= 2.0
-        lo = y / 2
-        for _ in range(6):  # bisection: within 1/64 of the doubling step
-            mid = 0.5 * (lo + y)
-            if tail(mid) > tol:
-                lo = mid
-            else:
-                y = mid
-        return y
-
-
-PHInput = PHLike | tuple[FloatArray, FloatArray]
-
-
-def _as_ph(ph: PHInput) -> tuple[FloatArray, FloatArray]:
-    if isinstance(ph, tuple):
-        return np.asarray(ph[0], dtype=float), np.asarray(ph[1], dtype=float)
-    return np.asarray(ph.alpha, dtype=float), np.asarray(ph.T, dtype=float)
-
-
-def ps_mean(ph: PHInput, arrival_rate: float) -> float:
-    """M/G/1-PS: E[T] = E[S]/(1 − ρ)."""
-    p = _PH(*_as_ph(ph))
-    rho = arrival_rate * p.mean
-    _stable(rho, "PS")
-    return p.mean / (1.0 - rho)
-
-
-def _stable(rho: float, what: str) -> None:
-    if not rho < 1.0:
-        raise ModelError(f"{what}: load {rho:.4g} >= 1, the queue is unstable")
-
-
-def fb_response(ph: PHInput, arrival_rate: float, x: npt.ArrayLike) -> FloatArray:
-    """E[T(x)] under least-attained-service (FB): (x(1−ρ_x) + λm₂(x)/2)/(1−ρ_x)²."""
-    p = _PH(*_as_ph(ph))
-    xs = np.atleast_1d(np.asarray(x, dtype=float))
-    out = np.empty(xs.size)
-    for i, xi in enumerate(xs):
-        m1, m2 = p.trunc(float(xi))
-        r = arrival_rate * m1
-        _stable(r, "FB")
-        out[i] = (xi * (1 - r) + arrival_rate * m2 / 2) / (1 - r) ** 2
-    return out
-
-
-def fb_mean(ph: PHInput, arrival_rate: float) -> float:
-    """E[T] under FB: ∫ E[T_FB(x)] dF(x) (Gauss–Legendre panels on the PH's scales)."""
-    a, T = _as_ph(ph)
-    p = _PH(a, T)
-    _stable(arrival_rate * p.mean, "FB")
-    hi = p.horizon(a, 1e-13)
-    # panels on a log-spaced partition so every phase's scale is resolved
-    lo = 0.01 / p.rates.max()
-    edges = np.concatenate([[0.0], np.geomspace(lo, hi, 200)])
-    xg, wg = np.polynomial.legendre.leggauss(8)
-    total = 0.0
-    t = -T.sum(axis=1)
-    for x0, x1 in itertools.pairwise(edges):
-        xs = 0.5 * (x1 - x0) * xg + 0.5 * (x1 + x0)
-        dens = np.array([float(p.row(xi) @ t) for xi in xs])
-        total += 0.5 * (x1 - x0) * float(np.sum(wg * dens * fb_response((a, T), arrival_rate, xs)))
-    return total
-
-
-# ---- the level solver --------------------------------------------------------------------------
-
-
-@dataclass
-class _LevelClass:
-    c: int                 # class index
-    nu: float              # rate of entering the level, λ_c P(S_c > A_c)
-    A: float               # attained service at entry
-    B: float               # width (inf for the top level)
-    TA: float              # mean first-service epoch of the level
-    start_row: FloatArray  # α e^{T A}/P(S > A)
-
-
-def _solve_level(parts: list[_LevelClass], phs: list[_PH], rho_below: float, n_target: int,
-                 h_max: float, refine: int) -> list[tuple[float, FloatArray, FloatArray, float]]:
-    """Nyström solution of the coupled KMR equations of one level on a grid of step h.
-
-    Trapezoid rule on a uniform grid; the step is h₀/``refine`` (h₀ from ``n_target`` and
-    ``h_max``, so refine = 1, 2 are exactly a factor 2 apart for Richardson extrapolation). The
-    Volterra kernel of every class is Σ_j ν'_j Ḡ_j and the Fredholm (Hankel) term is common to
-    all classes, so one iteration costs a few real FFTs. The operator is a contraction (norm
-    (ρ_{level} − ρ_below)/(1 − ρ_below) < 1), so plain iteration converges geometrically.
-    Returns per class (h, f, Ḡ on the grid, ∫ beyond the grid's end of Ḡ).
-    """
-    finite = sorted({p.B for p in parts if math.isfinite(p.B)})
-    if len(finite) > 1 and any(abs(b - finite[0]) > 1e-9 * finite[0] for b in finite):
-        raise ModelError("exact analysis: classes sharing a middle level must have equal level widths "
-                         f"(got {finite}); use the simulator")
-    hor = [p.B if math.isfinite(p.B) else phs[p.c].horizon(p.start_row) for p in parts]
-    span = max(hor)
-    h0 = min(span / n_target, h_max)
-    if finite:
-        h0 = finite[0] / max(1, math.ceil(finite[0] / h0))
-    h = h0 / refine
-    n = [max(1, round(x / h0)) * refine for x in hor]
-    nmax = max(n)
-    one_m = 1.0 / (1.0 - rho_below)
-    C = len(parts)
-    Lg = 2 * nmax + 1
-    G = np.zeros((C, Lg))
-    tail = np.zeros((C, Lg))
-    for c, p in enumerate(parts):
-        ph = phs[p.c]
-        E = expm(ph.T * h)
-        K = (n[c] + 1) if math.isfinite(p.B) else Lg
-        rows = np.empty((K, ph.M))
-        rows[0] = p.start_row
-        for k in range(1, K):
-            rows[k] = rows[k - 1] @ E
-        G[c, :K] = rows @ ph.one
-        if not math.isfinite(p.B):
-            tail[c] = rows @ ph.u1
-    mu = np.array([p.nu * one_m for p in parts])
-    TA = np.array([p.TA for p in parts])
-    nu = np.array([p.nu for p in parts])
-    nfft = 1 << math.ceil(math.log2(3 * Lg))
-    # Volterra: class i sees new arrivals of every class j, kernel Σ_j ν'_j Ḡ_j
-    gsum = mu @ G
-    F_vol = np.fft.rfft(gsum, nfft)
-    # Hankel: Σ_m f_j[m] Ḡ_j[i + m]; correlation via the reversed kernel
-    F_han = np.fft.rfft(G[:, ::-1], nfft, axis=1)
-    idx = np.arange(nmax + 1)
-    rhs = np.zeros((C, nmax + 1))
-    for i in range(C):
-        # β_ij = ν_j (T_A,i + T_A,j): the other jobs that start the level with the tagged one
-        rhs[i] = 1.0 + ((nu * (TA[i] + TA)) @ G)[: nmax + 1]
-    mask = np.zeros((C, nmax + 1), dtype=bool)
-    for i in range(C):
-        mask[i, : n[i] + 1] = True
-    rhs = np.where(mask, rhs, 0.0)
-
-    def apply_K(f: FloatArray) -> FloatArray:
-        # Hankel part, common to all classes: Σ_j ν'_j ∫ f_j(y) Ḡ_j(y + τ) dy
-        Ff = np.fft.rfft(f, nfft, axis=1)
-        corr = np.fft.irfft(Ff * F_han, nfft, axis=1)  # corr[j, k] = Σ_m f_j[m] Ḡ_j[Lg − 1 − k + m]
-        han = np.zeros(nmax + 1)
-        for j, p in enumerate(parts):
-            nj = n[j]
-            hj = corr[j, Lg - 1 - idx] - 0.5 * f[j, 0] * G[j, idx]
-            if math.isfinite(p.B):
-                last = np.clip(nj - idx, 0, nj)
-                hj = np.where(idx <= nj, hj - 0.5 * f[j, last] * G[j, nj], 0.0)
-            else:
-                hj = hj - 0.5 * f[j, nj] * G[j, idx + nj] + f[j, nj] * tail[j, idx + nj] / h
-            han += mu[j] * hj
-        # Volterra part per class: ∫₀^τ f_i(u) Σ_j ν'_j Ḡ_j(τ − u) du
-        vol = np.fft.irfft(Ff * F_vol, nfft, axis=1)[:, : nmax + 1]
-        vol = vol - 0.5 * f[:, :1] * gsum[None, : nmax + 1] - 0.5 * f * gsum[0]
-        vol[:, 0] = 0.0
-        return np.where(mask, h * (vol + han[None, :]), 0.0)
-
-    f = rhs.copy()
-    for _ in range(100_000):
-        new = rhs + apply_K(f)
-        if np.max(np.abs(new - f)) <= 1e-12 * np.max(np.abs(new)):
-            f = new
-            break
-        f = new
-    else:  # pragma: no cover - the contraction makes this unreachable below load 1
-        raise ModelError("exact analysis: the level equation did not converge")
-    return [(h, f[i, : n[i] + 1], G[i, : n[i] + 1], float(tail[i, n[i]])) for i in range(C)]
-
-
-@dataclass(frozen=True)
-class _Structure:
-    phs: list[_PH]
-    classes: list[JobClass]
-    L: int
-
-
-def _level_entry(jc: JobClass, level: int) -> tuple[float, float] | None:
-    """(A, B) of class jc in ``level``, or None if it never visits it."""
-    if level < jc.start_level:
-        return None
-    A = 0.0 if level == jc.start_level else jc.thresholds[level - 1]
-    if math.isinf(A):
-        return None
-    top = jc.thresholds[level] if level < len(jc.thresholds) else math.inf
-    return A, top - A
-
-
-def _class_means(classes: Sequence[JobClass], n_grid: int, refine: int) -> tuple[list[float], list[list[Any]]]:
-    """Per-class E[T] (and the per-level pieces) for one grid resolution."""
-    L = max([c.start_level + 1 for c in classes] + [len(c.thresholds) + 1 for c in classes])
-    phs = [_PH(c.alpha, c.T) for c in classes]
-    for c in classes:
-        if len(c.thresholds) not in (0, L - 1):
-            raise ModelError(f"exact analysis: every class needs {L - 1} thresholds, got {c.thresholds}")
-    cls = [JobClass(c.arrival_rate, c.alpha, c.T, c.start_level,
-                    tuple(c.thresholds) if c.thresholds else (math.inf,) * (L - 1)) for c in classes]
-    total_rho = sum(c.arrival_rate * p.mean for c, p in zip(cls, phs))
-    _stable(total_rho, "priority levels")
-    means = [0.0] * len(cls)
-    pieces: list[list[Any]] = [[] for _ in cls]
-    h_max = min(1.0 / p.rates.max() for p in phs) / 4.0
-    for level in range(L):
-        # work below this level and its M/G/1 workload
-        rho_b, m2_b = 0.0, 0.0
-        entries: list[tuple[int, float, float]] = []
-        for ci, (c, p) in enumerate(zip(cls, phs)):
-            if level <= c.start_level:
-                below = 0.0
-            else:
-                below = c.thresholds[level - 1]
-            m1, m2 = p.trunc(below)
-            rho_b += c.arrival_rate * m1
-            m2_b += c.arrival_rate * m2
-            e = _level_entry(c, level)
-            if e is not None:
-                entries.append((ci, e[0], e[1]))
-        _stable(rho_b, "priority levels (work below a level)")
-        U = m2_b / (2.0 * (1.0 - rho_b))
-        parts: list[_LevelClass] = []
-        for ci, A, B in entries:
-            p = phs[ci]
-            sfA = p.sf(A)
-            if sfA <= 1e-15:
-                continue
-            parts.append(_LevelClass(ci, cls[ci].arrival_rate * sfA, A, B, (U + A) / (1.0 - rho_b),
-                                     p.row(A) / sfA))
-        if not parts:
-            continue
-        if rho_b == 0.0 and all(p.TA == 0.0 for p in parts):
-            # no interrupting work and no batches: M/G/1-PS with truncated service, f constant
-            rho_l = sum(pt.nu * (phs[pt.c].trunc(pt.A + pt.B)[0] - phs[pt.c].trunc(pt.A)[0]) / 1.0
-                        for pt in parts)
-            _stable(rho_l, "priority levels (first level)")
-            for pt in parts:
-                p = phs[pt.c]
-                # ∫_A^{A+B} (x − A) dF = E[min(S, A+B)] − A·P(S>A) − B·P(S>A+B) over classes with A = 0
-                part = (p.trunc(pt.A + pt.B)[0] - pt.A * p.sf(pt.A) - (pt.B * p.sf(pt.A + pt.B) if math.isfinite(pt.B)
-                                                                        else 0.0))
-                means[pt.c] += part / (1.0 - rho_l)
-                pieces[pt.c].append(("ps", level, part / (1.0 - rho_l)))
-            continue
-        sols = _solve_level(parts, phs, rho_b, n_grid, h_max, refine)
-        for pt, (h, f, g, beyond) in zip(parts, sols):
-            p = phs[pt.c]
-            sfA = p.sf(pt.A)
-            sfAB = p.sf(pt.A + pt.B)
-            w = np.full(f.size, h)
-            w[0] = w[-1] = h / 2
-            # ∫₀^B f(τ) (P(S > A+τ) − P(S > A+B)) dτ, plus f(H)∫_H^∞ P(S > A+τ) dτ beyond the horizon
-            level_time = float(np.sum(w * f * (g - sfAB / sfA))) * sfA
-            if not math.isfinite(pt.B):
-                level_time += float(f[-1]) * beyond * sfA
-            val = pt.TA * (sfA - sfAB) + level_time / (1.0 - rho_b)
-            means[pt.c] += val
-            pieces[pt.c].append((level, pt.TA, h, f))
-    return means, pieces
-
-
-def mlps_classes_mean(classes: Sequence[JobClass], *, grid: int = 256) -> list[float]:
-    """E[T_c] of each class (per job of that class), strict priority, PS in each level.
-
-    Richardson extrapolation of the Nyström solution with ``grid`` and 2·``grid`` points.
-    """
-    if not classes:
-        raise ModelError("exact analysis: give at least one job class")
-    for c in classes:
-        if not c.arrival_rate > 0:
-            raise ModelError(f"exact analysis: arrival_rate must be > 0, got {c.arrival_rate}")
-    coarse, _ = _class_means(classes, grid, 1)
-    fine, _ = _class_means(classes, grid, 2)
-    return [(4.0 * f_m - c_m) / 3.0 for c_m, f_m in zip(coarse, fine)]
-
-
-def mlps_mean(ph: PHInput, arrival_rate: float, thresholds: Sequence[float], *, grid: int = 256) -> float:
-    """E[T] of M/G/1 with PS in each level and strict priority between levels (``thresholds``
-    a_1 < a_2 < …; none = PS)."""
-    a, T = _as_ph(ph)
-    th = tuple(float(x) for x in thresholds)
-    if any(not x > 0 for x in th) or any(y <= x for x, y in itertools.pairwise(th)):
-        raise ModelError(f"thresholds must be > 0 and increasing, got {th}")
-    return mlps_classes_mean([JobClass(arrival_rate, a, T, 0, th)], grid=grid)[0]
-
-
-def mlps_response(ph: PHInput, arrival_rate: float, thresholds: Sequence[float], x: npt.ArrayLike, *,
-                  grid: int = 8192) -> FloatArray:
-    """E[T(x)] of the same M/G/1 (one grid; linear interpolation of F inside a level)."""
-    a, T = _as_ph(ph)
-    th = tuple(float(v) for v in thresholds)
-    jc = JobClass(arrival_rate, a, T, 0, th)
-    _, pieces = _class_means([jc], grid, 1)
-    p = _PH(a, T)
-    rho_a = [arrival_rate * p.trunc(v)[0] for v in th]
-    xs = np.atleast_1d(np.asarray(x, dtype=float))
-    out = np.empty(xs.size)
-    edges = (0.0,) + th + (math.inf,)
-    lvl_of = np.searchsorted(np.asarray(th), xs, side="left")  # level of a job of size x
-    for lvl in range(len(edges) - 1):
-        sel = lvl_of == lvl
-        if not np.any(sel):
-            continue
-        if lvl == 0:
-            out[sel] = xs[sel] / (1.0 - arrival_rate * p.trunc(edges[1])[0])
-            continue
-        _, TA, h, f = next(pc for pc in pieces[0] if pc[0] == lvl)
-        F = np.concatenate([[0.0], np.cumsum(0.5 * h * (f[1:] + f[:-1]))])
-        Fv = np.interp(xs[sel] - edges[lvl], np.arange(f.size) * h, F)
-        out[sel] = TA + Fv / (1.0 - rho_a[lvl - 1])
-    return out
-
-
-def dps_means(arrival_rates: Sequence[float], service_rates: Sequence[float],
-              weights: Sequence[float]) -> FloatArray:
-    r"""Mean response time per class of M/M/1 discriminatory processor sharing (finite weights).
-
-    Class k (Poisson λ_k, Exp(μ_k) service) gets the share g_k/Σ_j n_j g_j of the CPU per job;
-    Fayolle, Mitrani and Iasnogorodski (*Sharing a processor among many job classes*, JACM 1980)
-    give the linear system
-
-    .. math:: T_k\Big(1-\sum_j \frac{λ_j g_j}{μ_j g_j+μ_k g_k}\Big)
-              - \sum_j \frac{λ_j g_j T_j}{μ_j g_j+μ_k g_k} = \frac{1}{μ_k}.
-
-    It is the exact answer for class priority when each class is exponential (an H2 split by
-    its start phase) at the lever's real weights.
-    """
-    lam = np.asarray(arrival_rates, dtype=float)
-    mu = np.asarray(service_rates, dtype=float)
-    g = np.asarray(weights, dtype=float)
-    if not (lam.shape == mu.shape == g.shape) or lam.ndim != 1:
-        raise ModelError("dps_means: arrival_rates, service_rates and weights need one entry per class")
-    _stable(float(np.sum(lam / mu)), "DPS")
-    den = mu[None, :] * g[None, :] + mu[:, None] * g[:, None]  # [k, j] = μ_j g_j + μ_k g_k
-    c = lam[None, :] * g[None, :] / den
-    A = np.diag(1.0 - c.sum(axis=1)) - c
-    return np.asarray(np.linalg.solve(A, 1.0 / mu), dtype=float)
-
-
-# ---- threshold choice -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ThresholdChoice:
-    """Thresholds minimising the exact strict-priority E[T] of one M/G/1, with the yardsticks."""
-
-    thresholds: tuple[float, ...]
-    mean_response_time: float
-    ps: float
-    fb: float
-    evaluations: int
-    curve: tuple[tuple[float, float], ...] = field(default=())
-
-    @property
-    def gain_over_ps(self) -> float:
-        return 1.0 - self.mean_response_time / self.ps
-
-
-def _optimise(fun: Callable[[FloatArray], float], x0: FloatArray, lo: float, hi: float) -> tuple[FloatArray, float, int]:
-    """Nelder–Mead over log-thresholds within [lo, hi] (a threshold at a bound means "demote at
-    once" or "never": the exact E[T] is flat beyond them)."""
-    from scipy.optimize import minimize
-
-    res = minimize(fun, np.clip(x0, lo, hi), method="Nelder-Mead", bounds=[(lo, hi)] * len(x0),
-                   options={"xatol": 0.01, "fatol": 1e-6, "maxfev": 200})
-    return np.asarray(res.x), float(res.fun), int(res.nfev)
-
-
-def choose_thresholds(ph: PHInput, arrival_rate: float, *, levels: int = 2, grid: int = 256) -> ThresholdChoice:
-    """Age thresholds minimising the exact E[T] (strict priority, PS within levels) of one M/G/1.
-
-    A coarse log-spaced scan of the first threshold (levels = 2) or of a geometric ladder
-    (levels > 2) seeds a Nelder–Mead search over log-thresholds. The weights of the real lever
-    are finite: E[T] under them lies between this prediction and PS; the simulator measures it.
-    """
-    a, T = _as_ph(ph)
-    if levels < 1:
-        raise ModelError(f"levels must be >= 1, got {levels}")
-    p = _PH(a, T)
-    ps = ps_mean((a, T), arrival_rate)
-    fb = fb_mean((a, T), arrival_rate)
-    if levels == 1:
-        return ThresholdChoice((), ps, ps, fb, 0)
-    n_eval = 0
-    cache: dict[tuple[float, ...], float] = {}
-
-    def ev(th: Sequence[float]) -> float:
-        nonlocal n_eval
-        key = tuple(round(float(x), 12) for x in th)
-        if key not in cache:
-            n_eval += 1
-            cache[key] = mlps_mean((a, T), arrival_rate, key, grid=grid)
-        return cache[key]
-
-    lo, hi = 0.05 * p.mean, 20.0 * p.mean
-    scan = np.geomspace(lo, hi, 17)
-    curve: list[tuple[float, float]] = []
-    if levels == 2:
-        for x in scan:
-            curve.append((float(x), ev([x])))
-        best = int(np.argmin([c[1] for c in curve]))
-        x0 = np.log([curve[best][0]])
-    else:
-        best_val, x0 = math.inf, np.zeros(levels - 1)
-        for x in scan[::2]:
-            ladder = x * 3.0 ** np.arange(levels - 1)
-            v = ev(ladder)
-            if v < best_val:
-                best_val, x0 = v, np.log(ladder)
-
-    def fun(lx: FloatArray) -> float:
-        th = np.exp(np.sort(lx))
-        if np.any(np.diff(th) <= 1e-9 * th[:-1]):
-            return math.inf
-        return ev(tuple(float(v) for v in th))
-
-    xs, val, _ = _optimise(fun, x0, math.log(1e-3 * p.mean), math.log(1e3 * p.mean))
-    th = tuple(float(v) for v in np.exp(np.sort(xs)))
-    return ThresholdChoice(th, val, ps, fb, n_eval, tuple(curve))
-
-
-# ---- the tandem through the visit model ---------------------------------------------------------
-
-
-def tandem_visit_classes(model: TandemModel, priority: CpuPriority) -> list[JobClass]:
-    """The tandem's stage visits as classes of one M/G/1: stage-i visits arrive Poisson(λ) with
-    the stage's PH split by start phase (class floors from ``priority.start_levels``)."""
-    priority.check(model)
-    out: list[JobClass] = []
-    for i, s in enumerate(model.stages):
-        th = priority.thresholds[i]
-        if priority.start_levels is None:
-            out.append(JobClass(model.arrival_rate, s.alpha, s.T, 0, th))
-            continue
-        for lvl in sorted(set(priority.start_levels[i])):
-            mask = np.asarray([x == lvl for x in priority.start_levels[i]])
-            w = float(s.alpha[mask].sum())
-            if w <= 0:
-                continue
-            alpha = np.where(mask, s.alpha, 0.0) / w
-            out.append(JobClass(model.arrival_rate * w, alpha, s.T, lvl, th))
-    return out
-
-
-def tandem_model_mean(model: TandemModel, priority: CpuPriority | None = None, *, grid: int = 256) -> float:
-    """E[W] of the tandem under π(∞) and ``priority`` in the visit model (strict priority):
-    the sum over stages of the visits' mean response times. Exact without priority (PS)."""
-    if model.cores != 1 or model.overhead != 0.0:
-        raise ModelError("the visit model needs cores = 1 and overhead = 0 (c(K) = 1)")
-    if priority is None or priority.levels == 1:
-        return model.mean_service() / (1.0 - model.load)
-    classes = tandem_visit_classes(model, priority)
-    means = mlps_classes_mean(classes, grid=grid)
-    lam = model.arrival_rate
-    return float(sum(c.arrival_rate * m for c, m in zip(classes, means)) / lam)
-
-
-@dataclass(frozen=True)
-class TandemChoice:
-    """Thresholds for the tandem chosen in the visit model, and that model's E[W] (strict priority)."""
-
-    priority: CpuPriority
-    mean_response_time: float
-    ps: float
-    evaluations: int
-
-
-def choose_tandem_thresholds(model: TandemModel, *, levels: int = 2, weights: Sequence[float] | str | None = None,
-                             grid: int = 256, common: bool = False) -> TandemChoice:
-    """Age thresholds for the tandem under π(∞), minimising the visit model's E[W].
-
-    Two levels: one threshold per stage (seeded by the best common threshold, then Nelder–Mead
-    over the per-stage log-thresholds). More levels: one ladder common to all stages (the exact
-    analysis needs equal middle-level widths across classes). ``common``: the same thresholds
-    for every stage, as one server-wide ``OvertakePrioLevels`` applies them. ``weights`` only label the
-    returned lever (default 1 then :data:`DEFAULT_LOW_WEIGHT` powers); the prediction is the
-    strict-priority limit, the simulator gives E[W] at the real weights.
-    """
-    if levels < 2:
-        raise ModelError(f"levels must be >= 2 for age priority, got {levels}")
-    w = _weights(weights, levels)
-    N = model.n_stages
-    ps = tandem_model_mean(model)
-    n_eval = 0
-    cache: dict[tuple[float, ...], float] = {}
-
-    def ev(rows: tuple[tuple[float, ...], ...]) -> float:
-        nonlocal n_eval
-        key = tuple(round(x, 12) for r in rows for x in r)
-        if key not in cache:
-            n_eval += 1
-            cache[key] = tandem_model_mean(model, CpuPriority(w, rows), grid=grid)
-        return cache[key]
-
-    scale = float(np.mean([s.mean() for s in model.stages]))
-    best, x0 = math.inf, 0.0
-    for x in np.geomspace(0.05 * scale, 20.0 * scale, 9):
-        ladder = tuple(float(x * 3.0**k) for k in range(levels - 1))
-        v = ev((ladder,) * N)
-        if v < best:
-            best, x0 = v, math.log(x)
-    rows: tuple[tuple[float, ...], ...]
-    if levels == 2 and common:
-        def fun(lx: FloatArray) -> float:
-            return ev(((float(math.exp(lx[0])),),) * N)
-
-        xs, val, _ = _optimise(fun, np.array([x0]), math.log(1e-3 * scale), math.log(1e3 * scale))
-        rows = ((float(math.exp(xs[0])),),) * N
-    elif levels == 2:
-        def fun(lx: FloatArray) -> float:
-            return ev(tuple((float(math.exp(v)),) for v in lx))
-
-        xs, val, _ = _optimise(fun, np.full(N, x0), math.log(1e-3 * scale), math.log(1e3 * scale))
-        rows = tuple((float(math.exp(v)),) for v in xs)
-    else:
-        def fun(lx: FloatArray) -> float:
-            th = np.exp(np.sort(lx))
-            if np.any(np.diff(th) <= 1e-9 * th[:-1]):
-                return math.inf
-            return ev((tuple(float(v) for v in th),) * N)
-
-        xs, val, _ = _optimise(fun, np.log(np.exp(x0) * 3.0 ** np.arange(levels - 1)),
-                               math.log(1e-3 * scale), math.log(1e3 * scale))
-        rows = (tuple(float(v) for v in np.exp(np.sort(xs))),) * N
-    pr = CpuPriority(w, rows, None, "age priority " + "; ".join(",".join(f"{x:.4g}" for x in r) for r in rows))
-    return TandemChoice(pr, val, ps, n_eval)

@@ -17,7 +17,7 @@ waiting queue per (stage, route): a waiting request receives no service, so draw
 (stage, phase) coordinate, as in every layout: once started, a thread's route no longer changes
 its dynamics, and the observation (:mod:`overtake.mdp.observation`) counts active threads per
 stage. Seeing active threads per route as well would need the chain to keep active threads per
-(stage, route, phase), R_i times the coordinates: too large for paper 004's Table 1 with three
+(stage, route, phase), R_i times the coordinates: too large for Table 1 with three
 routes per stage.
 """
 

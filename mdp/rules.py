@@ -1,4 +1,4 @@
-"""Readable overtaking rules from π* (paper 004, Theorem 3.1).
+"""Readable overtaking rules from π* (van der Weij, Bhulai and van der Mei, "Dynamic thread assignment", Theorem 3.1).
 
 Theorem 3.1: π* starts s threads for phase-j requests at stage i when they overtake, in
 expectation, the requests in service at stages ≥ i. So π*'s decision for a waiting class is a
@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .average_cost import SolveResult, induced_matrix
 from .evaluate import stationary_distribution
 from .policy import Policy
-from .solve import SolveResult, induced_matrix
 
 IntArray = npt.NDArray[np.int64]
 

@@ -1,4 +1,4 @@
-"""Truncated state spaces of the tandem and their transition structure (paper 004, §2).
+"""Truncated state spaces of the tandem and their transition structure (van der Weij et al., "Dynamic thread assignment", §2).
 
 A state is a vector ``(w_0..w_{Q-1}, k_0..k_{D-1})``: ``w_q`` requests *waiting* in queue ``q``
 and ``k_d`` active threads in coordinate ``d`` = (stage, phase). The paper's ``n_j^{(i)}`` is
@@ -78,7 +78,7 @@ class Layout:
     ``spawn[a]`` lists (coordinate, probability) for spawn action ``a``, which starts a thread for
     a request of queue ``action_queue[a]`` (``None``: action ``a`` is queue ``a``'s one action).
     Several actions on one queue let the controller choose what the thread becomes — the CPU
-    class it starts in (:func:`overtake.mdp.lever.class_action_layout`).
+    class it starts in (:func:`overtake.mdp.priority_classes.class_action_layout`).
     """
 
     phase_info: PhaseInfo
@@ -164,7 +164,7 @@ class Ranker:
         for r in range(length + 2):
             for b in range(cap + 1):
                 n[r, b] = comb(b + r, r)
-        self._n = n
+        self.counts = n
         self._n_list = [[int(x) for x in r] for r in n]
 
     def rank_one(self, row: list[int]) -> int:
@@ -195,7 +195,7 @@ class Ranker:
             from . import _kernels
 
             key = np.empty(rows.shape[0], dtype=np.int64)
-            if not _kernels.rank_rows(rows, self._n, self.cap, key):
+            if not _kernels.rank_rows(rows, self.counts, self.cap, key):
                 raise IndexError("a row exceeds the truncation's request cap")
             return key
         budget = np.full(rows.shape[0], self.cap, dtype=np.int64)
@@ -206,14 +206,14 @@ class Ranker:
             r = L - col - 1
             # vectors sharing the prefix with a smaller value here: N[r+1][b] - N[r+1][b-v]
             b = np.maximum(budget, 0)
-            key += np.where(v > 0, self._n[r + 1, b] - self._n[r + 1, np.maximum(b - v, 0)], 0)
+            key += np.where(v > 0, self.counts[r + 1, b] - self.counts[r + 1, np.maximum(b - v, 0)], 0)
             budget = budget - v
         if np.any(budget < 0):
             raise IndexError("a row exceeds the truncation's request cap")
         return key
 
 
-def _events(
+def transitions(
     model: TandemModel,
     layout: Layout,
     rows: IntArray,
@@ -222,7 +222,7 @@ def _events(
 ) -> tuple[IntArray, IntArray, FloatArray]:
     """Transitions out of post-decision states: (source row number, destination row, rate).
 
-    Implements the rates of paper 004's operator T (§2): arrivals λα_1, phase moves
+    Implements the rates of the MDP's operator T (§2): arrivals λα_1, phase moves
     k_j μ_j p_jl · c(K)/K, completions k_j μ_j p_j,M+1 · c(K)/K routed to stage i+1's entry.
     Blocked arrivals and uniformization self-loops are left to the caller. With ``index`` the
     destinations are returned as ``index(rows)``, computed per event type, so the destination rows
@@ -278,8 +278,8 @@ def _events(
     return np.concatenate(srcs), np.concatenate(dsts), np.concatenate(rates)
 
 
-def _event_tables(model: TandemModel, layout: Layout) -> tuple[IntArray, IntArray, FloatArray]:
-    """statespace._events' event types, in its order: (source coordinate or −1 for an arrival,
+def event_tables(model: TandemModel, layout: Layout) -> tuple[IntArray, IntArray, FloatArray]:
+    """:func:`transitions`' event types, in its order: (source coordinate or −1 for an arrival,
     column moves (col, step, col, step; col −1: none), the two rate factors)."""
     Q = layout.n_queues
     src: list[int] = []
@@ -312,9 +312,9 @@ def _event_tables(model: TandemModel, layout: Layout) -> tuple[IntArray, IntArra
             np.array(fac, dtype=np.float64).reshape(-1, 2))
 
 
-def _share_tables(model: TandemModel, k_max: int) -> tuple[FloatArray, FloatArray]:
+def share_tables(model: TandemModel, k_max: int) -> tuple[FloatArray, FloatArray]:
     """(per-thread share by thread count K, CPU weights) for the compiled event loops: c(K)/K and
-    ones under processor sharing (:func:`_events`' arithmetic), c(K) and the weights (divided by
+    ones under processor sharing (:func:`transitions`' arithmetic), c(K) and the weights (divided by
     Σ k_d w_d per state) under weighted sharing."""
     Ks = np.arange(k_max + 1)
     if model.weights is None:
@@ -347,11 +347,16 @@ def _enumerate(Q: int, D: int, cap: int, k_max: int) -> IntArray:
     return rows
 
 
-def count_states(model: TandemModel, trunc: Truncation, phase_info: PhaseInfo = "full") -> int:
-    """Number of states of the truncated MDP, computed without enumerating them."""
-    if phase_info == "route":
-        raise ValueError("count_states: the route layout's queues depend on the route split; count its StateSpace")
-    Q = model.n_coords if phase_info == "full" else model.n_stages
+def count_states(model: TandemModel, trunc: Truncation, phase_info: PhaseInfo | Layout = "full") -> int:
+    """Number of states of the truncated MDP, computed without enumerating them: with Q queues and D
+    coordinates, Σ_{s ≤ K} C(s + D − 1, D − 1) · C(C − s + Q, Q). ``phase_info`` may be the layout
+    itself (the ``route`` one, whose queues depend on the route split)."""
+    if isinstance(phase_info, Layout):
+        Q = phase_info.n_queues
+    elif phase_info == "route":
+        raise ValueError("count_states: the route layout's queues depend on the route split; pass its layout")
+    else:
+        Q = model.n_coords if phase_info == "full" else model.n_stages
     D = model.n_coords
     C, km = trunc.max_requests, trunc.k_max
     return int(sum(comb(s + D - 1, D - 1) * comb(C - s + Q, Q) for s in range(0, km + 1)))
@@ -412,13 +417,13 @@ class StateSpace:
 
         Built by one compiled pass per row (_kernels_jit.event_rows) where the solver kernels load
         without numba (or numba is loaded anyway): the same matrix bit for bit, its rows' rates
-        summed in :func:`_events`' order (tests/mdp/test_chain_compiled.py), without the event
+        summed in :func:`transitions`' order (tests/mdp/test_chain_compiled.py), without the event
         arrays the numpy construction below holds at once.
         """
-        compiled = self._compiled_event_matrix()
+        compiled = self.compiled_event_matrix()
         if compiled is not None:
             return compiled
-        src, dst, rate = _events(self.model, self.layout, self.rows, self.cap, self.index)
+        src, dst, rate = transitions(self.model, self.layout, self.rows, self.cap, self.index)
         out = np.bincount(src, weights=rate, minlength=self.size)
         if np.any(out > self.rate * (1 + 1e-12)):
             raise AssertionError("uniformization rate below a state's outflow")
@@ -432,20 +437,20 @@ class StateSpace:
         P.sum_duplicates()
         return P
 
-    def _compiled_event_matrix(self, force: bool = False) -> sp.csr_matrix | None:
+    def compiled_event_matrix(self, force: bool = False) -> sp.csr_matrix | None:
         from . import _kernels
 
         if not force and not _kernels.aot_active() and "numba" not in sys.modules:
             return None
-        ev_src, ev_move, ev_f = _event_tables(self.model, self.layout)
-        share, weights = _share_tables(self.model, self.k_max)
-        total = int(self.ranker._n[self.ranker.length, self.cap])  # ranks of every vector with sum <= cap
+        ev_src, ev_move, ev_f = event_tables(self.model, self.layout)
+        share, weights = share_tables(self.model, self.k_max)
+        total = int(self.ranker.counts[self.ranker.length, self.cap])  # ranks of every vector with sum <= cap
         dense = np.zeros(0, dtype=np.int32)
         if total <= _DENSE_RANKS:
             dense = np.full(total, -1, dtype=np.int32)
             dense[self.keys] = np.arange(self.size, dtype=np.int32)
         S = self.size
-        args = (self.rows, self.keys, dense, self.ranker._n, self.cap, ev_src, ev_move, ev_f, share, weights,
+        args = (self.rows, self.keys, dense, self.ranker.counts, self.cap, ev_src, ev_move, ev_f, share, weights,
                 self.model.weights is not None, float(self.rate))
         wide = S * (ev_src.size + 1) >= 2**31 - 1
         index_dtype = np.int64 if wide else np.int32
@@ -493,7 +498,7 @@ class StateSpace:
     def cost(self) -> FloatArray:
         """Cost rate c(x): requests in the system, plus λ·r(x) where arrivals are blocked.
 
-        Paper 004 §2 charges c(x) = n(x) only. On a truncated space that lets an optimum gain by
+        The paper (§2) charges c(x) = n(x) only. On a truncated space that lets an optimum gain by
         blocking: states near the cap look cheap because arrivals there vanish. With
         ``blocking_cost`` each blocked arrival is charged r(x) = (W(x) + E[S]) / (1 − ρ), where W(x)
         is the remaining work of everything present (through all its stages, at full capacity):

@@ -13,9 +13,9 @@ A grid file is a base scenario (the schema of ``overtake solve``, :mod:`overtake
 
 Every combination is a point. A stage given by ``mean``/``scv`` gets the two-moment PH of Tijms (1994,
 §A.2; :func:`overtake.fitting.match_two_moments`: balanced-means H2 for scv > 1, exponential, mixed Erlang
-below 1 — the parametrisation of paper 004's Table 1); an axis that gives only one of the two keeps
-the other from the base service. Each point runs :func:`overtake.mdp.compare.compare` (π* and the baselines,
-paper 004 §4.1) as one Dask task; the result is one long table, a row per (point, policy).
+below 1 — the parametrisation of Table 1); an axis that gives only one of the two keeps
+the other from the base service. Each point runs :func:`overtake.mdp.comparison.compare` (π* and the
+baselines) as one Dask task; the result is one long table, a row per (point, policy).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .baselines import Baseline
-from .compare import compare
+from .comparison import compare
 from .errors import ModelError
 from .scenario import parse_scenario
 from .statespace import Truncation, count_states
@@ -159,7 +159,7 @@ def parse_grid(doc: Any) -> list[SweepPoint]:
 
 
 def solve_point(point: SweepPoint) -> list[dict[str, Any]]:
-    """π* and the baselines at one point (:func:`overtake.mdp.compare.compare`): one row per policy."""
+    """π* and the baselines at one point (:func:`overtake.mdp.comparison.compare`): one row per policy."""
     t0, c0 = time.perf_counter(), time.process_time()
     sc = parse_scenario(point.scenario)
     model = sc.build_model()

@@ -8,7 +8,7 @@ from typing import Any
 
 from overtake.api.scenario import load_scenario
 from overtake.mdp.budget import DEFAULT_MAX_STATES, check_budget
-from overtake.mdp.compare import compare
+from overtake.mdp.comparison import compare
 
 
 def register(subparsers: Any) -> None:
@@ -34,7 +34,7 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from overtake.api.progress import progress_bar
     from overtake.mdp.baselines import Baseline
-    from overtake.mdp.compare import default_baselines
+    from overtake.mdp.comparison import default_baselines
 
     sc, model = load_scenario(args.scenario)
     phase_info = args.phase_info or sc.phase_info

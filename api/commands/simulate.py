@@ -56,12 +56,12 @@ def register(subparsers: Any) -> None:
 
 
 def _policy(name: str, sc: Any, model: Any, progress: Any, phase_info: str = "full") -> Any:
+    from overtake.mdp import solve
     from overtake.mdp.policy import Policy
-    from overtake.mdp.truncation import solve_optimal
 
     if name.strip() in ("pi*", "π*"):
-        return solve_optimal(model, truncation=sc.fixed_truncation(), tol=sc.tolerance, progress=progress,
-                             phase_info=phase_info, routes=sc.build_routes(model)).policy  # type: ignore[call-overload]
+        return solve(model, truncation=sc.fixed_truncation(), tol=sc.tolerance, progress=progress,
+                     phase_info=phase_info, routes=sc.build_routes(model)).policy
     path = Path(name)
     if path.suffix == ".npz" or path.exists():
         if not path.exists():
@@ -71,7 +71,7 @@ def _policy(name: str, sc: Any, model: Any, progress: Any, phase_info: str = "fu
 
 
 def _services(specs: list[str], model: Any) -> list[Any] | None:
-    from overtake.mdp.simulate import service_from_spec
+    from overtake.mdp.simulation import service_from_spec
 
     if not specs:
         return None
@@ -94,6 +94,7 @@ def _services(specs: list[str], model: Any) -> list[Any] | None:
 def _priority(args: argparse.Namespace, model: Any, progress: Any) -> tuple[Any, float | None]:
     """The CPU-priority lever from the flags, and the visit model's E[W] for it (or None)."""
     from overtake.mdp import priority as pr
+    from overtake.mdp import thresholds as th
 
     if args.cpu_priority == "off":
         if args.thresholds is not None or args.level_weights is not None:
@@ -122,14 +123,14 @@ def _priority(args: argparse.Namespace, model: Any, progress: Any) -> tuple[Any,
         if progress:
             progress("choosing age thresholds by the exact analysis ...")
         if model.n_stages == 1:
-            ch = pr.choose_thresholds(model.stages[0], model.arrival_rate, levels=levels)
+            ch = th.choose_thresholds(model.stages[0], model.arrival_rate, levels=levels)
             lever = pr.age_priority(model, ch.thresholds, weights=weights)
         else:
-            lever = pr.choose_tandem_thresholds(model, levels=levels, weights=weights).priority
+            lever = th.choose_tandem_thresholds(model, levels=levels, weights=weights).priority
     else:
         lever = pr.age_priority(model, rows, weights=weights)
     try:
-        predicted: float | None = pr.tandem_model_mean(model, lever)
+        predicted: float | None = th.tandem_model_mean(model, lever)
     except ModelError:
         predicted = None
     return lever, predicted
@@ -159,7 +160,7 @@ def _print(doc: dict[str, Any]) -> None:
 def run(args: argparse.Namespace) -> int:
     from overtake.mdp.baselines import Baseline
     from overtake.mdp.policy import Policy
-    from overtake.mdp.simulate import simulate
+    from overtake.mdp.simulation import simulate
 
     sc, model = load_scenario(args.scenario)
     progress = None if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))

@@ -9,10 +9,11 @@ from typing import Any
 
 from overtake import install_hint
 from overtake.api.scenario import load_scenario
+from overtake.mdp import solve
 from overtake.mdp.budget import DEFAULT_MAX_STATES, check_budget
 from overtake.mdp.errors import ModelError
+from overtake.mdp.rule_evaluation import evaluate_baseline, evaluate_rule
 from overtake.mdp.rules import overtaking_rule
-from overtake.mdp.truncation import evaluate_baseline, evaluate_rule, solve_optimal
 
 
 def register(subparsers: Any) -> None:
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         if args.phase_info != "full":
             raise ValueError(f"--cpu-priority class: classes by phase need the phases; --phase-info "
                              f"{args.phase_info} does not see them (use age)")
-        from overtake.mdp.lever import class_model
+        from overtake.mdp.priority_classes import class_model
 
         try:
             class_model(model)  # the classes as CPU weights by phase: exact only where phases stay
@@ -71,16 +72,14 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--cpu-priority class: {exc}") from None
     with progress_bar("solve pi*", quiet=args.quiet) as progress:  # a bar on a terminal, silent otherwise
         if args.cpu_priority == "class":
-            from overtake.mdp.lever import choose_classes
-
             # the spawn optimum under each candidate class assignment, exact; the best is kept
-            choice = choose_classes(model, truncation=sc.fixed_truncation(), tol=sc.tolerance, method=args.method,
-                                    progress=progress)
+            choice = solve(model, cpu_priority="class", truncation=sc.fixed_truncation(), tol=sc.tolerance,
+                           method=args.method, progress=progress)
             opt = choice.optimum
         else:
-            opt = solve_optimal(model, phase_info=args.phase_info, truncation=sc.fixed_truncation(),
-                                tol=sc.tolerance, method=args.method, progress=progress, routes=routes,
-                                max_states=args.max_states)
+            opt = solve(model, phase_info=args.phase_info, truncation=sc.fixed_truncation(),
+                        tol=sc.tolerance, method=args.method, progress=progress, routes=routes,
+                        max_states=args.max_states)
     pol = opt.policy
     meta: dict[str, Any] = {
         "metrics": opt.metrics.to_dict(),
@@ -102,14 +101,14 @@ def run(args: argparse.Namespace) -> int:
         meta["rules"] = overtaking_rule(opt.solve, pol).to_dict()
     pol.meta.update(meta)
     if args.cpu_priority == "age":
-        from overtake.mdp.lever import predict_lever
+        from overtake.mdp.priority_prediction import predict_priority
 
-        pol.meta["cpu_priority"] = {"age": predict_lever(model, pol, "age").to_meta()}
+        pol.meta["cpu_priority"] = {"age": predict_priority(model, pol, "age").to_meta()}
     elif args.cpu_priority == "class":
-        from overtake.mdp.lever import predict_lever
+        from overtake.mdp.priority_prediction import predict_priority
 
         # the policy is the optimum with the classes; its E[W] without them, for the record
-        pol.meta["cpu_priority"] = {"class": predict_lever(model, pol, "class").to_meta() | {"solved": True}}
+        pol.meta["cpu_priority"] = {"class": predict_priority(model, pol, "class").to_meta() | {"solved": True}}
         plain = evaluate_rule(model, pol.layout, pol.actions, max_requests=pol.max_requests, max_threads=pol.max_threads)
         pol.meta["cpu_priority"]["class"]["without_lever"] = plain.mean_response_time
         assert choice is not None

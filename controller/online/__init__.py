@@ -47,8 +47,8 @@ than ``min_samples`` samples or the estimated load λ·ΣE[S]/m ≥ ``max_load``
 process (:class:`concurrent.futures.ProcessPoolExecutor`, one worker; the event loop never
 blocks) :func:`refit_job` fits a PH per stage by EM (:func:`overtake.fitting.fit`, order 1 or 2 by BIC,
 hyperexponential for SCV > 1 else CF1, mean preserved), builds the :class:`overtake.mdp.TandemModel`,
-solves π* (:func:`overtake.mdp.solve_optimal`) and evaluates the *current* policy exactly under the
-*new* model (:func:`overtake.mdp.truncation.evaluate_rule`, both on one evaluation cap). The new policy
+solves π* (:func:`overtake.mdp.solve`) and evaluates the *current* policy exactly under the
+*new* model (:func:`overtake.mdp.rule_evaluation.evaluate_rule`, both on one evaluation cap). The new policy
 is swapped in only if its predicted E[W] is lower by more than ``margin`` (default 1 %).
 Every decision is one JSON log line (``event = online_refit``) and counted in
 ``overtake_online_refits_total{outcome}``.

@@ -4,8 +4,8 @@ Runs in the online loop's worker process (:class:`overtake.controller.online.Onl
 everything it needs travels in one picklable :class:`RefitJob` and the heavy imports
 (:mod:`overtake.fitting`, :mod:`overtake.mdp`) happen in the worker. The method is paper 004's:
 the average-cost MDP of the fitted tandem solved by value iteration
-(:func:`overtake.mdp.solve_optimal`), compared with the running policy's exact E[W]
-(:func:`overtake.mdp.truncation.evaluate_rule`) on one evaluation cap.
+(:func:`overtake.mdp.solve`), compared with the running policy's exact E[W]
+(:func:`overtake.mdp.rule_evaluation.evaluate_rule`) on one evaluation cap.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _fit_stage(x: FloatArray, order: int | None, max_order: int, seed: int) -> d
 
 
 def _grow(evaluate: Callable[[int], Any], start: int, tol: float) -> Any:
-    from overtake.mdp.truncation import grow_requests
+    from overtake.mdp.rule_evaluation import grow_requests
 
     return grow_requests(evaluate, start, tol, "current policy")[0]
 
@@ -82,12 +82,13 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
 
     Runs in the worker process. Returns the fitted stages, both predicted E[W] (model units, on a
     common evaluation cap) and timings."""
+    from overtake.mdp import solve
     from overtake.mdp.baselines import Baseline
     from overtake.mdp.model import Stage, TandemModel
     from overtake.mdp.observation import evaluate_observed
     from overtake.mdp.policy import Policy
+    from overtake.mdp.rule_evaluation import evaluate_baseline, evaluate_rule
     from overtake.mdp.statespace import Layout
-    from overtake.mdp.truncation import evaluate_baseline, evaluate_rule, solve_optimal
 
     t0 = time.perf_counter()
     fits = [_fit_stage(np.asarray(x, dtype=float), o, job.max_order, job.seed)
@@ -95,7 +96,7 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
     t_fit = time.perf_counter() - t0
     model = TandemModel(job.arrival_rate, tuple(Stage(n, f["alpha"], f["T"]) for n, f in zip(job.stage_names, fits)),
                         cores=job.cores, overhead=job.overhead)
-    opt = solve_optimal(model, phase_info=job.phase_info, tol=job.tolerance)  # type: ignore[call-overload]
+    opt = solve(model, phase_info=job.phase_info, tol=job.tolerance)
     t_solve = time.perf_counter() - t0 - t_fit
     new = opt.metrics
 

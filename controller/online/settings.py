@@ -28,7 +28,7 @@ class OnlineSettings:
     margin: float = 0.01  #: swap only if E[W] improves by more than this fraction
     max_load: float = 0.95  #: skip refits at or above this estimated load
     max_order: int = 2  #: PH order chosen by BIC in 1..max_order (when not pinned)
-    tolerance: float = 1e-2  #: solve_optimal's relative accuracy of E[W]
+    tolerance: float = 1e-2  #: the solve's relative accuracy of E[W] (overtake.mdp.solve)
     access_log: str | None = None  #: Apache access log (LOG_FORMAT) to take CPU demands from
     log_poll: float = 1.0  #: seconds between reads of the access log
     policy_dir: str | None = None  #: where new policies are written (default: a temporary dir)

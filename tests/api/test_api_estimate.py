@@ -3,7 +3,7 @@
 The real count is the largest MDP auto-truncation solves for π* (the job's largest space on
 paper 004's Table 1; the π(∞) chain is smaller there). On every Table 1 case that MDP has 13
 requests (the first solve-cap check, ``next_solve_cap(10)``) and the thread cap the case
-settles on, recorded in ``SETTLED`` from ``solve_optimal`` runs on this code; the slow test
+settles on, recorded in ``SETTLED`` from ``overtake.mdp.solve`` runs on this code; the slow test
 re-solves the cases that take seconds and checks the record (case 4 is checked in
 test_api_cli_parity.py; cases 8, 11 and 12 take minutes and settle like case 6).
 """
@@ -15,10 +15,10 @@ from api_helpers import REPO
 
 from overtake.api.jobs import estimate_states
 from overtake.api.scenario import load_scenario
+from overtake.mdp import solve
 from overtake.mdp.model import TandemModel
 from overtake.mdp.scenario import Scenario
 from overtake.mdp.statespace import Truncation, count_states
-from overtake.mdp.truncation import solve_optimal
 
 # case -> threads of the largest π* solve (its requests: 13)
 SETTLED = {1: 3, 2: 4, 3: 4, 4: 4, 5: 3, 6: 5, 7: 3, 8: 5, 9: 3, 10: 3, 11: 5, 12: 5}
@@ -41,7 +41,7 @@ def test_estimate_within_2x_of_the_largest_solve(case: int) -> None:
 @pytest.mark.parametrize("case", QUICK)
 def test_the_record_is_what_the_solver_builds(case: int) -> None:
     sc, model = _case(case)
-    opt = solve_optimal(model, truncation=sc.fixed_truncation(), tol=sc.tolerance)
+    opt = solve(model, truncation=sc.fixed_truncation(), tol=sc.tolerance)
     solves = [t for t in opt.trace if "check" not in t]
     largest = max(solves, key=lambda t: t["states"])
     assert (largest["max_requests"], largest["max_threads"]) == (13, SETTLED[case])

@@ -14,16 +14,16 @@ from matplotlib.image import imread
 from overtake.api import plots
 from overtake.api.cli import main
 from overtake.api.progress import progress_bar, progress_iter
-from overtake.mdp.compare import compare
+from overtake.mdp import solve
+from overtake.mdp.comparison import compare
 from overtake.mdp.policy import Policy
 from overtake.mdp.scenario import parse_scenario
-from overtake.mdp.truncation import solve_optimal
 
 
 @pytest.fixture(scope="module")
 def exp_policy() -> Policy:
     sc = parse_scenario(exp2(0.3))
-    return solve_optimal(sc.build_model(), truncation=sc.fixed_truncation(), tol=sc.tolerance).policy
+    return solve(sc.build_model(), truncation=sc.fixed_truncation(), tol=sc.tolerance).policy
 
 
 def test_policy_grid_of_exponential_stages_is_one_thread_at_a_time(exp_policy: Policy) -> None:

@@ -201,13 +201,12 @@ def small_policy(path: Path) -> Path:
     """pi* for two H2 stages named stage1, stage2 (small truncation: solved in a second)."""
     import numpy as np
 
-    from overtake.mdp import Stage, TandemModel, Truncation
-    from overtake.mdp.truncation import solve_optimal
+    from overtake.mdp import Stage, TandemModel, Truncation, solve
 
     p, m = np.array([0.91, 0.09]), np.array([0.55, 5.45])
     s1 = Stage("stage1", p, np.diag(-1.0 / m))
     s2 = Stage("stage2", s1.alpha, s1.T)
-    opt = solve_optimal(TandemModel(arrival_rate=0.3, stages=(s1, s2)), truncation=Truncation(6, 3))
+    opt = solve(TandemModel(arrival_rate=0.3, stages=(s1, s2)), truncation=Truncation(6, 3))
     opt.policy.save(path)
     return path
 

@@ -28,8 +28,8 @@ from overtake.controller.stages import ClassifierSettings
 from overtake.mdp.model import Stage, TandemModel
 from overtake.mdp.observed import solve_observed
 from overtake.mdp.routes import RouteSplit
+from overtake.mdp.rule_evaluation import evaluate_baseline
 from overtake.mdp.statespace import Truncation
-from overtake.mdp.truncation import evaluate_baseline
 
 NAMES = ("s1", "s2")
 H2 = (np.array([0.91, 0.09]), np.diag([-1 / 0.55, -1 / 5.45]))
@@ -249,14 +249,14 @@ def test_a_directory_of_policies_is_auto_s_candidate_set(files: dict[str, Path])
 
 def _auto_dir(d: Path) -> Path:
     """A directory with a full and a none policy for stages stage1 (exp) and stage2 (H2)."""
-    from overtake.mdp.truncation import solve_optimal
+    from overtake.mdp import solve
 
     s1 = Stage("stage1", np.array([1.0]), np.array([[-1.0]]))
     s2 = Stage("stage2", *H2)
     model = TandemModel(0.6 / (1.0 + s2.mean()), (s1, s2))
     d.mkdir()
     ps = evaluate_baseline(model, "pi(inf)").metrics.mean_response_time
-    for name, opt in (("full", solve_optimal(model, truncation=Truncation(6))),
+    for name, opt in (("full", solve(model, truncation=Truncation(6))),
                       ("none", solve_observed(model, truncation=Truncation(6)))):
         opt.policy.meta.update(metrics=opt.metrics.to_dict(), baselines={"pi(inf)": ps})
         opt.policy.save(d / f"{name}.npz")

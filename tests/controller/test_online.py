@@ -296,12 +296,12 @@ def test_refit_on_case4_swaps_pi1_for_the_solved_policy_and_keeps_it_after(worke
 
 
 def test_failing_solve_is_counted_and_the_old_policy_kept() -> None:
-    """Fault injection: solve_optimal raises inside the (thread) worker."""
+    """Fault injection: the solver (overtake.mdp.solve) raises inside the (thread) worker."""
     side = _sidecar("pi(2)")
     clock = _Clock()
     with (
         ThreadPoolExecutor(1) as ex,
-        mock.patch("overtake.mdp.truncation.solve_optimal", side_effect=RuntimeError("injected solver failure")),
+        mock.patch("overtake.mdp.solve", side_effect=RuntimeError("injected solver failure")),
     ):
         loop = _case4_loop(side, clock, ex, seed=1, refit_interval=30.0)
         assert asyncio.run(loop.refit()) == "failed"

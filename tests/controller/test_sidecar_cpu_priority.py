@@ -25,9 +25,8 @@ from overtake.controller.harness.apache.cpu_priority import CpuPriority, fetch_p
 from overtake.controller.harness.scratch import free_port, scratch_dir
 from overtake.controller.http1 import Request, upstream_head
 from overtake.controller.policies import BaselinePolicy, TablePolicy, class_levels
-from overtake.mdp import Policy, Stage, TandemModel, Truncation
+from overtake.mdp import Policy, Stage, TandemModel, Truncation, solve
 from overtake.mdp.observed import solve_observed
-from overtake.mdp.truncation import solve_optimal
 
 STAGES = """stages:
   - {name: stage1, path: "^/stage1$", next: stage2}
@@ -47,20 +46,20 @@ def test_class_levels_are_short_first_by_expected_work(tmp_path: Path) -> None:
     # left (the first) is the long class even though no phase mean says so alone
     T = np.array([[-2.0, 2.0], [0.0, -2.0]])
     erl = Stage("e", np.array([0.5, 0.5]), T)  # remaining work 1.0 from phase 1, 0.5 from phase 2
-    opt = solve_optimal(TandemModel(0.3, (erl,)), truncation=Truncation(5, 3))
+    opt = solve(TandemModel(0.3, (erl,)), truncation=Truncation(5, 3))
     assert class_levels(TablePolicy(opt.policy, "erl")) == ((1, 0),)
     assert class_levels(BaselinePolicy("pi(2)", 2)) is None
 
 
 def test_a_policy_solved_with_classes_sends_its_own() -> None:
-    from overtake.mdp.lever import class_model
+    from overtake.mdp.priority_classes import class_model
 
     s1 = Stage("stage1", np.array([0.91, 0.09]), np.diag([-1 / 2.75, -1 / 27.25]))
     s2 = Stage("stage2", np.array([0.91, 0.09]), np.diag([-1 / 0.55, -1 / 5.45]))
     lv = ((0, 1), (0, 0))  # not short-first: stage 2's long phase stays in class 0
-    opt = solve_optimal(class_model(TandemModel(0.05, (s1, s2)), levels=lv), truncation=Truncation(5, 2))
+    opt = solve(class_model(TandemModel(0.05, (s1, s2)), levels=lv), truncation=Truncation(5, 2))
     assert class_levels(TablePolicy(opt.policy, "lv")) == lv
-    plain = solve_optimal(TandemModel(0.05, (s1, s2)), truncation=Truncation(5, 2))
+    plain = solve(TandemModel(0.05, (s1, s2)), truncation=Truncation(5, 2))
     assert class_levels(TablePolicy(plain.policy, "plain")) == ((0, 1), (0, 1))
 
 

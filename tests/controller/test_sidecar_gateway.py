@@ -29,8 +29,7 @@ from service_helpers import ADMIN_TOKEN, admin_token_file, is_admin_path
 from overtake.controller.harness import apache
 from overtake.controller.harness.loadgen import request
 from overtake.controller.harness.scratch import free_port, scratch_dir
-from overtake.mdp import Stage, TandemModel, Truncation
-from overtake.mdp.truncation import solve_optimal
+from overtake.mdp import Stage, TandemModel, Truncation, solve
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -152,10 +151,10 @@ def policies(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     a, T = np.array([0.91, 0.09]), np.diag(-1.0 / np.array([0.55, 5.45]))
     for name, lam in (("rho06", 0.3), ("rho04", 0.2)):
         model = TandemModel(arrival_rate=lam, stages=(Stage("stage1", a, T), Stage("stage2", a, T)))
-        solve_optimal(model, truncation=Truncation(8, 3)).policy.save(d / f"{name}.npz")
+        solve(model, truncation=Truncation(8, 3)).policy.save(d / f"{name}.npz")
         out[name] = d / f"{name}.npz"
     one = TandemModel(arrival_rate=0.3, stages=(Stage("other", a, T),))
-    solve_optimal(one, truncation=Truncation(8, 3)).policy.save(d / "mismatch.npz")
+    solve(one, truncation=Truncation(8, 3)).policy.save(d / "mismatch.npz")
     out["mismatch"] = d / "mismatch.npz"
     return out
 

@@ -21,8 +21,7 @@ from overtake.controller.classifier import Classifier
 from overtake.controller.limiter import ADMITTED, DONE, PASSTHROUGH, QUEUED, Limiter, LimiterListener, Ticket
 from overtake.controller.policies import BaselinePolicy, SpawnPolicy, load_policy
 from overtake.controller.stages import ClassifierSettings
-from overtake.mdp import Stage, TandemModel, Truncation
-from overtake.mdp.truncation import solve_optimal
+from overtake.mdp import Stage, TandemModel, Truncation, solve
 
 NAMES = ("stage1", "stage2")
 
@@ -31,7 +30,7 @@ NAMES = ("stage1", "stage2")
 def h2_policy(tmp_path_factory: pytest.TempPathFactory) -> SpawnPolicy:
     a, T = np.array([0.91, 0.09]), np.diag(-1.0 / np.array([0.55, 5.45]))
     model = TandemModel(arrival_rate=0.3, stages=(Stage("stage1", a, T), Stage("stage2", a, T)))
-    opt = solve_optimal(model, truncation=Truncation(8, 3))
+    opt = solve(model, truncation=Truncation(8, 3))
     path = tmp_path_factory.mktemp("pol") / "h2.npz"
     opt.policy.save(path)
     return load_policy(str(path), NAMES)

@@ -16,8 +16,7 @@ from overtake.controller.classifier import BadPhaseHeader, Classifier
 from overtake.controller.errors import PolicyLoadError, SidecarInputError
 from overtake.controller.policies import BaselinePolicy, TablePolicy, load_policy
 from overtake.controller.stages import ClassifierSettings, load_stages
-from overtake.mdp import Policy, Stage, TandemModel, Truncation
-from overtake.mdp.truncation import solve_optimal
+from overtake.mdp import Policy, Stage, TandemModel, Truncation, solve
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,7 +31,7 @@ def h2_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     s1 = h2()
     s2 = Stage("stage2", s1.alpha, s1.T)
     model = TandemModel(arrival_rate=0.6 / (2 * 1.0), stages=(s1, s2))
-    opt = solve_optimal(model, truncation=Truncation(8, 3))
+    opt = solve(model, truncation=Truncation(8, 3))
     path = tmp_path_factory.mktemp("pol") / "h2.npz"
     opt.policy.save(path)
     return path

@@ -45,7 +45,7 @@ def policy_file(path: Path, time_unit: object = None) -> Path:
     """A small pi* for two H2 stages (stage1, stage2) in the paper's unit, with ``time_unit`` in
     its metadata (None: a file from before units were recorded)."""
     from overtake.mdp import Stage, TandemModel, Truncation
-    from overtake.mdp.truncation import solve_optimal
+    from overtake.mdp import solve as solve_optimal
 
     p, m = np.array([0.91, 0.09]), np.array([0.55, 5.45])
     s1 = Stage("stage1", p, np.diag(-1.0 / m))

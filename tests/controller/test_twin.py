@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from overtake.controller import twin
-from overtake.mdp import Stage, TandemModel, Truncation
-from overtake.mdp.truncation import evaluate_baseline, solve_optimal
+from overtake.mdp import Stage, TandemModel, Truncation, solve
+from overtake.mdp.rule_evaluation import evaluate_baseline
 
 
 def _trace(lam: float, means: list[float], n: int, seed: int) -> dict[str, np.ndarray]:
@@ -59,7 +59,7 @@ def test_next_routing_is_the_models_and_client_routing_is_not(tandem: TandemMode
     np.testing.assert_allclose(nxt, twin.replay(tr, "pi(1)", routing="instant"), rtol=1e-12)
     # pi* of the exponential tandem is pi(1) (Table 1: gain 0.00): the same response times
     path = tmp_path / "star.npz"
-    solve_optimal(tandem, truncation=Truncation(10, 3)).policy.save(path)
+    solve(tandem, truncation=Truncation(10, 3)).policy.save(path)
     np.testing.assert_allclose(twin.replay(tr, str(path), routing="next"), nxt, rtol=1e-9)
     # without the reservation a waiting stage-1 request takes the thread first: slower, every time
     assert np.nanmean(twin.replay(tr, "pi(1)", routing="client")) > 1.03 * np.nanmean(nxt)
@@ -76,8 +76,9 @@ def test_one_stage_priority_levels_match_the_simulator_and_mlps() -> None:
     """The twin's CPU-priority lever on one H2 stage under passthrough (π(∞)): E[W] of the
     exact MLPS analysis (strict priority) and of the simulator (kernel weight 3/1024) agree
     with the twin's within the CIs."""
-    from overtake.mdp.priority import age_priority, mlps_mean
-    from overtake.mdp.simulate import simulate
+    from overtake.mdp.mlps import mlps_mean
+    from overtake.mdp.priority import age_priority
+    from overtake.mdp.simulation import simulate
 
     h2 = Stage("a", np.array([0.91, 0.09]), np.diag([-1 / 0.55, -1 / 5.45]))
     model = TandemModel(arrival_rate=0.6 / h2.mean(), stages=(h2,))
@@ -127,7 +128,7 @@ def test_routes_in_the_trace_keep_the_stage_prior_and_learned_mode_finds_pure_ro
     assert abs(float(tr["demand0"].mean()) - 1.0) < 0.05  # E S = 0.91·0.55 + 0.09·5.45
     assert route_path(0, tr, 0) == f"/stage1/r{int(tr['route0'][0])}" and "route0" not in make_trace(model, 5, 5)
     path = tmp_path / "star.npz"
-    opt = solve_optimal(model, truncation=Truncation(14, 4))
+    opt = solve(model, truncation=Truncation(14, 4))
     opt.policy.save(path)
     # learned mode classifies each route from its history: π* then runs as with phase headers,
     # so both converge to the MDP's exact E[W] (the first requests of each route are guessed)
@@ -149,7 +150,7 @@ def test_a_route_policy_in_learned_mode_converges_to_its_exact_evaluation(tmp_pa
     x = (0.99 - 0.91) / (2 * 0.99 - 0.5 - 0.1)
     split = RouteSplit.build(model, [[("r0", 1 - 2 * x, [0.99, 0.01]), ("r1", x, [0.5, 0.5]),
                                       ("r2", x, [0.1, 0.9])]])
-    opt = solve_optimal(model, phase_info="route", routes=split, truncation=Truncation(12, 4))
+    opt = solve(model, phase_info="route", routes=split, truncation=Truncation(12, 4))
     path = tmp_path / "route.npz"
     opt.policy.save(path)
     tr = make_trace(model, 40_000, 6, routes=split)

@@ -7,7 +7,7 @@ from mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.mdp.baselines import Baseline
 from overtake.mdp.errors import ModelError
-from overtake.mdp.truncation import evaluate_baseline
+from overtake.mdp.rule_evaluation import evaluate_baseline
 
 
 def pollaczek_khinchine(model):

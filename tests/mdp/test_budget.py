@@ -7,11 +7,12 @@ import pytest
 from mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.fitting import families
+from overtake.mdp import solve as solve_optimal
 from overtake.mdp.budget import StateBudgetError, check_budget, max_uniform_order, shape_states
 from overtake.mdp.errors import TruncationError
 from overtake.mdp.model import Stage
+from overtake.mdp.optimum import auto_start, estimate_states
 from overtake.mdp.statespace import count_states
-from overtake.mdp.truncation import auto_start, estimate_states, solve_optimal
 
 
 def _erlang_stage(name: str, k: int) -> Stage:

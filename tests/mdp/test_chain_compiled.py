@@ -21,15 +21,15 @@ from mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.mdp import _kernels
 from overtake.mdp import chain as chain_mod
+from overtake.mdp.average_cost import anderson_rvi
 from overtake.mdp.baselines import Baseline
 from overtake.mdp.chain import build_chain
 from overtake.mdp.errors import TruncationError
 from overtake.mdp.evaluate import reachable, stationary_distribution
 from overtake.mdp.model import Stage, TandemModel
 from overtake.mdp.policy import Policy
-from overtake.mdp.solve import anderson_rvi
+from overtake.mdp.rule_evaluation import evaluate_rule
 from overtake.mdp.statespace import Layout, StateSpace, Truncation
-from overtake.mdp.truncation import evaluate_rule
 
 
 def erlang_cox(name: str) -> Stage:
@@ -165,7 +165,7 @@ def test_evaluations_agree_through_either_search() -> None:
 def test_compiled_reachability_is_the_numpy_passs(monkeypatch: pytest.MonkeyPatch) -> None:
     model = MODELS["h2"]
     space = StateSpace(model, Truncation(7, 3))
-    from overtake.mdp.solve import induced_matrix
+    from overtake.mdp.average_cost import induced_matrix
 
     P = induced_matrix(space, anderson_rvi(space, tol=1e-6).decision)
     fast = reachable(P)
@@ -200,7 +200,7 @@ def test_gauss_seidel_on_the_matrix_without_its_diagonal_is_the_sweep_that_skips
     sweeps over the whole matrix, which skip the diagonal entries."""
     model = MODELS["h2"]
     space = StateSpace(model, Truncation(8, 3))
-    from overtake.mdp.solve import induced_matrix
+    from overtake.mdp.average_cost import induced_matrix
 
     P = induced_matrix(space, anderson_rvi(space, tol=1e-6).decision)
     Pc = P.tocsc()
@@ -219,9 +219,9 @@ def test_the_compiled_event_matrix_is_the_numpy_one_bit_for_bit(name: str, phase
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     model = MODELS[name]
     space = StateSpace(model, Truncation(6, 3), phase_info)  # type: ignore[arg-type]
-    fast = space._compiled_event_matrix(force=True)
+    fast = space.compiled_event_matrix(force=True)
     assert fast is not None
-    monkeypatch.setattr(StateSpace, "_compiled_event_matrix", lambda self, force=False: None)
+    monkeypatch.setattr(StateSpace, "compiled_event_matrix", lambda self, force=False: None)
     slow = StateSpace(model, Truncation(6, 3), phase_info).event_matrix  # type: ignore[arg-type]
     for attr in ("indptr", "indices", "data"):
         assert np.array_equal(getattr(fast, attr), getattr(slow, attr)), attr
@@ -236,8 +236,8 @@ def test_the_compiled_event_matrix_with_weights_and_a_binary_search(monkeypatch:
     from overtake.mdp import statespace
 
     monkeypatch.setattr(statespace, "_DENSE_RANKS", 0)
-    fast = space._compiled_event_matrix(force=True)
-    monkeypatch.setattr(StateSpace, "_compiled_event_matrix", lambda self, force=False: None)
+    fast = space.compiled_event_matrix(force=True)
+    monkeypatch.setattr(StateSpace, "compiled_event_matrix", lambda self, force=False: None)
     slow = StateSpace(model, Truncation(7, 3)).event_matrix
     assert fast is not None and np.array_equal(fast.indptr, slow.indptr) and np.array_equal(fast.indices, slow.indices)
     np.testing.assert_allclose(fast.data, slow.data, rtol=1e-13, atol=1e-16)
@@ -248,7 +248,7 @@ def test_anderson_steps_through_scipys_product_equal_the_kernels(monkeypatch: py
     pass) gives the fused kernel's iterates bit for bit: the same sums in the same order."""
     import importlib
 
-    solve_mod = importlib.import_module("overtake.mdp.solve")
+    solve_mod = importlib.import_module("overtake.mdp.average_cost")
     model = MODELS["h2"]
     space = StateSpace(model, Truncation(9, 4))
     assert space.size >= 5_000 and solve_mod._scipy_matvec(space.event_matrix) is not None

@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 from mdp_helpers import exp_stage, h2_stage, tandem
 
+from overtake.mdp import solve
 from overtake.mdp.baselines import Baseline
 from overtake.mdp.errors import ModelError
 from overtake.mdp.heuristic import evaluate_heuristic, overtaking_heuristic, remaining_work
 from overtake.mdp.model import Stage
+from overtake.mdp.rule_evaluation import evaluate_baseline, evaluate_rule
 from overtake.mdp.statespace import Layout, StateSpace, Truncation
-from overtake.mdp.truncation import evaluate_baseline, evaluate_rule, solve_optimal
 
 
 def erlang_stage(name: str, k: int, mean: float) -> Stage:
@@ -137,7 +138,7 @@ def test_heuristic_overtakes_only_with_high_variability() -> None:
 
 def test_heuristic_never_beats_pi_star_on_the_same_truncated_mdp() -> None:
     model = tandem(0.6, h2_stage("s1", 0.91, 0.55, 5.45), exp_stage("s2", 1.0))
-    opt = solve_optimal(model, truncation=Truncation(12, 3))
+    opt = solve(model, truncation=Truncation(12, 3))
     h = overtaking_heuristic(model)
     m = evaluate_rule(model, Layout.build(model, "full"), h.actions, max_requests=12, max_threads=3)
     g_star = opt.solve.gain_bounds[0]
@@ -147,7 +148,7 @@ def test_heuristic_never_beats_pi_star_on_the_same_truncated_mdp() -> None:
 
 def test_heuristic_within_two_percent_of_pi_star_on_table1_case2() -> None:
     model = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))
-    opt = solve_optimal(model, tol=1e-3)
+    opt = solve(model, tol=1e-3)
     ev = evaluate_heuristic(model, tol=1e-3)
     gap = ev.metrics.mean_response_time / opt.metrics.mean_response_time - 1
     assert -2e-3 < gap < 0.02

@@ -11,11 +11,11 @@ import scipy.sparse as sp
 
 pytest.importorskip("cvxpy")
 
+from overtake.mdp.average_cost import induced_matrix, relative_value_iteration
 from overtake.mdp.constrained import ConstraintError, Constraints, RandomizedPolicy, solve_constrained
 from overtake.mdp.evaluate import stationary_distribution
 from overtake.mdp.lp import cost_rate, occupation_lp, threads_constraint
 from overtake.mdp.policy import Policy
-from overtake.mdp.solve import induced_matrix, relative_value_iteration
 from overtake.mdp.statespace import StateSpace, Truncation
 
 TR = Truncation(6, 3)

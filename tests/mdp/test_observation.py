@@ -22,19 +22,19 @@ import numpy as np
 import pytest
 from mdp_helpers import exp_stage, h2_stage, tandem
 
+from overtake.mdp.average_cost import induced_matrix, policy_iteration
 from overtake.mdp.errors import ModelError
 from overtake.mdp.model import Stage
 from overtake.mdp.observation import ObservationSpace, evaluate_observed, observe
 from overtake.mdp.observed import _stage_rule, _starting_tables, improve, solve_observed
 from overtake.mdp.policy import Policy
 from overtake.mdp.routes import RouteSplit
-from overtake.mdp.solve import induced_matrix, policy_iteration
+from overtake.mdp.rule_evaluation import evaluate_baseline
 from overtake.mdp.statespace import Layout, StateSpace, Truncation
-from overtake.mdp.truncation import evaluate_baseline
 
 
 def _exact_gain(space: StateSpace, decision: np.ndarray) -> float:
-    from overtake.mdp.solve import evaluate_bias
+    from overtake.mdp.average_cost import evaluate_bias
 
     gamma, _ = evaluate_bias(space, induced_matrix(space, decision), space.cost / space.rate)
     return gamma * space.rate
@@ -127,7 +127,7 @@ def test_baseline_tables_evaluate_as_the_baselines() -> None:
     C = 8
     osp = ObservationSpace(model, Truncation(C), Layout.build(model, "none"))
     from overtake.mdp.baselines import Baseline
-    from overtake.mdp.truncation import evaluate_rule
+    from overtake.mdp.rule_evaluation import evaluate_rule
 
     for name in ("pi(1)", "pi(2)", "pi(inf)", "pi(1,1)"):
         ev = osp.evaluate(osp.table(_stage_rule(model, name)))
@@ -249,7 +249,7 @@ def test_observation_policy_file_round_trip(tmp_path, info: str) -> None:  # typ
 def test_simulated_observation_policies_match_their_exact_evaluation(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The simulator (decisions at arrivals and completions, route drawn at each stage entry)
     against the exact chain of the same artifact on a cap where blocking is negligible."""
-    from overtake.mdp.simulate import simulate
+    from overtake.mdp.simulation import simulate
 
     model = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))
     for info, routes, seed in (("none", None, 31), ("route", _split(model), 32)):

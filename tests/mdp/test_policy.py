@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from overtake.mdp.average_cost import policy_iteration
 from overtake.mdp.errors import PolicyFileError
 from overtake.mdp.policy import Policy
-from overtake.mdp.solve import policy_iteration
 from overtake.mdp.statespace import StateSpace, Truncation
 
 

@@ -15,28 +15,28 @@ from mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.api.cli import main
 from overtake.mdp.errors import ModelError
+from overtake.mdp.mlps import (
+    JobClass,
+    dps_means,
+    fb_mean,
+    fb_response,
+    mlps_classes_mean,
+    mlps_mean,
+    mlps_response,
+    ps_mean,
+)
 from overtake.mdp.model import TandemModel
 from overtake.mdp.priority import (
     DEFAULT_LOW_WEIGHT,
     NICE19_WEIGHT,
     CpuPriority,
-    JobClass,
     age_priority,
-    choose_tandem_thresholds,
-    choose_thresholds,
     class_priority,
-    dps_means,
-    fb_mean,
-    fb_response,
     level_weights,
-    mlps_classes_mean,
-    mlps_mean,
-    mlps_response,
-    ps_mean,
     short_first_levels,
-    tandem_model_mean,
 )
-from overtake.mdp.simulate import simulate
+from overtake.mdp.simulation import simulate
+from overtake.mdp.thresholds import choose_tandem_thresholds, choose_thresholds, tandem_model_mean
 
 Z = 1.5
 STRICT = 1e-9  # a weight ratio that is strict priority for every purpose here
@@ -257,7 +257,7 @@ def _route_ctmc(lam: float, mu1: float, mu2: float, w: float, cap: int = 250) ->
 @pytest.mark.parametrize("w", [STRICT, 0.2])
 def test_tandem_route_priority_matches_its_ctmc(w: float) -> None:
     """Exponential stages, stage-1 threads ahead of stage-2 threads (route class by start level,
-    and the same lever written as an immediate demotion at stage 2): the count process is a
+    and the same levels written as an immediate demotion at stage 2): the count process is a
     CTMC on (n1, n2) with CPU shares n1/(n1 + w n2) and w n2/(n1 + w n2)."""
     m = tandem(0.6, exp_stage("a", 1.0), exp_stage("b", 5.0))
     want = _route_ctmc(m.arrival_rate, 1.0, 0.2, w)
@@ -270,7 +270,7 @@ def test_tandem_route_priority_matches_its_ctmc(w: float) -> None:
     assert res.mean_response_time > tandem_model_mean(m)  # the visit model's direction is wrong here
 
 
-# ---- the lever's input ------------------------------------------------------------------------
+# ---- the levels' input -----------------------------------------------------------------------
 
 
 def test_level_weights_parse_kernel_tables() -> None:

@@ -16,13 +16,14 @@ import scipy.stats as st
 from mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.api.cli import main
+from overtake.mdp import solve
 from overtake.mdp.errors import ModelError, PolicyFileError
 from overtake.mdp.heuristic import evaluate_heuristic
 from overtake.mdp.model import Stage, capacity, capacity_compiled
 from overtake.mdp.policy import Policy
-from overtake.mdp.simulate import ServiceSampler, posterior_labels, service_from_spec, simulate
+from overtake.mdp.rule_evaluation import evaluate_baseline, evaluate_rule
+from overtake.mdp.simulation import ServiceSampler, posterior_labels, service_from_spec, simulate
 from overtake.mdp.statespace import Layout, Truncation
-from overtake.mdp.truncation import evaluate_baseline, evaluate_rule, solve_optimal
 
 Z = 1.5  # multiples of the 95% half-width (see module docstring)
 
@@ -145,7 +146,7 @@ def test_baselines_match_exact_evaluation_on_table1_case2(case2, name: str) -> N
 def test_policy_artifact_matches_its_exact_evaluation(case2, tmp_path, phase_info: str) -> None:  # type: ignore[no-untyped-def]
     """π* on a small truncation, saved and loaded; beyond the truncation both methods use the
     artifact's documented projection, so they must agree on E[W]."""
-    opt = solve_optimal(case2, phase_info=phase_info, truncation=Truncation(10, 3))  # type: ignore[arg-type]
+    opt = solve(case2, phase_info=phase_info, truncation=Truncation(10, 3))  # type: ignore[arg-type]
     path = tmp_path / "p.npz"
     opt.policy.save(path)
     pol = Policy.load(path)
@@ -228,7 +229,7 @@ def test_input_errors(case2, tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ModelError, match="baseline"):
         simulate(case2, "pi(x)", requests=1000)
     other = tandem(0.6, h2_stage("a", 0.5, 1.0, 2.0), h2_stage("b", 0.5, 1.0, 2.0))
-    opt = solve_optimal(other, truncation=Truncation(4, 2))
+    opt = solve(other, truncation=Truncation(4, 2))
     with pytest.raises(PolicyFileError, match="phases"):
         simulate(case2, opt.policy, requests=1000)
 

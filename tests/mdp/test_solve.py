@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 from mdp_helpers import exp_stage, tandem
 
+from overtake.mdp import solve
+from overtake.mdp.average_cost import induced_matrix, policy_iteration, relative_value_iteration
 from overtake.mdp.baselines import Baseline
 from overtake.mdp.evaluate import stationary_distribution
 from overtake.mdp.policy import Policy
-from overtake.mdp.solve import induced_matrix, policy_iteration, relative_value_iteration
+from overtake.mdp.rule_evaluation import evaluate_rule
 from overtake.mdp.statespace import Layout, StateSpace, Truncation
-from overtake.mdp.truncation import evaluate_rule, solve_optimal
 
 
 @pytest.mark.parametrize("blocking_cost", [False, True])
@@ -50,7 +51,7 @@ def test_blocking_cost_removes_the_incentive_to_block():
 def test_single_exponential_stage_optimum_is_fcfs():
     """N = 1, exponential service: π* = π(1), E[W] = E[S]/(1 − ρ) (M/M/1)."""
     model = tandem(0.7, exp_stage("only", 2.0))
-    opt = solve_optimal(model, tol=1e-4)
+    opt = solve(model, tol=1e-4)
     assert opt.metrics.mean_response_time == pytest.approx(2.0 / 0.3, rel=2e-4)
     assert opt.metrics.thread_distribution[2:] == pytest.approx([0.0] * len(opt.metrics.thread_distribution[2:]), abs=1e-9)
 
@@ -61,7 +62,7 @@ def test_exponential_tandem_optimum_is_pi1():
     Near the cap a truncated optimum may exploit blocking, so compare after auto-truncation.
     """
     model = tandem(0.6, exp_stage("a", 1.0), exp_stage("b", 5.0))
-    opt = solve_optimal(model, tol=1e-4)
+    opt = solve(model, tol=1e-4)
     ES, ES2 = 6.0, 2 * 1.0 + 2 * 25.0 + 2 * 5.0
     pk = ES + model.arrival_rate * ES2 / (2 * (1 - 0.6))
     assert opt.metrics.mean_response_time == pytest.approx(pk, rel=3e-4)

@@ -15,11 +15,11 @@ import scipy.sparse as sp
 from mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.mdp.anderson import AndersonMixer
-from overtake.mdp.compare import compare
+from overtake.mdp.average_cost import anderson_rvi, induced_matrix, policy_iteration, relative_value_iteration, solve_space
+from overtake.mdp.comparison import compare
 from overtake.mdp.evaluate import stationary_distribution
 from overtake.mdp.model import Stage
 from overtake.mdp.policy import _trim_longest
-from overtake.mdp.solve import anderson_rvi, induced_matrix, policy_iteration, relative_value_iteration, solve
 from overtake.mdp.statespace import Ranker, StateSpace, Truncation
 
 
@@ -60,7 +60,7 @@ def test_every_method_agrees_with_rvi_to_1e_9(name):
     # Odoni bounds from the accelerated iterates bracket the reference
     lo, hi = aa.gain_bounds
     assert lo <= g * (1 + 1e-12) and g <= hi * (1 + 1e-12)
-    assert solve(space, method="anderson", tol=1e-12).gain == pytest.approx(g, rel=1e-9)
+    assert solve_space(space, method="anderson", tol=1e-12).gain == pytest.approx(g, rel=1e-9)
 
 
 def test_anderson_needs_far_fewer_sweeps_on_a_long_phase():
@@ -76,7 +76,7 @@ def test_anderson_needs_far_fewer_sweeps_on_a_long_phase():
 def test_unknown_method_is_one_line_error():
     space = StateSpace(tandem(0.5, exp_stage("a", 1.0)), Truncation(4, 2))
     with pytest.raises(ValueError, match="method must be"):
-        solve(space, method="newton")  # type: ignore[arg-type]
+        solve_space(space, method="newton")
     with pytest.raises(ValueError, match="memory must be an integer >= 1"):
         anderson_rvi(space, memory=0)
 
@@ -287,8 +287,8 @@ def test_warm_started_stationary_law_equals_the_direct_solve(monkeypatch):
     import overtake.mdp.evaluate as ev
     from overtake.mdp.chain import build_chain
     from overtake.mdp.policy import Policy
+    from overtake.mdp.rule_evaluation import WarmStarts, evaluate_rule
     from overtake.mdp.statespace import Layout
-    from overtake.mdp.truncation import Laws, evaluate_rule
 
     model = tandem(0.6, h2_stage("a", 0.91, 0.55, 5.45), h2_stage("b", 0.91, 2.75, 27.25))
     lay = Layout.build(model, "full")
@@ -296,8 +296,8 @@ def test_warm_started_stationary_law_equals_the_direct_solve(monkeypatch):
     for cap in (6, 7):
         space = StateSpace(model, Truncation(cap, 3))
         pols.append(Policy.from_decision(space, anderson_rvi(space, tol=1e-9).decision))
-    laws = Laws()
-    evaluate_rule(model, lay, pols[0].actions, max_requests=8, max_threads=3, laws=laws)
+    laws = WarmStarts()
+    evaluate_rule(model, lay, pols[0].actions, max_requests=8, max_threads=3, warm=laws)
     chain = build_chain(model, lay, pols[1].actions, max_requests=10, max_threads=3)
     x0 = laws.guess(10, chain.rows)
     assert x0 is not None and x0.shape == (chain.rows.shape[0],)
@@ -312,7 +312,7 @@ def test_warm_started_stationary_law_equals_the_direct_solve(monkeypatch):
     reach2, warm = stationary_distribution(chain.P, x0=x0)
     assert np.array_equal(reach, reach2)
     assert np.abs(warm - direct).max() < 1e-10 * direct.max()
-    warm_m = evaluate_rule(model, lay, pols[1].actions, max_requests=10, max_threads=3, laws=laws)
+    warm_m = evaluate_rule(model, lay, pols[1].actions, max_requests=10, max_threads=3, warm=laws)
     assert warm_m.mean_response_time == pytest.approx(cold.mean_response_time, rel=1e-9)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("dask.distributed")
 
-from overtake.mdp.compare import compare
+from overtake.mdp.comparison import compare
 from overtake.mdp.errors import ModelError
 from overtake.mdp.model import Stage
 from overtake.mdp.scenario import parse_scenario

@@ -1,4 +1,4 @@
-"""Auto-truncation's shortcuts keep its answer (mdp/truncation.py).
+"""Auto-truncation's shortcuts keep its answer (mdp/optimum.py).
 
 A thread-cap probe that the last two improvements predict to bring less than tol/2 is not solved:
 solving it anyway must confirm the prediction (below tol, so it would have been discarded) and the
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 from mdp_helpers import exp_stage, h2_stage, tandem
 
-from overtake.mdp import truncation
-from overtake.mdp.truncation import predicted_thread_gain, solve_optimal
+from overtake.mdp import optimum, solve
+from overtake.mdp.optimum import predicted_thread_gain
 
 
 def test_prediction_needs_two_falling_improvements() -> None:
@@ -31,15 +31,15 @@ CASE11 = tandem(0.6, h2_stage("s1", 0.91, 2.75, 27.25), exp_stage("s2", 1.0))
 
 def test_skipped_thread_probe_is_confirmed_by_solving_it(monkeypatch: pytest.MonkeyPatch) -> None:
     tol = 1e-3
-    fast = solve_optimal(CASE11, tol=tol)
+    fast = solve(CASE11, tol=tol)
     skipped = [t for t in fast.trace if t.get("check") == "thread cap"]
     assert len(skipped) == 1 and skipped[0]["solved"] is False
     assert skipped[0]["max_threads"] == fast.truncation.k_max + 1
     predicted = skipped[0]["predicted_change"]
-    assert predicted < truncation.PREDICT_MARGIN * tol
+    assert predicted < optimum.PREDICT_MARGIN * tol
 
-    monkeypatch.setattr(truncation, "PREDICT_MARGIN", 0.0)  # probe every thread cap, as before
-    full = solve_optimal(CASE11, tol=tol)
+    monkeypatch.setattr(optimum, "PREDICT_MARGIN", 0.0)  # probe every thread cap, as before
+    full = solve(CASE11, tol=tol)
     assert not [t for t in full.trace if t.get("check") == "thread cap"]
     assert (full.truncation.max_requests, full.truncation.k_max) == (fast.truncation.max_requests,
                                                                      fast.truncation.k_max)
@@ -60,10 +60,10 @@ def test_solve_cap_check_is_evaluated_on_the_ladder_only() -> None:
     """The re-solve on the next solve cap (13, off the ladder 10, 15, 23) is judged by its policy's
     E[W] on ladder caps: its own-cap metrics are not computed, and the reported E[W] is the exact
     evaluation of the returned policy on the recorded evaluation cap."""
+    from overtake.mdp.rule_evaluation import evaluate_rule
     from overtake.mdp.statespace import Layout
-    from overtake.mdp.truncation import evaluate_rule
 
-    opt = solve_optimal(CASE11, tol=1e-3)
+    opt = solve(CASE11, tol=1e-3)
     solves = [t for t in opt.trace if "check" not in t]
     assert all("mean_response_time" in t for t in solves if t["max_requests"] == 10)
     resolve = [t for t in solves if t["max_requests"] == 13]

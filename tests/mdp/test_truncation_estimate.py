@@ -1,4 +1,4 @@
-"""State counts of the truncation path known before solving (mdp/truncation.py).
+"""State counts of the truncation path known before solving (mdp/optimum.py, mdp/rule_evaluation.py).
 
 ``ps_chain_states`` walks the π(∞) baseline's caps on the processor-sharing queue's closed form;
 it must land on the cap and the chain size the baseline's own numerical evaluation reaches.
@@ -10,16 +10,10 @@ import pytest
 from mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.mdp.baselines import Baseline
+from overtake.mdp.caps import next_solve_cap
+from overtake.mdp.optimum import auto_start, estimate_states
+from overtake.mdp.rule_evaluation import evaluate_baseline, evaluate_rule, ps_chain_states, ps_metrics
 from overtake.mdp.statespace import Layout, StateSpace, Truncation
-from overtake.mdp.truncation import (
-    auto_start,
-    estimate_states,
-    evaluate_baseline,
-    evaluate_rule,
-    next_solve_cap,
-    ps_chain_states,
-    ps_metrics,
-)
 
 MODELS = {
     "exp rho 0.6": tandem(0.6, exp_stage("a", 1.0), exp_stage("b", 1.0)),
@@ -79,10 +73,10 @@ def test_auto_estimate_is_one_thread_above_the_solve_every_run_makes(cores: int)
 def test_thread_cap_probes_are_loose_checks_and_keep_the_answer() -> None:
     """Each probe of one more thread is a check (solved to tol/10 on the gain, as the solve-cap
     check): only the first solve is tight, and the answer is still no worse than any baseline."""
-    from overtake.mdp.truncation import solve_optimal
+    from overtake.mdp import solve
 
     model = MODELS["h2 + exp rho 0.6"]
-    opt = solve_optimal(model, tol=1e-3)
+    opt = solve(model, tol=1e-3)
     solves = [t for t in opt.trace if "check" not in t]
     first = solves[0]
     assert first["loose"] is False

@@ -24,7 +24,7 @@ from overtake.mdp import _kernels
 from overtake.mdp._warmup import _model
 from overtake.mdp.evaluate import stationary_distribution
 from overtake.mdp.policy import _trim_longest
-from overtake.mdp.solve import anderson_rvi, induced_matrix, relative_value_iteration
+from overtake.mdp.average_cost import anderson_rvi, induced_matrix, relative_value_iteration
 from overtake.mdp.statespace import StateSpace, Truncation
 
 space = StateSpace(_model(), Truncation(9, 3))

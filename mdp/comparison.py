@@ -1,4 +1,4 @@
-"""``compare``: π* against the baselines on one scenario (paper 004, §4.1, Table 1).
+"""``compare``: π* against the baselines on one scenario (van der Weij et al., "Dynamic thread assignment", §4.1, Table 1).
 
 Gain of π* over a policy π: (E W(π) − E W(π*)) / E W(π*), as a fraction. With ``phase_info``
 ``none`` or ``route``, π* is the best policy that sees counts only (and routes),
@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 from .baselines import Baseline
 from .evaluate import PolicyMetrics
 from .model import TandemModel
+from .optimum import Optimum, solve_mdp
 from .routes import RouteSplit
+from .rule_evaluation import evaluate_baseline, evaluate_rule
 from .statespace import Layout, PhaseInfo, Truncation
-from .truncation import Optimum, evaluate_baseline, evaluate_rule, solve_optimal
 
 if TYPE_CHECKING:
     from .observed import ObservedOptimum
@@ -67,10 +68,10 @@ def compare(
 ) -> dict[str, Any]:
     """Solve π* and evaluate the baselines; returns the JSON document of ``overtake compare``.
 
-    ``method`` is π*'s solver (:func:`overtake.mdp.truncation.solve_optimal`): "anderson"
-    (default, the fastest measured, BENCHMARKS.md ``cli-table1``), "rvi" or "pi".
+    ``method`` is π*'s average-cost solver (:func:`overtake.mdp.solver.solve`): "anderson"
+    (default; BENCHMARKS.md ``cli-table1``), "rvi" or "pi".
 
-    ``max_states`` bounds π*'s auto-truncation ladder (:func:`overtake.mdp.truncation.solve_optimal`).
+    ``max_states`` bounds π*'s auto-truncation ladder (:func:`overtake.mdp.optimum.solve_mdp`).
 
     ``phase_info`` ``none`` or ``route`` (with ``routes``): π* is the best observation policy,
     and the document gains an ``observation`` entry (where π* came from, the candidates' E[W]
@@ -85,13 +86,13 @@ def compare(
     # observed.py (scipy's iterative solvers, the heuristic's kernels) only when it is used
     if phase_info in ("none", "route") or (optimum is not None and not isinstance(optimum, Optimum)):
         return _compare_observed(model, names, phase_info, routes, tol, truncation, progress, optimum, t0)
-    opt = optimum or solve_optimal(model, truncation=truncation, tol=tol, method=method, progress=progress,
-                                   max_states=max_states)
+    opt = optimum or solve_mdp(model, truncation=truncation, tol=tol, method=method, progress=progress,
+                               max_states=max_states)
     out: dict[str, Any] = {"policies": {"pi*": opt.metrics.to_dict()}}
     start_opt = None
     if phase_info_start:
-        start_opt = solve_optimal(model, phase_info="start", truncation=truncation, tol=tol, method=method,
-                                  progress=progress, max_states=max_states)
+        start_opt = solve_mdp(model, phase_info="start", truncation=truncation, tol=tol, method=method,
+                              progress=progress, max_states=max_states)
         out["policies"]["pi*(phase at start)"] = start_opt.metrics.to_dict()
     star = opt.metrics
     for name in names:

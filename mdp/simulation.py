@@ -1,10 +1,11 @@
 """Discrete-event simulation of the tandem under any policy — the independent second method.
 
-The simulated system is paper 004's (§2) exactly: Poisson(λ) arrivals, N stages, one processor
-shared by the K active threads at total rate c(K) = min(K, m)/(1 + δK), a thread kept until its
-stage completes, and the policy consulted at every arrival, phase change and completion with the
-state the MDP sees (waiting per queue, threads per (stage, phase) coordinate). The event loop is
-compiled with numba (:mod:`overtake.mdp._simkernel`, processor sharing in virtual time).
+The simulated system is the MDP's (van der Weij et al., "Dynamic thread assignment", §2) exactly:
+Poisson(λ) arrivals, N stages, one processor shared by the K active threads at total rate c(K) =
+min(K, m)/(1 + δK), a thread kept until its stage completes, and the policy consulted at every
+arrival, phase change and completion with the state the MDP sees (waiting per queue, threads per
+(stage, phase) coordinate). The event loop is compiled with numba (:mod:`overtake.mdp._simkernel`,
+processor sharing in virtual time).
 
 Policies: a :class:`~overtake.mdp.policy.Policy` artifact, the overtaking heuristic
 (:mod:`overtake.mdp.heuristic`), or a baseline π(k) / π(k1,…,kN) / π(∞) (later stages first, FCFS in a

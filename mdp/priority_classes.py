@@ -1,81 +1,38 @@
-"""What the CPU-priority lever predicts for a solved policy (issue 20), for ``overtake solve --cpu-priority``.
+"""CPU classes by phase: the model with them, the classes worth choosing, and the class as an action.
 
-The lever (:mod:`overtake.mdp.priority`) changes how the admitted threads share the CPU, so a
-spawn policy's exact E[W] no longer holds; the tandem with priority levels has no exact analysis,
-and the simulator (:func:`overtake.mdp.simulate.simulate`, checked against the M/G/1 multilevel-PS
-formulas) gives the figures:
-
-* ``age`` — demotion by attained CPU at the stage, one threshold for all stages (a server-wide
-  ``OvertakePrioLevels``), chosen in the visit model
-  (:func:`~overtake.mdp.priority.choose_tandem_thresholds`); predicted for the policy and for
-  π(∞) (Apache's default with only the lever);
-* ``class`` — known-phase short-first classes (:func:`~overtake.mdp.priority.class_priority`),
-  which need the phases: policies solved for ``full`` information only. Where no phase moves to
-  another (hyperexponential stages) a request's class is its current phase's, so class priority
-  is weighted sharing by phase (:func:`class_model`, ``TandemModel.weights``) and the chain is
-  exact: :func:`predict_lever` evaluates it exactly, and ``overtake solve --cpu-priority class``
-  solves the spawn policy that is optimal with the classes in force. :func:`class_action_optimum`
-  solves the larger MDP in which the class is part of the action (each spawn starts the thread
-  in the high or the low class, whatever its phase), the optimum that short-first classes with
-  the spawn policy are measured against (issue 20, part 2).
-
-The low level's weight is SCHED_IDLE's by the kernel's tables (3/1024; measured 1:332 on this
-project's machine). The sidecar's ``classifier.mode: auto`` weighs these predictions against the
-policies' exact ones (:mod:`overtake.controller.auto`).
+Class priority (:func:`overtake.mdp.priority.class_priority`) puts each thread in a CPU class by
+its request's phase: the high class (weight 1) or the low one (the kernel's SCHED_IDLE weight by
+default, :data:`overtake.mdp.priority.DEFAULT_LOW_WEIGHT`). Where no phase moves to another
+(hyperexponential stages) a request's class is its current phase's, so class priority is weighted
+sharing by phase (:func:`class_model`, ``TandemModel.weights``) and the chain is exact:
+:func:`choose_classes` solves the spawn policy that is optimal with the classes in force, for each
+assignment of :func:`class_candidates`, and keeps the best. :func:`class_action_optimum` solves the
+larger MDP in which the class is part of the action (each spawn starts the thread in the high or
+the low class, whatever its phase): the optimum that classes fixed by phase are measured against.
 """
 
 from __future__ import annotations
 
-import math
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from .average_cost import SolveResult, induced_matrix, solve_space
 from .errors import ModelError
+from .evaluate import PolicyMetrics, metrics, stationary_distribution
 from .model import Stage, TandemModel
-from .policy import Policy
-from .priority import (
-    DEFAULT_LOW_WEIGHT,
-    CpuPriority,
-    age_priority,
-    choose_tandem_thresholds,
-    class_priority,
-    short_first_levels,
-)
-from .simulate import simulate
+from .optimum import Optimum, solve_mdp
+from .priority import DEFAULT_LOW_WEIGHT, short_first_levels
 from .statespace import Layout, StateSpace, Truncation
 
 __all__ = [
-    "LEVER_KINDS", "ClassActionOptimum", "ClassChoice", "LeverPrediction", "class_action_layout",
-    "class_action_optimum", "class_candidates", "class_model", "choose_classes", "model_levels", "phases_stay",
-    "predict_lever",
+    "ClassActionOptimum", "ClassChoice", "Levels", "class_action_layout", "class_action_optimum", "class_candidates",
+    "class_model", "choose_classes", "model_levels", "phases_stay",
 ]
 
-LEVER_KINDS = ("age", "class")
-
-
-@dataclass(frozen=True)
-class LeverPrediction:
-    """E[W] (model time units) of a policy with the lever, and of π(∞) with it (age): simulated
-    (``requests`` per seed), or exact (``requests`` 0, ``ci95`` 0)."""
-
-    kind: str
-    priority: CpuPriority
-    mean_response_time: float
-    ci95: float
-    passthrough: float | None
-    passthrough_ci95: float | None
-    requests: int
-
-    def to_meta(self) -> dict[str, Any]:
-        """The policy file's ``meta["cpu_priority"][kind]`` entry (JSON: a threshold never crossed is null)."""
-        d = self.priority.to_dict()
-        d["thresholds"] = [[x if math.isfinite(x) else None for x in row] for row in d["thresholds"]]
-        return {"kind": self.kind, "exact": self.requests == 0,
-                "mean_response_time": self.mean_response_time, "ci95": self.ci95,
-                "passthrough": self.passthrough, "passthrough_ci95": self.passthrough_ci95,
-                "requests": self.requests, **d}
+FloatArray = np.typing.NDArray[np.float64]
 
 
 def phases_stay(model: TandemModel) -> bool:
@@ -100,7 +57,7 @@ def class_model(model: TandemModel, weight: float = DEFAULT_LOW_WEIGHT, levels: 
     """
     if not phases_stay(model):
         raise ModelError("cpu priority class: exact only for stages whose phases do not move (hyperexponential "
-                         "fits, --structure hyperexp); use the simulated prediction of predict_lever")
+                         "fits, --structure hyperexp); use the simulated prediction of predict_priority")
     lv = tuple(short_first_levels(s) for s in model.stages) if levels is None else levels
     if [len(r) for r in lv] != [s.phases for s in model.stages] or any(x not in (0, 1) for r in lv for x in r):
         raise ModelError(f"cpu priority class: levels must give class 0 or 1 per phase of each stage, got {lv!r}")
@@ -127,8 +84,8 @@ def class_candidates(model: TandemModel) -> list[Levels]:
     work through the last stage (the phase's mean plus the later stages' means: shortest expected
     remaining work first, the cμ order of one server) and cut the ranking at each place, plus
     short-first within each stage (:func:`short_first_levels`). Solving the MDP with the class in
-    the action (:func:`class_action_optimum`) on Table 1's H2 cases found its optimum within
-    0.8 % of the best of these (BENCHMARKS.md ``cpu-priority-model``)."""
+    the action (:func:`class_action_optimum`) on Table 1's H2 cases found its optimum close to
+    the best of these (BENCHMARKS.md ``cpu-priority-model``)."""
     later = [sum(t.mean() for t in model.stages[i + 1:]) for i in range(model.n_stages)]
     work = [(float(m) + later[i], i, j) for i, s in enumerate(model.stages) for j, m in enumerate(s.phase_means())]
     order = sorted(work)
@@ -148,7 +105,7 @@ class ClassChoice:
     """The class assignment whose spawn optimum has the lowest exact E[W] (:func:`choose_classes`)."""
 
     levels: Levels
-    optimum: Any  # truncation.Optimum of class_model(model, levels=levels)
+    optimum: Optimum  # of class_model(model, levels=levels)
     candidates: tuple[tuple[Levels, float], ...]  # each assignment and its optimum's E[W]
 
 
@@ -156,12 +113,10 @@ def choose_classes(model: TandemModel, *, weight: float = DEFAULT_LOW_WEIGHT, tr
                    tol: float = 1e-3, method: str = "anderson", progress: Any = None) -> ClassChoice:
     """Solve the spawn optimum under each of :func:`class_candidates` (exact: H2 phases stay) and
     keep the best; ties go to the earlier candidate (short-first first)."""
-    from .truncation import solve_optimal
-
     best = None
     seen: list[tuple[Levels, float]] = []
     for lv in class_candidates(model):
-        opt = solve_optimal(class_model(model, weight, lv), truncation=truncation, tol=tol, method=method,
+        opt = solve_mdp(class_model(model, weight, lv), truncation=truncation, tol=tol, method=method,
                             progress=progress)
         ew = float(opt.metrics.mean_response_time)
         seen.append((lv, ew))
@@ -234,11 +189,8 @@ class ClassActionOptimum:
         return self.fixed_mean_response_time / self.mean_response_time - 1.0
 
 
-def _optimum_metrics(space: StateSpace, tol: float, method: str) -> tuple[Any, Any, Any]:
-    from .evaluate import metrics, stationary_distribution
-    from .solve import induced_matrix, solve
-
-    res = solve(space, method=method, tol=tol)  # type: ignore[arg-type]
+def _optimum_metrics(space: StateSpace, tol: float, method: str) -> tuple[SolveResult, PolicyMetrics, FloatArray]:
+    res = solve_space(space, method=method, tol=tol)
     reach, pi = stationary_distribution(induced_matrix(space, res.decision))
     m = metrics(space.model, space.rows[reach], space.layout.queue_stage, pi, space.cap)
     full = np.zeros(space.size)
@@ -255,8 +207,6 @@ def class_action_optimum(model: TandemModel, truncation: Truncation, *, weight: 
     policies, so its gain is never below this one's: the ``gap`` is what fixing the class by phase
     costs. Computed only where phases stay (else ``None``).
     """
-    import time
-
     t0 = time.perf_counter()
     big, layout = class_action_layout(model, weight)
     space = StateSpace(big, truncation, layout=layout)
@@ -278,47 +228,3 @@ def class_action_optimum(model: TandemModel, truncation: Truncation, *, weight: 
     return ClassActionOptimum(float(res.gain), (float(res.gain_bounds[0]), float(res.gain_bounds[1])),
                               float(m.mean_response_time), tuple(low_share), fixed_gain, fixed_ew,
                               space.size, time.perf_counter() - t0)
-
-
-def _pooled(model: TandemModel, policy: Policy | str, lever: CpuPriority, requests: int, seeds: int,
-            seed: int) -> tuple[float, float]:
-    runs = [simulate(model, policy, requests=requests, seed=seed + k, cpu_priority=lever) for k in range(seeds)]
-    mean = sum(r.mean_response_time for r in runs) / seeds
-    return mean, math.sqrt(sum(r.ci95**2 for r in runs)) / seeds
-
-
-def predict_lever(model: TandemModel, policy: Policy, kind: str, *, requests: int = 300_000, seeds: int = 2,
-                  seed: int = 0) -> LeverPrediction:
-    """Simulate ``policy`` (and, for ``age``, π(∞)) with the lever ``kind`` (module docstring).
-
-    Raises
-    ------
-    ModelError
-        An unknown ``kind``, or ``class`` for a policy that does not see the phases.
-    """
-    if kind not in LEVER_KINDS:
-        raise ModelError(f"cpu priority: expected one of {', '.join(LEVER_KINDS)}, got {kind!r}")
-    if requests < 10_000 or seeds < 1:
-        raise ModelError(f"cpu priority prediction: requests >= 10000 and seeds >= 1, got {requests}, {seeds}")
-    weights = [1.0, DEFAULT_LOW_WEIGHT]
-    ps: float | None = None
-    ps_ci: float | None = None
-    if kind == "age":
-        a = choose_tandem_thresholds(model, common=True).priority.thresholds[0][0]
-        lever = age_priority(model, [a], weights=weights)
-        ps, ps_ci = _pooled(model, "pi(inf)", lever, requests, seeds, seed)
-    else:
-        if policy.phase_info != "full":
-            raise ModelError(f"cpu priority class: short-first classes need each request's phase; this policy "
-                             f"is solved for phase_info {policy.phase_info!r}: use age, or solve with --phase-info full")
-        levels = model_levels(policy.model)  # solved with its classes (choose_classes), else short-first
-        lever = class_priority(model, weights=weights, start_levels=levels)
-        if phases_stay(model):  # exact: weighted sharing by phase
-            from .truncation import evaluate_rule
-
-            base = replace(policy.model, weights=None) if policy.model.weights is not None else policy.model
-            ev = evaluate_rule(class_model(base, levels=levels), policy.layout, policy.actions,
-                               max_requests=policy.max_requests, max_threads=policy.max_threads)
-            return LeverPrediction(kind, lever, ev.mean_response_time, 0.0, None, None, 0)
-    w, ci = _pooled(model, policy, lever, requests, seeds, seed)
-    return LeverPrediction(kind, lever, w, ci, ps, ps_ci, requests)

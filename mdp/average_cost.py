@@ -1,4 +1,5 @@
-"""Average-cost solvers for the tandem MDP (paper 004, §2; Puterman 1994, §8.5 and §8.6).
+"""Average-cost solvers for the tandem MDP on one truncated space (van der Weij et al., "Dynamic thread assignment", §2;
+Puterman, *Markov Decision Processes*, §8.5 and §8.6).
 
 The uniformized chain (rate Λ) has per-step cost c(x)/Λ with c(x) = requests in the system. The
 optimality equation on post-decision states is
@@ -11,17 +12,15 @@ optimality equation on post-decision states is
   Ni 2011, "Anderson acceleration for fixed-point iterations", type II): each step mixes the last
   ``memory`` iterates by a small least-squares problem, which on a fixed policy is GMRES on the
   evaluation equations. Same stopping rule and Odoni bounds as RVI, so the bracket is as rigorous;
-  it needs 10–20× fewer sweeps on the slowly mixing chains of long phases (BENCHMARKS.md).
+  it needs far fewer sweeps on the slowly mixing chains of long phases (BENCHMARKS.md ``mdp-peer``).
 * :func:`policy_iteration` — Howard's algorithm: evaluate the policy exactly by one sparse solve of
   (I − P_π) h + g/Λ·1 = c/Λ with h(0) = 0, improve greedily (keeping the current action on ties),
   repeat until the policy is stable; then one Bellman step on h gives the same bounds as RVI.
-  Exact, and 7–8 policies suffice on Table 1, but each evaluation is a linear solve on a lattice
-  of Q + D dimensions: a complete LU fills in (184 s, 17 M entries on case 8's 96,075 states)
-  and an incomplete one costs 2–15 s to factor there, so PI took 55.9 s CPU on that space
-  against 1.7 s for :func:`anderson_rvi` and 16.3 s for RVI (bench/mdp_peer.py --ours-only,
-  bench/results/solver_speed.jsonl); on 22,761 states 2.8 s against 0.23 s.
+  Exact, and a handful of policies suffice on Table 1, but each evaluation is a linear solve on a
+  lattice of Q + D dimensions, where a complete LU fills in badly and an incomplete one is costly
+  to factor: on large spaces it is the slowest of the three (BENCHMARKS.md ``mdp-peer``).
 
-:func:`solve` dispatches on ``method`` ("anderson", default, "rvi" or "pi").
+:func:`solve_space` dispatches on ``method`` ("anderson", default, "rvi" or "pi").
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -160,7 +158,7 @@ def relative_value_iteration(
     V0: FloatArray | None = None,
     progress: Progress | None = None,
 ) -> SolveResult:
-    """Relative value iteration, stopping when span(TV − V) ≤ tol · g (paper 004, §2)."""
+    """Relative value iteration, stopping when span(TV − V) ≤ tol · g."""
     t0 = time.perf_counter()
     ai = ActionIndex(space)
     cost = space.cost / space.rate
@@ -207,8 +205,8 @@ def _scipy_matvec(PE: sp.csr_matrix) -> Callable[..., None] | None:
     """scipy's compiled y += A·x for CSR (its sparsetools, what ``A @ x`` runs), or None.
 
     It adds each row's terms to y(x) in index order, exactly as _kernels_jit.bellman_residual
-    does from cost(x), and measured 0.88 ms against the kernel's 0.99 ms a Bellman step on Table 1
-    case 8's 96,075 states (tests/mdp/test_chain_compiled.py checks the two agree bit for bit).
+    does from cost(x), and is the faster of the two (tests/mdp/test_chain_compiled.py checks that
+    they agree bit for bit).
     A private module: where it is missing or the matrix is not plain CSR, None (the kernel runs).
     """
     try:
@@ -387,20 +385,25 @@ def _initial_decision(space: StateSpace, ai: ActionIndex) -> IntArray:
     return dec
 
 
-def solve(
+def solve_space(
     space: StateSpace,
     *,
-    method: Literal["pi", "rvi", "anderson"] = "anderson",
+    method: str = "anderson",
     tol: float = 1e-6,
     max_iter: int | None = None,
     decision0: IntArray | None = None,
+    V0: FloatArray | None = None,
     progress: Progress | None = None,
 ) -> SolveResult:
-    """Solve the truncated MDP; ``method`` is "anderson" (the fastest measured), "rvi" or "pi"."""
+    """Solve the MDP on one truncated space; ``method`` is "anderson" (the default), "rvi" or "pi".
+
+    ``V0`` starts the value iterations (a smaller space's values mapped onto this one),
+    ``decision0`` policy iteration.
+    """
     if method == "pi":
         return policy_iteration(space, decision0=decision0, max_iter=max_iter or 100, progress=progress)
     if method == "rvi":
-        return relative_value_iteration(space, tol=tol, max_iter=max_iter or 200_000, progress=progress)
+        return relative_value_iteration(space, tol=tol, max_iter=max_iter or 200_000, V0=V0, progress=progress)
     if method == "anderson":
-        return anderson_rvi(space, tol=tol, max_iter=max_iter or 100_000, progress=progress)
-    raise ValueError(f"method must be 'pi', 'rvi' or 'anderson', got {method!r}")
+        return anderson_rvi(space, tol=tol, max_iter=max_iter or 100_000, V0=V0, progress=progress)
+    raise ValueError(f"method must be 'anderson', 'rvi' or 'pi', got {method!r}")

@@ -1,6 +1,7 @@
-"""mdp.lever: the CPU-priority lever's predictions stored by ``overtake solve --cpu-priority``.
+"""mdp.priority_prediction and mdp.priority_classes: what CPU priority does to a solved policy, as
+``overtake solve --cpu-priority`` stores it.
 
-Known answers: on one M/G/1 stage the age lever's π(∞) prediction is the exact multilevel-PS
+Known answers: on one M/G/1 stage age priority's π(∞) prediction is the exact multilevel-PS
 mean (Kleinrock–Muntz–Rodemich) at the threshold the visit model chose; class priority needs
 the phases, and says so.
 """
@@ -14,21 +15,21 @@ import pytest
 from mdp_helpers import h2_stage, tandem
 
 from overtake.api.cli import main
-from overtake.mdp import Truncation
+from overtake.mdp import Truncation, solve
 from overtake.mdp.errors import ModelError
-from overtake.mdp.lever import (
+from overtake.mdp.mlps import dps_means, mlps_mean
+from overtake.mdp.model import Stage
+from overtake.mdp.observed import solve_observed
+from overtake.mdp.priority_classes import (
     choose_classes,
     class_action_layout,
     class_action_optimum,
     class_candidates,
     class_model,
     model_levels,
-    predict_lever,
 )
-from overtake.mdp.model import Stage
-from overtake.mdp.observed import solve_observed
-from overtake.mdp.priority import dps_means, mlps_mean
-from overtake.mdp.truncation import evaluate_baseline, evaluate_rule, solve_optimal
+from overtake.mdp.priority_prediction import predict_priority
+from overtake.mdp.rule_evaluation import evaluate_baseline, evaluate_rule
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +38,8 @@ def h2():  # type: ignore[no-untyped-def]
 
 
 def test_age_prediction_of_passthrough_is_the_mlps_mean(h2) -> None:  # type: ignore[no-untyped-def]
-    opt = solve_optimal(h2, truncation=Truncation(12, 4))
-    pr = predict_lever(h2, opt.policy, "age", requests=200_000, seeds=2, seed=3)
+    opt = solve(h2, truncation=Truncation(12, 4))
+    pr = predict_priority(h2, opt.policy, "age", requests=200_000, seeds=2, seed=3)
     a = pr.priority.thresholds[0][0]
     exact = mlps_mean(h2.stages[0], h2.arrival_rate, [a])  # strict priority; SCHED_IDLE's 3/1024 is ~strict
     assert pr.passthrough is not None and pr.passthrough_ci95 is not None
@@ -58,9 +59,9 @@ def test_weighted_sharing_is_discriminatory_processor_sharing() -> None:
         m = type(m)(lam, m.stages, weights=w)
         exact = float(np.array([0.91, 0.09]) @ dps_means([0.91 * lam, 0.09 * lam], [1 / 0.55, 1 / 5.45], w))
         assert evaluate_baseline(m, "pi(inf)", tol=1e-7).metrics.mean_response_time == pytest.approx(exact, rel=1e-6)
-    from overtake.mdp.simulate import simulate
+    from overtake.mdp.simulation import simulate
 
-    sim = simulate(type(m)(lam, m.stages, weights=(1.0, 0.1)), "pi(inf)", requests=200_000, seed=5)  # the same lever
+    sim = simulate(type(m)(lam, m.stages, weights=(1.0, 0.1)), "pi(inf)", requests=200_000, seed=5)  # the same weights
     exact = float(np.array([0.91, 0.09]) @ dps_means([0.91 * lam, 0.09 * lam], [1 / 0.55, 1 / 5.45], (1.0, 0.1)))
     assert abs(sim.mean_response_time - exact) <= 1.5 * sim.ci95
     with pytest.raises(ModelError, match="one positive CPU weight per"):
@@ -71,15 +72,15 @@ def test_class_prediction_is_exact_and_the_class_optimum_beats_it(h2) -> None:  
     """π* solved for PS, run with short-first classes: exact (weighted chain) and simulated agree;
     the spawn policy solved with the classes in force is never worse (it optimises that chain)."""
     two = tandem(0.6, h2_stage("a", 0.91, 0.55, 5.45), h2_stage("b", 0.91, 0.55, 5.45))
-    full = solve_optimal(two, truncation=Truncation(10, 3)).policy
-    pr = predict_lever(two, full, "class")
+    full = solve(two, truncation=Truncation(10, 3)).policy
+    pr = predict_priority(two, full, "class")
     assert pr.requests == 0 and pr.ci95 == 0.0 and pr.priority.start_levels == ((0, 1), (0, 1))
-    from overtake.mdp.simulate import simulate
+    from overtake.mdp.simulation import simulate
 
     sim = simulate(two, full, requests=300_000, seed=11, cpu_priority=pr.priority)
     assert abs(sim.mean_response_time - pr.mean_response_time) <= 1.5 * sim.ci95 + 0.01 * pr.mean_response_time
     cm = class_model(two)
-    opt = solve_optimal(cm, truncation=Truncation(10, 3))
+    opt = solve(cm, truncation=Truncation(10, 3))
     ev = evaluate_rule(cm, full.layout, full.actions, max_requests=10, max_threads=3)
     assert opt.metrics.mean_response_time <= ev.mean_response_time + 1e-9
     assert pr.to_meta()["thresholds"] == [[None], [None]]  # never demoted by age: JSON null, not Infinity
@@ -88,10 +89,10 @@ def test_class_prediction_is_exact_and_the_class_optimum_beats_it(h2) -> None:  
 def test_class_needs_the_phases_and_phases_that_stay(h2) -> None:  # type: ignore[no-untyped-def]
     obs = solve_observed(h2, phase_info="none", truncation=Truncation(8, 3))
     with pytest.raises(ModelError, match="phase_info 'none'.*use age"):
-        predict_lever(h2, obs.policy, "class")
-    full = solve_optimal(h2, truncation=Truncation(8, 3)).policy
+        predict_priority(h2, obs.policy, "class")
+    full = solve(h2, truncation=Truncation(8, 3)).policy
     with pytest.raises(ModelError, match="expected one of age, class"):
-        predict_lever(h2, full, "nice")
+        predict_priority(h2, full, "nice")
     from overtake.mdp import Stage
 
     erlang = Stage("e", np.array([1.0, 0.0]), np.array([[-2.0, 2.0], [0.0, -2.0]]))
@@ -125,10 +126,10 @@ def test_cli_solve_stores_the_predictions(tmp_path, capsys) -> None:  # type: ig
 
 
 def _plain_gain(model, trunc: Truncation) -> float:  # type: ignore[no-untyped-def]
-    from overtake.mdp.solve import solve
+    from overtake.mdp.average_cost import solve_space
     from overtake.mdp.statespace import StateSpace
 
-    return solve(StateSpace(model, trunc), method="rvi", tol=1e-11).gain
+    return solve_space(StateSpace(model, trunc), method="rvi", tol=1e-11).gain
 
 
 def test_class_action_with_equal_weights_is_the_plain_optimum(h2) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,311 @@
+"""π* of the MDP whose state the policy sees (``phase_info`` full or start), with auto-truncation.
+
+A truncated MDP has two caps, and the answer must depend on neither:
+
+* Request cap C: the computed policy is evaluated exactly on caps C, 1.5·C, … (states beyond the
+  solve cap answered by the policy's documented extension) until E[W] settles
+  (:mod:`overtake.mdp.caps`); the solve cap grows by 1.25 while the re-solved policy's settled E[W]
+  moves by ``tol`` or more.
+* Thread cap K_max: the MDP is re-solved with K_max + 1; K_max grows while that improves E[W] by
+  ``tol`` or more. Once two threads have been added, a probe whose improvement the last two
+  extrapolate to less than ``tol``/2 is not solved (:func:`predicted_thread_gain`).
+
+Each re-solve is warm-started from the previous value function, mapped onto the larger space.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from .average_cost import SolveResult, induced_matrix, solve_space
+from .caps import ladder_cap, next_solve_cap, relative_change, settle
+from .errors import TruncationError
+from .evaluate import PolicyMetrics
+from .model import TandemModel
+from .policy import Policy
+from .rule_evaluation import WarmStarts, evaluate_rule
+from .statespace import Layout, PhaseInfo, StateSpace, Truncation, count_states
+
+__all__ = ["PREDICT_MARGIN", "Optimum", "auto_start", "estimate_states", "predicted_thread_gain", "solve_mdp"]
+
+FloatArray = npt.NDArray[np.float64]
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Optimum:
+    """π* with its solve record, exact metrics, truncation and the auto-truncation trace."""
+
+    policy: Policy
+    solve: SolveResult
+    metrics: PolicyMetrics
+    truncation: Truncation
+    trace: list[dict[str, Any]]
+    seconds: float
+    sweeps: int
+
+
+def _warm_values(old: StateSpace, V: FloatArray, new: StateSpace) -> FloatArray:
+    """Map a value function onto a larger space: project each new state into the old one."""
+    rows = new.rows.copy()
+    Q = new.Q
+    # move surplus threads back to their queue, largest coordinate first
+    surplus = rows[:, Q:].sum(axis=1) - old.k_max
+    queue_of = np.array([next(q for q in range(Q) if any(d == c for c, _ in new.layout.spawn[q]))
+                         for d in range(new.D)])
+    while np.any(surplus > 0):
+        sel = np.flatnonzero(surplus > 0)
+        d = np.argmax(rows[sel, Q:], axis=1)
+        rows[sel, Q + d] -= 1
+        rows[sel, queue_of[d]] += 1
+        surplus[sel] -= 1
+    excess = rows.sum(axis=1) - old.cap
+    # a state beyond the old cap costs about one more request's worth of bias per extra request:
+    # extrapolate by the mean step of V between the old cap's last two levels (the plain
+    # projection starts the solve no better than zeros)
+    n_old = old.rows.sum(axis=1)
+    top, below = n_old == old.cap, n_old == old.cap - 1
+    slope = float(V[top].mean() - V[below].mean()) if top.any() and below.any() else 0.0
+    lift = slope * np.maximum(excess, 0)
+    while np.any(excess > 0):
+        sel = np.flatnonzero(excess > 0)
+        q = np.argmax(rows[sel, :Q], axis=1)
+        rows[sel, q] -= 1
+        excess[sel] -= 1
+    idx = old.find(rows)
+    out = np.where(idx >= 0, V[np.maximum(idx, 0)], 0.0) + lift
+    shifted: FloatArray = out - out[0]
+    return shifted
+
+
+def auto_start(model: TandemModel) -> Truncation:
+    """Where auto-truncation starts: 10 requests, ``cores + 2`` threads (at most 10)."""
+    return Truncation(10, min(model.cores + 2, 10))
+
+
+def estimate_states(model: TandemModel, truncation: Truncation | None = None, phase_info: PhaseInfo = "full") -> int:
+    """States of the largest MDP :func:`solve_mdp` is expected to solve, without solving.
+
+    A fixed ``truncation`` is solved once: the count is exact (:func:`count_states`). Auto-truncation
+    solves on its start (C0, K0) (:func:`auto_start`), grows the thread cap while one more thread
+    helps, then always re-solves once on the next solve cap C1 (:func:`next_solve_cap`) with the
+    thread cap it settled on, K ≥ K0. So the largest solve holds at least ``count(C1, K0)`` states;
+    the estimate is ``count(C1, K0 + 1)``, one thread more, where non-exponential stages settle
+    (van der Weij, Bhulai and van der Mei, "Dynamic thread assignment", Table 1: within 1.5× of the
+    largest solve on every case). It is at most ``count(C1, K0 + 1) / count(C1, K0)`` (1.35 to 1.6
+    for two stages of one to four phases in all) above the largest solve; it falls short when K
+    grows by three or more or C grows past C1.
+    """
+    if truncation is not None:
+        return count_states(model, truncation, phase_info)
+    tr = auto_start(model)
+    c1 = next_solve_cap(tr.max_requests)
+    return count_states(model, Truncation(c1, min(tr.k_max + 1, c1)), phase_info)
+
+
+#: A thread-cap probe is skipped when the improvement :func:`predicted_thread_gain` extrapolates is
+#: below this fraction of ``tol`` (0 probes every thread cap).
+PREDICT_MARGIN = 0.5
+
+
+def predicted_thread_gain(gains: list[float]) -> float | None:
+    """The relative E[W] improvement one more thread is predicted to bring, from the last two.
+
+    ``gains`` are the improvements of the threads added so far (each probe of :func:`solve_mdp`
+    that moved E[W] by ``tol`` or more). They fall roughly geometrically, as the chance that the
+    thread cap binds falls with each thread (on the Table 1 cases that add two threads, each is a
+    tenth to a fifth of the one before), so the next is predicted as g_K·(g_K/g_{K−1}); None
+    (probe) unless both improved and the ratio is at most one half. The probe it saves is a solve
+    on the largest space at the first request cap, whose result would be discarded.
+    """
+    if len(gains) < 2:
+        return None
+    prev, last = gains[-2], gains[-1]
+    if not (prev > 0 and last > 0 and last <= 0.5 * prev):
+        return None
+    return last * last / prev
+
+
+class _Search:
+    """The state of one auto-truncated solve: its trace, its sweeps and its warm starts."""
+
+    def __init__(self, model: TandemModel, phase_info: PhaseInfo, method: str, rtol: float, tol: float,
+                 progress: Progress | None, max_states: int | None = None) -> None:
+        self.model, self.phase_info, self.method = model, phase_info, method
+        self.rtol, self.tol, self.progress = rtol, tol, progress
+        self.max_states = max_states
+        self.layout = Layout.build(model, phase_info)
+        self.trace: list[dict[str, Any]] = []
+        self.sweeps = 0
+        self.warm = WarmStarts()  # every exact evaluation of a candidate starts from the nearest law known
+
+    def solve_on(self, tr: Truncation, prev: tuple[StateSpace, SolveResult] | None,
+                 loose: bool = False) -> tuple[StateSpace, SolveResult]:
+        """Solve on ``tr``, warm-started from ``prev``; ``loose``: a check, to ten times ``rtol``."""
+        space = StateSpace(self.model, tr, self.phase_info)
+        V0 = _warm_values(prev[0], prev[1].bias, space) if prev is not None and self.method != "pi" else None
+        res = solve_space(space, method=self.method, tol=self.rtol * 10 if loose else self.rtol, V0=V0,
+                          progress=self.progress)
+        self.sweeps += res.sweeps
+        self.trace.append({"max_requests": tr.max_requests, "max_threads": tr.k_max, "states": space.size,
+                           "sweeps": res.sweeps, "loose": loose, "gain_bounds": list(res.gain_bounds)})
+        return space, res
+
+    def solved(self, space: StateSpace, res: SolveResult, extra: str = "") -> None:
+        if self.progress:
+            self.progress(f"pi*: cap {space.cap}, threads {space.k_max}: {space.size} states, "
+                          f"{res.sweeps} {res.method} steps{extra}")
+
+    def run(self, tr: Truncation, prev: tuple[StateSpace, SolveResult] | None,
+            loose: bool = False) -> tuple[StateSpace, SolveResult, PolicyMetrics]:
+        """:meth:`solve_on`, and the policy's exact metrics on its own truncation (in its trace entry)."""
+        space, res = self.solve_on(tr, prev, loose)
+        P = induced_matrix(space, res.decision)
+        m = self.warm.law(space.cap, space.rows, P, space.layout.queue_stage, space.model)
+        self.trace[-1].update(mean_response_time=m.mean_response_time, blocking_probability=m.blocking_probability)
+        self.solved(space, res, f", E[W] = {m.mean_response_time:.6g}")
+        return space, res, m
+
+    def extended(self, pol: Policy, tr: Truncation, C: int) -> PolicyMetrics:
+        """The policy, extended beyond its solve cap, evaluated exactly on request cap ``C``."""
+        m = evaluate_rule(self.model, self.layout, pol.actions, max_requests=C, max_threads=tr.k_max, warm=self.warm)
+        self.trace.append({"check": "evaluation cap", "solve_cap": tr.max_requests, "max_requests": C,
+                           "max_threads": tr.k_max, "states": m.states, "mean_response_time": m.mean_response_time,
+                           "blocking_probability": m.blocking_probability})
+        return m
+
+    def limit(self, pol: Policy, tr: Truncation, C: int,
+              first: PolicyMetrics | None = None) -> tuple[PolicyMetrics, int]:
+        """E[W] of the extended policy on ladder caps from C on, until one step moves it < tol."""
+        def step(cap: int, m: PolicyMetrics, change: float) -> None:
+            if self.progress:
+                self.progress(f"pi*: evaluated on cap {cap}: E[W] = {m.mean_response_time:.6g} (change {change:.2e})")
+
+        out = settle(lambda c: self.extended(pol, tr, c), C, tol=self.tol, first=first, step=step)
+        return out.metrics, out.cap
+
+    def thread_cap(self, tr: Truncation) -> tuple[Truncation, StateSpace, SolveResult, PolicyMetrics]:
+        """Solve on ``tr``, then add threads while one more improves E[W] by ``tol`` or more."""
+        space, res, m = self.run(tr, None)
+        gains: list[float] = []  # relative E[W] improvement of each thread added so far
+        while True:
+            trK = Truncation(tr.max_requests, tr.k_max + 1)
+            if trK.k_max == tr.k_max:
+                break
+            if self.max_states is not None and (n := count_states(self.model, trK, self.phase_info)) > self.max_states:
+                self.trace.append({"check": "budget", "max_requests": tr.max_requests, "max_threads": trK.k_max,
+                                   "states": n, "max_states": self.max_states, "solved": False})
+                if self.progress:
+                    self.progress(f"pi*: threads {trK.k_max} not probed: {n} states, over --max-states {self.max_states}")
+                break
+            predicted = predicted_thread_gain(gains)
+            if predicted is not None and predicted < PREDICT_MARGIN * self.tol:
+                # the probe would be discarded: its own E[W] would not be reported (see the function)
+                self.trace.append({"check": "thread cap", "max_requests": tr.max_requests, "max_threads": trK.k_max,
+                                   "predicted_change": predicted, "gains": list(gains), "solved": False})
+                if self.progress:
+                    self.progress(f"pi*: threads {trK.k_max} not probed: predicted E[W] change {predicted:.2e}")
+                break
+            # a check like the solve-cap one: tol/10 on the gain bounds its sub-optimality, ten
+            # times finer than the tol it is judged by
+            spK, resK, mK = self.run(trK, (space, res), loose=True)
+            if relative_change(mK.mean_response_time, m.mean_response_time) < self.tol:
+                break
+            gains.append((m.mean_response_time - mK.mean_response_time) / m.mean_response_time)
+            tr, space, res, m = trK, spK, resK, mK
+        return tr, space, res, m
+
+
+def solve_mdp(
+    model: TandemModel,
+    *,
+    phase_info: Literal["full", "start"] = "full",
+    truncation: Truncation | None = None,
+    tol: float = 1e-3,
+    method: str = "anderson",
+    rvi_tol: float | None = None,
+    start: Truncation | None = None,
+    progress: Progress | None = None,
+    max_states: int | None = None,
+) -> Optimum:
+    """π* for the model; fixed ``truncation``, or auto-truncation to relative accuracy ``tol``.
+
+    Auto-truncation separates the two caps a truncated MDP has:
+
+    * the *solve* cap C_s (and thread cap K): the MDP is solved on it, with blocked arrivals
+      charged (StateSpace.cost) so the optimum does not exploit the cap;
+    * the *evaluation* cap C_e ≥ C_s: the computed policy, extended beyond C_s by its documented
+      projection, is evaluated exactly on caps C_s, 1.5·C_s, … until E[W] moves by less than
+      ``tol`` — that E[W] is the one reported, within ``tol`` of its limit.
+
+    K grows while one more thread improves E[W] by ``tol`` or more (a probe the last two
+    improvements predict to bring less than ``PREDICT_MARGIN``·``tol`` is not solved, recorded as a
+    ``"thread cap"`` check in the trace); C_s grows by 1.25× while the re-solved policy's E[W] (on
+    the same evaluation cap) moves by ``tol`` or more; of the last two policies, both exactly
+    evaluated on that cap, the better is returned. The stopping tolerance ``rvi_tol`` (default
+    ``tol``/100) bounds the policy's sub-optimality on its truncation: g(π) ≤ max(TV − V)
+    (Odoni), so it is far inside ``tol``.
+
+    ``max_states`` bounds the ladder: a thread cap whose MDP would exceed it is not probed (a
+    ``"budget"`` check in the trace: the optimum under that many threads is returned), and a solve
+    cap that would exceed it stops the solve with a :class:`TruncationError` naming the budget.
+    """
+    t0 = time.perf_counter()
+    model.check_stable(None if truncation is None else truncation.k_max)
+    rtol = tol * 1e-2 if rvi_tol is None else rvi_tol
+    s = _Search(model, phase_info, method, rtol, tol, progress, max_states)
+
+    def done(pol: Policy, res: SolveResult, m: PolicyMetrics, tr: Truncation) -> Optimum:
+        return Optimum(pol, res, m, tr, s.trace, time.perf_counter() - t0, s.sweeps)
+
+    if truncation is not None:
+        space, res, m = s.run(truncation, None)
+        return done(Policy.from_decision(space, res.decision), res, m, truncation)
+
+    tr, space, res, m = s.thread_cap(start or auto_start(model))
+    pol = Policy.from_decision(space, res.decision)
+    C0 = tr.max_requests
+    lim, Ce = s.limit(pol, tr, C0, m)
+    while True:  # solve cap: does re-solving on a larger cap change the policy's E[W]?
+        tr2 = Truncation(next_solve_cap(tr.max_requests), tr.k_max)
+        if max_states is not None and (n := count_states(model, tr2, phase_info)) > max_states:
+            raise TruncationError(
+                f"pi*: E[W] still moves at solve cap {tr.max_requests}; the next cap {tr2.max_requests} needs "
+                f"{n:,} states, over --max-states {max_states:,}; raise --max-states or fit fewer phases")
+        # the ladder cap below Ce that is >= the new solve cap, then Ce: the same settling test
+        C = ladder_cap(C0, Ce, tr2.max_requests)
+        # a check, not the answer: tol/10 bounds this policy's sub-optimality on its truncation;
+        # its metrics on its own cap only where the settling test starts there (off the ladder
+        # C0, 1.5·C0, … it never does, and they would only be recorded)
+        first: PolicyMetrics | None = None
+        if C == tr2.max_requests:
+            space2, res2, first = s.run(tr2, (space, res), loose=True)
+        else:
+            space2, res2 = s.solve_on(tr2, (space, res), loose=True)
+            s.solved(space2, res2)
+        pol2 = Policy.from_decision(space2, res2.decision)
+        lim2, Ce2 = s.limit(pol2, tr2, C, first)
+        # compare both policies on the same (the larger) evaluation cap
+        if Ce2 > Ce:
+            lim = s.extended(pol, tr, Ce2)
+        elif Ce2 < Ce:
+            lim2, Ce2 = s.extended(pol2, tr2, Ce), Ce
+        change = relative_change(lim2.mean_response_time, lim.mean_response_time)
+        s.trace.append({"check": "solve cap", "max_requests": tr2.max_requests, "previous": tr.max_requests,
+                        "evaluation_cap": Ce2, "relative_change": change})
+        if progress:
+            progress(f"pi*: solve cap {tr.max_requests} -> {tr2.max_requests}: E[W] {lim.mean_response_time:.6g} -> "
+                     f"{lim2.mean_response_time:.6g} (change {change:.2e}) on evaluation cap {Ce2}")
+        if change < tol:
+            # both policies are exactly evaluated on the same cap: report the better one
+            if lim2.mean_response_time < lim.mean_response_time:
+                tr, space, res, pol, lim = tr2, space2, res2, pol2, lim2
+            pol.meta["metrics_truncation"] = {"max_requests": Ce2, "max_threads": tr.k_max}
+            return done(pol, res, lim, tr)
+        tr, space, res, pol, lim, Ce = tr2, space2, res2, pol2, lim2, max(Ce, Ce2)

@@ -1,0 +1,104 @@
+"""What CPU priority does to a solved policy's E[W], for ``overtake solve --cpu-priority``.
+
+CPU priority (:mod:`overtake.mdp.priority`) changes how the admitted threads share the CPU, so a
+spawn policy's exact E[W] no longer holds; the tandem with priority levels has no exact analysis,
+and the simulator (:func:`overtake.mdp.simulation.simulate`, checked against the M/G/1
+multilevel-PS formulas of :mod:`overtake.mdp.mlps`) gives the figures:
+
+* ``age`` — demotion by attained CPU at the stage, one threshold for all stages (a server-wide
+  ``OvertakePrioLevels``), chosen in the visit model
+  (:func:`~overtake.mdp.thresholds.choose_tandem_thresholds`); predicted for the policy and for
+  π(∞) (Apache's default with CPU priority alone);
+* ``class`` — known-phase short-first classes (:func:`~overtake.mdp.priority.class_priority`),
+  which need the phases: policies solved for ``full`` information only. Where no phase moves
+  (hyperexponential stages) the chain with the classes is exact (:mod:`overtake.mdp.priority_classes`)
+  and :func:`predict_priority` evaluates it exactly.
+
+The low level's weight is SCHED_IDLE's by the kernel's tables (3/1024). The sidecar's
+``classifier.mode: auto`` weighs these predictions against the policies' exact ones
+(:mod:`overtake.controller.auto`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .errors import ModelError
+from .model import TandemModel
+from .policy import Policy
+from .priority import DEFAULT_LOW_WEIGHT, CpuPriority, age_priority, class_priority
+from .priority_classes import class_model, model_levels, phases_stay
+from .rule_evaluation import evaluate_rule
+from .simulation import simulate
+from .thresholds import choose_tandem_thresholds
+
+__all__ = ["PRIORITY_KINDS", "PriorityPrediction", "predict_priority"]
+
+PRIORITY_KINDS = ("age", "class")
+
+
+@dataclass(frozen=True)
+class PriorityPrediction:
+    """E[W] (model time units) of a policy with CPU priority, and of π(∞) with it (age): simulated
+    (``requests`` per seed), or exact (``requests`` 0, ``ci95`` 0)."""
+
+    kind: str
+    priority: CpuPriority
+    mean_response_time: float
+    ci95: float
+    passthrough: float | None
+    passthrough_ci95: float | None
+    requests: int
+
+    def to_meta(self) -> dict[str, Any]:
+        """The policy file's ``meta["cpu_priority"][kind]`` entry (JSON: a threshold never crossed is null)."""
+        d = self.priority.to_dict()
+        d["thresholds"] = [[x if math.isfinite(x) else None for x in row] for row in d["thresholds"]]
+        return {"kind": self.kind, "exact": self.requests == 0,
+                "mean_response_time": self.mean_response_time, "ci95": self.ci95,
+                "passthrough": self.passthrough, "passthrough_ci95": self.passthrough_ci95,
+                "requests": self.requests, **d}
+
+
+def _pooled(model: TandemModel, policy: Policy | str, priority: CpuPriority, requests: int, seeds: int,
+            seed: int) -> tuple[float, float]:
+    runs = [simulate(model, policy, requests=requests, seed=seed + k, cpu_priority=priority) for k in range(seeds)]
+    mean = sum(r.mean_response_time for r in runs) / seeds
+    return mean, math.sqrt(sum(r.ci95**2 for r in runs)) / seeds
+
+
+def predict_priority(model: TandemModel, policy: Policy, kind: str, *, requests: int = 300_000, seeds: int = 2,
+                     seed: int = 0) -> PriorityPrediction:
+    """Simulate ``policy`` (and, for ``age``, π(∞)) with CPU priority ``kind`` (module docstring).
+
+    Raises
+    ------
+    ModelError
+        An unknown ``kind``, or ``class`` for a policy that does not see the phases.
+    """
+    if kind not in PRIORITY_KINDS:
+        raise ModelError(f"cpu priority: expected one of {', '.join(PRIORITY_KINDS)}, got {kind!r}")
+    if requests < 10_000 or seeds < 1:
+        raise ModelError(f"cpu priority prediction: requests >= 10000 and seeds >= 1, got {requests}, {seeds}")
+    weights = [1.0, DEFAULT_LOW_WEIGHT]
+    ps: float | None = None
+    ps_ci: float | None = None
+    if kind == "age":
+        a = choose_tandem_thresholds(model, common=True).priority.thresholds[0][0]
+        priority = age_priority(model, [a], weights=weights)
+        ps, ps_ci = _pooled(model, "pi(inf)", priority, requests, seeds, seed)
+    else:
+        if policy.phase_info != "full":
+            raise ModelError(f"cpu priority class: short-first classes need each request's phase; this policy "
+                             f"is solved for phase_info {policy.phase_info!r}: use age, or solve with --phase-info full")
+        levels = model_levels(policy.model)  # solved with its classes (choose_classes), else short-first
+        priority = class_priority(model, weights=weights, start_levels=levels)
+        if phases_stay(model):  # exact: weighted sharing by phase
+            base = replace(policy.model, weights=None) if policy.model.weights is not None else policy.model
+            ev = evaluate_rule(class_model(base, levels=levels), policy.layout, policy.actions,
+                               max_requests=policy.max_requests, max_threads=policy.max_threads)
+            return PriorityPrediction(kind, priority, ev.mean_response_time, 0.0, None, None, 0)
+    w, ci = _pooled(model, policy, priority, requests, seeds, seed)
+    return PriorityPrediction(kind, priority, w, ci, ps, ps_ci, requests)
