@@ -26,8 +26,11 @@ import numpy as np
 
 from overtake.fitting import STRUCTURES, FitResult, FittingInputError, Observations, diagnose, fit_observations, samples
 from overtake.fitting.em import MAX_AUTO_ORDER
-from overtake.mdp.budget import DEFAULT_MAX_STATES, max_uniform_order
 from overtake.regex import check_pattern
+
+#: overtake.mdp.budget.DEFAULT_MAX_STATES, written out so that `overtake fit` imports nothing of the
+#: solver (tests/mdp/test_mdp_exports.py checks both the import and the value)
+DEFAULT_MAX_STATES = 4_000_000
 
 
 class FitUsageError(FittingInputError):
@@ -188,6 +191,8 @@ def _fit_floor(obs: Observations, shift: float | str, order: int | str, budget: 
 
 def _budget_order(n_stages: int, max_states: int) -> int:
     """The largest order a tandem of ``n_stages`` (at least two) such stages affords on one core."""
+    from overtake.mdp.budget import max_uniform_order  # the solver's state count, only when fitting
+
     p = max_uniform_order(max(2, n_stages), 1, max_states)
     if p < 1:
         raise FitUsageError(f"--max-states {max_states}: not even order 1 fits; raise it (default "
