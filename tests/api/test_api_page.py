@@ -49,10 +49,11 @@ def _render(url: str, tmp: Path) -> _Dom:
 
 def test_page_lists_models_with_rendered_figures(tmp_path: Path) -> None:
     with live_api(tmp_path / "page.db") as base:
-        model = wait(httpx, base + httpx.post(base + "/v1/models", json=exp2(0.3), params={"name": "two exp stages"})
+        model = wait(httpx, base + httpx.post(base + "/v1/models", json=exp2(0.3), params={"name": "two exp stages"}, timeout=60)
                      .json()["url"])
         x = np.random.default_rng(1).exponential(0.2, 200).tolist()
-        fit = wait(httpx, base + httpx.post(base + "/v1/fits", json={"samples": x, "order": 1, "name": "db"}).json()["url"])
+        fit = wait(httpx, base + httpx.post(base + "/v1/fits", json={"samples": x, "order": 1, "name": "db"},
+                                            timeout=60).json()["url"])
         assert model["status"] == "done" and fit["status"] == "done"
         # a failed job, as a worker records it
         store = Store(str(tmp_path / "page.db"))

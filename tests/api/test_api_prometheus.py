@@ -34,6 +34,7 @@ stages:
   - name: stage2
     path: "^/stage2$"
 limits: {max_inflight: 8, queue_cap: 100, queue_timeout: 20}
+classifier: {time_unit: 0.01}  # the API's scenario is in model units: 1 unit = 10 ms
 """
 
 
@@ -106,7 +107,7 @@ def test_prometheus_finds_sidecar_apache_and_api_series(tools: None, workdir: Pa
             sc = exp2(0.3)
             for i, st in enumerate(sc["stages"]):
                 st["name"] = f"stage{i + 1}"
-            model = wait(httpx, api_base + httpx.post(api_base + "/v1/models", json=sc).json()["url"])
+            model = wait(httpx, api_base + httpx.post(api_base + "/v1/models", json=sc, timeout=60).json()["url"])
             (workdir / "policy.npz").write_bytes(httpx.get(f"{api_base}/v1/models/{model['id']}/policy.npz").content)
             side = subprocess.Popen(
                 [sys.executable, "-m", "overtake.api.cli", "sidecar", "--policy", str(workdir / "policy.npz"),
