@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from overtake.controller.harness.loadgen import http_request, wait_idle, wait_sidecar
+from overtake.controller.harness.loadgen import http_request, sidecar_admin, wait_idle, wait_sidecar
 from overtake.mdp import Policy
 
 from .server import raise_autogroup
@@ -108,21 +108,22 @@ def stages_yaml(max_inflight: int, max_body_bytes: int) -> str:
 
 @dataclass(frozen=True)
 class Sidecar:
-    """A running ``overtake sidecar``: its process, port and log."""
+    """A running ``overtake sidecar``: its process, port, admin listener's port and log."""
 
     proc: subprocess.Popen[bytes]
     port: int
     log: Path
+    admin: int
 
     def policy(self) -> dict[str, Any]:
         """``GET /-/policy``: what auto runs and why."""
-        code, body = http_request("GET", f"http://127.0.0.1:{self.port}/-/policy")
+        code, body = http_request("GET", f"http://127.0.0.1:{self.admin}/-/policy")
         return dict(json.loads(body)) if code == 200 else {"status": code}
 
     def metrics(self, prefixes: tuple[str, ...] = ("overtake_",)) -> dict[str, float]:
         """The sidecar's ``/-/metrics`` samples whose names start with ``prefixes``."""
         out: dict[str, float] = {}
-        for line in http_request("GET", f"http://127.0.0.1:{self.port}/-/metrics")[1].decode().splitlines():
+        for line in http_request("GET", f"http://127.0.0.1:{self.admin}/metrics")[1].decode().splitlines():
             if line and not line.startswith("#") and line.startswith(prefixes):
                 name, _, value = line.rpartition(" ")
                 try:
@@ -142,6 +143,8 @@ def start_sidecar(workdir: Path, *, port: int, apache_port: int, model: Model, c
     log = workdir / "sidecar.log"
     args = ["taskset", "-c", str(core), *CLI, "sidecar", "--policy", str(model.policy_dir), "--apache",
             f"http://127.0.0.1:{apache_port}", "--listen", f"127.0.0.1:{port}", "--stages", str(stages)]
+    admin, admin_flags, _ = sidecar_admin(workdir / "admin-token")  # metrics and policy on loopback
+    args += admin_flags
     if cpu_priority:
         args += ["--cpu-priority", "age"]
     with log.open("wb") as out:
@@ -154,13 +157,13 @@ def start_sidecar(workdir: Path, *, port: int, apache_port: int, model: Model, c
         proc.wait()
         raise
     raise_autogroup([proc.pid])
-    return Sidecar(proc, port, log)
+    return Sidecar(proc, port, log, admin)
 
 
 def stop_sidecar(sc: Sidecar, timeout: float = 15.0) -> None:
     if sc.proc.poll() is None:
         try:
-            wait_idle(sc.port, timeout=5)
+            wait_idle(sc.admin, timeout=5)
         except OSError:
             pass
         sc.proc.send_signal(signal.SIGTERM)
