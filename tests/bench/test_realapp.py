@@ -238,6 +238,10 @@ def test_access_log_lines_parse(tmp_path: Path) -> None:
 
 
 def _skip_reason() -> str | None:
+    # opt-in: MediaWiki comes from the bench's own set-up, not from `make test`, so whether this
+    # runs must not depend on what an earlier session left installed on the machine
+    if os.environ.get("OVERTAKE_REALAPP_E2E") != "1":
+        return "set OVERTAKE_REALAPP_E2E=1 to run the real-application bench end to end (its set-up installs MediaWiki)"
     if wiki.missing_packages():
         return f"MediaWiki's packages are not installed ({' '.join(wiki.missing_packages())}): sh {wiki.PACKAGES_SCRIPT}"
     if os.geteuid() != 0:
