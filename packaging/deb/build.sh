@@ -93,7 +93,7 @@ install -D -m 0644 examples/sidecar/stages.yaml "$SHARE/examples/stages.yaml"
 DOC=$STAGE/usr/share/doc/overtake-server
 install -D -m 0644 LICENSE "$DOC/copyright"
 install -D -m 0644 README.md "$DOC/README.md"
-install -D -m 0644 docs/install-debian.md "$DOC/install-debian.md"
+install -D -m 0644 docs/howto/install-debian.md "$DOC/install-debian.md"
 install -D -m 0644 apache-conf/mod_overtake_prio/README.md "$DOC/mod_overtake_prio.md"
 install -d -m 0750 "$STAGE/var/log/overtake"
 
