@@ -50,7 +50,7 @@ VERSION    := $(shell sed -n 's/^version *= *//p' setup.cfg)
 DEB_ARCH   := $(shell dpkg --print-architecture 2>/dev/null || echo amd64)
 DEB        := dist/overtake-server_$(VERSION)_$(DEB_ARCH).deb
 DEB_INPUTS := setup.cfg pyproject.toml README.md LICENSE $(shell find overtake fitting mdp controller api apache-conf \
-	dashboards examples/sidecar docs/install-debian.md packaging/deb -type f -not -path '*/__pycache__/*' \
+	dashboards examples/sidecar docs/howto/install-debian.md packaging/deb -type f -not -path '*/__pycache__/*' \
 	-not -name '_kernels_aot*' 2>/dev/null)
 
 deb: $(DEB)
