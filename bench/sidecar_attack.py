@@ -158,20 +158,25 @@ def slowloris(port: int, stop: float) -> None:
         s.close()
 
 
-def slow_readers(port: int, stop: float) -> None:
+def _unread_downloads(port: int, stop: float, path: str, clients: int) -> None:
+    """``clients`` connections GET ``path`` with a 4 KiB receive buffer and never read the answer."""
     socks = []
-    for _ in range(32):
+    for _ in range(clients):
         try:
             s = socket.socket()
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
             s.connect(("127.0.0.1", port))
-            s.sendall(f"GET {BIG} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
             socks.append(s)
         except OSError:
             pass
     time.sleep(max(0.0, stop - time.time()))
     for s in socks:
         s.close()
+
+
+def slow_readers(port: int, stop: float) -> None:
+    _unread_downloads(port, stop, BIG, 32)
 
 
 def _flood_one(port: int, path: str, stop: float) -> None:
@@ -336,19 +341,7 @@ def stalled_bodies(port: int, stop: float) -> None:
 
 
 def spool_flood(port: int, stop: float) -> None:
-    socks = []
-    for _ in range(10):
-        try:
-            s = socket.socket()
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            s.connect(("127.0.0.1", port))
-            s.sendall(f"GET {HUGE} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-            socks.append(s)
-        except OSError:
-            pass
-    time.sleep(max(0.0, stop - time.time()))
-    for s in socks:
-        s.close()
+    _unread_downloads(port, stop, HUGE, 10)
 
 
 ATTACKS: dict[str, Callable[[int, float], None]] = {

@@ -231,7 +231,7 @@ class PolicySet:
 
 
 def class_levels(policy: SpawnPolicy) -> tuple[tuple[int, ...], ...] | None:
-    """Short-first CPU classes for mod_overtake_prio's class header (issue 20), per stage and label
+    """Short-first CPU classes for mod_overtake_prio's class header, per stage and label
     (a phase, or a route class): 0 where the label's expected work α_k(−T)⁻¹1 is at most the
     stage's mean, 1 otherwise (:func:`overtake.mdp.priority.short_first_levels` for phases).
     None where the policy knows no labels (baselines, ``phase_info: none``): no class to send.

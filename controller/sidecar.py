@@ -148,7 +148,7 @@ class SidecarOptions:
     request_log_format: str = "json"  #: json | combined
     #: CIDRs whose phase and class headers are honoured; stripped from everyone else
     trusted_sources: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
-    #: mod_overtake_prio in Apache (issue 20): off | age (export its counters) | class (also set X-Overtake-Class)
+    #: mod_overtake_prio in Apache: off | age (export its counters) | class (also set X-Overtake-Class)
     cpu_priority: str = "off"
     #: mod_overtake_prio's admission gate (controller.gate): the file both map, or None
     gate: str | None = None

@@ -69,7 +69,7 @@ def sample_ph(alpha: np.ndarray, T: np.ndarray, n: int, rng: np.random.Generator
 def make_trace(model: TandemModel, n: int, seed: int, routes: RouteSplit | None = None) -> dict[str, np.ndarray]:
     """``n`` Poisson transactions at the model's rate: arrivals, per stage a PH demand and its start phase.
 
-    With ``routes`` (issue 18's multi-route workload) each stage entry also draws its route class
+    With ``routes`` (the multi-route workload) each stage entry also draws its route class
     ``route{i}`` by the routes' weights and the start phase from that route's prior, so the
     stage's demands are still PH(α_i, T_i) (Σ_r p_r α_r = α_i).
     """

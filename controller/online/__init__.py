@@ -1,4 +1,4 @@
-"""The online loop: measure service demand and arrivals, refit the PH model, re-solve, hot-swap (issue #5).
+"""The online loop: measure service demand and arrivals, refit the PH model, re-solve, hot-swap.
 
 Netflix concurrency-limits' split between algorithm and enforcement: the
 :class:`overtake.controller.limiter.Limiter` enforces; this package only *observes* it (a

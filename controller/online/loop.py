@@ -190,7 +190,7 @@ class OnlineLoop:
             current: Any = pol.policy
             # keep the model's phase counts (not the policy's labels): an exact comparison
             orders: tuple[int | None, ...] = tuple(int(st.phases) for st in pol.policy.model.stages)
-            phase_info = pol.policy.phase_info  # re-solve for the same information (issue 18)
+            phase_info = pol.policy.phase_info  # re-solve for the information the running policy uses
             if phase_info == "route":
                 return self._decide("skipped_route", {**base, "reason": "a route policy's classes are re-learned offline: "
                                                 "solve with the new routes and PUT /-/policy"})
