@@ -44,8 +44,9 @@ __all__ = ["Settings", "create_app"]
 HERE = Path(__file__).parent
 
 API_DESCRIPTION = """\
-Solve the optimal thread-spawn policy π* of a multi-stage server (paper 004) and compare it with
-π(1), π(4), π(∞) and per-stage caps; ask it for decisions; fit phase-type service times.
+Solve the optimal thread-spawn policy π* of a multi-stage server (van der Weij, Bhulai and van der
+Mei, *Dynamic thread assignment in web server performance optimization*) and compare it with π(1),
+π(4), π(∞) and per-stage caps; ask it for decisions; fit phase-type service times.
 
 * `POST /v1/models` takes the scenario of `overtake solve|compare` (as JSON) and answers 202 with
   an id; `GET /v1/models/{id}` shows `queued`, `running` (with `progress`), `done` (metrics and the
@@ -66,7 +67,7 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(
         title="Overtake",
         version="1",
-        summary="Optimal thread-spawn policies for multi-stage web servers (paper 004)",
+        summary="Optimal thread-spawn policies for multi-stage web servers (van der Weij et al.)",
         lifespan=_lifespan,
         responses={422: {"model": Error, "description": "invalid input; `detail` names the field"}},
         docs_url=None,  # served below from the swagger-ui-bundle package: no CDN, works offline

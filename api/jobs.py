@@ -71,7 +71,8 @@ def estimate_states(scenario: Scenario, model: TandemModel) -> int:
 
 
 def run_model(store: Store, job_id: str) -> None:
-    """Solve π* (paper 004 §3, auto-truncation), extract the overtaking rules, compare with baselines."""
+    """Solve π* (van der Weij et al., "Dynamic thread assignment", §3; auto-truncation), extract the
+    overtaking rules, compare with baselines."""
     from overtake.mdp import solve
     from overtake.mdp.comparison import compare, default_baselines
     from overtake.mdp.rules import overtaking_rule

@@ -1,4 +1,4 @@
-"""A request's long work, off the event loop and under a deadline (issue 19).
+"""A request's long work, off the event loop and under a deadline.
 
 One event loop answers every request, ``/healthz`` and the decision hot path included, so no
 route does CPU work or a store read that decodes a large document on it: validating a scenario

@@ -1,7 +1,7 @@
 """PNG figures for the CLI's ``--plot`` options and the API's page (matplotlib, no pyplot).
 
 * :func:`gains_figure` — E[W] of π* and the baselines as bars, gains written above them
-  (paper 004, §4.1, Figure 2 "Expected response times", for one scenario).
+  (van der Weij et al., "Dynamic thread assignment", §4.1, Figure 2 "Expected response times", for one scenario).
 * :func:`policy_figure` — π* as heatmaps over the two stages' waiting-queue lengths, one panel
   per (active-thread configuration, stage spawned from); data from :func:`policy_grid`.
 * :func:`distributions_figure` — each stage's service-time density and survival function (the
@@ -36,11 +36,11 @@ def png(fig: Figure, *, dpi: int = 90) -> bytes:
     return buf.getvalue()
 
 
-# ---- gains (paper 004, Figure 2) -----------------------------------------------------------
+# ---- gains (van der Weij et al., Figure 2) -----------------------------------------------------------
 def gains_figure(comparison: Mapping[str, Any], *, title: str = "") -> Figure:
     """Bars of E[W] per policy (π* first, highlighted); each baseline's gain over π* above its bar.
 
-    Gain of π* over π: (E W(π) − E W(π*)) / E W(π*) (paper 004, Table 1).
+    Gain of π* over π: (E W(π) − E W(π*)) / E W(π*) (van der Weij et al., Table 1).
     """
     from matplotlib.figure import Figure
 

@@ -1,7 +1,7 @@
 """Maximum-likelihood phase-type fitting by EM.
 
 * General PH, CF1 and Coxian: the Asmussen–Nerman–Olsson EM (Scand. J. Statist. 23 (1996)
-  419–441, ref. [15] of paper 004), E-step by uniformization over the *sorted* samples so one
+  419–441, cited by van der Weij et al., "Dynamic thread assignment"), E-step by uniformization over the *sorted* samples so one
   Poisson series per gap serves all samples (Okamura, Dohi & Trivedi, Perform. Eval. 68 (2011);
   mapfit's engine). The M-step keeps the zero pattern of T, so CF1 (bidiagonal, ascending rates,
   Cumani 1982) and Coxian fits stay in their structure; CF1 rates are re-sorted after each

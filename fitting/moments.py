@@ -1,7 +1,7 @@
 """Moment matching: closed-form phase-type distributions with given moments.
 
-Two moments (Tijms, *Stochastic Models: An Algorithmic Approach*, Wiley 1994, §A.2 — ref. [14]
-of paper 004):
+Two moments (Tijms, *Stochastic Models: An Algorithmic Approach*, Wiley 1994, §A.2, as used by
+van der Weij et al., "Dynamic thread assignment"):
 
 * ``scv > 1``: hyperexponential H2 with *balanced means* ``p1/mu1 = p2/mu2``,
   ``p1 = (1 + sqrt((c2-1)/(c2+1)))/2``, ``mu1 = 2 p1/m``, ``mu2 = 2 p2/m``;

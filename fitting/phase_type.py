@@ -1,7 +1,7 @@
 """The frozen continuous phase-type distribution ``PhaseType(alpha, T)``.
 
 A phase-type (PH) distribution is the time to absorption of a continuous-time Markov chain
-with transient states ``1..p`` started from ``alpha`` (Neuts 1981; paper 004, §2). With
+with transient states ``1..p`` started from ``alpha`` (Neuts 1981; van der Weij et al., "Dynamic thread assignment", §2). With
 ``t = -T 1`` (the exit rates, per second),
 
 .. math::

@@ -123,7 +123,7 @@ class Scenario(_Strict):
     tolerance: float = Field(default=1e-3, ge=1e-8, lt=0.5)
     phase_info: Literal["full", "start", "none", "route"] = "full"
     #: seconds per unit of the service times: a number (1 = the times are seconds, as every
-    #: ``overtake fit`` output), or ``model``: an abstract unit (paper 004's), which the sidecar's
+    #: ``overtake fit`` output), or ``model``: an abstract unit (van der Weij et al.'s), which the sidecar's
     #: ``classifier.time_unit`` binds at deployment. Stages from fits set it (api.scenario).
     time_unit: float | Literal["model"] = "model"
 

@@ -1,4 +1,5 @@
-"""``/v1/models``: solve jobs from a scenario, their documents, policies and decisions (paper 004).
+"""``/v1/models``: solve jobs from a scenario, their documents, policies and decisions
+(van der Weij et al., "Dynamic thread assignment").
 
 A scenario is the CLI's YAML as JSON (:class:`overtake.mdp.scenario.Scenario`, read by
 :func:`overtake.api.scenario.resolve_scenario`); a stage's service may also be a fit of
@@ -185,7 +186,7 @@ async def cancel_model(model_id: str, store: StoreDep, runner: RunnerDep, work: 
 @router.get("/v1/models/{model_id}/policy", response_model=PolicyDoc,
             responses={404: {"model": Error}, 409: {"model": Error}})
 async def get_policy(model_id: str, store: StoreDep, reads: ReadsDep) -> PolicyDoc:
-    """Readable overtaking rules (paper 004, Theorem 3.1) and the artifact's download URL."""
+    """Readable overtaking rules (van der Weij et al., Theorem 3.1) and the artifact's download URL."""
     res = (await reads.run("id", done_model, store, model_id)).result or {}
     return PolicyDoc(id=model_id, hash=res["policy_hash"], phase_info=res["phase_info"], columns=res["columns"],
                      max_requests=res["max_requests"], max_threads=res["max_threads"], states=res["states"],
@@ -222,7 +223,7 @@ async def get_decision(model_id: str, state: Annotated[str, Query(description=ST
     act = pol.action(np.asarray(row, dtype=np.int64))
     metrics.decisions.inc()
     labels = [c.removeprefix("waiting:") for c in pol.columns[: pol.Q]]
-    # the Decision document, serialised directly: this is the hot path (issue 7: p99 <= 5 ms)
+    # the Decision document, serialised directly: this is the hot path (its latency target is in BENCHMARKS.md § api)
     return JSONResponse({"state": row, "columns": pol.columns,
                          "spawn": {lab: int(a) for lab, a in zip(labels, act)}, "total": int(act.sum()),
                          "policy_hash": pol.meta.get("hash") or pol.digest()})

@@ -29,7 +29,7 @@ _PNG: dict[int | str, dict[str, Any]] = {
 @router.get("/v1/models/{model_id}/plots/{kind}.png", responses=_PNG)
 async def model_plot(model_id: str, kind: str, store: StoreDep, policies: PoliciesDep, images: PlotsDep,
                      reads: ReadsDep) -> Response:
-    """``gains`` (E[W] per policy, paper 004 Fig. 2), ``policy`` (heatmap) or ``distributions``."""
+    """``gains`` (E[W] per policy, van der Weij et al., Fig. 2), ``policy`` (heatmap) or ``distributions``."""
     if kind not in ("gains", "policy", "distributions"):
         raise HTTPError(404, f"kind: one of gains, policy, distributions, got {kind!r}")
     # reading the job (and the policy, the fits' samples) is off the loop; drawing on the plot thread
