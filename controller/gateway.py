@@ -309,7 +309,7 @@ class Gateway:
             await self._send(writer, head + body)
             return req.keep_alive
         try:
-            stage, phase, route_key = self._route(req, path)
+            stage, phase, route_key = self._route(conn, req, path)
         except BadPhaseHeader as exc:
             self.metrics.errors.labels("bad_phase").inc()
             rec.status = 400
@@ -435,16 +435,20 @@ class Gateway:
             self._trust[peer] = hit
         return hit
 
-    def _route(self, req: Request, path: str) -> tuple[int, int, str]:
-        """(stage, start phase, route key) of a request; raises :class:`BadPhaseHeader`."""
+    def _route(self, conn: ClientConnection, req: Request, path: str) -> tuple[int, int, str]:
+        """(stage, start phase, learned key) of a request; raises :class:`BadPhaseHeader`."""
         method = req.method.decode("latin-1")
-        routed = self.table.route(method, path)
+        query = req.target.partition(b"?")[2].decode("latin-1")
+        routed = self.table.route(method, path, query)
         if routed is None:
             return PASSTHROUGH, 0, ""
-        stage, _, route_phase = routed
+        stage, route, route_phase = routed
         phase_value = next((v for k, v in req.headers if k.lower() == self.phase_header), None)
-        route_key = method + " " + path
-        return stage, self.classifier.start_phase(stage, route_key, phase_value, route_phase), route_key
+        hold = conn.hold
+        # a linked stage's reservation carries the previous stage's request (_follow)
+        link = hold.route if self.table.linked[stage] and hold is not None and hold.stage == stage else ""
+        key = self.table.learned_key(route, method, path, query, _body_size(req), link)
+        return stage, self.classifier.start_phase(stage, key, phase_value, route_phase), key
 
     def _enter(self, conn: ClientConnection, stage: int, phase: int, route_key: str) -> Ticket | None:
         """The request's ticket: the client's reservation when it asks for the reserved stage,
@@ -471,8 +475,10 @@ class Gateway:
         if nxt is None:
             return None
         value = next((v for k, v in req.headers if k.lower() == self.next_header), None)
+        # a linked stage learns per previous request: its follow-up's phase is predicted from it
         try:
-            return nxt, self.classifier.start_phase(nxt, "", value, None, observe=False)
+            return nxt, self.classifier.start_phase(nxt, self.table.follow_up_key(nxt, t.route), value, None,
+                                                    observe=False)
         except BadPhaseHeader:
             self.metrics.errors.labels("bad_phase").inc()
             return nxt, self.classifier.prior_phase[nxt]
@@ -528,6 +534,7 @@ class Gateway:
         admitted = self.limiter.admitted_total
         hold = self.limiter.release(t, "completed", self._follow(conn, req, t))
         if hold is not None:
+            hold.route = t.route  # the link a linked stage's follow-up is learned under (_route)
             conn.hold = hold
             conn.hold_timer = asyncio.get_running_loop().call_later(
                 self.limits.follow_up_timeout, self._lapse, conn, hold)
@@ -538,6 +545,15 @@ class Gateway:
         h_dur.observe(done - t.t_arrive)
         if t.stage != PASSTHROUGH and self.classifier.collects:
             self.classifier.observe(t.stage, t.route, _demand(resp, done - t.t_admit))
+
+
+def _body_size(req: Request) -> int | None:
+    """The request body's length: declared, else as received; None for no body."""
+    declared = next((v for k, v in req.headers if k.lower() == b"content-length"), None)
+    if declared is not None and declared.strip().isdigit():
+        return int(declared)
+    n = sum(len(b) for b in req.body)
+    return n or None
 
 
 def _demand(resp: UpstreamResponse, sojourn: float) -> float:

@@ -2,9 +2,19 @@
 
 A request is routed to the first stage with a route whose ``path`` regex matches the URL path
 (``re.match``, query excluded; run in linear time by :class:`overtake.regex.LinearRegex`, which
-refuses backreferences and lookaround) and whose ``methods`` contain the request method; requests no
-stage claims are *passed through* (paper 004 models only the policed stages) under their own
-optional concurrency cap. Example (``examples/sidecar/stages.yaml``)::
+refuses backreferences and lookaround), whose ``query`` regex, if given, is found in the query
+string as sent (``re.search``; e.g. ``'(^|&)action=(submit|edit)(&|$)'``) and whose ``methods``
+contain the request method; requests no stage claims are *passed through* (the model covers only
+the policed stages) under their own optional concurrency cap.
+
+A route's ``key`` says which requests are "the same" for learned classification (each key keeps
+its own history of service demands): by default the method and path; a list of ``path``,
+``query`` (the whole query string), ``param:NAME`` (one query parameter's value, e.g.
+``param:title`` for ``/index.php?title=Page``), ``body_size`` (the request body's length in
+half-octave bins: a wiki preview's cost grows with the text it renders) and ``link`` (the key of
+the request this client sent at the previous stage, when that stage names this one as its
+``next``: the two stages of one transaction cost alike; with ``link`` alone the sidecar predicts
+the follow-up's phase when it reserves its thread). Example (``examples/sidecar/stages.yaml``)::
 
     stages:
       - name: stage1
@@ -23,9 +33,11 @@ Validation is eager; every error is one line naming the field, the value and the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+from urllib.parse import parse_qsl
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -42,17 +54,45 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+_KEY_PARTS = ("path", "query", "body_size", "link")
+
+
 class Route(_Strict):
-    """One routing rule: path regex, methods, and optionally the phase it implies (1-based)."""
+    """One routing rule: path regex, query regex, methods, optionally the phase it implies
+    (1-based), and the learned-classification key."""
 
     path: str
+    query: str | None = None
     methods: tuple[str, ...] | None = None
     phase: int | None = Field(default=None, ge=1)
+    key: tuple[str, ...] | None = None
 
     @field_validator("path")
     @classmethod
     def _regex(cls, v: str) -> str:
         return check_pattern(v)
+
+    @field_validator("query")
+    @classmethod
+    def _query(cls, v: str | None) -> str | None:
+        return None if v is None else check_pattern(v)
+
+    @field_validator("key")
+    @classmethod
+    def _key(cls, v: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("an empty key makes every request of the route alike; omit key for method and path")
+        for part in v:
+            name = part.removeprefix("param:")
+            if part.startswith("param:") and not name:
+                raise ValueError("param: needs the query parameter's name, e.g. param:title")
+            if not part.startswith("param:") and part not in _KEY_PARTS:
+                raise ValueError(f"unknown key part {part!r}; use {', '.join(_KEY_PARTS)} or param:NAME")
+        if len(set(v)) != len(v):
+            raise ValueError("a key part appears twice")
+        return v
 
     @field_validator("methods")
     @classmethod
@@ -184,16 +224,35 @@ class StagesConfig(_Strict):
                     f"stage {s.name!r}: next must name another stage ({', '.join(n for n in names if n != s.name)}), "
                     f"got {s.next!r}"
                 )
+        linked = {s.next for s in self.stages if s.next is not None}
+        for s in self.stages:
+            if s.name not in linked and any(r.key and "link" in r.key for r in s.all_routes()):
+                raise ValueError(f"stage {s.name!r}: key part 'link' needs a stage with next: {s.name} "
+                                 "(the link is the previous stage's request on the same connection)")
         return self
 
 
 @dataclass(frozen=True)
 class _CompiledRoute:
     regex: LinearRegex
+    query: LinearRegex | None
     methods: frozenset[str] | None
     stage: int
     phase: int | None  # 0-based
-    key: str  # route identity for learned classification
+    key: str  # the route's identity
+    key_parts: tuple[str, ...] | None  # learned classification's key (None: method and path)
+
+
+def _body_bin(n: int | None) -> str:
+    """Half-octave bin of a body length: sizes within a factor of about 1.4 share a bin."""
+    return "-" if n is None else str(int(2 * math.log2(n + 1)))
+
+
+def _param(query: str, name: str) -> str:
+    for k, v in parse_qsl(query, keep_blank_values=True):
+        if k == name:
+            return v
+    return ""
 
 
 class StageTable:
@@ -209,17 +268,65 @@ class StageTable:
             for r in st.all_routes():
                 routes.append(
                     _CompiledRoute(
-                        LinearRegex(r.path), frozenset(r.methods) if r.methods else None, i,
-                        None if r.phase is None else r.phase - 1, f"{st.name}:{r.path}",
+                        LinearRegex(r.path), None if r.query is None else LinearRegex(r.query),
+                        frozenset(r.methods) if r.methods else None, i,
+                        None if r.phase is None else r.phase - 1,
+                        f"{st.name}:{r.path}" + ("" if r.query is None else f"?{r.query}"), r.key,
                     )
                 )
         self._routes = tuple(routes)
+        self._by_key = {r.key: r for r in routes}
+        #: stages whose routes key on the previous stage's request (``link``)
+        self.linked: tuple[bool, ...] = tuple(
+            any(r.key is not None and "link" in r.key for r in st.all_routes()) for st in config.stages)
 
-    def route(self, method: str, path: str) -> tuple[int, str, int | None] | None:
+    def route(self, method: str, path: str, query: str = "") -> tuple[int, str, int | None] | None:
+        """(stage, route identity, fixed phase) of the first route matching, or None."""
         for r in self._routes:
-            if (r.methods is None or method in r.methods) and r.regex.match(path):
+            if ((r.methods is None or method in r.methods) and r.regex.match(path)
+                    and (r.query is None or r.query.search(query))):
                 return r.stage, r.key, r.phase
         return None
+
+    def learned_key(self, route: str, method: str, path: str, query: str = "", body_size: int | None = None,
+                    link: str = "") -> str:
+        """The key a request's service demands are learned under (see the module's docstring).
+
+        >>> t = StageTable(StagesConfig.model_validate({"stages": [{"name": "edit", "routes": [
+        ...     {"path": "^/index[.]php$", "key": ["param:title", "body_size"]}]}]}))
+        >>> t.learned_key("edit:^/index[.]php$", "POST", "/index.php", "title=Main&action=submit", 3000)
+        'POST edit:^/index[.]php$ title=Main 23'
+        >>> t.learned_key("edit:^/index[.]php$", "GET", "/index.php", "title=Main")
+        'GET edit:^/index[.]php$ title=Main -'
+        """
+        r = self._by_key.get(route)
+        if r is None or r.key_parts is None:
+            return method + " " + path
+        values = []
+        for part in r.key_parts:
+            if part == "path":
+                values.append(path)
+            elif part == "query":
+                values.append("?" + query)
+            elif part == "body_size":
+                values.append(_body_bin(body_size))
+            elif part != "link":
+                name = part.removeprefix("param:")
+                values.append(f"{name}={_param(query, name)}")
+        if "link" in r.key_parts:
+            # the previous request names the transaction; with ``link`` alone the key is known
+            # when that request completes, so the reservation can predict the follow-up's phase
+            return " ".join(("<" + link, *values))
+        return " ".join((method, r.key, *values))
+
+    def follow_up_key(self, stage: int, previous: str) -> str:
+        """The learned key of a linked stage's follow-up, as far as it is known when the previous
+        request completes: the key of the stage's routes keyed on ``link`` alone (the follow-up
+        is taken to be one of theirs), else "" (the prior)."""
+        if not self.linked[stage]:
+            return ""
+        keys = {r.key_parts for r in self._routes if r.stage == stage}
+        return "<" + previous if ("link",) in keys else ""
 
     def queue_cap(self, stage: int) -> int:
         c = self.config.stages[stage].queue_cap

@@ -150,8 +150,8 @@ class AccessLogTail:
                 self.bad_lines += 1
                 continue
             method, _, rest = str(e["%r"]).partition(" ")
-            path = rest.rsplit(" ", 1)[0].partition("?")[0]
-            routed = self.table.route(method, path)
+            path, _, query = rest.rsplit(" ", 1)[0].partition("?")
+            routed = self.table.route(method, path, query)
             cpu = e["%{stage_cpu_us}n"]
             if routed is None or e["%>s"] != 200:
                 continue

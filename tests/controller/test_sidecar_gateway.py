@@ -654,3 +654,43 @@ def test_learned_phases_follow_apache_cpu(inst: apache.ApacheInstance, policies:
     finally:
         s.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_learned_keys_by_query_parameter_and_transaction_link(inst: apache.ApacheInstance,
+                                                               policies: dict[str, Path]) -> None:
+    """Stages as real sites have them: one path whose cost depends on a query parameter (keyed
+    ``param:k``), and a stage-2 request whose cost follows the stage-1 request it completes the
+    transaction of (keyed ``link``). With the default key (method and path) the two kinds share
+    one history and cannot be told apart; with these keys, after each kind's first completion its
+    requests queue in their own learned phase (50 ms: the H2's slow phase 2; 2 ms: phase 1), the
+    follow-up predicted when its thread is reserved."""
+    work = _tmpdir()
+    stages = """
+stages:
+  - name: stage1
+    routes: [{path: "^/stage1$", key: ["param:k"]}]
+    next: stage2
+  - name: stage2
+    routes: [{path: "^/stage2$", key: [link]}]
+limits: {max_inflight: 4, follow_up_timeout: 2.0}
+classifier: {mode: learned, time_unit: 0.01}
+"""
+    s = SidecarProc(inst.base_url, stages, str(policies["rho06"]), work)
+    try:
+        for _ in range(4):
+            for k, w1, w2 in (("big", 0.05, 0.05), ("small", 0.002, 0.002)):
+                c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=20)
+                for path in (f"/stage1?k={k}&work={w1}", f"/stage2?work={w2}"):  # one connection: one transaction
+                    c.request("GET", path)
+                    r = c.getresponse()
+                    r.read()
+                    assert r.status == 200
+                c.close()
+        mm = _wait_idle(s)
+        adm = lambda st, ph: m(mm, "overtake_stage_admitted_total", stage=st, phase=ph)  # noqa: E731
+        # per kind: the first request of each learns under the prior (phase 1 here), then its own phase
+        assert (adm("stage1", "1"), adm("stage1", "2")) == (5, 3)
+        assert (adm("stage2", "1"), adm("stage2", "2")) == (5, 3)
+    finally:
+        s.stop()
+        shutil.rmtree(work, ignore_errors=True)
