@@ -54,6 +54,7 @@ from overtake.controller.gateway import Gateway
 from overtake.controller.limiter import Limiter
 from overtake.controller.metrics import SidecarMetrics
 from overtake.controller.online import OnlineCollector, OnlineLoop, OnlineSettings
+from overtake.controller.php_prio import PhpPrioCollector
 from overtake.controller.policies import (
     MAX_ARRAY_BYTES,
     MAX_INFLATED_BYTES,
@@ -157,6 +158,8 @@ class SidecarOptions:
     gate_slots: int = 64
     #: queued gated requests started early at SCHED_IDLE (controller.gate: idle starts)
     gate_backfill: int = 1
+    #: the overtake_prio PHP extension's counters file (controller.php_prio), exported when given
+    php_stats_file: str | None = None
 
 
 #: options a SIGHUP can change; the others need a restart (sockets, stages, event loop, online loop)
@@ -247,6 +250,8 @@ class Sidecar:
             self.metrics.registry.register(OnlineCollector(self.online))
         if self.uplink.name != "fair":  # srpt/srrt/app: per-band bytes, flows, priority changes
             self.metrics.registry.register(UplinkCollector(self.uplink))
+        if options.php_stats_file:  # PHP-FPM's workers run the CPU there: their demotions
+            self.metrics.registry.register(PhpPrioCollector(options.php_stats_file))
         self.source.register(self.metrics.registry)
         self.pool = UpstreamPool(*self.apache, connect_timeout=cfg.limits.upstream_connect_timeout)
         #: Apache's admission gate (controller.gate), in use once Apache reports the same file

@@ -3,7 +3,7 @@
 Every key is an ``overtake sidecar`` option with ``-`` written ``_`` (``--policy-url`` is
 ``policy_url``); the online loop's options sit under ``online:``. A flag given on the command line
 overrides the file's key. Relative paths in the file (``stages``, ``policy``, ``request_log``,
-``policy_token_file``, ``admin_token_file``, ``online.access_log``) are taken relative to the
+``policy_token_file``, ``admin_token_file``, ``php_stats_file``, ``online.access_log``) are taken relative to the
 file's folder, so a unit file may run the sidecar from any working directory. Tokens are best kept
 out of the file and the command line: ``policy_token_file`` and ``admin_token_file`` name files
 holding them (mode 0600); a SIGHUP re-reads them.
@@ -71,6 +71,7 @@ class SidecarConfig(BaseModel):
     gate: str | None = None
     gate_slots: int = Field(64, ge=1, le=1 << 20)
     gate_backfill: int = Field(1, ge=0, le=1024)
+    php_stats_file: str | None = None
     watch_interval: float = Field(1.0, gt=0)
     admin_listen: str = DEFAULT_ADMIN_LISTEN
     admin_put: bool = True
@@ -101,7 +102,7 @@ class SidecarConfig(BaseModel):
         return v
 
 
-_PATHS = ("stages", "request_log", "policy_token_file", "admin_token_file")
+_PATHS = ("stages", "request_log", "policy_token_file", "admin_token_file", "php_stats_file")
 
 
 def _field(loc: tuple[Any, ...]) -> str:
@@ -217,5 +218,6 @@ def to_options(cfg: SidecarConfig) -> SidecarOptions:
         status_interval=cfg.status_interval, drain_timeout=cfg.drain_timeout, request_log=cfg.request_log,
         request_log_format=cfg.request_log_format, trusted_sources=tuple(cfg.trusted_sources),
         cpu_priority=cfg.cpu_priority, gate=cfg.gate, gate_slots=cfg.gate_slots,
+        php_stats_file=cfg.php_stats_file,
         gate_backfill=cfg.gate_backfill,
     )

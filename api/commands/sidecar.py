@@ -103,6 +103,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--gate-backfill", type=int, default=None, metavar="N",
                    help="start the N oldest requests held in the gate early at SCHED_IDLE, so Apache's core "
                    "never idles while they wait (needs an 'idle' level in OvertakePrioNice; default 1, 0 = off)")
+    p.add_argument("--php-stats-file", default=None, metavar="PATH",
+                   help="the counters of the overtake_prio PHP extension (its overtake_prio.stats_file), exported "
+                   "as overtake_php_* metrics: demotions inside PHP-FPM's workers, where mod_overtake_prio "
+                   "cannot reach")
     s = p.add_argument_group("service", "running as a service: control endpoints, limits, logs, shutdown")
     s.add_argument("--admin-listen", default=None, metavar="HOST:PORT",
                    help="the admin listener: /-/metrics (and /metrics), /-/policy, /-/healthz, /-/livez "

@@ -1,0 +1,590 @@
+/*
+ * overtake_prio: CPU priority by attained service inside PHP workers (PHP-FPM, mod_php).
+ *
+ * Behind PHP-FPM the CPU of a page runs in the pool's worker processes, where Apache's
+ * mod_overtake_prio cannot reach it. This extension gives each request the same lever: at
+ * request start it arms a timer on the worker's own CPU clock; when the request has used
+ * `overtake_prio.threshold_ms` of CPU the timer's signal lowers the worker's priority (a nice
+ * level, or SCHED_IDLE); at request end the worker returns to its normal priority. Short requests
+ * never notice it; long ones yield the CPU to them (age priority: Nuyens and van der Weij,
+ * "Monotonicity in the limited processor sharing queue"; Scully, Harchol-Balter and
+ * Scheller-Wolf, "SOAP").
+ *
+ * Guards against priority inversion (a demoted request holding a lock others wait for):
+ *   - requests whose method is in `overtake_prio.exempt_methods` are never demoted (on SQLite,
+ *     MediaWiki runs every non-GET request in an IMMEDIATE transaction holding the write lock);
+ *   - `overtake_prio.max_demoted_ms` bounds the wall time a request stays demoted.
+ *
+ * Lowering a worker's priority needs no privilege; raising it back does (CAP_SYS_NICE, or an
+ * RLIMIT_NICE that a root without CAP_SYS_RESOURCE cannot grant). So module start-up, which runs
+ * as root in PHP-FPM's master (or Apache's parent under mod_php) before the workers fork and
+ * drop privileges, also forks a small restorer: a process that keeps root's CAP_SYS_NICE and,
+ * asked over an abstract Unix datagram socket, returns the asking worker (identified by the
+ * kernel's SCM_CREDENTIALS, so a worker can restore only itself, and only up to the master's own
+ * priority) to its normal priority. A worker that can restore neither way never demotes.
+ *
+ * Counters live in a small file mapped shared by the master and every worker
+ * (`overtake_prio.stats_file`), which the controller reads and exports.
+ */
+#ifdef HAVE_CONFIG_H
+#include "config.h"
+#endif
+
+#include "php.h"
+#include "php_ini.h"
+#include "SAPI.h"
+#include "ext/standard/info.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#define OP_VERSION "0.1.0"
+/* a real-time signal: PHP's own timeouts use SIGPROF/SIGALRM */
+#define OP_SIGNAL (SIGRTMIN + 7)
+#define OP_DEMOTE 1
+#define OP_PROMOTE 2
+
+/* The stats file's layout (little-endian uint64 words), read by overtake's controller:
+ * magic, version, then the counters in this order. */
+#define OP_STATS_MAGIC 0x6f76657274616b65ULL /* "overtake" */
+#define OP_STATS_VERSION 1
+typedef struct {
+    uint64_t magic;
+    uint64_t version;
+    uint64_t requests;       /* requests the lever was armed for or exempted */
+    uint64_t demoted;        /* requests demoted at the threshold */
+    uint64_t exempt;         /* requests never demoted: their method is exempt */
+    uint64_t promoted;       /* demoted requests promoted back after max_demoted_ms */
+    uint64_t restore_errors; /* a worker failed to restore its priority (it then stops demoting) */
+    uint64_t unreachable;    /* requests not armed: the worker could not restore (RLIMIT_NICE) */
+} op_stats;
+
+ZEND_BEGIN_MODULE_GLOBALS(overtake_prio)
+    zend_long threshold_ms;
+    zend_long nice;
+    bool idle;
+    zend_long max_demoted_ms;
+    char *exempt_methods;
+    char *stats_file;
+ZEND_END_MODULE_GLOBALS(overtake_prio)
+
+ZEND_DECLARE_MODULE_GLOBALS(overtake_prio)
+#define OPG(v) ZEND_MODULE_GLOBALS_ACCESSOR(overtake_prio, v)
+
+/* Per-process state: PHP-FPM and prefork workers serve one request at a time. */
+static op_stats *stats;
+static pid_t timers_pid;
+static timer_t cpu_timer, wall_timer;
+static volatile sig_atomic_t demoted;
+static int base_nice;
+static bool armed, disabled, own_rlimit;
+
+#define COUNT(field)                                                                                   \
+    do {                                                                                               \
+        if (stats != NULL) {                                                                           \
+            __atomic_fetch_add(&stats->field, 1, __ATOMIC_RELAXED);                                    \
+        }                                                                                              \
+    } while (0)
+
+static int lower(void)
+{
+    if (OPG(idle)) {
+        struct sched_param p = {0};
+        return sched_setscheduler(0, SCHED_IDLE, &p);
+    }
+    return setpriority(PRIO_PROCESS, 0, (int)OPG(nice));
+}
+
+static int restore_pid(pid_t pid, int nice, bool idle)
+{
+    int rc = 0;
+    if (idle) {
+        struct sched_param p = {0};
+        rc = sched_setscheduler(pid, SCHED_OTHER, &p);
+    }
+    if (setpriority(PRIO_PROCESS, (id_t)pid, nice) != 0) {
+        rc = -1;
+    }
+    return rc;
+}
+
+/* ---- the restorer (see the top of the file) ---------------------------------------------- */
+static pid_t restorer_pid;    /* in the master: the restorer process, 0 if none */
+static pid_t restorer_master; /* the master's pid: names the socket */
+static int restorer_sock = -1; /* in a worker: its socket to the restorer */
+
+typedef struct {
+    int32_t nice; /* the worker's normal nice */
+    int32_t idle; /* leave SCHED_IDLE too */
+} op_restore_msg;
+
+static socklen_t restorer_addr(pid_t master, struct sockaddr_un *sa)
+{
+    int n;
+    memset(sa, 0, sizeof *sa);
+    sa->sun_family = AF_UNIX;
+    /* abstract namespace: no file to create, clean up or protect */
+    n = snprintf(sa->sun_path + 1, sizeof sa->sun_path - 1, "overtake_prio.%d", (int)master);
+    return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+/* Is pid a child of the master (a worker), as /proc says? */
+static bool is_worker(pid_t pid, pid_t master)
+{
+    char path[64], buf[512];
+    const char *p;
+    ssize_t n;
+    int fd;
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return false;
+    }
+    n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) {
+        return false;
+    }
+    buf[n] = '\0';
+    p = strstr(buf, "\nPPid:");
+    return p != NULL && (pid_t)strtol(p + 7, NULL, 10) == master;
+}
+
+static void restorer_loop(int fd, pid_t master, int floor_nice)
+{
+    for (;;) {
+        op_restore_msg m;
+        struct sockaddr_un from;
+        char cbuf[CMSG_SPACE(sizeof(struct ucred))];
+        struct iovec iov = {&m, sizeof m};
+        struct msghdr h;
+        struct cmsghdr *c;
+        struct ucred *cred = NULL;
+        char ok = 0;
+        ssize_t n;
+        memset(&h, 0, sizeof h);
+        h.msg_name = &from;
+        h.msg_namelen = sizeof from;
+        h.msg_iov = &iov;
+        h.msg_iovlen = 1;
+        h.msg_control = cbuf;
+        h.msg_controllen = sizeof cbuf;
+        n = recvmsg(fd, &h, 0);
+        if (n < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            _exit(0);
+        }
+        if (getppid() != master) {
+            _exit(0); /* the master is gone */
+        }
+        for (c = CMSG_FIRSTHDR(&h); c != NULL; c = CMSG_NXTHDR(&h, c)) {
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_CREDENTIALS) {
+                cred = (struct ucred *)CMSG_DATA(c);
+            }
+        }
+        /* only the asking worker itself, never above the master's own priority */
+        if (n == (ssize_t)sizeof m && cred != NULL && m.nice >= floor_nice && m.nice <= 19
+            && is_worker(cred->pid, master)) {
+            ok = restore_pid(cred->pid, m.nice, m.idle != 0) == 0;
+        }
+        sendto(fd, &ok, 1, MSG_DONTWAIT, (struct sockaddr *)&from, h.msg_namelen);
+    }
+}
+
+/* In the master at start-up, as root: fork the restorer. */
+static void start_restorer(void)
+{
+    struct sockaddr_un sa;
+    socklen_t len;
+    int one = 1, fd;
+    pid_t master = getpid(), pid;
+    if (geteuid() != 0) {
+        return; /* not started as root: no privilege to keep */
+    }
+    fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return;
+    }
+    len = restorer_addr(master, &sa);
+    if (bind(fd, (struct sockaddr *)&sa, len) != 0 || setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &one, sizeof one) != 0) {
+        close(fd);
+        return;
+    }
+    pid = fork();
+    if (pid == 0) {
+        int floor_nice = getpriority(PRIO_PROCESS, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != master) {
+            _exit(0);
+        }
+        prctl(PR_SET_NAME, "overtake_prio");
+        restorer_loop(fd, master, floor_nice);
+        _exit(0);
+    }
+    close(fd);
+    if (pid > 0) {
+        restorer_pid = pid;
+        restorer_master = master;
+    }
+}
+
+/* In a worker: ask the restorer; true once it has restored us. */
+static bool ask_restorer(void)
+{
+    struct sockaddr_un sa;
+    socklen_t len;
+    op_restore_msg m = {base_nice, OPG(idle) ? 1 : 0};
+    char ok = 0;
+    if (restorer_master == 0) {
+        return false;
+    }
+    if (restorer_sock < 0) {
+        struct timeval tv = {1, 0};
+        sa_family_t family = AF_UNIX;
+        restorer_sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (restorer_sock < 0) {
+            return false;
+        }
+        /* autobind: a unique abstract address the restorer answers to */
+        bind(restorer_sock, (struct sockaddr *)&family, sizeof family);
+        setsockopt(restorer_sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    }
+    len = restorer_addr(restorer_master, &sa);
+    if (sendto(restorer_sock, &m, sizeof m, 0, (struct sockaddr *)&sa, len) != (ssize_t)sizeof m) {
+        return false;
+    }
+    return recv(restorer_sock, &ok, 1, 0) == 1 && ok == 1;
+}
+
+static int restore(void)
+{
+    if (geteuid() == 0 || own_rlimit) {
+        return restore_pid(0, base_nice, OPG(idle));
+    }
+    return ask_restorer() ? 0 : -1;
+}
+
+static void arm(timer_t t, zend_long ms)
+{
+    struct itimerspec its = {0};
+    its.it_value.tv_sec = ms / 1000;
+    its.it_value.tv_nsec = (ms % 1000) * 1000000L;
+    timer_settime(t, 0, &its, NULL);
+}
+
+static void disarm(timer_t t)
+{
+    struct itimerspec its = {0};
+    timer_settime(t, 0, &its, NULL);
+}
+
+/* Signal handler: only syscalls and atomics (async-signal-safe). */
+static void on_timer(int sig, siginfo_t *si, void *uc)
+{
+    int saved = errno;
+    (void)sig;
+    (void)uc;
+    if (si->si_value.sival_int == OP_DEMOTE && !demoted) {
+        if (lower() == 0) {
+            demoted = 1;
+            COUNT(demoted);
+            if (OPG(max_demoted_ms) > 0) {
+                arm(wall_timer, OPG(max_demoted_ms));
+            }
+        }
+    } else if (si->si_value.sival_int == OP_PROMOTE && demoted) {
+        if (restore() == 0) {
+            demoted = 0;
+            COUNT(promoted);
+        }
+    }
+    errno = saved;
+}
+
+static int make_timer(clockid_t clock, int what, timer_t *out)
+{
+    struct sigevent ev;
+    memset(&ev, 0, sizeof ev);
+    ev.sigev_notify = SIGEV_THREAD_ID;
+    ev.sigev_signo = OP_SIGNAL;
+    ev.sigev_value.sival_int = what;
+#ifdef sigev_notify_thread_id
+    ev.sigev_notify_thread_id = (pid_t)syscall(SYS_gettid);
+#else
+    ev._sigev_un._tid = (pid_t)syscall(SYS_gettid);
+#endif
+    return timer_create(clock, &ev, out);
+}
+
+/* Timers belong to the process that made them: a forked worker makes its own. */
+static bool timers_ready(void)
+{
+    pid_t pid = getpid();
+    if (timers_pid == pid) {
+        return true;
+    }
+    if (make_timer(CLOCK_THREAD_CPUTIME_ID, OP_DEMOTE, &cpu_timer) != 0) {
+        return false;
+    }
+    if (make_timer(CLOCK_MONOTONIC, OP_PROMOTE, &wall_timer) != 0) {
+        timer_delete(cpu_timer);
+        return false;
+    }
+    timers_pid = pid;
+    base_nice = getpriority(PRIO_PROCESS, 0);
+    return true;
+}
+
+/* Can this worker come back from the low level? Root can, and so can a worker whose RLIMIT_NICE
+ * reaches base_nice (20 - rlim_cur is the lowest nice it may set); others ask the restorer. */
+static bool can_restore(void)
+{
+    struct rlimit rl;
+    own_rlimit = getrlimit(RLIMIT_NICE, &rl) == 0 && (rl.rlim_cur == RLIM_INFINITY || (long)rl.rlim_cur >= 20 - base_nice);
+    return geteuid() == 0 || own_rlimit || restorer_master != 0;
+}
+
+static bool method_exempt(const char *method)
+{
+    const char *list = OPG(exempt_methods);
+    size_t n;
+    if (method == NULL || list == NULL) {
+        return false;
+    }
+    n = strlen(method);
+    while (*list != '\0') {
+        const char *end;
+        while (*list == ' ' || *list == ',') {
+            list++;
+        }
+        end = list;
+        while (*end != '\0' && *end != ' ' && *end != ',') {
+            end++;
+        }
+        if ((size_t)(end - list) == n && strncasecmp(list, method, n) == 0) {
+            return true;
+        }
+        list = end;
+    }
+    return false;
+}
+
+static ZEND_INI_MH(on_threshold)
+{
+    zend_long v = ZEND_STRTOL(ZSTR_VAL(new_value), NULL, 10);
+    if (v < 0) {
+        php_error_docref(NULL, E_WARNING,
+                         "overtake_prio.threshold_ms must be >= 0 (CPU milliseconds before demotion; 0 = off)");
+        return FAILURE;
+    }
+    return OnUpdateLong(entry, new_value, mh_arg1, mh_arg2, mh_arg3, stage);
+}
+
+static ZEND_INI_MH(on_nice)
+{
+    zend_long v = ZEND_STRTOL(ZSTR_VAL(new_value), NULL, 10);
+    if (v < 1 || v > 19) {
+        php_error_docref(NULL, E_WARNING, "overtake_prio.nice must be within 1..19 (the demoted nice level)");
+        return FAILURE;
+    }
+    return OnUpdateLong(entry, new_value, mh_arg1, mh_arg2, mh_arg3, stage);
+}
+
+static ZEND_INI_MH(on_max_demoted)
+{
+    zend_long v = ZEND_STRTOL(ZSTR_VAL(new_value), NULL, 10);
+    if (v < 0) {
+        php_error_docref(NULL, E_WARNING,
+                         "overtake_prio.max_demoted_ms must be >= 0 (wall milliseconds at the low level; 0 = no bound)");
+        return FAILURE;
+    }
+    return OnUpdateLong(entry, new_value, mh_arg1, mh_arg2, mh_arg3, stage);
+}
+
+PHP_INI_BEGIN()
+    STD_PHP_INI_ENTRY("overtake_prio.threshold_ms", "0", PHP_INI_SYSTEM, on_threshold, threshold_ms,
+                      zend_overtake_prio_globals, overtake_prio_globals)
+    STD_PHP_INI_ENTRY("overtake_prio.nice", "10", PHP_INI_SYSTEM, on_nice, nice,
+                      zend_overtake_prio_globals, overtake_prio_globals)
+    STD_PHP_INI_BOOLEAN("overtake_prio.idle", "0", PHP_INI_SYSTEM, OnUpdateBool, idle,
+                        zend_overtake_prio_globals, overtake_prio_globals)
+    STD_PHP_INI_ENTRY("overtake_prio.max_demoted_ms", "0", PHP_INI_SYSTEM, on_max_demoted, max_demoted_ms,
+                      zend_overtake_prio_globals, overtake_prio_globals)
+    STD_PHP_INI_ENTRY("overtake_prio.exempt_methods", "POST,PUT,PATCH,DELETE", PHP_INI_SYSTEM, OnUpdateString,
+                      exempt_methods, zend_overtake_prio_globals, overtake_prio_globals)
+    STD_PHP_INI_ENTRY("overtake_prio.stats_file", "", PHP_INI_SYSTEM, OnUpdateString, stats_file,
+                      zend_overtake_prio_globals, overtake_prio_globals)
+PHP_INI_END()
+
+static void map_stats(void)
+{
+    const char *path = OPG(stats_file);
+    int fd;
+    void *m;
+    if (path == NULL || *path == '\0') {
+        return;
+    }
+    fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0 || ftruncate(fd, sizeof(op_stats)) != 0) {
+        php_error_docref(NULL, E_WARNING, "overtake_prio.stats_file %s: %s; counters are not kept", path,
+                         strerror(errno));
+        if (fd >= 0) {
+            close(fd);
+        }
+        return;
+    }
+    m = mmap(NULL, sizeof(op_stats), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        php_error_docref(NULL, E_WARNING, "overtake_prio.stats_file %s: mmap: %s", path, strerror(errno));
+        return;
+    }
+    stats = m;
+    stats->magic = OP_STATS_MAGIC;
+    stats->version = OP_STATS_VERSION;
+}
+
+static PHP_GINIT_FUNCTION(overtake_prio)
+{
+#if defined(COMPILE_DL_OVERTAKE_PRIO) && defined(ZTS)
+    ZEND_TSRMLS_CACHE_UPDATE();
+#endif
+    memset(overtake_prio_globals, 0, sizeof(*overtake_prio_globals));
+}
+
+PHP_MINIT_FUNCTION(overtake_prio)
+{
+    struct sigaction sa;
+    REGISTER_INI_ENTRIES();
+    if (OPG(threshold_ms) == 0) {
+        return SUCCESS;
+    }
+    map_stats();
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_timer;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    sigaction(OP_SIGNAL, &sa, NULL);
+    start_restorer();
+    return SUCCESS;
+}
+
+PHP_MSHUTDOWN_FUNCTION(overtake_prio)
+{
+    UNREGISTER_INI_ENTRIES();
+    if (restorer_pid > 0 && getpid() == restorer_master) {
+        kill(restorer_pid, SIGKILL);
+        waitpid(restorer_pid, NULL, 0);
+        restorer_pid = 0;
+    }
+    return SUCCESS;
+}
+
+PHP_RINIT_FUNCTION(overtake_prio)
+{
+#if defined(COMPILE_DL_OVERTAKE_PRIO) && defined(ZTS)
+    ZEND_TSRMLS_CACHE_UPDATE();
+#endif
+    armed = false;
+    demoted = 0;
+    if (OPG(threshold_ms) == 0 || disabled) {
+        return SUCCESS;
+    }
+    if (method_exempt(SG(request_info).request_method)) {
+        COUNT(exempt);
+        COUNT(requests);
+        return SUCCESS;
+    }
+    if (!timers_ready() || !can_restore()) {
+        COUNT(unreachable);
+        return SUCCESS;
+    }
+    COUNT(requests);
+    arm(cpu_timer, OPG(threshold_ms));
+    armed = true;
+    return SUCCESS;
+}
+
+PHP_RSHUTDOWN_FUNCTION(overtake_prio)
+{
+    if (!armed) {
+        return SUCCESS;
+    }
+    disarm(cpu_timer);
+    disarm(wall_timer);
+    armed = false;
+    if (demoted) {
+        if (restore() != 0) {
+            /* stuck low would slow every later request of this worker: stop demoting */
+            COUNT(restore_errors);
+            disabled = true;
+        }
+        demoted = 0;
+    }
+    return SUCCESS;
+}
+
+PHP_MINFO_FUNCTION(overtake_prio)
+{
+    php_info_print_table_start();
+    php_info_print_table_header(2, "overtake_prio", "enabled");
+    php_info_print_table_row(2, "version", OP_VERSION);
+    php_info_print_table_end();
+    DISPLAY_INI_ENTRIES();
+}
+
+/* overtake_prio_demoted(): whether the current request runs at the low level (for tests and logs). */
+ZEND_BEGIN_ARG_WITH_RETURN_TYPE_INFO_EX(arginfo_overtake_prio_demoted, 0, 0, _IS_BOOL, 0)
+ZEND_END_ARG_INFO()
+
+PHP_FUNCTION(overtake_prio_demoted)
+{
+    ZEND_PARSE_PARAMETERS_NONE();
+    RETURN_BOOL(demoted != 0);
+}
+
+static const zend_function_entry overtake_prio_functions[] = {
+    PHP_FE(overtake_prio_demoted, arginfo_overtake_prio_demoted)
+    PHP_FE_END
+};
+
+zend_module_entry overtake_prio_module_entry = {
+    STANDARD_MODULE_HEADER,
+    "overtake_prio",
+    overtake_prio_functions,
+    PHP_MINIT(overtake_prio),
+    PHP_MSHUTDOWN(overtake_prio),
+    PHP_RINIT(overtake_prio),
+    PHP_RSHUTDOWN(overtake_prio),
+    PHP_MINFO(overtake_prio),
+    OP_VERSION,
+    PHP_MODULE_GLOBALS(overtake_prio),
+    PHP_GINIT(overtake_prio),
+    NULL,
+    NULL,
+    STANDARD_MODULE_PROPERTIES_EX
+};
+
+#ifdef COMPILE_DL_OVERTAKE_PRIO
+#ifdef ZTS
+ZEND_TSRMLS_CACHE_DEFINE()
+#endif
+ZEND_GET_MODULE(overtake_prio)
+#endif

@@ -1,0 +1,216 @@
+"""A private PHP-FPM pool with the overtake_prio extension, and a FastCGI client to talk to it.
+
+For tests and benches: :func:`build_extension` compiles ``apache-conf/php_overtake_prio`` with
+``phpize`` (package ``php8.2-dev``); :func:`start_pool` runs Debian's ``php-fpm8.2`` from a config
+of its own (a TCP listener on loopback, ``pm = static``, workers as ``www-data``, no system
+php.ini); :func:`fastcgi_get` sends one request the way Apache's ``mod_proxy_fcgi`` would.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from overtake.controller.harness.scratch import free_port
+
+__all__ = ["FpmPool", "PhpMissing", "build_extension", "fastcgi_get", "php_available", "process_nice", "start_pool"]
+
+EXTENSION_DIR = Path(__file__).resolve().parents[2] / "apache-conf" / "php_overtake_prio"
+EXTENSION_SOURCES = ("config.m4", "overtake_prio.c")
+PHP_FPM = "php-fpm8.2"
+
+
+class PhpMissing(RuntimeError):
+    """php-fpm or phpize is not installed (packages php8.2-fpm, php8.2-dev)."""
+
+
+def php_available() -> str | None:
+    """None when PHP-FPM and phpize are installed, else what is missing."""
+    missing = [p for p, exe in (("php8.2-fpm", PHP_FPM), ("php8.2-dev", "phpize")) if shutil.which(exe) is None]
+    return None if not missing else "not installed: " + " ".join(missing)
+
+
+def build_extension(workdir: Path) -> Path:
+    """Compile the extension in ``workdir/build`` and return the path of ``overtake_prio.so``."""
+    why = php_available()
+    if why is not None:
+        raise PhpMissing(why)
+    build = workdir / "build"
+    shutil.rmtree(build, ignore_errors=True)
+    build.mkdir(parents=True)
+    for name in EXTENSION_SOURCES:
+        shutil.copy(EXTENSION_DIR / name, build / name)
+    for cmd in (["phpize"], ["./configure", "-q"], ["make", "-s"]):
+        run = subprocess.run(cmd, cwd=build, capture_output=True, text=True, check=False)
+        if run.returncode != 0:
+            raise RuntimeError(f"building overtake_prio: {' '.join(cmd)} failed:\n{run.stdout}{run.stderr}")
+    return build / "modules" / "overtake_prio.so"
+
+
+@dataclass
+class FpmPool:
+    """A running private pool: its FastCGI address, document root and process."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    docroot: Path
+    log: Path
+    workdir: Path
+    children: int
+    settings: dict[str, str] = field(default_factory=dict)
+
+    def worker_pids(self) -> list[int]:
+        """The pool's worker processes (the master's children but the extension's restorer)."""
+        kids = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        out = []
+        try:
+            for pid in kids.read_text().split():
+                if Path(f"/proc/{pid}/comm").read_text().startswith("php-fpm"):
+                    out.append(int(pid))
+        except OSError:
+            pass
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGQUIT)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_pool(workdir: Path, extension: Path | None, settings: Mapping[str, str], *, children: int = 1,
+               user: str = "www-data", scripts: Mapping[str, str] | None = None,
+               cpu: int | None = None) -> FpmPool:
+    """Start ``php-fpm8.2`` in the foreground with ``children`` static workers running as ``user``.
+
+    ``settings`` are ``-d`` php.ini settings (``overtake_prio.threshold_ms`` ...); ``scripts``
+    are written into the document root; ``cpu`` pins the pool to one core.
+    """
+    why = php_available()
+    if why is not None:
+        raise PhpMissing(why)
+    workdir.mkdir(parents=True, exist_ok=True)
+    docroot = workdir / "htdocs"
+    docroot.mkdir(exist_ok=True)
+    for name, text in (scripts or {}).items():
+        (docroot / name).write_text(text)
+    port = free_port()
+    log = workdir / "php-fpm.log"
+    conf = workdir / "php-fpm.conf"
+    conf.write_text(f"""[global]
+error_log = {log}
+daemonize = no
+pid = {workdir / "php-fpm.pid"}
+
+[overtake]
+user = {user}
+group = {user}
+listen = 127.0.0.1:{port}
+pm = static
+pm.max_children = {children}
+catch_workers_output = yes
+""")
+    cmd = [PHP_FPM, "-n", "-y", str(conf), "-F"]
+    if extension is not None:
+        cmd += ["-d", f"extension={extension}"]
+    for k, v in settings.items():
+        cmd += ["-d", f"{k}={v}"]
+    if cpu is not None:
+        cmd = ["taskset", "-c", str(cpu), *cmd]
+    env = {**os.environ, "PHP_INI_SCAN_DIR": ""}  # no distribution .ini files beyond the -d settings
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
+                            env=env)
+    pool = FpmPool(proc, port, docroot, log, workdir, children, dict(settings))
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pool.stop()
+                text = log.read_text() if log.exists() else ""
+                raise RuntimeError(f"php-fpm did not start (rc {proc.returncode}): {text}") from None
+            time.sleep(0.05)
+    while len(pool.worker_pids()) < children and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return pool
+
+
+# ---- FastCGI (the FastCGI Specification 1.0, as mod_proxy_fcgi speaks it) -------------------
+
+_BEGIN, _END, _PARAMS, _STDIN, _STDOUT, _STDERR = 1, 3, 4, 5, 6, 7
+_RESPONDER = 1
+
+
+def _record(kind: int, body: bytes, rid: int = 1) -> bytes:
+    pad = -len(body) % 8
+    return struct.pack("!BBHHBx", 1, kind, rid, len(body), pad) + body + b"\0" * pad
+
+
+def _pair(name: bytes, value: bytes) -> bytes:
+    def size(n: int) -> bytes:
+        return struct.pack("!B", n) if n < 128 else struct.pack("!I", n | 0x80000000)
+    return size(len(name)) + size(len(value)) + name + value
+
+
+def fastcgi_get(pool: FpmPool, script: str, query: str = "", *, method: str = "GET", body: bytes = b"",
+                timeout: float = 30) -> tuple[int, bytes]:
+    """Run ``script`` (a file in the pool's document root) and return (HTTP status, response body)."""
+    params = {
+        "SCRIPT_FILENAME": str(pool.docroot / script), "SCRIPT_NAME": "/" + script, "REQUEST_METHOD": method,
+        "QUERY_STRING": query, "REQUEST_URI": "/" + script + ("?" + query if query else ""),
+        "SERVER_PROTOCOL": "HTTP/1.1", "GATEWAY_INTERFACE": "CGI/1.1", "SERVER_NAME": "localhost",
+        "SERVER_PORT": "80", "REMOTE_ADDR": "127.0.0.1", "CONTENT_LENGTH": str(len(body)),
+        "CONTENT_TYPE": "application/x-www-form-urlencoded",
+    }
+    blob = b"".join(_pair(k.encode(), v.encode()) for k, v in params.items())
+    out = _record(_BEGIN, struct.pack("!HB5x", _RESPONDER, 0)) + _record(_PARAMS, blob) + _record(_PARAMS, b"")
+    if body:
+        out += _record(_STDIN, body)
+    out += _record(_STDIN, b"")
+    stdout = b""
+    with socket.create_connection(("127.0.0.1", pool.port), timeout=timeout) as s:
+        s.sendall(out)
+        buf = b""
+        while True:
+            while len(buf) >= 8:
+                _, kind, _, n, pad = struct.unpack("!BBHHBx", buf[:8])
+                if len(buf) < 8 + n + pad:
+                    break
+                content, buf = buf[8:8 + n], buf[8 + n + pad:]
+                if kind == _STDOUT:
+                    stdout += content
+                elif kind == _END:
+                    return _split(stdout)
+            chunk = s.recv(65536)
+            if not chunk:
+                raise ConnectionError("php-fpm closed the connection before the end of the request")
+            buf += chunk
+
+
+def _split(stdout: bytes) -> tuple[int, bytes]:
+    head, _, body = stdout.partition(b"\r\n\r\n")
+    status = 200
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"status:"):
+            status = int(line.split()[1])
+    return status, body
+
+
+def process_nice(pid: int) -> int:
+    """A process's nice value (field 19 of /proc/PID/stat)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[16])
+

@@ -1,0 +1,181 @@
+"""overtake_prio, the PHP extension: age priority inside PHP-FPM's workers, where the CPU runs.
+
+A private php-fpm8.2 pool (workers as www-data, as Debian runs them) with the extension built
+from apache-conf/php_overtake_prio; requests sent over FastCGI as mod_proxy_fcgi sends them. The
+script burns the CPU it is asked for, then reports its own nice value and scheduling policy.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from overtake.controller.errors import SidecarInputError
+from overtake.controller.harness import php_fpm as pf
+from overtake.controller.harness.scratch import scratch_dir
+from overtake.controller.php_prio import read_counts
+
+pytestmark = pytest.mark.skipif(pf.php_available() is not None, reason=str(pf.php_available()))
+
+BURN = r"""<?php
+$ms = (float)($_GET['ms'] ?? 0);
+function cpu(): float {
+    $t = getrusage();
+    return $t['ru_utime.tv_sec'] + $t['ru_utime.tv_usec'] / 1e6 + $t['ru_stime.tv_sec'] + $t['ru_stime.tv_usec'] / 1e6;
+}
+$stat = explode(' ', file_get_contents('/proc/thread-self/stat'));
+$start_nice = (int)$stat[18];
+$c0 = cpu();
+$x = 0;
+do { for ($i = 0; $i < 20000; $i++) { $x += $i; } } while ((cpu() - $c0) * 1000 < $ms);
+$stat = explode(' ', file_get_contents('/proc/thread-self/stat'));
+echo json_encode(['start_nice' => $start_nice, 'nice' => (int)$stat[18], 'policy' => (int)$stat[40],
+                  'demoted' => overtake_prio_demoted()]);
+"""
+SCHED_OTHER, SCHED_IDLE = 0, 5
+
+
+@pytest.fixture(scope="module")
+def extension() -> Iterator[Path]:
+    d = scratch_dir("overtake-php-prio-")
+    yield pf.build_extension(d)
+    subprocess.run(["rm", "-rf", str(d)], check=False)
+
+
+@pytest.fixture
+def work() -> Iterator[Path]:
+    """A scratch directory www-data's workers can read (pytest's own is private to root)."""
+    d = scratch_dir("overtake-php-pool-")
+    yield d
+    subprocess.run(["rm", "-rf", str(d)], check=False)
+
+
+def _pool(extension: Path, tmp: Path, **settings: str) -> pf.FpmPool:
+    tmp.mkdir(mode=0o755, exist_ok=True)
+    ini = {"overtake_prio.threshold_ms": "20", "overtake_prio.stats_file": str(tmp / "stats"), **settings}
+    return pf.start_pool(tmp / "pool", extension, ini, scripts={"burn.php": BURN})
+
+
+def _run(pool: pf.FpmPool, ms: float, method: str = "GET") -> dict[str, int | bool]:
+    status, body = pf.fastcgi_get(pool, "burn.php", f"ms={ms}", method=method, body=b"x=1" if method == "POST" else b"")
+    assert status == 200, body
+    out: dict[str, int | bool] = json.loads(body)
+    return out
+
+
+def test_a_long_request_is_demoted_and_its_worker_restored(extension: Path, work: Path) -> None:
+    """A www-data worker lowers itself past the threshold and is back at nice 0 for the next
+    request: it cannot raise its own priority, the extension's restorer (root, started with the
+    master) does it for exactly that worker."""
+    pool = _pool(extension, work)
+    try:
+        (worker,) = pool.worker_pids()
+        assert _run(pool, 150) == {"start_nice": 0, "nice": 10, "policy": SCHED_OTHER, "demoted": True}
+        assert pf.process_nice(worker) == 0
+        assert _run(pool, 2) == {"start_nice": 0, "nice": 0, "policy": SCHED_OTHER, "demoted": False}
+        assert pool.worker_pids() == [worker]  # the same worker served both
+        c = read_counts(work / "stats")
+        assert c is not None
+        assert (c.requests, c.demoted, c.restore_errors, c.unreachable) == (2, 1, 0, 0)
+    finally:
+        pool.stop()
+
+
+def test_exempt_methods_are_never_demoted(extension: Path, work: Path) -> None:
+    """POST is exempt by default (on SQLite a wiki's POST holds the write lock others wait for);
+    the operator's list replaces the default."""
+    pool = _pool(extension, work)
+    try:
+        assert _run(pool, 100, "POST")["demoted"] is False
+        assert _run(pool, 100, "GET")["demoted"] is True
+        c = read_counts(work / "stats")
+        assert c is not None and (c.exempt, c.demoted) == (1, 1)
+    finally:
+        pool.stop()
+    pool = _pool(extension, work / "b", **{"overtake_prio.exempt_methods": "GET"})
+    try:
+        assert _run(pool, 100, "POST")["demoted"] is True
+        assert _run(pool, 100, "GET")["demoted"] is False
+    finally:
+        pool.stop()
+
+
+def test_idle_level_and_bounded_demotion(extension: Path, work: Path) -> None:
+    """``idle`` demotes to SCHED_IDLE and back; ``max_demoted_ms`` promotes a request back after
+    that much wall time at the low level, so a request that holds something finishes at normal
+    priority."""
+    pool = _pool(extension, work, **{"overtake_prio.idle": "1"})
+    try:
+        r = _run(pool, 100)
+        assert (r["policy"], r["demoted"]) == (SCHED_IDLE, True)
+        assert _run(pool, 1)["policy"] == SCHED_OTHER
+    finally:
+        pool.stop()
+    pool = _pool(extension, work / "b", **{"overtake_prio.max_demoted_ms": "20"})
+    try:
+        r = _run(pool, 300)  # at least 280 ms of wall time after the demotion
+        assert (r["nice"], r["demoted"]) == (0, False)
+        c = read_counts(work / "b" / "stats")
+        assert c is not None and (c.demoted, c.promoted) == (1, 1)
+    finally:
+        pool.stop()
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("overtake_prio.nice=25", "overtake_prio.nice must be within 1..19"),
+    ("overtake_prio.threshold_ms=-5", "overtake_prio.threshold_ms must be >= 0"),
+    ("overtake_prio.max_demoted_ms=-1", "overtake_prio.max_demoted_ms must be >= 0"),
+])
+def test_bad_settings_name_the_setting_and_the_fix(extension: Path, setting: str, message: str) -> None:
+    run = subprocess.run(["php", "-n", "-d", f"extension={extension}", "-d", setting, "-r", "echo 'ran';"],
+                         capture_output=True, text=True, check=False, env={"PHP_INI_SCAN_DIR": ""})
+    assert message in run.stdout + run.stderr
+    assert "ran" in run.stdout  # PHP keeps the default and runs: the warning is the error
+
+
+def test_the_stats_file_is_checked(work: Path) -> None:
+    assert read_counts(work / "absent") is None
+    (work / "short").write_bytes(b"x" * 10)
+    with pytest.raises(SidecarInputError, match="not overtake_prio's stats file"):
+        read_counts(work / "short")
+    (work / "other").write_bytes(b"\0" * 64)
+    with pytest.raises(SidecarInputError, match="magic 0x0"):
+        read_counts(work / "other")
+
+
+def test_the_counters_reach_the_sidecars_metrics(extension: Path, work: Path) -> None:
+    """The sidecar's registry (``php_stats_file``) exports what PHP-FPM's workers did."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from overtake.controller.php_prio import PhpPrioCollector
+
+    registry = CollectorRegistry()
+    registry.register(PhpPrioCollector(work / "stats"))
+    assert generate_latest(registry) == b""  # PHP-FPM not started yet: nothing, no error
+    pool = _pool(extension, work)
+    try:
+        _run(pool, 100)
+        _run(pool, 100, "POST")
+        _run(pool, 1)
+    finally:
+        pool.stop()
+    got = {s.name: s.value for f in text_string_to_metric_families(generate_latest(registry).decode())
+           for s in f.samples}
+    assert got["overtake_php_requests_total"] == 3
+    assert got["overtake_php_demotions_total"] == 1
+    assert got["overtake_php_exempt_requests_total"] == 1
+    assert got["overtake_php_unreachable_requests_total"] == 0
+
+
+def test_the_sidecar_config_key(work: Path) -> None:
+    from overtake.controller.sidecar_config import load_config, to_options
+
+    f = work / "sidecar.yaml"
+    f.write_text("apache: 127.0.0.1:8080\nlisten: 127.0.0.1:8081\nstages: stages.yaml\npolicy: pi(1)\n"
+                 "php_stats_file: php-stats\n")
+    assert to_options(load_config(f, {})).php_stats_file == str(work / "php-stats")
