@@ -19,11 +19,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from overtake.controller.harness.apache.config import DEFAULT_CONF_DIR
 from overtake.controller.harness.scratch import free_port
 
 __all__ = ["FpmPool", "PhpMissing", "build_extension", "fastcgi_get", "php_available", "process_nice", "start_pool"]
 
-EXTENSION_DIR = Path(__file__).resolve().parents[2] / "apache-conf" / "php_overtake_prio"
+EXTENSION_DIR = DEFAULT_CONF_DIR / "php_overtake_prio"
 EXTENSION_SOURCES = ("config.m4", "overtake_prio.c")
 PHP_FPM = "php-fpm8.2"
 
@@ -68,12 +69,13 @@ class FpmPool:
     settings: dict[str, str] = field(default_factory=dict)
 
     def worker_pids(self) -> list[int]:
-        """The pool's worker processes (the master's children but the extension's restorer)."""
+        """The pool's worker processes: the master's children titled ``php-fpm: pool ...`` (the
+        extension's restorer, forked before PHP-FPM sets titles, keeps the command line)."""
         kids = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
         out = []
         try:
             for pid in kids.read_text().split():
-                if Path(f"/proc/{pid}/comm").read_text().startswith("php-fpm"):
+                if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"php-fpm: pool"):
                     out.append(int(pid))
         except OSError:
             pass
