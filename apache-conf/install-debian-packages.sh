@@ -17,14 +17,15 @@
 #   chromium       headless check of the API's page (tests/api/test_api_page.py)
 #   prometheus     private Prometheus scraping the sidecar and the API (controller/harness/prometheus.py)
 #   python3-venv   the project's .venv (Makefile; not in a minimal Debian 12)
-#   php8.2-fpm php8.2-dev  a private PHP-FPM pool and phpize for the overtake_prio extension
+#   php8.2-fpm php8.2-dev php8.2-sqlite3  a private PHP-FPM pool, phpize for the overtake_prio
+#                  extension and SQLite for its priority-inversion test
 #                  (apache-conf/php_overtake_prio, controller/harness/php_fpm.py)
 #
 # With arguments, installs those packages instead (`make deb` and bench/deb_install.py name their
 # own tools: packaging/deb/build.sh).
 set -eu
 
-PKGS="${*:-apache2 apache2-dev liblua5.3-dev lua5.3 gcc libc6-dev util-linux wrk haproxy iproute2 ethtool chromium prometheus python3-venv php8.2-fpm php8.2-dev}"
+PKGS="${*:-apache2 apache2-dev liblua5.3-dev lua5.3 gcc libc6-dev util-linux wrk haproxy iproute2 ethtool chromium prometheus python3-venv php8.2-fpm php8.2-dev php8.2-sqlite3}"
 
 missing=""
 for p in $PKGS; do

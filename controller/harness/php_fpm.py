@@ -8,6 +8,7 @@ php.ini); :func:`fastcgi_get` sends one request the way Apache's ``mod_proxy_fcg
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -93,11 +94,14 @@ class FpmPool:
 
 def start_pool(workdir: Path, extension: Path | None, settings: Mapping[str, str], *, children: int = 1,
                user: str = "www-data", scripts: Mapping[str, str] | None = None,
-               cpu: int | None = None) -> FpmPool:
+               cpu: int | None = None, autogroup_nice: int | None = None) -> FpmPool:
     """Start ``php-fpm8.2`` in the foreground with ``children`` static workers running as ``user``.
 
     ``settings`` are ``-d`` php.ini settings (``overtake_prio.threshold_ms`` ...); ``scripts``
-    are written into the document root; ``cpu`` pins the pool to one core.
+    are written into the document root; ``cpu`` pins the pool to one core; ``autogroup_nice``
+    ranks the pool's scheduler autogroup against other load (-20 as the harness's Apache for
+    measurements; root only, else ignored): with autogroups, a worker's nice ranks it only
+    among the pool's own workers.
     """
     why = php_available()
     if why is not None:
@@ -147,6 +151,9 @@ catch_workers_output = yes
             time.sleep(0.05)
     while len(pool.worker_pids()) < children and time.monotonic() < deadline:
         time.sleep(0.05)
+    if autogroup_nice is not None:
+        with contextlib.suppress(OSError):  # not root, or autogroups off: the pool runs as it is
+            Path(f"/proc/{proc.pid}/autogroup").write_text(f"{autogroup_nice}\n")
     return pool
 
 

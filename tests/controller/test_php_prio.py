@@ -8,9 +8,13 @@ script burns the CPU it is asked for, then reports its own nice value and schedu
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -179,3 +183,79 @@ def test_the_sidecar_config_key(work: Path) -> None:
     f.write_text("apache: 127.0.0.1:8080\nlisten: 127.0.0.1:8081\nstages: stages.yaml\npolicy: pi(1)\n"
                  "php_stats_file: php-stats\n")
     assert to_options(load_config(f, {})).php_stats_file == str(work / "php-stats")
+
+
+LOCKED = r"""<?php
+// A wiki edit in miniature: take SQLite's write lock (BEGIN IMMEDIATE, as MediaWiki does for
+// every POST), spend CPU holding it, commit. Reports how long it waited for the lock.
+function cpu(): float {
+    $t = getrusage();
+    return $t['ru_utime.tv_sec'] + $t['ru_utime.tv_usec'] / 1e6 + $t['ru_stime.tv_sec'] + $t['ru_stime.tv_usec'] / 1e6;
+}
+$db = new SQLite3($_GET['db']);
+$db->busyTimeout(20000);
+$t0 = microtime(true);
+$db->exec('BEGIN IMMEDIATE');
+$waited = microtime(true) - $t0;
+$c0 = cpu();
+$x = 0;
+do { for ($i = 0; $i < 20000; $i++) { $x += $i; } } while ((cpu() - $c0) * 1000 < (float)$_GET['ms']);
+$db->exec('INSERT INTO t VALUES (1)');
+$db->exec('COMMIT');
+echo json_encode(['waited' => $waited, 'demoted' => overtake_prio_demoted()]);
+"""
+
+
+def _lock_wait(extension: Path, work: Path, **settings: str) -> tuple[float, bool]:
+    """Short GETs (15 ms of CPU, under the threshold) keep the pool's core busy from two clients;
+    a GET takes the write lock and needs 60 ms of CPU holding it; 10 ms later an exempt POST asks
+    for the lock. Returns how long the POST waited and whether the holder was demoted."""
+    import sqlite3
+    import threading
+
+    work.mkdir(mode=0o755, exist_ok=True)
+    db = work / "wiki.db"
+    with sqlite3.connect(db) as c:
+        c.execute("CREATE TABLE t (x)")
+    subprocess.run(["chown", "-R", "www-data:www-data", str(work)], check=True)
+    ini = {"overtake_prio.threshold_ms": "20", "overtake_prio.idle": "1", "extension": "sqlite3", **settings}
+    pool = pf.start_pool(work / "pool", extension, ini, children=4, scripts={"locked.php": LOCKED, "burn.php": BURN},
+                         cpu=max(os.sched_getaffinity(0)), autogroup_nice=-20)
+    stop = time.monotonic() + 2.5
+
+    def short_requests() -> None:
+        while time.monotonic() < stop:
+            pf.fastcgi_get(pool, "burn.php", "ms=15")
+
+    load = [threading.Thread(target=short_requests) for _ in range(2)]
+    try:
+        for t in load:
+            t.start()
+        time.sleep(0.2)
+        holder: dict[str, Any] = {}
+        t = threading.Thread(target=lambda: holder.update(json.loads(
+            pf.fastcgi_get(pool, "locked.php", f"db={db}&ms=60")[1])))
+        t.start()
+        time.sleep(0.01)
+        status, body = pf.fastcgi_get(pool, "locked.php", f"db={db}&ms=1", method="POST", body=b"x=1")
+        t.join()
+        assert status == 200, body
+        return float(json.loads(body)["waited"]), bool(holder["demoted"])
+    finally:
+        for t in load:
+            t.join()
+        pool.stop()
+
+
+def test_priority_inversion_on_a_real_lock_and_its_guard(extension: Path, work: Path) -> None:
+    """The case where age priority hurts, then the guard. A lock holder demoted to SCHED_IDLE
+    while short requests keep the pool busy barely runs, and a request waiting for its lock
+    waits with it: here until the short requests stop. Bounding the demotion (max_demoted_ms)
+    returns the holder to normal priority, and the waiter waits about what it waits without the
+    extension."""
+    off, _ = _lock_wait(extension, work / "off", **{"overtake_prio.threshold_ms": "0"})
+    inverted, demoted = _lock_wait(extension, work / "inverted")
+    guarded, _ = _lock_wait(extension, work / "guarded", **{"overtake_prio.max_demoted_ms": "20"})
+    assert demoted
+    assert inverted > 1.0 and off < 0.6, (off, inverted)  # the inversion
+    assert guarded < 0.6, (off, guarded)  # the guard
