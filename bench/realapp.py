@@ -31,7 +31,9 @@ transactions / arrival rate (the rate is printed after the calibration).
 Arms: ``default`` (Apache's default, no Overtake), ``overtake`` (the README's deployment: the
 sidecar in ``auto`` mode with ``--cpu-priority age`` over the policy ``overtake solve --phase-info
 none --cpu-priority age`` chose, in front of an Apache with mod_overtake_prio at the solved
-threshold; bench/mediawiki/product.py), ``age`` (that module alone), ``sidecar`` (the sidecar in
+threshold; bench/mediawiki/product.py), ``age`` (that module alone; under ``fpm``, where the CPU
+runs in php-fpm's workers out of the module's reach, the overtake_prio PHP extension in the pool
+at the same threshold replaces the module in both arms), ``sidecar`` (the sidecar in
 auto mode in front of a plain Apache: admission alone) and ``modqos`` (mod_qos,
 ``QS_LocRequestLimitMatch`` of --qos-cap per stage; it rejects beyond the cap).
 
@@ -48,6 +50,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -66,9 +69,11 @@ from _report import append_run, halt_polling, run_record
 from mediawiki import product, server, stats, wiki, workload
 from mediawiki.pages import Recipe, article_title, draw_units
 
+from overtake.controller.harness import php_fpm
 from overtake.controller.harness.apache import CpuPriority, fetch_prio_status
 from overtake.controller.harness.apache.lifecycle import children
 from overtake.controller.harness.scratch import free_port, scratch_dir
+from overtake.controller.php_prio import read_counts
 
 ARMS = ("default", "overtake", "age", "sidecar", "modqos")
 SIDECAR_INFLIGHT = 120  # the sidecar's max_inflight: below Apache's MaxRequestWorkers (150)
@@ -150,20 +155,28 @@ class Bench:
 def arm_server(name: str, b: Bench, where: Path) -> Iterator[tuple[int, server.Server, product.Sidecar | None]]:
     """The arm's private Apache (and sidecar) for one replay; yields the port clients use."""
     spec, args = ARM_SPECS[name], b.args
-    cp = None
-    if spec.module:
+    cp, php_ini, php_stats = None, None, None
+    wd = where / f"{name}-{time.monotonic_ns()}"
+    if spec.module and args.php == "fpm":
+        # the CPU runs in php-fpm's workers, out of the module's reach: the PHP extension there
+        assert b.model is not None
+        wd.mkdir(parents=True)
+        wd.chmod(0o755)
+        php_stats = wd / "php-prio.stats"
+        php_ini = server.php_prio_settings(php_extension(where), b.model.threshold_s, php_stats)
+    elif spec.module:
         assert b.model is not None
         cp = CpuPriority(levels=(b.model.threshold_s,), nice=("idle",))
-    wd = where / f"{name}-{time.monotonic_ns()}"
     srv = server.start(wd, php=args.php, port=free_port(), core=args.server_core, data_dir=Path(args.data_dir),
-                       cpu_priority=cp, qos_cap=args.qos_cap if spec.qos else None)
+                       cpu_priority=cp, qos_cap=args.qos_cap if spec.qos else None, php_ini=php_ini)
     sc = None
     try:
         if spec.sidecar:
             assert b.model is not None
             sc = product.start_sidecar(wd / "sidecar", port=free_port(), apache_port=srv.port, model=b.model,
-                                       cpu_priority=spec.module, core=args.client_core,
-                                       max_inflight=SIDECAR_INFLIGHT, max_body_bytes=b.max_body)
+                                       cpu_priority=cp is not None, core=args.client_core,
+                                       max_inflight=SIDECAR_INFLIGHT, max_body_bytes=b.max_body,
+                                       php_stats_file=php_stats)
         yield (sc.port if sc else srv.port), srv, sc
     finally:
         try:
@@ -171,6 +184,15 @@ def arm_server(name: str, b: Bench, where: Path) -> Iterator[tuple[int, server.S
                 product.stop_sidecar(sc)
         finally:
             server.stop(srv)
+
+
+def php_extension(where: Path) -> Path:
+    """The overtake_prio PHP extension, built once per bench run under ``where``."""
+    so = where / "php-prio" / "build" / "modules" / "overtake_prio.so"
+    if not so.exists():
+        built = php_fpm.build_extension(where / "php-prio")
+        assert built == so, built
+    return so
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -319,6 +341,10 @@ def run_arm(name: str, k: int, b: Bench, trace: dict[str, np.ndarray]) -> tuple[
             st = fetch_prio_status("127.0.0.1", srv.port)
             extra["prio"] = {"threshold_s": srv.cpu_priority.levels[0], "requests": list(st.requests),
                              "demotions_age": list(st.demotions_age), "restore_errors": st.restore_errors}
+        php_stats = srv.workdir / "php-prio.stats"
+        if php_stats.exists():  # the overtake_prio extension in php-fpm's workers
+            c = read_counts(php_stats)
+            extra["php_prio"] = None if c is None else dataclasses.asdict(c)
         log = [x for x in server.read_access(srv.workdir) if x.rid and x.rid.startswith(f"r{k}-")]
     extra["in_apache"] = in_apache(log, trace, b)
     return rt, stats.arm_summary(rt, outcomes) | extra | {"wall_s": time.monotonic() - t0}

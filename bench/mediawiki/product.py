@@ -134,7 +134,7 @@ class Sidecar:
 
 
 def start_sidecar(workdir: Path, *, port: int, apache_port: int, model: Model, cpu_priority: bool, core: int,
-                  max_inflight: int, max_body_bytes: int) -> Sidecar:
+                  max_inflight: int, max_body_bytes: int, php_stats_file: Path | None = None) -> Sidecar:
     """``overtake sidecar`` in auto mode, pinned to ``core`` in a session (autogroup) of its own,
     raised like Apache's (a starved proxy delays every hand-off)."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -147,6 +147,8 @@ def start_sidecar(workdir: Path, *, port: int, apache_port: int, model: Model, c
     args += admin_flags
     if cpu_priority:
         args += ["--cpu-priority", "age"]
+    if php_stats_file is not None:  # age priority inside php-fpm's workers: its counters
+        args += ["--php-stats-file", str(php_stats_file)]
     with log.open("wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -32,7 +32,8 @@ from overtake.controller.harness.apache.mod_status import http_get
 
 from .wiki import MEDIAWIKI
 
-__all__ = ["FPM_DEFAULTS", "STACKS", "Server", "ServerError", "raise_autogroup", "read_access", "start", "stop"]
+__all__ = ["FPM_DEFAULTS", "STACKS", "Server", "ServerError", "php_prio_settings", "raise_autogroup", "read_access",
+           "start", "stop"]
 
 STACKS = ("prefork", "fpm")
 TEMPLATE = Path(__file__).with_name("httpd.conf.in")
@@ -114,7 +115,17 @@ def _tail(path: Path, n: int = 8) -> str:
         return f"(no {path.name})"
 
 
-def _start_fpm(workdir: Path, core: int, pool: dict[str, str]) -> subprocess.Popen[bytes]:
+def php_prio_settings(extension: Path, threshold_s: float, stats_file: Path) -> dict[str, str]:
+    """php.ini settings loading the overtake_prio extension into the pool: workers demote
+    themselves to SCHED_IDLE after ``threshold_s`` of CPU (as the module does in Apache's threads),
+    POST/PUT/PATCH/DELETE exempt (MediaWiki's writers hold SQLite's lock)."""
+    if threshold_s <= 0:
+        raise ValueError(f"threshold_s: CPU seconds before demotion, > 0, got {threshold_s}")
+    return {"extension": str(extension), "overtake_prio.threshold_ms": str(max(1, round(threshold_s * 1000))),
+            "overtake_prio.idle": "1", "overtake_prio.stats_file": str(stats_file)}
+
+
+def _start_fpm(workdir: Path, core: int, pool: dict[str, str], php_ini: dict[str, str]) -> subprocess.Popen[bytes]:
     conf = workdir / "php-fpm.conf"
     conf.write_text(_fpm_conf(workdir, pool))
     test = subprocess.run([PHP_FPM, "--fpm-config", str(conf), "-t"], capture_output=True, text=True, env=_ENV)
@@ -122,7 +133,8 @@ def _start_fpm(workdir: Path, core: int, pool: dict[str, str]) -> subprocess.Pop
         raise ServerError(f"php-fpm: config test of {conf} failed: {(test.stderr + test.stdout).strip()}")
     with (workdir / "logs" / "php-fpm.out").open("wb") as out:
         # own session: its own scheduler autogroup, raised like Apache's
-        proc = subprocess.Popen(["taskset", "-c", str(core), PHP_FPM, "--fpm-config", str(conf), "--nodaemonize"],
+        ini = [a for k, v in php_ini.items() for a in ("-d", f"{k}={v}")]
+        proc = subprocess.Popen(["taskset", "-c", str(core), PHP_FPM, "--fpm-config", str(conf), "--nodaemonize", *ini],
                                 stdout=out, stderr=subprocess.STDOUT, env=_ENV, start_new_session=True)
     sock = workdir / "run" / "fpm.sock"
     deadline = time.monotonic() + 15
@@ -171,8 +183,10 @@ def _wait_ready(workdir: Path, port: int, timeout: float = 20.0) -> int:
 
 
 def start(workdir: Path, *, php: str, port: int, core: int, data_dir: Path, cpu_priority: CpuPriority | None = None,
-          qos_cap: int | None = None, fpm_pool: dict[str, str] | None = None) -> Server:
-    """Render, test and start the stack; return once Apache answers (and php-fpm listens)."""
+          qos_cap: int | None = None, fpm_pool: dict[str, str] | None = None,
+          php_ini: dict[str, str] | None = None) -> Server:
+    """Render, test and start the stack; return once Apache answers (and php-fpm listens).
+    ``php_ini``: ``-d`` settings of php-fpm's workers (the ``fpm`` stack only)."""
     if php not in STACKS:
         raise ValueError(f"php: one of {', '.join(STACKS)}, got {php!r}")
     if qos_cap is not None and qos_cap < 1:
@@ -191,7 +205,9 @@ def start(workdir: Path, *, php: str, port: int, core: int, data_dir: Path, cpu_
     test = subprocess.run([APACHE, "-t", "-f", str(conf), *dargs], capture_output=True, text=True, env=_ENV)
     if test.returncode != 0:
         raise ServerError(f"apache: config test of {conf} failed: {(test.stderr + test.stdout).strip()}")
-    fpm = _start_fpm(workdir, core, fpm_pool or {}) if php == "fpm" else None
+    if php_ini and php != "fpm":
+        raise ValueError("php_ini: settings of php-fpm's workers, for php='fpm' only")
+    fpm = _start_fpm(workdir, core, fpm_pool or {}, php_ini or {}) if php == "fpm" else None
     try:
         launch = subprocess.run(["taskset", "-c", str(core), APACHE, "-f", str(conf), *dargs, "-k", "start"],
                                 capture_output=True, text=True, env=_ENV)

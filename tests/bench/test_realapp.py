@@ -280,3 +280,13 @@ def test_end_to_end_on_a_tiny_trace(capsys: pytest.CaptureFixture[str]) -> None:
     assert "auto" in json.dumps(run["arms"]["overtake"]["sidecar_policy"])
     probe = cal["serialisation_probe"]
     assert 0.5 < probe["preview"] <= 1 and 0.5 < probe["view"] <= 1
+
+
+def test_php_prio_settings_load_the_extension_at_the_solved_threshold(tmp_path: Path) -> None:
+    from mediawiki import server
+
+    ini = server.php_prio_settings(tmp_path / "overtake_prio.so", 0.0426, tmp_path / "stats")
+    assert ini["overtake_prio.threshold_ms"] == "43" and ini["overtake_prio.idle"] == "1"
+    assert ini["extension"].endswith("overtake_prio.so")
+    with pytest.raises(ValueError, match="threshold_s"):
+        server.php_prio_settings(tmp_path / "x.so", 0.0, tmp_path / "stats")
