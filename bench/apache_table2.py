@@ -63,7 +63,6 @@ from _report import halt_polling, set_sched_slice, write_section
 from value_of_information import route_split
 
 from overtake.api.scenario import load_scenario
-from overtake.controller import twin
 from overtake.controller.harness import apache
 from overtake.controller.harness.loadgen import (
     batch_means,
@@ -77,6 +76,7 @@ from overtake.controller.harness.loadgen import (
     wait_sidecar,
 )
 from overtake.controller.harness.scratch import free_port, scratch_dir
+from overtake.controller.sidecar import twin
 from overtake.mdp import Policy, TandemModel
 from overtake.mdp.priority import DEFAULT_LOW_WEIGHT, CpuPriority, age_priority, class_priority
 from overtake.mdp.priority_classes import model_levels
@@ -131,7 +131,7 @@ def foreign_apaches(core: int, ours: set[int]) -> int:
 
 def ideal_response_times(trace: dict[str, np.ndarray], spec: str, unit: float, mode: str = "explicit",
                          cap: int = 60, routing: str = "next", lever: CpuPriority | None = None) -> np.ndarray:
-    """The trace's ideal twin (controller/twin.py): the same transactions through the sidecar's
+    """The trace's ideal twin (controller/sidecar/twin.py): the same transactions through the sidecar's
     limiter on a processor-sharing CPU with no overheads. Measured − twin is the implementation's
     effect; twin − model is the randomness of this finite trace."""
     return twin.replay(trace, spec, time_unit=unit, mode=mode, max_inflight=cap, routing=routing, cpu_priority=lever)

@@ -16,7 +16,7 @@ multilevel-PS formulas of :mod:`overtake.mdp.mlps`) gives the figures:
 
 The low level's weight is SCHED_IDLE's by the kernel's tables (3/1024). The sidecar's
 ``classifier.mode: auto`` weighs these predictions against the policies' exact ones
-(:mod:`overtake.controller.auto`).
+(:mod:`overtake.controller.sidecar.auto`).
 """
 
 from __future__ import annotations

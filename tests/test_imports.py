@@ -26,7 +26,8 @@ EXCLUDED = ("overtake.controller.harness",)
 KNOWN_CYCLES: list[frozenset[str]] = [
     frozenset({"overtake.api.caches", "overtake.api.deps", "overtake.api.offload", "overtake.api.routes.fits",
                "overtake.api.routes.models"}),
-    frozenset({"overtake.controller.admin", "overtake.controller.policy_source", "overtake.controller.sidecar"}),
+    frozenset({"overtake.controller.sidecar.admin", "overtake.controller.sidecar.policy_source",
+               "overtake.controller.sidecar.service"}),
 ]
 
 

@@ -48,7 +48,7 @@ def test_fit_stage_regex_is_linear() -> None:
 
 def test_sidecar_stage_path_is_linear() -> None:
     out = _bounded(f"""
-        from overtake.controller.stages import StagesConfig, StageTable
+        from overtake.controller.sidecar.stages import StagesConfig, StageTable
         t = StageTable(StagesConfig.model_validate({{"stages": [{{"name": "a", "path": {EVIL!r}}}]}}))
         print(t.route("GET", {EVIL_PATH!r}), t.route("GET", "/aaa"))
     """)

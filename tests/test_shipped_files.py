@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from overtake.controller.stages import load_stages
+from overtake.controller.sidecar.stages import load_stages
 
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARDS = REPO / "dashboards"

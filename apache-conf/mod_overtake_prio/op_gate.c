@@ -31,7 +31,7 @@
 #include "og_fault.h"
 #include "og_hmac.h"
 
-/* The gate file, written by the sidecar (controller/gate.py): a 64-byte head, then one 32-bit
+/* The gate file, written by the sidecar (controller/sidecar/gate.py): a 64-byte head, then one 32-bit
  * futex word per slot, (generation << 2) | state. The sidecar arms a slot (new generation,
  * WAIT) before it sends the request, opens it when the policy admits the request, cancels it
  * when the request is withdrawn, and moves it to the next generation when the exchange ends,

@@ -12,7 +12,7 @@ Benchmarks call exactly::
 
 As a service: SIGTERM drains (stop accepting, finish what was received, within --drain-timeout,
 then exit 0); SIGHUP re-reads --config and the stages file (applying what can change live,
-controller.stages_reload) and reloads the policy and the request log.
+controller.sidecar.stages_reload) and reloads the policy and the request log.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import signal
 from typing import Any
 
 from overtake.controller.errors import SidecarInputError
-from overtake.controller.sidecar import Sidecar, SidecarOptions, configure_logging
-from overtake.controller.sidecar_config import SidecarConfig, load_config, to_options
-from overtake.controller.stages import StageTable, load_stages
+from overtake.controller.sidecar.config import SidecarConfig, load_config, to_options
+from overtake.controller.sidecar.service import Sidecar, SidecarOptions, configure_logging
+from overtake.controller.sidecar.stages import StageTable, load_stages
 from overtake.controller.uplink.bands import TOP_FRACTION
 
 log = logging.getLogger("overtake.sidecar")

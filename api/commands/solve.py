@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         "gain_bounds": list(opt.solve.gain_bounds),
         "truncation_trace": opt.trace,
         "method": opt.solve.method,
-        # seconds per model time unit, or "model": the sidecar converts with it (controller.units)
+        # seconds per model time unit, or "model": the sidecar converts with it (controller.sidecar.units)
         "time_unit": sc.time_unit,
     }
     source = getattr(opt, "source", None)  # observation policies: the improved table or a baseline

@@ -1,7 +1,7 @@
 """The online loop: measure service demand and arrivals, refit the PH model, re-solve, hot-swap.
 
 Netflix concurrency-limits' split between algorithm and enforcement: the
-:class:`overtake.controller.limiter.Limiter` enforces; this package only *observes* it (a
+:class:`overtake.controller.sidecar.limiter.Limiter` enforces; this package only *observes* it (a
 :class:`DemandRecorder`, one of the limiter's listeners, hears every arrival, admission and
 completion instant) and, rate limited, proposes a new policy through the sidecar's existing
 atomic swap path.

@@ -1,6 +1,6 @@
 """Estimators of the online loop: service demand per stage request, and the arrival rate.
 
-:class:`DemandRecorder` is the :class:`overtake.controller.limiter.LimiterListener` the sidecar
+:class:`DemandRecorder` is the :class:`overtake.controller.sidecar.limiter.LimiterListener` the sidecar
 subscribes to its limiter with ``--online``: it turns ticket events into arrival counts and
 attained-service samples, and holds the latest samples per (stage, source) for the refit
 (package docstring: :mod:`overtake.controller.online`).
@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from overtake.controller.limiter import ADMITTED, PASSTHROUGH, LimiterListener, Ticket
 from overtake.controller.online.settings import SOURCES, OnlineSettings
-from overtake.controller.stages import StageTable
+from overtake.controller.sidecar.limiter import ADMITTED, PASSTHROUGH, LimiterListener, Ticket
+from overtake.controller.sidecar.stages import StageTable
 from overtake.mdp.model import capacity
 
 __all__ = ["AccessLogTail", "ArrivalRate", "AttainedService", "DemandRecorder"]

@@ -24,8 +24,8 @@ from typing import Any
 from overtake.controller.online.estimators import DemandRecorder
 from overtake.controller.online.refit import RefitJob, refit_job, warm_up
 from overtake.controller.online.settings import OUTCOMES, OnlineSettings
-from overtake.controller.policies import BaselinePolicy, SpawnPolicy, TablePolicy
-from overtake.controller.stages import StageTable
+from overtake.controller.sidecar.policies import BaselinePolicy, SpawnPolicy, TablePolicy
+from overtake.controller.sidecar.stages import StageTable
 
 __all__ = ["OnlineLoop"]
 
@@ -38,7 +38,7 @@ class OnlineLoop:
     ``policy`` is the policy at start, ``current()`` returns the running one, ``swap(path)``
     installs a policy file through the sidecar's atomic path (raising on refusal). The sidecar
     subscribes :attr:`recorder` (a :class:`~overtake.controller.online.DemandRecorder`) to its
-    limiter with :meth:`overtake.controller.limiter.Limiter.add_listener`."""
+    limiter with :meth:`overtake.controller.sidecar.limiter.Limiter.add_listener`."""
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""``overtake_online_*`` Prometheus metrics of the online loop (list: :mod:`overtake.controller.metrics`)."""
+"""``overtake_online_*`` Prometheus metrics of the online loop (list: :mod:`overtake.controller.sidecar.metrics`)."""
 
 from __future__ import annotations
 

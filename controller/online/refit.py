@@ -41,7 +41,7 @@ class RefitJob:
     out: str  #: where to write the new policy
     margin: float = 0.01  #: the swap margin (decides when a common evaluation cap is needed)
     seed: int = 0
-    time_unit: float = 1.0  #: seconds per model unit of the samples: stored in the policy (controller.units)
+    time_unit: float = 1.0  #: seconds per model unit of the samples: stored in the policy (controller.sidecar.units)
 
 
 def warm_up() -> None:

@@ -40,8 +40,6 @@ import numpy as np
 
 from overtake.api import plots
 from overtake.api.scenario import load_scenario
-from overtake.controller import twin
-from overtake.controller.auto import MODE_FOR
 from overtake.controller.harness.loadgen import (
     batch_means,
     calibrate,
@@ -52,6 +50,8 @@ from overtake.controller.harness.loadgen import (
     replay,
     wait_idle,
 )
+from overtake.controller.sidecar import twin
+from overtake.controller.sidecar.auto import MODE_FOR
 from overtake.mdp.policy import Policy
 from overtake.mdp.priority import DEFAULT_LOW_WEIGHT, age_priority
 

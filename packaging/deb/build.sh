@@ -59,7 +59,7 @@ cd "$WORK"  # not the checkout: its overtake/ folder would be imported instead o
 find "$VENV" \( -name '*.nbi' -o -name '*.nbc' -o -name direct_url.json \) -delete
 # the dependencies' own test suites (a fifth of the tree), never imported by the program
 find "$VENV/lib" -mindepth 4 -type d -name tests -prune -exec rm -rf {} +
-"$VENV/bin/python" -c 'import overtake.api.app, overtake.controller.sidecar, overtake.fitting, overtake.mdp.solver, scipy.sparse.linalg, numba'
+"$VENV/bin/python" -c 'import overtake.api.app, overtake.controller.sidecar.service, overtake.fitting, overtake.mdp.solver, scipy.sparse.linalg, numba'
 
 step "moving the venv to $PREFIX"
 # text files naming the staging folder: console scripts' #! lines, activate scripts, pyvenv.cfg

@@ -17,7 +17,7 @@ from mediawiki import pages, product, server, stats, wiki, workload
 from scipy import stats as sps
 
 from overtake.controller.harness.scratch import scratch_dir
-from overtake.controller.stages import load_stages
+from overtake.controller.sidecar.stages import load_stages
 
 # --------------------------------------------------------------------------- the page recipe
 

@@ -237,13 +237,13 @@ def inflating_archive(member_bytes: int, names: tuple[str, ...] = ("keys.npy", "
 
 
 def sidecar_in_thread(stages: Path, **options: Any) -> Iterator[tuple[int, Any]]:
-    """An in-process :class:`~overtake.controller.sidecar.Sidecar` on its own event-loop thread,
+    """An in-process :class:`~overtake.controller.sidecar.service.Sidecar` on its own event-loop thread,
     listening on a free loopback port; yields (port, sidecar), then closes it. ``options`` are
-    :class:`~overtake.controller.sidecar.SidecarOptions` fields (``policy``, ``apache``, ...)."""
+    :class:`~overtake.controller.sidecar.service.SidecarOptions` fields (``policy``, ``apache``, ...)."""
     import asyncio
 
-    from overtake.controller.sidecar import Sidecar, SidecarOptions
-    from overtake.controller.stages import load_stages
+    from overtake.controller.sidecar.service import Sidecar, SidecarOptions
+    from overtake.controller.sidecar.stages import load_stages
 
     port = free_port()
     options.setdefault("admin_listen", f"127.0.0.1:{free_port()}")

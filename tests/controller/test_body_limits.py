@@ -15,8 +15,8 @@ import pytest
 from service_helpers import StubApache, sidecar_in_thread
 
 from overtake.controller.errors import SidecarInputError
-from overtake.controller.sidecar import Sidecar
-from overtake.controller.stages import load_stages
+from overtake.controller.sidecar.service import Sidecar
+from overtake.controller.sidecar.stages import load_stages
 
 STAGES = ("stages: [{name: stage1, path: '^/s1/'}, {name: stage2, path: '^/stage2'}]\n"
           "limits: {max_inflight: 8, body_timeout: 1, body_min_rate: 1000, max_body_bytes: 200000, "

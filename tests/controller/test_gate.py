@@ -1,4 +1,4 @@
-"""``overtake.controller.gate``: the sidecar's half of Apache's admission gate (no Apache).
+"""``overtake.controller.sidecar.gate``: the sidecar's half of Apache's admission gate (no Apache).
 
 The known answers are the file layout the C module reads (magic, slot count, token, one
 ``(generation << 2) | state`` word per slot) and the futex protocol: a waiter blocked with
@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from overtake.controller.errors import SidecarInputError
-from overtake.controller.gate import Gate, GateOpener
-from overtake.controller.http1 import Request, upstream_head
-from overtake.controller.tandem import Ticket
+from overtake.controller.sidecar.gate import Gate, GateOpener
+from overtake.controller.sidecar.http1 import Request, upstream_head
+from overtake.controller.sidecar.tandem import Ticket
 
 WAIT, OPEN, CANCEL = 0, 1, 2
 
@@ -192,10 +192,10 @@ def test_idle_starts_are_the_oldest_held_requests(tmp_path: Path, backfill: int,
     """Whatever the interleaving of arrivals, completions and withdrawals under pi(1): every
     admitted gated ticket's slot is OPEN, and the IDLE slots are exactly the ``backfill`` oldest
     queued gated tickets (an idle start is never taken back: new tickets are younger)."""
-    from overtake.controller.classifier import Classifier
-    from overtake.controller.limiter import ADMITTED, QUEUED, Limiter
-    from overtake.controller.policies import BaselinePolicy
-    from overtake.controller.stages import ClassifierSettings
+    from overtake.controller.sidecar.classifier import Classifier
+    from overtake.controller.sidecar.limiter import ADMITTED, QUEUED, Limiter
+    from overtake.controller.sidecar.policies import BaselinePolicy
+    from overtake.controller.sidecar.stages import ClassifierSettings
 
     async def run() -> None:
         pol = BaselinePolicy("pi(1)", 2)
@@ -248,7 +248,7 @@ def test_a_truncated_gate_file_does_not_crash_the_sidecar(tmp_path: Path) -> Non
     p = tmp_path / "gate"
     script = (
         "import os\n"
-        "from overtake.controller.gate import Gate\n"
+        "from overtake.controller.sidecar.gate import Gate\n"
         f"g = Gate({str(p)!r}, 8)\n"
         "s, _ = g.arm()\n"
         f"os.truncate({str(p)!r}, 0)\n"
@@ -352,7 +352,7 @@ def test_a_gate_file_of_another_user_is_refused(tmp_path: Path) -> None:
 
 def test_a_forbidden_process_vm_writev_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A seccomp profile that forbids the safe store: the sidecar says so at start."""
-    from overtake.controller import gate as gate_mod
+    from overtake.controller.sidecar import gate as gate_mod
 
     monkeypatch.setattr(gate_mod._SafeMemory, "write", lambda self, offset, data: False)
     with pytest.raises(SidecarInputError, match="process_vm_writev.*seccomp"):

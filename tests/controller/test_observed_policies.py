@@ -3,7 +3,7 @@ policies on learned route classes, and ``auto`` choosing among them.
 
 Known answers: the limiter's state equals the counts recomputed from its tickets, and every
 answer equals :meth:`overtake.mdp.Policy.action` on that state; the learned class of a route
-equals the brute-force maximum of its posterior; :func:`overtake.controller.auto.choose` on
+equals the brute-force maximum of its posterior; :func:`overtake.controller.sidecar.auto.choose` on
 hand-made predictions.
 """
 
@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 from scipy.linalg import expm
 
-from overtake.controller.auto import Evidence, choose
-from overtake.controller.classifier import Classifier
-from overtake.controller.limiter import ADMITTED, QUEUED, Limiter
-from overtake.controller.policies import BaselinePolicy, PolicySet, TablePolicy, load_policy
-from overtake.controller.stages import ClassifierSettings
+from overtake.controller.sidecar.auto import Evidence, choose
+from overtake.controller.sidecar.classifier import Classifier
+from overtake.controller.sidecar.limiter import ADMITTED, QUEUED, Limiter
+from overtake.controller.sidecar.policies import BaselinePolicy, PolicySet, TablePolicy, load_policy
+from overtake.controller.sidecar.stages import ClassifierSettings
 from overtake.mdp.model import Stage, TandemModel
 from overtake.mdp.observed import solve_observed
 from overtake.mdp.routes import RouteSplit
@@ -319,10 +319,10 @@ def test_auto_sees_phase_headers_of_clients_that_send_no_next_phase(work: Path, 
 
 
 def test_the_twin_enforcing_a_none_policy_matches_its_exact_evaluation(files: dict[str, Path]) -> None:
-    """The sidecar's own limiter and classifier (controller.twin) on a 40,000-transaction trace,
+    """The sidecar's own limiter and classifier (controller.sidecar.twin) on a 40,000-transaction trace,
     against the exact E[W] of the same table extended beyond its truncation (mdp.observation)."""
-    from overtake.controller import twin
     from overtake.controller.harness.loadgen import batch_means, make_trace
+    from overtake.controller.sidecar import twin
     from overtake.mdp.observation import evaluate_observed
     from overtake.mdp.policy import Policy
     from overtake.mdp.statespace import Layout

@@ -30,12 +30,10 @@ import numpy as np
 import pytest
 from prometheus_client import generate_latest
 
-from overtake.controller.classifier import Classifier
 from overtake.controller.errors import ApacheNotInstalledError, SidecarInputError
 from overtake.controller.harness import apache
 from overtake.controller.harness.loadgen import get
 from overtake.controller.harness.scratch import free_port, scratch_dir
-from overtake.controller.limiter import Limiter
 from overtake.controller.online import (
     AccessLogTail,
     ArrivalRate,
@@ -44,9 +42,11 @@ from overtake.controller.online import (
     OnlineLoop,
     OnlineSettings,
 )
-from overtake.controller.policies import load_policy
-from overtake.controller.sidecar import Sidecar, SidecarOptions
-from overtake.controller.stages import StagesConfig, StageTable
+from overtake.controller.sidecar.classifier import Classifier
+from overtake.controller.sidecar.limiter import Limiter
+from overtake.controller.sidecar.policies import load_policy
+from overtake.controller.sidecar.service import Sidecar, SidecarOptions
+from overtake.controller.sidecar.stages import StagesConfig, StageTable
 from overtake.mdp import Stage, TandemModel, evaluate_baseline
 from overtake.mdp.model import capacity
 

@@ -18,9 +18,9 @@ import pytest
 from service_helpers import SidecarProc, StubApache
 from test_time_unit import STAGES_2, policy_file
 
-from overtake.controller.classifier import BadPhaseHeader, Classifier
-from overtake.controller.policies import BaselinePolicy, load_policy
-from overtake.controller.stages import ClassifierSettings
+from overtake.controller.sidecar.classifier import BadPhaseHeader, Classifier
+from overtake.controller.sidecar.policies import BaselinePolicy, load_policy
+from overtake.controller.sidecar.stages import ClassifierSettings
 from overtake.phases import parse_phase, phase_names
 
 BAD = [b"0", b"65", b"abc", b"-1", b"1.0", "\u0663".encode(), "\u00b2".encode(), b"1" * 40, b"", b"medium"]

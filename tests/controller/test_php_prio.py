@@ -176,7 +176,7 @@ def test_the_counters_reach_the_sidecars_metrics(extension: Path, work: Path) ->
 
 
 def test_the_sidecar_config_key(work: Path) -> None:
-    from overtake.controller.sidecar_config import load_config, to_options
+    from overtake.controller.sidecar.config import load_config, to_options
 
     f = work / "sidecar.yaml"
     f.write_text("apache: 127.0.0.1:8080\nlisten: 127.0.0.1:8081\nstages: stages.yaml\npolicy: pi(1)\n"

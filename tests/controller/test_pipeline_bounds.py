@@ -1,7 +1,7 @@
 """A pipelining client's read-ahead is bounded, and its parsing yields to the other connections
 (issue 19: 4 connections pipelining 2,000 GETs each lifted a fresh client's p99 to 73.8 ms).
 
-The mechanism is checked on :class:`overtake.controller.http1.ClientConnection` directly: a
+The mechanism is checked on :class:`overtake.controller.sidecar.http1.ClientConnection` directly: a
 socket's worth of pipelined requests arrives at once, nobody answers them, and we count what
 the connection parsed and queued, and how many requests it completed within one turn of the
 event loop (a ticker rescheduling itself with ``call_soon`` marks the turns). No timing.
@@ -14,9 +14,9 @@ from typing import Any
 
 from loop_turns import LoopTurns
 
-from overtake.controller import http1
-from overtake.controller.http1 import ClientConnection
-from overtake.controller.stages import Limits
+from overtake.controller.sidecar import http1
+from overtake.controller.sidecar.http1 import ClientConnection
+from overtake.controller.sidecar.stages import Limits
 
 REQ = b"GET /static/hello.txt HTTP/1.1\r\nHost: x\r\n\r\n"
 N = 2000

@@ -1,4 +1,4 @@
-"""Policy archives that would take more memory than their size says (controller.policy_archive).
+"""Policy archives that would take more memory than their size says (controller.sidecar.policy_archive).
 
 Known answers: a genuine policy passes and loads; each crafted archive is refused with one line
 naming the setting or the member, and the Python heap (tracemalloc sees numpy's buffers too)
@@ -20,8 +20,8 @@ import pytest
 from service_helpers import inflating_archive, small_policy
 
 from overtake.controller.errors import PolicyLoadError
-from overtake.controller.policies import load_policy, load_policy_bytes
-from overtake.controller.policy_archive import check_archive
+from overtake.controller.sidecar.policies import load_policy, load_policy_bytes
+from overtake.controller.sidecar.policy_archive import check_archive
 
 MiB = 1 << 20
 STAGES = ("stage1", "stage2")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from service_helpers import StubApache, sidecar_in_thread
 
-from overtake.controller.sidecar import Sidecar
+from overtake.controller.sidecar.service import Sidecar
 
 SMUGGLED = b"GET /stage2/smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from service_helpers import STAGES, SidecarProc
 
-from overtake.controller.apache_probe import max_request_workers
 from overtake.controller.harness import apache
 from overtake.controller.harness.scratch import free_port, scratch_dir
+from overtake.controller.sidecar.apache_probe import max_request_workers
 
 
 @pytest.fixture(scope="module")

@@ -259,8 +259,8 @@ def test_policy_loads_are_bounded_by_their_threads(work: Path, stub: StubApache,
     slot until its thread ends: of 12 PUTs at once one gets the 422 of its deadline, the others
     503 naming the running load, and at most one load thread ever runs. On main the swap lock was
     released at each deadline and every PUT started another thread (12 at once)."""
-    from overtake.controller import sidecar as sidecar_module
     from overtake.controller.harness.loadgen import request
+    from overtake.controller.sidecar import service as sidecar_module
 
     real = sidecar_module.load_policy
     release, lock = threading.Event(), threading.Lock()
@@ -337,7 +337,7 @@ def test_put_policy_url_must_be_allow_listed(side: SidecarProc) -> None:
     ("file:///etc/passwd", False),
 ])
 def test_url_allow_list(url: str, ok: bool) -> None:
-    from overtake.controller.policy_fetch import url_allowed
+    from overtake.controller.sidecar.policy_fetch import url_allowed
 
     assert url_allowed(url, ["http://files/policies"], "http://api:8000/v1/models/m1") is ok
 
@@ -438,7 +438,7 @@ def test_get_policy_redacts_credentials_in_the_policy_url(work: Path, stub: Stub
 
 
 def test_redact_url() -> None:
-    from overtake.controller.policy_fetch import redact_url
+    from overtake.controller.sidecar.policy_fetch import redact_url
 
     assert redact_url("https://u:p@h:8/a/b?x=1#f") == "https://REDACTED@h:8/a/b?REDACTED"
     assert redact_url("http://h/v1/models/m/policy.npz") == "http://h/v1/models/m/policy.npz"

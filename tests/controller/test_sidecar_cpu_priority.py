@@ -23,8 +23,8 @@ from service_helpers import SidecarProc, small_policy
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache.cpu_priority import CpuPriority, fetch_prio_status
 from overtake.controller.harness.scratch import free_port, scratch_dir
-from overtake.controller.http1 import Request, upstream_head
-from overtake.controller.policies import BaselinePolicy, TablePolicy, class_levels
+from overtake.controller.sidecar.http1 import Request, upstream_head
+from overtake.controller.sidecar.policies import BaselinePolicy, TablePolicy, class_levels
 from overtake.mdp import Policy, Stage, TandemModel, Truncation, solve
 from overtake.mdp.observed import solve_observed
 

@@ -1,4 +1,4 @@
-"""A bounded fuzz of the sidecar's HTTP/1.1 request parsing (controller/http1.py) (issue 19).
+"""A bounded fuzz of the sidecar's HTTP/1.1 request parsing (controller/sidecar/http1.py) (issue 19).
 
 What was used: hypothesis (``derandomize=True``, so CI runs the same 300 connections every time;
 no example database), driving raw bytes over loopback TCP into a sidecar running in-process on
@@ -44,7 +44,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from service_helpers import StubApache, sidecar_in_thread
 
-from overtake.controller.sidecar import Sidecar
+from overtake.controller.sidecar.service import Sidecar
 
 _ids = itertools.count()
 _TOKEN = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!#$%&'*+-.^_`|~"

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from service_helpers import QuietHandler, sidecar_in_thread
 
-from overtake.controller.sidecar import Sidecar
+from overtake.controller.sidecar.service import Sidecar
 
 
 class Echo(QuietHandler):

@@ -1,4 +1,4 @@
-"""overtake.controller.limiter under random interleavings (hypothesis), no network.
+"""overtake.controller.sidecar.limiter under random interleavings (hypothesis), no network.
 
 Checked after every operation: the global hard cap, per-stage caps of π(k1,k2), the conservation
 law admitted = completed + failed + inflight, queue bookkeeping, that a listener has heard one
@@ -17,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from overtake.controller.classifier import Classifier
-from overtake.controller.limiter import ADMITTED, DONE, PASSTHROUGH, QUEUED, Limiter, LimiterListener, Ticket
-from overtake.controller.policies import BaselinePolicy, SpawnPolicy, load_policy
-from overtake.controller.stages import ClassifierSettings
+from overtake.controller.sidecar.classifier import Classifier
+from overtake.controller.sidecar.limiter import ADMITTED, DONE, PASSTHROUGH, QUEUED, Limiter, LimiterListener, Ticket
+from overtake.controller.sidecar.policies import BaselinePolicy, SpawnPolicy, load_policy
+from overtake.controller.sidecar.stages import ClassifierSettings
 from overtake.mdp import Stage, TandemModel, Truncation, solve
 
 NAMES = ("stage1", "stage2")

@@ -1,4 +1,4 @@
-"""overtake.controller.policies, controller.stages and controller.classifier: known answers, no network.
+"""overtake.controller.sidecar.policies, controller.sidecar.stages and controller.sidecar.classifier: known answers, no network.
 
 BaselinePolicy's plain-Python answers are checked against mdp.Baseline.rule (an independent
 vectorised implementation); TablePolicy against mdp.Policy.action; the learned classifier against
@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from overtake.controller.classifier import BadPhaseHeader, Classifier
 from overtake.controller.errors import PolicyLoadError, SidecarInputError
-from overtake.controller.policies import BaselinePolicy, TablePolicy, load_policy
-from overtake.controller.stages import ClassifierSettings, load_stages
+from overtake.controller.sidecar.classifier import BadPhaseHeader, Classifier
+from overtake.controller.sidecar.policies import BaselinePolicy, TablePolicy, load_policy
+from overtake.controller.sidecar.stages import ClassifierSettings, load_stages
 from overtake.mdp import Policy, Stage, TandemModel, Truncation, solve
 
 REPO = Path(__file__).resolve().parents[2]

@@ -278,9 +278,9 @@ def test_admin_listener_takes_the_control_endpoints(work: Path, stub: StubApache
 def test_admin_listener_is_on_loopback_by_default(work: Path, stub: StubApache) -> None:
     """Without admin_listen the control endpoints are on 127.0.0.1:9089 and the public listener
     answers 404 for them (on main they answered any client on the public listener)."""
-    from overtake.controller.admin import DEFAULT_ADMIN_LISTEN
-    from overtake.controller.sidecar import SidecarOptions
-    from overtake.controller.sidecar_config import SidecarConfig
+    from overtake.controller.sidecar.admin import DEFAULT_ADMIN_LISTEN
+    from overtake.controller.sidecar.config import SidecarConfig
+    from overtake.controller.sidecar.service import SidecarOptions
 
     assert DEFAULT_ADMIN_LISTEN == "127.0.0.1:9089"
     assert SidecarOptions(policy="pi(1)", apache="http://127.0.0.1:1", listen="127.0.0.1:2").admin_listen == \

@@ -1,5 +1,5 @@
 """Slow readers (issue 19): a client that reads a large answer slowly, or not at all, must not hold
-a stage slot or the passthrough cap once Apache has finished (controller/spool.py), and a client
+a stage slot or the passthrough cap once Apache has finished (controller/sidecar/spool.py), and a client
 that stops reading is cut after ``client_timeout`` without progress.
 
 The known answers: with π(1) a second request for the same stage is admitted only once the

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from overtake.controller.budget import ByteBudget
-from overtake.controller.spool import Spool
+from overtake.controller.sidecar.budget import ByteBudget
+from overtake.controller.sidecar.spool import Spool
 
 
 def test_the_budget_counts_the_bytes_on_disk_and_releases_a_waiting_producer() -> None:

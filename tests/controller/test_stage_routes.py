@@ -1,5 +1,5 @@
 """Stages as real sites have them: routes on method, path and query; learned keys by query
-parameter, body size and the transaction link (controller.stages)."""
+parameter, body size and the transaction link (controller.sidecar.stages)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from overtake.controller.errors import SidecarInputError
-from overtake.controller.stages import StagesConfig, StageTable, load_stages
+from overtake.controller.sidecar.stages import StagesConfig, StageTable, load_stages
 
 # stock MediaWiki: every page is /index.php?title=...; an edit preview is a POST with action=submit
 WIKI = {"stages": [

@@ -19,8 +19,8 @@ import pytest
 from service_helpers import SidecarProc, StubApache
 from test_time_unit import STAGES_2, policy_file
 
-from overtake.controller.stages import StagesConfig
-from overtake.controller.stages_reload import live_merge
+from overtake.controller.sidecar.stages import StagesConfig
+from overtake.controller.sidecar.stages_reload import live_merge
 
 
 def _metric(s: SidecarProc, name: str) -> float:

@@ -13,7 +13,7 @@ import asyncio
 
 from loop_turns import LoopTurns
 
-from overtake.controller.upstream import UpstreamPool, UpstreamResponse
+from overtake.controller.sidecar.upstream import UpstreamPool, UpstreamResponse
 
 SIZE = 8 << 20
 READ = 65536  # UpstreamPool.exchange's read size

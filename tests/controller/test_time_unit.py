@@ -1,4 +1,4 @@
-"""The sidecar's time unit comes from the policy (controller.units), and what a user reads is seconds.
+"""The sidecar's time unit comes from the policy (controller.sidecar.units), and what a user reads is seconds.
 
 Known answers: with the shipped example config (apache-conf/examples/sidecar.yaml and
 examples/sidecar/stages.yaml) and a policy solved from a fresh ``overtake fit``, the sidecar's
@@ -22,7 +22,7 @@ import pytest
 from service_helpers import REPO, SidecarProc, StubApache, free_port
 
 from overtake.controller.errors import PolicyLoadError
-from overtake.controller.units import FORMER_DEFAULT, MODEL, UNITLESS, UNRECORDED, resolve
+from overtake.controller.sidecar.units import FORMER_DEFAULT, MODEL, UNITLESS, UNRECORDED, resolve
 
 STAGES_2 = """
 stages: [{name: stage1, path: "^/slow/"}, {name: stage2, path: "^/stage2"}]
@@ -170,11 +170,11 @@ def test_policy_units_and_old_files(tmp_path: Path, stub: StubApache) -> None:
 # ---- a unit change keeps what was measured -------------------------------------------------------
 def test_a_unit_change_rescales_learned_demands_and_online_samples(tmp_path: Path) -> None:
     """Conservation: the seconds measured before a unit change are the seconds held after it."""
-    from overtake.controller.classifier import Classifier
     from overtake.controller.online import OnlineSettings
     from overtake.controller.online.estimators import DemandRecorder
-    from overtake.controller.policies import load_policy
-    from overtake.controller.stages import ClassifierSettings, StagesConfig, StageTable
+    from overtake.controller.sidecar.classifier import Classifier
+    from overtake.controller.sidecar.policies import load_policy
+    from overtake.controller.sidecar.stages import ClassifierSettings, StagesConfig, StageTable
 
     pol = load_policy(str(policy_file(tmp_path / "p.npz", time_unit=MODEL)), ("stage1", "stage2"))
     moved = Classifier(ClassifierSettings(mode="learned", time_unit=0.01, history=8), pol)

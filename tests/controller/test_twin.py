@@ -1,4 +1,4 @@
-"""overtake.controller.twin against closed forms and the MDP's exact evaluation (two independent methods).
+"""overtake.controller.sidecar.twin against closed forms and the MDP's exact evaluation (two independent methods).
 
 The twin drives the sidecar's Limiter on a virtual processor-sharing CPU; over long Poisson
 traces its mean response time must converge to (a) M/M/1-PS's 1/(mu - lambda) and (b) the
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from overtake.controller import twin
+from overtake.controller.sidecar import twin
 from overtake.mdp import Stage, TandemModel, Truncation, solve
 from overtake.mdp.rule_evaluation import evaluate_baseline
 

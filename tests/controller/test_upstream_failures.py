@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from service_helpers import QuietHandler, SidecarProc
 
-from overtake.controller.upstream import UpstreamError, UpstreamPool
+from overtake.controller.sidecar.upstream import UpstreamError, UpstreamPool
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """mod_overtake_prio's admission gate (``OvertakeGate``) on a real Apache.
 
 Known answers: a request carrying ``X-Overtake-Gate: SLOT GEN`` does not run until the sidecar's
-:class:`~overtake.controller.gate.Gate` opens that slot (its response comes only after
+:class:`~overtake.controller.sidecar.gate.Gate` opens that slot (its response comes only after
 :meth:`Gate.open`); a cancelled or stale slot answers 503 at once; a malformed header or a slot
 beyond the file answers 400; a gate that never opens lets the request through after
 ``OvertakeGateTimeout``; a closed connection frees the worker within a 100 ms slice; without the
@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from overtake.controller.gate import Gate
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache.cpu_priority import CpuPriority, PrioStatus, fetch_prio_status
 from overtake.controller.harness.scratch import free_port, scratch_dir
+from overtake.controller.sidecar.gate import Gate
 
 GATE_TIMEOUT = 1.5  # the gate_apache fixture's (tests/controller/conftest.py)
 

@@ -378,8 +378,8 @@ def test_ordered_bands_each_hand_back_every_turn_and_count_waits_per_band() -> N
 
 
 def test_sidecar_refuses_cutoffs_without_a_band_scheduler() -> None:
-    from overtake.controller.sidecar import Sidecar, SidecarOptions
-    from overtake.controller.stages import load_stages
+    from overtake.controller.sidecar.service import Sidecar, SidecarOptions
+    from overtake.controller.sidecar.stages import load_stages
 
     table = load_stages(REPO / "examples" / "sidecar" / "stages.yaml")
     opts = SidecarOptions(policy="pi(1)", apache="http://127.0.0.1:9", listen="127.0.0.1:9",

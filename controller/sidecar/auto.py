@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-from overtake.controller.policies import SpawnPolicy
+from overtake.controller.sidecar.policies import SpawnPolicy
 
 __all__ = ["MODE_FOR", "Choice", "Evidence", "choose", "lever_wait"]
 

@@ -6,7 +6,7 @@ not when the client has read it, so a slow reader never holds a thread of the po
 first ``memory_bytes`` stay in memory; the rest goes to a temporary file that is unlinked at
 creation (nothing is left on disk, whatever happens to the process). The writer is held back
 (:meth:`Spool.wait_room`) once more than a cap of bytes wait on disk, or, while all spools
-together hold more than their shared :class:`~overtake.controller.budget.ByteBudget`, until its
+together hold more than their shared :class:`~overtake.controller.sidecar.budget.ByteBudget`, until its
 own bytes on disk have been read: beyond the budget an answer moves at its client's pace.
 """
 
@@ -17,7 +17,7 @@ import tempfile
 from collections import deque
 from typing import IO
 
-from overtake.controller.budget import ByteBudget
+from overtake.controller.sidecar.budget import ByteBudget
 
 __all__ = ["Spool"]
 

@@ -1,7 +1,7 @@
 """The algorithm side of the sidecar: which threads to start in a given state (paper 004, §2-§4).
 
 A :class:`SpawnPolicy` never sees requests (Netflix concurrency-limits' ``Limit``); the
-:mod:`overtake.controller.limiter` enforces it. Every policy answers ``action(state)`` in O(1) for the
+:mod:`overtake.controller.sidecar.limiter` enforces it. Every policy answers ``action(state)`` in O(1) for the
 state vector of :attr:`overtake.mdp.Policy.columns`: waiting requests per queue, then active threads per
 (stage, phase) coordinate. Two families share this interface so a hot swap between them runs on
 the same code path:
@@ -26,8 +26,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from overtake.controller.errors import PolicyLoadError
-from overtake.controller.policy_archive import MAX_ARRAY_BYTES, MAX_INFLATED_BYTES, check_archive
-from overtake.controller.units import UNITLESS, policy_unit
+from overtake.controller.sidecar.policy_archive import MAX_ARRAY_BYTES, MAX_INFLATED_BYTES, check_archive
+from overtake.controller.sidecar.units import UNITLESS, policy_unit
 from overtake.mdp.baselines import Baseline
 from overtake.mdp.errors import MDPError
 from overtake.mdp.policy import Policy
@@ -67,7 +67,7 @@ class SpawnPolicy(Protocol):
     #: per stage, the start-phase prior of each label (labels x phases) and the labels' weights:
     #: route classes for ``route`` policies, the identity and α for phase policies; None for baselines
     labels: tuple[tuple[np.ndarray, np.ndarray], ...] | None
-    #: seconds per model time unit, or "model", "unrecorded", "unitless" (controller.units)
+    #: seconds per model time unit, or "model", "unrecorded", "unitless" (controller.sidecar.units)
     time_unit: float | str
     #: per stage, its model phases' names by index (overtake.phases), what a phase header may
     #: name; None without a model (baselines)
@@ -160,7 +160,7 @@ class TablePolicy:
         else:
             self.labels = tuple((np.eye(int(s.phases)), np.asarray(s.alpha, dtype=float)) for s in stages)
         self.stage_names = tuple(s.name for s in policy.model.stages)
-        #: seconds per model time unit (controller.units): what the sidecar converts its times with
+        #: seconds per model time unit (controller.sidecar.units): what the sidecar converts its times with
         self.time_unit: float | str = policy_unit(policy.meta, name)
         self.model_phases: tuple[tuple[str, ...], ...] | None = tuple(s.phase_names() for s in stages)
         #: simulated predictions with mod_overtake_prio's lever (``overtake solve --cpu-priority``):
@@ -195,7 +195,7 @@ class TablePolicy:
 
 
 class PolicySet:
-    """Candidate policies for ``classifier.mode: auto`` (:mod:`overtake.controller.auto`): every
+    """Candidate policies for ``classifier.mode: auto`` (:mod:`overtake.controller.sidecar.auto`): every
     ``.npz`` of a directory given as ``--policy``, or one file. It acts as the member chosen last
     (:meth:`adopt`; π(∞) until the sidecar chooses), so the limiter enforces that one."""
 
@@ -224,7 +224,7 @@ class PolicySet:
         self.T: tuple[np.ndarray, ...] | None = policy.T
         self.labels: tuple[tuple[np.ndarray, np.ndarray], ...] | None = policy.labels
         self.class_start_levels: tuple[tuple[int, ...], ...] | None = getattr(policy, "class_start_levels", None)
-        self.time_unit: float | str = policy.time_unit  # the set's own unit: controller.units.units_of
+        self.time_unit: float | str = policy.time_unit  # the set's own unit: controller.sidecar.units.units_of
 
     def action(self, state: tuple[int, ...]) -> tuple[int, ...]:
         return self.chosen.action(state)
@@ -298,7 +298,7 @@ def load_policy(spec: str, stage_names: Sequence[str], *, max_bytes: int = MAX_P
     ``classifier.mode: auto``), ``pi(k)``, ``pi(k1,...,kN)`` or ``passthrough``.
 
     A file is read by :func:`read_policy_file` (regular files of at most ``max_bytes`` only) and
-    checked by :func:`~overtake.controller.policy_archive.check_archive` (each member at most
+    checked by :func:`~overtake.controller.sidecar.policy_archive.check_archive` (each member at most
     ``max_array_bytes`` inflated, all of them ``max_inflated_bytes``) before it is loaded.
 
     Raises

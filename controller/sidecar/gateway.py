@@ -1,10 +1,10 @@
 """The gateway: an asyncio HTTP/1.1 reverse proxy in front of Apache (paper 004, §4.2's front end).
 
-I/O only: routing and admission here, HTTP parsing in :mod:`overtake.controller.http1`,
-Apache's side and the response relay in :mod:`overtake.controller.forward`. For every request it
-asks :class:`overtake.controller.stages.StageTable` for the stage,
-:class:`overtake.controller.classifier.Classifier` for the phase, then holds it in
-:class:`overtake.controller.limiter.Limiter` until the policy starts a thread for it, forwards it to Apache
+I/O only: routing and admission here, HTTP parsing in :mod:`overtake.controller.sidecar.http1`,
+Apache's side and the response relay in :mod:`overtake.controller.sidecar.forward`. For every request it
+asks :class:`overtake.controller.sidecar.stages.StageTable` for the stage,
+:class:`overtake.controller.sidecar.classifier.Classifier` for the phase, then holds it in
+:class:`overtake.controller.sidecar.limiter.Limiter` until the policy starts a thread for it, forwards it to Apache
 on a keep-alive connection, and releases the permit the moment Apache's *whole* response has
 been received (buffered up to ``response_buffer_bytes``, then streamed; so a slow client never
 holds a stage slot unless the response is larger than the buffer). Responses go to the client
@@ -19,11 +19,11 @@ deadline → 408, a body beyond the bodies' memory budget → 503; each closes o
 connection. Queue full or queue timeout → 503 with ``Retry-After``; a client that disconnects
 while queued is withdrawn (never sent to Apache); Apache unreachable or broken mid-answer → 502.
 
-Admin paths (:mod:`overtake.controller.admin`): every path of a separate admin listener
+Admin paths (:mod:`overtake.controller.sidecar.admin`): every path of a separate admin listener
 (``start_admin``), and the ``/-/`` paths of the public one, which the admin side answers knowing
 they came from there (it serves only health checks to it). ``drain``
 stops accepting and lets the requests already received finish (SIGTERM). ``on_request`` gets
-one :class:`overtake.controller.request_log.RequestRecord` per answered request (the access log).
+one :class:`overtake.controller.sidecar.request_log.RequestRecord` per answered request (the access log).
 """
 
 from __future__ import annotations
@@ -35,17 +35,17 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from overtake.controller.budget import ByteBudget
-from overtake.controller.classifier import BadPhaseHeader, Classifier
-from overtake.controller.forward import Forwarder
-from overtake.controller.gate import Gate
-from overtake.controller.http1 import REASONS, ClientConnection, Request, content_length, simple_response
-from overtake.controller.limiter import ADMITTED, PASSTHROUGH, Limiter, Ticket
-from overtake.controller.metrics import SidecarMetrics
-from overtake.controller.request_log import RequestRecord
-from overtake.controller.stages import StageTable
+from overtake.controller.sidecar.budget import ByteBudget
+from overtake.controller.sidecar.classifier import BadPhaseHeader, Classifier
+from overtake.controller.sidecar.forward import Forwarder
+from overtake.controller.sidecar.gate import Gate
+from overtake.controller.sidecar.http1 import REASONS, ClientConnection, Request, content_length, simple_response
+from overtake.controller.sidecar.limiter import ADMITTED, PASSTHROUGH, Limiter, Ticket
+from overtake.controller.sidecar.metrics import SidecarMetrics
+from overtake.controller.sidecar.request_log import RequestRecord
+from overtake.controller.sidecar.stages import StageTable
+from overtake.controller.sidecar.upstream import UpstreamPool, UpstreamResponse, Withdrawn
 from overtake.controller.uplink import Uplink
-from overtake.controller.upstream import UpstreamPool, UpstreamResponse, Withdrawn
 
 __all__ = ["Gateway"]
 
@@ -88,7 +88,7 @@ class Gateway:
         self.on_request = on_request
         #: (stage, label) -> mod_overtake_prio starting level to send, or None (--cpu-priority class)
         self.cpu_class = cpu_class
-        #: Apache's admission gate (controller.gate); queued requests use it while ``gate_on``
+        #: Apache's admission gate (controller.sidecar.gate); queued requests use it while ``gate_on``
         #: (the sidecar sets it once Apache reports the same gate file), one per slot of it
         self.gate = gate
         self.gate_on = False
@@ -342,7 +342,7 @@ class Gateway:
 
                 async def admitted() -> bool:
                     # sent already, held in Apache's gate: the limiter's admission opens it and a
-                    # withdrawal cancels it (controller.gate.GateOpener)
+                    # withdrawal cancels it (controller.sidecar.gate.GateOpener)
                     if await self._wait(conn, t, stage):
                         admitted_now()
                         return True

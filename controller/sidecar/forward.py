@@ -1,11 +1,11 @@
 """Forwarding an admitted request to Apache and relaying the answer to the client.
 
 The request goes to Apache on a keep-alive connection of the
-:class:`overtake.controller.upstream.UpstreamPool`; the stage is complete the moment Apache's
+:class:`overtake.controller.sidecar.upstream.UpstreamPool`; the stage is complete the moment Apache's
 *whole* response has been received (buffered up to ``response_buffer_bytes``, then streamed,
 chunked to HTTP/1.1 clients when Apache gave no length). The gateway's ``complete`` callback
 releases the permit then. A response larger than the buffer goes to the client through a
-:class:`~overtake.controller.spool.Spool` (memory, then a temporary file up to
+:class:`~overtake.controller.sidecar.spool.Spool` (memory, then a temporary file up to
 ``response_spill_bytes``, and all spools together up to ``spool_budget_bytes``: beyond it
 Apache's answer is read at its client's pace), so a slow reader does not hold a stage slot or
 the passthrough cap while Apache has finished; each write to the client must make progress within
@@ -25,15 +25,22 @@ from typing import Any
 
 import httptools
 
-from overtake.controller.budget import ByteBudget
 from overtake.controller.errors import ControllerError
-from overtake.controller.http1 import ClientConnection, Request, client_head, content_length, simple_response, upstream_head
-from overtake.controller.limiter import ADMITTED, Limiter, Ticket
-from overtake.controller.metrics import SidecarMetrics
-from overtake.controller.spool import Spool
-from overtake.controller.stages import Limits
+from overtake.controller.sidecar.budget import ByteBudget
+from overtake.controller.sidecar.http1 import (
+    ClientConnection,
+    Request,
+    client_head,
+    content_length,
+    simple_response,
+    upstream_head,
+)
+from overtake.controller.sidecar.limiter import ADMITTED, Limiter, Ticket
+from overtake.controller.sidecar.metrics import SidecarMetrics
+from overtake.controller.sidecar.spool import Spool
+from overtake.controller.sidecar.stages import Limits
+from overtake.controller.sidecar.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 from overtake.controller.uplink import Uplink
-from overtake.controller.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 
 __all__ = ["Forwarder"]
 
@@ -103,7 +110,7 @@ class Forwarder:
         response is in, then relay it; False when the client connection must close.
         ``cpu_class``: the ``X-Overtake-Class`` level to send (``--cpu-priority class``).
         ``gate``/``admitted``: ``t`` is still queued; the request goes out now with the gate
-        header and ``admitted()`` waits for the decision (:class:`~overtake.controller.upstream.Withdrawn`
+        header and ``admitted()`` waits for the decision (:class:`~overtake.controller.sidecar.upstream.Withdrawn`
         propagates when it is withdrawn)."""
         body = b"".join(req.body)
         head = upstream_head(req, conn.peer, len(body), self.upstream_host, cpu_class, gate=gate)

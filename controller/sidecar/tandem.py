@@ -2,9 +2,9 @@
 
 The MDP's state (paper 004 §2-3) is the number of waiting requests per queue and of threads per
 (stage, phase) coordinate. :class:`TandemState` keeps exactly that, in the running policy's
-layout (:attr:`overtake.controller.policies.SpawnPolicy.phases`), plus the tickets behind the
+layout (:attr:`overtake.controller.sidecar.policies.SpawnPolicy.phases`), plus the tickets behind the
 counts: FIFO queues of waiting tickets and the set of tickets in service. It never decides
-anything; :class:`overtake.controller.limiter.Limiter` asks the policy and moves tickets with
+anything; :class:`overtake.controller.sidecar.limiter.Limiter` asks the policy and moves tickets with
 these primitives.
 
 Hidden mode (the phase of a request in service is not observed) needs each request's attained
@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from overtake.controller.classifier import Classifier
+    from overtake.controller.sidecar.classifier import Classifier
 
 __all__ = ["ADMITTED", "DONE", "QUEUED", "TandemState", "Ticket"]
 
@@ -46,7 +46,7 @@ class Ticket:
         self.v_admit = 0.0
         self.seq = seq
         self.held = False  # a reservation for a follow-up request not yet arrived
-        self.gate: int | None = None  # its slot while held in Apache's admission gate (controller.gate)
+        self.gate: int | None = None  # its slot while held in Apache's admission gate (controller.sidecar.gate)
 
 
 class TandemState:

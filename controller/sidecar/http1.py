@@ -5,7 +5,7 @@ pipelining; parsed ``_SLICE`` bytes per turn of the event loop, at most ``_MAX_P
 ahead, then reading pauses). A header block larger
 than ``max_header_bytes`` is a 431, a body larger than ``max_body_bytes`` a 413 (admin paths
 under ``/-/`` at most ``ADMIN_BODY_MAX``), a body that does not fit in the bodies' shared
-:class:`~overtake.controller.budget.ByteBudget` a 503 (its declared length is held from the head,
+:class:`~overtake.controller.sidecar.budget.ByteBudget` a 503 (its declared length is held from the head,
 a chunked body's bytes as they come; given back when the gateway takes the next request or the
 connection ends), a malformed request or an upgrade other than ``h2c``
 (ignored, RFC 9113 §3.1) a 400: the connection records the error and ends; the gateway answers it
@@ -31,13 +31,13 @@ from typing import TYPE_CHECKING
 
 import httptools
 
-from overtake.controller.budget import ByteBudget
 from overtake.controller.errors import ControllerError
-from overtake.controller.stages import Limits
-from overtake.controller.upstream import UpstreamResponse
+from overtake.controller.sidecar.budget import ByteBudget
+from overtake.controller.sidecar.stages import Limits
+from overtake.controller.sidecar.upstream import UpstreamResponse
 
 if TYPE_CHECKING:
-    from overtake.controller.limiter import Ticket
+    from overtake.controller.sidecar.limiter import Ticket
 
 __all__ = ["REASONS", "BadTarget", "ClientConnection", "Request", "client_head", "content_length", "normalize_target",
            "simple_response", "upstream_head"]
@@ -276,7 +276,7 @@ class ClientConnection:
 
     Also carries the gateway's per-connection state: ``busy`` (a request in progress),
     ``last_active`` (for the idle sweep) and ``hold`` (a reservation for this client's
-    next-stage request, :mod:`overtake.controller.limiter`'s tandem routing).
+    next-stage request, :mod:`overtake.controller.sidecar.limiter`'s tandem routing).
     """
 
     def __init__(self, limits: Limits, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -659,7 +659,7 @@ def upstream_head(req: Request, peer: str, body_len: int, upstream_host: bytes, 
     place of any the client sent, ``Host``
     added if missing, the (de-chunked) body's ``Content-Length``; with ``cpu_class`` the sidecar's
     ``X-Overtake-Class`` (mod_overtake_prio's starting level) replaces the client's; ``gate`` is the
-    ``X-Overtake-Gate`` value of a request sent while queued (:mod:`overtake.controller.gate`); a
+    ``X-Overtake-Gate`` value of a request sent while queued (:mod:`overtake.controller.sidecar.gate`); a
     client's own ``X-Overtake-Gate`` never passes."""
     drop = _drop_set(req.headers)
     if cpu_class is not None:

@@ -22,13 +22,13 @@ module's promoter thread gives it its priority back.
 
 File layout (shared with the C module): a 64-byte head — magic ``OVTGATE2``, the slot count,
 a random 32-bit pairing token, the promoter's epoch word, and at offset 32 the key check
-(:meth:`~overtake.controller.gate_key.GateSigner.keycheck`: the module maps only a file written
+(:meth:`~overtake.controller.sidecar.gate_key.GateSigner.keycheck`: the module maps only a file written
 with its key; it reports the token it has mapped at ``/overtake-prio-status``, so the sidecar
 can check that Apache reads *its* file) — then one 32-bit word per slot,
 ``(generation << 2) | state`` with state WAIT 0, OPEN 1, CANCEL 2, IDLE 3. A slot moves to a
 new generation when its exchange ends (:meth:`Gate.free`), so a stale request (one the sidecar
 has given up) never passes on a later request's admission. The header a request carries is
-``SLOT GENERATION MAC`` (:mod:`overtake.controller.gate_key`): Apache refuses a forged one.
+``SLOT GENERATION MAC`` (:mod:`overtake.controller.sidecar.gate_key`): Apache refuses a forged one.
 
 The file may shrink under both mappings (``truncate``, or another process rewriting it): a
 store through the mapping into a page beyond the file's end would kill the sidecar with SIGBUS.
@@ -54,8 +54,8 @@ import struct
 from collections.abc import Callable
 
 from overtake.controller.errors import SidecarInputError
-from overtake.controller.gate_key import GateSigner, key_path, load_key
-from overtake.controller.limiter import Limiter, LimiterListener, Ticket
+from overtake.controller.sidecar.gate_key import GateSigner, key_path, load_key
+from overtake.controller.sidecar.limiter import Limiter, LimiterListener, Ticket
 
 __all__ = ["GATE_HEADER", "Gate", "GateOpener"]
 
@@ -149,7 +149,7 @@ class Gate:
 
     The file is created if missing and reused if present (a restarted sidecar keeps the inode
     Apache has mapped); every slot starts a new generation, so any request an earlier sidecar
-    left waiting ends stale. The key is ``path + ".key"`` (:func:`~overtake.controller.gate_key.load_key`).
+    left waiting ends stale. The key is ``path + ".key"`` (:func:`~overtake.controller.sidecar.gate_key.load_key`).
     """
 
     def __init__(self, path: str, slots: int = 4096) -> None:

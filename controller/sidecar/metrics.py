@@ -73,7 +73,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from overtake.controller.harness.apache import SCOREBOARD_STATES, scoreboard_counts
-from overtake.controller.limiter import PASSTHROUGH, Limiter
+from overtake.controller.sidecar.limiter import PASSTHROUGH, Limiter
 
 __all__ = ["ApacheCollector", "SidecarMetrics"]
 

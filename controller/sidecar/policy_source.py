@@ -4,12 +4,12 @@
 the ``--policy`` file is re-read when its mtime or size changes (polled every ``watch_interval``
 seconds; ``SIGHUP`` forces a reload through :meth:`PolicySource.reload`), and with ``--policy-url``
 the API's artifact is polled every ``policy_poll`` seconds with its ETag
-(:mod:`overtake.controller.policy_fetch`); ``PUT /-/policy`` with an ``http://`` URL follows
+(:mod:`overtake.controller.sidecar.policy_fetch`); ``PUT /-/policy`` with an ``http://`` URL follows
 another model. Every new policy goes through the sidecar's one
-atomic swap (``install``, :meth:`overtake.controller.sidecar.Sidecar.install`), which validates
+atomic swap (``install``, :meth:`overtake.controller.sidecar.service.Sidecar.install`), which validates
 it off the event loop first: a refused or unreachable policy leaves the running one in place, and
 the watcher logs it and keeps watching (whatever the file holds). The bearer token goes only to
-the ``--policy-url`` origin (:mod:`overtake.controller.policy_fetch`).
+the ``--policy-url`` origin (:mod:`overtake.controller.sidecar.policy_fetch`).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter
 
 from overtake.controller.errors import PolicyLoadError, SidecarInputError
-from overtake.controller.policies import SpawnPolicy, load_policy
-from overtake.controller.policy_fetch import (
+from overtake.controller.sidecar.policies import SpawnPolicy, load_policy
+from overtake.controller.sidecar.policy_fetch import (
     FETCH_RESULTS,
     PolicyFetcher,
     PolicyFetchError,
@@ -32,11 +32,11 @@ from overtake.controller.policy_fetch import (
     redact_url,
     url_allowed,
 )
-from overtake.controller.policy_loads import LoadBusy
-from overtake.controller.stages import StageTable
+from overtake.controller.sidecar.policy_loads import LoadBusy
+from overtake.controller.sidecar.stages import StageTable
 
 if TYPE_CHECKING:
-    from overtake.controller.sidecar import SidecarOptions
+    from overtake.controller.sidecar.service import SidecarOptions
 
 __all__ = ["PolicySource"]
 

@@ -4,7 +4,7 @@ They live on the admin listener (``admin_listen``, default ``127.0.0.1:9089``, l
 never on the public one:
 
 * ``GET /-/metrics`` and ``GET /metrics`` (Prometheus's default ``metrics_path``): the sidecar's
-  metrics and Apache's mod_status as last scraped (:mod:`overtake.controller.apache_probe`);
+  metrics and Apache's mod_status as last scraped (:mod:`overtake.controller.sidecar.apache_probe`);
 * ``GET /-/policy``: name, version, hash, source, swap and fetch counts, the online loop's status;
 * ``PUT /-/policy``: swap the policy (below);
 * ``GET /-/healthz`` (readiness): ``ok``, or 503 ``draining`` after SIGTERM, or 503 ``degraded:``
@@ -18,12 +18,12 @@ address it sends traffic to); every other ``/-/`` path there is a 404.
 of ``admin_token_file``), whatever the client's address; with no token configured every write is
 refused (403, naming the key), and so it is with ``admin_put: false``. A body is refused from its
 header block before it is read when no write can succeed, and is at most 1 MiB
-(:mod:`overtake.controller.http1`). It holds a baseline name, a server-side path (regular files
+(:mod:`overtake.controller.sidecar.http1`). It holds a baseline name, a server-side path (regular files
 only, at most ``policy_max_bytes``), the bytes of a ``.npz`` policy, or an ``http(s)://`` URL to
 follow, on the ``--policy-url`` origin or under an ``admin_policy_urls`` prefix (403 otherwise,
 and the URL is not contacted). A refused policy answers 422 with one line naming the field and the
 running policy stays; 503 when the policy loads already running or waiting are the most the
-sidecar takes (:mod:`overtake.controller.policy_loads`).
+sidecar takes (:mod:`overtake.controller.sidecar.policy_loads`).
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from overtake.controller.apache_probe import Health
 from overtake.controller.errors import PolicyLoadError, SidecarInputError
-from overtake.controller.http1 import ADMIN_BODY_MAX, Request
-from overtake.controller.policy_fetch import PolicyFetchError
-from overtake.controller.policy_loads import LoadBusy
+from overtake.controller.sidecar.apache_probe import Health
+from overtake.controller.sidecar.http1 import ADMIN_BODY_MAX, Request
+from overtake.controller.sidecar.policy_fetch import PolicyFetchError
+from overtake.controller.sidecar.policy_loads import LoadBusy
 
 __all__ = ["DEFAULT_ADMIN_LISTEN", "AdminAccess", "AdminEndpoints", "PolicyControl"]
 
@@ -67,7 +67,7 @@ class AdminAccess:
 
 
 class PolicyControl(Protocol):
-    """What the endpoints need from the sidecar's policy (:class:`~overtake.controller.sidecar.Sidecar`)."""
+    """What the endpoints need from the sidecar's policy (:class:`~overtake.controller.sidecar.service.Sidecar`)."""
 
     def policy_info(self) -> dict[str, Any]: ...
 

@@ -193,12 +193,12 @@ class ClassifierSettings(_Strict):
 
     mode: Literal["explicit", "learned", "hidden", "auto"] = "explicit"
     header: str = "X-Overtake-Phase"
-    # seconds of service per model time unit; None: the policy's (controller.units). Give it only
+    # seconds of service per model time unit; None: the policy's (controller.sidecar.units). Give it only
     # for a policy solved in an abstract unit (scenario time_unit: model, e.g. examples/table1)
     time_unit: float | None = Field(default=None, gt=0)
     next_header: str = "X-Overtake-Next-Phase"  # explicit mode: the phase of the `next` request
     history: int = Field(default=64, ge=1)  # learned: samples kept per route
-    # auto (controller.auto): run a policy only when predicted this much better than passthrough,
+    # auto (controller.sidecar.auto): run a policy only when predicted this much better than passthrough,
     # and re-check what the traffic shows every auto_interval seconds
     auto_margin: float = Field(default=0.02, ge=0, lt=1)
     auto_interval: float = Field(default=5.0, gt=0)

@@ -1,6 +1,6 @@
 """Enforcement: per-(stage, phase) queues released exactly when the policy starts a thread.
 
-The limiter never computes a limit (that is :mod:`overtake.controller.policies`); it keeps the state of
+The limiter never computes a limit (that is :mod:`overtake.controller.sidecar.policies`); it keeps the state of
 paper 004's tandem — waiting requests per queue and admitted requests ("threads") per
 (stage, phase) coordinate — and on every arrival, completion, cancellation and policy swap asks
 the policy ``action(state)`` and admits that many waiting requests, oldest first.
@@ -32,7 +32,7 @@ the oldest request of the last non-empty stage is admitted and counted in ``guar
 Observers (the online loop's recorder, :mod:`overtake.controller.online`) subscribe with
 :meth:`Limiter.add_listener` and are told of every arrival, admission, release, rejection and
 claim (:class:`LimiterListener`); they cannot change a decision. The queue and thread counts
-themselves are :class:`overtake.controller.tandem.TandemState`'s.
+themselves are :class:`overtake.controller.sidecar.tandem.TandemState`'s.
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from overtake.controller.classifier import Classifier
-from overtake.controller.policies import SpawnPolicy
-from overtake.controller.tandem import ADMITTED, DONE, QUEUED, TandemState, Ticket
+from overtake.controller.sidecar.classifier import Classifier
+from overtake.controller.sidecar.policies import SpawnPolicy
+from overtake.controller.sidecar.tandem import ADMITTED, DONE, QUEUED, TandemState, Ticket
 
 __all__ = ["ADMITTED", "DONE", "PASSTHROUGH", "QUEUED", "Limiter", "LimiterListener", "Ticket"]
 

@@ -3,7 +3,7 @@
 Paper 004 §2 models one processor shared equally (processor sharing) by the admitted requests,
 each transaction visiting stages 1..N in turn. :func:`replay` runs a recorded or generated trace
 (arrival times, per-stage demands and start phases, in model time units) through
-:class:`overtake.controller.limiter.Limiter` — the admission code the gateway runs — on a virtual clock,
+:class:`overtake.controller.sidecar.limiter.Limiter` — the admission code the gateway runs — on a virtual clock,
 with service by exact processor sharing and no network, kernel or Apache in the way.
 
 Uses: the twin of a measurement (bench/apache_table2.py replays the same trace on Apache: measured
@@ -28,10 +28,10 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from overtake.controller.classifier import Classifier
-from overtake.controller.limiter import ADMITTED, Limiter, Ticket
-from overtake.controller.policies import SpawnPolicy, load_policy
-from overtake.controller.stages import ClassifierSettings
+from overtake.controller.sidecar.classifier import Classifier
+from overtake.controller.sidecar.limiter import ADMITTED, Limiter, Ticket
+from overtake.controller.sidecar.policies import SpawnPolicy, load_policy
+from overtake.controller.sidecar.stages import ClassifierSettings
 from overtake.mdp.priority import CpuPriority
 
 __all__ = ["ROUTINGS", "replay"]

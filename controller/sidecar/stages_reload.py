@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from overtake.controller.stages import StagesConfig
+from overtake.controller.sidecar.stages import StagesConfig
 
 __all__ = ["RESTART_CLASSIFIER", "live_merge"]
 

@@ -24,7 +24,7 @@ one label per stage for ``none`` policies and baselines (nothing to classify). T
   under PS) as the most likely *current* phase, argmax_j (α exp(T a))_j. A ``none`` policy needs
   neither: it was solved for exactly this information (mdp.observation).
 
-``auto`` (:mod:`overtake.controller.auto`) picks the policy and one of these modes from what the
+``auto`` (:mod:`overtake.controller.sidecar.auto`) picks the policy and one of these modes from what the
 traffic shows.
 """
 
@@ -38,12 +38,12 @@ import numpy as np
 from scipy.linalg import expm
 
 from overtake.controller.errors import ControllerError
-from overtake.controller.policies import SpawnPolicy
-from overtake.controller.stages import ClassifierSettings
+from overtake.controller.sidecar.policies import SpawnPolicy
+from overtake.controller.sidecar.stages import ClassifierSettings
 from overtake.phases import MAX_PHASES, TWO_PHASE_NAMES, accepted_values, parse_phase
 
 if TYPE_CHECKING:
-    from overtake.controller.auto import Evidence
+    from overtake.controller.sidecar.auto import Evidence
 
 __all__ = ["BadPhaseHeader", "Classifier"]
 
@@ -74,12 +74,12 @@ class Classifier:
     def __init__(self, settings: ClassifierSettings, policy: SpawnPolicy) -> None:
         self.settings = settings
         self.mode: str = settings.mode
-        #: seconds per model time unit (controller.units; the sidecar sets the one in force)
+        #: seconds per model time unit (controller.sidecar.units; the sidecar sets the one in force)
         self.time_unit: float = settings.time_unit if settings.time_unit is not None else 1.0
         self.header = settings.header.lower().encode()
         self._routes: OrderedDict[str, _Route] = OrderedDict()
         self._version = 0
-        #: set by ``auto`` (controller.auto.Evidence): told of every phase header and demand
+        #: set by ``auto`` (controller.sidecar.auto.Evidence): told of every phase header and demand
         self.evidence: Evidence | None = None
         self.bind(policy)
 

@@ -1,34 +1,34 @@
 """Assembly of the sidecar: stages, policy, classifier, limiter, gateway, metrics, hot swap.
 
 :class:`Sidecar` builds the pieces from :class:`SidecarOptions` and runs them; the control
-endpoints are :mod:`overtake.controller.admin`'s, the policy's sources
-:mod:`overtake.controller.policy_source`'s. It owns the running policy. :meth:`Sidecar.swap` loads and validates a new one
-(:func:`overtake.controller.policies.load_policy`), and only then installs it with
-:meth:`overtake.controller.limiter.Limiter.swap` — one synchronous step on the event loop, so no request
+endpoints are :mod:`overtake.controller.sidecar.admin`'s, the policy's sources
+:mod:`overtake.controller.sidecar.policy_source`'s. It owns the running policy. :meth:`Sidecar.swap` loads and validates a new one
+(:func:`overtake.controller.sidecar.policies.load_policy`), and only then installs it with
+:meth:`overtake.controller.sidecar.limiter.Limiter.swap` — one synchronous step on the event loop, so no request
 ever sees half a policy; queued requests keep their order. A policy that fails to load or does
 not match the stages raises :class:`overtake.controller.errors.PolicyLoadError` and the old policy stays.
 Swaps come from ``PUT /-/policy`` (with the admin token), from the policy file changing on disk
 (polled every ``watch_interval`` seconds; ``SIGHUP`` forces a reload), from the REST API
-(``policy_url``: polled every ``policy_poll`` seconds with the ETag, see :mod:`overtake.controller.policy_fetch`;
+(``policy_url``: polled every ``policy_poll`` seconds with the ETag, see :mod:`overtake.controller.sidecar.policy_fetch`;
 ``PUT /-/policy`` with an ``http://`` URL follows another model), or from the online loop
 (:mod:`overtake.controller.online`).
 
 Policies from outside (``PUT /-/policy``, the file, the URL, ``SIGHUP``) are loaded by
 :meth:`Sidecar.install`: in a worker thread under a deadline (``policy_load_timeout``), one at a
-time (:mod:`overtake.controller.policy_loads`), from regular files of bounded size only, with the
-archive's inflated size bounded (:mod:`overtake.controller.policy_archive`).
+time (:mod:`overtake.controller.sidecar.policy_loads`), from regular files of bounded size only, with the
+archive's inflated size bounded (:mod:`overtake.controller.sidecar.policy_archive`).
 
-As a service (``overtake sidecar --config FILE``, :mod:`overtake.controller.sidecar_config`):
+As a service (``overtake sidecar --config FILE``, :mod:`overtake.controller.sidecar.config`):
 :meth:`Sidecar.drain` on ``SIGTERM`` stops accepting and lets every request already received
 finish within ``drain_timeout``; :meth:`Sidecar.reload` on ``SIGHUP`` applies a re-read config
 (the settings that need no new socket) and stages file (what does not reshape the queues,
-:mod:`overtake.controller.stages_reload`) and reloads the policy; the control endpoints are on their
-own listener (``admin_listen``, loopback by default; :mod:`overtake.controller.admin`), Apache's
-status and health are :mod:`overtake.controller.apache_probe`'s; ``request_log`` writes one line per request
-(:mod:`overtake.controller.request_log`).
+:mod:`overtake.controller.sidecar.stages_reload`) and reloads the policy; the control endpoints are on their
+own listener (``admin_listen``, loopback by default; :mod:`overtake.controller.sidecar.admin`), Apache's
+status and health are :mod:`overtake.controller.sidecar.apache_probe`'s; ``request_log`` writes one line per request
+(:mod:`overtake.controller.sidecar.request_log`).
 
 The time unit (seconds per model time unit) comes from the policy, else the stages file
-(:mod:`overtake.controller.units`); every time the sidecar shows is in seconds.
+(:mod:`overtake.controller.sidecar.units`); every time the sidecar shows is in seconds.
 
 Logs are JSON lines on stderr (``{"ts":..., "level":..., "event":..., ...}``).
 """
@@ -44,18 +44,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from overtake.controller.admin import DEFAULT_ADMIN_LISTEN, AdminAccess, AdminEndpoints
-from overtake.controller.apache_probe import ApacheProbe, workers_warning
-from overtake.controller.auto import Evidence, choose
-from overtake.controller.classifier import Classifier
 from overtake.controller.errors import PolicyLoadError, SidecarInputError
-from overtake.controller.gate import Gate, GateOpener
-from overtake.controller.gateway import Gateway
-from overtake.controller.limiter import Limiter
-from overtake.controller.metrics import SidecarMetrics
 from overtake.controller.online import OnlineCollector, OnlineLoop, OnlineSettings
 from overtake.controller.php_prio import PhpPrioCollector
-from overtake.controller.policies import (
+from overtake.controller.sidecar.admin import DEFAULT_ADMIN_LISTEN, AdminAccess, AdminEndpoints
+from overtake.controller.sidecar.apache_probe import ApacheProbe, workers_warning
+from overtake.controller.sidecar.auto import Evidence, choose
+from overtake.controller.sidecar.classifier import Classifier
+from overtake.controller.sidecar.gate import Gate, GateOpener
+from overtake.controller.sidecar.gateway import Gateway
+from overtake.controller.sidecar.limiter import Limiter
+from overtake.controller.sidecar.metrics import SidecarMetrics
+from overtake.controller.sidecar.policies import (
     MAX_ARRAY_BYTES,
     MAX_INFLATED_BYTES,
     MAX_POLICY_BYTES,
@@ -66,17 +66,17 @@ from overtake.controller.policies import (
     load_policy,
     load_policy_bytes,
 )
-from overtake.controller.policy_loads import LoadSlots
-from overtake.controller.policy_source import PolicySource
-from overtake.controller.request_log import RequestLog
-from overtake.controller.stages import StagesConfig, StageTable
-from overtake.controller.stages_reload import live_merge
-from overtake.controller.units import FORMER_DEFAULT, Resolution, resolve, units_of
+from overtake.controller.sidecar.policy_loads import LoadSlots
+from overtake.controller.sidecar.policy_source import PolicySource
+from overtake.controller.sidecar.request_log import RequestLog
+from overtake.controller.sidecar.stages import StagesConfig, StageTable
+from overtake.controller.sidecar.stages_reload import live_merge
+from overtake.controller.sidecar.units import FORMER_DEFAULT, Resolution, resolve, units_of
+from overtake.controller.sidecar.upstream import UpstreamPool
 from overtake.controller.uplink import bands as _bands
 from overtake.controller.uplink import make_uplink
 from overtake.controller.uplink.errors import UplinkInputError
 from overtake.controller.uplink.metrics import UplinkCollector
-from overtake.controller.upstream import UpstreamPool
 
 __all__ = ["JsonFormatter", "Sidecar", "SidecarOptions", "parse_addr", "parse_apache_url"]
 
@@ -151,12 +151,12 @@ class SidecarOptions:
     trusted_sources: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
     #: mod_overtake_prio in Apache: off | age (export its counters) | class (also set X-Overtake-Class)
     cpu_priority: str = "off"
-    #: mod_overtake_prio's admission gate (controller.gate): the file both map, or None
+    #: mod_overtake_prio's admission gate (controller.sidecar.gate): the file both map, or None
     gate: str | None = None
     #: requests the gate may hold inside Apache at once (each holds a worker: keep
     #: MaxRequestWorkers >= limits.max_inflight + gate_slots)
     gate_slots: int = 64
-    #: queued gated requests started early at SCHED_IDLE (controller.gate: idle starts)
+    #: queued gated requests started early at SCHED_IDLE (controller.sidecar.gate: idle starts)
     gate_backfill: int = 1
     #: the overtake_prio PHP extension's counters file (controller.php_prio), exported when given
     php_stats_file: str | None = None
@@ -180,7 +180,7 @@ class Sidecar:
         self.options = options
         #: SIGHUP: re-read the config (``overtake sidecar --config``); None: reload the policy only
         self.reload_options = reload_options
-        #: SIGHUP: re-read the stages file and apply what can be applied live (controller.stages_reload)
+        #: SIGHUP: re-read the stages file and apply what can be applied live (controller.sidecar.stages_reload)
         self.reload_stages = reload_stages
         self.listen = parse_addr(options.listen, "listen")
         self.admin_addr = parse_addr(options.admin_listen, "admin_listen")
@@ -206,7 +206,7 @@ class Sidecar:
         settings = cfg.classifier
         if options.phase_header:
             settings = settings.model_copy(update={"header": options.phase_header})
-        #: classifier.mode auto (controller.auto): the evidence the traffic gives, the candidates
+        #: classifier.mode auto (controller.sidecar.auto): the evidence the traffic gives, the candidates
         self.auto = settings.mode == "auto"
         self._auto_task: asyncio.Task[None] | None = None
         if self.auto:
@@ -215,7 +215,7 @@ class Sidecar:
         elif isinstance(policy, PolicySet):
             raise SidecarInputError(f"policy: {options.policy} is a directory of policies; that needs "
                                     "classifier.mode: auto in the stages file (or give one .npz)")
-        #: seconds per model time unit (controller.units): the policy's, else the stages file's
+        #: seconds per model time unit (controller.sidecar.units): the policy's, else the stages file's
         self._warned_unrecorded: set[str] = set()
         res = self._resolve_unit(policy)
         self.time_unit = res.seconds if res.seconds is not None else 1.0
@@ -254,7 +254,7 @@ class Sidecar:
             self.metrics.registry.register(PhpPrioCollector(options.php_stats_file))
         self.source.register(self.metrics.registry)
         self.pool = UpstreamPool(*self.apache, connect_timeout=cfg.limits.upstream_connect_timeout)
-        #: Apache's admission gate (controller.gate), in use once Apache reports the same file
+        #: Apache's admission gate (controller.sidecar.gate), in use once Apache reports the same file
         self.gate = Gate(options.gate, options.gate_slots) if options.gate else None
         self._gate_said: bool | None = None
         if self.gate is not None:
@@ -283,7 +283,7 @@ class Sidecar:
     def policy(self) -> SpawnPolicy:
         return self.limiter.policy
 
-    # ---- the time unit (controller.units) -------------------------------------------------
+    # ---- the time unit (controller.sidecar.units) -------------------------------------------------
     def _resolve_unit(self, policy: SpawnPolicy, stages: StagesConfig | None = None) -> Resolution:
         """The unit ``policy`` runs at under ``stages``' ``classifier.time_unit`` (default: the
         running stages file's); raises :class:`PolicyLoadError` (one line naming both values and
@@ -335,7 +335,7 @@ class Sidecar:
 
     def _cpu_class(self, stage: int, label: int) -> int | None:
         """mod_overtake_prio's starting level for a request of ``stage`` with ``label`` under the
-        policy in force (short-first classes, :func:`~overtake.controller.policies.class_levels`)."""
+        policy in force (short-first classes, :func:`~overtake.controller.sidecar.policies.class_levels`)."""
         pol = self.limiter.policy
         key = (pol, getattr(pol, "chosen", pol))  # held, so a new policy is never mistaken for it
         if self._class_key is None or key[0] is not self._class_key[0] or key[1] is not self._class_key[1]:
@@ -345,7 +345,7 @@ class Sidecar:
             return None
         return lv[stage][label]
 
-    # ---- auto (controller.auto) ------------------------------------------------------------
+    # ---- auto (controller.sidecar.auto) ------------------------------------------------------------
     def _as_set(self, policy: SpawnPolicy) -> PolicySet:
         if isinstance(policy, PolicySet):
             return policy
@@ -455,7 +455,7 @@ class Sidecar:
             log.warning("Apache has fewer workers than the sidecar may send it", extra={
                 "event": "config_warning", "detail": warning})
 
-    # ---- the admin endpoints' view (controller.admin.PolicyControl) -------------------------
+    # ---- the admin endpoints' view (controller.sidecar.admin.PolicyControl) -------------------------
     def _admin_access(self) -> AdminAccess:
         return AdminAccess(self.options.admin_put, self.options.admin_token)
 
@@ -596,9 +596,9 @@ class Sidecar:
     async def install(self, spec: str, *, source: str, data: bytes | None = None) -> SpawnPolicy:
         """Load ``spec`` (or ``data``, the bytes of an ``.npz`` named ``spec``) in a worker thread
         under ``policy_load_timeout`` and install it atomically; loads are bounded by
-        :class:`~overtake.controller.policy_loads.LoadSlots` (one at a time, a few waiting). On
+        :class:`~overtake.controller.sidecar.policy_loads.LoadSlots` (one at a time, a few waiting). On
         any error keep the old policy and raise :class:`PolicyLoadError` (one line, naming the
-        field; :class:`~overtake.controller.policy_loads.LoadBusy` when no slot is free)."""
+        field; :class:`~overtake.controller.sidecar.policy_loads.LoadBusy` when no slot is free)."""
         opts = self.options
         names = self.table.names
 

@@ -4,7 +4,7 @@ The API serves a solved model's artifact at ``GET /v1/models/{id}/policy.npz`` w
 content hash as its ETag and answers ``304 Not Modified`` to an ``If-None-Match`` that matches, so
 polling costs one small request while the policy is unchanged. :class:`PolicyFetcher` downloads
 into a fresh temporary directory; the caller installs the file through the sidecar's atomic swap
-(:meth:`overtake.controller.sidecar.Sidecar.swap`), which validates it first, so a truncated or foreign
+(:meth:`overtake.controller.sidecar.service.Sidecar.swap`), which validates it first, so a truncated or foreign
 download is refused and the running policy kept. Network and HTTP errors raise
 :class:`PolicyFetchError`; they never touch the running policy.
 
