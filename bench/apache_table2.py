@@ -17,14 +17,14 @@ means (t_{19}). Gains are fractions (E W(π) − E W(π*)) / E W(π*), measured 
 Writes the `apache-table2` (or, with --classifier hidden or learned, `apache-table2-hidden` or
 `apache-table2-learned`) section of bench/results/sections.md unless --no-write.
 
---classifier learned (issue 18): the multi-route workload. Each two-phase stage's requests come
+--classifier learned: the multi-route workload. Each two-phase stage's requests come
 in route classes with their own start-phase priors (value_of_information.route_split: 99/50/10 %
 short on one H2 stage, 99/10 % on each of two), asked for as /stage<N>/r<route> without a phase
 header; π* is the policy solved for route classes (``overtake solve --phase-info route`` on the
 case with those routes), and the sidecar and the twin learn each route's class from its
 demands (``classifier.mode: learned``).
 
---cpu-priority age (issue 20): the CPU-priority lever inside Apache (mod_overtake_prio). Per case
+--cpu-priority age: the CPU-priority lever inside Apache (mod_overtake_prio). Per case
 the lever's threshold is chosen in the model (one threshold for both stages, as one server-wide
 ``OvertakePrioLevels`` applies it; :func:`overtake.mdp.priority.choose_tandem_thresholds`), the
 demoted level is SCHED_IDLE, and the model's E[W] of π(∞) with the lever is simulated (no exact
@@ -166,7 +166,7 @@ def choose_lever(model: TandemModel, pol: Policy, best_without: float, seed: int
 
 def policy_file(case: int, policy_dir: Path, phase_info: str = "full", cpu_priority: str | None = None) -> Path:
     """The product's policy for the case: π* (``full``), or with hidden phases the best policy over
-    counts (``overtake solve --phase-info none``, issue 18), or with route classes the best policy
+    counts (``overtake solve --phase-info none``), or with route classes the best policy
     over counts per route class (``route``: the scenario with :func:`route_split`'s routes), or π*
     solved with CPU classes by phase in force (``cpu_priority="class"``), solved once and cached."""
     tag = ("" if phase_info == "full" else f"-{phase_info}") + (f"-{cpu_priority}" if cpu_priority else "")
@@ -481,7 +481,7 @@ def render(record: dict[str, Any], classifier: str, explicit: dict[str, Any] | N
     if classifier in ("hidden", "learned"):
         lines += ["", *_survival(record, explicit, classifier)]
         return "\n".join(lines)
-    lines += ["", f"Target (issue 5): every case within 5 percentage points of the model, same sign: "
+    lines += ["", f"Target: every case within 5 percentage points of the model, same sign: "
               f"{n_ok} of {n} recorded cases as measured, {n_adj} of {n} after removing the trace's randomness."]
     return "\n".join(lines)
 
@@ -515,7 +515,7 @@ def render_lever(record: dict[str, Any], classifier: str, kind: str, explicit: d
                  "that loads the module for it, held requests waiting there and the oldest one started early under "
                  "SCHED_IDLE (--gate-backfill 1)")
     lines = [
-        f"## apache-table2-{kind}: the CPU-priority lever on a real Apache ({classifier} phases, issue 20)",
+        f"## apache-table2-{kind}: the CPU-priority lever on a real Apache ({classifier} phases)",
         "",
         "As apache-table2 (same trace per case under each policy, Apache on the last core at autogroup −20, "
         "sidecar and load generator on core 0, 20 batch means after 5 % warm-up), with pi* the product's choice "
@@ -584,7 +584,7 @@ def render_lever(record: dict[str, Any], classifier: str, kind: str, explicit: d
 
 
 def _lever_conclusion(record: dict[str, Any], kind: str, explicit: dict[str, Any] | None) -> str:
-    """Issue 20's targets on the recorded cases: with the lever, the mean response time ≥ 8 % below
+    """The CPU-priority targets on the recorded cases: with the lever, the mean response time ≥ 8 % below
     pi(inf) with the paired CI excluding 0 (age), or a gain over pi(inf) at least explicit pi*'s
     without the lever (class); without it, never worse than pi(inf) beyond the CI."""
     used = [c for c in sorted(record, key=int) if record[c].get("lever", {}).get("used")]
@@ -607,7 +607,7 @@ def _lever_conclusion(record: dict[str, Any], kind: str, explicit: dict[str, Any
         worse = [c for c in rest if record[c]["measured_gains"]["pi(inf)"] < -record[c]["measured_gains_ci95"]["pi(inf)"]]
         out.append(f"Without it (cases {', '.join(rest)}: the lever not predicted better): slower than pi(inf) beyond "
                    f"the CI in {len(worse)} of {len(rest)}.")
-    if kind == "age":  # issue 18: the adjusted gains within 5 pp of the model's
+    if kind == "age":  # the adjusted gains within 5 pp of the model's
         off = {c: 100 * (r["predicted_gains"]["pi(inf)"] - r["adjusted_gains"]["pi(inf)"])
                for c, r in sorted(record.items(), key=lambda kv: int(kv[0])) if "pi(inf)" in r["adjusted_gains"]}
         far = [f"{c} ({d:+.1f} pp)" for c, d in off.items() if abs(d) > 5]

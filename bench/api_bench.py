@@ -6,7 +6,7 @@ through the API (paper 004 Table 1 case 4 shapes: two H2 stages, rho 0.6, cap 10
 
 1. ``GET /v1/models/{id}/decision?state=...`` one request at a time over a keep-alive connection,
    random states inside the truncation (policy already loaded): p50/p90/p99/max, client-side.
-   Target (issue 7): p99 <= 5 ms.
+   Target: p99 <= 5 ms.
 2. the same endpoint with ``wrk`` (one fixed state, 4 connections) for throughput, if installed;
 3. ``GET /healthz`` latency while the worker process solves a larger model (the API must stay
    responsive: solves run in a separate process);

@@ -1,4 +1,4 @@
-"""CPU priority lever (issue 20, item 1): effective weights on this kernel and mod_overtake_prio's overhead.
+"""CPU priority: effective weights on this kernel and mod_overtake_prio's overhead.
 
     python bench/cpu_priority.py [--weight-seconds 8] [--repeat 3] [--pairs 3] [--windows 6] [--duration 2]
                                  [--connections 16] [--perf] [--skip-weights] [--json] [--no-write]

@@ -17,7 +17,7 @@ Per Table 1 case (π(∞): every request gets a thread at once, as Apache's defa
 * ``class``: known-phase short-first (start level by start phase), visit model (strict) and
   simulated at the kernel weight.
 
-``--mg1``: issue 20's single-M/G/1 table (Table 1's H2 alone at ρ = 0.6): PS, FB (LAS), the best
+``--mg1``: the single-M/G/1 table (Table 1's H2 alone at ρ = 0.6): PS, FB (LAS), the best
 two-level age priority and known-phase short-first, each exact (closed form, MLPS analysis, DPS at
 finite weights) and simulated (FB as 40 levels of width 0.25).
 
@@ -27,7 +27,7 @@ average cost against the fixed-class optimum's on the same truncation (how much 
 by the phase costs).
 
 ``--spawn-cases``: π* (full phase information) alone against π* with short-first CPU classes,
-simulated (issue 20's "short-first priority plus π*'s spawn rules"), and exact: with hyperexponential
+simulated ("short-first priority plus π*'s spawn rules"), and exact: with hyperexponential
 stages the phases do not move, so class priority by start phase is weighted sharing by phase
 (``TandemModel.weights``, discriminatory processor sharing), and the MDP gives the exact E[W] of
 π(∞) and of π* under it, and the optimal spawn policy with the classes in force: short-first, and
@@ -197,7 +197,7 @@ def spawn_case(c: int, args: argparse.Namespace, w: float, log: Any) -> dict[str
                   class_candidates=[{"levels": [list(r) for r in lv], "mean_response_time": ew} for lv, ew in by.items()])
         ex["gap"] = ex["pi_star_class"][-1] / ex["opt_class"] - 1
         if args.class_action:
-            # the class as part of the action, on opt_class's own solve truncation (issue 20, part 2)
+            # the class as part of the action, on opt_class's own solve truncation
             act = class_action_optimum(model, oc.solve.space.trunc, weight=w, tol=args.class_action_tol)
             ex["class_action"] = {"truncation": [oc.solve.space.trunc.max_requests, oc.solve.space.trunc.k_max],
                                   "states": act.states, "gain": act.gain, "gain_bounds": list(act.gain_bounds),
@@ -218,7 +218,7 @@ def spawn_case(c: int, args: argparse.Namespace, w: float, log: Any) -> dict[str
 
 
 def mg1_table(args: argparse.Namespace, w: float, log: Any) -> dict[str, Any]:
-    """Issue 20's table: one M/G/1 with Table 1's H2 at ρ = 0.6, exact and simulated."""
+    """The single-M/G/1 table: one M/G/1 with Table 1's H2 at ρ = 0.6, exact and simulated."""
     from overtake.mdp.model import Stage, TandemModel
 
     h2 = Stage("h2", np.array([0.91, 0.09]), np.diag([-1 / 0.55, -1 / 5.45]))
@@ -259,7 +259,7 @@ def main() -> int:
     ap.add_argument("--weight", default="idle", help="weight of the demoted level: a number, niceN or idle "
                     "(default idle = 3/1024, the kernel's table; nice19 = 15/1024)")
     ap.add_argument("--spawn-cases", default="", help="cases for pi* with and without short-first classes")
-    ap.add_argument("--mg1", action="store_true", help="issue 20's single-M/G/1 table")
+    ap.add_argument("--mg1", action="store_true", help="the single-M/G/1 table (Table 1's H2 alone at rho = 0.6)")
     ap.add_argument("--mg1-requests", type=int, default=2_000_000)
     ap.add_argument("--tol", type=float, default=1e-3, help="pi* solver tolerance (--spawn-cases)")
     ap.add_argument("--class-action", action="store_true",

@@ -1,5 +1,5 @@
 """Hand-over: how long Apache's core idles between two requests the sidecar admits one after
-the other (issue 18: why count-only policies keep less of the model's gain than the twin).
+the other (why count-only policies keep less of the model's gain than the twin).
 
     python bench/handover.py [--work 0.005] [--requests 60] [--clients 4] [--rounds 5] [--json] [--no-write]
 
@@ -168,7 +168,7 @@ def summary(res: dict[str, Any], command: str, when: str | None = None, mach: st
 
 
 def section(res: dict[str, Any], command: str, when: str | None = None, mach: str | None = None) -> str:
-    return ("## handover: Apache's idle time per admission, with and without the admission gate (issue 18)\n\n"
+    return ("## handover: Apache's idle time per admission, with and without the admission gate\n\n"
             + summary(res, command, when, mach))
 
 

@@ -97,7 +97,7 @@ def main() -> int:
         rows.append(r)
         print(json.dumps(r), flush=True)
     lines = [
-        "## mdp/lp.py — occupation-measure LP size limit (issue 4, part 2)",
+        "## mdp/lp.py — occupation-measure LP size limit",
         "",
         f"- Date: {started}; machine: {os.cpu_count()} vCPU, {platform.processor() or platform.machine()}, "
         f"Python {platform.python_version()}; **shared with other helpers' jobs** (load average {load0:.1f} "

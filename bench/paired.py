@@ -2,7 +2,7 @@
 
     python bench/paired.py --case 4 --load 0.8 --duration 90 [--json] [--no-write]
 
-Issue 6, "pairing with the thread policy". The uplink testbed (bench/uplink/testbed.py: two
+Pairing with the thread policy. The uplink testbed (bench/uplink/testbed.py: two
 namespaces, the server side's egress shaped by HTB to --rate) runs a private Apache (pinned to the
 last core, autogroup -20) behind ONE `overtake sidecar --policy P --uplink U` (on core 0). Two
 open-loop clients in the client namespace run at the same time:
@@ -204,7 +204,7 @@ def _follow(m: dict[str, float]) -> str:
 def render(out: dict[str, Any], command: str, started: float, hp: int | None, section: str = "paired") -> str:
     s = out["setup"]
     lines = [
-        f"## {section}: thread policy and uplink SRPT in one sidecar (issue 6)",
+        f"## {section}: thread policy and uplink SRPT in one sidecar",
         "",
         f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; {machine()} at the end; "
         f"guest halt polling {'off' if not hp else f'{hp / 1e6:g} ms'}; {time.time() - started:.0f} s.",

@@ -1,4 +1,4 @@
-"""A normal client's latency and the sidecar's memory while the sidecar is attacked (issue 19).
+"""A normal client's latency and the sidecar's memory while the sidecar is attacked.
 
 A real Apache (pinned to one core) behind ``overtake sidecar`` enforcing a solved π* on two
 stages. One client, the normal one, GETs a 13-byte static file on a fresh connection every
@@ -30,7 +30,7 @@ default is 1 GiB); each phase reports the largest spool on disk seen.
 
 Then a second pair, Apache with mod_overtake_prio's admission gate and ``overtake sidecar
 --policy pi(1) --gate FILE``, with four clients looping ``/stage1`` through the sidecar (so that
-requests wait in Apache's gate) besides the normal one, under the gate attacks of issue 29:
+requests wait in Apache's gate) besides the normal one, under the gate attacks:
 
 =================  ==========================================================================
 gate_forged        32 clients GET ``/stage1`` from Apache directly with a waiting slot's
@@ -44,7 +44,7 @@ Reported besides: Apache children that died (``exit signal`` in its error log) a
 clients' requests that were not answered 200 (both must be 0).
 
 Then ``overtake api`` (no Apache needed) on the same core, its normal client GETting ``/healthz``
-every 20 ms on a fresh connection, under the API attacks of issue 19, each alone as above:
+every 20 ms on a fresh connection, under the API attacks, each alone as above:
 
 =================  ==========================================================================
 json_bodies        2 streams POST 16 MB JSON documents (8 M numbers, just under the cap) to
@@ -59,8 +59,8 @@ another job's autogroup at -20 on Apache's core otherwise owns the tail); the pr
 and the servers share core 0, Apache has the last core.
 
 Reported per phase: the normal client's p50/p99 and failures, the server's RSS (idle, peak
-during, after), and for the sidecar whether ``overtake_inflight`` returned to 0. Targets
-(issue 19): p99 <= 50 ms and peak RSS <= 2x idle under every attack.
+during, after), and for the sidecar whether ``overtake_inflight`` returned to 0. Targets:
+p99 <= 50 ms and peak RSS <= 2x idle under every attack.
 """
 
 from __future__ import annotations
@@ -815,7 +815,7 @@ def section(res: dict[str, Any], command: str) -> str:
             f"{'–' if p['target'] == 'api' else format(p['inflight_after'], '.0f')} | "
             f"{'yes' if p['ok'] else '**no**'} |" for p in res["phases"]]
     return "\n".join([
-        "## sidecar-attack: a normal client while the sidecar or the API is attacked (issue 19)",
+        "## sidecar-attack: a normal client while the sidecar or the API is attacked",
         f"`{command}`, {res['date']}, {res['machine']}, autogroup {res['autogroup_nice']}. A real Apache (one core) behind the "
         "sidecar enforcing π*, its normal "
         "client GETting a 13-byte file every 20 ms on a fresh connection; then `overtake api`, its normal client "

@@ -1,12 +1,12 @@
 """Sidecar overhead: wrk on a tiny static file, direct to Apache, through `overtake sidecar` in
-passthrough (π(∞)), and through HAProxy with per-server maxconn — in one run (issue #5).
+passthrough (π(∞)), and through HAProxy with per-server maxconn — in one run.
 
     python bench/sidecar_overhead.py [--duration 10] [--connections 32] [--repeat 3] [--json]
 
 Apache (private instance, controller.harness.apache) is pinned to the last core with raised autogroup
 priority; wrk, the sidecar and HAProxy share core 0 (the machine has 2 cores). Two loads:
-``-c 1`` (one request at a time: the latency a proxy adds) and ``-c N`` (throughput). Targets
-(issue #5): added p50 <= 0.5 ms over direct, sidecar throughput >= 25 % of HAProxy's. Medians
+``-c 1`` (one request at a time: the latency a proxy adds) and ``-c N`` (throughput). Targets:
+added p50 <= 0.5 ms over direct, sidecar throughput >= 25 % of HAProxy's. Medians
 over --repeat interleaved rounds. Writes the `sidecar` section of bench/results/sections.md unless
 --no-write.
 """

@@ -90,7 +90,7 @@ def main() -> int:
     autogroup = "n/a" if nice is None else f"nice {nice}"
     states = sorted(estimated_states(p) for p in points)
     lines = [
-        "## mdp/sweep.py — `overtake sweep` on Dask, 1 vs 2 local workers (issue 4, part 4)",
+        "## mdp/sweep.py — `overtake sweep` on Dask, 1 vs 2 local workers",
         "",
         f"- Date: {started}; machine: {os.cpu_count()} vCPU, {platform.processor() or platform.machine()}, "
         f"Python {platform.python_version()}; load average {load0:.1f} at start (per run below; the machine is "

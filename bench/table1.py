@@ -41,7 +41,7 @@ def paper_rows() -> dict[int, dict[str, str]]:
 
 def acceptance(out: dict[int, dict], paper: dict[int, dict[str, str]]) -> list[str]:
     """The issue's Table 1 checks, computed from this run against the paper's figures."""
-    res = ["Checks against the paper (issue #2, acceptance 2):", ""]
+    res = ["Checks against the paper:", ""]
     for c in sorted(out):
         p = paper.get(c)
         if not p or not p.get("gain_pi1"):

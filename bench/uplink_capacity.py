@@ -2,7 +2,7 @@
 
     sudo python bench/uplink_capacity.py --policies fair,srpt,app:4,app:1 --duration 20 --connections 64
 
-Issue 6 asks what the application-level fallback (paper 000) costs in throughput. At loads below
+What does the application-level fallback (Crovella et al.'s connection scheduling) cost in throughput? At loads below
 1 every policy carries the offered bytes (bench/uplink_srpt.py: equal Mbit/s), so the cost only
 shows at saturation: wrk (Debian package) in the client namespace keeps ``--connections``
 requests outstanding, one connection per request, sizes drawn from the World Cup 98 model
@@ -98,7 +98,7 @@ def render(out: dict[str, Any], command: str, args: argparse.Namespace) -> str:
     med = {p: float(np.median([r["bytes_per_s"] for r in rs])) for p, rs in out["runs"].items()}
     fair = med.get("fair")
     lines = [
-        "## uplink-capacity: byte throughput at saturation (issue 6, app-level cost)",
+        "## uplink-capacity: byte throughput at saturation (app-level cost)",
         "",
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine()}.",
         f"Command: `{command}`. wrk -t1 -c{args.connections} (closed loop, one connection per request, "

@@ -13,7 +13,7 @@ uplink with ``make_uplink(X)``: bands detected from the installed qdisc, adaptiv
 ``asyncio`` = bench/uplink/server.py (the product's uplink code path with a minimal static server
 in front, no Apache; SRPT gets cutoffs derived from the size model).
 
-Contract (issue 6)::
+Contract::
 
     python bench/uplink_srpt.py --load 0.8 --policies fair,srpt,srrt --duration S --json
 

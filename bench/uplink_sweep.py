@@ -1,4 +1,4 @@
-"""Uplink load sweep: FAIR vs SRPT (and friends) at loads 0.5-0.9, several seeds (issue 6).
+"""Uplink load sweep: FAIR vs SRPT (and friends) at loads 0.5-0.9, several seeds.
 
 Each (load, seed) is one bench/uplink_srpt.py run: a fresh testbed, one seeded Poisson schedule
 replayed for every policy, so every ratio below is FAIR and the policy on the *same* arrivals
@@ -98,7 +98,7 @@ def pooled_top1(r: dict[str, Any]) -> float:
 
 
 def targets(rows: list[dict[str, Any]]) -> str:
-    """Issue 6's targets at load 0.8, counted per seed: mean <= 1/3, largest 1 % <= 1.1x; and the
+    """The uplink targets at load 0.8, counted per seed: mean <= 1/3, largest 1 % <= 1.1x; and the
     largest 1 % pooled over the seeds."""
     lines = []
     for r in rows:
@@ -194,7 +194,7 @@ def record(rows: list[dict[str, Any]], runs: list[dict[str, Any]], argvs: list[l
             else "load average unknown")
     text = "\n".join([
         f"## {section}: FAIR vs SRPT over uplink load {span}, "
-        f"{'/'.join(f'{d:g}' for d in durations)} s, several seeds (issue 6)", "",
+        f"{'/'.join(f'{d:g}' for d in durations)} s, several seeds", "",
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine()} at the end, {when}; " +
         "; ".join(f"`OPENBLAS_NUM_THREADS=1 python bench/uplink_sweep.py {' '.join(a)}`"
                   for a in argvs)

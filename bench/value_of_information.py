@@ -1,4 +1,4 @@
-"""Value of information on paper 004's Table 1: what each level of phase knowledge is worth (issue 18).
+"""Value of information on paper 004's Table 1: what each level of phase knowledge is worth.
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/value_of_information.py [--cases 1,2,...] [--tol 0.001]
         [--jobs 2] [--no-route] [--merge] [--record] [--json] [--no-write]
@@ -272,7 +272,7 @@ def section(doc: dict[str, Any]) -> str:
         caps.setdefault((results[c]["route"]["solve_cap"], results[c]["route"]["threads"]), []).append(c)
     untraced = [c for c in routed if not isinstance(results[c].get("route"), dict)]
     return "\n".join([
-        "## value-of-information: what each level of phase knowledge is worth, paper 004's Table 1 (issue 18)",
+        "## value-of-information: what each level of phase knowledge is worth, paper 004's Table 1",
         f"Conclusion: E W(none) ≤ every baseline and full ≤ start ≤ none (full ≤ route ≤ none) on all {len(results)} cases: "
         f"{'yes' if check(results) else '**no**'}"
         + (f" (within the tolerance: {'; '.join(loose)})" if loose else "")
