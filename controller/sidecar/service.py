@@ -44,6 +44,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
+from overtake.controller.cpu_location import CpuLocation
 from overtake.controller.errors import PolicyLoadError, SidecarInputError
 from overtake.controller.online import OnlineCollector, OnlineLoop, OnlineSettings
 from overtake.controller.php_prio import PhpPrioCollector
@@ -252,6 +253,10 @@ class Sidecar:
             self.metrics.registry.register(UplinkCollector(self.uplink))
         if options.php_stats_file:  # PHP-FPM's workers run the CPU there: their demotions
             self.metrics.registry.register(PhpPrioCollector(options.php_stats_file))
+        #: where the CPU runs (Apache or PHP-FPM): the module's lever reaches only Apache's
+        self.cpu_location = CpuLocation(options.cpu_priority, php_lever=bool(options.php_stats_file))
+        self.metrics.registry.register(self.cpu_location)
+        self._cpu_task: asyncio.Task[None] | None = None
         self.source.register(self.metrics.registry)
         self.pool = UpstreamPool(*self.apache, connect_timeout=cfg.limits.upstream_connect_timeout)
         #: Apache's admission gate (controller.sidecar.gate), in use once Apache reports the same file
@@ -369,6 +374,12 @@ class Sidecar:
                 f"classifier {choice.mode}, available {', '.join(sorted(ev.available()))}"})
         return changed
 
+    async def _cpu_loop(self) -> None:
+        """Sample where the CPU runs at Apache's scrape interval (a /proc scan, off the loop)."""
+        while True:
+            await asyncio.to_thread(self.cpu_location.sample)
+            await asyncio.sleep(self.options.status_interval)
+
     async def _auto_loop(self) -> None:
         """Re-check what the traffic shows; swap when the best usable policy changes."""
         while True:
@@ -430,6 +441,7 @@ class Sidecar:
             self._auto_task = asyncio.create_task(self._auto_loop())
         if self.online is not None:
             self.online.start()
+        self._cpu_task = asyncio.create_task(self._cpu_loop())
         await self.probe.scrape()
         self.probe.start()
         self._check_apache()
@@ -493,6 +505,8 @@ class Sidecar:
     async def close(self) -> None:
         if self._auto_task is not None:
             self._auto_task.cancel()
+        if self._cpu_task is not None:
+            self._cpu_task.cancel()
         if self.online is not None:
             await self.online.close()
         self.source.stop()

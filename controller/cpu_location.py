@@ -1,0 +1,113 @@
+"""Where the server's CPU runs: in Apache's processes, or in PHP-FPM's workers.
+
+mod_overtake_prio changes the priority of Apache's worker threads. Behind PHP-FPM
+(``proxy_fcgi``) those threads only wait for FPM, whose workers burn the CPU: the module then
+demotes nothing, yet a sidecar told ``--cpu-priority age`` would go on predicting its gain. So the
+sidecar samples, from ``/proc``, the CPU used by the host's Apache and PHP-FPM processes (their
+own and their reaped children's), exports it, and says once, as a warning, when most of it runs
+in PHP-FPM while the module is the CPU lever in use: the ``overtake_prio`` PHP extension is the
+lever that reaches there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+__all__ = ["GROUPS", "CpuLocation", "cpu_by_group"]
+
+log = logging.getLogger("overtake.sidecar")
+
+#: process name (``/proc/PID/comm``) prefixes of each group
+GROUPS: Mapping[str, tuple[str, ...]] = {"apache": ("apache2", "httpd"), "php-fpm": ("php-fpm",)}
+
+
+def cpu_by_group(proc: Path = Path("/proc")) -> dict[str, float]:
+    """CPU seconds (user + system, own and reaped children's) of each group's processes now."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = dict.fromkeys(GROUPS, 0.0)
+    for entry in os.scandir(proc):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:  # gone meanwhile
+            continue
+        comm = stat[stat.find("(") + 1: stat.rfind(")")]
+        group = next((g for g, names in GROUPS.items() if comm.startswith(names)), None)
+        if group is None:
+            continue
+        f = stat.rsplit(")", 1)[1].split()
+        out[group] += sum(int(x) for x in f[11:15]) / tick  # utime stime cutime cstime
+    return out
+
+
+class CpuLocation(Collector):
+    """The per-group CPU counters, and the check of the CPU lever against them.
+
+    Parameters
+    ----------
+    lever
+        The sidecar's ``cpu_priority`` (``off``, ``age``, ``class``): which lever it relies on.
+    php_lever
+        The ``overtake_prio`` PHP extension's counters are read (``php_stats_file``).
+    min_cpu
+        CPU seconds, both groups together since the first sample, before the check speaks.
+    share
+        PHP-FPM's share of that CPU above which the module is said not to reach the work.
+    """
+
+    def __init__(self, lever: str, *, php_lever: bool = False, min_cpu: float = 5.0, share: float = 0.5,
+                 proc: Path = Path("/proc")) -> None:
+        self.lever, self.php_lever = lever, php_lever
+        self.min_cpu, self.share = min_cpu, share
+        self.proc = proc
+        self._lock = threading.Lock()
+        self._first: dict[str, float] | None = None
+        self.last: dict[str, float] = dict.fromkeys(GROUPS, 0.0)
+        #: None until enough CPU was seen; then whether the module's lever reaches most of it
+        self.module_reaches: bool | None = None
+
+    def sample(self) -> dict[str, float]:
+        """Read ``/proc`` and update the check; the counters now."""
+        now = cpu_by_group(self.proc)
+        with self._lock:
+            if self._first is None:
+                self._first = now
+            self.last = now
+            used = {g: max(now[g] - self._first[g], 0.0) for g in GROUPS}
+            total = sum(used.values())
+            if total >= self.min_cpu:
+                reaches = used["php-fpm"] <= self.share * total
+                if reaches != self.module_reaches:
+                    self._say(reaches, used)
+                self.module_reaches = reaches
+        return now
+
+    def _say(self, reaches: bool, used: dict[str, float]) -> None:
+        if self.lever == "off" or reaches:
+            return
+        fix = ("the overtake_prio PHP extension's counters are exported (php_stats_file): it is the lever there"
+               if self.php_lever else "load the overtake_prio PHP extension into PHP-FPM (docs/howto/php-sites.md) "
+               "and give the sidecar its php_stats_file")
+        log.warning(f"cpu_priority {self.lever}: mod_overtake_prio cannot reach most of the CPU: PHP-FPM used "
+                    f"{used['php-fpm']:.1f} s against Apache's {used['apache']:.1f} s; {fix}",
+                    extra={"event": "cpu_priority_unreachable"})
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        now = self.sample()
+        c = CounterMetricFamily("overtake_server_cpu_seconds", "CPU of this host's Apache and PHP-FPM "
+                                "processes (user + system, reaped children included)", labels=["process"])
+        for group, seconds in now.items():
+            c.add_metric([group], seconds)
+        yield c
+        if self.lever != "off" and self.module_reaches is not None:
+            yield GaugeMetricFamily("overtake_cpu_priority_module_reaches", "1 while most of the server's CPU "
+                                    "runs in Apache's processes, where mod_overtake_prio acts; 0 when it runs in "
+                                    "PHP-FPM", value=float(self.module_reaches))

@@ -1,0 +1,98 @@
+"""Where the CPU runs (controller.cpu_location): Apache's processes or PHP-FPM's workers."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from overtake.controller.cpu_location import CpuLocation, cpu_by_group
+from overtake.controller.harness import php_fpm as pf
+from overtake.controller.harness.scratch import scratch_dir
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc(root: Path, pid: int, comm: str, utime: float, stime: float = 0.0, cutime: float = 0.0) -> None:
+    """A /proc/PID/stat as the kernel writes it (fields 14-17: utime stime cutime cstime, in ticks)."""
+    ticks = [round(x * TICK) for x in (utime, stime, cutime, 0.0)]
+    rest = ["S", "1", "1", "1", "0", "-1", "4194304", "0", "0", "0", "0", *map(str, ticks), "20", "0", "1", "0"]
+    (root / str(pid)).mkdir(parents=True, exist_ok=True)
+    (root / str(pid) / "stat").write_text(f"{pid} ({comm}) {' '.join(rest)}\n")
+
+
+def test_groups_sum_own_and_reaped_children(tmp_path: Path) -> None:
+    _proc(tmp_path, 10, "apache2", 1.0, 0.5, cutime=2.0)
+    _proc(tmp_path, 11, "apache2", 0.25)
+    _proc(tmp_path, 20, "php-fpm8.2", 3.0, 1.0)
+    _proc(tmp_path, 30, "python3 (x) y", 9.0)  # a name with parentheses is read to its last ')'
+    (tmp_path / "self").mkdir()
+    assert cpu_by_group(tmp_path) == {"apache": 3.75, "php-fpm": 4.0}
+
+
+def _metrics(loc: CpuLocation) -> dict[tuple[str, str], float]:
+    reg = CollectorRegistry()
+    reg.register(loc)
+    return {(s.name, s.labels.get("process", "")): s.value
+            for f in text_string_to_metric_families(generate_latest(reg).decode()) for s in f.samples}
+
+
+def test_the_module_is_said_not_to_reach_php_fpm(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    _proc(tmp_path, 10, "apache2", 1.0)
+    _proc(tmp_path, 20, "php-fpm8.2", 1.0)
+    loc = CpuLocation("age", proc=tmp_path, min_cpu=5.0)
+    loc.sample()
+    _proc(tmp_path, 20, "php-fpm8.2", 4.0)  # 3 s in FPM, none in Apache: not enough CPU yet
+    loc.sample()
+    assert loc.module_reaches is None
+    _proc(tmp_path, 10, "apache2", 2.0)
+    _proc(tmp_path, 20, "php-fpm8.2", 8.0)  # 7 s of 8 in FPM
+    with caplog.at_level(logging.WARNING, logger="overtake.sidecar"):
+        m = _metrics(loc)
+    assert loc.module_reaches is False
+    assert m[("overtake_server_cpu_seconds_total", "php-fpm")] == 8.0
+    assert m[("overtake_cpu_priority_module_reaches", "")] == 0.0
+    said = [r for r in caplog.records if getattr(r, "event", "") == "cpu_priority_unreachable"]
+    assert len(said) == 1 and "overtake_prio PHP extension" in said[0].getMessage()
+    with caplog.at_level(logging.WARNING, logger="overtake.sidecar"):
+        loc.sample()  # said once
+    assert len([r for r in caplog.records if getattr(r, "event", "") == "cpu_priority_unreachable"]) == 1
+
+
+@pytest.mark.parametrize(("lever", "apache", "fpm"), [("age", 9.0, 1.0), ("off", 1.0, 9.0)])
+def test_no_warning_when_the_module_reaches_or_is_off(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                      lever: str, apache: float, fpm: float) -> None:
+    _proc(tmp_path, 10, "apache2", 0.0)
+    _proc(tmp_path, 20, "php-fpm8.2", 0.0)
+    loc = CpuLocation(lever, proc=tmp_path)
+    loc.sample()
+    _proc(tmp_path, 10, "apache2", apache)
+    _proc(tmp_path, 20, "php-fpm8.2", fpm)
+    with caplog.at_level(logging.WARNING, logger="overtake.sidecar"):
+        m = _metrics(loc)
+    assert loc.module_reaches is (apache > fpm)
+    assert not [r for r in caplog.records if getattr(r, "event", "") == "cpu_priority_unreachable"]
+    assert (("overtake_cpu_priority_module_reaches", "") in m) is (lever != "off")
+
+
+@pytest.mark.skipif(pf.php_available() is not None, reason=str(pf.php_available()))
+def test_a_real_php_fpm_pool_is_seen_burning(tmp_path: Path) -> None:
+    """From this host's real /proc: a PHP-FPM worker that burns 0.5 s of CPU raises the php-fpm
+    group by at least that much (other pools on the host may add to it, never take from it)."""
+    work = scratch_dir("overtake-cpu-location-")
+    pool = pf.start_pool(work / "pool", None, {}, scripts={
+        "burn.php": "<?php function c() { $r = getrusage(); return $r['ru_utime.tv_sec'] + $r['ru_utime.tv_usec'] / 1e6; }"
+                    " $t = c(); while (c() - $t < 0.5) {} echo 'ok';"})
+    try:
+        before = cpu_by_group()["php-fpm"]
+        assert pf.fastcgi_get(pool, "burn.php") == (200, b"ok")
+        after = cpu_by_group()["php-fpm"]
+        assert after - before >= 0.45  # 0.5 s of user CPU, as the worker's own clock counts it
+    finally:
+        pool.stop()
+        subprocess.run(["rm", "-rf", str(work)], check=False)
