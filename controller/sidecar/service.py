@@ -210,6 +210,8 @@ class Sidecar:
         #: classifier.mode auto (controller.sidecar.auto): the evidence the traffic gives, the candidates
         self.auto = settings.mode == "auto"
         self._auto_task: asyncio.Task[None] | None = None
+        #: where the CPU runs (Apache or PHP-FPM): the module's lever reaches only Apache's
+        self.cpu_location = CpuLocation(options.cpu_priority, php_lever=bool(options.php_stats_file))
         if self.auto:
             policy = self._as_set(policy)
             settings = settings.model_copy(update={"mode": "hidden"})  # until the first choice
@@ -253,8 +255,6 @@ class Sidecar:
             self.metrics.registry.register(UplinkCollector(self.uplink))
         if options.php_stats_file:  # PHP-FPM's workers run the CPU there: their demotions
             self.metrics.registry.register(PhpPrioCollector(options.php_stats_file))
-        #: where the CPU runs (Apache or PHP-FPM): the module's lever reaches only Apache's
-        self.cpu_location = CpuLocation(options.cpu_priority, php_lever=bool(options.php_stats_file))
         self.metrics.registry.register(self.cpu_location)
         self._cpu_task: asyncio.Task[None] | None = None
         self.source.register(self.metrics.registry)
@@ -364,7 +364,7 @@ class Sidecar:
         assert ev is not None
         settings = self.table.config.classifier
         choice = choose(ps.members, ev.available(), ps.passthrough, margin=settings.auto_margin,
-                        lever=self.options.cpu_priority)
+                        lever=self._cpu_lever())
         changed = choice.policy is not ps.chosen or initial
         ps.adopt(choice.policy, choice.reason, choice.predicted_gain)
         if changed:
@@ -373,6 +373,13 @@ class Sidecar:
                 "event": "auto_choice", "policy": choice.policy.name, "detail": f"information {choice.info}, "
                 f"classifier {choice.mode}, available {', '.join(sorted(ev.available()))}"})
         return changed
+
+    def _cpu_lever(self) -> str:
+        """The CPU lever auto may count on: ``cpu_priority``, unless the CPU runs in PHP-FPM,
+        where mod_overtake_prio cannot act and no PHP extension's counters are given."""
+        if self.cpu_location.module_reaches is False and not self.options.php_stats_file:
+            return "off"
+        return self.options.cpu_priority
 
     async def _cpu_loop(self) -> None:
         """Sample where the CPU runs at Apache's scrape interval (a /proc scan, off the loop)."""

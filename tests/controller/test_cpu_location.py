@@ -96,3 +96,18 @@ def test_a_real_php_fpm_pool_is_seen_burning(tmp_path: Path) -> None:
     finally:
         pool.stop()
         subprocess.run(["rm", "-rf", str(work)], check=False)
+
+
+@pytest.mark.parametrize(("reaches", "php_stats_file", "lever"), [
+    (None, None, "age"), (True, None, "age"), (False, None, "off"), (False, "/run/php/stats", "age")])
+def test_auto_counts_on_the_module_only_where_it_reaches(reaches: bool | None, php_stats_file: str | None,
+                                                         lever: str) -> None:
+    """Auto weighs its candidates with the CPU lever only while that lever reaches the CPU:
+    not when the work runs in PHP-FPM, unless the PHP extension carries it there."""
+    from types import SimpleNamespace
+
+    from overtake.controller.sidecar.service import Sidecar
+
+    side = SimpleNamespace(cpu_location=SimpleNamespace(module_reaches=reaches),
+                           options=SimpleNamespace(cpu_priority="age", php_stats_file=php_stats_file))
+    assert Sidecar._cpu_lever(side) == lever  # type: ignore[arg-type]
