@@ -386,12 +386,26 @@ static bool method_exempt(const char *method)
     return false;
 }
 
+/* A whole number within [lo, hi], or a warning naming the setting, the range and its meaning
+ * (PHP then keeps the default): never a silent clamp, never "abc" read as 0. */
+static zend_result in_range(zend_ini_entry *entry, zend_string *value, zend_long lo, zend_long hi, const char *what)
+{
+    char *end = NULL;
+    const char *text = ZSTR_VAL(value);
+    long long v;
+    errno = 0;
+    v = strtoll(text, &end, 10);
+    if (*text == '\0' || end == NULL || *end != '\0' || errno != 0 || v < lo || v > hi) {
+        php_error_docref(NULL, E_WARNING, "%s must be a whole number within %ld..%ld (%s), got \"%s\"",
+                         ZSTR_VAL(entry->name), (long)lo, (long)hi, what, text);
+        return FAILURE;
+    }
+    return SUCCESS;
+}
+
 static ZEND_INI_MH(on_threshold)
 {
-    zend_long v = ZEND_STRTOL(ZSTR_VAL(new_value), NULL, 10);
-    if (v < 0) {
-        php_error_docref(NULL, E_WARNING,
-                         "overtake_prio.threshold_ms must be >= 0 (CPU milliseconds before demotion; 0 = off)");
+    if (in_range(entry, new_value, 0, 3600000, "CPU milliseconds before demotion; 0 = off") != SUCCESS) {
         return FAILURE;
     }
     return OnUpdateLong(entry, new_value, mh_arg1, mh_arg2, mh_arg3, stage);
@@ -399,9 +413,7 @@ static ZEND_INI_MH(on_threshold)
 
 static ZEND_INI_MH(on_nice)
 {
-    zend_long v = ZEND_STRTOL(ZSTR_VAL(new_value), NULL, 10);
-    if (v < 1 || v > 19) {
-        php_error_docref(NULL, E_WARNING, "overtake_prio.nice must be within 1..19 (the demoted nice level)");
+    if (in_range(entry, new_value, 1, 19, "the demoted nice level") != SUCCESS) {
         return FAILURE;
     }
     return OnUpdateLong(entry, new_value, mh_arg1, mh_arg2, mh_arg3, stage);
@@ -409,10 +421,7 @@ static ZEND_INI_MH(on_nice)
 
 static ZEND_INI_MH(on_max_demoted)
 {
-    zend_long v = ZEND_STRTOL(ZSTR_VAL(new_value), NULL, 10);
-    if (v < 0) {
-        php_error_docref(NULL, E_WARNING,
-                         "overtake_prio.max_demoted_ms must be >= 0 (wall milliseconds at the low level; 0 = no bound)");
+    if (in_range(entry, new_value, 0, 3600000, "wall milliseconds at the low level; 0 = no bound") != SUCCESS) {
         return FAILURE;
     }
     return OnUpdateLong(entry, new_value, mh_arg1, mh_arg2, mh_arg3, stage);

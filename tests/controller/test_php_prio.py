@@ -129,9 +129,10 @@ def test_idle_level_and_bounded_demotion(extension: Path, work: Path) -> None:
 
 
 @pytest.mark.parametrize(("setting", "message"), [
-    ("overtake_prio.nice=25", "overtake_prio.nice must be within 1..19"),
-    ("overtake_prio.threshold_ms=-5", "overtake_prio.threshold_ms must be >= 0"),
-    ("overtake_prio.max_demoted_ms=-1", "overtake_prio.max_demoted_ms must be >= 0"),
+    ("overtake_prio.nice=25", 'overtake_prio.nice must be a whole number within 1..19 (the demoted nice level), got "25"'),
+    ("overtake_prio.threshold_ms=-5", "overtake_prio.threshold_ms must be a whole number within 0..3600000"),
+    ("overtake_prio.threshold_ms=40ms", 'got "40ms"'),
+    ("overtake_prio.max_demoted_ms=-1", "overtake_prio.max_demoted_ms must be a whole number within 0..3600000"),
 ])
 def test_bad_settings_name_the_setting_and_the_fix(extension: Path, setting: str, message: str) -> None:
     run = subprocess.run(["php", "-n", "-d", f"extension={extension}", "-d", setting, "-r", "echo 'ran';"],
