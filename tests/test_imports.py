@@ -28,15 +28,6 @@ EXCLUDED = (HARNESS,)
 #: start the harness's Apache and Prometheus, so they are the one place the product names it
 HARNESS_FRONT_ENDS = frozenset({"overtake.api.commands.apache", "overtake.api.commands.prometheus"})
 
-#: Cycles outside mdp and fitting known when this check was written, each as its set of modules.
-#: Temporary: the owners of controller/ and api/ empty this list; a cycle not listed fails, and so
-#: does a listed one that no longer exists (delete its entry then).
-KNOWN_CYCLES: list[frozenset[str]] = [
-    frozenset({"overtake.api.caches", "overtake.api.deps", "overtake.api.offload", "overtake.api.routes.fits",
-               "overtake.api.routes.models"}),
-    frozenset({"overtake.controller.sidecar.admin", "overtake.controller.sidecar.policy_source",
-               "overtake.controller.sidecar.service"}),
-]
 
 
 def package_dirs() -> dict[str, Path]:
@@ -190,10 +181,7 @@ def test_no_import_cycles_among_product_modules():
     assert "overtake.mdp.model" in modules and "overtake.fitting" in modules
     graph = import_graph(modules)
     found = cycles(graph)
-    new = [c for c in found if not any(c <= k for k in KNOWN_CYCLES)]
-    assert not new, "import cycles:\n" + "\n".join(describe(c, graph) for c in new)
-    gone = [k for k in KNOWN_CYCLES if not any(c <= k and c for c in found)]
-    assert not gone, f"listed cycles that no longer exist (remove them from KNOWN_CYCLES): {gone}"
+    assert not found, "import cycles:\n" + "\n".join(describe(c, graph) for c in found)
 
 
 def test_the_checker_finds_a_lazy_harness_import(tmp_path):
