@@ -36,7 +36,7 @@ from .errors import HTTPError
 from .jobs import JobRunner
 from .metrics import ApiMetrics, InstrumentMiddleware
 from .offload import Offload, ParseProcess
-from .routes import fits, models, operations, page, plots
+from .routes import fits, load_parsers, models, operations, page, plots
 from .schemas import Error, FitRequest
 
 __all__ = ["Settings", "create_app"]
@@ -81,7 +81,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.plots = PlotCache(deadline=settings.request_deadline)
     app.state.work = Offload(settings.request_deadline, threads=2)
     app.state.reads = Offload(settings.request_deadline, threads=4)
-    app.state.parse = ParseProcess(settings.request_deadline)
+    app.state.parse = ParseProcess(settings.request_deadline, preload=load_parsers)
     app.state.large_body = asyncio.Semaphore(1)  # deps.read_body: one large upload received at a time
     app.state.runner = None  # the lifespan's
     app.mount("/static", StaticFiles(directory=str(HERE / "static")), name="static")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -84,11 +85,12 @@ class Offload:
         return await run_in_threadpool(fn, *args, **kwargs)
 
 
-def _parse_process_init() -> None:
-    """In a parse process: yield the core to the API's event loop and load the routes' parsers."""
+def _parse_process_init(preload: Callable[[], object] | None) -> None:
+    """In a parse process: yield the core to the API's event loop, then run ``preload`` (the
+    caller's imports of the functions the process will run)."""
     os.nice(10)
-    import overtake.api.routes.fits  # noqa: F401
-    import overtake.api.routes.models  # noqa: F401
+    if preload is not None:
+        preload()
 
 
 #: parse processes: one upload running to its deadline holds one, the other keeps decoding
@@ -104,12 +106,16 @@ class ParseProcess:
     gets what is left of the deadline. Past it the client gets a 503 and the process is
     terminated and replaced: a step that would run on (a hostile upload) costs one process for
     one deadline, never the others' requests. The deadline starts once a process is up (their
-    imports take seconds on a loaded machine: no request's fault).
+    imports take seconds on a loaded machine: no request's fault), and so after ``preload``, a
+    module-level function each process runs first to import the modules of the functions it will
+    be given (the API's routers: their imports are not part of any request's deadline).
     """
 
-    def __init__(self, deadline: float = DEFAULT_DEADLINE, processes: int = PARSE_PROCESSES) -> None:
+    def __init__(self, deadline: float = DEFAULT_DEADLINE, processes: int = PARSE_PROCESSES, *,
+                 preload: Callable[[], object] | None = None) -> None:
         self.deadline = deadline
         self.processes = processes
+        self.preload = preload
         self._lock = threading.Lock()
         self._workers: set[Worker] = set()
         self._closed = True
@@ -208,7 +214,7 @@ class ParseProcess:
         with self._lock:
             if self._closed:
                 return
-            worker = Worker(_parse_process_init, name="overtake-parse")
+            worker = Worker(functools.partial(_parse_process_init, self.preload), name="overtake-parse")
             self._workers.add(worker)
         try:
             worker.wait_ready()

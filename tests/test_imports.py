@@ -6,6 +6,9 @@ modules are the packages of setup.cfg's ``package_dir`` (the harness package, wh
 benches and the demo use, is not product code). Every ``import`` statement anywhere in a module
 is an edge to the product module it names: ``from p import x`` names ``p.x`` when that is a
 module, else ``p``; the parent packages a dotted import loads on the way are not edges.
+
+The harness goes one way too: it may import the product, no product module imports it (a
+product that needs the harness would ship test tooling and break when it changes).
 """
 
 from __future__ import annotations
@@ -17,18 +20,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
+#: the harness: launchers for a private Apache and Prometheus, load generation (tests, benches, the demo)
+HARNESS = "overtake.controller.harness"
 #: packages whose modules are not product code
-EXCLUDED = ("overtake.controller.harness",)
+EXCLUDED = (HARNESS,)
+#: the harness's command-line front ends (``overtake apache``, ``overtake prometheus``): they exist to
+#: start the harness's Apache and Prometheus, so they are the one place the product names it
+HARNESS_FRONT_ENDS = frozenset({"overtake.api.commands.apache", "overtake.api.commands.prometheus"})
 
-#: Cycles outside mdp and fitting known when this check was written, each as its set of modules.
-#: Temporary: the owners of controller/ and api/ empty this list; a cycle not listed fails, and so
-#: does a listed one that no longer exists (delete its entry then).
-KNOWN_CYCLES: list[frozenset[str]] = [
-    frozenset({"overtake.api.caches", "overtake.api.deps", "overtake.api.offload", "overtake.api.routes.fits",
-               "overtake.api.routes.models"}),
-    frozenset({"overtake.controller.sidecar.admin", "overtake.controller.sidecar.policy_source",
-               "overtake.controller.sidecar.service"}),
-]
 
 
 def package_dirs() -> dict[str, Path]:
@@ -76,6 +75,18 @@ def _imported(name: str, path: Path, tree: ast.AST) -> Iterator[tuple[str, list[
             else:
                 mod = node.module or ""
             yield mod, [a.name for a in node.names]
+
+
+def imports_under(name: str, path: Path, package: str) -> list[str]:
+    """The modules under ``package`` that module ``name`` imports, anywhere in its source."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found: list[str] = []
+    for mod, names in _imported(name, path, tree):
+        for target in [mod, *(f"{mod}.{n}" for n in names)]:
+            if target == package or target.startswith(package + "."):
+                found.append(target)
+                break
+    return found
 
 
 def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
@@ -170,7 +181,28 @@ def test_no_import_cycles_among_product_modules():
     assert "overtake.mdp.model" in modules and "overtake.fitting" in modules
     graph = import_graph(modules)
     found = cycles(graph)
-    new = [c for c in found if not any(c <= k for k in KNOWN_CYCLES)]
-    assert not new, "import cycles:\n" + "\n".join(describe(c, graph) for c in new)
-    gone = [k for k in KNOWN_CYCLES if not any(c <= k and c for c in found)]
-    assert not gone, f"listed cycles that no longer exist (remove them from KNOWN_CYCLES): {gone}"
+    assert not found, "import cycles:\n" + "\n".join(describe(c, graph) for c in found)
+
+
+def test_the_checker_finds_a_lazy_harness_import(tmp_path):
+    """A module importing the harness inside a function, or naming it with ``from pkg import``, is found."""
+    pkg = tmp_path / "pkg"
+    (pkg / "harness").mkdir(parents=True)
+    (pkg / "harness" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from pkg.harness import tool\n    return tool\n")
+    (pkg / "b.py").write_text("from pkg import harness\n")
+    (pkg / "c.py").write_text("from pkg import harnessing\n")
+    assert imports_under("pkg.a", pkg / "a.py", "pkg.harness") == ["pkg.harness"]
+    assert imports_under("pkg.b", pkg / "b.py", "pkg.harness") == ["pkg.harness"]
+    assert imports_under("pkg.c", pkg / "c.py", "pkg.harness") == []
+
+
+def test_no_product_module_imports_the_harness():
+    modules = product_modules()
+    assert "overtake.controller.sidecar.metrics" in modules and not any(m.startswith(HARNESS) for m in modules)
+    found = {name: imports_under(name, path, HARNESS) for name, path in modules.items()}
+    found = {name: hits for name, hits in found.items() if hits and name not in HARNESS_FRONT_ENDS}
+    assert not found, "product modules importing the harness (move what they need to the product side):\n" + \
+        "\n".join(f"{name}: {', '.join(hits)}" for name, hits in sorted(found.items()))
+    assert all(imports_under(m, modules[m], HARNESS) for m in HARNESS_FRONT_ENDS), \
+        "a harness front end no longer imports the harness: remove it from HARNESS_FRONT_ENDS"

@@ -25,7 +25,9 @@ from typing import Any
 
 from overtake.controller.errors import SidecarInputError
 from overtake.controller.sidecar.config import SidecarConfig, load_config, to_options
-from overtake.controller.sidecar.service import Sidecar, SidecarOptions, configure_logging
+from overtake.controller.sidecar.logs import configure_logging
+from overtake.controller.sidecar.options import SidecarOptions
+from overtake.controller.sidecar.service import Sidecar
 from overtake.controller.sidecar.stages import StageTable, load_stages
 from overtake.controller.uplink.bands import TOP_FRACTION
 

@@ -4,7 +4,8 @@ Modules are imported by name; this package re-exports nothing (importing one mod
 load the whole proxy, and the online loop imports the policy and stage modules it shares).
 
 * :mod:`.service`: :class:`~.service.Sidecar`, the pieces wired together, started, reloaded,
-  drained; :mod:`.config`: the service's config file, read into :class:`~.service.SidecarOptions`;
+  drained; :mod:`.options`: :class:`~.options.SidecarOptions`, their bounds, what a reload may
+  change; :mod:`.config`: the service's config file, read into them; :mod:`.logs`: JSON log lines;
 * the request path: :mod:`.http1` (HTTP/1.1 parsing and writing), :mod:`.gateway` (routing and
   admission per request), :mod:`.forward` (Apache's side and the response relay),
   :mod:`.upstream` (connections to Apache), :mod:`.spool` and :mod:`.budget` (answers held for

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from overtake.controller.harness.apache import parse_status
 from overtake.controller.sidecar.metrics import ApacheCollector, PrioCollector
+from overtake.controller.sidecar.mod_status import parse_status
 
 __all__ = ["ApacheProbe", "Health", "max_request_workers", "workers_warning"]
 

@@ -26,8 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from overtake.controller.errors import SidecarInputError
 from overtake.controller.online import OnlineSettings
 from overtake.controller.sidecar.admin import DEFAULT_ADMIN_LISTEN
+from overtake.controller.sidecar.options import SidecarOptions
 from overtake.controller.sidecar.policies import MAX_ARRAY_BYTES, MAX_INFLATED_BYTES, MAX_POLICY_BYTES
-from overtake.controller.sidecar.service import SidecarOptions
 from overtake.controller.uplink.bands import TOP_FRACTION
 
 __all__ = ["OnlineConfig", "SidecarConfig", "load_config", "to_options"]
@@ -186,7 +186,7 @@ def _token(value: str | None, file: str | None, kind: str) -> str | None:
 
 
 def to_options(cfg: SidecarConfig) -> SidecarOptions:
-    """The :class:`~overtake.controller.sidecar.service.SidecarOptions` of a validated config.
+    """The :class:`~overtake.controller.sidecar.options.SidecarOptions` of a validated config.
 
     Raises
     ------

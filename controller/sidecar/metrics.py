@@ -49,7 +49,7 @@ With ``--online`` (:class:`overtake.controller.online.OnlineCollector`): ``overt
 ``overtake_online_predicted_response_time_seconds{policy}`` (current | new, under the last refitted
 model) and ``overtake_online_refit_duration_seconds``.
 
-Apache's ``/server-status?auto`` (:func:`overtake.controller.harness.apache.parse_status`) is exported under the
+Apache's ``/server-status?auto`` (:func:`overtake.controller.sidecar.mod_status.parse_status`) is exported under the
 names of prometheus-community/apache_exporter: ``apache_up``, ``apache_info{version,mpm}``,
 ``apache_accesses_total``, ``apache_sent_kilobytes_total``, ``apache_duration_ms_total``,
 ``apache_cpu_time_ms_total{type}``, ``apache_cpuload``, ``apache_uptime_seconds_total``,
@@ -72,8 +72,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from overtake.controller.harness.apache import SCOREBOARD_STATES, scoreboard_counts
 from overtake.controller.sidecar.limiter import PASSTHROUGH, Limiter
+from overtake.controller.sidecar.mod_status import SCOREBOARD_STATES, scoreboard_counts
 
 __all__ = ["ApacheCollector", "SidecarMetrics"]
 

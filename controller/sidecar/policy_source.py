@@ -36,7 +36,7 @@ from overtake.controller.sidecar.policy_loads import LoadBusy
 from overtake.controller.sidecar.stages import StageTable
 
 if TYPE_CHECKING:
-    from overtake.controller.sidecar.service import SidecarOptions
+    from overtake.controller.sidecar.options import SidecarOptions
 
 __all__ = ["PolicySource"]
 

@@ -30,25 +30,23 @@ status and health are :mod:`overtake.controller.sidecar.apache_probe`'s; ``reque
 The time unit (seconds per model time unit) comes from the policy, else the stages file
 (:mod:`overtake.controller.sidecar.units`); every time the sidecar shows is in seconds.
 
-Logs are JSON lines on stderr (``{"ts":..., "level":..., "event":..., ...}``).
+Logs are JSON lines on stderr (:mod:`.logs`); the options and what a reload may change are
+:mod:`.options`'.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
 from typing import Any
 
 from overtake.controller.cpu_location import CpuLocation
 from overtake.controller.errors import PolicyLoadError, SidecarInputError
-from overtake.controller.online import OnlineCollector, OnlineLoop, OnlineSettings
+from overtake.controller.online import OnlineCollector, OnlineLoop
 from overtake.controller.php_prio import PhpPrioCollector
-from overtake.controller.sidecar.admin import DEFAULT_ADMIN_LISTEN, AdminAccess, AdminEndpoints
+from overtake.controller.sidecar.admin import AdminAccess, AdminEndpoints
 from overtake.controller.sidecar.apache_probe import ApacheProbe, workers_warning
 from overtake.controller.sidecar.auto import Evidence, choose
 from overtake.controller.sidecar.classifier import Classifier
@@ -56,10 +54,8 @@ from overtake.controller.sidecar.gate import Gate, GateOpener
 from overtake.controller.sidecar.gateway import Gateway
 from overtake.controller.sidecar.limiter import Limiter
 from overtake.controller.sidecar.metrics import SidecarMetrics
+from overtake.controller.sidecar.options import SidecarOptions, check_numbers, parse_addr, parse_apache_url, reloaded
 from overtake.controller.sidecar.policies import (
-    MAX_ARRAY_BYTES,
-    MAX_INFLATED_BYTES,
-    MAX_POLICY_BYTES,
     BaselinePolicy,
     PolicySet,
     SpawnPolicy,
@@ -74,101 +70,13 @@ from overtake.controller.sidecar.stages import StagesConfig, StageTable
 from overtake.controller.sidecar.stages_reload import live_merge
 from overtake.controller.sidecar.units import FORMER_DEFAULT, Resolution, resolve, units_of
 from overtake.controller.sidecar.upstream import UpstreamPool
-from overtake.controller.uplink import bands as _bands
 from overtake.controller.uplink import make_uplink
 from overtake.controller.uplink.errors import UplinkInputError
 from overtake.controller.uplink.metrics import UplinkCollector
 
-__all__ = ["JsonFormatter", "Sidecar", "SidecarOptions", "parse_addr", "parse_apache_url"]
+__all__ = ["Sidecar"]
 
 log = logging.getLogger("overtake.sidecar")
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per log line."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
-            "ts": round(record.created, 3), "level": record.levelname.lower(), "msg": record.getMessage(),
-        }
-        for k, v in record.__dict__.items():
-            if k in ("event", "policy", "hash", "version", "detail", "listen", "apache", "reason", "source",
-                     "outcome", "refit", "admin_listen", "drained", "cut"):
-                out[k] = v
-        return json.dumps(out, sort_keys=True)
-
-
-def parse_addr(text: str, field: str) -> tuple[str, int]:
-    """``HOST:PORT`` -> (host, port); errors name ``field``."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise SidecarInputError(f"{field}: expected HOST:PORT such as 127.0.0.1:8080, got {text!r}")
-    return host.strip("[]"), int(port)
-
-
-def parse_apache_url(text: str) -> tuple[str, int]:
-    """``http://HOST:PORT`` -> (host, port)."""
-    rest = text.removeprefix("http://")
-    if rest == text or "/" in rest.rstrip("/"):
-        raise SidecarInputError(
-            f"apache: expected http://HOST:PORT such as http://127.0.0.1:8081 (no path, no https), got {text!r}"
-        )
-    return parse_addr(rest.rstrip("/"), "apache")
-
-
-@dataclass(frozen=True)
-class SidecarOptions:
-    """Command-line level options."""
-
-    policy: str
-    apache: str
-    listen: str
-    phase_header: str | None = None
-    uplink: str = "fair"
-    uplink_cutoffs: str | None = None  #: fixed SRPT/SRRT cutoffs ("1K,4K,16K"); adaptive when None
-    uplink_top_fraction: float = _bands.TOP_FRACTION  #: adaptive cutoffs: share of responses above the highest
-    uplink_lowest_writers: int = 0  #: srpt/srrt: lowest-band responses writing at once (0 = one FIFO)
-    uplink_ordered_bands: int = 1  #: with uplink_lowest_writers: the lowest N bands each so ordered
-    watch_interval: float = 1.0
-    admin_put: bool = True
-    online: OnlineSettings | None = None  #: refit, re-solve and swap online (controller.online)
-    policy_url: str | None = None  #: API artifact URL; ``policy`` is then only the fallback ("" = none)
-    policy_poll: float = 10.0
-    policy_token: str | None = None
-    #: HOST:PORT of the admin listener (/-/metrics, /metrics, /-/policy; the public one answers only
-    #: /-/healthz and /-/livez)
-    admin_listen: str = DEFAULT_ADMIN_LISTEN
-    admin_token: str | None = None  #: bearer token PUT /-/policy must carry (None: writes refused)
-    admin_policy_urls: tuple[str, ...] = ()  #: URL prefixes PUT /-/policy may follow (besides policy_url's origin)
-    policy_max_bytes: int = MAX_POLICY_BYTES  #: largest policy file or download read
-    policy_max_array_bytes: int = MAX_ARRAY_BYTES  #: largest inflated member of a policy archive
-    policy_max_inflated_bytes: int = MAX_INFLATED_BYTES  #: all members of one policy archive, inflated
-    policy_load_timeout: float = 10.0  #: seconds a policy load may take off the event loop
-    status_interval: float = 5.0  #: seconds between scrapes of Apache's mod_status (never per /-/metrics)
-    drain_timeout: float = 30.0  #: SIGTERM: seconds to let accepted requests finish
-    request_log: str | None = None  #: access log file ("-": stdout), one line per request
-    request_log_format: str = "json"  #: json | combined
-    #: CIDRs whose phase and class headers are honoured; stripped from everyone else
-    trusted_sources: tuple[str, ...] = ("127.0.0.0/8", "::1/128")
-    #: mod_overtake_prio in Apache: off | age (export its counters) | class (also set X-Overtake-Class)
-    cpu_priority: str = "off"
-    #: mod_overtake_prio's admission gate (controller.sidecar.gate): the file both map, or None
-    gate: str | None = None
-    #: requests the gate may hold inside Apache at once (each holds a worker: keep
-    #: MaxRequestWorkers >= limits.max_inflight + gate_slots)
-    gate_slots: int = 64
-    #: queued gated requests started early at SCHED_IDLE (controller.sidecar.gate: idle starts)
-    gate_backfill: int = 1
-    #: the overtake_prio PHP extension's counters file (controller.php_prio), exported when given
-    php_stats_file: str | None = None
-
-
-#: options a SIGHUP can change; the others need a restart (sockets, stages, event loop, online loop)
-_RELOADABLE = frozenset({
-    "policy", "policy_url", "policy_poll", "policy_token", "watch_interval", "admin_put", "admin_policy_urls", "admin_token",
-    "policy_max_bytes", "policy_max_array_bytes", "policy_max_inflated_bytes", "policy_load_timeout",
-    "status_interval", "drain_timeout", "request_log", "request_log_format",
-})
 
 
 class Sidecar:
@@ -186,7 +94,7 @@ class Sidecar:
         self.listen = parse_addr(options.listen, "listen")
         self.admin_addr = parse_addr(options.admin_listen, "admin_listen")
         self.apache = parse_apache_url(options.apache)
-        _check_numbers(options)
+        check_numbers(options)
         #: policy loads off the event loop: one running, a few waiting, the rest refused
         self.loads = LoadSlots()
         self._class_key: tuple[object, object] | None = None
@@ -540,7 +448,7 @@ class Sidecar:
         if self.reload_options is not None:
             try:
                 new = self.reload_options()
-                _check_numbers(new)
+                check_numbers(new)
             except (SidecarInputError, OSError) as exc:
                 log.error("config reload refused, old config kept", extra={"event": "reload_refused",
                                                                             "detail": str(exc)})
@@ -550,13 +458,10 @@ class Sidecar:
                     "event": "reload_refused", "detail": f"{exc.__class__.__name__}: {exc}"})
                 new = None
         if new is not None:
-            fixed = [f.name for f in fields(SidecarOptions)
-                     if f.name not in _RELOADABLE and getattr(new, f.name) != getattr(self.options, f.name)]
+            new, fixed = reloaded(self.options, new)
             if fixed:
                 log.warning("config changes that need a restart were not applied", extra={
                     "event": "reload_partial", "detail": ", ".join(fixed)})
-                keep = {k: getattr(self.options, k) for k in fixed}
-                new = SidecarOptions(**{**{f.name: getattr(new, f.name) for f in fields(SidecarOptions)}, **keep})
             log_changed = (new.request_log, new.request_log_format) != (self.options.request_log,
                                                                        self.options.request_log_format)
             self.options = new
@@ -690,29 +595,3 @@ class Sidecar:
         if self.options.cpu_priority == "age":
             self._say_age_threshold(new, self.time_unit, warn=False)
         return new
-
-
-def _check_numbers(o: SidecarOptions) -> None:
-    """Bounds of the numeric options, each error naming the key and the fix."""
-    for key in ("watch_interval", "policy_poll", "policy_load_timeout", "status_interval"):
-        v = getattr(o, key)
-        if not v > 0:
-            raise SidecarInputError(f"{key}: must be > 0 seconds, got {v}")
-    if not o.drain_timeout >= 0:
-        raise SidecarInputError(f"drain_timeout: must be >= 0 seconds, got {o.drain_timeout}")
-    for key in ("policy_max_bytes", "policy_max_array_bytes", "policy_max_inflated_bytes"):
-        if not getattr(o, key) > 0:
-            raise SidecarInputError(f"{key}: must be > 0 bytes, got {getattr(o, key)}")
-    if o.cpu_priority not in ("off", "age", "class"):
-        raise SidecarInputError(f"cpu_priority: expected off, age or class, got {o.cpu_priority!r}")
-    if o.request_log_format not in ("json", "combined"):
-        raise SidecarInputError(f"request_log_format: expected json or combined, got {o.request_log_format!r}")
-
-
-def configure_logging(level: int = logging.INFO) -> None:
-    h = logging.StreamHandler(sys.stderr)
-    h.setFormatter(JsonFormatter())
-    lg = logging.getLogger("overtake")
-    lg.handlers[:] = [h]
-    lg.setLevel(level)
-    lg.propagate = False

@@ -26,7 +26,7 @@ from overtake.api.app import create_app
 from overtake.api.deps import MAX_JSON_BYTES, MAX_SCENARIO_VALUES, Settings, count_values
 from overtake.api.errors import HTTPError
 from overtake.api.offload import ParseProcess
-from overtake.api.routes import fits, models
+from overtake.api.routes import fits, load_parsers, models
 
 
 def _refuse() -> None:
@@ -35,7 +35,7 @@ def _refuse() -> None:
 
 def _run(fn: Callable[..., Any], *args: Any) -> Any:
     async def main() -> Any:
-        p = ParseProcess(deadline=60)
+        p = ParseProcess(deadline=60, preload=load_parsers)
         p.start()
         try:
             return await p.run("test", fn, *args)
@@ -57,7 +57,7 @@ def test_an_error_in_the_child_is_the_same_answer() -> None:
 
 def test_a_dead_parse_process_is_a_503_and_is_replaced() -> None:
     async def main() -> tuple[int, int]:
-        p = ParseProcess(deadline=60)
+        p = ParseProcess(deadline=60, preload=load_parsers)
         p.start()
         try:
             with pytest.raises(HTTPError) as exc:
@@ -84,7 +84,7 @@ def test_a_step_past_the_deadline_is_stopped_and_the_others_are_served(tmp_path:
     marker = tmp_path / "pid"
 
     async def main() -> tuple[int, HTTPError, int]:
-        p = ParseProcess(deadline=3)
+        p = ParseProcess(deadline=3, preload=load_parsers)
         p.start()
         try:
             await asyncio.to_thread(p.wait_ready, 120)
@@ -109,7 +109,7 @@ def test_a_step_past_the_deadline_is_stopped_and_the_others_are_served(tmp_path:
 
 class Recording(ParseProcess):
     def __init__(self) -> None:
-        super().__init__(deadline=60)
+        super().__init__(deadline=60, preload=load_parsers)
         self.calls: list[str] = []
 
     async def run(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -185,9 +185,10 @@ def test_fit_samples_cross_back_as_arrays(tmp_path: Path) -> None:
 CHILD = """
 import asyncio, os, sys
 from overtake.api.offload import ParseProcess
+from overtake.api.routes import load_parsers
 
 async def main():
-    p = ParseProcess(deadline=60)
+    p = ParseProcess(deadline=60, preload=load_parsers)
     p.start()
     print(await p.run("pid", os.getpid), flush=True)
 

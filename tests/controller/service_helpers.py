@@ -239,10 +239,11 @@ def inflating_archive(member_bytes: int, names: tuple[str, ...] = ("keys.npy", "
 def sidecar_in_thread(stages: Path, **options: Any) -> Iterator[tuple[int, Any]]:
     """An in-process :class:`~overtake.controller.sidecar.service.Sidecar` on its own event-loop thread,
     listening on a free loopback port; yields (port, sidecar), then closes it. ``options`` are
-    :class:`~overtake.controller.sidecar.service.SidecarOptions` fields (``policy``, ``apache``, ...)."""
+    :class:`~overtake.controller.sidecar.options.SidecarOptions` fields (``policy``, ``apache``, ...)."""
     import asyncio
 
-    from overtake.controller.sidecar.service import Sidecar, SidecarOptions
+    from overtake.controller.sidecar.options import SidecarOptions
+    from overtake.controller.sidecar.service import Sidecar
     from overtake.controller.sidecar.stages import load_stages
 
     port = free_port()

@@ -44,8 +44,9 @@ from overtake.controller.online import (
 )
 from overtake.controller.sidecar.classifier import Classifier
 from overtake.controller.sidecar.limiter import Limiter
+from overtake.controller.sidecar.options import SidecarOptions
 from overtake.controller.sidecar.policies import load_policy
-from overtake.controller.sidecar.service import Sidecar, SidecarOptions
+from overtake.controller.sidecar.service import Sidecar
 from overtake.controller.sidecar.stages import StagesConfig, StageTable
 from overtake.mdp import Stage, TandemModel, evaluate_baseline
 from overtake.mdp.model import capacity

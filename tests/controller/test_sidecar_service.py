@@ -280,7 +280,7 @@ def test_admin_listener_is_on_loopback_by_default(work: Path, stub: StubApache) 
     answers 404 for them (on main they answered any client on the public listener)."""
     from overtake.controller.sidecar.admin import DEFAULT_ADMIN_LISTEN
     from overtake.controller.sidecar.config import SidecarConfig
-    from overtake.controller.sidecar.service import SidecarOptions
+    from overtake.controller.sidecar.options import SidecarOptions
 
     assert DEFAULT_ADMIN_LISTEN == "127.0.0.1:9089"
     assert SidecarOptions(policy="pi(1)", apache="http://127.0.0.1:1", listen="127.0.0.1:2").admin_listen == \

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from overtake.controller.errors import ApacheInputError
 from overtake.controller.harness.apache.cpu_priority import CpuPriority, config_tokens
+from overtake.controller.online.log_format import LOG_FORMAT
 
 __all__ = [
     "APACHE_BIN",
@@ -41,13 +42,6 @@ MIME_TYPES = "/etc/mime.types"
 #: The templates of ``apache-conf/``, installed as package data (:mod:`overtake.apache_conf`).
 DEFAULT_CONF_DIR = Path(str(resources.files("overtake.apache_conf")))
 
-#: Access-log format. ``D`` = microseconds from reading the request line to logging (sojourn
-#: in Apache); ``cpu_us`` = thread CPU burnt by the stage handler (``-`` for other URLs);
-#: ``begin`` = request start, microseconds since the epoch; ``rid`` = X-Request-Id header.
-LOG_FORMAT = (
-    '%h %{begin:usec}t "%r" %>s %b D=%D msT=%{ms}T usT=%{us}T '
-    "stage=%{stage}n cpu_us=%{stage_cpu_us}n tid=%{tid}P rid=%{X-Request-Id}i"
-)
 _TOKEN = re.compile(r"@([A-Z_]+)@")
 _MAX_WORKERS_LIMIT = 20000  # Apache's hard ThreadLimit ceiling for mpm_event
 #: the MPMs a private instance can run (both ship in Debian's apache2-bin)

@@ -378,7 +378,8 @@ def test_ordered_bands_each_hand_back_every_turn_and_count_waits_per_band() -> N
 
 
 def test_sidecar_refuses_cutoffs_without_a_band_scheduler() -> None:
-    from overtake.controller.sidecar.service import Sidecar, SidecarOptions
+    from overtake.controller.sidecar.options import SidecarOptions
+    from overtake.controller.sidecar.service import Sidecar
     from overtake.controller.sidecar.stages import load_stages
 
     table = load_stages(REPO / "examples" / "sidecar" / "stages.yaml")
