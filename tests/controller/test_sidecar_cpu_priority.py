@@ -179,6 +179,12 @@ def test_exempt_stage_keeps_its_priority_in_apache(prio_apache: apache.ApacheIns
         text = _metrics(side)
         assert 'overtake_stage_cpu_exempt_total{stage="stage1"} 2.0' in text, text[-3000:]
         assert 'overtake_stage_cpu_exempt_total{stage="stage2"} 1.0' in text
+        # the module's own count, passed through on the sidecar's metrics once scraped
+        want = f'overtake_cpu_prio_exempt_total{{cause="header"}} {float(after.exempt_header)}'
+        deadline = time.monotonic() + 10
+        while want not in (text := _metrics(side)):
+            assert time.monotonic() < deadline, text[-3000:]
+            time.sleep(0.1)
     finally:
         side.stop()
 
