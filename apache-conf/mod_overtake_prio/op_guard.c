@@ -47,22 +47,22 @@ struct op_guard_conf *op_guard_create(apr_pool_t *p)
     return g;
 }
 
-static struct op_guard_conf *guard_of(cmd_parms *cmd, const char **err)
+/* Every guard directive is server-wide: guard_take checks that once, then hands the main
+ * server's guard config to the setter named in the directive's cmd_data. */
+typedef const char *(*guard_setter)(cmd_parms *cmd, struct op_guard_conf *g, const char *arg);
+
+const char *op_guard_take(cmd_parms *cmd, void *d, const char *arg)
 {
+    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
     op_conf *c = ap_get_module_config(cmd->server->module_config, &overtake_prio_module);
-    *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
-    return c->guard;
+    guard_setter set = (guard_setter)cmd->info;
+    (void)d;
+    return err ? err : set(cmd, c->guard, arg);
 }
 
-const char *op_guard_set_methods(cmd_parms *cmd, void *d, const char *args)
+const char *op_guard_set_methods(cmd_parms *cmd, struct op_guard_conf *g, const char *args)
 {
-    const char *err;
-    struct op_guard_conf *g = guard_of(cmd, &err);
     int n = 0;
-    (void)d;
-    if (err) {
-        return err;
-    }
     while (*args) {
         char *w = ap_getword_conf(cmd->temp_pool, &args);
         if (!*w) {
@@ -86,14 +86,8 @@ const char *op_guard_set_methods(cmd_parms *cmd, void *d, const char *args)
                       "OvertakePrioExemptMethods unsafe";
 }
 
-const char *op_guard_set_path(cmd_parms *cmd, void *d, const char *arg)
+const char *op_guard_set_path(cmd_parms *cmd, struct op_guard_conf *g, const char *arg)
 {
-    const char *err;
-    struct op_guard_conf *g = guard_of(cmd, &err);
-    (void)d;
-    if (err) {
-        return err;
-    }
     if (!op_guard_path_ok(arg)) {
         return apr_psprintf(cmd->pool, "OvertakePrioExemptPath: '%s' must be a URL path that "
                             "starts with '/' and has no query, e.g. /api.php", arg);
@@ -102,27 +96,15 @@ const char *op_guard_set_path(cmd_parms *cmd, void *d, const char *arg)
     return NULL;
 }
 
-const char *op_guard_set_header(cmd_parms *cmd, void *d, const char *arg)
+const char *op_guard_set_header(cmd_parms *cmd, struct op_guard_conf *g, const char *arg)
 {
-    const char *err;
-    struct op_guard_conf *g = guard_of(cmd, &err);
-    (void)d;
-    if (err) {
-        return err;
-    }
     g->header = strcasecmp(arg, "none") ? apr_pstrdup(cmd->pool, arg) : NULL;
     g->header_set = 1;
     return NULL;
 }
 
-const char *op_guard_set_limit(cmd_parms *cmd, void *d, const char *arg)
+const char *op_guard_set_limit(cmd_parms *cmd, struct op_guard_conf *g, const char *arg)
 {
-    const char *err;
-    struct op_guard_conf *g = guard_of(cmd, &err);
-    (void)d;
-    if (err) {
-        return err;
-    }
     if (!op_parse_seconds(arg, 0.0, OP_GUARD_LIMIT_MAX, &g->limit)) {
         return apr_psprintf(cmd->pool, "OvertakePrioDemotionLimit: '%s' must be seconds in "
                             "[0, %g] (0: no limit), e.g. 0.5", arg, OP_GUARD_LIMIT_MAX);

@@ -14,16 +14,18 @@
 enum { OPG_NOT_EXEMPT = 0, OPG_BY_METHOD, OPG_BY_PATH, OPG_BY_HEADER, OPG_CAUSES };
 
 struct op_guard_conf *op_guard_create(apr_pool_t *p);
-const char *op_guard_set_methods(cmd_parms *cmd, void *d, const char *args);
-const char *op_guard_set_path(cmd_parms *cmd, void *d, const char *arg);
-const char *op_guard_set_header(cmd_parms *cmd, void *d, const char *arg);
-const char *op_guard_set_limit(cmd_parms *cmd, void *d, const char *arg);
+const char *op_guard_take(cmd_parms *cmd, void *d, const char *arg);
+const char *op_guard_set_methods(cmd_parms *cmd, struct op_guard_conf *g, const char *args);
+const char *op_guard_set_path(cmd_parms *cmd, struct op_guard_conf *g, const char *arg);
+const char *op_guard_set_header(cmd_parms *cmd, struct op_guard_conf *g, const char *arg);
+const char *op_guard_set_limit(cmd_parms *cmd, struct op_guard_conf *g, const char *arg);
 
+/* cmd_data is the setter: a function pointer passed as the directive's void * (POSIX). */
 #define OP_GUARD_CMDS \
-    AP_INIT_RAW_ARGS("OvertakePrioExemptMethods", op_guard_set_methods, NULL, RSRC_CONF, "requests of these methods are never demoted ('unsafe': every method but GET and HEAD; default none)"), \
-    AP_INIT_ITERATE("OvertakePrioExemptPath", op_guard_set_path, NULL, RSRC_CONF, "requests under these URL paths are never demoted (default none)"), \
-    AP_INIT_TAKE1("OvertakePrioExemptHeader", op_guard_set_header, NULL, RSRC_CONF, "requests carrying this header are never demoted (default X-Overtake-Exempt, sent by the sidecar for a stage's exempt methods; 'none' to ignore)"), \
-    AP_INIT_TAKE1("OvertakePrioDemotionLimit", op_guard_set_limit, NULL, RSRC_CONF, "seconds a request may stay below its original priority before it gets it back for good (default 0: no limit)")
+    AP_INIT_RAW_ARGS("OvertakePrioExemptMethods", op_guard_take, (void *)op_guard_set_methods, RSRC_CONF, "requests of these methods are never demoted ('unsafe': every method but GET and HEAD; default none)"), \
+    AP_INIT_ITERATE("OvertakePrioExemptPath", op_guard_take, (void *)op_guard_set_path, RSRC_CONF, "requests under these URL paths are never demoted (default none)"), \
+    AP_INIT_TAKE1("OvertakePrioExemptHeader", op_guard_take, (void *)op_guard_set_header, RSRC_CONF, "requests carrying this header are never demoted (default X-Overtake-Exempt, sent by the sidecar for a stage's exempt methods; 'none' to ignore)"), \
+    AP_INIT_TAKE1("OvertakePrioDemotionLimit", op_guard_take, (void *)op_guard_set_limit, RSRC_CONF, "seconds a request may stay below its original priority before it gets it back for good (default 0: no limit)")
 
 /* The exemption cause of r (OPG_NOT_EXEMPT if none). */
 int op_guard_cause(const request_rec *r);

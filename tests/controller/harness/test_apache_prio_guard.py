@@ -22,17 +22,16 @@ import os
 import shutil
 import sqlite3
 import statistics
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from prio_helpers import config_test
 
 from overtake.controller.errors import ApacheInputError
 from overtake.controller.harness import apache
-from overtake.controller.harness.apache.config import APACHE_BIN, MODULES_DIR
 from overtake.controller.harness.apache.cpu_priority import CpuPriority, PrioStatus, config_tokens, fetch_prio_status
 from overtake.controller.harness.apache.lifecycle import children
 from overtake.controller.harness.loadgen import request
@@ -170,42 +169,34 @@ def guard_parent(apache_available: None) -> Iterator[Path]:
         shutil.rmtree(parent, ignore_errors=True)
 
 
-def _start(parent: Path, name: str, cp: CpuPriority | None) -> apache.ApacheInstance:
+def _serve(parent: Path, name: str, cp: CpuPriority | None) -> Iterator[apache.ApacheInstance]:
     conf = parent / "conf" if (parent / "conf").exists() else _conf_with_lock(parent)
-    return apache.start(parent / name, f"127.0.0.1:{free_port()}", cpu=_server_core(), max_workers=24,
-                        conf_dir=conf, cpu_priority=cp)
+    i = apache.start(parent / name, f"127.0.0.1:{free_port()}", cpu=_server_core(), max_workers=24,
+                     conf_dir=conf, cpu_priority=cp)
+    try:
+        yield i
+    finally:
+        apache.stop(i.workdir, graceful=False)
 
 
 @pytest.fixture(scope="module")
 def inst(guard_parent: Path) -> Iterator[apache.ApacheInstance]:
     """Age priority with PUT and /stage9 exempt, and the exempt header; no demotion limit."""
-    i = _start(guard_parent, "wd", CpuPriority(levels=LEVELS, nice=(10, "idle"), exempt_methods=("PUT",),
-                                                exempt_paths=("/stage9",)))
-    try:
-        yield i
-    finally:
-        apache.stop(i.workdir, graceful=False)
+    yield from _serve(guard_parent, "wd", CpuPriority(levels=LEVELS, nice=(10, "idle"), exempt_methods=("PUT",),
+                                                       exempt_paths=("/stage9",)))
 
 
 @pytest.fixture(scope="module")
 def limited(guard_parent: Path) -> Iterator[apache.ApacheInstance]:
     """Age priority with a demotion limit."""
-    i = _start(guard_parent, "wd-limit", CpuPriority(levels=LEVELS, nice=(10, "idle"), exempt_paths=("/stage9",),
-                                                      demotion_limit=LIMIT_S))
-    try:
-        yield i
-    finally:
-        apache.stop(i.workdir, graceful=False)
+    yield from _serve(guard_parent, "wd-limit", CpuPriority(levels=LEVELS, nice=(10, "idle"),
+                                                             exempt_paths=("/stage9",), demotion_limit=LIMIT_S))
 
 
 @pytest.fixture(scope="module")
 def plain(guard_parent: Path) -> Iterator[apache.ApacheInstance]:
     """The same Apache without mod_overtake_prio: no priority at all."""
-    i = _start(guard_parent, "wd-plain", None)
-    try:
-        yield i
-    finally:
-        apache.stop(i.workdir, graceful=False)
+    yield from _serve(guard_parent, "wd-plain", None)
 
 
 # --------------------------------------------------------------------------- settings (no Apache)
@@ -255,15 +246,7 @@ def test_guard_directives_rejected_by_config_test(
     inst: apache.ApacheInstance, tmp_path: Path, directives: str, message: str
 ) -> None:
     so = Path(inst.workdir) / "modules" / "mod_overtake_prio.so"
-    conf = tmp_path / "t.conf"
-    conf.write_text(
-        f'ServerRoot "{tmp_path}"\nErrorLog "{tmp_path}/e.log"\nServerName localhost\n'
-        f"Listen 127.0.0.1:{free_port()}\nLoadModule mpm_event_module "
-        f"{MODULES_DIR}/mod_mpm_event.so\nLoadModule overtake_prio_module {so}\n"
-        f"OvertakePrio On\n{directives}\n"
-    )
-    r = subprocess.run([APACHE_BIN, "-t", "-f", str(conf)], capture_output=True, text=True,
-                       env={"PATH": "/usr/sbin:/usr/bin:/bin"}, check=False)
+    r = config_test(so, tmp_path, directives)
     assert r.returncode != 0, r.stdout + r.stderr
     assert message in r.stderr + r.stdout
 

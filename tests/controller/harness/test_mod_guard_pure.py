@@ -9,14 +9,11 @@ reached exactly, and overflow near INT64_MAX.
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from prio_helpers import build_driver, run_driver
 
-REPO = Path(__file__).resolve().parents[3]
-MODULE_DIR = REPO / "apache-conf" / "mod_overtake_prio"
 INT64_MAX = 2**63 - 1
 
 DRIVER = r"""
@@ -70,29 +67,13 @@ BAD, METHOD, UNSAFE = range(3)  # op_guard_word
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        pytest.skip("gcc not installed (apache-conf/install-debian-packages.sh installs it)")
-    d = tmp_path_factory.mktemp("op_guard_pure")
-    (d / "driver.c").write_text(DRIVER)
-    exe = d / "driver"
-    subprocess.run([gcc, "-O2", "-Wall", "-Wextra", "-Wshadow", "-Wstrict-prototypes", "-Wmissing-prototypes",
-                    "-Werror", "-I", str(MODULE_DIR), "-o", str(exe), str(d / "driver.c"),
-                    str(MODULE_DIR / "op_guard_pure.c")],
-                   check=True, capture_output=True, text=True)
-    return exe
-
-
-def run(exe: Path, lines: list[str]) -> list[str]:
-    out = subprocess.run([str(exe)], input="".join(line + "\n" for line in lines), capture_output=True,
-                         text=True, check=True, timeout=60)
-    return out.stdout.splitlines()
+    return build_driver(tmp_path_factory.mktemp("op_guard_pure"), DRIVER, ("op_guard_pure.c",))
 
 
 def test_method_words(driver: Path) -> None:
     cases = {"POST": METHOD, "PROPFIND": METHOD, "VERSION-CONTROL": METHOD, "unsafe": UNSAFE, "UNSAFE": UNSAFE,
              "post": BAD, "": BAD, "PO ST": BAD, "GET1": BAD, "X" * 32: METHOD, "X" * 33: BAD}
-    got = run(driver, [f"WORD|{w}" for w in cases])
+    got = run_driver(driver, [f"WORD|{w}" for w in cases])
     assert [int(g) for g in got] == list(cases.values())
 
 
@@ -103,17 +84,17 @@ def test_method_exemption(driver: Path) -> None:
         ("0", "POST", [], 0), ("0", "POST", ["PUT", "POST"], 1), ("0", "GET", ["POST"], 0),
         ("0", "GET", ["GET"], 1), ("0", "post", ["POST"], 0),  # methods are case-sensitive
     ]
-    got = run(driver, ["|".join(["METHOD", u, m, *names]) for u, m, names, _ in cases])
+    got = run_driver(driver, ["|".join(["METHOD", u, m, *names]) for u, m, names, _ in cases])
     assert [int(g) for g in got] == [want for *_, want in cases]
 
 
 def test_path_prefixes(driver: Path) -> None:
     ok = {"/": 1, "/api.php": 1, "/w/": 1, "api.php": 0, "": 0, "/a b": 0, "/api.php?action=edit": 0, "/x#y": 0}
-    assert [int(g) for g in run(driver, [f"PATHOK|{w}" for w in ok])] == list(ok.values())
+    assert [int(g) for g in run_driver(driver, [f"PATHOK|{w}" for w in ok])] == list(ok.values())
     cases = [("/api", "/api", 1), ("/api", "/api/x", 1), ("/api", "/apix", 0), ("/api/", "/api/x", 1),
              ("/api/", "/api", 0), ("/", "/anything", 1), ("/api.php", "/api.php", 1), ("/api.php", "/api", 0),
              ("/index.php", "/index.phpx", 0)]
-    got = run(driver, [f"PATH|{pre}|{path}" for pre, path, _ in cases])
+    got = run_driver(driver, [f"PATH|{pre}|{path}" for pre, path, _ in cases])
     assert [int(g) for g in got] == [want for *_, want in cases]
 
 
@@ -131,5 +112,5 @@ def test_demotion_limit_due(driver: Path) -> None:
         ((INT64_MAX - 5, INT64_MAX - 10, 100, INT64_MAX), (INT64_MAX, 0)),  # since + limit saturates
         ((INT64_MAX - 20, INT64_MAX - 10, 100, 7), (7, 0)),
     ]
-    got = run(driver, ["DUE|" + "|".join(str(v) for v in args) for args, _ in cases])
+    got = run_driver(driver, ["DUE|" + "|".join(str(v) for v in args) for args, _ in cases])
     assert [tuple(int(x) for x in g.split()) for g in got] == [want for _, want in cases]
