@@ -15,8 +15,10 @@ from overtake.controller.harness.scratch import free_port
 MODULE_DIR = Path(__file__).resolve().parents[3] / "apache-conf" / "mod_overtake_prio"
 
 
-def config_test(so: Path, tmp_path: Path, directives: str) -> subprocess.CompletedProcess[str]:
-    """``apache2 -t`` on a minimal config that loads the module ``so`` and sets ``directives``."""
+def refusal(inst_workdir: str | Path, tmp_path: Path, directives: str) -> str:
+    """What ``apache2 -t`` says refusing a minimal config that loads the instance's module and sets
+    ``directives`` (fails the test if it accepts them)."""
+    so = Path(inst_workdir) / "modules" / "mod_overtake_prio.so"
     conf = tmp_path / "t.conf"
     conf.write_text(
         f'ServerRoot "{tmp_path}"\nErrorLog "{tmp_path}/e.log"\nServerName localhost\n'
@@ -24,8 +26,10 @@ def config_test(so: Path, tmp_path: Path, directives: str) -> subprocess.Complet
         f"{MODULES_DIR}/mod_mpm_event.so\nLoadModule overtake_prio_module {so}\n"
         f"OvertakePrio On\n{directives}\n"
     )
-    return subprocess.run([APACHE_BIN, "-t", "-f", str(conf)], capture_output=True, text=True,
-                          env={"PATH": "/usr/sbin:/usr/bin:/bin"}, check=False)
+    r = subprocess.run([APACHE_BIN, "-t", "-f", str(conf)], capture_output=True, text=True,
+                       env={"PATH": "/usr/sbin:/usr/bin:/bin"}, check=False)
+    assert r.returncode != 0, r.stdout + r.stderr
+    return r.stderr + r.stdout
 
 
 def build_driver(d: Path, source: str, c_files: tuple[str, ...]) -> Path:
