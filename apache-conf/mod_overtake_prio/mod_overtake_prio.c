@@ -55,6 +55,7 @@
  */
 
 #include "mod_overtake_prio.h"
+#include "op_guard.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -238,7 +239,7 @@ static void op_child_init(apr_pool_t *p, server_rec *s)
     apr_pool_cleanup_register(p, NULL, op_child_exit, apr_pool_cleanup_null);
     __atomic_store_n(&op_hot.child_ok, 1, __ATOMIC_RELEASE);
 
-    if (conf_age(op_cconf)) {
+    if (conf_age(op_cconf) || op_guard_limited()) {
         if (!op_monitor_start()) {
             ap_log_error(APLOG_MARK, APLOG_ERR, 0, s,
                          APLOGNO(90005)

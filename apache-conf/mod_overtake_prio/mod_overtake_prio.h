@@ -51,6 +51,7 @@ typedef struct {
     const char *gate_file;              /* OvertakeGate: the sidecar's slot file, NULL = no gate */
     const char *gate_header;            /* OvertakeGateHeader */
     double gate_timeout;                /* OvertakeGateTimeout, seconds */
+    struct op_guard_conf *guard;        /* exemptions and demotion limit (op_guard.c) */
 } op_conf;
 
 enum { OP_CAP_AUTO = 0, OP_CAP_ON = 1, OP_CAP_OFF = 2 };
@@ -119,6 +120,8 @@ typedef struct {
     apr_uint64_t gate_faults;   /* loads that found the mapped file shrunk under them */
     apr_uint64_t gate_idle_starts;  /* started at the lowest level before their admission */
     apr_uint64_t gate_promotions;   /* ... and given their priority back on it */
+    apr_uint64_t guard_exempt[4];   /* never demoted, by cause (op_guard.c) */
+    apr_uint64_t guard_releases;    /* given their priority back by the demotion limit */
 } op_shared;
 
 extern op_shared *op_shm;   /* set in post_config (parent), inherited by the children */
@@ -184,6 +187,7 @@ void op_slots_close_all(void);
 int op_slots_in_use(void);
 void op_apply_level(op_slot *s, int k, int by_class);
 void op_slot_close(op_slot *s);
+void op_release(op_slot *s);
 void op_promote(op_slot *s);
 int op_post_read_request(request_rec *r);
 void op_insert_filter(request_rec *r);

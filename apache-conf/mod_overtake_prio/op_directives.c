@@ -3,6 +3,7 @@
  * The values are parsed by op_pure.c; the messages that name a refused value are written here.
  */
 #include "mod_overtake_prio.h"
+#include "op_guard.h"
 
 #include <string.h>
 #include <strings.h>
@@ -20,6 +21,7 @@ void *op_create_server_conf(apr_pool_t *p, server_rec *s)
     c->age = OP_UNSET;
     c->rlimit_nice = OP_UNSET;
     c->gate_timeout = OP_UNSET;
+    c->guard = op_guard_create(p);
     return c;
 }
 
@@ -223,5 +225,6 @@ const command_rec op_cmds[] = {
     AP_INIT_TAKE1("OvertakeGate", take_word, &dir_gate_file, RSRC_CONF, "file of the sidecar's admission gate (its --gate): requests with the gate header wait there until the sidecar admits them (default: no gate)"),
     AP_INIT_TAKE1("OvertakeGateHeader", take_word, &dir_gate_header, RSRC_CONF, "request header with a gated request's slot and generation (default X-Overtake-Gate)"),
     AP_INIT_TAKE1("OvertakeGateTimeout", take_word, &dir_gate_timeout, RSRC_CONF, "seconds a request waits at a gate that never opens before it is let through (default 60; keep above the sidecar's queue timeout)"),
+    OP_GUARD_CMDS,
     {NULL}
 };

@@ -9,6 +9,7 @@
  * the gate file is made here, so that its SIGBUS handler sees the load's jump buffer.
  */
 #include "mod_overtake_prio.h"
+#include "op_guard.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -366,7 +367,8 @@ int op_gate_post_read_request(request_rec *r)
             break;
         }
         /* idle start: only where this child can demote (and restore) its threads */
-        if ((v & 3) == OG_IDLE && __atomic_load_n(&op_hot.child_ok, __ATOMIC_ACQUIRE) && promoter_running) {
+        if ((v & 3) == OG_IDLE && __atomic_load_n(&op_hot.child_ok, __ATOMIC_ACQUIRE) && promoter_running
+            && !op_guard_cause(r)) {  /* an exempt request never runs at the idle level */
             apr_table_setn(r->notes, OG_NOTE, apr_psprintf(r->pool, "%lu %lu", slot, gen));
             ADD(op_shm->gate_idle_starts, 1);
             return DECLINED;  /* op_post_read_request starts it at the idle level */

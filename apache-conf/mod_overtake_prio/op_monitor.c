@@ -3,6 +3,7 @@
  * crossed its next threshold of attained thread CPU and moves its thread to that level.
  */
 #include "mod_overtake_prio.h"
+#include "op_guard.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -38,9 +39,10 @@ static int64_t monitor_scan(int64_t now)
             continue;
         }
         pthread_mutex_lock(&s->mu);
-        if (__atomic_load_n(&s->active, __ATOMIC_ACQUIRE) && s->level < op_hot.nlevels) {
+        if (__atomic_load_n(&s->active, __ATOMIC_ACQUIRE)) {
             after = INT64_MAX;
-            if (s->clk != CLOCK_THREAD_CPUTIME_ID && clock_gettime(s->clk, &ts) == 0) {
+            if (op_hot.age && s->level < op_hot.nlevels && s->clk != CLOCK_THREAD_CPUTIME_ID
+                && clock_gettime(s->clk, &ts) == 0) {
                 int64_t cpu = op_ts_ns(&ts) - s->cpu0_ns;
                 int k = op_level_for(cpu, s->level, op_hot.thr_ns, op_hot.nlevels);
                 if (k > s->level) {
@@ -48,6 +50,7 @@ static int64_t monitor_scan(int64_t now)
                 }
                 after = op_next_due(now, cpu, s->level, op_hot.thr_ns, op_hot.nlevels);
             }
+            after = op_guard_slot_due(s, now, after);
             __atomic_store_n(&op_due[i], after, __ATOMIC_RELAXED);
             soonest = after < soonest ? after : soonest;
         }

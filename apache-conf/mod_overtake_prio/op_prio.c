@@ -5,6 +5,7 @@
  * The monitor thread (op_monitor.c) decides the moves by attained CPU.
  */
 #include "mod_overtake_prio.h"
+#include "op_guard.h"
 
 #include <errno.h>
 #include <string.h>
@@ -49,6 +50,7 @@ void op_slots_create(apr_pool_t *p, int threads)
         pthread_mutex_init(&op_slots[k].mu, NULL);
         op_due[k] = INT64_MAX;
     }
+    op_guard_slots_create(p, op_nslots);
 }
 
 /* Slots claimed so far (a claim beyond the table counts up before it is refused). */
@@ -164,14 +166,20 @@ void op_slots_close_all(void)
     }
 }
 
-/* Back to level 0: an idle start the sidecar has opened. Caller holds s->mu. */
-void op_promote(op_slot *s)
+/* Back to level 0, restored and counted. Caller holds s->mu. */
+void op_release(op_slot *s)
 {
     count_restore(s);
     ADD(op_inflight[s->level], -1);
     ADD(op_inflight[0], 1);
     s->level = 0;
     s->gate_word = NULL;
+}
+
+/* Back to level 0: an idle start the sidecar has opened. Caller holds s->mu. */
+void op_promote(op_slot *s)
+{
+    op_release(s);
     ADD(op_shm->gate_promotions, 1);
     /* its age levels start over from here (attained CPU includes the idle run) */
     __atomic_store_n(&op_due[s - op_slots],
@@ -202,7 +210,8 @@ int op_post_read_request(request_rec *r)
 {
     op_slot *s;
     op_req *q;
-    int start = 0;
+    int start = 0, exempt;
+    int64_t due;
     const uint32_t *gate_word = NULL, *gate_gone = NULL;
     uint32_t gate_gen = 0;
     struct timespec cpu;
@@ -217,7 +226,8 @@ int op_post_read_request(request_rec *r)
         ADD(op_shm->untracked, 1);
         return DECLINED;
     }
-    hname = op_hot.hname;
+    exempt = op_guard_request(r);  /* may hold a lock others wait for: never demoted */
+    hname = exempt ? NULL : op_hot.hname;
     if (hname) {
         const char *h = apr_table_get(r->headers_in, hname);
         if (h && !op_parse_class(h, op_hot.nlevels, &start)) {
@@ -262,16 +272,17 @@ int op_post_read_request(request_rec *r)
     if (gate_word) {
         gate_gone = op_gate_idle_hold(s, gate_word, gate_gen);
     }
-    __atomic_store_n(&op_due[s - op_slots],
-                     op_hot.age ? op_next_due(s->clock_read_ns, 0, s->level, op_hot.thr_ns,
+    due = op_hot.age && !exempt ? op_next_due(s->clock_read_ns, 0, s->level, op_hot.thr_ns,
                                               op_hot.nlevels)
-                                : INT64_MAX, __ATOMIC_RELAXED);
+                                : INT64_MAX;
+    due = op_guard_slot_due(s, now, due);
+    __atomic_store_n(&op_due[s - op_slots], due, __ATOMIC_RELAXED);
     __atomic_store_n(&s->active, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&s->mu);
     if (gate_gone) {
         op_gate_fault(gate_gone);
     }
-    if (op_hot.age) {
+    if (due != INT64_MAX) {
         __atomic_thread_fence(__ATOMIC_SEQ_CST);  /* due[] before monitor_idle: see monitor_main */
         if (__atomic_load_n(&op_monitor_idle, __ATOMIC_SEQ_CST)) {
             op_monitor_wake();

@@ -3,6 +3,7 @@
  * every child and the gauges of the answering child, in the Prometheus text format.
  */
 #include "mod_overtake_prio.h"
+#include "op_guard.h"
 
 #include <string.h>
 #include <unistd.h>
@@ -84,6 +85,7 @@ int op_status_handler(request_rec *r)
         ap_rprintf(r, "overtake_cpu_prio_in_flight{level=\"%d\"} %" APR_INT64_T_FMT "\n", k,
                    (apr_int64_t)LOAD(op_inflight[k]));
     }
+    op_guard_status(r, c);
     if (!op_shm) {
         return OK;
     }

@@ -103,7 +103,8 @@ class Gateway:
         self.next_header = table.config.classifier.next_header.lower().encode()
         #: headers honoured from trusted sources only, else stripped: those that steer scheduling,
         #: and X-Forwarded-Proto (a front end that terminated TLS says https; a client must not)
-        self._steering = frozenset({self.phase_header, self.next_header, b"x-overtake-class", b"x-forwarded-proto"})
+        self._steering = frozenset({self.phase_header, self.next_header, b"x-overtake-class", b"x-overtake-exempt",
+                                    b"x-forwarded-proto"})
         self._trusted_nets = tuple(ipaddress.ip_network(c, strict=False) for c in trusted_sources)
         self._trust: dict[str, bool] = {}
         self._conns: set[ClientConnection] = set()
@@ -316,6 +317,8 @@ class Gateway:
             await self._send(writer, simple_response(400, str(exc), close=not req.keep_alive))
             return req.keep_alive
         rec.stage = "passthrough" if stage == PASSTHROUGH else self.table.names[stage]
+        if stage != PASSTHROUGH and self.table.cpu_exempt(stage, req.method.decode("latin-1")):
+            self._exempt(req, stage)
         if req.upgrade is not None:
             return await self._tunnel(conn, req, rec, stage, phase, route_key)
         t = self._enter(conn, stage, phase, route_key)
@@ -420,6 +423,13 @@ class Gateway:
         rec.status = 503
         await self._send(conn.writer, self._busy("queue timeout"))
         return req.keep_alive
+
+    def _exempt(self, req: Request, stage: int) -> None:
+        """A request that may hold a lock (the stage's ``cpu_exempt``): mod_overtake_prio keeps its
+        priority (``X-Overtake-Exempt``), counted in ``overtake_stage_cpu_exempt_total{stage}``."""
+        if not any(k.lower() == b"x-overtake-exempt" for k, _ in req.headers):
+            req.headers.append((b"X-Overtake-Exempt", b"1"))
+        self.metrics.cpu_exempt.labels(self.table.names[stage]).inc()
 
     def _trusted(self, peer: str) -> bool:
         """May ``peer`` set the phase and class headers (``trusted_sources``)?"""

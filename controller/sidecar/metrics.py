@@ -283,6 +283,10 @@ class SidecarMetrics:
                                  "not ended (at most gate_slots)", registry=self.registry)
         self.gate_full = Counter("overtake_gate_full", "Queued requests kept in the sidecar because every gate slot "
                                  "was in use (gate_slots)", registry=self.registry)
+        self.cpu_exempt = Counter(
+            "overtake_stage_cpu_exempt", "Requests sent with X-Overtake-Exempt (the stage's cpu_exempt: "
+            "mod_overtake_prio never demotes them)", ["stage"], registry=self.registry,
+        )
         self.errors = Counter(
             "overtake_gateway_errors", "Requests answered by the gateway itself, by reason",
             ["reason"], registry=self.registry,

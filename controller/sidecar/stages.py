@@ -118,11 +118,31 @@ class StageSpec(_Strict):
     # the stage whose request the client sends next on the same connection (paper 004's
     # tandem): its thread decision is taken at this stage's completion, as in the model
     next: str | None = None
+    # requests that may hold a lock others wait for (a database write transaction, a session
+    # file): mod_overtake_prio never demotes them, for a demoted lock holder makes every waiter
+    # wait at its priority. "unsafe": every method but GET and HEAD; "all"; or a list of methods
+    cpu_exempt: str | tuple[str, ...] | None = None
 
     @field_validator("path")
     @classmethod
     def _regex(cls, v: str | None) -> str | None:
         return None if v is None else check_pattern(v)
+
+    @field_validator("cpu_exempt")
+    @classmethod
+    def _exempt(cls, v: str | tuple[str, ...] | None) -> str | tuple[str, ...] | None:
+        if v is None or v in ("all", "unsafe"):
+            return v
+        if isinstance(v, str):
+            raise ValueError(f"must be 'unsafe' (every method but GET and HEAD), 'all' or a list of methods, got {v!r}")
+        return Route._methods(v)
+
+    def exempts(self, method: str) -> bool:
+        """Is a request of ``method`` exempt from CPU demotion (``cpu_exempt``)?"""
+        v = self.cpu_exempt
+        if v is None or isinstance(v, str):
+            return v == "all" or (v == "unsafe" and method not in ("GET", "HEAD"))
+        return method in v
 
     @model_validator(mode="after")
     def _one_form(self) -> StageSpec:
@@ -327,6 +347,10 @@ class StageTable:
             return ""
         keys = {r.key_parts for r in self._routes if r.stage == stage}
         return "<" + previous if ("link",) in keys else ""
+
+    def cpu_exempt(self, stage: int, method: str) -> bool:
+        """Is a request of ``stage`` and ``method`` exempt from CPU demotion (the stage's ``cpu_exempt``)?"""
+        return self.config.stages[stage].exempts(method)
 
     def queue_cap(self, stage: int) -> int:
         c = self.config.stages[stage].queue_cap

@@ -20,11 +20,13 @@ import numpy as np
 import pytest
 from service_helpers import SidecarProc, small_policy
 
+from overtake.controller.errors import SidecarInputError
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache.cpu_priority import CpuPriority, fetch_prio_status
 from overtake.controller.harness.scratch import free_port, scratch_dir
 from overtake.controller.sidecar.http1 import Request, upstream_head
 from overtake.controller.sidecar.policies import BaselinePolicy, TablePolicy, class_levels
+from overtake.controller.sidecar.stages import StagesConfig, StageSpec, StageTable, load_stages
 from overtake.mdp import Policy, Stage, TandemModel, Truncation, solve
 from overtake.mdp.observed import solve_observed
 
@@ -130,6 +132,59 @@ def test_class_mode_sets_the_level_apache_applies(prio_apache: apache.ApacheInst
             time.sleep(0.1)
         assert 'overtake_cpu_prio_demotions_total{cause="class",level="1"}' in text
         assert side.request("GET", "/-/policy")[2].count(b'"cpu_priority": "class"') == 1
+    finally:
+        side.stop()
+
+
+EXEMPT_STAGES = """stages:
+  - {name: stage1, path: "^/stage1$", cpu_exempt: unsafe}
+  - {name: stage2, path: "^/stage2$", cpu_exempt: [PUT]}
+limits: {max_inflight: 8, queue_cap: 200, queue_timeout: 30}
+classifier: {mode: explicit, header: X-Overtake-Phase, time_unit: 0.01}
+"""
+
+
+@pytest.mark.parametrize(
+    ("value", "exempt"),
+    [("unsafe", {"POST", "PUT", "DELETE", "OPTIONS"}), ("all", {"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS"}),
+     (["put", "DELETE"], {"PUT", "DELETE"}), (None, set())],
+)
+def test_stage_cpu_exempt_methods(tmp_path: Path, value: object, exempt: set[str]) -> None:
+    spec = StageSpec(name="s", path="^/s$", cpu_exempt=value)  # type: ignore[arg-type]
+    table = StageTable(StagesConfig(stages=(spec,)))
+    assert {m for m in ("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS") if table.cpu_exempt(0, m)} == exempt
+
+
+@pytest.mark.parametrize(("value", "message"), [("writes", "must be 'unsafe'"), ("[FETCH]", "unknown HTTP method 'FETCH'")])
+def test_stage_cpu_exempt_rejects_bad_values(tmp_path: Path, value: str, message: str) -> None:
+    f = tmp_path / "stages.yaml"
+    f.write_text(f'stages:\n  - {{name: s, path: "^/s$", cpu_exempt: {value}}}\n')
+    with pytest.raises(SidecarInputError, match=r"stages\[0\]\.cpu_exempt") as err:
+        load_stages(f)
+    assert message in str(err.value)
+
+
+def test_exempt_stage_keeps_its_priority_in_apache(prio_apache: apache.ApacheInstance, work: Path) -> None:
+    side = SidecarProc(work, ["--policy", "passthrough", "--apache", prio_apache.base_url, "--cpu-priority", "age",
+                              "--status-interval", "0.2"], stages=EXEMPT_STAGES)
+    try:
+        host, port = apache.parse_listen(prio_apache.listen)
+        before = fetch_prio_status(host, port)
+        for method, path in [("POST", "/stage1"), ("GET", "/stage1"), ("POST", "/stage2"), ("PUT", "/stage2"),
+                             ("POST", "/stage1")]:
+            code, _, body = side.request(method, f"{path}?work=0.001", body=b"" if method != "GET" else None)
+            assert code == 200, body
+        after = fetch_prio_status(host, port)
+        assert after.exempt_header - before.exempt_header == 3  # POST /stage1 twice, PUT /stage2
+        text = _metrics(side)
+        assert 'overtake_stage_cpu_exempt_total{stage="stage1"} 2.0' in text, text[-3000:]
+        assert 'overtake_stage_cpu_exempt_total{stage="stage2"} 1.0' in text
+        # the module's own count, passed through on the sidecar's metrics once scraped
+        want = f'overtake_cpu_prio_exempt_total{{cause="header"}} {float(after.exempt_header)}'
+        deadline = time.monotonic() + 10
+        while want not in (text := _metrics(side)):
+            assert time.monotonic() < deadline, text[-3000:]
+            time.sleep(0.1)
     finally:
         side.stop()
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import http.client
 import math
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from overtake.controller.errors import (
 
 __all__ = [
     "DEFAULT_CLASS_HEADER",
+    "DEFAULT_EXEMPT_HEADER",
     "MODULE_CFLAGS",
     "MODULE_DIR",
     "MODULE_HEADERS",
@@ -55,6 +57,8 @@ __all__ = [
 
 #: Request header whose integer value (0..levels) is the request's starting level.
 DEFAULT_CLASS_HEADER = "X-Overtake-Class"
+#: Request header that exempts a request from demotion (the sidecar sends it for a stage's exempt methods).
+DEFAULT_EXEMPT_HEADER = "X-Overtake-Exempt"
 #: Where the private Apache serves the module's counters (local clients only).
 STATUS_PATH = "/overtake-prio-status"
 #: The module's folder, relative to the ``apache-conf/`` templates.
@@ -68,16 +72,19 @@ MODULE_SOURCES = (
     "op_gate.c",
     "op_gate_key.c",
     "op_status.c",
+    "op_guard.c",
     "op_pure.c",
+    "op_guard_pure.c",
 )
 #: The headers they include (``HEADERS`` in the Makefile).
-MODULE_HEADERS = ("mod_overtake_prio.h", "op_pure.h", "og_fault.h", "og_hmac.h")
+MODULE_HEADERS = ("mod_overtake_prio.h", "op_pure.h", "op_guard.h", "op_guard_pure.h", "og_fault.h", "og_hmac.h")
 #: Compiler flags (``WARNINGS`` and ``-O2`` in the Makefile): a warning fails the build.
 MODULE_CFLAGS = (
     "-Wall", "-Wextra", "-Wshadow", "-Wstrict-prototypes", "-Wmissing-prototypes", "-Werror", "-O2",
 )
 
 _APXS = "apxs"
+_METHOD = re.compile(r"[A-Z_-]{1,32}")
 _MAX_LEVELS = 8  # OP_MAX_LEVELS in the C module
 _INSTALL_HINT = (
     "install it with apache-conf/install-debian-packages.sh or `apt-get install apache2-dev`"
@@ -126,6 +133,19 @@ class CpuPriority:
     gate_timeout : float
         Seconds a gated request waits for a gate that never opens before it is let through
         (0.001..3600; keep it above the sidecar's queue timeout). ``OvertakeGateTimeout``.
+    exempt_methods : tuple of str
+        Requests of these methods are never demoted (they may hold a lock others wait for);
+        ``"unsafe"`` stands for every method but GET and HEAD. ``OvertakePrioExemptMethods``.
+    exempt_paths : tuple of str
+        Requests under these URL paths (``/api`` covers ``/api`` and ``/api/...``) are never
+        demoted. ``OvertakePrioExemptPath``.
+    exempt_header : str or None
+        Requests carrying this header are never demoted (the sidecar sends it for a stage's
+        exempt methods); None ignores it. ``OvertakePrioExemptHeader``.
+    demotion_limit : float
+        Seconds of wall time a request may stay below its original priority before it gets it
+        back for good (0..3600; 0: no limit), so that a demoted lock holder always finishes.
+        ``OvertakePrioDemotionLimit``.
     """
 
     levels: tuple[float, ...] = (0.005, 0.05)
@@ -137,6 +157,10 @@ class CpuPriority:
     cap_sys_nice: str = "auto"
     gate: str | None = None
     gate_timeout: float = 60.0
+    exempt_methods: tuple[str, ...] = ()
+    exempt_paths: tuple[str, ...] = ()
+    exempt_header: str | None = DEFAULT_EXEMPT_HEADER
+    demotion_limit: float = 0.0
     priorities: tuple[int | str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -209,8 +233,44 @@ class CpuPriority:
         gt = self.gate_timeout
         if isinstance(gt, bool) or not isinstance(gt, (int, float)) or not 0.001 <= gt <= 3600:
             raise ApacheInputError(f"cpu_priority.gate_timeout: seconds in 0.001..3600, got {gt!r}")
+        self._check_guard()
         object.__setattr__(self, "levels", tuple(float(v) for v in levels))
         object.__setattr__(self, "priorities", nice)
+
+
+    def _check_guard(self) -> None:
+        for m in self.exempt_methods:
+            if m != "unsafe" and not (isinstance(m, str) and _METHOD.fullmatch(m)):
+                raise ApacheInputError(
+                    f"cpu_priority.exempt_methods: {m!r} is not an HTTP method (upper case, e.g. POST) "
+                    "or 'unsafe' (every method but GET and HEAD)"
+                )
+        for p in self.exempt_paths:
+            if not isinstance(p, str) or not p.startswith("/") or any(c in p for c in ' \t\r\n"?#'):
+                raise ApacheInputError(
+                    f"cpu_priority.exempt_paths: {p!r} must be a URL path that starts with '/' and has no "
+                    "query, e.g. /api.php"
+                )
+        hdr = self.exempt_header
+        if hdr is not None and (not hdr or hdr.lower() == "none" or any(c in hdr for c in ' \t\r\n:"')):
+            raise ApacheInputError(
+                f"cpu_priority.exempt_header: {hdr!r} is not a header name; use None to ignore it"
+            )
+        lim = self.demotion_limit
+        if isinstance(lim, bool) or not isinstance(lim, (int, float)) or not 0 <= lim <= 3600:
+            raise ApacheInputError(
+                f"cpu_priority.demotion_limit: seconds in 0..3600 (0: no limit), got {lim!r}"
+            )
+
+
+def _guard_lines(cp: CpuPriority) -> str:
+    lines = [f"OvertakePrioExemptHeader {cp.exempt_header or 'none'}",
+             f"OvertakePrioDemotionLimit {float(cp.demotion_limit)!r}"]
+    if cp.exempt_methods:
+        lines.append("OvertakePrioExemptMethods " + " ".join(cp.exempt_methods))
+    if cp.exempt_paths:
+        lines.append("OvertakePrioExemptPath " + " ".join(f'"{p}"' for p in cp.exempt_paths))
+    return "\n    ".join(lines)
 
 
 def config_tokens(cpu_priority: CpuPriority | None) -> dict[str, str]:
@@ -241,6 +301,7 @@ def config_tokens(cpu_priority: CpuPriority | None) -> dict[str, str]:
         "CPU_PRIO_CAP_SYS_NICE": cp.cap_sys_nice,
         "CPU_PRIO_GATE": (f'OvertakeGate "{cp.gate}"\n    OvertakeGateTimeout {float(cp.gate_timeout)!r}'
                           if cp.gate else "# no admission gate"),
+        "CPU_PRIO_GUARD": _guard_lines(cp),
     }
 
 
@@ -358,6 +419,12 @@ class PrioStatus:
     gate_idle_starts, gate_promotions : int
         Gated requests started at the lowest level before their admission, and those given
         their priority back on it.
+    exempt_method, exempt_path, exempt_header : int
+        Requests never demoted (they may hold a lock), by the rule that exempted them.
+    limit_releases : int
+        Demoted requests given their priority back by ``OvertakePrioDemotionLimit``.
+    demotion_limit : float
+        That limit, seconds (0: none).
     """
 
     enabled: bool
@@ -396,6 +463,11 @@ class PrioStatus:
     gate_wait_s: float = 0.0
     gate_idle_starts: int = 0
     gate_promotions: int = 0
+    exempt_method: int = 0
+    exempt_path: int = 0
+    exempt_header: int = 0
+    limit_releases: int = 0
+    demotion_limit: float = 0.0
 
 
 def parse_prio_status(text: str) -> PrioStatus:
@@ -460,6 +532,9 @@ def parse_prio_status(text: str) -> PrioStatus:
            for k in ("held", "cancels", "stale", "timeouts", "aborts", "invalid", "forged", "unmapped", "faults",
                      "idle_starts", "promotions")},
         gate_wait_s=float(plain.get("overtake_gate_wait_seconds_total", 0.0)),
+        **{f"exempt_{k}": int(plain.get(f"exempt_total:{k}", 0)) for k in ("method", "path", "header")},
+        limit_releases=int(plain.get("limit_releases_total", 0)),
+        demotion_limit=float(plain.get("demotion_limit_seconds", 0.0)),
     )
 
 

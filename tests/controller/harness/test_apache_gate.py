@@ -252,6 +252,41 @@ def test_an_idle_start_runs_at_sched_idle_until_opened(gated: tuple[apache.Apach
     assert after.gate_held == before.gate_held
 
 
+def test_an_exempt_request_never_starts_idle(gated: tuple[apache.ApacheInstance, Gate]) -> None:
+    """An exempt request (it may hold a lock) waits for its admission instead of running early at
+    SCHED_IDLE: it starts when the slot opens, at its own priority."""
+    inst, gate = gated
+    before = _status(inst)
+    slot, header = gate.arm()  # type: ignore[misc]
+    gate.idle(slot)
+    host, port = apache.parse_listen(inst.listen)
+
+    def send() -> int:
+        c = http.client.HTTPConnection(host, port, timeout=10)
+        try:
+            c.request("POST", "/stage1?work=0.05", body=b"",
+                      headers={"X-Overtake-Gate": header.decode(), "X-Overtake-Exempt": "1"})
+            r = c.getresponse()
+            r.read()
+            return r.status
+        finally:
+            c.close()
+
+    try:
+        th, out = _in_background(send)
+        time.sleep(0.4)
+        assert th.is_alive() and 5 not in _policies(inst), f"ran before its admission: {out}"
+        gate.open(slot)
+        th.join(5)
+        assert out["result"] == 200
+    finally:
+        gate.free(slot)
+    after = _status(inst)
+    assert after.gate_idle_starts == before.gate_idle_starts
+    assert after.gate_held - before.gate_held == 1
+    assert after.exempt_header - before.exempt_header == 1
+
+
 def test_a_forged_gate_header_is_refused_at_once(gated: tuple[apache.ApacheInstance, Gate]) -> None:
     """A client that reaches Apache directly and copies a waiting slot's ``SLOT GENERATION``
     (from the file, or guessed) must not park a worker until ``OvertakeGateTimeout``."""

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import bisect
 import random
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from prio_helpers import build_driver, run_driver
 
-REPO = Path(__file__).resolve().parents[3]
-MODULE_DIR = REPO / "apache-conf" / "mod_overtake_prio"
 INT64_MAX = 2**63 - 1
 
 DRIVER = r"""
@@ -153,23 +150,7 @@ IDLE = 100  # OP_NICE_IDLE
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        pytest.skip("gcc not installed (apache-conf/install-debian-packages.sh installs it)")
-    d = tmp_path_factory.mktemp("op_pure")
-    (d / "driver.c").write_text(DRIVER)
-    exe = d / "driver"
-    subprocess.run([gcc, "-O2", "-Wall", "-Wextra", "-Wshadow", "-Wstrict-prototypes", "-Wmissing-prototypes",
-                    "-Werror", "-I", str(MODULE_DIR), "-o", str(exe), str(d / "driver.c"),
-                    str(MODULE_DIR / "op_pure.c")],
-                   check=True, capture_output=True, text=True)
-    return exe
-
-
-def run(exe: Path, lines: list[str]) -> list[str]:
-    out = subprocess.run([str(exe)], input="".join(line + "\n" for line in lines), capture_output=True,
-                         text=True, check=True, timeout=60)
-    return out.stdout.splitlines()
+    return build_driver(tmp_path_factory.mktemp("op_pure"), DRIVER, ("op_pure.c",))
 
 
 def test_levels_list(driver: Path) -> None:
@@ -191,7 +172,7 @@ def test_levels_list(driver: Path) -> None:
         "LEVELS|nan": f"{RANGE} 0",
         "LEVELS|0.001|0.002|0.003|0.0025": f"{ORDER} 3",
     }
-    assert dict(zip(cases, run(driver, list(cases)), strict=True)) == cases
+    assert dict(zip(cases, run_driver(driver, list(cases)), strict=True)) == cases
 
 
 def test_nice_list_with_idle(driver: Path) -> None:
@@ -213,7 +194,7 @@ def test_nice_list_with_idle(driver: Path) -> None:
         "NICE|10.5": f"{RANGE} 0",
         "NICE|idler": f"{RANGE} 0",
     }
-    assert dict(zip(cases, run(driver, list(cases)), strict=True)) == cases
+    assert dict(zip(cases, run_driver(driver, list(cases)), strict=True)) == cases
 
 
 def test_seconds_and_integers(driver: Path) -> None:
@@ -234,7 +215,7 @@ def test_seconds_and_integers(driver: Path) -> None:
         "LONG|0x10|0|40": "bad -1",
         "LONG|9223372036854775808|0|40": "bad -1",
     }
-    assert dict(zip(cases, run(driver, list(cases)), strict=True)) == cases
+    assert dict(zip(cases, run_driver(driver, list(cases)), strict=True)) == cases
 
 
 def test_class_header(driver: Path) -> None:
@@ -249,7 +230,7 @@ def test_class_header(driver: Path) -> None:
         "CLASS||2": "bad -1",
         "CLASS|99999999999999999999|2": "bad -1",
     }
-    assert dict(zip(cases, run(driver, list(cases)), strict=True)) == cases
+    assert dict(zip(cases, run_driver(driver, list(cases)), strict=True)) == cases
 
 
 def test_gate_header(driver: Path) -> None:
@@ -271,7 +252,7 @@ def test_gate_header(driver: Path) -> None:
         "GATE|3 17": "bad",
         "GATE|": "bad",
     }
-    assert dict(zip(cases, run(driver, list(cases)), strict=True)) == cases
+    assert dict(zip(cases, run_driver(driver, list(cases)), strict=True)) == cases
 
 
 def test_level_for_attained_cpu(driver: Path) -> None:
@@ -289,7 +270,7 @@ def test_level_for_attained_cpu(driver: Path) -> None:
         f"LEVELFOR|-5|0|{t}": "0",
         "LEVELFOR|10|0|": "0",              # no level
     }
-    assert dict(zip(cases, run(driver, list(cases)), strict=True)) == cases
+    assert dict(zip(cases, run_driver(driver, list(cases)), strict=True)) == cases
 
 
 def test_level_for_agrees_with_bisect(driver: Path) -> None:
@@ -301,7 +282,7 @@ def test_level_for_agrees_with_bisect(driver: Path) -> None:
         start = rng.randint(0, len(thr))
         lines.append(f"LEVELFOR|{cpu}|{start}|{','.join(map(str, thr))}")
         want.append(str(max(start, bisect.bisect_right(thr, cpu))))
-    assert run(driver, lines) == want
+    assert run_driver(driver, lines) == want
 
 
 def test_next_due_and_wake(driver: Path) -> None:
@@ -322,7 +303,7 @@ def test_next_due_and_wake(driver: Path) -> None:
         f"WAKE|1000|{INT64_MAX}|5000|100": "6000",
         "WAKE|1000|500|5000|100": "1100",         # overdue: one period from now
     }
-    assert dict(zip(cases, run(driver, list(cases)), strict=True)) == cases
+    assert dict(zip(cases, run_driver(driver, list(cases)), strict=True)) == cases
 
 
 def test_level_nice_and_late_buckets(driver: Path) -> None:
@@ -341,4 +322,4 @@ def test_level_nice_and_late_buckets(driver: Path) -> None:
         "BUCKET|50000001": "7",       # above every bound
         "BUCKET|-5": "0",
     }
-    assert dict(zip(cases, run(driver, list(cases)), strict=True)) == cases
+    assert dict(zip(cases, run_driver(driver, list(cases)), strict=True)) == cases
