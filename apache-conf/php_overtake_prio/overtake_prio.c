@@ -12,7 +12,8 @@
  *
  * Guards against priority inversion (a demoted request holding a lock others wait for):
  *   - requests whose method is in `overtake_prio.exempt_methods` are never demoted (on SQLite,
- *     MediaWiki runs every non-GET request in an IMMEDIATE transaction holding the write lock);
+ *     MediaWiki runs every non-GET request in an IMMEDIATE transaction holding the write lock),
+ *     nor those the sidecar marks `X-Overtake-Exempt: 1` (a stage's `cpu_exempt`);
  *   - `overtake_prio.max_demoted_ms` bounds the wall time a request stays demoted.
  *
  * Lowering a worker's priority needs no privilege; raising it back does (CAP_SYS_NICE, or an
@@ -403,6 +404,18 @@ static zend_result in_range(zend_ini_entry *entry, zend_string *value, zend_long
     return SUCCESS;
 }
 
+/* The sidecar marks the requests of a stage with cpu_exempt (X-Overtake-Exempt: 1), as it does
+ * for mod_overtake_prio; FastCGI hands request headers over as HTTP_* variables. */
+static bool header_exempt(void)
+{
+    char *v = sapi_getenv("HTTP_X_OVERTAKE_EXEMPT", sizeof("HTTP_X_OVERTAKE_EXEMPT") - 1);
+    bool yes = v != NULL && strcmp(v, "1") == 0;
+    if (v != NULL) {
+        efree(v);
+    }
+    return yes;
+}
+
 static ZEND_INI_MH(on_threshold)
 {
     if (in_range(entry, new_value, 0, 3600000, "CPU milliseconds before demotion; 0 = off") != SUCCESS) {
@@ -516,7 +529,7 @@ PHP_RINIT_FUNCTION(overtake_prio)
     if (OPG(threshold_ms) == 0 || disabled) {
         return SUCCESS;
     }
-    if (method_exempt(SG(request_info).request_method)) {
+    if (method_exempt(SG(request_info).request_method) || header_exempt()) {
         COUNT(exempt);
         COUNT(requests);
         return SUCCESS;

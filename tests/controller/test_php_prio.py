@@ -63,8 +63,10 @@ def _pool(extension: Path, tmp: Path, **settings: str) -> pf.FpmPool:
     return pf.start_pool(tmp / "pool", extension, ini, scripts={"burn.php": BURN})
 
 
-def _run(pool: pf.FpmPool, ms: float, method: str = "GET") -> dict[str, int | bool]:
-    status, body = pf.fastcgi_get(pool, "burn.php", f"ms={ms}", method=method, body=b"x=1" if method == "POST" else b"")
+def _run(pool: pf.FpmPool, ms: float, method: str = "GET", headers: dict[str, str] | None = None,
+         ) -> dict[str, int | bool]:
+    status, body = pf.fastcgi_get(pool, "burn.php", f"ms={ms}", method=method, body=b"x=1" if method == "POST" else b"",
+                                  headers=headers)
     assert status == 200, body
     out: dict[str, int | bool] = json.loads(body)
     return out
@@ -90,7 +92,7 @@ def test_a_long_request_is_demoted_and_its_worker_restored(extension: Path, work
 
 def test_exempt_methods_are_never_demoted(extension: Path, work: Path) -> None:
     """POST is exempt by default (on SQLite a wiki's POST holds the write lock others wait for);
-    the operator's list replaces the default."""
+    the operator's list replaces the default; the sidecar's X-Overtake-Exempt exempts too."""
     pool = _pool(extension, work)
     try:
         assert _run(pool, 100, "POST")["demoted"] is False
@@ -103,6 +105,9 @@ def test_exempt_methods_are_never_demoted(extension: Path, work: Path) -> None:
     try:
         assert _run(pool, 100, "POST")["demoted"] is True
         assert _run(pool, 100, "GET")["demoted"] is False
+        # a stage's cpu_exempt: the sidecar's header, as for mod_overtake_prio
+        assert _run(pool, 100, "POST", {"X-Overtake-Exempt": "1"})["demoted"] is False
+        assert _run(pool, 100, "POST", {"X-Overtake-Exempt": "0"})["demoted"] is True
     finally:
         pool.stop()
 
