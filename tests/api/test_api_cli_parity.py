@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 import yaml
-from api_helpers import REPO, wait
 from fastapi.testclient import TestClient
+from support.api_helpers import REPO, wait
 
 from overtake.api.app import Settings, create_app
 from overtake.api.cli import main

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from uplink.ideal import fluid_response_times as fluid  # bench/ is on the path (setup.cfg [tool:pytest])
+from support.bench import bench_module
+
+fluid = bench_module("uplink.ideal").fluid_response_times
 
 
 def test_two_jobs_by_hand() -> None:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from service_helpers import STAGES, SidecarProc
+from support.service_helpers import STAGES, SidecarProc
 
 from overtake.controller.apache_probe import max_request_workers
 from overtake.controller.harness import apache

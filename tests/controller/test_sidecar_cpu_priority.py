@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from service_helpers import SidecarProc, small_policy
+from support.service_helpers import SidecarProc, small_policy
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache.cpu_priority import CpuPriority, fetch_prio_status

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from service_helpers import ADMIN_TOKEN, admin_token_file, is_admin_path
+from support.service_helpers import ADMIN_TOKEN, admin_token_file, is_admin_path
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.loadgen import request

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from service_helpers import REPO, SidecarProc, StubApache, free_port
+from support.service_helpers import REPO, SidecarProc, StubApache, free_port
 
 from overtake.controller.errors import PolicyLoadError
 from overtake.controller.units import FORMER_DEFAULT, MODEL, UNITLESS, UNRECORDED, resolve
