@@ -599,6 +599,7 @@ def _rss_kb(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+@pytest.mark.timeout(900)  # 105,000 requests through the sidecar
 @pytest.mark.slow
 def test_1e5_requests_conserve_and_do_not_grow(inst: apache.ApacheInstance) -> None:
     ab = shutil.which("ab")
