@@ -31,7 +31,7 @@ demo: $(WARM)
 
 test: $(WARM) lint typecheck
 	sh apache-conf/install-debian-packages.sh
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

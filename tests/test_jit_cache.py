@@ -111,6 +111,7 @@ def _read_only_run(tmp: Path) -> subprocess.CompletedProcess[str]:
                            sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600, cwd=tmp)
 
 
+@pytest.mark.timeout(900)  # numba compiles every kernel from scratch (600 s at most)
 def test_a_read_only_install_with_no_writable_home_solves_and_compiles(tmp_path: Path) -> None:
     """The checkout mounted read-only, HOME not writable: a solve runs, every module with cached kernels
     imports, and numba compiles into the private folder under the temporary directory."""

@@ -60,6 +60,7 @@ def test_license_file_matches_the_metadata() -> None:
     assert _setup_cfg()["metadata"]["license"] == "MIT"
 
 
+@pytest.mark.timeout(900)  # a wheel build, a venv and three commands from it
 @pytest.mark.slow
 def test_built_wheel_runs_outside_the_checkout(tmp_path: Path) -> None:
     """`pip wheel . --no-deps` into a fresh venv: --version, compare and apache start all work from /tmp."""

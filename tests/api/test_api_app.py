@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from api_helpers import exp2, wait
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
+from support.api_helpers import exp2, wait
 
 from overtake.api.app import Settings, create_app
 from overtake.api.db import Store

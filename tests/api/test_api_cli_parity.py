@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 import yaml
-from api_helpers import REPO, wait
 from fastapi.testclient import TestClient
+from support.api_helpers import REPO, wait
 
 from overtake.api.app import Settings, create_app
 from overtake.api.cli import main
@@ -31,6 +31,7 @@ def _numbers(doc: Any, path: str = "") -> dict[str, Any]:
     return {path: doc}
 
 
+@pytest.mark.timeout(1200)  # the API's job may take up to its 900 s wait
 @pytest.mark.slow
 def test_case04_through_the_api_is_the_clis_document(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with TestClient(create_app(Settings(db=str(tmp_path / "jobs.db")))) as client:

@@ -11,7 +11,7 @@ test_api_cli_parity.py; cases 8, 11 and 12 take minutes and settle like case 6).
 from __future__ import annotations
 
 import pytest
-from api_helpers import REPO
+from support.api_helpers import REPO
 
 from overtake.api.jobs import estimate_states
 from overtake.api.scenario import load_scenario

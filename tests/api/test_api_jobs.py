@@ -16,10 +16,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import job_faults
 import pytest
-from api_helpers import exp2, wait
 from fastapi.testclient import TestClient
+from support import job_faults
+from support.api_helpers import exp2, wait
 
 from overtake.api.app import create_app
 from overtake.api.db import INTERRUPTED, Store

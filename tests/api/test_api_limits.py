@@ -11,8 +11,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from api_helpers import exp2, live_api
 from fastapi.testclient import TestClient
+from support.api_helpers import exp2, live_api
 
 from overtake.api.app import create_app
 from overtake.api.deps import MAX_JSON_BYTES, Settings

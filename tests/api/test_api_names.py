@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from api_helpers import exp2
 from fastapi.testclient import TestClient
+from support.api_helpers import exp2
 
 from overtake.api.app import create_app
 from overtake.api.db import Store

@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from api_helpers import exp2, free_port
+from support.api_helpers import exp2, free_port
 
 from overtake.api import plots
 from overtake.api.app import create_app

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 import schemathesis
-from api_helpers import live_api
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error, response_schema_conformance, status_code_conformance
+from support.api_helpers import live_api
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from api_helpers import exp2, live_api, wait
+from support.api_helpers import exp2, live_api, wait
 
 from overtake.api.db import Store
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from api_helpers import exp2
 from matplotlib.image import imread
+from support.api_helpers import exp2
 
 from overtake.api import plots
 from overtake.api.cli import main

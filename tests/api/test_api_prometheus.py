@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -22,9 +21,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from api_helpers import REPO, exp2, free_port, live_api, wait
+from support.api_helpers import REPO, exp2, free_port, live_api, wait
 
-from overtake.controller.errors import ApacheNotInstalledError
 from overtake.controller.harness import apache, prometheus
 
 STAGES = """
@@ -38,23 +36,11 @@ classifier: {time_unit: 0.01}  # the API's scenario is in model units: 1 unit = 
 """
 
 
-def _installed() -> bool:
-    try:
-        apache.check_installed()
-    except ApacheNotInstalledError:
-        return False
-    return shutil.which("prometheus") is not None
-
-
 @pytest.fixture(scope="module")
-def tools() -> None:
-    if _installed():
-        return
-    if os.geteuid() != 0:
-        pytest.skip("apache2/prometheus not installed and not root: run apache-conf/install-debian-packages.sh")
-    subprocess.run(["sh", str(REPO / "apache-conf" / "install-debian-packages.sh")], check=True)
-    if not _installed():
-        pytest.skip("apache2/prometheus still missing after the installer (no apt-get?)")
+def tools(apache_available: None) -> None:
+    """Apache (the suite's ``apache_available``) and Prometheus, installed by the project's installer."""
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus not installed: run `sh apache-conf/install-debian-packages.sh` (as root)")
 
 
 @pytest.fixture()

@@ -101,8 +101,8 @@ def test_solve_stores_the_unit_and_names_the_phases(tmp_path: Path, capsys: pyte
 def test_the_api_stores_the_fits_unit_in_its_policy(tmp_path: Path) -> None:
     """POST /v1/fits, then a model on that fit: its policy.npz carries the fit's unit (seconds),
     which a sidecar following policy_url takes; a hand-written model says model units."""
-    from api_helpers import exp2, wait
     from fastapi.testclient import TestClient
+    from support.api_helpers import exp2, wait
 
     from overtake.api.app import Settings, create_app
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import _report as report
+from support.bench import bench_module
+
+report = bench_module("_report")
 
 DOC = report.BENCHMARKS
 ROOT = report.ROOT

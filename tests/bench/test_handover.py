@@ -10,10 +10,12 @@ import argparse
 import math
 import os
 
-from handover import run  # bench/ is on the path (setup.cfg [tool:pytest])
+from support.bench import bench_module
+
+run = bench_module("handover").run
 
 
-def test_every_mode_costs_more_than_the_work_and_cores_are_restored() -> None:
+def test_every_mode_costs_more_than_the_work_and_cores_are_restored(apache_available: None) -> None:
     cores = os.sched_getaffinity(0)
     try:
         res = run(argparse.Namespace(work=0.005, requests=8, clients=2, rounds=1, gate_backfill=1))

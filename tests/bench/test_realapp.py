@@ -12,12 +12,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import realapp  # bench/ is on the path (setup.cfg [tool:pytest])
-from mediawiki import pages, product, server, stats, wiki, workload
 from scipy import stats as sps
+from support.bench import bench_module
 
 from overtake.controller.harness.scratch import scratch_dir
 from overtake.controller.sidecar.stages import load_stages
+
+realapp = bench_module("realapp")
+pages, product, server, stats, wiki, workload = (
+    bench_module(f"mediawiki.{m}") for m in ("pages", "product", "server", "stats", "wiki", "workload"))
 
 # --------------------------------------------------------------------------- the page recipe
 
@@ -253,7 +256,7 @@ def _skip_reason() -> str | None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
-def test_end_to_end_on_a_tiny_trace(capsys: pytest.CaptureFixture[str]) -> None:
+def test_end_to_end_on_a_tiny_trace(apache_available: None, capsys: pytest.CaptureFixture[str]) -> None:
     data = scratch_dir("realapp-test-")  # www-data reads the wiki's settings below it
     cores = os.sched_getaffinity(0)
     sigterm = signal.getsignal(signal.SIGTERM)

@@ -5,31 +5,14 @@ nothing; --json prints the run."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from support.bench import bench_module
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _module(name: str) -> ModuleType:
-    """The bench module ``name`` (bench/ is a folder of scripts, loaded by path)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # the scripts' own `from _report import ...` finds this one
-    spec.loader.exec_module(mod)
-    return mod
-
-
-report = _module("_report")
+report = bench_module("_report")
 
 DOC = """# Benchmarks
 
@@ -169,7 +152,7 @@ def _uplink_run(mean_srpt: float) -> dict[str, Any]:
 
 
 def test_uplink_srpt_record_replaces_its_section_and_appends_the_run(doc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    uplink_srpt = _module("uplink_srpt")
+    uplink_srpt = bench_module("uplink_srpt")
     real = report.write_section
     monkeypatch.setattr(report, "write_section",
                         lambda name, text, **kw: real(name, text, doc, **kw))

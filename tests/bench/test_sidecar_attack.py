@@ -11,10 +11,15 @@ from __future__ import annotations
 import argparse
 import os
 
-from sidecar_attack import API_ATTACKS, ATTACKS, GATE_ATTACKS, run  # bench/ is on the path (setup.cfg [tool:pytest])
+import pytest
+from support.bench import bench_module
+
+_attack = bench_module("sidecar_attack")
+API_ATTACKS, ATTACKS, GATE_ATTACKS, run = _attack.API_ATTACKS, _attack.ATTACKS, _attack.GATE_ATTACKS, _attack.run
 
 
-def test_every_attack_leaves_memory_bounded_and_nothing_in_flight() -> None:
+@pytest.mark.timeout(900)  # every attack in turn, against the sidecar, the API and the gate
+def test_every_attack_leaves_memory_bounded_and_nothing_in_flight(apache_available: None) -> None:
     cores = os.sched_getaffinity(0)
     try:
         res = run(argparse.Namespace(seconds=2.0, attacks=""))

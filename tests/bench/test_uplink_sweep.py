@@ -8,7 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uplink_sweep  # bench/ is on the path (setup.cfg [tool:pytest])
+from support.bench import bench_module
+
+uplink_sweep = bench_module("uplink_sweep")
 
 
 def _m(mean: float, top: float, tput: float) -> dict[str, Any]:

@@ -10,9 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from value_of_information import route_split, run_case  # bench/ is on the path (setup.cfg [tool:pytest])
+from support.bench import bench_module
 
 from overtake.api.scenario import load_scenario
+
+_voi = bench_module("value_of_information")
+route_split, run_case = _voi.route_split, _voi.run_case
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import _report as report  # bench/ is on the path (setup.cfg [tool:pytest])
 import pytest
-import value_of_information as voi
+from support.bench import bench_module
+
+report = bench_module("_report")
+voi = bench_module("value_of_information")
 
 
 def _ew(full: float, start: float, none: float, pi1: float, pi_inf: float, route: float | None = None) -> dict[str, float]:

@@ -1,48 +1,19 @@
-"""Shared by the controller tests: the real Apache they run against (installed on demand), one
-loading mod_overtake_prio's admission gate, and for the sidecar-as-a-process tests a module-wide
-scratch directory and stub upstream."""
+"""Shared by the controller tests: a real Apache loading mod_overtake_prio's admission gate, and
+for the sidecar-as-a-process tests a module-wide scratch directory and stub upstream."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from service_helpers import StubApache
+from support.service_helpers import StubApache
 
-from overtake.controller.errors import ApacheNotInstalledError
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache.cpu_priority import CpuPriority
 from overtake.controller.harness.scratch import free_port, scratch_dir
-
-REPO = Path(__file__).resolve().parents[2]
-INSTALLER = REPO / "apache-conf" / "install-debian-packages.sh"
-
-
-def apache_installed() -> bool:
-    try:
-        apache.check_installed()
-    except ApacheNotInstalledError:
-        return False
-    return True
-
-
-@pytest.fixture(scope="module")
-def apache_available() -> None:
-    """Apache, mod_lua and the C toolchain, installed by the project's installer when root."""
-    if apache_installed():
-        return
-    if os.geteuid() != 0:
-        pytest.skip(
-            "apache2/liblua5.3-dev/gcc not installed and not root: run "
-            "`sudo apache-conf/install-debian-packages.sh` to enable these tests"
-        )
-    subprocess.run(["sh", str(INSTALLER)], check=True)
-    assert apache_installed(), "install-debian-packages.sh ran but the packages are still missing"
-
 
 #: seconds a gated request waits for a gate that never opens (the gate_apache fixture)
 GATE_TIMEOUT = 1.5

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from service_helpers import SidecarProc, StubApache
+from support.service_helpers import SidecarProc, StubApache
 
 STEERING = {"X-Overtake-Phase": "2", "X-Overtake-Next-Phase": "2", "X-Overtake-Class": "0"}
 
@@ -46,7 +46,7 @@ def test_bad_trusted_source_names_the_field(work: Path) -> None:
     import subprocess
     import sys
 
-    from service_helpers import REPO
+    from support.service_helpers import REPO
 
     out = subprocess.run([sys.executable, "-m", "overtake.api.cli", "sidecar", "--policy", "pi(1)", "--apache",
                           "http://127.0.0.1:9", "--listen", "127.0.0.1:0", "--stages", str(work / "none.yaml"),

@@ -265,7 +265,7 @@ def _auto_dir(d: Path) -> Path:
 
 def test_sidecar_auto_runs_none_without_headers_and_full_once_they_come(work: Path, stub: Any) -> None:
     """A real sidecar process in auto mode over a directory of three policies (full, none, route)."""
-    from service_helpers import STAGES, SidecarProc
+    from support.service_helpers import STAGES, SidecarProc
 
     d = _auto_dir(work / "auto-policies")
     stages = STAGES + "classifier: {mode: auto, auto_interval: 0.2, time_unit: 0.001}\n"
@@ -294,7 +294,7 @@ def test_auto_sees_phase_headers_of_clients_that_send_no_next_phase(work: Path, 
     counts: each peek was counted as a request without a header)."""
     import http.client
 
-    from service_helpers import SidecarProc
+    from support.service_helpers import SidecarProc
 
     d = _auto_dir(work / "auto-next")
     stages = ('stages: [{name: stage1, path: "^/slow/", next: stage2}, {name: stage2, path: "^/stage2"}]\n'
@@ -306,7 +306,8 @@ def test_auto_sees_phase_headers_of_clients_that_send_no_next_phase(work: Path, 
             c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
             for path in ("/slow/0", "/stage2"):
                 c.request("GET", path, headers={"X-Overtake-Phase": "1"})
-                assert c.getresponse().read() is not None
+                r = c.getresponse()  # the stub upstream echoes the path it was asked for
+                assert (r.status, json.loads(r.read())["path"]) == (200, path)
             c.close()
         deadline = time.monotonic() + 10
         info = json.loads(s.request("GET", "/-/policy")[2])

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 from prometheus_client import generate_latest
 
-from overtake.controller.errors import ApacheNotInstalledError, SidecarInputError
+from overtake.controller.errors import SidecarInputError
 from overtake.controller.harness import apache
 from overtake.controller.harness.loadgen import get
 from overtake.controller.harness.scratch import free_port, scratch_dir
@@ -342,14 +342,6 @@ def test_refit_is_skipped_without_samples_or_at_high_load() -> None:
 
 
 # ---- end to end: real sidecar, real Apache ---------------------------------------------------
-def _installed() -> bool:
-    try:
-        apache.check_installed()
-    except ApacheNotInstalledError:
-        return False
-    return True
-
-
 E2E_STAGES = """
 stages:
   - name: stage1
@@ -361,8 +353,7 @@ classifier: {mode: explicit, time_unit: 0.005}
 """
 
 
-@pytest.mark.skipif(not _installed(), reason="apache2 not installed: run apache-conf/install-debian-packages.sh")
-def test_online_loop_end_to_end_on_apache() -> None:
+def test_online_loop_end_to_end_on_apache(apache_available: None) -> None:
     """~300 stage requests with case-4 H2 demands (time unit 5 ms, load 0.6) through a sidecar
     started with π(1) and --online: it must refit from Apache's CPU notes and swap in π*."""
     parent = scratch_dir("overtake-online-test-")

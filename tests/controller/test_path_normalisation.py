@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from service_helpers import SidecarProc, StubApache
+from support.service_helpers import SidecarProc, StubApache
 
 from overtake.controller.sidecar.http1 import BadTarget, normalize_target
 

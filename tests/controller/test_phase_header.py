@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 import pytest
-from service_helpers import SidecarProc, StubApache
+from support.service_helpers import SidecarProc, StubApache
 from test_time_unit import STAGES_2, policy_file
 
 from overtake.controller.sidecar.classifier import BadPhaseHeader, Classifier

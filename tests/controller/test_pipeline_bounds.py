@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from loop_turns import LoopTurns
+from support.loop_turns import LoopTurns
 
 from overtake.controller.sidecar import http1
 from overtake.controller.sidecar.http1 import ClientConnection

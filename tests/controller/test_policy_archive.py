@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from service_helpers import inflating_archive, small_policy
+from support.service_helpers import inflating_archive, small_policy
 
 from overtake.controller.errors import PolicyLoadError
 from overtake.controller.sidecar.policies import load_policy, load_policy_bytes

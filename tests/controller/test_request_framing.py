@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from service_helpers import StubApache, sidecar_in_thread
+from support.service_helpers import StubApache, sidecar_in_thread
 
 from overtake.controller.sidecar.service import Sidecar
 

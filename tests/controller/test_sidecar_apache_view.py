@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from service_helpers import STAGES, SidecarProc
+from support.service_helpers import STAGES, SidecarProc
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.scratch import free_port, scratch_dir

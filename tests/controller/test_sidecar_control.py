@@ -3,7 +3,7 @@ policy uploads that cannot block or exhaust the event loop, the policy token kep
 malformed policy metadata, and the Apache status scrape kept off the request path.
 
 The sidecar runs as a subprocess (its memory is read from /proc) in front of a stub upstream on
-loopback (tests/controller/service_helpers.py), its control endpoints on their own loopback
+loopback (tests/support/service_helpers.py), its control endpoints on their own loopback
 listener with an admin token; a "remote" client is one that connects from 127.0.0.2.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from service_helpers import (
+from support.service_helpers import (
     ADMIN_TOKEN,
     STAGES,
     QuietHandler,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from service_helpers import SidecarProc, small_policy
+from support.service_helpers import SidecarProc, small_policy
 
 from overtake.controller.errors import SidecarInputError
 from overtake.controller.harness import apache

@@ -42,7 +42,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from service_helpers import StubApache, sidecar_in_thread
+from support.service_helpers import StubApache, sidecar_in_thread
 
 from overtake.controller.sidecar.service import Sidecar
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from service_helpers import SidecarProc
+from support.service_helpers import SidecarProc
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache.cpu_priority import PrioStatus, fetch_prio_status

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from service_helpers import ADMIN_TOKEN, admin_token_file, is_admin_path
+from support.service_helpers import ADMIN_TOKEN, admin_token_file, is_admin_path
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.loadgen import request
@@ -599,6 +599,7 @@ def _rss_kb(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+@pytest.mark.timeout(900)  # 105,000 requests through the sidecar
 @pytest.mark.slow
 def test_1e5_requests_conserve_and_do_not_grow(inst: apache.ApacheInstance) -> None:
     ab = shutil.which("ab")

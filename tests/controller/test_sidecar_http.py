@@ -21,7 +21,7 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from service_helpers import QuietHandler, sidecar_in_thread
+from support.service_helpers import QuietHandler, sidecar_in_thread
 
 from overtake.controller.sidecar.service import Sidecar
 

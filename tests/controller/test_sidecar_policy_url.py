@@ -23,8 +23,8 @@ from typing import Any
 
 import httpx
 import pytest
-from api_helpers import exp2, free_port, live_api, wait  # tests/api/ is on the path (setup.cfg [tool:pytest])
-from service_helpers import ADMIN_TOKEN, admin_token_file
+from support.api_helpers import exp2, free_port, live_api, wait
+from support.service_helpers import ADMIN_TOKEN, admin_token_file
 
 REPO = Path(__file__).resolve().parents[2]
 POLL = 0.3

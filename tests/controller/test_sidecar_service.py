@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from service_helpers import REPO, STAGES, SidecarProc, StubApache, admin_token_file, free_port
+from support.service_helpers import REPO, STAGES, SidecarProc, StubApache, admin_token_file, free_port
 
 UNIT = REPO / "apache-conf" / "overtake-sidecar.service"
 VHOST = REPO / "apache-conf" / "examples" / "vhost-behind-sidecar.conf"

@@ -18,7 +18,7 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from service_helpers import QuietHandler, SidecarProc
+from support.service_helpers import QuietHandler, SidecarProc
 
 PATTERN = bytes(range(256)) * 4096  # 1 MiB
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from service_helpers import SidecarProc, StubApache
+from support.service_helpers import SidecarProc, StubApache
 from test_time_unit import STAGES_2, policy_file
 
 from overtake.controller.sidecar.stages import StagesConfig

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 
-from loop_turns import LoopTurns
+from support.loop_turns import LoopTurns
 
 from overtake.controller.sidecar.upstream import UpstreamPool, UpstreamResponse
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from service_helpers import REPO, SidecarProc, StubApache, free_port
+from support.service_helpers import REPO, SidecarProc, StubApache, free_port
 
 from overtake.controller.errors import PolicyLoadError
 from overtake.controller.sidecar.units import FORMER_DEFAULT, MODEL, UNITLESS, UNRECORDED, resolve
@@ -79,6 +79,7 @@ def test_resolve_takes_the_policys_unit_and_refuses_a_contradiction() -> None:
 
 
 # ---- the shipped example config with a fresh fit -------------------------------------------------
+@pytest.mark.timeout(900)  # a fit and a solve through the CLI (600 s each at most)
 def test_shipped_config_with_a_fresh_fit_reads_as_solve(tmp_path: Path, stub: StubApache) -> None:
     """The operator's guide: fit, solve with age priority, install the example config, start."""
     fits = tmp_path / "fits"

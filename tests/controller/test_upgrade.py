@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from service_helpers import SidecarProc, StubApache, sidecar_in_thread
+from support.service_helpers import SidecarProc, StubApache, sidecar_in_thread
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.scratch import free_port, scratch_dir

@@ -13,7 +13,7 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from service_helpers import QuietHandler, SidecarProc
+from support.service_helpers import QuietHandler, SidecarProc
 
 from overtake.controller.sidecar.upstream import UpstreamError, UpstreamPool
 
@@ -104,7 +104,7 @@ def test_a_client_leaving_mid_response_is_a_client_abort(work: Path) -> None:
 
 def test_slowloris_gets_408_after_the_header_timeout(work: Path) -> None:
     """A head dribbled a byte at a time keeps the connection active; the deadline is on the head."""
-    from service_helpers import STAGES, StubApache
+    from support.service_helpers import STAGES, StubApache
 
     stub = StubApache()
     stages = STAGES.replace("limits: {", "limits: {header_timeout: 1, ")

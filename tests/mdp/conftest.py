@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from mdp_helpers import h2_stage, tandem
+from support.mdp_helpers import h2_stage, tandem
 
 from overtake.mdp.model import TandemModel
 

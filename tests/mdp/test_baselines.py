@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from mdp_helpers import exp_stage, h2_stage, tandem
+from support.mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.mdp.baselines import Baseline
 from overtake.mdp.errors import ModelError

@@ -4,7 +4,7 @@ the auto-truncation ladder stops at the budget instead of building past it."""
 from __future__ import annotations
 
 import pytest
-from mdp_helpers import exp_stage, h2_stage, tandem
+from support.mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.fitting import families
 from overtake.mdp import solve as solve_optimal

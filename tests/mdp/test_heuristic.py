@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from mdp_helpers import exp_stage, h2_stage, tandem
+from support.mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.mdp import solve
 from overtake.mdp.baselines import Baseline

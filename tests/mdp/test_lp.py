@@ -14,7 +14,7 @@ pytest.importorskip("cvxpy")
 from overtake.mdp.average_cost import induced_matrix, relative_value_iteration
 from overtake.mdp.constrained import ConstraintError, Constraints, RandomizedPolicy, solve_constrained
 from overtake.mdp.evaluate import stationary_distribution
-from overtake.mdp.lp import cost_rate, occupation_lp, threads_constraint
+from overtake.mdp.lp import NodePolicy, cost_rate, occupation_lp, threads_constraint
 from overtake.mdp.policy import Policy
 from overtake.mdp.statespace import StateSpace, Truncation
 
@@ -39,6 +39,19 @@ def test_lp_gain_equals_value_iteration(case4, phase_info):
     assert lp.policy.randomised_nodes.size == 0
 
 
+def _pure_at(pol, node):
+    """``pol`` with the mixture at ``node`` replaced by each of its actions in turn: the exact metrics
+    and the LP's cost rate of each."""
+    mix = np.column_stack([pol.stop, pol.spawn])[node]
+    out = []
+    for a in np.flatnonzero(mix > 0):
+        stop, spawn = pol.stop.copy(), pol.spawn.copy()
+        stop[node], spawn[node] = float(a == 0), np.arange(1, mix.size) == a
+        m, pi = NodePolicy(pol.space, stop, spawn).evaluate()
+        out.append((m, float(pi @ cost_rate(pol.space))))
+    return out
+
+
 def _budget(case4, T, phase_info="start"):
     space = StateSpace(case4, TR, phase_info)
     return space, occupation_lp(space, [threads_constraint(space, T)])
@@ -55,8 +68,13 @@ def test_thread_budget_is_met_exactly_and_costs_something(case4):
     assert lp.constraint_values["max_mean_threads"] == pytest.approx(T, rel=1e-8)
     assert lp.objective >= free.objective * (1 - 1e-10)
     assert lp.stationary @ cost_rate(space) == pytest.approx(lp.objective, rel=1e-8)
-    # one constraint: a basic optimum randomises in at most one decision node (Altman, Thm 3.8)
-    assert 1 <= lp.policy.randomised_nodes.size <= 1
+    # one constraint: a basic optimum randomises in at most one decision node (Altman, Thm 3.8); the
+    # budget binds, so in exactly one, between two actions whose pure policies straddle the budget ...
+    (node,) = lp.policy.randomised_nodes
+    (under, cost_under), (over, _) = sorted(_pure_at(lp.policy, node), key=lambda mc: mc[0].mean_threads)
+    assert under.mean_threads < T < over.mean_threads
+    # ... and the pure policy within the budget is feasible, so it costs no less than the optimum
+    assert cost_under >= lp.objective * (1 - 1e-9)
     assert lp.shadow_prices["max_mean_threads"] > 0
 
 

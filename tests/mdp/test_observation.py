@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 import pytest
-from mdp_helpers import exp_stage, h2_stage, tandem
+from support.mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.mdp.average_cost import induced_matrix, policy_iteration
 from overtake.mdp.errors import ModelError

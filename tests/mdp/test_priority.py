@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 import pytest
-from mdp_helpers import exp_stage, h2_stage, tandem
+from support.mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.api.cli import main
 from overtake.mdp.errors import ModelError

@@ -12,7 +12,7 @@ import json
 
 import numpy as np
 import pytest
-from mdp_helpers import h2_stage, tandem
+from support.mdp_helpers import h2_stage, tandem
 
 from overtake.api.cli import main
 from overtake.mdp import Truncation, solve

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from mdp_helpers import exp_stage, tandem
+from support.mdp_helpers import exp_stage, tandem
 
 from overtake.mdp import solve
 from overtake.mdp.average_cost import induced_matrix, policy_iteration, relative_value_iteration

@@ -5,7 +5,7 @@ from __future__ import annotations
 import doctest
 
 import pytest
-from mdp_helpers import exp_stage, h2_stage, tandem
+from support.mdp_helpers import exp_stage, h2_stage, tandem
 
 import overtake.mdp as mdp
 from overtake.mdp import solver

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from mdp_helpers import exp_stage, h2_stage, tandem
+from support.mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.mdp.anderson import AndersonMixer
 from overtake.mdp.average_cost import anderson_rvi, induced_matrix, policy_iteration, relative_value_iteration, solve_space

@@ -8,7 +8,7 @@ answer must be the one of the full search.
 from __future__ import annotations
 
 import pytest
-from mdp_helpers import exp_stage, h2_stage, tandem
+from support.mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.mdp import optimum, solve
 from overtake.mdp.optimum import predicted_thread_gain

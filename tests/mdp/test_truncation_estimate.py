@@ -7,7 +7,7 @@ it must land on the cap and the chain size the baseline's own numerical evaluati
 from __future__ import annotations
 
 import pytest
-from mdp_helpers import exp_stage, h2_stage, tandem
+from support.mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.mdp.baselines import Baseline
 from overtake.mdp.caps import next_solve_cap

@@ -64,6 +64,7 @@ def _make(tmp: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["make", "-C", str(tmp)], capture_output=True, text=True, check=False, timeout=600)
 
 
+@pytest.mark.timeout(900)  # a full apxs build of the module (600 s at most)
 def test_make_exports_only_the_module_record(tools: None, tmp_path: Path) -> None:
     build = tmp_path / "mod"
     shutil.copytree(SRC, build)
@@ -74,6 +75,7 @@ def test_make_exports_only_the_module_record(tools: None, tmp_path: Path) -> Non
     assert [ln.split()[-1] for ln in nm.stdout.splitlines()] == ["overtake_prio_module"]
 
 
+@pytest.mark.timeout(900)  # a full apxs build of the module (600 s at most)
 def test_a_warning_fails_the_build(tools: None, tmp_path: Path) -> None:
     build = tmp_path / "mod"
     shutil.copytree(SRC, build)

@@ -20,7 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from uplink import testbed as _tb  # bench/uplink/; bench/ is on the path (setup.cfg [tool:pytest])
+from support.bench import bench_module
+
+_tb = bench_module("uplink.testbed")
 
 REPO = Path(__file__).resolve().parents[3]
 
