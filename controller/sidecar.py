@@ -48,6 +48,7 @@ from overtake.controller.admin import DEFAULT_ADMIN_LISTEN, AdminAccess, AdminEn
 from overtake.controller.apache_probe import ApacheProbe, workers_warning
 from overtake.controller.auto import Evidence, choose
 from overtake.controller.classifier import Classifier
+from overtake.controller.control_file import ControlPublisher
 from overtake.controller.errors import PolicyLoadError, SidecarInputError
 from overtake.controller.gate import Gate, GateOpener
 from overtake.controller.gateway import Gateway
@@ -157,6 +158,8 @@ class SidecarOptions:
     gate_slots: int = 64
     #: queued gated requests started early at SCHED_IDLE (controller.gate: idle starts)
     gate_backfill: int = 1
+    #: mod_overtake_prio's OvertakeControlFile: the policy's age thresholds (controller.control_file)
+    control_file: str | None = None
 
 
 #: options a SIGHUP can change; the others need a restart (sockets, stages, event loop, online loop)
@@ -219,7 +222,9 @@ class Sidecar:
         self._say_unit(res.source if res.seconds is not None else "seconds: no policy model to convert")
         settings = settings.model_copy(update={"time_unit": self.time_unit})
         self.classifier = Classifier(settings, policy)
-        if options.cpu_priority == "age":
+        #: the policy's age thresholds for Apache's OvertakeControlFile (controller.control_file)
+        self.control = ControlPublisher(options.control_file, len(table.names)) if options.control_file else None
+        if options.cpu_priority == "age" and self.control is None:
             self._say_age_threshold(policy, self.time_unit)
         for p in policy.members if isinstance(policy, PolicySet) else (policy,):
             if getattr(p, "solved_lever", "off") == "class" and options.cpu_priority != "class":
@@ -237,11 +242,14 @@ class Sidecar:
         )
         self.metrics = SidecarMetrics(lambda: self.limiter, time_unit=self.time_unit)
         self.online: OnlineLoop | None = None
+        if self.control is not None:
+            self.control.publish(self.limiter.policy, self.time_unit)
         if options.online is not None:
             self.online = OnlineLoop(
                 options.online, table=table, time_unit=self.time_unit, policy=policy,
                 current=lambda: self.limiter.policy,
                 swap=lambda path: self.swap(path, source="online"), classifier_mode=settings.mode,
+                age_thresholds=self.control is not None,
             )
             self.limiter.add_listener(self.online.recorder)
             self.metrics.registry.register(OnlineCollector(self.online))
@@ -661,7 +669,9 @@ class Sidecar:
             "event": "policy_swap", "source": source, "policy": new.name, "hash": new.hash,
             "version": new.version, "detail": f"from {old.name} ({old.hash})",
         })
-        if self.options.cpu_priority == "age":
+        if self.control is not None:
+            self.control.publish(new, self.time_unit)
+        elif self.options.cpu_priority == "age":
             self._say_age_threshold(new, self.time_unit, warn=False)
         return new
 

@@ -103,6 +103,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--gate-backfill", type=int, default=None, metavar="N",
                    help="start the N oldest requests held in the gate early at SCHED_IDLE, so Apache's core "
                    "never idles while they wait (needs an 'idle' level in OvertakePrioNice; default 1, 0 = off)")
+    p.add_argument("--control-file", default=None, metavar="PATH",
+                   help="write the age thresholds of the policy in force to PATH whenever the policy changes "
+                   "(start, refit, PUT), for mod_overtake_prio's OvertakeControlFile PATH "
+                   "(e.g. /dev/shm/overtake-control): Apache applies them without a config edit or restart. "
+                   "Signed with the key in PATH.key (created by whichever side starts first)")
     s = p.add_argument_group("service", "running as a service: control endpoints, limits, logs, shutdown")
     s.add_argument("--admin-listen", default=None, metavar="HOST:PORT",
                    help="the admin listener: /-/metrics (and /metrics), /-/policy, /-/healthz, /-/livez "

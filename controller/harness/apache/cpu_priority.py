@@ -69,9 +69,10 @@ MODULE_SOURCES = (
     "op_gate_key.c",
     "op_status.c",
     "op_pure.c",
+    "op_control.c",
 )
 #: The headers they include (``HEADERS`` in the Makefile).
-MODULE_HEADERS = ("mod_overtake_prio.h", "op_pure.h", "og_fault.h", "og_hmac.h")
+MODULE_HEADERS = ("mod_overtake_prio.h", "op_pure.h", "og_fault.h", "og_hmac.h", "oc_table.h")
 #: Compiler flags (``WARNINGS`` and ``-O2`` in the Makefile): a warning fails the build.
 MODULE_CFLAGS = (
     "-Wall", "-Wextra", "-Wshadow", "-Wstrict-prototypes", "-Wmissing-prototypes", "-Werror", "-O2",
@@ -123,6 +124,10 @@ class CpuPriority:
         Absolute path of the sidecar's admission-gate file (its ``--gate``): requests carrying
         ``X-Overtake-Gate`` wait in Apache until the sidecar admits them. ``OvertakeGate``.
         Each waiting request holds a worker: give ``max_workers`` room for ``gate_slots`` more.
+    control_file : str, optional
+        Absolute path of the sidecar's control file (its ``control_file``): the age thresholds
+        of the sidecar's policy, in force instead of ``levels`` while the file is valid.
+        ``OvertakeControlFile``.
     gate_timeout : float
         Seconds a gated request waits for a gate that never opens before it is let through
         (0.001..3600; keep it above the sidecar's queue timeout). ``OvertakeGateTimeout``.
@@ -137,6 +142,7 @@ class CpuPriority:
     cap_sys_nice: str = "auto"
     gate: str | None = None
     gate_timeout: float = 60.0
+    control_file: str | None = None
     priorities: tuple[int | str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -206,6 +212,13 @@ class CpuPriority:
                 f"cpu_priority.gate: {self.gate!r} must be an absolute path without spaces, the "
                 "sidecar's --gate file (e.g. /dev/shm/overtake-gate)"
             )
+        cf = self.control_file
+        if cf is not None and (not isinstance(cf, str) or not cf.startswith("/")
+                               or any(c in cf for c in ' \t\r\n"')):
+            raise ApacheInputError(
+                f"cpu_priority.control_file: {cf!r} must be an absolute path without spaces, the "
+                "sidecar's control_file (e.g. /run/overtake/control)"
+            )
         gt = self.gate_timeout
         if isinstance(gt, bool) or not isinstance(gt, (int, float)) or not 0.001 <= gt <= 3600:
             raise ApacheInputError(f"cpu_priority.gate_timeout: seconds in 0.001..3600, got {gt!r}")
@@ -241,6 +254,8 @@ def config_tokens(cpu_priority: CpuPriority | None) -> dict[str, str]:
         "CPU_PRIO_CAP_SYS_NICE": cp.cap_sys_nice,
         "CPU_PRIO_GATE": (f'OvertakeGate "{cp.gate}"\n    OvertakeGateTimeout {float(cp.gate_timeout)!r}'
                           if cp.gate else "# no admission gate"),
+        "CPU_PRIO_CONTROL": (f'OvertakeControlFile "{cp.control_file}"' if cp.control_file
+                             else "# no control file"),
     }
 
 
