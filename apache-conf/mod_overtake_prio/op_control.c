@@ -54,12 +54,13 @@ static struct {
     ino_t ino;
     uint32_t seen;              /* the generation last judged (atomic) */
     int64_t next_look;          /* monotonic ns: look at the path again (atomic) */
-    uint32_t generation;        /* the file's generation in force, 0: the configured values */
+    uint32_t generation;        /* the generation of the file accepted last, 0: none (refused) */
+    int from_file;              /* its thresholds are in force (else the configured ones) */
     int64_t conf_thr[OP_MAX_LEVELS];
     server_rec *s;
     uint8_t buf[OC_MAX_BYTES];
     oc_table tab;
-} ctl = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 1u, 0, 0, {0}, NULL, {0}, {0, 0, 0, {{0, {0}}}}};
+} ctl = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 1u, 0, 0, 0, {0}, NULL, {0}, {0, 0, 0, {{0, {0}}}}};
 
 /* n bytes from the mapping at src into dst; 0 if a page is gone (the file shrank). */
 static int guarded_copy(void *dst, const void *src, size_t n)
@@ -99,17 +100,19 @@ static void say(int status, uint32_t gen, int err, const char *why)
     ap_log_error(APLOG_MARK, APLOG_NOTICE, 0, ctl.s, APLOGNO(90202) "mod_overtake_prio: "
                  "OvertakeControlFile %s generation %u: age thresholds%s s in force (%s)",
                  op_cconf->control_file, gen, thr,
-                 ctl.generation ? "the sidecar's policy" : "its policy chose none: the configured ones");
+                 ctl.from_file ? "the sidecar's policy" : "its policy chose none: the configured ones");
 }
 
-/* Put thresholds in force (the monitor and new requests read them). Caller holds ctl.mu. */
-static void put_in_force(const int64_t *thr, uint32_t gen)
+/* Put thresholds in force (the monitor and new requests read them): the file's of generation
+ * gen, or with from_file 0 the configured ones. Caller holds ctl.mu. */
+static void put_in_force(const int64_t *thr, uint32_t gen, int from_file)
 {
     int k;
     for (k = 0; k < op_hot.nlevels; k++) {
         __atomic_store_n(&op_hot.thr_ns[k], thr[k], __ATOMIC_RELAXED);
     }
     ctl.generation = gen;
+    __atomic_store_n(&ctl.from_file, from_file, __ATOMIC_RELAXED);
     op_monitor_wake();  /* its next wake-up may be due sooner now */
 }
 
@@ -117,7 +120,7 @@ static void put_in_force(const int64_t *thr, uint32_t gen)
 enum { OC_WHY_ABSENT = 101, OC_WHY_OPEN, OC_WHY_MAP, OC_WHY_FAULT, OC_WHY_KEY };
 static void fall_back(int code, int err, const char *why)
 {
-    put_in_force(ctl.conf_thr, 0);
+    put_in_force(ctl.conf_thr, 0, 0);
     ADD(oc_shm->refusals, 1);
     say(code, 0, err, why);
 }
@@ -215,10 +218,10 @@ static void reload(int64_t now, int wait)
     else {
         __atomic_store_n(&ctl.seen, g1, __ATOMIC_RELAXED);
         if (ctl.tab.levels) {
-            put_in_force(ctl.tab.rows[0].thr_ns, g1);
+            put_in_force(ctl.tab.rows[0].thr_ns, g1, 1);
         }
         else {
-            put_in_force(ctl.conf_thr, 0);
+            put_in_force(ctl.conf_thr, g1, 0);
         }
         ADD(oc_shm->loads, 1);
         say(OC_OK, g1, 0, NULL);
@@ -245,11 +248,20 @@ int op_control_post_read_request(request_rec *r)
             return DECLINED;
         }
     }
-    else if (now < __atomic_load_n(&ctl.next_look, __ATOMIC_RELAXED)) {
-        return DECLINED;
+    else if (!__atomic_load_n(&ctl.from_file, __ATOMIC_RELAXED)
+             && now < __atomic_load_n(&ctl.next_look, __ATOMIC_RELAXED)) {
+        return DECLINED;  /* a fault while the file's table is in force is judged at once */
     }
     reload(now, 0);
     return DECLINED;
+}
+
+/* The status page: judge the file again before it shows what is in force. */
+void op_control_refresh(const op_conf *c)
+{
+    if (c->control_file && oc_shm && __atomic_load_n(&op_hot.child_ok, __ATOMIC_ACQUIRE)) {
+        reload(op_mono_ns(), 1);
+    }
 }
 
 /* Threshold k (0-based) in force in this child, in seconds. */
@@ -266,25 +278,25 @@ static void metric(request_rec *r, const char *name, const char *type, const cha
     ap_rprintf(r, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-/* The control file's part of the status page; the file is judged again first. */
+/* The control file's part of the status page (op_control_refresh judged the file first). */
 void op_control_status(request_rec *r, const op_conf *c)
 {
     uint32_t r_, k;
     if (!c->control_file || !oc_shm) {
         return;
     }
-    if (__atomic_load_n(&op_hot.child_ok, __ATOMIC_ACQUIRE)) {
-        reload(op_mono_ns(), 1);
-    }
     pthread_mutex_lock(&ctl.mu);
     metric(r, "overtake_cpu_prio_control_generation", "gauge",
-           "Generation of the control file whose thresholds are in force in this child (0: the "
-           "configured OvertakePrioLevels).");
+           "Generation of the control file this child accepted last (0: none; absent or invalid).");
     ap_rprintf(r, "overtake_cpu_prio_control_generation %u\n", ctl.generation);
+    metric(r, "overtake_cpu_prio_control_in_force", "gauge",
+           "1 if the control file's thresholds are in force in this child, 0 if the configured "
+           "OvertakePrioLevels are (no file, an invalid one, or a policy without thresholds).");
+    ap_rprintf(r, "overtake_cpu_prio_control_in_force %d\n", ctl.from_file);
     metric(r, "overtake_cpu_prio_control_stage_threshold_seconds", "gauge",
            "Thresholds of the control file in force, by stage of the sidecar (stage=\"*\": every "
            "request, the row the module applies).");
-    for (r_ = 0; ctl.generation && r_ <= ctl.tab.stages; r_++) {
+    for (r_ = 0; ctl.from_file && r_ <= ctl.tab.stages; r_++) {
         for (k = 0; k < ctl.tab.levels; k++) {
             char stage[16];
             snprintf(stage, sizeof stage, r_ ? "%u" : "*", r_ - 1);

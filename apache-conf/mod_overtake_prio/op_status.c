@@ -32,6 +32,7 @@ int op_status_handler(request_rec *r)
         return OK;
     }
     n = conf_nlevels(c);
+    op_control_refresh(c);
 
     metric_head(r, "overtake_cpu_prio_enabled", "gauge",
                 "1 if this child demotes and restores worker threads (self-test passed).");
