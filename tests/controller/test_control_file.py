@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from service_helpers import SidecarProc
+from service_helpers import SidecarProc, StubApache
 
-from overtake.controller.control_file import ControlFile
+from overtake.controller.control_file import ControlFile, encode
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache.cpu_priority import CpuPriority
 from overtake.controller.harness.scratch import free_port, scratch_dir
@@ -208,3 +208,35 @@ def test_a_truncated_or_corrupt_file_falls_back_and_loses_nothing(controlled: tu
         assert back["overtake_cpu_prio_control_generation"] == ctl.generation
     finally:
         ctl.close()
+
+
+def test_start_and_put_write_the_policys_thresholds_in_seconds(tmp_path: Path, stub: StubApache) -> None:
+    """No Apache needed: the file a sidecar writes at start and on ``PUT /-/policy`` reads back
+    (the module's layout, its key) as the policy's thresholds times the time unit; a policy
+    without thresholds writes none; each write is a new generation."""
+    from overtake.mdp import Stage, TandemModel, Truncation
+    from overtake.mdp import solve as solve_optimal
+
+    p, m = np.array([0.91, 0.09]), np.array([0.55, 5.45])
+    s1 = Stage("stage1", p, np.diag(-1.0 / m))
+    opt = solve_optimal(TandemModel(arrival_rate=0.3, stages=(s1, Stage("stage2", s1.alpha, s1.T))),
+                        truncation=Truncation(6, 3))
+    opt.policy.meta.update(metrics=opt.metrics.to_dict(), time_unit="model", cpu_priority={"age": {
+        "mean_response_time": 2.0, "passthrough": 2.2, "thresholds": [[1.5], [1.5]]}})
+    pol = tmp_path / "age.npz"
+    opt.policy.save(pol)
+    path = str(tmp_path / "control")
+    side = SidecarProc(tmp_path, ["--policy", str(pol), "--apache", stub.url, "--control-file", path],
+                       stages=STAGES)
+    try:
+        key = bytes.fromhex(Path(path + ".key").read_text().strip())
+        assert Path(path).read_bytes() == encode(key, 2, 2, [[0.0075], [0.0075]])  # 1.5 units x 0.005 s
+        assert side.request("PUT", "/-/policy", body=b"pi(1)")[0] == 200
+        assert Path(path).read_bytes() == encode(key, 4, 2, None)
+        assert side.request("PUT", "/-/policy", body=str(pol).encode())[0] == 200
+        assert Path(path).read_bytes() == encode(key, 6, 2, [[0.0075], [0.0075]])
+        said = [e["detail"] for e in side.events() if e.get("event") == "control_file"]
+        assert [d["generation"] for d in said] == [2, 4, 6]  # type: ignore[index]
+        assert not [e for e in side.events() if "OvertakePrioLevels 0" in e.get("msg", "")]  # nothing to copy
+    finally:
+        side.stop()
