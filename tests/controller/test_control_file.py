@@ -240,3 +240,13 @@ def test_start_and_put_write_the_policys_thresholds_in_seconds(tmp_path: Path, s
         assert not [e for e in side.events() if "OvertakePrioLevels 0" in e.get("msg", "")]  # nothing to copy
     finally:
         side.stop()
+
+
+def test_the_private_apaches_directive_and_its_refusal() -> None:
+    from overtake.controller.errors import ApacheInputError
+    from overtake.controller.harness.apache.cpu_priority import config_tokens
+
+    assert config_tokens(CpuPriority(control_file="/dev/shm/c"))["CPU_PRIO_CONTROL"] == 'OvertakeControlFile "/dev/shm/c"'
+    assert config_tokens(CpuPriority())["CPU_PRIO_CONTROL"].startswith("#")
+    with pytest.raises(ApacheInputError, match=r"^cpu_priority.control_file: 'c' must be an absolute path"):
+        CpuPriority(control_file="c")
