@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -243,6 +244,7 @@ def test_start_and_put_write_the_policys_thresholds_in_seconds(tmp_path: Path, s
 
 
 def test_the_private_apaches_directive_and_its_refusal() -> None:
+    from overtake.api.commands.apache import _cpu_priority
     from overtake.controller.errors import ApacheInputError
     from overtake.controller.harness.apache.cpu_priority import config_tokens
 
@@ -250,3 +252,10 @@ def test_the_private_apaches_directive_and_its_refusal() -> None:
     assert config_tokens(CpuPriority())["CPU_PRIO_CONTROL"].startswith("#")
     with pytest.raises(ApacheInputError, match=r"^cpu_priority.control_file: 'c' must be an absolute path"):
         CpuPriority(control_file="c")
+    ns = argparse.Namespace(cpu_priority_levels="0.005", cpu_priority_nice="idle", cpu_priority_class_only=False,
+                            gate=None, control_file="/dev/shm/c")
+    cp = _cpu_priority(ns)
+    assert cp is not None and cp.control_file == "/dev/shm/c" and cp.levels == (0.005,)
+    ns.cpu_priority_levels = ns.cpu_priority_nice = None  # the fallback must be given
+    with pytest.raises(ValueError, match="^--control-file: give --cpu-priority-levels too"):
+        _cpu_priority(ns)
