@@ -266,7 +266,8 @@ class Sidecar:
         self.probe = ApacheProbe(
             *self.apache, self.metrics.apache, self.metrics.prio, interval=lambda: self.options.status_interval,
             want_prio=(f"cpu_priority {options.cpu_priority}" if options.cpu_priority != "off"
-                       else "the gate" if self.gate is not None else None),
+                       else "the gate" if self.gate is not None
+                       else "the control file" if self.control is not None else None),
             on_gate_token=self.check_gate)
         self.admin = AdminEndpoints(self.metrics.registry, self, self._admin_access, lambda: self.probe.health)
         self.gateway = Gateway(

@@ -96,7 +96,8 @@ def test_a_refit_puts_new_thresholds_in_force_without_a_restart(controlled: tupl
     pid, gen0 = _apache_pid(inst), _config_generation(inst)
     side = SidecarProc(tmp_path, ["--policy", "pi(1)", "--apache", inst.base_url, "--control-file", path,
                                   "--online", "--refit-interval", "2", "--min-samples", "100",
-                                  "--arrival-window", "60", "--access-log", str(inst.access_log)], stages=STAGES)
+                                  "--arrival-window", "60", "--access-log", str(inst.access_log),
+                                  "--status-interval", "0.5"], stages=STAGES)
     try:
         before = _status(inst)
         # pi(1) chose no thresholds: the file is read, the configured one stays in force
@@ -150,6 +151,12 @@ def test_a_refit_puts_new_thresholds_in_force_without_a_restart(controlled: tupl
         mean_s = float(demands.mean())
         assert 1e-3 * mean_s < chosen < 1e3 * mean_s and chosen != pytest.approx(CONFIGURED)
         assert _apache_pid(inst) == pid and _config_generation(inst) == gen0  # no restart, no graceful
+        # the sidecar passes the module's view on to Prometheus
+        want = f"overtake_cpu_prio_control_generation {float(new['generation'])!r}"  # type: ignore[arg-type]
+        deadline = time.monotonic() + 30
+        while want not in side.request("GET", "/-/metrics")[2].decode():
+            assert time.monotonic() < deadline, side.request("GET", "/-/metrics")[2].decode()[-3000:]
+            time.sleep(0.5)
         print(f"refit: threshold {chosen:.6g} s (mean demand {mean_s:.4g} s), file generation "
               f"{before['overtake_cpu_prio_control_generation']:.0f} -> {new['generation']}")
     finally:
