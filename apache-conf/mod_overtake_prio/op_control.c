@@ -154,7 +154,7 @@ static void reload(int64_t now, int wait)
 {
     struct stat st;
     const char *why = NULL;
-    uint32_t g1 = 1, g2 = 0;
+    uint32_t g1 = 1, g2 = 1;
     size_t n = 0;
     int fd, tries, err = 0, code = 0;
     oc_status status = OC_OK;
@@ -195,23 +195,30 @@ static void reload(int64_t now, int wait)
             code = OC_WHY_FAULT;
             break;
         }
-        if (g1 == g2 && !(g1 & 1u)) {
-            status = oc_check(ctl.buf, n, (uint32_t)op_hot.nlevels, &control_mac, &ctl.tab);
+        /* a generation that moved under the copy, or an odd one (with the right magic): the
+         * sidecar is writing; try again, then leave the table in force to the next look */
+        status = g1 == g2 ? oc_check(ctl.buf, n, (uint32_t)op_hot.nlevels, &control_mac, &ctl.tab)
+                          : OC_BUSY;
+        if (status != OC_BUSY) {
             break;
         }
-        status = OC_BUSY;  /* the sidecar is writing: the next request looks again */
     }
     if (!why && status == OC_OK && !control_key_loaded) {
         why = "its key file was refused at start (see above)";
         code = OC_WHY_KEY;
     }
-    if (why) {
-        __atomic_store_n(&ctl.seen, 1u, __ATOMIC_RELAXED);  /* odd: never a whole table's */
-        fall_back(code, err, why);
-    }
-    else if (status != OC_OK) {
-        __atomic_store_n(&ctl.seen, status == OC_BUSY ? 1u : g1, __ATOMIC_RELAXED);
-        if (status != OC_BUSY) {
+    if (why || status != OC_OK) {
+        /* requests look again when the generation word moves (or at the next look); busy: the
+         * table in force (a whole one) stays meanwhile */
+        uint32_t now_gen = 1u;
+        if (ctl.map && !og_load((const uint32_t *)(ctl.map + OC_GEN_OFFSET), &now_gen)) {
+            now_gen = 1u;
+        }
+        __atomic_store_n(&ctl.seen, now_gen, __ATOMIC_RELAXED);
+        if (why) {
+            fall_back(code, err, why);
+        }
+        else if (status != OC_BUSY) {
             fall_back((int)status, 0, oc_reason(status));
         }
     }

@@ -192,8 +192,10 @@ def test_a_truncated_or_corrupt_file_falls_back_and_loses_nothing(controlled: tu
             time.sleep(0.5)
             truncated = _status(inst)
             size = 64 + 3 * 72
-            with open(path, "r+b") as f:  # garbage of the right size: the MAC does not match
-                f.write(os.urandom(size))
+            junk = bytearray(os.urandom(size))
+            junk[8] |= 1  # an odd "generation": garbage must not pass for a table being written
+            with open(path, "r+b") as f:  # garbage of the right size
+                f.write(junk)
             time.sleep(1.2)  # a child looks at a file it refused again once a second
             corrupt = _status(inst)
         finally:
