@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from service_helpers import SidecarProc, StubApache
+from service_helpers import SidecarProc, StubApache, replay_h2_transactions
 
 from overtake.controller.control_file import ControlFile, encode
 from overtake.controller.harness import apache
@@ -104,29 +104,9 @@ def test_a_refit_puts_new_thresholds_in_force_without_a_restart(controlled: tupl
         assert before["overtake_cpu_prio_control_in_force"] == 0
         assert before["overtake_cpu_prio_control_generation"] >= 2
         assert _threshold(before) == pytest.approx(CONFIGURED)
-        rng = np.random.default_rng(11)
-        unit, n = 0.005, 150
-        lam = 0.6 / (2 * 0.991) / unit
-        gaps = rng.exponential(1 / lam, n)
-        phases = rng.random((n, 2)) < 0.09
-        demands = rng.exponential(np.where(phases, 5.45, 0.55)) * unit
-        codes: list[int] = []
-
-        def transaction(i: int) -> None:
-            for s in (0, 1):
-                code = side.request("GET", f"/stage{s + 1}?work={demands[i, s]:.6f}",
-                                    headers={"X-Overtake-Phase": str(int(phases[i, s]) + 1)}, timeout=60)[0]
-                codes.append(code)
-
-        threads = []
-        t0 = time.monotonic()
-        for i in range(n):
-            time.sleep(max(0.0, t0 + gaps[: i + 1].sum() - time.monotonic()))
-            th = threading.Thread(target=transaction, args=(i,))
-            th.start()
-            threads.append(th)
-        for th in threads:
-            th.join(60)
+        n = 150
+        demands, _, codes = replay_h2_transactions(
+            lambda path, headers: side.request("GET", path, headers=headers, timeout=60)[0], n)
         assert codes.count(200) == 2 * n
         deadline = time.monotonic() + 300  # fit, solve and the thresholds' choice, on a shared machine
         while time.monotonic() < deadline:
