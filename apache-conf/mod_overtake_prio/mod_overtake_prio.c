@@ -47,8 +47,9 @@
  * the self-test, the threads). The features live next to it, one file each, sharing
  * mod_overtake_prio.h: op_directives.c (the directives), op_prio.c (per-request priority),
  * op_monitor.c (the monitor thread), op_gate.c (the admission gate), op_gate_key.c (its key
- * and file, in the root parent), op_status.c (the status page), op_pure.c (what needs no Apache:
- * directive values, headers, level arithmetic).
+ * and file, in the root parent), op_control.c (the control file: the thresholds the sidecar's
+ * policy chose), op_status.c (the status page), op_pure.c (what needs no Apache: directive
+ * values, headers, level arithmetic).
  *
  * Build: make (apxs -c on every file above; Debian: apt-get install apache2-dev)
  * See README.md next to this file for the directives and for use in an existing Apache.
@@ -247,6 +248,9 @@ static void op_child_init(apr_pool_t *p, server_rec *s)
                          "tracked but never demoted by age");
         }
     }
+    if (op_cconf->control_file) {
+        op_control_child_init(s);
+    }
     if (op_cconf->gate_file && op_any_idle) {  /* idle starts need a thread to promote them */
         if (!op_promoter_start()) {
             ap_log_error(APLOG_MARK, APLOG_ERR, 0, s, APLOGNO(90006) "mod_overtake_prio: cannot "
@@ -306,6 +310,9 @@ static int op_post_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp
     if (!conf_enabled(c)) {
         return OK;
     }
+    if (c->control_file) {
+        op_control_prepare(ptemp, s, c);
+    }
     /* Here the parent still runs as root: raise RLIMIT_NICE so that the workers (www-data,
      * no CAP_SYS_NICE) may lower their nice value back. Inherited by every child. */
     if (getrlimit(RLIMIT_NICE, &rl) == 0 && rl.rlim_cur < (rlim_t)conf_rlimit(c)) {
@@ -338,6 +345,8 @@ static void op_register_hooks(apr_pool_t *p)
     ap_hook_drop_privileges(op_drop_privileges, NULL, NULL, APR_HOOK_REALLY_FIRST);
     /* The gate before everything: a held request has not started, for any module. */
     ap_hook_post_read_request(op_gate_post_read_request, NULL, NULL, APR_HOOK_REALLY_FIRST - 1);
+    /* The thresholds in force (OvertakeControlFile) just before the CPU-priority start. */
+    ap_hook_post_read_request(op_control_post_read_request, NULL, NULL, APR_HOOK_REALLY_FIRST);
     ap_hook_post_read_request(op_post_read_request, NULL, NULL, APR_HOOK_REALLY_FIRST);
     ap_hook_handler(op_status_handler, NULL, NULL, APR_HOOK_MIDDLE);
     ap_hook_insert_filter(op_insert_filter, NULL, NULL, APR_HOOK_MIDDLE);

@@ -52,6 +52,7 @@ typedef struct {
     const char *gate_header;            /* OvertakeGateHeader */
     double gate_timeout;                /* OvertakeGateTimeout, seconds */
     struct op_guard_conf *guard;        /* exemptions and demotion limit (op_guard.c) */
+    const char *control_file;           /* OvertakeControlFile: the sidecar's thresholds, or NULL */
 } op_conf;
 
 enum { OP_CAP_AUTO = 0, OP_CAP_ON = 1, OP_CAP_OFF = 2 };
@@ -223,6 +224,18 @@ void op_gate_fault(const void *addr);
 void op_gate_snapshot(const op_conf *c, op_gate_state *st);
 int op_promoter_start(void);
 void op_promoter_stop(void);
+
+/* op_gate_key.c: also the control file's key and file */
+const char *op_key_file_load(apr_pool_t *p, const char *kpath, uint8_t key[32]);
+void op_shared_file_prepare(server_rec *s, const char *path, const char *directive);
+
+/* op_control.c: the control file, the thresholds the sidecar's policy chose */
+void op_control_prepare(apr_pool_t *p, server_rec *s, const op_conf *c);
+void op_control_child_init(server_rec *s);
+int op_control_post_read_request(request_rec *r);
+void op_control_refresh(const op_conf *c);
+double op_control_threshold(const op_conf *c, int k);
+void op_control_status(request_rec *r, const op_conf *c);
 
 /* op_status.c */
 int op_status_handler(request_rec *r);

@@ -199,6 +199,17 @@ static const char *set_gate_timeout(cmd_parms *cmd, op_conf *c, const char *w)
     return parse_seconds(cmd->pool, "OvertakeGateTimeout", w, 0.001, 3600.0, &c->gate_timeout);
 }
 
+static const char *set_control_file(cmd_parms *cmd, op_conf *c, const char *w)
+{
+    if (w[0] != '/') {
+        return apr_psprintf(cmd->pool, "OvertakeControlFile: '%s' must be an absolute path, the "
+                            "file the sidecar's control_file names (e.g. "
+                            "/run/overtake/control)", w);
+    }
+    c->control_file = apr_pstrdup(cmd->pool, w);
+    return NULL;
+}
+
 static op_directive dir_enabled = {set_flag, APR_OFFSETOF(op_conf, enabled)};
 static op_directive dir_age = {set_flag, APR_OFFSETOF(op_conf, age)};
 static op_directive dir_levels = {set_levels, 0};
@@ -211,6 +222,7 @@ static op_directive dir_cap = {set_cap, 0};
 static op_directive dir_gate_file = {set_gate_file, 0};
 static op_directive dir_gate_header = {set_gate_header, 0};
 static op_directive dir_gate_timeout = {set_gate_timeout, 0};
+static op_directive dir_control_file = {set_control_file, 0};
 
 const command_rec op_cmds[] = {
     AP_INIT_FLAG("OvertakePrio", take_flag, &dir_enabled, RSRC_CONF, "On: lower worker-thread CPU priority per request (default Off)"),
@@ -226,5 +238,6 @@ const command_rec op_cmds[] = {
     AP_INIT_TAKE1("OvertakeGateHeader", take_word, &dir_gate_header, RSRC_CONF, "request header with a gated request's slot and generation (default X-Overtake-Gate)"),
     AP_INIT_TAKE1("OvertakeGateTimeout", take_word, &dir_gate_timeout, RSRC_CONF, "seconds a request waits at a gate that never opens before it is let through (default 60; keep above the sidecar's queue timeout)"),
     OP_GUARD_CMDS,
+    AP_INIT_TAKE1("OvertakeControlFile", take_word, &dir_control_file, RSRC_CONF, "file the sidecar writes the age thresholds of its policy to (its control_file): they replace OvertakePrioLevels while the file is valid, without a restart (default: none)"),
     {NULL}
 };

@@ -106,10 +106,11 @@ static const char *gate_key_create(apr_pool_t *p, const char *path)
     return ok ? NULL : apr_psprintf(p, "cannot be created (%s)", strerror(err));
 }
 
-/* Root only: the gate file exists (empty until a sidecar writes it) and belongs to the
- * workers' group, mode 0640, so that they can read it and other users cannot. A file of a
- * sidecar that does not run as root is left as it is (its group must be the workers'). */
-static void gate_file_prepare(server_rec *s, const char *path)
+/* Root only: a file the sidecar writes (the gate's, the control file) exists (empty until a
+ * sidecar writes it) and belongs to the workers' group, mode 0640, so that they can read it and
+ * other users cannot. A file of a sidecar that does not run as root is left as it is (its group
+ * must be the workers'). */
+void op_shared_file_prepare(server_rec *s, const char *path, const char *directive)
 {
     struct stat st;
     int fd;
@@ -119,24 +120,22 @@ static void gate_file_prepare(server_rec *s, const char *path)
     fd = open(path, O_RDONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0640);
     if (fd < 0) {
         ap_log_error(APLOG_MARK, APLOG_WARNING, errno, s, APLOGNO(90110) "mod_overtake_prio: "
-                     "cannot create OvertakeGate %s; the sidecar creates it (its group must be "
-                     "Apache's Group for the workers to read it)", path);
+                     "cannot create %s %s; the sidecar creates it (its group must be "
+                     "Apache's Group for the workers to read it)", directive, path);
         return;
     }
     if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0
         && (fchown(fd, (uid_t)-1, ap_unixd_config.group_id) != 0 || fchmod(fd, 0640) != 0)) {
         ap_log_error(APLOG_MARK, APLOG_WARNING, errno, s, APLOGNO(90111) "mod_overtake_prio: "
-                     "cannot give OvertakeGate %s to group %ld, mode 0640; the workers may not "
-                     "read it", path, (long)ap_unixd_config.group_id);
+                     "cannot give %s %s to group %ld, mode 0640; the workers may not "
+                     "read it", directive, path, (long)ap_unixd_config.group_id);
     }
     close(fd);
 }
 
-/* The key (created when missing) and the file, before the children start. */
-void op_gate_prepare(apr_pool_t *p, server_rec *s, const op_conf *c)
+/* The key of a file the sidecar writes, in kpath (created when missing); NULL, or why not. */
+const char *op_key_file_load(apr_pool_t *p, const char *kpath, uint8_t key[32])
 {
-    const char *kpath = apr_pstrcat(p, c->gate_file, ".key", NULL);
-    uint8_t key[OG_KEY_BYTES];
     int missing;
     const char *why = gate_key_read(p, kpath, key, &missing);
     if (why && missing) {
@@ -145,6 +144,15 @@ void op_gate_prepare(apr_pool_t *p, server_rec *s, const op_conf *c)
             why = gate_key_read(p, kpath, key, &missing);
         }
     }
+    return why;
+}
+
+/* The key (created when missing) and the file, before the children start. */
+void op_gate_prepare(apr_pool_t *p, server_rec *s, const op_conf *c)
+{
+    const char *kpath = apr_pstrcat(p, c->gate_file, ".key", NULL);
+    uint8_t key[OG_KEY_BYTES];
+    const char *why = op_key_file_load(p, kpath, key);
     op_gate_key_loaded = !why;
     if (why) {
         ap_log_error(APLOG_MARK, APLOG_ERR, 0, s, APLOGNO(90112) "mod_overtake_prio: the key "
@@ -155,5 +163,5 @@ void op_gate_prepare(apr_pool_t *p, server_rec *s, const op_conf *c)
         og_hmac_init(&gate_mac, key, sizeof key);
     }
     memset(key, 0, sizeof key);
-    gate_file_prepare(s, c->gate_file);
+    op_shared_file_prepare(s, c->gate_file, "OvertakeGate");
 }

@@ -33,6 +33,7 @@ int op_status_handler(request_rec *r)
         return OK;
     }
     n = conf_nlevels(c);
+    op_control_refresh(c);
 
     metric_head(r, "overtake_cpu_prio_enabled", "gauge",
                 "1 if this child demotes and restores worker threads (self-test passed).");
@@ -43,7 +44,7 @@ int op_status_handler(request_rec *r)
                 "Thread CPU at which a request enters the level.");
     for (k = 1; k <= n; k++) {
         ap_rprintf(r, "overtake_cpu_prio_level_threshold_seconds{level=\"%d\"} %.9g\n", k,
-                   conf_threshold(c, k - 1));
+                   op_control_threshold(c, k - 1));
     }
     metric_head(r, "overtake_cpu_prio_level_nice_increment", "gauge",
                 "Nice increment of the level over the thread's own (not for SCHED_IDLE levels).");
@@ -173,5 +174,6 @@ int op_status_handler(request_rec *r)
         ap_rprintf(r, "overtake_cpu_prio_monitor_late_seconds_sum %.9g\n", op_late_sum_ns * 1e-9);
         ap_rprintf(r, "overtake_cpu_prio_monitor_late_seconds_count %" APR_UINT64_T_FMT "\n", cum);
     }
+    op_control_status(r, c);
     return OK;
 }

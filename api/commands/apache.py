@@ -62,6 +62,10 @@ def register(subparsers: Any) -> None:
                    "/dev/shm/overtake-gate; without --cpu-priority-levels the module loads for the gate only "
                    "(no demotion by age, an idle level for --gate-backfill); the key is PATH.key, created at start "
                    "when missing")
+    s.add_argument("--control-file", default=None, metavar="PATH",
+                   help="with --cpu-priority-levels: mod_overtake_prio reads the age thresholds of the sidecar's "
+                   "policy from PATH (OvertakeControlFile; the sidecar's --control-file) and applies them instead "
+                   "of --cpu-priority-levels while the file is valid; the key is PATH.key, created at start when missing")
     s.add_argument("--json", action="store_true", help="print the instance as JSON")
 
     t = act.add_parser("stop", help="graceful stop; return when the processes have exited")
@@ -81,6 +85,9 @@ def _cpu_priority(args: argparse.Namespace) -> apache.CpuPriority | None:
         if args.cpu_priority_nice is not None or args.cpu_priority_class_only:
             raise ValueError("--cpu-priority-nice/--cpu-priority-class-only: give --cpu-priority-levels too, "
                              "e.g. --cpu-priority-levels 0.02")
+        if getattr(args, "control_file", None) is not None:
+            raise ValueError("--control-file: give --cpu-priority-levels too (the thresholds in force while the "
+                             "file is absent or invalid), e.g. --cpu-priority-levels 0.005 --cpu-priority-nice idle")
         if gate is not None:  # the gate alone: an idle level for idle starts, no age demotion
             return apache.CpuPriority(levels=(3600.0,), nice=("idle",), age=False, gate=gate)
         return None
@@ -94,7 +101,8 @@ def _cpu_priority(args: argparse.Namespace) -> apache.CpuPriority | None:
         nice = tuple(x if x == "idle" else int(x) if x.lstrip("-").isdigit() else x
                      for x in args.cpu_priority_nice.split(","))
     # CpuPriority checks every field and names it (an ApacheInputError, a ValueError)
-    return apache.CpuPriority(levels=levels, nice=nice, age=not args.cpu_priority_class_only, gate=gate)
+    return apache.CpuPriority(levels=levels, nice=nice, age=not args.cpu_priority_class_only, gate=gate,
+                              control_file=getattr(args, "control_file", None))
 
 
 def run(args: argparse.Namespace) -> int:

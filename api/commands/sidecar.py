@@ -109,6 +109,11 @@ def register(subparsers: Any) -> None:
                    help="the counters of the overtake_prio PHP extension (its overtake_prio.stats_file), exported "
                    "as overtake_php_* metrics: demotions inside PHP-FPM's workers, where mod_overtake_prio "
                    "cannot reach")
+    p.add_argument("--control-file", default=None, metavar="PATH",
+                   help="write the age thresholds of the policy in force to PATH whenever the policy changes "
+                   "(start, refit, PUT), for mod_overtake_prio's OvertakeControlFile PATH "
+                   "(e.g. /dev/shm/overtake-control): Apache applies them without a config edit or restart. "
+                   "Signed with the key in PATH.key (created by whichever side starts first)")
     s = p.add_argument_group("service", "running as a service: control endpoints, limits, logs, shutdown")
     s.add_argument("--admin-listen", default=None, metavar="HOST:PORT",
                    help="the admin listener: /-/metrics (and /metrics), /-/policy, /-/healthz, /-/livez "

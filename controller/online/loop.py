@@ -50,6 +50,7 @@ class OnlineLoop:
         current: Callable[[], SpawnPolicy],
         swap: Callable[[str], SpawnPolicy],
         classifier_mode: str = "explicit",
+        age_thresholds: bool = False,
         cores: int | None = None,
         overhead: float | None = None,
         executor: Executor | None = None,
@@ -64,6 +65,8 @@ class OnlineLoop:
         self.current = current
         self._swap = swap
         self.classifier_mode = classifier_mode
+        #: refits also choose age thresholds (the sidecar writes them to its control file)
+        self.age_thresholds = age_thresholds
         # the processor (cores m, overhead δ) is the running policy's model's, else one core
         model = policy.policy.model if isinstance(policy, TablePolicy) else None
         self.cores = cores if cores is not None else (model.cores if model is not None else 1)
@@ -205,7 +208,7 @@ class OnlineLoop:
             stage_names=self.names, samples=tuple(x for _, x in chosen), arrival_rate=lam_model,
             cores=self.cores, overhead=self.overhead, orders=orders, max_order=s.max_order,
             phase_info=phase_info, current=current, tolerance=s.tolerance, out=self._out_path(), margin=s.margin,
-            time_unit=self.time_unit,
+            time_unit=self.time_unit, age_thresholds=self.age_thresholds,
         )
         self.last_refit_start = now
         self._busy = True

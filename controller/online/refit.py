@@ -42,6 +42,8 @@ class RefitJob:
     margin: float = 0.01  #: the swap margin (decides when a common evaluation cap is needed)
     seed: int = 0
     time_unit: float = 1.0  #: seconds per model unit of the samples: stored in the policy (controller.sidecar.units)
+    #: also choose age-priority thresholds for the refitted model (the sidecar's control file)
+    age_thresholds: bool = False
 
 
 def warm_up() -> None:
@@ -150,6 +152,15 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
         online={"arrival_rate": job.arrival_rate, "samples": [f["n"] for f in fits],
                 "current": cur_name, "current_mean_response_time": cur_w},
     )
+    t_thr = time.perf_counter()
+    if job.age_thresholds:
+        from overtake.mdp.thresholds import choose_tandem_thresholds
+
+        # one common set, as the solve's age lever chooses it (the module applies one row)
+        thr = choose_tandem_thresholds(model, common=True)
+        pol.meta["cpu_priority"] = {"age": {"thresholds": [list(r) for r in thr.priority.thresholds],
+                                            "visit_model_mean_response_time": thr.mean_response_time}}
+    t_thr = time.perf_counter() - t_thr
     pol.save(job.out)
     return {
         "stages": [{"name": n, "mean": f["mean"], "order": f["order"], "scv": f["scv"], "structure": f["structure"],
@@ -166,5 +177,6 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
         "truncation": [opt.truncation.max_requests, opt.truncation.k_max],
         "hash": pol.digest(),
         "path": job.out,
-        "seconds": {"fit": t_fit, "solve": t_solve, "evaluate": t_eval, "total": time.perf_counter() - t0},
+        "seconds": {"fit": t_fit, "solve": t_solve, "evaluate": t_eval, "thresholds": t_thr,
+                    "total": time.perf_counter() - t0},
     }

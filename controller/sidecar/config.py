@@ -72,6 +72,7 @@ class SidecarConfig(BaseModel):
     gate_slots: int = Field(64, ge=1, le=1 << 20)
     gate_backfill: int = Field(1, ge=0, le=1024)
     php_stats_file: str | None = None
+    control_file: str | None = None
     watch_interval: float = Field(1.0, gt=0)
     admin_listen: str = DEFAULT_ADMIN_LISTEN
     admin_put: bool = True
@@ -218,6 +219,6 @@ def to_options(cfg: SidecarConfig) -> SidecarOptions:
         status_interval=cfg.status_interval, drain_timeout=cfg.drain_timeout, request_log=cfg.request_log,
         request_log_format=cfg.request_log_format, trusted_sources=tuple(cfg.trusted_sources),
         cpu_priority=cfg.cpu_priority, gate=cfg.gate, gate_slots=cfg.gate_slots,
-        php_stats_file=cfg.php_stats_file,
+        php_stats_file=cfg.php_stats_file, control_file=cfg.control_file,
         gate_backfill=cfg.gate_backfill,
     )

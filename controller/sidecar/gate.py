@@ -109,31 +109,33 @@ class _SafeMemory:
         return os.strerror(ctypes.get_errno())
 
 
-def _open_file(path: str) -> int:
-    """The gate file, created 0640 if missing; only this user's or root's (Apache's parent
-    creates it empty for its workers)."""
+def open_shared_file(path: str, option: str = "gate", directive: str = "OvertakeGate") -> int:
+    """A file the sidecar writes for Apache (the gate's, the control file), created 0640 if
+    missing; only this user's or root's (Apache's parent creates it empty for its workers).
+    Errors name the sidecar's ``option`` and Apache's ``directive``."""
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o640)
     except OSError as exc:
-        raise SidecarInputError(f"gate: cannot open {path}: {exc.strerror}; give a writable path "
-                                "(e.g. /dev/shm/overtake-gate), the same as Apache's OvertakeGate") from None
+        raise SidecarInputError(f"{option}: cannot open {path}: {exc.strerror}; give a writable path "
+                                f"(e.g. /dev/shm/overtake-{option.replace('_', '-')}), the same as Apache's "
+                                f"{directive}") from None
     st = os.fstat(fd)
     why = None
     if not stat.S_ISREG(st.st_mode):
         why = "is not a regular file"
     elif st.st_uid not in (os.geteuid(), 0):
-        why = f"belongs to uid {st.st_uid}, not to root or this user: remove it (its owner could rewrite the gate)"
+        why = f"belongs to uid {st.st_uid}, not to root or this user: remove it (its owner could rewrite it)"
     elif st.st_uid == os.geteuid():
         os.fchmod(fd, 0o640)  # slots and generations are not for other users to read
     elif st.st_mode & 0o022:
         why = f"has mode {stat.S_IMODE(st.st_mode):04o}: others may change it; chmod 0640"
     if why is not None:
         os.close(fd)
-        raise SidecarInputError(f"gate: {path} {why}")
+        raise SidecarInputError(f"{option}: {path} {why}")
     return fd
 
 
-def _give_group(fd: int, gid: int) -> None:
+def give_group(fd: int, gid: int) -> None:
     """A file this user owns gets group ``gid``: the key file's, which Apache's parent sets to
     its workers' group, so that they can read a gate file made while Apache runs."""
     st = os.fstat(fd)
@@ -162,11 +164,11 @@ class Gate:
         self.slots = slots
         self.token = secrets.randbits(31) | 1  # nonzero: 0 is the module's "nothing mapped"
         self._size = size = _HEAD + 4 * slots
-        self._fd = fd = _open_file(path)
+        self._fd = fd = open_shared_file(path)
         try:
             key, gid = load_key(key_path(path))
             self._signer = GateSigner(key)
-            _give_group(fd, gid)
+            give_group(fd, gid)
             st = os.fstat(fd)
             if st.st_size != size:
                 os.ftruncate(fd, size)

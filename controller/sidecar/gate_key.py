@@ -56,10 +56,11 @@ def _create(path: str) -> None:
         os.unlink(tmp)
 
 
-def load_key(path: str) -> tuple[bytes, int]:
+def load_key(path: str, option: str = "gate") -> tuple[bytes, int]:
     """The key in ``path``, created (0600, owned by this process's user) when missing, and the
     file's group: Apache's root parent gives the key file its workers' group (mode 0600 lets
     that group read nothing), and the sidecar gives that group to a gate file it creates.
+    ``option`` (the sidecar's option: gate, control_file) opens every error message.
 
     Raises
     ------
@@ -69,7 +70,7 @@ def load_key(path: str) -> tuple[bytes, int]:
         hold 64 hex digits.
     """
     def refuse(why: str) -> SidecarInputError:
-        return SidecarInputError(f"gate: the gate key {path} {why}")
+        return SidecarInputError(f"{option}: the {option.replace('_', ' ')} key {path} {why}")
 
     for attempt in (0, 1):
         try:
@@ -81,7 +82,7 @@ def load_key(path: str) -> tuple[bytes, int]:
             try:
                 _create(path)
             except OSError as exc:
-                raise refuse(f"cannot be created ({exc.strerror}); give --gate a path in a directory this "
+                raise refuse(f"cannot be created ({exc.strerror}); give {option} a path in a directory this "
                              "user may write (e.g. /dev/shm/overtake-gate)") from None
         except OSError as exc:
             raise refuse(f"cannot be read ({exc.strerror}); Apache creates it as root: run the sidecar as "

@@ -56,11 +56,12 @@ names of prometheus-community/apache_exporter: ``apache_up``, ``apache_info{vers
 ``apache_workers{state}``, ``apache_processes{state}``, ``apache_connections{state}``,
 ``apache_scoreboard{state}``, ``apache_load{interval}``, ``apache_generation{type}``.
 
-With ``--cpu-priority age|class`` or ``--gate``, mod_overtake_prio's counters (``/overtake-prio-status``, scraped
-with mod_status) are passed through under the module's own names: ``overtake_cpu_prio_enabled``,
-``overtake_cpu_prio_requests_total{level}``, ``overtake_cpu_prio_demotions_total{level,cause}``,
+With ``--cpu-priority age|class``, ``--gate`` or ``--control-file``, mod_overtake_prio's counters
+(``/overtake-prio-status``, scraped with mod_status) are passed through under the module's own names:
+``overtake_cpu_prio_enabled``, ``overtake_cpu_prio_requests_total{level}``, ``overtake_cpu_prio_demotions_total{level,cause}``,
 ``overtake_cpu_prio_restores_total``, the gate's ``overtake_gate_held_total``,
-``overtake_gate_wait_seconds_total`` and the rest (apache-conf/mod_overtake_prio/README.md).
+``overtake_gate_wait_seconds_total``, the control file's ``overtake_cpu_prio_control_generation`` and the
+rest (apache-conf/mod_overtake_prio/README.md).
 """
 
 from __future__ import annotations

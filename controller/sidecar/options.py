@@ -82,6 +82,8 @@ class SidecarOptions:
     gate_backfill: int = 1
     #: the overtake_prio PHP extension's counters file (controller.php_prio), exported when given
     php_stats_file: str | None = None
+    #: mod_overtake_prio's OvertakeControlFile: the policy's age thresholds (controller.sidecar.control_file)
+    control_file: str | None = None
 
 
 #: options a SIGHUP can change; the others need a restart (sockets, stages, event loop, online loop)

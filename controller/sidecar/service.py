@@ -50,6 +50,7 @@ from overtake.controller.sidecar.admin import AdminAccess, AdminEndpoints
 from overtake.controller.sidecar.apache_probe import ApacheProbe, workers_warning
 from overtake.controller.sidecar.auto import Evidence, choose
 from overtake.controller.sidecar.classifier import Classifier
+from overtake.controller.sidecar.control_file import ControlPublisher
 from overtake.controller.sidecar.gate import Gate, GateOpener
 from overtake.controller.sidecar.gateway import Gateway
 from overtake.controller.sidecar.limiter import Limiter
@@ -133,7 +134,9 @@ class Sidecar:
         self._say_unit(res.source if res.seconds is not None else "seconds: no policy model to convert")
         settings = settings.model_copy(update={"time_unit": self.time_unit})
         self.classifier = Classifier(settings, policy)
-        if options.cpu_priority == "age":
+        #: the policy's age thresholds for Apache's OvertakeControlFile (controller.sidecar.control_file)
+        self.control = ControlPublisher(options.control_file, len(table.names)) if options.control_file else None
+        if options.cpu_priority == "age" and self.control is None:
             self._say_age_threshold(policy, self.time_unit)
         for p in policy.members if isinstance(policy, PolicySet) else (policy,):
             if getattr(p, "solved_lever", "off") == "class" and options.cpu_priority != "class":
@@ -151,11 +154,14 @@ class Sidecar:
         )
         self.metrics = SidecarMetrics(lambda: self.limiter, time_unit=self.time_unit)
         self.online: OnlineLoop | None = None
+        if self.control is not None:
+            self.control.publish(self.limiter.policy, self.time_unit)
         if options.online is not None:
             self.online = OnlineLoop(
                 options.online, table=table, time_unit=self.time_unit, policy=policy,
                 current=lambda: self.limiter.policy,
                 swap=lambda path: self.swap(path, source="online"), classifier_mode=settings.mode,
+                age_thresholds=self.control is not None,
             )
             self.limiter.add_listener(self.online.recorder)
             self.metrics.registry.register(OnlineCollector(self.online))
@@ -176,7 +182,8 @@ class Sidecar:
         self.probe = ApacheProbe(
             *self.apache, self.metrics.apache, self.metrics.prio, interval=lambda: self.options.status_interval,
             want_prio=(f"cpu_priority {options.cpu_priority}" if options.cpu_priority != "off"
-                       else "the gate" if self.gate is not None else None),
+                       else "the gate" if self.gate is not None
+                       else "the control file" if self.control is not None else None),
             on_gate_token=self.check_gate)
         self.admin = AdminEndpoints(self.metrics.registry, self, self._admin_access, lambda: self.probe.health)
         self.gateway = Gateway(
@@ -592,6 +599,8 @@ class Sidecar:
             "event": "policy_swap", "source": source, "policy": new.name, "hash": new.hash,
             "version": new.version, "detail": f"from {old.name} ({old.hash})",
         })
-        if self.options.cpu_priority == "age":
+        if self.control is not None:
+            self.control.publish(new, self.time_unit)
+        elif self.options.cpu_priority == "age":
             self._say_age_threshold(new, self.time_unit, warn=False)
         return new

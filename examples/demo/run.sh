@@ -84,13 +84,12 @@ echo "== 4. live: two private Apaches (the default, and one with mod_overtake_pr
 free_port() { $BIN/python -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 AP_PORT=$(free_port); AP2_PORT=$(free_port); SD_PORT=$(free_port); SC_PORT=$(free_port); PR_PORT=$(free_port)
 SD_ADMIN=$(free_port); SC_ADMIN=$(free_port)  # each sidecar's admin listener (metrics, policy)
-TH=$($BIN/python -c "from overtake.mdp import Policy; print(Policy.load('$OUT/policies/full.npz').meta['cpu_priority']['age']['thresholds'][0][0])")
 # the model is one processor: both Apaches get core 0 (one runs at a time), the sidecars and the load driver the rest
 PIN=() ; AP_CPU=()
 if [ "$(nproc)" -ge 2 ]; then AP_CPU=(--cpu 0); PIN=(taskset -c "1-$(( $(nproc) - 1 ))"); fi
 $BIN/overtake apache start --workdir "$OUT/apache" --listen "127.0.0.1:$AP_PORT" "${AP_CPU[@]}" --max-workers 64
 $BIN/overtake apache start --workdir "$OUT/apache-prio" --listen "127.0.0.1:$AP2_PORT" "${AP_CPU[@]}" --max-workers 64 \
-    --cpu-priority-levels "$TH" --cpu-priority-nice idle
+    --cpu-priority-levels 0.005 --cpu-priority-nice idle --control-file "$OUT/control"
 stages() {  # the private Apache's stage handler; the example's time unit is the second of CPU
     cat <<YAML
 stages:
@@ -119,7 +118,7 @@ start_sidecar() {  # NAME PORT ADMIN_PORT ARGS...
 start_sidecar sidecar-default "$SD_PORT" "$SD_ADMIN" --policy passthrough --apache "http://127.0.0.1:$AP_PORT" \
     --stages "$OUT/stages-default.yaml"
 start_sidecar sidecar "$SC_PORT" "$SC_ADMIN" --policy "$OUT/policies" --cpu-priority age --apache "http://127.0.0.1:$AP2_PORT" \
-    --stages "$OUT/stages.yaml"
+    --stages "$OUT/stages.yaml" --control-file "$OUT/control"
 echo "sidecars on 127.0.0.1:$SD_PORT (passthrough to Apache's default) and 127.0.0.1:$SC_PORT (auto over $OUT/policies, age priority), logs $OUT/sidecar*.log"
 rm -rf "$OUT/prometheus/data"
 $BIN/overtake prometheus start --workdir "$OUT/prometheus" --listen "127.0.0.1:$PR_PORT" --sidecar "127.0.0.1:$SC_ADMIN"

@@ -276,3 +276,37 @@ def sidecar_in_thread(stages: Path, **options: Any) -> Iterator[tuple[int, Any]]
             loop.call_soon_threadsafe(task.cancel)
         th.join(10)
         loop.close()
+
+
+def replay_h2_transactions(send: Any, n: int = 150, *, seed: int = 11, unit: float = 0.005,
+                           load: float = 0.6) -> tuple[Any, Any, list[int]]:
+    """Open-loop Poisson transactions of two stages with Table 1 case 4's H2 demands (phase 1
+    w.p. 0.91, mean 0.55 units; phase 2 mean 5.45; ``unit`` seconds of CPU per model unit) at
+    ``load`` on one core: ``send(path, headers)`` sends one stage request
+    (``/stageK?work=SECONDS`` with ``X-Overtake-Phase``) and returns its status. Returns the
+    demands (n x 2, seconds), the phases (n x 2, True = the long phase 2) and the statuses."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    probs, means = np.array([0.91, 0.09]), np.array([0.55, 5.45])
+    lam = load / (2 * float(probs @ means)) / unit  # transactions per second
+    gaps = rng.exponential(1 / lam, n)
+    phases = rng.random((n, 2)) < probs[1]
+    demands = rng.exponential(np.where(phases, means[1], means[0])) * unit
+    codes: list[int] = []
+
+    def transaction(i: int) -> None:
+        for s in (0, 1):
+            codes.append(send(f"/stage{s + 1}?work={demands[i, s]:.6f}",
+                              {"X-Overtake-Phase": str(int(phases[i, s]) + 1)}))
+
+    threads = []
+    t0 = time.monotonic()
+    for i in range(n):
+        time.sleep(max(0.0, t0 + gaps[: i + 1].sum() - time.monotonic()))
+        th = threading.Thread(target=transaction, args=(i,))
+        th.start()
+        threads.append(th)
+    for th in threads:
+        th.join(60)
+    return demands, phases, codes

@@ -75,9 +75,11 @@ MODULE_SOURCES = (
     "op_guard.c",
     "op_pure.c",
     "op_guard_pure.c",
+    "op_control.c",
 )
 #: The headers they include (``HEADERS`` in the Makefile).
-MODULE_HEADERS = ("mod_overtake_prio.h", "op_pure.h", "op_guard.h", "op_guard_pure.h", "og_fault.h", "og_hmac.h")
+MODULE_HEADERS = ("mod_overtake_prio.h", "op_pure.h", "op_guard.h", "op_guard_pure.h", "og_fault.h", "og_hmac.h",
+                  "oc_table.h")
 #: Compiler flags (``WARNINGS`` and ``-O2`` in the Makefile): a warning fails the build.
 MODULE_CFLAGS = (
     "-Wall", "-Wextra", "-Wshadow", "-Wstrict-prototypes", "-Wmissing-prototypes", "-Werror", "-O2",
@@ -130,6 +132,10 @@ class CpuPriority:
         Absolute path of the sidecar's admission-gate file (its ``--gate``): requests carrying
         ``X-Overtake-Gate`` wait in Apache until the sidecar admits them. ``OvertakeGate``.
         Each waiting request holds a worker: give ``max_workers`` room for ``gate_slots`` more.
+    control_file : str, optional
+        Absolute path of the sidecar's control file (its ``control_file``): the age thresholds
+        of the sidecar's policy, in force instead of ``levels`` while the file is valid.
+        ``OvertakeControlFile``.
     gate_timeout : float
         Seconds a gated request waits for a gate that never opens before it is let through
         (0.001..3600; keep it above the sidecar's queue timeout). ``OvertakeGateTimeout``.
@@ -161,6 +167,7 @@ class CpuPriority:
     exempt_paths: tuple[str, ...] = ()
     exempt_header: str | None = DEFAULT_EXEMPT_HEADER
     demotion_limit: float = 0.0
+    control_file: str | None = None
     priorities: tuple[int | str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -229,6 +236,13 @@ class CpuPriority:
             raise ApacheInputError(
                 f"cpu_priority.gate: {self.gate!r} must be an absolute path without spaces, the "
                 "sidecar's --gate file (e.g. /dev/shm/overtake-gate)"
+            )
+        cf = self.control_file
+        if cf is not None and (not isinstance(cf, str) or not cf.startswith("/")
+                               or any(c in cf for c in ' \t\r\n"')):
+            raise ApacheInputError(
+                f"cpu_priority.control_file: {cf!r} must be an absolute path without spaces, the "
+                "sidecar's control_file (e.g. /run/overtake/control)"
             )
         gt = self.gate_timeout
         if isinstance(gt, bool) or not isinstance(gt, (int, float)) or not 0.001 <= gt <= 3600:
@@ -302,6 +316,8 @@ def config_tokens(cpu_priority: CpuPriority | None) -> dict[str, str]:
         "CPU_PRIO_GATE": (f'OvertakeGate "{cp.gate}"\n    OvertakeGateTimeout {float(cp.gate_timeout)!r}'
                           if cp.gate else "# no admission gate"),
         "CPU_PRIO_GUARD": _guard_lines(cp),
+        "CPU_PRIO_CONTROL": (f'OvertakeControlFile "{cp.control_file}"' if cp.control_file
+                             else "# no control file"),
     }
 
 
