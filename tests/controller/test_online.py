@@ -521,3 +521,60 @@ def test_route_classes_carried_to_a_refitted_model_keep_the_mixture() -> None:
     factor = (0.2 / 0.8) / (0.09 / 0.91)
     assert img.alpha[1] / img.alpha[0] == pytest.approx(0.01 / 0.99 * factor, rel=1e-9)
     assert php.alpha[1] / php.alpha[0] == pytest.approx(0.17 / 0.83 * factor, rel=1e-9)
+
+
+def _route_loop(tmp_path: Path, interval: float) -> OnlineLoop:
+    """One H2 stage (case 4's) at load 0.5 under its route policy (two routes, 1 % and 17 % long),
+    fed 4000 demands and 120 s of Poisson arrivals."""
+    from overtake.controller.policies import TablePolicy
+    from overtake.mdp import solve
+    from overtake.mdp.policy import Policy
+    from overtake.mdp.routes import RouteSplit
+
+    lam = 0.5 / CASE4_MEAN
+    m = TandemModel(lam, (Stage("stage1", CASE4_PROBS, np.diag(-1 / CASE4_MEANS)),))
+    split = RouteSplit.build(m, [[("img", 0.5, [0.99, 0.01]), ("php", 0.5, [0.83, 0.17])]])
+    solve(m, phase_info="route", routes=split, tol=1e-2).policy.save(str(tmp_path / "route.npz"))
+    running = [TablePolicy(Policy.load(str(tmp_path / "route.npz")), "route")]
+    table = StageTable(StagesConfig.model_validate({"stages": [{"name": "stage1", "path": "^/stage1$"}]}))
+    clock = _Clock()
+
+    def swap(path: str) -> Any:
+        running[0] = TablePolicy(Policy.load(path), "online")
+        return running[0]
+
+    loop = OnlineLoop(OnlineSettings(refit_interval=interval, min_samples=500, arrival_window=120.0, reservoir=4000),
+                      table=table, time_unit=TIME_UNIT, policy=running[0], current=lambda: running[0], swap=swap,
+                      executor=ThreadPoolExecutor(1), clock=clock)
+    rng = np.random.default_rng(11)
+    for x in _h2(rng, 4000):
+        loop.recorder.add_demand(0, float(x) * TIME_UNIT, "attained")
+    t = 0.0
+    for gap in rng.exponential(TIME_UNIT / lam, int(lam / TIME_UNIT * 130)):
+        t += gap
+        if t > 120:
+            break
+        loop.recorder.add_arrival(0, t)
+    clock.t = 120.0
+    return loop
+
+
+def test_route_policy_is_re_solved_with_its_routes(tmp_path: Path) -> None:
+    """A running route policy is re-solved as a route policy (not skipped): the running one is
+    evaluated exactly on the carried routes, and the re-solve is at least as good; a refit
+    interval shorter than the solve skips it with the reason."""
+    loop = _route_loop(tmp_path, 3600.0)
+    outcome = asyncio.run(loop.refit())
+    rec = loop.last
+    assert outcome in ("kept", "swapped"), rec
+    assert rec["current_error"] is None and math.isfinite(rec["predicted_current"])
+    assert rec["predicted_new"] <= rec["predicted_current"] * (1 + 0.05)
+    assert loop.solve_cpu.keys() == {"route"} and loop.solve_cpu["route"] > 0
+    asyncio.run(loop.close())
+    quick = _route_loop(tmp_path, 1e-3)
+    assert asyncio.run(quick.refit()) == "skipped_route", quick.last
+    assert "longer than the refit interval" in quick.last["reason"]
+    asyncio.run(quick.close())
+    for lp in (loop, quick):
+        assert lp._executor is not None
+        lp._executor.shutdown(wait=True)
