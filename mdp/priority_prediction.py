@@ -42,7 +42,9 @@ PRIORITY_KINDS = ("age", "class")
 @dataclass(frozen=True)
 class PriorityPrediction:
     """E[W] (model time units) of a policy with CPU priority, and of π(∞) with it (age): simulated
-    (``requests`` per seed), or exact (``requests`` 0, ``ci95`` 0)."""
+    (``requests`` per seed, ``seeds`` runs pooled), or exact (``requests`` 0, ``ci95`` 0).
+    ``visit_model``: age only, the visit model's E[W] of π(∞) at the chosen thresholds (strict
+    priority), the figure the thresholds were chosen on."""
 
     kind: str
     priority: CpuPriority
@@ -51,6 +53,8 @@ class PriorityPrediction:
     passthrough: float | None
     passthrough_ci95: float | None
     requests: int
+    seeds: int = 0
+    visit_model: float | None = None
 
     def to_meta(self) -> dict[str, Any]:
         """The policy file's ``meta["cpu_priority"][kind]`` entry (JSON: a threshold never crossed is null)."""
@@ -59,7 +63,7 @@ class PriorityPrediction:
         return {"kind": self.kind, "exact": self.requests == 0,
                 "mean_response_time": self.mean_response_time, "ci95": self.ci95,
                 "passthrough": self.passthrough, "passthrough_ci95": self.passthrough_ci95,
-                "requests": self.requests, **d}
+                "requests": self.requests, "seeds": self.seeds, "visit_model": self.visit_model, **d}
 
 
 def _pooled(model: TandemModel, policy: Policy | str, priority: CpuPriority, requests: int, seeds: int,
@@ -85,8 +89,10 @@ def predict_priority(model: TandemModel, policy: Policy, kind: str, *, requests:
     weights = [1.0, DEFAULT_LOW_WEIGHT]
     ps: float | None = None
     ps_ci: float | None = None
+    visit: float | None = None
     if kind == "age":
-        a = choose_tandem_thresholds(model, common=True).priority.thresholds[0][0]
+        choice = choose_tandem_thresholds(model, common=True)
+        a, visit = choice.priority.thresholds[0][0], choice.mean_response_time
         priority = age_priority(model, [a], weights=weights)
         ps, ps_ci = _pooled(model, "pi(inf)", priority, requests, seeds, seed)
     else:
@@ -101,4 +107,4 @@ def predict_priority(model: TandemModel, policy: Policy, kind: str, *, requests:
                                max_requests=policy.max_requests, max_threads=policy.max_threads)
             return PriorityPrediction(kind, priority, ev.mean_response_time, 0.0, None, None, 0)
     w, ci = _pooled(model, policy, priority, requests, seeds, seed)
-    return PriorityPrediction(kind, priority, w, ci, ps, ps_ci, requests)
+    return PriorityPrediction(kind, priority, w, ci, ps, ps_ci, requests, seeds, visit)

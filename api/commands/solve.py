@@ -128,7 +128,9 @@ def run(args: argparse.Namespace) -> int:
     if args.cpu_priority:
         doc["cpu_priority"] = {k: {"mean_response_time": v["mean_response_time"], "ci95": v["ci95"],
                                    "exact": v["exact"], "passthrough": v["passthrough"], "thresholds": v["thresholds"],
-                                   "start_levels": v["start_levels"], "solved": v.get("solved", False)}
+                                   "start_levels": v["start_levels"], "solved": v.get("solved", False),
+                                   "passthrough_ci95": v["passthrough_ci95"], "requests": v["requests"],
+                                   "seeds": v["seeds"], "visit_model": v["visit_model"]}
                                for k, v in pol.meta["cpu_priority"].items()}
     print(json.dumps(doc, indent=2))
     if not args.quiet:

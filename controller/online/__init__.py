@@ -44,12 +44,15 @@ Estimates
 
 Refit (at most once per ``refit_interval``; skipped with a logged reason when a stage has fewer
 than ``min_samples`` samples or the estimated load λ·ΣE[S]/m ≥ ``max_load``): in a worker
-process (:class:`concurrent.futures.ProcessPoolExecutor`, one worker; the event loop never
-blocks) :func:`refit_job` fits a PH per stage by EM (:func:`overtake.fitting.fit`, order 1 or 2 by BIC,
-hyperexponential for SCV > 1 else CF1, mean preserved), builds the :class:`overtake.mdp.TandemModel`,
-solves π* (:func:`overtake.mdp.solve`) and evaluates the *current* policy exactly under the
-*new* model (:func:`overtake.mdp.rule_evaluation.evaluate_rule`, both on one evaluation cap). The new policy
-is swapped in only if its predicted E[W] is lower by more than ``margin`` (default 1 %).
+process (:class:`concurrent.futures.ProcessPoolExecutor`, one worker at nice 19, its CPU counted
+in ``overtake_solve_cpu_seconds_total{kind}``; the event loop never blocks) :func:`refit_job` fits
+a PH per stage by EM (:func:`overtake.fitting.fit`, order 1 or 2 by BIC, hyperexponential for
+SCV > 1 else CF1, mean preserved), builds the :class:`overtake.mdp.TandemModel`, solves π* for
+the running policy's information (:func:`overtake.mdp.solve`; a route policy's classes carried
+over by :func:`~overtake.controller.online.refit.carry_routes`) and evaluates the *current*
+policy exactly under the *new* model (:func:`overtake.mdp.rule_evaluation.evaluate_rule`, both on
+one evaluation cap). The new policy is swapped in only if its predicted E[W] is lower by more
+than ``margin`` (default 1 %); a route solve longer than ``refit_interval`` is not swapped in.
 Every decision is one JSON log line (``event = online_refit``) and counted in
 ``overtake_online_refits_total{outcome}``.
 """

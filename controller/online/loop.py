@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from overtake.controller.online.estimators import DemandRecorder
-from overtake.controller.online.refit import RefitJob, refit_job, warm_up
+from overtake.controller.online.refit import RefitJob, lower_priority, refit_job, warm_up
 from overtake.controller.online.settings import OUTCOMES, OnlineSettings
 from overtake.controller.sidecar.policies import BaselinePolicy, SpawnPolicy, TablePolicy
 from overtake.controller.sidecar.stages import StageTable
@@ -80,6 +80,7 @@ class OnlineLoop:
         self.last_refit_time: float | None = None  # unix time of the last completed refit
         self.last: dict[str, Any] = {}  # the last decision's record
         self.generation = 0  # policies swapped in by this loop
+        self.solve_cpu: dict[str, float] = {}  # CPU seconds of the refit jobs, by kind of solve (phase_info)
         self._executor = executor
         self._own_executor = executor is None
         self._job = job
@@ -137,8 +138,9 @@ class OnlineLoop:
 
     def _pool(self) -> Executor:
         if self._executor is None:
-            # spawn: no fork of a process running an event loop and threads
-            self._executor = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            # spawn: no fork of a process running an event loop and threads; the worker runs at nice 19
+            self._executor = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                                 initializer=lower_priority)
         return self._executor
 
     def _out_path(self) -> str:
@@ -194,11 +196,10 @@ class OnlineLoop:
             # keep the model's phase counts (not the policy's labels): an exact comparison
             orders: tuple[int | None, ...] = tuple(int(st.phases) for st in pol.policy.model.stages)
             phase_info = pol.policy.phase_info  # re-solve for the information the running policy uses
-            if phase_info == "route":
-                return self._decide("skipped_route", {**base, "reason": "a route policy's classes are re-learned offline: "
-                                                "solve with the new routes and PUT /-/policy"})
+            routes = pol.policy.routes
         elif isinstance(pol, BaselinePolicy):
             current = pol.baseline.name
+            routes = None
             orders = (None,) * len(self.names)
             # what the classifier can see: without phases, the best policy over counts (mdp.observed)
             phase_info = "none" if self.classifier_mode == "hidden" else "full"
@@ -208,7 +209,7 @@ class OnlineLoop:
             stage_names=self.names, samples=tuple(x for _, x in chosen), arrival_rate=lam_model,
             cores=self.cores, overhead=self.overhead, orders=orders, max_order=s.max_order,
             phase_info=phase_info, current=current, tolerance=s.tolerance, out=self._out_path(), margin=s.margin,
-            time_unit=self.time_unit, age_thresholds=self.age_thresholds,
+            time_unit=self.time_unit, age_thresholds=self.age_thresholds, routes=routes,
         )
         self.last_refit_start = now
         self._busy = True
@@ -225,12 +226,19 @@ class OnlineLoop:
         finally:
             self._busy = False
         wall = time.perf_counter() - t0
+        self.solve_cpu[res["kind"]] = self.solve_cpu.get(res["kind"], 0.0) + res["cpu_seconds"]
         u = job.time_unit  # predictions are in its model units; the reasons say seconds
         rec = {**base, "fit": res["stages"], "predicted_new": res["predicted_new"],
                "predicted_current": res["predicted_current"], "current_error": res["current_error"],
                "predicted_new_seconds": res["predicted_new"] * u, "predicted_current_seconds": res["predicted_current"] * u,
                "states": res["states"], "worker_seconds": res["seconds"], "seconds": wall,
-               "policy": pol.name, "new_hash": res["hash"]}
+               "policy": pol.name, "new_hash": res["hash"], "cpu_seconds": res["cpu_seconds"],
+               "worker_pid": res["pid"], "worker_nice": res["nice"]}
+        if phase_info == "route" and res["seconds"]["solve"] > s.refit_interval:
+            _unlink(job.out)
+            return self._decide("skipped_route", {**rec, "reason": (
+                f"the route re-solve took {res['seconds']['solve']:.3g} s, longer than the refit interval "
+                f"{s.refit_interval:g} s: its policy would follow data older than one interval; raise --refit-interval")})
         if self.current().hash != pol.hash:
             _unlink(job.out)
             return self._decide("skipped_superseded", {**rec, "reason": "the policy was swapped while the refit ran"})

@@ -27,6 +27,12 @@ class OnlineCollector(Collector):
         for k, v in lp.outcomes.items():
             refits.add_metric([k], v)
         yield refits
+        cpu = CounterMetricFamily("overtake_solve_cpu_seconds", "CPU seconds (user + system) of the online "
+                                  "refit jobs (fit, solve, evaluation) in the nice 19 worker, by kind of solve",
+                                  labels=["kind"])
+        for kind, sec in sorted(lp.solve_cpu.items()):
+            cpu.add_metric([kind], sec)
+        yield cpu
         yield GaugeMetricFamily("overtake_online_generation", "Policies swapped in by the online loop", value=lp.generation)
         if lp.last_refit_time is not None:
             yield GaugeMetricFamily("overtake_online_last_refit_timestamp_seconds",

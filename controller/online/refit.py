@@ -11,6 +11,7 @@ the average-cost MDP of the fitted tandem solved by value iteration
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["RefitJob", "refit_job", "warm_up"]
+__all__ = ["SOLVER_NICE", "RefitJob", "carry_routes", "lower_priority", "refit_job", "warm_up"]
+
+#: The worker's nice value: refits run on the machine that runs Apache and take only the CPU its
+#: threads leave idle (the kernel weighs nice 19 at 15/1024 of nice 0).
+SOLVER_NICE = 19
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -44,6 +49,12 @@ class RefitJob:
     time_unit: float = 1.0  #: seconds per model unit of the samples: stored in the policy (controller.sidecar.units)
     #: also choose age-priority thresholds for the refitted model (the sidecar's control file)
     age_thresholds: bool = False
+    routes: Any = None  #: the running route policy's mdp.RouteSplit (phase_info "route")
+
+
+def lower_priority() -> None:
+    """The worker process's initializer: run at :data:`SOLVER_NICE` (never the sidecar's own process)."""
+    os.setpriority(os.PRIO_PROCESS, 0, max(SOLVER_NICE, os.getpriority(os.PRIO_PROCESS, 0)))
 
 
 def warm_up() -> None:
@@ -73,6 +84,31 @@ def _fit_stage(x: FloatArray, order: int | None, max_order: int, seed: int) -> d
             "structure": best.structure, "bic": tried, "n": int(x.size)}
 
 
+def carry_routes(routes: Any, old: Any, new: Any) -> Any:
+    """The running policy's route classes on the refitted stages.
+
+    Only the stages' samples are refitted, not each route's, so each route keeps what it knew of
+    the phases relative to the stage: its likelihood ratio α_r[j]/α[j]. With the new prior α',
+    α'_r[j] ∝ α_r[j]·α'[j]/α[j] and the route's share p'_r = p_r Σ_j α_r[j]α'[j]/α[j], so that
+    Σ_r p'_r α'_r = α' again (phases are matched by index: both fits order them by mean).
+    """
+    from overtake.mdp.routes import RouteSplit
+
+    stages = []
+    for rs, st_old, st_new in zip(routes.stages, old.stages, new.stages):
+        a_old = np.asarray(st_old.alpha, dtype=float)
+        a_new = np.asarray(st_new.alpha, dtype=float)
+        ratio = np.divide(a_new, a_old, out=np.zeros_like(a_new), where=a_old > 0)
+        triples = []
+        for r in rs:
+            w = np.asarray(r.alpha, dtype=float) * ratio
+            mass = float(w.sum())
+            triples.append((r.name, float(r.weight) * mass, w / mass if mass > 0 else a_new))
+        total = sum(t[1] for t in triples)
+        stages.append([(n, p / total, a) for n, p, a in triples])
+    return RouteSplit.build(new, stages)
+
+
 def _grow(evaluate: Callable[[int], Any], start: int, tol: float) -> Any:
     from overtake.mdp.rule_evaluation import grow_requests
 
@@ -93,12 +129,18 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
     from overtake.mdp.statespace import Layout
 
     t0 = time.perf_counter()
+    c0 = time.process_time()
     fits = [_fit_stage(np.asarray(x, dtype=float), o, job.max_order, job.seed)
             for x, o in zip(job.samples, job.orders)]
     t_fit = time.perf_counter() - t0
     model = TandemModel(job.arrival_rate, tuple(Stage(n, f["alpha"], f["T"]) for n, f in zip(job.stage_names, fits)),
                         cores=job.cores, overhead=job.overhead)
-    opt = solve(model, phase_info=job.phase_info, tol=job.tolerance)
+    routes = None
+    if job.phase_info == "route":
+        if job.routes is None or isinstance(job.current, str):
+            raise ValueError("a route re-solve needs the running route policy and its route split")
+        routes = carry_routes(job.routes, job.current.model, model)
+    opt = solve(model, phase_info=job.phase_info, tol=job.tolerance, routes=routes)
     t_solve = time.perf_counter() - t0 - t_fit
     new = opt.metrics
 
@@ -121,7 +163,7 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
             cur_name = str(old.meta.get("hash", old.digest()))
             if tuple(s.phases for s in old.model.stages) != tuple(s.phases for s in model.stages):
                 raise ValueError("the running policy's phase counts differ from the refitted model's")
-            lay = Layout.build(model, old.phase_info)
+            lay = routes.layout(model) if routes is not None else Layout.build(model, old.phase_info)
 
             def ev(C: int) -> Any:
                 if old.observed:  # a table over counts: its own chain (mdp.observation)
@@ -136,7 +178,8 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
             if cur.max_requests < C:
                 cur = ev(C)
             if new.max_requests < C:
-                lay_new = Layout.build(model, job.phase_info)  # type: ignore[arg-type]
+                lay_new = (routes.layout(model) if routes is not None
+                           else Layout.build(model, job.phase_info))  # type: ignore[arg-type]
                 new = (evaluate_observed(model, lay_new, opt.policy.actions, max_requests=C, max_threads=None)
                        if opt.policy.observed else
                        evaluate_rule(model, lay_new, opt.policy.actions, max_requests=C, max_threads=opt.truncation.k_max))
@@ -179,4 +222,9 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
         "path": job.out,
         "seconds": {"fit": t_fit, "solve": t_solve, "evaluate": t_eval, "thresholds": t_thr,
                     "total": time.perf_counter() - t0},
+        # CPU (user + system) of this process for the whole job: what the refit took from Apache
+        "cpu_seconds": time.process_time() - c0,
+        "kind": job.phase_info,
+        "pid": os.getpid(),
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
     }

@@ -47,7 +47,8 @@ With ``--online`` (:class:`overtake.controller.online.OnlineCollector`): ``overt
 ``overtake_online_demand_mean_seconds{stage,source}`` (source = access_log | attained),
 ``overtake_online_fitted_mean_seconds{stage,source}``,
 ``overtake_online_predicted_response_time_seconds{policy}`` (current | new, under the last refitted
-model) and ``overtake_online_refit_duration_seconds``.
+model), ``overtake_online_refit_duration_seconds`` and ``overtake_solve_cpu_seconds_total{kind}`` (the
+refit worker's CPU by kind of solve: full, start, none, route).
 
 Apache's ``/server-status?auto`` (:func:`overtake.controller.sidecar.mod_status.parse_status`) is exported under the
 names of prometheus-community/apache_exporter: ``apache_up``, ``apache_info{version,mpm}``,

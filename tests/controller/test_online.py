@@ -445,3 +445,128 @@ def test_online_loop_end_to_end_on_apache(apache_available: None) -> None:
             proc.wait()
         apache.stop(inst.workdir, graceful=False)
         shutil.rmtree(parent, ignore_errors=True)
+
+
+# ---- the worker: nice 19, its CPU counted, route classes carried over -------------------------
+def _proc_stat(pid: int) -> list[str]:
+    # fields after "pid (comm)": index 0 is field 3 (state) of proc(5)
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _proc_cpu(pid: int) -> float:
+    f = _proc_stat(pid)
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def test_refit_worker_runs_at_nice_19_and_its_cpu_is_exported() -> None:
+    """The loop's own worker process solves at nice 19 (read from /proc, the sidecar's process
+    untouched) and overtake_solve_cpu_seconds_total{kind} grows by the worker's CPU time."""
+    from overtake.controller.online.refit import warm_up
+
+    own_nice = os.getpriority(os.PRIO_PROCESS, 0)
+    side = _sidecar("pi(1)")
+    loop = _case4_loop(side, _Clock(), None, seed=7)
+    try:
+        pid = loop._pool().submit(os.getpid).result()
+        loop._pool().submit(warm_up).result()  # imports before the CPU reading, as at sidecar start
+        assert pid != os.getpid()
+        assert int(_proc_stat(pid)[16]) == 19
+        assert os.getpriority(os.PRIO_PROCESS, 0) == own_nice
+        assert not re.search(r"^overtake_solve_cpu_seconds_total\{", _metrics(loop), re.M)
+        before = _proc_cpu(pid)
+        assert asyncio.run(loop.refit()) == "swapped", loop.last
+        grown = _proc_cpu(pid) - before
+        assert loop.last["worker_pid"] == pid and loop.last["worker_nice"] == 19
+        m = re.search(r'overtake_solve_cpu_seconds_total\{kind="full"\} (\S+)', _metrics(loop))
+        assert m, _metrics(loop)
+        cpu = float(m.group(1))
+        tick = 2.0 / os.sysconf("SC_CLK_TCK")  # /proc counts in clock ticks
+        # the job's own CPU: all of the worker's growth but unpickling the job and pickling the result
+        assert 0 < cpu <= grown + tick
+        assert cpu >= 0.9 * grown - tick
+    finally:
+        asyncio.run(loop.close())
+
+
+def test_route_classes_carried_to_a_refitted_model_keep_the_mixture() -> None:
+    """Each route keeps its likelihood ratio over the phases; the mixture of the carried routes is
+    the refitted stage's α again (Σ_r p'_r α'_r = α'), and an unchanged fit changes nothing."""
+    from overtake.controller.online.refit import carry_routes
+    from overtake.mdp.routes import RouteSplit
+
+    T = np.diag(-1 / CASE4_MEANS)
+    old = TandemModel(0.3, (Stage("a", CASE4_PROBS, T), Stage("b", CASE4_PROBS, T)))
+    split = RouteSplit.build(old, [[("img", 0.5, [0.99, 0.01]), ("php", 0.5, [0.83, 0.17])], None])
+    same = carry_routes(split, old, old)
+    for rs, rs2 in zip(split.stages, same.stages):
+        for r, r2 in zip(rs, rs2):
+            assert r2.weight == pytest.approx(r.weight, abs=1e-12)
+            assert np.allclose(r2.alpha, r.alpha, atol=1e-12)
+    a_new = np.array([0.8, 0.2])
+    new = TandemModel(0.3, (Stage("a", a_new, T), Stage("b", a_new, T)))
+    moved = carry_routes(split, old, new)
+    for rs in moved.stages:
+        mix = sum(r.weight * np.asarray(r.alpha) for r in rs)
+        assert np.allclose(mix, a_new, atol=1e-12)
+    img, php = moved.stages[0]
+    # the odds of the long phase move by the same factor for every route
+    factor = (0.2 / 0.8) / (0.09 / 0.91)
+    assert img.alpha[1] / img.alpha[0] == pytest.approx(0.01 / 0.99 * factor, rel=1e-9)
+    assert php.alpha[1] / php.alpha[0] == pytest.approx(0.17 / 0.83 * factor, rel=1e-9)
+
+
+def _route_loop(tmp_path: Path, interval: float) -> OnlineLoop:
+    """One H2 stage (case 4's) at load 0.5 under its route policy (two routes, 1 % and 17 % long),
+    fed 4000 demands and 120 s of Poisson arrivals."""
+    from overtake.controller.policies import TablePolicy
+    from overtake.mdp import solve
+    from overtake.mdp.policy import Policy
+    from overtake.mdp.routes import RouteSplit
+
+    lam = 0.5 / CASE4_MEAN
+    m = TandemModel(lam, (Stage("stage1", CASE4_PROBS, np.diag(-1 / CASE4_MEANS)),))
+    split = RouteSplit.build(m, [[("img", 0.5, [0.99, 0.01]), ("php", 0.5, [0.83, 0.17])]])
+    solve(m, phase_info="route", routes=split, tol=1e-2).policy.save(str(tmp_path / "route.npz"))
+    running = [TablePolicy(Policy.load(str(tmp_path / "route.npz")), "route")]
+    table = StageTable(StagesConfig.model_validate({"stages": [{"name": "stage1", "path": "^/stage1$"}]}))
+    clock = _Clock()
+
+    def swap(path: str) -> Any:
+        running[0] = TablePolicy(Policy.load(path), "online")
+        return running[0]
+
+    loop = OnlineLoop(OnlineSettings(refit_interval=interval, min_samples=500, arrival_window=120.0, reservoir=4000),
+                      table=table, time_unit=TIME_UNIT, policy=running[0], current=lambda: running[0], swap=swap,
+                      executor=ThreadPoolExecutor(1), clock=clock)
+    rng = np.random.default_rng(11)
+    for x in _h2(rng, 4000):
+        loop.recorder.add_demand(0, float(x) * TIME_UNIT, "attained")
+    t = 0.0
+    for gap in rng.exponential(TIME_UNIT / lam, int(lam / TIME_UNIT * 130)):
+        t += gap
+        if t > 120:
+            break
+        loop.recorder.add_arrival(0, t)
+    clock.t = 120.0
+    return loop
+
+
+def test_route_policy_is_re_solved_with_its_routes(tmp_path: Path) -> None:
+    """A running route policy is re-solved as a route policy (not skipped): the running one is
+    evaluated exactly on the carried routes, and the re-solve is at least as good; a refit
+    interval shorter than the solve skips it with the reason."""
+    loop = _route_loop(tmp_path, 3600.0)
+    outcome = asyncio.run(loop.refit())
+    rec = loop.last
+    assert outcome in ("kept", "swapped"), rec
+    assert rec["current_error"] is None and math.isfinite(rec["predicted_current"])
+    assert rec["predicted_new"] <= rec["predicted_current"] * (1 + 0.05)
+    assert loop.solve_cpu.keys() == {"route"} and loop.solve_cpu["route"] > 0
+    asyncio.run(loop.close())
+    quick = _route_loop(tmp_path, 1e-3)
+    assert asyncio.run(quick.refit()) == "skipped_route", quick.last
+    assert "longer than the refit interval" in quick.last["reason"]
+    asyncio.run(quick.close())
+    for lp in (loop, quick):
+        assert lp._executor is not None
+        lp._executor.shutdown(wait=True)
