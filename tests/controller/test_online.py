@@ -518,7 +518,7 @@ def test_route_classes_carried_to_a_refitted_model_keep_the_mixture() -> None:
 def _route_loop(tmp_path: Path, interval: float) -> OnlineLoop:
     """One H2 stage (case 4's) at load 0.5 under its route policy (two routes, 1 % and 17 % long),
     fed 4000 demands and 120 s of Poisson arrivals."""
-    from overtake.controller.policies import TablePolicy
+    from overtake.controller.sidecar.policies import TablePolicy
     from overtake.mdp import solve
     from overtake.mdp.policy import Policy
     from overtake.mdp.routes import RouteSplit

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 import pytest
-from mdp_helpers import exp_stage, h2_stage, tandem
+from support.mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.mdp.mlps import EXACT, SEARCH, JobClass, mlps_classes_mean
 from overtake.mdp.priority import DEFAULT_LOW_WEIGHT, CpuPriority, age_priority, weights_for_levels
