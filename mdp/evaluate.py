@@ -223,7 +223,8 @@ def metrics(
     pi: FloatArray,
     max_requests: int,
 ) -> PolicyMetrics:
-    """Performance measures from a stationary law over (w, k) state rows."""
+    """Performance measures from a stationary law over (w, k) state rows, or (w, k, b) with blocked
+    threads b of a model with locks (threads all the same)."""
     Q = queue_stage.size
     n_tot = rows.sum(axis=1)
     K = rows[:, Q:].sum(axis=1)
@@ -236,6 +237,9 @@ def metrics(
     cs = model.coord_stage()
     for d in range(model.n_coords):
         per_stage[cs[d]] += float(pi @ rows[:, Q + d])
+    # blocked threads of locked stages, one column per coordinate of such a stage (:mod:`overtake.mdp.lock`)
+    for t, d in enumerate(np.flatnonzero([model.lock_of(int(i)) is not None for i in cs])[: rows.shape[1] - Q - model.n_coords]):
+        per_stage[cs[d]] += float(pi @ rows[:, Q + model.n_coords + t])
     dist = np.bincount(K, weights=pi)
     return PolicyMetrics(
         mean_response_time=EN / lam_eff,
