@@ -63,7 +63,7 @@ from typing import Any
 
 import numpy as np
 from _report import append_run, halt_polling, run_record
-from mediawiki import product, server, stats, wiki, workload
+from mediawiki import lock_model, product, server, stats, wiki, workload
 from mediawiki.pages import Recipe, article_title, draw_units
 
 from overtake.controller.harness.apache import CpuPriority, fetch_prio_status
@@ -448,6 +448,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def lock_prediction(cal: dict[str, Any], model: dict[str, Any], rate: float, php: str,
+                    requests: int = 200_000) -> dict[str, Any] | None:
+    """The model with the database lock (bench/mediawiki/lock_model.py) where the calibration's
+    probe says previews run one at a time, else None: its predictions for the arms, with and
+    without the lock, from the fits and the age threshold the product solved with."""
+    probe = cal.get("serialisation_probe") or {}
+    if "preview" not in probe or not lock_model.serialises(float(probe["preview"]), int(probe["k"])):
+        return None
+    fits = {s: {"alpha": model["fits"][s]["alpha"], "T": model["fits"][s]["T"]} for s in ("preview", "view")}
+    return lock_model.predict(fits, rate, php, threshold_s=model.get("threshold_s"), requests=requests)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Set-up, calibration, the model, the runs: the bench's document."""
     if os.geteuid() != 0:
@@ -473,6 +485,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if any(ARM_SPECS[a].needs_model for a in args.arms):
                 b.model = product.prepare_model(b.tmp / "model", {"preview": b.idle_preview, "view": b.idle_view}, rate)
                 say(f"model: age threshold {b.model.threshold_s * 1e3:.1f} ms; predicted {b.model.summary()['predicted']}")
+            locked = lock_prediction(cal, b.model.summary(), rate, args.php) if b.model else None
+            if locked is not None:
+                say(f"model with the preview lock: default {locked['lock']['default']:.3f} s, "
+                    f"passthrough+age {locked['lock'].get('passthrough+age', float('nan')):.3f} s")
             runs = [one_run(k, b, rate) for k in range(args.runs)]
         finally:
             os.sched_setaffinity(0, set(cores))
@@ -482,7 +498,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"runs": runs, "across_runs": across_runs(runs, args.arms), "php": args.php, "stack": stack,
             "load": args.load, "transactions": args.transactions, "arms": args.arms, "seed": args.seed,
             "arrival_rate": rate, "qos_cap": args.qos_cap, "timeout": args.timeout, "calibration": cal,
-            "model": b.model.summary() if b.model else None, "wiki": stamp | {"units": b.units.tolist()},
+            "model": b.model.summary() | {"lock": locked} if b.model else None, "wiki": stamp | {"units": b.units.tolist()},
             "recipe": asdict(recipe), "cores": {"server": args.server_core, "client": args.client_core},
             "halt_poll_ns": hp, "load_before": load_before, "load_after": os.getloadavg()[0],
             "seconds": time.time() - started}

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from overtake.mdp import Stage, TandemModel, Truncation, solve
+from overtake.mdp.baselines import Baseline
 from overtake.mdp.chain import build_chain
 from overtake.mdp.errors import ModelError
 from overtake.mdp.evaluate import stationary_distribution
@@ -15,7 +16,6 @@ from overtake.mdp.rule_evaluation import evaluate_baseline, evaluate_rule
 from overtake.mdp.scenario import parse_scenario
 from overtake.mdp.simulation import simulate
 from overtake.mdp.statespace import Layout, transitions
-from overtake.mdp.baselines import Baseline
 
 H2 = Stage("preview", np.array([0.8, 0.2]), np.diag([-4.0, -0.4]))
 EXP = Stage("view", np.array([1.0]), np.array([[-1.5]]))
