@@ -35,6 +35,10 @@ threshold; bench/mediawiki/product.py), ``age`` (that module alone), ``sidecar``
 auto mode in front of a plain Apache: admission alone) and ``modqos`` (mod_qos,
 ``QS_LocRequestLimitMatch`` of --qos-cap per stage; it rejects beyond the cap).
 
+Where the probe says previews run one at a time, the document's ``model.lock`` holds the model
+with the database lock's predictions for the arms (bench/mediawiki/lock_model.py): the preview
+stage holds a lock of capacity 1, a preview started while another holds it waits in its worker.
+
 Figures per arm: mean and p99 response time (successful transactions after a 5 % warm-up),
 failures, CPU seconds in Apache and php-fpm, the module's and the sidecar's counters, and what
 Apache saw (time per stage, slowdown against the idle time, previews that overlapped another

@@ -120,6 +120,17 @@ def _level_rates(nlev, w, K, cores, overhead, out):  # type: ignore[no-untyped-d
 
 
 @njit(cache=True)
+def _fifo_append(head, tail, nxt, q, x):  # type: ignore[no-untyped-def]
+    """Append ``x`` to FIFO ``q`` (linked through ``nxt``)."""
+    nxt[x] = -1
+    if tail[q] >= 0:
+        nxt[tail[q]] = x
+    else:
+        head[q] = x
+    tail[q] = x
+
+
+@njit(cache=True)
 def _start_ph(s, lab, i, Vl, lv_start, lv_thr, n_lv, slot_lv, nlev, thr_v, ev_v, mu, hv2, hs2, hsz):  # type: ignore[no-untyped-def]
     """Start the PH service of slot ``s`` (label ``lab``, stage ``i``) now: its level, its first
     phase event on that level's clock."""
@@ -407,12 +418,7 @@ def run_kernel(  # type: ignore[no-untyped-def]
                 lab = stage_off[i_new] + label0[req, i_new]
             label[req] = lab
             q = i_new if qmode == 0 else (lab if qmode == 1 else qr)
-            nxt[req] = -1
-            if q_tail[q] >= 0:
-                nxt[q_tail[q]] = req
-            else:
-                q_head[q] = req
-            q_tail[q] = req
+            _fifo_append(q_head, q_tail, nxt, q, req)
             wq[q] += 1
         # ---- decision epoch: the policy sees (waiting per queue, threads per coordinate) --
         while qmode != 2 or seen:
@@ -478,12 +484,7 @@ def run_kernel(  # type: ignore[no-untyped-def]
                     started += 1
                     if held[i2] >= lock_cap[i2]:
                         # the stage's lock is full: the thread waits for it, holding its slot
-                        blk_next[s2] = -1
-                        if blk_tail[i2] >= 0:
-                            blk_next[blk_tail[i2]] = s2
-                        else:
-                            blk_head[i2] = s2
-                        blk_tail[i2] = s2
+                        _fifo_append(blk_head, blk_tail, blk_next, i2, s2)
                         continue
                     held[i2] += 1
                     Kr += 1

@@ -22,6 +22,7 @@ import scipy.sparse as sp
 
 from .anderson import AndersonMixer
 from .errors import SolverError
+from .lock import Locks
 from .model import TandemModel
 
 FloatArray = npt.NDArray[np.float64]
@@ -237,9 +238,9 @@ def metrics(
     cs = model.coord_stage()
     for d in range(model.n_coords):
         per_stage[cs[d]] += float(pi @ rows[:, Q + d])
-    # blocked threads of locked stages, one column per coordinate of such a stage (:mod:`overtake.mdp.lock`)
-    for t, d in enumerate(np.flatnonzero([model.lock_of(int(i)) is not None for i in cs])[: rows.shape[1] - Q - model.n_coords]):
-        per_stage[cs[d]] += float(pi @ rows[:, Q + model.n_coords + t])
+    if rows.shape[1] > Q + model.n_coords:  # blocked threads, a column per coordinate of a locked stage
+        for t, d in enumerate(Locks.build(model, Q).twin_coord):
+            per_stage[cs[d]] += float(pi @ rows[:, Q + model.n_coords + t])
     dist = np.bincount(K, weights=pi)
     return PolicyMetrics(
         mean_response_time=EN / lam_eff,

@@ -105,6 +105,7 @@ class Locks:
     def within(self, rows: IntArray) -> BoolArray:
         """Rows whose progressing threads respect every lock's capacity."""
         ok: BoolArray = np.ones(rows.shape[0], dtype=bool)
-        for d in np.unique([int(c[0]) for c, cap in zip(self.stage_coords, self.coord_cap) if cap > 0]):
-            ok &= self.holders(rows, int(d)) <= self.coord_cap[d]
+        firsts = {int(self.stage_coords[d][0]) for d in self.twin_coord}  # one coordinate per locked stage
+        for d in sorted(firsts):
+            ok &= self.holders(rows, d) <= self.coord_cap[d]
         return ok

@@ -132,3 +132,12 @@ def test_scenario_lock_field() -> None:
         TandemModel(0.5, (H2,), locks=(0,))
     with pytest.raises(ModelError, match="locks: a stage with a lock"):
         solve(model, phase_info="none")
+
+
+def test_lock_module_doctest() -> None:
+    import doctest
+
+    from overtake.mdp import lock
+
+    res = doctest.testmod(lock)
+    assert res.attempted > 0 and res.failed == 0
