@@ -37,6 +37,10 @@ at the same threshold replaces the module in both arms), ``sidecar`` (the sideca
 auto mode in front of a plain Apache: admission alone) and ``modqos`` (mod_qos,
 ``QS_LocRequestLimitMatch`` of --qos-cap per stage; it rejects beyond the cap).
 
+Where the probe says previews run one at a time, the document's ``model.lock`` holds the model
+with the database lock's predictions for the arms (bench/mediawiki/lock_model.py): the preview
+stage holds a lock of capacity 1, a preview started while another holds it waits in its worker.
+
 Figures per arm: mean and p99 response time (successful transactions after a 5 % warm-up),
 failures, CPU seconds in Apache and php-fpm, the module's and the sidecar's counters, and what
 Apache saw (time per stage, slowdown against the idle time, previews that overlapped another
@@ -66,7 +70,7 @@ from typing import Any
 
 import numpy as np
 from _report import append_run, halt_polling, run_record
-from mediawiki import product, server, stats, wiki, workload
+from mediawiki import lock_model, product, server, stats, wiki, workload
 from mediawiki.pages import Recipe, article_title, draw_units
 
 from overtake.controller.harness import php_fpm
@@ -474,6 +478,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def lock_prediction(cal: dict[str, Any], model: dict[str, Any], rate: float, php: str,
+                    requests: int = 200_000) -> dict[str, Any] | None:
+    """The model with the database lock (bench/mediawiki/lock_model.py) where the calibration's
+    probe says previews run one at a time, else None: its predictions for the arms, with and
+    without the lock, from the fits and the age threshold the product solved with."""
+    probe = cal.get("serialisation_probe") or {}
+    if "preview" not in probe or not lock_model.serialises(float(probe["preview"]), int(probe["k"])):
+        return None
+    fits = {s: {"alpha": model["fits"][s]["alpha"], "T": model["fits"][s]["T"]} for s in ("preview", "view")}
+    return lock_model.predict(fits, rate, php, threshold_s=model.get("threshold_s"), requests=requests)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Set-up, calibration, the model, the runs: the bench's document."""
     if os.geteuid() != 0:
@@ -499,6 +515,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if any(ARM_SPECS[a].needs_model for a in args.arms):
                 b.model = product.prepare_model(b.tmp / "model", {"preview": b.idle_preview, "view": b.idle_view}, rate)
                 say(f"model: age threshold {b.model.threshold_s * 1e3:.1f} ms; predicted {b.model.summary()['predicted']}")
+            locked = lock_prediction(cal, b.model.summary(), rate, args.php) if b.model else None
+            if locked is not None:
+                say(f"model with the preview lock: default {locked['lock']['default']:.3f} s, "
+                    f"passthrough+age {locked['lock'].get('passthrough+age', float('nan')):.3f} s")
             runs = [one_run(k, b, rate) for k in range(args.runs)]
         finally:
             os.sched_setaffinity(0, set(cores))
@@ -508,7 +528,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"runs": runs, "across_runs": across_runs(runs, args.arms), "php": args.php, "stack": stack,
             "load": args.load, "transactions": args.transactions, "arms": args.arms, "seed": args.seed,
             "arrival_rate": rate, "qos_cap": args.qos_cap, "timeout": args.timeout, "calibration": cal,
-            "model": b.model.summary() if b.model else None, "wiki": stamp | {"units": b.units.tolist()},
+            "model": b.model.summary() | {"lock": locked} if b.model else None, "wiki": stamp | {"units": b.units.tolist()},
             "recipe": asdict(recipe), "cores": {"server": args.server_core, "client": args.client_core},
             "halt_poll_ns": hp, "load_before": load_before, "load_after": os.getloadavg()[0],
             "seconds": time.time() - started}

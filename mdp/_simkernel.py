@@ -27,6 +27,11 @@ Service (``svc_mode``): 0 PH — the label *is* the phase; sojourns Exp(μ_d) in
 jumps by the embedded chain. 1 given work — the request's stage work ``work[r, i]`` is fixed;
 its label path is a PH path from ``label0[r, i]`` whose time axis is stretched to end exactly
 at the work (for hyper-exponential fits the label never changes).
+
+Locks (``lock_cap``, per stage; :mod:`overtake.mdp.lock`): a thread started in a stage whose
+``lock_cap`` holders are all present joins the stage's FIFO of blocked threads; it counts as a
+thread (K, what the policy and the thread cap see) but not in the processor's share (Kr), and
+its service starts when a holder leaves the stage. PH service only.
 """
 
 from __future__ import annotations
@@ -115,6 +120,30 @@ def _level_rates(nlev, w, K, cores, overhead, out):  # type: ignore[no-untyped-d
 
 
 @njit(cache=True)
+def _fifo_append(head, tail, nxt, q, x):  # type: ignore[no-untyped-def]
+    """Append ``x`` to FIFO ``q`` (linked through ``nxt``)."""
+    nxt[x] = -1
+    if tail[q] >= 0:
+        nxt[tail[q]] = x
+    else:
+        head[q] = x
+    tail[q] = x
+
+
+@njit(cache=True)
+def _start_ph(s, lab, i, Vl, lv_start, lv_thr, n_lv, slot_lv, nlev, thr_v, ev_v, mu, hv2, hs2, hsz):  # type: ignore[no-untyped-def]
+    """Start the PH service of slot ``s`` (label ``lab``, stage ``i``) now: its level, its first
+    phase event on that level's clock."""
+    lv = lv_start[lab]
+    slot_lv[s] = lv
+    nlev[lv] += 1
+    V = Vl[lv]
+    thr_v[s] = V + lv_thr[i, lv] if lv < n_lv - 1 else np.inf
+    ev_v[s] = V + np.random.exponential(1.0) / mu[lab]
+    hsz[lv] = _heap_push(hv2[lv], hs2[lv], hsz[lv], min(ev_v[s], thr_v[s]), s)
+
+
+@njit(cache=True)
 def _pick(cum, row, ncols):  # type: ignore[no-untyped-def]
     u = np.random.random()
     for c in range(ncols):
@@ -178,6 +207,7 @@ def run_kernel(  # type: ignore[no-untyped-def]
     max_slots,
     lv_w, lv_thr, lv_start, lv_area,
     route_cum, route_q0, queue_alpha_cum,
+    lock_cap,
 ):
     np.random.seed(seed)
     N = stage_off.size - 1
@@ -233,9 +263,15 @@ def run_kernel(  # type: ignore[no-untyped-def]
     row = np.zeros(L, np.int64)
     cnt = np.zeros(max(Q, D), np.int64)
     caps_room = np.zeros(N, np.int64)
+    # locks: per stage its holders and a FIFO of blocked slots (they hold a thread, use no CPU)
+    held = np.zeros(N, np.int64)
+    blk_head = np.full(N, -1, np.int64)
+    blk_tail = np.full(N, -1, np.int64)
+    blk_next = np.full(max_slots, -1, np.int64)
 
     t = 0.0
-    K = 0
+    K = 0  # threads, blocked ones included: what the policy and the thread cap count
+    Kr = 0  # threads progressing: what shares the processor
     next_arr = np.random.exponential(1.0 / lam)
     n_arr = 0
     inf = np.inf
@@ -243,11 +279,11 @@ def run_kernel(  # type: ignore[no-untyped-def]
         # ---- next event --------------------------------------------------------------
         lv_ev = 0
         if n_lv == 1:
-            r = _cap(K, cores, overhead) / K if K > 0 else 0.0
+            r = _cap(Kr, cores, overhead) / Kr if Kr > 0 else 0.0
             rl[0] = r
-            dt_thr = (hv2[0, 0] - Vl[0]) / r if K > 0 else inf
+            dt_thr = (hv2[0, 0] - Vl[0]) / r if Kr > 0 else inf
         else:
-            _level_rates(nlev, lv_w, K, cores, overhead, rl)
+            _level_rates(nlev, lv_w, Kr, cores, overhead, rl)
             dt_thr = inf
             for lv in range(n_lv):
                 if nlev[lv] > 0 and rl[lv] > 0.0:
@@ -271,7 +307,7 @@ def run_kernel(  # type: ignore[no-untyped-def]
                 lv_area[lv] += nlev[lv] * dt
         t += dt
         if n_lv == 1:
-            if K > 0:
+            if Kr > 0:
                 Vl[0] += rl[0] * dt
         else:
             for lv in range(n_lv):
@@ -340,11 +376,23 @@ def run_kernel(  # type: ignore[no-untyped-def]
             if completes:
                 kc[d] -= 1
                 K -= 1
+                Kr -= 1
                 nlev[lv_ev] -= 1
                 i_old = stage[req]
                 ks[i_old] -= 1
                 free[n_free] = s
                 n_free += 1
+                held[i_old] -= 1
+                s3 = blk_head[i_old]
+                if s3 >= 0:
+                    # the lock passes to the oldest blocked thread of the stage: its service starts
+                    blk_head[i_old] = blk_next[s3]
+                    if blk_head[i_old] < 0:
+                        blk_tail[i_old] = -1
+                    held[i_old] += 1
+                    Kr += 1
+                    _start_ph(s3, label[slot_req[s3]], i_old, Vl, lv_start, lv_thr, n_lv, slot_lv, nlev, thr_v, ev_v,
+                              mu, hv2, hs2, hsz)
                 if req >= n_warm and req < n_warm + n_meas:
                     stage_soj[i_old] += t - enter_t[req]
                 if i_old + 1 < N:
@@ -370,12 +418,7 @@ def run_kernel(  # type: ignore[no-untyped-def]
                 lab = stage_off[i_new] + label0[req, i_new]
             label[req] = lab
             q = i_new if qmode == 0 else (lab if qmode == 1 else qr)
-            nxt[req] = -1
-            if q_tail[q] >= 0:
-                nxt[q_tail[q]] = req
-            else:
-                q_head[q] = req
-            q_tail[q] = req
+            _fifo_append(q_head, q_tail, nxt, q, req)
             wq[q] += 1
         # ---- decision epoch: the policy sees (waiting per queue, threads per coordinate) --
         while qmode != 2 or seen:
@@ -439,6 +482,12 @@ def run_kernel(  # type: ignore[no-untyped-def]
                     ks[i2] += 1
                     K += 1
                     started += 1
+                    if held[i2] >= lock_cap[i2]:
+                        # the stage's lock is full: the thread waits for it, holding its slot
+                        _fifo_append(blk_head, blk_tail, blk_next, i2, s2)
+                        continue
+                    held[i2] += 1
+                    Kr += 1
                     lv2 = lv_start[lab2]
                     slot_lv[s2] = lv2
                     nlev[lv2] += 1

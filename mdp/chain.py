@@ -18,6 +18,7 @@ import numpy.typing as npt
 import scipy.sparse as sp
 
 from .errors import TruncationError
+from .lock import Locks
 from .model import TandemModel
 from .statespace import Layout, Ranker, event_tables, share_tables, transitions, uniformization_rate
 
@@ -37,12 +38,13 @@ class Chain:
 
 
 def _apply_rule(
-    layout: Layout, rows: IntArray, prob: FloatArray, src: IntArray, rule: Rule, k_max: int
+    layout: Layout, rows: IntArray, prob: FloatArray, src: IntArray, rule: Rule, k_max: int, locks: Locks
 ) -> tuple[IntArray, FloatArray, IntArray]:
-    """Take pre-decision states to post-decision states (with branching on random phases)."""
+    """Take pre-decision states to post-decision states (with branching on random phases); the rule
+    sees :meth:`Locks.fold` of each state, a thread started into a full lock is blocked."""
     Q = layout.n_queues
     done_rows, done_prob, done_src = [], [], []
-    counts = rule(rows)
+    counts = rule(locks.fold(rows))
     for _ in range(10_000):
         counts = np.minimum(counts, rows[:, :Q])
         room = k_max - rows[:, Q:].sum(axis=1)
@@ -60,7 +62,7 @@ def _apply_rule(
                 ((d, _),) = layout.spawn[q]
                 rows = rows.copy()
                 rows[:, q] -= take
-                rows[:, Q + d] += take
+                locks.place(rows, d, take)
             counts = np.zeros_like(counts)
             continue
         q_first = np.argmax(counts > 0, axis=1)
@@ -72,14 +74,14 @@ def _apply_rule(
             for d, p in layout.spawn[q]:
                 r = rows[sel].copy()
                 r[:, q] -= 1
-                r[:, Q + d] += 1
+                locks.place(r, d, np.ones(r.shape[0], dtype=np.int64))
                 new_rows.append(r)
                 new_prob.append(prob[sel] * p)
                 new_src.append(src[sel])
         rows = np.concatenate(new_rows)
         prob = np.concatenate(new_prob)
         src = np.concatenate(new_src)
-        counts = rule(rows)
+        counts = rule(locks.fold(rows))
     return np.concatenate(done_rows), np.concatenate(done_prob), np.concatenate(done_src)
 
 
@@ -111,11 +113,14 @@ def build_chain(
         if chain is not None:
             return chain
 
+    locks = Locks.build(model, layout.n_queues)
+
     def step(frontier: IntArray) -> tuple[IntArray, FloatArray, IntArray]:
         s, pre, r = transitions(model, layout, frontier, C)
-        return _apply_rule(layout, pre, r, s, rule, k_max)
+        return _apply_rule(layout, pre, r, s, rule, k_max, locks)
 
-    return breadth_first(model, layout, step, max_requests=C, k_max=k_max, max_states=max_states)
+    return breadth_first(model, layout, step, max_requests=C, k_max=k_max, max_states=max_states,
+                         width=layout.n_queues + model.n_coords + locks.n_twins)
 
 
 #: one breadth-first step: the transitions out of ``frontier`` as (post-decision rows, rates,
@@ -124,15 +129,17 @@ Step = Callable[[IntArray], tuple[IntArray, FloatArray, IntArray]]
 
 
 def breadth_first(model: TandemModel, layout: Layout, step: Step, *, max_requests: int, k_max: int,
-                  max_states: int) -> Chain:
+                  max_states: int, width: int | None = None) -> Chain:
     """The chain of the states ``step`` reaches from the empty system, uniformized at the rate of
     ``k_max`` threads (shared by :func:`build_chain` and the observation chains of
-    :mod:`overtake.mdp.observation`)."""
+    :mod:`overtake.mdp.observation`); ``width``: the state rows' columns (Q + D, and one per
+    blocked-thread column of a model with locks, :mod:`overtake.mdp.lock`)."""
     Q, D = layout.n_queues, model.n_coords
+    L = Q + D if width is None else width
     C = max_requests
-    ranker = Ranker(Q + D, C)
+    ranker = Ranker(L, C)
     lam_u = uniformization_rate(model, k_max)
-    zero = np.zeros((1, Q + D), dtype=np.int64)
+    zero = np.zeros((1, L), dtype=np.int64)
     known_keys = ranker.rank(zero)
     all_rows = [zero]
     frontier = zero
@@ -208,7 +215,7 @@ def _build_compiled(model: TandemModel, layout: Layout, rule: Rule, C: int, k_ma
                     force: bool = False) -> Chain | None:
     """:func:`build_chain` by _kernels_jit.chain_bfs; None where that does not apply (or would
     import numba just for this, unless ``force``)."""
-    if layout.action_queue is not None:
+    if layout.action_queue is not None or model.has_lock:  # the compiled search has no blocked threads
         return None
     spec = _rule_tables(rule, layout, model)
     if spec is None:

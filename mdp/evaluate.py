@@ -22,6 +22,7 @@ import scipy.sparse as sp
 
 from .anderson import AndersonMixer
 from .errors import SolverError
+from .lock import Locks
 from .model import TandemModel
 
 FloatArray = npt.NDArray[np.float64]
@@ -223,7 +224,8 @@ def metrics(
     pi: FloatArray,
     max_requests: int,
 ) -> PolicyMetrics:
-    """Performance measures from a stationary law over (w, k) state rows."""
+    """Performance measures from a stationary law over (w, k) state rows, or (w, k, b) with blocked
+    threads b of a model with locks (threads all the same)."""
     Q = queue_stage.size
     n_tot = rows.sum(axis=1)
     K = rows[:, Q:].sum(axis=1)
@@ -236,6 +238,9 @@ def metrics(
     cs = model.coord_stage()
     for d in range(model.n_coords):
         per_stage[cs[d]] += float(pi @ rows[:, Q + d])
+    if rows.shape[1] > Q + model.n_coords:  # blocked threads, a column per coordinate of a locked stage
+        for t, d in enumerate(Locks.build(model, Q).twin_coord):
+            per_stage[cs[d]] += float(pi @ rows[:, Q + model.n_coords + t])
     dist = np.bincount(K, weights=pi)
     return PolicyMetrics(
         mean_response_time=EN / lam_eff,

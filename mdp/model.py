@@ -177,6 +177,19 @@ class Stage:
         return hash((self.name, self.alpha.tobytes(), self.T.tobytes()))
 
 
+def _checked_locks(locks: Any, n_stages: int) -> tuple[int | None, ...]:
+    """``locks`` as a tuple of one capacity (an integer >= 1) or None per stage."""
+    out = tuple(locks)
+    if len(out) != n_stages:
+        raise ModelError(f"locks: one entry per stage ({n_stages}), got {len(out)}; give None for a stage "
+                         "without a lock")
+    for i, m in enumerate(out):
+        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 1):
+            raise ModelError(f"locks[{i}]: the number of requests that may hold the stage's lock at once, an "
+                             f"integer >= 1 (1 for a database write lock), or None for no lock; got {m!r}")
+    return tuple(None if m is None else int(m) for m in out)
+
+
 @dataclass(frozen=True)
 class TandemModel:
     """The paper's tandem: Poisson(λ) arrivals, N PH stages, one shared processor.
@@ -198,6 +211,11 @@ class TandemModel:
         processor sharing. With phases that do not move (hyperexponential stages) this is the
         CPU priority by start phase (class priority, :mod:`overtake.mdp.priority_classes`).
         One core only.
+    locks
+        Per stage, the capacity m of a serialising resource the stage's whole service holds (a
+        database write lock: m = 1), or None for a stage without one. At most m requests progress
+        in a locked stage; the others started there hold their thread, blocked, using no CPU, and
+        take the lock in turn (:mod:`overtake.mdp.lock`). None: no stage has a lock.
     """
 
     arrival_rate: float
@@ -205,6 +223,7 @@ class TandemModel:
     cores: int = 1
     overhead: float = 0.0
     weights: tuple[float, ...] | None = None
+    locks: tuple[int | None, ...] | None = None
     offsets: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -227,6 +246,17 @@ class TandemModel:
             if self.cores != 1:
                 raise ModelError("weights: weighted CPU sharing is modelled on one core; set cores: 1")
             object.__setattr__(self, "weights", w)
+        if self.locks is not None:
+            object.__setattr__(self, "locks", _checked_locks(self.locks, len(self.stages)))
+
+    @property
+    def has_lock(self) -> bool:
+        """Whether some stage holds a serialising resource (``locks``)."""
+        return self.locks is not None and any(m is not None for m in self.locks)
+
+    def lock_of(self, stage: int) -> int | None:
+        """The lock capacity of ``stage`` (None: no lock)."""
+        return None if self.locks is None else self.locks[stage]
 
     # ---- sizes and coordinates -------------------------------------------------------------
     @property

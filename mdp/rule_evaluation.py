@@ -131,7 +131,7 @@ def evaluate_baseline(
     warm = WarmStarts()
 
     def ev(C: int) -> PolicyMetrics:
-        if kmax is None and model.weights is None:  # π(∞) under PS: a symmetric queue, exact in O(C)
+        if kmax is None and model.weights is None and not model.has_lock:  # π(∞) under PS: a symmetric queue
             return ps_metrics(model, C)
         return evaluate_rule(model, layout, rule, max_requests=C, max_threads=kmax, warm=warm)
 

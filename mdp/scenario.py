@@ -6,7 +6,8 @@ or ``arrival_rate``; ``stages`` (``{name, service}``, service one of ``exponenti
 does the I/O); optional ``cores``, ``overhead``, ``max_threads``, ``truncation``, ``tolerance``,
 ``phase_info`` (what the policy may see: ``full``, ``start``, ``none`` or ``route``) and, per stage,
 ``routes`` (``{name, weight, alpha}``: observable route classes with their own start-phase prior,
-:mod:`overtake.mdp.routes`) and ``time_unit`` (seconds per unit of the service times, or ``model``:
+:mod:`overtake.mdp.routes`), ``lock`` (requests that may hold the stage's serialising resource at
+once, :mod:`overtake.mdp.lock`) and ``time_unit`` (seconds per unit of the service times, or ``model``:
 :attr:`Scenario.time_unit`, which ``overtake solve`` stores in the policy for the sidecar).
 Every validation error becomes one :class:`~overtake.mdp.errors.ModelError` line naming the field.
 """
@@ -101,6 +102,16 @@ class StageSpec(_Strict):
     name: str = Field(min_length=1)
     service: Service
     routes: list[RouteSpec] | None = Field(default=None, min_length=1)
+    #: requests that may hold the stage's serialising resource at once (:mod:`overtake.mdp.lock`)
+    lock: int | None = None
+
+    @field_validator("lock", mode="before")
+    @classmethod
+    def _lock(cls, v: Any) -> Any:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 2000):
+            raise ValueError(f"the number of requests that may hold the stage's lock at once, an integer >= 1 "
+                             f"(1 for a database write lock); omit it for a stage without a lock, got {v!r}")
+        return v
 
 
 class TruncationSpec(_Strict):
@@ -165,7 +176,8 @@ class Scenario(_Strict):
             raise ModelError(f"stages: names must be unique, got {names}")
         work = sum(s.mean() for s in stages)
         lam = self.arrival_rate if self.arrival_rate is not None else float(self.load) / work  # type: ignore[arg-type]
-        model = TandemModel(lam, tuple(stages), cores=self.cores, overhead=self.overhead)
+        locks = tuple(s.lock for s in self.stages) if any(s.lock is not None for s in self.stages) else None
+        model = TandemModel(lam, tuple(stages), cores=self.cores, overhead=self.overhead, locks=locks)
         model.check_stable(self.max_threads)
         if self.arrival_rate is not None and model.load > MAX_LOAD:
             raise ModelError(f"arrival_rate: gives load {model.load:.6g} > {MAX_LOAD}; an exact solve's truncation "

@@ -387,6 +387,9 @@ def simulate(
         lv_w = np.asarray(cpu_priority.weights, dtype=float)
         lv_thr = np.asarray(cpu_priority.thresholds, dtype=float).reshape(N, cpu_priority.levels - 1)
     lv_area = np.zeros(lv_w.size)
+    if model.has_lock and service is not None:
+        raise ModelError("locks: the simulator runs a stage with a lock on the model's PH service; drop service= "
+                         "(--service-from) or the lock")
     cs, off, alpha_cum, mu, jump_cum = _tables(model)
     n_warm = int(round(warmup * requests))
     n_meas = int(requests)
@@ -461,6 +464,7 @@ def simulate(
         int(max_threads),
         lv_w, np.ascontiguousarray(lv_thr), lv_start, lv_area,
         route_cum, route_q0, queue_alpha_cum,
+        np.array([(1 << 62) if model.lock_of(i) is None else model.lock_of(i) for i in range(N)], dtype=np.int64),
     )
     resp, stage_soj, stage_wait, area_K, area_N, area_ks, window, events, overflow, done = out
     if overflow:

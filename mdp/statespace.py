@@ -31,6 +31,7 @@ import numpy.typing as npt
 import scipy.sparse as sp
 
 from .errors import TruncationError
+from .lock import Locks
 from .model import TandemModel
 
 IntArray = npt.NDArray[np.int64]
@@ -231,13 +232,16 @@ def transitions(
     Q = layout.n_queues
     S = rows.shape[0]
     n_tot = rows.sum(axis=1)
-    K = rows[:, Q:].sum(axis=1)
+    QD = Q + model.n_coords
+    locks = Locks.build(model, Q) if rows.shape[1] > QD else None
+    # blocked threads (columns past QD, :mod:`overtake.mdp.lock`) take no share of the processor
+    K = rows[:, Q:QD].sum(axis=1)
     if model.weights is None:  # processor sharing: c(K)/K each
         per_thread = np.where(K > 0, model.capacity(K) / np.maximum(K, 1), 0.0)
         w_of = np.ones(model.n_coords)
     else:  # weighted sharing: c(K)·w_d / Σ k_d' w_d' each
         w_of = np.asarray(model.weights)
-        W = rows[:, Q:] @ w_of
+        W = rows[:, Q:QD] @ w_of
         per_thread = np.where(W > 0, model.capacity(K) / np.where(W > 0, W, 1.0), 0.0)
     srcs: list[IntArray] = []
     dsts: list[IntArray] = []
@@ -267,15 +271,31 @@ def transitions(
                 if l != j and st.T[j, l] > 0:
                     add(active, ((Q + d, -1), (Q + model.coord(i, l), 1)), base * st.T[j, l])
             if t_exit[j] > 0:
-                if i + 1 < model.n_stages:
-                    for q, p in layout.entry[i + 1]:
-                        add(active, ((Q + d, -1), (q, 1)), base * t_exit[j] * p)
-                else:
-                    add(active, ((Q + d, -1),), base * t_exit[j])
+                nexts = (tuple(((Q + d, -1), (q, 1)) for q, _ in layout.entry[i + 1]) if i + 1 < model.n_stages
+                         else (((Q + d, -1),),))
+                probs = tuple(p for _, p in layout.entry[i + 1]) if i + 1 < model.n_stages else (1.0,)
+                for moves, p in zip(nexts, probs, strict=True):
+                    for extra, share in _handover(locks, rows, d):
+                        add(active, moves + extra, base * t_exit[j] * p * share)
     if not srcs:
         empty = np.zeros(0, np.int64) if index is not None else np.zeros((0, rows.shape[1]), np.int64)
         return np.zeros(0, np.int64), empty, np.zeros(0)
     return np.concatenate(srcs), np.concatenate(dsts), np.concatenate(rates)
+
+
+def _handover(locks: Locks | None, rows: IntArray, d: int) -> list[tuple[tuple[tuple[int, int], ...], FloatArray]]:
+    """What else happens when a thread of coordinate ``d`` leaves its stage: (column moves, share of
+    the rate) per outcome. In a locked stage with blocked threads one of them takes the lock,
+    each with equal chance (:mod:`overtake.mdp.lock`); otherwise nothing."""
+    if locks is None or locks.coord_twin[d] < 0:
+        return [((), np.ones(rows.shape[0]))]
+    twins = [int(c) for c in locks.stage_coords[d]]
+    blocked = rows[:, [locks.twin_col(c) for c in twins]]
+    B = blocked.sum(axis=1)
+    out: list[tuple[tuple[tuple[int, int], ...], FloatArray]] = [((), (B == 0).astype(np.float64))]
+    for t, c in enumerate(twins):
+        out.append((((locks.twin_col(c), -1), (locks.n_queues + c, 1)), blocked[:, t] / np.maximum(B, 1)))
+    return out
 
 
 def event_tables(model: TandemModel, layout: Layout) -> tuple[IntArray, IntArray, FloatArray]:
@@ -350,7 +370,9 @@ def _enumerate(Q: int, D: int, cap: int, k_max: int) -> IntArray:
 def count_states(model: TandemModel, trunc: Truncation, phase_info: PhaseInfo | Layout = "full") -> int:
     """Number of states of the truncated MDP, computed without enumerating them: with Q queues and D
     coordinates, Σ_{s ≤ K} C(s + D − 1, D − 1) · C(C − s + Q, Q). ``phase_info`` may be the layout
-    itself (the ``route`` one, whose queues depend on the route split)."""
+    itself (the ``route`` one, whose queues depend on the route split). With locks
+    (:mod:`overtake.mdp.lock`) the space leaves out the states a full lock refuses: this is then
+    an upper bound."""
     if isinstance(phase_info, Layout):
         Q = phase_info.n_queues
     elif phase_info == "route":
@@ -379,7 +401,12 @@ class StateSpace:
         self.cap = trunc.max_requests
         self.k_max = trunc.k_max
         self.ranker = Ranker(self.Q + self.D, self.cap)
-        self.rows = _enumerate(self.Q, self.D, self.cap, self.k_max)
+        rows = _enumerate(self.Q, self.D, self.cap, self.k_max)
+        if model.has_lock:
+            # the policy starts a thread in a locked stage only while its lock has room
+            # (:mod:`overtake.mdp.lock`): the states beyond are never reached
+            rows = rows[Locks.build(model, self.Q).within(rows)]
+        self.rows = rows
         self.keys = self.ranker.rank(self.rows)
         if np.any(np.diff(self.keys) <= 0):  # lexicographic enumeration ⇒ strictly increasing ranks
             raise AssertionError("state enumeration is not in rank order")
@@ -489,7 +516,8 @@ class StateSpace:
                     nr = self.rows[ok].copy()
                     nr[:, q] -= 1
                     nr[:, self.Q + d] += 1
-                    nb[ok] = self.index(nr)
+                    # find: a start a full lock refuses is no action (−1)
+                    nb[ok] = self.find(nr) if self.model.has_lock else self.index(nr)
                 lst.append((nb, p))
             out.append(lst)
         return out

@@ -286,10 +286,46 @@ def test_end_to_end_on_a_tiny_trace(apache_available: None, capsys: pytest.Captu
 
 
 def test_php_prio_settings_load_the_extension_at_the_solved_threshold(tmp_path: Path) -> None:
-    from mediawiki import server
-
     ini = server.php_prio_settings(tmp_path / "overtake_prio.so", 0.0426, tmp_path / "stats")
     assert ini["overtake_prio.threshold_ms"] == "43" and ini["overtake_prio.idle"] == "1"
     assert ini["extension"].endswith("overtake_prio.so")
     with pytest.raises(ValueError, match="threshold_s"):
         server.php_prio_settings(tmp_path / "x.so", 0.0, tmp_path / "stats")
+
+
+# --------------------------------------------------------------------------- the model with the lock
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results" / "realapp.jsonl"
+
+
+def _recorded(php: str, date: str) -> dict:
+    for line in RESULTS.read_text().splitlines():
+        doc = json.loads(line)
+        if doc["figures"]["php"] == php and doc["date"].startswith(date):
+            return doc["figures"]
+    raise AssertionError(f"no recorded {php} run of {date}")
+
+
+def test_lock_prediction_only_where_previews_serialise() -> None:
+    lock_model = bench_module("mediawiki.lock_model")
+    assert lock_model.serialises(0.69, 4) and lock_model.serialises(0.625, 4)
+    assert not lock_model.serialises(0.80, 4) and not lock_model.serialises(1.0, 4)
+    fig = _recorded("fpm", "2026-11-27T10:48")
+    cal = {**fig["calibration"], "serialisation_probe": {**fig["calibration"]["serialisation_probe"], "preview": 0.95}}
+    assert realapp.lock_prediction(cal, fig["model"], fig["arrival_rate"], "fpm") is None
+
+
+def test_lock_prediction_of_a_recorded_fpm_run() -> None:
+    """The recorded fpm run of 10:48 (php-fpm's 5 children): with the lock the model's default is
+    above the processor-sharing prediction recorded with the run and within 15 % of the measured
+    mean; the optimum with the lock is no worse than the default."""
+    fig = _recorded("fpm", "2026-11-27T10:48")
+    model = {**fig["model"], "threshold_s": None}  # no age simulation: the exact figures only
+    got = realapp.lock_prediction(fig["calibration"], model, fig["arrival_rate"], "fpm")
+    assert got is not None
+    lock = got["lock"]
+    measured = fig["across_runs"]["default"]["mean"]["mean"]
+    assert lock["default"] > 1.1 * fig["model"]["predicted"]["pi(inf)"]
+    assert abs(lock["default"] - measured) <= 0.15 * measured
+    assert lock["optimum"] <= lock["default"]
+    assert got["no_lock"]["default"] < lock["default"]

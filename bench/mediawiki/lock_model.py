@@ -1,0 +1,89 @@
+"""The wiki's model with its database lock: what Overtake's model predicts once previews serialise.
+
+MediaWiki on SQLite runs every POST in an IMMEDIATE transaction, so a preview holds the database
+write lock from start to end: the preview stage is a stage with a lock of capacity 1
+(:mod:`overtake.mdp.lock`). A preview started while another holds the lock waits inside its PHP
+worker (a prefork child, or one of php-fpm's ``pm.max_children``), holding it, using no CPU.
+
+:func:`predict` takes the bench's recorded fits (``overtake fit`` of the idle preview and view
+times), the trace's arrival rate and the PHP stack, and returns the model's mean response time per
+transaction for
+
+* ``default``: Apache's default, every request started at once up to the stack's worker limit
+  (prefork's ``MaxRequestWorkers`` does not bind at this load; php-fpm's 5 children do), exact;
+* ``passthrough+age``: the same admission with mod_overtake_prio's age priority at the solved
+  threshold (SCHED_IDLE beyond it), simulated: the chain has no exact form with age levels. A
+  demoted preview still holds the lock, so the previews blocked behind it wait on a thread that
+  runs at the idle weight (the priority inversion the bench measured);
+* ``optimum``: π* of the MDP with the lock, phases known at a thread's start (``start``), under
+  the stack's worker limit: it never starts a preview while another holds the lock, so writers
+  wait in the sidecar, not in a worker;
+
+and, for comparison, the same figures without the lock (the pure processor-sharing tandem).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from overtake.mdp import Stage, TandemModel, solve
+from overtake.mdp.priority import age_priority
+from overtake.mdp.rule_evaluation import evaluate_baseline
+from overtake.mdp.simulation import simulate
+
+__all__ = ["WORKERS", "predict", "serialises", "stack_model"]
+
+#: PHP workers a stack runs at most: prefork's MaxRequestWorkers, php-fpm's pm.max_children
+WORKERS = {"prefork": 150, "fpm": 5}
+
+
+def stack_model(fits: Mapping[str, Mapping[str, Any]], arrival_rate: float, *, lock: bool = True) -> TandemModel:
+    """The tandem preview → view of the recorded fits (seconds), the preview stage locked (capacity 1)."""
+    stages = tuple(Stage(name, np.asarray(fits[name]["alpha"], dtype=float), np.asarray(fits[name]["T"], dtype=float))
+                   for name in ("preview", "view"))
+    return TandemModel(float(arrival_rate), stages, locks=(1, None) if lock else None)
+
+
+def serialises(probe: float, k: int) -> bool:
+    """Whether the serialisation probe (``k`` identical requests at once, their mean completion
+    over the last one's) says the requests ran one at a time: (k + 1)/(2k) then, 1 under processor
+    sharing; a value in the lower quarter between the two counts as serial (the bench's previews
+    give 0.67–0.69 for k = 4, its views 0.80–0.97)."""
+    serial = (k + 1) / (2 * k)
+    return probe <= serial + 0.25 * (1 - serial)
+
+
+def _baseline(php: str) -> str:
+    return "pi(inf)" if php == "prefork" else f"pi({WORKERS[php]})"
+
+
+def predict(fits: Mapping[str, Mapping[str, Any]], arrival_rate: float, php: str, *, threshold_s: float | None = None,
+            requests: int = 200_000, seed: int = 7, tol: float = 2e-3, without_lock: bool = True) -> dict[str, Any]:
+    """Mean response time (s) per transaction the model predicts for the arms (module docstring).
+
+    ``threshold_s``: the age threshold of mod_overtake_prio (None: no ``passthrough+age``).
+    Returns ``{"lock": {...}, "no_lock": {...}}`` (``no_lock`` only with ``without_lock``) with
+    ``default``, ``optimum`` (and its thread cap) and, with a threshold, ``passthrough+age`` and its
+    95 % half-width.
+    """
+    if php not in WORKERS:
+        raise ValueError(f"php: one of {', '.join(WORKERS)}, got {php!r}")
+    out: dict[str, Any] = {}
+    for key, lock in (("lock", True), ("no_lock", False))[: 2 if without_lock else 1]:
+        model = stack_model(fits, arrival_rate, lock=lock)
+        base = evaluate_baseline(model, _baseline(php), tol=tol).metrics
+        opt = solve(model, phase_info="start", tol=tol, max_states=400_000)
+        fig: dict[str, Any] = {"default": base.mean_response_time, "optimum": opt.metrics.mean_response_time,
+                               "optimum_threads": opt.truncation.k_max}
+        if threshold_s is not None:
+            prio = age_priority(model, [threshold_s])
+            cap = None if php == "prefork" else WORKERS[php]
+            sim = simulate(model, "pi(inf)" if cap is None else f"pi({cap})", requests=requests, seed=seed,
+                           cpu_priority=prio)
+            fig["passthrough+age"] = sim.mean_response_time
+            fig["passthrough+age_ci95"] = sim.ci95
+        out[key] = fig
+    return out
