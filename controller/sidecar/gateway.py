@@ -8,7 +8,7 @@ asks :class:`overtake.controller.sidecar.stages.StageTable` for the stage,
 on a keep-alive connection, and releases the permit the moment Apache's *whole* response has
 been received (buffered up to ``response_buffer_bytes``, then streamed; so a slow client never
 holds a stage slot unless the response is larger than the buffer). Responses go to the client
-through the uplink seam (:mod:`overtake.controller.uplink`).
+through the uplink (:mod:`overtake.controller.uplink`).
 
 HTTP handling: keep-alive and pipelining on the client side (requests are answered in order),
 hop-by-hop headers removed both ways (RFC 9110 §7.6.1, incl. those named in ``Connection``),
