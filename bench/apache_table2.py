@@ -76,7 +76,7 @@ from overtake.controller.harness.loadgen import (
     wait_sidecar,
 )
 from overtake.controller.harness.scratch import free_port, scratch_dir
-from overtake.controller.sidecar import twin
+from overtake.controller.sidecar import virtual
 from overtake.mdp import Policy, TandemModel
 from overtake.mdp.priority import DEFAULT_LOW_WEIGHT, CpuPriority, age_priority, class_priority
 from overtake.mdp.priority_classes import model_levels
@@ -131,10 +131,10 @@ def foreign_apaches(core: int, ours: set[int]) -> int:
 
 def ideal_response_times(trace: dict[str, np.ndarray], spec: str, unit: float, mode: str = "explicit",
                          cap: int = 60, routing: str = "next", lever: CpuPriority | None = None) -> np.ndarray:
-    """The trace's ideal twin (controller/sidecar/twin.py): the same transactions through the sidecar's
+    """The trace's ideal twin (controller/sidecar/virtual.py): the same transactions through the sidecar's
     limiter on a processor-sharing CPU with no overheads. Measured − twin is the implementation's
     effect; twin − model is the randomness of this finite trace."""
-    return twin.replay(trace, spec, time_unit=unit, mode=mode, max_inflight=cap, routing=routing, cpu_priority=lever)
+    return virtual.replay(trace, spec, time_unit=unit, mode=mode, max_inflight=cap, routing=routing, cpu_priority=lever)
 
 
 def choose_lever(model: TandemModel, pol: Policy, best_without: float, seed: int, kind: str) -> dict[str, Any]:

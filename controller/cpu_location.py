@@ -5,8 +5,8 @@ mod_overtake_prio changes the priority of Apache's worker threads. Behind PHP-FP
 demotes nothing, yet a sidecar told ``--cpu-priority age`` would go on predicting its gain. So the
 sidecar samples, from ``/proc``, the CPU used by the host's Apache and PHP-FPM processes (their
 own and their reaped children's), exports it, and says once, as a warning, when most of it runs
-in PHP-FPM while the module is the CPU lever in use: the ``overtake_prio`` PHP extension is the
-lever that reaches there.
+in PHP-FPM while the module does the CPU priority: the ``overtake_prio`` PHP extension is what
+reaches there.
 """
 
 from __future__ import annotations
@@ -49,13 +49,13 @@ def cpu_by_group(proc: Path = Path("/proc")) -> dict[str, float]:
 
 
 class CpuLocation(Collector):
-    """The per-group CPU counters, and the check of the CPU lever against them.
+    """The per-group CPU counters, and the check of the CPU priority in use against them.
 
     Parameters
     ----------
-    lever
-        The sidecar's ``cpu_priority`` (``off``, ``age``, ``class``): which lever it relies on.
-    php_lever
+    cpu_priority
+        The sidecar's ``cpu_priority`` (``off``, ``age``, ``class``): which CPU priority it relies on.
+    php_extension
         The ``overtake_prio`` PHP extension's counters are read (``php_stats_file``).
     min_cpu
         CPU seconds, both groups together since the first sample, before the check speaks.
@@ -63,15 +63,15 @@ class CpuLocation(Collector):
         PHP-FPM's share of that CPU above which the module is said not to reach the work.
     """
 
-    def __init__(self, lever: str, *, php_lever: bool = False, min_cpu: float = 5.0, share: float = 0.5,
+    def __init__(self, cpu_priority: str, *, php_extension: bool = False, min_cpu: float = 5.0, share: float = 0.5,
                  proc: Path = Path("/proc")) -> None:
-        self.lever, self.php_lever = lever, php_lever
+        self.cpu_priority, self.php_extension = cpu_priority, php_extension
         self.min_cpu, self.share = min_cpu, share
         self.proc = proc
         self._lock = threading.Lock()
         self._first: dict[str, float] | None = None
         self.last: dict[str, float] = dict.fromkeys(GROUPS, 0.0)
-        #: None until enough CPU was seen; then whether the module's lever reaches most of it
+        #: None until enough CPU was seen; then whether the module reaches most of it
         self.module_reaches: bool | None = None
 
     def sample(self) -> dict[str, float]:
@@ -91,12 +91,12 @@ class CpuLocation(Collector):
         return now
 
     def _say(self, reaches: bool, used: dict[str, float]) -> None:
-        if self.lever == "off" or reaches:
+        if self.cpu_priority == "off" or reaches:
             return
-        fix = ("the overtake_prio PHP extension's counters are exported (php_stats_file): it is the lever there"
-               if self.php_lever else "load the overtake_prio PHP extension into PHP-FPM (docs/howto/php-sites.md) "
+        fix = ("the overtake_prio PHP extension's counters are exported (php_stats_file): it acts there"
+               if self.php_extension else "load the overtake_prio PHP extension into PHP-FPM (docs/howto/php-sites.md) "
                "and give the sidecar its php_stats_file")
-        log.warning(f"cpu_priority {self.lever}: mod_overtake_prio cannot reach most of the CPU: PHP-FPM used "
+        log.warning(f"cpu_priority {self.cpu_priority}: mod_overtake_prio cannot reach most of the CPU: PHP-FPM used "
                     f"{used['php-fpm']:.1f} s against Apache's {used['apache']:.1f} s; {fix}",
                     extra={"event": "cpu_priority_unreachable"})
 
@@ -107,7 +107,7 @@ class CpuLocation(Collector):
         for group, seconds in now.items():
             c.add_metric([group], seconds)
         yield c
-        if self.lever != "off" and self.module_reaches is not None:
+        if self.cpu_priority != "off" and self.module_reaches is not None:
             yield GaugeMetricFamily("overtake_cpu_priority_module_reaches", "1 while most of the server's CPU "
                                     "runs in Apache's processes, where mod_overtake_prio acts; 0 when it runs in "
                                     "PHP-FPM", value=float(self.module_reaches))

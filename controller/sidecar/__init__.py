@@ -19,7 +19,7 @@ load the whole proxy, and the online loop imports the policy and stage modules i
   :mod:`.stages_reload` (what a reload may change);
 * operations: :mod:`.admin` (the control endpoints), :mod:`.metrics` (Prometheus),
   :mod:`.apache_probe` (Apache's status and health);
-* :mod:`.twin`: the limiter on a virtual processor-sharing CPU (tests, benches, the demo).
+* :mod:`.virtual`: the limiter on a virtual processor-sharing CPU (tests, benches, the demo).
 """
 
 from __future__ import annotations

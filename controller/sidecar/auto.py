@@ -1,4 +1,4 @@
-"""``classifier.mode: auto``: run the policy solved for the information the traffic carries (issue 18).
+"""``classifier.mode: auto``: run the policy solved for the information the traffic carries .
 
 A policy is optimal only for what it was solved to see (``phase_info``, :mod:`overtake.mdp.observation`):
 
@@ -18,12 +18,12 @@ predicted E[W] — unless it is not predicted better than Apache's default π(�
 available from the traffic itself: the phase header counts only when nearly every recent stage
 request carried a valid one, route classes only once enough routes have a history.
 
-With the CPU-priority lever in Apache (``--cpu-priority``, issue 20) the exact predictions no
+With mod_overtake_prio's CPU priority in Apache (``--cpu-priority``) the exact predictions no
 longer hold; a policy file solved with ``overtake solve --cpu-priority`` carries simulated ones
-(:mod:`overtake.mdp.lever`): under ``age`` every candidate is weighed by its prediction with age
+(:mod:`overtake.mdp.priority_prediction`): under ``age`` every candidate is weighed by its prediction with age
 priority (one without is not usable) and passthrough by π(∞)'s with it; under ``class`` a
 candidate that sees the phases is weighed by its prediction with short-first classes. Gains are
-always against Apache's default without the lever.
+always against Apache's default without CPU priority.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from overtake.controller.sidecar.policies import SpawnPolicy
 
-__all__ = ["MODE_FOR", "Choice", "Evidence", "choose", "lever_wait"]
+__all__ = ["MODE_FOR", "Choice", "Evidence", "choose", "priority_wait"]
 
 #: the classifier mode that supplies each information level
 MODE_FOR = {"full": "explicit", "start": "explicit", "route": "learned", "none": "hidden"}
@@ -51,47 +51,47 @@ class Choice:
     reason: str
 
 
-def lever_wait(p: SpawnPolicy, lever: str) -> float | None:
-    """``p``'s predicted E[W] with the lever in force (module docstring); None when unknown. A
+def priority_wait(p: SpawnPolicy, cpu_priority: str) -> float | None:
+    """``p``'s predicted E[W] under the CPU priority in force (module docstring); None when unknown. A
     policy solved for class priority is a candidate only under it."""
-    solved = getattr(p, "solved_lever", "off")
+    solved = getattr(p, "solved_priority", "off")
     if solved != "off":
-        return p.predicted_wait if lever == solved else None
-    pred = (getattr(p, "lever", None) or {}).get(lever)
-    if lever == "age":
+        return p.predicted_wait if cpu_priority == solved else None
+    pred = (getattr(p, "priority_predictions", None) or {}).get(cpu_priority)
+    if cpu_priority == "age":
         return float(pred["mean_response_time"]) if pred else None
-    if lever == "class" and pred and p.phase_info == "full":
+    if cpu_priority == "class" and pred and p.phase_info == "full":
         return float(pred["mean_response_time"])
     return p.predicted_wait
 
 
 def choose(candidates: Sequence[SpawnPolicy], available: Collection[str], passthrough: SpawnPolicy, *,
-           margin: float = 0.02, lever: str = "off") -> Choice:
+           margin: float = 0.02, cpu_priority: str = "off") -> Choice:
     """The candidate with the lowest predicted E[W] among those whose information is ``available``.
 
     Passthrough (π(∞), ``mode`` hidden) when no candidate is usable, or when the best one's
     predicted gain (E W(π(∞)) − E W) / E W(π(∞)) is below ``margin``; a candidate without
-    both predictions (an old file, a baseline) is never chosen over passthrough. ``lever``: the
-    CPU-priority lever Apache runs (off, age, class).
+    both predictions (an old file, a baseline) is never chosen over passthrough. ``cpu_priority``:
+    what mod_overtake_prio runs in Apache (off, age, class).
     """
-    with_lever = "" if lever == "off" else f" with {lever} priority"
-    # (policy, predicted E[W], Apache's default without the lever, label)
+    with_priority = "" if cpu_priority == "off" else f" with {cpu_priority} priority"
+    # (policy, predicted E[W], Apache's default without CPU priority, label)
     options: list[tuple[SpawnPolicy, float, float, str]] = []
     for p in candidates:
-        w = lever_wait(p, lever)
+        w = priority_wait(p, cpu_priority)
         if p.phase_info in available and w is not None and p.passthrough_wait is not None:
-            options.append((p, w, p.passthrough_wait, f"{p.name} ({p.phase_info}){with_lever}"))
-    if lever == "age":  # age priority alone, π(∞) plus the lever, is a candidate of its own
+            options.append((p, w, p.passthrough_wait, f"{p.name} ({p.phase_info}){with_priority}"))
+    if cpu_priority == "age":  # age priority alone, π(∞) with it, is a candidate of its own
         for p in candidates:
-            pr = (getattr(p, "lever", None) or {}).get("age")
+            pr = (getattr(p, "priority_predictions", None) or {}).get("age")
             if pr and pr.get("passthrough") is not None and p.passthrough_wait is not None:
                 options.append((passthrough, float(pr["passthrough"]), p.passthrough_wait,
                                 "passthrough with age priority in Apache"))
                 break
     if not options:
         have = sorted({p.phase_info for p in candidates})
-        why = (f"candidates are solved for {', '.join(have) or 'nothing'}" if lever == "off" else
-               f"none carries a prediction with {lever} priority (overtake solve --cpu-priority {lever})")
+        why = (f"candidates are solved for {', '.join(have) or 'nothing'}" if cpu_priority == "off" else
+               f"none carries a prediction with {cpu_priority} priority (overtake solve --cpu-priority {cpu_priority})")
         return Choice(passthrough, "hidden", "none", None,
                       f"no candidate policy for the information available ({', '.join(sorted(available))}); "
                       f"{why}: running passthrough")

@@ -10,7 +10,7 @@ releases the permit then. A response larger than the buffer goes to the client t
 Apache's answer is read at its client's pace), so a slow reader does not hold a stage slot or
 the passthrough cap while Apache has finished; each write to the client must make progress within
 ``client_timeout``. Every response goes to the client through
-the uplink seam (:mod:`overtake.controller.uplink`). Apache unreachable or broken mid-answer
+the uplink (:mod:`overtake.controller.uplink`). Apache unreachable or broken mid-answer
 releases the permit as ``failed`` and answers 502 (or closes a response already started).
 """
 

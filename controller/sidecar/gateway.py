@@ -8,7 +8,7 @@ asks :class:`overtake.controller.sidecar.stages.StageTable` for the stage,
 on a keep-alive connection, and releases the permit the moment Apache's *whole* response has
 been received (buffered up to ``response_buffer_bytes``, then streamed; so a slow client never
 holds a stage slot unless the response is larger than the buffer). Responses go to the client
-through the uplink seam (:mod:`overtake.controller.uplink`).
+through the uplink (:mod:`overtake.controller.uplink`).
 
 HTTP handling: keep-alive and pipelining on the client side (requests are answered in order),
 hop-by-hop headers removed both ways (RFC 9110 §7.6.1, incl. those named in ``Connection``),
@@ -33,6 +33,7 @@ import ipaddress
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from overtake.controller.sidecar.budget import ByteBudget
@@ -47,12 +48,43 @@ from overtake.controller.sidecar.stages import StageTable
 from overtake.controller.sidecar.upstream import UpstreamPool, UpstreamResponse, Withdrawn
 from overtake.controller.uplink import Uplink
 
-__all__ = ["Gateway"]
+__all__ = ["Answer", "Exchange", "Gateway"]
 
 log = logging.getLogger("overtake.sidecar")
 #: Apache's own status pages: the sidecar scrapes them directly, clients never get them through it
 _PRIVATE = ("/server-status", "/server-info", "/overtake-prio-status")
 _DRAIN_QUIET = 0.25  # s without a byte before an idle connection is closed by drain()
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A step's answer: whether the connection stays open, and the bytes to write first (none
+    when the step wrote its answer itself)."""
+
+    keep: bool
+    data: bytes = b""
+
+
+@dataclass
+class Exchange:
+    """One request on its way through the steps, and what they learned about it."""
+
+    conn: ClientConnection
+    req: Request
+    rec: RequestRecord
+    from_admin: bool  #: received on the admin listener
+    path: str  #: normalised (RFC 3986 §6.2.2, dot segments, merged slashes): what Apache routes on
+    stage: int = PASSTHROUGH
+    phase: int = 0
+    route_key: str = ""
+    ticket: Ticket | None = None
+    gate: tuple[int, bytes] | None = None  #: the gate slot and header value, when it waits in Apache
+    admitted: Callable[[], Awaitable[bool]] | None = None  #: with a gate slot: waits for the admission
+
+    def refuse(self, status: int, message: str) -> Answer:
+        """A plain-text error answer; the connection stays open when the client asked so."""
+        self.rec.status = status
+        return Answer(self.req.keep_alive, simple_response(status, message, close=not self.req.keep_alive))
 
 
 class Gateway:
@@ -96,6 +128,14 @@ class Gateway:
         self._admin_conns: set[ClientConnection] = set()
         self._draining = False
         self._current: dict[ClientConnection, Request] = {}
+        #: per client, the reservation for its next-stage request (the limiter's tandem routing)
+        #: and the timer that gives it up
+        self._holds: dict[ClientConnection, tuple[Ticket, asyncio.TimerHandle]] = {}
+        #: the request path, in order (HAProxy's analysers, starlette's middleware): each step
+        #: answers the request or returns None to pass it on; :meth:`forward` always answers
+        self.steps: tuple[Callable[[Exchange], Awaitable[Answer | None]], ...] = (
+            self.refuse_bad_target, self.hide_private, self.strip_untrusted, self.serve_admin, self.route,
+            self.tunnel, self.reserve, self.admit, self.forward)
         self.forwarder = Forwarder(pool, uplink, limiter, metrics, self.limits)
         #: request bodies held in memory by all connections (limits.body_budget_bytes)
         self.body_budget = ByteBudget(self.limits.body_budget_bytes)
@@ -251,9 +291,8 @@ class Gateway:
             self._conns.discard(conn)
             self._admin_conns.discard(conn)
             self._current.pop(conn, None)
-            if conn.hold is not None:
-                hold = conn.hold
-                self._drop_hold(conn)
+            hold = self._drop_hold(conn)
+            if hold is not None:
                 self.limiter.abandon(hold)
             writer.close()
 
@@ -282,97 +321,141 @@ class Gateway:
         self.on_request(rec)
 
     async def _handle(self, conn: ClientConnection, req: Request, rec: RequestRecord) -> bool:
-        """Answer one request; False when the client connection must close."""
-        writer = conn.writer
-        if req.bad_target is not None:  # routing could differ from Apache's: refuse, as HAProxy does
-            self.metrics.errors.labels("bad_target").inc()
-            rec.status = 400
-            await self._send(writer, simple_response(400, f"request-target: {req.bad_target}", close=not req.keep_alive))
-            return req.keep_alive
-        path = req.path  # normalised (RFC 3986 §6.2.2, dot segments, merged slashes): what Apache routes on
-        if path.startswith(_PRIVATE):
-            # Apache's Require local sees the sidecar's loopback address: never proxy its status pages
-            self.metrics.errors.labels("private_path").inc()
-            rec.status = 404
-            await self._send(writer, simple_response(404, "not found", close=not req.keep_alive))
-            return req.keep_alive
-        if not self._trusted(conn.peer):
-            req.headers = [(k, v) for k, v in req.headers if k.lower() not in self._steering]
-        is_admin = conn in self._admin_conns
-        if (path.startswith("/-/") or is_admin) and self.admin is not None:
-            rec.stage = "admin"
-            # public: a /-/ path on the public listener (the admin side serves health checks there)
-            status, ctype, body = await self.admin(req, not is_admin and self.admin_server is not None)
-            head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n" % (
-                status, REASONS.get(status, b"Error"), ctype, len(body),
-                b"" if req.keep_alive else b"Connection: close\r\n")
-            rec.status, rec.bytes = status, len(body)
-            await self._send(writer, head + body)
-            return req.keep_alive
+        """Answer one request through :attr:`steps`; False when the client connection must close."""
+        ex = Exchange(conn, req, rec, from_admin=conn in self._admin_conns, path=req.path)
+        for step in self.steps:
+            answer = await step(ex)
+            if answer is not None:
+                if answer.data:
+                    await self._send(conn.writer, answer.data)
+                return answer.keep
+        raise AssertionError("the last step answers every request")
+
+    # ---- the steps, in order: each answers the request or lets the next one see it ---------
+    async def refuse_bad_target(self, ex: Exchange) -> Answer | None:
+        """A target whose routing could differ from Apache's is refused, as HAProxy does."""
+        if ex.req.bad_target is None:
+            return None
+        self.metrics.errors.labels("bad_target").inc()
+        return ex.refuse(400, f"request-target: {ex.req.bad_target}")
+
+    async def hide_private(self, ex: Exchange) -> Answer | None:
+        """Apache's status pages trust the sidecar's loopback address (Require local): a client
+        must never reach them through it."""
+        if not ex.path.startswith(_PRIVATE):
+            return None
+        self.metrics.errors.labels("private_path").inc()
+        return ex.refuse(404, "not found")
+
+    async def strip_untrusted(self, ex: Exchange) -> Answer | None:
+        """The headers that steer scheduling count only from ``trusted_sources``."""
+        if not self._trusted(ex.conn.peer):
+            ex.req.headers = [(k, v) for k, v in ex.req.headers if k.lower() not in self._steering]
+        return None
+
+    async def serve_admin(self, ex: Exchange) -> Answer | None:
+        """Every request of the admin listener, and ``/-/`` paths of the public one (where the
+        admin side serves only health checks)."""
+        if self.admin is None or not (ex.path.startswith("/-/") or ex.from_admin):
+            return None
+        ex.rec.stage = "admin"
+        status, ctype, body = await self.admin(ex.req, not ex.from_admin and self.admin_server is not None)
+        head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n" % (
+            status, REASONS.get(status, b"Error"), ctype, len(body),
+            b"" if ex.req.keep_alive else b"Connection: close\r\n")
+        ex.rec.status, ex.rec.bytes = status, len(body)
+        return Answer(ex.req.keep_alive, head + body)
+
+    async def route(self, ex: Exchange) -> Answer | None:
+        """The request's stage (or passthrough), start phase and route key."""
         try:
-            stage, phase, route_key = self._route(conn, req, path)
+            ex.stage, ex.phase, ex.route_key = self._route(ex.conn, ex.req, ex.path)
         except BadPhaseHeader as exc:
             self.metrics.errors.labels("bad_phase").inc()
-            rec.status = 400
-            await self._send(writer, simple_response(400, str(exc), close=not req.keep_alive))
-            return req.keep_alive
-        rec.stage = "passthrough" if stage == PASSTHROUGH else self.table.names[stage]
-        if stage != PASSTHROUGH and self.table.cpu_exempt(stage, req.method.decode("latin-1")):
-            self._exempt(req, stage)
-        if req.upgrade is not None:
-            return await self._tunnel(conn, req, rec, stage, phase, route_key)
-        t = self._enter(conn, stage, phase, route_key)
+            return ex.refuse(400, str(exc))
+        ex.rec.stage = "passthrough" if ex.stage == PASSTHROUGH else self.table.names[ex.stage]
+        if ex.stage != PASSTHROUGH and self.table.cpu_exempt(ex.stage, ex.req.method.decode("latin-1")):
+            self._exempt(ex.req, ex.stage)
+        return None
+
+    async def tunnel(self, ex: Exchange) -> Answer | None:
+        """A WebSocket handshake holds its slot until the tunnel closes (:meth:`_tunnel`)."""
+        if ex.req.upgrade is None:
+            return None
+        return Answer(await self._tunnel(ex.conn, ex.req, ex.rec, ex.stage, ex.phase, ex.route_key))
+
+    async def reserve(self, ex: Exchange) -> Answer | None:
+        """The request's ticket in the limiter (the client's reservation when it has one); 503
+        when its queue is full."""
+        t = self._enter(ex.conn, ex.stage, ex.phase, ex.route_key)
         if t is None:
-            rec.status = 503
-            await self._send(writer, self._busy("queue full"))
-            return req.keep_alive
-        h_dur, h_wait = self._hists(stage, t.start_phase)
+            ex.rec.status = 503
+            return Answer(ex.req.keep_alive, self._busy("queue full"))
+        ex.ticket = t
+        return None
 
-        def admitted_now() -> None:
-            h_wait.observe(t.t_admit - t.t_arrive)
-            rec.queue_wait = t.t_admit - t.t_arrive
-            if stage != PASSTHROUGH:
-                rec.phase = t.start_phase + 1
+    async def admit(self, ex: Exchange) -> Answer | None:
+        """A queued request waits for the policy to start a thread for it: here, or, with a
+        gate slot free, inside Apache's gate (it is then sent at once, and :meth:`forward`
+        waits for the admission that opens the slot)."""
+        t = ex.ticket
+        assert t is not None
+        if t.status == ADMITTED:
+            self._admitted_now(ex)
+            return None
+        ex.gate = self._arm(t)
+        if ex.gate is None:
+            if not await self._wait(ex.conn, t, ex.stage):
+                return Answer(await self._withdrawn(ex.conn, ex.req, ex.rec, t))
+            self._admitted_now(ex)
+            return None
 
-        gate: tuple[int, bytes] | None = None
-        admitted: Callable[[], Awaitable[bool]] | None = None
-        if t.status != ADMITTED:
-            gate = self._arm(t)
-            if gate is None:
-                if not await self._wait(conn, t, stage):
-                    return await self._withdrawn(conn, req, rec, t)
-            else:
+        async def admitted() -> bool:
+            # sent already, held in Apache's gate: the limiter's admission opens it and a
+            # withdrawal cancels it (controller.sidecar.gate.GateOpener)
+            if await self._wait(ex.conn, t, ex.stage):
+                self._admitted_now(ex)
+                return True
+            return False
 
-                async def admitted() -> bool:
-                    # sent already, held in Apache's gate: the limiter's admission opens it and a
-                    # withdrawal cancels it (controller.sidecar.gate.GateOpener)
-                    if await self._wait(conn, t, stage):
-                        admitted_now()
-                        return True
-                    return False
-        if admitted is None:
-            admitted_now()
+        ex.admitted = admitted
+        return None
+
+    async def forward(self, ex: Exchange) -> Answer:
+        """To Apache and back; the permit is released when Apache's whole answer is in."""
+        t, conn, rec = ex.ticket, ex.conn, ex.rec
+        assert t is not None
+        h_dur = self._hists(ex.stage, t.start_phase)[0]
 
         async def complete(resp: UpstreamResponse) -> None:
             rec.status = resp.status
             rec.bytes = content_length(resp.headers) if resp.streamed else resp.body_bytes
             rec.upstream = self.limiter.clock() - t.t_admit
-            await self._complete(conn, req, t, resp, h_dur)
+            await self._complete(conn, ex.req, t, resp, h_dur)
 
-        level = self.cpu_class(stage, t.start_phase) if self.cpu_class is not None and stage != PASSTHROUGH else None
+        level = (self.cpu_class(ex.stage, t.start_phase)
+                 if self.cpu_class is not None and ex.stage != PASSTHROUGH else None)
         try:
-            keep = await self.forwarder.forward(conn, req, t, complete, level,
-                                                gate=None if gate is None else gate[1], admitted=admitted)
+            keep = await self.forwarder.forward(conn, ex.req, t, complete, level,
+                                                gate=None if ex.gate is None else ex.gate[1], admitted=ex.admitted)
         except Withdrawn:
-            return await self._withdrawn(conn, req, rec, t)
+            return Answer(await self._withdrawn(conn, ex.req, rec, t))
         finally:
-            if gate is not None:
+            if ex.gate is not None:
                 t.gate = None
                 assert self.gate is not None
-                self.gate.free(gate[0])
+                self.gate.free(ex.gate[0])
         if rec.status == 0 and not conn.closed.done():
             rec.status = 502  # the forwarder answered Apache's failure
-        return keep
+        return Answer(keep)
+
+    def _admitted_now(self, ex: Exchange) -> None:
+        t = ex.ticket
+        assert t is not None
+        self._hists(ex.stage, t.start_phase)[1].observe(t.t_admit - t.t_arrive)
+        ex.rec.queue_wait = t.t_admit - t.t_arrive
+        if ex.stage != PASSTHROUGH:
+            ex.rec.phase = t.start_phase + 1
 
     async def _tunnel(self, conn: ClientConnection, req: Request, rec: RequestRecord, stage: int, phase: int,
                       route_key: str) -> bool:
@@ -454,7 +537,8 @@ class Gateway:
             return PASSTHROUGH, 0, ""
         stage, route, route_phase = routed
         phase_value = next((v for k, v in req.headers if k.lower() == self.phase_header), None)
-        hold = conn.hold
+        held = self._holds.get(conn)
+        hold = None if held is None else held[0]
         # a linked stage's reservation carries the previous stage's request (_follow)
         link = hold.route if self.table.linked[stage] and hold is not None and hold.stage == stage else ""
         key = self.table.learned_key(route, method, path, query, _body_size(req), link)
@@ -464,9 +548,8 @@ class Gateway:
         """The request's ticket: the client's reservation when it asks for the reserved stage,
         else a new one; None when the queue is full."""
         lim = self.limiter
-        hold = conn.hold
+        hold = self._drop_hold(conn)
         if hold is not None:
-            self._drop_hold(conn)
             if stage == hold.stage:
                 gap = lim.clock() - hold.t_arrive
                 t = lim.claim(hold, phase, route_key)
@@ -493,13 +576,18 @@ class Gateway:
             self.metrics.errors.labels("bad_phase").inc()
             return nxt, self.classifier.prior_phase[nxt]
 
-    def _drop_hold(self, conn: ClientConnection) -> None:
-        if conn.hold_timer is not None:
-            conn.hold_timer.cancel()
-        conn.hold = conn.hold_timer = None
+    def _drop_hold(self, conn: ClientConnection) -> Ticket | None:
+        """Forget the client's reservation (its timer too); the reservation, if it had one."""
+        held = self._holds.pop(conn, None)
+        if held is None:
+            return None
+        held[1].cancel()
+        return held[0]
 
     def _lapse(self, conn: ClientConnection, hold: Ticket) -> None:
-        if conn.hold is hold:
+        """The follow-up did not come within ``follow_up_timeout``: the reservation is given up."""
+        held = self._holds.get(conn)
+        if held is not None and held[0] is hold:
             self._drop_hold(conn)
             self.limiter.abandon(hold)
 
@@ -545,9 +633,8 @@ class Gateway:
         hold = self.limiter.release(t, "completed", self._follow(conn, req, t))
         if hold is not None:
             hold.route = t.route  # the link a linked stage's follow-up is learned under (_route)
-            conn.hold = hold
-            conn.hold_timer = asyncio.get_running_loop().call_later(
-                self.limits.follow_up_timeout, self._lapse, conn, hold)
+            self._holds[conn] = (hold, asyncio.get_running_loop().call_later(
+                self.limits.follow_up_timeout, self._lapse, conn, hold))
         if self.limiter.admitted_total != admitted:
             # the policy released waiting requests: let them reach Apache before we spend time on
             # this client (an idle gap on Apache's core costs every request behind it)

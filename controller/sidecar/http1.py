@@ -27,7 +27,6 @@ import asyncio
 import socket
 import time
 from collections import deque
-from typing import TYPE_CHECKING
 
 import httptools
 
@@ -35,9 +34,6 @@ from overtake.controller.errors import ControllerError
 from overtake.controller.sidecar.budget import ByteBudget
 from overtake.controller.sidecar.stages import Limits
 from overtake.controller.sidecar.upstream import UpstreamResponse
-
-if TYPE_CHECKING:
-    from overtake.controller.sidecar.limiter import Ticket
 
 __all__ = ["REASONS", "BadTarget", "ClientConnection", "Request", "client_head", "content_length", "normalize_target",
            "simple_response", "upstream_head"]
@@ -274,9 +270,8 @@ def _peer_reset(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> b
 class ClientConnection:
     """Reads and parses one client connection; parsed requests queue up for the handler.
 
-    Also carries the gateway's per-connection state: ``busy`` (a request in progress),
-    ``last_active`` (for the idle sweep) and ``hold`` (a reservation for this client's
-    next-stage request, :mod:`overtake.controller.sidecar.limiter`'s tandem routing).
+    Also carries the gateway's per-connection flags its timers read: ``busy`` (a request in
+    progress) and ``last_active`` (for the idle sweep).
     """
 
     def __init__(self, limits: Limits, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -314,8 +309,6 @@ class ClientConnection:
         self.resume: asyncio.Future[None] | None = None
         self.busy = False
         self.last_active = time.monotonic()
-        self.hold: Ticket | None = None
-        self.hold_timer: asyncio.TimerHandle | None = None
         #: body bytes a /-/ request may carry on this connection (0: none; set by the gateway)
         self.admin_body_max = ADMIN_BODY_MAX
         self.admin_refusal = "control endpoints under /-/ take a request body only from loopback clients"

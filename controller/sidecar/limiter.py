@@ -23,7 +23,7 @@ reservation over (:meth:`Limiter.claim`, queued or already admitted); if it does
 (another request on the connection, a close, or the follow-up timeout), :meth:`Limiter.abandon`
 ends it as ``follow_up_missing`` (queued) or ``unused`` (admitted). Without it the client's
 round trip lets a waiting stage-i request take the thread first, and π(1) is no longer the
-model's π(1) (measured: +5-7 % E[W] in Table 2 case 1, bench/apache_table2.py).
+model's π(1) (its E[W] rises; bench/apache_table2.py).
 
 Liveness guard: if the policy starts nothing while no stage request is in service and some are
 waiting (it cannot happen for a solved policy, but a truncated or hand-made table could idle),

@@ -163,16 +163,16 @@ class TablePolicy:
         #: seconds per model time unit (controller.sidecar.units): what the sidecar converts its times with
         self.time_unit: float | str = policy_unit(policy.meta, name)
         self.model_phases: tuple[tuple[str, ...], ...] | None = tuple(s.phase_names() for s in stages)
-        #: simulated predictions with mod_overtake_prio's lever (``overtake solve --cpu-priority``):
-        #: kind -> {"mean_response_time", "passthrough", "thresholds", ...} (mdp.lever)
+        #: simulated predictions with mod_overtake_prio's CPU priority (``overtake solve --cpu-priority``):
+        #: kind -> {"mean_response_time", "passthrough", "thresholds", ...} (mdp.priority_prediction)
         lv = policy.meta.get("cpu_priority")
-        self.lever: dict[str, dict[str, Any]] = {
+        self.priority_predictions: dict[str, dict[str, Any]] = {
             k: v for k, v in lv.items() if isinstance(v, dict) and isinstance(v.get("mean_response_time"), float)
         } if isinstance(lv, dict) else {}
         #: "class": solved with short-first CPU classes in force (``overtake solve --cpu-priority
         #: class``): its predictions hold only with them
-        self.solved_lever = "class" if policy.model.weights is not None else "off"
-        #: the classes it was solved with (mdp.lever.choose_classes): 1 where a phase's CPU weight
+        self.solved_priority = "class" if policy.model.weights is not None else "off"
+        #: the classes it was solved with (mdp.priority_classes.choose_classes): 1 where a phase's CPU weight
         #: is below the highest; the sidecar sends these rather than short-first
         self.class_start_levels: tuple[tuple[int, ...], ...] | None = None
         w = policy.model.weights

@@ -1,4 +1,4 @@
-"""The sidecar's policy taken from the REST API (``overtake sidecar --policy-url URL``, issue 7).
+"""The sidecar's policy taken from the REST API (``overtake sidecar --policy-url URL``).
 
 The API serves a solved model's artifact at ``GET /v1/models/{id}/policy.npz`` with the policy's
 content hash as its ETag and answers ``304 Not Modified`` to an ``If-None-Match`` that matches, so

@@ -67,7 +67,7 @@ from overtake.controller.sidecar.policies import (
 from overtake.controller.sidecar.policy_loads import LoadSlots
 from overtake.controller.sidecar.policy_source import PolicySource
 from overtake.controller.sidecar.request_log import RequestLog
-from overtake.controller.sidecar.stages import StagesConfig, StageTable
+from overtake.controller.sidecar.stages import ClassifierSettings, StagesConfig, StageTable
 from overtake.controller.sidecar.stages_reload import live_merge
 from overtake.controller.sidecar.units import FORMER_DEFAULT, Resolution, resolve, units_of
 from overtake.controller.sidecar.upstream import UpstreamPool
@@ -110,17 +110,30 @@ class Sidecar:
                                   ordered_bands=options.uplink_ordered_bands)
         self.source = PolicySource(table, options, lambda spec, source: self.install(spec, source=source),
                                    lambda: self.limiter.policy)
-        policy = self.source.first
         self.swapped_at = time.time()
-        cfg = table.config
-        settings = cfg.classifier
+        #: classifier.mode auto (controller.sidecar.auto): the evidence the traffic gives, the candidates
+        self.auto = table.config.classifier.mode == "auto"
+        self._auto_task: asyncio.Task[None] | None = None
+        #: where the CPU runs (Apache or PHP-FPM): the module reaches only Apache's
+        self.cpu_location = CpuLocation(options.cpu_priority, php_extension=bool(options.php_stats_file))
+        #: the policy's age thresholds for Apache's OvertakeControlFile (controller.sidecar.control_file)
+        self.control = ControlPublisher(options.control_file, len(table.names)) if options.control_file else None
+        self._warned_unrecorded: set[str] = set()
+        policy, settings = self._first_policy(self.source.first)
+        self.classifier = Classifier(settings, policy)
+        if self.auto:
+            self.classifier.evidence = Evidence()
+            self._auto_choose(policy, initial=True)  # type: ignore[arg-type]
+        self._wire(policy, settings.mode)
+
+    def _first_policy(self, policy: SpawnPolicy) -> tuple[SpawnPolicy, ClassifierSettings]:
+        """The policy to start with and the classifier's settings for it: under auto, the
+        candidates as one set (classified hidden until the first choice); the time unit in force
+        (:mod:`.units`, :attr:`time_unit`); warnings about the CPU-priority option it needs."""
+        options = self.options
+        settings = self.table.config.classifier
         if options.phase_header:
             settings = settings.model_copy(update={"header": options.phase_header})
-        #: classifier.mode auto (controller.sidecar.auto): the evidence the traffic gives, the candidates
-        self.auto = settings.mode == "auto"
-        self._auto_task: asyncio.Task[None] | None = None
-        #: where the CPU runs (Apache or PHP-FPM): the module's lever reaches only Apache's
-        self.cpu_location = CpuLocation(options.cpu_priority, php_lever=bool(options.php_stats_file))
         if self.auto:
             policy = self._as_set(policy)
             settings = settings.model_copy(update={"mode": "hidden"})  # until the first choice
@@ -128,24 +141,22 @@ class Sidecar:
             raise SidecarInputError(f"policy: {options.policy} is a directory of policies; that needs "
                                     "classifier.mode: auto in the stages file (or give one .npz)")
         #: seconds per model time unit (controller.sidecar.units): the policy's, else the stages file's
-        self._warned_unrecorded: set[str] = set()
         res = self._resolve_unit(policy)
         self.time_unit = res.seconds if res.seconds is not None else 1.0
         self._say_unit(res.source if res.seconds is not None else "seconds: no policy model to convert")
-        settings = settings.model_copy(update={"time_unit": self.time_unit})
-        self.classifier = Classifier(settings, policy)
-        #: the policy's age thresholds for Apache's OvertakeControlFile (controller.sidecar.control_file)
-        self.control = ControlPublisher(options.control_file, len(table.names)) if options.control_file else None
         if options.cpu_priority == "age" and self.control is None:
             self._say_age_threshold(policy, self.time_unit)
         for p in policy.members if isinstance(policy, PolicySet) else (policy,):
-            if getattr(p, "solved_lever", "off") == "class" and options.cpu_priority != "class":
+            if getattr(p, "solved_priority", "off") == "class" and options.cpu_priority != "class":
                 log.warning(f"policy {p.name} was solved with short-first CPU classes in force; run with "
                             "--cpu-priority class (and mod_overtake_prio, OvertakePrioAge Off) or solve without "
                             "--cpu-priority class", extra={"event": "cpu_priority_mismatch", "policy": p.name})
-        if self.auto:
-            self.classifier.evidence = Evidence()
-            self._auto_choose(policy, initial=True)  # type: ignore[arg-type]
+        return policy, settings.model_copy(update={"time_unit": self.time_unit})
+
+    def _wire(self, policy: SpawnPolicy, classifier_mode: str) -> None:
+        """Build the limiter, the metrics, the online loop, Apache's side and the gateway around
+        the classifier and the first policy."""
+        options, table, cfg = self.options, self.table, self.table.config
         self.limiter = Limiter(
             policy, self.classifier, stage_names=table.names,
             queue_caps=tuple(table.queue_cap(i) for i in range(len(table.names))),
@@ -160,7 +171,7 @@ class Sidecar:
             self.online = OnlineLoop(
                 options.online, table=table, time_unit=self.time_unit, policy=policy,
                 current=lambda: self.limiter.policy,
-                swap=lambda path: self.swap(path, source="online"), classifier_mode=settings.mode,
+                swap=lambda path: self.swap(path, source="online"), classifier_mode=classifier_mode,
                 age_thresholds=self.control is not None,
             )
             self.limiter.add_listener(self.online.recorder)
@@ -240,7 +251,7 @@ class Sidecar:
         value for Apache's ``OvertakePrioLevels`` (the sidecar cannot set it)."""
         members = policy.members if isinstance(policy, PolicySet) else (policy,)
         for p in members:
-            th = ((getattr(p, "lever", None) or {}).get("age") or {}).get("thresholds")
+            th = ((getattr(p, "priority_predictions", None) or {}).get("age") or {}).get("thresholds")
             if th and th[0] and th[0][0] is not None:
                 secs = float(th[0][0]) * time_unit
                 log.info(f"cpu_priority age: the model's threshold is {secs:.4g} s of thread CPU; Apache "
@@ -248,7 +259,7 @@ class Sidecar:
                          extra={"event": "cpu_priority_threshold", "detail": f"{th[0][0]:.4g} model units x "
                                 f"time_unit {time_unit:g} s, from {p.name}"})
                 return
-        if not warn:  # a swapped-in policy without the lever's prediction: nothing new to say
+        if not warn:  # a swapped-in policy without a prediction under age priority: nothing new to say
             return
         log.warning("cpu_priority age: no policy file carries a prediction with age priority; solve with "
                     "`overtake solve --cpu-priority age` so that auto can weigh it", extra={"event": "cpu_priority_threshold"})
@@ -279,7 +290,7 @@ class Sidecar:
         assert ev is not None
         settings = self.table.config.classifier
         choice = choose(ps.members, ev.available(), ps.passthrough, margin=settings.auto_margin,
-                        lever=self._cpu_lever())
+                        cpu_priority=self._cpu_priority_in_reach())
         changed = choice.policy is not ps.chosen or initial
         ps.adopt(choice.policy, choice.reason, choice.predicted_gain)
         if changed:
@@ -289,8 +300,8 @@ class Sidecar:
                 f"classifier {choice.mode}, available {', '.join(sorted(ev.available()))}"})
         return changed
 
-    def _cpu_lever(self) -> str:
-        """The CPU lever auto may count on: ``cpu_priority``, unless the CPU runs in PHP-FPM,
+    def _cpu_priority_in_reach(self) -> str:
+        """The CPU priority auto may count on: ``cpu_priority``, unless the CPU runs in PHP-FPM,
         where mod_overtake_prio cannot act and no PHP extension's counters are given."""
         if self.cpu_location.module_reaches is False and not self.options.php_stats_file:
             return "off"

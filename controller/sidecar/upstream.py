@@ -1,7 +1,7 @@
 """Keep-alive HTTP/1.1 connections to Apache and one request/response exchange on them.
 
-The gateway reaches Apache through one call, :meth:`UpstreamPool.exchange` (the one-method
-upstream seam of style anchor §1): it sends a request head and body, reads the response with
+The gateway reaches Apache through one call, :meth:`UpstreamPool.exchange` (one method, so
+that a test or another upstream can stand in for Apache): it sends a request head and body, reads the response with
 httptools, buffers the body up to ``buffer_bytes`` and hands the rest to a streaming callback.
 Idle connections are reused LIFO and dropped after ``idle_timeout`` (kept below Apache's
 ``KeepAliveTimeout 5``); a reused connection that fails before the first response byte is

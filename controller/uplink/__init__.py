@@ -1,6 +1,6 @@
 """The uplink room: how response bytes leave the server (papers 000-003).
 
-The gateway writes every response through the seam of :mod:`.seam` (one
+The gateway writes every response through :mod:`.flow` (one
 :class:`UplinkFlow` per response); the scheduler behind it is chosen by
 :func:`make_uplink` (``--uplink fair|srpt|srrt|app``):
 
@@ -30,10 +30,10 @@ from overtake.controller.uplink.bands import TOP_FRACTION, Cutoffs
 from overtake.controller.uplink.errors import QdiscError, QdiscPermissionError, UplinkError, UplinkInputError
 from overtake.controller.uplink.factory import NAMES, default_cutoffs, detect_bands, make_uplink
 from overtake.controller.uplink.fair import FairUplink
+from overtake.controller.uplink.flow import Uplink, UplinkFlow
 from overtake.controller.uplink.kernel import BandStats, KernelUplink
 from overtake.controller.uplink.metrics import UplinkCollector
 from overtake.controller.uplink.qdisc import BandMap
-from overtake.controller.uplink.seam import Uplink, UplinkFlow
 
 __all__ = [
     "AppUplink",

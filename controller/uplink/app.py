@@ -15,8 +15,8 @@ import socket
 
 from overtake.controller.uplink import tcpinfo as _ti
 from overtake.controller.uplink.errors import UplinkInputError
+from overtake.controller.uplink.flow import LARGE_RESPONSE, TCP_NOTSENT_LOWAT, UplinkFlow, writer_socket
 from overtake.controller.uplink.permits import Permits
-from overtake.controller.uplink.seam import LARGE_RESPONSE, TCP_NOTSENT_LOWAT, UplinkFlow, writer_socket
 
 __all__ = ["AppUplink"]
 
@@ -99,7 +99,8 @@ class _AppFlow:
         drain() returns once the kernel *accepted* the bytes (the send buffer is large), and
         TCP_NOTSENT_LOWAT only gates poll(), not send(): releasing there lets every flow park
         its data unsent in the kernel, where the qdisc shares it FAIRly and the ordering is
-        lost (measured: app:1 = FAIR). Paper 000 §3.3 needs the backlog held by the server.
+        lost (app with one writer then behaves as FAIR). Paper 000 §3.3 needs the backlog held by
+        the server.
         """
         try:
             sock = writer_socket(self._writer)

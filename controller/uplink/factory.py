@@ -18,8 +18,8 @@ from overtake.controller.uplink import tcpinfo as _ti
 from overtake.controller.uplink.app import AppUplink
 from overtake.controller.uplink.errors import UplinkInputError
 from overtake.controller.uplink.fair import FairUplink
+from overtake.controller.uplink.flow import Uplink
 from overtake.controller.uplink.kernel import KernelUplink, check_lowest_writers
-from overtake.controller.uplink.seam import Uplink
 
 __all__ = ["NAMES", "default_cutoffs", "detect_bands", "make_uplink"]
 
@@ -99,10 +99,9 @@ def make_uplink(
     which is in use. ``cutoffs``: fixed cutoffs (bytes for SRPT, seconds for SRRT; a string
     like ``"1K,4K,16K"``); by default they start log-spaced (paper 001's 1K-50K for SRPT) and
     adapt to the observed distribution (``adapt``; off when cutoffs are given) with
-    ``top_fraction`` of the responses above the highest cutoff (paper 001: 0.005-0.01; default
-    0.005: at load 0.8 its largest 1 % took 0.97-1.06x their FAIR time over seeds 1-3, 0.01's
-    1.16-1.33x; 0.001 measured better still on World Cup 98 sizes, BENCHMARKS.md
-    ``uplink-sweep-60s``).
+    ``top_fraction`` of the responses above the highest cutoff (paper 001: 0.005-0.01; the default
+    0.005 keeps the largest responses near their FAIR time, where 0.01 slows them; BENCHMARKS.md
+    ``uplink-sweep-60s`` has the figures).
     ``concurrency``, ``quantum``, ``max_pacing_rate`` (bytes/s, the link rate) shape ``app``;
     ``lowest_writers`` (srpt, srrt) orders the lowest band's responses, ``ordered_bands`` the
     lowest that many bands' (each its own ``lowest_writers`` turns), see the module docstring.

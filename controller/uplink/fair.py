@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from overtake.controller.uplink.seam import UplinkFlow
+from overtake.controller.uplink.flow import UplinkFlow
 
 __all__ = ["FairUplink"]
 

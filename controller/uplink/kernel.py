@@ -37,8 +37,8 @@ from overtake.controller.uplink import bands as _bands
 from overtake.controller.uplink import qdisc as _qdisc
 from overtake.controller.uplink import tcpinfo as _ti
 from overtake.controller.uplink.errors import UplinkInputError
+from overtake.controller.uplink.flow import LARGE_RESPONSE, TCP_NOTSENT_LOWAT, UplinkFlow, writer_socket
 from overtake.controller.uplink.permits import Permits
-from overtake.controller.uplink.seam import LARGE_RESPONSE, TCP_NOTSENT_LOWAT, UplinkFlow, writer_socket
 
 __all__ = ["BandStats", "KernelUplink", "check_lowest_writers"]
 

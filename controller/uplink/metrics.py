@@ -1,4 +1,4 @@
-"""Prometheus collector for the uplink scheduler's per-band counters (issue 6, ``/metrics``).
+"""Prometheus collector for the uplink scheduler's per-band counters (``/metrics``).
 
 Register next to the sidecar's metrics::
 

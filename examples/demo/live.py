@@ -50,7 +50,7 @@ from overtake.controller.harness.loadgen import (
     replay,
     wait_idle,
 )
-from overtake.controller.sidecar import twin
+from overtake.controller.sidecar import virtual
 from overtake.controller.sidecar.auto import MODE_FOR
 from overtake.mdp.policy import Policy
 from overtake.mdp.priority import DEFAULT_LOW_WEIGHT, age_priority
@@ -180,7 +180,7 @@ def main() -> int:
             lv, runs = lever, f"{chosen} + age priority"
             w = ps_w * (1 - float(st["predicted_gain"]))
             why = st["reason"]
-        ideal[name] = twin.replay(trace, spec, time_unit=1.0, mode=mode, max_inflight=60, cpu_priority=lv)
+        ideal[name] = virtual.replay(trace, spec, time_unit=1.0, mode=mode, max_inflight=60, cpu_priority=lv)
         wait_idle(admins[name])
         t0 = time.monotonic()
         rt, failures = asyncio.run(replay(port, trace, 1.0, model.n_stages, overhead, phase_header=header))

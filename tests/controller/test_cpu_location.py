@@ -110,4 +110,4 @@ def test_auto_counts_on_the_module_only_where_it_reaches(reaches: bool | None, p
 
     side = SimpleNamespace(cpu_location=SimpleNamespace(module_reaches=reaches),
                            options=SimpleNamespace(cpu_priority="age", php_stats_file=php_stats_file))
-    assert Sidecar._cpu_lever(side) == lever  # type: ignore[arg-type]
+    assert Sidecar._cpu_priority_in_reach(side) == lever  # type: ignore[arg-type]

@@ -198,7 +198,7 @@ def test_choose_takes_the_best_usable_policy_or_passthrough() -> None:
 
 
 def _with_lever(f: _Fake, **lever: dict[str, float | None]) -> _Fake:
-    f.lever = lever  # type: ignore[attr-defined]
+    f.priority_predictions = lever  # type: ignore[attr-defined]
     return f
 
 
@@ -209,21 +209,21 @@ def test_choose_with_the_cpu_priority_lever() -> None:
     none = _with_lever(_Fake("none", "none", 4.8, 5.0), age={"mean_response_time": 4.5, "passthrough": 4.3})
     full = _with_lever(_Fake("full", "full", 4.0, 5.0), age={"mean_response_time": 3.9, "passthrough": 4.3},
                        **{"class": {"mean_response_time": 3.6, "passthrough": None}})
-    c = choose([none, full], {"none"}, ps, lever="age")  # type: ignore[list-item]
+    c = choose([none, full], {"none"}, ps, cpu_priority="age")  # type: ignore[list-item]
     assert c.policy is ps and c.predicted_gain == pytest.approx(0.14) and "age priority in Apache" in c.reason
-    c = choose([none, full], {"none", "full", "start"}, ps, lever="age")  # type: ignore[list-item]
+    c = choose([none, full], {"none", "full", "start"}, ps, cpu_priority="age")  # type: ignore[list-item]
     assert c.policy is full and c.predicted_gain == pytest.approx(0.22) and "with age priority" in c.reason
     # a candidate without a prediction under the lever is not usable under it
-    c = choose([_Fake("old", "none", 4.0, 5.0)], {"none"}, ps, lever="age")  # type: ignore[list-item]
+    c = choose([_Fake("old", "none", 4.0, 5.0)], {"none"}, ps, cpu_priority="age")  # type: ignore[list-item]
     assert c.policy is ps and "overtake solve --cpu-priority age" in c.reason
     # class priority: the phase-aware candidate by its class prediction, the others as solved
-    c = choose([none, full], {"none", "full", "start"}, ps, lever="class")  # type: ignore[list-item]
+    c = choose([none, full], {"none", "full", "start"}, ps, cpu_priority="class")  # type: ignore[list-item]
     assert c.policy is full and c.predicted_gain == pytest.approx(0.28)
-    assert choose([none, full], {"none"}, ps, lever="class").policy is none  # type: ignore[list-item]
+    assert choose([none, full], {"none"}, ps, cpu_priority="class").policy is none  # type: ignore[list-item]
     # a policy solved with the classes in force is a candidate under class priority only
     solved = _Fake("class.npz", "full", 3.5, 5.0)
-    solved.solved_lever = "class"  # type: ignore[attr-defined]
-    assert choose([full, solved], {"none", "full", "start"}, ps, lever="class").policy is solved  # type: ignore[list-item]
+    solved.solved_priority = "class"  # type: ignore[attr-defined]
+    assert choose([full, solved], {"none", "full", "start"}, ps, cpu_priority="class").policy is solved  # type: ignore[list-item]
     assert choose([full, solved], {"none", "full", "start"}, ps).policy is full  # type: ignore[list-item]
 
 
@@ -320,10 +320,10 @@ def test_auto_sees_phase_headers_of_clients_that_send_no_next_phase(work: Path, 
 
 
 def test_the_twin_enforcing_a_none_policy_matches_its_exact_evaluation(files: dict[str, Path]) -> None:
-    """The sidecar's own limiter and classifier (controller.sidecar.twin) on a 40,000-transaction trace,
+    """The sidecar's own limiter and classifier (controller.sidecar.virtual) on a 40,000-transaction trace,
     against the exact E[W] of the same table extended beyond its truncation (mdp.observation)."""
     from overtake.controller.harness.loadgen import batch_means, make_trace
-    from overtake.controller.sidecar import twin
+    from overtake.controller.sidecar import virtual
     from overtake.mdp.observation import evaluate_observed
     from overtake.mdp.policy import Policy
     from overtake.mdp.statespace import Layout
@@ -334,7 +334,7 @@ def test_the_twin_enforcing_a_none_policy_matches_its_exact_evaluation(files: di
     assert exact.blocking_probability < 1e-8
     trace = make_trace(TandemModel(model.arrival_rate, tuple(Stage(f"stage{i + 1}", s.alpha, s.T)
                                                              for i, s in enumerate(model.stages))), 40_000, 5)
-    mean, ci = batch_means(twin.replay(trace, _renamed(files["none"]), mode="hidden", time_unit=1.0))
+    mean, ci = batch_means(virtual.replay(trace, _renamed(files["none"]), mode="hidden", time_unit=1.0))
     assert abs(mean - exact.mean_response_time) <= ci, (mean, ci, exact.mean_response_time)
 
 

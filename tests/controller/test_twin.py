@@ -1,4 +1,4 @@
-"""overtake.controller.sidecar.twin against closed forms and the MDP's exact evaluation (two independent methods).
+"""overtake.controller.sidecar.virtual against closed forms and the MDP's exact evaluation (two independent methods).
 
 The twin drives the sidecar's Limiter on a virtual processor-sharing CPU; over long Poisson
 traces its mean response time must converge to (a) M/M/1-PS's 1/(mu - lambda) and (b) the
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from overtake.controller.sidecar import twin
+from overtake.controller.sidecar import virtual
 from overtake.mdp import Stage, TandemModel, Truncation, solve
 from overtake.mdp.rule_evaluation import evaluate_baseline
 
@@ -35,7 +35,7 @@ def _mean_ci(x: np.ndarray, batches: int = 20) -> tuple[float, float]:
 
 
 def test_one_stage_ps_is_mm1() -> None:
-    m, ci = _mean_ci(twin.replay(_trace(0.5, [1.0], 60_000, 1), "passthrough"))
+    m, ci = _mean_ci(virtual.replay(_trace(0.5, [1.0], 60_000, 1), "passthrough"))
     assert abs(m - 2.0) <= max(3 * ci, 0.02), (m, ci)  # E[W] = 1 / (mu - lambda)
 
 
@@ -49,27 +49,27 @@ def tandem() -> TandemModel:
 @pytest.mark.parametrize("spec", ["pi(1)", "passthrough"])
 def test_tandem_converges_to_the_exact_evaluation(tandem: TandemModel, spec: str) -> None:
     exact = evaluate_baseline(tandem, "pi(1)" if spec == "pi(1)" else "pi(inf)").metrics.mean_response_time
-    m, ci = _mean_ci(twin.replay(_trace(0.3, [1.0, 1.0], 60_000, 2), spec))
+    m, ci = _mean_ci(virtual.replay(_trace(0.3, [1.0, 1.0], 60_000, 2), spec))
     assert abs(m - exact) <= 3 * ci, (spec, m, ci, exact)
 
 
 def test_next_routing_is_the_models_and_client_routing_is_not(tandem: TandemModel, tmp_path: Path) -> None:
     tr = _trace(0.3, [1.0, 1.0], 20_000, 3)
-    nxt = twin.replay(tr, "pi(1)", routing="next")
-    np.testing.assert_allclose(nxt, twin.replay(tr, "pi(1)", routing="instant"), rtol=1e-12)
+    nxt = virtual.replay(tr, "pi(1)", routing="next")
+    np.testing.assert_allclose(nxt, virtual.replay(tr, "pi(1)", routing="instant"), rtol=1e-12)
     # pi* of the exponential tandem is pi(1) (Table 1: gain 0.00): the same response times
     path = tmp_path / "star.npz"
     solve(tandem, truncation=Truncation(10, 3)).policy.save(path)
-    np.testing.assert_allclose(twin.replay(tr, str(path), routing="next"), nxt, rtol=1e-9)
+    np.testing.assert_allclose(virtual.replay(tr, str(path), routing="next"), nxt, rtol=1e-9)
     # without the reservation a waiting stage-1 request takes the thread first: slower, every time
-    assert np.nanmean(twin.replay(tr, "pi(1)", routing="client")) > 1.03 * np.nanmean(nxt)
+    assert np.nanmean(virtual.replay(tr, "pi(1)", routing="client")) > 1.03 * np.nanmean(nxt)
 
 
 def test_bad_routing_and_trace_are_named() -> None:
     with pytest.raises(ValueError, match="routing: one of next, client, instant"):
-        twin.replay(_trace(0.5, [1.0], 10, 0), "pi(1)", routing="fast")
+        virtual.replay(_trace(0.5, [1.0], 10, 0), "pi(1)", routing="fast")
     with pytest.raises(ValueError, match="trace: needs 'arrival'"):
-        twin.replay({"arrival": np.zeros(3)}, "pi(1)")
+        virtual.replay({"arrival": np.zeros(3)}, "pi(1)")
 
 
 def test_one_stage_priority_levels_match_the_simulator_and_mlps() -> None:
@@ -88,14 +88,14 @@ def test_one_stage_priority_levels_match_the_simulator_and_mlps() -> None:
     tr = {"arrival": np.cumsum(rng.exponential(1 / model.arrival_rate, n)),
           "demand0": rng.exponential(np.where(ph == 1, 5.45, 0.55)), "phase0": ph}
     strict = age_priority(model, [1.8], weights=[1.0, 1e-9])
-    m, ci = _mean_ci(twin.replay(tr, "passthrough", cpu_priority=strict), batches=30)
+    m, ci = _mean_ci(virtual.replay(tr, "passthrough", cpu_priority=strict), batches=30)
     exact = mlps_mean(h2, model.arrival_rate, [1.8])
     assert abs(m - exact) <= 1.5 * ci, (m, ci, exact)
     kernel = age_priority(model, [1.8])  # default demoted weight: SCHED_IDLE's 3/1024
-    m, ci = _mean_ci(twin.replay(tr, "passthrough", cpu_priority=kernel), batches=30)
+    m, ci = _mean_ci(virtual.replay(tr, "passthrough", cpu_priority=kernel), batches=30)
     sim = simulate(model, "pi(inf)", requests=1_000_000, seed=8, cpu_priority=kernel)
     assert abs(m - sim.mean_response_time) <= 1.5 * math.hypot(ci, sim.ci95), (m, ci, sim.mean_response_time)
-    plain = twin.replay(tr, "passthrough")  # no lever: the equal-sharing path, untouched
+    plain = virtual.replay(tr, "passthrough")  # no lever: the equal-sharing path, untouched
     assert abs(_mean_ci(plain, batches=30)[0] - h2.mean() / 0.4) <= 1.5 * _mean_ci(plain, batches=30)[1]
 
 
@@ -105,13 +105,13 @@ def test_a_dispatch_delay_under_pi1_is_mg1_with_the_delay_added_to_service() -> 
     lam, d = 0.5, 0.2
     eb, eb2 = 1.0 + d, 2.0 + 2 * d + d * d  # S ~ Exp(1)
     pk = eb + lam * eb2 / (2 * (1 - lam * eb))
-    m, ci = _mean_ci(twin.replay(_trace(lam, [1.0], 60_000, 4), "pi(1)", dispatch_delay=d))
+    m, ci = _mean_ci(virtual.replay(_trace(lam, [1.0], 60_000, 4), "pi(1)", dispatch_delay=d))
     assert abs(m - pk) <= max(3 * ci, 0.02), (m, ci, pk)
     # a lone request: response = delay + demand, under any policy
     lone = {"arrival": np.array([0.0, 100.0]), "demand0": np.array([1.5, 0.5]), "phase0": np.zeros(2, np.int64)}
-    np.testing.assert_allclose(twin.replay(lone, "passthrough", dispatch_delay=0.25), [1.75, 0.75], rtol=1e-12)
+    np.testing.assert_allclose(virtual.replay(lone, "passthrough", dispatch_delay=0.25), [1.75, 0.75], rtol=1e-12)
     with pytest.raises(ValueError, match="dispatch_delay"):
-        twin.replay(lone, "pi(1)", dispatch_delay=-1.0)
+        virtual.replay(lone, "pi(1)", dispatch_delay=-1.0)
 
 
 def test_routes_in_the_trace_keep_the_stage_prior_and_learned_mode_finds_pure_routes(tmp_path: Path) -> None:
@@ -133,10 +133,10 @@ def test_routes_in_the_trace_keep_the_stage_prior_and_learned_mode_finds_pure_ro
     # learned mode classifies each route from its history: π* then runs as with phase headers,
     # so both converge to the MDP's exact E[W] (the first requests of each route are guessed)
     for mode in ("explicit", "learned"):
-        m, ci = _mean_ci(twin.replay(tr, str(path), mode=mode))
+        m, ci = _mean_ci(virtual.replay(tr, str(path), mode=mode))
         assert abs(m - opt.metrics.mean_response_time) <= max(3 * ci, 0.02 * m), (mode, m, ci)
-    ex = twin.replay(tr, str(path), mode="explicit")
-    le = twin.replay(tr, str(path), mode="learned")
+    ex = virtual.replay(tr, str(path), mode="explicit")
+    le = virtual.replay(tr, str(path), mode="learned")
     assert np.mean(np.isclose(ex[3000:], le[3000:], rtol=1e-9)) > 0.95  # the same decisions once learned
 
 
@@ -154,5 +154,5 @@ def test_a_route_policy_in_learned_mode_converges_to_its_exact_evaluation(tmp_pa
     path = tmp_path / "route.npz"
     opt.policy.save(path)
     tr = make_trace(model, 40_000, 6, routes=split)
-    m, ci = _mean_ci(twin.replay(tr, str(path), mode="learned"))
+    m, ci = _mean_ci(virtual.replay(tr, str(path), mode="learned"))
     assert abs(m - opt.metrics.mean_response_time) <= max(3 * ci, 0.02 * m), (m, ci, opt.metrics.mean_response_time)

@@ -54,7 +54,7 @@ def test_bad_options_name_the_field() -> None:
         uplink.make_uplink("srpt", bands="pfifo_fast", lowest_writers=1, ordered_bands=3)
 
 
-def test_fair_is_the_default_seam() -> None:
+def test_fair_is_the_default_uplink() -> None:
     up = uplink.make_uplink("fair")
     assert isinstance(up, uplink.FairUplink) and up.name == "fair"
 

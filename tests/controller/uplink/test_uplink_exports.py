@@ -8,7 +8,7 @@ from pathlib import Path
 
 import overtake.controller.uplink as uplink
 
-MODULES = {"app", "bands", "errors", "factory", "fair", "kernel", "metrics", "permits", "qdisc", "seam", "tcpinfo"}
+MODULES = {"app", "bands", "errors", "factory", "fair", "kernel", "metrics", "permits", "qdisc", "flow", "tcpinfo"}
 
 
 def test_all_is_sorted_and_complete() -> None:

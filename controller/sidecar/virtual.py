@@ -1,4 +1,4 @@
-"""The ideal twin: a trace of transactions through the sidecar's own limiter on a PS CPU.
+"""The sidecar's own limiter on a virtual processor-sharing CPU: a trace of transactions replayed.
 
 Paper 004 §2 models one processor shared equally (processor sharing) by the admitted requests,
 each transaction visiting stages 1..N in turn. :func:`replay` runs a recorded or generated trace
@@ -6,10 +6,10 @@ each transaction visiting stages 1..N in turn. :func:`replay` runs a recorded or
 :class:`overtake.controller.sidecar.limiter.Limiter` — the admission code the gateway runs — on a virtual clock,
 with service by exact processor sharing and no network, kernel or Apache in the way.
 
-Uses: the twin of a measurement (bench/apache_table2.py replays the same trace on Apache: measured
-minus twin is the implementation's effect, twin minus model the trace's randomness), and a
-check of the limiter against the MDP: over long traces the twin's mean response time converges
-to the policy's exact E[W] (tests/controller/test_twin.py).
+Uses: the ideal counterpart of a run on Apache (bench/apache_table2.py replays the same trace on
+Apache: the run minus the replay is the implementation's effect, the replay minus the model the
+trace's randomness), and a check of the limiter against the MDP: over long traces the replay's
+mean response time converges to the policy's exact E[W] (tests/controller/test_twin.py).
 
 ``routing`` says when the request for stage i+1 enters: ``next`` (the stages file's ``next``:
 a reservation at stage i's completion, claimed by the follow-up after a zero round trip — what
@@ -17,7 +17,7 @@ the sidecar does), ``client`` (submitted after the completion's decision, as a p
 ``next`` sees it), ``instant`` (submitted before it: the model's routing).
 
 ``cpu_priority`` (:class:`overtake.mdp.priority.CpuPriority`) replaces equal sharing by the
-CPU-priority lever: each admitted request is in a level set by its attained service at the stage
+CPU priority of mod_overtake_prio: each admitted request is in a level set by its attained service at the stage
 (thresholds in model units) and its start phase; levels share the CPU by weight, PS within a level.
 """
 
@@ -68,7 +68,7 @@ def replay(
     dispatch_delay
         Seconds from a request's admission to the start of its service (the hand-over to a
         real server: the sidecar's forward, the server's wake-up); the CPU serves the others
-        meanwhile, or idles. 0 is the ideal twin.
+        meanwhile, or idles. 0 is the ideal replay.
     """
     if not (dispatch_delay >= 0.0 and np.isfinite(dispatch_delay)):
         raise ValueError(f"dispatch_delay: seconds >= 0, got {dispatch_delay!r}")
@@ -84,7 +84,7 @@ def replay(
 
 
 async def _replay(trace: Mapping[str, np.ndarray], policy: SpawnPolicy | str, n_stages: int, unit: float,
-                  mode: str, cap: int, routing: str, lever: CpuPriority | None = None,
+                  mode: str, cap: int, routing: str, priority: CpuPriority | None = None,
                   delay: float = 0.0) -> np.ndarray:
     names = tuple(f"stage{i + 1}" for i in range(n_stages))
     pol = load_policy(policy, names) if isinstance(policy, str) else policy
@@ -100,15 +100,15 @@ async def _replay(trace: Mapping[str, np.ndarray], policy: SpawnPolicy | str, n_
     left: dict[Ticket, float] = {}  # in service: remaining seconds of CPU
     owner: dict[Ticket, tuple[int, int]] = {}  # ticket -> (transaction, stage)
     queued: list[Ticket] = []
-    level: dict[Ticket, int] = {}  # with the lever: each request's level on the CPU
+    level: dict[Ticket, int] = {}  # with CPU priority: each request's level on the CPU
     rate: dict[Ticket, float] = {}
     pending: dict[Ticket, float] = {}  # admitted, service starts at this time (dispatch_delay)
 
     def edge(t: Ticket) -> float:
         """Attained seconds at which t leaves its level (inf in the last)."""
-        assert lever is not None
+        assert priority is not None
         lv, s = level[t], owner[t][1]
-        return lever.thresholds[s][lv] * unit if lv < lever.levels - 1 else np.inf
+        return priority.thresholds[s][lv] * unit if lv < priority.levels - 1 else np.inf
 
     routes = [trace.get(f"route{s}") for s in range(n_stages)]
 
@@ -128,8 +128,8 @@ async def _replay(trace: Mapping[str, np.ndarray], policy: SpawnPolicy | str, n_
     def begin(t: Ticket) -> None:
         i, s = owner[t]
         left[t] = float(demand[s][i])
-        if lever is not None:
-            start = lever.start_levels[s][int(phase[s][i])] if lever.start_levels is not None else 0
+        if priority is not None:
+            start = priority.start_levels[s][int(phase[s][i])] if priority.start_levels is not None else 0
             level[t] = start
 
     def start_admitted() -> None:
@@ -147,13 +147,13 @@ async def _replay(trace: Mapping[str, np.ndarray], policy: SpawnPolicy | str, n_
         t_start = min(pending.values()) if pending else np.inf
         done, t_done = None, np.inf
         demote, t_dem = None, np.inf
-        if k and lever is None:
+        if k and priority is None:
             done = min(left, key=left.__getitem__)
             t_done = now[0] + left[done] * k
         elif k:
-            assert lever is not None
-            wsum = sum(lever.weights[lv] for lv in (level[t] for t in left))
-            rate = {t: lever.weights[level[t]] / wsum for t in left}  # weighted share, PS within a level
+            assert priority is not None
+            wsum = sum(priority.weights[lv] for lv in (level[t] for t in left))
+            rate = {t: priority.weights[level[t]] / wsum for t in left}  # weighted share, PS within a level
             done = min(left, key=lambda t: left[t] / rate[t])
             t_done = now[0] + left[done] / rate[done]
             for t, rem in left.items():
@@ -164,7 +164,7 @@ async def _replay(trace: Mapping[str, np.ndarray], policy: SpawnPolicy | str, n_
         if not np.isfinite(min(t_arr, t_done, t_start)):
             raise RuntimeError(f"replay under {pol.name}: requests wait but none is in service")
         step = min(t_arr, t_done, t_dem, t_start) - now[0]
-        if k and lever is None:
+        if k and priority is None:
             for t in left:
                 left[t] -= step / k  # processor sharing: every admitted request at rate 1/k
         elif k:

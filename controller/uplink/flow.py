@@ -1,4 +1,4 @@
-"""The seam between the gateway and the uplink: one flow per response (papers 000-003).
+"""What the gateway writes responses through: one uplink flow per response (papers 000-003).
 
 The gateway (enforcement) writes every response body to its client through an
 :class:`UplinkFlow`; the :class:`Uplink` (algorithm) decides *how* those bytes leave. Contract
