@@ -19,8 +19,10 @@ $(STAMP): setup.cfg pyproject.toml
 # numba compiles the solver kernels once into its on-disk cache and ahead of time (mdp/_kernels_aot),
 # so no solve pays for compiling nor, with the extension, for importing numba
 # (re-run when a kernel's source changes: numba's cache is keyed by the source file)
-$(WARM): $(STAMP) mdp/_kernels.py mdp/_kernels_jit.py mdp/_simkernel.py mdp/heuristic.py mdp/_warmup.py
+$(WARM): $(STAMP) mdp/_kernels.py mdp/_kernels_jit.py mdp/_simkernel.py mdp/heuristic.py mdp/_warmup.py \
+		fitting/_kernels.py fitting/_uniformization.py fitting/_hypererlang.py fitting/_poisson.py
 	$(BIN)/python -m overtake.mdp._warmup
+	$(BIN)/python -m overtake.fitting._kernels
 	touch $(WARM)
 
 venv: $(WARM)
