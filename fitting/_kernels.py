@@ -123,6 +123,15 @@ def her_em(*args: Any) -> Any:
     return _call("her_em", args)
 
 
+def _caller(kernel: Any, n_args: int) -> Any:
+    """A function that calls the numba dispatcher ``kernel``: exported, it compiles the kernel with the
+    kernel's own options (fastmath for the chain kernels), which exporting its Python source would drop."""
+    names = ", ".join(f"a{k}" for k in range(n_args))
+    scope: dict[str, Any] = {"kernel": kernel}
+    exec(f"def call({names}):\n    return kernel({names})\n", scope)  # numba needs a fixed arity
+    return scope["call"]
+
+
 def build_aot(output_dir: Path = _HERE, cpu: str = "host") -> Path:
     """Compile every kernel into ``_fitting_aot`` (numba.pycc) and record the digest.
 
@@ -136,9 +145,9 @@ def build_aot(output_dir: Path = _HERE, cpu: str = "host") -> Path:
     cc.output_dir = str(output_dir)
     cc.target_cpu = cpu
     cc.verbose = False
-    for exported, (module, kernel, _, _) in SIGNATURES.items():
-        source = getattr(importlib.import_module(f"{__package__}.{module}"), kernel).py_func
-        cc.export(exported, _signature(exported))(source)
+    for exported, (module, kernel, _, args) in SIGNATURES.items():
+        cc.export(exported, _signature(exported))(_caller(getattr(importlib.import_module(f"{__package__}.{module}"), kernel),
+                                                          len(args)))
     cc.compile()
     (output_dir / DIGEST_FILE.name).write_text(source_digest() + "\n")
     return output_dir
