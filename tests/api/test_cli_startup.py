@@ -52,7 +52,7 @@ def test_compare_method_option_reaches_every_solver(capsys):
     assert ew["anderson"] == pytest.approx(ew["rvi"], rel=1e-6)
 
 
-LIGHT_PROBE = """
+HEAVY_PROBE = """
 import contextlib, io, json, sys
 from overtake.api.cli import main
 out, err = io.StringIO(), io.StringIO()
@@ -61,17 +61,27 @@ with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(sys.argv[1:])
     except SystemExit as e:
         code = e.code
-heavy = sorted(m for m in ("numpy", "numba", "scipy", "fastapi", "pydantic", "yaml", "overtake.api.commands")
+heavy = sorted(m for m in ("numpy", "numba", "scipy", "scipy.linalg", "scipy.stats", "scipy.sparse", "pandas",
+                           "fastapi", "pydantic", "yaml", "dask",
+                           "overtake.fitting.em", "overtake.mdp.solver", "overtake.controller.sidecar")
                if any(k == m or k.startswith(m + ".") for k in sys.modules))
-print(json.dumps({"code": code, "out": out.getvalue(), "err": err.getvalue(), "heavy": heavy}))
+solver = sorted(k for k in sys.modules if k.startswith("overtake.mdp"))
+commands = sorted(k for k in sys.modules if k.startswith("overtake.api.commands"))
+print(json.dumps({"code": code, "out": out.getvalue(), "err": err.getvalue(), "heavy": heavy, "solver": solver,
+                  "commands": commands}))
 """
+
+
+def _probe(argv: list[str], cwd: Path | None = None) -> dict:
+    proc = subprocess.run([sys.executable, "-c", HEAVY_PROBE, *argv], capture_output=True, text=True, check=True,
+                          cwd=cwd)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("argv", [["--version"], ["--help"], ["no-such-command"], []])
 def test_version_help_and_a_bad_command_import_nothing_heavy(argv):
-    proc = subprocess.run([sys.executable, "-c", LIGHT_PROBE, *argv], capture_output=True, text=True, check=True)
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert res["heavy"] == [], res
+    res = _probe(argv)
+    assert res["heavy"] == [] and res["commands"] == [], res
     if argv == ["--version"]:
         assert res["code"] == 0 and "overtake-server" in res["out"]
     elif argv == ["--help"]:
@@ -100,30 +110,6 @@ def test_a_named_command_gets_its_full_parser():
     parser = build_parser("compare")
     args = parser.parse_args(["compare", "x.yaml", "--json"])
     assert args.command == "compare" and args.json is True
-
-
-HEAVY_PROBE = """
-import contextlib, io, json, sys
-from overtake.api.cli import main
-out, err = io.StringIO(), io.StringIO()
-with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-    try:
-        code = main(sys.argv[1:])
-    except SystemExit as e:
-        code = e.code
-heavy = sorted(m for m in ("numpy", "numba", "scipy", "scipy.linalg", "scipy.stats", "scipy.sparse", "pandas",
-                           "fastapi", "pydantic", "yaml", "dask",
-                           "overtake.fitting.em", "overtake.mdp.solver", "overtake.controller.sidecar")
-               if any(k == m or k.startswith(m + ".") for k in sys.modules))
-solver = sorted(k for k in sys.modules if k.startswith("overtake.mdp"))
-print(json.dumps({"code": code, "err": err.getvalue(), "heavy": heavy, "solver": solver}))
-"""
-
-
-def _probe(argv: list[str], cwd: Path | None = None) -> dict:
-    proc = subprocess.run([sys.executable, "-c", HEAVY_PROBE, *argv], capture_output=True, text=True, check=True,
-                          cwd=cwd)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("command", ["fit", "solve", "compare", "simulate", "sweep", "sidecar", "uplink", "apache",
