@@ -19,8 +19,10 @@ $(STAMP): setup.cfg pyproject.toml
 # numba compiles the solver kernels once into its on-disk cache and ahead of time (mdp/_kernels_aot),
 # so no solve pays for compiling nor, with the extension, for importing numba
 # (re-run when a kernel's source changes: numba's cache is keyed by the source file)
-$(WARM): $(STAMP) mdp/_kernels.py mdp/_kernels_jit.py mdp/_simkernel.py mdp/heuristic.py mdp/_warmup.py
+$(WARM): $(STAMP) mdp/_kernels.py mdp/_kernels_jit.py mdp/_simkernel.py mdp/heuristic.py mdp/_warmup.py \
+		fitting/_kernels.py fitting/_uniformization.py fitting/_hypererlang.py fitting/_poisson.py
 	$(BIN)/python -m overtake.mdp._warmup
+	$(BIN)/python -m overtake.fitting._kernels
 	touch $(WARM)
 
 venv: $(WARM)
@@ -51,7 +53,7 @@ DEB_ARCH   := $(shell dpkg --print-architecture 2>/dev/null || echo amd64)
 DEB        := dist/overtake-server_$(VERSION)_$(DEB_ARCH).deb
 DEB_INPUTS := setup.cfg pyproject.toml README.md LICENSE $(shell find overtake fitting mdp controller api apache-conf \
 	dashboards examples/sidecar docs/howto/install-debian.md packaging/deb -type f -not -path '*/__pycache__/*' \
-	-not -name '_kernels_aot*' 2>/dev/null)
+	-not -name '_kernels_aot*' -not -name '_fitting_aot*' 2>/dev/null)
 
 deb: $(DEB)
 

@@ -22,9 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
-from scipy.linalg import expm
 
-from . import _uniformization as _u
+from . import _kernels as _u
 from .data import Observations
 
 FloatArray = npt.NDArray[np.float64]
@@ -138,6 +137,8 @@ def estep_reference(
 
     Returns ``(loglik, B, Z, N (dense p x p), E)``.
     """
+    from scipy.linalg import expm  # here only: a fit does not pay for scipy's import
+
     p = alpha.size
     t = -T.sum(axis=1)
     one = np.ones(p)

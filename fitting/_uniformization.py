@@ -28,13 +28,14 @@ import numpy.typing as npt
 
 from overtake.jit import njit
 
+from ._poisson import EM_POISSON_EPS, MAX_STEP, POISSON_EPS
+
 # Annotations only (numba compiles from the arguments' types): float64 and int64 arrays.
 F = npt.NDArray[np.float64]
 I = npt.NDArray[np.int64]
 
-POISSON_EPS = 1e-13  # evaluation accuracy
-MAX_STEP = 300.0  # largest q*dt between renormalisations (grids are refined to respect it)
-EM_POISSON_EPS = 1e-10  # E-step: renormalised weights keep mass exact, direction error ~eps
+__all__ = ["EM_POISSON_EPS", "MAX_STEP", "POISSON_EPS", "backward", "backward_chain", "forward", "forward_chain",
+           "poisson_capacity", "poisson_weights"]
 
 
 @njit(cache=True)

@@ -29,7 +29,8 @@ import numpy.typing as npt
 
 from overtake import install_hint
 
-from . import _hypererlang as _her
+from . import _her_start as _her
+from . import _kernels
 from ._estep import Sparse, Stats, estep
 from .data import Observations, binned, samples
 from .errors import FittingInputError
@@ -409,12 +410,12 @@ def _fit_her_exact(obs: Observations, p: int, *, max_iter: int, rtol: float,
     screened = []
     for sh in cands:
         shp, pi, lam = _her.initial(cx, cw, sh)
-        trace, n_it, conv = _her.her_em(cx, cw, shp, pi, lam, max(2, min(screen_iter, max_iter)), rtol)
+        trace, n_it, conv = _kernels.her_em(cx, cw, shp, pi, lam, max(2, min(screen_iter, max_iter)), rtol)
         screened.append((trace[-1], shp, pi, lam))
     screened.sort(key=lambda r: -r[0])
     best = None
     for _, shp, pi, lam in screened[:refine]:
-        trace, n_it, conv = _her.her_em(x, w, shp, pi, lam, max_iter, rtol)
+        trace, n_it, conv = _kernels.her_em(x, w, shp, pi, lam, max_iter, rtol)
         res = (trace[-1], shp, pi, lam, trace, n_it, conv)
         if best is None or res[0] > best[0]:
             best = res

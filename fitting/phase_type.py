@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from overtake.phases import mean_order, phase_means
 
-from . import _uniformization as _u
+from . import _kernels as _u
 from .errors import InvalidParameterError
 
 __all__ = ["PhaseType", "check_random_state"]

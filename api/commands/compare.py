@@ -6,9 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from overtake.api.scenario import load_scenario
-from overtake.mdp.budget import DEFAULT_MAX_STATES, check_budget
-from overtake.mdp.comparison import compare
+from overtake.api.commands.defaults import DEFAULT_MAX_STATES
 
 
 def register(subparsers: Any) -> None:
@@ -32,9 +30,12 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the solver's imports only once the options have parsed
     from overtake.api.progress import progress_bar
+    from overtake.api.scenario import load_scenario
     from overtake.mdp.baselines import Baseline
-    from overtake.mdp.comparison import default_baselines
+    from overtake.mdp.budget import check_budget
+    from overtake.mdp.comparison import compare, default_baselines
 
     sc, model = load_scenario(args.scenario)
     phase_info = args.phase_info or sc.phase_info

@@ -20,17 +20,20 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from overtake.api.commands.defaults import DEFAULT_MAX_STATES
+from overtake.fitting.errors import FittingInputError
 
-from overtake.fitting import STRUCTURES, FitResult, FittingInputError, Observations, diagnose, fit_observations, samples
-from overtake.fitting.em import MAX_AUTO_ORDER
-from overtake.regex import check_pattern
+if TYPE_CHECKING:
+    import numpy as np
 
-#: overtake.mdp.budget.DEFAULT_MAX_STATES, written out so that `overtake fit` imports nothing of the
-#: solver (tests/mdp/test_mdp_exports.py checks both the import and the value)
-DEFAULT_MAX_STATES = 4_000_000
+    from overtake.fitting import FitResult, Observations
+
+#: overtake.fitting.em's STRUCTURES and MAX_AUTO_ORDER, written out so that parsing and checking the
+#: options imports neither numpy nor the EM (tests/fitting/test_cli.py checks they agree)
+STRUCTURES = ("cf1", "coxian", "general", "hyperexp", "hypererlang")
+MAX_AUTO_ORDER = 12
 
 
 class FitUsageError(FittingInputError):
@@ -87,6 +90,8 @@ def _order(value: str) -> int | str:
 
 
 def _stages(specs: list[str]) -> dict[str, str]:
+    from overtake.regex import check_pattern
+
     out: dict[str, str] = {}
     for spec in specs:
         name, sep, rx = spec.partition("=")
@@ -101,9 +106,10 @@ def _stages(specs: list[str]) -> dict[str, str]:
     return out
 
 
-def _load(args: argparse.Namespace) -> tuple[dict[str, np.ndarray], list[str]]:
-    from overtake.fitting import io
+def _input(args: argparse.Namespace) -> dict[str, str] | str:
+    """The checked input options: the stages of an Apache log, or the stage name of FILE.
 
+    Checked before anything is read or imported, so a wrong option costs no start-up."""
     if args.apache_log and args.file:
         raise FitUsageError("give either FILE or --apache-log, not both")
     if args.apache_log:
@@ -112,18 +118,25 @@ def _load(args: argparse.Namespace) -> tuple[dict[str, np.ndarray], list[str]]:
         stages = _stages(args.stage)
         if not stages:
             raise FitUsageError("--apache-log needs at least one --stage NAME=REGEX")
-        res = io.read_apache_log(args.apache_log, args.log_format, stages)
-        return res.stages, res.report()
+        return stages
     if not args.file:
         raise FitUsageError("give FILE (durations) or --apache-log LOG")
     if not (math.isfinite(args.scale) and args.scale > 0):
         raise FitUsageError(f"--scale must be > 0, got {args.scale}")
-    column: str | int | None = args.column
-    x = io.read_durations(args.file, column=column, scale=args.scale)
-    name = args.name or Path(args.file).stem
+    name: str = args.name or Path(args.file).stem
     if not name.replace("_", "").replace("-", "").replace(".", "").isalnum():
         raise FitUsageError(f"--name must be letters, digits, '_', '.', '-', got {name!r}")
-    return {name: x}, []
+    return name
+
+
+def _load(args: argparse.Namespace, source: dict[str, str] | str) -> tuple[dict[str, np.ndarray], list[str]]:
+    from overtake.fitting import io
+
+    if isinstance(source, dict):
+        res = io.read_apache_log(args.apache_log, args.log_format, source)
+        return res.stages, res.report()
+    column: str | int | None = args.column
+    return {source: io.read_durations(args.file, column=column, scale=args.scale)}, []
 
 
 def _phases(phases: list[dict[str, Any]]) -> str:
@@ -165,6 +178,7 @@ def _shift(value: str | None) -> float | str | None:
 def _fit_floor(obs: Observations, shift: float | str, order: int | str, budget: int,
                args: argparse.Namespace) -> tuple[FitResult, dict[str, Any], list[str]]:
     """Constant + PH within ``budget`` phases; the fit file, and the lines comparing it with a plain fit."""
+    from overtake.fitting import fit_observations
     from overtake.fitting.shifted import fit_shifted
 
     if budget < 2:
@@ -220,13 +234,19 @@ def run(args: argparse.Namespace) -> int:
         raise FitUsageError(f"--max-iter must be >= 1, got {args.max_iter}")
     if args.max_states < 1:
         raise FitUsageError(f"--max-states must be >= 1, got {args.max_states}")
-    data, report = _load(args)
-    for line in report:
-        print(line)
-    max_order = _budget_order(len(data), args.max_states) if order == "auto" else None
     shift = _shift(args.shift)
     if shift is not None and args.censor_at is not None:
         raise FitUsageError("--shift needs exact durations: drop --censor-at")
+    source = _input(args)
+    # the options are good: only now the EM's imports (numpy, numba's kernels) and the data
+    import numpy as np
+
+    from overtake.fitting import diagnose, fit_observations, samples
+
+    data, report = _load(args, source)
+    for line in report:
+        print(line)
+    max_order = _budget_order(len(data), args.max_states) if order == "auto" else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from overtake.api.progress import progress_iter

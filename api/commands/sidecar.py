@@ -21,15 +21,19 @@ import argparse
 import asyncio
 import logging
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from overtake.controller.errors import SidecarInputError
-from overtake.controller.sidecar.config import SidecarConfig, load_config, to_options
-from overtake.controller.sidecar.logs import configure_logging
-from overtake.controller.sidecar.options import SidecarOptions
-from overtake.controller.sidecar.service import Sidecar
-from overtake.controller.sidecar.stages import StageTable, load_stages
-from overtake.controller.uplink.bands import TOP_FRACTION
+
+if TYPE_CHECKING:
+    from overtake.controller.sidecar.config import SidecarConfig
+    from overtake.controller.sidecar.options import SidecarOptions
+    from overtake.controller.sidecar.service import Sidecar
+    from overtake.controller.sidecar.stages import StageTable
+
+#: overtake.controller.uplink.bands.TOP_FRACTION, written out so that parsing the options imports nothing
+#: of the sidecar (tests/api/test_cli_startup.py checks they agree)
+TOP_FRACTION = 0.005
 
 log = logging.getLogger("overtake.sidecar")
 _ONLINE_FLAGS = ("refit_interval", "min_samples", "arrival_window", "access_log", "swap_margin", "refit_tolerance")
@@ -183,6 +187,8 @@ async def _main(side: Sidecar) -> None:
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The flags given on the command line, as config keys (online flags under ``online``)."""
+    from overtake.controller.sidecar.config import SidecarConfig
+
     given = {k: v for k, v in vars(args).items() if v is not None and k in SidecarConfig.model_fields}
     online = {k: v for k, v in vars(args).items() if v is not None and k in _ONLINE_FLAGS}
     if getattr(args, "online", None):
@@ -197,6 +203,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def options_from_args(args: argparse.Namespace) -> tuple[SidecarConfig, SidecarOptions]:
     """The validated config (file + flags) and the sidecar's options."""
+    from overtake.controller.sidecar.config import load_config, to_options
+
     cfg = load_config(args.config, _overrides(args))
     return cfg, to_options(cfg)
 
@@ -205,6 +213,12 @@ def run(args: argparse.Namespace) -> int:
     """Build the sidecar from the config file and the flags, and serve until SIGTERM."""
     if args.config is None and args.policy is None and args.policy_url is None:
         raise SidecarInputError("policy: give --policy FILE|pi(k)|passthrough or --policy-url URL")
+    # the sidecar's imports only once the options have parsed
+    from overtake.controller.sidecar.config import load_config
+    from overtake.controller.sidecar.logs import configure_logging
+    from overtake.controller.sidecar.service import Sidecar
+    from overtake.controller.sidecar.stages import load_stages
+
     cfg, opts = options_from_args(args)
     table = load_stages(cfg.stages)
 

@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from overtake.api.scenario import load_scenario
 from overtake.mdp.errors import ModelError
 
 
@@ -158,14 +157,16 @@ def _print(doc: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.requests < 1:
+        raise ModelError(f"--requests must be >= 1, got {args.requests}")
+    # the solver's imports only once the options have parsed
+    from overtake.api.scenario import load_scenario
     from overtake.mdp.baselines import Baseline
     from overtake.mdp.policy import Policy
     from overtake.mdp.simulation import simulate
 
     sc, model = load_scenario(args.scenario)
     progress = None if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
-    if args.requests < 1:
-        raise ModelError(f"--requests must be >= 1, got {args.requests}")
     observed = args.phase_info in ("none", "route")
     policy = _policy(args.policy, sc, model, progress, args.phase_info if observed else "full")
     service = _services(args.service_from, model)

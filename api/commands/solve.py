@@ -8,12 +8,8 @@ import sys
 from typing import Any
 
 from overtake import install_hint
-from overtake.api.scenario import load_scenario
-from overtake.mdp import solve
-from overtake.mdp.budget import DEFAULT_MAX_STATES, check_budget
+from overtake.api.commands.defaults import DEFAULT_MAX_STATES
 from overtake.mdp.errors import ModelError
-from overtake.mdp.rule_evaluation import evaluate_baseline, evaluate_rule
-from overtake.mdp.rules import overtaking_rule
 
 
 def register(subparsers: Any) -> None:
@@ -45,7 +41,13 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # the solver's imports only once the options have parsed
     from overtake.api.progress import progress_bar
+    from overtake.api.scenario import load_scenario
+    from overtake.mdp import solve
+    from overtake.mdp.budget import check_budget
+    from overtake.mdp.rule_evaluation import evaluate_baseline, evaluate_rule
+    from overtake.mdp.rules import overtaking_rule
 
     sc, model = load_scenario(args.scenario)
     args.phase_info = args.phase_info or sc.phase_info

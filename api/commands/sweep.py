@@ -7,8 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from overtake import install_hint
 from overtake.mdp.errors import ModelError
 
@@ -24,13 +22,6 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        import dask.distributed  # noqa: F401
-    except ImportError:
-        raise ModelError(f"overtake sweep needs Dask: {install_hint('sweep')}") from None
-    from overtake.api.progress import progress_bar
-    from overtake.mdp.sweep import parse_grid, plot_gains, run_sweep, write_table
-
     low = args.out.lower()
     if not (low.endswith(".csv") or low.endswith(".parquet") or low.endswith(".pq")):
         raise ModelError(f"--out {args.out}: use a .csv or .parquet file name")
@@ -38,6 +29,16 @@ def run(args: argparse.Namespace) -> int:
         raise ModelError(f"--workers must be >= 1, got {args.workers}")
     if args.scheduler and args.workers is not None:
         raise ModelError("--workers applies to the local cluster; drop it when giving --scheduler")
+    # Dask, pandas and the solver only once the options are good
+    try:
+        import dask.distributed  # noqa: F401
+    except ImportError:
+        raise ModelError(f"overtake sweep needs Dask: {install_hint('sweep')}") from None
+    import yaml
+
+    from overtake.api.progress import progress_bar
+    from overtake.mdp.sweep import parse_grid, plot_gains, run_sweep, write_table
+
     path = Path(args.grid)
     try:
         doc = yaml.safe_load(path.read_text())

@@ -16,10 +16,14 @@ import argparse
 import dataclasses
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from overtake.controller.uplink import qdisc
-from overtake.controller.uplink.errors import QdiscError, QdiscPermissionError
+if TYPE_CHECKING:
+    from overtake.controller.uplink import qdisc
+
+#: overtake.controller.uplink.qdisc.MODES, written out so that parsing the options imports nothing of the
+#: controller (tests/api/test_cli_startup.py checks they agree)
+MODES = ("htb", "tbf")
 
 
 def register(subparsers: Any) -> None:
@@ -42,7 +46,7 @@ def register(subparsers: Any) -> None:
         a.add_argument("--dev", required=True, help="interface, e.g. eth0 or a veth")
         a.add_argument("--netns", default=None, help="network namespace of the interface")
         if name == "install":
-            a.add_argument("--mode", choices=("auto", *qdisc.MODES), default="auto")
+            a.add_argument("--mode", choices=("auto", *MODES), default="auto")
             a.add_argument("--rate", default="10mbit", help="egress rate, tc units (10mbit)")
             a.add_argument("--leaf-limit", type=int, default=1000, help="packets per band")
             a.add_argument("--floor", type=float, default=0.0,
@@ -72,6 +76,9 @@ def _print_result(res: qdisc.InstallResult, args: argparse.Namespace, verb: str)
 
 def run(args: argparse.Namespace) -> int:
     """Run one action; input errors raise ValueError (exit 2 via the dispatcher)."""
+    from overtake.controller.uplink import qdisc
+    from overtake.controller.uplink.errors import QdiscError, QdiscPermissionError
+
     try:
         if args.uplink_action == "install":
             res = qdisc.install(

@@ -47,7 +47,7 @@ step "venv ($PY) and the wheel"
 # a wheel as pip users get it: from a copy, so nothing the checkout has built (build/, .so) leaks in
 mkdir "$WORK/src"
 tar -C "$REPO" --exclude=.git --exclude=.venv --exclude=build --exclude=dist --exclude='*.egg-info' \
-    --exclude=__pycache__ --exclude='_kernels_aot*' -cf - . | tar -C "$WORK/src" -xf -
+    --exclude=__pycache__ --exclude='_kernels_aot*' --exclude='_fitting_aot*' -cf - . | tar -C "$WORK/src" -xf -
 "$VENV/bin/python" -m pip wheel -q --no-deps -w "$WORK/wheel" "$WORK/src"
 "$VENV/bin/python" -m pip install -q --no-compile "$WORK"/wheel/overtake_server-*.whl
 

@@ -52,7 +52,7 @@ def test_compare_method_option_reaches_every_solver(capsys):
     assert ew["anderson"] == pytest.approx(ew["rvi"], rel=1e-6)
 
 
-LIGHT_PROBE = """
+HEAVY_PROBE = """
 import contextlib, io, json, sys
 from overtake.api.cli import main
 out, err = io.StringIO(), io.StringIO()
@@ -61,17 +61,27 @@ with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(sys.argv[1:])
     except SystemExit as e:
         code = e.code
-heavy = sorted(m for m in ("numpy", "numba", "scipy", "fastapi", "pydantic", "yaml", "overtake.api.commands")
+heavy = sorted(m for m in ("numpy", "numba", "scipy", "scipy.linalg", "scipy.stats", "scipy.sparse", "pandas",
+                           "fastapi", "pydantic", "yaml", "dask",
+                           "overtake.fitting.em", "overtake.mdp.solver", "overtake.controller.sidecar")
                if any(k == m or k.startswith(m + ".") for k in sys.modules))
-print(json.dumps({"code": code, "out": out.getvalue(), "err": err.getvalue(), "heavy": heavy}))
+solver = sorted(k for k in sys.modules if k.startswith("overtake.mdp"))
+commands = sorted(k for k in sys.modules if k.startswith("overtake.api.commands"))
+print(json.dumps({"code": code, "out": out.getvalue(), "err": err.getvalue(), "heavy": heavy, "solver": solver,
+                  "commands": commands}))
 """
+
+
+def _probe(argv: list[str], cwd: Path | None = None) -> dict:
+    proc = subprocess.run([sys.executable, "-c", HEAVY_PROBE, *argv], capture_output=True, text=True, check=True,
+                          cwd=cwd)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("argv", [["--version"], ["--help"], ["no-such-command"], []])
 def test_version_help_and_a_bad_command_import_nothing_heavy(argv):
-    proc = subprocess.run([sys.executable, "-c", LIGHT_PROBE, *argv], capture_output=True, text=True, check=True)
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert res["heavy"] == [], res
+    res = _probe(argv)
+    assert res["heavy"] == [] and res["commands"] == [], res
     if argv == ["--version"]:
         assert res["code"] == 0 and "overtake-server" in res["out"]
     elif argv == ["--help"]:
@@ -100,3 +110,62 @@ def test_a_named_command_gets_its_full_parser():
     parser = build_parser("compare")
     args = parser.parse_args(["compare", "x.yaml", "--json"])
     assert args.command == "compare" and args.json is True
+
+
+@pytest.mark.parametrize("command", ["fit", "solve", "compare", "simulate", "sweep", "sidecar", "uplink", "apache",
+                                     "api", "prometheus"])
+def test_a_commands_help_imports_nothing_heavy(command):
+    res = _probe([command, "--help"])
+    assert res["code"] == 0 and res["heavy"] == [], res
+
+
+@pytest.mark.parametrize("argv", [
+    ["solve"],  # the scenario missing
+    ["solve", str(CASE1), "--phase-info", "blind"],
+    ["solve", str(CASE1), "--max-states", "many"],
+    ["compare", str(CASE1), "--method", "newton"],
+    ["simulate", str(CASE1), "--requests", "lots"],
+    ["fit", "--order", "x"],
+    ["fit", "durations.txt", "--order", "x"],
+    ["fit", "durations.txt", "--max-iter", "0"],
+    ["fit", "durations.txt", "--shift", "soon"],
+    ["fit", "durations.txt", "--censor-at", "-1"],
+    ["fit", "durations.txt", "--apache-log", "access.log"],
+    ["sweep", "grid.yaml", "--out", "results.txt"],
+    ["uplink", "install", "--dev", "eth0", "--mode", "cake"],
+    ["sidecar", "--loop", "trio"],
+])
+def test_an_argument_error_imports_nothing_heavy(argv, tmp_path):
+    (tmp_path / "durations.txt").write_text("1.0\n2.0\n3.0\n")
+    res = _probe(argv, cwd=tmp_path)
+    assert res["code"] == 2 and res["err"].strip(), res
+    assert res["heavy"] == [], res
+
+
+def test_a_fit_loads_nothing_of_the_solver(tmp_path):
+    """`overtake fit` pays for the EM, not for the solver: no overtake.mdp module, none of scipy's
+    sparse solvers or statistics; with the kernels' extension, no numba either (whose start loads yaml,
+    scipy and scipy.linalg)."""
+    x = [0.1 * (1 + (7 * k) % 13) for k in range(200)]
+    (tmp_path / "d.txt").write_text("\n".join(map(str, x)) + "\n")
+    res = _probe(["fit", "d.txt", "--out", "out"], cwd=tmp_path)
+    assert res["code"] == 0 and (tmp_path / "out" / "d.json").is_file(), res
+    assert res["solver"] == [], res
+    assert not [m for m in res["heavy"] if m in ("scipy.stats", "scipy.sparse", "pandas", "fastapi", "pydantic",
+                                                 "dask")], res
+    from overtake.fitting import _kernels
+
+    if _kernels.aot_active():  # the fitting kernels' extension: neither numba nor what its start loads
+        assert not {"numba", "scipy", "yaml"} & set(res["heavy"]), res
+
+
+def test_the_commands_copies_of_library_constants_agree():
+    """Options shown by `--help` carry a few library constants written out (so parsing imports no
+    library); each must stay the library's own."""
+    from overtake.api.commands import defaults, sidecar, uplink
+    from overtake.controller.uplink import bands, qdisc
+    from overtake.mdp import budget
+
+    assert uplink.MODES == qdisc.MODES
+    assert sidecar.TOP_FRACTION == bands.TOP_FRACTION
+    assert defaults.DEFAULT_MAX_STATES == budget.DEFAULT_MAX_STATES

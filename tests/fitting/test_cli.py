@@ -171,3 +171,12 @@ def test_shift_usage_errors(durations: Path, capsys: pytest.CaptureFixture[str])
     assert "--shift must be > 0 seconds" in capsys.readouterr().err
     assert _main([str(durations), "--shift", "10"]) == 2
     assert "--shift: shift: 10 s is not below the smallest duration" in capsys.readouterr().err
+
+
+def test_the_commands_copies_of_the_fitting_constants_agree():
+    """`overtake fit` writes the structures and the largest auto order out so that parsing imports
+    no EM; they must stay the EM's own."""
+    from overtake.fitting import em
+
+    assert fit_cmd.STRUCTURES == em.STRUCTURES
+    assert fit_cmd.MAX_AUTO_ORDER == em.MAX_AUTO_ORDER
