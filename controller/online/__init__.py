@@ -25,7 +25,7 @@ Estimates
 * **Service demand per completed stage request**, two sources, the log preferred:
 
   - ``access_log`` — Apache's own note of the thread CPU the stage handler burnt
-    (``cpu_us=%{stage_cpu_us}n`` in :data:`overtake.controller.online.log_format.LOG_FORMAT`), tailed from the
+    (``cpu_us=%{stage_cpu_us}n`` in :data:`overtake.controller.log_format.LOG_FORMAT`), tailed from the
     access log given with ``--access-log``;
   - ``attained`` — the attained service under processor sharing (paper 004, §2: with K active
     threads each progresses at rate c(K)/K, c(K) = min(K, m)/(1 + δK),

@@ -112,7 +112,7 @@ class AccessLogTail:
     def __init__(self, path: str | os.PathLike[str], table: StageTable) -> None:
         import apachelogs
 
-        from overtake.controller.online.log_format import LOG_FORMAT
+        from overtake.controller.log_format import LOG_FORMAT
 
         self.path = Path(path)
         self.table = table

@@ -63,7 +63,7 @@ with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = e.code
 heavy = sorted(m for m in ("numpy", "numba", "scipy", "scipy.linalg", "scipy.stats", "scipy.sparse", "pandas",
                            "fastapi", "pydantic", "yaml", "dask",
-                           "overtake.fitting.em", "overtake.mdp.solver", "overtake.controller.sidecar")
+                           "overtake.fitting.em", "overtake.mdp.solver", "overtake.controller.sidecar.service")
                if any(k == m or k.startswith(m + ".") for k in sys.modules))
 solver = sorted(k for k in sys.modules if k.startswith("overtake.mdp"))
 commands = sorted(k for k in sys.modules if k.startswith("overtake.api.commands"))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from overtake.controller.errors import ApacheInputError
 from overtake.controller.harness.apache.cpu_priority import CpuPriority, config_tokens
-from overtake.controller.online.log_format import LOG_FORMAT
+from overtake.controller.log_format import LOG_FORMAT
 
 __all__ = [
     "APACHE_BIN",
