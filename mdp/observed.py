@@ -17,7 +17,11 @@ observation class), every one evaluated exactly on the full chain:
 2. Improve: the weighted-Q step of :meth:`ObservationSpace.propose` in every class; accept it
    only if the exact gain is lower. If not, try the changed classes with the largest first-order
    gains (a quarter of them, a sixteenth, …, one), then single classes in that order; stop when
-   no step lowers the exact gain or no class proposes a change. Every step is recorded.
+   no step lowers the exact gain or no class proposes a change. Every step is recorded. The
+   starting tables and the trials are screened by their stationary gain alone
+   (:meth:`ObservationSpace.stationary_gain`, exact, warm-started from the current law): only
+   the starts searched from and the trials not clearly worse are evaluated in full (bias and
+   law), and a step is accepted on that full evaluation's gain.
 3. Auto-truncation as for π* (:mod:`overtake.mdp.optimum`, :mod:`overtake.mdp.caps`): the table,
    extended beyond its cap by :class:`overtake.mdp.Policy`'s projection, is evaluated exactly on
    request caps C, 1.5C, … until E[W] moves by less than ``tol``; the solve cap grows by 1.25
