@@ -1,7 +1,15 @@
 """Paper 004 Table 1 through the CLI: twelve sequential `overtake compare CASE --json` processes.
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/cli_table1.py [--exe PATH] [--cases 1,...,12]
+        [--phase-info full|none|route] [--cpu-priority none|age]
         [--reference OLD.json] [--repeat N] [--other RUN.json | --other-exe PATH] [--json] [--no-write]
+
+``--phase-info none`` or ``route``, or ``--cpu-priority age``, times `overtake solve CASE
+--phase-info X [--cpu-priority age] --out P.npz` instead (the solves auto mode and the online loop
+run) and reads the policy's E[W] from the file. ``route`` solves a copy of each case with route
+classes on its two-phase stages (the split of bench/value_of_information.py) and skips the cases
+without one. Every process's CPU seconds (user + sys, from ``getrusage``) are recorded beside its
+wall time: on a shared machine CPU time is the figure to compare.
 
 What a user pays: each case is a fresh process (start-up, imports, compiled kernels loaded from
 the cache, the solve, the baselines), one after another, at the scenario's tolerance (0.1 %).
@@ -21,8 +29,10 @@ import argparse
 import datetime as dt
 import json
 import os
+import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -41,21 +51,89 @@ def git_rev(path: Path) -> str:
         return "unknown"
 
 
-def run_case(exe: str, case: int) -> dict[str, Any]:
+def scenario(case: int, phase_info: str, scratch: Path) -> Path | None:
+    """The case's scenario file; for ``route`` a copy with route classes (None: no two-phase stage)."""
     scen = ROOT / "examples" / "table1" / f"case{case:02d}.yaml"
+    if phase_info != "route":
+        return scen
+    import yaml
+    from value_of_information import route_split
+
+    from overtake.api.scenario import load_scenario
+
+    _, model = load_scenario(scen)
+    split = route_split(model)
+    if split is None:
+        return None
+    doc = yaml.safe_load(scen.read_text())
+    for st, rs in zip(doc["stages"], split.to_dict()):
+        if len(rs) > 1:
+            st["routes"] = rs
+    out = scratch / f"case{case:02d}-routes.yaml"
+    out.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return out
+
+
+def _cpu_children() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def run_case(exe: str, case: int, phase_info: str = "full", cpu_priority: str = "none",
+             scratch: Path | None = None) -> dict[str, Any] | None:
+    """One case in a fresh process: `compare --json` (full, no CPU priority) or `solve --out`; None
+    where ``route`` does not apply (no two-phase stage)."""
+    scratch = scratch or Path(tempfile.gettempdir())
+    scen = scenario(case, phase_info, scratch)
+    if scen is None:
+        return None
+    compare = phase_info == "full" and cpu_priority == "none"
+    out = scratch / f"case{case:02d}-{phase_info}-{cpu_priority}.npz"
+    cmd = ([exe, "compare", str(scen), "--json", "--quiet"] if compare else
+           [exe, "solve", str(scen), "--phase-info", phase_info, "--out", str(out), "--quiet"]
+           + (["--cpu-priority", "age"] if cpu_priority == "age" else []))
     load0 = os.getloadavg()[0]
+    cpu0 = _cpu_children()
     t0 = time.perf_counter()
-    proc = subprocess.run([exe, "compare", str(scen), "--json", "--quiet"], capture_output=True, text=True, check=False,
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False,
                           env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
     wall = time.perf_counter() - t0
+    cpu = _cpu_children() - cpu0
     if proc.returncode != 0:
         raise SystemExit(f"case {case}: exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
-    doc = json.loads(proc.stdout)
-    return {
-        "case": case, "wall_s": wall, "load_before": load0, "load_after": os.getloadavg()[0],
-        "states": doc["states"], "iterations": doc["iterations"], "method": doc.get("method"),
-        "mean_response_time": {k: v["mean_response_time"] for k, v in doc["policies"].items()},
-    }
+    rec: dict[str, Any] = {"case": case, "wall_s": wall, "cpu_s": cpu, "load_before": load0,
+                           "load_after": os.getloadavg()[0]}
+    if compare:
+        doc = json.loads(proc.stdout)
+        return {**rec, "states": doc["states"], "iterations": doc["iterations"], "method": doc.get("method"),
+                "mean_response_time": {k: v["mean_response_time"] for k, v in doc["policies"].items()}}
+    from overtake.mdp.policy import Policy
+
+    meta = Policy.load(out).meta
+    label = phase_info if phase_info != "full" else "pi*"
+    ew = {label: meta["metrics"]["mean_response_time"]}
+    if cpu_priority == "age":
+        ew.update({f"{k} (age)": v for k, v in _age_predictions(meta["cpu_priority"]["age"]).items()})
+    return {**rec, "states": meta["metrics"]["states"], "iterations": len(meta.get("truncation_trace", [])),
+            "method": meta.get("method"), "source": meta.get("observation", {}).get("source"),
+            "mean_response_time": ew}
+
+
+def _age_predictions(age: Any) -> dict[str, float]:
+    """The predicted E[W]s in a policy file's age-priority record (whatever its layout: every
+    ``mean_response_time`` found, keyed by where it sits)."""
+    found: dict[str, float] = {}
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k == "mean_response_time" and isinstance(v, (int, float)):
+                    found[path or "policy"] = float(v)
+                else:
+                    walk(v, f"{path}.{k}" if path else str(k))
+
+    walk(age, "")
+    return found
 
 
 def main() -> int:
@@ -67,10 +145,17 @@ def main() -> int:
     ap.add_argument("--other", help="a --json run of another --exe in the same session, for the section's table")
     ap.add_argument("--other-exe", help="another install's `overtake`, run case by case in alternation with --exe "
                                          "(both see the same load; shown beside it like --other)")
+    ap.add_argument("--phase-info", choices=("full", "none", "route"), default="full",
+                    help="full: `overtake compare` (default); none or route: `overtake solve --phase-info X` "
+                         "(route: the cases with a two-phase stage, with route classes added)")
+    ap.add_argument("--cpu-priority", choices=("none", "age"), default="none",
+                    help="age: `overtake solve --cpu-priority age` (the threshold chosen and predicted)")
     ap.add_argument("--json", action="store_true", help="print the run as one JSON document")
     ap.add_argument("--no-write", action="store_true", help=f"do not append to {RESULTS.relative_to(ROOT)}")
     args = ap.parse_args()
     cases = [int(x) for x in args.cases.split(",")]
+    kind = {"phase_info": args.phase_info, "cpu_priority": args.cpu_priority}
+    scratch = tempfile.TemporaryDirectory(prefix="cli_table1-")
     runs: list[dict[str, Any]] = []
     other_runs: list[dict[str, Any]] = []
     for _ in range(args.repeat):
@@ -79,13 +164,17 @@ def main() -> int:
         per_other: list[dict[str, Any]] = []
         for c in cases:
             if args.other_exe:
-                per_other.append(run_case(args.other_exe, c))
-            per.append(run_case(args.exe, c))
+                o = run_case(args.other_exe, c, args.phase_info, args.cpu_priority, Path(scratch.name))
+                if o is not None:
+                    per_other.append(o)
+            r = run_case(args.exe, c, args.phase_info, args.cpu_priority, Path(scratch.name))
+            if r is None:
+                continue
+            per.append(r)
             if not args.json:
-                r = per[-1]
-                print(f"case {c:2d}: {r['wall_s']:6.2f} s  {r['states']:7d} states  {r['iterations']:6d} "
-                      f"{r['method']} steps  E[W](pi*) {r['mean_response_time']['pi*']:.6f}  "
-                      f"load {r['load_before']:.2f}", file=sys.stderr, flush=True)
+                name, ew = next(iter(r["mean_response_time"].items()))
+                print(f"case {c:2d}: {r['wall_s']:6.2f} s wall {r['cpu_s']:6.2f} s CPU  {r['states']:7d} states  "
+                      f"E[W]({name}) {ew:.6f}  load {r['load_before']:.2f}", file=sys.stderr, flush=True)
         # alternating, a sequence's wall time is the sum of its cases'
         total = sum(r["wall_s"] for r in per) if args.other_exe else time.perf_counter() - t0
         runs.append({"total_wall_s": total, "cases": per})
@@ -94,13 +183,17 @@ def main() -> int:
     out: dict[str, Any] = {
         "bench": "cli_table1", "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": machine(), "exe": args.exe, "rev": git_rev(Path(args.exe).resolve().parents[2]),
-        "command": "OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/cli_table1.py " + " ".join(sys.argv[1:]),
+        "command": "OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/cli_table1.py " + " ".join(sys.argv[1:]), **kind,
         "_reference_arg": args.reference, "_other_arg": args.other,
         "runs": runs, "max_load": max(max(r["load_before"], r["load_after"]) for run in runs for r in run["cases"]),
     }
     if args.other_exe:
         out["other_exe"] = {"exe": args.other_exe, "rev": git_rev(Path(args.other_exe).resolve().parents[2]),
                             "runs": other_runs, "interleaved": True}
+        # per case, this exe's E[W] relative to the other's (negative: this one found a better policy)
+        mine = {r["case"]: r["mean_response_time"] for r in runs[0]["cases"]}
+        out["ew_vs_other"] = {c["case"]: {k: (mine[c["case"]][k] - v) / v for k, v in c["mean_response_time"].items()
+                                          if k in mine.get(c["case"], {})} for c in other_runs[0]["cases"]}
     if args.reference:
         ref = json.loads(Path(args.reference).read_text())
         old = {r["case"]: r["mean_response_time"] for r in ref["runs"][0]["cases"]}
@@ -111,18 +204,25 @@ def main() -> int:
                     worst = max(worst, abs(v - old[r["case"]][k]) / abs(old[r["case"]][k]))
         out["max_rel_diff_vs_reference"] = worst
         out["reference"] = {"date": ref.get("date"), "rev": ref.get("rev")}
+    for run in [*runs, *other_runs]:
+        run["total_cpu_s"] = sum(r["cpu_s"] for r in run["cases"])
     if args.json:
         print(json.dumps(out, indent=1))
     else:
         for i, run in enumerate(runs):
-            print(f"run {i + 1}: {run['total_wall_s']:.1f} s wall for cases {args.cases}")
+            print(f"run {i + 1}: {run['total_wall_s']:.1f} s wall, {run['total_cpu_s']:.1f} s CPU for cases {args.cases}"
+                  + (f" (--other-exe: {other_runs[i]['total_cpu_s']:.1f} s CPU)" if other_runs else ""))
+        for case, diff in out.get("ew_vs_other", {}).items():
+            print(f"case {case}: E[W] relative to --other-exe: "
+                  + ", ".join(f"{k} {d:+.2e}" for k, d in diff.items()))
         if "max_rel_diff_vs_reference" in out:
             print(f"largest relative E[W] difference from the reference: {out['max_rel_diff_vs_reference']:.2e}")
         print(f"largest 1-min load average seen: {out['max_load']:.2f}")
     if not args.no_write:
         with RESULTS.open("a") as fh:
             fh.write(json.dumps(out) + "\n")
-        if cases == list(range(1, 13)):  # the section is the whole table; a subset only goes to results
+        # the section is the whole table of the full-information compare; the rest only go to results
+        if cases == list(range(1, 13)) and args.phase_info == "full" and args.cpu_priority == "none":
             other = out.get("other_exe") or (json.loads(Path(args.other).read_text()) if args.other else None)
             replace_section("cli-table1", section(out, other))
     return 0

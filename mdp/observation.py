@@ -144,11 +144,18 @@ class Factor:
     the stationary law with π_0 = 1 solves Aᵀ π_{−0} = P_{0,−0}ᵀ. One factorization answers all
     three, and stays a good preconditioner for a table that differs in a few classes (GMRES) or in
     many (BiCGSTAB, :meth:`iterate`). ``seconds`` is what the factorization took.
+
+    ``complete`` False: an incomplete LU (drop tolerance 1e-3). The complete LU of a large
+    table's system fills in (millions of entries from tens of thousands of states) and costs
+    many times what the incomplete one does, while GMRES preconditioned by the incomplete one
+    meets a relative residual of 1e-13 in a few dozen steps; :meth:`solve` then iterates.
     """
 
-    def __init__(self, A: sp.csc_matrix, actions: IntArray) -> None:
+    def __init__(self, A: sp.csc_matrix, actions: IntArray, *, complete: bool = True) -> None:
         t = time.perf_counter()
-        self.lu = spla.splu(A, permc_spec="COLAMD")
+        self.complete = complete
+        self.lu = (spla.splu(A, permc_spec="COLAMD") if complete else
+                   spla.spilu(A, drop_tol=_ILU_DROP, fill_factor=15, permc_spec="COLAMD"))
         self.seconds = time.perf_counter() - t
         self.shape = A.shape
         self.actions = np.array(actions, dtype=np.int64, copy=True)
@@ -156,11 +163,14 @@ class Factor:
     def solve(self, A: sp.csc_matrix, B: FloatArray, *, trans: bool = False, rank: int | None = None) -> FloatArray | None:
         """Solve A X = B (Aᵀ X = B with ``trans``), column by column.
 
-        ``rank`` None: A is the factored matrix, solve directly. Otherwise A differs from it by a
+        ``rank`` None: A is the factored matrix, solve directly (an incomplete factor: GMRES
+        preconditioned by it, None if it has not converged). Otherwise A differs from it by a
         matrix of that rank: GMRES preconditioned by the factor, which converges in rank + 1
         iterations in exact arithmetic (restart rank + 10); None if it has not.
         """
         t = "T" if trans else "N"
+        if rank is None and not self.complete:
+            return self._gmres(A, B, trans)
         if rank is None:
             return np.asarray(self.lu.solve(B, trans=t))
         M = spla.LinearOperator(self.shape, lambda b: self.lu.solve(b, trans=t))
@@ -170,6 +180,20 @@ class Factor:
             x0 = self.lu.solve(B[:, j], trans=t)
             x, info = spla.gmres(op, B[:, j], x0=x0, M=M, rtol=1e-12, atol=0.0, restart=rank + 10, maxiter=1)
             if info != 0:
+                return None
+            out[:, j] = x
+        return out
+
+    def _gmres(self, A: sp.csc_matrix, B: FloatArray, trans: bool) -> FloatArray | None:
+        """A X = B by GMRES preconditioned by this (incomplete) factor, relative residual 1e-13."""
+        t = "T" if trans else "N"
+        M = spla.LinearOperator(self.shape, lambda b: self.lu.solve(b, trans=t))
+        op = A.T.tocsr() if trans else A
+        out = np.empty_like(B)
+        for j in range(B.shape[1]):
+            x, info = spla.gmres(op, B[:, j], x0=self.lu.solve(B[:, j], trans=t), M=M, rtol=_ITER_RTOL, atol=0.0,
+                                 restart=80, maxiter=5)
+            if info != 0 or not np.all(np.isfinite(x)):
                 return None
             out[:, j] = x
         return out
@@ -208,7 +232,8 @@ class _OutOfTime(SolverError):
     """An iterative solve ran past the cost of a new factorization (caught here: the direct solve follows)."""
 
 
-_DIRECT_STATES = 6_000  # below: factor every table (an LU is cheaper than GMRES set-up)
+_DIRECT_STATES = 6_000  # below: factor every table (an LU is cheaper than GMRES set-up); above: incomplete LU
+_ILU_DROP = 1e-3  # the incomplete factor's drop tolerance (Factor)
 _LOW_RANK = 60  # above this many changed states: BiCGSTAB (Factor.iterate), else GMRES of that rank
 
 
@@ -367,7 +392,25 @@ class ObservationSpace:
         """P_A = P_chg R_A + P_same on post-decision states."""
         return (self.P_change @ self.decision_matrix(actions) + self.P_same).tocsr()
 
-    def evaluate(self, actions: IntArray, *, near: ExactEvaluation | None = None) -> ExactEvaluation:
+    def stationary_gain(self, actions: IntArray, *, start: FloatArray | None = None) -> tuple[float, FloatArray]:
+        """A table's gain Σ π c and its stationary law π (over all states, 0 where unreachable) only.
+
+        The gain of a uniformized chain is its stationary law's mean cost, so a table is ranked
+        without its bias: π on the states it reaches from the empty system, by the iterative
+        solve of :func:`overtake.mdp.evaluate.stationary_distribution` (residual 1e-12, started
+        from ``start``, e.g. a similar table's law), costs far less than the LU that
+        :meth:`evaluate` factors over every state, reached or not. The search screens its
+        starting tables and trial steps with it; a step is still accepted on :meth:`evaluate`'s
+        gain.
+        """
+        P = self.transition(actions)
+        reach, pi = stationary_distribution(P, x0=start)
+        post = np.zeros(self.size)
+        post[reach] = pi
+        return float(post @ self.space.cost), post
+
+    def evaluate(self, actions: IntArray, *, near: ExactEvaluation | None = None,
+                 complete: bool = False) -> ExactEvaluation:
         """Gain, bias and stationary laws of a table, all exact (sparse solves, :class:`Factor`).
 
         ``near``: the evaluation of a similar table. On a large chain its factor preconditions
@@ -376,7 +419,9 @@ class ObservationSpace:
         the cheapest factorization made on this space and started from ``near``'s solution
         (relative residual 1e-13, :meth:`Factor.iterate`). A solve that has not converged within
         the costliest factorization's time, or a stationary law whose residual exceeds 1e-9, is
-        replaced by a new factorization: the answer is exact either way.
+        replaced by a new factorization: the answer is exact either way. A new factorization of a
+        large chain is incomplete (:class:`Factor`), and complete where GMRES fails on it, its
+        law's residual exceeds 1e-9, or ``complete`` asks for it.
         """
         sp_ = self.space
         S = sp_.size
@@ -389,7 +434,7 @@ class ObservationSpace:
         factor = near.factor if near is not None and S > _DIRECT_STATES else None
         if factor is not None and near is not None:
             rank = int(self.class_size[np.any(np.asarray(actions) != factor.actions, axis=1)].sum())
-            if rank <= _LOW_RANK:
+            if rank <= _LOW_RANK and factor.complete:
                 sol = factor.solve(A, rhs, rank=rank)
                 solT = None if sol is None else factor.solve(A, p0[:, None], trans=True, rank=rank)
             else:
@@ -400,12 +445,16 @@ class ObservationSpace:
                 solT = None if sol is None else pre.iterate(A, p0[:, None], X0[:, 2:], deadline=deadline, trans=True)
         refactored = sol is None or solT is None
         if refactored:
-            factor = Factor(A, actions)
+            factor = Factor(A, actions, complete=complete or S <= _DIRECT_STATES)
+            sol = factor.solve(A, rhs)
+            solT = None if sol is None else factor.solve(A, p0[:, None], trans=True)
+            if sol is None or solT is None:  # the incomplete factor did not carry GMRES: the complete one
+                factor = Factor(A, actions)
+                sol = factor.solve(A, rhs)
+                solT = factor.solve(A, p0[:, None], trans=True)
             self._lu_seconds = max(self._lu_seconds, factor.seconds)
             if self._preconditioner is None or factor.seconds < self._preconditioner.seconds:
                 self._preconditioner = factor
-            sol = factor.solve(A, rhs)
-            solT = factor.solve(A, p0[:, None], trans=True)
         assert factor is not None and sol is not None and solT is not None
         u, v = sol[:, 0], sol[:, 1]
         gamma = float((cost[0] + p0 @ u) / (1.0 + p0 @ v))
@@ -416,8 +465,8 @@ class ObservationSpace:
         post /= post.sum()
         resid = float(np.abs(P.T @ post - post).max() / post.max())
         if resid > 1e-9:
-            if not refactored:  # an iterative answer not good enough: factor this table itself
-                return self.evaluate(actions)
+            if not (refactored and factor.complete):  # an iterative answer not good enough: factor it completely
+                return self.evaluate(actions, complete=True)
             raise SolverError(f"stationary solve inaccurate: residual {resid:.2e} on {S} states")
         epochs = np.asarray(self.P_change.T @ post).ravel()
         m = metrics(self.model, sp_.rows[reach], self.layout.queue_stage, post[reach], self.cap)
@@ -497,6 +546,7 @@ def observed_chain(model: TandemModel, layout: Layout, rule: ObservedRule, *, ma
     Q = layout.n_queues
     C = max_requests
     k_max = C if max_threads is None else min(max_threads, C)
+    ranker = Ranker(Q + model.n_stages, C)
 
     def step(frontier: IntArray) -> tuple[IntArray, FloatArray, IntArray]:
         s, pre, r = transitions(model, layout, frontier, C)
@@ -504,7 +554,10 @@ def observed_chain(model: TandemModel, layout: Layout, rule: ObservedRule, *, ma
         changed = np.any(o_pre != observe(model, layout, frontier)[s], axis=1)
         counts = np.zeros((pre.shape[0], Q), dtype=np.int64)
         if np.any(changed):
-            want = np.asarray(rule(o_pre[changed]), dtype=np.int64)
+            # many transitions share an observation: ask the rule once per distinct one
+            seen = o_pre[changed]
+            _, first, inv = np.unique(ranker.rank(seen), return_index=True, return_inverse=True)
+            want = np.asarray(rule(seen[first]), dtype=np.int64)[inv.ravel()]
             want = np.minimum(np.maximum(want, 0), pre[changed, :Q])
             room = np.maximum(k_max - pre[changed, Q:].sum(axis=1), 0)
             for q in range(Q - 1, -1, -1):  # the thread cap: later queues first

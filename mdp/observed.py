@@ -17,7 +17,11 @@ observation class), every one evaluated exactly on the full chain:
 2. Improve: the weighted-Q step of :meth:`ObservationSpace.propose` in every class; accept it
    only if the exact gain is lower. If not, try the changed classes with the largest first-order
    gains (a quarter of them, a sixteenth, …, one), then single classes in that order; stop when
-   no step lowers the exact gain or no class proposes a change. Every step is recorded.
+   no step lowers the exact gain or no class proposes a change. Every step is recorded. The
+   starting tables and the trials are screened by their stationary gain alone
+   (:meth:`ObservationSpace.stationary_gain`, exact, warm-started from the current law): only
+   the starts searched from and the trials not clearly worse are evaluated in full (bias and
+   law), and a step is accepted on that full evaluation's gain.
 3. Auto-truncation as for π* (:mod:`overtake.mdp.optimum`, :mod:`overtake.mdp.caps`): the table,
    extended beyond its cap by :class:`overtake.mdp.Policy`'s projection, is evaluated exactly on
    request caps C, 1.5C, … until E[W] moves by less than ``tol``; the solve cap grows by 1.25
@@ -174,6 +178,11 @@ def _starting_tables(
 
 
 # ---- improvement -------------------------------------------------------------------------------
+#: a trial whose stationary gain exceeds the current gain by this much (relative) is rejected
+#: unevaluated: far above the stationary solve's error (residual 1e-12), far below any step's gain
+_SCREEN_MARGIN = 1e-8
+
+
 @dataclass(eq=False)
 class Improvement:
     """Result of :func:`improve`: the table, its exact evaluation and the recorded steps."""
@@ -244,8 +253,13 @@ def improve(
         for label, sel in trials:
             B = A.copy()
             B[sel] = prop.actions[sel]
-            evB = osp.evaluate(B, near=ev)  # the current factor preconditions the trial's solves
             tried += 1
+            # screen: a trial whose stationary gain is clearly worse is rejected without solving
+            # for its bias; the others are accepted or not on the full evaluation's gain, as before
+            g_screen, _ = osp.stationary_gain(B, start=ev.post)
+            if g_screen >= ev.gain + _SCREEN_MARGIN * abs(ev.gain):
+                continue
+            evB = osp.evaluate(B, near=ev)  # the current factor preconditions the trial's solves
             if evB.gain < ev.gain - 1e-12 * abs(ev.gain):
                 accepted = label
                 A, ev = B, evB
@@ -403,8 +417,13 @@ def solve_observed(
         if warm is not None:  # a larger cap: the previous table (its documented projection) and the baselines
             extra["previous cap"] = warm.actions(osp.classes)
         tables = _starting_tables(osp, names, heuristic and warm is None, extra)
-        evs = {k: osp.evaluate(A) for k, A in tables.items()}
-        ranked = sorted(evs, key=lambda k: evs[k].gain)[:starts if warm is None else min(starts, 2)]
+        # the starting tables are ranked by their stationary gains; only those the searches start
+        # from are evaluated in full (bias included), the best first: its factor preconditions the rest
+        screened = {k: osp.stationary_gain(A)[0] for k, A in tables.items()}
+        ranked = sorted(screened, key=lambda k: screened[k])[:starts if warm is None else min(starts, 2)]
+        evs: dict[str, ExactEvaluation] = {}
+        for k in ranked:
+            evs[k] = osp.evaluate(tables[k], near=evs.get(ranked[0]))
         if progress:
             progress(f"pi*: cap {tr.max_requests}, threads {osp.k_max}: {osp.size} states, {osp.n_classes} classes; "
                      f"start from {', '.join(ranked)} (g = {evs[ranked[0]].gain:.8g})")
@@ -415,10 +434,10 @@ def solve_observed(
             n_steps += r.steps
             n_evals += r.evaluations
             history.extend({"max_requests": tr.max_requests, **h} for h in r.history)
-        n_evals += len(evs)
+        n_evals += len(screened) + len(evs)
         trace.append({"max_requests": tr.max_requests, "max_threads": osp.k_max, "states": osp.size,
                       "classes": osp.n_classes, "start": first,
-                      "starting_gains": {k: v.gain for k, v in evs.items()},
+                      "starting_gains": screened,
                       "improved_gains": {k: r.evaluation.gain for k, r in runs.items()}, "steps": imp.steps,
                       "evaluations": sum(r.evaluations for r in runs.values()), "gain": imp.evaluation.gain,
                       "mean_response_time": imp.evaluation.metrics.mean_response_time,

@@ -1,0 +1,103 @@
+"""The cheap steps of the observation-policy search against the exact ones they replace.
+
+* a table's stationary gain (its law's mean cost, :meth:`ObservationSpace.stationary_gain`) is the
+  gain of the full evaluation (bias and law from one factorization);
+* an incomplete factor with GMRES gives the complete factor's gain, bias and laws;
+* screening trial steps by their stationary gain takes the same steps as evaluating every trial
+  in full, with fewer full evaluations;
+* the breadth-first chain of an observation rule asks the rule once per distinct observation;
+* Table 1 case 1 (exponential stages): the blind optimum's E[W] is the one the full evaluation of
+  every trial found (no worse).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mdp_helpers import exp_stage, h2_stage, tandem
+
+from overtake.api.scenario import load_scenario
+from overtake.mdp import observation, observed
+from overtake.mdp.observation import ObservationSpace, evaluate_observed
+from overtake.mdp.observed import _starting_tables, improve, observed_baselines, solve_observed
+from overtake.mdp.statespace import Layout, Truncation
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _case2(cap: int) -> ObservationSpace:
+    model = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))  # Table 1, case 2
+    return ObservationSpace(model, Truncation(cap), Layout.build(model, "none"))
+
+
+def test_stationary_gain_is_the_full_evaluations_gain() -> None:
+    osp = _case2(8)
+    tables = _starting_tables(osp, observed_baselines(2), True, {})
+    assert len(tables) >= 5
+    for A in tables.values():
+        ev = osp.evaluate(A)
+        g, post = osp.stationary_gain(A)
+        assert g == pytest.approx(ev.gain, rel=1e-9)
+        assert np.abs(post - ev.post).max() <= 1e-9
+
+
+def test_incomplete_factor_gives_the_complete_factors_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(observation, "_DIRECT_STATES", 0)  # every factor of this small chain incomplete
+    osp = _case2(10)
+    for A in _starting_tables(osp, ["pi(2)", "pi(inf)"], True, {}).values():
+        ilu, lu = osp.evaluate(A), osp.evaluate(A, complete=True)
+        assert not ilu.factor.complete and lu.factor.complete  # GMRES carried the incomplete factor
+        assert ilu.gain == pytest.approx(lu.gain, rel=1e-9)
+        for x, y in ((ilu.bias, lu.bias), (ilu.post, lu.post), (ilu.epochs, lu.epochs)):
+            assert np.abs(x - y).max() <= 1e-9 * np.abs(y).max()
+
+
+def test_screened_search_takes_the_steps_of_the_full_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    osp = _case2(8)
+    start = _starting_tables(osp, ["pi(2)"], False, {})["pi(2)"]
+    full_evals: list[int] = []
+    evaluate = ObservationSpace.evaluate
+
+    def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        full_evals.append(1)
+        return evaluate(self, *args, **kwargs)
+
+    monkeypatch.setattr(ObservationSpace, "evaluate", counted)
+    screened = improve(osp, start, start="pi(2)")
+    n_screened = len(full_evals)
+    monkeypatch.setattr(observed, "_SCREEN_MARGIN", np.inf)  # no screen: every trial evaluated in full
+    full_evals.clear()
+    full = improve(osp, start, start="pi(2)")
+    assert screened.steps >= 3  # it moved
+    assert np.array_equal(screened.actions, full.actions)
+    assert [h.get("accepted") for h in screened.history] == [h.get("accepted") for h in full.history]
+    assert screened.evaluation.gain == pytest.approx(full.evaluation.gain, rel=1e-12)
+    assert n_screened < len(full_evals)  # some trials were rejected on their stationary gain alone
+
+
+def test_observed_chain_asks_the_rule_once_per_observation() -> None:
+    osp = _case2(8)
+    table = _starting_tables(osp, ["pi(2)"], False, {})["pi(2)"]
+    pol = osp.policy(table)
+    asked: list[np.ndarray] = []
+
+    def rule(obs: np.ndarray) -> np.ndarray:
+        asked.append(obs)
+        return pol.actions(obs)
+
+    m = evaluate_observed(osp.model, osp.layout, rule, max_requests=8)
+    assert all(np.unique(o, axis=0).shape[0] == o.shape[0] for o in asked)
+    assert m.mean_response_time == pytest.approx(osp.evaluate(table).metrics.mean_response_time, rel=1e-9)
+
+
+def test_table1_case1_blind_optimum_is_no_worse(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The E[W] the search found when it evaluated every trial in full, factored every starting
+    table and asked the rule at every transition (4.2499864767051925 on this case) is matched."""
+    sc, model = load_scenario(ROOT / "examples" / "table1" / "case01.yaml")
+    opt = solve_observed(model, tol=sc.tolerance)
+    assert opt.metrics.mean_response_time <= 4.2499864767051925 * (1 + 1e-9)
+    monkeypatch.setattr(observed, "_SCREEN_MARGIN", np.inf)
+    assert solve_observed(model, tol=sc.tolerance).metrics.mean_response_time == pytest.approx(
+        opt.metrics.mean_response_time, rel=1e-9)
