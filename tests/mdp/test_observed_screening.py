@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from mdp_helpers import exp_stage, h2_stage, tandem
+from support.mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.api.scenario import load_scenario
 from overtake.mdp import observation, observed
