@@ -34,6 +34,7 @@ __all__ = [
     "ControllerError",
     "OvertakeError",
     "PolicyLoadError",
+    "PhpNotInstalledError",
     "PortInUseError",
     "SidecarInputError",
 ]
@@ -69,6 +70,10 @@ class ApacheNotRunningError(ApacheError):
 
 class ApacheStopTimeoutError(ApacheError):
     """Apache's parent process did not exit within the stop timeout."""
+
+
+class PhpNotInstalledError(ControllerError):
+    """PHP-FPM or phpize, which the private PHP-FPM pool needs, is not installed."""
 
 
 class SidecarInputError(ControllerError, ValueError):

@@ -20,18 +20,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from overtake.controller.errors import PhpNotInstalledError
 from overtake.controller.harness.apache.config import DEFAULT_CONF_DIR
 from overtake.controller.harness.scratch import free_port
 
-__all__ = ["FpmPool", "PhpMissing", "build_extension", "fastcgi_get", "php_available", "process_nice", "start_pool"]
+__all__ = ["FpmPool", "PhpNotInstalledError", "build_extension", "fastcgi_get", "php_available", "process_nice", "start_pool"]
 
 EXTENSION_DIR = DEFAULT_CONF_DIR / "php_overtake_prio"
 EXTENSION_SOURCES = ("config.m4", "overtake_prio.c")
 PHP_FPM = "php-fpm8.2"
-
-
-class PhpMissing(RuntimeError):
-    """php-fpm or phpize is not installed (packages php8.2-fpm, php8.2-dev)."""
 
 
 def php_available() -> str | None:
@@ -44,7 +41,7 @@ def build_extension(workdir: Path) -> Path:
     """Compile the extension in ``workdir/build`` and return the path of ``overtake_prio.so``."""
     why = php_available()
     if why is not None:
-        raise PhpMissing(why)
+        raise PhpNotInstalledError(why)
     build = workdir / "build"
     shutil.rmtree(build, ignore_errors=True)
     build.mkdir(parents=True)
@@ -105,7 +102,7 @@ def start_pool(workdir: Path, extension: Path | None, settings: Mapping[str, str
     """
     why = php_available()
     if why is not None:
-        raise PhpMissing(why)
+        raise PhpNotInstalledError(why)
     workdir.mkdir(parents=True, exist_ok=True)
     docroot = workdir / "htdocs"
     docroot.mkdir(exist_ok=True)

@@ -138,7 +138,7 @@ def test_prometheus_finds_sidecar_apache_and_api_series(tools: None, workdir: Pa
             names = set(httpx.get(f"{prom.url}/api/v1/label/__name__/values").json()["data"])
             # series that exist only once an event happened (rejections, gateway errors) must at
             # least be the sidecar's documented names (controller/sidecar/metrics.py)
-            documented = (REPO / "controller" / "metrics.py").read_text()
+            documented = (REPO / "controller" / "sidecar" / "metrics.py").read_text()
             seen = set()
             for expr in _dashboard_exprs():
                 prom.query(expr)  # raises on a syntax error
