@@ -11,7 +11,6 @@ current kernel sources (a digest recorded beside it) and for the argument types 
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import sys
 from pathlib import Path
@@ -19,6 +18,8 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+from overtake import aot
 
 from ._poisson import EM_POISSON_EPS, MAX_STEP, POISSON_EPS
 
@@ -57,20 +58,11 @@ def _signature(name: str) -> str:
 
 def source_digest() -> str:
     """sha256 of the kernels' sources and their signatures: what the extension must have been built from."""
-    h = hashlib.sha256()
-    for name in _SOURCES:
-        h.update((_HERE / name).read_bytes())
-    h.update(repr(sorted(SIGNATURES.items())).encode())
-    return h.hexdigest()
+    return aot.source_digest((_HERE / name for name in _SOURCES), SIGNATURES)
 
 
 def load_aot() -> ModuleType | None:
-    try:
-        if DIGEST_FILE.read_text().strip() != source_digest():
-            return None  # built from other kernels: stale
-        return importlib.import_module(f"{__package__}._fitting_aot")
-    except (OSError, ImportError):
-        return None
+    return aot.load_current(f"{__package__}._fitting_aot", DIGEST_FILE, source_digest())
 
 
 _aot = load_aot()
@@ -138,19 +130,10 @@ def build_aot(output_dir: Path = _HERE, cpu: str = "host") -> Path:
     ``cpu`` is LLVM's name of the processor to generate code for: ``host`` (this machine's, the
     fastest) or a baseline every machine of a package's architecture has, e.g. ``x86-64``.
     """
-    import numba.pycc
-
-    make_cc: Any = vars(numba.pycc)["CC"]  # untyped, and not re-exported for mypy (numba ships no stubs)
-    cc = make_cc("_fitting_aot")
-    cc.output_dir = str(output_dir)
-    cc.target_cpu = cpu
-    cc.verbose = False
-    for exported, (module, kernel, _, args) in SIGNATURES.items():
-        cc.export(exported, _signature(exported))(_caller(getattr(importlib.import_module(f"{__package__}.{module}"), kernel),
-                                                          len(args)))
-    cc.compile()
-    (output_dir / DIGEST_FILE.name).write_text(source_digest() + "\n")
-    return output_dir
+    exports = [(exported, _signature(exported),
+                _caller(getattr(importlib.import_module(f"{__package__}.{module}"), kernel), len(args)))
+               for exported, (module, kernel, _, args) in SIGNATURES.items()]
+    return aot.compile_extension("_fitting_aot", exports, output_dir, cpu, DIGEST_FILE, source_digest())
 
 
 def main() -> int:

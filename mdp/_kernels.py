@@ -10,13 +10,13 @@ was built for (:data:`SIGNATURES`); otherwise the JIT kernels run, from numba's 
 
 from __future__ import annotations
 
-import hashlib
-import importlib
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
+
+from overtake import aot
 
 __all__ = ["SIGNATURES", "aot_active", "source_digest"]
 
@@ -57,18 +57,11 @@ for _ix in ("i4", "i8"):
 
 def source_digest() -> str:
     """sha256 of the kernels' source and their signatures: what the extension must have been built from."""
-    h = hashlib.sha256((_HERE / "_kernels_jit.py").read_bytes())
-    h.update(repr(sorted(SIGNATURES.items())).encode())
-    return h.hexdigest()
+    return aot.source_digest((_HERE / "_kernels_jit.py",), SIGNATURES)
 
 
 def load_aot() -> ModuleType | None:
-    try:
-        if DIGEST_FILE.read_text().strip() != source_digest():
-            return None  # built from other kernels: stale
-        return importlib.import_module(f"{__package__}._kernels_aot")
-    except (OSError, ImportError):
-        return None
+    return aot.load_current(f"{__package__}._kernels_aot", DIGEST_FILE, source_digest())
 
 
 _aot = load_aot()
@@ -166,17 +159,7 @@ def build_aot(output_dir: Path = _HERE, cpu: str = "host") -> Path:
     ``cpu`` is LLVM's name of the processor to generate code for: ``host`` (this machine's, the
     fastest) or a baseline every machine of a package's architecture has, e.g. ``x86-64``.
     """
-    import numba.pycc
-
     from . import _kernels_jit
 
-    make_cc: Any = vars(numba.pycc)["CC"]  # untyped, and not re-exported for mypy (numba ships no stubs)
-    cc = make_cc("_kernels_aot")
-    cc.output_dir = str(output_dir)
-    cc.target_cpu = cpu
-    cc.verbose = False
-    for exported, (kernel, sig) in SIGNATURES.items():
-        cc.export(exported, sig)(getattr(_kernels_jit, kernel).py_func)
-    cc.compile()
-    (output_dir / DIGEST_FILE.name).write_text(source_digest() + "\n")
-    return output_dir
+    exports = [(exported, sig, getattr(_kernels_jit, kernel).py_func) for exported, (kernel, sig) in SIGNATURES.items()]
+    return aot.compile_extension("_kernels_aot", exports, output_dir, cpu, DIGEST_FILE, source_digest())
