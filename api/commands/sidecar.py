@@ -1,4 +1,4 @@
-"""``overtake sidecar``: enforce a thread policy in front of an unmodified Apache (issue #5).
+"""``overtake sidecar``: enforce a thread policy in front of an unmodified Apache.
 
 Benchmarks call exactly::
 

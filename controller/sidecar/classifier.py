@@ -2,7 +2,7 @@
 requests per (stage, phase) coordinate), or which route class for a ``route`` policy.
 
 A policy's *labels* are what its queues are keyed by: the phases of a ``full``/``start`` policy,
-the route classes of a ``route`` policy (each with its own prior over start phases, issue 18),
+the route classes of a ``route`` policy (each with its own prior over start phases),
 one label per stage for ``none`` policies and baselines (nothing to classify). Three modes
 (stages file ``classifier.mode``):
 
