@@ -487,7 +487,8 @@ class Gateway:
     def _arm(self, t: Ticket) -> tuple[int, bytes] | None:
         """A gate slot for queued ``t`` (it is then sent to Apache at once), or None: no gate, a
         passthrough request, or every slot in use (it waits here, as without a gate)."""
-        if not self.gate_on or self.gate is None or t.stage == PASSTHROUGH:
+        lock = self.limiter.lock  # a locked stage's waiting requests stay out of Apache
+        if not self.gate_on or self.gate is None or t.stage == PASSTHROUGH or (lock is not None and lock.locked(t.stage)):
             return None
         armed = self.gate.arm()  # the gate has gate_slots slots
         if armed is None:

@@ -29,6 +29,10 @@ Liveness guard: if the policy starts nothing while no stage request is in servic
 waiting (it cannot happen for a solved policy, but a truncated or hand-made table could idle),
 the oldest request of the last non-empty stage is admitted and counted in ``guard_admissions``.
 
+Locks (``lock: m`` on a stage, :class:`overtake.controller.sidecar.stage_lock.StageLock`): the
+policy's starts in a locked stage are cut to the lock's free slots, and the lock picks which
+waiting request starts (shortest predicted first); the guard's admission takes the lock's pick.
+
 Observers (the online loop's recorder, :mod:`overtake.controller.online`) subscribe with
 :meth:`Limiter.add_listener` and are told of every arrival, admission, release, rejection and
 claim (:class:`LimiterListener`); they cannot change a decision. The queue and thread counts
@@ -41,10 +45,14 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from overtake.controller.sidecar.classifier import Classifier
 from overtake.controller.sidecar.policies import SpawnPolicy
 from overtake.controller.sidecar.tandem import ADMITTED, DONE, QUEUED, TandemState, Ticket
+
+if TYPE_CHECKING:
+    from overtake.controller.sidecar.stage_lock import StageLock
 
 __all__ = ["ADMITTED", "DONE", "PASSTHROUGH", "QUEUED", "Limiter", "LimiterListener", "Ticket"]
 
@@ -118,7 +126,19 @@ class Limiter:
         self.rejected: dict[tuple[int, str], int] = {}
         self.tandem = TandemState(policy.phases, policy.per_phase_queues, clock(), policy.threads_per_stage)
         self.policy = policy
+        #: the stages' locks (controller.sidecar.stage_lock): which waiting request starts, and
+        #: none in a stage whose lock is full, whatever the policy says
+        self.lock: StageLock | None = None
         self._install(policy)
+
+    def set_lock(self, lock: StageLock | None) -> None:
+        """Enforce the stages' locks from the next decision on (None: no lock)."""
+        if self.lock is not None:
+            self.listeners.remove(self.lock)
+        self.lock = lock
+        if lock is not None:
+            self.listeners.append(lock)
+        self._dispatch()
 
     def add_listener(self, listener: LimiterListener) -> None:
         """Tell ``listener`` of every ticket event from now on."""
@@ -329,7 +349,7 @@ class Limiter:
                 for _ in range(k):
                     if self.inflight_total >= self.max_inflight:
                         break
-                    t = tandem.pop_oldest(stage, phase)
+                    t = self._next(stage, phase, now)
                     if t is None:
                         break
                     self._admit(t, now)
@@ -338,14 +358,22 @@ class Limiter:
                 break
         if (not tandem.active and self.inflight_total < self.max_inflight and any(stage_waiting)):
             stage = max(i for i in range(self.n) if stage_waiting[i])
-            t = tandem.pop_oldest(stage, None)
+            t = self._next(stage, None, now)
             if t is not None:
                 self.guard_admissions += 1
                 self._admit(t, now)
         while self.pt_queue and self.inflight_total < self.max_inflight and self._pt_room():
             self._admit(self.pt_queue.popleft(), now)
+        if self.lock is not None:
+            self.lock.settle(tandem, now)
         for fn in self.after_dispatch:
             fn()
+
+    def _next(self, stage: int, phase: int | None, now: float) -> Ticket | None:
+        """The waiting ticket to start in (stage, phase): the oldest, or the lock's choice."""
+        if self.lock is None:
+            return self.tandem.pop_oldest(stage, phase)
+        return self.lock.take(self.tandem, stage, phase, now)
 
     # ---- introspection ---------------------------------------------------------------------
     def stage_limit(self, stage: int, phase: int) -> float:

@@ -36,6 +36,12 @@ overtake_policy_info{name,version,hash,phase_info,      gauge    1 (auto: the ch
 overtake_policy_predicted_response_time_seconds         gauge    model E[W] x time unit (tables)
 overtake_policy_swaps_total / _refused_total            counter  hot swaps done / refused
 overtake_policy_guard_admissions_total                  counter  liveness-guard admissions
+overtake_stage_lock_capacity{stage}                     gauge    a locked stage's ``lock: m``
+overtake_stage_lock_waiting{stage}                      gauge    waiting while its lock is full
+overtake_stage_lock_wait_seconds_total{stage}           counter  request-seconds waited on the
+                                                                 full lock
+overtake_stage_lock_aged_total{stage}                   counter  started ahead of shorter ones
+                                                                 after ``lock_aging``
 overtake_policy_fetches_total{result}                   counter  --policy-url polls: updated |
                                                                  not_modified | error | refused
 ======================================================  =======  =================================
@@ -152,6 +158,32 @@ class _LimiterCollector(Collector):
         yield CounterMetricFamily(
             "overtake_policy_guard_admissions", "Admissions by the liveness guard", value=lim.guard_admissions
         )
+        if lim.lock is not None:
+            yield from _lock_families(lim)
+
+
+def _lock_families(lim: Limiter) -> Iterator[Metric]:
+    """The locked stages' gauges and counters (controller.sidecar.stage_lock)."""
+    lock = lim.lock
+    assert lock is not None
+    cap = GaugeMetricFamily("overtake_stage_lock_capacity", "Requests of the stage that may be in Apache at once (lock)",
+                            labels=["stage"])
+    waiting = GaugeMetricFamily("overtake_stage_lock_waiting", "Requests waiting in the sidecar for the stage's full lock",
+                                labels=["stage"])
+    wait = CounterMetricFamily("overtake_stage_lock_wait_seconds",
+                               "Request-seconds spent waiting in the sidecar while the stage's lock was full",
+                               labels=["stage"])
+    aged = CounterMetricFamily("overtake_stage_lock_aged", "Requests started ahead of shorter ones after lock_aging",
+                               labels=["stage"])
+    for i, m in enumerate(lock.caps):
+        if m is None:
+            continue
+        name = lock.names[i]
+        cap.add_metric([name], m)
+        waiting.add_metric([name], lock.waiting[i])
+        wait.add_metric([name], lock.wait_seconds[i])
+        aged.add_metric([name], lock.aged[i])
+    yield from (cap, waiting, wait, aged)
 
 
 def _labels(names: tuple[str, ...], i: int, j: int) -> list[str]:

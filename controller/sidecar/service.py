@@ -67,6 +67,7 @@ from overtake.controller.sidecar.policies import (
 from overtake.controller.sidecar.policy_loads import LoadSlots
 from overtake.controller.sidecar.policy_source import PolicySource
 from overtake.controller.sidecar.request_log import RequestLog
+from overtake.controller.sidecar.stage_lock import StageLock
 from overtake.controller.sidecar.stages import ClassifierSettings, StagesConfig, StageTable
 from overtake.controller.sidecar.stages_reload import live_merge
 from overtake.controller.sidecar.units import FORMER_DEFAULT, Resolution, resolve, units_of
@@ -163,6 +164,7 @@ class Sidecar:
             max_inflight=cfg.limits.max_inflight, passthrough_cap=cfg.passthrough.cap,
             passthrough_queue_cap=cfg.limits.queue_cap,
         )
+        self.limiter.set_lock(StageLock.from_table(table))
         self.metrics = SidecarMetrics(lambda: self.limiter, time_unit=self.time_unit)
         self.online: OnlineLoop | None = None
         if self.control is not None:
@@ -433,6 +435,7 @@ class Sidecar:
                          "predicted_gain": p.predicted_gain, "candidates": [m.name for m in p.members]}}
                if isinstance(p, PolicySet) else {}),
             **({"online": online.status()} if online is not None else {}),
+            **({"lock": self.limiter.lock.info()} if self.limiter.lock is not None else {}),
         }
 
     async def close(self) -> None:

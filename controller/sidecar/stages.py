@@ -122,6 +122,36 @@ class StageSpec(_Strict):
     # file): mod_overtake_prio never demotes them, for a demoted lock holder makes every waiter
     # wait at its priority. "unsafe": every method but GET and HEAD; "all"; or a list of methods
     cpu_exempt: str | tuple[str, ...] | None = None
+    # a serialising resource (a database write lock): at most ``lock`` requests of the stage are
+    # inside Apache at once, the others wait in the sidecar (controller.sidecar.stage_lock), where
+    # the shortest predicted go first; one that has waited ``lock_aging`` seconds goes before them
+    lock: int | None = None
+    lock_aging: float = 1.0
+
+    @field_validator("lock", mode="before")
+    @classmethod
+    def _lock(cls, v: object) -> int | None:
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError("the number of requests of the stage that may hold its lock at once: an integer >= 1 "
+                             "(1 for a database write lock); omit lock for a stage without one")
+        return v
+
+    @field_validator("lock_aging", mode="before")
+    @classmethod
+    def _aging(cls, v: object) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise ValueError("seconds a request waits for the lock before it goes ahead of shorter ones: a number > 0 "
+                             "(e.g. 1.0)")
+        return float(v)
+
+    @model_validator(mode="after")
+    def _aging_needs_lock(self) -> StageSpec:
+        if self.lock is None and "lock_aging" in self.model_fields_set:
+            raise ValueError("lock_aging applies to a stage with a lock: add lock: 1 (or the lock's capacity), or "
+                             "remove lock_aging")
+        return self
 
     @field_validator("path")
     @classmethod
@@ -351,6 +381,14 @@ class StageTable:
     def cpu_exempt(self, stage: int, method: str) -> bool:
         """Is a request of ``stage`` and ``method`` exempt from CPU demotion (the stage's ``cpu_exempt``)?"""
         return self.config.stages[stage].exempts(method)
+
+    def lock(self, stage: int) -> int | None:
+        """The stage's lock capacity (``lock``), None without one."""
+        return self.config.stages[stage].lock
+
+    def keyed(self, stage: int) -> bool:
+        """Does some route of the stage set a learned-classification ``key``?"""
+        return any(r.key is not None for r in self.config.stages[stage].all_routes())
 
     def queue_cap(self, stage: int) -> int:
         c = self.config.stages[stage].queue_cap

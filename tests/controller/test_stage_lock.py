@@ -1,0 +1,246 @@
+"""``lock: m`` on a stage (overtake.controller.sidecar.stage_lock), no network: the stages file's
+field, the release order on a deterministic trace (known answers), the capacity under random
+interleavings composed with the policy's own caps, and the lock's metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client import generate_latest
+
+from overtake.controller.errors import SidecarInputError
+from overtake.controller.sidecar.classifier import Classifier
+from overtake.controller.sidecar.limiter import ADMITTED, QUEUED, Limiter, Ticket
+from overtake.controller.sidecar.metrics import SidecarMetrics
+from overtake.controller.sidecar.policies import BaselinePolicy
+from overtake.controller.sidecar.stage_lock import StageLock
+from overtake.controller.sidecar.stages import ClassifierSettings, StagesConfig, StageTable, load_stages
+
+NAMES = ("preview", "view")
+
+
+def _table(lock: int | None = 1, key: bool = True, aging: float | None = None) -> StageTable:
+    route: dict[str, Any] = {"path": "^/api[.]php$", "methods": ["POST"]}
+    if key:
+        route["key"] = ["body_size"]
+    preview: dict[str, Any] = {"name": "preview", "routes": [route], "next": "view"}
+    if lock is not None:
+        preview["lock"] = lock
+    if aging is not None:
+        preview["lock_aging"] = aging
+    return StageTable(StagesConfig.model_validate({"stages": [preview, {"name": "view", "path": "^/wiki/"}]}))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _limiter(table: StageTable, policy: str = "pi(inf)", clock: Clock | None = None,
+             lock: bool = True) -> Limiter:
+    pol = BaselinePolicy(policy, 2)
+    lim = Limiter(pol, Classifier(ClassifierSettings(), pol), stage_names=NAMES,  # type: ignore[arg-type]
+                  queue_caps=(1000, 1000), max_inflight=1000, passthrough_cap=None, passthrough_queue_cap=1000,
+                  clock=clock or Clock())
+    if lock:
+        lim.set_lock(StageLock.from_table(table))
+    return lim
+
+
+# --------------------------------------------------------------------------- the stages file
+
+
+@pytest.mark.parametrize(
+    ("preview", "message"),
+    [
+        ({"lock": 0}, "stages[0].lock: the number of requests of the stage that may hold its lock at once"),
+        ({"lock": -1}, "stages[0].lock: "),
+        ({"lock": True}, "stages[0].lock: "),
+        ({"lock": 1.5}, "stages[0].lock: "),
+        ({"lock": "1"}, "omit lock for a stage without one"),
+        ({"lock": 1, "lock_aging": 0}, "stages[0].lock_aging: seconds a request waits for the lock"),
+        ({"lock": 1, "lock_aging": "1s"}, "stages[0].lock_aging: "),
+        ({"lock_aging": 2}, "stages[0]: lock_aging applies to a stage with a lock: add lock: 1"),
+    ],
+)
+def test_bad_lock_fields_name_the_field_and_the_fix(tmp_path: Path, preview: dict[str, Any], message: str) -> None:
+    f = tmp_path / "stages.yaml"
+    f.write_text(yaml.safe_dump({"stages": [{"name": "preview", "path": "^/api", **preview}]}))
+    with pytest.raises(SidecarInputError, match=message.replace("[", r"\[").replace("]", r"\]").replace(".", r"\.")):
+        load_stages(f)
+
+
+def test_lock_fields_load(tmp_path: Path) -> None:
+    f = tmp_path / "stages.yaml"
+    f.write_text(yaml.safe_dump({"stages": [{"name": "a", "path": "^/a", "lock": 2, "lock_aging": 0.5},
+                                            {"name": "b", "path": "^/b"}]}))
+    t = load_stages(f)
+    assert (t.lock(0), t.lock(1)) == (2, None)
+    lock = StageLock.from_table(t)
+    assert lock is not None and lock.caps == (2, None) and lock.aging == (0.5, 1.0) and lock.keyed == (False, False)
+    assert StageLock.from_table(_table(lock=None)) is None
+
+
+# --------------------------------------------------------------------------- the release order (known answers)
+
+# holding times learned before the trace: key -> seconds (k? is never seen: the stage's mean)
+LEARNED = {"k1": 0.01, "k2": 0.1, "k3": 1.0}
+# (arrival time, key) of A..E; A finds the lock free
+TRACE = [(0.0, "k3"), (0.1, "k3"), (0.2, "k2"), (0.3, "k1"), (0.4, "k?")]
+COMPLETIONS = (0.5, 0.55, 0.6, 0.65, 0.7)  # each ends the request holding the lock
+
+
+def _replay(lim: Limiter, clock: Clock) -> tuple[list[str], list[int]]:
+    """Submit TRACE, then end the holder at each COMPLETIONS time: the order of admission (A..E)
+    and, after every event, the requests of the locked stage inside Apache."""
+
+    async def body() -> tuple[list[str], list[int]]:
+        tickets: list[Ticket] = []
+        inside: list[int] = []
+        for t, key in TRACE:
+            clock.t = t
+            tk = lim.submit(0, 0, key)
+            assert tk is not None
+            tickets.append(tk)
+            inside.append(lim.threads[0])
+        for t in COMPLETIONS:
+            clock.t = t
+            for tk in sorted((x for x in tickets if x.status == ADMITTED), key=lambda x: x.t_admit):
+                lim.release(tk, "completed")
+                break
+            inside.append(lim.threads[0])
+        assert all(tk.status != QUEUED for tk in tickets)
+        order = sorted(range(len(tickets)), key=lambda i: (tickets[i].t_admit, tickets[i].seq))
+        return ["ABCDE"[i] for i in order], inside
+
+    return asyncio.run(body())
+
+
+def _learned(lim: Limiter) -> None:
+    assert lim.lock is not None
+    for key, s in LEARNED.items():
+        lim.lock.learn(0, key, s)
+
+
+def test_shortest_predicted_first() -> None:
+    clock = Clock()
+    lim = _limiter(_table(), clock=clock)
+    _learned(lim)
+    order, inside = _replay(lim, clock)
+    # A holds the lock; then D (k1), C (k2), E (unseen: the stage's mean, about 0.4 s), B (k3)
+    assert order == ["A", "D", "C", "E", "B"]
+    assert max(inside) == 1
+    assert lim.lock is not None and lim.lock.aged == [0, 0]
+
+
+def test_aging_bounds_the_pass_over() -> None:
+    clock = Clock()
+    lim = _limiter(_table(aging=0.48), clock=clock)
+    _learned(lim)
+    order, _ = _replay(lim, clock)
+    # at 0.5 nothing has waited 0.48 s: D; at 0.55 B (0.45 s) has not either: C; at 0.6 B has
+    # (0.5 s) and goes before E
+    assert order == ["A", "D", "C", "B", "E"]
+    assert lim.lock is not None and lim.lock.aged[0] == 1
+
+
+def test_no_key_is_oldest_first() -> None:
+    clock = Clock()
+    lim = _limiter(_table(key=False), clock=clock)
+    _learned(lim)
+    order, inside = _replay(lim, clock)
+    assert order == ["A", "B", "C", "D", "E"] and max(inside) == 1
+
+
+def test_without_the_lock_every_preview_goes_in_at_once() -> None:
+    """The rule's counterfactual: π(∞) alone admits all five at their arrival."""
+    clock = Clock()
+    lim = _limiter(_table(), clock=clock, lock=False)
+    order, inside = _replay(lim, clock)
+    assert order == ["A", "B", "C", "D", "E"] and max(inside) == 5
+
+
+def test_lock_wait_is_the_integral_of_the_requests_waiting_on_it() -> None:
+    clock = Clock()
+    lim = _limiter(_table(), clock=clock)
+    _learned(lim)
+    _replay(lim, clock)
+    lock = lim.lock
+    assert lock is not None
+    # B waits 0.1 -> 0.65, C 0.2 -> 0.55, D 0.3 -> 0.5, E 0.4 -> 0.6, all on a full lock
+    assert lock.wait_seconds[0] == pytest.approx(0.55 + 0.35 + 0.2 + 0.2)
+    assert lock.waiting == [0, 0]
+    # each completion taught its key: k3 learned 1.0 s, then A's 0.5 s and B's 0.05 s
+    assert lock.predict(0, "k3") == pytest.approx((1.0 + 0.5 + 0.05) / 3)
+    text = generate_latest(SidecarMetrics(lambda: lim, time_unit=1.0).registry).decode()
+    assert 'overtake_stage_lock_capacity{stage="preview"} 1.0' in text
+    assert 'overtake_stage_lock_waiting{stage="preview"} 0.0' in text
+    samples = {line.rpartition(" ")[0]: float(line.rpartition(" ")[2]) for line in text.splitlines()
+               if line.startswith("overtake_stage_lock")}
+    assert samples['overtake_stage_lock_wait_seconds_total{stage="preview"}'] == pytest.approx(1.3)
+    assert 'overtake_stage_lock_aged_total{stage="preview"} 0.0' in text
+    assert 'stage="view"' not in "".join(x for x in text.splitlines() if x.startswith("overtake_stage_lock"))
+    info = lock.info()
+    assert list(info) == ["preview"] and info["preview"]["capacity"] == 1
+    assert info["preview"]["order"] == "shortest predicted first"
+
+
+def test_waiting_gauge_counts_requests_behind_a_full_lock() -> None:
+    clock = Clock()
+    lim = _limiter(_table(lock=2), clock=clock)
+
+    async def body() -> None:
+        for key in ("k1", "k2", "k3", "k1"):
+            assert lim.submit(0, 0, key) is not None
+        assert lim.threads[0] == 2 and lim.lock is not None and lim.lock.waiting == [2, 0]
+        assert lim.submit(1, 0, "view") is not None  # another stage is not held back
+        assert lim.threads[1] == 1
+
+    asyncio.run(body())
+
+
+# --------------------------------------------------------------------------- policy ∧ lock, any interleaving
+
+ops = st.lists(st.tuples(st.sampled_from(["arrive", "arrive", "finish", "cancel"]), st.integers(0, 1),
+                         st.integers(0, 10_000)), min_size=1, max_size=100)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(program=ops, m=st.integers(1, 3), cap=st.one_of(st.just("inf"), st.integers(1, 4)))
+def test_never_more_than_m_and_never_idle_with_room(program: list[Any], m: int, cap: str) -> None:
+    lim = _limiter(_table(lock=m), policy="pi(inf)" if cap == "inf" else f"pi({cap},{cap})")
+    pcap = float("inf") if cap == "inf" else int(cap)
+
+    async def body() -> None:
+        tickets: list[Ticket] = []
+        for op, stage, pick in program:
+            if op == "arrive":
+                t = lim.submit(stage, 0, f"k{pick % 4}")
+                if t is not None:
+                    tickets.append(t)
+            else:
+                pool = [t for t in tickets if t.status == (QUEUED if op == "cancel" else ADMITTED)]
+                if not pool:
+                    continue
+                t = pool[pick % len(pool)]
+                if op == "cancel":
+                    lim.cancel(t, "client_gone")
+                else:
+                    lim.release(t, "completed")
+            assert lim.threads[0] <= min(m, pcap)  # policy ∧ lock
+            assert lim.threads[1] <= pcap
+            # nothing waits while both the policy and the lock have room (work conserving)
+            if lim.stage_waiting[0]:
+                assert lim.threads[0] == min(m, pcap)
+            assert sum(lim.admitted.values()) == sum(lim.completed.values()) + lim.inflight_total
+
+    asyncio.run(body())
