@@ -61,6 +61,11 @@ class OnlineLoop:
         self.settings = settings
         self.table = table
         self.names = table.names
+        #: the stages' locks (``lock: m``): refits solve the model with them
+        self.locks: tuple[int | None, ...] | None = (
+            tuple(table.lock(i) for i in range(len(table.names)))
+            if any(table.lock(i) is not None for i in range(len(table.names))) else None)
+        self._lock_said = False
         self.time_unit = time_unit
         self.current = current
         self._swap = swap
@@ -209,7 +214,7 @@ class OnlineLoop:
             stage_names=self.names, samples=tuple(x for _, x in chosen), arrival_rate=lam_model,
             cores=self.cores, overhead=self.overhead, orders=orders, max_order=s.max_order,
             phase_info=phase_info, current=current, tolerance=s.tolerance, out=self._out_path(), margin=s.margin,
-            time_unit=self.time_unit, age_thresholds=self.age_thresholds, routes=routes,
+            time_unit=self.time_unit, age_thresholds=self.age_thresholds, routes=routes, locks=self.locks,
         )
         self.last_refit_start = now
         self._busy = True
@@ -226,6 +231,10 @@ class OnlineLoop:
         finally:
             self._busy = False
         wall = time.perf_counter() - t0
+        if res.get("lock_ignored") and not self._lock_said:
+            self._lock_said = True  # the same every refit: said once
+            log.warning("online refit: solving without the stages' locks", extra={
+                "event": "online_lock_ignored", "detail": f"{phase_info} re-solve: {res['lock_ignored']}"})
         self.solve_cpu[res["kind"]] = self.solve_cpu.get(res["kind"], 0.0) + res["cpu_seconds"]
         u = job.time_unit  # predictions are in its model units; the reasons say seconds
         rec = {**base, "fit": res["stages"], "predicted_new": res["predicted_new"],
@@ -233,7 +242,7 @@ class OnlineLoop:
                "predicted_new_seconds": res["predicted_new"] * u, "predicted_current_seconds": res["predicted_current"] * u,
                "states": res["states"], "worker_seconds": res["seconds"], "seconds": wall,
                "policy": pol.name, "new_hash": res["hash"], "cpu_seconds": res["cpu_seconds"],
-               "worker_pid": res["pid"], "worker_nice": res["nice"]}
+               "worker_pid": res["pid"], "worker_nice": res["nice"], "locks": res.get("locks")}
         if phase_info == "route" and res["seconds"]["solve"] > s.refit_interval:
             _unlink(job.out)
             return self._decide("skipped_route", {**rec, "reason": (

@@ -14,7 +14,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -50,6 +50,8 @@ class RefitJob:
     #: also choose age-priority thresholds for the refitted model (the sidecar's control file)
     age_thresholds: bool = False
     routes: Any = None  #: the running route policy's mdp.RouteSplit (phase_info "route")
+    #: each stage's lock capacity (the stages file's ``lock``), None for none: the model's locks
+    locks: tuple[int | None, ...] | None = None
 
 
 def lower_priority() -> None:
@@ -115,12 +117,26 @@ def _grow(evaluate: Callable[[int], Any], start: int, tol: float) -> Any:
     return grow_requests(evaluate, start, tol, "current policy")[0]
 
 
+def _solve(model: Any, phase_info: str, tol: float, routes: Any) -> tuple[Any, Any, str | None]:
+    """π* of ``model``; where the solver takes no lock with this phase information, π* of the
+    model without its locks (the refit's model before locks existed), and why."""
+    from overtake.mdp import solve
+    from overtake.mdp.errors import ModelError
+
+    try:
+        return solve(model, phase_info=phase_info, tol=tol, routes=routes), model, None
+    except ModelError as exc:
+        if not model.has_lock:
+            raise
+        model = replace(model, locks=None)
+        return solve(model, phase_info=phase_info, tol=tol, routes=routes), model, str(exc)
+
+
 def refit_job(job: RefitJob) -> dict[str, Any]:
     """Fit, solve π*, evaluate the current policy under the new model; write π* to ``job.out``.
 
     Runs in the worker process. Returns the fitted stages, both predicted E[W] (model units, on a
     common evaluation cap) and timings."""
-    from overtake.mdp import solve
     from overtake.mdp.baselines import Baseline
     from overtake.mdp.model import Stage, TandemModel
     from overtake.mdp.observation import evaluate_observed
@@ -133,14 +149,15 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
     fits = [_fit_stage(np.asarray(x, dtype=float), o, job.max_order, job.seed)
             for x, o in zip(job.samples, job.orders)]
     t_fit = time.perf_counter() - t0
+    locks = job.locks if job.locks is not None and any(m is not None for m in job.locks) else None
     model = TandemModel(job.arrival_rate, tuple(Stage(n, f["alpha"], f["T"]) for n, f in zip(job.stage_names, fits)),
-                        cores=job.cores, overhead=job.overhead)
+                        cores=job.cores, overhead=job.overhead, locks=locks)
     routes = None
     if job.phase_info == "route":
         if job.routes is None or isinstance(job.current, str):
             raise ValueError("a route re-solve needs the running route policy and its route split")
         routes = carry_routes(job.routes, job.current.model, model)
-    opt = solve(model, phase_info=job.phase_info, tol=job.tolerance, routes=routes)
+    opt, model, lock_ignored = _solve(model, job.phase_info, job.tolerance, routes)
     t_solve = time.perf_counter() - t0 - t_fit
     new = opt.metrics
 
@@ -200,7 +217,8 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
         from overtake.mdp.thresholds import choose_tandem_thresholds
 
         # one common set, as the solve's age lever chooses it (the module applies one row)
-        thr = choose_tandem_thresholds(model, common=True)
+        # the age model has no lock: thresholds are chosen as before locks were modelled
+        thr = choose_tandem_thresholds(replace(model, locks=None), common=True)
         pol.meta["cpu_priority"] = {"age": {"thresholds": [list(r) for r in thr.priority.thresholds],
                                             "visit_model_mean_response_time": thr.mean_response_time}}
     t_thr = time.perf_counter() - t_thr
@@ -225,6 +243,8 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
         # CPU (user + system) of this process for the whole job: what the refit took from Apache
         "cpu_seconds": time.process_time() - c0,
         "kind": job.phase_info,
+        "locks": list(model.locks) if model.locks is not None else None,
+        "lock_ignored": lock_ignored,
         "pid": os.getpid(),
         "nice": os.getpriority(os.PRIO_PROCESS, 0),
     }
