@@ -31,7 +31,9 @@ transactions / arrival rate (the rate is printed after the calibration).
 Arms: ``default`` (Apache's default, no Overtake), ``overtake`` (the README's deployment: the
 sidecar in ``auto`` mode with ``--cpu-priority age`` over the policy ``overtake solve --phase-info
 none --cpu-priority age`` chose, in front of an Apache with mod_overtake_prio at the solved
-threshold; bench/mediawiki/product.py), ``age`` (that module alone; under ``fpm``, where the CPU
+threshold, which then takes the policy's thresholds from the sidecar's control file; the stages
+file matches previews and views by method, path and query, keys previews on their body size,
+exempts them from demotion and gives them ``lock: 1``; bench/mediawiki/product.py), ``age`` (that module alone; under ``fpm``, where the CPU
 runs in php-fpm's workers out of the module's reach, the overtake_prio PHP extension in the pool
 at the same threshold replaces the module in both arms), ``sidecar`` (the sidecar in
 auto mode in front of a plain Apache: admission alone) and ``modqos`` (mod_qos,
@@ -159,7 +161,7 @@ class Bench:
 def arm_server(name: str, b: Bench, where: Path) -> Iterator[tuple[int, server.Server, product.Sidecar | None]]:
     """The arm's private Apache (and sidecar) for one replay; yields the port clients use."""
     spec, args = ARM_SPECS[name], b.args
-    cp, php_ini, php_stats = None, None, None
+    cp, php_ini, php_stats, control = None, None, None, None
     wd = where / f"{name}-{time.monotonic_ns()}"
     if spec.module and args.php == "fpm":
         # the CPU runs in php-fpm's workers, out of the module's reach: the PHP extension there
@@ -170,7 +172,9 @@ def arm_server(name: str, b: Bench, where: Path) -> Iterator[tuple[int, server.S
         php_ini = server.php_prio_settings(php_extension(where), b.model.threshold_s, php_stats)
     elif spec.module:
         assert b.model is not None
-        cp = CpuPriority(levels=(b.model.threshold_s,), nice=("idle",))
+        if spec.sidecar:  # the module takes the sidecar's thresholds from its control file
+            control = f"/dev/shm/overtake-realapp-control-{os.getpid()}-{time.monotonic_ns()}"
+        cp = CpuPriority(levels=(b.model.threshold_s,), nice=("idle",), control_file=control)
     srv = server.start(wd, php=args.php, port=free_port(), core=args.server_core, data_dir=Path(args.data_dir),
                        cpu_priority=cp, qos_cap=args.qos_cap if spec.qos else None, php_ini=php_ini)
     sc = None
@@ -180,7 +184,7 @@ def arm_server(name: str, b: Bench, where: Path) -> Iterator[tuple[int, server.S
             sc = product.start_sidecar(wd / "sidecar", port=free_port(), apache_port=srv.port, model=b.model,
                                        cpu_priority=cp is not None, core=args.client_core,
                                        max_inflight=SIDECAR_INFLIGHT, max_body_bytes=b.max_body,
-                                       php_stats_file=php_stats)
+                                       php_stats_file=php_stats, control_file=control)
         yield (sc.port if sc else srv.port), srv, sc
     finally:
         try:
@@ -188,6 +192,8 @@ def arm_server(name: str, b: Bench, where: Path) -> Iterator[tuple[int, server.S
                 product.stop_sidecar(sc)
         finally:
             server.stop(srv)
+            for p in ([control, control + ".key"] if control else []):
+                Path(p).unlink(missing_ok=True)
 
 
 def php_extension(where: Path) -> Path:
@@ -344,7 +350,8 @@ def run_arm(name: str, k: int, b: Bench, trace: dict[str, np.ndarray]) -> tuple[
         if srv.cpu_priority is not None:
             st = fetch_prio_status("127.0.0.1", srv.port)
             extra["prio"] = {"threshold_s": srv.cpu_priority.levels[0], "requests": list(st.requests),
-                             "demotions_age": list(st.demotions_age), "restore_errors": st.restore_errors}
+                             "demotions_age": list(st.demotions_age), "restore_errors": st.restore_errors,
+                             "exempt_header": st.exempt_header}
         php_stats = srv.workdir / "php-prio.stats"
         if php_stats.exists():  # the overtake_prio extension in php-fpm's workers
             c = read_counts(php_stats)

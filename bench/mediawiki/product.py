@@ -8,11 +8,17 @@
    predictions with age priority and the age threshold ``T`` (seconds: the fits are in seconds,
    ``classifier.time_unit: 1``).
 3. Run: ``overtake sidecar`` in ``auto`` mode over the policy's directory, with ``--cpu-priority
-   age`` in front of an Apache loading mod_overtake_prio at ``T`` (the ``overtake`` arm), or
-   without it in front of a plain Apache (the ``sidecar`` arm, admission alone).
+   age`` and ``--control-file`` in front of an Apache loading mod_overtake_prio at ``T`` that maps
+   that control file (the ``overtake`` arm: the module applies the thresholds the sidecar's policy
+   carries, no hand-copying), or without it in front of a plain Apache (the ``sidecar`` arm,
+   admission alone).
 
-The stages file names ``preview`` (``POST /api.php``, followed by ``view`` on the same connection)
-and ``view`` (``/wiki/``); other requests pass through.
+The stages file is the operator guide's for MediaWiki on SQLite: ``preview`` (``POST
+/api.php?action=parse``, matched by method, path and query; followed by ``view`` on the same
+connection) keyed on its body size (its cost grows with the wikitext), exempt from demotion
+(``cpu_exempt: unsafe``: a write holds the database lock) and ``lock: 1`` (SQLite takes one
+writer at a time, so the sidecar holds the others and releases the shortest predicted first);
+``view`` (``GET /wiki/Title`` or ``GET /index.php?title=Title``); other requests pass through.
 """
 
 from __future__ import annotations
@@ -95,11 +101,17 @@ def prepare_model(workdir: Path, samples: dict[str, np.ndarray], arrival_rate: f
     return Model(workdir, pol_dir, th, meta, fits, time.monotonic() - t0)
 
 
+PREVIEW_ROUTE = {"path": r"^/api\.php$", "query": "(^|&)action=parse(&|$)", "methods": ["POST"], "key": ["body_size"]}
+VIEW_ROUTES = [{"path": "^/wiki/", "methods": ["GET", "HEAD"]},
+               {"path": r"^/index\.php$", "query": "(^|&)title=", "methods": ["GET", "HEAD"]}]
+
+
 def stages_yaml(max_inflight: int, max_body_bytes: int) -> str:
-    """The stages file: preview then view, ``auto`` classifier, generous queue limits (the bench
-    counts a queue timeout as a failure, it does not want one)."""
-    doc = {"stages": [{"name": "preview", "routes": [{"path": r"^/api\.php$", "methods": ["POST"]}], "next": "view"},
-                      {"name": "view", "path": "^/wiki/"}],
+    """The stages file (module docstring): preview then view, ``auto`` classifier, generous queue
+    limits (the bench counts a queue timeout as a failure, it does not want one)."""
+    doc = {"stages": [{"name": "preview", "routes": [PREVIEW_ROUTE], "next": "view", "cpu_exempt": "unsafe",
+                       "lock": 1},
+                      {"name": "view", "routes": VIEW_ROUTES}],
            "limits": {"max_inflight": max_inflight, "queue_cap": 100000, "queue_timeout": 600,
                       "upstream_timeout": 600, "client_timeout": 600, "max_body_bytes": max_body_bytes},
            "classifier": {"mode": "auto", "time_unit": 1.0, "auto_interval": 1}}
@@ -134,9 +146,11 @@ class Sidecar:
 
 
 def start_sidecar(workdir: Path, *, port: int, apache_port: int, model: Model, cpu_priority: bool, core: int,
-                  max_inflight: int, max_body_bytes: int, php_stats_file: Path | None = None) -> Sidecar:
+                  max_inflight: int, max_body_bytes: int, php_stats_file: Path | None = None,
+                  control_file: str | None = None) -> Sidecar:
     """``overtake sidecar`` in auto mode, pinned to ``core`` in a session (autogroup) of its own,
-    raised like Apache's (a starved proxy delays every hand-off)."""
+    raised like Apache's (a starved proxy delays every hand-off); ``control_file``: the one
+    Apache's module maps (``--control-file``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     stages = workdir / "stages.yaml"
     stages.write_text(stages_yaml(max_inflight, max_body_bytes))
@@ -147,6 +161,8 @@ def start_sidecar(workdir: Path, *, port: int, apache_port: int, model: Model, c
     args += admin_flags
     if cpu_priority:
         args += ["--cpu-priority", "age"]
+    if control_file is not None:  # the policy's thresholds reach the module through it
+        args += ["--control-file", control_file]
     if php_stats_file is not None:  # age priority inside php-fpm's workers: its counters
         args += ["--php-stats-file", str(php_stats_file)]
     with log.open("wb") as out:
