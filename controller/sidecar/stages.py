@@ -28,6 +28,10 @@ the follow-up's phase when it reserves its thread). Example (``examples/sidecar/
     limits: {max_inflight: 256, queue_cap: 1000, queue_timeout: 30}
     classifier: {mode: explicit, header: X-Overtake-Phase}
 
+A stage's ``lock: m`` says its requests take a serialising resource (a database write lock):
+at most m of them are in Apache at once, the others wait in the sidecar, shortest predicted
+first (:mod:`overtake.controller.sidecar.stage_lock`).
+
 Validation is eager; every error is one line naming the field, the value and the fix.
 """
 
