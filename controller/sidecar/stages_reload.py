@@ -4,7 +4,7 @@ Applied live: ``limits`` (new connections and requests read them; the hard cap a
 caps at the next decision), ``passthrough.cap``, each stage's ``queue_cap`` and
 ``queue_timeout``, and ``classifier.time_unit``, ``history``, ``auto_margin``,
 ``auto_interval``. Everything that shapes the queues or how requests are read needs a restart:
-the stages themselves (names, order, routes, methods, ``next``) and ``classifier.mode``,
+the stages themselves (names, order, routes, methods, ``next``, ``cpu_exempt``, ``lock``) and ``classifier.mode``,
 ``header``, ``next_header``; such changes are kept out of the running config and named.
 """
 
@@ -55,7 +55,7 @@ def live_merge(old: StagesConfig, new: StagesConfig) -> tuple[StagesConfig, list
     stages = new.stages
     if not _same_shape(old, new):
         stages = old.stages
-        restart.append("stages (names, order, routes, methods, next)")
+        restart.append("stages (names, order, routes, methods, next, cpu_exempt, lock)")
     keep = {k: getattr(old.classifier, k) for k in RESTART_CLASSIFIER if getattr(old.classifier, k) != getattr(
         new.classifier, k)}
     restart += [f"classifier.{k}" for k in keep]

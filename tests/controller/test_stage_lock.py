@@ -244,3 +244,17 @@ def test_never_more_than_m_and_never_idle_with_room(program: list[Any], m: int, 
             assert sum(lim.admitted.values()) == sum(lim.completed.values()) + lim.inflight_total
 
     asyncio.run(body())
+
+
+def test_policy_endpoint_shows_the_lock() -> None:
+    from overtake.controller.sidecar.options import SidecarOptions
+    from overtake.controller.sidecar.service import Sidecar
+
+    side = Sidecar(_table(lock=2), SidecarOptions(policy="pi(inf)", apache="http://127.0.0.1:9", listen="127.0.0.1:9"))
+    info = side.policy_info()
+    assert info["lock"]["preview"]["capacity"] == 2
+    assert info["lock"]["preview"]["order"] == "shortest predicted first"
+    assert side.limiter.lock is not None and side.limiter.lock in side.limiter.listeners
+    plain = Sidecar(_table(lock=None), SidecarOptions(policy="pi(inf)", apache="http://127.0.0.1:9",
+                                                      listen="127.0.0.1:9"))
+    assert "lock" not in plain.policy_info() and plain.limiter.lock is None

@@ -90,7 +90,7 @@ def test_live_merge_keeps_what_needs_a_restart() -> None:
     merged, applied, restart = live_merge(old, new)
     assert merged.stages == old.stages and merged.classifier.header == "X-Overtake-Phase"
     assert merged.limits.max_inflight == 4
-    assert restart == ["stages (names, order, routes, methods, next)", "classifier.header"]
+    assert restart == ["stages (names, order, routes, methods, next, cpu_exempt, lock)", "classifier.header"]
     assert applied == ["limits.max_inflight: 8 -> 4"]
     same = StagesConfig.model_validate({"stages": [{"name": "a", "path": "^/a", "queue_cap": 3},
                                                    {"name": "b", "path": "^/b"}], "limits": {"max_inflight": 8}})
