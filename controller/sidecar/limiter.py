@@ -32,6 +32,7 @@ the oldest request of the last non-empty stage is admitted and counted in ``guar
 Locks (``lock: m`` on a stage, :class:`overtake.controller.sidecar.stage_lock.StageLock`): the
 policy's starts in a locked stage are cut to the lock's free slots, and the lock picks which
 waiting request starts (shortest predicted first); the guard's admission takes the lock's pick.
+Under a policy solved without the lock, the lock fills its stage's free slots itself.
 
 Observers (the online loop's recorder, :mod:`overtake.controller.online`) subscribe with
 :meth:`Limiter.add_listener` and are told of every arrival, admission, release, rejection and
@@ -356,6 +357,13 @@ class Limiter:
                     started += 1
             if not started:
                 break
+        if self.lock is not None:  # stages whose lock fills its own slots (StageLock.governs)
+            for stage in self.lock.governs(self.policy):
+                while stage_waiting[stage] and self.inflight_total < self.max_inflight:
+                    t = self._next(stage, None, now)
+                    if t is None:
+                        break
+                    self._admit(t, now)
         if (not tandem.active and self.inflight_total < self.max_inflight and any(stage_waiting)):
             stage = max(i for i in range(self.n) if stage_waiting[i])
             t = self._next(stage, None, now)

@@ -435,7 +435,7 @@ class Sidecar:
                          "predicted_gain": p.predicted_gain, "candidates": [m.name for m in p.members]}}
                if isinstance(p, PolicySet) else {}),
             **({"online": online.status()} if online is not None else {}),
-            **({"lock": self.limiter.lock.info()} if self.limiter.lock is not None else {}),
+            **({"lock": self.limiter.lock.info(self.policy)} if self.limiter.lock is not None else {}),
         }
 
     async def close(self) -> None:

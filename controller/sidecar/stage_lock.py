@@ -9,6 +9,13 @@ whatever the policy starts, at most ``m`` requests of the stage are admitted and
 answered (policy ∧ lock). The others wait in the stage's sidecar queue under its usual
 ``queue_cap`` and ``queue_timeout``.
 
+A policy solved for a model with the same locks (``overtake solve`` of a scenario with ``lock``),
+and Apache's default or a π(k) baseline, keep their say over the locked stage: their starts there
+are cut to the lock's free slots (policy ∧ lock). A policy solved without the lock has no
+meaningful decision for the locked stage (it priced a world where those requests run side by
+side, and may keep them waiting while the lock idles): it decides the other stages, and the lock
+fills its own free slots (:meth:`StageLock.governs`).
+
 Which waiting request takes a free slot: with a learned-classification ``key`` on the stage's
 routes (``key: [body_size]``), the one with the shortest predicted holding time (shortest job
 first is what minimises the mean wait at a single server: Smith, "Various optimizers for
@@ -79,6 +86,18 @@ class StageLock(LimiterListener):
             return None
         return StageLock(table.names, caps, tuple(table.keyed(i) for i in range(n)),
                          tuple(s.lock_aging for s in table.config.stages), table.config.classifier.history)
+
+    def governs(self, policy: object) -> tuple[int, ...]:
+        """The locked stages whose free slots the lock fills itself under ``policy``: all of them
+        for a solved policy whose model has other locks than these (module docstring), none for
+        one solved with them or a baseline."""
+        chosen = getattr(policy, "chosen", policy)  # auto: the member in force
+        model = getattr(getattr(chosen, "policy", None), "model", None)
+        if model is None:
+            return ()
+        if tuple(model.locks or (None,) * len(self.caps)) == self.caps:
+            return ()
+        return tuple(i for i, c in enumerate(self.caps) if c is not None)
 
     def locked(self, stage: int) -> bool:
         return 0 <= stage < len(self.caps) and self.caps[stage] is not None
@@ -163,9 +182,11 @@ class StageLock(LimiterListener):
             self.wait_seconds[i] += self.waiting[i] * dt
             self.waiting[i] = tandem.stage_waiting[i] if self.room(tandem, i) <= 0 else 0
 
-    def info(self) -> dict[str, Any]:
-        """Per locked stage, for ``GET /-/policy``."""
-        return {self.names[i]: {"capacity": cap, "order": "shortest predicted first" if self.keyed[i] else "oldest first",
+    def info(self, policy: object = None) -> dict[str, Any]:
+        """Per locked stage, for ``GET /-/policy``: who starts its requests under ``policy``."""
+        own = self.governs(policy)
+        return {self.names[i]: {"capacity": cap, "starts": "lock" if i in own else "policy and lock",
+                                "order": "shortest predicted first" if self.keyed[i] else "oldest first",
                                 "aging_seconds": self.aging[i], "waiting": self.waiting[i],
                                 "released_by_aging": self.aged[i],
                                 "wait_seconds": self.wait_seconds[i], "keys_learned": len(self._costs[i])}

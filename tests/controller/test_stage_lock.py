@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -258,3 +259,40 @@ def test_policy_endpoint_shows_the_lock() -> None:
     plain = Sidecar(_table(lock=None), SidecarOptions(policy="pi(inf)", apache="http://127.0.0.1:9",
                                                       listen="127.0.0.1:9"))
     assert "lock" not in plain.policy_info() and plain.limiter.lock is None
+
+
+class _Holding:
+    """A solved policy (its model has ``locks``) that never starts a preview: a policy solved
+    without the lock can keep the locked stage waiting while the lock is free."""
+
+    def __init__(self, locks: tuple[int | None, ...] | None) -> None:
+        self.inner = BaselinePolicy("pi(inf)", 2)
+        for k in ("name", "version", "hash", "phases", "per_phase_queues", "threads_per_stage", "phase_info",
+                  "predicted_wait", "passthrough_wait", "alpha", "T", "labels"):
+            setattr(self, k, getattr(self.inner, k))
+        self.policy = SimpleNamespace(model=SimpleNamespace(locks=locks))
+
+    def action(self, state: tuple[int, ...]) -> tuple[int, ...]:
+        a = self.inner.action(state)
+        return (0, *a[1:])
+
+
+@pytest.mark.parametrize(("locks", "starts"), [(None, 1), ((1, None), 0), ((2, None), 1)])
+def test_a_policy_solved_without_the_lock_does_not_idle_it(locks: tuple[int | None, ...] | None, starts: int) -> None:
+    """Solved without this lock: the lock fills its free slot; solved with it: the policy's word
+    (0 starts; the view in service keeps the liveness guard out)."""
+    pol = _Holding(locks)
+    lim = Limiter(pol, Classifier(ClassifierSettings(), pol), stage_names=NAMES,  # type: ignore[arg-type]
+                  queue_caps=(1000, 1000), max_inflight=1000, passthrough_cap=None, passthrough_queue_cap=1000,
+                  clock=Clock())
+    lim.set_lock(StageLock.from_table(_table()))
+
+    async def body() -> None:
+        assert lim.submit(1, 0, "view") is not None and lim.threads[1] == 1
+        for key in ("k1", "k2", "k3"):
+            assert lim.submit(0, 0, key) is not None
+        assert lim.threads[0] == starts and lim.stage_waiting[0] == 3 - starts
+        assert lim.lock is not None
+        assert lim.lock.info(pol)["preview"]["starts"] == ("lock" if starts else "policy and lock")
+
+    asyncio.run(body())
