@@ -5,6 +5,7 @@ interleavings composed with the policy's own caps, and the lock's metrics."""
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -296,3 +297,26 @@ def test_a_policy_solved_without_the_lock_does_not_idle_it(locks: tuple[int | No
         assert lim.lock.info(pol)["preview"]["starts"] == ("lock" if starts else "policy and lock")
 
     asyncio.run(body())
+
+
+def test_a_locked_stage_never_waits_in_apaches_gate(tmp_path: Path) -> None:
+    """With Apache's admission gate on, queued requests are sent ahead and held inside Apache; a
+    locked stage's are not (they would be inside Apache beyond the lock's m)."""
+    from overtake.controller.sidecar.options import SidecarOptions
+    from overtake.controller.sidecar.service import Sidecar
+    from overtake.controller.sidecar.tandem import Ticket as T
+
+    gate = f"/dev/shm/s19-lockq-gate-{os.getpid()}"
+    try:
+        side = Sidecar(_table(), SidecarOptions(policy="pi(1)", apache="http://127.0.0.1:9", listen="127.0.0.1:9",
+                                                gate=gate, gate_slots=4))
+        gw = side.gateway
+        gw.gate_on = True
+        assert gw._arm(T(0, 0, "k1", 1, 0.0)) is None  # the locked preview stage waits in the sidecar
+        armed = gw._arm(T(1, 0, "view", 2, 0.0))  # the view stage may wait in the gate
+        assert armed is not None
+        assert gw.gate is not None
+        gw.gate.free(armed[0])
+    finally:
+        for p in (gate, gate + ".key"):
+            Path(p).unlink(missing_ok=True)
