@@ -184,7 +184,8 @@ def arm_server(name: str, b: Bench, where: Path) -> Iterator[tuple[int, server.S
             sc = product.start_sidecar(wd / "sidecar", port=free_port(), apache_port=srv.port, model=b.model,
                                        cpu_priority=cp is not None, core=args.client_core,
                                        max_inflight=SIDECAR_INFLIGHT, max_body_bytes=b.max_body,
-                                       php_stats_file=php_stats, control_file=control)
+                                       php_stats_file=php_stats, control_file=control,
+                                       preview_lock=args.preview_lock or None)
         yield (sc.port if sc else srv.port), srv, sc
     finally:
         try:
@@ -454,6 +455,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--wiki-seed", type=int, default=Recipe.seed, help="seed of the page recipe")
     ap.add_argument("--data-dir", default=str(wiki.DEFAULT_DATA_DIR), help="the wiki's data directory")
     ap.add_argument("--qos-cap", type=int, default=2, help="mod_qos: requests at once per stage (default 2)")
+    ap.add_argument("--preview-lock", type=int, default=1,
+                    help="the sidecar arms' lock on previews (the stages file's lock; 0: no lock key; default 1)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds before a transaction counts as failed")
     ap.add_argument("--cal-reps", type=int, default=3,
                     help="calibration passes over the articles; an article's idle time is their median (default 3)")
@@ -480,6 +483,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--articles: at least 8, got {args.articles}")
     if args.qos_cap < 1:
         ap.error(f"--qos-cap: at least 1 request per stage, got {args.qos_cap}")
+    if args.preview_lock < 0:
+        ap.error(f"--preview-lock: a lock capacity >= 1, or 0 for no lock key, got {args.preview_lock}")
     if not args.timeout > 0 or args.cal_reps < 1:
         ap.error("--timeout must be > 0 s and --cal-reps >= 1")
     return args
@@ -534,7 +539,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
              "fpm_pool": server.FPM_DEFAULTS if args.php == "fpm" else None}
     return {"runs": runs, "across_runs": across_runs(runs, args.arms), "php": args.php, "stack": stack,
             "load": args.load, "transactions": args.transactions, "arms": args.arms, "seed": args.seed,
-            "arrival_rate": rate, "qos_cap": args.qos_cap, "timeout": args.timeout, "calibration": cal,
+            "arrival_rate": rate, "qos_cap": args.qos_cap, "preview_lock": args.preview_lock, "timeout": args.timeout, "calibration": cal,
             "model": b.model.summary() | {"lock": locked} if b.model else None, "wiki": stamp | {"units": b.units.tolist()},
             "recipe": asdict(recipe), "cores": {"server": args.server_core, "client": args.client_core},
             "halt_poll_ns": hp, "load_before": load_before, "load_after": os.getloadavg()[0],
