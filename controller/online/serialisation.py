@@ -164,23 +164,20 @@ def detect(records: Sequence[TimedRequest], *, min_samples: int = MIN_SAMPLES, a
     capacity, concurrency = cap if cap is not None else (None, None)
     if capacity is not None and concurrency is not None and concurrency <= 1.0:
         capacity = None  # no two requests ever overlapped: nothing to estimate
-    base = {"capacity": capacity, "requests": n, "alone": int(a.size), "overlapped": int(o.size),
-            "blocked_alone": ba, "blocked_overlapped": bo, "concurrency": concurrency}
-    if a.size < min_samples or o.size < min_samples:
-        return Verdict(None, None, p_value=None, **base,
-                       reason=f"needs {min_samples} requests alone and {min_samples} overlapping another of the "
-                              f"stage; has {a.size} and {o.size}")
+
+    def verdict(serialising: bool | None, m: int | None, p: float | None, reason: str) -> Verdict:
+        return Verdict(serialising, m, capacity, n, int(a.size), int(o.size), ba, bo, p, concurrency, reason)
+
+    if ba is None or bo is None or a.size < min_samples or o.size < min_samples:
+        return verdict(None, None, None, f"needs {min_samples} requests alone and {min_samples} overlapping "
+                                         f"another of the stage; has {a.size} and {o.size}")
     p = _mann_whitney_greater(o, a)
-    assert ba is not None and bo is not None
     if ba > alone_max:
-        return Verdict(False, None, p_value=p, **base,
-                       reason=f"blocked {ba:.0%} of the time even alone: the requests wait for something other "
-                              "than each other (I/O, an application server outside Apache)")
+        return verdict(False, None, p, f"blocked {ba:.0%} of the time even alone: the requests wait for "
+                                       "something other than each other (I/O, an application server outside Apache)")
     if p < alpha and bo - ba >= min_gap:
         m = max(1, round(capacity)) if capacity is not None else 1
-        return Verdict(True, m, p_value=p, **base,
-                       reason=f"blocked {bo:.0%} of the time when another request of the stage ran beside it, "
-                              f"{ba:.0%} alone (p = {p:.2g}); at most {capacity or 1:.2f} progress together")
-    return Verdict(False, None, p_value=p, **base,
-                   reason=f"blocked {bo:.0%} overlapped vs {ba:.0%} alone (p = {p:.2g}): no more than "
-                          f"{min_gap:.0%} higher at level {alpha:g}")
+        return verdict(True, m, p, f"blocked {bo:.0%} of the time when another request of the stage ran beside "
+                                   f"it, {ba:.0%} alone (p = {p:.2g}); at most {capacity or 1:.2f} progress together")
+    return verdict(False, None, p, f"blocked {bo:.0%} overlapped vs {ba:.0%} alone (p = {p:.2g}): not "
+                                   f"{min_gap:.0%} higher at level {alpha:g}")
