@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.sqlite_lock import SQLITE_DRIVER, conf_with_lock
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache.access_log import AccessRecord, read_access_log
@@ -37,52 +37,9 @@ from overtake.controller.harness.loadgen import request
 from overtake.controller.harness.scratch import free_port, scratch_dir
 from overtake.controller.online.serialisation import TimedRequest, detect
 
-SQLITE_DRIVER = Path("/usr/lib/x86_64-linux-gnu/apr-util-1/apr_dbd_sqlite3-1.so")
 # thresholds far above any request here: the split is measured at normal priority
 N_DETECT = 300
 TIMES = CpuPriority(levels=(3600.0,), nice=("idle",), age=False, class_header=None, request_times=True)
-
-LOCKED_LUA = """local tcpu = require "tcpu"
-local DB = "@DB@"
-
-function handle(r)
-    local work = tonumber(r:parseargs().work or "0") or 0
-    local db = r:dbacquire("sqlite3", DB)
-    local deadline = os.time() + 60
-    local ok = db:query(r, "BEGIN IMMEDIATE")
-    while not ok and os.time() <= deadline do
-        ok = db:query(r, "BEGIN IMMEDIATE")  -- the driver's busy handler sleeps between tries
-    end
-    local target = tcpu.now_ns() + math.floor(work * 1e9)
-    local x = 0
-    while tcpu.now_ns() < target do for i = 1, 500 do x = x + (i % 7) end end
-    db:query(r, "UPDATE tx SET n = n + 1")
-    db:query(r, "COMMIT")
-    db:close()
-    r.content_type = "text/plain"
-    r:puts(ok and "ok\\n" or "no lock\\n")
-    return apache2.OK
-end
-"""
-
-
-def _conf_with_lock(parent: Path) -> Path:
-    conf = parent / "conf"
-    shutil.copytree(apache.DEFAULT_CONF_DIR, conf, ignore=shutil.ignore_patterns("__pycache__"))
-    dbdir = parent / "db"
-    dbdir.mkdir()
-    db = dbdir / "lock.sqlite"
-    with sqlite3.connect(db) as c:
-        c.execute("CREATE TABLE tx (n INTEGER)")
-        c.execute("INSERT INTO tx VALUES (0)")
-    c.close()
-    for p in (dbdir, db):  # SQLite writes its journal next to the database
-        shutil.chown(p, "www-data", "www-data")
-    (conf / "lua" / "locked.lua").write_text(LOCKED_LUA.replace("@DB@", str(db)))
-    with (conf / "httpd.conf.in").open("a") as f:
-        f.write('\nLuaMapHandler "^/locked$" "@APACHE_DIR@/lua/locked.lua" handle\n')
-    return conf
-
 
 @pytest.fixture(scope="module")
 def parent(apache_available: None) -> Iterator[Path]:
@@ -91,7 +48,7 @@ def parent(apache_available: None) -> Iterator[Path]:
     if not SQLITE_DRIVER.exists():
         pytest.skip(f"{SQLITE_DRIVER} missing (libaprutil1-dbd-sqlite3): run apache-conf/install-debian-packages.sh")
     p = scratch_dir("overtake-times-test-")
-    _conf_with_lock(p)
+    conf_with_lock(p)
     try:
         yield p
     finally:
