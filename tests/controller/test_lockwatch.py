@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
-from test_serialisation import simulate
+from support.lock_sim import simulate
 
 from overtake.controller.online import OnlineCollector, OnlineLoop, OnlineSettings
 from overtake.controller.online.serialisation import TimedRequest
