@@ -16,6 +16,7 @@ from overtake import DISTRIBUTION, __version__
 # Sub-command modules, imported lazily so `overtake fit` does not pay for the solver's imports.
 COMMANDS: dict[str, str] = {
     "fit": "overtake.api.commands.fit",
+    "diagnose": "overtake.api.commands.diagnose",
     "solve": "overtake.api.commands.solve",
     "compare": "overtake.api.commands.compare",
     "sweep": "overtake.api.commands.sweep",
@@ -31,6 +32,7 @@ COMMANDS: dict[str, str] = {
 # registers the same line as its parser's help: tests/api/test_cli_startup.py checks they agree).
 SUMMARIES: dict[str, str] = {
     "fit": "fit phase-type service-time distributions from durations or an Apache log",
+    "diagnose": "find stages that a lock serialises, from an access log with the request-time split",
     "solve": "solve the optimal thread policy and write it as a file",
     "compare": "compare the optimal policy with pi(1), pi(4), pi(inf), pi(1,1)",
     "sweep": "solve pi* and the baselines on a grid of scenarios with Dask",

@@ -48,8 +48,9 @@
  * mod_overtake_prio.h: op_directives.c (the directives), op_prio.c (per-request priority),
  * op_monitor.c (the monitor thread), op_gate.c (the admission gate), op_gate_key.c (its key
  * and file, in the root parent), op_control.c (the control file: the thresholds the sidecar's
- * policy chose), op_status.c (the status page), op_pure.c (what needs no Apache: directive
- * values, headers, level arithmetic).
+ * policy chose), op_status.c (the status page), op_times.c (a request's time split into CPU,
+ * run-queue wait and blocked time, for the access log), op_pure.c (what needs no Apache:
+ * directive values, headers, level arithmetic).
  *
  * Build: make (apxs -c on every file above; Debian: apt-get install apache2-dev)
  * See README.md next to this file for the directives and for use in an existing Apache.
@@ -57,6 +58,7 @@
 
 #include "mod_overtake_prio.h"
 #include "op_guard.h"
+#include "op_times.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -337,7 +339,6 @@ static int op_post_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp
 
 static void op_register_hooks(apr_pool_t *p)
 {
-    (void)p;
     ap_hook_check_config(op_check_config, NULL, NULL, APR_HOOK_MIDDLE);
     ap_hook_post_config(op_post_config, NULL, NULL, APR_HOOK_MIDDLE);
     /* First: the capability reduction must precede any thread another module may start. */
@@ -353,6 +354,7 @@ static void op_register_hooks(apr_pool_t *p)
     /* After the content filters (deflate, ...), before the protocol filters. */
     op_end_filter_handle = ap_register_output_filter("OVERTAKE_PRIO_END", op_end_filter, NULL,
                                                      AP_FTYPE_CONTENT_SET + 5);
+    op_times_register_hooks(p);  /* OvertakeRequestTimes (op_times.c) */
 }
 
 AP_DECLARE_MODULE(overtake_prio) = {

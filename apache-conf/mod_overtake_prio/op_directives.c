@@ -4,6 +4,7 @@
  */
 #include "mod_overtake_prio.h"
 #include "op_guard.h"
+#include "op_times.h"
 
 #include <string.h>
 #include <strings.h>
@@ -238,6 +239,7 @@ const command_rec op_cmds[] = {
     AP_INIT_TAKE1("OvertakeGateHeader", take_word, &dir_gate_header, RSRC_CONF, "request header with a gated request's slot and generation (default X-Overtake-Gate)"),
     AP_INIT_TAKE1("OvertakeGateTimeout", take_word, &dir_gate_timeout, RSRC_CONF, "seconds a request waits at a gate that never opens before it is let through (default 60; keep above the sidecar's queue timeout)"),
     OP_GUARD_CMDS,
+    OP_TIMES_CMDS,
     AP_INIT_TAKE1("OvertakeControlFile", take_word, &dir_control_file, RSRC_CONF, "file the sidecar writes the age thresholds of its policy to (its control_file): they replace OvertakePrioLevels while the file is valid, without a restart (default: none)"),
     {NULL}
 };

@@ -18,7 +18,14 @@ Modules
 :mod:`~overtake.controller.online.loop`
     :class:`OnlineLoop`: the asyncio tasks, the swap decision and the hot swap.
 :mod:`~overtake.controller.online.metrics`
-    :class:`OnlineCollector`, the ``overtake_online_*`` Prometheus metrics.
+    :class:`OnlineCollector`, the ``overtake_online_*`` Prometheus metrics (and the lock watch's).
+:mod:`~overtake.controller.online.serialisation`
+    Is a stage serialised by a lock? The test and the lock's capacity, from each request's time
+    split into CPU, run-queue wait and blocked time (mod_overtake_prio's ``OvertakeRequestTimes``).
+:mod:`~overtake.controller.online.lockwatch`
+    :class:`~overtake.controller.online.lockwatch.LockWatch`: those verdicts per stage from the
+    access log, logged and exported; the sidecar sends a serialised stage's requests exempt from
+    CPU demotion.
 
 Estimates
 ---------

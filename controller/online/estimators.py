@@ -13,16 +13,18 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from overtake.controller.online.serialisation import TimedRequest
 from overtake.controller.online.settings import SOURCES, OnlineSettings
 from overtake.controller.sidecar.limiter import ADMITTED, PASSTHROUGH, LimiterListener, Ticket
 from overtake.controller.sidecar.stages import StageTable
 from overtake.mdp.model import capacity
 
-__all__ = ["AccessLogTail", "ArrivalRate", "AttainedService", "DemandRecorder"]
+__all__ = ["AccessLogTail", "ArrivalRate", "AttainedService", "DemandRecorder", "LogEntry"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -106,17 +108,25 @@ class ArrivalRate:
         return sum(c for _, c in self._counts) / span
 
 
+@dataclass(frozen=True)
+class LogEntry:
+    """One access-log line of a stage: its CPU demand (seconds; None without the stage handler's
+    note) and mod_overtake_prio's time split (None without ``OvertakeRequestTimes``)."""
+
+    stage: int
+    cpu: float | None
+    times: TimedRequest | None
+
+
 class AccessLogTail:
     """New lines of Apache's access log since the last read: (stage index, CPU seconds)."""
 
     def __init__(self, path: str | os.PathLike[str], table: StageTable) -> None:
-        import apachelogs
-
-        from overtake.controller.log_format import LOG_FORMAT
+        from overtake.controller.log_format import LineParser
 
         self.path = Path(path)
         self.table = table
-        self.parser = apachelogs.LogParser(LOG_FORMAT)
+        self.parser = LineParser()
         try:  # only requests from now on: a long history would stall the first read
             self.offset = self.path.stat().st_size
         except FileNotFoundError:
@@ -125,6 +135,17 @@ class AccessLogTail:
         self.no_cpu = 0
 
     def poll(self) -> list[tuple[int, float]]:
+        """(stage, CPU seconds) of the new lines with a 200 answer and the handler's CPU note."""
+        out = []
+        for e in self.poll_entries():
+            if e.cpu is None:
+                self.no_cpu += 1
+            else:
+                out.append((e.stage, e.cpu))
+        return out
+
+    def poll_entries(self) -> list[LogEntry]:
+        """The new lines of the stages with a 200 answer."""
         try:
             size = self.path.stat().st_size
         except FileNotFoundError:
@@ -145,21 +166,29 @@ class AccessLogTail:
             if not line:
                 continue
             try:
-                e = self.parser.parse(line).directives
-            except Exception:  # apachelogs.InvalidEntryError: a foreign line; counted, not fatal
+                e = self.parser.parse(line)
+            except ValueError:  # a foreign line; counted, not fatal
                 self.bad_lines += 1
                 continue
             method, _, rest = str(e["%r"]).partition(" ")
             path, _, query = rest.rsplit(" ", 1)[0].partition("?")
             routed = self.table.route(method, path, query)
-            cpu = e["%{stage_cpu_us}n"]
             if routed is None or e["%>s"] != 200:
                 continue
-            if cpu is None:
-                self.no_cpu += 1
-                continue
-            out.append((routed[0], int(cpu) / 1e6))
+            cpu = e["%{stage_cpu_us}n"]
+            out.append(LogEntry(routed[0], None if cpu is None else int(cpu) / 1e6, _timed(e)))
         return out
+
+
+def _timed(e: dict[str, Any]) -> TimedRequest | None:
+    """The line's time split, its start in seconds since the epoch."""
+    from overtake.controller.log_format import request_times
+
+    t = request_times(e)
+    if t is None:
+        return None
+    return TimedRequest(start=(int(e["%{begin:usec}t"]) + t.start_us) / 1e6, wall=t.wall_us / 1e6,
+                        cpu=t.cpu_us / 1e6, wait=t.wait_us / 1e6, blocked=t.blocked_us / 1e6)
 
 
 @dataclass

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from overtake.controller.online.estimators import DemandRecorder
+from overtake.controller.online.lockwatch import LockWatch
 from overtake.controller.online.refit import RefitJob, lower_priority, refit_job, warm_up
 from overtake.controller.online.settings import OUTCOMES, OnlineSettings
 from overtake.controller.sidecar.policies import BaselinePolicy, SpawnPolicy, TablePolicy
@@ -80,6 +81,8 @@ class OnlineLoop:
         self.wall = wall
         self.recorder = DemandRecorder(settings, table, time_unit=time_unit, cores=self.cores,
                                        overhead=self.overhead, clock=clock)
+        #: serialisation verdicts per stage, from the access log's time split (with --access-log)
+        self.locks = LockWatch(table, clock=clock) if self.recorder.tail is not None else None
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
         self.last_refit_start: float | None = None  # monotonic
         self.last_refit_time: float | None = None  # unix time of the last completed refit
@@ -122,9 +125,25 @@ class OnlineLoop:
         while True:
             await asyncio.sleep(self.settings.log_poll)
             try:
-                self.recorder.poll_log(await asyncio.to_thread(self.recorder.tail.poll))  # type: ignore[union-attr]
+                await self.poll_log()
             except OSError as exc:
                 log.warning("access log unreadable", extra={"event": "online_log", "detail": str(exc)})
+
+    async def poll_log(self) -> None:
+        """Read the access log's new lines: demands to the recorder, time splits to the lock watch."""
+        tail = self.recorder.tail
+        if tail is None:
+            return
+        entries = await asyncio.to_thread(tail.poll_entries)
+        demands = [(e.stage, e.cpu) for e in entries if e.cpu is not None]
+        tail.no_cpu += len(entries) - len(demands)
+        self.recorder.poll_log(demands)
+        if self.locks is not None:
+            for e in entries:
+                if e.times is not None:
+                    self.locks.add(e.stage, e.times)
+            self.locks.table = self.table  # the stages file may have been reloaded
+            self.locks.check()
 
     async def close(self) -> None:
         for t in self._tasks:
@@ -276,8 +295,11 @@ class OnlineLoop:
 
     def status(self) -> dict[str, Any]:
         """For ``GET /-/policy``."""
-        return {"generation": self.generation, "refits": dict(self.outcomes), "last": self.last,
-                "last_refit_time": self.last_refit_time}
+        out = {"generation": self.generation, "refits": dict(self.outcomes), "last": self.last,
+               "last_refit_time": self.last_refit_time}
+        if self.locks is not None:
+            out["serialisation"] = self.locks.status()
+        return out
 
 
 def _unlink(path: str) -> None:

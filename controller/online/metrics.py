@@ -61,6 +61,8 @@ class OnlineCollector(Collector):
         yield samples
         yield observed
         yield mean
+        if lp.locks is not None:
+            yield from _serialisation(lp)
         last = lp.last
         if "fit" in last:
             unit = last.get("time_unit", lp.time_unit)  # the unit the refit ran in
@@ -77,3 +79,19 @@ class OnlineCollector(Collector):
             yield pw
             yield GaugeMetricFamily("overtake_online_refit_duration_seconds", "Wall time of the last refit job",
                                     value=last["seconds"])
+
+
+def _serialisation(lp: OnlineLoop) -> Iterator[Metric]:
+    """The lock watch's verdict per stage (controller.online.lockwatch)."""
+    assert lp.locks is not None
+    ser = GaugeMetricFamily("overtake_stage_serialised", "1 when the stage's requests block only beside "
+                            "requests of the same stage (a lock), 0 otherwise or undecided", labels=["stage"])
+    cap = GaugeMetricFamily("overtake_stage_lock_capacity", "Requests of the stage that progress together at "
+                            "most (the serialising lock's holders), while the stage is serialised", labels=["stage"])
+    for name in lp.names:
+        v = lp.locks.verdicts.get(name)
+        ser.add_metric([name], 1.0 if v is not None and v.serialising else 0.0)
+        if v is not None and v.lock_capacity is not None:
+            cap.add_metric([name], float(v.lock_capacity))
+    yield ser
+    yield cap

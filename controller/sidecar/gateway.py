@@ -108,6 +108,8 @@ class Gateway:
         gate: Gate | None = None,
     ) -> None:
         self.table = table
+        #: stages the online loop found serialised (controller.online.lockwatch): sent exempt, as cpu_exempt
+        self.learned_exempt: frozenset[int] = frozenset()
         self.limits = table.config.limits
         self.limiter = limiter
         self.classifier = classifier
@@ -374,7 +376,8 @@ class Gateway:
             self.metrics.errors.labels("bad_phase").inc()
             return ex.refuse(400, str(exc))
         ex.rec.stage = "passthrough" if ex.stage == PASSTHROUGH else self.table.names[ex.stage]
-        if ex.stage != PASSTHROUGH and self.table.cpu_exempt(ex.stage, ex.req.method.decode("latin-1")):
+        if ex.stage != PASSTHROUGH and (self.table.cpu_exempt(ex.stage, ex.req.method.decode("latin-1"))
+                                         or ex.stage in self.learned_exempt):
             self._exempt(ex.req, ex.stage)
         return None
 

@@ -54,7 +54,9 @@ With ``--online`` (:class:`overtake.controller.online.OnlineCollector`): ``overt
 ``overtake_online_fitted_mean_seconds{stage,source}``,
 ``overtake_online_predicted_response_time_seconds{policy}`` (current | new, under the last refitted
 model), ``overtake_online_refit_duration_seconds`` and ``overtake_solve_cpu_seconds_total{kind}`` (the
-refit worker's CPU by kind of solve: full, start, none, route).
+refit worker's CPU by kind of solve: full, start, none, route); with ``--access-log`` and Apache's
+request-time split (``OvertakeRequestTimes On``), ``overtake_stage_serialised{stage}`` and
+``overtake_stage_lock_capacity{stage}`` (:mod:`overtake.controller.online.lockwatch`).
 
 Apache's ``/server-status?auto`` (:func:`overtake.controller.sidecar.mod_status.parse_status`) is exported under the
 names of prometheus-community/apache_exporter: ``apache_up``, ``apache_info{version,mpm}``,

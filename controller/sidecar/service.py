@@ -207,10 +207,16 @@ class Sidecar:
             cpu_class=self._cpu_class if options.cpu_priority == "class" else None,
             gate=self.gate,
         )
+        if self.online is not None and self.online.locks is not None:
+            self.online.locks.on_exempt = self._learned_exempt
         if self.gate is not None:
             gw = self.gateway
             self.metrics.gate_enabled.set_function(lambda: float(gw.gate_on))
             self.metrics.gate_in_use.set_function(lambda: float(self.gate.in_use) if self.gate else 0.0)
+
+    def _learned_exempt(self, stages: frozenset[int]) -> None:
+        """Send the requests of ``stages`` (serialised, controller.online.lockwatch) exempt from demotion."""
+        self.gateway.learned_exempt = stages
 
     @property
     def policy(self) -> SpawnPolicy:

@@ -112,7 +112,7 @@ def test_a_named_command_gets_its_full_parser():
     assert args.command == "compare" and args.json is True
 
 
-@pytest.mark.parametrize("command", ["fit", "solve", "compare", "simulate", "sweep", "sidecar", "uplink", "apache",
+@pytest.mark.parametrize("command", ["fit", "diagnose", "solve", "compare", "simulate", "sweep", "sidecar", "uplink", "apache",
                                      "api", "prometheus"])
 def test_a_commands_help_imports_nothing_heavy(command):
     res = _probe([command, "--help"])
@@ -131,6 +131,7 @@ def test_a_commands_help_imports_nothing_heavy(command):
     ["fit", "durations.txt", "--shift", "soon"],
     ["fit", "durations.txt", "--censor-at", "-1"],
     ["fit", "durations.txt", "--apache-log", "access.log"],
+    ["diagnose", "durations.txt", "--alpha", "2"],
     ["sweep", "grid.yaml", "--out", "results.txt"],
     ["uplink", "install", "--dev", "eth0", "--mode", "cake"],
     ["sidecar", "--loop", "trio"],

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from overtake.controller.errors import ApacheError
-from overtake.controller.harness.apache.config import LOG_FORMAT
 from overtake.controller.harness.apache.instance import existing_workdir
+from overtake.controller.log_format import LineParser, RequestTimes, request_times
 
 __all__ = ["AccessRecord", "read_access_log"]
 
@@ -38,6 +38,9 @@ class AccessRecord:
         Worker thread id (pthread_t, as Apache's ``%{tid}P``).
     request_id : str or None
         ``X-Request-Id`` request header.
+    times : RequestTimes or None
+        mod_overtake_prio's split of the handler's time (``OvertakeRequestTimes``); None in a log
+        of the older format or when the module noted none.
     """
 
     begin_us: int
@@ -51,6 +54,7 @@ class AccessRecord:
     cpu_us: int | None
     tid: int
     request_id: str | None
+    times: RequestTimes | None = None
 
 
 def read_access_log(workdir: str | os.PathLike[str]) -> list[AccessRecord]:
@@ -78,17 +82,14 @@ def read_access_log(workdir: str | os.PathLike[str]) -> list[AccessRecord]:
 
 
 def _parse_lines(text: str, path: Path) -> Iterator[AccessRecord]:
-    # Imported here: start/stop/status (the CLI) need nothing beyond the standard library.
-    import apachelogs
-
-    parser = apachelogs.LogParser(LOG_FORMAT)
+    parser = LineParser()  # imports apachelogs: start/stop/status (the CLI) need nothing beyond the standard library
     lines = text.split("\n")
     for lineno, line in enumerate(lines[:-1], 1):  # lines[-1] is "" or an unfinished line
         if not line:
             continue
         try:
-            e = parser.parse(line).directives
-        except apachelogs.InvalidEntryError:
+            e = parser.parse(line)
+        except ValueError:
             raise ApacheError(
                 f"access log: {path}:{lineno} does not match LOG_FORMAT: {line[:200]!r}"
             ) from None
@@ -108,4 +109,5 @@ def _parse_lines(text: str, path: Path) -> Iterator[AccessRecord]:
             cpu_us=int(cpu) if cpu is not None else None,
             tid=int(e["%{tid}P"]),
             request_id=e["%{X-Request-Id}i"],
+            times=request_times(e),
         )

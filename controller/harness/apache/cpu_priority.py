@@ -76,10 +76,12 @@ MODULE_SOURCES = (
     "op_pure.c",
     "op_guard_pure.c",
     "op_control.c",
+    "op_times.c",
+    "op_times_pure.c",
 )
 #: The headers they include (``HEADERS`` in the Makefile).
 MODULE_HEADERS = ("mod_overtake_prio.h", "op_pure.h", "op_guard.h", "op_guard_pure.h", "og_fault.h", "og_hmac.h",
-                  "oc_table.h")
+                  "oc_table.h", "op_times.h", "op_times_pure.h")
 #: Compiler flags (``WARNINGS`` and ``-O2`` in the Makefile): a warning fails the build.
 MODULE_CFLAGS = (
     "-Wall", "-Wextra", "-Wshadow", "-Wstrict-prototypes", "-Wmissing-prototypes", "-Werror", "-O2",
@@ -152,6 +154,10 @@ class CpuPriority:
         Seconds of wall time a request may stay below its original priority before it gets it
         back for good (0..3600; 0: no limit), so that a demoted lock holder always finishes.
         ``OvertakePrioDemotionLimit``.
+    request_times : bool
+        Split each request's handler time into CPU, run-queue wait and blocked time, as the
+        request notes the access log's ``LOG_FORMAT`` reads (the serialisation detector's
+        input). ``OvertakeRequestTimes``.
     """
 
     levels: tuple[float, ...] = (0.005, 0.05)
@@ -168,6 +174,7 @@ class CpuPriority:
     exempt_header: str | None = DEFAULT_EXEMPT_HEADER
     demotion_limit: float = 0.0
     control_file: str | None = None
+    request_times: bool = False
     priorities: tuple[int | str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -244,6 +251,8 @@ class CpuPriority:
                 f"cpu_priority.control_file: {cf!r} must be an absolute path without spaces, the "
                 "sidecar's control_file (e.g. /run/overtake/control)"
             )
+        if not isinstance(self.request_times, bool):
+            raise ApacheInputError(f"cpu_priority.request_times: True or False, got {self.request_times!r}")
         gt = self.gate_timeout
         if isinstance(gt, bool) or not isinstance(gt, (int, float)) or not 0.001 <= gt <= 3600:
             raise ApacheInputError(f"cpu_priority.gate_timeout: seconds in 0.001..3600, got {gt!r}")
@@ -318,6 +327,7 @@ def config_tokens(cpu_priority: CpuPriority | None) -> dict[str, str]:
         "CPU_PRIO_GUARD": _guard_lines(cp),
         "CPU_PRIO_CONTROL": (f'OvertakeControlFile "{cp.control_file}"' if cp.control_file
                              else "# no control file"),
+        "CPU_PRIO_TIMES": f"OvertakeRequestTimes {'On' if cp.request_times else 'Off'}",
     }
 
 

@@ -1,0 +1,20 @@
+/*
+ * op_times.h -- where a request's wall time went (op_times.c): its directive and hooks. Included
+ * by the files that register them, after mod_overtake_prio.h.
+ */
+#ifndef OP_TIMES_H
+#define OP_TIMES_H
+
+#include "op_times_pure.h"
+
+#pragma GCC visibility push(hidden)
+
+const char *op_times_set(cmd_parms *cmd, void *d, int on);
+void op_times_register_hooks(apr_pool_t *p);
+
+#define OP_TIMES_CMDS \
+    AP_INIT_FLAG("OvertakeRequestTimes", op_times_set, NULL, RSRC_CONF, "On: split each request's time in its handler into CPU, run-queue wait and blocked time, as request notes overtake_cpu_us, overtake_wait_us, overtake_blocked_us, overtake_wall_us, overtake_start_us for the access log (default Off)")
+
+#pragma GCC visibility pop
+
+#endif
