@@ -225,9 +225,6 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
               if getattr(args, f"verify_{key}", None) is not None}
     if getattr(args, "verify", None):
         verify["enabled"] = True
-    elif verify and args.config is None:
-        raise SidecarInputError(f"--verify-{next(iter(verify)).replace('_', '-')}: only with --verify (or verify: in "
-                                "--config); add --verify")
     given.pop("verify", None)
     if verify:
         given["verify"] = verify

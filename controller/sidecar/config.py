@@ -179,6 +179,9 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> SidecarCo
         data["online"] = {**(data.get("online") or {}), **online_flags}
     if verify_flags and ("verify" in data or verify_flags.get("enabled")):
         data["verify"] = {**(data.get("verify") or {}), **verify_flags}
+    elif verify_flags:
+        flag = "--verify-" + next(iter(verify_flags)).replace("_", "-")
+        raise SidecarInputError(f"{flag}: only with --verify (or verify: in the config file); add --verify")
     try:
         return SidecarConfig.model_validate(data)
     except ValidationError as exc:

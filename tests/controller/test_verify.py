@@ -217,3 +217,7 @@ def test_flags_and_config_keys(tmp_path: Path) -> None:
                    "verify: {window: 6, max_pairs: 10}\n")
     opts = options_from_args(parser.parse_args(["sidecar", "--config", str(cfg), "--verify-min-gain", "0.05"]))[1]
     assert opts.verify == VerifySettings(window=6, max_pairs=10, min_gain=0.05)
+    cfg.write_text("apache: http://127.0.0.1:1\nlisten: 127.0.0.1:2\nstages: s.yaml\npolicy: pi(1)\n")
+    with pytest.raises(SidecarInputError, match="^--verify-min-gain: only with --verify"):
+        options_from_args(parser.parse_args(["sidecar", "--config", str(cfg), "--verify-min-gain", "0.05"]))
+    assert options_from_args(parser.parse_args(["sidecar", "--config", str(cfg)]))[1].verify is None
