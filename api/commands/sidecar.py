@@ -6,6 +6,8 @@ Benchmarks call exactly::
                      --listen ADDR --stages FILE [--phase-header NAME] [--uplink fair]
                      [--online [--refit-interval S] [--min-samples N] [--arrival-window S]
                       [--access-log PATH] [--swap-margin F] [--refit-tolerance F]]
+                     [--verify [--verify-window S] [--verify-settle S] [--verify-min-pairs N]
+                      [--verify-max-pairs N] [--verify-min-gain F] [--verify-level F]]
     overtake sidecar --policy-url http://API/v1/models/ID/policy.npz [--policy-poll 10]
                      [--policy-token TOKEN] [--policy FALLBACK] --apache URL --listen ADDR --stages FILE
     overtake sidecar --config sidecar.yaml [any flag above, overriding the file]
@@ -37,6 +39,21 @@ TOP_FRACTION = 0.005
 
 log = logging.getLogger("overtake.sidecar")
 _ONLINE_FLAGS = ("refit_interval", "min_samples", "arrival_window", "access_log", "swap_margin", "refit_tolerance")
+#: --verify-X flags: (flag, config key under verify:, type, metavar, help)
+_VERIFY_FLAGS: tuple[tuple[str, str, type, str, str], ...] = (
+    ("--verify-window", "window", float, "SECONDS", "length of each window (default 30)"),
+    ("--verify-settle", "settle", float, "SECONDS",
+     "leading seconds of each window whose arrivals are not counted: the previous window's requests "
+     "still run then (default 5)"),
+    ("--verify-min-pairs", "min_pairs", int, "N", "window pairs before any decision (default 3)"),
+    ("--verify-max-pairs", "max_pairs", int, "N", "window pairs after which a decision is forced (default 20)"),
+    ("--verify-min-gain", "min_gain", float, "FRACTION",
+     "at --verify-max-pairs without a significant result, keep the policy only if its measured gain is at "
+     "least this (default 0.02)"),
+    ("--verify-level", "level", float, "F", "confidence of the verdict over all looks together (default 0.95)"),
+    ("--verify-min-requests", "min_requests", int, "N",
+     "counted requests a window needs for its pair to count (default 20)"),
+)
 
 
 #: the service group's numeric knobs: (flag, type, metavar, help); every default lives in SidecarConfig
@@ -151,6 +168,12 @@ def register(subparsers: Any) -> None:
                    help="swap only when the new policy's predicted E[W] is lower by more than this (default 0.01)")
     o.add_argument("--refit-tolerance", type=float, default=None, metavar="FRACTION",
                    help="relative accuracy of the re-solve (default 0.01)")
+    v = p.add_argument_group("live verification", "run the policy against Apache's default (forward at once, no "
+                             "CPU demotion) in alternating windows of random order, and fall back to the default "
+                             "unless the policy's mean response time is measured lower (controller.sidecar.verify)")
+    v.add_argument("--verify", action="store_true", default=None, help="enable the live verification (default off)")
+    for flag, key, kind, metavar, text in _VERIFY_FLAGS:
+        v.add_argument(flag, dest=f"verify_{key}", type=kind, default=None, metavar=metavar, help=text)
 
 
 async def _main(side: Sidecar) -> None:
@@ -198,6 +221,13 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     given.pop("online", None)
     if online:
         given["online"] = online
+    verify = {key: getattr(args, f"verify_{key}") for _, key, *_ in _VERIFY_FLAGS
+              if getattr(args, f"verify_{key}", None) is not None}
+    if getattr(args, "verify", None):
+        verify["enabled"] = True
+    given.pop("verify", None)
+    if verify:
+        given["verify"] = verify
     return given
 
 

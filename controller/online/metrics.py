@@ -86,7 +86,7 @@ def _serialisation(lp: OnlineLoop) -> Iterator[Metric]:
     assert lp.locks is not None
     ser = GaugeMetricFamily("overtake_stage_serialised", "1 when the stage's requests block only beside "
                             "requests of the same stage (a lock), 0 otherwise or undecided", labels=["stage"])
-    cap = GaugeMetricFamily("overtake_stage_lock_capacity", "Requests of the stage that progress together at "
+    cap = GaugeMetricFamily("overtake_stage_serialised_capacity", "Requests of the stage that progress together at "
                             "most (the serialising lock's holders), while the stage is serialised", labels=["stage"])
     for name in lp.names:
         v = lp.locks.verdicts.get(name)

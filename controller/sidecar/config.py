@@ -4,7 +4,9 @@ Every key is an ``overtake sidecar`` option with ``-`` written ``_`` (``--policy
 ``policy_url``); the online loop's options sit under ``online:``. A flag given on the command line
 overrides the file's key. Relative paths in the file (``stages``, ``policy``, ``request_log``,
 ``policy_token_file``, ``admin_token_file``, ``php_stats_file``, ``online.access_log``) are taken relative to the
-file's folder, so a unit file may run the sidecar from any working directory. Tokens are best kept
+file's folder, so a unit file may run the sidecar from any working directory. The live
+verification's options sit under ``verify:`` (``enabled``, ``window``, ``settle``, ``min_pairs``,
+``max_pairs``, ``min_gain``, ``level``, ``min_requests``). Tokens are best kept
 out of the file and the command line: ``policy_token_file`` and ``admin_token_file`` name files
 holding them (mode 0600); a SIGHUP re-reads them.
 
@@ -28,9 +30,10 @@ from overtake.controller.online import OnlineSettings
 from overtake.controller.sidecar.admin import DEFAULT_ADMIN_LISTEN
 from overtake.controller.sidecar.options import SidecarOptions
 from overtake.controller.sidecar.policies import MAX_ARRAY_BYTES, MAX_INFLATED_BYTES, MAX_POLICY_BYTES
+from overtake.controller.sidecar.verify import VerifySettings
 from overtake.controller.uplink.bands import TOP_FRACTION
 
-__all__ = ["OnlineConfig", "SidecarConfig", "load_config", "to_options"]
+__all__ = ["OnlineConfig", "SidecarConfig", "VerifyConfig", "load_config", "to_options"]
 
 
 class OnlineConfig(BaseModel):
@@ -45,6 +48,21 @@ class OnlineConfig(BaseModel):
     access_log: str | None = None
     swap_margin: float = Field(0.01, ge=0)
     refit_tolerance: float = Field(0.01, gt=0)
+
+
+class VerifyConfig(BaseModel):
+    """``verify:`` — the policy against Apache's default on live traffic (:mod:`overtake.controller.sidecar.verify`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    window: float = Field(30.0, gt=0)
+    settle: float = Field(5.0, ge=0)
+    min_pairs: int = Field(3, ge=2)
+    max_pairs: int = Field(20, ge=2)
+    min_gain: float = Field(0.02, gt=-1, lt=1)
+    level: float = Field(0.95, ge=0.5, lt=1)
+    min_requests: int = Field(20, ge=1)
 
 
 class SidecarConfig(BaseModel):
@@ -91,6 +109,7 @@ class SidecarConfig(BaseModel):
     #: else they are stripped, so a client cannot claim the short phase or a CPU class
     trusted_sources: list[str] = Field(default_factory=lambda: ["127.0.0.0/8", "::1/128"])
     online: OnlineConfig | None = None
+    verify: VerifyConfig | None = None
 
     @field_validator("trusted_sources")
     @classmethod
@@ -154,9 +173,15 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> SidecarCo
         if isinstance(online, dict) and isinstance(online.get("access_log"), str):
             data["online"] = {**online, "access_log": str(base / os.path.expanduser(online["access_log"]))}
     online_flags = overrides.pop("online", None)
+    verify_flags = overrides.pop("verify", None)
     data.update({k: v for k, v in overrides.items() if v is not None})
     if online_flags and ("online" in data or online_flags.get("enabled")):
         data["online"] = {**(data.get("online") or {}), **online_flags}
+    if verify_flags and ("verify" in data or verify_flags.get("enabled")):
+        data["verify"] = {**(data.get("verify") or {}), **verify_flags}
+    elif verify_flags:
+        flag = "--verify-" + next(iter(verify_flags)).replace("_", "-")
+        raise SidecarInputError(f"{flag}: only with --verify (or verify: in the config file); add --verify")
     try:
         return SidecarConfig.model_validate(data)
     except ValidationError as exc:
@@ -164,7 +189,8 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> SidecarCo
         loc = tuple(err["loc"])
         msg = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
-            model: type[BaseModel] = OnlineConfig if loc[:1] == ("online",) and len(loc) > 1 else SidecarConfig
+            sections: dict[str, type[BaseModel]] = {"online": OnlineConfig, "verify": VerifyConfig}
+            model = sections.get(str(loc[0]), SidecarConfig) if len(loc) > 1 else SidecarConfig
             msg = f"unknown key; known keys: {', '.join(sorted(model.model_fields))}"
         elif err["type"] == "missing":
             flag = "--" + str(loc[-1]).replace("_", "-")
@@ -207,6 +233,11 @@ def to_options(cfg: SidecarConfig) -> SidecarOptions:
             reservoir=max(2000, on.min_samples), margin=on.swap_margin, tolerance=on.refit_tolerance,
             access_log=on.access_log,
         )
+    ve = cfg.verify
+    verify = None
+    if ve is not None and ve.enabled:
+        verify = VerifySettings(window=ve.window, settle=ve.settle, min_pairs=ve.min_pairs, max_pairs=ve.max_pairs,
+                                min_gain=ve.min_gain, level=ve.level, min_requests=ve.min_requests)
     return SidecarOptions(
         policy=cfg.policy or "", apache=cfg.apache, listen=cfg.listen, phase_header=cfg.phase_header,
         uplink=cfg.uplink, uplink_cutoffs=cfg.uplink_cutoffs, uplink_top_fraction=cfg.uplink_top_fraction,
@@ -220,5 +251,5 @@ def to_options(cfg: SidecarConfig) -> SidecarOptions:
         request_log_format=cfg.request_log_format, trusted_sources=tuple(cfg.trusted_sources),
         cpu_priority=cfg.cpu_priority, gate=cfg.gate, gate_slots=cfg.gate_slots,
         php_stats_file=cfg.php_stats_file, control_file=cfg.control_file,
-        gate_backfill=cfg.gate_backfill,
+        gate_backfill=cfg.gate_backfill, verify=verify,
     )

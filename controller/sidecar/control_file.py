@@ -39,7 +39,7 @@ from overtake.controller.errors import SidecarInputError
 from overtake.controller.sidecar.gate import give_group, open_shared_file
 from overtake.controller.sidecar.gate_key import key_path, load_key
 
-__all__ = ["MAX_LEVELS", "MAX_STAGES", "ControlFile", "ControlPublisher", "age_thresholds", "encode"]
+__all__ = ["MAX_LEVELS", "MAX_STAGES", "ControlFile", "ControlPublisher", "age_thresholds", "encode", "no_demotion"]
 
 log = logging.getLogger("overtake.sidecar")
 
@@ -68,6 +68,12 @@ def age_thresholds(policy: Any) -> tuple[tuple[float, ...], ...] | None:
         if th and th[0] and all(v is not None for row in th for v in row):
             return tuple(tuple(float(v) for v in row) for row in th)
     return None
+
+
+def no_demotion(levels: int) -> tuple[float, ...]:
+    """``levels`` increasing thresholds (seconds) ending at :data:`THRESHOLD_MAX`, 1 ms apart:
+    the module's largest, so that no request is demoted (Apache's default)."""
+    return tuple(THRESHOLD_MAX - 1e-3 * (levels - 1 - k) for k in range(levels))
 
 
 def _row_ns(row: Sequence[float], levels: int, what: str) -> list[int]:
@@ -163,12 +169,22 @@ class ControlPublisher:
         self.file = ControlFile(path)
         self.stages = stages
 
-    def publish(self, policy: Any, time_unit: float) -> int | None:
+    def publish(self, policy: Any, time_unit: float, *, quiet: bool = False) -> int | None:
         """Write ``policy``'s thresholds (none: the module's configured ones apply) as a new
-        generation; returns it, None when the file could not be written (said in the log)."""
+        generation; returns it, None when the file could not be written (said in the log).
+        ``quiet``: log the write at debug level (the verifier's switches between its windows)."""
         th = age_thresholds(policy)
         rows = None if th is None else [[v * time_unit for v in r] for r in th]
-        name = getattr(policy, "name", "?")
+        return self._write(rows, getattr(policy, "name", "?"), time_unit, quiet)
+
+    def publish_off(self, levels: int | None, *, quiet: bool = False) -> int | None:
+        """Write thresholds that demote nothing: ``levels`` thresholds (the module takes only its
+        configured count) at its largest, 3600 s of thread CPU, that no request reaches. None or 0
+        levels: no thresholds (the module's configured ones apply)."""
+        rows = [list(no_demotion(levels))] * self.stages if levels else None
+        return self._write(rows, "Apache's default", 1.0, quiet)
+
+    def _write(self, rows: list[list[float]] | None, name: str, time_unit: float, quiet: bool) -> int | None:
         try:
             gen = self.file.write(self.stages, rows)
         except (ValueError, SidecarInputError) as exc:
@@ -177,7 +193,8 @@ class ControlPublisher:
             return None
         said = (f"age thresholds {', '.join(f'{v:.4g}' for v in rows[0])} s of thread CPU" if rows
                 else "no age thresholds (Apache's configured OvertakePrioLevels apply)")
-        log.info(f"control_file: {said} from {name}, generation {gen} in {self.file.path}",
-                 extra={"event": "control_file", "policy": name,
-                        "detail": {"generation": gen, "thresholds_seconds": rows, "time_unit": time_unit}})
+        log.log(logging.DEBUG if quiet else logging.INFO,
+                f"control_file: {said} from {name}, generation {gen} in {self.file.path}",
+                extra={"event": "control_file", "policy": name,
+                       "detail": {"generation": gen, "thresholds_seconds": rows, "time_unit": time_unit}})
         return gen

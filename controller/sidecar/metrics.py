@@ -56,7 +56,16 @@ With ``--online`` (:class:`overtake.controller.online.OnlineCollector`): ``overt
 model), ``overtake_online_refit_duration_seconds`` and ``overtake_solve_cpu_seconds_total{kind}`` (the
 refit worker's CPU by kind of solve: full, start, none, route); with ``--access-log`` and Apache's
 request-time split (``OvertakeRequestTimes On``), ``overtake_stage_serialised{stage}`` and
-``overtake_stage_lock_capacity{stage}`` (:mod:`overtake.controller.online.lockwatch`).
+``overtake_stage_serialised_capacity{stage}`` (:mod:`overtake.controller.online.lockwatch`).
+
+With ``--verify`` (:class:`overtake.controller.sidecar.verify_metrics.VerifyCollector`):
+``overtake_verification_state{state}`` (1 for idle, verifying, kept or fell_back),
+``overtake_verification_arm{arm}`` (1 for what is in force: policy or default),
+``overtake_verification_gain_ratio`` and ``overtake_verification_gain_ci_ratio{bound}`` (the measured
+gain 1 − policy / default of the mean response time, and its CI),
+``overtake_verification_pairs_total{outcome}`` (used | void),
+``overtake_verification_decisions_total{state,reason}`` and
+``overtake_verification_window_mean_response_seconds{arm}`` (the last pair's windows).
 
 Apache's ``/server-status?auto`` (:func:`overtake.controller.sidecar.mod_status.parse_status`) is exported under the
 names of prometheus-community/apache_exporter: ``apache_up``, ``apache_info{version,mpm}``,
@@ -210,6 +219,13 @@ class PrioCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from self.families
+
+    def levels(self) -> int | None:
+        """The module's configured level count (``overtake_cpu_prio_levels``); None before a scrape."""
+        for f in self.families:
+            if f.name == "overtake_cpu_prio_levels":
+                return next((int(s.value) for s in f.samples), None)
+        return None
 
 
 class ApacheCollector(Collector):

@@ -14,6 +14,7 @@ from overtake.controller.errors import SidecarInputError
 from overtake.controller.online.settings import OnlineSettings
 from overtake.controller.sidecar.admin import DEFAULT_ADMIN_LISTEN
 from overtake.controller.sidecar.policies import MAX_ARRAY_BYTES, MAX_INFLATED_BYTES, MAX_POLICY_BYTES
+from overtake.controller.sidecar.verify import VerifySettings
 from overtake.controller.uplink import bands as _bands
 
 __all__ = ["RELOADABLE", "SidecarOptions", "check_numbers", "parse_addr", "parse_apache_url", "reloaded"]
@@ -84,6 +85,8 @@ class SidecarOptions:
     php_stats_file: str | None = None
     #: mod_overtake_prio's OvertakeControlFile: the policy's age thresholds (controller.sidecar.control_file)
     control_file: str | None = None
+    #: verify the policy against Apache's default on live traffic (controller.sidecar.verify); None: off
+    verify: VerifySettings | None = None
 
 
 #: options a SIGHUP can change; the others need a restart (sockets, stages, event loop, online loop)

@@ -72,6 +72,8 @@ from overtake.controller.sidecar.stages import ClassifierSettings, StagesConfig,
 from overtake.controller.sidecar.stages_reload import live_merge
 from overtake.controller.sidecar.units import FORMER_DEFAULT, Resolution, resolve, units_of
 from overtake.controller.sidecar.upstream import UpstreamPool
+from overtake.controller.sidecar.verify import Verifier
+from overtake.controller.sidecar.verify_metrics import VerifyCollector
 from overtake.controller.uplink import make_uplink
 from overtake.controller.uplink.errors import UplinkInputError
 from overtake.controller.uplink.metrics import UplinkCollector
@@ -169,10 +171,17 @@ class Sidecar:
         self.online: OnlineLoop | None = None
         if self.control is not None:
             self.control.publish(self.limiter.policy, self.time_unit)
+        #: the policy against Apache's default on live traffic (controller.sidecar.verify)
+        self.verifier = None if options.verify is None else Verifier(
+            options.verify, limiter=self.limiter, passthrough=BaselinePolicy("passthrough", len(table.names)),
+            control=self.control, time_unit=lambda: self.time_unit, prio_levels=self.metrics.prio.levels)
+        if self.verifier is not None:
+            self.limiter.add_listener(self.verifier)
+            self.metrics.registry.register(VerifyCollector(self.verifier))
         if options.online is not None:
             self.online = OnlineLoop(
                 options.online, table=table, time_unit=self.time_unit, policy=policy,
-                current=lambda: self.limiter.policy,
+                current=lambda: self.policy,
                 swap=lambda path: self.swap(path, source="online"), classifier_mode=classifier_mode,
                 age_thresholds=self.control is not None,
             )
@@ -220,7 +229,8 @@ class Sidecar:
 
     @property
     def policy(self) -> SpawnPolicy:
-        return self.limiter.policy
+        """The sidecar's policy: in force, or under verification against Apache's default."""
+        return self.limiter.policy if self.verifier is None else self.verifier.chosen
 
     # ---- the time unit (controller.sidecar.units) -------------------------------------------------
     def _resolve_unit(self, policy: SpawnPolicy, stages: StagesConfig | None = None) -> Resolution:
@@ -330,6 +340,8 @@ class Sidecar:
                 self.limiter.swap(ps)
                 self.metrics.swaps += 1
                 self.swapped_at = time.time()
+                if self.verifier is not None:  # another member: verify it afresh
+                    self.verifier.adopt(ps)
 
     # ---- lifecycle -------------------------------------------------------------------------
     def _log_request(self, rec: Any) -> None:
@@ -386,6 +398,8 @@ class Sidecar:
         await self.probe.scrape()
         self.probe.start()
         self._check_apache()
+        if self.verifier is not None:
+            self.verifier.start()
         log.info("sidecar listening", extra={
             "event": "start", "listen": self.options.listen, "apache": self.options.apache,
             "policy": self.policy.name, "hash": self.policy.hash, "version": self.policy.version,
@@ -442,9 +456,12 @@ class Sidecar:
                if isinstance(p, PolicySet) else {}),
             **({"online": online.status()} if online is not None else {}),
             **({"lock": self.limiter.lock.info(self.policy)} if self.limiter.lock is not None else {}),
+            **({"verify": self.verifier.status()} if self.verifier is not None else {}),
         }
 
     async def close(self) -> None:
+        if self.verifier is not None:
+            self.verifier.close()
         if self._auto_task is not None:
             self._auto_task.cancel()
         if self._cpu_task is not None:
@@ -623,4 +640,6 @@ class Sidecar:
             self.control.publish(new, self.time_unit)
         elif self.options.cpu_priority == "age":
             self._say_age_threshold(new, self.time_unit, warn=False)
+        if self.verifier is not None:
+            self.verifier.adopt(new)
         return new

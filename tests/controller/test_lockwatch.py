@@ -3,7 +3,7 @@
 The log's lines carry mod_overtake_prio's time split (LOG_FORMAT) of requests from the exact
 simulation of test_serialisation: /stage1 holds an exclusive lock, /stage2 shares the core. Known
 answers: stage1 serialised with capacity 1 and stage2 not, logged once each, exported as
-``overtake_stage_serialised{stage}`` and ``overtake_stage_lock_capacity{stage}``, in ``/-/policy``'s
+``overtake_stage_serialised{stage}`` and ``overtake_stage_serialised_capacity{stage}``, in ``/-/policy``'s
 status, and stage1 named for exemption unless the stages file sets its ``cpu_exempt``. Lines of the
 older format (no split) give demands and no verdict.
 """
@@ -77,8 +77,8 @@ def test_a_serialised_stage_is_reported_and_exempted(tmp_path: Path, caplog: pyt
     text = generate_latest(reg).decode()
     assert 'overtake_stage_serialised{stage="stage1"} 1.0' in text
     assert 'overtake_stage_serialised{stage="stage2"} 0.0' in text
-    assert 'overtake_stage_lock_capacity{stage="stage1"} 1.0' in text
-    assert 'overtake_stage_lock_capacity{stage="stage2"}' not in text
+    assert 'overtake_stage_serialised_capacity{stage="stage1"} 1.0' in text
+    assert 'overtake_stage_serialised_capacity{stage="stage2"}' not in text
     assert len(loop.recorder.stages[0].reservoirs["access_log"]) == 400  # the demands still flow
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from overtake.controller.sidecar.control_file import MAGIC, MAX_LEVELS, ControlFile, encode
+from overtake.controller.sidecar.control_file import MAGIC, MAX_LEVELS, ControlFile, encode, no_demotion
 
 REPO = Path(__file__).resolve().parents[3]
 MODULE_DIR = REPO / "apache-conf" / "mod_overtake_prio"
@@ -173,3 +173,13 @@ def test_the_file_keeps_its_inode_and_generation_across_writers(tmp_path: Path) 
     key = bytes.fromhex(Path(path + ".key").read_text().strip())
     assert Path(path).read_bytes() == encode(key, 6, 2, [[0.02], [0.02]])
     g.close()
+
+
+def test_the_no_demotion_table_is_the_modules_largest(driver: Path, tmp_path: Path) -> None:
+    """Apache's default in the verifier's windows: as many thresholds as the module has
+    configured, ending at its largest (3600 s of thread CPU, which no request reaches), accepted."""
+    one = encode(KEY, 12, 2, [list(no_demotion(1))] * 2)
+    three = encode(KEY, 14, 1, [list(no_demotion(3))])
+    out = check(driver, tmp_path, [one], levels=1) + check(driver, tmp_path, [three], levels=3)
+    assert out[0] == "0 12 2 1 |0 3600000000000 |0 3600000000000 |0 3600000000000"
+    assert out[1] == "0 14 1 3 |0 3599998000000 3599999000000 3600000000000 |0 3599998000000 3599999000000 3600000000000"
