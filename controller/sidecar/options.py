@@ -84,6 +84,9 @@ class SidecarOptions:
     php_stats_file: str | None = None
     #: mod_overtake_prio's OvertakeControlFile: the policy's age thresholds (controller.sidecar.control_file)
     control_file: str | None = None
+    #: sidecar: requests pass through the proxy; module: mod_overtake_prio enforces the policy's count
+    #: table (controller.sidecar.count_table) and no request passes through the sidecar
+    enforce: str = "sidecar"
 
 
 #: options a SIGHUP can change; the others need a restart (sockets, stages, event loop, online loop)

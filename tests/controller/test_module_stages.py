@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import threading
 import time
 import urllib.request
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.service_helpers import SidecarProc
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache.cpu_priority import CpuPriority
@@ -180,3 +182,49 @@ def test_a_request_held_past_its_bound_runs(staged: tuple[apache.ApacheInstance,
     assert st['overtake_stage_hold_timeouts_total{stage="capped"}'] - before[
         'overtake_stage_hold_timeouts_total{stage="capped"}'] == 1
     assert st['overtake_stage_active{stage="capped"}'] == 0 and st['overtake_stage_waiting{stage="capped"}'] == 0
+
+
+MODULE_STAGES = """
+stages:
+  - name: capped
+    path: "^/stage1$"
+  - name: free
+    path: "^/stage2$"
+limits: {max_inflight: 16, queue_cap: 1000, queue_timeout: 30}
+classifier: {mode: hidden, time_unit: 0.005}
+"""
+
+
+def test_sidecar_in_module_mode_writes_the_table_and_passes_no_traffic(
+        staged: tuple[apache.ApacheInstance, str], tmp_path: Path) -> None:
+    """``overtake sidecar --enforce module``: nothing listens on its public port; the policy's count
+    table is in force in Apache (the generation it logged); a PUT of another blind policy reaches
+    Apache through the file; the module's stage counters appear on the sidecar's /-/metrics."""
+    inst, path = staged
+    admin = free_port()
+    side = SidecarProc(tmp_path, ["--policy", "pi(1,8)", "--apache", inst.base_url, "--control-file", path,
+                                  "--enforce", "module", "--status-interval", "0.5", "--admin-listen",
+                                  f"127.0.0.1:{admin}"], stages=MODULE_STAGES, ready_port=admin)
+    try:
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", side.port), timeout=2).close()
+        written = [e["detail"] for e in side.events() if e.get("event") == "control_file"]
+        assert written, side.text()[-3000:]
+        gen = written[-1]["generation"]  # type: ignore[index]
+        assert _wait_generation(inst, gen)["overtake_stage_table_generation"] == gen
+        spans = _burst(inst, 6, 0.1)
+        assert _max_overlap(spans["capped"]) == 1, spans["capped"]
+        assert side.request("PUT", "/-/policy", body=b"pi(8,1)")[0] == 200
+        gen2 = [e["detail"] for e in side.events() if e.get("event") == "control_file"][-1]["generation"]  # type: ignore[index]
+        assert gen2 != gen and _wait_generation(inst, gen2)["overtake_stage_table_generation"] == gen2
+        spans = _burst(inst, 6, 0.1)
+        assert _max_overlap(spans["free"]) == 1, spans["free"]
+        # pi(inf) holds nothing: a file without a stage section, no table in force
+        assert side.request("PUT", "/-/policy", body=b"passthrough")[0] == 200
+        assert _wait_generation(inst, 0)["overtake_stage_table_generation"] == 0
+        deadline = time.monotonic() + 30
+        while 'overtake_stage_requests_total{stage="capped"}' not in side.request("GET", "/-/metrics")[2].decode():
+            assert time.monotonic() < deadline, side.request("GET", "/-/metrics")[2].decode()[-3000:]
+            time.sleep(0.5)
+    finally:
+        side.stop()
