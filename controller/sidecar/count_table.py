@@ -111,8 +111,10 @@ def _caps(policy: Any, n: int) -> tuple[list[int], list[int]] | None:
         return [min(int(inner.max_requests), MAX_CAP)] * n, [k] * n
     if getattr(policy, "unlimited", False):
         return None
-    caps = getattr(policy, "_caps", None)
-    total = getattr(policy, "_total", None)
+    base = policy.baseline  # a BaselinePolicy: pi(k) (a total) or pi(k1,...,kN) (per stage)
+    caps, total = base.per_stage, base.total
+    if caps is None and total is None:
+        return None
     kc = [min(int(c), MAX_CAP) for c in caps] if caps is not None else [min(int(total), MAX_CAP)] * n
     # pi(k): a stage starts min(waiting, room) with room <= its cap, so waiting beyond the cap
     # answers as at the cap (the module's default there)
