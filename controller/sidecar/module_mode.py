@@ -56,6 +56,10 @@ def check_module_options(o: SidecarOptions) -> None:
     if o.gate:
         raise SidecarInputError("gate: the admission gate holds requests the sidecar forwards; enforce: module "
                                 "holds them in Apache by the count table itself: drop gate")
+    if o.online is not None and not o.online.access_log:
+        raise SidecarInputError("online.access_log: enforce: module passes no request through the sidecar; the "
+                                "refit reads demands and arrivals from Apache's access log (--access-log "
+                                "WORKDIR/logs/access.log)")
     if o.cpu_priority == "class":
         raise SidecarInputError("cpu_priority: class sets a header on each forwarded request; enforce: module "
                                 "forwards none: use age or off")

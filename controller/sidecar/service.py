@@ -37,6 +37,7 @@ Logs are JSON lines on stderr (:mod:`.logs`); the options and what a reload may 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -99,6 +100,9 @@ class Sidecar:
         self.apache = parse_apache_url(options.apache)
         check_numbers(options)
         check_module_options(options)
+        if options.enforce == "module" and options.online is not None:  # arrivals come from the log too
+            options = self.options = dataclasses.replace(
+                options, online=dataclasses.replace(options.online, arrivals_from_log=True))
         #: enforce: module: mod_overtake_prio holds the requests, no traffic passes here (.module_mode)
         self.module_mode = options.enforce == "module"
         #: policy loads off the event loop: one running, a few waiting, the rest refused

@@ -9,10 +9,13 @@ from types import SimpleNamespace
 import pytest
 
 from overtake.controller.errors import SidecarInputError
+from overtake.controller.online import OnlineSettings
+from overtake.controller.online.estimators import DemandRecorder
 from overtake.controller.sidecar.config import load_config, to_options
 from overtake.controller.sidecar.count_table import from_policy
 from overtake.controller.sidecar.module_mode import check_module_options, check_module_policy, enforce_for
 from overtake.controller.sidecar.policies import BaselinePolicy
+from overtake.controller.sidecar.stages import StagesConfig, StageTable
 
 BASE = {"apache": "http://127.0.0.1:8080", "listen": "127.0.0.1:8081", "stages": "stages.yaml",
         "policy": "pi(2)", "enforce": "module", "control_file": "/dev/shm/c"}
@@ -67,3 +70,17 @@ def test_policies_the_module_takes() -> None:
 def test_stage_names_the_module_does_not_take_are_refused() -> None:
     with pytest.raises(ValueError, match="OvertakeStage"):
         from_policy(BaselinePolicy("pi(1)", 1), ["a stage"])
+
+
+def test_module_mode_refits_need_the_access_log_and_count_its_records_as_arrivals(tmp_path: Path) -> None:
+    with pytest.raises(SidecarInputError, match="^online.access_log"):
+        check_module_options(to_options(load_config(None, {**BASE, "online": {"enabled": True}})))
+    table = StageTable(StagesConfig.model_validate({"stages": [{"name": "stage1", "path": "^/a"},
+                                                               {"name": "stage2", "path": "^/b"}]}))
+    now = [100.0]
+    for from_log, arrivals in ((False, 0), (True, 3)):
+        rec = DemandRecorder(OnlineSettings(access_log=str(tmp_path / "access.log"), arrivals_from_log=from_log),
+                             table, time_unit=0.01, cores=1, overhead=0.0, clock=lambda: now[0])
+        assert rec.poll_log([(0, 0.01), (0, 0.02), (1, 0.01), (0, 0.03)]) == 4
+        assert len(rec.stages[0].reservoirs["access_log"]) == 3  # the demands either way
+        assert rec.arrivals[0].total == arrivals  # arrivals only in module mode (stage 1: transactions)
