@@ -9,10 +9,14 @@ count table in the control file, requests held inside Apache (mpm_event), no pro
   generation are unchanged, and the overlaps follow the new table.
 - A table that never starts ``capped`` while anything runs: a request of it waits at most
   ``OvertakeStageHold`` and then runs (counted); nothing is lost.
+- ``overtake sidecar --enforce module``: nothing listens on its public port, its policy's table
+  (and after a PUT, the new one's) is in force in Apache, the module's counters are on its
+  /-/metrics; its online loop refits from Apache's access log and the refit's table reaches Apache.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -26,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.service_helpers import SidecarProc
+from support.service_helpers import SidecarProc, replay_h2_transactions
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache.cpu_priority import CpuPriority
@@ -226,5 +230,42 @@ def test_sidecar_in_module_mode_writes_the_table_and_passes_no_traffic(
         while 'overtake_stage_requests_total{stage="capped"}' not in side.request("GET", "/-/metrics")[2].decode():
             assert time.monotonic() < deadline, side.request("GET", "/-/metrics")[2].decode()[-3000:]
             time.sleep(0.5)
+    finally:
+        side.stop()
+
+
+@pytest.mark.timeout(900)
+def test_a_refit_in_module_mode_reaches_apache_through_the_file(
+        staged: tuple[apache.ApacheInstance, str], tmp_path: Path) -> None:
+    """The online loop of a module-mode sidecar learns demands and arrivals from Apache's access
+    log (no request passes it), re-solves a blind policy and writes its count table; Apache's
+    module enforces that generation, with no restart."""
+    inst, path = staged
+    pid, conf_gen = _apache_pid(inst), _config_generation(inst)
+    admin = free_port()
+    side = SidecarProc(tmp_path, ["--policy", "pi(1,8)", "--apache", inst.base_url, "--control-file", path,
+                                  "--enforce", "module", "--online", "--refit-interval", "2", "--min-samples", "100",
+                                  "--arrival-window", "60", "--access-log", str(inst.access_log),
+                                  "--status-interval", "0.5", "--admin-listen", f"127.0.0.1:{admin}"],
+                       stages=MODULE_STAGES, ready_port=admin)
+    try:
+        n = 150
+        _, _, codes = replay_h2_transactions(lambda p, headers: _get(inst, p)[0], n)
+        assert codes.count(200) == 2 * n
+        deadline = time.monotonic() + 300  # fit, solve, on a shared machine
+        while time.monotonic() < deadline:
+            info = json.loads(side.request("GET", "/-/policy")[2])
+            if info["online"]["generation"] >= 1 or info["online"]["refits"]["failed"]:
+                break
+            time.sleep(1)
+        refits = [e.get("refit") for e in side.events() if e.get("event") == "online_refit"]
+        assert info["online"]["generation"] == 1 and info["name"].startswith("online-"), (info["online"], refits[-2:])
+        written = [e for e in side.events() if e.get("event") == "control_file"]
+        assert written[-1]["policy"] == info["name"], side.text()[-3000:]
+        gen = written[-1]["detail"]["generation"]  # type: ignore[index]
+        st = _wait_generation(inst, gen)
+        assert st["overtake_stage_table_generation"] == gen
+        assert st['overtake_stage_table_in_force{stage="capped"}'] == 1
+        assert _apache_pid(inst) == pid and _config_generation(inst) == conf_gen
     finally:
         side.stop()
