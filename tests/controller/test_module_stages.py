@@ -111,6 +111,17 @@ def _max_overlap(spans: list[tuple[int, int]]) -> int:
     return best
 
 
+def _settled(inst: apache.ApacheInstance) -> dict[str, float]:
+    """The status once no request of any stage waits or runs: a request ends (its count drops)
+    after its response and its log line, which the client may see first."""
+    deadline = time.monotonic() + 10
+    while True:
+        st = _status(inst)
+        if all(st[f'overtake_stage_{k}{{stage="{s}"}}'] == 0 for s in NAMES for k in ("waiting", "active")) \
+                or time.monotonic() > deadline:
+            return st
+
+
 def _wait_generation(inst: apache.ApacheInstance, gen: int) -> dict[str, float]:
     deadline = time.monotonic() + 10
     while True:
@@ -143,7 +154,7 @@ def test_cap_of_one_serialises_its_stage_only_and_a_new_table_takes_effect_live(
     spans = _burst(inst, 6, 0.1)
     assert _max_overlap(spans["capped"]) == 1, spans["capped"]
     assert _max_overlap(spans["free"]) > 1, spans["free"]  # the other stage is not held
-    st = _status(inst)
+    st = _settled(inst)
     for s in NAMES:
         assert st[f'overtake_stage_requests_total{{stage="{s}"}}'] - before[f'overtake_stage_requests_total{{stage="{s}"}}'] == 6
         assert st[f'overtake_stage_waiting{{stage="{s}"}}'] == 0
@@ -182,7 +193,7 @@ def test_a_request_held_past_its_bound_runs(staged: tuple[apache.ApacheInstance,
         assert long.result(timeout=120)[0] == 200
     assert status == 200
     assert waited >= HOLD * 0.9
-    st = _status(inst)
+    st = _settled(inst)
     assert st['overtake_stage_hold_timeouts_total{stage="capped"}'] - before[
         'overtake_stage_hold_timeouts_total{stage="capped"}'] == 1
     assert st['overtake_stage_active{stage="capped"}'] == 0 and st['overtake_stage_waiting{stage="capped"}'] == 0
