@@ -39,6 +39,14 @@ exact: H2 phases do not move, so the classes are weighted sharing by phase): the
 ``--cpu-priority class`` (X-Overtake-Class 1 for the phases in the low class) in front of an
 Apache whose module has no age levels (``OvertakePrioAge Off``), the class-1 level SCHED_IDLE.
 Section `apache-table2-class`.
+
+--enforce module (with --classifier hidden): π* is enforced by mod_overtake_prio itself, with no
+proxy in its path: a second Apache whose module matches the two stages (``OvertakeStage``) and
+holds their requests by π*'s count table, which a sidecar in ``--enforce module`` writes to the
+control file beside it; the load generator sends π*'s trace straight to that Apache. π(1) and
+π(∞) run through the sidecar as before. The record gains ``enforce`` and the module's stage
+counters per case (``module``); results go to ``apache_table2-hidden[-age]-module.json``, section
+``...-module``. ``--enforce sidecar`` (the default) is the behaviour above.
 """
 
 from __future__ import annotations
@@ -49,11 +57,13 @@ import contextlib
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +74,7 @@ from value_of_information import route_split
 
 from overtake.api.scenario import load_scenario
 from overtake.controller.harness import apache
+from overtake.controller.harness.apache.cpu_priority import STATUS_PATH
 from overtake.controller.harness.loadgen import (
     batch_means,
     calibrate,
@@ -216,21 +227,43 @@ def predicted(model: TandemModel, pol: Policy) -> dict[str, float]:
 
 
 GATE_SLOTS = 64  #: requests the admission gate may hold in the pi* Apache (--gate)
+#: --enforce module: the stages as Apache matches them (OvertakeStage), the names of STAGES
+MODULE_STAGES = (("stage1", "^/stage1(/r[0-9]+)?$"), ("stage2", "^/stage2(/r[0-9]+)?$"))
 
 
 def start_lever_apache(tmp: Path, case: int, args: argparse.Namespace, threshold_s: float | None,
-                       server_core: int, client_core: int, gate: str | None = None) -> apache.ApacheInstance:
+                       server_core: int, client_core: int, gate: str | None = None,
+                       control: str | None = None) -> apache.ApacheInstance:
     """A second private Apache loading mod_overtake_prio (one level below 0, SCHED_IDLE: from
     ``threshold_s`` of thread CPU, or by the class header only when None), with the admission
-    gate on file ``gate`` if given; started with our affinity widened, as the launcher checks it."""
+    gate on file ``gate`` if given, and with ``control`` (``--enforce module``) the stages and the
+    control file whose count table holds their requests; started with our affinity widened, as
+    the launcher checks it."""
     os.sched_setaffinity(0, {server_core, client_core})
-    cp = (apache.CpuPriority(levels=(threshold_s,), nice=("idle",), gate=gate) if threshold_s is not None
-          else apache.CpuPriority(levels=(3600.0,), nice=("idle",), age=False, gate=gate))
+    staged: dict[str, Any] = ({"control_file": control, "stages": MODULE_STAGES, "stage_hold": 3600.0}
+                              if control else {})
+    cp = (apache.CpuPriority(levels=(threshold_s,), nice=("idle",), gate=gate, **staged) if threshold_s is not None
+          else apache.CpuPriority(levels=(3600.0,), nice=("idle",), age=False, gate=gate, **staged))
     try:
+        # every request held in Apache (gate or module) occupies a worker
         return apache.start(tmp / f"apache-prio{case}", f"127.0.0.1:{free_port()}", cpu=server_core,
-                            max_workers=args.max_workers + (GATE_SLOTS if gate else 0), cpu_priority=cp)
+                            max_workers=args.max_workers + (GATE_SLOTS if gate or control else 0), cpu_priority=cp)
     finally:
         os.sched_setaffinity(0, {client_core})
+
+
+def module_counts(inst: apache.ApacheInstance) -> dict[str, Any]:
+    """The module's stage counters (``--enforce module``): requests, held, hold timeouts, total
+    hold seconds per stage, and the count table's generation."""
+    host, port = apache.parse_listen(inst.listen)
+    with urllib.request.urlopen(f"http://{host}:{port}{STATUS_PATH}", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, Any] = {}
+    for m in re.finditer(r'^overtake_stage_(requests_total|held_total|hold_timeouts_total|hold_seconds_total|'
+                         r'guard_starts_total|table_generation)(?:\{stage="([^"]+)"\})? (\S+)$', text, re.M):
+        key = m.group(1) if m.group(2) is None else f"{m.group(1)}:{m.group(2)}"
+        out[key] = float(m.group(3))
+    return out
 
 
 def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, tmp: Path, client_core: int) -> dict[str, Any]:
@@ -270,10 +303,13 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
     started: list[apache.ApacheInstance] = []
     # --gate: pi*'s queued requests wait in Apache (mod_overtake_prio's admission gate) instead of the sidecar
     gate = f"/dev/shm/overtake-table2-gate-{os.getpid()}" if args.gate and "pi*" in names else None
-    if (use_lever and lever is not None) or gate:
+    # --enforce module: pi*'s count table in Apache's control file, no proxy in pi*'s path
+    control = f"/dev/shm/overtake-table2-control-{os.getpid()}" if args.enforce == "module" and "pi*" in names \
+        else None
+    if (use_lever and lever is not None) or gate or control:
         servers["pi*"] = start_lever_apache(
             tmp, case, args, lever["threshold"] * args.time_unit if age and lever is not None else None,
-            args.server_core, client_core, gate)
+            args.server_core, client_core, gate, control)
         started.append(servers["pi*"])
     stages = tmp / f"stages{case}.yaml"
     stages.write_text(STAGES.format(cap=args.max_workers - 4, mode=args.classifier, unit=args.time_unit,
@@ -289,6 +325,8 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
             lever_side = use_lever and srv == servers["pi*"].base_url
             gate_side = ["--gate", gate, "--gate-slots", str(GATE_SLOTS), "--status-interval", "0.5"] \
                 if gate and srv == servers["pi*"].base_url else []
+            if control and srv == servers["pi*"].base_url:
+                gate_side = ["--enforce", "module", "--control-file", control, "--status-interval", "0.5"]
             admin, admin_flags, auth = sidecar_admin(tmp / f"admin-token{case}-{len(sidecars)}")
             admins[srv] = (admin, auth)
             sidecars[srv] = (port, subprocess.Popen(
@@ -296,14 +334,17 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
                  str(pstar if lever_side else pfile), "--apache", srv, "--listen", f"127.0.0.1:{port}", "--stages", str(stages),
                  "--cpu-priority", args.cpu_priority if lever_side else "off", *gate_side, *admin_flags],
                 cwd=REPO, stdout=logs[-1], stderr=subprocess.STDOUT), logp)
-        for port, side, logp in sidecars.values():
-            wait_sidecar(port, side, logp)
+        for srv, (port, side, logp) in sidecars.items():
+            # module mode: the sidecar listens only for its admin endpoints
+            wait_sidecar(admins[srv][0] if control and srv == servers["pi*"].base_url else port, side, logp)
         if gate:
             wait_gate(admins[servers["pi*"].base_url][0], sidecars[servers["pi*"].base_url][2])
         res: dict[str, Any] = {}
         rts: dict[str, np.ndarray] = {}
         for name in names:
             port = sidecars[servers[name].base_url][0]
+            if control and name == "pi*":  # straight to Apache: the module holds the requests
+                port = apache.parse_listen(servers[name].listen)[1]
             admin, auth = admins[servers[name].base_url]
             spec = pstar.read_bytes() if name == "pi*" and not age else specs[name].encode()
             code, body = http_request("PUT", f"http://127.0.0.1:{admin}/-/policy", spec, auth)
@@ -332,6 +373,9 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
             res["pi*"]["prio_status"] = {"enabled": st.enabled, "requests": list(st.requests),
                                         "demotions_age": list(st.demotions_age), "restores": st.restores,
                                         "restore_errors": st.restore_errors, "in_flight": list(st.in_flight)}
+        if control and "pi*" in res:
+            res["pi*"]["enforce"] = "module"
+            res["pi*"]["module"] = module_counts(servers["pi*"])
         if gate and "pi*" in res:
             st = apache.fetch_prio_status(*apache.parse_listen(servers["pi*"].listen))
             res["pi*"]["gate"] = {"held": st.gate_held, "wait_s": st.gate_wait_s, "timeouts": st.gate_timeouts,
@@ -345,8 +389,8 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
             f.close()
         for srv in started:
             apache.stop(srv.workdir, graceful=False)
-        if gate:
-            for left in (gate, gate + ".key"):  # the module and the sidecar make both
+        for shared in (gate, control):
+            for left in (shared, f"{shared}.key") if shared else ():  # the module and the sidecar make both
                 Path(left).unlink(missing_ok=True)
     star = res.get("pi*", {}).get("mean_response_time")
     out: dict[str, Any] = {"policies": res, "measured_gains": {}, "measured_gains_ci95": {}, "predicted_gains": {},
@@ -487,8 +531,9 @@ def render(record: dict[str, Any], classifier: str, explicit: dict[str, Any] | N
 
 
 def section(args: argparse.Namespace) -> str:
-    return f"apache-table2-{args.cpu_priority}" if args.cpu_priority != "off" else \
+    name = f"apache-table2-{args.cpu_priority}" if args.cpu_priority != "off" else \
         "apache-table2" + TAGS[args.classifier]
+    return name + ("-module" if getattr(args, "enforce", "sidecar") == "module" else "")
 
 
 def render_any(record: dict[str, Any], args: argparse.Namespace) -> str:
@@ -681,6 +726,11 @@ def main() -> int:
     ap.add_argument("--gate", action="store_true",
                     help="pi* through a sidecar with mod_overtake_prio's admission gate (--gate): its queued requests "
                     "wait inside a second Apache that loads the module, admission is a futex wake-up")
+    ap.add_argument("--enforce", choices=["sidecar", "module"], default="sidecar",
+                    help="where pi* is enforced: sidecar (default: through the sidecar, as every other policy) or "
+                    "module (a second Apache whose mod_overtake_prio holds the stages' requests by pi*'s count "
+                    "table, written by a sidecar in --enforce module beside it; the load goes straight to Apache; "
+                    "needs --classifier hidden)")
     ap.add_argument("--seed", type=int, default=2026)
     ap.add_argument("--max-workers", type=int, default=64)
     ap.add_argument("--policy-dir", default="/tmp/overtake-table2-policies")
@@ -711,10 +761,13 @@ def main() -> int:
         raise SystemExit(f"apache_table2: --time-unit: seconds of CPU per model time unit, > 0, got {args.time_unit}")
     if args.cpu_priority == "class" and args.classifier != "explicit":
         raise SystemExit("apache_table2: --cpu-priority class needs --classifier explicit (classes are known phases)")
+    if args.enforce == "module" and (args.classifier != "hidden" or args.gate):
+        raise SystemExit("apache_table2: --enforce module needs --classifier hidden (the module sees counts per "
+                         "stage only) and no --gate (it holds the requests itself)")
     if args.classifier == "learned" and args.cpu_priority != "off":
         raise SystemExit("apache_table2: --classifier learned runs without --cpu-priority")
     suffix = TAGS[args.classifier] + \
-        ("" if args.cpu_priority == "off" else f"-{args.cpu_priority}")
+        ("" if args.cpu_priority == "off" else f"-{args.cpu_priority}") + ("-module" if args.enforce == "module" else "")
     results_path = Path(args.results) if args.results else REPO / "bench" / "results" / f"apache_table2{suffix}.json"
     # SIGTERM (e.g. a CI timeout) must still stop Apache and restore the halt-poll knob
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -733,6 +786,7 @@ def main() -> int:
                + ("" if args.policies == ",".join(POLICIES) else f" --policies {args.policies}")
                + ("" if args.cpu_priority == "off" else f" --cpu-priority {args.cpu_priority}")
                + (" --gate" if args.gate else "")
+               + (" --enforce module" if args.enforce == "module" else "")
                + ("" if args.halt_poll_us == 20000 else f" --halt-poll-us {args.halt_poll_us:g}")
                + (f" --apache-slice-us {args.apache_slice_us:g}" if args.apache_slice_us else ""))
     results: dict[str, Any] = {}
@@ -772,7 +826,7 @@ def main() -> int:
             shutil.rmtree(tmp, ignore_errors=True)
     if args.json:
         print(json.dumps({"cases": results, "transactions": args.transactions, "time_unit": args.time_unit,
-                          "classifier": args.classifier, "seed": args.seed}, indent=2))
+                          "classifier": args.classifier, "seed": args.seed, "enforce": args.enforce}, indent=2))
     print(render_any(results, args), file=sys.stderr)
     return 0
 

@@ -34,6 +34,8 @@ function handle(r)
         return reply(r, 400, "work: must be seconds of CPU in [0, " .. MAX_WORK_S .. "], got " .. raw)
     end
 
+    -- ?trace=1: when the handler ran (wall clock, microseconds), for tests of admission
+    local begin_us = r:clock()
     local c0 = tcpu.now_ns()
     local target = c0 + math.floor(work * 1e9 + 0.5)
     local x = 0
@@ -45,5 +47,8 @@ function handle(r)
     r.notes["stage"] = stage
     r.notes["stage_cpu_us"] = tostring(cpu_us)
     r.headers_out["X-Stage-CPU-us"] = tostring(cpu_us)
+    if args.trace then
+        r.headers_out["X-Handler-Span-us"] = string.format("%d %d", begin_us, r:clock())
+    end
     return reply(r, 200, "ok stage=" .. stage .. " cpu_us=" .. cpu_us)
 end

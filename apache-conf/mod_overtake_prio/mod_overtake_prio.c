@@ -48,7 +48,8 @@
  * mod_overtake_prio.h: op_directives.c (the directives), op_prio.c (per-request priority),
  * op_monitor.c (the monitor thread), op_gate.c (the admission gate), op_gate_key.c (its key
  * and file, in the root parent), op_control.c (the control file: the thresholds the sidecar's
- * policy chose), op_status.c (the status page), op_times.c (a request's time split into CPU,
+ * policy chose), op_stage.c (stages and the count table that holds their requests: module
+ * mode), op_status.c (the status page), op_times.c (a request's time split into CPU,
  * run-queue wait and blocked time, for the access log), op_pure.c (what needs no Apache:
  * directive values, headers, level arithmetic).
  *
@@ -306,6 +307,7 @@ static int op_post_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp
         ret->shm = m;
     }
     op_shm = ret->shm;
+    op_stage_prepare(s);
     if (c->gate_file) {
         op_gate_prepare(ptemp, s, c);
     }
@@ -350,6 +352,10 @@ static void op_register_hooks(apr_pool_t *p)
     ap_hook_post_read_request(op_control_post_read_request, NULL, NULL, APR_HOOK_REALLY_FIRST);
     ap_hook_post_read_request(op_post_read_request, NULL, NULL, APR_HOOK_REALLY_FIRST);
     ap_hook_handler(op_status_handler, NULL, NULL, APR_HOOK_MIDDLE);
+    /* Stages: names reset per config read; a request waits for its turn after every other
+     * fixup (access control and rewrites have had their say). */
+    ap_hook_pre_config(op_stage_pre_config, NULL, NULL, APR_HOOK_MIDDLE);
+    ap_hook_fixups(op_stage_fixups, NULL, NULL, APR_HOOK_REALLY_LAST);
     ap_hook_insert_filter(op_insert_filter, NULL, NULL, APR_HOOK_MIDDLE);
     /* After the content filters (deflate, ...), before the protocol filters. */
     op_end_filter_handle = ap_register_output_filter("OVERTAKE_PRIO_END", op_end_filter, NULL,
@@ -359,8 +365,8 @@ static void op_register_hooks(apr_pool_t *p)
 
 AP_DECLARE_MODULE(overtake_prio) = {
     STANDARD20_MODULE_STUFF,
-    NULL,                       /* per-directory config */
-    NULL,
+    op_stage_create_dir_conf,   /* per-directory config: OvertakeStage (op_stage.c) */
+    op_stage_merge_dir_conf,
     op_create_server_conf,
     NULL,                       /* vhosts share the main server's (global) settings */
     op_cmds,

@@ -237,6 +237,17 @@ void op_control_refresh(const op_conf *c);
 double op_control_threshold(const op_conf *c, int k);
 void op_control_status(request_rec *r, const op_conf *c);
 
+/* op_stage.c: stages (OvertakeStage) and the count table that holds their requests */
+void *op_stage_create_dir_conf(apr_pool_t *p, char *dir);
+void *op_stage_merge_dir_conf(apr_pool_t *p, void *base, void *add);
+const char *op_stage_set(cmd_parms *cmd, void *dconf, const char *name);
+const char *op_stage_set_hold(cmd_parms *cmd, void *dconf, const char *w);
+int op_stage_pre_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp);
+void op_stage_prepare(server_rec *s);
+int op_stage_fixups(request_rec *r);
+void op_stage_table(const uint8_t *section, size_t n, uint32_t gen);
+void op_stage_status(request_rec *r);
+
 /* op_status.c */
 int op_status_handler(request_rec *r);
 

@@ -12,9 +12,11 @@
  *   12 u32 stages      (0..OC_MAX_STAGES)
  *   16 u32 levels      (0: the policy chose no thresholds, the configured ones apply;
  *                       else the number of demoted levels, OvertakePrioLevels' count)
- *   20 u32 reserved    (0)
- *   24 u64 reserved    (0)
- *   32 HMAC-SHA256(key, bytes 0..31 of the head, then every row), key from FILE.key
+ *   20 u32 section     (0: none; 1: a stage section of version 1 follows the rows, os_table.h)
+ *   24 u32 section bytes (0 without a section)
+ *   28 u32 reserved    (0)
+ *   32 HMAC-SHA256(key, bytes 0..31 of the head, then every row and the section), key from
+ *      FILE.key
  * Row r (row 0: every request, whose stage Apache does not know; row 1 + i: stage i of the
  * sidecar's stages file):
  *   0  u32 flags: OC_FLAG_EXEMPT (bit 0) reserved for a per-stage demotion exemption, not acted
@@ -31,12 +33,15 @@
 
 #include "og_hmac.h"
 #include "op_pure.h"
+#include "os_table.h"
 
 #define OC_MAGIC "OVTCTRL1"
 #define OC_HEAD_BYTES 64
 #define OC_ROW_BYTES (8 + 8 * OP_MAX_LEVELS)
 #define OC_MAX_STAGES 255
 #define OC_MAX_BYTES (OC_HEAD_BYTES + (1 + OC_MAX_STAGES) * OC_ROW_BYTES)
+#define OC_FILE_MAX_BYTES (OC_MAX_BYTES + OS_MAX_BYTES)  /* with the largest stage section */
+#define OC_SECTION_STAGES 1u
 #define OC_GEN_OFFSET 8
 #define OC_FLAG_EXEMPT 1u
 
@@ -51,6 +56,8 @@ typedef struct {
     uint32_t stages;
     uint32_t levels;
     oc_row rows[1 + OC_MAX_STAGES];
+    uint32_t section;           /* 0: no stage section; OC_SECTION_STAGES: counts holds it */
+    os_table counts;
 } oc_table;
 
 /* Why a file's bytes are refused (OC_OK: accepted). */
@@ -64,7 +71,8 @@ typedef enum {
     OC_LEVELS,       /* levels not 0 and not the configured count */
     OC_MAC,          /* not written with this server's key, or changed since */
     OC_FLAGS,        /* an unknown flag bit, or a reserved field not 0 */
-    OC_THRESHOLDS    /* a threshold out of (0, OP_THRESHOLD_MAX], not increasing, or trailing */
+    OC_THRESHOLDS,   /* a threshold out of (0, OP_THRESHOLD_MAX], not increasing, or trailing */
+    OC_SECTION       /* an unknown section version, or a section os_check refuses */
 } oc_status;
 
 static inline uint32_t oc_u32(const uint8_t *p)
@@ -92,6 +100,7 @@ static inline const char *oc_reason(oc_status st)
     case OC_MAC: return "it was not written with this server's key (FILE.key), or it changed while read";
     case OC_FLAGS: return "a row has an unknown flag or a reserved field set";
     case OC_THRESHOLDS: return "a threshold is not > 0, increasing and at most 3600 s";
+    case OC_SECTION: return "its stage section is of an unknown version or malformed";
     }
     return "unknown";
 }
@@ -102,7 +111,8 @@ static inline oc_status oc_check(const uint8_t *b, size_t n, uint32_t conf_level
                                  const og_hmac_key *key, oc_table *t)
 {
     uint8_t mac[32];
-    uint32_t stages, levels, r;
+    uint32_t stages, levels, r, section, sbytes;
+    size_t rows_end;
     if (n < OC_HEAD_BYTES) {
         return OC_SHORT;
     }
@@ -114,10 +124,13 @@ static inline oc_status oc_check(const uint8_t *b, size_t n, uint32_t conf_level
     }
     stages = oc_u32(b + 12);
     levels = oc_u32(b + 16);
+    section = oc_u32(b + 20);
+    sbytes = oc_u32(b + 24);
     if (stages > OC_MAX_STAGES) {
         return OC_STAGES;
     }
-    if (n != OC_HEAD_BYTES + (size_t)(1 + stages) * OC_ROW_BYTES) {
+    rows_end = OC_HEAD_BYTES + (size_t)(1 + stages) * OC_ROW_BYTES;
+    if (sbytes > OS_MAX_BYTES || n != rows_end + sbytes) {
         return OC_SIZE;
     }
     {
@@ -135,8 +148,14 @@ static inline oc_status oc_check(const uint8_t *b, size_t n, uint32_t conf_level
     if (levels != 0 && levels != conf_levels) {
         return OC_LEVELS;
     }
-    if (oc_u32(b + 20) || oc_u32(b + 24) || oc_u32(b + 28)) {
+    if (oc_u32(b + 28)) {
         return OC_FLAGS;
+    }
+    if (section > OC_SECTION_STAGES || (section == 0) != (sbytes == 0)) {
+        return OC_SECTION;
+    }
+    if (section && os_check(b + rows_end, sbytes, &t->counts) != OS_OK) {
+        return OC_SECTION;
     }
     for (r = 0; r <= stages; r++) {
         const uint8_t *row = b + OC_HEAD_BYTES + (size_t)r * OC_ROW_BYTES;
@@ -156,6 +175,7 @@ static inline oc_status oc_check(const uint8_t *b, size_t n, uint32_t conf_level
         }
     }
     t->generation = oc_u32(b + OC_GEN_OFFSET);
+    t->section = section;
     t->stages = stages;
     t->levels = levels;
     return OC_OK;

@@ -7,7 +7,8 @@
  * Every request start loads the file's generation word from this child's mapping (one guarded
  * load); only when it changed, or once a second (a file removed or replaced), is the file copied
  * out under the seqlock, checked (magic, sizes, stage and level counts, thresholds, and the MAC
- * of FILE.key so that only a sidecar holding the key can steer Apache) and its row 0 put in force.
+ * of FILE.key so that only a sidecar holding the key can steer Apache) and its row 0 put in force,
+ * with its stage section's count table (op_stage.c) when it has one.
  * A file that is absent, invalid, or shrinks under the mapping (SIGBUS, turned into a failed load
  * by og_fault.h) puts the configured OvertakePrioLevels back in force; each change of state is
  * logged once for the whole server.
@@ -49,7 +50,7 @@ static int control_key_loaded;
 
 static struct {
     pthread_mutex_t mu;         /* guards everything below but the atomics */
-    const uint8_t *map;         /* OC_MAX_BYTES of the file (atomic), never unmapped */
+    const uint8_t *map;         /* OC_FILE_MAX_BYTES of the file (atomic), never unmapped */
     dev_t dev;
     ino_t ino;
     uint32_t seen;              /* the generation last judged (atomic) */
@@ -58,9 +59,10 @@ static struct {
     int from_file;              /* its thresholds are in force (else the configured ones) */
     int64_t conf_thr[OP_MAX_LEVELS];
     server_rec *s;
-    uint8_t buf[OC_MAX_BYTES];
     oc_table tab;
-} ctl = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 1u, 0, 0, 0, {0}, NULL, {0}, {0, 0, 0, {{0, {0}}}}};
+} ctl = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 1u, 0, 0, 0, {0}, NULL, {0, 0, 0, {{0, {0}}}, 0, {0}}};
+/* the copy of the file a reload checks (under ctl.mu); untouched pages stay unallocated */
+static uint8_t ctl_buf[OC_FILE_MAX_BYTES];
 
 /* n bytes from the mapping at src into dst; 0 if a page is gone (the file shrank). */
 static int guarded_copy(void *dst, const void *src, size_t n)
@@ -121,6 +123,7 @@ enum { OC_WHY_ABSENT = 101, OC_WHY_OPEN, OC_WHY_MAP, OC_WHY_FAULT, OC_WHY_KEY };
 static void fall_back(int code, int err, const char *why)
 {
     put_in_force(ctl.conf_thr, 0, 0);
+    op_stage_table(NULL, 0, 0);  /* no count table: held requests run */
     ADD(oc_shm->refusals, 1);
     say(code, 0, err, why);
 }
@@ -135,10 +138,10 @@ static const char *map_path(int fd, const struct stat *st)
     if (!S_ISREG(st->st_mode)) {
         return "it is not a regular file";
     }
-    m = mmap(NULL, OC_MAX_BYTES, PROT_READ, MAP_SHARED, fd, 0);
+    m = mmap(NULL, OC_FILE_MAX_BYTES, PROT_READ, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED || !og_fault_install()) {
         if (m != MAP_FAILED) {
-            munmap(m, OC_MAX_BYTES);
+            munmap(m, OC_FILE_MAX_BYTES);
         }
         return "it cannot be mapped";
     }
@@ -179,7 +182,7 @@ static void reload(int64_t now, int wait)
     if (fd >= 0) {
         close(fd);
     }
-    if (!why && n > OC_MAX_BYTES) {
+    if (!why && n > OC_FILE_MAX_BYTES) {
         why = oc_reason(OC_SIZE);
         code = OC_SIZE;
     }
@@ -189,7 +192,7 @@ static void reload(int64_t now, int wait)
             status = OC_SHORT;
             break;
         }
-        if (!og_load(gw, &g1) || !guarded_copy(ctl.buf, ctl.map, n) || !og_load(gw, &g2)) {
+        if (!og_load(gw, &g1) || !guarded_copy(ctl_buf, ctl.map, n) || !og_load(gw, &g2)) {
             ADD(oc_shm->faults, 1);
             why = "it shrank under its mapping (truncated?)";
             code = OC_WHY_FAULT;
@@ -197,7 +200,7 @@ static void reload(int64_t now, int wait)
         }
         /* a generation that moved under the copy, or an odd one (with the right magic): the
          * sidecar is writing; try again, then leave the table in force to the next look */
-        status = g1 == g2 ? oc_check(ctl.buf, n, (uint32_t)op_hot.nlevels, &control_mac, &ctl.tab)
+        status = g1 == g2 ? oc_check(ctl_buf, n, (uint32_t)op_hot.nlevels, &control_mac, &ctl.tab)
                           : OC_BUSY;
         if (status != OC_BUSY) {
             break;
@@ -229,6 +232,10 @@ static void reload(int64_t now, int wait)
         }
         else {
             put_in_force(ctl.conf_thr, g1, 0);
+        }
+        {
+            size_t rows_end = OC_HEAD_BYTES + (size_t)(1 + ctl.tab.stages) * OC_ROW_BYTES;
+            op_stage_table(ctl.tab.section ? ctl_buf + rows_end : NULL, n - rows_end, g1);
         }
         ADD(oc_shm->loads, 1);
         say(OC_OK, g1, 0, NULL);

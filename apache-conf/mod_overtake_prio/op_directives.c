@@ -240,6 +240,8 @@ const command_rec op_cmds[] = {
     AP_INIT_TAKE1("OvertakeGateTimeout", take_word, &dir_gate_timeout, RSRC_CONF, "seconds a request waits at a gate that never opens before it is let through (default 60; keep above the sidecar's queue timeout)"),
     OP_GUARD_CMDS,
     OP_TIMES_CMDS,
+    AP_INIT_TAKE1("OvertakeStage", op_stage_set, NULL, ACCESS_CONF, "the stage of the requests matched by this <Location>, <LocationMatch> or <If> (a name of the sidecar's stages file; 'none': no stage); the control file's count table holds them"),
+    AP_INIT_TAKE1("OvertakeStageHold", op_stage_set_hold, NULL, RSRC_CONF, "seconds a request waits at most for its stage's turn before it runs anyway (default 30)"),
     AP_INIT_TAKE1("OvertakeControlFile", take_word, &dir_control_file, RSRC_CONF, "file the sidecar writes the age thresholds of its policy to (its control_file): they replace OvertakePrioLevels while the file is valid, without a restart (default: none)"),
     {NULL}
 };

@@ -175,5 +175,6 @@ int op_status_handler(request_rec *r)
         ap_rprintf(r, "overtake_cpu_prio_monitor_late_seconds_count %" APR_UINT64_T_FMT "\n", cum);
     }
     op_control_status(r, c);
+    op_stage_status(r);
     return OK;
 }

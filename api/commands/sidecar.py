@@ -135,6 +135,12 @@ def register(subparsers: Any) -> None:
                    "(start, refit, PUT), for mod_overtake_prio's OvertakeControlFile PATH "
                    "(e.g. /dev/shm/overtake-control): Apache applies them without a config edit or restart. "
                    "Signed with the key in PATH.key (created by whichever side starts first)")
+    p.add_argument("--enforce", choices=["sidecar", "module"], default=None,
+                   help="where the policy is enforced: sidecar (default: requests pass through this proxy, "
+                   "needed for phase headers, route classes and uplink SRPT) or module (mod_overtake_prio holds "
+                   "the requests of its OvertakeStage sections by the policy's count table, written to "
+                   "--control-file; no request passes through the sidecar, which refits and exports the metrics "
+                   "beside Apache; a blind policy only)")
     s = p.add_argument_group("service", "running as a service: control endpoints, limits, logs, shutdown")
     s.add_argument("--admin-listen", default=None, metavar="HOST:PORT",
                    help="the admin listener: /-/metrics (and /metrics), /-/policy, /-/healthz, /-/livez "

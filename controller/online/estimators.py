@@ -263,9 +263,12 @@ class DemandRecorder(LimiterListener):
             return 0
         if recs is None:
             recs = self.tail.poll()
+        now = self.clock()
         for stage, cpu in recs:
             if cpu > 0:
                 self.add_demand(stage, cpu, "access_log")
+            if self.settings.arrivals_from_log:  # at the poll: λ's window is far longer than log_poll
+                self.add_arrival(stage, now)
         return len(recs)
 
     # ---- what the refit uses ---------------------------------------------------------------

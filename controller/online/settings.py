@@ -31,6 +31,9 @@ class OnlineSettings:
     tolerance: float = 1e-2  #: the solve's relative accuracy of E[W] (overtake.mdp.solve)
     access_log: str | None = None  #: Apache access log (LOG_FORMAT) to take CPU demands from
     log_poll: float = 1.0  #: seconds between reads of the access log
+    #: each access-log record is also an arrival to its stage (module mode: no request passes the
+    #: sidecar's limiter, whose events are the arrivals otherwise)
+    arrivals_from_log: bool = False
     policy_dir: str | None = None  #: where new policies are written (default: a temporary dir)
 
     def __post_init__(self) -> None:

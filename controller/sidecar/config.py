@@ -91,6 +91,8 @@ class SidecarConfig(BaseModel):
     gate_backfill: int = Field(1, ge=0, le=1024)
     php_stats_file: str | None = None
     control_file: str | None = None
+    #: sidecar: requests pass through the proxy; module: mod_overtake_prio enforces the count table
+    enforce: Literal["sidecar", "module"] = "sidecar"
     watch_interval: float = Field(1.0, gt=0)
     admin_listen: str = DEFAULT_ADMIN_LISTEN
     admin_put: bool = True
@@ -251,5 +253,5 @@ def to_options(cfg: SidecarConfig) -> SidecarOptions:
         request_log_format=cfg.request_log_format, trusted_sources=tuple(cfg.trusted_sources),
         cpu_priority=cfg.cpu_priority, gate=cfg.gate, gate_slots=cfg.gate_slots,
         php_stats_file=cfg.php_stats_file, control_file=cfg.control_file,
-        gate_backfill=cfg.gate_backfill, verify=verify,
+        gate_backfill=cfg.gate_backfill, verify=verify, enforce=cfg.enforce,
     )

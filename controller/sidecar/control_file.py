@@ -17,7 +17,10 @@ exemption; written 0 here), 32 reserved bits, and eight 64-bit thresholds in nan
 thread CPU (the first ``levels`` > 0 and increasing, the rest 0). Row 0 is the one the module
 applies to every request (Apache does not know a request's stage); rows 1.. are per stage of
 the stages file, in its order. The solve's age lever chooses one set of thresholds for all
-stages (a server-wide setting), so row 0 is the first stage's.
+stages (a server-wide setting), so row 0 is the first stage's. In module mode a stage section
+follows the rows (head word 20 its version, word 24 its length; the MAC covers it): the blind
+policy's count table (:mod:`overtake.controller.sidecar.count_table`), which the module enforces
+on the requests of its ``OvertakeStage`` sections.
 
 The file is written in place with ``pwrite`` (never through a mapping, so a file someone
 truncates cannot fault this process) and keeps its inode: a restarted sidecar continues after
@@ -36,6 +39,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from overtake.controller.errors import SidecarInputError
+from overtake.controller.sidecar.count_table import CountTable, from_policy
 from overtake.controller.sidecar.gate import give_group, open_shared_file
 from overtake.controller.sidecar.gate_key import key_path, load_key
 
@@ -50,6 +54,7 @@ MAX_STAGES = 255  # OC_MAX_STAGES
 ROW = 8 + 8 * MAX_LEVELS
 THRESHOLD_MAX = 3600.0  # seconds: the module's bound (OP_THRESHOLD_MAX)
 _GEN = 8  # offset of the generation word
+SECTION_STAGES = 1  # head word 20: a stage section (count table) of version 1 follows the rows
 
 
 def age_thresholds(policy: Any) -> tuple[tuple[float, ...], ...] | None:
@@ -86,9 +91,11 @@ def _row_ns(row: Sequence[float], levels: int, what: str) -> list[int]:
     return ns + [0] * (MAX_LEVELS - levels)
 
 
-def encode(key: bytes, generation: int, stages: int, rows: Sequence[Sequence[float]] | None) -> bytes:
+def encode(key: bytes, generation: int, stages: int, rows: Sequence[Sequence[float]] | None,
+           section: bytes | None = None) -> bytes:
     """The whole file for ``rows`` (seconds, one row per stage; None or empty: no thresholds),
-    with the even ``generation``.
+    with the even ``generation``, and the stage section ``section`` (a count table,
+    :meth:`~overtake.controller.sidecar.count_table.CountTable.encode`) when given.
 
     Raises
     ------
@@ -108,9 +115,10 @@ def encode(key: bytes, generation: int, stages: int, rows: Sequence[Sequence[flo
         raise ValueError(f"{len(rows)} rows of thresholds for {stages} stages")
     table = [_row_ns(r, levels, f"stage {i}") for i, r in enumerate(rows)] if rows else [[0] * MAX_LEVELS] * stages
     body = b"".join(struct.pack("<II8q", 0, 0, *r) for r in [table[0] if table else [0] * MAX_LEVELS, *table])
-    head = MAGIC + struct.pack("<IIIIQ", generation, stages, levels, 0, 0)
-    mac = hmac.new(key, head + body, hashlib.sha256).digest()
-    return head + mac + body
+    sec = section or b""
+    head = MAGIC + struct.pack("<IIIIII", generation, stages, levels, SECTION_STAGES if sec else 0, len(sec), 0)
+    mac = hmac.new(key, head + body + sec, hashlib.sha256).digest()
+    return head + mac + body + sec
 
 
 class ControlFile:
@@ -131,7 +139,7 @@ class ControlFile:
         #: the generation last written (a restarted sidecar continues after the file's)
         self.generation = struct.unpack_from("<I", head, _GEN)[0] & ~1 if head[:8] == MAGIC else 0
 
-    def write(self, stages: int, rows: Sequence[Sequence[float]] | None) -> int:
+    def write(self, stages: int, rows: Sequence[Sequence[float]] | None, section: bytes | None = None) -> int:
         """Write ``rows`` (seconds of thread CPU per stage; None: no thresholds) as the next
         generation and return it. The module sees either the previous table or this one.
 
@@ -145,7 +153,7 @@ class ControlFile:
         gen = self.generation + 2
         if gen >= 2**32:
             gen = 2
-        data = encode(self._key, gen, stages, rows)
+        data = encode(self._key, gen, stages, rows, section)
         try:
             os.pwrite(self._fd, struct.pack("<I", gen - 1), _GEN)  # odd: readers keep the old table
             if os.fstat(self._fd).st_size != len(data):
@@ -165,9 +173,14 @@ class ControlPublisher:
     """Writes the thresholds of each policy the sidecar puts in force (:meth:`publish`), in
     seconds of thread CPU (the policy's model units times the sidecar's time unit)."""
 
-    def __init__(self, path: str, stages: int) -> None:
+    def __init__(self, path: str, stages: int, *, stage_names: Sequence[str] | None = None) -> None:
+        """``stage_names``: module mode; every policy is also written as its count table
+        (:mod:`~overtake.controller.sidecar.count_table`) for the module's ``OvertakeStage`` names."""
         self.file = ControlFile(path)
         self.stages = stages
+        self.stage_names = tuple(stage_names) if stage_names is not None else None
+        #: the count table written last (module mode), None: none (the module holds nothing)
+        self.table: CountTable | None = None
 
     def publish(self, policy: Any, time_unit: float, *, quiet: bool = False) -> int | None:
         """Write ``policy``'s thresholds (none: the module's configured ones apply) as a new
@@ -175,24 +188,32 @@ class ControlPublisher:
         ``quiet``: log the write at debug level (the verifier's switches between its windows)."""
         th = age_thresholds(policy)
         rows = None if th is None else [[v * time_unit for v in r] for r in th]
-        return self._write(rows, getattr(policy, "name", "?"), time_unit, quiet)
+        return self._write(rows, policy, getattr(policy, "name", "?"), time_unit, quiet)
 
     def publish_off(self, levels: int | None, *, quiet: bool = False) -> int | None:
         """Write thresholds that demote nothing: ``levels`` thresholds (the module takes only its
         configured count) at its largest, 3600 s of thread CPU, that no request reaches. None or 0
         levels: no thresholds (the module's configured ones apply)."""
         rows = [list(no_demotion(levels))] * self.stages if levels else None
-        return self._write(rows, "Apache's default", 1.0, quiet)
+        return self._write(rows, None, "Apache's default", 1.0, quiet)  # no count table: nothing held
 
-    def _write(self, rows: list[list[float]] | None, name: str, time_unit: float, quiet: bool) -> int | None:
+    def _write(self, rows: list[list[float]] | None, policy: Any, name: str, time_unit: float,
+               quiet: bool) -> int | None:
         try:
-            gen = self.file.write(self.stages, rows)
+            table = (from_policy(policy, self.stage_names)
+                     if self.stage_names is not None and policy is not None else None)
+            gen = self.file.write(self.stages, rows, table.encode() if table is not None else None)
+            self.table = table
         except (ValueError, SidecarInputError) as exc:
             log.error(f"control_file: the thresholds of {name} were not written ({exc}); Apache keeps the "
                       "previous ones", extra={"event": "control_file_refused", "policy": name, "detail": str(exc)})
             return None
         said = (f"age thresholds {', '.join(f'{v:.4g}' for v in rows[0])} s of thread CPU" if rows
                 else "no age thresholds (Apache's configured OvertakePrioLevels apply)")
+        if self.stage_names is not None:
+            said += (f", count table of {self.table.cells} observations (caps waiting {list(self.table.wcap)}, "
+                     f"running {list(self.table.kcap)})" if self.table is not None
+                     else ", no count table (the policy holds nothing)")
         log.log(logging.DEBUG if quiet else logging.INFO,
                 f"control_file: {said} from {name}, generation {gen} in {self.file.path}",
                 extra={"event": "control_file", "policy": name,

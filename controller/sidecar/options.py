@@ -87,6 +87,9 @@ class SidecarOptions:
     control_file: str | None = None
     #: verify the policy against Apache's default on live traffic (controller.sidecar.verify); None: off
     verify: VerifySettings | None = None
+    #: sidecar: requests pass through the proxy; module: mod_overtake_prio enforces the policy's count
+    #: table (controller.sidecar.count_table) and no request passes through the sidecar
+    enforce: str = "sidecar"
 
 
 #: options a SIGHUP can change; the others need a restart (sockets, stages, event loop, online loop)

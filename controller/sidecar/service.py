@@ -37,6 +37,7 @@ Logs are JSON lines on stderr (:mod:`.logs`); the options and what a reload may 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -51,10 +52,12 @@ from overtake.controller.sidecar.apache_probe import ApacheProbe, workers_warnin
 from overtake.controller.sidecar.auto import Evidence, choose
 from overtake.controller.sidecar.classifier import Classifier
 from overtake.controller.sidecar.control_file import ControlPublisher
+from overtake.controller.sidecar.count_table import module_blocker
 from overtake.controller.sidecar.gate import Gate, GateOpener
 from overtake.controller.sidecar.gateway import Gateway
 from overtake.controller.sidecar.limiter import Limiter
 from overtake.controller.sidecar.metrics import SidecarMetrics
+from overtake.controller.sidecar.module_mode import check_module_options, check_module_policy, enforce_for
 from overtake.controller.sidecar.options import SidecarOptions, check_numbers, parse_addr, parse_apache_url, reloaded
 from overtake.controller.sidecar.policies import (
     BaselinePolicy,
@@ -99,6 +102,12 @@ class Sidecar:
         self.admin_addr = parse_addr(options.admin_listen, "admin_listen")
         self.apache = parse_apache_url(options.apache)
         check_numbers(options)
+        check_module_options(options)
+        if options.enforce == "module" and options.online is not None:  # arrivals come from the log too
+            options = self.options = dataclasses.replace(
+                options, online=dataclasses.replace(options.online, arrivals_from_log=True))
+        #: enforce: module: mod_overtake_prio holds the requests, no traffic passes here (.module_mode)
+        self.module_mode = options.enforce == "module"
         #: policy loads off the event loop: one running, a few waiting, the rest refused
         self.loads = LoadSlots()
         self._class_key: tuple[object, object] | None = None
@@ -120,7 +129,9 @@ class Sidecar:
         #: where the CPU runs (Apache or PHP-FPM): the module reaches only Apache's
         self.cpu_location = CpuLocation(options.cpu_priority, php_extension=bool(options.php_stats_file))
         #: the policy's age thresholds for Apache's OvertakeControlFile (controller.sidecar.control_file)
-        self.control = ControlPublisher(options.control_file, len(table.names)) if options.control_file else None
+        self.control = (ControlPublisher(options.control_file, len(table.names),
+                                         stage_names=table.names if self.module_mode else None)
+                        if options.control_file else None)
         self._warned_unrecorded: set[str] = set()
         policy, settings = self._first_policy(self.source.first)
         self.classifier = Classifier(settings, policy)
@@ -143,6 +154,8 @@ class Sidecar:
         elif isinstance(policy, PolicySet):
             raise SidecarInputError(f"policy: {options.policy} is a directory of policies; that needs "
                                     "classifier.mode: auto in the stages file (or give one .npz)")
+        if self.module_mode:
+            check_module_policy(policy)
         #: seconds per model time unit (controller.sidecar.units): the policy's, else the stages file's
         res = self._resolve_unit(policy)
         self.time_unit = res.seconds if res.seconds is not None else 1.0
@@ -315,7 +328,8 @@ class Sidecar:
             self.classifier.mode = choice.mode
             log.info("auto: " + choice.reason, extra={
                 "event": "auto_choice", "policy": choice.policy.name, "detail": f"information {choice.info}, "
-                f"classifier {choice.mode}, available {', '.join(sorted(ev.available()))}"})
+                f"classifier {choice.mode}, available {', '.join(sorted(ev.available()))}, "
+                f"needs enforce: {enforce_for(choice.info, self.options.uplink)}"})
         return changed
 
     def _cpu_priority_in_reach(self) -> str:
@@ -383,7 +397,8 @@ class Sidecar:
                 f"admin_listen: cannot listen on {self.options.admin_listen} ({exc.strerror}); choose a free port"
             ) from None
         try:
-            await self.gateway.start(*self.listen)
+            if not self.module_mode:  # module mode: Apache serves the traffic, nothing listens here
+                await self.gateway.start(*self.listen)
         except OSError as exc:
             await self.gateway.close()
             raise SidecarInputError(
@@ -400,10 +415,13 @@ class Sidecar:
         self._check_apache()
         if self.verifier is not None:
             self.verifier.start()
-        log.info("sidecar listening", extra={
-            "event": "start", "listen": self.options.listen, "apache": self.options.apache,
+        log.info("controller beside Apache (enforce: module): no traffic passes through the sidecar"
+                 if self.module_mode else "sidecar listening", extra={
+            "event": "start", "listen": None if self.module_mode else self.options.listen, "apache": self.options.apache,
             "policy": self.policy.name, "hash": self.policy.hash, "version": self.policy.version,
             "admin_listen": self.options.admin_listen,
+            "detail": f"enforce {self.options.enforce}; the policy's information "
+                      f"({self.policy.phase_info}) needs enforce: {enforce_for(self.policy.phase_info, self.options.uplink)}",
         })
 
     def _check_apache(self) -> None:
@@ -583,6 +601,7 @@ class Sidecar:
         try:
             new = await self._load(load, spec)
             res = self._resolve_unit(new)
+            self._check_module(new)
         except (PolicyLoadError, SidecarInputError) as exc:
             self._refused(exc, source)
             raise
@@ -609,10 +628,17 @@ class Sidecar:
                               max_array_bytes=self.options.policy_max_array_bytes,
                               max_inflated_bytes=self.options.policy_max_inflated_bytes)
             res = self._resolve_unit(new)
+            self._check_module(new)
         except (PolicyLoadError, SidecarInputError) as exc:
             self._refused(exc, source)
             raise
         return self._install(new, source, res)
+
+    def _check_module(self, new: SpawnPolicy) -> None:
+        """Module mode enforces count tables only: refuse a policy that sees phases or routes."""
+        why = module_blocker(new) if self.module_mode else None
+        if why is not None:
+            raise PolicyLoadError(f"policy: {why}")
 
     def _refused(self, exc: Exception, source: str) -> None:
         self.metrics.refused += 1

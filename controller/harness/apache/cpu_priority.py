@@ -78,10 +78,11 @@ MODULE_SOURCES = (
     "op_control.c",
     "op_times.c",
     "op_times_pure.c",
+    "op_stage.c",
 )
 #: The headers they include (``HEADERS`` in the Makefile).
 MODULE_HEADERS = ("mod_overtake_prio.h", "op_pure.h", "op_guard.h", "op_guard_pure.h", "og_fault.h", "og_hmac.h",
-                  "oc_table.h", "op_times.h", "op_times_pure.h")
+                  "oc_table.h", "op_times.h", "op_times_pure.h", "os_table.h")
 #: Compiler flags (``WARNINGS`` and ``-O2`` in the Makefile): a warning fails the build.
 MODULE_CFLAGS = (
     "-Wall", "-Wextra", "-Wshadow", "-Wstrict-prototypes", "-Wmissing-prototypes", "-Werror", "-O2",
@@ -89,6 +90,7 @@ MODULE_CFLAGS = (
 
 _APXS = "apxs"
 _METHOD = re.compile(r"[A-Z_-]{1,32}")
+_STAGE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,31}")
 _MAX_LEVELS = 8  # OP_MAX_LEVELS in the C module
 _INSTALL_HINT = (
     "install it with apache-conf/install-debian-packages.sh or `apt-get install apache2-dev`"
@@ -158,6 +160,12 @@ class CpuPriority:
         Split each request's handler time into CPU, run-queue wait and blocked time, as the
         request notes the access log's ``LOG_FORMAT`` reads (the serialisation detector's
         input). ``OvertakeRequestTimes``.
+    stages : tuple of (str, str)
+        Module mode: ``(name, regex)`` pairs, each a ``<LocationMatch "regex">`` with
+        ``OvertakeStage name``; the control file's count table holds the requests of each stage.
+    stage_hold : float
+        Seconds a request waits at most for its stage's turn before it runs anyway
+        (0.001..3600). ``OvertakeStageHold``.
     """
 
     levels: tuple[float, ...] = (0.005, 0.05)
@@ -175,6 +183,8 @@ class CpuPriority:
     demotion_limit: float = 0.0
     control_file: str | None = None
     request_times: bool = False
+    stages: tuple[tuple[str, str], ...] = ()
+    stage_hold: float = 30.0
     priorities: tuple[int | str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -257,9 +267,28 @@ class CpuPriority:
         if isinstance(gt, bool) or not isinstance(gt, (int, float)) or not 0.001 <= gt <= 3600:
             raise ApacheInputError(f"cpu_priority.gate_timeout: seconds in 0.001..3600, got {gt!r}")
         self._check_guard()
+        self._check_stages()
         object.__setattr__(self, "levels", tuple(float(v) for v in levels))
         object.__setattr__(self, "priorities", nice)
 
+
+    def _check_stages(self) -> None:
+        for pair in self.stages:
+            if not (isinstance(pair, tuple) and len(pair) == 2):
+                raise ApacheInputError(f"cpu_priority.stages: {pair!r} is not a (name, regex) pair")
+            name, regex = pair
+            if not (isinstance(name, str) and _STAGE_NAME.fullmatch(name)):
+                raise ApacheInputError(f"cpu_priority.stages: stage name {name!r} must be 1..31 letters, digits, "
+                                       "'_', '.', '-' (OvertakeStage)")
+            if not isinstance(regex, str) or not regex or any(c in regex for c in '"\r\n'):
+                raise ApacheInputError(f"cpu_priority.stages: {regex!r} must be a URL-path regex without quotes "
+                                       "or line breaks, e.g. ^/stage1$")
+        if self.stages and not self.control_file:
+            raise ApacheInputError("cpu_priority.stages: the count table comes from the control file; give "
+                                   "control_file too")
+        hold = self.stage_hold
+        if isinstance(hold, bool) or not isinstance(hold, (int, float)) or not 0.001 <= hold <= 3600:
+            raise ApacheInputError(f"cpu_priority.stage_hold: seconds in 0.001..3600, got {hold!r}")
 
     def _check_guard(self) -> None:
         for m in self.exempt_methods:
@@ -284,6 +313,13 @@ class CpuPriority:
             raise ApacheInputError(
                 f"cpu_priority.demotion_limit: seconds in 0..3600 (0: no limit), got {lim!r}"
             )
+
+
+def _stage_lines(cp: CpuPriority) -> str:
+    lines = [f"OvertakeStageHold {float(cp.stage_hold)!r}"] if cp.stages else ["# no stages"]
+    for name, regex in cp.stages:
+        lines += [f'<LocationMatch "{regex}">', f"        OvertakeStage {name}", "    </LocationMatch>"]
+    return "\n    ".join(lines)
 
 
 def _guard_lines(cp: CpuPriority) -> str:
@@ -328,6 +364,7 @@ def config_tokens(cpu_priority: CpuPriority | None) -> dict[str, str]:
         "CPU_PRIO_CONTROL": (f'OvertakeControlFile "{cp.control_file}"' if cp.control_file
                              else "# no control file"),
         "CPU_PRIO_TIMES": f"OvertakeRequestTimes {'On' if cp.request_times else 'Off'}",
+        "CPU_PRIO_STAGES": _stage_lines(cp),
     }
 
 

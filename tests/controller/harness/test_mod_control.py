@@ -99,7 +99,7 @@ def check(exe: Path, tmp: Path, files: Sequence[bytes], levels: int = 1, key: by
 def raw(gen: int, stages: int, levels: int, rows: Sequence[Sequence[int]], flags: Sequence[int] = (),
         reserved: int = 0, key: bytes = KEY) -> bytes:
     """A file with any fields (no check of its own), MAC'd with ``key``."""
-    head = MAGIC + struct.pack("<IIIIQ", gen, stages, levels, reserved, 0)
+    head = MAGIC + struct.pack("<IIIIII", gen, stages, levels, 0, 0, reserved)  # 20, 24: the stage section
     body = b"".join(struct.pack("<II8q", flags[i] if i < len(flags) else 0, 0,
                                 *(list(r) + [0] * (MAX_LEVELS - len(r)))) for i, r in enumerate(rows))
     return head + hmac.new(key, head + body, hashlib.sha256).digest() + body

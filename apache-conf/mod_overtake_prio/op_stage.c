@@ -1,0 +1,504 @@
+/*
+ * op_stage.c -- stages and their count policy inside Apache (module mode: no proxy in front).
+ *
+ * `OvertakeStage NAME` in a <Location>, <LocationMatch> or <If> section names the stage of the
+ * requests Apache matches there (so methods and query strings select stages through <If>
+ * expressions). Per stage, the requests waiting and running are counted in shared memory that
+ * every child maps (the parent's anonymous mapping, kept across graceful restarts). The control
+ * file's stage section (os_table.h, written by the sidecar from a blind policy) says, for each
+ * observation of those counts, how many waiting requests of each stage start.
+ *
+ * A request of a stage arrives in the fixups hook (after access control: a refused request never
+ * waits) and takes a ticket of its stage's queue; the arrival is a decision epoch. A request that
+ * may not start waits on its stage's futex word (the head of its queue) in the shared mapping,
+ * as a gated request waits on the gate file's. When a running request ends (its pool's cleanup,
+ * after the response and the log), the completing worker takes the next decision: it looks the
+ * new counts up in the table and moves the queues' heads past the tickets that start, waking them
+ * (FUTEX_WAKE_BITSET, one bit per ticket modulo 32, so a wake-up rarely reaches a request that
+ * must go on waiting). A request held past `OvertakeStageHold` seconds runs anyway and is counted
+ * (no request is lost); with no table in force (no control file, none valid, no stage section,
+ * or a stage the table does not name) requests run at once and are still counted.
+ *
+ * Like the sidecar's limiter, a table that starts nothing while nothing runs would idle the server
+ * with requests waiting: then the oldest request of the last stage with waiters starts (a
+ * guard start, counted).
+ *
+ * One lock (a process-shared, robust mutex in the shared mapping) orders every count change and
+ * decision; its sections are a few loads and stores. The table a child uses is its own copy,
+ * swapped under a read-write lock when op_control.c puts a new generation in force.
+ */
+#include "mod_overtake_prio.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <strings.h>
+#include <linux/futex.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "apr_strings.h"
+#include "http_protocol.h"
+#include "http_request.h"
+
+#include "os_table.h"
+
+#define OS_MAX_STAGES 16            /* OvertakeStage names per server */
+#define OS_RETAINED_KEY "mod_overtake_prio_stages_v1"
+#define OS_NONE (-1)                /* OvertakeStage none */
+#define OS_UNSET (-2)
+#define OS_USERDATA "overtake-stage"   /* on the first request's pool: its os_req */
+
+typedef struct {
+    os_queue q;
+    apr_uint64_t requests;          /* arrivals */
+    apr_uint64_t held;              /* requests that waited */
+    apr_uint64_t hold_ns;           /* ... and their total wait */
+    apr_uint64_t hold_timeouts;     /* waited OvertakeStageHold and ran anyway */
+    apr_uint64_t overflows;         /* found the queue's ticket ring full and ran at once */
+    apr_uint64_t unheld;            /* ran at once because no table was in force for the stage */
+} os_stage;
+
+typedef struct {
+    pthread_mutex_t mu;
+    uint32_t nstages;
+    char names[OS_MAX_STAGES][OS_NAME_BYTES];
+    apr_uint64_t epochs;            /* decisions taken */
+    apr_uint64_t guard_starts;
+    os_stage st[OS_MAX_STAGES];
+} os_shared;
+
+static os_shared *os_shm;
+
+/* The names of the config being read (reset by pre_config: Apache reads its config twice). */
+static char os_names[OS_MAX_STAGES][OS_NAME_BYTES];
+static int os_nnames;
+static double os_hold_s = 30.0;     /* OvertakeStageHold */
+
+/* This child's table: a copy of the control file's stage section, and where its stages are. */
+static struct {
+    pthread_rwlock_t lock;
+    uint8_t *bytes;                 /* owns the section's bytes (t.act points into them) */
+    size_t len;
+    os_table t;
+    int shm_of[OS_MAX_TSTAGES];     /* table stage -> shared stage, or -1 (not configured) */
+    int in_table[OS_MAX_STAGES];    /* shared stage -> table stage, or -1 (run at once) */
+    uint32_t generation;            /* 0: no table */
+} tab = {PTHREAD_RWLOCK_INITIALIZER, NULL, 0, {0}, {0}, {0}, 0};
+
+typedef struct {
+    int stage;                      /* shared stage index, OS_NONE or OS_UNSET */
+} os_dir_conf;
+
+typedef struct {
+    int stage;                      /* the stage the request was counted in */
+} os_req;
+
+/* ------------------------------------------------------------------------ directives */
+
+void *op_stage_create_dir_conf(apr_pool_t *p, char *dir)
+{
+    os_dir_conf *d = apr_palloc(p, sizeof *d);
+    (void)dir;
+    d->stage = OS_UNSET;
+    return d;
+}
+
+void *op_stage_merge_dir_conf(apr_pool_t *p, void *base, void *add)
+{
+    os_dir_conf *d = apr_palloc(p, sizeof *d);
+    const os_dir_conf *b = base, *a = add;
+    d->stage = a->stage != OS_UNSET ? a->stage : b->stage;
+    return d;
+}
+
+const char *op_stage_set(cmd_parms *cmd, void *dconf, const char *name)
+{
+    os_dir_conf *d = dconf;
+    uint8_t padded[OS_NAME_BYTES];
+    int i;
+    if (!strcasecmp(name, "none")) {
+        d->stage = OS_NONE;
+        return NULL;
+    }
+    memset(padded, 0, sizeof padded);
+    if (strlen(name) >= OS_NAME_BYTES || (memcpy(padded, name, strlen(name)), !os_name_ok(padded))) {
+        return apr_psprintf(cmd->pool, "OvertakeStage: '%s' is not a stage name: 1..%d letters, "
+                            "digits, '_', '.', '-' (the name of the sidecar's stages file)",
+                            name, OS_NAME_BYTES - 1);
+    }
+    for (i = 0; i < os_nnames && strcmp(os_names[i], name); i++) {
+    }
+    if (i == os_nnames) {
+        if (os_nnames == OS_MAX_STAGES) {
+            return apr_psprintf(cmd->pool, "OvertakeStage: '%s' would be stage %d; at most %d "
+                                "stages", name, OS_MAX_STAGES + 1, OS_MAX_STAGES);
+        }
+        memcpy(os_names[os_nnames++], padded, OS_NAME_BYTES);
+    }
+    d->stage = i;
+    return NULL;
+}
+
+const char *op_stage_set_hold(cmd_parms *cmd, void *dconf, const char *w)
+{
+    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
+    double v;
+    (void)dconf;
+    if (err) {
+        return err;
+    }
+    if (!op_parse_seconds(w, 0.001, 3600, &v)) {
+        return apr_psprintf(cmd->pool, "OvertakeStageHold: '%s' must be seconds in [0.001, 3600], "
+                            "the longest a request waits for its stage's turn", w);
+    }
+    os_hold_s = v;
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ the lock, the futex */
+
+static void os_lock(void)
+{
+    if (pthread_mutex_lock(&os_shm->mu) == EOWNERDEAD) {
+        /* a child died inside a section: every section leaves the counts whole at each store */
+        pthread_mutex_consistent(&os_shm->mu);
+    }
+}
+
+static void os_unlock(void)
+{
+    pthread_mutex_unlock(&os_shm->mu);
+}
+
+static void os_wake(os_stage *s, uint32_t bits)
+{
+    if (bits) {
+        /* shared (not FUTEX_PRIVATE): waiters of every child share the mapping */
+        syscall(SYS_futex, &s->q.head, FUTEX_WAKE_BITSET, INT_MAX, NULL, NULL, bits);
+    }
+}
+
+/* ------------------------------------------------------------------------ decisions */
+
+/* Grant n starts in shared stage i (lock held) and wake them. */
+static int32_t grant(int i, int32_t n)
+{
+    uint32_t bits = 0;
+    int32_t done = os_grant(&os_shm->st[i].q, n, &bits);
+    __atomic_store_n(&os_shm->st[i].q.head, os_shm->st[i].q.head, __ATOMIC_RELEASE);
+    os_wake(&os_shm->st[i], bits);
+    return done;
+}
+
+/* A decision epoch (lock held): what the table says for the counts now. */
+static void epoch(void)
+{
+    uint32_t n = os_shm->nstages, i;
+    int32_t running = 0, w[OS_MAX_TSTAGES], k[OS_MAX_TSTAGES];
+    uint8_t a[OS_MAX_TSTAGES];
+    int started = 0;
+    ADD(os_shm->epochs, 1);
+    pthread_rwlock_rdlock(&tab.lock);
+    for (i = 0; i < n; i++) {
+        if (!tab.generation || tab.in_table[i] < 0) {
+            grant((int)i, INT32_MAX);  /* no table for this stage: nothing waits */
+        }
+    }
+    if (tab.generation) {
+        for (i = 0; i < tab.t.n; i++) {
+            int s = tab.shm_of[i];
+            w[i] = s < 0 ? 0 : os_shm->st[s].q.waiting;
+            k[i] = s < 0 ? 0 : os_shm->st[s].q.active;
+        }
+        os_lookup(&tab.t, w, k, a);
+        for (i = 0; i < tab.t.n; i++) {
+            if (a[i] && tab.shm_of[i] >= 0) {
+                started += grant(tab.shm_of[i], a[i]);
+            }
+        }
+    }
+    pthread_rwlock_unlock(&tab.lock);
+    for (i = 0; i < n; i++) {
+        running += os_shm->st[i].q.active;
+    }
+    if (!started && !running) {
+        for (i = n; i-- > 0;) {
+            if (os_shm->st[i].q.waiting > 0 && grant((int)i, 1)) {
+                ADD(os_shm->guard_starts, 1);
+                break;
+            }
+        }
+    }
+}
+
+/* The control file's stage section of generation gen is in force in this child (NULL: none). */
+void op_stage_table(const uint8_t *section, size_t n, uint32_t gen)
+{
+    uint8_t *copy = NULL, *old;
+    os_table t;
+    uint32_t i, j;
+    if (!os_shm) {
+        return;
+    }
+    pthread_rwlock_rdlock(&tab.lock);
+    j = gen && gen == tab.generation && section && tab.bytes && n == tab.len
+        && !memcmp(tab.bytes, section, n);
+    pthread_rwlock_unlock(&tab.lock);
+    if (j || (!section && !tab.generation && !gen)) {
+        return;  /* the table in force (a look at an unchanged file) */
+    }
+    if (section && (!(copy = malloc(n ? n : 1)) || (memcpy(copy, section, n),
+                                                     os_check(copy, n, &t) != OS_OK))) {
+        free(copy);
+        copy = NULL;  /* checked by oc_check already: only an allocation fails here */
+    }
+    pthread_rwlock_wrlock(&tab.lock);
+    old = tab.bytes;
+    tab.bytes = copy;
+    tab.len = copy ? n : 0;
+    tab.generation = copy ? gen : 0;
+    if (copy) {
+        tab.t = t;
+        for (i = 0; i < OS_MAX_STAGES; i++) {
+            tab.in_table[i] = -1;
+        }
+        for (j = 0; j < t.n; j++) {
+            tab.shm_of[j] = -1;
+            for (i = 0; i < os_shm->nstages; i++) {
+                if (!strncmp(os_shm->names[i], t.name[j], OS_NAME_BYTES)) {
+                    tab.shm_of[j] = (int)i;
+                    tab.in_table[i] = (int)j;
+                }
+            }
+        }
+    }
+    pthread_rwlock_unlock(&tab.lock);
+    free(old);
+    os_lock();
+    epoch();  /* requests held under the old table get the new one's answer now */
+    os_unlock();
+}
+
+/* ------------------------------------------------------------------------ requests */
+
+static apr_status_t complete(void *data)
+{
+    const os_req *q = data;
+    os_lock();
+    os_complete(&os_shm->st[q->stage].q);
+    epoch();  /* the completing worker decides what starts next */
+    os_unlock();
+    return APR_SUCCESS;
+}
+
+/* Wait for ticket t of stage s: 1 when granted, 0 when the hold bound passed (it runs anyway). */
+static int hold(os_stage *s, uint32_t t)
+{
+    int64_t deadline = op_mono_ns() + (int64_t)(os_hold_s * 1e9);
+    for (;;) {
+        uint32_t h = __atomic_load_n(&s->q.head, __ATOMIC_ACQUIRE);
+        struct timespec ts;
+        int given;
+        if (os_granted(h, t)) {
+            return 1;
+        }
+        if (op_mono_ns() >= deadline) {
+            os_lock();
+            given = os_give_up(&s->q, t);
+            os_unlock();
+            return given;
+        }
+        ts.tv_sec = (time_t)(deadline / 1000000000);
+        ts.tv_nsec = (long)(deadline % 1000000000);
+        /* absolute CLOCK_MONOTONIC deadline; wakes for this ticket's bit or a spurious one */
+        syscall(SYS_futex, &s->q.head, FUTEX_WAIT_BITSET, h, &ts, NULL, 1u << (t & 31));
+    }
+}
+
+int op_stage_fixups(request_rec *r)
+{
+    const os_dir_conf *d;
+    request_rec *r0 = r;
+    os_req *q;
+    os_stage *s;
+    uint32_t ticket;
+    int queued, granted;
+    int64_t t0;
+    void *seen = NULL;
+    if (!os_shm || r->main) {
+        return DECLINED;  /* subrequests belong to their main request */
+    }
+    while (r0->prev) {
+        r0 = r0->prev;  /* an internal redirect is counted once, in the stage first matched */
+    }
+    /* (the request_config slot is op_prio.c's: the pool's user data marks a counted request) */
+    if (apr_pool_userdata_get(&seen, OS_USERDATA, r0->pool) == APR_SUCCESS && seen) {
+        return DECLINED;
+    }
+    d = ap_get_module_config(r->per_dir_config, &overtake_prio_module);
+    if (!d || d->stage < 0 || (uint32_t)d->stage >= os_shm->nstages) {
+        return DECLINED;
+    }
+    q = apr_palloc(r0->pool, sizeof *q);
+    q->stage = d->stage;
+    apr_pool_userdata_setn(q, OS_USERDATA, NULL, r0->pool);
+    s = &os_shm->st[q->stage];
+    ADD(s->requests, 1);
+    os_lock();
+    queued = os_enqueue(&s->q, &ticket);
+    if (!queued) {
+        s->q.active++;
+        ADD(s->overflows, 1);
+    }
+    else {
+        epoch();
+    }
+    granted = !queued || os_granted(s->q.head, ticket);
+    os_unlock();
+    apr_pool_cleanup_register(r0->pool, q, complete, apr_pool_cleanup_null);
+    if (granted) {
+        return DECLINED;
+    }
+    t0 = op_mono_ns();
+    ADD(s->held, 1);
+    if (!hold(s, ticket)) {
+        ADD(s->hold_timeouts, 1);
+        ap_log_rerror(APLOG_MARK, APLOG_WARNING, 0, r, APLOGNO(90301) "mod_overtake_prio: a "
+                      "request of stage %s waited OvertakeStageHold %g s for its turn; it runs "
+                      "anyway", os_shm->names[q->stage], os_hold_s);
+    }
+    ADD(s->hold_ns, (apr_uint64_t)(op_mono_ns() - t0));
+    return DECLINED;
+}
+
+/* ------------------------------------------------------------------------ lifecycle, status */
+
+int op_stage_pre_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp)
+{
+    (void)pconf; (void)plog; (void)ptemp;
+    os_nnames = 0;
+    os_hold_s = 30.0;
+    return OK;
+}
+
+/* Root parent (post_config): the shared counts, created once and kept across restarts. */
+void op_stage_prepare(server_rec *s)
+{
+    os_shared **ret = ap_retained_data_get(OS_RETAINED_KEY);
+    pthread_mutexattr_t ma;
+    int i;
+    if (!os_nnames) {
+        os_shm = NULL;
+        return;
+    }
+    if (!ret) {
+        ret = ap_retained_data_create(OS_RETAINED_KEY, sizeof *ret);
+        *ret = NULL;
+    }
+    if (!*ret) {
+        void *m = mmap(NULL, sizeof(os_shared), PROT_READ | PROT_WRITE,
+                       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) {
+            ap_log_error(APLOG_MARK, APLOG_ERR, errno, s, APLOGNO(90302) "mod_overtake_prio: "
+                         "cannot map the stage counts; OvertakeStage requests are not held");
+            return;
+        }
+        memset(m, 0, sizeof(os_shared));
+        pthread_mutexattr_init(&ma);
+        pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
+        pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
+        pthread_mutex_init(&((os_shared *)m)->mu, &ma);
+        pthread_mutexattr_destroy(&ma);
+        *ret = m;
+    }
+    os_shm = *ret;
+    os_lock();
+    /* a restart may rename or reorder the stages: the counts follow the names' positions */
+    for (i = 0; i < os_nnames; i++) {
+        if (strncmp(os_shm->names[i], os_names[i], OS_NAME_BYTES)) {
+            memset(&os_shm->st[i].q, 0, sizeof os_shm->st[i].q);
+            memcpy(os_shm->names[i], os_names[i], OS_NAME_BYTES);
+        }
+    }
+    os_shm->nstages = (uint32_t)os_nnames;
+    os_unlock();
+}
+
+static void metric(request_rec *r, const char *name, const char *type, const char *help)
+{
+    ap_rprintf(r, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+#define STAGE_COUNTER(name, field, help) do {                                             \
+        metric(r, name, "counter", help);                                                 \
+        for (i = 0; i < n; i++) {                                                         \
+            ap_rprintf(r, name "{stage=\"%s\"} %" APR_UINT64_T_FMT "\n", os_shm->names[i],   \
+                       LOAD(os_shm->st[i].field));                                        \
+        }                                                                                 \
+    } while (0)
+
+void op_stage_status(request_rec *r)
+{
+    uint32_t n, i;
+    int32_t waiting[OS_MAX_STAGES], active[OS_MAX_STAGES];
+    if (!os_shm) {
+        return;
+    }
+    os_lock();
+    n = os_shm->nstages;
+    for (i = 0; i < n; i++) {
+        waiting[i] = os_shm->st[i].q.waiting;
+        active[i] = os_shm->st[i].q.active;
+    }
+    os_unlock();
+    metric(r, "overtake_stage_waiting", "gauge", "Requests of the stage waiting for their turn.");
+    for (i = 0; i < n; i++) {
+        ap_rprintf(r, "overtake_stage_waiting{stage=\"%s\"} %d\n", os_shm->names[i], waiting[i]);
+    }
+    metric(r, "overtake_stage_active", "gauge", "Requests of the stage running (started, not ended).");
+    for (i = 0; i < n; i++) {
+        ap_rprintf(r, "overtake_stage_active{stage=\"%s\"} %d\n", os_shm->names[i], active[i]);
+    }
+    STAGE_COUNTER("overtake_stage_requests_total", requests, "Requests of the stage (OvertakeStage).");
+    STAGE_COUNTER("overtake_stage_held_total", held, "Requests of the stage that waited for their turn.");
+    STAGE_COUNTER("overtake_stage_hold_timeouts_total", hold_timeouts,
+                  "Requests that waited OvertakeStageHold and ran anyway.");
+    STAGE_COUNTER("overtake_stage_overflows_total", overflows,
+                  "Requests that found their stage's queue full and ran at once.");
+    metric(r, "overtake_stage_hold_seconds_total", "counter", "Total wait of the stage's held requests.");
+    for (i = 0; i < n; i++) {
+        ap_rprintf(r, "overtake_stage_hold_seconds_total{stage=\"%s\"} %.9f\n", os_shm->names[i],
+                   (double)LOAD(os_shm->st[i].hold_ns) / 1e9);
+    }
+    metric(r, "overtake_stage_decisions_total", "counter",
+           "Decisions taken (arrivals, completions and table changes).");
+    ap_rprintf(r, "overtake_stage_decisions_total %" APR_UINT64_T_FMT "\n", LOAD(os_shm->epochs));
+    metric(r, "overtake_stage_guard_starts_total", "counter",
+           "Requests started because nothing ran while requests waited and the table started none.");
+    ap_rprintf(r, "overtake_stage_guard_starts_total %" APR_UINT64_T_FMT "\n",
+               LOAD(os_shm->guard_starts));
+    pthread_rwlock_rdlock(&tab.lock);
+    metric(r, "overtake_stage_table_generation", "gauge",
+           "Generation of the control file whose count table this child enforces (0: none: "
+           "requests run at once).");
+    ap_rprintf(r, "overtake_stage_table_generation %u\n", tab.generation);
+    metric(r, "overtake_stage_table_in_force", "gauge",
+           "1 if the stage is held by the count table in this child, 0 if its requests run at once.");
+    for (i = 0; i < n; i++) {
+        ap_rprintf(r, "overtake_stage_table_in_force{stage=\"%s\"} %d\n", os_shm->names[i],
+                   tab.generation && tab.in_table[i] >= 0);
+    }
+    metric(r, "overtake_stage_table_caps", "gauge",
+           "The count table's caps per stage (kind=waiting|active): beyond them its documented default applies.");
+    for (i = 0; tab.generation && i < tab.t.n; i++) {
+        ap_rprintf(r, "overtake_stage_table_caps{stage=\"%s\",kind=\"waiting\"} %u\n"
+                   "overtake_stage_table_caps{stage=\"%s\",kind=\"active\"} %u\n",
+                   tab.t.name[i], tab.t.wcap[i], tab.t.name[i], tab.t.kcap[i]);
+    }
+    pthread_rwlock_unlock(&tab.lock);
+    metric(r, "overtake_stage_hold_limit_seconds", "gauge", "OvertakeStageHold.");
+    ap_rprintf(r, "overtake_stage_hold_limit_seconds %g\n", os_hold_s);
+}

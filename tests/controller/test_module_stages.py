@@ -1,0 +1,282 @@
+"""Module mode end to end: stages matched by Apache (``OvertakeStage`` in ``<LocationMatch>``), a
+count table in the control file, requests held inside Apache (mpm_event), no proxy in front.
+
+- A table that caps stage ``capped`` at one running request: its requests never overlap in the
+  handler (the handler's own wall-clock span, ``?trace=1``), while ``free``'s requests, sent at
+  the same time, do; every request is answered and the counts return to zero.
+- A new table written to the control file (``free`` capped at one, ``capped`` free) takes effect
+  without a restart: the status page shows its generation, Apache's parent PID and config
+  generation are unchanged, and the overlaps follow the new table.
+- A table that never starts ``capped`` while anything runs: a request of it waits at most
+  ``OvertakeStageHold`` and then runs (counted); nothing is lost.
+- ``overtake sidecar --enforce module``: nothing listens on its public port, its policy's table
+  (and after a PUT, the new one's) is in force in Apache, the module's counters are on its
+  /-/metrics; its online loop refits from Apache's access log and the refit's table reaches Apache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support.service_helpers import SidecarProc, replay_h2_transactions
+
+from overtake.controller.harness import apache
+from overtake.controller.harness.apache.cpu_priority import CpuPriority
+from overtake.controller.harness.scratch import free_port, scratch_dir
+from overtake.controller.sidecar.control_file import ControlFile
+from overtake.controller.sidecar.count_table import CountTable, from_policy
+from overtake.controller.sidecar.policies import BaselinePolicy
+
+HOLD = 1.5  # OvertakeStageHold of the private Apache
+NAMES = ("capped", "free")
+URL = {"capped": "/stage1", "free": "/stage2"}
+
+
+@pytest.fixture(scope="module")
+def staged(apache_available: None) -> Iterator[tuple[apache.ApacheInstance, str]]:
+    if os.geteuid() != 0 or shutil.which("apxs") is None:
+        pytest.skip("needs root and apxs (apache2-dev): mod_overtake_prio")
+    parent = scratch_dir("overtake-stages-test-")
+    path = f"/dev/shm/s19-module-stages-{os.getpid()}-{free_port()}"
+    try:
+        inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", max_workers=32, mpm="event",
+                            cpu_priority=CpuPriority(levels=(0.5,), nice=("idle",), class_header=None,
+                                                     control_file=path, stage_hold=HOLD,
+                                                     stages=(("capped", "^/stage1$"), ("free", "^/stage2$"))))
+        try:
+            yield inst, path
+        finally:
+            apache.stop(inst.workdir, graceful=False)
+    finally:
+        for p in (path, path + ".key"):
+            Path(p).unlink(missing_ok=True)
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def _get(inst: apache.ApacheInstance, path: str) -> tuple[int, str, str | None]:
+    with urllib.request.urlopen(inst.base_url + path, timeout=60) as r:
+        return r.status, r.read().decode(), r.headers.get("X-Handler-Span-us")
+
+
+def _status(inst: apache.ApacheInstance) -> dict[str, float]:
+    text = _get(inst, "/overtake-prio-status")[1]
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\S+) (\S+)$", text, re.M)}
+
+
+def _write(path: str, table: CountTable) -> int:
+    cf = ControlFile(path)
+    try:
+        return cf.write(2, None, table.encode())
+    finally:
+        cf.close()
+
+
+def _burst(inst: apache.ApacheInstance, n: int, work: float) -> dict[str, list[tuple[int, int]]]:
+    """n requests of each stage at once; the handler spans per stage."""
+    jobs = [s for _ in range(n) for s in NAMES]
+    go = threading.Barrier(len(jobs))
+
+    def one(stage: str) -> tuple[str, tuple[int, str, str | None]]:
+        go.wait(timeout=30)  # all at once: the free stage's requests then run together
+        return stage, _get(inst, f"{URL[stage]}?work={work}&trace=1")
+
+    with ThreadPoolExecutor(len(jobs)) as ex:
+        out = list(ex.map(one, jobs))
+    spans: dict[str, list[tuple[int, int]]] = {s: [] for s in NAMES}
+    for stage, (status, _, span) in out:
+        assert status == 200 and span is not None
+        b, e = (int(v) for v in span.split())
+        spans[stage].append((b, e))
+    return spans
+
+
+def _max_overlap(spans: list[tuple[int, int]]) -> int:
+    events = sorted([(b, 1) for b, _ in spans] + [(e, -1) for _, e in spans], key=lambda x: (x[0], x[1]))
+    now = best = 0
+    for _, d in events:
+        now += d
+        best = max(best, now)
+    return best
+
+
+def _settled(inst: apache.ApacheInstance) -> dict[str, float]:
+    """The status once no request of any stage waits or runs: a request ends (its count drops)
+    after its response and its log line, which the client may see first."""
+    deadline = time.monotonic() + 10
+    while True:
+        st = _status(inst)
+        if all(st[f'overtake_stage_{k}{{stage="{s}"}}'] == 0 for s in NAMES for k in ("waiting", "active")) \
+                or time.monotonic() > deadline:
+            return st
+
+
+def _wait_generation(inst: apache.ApacheInstance, gen: int) -> dict[str, float]:
+    deadline = time.monotonic() + 10
+    while True:
+        st = _status(inst)
+        if st.get("overtake_stage_table_generation") == gen or time.monotonic() > deadline:
+            return st
+
+
+def _apache_pid(inst: apache.ApacheInstance) -> int:
+    return int((Path(inst.workdir) / "run" / "httpd.pid").read_text())
+
+
+def _config_generation(inst: apache.ApacheInstance) -> int:
+    m = re.search(r"^ParentServerConfigGeneration: (\d+)$", _get(inst, "/server-status?auto")[1], re.M)
+    assert m
+    return int(m.group(1))
+
+
+def test_cap_of_one_serialises_its_stage_only_and_a_new_table_takes_effect_live(
+        staged: tuple[apache.ApacheInstance, str]) -> None:
+    inst, path = staged
+    pid, conf_gen = _apache_pid(inst), _config_generation(inst)
+    table = from_policy(BaselinePolicy("pi(1,8)", 2), NAMES)
+    assert table is not None
+    gen = _write(path, table)
+    st = _wait_generation(inst, gen)
+    assert st["overtake_stage_table_generation"] == gen
+    assert st['overtake_stage_table_in_force{stage="capped"}'] == 1
+    before = st
+    spans = _burst(inst, 6, 0.1)
+    assert _max_overlap(spans["capped"]) == 1, spans["capped"]
+    assert _max_overlap(spans["free"]) > 1, spans["free"]  # the other stage is not held
+    st = _settled(inst)
+    for s in NAMES:
+        assert st[f'overtake_stage_requests_total{{stage="{s}"}}'] - before[f'overtake_stage_requests_total{{stage="{s}"}}'] == 6
+        assert st[f'overtake_stage_waiting{{stage="{s}"}}'] == 0
+        assert st[f'overtake_stage_active{{stage="{s}"}}'] == 0
+    assert st['overtake_stage_held_total{stage="capped"}'] > before['overtake_stage_held_total{stage="capped"}']
+    assert st['overtake_stage_hold_timeouts_total{stage="capped"}'] == before[
+        'overtake_stage_hold_timeouts_total{stage="capped"}']
+
+    # the other way round, through the file only
+    gen2 = _write(path, from_policy(BaselinePolicy("pi(8,1)", 2), NAMES))  # type: ignore[arg-type]
+    st = _wait_generation(inst, gen2)
+    assert st["overtake_stage_table_generation"] == gen2 != gen
+    spans = _burst(inst, 6, 0.1)
+    assert _max_overlap(spans["free"]) == 1, spans["free"]
+    assert _max_overlap(spans["capped"]) > 1, spans["capped"]
+    assert _apache_pid(inst) == pid
+    assert _config_generation(inst) == conf_gen
+
+
+def test_a_request_held_past_its_bound_runs(staged: tuple[apache.ApacheInstance, str]) -> None:
+    inst, path = staged
+    # capped never starts while anything runs (the guard starts it only when nothing does)
+    wcap, kcap = (4, 4), (4, 4)
+    obs = CountTable(NAMES, wcap, kcap, np.zeros((625, 2), dtype=np.uint8)).observations()
+    acts = np.zeros((len(obs), 2), dtype=np.uint8)
+    acts[:, 1] = obs[:, 1]  # free: start every waiting one
+    gen = _write(path, CountTable(NAMES, wcap, kcap, acts))
+    before = _wait_generation(inst, gen)
+    with ThreadPoolExecutor(2) as ex:
+        long = ex.submit(_get, inst, "/stage2?work=4")
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        held = ex.submit(_get, inst, "/stage1?work=0&trace=1")
+        status, _, _ = held.result(timeout=60)
+        waited = time.monotonic() - t0
+        assert long.result(timeout=120)[0] == 200
+    assert status == 200
+    assert waited >= HOLD * 0.9
+    st = _settled(inst)
+    assert st['overtake_stage_hold_timeouts_total{stage="capped"}'] - before[
+        'overtake_stage_hold_timeouts_total{stage="capped"}'] == 1
+    assert st['overtake_stage_active{stage="capped"}'] == 0 and st['overtake_stage_waiting{stage="capped"}'] == 0
+
+
+MODULE_STAGES = """
+stages:
+  - name: capped
+    path: "^/stage1$"
+  - name: free
+    path: "^/stage2$"
+limits: {max_inflight: 16, queue_cap: 1000, queue_timeout: 30}
+classifier: {mode: hidden, time_unit: 0.005}
+"""
+
+
+def test_sidecar_in_module_mode_writes_the_table_and_passes_no_traffic(
+        staged: tuple[apache.ApacheInstance, str], tmp_path: Path) -> None:
+    """``overtake sidecar --enforce module``: nothing listens on its public port; the policy's count
+    table is in force in Apache (the generation it logged); a PUT of another blind policy reaches
+    Apache through the file; the module's stage counters appear on the sidecar's /-/metrics."""
+    inst, path = staged
+    admin = free_port()
+    side = SidecarProc(tmp_path, ["--policy", "pi(1,8)", "--apache", inst.base_url, "--control-file", path,
+                                  "--enforce", "module", "--status-interval", "0.5", "--admin-listen",
+                                  f"127.0.0.1:{admin}"], stages=MODULE_STAGES, ready_port=admin)
+    try:
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", side.port), timeout=2).close()
+        written = [e["detail"] for e in side.events() if e.get("event") == "control_file"]
+        assert written, side.text()[-3000:]
+        gen = written[-1]["generation"]  # type: ignore[index]
+        assert _wait_generation(inst, gen)["overtake_stage_table_generation"] == gen
+        spans = _burst(inst, 6, 0.1)
+        assert _max_overlap(spans["capped"]) == 1, spans["capped"]
+        assert side.request("PUT", "/-/policy", body=b"pi(8,1)")[0] == 200
+        gen2 = [e["detail"] for e in side.events() if e.get("event") == "control_file"][-1]["generation"]  # type: ignore[index]
+        assert gen2 != gen and _wait_generation(inst, gen2)["overtake_stage_table_generation"] == gen2
+        spans = _burst(inst, 6, 0.1)
+        assert _max_overlap(spans["free"]) == 1, spans["free"]
+        # pi(inf) holds nothing: a file without a stage section, no table in force
+        assert side.request("PUT", "/-/policy", body=b"passthrough")[0] == 200
+        assert _wait_generation(inst, 0)["overtake_stage_table_generation"] == 0
+        deadline = time.monotonic() + 30
+        while 'overtake_stage_requests_total{stage="capped"}' not in side.request("GET", "/-/metrics")[2].decode():
+            assert time.monotonic() < deadline, side.request("GET", "/-/metrics")[2].decode()[-3000:]
+            time.sleep(0.5)
+    finally:
+        side.stop()
+
+
+@pytest.mark.timeout(900)
+def test_a_refit_in_module_mode_reaches_apache_through_the_file(
+        staged: tuple[apache.ApacheInstance, str], tmp_path: Path) -> None:
+    """The online loop of a module-mode sidecar learns demands and arrivals from Apache's access
+    log (no request passes it), re-solves a blind policy and writes its count table; Apache's
+    module enforces that generation, with no restart."""
+    inst, path = staged
+    pid, conf_gen = _apache_pid(inst), _config_generation(inst)
+    admin = free_port()
+    side = SidecarProc(tmp_path, ["--policy", "pi(1,8)", "--apache", inst.base_url, "--control-file", path,
+                                  "--enforce", "module", "--online", "--refit-interval", "2", "--min-samples", "100",
+                                  "--arrival-window", "60", "--access-log", str(inst.access_log),
+                                  "--status-interval", "0.5", "--admin-listen", f"127.0.0.1:{admin}"],
+                       stages=MODULE_STAGES, ready_port=admin)
+    try:
+        n = 150
+        _, _, codes = replay_h2_transactions(lambda p, headers: _get(inst, p)[0], n)
+        assert codes.count(200) == 2 * n
+        deadline = time.monotonic() + 300  # fit, solve, on a shared machine
+        while time.monotonic() < deadline:
+            info = json.loads(side.request("GET", "/-/policy")[2])
+            if info["online"]["generation"] >= 1 or info["online"]["refits"]["failed"]:
+                break
+            time.sleep(1)
+        refits = [e.get("refit") for e in side.events() if e.get("event") == "online_refit"]
+        assert info["online"]["generation"] == 1 and info["name"].startswith("online-"), (info["online"], refits[-2:])
+        written = [e for e in side.events() if e.get("event") == "control_file"]
+        assert written[-1]["policy"] == info["name"], side.text()[-3000:]
+        gen = written[-1]["detail"]["generation"]  # type: ignore[index]
+        st = _wait_generation(inst, gen)
+        assert st["overtake_stage_table_generation"] == gen
+        assert st['overtake_stage_table_in_force{stage="capped"}'] == 1
+        assert _apache_pid(inst) == pid and _config_generation(inst) == conf_gen
+    finally:
+        side.stop()
