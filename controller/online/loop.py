@@ -82,7 +82,7 @@ class OnlineLoop:
         self.recorder = DemandRecorder(settings, table, time_unit=time_unit, cores=self.cores,
                                        overhead=self.overhead, clock=clock)
         #: serialisation verdicts per stage, from the access log's time split (with --access-log)
-        self.locks = LockWatch(table, clock=clock) if self.recorder.tail is not None else None
+        self.lock_watch = LockWatch(table, clock=clock) if self.recorder.tail is not None else None
         self.outcomes = dict.fromkeys(OUTCOMES, 0)
         self.last_refit_start: float | None = None  # monotonic
         self.last_refit_time: float | None = None  # unix time of the last completed refit
@@ -138,12 +138,12 @@ class OnlineLoop:
         demands = [(e.stage, e.cpu) for e in entries if e.cpu is not None]
         tail.no_cpu += len(entries) - len(demands)
         self.recorder.poll_log(demands)
-        if self.locks is not None:
+        if self.lock_watch is not None:
             for e in entries:
                 if e.times is not None:
-                    self.locks.add(e.stage, e.times)
-            self.locks.table = self.table  # the stages file may have been reloaded
-            self.locks.check()
+                    self.lock_watch.add(e.stage, e.times)
+            self.lock_watch.table = self.table  # the stages file may have been reloaded
+            self.lock_watch.check()
 
     async def close(self) -> None:
         for t in self._tasks:
@@ -297,8 +297,8 @@ class OnlineLoop:
         """For ``GET /-/policy``."""
         out = {"generation": self.generation, "refits": dict(self.outcomes), "last": self.last,
                "last_refit_time": self.last_refit_time}
-        if self.locks is not None:
-            out["serialisation"] = self.locks.status()
+        if self.lock_watch is not None:
+            out["serialisation"] = self.lock_watch.status()
         return out
 
 

@@ -61,7 +61,7 @@ class OnlineCollector(Collector):
         yield samples
         yield observed
         yield mean
-        if lp.locks is not None:
+        if lp.lock_watch is not None:
             yield from _serialisation(lp)
         last = lp.last
         if "fit" in last:
@@ -83,13 +83,13 @@ class OnlineCollector(Collector):
 
 def _serialisation(lp: OnlineLoop) -> Iterator[Metric]:
     """The lock watch's verdict per stage (controller.online.lockwatch)."""
-    assert lp.locks is not None
+    assert lp.lock_watch is not None
     ser = GaugeMetricFamily("overtake_stage_serialised", "1 when the stage's requests block only beside "
                             "requests of the same stage (a lock), 0 otherwise or undecided", labels=["stage"])
     cap = GaugeMetricFamily("overtake_stage_serialised_capacity", "Requests of the stage that progress together at "
                             "most (the serialising lock's holders), while the stage is serialised", labels=["stage"])
     for name in lp.names:
-        v = lp.locks.verdicts.get(name)
+        v = lp.lock_watch.verdicts.get(name)
         ser.add_metric([name], 1.0 if v is not None and v.serialising else 0.0)
         if v is not None and v.lock_capacity is not None:
             cap.add_metric([name], float(v.lock_capacity))

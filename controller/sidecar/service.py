@@ -229,8 +229,8 @@ class Sidecar:
             cpu_class=self._cpu_class if options.cpu_priority == "class" else None,
             gate=self.gate,
         )
-        if self.online is not None and self.online.locks is not None:
-            self.online.locks.on_exempt = self._learned_exempt
+        if self.online is not None and self.online.lock_watch is not None:
+            self.online.lock_watch.on_exempt = self._learned_exempt
         if self.gate is not None:
             gw = self.gateway
             self.metrics.gate_enabled.set_function(lambda: float(gw.gate_on))

@@ -59,13 +59,13 @@ def _write(loop: OnlineLoop, lines: list[str]) -> None:
 def test_a_serialised_stage_is_reported_and_exempted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     recs = simulate(400, 1, seed=4)
     loop = _loop(tmp_path, _table())
-    assert loop.locks is not None
+    assert loop.lock_watch is not None
     exempted: list[frozenset[int]] = []
-    loop.locks.on_exempt = exempted.append
+    loop.lock_watch.on_exempt = exempted.append
     _write(loop, [_line("/stage1", r) for r in recs["A"]] + [_line("/stage2", r) for r in recs["B"]])
     with caplog.at_level(logging.INFO, logger="overtake.sidecar"):
         asyncio.run(loop.poll_log())
-    v1, v2 = loop.locks.verdicts["stage1"], loop.locks.verdicts["stage2"]
+    v1, v2 = loop.lock_watch.verdicts["stage1"], loop.lock_watch.verdicts["stage2"]
     assert v1.serialising is True and v1.lock_capacity == 1, v1
     assert v2.serialising is False, v2
     assert exempted == [frozenset({0})]
@@ -86,20 +86,20 @@ def test_the_stages_file_keeps_its_word(tmp_path: Path) -> None:
     """``cpu_exempt: []`` (never) on stage1: reported serialised, not exempted."""
     recs = simulate(400, 1, seed=4)
     loop = _loop(tmp_path, _table(cpu_exempt=[]))
-    assert loop.locks is not None
+    assert loop.lock_watch is not None
     exempted: list[frozenset[int]] = []
-    loop.locks.on_exempt = exempted.append
+    loop.lock_watch.on_exempt = exempted.append
     _write(loop, [_line("/stage1", r) for r in recs["A"]])
     asyncio.run(loop.poll_log())
-    assert loop.locks.verdicts["stage1"].serialising is True
-    assert exempted == [] and loop.locks.exempt == frozenset()
+    assert loop.lock_watch.verdicts["stage1"].serialising is True
+    assert exempted == [] and loop.lock_watch.exempt == frozenset()
 
 
 def test_older_log_lines_give_demands_and_no_verdict(tmp_path: Path) -> None:
     loop = _loop(tmp_path, _table())
-    assert loop.locks is not None
+    assert loop.lock_watch is not None
     _write(loop, [_line("/stage1", None) for _ in range(50)])
     asyncio.run(loop.poll_log())
     assert len(loop.recorder.stages[0].reservoirs["access_log"]) == 50
     assert loop.recorder.tail is not None and loop.recorder.tail.bad_lines == 0
-    assert loop.locks.verdicts == {}  # no split seen: nothing to decide
+    assert loop.lock_watch.verdicts == {}  # no split seen: nothing to decide
