@@ -187,7 +187,8 @@ class Scenario(_Strict):
                              f"{self.phase_info!r}; set phase_info: full or drop routing")
         try:
             model = TandemModel(lam, tuple(stages), cores=self.cores, overhead=self.overhead, locks=locks,
-                                routing=self.routing)
+                                routing=None if self.routing is None
+                                else tuple(tuple(tuple(row) for row in R) for R in self.routing))
         except ModelError as exc:
             if self.routing is None or not str(exc).startswith("routing"):
                 raise
