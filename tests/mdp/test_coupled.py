@@ -193,3 +193,17 @@ def test_scenario_routing_key() -> None:
         assert needle in str(exc.value) and "scenario key routing" in str(exc.value)
     with pytest.raises(ModelError, match="routing: coupled stages are solved with phase_info full or start"):
         parse_scenario(_scenario(routing=[[[1, 0], [0, 1]]], phase_info="none")).build_model()
+
+
+def test_the_state_budget_counts_the_routing_rows() -> None:
+    """A phase-blind solve of coupled stages is refused by the state budget, its extra queues counted."""
+    from overtake.mdp.budget import StateBudgetError, check_budget
+
+    tr = Truncation(10, 3)
+    n_ind = check_budget(independent(), max_states=10**9, truncation=tr, phase_info="start")
+    n_cpl = check_budget(coupled(), max_states=10**9, truncation=tr, phase_info="start")
+    assert n_cpl == StateSpace(coupled(), tr, "start").size > n_ind
+    with pytest.raises(StateBudgetError, match="exceeds --max-states"):
+        check_budget(coupled(), max_states=n_cpl - 1, truncation=tr, phase_info="start")
+    assert check_budget(coupled(), max_states=10**9, truncation=tr) == check_budget(independent(), max_states=10**9,
+                                                                                    truncation=tr)
