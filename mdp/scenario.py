@@ -182,8 +182,9 @@ class Scenario(_Strict):
         work = sum(s.mean() for s in stages)
         lam = self.arrival_rate if self.arrival_rate is not None else float(self.load) / work  # type: ignore[arg-type]
         locks = tuple(s.lock for s in self.stages) if any(s.lock is not None for s in self.stages) else None
-        if self.routing is not None and self.phase_info not in ("full", "start"):
-            raise ModelError(f"routing: coupled stages are solved with phase_info full or start, got "
+        if self.routing is not None and self.phase_info != "full":
+            # a phase-blind policy of coupled stages queues by routing row, which the sidecar does not see
+            raise ModelError(f"routing: a scenario with coupled stages is solved with phase_info full, got "
                              f"{self.phase_info!r}; set phase_info: full or drop routing")
         try:
             model = TandemModel(lam, tuple(stages), cores=self.cores, overhead=self.overhead, locks=locks,
