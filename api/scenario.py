@@ -10,6 +10,9 @@ A stage's ``service`` may say where its phase-type distribution comes from inste
   (:func:`file_resolver`, what :func:`load_scenario` uses);
 * ``{fit: {id: FIT_ID, stage: NAME}}``: a fit job of the REST API (its resolver reads the store).
 
+The scenario's ``routing`` (coupled stages) may likewise be ``{file: routing.json}``, the file
+``overtake fit --paired`` writes next to its stages (:func:`load_scenario` only).
+
 A :class:`ServiceResolver` turns such a reference into ``{alpha, T}`` (and the fit's ``time_unit``,
 seconds per unit); :func:`resolve_scenario` puts ``{ph: {alpha, T}}`` in its place, sets the
 scenario's ``time_unit`` to the fits' (which must agree), then validates. Every error is one
@@ -138,4 +141,24 @@ def load_scenario(path: str | Path) -> tuple[Scenario, TandemModel]:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as exc:
         raise ModelError(f"{p}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    return resolve_scenario(data, {"file": file_resolver(p.parent)})
+    return resolve_scenario(_routing_file(data, p.parent), {"file": file_resolver(p.parent)})
+
+
+def _routing_file(data: Any, base: Path) -> Any:
+    """``routing: {file: routing.json}`` (what ``overtake fit --paired`` writes) replaced by its matrices."""
+    ref = data.get("routing") if isinstance(data, dict) else None
+    if not isinstance(ref, dict):
+        return data
+    if set(ref) != {"file"}:
+        raise ModelError("routing: give the matrices (a list per pair of stages) or {file: routing.json}, got keys "
+                         f"{sorted(ref)}")
+    path = base / str(ref["file"])
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelError(f"routing.file: {path} does not exist (run `overtake fit --paired` first)") from None
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"routing.file: {path} is not JSON ({exc.msg}, line {exc.lineno})") from None
+    if not isinstance(doc, dict) or "routing" not in doc:
+        raise ModelError(f"routing.file: {path} has no 'routing' (not an `overtake fit --paired` output)")
+    return {**data, "routing": doc["routing"]}

@@ -29,7 +29,7 @@ from overtake.regex import LinearRegex
 from .errors import LogFormatError
 from .logformat import LogFormat
 
-__all__ = ["ApacheSamples", "parse_apache_log", "read_apache_log", "read_durations"]
+__all__ = ["ApacheSamples", "parse_apache_log", "read_apache_log", "read_durations", "read_pairs"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -43,6 +43,38 @@ _DURATIONS = (
 )
 #: what a line's fields are read for: the status, the request path and the duration
 _FIELDS = frozenset(("status", "final_status", "request_uri", "request_line", *(a for _, a, _ in _DURATIONS)))
+
+
+def read_pairs(path: str | Path, *, scale: float = 1.0) -> tuple[FloatArray, FloatArray]:
+    """Paired durations, one transaction a line: its stage-1 and stage-2 times, separated by a comma
+    or blanks (a header line of names is skipped; blank lines and ``#`` comments too).
+
+    Raises
+    ------
+    LogFormatError
+        A line without exactly two numbers (the message names file and line).
+    """
+    p = Path(path)
+    first: list[float] = []
+    second: list[float] = []
+    with p.open() as fh:
+        for lineno, line in enumerate(fh, start=1):
+            s = line.split("#", 1)[0].strip()
+            if not s:
+                continue
+            parts = s.replace(",", " ").split()
+            try:
+                vals = [float(v) for v in parts]
+            except ValueError:
+                if lineno == 1 or not first:  # a header of column names
+                    continue
+                raise LogFormatError(f"{p}:{lineno}: not two numbers: {s[:60]!r}") from None
+            if len(vals) != 2:
+                raise LogFormatError(f"{p}:{lineno}: a transaction is two durations (stage 1, stage 2), got "
+                                     f"{len(vals)} values: {s[:60]!r}")
+            first.append(vals[0])
+            second.append(vals[1])
+    return np.asarray(first, dtype=np.float64) * scale, np.asarray(second, dtype=np.float64) * scale
 
 
 def read_durations(path: str | Path, *, column: str | int | None = None, scale: float = 1.0) -> FloatArray:

@@ -28,6 +28,10 @@ jumps by the embedded chain. 1 given work — the request's stage work ``work[r,
 its label path is a PH path from ``label0[r, i]`` whose time axis is stretched to end exactly
 at the work (for hyper-exponential fits the label never changes).
 
+Coupled stages (``start_cum``, a row per coordinate): a request leaving coordinate d starts the
+next stage in a phase drawn from row d, the routing's start law (the next stage's α for
+independent stages, one draw either way: the same random stream).
+
 Locks (``lock_cap``, per stage; :mod:`overtake.mdp.lock`): a thread started in a stage whose
 ``lock_cap`` holders are all present joins the stage's FIFO of blocked threads; it counts as a
 thread (K, what the policy and the thread cap see) but not in the processor's share (Kr), and
@@ -208,6 +212,7 @@ def run_kernel(  # type: ignore[no-untyped-def]
     lv_w, lv_thr, lv_start, lv_area,
     route_cum, route_q0, queue_alpha_cum,
     lock_cap,
+    start_cum,
 ):
     np.random.seed(seed)
     N = stage_off.size - 1
@@ -327,6 +332,7 @@ def run_kernel(  # type: ignore[no-untyped-def]
             next_arr = t + np.random.exponential(1.0 / lam)
             n_sys += 1
             i_new = 0
+            d_exit = -1
             seen = True
         else:
             s, hsz[lv_ev] = _heap_pop(hv2[lv_ev], hs2[lv_ev], hsz[lv_ev])
@@ -348,6 +354,7 @@ def run_kernel(  # type: ignore[no-untyped-def]
                 continue
             req = slot_req[s]
             d = label[req]
+            d_exit = d
             completes = False
             if svc_mode == 0:
                 nd = _pick(jump_cum, d, D + 1)
@@ -412,6 +419,9 @@ def run_kernel(  # type: ignore[no-untyped-def]
             if svc_mode == 0:
                 if qmode == 2:
                     lab = stage_off[i_new] + _pick(queue_alpha_cum, qr, stage_off[i_new + 1] - stage_off[i_new])
+                elif d_exit >= 0:
+                    # the start law at the next stage given the phase the request left from
+                    lab = stage_off[i_new] + _pick(start_cum, d_exit, stage_off[i_new + 1] - stage_off[i_new])
                 else:
                     lab = stage_off[i_new] + _pick(alpha_cum, i_new, stage_off[i_new + 1] - stage_off[i_new])
             else:

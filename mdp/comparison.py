@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .baselines import Baseline
+from .errors import ModelError
 from .evaluate import PolicyMetrics
 from .model import TandemModel
 from .optimum import Optimum, solve_mdp
@@ -78,6 +79,9 @@ def compare(
     and the improvement steps).
     """
     t0 = time.perf_counter()
+    if model.coupled and phase_info in ("none", "route"):
+        raise ModelError(f"routing: coupled stages are compared with phase_info full or start (the observation "
+                         f"solves draw each stage's start phase independently); got phase_info {phase_info!r}")
     names = default_baselines(model.n_stages)
     for p in policies:
         b = Baseline.parse(p, model.n_stages).name

@@ -74,7 +74,8 @@ def chained_generator(model: TandemModel) -> FloatArray:
         if i + 1 < model.n_stages:
             nxt = model.stages[i + 1]
             o2 = model.offsets[i + 1]
-            A[o:o + m, o2:o2 + nxt.phases] = np.outer(st.exit_rates, nxt.alpha)
+            # exit from phase j starts the next stage by row j of the routing (α for independent stages)
+            A[o:o + m, o2:o2 + nxt.phases] = st.exit_rates[:, None] * model.routing_matrix(i)
     return A
 
 

@@ -190,6 +190,51 @@ def _checked_locks(locks: Any, n_stages: int) -> tuple[int | None, ...]:
     return tuple(None if m is None else int(m) for m in out)
 
 
+def exit_law(stage: Stage) -> FloatArray:
+    """P(a service of ``stage`` ends in phase j) = (α(−T)⁻¹)_j t_j: the phase a request leaves it from."""
+    visits = np.linalg.solve(-stage.T.T, stage.alpha)  # α(−T)⁻¹, the mean time spent in each phase
+    out = np.clip(visits * stage.exit_rates, 0.0, None)
+    return np.asarray(out / out.sum(), dtype=np.float64)
+
+
+Routing = tuple[tuple[tuple[float, ...], ...], ...]
+
+
+def _checked_routing(routing: Any, stages: tuple[Stage, ...]) -> Routing:
+    """``routing`` as nested float tuples: one row-stochastic M_i × M_{i+1} matrix per pair of
+    consecutive stages, whose start law (the exit law of stage i times the matrix) is stage i + 1's α."""
+    mats = list(routing)
+    if len(mats) != len(stages) - 1:
+        raise ModelError(f"routing: one exit-phase x start-phase matrix per pair of consecutive stages "
+                         f"({len(stages) - 1}), got {len(mats)}; omit routing for independent stages")
+    out = []
+    for i, raw in enumerate(mats):
+        a, b = stages[i], stages[i + 1]
+        try:
+            R = np.asarray(raw, dtype=float)
+        except (TypeError, ValueError):
+            raise ModelError(f"routing[{i}]: a {a.phases}x{b.phases} matrix of numbers, got {raw!r}") from None
+        if R.shape != (a.phases, b.phases):
+            raise ModelError(f"routing[{i}]: must be {a.phases}x{b.phases} (a row per phase of {a.name}, a column "
+                             f"per phase of {b.name}), got shape {R.shape}")
+        if not np.all(np.isfinite(R)) or np.any(R < 0):
+            raise ModelError(f"routing[{i}]: entries must be probabilities >= 0, got {R.tolist()}")
+        sums = R.sum(axis=1)
+        if np.any(np.abs(sums - 1.0) > 1e-6):
+            j = int(np.argmax(np.abs(sums - 1.0)))
+            raise ModelError(f"routing[{i}] row {j}: the start law of {b.name} after leaving {a.name} from phase "
+                             f"{j + 1} must sum to 1, got {sums[j]:.6g}; normalise the row")
+        R = R / sums[:, None]
+        implied = exit_law(a) @ R
+        if np.max(np.abs(implied - b.alpha)) > 1e-6:
+            raise ModelError(
+                f"routing[{i}]: the start law it implies for {b.name}, exit law of {a.name} x routing = "
+                f"{np.round(implied, 6).tolist()}, must equal {b.name}'s alpha {np.round(b.alpha, 6).tolist()} "
+                f"(within 1e-6); set that stage's alpha to it, or fix the routing")
+        out.append(tuple(tuple(float(x) for x in row) for row in R))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class TandemModel:
     """The paper's tandem: Poisson(λ) arrivals, N PH stages, one shared processor.
@@ -216,6 +261,18 @@ class TandemModel:
         database write lock: m = 1), or None for a stage without one. At most m requests progress
         in a locked stage; the others started there hold their thread, blocked, using no CPU, and
         take the lock in turn (:mod:`overtake.mdp.lock`). None: no stage has a lock.
+    routing
+        Coupled stages (a transaction whose stages' costs correlate): ``routing[i][j][l]`` is the
+        probability that a request leaving stage i from phase j starts stage i + 1 in phase l.
+        Each row is a distribution, and the start law it implies (stage i's exit law times the
+        matrix) must be stage i + 1's α, so each stage's own service time is unchanged and only
+        the dependence between stages is added. Every row equal to α_{i+1}: the independent
+        model (the paper's). None: independent stages. Given the start phase at stage i + 1 the
+        rest of the path no longer depends on stage i (the chain is Markov), so a request waiting
+        between stages carries its drawn start phase, exactly what the ``full`` layout's
+        per-coordinate queues hold: the coupled ``full`` state space is the independent one.
+        Phase-blind layouts keep one queue per distinct routing row instead
+        (:meth:`overtake.mdp.statespace.Layout.build`).
     """
 
     arrival_rate: float
@@ -224,6 +281,7 @@ class TandemModel:
     overhead: float = 0.0
     weights: tuple[float, ...] | None = None
     locks: tuple[int | None, ...] | None = None
+    routing: Routing | None = None
     offsets: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -248,6 +306,26 @@ class TandemModel:
             object.__setattr__(self, "weights", w)
         if self.locks is not None:
             object.__setattr__(self, "locks", _checked_locks(self.locks, len(self.stages)))
+        if self.routing is not None:
+            object.__setattr__(self, "routing", _checked_routing(self.routing, self.stages))
+
+    @property
+    def coupled(self) -> bool:
+        """Whether the start phase at a stage depends on the phase the request left the previous one (``routing``)."""
+        return self.routing is not None
+
+    def routing_matrix(self, stage: int) -> FloatArray:
+        """R_i: the start law at stage i + 1 per exit phase of stage i (rows α_{i+1} when not coupled)."""
+        if self.routing is not None:
+            return np.asarray(self.routing[stage], dtype=np.float64)
+        nxt = self.stages[stage + 1]
+        return np.asarray(np.tile(nxt.alpha, (self.stages[stage].phases, 1)), dtype=np.float64)
+
+    def start_law(self, stage: int, phase: int) -> FloatArray:
+        """Start-phase law at stage ``stage`` + 1 of a request that left ``stage`` from ``phase``."""
+        if self.routing is None:
+            return self.stages[stage + 1].alpha
+        return np.asarray(self.routing[stage][phase], dtype=np.float64)
 
     @property
     def has_lock(self) -> bool:

@@ -60,6 +60,7 @@ def model_to_dict(model: TandemModel) -> dict[str, Any]:
         "stages": [{"name": s.name, "alpha": s.alpha.tolist(), "T": s.T.tolist()} for s in model.stages],
         **({"weights": list(model.weights)} if model.weights is not None else {}),
         **({"locks": list(model.locks)} if model.has_lock and model.locks is not None else {}),
+        **({"routing": [[list(r) for r in R] for R in model.routing]} if model.routing is not None else {}),
     }
 
 
@@ -71,6 +72,7 @@ def model_from_dict(d: dict[str, Any]) -> TandemModel:
         overhead=float(d.get("overhead", 0.0)),
         weights=tuple(float(x) for x in d["weights"]) if d.get("weights") is not None else None,
         locks=tuple(d["locks"]) if d.get("locks") is not None else None,
+        routing=d.get("routing"),
     )
 
 

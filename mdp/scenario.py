@@ -4,7 +4,9 @@ A scenario is the YAML of ``overtake solve|compare``: ``load`` (ρ = λ·Σ E[S_
 or ``arrival_rate``; ``stages`` (``{name, service}``, service one of ``exponential``, ``erlang``,
 ``hyperexponential``, ``ph``; ``{file: fitted.json}`` is resolved to ``ph`` by the caller, which
 does the I/O); optional ``cores``, ``overhead``, ``max_threads``, ``truncation``, ``tolerance``,
-``phase_info`` (what the policy may see: ``full``, ``start``, ``none`` or ``route``) and, per stage,
+``phase_info`` (what the policy may see: ``full``, ``start``, ``none`` or ``route``), ``routing``
+(coupled stages: per pair of consecutive stages a matrix, row j the start law of the later stage
+after leaving the earlier one from phase j; :class:`~overtake.mdp.model.TandemModel`) and, per stage,
 ``routes`` (``{name, weight, alpha}``: observable route classes with their own start-phase prior,
 :mod:`overtake.mdp.routes`), ``lock`` (requests that may hold the stage's serialising resource at
 once, :mod:`overtake.mdp.lock`) and ``time_unit`` (seconds per unit of the service times, or ``model``:
@@ -137,6 +139,9 @@ class Scenario(_Strict):
     #: ``overtake fit`` output), or ``model``: an abstract unit (van der Weij et al.'s), which the sidecar's
     #: ``classifier.time_unit`` binds at deployment. Stages from fits set it (api.scenario).
     time_unit: float | Literal["model"] = "model"
+    #: coupled stages: per pair of consecutive stages, the exit-phase x start-phase routing matrix
+    #: (:attr:`overtake.mdp.model.TandemModel.routing`); omitted: independent stages
+    routing: list[list[list[float]]] | None = Field(default=None, min_length=1, max_length=15)
 
     @field_validator("time_unit", mode="before")
     @classmethod
@@ -177,7 +182,19 @@ class Scenario(_Strict):
         work = sum(s.mean() for s in stages)
         lam = self.arrival_rate if self.arrival_rate is not None else float(self.load) / work  # type: ignore[arg-type]
         locks = tuple(s.lock for s in self.stages) if any(s.lock is not None for s in self.stages) else None
-        model = TandemModel(lam, tuple(stages), cores=self.cores, overhead=self.overhead, locks=locks)
+        if self.routing is not None and self.phase_info != "full":
+            # a phase-blind policy of coupled stages queues by routing row, which the sidecar does not see
+            raise ModelError(f"routing: a scenario with coupled stages is solved with phase_info full, got "
+                             f"{self.phase_info!r}; set phase_info: full or drop routing")
+        try:
+            model = TandemModel(lam, tuple(stages), cores=self.cores, overhead=self.overhead, locks=locks,
+                                routing=None if self.routing is None
+                                else tuple(tuple(tuple(row) for row in R) for R in self.routing))
+        except ModelError as exc:
+            if self.routing is None or not str(exc).startswith("routing"):
+                raise
+            raise ModelError(f"{exc} (scenario key routing: one matrix per pair of consecutive stages, a row per "
+                             f"phase of the earlier stage)") from None
         model.check_stable(self.max_threads)
         if self.arrival_rate is not None and model.load > MAX_LOAD:
             raise ModelError(f"arrival_rate: gives load {model.load:.6g} > {MAX_LOAD}; an exact solve's truncation "

@@ -250,6 +250,17 @@ def _tables(model: TandemModel) -> tuple[IntArray, IntArray, FloatArray, FloatAr
     return cs, off, alpha_cum, mu, jump_cum
 
 
+def _start_tables(model: TandemModel) -> FloatArray:
+    """Per coordinate d = (i, j): the cumulative start law at stage i + 1 of a request leaving d
+    (:meth:`TandemModel.start_law`; ones for the last stage, never drawn)."""
+    mmax = max(s.phases for s in model.stages)
+    out = np.ones((model.n_coords, mmax)) * (1.0 + 1e-12)
+    for i, st in enumerate(model.stages[:-1]):
+        for j in range(st.phases):
+            out[model.coord(i, j), : model.stages[i + 1].phases] = _cum(np.array(model.start_law(i, j), dtype=float))
+    return out
+
+
 def posterior_labels(stage: Stage, work: FloatArray, rng: np.random.Generator) -> IntArray:
     """Draw the starting phase J₀ from P(J₀ = j | S = s) ∝ α_j (e^{Ts} t)_j for each work s."""
     M = stage.phases
@@ -387,6 +398,12 @@ def simulate(
         lv_w = np.asarray(cpu_priority.weights, dtype=float)
         lv_thr = np.asarray(cpu_priority.thresholds, dtype=float).reshape(N, cpu_priority.levels - 1)
     lv_area = np.zeros(lv_w.size)
+    if model.coupled and service is not None:
+        raise ModelError("routing: the simulator runs coupled stages on the model's PH service (the routing links "
+                         "their phases); drop service= (--service-from) or the routing")
+    if model.coupled and isinstance(policy, Policy) and policy.phase_info != "full":
+        raise ModelError(f"routing: the simulator runs a coupled model's policy table with phase_info full (its "
+                         f"queues are per coordinate); got a {policy.phase_info} policy")
     if model.has_lock and service is not None:
         raise ModelError("locks: the simulator runs a stage with a lock on the model's PH service; drop service= "
                          "(--service-from) or the lock")
@@ -465,6 +482,7 @@ def simulate(
         lv_w, np.ascontiguousarray(lv_thr), lv_start, lv_area,
         route_cum, route_q0, queue_alpha_cum,
         np.array([(1 << 62) if model.lock_of(i) is None else model.lock_of(i) for i in range(N)], dtype=np.int64),
+        _start_tables(model),
     )
     resp, stage_soj, stage_wait, area_K, area_N, area_ks, window, events, overflow, done = out
     if overflow:

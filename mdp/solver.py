@@ -138,6 +138,10 @@ def solve(
     if model.has_lock and (phase_info in ("none", "route") or cpu_priority is not None):
         raise ModelError(f"locks: a stage with a lock is solved with phase_info full or start and no cpu_priority; "
                          f"got phase_info {phase_info!r}, cpu_priority {cpu_priority!r}")
+    if model.coupled and (phase_info in ("none", "route") or cpu_priority is not None):
+        raise ModelError(f"routing: coupled stages are solved with phase_info full or start and no cpu_priority "
+                         f"(the observation solves draw each stage's start phase independently); got phase_info "
+                         f"{phase_info!r}, cpu_priority {cpu_priority!r}")
     if cpu_priority is not None:
         if cpu_priority != "class":
             raise ModelError(f"cpu_priority: only 'class' changes the solve (age priority is predicted for a "

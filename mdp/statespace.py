@@ -32,7 +32,7 @@ import scipy.sparse as sp
 
 from .errors import TruncationError
 from .lock import Locks
-from .model import TandemModel
+from .model import TandemModel, exit_law
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -80,6 +80,8 @@ class Layout:
     a request of queue ``action_queue[a]`` (``None``: action ``a`` is queue ``a``'s one action).
     Several actions on one queue let the controller choose what the thread becomes — the CPU
     class it starts in (:func:`overtake.mdp.priority_classes.class_action_layout`).
+    ``handoff[d]`` (coupled models, :attr:`TandemModel.routing`): the (queue, probability) list of
+    a request leaving coordinate ``d`` for the next stage, in place of that stage's ``entry``.
     """
 
     phase_info: PhaseInfo
@@ -87,6 +89,13 @@ class Layout:
     entry: tuple[tuple[tuple[int, float], ...], ...]
     spawn: tuple[tuple[tuple[int, float], ...], ...]
     action_queue: IntArray | None = None
+    handoff: tuple[tuple[tuple[int, float], ...], ...] | None = None
+
+    def next_entry(self, model: TandemModel, d: int) -> tuple[tuple[int, float], ...]:
+        """Where a request leaving coordinate ``d`` waits at the next stage: (queue, probability)."""
+        if self.handoff is not None:
+            return self.handoff[d]
+        return self.entry[int(model.coord_stage()[d]) + 1]
 
     def __post_init__(self) -> None:
         n = self.queue_stage.size
@@ -145,7 +154,54 @@ class Layout:
             raise ValueError("phase_info 'route' needs the route split: build it with RouteSplit.layout(model)")
         else:
             raise ValueError(f"phase_info must be 'full', 'start', 'none' or 'route', got {phase_info!r}")
+        if model.coupled:
+            return _coupled_layout(model, phase_info, np.asarray(qs, dtype=np.int64), entry, spawn)
         return Layout(phase_info, np.asarray(qs, dtype=np.int64), entry, spawn)
+
+
+def _coupled_layout(model: TandemModel, phase_info: PhaseInfo, qs: IntArray,
+                    entry: tuple[tuple[tuple[int, float], ...], ...],
+                    spawn: tuple[tuple[tuple[int, float], ...], ...]) -> Layout:
+    """The layout of a coupled model (:attr:`TandemModel.routing`), the smallest exact one.
+
+    ``full``: the queues of the independent layout; a request leaving (i, j) waits in the queue of
+    its start phase l at stage i + 1, drawn from R_i[j] (the start phase is all the rest of its
+    path depends on). Phase-blind layouts: stage 1 keeps one queue; stage i + 1 has one queue per
+    distinct row of R_i among the phases that exit (requests of one row are interchangeable), its
+    spawn drawing from that row. Independent routing gives one row per stage: today's layout.
+    """
+    if phase_info == "full":
+        handoff = tuple(
+            tuple((model.coord(i + 1, l), float(p)) for l, p in enumerate(model.start_law(i, j)) if p > 0)
+            if i + 1 < model.n_stages else ()
+            for i, st in enumerate(model.stages) for j in range(st.phases))
+        return Layout(phase_info, qs, entry, spawn, handoff=handoff)
+    q_stage: list[int] = [0]
+    new_spawn: list[tuple[tuple[int, float], ...]] = [spawn[0]]
+    new_entry: list[tuple[tuple[int, float], ...]] = [((0, 1.0),)]
+    hand: list[tuple[tuple[int, float], ...]] = []
+    for i, st in enumerate(model.stages):
+        if i + 1 == model.n_stages:
+            hand.extend(() for _ in range(st.phases))
+            continue
+        rows: list[tuple[float, ...]] = []
+        for j in range(st.phases):
+            row = tuple(float(p) for p in model.start_law(i, j))
+            if st.exit_rates[j] > 0 and row not in rows:
+                rows.append(row)
+        first = len(q_stage)
+        for row in rows:
+            q_stage.append(i + 1)
+            new_spawn.append(tuple((model.coord(i + 1, l), p) for l, p in enumerate(row) if p > 0))
+        law = exit_law(st)
+        new_entry.append(tuple((first + r, float(sum(law[j] for j in range(st.phases)
+                                                    if tuple(float(p) for p in model.start_law(i, j)) == row)))
+                               for r, row in enumerate(rows)))
+        for j in range(st.phases):
+            row = tuple(float(p) for p in model.start_law(i, j))
+            hand.append(((first + rows.index(row), 1.0),) if row in rows else ())
+    return Layout(phase_info, np.asarray(q_stage, dtype=np.int64), tuple(new_entry), tuple(new_spawn),
+                  handoff=tuple(hand))
 
 
 class Ranker:
@@ -271,9 +327,9 @@ def transitions(
                 if l != j and st.T[j, l] > 0:
                     add(active, ((Q + d, -1), (Q + model.coord(i, l), 1)), base * st.T[j, l])
             if t_exit[j] > 0:
-                nexts = (tuple(((Q + d, -1), (q, 1)) for q, _ in layout.entry[i + 1]) if i + 1 < model.n_stages
-                         else (((Q + d, -1),),))
-                probs = tuple(p for _, p in layout.entry[i + 1]) if i + 1 < model.n_stages else (1.0,)
+                nexts = (tuple(((Q + d, -1), (q, 1)) for q, _ in layout.next_entry(model, d))
+                         if i + 1 < model.n_stages else (((Q + d, -1),),))
+                probs = tuple(p for _, p in layout.next_entry(model, d)) if i + 1 < model.n_stages else (1.0,)
                 for moves, p in zip(nexts, probs, strict=True):
                     for extra, share in _handover(locks, rows, d):
                         add(active, moves + extra, base * t_exit[j] * p * share)
@@ -320,7 +376,7 @@ def event_tables(model: TandemModel, layout: Layout) -> tuple[IntArray, IntArray
                     fac.append((float(st.T[j, l]), 1.0))
             if t_exit[j] > 0:
                 if i + 1 < model.n_stages:
-                    for q, p in layout.entry[i + 1]:
+                    for q, p in layout.next_entry(model, d):
                         src.append(d)
                         move.append((Q + d, -1, q, 1))
                         fac.append((float(t_exit[j]), float(p)))
@@ -377,6 +433,8 @@ def count_states(model: TandemModel, trunc: Truncation, phase_info: PhaseInfo | 
         Q = phase_info.n_queues
     elif phase_info == "route":
         raise ValueError("count_states: the route layout's queues depend on the route split; pass its layout")
+    elif model.coupled:  # phase-blind layouts of a coupled model queue per routing row
+        Q = Layout.build(model, phase_info).n_queues
     else:
         Q = model.n_coords if phase_info == "full" else model.n_stages
     D = model.n_coords
@@ -533,7 +591,9 @@ class StateSpace:
         the marginal cost of one more request in an M/M/1 queue, h(n + 1) − h(n) = (n + 1)/(μ − λ),
         written in work. With it the exponential tandem's truncated optimum is π(1) already at
         C = 6 (tests/mdp/test_solve.py), and H2 optima at C = 10 are within 0.01% of C = 23's
-        (BENCHMARKS.md); auto-truncation checks the rest. Without it, c(x) = n(x) exactly.
+        (BENCHMARKS.md); auto-truncation checks the rest. Without it, c(x) = n(x) exactly. Coupled
+        stages (:attr:`TandemModel.routing`) keep the stages' mean work downstream: a correction
+        at the cap only, and with it independent routing is today's chain bit for bit.
         """
         n: FloatArray = self.n_total.astype(np.float64)
         if not self.blocking_cost:

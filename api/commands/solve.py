@@ -51,6 +51,10 @@ def run(args: argparse.Namespace) -> int:
 
     sc, model = load_scenario(args.scenario)
     args.phase_info = args.phase_info or sc.phase_info
+    if model.coupled and args.phase_info != "full":
+        raise ValueError(f"--phase-info {args.phase_info}: a scenario with routing (coupled stages) writes a policy "
+                         "for phase_info full only (a phase-blind policy of coupled stages queues by routing row, "
+                         "which the sidecar does not see); use --phase-info full or drop routing")
     routes = sc.build_routes(model)
     # before anything is built: a model too large for the machine is refused as one line
     check_budget(model, max_states=args.max_states, truncation=sc.fixed_truncation(), phase_info=args.phase_info)

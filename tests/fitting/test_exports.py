@@ -9,7 +9,7 @@ def test_all_is_sorted_and_complete() -> None:
     assert fitting.__all__ == sorted(fitting.__all__)
     public = {n for n in dir(fitting) if not n.startswith("_")}
     modules = {"data", "diagnostics", "em", "errors", "families", "moments", "phase_type", "result", "io", "logformat", "shifted",
-               "plot", "annotations"}
+               "coupled", "plot", "annotations"}
     assert public - modules == set(fitting.__all__)
 
 
