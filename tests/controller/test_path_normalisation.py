@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from support.service_helpers import SidecarProc, StubApache
 
-from overtake.controller.sidecar.http1 import BadTarget, normalize_target
+from overtake.controller.sidecar.target import BadTarget, normalize_target
 
 
 @pytest.mark.parametrize(("sent", "target", "path"), [

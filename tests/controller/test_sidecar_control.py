@@ -260,7 +260,7 @@ def test_policy_loads_are_bounded_by_their_threads(work: Path, stub: StubApache,
     503 naming the running load, and at most one load thread ever runs. On main the swap lock was
     released at each deadline and every PUT started another thread (12 at once)."""
     from overtake.controller.harness.loadgen import request
-    from overtake.controller.sidecar import service as sidecar_module
+    from overtake.controller.sidecar import policy_in_force as sidecar_module
 
     real = sidecar_module.load_policy
     release, lock = threading.Event(), threading.Lock()
