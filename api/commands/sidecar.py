@@ -58,7 +58,7 @@ def register(subparsers: Any) -> None:
         "sidecar",
         help="reverse proxy that releases requests to Apache exactly when the policy starts a thread",
         description="Hold each request in its stage queue and release it to Apache when the policy "
-        "says a thread should start (paper 004 §4.2). Metrics at /-/metrics, policy at /-/policy "
+        "says a thread should start (van der Weij et al. §4.2). Metrics at /-/metrics, policy at /-/policy "
         "(PUT with the admin token to hot-swap), both on the admin listener. Options may come from "
         "--config FILE (YAML, keys as the flags with _ for -); a flag given overrides the file.",
     )
@@ -84,7 +84,7 @@ def register(subparsers: Any) -> None:
                    help="fixed SRPT band cutoffs in bytes ('1K,4K,16K,64K'; SRRT: seconds); default adaptive")
     p.add_argument("--uplink-top-fraction", type=float, default=None, metavar="F",
                    help=f"adaptive cutoffs: share of responses above the highest cutoff (default "
-                        f"{TOP_FRACTION:g}, the low end of paper 001's 0.005-0.01; 0.001 measured "
+                        f"{TOP_FRACTION:g}, the low end of Harchol-Balter et al.'s 0.005-0.01; 0.001 measured "
                         "better on World Cup 98 sizes)")
     p.add_argument("--uplink-lowest-writers", type=int, default=None, metavar="K",
                    help="srpt/srrt: at most K responses of the lowest band write at once, least "
@@ -94,7 +94,7 @@ def register(subparsers: Any) -> None:
                    "(default 1, the lowest only)")
     p.add_argument("--loop", choices=["uvloop", "asyncio"], default=None, help="event loop (default uvloop)")
     p.add_argument("--cpu-priority", choices=["off", "age", "class"], default=None,
-                   help="the CPU-priority lever of mod_overtake_prio in Apache: age (Apache demotes by attained "
+                   help="the CPU priority of mod_overtake_prio in Apache: age (Apache demotes by attained "
                    "CPU; the sidecar exports its counters), class (also sets X-Overtake-Class: 0 for requests "
                    "whose phase or route is expected shorter than the stage's mean, 1 otherwise), off (default)")
     p.add_argument("--gate", default=None, metavar="PATH",

@@ -3,8 +3,8 @@
 Without it, a request the policy holds waits in the sidecar, and its admission writes it to
 Apache, which parses it and hands it to a worker: with a one-thread limit that hand-over
 leaves Apache's CPU idle 0.28 ms per admission beyond Apache's own per-request cost
-(``bench/handover.py``), time the model (paper 004 §2: a thread starts the instant the policy
-says so) does not have. With the gate, the sidecar sends a queued request to Apache at once,
+(``bench/handover.py``), time the model (van der Weij et al., "Dynamic thread assignment" §2: a thread starts the
+instant the policy says so) does not have. With the gate, the sidecar sends a queued request to Apache at once,
 with a header naming a *slot* of a small shared file; the module holds the worker thread on
 that slot's futex word before any other hook runs. Admission is then a 32-bit store and a
 futex wake (:meth:`Gate.open`), made synchronously inside the limiter's decision; a withdrawn

@@ -1,4 +1,5 @@
-"""The gateway: an asyncio HTTP/1.1 reverse proxy in front of Apache (paper 004, §4.2's front end).
+"""The gateway: an asyncio HTTP/1.1 reverse proxy in front of Apache (the front end of van der Weij
+et al., "Dynamic thread assignment", §4.2).
 
 The gateway holds the listeners and the client connections and runs each request through its
 steps, in order (HAProxy's analysers, starlette's middleware): :class:`~.screening.Screening`
@@ -141,7 +142,8 @@ class Gateway:
     async def start(self, host: str, port: int) -> None:
         self.server = await asyncio.start_server(self._client, host, port, backlog=1024, limit=1 << 16)
         prepare = getattr(self.uplink, "prepare_listener", None)
-        if prepare is not None:  # SYN-ACKs in the control band (papers 001/003), not with small responses
+        if prepare is not None:  # SYN-ACKs in the control band, not with small responses
+            # (Harchol-Balter et al., "Size-based scheduling"; Schroeder and Harchol-Balter)
             for sock in self.server.sockets:
                 prepare(sock)
         self._sweeper = asyncio.create_task(self._sweep())

@@ -1,7 +1,7 @@
 """Enforcement: per-(stage, phase) queues released exactly when the policy starts a thread.
 
 The limiter never computes a limit (that is :mod:`overtake.controller.sidecar.policies`); it keeps the state of
-paper 004's tandem — waiting requests per queue and admitted requests ("threads") per
+van der Weij et al.'s tandem — waiting requests per queue and admitted requests ("threads") per
 (stage, phase) coordinate — and on every arrival, completion, cancellation and policy swap asks
 the policy ``action(state)`` and admits that many waiting requests, oldest first.
 
@@ -15,7 +15,7 @@ Invariants (tested):
   as rejected (``queue_full``, ``queue_timeout``, ``client_gone``); so
   ``admitted = completed + failed + inflight`` at all times.
 
-Tandem routing (paper 004 §2: a request leaving stage i joins queue i+1 at that instant): when a
+Tandem routing (van der Weij et al. §2: a request leaving stage i joins queue i+1 at that instant): when a
 stage has a ``next`` stage, :meth:`Limiter.release` can put a *reservation* for the client's
 follow-up request into queue i+1 before the policy is consulted, so the decision made at the
 completion sees the request that moves on, as the model's does. The follow-up takes the

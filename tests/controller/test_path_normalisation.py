@@ -1,4 +1,4 @@
-"""The sidecar routes on the path Apache will see (issue 19: policy bypass by path spelling).
+"""The sidecar routes on the path Apache will see (policy bypass by path spelling).
 
 ``//stage1``, ``/./stage1``, ``/%73tage1`` and ``/x/../stage1`` reach Apache's stage handler; the
 sidecar must count and limit them as that stage. Reference: RFC 3986 §6.2.2 (case, percent-

@@ -1,4 +1,4 @@
-"""The sidecar's control endpoints under hostile input (issue 19): body caps before reading,
+"""The sidecar's control endpoints under hostile input: body caps before reading,
 policy uploads that cannot block or exhaust the event loop, the policy token kept to its origin,
 malformed policy metadata, and the Apache status scrape kept off the request path.
 

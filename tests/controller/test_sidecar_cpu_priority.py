@@ -1,4 +1,4 @@
-"""``overtake sidecar --cpu-priority age|class`` (issue 20): the sidecar's side of mod_overtake_prio.
+"""``overtake sidecar --cpu-priority age|class``: the sidecar's side of mod_overtake_prio.
 
 The known answers: short-first classes are the phases (or route classes) whose expected work
 α_k(−T)⁻¹1 exceeds the stage's mean (for Table 1's H2: 0.55 < 1 < 5.45, so classes 0 and 1);

@@ -1,4 +1,4 @@
-"""The sidecar as a service (issue 19): config file, graceful drain on SIGTERM, reload on SIGHUP,
+"""The sidecar as a service: config file, graceful drain on SIGTERM, reload on SIGHUP,
 a separate admin listener, the access log, X-Forwarded-Proto/Host, and a start from the shipped
 systemd unit.
 
