@@ -11,36 +11,24 @@ from __future__ import annotations
 
 import asyncio
 
-from overtake.controller.sidecar.exchange import Answer, Exchange, StageHistograms
-from overtake.controller.sidecar.forward import Forwarder
-from overtake.controller.sidecar.gate import Gate
+from overtake.controller.sidecar.exchange import Answer, Exchange, TicketSteps, Wiring
 from overtake.controller.sidecar.heads import simple_response
 from overtake.controller.sidecar.http1 import ClientConnection
-from overtake.controller.sidecar.limiter import ADMITTED, PASSTHROUGH, Limiter, Ticket
-from overtake.controller.sidecar.metrics import SidecarMetrics
+from overtake.controller.sidecar.limiter import ADMITTED, PASSTHROUGH, Ticket
 from overtake.controller.sidecar.request import Request
 from overtake.controller.sidecar.request_log import RequestRecord
-from overtake.controller.sidecar.reservations import Reservations
 from overtake.controller.sidecar.stages import StageTable
 
 __all__ = ["Admission"]
 
 
-class Admission:
+class Admission(TicketSteps):
     """The steps :meth:`tunnel`, :meth:`reserve` and :meth:`admit`."""
 
-    def __init__(self, table: StageTable, limiter: Limiter, metrics: SidecarMetrics, forwarder: Forwarder,
-                 holds: Reservations, hists: StageHistograms, gate: Gate | None) -> None:
-        self.table = table
-        self.limits = table.config.limits
-        self.limiter = limiter
-        self.metrics = metrics
-        self.forwarder = forwarder
-        self.holds = holds
-        self.hists = hists
-        #: Apache's admission gate (controller.sidecar.gate); queued requests use it while ``gate_on``
-        #: (the sidecar sets it once Apache reports the same gate file), one per slot of it
-        self.gate = gate
+    def __init__(self, table: StageTable, wiring: Wiring) -> None:
+        super().__init__(table, wiring)
+        #: queued requests use Apache's gate while ``gate_on`` (the sidecar sets it once Apache
+        #: reports the same gate file), one per slot of it
         self.gate_on = False
 
     async def tunnel(self, ex: Exchange) -> Answer | None:

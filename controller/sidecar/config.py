@@ -207,7 +207,7 @@ def to_options(cfg: SidecarConfig) -> SidecarOptions:
             reservoir=max(2000, on.min_samples), margin=on.swap_margin, tolerance=on.refit_tolerance,
             access_log=on.access_log,
         )
-    return SidecarOptions(
+    return SidecarOptions.from_flat(
         policy=cfg.policy or "", apache=cfg.apache, listen=cfg.listen, phase_header=cfg.phase_header,
         uplink=cfg.uplink, uplink_cutoffs=cfg.uplink_cutoffs, uplink_top_fraction=cfg.uplink_top_fraction,
         uplink_lowest_writers=cfg.uplink_lowest_writers, uplink_ordered_bands=cfg.uplink_ordered_bands,

@@ -11,15 +11,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from overtake.controller.sidecar.classifier import BadPhaseHeader, Classifier
-from overtake.controller.sidecar.exchange import Answer, Exchange, StageHistograms
-from overtake.controller.sidecar.forward import Forwarder
-from overtake.controller.sidecar.gate import Gate
+from overtake.controller.sidecar.exchange import Answer, Exchange, TicketSteps, Wiring
 from overtake.controller.sidecar.http1 import ClientConnection
-from overtake.controller.sidecar.limiter import PASSTHROUGH, Limiter, Ticket
-from overtake.controller.sidecar.metrics import SidecarMetrics
+from overtake.controller.sidecar.limiter import PASSTHROUGH, Ticket
 from overtake.controller.sidecar.request import Request, content_length
 from overtake.controller.sidecar.request_log import RequestRecord
-from overtake.controller.sidecar.reservations import Reservations
 from overtake.controller.sidecar.stages import StageTable
 from overtake.controller.sidecar.upstream import UpstreamResponse, Withdrawn
 
@@ -29,24 +25,15 @@ __all__ = ["Dispatch"]
 Withdraw = Callable[[ClientConnection, Request, RequestRecord, Ticket], Awaitable[bool]]
 
 
-class Dispatch:
+class Dispatch(TicketSteps):
     """The step :meth:`forward` and the completion of a forwarded request."""
 
-    def __init__(self, table: StageTable, limiter: Limiter, classifier: Classifier, metrics: SidecarMetrics,
-                 forwarder: Forwarder, holds: Reservations, hists: StageHistograms, *, next_header: bytes,
-                 withdrawn: Withdraw, gate: Gate | None,
-                 cpu_class: Callable[[int, int], int | None] | None) -> None:
-        self.table = table
-        self.limits = table.config.limits
-        self.limiter = limiter
+    def __init__(self, table: StageTable, wiring: Wiring, classifier: Classifier, *, next_header: bytes,
+                 withdrawn: Withdraw, cpu_class: Callable[[int, int], int | None] | None) -> None:
+        super().__init__(table, wiring)
         self.classifier = classifier
-        self.metrics = metrics
-        self.forwarder = forwarder
-        self.holds = holds
-        self.hists = hists
         self.next_header = next_header
         self._withdrawn = withdrawn
-        self.gate = gate
         #: (stage, label) -> mod_overtake_prio starting level to send, or None (--cpu-priority class)
         self.cpu_class = cpu_class
 

@@ -1,6 +1,7 @@
 """What the gateway's steps pass along: the :class:`Exchange` (one request and what the steps
-learned about it), a step's :class:`Answer`, and the per-(stage, phase) histograms two steps
-observe.
+learned about it), a step's :class:`Answer`; and what the steps that hold a ticket share
+(:class:`TicketSteps`: the limiter, the forwarder, the reservations, the gate and the
+per-(stage, phase) histograms).
 """
 
 from __future__ import annotations
@@ -9,14 +10,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from overtake.controller.sidecar.forward import Forwarder
+from overtake.controller.sidecar.gate import Gate
 from overtake.controller.sidecar.heads import simple_response
 from overtake.controller.sidecar.http1 import ClientConnection
-from overtake.controller.sidecar.limiter import PASSTHROUGH, Ticket
+from overtake.controller.sidecar.limiter import PASSTHROUGH, Limiter, Ticket
 from overtake.controller.sidecar.metrics import SidecarMetrics
 from overtake.controller.sidecar.request import Request
 from overtake.controller.sidecar.request_log import RequestRecord
+from overtake.controller.sidecar.reservations import Reservations
+from overtake.controller.sidecar.stages import StageTable
 
-__all__ = ["Answer", "Exchange", "StageHistograms", "Step"]
+__all__ = ["Answer", "Exchange", "StageHistograms", "Step", "TicketSteps", "Wiring"]
 
 
 @dataclass(frozen=True)
@@ -68,3 +73,30 @@ class StageHistograms:
             h = (self.metrics.duration.labels(*labels), self.metrics.queue_wait.labels(*labels))
             self._hist[(stage, phase)] = h
         return h
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """What the steps that hold a ticket share, built once by the gateway."""
+
+    limiter: Limiter
+    metrics: SidecarMetrics
+    forwarder: Forwarder
+    holds: Reservations
+    hists: StageHistograms
+    #: Apache's admission gate (controller.sidecar.gate), or None
+    gate: Gate | None
+
+
+class TicketSteps:
+    """Base of the steps that hold a ticket: the stage table and its limits (replaced together
+    by :meth:`retable` on a reload) and the shared :class:`Wiring`."""
+
+    def __init__(self, table: StageTable, wiring: Wiring) -> None:
+        self.retable(table)
+        self.limiter, self.metrics, self.forwarder = wiring.limiter, wiring.metrics, wiring.forwarder
+        self.holds, self.hists, self.gate = wiring.holds, wiring.hists, wiring.gate
+
+    def retable(self, table: StageTable) -> None:
+        self.table = table
+        self.limits = table.config.limits

@@ -42,7 +42,7 @@ from overtake.controller.sidecar.admission import Admission
 from overtake.controller.sidecar.budget import ByteBudget
 from overtake.controller.sidecar.classifier import Classifier
 from overtake.controller.sidecar.dispatch import Dispatch
-from overtake.controller.sidecar.exchange import Exchange, StageHistograms, Step
+from overtake.controller.sidecar.exchange import Exchange, StageHistograms, Step, Wiring
 from overtake.controller.sidecar.forward import Forwarder
 from overtake.controller.sidecar.gate import Gate
 from overtake.controller.sidecar.heads import simple_response
@@ -103,12 +103,12 @@ class Gateway:
         phase = (phase_header or table.config.classifier.header).lower().encode()
         nxt = table.config.classifier.next_header.lower().encode()
         self.holds = Reservations(limiter)
-        hists = StageHistograms(metrics)
+        wiring = Wiring(limiter, metrics, self.forwarder, self.holds, StageHistograms(metrics), gate)
         self.screening = Screening(table, classifier, metrics, self.holds, admin=admin, phase_header=phase,
                                    next_header=nxt, trusted_sources=trusted_sources)
-        self.admission = Admission(table, limiter, metrics, self.forwarder, self.holds, hists, gate)
-        self.dispatch = Dispatch(table, limiter, classifier, metrics, self.forwarder, self.holds, hists,
-                                 next_header=nxt, withdrawn=self.admission.withdrawn, gate=gate, cpu_class=cpu_class)
+        self.admission = Admission(table, wiring)
+        self.dispatch = Dispatch(table, wiring, classifier, next_header=nxt, withdrawn=self.admission.withdrawn,
+                                 cpu_class=cpu_class)
         s, a = self.screening, self.admission
         #: the request path, in order: each step answers the request or returns None to pass it
         #: on; :meth:`Dispatch.forward` always answers
@@ -134,9 +134,9 @@ class Gateway:
         """Run with ``table`` (a reloaded stages file whose stages route as the running ones)."""
         self.table = table
         self.limits = self.forwarder.limits = table.config.limits
-        for part in (self.screening, self.admission, self.dispatch):
-            part.table = table
-        self.admission.limits = self.dispatch.limits = table.config.limits
+        self.screening.table = table
+        self.admission.retable(table)
+        self.dispatch.retable(table)
 
     # ---- server ----------------------------------------------------------------------------
     async def start(self, host: str, port: int) -> None:

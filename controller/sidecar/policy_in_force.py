@@ -157,9 +157,9 @@ class PolicyInForce:
     def _cpu_priority_in_reach(self) -> str:
         """The CPU priority auto may count on: ``cpu_priority``, unless the CPU runs in PHP-FPM,
         where mod_overtake_prio cannot act and no PHP extension's counters are given."""
-        if self.cpu_location.module_reaches is False and not self.options.php_stats_file:
+        if self.cpu_location.module_reaches is False and not self.options.apache_side.php_stats_file:
             return "off"
-        return self.options.cpu_priority
+        return self.options.apache_side.cpu_priority
 
     # ---- the swap paths --------------------------------------------------------------------
     async def install(self, spec: str, *, source: str, data: bytes | None = None) -> SpawnPolicy:
@@ -173,11 +173,11 @@ class PolicyInForce:
 
         def load() -> SpawnPolicy:
             if data is not None:
-                return load_policy_bytes(data, spec, names, max_array_bytes=opts.policy_max_array_bytes,
-                                         max_inflated_bytes=opts.policy_max_inflated_bytes)
-            return load_policy(spec, names, max_bytes=opts.policy_max_bytes,
-                               max_array_bytes=opts.policy_max_array_bytes,
-                               max_inflated_bytes=opts.policy_max_inflated_bytes)
+                return load_policy_bytes(data, spec, names, max_array_bytes=opts.policy.max_array_bytes,
+                                         max_inflated_bytes=opts.policy.max_inflated_bytes)
+            return load_policy(spec, names, max_bytes=opts.policy.max_bytes,
+                               max_array_bytes=opts.policy.max_array_bytes,
+                               max_inflated_bytes=opts.policy.max_inflated_bytes)
 
         try:
             new = await self._load(load, spec)
@@ -189,7 +189,7 @@ class PolicyInForce:
 
     async def _load(self, load: Callable[[], SpawnPolicy], spec: str) -> SpawnPolicy:
         """``load()`` through the load slots, every failure turned into one-line PolicyLoadError."""
-        timeout = self.options.policy_load_timeout
+        timeout = self.options.policy.load_timeout
         try:
             return await self.loads.run(load, timeout, spec)
         except TimeoutError:
@@ -204,9 +204,9 @@ class PolicyInForce:
         """Load ``spec`` on the calling thread and install it atomically (the online loop's own
         solved files); on any error keep the old policy and raise."""
         try:
-            new = load_policy(spec, self.table.names, max_bytes=self.options.policy_max_bytes,
-                              max_array_bytes=self.options.policy_max_array_bytes,
-                              max_inflated_bytes=self.options.policy_max_inflated_bytes)
+            new = load_policy(spec, self.table.names, max_bytes=self.options.policy.max_bytes,
+                              max_array_bytes=self.options.policy.max_array_bytes,
+                              max_inflated_bytes=self.options.policy.max_inflated_bytes)
             res = self._resolve_unit(new)
         except (PolicyLoadError, SidecarInputError) as exc:
             self._refused(exc, source)
@@ -237,6 +237,6 @@ class PolicyInForce:
         })
         if self.control is not None:
             self.control.publish(new, self.time_unit)
-        elif self.options.cpu_priority == "age":
+        elif self.options.apache_side.cpu_priority == "age":
             self._say_age_threshold(new, self.time_unit, warn=False)
         return new

@@ -53,7 +53,7 @@ class SidecarRuntime(PolicyInForce):
         """Sample where the CPU runs at Apache's scrape interval (a /proc scan, off the loop)."""
         while True:
             await asyncio.to_thread(self.cpu_location.sample)
-            await asyncio.sleep(self.options.status_interval)
+            await asyncio.sleep(self.options.observability.status_interval)
 
     async def _auto_loop(self) -> None:
         """Re-check what the traffic shows; swap when the best usable policy changes."""
@@ -81,7 +81,7 @@ class SidecarRuntime(PolicyInForce):
         self._gate_said = self.gateway.gate_on = ok
         if ok:
             log.info("admission gate in use: queued requests wait in Apache", extra={
-                "event": "gate_on", "detail": f"{self.gate.path}, {self.options.gate_slots} slots"})
+                "event": "gate_on", "detail": f"{self.gate.path}, {self.options.apache_side.gate_slots} slots"})
         else:
             why = detail or ("Apache reports no gate file" if token in (None, 0) else
                              f"Apache has another gate file mapped (token {token}, ours {self.gate.token})")
@@ -102,14 +102,14 @@ class SidecarRuntime(PolicyInForce):
             await self.gateway.start_admin(*self.admin_addr)
         except OSError as exc:
             raise SidecarInputError(
-                f"admin_listen: cannot listen on {self.options.admin_listen} ({exc.strerror}); choose a free port"
+                f"admin_listen: cannot listen on {self.options.endpoints.admin_listen} ({exc.strerror}); choose a free port"
             ) from None
         try:
             await self.gateway.start(*self.listen)
         except OSError as exc:
             await self.gateway.close()
             raise SidecarInputError(
-                f"listen: cannot listen on {self.options.listen} ({exc.strerror}); choose a free port"
+                f"listen: cannot listen on {self.options.endpoints.listen} ({exc.strerror}); choose a free port"
             ) from None
         self.source.start()
         if self.auto:
@@ -121,9 +121,9 @@ class SidecarRuntime(PolicyInForce):
         self.probe.start()
         self._check_apache()
         log.info("sidecar listening", extra={
-            "event": "start", "listen": self.options.listen, "apache": self.options.apache,
+            "event": "start", "listen": self.options.endpoints.listen, "apache": self.options.endpoints.apache,
             "policy": self.policy.name, "hash": self.policy.hash, "version": self.policy.version,
-            "admin_listen": self.options.admin_listen,
+            "admin_listen": self.options.endpoints.admin_listen,
         })
 
     def _check_apache(self) -> None:
@@ -131,20 +131,20 @@ class SidecarRuntime(PolicyInForce):
         if self.metrics.apache.status is None:
             if not self.metrics.apache.absent:  # no mod_status is logged once by the probe
                 log.warning("Apache not reachable at start", extra={"event": "config_warning",
-                                                                    "detail": self.options.apache})
+                                                                    "detail": self.options.endpoints.apache})
             return
         workers = self.probe.max_workers
         if workers is None:
             return
         warning = workers_warning(workers, self.table.config.limits.max_inflight,
-                                  self.options.gate_slots if self.gate is not None else None)
+                                  self.options.apache_side.gate_slots if self.gate is not None else None)
         if warning is not None:
             log.warning("Apache has fewer workers than the sidecar may send it", extra={
                 "event": "config_warning", "detail": warning})
 
     # ---- the admin endpoints' view (controller.sidecar.admin.PolicyControl) -------------------------
     def _admin_access(self) -> AdminAccess:
-        return AdminAccess(self.options.admin_put, self.options.admin_token)
+        return AdminAccess(self.options.guards.admin_put, self.options.guards.admin_token)
 
     def url_allowed(self, url: str) -> bool:
         """May ``PUT /-/policy`` follow ``url``?"""
@@ -170,7 +170,7 @@ class SidecarRuntime(PolicyInForce):
             "time_unit": self.time_unit,
             "phase_names": None if p.model_phases is None else [list(n) for n in p.model_phases],
             "swapped_at": self.swapped_at, "swaps": self.metrics.swaps, "refused": self.metrics.refused,
-            "classifier": self.classifier.mode, "cpu_priority": self.options.cpu_priority, **self.source.info(),
+            "classifier": self.classifier.mode, "cpu_priority": self.options.apache_side.cpu_priority, **self.source.info(),
             **({"auto": {"chosen": p.chosen.name, "phase_info": p.chosen.phase_info, "reason": p.reason,
                          "predicted_gain": p.predicted_gain, "candidates": [m.name for m in p.members]}}
                if isinstance(p, PolicySet) else {}),
@@ -222,13 +222,14 @@ class SidecarRuntime(PolicyInForce):
             if fixed:
                 log.warning("config changes that need a restart were not applied", extra={
                     "event": "reload_partial", "detail": ", ".join(fixed)})
-            log_changed = (new.request_log, new.request_log_format) != (self.options.request_log,
-                                                                       self.options.request_log_format)
+            obs = new.observability
+            log_changed = (obs.request_log, obs.request_log_format) != (self.options.observability.request_log,
+                                                                       self.options.observability.request_log_format)
             self.options = new
             if log_changed:
                 try:
                     old_log = self.request_log
-                    self.request_log = RequestLog(new.request_log, new.request_log_format) if new.request_log else None
+                    self.request_log = RequestLog(obs.request_log, obs.request_log_format) if obs.request_log else None
                     if old_log is not None:
                         old_log.close()
                 except SidecarInputError as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import InitVar, dataclass
 
 from overtake.controller.sidecar.classifier import BadPhaseHeader, Classifier
 from overtake.controller.sidecar.exchange import Answer, Exchange
@@ -28,24 +29,26 @@ __all__ = ["Screening"]
 _PRIVATE = ("/server-status", "/server-info", "/overtake-prio-status")
 
 
+@dataclass(eq=False)
 class Screening:
     """The steps before admission: :meth:`refuse_bad_target`, :meth:`hide_private`,
     :meth:`strip_untrusted`, :meth:`serve_admin`, :meth:`route`."""
 
-    def __init__(self, table: StageTable, classifier: Classifier, metrics: SidecarMetrics, holds: Reservations, *,
-                 admin: Callable[[Request, bool], Awaitable[tuple[int, bytes, bytes]]] | None,
-                 phase_header: bytes, next_header: bytes, trusted_sources: Sequence[str]) -> None:
-        self.table = table
-        self.classifier = classifier
-        self.metrics = metrics
-        self.holds = holds
-        self.admin = admin
-        #: the admin paths have a listener of their own: the public one answers only health checks
-        self.separate_admin = False
-        self.phase_header = phase_header
+    table: StageTable
+    classifier: Classifier
+    metrics: SidecarMetrics
+    holds: Reservations
+    admin: Callable[[Request, bool], Awaitable[tuple[int, bytes, bytes]]] | None
+    phase_header: bytes
+    next_header: InitVar[bytes]
+    trusted_sources: InitVar[Sequence[str]]
+    #: the admin paths have a listener of their own: the public one answers only health checks
+    separate_admin: bool = False
+
+    def __post_init__(self, next_header: bytes, trusted_sources: Sequence[str]) -> None:
         #: headers honoured from trusted sources only, else stripped: those that steer scheduling,
         #: and X-Forwarded-Proto (a front end that terminated TLS says https; a client must not)
-        self._steering = frozenset({phase_header, next_header, b"x-overtake-class", b"x-overtake-exempt",
+        self._steering = frozenset({self.phase_header, next_header, b"x-overtake-class", b"x-overtake-exempt",
                                     b"x-forwarded-proto"})
         self._trusted_nets = tuple(ipaddress.ip_network(c, strict=False) for c in trusted_sources)
         self._trust: dict[str, bool] = {}

@@ -87,22 +87,22 @@ class Sidecar(SidecarRuntime):
         self.reload_options = reload_options
         #: SIGHUP: re-read the stages file and apply what can be applied live (controller.sidecar.stages_reload)
         self.reload_stages = reload_stages
-        self.listen = parse_addr(options.listen, "listen")
-        self.admin_addr = parse_addr(options.admin_listen, "admin_listen")
-        self.apache = parse_apache_url(options.apache)
+        self.listen = parse_addr(options.endpoints.listen, "listen")
+        self.admin_addr = parse_addr(options.endpoints.admin_listen, "admin_listen")
+        self.apache = parse_apache_url(options.endpoints.apache)
         check_numbers(options)
         #: policy loads off the event loop: one running, a few waiting, the rest refused
         self.loads = LoadSlots()
         self._class_key: tuple[object, object] | None = None
         self._class_levels: tuple[tuple[int, ...], ...] | None = None
-        self.request_log = (RequestLog(options.request_log, options.request_log_format)
-                            if options.request_log else None)
-        if options.uplink not in ("srpt", "srrt") and options.uplink_cutoffs is not None:
-            raise UplinkInputError(f"uplink_cutoffs: only for --uplink srpt or srrt, not {options.uplink!r}")
-        self.uplink = make_uplink(options.uplink, cutoffs=options.uplink_cutoffs,
-                                  top_fraction=options.uplink_top_fraction,
-                                  lowest_writers=options.uplink_lowest_writers,
-                                  ordered_bands=options.uplink_ordered_bands)
+        self.request_log = (RequestLog(options.observability.request_log, options.observability.request_log_format)
+                            if options.observability.request_log else None)
+        if options.uplink.name not in ("srpt", "srrt") and options.uplink.cutoffs is not None:
+            raise UplinkInputError(f"uplink_cutoffs: only for --uplink srpt or srrt, not {options.uplink.name!r}")
+        self.uplink = make_uplink(options.uplink.name, cutoffs=options.uplink.cutoffs,
+                                  top_fraction=options.uplink.top_fraction,
+                                  lowest_writers=options.uplink.lowest_writers,
+                                  ordered_bands=options.uplink.ordered_bands)
         self.source = PolicySource(table, options, lambda spec, source: self.install(spec, source=source),
                                    lambda: self.limiter.policy)
         self.swapped_at = time.time()
@@ -110,9 +110,10 @@ class Sidecar(SidecarRuntime):
         self.auto = table.config.classifier.mode == "auto"
         self._auto_task: asyncio.Task[None] | None = None
         #: where the CPU runs (Apache or PHP-FPM): the module reaches only Apache's
-        self.cpu_location = CpuLocation(options.cpu_priority, php_extension=bool(options.php_stats_file))
+        side = options.apache_side
+        self.cpu_location = CpuLocation(side.cpu_priority, php_extension=bool(side.php_stats_file))
         #: the policy's age thresholds for Apache's OvertakeControlFile (controller.sidecar.control_file)
-        self.control = ControlPublisher(options.control_file, len(table.names)) if options.control_file else None
+        self.control = ControlPublisher(side.control_file, len(table.names)) if side.control_file else None
         self._warned_unrecorded: set[str] = set()
         policy, settings = self._first_policy(self.source.first)
         self.classifier = Classifier(settings, policy)
@@ -133,16 +134,16 @@ class Sidecar(SidecarRuntime):
             policy = self._as_set(policy)
             settings = settings.model_copy(update={"mode": "hidden"})  # until the first choice
         elif isinstance(policy, PolicySet):
-            raise SidecarInputError(f"policy: {options.policy} is a directory of policies; that needs "
+            raise SidecarInputError(f"policy: {options.policy.spec} is a directory of policies; that needs "
                                     "classifier.mode: auto in the stages file (or give one .npz)")
         #: seconds per model time unit (controller.sidecar.units): the policy's, else the stages file's
         res = self._resolve_unit(policy)
         self.time_unit = res.seconds if res.seconds is not None else 1.0
         self._say_unit(res.source if res.seconds is not None else "seconds: no policy model to convert")
-        if options.cpu_priority == "age" and self.control is None:
+        if options.apache_side.cpu_priority == "age" and self.control is None:
             self._say_age_threshold(policy, self.time_unit)
         for p in policy.members if isinstance(policy, PolicySet) else (policy,):
-            if getattr(p, "solved_priority", "off") == "class" and options.cpu_priority != "class":
+            if getattr(p, "solved_priority", "off") == "class" and options.apache_side.cpu_priority != "class":
                 log.warning(f"policy {p.name} was solved with short-first CPU classes in force; run with "
                             "--cpu-priority class (and mod_overtake_prio, OvertakePrioAge Off) or solve without "
                             "--cpu-priority class", extra={"event": "cpu_priority_mismatch", "policy": p.name})
@@ -173,21 +174,21 @@ class Sidecar(SidecarRuntime):
             self.metrics.registry.register(OnlineCollector(self.online))
         if self.uplink.name != "fair":  # srpt/srrt/app: per-band bytes, flows, priority changes
             self.metrics.registry.register(UplinkCollector(self.uplink))
-        if options.php_stats_file:  # PHP-FPM's workers run the CPU there: their demotions
-            self.metrics.registry.register(PhpPrioCollector(options.php_stats_file))
+        if options.apache_side.php_stats_file:  # PHP-FPM's workers run the CPU there: their demotions
+            self.metrics.registry.register(PhpPrioCollector(options.apache_side.php_stats_file))
         self.metrics.registry.register(self.cpu_location)
         self._cpu_task: asyncio.Task[None] | None = None
         self.source.register(self.metrics.registry)
         self.pool = UpstreamPool(*self.apache, connect_timeout=cfg.limits.upstream_connect_timeout)
         #: Apache's admission gate (controller.sidecar.gate), in use once Apache reports the same file
-        self.gate = Gate(options.gate, options.gate_slots) if options.gate else None
+        self.gate = Gate(options.apache_side.gate, options.apache_side.gate_slots) if options.apache_side.gate else None
         self._gate_said: bool | None = None
         if self.gate is not None:
-            self.limiter.add_listener(GateOpener(self.gate, self.limiter, options.gate_backfill))
+            self.limiter.add_listener(GateOpener(self.gate, self.limiter, options.apache_side.gate_backfill))
             self.gate.on_lost = self._gate_lost
         self.probe = ApacheProbe(
-            *self.apache, self.metrics.apache, self.metrics.prio, interval=lambda: self.options.status_interval,
-            want_prio=(f"cpu_priority {options.cpu_priority}" if options.cpu_priority != "off"
+            *self.apache, self.metrics.apache, self.metrics.prio, interval=lambda: self.options.observability.status_interval,
+            want_prio=(f"cpu_priority {options.apache_side.cpu_priority}" if options.apache_side.cpu_priority != "off"
                        else "the gate" if self.gate is not None
                        else "the control file" if self.control is not None else None),
             on_gate_token=self.check_gate)
@@ -195,9 +196,9 @@ class Sidecar(SidecarRuntime):
         self.gateway = Gateway(
             table, self.limiter, self.classifier, self.pool, self.uplink, self.metrics,
             admin=self.admin.handle, phase_header=options.phase_header, admin_body_cap=self.admin.body_cap,
-            trusted_sources=options.trusted_sources,
+            trusted_sources=options.guards.trusted_sources,
             on_request=self._log_request,
-            cpu_class=self._cpu_class if options.cpu_priority == "class" else None,
+            cpu_class=self._cpu_class if options.apache_side.cpu_priority == "class" else None,
             gate=self.gate,
         )
         if self.gate is not None:

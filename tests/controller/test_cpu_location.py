@@ -109,5 +109,6 @@ def test_auto_counts_on_the_module_only_where_it_reaches(reaches: bool | None, p
     from overtake.controller.sidecar.service import Sidecar
 
     side = SimpleNamespace(cpu_location=SimpleNamespace(module_reaches=reaches),
-                           options=SimpleNamespace(cpu_priority="age", php_stats_file=php_stats_file))
+                           options=SimpleNamespace(apache_side=SimpleNamespace(cpu_priority="age",
+                                                                           php_stats_file=php_stats_file)))
     assert Sidecar._cpu_priority_in_reach(side) == priority  # type: ignore[arg-type]

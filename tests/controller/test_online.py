@@ -211,7 +211,7 @@ def worker() -> Iterator[ProcessPoolExecutor]:
 
 
 def _sidecar(policy: str) -> Sidecar:
-    return Sidecar(_table(), SidecarOptions(policy=policy, apache="http://127.0.0.1:9", listen="127.0.0.1:9"))
+    return Sidecar(_table(), SidecarOptions.from_flat(policy=policy, apache="http://127.0.0.1:9", listen="127.0.0.1:9"))
 
 
 def _case4_loop(side: Sidecar, clock: _Clock, executor: Any, seed: int, **kw: Any) -> OnlineLoop:

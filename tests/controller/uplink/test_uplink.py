@@ -383,7 +383,7 @@ def test_sidecar_refuses_cutoffs_without_a_band_scheduler() -> None:
     from overtake.controller.sidecar.stages import load_stages
 
     table = load_stages(REPO / "examples" / "sidecar" / "stages.yaml")
-    opts = SidecarOptions(policy="pi(1)", apache="http://127.0.0.1:9", listen="127.0.0.1:9",
+    opts = SidecarOptions.from_flat(policy="pi(1)", apache="http://127.0.0.1:9", listen="127.0.0.1:9",
                           uplink="fair", uplink_cutoffs="1K,4K")  # fmt: skip
     with pytest.raises(UplinkInputError, match="uplink_cutoffs: only for --uplink srpt or srrt"):
         Sidecar(table, opts)
