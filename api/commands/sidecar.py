@@ -62,6 +62,16 @@ def register(subparsers: Any) -> None:
         "(PUT with the admin token to hot-swap), both on the admin listener. Options may come from "
         "--config FILE (YAML, keys as the flags with _ for -); a flag given overrides the file.",
     )
+    _policy_flags(p)
+    _uplink_flags(p)
+    p.add_argument("--loop", choices=["uvloop", "asyncio"], default=None, help="event loop (default uvloop)")
+    _apache_flags(p)
+    _service_flags(p)
+    _online_flags(p)
+
+
+def _policy_flags(p: argparse.ArgumentParser) -> None:
+    """The config file, the policy, Apache, the listener and the stages."""
     p.add_argument("--config", default=None, metavar="FILE",
                    help="YAML config file (apache-conf/examples/sidecar.yaml); flags override its keys")
     p.add_argument("--policy", default=None,
@@ -79,6 +89,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--stages", default=None, help="stages YAML (see examples/sidecar/stages.yaml; required here or in --config)")
     p.add_argument("--phase-header", default=None,
                    help="request header carrying the phase (explicit mode); overrides the stages file")
+
+
+def _uplink_flags(p: argparse.ArgumentParser) -> None:
+    """How response bytes leave (controller.uplink)."""
     p.add_argument("--uplink", default=None, help="uplink scheduler for responses (controller.uplink; default fair)")
     p.add_argument("--uplink-cutoffs", default=None, metavar="LIST",
                    help="fixed SRPT band cutoffs in bytes ('1K,4K,16K,64K'; SRRT: seconds); default adaptive")
@@ -92,7 +106,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--uplink-ordered-bands", type=int, default=None, metavar="N",
                    help="with --uplink-lowest-writers: order each of the lowest N bands so "
                    "(default 1, the lowest only)")
-    p.add_argument("--loop", choices=["uvloop", "asyncio"], default=None, help="event loop (default uvloop)")
+
+
+def _apache_flags(p: argparse.ArgumentParser) -> None:
+    """What mod_overtake_prio and the PHP extension do inside Apache."""
     p.add_argument("--cpu-priority", choices=["off", "age", "class"], default=None,
                    help="the CPU priority of mod_overtake_prio in Apache: age (Apache demotes by attained "
                    "CPU; the sidecar exports its counters), class (also sets X-Overtake-Class: 0 for requests "
@@ -118,6 +135,10 @@ def register(subparsers: Any) -> None:
                    "(start, refit, PUT), for mod_overtake_prio's OvertakeControlFile PATH "
                    "(e.g. /dev/shm/overtake-control): Apache applies them without a config edit or restart. "
                    "Signed with the key in PATH.key (created by whichever side starts first)")
+
+
+def _service_flags(p: argparse.ArgumentParser) -> None:
+    """Running as a service: control endpoints, limits, logs, shutdown."""
     s = p.add_argument_group("service", "running as a service: control endpoints, limits, logs, shutdown")
     s.add_argument("--admin-listen", default=None, metavar="HOST:PORT",
                    help="the admin listener: /-/metrics (and /metrics), /-/policy, /-/healthz, /-/livez "
@@ -135,6 +156,10 @@ def register(subparsers: Any) -> None:
                    help="access log, one line per request with stage, phase, queue wait, upstream time (- = stdout)")
     s.add_argument("--request-log-format", choices=["json", "combined"], default=None,
                    help="json (default) or Apache combined plus stage=, phase=, queue_wait=, upstream=")
+
+
+def _online_flags(p: argparse.ArgumentParser) -> None:
+    """The online refit loop (controller.online)."""
     o = p.add_argument_group("online loop", "measure demands and arrivals, refit the PH model, re-solve pi* in a "
                              "worker process and hot-swap it when predicted better (controller.online)")
     o.add_argument("--online", action="store_true", default=None, help="enable the online refit loop")
