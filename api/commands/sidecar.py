@@ -98,8 +98,8 @@ def _uplink_flags(p: argparse.ArgumentParser) -> None:
                    help="fixed SRPT band cutoffs in bytes ('1K,4K,16K,64K'; SRRT: seconds); default adaptive")
     p.add_argument("--uplink-top-fraction", type=float, default=None, metavar="F",
                    help=f"adaptive cutoffs: share of responses above the highest cutoff (default "
-                        f"{TOP_FRACTION:g}, the low end of Harchol-Balter et al.'s 0.005-0.01; 0.001 measured "
-                        "better on World Cup 98 sizes)")
+                        f"{TOP_FRACTION:g}, the low end of Harchol-Balter et al.'s 0.005-0.01; 0.001 suits "
+                        "World Cup 98 sizes better)")
     p.add_argument("--uplink-lowest-writers", type=int, default=None, metavar="K",
                    help="srpt/srrt: at most K responses of the lowest band write at once, least "
                    "remaining first (SRPT inside that band); 0 = one FIFO (default)")

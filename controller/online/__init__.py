@@ -32,7 +32,7 @@ Estimates
     :func:`overtake.mdp.model.capacity`): ``S = ∫_{admit}^{done} c(K(t))/K(t) dt``, K(t) the
     stage requests the limiter has admitted (the sidecar sees every change of K, so the integral
     is exact for the model). It assumes Apache's threads own the m cores: on a shared machine it
-    counts CPU taken by other processes as service (measured: bench/online_refit.py), hence the
+    counts CPU taken by other processes as service (bench/online_refit.py shows how much), hence the
     log's CPU notes are preferred.
 
   A stage uses the log's samples when it has ``min_samples`` of them, else the attained ones;

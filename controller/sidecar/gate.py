@@ -15,7 +15,7 @@ Idle starts (:meth:`Gate.idle`, ``--gate-backfill``): the oldest queued requests
 before their admission at the module's lowest level (``SCHED_IDLE``), so that Apache's core
 does not idle while the policy waits for something that is not on the CPU yet — a
 completion's hand-over, or a client's round trip between two stages with the thread reserved
-for its next request (``next``; 0.7–0.9 ms per transaction measured on loopback). Under
+for its next request (``next``). Under
 ``SCHED_IDLE`` (weight 3 against 1024) such a request takes ~0.3 % of the core from admitted
 ones; when the policy admits it, :meth:`Gate.open` bumps the file's epoch word and the
 module's promoter thread gives it its priority back.

@@ -19,8 +19,8 @@ from overtake.controller.sidecar.admin import DEFAULT_ADMIN_LISTEN
 from overtake.controller.sidecar.policies import MAX_ARRAY_BYTES, MAX_INFLATED_BYTES, MAX_POLICY_BYTES
 from overtake.controller.uplink import bands as _bands
 
-__all__ = ["GROUPS", "RELOADABLE", "ApacheSide", "Endpoints", "Guards", "Observability", "PolicyOptions", "SidecarOptions",
-           "UplinkOptions", "check_numbers", "parse_addr", "parse_apache_url", "reloaded"]
+__all__ = ["GROUPS", "KEYS", "RELOADABLE", "ApacheSide", "Endpoints", "Guards", "Observability", "PolicyOptions",
+           "SidecarOptions", "UplinkOptions", "check_numbers", "parse_addr", "parse_apache_url", "reloaded"]
 
 
 def parse_addr(text: str, field: str) -> tuple[str, int]:
@@ -136,6 +136,13 @@ GROUPS: dict[str, tuple[type, dict[str, str]]] = {
 }
 #: options outside the sub-records, under their config-file key
 _TOP = ("online", "phase_header", "drain_timeout")
+#: every option's config-file key, in the order a reload names those it could not apply
+KEYS = ("policy", "apache", "listen", "phase_header", "uplink", "uplink_cutoffs", "uplink_top_fraction",
+        "uplink_lowest_writers", "uplink_ordered_bands", "watch_interval", "admin_put", "online", "policy_url",
+        "policy_poll", "policy_token", "admin_listen", "admin_token", "admin_policy_urls", "policy_max_bytes",
+        "policy_max_array_bytes", "policy_max_inflated_bytes", "policy_load_timeout", "status_interval",
+        "drain_timeout", "request_log", "request_log_format", "trusted_sources", "cpu_priority", "gate",
+        "gate_slots", "gate_backfill", "php_stats_file", "control_file")
 
 
 @dataclass(frozen=True)
@@ -164,12 +171,12 @@ class SidecarOptions:
         return cls(**groups, **{k: keys[k] for k in _TOP if k in keys})
 
     def flat(self) -> dict[str, Any]:
-        """Every option under its config-file key."""
+        """Every option under its config-file key, in :data:`KEYS`' order."""
         out = {k: getattr(self, k) for k in _TOP}
         for g, (_, names) in GROUPS.items():
             sub = getattr(self, g)
             out.update({k: getattr(sub, f) for k, f in names.items()})
-        return out
+        return {k: out[k] for k in KEYS}
 
 
 #: options a SIGHUP can change; the others need a restart (sockets, stages, event loop, online loop)

@@ -112,9 +112,9 @@ def log_spaced(low: float, high: float, n_cutoffs: int) -> Cutoffs:
     return Cutoffs(tuple(float(x) for x in np.geomspace(low, high, n_cutoffs)))
 
 
-#: Share of the samples above the highest cutoff: the low end of Harchol-Balter et al.'s 0.5-1 %. Measured at
-#: load 0.8 (60 s, seeds 1-3, BENCHMARKS.md ``uplink-sweep-60s``): the largest 1 % of requests then
-#: take 0.97-1.06x their FAIR time, against 1.16-1.33x at 1 %, at the same mean (0.25-0.31x).
+#: Share of the samples above the highest cutoff: the low end of Harchol-Balter et al.'s 0.5-1 %,
+#: which keeps the largest requests near their FAIR time at the same mean (BENCHMARKS.md
+#: ``uplink-sweep-60s``).
 TOP_FRACTION = 0.005
 
 

@@ -279,12 +279,12 @@ def test_options_group_the_config_keys_and_give_each_back() -> None:
     """Every config-file key lands in one sub-record of SidecarOptions and comes back under its
     own name (a reload compares and names options by these keys); an unknown key is refused."""
     from overtake.controller.sidecar.config import SidecarConfig
-    from overtake.controller.sidecar.options import GROUPS, SidecarOptions
+    from overtake.controller.sidecar.options import GROUPS, KEYS, SidecarOptions
 
     keys = [k for _, names in GROUPS.values() for k in names] + ["online", "phase_header", "drain_timeout"]
     assert len(set(keys)) == len(keys) and set(keys) <= set(SidecarConfig.model_fields)
     sent = {k: f"value of {k}" for k in keys}
-    assert SidecarOptions.from_flat(**sent).flat() == sent
+    assert SidecarOptions.from_flat(**sent).flat() == sent and tuple(SidecarOptions.from_flat(**sent).flat()) == KEYS
     opts = SidecarOptions.from_flat(policy="pi(1)", apache="http://127.0.0.1:1", listen="127.0.0.1:2",
                                     uplink="srpt", gate_slots=3, request_log_format="combined")
     assert (opts.policy.spec, opts.uplink.name, opts.apache_side.gate_slots) == ("pi(1)", "srpt", 3)
