@@ -271,7 +271,7 @@ def halt_polling(ns: int) -> Iterator[int | None]:
 def set_sched_slice(pids: list[int], ns: int) -> list[int]:
     """Give every thread of ``pids`` a custom EEVDF slice of ``ns`` (sched_setattr, Linux >= 6.12).
 
-    Why: paper 004's model shares the CPU by processor sharing. The kernel's default slice
+    Why: van der Weij et al.'s model shares the CPU by processor sharing. The kernel's default slice
     (``se.slice`` 1.4 ms here) lets a woken thread run a whole slice before the others, a
     bias that PS does not have; a smaller slice should be closer to PS (an experiment option of
     bench/apache_table2.py, not used in a recorded run yet).

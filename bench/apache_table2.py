@@ -1,4 +1,4 @@
-"""Table 2 of paper 004 on a real Apache: measured E[W] under π*, π(1), π(∞) through the sidecar.
+"""Table 2 of van der Weij et al., "Dynamic thread assignment" on a real Apache: measured E[W] under π*, π(1), π(∞) through the sidecar.
 
     python bench/apache_table2.py --cases 1,4 --transactions N --json
 
@@ -417,7 +417,7 @@ PAPER_TABLE2 = Path(__file__).resolve().parent / "reference" / "paper004_table2.
 
 
 def paper_gains() -> dict[str, dict[str, float]]:
-    """Paper 004's measured Table 2 gains (fractions) where published (rows 7-12 are withheld)."""
+    """van der Weij et al.'s measured Table 2 gains (fractions) where published (rows 7-12 are withheld)."""
     out: dict[str, dict[str, float]] = {}
     if not PAPER_TABLE2.exists():
         return out
@@ -436,7 +436,7 @@ def render(record: dict[str, Any], classifier: str, explicit: dict[str, Any] | N
         runs.setdefault(r["run"]["command"], r["run"])
     paper = paper_gains()
     lines = [
-        f"## apache-table2{TAGS[classifier]}: paper 004 Table 2 on a real Apache "
+        f"## apache-table2{TAGS[classifier]}: van der Weij et al. Table 2 on a real Apache "
         f"through the sidecar ({classifier} phases)",
         "",
         "Apache (private, mpm_event, stage handler burning exact thread CPU) on the last core at autogroup -20; "
@@ -444,7 +444,7 @@ def render(record: dict[str, Any], classifier: str, explicit: dict[str, Any] | N
         "stage-2 request) with PH demands replayed under each policy (common random numbers); E[W] after a "
         "5 % warm-up, 95 % CI from 20 batch means; Apache's calibrated per-request CPU overhead is "
         "subtracted from each burn. Gains are (E W(pi) - E W(pi*)) / E W(pi*), measured / model; "
-        "'paper' is paper 004's own Apache measurement (Table 2, rows 7-12 withheld).",
+        "'paper' is van der Weij et al.'s own Apache measurement (Table 2, rows 7-12 withheld).",
         "",
         "Runs:",
     ]
@@ -484,7 +484,7 @@ def render(record: dict[str, Any], classifier: str, explicit: dict[str, Any] | N
         "",
         "Gains of pi*, percent: measured ± CI (paired batch means) / ideal twin / model; 'adj.' = measured − twin + "
         "model ± CI, the measured gain with this trace's randomness removed (the twin as control variate); "
-        "'paper' = paper 004's Apache measurement.",
+        "'paper' = van der Weij et al.'s Apache measurement.",
         "",
         "| case | vs pi(1): meas / twin / model | adj. | paper | vs pi(inf): meas / twin / model | adj. | paper "
         "| worst meas−model pp | worst adj−model pp | same sign |",

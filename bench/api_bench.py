@@ -1,7 +1,7 @@
 """REST API latency: the decision endpoint on a loaded policy, and responsiveness during a solve.
 
 Starts ``overtake api`` (uvicorn, one worker process for solves) on loopback, solves a policy
-through the API (paper 004 Table 1 case 4 shapes: two H2 stages, rho 0.6, cap 10 requests and
+through the API (van der Weij et al., "Dynamic thread assignment" Table 1 case 4 shapes: two H2 stages, rho 0.6, cap 10 requests and
 4 threads, 22761 states), then:
 
 1. ``GET /v1/models/{id}/decision?state=...`` one request at a time over a keep-alive connection,

@@ -1,4 +1,4 @@
-"""Paper 004 Table 1 through the CLI: twelve sequential `overtake compare CASE --json` processes.
+"""van der Weij et al., "Dynamic thread assignment" Table 1 through the CLI: twelve sequential `overtake compare CASE --json` processes.
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/cli_table1.py [--exe PATH] [--cases 1,...,12]
         [--phase-info full|none|route] [--cpu-priority none|age]
@@ -252,7 +252,7 @@ def section(out: dict[str, Any], other: dict[str, Any] | None) -> str:
     theirs, total_o = best(other) if other else ({}, float("nan"))
     first = {c["case"]: c for c in out["runs"][0]["cases"]}
     lines = [
-        "## Table 1 through the CLI: twelve sequential `overtake compare` processes (issue 21)",
+        "## Table 1 through the CLI: twelve sequential `overtake compare` processes",
         "",
         f"Date {out['date'][:10]}, machine: {out['machine']}; command: `{command}` (rev {out['rev']}"
         + ("" if not other else f"; `--other-exe` rev {other['rev']} run in alternation with it, case by case"

@@ -1,4 +1,4 @@
-"""The CPU-priority lever in the model: thresholds chosen by exact analysis and by simulation, Table 1.
+"""CPU priority in the model: thresholds chosen by exact analysis and by simulation, Table 1.
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/cpu_priority_model.py [--cases 2,3,4,6,7,8,10,11,12]
         [--requests 1000000] [--seeds 2] [--search-requests 300000] [--weight idle]
@@ -71,8 +71,8 @@ STRICT = 1e-9
 MULTS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 
 
-def pooled(model: Any, policy: Any, lever: CpuPriority | None, requests: int, seeds: list[int]) -> dict[str, float]:
-    runs = [simulate(model, policy, requests=requests, seed=s, cpu_priority=lever) for s in seeds]
+def pooled(model: Any, policy: Any, prio: CpuPriority | None, requests: int, seeds: list[int]) -> dict[str, float]:
+    runs = [simulate(model, policy, requests=requests, seed=s, cpu_priority=prio) for s in seeds]
     k = len(runs)
     return {"mean": sum(r.mean_response_time for r in runs) / k,
             "ci95": math.sqrt(sum(r.ci95**2 for r in runs)) / k,
@@ -93,8 +93,8 @@ def search(model: Any, w: float, requests: int, seed: int, start: tuple[float, .
 
     def ev(th: tuple[float, ...]) -> float:
         if th not in cache:
-            lever = age_priority(model, [[x] for x in th], weights=[1.0, w])
-            cache[th] = simulate(model, "pi(inf)", requests=requests, seed=seed, cpu_priority=lever).mean_response_time
+            prio = age_priority(model, [[x] for x in th], weights=[1.0, w])
+            cache[th] = simulate(model, "pi(inf)", requests=requests, seed=seed, cpu_priority=prio).mean_response_time
         return cache[th]
 
     cur = tuple([math.inf] * N)
@@ -133,14 +133,14 @@ def run_case(c: int, args: argparse.Namespace, w: float, log: Any) -> dict[str, 
         f"{ch.mean_response_time:.3f}, sim strict {fmt(out['visit']['sim_strict'])}, "
         f"w {fmt(out['visit']['sim_weight'])}")
     sth, sval, npts = search(model, w, args.search_requests, 7 + c, tuple(r[0] for r in th), log)
-    lever = age_priority(model, [list(r) for r in sth], weights=[1.0, w])
+    prio = age_priority(model, [list(r) for r in sth], weights=[1.0, w])
     try:
         smodel: float | None = tandem_model_mean(model, age_priority(model, [list(r) for r in sth],
                                                                       weights=[1.0, STRICT]))
-    except Exception:  # noqa: BLE001 - a lever the visit model cannot evaluate
+    except Exception:  # noqa: BLE001 - a priority the visit model cannot evaluate
         smodel = None
     out["search"] = {"thresholds": [list(r) for r in sth], "search_mean": sval, "points": npts,
-                     "model_strict": smodel, "sim_weight": pooled(model, "pi(inf)", lever, args.requests, seeds)}
+                     "model_strict": smodel, "sim_weight": pooled(model, "pi(inf)", prio, args.requests, seeds)}
     log(f"  case {c}: search {out['search']['thresholds']} -> {fmt(out['search']['sim_weight'])} "
         f"(visit model {smodel if smodel is None else round(smodel, 3)})")
     if any(s.phases > 1 for s in model.stages):
@@ -243,8 +243,8 @@ def mg1_table(args: argparse.Namespace, w: float, log: Any) -> dict[str, Any]:
             ("short-first, strict", dps(STRICT), class_priority(model, weights=[1.0, STRICT])),
             ("short-first, SCHED_IDLE 3/1024", dps(w), class_priority(model, weights=[1.0, w])),
             ("short-first, nice 19 15/1024", dps(NICE19_WEIGHT), class_priority(model, weights=[1.0, NICE19_WEIGHT]))]
-    for name, exact, lever in spec:
-        rows[name] = {"exact": exact, "sim": pooled(model, "pi(inf)", lever, args.mg1_requests, seeds)}
+    for name, exact, prio in spec:
+        rows[name] = {"exact": exact, "sim": pooled(model, "pi(inf)", prio, args.mg1_requests, seeds)}
         log(f"  M/G/1 {name}: exact {exact if exact is None else round(exact, 4)}, sim {fmt(rows[name]['sim'])}")
     rows["thin_levels_exact"] = mlps_mean(h2, lam, thin)
     return rows

@@ -1,4 +1,4 @@
-"""Benchmark of fitting/ (issue 3): speed and quality, side by side with a peer in one run.
+"""Benchmark of fitting/: speed and quality, side by side with a peer in one run.
 
 Run from the repository root::
 
@@ -239,7 +239,7 @@ def main() -> int:
 
     lines: list[str] = []
     w = lines.append
-    w("## fitting/ — phase-type EM (issue 3)\n")
+    w("## fitting/ — phase-type EM\n")
     w(f"- Date: {datetime.date.today().isoformat()}; machine: {machine()}; load at start: {os.getloadavg()[0]:.2f}")
     w(
         f"- Command: `{cmd}`; CPU time = `time.process_time()` of one call after a JIT warm-up ({jit:.2f} s, mostly loading numba's cache)."

@@ -1,6 +1,6 @@
 """LP size limit: the occupation-measure LP (mdp.lp, cvxpy + HiGHS) against relative value iteration.
 
-Paper 004 Table 1 case 4 (two H2 stages, r = 0.91, means 0.55/5.45, ρ = 0.6), phase-known layout,
+van der Weij et al., "Dynamic thread assignment" Table 1 case 4 (two H2 stages, r = 0.91, means 0.55/5.45, ρ = 0.6), phase-known layout,
 on growing truncations. Per size (each in its own process, for its peak RSS): states, LP variables,
 cvxpy build, HiGHS solve (IPM + crossover, tolerances 1e-10), exact evaluation of the LP policy,
 relative difference of the LP objective and of the LP policy's exactly evaluated cost to RVI's g
@@ -103,7 +103,7 @@ def main() -> int:
         f"Python {platform.python_version()}; **shared with other helpers' jobs** (load average {load0:.1f} "
         "at start), so absolute times are ±30 % or worse.",
         "- Command: `OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/lp_bench.py --record` (each size in its own process).",
-        "- Instance: paper 004 Table 1 case 4 (two H2 stages, ρ = 0.6), phase-known layout, cost = `space.cost` "
+        "- Instance: van der Weij et al. Table 1 case 4 (two H2 stages, ρ = 0.6), phase-known layout, cost = `space.cost` "
         "(requests + blocking charge, what RVI minimises). LP: cvxpy 1.9 → HiGHS IPM + crossover, primal/dual "
         "feasibility 1e-10. 'exact' = the LP policy's cost from its exact stationary law (P_E·R). RVI to span 1e-11.",
         "- 'LP CPU s' = process CPU time of the whole `occupation_lp` call (cvxpy build, HiGHS, exact evaluation); "

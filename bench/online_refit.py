@@ -1,6 +1,6 @@
 """The sidecar's online loop (controller/online.py): cost of one refit and accuracy of its estimates.
 
-Part ``fit`` (in-process, no Apache): case 4 of paper 004's Table 1 (H2 stages, load 0.6) as the
+Part ``fit`` (in-process, no Apache): case 4 of van der Weij et al.'s Table 1 (H2 stages, load 0.6) as the
 truth; for each sample size and seed, draw demands per stage and Poisson arrivals over the
 arrival window, estimate λ with :class:`overtake.controller.online.ArrivalRate`, run
 :func:`overtake.controller.online.refit_job` with π(1) running (fit, solve π*, evaluate π(1) under the

@@ -1,4 +1,4 @@
-"""Paper 004, Table 1: π* and the four baselines on the twelve cases; writes a section of bench/results/sections.md.
+"""van der Weij et al., "Dynamic thread assignment", Table 1: π* and the four baselines on the twelve cases; writes a section of bench/results/sections.md.
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/table1.py [--cases 1,2,...] [--tol 0.001]
 

@@ -2,7 +2,7 @@
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/three_stage.py [--tol 0.005] [--json] [--no-write]
 
-Model: three stages, each paper 004 Table 1's H2 (phase 1 w.p. 0.91 with mean 0.55, phase 2 with
+Model: three stages, each van der Weij et al., "Dynamic thread assignment" Table 1's H2 (phase 1 w.p. 0.91 with mean 0.55, phase 2 with
 mean 5.45; E S = 1), load ρ = 0.6 — 6 coordinates, 12 state components on the phase-known layout.
 π* by auto-truncation (overtake.mdp.solve, Anderson-accelerated RVI) from C = 10, K = 3. The heuristic
 (mdp/heuristic.py) is evaluated exactly on the chain of the same request cap and thread cap as

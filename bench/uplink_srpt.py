@@ -1,9 +1,9 @@
-"""Uplink SRPT testbed: FAIR vs SRPT vs SRRT vs app-level on a shaped veth (papers 000-003).
+"""Uplink SRPT testbed: FAIR vs SRPT vs SRRT vs app-level on a shaped veth (the uplink papers (Crovella et al.; Harchol-Balter et al.; Al Sa'deh and Yahya; Schroeder and Harchol-Balter)).
 
 Two network namespaces joined by a veth pair (bench/uplink/testbed.py); the server side's egress
 is shaped to ``--rate`` by HTB (8 strict classes, TSO/GSO off) or TBF + pfifo_fast
 (controller.uplink.qdisc). The server under test runs in the server namespace and writes every response
-through ``overtake.controller.uplink``; an open-loop Poisson client (one connection per request, paper 001
+through ``overtake.controller.uplink``; an open-loop Poisson client (one connection per request, Harchol-Balter et al., "Size-based scheduling to improve web performance"
 §3.1.4) runs in the client namespace. The same seeded schedule is replayed for every policy.
 
 Server under test (``--server``): ``sidecar`` (the default from 2026-11-21 22:30 UTC; the issue's
@@ -19,7 +19,7 @@ Contract::
 
 prints ``{"policies": {"fair": {"mean_response_time": s, "mean_slowdown": x,
 "largest_1pct_mean_response_time": s, "throughput_bytes_per_s": b, ...}, ...}}``.
-``--workload w1`` runs paper 003's W1 (alternating ``--w1-phase`` s at load 0.2 and 1.2);
+``--workload w1`` runs Schroeder and Harchol-Balter's W1 (alternating ``--w1-phase`` s at load 0.2 and 1.2);
 ``--workload w2`` .. ``w10`` the other transient-overload workloads of its Table 1, with both
 phases multiplied by ``--phase-scale`` (1 = the paper's lengths).
 ``--record`` appends the run to bench/results/uplink_srpt.jsonl and replaces the bench/results/sections.md section
@@ -61,7 +61,7 @@ CAL_SIZES = [10_000, 100, 100_000, 1_000_000, 3_000_000]
 CAL_REPEATS = 3
 # payload per L2 byte the qdisc counts: MSS 1448 (MTU 1500, TCP timestamps) per 1514-byte frame
 NOMINAL_GOODPUT = 1448 / 1514
-# plain srpt's rule in runs recorded before the testbed said (srpt_top_fraction): paper 001's 1 %
+# plain srpt's rule in runs recorded before the testbed said (srpt_top_fraction): Harchol-Balter et al.'s 1 %
 LEGACY_TOP_FRACTION = 0.01
 SECTION = "uplink-srpt"
 
@@ -265,7 +265,7 @@ def parse_variant(pol: str) -> Variant:
     3 ordered bands).
 
     ``/fF``: the lowest band guaranteed a fraction F of the link (srpt, srrt); ``/tF``: SRPT
-    cutoffs with only a fraction F of the sizes above the highest (paper 001's rule: 0.005-0.01);
+    cutoffs with only a fraction F of the sizes above the highest (Harchol-Balter et al.'s rule: 0.005-0.01);
     ``/wK``: at most K responses of the lowest band write at once, least remaining first;
     ``/bN`` (with /wK): each of the lowest N bands ordered so."""
     base, *mods = pol.split("/")
@@ -567,7 +567,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--phase-scale", type=float, default=1.0,
                     help="w2..w10: multiply both phase lengths (same shape and mean load)")
     ap.add_argument("--w1-phase", type=float, default=25.0,
-                    help="W1 phase length s (paper 003: 25)")
+                    help="W1 phase length s (Schroeder and Harchol-Balter: 25)")
     ap.add_argument("--sizes", choices=sorted(MODELS), default="wc98")
     ap.add_argument("--mode", choices=_qdisc.MODES, default="htb")
     ap.add_argument("--rate", default="10mbit")
@@ -606,7 +606,7 @@ def parse(ap: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     if not 0 < args.load < 2:
         ap.error(f"--load: {args.load} must be in (0, 2)")
     if not args.phase_scale > 0:
-        ap.error(f"--phase-scale: {args.phase_scale} must be > 0 (1 = paper 003's phase lengths)")
+        ap.error(f"--phase-scale: {args.phase_scale} must be > 0 (1 = Schroeder and Harchol-Balter's phase lengths)")
     return args
 
 

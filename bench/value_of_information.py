@@ -1,11 +1,11 @@
-"""Value of information on paper 004's Table 1: what each level of phase knowledge is worth.
+"""Value of information on van der Weij et al.'s Table 1: what each level of phase knowledge is worth.
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/value_of_information.py [--cases 1,2,...] [--tol 0.001]
         [--jobs 2] [--no-route] [--merge] [--record] [--json] [--no-write]
 
 Per case, every E[W] exact (auto-truncation to relative accuracy --tol):
 
-* ``full``  — π* with every request's phase known (paper 004; ``overtake compare``);
+* ``full``  — π* with every request's phase known (van der Weij et al.; ``overtake compare``);
 * ``start`` — π* that sees a phase once its thread starts (``--phase-info start``);
 * ``route`` — the best observation policy when each request's route is seen (stages with two
   phases only, split below; ``--phase-info route``);
@@ -272,7 +272,7 @@ def section(doc: dict[str, Any]) -> str:
         caps.setdefault((results[c]["route"]["solve_cap"], results[c]["route"]["threads"]), []).append(c)
     untraced = [c for c in routed if not isinstance(results[c].get("route"), dict)]
     return "\n".join([
-        "## value-of-information: what each level of phase knowledge is worth, paper 004's Table 1",
+        "## value-of-information: what each level of phase knowledge is worth, van der Weij et al.'s Table 1",
         f"Conclusion: E W(none) ≤ every baseline and full ≤ start ≤ none (full ≤ route ≤ none) on all {len(results)} cases: "
         f"{'yes' if check(results) else '**no**'}"
         + (f" (within the tolerance: {'; '.join(loose)})" if loose else "")
@@ -287,7 +287,7 @@ def section(doc: dict[str, Any]) -> str:
            + ": a larger solve cap would exceed the 40,000-state budget, so their optimality there is unchecked; "
            "their E[W] is exact all the same" + (f"; {_cases(untraced)}: no solve trace recorded" if untraced else "")
            + ")" if capped else "") + ". "
-        f"Every E[W] exact (auto-truncation, tolerance {tol:g}): `full` π* (every phase known; paper 004), `start` (a "
+        f"Every E[W] exact (auto-truncation, tolerance {tol:g}): `full` π* (every phase known; van der Weij et al.), `start` (a "
         "phase seen once its thread starts), `route` (each request's route class seen, not its phase: three classes "
         "with short-phase shares 99/50/10 % on a single H2 stage, two (99/10 %) on each of two), `none` (waiting "
         "and active counts per stage only: a sidecar without a phase header), the best observation policy found by "

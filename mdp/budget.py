@@ -24,8 +24,8 @@ __all__ = ["BYTES_PER_STATE", "DEFAULT_MAX_STATES", "StateBudgetError", "check_b
 #: the whole compare within minutes and a few GB on a small machine.
 DEFAULT_MAX_STATES = 4_000_000
 
-#: Resident memory per state of a solve, the larger of the two measured (plain RVI: 3.73 GB for
-#: 4.05 M states; Anderson 4.19 GB for 10.3 M), for the estimate printed with a refusal.
+#: Resident memory per state of a solve, a bound on plain RVI's and Anderson's (BENCHMARKS.md
+#: ``mdp-scale``), for the estimate printed with a refusal.
 BYTES_PER_STATE = 1000
 
 

@@ -10,8 +10,8 @@ from overtake.errors import OvertakeError
 
 PACKAGES = ("overtake", "overtake.fitting", "overtake.mdp", "overtake.controller", "overtake.api")
 
-# Classes of controller/ modules being restructured (issue 17, item 3: controller/ as rooms, the
-# Prometheus launcher now in controller/harness/); by name, so a move does not matter. Remove a
+# Classes of controller/ modules being restructured (controller/ by concept, the Prometheus
+# launcher in controller/harness/); by name, so a move does not matter. Remove a
 # name once its class derives from OvertakeError.
 PENDING: frozenset[str] = frozenset()
 

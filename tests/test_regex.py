@@ -1,4 +1,4 @@
-"""User-supplied regexes run in linear time (issue 19): the stage regexes of an access-log fit (the
+"""User-supplied regexes run in linear time: the stage regexes of an access-log fit (the
 library, ``overtake fit`` and the API) and the sidecar's stage paths.
 
 The catastrophic case ``^/(a+)+$`` against ``"/" + "a" * 40 + "!"`` takes about 2**40 steps

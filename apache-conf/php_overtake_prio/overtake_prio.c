@@ -2,7 +2,7 @@
  * overtake_prio: CPU priority by attained service inside PHP workers (PHP-FPM, mod_php).
  *
  * Behind PHP-FPM the CPU of a page runs in the pool's worker processes, where Apache's
- * mod_overtake_prio cannot reach it. This extension gives each request the same lever: at
+ * mod_overtake_prio cannot reach it. This extension gives each request the same CPU priority: at
  * request start it arms a timer on the worker's own CPU clock; when the request has used
  * `overtake_prio.threshold_ms` of CPU the timer's signal lowers the worker's priority (a nice
  * level, or SCHED_IDLE); at request end the worker returns to its normal priority. Short requests
@@ -67,7 +67,7 @@
 typedef struct {
     uint64_t magic;
     uint64_t version;
-    uint64_t requests;       /* requests the lever was armed for or exempted */
+    uint64_t requests;       /* requests the timer was armed for or exempted */
     uint64_t demoted;        /* requests demoted at the threshold */
     uint64_t exempt;         /* requests never demoted: their method is exempt */
     uint64_t promoted;       /* demoted requests promoted back after max_demoted_ms */

@@ -26,7 +26,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-states", type=int, default=DEFAULT_MAX_STATES, metavar="N",
                    help="refuse (exit 2, before building anything) when pi*'s estimated state space exceeds N; "
                         "the auto-truncation ladder stops at N too (default %(default)s: minutes and a few GB)")
-    p.add_argument("--plot", metavar="PNG", help="also write E[W] per policy with the gains (paper 004, Fig. 2)")
+    p.add_argument("--plot", metavar="PNG", help="also write E[W] per policy with the gains (van der Weij et al., Fig. 2)")
 
 
 def run(args: argparse.Namespace) -> int:

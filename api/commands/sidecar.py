@@ -75,10 +75,20 @@ def register(subparsers: Any) -> None:
         "sidecar",
         help="reverse proxy that releases requests to Apache exactly when the policy starts a thread",
         description="Hold each request in its stage queue and release it to Apache when the policy "
-        "says a thread should start (paper 004 §4.2). Metrics at /-/metrics, policy at /-/policy "
+        "says a thread should start (van der Weij et al. §4.2). Metrics at /-/metrics, policy at /-/policy "
         "(PUT with the admin token to hot-swap), both on the admin listener. Options may come from "
         "--config FILE (YAML, keys as the flags with _ for -); a flag given overrides the file.",
     )
+    _policy_flags(p)
+    _uplink_flags(p)
+    p.add_argument("--loop", choices=["uvloop", "asyncio"], default=None, help="event loop (default uvloop)")
+    _apache_flags(p)
+    _service_flags(p)
+    _online_flags(p)
+
+
+def _policy_flags(p: argparse.ArgumentParser) -> None:
+    """The config file, the policy, Apache, the listener and the stages."""
     p.add_argument("--config", default=None, metavar="FILE",
                    help="YAML config file (apache-conf/examples/sidecar.yaml); flags override its keys")
     p.add_argument("--policy", default=None,
@@ -96,22 +106,29 @@ def register(subparsers: Any) -> None:
     p.add_argument("--stages", default=None, help="stages YAML (see examples/sidecar/stages.yaml; required here or in --config)")
     p.add_argument("--phase-header", default=None,
                    help="request header carrying the phase (explicit mode); overrides the stages file")
+
+
+def _uplink_flags(p: argparse.ArgumentParser) -> None:
+    """How response bytes leave (controller.uplink)."""
     p.add_argument("--uplink", default=None, help="uplink scheduler for responses (controller.uplink; default fair)")
     p.add_argument("--uplink-cutoffs", default=None, metavar="LIST",
                    help="fixed SRPT band cutoffs in bytes ('1K,4K,16K,64K'; SRRT: seconds); default adaptive")
     p.add_argument("--uplink-top-fraction", type=float, default=None, metavar="F",
                    help=f"adaptive cutoffs: share of responses above the highest cutoff (default "
-                        f"{TOP_FRACTION:g}, the low end of paper 001's 0.005-0.01; 0.001 measured "
-                        "better on World Cup 98 sizes)")
+                        f"{TOP_FRACTION:g}, the low end of Harchol-Balter et al.'s 0.005-0.01; 0.001 suits "
+                        "World Cup 98 sizes better)")
     p.add_argument("--uplink-lowest-writers", type=int, default=None, metavar="K",
                    help="srpt/srrt: at most K responses of the lowest band write at once, least "
                    "remaining first (SRPT inside that band); 0 = one FIFO (default)")
     p.add_argument("--uplink-ordered-bands", type=int, default=None, metavar="N",
                    help="with --uplink-lowest-writers: order each of the lowest N bands so "
                    "(default 1, the lowest only)")
-    p.add_argument("--loop", choices=["uvloop", "asyncio"], default=None, help="event loop (default uvloop)")
+
+
+def _apache_flags(p: argparse.ArgumentParser) -> None:
+    """What mod_overtake_prio and the PHP extension do inside Apache."""
     p.add_argument("--cpu-priority", choices=["off", "age", "class"], default=None,
-                   help="the CPU-priority lever of mod_overtake_prio in Apache: age (Apache demotes by attained "
+                   help="the CPU priority of mod_overtake_prio in Apache: age (Apache demotes by attained "
                    "CPU; the sidecar exports its counters), class (also sets X-Overtake-Class: 0 for requests "
                    "whose phase or route is expected shorter than the stage's mean, 1 otherwise), off (default)")
     p.add_argument("--gate", default=None, metavar="PATH",
@@ -141,6 +158,10 @@ def register(subparsers: Any) -> None:
                    "the requests of its OvertakeStage sections by the policy's count table, written to "
                    "--control-file; no request passes through the sidecar, which refits and exports the metrics "
                    "beside Apache; a blind policy only)")
+
+
+def _service_flags(p: argparse.ArgumentParser) -> None:
+    """Running as a service: control endpoints, limits, logs, shutdown."""
     s = p.add_argument_group("service", "running as a service: control endpoints, limits, logs, shutdown")
     s.add_argument("--admin-listen", default=None, metavar="HOST:PORT",
                    help="the admin listener: /-/metrics (and /metrics), /-/policy, /-/healthz, /-/livez "
@@ -158,6 +179,10 @@ def register(subparsers: Any) -> None:
                    help="access log, one line per request with stage, phase, queue wait, upstream time (- = stdout)")
     s.add_argument("--request-log-format", choices=["json", "combined"], default=None,
                    help="json (default) or Apache combined plus stage=, phase=, queue_wait=, upstream=")
+
+
+def _online_flags(p: argparse.ArgumentParser) -> None:
+    """The online refit loop (controller.online)."""
     o = p.add_argument_group("online loop", "measure demands and arrivals, refit the PH model, re-solve pi* in a "
                              "worker process and hot-swap it when predicted better (controller.online)")
     o.add_argument("--online", action="store_true", default=None, help="enable the online refit loop")

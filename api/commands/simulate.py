@@ -6,7 +6,7 @@ overtaking heuristic) or a baseline ``pi(k)``, ``pi(k1,...,kN)``, ``pi(inf)``. W
 scenario's PH; the policy then sees the fitted PH's posterior phase (oracle) and, as a second
 run, only the prior (realistic) — both are reported.
 
-``--cpu-priority age|class`` puts the CPU-priority lever in the model (mdp.priority): threads
+``--cpu-priority age|class`` puts CPU priority in the model (mdp.priority): threads
 demoted by attained service at the stage (``--thresholds auto`` chooses them by the exact
 M/G/1 analysis, the tandem through its visit model) or classed by start phase (known-phase
 short-first), sharing the CPU by ``--level-weights`` (default: the kernel's nice 0 : SCHED_IDLE
@@ -91,7 +91,7 @@ def _services(specs: list[str], model: Any) -> list[Any] | None:
 
 
 def _priority(args: argparse.Namespace, model: Any, progress: Any) -> tuple[Any, float | None]:
-    """The CPU-priority lever from the flags, and the visit model's E[W] for it (or None)."""
+    """The CPU priority from the flags, and the visit model's E[W] for it (or None)."""
     from overtake.mdp import priority as pr
     from overtake.mdp import thresholds as th
 
@@ -114,25 +114,25 @@ def _priority(args: argparse.Namespace, model: Any, progress: Any) -> tuple[Any,
             raise ModelError(f"--thresholds: {len(rows)} lists for {model.n_stages} stages")
     levels = len(weights) if weights is not None else (len(rows[0]) + 1 if rows else 2)
     if args.cpu_priority == "class":
-        lever = pr.class_priority(model, weights=weights)
+        prio = pr.class_priority(model, weights=weights)
         if rows is not None:
-            lever = pr.CpuPriority(lever.weights, tuple(tuple(r) for r in rows), lever.start_levels,
-                                   lever.name + " + age")
+            prio = pr.CpuPriority(prio.weights, tuple(tuple(r) for r in rows), prio.start_levels,
+                                  prio.name + " + age")
     elif rows is None:
         if progress:
             progress("choosing age thresholds by the exact analysis ...")
         if model.n_stages == 1:
             ch = th.choose_thresholds(model.stages[0], model.arrival_rate, levels=levels)
-            lever = pr.age_priority(model, ch.thresholds, weights=weights)
+            prio = pr.age_priority(model, ch.thresholds, weights=weights)
         else:
-            lever = th.choose_tandem_thresholds(model, levels=levels, weights=weights).priority
+            prio = th.choose_tandem_thresholds(model, levels=levels, weights=weights).priority
     else:
-        lever = pr.age_priority(model, rows, weights=weights)
+        prio = pr.age_priority(model, rows, weights=weights)
     try:
-        predicted: float | None = th.tandem_model_mean(model, lever)
+        predicted: float | None = th.tandem_model_mean(model, prio)
     except ModelError:
         predicted = None
-    return lever, predicted
+    return prio, predicted
 
 
 def _print(doc: dict[str, Any]) -> None:
@@ -170,9 +170,9 @@ def run(args: argparse.Namespace) -> int:
     observed = args.phase_info in ("none", "route")
     policy = _policy(args.policy, sc, model, progress, args.phase_info if observed else "full")
     service = _services(args.service_from, model)
-    lever, predicted = _priority(args, model, progress)
+    prio, predicted = _priority(args, model, progress)
     kw = {"requests": args.requests, "seed": args.seed, "warmup": args.warmup, "batches": args.batches,
-          "cpu_priority": lever}
+          "cpu_priority": prio}
     if service is None:
         doc = simulate(model, policy, **kw).to_dict()
         docs = [doc]
@@ -193,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
         if len(runs) > 1:
             doc["prior_phase"] = runs[1]
         docs = runs
-    if lever is not None:
+    if prio is not None:
         for d in docs:
             d["extra"]["model_mean_response_time"] = predicted
     if args.json:

@@ -17,7 +17,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("scenario", help="scenario YAML")
     p.add_argument("--out", help="policy file to write (.npz); required unless a constraint is given")
     p.add_argument("--phase-info", choices=("full", "start", "none", "route"), default=None,
-                   help="what the policy sees: full, a waiting request's phase (paper 004); start, the phase "
+                   help="what the policy sees: full, a waiting request's phase (van der Weij et al.); start, the phase "
                         "once its thread starts; none, counts per stage only; route, counts per route "
                         "(stages[].routes). Default: the scenario's phase_info, else full")
     p.add_argument("--method", choices=("anderson", "rvi", "pi"), default="anderson",
@@ -28,7 +28,7 @@ def register(subparsers: Any) -> None:
                    help="refuse (exit 2, before building anything) when pi*'s estimated state space exceeds N; "
                         "the auto-truncation ladder stops at N too (default %(default)s: minutes and a few GB)")
     p.add_argument("--cpu-priority", choices=("age", "class"), default=None,
-                   help="mod_overtake_prio's CPU-priority lever in Apache: age (also predict the policy, and "
+                   help="mod_overtake_prio's CPU priority in Apache: age (also predict the policy, and "
                    "pi(inf), with age priority, simulated) or class (two CPU classes by phase, by expected "
                    "remaining work: the spawn policy optimal under each candidate assignment, the best kept; "
                    "exact for hyperexponential stages); stored in the "

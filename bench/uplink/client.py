@@ -1,4 +1,4 @@
-"""Open-loop client: one TCP connection per request at the scheduled times (paper 001 §3.1.4).
+"""Open-loop client: one TCP connection per request at the scheduled times (Harchol-Balter et al., "Size-based scheduling to improve web performance" §3.1.4).
 
 Reads a schedule (JSON list of [arrival_s, size_bytes]) and writes one JSON record per request:
 ``[arrival, start, first_byte, end, size, received, error]`` (times relative to the run start;

@@ -3,7 +3,7 @@
 A single link of ``rate`` bytes/s serves every response at once, either shared equally (PS, the
 fluid limit of FAIR), by exact SRPT (the smallest remaining response alone), or by SRPT bands (the
 highest non-empty band of remaining bytes shared equally, as the kernel's strict-priority
-classes do; papers 001/003 §3). No handshakes, round trips, slow start or losses: what the
+classes do; Harchol-Balter et al.; Schroeder and Harchol-Balter §3). No handshakes, round trips, slow start or losses: what the
 scheduling discipline alone is worth on this trace, so a measured FAIR/SRPT ratio can be set
 beside the ratio the trace allows.
 """

@@ -1,16 +1,16 @@
 """Request-size distributions and open-loop Poisson schedules for the uplink testbed.
 
-``wc98``  World Cup 1998 statistics of paper 001 §3.1.3 / paper 003 §2.1: mean ~5 KB, 50% < 1 KB,
+``wc98``  World Cup 1998 statistics of Harchol-Balter et al., "Size-based scheduling to improve web performance" §3.1.3 / Schroeder and Harchol-Balter, "Web servers under overload" §2.1: mean ~5 KB, 50% < 1 KB,
           90% < 9.3 KB, min 41 B, max 2.02 MB, Pareto tail alpha ~1.2. Modelled as a lognormal
           body (mu = ln 1000, sigma = 1.740) below 65 989 B (99.2% of requests) and a bounded
           Pareto(alpha = 1.2) tail up to 2.02 MB; the three parameters solve median = 1000,
           P(X < 9300) = 0.9 and mean = 5000 exactly (scipy fsolve, see ``_WC98``).
-``p000``  paper 000 Table 1: lognormal body (mu = 7.630, sigma = 1.001) below 9020 B (93.0%),
+``p000``  Crovella et al., "Connection scheduling in web servers" Table 1: lognormal body (mu = 7.630, sigma = 1.001) below 9020 B (93.0%),
           bounded Pareto tail (alpha = 1.0) above. The paper's upper bound p = 1e10 B (10 GB)
           cannot be served on a 10 Mbit/s testbed in minutes; the tail is capped at 2.02 MB
           like wc98 (mean 5.5 KB instead of the paper's 11.1 KB).
 
-Loads: ``rate = load * goodput / E[size + header]`` requests per second. ``w1`` is paper 003
+Loads: ``rate = load * goodput / E[size + header]`` requests per second. ``w1`` is Schroeder and Harchol-Balter
 Table 1 W1 (alternating ``phase`` s at load 0.2 and ``phase`` s at 1.2; mean 0.7). ``TRANSIENT``
 holds all ten transient-overload workloads of that table as cycles of (seconds, load) phases.
 """
@@ -70,7 +70,7 @@ MODELS = {
 }
 
 
-# paper 003 Table 1: (low-load seconds, overload seconds, low load, overload); mean load in the
+# Schroeder and Harchol-Balter Table 1: (low-load seconds, overload seconds, low load, overload); mean load in the
 # last column of the paper (0.7 for W1, W2; 0.8 for W7, W8; 0.9 for the others)
 TRANSIENT: dict[str, tuple[float, float, float, float]] = {
     "w1": (25, 25, 0.2, 1.2), "w2": (10, 10, 0.2, 1.2), "w3": (50, 50, 0.2, 1.6),
@@ -81,7 +81,7 @@ TRANSIENT: dict[str, tuple[float, float, float, float]] = {
 
 
 def transient_phases(name: str, scale: float = 1.0) -> list[tuple[float, float]]:
-    """One cycle of paper 003's workload ``name`` as [(seconds, load), ...]; ``scale`` shortens
+    """One cycle of Schroeder and Harchol-Balter's workload ``name`` as [(seconds, load), ...]; ``scale`` shortens
     both phases alike (same shape and mean load, shorter run)."""
     if name not in TRANSIENT:
         raise ValueError(f"workload: one of {', '.join(TRANSIENT)}, got {name!r}")

@@ -1,4 +1,4 @@
-"""Open-loop transactions against the stage handler, replayed through the sidecar (paper 004's tandem).
+"""Open-loop transactions against the stage handler, replayed through the sidecar (van der Weij et al.'s tandem).
 
 A trace holds Poisson arrivals (rate λ of the model) and, per stage, a service demand drawn from
 the stage's PH distribution with its start phase (:func:`make_trace`). :func:`replay` sends each

@@ -34,12 +34,12 @@ Estimates
   - ``access_log`` — Apache's own note of the thread CPU the stage handler burnt
     (``cpu_us=%{stage_cpu_us}n`` in :data:`overtake.controller.log_format.LOG_FORMAT`), tailed from the
     access log given with ``--access-log``;
-  - ``attained`` — the attained service under processor sharing (paper 004, §2: with K active
-    threads each progresses at rate c(K)/K, c(K) = min(K, m)/(1 + δK),
+  - ``attained`` — the attained service under processor sharing (van der Weij et al.,
+    "Dynamic thread assignment", §2: with K active threads each progresses at rate c(K)/K, c(K) = min(K, m)/(1 + δK),
     :func:`overtake.mdp.model.capacity`): ``S = ∫_{admit}^{done} c(K(t))/K(t) dt``, K(t) the
     stage requests the limiter has admitted (the sidecar sees every change of K, so the integral
     is exact for the model). It assumes Apache's threads own the m cores: on a shared machine it
-    counts CPU taken by other processes as service (measured: bench/online_refit.py), hence the
+    counts CPU taken by other processes as service (bench/online_refit.py shows how much), hence the
     log's CPU notes are preferred.
 
   A stage uses the log's samples when it has ``min_samples`` of them, else the attained ones;

@@ -2,7 +2,7 @@
 
 Runs in the online loop's worker process (:class:`overtake.controller.online.OnlineLoop`), so
 everything it needs travels in one picklable :class:`RefitJob` and the heavy imports
-(:mod:`overtake.fitting`, :mod:`overtake.mdp`) happen in the worker. The method is paper 004's:
+(:mod:`overtake.fitting`, :mod:`overtake.mdp`) happen in the worker. The method is van der Weij et al.'s:
 the average-cost MDP of the fitted tandem solved by value iteration
 (:func:`overtake.mdp.solve`), compared with the running policy's exact E[W]
 (:func:`overtake.mdp.rule_evaluation.evaluate_rule`) on one evaluation cap.
@@ -216,7 +216,7 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
     if job.age_thresholds:
         from overtake.mdp.thresholds import choose_tandem_thresholds
 
-        # one common set, as the solve's age lever chooses it (the module applies one row)
+        # one common set, as the solve's age priority chooses it (the module applies one row)
         # the age model has no lock: thresholds are chosen as before locks were modelled
         thr = choose_tandem_thresholds(replace(model, locks=None), common=True)
         pol.meta["cpu_priority"] = {"age": {"thresholds": [list(r) for r in thr.priority.thresholds],

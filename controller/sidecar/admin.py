@@ -40,9 +40,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from overtake.controller.errors import PolicyLoadError, SidecarInputError
 from overtake.controller.sidecar.apache_probe import Health
-from overtake.controller.sidecar.http1 import ADMIN_BODY_MAX, Request
+from overtake.controller.sidecar.http1 import ADMIN_BODY_MAX
 from overtake.controller.sidecar.policy_fetch import PolicyFetchError
 from overtake.controller.sidecar.policy_loads import LoadBusy
+from overtake.controller.sidecar.request import Request
 
 __all__ = ["DEFAULT_ADMIN_LISTEN", "AdminAccess", "AdminEndpoints", "PolicyControl"]
 

@@ -1,4 +1,4 @@
-"""Phase classification: which PH phase a request is in (paper 004, §2: the state counts
+"""Phase classification: which PH phase a request is in (van der Weij et al., "Dynamic thread assignment", §2: the state counts
 requests per (stage, phase) coordinate), or which route class for a ``route`` policy.
 
 A policy's *labels* are what its queues are keyed by: the phases of a ``full``/``start`` policy,

@@ -240,7 +240,7 @@ def to_options(cfg: SidecarConfig) -> SidecarOptions:
     if ve is not None and ve.enabled:
         verify = VerifySettings(window=ve.window, settle=ve.settle, min_pairs=ve.min_pairs, max_pairs=ve.max_pairs,
                                 min_gain=ve.min_gain, level=ve.level, min_requests=ve.min_requests)
-    return SidecarOptions(
+    return SidecarOptions.from_flat(
         policy=cfg.policy or "", apache=cfg.apache, listen=cfg.listen, phase_header=cfg.phase_header,
         uplink=cfg.uplink, uplink_cutoffs=cfg.uplink_cutoffs, uplink_top_fraction=cfg.uplink_top_fraction,
         uplink_lowest_writers=cfg.uplink_lowest_writers, uplink_ordered_bands=cfg.uplink_ordered_bands,

@@ -16,7 +16,7 @@ Then 1 + STAGES rows of 72 bytes: 32-bit flags (bit 0 reserved for a per-stage d
 exemption; written 0 here), 32 reserved bits, and eight 64-bit thresholds in nanoseconds of
 thread CPU (the first ``levels`` > 0 and increasing, the rest 0). Row 0 is the one the module
 applies to every request (Apache does not know a request's stage); rows 1.. are per stage of
-the stages file, in its order. The solve's age lever chooses one set of thresholds for all
+the stages file, in its order. The solve's age priority chooses one set of thresholds for all
 stages (a server-wide setting), so row 0 is the first stage's. In module mode a stage section
 follows the rows (head word 20 its version, word 24 its length; the MAC covers it): the blind
 policy's count table (:mod:`overtake.controller.sidecar.count_table`), which the module enforces
@@ -59,15 +59,15 @@ SECTION_STAGES = 1  # head word 20: a stage section (count table) of version 1 f
 
 def age_thresholds(policy: Any) -> tuple[tuple[float, ...], ...] | None:
     """The per-stage age thresholds (model units) of ``policy``: its own, for a policy set the
-    chosen member's, else the first member's that has them (the lever's thresholds are common to
+    chosen member's, else the first member's that has them (the age thresholds are common to
     all members solved from one fit); None when no policy carries them."""
     members = getattr(policy, "members", None)
     candidates = [policy] if members is None else [getattr(policy, "chosen", None), *members]
     for p in candidates:
         if p is None:
             continue
-        th = ((getattr(p, "lever", None) or {}).get("age") or {}).get("thresholds")
-        if not th:  # a refit's policy records them without the lever's simulated prediction
+        th = ((getattr(p, "priority_predictions", None) or {}).get("age") or {}).get("thresholds")
+        if not th:  # a refit's policy records them without the age priority's simulated prediction
             meta = getattr(getattr(p, "policy", None), "meta", None) or {}
             th = ((meta.get("cpu_priority") or {}).get("age") or {}).get("thresholds")
         if th and th[0] and all(v is not None for row in th for v in row):

@@ -27,16 +27,11 @@ import httptools
 
 from overtake.controller.errors import ControllerError
 from overtake.controller.sidecar.budget import ByteBudget
-from overtake.controller.sidecar.http1 import (
-    ClientConnection,
-    Request,
-    client_head,
-    content_length,
-    simple_response,
-    upstream_head,
-)
+from overtake.controller.sidecar.heads import client_head, simple_response, upstream_head
+from overtake.controller.sidecar.http1 import ClientConnection
 from overtake.controller.sidecar.limiter import ADMITTED, Limiter, Ticket
 from overtake.controller.sidecar.metrics import SidecarMetrics
+from overtake.controller.sidecar.request import Request, content_length
 from overtake.controller.sidecar.spool import Spool
 from overtake.controller.sidecar.stages import Limits
 from overtake.controller.sidecar.upstream import UpstreamError, UpstreamPool, UpstreamResponse

@@ -3,8 +3,8 @@
 Without it, a request the policy holds waits in the sidecar, and its admission writes it to
 Apache, which parses it and hands it to a worker: with a one-thread limit that hand-over
 leaves Apache's CPU idle 0.28 ms per admission beyond Apache's own per-request cost
-(``bench/handover.py``), time the model (paper 004 §2: a thread starts the instant the policy
-says so) does not have. With the gate, the sidecar sends a queued request to Apache at once,
+(``bench/handover.py``), time the model (van der Weij et al., "Dynamic thread assignment" §2: a thread starts the
+instant the policy says so) does not have. With the gate, the sidecar sends a queued request to Apache at once,
 with a header naming a *slot* of a small shared file; the module holds the worker thread on
 that slot's futex word before any other hook runs. Admission is then a 32-bit store and a
 futex wake (:meth:`Gate.open`), made synchronously inside the limiter's decision; a withdrawn
@@ -15,7 +15,7 @@ Idle starts (:meth:`Gate.idle`, ``--gate-backfill``): the oldest queued requests
 before their admission at the module's lowest level (``SCHED_IDLE``), so that Apache's core
 does not idle while the policy waits for something that is not on the CPU yet — a
 completion's hand-over, or a client's round trip between two stages with the thread reserved
-for its next request (``next``; 0.7–0.9 ms per transaction measured on loopback). Under
+for its next request (``next``). Under
 ``SCHED_IDLE`` (weight 3 against 1024) such a request takes ~0.3 % of the core from admitted
 ones; when the policy admits it, :meth:`Gate.open` bumps the file's epoch word and the
 module's promoter thread gives it its priority back.

@@ -1,7 +1,7 @@
 """Enforcement: per-(stage, phase) queues released exactly when the policy starts a thread.
 
 The limiter never computes a limit (that is :mod:`overtake.controller.sidecar.policies`); it keeps the state of
-paper 004's tandem — waiting requests per queue and admitted requests ("threads") per
+van der Weij et al.'s tandem — waiting requests per queue and admitted requests ("threads") per
 (stage, phase) coordinate — and on every arrival, completion, cancellation and policy swap asks
 the policy ``action(state)`` and admits that many waiting requests, oldest first.
 
@@ -15,7 +15,7 @@ Invariants (tested):
   as rejected (``queue_full``, ``queue_timeout``, ``client_gone``); so
   ``admitted = completed + failed + inflight`` at all times.
 
-Tandem routing (paper 004 §2: a request leaving stage i joins queue i+1 at that instant): when a
+Tandem routing (van der Weij et al. §2: a request leaving stage i joins queue i+1 at that instant): when a
 stage has a ``next`` stage, :meth:`Limiter.release` can put a *reservation* for the client's
 follow-up request into queue i+1 before the policy is consulted, so the decision made at the
 completion sees the request that moves on, as the model's does. The follow-up takes the
@@ -49,6 +49,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from overtake.controller.sidecar.classifier import Classifier
+from overtake.controller.sidecar.listener import LimiterListener
 from overtake.controller.sidecar.policies import SpawnPolicy
 from overtake.controller.sidecar.tandem import ADMITTED, DONE, QUEUED, TandemState, Ticket
 
@@ -58,32 +59,6 @@ if TYPE_CHECKING:
 __all__ = ["ADMITTED", "DONE", "PASSTHROUGH", "QUEUED", "Limiter", "LimiterListener", "Ticket"]
 
 PASSTHROUGH = -1  #: stage index of requests no stage claims
-
-
-class LimiterListener:
-    """Observer of a :class:`Limiter`'s tickets; subclass it and override the events you need.
-
-    Called synchronously on the event loop inside the limiter's atomic step, for stage and
-    passthrough tickets alike (``ticket.stage == PASSTHROUGH``): keep each call O(1), and never
-    call back into the limiter. ``now`` is the limiter's clock at the event.
-    """
-
-    def on_arrival(self, ticket: Ticket, now: float) -> None:
-        """A request was submitted, before the policy decides (it may still be turned away)."""
-
-    def on_admit(self, ticket: Ticket, now: float) -> None:
-        """``ticket`` was admitted: its thread starts (also a reservation's, see :meth:`on_claim`)."""
-
-    def on_release(self, ticket: Ticket, now: float, outcome: str) -> None:
-        """Admitted ``ticket`` ended: ``completed``, ``failed`` or ``unused``."""
-
-    def on_reject(self, ticket: Ticket, reason: str) -> None:
-        """Queued ``ticket`` ended unserved: ``queue_full``, ``queue_timeout``, ``client_gone``,
-        ``follow_up_missing``."""
-
-    def on_claim(self, ticket: Ticket, now: float) -> None:
-        """A follow-up request took over its reservation ``ticket`` (queued or admitted already);
-        it arrived at ``ticket.t_arrive`` and, if admitted, its service starts at ``ticket.t_admit``."""
 
 
 class Limiter:

@@ -44,23 +44,23 @@ def check_module_options(o: SidecarOptions) -> None:
         raise SidecarInputError(f"enforce: must be sidecar or module, got {o.enforce!r}")
     if o.enforce != "module":
         return
-    if not o.control_file:
+    if not o.apache_side.control_file:
         raise SidecarInputError("control_file: enforce: module writes the count table there; give the path of "
                                 "Apache's OvertakeControlFile (e.g. /dev/shm/overtake-control)")
-    if o.uplink != "fair":
-        raise SidecarInputError(f"uplink: {o.uplink} orders responses in the proxy; enforce: module passes no "
+    if o.uplink.name != "fair":
+        raise SidecarInputError(f"uplink: {o.uplink.name} orders responses in the proxy; enforce: module passes no "
                                 "response through the sidecar (use uplink: fair, or enforce: sidecar)")
     if o.phase_header:
         raise SidecarInputError("phase_header: the module sees no phase header (counts per stage only); drop it "
                                 "or use enforce: sidecar")
-    if o.gate:
+    if o.apache_side.gate:
         raise SidecarInputError("gate: the admission gate holds requests the sidecar forwards; enforce: module "
                                 "holds them in Apache by the count table itself: drop gate")
     if o.online is not None and not o.online.access_log:
         raise SidecarInputError("online.access_log: enforce: module passes no request through the sidecar; the "
                                 "refit reads demands and arrivals from Apache's access log (--access-log "
                                 "WORKDIR/logs/access.log)")
-    if o.cpu_priority == "class":
+    if o.apache_side.cpu_priority == "class":
         raise SidecarInputError("cpu_priority: class sets a header on each forwarded request; enforce: module "
                                 "forwards none: use age or off")
 

@@ -1,4 +1,5 @@
-"""The algorithm side of the sidecar: which threads to start in a given state (paper 004, §2-§4).
+"""The algorithm side of the sidecar: which threads to start in a given state (van der Weij et al.,
+"Dynamic thread assignment", §2-§4).
 
 A :class:`SpawnPolicy` never sees requests (Netflix concurrency-limits' ``Limit``); the
 :mod:`overtake.controller.sidecar.limiter` enforces it. Every policy answers ``action(state)`` in O(1) for the
@@ -118,7 +119,7 @@ class BaselinePolicy:
             return tuple(waiting)
         room = self._total - sum(threads)
         out = [0] * n
-        for i in range(n - 1, -1, -1):  # later stages first (paper 004 §4)
+        for i in range(n - 1, -1, -1):  # later stages first (van der Weij et al. §4)
             take = max(0, min(waiting[i], room))
             out[i] = take
             room -= take

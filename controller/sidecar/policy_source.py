@@ -72,14 +72,14 @@ class PolicySource:
         self.fetch_counts = dict.fromkeys(FETCH_RESULTS, 0)
         self.fetches: Counter | None = None
         self._fetch_lock = asyncio.Lock()
-        fetched = self._initial_fetch() if options.policy_url else None
+        fetched = self._initial_fetch() if options.policy.url else None
         #: the policy to start with
         self.first = fetched if fetched is not None else load_policy(
-            options.policy, table.names, max_bytes=options.policy_max_bytes,
-            max_array_bytes=options.policy_max_array_bytes,
-            max_inflated_bytes=options.policy_max_inflated_bytes)
+            options.policy.spec, table.names, max_bytes=options.policy.max_bytes,
+            max_array_bytes=options.policy.max_array_bytes,
+            max_inflated_bytes=options.policy.max_inflated_bytes)
         #: the file, spec or URL the running policy came from
-        self.path = self.fetcher.url if fetched is not None and self.fetcher else options.policy
+        self.path = self.fetcher.url if fetched is not None and self.fetcher else options.policy.spec
         self._file_sig = self._signature()
         self._watch: asyncio.Task[None] | None = None
         self._poll: asyncio.Task[None] | None = None
@@ -94,7 +94,7 @@ class PolicySource:
     def start(self) -> None:
         """Watch the file and poll the URL (with ``--policy-url``)."""
         self._watch = asyncio.create_task(self._watch_file())
-        if self.options.policy_url:
+        if self.options.policy.url:
             self._poll = asyncio.create_task(self._poll_policy())
 
     async def reload(self, source: str, options: SidecarOptions | None = None) -> None:
@@ -103,11 +103,11 @@ class PolicySource:
         if options is not None:
             old = self.options
             self.options = options
-            if options.policy and options.policy != old.policy:
-                self.path = options.policy
+            if options.policy.spec and options.policy.spec != old.policy.spec:
+                self.path = options.policy.spec
                 self.unfollow()
-            if options.policy_url and options.policy_url != old.policy_url:
-                self.fetcher = self._new_fetcher(options.policy_url)
+            if options.policy.url and options.policy.url != old.policy.url:
+                self.fetcher = self._new_fetcher(options.policy.url)
                 self.etag = None
                 if self._poll is None:
                     self._poll = asyncio.create_task(self._poll_policy())
@@ -122,7 +122,7 @@ class PolicySource:
 
     def url_allowed(self, url: str) -> bool:
         """May ``PUT /-/policy`` follow ``url`` (the policy URL's origin, ``admin_policy_urls``)?"""
-        return url_allowed(url, self.options.admin_policy_urls, self.options.policy_url)
+        return url_allowed(url, self.options.guards.admin_policy_urls, self.options.policy.url)
 
     def _new_fetcher(self, url: str, *, checked: bool = False) -> PolicyFetcher:
         """A fetcher of ``url``; ``checked``: a URL given to ``PUT /-/policy``, whose redirects
@@ -130,8 +130,8 @@ class PolicySource:
         operator's own choice and may redirect anywhere)."""
         opts = self.options
         # the token belongs to --policy-url's origin; without one it goes nowhere
-        return PolicyFetcher(url, token=opts.policy_token, token_origin=opts.policy_url or "",
-                             max_bytes=opts.policy_max_bytes, allow=self.url_allowed if checked else None)
+        return PolicyFetcher(url, token=opts.policy.token, token_origin=opts.policy.url or "",
+                             max_bytes=opts.policy.max_bytes, allow=self.url_allowed if checked else None)
 
     def stop(self) -> None:
         for task in (self._watch, self._poll):
@@ -162,7 +162,7 @@ class PolicySource:
 
     async def _watch_file(self) -> None:
         while True:
-            await asyncio.sleep(self.options.watch_interval)
+            await asyncio.sleep(self.options.policy.watch_interval)
             try:
                 sig = self._signature()
                 if sig is not None and sig != self._file_sig:
@@ -183,10 +183,10 @@ class PolicySource:
     def _initial_fetch(self) -> SpawnPolicy | None:
         """First download (blocking, before listening). Without a fallback ``--policy`` a failure is fatal."""
         opts = self.options
-        assert opts.policy_url
-        if not opts.policy_poll > 0:
-            raise SidecarInputError(f"policy-poll: must be > 0 seconds, got {opts.policy_poll}")
-        self.fetcher = self._new_fetcher(opts.policy_url)
+        assert opts.policy.url
+        if not opts.policy.poll > 0:
+            raise SidecarInputError(f"policy-poll: must be > 0 seconds, got {opts.policy.poll}")
+        self.fetcher = self._new_fetcher(opts.policy.url)
         try:
             dl = self.fetcher.fetch(None)
             if dl is None:
@@ -194,18 +194,18 @@ class PolicySource:
         except PolicyFetchError as exc:
             self._count("error")
             self.fetch_error = str(exc)
-            if not opts.policy:
+            if not opts.policy.spec:
                 raise SidecarInputError(f"policy-url: {exc}; start the API, fix the URL or give --policy as a fallback") from None
             log.warning("policy URL unreachable, using --policy", extra={"event": "policy_fetch_error", "detail": str(exc)})
             return None
         try:
-            pol = load_policy(str(dl.path), self.table.names, max_bytes=opts.policy_max_bytes,
-                              max_array_bytes=opts.policy_max_array_bytes,
-                              max_inflated_bytes=opts.policy_max_inflated_bytes)
+            pol = load_policy(str(dl.path), self.table.names, max_bytes=opts.policy.max_bytes,
+                              max_array_bytes=opts.policy.max_array_bytes,
+                              max_inflated_bytes=opts.policy.max_inflated_bytes)
         except PolicyLoadError as exc:
             self._count("refused")
             self.fetch_error = f"refused: {exc}"
-            if not opts.policy:
+            if not opts.policy.spec:
                 raise PolicyLoadError(f"policy-url: {self.fetcher.shown} did not give a usable policy ({exc})") from None
             return None
         finally:
@@ -253,7 +253,7 @@ class PolicySource:
 
     async def _poll_policy(self) -> None:
         while True:
-            await asyncio.sleep(self.options.policy_poll)
+            await asyncio.sleep(self.options.policy.poll)
             try:
                 await self.refresh("policy_poll")
             except (PolicyFetchError, PolicyLoadError, SidecarInputError):

@@ -4,8 +4,8 @@ The gateway fills a :class:`RequestRecord` while it answers a request and hands 
 callback given as ``on_request`` (:class:`RequestLog.write`) when the answer has been written.
 Beyond what Apache logs, each line carries what only the sidecar knows: the stage the request was
 routed to, its start phase, the time it waited in the sidecar's queue for the policy to start a
-thread (paper 004 §4.2: the waiting requests of the MDP's state) and the time Apache took from
-admission to its whole response.
+thread (van der Weij et al., "Dynamic thread assignment" §4.2: the waiting requests of the
+MDP's state) and the time Apache took from admission to its whole response.
 
 ``json``: one object per line with the keys ``ts``, ``peer``, ``method``, ``target``,
 ``version``, ``status``, ``bytes``, ``duration``, ``stage``, ``phase``, ``queue_wait``,

@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from overtake.controller.sidecar.limiter import LimiterListener
+from overtake.controller.sidecar.listener import LimiterListener
 from overtake.controller.sidecar.stages import StageTable
 from overtake.controller.sidecar.tandem import TandemState, Ticket
 

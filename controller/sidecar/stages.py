@@ -119,7 +119,7 @@ class StageSpec(_Strict):
     routes: tuple[Route, ...] = ()
     queue_cap: int | None = Field(default=None, ge=0)
     queue_timeout: float | None = Field(default=None, gt=0)
-    # the stage whose request the client sends next on the same connection (paper 004's
+    # the stage whose request the client sends next on the same connection (van der Weij et al.'s
     # tandem): its thread decision is taken at this stage's completion, as in the model
     next: str | None = None
     # requests that may hold a lock others wait for (a database write transaction, a session
@@ -243,7 +243,7 @@ class Limits(_Strict):
 
 
 class ClassifierSettings(_Strict):
-    """Phase classification (paper 004 needs the phase of waiting requests for ``full`` policies)."""
+    """Phase classification (van der Weij et al. needs the phase of waiting requests for ``full`` policies)."""
 
     mode: Literal["explicit", "learned", "hidden", "auto"] = "explicit"
     header: str = "X-Overtake-Phase"

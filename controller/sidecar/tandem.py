@@ -1,6 +1,6 @@
-"""Paper 004's state as the sidecar holds it: tickets, queues per (stage, phase), threads per coordinate.
+"""van der Weij et al.'s state as the sidecar holds it: tickets, queues per (stage, phase), threads per coordinate.
 
-The MDP's state (paper 004 §2-3) is the number of waiting requests per queue and of threads per
+The MDP's state (van der Weij et al. §2-3) is the number of waiting requests per queue and of threads per
 (stage, phase) coordinate. :class:`TandemState` keeps exactly that, in the running policy's
 layout (:attr:`overtake.controller.sidecar.policies.SpawnPolicy.phases`), plus the tickets behind the
 counts: FIFO queues of waiting tickets and the set of tickets in service. It never decides

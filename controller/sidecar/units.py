@@ -4,7 +4,7 @@ A solved policy's model — its service times, its predicted E[W], the age thres
 for ``OvertakePrioLevels`` — is in the unit of the scenario it was solved from, while the sidecar
 measures seconds. ``overtake solve`` stores that unit in the policy file (``meta["time_unit"]``: a
 number of seconds, 1 for every scenario built on ``overtake fit`` output, or ``"model"`` for a
-scenario in an abstract unit such as paper 004's Table 1). The unit in force is decided here,
+scenario in an abstract unit such as van der Weij et al.'s Table 1). The unit in force is decided here,
 one rule for the start, every swap and every reload:
 
 =====================================  ==============================================================
@@ -40,7 +40,7 @@ MODEL = "model"
 UNRECORDED = "unrecorded"
 #: a baseline: no model, no times to convert
 UNITLESS = "unitless"
-#: ``classifier.time_unit``'s default before policies carried their unit (paper 004's unit as
+#: ``classifier.time_unit``'s default before policies carried their unit (van der Weij et al.'s unit as
 #: 10 ms of CPU on the private Apache); used only for unrecorded policies without a stages value
 FORMER_DEFAULT = 0.01
 

@@ -1,7 +1,8 @@
 """The sidecar's own limiter on a virtual processor-sharing CPU: a trace of transactions replayed.
 
-Paper 004 §2 models one processor shared equally (processor sharing) by the admitted requests,
-each transaction visiting stages 1..N in turn. :func:`replay` runs a recorded or generated trace
+van der Weij et al., "Dynamic thread assignment" §2 models one processor shared equally
+(processor sharing) by the admitted requests, each transaction visiting stages 1..N in turn.
+:func:`replay` runs a recorded or generated trace
 (arrival times, per-stage demands and start phases, in model time units) through
 :class:`overtake.controller.sidecar.limiter.Limiter` — the admission code the gateway runs — on a virtual clock,
 with service by exact processor sharing and no network, kernel or Apache in the way.

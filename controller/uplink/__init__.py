@@ -1,23 +1,26 @@
-"""The uplink room: how response bytes leave the server (papers 000-003).
+"""The uplink room: how response bytes leave the server (Crovella et al.,
+"Connection scheduling in web servers"; Harchol-Balter et al., "Size-based scheduling to improve
+web performance"; Al Sa'deh and Yahya, "A new scheduling policy in web servers"; Schroeder and
+Harchol-Balter, "Web servers under overload").
 
 The gateway writes every response through :mod:`.flow` (one
 :class:`UplinkFlow` per response); the scheduler behind it is chosen by
 :func:`make_uplink` (``--uplink fair|srpt|srrt|app``):
 
 ``fair``  nothing set: every socket drains into one FIFO (what Apache alone does); :mod:`.fair`.
-``srpt``  paper 001 §2.2.4: the client socket's ``SO_PRIORITY`` = the kernel band of its
+``srpt``  Harchol-Balter et al. §2.2.4: the client socket's ``SO_PRIORITY`` = the kernel band of its
           remaining bytes, read from ``TCP_INFO`` and updated while the response drains;
           :mod:`.kernel`.
-``srrt``  paper 002 §3: the band of the remaining *time* ``RTT · (1 + remaining/(cwnd·MSS))``;
+``srrt``  Al Sa'deh and Yahya §3: the band of the remaining *time* ``RTT · (1 + remaining/(cwnd·MSS))``;
           :mod:`.kernel`.
-``app``   paper 000 §3.3: no kernel bands; the server orders its own writes, least remaining
+``app``   Crovella et al. §3.3: no kernel bands; the server orders its own writes, least remaining
           first, ``concurrency`` writers at a time; :mod:`.app`.
 
 The rest of the room, imported by module name:
 
-* :mod:`.bands`: cutoffs on remaining size or time (paper 001 §2.2.2's rule, adaptive);
+* :mod:`.bands`: cutoffs on remaining size or time (Harchol-Balter et al. §2.2.2's rule, adaptive);
 * :mod:`.qdisc`: install, show and remove the priority qdisc (``overtake uplink``);
-* :mod:`.tcpinfo`: ``TCP_INFO`` / ``SO_PRIORITY`` on a socket, paper 002's remaining time;
+* :mod:`.tcpinfo`: ``TCP_INFO`` / ``SO_PRIORITY`` on a socket, Al Sa'deh and Yahya's remaining time;
 * :mod:`.permits`: the least-remaining-first write turns of ``app`` and the ordered bands;
 * :mod:`.metrics`: the per-band Prometheus collector;
 * :mod:`.errors`: the error tree.

@@ -1,11 +1,11 @@
-"""Application-level SRPT when no qdisc can be installed (paper 000 §3.3).
+"""Application-level SRPT when no qdisc can be installed (Crovella et al., "Connection scheduling in web servers" §3.3).
 
 No kernel bands: at most ``concurrency`` flows hand data to the kernel at once, the one with the
 least remaining bytes first, ``quantum`` bytes at a time. A holder keeps its permit until its
 quantum has left the send queue (``TCP_INFO`` notsent) and, between quanta, for as long as no
 smaller flow waits, so the backlog stays in the server where the ordering is decided;
 ``TCP_NOTSENT_LOWAT`` (1 byte) keeps the kernel from holding unsent data of flows that wait.
-This costs throughput when ``concurrency`` is small (paper 000 §5.4; bench/uplink_srpt.py).
+This costs throughput when ``concurrency`` is small (Crovella et al. §5.4; bench/uplink_srpt.py).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class _AppFlow:
         drain() returns once the kernel *accepted* the bytes (the send buffer is large), and
         TCP_NOTSENT_LOWAT only gates poll(), not send(): releasing there lets every flow park
         its data unsent in the kernel, where the qdisc shares it FAIRly and the ordering is
-        lost (app with one writer then behaves as FAIR). Paper 000 §3.3 needs the backlog held by
+        lost (app with one writer then behaves as FAIR). Crovella et al. §3.3 needs the backlog held by
         the server.
         """
         try:
@@ -122,7 +122,7 @@ class _AppFlow:
 
 
 class AppUplink:
-    """Paper 000: order our own writes by remaining bytes, ``concurrency`` writers at a time."""
+    """Crovella et al.: order our own writes by remaining bytes, ``concurrency`` writers at a time."""
 
     name = "app"
 

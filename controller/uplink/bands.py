@@ -1,6 +1,7 @@
 """Priority bands: cutoffs on remaining size (SRPT) or remaining time (SRRT).
 
-Paper 001 §2.2.2 (rules of thumb for heavy-tailed web workloads), with cutoffs
+Harchol-Balter et al., "Size-based scheduling to improve web performance" §2.2.2 (rules of thumb
+for heavy-tailed web workloads), with cutoffs
 ``x_1 < x_2 < ... < x_n`` splitting requests into ``n + 1`` classes:
 
 * the lowest cutoff ``x_1`` sits near the median request size (about 50% of requests are
@@ -9,9 +10,9 @@ Paper 001 §2.2.2 (rules of thumb for heavy-tailed web workloads), with cutoffs
   (so the largest requests are not starved by a crowded top class);
 * the middle cutoffs matter far less; logarithmic spacing works well.
 
-Paper 001 §2.2.4 used six classes with cutoffs 1K, 2K, 5K, 20K, 50K (:data:`PAPER_001`), and
+Harchol-Balter et al. §2.2.4 used six classes with cutoffs 1K, 2K, 5K, 20K, 50K (:data:`PAPER_001`), and
 §3.4 two classes cut at the median. Band 0 here is the *highest-priority data band*; the
-control band (SYN-ACKs, headers before the size is known, paper 001 §2.2.3) sits above all
+control band (SYN-ACKs, headers before the size is known, Harchol-Balter et al. §2.2.3) sits above all
 data bands and is handled by :mod:`overtake.controller.uplink.qdisc`, not here.
 
 :class:`AdaptiveCutoffs` re-derives the cutoffs from a sliding window of observed values
@@ -94,11 +95,11 @@ def _fmt(x: float) -> str:
 
 
 PAPER_001 = Cutoffs((1024.0, 2048.0, 5120.0, 20480.0, 51200.0))
-"""Paper 001 §2.2.4 table: classes <=1K, 1-2K, 2-5K, 5-20K, 20-50K, >50K (bytes)."""
+"""Harchol-Balter et al. §2.2.4 table: classes <=1K, 1-2K, 2-5K, 5-20K, 20-50K, >50K (bytes)."""
 
 
 def log_spaced(low: float, high: float, n_cutoffs: int) -> Cutoffs:
-    """``n_cutoffs`` cutoffs from ``low`` to ``high``, geometrically spaced (paper 001 §2.2.2)."""
+    """``n_cutoffs`` cutoffs from ``low`` to ``high``, geometrically spaced (Harchol-Balter et al. §2.2.2)."""
     if n_cutoffs < 1:
         raise UplinkInputError(f"n_cutoffs: {n_cutoffs} must be >= 1")
     if not (0 < low and math.isfinite(high)):
@@ -111,9 +112,9 @@ def log_spaced(low: float, high: float, n_cutoffs: int) -> Cutoffs:
     return Cutoffs(tuple(float(x) for x in np.geomspace(low, high, n_cutoffs)))
 
 
-#: Share of the samples above the highest cutoff: the low end of paper 001's 0.5-1 %. Measured at
-#: load 0.8 (60 s, seeds 1-3, BENCHMARKS.md ``uplink-sweep-60s``): the largest 1 % of requests then
-#: take 0.97-1.06x their FAIR time, against 1.16-1.33x at 1 %, at the same mean (0.25-0.31x).
+#: Share of the samples above the highest cutoff: the low end of Harchol-Balter et al.'s 0.5-1 %,
+#: which keeps the largest requests near their FAIR time at the same mean (BENCHMARKS.md
+#: ``uplink-sweep-60s``).
 TOP_FRACTION = 0.005
 
 
@@ -124,11 +125,11 @@ def cutoffs_from_samples(
     low_quantile: float = 0.5,
     top_fraction: float = TOP_FRACTION,
 ) -> Cutoffs:
-    """Paper 001 §2.2.2 rule applied to observed values (sizes in bytes or times in seconds).
+    """Harchol-Balter et al. §2.2.2 rule applied to observed values (sizes in bytes or times in seconds).
 
     ``n_bands - 1`` cutoffs: the lowest at the ``low_quantile`` (median), the highest at the
     ``1 - top_fraction`` quantile (so ``top_fraction`` of the samples are above it),
-    log-spaced in between. With two bands the single cutoff is the median (paper 001 §3.4).
+    log-spaced in between. With two bands the single cutoff is the median (Harchol-Balter et al. §3.4).
     """
     if n_bands < 2:
         raise UplinkInputError(f"bands: {n_bands} data bands cannot separate sizes; need >= 2")
@@ -149,7 +150,7 @@ def check_rule(low_quantile: float, top_fraction: float) -> None:
     if not 0.0 < top_fraction < 1.0 - low_quantile:
         raise UplinkInputError(
             f"top_fraction: {top_fraction!r} must be in (0, {1 - low_quantile:g}); "
-            "paper 001 uses 0.005-0.01"
+            "Harchol-Balter et al. uses 0.005-0.01"
         )
 
 

@@ -1,8 +1,8 @@
 """``make_uplink(name)``: the scheduler named on the command line, and the bands it can use.
 
 SRPT and SRRT need a priority qdisc (:mod:`overtake.controller.uplink.qdisc`) and the right to
-set its priorities; without either they fall back to the application-level ordering (paper 000)
-and say so in ``describe()``.
+set its priorities; without either they fall back to the application-level ordering (Crovella et al.,
+"Connection scheduling in web servers") and say so in ``describe()``.
 """
 
 from __future__ import annotations
@@ -97,9 +97,9 @@ def make_uplink(
     ``htb`` or ``pfifo_fast``. SRPT/SRRT fall back to ``app`` when no band arrangement is
     found or HTB priorities are refused (no CAP_NET_ADMIN/CAP_NET_RAW); ``describe()`` says
     which is in use. ``cutoffs``: fixed cutoffs (bytes for SRPT, seconds for SRRT; a string
-    like ``"1K,4K,16K"``); by default they start log-spaced (paper 001's 1K-50K for SRPT) and
+    like ``"1K,4K,16K"``); by default they start log-spaced (Harchol-Balter et al.'s 1K-50K for SRPT) and
     adapt to the observed distribution (``adapt``; off when cutoffs are given) with
-    ``top_fraction`` of the responses above the highest cutoff (paper 001: 0.005-0.01; the default
+    ``top_fraction`` of the responses above the highest cutoff (Harchol-Balter et al.: 0.005-0.01; the default
     0.005 keeps the largest responses near their FAIR time, where 0.01 slows them; BENCHMARKS.md
     ``uplink-sweep-60s`` has the figures).
     ``concurrency``, ``quantum``, ``max_pacing_rate`` (bytes/s, the link rate) shape ``app``;
@@ -151,8 +151,9 @@ def make_uplink(
 
 
 def default_cutoffs(n_bands: int, *, by_time: bool) -> _bands.Cutoffs:
-    """Starting cutoffs: 1K-50K log-spaced (paper 001 §2.2.4); for SRRT the same sizes as
-    remaining times of a fresh LAN connection (RTT 1 ms, cwnd 10, MSS 1448; paper 002 eq. 2)."""
+    """Starting cutoffs: 1K-50K log-spaced (Harchol-Balter et al. §2.2.4); for SRRT the same sizes as
+    remaining times of a fresh LAN connection (RTT 1 ms, cwnd 10, MSS 1448; Al Sa'deh and Yahya, "A new
+    scheduling policy in web servers", eq. 2)."""
     sizes = _bands.log_spaced(1024.0, 51200.0, n_bands - 1)
     if not by_time:
         return sizes

@@ -1,4 +1,5 @@
-"""What the gateway writes responses through: one uplink flow per response (papers 000-003).
+"""What the gateway writes responses through: one uplink flow per response (:mod:`overtake.controller.uplink`
+for the papers).
 
 The gateway (enforcement) writes every response body to its client through an
 :class:`UplinkFlow`; the :class:`Uplink` (algorithm) decides *how* those bytes leave. Contract

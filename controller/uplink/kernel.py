@@ -1,4 +1,5 @@
-"""SRPT and SRRT on the kernel's priority bands (paper 001 §2.2.4, paper 002 §3).
+"""SRPT and SRRT on the kernel's priority bands (Harchol-Balter et al., "Size-based scheduling to
+improve web performance", §2.2.4; Al Sa'deh and Yahya, "A new scheduling policy in web servers", §3).
 
 ``srpt``  ``SO_PRIORITY`` of the client socket = the band of its remaining bytes,
           ``remaining = total + backlog_at_open - (bytes_acked - bytes_acked_at_open)`` from
@@ -9,7 +10,7 @@
           the qdisc keep their class), which is what SRPT needs. ``TCP_NOTSENT_LOWAT`` keeps
           little unsent data in the kernel, so the socket's priority is still being updated while
           the tail of a large response drains.
-``srrt``  paper 002 §3: the band of the remaining *time* ``RTT · (1 + remaining/(cwnd·MSS))``.
+``srrt``  Al Sa'deh and Yahya §3: the band of the remaining *time* ``RTT · (1 + remaining/(cwnd·MSS))``.
 
 Ordering inside bands: with ``lowest_writers=k`` the responses in the lowest band are ordered as
 well: at most ``k`` of them hand data to the kernel at once, the least remaining first (paper
@@ -22,7 +23,7 @@ packet waiting in the qdisc past its RTO. A holder that makes no progress for ``
 (client gone, RTO backoff) passes its turn on so the band never idles behind it.
 
 The control band (top class) is never given to a response: it carries SYN-ACKs and the first
-bytes before the size is known (paper 001 §2.2.3). Bands come from
+bytes before the size is known (Harchol-Balter et al. §2.2.3). Bands come from
 :mod:`overtake.controller.uplink.qdisc` (HTB: 7 data bands; TBF + pfifo_fast: 2), cutoffs from
 :mod:`overtake.controller.uplink.bands`.
 """

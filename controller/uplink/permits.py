@@ -1,4 +1,5 @@
-"""Write turns: at most ``n`` holders, waiters served least remaining first (paper 000 §3.3).
+"""Write turns: at most ``n`` holders, waiters served least remaining first (Crovella et al.,
+"Connection scheduling in web servers", §3.3).
 
 Both the application-level scheduler (:mod:`overtake.controller.uplink.app`) and the ordered
 kernel bands (:mod:`overtake.controller.uplink.kernel`, ``lowest_writers``) hand out their write
@@ -15,7 +16,7 @@ __all__ = ["Permits"]
 
 
 class Permits:
-    """At most ``n`` holders; waiters served smallest key first (paper 000's SRPT queue)."""
+    """At most ``n`` holders; waiters served smallest key first (Crovella et al.'s SRPT queue)."""
 
     def __init__(self, n: int) -> None:
         self._free = n

@@ -1,7 +1,8 @@
 """Install, inspect and remove the uplink's priority qdisc on one interface.
 
-Paper 001 §2.1 drains the server's socket buffers into the NIC through a 16-band ``prio``
-qdisc. Kernels built without ``CONFIG_NET_SCH_PRIO`` (the project's test kernel, 6.18, also
+Harchol-Balter et al., "Size-based scheduling to improve web performance" §2.1 drains the server's
+socket buffers into the NIC through a 16-band ``prio`` qdisc. Kernels built without
+``CONFIG_NET_SCH_PRIO`` (the project's test kernel, 6.18, also
 lacks fq and netem and loads no modules) refuse it, so two arrangements are supported and probed
 in this order:
 
@@ -10,7 +11,7 @@ in this order:
          ``SO_PRIORITY = 0x00010010 + b`` selects leaf ``1:1b`` without filters (tc minors are
          hex; a priority that is no leaf's classid goes through filters, then ``default``).
          Unclassified packets (SYN-ACKs, pure ACKs) go to ``default 10``, the top class: the
-         control band of paper 001 §2.2.3. TSO/GSO are turned off (``ethtool -K``) because
+         control band of Harchol-Balter et al. §2.2.3. TSO/GSO are turned off (``ethtool -K``) because
          HTB does not segment 64 KB GSO packets, which would block a 10 Mbit/s link for ~50 ms.
          Priorities >= 7 need CAP_NET_ADMIN or CAP_NET_RAW in the server process.
          ``floor`` > 0 guarantees the lowest data band (the largest remaining responses) that
@@ -25,7 +26,7 @@ in this order:
 Installation is idempotent (``tc ... replace``; a matching setup is left untouched) and every
 function can return the ``tc`` command lines instead of running them (``dry_run``). Without
 CAP_NET_ADMIN nothing is installed: :class:`QdiscPermissionError` says so, and the sidecar
-falls back to ordering its own writes (``--uplink app``, paper 000).
+falls back to ordering its own writes (``--uplink app``, Crovella et al., "Connection scheduling in web servers").
 """
 
 from __future__ import annotations
@@ -425,7 +426,7 @@ def install(
         raise QdiscPermissionError(
             f"dev {dev}: installing a qdisc needs CAP_NET_ADMIN (run as root or with "
             "`setcap cap_net_admin+ep`); falling back: run the sidecar with --uplink app "
-            "(application-level ordering, paper 000)"
+            "(application-level ordering, Crovella et al.)"
         )
     state = show(dev, netns=netns, run=run)
     tried = [first] if mode != "auto" else ["htb", "tbf"]

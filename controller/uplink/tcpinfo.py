@@ -5,7 +5,8 @@ with ``offsetof()`` against the 6.1 userspace header and against ``ss -tin`` on 
 (which returns 256 bytes). Older kernels return a shorter struct; fields beyond the returned
 length read as ``None``.
 
-The remaining-time estimate is paper 002 §3, eq. (1)-(2): a TCP flow moves at most
+The remaining-time estimate is Al Sa'deh and Yahya, "A new scheduling policy in web servers" §3,
+eq. (1)-(2): a TCP flow moves at most
 ``R = cwnd·MSS / RTT`` bytes per second, so the remaining response time is
 ``RRT = RTT + RFS / R = RTT · (1 + RFS / (cwnd·MSS))`` for ``RFS`` remaining bytes.
 """
@@ -82,7 +83,7 @@ def outq_bytes(sock: SockLike) -> int:
 
 
 def remaining_time(remaining_bytes: float, info: TcpInfo, *, default_rtt: float = 1e-3) -> float:
-    """Paper 002 eq. (2): ``RTT · (1 + remaining / (cwnd · MSS))`` in seconds.
+    """Al Sa'deh and Yahya eq. (2): ``RTT · (1 + remaining / (cwnd · MSS))`` in seconds.
 
     Before the first RTT sample (``rtt == 0``) ``default_rtt`` stands in; a zero cwnd or MSS
     (closed socket) is treated as one segment of 536 bytes so the estimate stays finite.

@@ -18,7 +18,7 @@ of Apache thread CPU) is replayed three times (common random numbers):
 
 Each row: measured mean response time (95 % CI, 20 batch means), the trace's ideal twin (the same
 transactions on a processor-sharing CPU through the sidecar's own limiter and, where Apache runs
-it, the priority lever) and the model's prediction. Gains over π(∞) are (E W(π(∞)) − E W) / E W
+it, CPU priority) and the model's prediction. Gains over π(∞) are (E W(π(∞)) − E W) / E W
 with a paired 95 % CI, and 'adjusted' = measured − twin + model: the twin as control variate
 removes this trace's randomness. Writes ``OUT/report.png`` and ``OUT/live.json``.
 """
@@ -129,7 +129,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="demo-out")
     ap.add_argument("--default", required=True, metavar="HOST:PORT", help="sidecar in front of Apache's default")
-    ap.add_argument("--sidecar", required=True, metavar="HOST:PORT", help="the product's sidecar (auto, lever)")
+    ap.add_argument("--sidecar", required=True, metavar="HOST:PORT", help="the product's sidecar (auto, CPU priority)")
     ap.add_argument("--default-admin", required=True, metavar="HOST:PORT", help="--default's admin listener")
     ap.add_argument("--sidecar-admin", required=True, metavar="HOST:PORT", help="--sidecar's admin listener")
     ap.add_argument("--apache", required=True, metavar="HOST:PORT", help="Apache itself (overhead calibration)")
@@ -149,7 +149,7 @@ def main() -> int:
     full = Policy.load(out / "policies" / "full.npz")
     ps_w = float(full.meta["baselines"]["pi(inf)"])  # Apache's default, exact (seconds: unit 1 s)
     age = full.meta["cpu_priority"]["age"]
-    lever = age_priority(model, age["thresholds"], weights=[1.0, DEFAULT_LOW_WEIGHT])
+    prio = age_priority(model, age["thresholds"], weights=[1.0, DEFAULT_LOW_WEIGHT])
     ports = {"pi(inf)": int(args.default.rsplit(":", 1)[1]), "no header": int(args.sidecar.rsplit(":", 1)[1]),
              "header": int(args.sidecar.rsplit(":", 1)[1])}
     admins = {"pi(inf)": int(args.default_admin.rsplit(":", 1)[1]),
@@ -162,7 +162,7 @@ def main() -> int:
     print(f"load: {n} transactions (Poisson, {model.arrival_rate:.2f}/s, {trace['arrival'][-1]:.0f} s per row), "
           f"stage means {', '.join(f'{1e3 * m:.2f} ms' for m in means)} of Apache CPU, rho {model.load:.2f}; "
           f"Apache's own CPU per request {1e3 * overhead:.2f} ms (subtracted from each demand); "
-          f"age threshold {1e3 * lever.thresholds[0][0]:.1f} ms of thread CPU", flush=True)
+          f"age threshold {1e3 * prio.thresholds[0][0]:.1f} ms of thread CPU", flush=True)
 
     rows: dict[str, dict[str, Any]] = {}
     rts: dict[str, np.ndarray] = {}
@@ -170,14 +170,14 @@ def main() -> int:
     for name, label, header in ROWS:
         port = ports[name]
         if name == "pi(inf)":
-            runs, spec, mode, lv, w = "passthrough, no lever", "passthrough", "explicit", None, ps_w
+            runs, spec, mode, lv, w = "passthrough, no CPU priority", "passthrough", "explicit", None, ps_w
             why = "Apache's default: a thread for every request, the CPU shared equally"
         else:
             st = prime(port, admins[name], header, "full" if header else "none")
             chosen = st["chosen"]
             spec = "passthrough" if chosen == "passthrough" else str(out / "policies" / chosen)
             mode = MODE_FOR[st["phase_info"]]
-            lv, runs = lever, f"{chosen} + age priority"
+            lv, runs = prio, f"{chosen} + age priority"
             w = ps_w * (1 - float(st["predicted_gain"]))
             why = st["reason"]
         ideal[name] = virtual.replay(trace, spec, time_unit=1.0, mode=mode, max_inflight=60, cpu_priority=lv)
@@ -213,7 +213,7 @@ def main() -> int:
                      f"{100 * gm:+.1f} %: {verdict}")
         print(line)
 
-    # one Prometheus query: the product sidecar's series (and Apache's and the lever's, exported by it)
+    # one Prometheus query: the product sidecar's series (and Apache's and the module's, exported by it)
     time.sleep(2.5)  # > 2 scrape intervals since the last request
     admitted = prom_query(args.prometheus, "sum by (stage) (overtake_stage_admitted_total)")
     demoted = prom_query(args.prometheus, 'sum(overtake_cpu_prio_requests_total{level!="0"})')
@@ -231,7 +231,7 @@ def main() -> int:
     path = report(out, full, rows, caption)
     (out / "live.json").write_text(json.dumps({
         "transactions": n, "seed": args.seed, "apache_overhead_ms": 1e3 * overhead, "rows": rows,
-        "age_threshold_s": lever.thresholds[0][0],
+        "age_threshold_s": prio.thresholds[0][0],
         "prometheus": {"admitted": {r["metric"].get("stage"): float(r["value"][1]) for r in admitted}},
     }, indent=1))
     print(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path} and live.json")

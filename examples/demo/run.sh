@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job on the bundled example (`make demo`): fit each stage's measured service times, solve
 # the thread policies for what the sidecar may know of a request (its phase from a header, or
-# nothing) with the CPU-priority lever's predictions, compare them with Apache's default, then
+# nothing) with CPU priority's predictions, compare them with Apache's default, then
 # measure live: two private Apaches on one core (Apache's default, and one with mod_overtake_prio),
 # the sidecar in auto mode, a private Prometheus, one open-loop trace replayed under Apache's
 # default, under Overtake without a phase header and with it; measured next to the ideal twin and

@@ -46,7 +46,8 @@ def test_solve_matches_closed_forms(solved: dict) -> None:
     # pi(inf) on exponential stages is M/M/1-PS with E[S] = 2: E[W] = 2/(1 - 0.3); truncation at 8
     # blocks a fraction of about rho^8 = 7e-5 of the arrivals
     assert pols["pi(inf)"]["mean_response_time"] == pytest.approx(2 / 0.7, rel=2e-3)
-    # pi* = pi(1) for exponential stages (paper 004 §3): gain over pi(1) is zero up to truncation
+    # pi* = pi(1) for exponential stages (van der Weij et al., "Dynamic thread assignment" §3): gain over pi(1)
+    # is zero up to truncation
     assert abs(solved["comparison"]["gains"]["pi(1)"]) < 1e-3
     assert solved["comparison"]["gains"]["pi(inf)"] == pytest.approx(
         (pols["pi(inf)"]["mean_response_time"] - solved["metrics"]["mean_response_time"])

@@ -1,6 +1,7 @@
 """The API and the CLI answer the same scenario with the same document (one loader, one truncation).
 
-Paper 004, Table 1, case 4 (two H2 stages at ρ = 0.6) through ``POST /v1/models`` and through
+van der Weij et al., "Dynamic thread assignment", Table 1, case 4 (two H2 stages at ρ = 0.6)
+through ``POST /v1/models`` and through
 ``overtake compare --json``: the same auto-truncation, the same E[W] (4.3412 to the printed
 digits), the same baselines; and the API's state estimate admits it (the real count is 68,355).
 """

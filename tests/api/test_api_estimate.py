@@ -1,7 +1,7 @@
 """The API's state estimate (api/jobs.py ``estimate_states``) against what the solve really builds.
 
 The real count is the largest MDP auto-truncation solves for π* (the job's largest space on
-paper 004's Table 1; the π(∞) chain is smaller there). On every Table 1 case that MDP has 13
+van der Weij et al.'s Table 1; the π(∞) chain is smaller there). On every Table 1 case that MDP has 13
 requests (the first solve-cap check, ``next_solve_cap(10)``) and the thread cap the case
 settles on, recorded in ``SETTLED`` from ``overtake.mdp.solve`` runs on this code; the slow test
 re-solves the cases that take seconds and checks the record (case 4 is checked in

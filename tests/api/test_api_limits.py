@@ -1,4 +1,4 @@
-"""Hostile input to the REST API gets a clear 4xx at once (issue 19): unbounded numbers, a load
+"""Hostile input to the REST API gets a clear 4xx at once: unbounded numbers, a load
 whose exact solve would not end, JSON nested 100,000 deep, bodies over the cap (chunked too), an
 access log whose lines a backtracking matcher would split in exponentially many ways."""
 

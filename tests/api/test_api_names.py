@@ -1,4 +1,4 @@
-"""A 202 says where to poll (``Location``), and two different jobs never share a name (issue 19).
+"""A 202 says where to poll (``Location``), and two different jobs never share a name.
 
 Before: the 202 had no ``Location``, and a model's default name was its stages and load only, so
 two scenarios differing in a service time (or posted under one ``name``) showed the same name on

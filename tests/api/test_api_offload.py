@@ -1,4 +1,4 @@
-"""Long work of a request runs off the event loop, under a deadline (issue 19).
+"""Long work of a request runs off the event loop, under a deadline.
 
 Each heavy step a route takes (validating a scenario and estimating its state space, checking
 inline samples, parsing an access log, reading a stored job, loading a policy, rendering a

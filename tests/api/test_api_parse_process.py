@@ -1,4 +1,4 @@
-"""Request bodies are decoded in the parse process, not in a thread of the server (issue 19).
+"""Request bodies are decoded in the parse process, not in a thread of the server.
 
 A thread shares the interpreter lock with the event loop: ``json.loads`` of a 16 MB body is one C
 call that held it for about a second, and ``/healthz`` waited that long (bench/sidecar_attack.py,

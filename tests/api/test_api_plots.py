@@ -31,7 +31,8 @@ def test_policy_grid_of_exponential_stages_is_one_thread_at_a_time(exp_policy: P
     assert g.stages == ("front", "back")
     assert g.configs[0] == "no thread active"
     total_idle = g.spawn[0].sum(axis=0)
-    # pi* = pi(1) (paper 004 §3): an idle processor starts exactly one thread whenever a request waits
+    # pi* = pi(1) (van der Weij et al., "Dynamic thread assignment" §3): an idle processor starts
+    # exactly one thread whenever a request waits
     expected = np.ones((6, 6), dtype=np.int64)
     expected[0, 0] = 0
     np.testing.assert_array_equal(total_idle, expected)

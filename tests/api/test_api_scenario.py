@@ -73,7 +73,7 @@ def test_bad_yaml_names_the_file(tmp_path: Path) -> None:
 
 
 def test_table1_files_load_with_the_papers_load() -> None:
-    # paper 004, Table 1, case 4: two H2 stages (mean 0.991 each) at rho = 0.6
+    # van der Weij et al., "Dynamic thread assignment", Table 1, case 4: two H2 stages (mean 0.991 each) at rho = 0.6
     sc, model = load_scenario(Path(__file__).resolve().parents[2] / "examples" / "table1" / "case04.yaml")
     assert model.load == pytest.approx(0.6)
     assert model.arrival_rate == pytest.approx(0.6 / (2 * (0.91 * 0.55 + 0.09 * 5.45)))

@@ -1,4 +1,4 @@
-"""Start-up of `overtake compare` on a small scenario (issue 21, part 2): what it must not import.
+"""Start-up of `overtake compare` on a small scenario: what it must not import.
 
 A fresh process pays for every module it loads; numba (0.3-0.5 s) and scipy's sparse solvers
 (0.2 s) serve only large models. Checked in a child process so this suite's imports do not count.

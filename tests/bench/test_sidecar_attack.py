@@ -1,4 +1,4 @@
-"""bench/sidecar_attack.py as issue 19's robustness suite in CI: every probe against a real Apache
+"""bench/sidecar_attack.py as a robustness suite in CI: every probe against a real Apache
 behind the sidecar, and against the API, each for a short time. Checked here: no request of the
 normal client fails, the server's memory stays within 2x its idle size, and the sidecar's
 in-flight count returns to 0 after each attack; against the admission gate's pair, no Apache

@@ -1,4 +1,4 @@
-"""bench/value_of_information.py: its invariants on Table 1 (issue 18), not its timing.
+"""bench/value_of_information.py: its invariants on Table 1, not its timing.
 
 Known answers: more information never hurts (E W(full) <= E W(start) <= E W(none)), the best
 count-only policy is never worse than a baseline it contains (mdp/observed.py), the reported gain

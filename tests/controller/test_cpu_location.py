@@ -64,12 +64,12 @@ def test_the_module_is_said_not_to_reach_php_fpm(tmp_path: Path, caplog: pytest.
     assert len([r for r in caplog.records if getattr(r, "event", "") == "cpu_priority_unreachable"]) == 1
 
 
-@pytest.mark.parametrize(("lever", "apache", "fpm"), [("age", 9.0, 1.0), ("off", 1.0, 9.0)])
+@pytest.mark.parametrize(("priority", "apache", "fpm"), [("age", 9.0, 1.0), ("off", 1.0, 9.0)])
 def test_no_warning_when_the_module_reaches_or_is_off(tmp_path: Path, caplog: pytest.LogCaptureFixture,
-                                                      lever: str, apache: float, fpm: float) -> None:
+                                                      priority: str, apache: float, fpm: float) -> None:
     _proc(tmp_path, 10, "apache2", 0.0)
     _proc(tmp_path, 20, "php-fpm8.2", 0.0)
-    loc = CpuLocation(lever, proc=tmp_path)
+    loc = CpuLocation(priority, proc=tmp_path)
     loc.sample()
     _proc(tmp_path, 10, "apache2", apache)
     _proc(tmp_path, 20, "php-fpm8.2", fpm)
@@ -77,7 +77,7 @@ def test_no_warning_when_the_module_reaches_or_is_off(tmp_path: Path, caplog: py
         m = _metrics(loc)
     assert loc.module_reaches is (apache > fpm)
     assert not [r for r in caplog.records if getattr(r, "event", "") == "cpu_priority_unreachable"]
-    assert (("overtake_cpu_priority_module_reaches", "") in m) is (lever != "off")
+    assert (("overtake_cpu_priority_module_reaches", "") in m) is (priority != "off")
 
 
 @pytest.mark.skipif(pf.php_available() is not None, reason=str(pf.php_available()))
@@ -98,16 +98,17 @@ def test_a_real_php_fpm_pool_is_seen_burning(tmp_path: Path) -> None:
         subprocess.run(["rm", "-rf", str(work)], check=False)
 
 
-@pytest.mark.parametrize(("reaches", "php_stats_file", "lever"), [
+@pytest.mark.parametrize(("reaches", "php_stats_file", "priority"), [
     (None, None, "age"), (True, None, "age"), (False, None, "off"), (False, "/run/php/stats", "age")])
 def test_auto_counts_on_the_module_only_where_it_reaches(reaches: bool | None, php_stats_file: str | None,
-                                                         lever: str) -> None:
-    """Auto weighs its candidates with the CPU lever only while that lever reaches the CPU:
+                                                         priority: str) -> None:
+    """Auto weighs its candidates with CPU priority only while the module reaches the CPU:
     not when the work runs in PHP-FPM, unless the PHP extension carries it there."""
     from types import SimpleNamespace
 
     from overtake.controller.sidecar.service import Sidecar
 
     side = SimpleNamespace(cpu_location=SimpleNamespace(module_reaches=reaches),
-                           options=SimpleNamespace(cpu_priority="age", php_stats_file=php_stats_file))
-    assert Sidecar._cpu_priority_in_reach(side) == lever  # type: ignore[arg-type]
+                           options=SimpleNamespace(apache_side=SimpleNamespace(cpu_priority="age",
+                                                                           php_stats_file=php_stats_file)))
+    assert Sidecar._cpu_priority_in_reach(side) == priority  # type: ignore[arg-type]

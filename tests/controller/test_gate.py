@@ -28,7 +28,8 @@ from hypothesis import strategies as st
 
 from overtake.controller.errors import SidecarInputError
 from overtake.controller.sidecar.gate import Gate, GateOpener
-from overtake.controller.sidecar.http1 import Request, upstream_head
+from overtake.controller.sidecar.heads import upstream_head
+from overtake.controller.sidecar.request import Request
 from overtake.controller.sidecar.tandem import Ticket
 
 WAIT, OPEN, CANCEL = 0, 1, 2

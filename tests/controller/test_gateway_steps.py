@@ -2,8 +2,8 @@
 
 Each step gets a real request, parsed by :class:`~overtake.controller.sidecar.http1.ClientConnection`
 from bytes written into a socket pair, and a real limiter, classifier and stage table; a step
-either answers (an :class:`~overtake.controller.sidecar.gateway.Answer`) or passes the request on
-(None), having recorded what it learned on the :class:`~overtake.controller.sidecar.gateway.Exchange`.
+either answers (an :class:`~overtake.controller.sidecar.exchange.Answer`) or passes the request on
+(None), having recorded what it learned on the :class:`~overtake.controller.sidecar.exchange.Exchange`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from overtake.controller.sidecar.classifier import Classifier
-from overtake.controller.sidecar.gateway import Answer, Exchange, Gateway
+from overtake.controller.sidecar.exchange import Answer, Exchange
+from overtake.controller.sidecar.gateway import Gateway
 from overtake.controller.sidecar.http1 import ClientConnection
 from overtake.controller.sidecar.limiter import ADMITTED, PASSTHROUGH, Limiter
 from overtake.controller.sidecar.metrics import SidecarMetrics
@@ -85,12 +86,12 @@ def test_the_steps_run_in_the_documented_order() -> None:
 
 def test_a_bad_target_is_a_400_and_a_good_one_passes() -> None:
     async def bad(gw: Gateway, ex: Exchange) -> None:
-        answer = await gw.refuse_bad_target(ex)
+        answer = await gw.screening.refuse_bad_target(ex)
         assert answer is not None and answer.keep and answer.data.startswith(b"HTTP/1.1 400 ")
         assert ex.rec.status == 400 and _errors(gw, "bad_target") == 1
 
     async def good(gw: Gateway, ex: Exchange) -> None:
-        assert await gw.refuse_bad_target(ex) is None and ex.rec.status == 0
+        assert await gw.screening.refuse_bad_target(ex) is None and ex.rec.status == 0
 
     _run(b"GET /s1%00x HTTP/1.1\r\nHost: x\r\n\r\n", bad)
     _run(b"GET /s1 HTTP/1.1\r\nHost: x\r\n\r\n", good)
@@ -98,12 +99,12 @@ def test_a_bad_target_is_a_400_and_a_good_one_passes() -> None:
 
 def test_apaches_status_pages_are_hidden_even_behind_dot_segments() -> None:
     async def hidden(gw: Gateway, ex: Exchange) -> None:
-        answer = await gw.hide_private(ex)
+        answer = await gw.screening.hide_private(ex)
         assert answer is not None and answer.data.startswith(b"HTTP/1.1 404 ") and not answer.keep
         assert _errors(gw, "private_path") == 1
 
     async def shown(gw: Gateway, ex: Exchange) -> None:
-        assert await gw.hide_private(ex) is None
+        assert await gw.screening.hide_private(ex) is None
 
     _run(b"GET /s1/../server-status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", hidden)
     _run(b"GET /server-statusx/../s1 HTTP/1.1\r\nHost: x\r\n\r\n", shown)
@@ -116,11 +117,11 @@ def test_steering_headers_are_stripped_from_untrusted_peers_only() -> None:
         return {k.lower() for k, _ in ex.req.headers}
 
     async def untrusted(gw: Gateway, ex: Exchange) -> None:
-        assert await gw.strip_untrusted(ex) is None
+        assert await gw.screening.strip_untrusted(ex) is None
         assert names(ex) == {b"host", b"x-other"}
 
     async def trusted(gw: Gateway, ex: Exchange) -> None:
-        assert await gw.strip_untrusted(ex) is None
+        assert await gw.screening.strip_untrusted(ex) is None
         assert names(ex) == {b"host", b"x-overtake-phase", b"x-forwarded-proto", b"x-other"}
 
     _run(raw, untrusted, peer="192.0.2.7")
@@ -129,16 +130,16 @@ def test_steering_headers_are_stripped_from_untrusted_peers_only() -> None:
 
 def test_admin_paths_are_answered_by_the_admin_side_and_others_pass() -> None:
     async def public(gw: Gateway, ex: Exchange) -> None:
-        gw.admin_server = object()  # type: ignore[assignment]  # an admin listener exists
-        answer = await gw.serve_admin(ex)
+        gw.screening.separate_admin = True  # an admin listener exists
+        answer = await gw.screening.serve_admin(ex)
         assert answer is not None and answer.data.endswith(b"\r\n\r\npublic") and ex.rec.stage == "admin"
 
     async def admin(gw: Gateway, ex: Exchange) -> None:
-        answer = await gw.serve_admin(ex)
+        answer = await gw.screening.serve_admin(ex)
         assert answer is not None and answer.data.endswith(b"\r\n\r\nadmin") and ex.rec.status == 200
 
     async def other(gw: Gateway, ex: Exchange) -> None:
-        assert await gw.serve_admin(ex) is None and ex.rec.stage == "-"
+        assert await gw.screening.serve_admin(ex) is None and ex.rec.stage == "-"
 
     _run(b"GET /-/healthz HTTP/1.1\r\nHost: x\r\n\r\n", public)
     _run(b"GET /anything HTTP/1.1\r\nHost: x\r\n\r\n", admin, from_admin=True)
@@ -147,15 +148,15 @@ def test_admin_paths_are_answered_by_the_admin_side_and_others_pass() -> None:
 
 def test_route_sets_stage_and_phase_and_refuses_a_bad_phase_header() -> None:
     async def stage2(gw: Gateway, ex: Exchange) -> None:
-        assert await gw.route(ex) is None
+        assert await gw.screening.route(ex) is None
         assert (ex.stage, ex.phase, ex.route_key, ex.rec.stage) == (1, 0, "GET /s2", "s2")
 
     async def passthrough(gw: Gateway, ex: Exchange) -> None:
-        assert await gw.route(ex) is None
+        assert await gw.screening.route(ex) is None
         assert (ex.stage, ex.rec.stage) == (PASSTHROUGH, "passthrough")
 
     async def bad_phase(gw: Gateway, ex: Exchange) -> None:
-        answer = await gw.route(ex)
+        answer = await gw.screening.route(ex)
         assert answer is not None and answer.data.startswith(b"HTTP/1.1 400 ") and _errors(gw, "bad_phase") == 1
 
     _run(b"GET /s2 HTTP/1.1\r\nHost: x\r\n\r\n", stage2)
@@ -168,12 +169,12 @@ def test_reserve_admits_queues_and_refuses_when_the_queue_is_full() -> None:
     second queued, the third refused with 503 and Retry-After."""
 
     async def check(gw: Gateway, ex: Exchange) -> None:
-        assert await gw.route(ex) is None and ex.stage == 0
+        assert await gw.screening.route(ex) is None and ex.stage == 0
         answers: list[Answer | None] = []
         tickets = []
         for _ in range(3):
             ex.ticket = None
-            answers.append(await gw.reserve(ex))
+            answers.append(await gw.admission.reserve(ex))
             tickets.append(ex.ticket)
         assert answers[:2] == [None, None] and tickets[0] is not None and tickets[1] is not None
         assert tickets[0].status == ADMITTED and tickets[1].status != ADMITTED
@@ -186,8 +187,8 @@ def test_reserve_admits_queues_and_refuses_when_the_queue_is_full() -> None:
 
 def test_admit_records_the_queue_wait_of_an_admitted_request() -> None:
     async def check(gw: Gateway, ex: Exchange) -> None:
-        assert await gw.route(ex) is None and await gw.reserve(ex) is None
-        assert await gw.admit(ex) is None
+        assert await gw.screening.route(ex) is None and await gw.admission.reserve(ex) is None
+        assert await gw.admission.admit(ex) is None
         assert ex.rec.queue_wait is not None and ex.rec.queue_wait >= 0 and ex.rec.phase == 1
 
     _run(b"GET /s1 HTTP/1.1\r\nHost: x\r\n\r\n", check)

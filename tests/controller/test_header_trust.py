@@ -1,4 +1,4 @@
-"""Scheduling headers are honoured only from trusted sources (issue 19): a client cannot claim the
+"""Scheduling headers are honoured only from trusted sources: a client cannot claim the
 short phase (X-Overtake-Phase) or a CPU class (X-Overtake-Class); and Apache's status pages are
 never served through the sidecar (Apache's ``Require local`` would see the sidecar's address)."""
 

@@ -1,4 +1,4 @@
-"""The sidecar enforces what was solved for (issue 18): ``none`` policies on counts, ``route``
+"""The sidecar enforces what was solved for: ``none`` policies on counts, ``route``
 policies on learned route classes, and ``auto`` choosing among them.
 
 Known answers: the limiter's state equals the counts recomputed from its tickets, and every
@@ -197,23 +197,23 @@ def test_choose_takes_the_best_usable_policy_or_passthrough() -> None:
     assert c.policy is ps and "no candidate policy" in c.reason
 
 
-def _with_lever(f: _Fake, **lever: dict[str, float | None]) -> _Fake:
-    f.priority_predictions = lever  # type: ignore[attr-defined]
+def _with_predictions(f: _Fake, **predictions: dict[str, float | None]) -> _Fake:
+    f.priority_predictions = predictions  # type: ignore[attr-defined]
     return f
 
 
-def test_choose_with_the_cpu_priority_lever() -> None:
-    """Under age priority every candidate is weighed by its prediction with the lever, passthrough
+def test_choose_with_cpu_priority() -> None:
+    """Under age priority every candidate is weighed by its prediction with CPU priority, passthrough
     by π(∞)'s; gains stay against Apache's default without it (5.0 here)."""
     ps = BaselinePolicy("passthrough", 2)
-    none = _with_lever(_Fake("none", "none", 4.8, 5.0), age={"mean_response_time": 4.5, "passthrough": 4.3})
-    full = _with_lever(_Fake("full", "full", 4.0, 5.0), age={"mean_response_time": 3.9, "passthrough": 4.3},
+    none = _with_predictions(_Fake("none", "none", 4.8, 5.0), age={"mean_response_time": 4.5, "passthrough": 4.3})
+    full = _with_predictions(_Fake("full", "full", 4.0, 5.0), age={"mean_response_time": 3.9, "passthrough": 4.3},
                        **{"class": {"mean_response_time": 3.6, "passthrough": None}})
     c = choose([none, full], {"none"}, ps, cpu_priority="age")  # type: ignore[list-item]
     assert c.policy is ps and c.predicted_gain == pytest.approx(0.14) and "age priority in Apache" in c.reason
     c = choose([none, full], {"none", "full", "start"}, ps, cpu_priority="age")  # type: ignore[list-item]
     assert c.policy is full and c.predicted_gain == pytest.approx(0.22) and "with age priority" in c.reason
-    # a candidate without a prediction under the lever is not usable under it
+    # a candidate without a prediction under CPU priority is not usable under it
     c = choose([_Fake("old", "none", 4.0, 5.0)], {"none"}, ps, cpu_priority="age")  # type: ignore[list-item]
     assert c.policy is ps and "overtake solve --cpu-priority age" in c.reason
     # class priority: the phase-aware candidate by its class prediction, the others as solved

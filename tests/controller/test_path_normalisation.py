@@ -1,4 +1,4 @@
-"""The sidecar routes on the path Apache will see (issue 19: policy bypass by path spelling).
+"""The sidecar routes on the path Apache will see (policy bypass by path spelling).
 
 ``//stage1``, ``/./stage1``, ``/%73tage1`` and ``/x/../stage1`` reach Apache's stage handler; the
 sidecar must count and limit them as that stage. Reference: RFC 3986 §6.2.2 (case, percent-
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from support.service_helpers import SidecarProc, StubApache
 
-from overtake.controller.sidecar.http1 import BadTarget, normalize_target
+from overtake.controller.sidecar.target import BadTarget, normalize_target
 
 
 @pytest.mark.parametrize(("sent", "target", "path"), [

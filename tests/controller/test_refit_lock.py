@@ -81,7 +81,7 @@ class _Clock:
 def test_unsupported_lock_solves_without_it_and_says_so_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     table = StageTable(StagesConfig.model_validate({"stages": [
         {"name": "write", "path": "^/w$", "lock": 1}, {"name": "view", "path": "^/v$"}]}))
-    side = Sidecar(table, SidecarOptions(policy="pi(inf)", apache="http://127.0.0.1:9", listen="127.0.0.1:9"))
+    side = Sidecar(table, SidecarOptions.from_flat(policy="pi(inf)", apache="http://127.0.0.1:9", listen="127.0.0.1:9"))
     clock = _Clock()
     seen: list[RefitJob] = []
 

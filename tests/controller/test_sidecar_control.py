@@ -1,4 +1,4 @@
-"""The sidecar's control endpoints under hostile input (issue 19): body caps before reading,
+"""The sidecar's control endpoints under hostile input: body caps before reading,
 policy uploads that cannot block or exhaust the event loop, the policy token kept to its origin,
 malformed policy metadata, and the Apache status scrape kept off the request path.
 
@@ -260,7 +260,7 @@ def test_policy_loads_are_bounded_by_their_threads(work: Path, stub: StubApache,
     503 naming the running load, and at most one load thread ever runs. On main the swap lock was
     released at each deadline and every PUT started another thread (12 at once)."""
     from overtake.controller.harness.loadgen import request
-    from overtake.controller.sidecar import service as sidecar_module
+    from overtake.controller.sidecar import policy_in_force as sidecar_module
 
     real = sidecar_module.load_policy
     release, lock = threading.Event(), threading.Lock()

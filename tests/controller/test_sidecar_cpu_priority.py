@@ -1,4 +1,4 @@
-"""``overtake sidecar --cpu-priority age|class`` (issue 20): the sidecar's side of mod_overtake_prio.
+"""``overtake sidecar --cpu-priority age|class``: the sidecar's side of mod_overtake_prio.
 
 The known answers: short-first classes are the phases (or route classes) whose expected work
 α_k(−T)⁻¹1 exceeds the stage's mean (for Table 1's H2: 0.55 < 1 < 5.45, so classes 0 and 1);
@@ -24,8 +24,9 @@ from overtake.controller.errors import SidecarInputError
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache.cpu_priority import CpuPriority, fetch_prio_status
 from overtake.controller.harness.scratch import free_port, scratch_dir
-from overtake.controller.sidecar.http1 import Request, upstream_head
+from overtake.controller.sidecar.heads import upstream_head
 from overtake.controller.sidecar.policies import BaselinePolicy, TablePolicy, class_levels
+from overtake.controller.sidecar.request import Request
 from overtake.controller.sidecar.stages import StagesConfig, StageSpec, StageTable, load_stages
 from overtake.mdp import Policy, Stage, TandemModel, Truncation, solve
 from overtake.mdp.observed import solve_observed

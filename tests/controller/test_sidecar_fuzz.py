@@ -1,4 +1,4 @@
-"""A bounded fuzz of the sidecar's HTTP/1.1 request parsing (controller/sidecar/http1.py) (issue 19).
+"""A bounded fuzz of the sidecar's HTTP/1.1 request parsing (controller/sidecar/http1.py).
 
 What was used: hypothesis (``derandomize=True``, so CI runs the same 300 connections every time;
 no example database), driving raw bytes over loopback TCP into a sidecar running in-process on

@@ -90,7 +90,7 @@ def gateway(upstream: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 def test_uplink_bands_are_on_the_metrics_page(upstream: int, tmp_path: Path) -> None:
     """With an uplink scheduler (here the app-level one, which needs no qdisc) the bytes it wrote
-    are on /-/metrics (issue #6, metrics per band; the app-level scheduler has one band, "app")."""
+    are on /-/metrics (metrics per band; the app-level scheduler has one band, "app")."""
     gen = _serve(upstream, tmp_path, "app")
     port, side = next(gen)
     try:

@@ -263,7 +263,8 @@ def test_queue_cap_zero_admits_while_room_and_rejects_waiters() -> None:
 
 
 def test_reservation_takes_the_thread_a_waiting_first_stage_request_would_get() -> None:
-    # pi(1): one thread in all, later stages first (paper 004 §3). When A's stage-1 request ends,
+    # pi(1): one thread in all, later stages first (van der Weij et al., "Dynamic thread assignment" §3).
+    # When A's stage-1 request ends,
     # its stage-2 follow-up must run before B's waiting stage-1 request, as in the model's
     # tandem where A joins queue 2 at that instant; without the reservation B goes first.
     async def body(reserve: bool) -> tuple[str, Limiter]:

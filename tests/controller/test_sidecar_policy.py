@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def h2_policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """π* for two H2 stages (paper 004 Table 1 case 4 shape, small truncation: fast)."""
+    """π* for two H2 stages (van der Weij et al., "Dynamic thread assignment" Table 1 case 4 shape, small truncation: fast)."""
     def h2() -> Stage:
         p, m = np.array([0.91, 0.09]), np.array([0.55, 5.45])
         return Stage("stage1", p, np.diag(-1.0 / m))

@@ -1,4 +1,4 @@
-"""``overtake sidecar --policy-url``: the policy taken from a real ``overtake api`` (issue 7).
+"""``overtake sidecar --policy-url``: the policy taken from a real ``overtake api``.
 
 A real API process solves two small models; a real sidecar process follows the first model's
 artifact URL. Known answers: the sidecar's policy hash equals the API's ``policy_hash`` (the
@@ -39,7 +39,8 @@ classifier: {mode: explicit, header: X-Overtake-Phase, time_unit: 0.01}
 
 
 def h2(load: float = 0.4) -> dict[str, Any]:
-    """Two hyperexponential stages (paper 004 Table 1 case 4 shape): π* differs from π(1)."""
+    """Two hyperexponential stages (van der Weij et al., "Dynamic thread assignment", the shape of
+    Table 1's case 4): π* differs from π(1)."""
     svc = {"hyperexponential": {"probs": [0.91, 0.09], "means": [0.55, 5.45]}}
     return {"load": load, "stages": [{"name": "front", "service": svc}, {"name": "back", "service": svc}],
             "truncation": {"max_requests": 6, "max_threads": 2}}

@@ -1,4 +1,4 @@
-"""The sidecar as a service (issue 19): config file, graceful drain on SIGTERM, reload on SIGHUP,
+"""The sidecar as a service: config file, graceful drain on SIGTERM, reload on SIGHUP,
 a separate admin listener, the access log, X-Forwarded-Proto/Host, and a start from the shipped
 systemd unit.
 
@@ -275,6 +275,24 @@ def test_admin_listener_takes_the_control_endpoints(work: Path, stub: StubApache
         assert s.stop() == 0
 
 
+def test_options_group_the_config_keys_and_give_each_back() -> None:
+    """Every config-file key lands in one sub-record of SidecarOptions and comes back under its
+    own name (a reload compares and names options by these keys); an unknown key is refused."""
+    from overtake.controller.sidecar.config import SidecarConfig
+    from overtake.controller.sidecar.options import GROUPS, KEYS, SidecarOptions
+
+    keys = [k for _, names in GROUPS.values() for k in names] + ["online", "phase_header", "drain_timeout", "verify", "enforce"]
+    assert len(set(keys)) == len(keys) and set(keys) <= set(SidecarConfig.model_fields)
+    sent = {k: f"value of {k}" for k in keys}
+    assert SidecarOptions.from_flat(**sent).flat() == sent and tuple(SidecarOptions.from_flat(**sent).flat()) == KEYS
+    opts = SidecarOptions.from_flat(policy="pi(1)", apache="http://127.0.0.1:1", listen="127.0.0.1:2",
+                                    uplink="srpt", gate_slots=3, request_log_format="combined")
+    assert (opts.policy.spec, opts.uplink.name, opts.apache_side.gate_slots) == ("pi(1)", "srpt", 3)
+    assert opts.observability.request_log_format == "combined" and opts.guards.admin_put is True
+    with pytest.raises(TypeError, match="unknown sidecar options: \\['polcy'\\]"):
+        SidecarOptions.from_flat(polcy="pi(1)", apache="http://127.0.0.1:1", listen="127.0.0.1:2")
+
+
 def test_admin_listener_is_on_loopback_by_default(work: Path, stub: StubApache) -> None:
     """Without admin_listen the control endpoints are on 127.0.0.1:9089 and the public listener
     answers 404 for them (on main they answered any client on the public listener)."""
@@ -283,7 +301,8 @@ def test_admin_listener_is_on_loopback_by_default(work: Path, stub: StubApache) 
     from overtake.controller.sidecar.options import SidecarOptions
 
     assert DEFAULT_ADMIN_LISTEN == "127.0.0.1:9089"
-    assert SidecarOptions(policy="pi(1)", apache="http://127.0.0.1:1", listen="127.0.0.1:2").admin_listen == \
+    assert SidecarOptions.from_flat(policy="pi(1)", apache="http://127.0.0.1:1",
+                                   listen="127.0.0.1:2").endpoints.admin_listen == \
         DEFAULT_ADMIN_LISTEN
     assert SidecarConfig(apache="http://127.0.0.1:1", listen="127.0.0.1:2", stages="s").admin_listen == \
         DEFAULT_ADMIN_LISTEN

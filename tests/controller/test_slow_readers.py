@@ -1,4 +1,4 @@
-"""Slow readers (issue 19): a client that reads a large answer slowly, or not at all, must not hold
+"""Slow readers: a client that reads a large answer slowly, or not at all, must not hold
 a stage slot or the passthrough cap once Apache has finished (controller/sidecar/spool.py), and a client
 that stops reading is cut after ``client_timeout`` without progress.
 

@@ -252,12 +252,12 @@ def test_policy_endpoint_shows_the_lock() -> None:
     from overtake.controller.sidecar.options import SidecarOptions
     from overtake.controller.sidecar.service import Sidecar
 
-    side = Sidecar(_table(lock=2), SidecarOptions(policy="pi(inf)", apache="http://127.0.0.1:9", listen="127.0.0.1:9"))
+    side = Sidecar(_table(lock=2), SidecarOptions.from_flat(policy="pi(inf)", apache="http://127.0.0.1:9", listen="127.0.0.1:9"))
     info = side.policy_info()
     assert info["lock"]["preview"]["capacity"] == 2
     assert info["lock"]["preview"]["order"] == "shortest predicted first"
     assert side.limiter.lock is not None and side.limiter.lock in side.limiter.listeners
-    plain = Sidecar(_table(lock=None), SidecarOptions(policy="pi(inf)", apache="http://127.0.0.1:9",
+    plain = Sidecar(_table(lock=None), SidecarOptions.from_flat(policy="pi(inf)", apache="http://127.0.0.1:9",
                                                       listen="127.0.0.1:9"))
     assert "lock" not in plain.policy_info() and plain.limiter.lock is None
 
@@ -308,15 +308,15 @@ def test_a_locked_stage_never_waits_in_apaches_gate(tmp_path: Path) -> None:
 
     gate = f"/dev/shm/s19-lockq-gate-{os.getpid()}"
     try:
-        side = Sidecar(_table(), SidecarOptions(policy="pi(1)", apache="http://127.0.0.1:9", listen="127.0.0.1:9",
+        side = Sidecar(_table(), SidecarOptions.from_flat(policy="pi(1)", apache="http://127.0.0.1:9", listen="127.0.0.1:9",
                                                 gate=gate, gate_slots=4))
         gw = side.gateway
         gw.gate_on = True
-        assert gw._arm(T(0, 0, "k1", 1, 0.0)) is None  # the locked preview stage waits in the sidecar
-        armed = gw._arm(T(1, 0, "view", 2, 0.0))  # the view stage may wait in the gate
+        assert gw.admission._arm(T(0, 0, "k1", 1, 0.0)) is None  # the locked preview stage waits in the sidecar
+        armed = gw.admission._arm(T(1, 0, "view", 2, 0.0))  # the view stage may wait in the gate
         assert armed is not None
-        assert gw.gate is not None
-        gw.gate.free(armed[0])
+        assert side.gate is not None
+        side.gate.free(armed[0])
     finally:
         for p in (gate, gate + ".key"):
             Path(p).unlink(missing_ok=True)

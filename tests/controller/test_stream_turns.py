@@ -1,4 +1,4 @@
-"""A streamed answer from Apache is read one read (64 KiB) per turn of the event loop (issue 19).
+"""A streamed answer from Apache is read one read (64 KiB) per turn of the event loop.
 
 ``StreamReader.read`` returns bytes already buffered without suspending, so a download Apache
 sends faster than the sidecar spools it was copied 256 KiB and more between two turns of the loop;

@@ -2,7 +2,7 @@
 
 The twin drives the sidecar's Limiter on a virtual processor-sharing CPU; over long Poisson
 traces its mean response time must converge to (a) M/M/1-PS's 1/(mu - lambda) and (b) the
-exact E[W] that mdp/ computes for the same policy on paper 004's tandem — which also checks
+exact E[W] that mdp/ computes for the same policy on van der Weij et al.'s tandem — which also checks
 that `next` reservations give the model's routing.
 """
 
@@ -41,7 +41,7 @@ def test_one_stage_ps_is_mm1() -> None:
 
 @pytest.fixture(scope="module")
 def tandem() -> TandemModel:
-    # paper 004 Table 1 case 1: two exponential stages of mean 1, rho = 0.6
+    # van der Weij et al. Table 1 case 1: two exponential stages of mean 1, rho = 0.6
     e = (np.array([1.0]), np.array([[-1.0]]))
     return TandemModel(arrival_rate=0.3, stages=(Stage("stage1", *e), Stage("stage2", *e)))
 
@@ -73,7 +73,7 @@ def test_bad_routing_and_trace_are_named() -> None:
 
 
 def test_one_stage_priority_levels_match_the_simulator_and_mlps() -> None:
-    """The twin's CPU-priority lever on one H2 stage under passthrough (π(∞)): E[W] of the
+    """The twin's CPU priority on one H2 stage under passthrough (π(∞)): E[W] of the
     exact MLPS analysis (strict priority) and of the simulator (kernel weight 3/1024) agree
     with the twin's within the CIs."""
     from overtake.mdp.mlps import mlps_mean
@@ -95,7 +95,7 @@ def test_one_stage_priority_levels_match_the_simulator_and_mlps() -> None:
     m, ci = _mean_ci(virtual.replay(tr, "passthrough", cpu_priority=kernel), batches=30)
     sim = simulate(model, "pi(inf)", requests=1_000_000, seed=8, cpu_priority=kernel)
     assert abs(m - sim.mean_response_time) <= 1.5 * math.hypot(ci, sim.ci95), (m, ci, sim.mean_response_time)
-    plain = virtual.replay(tr, "passthrough")  # no lever: the equal-sharing path, untouched
+    plain = virtual.replay(tr, "passthrough")  # no CPU priority: the equal-sharing path, untouched
     assert abs(_mean_ci(plain, batches=30)[0] - h2.mean() / 0.4) <= 1.5 * _mean_ci(plain, batches=30)[1]
 
 
@@ -141,7 +141,7 @@ def test_routes_in_the_trace_keep_the_stage_prior_and_learned_mode_finds_pure_ro
 
 
 def test_a_route_policy_in_learned_mode_converges_to_its_exact_evaluation(tmp_path: Path) -> None:
-    # issue 18's multi-route workload on one H2 stage: three routes, 99 / 50 / 10 % short
+    # a multi-route workload on one H2 stage: three routes, 99 / 50 / 10 % short
     from overtake.controller.harness.loadgen import make_trace
     from overtake.mdp.routes import RouteSplit
 

@@ -1,5 +1,5 @@
 """``Upgrade: h2c`` (what ``curl --http2`` sends) is ignored and answered in HTTP/1.1, and the
-connection goes on (RFC 9113 §3.1); issue 19 found the next request refused with a 400.
+connection goes on (RFC 9113 §3.1); the next request is not refused with a 400.
 ``Upgrade: websocket`` becomes a tunnel (RFC 6455): Apache's 101 relayed, then bytes both ways,
 capped by ``limits.max_tunnels``. A tunnel is admitted like any request of its route (a stage's
 policy, or the passthrough cap) and holds that slot until it closes: Apache's worker is busy
@@ -68,7 +68,7 @@ def test_h2c_offer_is_ignored_and_the_connection_goes_on(work: Path, stub: StubA
 
 def test_pipelined_expect_continue_waits_for_the_answer_before_it(work: Path, stub: StubApache) -> None:
     """``Expect: 100-continue`` pipelined behind a slow answer: the interim 100 comes after that
-    answer, never inside it (issue 19 found it inside an 8 MB body)."""
+    answer, never inside it (not inside a large body)."""
     s = SidecarProc(work, ["--policy", "pi(2)", "--apache", stub.url])
     try:
         with socket.create_connection(("127.0.0.1", s.port), timeout=10) as c:

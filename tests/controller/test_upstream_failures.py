@@ -1,4 +1,4 @@
-"""Outcomes the sidecar must tell apart (issue 19): Apache not answering a connect (a full accept
+"""Outcomes the sidecar must tell apart: Apache not answering a connect (a full accept
 queue: bounded by ``limits.upstream_connect_timeout``), and a client that leaves mid-response
 (``client_abort``, not an upstream error)."""
 

@@ -45,7 +45,7 @@ class Clock:
 def aged_pi1() -> BaselinePolicy:
     """π(1) carrying age thresholds, as a policy solved with ``--cpu-priority age`` does."""
     p = BaselinePolicy("pi(1)", 2)
-    p.lever = {"age": {"thresholds": [[THRESHOLD], [THRESHOLD]]}}  # type: ignore[attr-defined]
+    p.priority_predictions = {"age": {"thresholds": [[THRESHOLD], [THRESHOLD]]}}  # type: ignore[attr-defined]
     return p
 
 

@@ -1,4 +1,4 @@
-"""Baselines against closed forms: π(1) is M/G/1-FCFS, π(∞) is M/G/1-PS (paper 004, §3)."""
+"""Baselines against closed forms: π(1) is M/G/1-FCFS, π(∞) is M/G/1-PS (van der Weij et al., "Dynamic thread assignment", §3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The spawn minimisation H (paper 004, §2) against brute-force enumeration of the box."""
+"""The spawn minimisation H (van der Weij et al., "Dynamic thread assignment", §2) against brute-force enumeration of the box."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The compiled chain builder (chain.py ``_build_compiled``, _kernels_jit.chain_bfs) and the other
-compiled passes of issue 21's speed-ups give what the numpy code gives.
+compiled passes give what the numpy code gives.
 
 * A policy table's or a baseline's chain, built by the compiled breadth-first search, has the same
   states in the same order and the same transition matrix, entry by entry, as the level-by-level

@@ -1,6 +1,6 @@
-"""The overtaking heuristic (paper 004, Theorem 3.1) against known answers.
+"""The overtaking heuristic (van der Weij et al., "Dynamic thread assignment", Theorem 3.1) against known answers.
 
-* Exponential and Erlang stages: the heuristic is π(1) (paper 004, §3) — decision by decision
+* Exponential and Erlang stages: the heuristic is π(1) (van der Weij et al., §3) — decision by decision
   on a truncated lattice, and in exact E[W] (= Pollaczek–Khinchine with the summed service).
 * Its building blocks: E R_d and E min(R_c, R_d) against closed forms.
 * On a truncated MDP it cannot beat π* of that MDP (optimality), and on Table 1 case 2 it is

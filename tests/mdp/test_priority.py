@@ -56,7 +56,7 @@ def h2():  # type: ignore[no-untyped-def]
 
 
 def test_issue_table_single_mg1_h2(h2) -> None:  # type: ignore[no-untyped-def]
-    """Issue 20's table (M/G/1, H2, ρ = 0.6): PS 2.48, LAS 2.08, two-level ≈ 2.13, short-first 2.00.
+    """The known table (M/G/1, H2, ρ = 0.6): PS 2.48, LAS 2.08, two-level ≈ 2.13, short-first 2.00.
     PS and short-first are closed forms; the two-level optimum is 2.116 (threshold 1.77)."""
     s, lam = h2.stages[0], h2.arrival_rate
     assert ps_mean(s, lam) == pytest.approx(0.991 / 0.4, rel=1e-12)

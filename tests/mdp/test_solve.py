@@ -1,4 +1,5 @@
-"""π* from relative value iteration and policy iteration: exact checks (paper 004, §2–3)."""
+"""π* from relative value iteration and policy iteration: exact checks (van der Weij et al.,
+"Dynamic thread assignment", §2–3)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def test_rvi_and_policy_iteration_agree_and_bracket(case4, blocking_cost):
 
 
 def test_blocking_cost_removes_the_incentive_to_block():
-    """Exponential tandem: π* = π(1) (paper 004 §3). Solved on a small cap and evaluated on a large
+    """Exponential tandem: π* = π(1) (van der Weij et al. §3). Solved on a small cap and evaluated on a large
     one, the optimum with blocked arrivals charged matches Pollaczek–Khinchine; charging only
     n(x) on the same small cap yields a policy that exploits the cap and is measurably worse."""
     model = tandem(0.6, exp_stage("a", 1.0), exp_stage("b", 5.0))
@@ -57,7 +58,7 @@ def test_single_exponential_stage_optimum_is_fcfs():
 
 
 def test_exponential_tandem_optimum_is_pi1():
-    """Paper 004 §3: with exponential stages the optimal policy is π(1) (= M/G/1-FCFS).
+    """van der Weij et al. §3: with exponential stages the optimal policy is π(1) (= M/G/1-FCFS).
 
     Near the cap a truncated optimum may exploit blocking, so compare after auto-truncation.
     """

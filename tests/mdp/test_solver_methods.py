@@ -1,8 +1,8 @@
-"""Every solver method against relative value iteration, the reference (issue 21).
+"""Every solver method against relative value iteration, the reference.
 
 RVI, Anderson-accelerated RVI and policy iteration solve the same truncated MDP: their average
 costs must agree to 1e-9 relative on exponential, hyperexponential (H2) and Erlang stages, in both
-queue layouts, and the default method must reproduce a paper 004 Table 1 row.
+queue layouts, and the default method must reproduce a van der Weij et al., "Dynamic thread assignment" Table 1 row.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def test_trim_longest_equals_removing_one_at_a_time(compiled, monkeypatch):
 
 
 def test_table1_case1_with_the_default_method_matches_the_paper():
-    """Paper 004 Table 1, case 1 (two exp(1) stages, ρ = 0.6): gains 0.00, 13.82, 17.63, 16.92 % over
+    """van der Weij et al. Table 1, case 1 (two exp(1) stages, ρ = 0.6): gains 0.00, 13.82, 17.63, 16.92 % over
     π(1), π(4), π(∞), π(1,1); π* = π(1) with E[W] = 4.25 (Pollaczek–Khinchine, E S = 2, E S² = 6)."""
     model = tandem(0.6, exp_stage("s1", 1.0), exp_stage("s2", 1.0))
     doc = compare(model, tol=1e-3)
@@ -211,7 +211,7 @@ def test_compiled_mixing_coefficients_equal_numpys_solve(k):
 
 @pytest.mark.parametrize("case", [2, 3, 7, 10, 12])
 def test_policy_iteration_matches_rvi_on_table1_cases(case):
-    """Paper 004 Table 1 scenarios on a small cap: PI's g equals RVI's to 1e-9 relative, and the two
+    """van der Weij et al. Table 1 scenarios on a small cap: PI's g equals RVI's to 1e-9 relative, and the two
     returned policies are equal-valued (their exact gains agree to 1e-9), ties aside."""
     from overtake.api.scenario import load_scenario
 

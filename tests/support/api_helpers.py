@@ -18,7 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def exp2(load: float = 0.3, max_requests: int | None = 8, **extra: Any) -> dict[str, Any]:
-    """Two exponential stages (mean 1 each): π* = π(1) (paper 004 §3), π(∞) is M/M/1-PS: E[W] = 2/(1−ρ)."""
+    """Two exponential stages (mean 1 each): π* = π(1) (van der Weij et al., "Dynamic thread
+    assignment" §3), π(∞) is M/M/1-PS: E[W] = 2/(1−ρ)."""
     sc: dict[str, Any] = {
         "load": load,
         "stages": [{"name": "front", "service": {"exponential": {"mean": 1.0}}},

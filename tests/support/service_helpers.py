@@ -239,7 +239,7 @@ def inflating_archive(member_bytes: int, names: tuple[str, ...] = ("keys.npy", "
 def sidecar_in_thread(stages: Path, **options: Any) -> Iterator[tuple[int, Any]]:
     """An in-process :class:`~overtake.controller.sidecar.service.Sidecar` on its own event-loop thread,
     listening on a free loopback port; yields (port, sidecar), then closes it. ``options`` are
-    :class:`~overtake.controller.sidecar.options.SidecarOptions` fields (``policy``, ``apache``, ...)."""
+    the config file's keys (``policy``, ``apache``, ...: :meth:`SidecarOptions.from_flat`)."""
     import asyncio
 
     from overtake.controller.sidecar.options import SidecarOptions
@@ -249,7 +249,7 @@ def sidecar_in_thread(stages: Path, **options: Any) -> Iterator[tuple[int, Any]]
     port = free_port()
     options.setdefault("admin_listen", f"127.0.0.1:{free_port()}")
     options.setdefault("admin_token", ADMIN_TOKEN)
-    opts = SidecarOptions(listen=f"127.0.0.1:{port}", **options)
+    opts = SidecarOptions.from_flat(listen=f"127.0.0.1:{port}", **options)
     loop = asyncio.new_event_loop()
     box: dict[str, Sidecar] = {}
     ready = threading.Event()

@@ -1,4 +1,5 @@
-"""overtake.controller.uplink.bands: band selection and the paper 001 §2.2.2 cutoff rule, with known answers."""
+"""overtake.controller.uplink.bands: band selection and the cutoff rule of Harchol-Balter et al.,
+"Size-based scheduling to improve web performance" §2.2.2, with known answers."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from overtake.controller.uplink.errors import UplinkInputError
 
 
 def test_paper_001_table_bands() -> None:
-    # paper 001 §2.2.4: <=1K, 1K-2K, 2K-5K, 5K-20K, 20K-50K, >50K
+    # Harchol-Balter et al. §2.2.4: <=1K, 1K-2K, 2K-5K, 5K-20K, 20K-50K, >50K
     c = bands.PAPER_001
     assert c.n_bands == 6
     cases = {0: 0, 500: 0, 1024: 0, 1025: 1, 2048: 1, 3000: 2, 5120: 2, 5121: 3,
@@ -52,7 +53,7 @@ def test_cutoffs_from_lognormal_match_closed_form_quantiles() -> None:
     assert c.edges[-1] == pytest.approx(math.exp(mu + s * stats.norm.ppf(0.99)), rel=0.03)
     assert c.fraction_above(x) == pytest.approx(0.01, abs=0.001)
     assert np.mean(x <= c.edges[0]) == pytest.approx(0.5, abs=0.005)
-    # the default rule: the low end of paper 001's 0.5-1 % above the highest cutoff
+    # the default rule: the low end of Harchol-Balter et al.'s 0.5-1 % above the highest cutoff
     d = bands.cutoffs_from_samples(x, 7)
     assert bands.TOP_FRACTION == 0.005
     assert d.edges[-1] == pytest.approx(math.exp(mu + s * stats.norm.ppf(0.995)), rel=0.03)
@@ -60,7 +61,7 @@ def test_cutoffs_from_lognormal_match_closed_form_quantiles() -> None:
 
 
 def test_two_bands_cut_at_the_median() -> None:
-    # paper 001 §3.4: two classes, smallest 50% high priority
+    # Harchol-Balter et al. §3.4: two classes, smallest 50% high priority
     x = np.arange(1, 10_001, dtype=float)
     c = bands.cutoffs_from_samples(x, 2)
     assert c.edges == (pytest.approx(5000.5),)
@@ -98,7 +99,7 @@ def test_bad_rule_arguments() -> None:
 def test_adaptive_cutoffs_follow_the_observed_distribution() -> None:
     a = bands.AdaptiveCutoffs(bands.PAPER_001, window=2000, every=500, min_samples=1000)
     rng = np.random.default_rng(7)
-    x = rng.lognormal(math.log(20000.0), 1.0, size=3000)  # median 20 KB, not paper 001's 1 KB
+    x = rng.lognormal(math.log(20000.0), 1.0, size=3000)  # median 20 KB, not Harchol-Balter et al.'s 1 KB
     for v in x:
         a.observe(float(v))
     c = a.current

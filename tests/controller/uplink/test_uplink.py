@@ -59,7 +59,7 @@ def test_fair_is_the_default_uplink() -> None:
     assert isinstance(up, uplink.FairUplink) and up.name == "fair"
 
 
-# ---- SRRT estimate (paper 002 eq. 2) -----------------------------------------------------------
+# ---- SRRT estimate (Al Sa'deh and Yahya, "A new scheduling policy in web servers", eq. 2) --------
 def test_remaining_time_closed_form() -> None:
     info = tcpinfo.TcpInfo(1, 0.05, 10, 1448, 0, 0, 0, 0, 0)
     # RTT (1 + RFS / (cwnd MSS)): 0.05 * (1 + 144800 / 14480) = 0.55 s
@@ -76,7 +76,7 @@ def test_default_srrt_cutoffs_are_the_size_cutoffs_as_times() -> None:
     assert t.edges == pytest.approx(tuple(1e-3 * (1 + x / 14480) for x in size.edges))
 
 
-# ---- application-level ordering (paper 000) ---------------------------------------------------
+# ---- application-level ordering (Crovella et al., "Connection scheduling in web servers") ------
 def test_permits_go_to_the_smallest_remaining_first() -> None:
     async def main() -> list[float]:
         p = Permits(1)
@@ -383,7 +383,7 @@ def test_sidecar_refuses_cutoffs_without_a_band_scheduler() -> None:
     from overtake.controller.sidecar.stages import load_stages
 
     table = load_stages(REPO / "examples" / "sidecar" / "stages.yaml")
-    opts = SidecarOptions(policy="pi(1)", apache="http://127.0.0.1:9", listen="127.0.0.1:9",
+    opts = SidecarOptions.from_flat(policy="pi(1)", apache="http://127.0.0.1:9", listen="127.0.0.1:9",
                           uplink="fair", uplink_cutoffs="1K,4K")  # fmt: skip
     with pytest.raises(UplinkInputError, match="uplink_cutoffs: only for --uplink srpt or srrt"):
         Sidecar(table, opts)

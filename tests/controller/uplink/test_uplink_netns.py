@@ -129,7 +129,7 @@ def test_remaining_bytes_raise_the_priority_as_they_drain(testbed: Testbed) -> N
 
 
 def test_app_level_ordering_lets_a_small_download_pass_bulk(testbed: Testbed) -> None:
-    # paper 000's fallback, no kernel bands: one writer at a time, 16 KB quanta, smallest
+    # Crovella et al.'s fallback, no kernel bands: one writer at a time, 16 KB quanta, smallest
     # remaining first; the small download needs ~0.4 s alone and enters 0.3 s into the bulk one
     if testbed.mode != "htb":
         pytest.skip("one qdisc suffices: the app-level scheduler never touches the bands")
