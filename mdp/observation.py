@@ -377,9 +377,9 @@ class ObservationSpace:
         a = np.minimum(np.maximum(np.asarray(actions, dtype=np.int64), 0), self._w).copy()
         for qs, free in self._lock_room:
             left = free.copy()
-            for q in qs:
-                a[:, q] = np.minimum(a[:, q], left)
-                left = left - a[:, q]
+            for lq in qs.tolist():
+                a[:, lq] = np.minimum(a[:, lq], left)
+                left = left - a[:, lq]
         room = self.k_max - self._K
         for q in range(self.Q):  # drop from the earliest queues first: later stages have priority
             over = np.maximum(a.sum(axis=1) - room, 0)

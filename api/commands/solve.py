@@ -29,7 +29,8 @@ def register(subparsers: Any) -> None:
                         "the auto-truncation ladder stops at N too (default %(default)s: minutes and a few GB)")
     p.add_argument("--cpu-priority", choices=("age", "class"), default=None,
                    help="mod_overtake_prio's CPU-priority lever in Apache: age (also predict the policy, and "
-                   "pi(inf), with age priority, simulated; a stage with a lock is exempt, never demoted) or class (two CPU classes by phase, by expected "
+                   "pi(inf), with age priority, simulated; a stage with a lock is exempt, never demoted) or "
+                   "class (two CPU classes by phase, by expected "
                    "remaining work: the spawn policy optimal under each candidate assignment, the best kept; "
                    "exact for hyperexponential stages); stored in the "
                    "policy file for the sidecar's auto mode")
