@@ -33,6 +33,16 @@ methods for reinforcement learning with function approximation", NIPS 2000, Theo
 to a policy that reads the observation only). Unlike in an MDP, acting on it in every class at
 once is not guaranteed to lower the gain; :mod:`overtake.mdp.observed` accepts a step only when
 exact evaluation confirms it.
+
+A stage with a lock (:mod:`overtake.mdp.lock`, capacity m_i): the observation stays the same.
+K_i counts the stage's threads, holders and blocked alike (a sidecar counts its requests in
+flight per stage and knows m_i from its stages file), and it tells both apart: a thread blocks
+only while m_i hold the lock, so holders = min(K_i, m_i) and blocked = K_i − holders. The tables
+of :class:`ObservationSpace` start a thread in a locked stage only while K_i < m_i: its states
+have no blocked thread (as the MDP's, :class:`~overtake.mdp.statespace.StateSpace`), and a
+request the lock would block waits in the sidecar instead, to be started at the lock's release,
+an event the observation shows. :func:`observed_chain` evaluates any rule, one that starts
+threads into a full lock included (Apache's π(∞)): those threads block, holding their thread.
 """
 
 from __future__ import annotations
@@ -53,6 +63,7 @@ from scipy.sparse.csgraph import breadth_first_order
 from .chain import Chain, breadth_first
 from .errors import SolverError
 from .evaluate import PolicyMetrics, metrics, stationary_distribution
+from .lock import Locks
 from .model import TandemModel
 from .policy import Policy
 from .routes import RouteSplit
@@ -76,9 +87,12 @@ _ITER_MAX = 2_000  # BiCGSTAB iterations per column at most (time bounds them fi
 
 
 def observe(model: TandemModel, layout: Layout, rows: IntArray) -> IntArray:
-    """Observation rows (waiting per queue, active threads per stage) of full rows (waiting, threads per coordinate)."""
+    """Observation rows (waiting per queue, active threads per stage) of full rows (waiting, threads per
+    coordinate, and blocked threads per coordinate of a locked stage: counted as its threads)."""
     Q = layout.n_queues
     rows = np.asarray(rows, dtype=np.int64)
+    if rows.shape[1] > Q + model.n_coords:
+        rows = Locks.build(model, Q).fold(rows)
     out = np.zeros((rows.shape[0], Q + model.n_stages), dtype=np.int64)
     out[:, :Q] = rows[:, :Q]
     for i in range(model.n_stages):
@@ -106,12 +120,15 @@ def _compositions(n: int, probs: tuple[float, ...]) -> tuple[tuple[tuple[int, ..
 
 
 def spawn_vector(
-    layout: Layout, rows: IntArray, counts: IntArray, prob: FloatArray, src: IntArray
+    layout: Layout, rows: IntArray, counts: IntArray, prob: FloatArray, src: IntArray, locks: Locks | None = None
 ) -> tuple[IntArray, FloatArray, IntArray]:
     """Start ``counts[s, q]`` threads from each queue q of each row s, phases drawn from the queue's prior.
 
     Returns the post-decision rows with their probabilities and the index of the row they came
-    from (``src``), one entry per multinomial outcome.
+    from (``src``), one entry per multinomial outcome. ``locks`` (rows with blocked-thread
+    columns, :mod:`overtake.mdp.lock`): threads started in a locked stage beyond its free places
+    block; the started threads are exchangeable, so the phases of those that run and of those
+    that block are two independent multinomials.
     """
     Q = layout.n_queues
     for q in range(Q):
@@ -120,18 +137,27 @@ def spawn_vector(
             continue
         coords = [d for d, _ in layout.spawn[q]]
         probs = tuple(p for _, p in layout.spawn[q])
+        blk = np.zeros_like(c)
+        if locks is not None and locks.coord_twin[coords[0]] >= 0:
+            room = np.maximum(locks.coord_cap[coords[0]] - locks.holders(rows, coords[0]), 0)
+            blk = np.maximum(c - room, 0)
         parts_r, parts_p, parts_s, parts_c = [rows[c == 0]], [prob[c == 0]], [src[c == 0]], [counts[c == 0]]
-        for n in np.unique(c[c > 0]):
-            sel = c == n
-            for split, pr in _compositions(int(n), probs):
-                r = rows[sel].copy()
-                r[:, q] -= n
-                for d, k in zip(coords, split):
-                    r[:, Q + d] += k
-                parts_r.append(r)
-                parts_p.append(prob[sel] * pr)
-                parts_s.append(src[sel])
-                parts_c.append(counts[sel])
+        pairs = np.unique(np.column_stack([c, blk])[c > 0], axis=0)
+        for n, b in pairs:
+            sel = (c == n) & (blk == b)
+            for split, pr in _compositions(int(n - b), probs):
+                for bsplit, bpr in _compositions(int(b), probs):
+                    r = rows[sel].copy()
+                    r[:, q] -= n
+                    for d, k, kb in zip(coords, split, bsplit):
+                        r[:, Q + d] += k
+                        if kb:
+                            assert locks is not None
+                            r[:, locks.twin_col(d)] += kb
+                    parts_r.append(r)
+                    parts_p.append(prob[sel] * (pr * bpr))
+                    parts_s.append(src[sel])
+                    parts_c.append(counts[sel])
         rows, prob, src, counts = (np.concatenate(parts_r), np.concatenate(parts_p), np.concatenate(parts_s),
                                    np.concatenate(parts_c))
     return rows, prob, src
@@ -308,6 +334,10 @@ class ObservationSpace:
         self._w = w
         self._K = self.classes[:, self.Q :].sum(axis=1)
         self._n = w.sum(axis=1) + self._K
+        # locked stages: the queues of each and its free places per class (no state has a blocked
+        # thread: the lock's holders are the stage's threads, module docstring)
+        self._lock_room = [(np.flatnonzero(layout.queue_stage == i), m - self.classes[:, self.Q + i])
+                           for i, m in enumerate(model.locks or ()) if m is not None]
         PE = sp_.event_matrix.tocoo()
         # Idle states (requests, no thread) are never post-decision states of a feasible table; they
         # decide at every event so that the bias is defined on them too (none is absorbing).
@@ -330,17 +360,26 @@ class ObservationSpace:
 
     def feasible(self, a: IntArray) -> BoolArray:
         """Classes in which starting ``a`` (threads per queue) is allowed: enough waiting, within
-        K_max, and not idling (requests present, no thread active after the decision)."""
+        K_max, within every lock's free places, and not idling (requests present, no thread
+        active after the decision)."""
         a = np.asarray(a, dtype=np.int64)
         tot = int(a.sum())
         K = self._K + tot
         ok: BoolArray = np.all(self._w >= a, axis=1) & (K <= self.k_max) & ~((self._n > 0) & (K == 0))
+        for qs, room in self._lock_room:
+            ok &= int(a[qs].sum()) <= room
         return ok
 
     def repair(self, actions: IntArray) -> IntArray:
-        """Make a table feasible: clip to the waiting counts and K_max (later queues kept first),
-        and start one thread (the latest stage's first non-empty queue) where it would idle."""
+        """Make a table feasible: clip to the waiting counts, every lock's free places (a request
+        the lock would block waits in the sidecar) and K_max (later queues kept first), and start
+        one thread (the latest stage's first non-empty queue) where it would idle."""
         a = np.minimum(np.maximum(np.asarray(actions, dtype=np.int64), 0), self._w).copy()
+        for qs, free in self._lock_room:
+            left = free.copy()
+            for lq in qs.tolist():
+                a[:, lq] = np.minimum(a[:, lq], left)
+                left = left - a[:, lq]
         room = self.k_max - self._K
         for q in range(self.Q):  # drop from the earliest queues first: later stages have priority
             over = np.maximum(a.sum(axis=1) - room, 0)
@@ -542,11 +581,14 @@ def observed_chain(model: TandemModel, layout: Layout, rule: ObservedRule, *, ma
 
     As :func:`overtake.mdp.chain.build_chain`, but the rule is asked once per observation-changing
     event and its answer started at once (phases drawn per queue prior), as a sidecar enforces it.
+    With locks the rows carry blocked threads (:mod:`overtake.mdp.lock`): a thread the rule starts
+    into a full lock blocks, holding its thread (the rule sees it among the stage's threads).
     """
     Q = layout.n_queues
     C = max_requests
     k_max = C if max_threads is None else min(max_threads, C)
     ranker = Ranker(Q + model.n_stages, C)
+    locks = Locks.build(model, Q)
 
     def step(frontier: IntArray) -> tuple[IntArray, FloatArray, IntArray]:
         s, pre, r = transitions(model, layout, frontier, C)
@@ -565,9 +607,10 @@ def observed_chain(model: TandemModel, layout: Layout, rule: ObservedRule, *, ma
                 want[:, q] = take
                 room = room - take
             counts[changed] = want
-        return spawn_vector(layout, pre, counts, r, s)
+        return spawn_vector(layout, pre, counts, r, s, locks if locks.n_twins else None)
 
-    return breadth_first(model, layout, step, max_requests=C, k_max=k_max, max_states=max_states)
+    return breadth_first(model, layout, step, max_requests=C, k_max=k_max, max_states=max_states,
+                         width=Q + model.n_coords + locks.n_twins)
 
 
 def evaluate_observed(

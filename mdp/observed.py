@@ -30,6 +30,17 @@ observation class), every one evaluated exactly on the full chain:
    evaluated E[W] (and, for ``route``, the ``none`` optimum): E W(none) ≤ min over the baselines
    by construction. ``source`` names where the answer came from.
 
+A stage with a lock (:mod:`overtake.mdp.lock`): the tables start a thread there only while the
+lock has room (:mod:`overtake.mdp.observation`); a request the lock would block waits in the
+sidecar. A baseline whose cap exceeds a lock's capacity (π(∞), Apache's default) starts threads
+that block, each holding a thread; its table (the starting table, or the answer when it wins)
+holds those requests instead and leaves their threads idle, so both run alike: a held request
+starts at the release, when the blocked thread would take the lock, and no other start happens
+earlier for the thread left free (the tests check E[W] to 1e-8). Where such a baseline has the
+least E[W], its table is evaluated exactly all the same (candidate "π(∞) held at the lock") and
+is the answer only if that E[W] is below the improved table's. What holding buys is a free
+thread: the search may give it to another stage, which pays where threads are scarce.
+
 The optimum over deterministic memoryless policies of a partially observed chain is NP-hard in
 general (Littman, "Memoryless policies: theoretical limitations and practical results", 1994):
 this is a local search with an exact acceptance test, not a proof of optimality, and there is no
@@ -53,6 +64,7 @@ from .chain import build_chain
 from .errors import TruncationError
 from .evaluate import PolicyMetrics, stationary_distribution
 from .heuristic import overtaking_heuristic
+from .lock import Locks
 from .model import TandemModel
 from .observation import ExactEvaluation, ObservationSpace, evaluate_observed
 from .policy import Policy
@@ -60,7 +72,8 @@ from .routes import RouteSplit
 from .rule_evaluation import Evaluation, evaluate_baseline
 from .statespace import Layout, StateSpace, Truncation, count_states, transitions
 
-__all__ = ["Improvement", "ObservedOptimum", "ObservedSolve", "improve", "observed_baselines", "solve_observed"]
+__all__ = ["Improvement", "ObservedOptimum", "ObservedSolve", "holds_at_locks", "improve", "observed_baselines",
+           "solve_observed"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -72,6 +85,18 @@ def observed_baselines(n_stages: int) -> list[str]:
     """The baselines every observation policy is checked against: π(1), π(2), π(4), π(∞), π(1,…,1)."""
     names = ["pi(1)", "pi(2)", "pi(4)", "pi(inf)", "pi(" + ",".join(["1"] * n_stages) + ")"]
     return list(dict.fromkeys(Baseline.parse(n, n_stages).name for n in names))
+
+
+def holds_at_locks(model: TandemModel, name: str) -> bool:
+    """Whether baseline ``name`` never starts a thread into a full lock: its cap at every locked
+    stage (π(k): k; π(k1,…,kN): k_i) is at most the lock's capacity, so its table is its rule
+    (:mod:`overtake.mdp.observation`); π(∞), Apache's default, blocks threads at the lock."""
+    b = Baseline.parse(name, model.n_stages)
+    for i, m in enumerate(model.locks or ()):
+        cap = b.total if b.per_stage is None else b.per_stage[i]
+        if m is not None and (cap is None or cap > m):
+            return False
+    return True
 
 
 # ---- starting tables ---------------------------------------------------------------------------
@@ -127,6 +152,9 @@ def _heuristic_table(osp: ObservationSpace, fallback: IntArray) -> IntArray:
     reach, pi = stationary_distribution(ch.P)
     rows = ch.rows[reach]
     s, pre, rate = transitions(model, full, rows, osp.cap)
+    # blocked threads of a locked stage count among its threads (:mod:`overtake.mdp.lock`)
+    fold = Locks.build(model, full.n_queues).fold
+    rows, pre = fold(rows), fold(pre)
     D, N = model.n_coords, model.n_stages
     cs = model.coord_stage()
 
@@ -445,7 +473,10 @@ def solve_observed(
         return osp, imp
 
     def meta(osp: ObservationSpace, source: str) -> dict[str, Any]:
-        return {"source": source, "observation": "waiting per queue, active threads per stage"}
+        seen = "waiting per queue, active threads per stage"
+        if model.has_lock:
+            seen += "; a locked stage's threads are its lock's holders (none starts while the lock is full)"
+        return {"source": source, "observation": seen}
 
     def record(osp: ObservationSpace, imp: Improvement, m: PolicyMetrics, source: str,
                cands: dict[str, float], base: dict[str, Evaluation], pol: Policy) -> ObservedOptimum:
@@ -562,7 +593,18 @@ def solve_observed(
             cands[name] = evaluated[name].metrics.mean_response_time
     source = min(cands, key=lambda k: cands[k])
     m = lim
-    if source in base:
+    if source in base and not holds_at_locks(model, source):
+        # its table holds at the lock the requests the rule blocks (module docstring): the sidecar
+        # runs that table, so it is weighed by its own exact E[W]
+        held = osp.policy(osp.table(_stage_rule(model, source)), meta={**meta(osp, source), "baseline": source})
+        m_held, C_held = limit(held, tr.max_requests, tr.max_requests)
+        cands[f"{source} held at the lock"] = m_held.mean_response_time
+        if m_held.mean_response_time < lim.mean_response_time:
+            held.meta.update(metrics_truncation={"max_requests": C_held, "max_threads": None})
+            source, m, pol = f"{source} held at the lock", m_held, held
+        else:
+            source = "improved"
+    elif source in base:
         m = base[source].metrics
         # the baseline's table within the cap; meta names it so an enforcer can run the rule itself
         pol = osp.policy(osp.table(_stage_rule(model, source)), meta={**meta(osp, source), "baseline": source})

@@ -206,7 +206,23 @@ class Policy:
             idx = np.minimum(np.searchsorted(self.keys, keys), self.keys.size - 1)
             hit = self.keys[idx] == keys
             out[ok] = np.where(hit[:, None], self.spawn[idx].astype(np.int64), 0)
-        return np.minimum(out, rows[:, : self.Q])
+        out = np.minimum(out, rows[:, : self.Q])
+        if self.observed and self.model.has_lock:
+            self._hold_at_locks(rows, out)
+        return out
+
+    def _hold_at_locks(self, rows: IntArray, out: IntArray) -> None:
+        """Clip the starts in each locked stage to its lock's free places, in place: a table over
+        counts never starts a thread into a full lock (:mod:`overtake.mdp.observation`), and the
+        projection beyond its cap keeps that (a state it maps to may show fewer threads there)."""
+        qs_of = self.layout.queue_stage
+        for i, m in enumerate(self.model.locks or ()):
+            if m is None:
+                continue
+            left = np.maximum(m - rows[:, self.Q + i], 0)
+            for q in np.flatnonzero(qs_of == i):
+                out[:, q] = np.minimum(out[:, q], left)
+                left = left - out[:, q]
 
     def lookup_tables(self) -> tuple[IntArray, npt.NDArray[np.int32], IntArray]:
         """(keys, position of each rank, spawn counts as int64): the table in the form the compiled

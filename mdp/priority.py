@@ -37,7 +37,9 @@ __all__ = [
     "CpuPriority",
     "age_priority",
     "class_priority",
+    "exempt_stages",
     "level_weights",
+    "locked_stages",
     "short_first_levels",
     "weights_for_levels",
 ]
@@ -199,6 +201,27 @@ def age_priority(model: TandemModel, thresholds: Sequence[float] | Sequence[Sequ
     w = weights_for_levels(weights, len(rows[0]) + 1)
     name = "age priority " + "; ".join(",".join(f"{x:.4g}" for x in r) for r in rows)
     return CpuPriority(w, tuple(rows), None, name)
+
+
+def exempt_stages(priority: CpuPriority, stages: Sequence[int]) -> CpuPriority:
+    """``priority`` with the requests of ``stages`` never demoted (their thresholds at infinity).
+
+    mod_overtake_prio exempts a request that may hold a lock others wait for (the stages file's
+    ``cpu_exempt``, sent as ``X-Overtake-Exempt``): a demoted holder would make every waiter wait
+    at the idle weight (priority inversion). A stage with a lock (:mod:`overtake.mdp.lock`) is
+    such a stage; its holders compete at level 0 with everyone else's young requests.
+    """
+    if not stages:
+        return priority
+    never = (math.inf,) * (priority.levels - 1)
+    rows = tuple(never if i in stages else r for i, r in enumerate(priority.thresholds))
+    return CpuPriority(priority.weights, rows, priority.start_levels,
+                       f"{priority.name}; stages {', '.join(str(i) for i in sorted(stages))} exempt")
+
+
+def locked_stages(model: TandemModel) -> tuple[int, ...]:
+    """The stages with a lock (:mod:`overtake.mdp.lock`): exempt from demotion under age priority."""
+    return tuple(i for i in range(model.n_stages) if model.lock_of(i) is not None)
 
 
 def short_first_levels(stage: Stage) -> tuple[int, ...]:

@@ -8,7 +8,11 @@ multilevel-PS formulas of :mod:`overtake.mdp.mlps`) gives the figures:
 * ``age`` — demotion by attained CPU at the stage, one threshold for all stages (a server-wide
   ``OvertakePrioLevels``), chosen in the visit model
   (:func:`~overtake.mdp.thresholds.choose_tandem_thresholds`); predicted for the policy and for
-  π(∞) (Apache's default with CPU priority alone);
+  π(∞) (Apache's default with CPU priority alone). A stage with a lock (:mod:`overtake.mdp.lock`)
+  is exempt: the module never demotes a request that may hold a lock others wait for (the
+  stages file's ``cpu_exempt``), so its holders run at level 0, one at a time at lock 1, beside
+  the other stages' young requests (:func:`~overtake.mdp.priority.exempt_stages`). The
+  simulator runs the lock and the levels together; the policy file records the exempt stages;
 * ``class`` — known-phase short-first classes (:func:`~overtake.mdp.priority.class_priority`),
   which need the phases: policies solved for ``full`` information only. Where no phase moves
   (hyperexponential stages) the chain with the classes is exact (:mod:`overtake.mdp.priority_classes`)
@@ -28,7 +32,7 @@ from typing import Any
 from .errors import ModelError
 from .model import TandemModel
 from .policy import Policy
-from .priority import DEFAULT_LOW_WEIGHT, CpuPriority, age_priority, class_priority
+from .priority import DEFAULT_LOW_WEIGHT, CpuPriority, age_priority, class_priority, exempt_stages
 from .priority_classes import class_model, model_levels, phases_stay
 from .rule_evaluation import evaluate_rule
 from .simulation import simulate
@@ -55,6 +59,8 @@ class PriorityPrediction:
     requests: int
     seeds: int = 0
     visit_model: float | None = None
+    #: names of the stages whose requests are never demoted (age: the stages with a lock)
+    exempt: tuple[str, ...] = ()
 
     def to_meta(self) -> dict[str, Any]:
         """The policy file's ``meta["cpu_priority"][kind]`` entry (JSON: a threshold never crossed is null)."""
@@ -63,7 +69,8 @@ class PriorityPrediction:
         return {"kind": self.kind, "exact": self.requests == 0,
                 "mean_response_time": self.mean_response_time, "ci95": self.ci95,
                 "passthrough": self.passthrough, "passthrough_ci95": self.passthrough_ci95,
-                "requests": self.requests, "seeds": self.seeds, "visit_model": self.visit_model, **d}
+                "requests": self.requests, "seeds": self.seeds, "visit_model": self.visit_model,
+                "exempt_stages": list(self.exempt), **d}
 
 
 def _pooled(model: TandemModel, policy: Policy | str, priority: CpuPriority, requests: int, seeds: int,
@@ -90,11 +97,12 @@ def predict_priority(model: TandemModel, policy: Policy, kind: str, *, requests:
     ps: float | None = None
     ps_ci: float | None = None
     visit: float | None = None
+    exempt: tuple[int, ...] = ()
     if kind == "age":
-        choice = choose_tandem_thresholds(model, common=True)
-        a, visit = choice.priority.thresholds[0][0], choice.mean_response_time
+        choice = choose_tandem_thresholds(model, common=True)  # the locked stages exempt
+        a, visit, exempt = choice.priority.thresholds[0][0], choice.mean_response_time, choice.exempt
         priority = age_priority(model, [a], weights=weights)
-        ps, ps_ci = _pooled(model, "pi(inf)", priority, requests, seeds, seed)
+        ps, ps_ci = _pooled(model, "pi(inf)", exempt_stages(priority, exempt), requests, seeds, seed)
     else:
         if policy.phase_info != "full":
             raise ModelError(f"cpu priority class: short-first classes need each request's phase; this policy "
@@ -106,5 +114,6 @@ def predict_priority(model: TandemModel, policy: Policy, kind: str, *, requests:
             ev = evaluate_rule(class_model(base, levels=levels), policy.layout, policy.actions,
                                max_requests=policy.max_requests, max_threads=policy.max_threads)
             return PriorityPrediction(kind, priority, ev.mean_response_time, 0.0, None, None, 0)
-    w, ci = _pooled(model, policy, priority, requests, seeds, seed)
-    return PriorityPrediction(kind, priority, w, ci, ps, ps_ci, requests, seeds, visit)
+    w, ci = _pooled(model, policy, exempt_stages(priority, exempt), requests, seeds, seed)
+    return PriorityPrediction(kind, priority, w, ci, ps, ps_ci, requests, seeds, visit,
+                              tuple(model.stages[i].name for i in exempt))

@@ -135,9 +135,10 @@ def solve(
         raise ModelError(f"phase_info: expected one of {', '.join(PHASE_INFO)}, got {phase_info!r}")
     if method not in METHODS:
         raise ModelError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
-    if model.has_lock and (phase_info in ("none", "route") or cpu_priority is not None):
-        raise ModelError(f"locks: a stage with a lock is solved with phase_info full or start and no cpu_priority; "
-                         f"got phase_info {phase_info!r}, cpu_priority {cpu_priority!r}")
+    if model.has_lock and cpu_priority is not None:
+        raise ModelError(f"locks: CPU classes by phase (cpu_priority {cpu_priority!r}) are not modelled with a stage "
+                         "with a lock; solve without them (age priority is predicted with the lock: "
+                         "overtake solve --cpu-priority age)")
     if model.coupled and (phase_info in ("none", "route") or cpu_priority is not None):
         raise ModelError(f"routing: coupled stages are solved with phase_info full or start and no cpu_priority "
                          f"(the observation solves draw each stage's start phase independently); got phase_info "

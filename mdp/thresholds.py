@@ -23,7 +23,7 @@ import numpy.typing as npt
 from .errors import ModelError
 from .mlps import EXACT, SEARCH, Accuracy, JobClass, PHInput, PHMoments, as_ph, fb_mean, mlps_classes_mean, mlps_mean, ps_mean
 from .model import TandemModel
-from .priority import CpuPriority, weights_for_levels
+from .priority import CpuPriority, exempt_stages, locked_stages, weights_for_levels
 
 __all__ = [
     "TandemChoice", "ThresholdChoice", "choose_tandem_thresholds", "choose_thresholds", "tandem_model_mean",
@@ -157,16 +157,27 @@ def tandem_model_mean(model: TandemModel, priority: CpuPriority | None = None, *
 
 @dataclass(frozen=True)
 class TandemChoice:
-    """Thresholds for the tandem chosen in the visit model, and that model's E[W] (strict priority)."""
+    """Thresholds for the tandem chosen in the visit model, and that model's E[W] (strict priority).
+
+    ``priority`` holds the thresholds as the module applies them, to every stage; ``exempt`` the
+    stages whose requests it never demotes (:func:`~overtake.mdp.priority.exempt_stages`), as
+    the visit model and the simulator take them (:attr:`in_force`)."""
 
     priority: CpuPriority
     mean_response_time: float
     ps: float
     evaluations: int
+    exempt: tuple[int, ...] = ()
+
+    @property
+    def in_force(self) -> CpuPriority:
+        """The levels each stage's requests see: the exempt stages' never demoted."""
+        return exempt_stages(self.priority, self.exempt)
 
 
 def choose_tandem_thresholds(model: TandemModel, *, levels: int = 2, weights: Sequence[float] | str | None = None,
-                             grid: int = 256, common: bool = False) -> TandemChoice:
+                             grid: int = 256, common: bool = False,
+                             exempt: Sequence[int] | None = None) -> TandemChoice:
     """Age thresholds for the tandem under π(∞), minimising the visit model's E[W].
 
     Two levels: one threshold per stage (seeded by the best common threshold, then Nelder–Mead
@@ -176,11 +187,20 @@ def choose_tandem_thresholds(model: TandemModel, *, levels: int = 2, weights: Se
     ``weights`` only label the returned levels (default 1 then
     :data:`~overtake.mdp.priority.DEFAULT_LOW_WEIGHT` powers); the prediction is the
     strict-priority limit, the simulator gives E[W] at the real weights.
+
+    ``exempt``: stages whose requests are never demoted (default: the stages with a lock,
+    :func:`~overtake.mdp.priority.locked_stages`); the visit model weighs the thresholds with
+    them at level 0. The visit model keeps processor sharing within a level, the lock's
+    serialisation included: the threshold search is approximate there, and the simulator
+    (:func:`overtake.mdp.priority_prediction.predict_priority`) runs the lock.
     """
     if levels < 2:
         raise ModelError(f"levels must be >= 2 for age priority, got {levels}")
     w = weights_for_levels(weights, levels)
     N = model.n_stages
+    ex = tuple(sorted(set(locked_stages(model) if exempt is None else (int(i) for i in exempt))))
+    if any(not 0 <= i < N for i in ex):
+        raise ModelError(f"exempt: stage indices in 0..{N - 1}, got {list(ex)}")
     ps = tandem_model_mean(model)
     n_eval = 0
     cache: dict[tuple[float, ...], float] = {}
@@ -190,7 +210,7 @@ def choose_tandem_thresholds(model: TandemModel, *, levels: int = 2, weights: Se
         key = tuple(round(x, 12) for r in rows for x in r)
         if key not in cache:
             n_eval += 1
-            cache[key] = tandem_model_mean(model, CpuPriority(w, rows), grid=grid, accuracy=SEARCH)
+            cache[key] = tandem_model_mean(model, exempt_stages(CpuPriority(w, rows), ex), grid=grid, accuracy=SEARCH)
         return cache[key]
 
     scale = float(np.mean([s.mean() for s in model.stages]))
@@ -224,4 +244,4 @@ def choose_tandem_thresholds(model: TandemModel, *, levels: int = 2, weights: Se
         xs, val, _ = _optimise(fun, np.log(np.exp(x0) * 3.0 ** np.arange(levels - 1)), lo, hi)
         rows = (tuple(float(v) for v in np.exp(np.sort(xs))),) * N
     pr = CpuPriority(w, rows, None, "age priority " + "; ".join(",".join(f"{x:.4g}" for x in r) for r in rows))
-    return TandemChoice(pr, val, ps, n_eval)
+    return TandemChoice(pr, val, ps, n_eval, ex)

@@ -29,7 +29,8 @@ def register(subparsers: Any) -> None:
                         "the auto-truncation ladder stops at N too (default %(default)s: minutes and a few GB)")
     p.add_argument("--cpu-priority", choices=("age", "class"), default=None,
                    help="mod_overtake_prio's CPU priority in Apache: age (also predict the policy, and "
-                   "pi(inf), with age priority, simulated) or class (two CPU classes by phase, by expected "
+                   "pi(inf), with age priority, simulated; a stage with a lock is exempt, never demoted) or "
+                   "class (two CPU classes by phase, by expected "
                    "remaining work: the spawn policy optimal under each candidate assignment, the best kept; "
                    "exact for hyperexponential stages); stored in the "
                    "policy file for the sidecar's auto mode")
@@ -136,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
                                    "exact": v["exact"], "passthrough": v["passthrough"], "thresholds": v["thresholds"],
                                    "start_levels": v["start_levels"], "solved": v.get("solved", False),
                                    "passthrough_ci95": v["passthrough_ci95"], "requests": v["requests"],
-                                   "seeds": v["seeds"], "visit_model": v["visit_model"]}
+                                   "seeds": v["seeds"], "visit_model": v["visit_model"],
+                                   "exempt_stages": v.get("exempt_stages", [])}
                                for k, v in pol.meta["cpu_priority"].items()}
     print(json.dumps(doc, indent=2))
     if not args.quiet:

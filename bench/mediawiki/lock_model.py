@@ -12,12 +12,16 @@ transaction for
 * ``default``: Apache's default, every request started at once up to the stack's worker limit
   (prefork's ``MaxRequestWorkers`` does not bind at this load; php-fpm's 5 children do), exact;
 * ``passthrough+age``: the same admission with mod_overtake_prio's age priority at the solved
-  threshold (SCHED_IDLE beyond it), simulated: the chain has no exact form with age levels. A
-  demoted preview still holds the lock, so the previews blocked behind it wait on a thread that
-  runs at the idle weight (the priority inversion the bench measured);
-* ``optimum``: π* of the MDP with the lock, phases known at a thread's start (``start``), under
-  the stack's worker limit: it never starts a preview while another holds the lock, so writers
-  wait in the sidecar, not in a worker;
+  threshold (SCHED_IDLE beyond it), previews exempt (the product never demotes a request that
+  may hold the lock: POST is an exempt method), simulated: the chain has no exact form with age
+  levels; ``passthrough+age_inverted`` the same without the exemption: a demoted preview still
+  holds the lock, so the previews blocked behind it wait on a thread that runs at the idle
+  weight (the priority inversion the bench measured);
+* ``blind``: the best policy over counts (``phase_info`` none, what the sidecar runs for real
+  clients, :mod:`overtake.mdp.observed`) with the lock, under the stack's worker limit, exact;
+* ``optimum``: π* of the MDP with the lock, phases known at a thread's start (``start``): it
+  never starts a preview while another holds the lock, so writers wait in the sidecar, not in a
+  worker;
 
 and, for comparison, the same figures without the lock (the pure processor-sharing tandem).
 """
@@ -30,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from overtake.mdp import Stage, TandemModel, solve
-from overtake.mdp.priority import age_priority
+from overtake.mdp.observed import solve_observed
+from overtake.mdp.priority import age_priority, exempt_stages, locked_stages
 from overtake.mdp.rule_evaluation import evaluate_baseline
 from overtake.mdp.simulation import simulate
 
@@ -66,8 +71,8 @@ def predict(fits: Mapping[str, Mapping[str, Any]], arrival_rate: float, php: str
 
     ``threshold_s``: the age threshold of mod_overtake_prio (None: no ``passthrough+age``).
     Returns ``{"lock": {...}, "no_lock": {...}}`` (``no_lock`` only with ``without_lock``) with
-    ``default``, ``optimum`` (and its thread cap) and, with a threshold, ``passthrough+age`` and its
-    95 % half-width.
+    ``default``, ``blind``, ``optimum`` (and its thread cap) and, with a threshold,
+    ``passthrough+age`` and its 95 % half-width (with the lock also ``passthrough+age_inverted``).
     """
     if php not in WORKERS:
         raise ValueError(f"php: one of {', '.join(WORKERS)}, got {php!r}")
@@ -75,15 +80,19 @@ def predict(fits: Mapping[str, Mapping[str, Any]], arrival_rate: float, php: str
     for key, lock in (("lock", True), ("no_lock", False))[: 2 if without_lock else 1]:
         model = stack_model(fits, arrival_rate, lock=lock)
         base = evaluate_baseline(model, _baseline(php), tol=tol).metrics
+        cap = None if php == "prefork" else WORKERS[php]
         opt = solve(model, phase_info="start", tol=tol, max_states=400_000)
-        fig: dict[str, Any] = {"default": base.mean_response_time, "optimum": opt.metrics.mean_response_time,
-                               "optimum_threads": opt.truncation.k_max}
+        blind = solve_observed(model, phase_info="none", tol=tol, max_threads=cap)
+        fig: dict[str, Any] = {"default": base.mean_response_time, "blind": blind.metrics.mean_response_time,
+                               "optimum": opt.metrics.mean_response_time, "optimum_threads": opt.truncation.k_max}
         if threshold_s is not None:
             prio = age_priority(model, [threshold_s])
-            cap = None if php == "prefork" else WORKERS[php]
-            sim = simulate(model, "pi(inf)" if cap is None else f"pi({cap})", requests=requests, seed=seed,
-                           cpu_priority=prio)
-            fig["passthrough+age"] = sim.mean_response_time
-            fig["passthrough+age_ci95"] = sim.ci95
+            arms = {"passthrough+age": exempt_stages(prio, locked_stages(model))}
+            if lock:
+                arms["passthrough+age_inverted"] = prio
+            for arm, levels in arms.items():
+                sim = simulate(model, _baseline(php), requests=requests, seed=seed, cpu_priority=levels)
+                fig[arm] = sim.mean_response_time
+                fig[f"{arm}_ci95"] = sim.ci95
         out[key] = fig
     return out

@@ -216,9 +216,9 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
     if job.age_thresholds:
         from overtake.mdp.thresholds import choose_tandem_thresholds
 
-        # one common set, as the solve's age priority chooses it (the module applies one row)
-        # the age model has no lock: thresholds are chosen as before locks were modelled
-        thr = choose_tandem_thresholds(replace(model, locks=None), common=True)
+        # one common set, as the solve's age priority chooses it (the module applies one row);
+        # a locked stage is exempt there (never demoted: the sidecar sends its requests exempt)
+        thr = choose_tandem_thresholds(model, common=True)
         pol.meta["cpu_priority"] = {"age": {"thresholds": [list(r) for r in thr.priority.thresholds],
                                             "visit_model_mean_response_time": thr.mean_response_time}}
     t_thr = time.perf_counter() - t_thr

@@ -24,6 +24,10 @@ longer hold; a policy file solved with ``overtake solve --cpu-priority`` carries
 priority (one without is not usable) and passthrough by π(∞)'s with it; under ``class`` a
 candidate that sees the phases is weighed by its prediction with short-first classes. Gains are
 always against Apache's default without CPU priority.
+
+A policy file solved for a model with a lock (scenario ``stages[].lock``, :mod:`overtake.mdp.lock`)
+carries the lock model's predictions, whatever it sees (full, start, route, none): its own, Apache's
+default (whose threads block at the lock) and, under ``age``, both with the locked stage exempt.
 """
 
 from __future__ import annotations

@@ -328,4 +328,5 @@ def test_lock_prediction_of_a_recorded_fpm_run() -> None:
     assert lock["default"] > 1.1 * fig["model"]["predicted"]["pi(inf)"]
     assert abs(lock["default"] - measured) <= 0.15 * measured
     assert lock["optimum"] <= lock["default"]
+    assert lock["optimum"] <= lock["blind"] * (1 + 2e-3) and lock["blind"] <= lock["default"] * (1 + 2e-3)
     assert got["no_lock"]["default"] < lock["default"]

@@ -130,8 +130,8 @@ def test_scenario_lock_field() -> None:
         parse_scenario(bad)
     with pytest.raises(ModelError, match=r"locks\[0\]"):
         TandemModel(0.5, (H2,), locks=(0,))
-    with pytest.raises(ModelError, match="locks: a stage with a lock"):
-        solve(model, phase_info="none")
+    with pytest.raises(ModelError, match="locks: CPU classes by phase .* not modelled with a stage with a lock"):
+        solve(model, cpu_priority="class")
 
 
 def test_lock_module_doctest() -> None:
