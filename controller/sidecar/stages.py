@@ -172,9 +172,14 @@ class StageSpec(_Strict):
         return Route._methods(v)
 
     def exempts(self, method: str) -> bool:
-        """Is a request of ``method`` exempt from CPU demotion (``cpu_exempt``)?"""
+        """Is a request of ``method`` exempt from CPU demotion (``cpu_exempt``)? Without the key, a
+        stage with a ``lock`` is exempt for every method: its requests hold the lock the others
+        wait for (a demoted holder makes them all wait at its priority), and the solve's age
+        prediction with a lock assumes it."""
         v = self.cpu_exempt
-        if v is None or isinstance(v, str):
+        if v is None:
+            return self.lock is not None
+        if isinstance(v, str):
             return v == "all" or (v == "unsafe" and method not in ("GET", "HEAD"))
         return method in v
 

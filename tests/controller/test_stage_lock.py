@@ -92,6 +92,18 @@ def test_lock_fields_load(tmp_path: Path) -> None:
     assert StageLock.from_table(_table(lock=None)) is None
 
 
+
+def test_a_locked_stage_is_cpu_exempt_unless_the_file_says_otherwise() -> None:
+    """Its requests hold the lock the others wait for: never demoted, whatever the method, unless
+    ``cpu_exempt`` says otherwise; a stage without a lock keeps today's rule (demotable)."""
+    t = _table(lock=1)
+    assert t.cpu_exempt(0, "POST") and t.cpu_exempt(0, "GET") and not t.cpu_exempt(1, "GET")
+    assert not _table(lock=None).cpu_exempt(0, "POST")
+    cfg = {"stages": [{"name": "a", "path": "^/a", "lock": 1, "cpu_exempt": []},
+                      {"name": "b", "path": "^/b", "lock": 1, "cpu_exempt": "unsafe"}]}
+    t2 = StageTable(StagesConfig.model_validate(cfg))
+    assert not t2.cpu_exempt(0, "POST") and t2.cpu_exempt(1, "POST") and not t2.cpu_exempt(1, "GET")
+
 # --------------------------------------------------------------------------- the release order (known answers)
 
 # holding times learned before the trace: key -> seconds (k? is never seen: the stage's mean)
