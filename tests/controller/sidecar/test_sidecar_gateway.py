@@ -31,7 +31,7 @@ from overtake.controller.harness.loadgen import request
 from overtake.controller.harness.scratch import free_port, scratch_dir
 from overtake.mdp import Stage, TandemModel, Truncation, solve
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 STAGES = """
 stages:
