@@ -1,7 +1,7 @@
 """`overtake sidecar` in front of a real private Apache (controller.harness.apache).
 
 Concurrency limits are verified with Apache's own access log (request begin + %D per request id),
-not with the sidecar's counters. Needs Debian's apache2 (see tests/controller/test_apache.py);
+not with the sidecar's counters. Needs Debian's apache2 (see tests/controller/harness/test_apache.py);
 skips otherwise.
 """
 
