@@ -10,7 +10,7 @@ with service by exact processor sharing and no network, kernel or Apache in the 
 Uses: the ideal counterpart of a run on Apache (bench/apache_table2.py replays the same trace on
 Apache: the run minus the replay is the implementation's effect, the replay minus the model the
 trace's randomness), and a check of the limiter against the MDP: over long traces the replay's
-mean response time converges to the policy's exact E[W] (tests/controller/test_twin.py).
+mean response time converges to the policy's exact E[W] (tests/controller/sidecar/test_twin.py).
 
 ``routing`` says when the request for stage i+1 enters: ``next`` (the stages file's ``next``:
 a reservation at stage i's completion, claimed by the follow-up after a zero round trip — what

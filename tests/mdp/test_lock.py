@@ -90,24 +90,30 @@ def test_chain_with_blocked_threads_conserves_flow() -> None:
     assert m.stage_sojourn[0] * lam * (1 - blocking) == pytest.approx(float(p @ in_stage1), rel=1e-9)
 
 
-def test_the_optimum_never_blocks_and_beats_the_baselines() -> None:
+@pytest.fixture(scope="module")
+def locked_optimum():  # type: ignore[no-untyped-def]
+    """π* of the locked tandem on caps (12, 4) and its exact E[W] on 40 requests: solved once for
+    the two tests that read it."""
     model = TandemModel(0.5, (H2, EXP), locks=(1, None))
-    opt = solve(model, phase_info="full", truncation=Truncation(12, 4))
+    pol = solve(model, phase_info="full", truncation=Truncation(12, 4)).policy
+    exact = evaluate_rule(model, Layout.build(model, "full"), pol.actions, max_requests=40, max_threads=4).mean_response_time
+    return model, pol, exact
+
+
+def test_the_optimum_never_blocks_and_beats_the_baselines(locked_optimum) -> None:  # type: ignore[no-untyped-def]
+    model, pol, exact = locked_optimum
     layout = Layout.build(model, "full")
-    chain = build_chain(model, layout, opt.policy.actions, max_requests=12, max_threads=4)
+    chain = build_chain(model, layout, pol.actions, max_requests=12, max_threads=4)
     assert chain.rows[:, layout.n_queues + model.n_coords:].max() == 0
-    exact = evaluate_rule(model, layout, opt.policy.actions, max_requests=40, max_threads=4).mean_response_time
     for b in ("pi(inf)", "pi(1)", "pi(2)", "pi(4)", "pi(1,1)"):
         assert exact < evaluate_baseline(model, b, tol=1e-4).metrics.mean_response_time
 
 
 @pytest.mark.parametrize("policy", ["pi(inf)", "pi(2)", "optimum"])
-def test_simulator_matches_exact_on_a_locked_tandem(policy: str) -> None:
+def test_simulator_matches_exact_on_a_locked_tandem(policy: str, request: pytest.FixtureRequest) -> None:
     model = TandemModel(0.5, (H2, EXP), locks=(1, None))
     if policy == "optimum":
-        pol = solve(model, phase_info="full", truncation=Truncation(12, 4)).policy
-        exact = evaluate_rule(model, Layout.build(model, "full"), pol.actions, max_requests=40,
-                              max_threads=4).mean_response_time
+        _, pol, exact = request.getfixturevalue("locked_optimum")
         sim = simulate(model, pol, requests=100_000, seed=11)
     else:
         exact = evaluate_baseline(model, policy, tol=1e-4).metrics.mean_response_time

@@ -195,12 +195,20 @@ def _split(model, s_light: float = 0.99, s_heavy: float = 0.1) -> RouteSplit:  #
     return RouteSplit.build(model, routes)
 
 
-def test_route_sits_between_full_and_none() -> None:
+@pytest.fixture(scope="module")
+def case2_observed():  # type: ignore[no-untyped-def]
+    """Table 1 case 2 solved with phase_info none and route (the light/heavy split) on one cap: the
+    searches are the expensive part, and the tests below only read their results."""
     model = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))
     tr = Truncation(6)
-    full = policy_iteration(StateSpace(model, tr, "full"))
     none = solve_observed(model, truncation=tr)
     route = solve_observed(model, phase_info="route", routes=_split(model), truncation=tr)
+    return model, tr, none, route
+
+
+def test_route_sits_between_full_and_none(case2_observed) -> None:  # type: ignore[no-untyped-def]
+    model, tr, none, route = case2_observed
+    full = policy_iteration(StateSpace(model, tr, "full"))
     assert _exact_gain(full.space, full.decision) <= route.solve.gain * (1 + 1e-9)
     assert route.metrics.mean_response_time <= none.metrics.mean_response_time
     assert route.source == "improved" and route.policy.phase_info == "route"
@@ -246,20 +254,21 @@ def test_observation_policy_file_round_trip(tmp_path, info: str) -> None:  # typ
     assert np.array_equal(pol.actions(rows), opt.policy.actions(rows))
 
 
-def test_simulated_observation_policies_match_their_exact_evaluation(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_simulated_observation_policies_match_their_exact_evaluation(case2_observed) -> None:  # type: ignore[no-untyped-def]
     """The simulator (decisions at arrivals and completions, route drawn at each stage entry)
-    against the exact chain of the same artifact on a cap where blocking is negligible."""
+    against the exact chain of the same artifact on a cap where blocking is negligible: below
+    1e-5, the cap moves E[W] by about 1e-4, a few thousandths of the simulation's ci95 (about
+    0.08), so the check keeps its power while the cap keeps the route chain small."""
     from overtake.mdp.simulation import simulate
 
-    model = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))
-    for info, routes, seed in (("none", None, 31), ("route", _split(model), 32)):
-        opt = solve_observed(model, phase_info=info, routes=routes, truncation=Truncation(7))  # type: ignore[arg-type]
+    model, _, none, route = case2_observed
+    for opt, seed in ((none, 31), (route, 32)):
         pol = opt.policy
         lay = pol.layout
-        exact = evaluate_observed(model, lay, pol.actions, max_requests=40)
+        exact = evaluate_observed(model, lay, pol.actions, max_requests=25)
         assert exact.blocking_probability < 1e-5
         res = simulate(model, pol, requests=300_000, seed=seed)
-        assert abs(res.mean_response_time - exact.mean_response_time) <= 1.5 * res.ci95, info
+        assert abs(res.mean_response_time - exact.mean_response_time) <= 1.5 * res.ci95, pol.phase_info
         assert res.mean_threads == pytest.approx(exact.mean_threads, rel=0.03)
 
 

@@ -220,9 +220,11 @@ def test_one_thread_at_a_time_is_untouched_by_levels() -> None:
     assert lv.mean_response_time == pytest.approx(plain.mean_response_time, rel=1e-9)
 
 
-def _route_ctmc(lam: float, mu1: float, mu2: float, w: float, cap: int = 250) -> float:
+def _route_ctmc(lam: float, mu1: float, mu2: float, w: float, cap: int = 80) -> float:
     """E[W] of the two-stage exponential tandem under π(∞) with stage-1 threads at weight 1 and
-    stage-2 threads at weight w: a CTMC on (n1, n2), solved on n1 + n2 <= cap."""
+    stage-2 threads at weight w: a CTMC on (n1, n2), solved on n1 + n2 <= cap. At load 0.6 the
+    mass beyond 60 requests already moves E[W] by under 1e-10 relative, far below the simulation's
+    ci95 (about 1 %), so a larger cap only makes the build slower."""
     import scipy.sparse as sp
     import scipy.sparse.linalg as spla
 

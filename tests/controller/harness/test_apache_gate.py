@@ -5,7 +5,7 @@ Known answers: a request carrying ``X-Overtake-Gate: SLOT GEN`` does not run unt
 :meth:`Gate.open`); a cancelled or stale slot answers 503 at once; a malformed header or a slot
 beyond the file answers 400; a gate that never opens lets the request through after
 ``OvertakeGateTimeout``; a closed connection frees the worker within a 100 ms slice; without the
-file, gated requests pass at once. The sidecar's side: tests/controller/test_sidecar_gate.py.
+file, gated requests pass at once. The sidecar's side: tests/controller/sidecar/test_sidecar_gate.py.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import pytest
 from support.api_helpers import exp2, free_port, live_api, wait
 from support.service_helpers import ADMIN_TOKEN, admin_token_file
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 POLL = 0.3
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}  # PUT /-/policy carries the admin token
 STAGES = """stages:

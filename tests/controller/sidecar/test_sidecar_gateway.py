@@ -1,7 +1,7 @@
 """`overtake sidecar` in front of a real private Apache (controller.harness.apache).
 
 Concurrency limits are verified with Apache's own access log (request begin + %D per request id),
-not with the sidecar's counters. Needs Debian's apache2 (see tests/controller/test_apache.py);
+not with the sidecar's counters. Needs Debian's apache2 (see tests/controller/harness/test_apache.py);
 skips otherwise.
 """
 
@@ -31,7 +31,7 @@ from overtake.controller.harness.loadgen import request
 from overtake.controller.harness.scratch import free_port, scratch_dir
 from overtake.mdp import Stage, TandemModel, Truncation, solve
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 STAGES = """
 stages:

@@ -18,7 +18,7 @@ from overtake.controller.sidecar.policies import BaselinePolicy, TablePolicy, lo
 from overtake.controller.sidecar.stages import ClassifierSettings, load_stages
 from overtake.mdp import Policy, Stage, TandemModel, Truncation, solve
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
