@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from overtake.controller.errors import ControllerError
+
 if TYPE_CHECKING:
     from overtake.controller.online.serialisation import TimedRequest, Verdict
 
@@ -30,7 +32,7 @@ MIN_SAMPLES = 30
 ALPHA = 0.01
 
 
-class DiagnoseUsageError(ValueError):
+class DiagnoseUsageError(ControllerError, ValueError):
     """A command-line option or the input of ``overtake diagnose`` is unusable."""
 
 

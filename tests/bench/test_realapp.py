@@ -220,8 +220,10 @@ def test_stages_file_is_valid_for_the_sidecar(tmp_path: Path) -> None:
     table = load_stages(f)
     assert table.names == ("preview", "view") and table.next_stage == (1, None)
     assert table.config.classifier.mode == "auto" and table.config.limits.max_body_bytes == 2 << 20
-    # a preview is a POST to the API, a view a short URL; anything else passes through
-    assert table.route("POST", "/api.php")[0] == 0  # type: ignore[index]
+    # a preview is a POST to the API's parse action, a view a short URL; anything else passes through
+    assert table.route("POST", "/api.php", "action=parse&format=json")[0] == 0  # type: ignore[index]
+    assert table.route("POST", "/api.php", "action=edit") is None
+    assert table.lock(0) == 1 and table.cpu_exempt(0, "POST") and table.keyed(0)
     assert table.route("GET", "/wiki/Bench_article_0001")[0] == 1  # type: ignore[index]
     assert table.route("GET", "/api.php") is None and table.route("GET", "/load.php") is None
 

@@ -187,7 +187,7 @@ def test_the_sidecar_config_key(work: Path) -> None:
     f = work / "sidecar.yaml"
     f.write_text("apache: 127.0.0.1:8080\nlisten: 127.0.0.1:8081\nstages: stages.yaml\npolicy: pi(1)\n"
                  "php_stats_file: php-stats\n")
-    assert to_options(load_config(f, {})).php_stats_file == str(work / "php-stats")
+    assert to_options(load_config(f, {})).apache_side.php_stats_file == str(work / "php-stats")
 
 
 LOCKED = r"""<?php

@@ -18,23 +18,41 @@ SQLITE_DRIVER = Path("/usr/lib/x86_64-linux-gnu/apr-util-1/apr_dbd_sqlite3-1.so"
 
 LOCKED_LUA = """local tcpu = require "tcpu"
 local DB = "@DB@"
+local WAIT_S = 60
+
+local function fail(r, msg)
+    r.status = 500
+    r.content_type = "text/plain"
+    r:puts(msg, "\\n")
+    return apache2.OK
+end
 
 function handle(r)
     local work = tonumber(r:parseargs().work or "0") or 0
-    local db = r:dbacquire("sqlite3", DB)
-    local deadline = os.time() + 60
-    local ok = db:query(r, "BEGIN IMMEDIATE")
-    while not ok and os.time() <= deadline do
-        ok = db:query(r, "BEGIN IMMEDIATE")  -- the driver's busy handler sleeps between tries
+    local db, err = r:dbacquire("sqlite3", DB)
+    if not db then
+        return fail(r, "locked: cannot open " .. DB .. ": " .. tostring(err))
+    end
+    local deadline = os.time() + WAIT_S
+    local ok, qerr = db:query(r, "BEGIN IMMEDIATE")
+    while not ok do
+        if os.time() > deadline then
+            db:close()
+            return fail(r, "locked: no write lock within " .. WAIT_S .. " s: " .. tostring(qerr))
+        end
+        ok, qerr = db:query(r, "BEGIN IMMEDIATE")
     end
     local target = tcpu.now_ns() + math.floor(work * 1e9)
     local x = 0
     while tcpu.now_ns() < target do for i = 1, 500 do x = x + (i % 7) end end
-    db:query(r, "UPDATE tx SET n = n + 1")
-    db:query(r, "COMMIT")
+    ok, qerr = db:query(r, "UPDATE tx SET n = n + 1")
+    db:query(r, ok and "COMMIT" or "ROLLBACK")
     db:close()
+    if not ok then
+        return fail(r, "locked: update failed: " .. tostring(qerr))
+    end
     r.content_type = "text/plain"
-    r:puts(ok and "ok\\n" or "no lock\\n")
+    r:puts("ok\\n")
     return apache2.OK
 end
 """

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sqlite3
 import statistics
 import threading
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import pytest
 from prio_helpers import refusal
+from support.sqlite_lock import conf_with_lock
 
 from overtake.controller.errors import ApacheInputError
 from overtake.controller.harness import apache
@@ -51,46 +51,6 @@ LIMIT_S = 0.25
 # POST /locked?work=S: BEGIN IMMEDIATE (SQLite's write lock), S s of thread CPU, UPDATE, COMMIT.
 # A busy BEGIN sleeps: apr_dbd's sqlite3 driver retries it every 0.1 s (15 times), and the loop
 # starts over until the deadline.
-LOCKED_LUA = """local tcpu = require "tcpu"
-local DB = "@DB@"
-local WAIT_S = 60
-
-local function fail(r, msg)
-    r.status = 500
-    r.content_type = "text/plain"
-    r:puts(msg, "\\n")
-    return apache2.OK
-end
-
-function handle(r)
-    local work = tonumber(r:parseargs().work or "0") or 0
-    local db, err = r:dbacquire("sqlite3", DB)
-    if not db then
-        return fail(r, "locked: cannot open " .. DB .. ": " .. tostring(err))
-    end
-    local deadline = os.time() + WAIT_S
-    local ok, qerr = db:query(r, "BEGIN IMMEDIATE")
-    while not ok do
-        if os.time() > deadline then
-            db:close()
-            return fail(r, "locked: no write lock within " .. WAIT_S .. " s: " .. tostring(qerr))
-        end
-        ok, qerr = db:query(r, "BEGIN IMMEDIATE")
-    end
-    local target = tcpu.now_ns() + math.floor(work * 1e9)
-    local x = 0
-    while tcpu.now_ns() < target do for i = 1, 500 do x = x + (i % 7) end end
-    ok, qerr = db:query(r, "UPDATE tx SET n = n + 1")
-    db:query(r, ok and "COMMIT" or "ROLLBACK")
-    db:close()
-    if not ok then
-        return fail(r, "locked: update failed: " .. tostring(qerr))
-    end
-    r.content_type = "text/plain"
-    r:puts("ok\\n")
-    return apache2.OK
-end
-"""
 
 needs_root = pytest.mark.skipif(not IS_ROOT, reason="Apache must start as root (workers run as www-data)")
 
@@ -135,23 +95,6 @@ def _wait(cond: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.005)
 
 
-def _conf_with_lock(parent: Path) -> Path:
-    """apache-conf/ plus /locked, on a SQLite database the worker user may write."""
-    conf = parent / "conf"
-    shutil.copytree(apache.DEFAULT_CONF_DIR, conf, ignore=shutil.ignore_patterns("__pycache__"))
-    dbdir = parent / "db"
-    dbdir.mkdir()
-    db = dbdir / "lock.sqlite"
-    with sqlite3.connect(db) as c:
-        c.execute("CREATE TABLE tx (n INTEGER)")
-        c.execute("INSERT INTO tx VALUES (0)")
-    c.close()
-    for p in (dbdir, db):  # SQLite writes its journal next to the database
-        shutil.chown(p, "www-data", "www-data")
-    (conf / "lua" / "locked.lua").write_text(LOCKED_LUA.replace("@DB@", str(db)))
-    with (conf / "httpd.conf.in").open("a") as f:
-        f.write('\nLuaMapHandler "^/locked$" "@APACHE_DIR@/lua/locked.lua" handle\n')
-    return conf
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +113,7 @@ def guard_parent(apache_available: None) -> Iterator[Path]:
 
 
 def _serve(parent: Path, name: str, cp: CpuPriority | None) -> Iterator[apache.ApacheInstance]:
-    conf = parent / "conf" if (parent / "conf").exists() else _conf_with_lock(parent)
+    conf = parent / "conf" if (parent / "conf").exists() else conf_with_lock(parent)
     i = apache.start(parent / name, f"127.0.0.1:{free_port()}", cpu=_server_core(), max_workers=24,
                      conf_dir=conf, cpu_priority=cp)
     try:
