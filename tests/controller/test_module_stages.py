@@ -17,9 +17,7 @@ count table in the control file, requests held inside Apache (mpm_event), no pro
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import socket
 import threading
 import time
@@ -30,11 +28,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.control_apache import control_apache
 from support.service_helpers import SidecarProc, replay_h2_transactions
 
 from overtake.controller.harness import apache
-from overtake.controller.harness.apache.cpu_priority import CpuPriority
-from overtake.controller.harness.scratch import free_port, scratch_dir
+from overtake.controller.harness.scratch import free_port
 from overtake.controller.sidecar.control_file import ControlFile
 from overtake.controller.sidecar.count_table import CountTable, from_policy
 from overtake.controller.sidecar.policies import BaselinePolicy
@@ -46,23 +44,9 @@ URL = {"capped": "/stage1", "free": "/stage2"}
 
 @pytest.fixture(scope="module")
 def staged(apache_available: None) -> Iterator[tuple[apache.ApacheInstance, str]]:
-    if os.geteuid() != 0 or shutil.which("apxs") is None:
-        pytest.skip("needs root and apxs (apache2-dev): mod_overtake_prio")
-    parent = scratch_dir("overtake-stages-test-")
-    path = f"/dev/shm/s19-module-stages-{os.getpid()}-{free_port()}"
-    try:
-        inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", max_workers=32, mpm="event",
-                            cpu_priority=CpuPriority(levels=(0.5,), nice=("idle",), class_header=None,
-                                                     control_file=path, stage_hold=HOLD,
-                                                     stages=(("capped", "^/stage1$"), ("free", "^/stage2$"))))
-        try:
-            yield inst, path
-        finally:
-            apache.stop(inst.workdir, graceful=False)
-    finally:
-        for p in (path, path + ".key"):
-            Path(p).unlink(missing_ok=True)
-        shutil.rmtree(parent, ignore_errors=True)
+    with control_apache("module-stages", levels=(0.5,), nice=("idle",), stage_hold=HOLD, mpm="event",
+                        stages=(("capped", "^/stage1$"), ("free", "^/stage2$"))) as served:
+        yield served
 
 
 def _get(inst: apache.ApacheInstance, path: str) -> tuple[int, str, str | None]:

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import threading
 import time
 import urllib.request
@@ -25,11 +24,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.control_apache import control_apache
 from support.service_helpers import SidecarProc, StubApache, replay_h2_transactions
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache.cpu_priority import CpuPriority
-from overtake.controller.harness.scratch import free_port, scratch_dir
 from overtake.controller.sidecar.control_file import ControlFile, encode
 
 CONFIGURED = 0.5  # OvertakePrioLevels of the private Apache: the fallback
@@ -47,23 +46,8 @@ classifier: {mode: explicit, time_unit: 0.005}
 @pytest.fixture(scope="module")
 def controlled(apache_available: None) -> Iterator[tuple[apache.ApacheInstance, str]]:
     """A private Apache whose module reads a control file (it creates the file empty, and its key)."""
-    if os.geteuid() != 0 or shutil.which("apxs") is None:
-        pytest.skip("needs root and apxs (apache2-dev): mod_overtake_prio")
-    parent = scratch_dir("overtake-control-test-")
-    path = f"/dev/shm/s18-control-test-{os.getpid()}-{free_port()}"
-    cores = sorted(os.sched_getaffinity(0))
-    try:
-        inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=cores[-1] if len(cores) > 1 else None,
-                            max_workers=32, cpu_priority=CpuPriority(levels=(CONFIGURED,), nice=("idle",),
-                                                                     class_header=None, control_file=path))
-        try:
-            yield inst, path
-        finally:
-            apache.stop(inst.workdir, graceful=False)
-    finally:
-        for p in (path, path + ".key"):
-            Path(p).unlink(missing_ok=True)
-        shutil.rmtree(parent, ignore_errors=True)
+    with control_apache("control", pin=True, levels=(CONFIGURED,), nice=("idle",)) as served:
+        yield served
 
 
 def _get(inst: apache.ApacheInstance, path: str) -> tuple[int, str]:

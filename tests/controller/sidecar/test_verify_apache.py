@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from support.control_apache import control_apache
 from support.service_helpers import SidecarProc
 
 from overtake.controller.harness import apache
-from overtake.controller.harness.apache.cpu_priority import CpuPriority
 from overtake.controller.harness.loadgen import calibrate
 from overtake.controller.harness.scratch import free_port, scratch_dir
 
@@ -172,24 +172,9 @@ def test_a_policy_slower_than_apaches_default_falls_back(server: apache.ApacheIn
 def prio_server(apache_available: None) -> Iterator[tuple[apache.ApacheInstance, str]]:
     """Apache with mod_overtake_prio reading a control file; its configured threshold demotes
     nothing (3600 s), so only the sidecar's table demotes."""
-    if os.geteuid() != 0 or shutil.which("apxs") is None:
-        pytest.skip("needs root and apxs (apache2-dev): mod_overtake_prio")
-    parent = scratch_dir("overtake-verify-prio-test-")
-    path = f"/dev/shm/s19-verify-control-{os.getpid()}-{free_port()}"
-    cores = sorted(os.sched_getaffinity(0))
-    try:
-        inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=cores[-1] if len(cores) > 1 else None,
-                            max_workers=32, cpu_priority=CpuPriority(levels=(3600.0,), nice=(19,),
-                                                                     class_header=None, control_file=path))
-        try:
-            calibrate(apache.parse_listen(inst.listen)[1], 0.001, n=32, rounds=1)
-            yield inst, path
-        finally:
-            apache.stop(inst.workdir, graceful=False)
-    finally:
-        for p in (path, path + ".key"):
-            Path(p).unlink(missing_ok=True)
-        shutil.rmtree(parent, ignore_errors=True)
+    with control_apache("verify", pin=True, levels=(3600.0,), nice=(19,)) as (inst, path):
+        calibrate(apache.parse_listen(inst.listen)[1], 0.001, n=32, rounds=1)
+        yield inst, path
 
 
 def case4_policy(path: Path, load: float, unit: float) -> Path:
