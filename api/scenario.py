@@ -113,17 +113,22 @@ def _common_unit(units: list[tuple[str, float]], given: Any) -> float:
     return first
 
 
+def _read_json(path: Path, where: str, writer: str) -> Any:
+    """The JSON document at ``path``; a missing or malformed file is one ModelError naming ``where``."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ModelError(f"{where}: {path} does not exist (run `{writer}` first)") from None
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"{where}: {path} is not JSON ({exc.msg}, line {exc.lineno})") from None
+
+
 def file_resolver(base: Path) -> ServiceResolver:
     """Resolver of ``{file: NAME}``: the ``overtake fit`` JSON at ``base / NAME``."""
 
     def resolve(ref: Any, *, where: str, stage: str) -> Mapping[str, Any]:
         path = base / str(ref)
-        try:
-            doc = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ModelError(f"{where}: {path} does not exist (run `overtake fit` first)") from None
-        except json.JSONDecodeError as exc:
-            raise ModelError(f"{where}: {path} is not JSON ({exc.msg}, line {exc.lineno})") from None
+        doc = _read_json(path, where, "overtake fit")
         if not isinstance(doc, dict) or "alpha" not in doc or "T" not in doc:
             raise ModelError(f"{where}: {path} has no 'alpha' and 'T' (not an `overtake fit` output)")
         return doc
@@ -153,12 +158,7 @@ def _routing_file(data: Any, base: Path) -> Any:
         raise ModelError("routing: give the matrices (a list per pair of stages) or {file: routing.json}, got keys "
                          f"{sorted(ref)}")
     path = base / str(ref["file"])
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ModelError(f"routing.file: {path} does not exist (run `overtake fit --paired` first)") from None
-    except json.JSONDecodeError as exc:
-        raise ModelError(f"routing.file: {path} is not JSON ({exc.msg}, line {exc.lineno})") from None
+    doc = _read_json(path, "routing.file", "overtake fit --paired")
     if not isinstance(doc, dict) or "routing" not in doc:
         raise ModelError(f"routing.file: {path} has no 'routing' (not an `overtake fit --paired` output)")
     return {**data, "routing": doc["routing"]}
