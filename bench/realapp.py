@@ -23,10 +23,19 @@ under processor sharing, 0.625 when they run one at a time).
 
 Workload: open-loop Poisson transactions, each a preview (``POST /api.php?action=parse`` of the
 article's wikitext) then its view (``GET /wiki/Title``) on one connection, the article uniform.
-Run k (0-based) replays one trace (seed --seed + k) under every arm, the arms' order rotated by
-k; the response time runs from the scheduled arrival to the view's last byte. A failure is a
-non-2xx answer, a MediaWiki API error, a reset or a --timeout. A run lasts about arms x
-transactions / arrival rate (the rate is printed after the calibration).
+The response time runs from the scheduled arrival to the view's last byte. A failure is a non-2xx
+answer, a MediaWiki API error, a reset or a --timeout.
+
+Blocks (the machine's speed drifts between minutes more than the effects measured): run k
+(0-based) draws one trace (seed --seed + k) and brings every arm's stack up at once, each its own
+private Apache (and php-fpm, and sidecar) on the same pinned core, only one receiving traffic at a
+time. The trace is cut into blocks of about --block transactions; each block is replayed under
+every arm in turn, its arrivals shifted to start at once on an idle server, the arms' order
+alternating from block to block (A B, B A, ...; rotated by k), so that a drift linear in time
+cancels between the arms. The gain is paired per transaction and its CI is over the blocks
+(bench/mediawiki/stats.py). Per block and arm the CPU seconds the arm's Apache and php-fpm used
+(``cpu_blocks``; ``cpu_drift``: each arm's over the first arm's, block by block). A run lasts
+about arms x transactions / arrival rate (the rate is printed after the calibration).
 
 Arms: ``default`` (Apache's default, no Overtake), ``overtake`` (the README's deployment: the
 sidecar in ``auto`` mode with ``--cpu-priority age`` over the policy ``overtake solve --phase-info
@@ -44,11 +53,15 @@ with the database lock's predictions for the arms (bench/mediawiki/lock_model.py
 stage holds a lock of capacity 1, a preview started while another holds it waits in its worker.
 
 Figures per arm: mean and p99 response time (successful transactions after a 5 % warm-up),
-failures, CPU seconds in Apache and php-fpm, the module's and the sidecar's counters, and what
+failures, CPU seconds in Apache and php-fpm, the module's and the sidecar's counters, what
 Apache saw (time per stage, slowdown against the idle time, previews that overlapped another
-preview apart); per run the paired gain of every arm over ``default`` with its 95 % CI
-(bench/mediawiki/stats.py) — ``gain`` / ``gain_ci95`` are ``overtake``'s — and over the runs the
-spread. Raw runs go to bench/results/realapp.jsonl unless --no-write (no BENCHMARKS.md section).
+preview apart) and where the time went (``time_split``, bench/mediawiki/split.py: outside Apache
+— the sidecar's queue —, blocked — SQLite's lock under mod_php —, run-queue wait and CPU, per
+stage and article size; every arm loads mod_overtake_prio's request-time split, the arms without
+its priority as a meter with ``OvertakePrio Off``, unless --no-split); per run the paired gain of
+every arm over ``default`` with its 95 % CI over the blocks — ``gain`` / ``gain_ci95`` are
+``overtake``'s —, the model with the lock's prediction against the measured mean per arm
+(``predicted``), and over the runs the spread. Raw runs go to bench/results/realapp.jsonl unless --no-write (no BENCHMARKS.md section).
 """
 
 from __future__ import annotations
@@ -72,7 +85,7 @@ from typing import Any
 
 import numpy as np
 from _report import append_run, halt_polling, run_record
-from mediawiki import lock_model, product, server, stats, wiki, workload
+from mediawiki import lock_model, product, server, split, stats, wiki, workload
 from mediawiki.pages import Recipe, article_title, draw_units
 
 from overtake.controller.harness import php_fpm
@@ -158,8 +171,10 @@ class Bench:
 
 
 @contextlib.contextmanager
-def arm_server(name: str, b: Bench, where: Path) -> Iterator[tuple[int, server.Server, product.Sidecar | None]]:
-    """The arm's private Apache (and sidecar) for one replay; yields the port clients use."""
+def arm_server(name: str, b: Bench, where: Path,
+               meter: bool = False) -> Iterator[tuple[int, server.Server, product.Sidecar | None]]:
+    """The arm's private Apache (and sidecar) for one run; yields the port clients use.
+    ``meter``: mod_overtake_prio's request-time split in Apache's log (--split)."""
     spec, args = ARM_SPECS[name], b.args
     cp, php_ini, php_stats, control = None, None, None, None
     wd = where / f"{name}-{time.monotonic_ns()}"
@@ -176,7 +191,8 @@ def arm_server(name: str, b: Bench, where: Path) -> Iterator[tuple[int, server.S
             control = f"/dev/shm/overtake-realapp-control-{os.getpid()}-{time.monotonic_ns()}"
         cp = CpuPriority(levels=(b.model.threshold_s,), nice=("idle",), control_file=control)
     srv = server.start(wd, php=args.php, port=free_port(), core=args.server_core, data_dir=Path(args.data_dir),
-                       cpu_priority=cp, qos_cap=args.qos_cap if spec.qos else None, php_ini=php_ini)
+                       cpu_priority=cp, qos_cap=args.qos_cap if spec.qos else None, php_ini=php_ini,
+                       request_times=meter)
     sc = None
     try:
         if spec.sidecar:
@@ -185,7 +201,7 @@ def arm_server(name: str, b: Bench, where: Path) -> Iterator[tuple[int, server.S
                                        cpu_priority=cp is not None, core=args.client_core,
                                        max_inflight=SIDECAR_INFLIGHT, max_body_bytes=b.max_body,
                                        php_stats_file=php_stats, control_file=control,
-                                       preview_lock=args.preview_lock or None)
+                                       preview_lock=args.preview_lock or None, view_lock=args.view_lock or None)
         yield (sc.port if sc else srv.port), srv, sc
     finally:
         try:
@@ -336,30 +352,50 @@ def calibration(b: Bench, stamp: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- runs
 
 
-def run_arm(name: str, k: int, b: Bench, trace: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, Any]]:
-    """One replay of run ``k``'s trace under arm ``name``: response times and the arm's figures."""
-    t0 = time.monotonic()
-    with arm_server(name, b, b.tmp / f"run{k}") as (port, srv, sc):
-        warm_up(port, b)
-        foreign = foreign_servers(b.args.server_core, set(srv.pids()))
-        rt, outcomes = workload.replay(port, trace, b.txs, tag=f"r{k}", timeout=b.args.timeout)
-        extra: dict[str, Any] = {"cpu_s": stack_cpu(srv), "foreign_servers": foreign}
-        if sc is not None:
-            extra["sidecar_policy"] = sc.policy()
-            extra["sidecar_metrics"] = {m: v for m, v in sc.metrics().items()
-                                        if not any(x in m for x in ("_bucket{", "_created{"))}
-        if srv.cpu_priority is not None:
-            st = fetch_prio_status("127.0.0.1", srv.port)
-            extra["prio"] = {"threshold_s": srv.cpu_priority.levels[0], "requests": list(st.requests),
-                             "demotions_age": list(st.demotions_age), "restore_errors": st.restore_errors,
-                             "exempt_header": st.exempt_header}
-        php_stats = srv.workdir / "php-prio.stats"
-        if php_stats.exists():  # the overtake_prio extension in php-fpm's workers
-            c = read_counts(php_stats)
-            extra["php_prio"] = None if c is None else dataclasses.asdict(c)
-        log = [x for x in server.read_access(srv.workdir) if x.rid and x.rid.startswith(f"r{k}-")]
+@dataclass
+class Live:
+    """One arm's stack, up for the whole run: the port its clients use, Apache (and php-fpm), the
+    sidecar; what its replays gave so far and the CPU each block took."""
+
+    port: int
+    srv: server.Server
+    sc: product.Sidecar | None
+    got: workload.Replayed
+    cpu_blocks: list[dict[str, float]] = field(default_factory=list)
+
+
+def replay_block(live: Live, lo: int, hi: int, k: int, b: Bench, trace: dict[str, np.ndarray]) -> None:
+    """Transactions ``lo`` to ``hi`` of run ``k``'s trace against one arm, its arrivals shifted to
+    start at once (the stack is idle: every earlier block has finished); the CPU its stack used."""
+    sub = {"arrival": trace["arrival"][lo:hi] - trace["arrival"][lo], "article": trace["article"][lo:hi]}
+    c0, t0 = stack_cpu(live.srv), time.monotonic()
+    r = workload.replay(live.port, sub, b.txs, tag=f"r{k}", first=lo, timeout=b.args.timeout)
+    c1 = stack_cpu(live.srv)
+    live.got.rt[lo:hi], live.got.outcomes[lo:hi], live.got.stages[lo:hi] = r.rt, r.outcomes, r.stages
+    live.cpu_blocks.append({p: c1[p] - c0[p] for p in c0} | {"wall_s": time.monotonic() - t0})
+
+
+def arm_figures(name: str, k: int, live: Live, b: Bench, trace: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The arm's figures once its run is over: times, failures, CPU, counters, what Apache saw."""
+    srv, sc = live.srv, live.sc
+    extra: dict[str, Any] = {"cpu_s": stack_cpu(srv), "cpu_blocks": live.cpu_blocks}
+    if sc is not None:
+        extra["sidecar_policy"] = sc.policy()
+        extra["sidecar_metrics"] = {m: v for m, v in sc.metrics().items()
+                                    if not any(x in m for x in ("_bucket{", "_created{"))}
+    if srv.cpu_priority is not None:
+        st = fetch_prio_status("127.0.0.1", srv.port)
+        extra["prio"] = {"threshold_s": srv.cpu_priority.levels[0], "requests": list(st.requests),
+                         "demotions_age": list(st.demotions_age), "restore_errors": st.restore_errors,
+                         "exempt_header": st.exempt_header}
+    php_stats = srv.workdir / "php-prio.stats"
+    if php_stats.exists():  # the overtake_prio extension in php-fpm's workers
+        c = read_counts(php_stats)
+        extra["php_prio"] = None if c is None else dataclasses.asdict(c)
+    log = [x for x in server.read_access(srv.workdir) if x.rid and x.rid.startswith(f"r{k}-")]
     extra["in_apache"] = in_apache(log, trace, b)
-    return rt, stats.arm_summary(rt, outcomes) | extra | {"wall_s": time.monotonic() - t0}
+    extra["time_split"] = split.time_split(log, live.got, trace["article"], b.units)
+    return stats.arm_summary(live.got.rt, live.got.outcomes) | extra
 
 
 def in_apache(log: list[server.AccessLine], trace: dict[str, np.ndarray], b: Bench) -> dict[str, Any]:
@@ -378,32 +414,60 @@ def in_apache(log: list[server.AccessLine], trace: dict[str, np.ndarray], b: Ben
 
 
 def one_run(k: int, b: Bench, rate: float) -> dict[str, Any]:
-    """Run k: its trace replayed under every arm, the arms' order rotated by k."""
-    args = b.args
-    trace = workload.make_trace(args.transactions, rate, len(b.txs), args.seed + k)
-    order = args.arms[k % len(args.arms):] + args.arms[:k % len(args.arms)]
-    rts: dict[str, np.ndarray] = {}
-    arms: dict[str, Any] = {}
-    for name in order:
-        say(f"run {k + 1}/{args.runs}: arm {name} ({args.transactions} transactions, "
-            f"{trace['arrival'][-1]:.0f} s of arrivals)")
-        rts[name], arms[name] = run_arm(name, k, b, trace)
-        a = arms[name]
+    """Run k: every arm's stack up at once (on the same core, one receiving traffic at a time),
+    the trace cut into blocks (--block) and each block replayed under every arm, the arms' order
+    alternating from block to block (:func:`stats.block_order`)."""
+    args, n = b.args, b.args.transactions
+    trace = workload.make_trace(n, rate, len(b.txs), args.seed + k)
+    bounds = stats.blocks(n, args.block)
+    t0 = time.monotonic()
+    with contextlib.ExitStack() as up:
+        live: dict[str, Live] = {}
+        for name in args.arms:
+            port, srv, sc = up.enter_context(arm_server(name, b, b.tmp / f"run{k}", meter=args.split))
+            live[name] = Live(port, srv, sc, workload.Replayed(np.full(n, np.nan), ["not_run"] * n, np.full((n, 2), np.nan)))
+            warm_up(port, b)
+        foreign = foreign_servers(args.server_core, {p for a in live.values() for p in a.srv.pids()})
+        say(f"run {k + 1}/{args.runs}: {len(bounds)} blocks of ~{n // len(bounds)} transactions under "
+            f"{len(live)} arms ({trace['arrival'][-1]:.0f} s of arrivals per arm)")
+        orders = []
+        for j, (lo, hi) in enumerate(bounds):
+            orders.append(stats.block_order(args.arms, k, j))
+            for name in orders[-1]:
+                replay_block(live[name], lo, hi, k, b, trace)
+            say(f"  block {j + 1}/{len(bounds)} ({' '.join(orders[-1])}) done, load {os.getloadavg()[0]:.1f}")
+        arms = {name: arm_figures(name, k, a, b, trace) | {"foreign_servers": foreign} for name, a in live.items()}
+    for name, a in arms.items():
         say(f"  {name}: mean {a['mean'] * 1e3:.1f} ms, p99 {a['p99'] * 1e3:.1f} ms, failures {a['failures']}")
     cost = (b.idle_preview + b.idle_view)[trace["article"]]
-    return summarise_run(rts, arms, args.arms) | {"seed": args.seed + k, "order": order,
-                                                  "offered_load": float(rate * cost.mean())}
+    rts = {name: a.got.rt for name, a in live.items()}
+    return summarise_run(rts, arms, args.arms, bounds) | {
+        "seed": args.seed + k, "block_orders": orders, "blocks": [list(x) for x in bounds],
+        "offered_load": float(rate * cost.mean()), "wall_s": time.monotonic() - t0,
+        "load_avg": os.getloadavg()[0], "cpu_drift": cpu_drift(arms, args.arms)}
 
 
-def summarise_run(rts: dict[str, np.ndarray], arms: dict[str, Any], names: list[str]) -> dict[str, Any]:
-    """One run's document: the arms' figures, every arm's paired gain over ``default`` and, as
-    ``gain`` / ``gain_ci95``, ``overtake``'s (None when either is missing)."""
+def cpu_drift(arms: dict[str, Any], names: list[str]) -> dict[str, list[float]]:
+    """Per arm but the first, per block, its stack's CPU seconds over the first arm's for the same
+    block: the machine's drift (and the arm's own overhead) made visible."""
+    first = arms[names[0]]["cpu_blocks"]
+    tot = [sum(v for key, v in c.items() if key != "wall_s") for c in first]
+    return {name: [sum(v for key, v in c.items() if key != "wall_s") / t if t > 0 else float("nan")
+                   for c, t in zip(arms[name]["cpu_blocks"], tot, strict=True)] for name in names[1:]}
+
+
+def summarise_run(rts: dict[str, np.ndarray], arms: dict[str, Any], names: list[str],
+                  bounds: list[tuple[int, int]]) -> dict[str, Any]:
+    """One run's document: the arms' figures, every arm's gain over ``default`` with its CI over
+    the blocks ``bounds`` (:func:`stats.block_gain`; ``ci95_transactions``: the per-transaction
+    batch-means CI, blind to drift between blocks) and, as ``gain`` / ``gain_ci95``, ``overtake``'s
+    (None when either is missing)."""
     gains = {}
     if "default" in rts:
         for name in names:
             if name != "default" and name in rts:
-                g, ci = stats.paired_gain(rts[name], rts["default"])
-                gains[name] = {"gain": g, "ci95": ci}
+                gains[name] = stats.block_gain(rts[name], rts["default"], bounds)
+                gains[name]["ci95_transactions"] = stats.paired_gain(rts[name], rts["default"])[1]
     ov = gains.get("overtake", {"gain": None, "ci95": None})
     return {"arms": {n: arms[n] for n in names if n in arms}, "gain": ov["gain"], "gain_ci95": ov["ci95"], "gains": gains}
 
@@ -457,6 +521,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--qos-cap", type=int, default=2, help="mod_qos: requests at once per stage (default 2)")
     ap.add_argument("--preview-lock", type=int, default=1,
                     help="the sidecar arms' lock on previews (the stages file's lock; 0: no lock key; default 1)")
+    ap.add_argument("--block", type=int, default=60,
+                    help="transactions per block: every block is replayed under every arm in turn, the "
+                         "order alternating (A B, B A, ...), each from an idle server (default 60)")
+    ap.add_argument("--no-split", dest="split", action="store_false",
+                    help="leave mod_overtake_prio's request-time split (the meter) out of the arms without the module")
+    ap.add_argument("--view-lock", type=int, default=0,
+                    help="the sidecar arms' cap on views in Apache (the view stage's lock, keyed on the "
+                         "transaction link: shortest predicted first); 0: none (default)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds before a transaction counts as failed")
     ap.add_argument("--cal-reps", type=int, default=3,
                     help="calibration passes over the articles; an article's idle time is their median (default 3)")
@@ -479,12 +551,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--transactions: at least 50 (paired batch means after warm-up), got {args.transactions}")
     if not 0 < args.load < 1:
         ap.error(f"--load: the target CPU load in (0, 1), got {args.load}")
+    if args.block < 20:
+        ap.error(f"--block: at least 20 transactions a block (a block starts from an idle server), got {args.block}")
+    if args.transactions < 2 * args.block:
+        ap.error(f"--transactions: at least two blocks of --block {args.block} (the CI is over blocks), "
+                 f"got {args.transactions}")
     if args.articles < 8:
         ap.error(f"--articles: at least 8, got {args.articles}")
     if args.qos_cap < 1:
         ap.error(f"--qos-cap: at least 1 request per stage, got {args.qos_cap}")
     if args.preview_lock < 0:
         ap.error(f"--preview-lock: a lock capacity >= 1, or 0 for no lock key, got {args.preview_lock}")
+    if args.view_lock < 0:
+        ap.error(f"--view-lock: a cap >= 1 on views in Apache, or 0 for none, got {args.view_lock}")
     if not args.timeout > 0 or args.cal_reps < 1:
         ap.error("--timeout must be > 0 s and --cal-reps >= 1")
     return args
@@ -500,6 +579,26 @@ def lock_prediction(cal: dict[str, Any], model: dict[str, Any], rate: float, php
         return None
     fits = {s: {"alpha": model["fits"][s]["alpha"], "T": model["fits"][s]["T"]} for s in ("preview", "view")}
     return lock_model.predict(fits, rate, php, threshold_s=model.get("threshold_s"), requests=requests)
+
+
+#: the model-with-the-lock figure that stands for each arm (bench/mediawiki/lock_model.py): the
+#: overtake arm runs every request at once but previews, which the sidecar's lock holds to one at
+#: a time (a blocked preview costs no CPU wherever it waits), views demoted by age
+PREDICTS = {"default": "default", "overtake": "passthrough+age", "age": "passthrough+age"}
+
+
+def predicted_vs_measured(locked: dict[str, Any] | None, arms: dict[str, Any]) -> dict[str, Any]:
+    """Per arm the model's mean response time with the lock, the measured mean and their relative
+    error (predicted / measured - 1); empty without the lock's prediction."""
+    if locked is None:
+        return {}
+    out = {}
+    for name, key in PREDICTS.items():
+        pred = locked["lock"].get(key)
+        if name in arms and pred is not None:
+            m = arms[name]["mean"]
+            out[name] = {"model": key, "predicted": pred, "measured": m, "error": pred / m - 1 if m > 0 else None}
+    return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -532,6 +631,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 say(f"model with the preview lock: default {locked['lock']['default']:.3f} s, "
                     f"passthrough+age {locked['lock'].get('passthrough+age', float('nan')):.3f} s")
             runs = [one_run(k, b, rate) for k in range(args.runs)]
+            for r in runs:
+                r["predicted"] = predicted_vs_measured(locked, r["arms"])
         finally:
             os.sched_setaffinity(0, set(cores))
             shutil.rmtree(b.tmp, ignore_errors=True)
@@ -539,7 +640,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
              "fpm_pool": server.FPM_DEFAULTS if args.php == "fpm" else None}
     return {"runs": runs, "across_runs": across_runs(runs, args.arms), "php": args.php, "stack": stack,
             "load": args.load, "transactions": args.transactions, "arms": args.arms, "seed": args.seed,
-            "arrival_rate": rate, "qos_cap": args.qos_cap, "preview_lock": args.preview_lock, "timeout": args.timeout, "calibration": cal,
+            "arrival_rate": rate, "block": args.block, "split": args.split, "qos_cap": args.qos_cap,
+            "preview_lock": args.preview_lock, "view_lock": args.view_lock, "timeout": args.timeout, "calibration": cal,
             "model": b.model.summary() | {"lock": locked} if b.model else None, "wiki": stamp | {"units": b.units.tolist()},
             "recipe": asdict(recipe), "cores": {"server": args.server_core, "client": args.client_core},
             "halt_poll_ns": hp, "load_before": load_before, "load_after": os.getloadavg()[0],

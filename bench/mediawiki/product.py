@@ -106,14 +106,20 @@ VIEW_ROUTES = [{"path": "^/wiki/", "methods": ["GET", "HEAD"]},
                {"path": r"^/index\.php$", "query": "(^|&)title=", "methods": ["GET", "HEAD"]}]
 
 
-def stages_yaml(max_inflight: int, max_body_bytes: int, preview_lock: int | None = 1) -> str:
+def stages_yaml(max_inflight: int, max_body_bytes: int, preview_lock: int | None = 1,
+                view_lock: int | None = None) -> str:
     """The stages file (module docstring): preview then view, ``auto`` classifier, generous queue
     limits (the bench counts a queue timeout as a failure, it does not want one); ``preview_lock``
-    None leaves the lock key out."""
+    None leaves the lock key out; ``view_lock`` m admits at most m views into Apache at once,
+    released shortest predicted first by the transaction link (a view is keyed on its preview's
+    key, whose body size predicts it)."""
     preview: dict[str, Any] = {"name": "preview", "routes": [PREVIEW_ROUTE], "next": "view", "cpu_exempt": "unsafe"}
     if preview_lock is not None:
         preview["lock"] = preview_lock
-    doc = {"stages": [preview, {"name": "view", "routes": VIEW_ROUTES}],
+    view: dict[str, Any] = {"name": "view", "routes": VIEW_ROUTES}
+    if view_lock is not None:
+        view = {"name": "view", "routes": [r | {"key": ["link"]} for r in VIEW_ROUTES], "lock": view_lock}
+    doc = {"stages": [preview, view],
            "limits": {"max_inflight": max_inflight, "queue_cap": 100000, "queue_timeout": 600,
                       "upstream_timeout": 600, "client_timeout": 600, "max_body_bytes": max_body_bytes},
            "classifier": {"mode": "auto", "time_unit": 1.0, "auto_interval": 1}}
@@ -149,13 +155,14 @@ class Sidecar:
 
 def start_sidecar(workdir: Path, *, port: int, apache_port: int, model: Model, cpu_priority: bool, core: int,
                   max_inflight: int, max_body_bytes: int, php_stats_file: Path | None = None,
-                  control_file: str | None = None, preview_lock: int | None = 1) -> Sidecar:
+                  control_file: str | None = None, preview_lock: int | None = 1,
+                  view_lock: int | None = None) -> Sidecar:
     """``overtake sidecar`` in auto mode, pinned to ``core`` in a session (autogroup) of its own,
     raised like Apache's (a starved proxy delays every hand-off); ``control_file``: the one
     Apache's module maps (``--control-file``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     stages = workdir / "stages.yaml"
-    stages.write_text(stages_yaml(max_inflight, max_body_bytes, preview_lock))
+    stages.write_text(stages_yaml(max_inflight, max_body_bytes, preview_lock, view_lock))
     log = workdir / "sidecar.log"
     args = ["taskset", "-c", str(core), *CLI, "sidecar", "--policy", str(model.policy_dir), "--apache",
             f"http://127.0.0.1:{apache_port}", "--listen", f"127.0.0.1:{port}", "--stages", str(stages)]

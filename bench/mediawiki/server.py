@@ -15,6 +15,7 @@ share the core. Optional: mod_overtake_prio (``cpu_priority``, built with the ha
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import re
 import signal
@@ -184,9 +185,11 @@ def _wait_ready(workdir: Path, port: int, timeout: float = 20.0) -> int:
 
 def start(workdir: Path, *, php: str, port: int, core: int, data_dir: Path, cpu_priority: CpuPriority | None = None,
           qos_cap: int | None = None, fpm_pool: dict[str, str] | None = None,
-          php_ini: dict[str, str] | None = None) -> Server:
+          php_ini: dict[str, str] | None = None, request_times: bool = False) -> Server:
     """Render, test and start the stack; return once Apache answers (and php-fpm listens).
-    ``php_ini``: ``-d`` settings of php-fpm's workers (the ``fpm`` stack only)."""
+    ``php_ini``: ``-d`` settings of php-fpm's workers (the ``fpm`` stack only); ``request_times``:
+    mod_overtake_prio's request-time split in the access log (the module loaded as a meter alone,
+    priority off, when ``cpu_priority`` is None)."""
     if php not in STACKS:
         raise ValueError(f"php: one of {', '.join(STACKS)}, got {php!r}")
     if qos_cap is not None and qos_cap < 1:
@@ -195,10 +198,13 @@ def start(workdir: Path, *, php: str, port: int, core: int, data_dir: Path, cpu_
     for sub in ("", "logs", "run"):
         (workdir / sub).mkdir(parents=True, exist_ok=True)
         (workdir / sub).chmod(0o755)
-    if cpu_priority is not None:
+    if cpu_priority is not None and request_times:
+        cpu_priority = dataclasses.replace(cpu_priority, request_times=True)
+    if cpu_priority is not None or request_times:
         build_module(DEFAULT_CONF_DIR, workdir)
     defines = ("PREFORK",) if php == "prefork" else ("EVENT",)
     defines += ("OVERTAKE_CPU_PRIO",) * (cpu_priority is not None) + ("QOS",) * (qos_cap is not None)
+    defines += ("OVERTAKE_TIMES",) * (request_times and cpu_priority is None)
     conf = workdir / "httpd.conf"
     conf.write_text(render(workdir, port=port, data_dir=data_dir, cpu_priority=cpu_priority, qos_cap=qos_cap))
     dargs = [a for d in defines for a in ("-D", d)]
@@ -251,6 +257,17 @@ class AccessLine:
     duration_us: int
     pid: int
     rid: str | None
+    #: mod_overtake_prio's split of the handler's time (µs): wall, CPU, run-queue wait, blocked;
+    #: None without ``OvertakeRequestTimes``
+    times: tuple[int, int, int, int] | None = None
+
+
+def _times(kv: dict[str, str]) -> tuple[int, int, int, int] | None:
+    try:
+        w, c, q, b = (int(kv[k]) for k in ("owall", "ocpu", "owait", "oblocked"))
+    except (KeyError, ValueError):  # "-": no note (meter off, or the request's end ran elsewhere)
+        return None
+    return w, c, q, b
 
 
 def read_access(workdir: Path) -> list[AccessLine]:
@@ -268,7 +285,7 @@ def read_access(workdir: Path) -> list[AccessLine]:
             f = tail.split()
             kv = dict(x.split("=", 1) for x in f[2:])
             out.append(AccessLine(int(begin), method, target.split("?", 1)[0], int(f[0]), int(kv["D"]),
-                                  int(kv["pid"]), None if kv.get("rid", "-") == "-" else kv["rid"]))
+                                  int(kv["pid"]), None if kv.get("rid", "-") == "-" else kv["rid"], _times(kv)))
         except (ValueError, KeyError, IndexError):
             raise ServerError(f"access log: {workdir}/logs/access.log: unexpected line {line[:200]!r}") from None
     return out

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["OK", "Reply", "Transaction", "arrival_rate", "make_trace", "preview_body", "replay", "run_one",
+__all__ = ["OK", "Replayed", "Reply", "Transaction", "arrival_rate", "make_trace", "preview_body", "replay", "run_one",
            "serialisation_probe"]
 
 OK = "ok"
@@ -140,38 +140,51 @@ async def run_one(host: str, port: int, tx: Transaction, rid: str) -> tuple[str,
 
 
 async def _replay(host: str, port: int, trace: dict[str, np.ndarray], txs: Sequence[Transaction], tag: str,
-                  timeout: float) -> tuple[np.ndarray, list[str]]:
+                  timeout: float, first: int) -> Replayed:
     loop = asyncio.get_running_loop()
     n = trace["arrival"].size
-    rt = np.full(n, np.nan)
-    outcome = ["not_run"] * n
+    out = Replayed(np.full(n, np.nan), ["not_run"] * n, np.full((n, 2), np.nan))
     t0 = loop.time() + 0.2
 
     async def one(i: int) -> None:
         due = t0 + float(trace["arrival"][i])
         await asyncio.sleep(max(0.0, due - loop.time()))
         try:
-            res, _, _ = await asyncio.wait_for(run_one(host, port, txs[int(trace["article"][i])], f"{tag}-{i}"), timeout)
+            res, tp, tv = await asyncio.wait_for(run_one(host, port, txs[int(trace["article"][i])],
+                                                         f"{tag}-{first + i}"), timeout)
+            out.stages[i] = tp, tv
         except TimeoutError:
             res = "timeout"
         except (ConnectionError, asyncio.IncompleteReadError):
             res = "reset"
         except (OSError, ValueError) as exc:
             res = f"error_{type(exc).__name__}"
-        outcome[i] = res
+        out.outcomes[i] = res
         if res == OK:
-            rt[i] = loop.time() - due
+            out.rt[i] = loop.time() - due
 
     await asyncio.gather(*(one(i) for i in range(n)))
-    return rt, outcome
+    return out
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """A replay's result per transaction: the response time (s, NaN unless it succeeded), the
+    outcome, and the client's time of the preview and of the view (s, columns 0 and 1; from the
+    request's first byte sent to the reply's last byte received; NaN where not reached)."""
+
+    rt: np.ndarray
+    outcomes: list[str]
+    stages: np.ndarray
 
 
 def replay(port: int, trace: dict[str, np.ndarray], txs: Sequence[Transaction], *, tag: str,
-           timeout: float = 120.0, host: str = "127.0.0.1") -> tuple[np.ndarray, list[str]]:
-    """Replay ``trace`` open-loop against ``host:port``: per transaction the response time in
-    seconds (NaN unless it succeeded) and its outcome (``ok``, ``<stage>_http_<code>``,
-    ``preview_api_error``, ``reset``, ``timeout`` after ``timeout`` s, ``error_<Exception>``)."""
-    return asyncio.run(_replay(host, port, trace, txs, tag, timeout))
+           timeout: float = 120.0, host: str = "127.0.0.1", first: int = 0) -> Replayed:
+    """Replay ``trace`` open-loop against ``host:port`` (:class:`Replayed`). Outcomes: ``ok``,
+    ``<stage>_http_<code>``, ``preview_api_error``, ``reset``, ``timeout`` after ``timeout`` s,
+    ``error_<Exception>``. Transaction ``i`` of ``trace`` sends the id ``<tag>-<first + i>``
+    (a block of a longer trace keeps the whole trace's numbering)."""
+    return asyncio.run(_replay(host, port, trace, txs, tag, timeout, first))
 
 
 async def _burst(host: str, port: int, make: Sequence[tuple[str, str, bytes]]) -> list[float]:
