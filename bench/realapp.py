@@ -45,7 +45,8 @@ file matches previews and views by method, path and query, keys previews on thei
 exempts them from demotion and gives them ``lock: 1``; bench/mediawiki/product.py), ``age`` (that module alone; under ``fpm``, where the CPU
 runs in php-fpm's workers out of the module's reach, the overtake_prio PHP extension in the pool
 at the same threshold replaces the module in both arms), ``sidecar`` (the sidecar in
-auto mode in front of a plain Apache: admission alone) and ``modqos`` (mod_qos,
+auto mode in front of a plain Apache: admission alone; with --view-lock m the sidecar arms also
+hold views to m at a time in Apache, released shortest predicted first by the transaction link) and ``modqos`` (mod_qos,
 ``QS_LocRequestLimitMatch`` of --qos-cap per stage; it rejects beyond the cap).
 
 Where the probe says previews run one at a time, the document's ``model.lock`` holds the model
@@ -495,14 +496,16 @@ def render(doc: dict[str, Any]) -> str:
              f"{cal['serialisation_probe']['preview']:.2f}, view {cal['serialisation_probe']['view']:.2f}"]
     if doc.get("model"):
         lines.append(f"model: age threshold {doc['model']['threshold_s'] * 1e3:.1f} ms")
-    lines.append("| run | arm | mean ms | p99 ms | failures | gain over default |")
-    lines.append("|---|---|---:|---:|---:|---:|")
+    lines.append("| run | arm | mean ms | p99 ms | failures | gain over default (CI over blocks) | model ms |")
+    lines.append("|---|---|---:|---:|---:|---:|---:|")
     for k, r in enumerate(doc["runs"]):
         for name, a in r["arms"].items():
             g = r["gains"].get(name)
             gs = "-" if g is None or g["gain"] is None or not math.isfinite(g["gain"]) else \
-                f"{100 * g['gain']:+.1f} ± {100 * g['ci95']:.1f} %"
-            lines.append(f"| {k + 1} | {name} | {a['mean'] * 1e3:.1f} | {a['p99'] * 1e3:.1f} | {a['failures']} | {gs} |")
+                f"{100 * g['gain']:+.1f} ± {100 * (g['ci95'] or math.nan):.1f} % ({g['blocks']} blocks)"
+            p = (r.get("predicted") or {}).get(name)
+            ps = "-" if p is None else f"{p['predicted'] * 1e3:.1f}"
+            lines.append(f"| {k + 1} | {name} | {a['mean'] * 1e3:.1f} | {a['p99'] * 1e3:.1f} | {a['failures']} | {gs} | {ps} |")
     return "\n".join(lines)
 
 
@@ -525,7 +528,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="transactions per block: every block is replayed under every arm in turn, the "
                          "order alternating (A B, B A, ...), each from an idle server (default 60)")
     ap.add_argument("--no-split", dest="split", action="store_false",
-                    help="leave mod_overtake_prio's request-time split (the meter) out of the arms without the module")
+                    help="no request-time split in Apache's log (and no mod_overtake_prio at all in the arms without its priority)")
     ap.add_argument("--view-lock", type=int, default=0,
                     help="the sidecar arms' cap on views in Apache (the view stage's lock, keyed on the "
                          "transaction link: shortest predicted first); 0: none (default)")

@@ -399,13 +399,14 @@ def _skip_reason() -> str | None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # the set-up of a scratch wiki, a calibration, the solves and five stacks
 @pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
 def test_end_to_end_on_a_tiny_trace(apache_available: None, capsys: pytest.CaptureFixture[str]) -> None:
     data = scratch_dir("realapp-test-")  # www-data reads the wiki's settings below it
     cores = os.sched_getaffinity(0)
     sigterm = signal.getsignal(signal.SIGTERM)
     try:
-        rc = realapp.main(["--php", "prefork", "--runs", "1", "--transactions", "60", "--articles", "10",
+        rc = realapp.main(["--php", "prefork", "--runs", "1", "--transactions", "60", "--block", "30", "--articles", "10",
                            "--data-dir", str(data), "--json", "--no-write", "--halt-poll-us", "0"])
         assert os.sched_getaffinity(0) == cores
     finally:
@@ -423,6 +424,12 @@ def test_end_to_end_on_a_tiny_trace(apache_available: None, capsys: pytest.Captu
     cal = doc["calibration"]
     assert run["arms"]["default"]["mean"] > cal["preview"]["min"] + cal["view"]["min"]
     assert run["gain"] is not None and run["gain_ci95"] is not None
+    # two blocks, every arm in both, the order reversed in the second; each block's CPU recorded
+    assert run["blocks"] == [[0, 30], [30, 60]] and run["block_orders"][1] == run["block_orders"][0][::-1]
+    for name in realapp.ARMS:
+        assert len(run["arms"][name]["cpu_blocks"]) == 2 and run["arms"][name]["cpu_blocks"][0]["apache"] > 0
+    # the request-time split reached the log of an arm without mod_overtake_prio's priority too
+    assert sum(g["n_split"] for g in run["arms"]["default"]["time_split"].values()) > 0
     assert run["arms"]["overtake"]["prio"]["threshold_s"] == doc["model"]["threshold_s"] > 0
     assert "auto" in json.dumps(run["arms"]["overtake"]["sidecar_policy"])
     probe = cal["serialisation_probe"]
