@@ -202,7 +202,7 @@ def start(workdir: Path, *, php: str, port: int, core: int, data_dir: Path, cpu_
         cpu_priority = dataclasses.replace(cpu_priority, request_times=True)
     if cpu_priority is not None or request_times:
         build_module(DEFAULT_CONF_DIR, workdir)
-    defines = ("PREFORK",) if php == "prefork" else ("EVENT",)
+    defines: tuple[str, ...] = ("PREFORK",) if php == "prefork" else ("EVENT",)
     defines += ("OVERTAKE_CPU_PRIO",) * (cpu_priority is not None) + ("QOS",) * (qos_cap is not None)
     defines += ("OVERTAKE_TIMES",) * (request_times and cpu_priority is None)
     conf = workdir / "httpd.conf"

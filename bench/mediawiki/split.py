@@ -20,26 +20,19 @@ sections, ``large``: above), with the count of requests each mean is over.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
+
+from .server import AccessLine
+from .workload import Replayed
 
 __all__ = ["COMPONENTS", "time_split"]
 
 COMPONENTS = ("client", "outside_apache", "apache_other", "blocked", "run_queue", "cpu")
 
 
-class _Line(Protocol):
-    rid: str | None
-    duration_us: int
-    times: tuple[int, int, int, int] | None
-
-
-class _Replayed(Protocol):
-    stages: np.ndarray
-
-
-def time_split(log: Sequence[_Line], got: _Replayed, article: np.ndarray, units: np.ndarray) -> dict[str, Any]:
+def time_split(log: Sequence[AccessLine], got: Replayed, article: np.ndarray, units: np.ndarray) -> dict[str, Any]:
     """Mean seconds of each component (module docstring) per ``<stage>_<size>`` group; requests
     without the split count in ``client``, ``outside_apache`` only (``n_split`` says how many had it)."""
     median = float(np.median(units))
