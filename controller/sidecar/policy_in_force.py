@@ -24,6 +24,7 @@ from overtake.controller.online import OnlineLoop
 from overtake.controller.sidecar.auto import choose
 from overtake.controller.sidecar.classifier import Classifier
 from overtake.controller.sidecar.control_file import ControlPublisher
+from overtake.controller.sidecar.fpm_pool import pool_warning
 from overtake.controller.sidecar.count_table import module_blocker
 from overtake.controller.sidecar.limiter import Limiter
 from overtake.controller.sidecar.metrics import SidecarMetrics
@@ -65,6 +66,7 @@ class PolicyInForce:
     swapped_at: float
     verifier: Verifier | None
     module_mode: bool
+    fpm_pool: tuple[str, int] | None
     _warned_unrecorded: set[str]
     _class_key: tuple[object, object] | None
     _class_levels: tuple[tuple[int, ...], ...] | None
@@ -248,9 +250,18 @@ class PolicyInForce:
             self.control.publish(new, self.time_unit)
         elif self.options.apache_side.cpu_priority == "age":
             self._say_age_threshold(new, self.time_unit, warn=False)
+        self._say_pool(new)
         if self.verifier is not None:
             self.verifier.adopt(new)
         return new
+
+    def _say_pool(self, policy: SpawnPolicy) -> None:
+        """Warn when ``policy`` may run more requests than PHP-FPM's pool has workers."""
+        if self.fpm_pool is None:
+            return
+        warning = pool_warning(policy, *self.fpm_pool)
+        if warning is not None:
+            log.warning(warning, extra={"event": "config_warning", "policy": policy.name, "detail": warning})
 
     def _check_module(self, new: SpawnPolicy) -> None:
         """Module mode enforces count tables only: refuse a policy that sees phases or routes."""

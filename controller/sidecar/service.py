@@ -46,6 +46,7 @@ from overtake.controller.cpu_location import CpuLocation
 from overtake.controller.errors import SidecarInputError
 from overtake.controller.online import OnlineCollector, OnlineLoop
 from overtake.controller.php_prio import PhpPrioCollector
+from overtake.controller.sidecar.fpm_pool import pool_size
 from overtake.controller.sidecar.admin import AdminEndpoints
 from overtake.controller.sidecar.apache_probe import ApacheProbe
 from overtake.controller.sidecar.auto import Evidence
@@ -128,6 +129,8 @@ class Sidecar(SidecarRuntime):
                                          stage_names=table.names if self.module_mode else None)
                         if side.control_file else None)
         self._warned_unrecorded: set[str] = set()
+        #: the PHP-FPM pool behind Apache and its pm.max_children (controller.sidecar.fpm_pool), or None
+        self.fpm_pool = pool_size(side.fpm_pool_config) if side.fpm_pool_config else None
         policy, settings = self._first_policy(self.source.first)
         self.classifier = Classifier(settings, policy)
         if self.auto:
@@ -179,6 +182,7 @@ class Sidecar(SidecarRuntime):
         self.online: OnlineLoop | None = None
         if self.control is not None:
             self.control.publish(self.limiter.policy, self.time_unit)
+        self._say_pool(self.limiter.policy)
         #: the policy against Apache's default on live traffic (controller.sidecar.verify)
         self.verifier = None if options.verify is None else Verifier(
             options.verify, limiter=self.limiter, passthrough=BaselinePolicy("passthrough", len(table.names)),
