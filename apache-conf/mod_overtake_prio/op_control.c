@@ -60,7 +60,8 @@ static struct {
     int64_t conf_thr[OP_MAX_LEVELS];
     server_rec *s;
     oc_table tab;
-} ctl = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 1u, 0, 0, 0, {0}, NULL, {0, 0, 0, {{0, {0}}}, 0, {0}}};
+    int judged;                 /* the file was judged once in this child (atomic) */
+} ctl = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 1u, 0, 0, 0, {0}, NULL, {0, 0, 0, {{0, {0}}}, 0, {0}}, 0};
 /* the copy of the file a reload checks (under ctl.mu); untouched pages stay unallocated */
 static uint8_t ctl_buf[OC_FILE_MAX_BYTES];
 
@@ -240,6 +241,7 @@ static void reload(int64_t now, int wait)
         ADD(oc_shm->loads, 1);
         say(OC_OK, g1, 0, NULL);
     }
+    __atomic_store_n(&ctl.judged, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&ctl.mu);
 }
 
@@ -255,6 +257,13 @@ int op_control_post_read_request(request_rec *r)
         return DECLINED;
     }
     now = op_mono_ns();
+    if (!__atomic_load_n(&ctl.judged, __ATOMIC_ACQUIRE)) {
+        /* a new child: its first requests wait for the first judgement, as a request that went
+         * on with no count table in force would start every stage's held requests, in every
+         * child (op_stage.c: no table, nothing waits) */
+        reload(now, 1);
+        return DECLINED;
+    }
     m = __atomic_load_n(&ctl.map, __ATOMIC_ACQUIRE);
     if (m && og_load((const uint32_t *)(m + OC_GEN_OFFSET), &g)) {
         if (g == __atomic_load_n(&ctl.seen, __ATOMIC_RELAXED)
