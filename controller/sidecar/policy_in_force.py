@@ -24,8 +24,8 @@ from overtake.controller.online import OnlineLoop
 from overtake.controller.sidecar.auto import choose
 from overtake.controller.sidecar.classifier import Classifier
 from overtake.controller.sidecar.control_file import ControlPublisher
-from overtake.controller.sidecar.fpm_pool import pool_warning
 from overtake.controller.sidecar.count_table import module_blocker
+from overtake.controller.sidecar.fpm_pool import pool_warning
 from overtake.controller.sidecar.limiter import Limiter
 from overtake.controller.sidecar.metrics import SidecarMetrics
 from overtake.controller.sidecar.module_mode import enforce_for

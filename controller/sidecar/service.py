@@ -46,12 +46,12 @@ from overtake.controller.cpu_location import CpuLocation
 from overtake.controller.errors import SidecarInputError
 from overtake.controller.online import OnlineCollector, OnlineLoop
 from overtake.controller.php_prio import PhpPrioCollector
-from overtake.controller.sidecar.fpm_pool import pool_size
 from overtake.controller.sidecar.admin import AdminEndpoints
 from overtake.controller.sidecar.apache_probe import ApacheProbe
 from overtake.controller.sidecar.auto import Evidence
 from overtake.controller.sidecar.classifier import Classifier
 from overtake.controller.sidecar.control_file import ControlPublisher
+from overtake.controller.sidecar.fpm_pool import pool_size
 from overtake.controller.sidecar.gate import Gate, GateOpener
 from overtake.controller.sidecar.gateway import Gateway
 from overtake.controller.sidecar.limiter import Limiter
