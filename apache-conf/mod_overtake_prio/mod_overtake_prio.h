@@ -245,6 +245,7 @@ const char *op_stage_set_hold(cmd_parms *cmd, void *dconf, const char *w);
 int op_stage_pre_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp);
 void op_stage_prepare(server_rec *s);
 int op_stage_fixups(request_rec *r);
+int op_stage_log(request_rec *r);
 void op_stage_table(const uint8_t *section, size_t n, uint32_t gen);
 void op_stage_status(request_rec *r);
 

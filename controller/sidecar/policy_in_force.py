@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from overtake.controller.cpu_location import CpuLocation
+from overtake.controller.cpu_location import CpuLocation, StackWatch
 from overtake.controller.errors import PolicyLoadError, SidecarInputError
 from overtake.controller.online import OnlineLoop
 from overtake.controller.sidecar.auto import choose
@@ -60,6 +60,7 @@ class PolicyInForce:
     online: OnlineLoop | None
     control: ControlPublisher | None
     cpu_location: CpuLocation
+    stacks: StackWatch
     loads: LoadSlots
     auto: bool
     time_unit: float
@@ -160,13 +161,17 @@ class PolicyInForce:
             log.info("auto: " + choice.reason, extra={
                 "event": "auto_choice", "policy": choice.policy.name, "detail": f"information {choice.info}, "
                 f"classifier {choice.mode}, available {', '.join(sorted(ev.available()))}, "
-                f"needs enforce: {enforce_for(choice.info, self.options.uplink.name)}"})
+                f"needs enforce: {enforce_for(choice.info, self.options.uplink.name)}"
+                + "".join(f"; stage {s}: {st.said()}" for s, st in self.stacks.stacks.items())})
         return changed
 
     def _cpu_priority_in_reach(self) -> str:
         """The CPU priority auto may count on: ``cpu_priority``, unless the CPU runs in PHP-FPM,
-        where mod_overtake_prio cannot act and no PHP extension's counters are given."""
+        where mod_overtake_prio cannot act and no PHP extension's counters are given, or no
+        stage's work runs where a lever reaches it (the module's per-stage counters)."""
         if self.cpu_location.module_reaches is False and not self.options.apache_side.php_stats_file:
+            return "off"
+        if self.stacks.none_reached():
             return "off"
         return self.options.apache_side.cpu_priority
 

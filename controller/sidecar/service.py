@@ -42,7 +42,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-from overtake.controller.cpu_location import CpuLocation
+from overtake.controller.cpu_location import CpuLocation, StackWatch
 from overtake.controller.errors import SidecarInputError
 from overtake.controller.online import OnlineCollector, OnlineLoop
 from overtake.controller.php_prio import PhpPrioCollector
@@ -124,6 +124,8 @@ class Sidecar(SidecarRuntime):
         #: where the CPU runs (Apache or PHP-FPM): the module reaches only Apache's
         side = options.apache_side
         self.cpu_location = CpuLocation(side.cpu_priority, php_extension=bool(side.php_stats_file))
+        #: per stage (the module's OvertakeStage counters): where its work runs, which lever reaches it
+        self.stacks = StackWatch(side.cpu_priority, php_extension=bool(side.php_stats_file))
         #: the policy's age thresholds for Apache's OvertakeControlFile (controller.sidecar.control_file)
         self.control = (ControlPublisher(side.control_file, len(table.names),
                                          stage_names=table.names if self.module_mode else None)

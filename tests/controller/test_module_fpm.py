@@ -8,10 +8,18 @@ FPM's workers at once. Seen from PHP: each script reports its own start and end
 listen queue stays empty (its status page's ``max listen queue``): the held requests wait in
 Apache, not in FPM's FIFO. Without a table (Apache's default) the same burst overlaps in the capped
 stage and queues in FPM: the observation can fail.
+
+A third stage (``lua``) is served by Apache's own handler. The module counts where each stage's
+work ran (``overtake_stage_served_total{by}``); a module-mode sidecar says per stage where it runs
+and which CPU lever reaches it (``/-/policy``'s ``stacks``, its log), warns that
+``--cpu-priority age`` cannot reach the PHP stages without the overtake_prio PHP extension, and with
+the extension's counters (``--php-stats-file``) shows FPM-side demotions on its ``/-/metrics``.
 """
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import threading
 import time
@@ -41,17 +49,28 @@ usleep((int)(1e6 * (float)($_GET['s'] ?? 0)));
 header(sprintf('X-Php-Span: %.6f %.6f %d', $t0, microtime(true), getmypid()));
 echo "ok\n";
 """
+BURN = r"""<?php
+$c0 = getrusage();
+$t = fn($u) => $u['ru_utime.tv_sec'] + $u['ru_utime.tv_usec'] / 1e6;
+$x = 0;
+do { for ($i = 0; $i < 20000; $i++) { $x += $i; } } while (($t(getrusage()) - $t($c0)) * 1000 < (float)($_GET['ms'] ?? 0));
+echo json_encode(['demoted' => overtake_prio_demoted()]);
+"""
 
 
 @pytest.fixture(scope="module")
 def fpm_apache(apache_available: None) -> Iterator[tuple[apache.ApacheInstance, str, pf.FpmPool]]:
     work = scratch_dir("overtake-module-fpm-")  # www-data's workers read the scripts
     work.chmod(0o755)
-    pool = pf.start_pool(work / "pool", None, {}, children=CHILDREN, pool={"pm.status_path": "/fpm-status"},
-                         scripts={"capped.php": SPAN, "free.php": SPAN})
+    ext = pf.build_extension(work / "ext")
+    pool = pf.start_pool(work / "pool", ext, {"overtake_prio.threshold_ms": "20",
+                                              "overtake_prio.stats_file": str(work / "php-stats")},
+                         children=CHILDREN, pool={"pm.status_path": "/fpm-status"},
+                         scripts={"capped.php": SPAN, "free.php": SPAN, "burn.php": BURN})
     try:
         with control_apache("module-fpm", levels=(0.5,), nice=("idle",), stage_hold=30.0, mpm="event",
-                            stages=(("capped", r"^/capped\.php$"), ("free", r"^/free\.php$")),
+                            stages=(("capped", r"^/capped\.php$"), ("free", r"^/free\.php$"),
+                                    ("lua", "^/stage1$"), ("burn", r"^/burn\.php$")),
                             extra_conf=pf.proxy_conf(pool)) as (inst, path):
             yield inst, path, pool
     finally:
@@ -139,6 +158,77 @@ def test_a_stage_capped_at_one_never_overlaps_in_fpm_and_fpm_never_queues(
     assert int(pf.fpm_status(pool)["max listen queue"]) > 0
 
 
+def _served(inst: apache.ApacheInstance) -> dict[tuple[str, str], float]:
+    with urllib.request.urlopen(inst.base_url + "/overtake-prio-status", timeout=10) as r:
+        text = r.read().decode()
+    return {(m.group(1), m.group(2)): float(m.group(3)) for m in re.finditer(
+        r'^overtake_stage_served_total\{stage="([^"]+)",by="([^"]+)"\} (\S+)$', text, re.M)}
+
+
+def _stacks(side: SidecarProc) -> dict[str, dict[str, str]]:
+    """``/-/policy``'s stacks once the sidecar has read the module's counters and logged its start
+    (its admin listener answers before)."""
+    deadline = time.monotonic() + 30
+    while True:
+        info = json.loads(side.request("GET", "/-/policy")[2])
+        if "stacks" in info and any(e.get("event") == "start" for e in side.events()):
+            return info["stacks"]  # type: ignore[no-any-return]
+        assert time.monotonic() < deadline, side.text()[-3000:]
+        time.sleep(0.2)
+
+
+def test_where_each_stage_runs_is_counted_said_and_the_unreachable_lever_not_claimed(
+        fpm_apache: tuple[apache.ApacheInstance, str, pf.FpmPool], tmp_path: Path) -> None:
+    inst, path, pool = fpm_apache
+    before = _served(inst)
+    for p in ("/capped.php?s=0", "/free.php?s=0", "/stage1?work=0", "/burn.php?ms=60"):
+        assert _get(inst, p)[0] == 200
+    served = _served(inst)
+    for stage, by in (("capped", "fcgi"), ("free", "fcgi"), ("lua", "apache"), ("burn", "fcgi")):
+        assert served[(stage, by)] - before.get((stage, by), 0) == 1, served
+        assert all(served[(stage, b)] == before.get((stage, b), 0) for b in ("apache", "fcgi", "proxy", "cgi")
+                   if b != by), served
+
+    # cpu_priority age without the PHP extension's counters: the PHP stages are out of its reach
+    stages = STAGES_ALL
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    admin = free_port()
+    side = SidecarProc(tmp_path / "a", ["--policy", "passthrough", "--apache", inst.base_url, "--control-file",
+                                        path, "--enforce", "module", "--cpu-priority", "age", "--status-interval",
+                                        "0.5", "--admin-listen", f"127.0.0.1:{admin}"], stages=stages,
+                       ready_port=admin)
+    try:
+        stacks = _stacks(side)
+        assert stacks["capped"]["runs_in"] == "fcgi" and stacks["capped"]["lever"].startswith("none"), stacks
+        assert stacks["lua"]["runs_in"] == "apache" and stacks["lua"]["lever"].startswith("mod_overtake_prio")
+        start = next(e for e in side.events() if e.get("event") == "start")
+        assert "stage capped: runs in a FastCGI server (PHP-FPM)" in str(start["detail"]), start
+        unreachable = {e["detail"]["stage"] for e in side.events()  # type: ignore[index]
+                       if e.get("event") == "cpu_priority_unreachable"}
+        assert unreachable == {"capped", "free", "burn"}, side.text()[-3000:]
+    finally:
+        side.stop()
+
+    # with them: the extension reaches the PHP stages, and its demotions are on /-/metrics
+    admin = free_port()
+    side = SidecarProc(tmp_path / "b", ["--policy", "passthrough", "--apache", inst.base_url, "--control-file",
+                                        path, "--enforce", "module", "--cpu-priority", "age", "--php-stats-file",
+                                        pool.settings["overtake_prio.stats_file"], "--status-interval", "0.5",
+                                        "--admin-listen", f"127.0.0.1:{admin}"], stages=stages, ready_port=admin)
+    try:
+        stacks = _stacks(side)
+        assert stacks["capped"]["lever"].startswith("the overtake_prio PHP extension"), stacks
+        assert not [e for e in side.events() if e.get("event") == "cpu_priority_unreachable"], side.text()[-3000:]
+        metrics = side.request("GET", "/-/metrics")[2].decode()
+        m = re.search(r"^overtake_php_demotions_total (\S+)$", metrics, re.M)
+        assert m and float(m.group(1)) >= 1, metrics[-3000:]
+        assert 'overtake_stage_served_total{by="fcgi",stage="capped"}' in metrics \
+            or 'overtake_stage_served_total{stage="capped",by="fcgi"}' in metrics
+    finally:
+        side.stop()
+
+
 STAGES = """
 stages:
   - name: capped
@@ -169,3 +259,10 @@ def test_a_module_mode_sidecar_warns_when_the_pool_is_smaller_than_the_policy(
                     and "pm.max_children" in str(e)]) == 1
     finally:
         side.stop()
+
+
+STAGES_ALL = STAGES.replace("limits:", """  - name: lua
+    path: "^/stage1$"
+  - name: burn
+    path: "^/burn\\\\.php$"
+limits:""")
