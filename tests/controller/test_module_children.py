@@ -2,8 +2,9 @@
 count table holds whichever child runs a request, and a child that exits leaves no count behind.
 
 Two private Apaches with the Lua stage handler: mpm_prefork (a process per request) and mpm_event
-with children of 4 threads (12 requests at once need 3 of them); both with a small
-``MaxConnectionsPerChild``, so children exit and are replaced during the bursts. A table caps stage
+with children of 2 threads (12 requests at once need 6 of them); both with a small
+``MaxConnectionsPerChild``, so children exit and are replaced during the bursts (a new child's
+first requests arrive together: they must not go on before the child has read the table). A table caps stage
 ``capped`` at one running request: its requests never overlap in the handler (the handler's own
 spans and the PID of the process that ran each), while ``free``'s do; after the bursts no request
 is counted waiting or running, none waited ``OvertakeStageHold`` (a leaked running count would make
@@ -32,11 +33,11 @@ from overtake.controller.sidecar.policies import BaselinePolicy
 NAMES = ("capped", "free")
 URL = {"capped": "/stage1", "free": "/stage2"}
 HOLD = 5.0
-BURSTS, PER_STAGE = 3, 6
+BURSTS, PER_STAGE = 6, 6
 
 SERVERS: dict[str, dict[str, Any]] = {
     "prefork": {"mpm": "prefork", "max_connections_per_child": 2},
-    "event-children": {"mpm": "event", "threads_per_child": 4, "max_connections_per_child": 3},
+    "event-children": {"mpm": "event", "threads_per_child": 2, "max_connections_per_child": 2},
 }
 
 
