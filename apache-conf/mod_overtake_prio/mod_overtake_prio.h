@@ -233,6 +233,7 @@ void op_shared_file_prepare(server_rec *s, const char *path, const char *directi
 void op_control_prepare(apr_pool_t *p, server_rec *s, const op_conf *c);
 void op_control_child_init(server_rec *s);
 int op_control_post_read_request(request_rec *r);
+void op_control_look(void);
 void op_control_refresh(const op_conf *c);
 double op_control_threshold(const op_conf *c, int k);
 void op_control_status(request_rec *r, const op_conf *c);

@@ -298,6 +298,7 @@ void op_stage_table(const uint8_t *section, size_t n, uint32_t gen)
 static apr_status_t complete(void *data)
 {
     const os_req *q = data;
+    op_control_look();  /* decide by the newest table, not the one of this request's start */
     os_lock();
     os_complete(&os_shm->st[q->stage].q);
     epoch();  /* the completing worker decides what starts next */

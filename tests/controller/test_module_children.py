@@ -127,3 +127,40 @@ def test_the_table_holds_across_processes_and_exiting_children_leak_no_count(
         assert st[f'overtake_stage_hold_timeouts_total{{stage="{s}"}}'] == before[
             f'overtake_stage_hold_timeouts_total{{stage="{s}"}}']
     assert st['overtake_stage_held_total{stage="capped"}'] > before['overtake_stage_held_total{stage="capped"}']
+
+
+def _write(path: str, policy: str) -> int:
+    table = from_policy(BaselinePolicy(policy, 2), NAMES)
+    assert table is not None
+    cf = ControlFile(path)
+    try:
+        return cf.write(2, None, table.encode())
+    finally:
+        cf.close()
+
+
+def test_a_completion_in_a_child_that_missed_a_new_table_decides_by_the_new_one(
+        served: tuple[apache.ApacheInstance, str], request: pytest.FixtureRequest) -> None:
+    """Under prefork a process runs one request at a time: a long request of ``capped`` started
+    under a table that lets 8 of them run ends after a new table caps the stage at one. Five short
+    ones arrived meanwhile (held: the long one runs); its process, which started no request since
+    the change, decides at its end: by the new table, one starts, not five."""
+    if served[0].mpm != "prefork":
+        pytest.skip("prefork: the long request's process starts no other request meanwhile")
+    inst, path = served
+    gen = _write(path, "pi(8,1)")
+    deadline = time.monotonic() + 10
+    while _status(inst)["overtake_stage_table_generation"] != gen:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    with ThreadPoolExecutor(6) as ex:
+        long = ex.submit(_get, inst, "/stage1?work=1.5&trace=1")
+        time.sleep(0.5)  # it runs
+        gen2 = _write(path, "pi(1,8)")
+        while _status(inst)["overtake_stage_table_generation"] != gen2:  # a status child reads it
+            time.sleep(0.02)
+        short = [ex.submit(_get, inst, "/stage1?work=0.1&trace=1") for _ in range(5)]
+        spans = [long.result(timeout=60)] + [f.result(timeout=60) for f in short]
+    assert all(s == 200 and span for s, span, _ in spans)
+    ranges = [tuple(int(v) for v in span.split()) for _, span, _ in spans if span]
+    assert _max_overlap(ranges[1:]) == 1, ranges  # type: ignore[arg-type]
