@@ -98,17 +98,23 @@ def test_a_real_php_fpm_pool_is_seen_burning(tmp_path: Path) -> None:
         subprocess.run(["rm", "-rf", str(work)], check=False)
 
 
-@pytest.mark.parametrize(("reaches", "php_stats_file", "priority"), [
-    (None, None, "age"), (True, None, "age"), (False, None, "off"), (False, "/run/php/stats", "age")])
+@pytest.mark.parametrize(("reaches", "php_stats_file", "served", "priority"), [
+    (None, None, None, "age"), (True, None, None, "age"), (False, None, None, "off"),
+    (False, "/run/php/stats", None, "age"),
+    # per stage (the module's counters): every stage seen runs in PHP-FPM, out of reach
+    (None, None, (0, 5), "off"), (None, "/run/php/stats", (0, 5), "age"), (None, None, (5, 0), "age")])
 def test_auto_counts_on_the_module_only_where_it_reaches(reaches: bool | None, php_stats_file: str | None,
-                                                         priority: str) -> None:
+                                                         served: tuple[int, int] | None, priority: str) -> None:
     """Auto weighs its candidates with CPU priority only while the module reaches the CPU:
     not when the work runs in PHP-FPM, unless the PHP extension carries it there."""
     from types import SimpleNamespace
 
     from overtake.controller.sidecar.service import Sidecar
 
-    side = SimpleNamespace(cpu_location=SimpleNamespace(module_reaches=reaches),
+    stacks = StackWatch("age", php_extension=php_stats_file is not None)
+    if served is not None:
+        stacks.update(_served(*served))
+    side = SimpleNamespace(cpu_location=SimpleNamespace(module_reaches=reaches), stacks=stacks,
                            options=SimpleNamespace(apache_side=SimpleNamespace(cpu_priority="age",
                                                                            php_stats_file=php_stats_file)))
     assert Sidecar._cpu_priority_in_reach(side) == priority  # type: ignore[arg-type]
