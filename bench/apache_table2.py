@@ -40,13 +40,15 @@ exact: H2 phases do not move, so the classes are weighted sharing by phase): the
 Apache whose module has no age levels (``OvertakePrioAge Off``), the class-1 level SCHED_IDLE.
 Section `apache-table2-class`.
 
---enforce module (with --classifier hidden): π* is enforced by mod_overtake_prio itself, with no
-proxy in its path: a second Apache whose module matches the two stages (``OvertakeStage``) and
-holds their requests by π*'s count table, which a sidecar in ``--enforce module`` writes to the
-control file beside it; the load generator sends π*'s trace straight to that Apache. π(1) and
-π(∞) run through the sidecar as before. The record gains ``enforce`` and the module's stage
-counters per case (``module``); results go to ``apache_table2-hidden[-age]-module.json``, section
-``...-module``. ``--enforce sidecar`` (the default) is the behaviour above.
+--enforce module (with --classifier hidden): every policy is enforced by mod_overtake_prio itself,
+with no proxy in its path: a second Apache whose module matches the two stages (``OvertakeStage``)
+and holds their requests by the policy's count table (π(1)'s, π*'s; π(∞) holds nothing), which a
+sidecar in ``--enforce module`` writes to the control file beside it when the bench PUTs the
+policy; the load generator sends each trace straight to that Apache. With the age lever in use, π*
+runs on a module Apache with the lever and π(1), π(∞) on one without it (as through the sidecar).
+Each policy's record gains ``enforce`` and the module's stage counters during its run
+(``module``); results go to ``apache_table2-hidden[-age]-module.json``, section ``...-module``.
+``--enforce sidecar`` (the default) is the behaviour above.
 """
 
 from __future__ import annotations
@@ -254,7 +256,7 @@ def start_lever_apache(tmp: Path, case: int, args: argparse.Namespace, threshold
 
 def module_counts(inst: apache.ApacheInstance) -> dict[str, Any]:
     """The module's stage counters (``--enforce module``): requests, held, hold timeouts, total
-    hold seconds per stage, and the count table's generation."""
+    hold seconds per stage, and the count table's generation (since Apache started)."""
     host, port = apache.parse_listen(inst.listen)
     with urllib.request.urlopen(f"http://{host}:{port}{STATUS_PATH}", timeout=10) as r:
         text = r.read().decode()
@@ -264,6 +266,11 @@ def module_counts(inst: apache.ApacheInstance) -> dict[str, Any]:
         key = m.group(1) if m.group(2) is None else f"{m.group(1)}:{m.group(2)}"
         out[key] = float(m.group(3))
     return out
+
+
+def counts_during(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The module's counters of one policy's run: the differences, and the table's generation then."""
+    return {k: v if k == "table_generation" else v - before.get(k, 0.0) for k, v in after.items()}
 
 
 def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, tmp: Path, client_core: int) -> dict[str, Any]:
@@ -303,14 +310,27 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
     started: list[apache.ApacheInstance] = []
     # --gate: pi*'s queued requests wait in Apache (mod_overtake_prio's admission gate) instead of the sidecar
     gate = f"/dev/shm/overtake-table2-gate-{os.getpid()}" if args.gate and "pi*" in names else None
-    # --enforce module: pi*'s count table in Apache's control file, no proxy in pi*'s path
-    control = f"/dev/shm/overtake-table2-control-{os.getpid()}" if args.enforce == "module" and "pi*" in names \
-        else None
+    # --enforce module: each policy's count table in its Apache's control file, no proxy in the path
+    module = args.enforce == "module"
+    controls: dict[str, str] = {}  # Apache base URL -> its control file (module mode)
+    control = f"/dev/shm/overtake-table2-control-{os.getpid()}" if module and "pi*" in names else None
     if (use_lever and lever is not None) or gate or control:
         servers["pi*"] = start_lever_apache(
             tmp, case, args, lever["threshold"] * args.time_unit if age and lever is not None else None,
             args.server_core, client_core, gate, control)
         started.append(servers["pi*"])
+        if control:
+            controls[servers["pi*"].base_url] = control
+    others = [n for n in names if n != "pi*"]
+    if module and others:
+        if control and not age:  # one module Apache without the lever serves every policy
+            servers.update(dict.fromkeys(others, servers["pi*"]))
+        else:  # pi* has the age lever (or does not run): pi(1) and pi(inf) on a module Apache without it
+            plain = f"/dev/shm/overtake-table2-control-plain-{os.getpid()}"
+            srv = start_lever_apache(tmp, 100 + case, args, None, args.server_core, client_core, None, plain)
+            started.append(srv)
+            controls[srv.base_url] = plain
+            servers.update(dict.fromkeys(others, srv))
     stages = tmp / f"stages{case}.yaml"
     stages.write_text(STAGES.format(cap=args.max_workers - 4, mode=args.classifier, unit=args.time_unit,
                                     follow_up=args.follow_up_timeout))
@@ -322,11 +342,11 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
             port = free_port()
             logp = tmp / f"sidecar{case}-{len(sidecars)}.log"
             logs.append(logp.open("wb"))
-            lever_side = use_lever and srv == servers["pi*"].base_url
+            lever_side = use_lever and "pi*" in servers and srv == servers["pi*"].base_url
             gate_side = ["--gate", gate, "--gate-slots", str(GATE_SLOTS), "--status-interval", "0.5"] \
                 if gate and srv == servers["pi*"].base_url else []
-            if control and srv == servers["pi*"].base_url:
-                gate_side = ["--enforce", "module", "--control-file", control, "--status-interval", "0.5"]
+            if srv in controls:
+                gate_side = ["--enforce", "module", "--control-file", controls[srv], "--status-interval", "0.5"]
             admin, admin_flags, auth = sidecar_admin(tmp / f"admin-token{case}-{len(sidecars)}")
             admins[srv] = (admin, auth)
             sidecars[srv] = (port, subprocess.Popen(
@@ -336,14 +356,15 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
                 cwd=REPO, stdout=logs[-1], stderr=subprocess.STDOUT), logp)
         for srv, (port, side, logp) in sidecars.items():
             # module mode: the sidecar listens only for its admin endpoints
-            wait_sidecar(admins[srv][0] if control and srv == servers["pi*"].base_url else port, side, logp)
+            wait_sidecar(admins[srv][0] if srv in controls else port, side, logp)
         if gate:
             wait_gate(admins[servers["pi*"].base_url][0], sidecars[servers["pi*"].base_url][2])
         res: dict[str, Any] = {}
         rts: dict[str, np.ndarray] = {}
         for name in names:
             port = sidecars[servers[name].base_url][0]
-            if control and name == "pi*":  # straight to Apache: the module holds the requests
+            in_module = servers[name].base_url in controls
+            if in_module:  # straight to Apache: the module holds the requests
                 port = apache.parse_listen(servers[name].listen)[1]
             admin, auth = admins[servers[name].base_url]
             spec = pstar.read_bytes() if name == "pi*" and not age else specs[name].encode()
@@ -351,6 +372,7 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
             if code != 200:
                 raise SystemExit(f"apache_table2: PUT {name} refused: {body.decode()}")
             wait_idle(admin)
+            counts0 = module_counts(servers[name]) if in_module else {}
             gap0 = follow_up_gap(admin)
             t = time.monotonic()
             rt, failures = asyncio.run(replay(port, trace, args.time_unit, model.n_stages, args.overhead_s,
@@ -364,6 +386,9 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
                          "ideal_mean_response_time": im, "ideal_ci95": ici,
                          # the stage transition the model does not have: a completion to its follow-up
                          "follow_up_gap_s": (gap1[0] - gap0[0]) / max(1.0, gap1[1] - gap0[1])}
+            if in_module:
+                res[name]["enforce"] = "module"
+                res[name]["module"] = counts_during(counts0, module_counts(servers[name]))
             print(f"case {case} {name}: E[W] {mean * 1e3:.1f} ms ± {ci * 1e3:.1f} (ideal twin {im * 1e3:.1f}, "
                   f"model {pred_w.get(name, float('nan')) * args.time_unit * 1e3:.1f} ms), failures {failures}, "
                   f"follow-up gap {res[name]['follow_up_gap_s'] * 1e3:.2f} ms",
@@ -373,9 +398,6 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
             res["pi*"]["prio_status"] = {"enabled": st.enabled, "requests": list(st.requests),
                                         "demotions_age": list(st.demotions_age), "restores": st.restores,
                                         "restore_errors": st.restore_errors, "in_flight": list(st.in_flight)}
-        if control and "pi*" in res:
-            res["pi*"]["enforce"] = "module"
-            res["pi*"]["module"] = module_counts(servers["pi*"])
         if gate and "pi*" in res:
             st = apache.fetch_prio_status(*apache.parse_listen(servers["pi*"].listen))
             res["pi*"]["gate"] = {"held": st.gate_held, "wait_s": st.gate_wait_s, "timeouts": st.gate_timeouts,
@@ -389,7 +411,7 @@ def run_case(case: int, args: argparse.Namespace, inst: apache.ApacheInstance, t
             f.close()
         for srv in started:
             apache.stop(srv.workdir, graceful=False)
-        for shared in (gate, control):
+        for shared in (gate, *controls.values()):
             for left in (shared, f"{shared}.key") if shared else ():  # the module and the sidecar make both
                 Path(left).unlink(missing_ok=True)
     star = res.get("pi*", {}).get("mean_response_time")

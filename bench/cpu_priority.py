@@ -1,7 +1,7 @@
 """CPU priority: effective weights on this kernel and mod_overtake_prio's overhead.
 
     python bench/cpu_priority.py [--weight-seconds 8] [--repeat 3] [--pairs 3] [--windows 6] [--duration 2]
-                                 [--connections 16] [--perf] [--skip-weights] [--json] [--no-write]
+                                 [--connections 16] [--perf] [--skip-weights] [--module-mode] [--json] [--no-write]
 
 1. Weights, two methods, each with two CPU-bound tasks on one core (``taskset``), in one
    scheduler autogroup raised to -20 (other jobs on the machine sit in other autogroups):
@@ -24,6 +24,12 @@
    worst wake-up delay, the module's CPU-clock reads per request, and with ``--perf`` the
    share of Apache's CPU samples (``perf record -e cpu-clock``) in the module's code and in
    the kernel side of its one system call (the thread CPU clock).
+   ``--module-mode``: the module's instances run module mode as well: the static file is a stage
+   (``OvertakeStage``) and a count table is in force from a control file (π(k) with k twice the
+   connections, so it never holds a request: every request still takes its ticket, a decision at
+   its arrival and one at its end); the record adds the ratios of requests/s and of p99 with
+   their intervals over the pairs (the module-mode target: >= 0.98 and <= 1.10) and the stage's
+   counters (requests counted, held: 0).
 
 Appends the raw run to ``bench/results/cpu_priority.jsonl`` unless ``--no-write``.
 """
@@ -62,6 +68,9 @@ from overtake.controller.harness.apache.cpu_priority import (
 )
 from overtake.controller.harness.apache.lifecycle import children
 from overtake.controller.harness.scratch import free_port, scratch_dir
+from overtake.controller.sidecar.control_file import ControlFile
+from overtake.controller.sidecar.count_table import from_policy
+from overtake.controller.sidecar.policies import BaselinePolicy
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results" / "cpu_priority.jsonl"
@@ -311,8 +320,49 @@ def _mean_ci95(xs: list[float]) -> tuple[float, float]:
     return m, float(stats.t.ppf(0.975, n - 1)) * statistics.stdev(xs) / math.sqrt(n)
 
 
+#: --module-mode: the stage the static file belongs to
+MODULE_STAGE = ("static", "^/static/")
+
+
+def _module_mode(i: int) -> CpuPriority:
+    """The module with the static file as a stage and a control file (module mode)."""
+    return CpuPriority(control_file=f"/dev/shm/overtake-overhead-{os.getpid()}-{i}", stages=(MODULE_STAGE,))
+
+
+def _put_table(inst: apache.ApacheInstance, path: str, connections: int) -> dict[str, float]:
+    """Write π(2 × connections)'s count table (it never holds a request at ``connections``) and
+    wait until Apache's module has it in force; its stage counters then."""
+    table = from_policy(BaselinePolicy(f"pi({2 * connections})", 1), (MODULE_STAGE[0],))
+    assert table is not None
+    cf = ControlFile(path)
+    try:
+        gen = cf.write(1, None, table.encode())
+    finally:
+        cf.close()
+    deadline = time.monotonic() + 10
+    while True:
+        st = _stage_counters(inst)
+        if st.get("overtake_stage_table_generation") == gen and st.get(
+                f'overtake_stage_table_in_force{{stage="{MODULE_STAGE[0]}"}}') == 1:
+            return st
+        if time.monotonic() > deadline:
+            raise SystemExit(f"cpu_priority: the count table (generation {gen}) did not reach Apache: {st}")
+        time.sleep(0.05)
+
+
+def _stage_counters(inst: apache.ApacheInstance) -> dict[str, float]:
+    host, port = apache.parse_listen(inst.listen)
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    try:
+        conn.request("GET", "/overtake-prio-status")
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(overtake_stage_\S+) (\S+)$", text, re.M)}
+
+
 def overhead(tmp: Path, server_core: int, client_core: int, duration: float, connections: int,
-             pairs: int, windows: int, profile: bool) -> dict[str, Any]:
+             pairs: int, windows: int, profile: bool, module_mode: bool = False) -> dict[str, Any]:
     """Apache CPU per request with the module against the same Apache without it, measured
     side by side: the two instances of a pair run at the same time on one core, each under its
     own wrk, so the VM's and the other jobs' slow-downs of the moment hit both alike (measured
@@ -322,16 +372,21 @@ def overhead(tmp: Path, server_core: int, client_core: int, duration: float, con
     averaged (Student-t interval over the pairs), and as many A/A pairs (``ctl_i``, ``off_i``:
     two instances without the module) show the method's own error. The instances of the other
     pairs are stopped (SIGSTOP) meanwhile. Requests per CPU-second is 1 / CPU per request:
-    the throughput of an Apache whose core is the bottleneck.
+    the throughput of an Apache whose core is the bottleneck. ``module_mode``: the module's
+    instances also hold the static file's stage by a count table (:func:`_put_table`).
     """
     insts: dict[str, apache.ApacheInstance] = {}
     out: dict[str, Any] = {}
+    tables: dict[str, dict[str, float]] = {}
     try:
         for i in range(pairs):
             for kind in random.sample(("off", "on", "ctl"), 3):  # start order drawn: no order bias
+                cp = (_module_mode(i) if module_mode else CpuPriority()) if kind == "on" else None
                 insts[f"{kind}{i}"] = apache.start(
                     tmp / f"o-{kind}{i}", f"127.0.0.1:{free_port()}", cpu=server_core, max_workers=64,
-                    cpu_priority=CpuPriority() if kind == "on" else None)
+                    cpu_priority=cp)
+                if module_mode and cp is not None and cp.control_file:
+                    tables[f"{kind}{i}"] = _put_table(insts[f"{kind}{i}"], cp.control_file, connections)
         urls = {n: f"{i.base_url}/static/hello.txt" for n, i in insts.items()}
         pids = {n: i.pid for n, i in insts.items()}
         on_host, on_port = apache.parse_listen(insts["on0"].listen)
@@ -372,6 +427,7 @@ def overhead(tmp: Path, server_core: int, client_core: int, duration: float, con
                 runs[f"{a}/{b}"].append({
                     "cpu_per_request_ratio": r[a]["apache_cpu_us_per_request"] / r[b]["apache_cpu_us_per_request"],
                     "rps_ratio": r[a]["rps"] / r[b]["rps"],
+                    "p99_ratio": r[a]["p99_ms"] / r[b]["p99_ms"],
                     "cpu_share_ratio": r[a]["apache_cpu_s"] / r[b]["apache_cpu_s"],
                     a: r[a], b: r[b]})
         st1 = fetch_prio_status(on_host, on_port)
@@ -389,11 +445,16 @@ def overhead(tmp: Path, server_core: int, client_core: int, duration: float, con
                         _signal_all(insts[n], signal.SIGCONT)
         out["monitor_share_of_apache_cpu_median"] = statistics.median(mon_busy)
         out["untracked"] = fetch_prio_status(on_host, on_port).untracked
+        if module_mode:
+            out["module_mode"] = _table_counts(insts, tables)
     finally:
         for i in insts.values():
             with contextlib.suppress(OSError):
                 _signal_all(i, signal.SIGCONT)
             apache.stop(i.workdir, graceful=False)
+        for i in range(pairs):
+            for suffix in ("", ".key"):
+                Path(_module_mode(i).control_file + suffix).unlink(missing_ok=True)  # type: ignore[operator]
 
     def pair_means(kind: str, key: str) -> list[float]:
         return [statistics.fmean(x[key] for x in rs) for k, rs in runs.items() if k.startswith(kind)]
@@ -401,6 +462,8 @@ def overhead(tmp: Path, server_core: int, client_core: int, duration: float, con
     on_cpu, ctl_cpu = pair_means("on", "cpu_per_request_ratio"), pair_means("ctl", "cpu_per_request_ratio")
     on_m, on_h = _mean_ci95(on_cpu)
     ctl_m, ctl_h = _mean_ci95(ctl_cpu)
+    rps_m, rps_h = _mean_ci95(pair_means("on", "rps_ratio"))
+    p99_m, p99_h = _mean_ci95(pair_means("on", "p99_ratio"))
     return {
         **out, "runs": runs, "pairs": pairs, "windows": windows,
         "cpu_per_request_ratio_pairs": on_cpu,
@@ -410,9 +473,25 @@ def overhead(tmp: Path, server_core: int, client_core: int, duration: float, con
         "control_cpu_per_request_ratio": ctl_m, "control_cpu_per_request_ratio_ci95": ctl_h,
         "rps_ratio_pairs": pair_means("on", "rps_ratio"),
         "control_rps_ratio_pairs": pair_means("ctl", "rps_ratio"),
+        "rps_ratio": rps_m, "rps_ratio_ci95": rps_h,
+        "p99_ratio_pairs": pair_means("on", "p99_ratio"), "p99_ratio": p99_m, "p99_ratio_ci95": p99_h,
+        "control_p99_ratio_pairs": pair_means("ctl", "p99_ratio"),
         "load_average_1min_median": statistics.median(load_avg),
         "target_ratio_min": 0.98,
     }
+
+
+def _table_counts(insts: dict[str, apache.ApacheInstance], before: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """Per module-mode instance: the static stage's requests counted and held during the runs,
+    and whether its table stayed in force."""
+    name = MODULE_STAGE[0]
+    out: dict[str, Any] = {}
+    for n, b in before.items():
+        st = _stage_counters(insts[n])
+        out[n] = {k: st[f'overtake_stage_{k}{{stage="{name}"}}'] - b[f'overtake_stage_{k}{{stage="{name}"}}']
+                  for k in ("requests_total", "held_total", "hold_timeouts_total")}
+        out[n]["table_in_force"] = st[f'overtake_stage_table_in_force{{stage="{name}"}}'] == 1
+    return out
 
 
 def main() -> int:
@@ -428,6 +507,9 @@ def main() -> int:
     ap.add_argument("--connections", type=int, default=16, help="wrk connections")
     ap.add_argument("--skip-overhead", action="store_true", help="weights only")
     ap.add_argument("--skip-weights", action="store_true", help="overhead only")
+    ap.add_argument("--module-mode", action="store_true",
+                    help="the module's instances run module mode: the static file a stage, a count table in force "
+                    "that never holds at --connections (the module-mode overhead; with --skip-weights)")
     ap.add_argument("--json", action="store_true", help="print the raw results as JSON")
     ap.add_argument("--no-write", action="store_true", help=f"do not append to {RESULTS.relative_to(REPO)}")
     args = ap.parse_args()
@@ -456,7 +538,7 @@ def main() -> int:
             res["weights_apache"] = weights_apache(tmp, server_core, args.repeat)
         if not args.skip_overhead:
             res["overhead"] = overhead(tmp, server_core, client_core, args.duration, args.connections,
-                                       args.pairs, args.windows, args.perf)
+                                       args.pairs, args.windows, args.perf, args.module_mode)
         res["elapsed_s"] = time.time() - t0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -518,6 +600,15 @@ def summary(res: dict[str, Any]) -> str:
             f"<= 1 ms {100 * late['le_1ms']:.1f} %, <= 2 ms {100 * late['le_2ms']:.1f} % of "
             f"{late['wakeups']} wake-ups; CPU-clock reads per request {o['clock_reads_per_request_on0']:.3f}"
         )
+        if "module_mode" in o:
+            mm = o["module_mode"]
+            lines.append(
+                f"module mode (a count table in force on the static file's stage): requests/s on / off "
+                f"{o['rps_ratio']:.4f} +- {o['rps_ratio_ci95']:.4f} (target >= 0.98), p99 on / off "
+                f"{o['p99_ratio']:.4f} +- {o['p99_ratio_ci95']:.4f} (target <= 1.10; A/A "
+                f"{fmt(f'{x:.3f}' for x in o['control_p99_ratio_pairs'])}); stage requests counted "
+                f"{fmt(str(round(v['requests_total'])) for v in mm.values())}, held "
+                f"{fmt(str(round(v['held_total'])) for v in mm.values())}")
         if "perf" in o:
             lines.append(f"perf: module code {o['perf']['module_code_pct']:.2f} % of Apache's CPU samples, "
                          f"thread-clock syscall (kernel side) {o['perf']['clock_syscall_kernel_pct']:.2f} %")

@@ -6,7 +6,9 @@ demotes nothing, yet a sidecar told ``--cpu-priority age`` would go on predictin
 sidecar samples, from ``/proc``, the CPU used by the host's Apache and PHP-FPM processes (their
 own and their reaped children's), exports it, and says once, as a warning, when most of it runs
 in PHP-FPM while the module does the CPU priority: the ``overtake_prio`` PHP extension is what
-reaches there.
+reaches there. Per stage (module mode's ``OvertakeStage``), the module counts by which handler
+served each request (:func:`stage_stacks`): :class:`StackWatch` says where each stage's work runs
+and which lever reaches it, and warns where the CPU priority in use cannot.
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["GROUPS", "CpuLocation", "cpu_by_group"]
+__all__ = ["GROUPS", "PLACES", "CpuLocation", "StackWatch", "StageStack", "cpu_by_group", "stage_stacks"]
 
 log = logging.getLogger("overtake.sidecar")
 
@@ -111,3 +115,93 @@ class CpuLocation(Collector):
             yield GaugeMetricFamily("overtake_cpu_priority_module_reaches", "1 while most of the server's CPU "
                                     "runs in Apache's processes, where mod_overtake_prio acts; 0 when it runs in "
                                     "PHP-FPM", value=float(self.module_reaches))
+
+
+# ---- per stage: where its work runs (mod_overtake_prio's overtake_stage_served_total) ----------
+
+#: where the work of a request served by each kind of handler runs
+PLACES: Mapping[str, str] = {"apache": "Apache (a handler in its own process)", "fcgi": "a FastCGI server (PHP-FPM)",
+                             "proxy": "another server behind a proxy", "cgi": "a CGI process"}
+
+
+@dataclass(frozen=True)
+class StageStack:
+    """Where a stage's work runs and what can change its CPU priority there."""
+
+    runs_in: str | None  #: apache, fcgi, proxy or cgi (most of its requests); None: none logged yet
+    served: dict[str, int]  #: requests logged by where they ran (since Apache started)
+    lever: str  #: what reaches that CPU: mod_overtake_prio, the overtake_prio PHP extension, or none
+
+    def said(self) -> str:
+        if self.runs_in is None:
+            return "not known yet (no request of the stage logged)"
+        return f"runs in {PLACES[self.runs_in]}; CPU priority there: {self.lever}"
+
+
+def _lever(runs_in: str | None, php_extension: bool) -> str:
+    if runs_in == "apache":
+        return "mod_overtake_prio (age priority of Apache's worker threads)"
+    if runs_in == "fcgi" and php_extension:
+        return "the overtake_prio PHP extension (php_stats_file)"
+    if runs_in is None:
+        return "unknown"
+    return "none (mod_overtake_prio demotes Apache's threads, which only wait there)"
+
+
+def stage_stacks(families: Iterable[Metric], *, php_extension: bool) -> dict[str, StageStack]:
+    """Per stage of the module's ``OvertakeStage`` sections, from its last scraped counters."""
+    served: dict[str, dict[str, int]] = {}
+    for fam in families:
+        if fam.name != "overtake_stage_served":
+            continue
+        for s in fam.samples:
+            if s.name.endswith("_total") and "stage" in s.labels and "by" in s.labels:
+                served.setdefault(s.labels["stage"], {})[s.labels["by"]] = int(s.value)
+    out = {}
+    for stage, by in served.items():
+        runs_in = max(by, key=lambda k: by[k]) if any(by.values()) else None
+        out[stage] = StageStack(runs_in, by, _lever(runs_in, php_extension))
+    return out
+
+
+class StackWatch:
+    """Says, once per change, where each stage's work runs and which lever reaches it; warns when
+    the CPU priority in use cannot reach a stage (so no gain is claimed there)."""
+
+    def __init__(self, cpu_priority: str, *, php_extension: bool) -> None:
+        self.cpu_priority, self.php_extension = cpu_priority, php_extension
+        self.stacks: dict[str, StageStack] = {}
+
+    def update(self, families: Iterable[Metric]) -> dict[str, StageStack]:
+        new = stage_stacks(families, php_extension=self.php_extension)
+        for stage, st in new.items():
+            old = self.stacks.get(stage)
+            if old is not None and (old.runs_in, old.lever) == (st.runs_in, st.lever):
+                continue
+            if st.runs_in is None:
+                continue
+            log.info(f"stage {stage}: {st.said()}", extra={"event": "stage_stack", "detail": {
+                "stage": stage, "runs_in": st.runs_in, "lever": st.lever, "served": st.served}})
+            if self.cpu_priority != "off" and not self.reaches(st):
+                log.warning(f"cpu_priority {self.cpu_priority}: stage {stage} runs in {PLACES[st.runs_in]}, where "
+                            "mod_overtake_prio cannot change the CPU priority; no gain is claimed for it"
+                            + ("; load the overtake_prio PHP extension into PHP-FPM and give php_stats_file"
+                               if st.runs_in == "fcgi" else ""),
+                            extra={"event": "cpu_priority_unreachable", "detail": {"stage": stage, "runs_in": st.runs_in}})
+        self.stacks = new
+        return new
+
+    @staticmethod
+    def reaches(st: StageStack) -> bool:
+        """A CPU lever reaches the stage's work."""
+        return st.runs_in == "apache" or st.lever.startswith("the overtake_prio PHP extension")
+
+    def none_reached(self) -> bool:
+        """Stages were seen, and no lever reaches any of them."""
+        known = [s for s in self.stacks.values() if s.runs_in is not None]
+        return bool(known) and not any(self.reaches(s) for s in known)
+
+    def info(self) -> dict[str, Any]:
+        """``/-/policy``'s ``stacks``: per stage where its work runs and what reaches it."""
+        return {stage: {"runs_in": st.runs_in, "lever": st.lever, "served": st.served}
+                for stage, st in self.stacks.items()}

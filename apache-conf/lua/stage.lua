@@ -34,7 +34,7 @@ function handle(r)
         return reply(r, 400, "work: must be seconds of CPU in [0, " .. MAX_WORK_S .. "], got " .. raw)
     end
 
-    -- ?trace=1: when the handler ran (wall clock, microseconds), for tests of admission
+    -- ?trace=1: when the handler ran (wall clock, microseconds) and in which process, for tests of admission
     local begin_us = r:clock()
     local c0 = tcpu.now_ns()
     local target = c0 + math.floor(work * 1e9 + 0.5)
@@ -49,6 +49,12 @@ function handle(r)
     r.headers_out["X-Stage-CPU-us"] = tostring(cpu_us)
     if args.trace then
         r.headers_out["X-Handler-Span-us"] = string.format("%d %d", begin_us, r:clock())
+        -- and which process ran it (tests of counts shared by several children)
+        local f = io.open("/proc/self/stat")
+        if f then
+            r.headers_out["X-Handler-Pid"] = tostring(f:read("*n"))
+            f:close()
+        end
     end
     return reply(r, 200, "ok stage=" .. stage .. " cpu_us=" .. cpu_us)
 end

@@ -356,6 +356,7 @@ static void op_register_hooks(apr_pool_t *p)
      * fixup (access control and rewrites have had their say). */
     ap_hook_pre_config(op_stage_pre_config, NULL, NULL, APR_HOOK_MIDDLE);
     ap_hook_fixups(op_stage_fixups, NULL, NULL, APR_HOOK_REALLY_LAST);
+    ap_hook_log_transaction(op_stage_log, NULL, NULL, APR_HOOK_MIDDLE);
     ap_hook_insert_filter(op_insert_filter, NULL, NULL, APR_HOOK_MIDDLE);
     /* After the content filters (deflate, ...), before the protocol filters. */
     op_end_filter_handle = ap_register_output_filter("OVERTAKE_PRIO_END", op_end_filter, NULL,

@@ -233,6 +233,7 @@ void op_shared_file_prepare(server_rec *s, const char *path, const char *directi
 void op_control_prepare(apr_pool_t *p, server_rec *s, const op_conf *c);
 void op_control_child_init(server_rec *s);
 int op_control_post_read_request(request_rec *r);
+void op_control_look(void);
 void op_control_refresh(const op_conf *c);
 double op_control_threshold(const op_conf *c, int k);
 void op_control_status(request_rec *r, const op_conf *c);
@@ -245,6 +246,7 @@ const char *op_stage_set_hold(cmd_parms *cmd, void *dconf, const char *w);
 int op_stage_pre_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp);
 void op_stage_prepare(server_rec *s);
 int op_stage_fixups(request_rec *r);
+int op_stage_log(request_rec *r);
 void op_stage_table(const uint8_t *section, size_t n, uint32_t gen);
 void op_stage_status(request_rec *r);
 

@@ -60,7 +60,8 @@ static struct {
     int64_t conf_thr[OP_MAX_LEVELS];
     server_rec *s;
     oc_table tab;
-} ctl = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 1u, 0, 0, 0, {0}, NULL, {0, 0, 0, {{0, {0}}}, 0, {0}}};
+    int judged;                 /* the file was judged once in this child (atomic) */
+} ctl = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 1u, 0, 0, 0, {0}, NULL, {0, 0, 0, {{0, {0}}}, 0, {0}}, 0};
 /* the copy of the file a reload checks (under ctl.mu); untouched pages stay unallocated */
 static uint8_t ctl_buf[OC_FILE_MAX_BYTES];
 
@@ -240,34 +241,49 @@ static void reload(int64_t now, int wait)
         ADD(oc_shm->loads, 1);
         say(OC_OK, g1, 0, NULL);
     }
+    __atomic_store_n(&ctl.judged, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&ctl.mu);
 }
 
 /* Before the CPU-priority start of every request: the thresholds of the file's newest table. */
 int op_control_post_read_request(request_rec *r)
 {
+    (void)r;
+    op_control_look();
+    return DECLINED;
+}
+
+/* This child's table is the file's newest (a request start; a stage's completion, op_stage.c:
+ * a process that started no request since the file changed decides by the new count table). */
+void op_control_look(void)
+{
     const uint8_t *m;
     uint32_t g;
     int64_t now;
-    (void)r;
     if (!op_cconf || !op_cconf->control_file || !oc_shm
         || !__atomic_load_n(&op_hot.child_ok, __ATOMIC_ACQUIRE)) {
-        return DECLINED;
+        return;
     }
     now = op_mono_ns();
+    if (!__atomic_load_n(&ctl.judged, __ATOMIC_ACQUIRE)) {
+        /* a new child: its first requests wait for the first judgement, as a request that went
+         * on with no count table in force would start every stage's held requests, in every
+         * child (op_stage.c: no table, nothing waits) */
+        reload(now, 1);
+        return;
+    }
     m = __atomic_load_n(&ctl.map, __ATOMIC_ACQUIRE);
     if (m && og_load((const uint32_t *)(m + OC_GEN_OFFSET), &g)) {
         if (g == __atomic_load_n(&ctl.seen, __ATOMIC_RELAXED)
             && now < __atomic_load_n(&ctl.next_look, __ATOMIC_RELAXED)) {
-            return DECLINED;
+            return;
         }
     }
     else if (!__atomic_load_n(&ctl.from_file, __ATOMIC_RELAXED)
              && now < __atomic_load_n(&ctl.next_look, __ATOMIC_RELAXED)) {
-        return DECLINED;  /* a fault while the file's table is in force is judged at once */
+        return;  /* a fault while the file's table is in force is judged at once */
     }
     reload(now, 0);
-    return DECLINED;
 }
 
 /* The status page: judge the file again before it shows what is in force. */

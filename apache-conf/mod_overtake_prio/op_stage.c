@@ -19,6 +19,12 @@
  * (no request is lost); with no table in force (no control file, none valid, no stage section,
  * or a stage the table does not name) requests run at once and are still counted.
  *
+ * Where the work of a stage runs is counted too: at the log of each request, by the handler that
+ * served it (Apache itself, FastCGI as PHP-FPM, another proxy, a CGI process), so the controller
+ * can say which CPU lever reaches the stage (the module's age priority only reaches Apache's own
+ * threads; behind FastCGI the Apache worker only waits, though it still counts as running: the
+ * table is admission against the backend's pool).
+ *
  * Like the sidecar's limiter, a table that starts nothing while nothing runs would idle the server
  * with requests waiting: then the oldest request of the last stage with waiters starts (a
  * guard start, counted).
@@ -51,6 +57,10 @@
 #define OS_UNSET (-2)
 #define OS_USERDATA "overtake-stage"   /* on the first request's pool: its os_req */
 
+/* Where a request's work ran, by the handler that served it (overtake_stage_served_total). */
+enum { OS_BY_APACHE, OS_BY_FCGI, OS_BY_PROXY, OS_BY_CGI, OS_BY_N };
+static const char *const os_by_name[OS_BY_N] = {"apache", "fcgi", "proxy", "cgi"};
+
 typedef struct {
     os_queue q;
     apr_uint64_t requests;          /* arrivals */
@@ -59,6 +69,7 @@ typedef struct {
     apr_uint64_t hold_timeouts;     /* waited OvertakeStageHold and ran anyway */
     apr_uint64_t overflows;         /* found the queue's ticket ring full and ran at once */
     apr_uint64_t unheld;            /* ran at once because no table was in force for the stage */
+    apr_uint64_t served[OS_BY_N];   /* logged, by where their work ran */
 } os_stage;
 
 typedef struct {
@@ -287,6 +298,7 @@ void op_stage_table(const uint8_t *section, size_t n, uint32_t gen)
 static apr_status_t complete(void *data)
 {
     const os_req *q = data;
+    op_control_look();  /* decide by the newest table, not the one of this request's start */
     os_lock();
     os_complete(&os_shm->st[q->stage].q);
     epoch();  /* the completing worker decides what starts next */
@@ -371,6 +383,37 @@ int op_stage_fixups(request_rec *r)
                       "anyway", os_shm->names[q->stage], os_hold_s);
     }
     ADD(s->hold_ns, (apr_uint64_t)(op_mono_ns() - t0));
+    return DECLINED;
+}
+
+/* Where the final request's work ran, from its handler (and for a proxy, its target's scheme). */
+static int served_by(const request_rec *r)
+{
+    const char *h = r->handler;
+    if (h && (!strcmp(h, "proxy-server") || !strncasecmp(h, "proxy:", 6))) {
+        /* ProxyPass: handler proxy-server, filename proxy:fcgi://...; SetHandler "proxy:fcgi://..."
+         * or "proxy:unix:/sock|fcgi://..." */
+        return (strstr(h, "fcgi://") || (r->filename && strstr(r->filename, "fcgi://"))) ? OS_BY_FCGI
+               : OS_BY_PROXY;
+    }
+    if (h && (!strcmp(h, "cgi-script") || !strcmp(h, "application/x-httpd-cgi"))) {
+        return OS_BY_CGI;
+    }
+    return OS_BY_APACHE;
+}
+
+/* Log hook: count where a counted request's work ran. */
+int op_stage_log(request_rec *r)
+{
+    const request_rec *last = r;
+    void *seen = NULL;
+    if (!os_shm || r->main || apr_pool_userdata_get(&seen, OS_USERDATA, r->pool) != APR_SUCCESS || !seen) {
+        return DECLINED;
+    }
+    while (last->next) {
+        last = last->next;  /* an internal redirect: the request that ran the handler */
+    }
+    ADD(os_shm->st[((const os_req *)seen)->stage].served[served_by(last)], 1);
     return DECLINED;
 }
 
@@ -472,6 +515,16 @@ void op_stage_status(request_rec *r)
     for (i = 0; i < n; i++) {
         ap_rprintf(r, "overtake_stage_hold_seconds_total{stage=\"%s\"} %.9f\n", os_shm->names[i],
                    (double)LOAD(os_shm->st[i].hold_ns) / 1e9);
+    }
+    metric(r, "overtake_stage_served_total", "counter",
+           "Requests of the stage logged, by where their work ran (by=apache: a handler in Apache's "
+           "process; fcgi: a FastCGI server such as PHP-FPM; proxy: another HTTP server; cgi: a CGI process).");
+    for (i = 0; i < n; i++) {
+        int b;
+        for (b = 0; b < OS_BY_N; b++) {
+            ap_rprintf(r, "overtake_stage_served_total{stage=\"%s\",by=\"%s\"} %" APR_UINT64_T_FMT "\n",
+                       os_shm->names[i], os_by_name[b], LOAD(os_shm->st[i].served[b]));
+        }
     }
     metric(r, "overtake_stage_decisions_total", "counter",
            "Decisions taken (arrivals, completions and table changes).");

@@ -147,6 +147,10 @@ def _apache_flags(p: argparse.ArgumentParser) -> None:
                    help="the counters of the overtake_prio PHP extension (its overtake_prio.stats_file), exported "
                    "as overtake_php_* metrics: demotions inside PHP-FPM's workers, where mod_overtake_prio "
                    "cannot reach")
+    p.add_argument("--fpm-pool-config", default=None, metavar="PATH",
+                   help="the PHP-FPM pool file Apache forwards the stages to (e.g. /etc/php/8.2/fpm/pool.d/www.conf): "
+                   "its pm.max_children is checked against the policy's total cap at start and at every swap "
+                   "(a warning when the pool is smaller: the rest would queue in FPM, out of the policy's order)")
     p.add_argument("--control-file", default=None, metavar="PATH",
                    help="write the age thresholds of the policy in force to PATH whenever the policy changes "
                    "(start, refit, PUT), for mod_overtake_prio's OvertakeControlFile PATH "

@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from overtake.controller.errors import PhpNotInstalledError
-from overtake.controller.harness.apache.config import DEFAULT_CONF_DIR
+from overtake.controller.harness.apache.config import DEFAULT_CONF_DIR, MODULES_DIR
 from overtake.controller.harness.scratch import free_port
 
-__all__ = ["FpmPool", "PhpNotInstalledError", "build_extension", "fastcgi_get", "php_available", "process_nice", "start_pool"]
+__all__ = ["FpmPool", "PhpNotInstalledError", "build_extension", "fastcgi_get", "fpm_status", "php_available",
+           "process_nice", "proxy_conf", "start_pool"]
 
 EXTENSION_DIR = DEFAULT_CONF_DIR / "php_overtake_prio"
 EXTENSION_SOURCES = ("config.m4", "overtake_prio.c")
@@ -91,14 +92,16 @@ class FpmPool:
 
 def start_pool(workdir: Path, extension: Path | None, settings: Mapping[str, str], *, children: int = 1,
                user: str = "www-data", scripts: Mapping[str, str] | None = None,
-               cpu: int | None = None, autogroup_nice: int | None = None) -> FpmPool:
+               cpu: int | None = None, autogroup_nice: int | None = None,
+               pool: Mapping[str, str] | None = None) -> FpmPool:
     """Start ``php-fpm8.2`` in the foreground with ``children`` static workers running as ``user``.
 
     ``settings`` are ``-d`` php.ini settings (``overtake_prio.threshold_ms`` ...); ``scripts``
     are written into the document root; ``cpu`` pins the pool to one core; ``autogroup_nice``
     ranks the pool's scheduler autogroup against other load (-20 as the harness's Apache for
     measurements; root only, else ignored): with autogroups, a worker's nice ranks it only
-    among the pool's own workers.
+    among the pool's own workers. ``pool`` adds lines to the pool's section (e.g.
+    ``pm.status_path``).
     """
     why = php_available()
     if why is not None:
@@ -123,7 +126,7 @@ listen = 127.0.0.1:{port}
 pm = static
 pm.max_children = {children}
 catch_workers_output = yes
-""")
+""" + "".join(f"{k} = {v}\n" for k, v in (pool or {}).items()))
     cmd = [PHP_FPM, "-n", "-y", str(conf), "-F"]
     if extension is not None:
         cmd += ["-d", f"extension={extension}"]
@@ -134,7 +137,7 @@ catch_workers_output = yes
     env = {**os.environ, "PHP_INI_SCAN_DIR": ""}  # no distribution .ini files beyond the -d settings
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
                             env=env)
-    pool = FpmPool(proc, port, docroot, log, workdir, children, dict(settings))
+    fpm = FpmPool(proc, port, docroot, log, workdir, children, dict(settings))
     deadline = time.monotonic() + 20
     while True:
         try:
@@ -142,16 +145,40 @@ catch_workers_output = yes
                 break
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
-                pool.stop()
+                fpm.stop()
                 text = log.read_text() if log.exists() else ""
                 raise RuntimeError(f"php-fpm did not start (rc {proc.returncode}): {text}") from None
             time.sleep(0.05)
-    while len(pool.worker_pids()) < children and time.monotonic() < deadline:
+    while len(fpm.worker_pids()) < children and time.monotonic() < deadline:
         time.sleep(0.05)
     if autogroup_nice is not None:
         with contextlib.suppress(OSError):  # not root, or autogroups off: the pool runs as it is
             Path(f"/proc/{proc.pid}/autogroup").write_text(f"{autogroup_nice}\n")
-    return pool
+    return fpm
+
+
+def proxy_conf(pool: FpmPool, regex: str = r"^(/.*\.php)$") -> str:
+    """Apache directives that send the URL paths matching ``regex`` (its group 1: the script's
+    path under the pool's document root) to ``pool`` through mod_proxy_fcgi, as Debian's
+    mpm_event + PHP-FPM setup does (``ProxyPassMatch``)."""
+    return (f"LoadModule proxy_module {MODULES_DIR}/mod_proxy.so\n"
+            f"LoadModule proxy_fcgi_module {MODULES_DIR}/mod_proxy_fcgi.so\n"
+            f'ProxyPassMatch "{regex}" "fcgi://127.0.0.1:{pool.port}{pool.docroot}$1"\n')
+
+
+def fpm_status(pool: FpmPool, path: str = "fpm-status") -> dict[str, str]:
+    """PHP-FPM's status page (the pool's ``pm.status_path`` = ``/`` + ``path``) as a dict:
+    ``accepted conn``, ``listen queue``, ``max listen queue``, ``active processes``, ``max
+    active processes``... (the listen queue is sampled by the master about once a second)."""
+    status, body = fastcgi_get(pool, path)
+    if status != 200:
+        raise RuntimeError(f"php-fpm status /{path}: {status} {body[:200]!r}; set pm.status_path = /{path}")
+    out = {}
+    for line in body.decode().splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
 
 
 # ---- FastCGI (the FastCGI Specification 1.0, as mod_proxy_fcgi speaks it) -------------------

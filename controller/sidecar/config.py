@@ -90,6 +90,7 @@ class SidecarConfig(BaseModel):
     gate_slots: int = Field(64, ge=1, le=1 << 20)
     gate_backfill: int = Field(1, ge=0, le=1024)
     php_stats_file: str | None = None
+    fpm_pool_config: str | None = None
     control_file: str | None = None
     #: sidecar: requests pass through the proxy; module: mod_overtake_prio enforces the count table
     enforce: Literal["sidecar", "module"] = "sidecar"
@@ -124,7 +125,7 @@ class SidecarConfig(BaseModel):
         return v
 
 
-_PATHS = ("stages", "request_log", "policy_token_file", "admin_token_file", "php_stats_file")
+_PATHS = ("stages", "request_log", "policy_token_file", "admin_token_file", "php_stats_file", "fpm_pool_config")
 
 
 def _field(loc: tuple[Any, ...]) -> str:
@@ -252,6 +253,6 @@ def to_options(cfg: SidecarConfig) -> SidecarOptions:
         status_interval=cfg.status_interval, drain_timeout=cfg.drain_timeout, request_log=cfg.request_log,
         request_log_format=cfg.request_log_format, trusted_sources=tuple(cfg.trusted_sources),
         cpu_priority=cfg.cpu_priority, gate=cfg.gate, gate_slots=cfg.gate_slots,
-        php_stats_file=cfg.php_stats_file, control_file=cfg.control_file,
+        php_stats_file=cfg.php_stats_file, fpm_pool_config=cfg.fpm_pool_config, control_file=cfg.control_file,
         gate_backfill=cfg.gate_backfill, verify=verify, enforce=cfg.enforce,
     )

@@ -105,6 +105,8 @@ class ApacheSide:
     gate_backfill: int = 1
     #: the overtake_prio PHP extension's counters file (controller.php_prio), exported when given
     php_stats_file: str | None = None
+    #: the PHP-FPM pool file behind Apache (controller.sidecar.fpm_pool): its pm.max_children against the policy's cap
+    fpm_pool_config: str | None = None
     #: mod_overtake_prio's OvertakeControlFile: the policy's age thresholds (controller.sidecar.control_file)
     control_file: str | None = None
 
@@ -131,7 +133,7 @@ GROUPS: dict[str, tuple[type, dict[str, str]]] = {
                                "uplink_lowest_writers": "lowest_writers", "uplink_ordered_bands": "ordered_bands"}),
     "apache_side": (ApacheSide, {"cpu_priority": "cpu_priority", "gate": "gate", "gate_slots": "gate_slots",
                                  "gate_backfill": "gate_backfill", "php_stats_file": "php_stats_file",
-                                 "control_file": "control_file"}),
+                                 "fpm_pool_config": "fpm_pool_config", "control_file": "control_file"}),
     "observability": (Observability, {"request_log": "request_log", "request_log_format": "request_log_format",
                                       "status_interval": "status_interval"}),
 }
@@ -143,7 +145,7 @@ KEYS = ("policy", "apache", "listen", "phase_header", "uplink", "uplink_cutoffs"
         "policy_poll", "policy_token", "admin_listen", "admin_token", "admin_policy_urls", "policy_max_bytes",
         "policy_max_array_bytes", "policy_max_inflated_bytes", "policy_load_timeout", "status_interval",
         "drain_timeout", "request_log", "request_log_format", "trusted_sources", "cpu_priority", "gate",
-        "gate_slots", "gate_backfill", "php_stats_file", "control_file", "verify", "enforce")
+        "gate_slots", "gate_backfill", "php_stats_file", "fpm_pool_config", "control_file", "verify", "enforce")
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,14 @@ import logging
 import time
 from collections.abc import Callable
 
-from overtake.controller.cpu_location import CpuLocation
+from overtake.controller.cpu_location import CpuLocation, StackWatch
 from overtake.controller.errors import PolicyLoadError, SidecarInputError
 from overtake.controller.online import OnlineLoop
 from overtake.controller.sidecar.auto import choose
 from overtake.controller.sidecar.classifier import Classifier
 from overtake.controller.sidecar.control_file import ControlPublisher
 from overtake.controller.sidecar.count_table import module_blocker
+from overtake.controller.sidecar.fpm_pool import pool_warning
 from overtake.controller.sidecar.limiter import Limiter
 from overtake.controller.sidecar.metrics import SidecarMetrics
 from overtake.controller.sidecar.module_mode import enforce_for
@@ -59,12 +60,14 @@ class PolicyInForce:
     online: OnlineLoop | None
     control: ControlPublisher | None
     cpu_location: CpuLocation
+    stacks: StackWatch
     loads: LoadSlots
     auto: bool
     time_unit: float
     swapped_at: float
     verifier: Verifier | None
     module_mode: bool
+    fpm_pool: tuple[str, int] | None
     _warned_unrecorded: set[str]
     _class_key: tuple[object, object] | None
     _class_levels: tuple[tuple[int, ...], ...] | None
@@ -158,13 +161,17 @@ class PolicyInForce:
             log.info("auto: " + choice.reason, extra={
                 "event": "auto_choice", "policy": choice.policy.name, "detail": f"information {choice.info}, "
                 f"classifier {choice.mode}, available {', '.join(sorted(ev.available()))}, "
-                f"needs enforce: {enforce_for(choice.info, self.options.uplink.name)}"})
+                f"needs enforce: {enforce_for(choice.info, self.options.uplink.name)}"
+                + "".join(f"; stage {s}: {st.said()}" for s, st in self.stacks.stacks.items())})
         return changed
 
     def _cpu_priority_in_reach(self) -> str:
         """The CPU priority auto may count on: ``cpu_priority``, unless the CPU runs in PHP-FPM,
-        where mod_overtake_prio cannot act and no PHP extension's counters are given."""
+        where mod_overtake_prio cannot act and no PHP extension's counters are given, or no
+        stage's work runs where a lever reaches it (the module's per-stage counters)."""
         if self.cpu_location.module_reaches is False and not self.options.apache_side.php_stats_file:
+            return "off"
+        if self.stacks.none_reached():
             return "off"
         return self.options.apache_side.cpu_priority
 
@@ -248,9 +255,18 @@ class PolicyInForce:
             self.control.publish(new, self.time_unit)
         elif self.options.apache_side.cpu_priority == "age":
             self._say_age_threshold(new, self.time_unit, warn=False)
+        self._say_pool(new)
         if self.verifier is not None:
             self.verifier.adopt(new)
         return new
+
+    def _say_pool(self, policy: SpawnPolicy) -> None:
+        """Warn when ``policy`` may run more requests than PHP-FPM's pool has workers."""
+        if self.fpm_pool is None:
+            return
+        warning = pool_warning(policy, *self.fpm_pool)
+        if warning is not None:
+            log.warning(warning, extra={"event": "config_warning", "policy": policy.name, "detail": warning})
 
     def _check_module(self, new: SpawnPolicy) -> None:
         """Module mode enforces count tables only: refuse a policy that sees phases or routes."""

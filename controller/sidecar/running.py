@@ -54,6 +54,7 @@ class SidecarRuntime(PolicyInForce):
         """Sample where the CPU runs at Apache's scrape interval (a /proc scan, off the loop)."""
         while True:
             await asyncio.to_thread(self.cpu_location.sample)
+            self.stacks.update(self.metrics.prio.families)
             await asyncio.sleep(self.options.observability.status_interval)
 
     async def _auto_loop(self) -> None:
@@ -122,6 +123,7 @@ class SidecarRuntime(PolicyInForce):
             self.online.start()
         self._cpu_task = asyncio.create_task(self._cpu_loop())
         await self.probe.scrape()
+        stacks = self.stacks.update(self.metrics.prio.families)
         self.probe.start()
         self._check_apache()
         if self.verifier is not None:
@@ -134,7 +136,7 @@ class SidecarRuntime(PolicyInForce):
             "policy": self.policy.name, "hash": self.policy.hash, "version": self.policy.version,
             "admin_listen": self.options.endpoints.admin_listen,
             "detail": f"enforce {self.options.enforce}; the policy's information ({self.policy.phase_info}) "
-                      f"needs enforce: {enforce}",
+                      f"needs enforce: {enforce}" + "".join(f"; stage {s}: {st.said()}" for s, st in stacks.items()),
         })
 
     def _check_apache(self) -> None:
@@ -188,6 +190,7 @@ class SidecarRuntime(PolicyInForce):
             **({"online": online.status()} if online is not None else {}),
             **({"lock": self.limiter.lock.info(self.policy)} if self.limiter.lock is not None else {}),
             **({"verify": self.verifier.status()} if self.verifier is not None else {}),
+            **({"stacks": self.stacks.info()} if self.stacks.stacks else {}),
         }
 
     async def close(self) -> None:

@@ -42,7 +42,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-from overtake.controller.cpu_location import CpuLocation
+from overtake.controller.cpu_location import CpuLocation, StackWatch
 from overtake.controller.errors import SidecarInputError
 from overtake.controller.online import OnlineCollector, OnlineLoop
 from overtake.controller.php_prio import PhpPrioCollector
@@ -51,6 +51,7 @@ from overtake.controller.sidecar.apache_probe import ApacheProbe
 from overtake.controller.sidecar.auto import Evidence
 from overtake.controller.sidecar.classifier import Classifier
 from overtake.controller.sidecar.control_file import ControlPublisher
+from overtake.controller.sidecar.fpm_pool import pool_size
 from overtake.controller.sidecar.gate import Gate, GateOpener
 from overtake.controller.sidecar.gateway import Gateway
 from overtake.controller.sidecar.limiter import Limiter
@@ -123,11 +124,15 @@ class Sidecar(SidecarRuntime):
         #: where the CPU runs (Apache or PHP-FPM): the module reaches only Apache's
         side = options.apache_side
         self.cpu_location = CpuLocation(side.cpu_priority, php_extension=bool(side.php_stats_file))
+        #: per stage (the module's OvertakeStage counters): where its work runs, which lever reaches it
+        self.stacks = StackWatch(side.cpu_priority, php_extension=bool(side.php_stats_file))
         #: the policy's age thresholds for Apache's OvertakeControlFile (controller.sidecar.control_file)
         self.control = (ControlPublisher(side.control_file, len(table.names),
                                          stage_names=table.names if self.module_mode else None)
                         if side.control_file else None)
         self._warned_unrecorded: set[str] = set()
+        #: the PHP-FPM pool behind Apache and its pm.max_children (controller.sidecar.fpm_pool), or None
+        self.fpm_pool = pool_size(side.fpm_pool_config) if side.fpm_pool_config else None
         policy, settings = self._first_policy(self.source.first)
         self.classifier = Classifier(settings, policy)
         if self.auto:
@@ -179,6 +184,7 @@ class Sidecar(SidecarRuntime):
         self.online: OnlineLoop | None = None
         if self.control is not None:
             self.control.publish(self.limiter.policy, self.time_unit)
+        self._say_pool(self.limiter.policy)
         #: the policy against Apache's default on live traffic (controller.sidecar.verify)
         self.verifier = None if options.verify is None else Verifier(
             options.verify, limiter=self.limiter, passthrough=BaselinePolicy("passthrough", len(table.names)),

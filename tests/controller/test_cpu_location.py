@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from overtake.controller.cpu_location import CpuLocation, cpu_by_group
+from overtake.controller.cpu_location import CpuLocation, StackWatch, cpu_by_group, stage_stacks
 from overtake.controller.harness import php_fpm as pf
 from overtake.controller.harness.scratch import scratch_dir
 
@@ -98,17 +98,64 @@ def test_a_real_php_fpm_pool_is_seen_burning(tmp_path: Path) -> None:
         subprocess.run(["rm", "-rf", str(work)], check=False)
 
 
-@pytest.mark.parametrize(("reaches", "php_stats_file", "priority"), [
-    (None, None, "age"), (True, None, "age"), (False, None, "off"), (False, "/run/php/stats", "age")])
+@pytest.mark.parametrize(("reaches", "php_stats_file", "served", "priority"), [
+    (None, None, None, "age"), (True, None, None, "age"), (False, None, None, "off"),
+    (False, "/run/php/stats", None, "age"),
+    # per stage (the module's counters): every stage seen runs in PHP-FPM, out of reach
+    (None, None, (0, 5), "off"), (None, "/run/php/stats", (0, 5), "age"), (None, None, (5, 0), "age")])
 def test_auto_counts_on_the_module_only_where_it_reaches(reaches: bool | None, php_stats_file: str | None,
-                                                         priority: str) -> None:
+                                                         served: tuple[int, int] | None, priority: str) -> None:
     """Auto weighs its candidates with CPU priority only while the module reaches the CPU:
     not when the work runs in PHP-FPM, unless the PHP extension carries it there."""
     from types import SimpleNamespace
 
     from overtake.controller.sidecar.service import Sidecar
 
-    side = SimpleNamespace(cpu_location=SimpleNamespace(module_reaches=reaches),
+    stacks = StackWatch("age", php_extension=php_stats_file is not None)
+    if served is not None:
+        stacks.update(_served(*served))
+    side = SimpleNamespace(cpu_location=SimpleNamespace(module_reaches=reaches), stacks=stacks,
                            options=SimpleNamespace(apache_side=SimpleNamespace(cpu_priority="age",
                                                                            php_stats_file=php_stats_file)))
     assert Sidecar._cpu_priority_in_reach(side) == priority  # type: ignore[arg-type]
+
+
+SERVED = """# TYPE overtake_stage_served_total counter
+overtake_stage_served_total{{stage="view",by="apache"}} {va}
+overtake_stage_served_total{{stage="view",by="fcgi"}} {vf}
+overtake_stage_served_total{{stage="view",by="proxy"}} 0
+overtake_stage_served_total{{stage="view",by="cgi"}} 0
+overtake_stage_served_total{{stage="api",by="apache"}} 0
+overtake_stage_served_total{{stage="api",by="fcgi"}} 0
+overtake_stage_served_total{{stage="api",by="proxy"}} 0
+overtake_stage_served_total{{stage="api",by="cgi"}} 0
+"""
+
+
+def _served(va: int, vf: int) -> list:  # type: ignore[type-arg]
+    return list(text_string_to_metric_families(SERVED.format(va=va, vf=vf)))
+
+
+def test_each_stage_runs_where_most_of_its_requests_ran_and_its_lever_follows(caplog: pytest.LogCaptureFixture) -> None:
+    stacks = stage_stacks(_served(3, 7), php_extension=False)
+    assert stacks["view"].runs_in == "fcgi" and stacks["view"].lever.startswith("none")
+    assert stacks["view"].served == {"apache": 3, "fcgi": 7, "proxy": 0, "cgi": 0}
+    assert stacks["api"].runs_in is None  # nothing logged yet: no verdict
+    assert stage_stacks(_served(3, 7), php_extension=True)["view"].lever.startswith("the overtake_prio PHP extension")
+    assert stage_stacks(_served(8, 7), php_extension=False)["view"].lever.startswith("mod_overtake_prio")
+
+    watch = StackWatch("age", php_extension=False)
+    with caplog.at_level(logging.INFO, logger="overtake.sidecar"):
+        watch.update(_served(0, 5))
+        watch.update(_served(0, 9))  # the same verdict: said once
+    warned = [r for r in caplog.records if getattr(r, "event", "") == "cpu_priority_unreachable"]
+    said = [r for r in caplog.records if getattr(r, "event", "") == "stage_stack"]
+    assert len(warned) == 1 and len(said) == 1 and "view" in warned[0].getMessage()
+    assert watch.none_reached()  # auto counts on no CPU priority then
+    watch.update(_served(20, 9))
+    assert not watch.none_reached() and watch.info()["view"]["runs_in"] == "apache"
+    assert not StackWatch("age", php_extension=False).none_reached()  # nothing seen: no verdict
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="overtake.sidecar"):
+        StackWatch("off", php_extension=False).update(_served(0, 5))
+    assert not [r for r in caplog.records if getattr(r, "event", "") == "cpu_priority_unreachable"]

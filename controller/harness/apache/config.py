@@ -155,6 +155,8 @@ def render_config(
     cpu_priority: CpuPriority | None = None,
     mpm: str = "event",
     threads_per_child: int | None = None,
+    max_connections_per_child: int = 0,
+    extra_conf: str = "",
 ) -> str:
     """Render ``httpd.conf`` for a private instance in ``workdir``.
 
@@ -184,6 +186,10 @@ def render_config(
     threads_per_child : int, optional
         mpm_event only: children of this many threads (it must divide ``max_workers``), started
         on demand, instead of one child holding them all.
+    max_connections_per_child : int
+        ``MaxConnectionsPerChild``: a child exits after this many connections (0: never).
+    extra_conf : str
+        Apache directives added as they are (e.g. a ``proxy_fcgi`` handler for PHP-FPM).
 
     Returns
     -------
@@ -191,6 +197,10 @@ def render_config(
         The configuration text.
     """
     check_max_workers(max_workers)
+    if isinstance(max_connections_per_child, bool) or not isinstance(max_connections_per_child, int) \
+            or max_connections_per_child < 0:
+        raise ApacheInputError(f"max_connections_per_child: an integer >= 0 (0: children never exit), got "
+                               f"{max_connections_per_child!r}")
     check_mpm(mpm, max_workers, threads_per_child)
     host, port = parse_listen(listen)
     if graceful_timeout < 0:
@@ -211,6 +221,8 @@ def render_config(
         "LOG_FORMAT": LOG_FORMAT.replace("\\", "\\\\").replace('"', '\\"'),
         **config_tokens(cpu_priority),
         **mpm_tokens(mpm, max_workers, threads_per_child),
+        "MAX_CONNECTIONS_PER_CHILD": str(max_connections_per_child),
+        "EXTRA_CONF": extra_conf or "# none",
     }
 
     def substitute(m: re.Match[str]) -> str:

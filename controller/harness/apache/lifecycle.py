@@ -164,6 +164,8 @@ def start(
     cpu_priority: CpuPriority | None = None,
     mpm: str = "event",
     threads_per_child: int | None = None,
+    max_connections_per_child: int = 0,
+    extra_conf: str = "",
 ) -> ApacheInstance:
     """Render, test and start a private Apache; return once it serves requests.
 
@@ -206,6 +208,8 @@ def start(
         ``event`` (default) or ``prefork`` (:func:`~.config.render_config`).
     threads_per_child : int, optional
         mpm_event: children of this many threads instead of one child of ``max_workers``.
+    max_connections_per_child, extra_conf
+        ``MaxConnectionsPerChild`` and directives added as they are (:func:`~.config.render_config`).
 
     Returns
     -------
@@ -263,7 +267,8 @@ def start(
     conf_path = wd / "httpd.conf"
     conf_path.write_text(render_config(wd, listen=listen, max_workers=max_workers, run_user=run_user, run_group=run_group,
                                        graceful_timeout=graceful_timeout, conf_dir=conf, cpu_priority=cpu_priority,
-                                       mpm=mpm, threads_per_child=threads_per_child))
+                                       mpm=mpm, threads_per_child=threads_per_child,
+                                       max_connections_per_child=max_connections_per_child, extra_conf=extra_conf))
 
     test = subprocess.run(
         [APACHE_BIN, "-t", "-f", str(conf_path)], env=_APACHE_ENV, capture_output=True, text=True
