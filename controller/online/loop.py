@@ -62,10 +62,8 @@ class OnlineLoop:
         self.settings = settings
         self.table = table
         self.names = table.names
-        #: the stages' locks (``lock: m``): refits solve the model with them
-        self.locks: tuple[int | None, ...] | None = (
-            tuple(table.lock(i) for i in range(len(table.names)))
-            if any(table.lock(i) is not None for i in range(len(table.names))) else None)
+        #: ``lock: auto`` stages' learned capacities (controller.online.lockwatch)
+        self.learned_locks: dict[int, int | None] = {}
         self._lock_said = False
         self._routing_said = False
         self.time_unit = time_unit
@@ -98,6 +96,13 @@ class OnlineLoop:
         self._dir = Path(settings.policy_dir) if settings.policy_dir else None
         self._own_dir = self._dir is None
         self._seq = 0
+
+    @property
+    def locks(self) -> tuple[int | None, ...] | None:
+        """The stages' locks the refits solve with: ``lock: m``, and the learned ones of ``lock: auto``."""
+        locks = tuple(self.table.lock(i) if not self.table.lock_auto(i) else self.learned_locks.get(i)
+                      for i in range(len(self.names)))
+        return locks if any(m is not None for m in locks) else None
 
     def set_time_unit(self, seconds: float) -> None:
         """Run at a new time unit (the sidecar's changed): the held samples are rescaled; the

@@ -181,7 +181,8 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
     locks = job.locks if job.locks is not None and any(m is not None for m in job.locks) else None
     routing, corr = _couple(fits, job.pairs) if job.pairs is not None else (None, None)
     model = TandemModel(job.arrival_rate, tuple(Stage(n, f["alpha"], f["T"]) for n, f in zip(job.stage_names, fits)),
-                        cores=job.cores, overhead=job.overhead, locks=locks, routing=routing)
+                        cores=job.cores, overhead=job.overhead, locks=locks,
+                        routing=None if routing is None else tuple(tuple(map(tuple, R)) for R in routing))
     routes = None
     if job.phase_info == "route":
         if job.routes is None or isinstance(job.current, str):
