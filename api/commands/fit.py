@@ -78,8 +78,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--paired", action="store_true",
                    help="FILE holds transactions, one a line: the stage-1 and stage-2 durations of one request "
                         "(comma or blanks). Fits each stage's PH (--structure, --order N|auto, --shift) and the "
-                        "routing between their phases (with --shift: between the bodies above the floors); writes DIR/<stage>.json per stage and DIR/routing.json for the scenario's "
-                        "routing key. Stage names from --name A,B (default stage1,stage2)")
+                        "routing between their phases (with --shift: between the bodies above the floors); "
+                        "writes DIR/<stage>.json per stage and DIR/routing.json for the scenario's routing key. "
+                        "Stage names from --name A,B (default stage1,stage2)")
 
 
 def _order(value: str) -> int | str:
