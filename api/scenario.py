@@ -11,7 +11,8 @@ A stage's ``service`` may say where its phase-type distribution comes from inste
 * ``{fit: {id: FIT_ID, stage: NAME}}``: a fit job of the REST API (its resolver reads the store).
 
 The scenario's ``routing`` (coupled stages) may likewise be ``{file: routing.json}``, the file
-``overtake fit --paired`` writes next to its stages (:func:`load_scenario` only).
+``overtake fit --paired`` writes next to its stages (:func:`load_scenario` only), or that file's
+content (the command line and the REST API).
 
 A :class:`ServiceResolver` turns such a reference into ``{alpha, T}`` (and the fit's ``time_unit``,
 seconds per unit); :func:`resolve_scenario` puts ``{ph: {alpha, T}}`` in its place, sets the
@@ -49,7 +50,7 @@ class ServiceResolver(Protocol):
 
 
 def resolve_scenario(
-    data: Any, resolvers: Mapping[str, ServiceResolver] | None = None
+    data: Any, resolvers: Mapping[str, ServiceResolver] | None = None, *, routing_base: Path | None = None
 ) -> tuple[Scenario, TandemModel]:
     """Resolve the service references of a parsed scenario mapping, validate it, build its model.
 
@@ -60,12 +61,16 @@ def resolve_scenario(
     resolvers
         Reference key (``"file"``, ``"fit"``) to its resolver. A key without a resolver is left
         in place, so the schema reports it (``unknown key``).
+    routing_base
+        Where ``routing: {file: ...}`` is read from (the scenario file's directory); None: such a
+        reference is refused (the REST API reads no files; it takes the file's content).
 
     Returns
     -------
     tuple[Scenario, TandemModel]
         The validated scenario (services as ``ph``) and its model (stability checked).
     """
+    data = _routing(data, routing_base)
     if resolvers and isinstance(data, dict) and isinstance(data.get("stages"), list):
         data = copy.deepcopy(data)
         units: list[tuple[str, float]] = []  # (field, seconds per unit) of every resolved fit
@@ -146,17 +151,24 @@ def load_scenario(path: str | Path) -> tuple[Scenario, TandemModel]:
         data = yaml.safe_load(p.read_text())
     except yaml.YAMLError as exc:
         raise ModelError(f"{p}: not valid YAML ({str(exc).splitlines()[0]})") from None
-    return resolve_scenario(_routing_file(data, p.parent), {"file": file_resolver(p.parent)})
+    return resolve_scenario(data, {"file": file_resolver(p.parent)}, routing_base=p.parent)
 
 
-def _routing_file(data: Any, base: Path) -> Any:
-    """``routing: {file: routing.json}`` (what ``overtake fit --paired`` writes) replaced by its matrices."""
+def _routing(data: Any, base: Path | None) -> Any:
+    """The scenario's ``routing`` as matrices: given as such, as ``{file: routing.json}`` (what
+    ``overtake fit --paired`` writes, read from ``base``; None: no file may be read, the REST API),
+    or as that file's document itself (``{"routing": [...], ...}``, e.g. sent to the REST API)."""
     ref = data.get("routing") if isinstance(data, dict) else None
     if not isinstance(ref, dict):
         return data
+    if "routing" in ref:
+        return {**data, "routing": ref["routing"]}
     if set(ref) != {"file"}:
-        raise ModelError("routing: give the matrices (a list per pair of stages) or {file: routing.json}, got keys "
-                         f"{sorted(ref)}")
+        raise ModelError("routing: give the matrices (a list per pair of stages), {file: routing.json} or that "
+                         f"file's content (its 'routing' key), got keys {sorted(ref)}")
+    if base is None:
+        raise ModelError("routing.file: this server reads no files; send the file's content (the document "
+                         "`overtake fit --paired` writes, or its 'routing' list) as routing")
     path = base / str(ref["file"])
     doc = _read_json(path, "routing.file", "overtake fit --paired")
     if not isinstance(doc, dict) or "routing" not in doc:

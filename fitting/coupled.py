@@ -24,14 +24,17 @@ class, the heavy-tailed case) carry it fully; an Erlang stage (one exit phase) c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from .errors import DataError
 from .phase_type import PhaseType, RandomState, check_random_state
+
+if TYPE_CHECKING:
+    from .result import FitResult
 
 __all__ = ["CoupledFit", "CoupledPH", "fit_coupled", "fit_routing"]
 
@@ -177,6 +180,8 @@ class CoupledFit:
     converged: bool
     n: int
     sample_correlation: float
+    #: each stage's marginal fit (its order selection), when :func:`fit_coupled` made them
+    marginals: tuple[FitResult, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return self.model.to_dict(loglik=self.loglik, loglik_independent=self.loglik_independent,
@@ -217,15 +222,18 @@ def fit_routing(first: PhaseType, second: PhaseType, x: npt.ArrayLike, y: npt.Ar
 
 
 def fit_coupled(x: npt.ArrayLike, y: npt.ArrayLike, *, structure: str = "hyperexp", order: int | str = 2,
-                random_state: RandomState = None, **options: Any) -> CoupledFit:
-    """Fit each stage's PH to its durations (:func:`overtake.fitting.fit`, ``structure`` and
-    ``order``), then the routing by :func:`fit_routing`. ``options`` go to the marginal fits."""
-    from .em import fit
+                max_order: int | None = None, random_state: RandomState = None, **options: Any) -> CoupledFit:
+    """Fit each stage's PH to its durations (:func:`overtake.fitting.fit_observations`, ``structure``
+    and ``order``; ``order="auto"``: each stage's BIC-best of at most ``max_order`` phases), then the
+    routing by :func:`fit_routing`. ``options`` go to the marginal fits."""
+    from .data import samples
+    from .em import fit_observations
 
     xa, ya = _check_pairs(x, y)
     rng = check_random_state(random_state)
-    first = fit(xa, structure=structure, order=order, random_state=rng, **options).ph
-    second = fit(ya, structure=structure, order=order, random_state=rng, **options).ph
+    marginals = tuple(fit_observations(samples(v), structure=structure, order=order, max_order=max_order,
+                                       random_state=rng, **options) for v in (xa, ya))
+    first, second = marginals[0].ph, marginals[1].ph
     if first.atom > 1e-9 or second.atom > 1e-9:
         raise DataError("coupled fit: a stage's PH has an atom at zero; give positive durations")
-    return fit_routing(first, second, xa, ya)
+    return replace(fit_routing(first, second, xa, ya), marginals=marginals)

@@ -77,9 +77,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-iter", type=int, default=5000)
     p.add_argument("--paired", action="store_true",
                    help="FILE holds transactions, one a line: the stage-1 and stage-2 durations of one request "
-                        "(comma or blanks). Fits each stage's PH (--structure, --order N) and the routing between "
-                        "their phases; writes DIR/<stage>.json per stage and DIR/routing.json for the scenario's "
-                        "routing key. Stage names from --name A,B (default stage1,stage2)")
+                        "(comma or blanks). Fits each stage's PH (--structure, --order N|auto, --shift) and the "
+                        "routing between their phases (with --shift: between the bodies above the floors); "
+                        "writes DIR/<stage>.json per stage and DIR/routing.json for the scenario's routing key. "
+                        "Stage names from --name A,B (default stage1,stage2)")
 
 
 def _order(value: str) -> int | str:
@@ -243,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
     if shift is not None and args.censor_at is not None:
         raise FitUsageError("--shift needs exact durations: drop --censor-at")
     if args.paired:
-        return _run_paired(args, order)
+        return _run_paired(args, order, shift)
     source = _input(args)
     # the options are good: only now the EM's imports (numpy, numba's kernels) and the data
     import numpy as np
@@ -295,9 +296,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-
-
-
 def _paired_names(args: argparse.Namespace) -> tuple[str, str]:
     names = tuple((args.name or "stage1,stage2").split(","))
     if len(names) != 2 or not all(n.replace("_", "").replace("-", "").replace(".", "").isalnum() for n in names):
@@ -308,47 +306,98 @@ def _paired_names(args: argparse.Namespace) -> tuple[str, str]:
     return names[0], names[1]
 
 
-def _run_paired(args: argparse.Namespace, order: int | str) -> int:
-    """``--paired``: the coupled fit (:mod:`overtake.fitting.coupled`) of a two-column file."""
+def _run_paired(args: argparse.Namespace, order: int | str, shift: float | str | None) -> int:
+    """``--paired``: the coupled fit (:mod:`overtake.fitting.coupled`) of a two-column file; with
+    ``--shift``, each stage a floor and a body, routed body to body (:mod:`overtake.fitting.coupled_shifted`)."""
     if args.apache_log or not args.file:
         raise FitUsageError("--paired reads FILE (two durations a line), not --apache-log")
-    for flag, given in (("--shift", args.shift is not None), ("--censor-at", args.censor_at is not None),
-                        ("--column", args.column is not None), ("--plot", args.plot),
-                        ("--order auto", order == "auto")):
+    for flag, given in (("--censor-at", args.censor_at is not None), ("--column", args.column is not None),
+                        ("--plot", args.plot)):
         if given:
-            raise FitUsageError(f"--paired: {flag} is not supported with paired samples; drop it (give --order N)")
+            raise FitUsageError(f"--paired: {flag} is not supported with paired samples; drop it")
     if not (math.isfinite(args.scale) and args.scale > 0):
         raise FitUsageError(f"--scale must be > 0, got {args.scale}")
     names = _paired_names(args)
+    budget = _budget_order(2, args.max_states) if order == "auto" or shift is not None else None
+    if shift is not None and budget is not None and budget < 2:
+        raise FitUsageError(f"--shift: --max-states {args.max_states} affords {budget} phase(s) a stage, none "
+                            "left for the floor; raise --max-states")
     from overtake.fitting import io
     from overtake.fitting.coupled import fit_coupled
+    from overtake.fitting.coupled_shifted import fit_coupled_shifted
 
     x, y = io.read_pairs(args.file, scale=args.scale)
+    kw: dict[str, Any] = {"structure": args.structure, "order": order, "random_state": args.seed,
+                          "max_iter": args.max_iter, "preserve_mean": args.preserve_mean}
     try:
-        fit = fit_coupled(x, y, structure=args.structure, order=order, random_state=args.seed,
-                          max_iter=args.max_iter, preserve_mean=args.preserve_mean)
+        if shift is None:
+            fit = fit_coupled(x, y, max_order=budget if order == "auto" else None, **kw)
+            model, marginals, floors = fit.model.by_mean(), fit.marginals or (), None
+            routing_fit = fit
+        else:
+            assert budget is not None
+            sf = fit_coupled_shifted(x, y, shift=shift, max_phases=budget,
+                                     max_order=budget - 1 if order == "auto" else None, **kw)
+            model, marginals, floors = sf.model.by_mean(), tuple(f.body for f in sf.floors), sf.floors
+            routing_fit = sf.bodies
     except FittingInputError as exc:
         raise type(exc)(f"{args.file}: {exc}") from None
-    model = fit.model.by_mean()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name, ph in zip(names, (model.first, model.second)):
-        doc = {"alpha": ph.alpha.tolist(), "T": ph.T.tolist(), "time_unit": 1.0, "structure": args.structure,
-               "order": ph.order, "mean": ph.mean(), "scv": ph.scv(), "n": fit.n, "coupled_with": "routing.json"}
+    for i, (name, ph) in enumerate(zip(names, (model.first, model.second))):
+        doc: dict[str, Any] = {"alpha": ph.alpha.tolist(), "T": ph.T.tolist(), "time_unit": 1.0,
+                               "structure": "shifted" if floors else args.structure, "order": ph.order,
+                               "mean": ph.mean(), "scv": ph.scv(), "n": routing_fit.n, "coupled_with": "routing.json"}
+        if floors:
+            doc["shift"] = {**floors[i].meta(), "floor_position": "first" if i == 0 else "last"}
         path = out / f"{name}.json"
         path.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
-        print(f"[{name}] {args.structure} order {ph.order}: mean {ph.mean():.4g} s, scv {ph.scv():.3g}; wrote {path}")
-    rdoc = {"routing": [model.routing.tolist()], "stages": list(names), "correlation": model.correlation(),
-            "sample_correlation": fit.sample_correlation, "loglik": fit.loglik,
-            "loglik_independent": fit.loglik_independent, "converged": fit.converged, "iterations": fit.n_iter,
-            "n": fit.n}
-    path = out / "routing.json"
-    path.write_text(json.dumps(rdoc, indent=2, allow_nan=False) + "\n")
-    print(f"[routing] {names[0]} -> {names[1]}: correlation {model.correlation():.3f} (sample "
-          f"{fit.sample_correlation:.3f}); joint loglik {fit.loglik:.4f}, independent {fit.loglik_independent:.4f}")
-    for j, row in enumerate(model.routing, start=1):
-        print(f"  leaving {names[0]} from phase {j}: starts {names[1]} in " +
-              ", ".join(f"phase {l} {100 * p:.1f} %" for l, p in enumerate(row, start=1)))
-    print(f"  wrote {path} (scenario: routing: {{file: routing.json}})")
+        print(f"[{name}] {doc['structure']} order {ph.order}: mean {ph.mean():.4g} s, scv {ph.scv():.3g}; wrote {path}")
+        for line in _paired_stage_lines(i, marginals, floors, budget, args):
+            print(line)
+    _write_routing(out, names, model, routing_fit, floors)
     sys.stdout.flush()
     return 0
+
+
+def _paired_stage_lines(i: int, marginals: tuple[FitResult, ...], floors: tuple[Any, ...] | None,
+                        budget: int | None, args: argparse.Namespace) -> list[str]:
+    """A paired stage's order selection (``--order auto``) and floor (``--shift``)."""
+    lines = []
+    if floors:
+        f = floors[i]
+        lines.append(f"  floor {f.shift:.6g} s as an Erlang of {f.erlang_phases} phase(s) "
+                     f"({'before' if i == 0 else 'after'} the body) + {f.body.structure} order {f.body.ph.order}")
+    if marginals and marginals[i].selection:
+        res = marginals[i]
+        for row in res.selection:
+            mark = " <" if row.order == res.ph.order else ""
+            lines.append(f"  order {row.order:2d}: loglik {row.loglik:.3f}  BIC {row.bic:.2f}{mark}")
+        if budget is not None:
+            lines += [s.rstrip("\n") for s in _over_budget(res, budget - (1 if floors else 0), args.max_states)]
+    return lines
+
+
+def _write_routing(out: Path, names: tuple[str, str], model: Any, fit: Any, floors: tuple[Any, ...] | None) -> None:
+    rdoc: dict[str, Any] = {
+        "routing": [model.routing.tolist()], "stages": list(names), "correlation": model.correlation(),
+        "sample_correlation": fit.sample_correlation, "loglik": fit.loglik,
+        "loglik_independent": fit.loglik_independent, "converged": fit.converged, "iterations": fit.n_iter,
+        "n": fit.n}
+    if floors:
+        rdoc["shifts"] = [f.shift for f in floors]
+        rdoc["routing_bodies"] = fit.model.by_mean().routing.tolist()  # body phase to body phase, by mean
+    path = out / "routing.json"
+    path.write_text(json.dumps(rdoc, indent=2, allow_nan=False) + "\n")
+    where = " (between the bodies, above the floors)" if floors else ""
+    print(f"[routing] {names[0]} -> {names[1]}: correlation {model.correlation():.3f} (sample "
+          f"{fit.sample_correlation:.3f}){where}; joint loglik {fit.loglik:.4f}, independent "
+          f"{fit.loglik_independent:.4f}")
+    for j, row in enumerate(fit.model.by_mean().routing, start=1):
+        print(f"  leaving {names[0]}{' body' if floors else ''} from phase {j}: starts {names[1]} in " +
+              ", ".join(f"phase {l} {100 * p:.1f} %" for l, p in enumerate(row, start=1)))
+    one = [n for n, ph in zip(names, (fit.model.first, fit.model.second)) if ph.order == 1]
+    if one and abs(fit.sample_correlation) >= 0.1:
+        print(f"  {', '.join(one)}: one phase, so the routing carries none of the sample correlation "
+              f"{fit.sample_correlation:.3f}; give --order 2 or more (hyperexp) to keep it")
+    print(f"  wrote {path} (scenario: routing: {{file: routing.json}})")

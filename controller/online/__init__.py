@@ -62,6 +62,14 @@ one evaluation cap). The new policy is swapped in only if its predicted E[W] is 
 than ``margin`` (default 1 %); a route solve longer than ``refit_interval`` is not swapped in.
 Every decision is one JSON log line (``event = online_refit``) and counted in
 ``overtake_online_refits_total{outcome}``.
+
+Coupled stages: where the stages file links a stage to the next (``next``), the recorder pairs
+one transaction's two attained demands (the follow-up claims the reservation the first request's
+completion left on its connection: the limiter's ``on_follow``), and a refit for full phase
+information fits the routing between the stages' phases on those pairs
+(:func:`overtake.fitting.coupled.fit_routing`, the stages' PHs held) and solves the coupled
+model. A running model's routing that cannot be paired again is refitted as independent stages,
+said once in the log (``event = online_routing_dropped``).
 """
 
 from __future__ import annotations

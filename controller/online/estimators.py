@@ -214,6 +214,13 @@ class DemandRecorder(LimiterListener):
         self.arrivals = [ArrivalRate(settings.arrival_window) for _ in table.names]
         self.stages = [_StageEstimates({s: deque(maxlen=settings.reservoir) for s in SOURCES}) for _ in table.names]
         self.tail = AccessLogTail(settings.access_log, table) if settings.access_log else None
+        #: per pair of consecutive stages (i, i+1) that the stages file links (``next``): the
+        #: attained demands of one transaction's two requests, the link the limiter made (the
+        #: follow-up claimed the reservation the first one's completion left on its connection)
+        self.pairs: list[deque[tuple[float, float]]] = [deque(maxlen=settings.reservoir) for _ in table.names[1:]]
+        self.linked = tuple(table.next_stage[i] == i + 1 for i in range(len(table.names) - 1))
+        self._done: tuple[Ticket, float] | None = None  # the last completed ticket and its demand
+        self._first: dict[int, tuple[int, float]] = {}  # id(reservation) -> (stage, first demand)
 
     def set_time_unit(self, seconds: float) -> None:
         """Keep the held demands in a new model unit (rescaled, none dropped)."""
@@ -221,6 +228,7 @@ class DemandRecorder(LimiterListener):
         for st in self.stages:
             for src, r in st.reservoirs.items():
                 st.reservoirs[src] = deque((x * f for x in r), maxlen=r.maxlen)
+        self.pairs = [deque(((x * f, y * f) for x, y in p), maxlen=p.maxlen) for p in self.pairs]
         self.time_unit = seconds
 
     # ---- the limiter's events --------------------------------------------------------------
@@ -236,8 +244,23 @@ class DemandRecorder(LimiterListener):
         if ticket.stage == PASSTHROUGH:
             return
         s = self.attained.release(id(ticket), now)
+        first = self._first.pop(id(ticket), None)
+        self._done = None
         if s is not None and outcome == "completed" and s > 0:
             self.add_demand(ticket.stage, s, "attained")
+            self._done = (ticket, s)
+            if first is not None and first[0] + 1 == ticket.stage:
+                self.pairs[first[0]].append((first[1] / self.time_unit, s / self.time_unit))
+
+    def on_reject(self, ticket: Ticket, reason: str) -> None:
+        self._first.pop(id(ticket), None)
+
+    def on_follow(self, ticket: Ticket, hold: Ticket, now: float) -> None:
+        # release() tells its listeners of the completion, then of the reservation it leaves
+        if (self._done is not None and self._done[0] is ticket and ticket.stage < len(self.linked)
+                and self.linked[ticket.stage]):
+            self._first[id(hold)] = (ticket.stage, self._done[1])
+        self._done = None
 
     def on_claim(self, ticket: Ticket, now: float) -> None:
         self.add_arrival(ticket.stage, ticket.t_arrive)  # the follow-up's arrival is its claim
@@ -272,6 +295,10 @@ class DemandRecorder(LimiterListener):
         return len(recs)
 
     # ---- what the refit uses ---------------------------------------------------------------
+    def paired(self, i: int) -> FloatArray:
+        """The (stage i, stage i+1) demand pairs of linked transactions, model units, shape (n, 2)."""
+        return np.array(self.pairs[i], dtype=float).reshape(-1, 2)
+
     def arrival_rate(self) -> float | None:
         """λ (per second) of transactions: arrivals to the first stage in the window."""
         return self.arrivals[0].rate(self.clock())

@@ -6,7 +6,10 @@ at most once per ``CHECK_INTERVAL`` seconds, logs every change of a stage's verd
 ``event = online_serialisation``) and names the stages whose requests the sidecar then sends with
 ``X-Overtake-Exempt``: a serialised stage's request may hold the lock its peers wait for, and a
 demoted lock holder makes them all wait at its priority. A stage whose ``cpu_exempt`` the stages
-file sets (``cpu_exempt: []`` for never) keeps the file's word.
+file sets (``cpu_exempt: []`` for never) keeps the file's word. A stage with ``lock: auto`` also
+gets the verdict's lock capacity as its lock (:attr:`LockWatch.on_lock`: the sidecar's
+:class:`~overtake.controller.sidecar.stage_lock.StageLock` and the refits' model), and loses it when
+the stage is found not serialised.
 """
 
 from __future__ import annotations
@@ -43,6 +46,10 @@ class LockWatch:
         #: called with the stages to exempt whenever that set changes
         self.on_exempt: Callable[[frozenset[int]], None] | None = None
         self.exempt: frozenset[int] = frozenset()
+        #: ``lock: auto`` stages: the capacity learned (None: not serialised), and the callback
+        #: told of every change (stage, capacity)
+        self.learned: dict[int, int | None] = {}
+        self.on_lock: Callable[[int, int | None], None] | None = None
 
     def add(self, stage: int, rec: TimedRequest) -> None:
         self.records[stage].append(rec)
@@ -62,7 +69,24 @@ class LockWatch:
             if old is None or old.serialising != v.serialising or old.lock_capacity != v.lock_capacity:
                 self._say(name, v)
         self._update_exempt()
+        self._update_locks()
         return True
+
+    def _update_locks(self) -> None:
+        """A ``lock: auto`` stage's lock follows its verdict: serialised with capacity m sets m, not
+        serialised removes it, undecided keeps what was learned."""
+        for i, name in enumerate(self.table.names):
+            v = self.verdicts.get(name)
+            if not self.table.lock_auto(i) or v is None or v.serialising is None:
+                continue
+            cap = v.lock_capacity if v.serialising else None
+            if self.learned.get(i) == cap and i in self.learned:
+                continue
+            self.learned[i] = cap
+            log.warning(f"stage {name}: lock {'learned: ' + str(cap) if cap is not None else 'removed'} (lock: auto)",
+                        extra={"event": "online_lock_learned", "stage": name, "lock": {"capacity": cap, "source": "learned"}})
+            if self.on_lock is not None:
+                self.on_lock(i, cap)
 
     def _say(self, name: str, v: Verdict) -> None:
         word = {True: "serialised", False: "not serialised", None: "undecided"}[v.serialising]
@@ -82,4 +106,12 @@ class LockWatch:
 
     def status(self) -> dict[str, dict[str, object]]:
         """For ``GET /-/policy``: each stage's last verdict."""
-        return {n: v.as_dict() for n, v in self.verdicts.items()}
+        out = {n: v.as_dict() for n, v in self.verdicts.items()}
+        for i, cap in self.learned.items():
+            name = self.table.names[i]
+            if name in out:
+                out[name]["lock"] = {"capacity": cap, "source": "learned"}
+        for i, name in enumerate(self.table.names):
+            if self.table.lock(i) is not None and name in out:
+                out[name]["lock"] = {"capacity": self.table.lock(i), "source": "configured"}
+        return out

@@ -62,11 +62,10 @@ class OnlineLoop:
         self.settings = settings
         self.table = table
         self.names = table.names
-        #: the stages' locks (``lock: m``): refits solve the model with them
-        self.locks: tuple[int | None, ...] | None = (
-            tuple(table.lock(i) for i in range(len(table.names)))
-            if any(table.lock(i) is not None for i in range(len(table.names))) else None)
+        #: ``lock: auto`` stages' learned capacities (controller.online.lockwatch)
+        self.learned_locks: dict[int, int | None] = {}
         self._lock_said = False
+        self._routing_said = False
         self.time_unit = time_unit
         self.current = current
         self._swap = swap
@@ -97,6 +96,13 @@ class OnlineLoop:
         self._dir = Path(settings.policy_dir) if settings.policy_dir else None
         self._own_dir = self._dir is None
         self._seq = 0
+
+    @property
+    def locks(self) -> tuple[int | None, ...] | None:
+        """The stages' locks the refits solve with: ``lock: m``, and the learned ones of ``lock: auto``."""
+        locks = tuple(self.table.lock(i) if not self.table.lock_auto(i) else self.learned_locks.get(i)
+                      for i in range(len(self.names)))
+        return locks if any(m is not None for m in locks) else None
 
     def set_time_unit(self, seconds: float) -> None:
         """Run at a new time unit (the sidecar's changed): the held samples are rescaled; the
@@ -229,11 +235,13 @@ class OnlineLoop:
             phase_info = "none" if self.classifier_mode == "hidden" else "full"
         else:  # pragma: no cover - only the two policy families exist
             return self._decide("failed", {**base, "reason": f"policy type {type(pol).__name__} unknown"})
+        pairs = self._pairs(phase_info, current)
         job = RefitJob(
             stage_names=self.names, samples=tuple(x for _, x in chosen), arrival_rate=lam_model,
             cores=self.cores, overhead=self.overhead, orders=orders, max_order=s.max_order,
             phase_info=phase_info, current=current, tolerance=s.tolerance, out=self._out_path(), margin=s.margin,
             time_unit=self.time_unit, age_thresholds=self.age_thresholds, routes=routes, locks=self.locks,
+            pairs=pairs,
         )
         self.last_refit_start = now
         self._busy = True
@@ -261,7 +269,8 @@ class OnlineLoop:
                "predicted_new_seconds": res["predicted_new"] * u, "predicted_current_seconds": res["predicted_current"] * u,
                "states": res["states"], "worker_seconds": res["seconds"], "seconds": wall,
                "policy": pol.name, "new_hash": res["hash"], "cpu_seconds": res["cpu_seconds"],
-               "worker_pid": res["pid"], "worker_nice": res["nice"], "locks": res.get("locks")}
+               "worker_pid": res["pid"], "worker_nice": res["nice"], "locks": res.get("locks"),
+               "routing": res.get("routing"), "routing_correlation": res.get("routing_correlation")}
         if phase_info == "route" and res["seconds"]["solve"] > s.refit_interval:
             _unlink(job.out)
             return self._decide("skipped_route", {**rec, "reason": (
@@ -284,6 +293,29 @@ class OnlineLoop:
         self._prune(keep=job.out)
         return self._decide("swapped", {**rec, "reason": f"predicted E[W] {new_w * u:.6g} s < current {cur_w * u:.6g} s",
                                         "generation": self.generation, "new_policy": installed.name})
+
+    def _pairs(self, phase_info: str, current: Any) -> tuple[Any, ...] | None:
+        """The linked transactions' demand pairs the refit fits the routing on (coupled stages), or
+        None for independent stages. Coupled stages are solved with full phase information only,
+        and paired only where the stages file links a stage to the next (``next``: the sidecar
+        sees both requests of one transaction on one connection). A running model with a routing
+        that cannot be paired again is refitted independently, and the log says why once."""
+        rec = self.recorder
+        had = getattr(getattr(current, "model", None), "routing", None) is not None
+        if phase_info != "full" or not any(rec.linked):
+            if had and not self._routing_said:
+                self._routing_said = True
+                why = (f"the running policy sees {phase_info!r}, coupled stages are solved with full" if
+                       phase_info != "full" else "no stage names the next in the stages file (next:), so the "
+                       "sidecar cannot tell which requests make one transaction")
+                log.warning("online refit: the running model's routing is not refitted", extra={
+                    "event": "online_routing_dropped", "detail": f"{why}; the refit fits independent stages"})
+            return None
+        out = tuple(p if linked and len(p) >= self.settings.min_samples else None
+                    for p, linked in ((rec.paired(i), rec.linked[i]) for i in range(len(rec.linked))))
+        if all(p is None for p in out) and not had:
+            return None  # too few pairs yet, and nothing coupled to keep: as before
+        return out
 
     def _prune(self, keep: str) -> None:
         """Delete earlier online policies (only the running one is needed)."""

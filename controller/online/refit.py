@@ -52,6 +52,9 @@ class RefitJob:
     routes: Any = None  #: the running route policy's mdp.RouteSplit (phase_info "route")
     #: each stage's lock capacity (the stages file's ``lock``), None for none: the model's locks
     locks: tuple[int | None, ...] | None = None
+    #: coupled stages: per pair of consecutive stages, the (n, 2) demands of linked transactions
+    #: (model units) or None (independent); None: no routing in the model
+    pairs: tuple[FloatArray | None, ...] | None = None
 
 
 def lower_priority() -> None:
@@ -84,6 +87,32 @@ def _fit_stage(x: FloatArray, order: int | None, max_order: int, seed: int) -> d
     T = np.asarray(ordered.T, dtype=float)
     return {"alpha": a, "T": T, "mean": float(best.ph.mean()), "order": int(a.size), "scv": scv,
             "structure": best.structure, "bic": tried, "n": int(x.size)}
+
+
+def _couple(fits: list[dict[str, Any]], pairs: tuple[FloatArray | None, ...]) -> tuple[list[Any], list[float | None]]:
+    """The routing between consecutive fitted stages from linked transactions' demand pairs
+    (:func:`overtake.fitting.coupled.fit_routing`, the stages' PHs held), each later stage's alpha
+    set to the start law it implies; unpaired stages independent. The pairs are the sidecar's
+    attained demands while the marginals may be Apache's CPU notes: each side is rescaled to its
+    stage's fitted mean first (the routing is about which phase, not the clock it was timed on)."""
+    from overtake.fitting.coupled import fit_routing
+    from overtake.fitting.phase_type import PhaseType
+
+    routing: list[Any] = []
+    corr: list[float | None] = []
+    for i, P in enumerate(pairs):
+        a, b = fits[i], fits[i + 1]
+        if P is None:
+            routing.append(np.tile(b["alpha"], (a["alpha"].size, 1)))
+            corr.append(None)
+            continue
+        x = P[:, 0] * (a["mean"] / P[:, 0].mean())
+        y = P[:, 1] * (b["mean"] / P[:, 1].mean())
+        cf = fit_routing(PhaseType(a["alpha"], a["T"]), PhaseType(b["alpha"], b["T"]), x, y)
+        routing.append(cf.model.routing)
+        b["alpha"] = np.asarray(cf.model.second.alpha, dtype=float)  # the start law the routing implies
+        corr.append(cf.model.correlation())
+    return routing, corr
 
 
 def carry_routes(routes: Any, old: Any, new: Any) -> Any:
@@ -150,8 +179,10 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
             for x, o in zip(job.samples, job.orders)]
     t_fit = time.perf_counter() - t0
     locks = job.locks if job.locks is not None and any(m is not None for m in job.locks) else None
+    routing, corr = _couple(fits, job.pairs) if job.pairs is not None else (None, None)
     model = TandemModel(job.arrival_rate, tuple(Stage(n, f["alpha"], f["T"]) for n, f in zip(job.stage_names, fits)),
-                        cores=job.cores, overhead=job.overhead, locks=locks)
+                        cores=job.cores, overhead=job.overhead, locks=locks,
+                        routing=None if routing is None else tuple(tuple(map(tuple, R)) for R in routing))
     routes = None
     if job.phase_info == "route":
         if job.routes is None or isinstance(job.current, str):
@@ -245,6 +276,8 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
         "kind": job.phase_info,
         "locks": list(model.locks) if model.locks is not None else None,
         "lock_ignored": lock_ignored,
+        "routing": None if routing is None else [np.asarray(R).tolist() for R in routing],
+        "routing_correlation": corr,
         "pid": os.getpid(),
         "nice": os.getpriority(os.PRIO_PROCESS, 0),
     }

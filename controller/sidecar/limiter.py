@@ -234,6 +234,8 @@ class Limiter:
             hold = Ticket(stage, phase, "", self._seq, now)
             hold.held = True
             self.tandem.push(hold)
+            for lsn in self.listeners:
+                lsn.on_follow(t, hold, now)
         self._dispatch()
         return hold
 

@@ -34,3 +34,7 @@ class LimiterListener:
     def on_claim(self, ticket: Ticket, now: float) -> None:
         """A follow-up request took over its reservation ``ticket`` (queued or admitted already);
         it arrived at ``ticket.t_arrive`` and, if admitted, its service starts at ``ticket.t_admit``."""
+
+    def on_follow(self, ticket: Ticket, hold: Ticket, now: float) -> None:
+        """Completed ``ticket``'s client will send ``hold``'s stage next (its ``next``): ``hold`` is
+        the reservation that request will claim, the link between one transaction's two stages."""

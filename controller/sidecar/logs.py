@@ -19,7 +19,7 @@ class JsonFormatter(logging.Formatter):
         }
         for k, v in record.__dict__.items():
             if k in ("event", "policy", "hash", "version", "detail", "listen", "apache", "reason", "source",
-                     "outcome", "refit", "admin_listen", "drained", "cut", "stage", "verdict"):
+                     "outcome", "refit", "admin_listen", "drained", "cut", "stage", "verdict", "lock"):
                 out[k] = v
         return json.dumps(out, sort_keys=True)
 

@@ -36,7 +36,9 @@ overtake_policy_info{name,version,hash,phase_info,      gauge    1 (auto: the ch
 overtake_policy_predicted_response_time_seconds         gauge    model E[W] x time unit (tables)
 overtake_policy_swaps_total / _refused_total            counter  hot swaps done / refused
 overtake_policy_guard_admissions_total                  counter  liveness-guard admissions
-overtake_stage_lock_capacity{stage}                     gauge    a locked stage's ``lock: m``
+overtake_stage_lock_capacity{stage}                     gauge    a locked stage's ``lock: m`` (or
+                                                                 learned, ``lock: auto``)
+overtake_stage_lock_learned{stage}                      gauge    1 learned capacity, 0 configured
 overtake_stage_lock_waiting{stage}                      gauge    waiting while its lock is full
 overtake_stage_lock_wait_seconds_total{stage}           counter  request-seconds waited on the
                                                                  full lock
@@ -186,15 +188,19 @@ def _lock_families(lim: Limiter) -> Iterator[Metric]:
                                labels=["stage"])
     aged = CounterMetricFamily("overtake_stage_lock_aged", "Requests started ahead of shorter ones after lock_aging",
                                labels=["stage"])
+    learned = GaugeMetricFamily("overtake_stage_lock_learned",
+                                "1: the stage's lock capacity was learned (lock: auto), 0: configured (lock: m)",
+                                labels=["stage"])
     for i, m in enumerate(lock.caps):
         if m is None:
             continue
         name = lock.names[i]
         cap.add_metric([name], m)
+        learned.add_metric([name], float(lock.source[i] == "learned"))
         waiting.add_metric([name], lock.waiting[i])
         wait.add_metric([name], lock.wait_seconds[i])
         aged.add_metric([name], lock.aged[i])
-    yield from (cap, waiting, wait, aged)
+    yield from (cap, waiting, wait, aged, learned)
 
 
 def _labels(names: tuple[str, ...], i: int, j: int) -> list[str]:

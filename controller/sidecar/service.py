@@ -232,10 +232,24 @@ class Sidecar(SidecarRuntime):
         )
         if self.online is not None and self.online.lock_watch is not None:
             self.online.lock_watch.on_exempt = self._learned_exempt
+            self.online.lock_watch.on_lock = self._learned_lock
+        elif any(table.lock_auto(i) for i in range(len(table.names))):
+            raise SidecarInputError("stages: lock: auto is learned by the online loop from Apache's request-time "
+                                    "split: run with --online --access-log (online.access_log) and "
+                                    "OvertakeRequestTimes On, or give the lock's capacity (lock: 1)")
         if self.gate is not None:
             gw = self.gateway
             self.metrics.gate_enabled.set_function(lambda: float(gw.gate_on))
             self.metrics.gate_in_use.set_function(lambda: float(self.gate.in_use) if self.gate else 0.0)
+
+    def _learned_lock(self, stage: int, cap: int | None) -> None:
+        """A ``lock: auto`` stage's learned capacity: the sidecar's lock from the next decision on,
+        and the refits' model (controller.online.lockwatch)."""
+        lock = self.limiter.lock
+        assert lock is not None and self.online is not None  # lock: auto makes a StageLock
+        lock.learn_cap(stage, cap)
+        self.online.learned_locks[stage] = cap
+        self.limiter.set_lock(lock)  # re-decide now: a removed lock frees its waiting requests
 
     def _learned_exempt(self, stages: frozenset[int]) -> None:
         """Send the requests of ``stages`` (serialised, controller.online.lockwatch) exempt from demotion."""

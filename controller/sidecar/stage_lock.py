@@ -63,6 +63,10 @@ class StageLock(LimiterListener):
                  aging: tuple[float, ...], history: int = 64) -> None:
         self.names = names
         self.caps = caps
+        #: per stage: where its capacity comes from, ``configured`` (``lock: m``), ``learned``
+        #: (``lock: auto``, set by the serialisation detector: :meth:`learn_cap`) or None
+        self.source: list[str | None] = ["configured" if c is not None else None for c in caps]
+        self.auto: tuple[bool, ...] = (False,) * len(names)
         self.keyed = keyed
         self.aging = aging
         self.history = history
@@ -82,10 +86,21 @@ class StageLock(LimiterListener):
         """The lock of a stages file, None when no stage has one."""
         n = len(table.names)
         caps = tuple(table.lock(i) for i in range(n))
-        if all(c is None for c in caps):
+        auto = tuple(table.lock_auto(i) for i in range(n))
+        if all(c is None for c in caps) and not any(auto):
             return None
-        return StageLock(table.names, caps, tuple(table.keyed(i) for i in range(n)),
+        lock = StageLock(table.names, caps, tuple(table.keyed(i) for i in range(n)),
                          tuple(s.lock_aging for s in table.config.stages), table.config.classifier.history)
+        lock.auto = auto
+        return lock
+
+    def learn_cap(self, stage: int, cap: int | None) -> None:
+        """Set a ``lock: auto`` stage's capacity to what the detector estimated (None: the stage is
+        not serialised, no lock). The limiter applies it from its next decision."""
+        if not self.auto[stage]:
+            raise ValueError(f"stage {self.names[stage]!r}: its lock is not auto")
+        self.caps = tuple(cap if i == stage else c for i, c in enumerate(self.caps))
+        self.source[stage] = "learned" if cap is not None else None
 
     def governs(self, policy: object) -> tuple[int, ...]:
         """The locked stages whose free slots the lock fills itself under ``policy``: all of them
@@ -185,9 +200,12 @@ class StageLock(LimiterListener):
     def info(self, policy: object = None) -> dict[str, Any]:
         """Per locked stage, for ``GET /-/policy``: who starts its requests under ``policy``."""
         own = self.governs(policy)
-        return {self.names[i]: {"capacity": cap, "starts": "lock" if i in own else "policy and lock",
+        return {self.names[i]: {"capacity": cap, "source": self.source[i],
+                                "starts": "lock" if i in own else "policy and lock",
                                 "order": "shortest predicted first" if self.keyed[i] else "oldest first",
                                 "aging_seconds": self.aging[i], "waiting": self.waiting[i],
                                 "released_by_aging": self.aged[i],
                                 "wait_seconds": self.wait_seconds[i], "keys_learned": len(self._costs[i])}
-                for i, cap in enumerate(self.caps) if cap is not None}
+                for i, cap in enumerate(self.caps) if cap is not None} | {
+                    self.names[i]: {"capacity": None, "source": "auto: not serialised (yet)"}
+                    for i, cap in enumerate(self.caps) if cap is None and self.auto[i]}

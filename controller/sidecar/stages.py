@@ -129,17 +129,19 @@ class StageSpec(_Strict):
     # a serialising resource (a database write lock): at most ``lock`` requests of the stage are
     # inside Apache at once, the others wait in the sidecar (controller.sidecar.stage_lock), where
     # the shortest predicted go first; one that has waited ``lock_aging`` seconds goes before them
-    lock: int | None = None
+    # ``auto``: the online loop's serialisation detector sets it (controller.online.lockwatch)
+    lock: int | Literal["auto"] | None = None
     lock_aging: float = 1.0
 
     @field_validator("lock", mode="before")
     @classmethod
-    def _lock(cls, v: object) -> int | None:
-        if v is None:
-            return None
+    def _lock(cls, v: object) -> int | str | None:
+        if v is None or v == "auto":
+            return v
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError("the number of requests of the stage that may hold its lock at once: an integer >= 1 "
-                             "(1 for a database write lock); omit lock for a stage without one")
+                             "(1 for a database write lock), or auto (learned by the online loop from Apache's "
+                             "request-time split); omit lock for a stage without one")
         return v
 
     @field_validator("lock_aging", mode="before")
@@ -177,8 +179,8 @@ class StageSpec(_Strict):
         wait for (a demoted holder makes them all wait at its priority), and the solve's age
         prediction with a lock assumes it."""
         v = self.cpu_exempt
-        if v is None:
-            return self.lock is not None
+        if v is None:  # lock: auto is exempt once learned (the learned exemption of a serialised stage)
+            return isinstance(self.lock, int)
         if isinstance(v, str):
             return v == "all" or (v == "unsafe" and method not in ("GET", "HEAD"))
         return method in v
@@ -392,8 +394,13 @@ class StageTable:
         return self.config.stages[stage].exempts(method)
 
     def lock(self, stage: int) -> int | None:
-        """The stage's lock capacity (``lock``), None without one."""
-        return self.config.stages[stage].lock
+        """The stage's configured lock capacity (``lock: m``), None without one (or ``auto``)."""
+        m = self.config.stages[stage].lock
+        return m if isinstance(m, int) else None
+
+    def lock_auto(self, stage: int) -> bool:
+        """Does the online loop set the stage's lock (``lock: auto``)?"""
+        return self.config.stages[stage].lock == "auto"
 
     def keyed(self, stage: int) -> bool:
         """Does some route of the stage set a learned-classification ``key``?"""

@@ -4,9 +4,13 @@ The gateway reaches Apache through one call, :meth:`UpstreamPool.exchange` (one 
 that a test or another upstream can stand in for Apache): it sends a request head and body, reads the response with
 httptools, buffers the body up to ``buffer_bytes`` and hands the rest to a streaming callback.
 Idle connections are reused LIFO and dropped after ``idle_timeout`` (kept below Apache's
-``KeepAliveTimeout 5``); a reused connection that fails before the first response byte is
-retried once on a fresh one for idempotent methods (Apache may close an idle connection just as
-we send on it).
+``KeepAliveTimeout 5``) or as soon as Apache has closed them: Apache closes a kept-alive
+connection at its own ``KeepAliveTimeout`` (an operator's may be shorter than ours) and, under
+mpm_event, every idle kept-alive connection of a child at once when its workers are all busy, so
+the pool may hold several dead connections. A reused connection that fails before the first
+response byte is retried once, on a fresh connection, whatever the method: Apache closes a
+connection only between requests, so the request never reached a worker (a fresh connection
+cannot be dead the same way).
 """
 
 from __future__ import annotations
@@ -21,8 +25,6 @@ import httptools
 from overtake.controller.errors import ControllerError
 
 __all__ = ["UpstreamError", "UpstreamPool", "UpstreamResponse", "Withdrawn"]
-
-_IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"})
 
 
 class UpstreamError(ControllerError):
@@ -59,6 +61,12 @@ class _Conn:
 
     def close(self) -> None:
         self.writer.close()
+
+
+def _alive(c: _Conn) -> bool:
+    """Not closed at either end: an idle connection Apache closed has its EOF (or its reset)
+    already read by the event loop, though our end of the transport is still open."""
+    return not (c.writer.transport.is_closing() or c.reader.at_eof() or c.reader.exception() is not None)
 
 
 class _Parse:
@@ -115,9 +123,12 @@ class UpstreamPool:
         now = time.monotonic()
         while self._idle:
             c = self._idle.pop()
-            if now - c.last_used < self.idle_timeout and not c.writer.transport.is_closing():
+            if now - c.last_used < self.idle_timeout and _alive(c):
                 return c, True
             c.close()
+        return await self._open(), False
+
+    async def _open(self) -> _Conn:
         try:
             async with asyncio.timeout(self.connect_timeout):
                 r, w = await asyncio.open_connection(self.host, self.port)
@@ -127,7 +138,7 @@ class UpstreamPool:
         except OSError as exc:
             raise UpstreamError(f"connect to {self.host}:{self.port}: {exc.strerror or exc}") from None
         self.opened += 1
-        return _Conn(r, w), False
+        return _Conn(r, w)
 
     def _put(self, c: _Conn) -> None:
         if len(self._idle) >= self.max_idle:
@@ -164,7 +175,7 @@ class UpstreamPool:
             Connect/read/write failure, a malformed response, or ``timeout`` without a byte.
         """
         for attempt in (0, 1):
-            c, reused = await self._get()
+            c, reused = await self._get() if attempt == 0 else (await self._open(), False)
             resp = UpstreamResponse()
             got_bytes = False
             sent = False
@@ -216,7 +227,7 @@ class UpstreamPool:
                                     "(limits.upstream_timeout: the longest silence of an answer)") from None
             except (OSError, httptools.HttpParserError) as exc:
                 c.close()
-                if attempt == 0 and reused and not got_bytes and method in _IDEMPOTENT:
+                if attempt == 0 and reused and not got_bytes:
                     continue
                 raise UpstreamError(f"{self.host}:{self.port}: {exc.__class__.__name__}: {exc}") from None
             except BaseException:

@@ -66,5 +66,34 @@ def test_bad_routing_files_and_pairs(fitted: Path, capsys: pytest.CaptureFixture
     bad.write_text("1.0,2.0\n1.0,2.0,3.0\n")
     assert main(["fit", str(bad), "--paired", "--order", "2"]) == 2
     assert "bad.csv:2: a transaction is two durations" in capsys.readouterr().err
-    assert main(["fit", str(bad), "--paired", "--order", "auto"]) == 2
-    assert "--paired: --order auto is not supported" in capsys.readouterr().err
+    assert main(["fit", str(bad), "--paired", "--order", "2", "--censor-at", "1"]) == 2
+    assert "--paired: --censor-at is not supported with paired samples" in capsys.readouterr().err
+
+
+def test_paired_fit_with_floors_and_orders_by_bic(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Known floors 20 and 30 ms under the coupled bodies: recovered, the orders by BIC within
+    --max-states, the routing between the bodies, and the scenario solves."""
+    bodies = CoupledPH.build(PhaseType([0.8, 0.2], np.diag([-1 / 0.01, -1 / 0.08])),
+                             np.diag([-1 / 0.015, -1 / 0.12]), np.array([[0.9, 0.1], [0.4, 0.6]]))
+    x, y = bodies.rvs(3000, random_state=1)
+    src = tmp_path / "pairs.csv"
+    src.write_text("".join(f"{a + 0.02:.6f},{b + 0.03:.6f}\n" for a, b in zip(x, y)))
+    assert main(["fit", str(src), "--paired", "--name", "preview,view", "--structure", "hyperexp", "--order", "auto",
+                 "--shift", "auto", "--out", str(tmp_path / "fits")]) == 0
+    out = capsys.readouterr().out
+    assert "floor 0.02" in out and "(before the body)" in out and "(after the body)" in out
+    doc = json.loads((tmp_path / "fits" / "routing.json").read_text())
+    assert doc["shifts"] == pytest.approx([0.02, 0.03], abs=0.001)
+    assert np.asarray(doc["routing_bodies"]) == pytest.approx(np.array([[0.9, 0.1], [0.4, 0.6]]), abs=0.07)
+    for name, floor in (("preview", 0.02), ("view", 0.03)):
+        st = json.loads((tmp_path / "fits" / f"{name}.json").read_text())
+        assert st["structure"] == "shifted" and st["order"] == 3  # body 2 (BIC) + floor 1: the default budget
+        assert st["shift"]["shift"] == pytest.approx(floor, abs=0.001) and st["shift"]["body_order"] == 2
+    (tmp_path / "sc.yaml").write_text(
+        "load: 0.6\nstages:\n  - {name: preview, service: {file: fits/preview.json}}\n"
+        "  - {name: view, service: {file: fits/view.json}}\nrouting: {file: fits/routing.json}\n"
+        "truncation: {max_requests: 6, max_threads: 3}\n")
+    assert main(["solve", str(tmp_path / "sc.yaml"), "--out", str(tmp_path / "pol.npz"), "--quiet"]) == 0
+    assert Policy.load(tmp_path / "pol.npz").model.coupled
+    assert main(["fit", str(src), "--paired", "--order", "auto", "--max-states", "3", "--shift", "auto"]) == 2
+    assert "not even order 1 fits" in capsys.readouterr().err

@@ -92,9 +92,9 @@ def test_a_serialised_stage_is_learned_and_exempted(lock_apache: apache.ApacheIn
             f.start()
         for f in feeders:
             f.join()
-        # on a loaded shared machine Apache's one core starves and it resets a few of the piled-up
-        # connections (502, logged as upstream_error); the verdict needs the log lines, not every answer
-        assert len(codes) == 2 * N and codes.count(200) >= 0.98 * 2 * N, \
+        # every answer: mpm_event closes idle kept-alive connections when its workers are all busy
+        # (they are, queued at the lock); the sidecar's pool must not lose a request to them
+        assert len(codes) == 2 * N and codes.count(200) == 2 * N, \
             [e for e in side.events() if e.get("level") != "info"][:5]
         deadline = time.monotonic() + 30  # the log is polled every second, verdicts every 5 s
         while True:
