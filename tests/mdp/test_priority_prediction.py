@@ -140,6 +140,10 @@ def test_cli_solve_stores_the_predictions(tmp_path, capsys) -> None:  # type: ig
     doc = json.loads(capsys.readouterr().out)
     meta = Policy.load(out).meta["cpu_priority"]
     assert set(doc["cpu_priority"]) == set(meta) == {"age"} and np.isfinite(meta["age"]["passthrough"])
+    age = doc["cpu_priority"]["age"]  # each figure simulated until its half-width is 2 % of it, six runs at most
+    for runs, mean, half in ((age["seeds"], age["mean_response_time"], age["ci95"]),
+                             (age["passthrough_seeds"], age["passthrough"], age["passthrough_ci95"])):
+        assert 1 <= runs <= 6 and (half <= 0.02 * mean or runs == 6)
     assert main(["solve", str(scen), "--out", str(out), "--quiet", "--cpu-priority", "class"]) == 0
     doc = json.loads(capsys.readouterr().out)
     pol = Policy.load(out)
