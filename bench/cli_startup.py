@@ -3,7 +3,8 @@
     OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/cli_startup.py [--exe PATH] [--repeat 7] [--fit-samples 100000]
                                                                  [--json] [--no-write]
 
-Times ``overtake --help``, ``overtake fit --help``, two argument errors (``overtake solve`` without
+Times ``overtake --version``, ``overtake --help``, ``overtake fit --help``, ``overtake solve --help``,
+two argument errors (``overtake solve`` without
 its scenario, ``overtake fit FILE --order x``), ``overtake compare examples/table1/case01.yaml --json``
 (455 states: the cost is start-up, imports and numba's cache, not the solve) and ``overtake fit`` of
 ``--fit-samples`` Lognormal(0, 1) durations as CF1(4) (``numpy.random.default_rng(20240601)``;
@@ -54,7 +55,7 @@ def imported(python: str, argv: list[str]) -> list[str]:
     """Which of HEAVY a process running ``overtake ARGV`` has imported when the command returns."""
     probe = (f"import sys, io, contextlib\nsys.argv = ['overtake', *{argv!r}]\n"
              "from overtake.api.cli import main\n"
-             "with contextlib.redirect_stdout(io.StringIO()): main()\n"
+             "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit): main()\n"
              f"print(' '.join(m for m in {HEAVY!r} if m in sys.modules))")
     return subprocess.run([python, "-c", probe], check=True, capture_output=True, text=True).stdout.split()
 
@@ -72,8 +73,10 @@ def main() -> int:
     data = tmp / "durations.txt"
     data.write_text("1.0\n2.0\n")
     cmds: dict[str, tuple[list[str], int]] = {
+        "version": ([args.exe, "--version"], 0),
         "help": ([args.exe, "--help"], 0),
         "fit --help": ([args.exe, "fit", "--help"], 0),
+        "solve --help": ([args.exe, "solve", "--help"], 0),
         "solve, no scenario": ([args.exe, "solve"], 2),
         "fit --order x": ([args.exe, "fit", str(data), "--order", "x"], 2),
         "compare case01": ([args.exe, "compare", case1, "--json"], 0),
@@ -103,6 +106,7 @@ def main() -> int:
         "command": "OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/cli_startup.py " + " ".join(sys.argv[1:]),
         "wall_s": {k: {"min": min(v), "median": statistics.median(v), "all": v} for k, v in wall.items()},
         "cpu_s": {k: {"min": min(v), "median": statistics.median(v), "all": v} for k, v in cpu.items()},
+        "version_imports": imported(python, ["--version"]),
         "compare_imports": imported(python, ["compare", case1, "--json"]),
         "fit_imports": imported(python, fit_argv) if fit_argv else None,
         "load": {"min": min(loads), "max": max(loads)},
@@ -115,6 +119,7 @@ def main() -> int:
             c = doc["cpu_s"][k]
             print(f"{k:22s} wall min {v['min']:.3f} s  median {v['median']:.3f} s   "
                   f"cpu min {c['min']:.3f} s  median {c['median']:.3f} s")
+        print(f"--version imported: {' '.join(doc['version_imports']) or 'none of ' + ', '.join(HEAVY)}")
         print(f"compare imported: {' '.join(doc['compare_imports']) or 'none of ' + ', '.join(HEAVY)}")
         if doc["fit_imports"] is not None:
             print(f"fit imported: {' '.join(doc['fit_imports']) or 'none of ' + ', '.join(HEAVY)}")

@@ -2,7 +2,8 @@
 
     OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/cli_table1.py [--exe PATH] [--cases 1,...,12]
         [--phase-info full|none|route] [--cpu-priority none|age]
-        [--reference OLD.json] [--repeat N] [--other RUN.json | --other-exe PATH] [--json] [--no-write]
+        [--reference OLD.json] [--repeat N] [--other RUN.json | --other-exe PATH | --baseline-rev REV]
+        [--json] [--no-write]
 
 ``--phase-info none`` or ``route``, or ``--cpu-priority age``, times `overtake solve CASE
 --phase-info X [--cpu-priority age] --out P.npz` instead (the solves auto mode and the online loop
@@ -20,7 +21,16 @@ recorded before and after each process: timings taken above a load of 1 are flag
 Appends one JSON line to bench/results/solver_speed.jsonl and replaces the ``cli-table1`` section of
 bench/results/sections.md (all twelve cases only) unless ``--no-write`` (``--other RUN.json``: a run of another ``--exe`` from the same
 session, shown beside this one; ``--other-exe PATH``: another install run just before this one on
-every case, so the two see the same load on a shared machine).
+every case, so the two see the same load on a shared machine; ``--baseline-rev REV``: the same with
+revision REV of this repository, checked out as a detached worktree under the temporary directory
+with its own ``make venv``, built on first use and reused by later runs; remove it with
+``git worktree remove PATH``).
+
+The three kinds of solve side by side against the previous revision, one command each::
+
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/cli_table1.py --phase-info none --baseline-rev HEAD~1
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/cli_table1.py --cpu-priority age --baseline-rev HEAD~1
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/cli_table1.py --phase-info route --baseline-rev HEAD~1
 """
 
 from __future__ import annotations
@@ -49,6 +59,31 @@ def git_rev(path: Path) -> str:
                               text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def baseline_exe(rev: str) -> tuple[str, str]:
+    """The `overtake` of revision ``rev`` of this repository, and the commit: a detached worktree
+    of it with its own virtual environment (``make venv``: the install, numba's cache and the
+    ahead-of-time kernels, as a user's set-up builds them), made once per commit and reused."""
+    try:
+        sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        raise SystemExit(f"--baseline-rev {rev}: not a commit of {ROOT} (give a hash, a branch or e.g. HEAD~1)") from None
+    tree = Path(tempfile.gettempdir()) / f"overtake-baseline-{sha[:12]}"
+    exe = tree / ".venv" / "bin" / "overtake"
+    if (tree / ".venv" / ".kernels").exists() and exe.exists():  # the Makefile's last step: a complete build
+        return str(exe), sha
+    if not tree.exists():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), sha], check=True,
+                       capture_output=True)
+    log = tree / "baseline-venv.log"
+    print(f"--baseline-rev {rev}: building {tree}/.venv (log: {log})", file=sys.stderr, flush=True)
+    with log.open("w") as fh:
+        built = subprocess.run(["make", "venv"], cwd=tree, stdout=fh, stderr=subprocess.STDOUT, check=False)
+    if built.returncode != 0 or not exe.exists():
+        raise SystemExit(f"--baseline-rev {rev}: `make venv` in {tree} failed (exit {built.returncode}); see {log}")
+    return str(exe), sha
 
 
 def scenario(case: int, phase_info: str, scratch: Path) -> Path | None:
@@ -145,6 +180,9 @@ def main() -> int:
     ap.add_argument("--other", help="a --json run of another --exe in the same session, for the section's table")
     ap.add_argument("--other-exe", help="another install's `overtake`, run case by case in alternation with --exe "
                                          "(both see the same load; shown beside it like --other)")
+    ap.add_argument("--baseline-rev", metavar="REV",
+                    help="a revision of this repository (e.g. HEAD~1, main): its own worktree and venv, built once, "
+                         "run case by case in alternation like --other-exe")
     ap.add_argument("--phase-info", choices=("full", "none", "route"), default="full",
                     help="full: `overtake compare` (default); none or route: `overtake solve --phase-info X` "
                          "(route: the cases with a two-phase stage, with route classes added)")
@@ -153,6 +191,11 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print the run as one JSON document")
     ap.add_argument("--no-write", action="store_true", help=f"do not append to {RESULTS.relative_to(ROOT)}")
     args = ap.parse_args()
+    if args.baseline_rev and (args.other_exe or args.other):
+        ap.error("--baseline-rev: give one of --baseline-rev, --other-exe and --other")
+    baseline_sha = None
+    if args.baseline_rev:
+        args.other_exe, baseline_sha = baseline_exe(args.baseline_rev)
     cases = [int(x) for x in args.cases.split(",")]
     kind = {"phase_info": args.phase_info, "cpu_priority": args.cpu_priority}
     scratch = tempfile.TemporaryDirectory(prefix="cli_table1-")
@@ -190,6 +233,8 @@ def main() -> int:
     if args.other_exe:
         out["other_exe"] = {"exe": args.other_exe, "rev": git_rev(Path(args.other_exe).resolve().parents[2]),
                             "runs": other_runs, "interleaved": True}
+        if baseline_sha is not None:
+            out["other_exe"]["baseline_rev"] = {"rev": args.baseline_rev, "commit": baseline_sha}
         # per case, this exe's E[W] relative to the other's (negative: this one found a better policy)
         mine = {r["case"]: r["mean_response_time"] for r in runs[0]["cases"]}
         out["ew_vs_other"] = {c["case"]: {k: (mine[c["case"]][k] - v) / v for k, v in c["mean_response_time"].items()

@@ -7,12 +7,14 @@ multilevel-PS formulas of :mod:`overtake.mdp.mlps`) gives the figures:
 
 * ``age`` — demotion by attained CPU at the stage, one threshold for all stages (a server-wide
   ``OvertakePrioLevels``), chosen in the visit model
-  (:func:`~overtake.mdp.thresholds.choose_tandem_thresholds`); predicted for the policy and for
-  π(∞) (Apache's default with CPU priority alone). A stage with a lock (:mod:`overtake.mdp.lock`)
-  is exempt: the module never demotes a request that may hold a lock others wait for (the
-  stages file's ``cpu_exempt``), so its holders run at level 0, one at a time at lock 1, beside
-  the other stages' young requests (:func:`~overtake.mdp.priority.exempt_stages`). The
-  simulator runs the lock and the levels together; the policy file records the exempt stages;
+  (:func:`~overtake.mdp.thresholds.choose_tandem_thresholds`: the exact multilevel-PS analysis,
+  no simulation); predicted for the policy and for π(∞) (Apache's default with CPU priority
+  alone), each simulated only until its confidence interval is :data:`DEFAULT_REL_CI` of it.
+  A stage with a lock (:mod:`overtake.mdp.lock`) is exempt: the module never demotes a request
+  that may hold a lock others wait for (the stages file's ``cpu_exempt``), so its holders run at
+  level 0, one at a time at lock 1, beside the other stages' young requests
+  (:func:`~overtake.mdp.priority.exempt_stages`). The simulator runs the lock and the levels
+  together; the policy file records the exempt stages;
 * ``class`` — known-phase short-first classes (:func:`~overtake.mdp.priority.class_priority`),
   which need the phases: policies solved for ``full`` information only. Where no phase moves
   (hyperexponential stages) the chain with the classes is exact (:mod:`overtake.mdp.priority_classes`)
@@ -42,11 +44,17 @@ __all__ = ["PRIORITY_KINDS", "PriorityPrediction", "predict_priority"]
 
 PRIORITY_KINDS = ("age", "class")
 
+#: A prediction's 95 % half-width as a fraction of it: the simulation stops there. The choices it
+#: informs (a policy with the priority against π(∞) with it, and against the exact E[W] without)
+#: differ by several per cent where the priority matters at all.
+DEFAULT_REL_CI = 0.02
+
 
 @dataclass(frozen=True)
 class PriorityPrediction:
     """E[W] (model time units) of a policy with CPU priority, and of π(∞) with it (age): simulated
-    (``requests`` per seed, ``seeds`` runs pooled), or exact (``requests`` 0, ``ci95`` 0).
+    (``requests`` per seed, ``seeds`` runs pooled; π(∞)'s ``passthrough_seeds``), or exact
+    (``requests`` 0, ``ci95`` 0).
     ``visit_model``: age only, the visit model's E[W] of π(∞) at the chosen thresholds (strict
     priority), the figure the thresholds were chosen on."""
 
@@ -61,6 +69,7 @@ class PriorityPrediction:
     visit_model: float | None = None
     #: names of the stages whose requests are never demoted (age: the stages with a lock)
     exempt: tuple[str, ...] = ()
+    passthrough_seeds: int = 0
 
     def to_meta(self) -> dict[str, Any]:
         """The policy file's ``meta["cpu_priority"][kind]`` entry (JSON: a threshold never crossed is null)."""
@@ -69,20 +78,39 @@ class PriorityPrediction:
         return {"kind": self.kind, "exact": self.requests == 0,
                 "mean_response_time": self.mean_response_time, "ci95": self.ci95,
                 "passthrough": self.passthrough, "passthrough_ci95": self.passthrough_ci95,
-                "requests": self.requests, "seeds": self.seeds, "visit_model": self.visit_model,
+                "requests": self.requests, "seeds": self.seeds, "passthrough_seeds": self.passthrough_seeds,
+                "visit_model": self.visit_model,
                 "exempt_stages": list(self.exempt), **d}
 
 
 def _pooled(model: TandemModel, policy: Policy | str, priority: CpuPriority, requests: int, seeds: int,
-            seed: int) -> tuple[float, float]:
-    runs = [simulate(model, policy, requests=requests, seed=seed + k, cpu_priority=priority) for k in range(seeds)]
-    mean = sum(r.mean_response_time for r in runs) / seeds
-    return mean, math.sqrt(sum(r.ci95**2 for r in runs)) / seeds
+            seed: int, rel_ci: float) -> tuple[float, float, int]:
+    """Independent runs of ``requests`` each (seeds ``seed``, ``seed + 1``, …), pooled, until the
+    pooled 95 % half-width is at most ``rel_ci`` of the mean or ``seeds`` runs are done (``rel_ci``
+    0: all of them). Returns the mean, its half-width and the runs used.
+
+    A run's CI is by batch means, so a single run already carries one; the runs are independent,
+    so the pooled half-width is the root sum of squares over the number of runs.
+    """
+    means: list[float] = []
+    halves: list[float] = []
+    while len(means) < seeds:
+        r = simulate(model, policy, requests=requests, seed=seed + len(means), cpu_priority=priority)
+        means.append(r.mean_response_time)
+        halves.append(r.ci95)
+        mean, half = sum(means) / len(means), math.sqrt(sum(h * h for h in halves)) / len(means)
+        if half <= rel_ci * mean:
+            break
+    return mean, half, len(means)
 
 
-def predict_priority(model: TandemModel, policy: Policy, kind: str, *, requests: int = 300_000, seeds: int = 2,
-                     seed: int = 0) -> PriorityPrediction:
+def predict_priority(model: TandemModel, policy: Policy, kind: str, *, requests: int = 100_000, seeds: int = 6,
+                     seed: int = 0, rel_ci: float = DEFAULT_REL_CI) -> PriorityPrediction:
     """Simulate ``policy`` (and, for ``age``, π(∞)) with CPU priority ``kind`` (module docstring).
+
+    Each figure is simulated in runs of ``requests`` (seeds ``seed``, ``seed + 1``, …) until its
+    95 % half-width is at most ``rel_ci`` of it, ``seeds`` runs at most (``rel_ci`` 0: always
+    ``seeds``); the prediction records the runs the policy's figure used.
 
     Raises
     ------
@@ -93,16 +121,19 @@ def predict_priority(model: TandemModel, policy: Policy, kind: str, *, requests:
         raise ModelError(f"cpu priority: expected one of {', '.join(PRIORITY_KINDS)}, got {kind!r}")
     if requests < 10_000 or seeds < 1:
         raise ModelError(f"cpu priority prediction: requests >= 10000 and seeds >= 1, got {requests}, {seeds}")
+    if not 0.0 <= rel_ci < 1.0:
+        raise ModelError(f"cpu priority prediction: rel_ci is a fraction of E[W] in [0, 1), got {rel_ci}")
     weights = [1.0, DEFAULT_LOW_WEIGHT]
     ps: float | None = None
     ps_ci: float | None = None
+    ps_runs = 0
     visit: float | None = None
     exempt: tuple[int, ...] = ()
     if kind == "age":
         choice = choose_tandem_thresholds(model, common=True)  # the locked stages exempt
         a, visit, exempt = choice.priority.thresholds[0][0], choice.mean_response_time, choice.exempt
         priority = age_priority(model, [a], weights=weights)
-        ps, ps_ci = _pooled(model, "pi(inf)", exempt_stages(priority, exempt), requests, seeds, seed)
+        ps, ps_ci, ps_runs = _pooled(model, "pi(inf)", exempt_stages(priority, exempt), requests, seeds, seed, rel_ci)
     else:
         if policy.phase_info != "full":
             raise ModelError(f"cpu priority class: short-first classes need each request's phase; this policy "
@@ -114,6 +145,6 @@ def predict_priority(model: TandemModel, policy: Policy, kind: str, *, requests:
             ev = evaluate_rule(class_model(base, levels=levels), policy.layout, policy.actions,
                                max_requests=policy.max_requests, max_threads=policy.max_threads)
             return PriorityPrediction(kind, priority, ev.mean_response_time, 0.0, None, None, 0)
-    w, ci = _pooled(model, policy, exempt_stages(priority, exempt), requests, seeds, seed)
-    return PriorityPrediction(kind, priority, w, ci, ps, ps_ci, requests, seeds, visit,
-                              tuple(model.stages[i].name for i in exempt))
+    w, ci, runs = _pooled(model, policy, exempt_stages(priority, exempt), requests, seeds, seed, rel_ci)
+    return PriorityPrediction(kind, priority, w, ci, ps, ps_ci, requests, runs, visit,
+                              tuple(model.stages[i].name for i in exempt), ps_runs)

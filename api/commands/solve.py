@@ -137,7 +137,8 @@ def run(args: argparse.Namespace) -> int:
                                    "exact": v["exact"], "passthrough": v["passthrough"], "thresholds": v["thresholds"],
                                    "start_levels": v["start_levels"], "solved": v.get("solved", False),
                                    "passthrough_ci95": v["passthrough_ci95"], "requests": v["requests"],
-                                   "seeds": v["seeds"], "visit_model": v["visit_model"],
+                                   "seeds": v["seeds"], "passthrough_seeds": v.get("passthrough_seeds", 0),
+                                   "visit_model": v["visit_model"],
                                    "exempt_stages": v.get("exempt_stages", [])}
                                for k, v in pol.meta["cpu_priority"].items()}
     print(json.dumps(doc, indent=2))

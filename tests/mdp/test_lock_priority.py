@@ -29,7 +29,7 @@ def test_a_locked_stage_alone_under_age_priority_is_pollaczek_khinchine() -> Non
     lam = 0.5
     model = TandemModel(lam, (H2,), locks=(1,))
     pol = solve(model, phase_info="none").policy
-    p = predict_priority(model, pol, "age", requests=100_000, seeds=2)
+    p = predict_priority(model, pol, "age", requests=100_000, seeds=2, rel_ci=0.0)
     pk = pollaczek_khinchine(H2, lam)
     assert p.exempt == ("preview",)
     assert abs(p.mean_response_time - pk) <= p.ci95
@@ -52,7 +52,7 @@ def test_the_locked_stage_is_exempt_and_that_avoids_the_inversion() -> None:
     assert choice.in_force.thresholds == ((math.inf,), (a,))
     assert choice.mean_response_time == pytest.approx(tandem_model_mean(model, choice.in_force), rel=1e-3)
     pol = solve(model, phase_info="none").policy
-    p = predict_priority(model, pol, "age", requests=100_000, seeds=2)
+    p = predict_priority(model, pol, "age", requests=100_000, seeds=2, rel_ci=0.0)
     meta = p.to_meta()
     assert meta["exempt_stages"] == ["preview"] and meta["thresholds"] == [[a], [a]]
     inverted = simulate(model, "pi(inf)", requests=200_000, seed=3, cpu_priority=age_priority(model, [a]))
@@ -65,7 +65,7 @@ def test_without_a_lock_the_age_prediction_is_unchanged() -> None:
     plain algorithm gives (choose a common threshold, simulate π(∞) and the policy with it)."""
     model = TandemModel(0.5, (H2, VIEW))
     pol = solve(model, phase_info="none").policy
-    p = predict_priority(model, pol, "age", requests=20_000, seeds=2, seed=5)
+    p = predict_priority(model, pol, "age", requests=20_000, seeds=2, seed=5, rel_ci=0.0)
     assert p.exempt == () and p.to_meta()["exempt_stages"] == []
     choice = choose_tandem_thresholds(model, common=True, exempt=())
     assert choice.priority == choose_tandem_thresholds(model, common=True).priority

@@ -49,6 +49,35 @@ def test_age_prediction_of_passthrough_is_the_mlps_mean(h2) -> None:  # type: ig
     assert meta["kind"] == "age" and meta["thresholds"] == [[a]] and json.loads(json.dumps(meta)) == meta
 
 
+def test_age_prediction_simulates_until_its_ci_is_reached(h2) -> None:  # type: ignore[no-untyped-def]
+    """The prediction pools the simulator's own runs at seeds 0, 1, … and stops at the first run
+    whose pooled 95 % half-width is within ``rel_ci`` of the pooled mean (``rel_ci`` 0: every run)."""
+    from overtake.mdp.priority import DEFAULT_LOW_WEIGHT, age_priority, exempt_stages
+    from overtake.mdp.simulation import simulate
+
+    opt = solve(h2, truncation=Truncation(12, 4))
+    n = 20_000
+    every = predict_priority(h2, opt.policy, "age", requests=n, seeds=3, rel_ci=0.0)
+    assert (every.seeds, every.passthrough_seeds, every.requests) == (3, 3, n)
+    pr = exempt_stages(age_priority(h2, [every.priority.thresholds[0][0]], weights=[1.0, DEFAULT_LOW_WEIGHT]), ())
+    runs = [simulate(h2, opt.policy, requests=n, seed=k, cpu_priority=pr) for k in range(3)]
+    means = np.cumsum([r.mean_response_time for r in runs]) / np.arange(1, 4)
+    halves = np.sqrt(np.cumsum([r.ci95**2 for r in runs])) / np.arange(1, 4)
+    assert every.mean_response_time == pytest.approx(means[2], rel=1e-12)
+    assert every.ci95 == pytest.approx(halves[2], rel=1e-12)
+    rel = halves / means
+    assert rel[0] > rel[1]  # these seeds: a second run narrows the interval
+    # a target between one run's relative half-width and two runs': exactly two runs
+    two = predict_priority(h2, opt.policy, "age", requests=n, seeds=3, rel_ci=float(rel[1]) * (1 + 1e-9))
+    assert two.seeds == 2 and two.mean_response_time == pytest.approx(means[1], rel=1e-12)
+    assert two.ci95 <= float(rel[1]) * (1 + 1e-9) * two.mean_response_time
+    loose = predict_priority(h2, opt.policy, "age", requests=n, seeds=3, rel_ci=0.9)
+    assert (loose.seeds, loose.passthrough_seeds) == (1, 1)
+    assert loose.to_meta()["passthrough_seeds"] == 1
+    with pytest.raises(ModelError, match="rel_ci"):
+        predict_priority(h2, opt.policy, "age", rel_ci=1.5)
+
+
 def test_weighted_sharing_is_discriminatory_processor_sharing() -> None:
     """One H2 stage under π(∞) with CPU weights by phase is M/M/1 discriminatory processor sharing
     of its two exponential branches: the chain's exact E[W] is Fayolle–Mitrani–Iasnogorodski's."""
@@ -111,6 +140,10 @@ def test_cli_solve_stores_the_predictions(tmp_path, capsys) -> None:  # type: ig
     doc = json.loads(capsys.readouterr().out)
     meta = Policy.load(out).meta["cpu_priority"]
     assert set(doc["cpu_priority"]) == set(meta) == {"age"} and np.isfinite(meta["age"]["passthrough"])
+    age = doc["cpu_priority"]["age"]  # each figure simulated until its half-width is 2 % of it, six runs at most
+    for runs, mean, half in ((age["seeds"], age["mean_response_time"], age["ci95"]),
+                             (age["passthrough_seeds"], age["passthrough"], age["passthrough_ci95"])):
+        assert 1 <= runs <= 6 and (half <= 0.02 * mean or runs == 6)
     assert main(["solve", str(scen), "--out", str(out), "--quiet", "--cpu-priority", "class"]) == 0
     doc = json.loads(capsys.readouterr().out)
     pol = Policy.load(out)

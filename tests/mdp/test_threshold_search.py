@@ -76,3 +76,25 @@ def test_choice_matches_the_full_search(case8) -> None:  # type: ignore[no-untyp
     old = simulate(case8, "pi(inf)", requests=200_000, seed=6,
                    cpu_priority=age_priority(case8, [a_full], weights=weights))
     assert abs(new.mean_response_time - old.mean_response_time) <= Z * math.hypot(new.ci95, old.ci95)
+
+
+def test_table1_choice_matches_the_full_search_for_the_policy() -> None:
+    """Table 1's case 7 (an H2 stage, then an exponential one): the search's threshold is
+    the full search's to 1e-4 of the reference E[W], and the solved policy π* simulated with
+    either threshold (what ``overtake solve --cpu-priority age`` predicts) gives the same E[W]
+    within the runs' confidence intervals."""
+    from pathlib import Path
+
+    from overtake.api.scenario import load_scenario
+    from overtake.mdp import solve
+
+    sc, model = load_scenario(Path(__file__).resolve().parents[2] / "examples" / "table1" / "case07.yaml")
+    ch = choose_tandem_thresholds(model, common=True)
+    a = ch.priority.thresholds[0][0]
+    a_full, v_full = _full_search(model)
+    assert tandem_model_mean(model, ch.priority, accuracy=EXACT) <= v_full * (1 + 1e-4)
+    pol = solve(model, truncation=sc.fixed_truncation(), tol=sc.tolerance).policy
+    weights = [1.0, DEFAULT_LOW_WEIGHT]
+    new = simulate(model, pol, requests=200_000, seed=5, cpu_priority=age_priority(model, [a], weights=weights))
+    old = simulate(model, pol, requests=200_000, seed=6, cpu_priority=age_priority(model, [a_full], weights=weights))
+    assert abs(new.mean_response_time - old.mean_response_time) <= Z * math.hypot(new.ci95, old.ci95)
