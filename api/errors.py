@@ -11,6 +11,11 @@ Hierarchy::
         ├── WorkerDiedError                 a worker process ended without answering its call
         └── WorkerTimeoutError              a worker process did not answer its call in time
 
+The other sub-commands' usage errors sit under their package's root, so that the library's
+handlers answer them alike: :class:`FitUsageError` (``overtake fit``) is a
+:class:`~overtake.fitting.errors.FittingInputError`, :class:`DiagnoseUsageError` (``overtake
+diagnose``) a :class:`~overtake.controller.errors.ControllerError`.
+
 Scenario errors stay :class:`overtake.mdp.errors.ModelError` (the schema is the solver's), fit
 errors :class:`overtake.fitting.errors.FittingInputError`; the API answers both with 422. Every
 4xx body is ``{"detail": "<field>: <what is wrong and the fix>"}``.
@@ -18,10 +23,12 @@ errors :class:`overtake.fitting.errors.FittingInputError`; the API answers both 
 
 from __future__ import annotations
 
+from overtake.controller.errors import ControllerError
 from overtake.errors import OvertakeError
+from overtake.fitting.errors import FittingInputError
 
-__all__ = ["ApiError", "ApiUsageError", "DatabaseURLError", "HTTPError", "QueueFullError", "WorkerDiedError",
-           "WorkerTimeoutError"]
+__all__ = ["ApiError", "ApiUsageError", "DatabaseURLError", "DiagnoseUsageError", "FitUsageError", "HTTPError",
+           "QueueFullError", "WorkerDiedError", "WorkerTimeoutError"]
 
 
 class ApiError(OvertakeError):
@@ -72,3 +79,11 @@ class WorkerDiedError(ApiError):
 
 class WorkerTimeoutError(ApiError):
     """A worker process did not answer within the call's timeout (it still runs the call)."""
+
+
+class FitUsageError(FittingInputError):
+    """A command-line option of ``overtake fit`` is unusable."""
+
+
+class DiagnoseUsageError(ControllerError, ValueError):
+    """A command-line option or the input of ``overtake diagnose`` is unusable."""

@@ -24,12 +24,12 @@ header; π* is the policy solved for route classes (``overtake solve --phase-inf
 case with those routes), and the sidecar and the twin learn each route's class from its
 demands (``classifier.mode: learned``).
 
---cpu-priority age: the CPU-priority lever inside Apache (mod_overtake_prio). Per case
-the lever's threshold is chosen in the model (one threshold for both stages, as one server-wide
+--cpu-priority age: CPU priority inside Apache (mod_overtake_prio). Per case
+the age threshold is chosen in the model (one threshold for both stages, as one server-wide
 ``OvertakePrioLevels`` applies it; :func:`overtake.mdp.priority.choose_tandem_thresholds`), the
-demoted level is SCHED_IDLE, and the model's E[W] of π(∞) with the lever is simulated (no exact
+demoted level is SCHED_IDLE, and the model's E[W] of π(∞) with CPU priority is simulated (no exact
 analysis of the tandem exists). π* is the product's choice for the information available:
-π(∞) with the lever on a second Apache that loads the module, unless the best policy without it
+π(∞) with CPU priority on a second Apache that loads the module, unless the best policy without it
 (``--phase-info none`` for hidden phases, π* for explicit ones) is predicted as good within 2 %;
 π(1) and π(∞) run on the Apache without it. Section `apache-table2-age`.
 
@@ -101,8 +101,8 @@ REPO = Path(__file__).resolve().parents[1]
 POLICIES = ("pi*", "pi(1)", "pi(inf)")
 ZERO_GAIN = 0.0005  # a model gain below 0.05 % is "0.0 %" (Table 1 prints two decimals of percent)
 TAGS = {"explicit": "", "hidden": "-hidden", "learned": "-learned"}  # section and record suffixes
-LEVER_MARGIN = 0.02  # the lever is used when its predicted E[W] is this much below the best policy without it
-LEVER_REQUESTS, LEVER_SEEDS = 500_000, 2  # simulated requests per seed for the lever's predicted E[W]
+LEVER_MARGIN = 0.02  # CPU priority is used when its predicted E[W] is this much below the best policy without it
+LEVER_REQUESTS, LEVER_SEEDS = 500_000, 2  # simulated requests per seed for CPU priority's predicted E[W]
 
 STAGES = """stages:
   - name: stage1
@@ -151,7 +151,7 @@ def ideal_response_times(trace: dict[str, np.ndarray], spec: str, unit: float, m
 
 
 def choose_lever(model: TandemModel, pol: Policy, best_without: float, seed: int, kind: str) -> dict[str, Any]:
-    """The lever, its predicted E[W] at the kernel's SCHED_IDLE weight and whether it beats
+    """The CPU priority, its predicted E[W] at the kernel's SCHED_IDLE weight and whether it beats
     ``best_without`` by :data:`LEVER_MARGIN`. ``age``: π(∞) with the visit model's common
     threshold, simulated; ``class``: ``pol`` (solved with the classes in force, ``overtake solve
     --cpu-priority class``) with the classes it was solved with, exact."""
@@ -565,8 +565,8 @@ def render_any(record: dict[str, Any], args: argparse.Namespace) -> str:
 
 
 def render_lever(record: dict[str, Any], classifier: str, kind: str, explicit: dict[str, Any] | None = None) -> str:
-    """The `apache-table2-age` / `-class` section: pi* with the CPU-priority lever against Apache's
-    default; with class priority, beside explicit pi*'s gain without the lever (apache-table2)."""
+    """The `apache-table2-age` / `-class` section: pi* with CPU priority against Apache's
+    default; with class priority, beside explicit pi*'s gain without it (apache-table2)."""
     runs: dict[str, dict[str, Any]] = {}
     for r in record.values():
         runs.setdefault(r["run"]["command"], r["run"])
@@ -651,9 +651,9 @@ def render_lever(record: dict[str, Any], classifier: str, kind: str, explicit: d
 
 
 def _lever_conclusion(record: dict[str, Any], kind: str, explicit: dict[str, Any] | None) -> str:
-    """The CPU-priority targets on the recorded cases: with the lever, the mean response time ≥ 8 % below
+    """The CPU-priority targets on the recorded cases: with CPU priority, the mean response time ≥ 8 % below
     pi(inf) with the paired CI excluding 0 (age), or a gain over pi(inf) at least explicit pi*'s
-    without the lever (class); without it, never worse than pi(inf) beyond the CI."""
+    without CPU priority (class); without it, never worse than pi(inf) beyond the CI."""
     used = [c for c in sorted(record, key=int) if record[c].get("lever", {}).get("used")]
     rest = [c for c in sorted(record, key=int) if c not in used]
     out = []

@@ -339,6 +339,186 @@ def policy_name(policy: PolicyLike) -> str:
     return str(policy)
 
 
+@dataclass(frozen=True)
+class _CpuLevels:
+    """The kernel's CPU-priority tables: level weights, attained-service thresholds, start levels."""
+
+    priority: CpuPriority | None
+    weights: FloatArray
+    thresholds: FloatArray
+    start: IntArray
+
+
+def _check_run(requests: int, warmup: float, batches: int, phase: str) -> None:
+    if requests < batches * 10:
+        raise ModelError(f"requests must be >= {batches * 10} (10 per batch), got {requests}")
+    if not 0 <= warmup < 10:
+        raise ModelError(f"warmup must be a fraction in [0, 10), got {warmup}")
+    if batches < 2:
+        raise ModelError(f"batches must be >= 2, got {batches}")
+    if phase not in ("oracle", "prior"):
+        raise ModelError(f"phase must be 'oracle' or 'prior', got {phase!r}")
+
+
+def _cpu_levels(model: TandemModel, cpu_priority: CpuPriority | None) -> _CpuLevels:
+    N, D = model.n_stages, model.n_coords
+    if model.weights is not None:
+        # weights by phase are class priority by start phase while no phase moves to another
+        if cpu_priority is not None or any(np.count_nonzero(st.T - np.diag(np.diag(st.T))) for st in model.stages):
+            raise ModelError("weights: the simulator shares the CPU by cpu_priority=; weights by phase translate "
+                             "only for stages whose phases do not move and without another cpu_priority")
+        ws = sorted(set(model.weights), reverse=True)
+        cpu_priority = CpuPriority(tuple(w / ws[0] for w in ws), tuple((math.inf,) * (len(ws) - 1) for _ in range(N)),
+                                   tuple(tuple(ws.index(model.weights[model.coord(i, j)]) for j in range(st.phases))
+                                         for i, st in enumerate(model.stages)), "weights by phase")
+    if cpu_priority is None:
+        return _CpuLevels(None, np.ones(1), np.zeros((N, 0)), np.zeros(D, dtype=np.int64))
+    if not isinstance(cpu_priority, CpuPriority):
+        raise ModelError(f"cpu_priority must be a CpuPriority, got {type(cpu_priority).__name__}")
+    return _CpuLevels(cpu_priority, np.asarray(cpu_priority.weights, dtype=float),
+                      np.asarray(cpu_priority.thresholds, dtype=float).reshape(N, cpu_priority.levels - 1),
+                      cpu_priority.coord_start(model))
+
+
+def _check_coupling(model: TandemModel, policy: PolicyLike, service: Sequence[Sampler] | None) -> None:
+    if model.coupled and service is not None:
+        raise ModelError("routing: the simulator runs coupled stages on the model's PH service (the routing links "
+                         "their phases); drop service= (--service-from) or the routing")
+    if model.coupled and isinstance(policy, Policy) and policy.phase_info != "full":
+        raise ModelError(f"routing: the simulator runs a coupled model's policy table with phase_info full (its "
+                         f"queues are per coordinate); got a {policy.phase_info} policy")
+    if model.has_lock and service is not None:
+        raise ModelError("locks: the simulator runs a stage with a lock on the model's PH service; drop service= "
+                         "(--service-from) or the lock")
+
+
+@dataclass(frozen=True)
+class _Service:
+    """The kernel's service input: mode 0 simulates the PH phases, mode 1 replays drawn work."""
+
+    mode: int
+    work: FloatArray
+    label0: IntArray
+    name: str
+    phase_used: str
+
+
+def _service_draws(model: TandemModel, service: Sequence[Sampler] | None, phase: PhaseMode, n_total: int,
+                   rng: np.random.Generator) -> _Service:
+    if service is None:
+        return _Service(0, np.zeros((1, 1)), np.zeros((1, 1), dtype=np.int64), "phase-type (model)", "true phase")
+    N = model.n_stages
+    if len(service) != N:
+        raise ModelError(f"service: give one sampler per stage ({N}), got {len(service)}")
+    work = np.empty((n_total, N))
+    label0 = np.empty((n_total, N), dtype=np.int64)
+    for i, (s, stg) in enumerate(zip(service, model.stages)):
+        x = np.asarray(s.rvs(n_total, rng), dtype=float)
+        if x.shape != (n_total,) or np.any(~np.isfinite(x)) or np.any(x < 0):
+            raise ModelError(f"service[{i}]: sampler must return {n_total} finite durations >= 0")
+        work[:, i] = x
+        if phase == "oracle":
+            label0[:, i] = posterior_labels(stg, x, rng)
+        else:
+            label0[:, i] = np.minimum(
+                np.searchsorted(np.cumsum(stg.alpha), rng.random(n_total), side="right"), stg.phases - 1)
+    return _Service(1, work, label0, ", ".join(getattr(s, "name", type(s).__name__) for s in service), phase)
+
+
+@dataclass
+class _PolicyTables:
+    """The kernel's policy input: type (0 total cap, 1 caps per stage, 2 table, 3 heuristic), queue mode,
+    and the tables of whichever type it is (the others stay empty)."""
+
+    ptype: int = 0
+    qmode: int = 0
+    base_total: int = -1
+    base_caps: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    tab_keys: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    tab_spawn: IntArray = field(default_factory=lambda: np.zeros((1, 1), dtype=np.int64))
+    tab_ntab: IntArray = field(default_factory=lambda: np.zeros((1, 1), dtype=np.int64))
+    tab_C: int = 0
+    tab_kmax: int = 0
+    h_rem: FloatArray = field(default_factory=lambda: np.zeros(0))
+    h_min: FloatArray = field(default_factory=lambda: np.zeros((1, 1)))
+    h_wait: FloatArray = field(default_factory=lambda: np.zeros((1, 1)))
+    h_order: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    h_var: int = 0
+    route_cum: FloatArray = field(default_factory=lambda: np.ones((1, 1)))
+    route_q0: IntArray | None = None
+    queue_alpha_cum: FloatArray = field(default_factory=lambda: np.ones((1, 1)))
+
+    def decision_args(self) -> tuple[Any, ...]:
+        return (self.ptype, self.qmode, self.base_total, self.base_caps,
+                self.tab_keys, self.tab_spawn, self.tab_ntab, self.tab_C, self.tab_kmax,
+                self.h_rem, self.h_min, self.h_wait, self.h_order, self.h_var)
+
+
+def _policy_tables(model: TandemModel, pol: PolicyLike, service: Sequence[Sampler] | None) -> _PolicyTables:
+    t = _PolicyTables(route_q0=np.zeros(model.n_stages + 1, dtype=np.int64))
+    if isinstance(pol, Baseline):
+        if pol.per_stage is not None:
+            t.ptype, t.base_caps = 1, np.asarray(pol.per_stage, dtype=np.int64)
+        else:
+            t.base_total = -1 if pol.total is None else int(pol.total)
+    elif isinstance(pol, Policy):
+        if [s.phases for s in pol.model.stages] != [s.phases for s in model.stages]:
+            raise PolicyFileError(
+                f"policy file has stages with {[s.phases for s in pol.model.stages]} phases but the scenario "
+                f"has {[s.phases for s in model.stages]}; solve the policy for this scenario")
+        t.ptype = 2
+        t.qmode = 1 if pol.phase_info == "full" else (2 if pol.observed else 0)
+        if pol.observed:
+            if pol.routes is not None and service is not None:
+                raise ModelError("a route policy needs the model's PH service (routes set the start phases); "
+                                 "drop --service-from or use a policy without routes")
+            t.route_cum, t.route_q0, t.queue_alpha_cum = _route_tables(pol)
+        t.tab_keys = np.ascontiguousarray(pol.keys, dtype=np.int64)
+        t.tab_spawn = np.ascontiguousarray(pol.spawn, dtype=np.int64)
+        t.tab_ntab = _ntab(pol.Q + pol.D, pol.max_requests)
+        t.tab_C, t.tab_kmax = int(pol.max_requests), int(pol.max_threads)
+    elif isinstance(pol, OvertakingHeuristic):
+        if pol.model.n_coords != model.n_coords:
+            raise ModelError("heuristic was built for a different model")
+        t.ptype, t.qmode = 3, 1
+        t.h_rem, t.h_min, t.h_order, t.h_var = pol.remaining, np.ascontiguousarray(pol.min_pair), pol.order, pol.variant_code
+        t.h_wait = np.ascontiguousarray(pol.wait)
+    else:
+        raise ModelError(f"policy must be a Policy, heuristic, baseline or name, got {type(pol).__name__}")
+    return t
+
+
+def _result(out: tuple[Any, ...], model: TandemModel, pol: PolicyLike, svc: _Service, levels: _CpuLevels,
+            lv_area: FloatArray, n_warm: int, n_meas: int, seed: int, batches: int, max_threads: int,
+            seconds: float) -> SimulationResult:
+    """The kernel's raw sums as figures: batch-means interval, percentiles, per-stage time averages."""
+    resp, stage_soj, stage_wait, area_K, area_N, area_ks, window, events, overflow, done = out
+    if overflow:
+        raise ModelError(f"more than {max_threads} concurrent threads: the run is unstable under this policy "
+                         "(or raise max_threads)")
+    if done < n_meas:
+        raise ModelError(f"simulation stopped with {done} of {n_meas} requests done (no further events)")
+    bm = resp[: (n_meas // batches) * batches].reshape(batches, -1).mean(axis=1)
+    half = float(stdtrit(batches - 1, 0.975) * bm.std(ddof=1) / math.sqrt(batches))  # Student t quantile
+    pct = np.percentile(resp, PERCENTILES)
+    stages = tuple(
+        StageFigures(s.name, float(stage_soj[i] / n_meas), float(stage_wait[i] / n_meas), float(area_ks[i] / window))
+        for i, s in enumerate(model.stages)
+    )
+    extra: dict[str, Any] = {}
+    if levels.priority is not None:
+        extra["cpu_priority"] = levels.priority.to_dict()
+        extra["mean_threads_per_level"] = [float(a / window) for a in lv_area]
+    return SimulationResult(
+        policy=policy_name(pol), service=svc.name, phase_info=svc.phase_used, requests=n_meas, warmup=n_warm,
+        seed=int(seed), mean_response_time=float(resp.mean()), ci95=half, batches=batches,
+        percentiles={f"p{p:g}": float(v) for p, v in zip(PERCENTILES, pct)}, stages=stages,
+        mean_threads=float(area_K / window), mean_in_system=float(area_N / window),
+        arrival_rate=float(model.arrival_rate), events=int(events), seconds=seconds,
+        extra=extra,
+    )
+
+
 def simulate(
     model: TandemModel,
     policy: PolicyLike,
@@ -370,142 +550,28 @@ def simulate(
         levels per phase); ``None`` is plain processor sharing.
     """
     t0 = time.perf_counter()
-    if requests < batches * 10:
-        raise ModelError(f"requests must be >= {batches * 10} (10 per batch), got {requests}")
-    if not 0 <= warmup < 10:
-        raise ModelError(f"warmup must be a fraction in [0, 10), got {warmup}")
-    if batches < 2:
-        raise ModelError(f"batches must be >= 2, got {batches}")
-    if phase not in ("oracle", "prior"):
-        raise ModelError(f"phase must be 'oracle' or 'prior', got {phase!r}")
+    _check_run(requests, warmup, batches, phase)
     pol = _resolve(model, policy)
-    N, D = model.n_stages, model.n_coords
-    if model.weights is not None:
-        # weights by phase are class priority by start phase while no phase moves to another
-        if cpu_priority is not None or any(np.count_nonzero(st.T - np.diag(np.diag(st.T))) for st in model.stages):
-            raise ModelError("weights: the simulator shares the CPU by cpu_priority=; weights by phase translate "
-                             "only for stages whose phases do not move and without another cpu_priority")
-        ws = sorted(set(model.weights), reverse=True)
-        cpu_priority = CpuPriority(tuple(w / ws[0] for w in ws), tuple((math.inf,) * (len(ws) - 1) for _ in range(N)),
-                                   tuple(tuple(ws.index(model.weights[model.coord(i, j)]) for j in range(st.phases))
-                                         for i, st in enumerate(model.stages)), "weights by phase")
-    if cpu_priority is None:
-        lv_w, lv_thr, lv_start = np.ones(1), np.zeros((N, 0)), np.zeros(D, dtype=np.int64)
-    else:
-        if not isinstance(cpu_priority, CpuPriority):
-            raise ModelError(f"cpu_priority must be a CpuPriority, got {type(cpu_priority).__name__}")
-        lv_start = cpu_priority.coord_start(model)
-        lv_w = np.asarray(cpu_priority.weights, dtype=float)
-        lv_thr = np.asarray(cpu_priority.thresholds, dtype=float).reshape(N, cpu_priority.levels - 1)
-    lv_area = np.zeros(lv_w.size)
-    if model.coupled and service is not None:
-        raise ModelError("routing: the simulator runs coupled stages on the model's PH service (the routing links "
-                         "their phases); drop service= (--service-from) or the routing")
-    if model.coupled and isinstance(policy, Policy) and policy.phase_info != "full":
-        raise ModelError(f"routing: the simulator runs a coupled model's policy table with phase_info full (its "
-                         f"queues are per coordinate); got a {policy.phase_info} policy")
-    if model.has_lock and service is not None:
-        raise ModelError("locks: the simulator runs a stage with a lock on the model's PH service; drop service= "
-                         "(--service-from) or the lock")
-    cs, off, alpha_cum, mu, jump_cum = _tables(model)
+    levels = _cpu_levels(model, cpu_priority)
+    lv_area = np.zeros(levels.weights.size)
+    _check_coupling(model, policy, service)
     n_warm = int(round(warmup * requests))
     n_meas = int(requests)
     n_total = n_warm + n_meas + max(1000, n_meas // 50)  # arrivals keep coming while the last measured finish
-    rng = np.random.default_rng(seed)
-    if service is None:
-        svc_mode, work, label0 = 0, np.zeros((1, 1)), np.zeros((1, 1), dtype=np.int64)
-        svc_name = "phase-type (model)"
-        phase_used = "true phase"
-    else:
-        if len(service) != N:
-            raise ModelError(f"service: give one sampler per stage ({N}), got {len(service)}")
-        svc_mode = 1
-        work = np.empty((n_total, N))
-        label0 = np.empty((n_total, N), dtype=np.int64)
-        for i, (s, stg) in enumerate(zip(service, model.stages)):
-            x = np.asarray(s.rvs(n_total, rng), dtype=float)
-            if x.shape != (n_total,) or np.any(~np.isfinite(x)) or np.any(x < 0):
-                raise ModelError(f"service[{i}]: sampler must return {n_total} finite durations >= 0")
-            work[:, i] = x
-            if phase == "oracle":
-                label0[:, i] = posterior_labels(stg, x, rng)
-            else:
-                label0[:, i] = np.minimum(
-                    np.searchsorted(np.cumsum(stg.alpha), rng.random(n_total), side="right"), stg.phases - 1)
-        svc_name = ", ".join(getattr(s, "name", type(s).__name__) for s in service)
-        phase_used = phase
-    e_i = np.zeros(0, dtype=np.int64)
-    e_f = np.zeros(0)
-    route_cum, route_q0, queue_alpha_cum = np.ones((1, 1)), np.zeros(N + 1, dtype=np.int64), np.ones((1, 1))
-    base_total, base_caps = -1, e_i
-    tab_keys, tab_spawn, tab_ntab, tab_C, tab_kmax = e_i, np.zeros((1, 1), dtype=np.int64), np.zeros((1, 1), dtype=np.int64), 0, 0
-    h_rem, h_min, h_wait, h_order, h_var = e_f, np.zeros((1, 1)), np.zeros((1, 1)), e_i, 0
-    if isinstance(pol, Baseline):
-        qmode = 0
-        if pol.per_stage is not None:
-            ptype, base_caps = 1, np.asarray(pol.per_stage, dtype=np.int64)
-        else:
-            ptype, base_total = 0, (-1 if pol.total is None else int(pol.total))
-    elif isinstance(pol, Policy):
-        if [s.phases for s in pol.model.stages] != [s.phases for s in model.stages]:
-            raise PolicyFileError(
-                f"policy file has stages with {[s.phases for s in pol.model.stages]} phases but the scenario "
-                f"has {[s.phases for s in model.stages]}; solve the policy for this scenario")
-        ptype = 2
-        qmode = 1 if pol.phase_info == "full" else (2 if pol.observed else 0)
-        if pol.observed:
-            if pol.routes is not None and service is not None:
-                raise ModelError("a route policy needs the model's PH service (routes set the start phases); "
-                                 "drop --service-from or use a policy without routes")
-            route_cum, route_q0, queue_alpha_cum = _route_tables(pol)
-        tab_keys = np.ascontiguousarray(pol.keys, dtype=np.int64)
-        tab_spawn = np.ascontiguousarray(pol.spawn, dtype=np.int64)
-        tab_ntab = _ntab(pol.Q + pol.D, pol.max_requests)
-        tab_C, tab_kmax = int(pol.max_requests), int(pol.max_threads)
-    elif isinstance(pol, OvertakingHeuristic):
-        if pol.model.n_coords != D:
-            raise ModelError("heuristic was built for a different model")
-        ptype, qmode = 3, 1
-        h_rem, h_min, h_order, h_var = pol.remaining, np.ascontiguousarray(pol.min_pair), pol.order, pol.variant_code
-        h_wait = np.ascontiguousarray(pol.wait)
-    else:
-        raise ModelError(f"policy must be a Policy, heuristic, baseline or name, got {type(pol).__name__}")
+    svc = _service_draws(model, service, phase, n_total, np.random.default_rng(seed))
+    tabs = _policy_tables(model, pol, service)
     out = run_kernel(
         n_total, n_warm, n_meas, float(model.arrival_rate), int(seed) % (2**32),
-        cs, off, alpha_cum, mu, jump_cum,
-        svc_mode, work, label0,
+        *_tables(model),
+        svc.mode, svc.work, svc.label0,
         int(model.cores), float(model.overhead),
-        ptype, qmode, base_total, base_caps,
-        tab_keys, tab_spawn, tab_ntab, tab_C, tab_kmax,
-        h_rem, h_min, h_wait, h_order, h_var,
+        *tabs.decision_args(),
         int(max_threads),
-        lv_w, np.ascontiguousarray(lv_thr), lv_start, lv_area,
-        route_cum, route_q0, queue_alpha_cum,
-        np.array([(1 << 62) if model.lock_of(i) is None else model.lock_of(i) for i in range(N)], dtype=np.int64),
+        levels.weights, np.ascontiguousarray(levels.thresholds), levels.start, lv_area,
+        tabs.route_cum, tabs.route_q0, tabs.queue_alpha_cum,
+        np.array([(1 << 62) if model.lock_of(i) is None else model.lock_of(i) for i in range(model.n_stages)],
+                 dtype=np.int64),
         _start_tables(model),
     )
-    resp, stage_soj, stage_wait, area_K, area_N, area_ks, window, events, overflow, done = out
-    if overflow:
-        raise ModelError(f"more than {max_threads} concurrent threads: the run is unstable under this policy "
-                         "(or raise max_threads)")
-    if done < n_meas:
-        raise ModelError(f"simulation stopped with {done} of {n_meas} requests done (no further events)")
-    bm = resp[: (n_meas // batches) * batches].reshape(batches, -1).mean(axis=1)
-    half = float(stdtrit(batches - 1, 0.975) * bm.std(ddof=1) / math.sqrt(batches))  # Student t quantile
-    pct = np.percentile(resp, PERCENTILES)
-    stages = tuple(
-        StageFigures(s.name, float(stage_soj[i] / n_meas), float(stage_wait[i] / n_meas), float(area_ks[i] / window))
-        for i, s in enumerate(model.stages)
-    )
-    extra: dict[str, Any] = {}
-    if cpu_priority is not None:
-        extra["cpu_priority"] = cpu_priority.to_dict()
-        extra["mean_threads_per_level"] = [float(a / window) for a in lv_area]
-    return SimulationResult(
-        policy=policy_name(pol), service=svc_name, phase_info=phase_used, requests=n_meas, warmup=n_warm,
-        seed=int(seed), mean_response_time=float(resp.mean()), ci95=half, batches=batches,
-        percentiles={f"p{p:g}": float(v) for p, v in zip(PERCENTILES, pct)}, stages=stages,
-        mean_threads=float(area_K / window), mean_in_system=float(area_N / window),
-        arrival_rate=float(model.arrival_rate), events=int(events), seconds=time.perf_counter() - t0,
-        extra=extra,
-    )
+    return _result(out, model, pol, svc, levels, lv_area, n_warm, n_meas, seed, batches, max_threads,
+                   time.perf_counter() - t0)

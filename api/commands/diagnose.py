@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from overtake.controller.errors import ControllerError
+from overtake.api.errors import DiagnoseUsageError
 
 if TYPE_CHECKING:
     from overtake.controller.online.serialisation import TimedRequest, Verdict
@@ -30,10 +30,6 @@ if TYPE_CHECKING:
 #: options imports neither numpy nor the detector (tests/api/test_cli_diagnose.py checks they agree)
 MIN_SAMPLES = 30
 ALPHA = 0.01
-
-
-class DiagnoseUsageError(ControllerError, ValueError):
-    """A command-line option or the input of ``overtake diagnose`` is unusable."""
 
 
 def register(subparsers: Any) -> None:

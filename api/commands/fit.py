@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from overtake.api.commands.defaults import DEFAULT_MAX_STATES
+from overtake.api.errors import FitUsageError
 from overtake.fitting.errors import FittingInputError
 
 if TYPE_CHECKING:
@@ -34,10 +35,6 @@ if TYPE_CHECKING:
 #: options imports neither numpy nor the EM (tests/fitting/test_cli.py checks they agree)
 STRUCTURES = ("cf1", "coxian", "general", "hyperexp", "hypererlang")
 MAX_AUTO_ORDER = 12
-
-
-class FitUsageError(FittingInputError):
-    """A command-line option of ``overtake fit`` is unusable."""
 
 
 def register(subparsers: Any) -> None:

@@ -43,12 +43,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # the solver's imports only once the options have parsed
-    from overtake.api.progress import progress_bar
     from overtake.api.scenario import load_scenario
-    from overtake.mdp import solve
     from overtake.mdp.budget import check_budget
-    from overtake.mdp.rule_evaluation import evaluate_baseline, evaluate_rule
-    from overtake.mdp.rules import overtaking_rule
 
     sc, model = load_scenario(args.scenario)
     args.phase_info = args.phase_info or sc.phase_info
@@ -66,28 +62,62 @@ def run(args: argparse.Namespace) -> int:
         return _run_constrained(args, sc, model)
     if args.out is None:
         raise ValueError("--out: give the policy file to write, e.g. --out policy.npz")
-    choice = None
     if args.cpu_priority == "class":
-        if args.phase_info != "full":
-            raise ValueError(f"--cpu-priority class: classes by phase need the phases; --phase-info "
-                             f"{args.phase_info} does not see them (use age)")
-        from overtake.mdp.priority_classes import class_model
+        _check_class_priority(args, model)
+    opt, choice = _solve_pi_star(args, sc, model, routes)
+    pol = opt.policy
+    meta = _policy_meta(args, sc, model, opt)
+    pol.meta.update(meta)
+    if args.cpu_priority:
+        pol.meta["cpu_priority"] = _cpu_priority_meta(args.cpu_priority, model, pol, choice)
+    pol.save(args.out)
+    if args.plot:
+        from overtake.api.plots import policy_figure
 
-        try:
-            class_model(model)  # the classes as CPU weights by phase: exact only where phases stay
-        except ModelError as exc:
-            raise ValueError(f"--cpu-priority class: {exc}") from None
+        policy_figure(pol).savefig(args.plot, dpi=100)
+    print(json.dumps(_document(args, sc, model, opt), indent=2))
+    if not args.quiet:
+        print(phases_text(model, sc.time_unit), file=sys.stderr)
+    if "rules" in meta and not args.quiet:
+        print(f"overtaking rules (agree with pi* on {meta['rules']['agreement']:.1%} of decisions):", file=sys.stderr)
+        for line in meta["rules"]["text"]:
+            print("  " + line, file=sys.stderr)
+    return 0
+
+
+def _check_class_priority(args: argparse.Namespace, model: Any) -> None:
+    if args.phase_info != "full":
+        raise ValueError(f"--cpu-priority class: classes by phase need the phases; --phase-info "
+                         f"{args.phase_info} does not see them (use age)")
+    from overtake.mdp.priority_classes import class_model
+
+    try:
+        class_model(model)  # the classes as CPU weights by phase: exact only where phases stay
+    except ModelError as exc:
+        raise ValueError(f"--cpu-priority class: {exc}") from None
+
+
+def _solve_pi_star(args: argparse.Namespace, sc: Any, model: Any, routes: Any) -> tuple[Any, Any]:
+    """The optimum, and with class priority the choice among class assignments it came from."""
+    from overtake.api.progress import progress_bar
+    from overtake.mdp import solve
+
     with progress_bar("solve pi*", quiet=args.quiet) as progress:  # a bar on a terminal, silent otherwise
         if args.cpu_priority == "class":
             # the spawn optimum under each candidate class assignment, exact; the best is kept
             choice = solve(model, cpu_priority="class", truncation=sc.fixed_truncation(), tol=sc.tolerance,
                            method=args.method, progress=progress)
-            opt = choice.optimum
-        else:
-            opt = solve(model, phase_info=args.phase_info, truncation=sc.fixed_truncation(),
-                        tol=sc.tolerance, method=args.method, progress=progress, routes=routes,
-                        max_states=args.max_states)
-    pol = opt.policy
+            return choice.optimum, choice
+        return solve(model, phase_info=args.phase_info, truncation=sc.fixed_truncation(),
+                     tol=sc.tolerance, method=args.method, progress=progress, routes=routes,
+                     max_states=args.max_states), None
+
+
+def _policy_meta(args: argparse.Namespace, sc: Any, model: Any, opt: Any) -> dict[str, Any]:
+    """The policy file's record of the solve: metrics, trace, time unit, Apache's default, rules."""
+    from overtake.mdp.rule_evaluation import evaluate_baseline
+    from overtake.mdp.rules import overtaking_rule
+
     meta: dict[str, Any] = {
         "metrics": opt.metrics.to_dict(),
         "gain_bounds": list(opt.solve.gain_bounds),
@@ -105,31 +135,35 @@ def run(args: argparse.Namespace) -> int:
     ps = done["pi(inf)"].metrics if "pi(inf)" in done else evaluate_baseline(model, "pi(inf)", tol=sc.tolerance).metrics
     meta["baselines"] = {"pi(inf)": ps.mean_response_time}
     if args.phase_info == "full":
-        meta["rules"] = overtaking_rule(opt.solve, pol).to_dict()
-    pol.meta.update(meta)
-    if args.cpu_priority == "age":
-        from overtake.mdp.priority_prediction import predict_priority
+        meta["rules"] = overtaking_rule(opt.solve, opt.policy).to_dict()
+    return meta
 
-        pol.meta["cpu_priority"] = {"age": predict_priority(model, pol, "age").to_meta()}
-    elif args.cpu_priority == "class":
-        from overtake.mdp.priority_prediction import predict_priority
 
-        # the policy is the optimum with the classes; its E[W] without them, for the record
-        pol.meta["cpu_priority"] = {"class": predict_priority(model, pol, "class").to_meta() | {"solved": True}}
-        plain = evaluate_rule(model, pol.layout, pol.actions, max_requests=pol.max_requests, max_threads=pol.max_threads)
-        pol.meta["cpu_priority"]["class"]["without_lever"] = plain.mean_response_time
-        assert choice is not None
-        pol.meta["cpu_priority"]["class"]["candidates"] = [
-            {"start_levels": [list(r) for r in lv], "mean_response_time": ew} for lv, ew in choice.candidates]
-    pol.save(args.out)
-    if args.plot:
-        from overtake.api.plots import policy_figure
+def _cpu_priority_meta(kind: str, model: Any, pol: Any, choice: Any) -> dict[str, Any]:
+    """The CPU-priority predictions the policy file carries (``age`` or ``class``)."""
+    from overtake.mdp.priority_prediction import predict_priority
 
-        policy_figure(pol).savefig(args.plot, dpi=100)
-    m = opt.metrics
+    if kind == "age":
+        return {"age": predict_priority(model, pol, "age").to_meta()}
+    from overtake.mdp.rule_evaluation import evaluate_rule
+
+    # the policy is the optimum with the classes; its E[W] without them, for the record
+    meta = predict_priority(model, pol, "class").to_meta() | {"solved": True}
+    plain = evaluate_rule(model, pol.layout, pol.actions, max_requests=pol.max_requests, max_threads=pol.max_threads)
+    meta["without_lever"] = plain.mean_response_time
+    assert choice is not None
+    meta["candidates"] = [{"start_levels": [list(r) for r in lv], "mean_response_time": ew}
+                          for lv, ew in choice.candidates]
+    return {"class": meta}
+
+
+def _document(args: argparse.Namespace, sc: Any, model: Any, opt: Any) -> dict[str, Any]:
+    """The JSON document ``overtake solve`` prints."""
+    pol, m = opt.policy, opt.metrics
     doc = {"out": args.out, "states": pol.keys.size, "hash": pol.digest(), "phase_info": pol.phase_info,
            "mean_response_time": m.mean_response_time, "blocking_probability": m.blocking_probability,
            "max_requests": pol.max_requests, "max_threads": pol.max_threads, **unit_fields(sc, model, m)}
+    source = getattr(opt, "source", None)
     if source is not None:
         doc["source"] = source
     if args.cpu_priority:
@@ -141,14 +175,7 @@ def run(args: argparse.Namespace) -> int:
                                    "visit_model": v["visit_model"],
                                    "exempt_stages": v.get("exempt_stages", [])}
                                for k, v in pol.meta["cpu_priority"].items()}
-    print(json.dumps(doc, indent=2))
-    if not args.quiet:
-        print(phases_text(model, sc.time_unit), file=sys.stderr)
-    if "rules" in meta and not args.quiet:
-        print(f"overtaking rules (agree with pi* on {meta['rules']['agreement']:.1%} of decisions):", file=sys.stderr)
-        for line in meta["rules"]["text"]:
-            print("  " + line, file=sys.stderr)
-    return 0
+    return doc
 
 
 def unit_fields(sc: Any, model: Any, metrics: Any) -> dict[str, Any]:

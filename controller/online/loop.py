@@ -202,39 +202,17 @@ class OnlineLoop:
                 "reason": f"last refit {now - self.last_refit_start:.3g} s ago < refit interval {s.refit_interval:g} s"},
                 logging.DEBUG)
         chosen = [self.recorder.choose(i) for i in range(len(self.names))]
-        counts = {n: int(x.size) for n, (_, x) in zip(self.names, chosen)}
-        sources = {n: src for n, (src, _) in zip(self.names, chosen)}
         lam = self.recorder.arrival_rate()
-        base: dict[str, Any] = {"samples": counts, "source": sources,
-                                "arrival_rate_per_second": lam, "time_unit": self.time_unit}
-        short = [n for n, c in counts.items() if c < s.min_samples]
-        if short:
-            return self._decide("skipped_samples", {**base, "reason": f"stages {short} have fewer than "
-                                                    f"{s.min_samples} demand samples"})
-        if not lam:
-            return self._decide("skipped_samples", {**base, "reason": "no arrivals in the window"})
-        means = [float(x.mean()) for _, x in chosen]
+        base, skip = _check_window(self.names, chosen, lam, self.time_unit, self.cores, s)
+        if skip is not None:
+            return self._decide(skip[0], {**base, "reason": skip[1]})
+        assert lam is not None  # a window without arrivals was skipped
         lam_model = lam * self.time_unit
-        load = lam_model * sum(means) / self.cores
-        base.update(load=load, means_seconds={n: m * self.time_unit for n, m in zip(self.names, means)})
-        if load >= s.max_load:
-            return self._decide("skipped_load", {**base, "reason": f"estimated load {load:.3f} >= {s.max_load:g}: "
-                                                 "the model has no stationary optimum to re-solve for"})
         pol = self.current()
-        if isinstance(pol, TablePolicy):
-            current: Any = pol.policy
-            # keep the model's phase counts (not the policy's labels): an exact comparison
-            orders: tuple[int | None, ...] = tuple(int(st.phases) for st in pol.policy.model.stages)
-            phase_info = pol.policy.phase_info  # re-solve for the information the running policy uses
-            routes = pol.policy.routes
-        elif isinstance(pol, BaselinePolicy):
-            current = pol.baseline.name
-            routes = None
-            orders = (None,) * len(self.names)
-            # what the classifier can see: without phases, the best policy over counts (mdp.observed)
-            phase_info = "none" if self.classifier_mode == "hidden" else "full"
-        else:  # pragma: no cover - only the two policy families exist
+        target = _resolve_target(pol, len(self.names), self.classifier_mode)
+        if target is None:  # pragma: no cover - only the two policy families exist
             return self._decide("failed", {**base, "reason": f"policy type {type(pol).__name__} unknown"})
+        current, orders, phase_info, routes = target
         pairs = self._pairs(phase_info, current)
         job = RefitJob(
             stage_names=self.names, samples=tuple(x for _, x in chosen), arrival_rate=lam_model,
@@ -264,13 +242,7 @@ class OnlineLoop:
                 "event": "online_lock_ignored", "detail": f"{phase_info} re-solve: {res['lock_ignored']}"})
         self.solve_cpu[res["kind"]] = self.solve_cpu.get(res["kind"], 0.0) + res["cpu_seconds"]
         u = job.time_unit  # predictions are in its model units; the reasons say seconds
-        rec = {**base, "fit": res["stages"], "predicted_new": res["predicted_new"],
-               "predicted_current": res["predicted_current"], "current_error": res["current_error"],
-               "predicted_new_seconds": res["predicted_new"] * u, "predicted_current_seconds": res["predicted_current"] * u,
-               "states": res["states"], "worker_seconds": res["seconds"], "seconds": wall,
-               "policy": pol.name, "new_hash": res["hash"], "cpu_seconds": res["cpu_seconds"],
-               "worker_pid": res["pid"], "worker_nice": res["nice"], "locks": res.get("locks"),
-               "routing": res.get("routing"), "routing_correlation": res.get("routing_correlation")}
+        rec = _record(base, res, wall, pol.name, u)
         if phase_info == "route" and res["seconds"]["solve"] > s.refit_interval:
             _unlink(job.out)
             return self._decide("skipped_route", {**rec, "reason": (
@@ -339,3 +311,51 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+def _resolve_target(pol: Any, n: int, classifier_mode: str) -> tuple[Any, tuple[int | None, ...], str, Any] | None:
+    """What a refit re-solves for, from the running policy: (the current policy or baseline name,
+    phase counts to fit (None: the fit chooses), the information level, the route split); None
+    for a policy of no known family."""
+    if isinstance(pol, TablePolicy):
+        # keep the model's phase counts (not the policy's labels): an exact comparison; re-solve
+        # for the information the running policy uses
+        return (pol.policy, tuple(int(st.phases) for st in pol.policy.model.stages), pol.policy.phase_info,
+                pol.policy.routes)
+    if isinstance(pol, BaselinePolicy):
+        # what the classifier can see: without phases, the best policy over counts (mdp.observed)
+        return pol.baseline.name, (None,) * n, "none" if classifier_mode == "hidden" else "full", None
+    return None
+
+
+def _record(base: dict[str, Any], res: dict[str, Any], wall: float, policy: str, u: float) -> dict[str, Any]:
+    """The decision record of a finished refit job; ``u`` converts its model units to seconds."""
+    return {**base, "fit": res["stages"], "predicted_new": res["predicted_new"],
+            "predicted_current": res["predicted_current"], "current_error": res["current_error"],
+            "predicted_new_seconds": res["predicted_new"] * u, "predicted_current_seconds": res["predicted_current"] * u,
+            "states": res["states"], "worker_seconds": res["seconds"], "seconds": wall,
+            "policy": policy, "new_hash": res["hash"], "cpu_seconds": res["cpu_seconds"],
+            "worker_pid": res["pid"], "worker_nice": res["nice"], "locks": res.get("locks"),
+            "routing": res.get("routing"), "routing_correlation": res.get("routing_correlation")}
+
+
+def _check_window(names: tuple[str, ...], chosen: list[tuple[str, Any]], lam: float | None, time_unit: float, cores: int,
+                  s: Any) -> tuple[dict[str, Any], tuple[str, str] | None]:
+    """The record of the window's samples and load, and (outcome, reason) if they cannot be refitted:
+    too few samples in a stage, no arrivals, or a load with no stationary optimum."""
+    counts = {n: int(x.size) for n, (_, x) in zip(names, chosen)}
+    sources = {n: src for n, (src, _) in zip(names, chosen)}
+    base: dict[str, Any] = {"samples": counts, "source": sources,
+                            "arrival_rate_per_second": lam, "time_unit": time_unit}
+    short = [n for n, c in counts.items() if c < s.min_samples]
+    if short:
+        return base, ("skipped_samples", f"stages {short} have fewer than {s.min_samples} demand samples")
+    if not lam:
+        return base, ("skipped_samples", "no arrivals in the window")
+    means = [float(x.mean()) for _, x in chosen]
+    load = lam * time_unit * sum(means) / cores
+    base.update(load=load, means_seconds={n: m * time_unit for n, m in zip(names, means)})
+    if load >= s.max_load:
+        return base, ("skipped_load", f"estimated load {load:.3f} >= {s.max_load:g}: "
+                      "the model has no stationary optimum to re-solve for")
+    return base, None

@@ -161,76 +161,106 @@ def _solve(model: Any, phase_info: str, tol: float, routes: Any) -> tuple[Any, A
         return solve(model, phase_info=phase_info, tol=tol, routes=routes), model, str(exc)
 
 
-def refit_job(job: RefitJob) -> dict[str, Any]:
-    """Fit, solve π*, evaluate the current policy under the new model; write π* to ``job.out``.
-
-    Runs in the worker process. Returns the fitted stages, both predicted E[W] (model units, on a
-    common evaluation cap) and timings."""
-    from overtake.mdp.baselines import Baseline
+def _fitted_model(job: RefitJob, fits: list[dict[str, Any]], routing: list[Any] | None) -> tuple[Any, Any]:
+    """The tandem of the fitted stages (with the fitted routing between them, if any), and for a
+    route re-solve the running route split carried over."""
     from overtake.mdp.model import Stage, TandemModel
+
+    locks = job.locks if job.locks is not None and any(m is not None for m in job.locks) else None
+    model = TandemModel(job.arrival_rate, tuple(Stage(n, f["alpha"], f["T"]) for n, f in zip(job.stage_names, fits)),
+                        cores=job.cores, overhead=job.overhead, locks=locks,
+                        routing=None if routing is None else tuple(tuple(map(tuple, R)) for R in routing))
+    if job.phase_info != "route":
+        return model, None
+    if job.routes is None or isinstance(job.current, str):
+        raise ValueError("a route re-solve needs the running route policy and its route split")
+    return model, carry_routes(job.routes, job.current.model, model)
+
+
+def _current_policy(job: RefitJob, model: Any, routes: Any, new: Any) -> tuple[Any, Callable[[int], Any]]:
+    """The running policy's E[W] under the new model (grown to its own cap), and its evaluation on
+    a given cap."""
+    from overtake.mdp.baselines import Baseline
     from overtake.mdp.observation import evaluate_observed
     from overtake.mdp.policy import Policy
     from overtake.mdp.rule_evaluation import evaluate_baseline, evaluate_rule
     from overtake.mdp.statespace import Layout
 
+    if isinstance(job.current, str):
+        b = Baseline.parse(job.current, model.n_stages)
+        lay = Layout.build(model, "start")
+        rule = b.rule(lay.queue_stage, model.coord_stage())
+
+        def ev(C: int) -> Any:
+            return evaluate_rule(model, lay, rule, max_requests=C, max_threads=b.max_threads)
+
+        return evaluate_baseline(model, job.current, tol=job.tolerance).metrics, ev
+    old: Policy = job.current
+    if tuple(s.phases for s in old.model.stages) != tuple(s.phases for s in model.stages):
+        raise ValueError("the running policy's phase counts differ from the refitted model's")
+    lay = routes.layout(model) if routes is not None else Layout.build(model, old.phase_info)
+
+    def ev_old(C: int) -> Any:
+        if old.observed:  # a table over counts: its own chain (mdp.observation)
+            return evaluate_observed(model, lay, old.actions, max_requests=C, max_threads=None)
+        return evaluate_rule(model, lay, old.actions, max_requests=C, max_threads=old.max_threads)
+
+    return _grow(ev_old, max(new.max_requests, old.max_requests), job.tolerance), ev_old
+
+
+def _on_one_cap(job: RefitJob, model: Any, routes: Any, opt: Any, cur: Any, ev: Callable[[int], Any]) -> tuple[Any, Any]:
+    """Each E[W] is within tol of its limit on its own cap. Where that could decide the swap, both
+    evaluated on one cap, the larger (their truncation residues then largely cancel): (current, new)."""
+    from overtake.mdp.observation import evaluate_observed
+    from overtake.mdp.rule_evaluation import evaluate_rule
+    from overtake.mdp.statespace import Layout
+
+    new = opt.metrics
+    C = max(cur.max_requests, new.max_requests)
+    if cur.mean_response_time >= new.mean_response_time * (1.0 + job.margin + 2.0 * job.tolerance):
+        return cur, new
+    if cur.max_requests < C:
+        cur = ev(C)
+    if new.max_requests < C:
+        lay_new = (routes.layout(model) if routes is not None
+                   else Layout.build(model, job.phase_info))  # type: ignore[arg-type]
+        new = (evaluate_observed(model, lay_new, opt.policy.actions, max_requests=C, max_threads=None)
+               if opt.policy.observed else
+               evaluate_rule(model, lay_new, opt.policy.actions, max_requests=C, max_threads=opt.truncation.k_max))
+    return cur, new
+
+
+def _age_thresholds(model: Any) -> dict[str, Any]:
+    """The policy file's ``cpu_priority`` entry: one common set of age thresholds, as the solve's
+    age priority chooses it (the module applies one row); a locked stage is exempt there (never
+    demoted: the sidecar sends its requests exempt)."""
+    from overtake.mdp.thresholds import choose_tandem_thresholds
+
+    thr = choose_tandem_thresholds(model, common=True)
+    return {"age": {"thresholds": [list(r) for r in thr.priority.thresholds],
+                    "visit_model_mean_response_time": thr.mean_response_time}}
+
+
+def refit_job(job: RefitJob) -> dict[str, Any]:
+    """Fit, solve π*, evaluate the current policy under the new model; write π* to ``job.out``.
+
+    Runs in the worker process. Returns the fitted stages, both predicted E[W] (model units, on a
+    common evaluation cap) and timings."""
     t0 = time.perf_counter()
     c0 = time.process_time()
     fits = [_fit_stage(np.asarray(x, dtype=float), o, job.max_order, job.seed)
             for x, o in zip(job.samples, job.orders)]
     t_fit = time.perf_counter() - t0
-    locks = job.locks if job.locks is not None and any(m is not None for m in job.locks) else None
     routing, corr = _couple(fits, job.pairs) if job.pairs is not None else (None, None)
-    model = TandemModel(job.arrival_rate, tuple(Stage(n, f["alpha"], f["T"]) for n, f in zip(job.stage_names, fits)),
-                        cores=job.cores, overhead=job.overhead, locks=locks,
-                        routing=None if routing is None else tuple(tuple(map(tuple, R)) for R in routing))
-    routes = None
-    if job.phase_info == "route":
-        if job.routes is None or isinstance(job.current, str):
-            raise ValueError("a route re-solve needs the running route policy and its route split")
-        routes = carry_routes(job.routes, job.current.model, model)
+    model, routes = _fitted_model(job, fits, routing)
     opt, model, lock_ignored = _solve(model, job.phase_info, job.tolerance, routes)
     t_solve = time.perf_counter() - t0 - t_fit
     new = opt.metrics
-
-    cur_name: str
+    cur_name = job.current if isinstance(job.current, str) else str(job.current.meta.get("hash", job.current.digest()))
     cur_error = None
-    cur: Any = None
     try:
-        if isinstance(job.current, str):
-            cur_name = job.current
-            b = Baseline.parse(job.current, model.n_stages)
-            lay = Layout.build(model, "start")
-            rule = b.rule(lay.queue_stage, model.coord_stage())
-
-            def ev(C: int) -> Any:
-                return evaluate_rule(model, lay, rule, max_requests=C, max_threads=b.max_threads)
-
-            cur = evaluate_baseline(model, job.current, tol=job.tolerance).metrics
-        else:
-            old: Policy = job.current
-            cur_name = str(old.meta.get("hash", old.digest()))
-            if tuple(s.phases for s in old.model.stages) != tuple(s.phases for s in model.stages):
-                raise ValueError("the running policy's phase counts differ from the refitted model's")
-            lay = routes.layout(model) if routes is not None else Layout.build(model, old.phase_info)
-
-            def ev(C: int) -> Any:
-                if old.observed:  # a table over counts: its own chain (mdp.observation)
-                    return evaluate_observed(model, lay, old.actions, max_requests=C, max_threads=None)
-                return evaluate_rule(model, lay, old.actions, max_requests=C, max_threads=old.max_threads)
-
-            cur = _grow(ev, max(new.max_requests, old.max_requests), job.tolerance)
-        # Each E[W] is within tol of its limit on its own cap. Where that could decide the swap,
-        # evaluate both on one cap, the larger (their truncation residues then largely cancel).
-        C = max(cur.max_requests, new.max_requests)
-        if cur.mean_response_time < new.mean_response_time * (1.0 + job.margin + 2.0 * job.tolerance):
-            if cur.max_requests < C:
-                cur = ev(C)
-            if new.max_requests < C:
-                lay_new = (routes.layout(model) if routes is not None
-                           else Layout.build(model, job.phase_info))  # type: ignore[arg-type]
-                new = (evaluate_observed(model, lay_new, opt.policy.actions, max_requests=C, max_threads=None)
-                       if opt.policy.observed else
-                       evaluate_rule(model, lay_new, opt.policy.actions, max_requests=C, max_threads=opt.truncation.k_max))
+        cur, ev = _current_policy(job, model, routes, new)
+        cur, new = _on_one_cap(job, model, routes, opt, cur, ev)
         cur_w = float(cur.mean_response_time)
     except Exception as exc:  # unstable or unevaluable under the new model: any stable π* is better
         cur_w = math.inf
@@ -245,13 +275,7 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
     )
     t_thr = time.perf_counter()
     if job.age_thresholds:
-        from overtake.mdp.thresholds import choose_tandem_thresholds
-
-        # one common set, as the solve's age priority chooses it (the module applies one row);
-        # a locked stage is exempt there (never demoted: the sidecar sends its requests exempt)
-        thr = choose_tandem_thresholds(model, common=True)
-        pol.meta["cpu_priority"] = {"age": {"thresholds": [list(r) for r in thr.priority.thresholds],
-                                            "visit_model_mean_response_time": thr.mean_response_time}}
+        pol.meta["cpu_priority"] = _age_thresholds(model)
     t_thr = time.perf_counter() - t_thr
     pol.save(job.out)
     return {

@@ -45,10 +45,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from overtake.controller.sidecar.classifier import Classifier
+from overtake.controller.sidecar.follow_up import FollowUps
 from overtake.controller.sidecar.listener import LimiterListener
 from overtake.controller.sidecar.policies import SpawnPolicy
 from overtake.controller.sidecar.tandem import ADMITTED, DONE, QUEUED, TandemState, Ticket
@@ -61,7 +62,7 @@ __all__ = ["ADMITTED", "DONE", "PASSTHROUGH", "QUEUED", "Limiter", "LimiterListe
 PASSTHROUGH = -1  #: stage index of requests no stage claims
 
 
-class Limiter:
+class Limiter(FollowUps):
     """Queues and counters for every stage, the passthrough lane, and the global hard cap."""
 
     def __init__(
@@ -120,7 +121,7 @@ class Limiter:
         """Tell ``listener`` of every ticket event from now on."""
         self.listeners.append(listener)
 
-    # ---- layout ----------------------------------------------------------------------------
+    # ---- layout and state ------------------------------------------------------------------
     def _install(self, policy: SpawnPolicy) -> None:
         self.policy = policy
         # views for metrics and tests: the TandemState's own lists, which it updates in place
@@ -149,13 +150,9 @@ class Limiter:
         self.passthrough_queue_cap = passthrough_queue_cap
         self._dispatch()
 
-    # ---- state ----------------------------------------------------------------------------
     def state(self) -> tuple[int, ...]:
         """The policy's state vector (:attr:`overtake.mdp.Policy.columns` order)."""
         return self.tandem.state()
-
-    def stage_inflight(self) -> int:
-        return len(self.tandem.active)
 
     # ---- arrivals --------------------------------------------------------------------------
     def submit(self, stage: int, phase: int, route: str) -> Ticket | None:
@@ -227,62 +224,11 @@ class Limiter:
             self.tandem.finish(t)
             key = (t.stage, t.start_phase, outcome)
         self.completed[key] = self.completed.get(key, 0) + 1
-        hold = None
-        if follow is not None:
-            stage, phase = follow
-            self._seq += 1
-            hold = Ticket(stage, phase, "", self._seq, now)
-            hold.held = True
-            self.tandem.push(hold)
-            for lsn in self.listeners:
-                lsn.on_follow(t, hold, now)
+        hold = None if follow is None else self._reserve(t, follow, now)
         self._dispatch()
         return hold
 
-    def claim(self, hold: Ticket, phase: int, route: str) -> Ticket | None:
-        """The follow-up request arrived: it becomes ``hold`` (admitted already, or queued with a
-        ``future``) in ``phase``; None if the reservation has lapsed (submit it instead)."""
-        if hold.status == DONE or not hold.held:
-            return None
-        now = self.clock()
-        hold.held = False
-        hold.route = route
-        hold.t_arrive = now
-        moved = phase != hold.phase
-        if hold.status == QUEUED:
-            if moved:
-                self.tandem.requeue(hold, phase)
-            hold.phase = hold.start_phase = phase
-            if moved:
-                self._dispatch()
-            if hold.status == QUEUED:
-                hold.future = asyncio.get_running_loop().create_future()
-        else:
-            self.tandem.advance(now)
-            hold.t_admit, hold.v_admit = now, self.tandem.v  # its service starts now, not at the reservation
-            if moved:
-                self.tandem.move_thread(hold, phase)
-            hold.phase = hold.start_phase = phase
-            if moved:
-                self._dispatch()
-        for lsn in self.listeners:
-            lsn.on_claim(hold, now)
-        return hold
-
-    def abandon(self, hold: Ticket) -> None:
-        """End a reservation whose request did not come (idempotent)."""
-        if not hold.held or hold.status == DONE:
-            return
-        hold.held = False
-        if hold.status == QUEUED:
-            self.cancel(hold, "follow_up_missing")
-        else:
-            self.release(hold, "unused")
-
     # ---- the decision ----------------------------------------------------------------------
-    def _pt_room(self) -> bool:
-        return self.passthrough_cap is None or self.pt_inflight < self.passthrough_cap
-
     def _admit(self, t: Ticket, now: float) -> None:
         t.status = ADMITTED
         t.t_admit = now
@@ -316,14 +262,7 @@ class Limiter:
             self.policy_consults += 1
             act = self.policy.action(tandem.state())
             started = 0
-            for q, k in enumerate(act):
-                if not k:
-                    continue
-                if self.per_phase:
-                    stage = next(i for i in range(self.n) if q < offset[i + 1])
-                    phase: int | None = q - offset[stage]
-                else:  # a stage's oldest request, whatever its phase (hidden mode: the prior's)
-                    stage, phase = q, None
+            for stage, phase, k in _starts(act, offset, self.per_phase):
                 for _ in range(k):
                     if self.inflight_total >= self.max_inflight:
                         break
@@ -347,7 +286,8 @@ class Limiter:
             if t is not None:
                 self.guard_admissions += 1
                 self._admit(t, now)
-        while self.pt_queue and self.inflight_total < self.max_inflight and self._pt_room():
+        while (self.pt_queue and self.inflight_total < self.max_inflight
+               and (self.passthrough_cap is None or self.pt_inflight < self.passthrough_cap)):
             self._admit(self.pt_queue.popleft(), now)
         if self.lock is not None:
             self.lock.settle(tandem, now)
@@ -372,3 +312,16 @@ class Limiter:
         base[q] += 64
         act = self.policy.action(tuple(base))
         return self.tandem.threads[c] + int(act[q])
+
+
+def _starts(act: Sequence[int], offset: Sequence[int], per_phase: bool) -> Iterator[tuple[int, int | None, int]]:
+    """(stage, phase, threads) the action starts; phase None: a stage's oldest request, whatever its
+    phase (hidden mode: the prior's)."""
+    for q, k in enumerate(act):
+        if not k:
+            continue
+        if per_phase:
+            stage = next(i for i in range(len(offset) - 1) if q < offset[i + 1])
+            yield stage, q - offset[stage], int(k)
+        else:
+            yield q, None, int(k)

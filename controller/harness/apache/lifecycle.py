@@ -5,9 +5,9 @@ system service (see :mod:`overtake.controller.harness.apache`). For clean proces
 (PS) between concurrent requests, :func:`start` can pin Apache to one core (``taskset``) and
 raise the priority of its scheduler autogroup (write -20 to ``/proc/<pid>/autogroup``): with
 autogroups on, ``nice`` only ranks threads inside one autogroup, so it does nothing against
-other jobs on the machine. Pinned and raised, k concurrent 50 ms requests finish together at
-1.02-1.09 x k·50 ms (k = 1..16); without the autogroup step a loaded machine inflated those
-times 1.3-2.7x. ``apache2 -k stop`` is asynchronous, so :func:`stop` waits until the
+other jobs on the machine. Pinned and raised, k concurrent requests finish together in about k
+times one request's time, as under PS; without the autogroup step other load on the machine
+stretches them. ``apache2 -k stop`` is asynchronous, so :func:`stop` waits until the
 processes are gone before the port is reused.
 """
 
@@ -149,6 +149,70 @@ def _error_log_tail(workdir: Path, n: int = 8) -> str:
     return " | ".join(lines[-n:]) or "(error.log empty)"
 
 
+def _check_start_args(max_workers: int, mpm: str, threads_per_child: int | None, cpu: int | None) -> None:
+    check_max_workers(max_workers)
+    check_mpm(mpm, max_workers, threads_per_child)
+    if not os.path.exists(os.path.join(MODULES_DIR, f"mod_mpm_{mpm}.so")):
+        raise ApacheNotInstalledError(f"mpm: {MODULES_DIR}/mod_mpm_{mpm}.so not found (package apache2-bin)")
+    if cpu is not None:
+        allowed = sorted(os.sched_getaffinity(0))
+        if isinstance(cpu, bool) or not isinstance(cpu, int) or cpu not in allowed:
+            raise ApacheInputError(f"cpu: core {cpu!r} is not available; usable cores: {allowed}")
+        if shutil.which("taskset") is None:
+            raise ApacheNotInstalledError("taskset: not found (package util-linux); needed for cpu=")
+
+
+def _check_workdir_free(wd: Path) -> None:
+    """``wd`` is a directory (or absent) and no Apache runs from it."""
+    if wd.exists() and not wd.is_dir():
+        raise ApacheInputError(f"workdir: {wd} exists and is not a directory")
+    old_pid = _read_pid(wd) if wd.is_dir() else None
+    if old_pid is not None and pid_alive(old_pid) and _is_apache(old_pid):
+        raise ApacheInputError(
+            f"workdir: an Apache (pid {old_pid}) already runs in {wd}; "
+            f"stop it first with `overtake apache stop --workdir {wd}`"
+        )
+
+
+def _prepare_workdir(wd: Path, conf: Path, run_user: str, cpu_priority: CpuPriority | None) -> None:
+    """The instance's directories, handler, static files, ``tcpu.so`` and (if asked) the priority module."""
+    wd.mkdir(parents=True, exist_ok=True)
+    wd.chmod(0o755)
+    check_run_user(wd, run_user)  # run_group is checked by `apache2 -t`
+    for sub in ("logs", "run", "luac"):
+        (wd / sub).mkdir(exist_ok=True)
+        (wd / sub).chmod(0o755)
+    (wd / "run" / "httpd.pid").unlink(missing_ok=True)  # stale: its PID is not Apache
+    (wd / "instance.json").unlink(missing_ok=True)
+    install_tree(conf / "lua", wd / "lua")
+    install_tree(conf / "htdocs", wd / "htdocs")
+    compile_tcpu(conf, wd / "luac")
+    if cpu_priority is not None:
+        build_module(conf, wd)
+
+
+def _config_test(conf_path: Path) -> None:
+    test = subprocess.run(
+        [APACHE_BIN, "-t", "-f", str(conf_path)], env=_APACHE_ENV, capture_output=True, text=True
+    )
+    if test.returncode != 0:
+        raise ApacheStartError(
+            f"config test: `apache2 -t -f {conf_path}` failed: {(test.stderr + test.stdout).strip()}"
+        )
+
+
+def _launch(conf_path: Path, host: str, port: int, cpu: int | None) -> None:
+    cmd = [APACHE_BIN, "-f", str(conf_path), "-k", "start"]
+    if cpu is not None:
+        cmd = ["taskset", "-c", str(cpu), *cmd]
+    launch = subprocess.run(cmd, env=_APACHE_ENV, capture_output=True, text=True)
+    if launch.returncode != 0:
+        out = (launch.stderr + launch.stdout).strip()
+        if "Address already in use" in out:
+            raise PortInUseError(f"listen: port {port} on {host} is already in use: {out}")
+        raise ApacheStartError(f"start: `{' '.join(cmd)}` failed (rc {launch.returncode}): {out}")
+
+
 def start(
     workdir: str | os.PathLike[str],
     listen: str,
@@ -188,8 +252,8 @@ def start(
         ``MaxRequestWorkers``: the policy's maximum threads plus a margin.
     raise_priority : bool
         Write -20 to ``/proc/<pid>/autogroup`` of the parent and children (needs root;
-        silently skipped otherwise, see :attr:`ApacheInstance.autogroup_nice`). Without it a
-        loaded machine inflates PS sojourn times 1.3-2.7x.
+        silently skipped otherwise, see :attr:`ApacheInstance.autogroup_nice`). Without it other
+        load on the machine stretches the PS sojourn times.
     run_user, run_group : str
         Worker account when started as root.
     graceful_timeout : int
@@ -229,77 +293,38 @@ def start(
     check_installed()
     host, port = parse_listen(listen)
     listen = format_listen(host, port)
-    check_max_workers(max_workers)
-    check_mpm(mpm, max_workers, threads_per_child)
-    if not os.path.exists(os.path.join(MODULES_DIR, f"mod_mpm_{mpm}.so")):
-        raise ApacheNotInstalledError(f"mpm: {MODULES_DIR}/mod_mpm_{mpm}.so not found (package apache2-bin)")
-    if cpu is not None:
-        allowed = sorted(os.sched_getaffinity(0))
-        if isinstance(cpu, bool) or not isinstance(cpu, int) or cpu not in allowed:
-            raise ApacheInputError(f"cpu: core {cpu!r} is not available; usable cores: {allowed}")
-        if shutil.which("taskset") is None:
-            raise ApacheNotInstalledError("taskset: not found (package util-linux); needed for cpu=")
+    _check_start_args(max_workers, mpm, threads_per_child, cpu)
     conf = resolve_conf_dir(conf_dir)
     wd = Path(workdir).resolve()
-    if wd.exists() and not wd.is_dir():
-        raise ApacheInputError(f"workdir: {wd} exists and is not a directory")
-    old_pid = _read_pid(wd) if wd.is_dir() else None
-    if old_pid is not None and pid_alive(old_pid) and _is_apache(old_pid):
-        raise ApacheInputError(
-            f"workdir: an Apache (pid {old_pid}) already runs in {wd}; "
-            f"stop it first with `overtake apache stop --workdir {wd}`"
-        )
+    _check_workdir_free(wd)
     _check_port_free(host, port)
-
-    wd.mkdir(parents=True, exist_ok=True)
-    wd.chmod(0o755)
-    check_run_user(wd, run_user)  # run_group is checked by `apache2 -t`
-    for sub in ("logs", "run", "luac"):
-        (wd / sub).mkdir(exist_ok=True)
-        (wd / sub).chmod(0o755)
-    (wd / "run" / "httpd.pid").unlink(missing_ok=True)  # stale: its PID is not Apache
-    (wd / "instance.json").unlink(missing_ok=True)
-    install_tree(conf / "lua", wd / "lua")
-    install_tree(conf / "htdocs", wd / "htdocs")
-    compile_tcpu(conf, wd / "luac")
-    if cpu_priority is not None:
-        build_module(conf, wd)
+    _prepare_workdir(wd, conf, run_user, cpu_priority)
     conf_path = wd / "httpd.conf"
     conf_path.write_text(render_config(wd, listen=listen, max_workers=max_workers, run_user=run_user, run_group=run_group,
                                        graceful_timeout=graceful_timeout, conf_dir=conf, cpu_priority=cpu_priority,
                                        mpm=mpm, threads_per_child=threads_per_child,
                                        max_connections_per_child=max_connections_per_child, extra_conf=extra_conf))
-
-    test = subprocess.run(
-        [APACHE_BIN, "-t", "-f", str(conf_path)], env=_APACHE_ENV, capture_output=True, text=True
-    )
-    if test.returncode != 0:
-        raise ApacheStartError(
-            f"config test: `apache2 -t -f {conf_path}` failed: {(test.stderr + test.stdout).strip()}"
-        )
-
-    cmd = [APACHE_BIN, "-f", str(conf_path), "-k", "start"]
-    if cpu is not None:
-        cmd = ["taskset", "-c", str(cpu), *cmd]
-    launch = subprocess.run(cmd, env=_APACHE_ENV, capture_output=True, text=True)
-    if launch.returncode != 0:
-        out = (launch.stderr + launch.stdout).strip()
-        if "Address already in use" in out:
-            raise PortInUseError(f"listen: port {port} on {host} is already in use: {out}")
-        raise ApacheStartError(f"start: `{' '.join(cmd)}` failed (rc {launch.returncode}): {out}")
-
-    try:
-        pid, kids = _wait_ready(wd, host, port, ready_timeout)
-        if cpu_priority is not None:
-            _check_cpu_priority(wd, host, port)
-    except ApacheStartError:
-        _kill_quietly(wd)
-        raise
+    _config_test(conf_path)
+    _launch(conf_path, host, port, cpu)
+    pid, kids = _until_ready(wd, host, port, ready_timeout, cpu_priority)
     nice = _raise_autogroup([pid, *kids], -20) if raise_priority else None
     inst = ApacheInstance(workdir=str(wd), listen=listen, pid=pid, child_pids=tuple(kids), cpu=cpu,
                           max_workers=max_workers, autogroup_nice=nice, mpm=mpm)
     (wd / "instance.json").write_text(json.dumps(asdict(inst), indent=2) + "\n")
     return inst
+
+
+def _until_ready(wd: Path, host: str, port: int, timeout: float,
+                 cpu_priority: CpuPriority | None) -> tuple[int, list[int]]:
+    """The parent's and children's pids once Apache serves; a failed start is killed before it raises."""
+    try:
+        pid, kids = _wait_ready(wd, host, port, timeout)
+        if cpu_priority is not None:
+            _check_cpu_priority(wd, host, port)
+    except ApacheStartError:
+        _kill_quietly(wd)
+        raise
+    return pid, kids
 
 
 def _wait_ready(wd: Path, host: str, port: int, timeout: float) -> tuple[int, list[int]]:
@@ -367,6 +392,16 @@ def _wait_gone(pids: list[int], deadline: float) -> bool:
         time.sleep(0.01)
 
 
+def _check_may_signal(pid: int, wd: Path) -> None:
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        raise ApacheError(
+            f"stop: not permitted to signal Apache pid {pid} in {wd} (started by another "
+            "user); run the stop as that user or as root"
+        ) from None
+
+
 def stop(workdir: str | os.PathLike[str], *, timeout: float = 15.0, graceful: bool = True) -> bool:
     """Stop the instance in ``workdir`` and wait until its processes have exited.
 
@@ -404,13 +439,7 @@ def stop(workdir: str | os.PathLike[str], *, timeout: float = 15.0, graceful: bo
         return False
     procs = [pid, *children(pid)]
     start_t = time.monotonic()
-    try:
-        os.kill(pid, 0)
-    except PermissionError:
-        raise ApacheError(
-            f"stop: not permitted to signal Apache pid {pid} in {wd} (started by another "
-            "user); run the stop as that user or as root"
-        ) from None
+    _check_may_signal(pid, wd)
     if graceful:
         os.kill(pid, signal.SIGWINCH)
         grace = start_t + min(timeout, _graceful_timeout(wd) + 1.5)

@@ -16,11 +16,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.limiters import Mode, make_limiter, picked
 
-from overtake.controller.sidecar.classifier import Classifier
 from overtake.controller.sidecar.limiter import ADMITTED, DONE, PASSTHROUGH, QUEUED, Limiter, LimiterListener, Ticket
 from overtake.controller.sidecar.policies import BaselinePolicy, SpawnPolicy, load_policy
-from overtake.controller.sidecar.stages import ClassifierSettings
 from overtake.mdp import Stage, TandemModel, Truncation, solve
 
 NAMES = ("stage1", "stage2")
@@ -82,12 +81,8 @@ class Events(LimiterListener):
 
 
 def _limiter(policy: Any, *, max_inflight: int = 1000, queue_cap: int = 1000, pt_cap: int | None = None,
-             mode: str = "explicit") -> Limiter:
-    lim = Limiter(
-        policy, Classifier(ClassifierSettings(mode=mode), policy), stage_names=NAMES,  # type: ignore[arg-type]
-        queue_caps=(queue_cap, queue_cap), max_inflight=max_inflight, passthrough_cap=pt_cap,
-        passthrough_queue_cap=queue_cap,
-    )
+             mode: Mode = "explicit") -> Limiter:
+    lim = make_limiter(policy, NAMES, max_inflight=max_inflight, queue_cap=queue_cap, pt_cap=pt_cap, mode=mode)
     lim.add_listener(Events())
     return lim
 
@@ -145,10 +140,9 @@ def _run(lim: Limiter, program: list[tuple[str, int, int, int]], after: Any = No
                 if t is not None:
                     tickets.append(t)
             else:
-                pool = [t for t in tickets if t.status == (QUEUED if op == "cancel" else ADMITTED)]
-                if not pool:
+                t = picked(tickets, op, pick)
+                if t is None:
                     continue
-                t = pool[pick % len(pool)]
                 if op == "cancel":
                     assert lim.cancel(t, "client_gone")
                 else:

@@ -14,6 +14,8 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
@@ -71,6 +73,21 @@ def _stalled_client(port: int, n: int) -> socket.socket:
     return c
 
 
+@contextmanager
+def _stalled(work: Path, url: str, limits: str, n: int) -> Iterator[tuple[SidecarProc, socket.socket]]:
+    """A sidecar with ``limits`` and a client of it that asks for n bytes and reads nothing; the
+    client is closed and the sidecar stopped (cleanly) after."""
+    s = _sidecar(work, url, limits)
+    try:
+        a = _stalled_client(s.port, n)
+        try:
+            yield s, a
+        finally:
+            a.close()
+    finally:
+        assert s.stop() == 0
+
+
 def _read_response(c: socket.socket) -> tuple[bytes, bytes]:
     c.settimeout(30)
     raw = b""
@@ -101,11 +118,8 @@ def _wait(cond, timeout: float, what: str) -> None:  # type: ignore[no-untyped-d
 
 
 def test_a_slow_reader_does_not_hold_its_stage_slot(work: Path, upstream) -> None:  # type: ignore[no-untyped-def]
-    url, _ = upstream
-    s = _sidecar(work, url, "")
-    try:
-        n = 12_000_000
-        a = _stalled_client(s.port, n)
+    n = 12_000_000
+    with _stalled(work, upstream[0], "", n) as (s, a):
         # Apache (the stub) finishes at once; the rest of the answer waits on disk, not in the slot
         _wait(lambda: _metric(s, "overtake_response_spool_bytes") > 1_000_000, 15, "the answer to spill")
         code, _, data = s.request("GET", "/big/1000", timeout=20)
@@ -115,28 +129,17 @@ def test_a_slow_reader_does_not_hold_its_stage_slot(work: Path, upstream) -> Non
         assert head.startswith(b"HTTP/1.1 200") and got == body(n)
         _wait(lambda: _metric(s, "overtake_response_spool_bytes") == 0, 10, "the spool to empty")
         assert _metric(s, "overtake_inflight") == 0
-    finally:
-        assert s.stop() == 0
 
 
 def test_without_spilling_the_slow_reader_holds_the_slot(work: Path, upstream) -> None:  # type: ignore[no-untyped-def]
-    url, _ = upstream
-    s = _sidecar(work, url, ", response_spill_bytes: 0")
-    try:
-        a = _stalled_client(s.port, 12_000_000)
+    with _stalled(work, upstream[0], ", response_spill_bytes: 0", 12_000_000) as (s, _):
         time.sleep(0.5)
         code, _, _ = s.request("GET", "/big/1000", timeout=20)
         assert code == 503  # queued behind the held slot until queue_timeout
-        a.close()
-    finally:
-        assert s.stop() == 0
 
 
 def test_a_client_that_stops_reading_is_cut_after_client_timeout(work: Path, upstream) -> None:  # type: ignore[no-untyped-def]
-    url, _ = upstream
-    s = _sidecar(work, url, ", client_timeout: 1")
-    try:
-        a = _stalled_client(s.port, 12_000_000)
+    with _stalled(work, upstream[0], ", client_timeout: 1", 12_000_000) as (s, a):
         _wait(lambda: _metric(s, 'overtake_gateway_errors_total{reason="client_abort"}') >= 1, 15,
               "the stalled client to be cut")
         _wait(lambda: _metric(s, "overtake_response_spool_bytes") == 0, 10, "the spool to be dropped")
@@ -151,8 +154,6 @@ def test_a_client_that_stops_reading_is_cut_after_client_timeout(work: Path, ups
         assert got < 12_000_000  # cut, not completed
         a.close()
         assert s.request("GET", "/big/1000")[0] == 200
-    finally:
-        assert s.stop() == 0
 
 
 def test_spooled_answers_share_one_budget_and_apache_waits_beyond_it(work: Path, upstream) -> None:  # type: ignore[no-untyped-def]

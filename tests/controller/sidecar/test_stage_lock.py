@@ -15,14 +15,14 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
+from support.limiters import make_limiter, picked
 
 from overtake.controller.errors import SidecarInputError
-from overtake.controller.sidecar.classifier import Classifier
 from overtake.controller.sidecar.limiter import ADMITTED, QUEUED, Limiter, Ticket
 from overtake.controller.sidecar.metrics import SidecarMetrics
 from overtake.controller.sidecar.policies import BaselinePolicy
 from overtake.controller.sidecar.stage_lock import StageLock
-from overtake.controller.sidecar.stages import ClassifierSettings, StagesConfig, StageTable, load_stages
+from overtake.controller.sidecar.stages import StagesConfig, StageTable, load_stages
 
 NAMES = ("preview", "view")
 
@@ -49,10 +49,7 @@ class Clock:
 
 def _limiter(table: StageTable, policy: str = "pi(inf)", clock: Clock | None = None,
              lock: bool = True) -> Limiter:
-    pol = BaselinePolicy(policy, 2)
-    lim = Limiter(pol, Classifier(ClassifierSettings(), pol), stage_names=NAMES,  # type: ignore[arg-type]
-                  queue_caps=(1000, 1000), max_inflight=1000, passthrough_cap=None, passthrough_queue_cap=1000,
-                  clock=clock or Clock())
+    lim = make_limiter(BaselinePolicy(policy, 2), NAMES, clock=clock or Clock())
     if lock:
         lim.set_lock(StageLock.from_table(table))
     return lim
@@ -242,10 +239,9 @@ def test_never_more_than_m_and_never_idle_with_room(program: list[Any], m: int, 
                 if t is not None:
                     tickets.append(t)
             else:
-                pool = [t for t in tickets if t.status == (QUEUED if op == "cancel" else ADMITTED)]
-                if not pool:
+                t = picked(tickets, op, pick)
+                if t is None:
                     continue
-                t = pool[pick % len(pool)]
                 if op == "cancel":
                     lim.cancel(t, "client_gone")
                 else:
@@ -295,9 +291,7 @@ def test_a_policy_solved_without_the_lock_does_not_idle_it(locks: tuple[int | No
     """Solved without this lock: the lock fills its free slot; solved with it: the policy's word
     (0 starts; the view in service keeps the liveness guard out)."""
     pol = _Holding(locks)
-    lim = Limiter(pol, Classifier(ClassifierSettings(), pol), stage_names=NAMES,  # type: ignore[arg-type]
-                  queue_caps=(1000, 1000), max_inflight=1000, passthrough_cap=None, passthrough_queue_cap=1000,
-                  clock=Clock())
+    lim = make_limiter(pol, NAMES, clock=Clock())
     lim.set_lock(StageLock.from_table(_table()))
 
     async def body() -> None:
