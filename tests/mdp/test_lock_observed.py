@@ -9,7 +9,8 @@ import pytest
 from overtake.mdp import Stage, TandemModel, Truncation, solve
 from overtake.mdp.evaluate import stationary_distribution
 from overtake.mdp.observation import ObservationSpace, evaluate_observed, observe, observed_chain
-from overtake.mdp.observed import _stage_rule, holds_at_locks, solve_observed
+from overtake.mdp.observed import holds_at_locks, solve_observed
+from overtake.mdp.observed_tables import stage_rule
 from overtake.mdp.routes import RouteSplit
 from overtake.mdp.rule_evaluation import evaluate_baseline, grow_requests
 from overtake.mdp.simulation import simulate
@@ -95,7 +96,7 @@ def test_the_blind_optimum_holds_at_the_lock() -> None:
         m2 = TandemModel(0.5, (H2, EXP), locks=locks)
         osp = ObservationSpace(m2, Truncation(25, 25), layout)
         for name in ("pi(2)", "pi(3)", "pi(inf)"):
-            rule = _stage_rule(m2, name)
+            rule = stage_rule(m2, name)
             ch = observed_chain(m2, layout, rule, max_requests=25)
             reach, pi = stationary_distribution(ch.P)
             assert float(pi @ ch.rows[reach][:, Q + D:].sum(axis=1)) > 1e-3  # Apache's rule blocks threads
@@ -110,7 +111,7 @@ def test_a_thread_the_projection_would_start_into_a_full_lock_is_held() -> None:
     model = TandemModel(0.5, (H2, EXP), locks=(3, None))
     layout = Layout.build(model, "none")
     osp = ObservationSpace(model, Truncation(4, 4), layout)
-    pol = osp.policy(osp.table(_stage_rule(model, "pi(inf)")))
+    pol = osp.policy(osp.table(stage_rule(model, "pi(inf)")))
     assert pol.actions(np.array([[1, 0, 2, 1]]))[0, 0] == 1  # the projected state: one place free
     assert pol.actions(np.array([[1, 0, 3, 1]])).tolist() == [[0, 0]]  # three hold the lock
     assert pol.actions(np.array([[2, 1, 1, 0]])).tolist() == [[2, 1]]  # two places free
@@ -134,7 +135,7 @@ def test_simulator_matches_exact_for_a_blind_table_with_a_lock(table: str) -> No
         pol = solve_observed(model, phase_info="none", truncation=Truncation(12, 4)).policy
     else:
         osp = ObservationSpace(model, Truncation(12, 12), layout)
-        pol = osp.policy(osp.table(_stage_rule(model, "pi(inf)")))
+        pol = osp.policy(osp.table(stage_rule(model, "pi(inf)")))
     exact = evaluate_observed(model, layout, pol.actions, max_requests=40).mean_response_time
     sim = simulate(model, pol, requests=100_000, seed=11)
     assert abs(sim.mean_response_time - exact) <= sim.ci95

@@ -26,7 +26,9 @@ from overtake.mdp.average_cost import induced_matrix, policy_iteration
 from overtake.mdp.errors import ModelError
 from overtake.mdp.model import Stage
 from overtake.mdp.observation import ObservationSpace, evaluate_observed, observe
-from overtake.mdp.observed import _stage_rule, _starting_tables, improve, solve_observed
+from overtake.mdp.observed import solve_observed
+from overtake.mdp.observed_improve import improve
+from overtake.mdp.observed_tables import stage_rule, starting_tables
 from overtake.mdp.policy import Policy
 from overtake.mdp.routes import RouteSplit
 from overtake.mdp.rule_evaluation import evaluate_baseline
@@ -107,7 +109,7 @@ def test_improvement_steps_lower_the_exact_gain_and_match_an_independent_evaluat
     tr = Truncation(8)
     layout = Layout.build(model, "none")
     osp = ObservationSpace(model, tr, layout)
-    start = osp.table(_stage_rule(model, "pi(2)"))
+    start = osp.table(stage_rule(model, "pi(2)"))
     imp = improve(osp, start, start="pi(2)")
     gains = [h["gain"] for h in imp.history if h["iteration"] == 0 or h.get("accepted")]
     assert len(gains) >= 3  # it moved
@@ -116,7 +118,7 @@ def test_improvement_steps_lower_the_exact_gain_and_match_an_independent_evaluat
     pol = osp.policy(imp.actions)
     m = evaluate_observed(model, layout, pol.actions, max_requests=tr.max_requests, max_threads=tr.k_max)
     assert m.mean_response_time == pytest.approx(imp.evaluation.metrics.mean_response_time, rel=1e-9)
-    m0 = evaluate_observed(model, layout, _stage_rule(model, "pi(2)"), max_requests=tr.max_requests)
+    m0 = evaluate_observed(model, layout, stage_rule(model, "pi(2)"), max_requests=tr.max_requests)
     assert m0.mean_response_time == pytest.approx(imp.history[0]["mean_response_time"], rel=1e-9)
 
 
@@ -130,7 +132,7 @@ def test_baseline_tables_evaluate_as_the_baselines() -> None:
     from overtake.mdp.rule_evaluation import evaluate_rule
 
     for name in ("pi(1)", "pi(2)", "pi(inf)", "pi(1,1)"):
-        ev = osp.evaluate(osp.table(_stage_rule(model, name)))
+        ev = osp.evaluate(osp.table(stage_rule(model, name)))
         b = Baseline.parse(name, 2)
         lay = Layout.build(model, "start")
         want = evaluate_rule(model, lay, b.rule(lay.queue_stage, model.coord_stage()), max_requests=C,
@@ -330,7 +332,7 @@ def test_iterative_evaluation_agrees_with_the_direct_solve(monkeypatch: pytest.M
     model = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))  # Table 1, case 2
     layout = _split(model).layout(model)
     tr = Truncation(7)
-    start = _starting_tables(ObservationSpace(model, tr, layout), ["pi(inf)"], False, {})["pi(inf) (lightest route first)"]
+    start = starting_tables(ObservationSpace(model, tr, layout), ["pi(inf)"], False, {})["pi(inf) (lightest route first)"]
     direct = improve(ObservationSpace(model, tr, layout), start, start="pi(inf)")
     calls: list[bool] = []
     iterate = observation.Factor.iterate

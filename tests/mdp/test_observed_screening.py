@@ -19,9 +19,11 @@ import pytest
 from support.mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.api.scenario import load_scenario
-from overtake.mdp import observation, observed
+from overtake.mdp import observation, observed_improve
 from overtake.mdp.observation import ObservationSpace, evaluate_observed
-from overtake.mdp.observed import _starting_tables, improve, observed_baselines, solve_observed
+from overtake.mdp.observed import observed_baselines, solve_observed
+from overtake.mdp.observed_improve import improve
+from overtake.mdp.observed_tables import starting_tables
 from overtake.mdp.statespace import Layout, Truncation
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +36,7 @@ def _case2(cap: int) -> ObservationSpace:
 
 def test_stationary_gain_is_the_full_evaluations_gain() -> None:
     osp = _case2(8)
-    tables = _starting_tables(osp, observed_baselines(2), True, {})
+    tables = starting_tables(osp, observed_baselines(2), True, {})
     assert len(tables) >= 5
     for A in tables.values():
         ev = osp.evaluate(A)
@@ -46,7 +48,7 @@ def test_stationary_gain_is_the_full_evaluations_gain() -> None:
 def test_incomplete_factor_gives_the_complete_factors_answer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(observation, "_DIRECT_STATES", 0)  # every factor of this small chain incomplete
     osp = _case2(10)
-    for A in _starting_tables(osp, ["pi(2)", "pi(inf)"], True, {}).values():
+    for A in starting_tables(osp, ["pi(2)", "pi(inf)"], True, {}).values():
         ilu, lu = osp.evaluate(A), osp.evaluate(A, complete=True)
         assert not ilu.factor.complete and lu.factor.complete  # GMRES carried the incomplete factor
         assert ilu.gain == pytest.approx(lu.gain, rel=1e-9)
@@ -56,7 +58,7 @@ def test_incomplete_factor_gives_the_complete_factors_answer(monkeypatch: pytest
 
 def test_screened_search_takes_the_steps_of_the_full_one(monkeypatch: pytest.MonkeyPatch) -> None:
     osp = _case2(8)
-    start = _starting_tables(osp, ["pi(2)"], False, {})["pi(2)"]
+    start = starting_tables(osp, ["pi(2)"], False, {})["pi(2)"]
     full_evals: list[int] = []
     evaluate = ObservationSpace.evaluate
 
@@ -67,7 +69,7 @@ def test_screened_search_takes_the_steps_of_the_full_one(monkeypatch: pytest.Mon
     monkeypatch.setattr(ObservationSpace, "evaluate", counted)
     screened = improve(osp, start, start="pi(2)")
     n_screened = len(full_evals)
-    monkeypatch.setattr(observed, "_SCREEN_MARGIN", np.inf)  # no screen: every trial evaluated in full
+    monkeypatch.setattr(observed_improve, "SCREEN_MARGIN", np.inf)  # no screen: every trial evaluated in full
     full_evals.clear()
     full = improve(osp, start, start="pi(2)")
     assert screened.steps >= 3  # it moved
@@ -79,7 +81,7 @@ def test_screened_search_takes_the_steps_of_the_full_one(monkeypatch: pytest.Mon
 
 def test_observed_chain_asks_the_rule_once_per_observation() -> None:
     osp = _case2(8)
-    table = _starting_tables(osp, ["pi(2)"], False, {})["pi(2)"]
+    table = starting_tables(osp, ["pi(2)"], False, {})["pi(2)"]
     pol = osp.policy(table)
     asked: list[np.ndarray] = []
 
@@ -98,6 +100,6 @@ def test_table1_case1_blind_optimum_is_no_worse(monkeypatch: pytest.MonkeyPatch)
     sc, model = load_scenario(ROOT / "examples" / "table1" / "case01.yaml")
     opt = solve_observed(model, tol=sc.tolerance)
     assert opt.metrics.mean_response_time <= 4.2499864767051925 * (1 + 1e-9)
-    monkeypatch.setattr(observed, "_SCREEN_MARGIN", np.inf)
+    monkeypatch.setattr(observed_improve, "SCREEN_MARGIN", np.inf)
     assert solve_observed(model, tol=sc.tolerance).metrics.mean_response_time == pytest.approx(
         opt.metrics.mean_response_time, rel=1e-9)
