@@ -53,11 +53,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, called in the controller
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadgroup``, with every test marked ``apache`` in one work unit. (xdist's own
-    ``xdist_group`` mark, added at collection, cannot be used: it renames the test, which pytest 9.2
-    no longer allows.) The workers list the ``apache`` tests as they collect, before the
-    controller schedules anything."""
-    if config.getvalue("dist") != "loadgroup":
+    """``--dist loadgroup`` (or ``load``, what ``-n`` alone means), with every test marked
+    ``apache`` in one work unit. (xdist's own ``xdist_group`` mark, added at collection, cannot be
+    used: it renames the test, which pytest 9.2 no longer allows.) The workers list the ``apache``
+    tests as they collect, before the controller schedules anything."""
+    if config.getvalue("dist") not in ("load", "loadgroup"):
         return None
     from xdist.scheduler import LoadGroupScheduling
 
