@@ -4,9 +4,11 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 WARM    := $(VENV)/.kernels
+WARM_MDP := $(VENV)/.kernels-mdp
+WARM_FIT := $(VENV)/.kernels-fitting
 export OPENBLAS_NUM_THREADS ?= 1
 
-.PHONY: demo test lint typecheck venv deb clean
+.PHONY: demo test test-setup lint typecheck venv deb clean
 
 $(STAMP): setup.cfg pyproject.toml
 	sh apache-conf/install-debian-packages.sh  # python3-venv first on a fresh Debian
@@ -16,13 +18,19 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# numba compiles the solver kernels once into its on-disk cache and ahead of time (mdp/_kernels_aot),
-# so no solve pays for compiling nor, with the extension, for importing numba
-# (re-run when a kernel's source changes: numba's cache is keyed by the source file)
-$(WARM): $(STAMP) mdp/_kernels.py mdp/_kernels_jit.py mdp/_simkernel.py mdp/heuristic.py mdp/_warmup.py \
-		fitting/_kernels.py fitting/_uniformization.py fitting/_hypererlang.py fitting/_poisson.py
+# numba compiles the solver kernels once into its on-disk cache and ahead of time (mdp/_kernels_aot,
+# fitting/_fitting_aot), so no solve or fit pays for compiling nor, with the extensions, for importing
+# numba (re-run when a kernel's source changes: numba's cache is keyed by the source file).
+# The two packages' kernels are independent: `make -j2` builds them side by side.
+$(WARM_MDP): $(STAMP) mdp/_kernels.py mdp/_kernels_jit.py mdp/_simkernel.py mdp/heuristic.py mdp/_warmup.py
 	$(BIN)/python -m overtake.mdp._warmup
+	touch $@
+
+$(WARM_FIT): $(STAMP) fitting/_kernels.py fitting/_uniformization.py fitting/_hypererlang.py fitting/_poisson.py
 	$(BIN)/python -m overtake.fitting._kernels
+	touch $@
+
+$(WARM): $(WARM_MDP) $(WARM_FIT)
 	touch $(WARM)
 
 venv: $(WARM)
@@ -31,9 +39,19 @@ demo: $(WARM)
 	sh apache-conf/install-debian-packages.sh
 	bash examples/demo/run.sh
 
-test: $(WARM) lint typecheck
+# The set-up's jobs run two at a time (the kernels beside lint and the type check); the suite runs
+# in two processes, the tests that start a real Apache in one of them, in turn (tests/conftest.py).
+# The last line says how long the set-up and the suite took.
+PYTEST_ARGS ?= -n 2 --dist loadgroup
+MAKE_T0 := $(shell date +%s)
+test:
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-setup
 	sh apache-conf/install-debian-packages.sh
-	$(BIN)/python -m pytest -q --durations=25
+	@t0=$(MAKE_T0); t1=$$(date +%s); \
+	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_ARGS); rc=$$?; t2=$$(date +%s); \
+	echo "make test: set-up $$((t1 - t0)) s, pytest $$((t2 - t1)) s (wall time)"; exit $$rc
+
+test-setup: $(WARM) lint typecheck
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,6 +1,11 @@
 """Shared by the whole suite: whether the Debian packages a real Apache needs are here, the
 ``apache`` marker on every test that starts one, and mod_overtake_prio compiled once per run.
 
+``make test`` runs the suite in two processes (pytest-xdist, ``--dist loadgroup``). Every test
+marked ``apache`` is in one xdist group, so those tests run one after another in one process and
+never against each other: they pin their Apache to the last core and time its requests. While
+they run, the other process keeps its tests (CPU work, loopback traffic) off that core.
+
 The packages are installed by ``apache-conf/install-debian-packages.sh`` (``make test`` runs it
 first); a test never installs anything, it skips and names the installer. Helpers shared across
 folders live in the ``support`` package next to this file (pytest puts this folder on the path
@@ -9,9 +14,13 @@ for its conftest).
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,10 +38,42 @@ def apache_available() -> None:
         pytest.skip(str(e))
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+#: the xdist work unit of every test marked ``apache`` (tests/conftest.py's scheduler)
+APACHE_GROUP = "apache"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if "apache_available" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.apache)
+    listing = _run_file(f"apache-ids-{getattr(config, 'workerinput', {}).get('workerid')}")
+    if listing is not None:  # an xdist worker: the controller's scheduler reads which tests are in the group
+        listing.write_text("".join(f"{i.nodeid}\n" for i in items if i.get_closest_marker("apache") is not None))
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, called in the controller
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` (or ``load``, what ``-n`` alone means), with every test marked
+    ``apache`` in one work unit. (xdist's own ``xdist_group`` mark, added at collection, cannot be
+    used: it renames the test, which pytest 9.2 no longer allows.) The workers list the ``apache``
+    tests as they collect, before the controller schedules anything."""
+    if config.getvalue("dist") not in ("load", "loadgroup"):
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ApacheGroupScheduling(LoadGroupScheduling):  # type: ignore[misc]
+        apache: frozenset[str] = frozenset()
+
+        def schedule(self) -> None:
+            if self.collection is None:  # the first call: every worker has collected
+                self.apache = frozenset(line for f in Path(tempfile.gettempdir()).glob(f"{_RUN_PREFIX}{_run()}-apache-ids-*")
+                                        for line in f.read_text().splitlines())
+            super().schedule()
+
+        def _split_scope(self, nodeid: str) -> str:
+            return APACHE_GROUP if nodeid in self.apache else str(super()._split_scope(nodeid))
+
+    return ApacheGroupScheduling(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -59,3 +100,53 @@ def mod_prio_built_once(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(lifecycle, "build_module", build_once)
         yield
+
+
+#: set in a worker once it has run an ``apache`` test
+_RAN_APACHE = pytest.StashKey[bool]()
+#: names this run for its xdist workers (they inherit the environment)
+_RUN_ENV = "OVERTAKE_TESTS_RUN"
+_RUN_PREFIX = "overtake-tests-"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller, or a run without xdist
+        os.environ[_RUN_ENV] = uuid.uuid4().hex
+
+
+def _run() -> str:
+    return os.environ.get(_RUN_ENV, "")
+
+
+def _run_file(name: str) -> Path | None:
+    """A file of this run shared by its xdist workers and controller (None outside a worker)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return None
+    return Path(tempfile.gettempdir()) / f"{_RUN_PREFIX}{_run()}-{name}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Under xdist, while the ``apache`` group may still run in the other worker, a test outside it
+    runs (its fixtures, threads and child processes too) on the cores other than the last, where
+    the ``apache`` tests pin their Apache; an ``apache`` test has every core."""
+    done, every = _run_file("apache-done"), os.sched_getaffinity(0)
+    if done is None or len(every) < 2:
+        yield
+        return
+    if item.get_closest_marker("apache") is not None:
+        item.config.stash[_RAN_APACHE] = True
+    elif item.config.stash.get(_RAN_APACHE, False):
+        done.touch()  # this worker ran the group and has moved past it
+    elif not done.exists():
+        os.sched_setaffinity(0, every - {max(every)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, every)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput") and _run():
+        for f in Path(tempfile.gettempdir()).glob(f"{_RUN_PREFIX}{_run()}-*"):
+            f.unlink(missing_ok=True)
