@@ -375,9 +375,9 @@ def _cpu_levels(model: TandemModel, cpu_priority: CpuPriority | None) -> _CpuLev
         return _CpuLevels(None, np.ones(1), np.zeros((N, 0)), np.zeros(D, dtype=np.int64))
     if not isinstance(cpu_priority, CpuPriority):
         raise ModelError(f"cpu_priority must be a CpuPriority, got {type(cpu_priority).__name__}")
+    start = cpu_priority.coord_start(model)  # checks the levels fit the model before they are shaped to it
     return _CpuLevels(cpu_priority, np.asarray(cpu_priority.weights, dtype=float),
-                      np.asarray(cpu_priority.thresholds, dtype=float).reshape(N, cpu_priority.levels - 1),
-                      cpu_priority.coord_start(model))
+                      np.asarray(cpu_priority.thresholds, dtype=float).reshape(N, cpu_priority.levels - 1), start)
 
 
 def _check_coupling(model: TandemModel, policy: PolicyLike, service: Sequence[Sampler] | None) -> None:

@@ -71,7 +71,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             super().schedule()
 
         def _split_scope(self, nodeid: str) -> str:
-            return APACHE_GROUP if nodeid in self.apache else str(super()._split_scope(nodeid))
+            # the others by file, as ``--dist loadfile``: a module's fixtures (a built package, a
+            # server shared by its tests) are set up once, never by two workers at the same time
+            return APACHE_GROUP if nodeid in self.apache else nodeid.split("::", 1)[0]
 
     return ApacheGroupScheduling(config, log)
 
