@@ -46,8 +46,12 @@ exempts them from demotion and gives them ``lock: 1``; bench/mediawiki/product.p
 runs in php-fpm's workers out of the module's reach, the overtake_prio PHP extension in the pool
 at the same threshold replaces the module in both arms), ``sidecar`` (the sidecar in
 auto mode in front of a plain Apache: admission alone; with --view-lock m the sidecar arms also
-hold views to m at a time in Apache, released shortest predicted first by the transaction link) and ``modqos`` (mod_qos,
-``QS_LocRequestLimitMatch`` of --qos-cap per stage; it rejects beyond the cap).
+hold views to m at a time in Apache, released shortest predicted first by the transaction link), ``modqos`` (mod_qos,
+``QS_LocRequestLimitMatch`` of --qos-cap per stage; it rejects beyond the cap) and ``sizeclass``
+(the overtake arm's sidecar with ``--cpu-priority class`` instead of age: views keyed on the
+transaction link, the predicted largest tenth started at nice 19 by mod_overtake_prio with
+``OvertakePrioAge Off``; controller/sidecar/size_class.py; prefork only: under php-fpm the module
+cannot reach the CPU).
 
 Where the probe says previews run one at a time, the document's ``model.lock`` holds the model
 with the database lock's predictions for the arms (bench/mediawiki/lock_model.py): the preview
@@ -95,7 +99,7 @@ from overtake.controller.harness.apache.lifecycle import children
 from overtake.controller.harness.scratch import free_port, scratch_dir
 from overtake.controller.php_prio import read_counts
 
-ARMS = ("default", "overtake", "age", "sidecar", "modqos")
+ARMS = ("default", "overtake", "age", "sidecar", "modqos", "sizeclass")
 SIDECAR_INFLIGHT = 120  # the sidecar's max_inflight: below Apache's MaxRequestWorkers (150)
 
 
@@ -107,6 +111,8 @@ class Arm:
     module: bool = False
     sidecar: bool = False
     qos: bool = False
+    #: the sidecar's CPU class from each view's predicted size (--cpu-priority class) instead of age
+    size_class: bool = False
 
     @property
     def needs_model(self) -> bool:
@@ -114,7 +120,8 @@ class Arm:
 
 
 ARM_SPECS = {"default": Arm(), "overtake": Arm(module=True, sidecar=True), "age": Arm(module=True),
-             "sidecar": Arm(sidecar=True), "modqos": Arm(qos=True)}
+             "sidecar": Arm(sidecar=True), "modqos": Arm(qos=True),
+             "sizeclass": Arm(module=True, sidecar=True, size_class=True)}
 
 
 def say(msg: str) -> None:
@@ -186,6 +193,8 @@ def arm_server(name: str, b: Bench, where: Path,
         wd.chmod(0o755)
         php_stats = wd / "php-prio.stats"
         php_ini = server.php_prio_settings(php_extension(where), b.model.threshold_s, php_stats)
+    elif spec.size_class:  # no age levels: the sidecar's class header alone, nice 19 (bounded)
+        cp = CpuPriority(levels=(product.CLASS_LEVEL_S,), nice=(19,), age=False)
     elif spec.module:
         assert b.model is not None
         if spec.sidecar:  # the module takes the sidecar's thresholds from its control file
@@ -199,10 +208,12 @@ def arm_server(name: str, b: Bench, where: Path,
         if spec.sidecar:
             assert b.model is not None
             sc = product.start_sidecar(wd / "sidecar", port=free_port(), apache_port=srv.port, model=b.model,
-                                       cpu_priority=cp is not None, core=args.client_core,
+                                       cpu_priority=("class" if spec.size_class else "age") if cp else None,
+                                       core=args.client_core,
                                        max_inflight=SIDECAR_INFLIGHT, max_body_bytes=b.max_body,
                                        php_stats_file=php_stats, control_file=control,
-                                       preview_lock=args.preview_lock or None, view_lock=args.view_lock or None)
+                                       preview_lock=args.preview_lock or None, view_lock=args.view_lock or None,
+                                       size_class=spec.size_class)
         yield (sc.port if sc else srv.port), srv, sc
     finally:
         try:
@@ -515,7 +526,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="prefork: mpm_prefork + mod_php; fpm: mpm_event + php-fpm (default prefork)")
     ap.add_argument("--runs", type=int, default=3, help="runs, each a new trace (seed + run index); default 3")
     ap.add_argument("--transactions", type=int, default=1000, help="transactions per trace (default 1000)")
-    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, from {', '.join(ARMS)}")
+    ap.add_argument("--arms", default=None, help=f"comma-separated, from {', '.join(ARMS)} (default: all; under "
+                    "fpm all but sizeclass)")
     ap.add_argument("--load", type=float, default=0.6, help="target CPU load of the trace (default 0.6)")
     ap.add_argument("--seed", type=int, default=2026, help="trace seed of run 1 (run k: seed + k - 1)")
     ap.add_argument("--articles", type=int, default=Recipe.articles, help="articles in the wiki (default 300)")
@@ -543,10 +555,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--json", action="store_true", help="print the run as JSON on stdout")
     ap.add_argument("--no-write", action="store_true", help="do not append the run to bench/results/realapp.jsonl")
     args = ap.parse_args(argv)
+    if args.arms is None:
+        args.arms = ",".join(a for a in ARMS if args.php == "prefork" or a != "sizeclass")
     names = [a.strip() for a in args.arms.split(",") if a.strip()]
     bad = [a for a in names if a not in ARMS]
     if bad or not names or len(set(names)) != len(names):
         ap.error(f"--arms: distinct names from {', '.join(ARMS)}, got {args.arms!r}")
+    if "sizeclass" in names and args.php != "prefork":
+        ap.error("--arms: sizeclass needs --php prefork (under php-fpm mod_overtake_prio cannot reach the CPU)")
     args.arms = names
     if args.runs < 1:
         ap.error(f"--runs: at least 1, got {args.runs}")

@@ -106,19 +106,27 @@ VIEW_ROUTES = [{"path": "^/wiki/", "methods": ["GET", "HEAD"]},
                {"path": r"^/index\.php$", "query": "(^|&)title=", "methods": ["GET", "HEAD"]}]
 
 
+#: mod_overtake_prio's age threshold under class priority alone (``OvertakePrioAge Off``): unused, required
+CLASS_LEVEL_S = 30.0
+
+
 def stages_yaml(max_inflight: int, max_body_bytes: int, preview_lock: int | None = 1,
-                view_lock: int | None = None) -> str:
+                view_lock: int | None = None, size_class: bool = False) -> str:
     """The stages file (module docstring): preview then view, ``auto`` classifier, generous queue
     limits (the bench counts a queue timeout as a failure, it does not want one); ``preview_lock``
     None leaves the lock key out; ``view_lock`` m admits at most m views into Apache at once,
     released shortest predicted first by the transaction link (a view is keyed on its preview's
-    key, whose body size predicts it)."""
+    key, whose body size predicts it); ``size_class``: views keyed on the link too, so that
+    ``--cpu-priority class`` sends the ones predicted largest at the low level
+    (controller.sidecar.size_class)."""
     preview: dict[str, Any] = {"name": "preview", "routes": [PREVIEW_ROUTE], "next": "view", "cpu_exempt": "unsafe"}
     if preview_lock is not None:
         preview["lock"] = preview_lock
     view: dict[str, Any] = {"name": "view", "routes": VIEW_ROUTES}
+    if view_lock is not None or size_class:
+        view = {"name": "view", "routes": [r | {"key": ["link"]} for r in VIEW_ROUTES]}
     if view_lock is not None:
-        view = {"name": "view", "routes": [r | {"key": ["link"]} for r in VIEW_ROUTES], "lock": view_lock}
+        view["lock"] = view_lock
     doc = {"stages": [preview, view],
            "limits": {"max_inflight": max_inflight, "queue_cap": 100000, "queue_timeout": 600,
                       "upstream_timeout": 600, "client_timeout": 600, "max_body_bytes": max_body_bytes},
@@ -153,23 +161,24 @@ class Sidecar:
         return out
 
 
-def start_sidecar(workdir: Path, *, port: int, apache_port: int, model: Model, cpu_priority: bool, core: int,
+def start_sidecar(workdir: Path, *, port: int, apache_port: int, model: Model, cpu_priority: str | None, core: int,
                   max_inflight: int, max_body_bytes: int, php_stats_file: Path | None = None,
                   control_file: str | None = None, preview_lock: int | None = 1,
-                  view_lock: int | None = None) -> Sidecar:
+                  view_lock: int | None = None, size_class: bool = False) -> Sidecar:
     """``overtake sidecar`` in auto mode, pinned to ``core`` in a session (autogroup) of its own,
-    raised like Apache's (a starved proxy delays every hand-off); ``control_file``: the one
-    Apache's module maps (``--control-file``)."""
+    raised like Apache's (a starved proxy delays every hand-off); ``cpu_priority``: its
+    ``--cpu-priority`` (age, class, or None); ``control_file``: the one Apache's module maps
+    (``--control-file``); ``size_class``: the stages file's views keyed for the class by size."""
     workdir.mkdir(parents=True, exist_ok=True)
     stages = workdir / "stages.yaml"
-    stages.write_text(stages_yaml(max_inflight, max_body_bytes, preview_lock, view_lock))
+    stages.write_text(stages_yaml(max_inflight, max_body_bytes, preview_lock, view_lock, size_class))
     log = workdir / "sidecar.log"
     args = ["taskset", "-c", str(core), *CLI, "sidecar", "--policy", str(model.policy_dir), "--apache",
             f"http://127.0.0.1:{apache_port}", "--listen", f"127.0.0.1:{port}", "--stages", str(stages)]
     admin, admin_flags, _ = sidecar_admin(workdir / "admin-token")  # metrics and policy on loopback
     args += admin_flags
-    if cpu_priority:
-        args += ["--cpu-priority", "age"]
+    if cpu_priority is not None:
+        args += ["--cpu-priority", cpu_priority]
     if control_file is not None:  # the policy's thresholds reach the module through it
         args += ["--control-file", control_file]
     if php_stats_file is not None:  # age priority inside php-fpm's workers: its counters

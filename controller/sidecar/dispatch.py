@@ -19,22 +19,25 @@ from overtake.controller.sidecar.request_log import RequestRecord
 from overtake.controller.sidecar.stages import StageTable
 from overtake.controller.sidecar.upstream import UpstreamResponse, Withdrawn
 
-__all__ = ["Dispatch"]
+__all__ = ["CpuClass", "Dispatch"]
 
 #: a queued request that timed out or whose client went away: answers it (:meth:`Admission.withdrawn`)
 Withdraw = Callable[[ClientConnection, Request, RequestRecord, Ticket], Awaitable[bool]]
+#: (stage, label, learned key, method) -> the ``X-Overtake-Class`` level to send, or None
+CpuClass = Callable[[int, int, str, str], int | None]
 
 
 class Dispatch(TicketSteps):
     """The step :meth:`forward` and the completion of a forwarded request."""
 
     def __init__(self, table: StageTable, wiring: Wiring, classifier: Classifier, *, next_header: bytes,
-                 withdrawn: Withdraw, cpu_class: Callable[[int, int], int | None] | None) -> None:
+                 withdrawn: Withdraw, cpu_class: CpuClass | None) -> None:
         super().__init__(table, wiring)
         self.classifier = classifier
         self.next_header = next_header
         self._withdrawn = withdrawn
-        #: (stage, label) -> mod_overtake_prio starting level to send, or None (--cpu-priority class)
+        #: (stage, label, learned key, method) -> mod_overtake_prio starting level to send, or None
+        #: (--cpu-priority class)
         self.cpu_class = cpu_class
 
     async def forward(self, ex: Exchange) -> Answer:
@@ -49,7 +52,7 @@ class Dispatch(TicketSteps):
             rec.upstream = self.limiter.clock() - t.t_admit
             await self._complete(conn, ex.req, t, resp, h_dur)
 
-        level = (self.cpu_class(ex.stage, t.start_phase)
+        level = (self.cpu_class(ex.stage, t.start_phase, t.route, ex.req.method.decode("latin-1"))
                  if self.cpu_class is not None and ex.stage != PASSTHROUGH else None)
         try:
             keep = await self.forwarder.forward(conn, ex.req, t, complete, level,

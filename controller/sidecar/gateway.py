@@ -41,7 +41,7 @@ from typing import Any
 from overtake.controller.sidecar.admission import Admission
 from overtake.controller.sidecar.budget import ByteBudget
 from overtake.controller.sidecar.classifier import Classifier
-from overtake.controller.sidecar.dispatch import Dispatch
+from overtake.controller.sidecar.dispatch import CpuClass, Dispatch
 from overtake.controller.sidecar.exchange import Exchange, StageHistograms, Step, Wiring
 from overtake.controller.sidecar.forward import Forwarder
 from overtake.controller.sidecar.gate import Gate
@@ -80,7 +80,7 @@ class Gateway:
         admin_body_cap: Callable[[str], tuple[int, str]] | None = None,
         on_request: Callable[[RequestRecord], None] | None = None,
         trusted_sources: Sequence[str] = ("127.0.0.0/8", "::1/128"),
-        cpu_class: Callable[[int, int], int | None] | None = None,
+        cpu_class: CpuClass | None = None,
         gate: Gate | None = None,
     ) -> None:
         self.table = table

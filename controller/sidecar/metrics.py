@@ -345,6 +345,10 @@ class SidecarMetrics:
             "overtake_stage_cpu_exempt", "Requests sent with X-Overtake-Exempt (the stage's cpu_exempt: "
             "mod_overtake_prio never demotes them)", ["stage"], registry=self.registry,
         )
+        self.class_low = Counter(
+            "overtake_class_low", "Requests sent at mod_overtake_prio's low level because their predicted holding "
+            "time exceeded the stage's threshold (--cpu-priority class by size)", ["stage"], registry=self.registry,
+        )
         self.errors = Counter(
             "overtake_gateway_errors", "Requests answered by the gateway itself, by reason",
             ["reason"], registry=self.registry,

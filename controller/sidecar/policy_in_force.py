@@ -39,6 +39,7 @@ from overtake.controller.sidecar.policies import (
     load_policy_bytes,
 )
 from overtake.controller.sidecar.policy_loads import LoadSlots
+from overtake.controller.sidecar.size_class import SizeClass
 from overtake.controller.sidecar.stages import StagesConfig, StageTable
 from overtake.controller.sidecar.units import FORMER_DEFAULT, Resolution, resolve, units_of
 from overtake.controller.sidecar.verify import Verifier
@@ -71,6 +72,7 @@ class PolicyInForce:
     _warned_unrecorded: set[str]
     _class_key: tuple[object, object] | None
     _class_levels: tuple[tuple[int, ...], ...] | None
+    size_class: SizeClass | None
 
     @property
     def policy(self) -> SpawnPolicy:
@@ -127,17 +129,31 @@ class PolicyInForce:
         log.warning("cpu_priority age: no policy file carries a prediction with age priority; solve with "
                     "`overtake solve --cpu-priority age` so that auto can weigh it", extra={"event": "cpu_priority_threshold"})
 
-    def _cpu_class(self, stage: int, label: int) -> int | None:
+    def _cpu_class(self, stage: int, label: int, key: str = "", method: str = "GET") -> int | None:
         """mod_overtake_prio's starting level for a request of ``stage`` with ``label`` under the
-        policy in force (short-first classes, :func:`~overtake.controller.sidecar.policies.class_levels`)."""
+        policy in force (short-first classes, :func:`~overtake.controller.sidecar.policies.class_levels`);
+        where the policy knows no classes, from the size predicted under the request's learned
+        ``key`` (:mod:`~overtake.controller.sidecar.size_class`), never for a request exempt from
+        demotion (``method``)."""
         pol = self.limiter.policy
-        key = (pol, getattr(pol, "chosen", pol))  # held, so a new policy is never mistaken for it
-        if self._class_key is None or key[0] is not self._class_key[0] or key[1] is not self._class_key[1]:
-            self._class_key, self._class_levels = key, class_levels(pol)
+        held = (pol, getattr(pol, "chosen", pol))  # held, so a new policy is never mistaken for it
+        if self._class_key is None or held[0] is not self._class_key[0] or held[1] is not self._class_key[1]:
+            self._class_key, self._class_levels = held, class_levels(pol)
         lv = self._class_levels
-        if lv is None or stage >= len(lv) or not 0 <= label < len(lv[stage]):
+        if lv is not None and stage < len(lv) and 0 <= label < len(lv[stage]):
+            return lv[stage][label]
+        sc = self.size_class
+        if sc is None or not sc.eligible(stage) or self._demotion_exempt(stage, method):
             return None
-        return lv[stage][label]
+        level = sc.level(stage, key)
+        if level:
+            self.metrics.class_low.labels(self.table.names[stage]).inc()
+        return level
+
+    def _demotion_exempt(self, stage: int, method: str) -> bool:
+        """Never demoted: the stage's ``cpu_exempt`` covers ``method``, or the online loop found it serialised."""
+        gw = getattr(self, "gateway", None)
+        return self.table.cpu_exempt(stage, method) or (gw is not None and stage in gw.screening.learned_exempt)
 
     # ---- auto (controller.sidecar.auto) ------------------------------------------------------------
     def _as_set(self, policy: SpawnPolicy) -> PolicySet:

@@ -189,6 +189,7 @@ class SidecarRuntime(PolicyInForce):
                if isinstance(p, PolicySet) else {}),
             **({"online": online.status()} if online is not None else {}),
             **({"lock": self.limiter.lock.info(self.policy)} if self.limiter.lock is not None else {}),
+            **({"size_class": self.size_class.info()} if self.size_class is not None else {}),
             **({"verify": self.verifier.status()} if self.verifier is not None else {}),
             **({"stacks": self.stacks.info()} if self.stacks.stacks else {}),
         }

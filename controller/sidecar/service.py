@@ -64,6 +64,7 @@ from overtake.controller.sidecar.policy_loads import LoadSlots
 from overtake.controller.sidecar.policy_source import PolicySource
 from overtake.controller.sidecar.request_log import RequestLog
 from overtake.controller.sidecar.running import SidecarRuntime
+from overtake.controller.sidecar.size_class import SizeClass
 from overtake.controller.sidecar.stage_lock import StageLock
 from overtake.controller.sidecar.stages import ClassifierSettings, StageTable
 from overtake.controller.sidecar.upstream import UpstreamPool
@@ -180,6 +181,10 @@ class Sidecar(SidecarRuntime):
             passthrough_queue_cap=cfg.limits.queue_cap,
         )
         self.limiter.set_lock(StageLock.from_table(table))
+        #: --cpu-priority class where the policy knows no phases: the level from the predicted size
+        self.size_class = SizeClass.from_table(table) if options.apache_side.cpu_priority == "class" else None
+        if self.size_class is not None:
+            self.limiter.add_listener(self.size_class)
         self.metrics = SidecarMetrics(lambda: self.limiter, time_unit=self.time_unit)
         self.online: OnlineLoop | None = None
         if self.control is not None:

@@ -30,7 +30,9 @@ the follow-up's phase when it reserves its thread). Example (``examples/sidecar/
 
 A stage's ``lock: m`` says its requests take a serialising resource (a database write lock):
 at most m of them are in Apache at once, the others wait in the sidecar, shortest predicted
-first (:mod:`overtake.controller.sidecar.stage_lock`).
+first (:mod:`overtake.controller.sidecar.stage_lock`). Under ``--cpu-priority class`` with a policy
+that knows no phases, ``class_threshold`` / ``class_quantile`` say which keyed requests start at
+mod_overtake_prio's low level by their predicted size (:mod:`overtake.controller.sidecar.size_class`).
 
 Validation is eager; every error is one line naming the field, the value and the fix.
 """
@@ -132,6 +134,12 @@ class StageSpec(_Strict):
     # ``auto``: the online loop's serialisation detector sets it (controller.online.lockwatch)
     lock: int | Literal["auto"] | None = None
     lock_aging: float = 1.0
+    # --cpu-priority class where the policy knows no phases: a keyed request whose predicted
+    # holding time (its key's learned mean) exceeds the threshold starts at mod_overtake_prio's
+    # low level (controller.sidecar.size_class); the threshold is ``class_threshold`` seconds, else
+    # the ``class_quantile`` of the stage's recent predictions (the largest tenth demoted by default)
+    class_threshold: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    class_quantile: float = Field(default=0.9, gt=0, lt=1)
 
     @field_validator("lock", mode="before")
     @classmethod
@@ -392,6 +400,11 @@ class StageTable:
     def cpu_exempt(self, stage: int, method: str) -> bool:
         """Is a request of ``stage`` and ``method`` exempt from CPU demotion (the stage's ``cpu_exempt``)?"""
         return self.config.stages[stage].exempts(method)
+
+    def class_threshold(self, stage: int) -> tuple[float | None, float]:
+        """The stage's size-class threshold: (``class_threshold`` seconds or None, ``class_quantile``)."""
+        st = self.config.stages[stage]
+        return st.class_threshold, st.class_quantile
 
     def lock(self, stage: int) -> int | None:
         """The stage's configured lock capacity (``lock: m``), None without one (or ``auto``)."""

@@ -330,6 +330,20 @@ def test_stages_file_with_a_view_cap_keys_views_on_the_transaction_link(tmp_path
     assert plain.lock(1) is None and not plain.linked[1]
 
 
+def test_stages_file_for_the_size_class_keys_views_on_the_link_without_a_cap(tmp_path: Path) -> None:
+    f = tmp_path / "stages.yaml"
+    f.write_text(product.stages_yaml(120, 2 << 20, size_class=True))
+    table = load_stages(f)
+    assert table.linked[1] and table.keyed(1) and table.lock(1) is None and table.lock(0) == 1
+
+
+def test_the_size_class_arm_is_prefork_only() -> None:
+    assert "sizeclass" in realapp.parse_args(["--php", "prefork"]).arms
+    assert "sizeclass" not in realapp.parse_args(["--php", "fpm"]).arms
+    with pytest.raises(SystemExit):
+        realapp.parse_args(["--php", "fpm", "--arms", "default,sizeclass"])
+
+
 def test_access_log_lines_parse(tmp_path: Path) -> None:
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "access.log").write_text(
