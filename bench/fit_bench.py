@@ -28,6 +28,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
 import datetime
+import json
 import math
 import resource
 import shutil
@@ -150,6 +151,75 @@ def mapfit_cf1(x: np.ndarray, orders: tuple[int, ...]) -> dict[str, Any] | str:
     return out
 
 
+# ------------------------------------------------------------------------------ the peer table
+#: The sets of the side-by-side table with mapfit: the light-tailed reference sample, the same at 10^5,
+#: and three heavy tails (Weibull shape 0.5, lognormal sigma 1.8, Lomax 2.5), where the E-step is stiff.
+PEER_SETS: dict[str, tuple[str, int]] = {
+    "lognormal(0,1) n=1e4": ("lognormal1", 10_000),
+    "lognormal(0,1) n=1e5": ("lognormal1", 100_000),
+    "Weibull(0.5) n=1e4": ("weibull05", 10_000),
+    "lognormal(0,1.8) n=1e4": ("lognormal18", 10_000),
+    "Lomax(2.5) n=1e4": ("lomax25", 10_000),
+}
+PEER_ORDERS = (4, 8)
+#: the target: at least this CPU ratio (mapfit / ours) where mapfit needs at least PEER_SLOW seconds,
+#: at a log-likelihood no worse than mapfit's by more than PEER_LL_SLACK
+PEER_RATIO, PEER_SLOW, PEER_LL_SLACK = 10.0, 5.0, 0.5
+
+
+def peer_sample(kind: str, n: int) -> np.ndarray:
+    """The seeded sample of one set (seed 20240601, as the reference sample)."""
+    rng = np.random.default_rng(20240601)
+    if kind == "lognormal1":
+        return rng.lognormal(0.0, 1.0, n)
+    if kind == "lognormal18":
+        return rng.lognormal(0.0, 1.8, n)
+    if kind == "weibull05":
+        return rng.weibull(0.5, n)
+    if kind == "lomax25":
+        return rng.pareto(2.5, n)
+    raise ValueError(f"unknown sample kind {kind!r}")
+
+
+def peer_table(sets: dict[str, tuple[str, int]], orders: tuple[int, ...]) -> list[dict[str, Any]] | str:
+    """Ours and mapfit on every set and CF1 order, in one run: CPU seconds, log-likelihoods, the verdict.
+
+    Returns the rows, or the reason mapfit could not run."""
+    rows: list[dict[str, Any]] = []
+    for label, (kind, n) in sets.items():
+        x = peer_sample(kind, n)
+        mf = mapfit_cf1(x, orders)
+        if isinstance(mf, str):
+            return mf
+        for p in orders:
+            res, t = cpu(lambda p=p, x=x: fit(x, order=p, structure="cf1", random_state=0))
+            m = mf[f"cf1({p})"]
+            ratio = m["cpu"] / t if t > 0 else math.inf
+            judged = m["cpu"] >= PEER_SLOW
+            ok = ratio >= PEER_RATIO and res.loglik >= m["ll"] - PEER_LL_SLACK
+            rows.append({"set": label, "n": n, "order": p, "ours_ll": float(res.loglik), "ours_cpu_s": t,
+                         "ours_converged": bool(res.converged), "mapfit_ll": m["ll"], "mapfit_ll_check": float(m["ll_check"]),
+                         "mapfit_cpu_s": m["cpu"], "mapfit_iter": m["iter"], "mapfit_converged": m["converged"],
+                         "ratio": ratio, "delta_ll": float(res.loglik) - m["ll"], "judged": judged,
+                         "met": ok if judged else None, "mapfit_version": mf.get("version", "mapfit")})
+    return rows
+
+
+def peer_lines(rows: list[dict[str, Any]]) -> list[str]:
+    out = ["### Side by side with mapfit (CF1, this run)\n",
+           f"Target: where mapfit needs ≥ {PEER_SLOW:g} s CPU, ours ≥ {PEER_RATIO:g}× less CPU at a log-likelihood ≥ "
+           f"mapfit's − {PEER_LL_SLACK:g}. CPU: ours `time.process_time()` of `fit(...)`, mapfit R's `system.time` of "
+           f"`phfit.point` (both single-threaded BLAS, after the warm-up; R start-up excluded).\n",
+           "| set | order | ours log-lik | ours CPU s | mapfit log-lik | mapfit CPU s | mapfit / ours CPU | ΔLL | target |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        verdict = "–" if r["met"] is None else ("met" if r["met"] else "NOT met")
+        out.append(f"| {r['set']} | {r['order']} | {r['ours_ll']:.2f} | {r['ours_cpu_s']:.2f} | {r['mapfit_ll']:.2f} | "
+                   f"{r['mapfit_cpu_s']:.2f} | {r['ratio']:.1f}× | {r['delta_ll']:+.2f} | {verdict} |")
+    out.append("")
+    return out
+
+
 # ------------------------------------------------------------------------------ Bobbio–Telek
 def _ppf_from_cdf(cdf, lo, hi):  # type: ignore[no-untyped-def]
     grid = np.concatenate(([0.0], np.geomspace(lo, hi, 200_000)))
@@ -228,17 +298,25 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="skip the 10^5 run and use a coarser Bobbio–Telek grid")
     ap.add_argument("--no-write", action="store_true", help="print only; write nothing")
+    ap.add_argument("--json", action="store_true", help="print one JSON document instead of the Markdown block")
+    ap.add_argument("--peer-only", action="store_true",
+                    help="run only the side-by-side table with mapfit (needs OVERTAKE_MAPFIT_RLIB)")
     args = ap.parse_args()
     rlib = os.environ.get("OVERTAKE_MAPFIT_RLIB")
     cmd = (f"OVERTAKE_MAPFIT_RLIB={rlib} " if rlib else "") + "OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/fit_bench.py" + (
-        " --quick" if args.quick else "")
+        " --quick" if args.quick else "") + (" --peer-only" if args.peer_only else "")
+    doc: dict[str, Any] = {"bench": "fit_bench", "date": datetime.date.today().isoformat(), "machine": machine(),
+                           "load": os.getloadavg()[0], "command": cmd, "rows": [], "bobbio_telek": []}
 
     x = np.random.default_rng(20240601).lognormal(0.0, 1.0, 10_000)
     true_ll = float(stats.lognorm(1.0).logpdf(x).sum())
     (_, jit) = cpu(lambda: [fit(x[:500], order=k, structure=s) for k, s in ((3, "cf1"), (3, "general"), (3, "hypererlang"))])
 
+    doc["jit_warmup_cpu_s"] = jit
     lines: list[str] = []
     w = lines.append
+    if args.peer_only:
+        return _peer_only(args, cmd, doc)
     w("## fitting/ — phase-type EM\n")
     w(f"- Date: {datetime.date.today().isoformat()}; machine: {machine()}; load at start: {os.getloadavg()[0]:.2f}")
     w(
@@ -265,6 +343,9 @@ def main() -> int:
     for label, res, t, ll_t, cpu_t in (("CF1(4)", r4, t4, -14135.0, 0.93), ("CF1(8)", r8, t8, -14086.5, 1.89)):
         key = label.lower()
         ok = res.loglik >= ll_t and t <= cpu_t
+        doc["rows"].append({"model": label, "ll": float(res.loglik), "cpu_s": t, "met": ok,
+                            "mapfit": None if isinstance(mf, str) else {k: v for k, v in mf[key].items()
+                                                                        if k in ("ll", "cpu", "iter", "converged")}})
         head = f"| {label} | {res.loglik:.2f} | {t:.2f} | {res.n_iter} | {res.converged} | "
         tgt = f"LL ≥ {ll_t:.1f} in ≤ {cpu_t} s: {'met' if ok else 'NOT met'}"
         if not isinstance(mf, str):
@@ -331,22 +412,36 @@ def main() -> int:
     w("| target | order | rel. entropy | cdf area | m1 rel.err | m2 rel.err | m3 rel.err | CPU s |")
     w("|---|---|---|---|---|---|---|---|")
     for name, p, m, sec, _ in bobbio_telek((2, 4, 8), n_pts):
+        doc["bobbio_telek"].append({"target": name, "order": p, "cpu_s": sec, **m})
         w(f"| {name} | {p} | {m['relative_entropy']:.4g} | {m['cdf_area']:.4g} | {m['m1_relerr']:.3g} | "
           f"{m['m2_relerr']:.3g} | {m['m3_relerr']:.3g} | {sec:.2f} |")
     w("")
     w("W2 and L1 at order 8 are slow: their fits have phase rates ~10^5 times the slowest, and the "
       "uniformization E-step costs about q × (largest sample) Poisson terms per sweep (stiffness).")
-    block = "\n".join(lines)
-    print(block)
+    if not args.quick:
+        peers = peer_table(PEER_SETS, PEER_ORDERS)
+        doc["peer"] = peers
+        lines.extend(peer_lines(peers) if not isinstance(peers, str) else [f"{peers}: no side-by-side table.", ""])
+    return _finish(args, "\n".join(lines), doc)
+
+
+def _peer_only(args: argparse.Namespace, cmd: str, doc: dict[str, Any]) -> int:
+    peers = peer_table(PEER_SETS, PEER_ORDERS)
+    if isinstance(peers, str):
+        print(f"fit_bench: {peers}", file=sys.stderr)
+        return 2
+    doc["peer"] = peers
+    head = ["## fitting/ — side by side with mapfit\n",
+            f"- Date: {doc['date']}; machine: {doc['machine']}; load at start: {doc['load']:.2f}",
+            f"- Command: `{cmd}`; {peers[0]['mapfit_version']}.\n"]
+    return _finish(args, "\n".join(head + peer_lines(peers)), doc, section="fitting-mapfit")
+
+
+def _finish(args: argparse.Namespace, block: str, doc: dict[str, Any], section: str = "fitting") -> int:
+    print(json.dumps(doc, indent=1, default=float) if args.json else block)
     if not args.no_write:
-        write_block(block)
+        write_section(section, block, run=doc, bench="fit_bench")
     return 0
-
-
-def write_block(block: str) -> None:
-    """Record the run: bench/results/fit_bench.jsonl gets it, the fitting write-up in bench/results/sections.md is replaced."""
-
-    write_section("fitting", block, bench="fit_bench")
 
 
 if __name__ == "__main__":
