@@ -5,8 +5,10 @@
 Set-up (the bench's own, not ``make test``; as root): Debian's MediaWiki, PHP and mod_qos
 packages (bench/mediawiki/install-packages.sh, run when one is missing unless --no-setup), and
 a wiki on SQLite in --data-dir whose articles follow a seeded recipe with heavy-tailed cost
-(bench/mediawiki/pages.py; rebuilt only when the recipe changes). Every request renders: no
-parser or object cache.
+(bench/mediawiki/pages.py; rebuilt only when the recipe or the settings change). MediaWiki is
+set up as an operator would run it on one server (object caches in APCu, no jobs at the end of
+requests; bench/mediawiki/wiki.py's SETTINGS say why) but for the parser cache: off, so every
+request renders.
 
 Stacks (--php): ``prefork`` = mpm_prefork + mod_php, ``fpm`` = mpm_event + proxy_fcgi to a private
 php-fpm (Debian's pool defaults); a private Apache per arm and run from the bench's own config
@@ -49,9 +51,12 @@ auto mode in front of a plain Apache: admission alone; with --view-lock m the si
 hold views to m at a time in Apache, released shortest predicted first by the transaction link), ``modqos`` (mod_qos,
 ``QS_LocRequestLimitMatch`` of --qos-cap per stage; it rejects beyond the cap) and ``sizeclass``
 (the overtake arm's sidecar with ``--cpu-priority class`` instead of age: views keyed on the
-transaction link, the predicted largest tenth started at nice 19 by mod_overtake_prio with
-``OvertakePrioAge Off``; controller/sidecar/size_class.py; prefork only: under php-fpm the module
-cannot reach the CPU).
+transaction link, those predicted above the views' ``class_quantile`` started at nice 19 by
+mod_overtake_prio with ``OvertakePrioAge Off``; controller/sidecar/size_class.py; prefork only:
+under php-fpm the module cannot reach the CPU). The quantile is the one the size-class model
+predicts best on the calibrated wiki (bench/mediawiki/class_model.py: an event simulation of the
+lock and the CPU weights on the articles' idle times; every quantile's predicted mean and gain
+in ``model.size_class``), or --class-quantile.
 
 Where the probe says previews run one at a time, the document's ``model.lock`` holds the model
 with the database lock's predictions for the arms (bench/mediawiki/lock_model.py): the preview
@@ -66,7 +71,8 @@ stage and article size; every arm loads mod_overtake_prio's request-time split, 
 its priority as a meter with ``OvertakePrio Off``, unless --no-split); per run the paired gain of
 every arm over ``default`` with its 95 % CI over the blocks — ``gain`` / ``gain_ci95`` are
 ``overtake``'s —, the model with the lock's prediction against the measured mean per arm
-(``predicted``), and over the runs the spread. Raw runs go to bench/results/realapp.jsonl unless --no-write (no BENCHMARKS.md section).
+(``predicted``), and over the runs the spread; ``db_written``: the wiki's SQLite databases the runs
+wrote to (none with the bench's settings: a preview's transaction changes nothing). Raw runs go to bench/results/realapp.jsonl unless --no-write (no BENCHMARKS.md section).
 """
 
 from __future__ import annotations
@@ -90,7 +96,7 @@ from typing import Any
 
 import numpy as np
 from _report import append_run, halt_polling, run_record
-from mediawiki import lock_model, product, server, split, stats, wiki, workload
+from mediawiki import class_model, lock_model, product, server, split, stats, wiki, workload
 from mediawiki.pages import Recipe, article_title, draw_units
 
 from overtake.controller.harness import php_fpm
@@ -168,6 +174,8 @@ class Bench:
     idle_preview: np.ndarray = field(default_factory=lambda: np.zeros(0))
     idle_view: np.ndarray = field(default_factory=lambda: np.zeros(0))
     model: product.Model | None = None
+    #: the sizeclass arm's class_quantile (the model's choice, or --class-quantile)
+    class_quantile: float | None = None
 
     @property
     def max_body(self) -> int:
@@ -213,7 +221,7 @@ def arm_server(name: str, b: Bench, where: Path,
                                        max_inflight=SIDECAR_INFLIGHT, max_body_bytes=b.max_body,
                                        php_stats_file=php_stats, control_file=control,
                                        preview_lock=args.preview_lock or None, view_lock=args.view_lock or None,
-                                       size_class=spec.size_class)
+                                       size_class=spec.size_class, class_quantile=b.class_quantile)
         yield (sc.port if sc else srv.port), srv, sc
     finally:
         try:
@@ -507,6 +515,11 @@ def render(doc: dict[str, Any]) -> str:
              f"{cal['serialisation_probe']['preview']:.2f}, view {cal['serialisation_probe']['view']:.2f}"]
     if doc.get("model"):
         lines.append(f"model: age threshold {doc['model']['threshold_s'] * 1e3:.1f} ms")
+        sized = doc["model"].get("size_class")
+        if sized:
+            lines.append("size-class model, predicted gain over default by quantile: " + ", ".join(
+                f"{k} {100 * v['gain']:+.1f} %" for k, v in sized["arms"].items())
+                + f"; the arm demotes above {sized['quantile']:g} ({sized['source']})")
     lines.append("| run | arm | mean ms | p99 ms | failures | gain over default (CI over blocks) | model ms |")
     lines.append("|---|---|---:|---:|---:|---:|---:|")
     for k, r in enumerate(doc["runs"]):
@@ -544,6 +557,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--view-lock", type=int, default=0,
                     help="the sidecar arms' cap on views in Apache (the view stage's lock, keyed on the "
                          "transaction link: shortest predicted first); 0: none (default)")
+    ap.add_argument("--class-quantile", type=float, default=None,
+                    help="the sizeclass arm's class_quantile (views predicted above it start at nice 19); "
+                         "default: the quantile the size-class model predicts best")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds before a transaction counts as failed")
     ap.add_argument("--cal-reps", type=int, default=3,
                     help="calibration passes over the articles; an article's idle time is their median (default 3)")
@@ -583,6 +599,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--preview-lock: a lock capacity >= 1, or 0 for no lock key, got {args.preview_lock}")
     if args.view_lock < 0:
         ap.error(f"--view-lock: a cap >= 1 on views in Apache, or 0 for none, got {args.view_lock}")
+    if args.class_quantile is not None and not 0 < args.class_quantile < 1:
+        ap.error(f"--class-quantile: a quantile in (0, 1), got {args.class_quantile}")
     if not args.timeout > 0 or args.cal_reps < 1:
         ap.error("--timeout must be > 0 s and --cal-reps >= 1")
     return args
@@ -606,17 +624,40 @@ def lock_prediction(cal: dict[str, Any], model: dict[str, Any], rate: float, php
 PREDICTS = {"default": "default", "overtake": "passthrough+age", "age": "passthrough+age"}
 
 
-def predicted_vs_measured(locked: dict[str, Any] | None, arms: dict[str, Any]) -> dict[str, Any]:
+def predicted_vs_measured(locked: dict[str, Any] | None, arms: dict[str, Any],
+                          sized: dict[str, Any] | None = None) -> dict[str, Any]:
     """Per arm the model's mean response time with the lock, the measured mean and their relative
-    error (predicted / measured - 1); empty without the lock's prediction."""
-    if locked is None:
-        return {}
+    error (predicted / measured - 1); the sizeclass arm's from the size-class model at its
+    quantile (``sized``, :func:`size_class_choice`)."""
+    preds: dict[str, tuple[str, float]] = {}
+    if locked is not None:
+        preds = {name: (key, locked["lock"][key]) for name, key in PREDICTS.items()
+                 if locked["lock"].get(key) is not None}
+    if sized is not None:
+        q = f"{sized['quantile']:g}"
+        if q in sized["arms"]:
+            preds["sizeclass"] = (f"size class {q}", sized["arms"][q]["mean"])
     out = {}
-    for name, key in PREDICTS.items():
-        pred = locked["lock"].get(key)
-        if name in arms and pred is not None:
+    for name, (key, pred) in preds.items():
+        if name in arms:
             m = arms[name]["mean"]
             out[name] = {"model": key, "predicted": pred, "measured": m, "error": pred / m - 1 if m > 0 else None}
+    return out
+
+
+def size_class_choice(b: Bench, rate: float) -> dict[str, Any]:
+    """The size-class model on the calibrated wiki (bench/mediawiki/class_model.py): every
+    quantile's predicted mean and gain over the default; sets the sizeclass arm's quantile to
+    the best one unless --class-quantile fixed it (then that one is evaluated too)."""
+    fixed = b.args.class_quantile
+    qs = tuple(sorted(set(class_model.QUANTILES) | ({fixed} if fixed is not None else set())))
+    out = class_model.choose(b.idle_preview, b.idle_view, rate, quantiles=qs)
+    b.class_quantile = fixed if fixed is not None else out["chosen"]
+    out["quantile"] = b.class_quantile
+    out["source"] = "--class-quantile" if fixed is not None else "model"
+    say("size-class model: predicted gain over default by quantile " + ", ".join(
+        f"{k} {100 * v['gain']:+.1f} %" for k, v in out["arms"].items())
+        + f"; the sizeclass arm demotes above {b.class_quantile:g} ({out['source']})")
     return out
 
 
@@ -646,12 +687,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 b.model = product.prepare_model(b.tmp / "model", {"preview": b.idle_preview, "view": b.idle_view}, rate)
                 say(f"model: age threshold {b.model.threshold_s * 1e3:.1f} ms; predicted {b.model.summary()['predicted']}")
             locked = lock_prediction(cal, b.model.summary(), rate, args.php) if b.model else None
+            sized = size_class_choice(b, rate) if "sizeclass" in args.arms else None
             if locked is not None:
                 say(f"model with the preview lock: default {locked['lock']['default']:.3f} s, "
                     f"passthrough+age {locked['lock'].get('passthrough+age', float('nan')):.3f} s")
+            before = wiki.db_state(Path(args.data_dir))
             runs = [one_run(k, b, rate) for k in range(args.runs)]
+            db_written = wiki.written_since(Path(args.data_dir), before)
             for r in runs:
-                r["predicted"] = predicted_vs_measured(locked, r["arms"])
+                r["predicted"] = predicted_vs_measured(locked, r["arms"], sized)
         finally:
             os.sched_setaffinity(0, set(cores))
             shutil.rmtree(b.tmp, ignore_errors=True)
@@ -661,8 +705,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "load": args.load, "transactions": args.transactions, "arms": args.arms, "seed": args.seed,
             "arrival_rate": rate, "block": args.block, "split": args.split, "qos_cap": args.qos_cap,
             "preview_lock": args.preview_lock, "view_lock": args.view_lock, "timeout": args.timeout, "calibration": cal,
-            "model": b.model.summary() | {"lock": locked} if b.model else None, "wiki": stamp | {"units": b.units.tolist()},
-            "recipe": asdict(recipe), "cores": {"server": args.server_core, "client": args.client_core},
+            "model": b.model.summary() | {"lock": locked, "size_class": sized} if b.model else None, "wiki": stamp | {"units": b.units.tolist()},
+            "recipe": asdict(recipe), "db_written": db_written, "cores": {"server": args.server_core, "client": args.client_core},
             "halt_poll_ns": hp, "load_before": load_before, "load_after": os.getloadavg()[0],
             "seconds": time.time() - started}
 

@@ -295,7 +295,8 @@ def test_without_overtake_the_gain_is_null() -> None:
 def test_bad_arguments_are_refused_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
     for argv, flag in ((["--arms", "default,nope"], "--arms"), (["--load", "1.2"], "--load"),
                        (["--runs", "0"], "--runs"), (["--transactions", "10"], "--transactions"),
-                       (["--block", "10"], "--block"), (["--transactions", "100", "--block", "60"], "--transactions")):
+                       (["--block", "10"], "--block"), (["--transactions", "100", "--block", "60"], "--transactions"),
+                       (["--class-quantile", "1"], "--class-quantile")):
         with pytest.raises(SystemExit):
             realapp.parse_args(argv)
         assert flag in capsys.readouterr().err
@@ -335,6 +336,38 @@ def test_stages_file_for_the_size_class_keys_views_on_the_link_without_a_cap(tmp
     f.write_text(product.stages_yaml(120, 2 << 20, size_class=True))
     table = load_stages(f)
     assert table.linked[1] and table.keyed(1) and table.lock(1) is None and table.lock(0) == 1
+
+
+def test_stages_file_carries_the_size_class_quantile_the_model_chose(tmp_path: Path) -> None:
+    f = tmp_path / "stages.yaml"
+    f.write_text(product.stages_yaml(120, 2 << 20, size_class=True, class_quantile=0.97))
+    table = load_stages(f)
+    assert table.class_threshold(1) == (None, 0.97)
+    f.write_text(product.stages_yaml(120, 2 << 20, size_class=True))  # the sidecar's default
+    assert load_stages(f).class_threshold(1) == (None, 0.9)
+
+
+def test_size_class_choice_sets_the_arm_quantile_from_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(3)
+    units = np.clip(np.rint(rng.lognormal(0.5, 2.0, size=60)), 1, 300)
+    b = realapp.Bench(realapp.parse_args(["--arms", "default,sizeclass"]), Path("/nonexistent"), [], units,
+                      idle_preview=0.02 + 0.004 * units, idle_view=0.03 + 0.005 * units)
+    calls = []
+
+    def choose(p: np.ndarray, v: np.ndarray, rate: float, *, quantiles: tuple[float, ...]) -> dict:
+        calls.append(quantiles)
+        arms = {f"{q:g}": {"mean": 1 + abs(q - 0.8), "gain": 0.0} for q in quantiles}
+        return {"default": 2.0, "arms": arms, "chosen": 0.8}
+
+    monkeypatch.setattr(realapp.class_model, "choose", choose)
+    out = realapp.size_class_choice(b, 1.0)
+    assert b.class_quantile == 0.8 and out["quantile"] == 0.8 and out["source"] == "model"
+    assert calls[-1] == realapp.class_model.QUANTILES
+    b.args.class_quantile = 0.75  # fixed by the flag: evaluated too, and used
+    out = realapp.size_class_choice(b, 1.0)
+    assert b.class_quantile == 0.75 and out["source"] == "--class-quantile" and 0.75 in calls[-1]
+    got = realapp.predicted_vs_measured(None, {"sizeclass": {"mean": 1.0}}, out)
+    assert got["sizeclass"]["predicted"] == pytest.approx(1.05) and got["sizeclass"]["model"] == "size class 0.75"
 
 
 def test_the_size_class_arm_is_prefork_only() -> None:
@@ -395,6 +428,38 @@ def test_predicted_against_measured() -> None:
     assert realapp.predicted_vs_measured(None, arms) == {}
 
 
+# --------------------------------------------------------------------------- the wiki's set-up
+
+
+def test_the_wiki_is_rebuilt_when_its_settings_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wiki, "_mediawiki_version", lambda: "1.39.test")
+    recipe = pages.Recipe(articles=10)
+    stamp = wiki.wanted_stamp(recipe)
+    assert stamp["settings"] == wiki.settings_digest()
+    monkeypatch.setattr(wiki, "SETTINGS", wiki.SETTINGS + "$wgMainCacheType = CACHE_NONE;\n")
+    assert wiki.wanted_stamp(recipe)["settings"] != stamp["settings"]
+
+
+def test_no_request_writes_the_sqlite_object_cache() -> None:
+    # MediaWiki without an object cache rewrites its message cache into wikicache.sqlite on every
+    # request; the bench's settings keep the object caches in APCu and the parser cache off
+    text = wiki.SETTINGS
+    assert "$wgMainCacheType = CACHE_ACCEL;" in text and "$wgMessageCacheType = CACHE_ACCEL;" in text
+    assert "$wgParserCacheType = CACHE_NONE;" in text and "$wgJobRunRate = 0;" in text
+    assert wiki.REQUIRED["php-apcu"].name == "apcu.so"
+
+
+def test_db_written_names_the_databases_whose_files_changed(tmp_path: Path) -> None:
+    (tmp_path / "db").mkdir()
+    for name in ("wiki.sqlite", "wikicache.sqlite"):
+        (tmp_path / "db" / name).write_bytes(b"x")
+    before = wiki.db_state(tmp_path)
+    assert wiki.written_since(tmp_path, before) == []
+    os.utime(tmp_path / "db" / "wikicache.sqlite", ns=(1, before["wikicache.sqlite"] + 1000))
+    (tmp_path / "db" / "new.sqlite").write_bytes(b"y")
+    assert wiki.written_since(tmp_path, before) == ["new.sqlite", "wikicache.sqlite"]
+
+
 # --------------------------------------------------------------------------- end to end
 
 
@@ -448,6 +513,12 @@ def test_end_to_end_on_a_tiny_trace(apache_available: None, capsys: pytest.Captu
     assert "auto" in json.dumps(run["arms"]["overtake"]["sidecar_policy"])
     probe = cal["serialisation_probe"]
     assert 0.5 < probe["preview"] <= 1 and 0.5 < probe["view"] <= 1
+    # no request wrote to SQLite (the object caches are in APCu; a preview's transaction changes nothing)
+    assert doc["db_written"] == []
+    # the size-class arm ran at the quantile the model chose, shown with every quantile's prediction
+    sized = doc["model"]["size_class"]
+    assert sized["source"] == "model" and f"{sized['quantile']:g}" in sized["arms"]
+    assert "sizeclass" in run["predicted"]
 
 
 def test_php_prio_settings_load_the_extension_at_the_solved_threshold(tmp_path: Path) -> None:
