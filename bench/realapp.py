@@ -1,6 +1,6 @@
 """A real application: MediaWiki on SQLite, Apache's default against Overtake and its peers.
 
-    python bench/realapp.py --php prefork|fpm [--runs N] [--transactions T] [--arms a,b] [--json] [--no-write]
+    python bench/realapp.py --php prefork|fpm [--runs N] [--minutes M | --transactions T] [--arms a,b] [--json] [--no-write]
 
 Set-up (the bench's own, not ``make test``; as root): Debian's MediaWiki, PHP and mod_qos
 packages (bench/mediawiki/install-packages.sh, run when one is missing unless --no-setup), and
@@ -37,7 +37,16 @@ alternating from block to block (A B, B A, ...; rotated by k), so that a drift l
 cancels between the arms. The gain is paired per transaction and its CI is over the blocks
 (bench/mediawiki/stats.py). Per block and arm the CPU seconds the arm's Apache and php-fpm used
 (``cpu_blocks``; ``cpu_drift``: each arm's over the first arm's, block by block). A run lasts
-about arms x transactions / arrival rate (the rate is printed after the calibration).
+about arms x transactions / arrival rate (the rate is printed after the calibration), plus the
+stacks' start and every block's drain.
+
+Power: a gain's CI over blocks has a half-width of about t(blocks - 1) x (the per-block gain's
+deviation) / sqrt(blocks), and that deviation grows as 1/sqrt(block length) (a block's gain
+averages its transactions), so for a given run length the half-width falls as
+1/sqrt(transactions) and shorter blocks only buy degrees of freedom (t(3) = 3.18 with four
+blocks, 2.05 with thirty) and a finer cancellation of the drift. Hence the defaults: blocks of 30
+and as many transactions as --minutes of replay gives (the arrival rate x minutes / arms, rounded
+to whole blocks), rather than a fixed count whose duration depends on the wiki's speed.
 
 Arms: ``default`` (Apache's default, no Overtake), ``overtake`` (the README's deployment: the
 sidecar in ``auto`` mode with ``--cpu-priority age`` over the policy ``overtake solve --phase-info
@@ -357,14 +366,14 @@ def calibration(b: Bench, stamp: dict[str, Any]) -> dict[str, Any]:
     if b.args.reuse_calibration:
         try:
             cal = dict(json.loads(saved.read_text()))
-            if cal.get("fingerprint") == stamp["fingerprint"]:
+            if cal.get("fingerprint") == stamp["fingerprint"] and cal.get("settings") == stamp.get("settings"):
                 say(f"calibration: reusing {saved} ({cal.get('date')})")
                 return cal | {"reused": str(saved)}
         except (OSError, ValueError):
             pass
-        say(f"calibration: nothing to reuse for this wiki in {saved}; measuring")
+        say(f"calibration: nothing to reuse for this wiki and its settings in {saved}; measuring")
     say(f"calibration: {len(b.txs)} articles' preview and view on an idle {b.args.php} server")
-    cal = calibrate(b) | {"fingerprint": stamp["fingerprint"]}
+    cal = calibrate(b) | {"fingerprint": stamp["fingerprint"], "settings": stamp.get("settings")}
     saved.write_text(json.dumps(cal) + "\n")
     return cal
 
@@ -415,7 +424,8 @@ def arm_figures(name: str, k: int, live: Live, b: Bench, trace: dict[str, np.nda
     log = [x for x in server.read_access(srv.workdir) if x.rid and x.rid.startswith(f"r{k}-")]
     extra["in_apache"] = in_apache(log, trace, b)
     extra["time_split"] = split.time_split(log, live.got, trace["article"], b.units)
-    return stats.arm_summary(live.got.rt, live.got.outcomes) | extra
+    # every transaction's response time (NaN: failed), in trace order: the blocks can be recut
+    return stats.arm_summary(live.got.rt, live.got.outcomes) | extra | {"rt": live.got.rt.tolist()}
 
 
 def in_apache(log: list[server.AccessLine], trace: dict[str, np.ndarray], b: Bench) -> dict[str, Any]:
@@ -538,7 +548,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--php", choices=server.STACKS, default="prefork",
                     help="prefork: mpm_prefork + mod_php; fpm: mpm_event + php-fpm (default prefork)")
     ap.add_argument("--runs", type=int, default=3, help="runs, each a new trace (seed + run index); default 3")
-    ap.add_argument("--transactions", type=int, default=1000, help="transactions per trace (default 1000)")
+    ap.add_argument("--transactions", type=int, default=None,
+                    help="transactions per trace (default: as many as --minutes of replay allows)")
+    ap.add_argument("--minutes", type=float, default=20.0,
+                    help="replay minutes per run over all arms, without --transactions: the trace's length is "
+                         "rate x minutes / arms, in whole blocks (default 20)")
     ap.add_argument("--arms", default=None, help=f"comma-separated, from {', '.join(ARMS)} (default: all; under "
                     "fpm all but sizeclass)")
     ap.add_argument("--load", type=float, default=0.6, help="target CPU load of the trace (default 0.6)")
@@ -549,9 +563,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--qos-cap", type=int, default=2, help="mod_qos: requests at once per stage (default 2)")
     ap.add_argument("--preview-lock", type=int, default=1,
                     help="the sidecar arms' lock on previews (the stages file's lock; 0: no lock key; default 1)")
-    ap.add_argument("--block", type=int, default=60,
+    ap.add_argument("--block", type=int, default=30,
                     help="transactions per block: every block is replayed under every arm in turn, the "
-                         "order alternating (A B, B A, ...), each from an idle server (default 60)")
+                         "order alternating (A B, B A, ...), each from an idle server (default 30)")
     ap.add_argument("--no-split", dest="split", action="store_false",
                     help="no request-time split in Apache's log (and no mod_overtake_prio at all in the arms without its priority)")
     ap.add_argument("--view-lock", type=int, default=0,
@@ -582,13 +596,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.arms = names
     if args.runs < 1:
         ap.error(f"--runs: at least 1, got {args.runs}")
-    if args.transactions < 50:
+    if args.transactions is not None and args.transactions < 50:
         ap.error(f"--transactions: at least 50 (paired batch means after warm-up), got {args.transactions}")
+    if not args.minutes > 0:
+        ap.error(f"--minutes: replay minutes per run, > 0, got {args.minutes}")
     if not 0 < args.load < 1:
         ap.error(f"--load: the target CPU load in (0, 1), got {args.load}")
     if args.block < 20:
         ap.error(f"--block: at least 20 transactions a block (a block starts from an idle server), got {args.block}")
-    if args.transactions < 2 * args.block:
+    if args.transactions is not None and args.transactions < 2 * args.block:
         ap.error(f"--transactions: at least two blocks of --block {args.block} (the CI is over blocks), "
                  f"got {args.transactions}")
     if args.articles < 8:
@@ -604,6 +620,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not args.timeout > 0 or args.cal_reps < 1:
         ap.error("--timeout must be > 0 s and --cal-reps >= 1")
     return args
+
+
+def trace_length(rate: float, minutes: float, arms: int, block: int) -> int:
+    """Transactions per run that ``minutes`` of replay under ``arms`` arms hold at ``rate``, in
+    whole blocks of ``block``, at least two blocks (the CI is over blocks) and 50 transactions."""
+    whole = round(rate * minutes * 60 / arms / block)
+    return max(2, whole, -(-50 // block)) * block
 
 
 def lock_prediction(cal: dict[str, Any], model: dict[str, Any], rate: float, php: str,
@@ -683,6 +706,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rate = workload.arrival_rate(args.load, b.idle_preview, b.idle_view)
             say(f"calibration: preview {cal['preview']['mean'] * 1e3:.1f} ms, view {cal['view']['mean'] * 1e3:.1f} ms "
                 f"mean; {rate:.2f} transactions/s for load {args.load}")
+            if args.transactions is None:
+                args.transactions = trace_length(rate, args.minutes, len(args.arms), args.block)
+                say(f"{args.transactions} transactions a run: {args.minutes:g} min of replay under {len(args.arms)} arms")
             if any(ARM_SPECS[a].needs_model for a in args.arms):
                 b.model = product.prepare_model(b.tmp / "model", {"preview": b.idle_preview, "view": b.idle_view}, rate)
                 say(f"model: age threshold {b.model.threshold_s * 1e3:.1f} ms; predicted {b.model.summary()['predicted']}")
@@ -702,7 +728,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     stack = {"php": args.php, "mpm": "prefork" if args.php == "prefork" else "event",
              "fpm_pool": server.FPM_DEFAULTS if args.php == "fpm" else None}
     return {"runs": runs, "across_runs": across_runs(runs, args.arms), "php": args.php, "stack": stack,
-            "load": args.load, "transactions": args.transactions, "arms": args.arms, "seed": args.seed,
+            "load": args.load, "transactions": args.transactions, "minutes": args.minutes, "arms": args.arms, "seed": args.seed,
             "arrival_rate": rate, "block": args.block, "split": args.split, "qos_cap": args.qos_cap,
             "preview_lock": args.preview_lock, "view_lock": args.view_lock, "timeout": args.timeout, "calibration": cal,
             "model": b.model.summary() | {"lock": locked, "size_class": sized} if b.model else None, "wiki": stamp | {"units": b.units.tolist()},

@@ -296,7 +296,7 @@ def test_bad_arguments_are_refused_naming_the_flag(capsys: pytest.CaptureFixture
     for argv, flag in ((["--arms", "default,nope"], "--arms"), (["--load", "1.2"], "--load"),
                        (["--runs", "0"], "--runs"), (["--transactions", "10"], "--transactions"),
                        (["--block", "10"], "--block"), (["--transactions", "100", "--block", "60"], "--transactions"),
-                       (["--class-quantile", "1"], "--class-quantile")):
+                       (["--class-quantile", "1"], "--class-quantile"), (["--minutes", "0"], "--minutes")):
         with pytest.raises(SystemExit):
             realapp.parse_args(argv)
         assert flag in capsys.readouterr().err
@@ -368,6 +368,29 @@ def test_size_class_choice_sets_the_arm_quantile_from_the_model(monkeypatch: pyt
     assert b.class_quantile == 0.75 and out["source"] == "--class-quantile" and 0.75 in calls[-1]
     got = realapp.predicted_vs_measured(None, {"sizeclass": {"mean": 1.0}}, out)
     assert got["sizeclass"]["predicted"] == pytest.approx(1.05) and got["sizeclass"]["model"] == "size class 0.75"
+
+
+def test_trace_length_fills_the_minutes_in_whole_blocks() -> None:
+    # 2 transactions/s for 20 minutes over 3 arms: 800 per arm, 27 blocks of 30 (810)
+    assert realapp.trace_length(2.0, 20, 3, 30) == 810
+    assert realapp.trace_length(2.0, 20, 6, 30) == 390  # six arms: half as many
+    assert realapp.trace_length(0.01, 1, 3, 30) == 60  # never fewer than two blocks
+    assert realapp.trace_length(0.01, 1, 3, 20) == 60  # nor fewer than 50 transactions
+    args = realapp.parse_args([])
+    assert args.transactions is None and args.block == 30 and args.minutes == 20
+    assert realapp.parse_args(["--transactions", "120", "--block", "40"]).transactions == 120
+
+
+def test_a_calibration_of_other_settings_is_not_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    args = realapp.parse_args(["--data-dir", str(tmp_path), "--reuse-calibration"])
+    b = realapp.Bench(args, tmp_path, [], np.ones(3))
+    measured = []
+    monkeypatch.setattr(realapp, "calibrate", lambda bench: measured.append(1) or {"preview_s": [1.0]})
+    (tmp_path / "calibration-prefork.json").write_text(json.dumps({"fingerprint": "f", "settings": "old", "date": "d"}))
+    cal = realapp.calibration(b, {"fingerprint": "f", "settings": "new"})
+    assert measured == [1] and cal["settings"] == "new"
+    cal = realapp.calibration(b, {"fingerprint": "f", "settings": "new"})  # the one just saved
+    assert measured == [1] and cal["reused"]
 
 
 def test_the_size_class_arm_is_prefork_only() -> None:
