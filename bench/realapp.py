@@ -61,8 +61,10 @@ hold views to m at a time in Apache, released shortest predicted first by the tr
 ``QS_LocRequestLimitMatch`` of --qos-cap per stage; it rejects beyond the cap) and ``sizeclass``
 (the overtake arm's sidecar with ``--cpu-priority class`` instead of age: views keyed on the
 transaction link, those predicted above the views' ``class_quantile`` started at nice 19 by
-mod_overtake_prio with ``OvertakePrioAge Off``; controller/sidecar/size_class.py; prefork only:
-under php-fpm the module cannot reach the CPU). The quantile is the one the size-class model
+mod_overtake_prio with ``OvertakePrioAge Off``; controller/sidecar/size_class.py; under php-fpm, where the module
+cannot reach the CPU, the overtake_prio extension in the pool reads the same header,
+``overtake_prio.class_header``, and counts the requests it started low in
+``overtake_php_class_low_requests_total``). The quantile is the one the size-class model
 predicts best on the calibrated wiki (bench/mediawiki/class_model.py: an event simulation of the
 lock and the CPU weights on the articles' idle times; every quantile's predicted mean and gain
 in ``model.size_class``), or --class-quantile.
@@ -204,12 +206,14 @@ def arm_server(name: str, b: Bench, where: Path,
     cp, php_ini, php_stats, control = None, None, None, None
     wd = where / f"{name}-{time.monotonic_ns()}"
     if spec.module and args.php == "fpm":
-        # the CPU runs in php-fpm's workers, out of the module's reach: the PHP extension there
+        # the CPU runs in php-fpm's workers, out of the module's reach: the PHP extension there,
+        # at the age threshold or, for the size class, starting the sidecar's class 1 at nice 19
         assert b.model is not None
         wd.mkdir(parents=True)
         wd.chmod(0o755)
         php_stats = wd / "php-prio.stats"
-        php_ini = server.php_prio_settings(php_extension(where), b.model.threshold_s, php_stats)
+        php_ini = (server.php_class_settings(php_extension(where), php_stats) if spec.size_class
+                   else server.php_prio_settings(php_extension(where), b.model.threshold_s, php_stats))
     elif spec.size_class:  # no age levels: the sidecar's class header alone, nice 19 (bounded)
         cp = CpuPriority(levels=(product.CLASS_LEVEL_S,), nice=(19,), age=False)
     elif spec.module:
@@ -225,7 +229,7 @@ def arm_server(name: str, b: Bench, where: Path,
         if spec.sidecar:
             assert b.model is not None
             sc = product.start_sidecar(wd / "sidecar", port=free_port(), apache_port=srv.port, model=b.model,
-                                       cpu_priority=("class" if spec.size_class else "age") if cp else None,
+                                       cpu_priority=sidecar_priority(spec, cp),
                                        core=args.client_core,
                                        max_inflight=SIDECAR_INFLIGHT, max_body_bytes=b.max_body,
                                        php_stats_file=php_stats, control_file=control,
@@ -240,6 +244,15 @@ def arm_server(name: str, b: Bench, where: Path,
             server.stop(srv)
             for p in ([control, control + ".key"] if control else []):
                 Path(p).unlink(missing_ok=True)
+
+
+def sidecar_priority(spec: Arm, cp: CpuPriority | None) -> str | None:
+    """The sidecar's --cpu-priority: ``class`` for the size class (mod_overtake_prio or, under
+    php-fpm, the PHP extension reads its header), ``age`` where mod_overtake_prio applies the
+    policy's thresholds from the control file, else none."""
+    if spec.size_class:
+        return "class"
+    return "age" if cp is not None else None
 
 
 def php_extension(where: Path) -> Path:
@@ -553,8 +566,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--minutes", type=float, default=20.0,
                     help="replay minutes per run over all arms, without --transactions: the trace's length is "
                          "rate x minutes / arms, in whole blocks (default 20)")
-    ap.add_argument("--arms", default=None, help=f"comma-separated, from {', '.join(ARMS)} (default: all; under "
-                    "fpm all but sizeclass)")
+    ap.add_argument("--arms", default=None, help=f"comma-separated, from {', '.join(ARMS)} (default: all)")
     ap.add_argument("--load", type=float, default=0.6, help="target CPU load of the trace (default 0.6)")
     ap.add_argument("--seed", type=int, default=2026, help="trace seed of run 1 (run k: seed + k - 1)")
     ap.add_argument("--articles", type=int, default=Recipe.articles, help="articles in the wiki (default 300)")
@@ -586,13 +598,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-write", action="store_true", help="do not append the run to bench/results/realapp.jsonl")
     args = ap.parse_args(argv)
     if args.arms is None:
-        args.arms = ",".join(a for a in ARMS if args.php == "prefork" or a != "sizeclass")
+        args.arms = ",".join(ARMS)
     names = [a.strip() for a in args.arms.split(",") if a.strip()]
     bad = [a for a in names if a not in ARMS]
     if bad or not names or len(set(names)) != len(names):
         ap.error(f"--arms: distinct names from {', '.join(ARMS)}, got {args.arms!r}")
-    if "sizeclass" in names and args.php != "prefork":
-        ap.error("--arms: sizeclass needs --php prefork (under php-fpm mod_overtake_prio cannot reach the CPU)")
     args.arms = names
     if args.runs < 1:
         ap.error(f"--runs: at least 1, got {args.runs}")

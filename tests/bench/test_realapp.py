@@ -393,11 +393,20 @@ def test_a_calibration_of_other_settings_is_not_reused(tmp_path: Path, monkeypat
     assert measured == [1] and cal["reused"]
 
 
-def test_the_size_class_arm_is_prefork_only() -> None:
+def test_the_size_class_arm_runs_under_both_stacks(tmp_path: Path) -> None:
     assert "sizeclass" in realapp.parse_args(["--php", "prefork"]).arms
-    assert "sizeclass" not in realapp.parse_args(["--php", "fpm"]).arms
-    with pytest.raises(SystemExit):
-        realapp.parse_args(["--php", "fpm", "--arms", "default,sizeclass"])
+    assert realapp.parse_args(["--php", "fpm", "--arms", "default,sizeclass"]).arms == ["default", "sizeclass"]
+    # the sidecar sends the class header under php-fpm too, where no Apache module priority is set
+    spec = realapp.ARM_SPECS
+    assert realapp.sidecar_priority(spec["sizeclass"], None) == "class"
+    assert realapp.sidecar_priority(spec["overtake"], None) is None  # fpm: the extension's own age timer
+    assert realapp.sidecar_priority(spec["overtake"], realapp.CpuPriority(levels=(0.05,), nice=("idle",))) == "age"
+    # php-fpm's workers start the class at nice 19, with no age threshold
+    ini = server.php_class_settings(tmp_path / "overtake_prio.so", tmp_path / "stats")
+    assert ini["overtake_prio.class_header"] == "1" and ini["overtake_prio.threshold_ms"] == "0"
+    assert ini["overtake_prio.nice"] == "19" and ini["overtake_prio.idle"] == "0"
+    with pytest.raises(ValueError, match="nice"):
+        server.php_class_settings(tmp_path / "x.so", tmp_path / "stats", nice=0)
 
 
 def test_access_log_lines_parse(tmp_path: Path) -> None:
