@@ -553,6 +553,31 @@ def test_end_to_end_on_a_tiny_trace(apache_available: None, capsys: pytest.Captu
     assert "sizeclass" in run["predicted"]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+def test_end_to_end_size_class_under_fpm(apache_available: None, capsys: pytest.CaptureFixture[str]) -> None:
+    data = scratch_dir("realapp-test-")
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        rc = realapp.main(["--php", "fpm", "--runs", "1", "--transactions", "120", "--block", "30", "--articles", "10",
+                           "--arms", "default,sizeclass", "--class-quantile", "0.5", "--data-dir", str(data),
+                           "--json", "--no-write", "--halt-poll-us", "0"])
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+        shutil.rmtree(data, ignore_errors=True)
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    (run,) = doc["runs"]
+    arm = run["arms"]["sizeclass"]
+    assert arm["failures"] == 0 and doc["model"]["size_class"]["quantile"] == 0.5
+    # the demotion reached php-fpm's workers once 50 views were predicted (the sidecar's MIN_PREDICTIONS):
+    # the extension started the larger half low, counted in /-/metrics
+    assert arm["php_prio"]["class_low"] > 0 and arm["php_prio"]["restore_errors"] == 0
+    assert arm["sidecar_metrics"]["overtake_php_class_low_requests_total"] == arm["php_prio"]["class_low"]
+    assert doc["db_written"] == []
+
+
 def test_php_prio_settings_load_the_extension_at_the_solved_threshold(tmp_path: Path) -> None:
     ini = server.php_prio_settings(tmp_path / "overtake_prio.so", 0.0426, tmp_path / "stats")
     assert ini["overtake_prio.threshold_ms"] == "43" and ini["overtake_prio.idle"] == "1"
