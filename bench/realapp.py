@@ -1,12 +1,14 @@
 """A real application: MediaWiki on SQLite, Apache's default against Overtake and its peers.
 
-    python bench/realapp.py --php prefork|fpm [--runs N] [--transactions T] [--arms a,b] [--json] [--no-write]
+    python bench/realapp.py --php prefork|fpm [--runs N] [--minutes M | --transactions T] [--arms a,b] [--json] [--no-write]
 
 Set-up (the bench's own, not ``make test``; as root): Debian's MediaWiki, PHP and mod_qos
 packages (bench/mediawiki/install-packages.sh, run when one is missing unless --no-setup), and
 a wiki on SQLite in --data-dir whose articles follow a seeded recipe with heavy-tailed cost
-(bench/mediawiki/pages.py; rebuilt only when the recipe changes). Every request renders: no
-parser or object cache.
+(bench/mediawiki/pages.py; rebuilt only when the recipe or the settings change). MediaWiki is
+set up as an operator would run it on one server (object caches in APCu, no jobs at the end of
+requests; bench/mediawiki/wiki.py's SETTINGS say why) but for the parser cache: off, so every
+request renders.
 
 Stacks (--php): ``prefork`` = mpm_prefork + mod_php, ``fpm`` = mpm_event + proxy_fcgi to a private
 php-fpm (Debian's pool defaults); a private Apache per arm and run from the bench's own config
@@ -35,7 +37,16 @@ alternating from block to block (A B, B A, ...; rotated by k), so that a drift l
 cancels between the arms. The gain is paired per transaction and its CI is over the blocks
 (bench/mediawiki/stats.py). Per block and arm the CPU seconds the arm's Apache and php-fpm used
 (``cpu_blocks``; ``cpu_drift``: each arm's over the first arm's, block by block). A run lasts
-about arms x transactions / arrival rate (the rate is printed after the calibration).
+about arms x transactions / arrival rate (the rate is printed after the calibration), plus the
+stacks' start and every block's drain.
+
+Power: a gain's CI over blocks has a half-width of about t(blocks - 1) x (the per-block gain's
+deviation) / sqrt(blocks), and that deviation grows as 1/sqrt(block length) (a block's gain
+averages its transactions), so for a given run length the half-width falls as
+1/sqrt(transactions) and shorter blocks only buy degrees of freedom (t(3) = 3.18 with four
+blocks, 2.05 with thirty) and a finer cancellation of the drift. Hence the defaults: blocks of 30
+and as many transactions as --minutes of replay gives (the arrival rate x minutes / arms, rounded
+to whole blocks), rather than a fixed count whose duration depends on the wiki's speed.
 
 Arms: ``default`` (Apache's default, no Overtake), ``overtake`` (the README's deployment: the
 sidecar in ``auto`` mode with ``--cpu-priority age`` over the policy ``overtake solve --phase-info
@@ -49,9 +60,14 @@ auto mode in front of a plain Apache: admission alone; with --view-lock m the si
 hold views to m at a time in Apache, released shortest predicted first by the transaction link), ``modqos`` (mod_qos,
 ``QS_LocRequestLimitMatch`` of --qos-cap per stage; it rejects beyond the cap) and ``sizeclass``
 (the overtake arm's sidecar with ``--cpu-priority class`` instead of age: views keyed on the
-transaction link, the predicted largest tenth started at nice 19 by mod_overtake_prio with
-``OvertakePrioAge Off``; controller/sidecar/size_class.py; prefork only: under php-fpm the module
-cannot reach the CPU).
+transaction link, those predicted above the views' ``class_quantile`` started at nice 19 by
+mod_overtake_prio with ``OvertakePrioAge Off``; controller/sidecar/size_class.py; under php-fpm, where the module
+cannot reach the CPU, the overtake_prio extension in the pool reads the same header,
+``overtake_prio.class_header``, and counts the requests it started low in
+``overtake_php_class_low_requests_total``). The quantile is the one the size-class model
+predicts best on the calibrated wiki (bench/mediawiki/class_model.py: an event simulation of the
+lock and the CPU weights on the articles' idle times; every quantile's predicted mean and gain
+in ``model.size_class``), or --class-quantile.
 
 Where the probe says previews run one at a time, the document's ``model.lock`` holds the model
 with the database lock's predictions for the arms (bench/mediawiki/lock_model.py): the preview
@@ -66,7 +82,8 @@ stage and article size; every arm loads mod_overtake_prio's request-time split, 
 its priority as a meter with ``OvertakePrio Off``, unless --no-split); per run the paired gain of
 every arm over ``default`` with its 95 % CI over the blocks — ``gain`` / ``gain_ci95`` are
 ``overtake``'s —, the model with the lock's prediction against the measured mean per arm
-(``predicted``), and over the runs the spread. Raw runs go to bench/results/realapp.jsonl unless --no-write (no BENCHMARKS.md section).
+(``predicted``), and over the runs the spread; ``db_written``: the wiki's SQLite databases the runs
+wrote to (none with the bench's settings: a preview's transaction changes nothing). Raw runs go to bench/results/realapp.jsonl unless --no-write (no BENCHMARKS.md section).
 """
 
 from __future__ import annotations
@@ -90,7 +107,7 @@ from typing import Any
 
 import numpy as np
 from _report import append_run, halt_polling, run_record
-from mediawiki import lock_model, product, server, split, stats, wiki, workload
+from mediawiki import class_model, lock_model, product, server, split, stats, wiki, workload
 from mediawiki.pages import Recipe, article_title, draw_units
 
 from overtake.controller.harness import php_fpm
@@ -168,6 +185,8 @@ class Bench:
     idle_preview: np.ndarray = field(default_factory=lambda: np.zeros(0))
     idle_view: np.ndarray = field(default_factory=lambda: np.zeros(0))
     model: product.Model | None = None
+    #: the sizeclass arm's class_quantile (the model's choice, or --class-quantile)
+    class_quantile: float | None = None
 
     @property
     def max_body(self) -> int:
@@ -187,12 +206,14 @@ def arm_server(name: str, b: Bench, where: Path,
     cp, php_ini, php_stats, control = None, None, None, None
     wd = where / f"{name}-{time.monotonic_ns()}"
     if spec.module and args.php == "fpm":
-        # the CPU runs in php-fpm's workers, out of the module's reach: the PHP extension there
+        # the CPU runs in php-fpm's workers, out of the module's reach: the PHP extension there,
+        # at the age threshold or, for the size class, starting the sidecar's class 1 at nice 19
         assert b.model is not None
         wd.mkdir(parents=True)
         wd.chmod(0o755)
         php_stats = wd / "php-prio.stats"
-        php_ini = server.php_prio_settings(php_extension(where), b.model.threshold_s, php_stats)
+        php_ini = (server.php_class_settings(php_extension(where), php_stats) if spec.size_class
+                   else server.php_prio_settings(php_extension(where), b.model.threshold_s, php_stats))
     elif spec.size_class:  # no age levels: the sidecar's class header alone, nice 19 (bounded)
         cp = CpuPriority(levels=(product.CLASS_LEVEL_S,), nice=(19,), age=False)
     elif spec.module:
@@ -208,12 +229,12 @@ def arm_server(name: str, b: Bench, where: Path,
         if spec.sidecar:
             assert b.model is not None
             sc = product.start_sidecar(wd / "sidecar", port=free_port(), apache_port=srv.port, model=b.model,
-                                       cpu_priority=("class" if spec.size_class else "age") if cp else None,
+                                       cpu_priority=sidecar_priority(spec, cp),
                                        core=args.client_core,
                                        max_inflight=SIDECAR_INFLIGHT, max_body_bytes=b.max_body,
                                        php_stats_file=php_stats, control_file=control,
                                        preview_lock=args.preview_lock or None, view_lock=args.view_lock or None,
-                                       size_class=spec.size_class)
+                                       size_class=spec.size_class, class_quantile=b.class_quantile)
         yield (sc.port if sc else srv.port), srv, sc
     finally:
         try:
@@ -223,6 +244,15 @@ def arm_server(name: str, b: Bench, where: Path,
             server.stop(srv)
             for p in ([control, control + ".key"] if control else []):
                 Path(p).unlink(missing_ok=True)
+
+
+def sidecar_priority(spec: Arm, cp: CpuPriority | None) -> str | None:
+    """The sidecar's --cpu-priority: ``class`` for the size class (mod_overtake_prio or, under
+    php-fpm, the PHP extension reads its header), ``age`` where mod_overtake_prio applies the
+    policy's thresholds from the control file, else none."""
+    if spec.size_class:
+        return "class"
+    return "age" if cp is not None else None
 
 
 def php_extension(where: Path) -> Path:
@@ -349,14 +379,14 @@ def calibration(b: Bench, stamp: dict[str, Any]) -> dict[str, Any]:
     if b.args.reuse_calibration:
         try:
             cal = dict(json.loads(saved.read_text()))
-            if cal.get("fingerprint") == stamp["fingerprint"]:
+            if cal.get("fingerprint") == stamp["fingerprint"] and cal.get("settings") == stamp.get("settings"):
                 say(f"calibration: reusing {saved} ({cal.get('date')})")
                 return cal | {"reused": str(saved)}
         except (OSError, ValueError):
             pass
-        say(f"calibration: nothing to reuse for this wiki in {saved}; measuring")
+        say(f"calibration: nothing to reuse for this wiki and its settings in {saved}; measuring")
     say(f"calibration: {len(b.txs)} articles' preview and view on an idle {b.args.php} server")
-    cal = calibrate(b) | {"fingerprint": stamp["fingerprint"]}
+    cal = calibrate(b) | {"fingerprint": stamp["fingerprint"], "settings": stamp.get("settings")}
     saved.write_text(json.dumps(cal) + "\n")
     return cal
 
@@ -407,7 +437,8 @@ def arm_figures(name: str, k: int, live: Live, b: Bench, trace: dict[str, np.nda
     log = [x for x in server.read_access(srv.workdir) if x.rid and x.rid.startswith(f"r{k}-")]
     extra["in_apache"] = in_apache(log, trace, b)
     extra["time_split"] = split.time_split(log, live.got, trace["article"], b.units)
-    return stats.arm_summary(live.got.rt, live.got.outcomes) | extra
+    # every transaction's response time (NaN: failed), in trace order: the blocks can be recut
+    return stats.arm_summary(live.got.rt, live.got.outcomes) | extra | {"rt": live.got.rt.tolist()}
 
 
 def in_apache(log: list[server.AccessLine], trace: dict[str, np.ndarray], b: Bench) -> dict[str, Any]:
@@ -507,6 +538,11 @@ def render(doc: dict[str, Any]) -> str:
              f"{cal['serialisation_probe']['preview']:.2f}, view {cal['serialisation_probe']['view']:.2f}"]
     if doc.get("model"):
         lines.append(f"model: age threshold {doc['model']['threshold_s'] * 1e3:.1f} ms")
+        sized = doc["model"].get("size_class")
+        if sized:
+            lines.append("size-class model, predicted gain over default by quantile: " + ", ".join(
+                f"{k} {100 * v['gain']:+.1f} %" for k, v in sized["arms"].items())
+                + f"; the arm demotes above {sized['quantile']:g} ({sized['source']})")
     lines.append("| run | arm | mean ms | p99 ms | failures | gain over default (CI over blocks) | model ms |")
     lines.append("|---|---|---:|---:|---:|---:|---:|")
     for k, r in enumerate(doc["runs"]):
@@ -525,9 +561,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--php", choices=server.STACKS, default="prefork",
                     help="prefork: mpm_prefork + mod_php; fpm: mpm_event + php-fpm (default prefork)")
     ap.add_argument("--runs", type=int, default=3, help="runs, each a new trace (seed + run index); default 3")
-    ap.add_argument("--transactions", type=int, default=1000, help="transactions per trace (default 1000)")
-    ap.add_argument("--arms", default=None, help=f"comma-separated, from {', '.join(ARMS)} (default: all; under "
-                    "fpm all but sizeclass)")
+    ap.add_argument("--transactions", type=int, default=None,
+                    help="transactions per trace (default: as many as --minutes of replay allows)")
+    ap.add_argument("--minutes", type=float, default=20.0,
+                    help="replay minutes per run over all arms, without --transactions: the trace's length is "
+                         "rate x minutes / arms, in whole blocks (default 20)")
+    ap.add_argument("--arms", default=None, help=f"comma-separated, from {', '.join(ARMS)} (default: all)")
     ap.add_argument("--load", type=float, default=0.6, help="target CPU load of the trace (default 0.6)")
     ap.add_argument("--seed", type=int, default=2026, help="trace seed of run 1 (run k: seed + k - 1)")
     ap.add_argument("--articles", type=int, default=Recipe.articles, help="articles in the wiki (default 300)")
@@ -536,14 +575,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--qos-cap", type=int, default=2, help="mod_qos: requests at once per stage (default 2)")
     ap.add_argument("--preview-lock", type=int, default=1,
                     help="the sidecar arms' lock on previews (the stages file's lock; 0: no lock key; default 1)")
-    ap.add_argument("--block", type=int, default=60,
+    ap.add_argument("--block", type=int, default=30,
                     help="transactions per block: every block is replayed under every arm in turn, the "
-                         "order alternating (A B, B A, ...), each from an idle server (default 60)")
+                         "order alternating (A B, B A, ...), each from an idle server (default 30)")
     ap.add_argument("--no-split", dest="split", action="store_false",
                     help="no request-time split in Apache's log (and no mod_overtake_prio at all in the arms without its priority)")
     ap.add_argument("--view-lock", type=int, default=0,
                     help="the sidecar arms' cap on views in Apache (the view stage's lock, keyed on the "
                          "transaction link: shortest predicted first); 0: none (default)")
+    ap.add_argument("--class-quantile", type=float, default=None,
+                    help="the sizeclass arm's class_quantile (views predicted above it start at nice 19); "
+                         "default: the quantile the size-class model predicts best")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds before a transaction counts as failed")
     ap.add_argument("--cal-reps", type=int, default=3,
                     help="calibration passes over the articles; an article's idle time is their median (default 3)")
@@ -556,23 +598,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-write", action="store_true", help="do not append the run to bench/results/realapp.jsonl")
     args = ap.parse_args(argv)
     if args.arms is None:
-        args.arms = ",".join(a for a in ARMS if args.php == "prefork" or a != "sizeclass")
+        args.arms = ",".join(ARMS)
     names = [a.strip() for a in args.arms.split(",") if a.strip()]
     bad = [a for a in names if a not in ARMS]
     if bad or not names or len(set(names)) != len(names):
         ap.error(f"--arms: distinct names from {', '.join(ARMS)}, got {args.arms!r}")
-    if "sizeclass" in names and args.php != "prefork":
-        ap.error("--arms: sizeclass needs --php prefork (under php-fpm mod_overtake_prio cannot reach the CPU)")
     args.arms = names
     if args.runs < 1:
         ap.error(f"--runs: at least 1, got {args.runs}")
-    if args.transactions < 50:
+    if args.transactions is not None and args.transactions < 50:
         ap.error(f"--transactions: at least 50 (paired batch means after warm-up), got {args.transactions}")
+    if not args.minutes > 0:
+        ap.error(f"--minutes: replay minutes per run, > 0, got {args.minutes}")
     if not 0 < args.load < 1:
         ap.error(f"--load: the target CPU load in (0, 1), got {args.load}")
     if args.block < 20:
         ap.error(f"--block: at least 20 transactions a block (a block starts from an idle server), got {args.block}")
-    if args.transactions < 2 * args.block:
+    if args.transactions is not None and args.transactions < 2 * args.block:
         ap.error(f"--transactions: at least two blocks of --block {args.block} (the CI is over blocks), "
                  f"got {args.transactions}")
     if args.articles < 8:
@@ -583,9 +625,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"--preview-lock: a lock capacity >= 1, or 0 for no lock key, got {args.preview_lock}")
     if args.view_lock < 0:
         ap.error(f"--view-lock: a cap >= 1 on views in Apache, or 0 for none, got {args.view_lock}")
+    if args.class_quantile is not None and not 0 < args.class_quantile < 1:
+        ap.error(f"--class-quantile: a quantile in (0, 1), got {args.class_quantile}")
     if not args.timeout > 0 or args.cal_reps < 1:
         ap.error("--timeout must be > 0 s and --cal-reps >= 1")
     return args
+
+
+def trace_length(rate: float, minutes: float, arms: int, block: int) -> int:
+    """Transactions per run that ``minutes`` of replay under ``arms`` arms hold at ``rate``, in
+    whole blocks of ``block``, at least two blocks (the CI is over blocks) and 50 transactions."""
+    whole = round(rate * minutes * 60 / arms / block)
+    return max(2, whole, -(-50 // block)) * block
 
 
 def lock_prediction(cal: dict[str, Any], model: dict[str, Any], rate: float, php: str,
@@ -606,17 +657,40 @@ def lock_prediction(cal: dict[str, Any], model: dict[str, Any], rate: float, php
 PREDICTS = {"default": "default", "overtake": "passthrough+age", "age": "passthrough+age"}
 
 
-def predicted_vs_measured(locked: dict[str, Any] | None, arms: dict[str, Any]) -> dict[str, Any]:
+def predicted_vs_measured(locked: dict[str, Any] | None, arms: dict[str, Any],
+                          sized: dict[str, Any] | None = None) -> dict[str, Any]:
     """Per arm the model's mean response time with the lock, the measured mean and their relative
-    error (predicted / measured - 1); empty without the lock's prediction."""
-    if locked is None:
-        return {}
+    error (predicted / measured - 1); the sizeclass arm's from the size-class model at its
+    quantile (``sized``, :func:`size_class_choice`)."""
+    preds: dict[str, tuple[str, float]] = {}
+    if locked is not None:
+        preds = {name: (key, locked["lock"][key]) for name, key in PREDICTS.items()
+                 if locked["lock"].get(key) is not None}
+    if sized is not None:
+        q = f"{sized['quantile']:g}"
+        if q in sized["arms"]:
+            preds["sizeclass"] = (f"size class {q}", sized["arms"][q]["mean"])
     out = {}
-    for name, key in PREDICTS.items():
-        pred = locked["lock"].get(key)
-        if name in arms and pred is not None:
+    for name, (key, pred) in preds.items():
+        if name in arms:
             m = arms[name]["mean"]
             out[name] = {"model": key, "predicted": pred, "measured": m, "error": pred / m - 1 if m > 0 else None}
+    return out
+
+
+def size_class_choice(b: Bench, rate: float) -> dict[str, Any]:
+    """The size-class model on the calibrated wiki (bench/mediawiki/class_model.py): every
+    quantile's predicted mean and gain over the default; sets the sizeclass arm's quantile to
+    the best one unless --class-quantile fixed it (then that one is evaluated too)."""
+    fixed = b.args.class_quantile
+    qs = tuple(sorted(set(class_model.QUANTILES) | ({fixed} if fixed is not None else set())))
+    out = class_model.choose(b.idle_preview, b.idle_view, rate, quantiles=qs)
+    b.class_quantile = fixed if fixed is not None else out["chosen"]
+    out["quantile"] = b.class_quantile
+    out["source"] = "--class-quantile" if fixed is not None else "model"
+    say("size-class model: predicted gain over default by quantile " + ", ".join(
+        f"{k} {100 * v['gain']:+.1f} %" for k, v in out["arms"].items())
+        + f"; the sizeclass arm demotes above {b.class_quantile:g} ({out['source']})")
     return out
 
 
@@ -642,27 +716,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rate = workload.arrival_rate(args.load, b.idle_preview, b.idle_view)
             say(f"calibration: preview {cal['preview']['mean'] * 1e3:.1f} ms, view {cal['view']['mean'] * 1e3:.1f} ms "
                 f"mean; {rate:.2f} transactions/s for load {args.load}")
+            if args.transactions is None:
+                args.transactions = trace_length(rate, args.minutes, len(args.arms), args.block)
+                say(f"{args.transactions} transactions a run: {args.minutes:g} min of replay under {len(args.arms)} arms")
             if any(ARM_SPECS[a].needs_model for a in args.arms):
                 b.model = product.prepare_model(b.tmp / "model", {"preview": b.idle_preview, "view": b.idle_view}, rate)
                 say(f"model: age threshold {b.model.threshold_s * 1e3:.1f} ms; predicted {b.model.summary()['predicted']}")
             locked = lock_prediction(cal, b.model.summary(), rate, args.php) if b.model else None
+            sized = size_class_choice(b, rate) if "sizeclass" in args.arms else None
             if locked is not None:
                 say(f"model with the preview lock: default {locked['lock']['default']:.3f} s, "
                     f"passthrough+age {locked['lock'].get('passthrough+age', float('nan')):.3f} s")
+            before = wiki.db_state(Path(args.data_dir))
             runs = [one_run(k, b, rate) for k in range(args.runs)]
+            db_written = wiki.written_since(Path(args.data_dir), before)
             for r in runs:
-                r["predicted"] = predicted_vs_measured(locked, r["arms"])
+                r["predicted"] = predicted_vs_measured(locked, r["arms"], sized)
         finally:
             os.sched_setaffinity(0, set(cores))
             shutil.rmtree(b.tmp, ignore_errors=True)
     stack = {"php": args.php, "mpm": "prefork" if args.php == "prefork" else "event",
              "fpm_pool": server.FPM_DEFAULTS if args.php == "fpm" else None}
     return {"runs": runs, "across_runs": across_runs(runs, args.arms), "php": args.php, "stack": stack,
-            "load": args.load, "transactions": args.transactions, "arms": args.arms, "seed": args.seed,
+            "load": args.load, "transactions": args.transactions, "minutes": args.minutes, "arms": args.arms, "seed": args.seed,
             "arrival_rate": rate, "block": args.block, "split": args.split, "qos_cap": args.qos_cap,
             "preview_lock": args.preview_lock, "view_lock": args.view_lock, "timeout": args.timeout, "calibration": cal,
-            "model": b.model.summary() | {"lock": locked} if b.model else None, "wiki": stamp | {"units": b.units.tolist()},
-            "recipe": asdict(recipe), "cores": {"server": args.server_core, "client": args.client_core},
+            "model": b.model.summary() | {"lock": locked, "size_class": sized} if b.model else None, "wiki": stamp | {"units": b.units.tolist()},
+            "recipe": asdict(recipe), "db_written": db_written, "cores": {"server": args.server_core, "client": args.client_core},
             "halt_poll_ns": hp, "load_before": load_before, "load_after": os.getloadavg()[0],
             "seconds": time.time() - started}
 

@@ -23,7 +23,7 @@ __all__ = ["PhpPrioCollector", "PhpPrioCounts", "read_counts"]
 log = logging.getLogger("overtake.sidecar")
 
 _MAGIC = int.from_bytes(b"overtake", "big")
-_VERSION = 1
+_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class PhpPrioCounts:
     promoted: int  # demoted requests raised back after overtake_prio.max_demoted_ms
     restore_errors: int  # a worker failed to regain its priority (it then stops demoting)
     unreachable: int  # requests not armed: the worker could not have regained its priority
+    class_low: int  # requests started at the low level: the sidecar's X-Overtake-Class said 1
 
 
 _N = len(fields(PhpPrioCounts))
@@ -73,11 +74,13 @@ _METRICS = (
     ("overtake_php_restore_errors", "PHP workers that failed to regain their priority (they stop demoting)"),
     ("overtake_php_unreachable_requests", "PHP requests not armed: the worker could not regain its priority "
      "(see docs/howto/php-sites.md)"),
+    ("overtake_php_class_low_requests", "PHP requests started at the low level: the sidecar's size class "
+     "(X-Overtake-Class: 1, overtake_prio.class_header)"),
 )
 
 
 class PhpPrioCollector(Collector):
-    """Exports the extension's counters at each scrape (a 64-byte read); nothing while the file
+    """Exports the extension's counters at each scrape (a 72-byte read); nothing while the file
     is absent, and one warning when it is not the extension's."""
 
     def __init__(self, path: str | Path) -> None:

@@ -24,6 +24,11 @@
  * kernel's SCM_CREDENTIALS, so a worker can restore only itself, and only up to the master's own
  * priority) to its normal priority. A worker that can restore neither way never demotes.
  *
+ * Size classes: with `overtake_prio.class_header` on, a request the sidecar marks
+ * `X-Overtake-Class: 1` (its `--cpu-priority class`: the request is predicted large) starts at the
+ * low level instead of reaching it by attained CPU, as mod_overtake_prio's class header does in
+ * Apache's threads; the exemptions above still come first.
+ *
  * Counters live in a small file mapped shared by the master and every worker
  * (`overtake_prio.stats_file`), which the controller reads and exports.
  */
@@ -63,7 +68,7 @@
 /* The stats file's layout (little-endian uint64 words), read by overtake's controller:
  * magic, version, then the counters in this order. */
 #define OP_STATS_MAGIC 0x6f76657274616b65ULL /* "overtake" */
-#define OP_STATS_VERSION 1
+#define OP_STATS_VERSION 2
 typedef struct {
     uint64_t magic;
     uint64_t version;
@@ -73,6 +78,7 @@ typedef struct {
     uint64_t promoted;       /* demoted requests promoted back after max_demoted_ms */
     uint64_t restore_errors; /* a worker failed to restore its priority (it then stops demoting) */
     uint64_t unreachable;    /* requests not armed: the worker could not restore (RLIMIT_NICE) */
+    uint64_t class_low;      /* requests started at the low level: the sidecar's class header said 1 */
 } op_stats;
 
 ZEND_BEGIN_MODULE_GLOBALS(overtake_prio)
@@ -82,6 +88,7 @@ ZEND_BEGIN_MODULE_GLOBALS(overtake_prio)
     zend_long max_demoted_ms;
     char *exempt_methods;
     char *stats_file;
+    bool class_header;
 ZEND_END_MODULE_GLOBALS(overtake_prio)
 
 ZEND_DECLARE_MODULE_GLOBALS(overtake_prio)
@@ -416,6 +423,22 @@ static bool header_exempt(void)
     return yes;
 }
 
+/* The sidecar's size class (X-Overtake-Class: 1): the request starts at the low level. */
+static bool header_class_low(void)
+{
+    char *v = sapi_getenv("HTTP_X_OVERTAKE_CLASS", sizeof("HTTP_X_OVERTAKE_CLASS") - 1);
+    bool yes = v != NULL && strcmp(v, "1") == 0;
+    if (v != NULL) {
+        efree(v);
+    }
+    return yes;
+}
+
+static bool enabled(void)
+{
+    return OPG(threshold_ms) > 0 || OPG(class_header);
+}
+
 static ZEND_INI_MH(on_threshold)
 {
     if (in_range(entry, new_value, 0, 3600000, "CPU milliseconds before demotion; 0 = off") != SUCCESS) {
@@ -453,6 +476,8 @@ PHP_INI_BEGIN()
                       exempt_methods, zend_overtake_prio_globals, overtake_prio_globals)
     STD_PHP_INI_ENTRY("overtake_prio.stats_file", "", PHP_INI_SYSTEM, OnUpdateString, stats_file,
                       zend_overtake_prio_globals, overtake_prio_globals)
+    STD_PHP_INI_BOOLEAN("overtake_prio.class_header", "0", PHP_INI_SYSTEM, OnUpdateBool, class_header,
+                        zend_overtake_prio_globals, overtake_prio_globals)
 PHP_INI_END()
 
 static void map_stats(void)
@@ -495,7 +520,7 @@ PHP_MINIT_FUNCTION(overtake_prio)
 {
     struct sigaction sa;
     REGISTER_INI_ENTRIES();
-    if (OPG(threshold_ms) == 0) {
+    if (!enabled()) {
         return SUCCESS;
     }
     map_stats();
@@ -526,7 +551,7 @@ PHP_RINIT_FUNCTION(overtake_prio)
 #endif
     armed = false;
     demoted = 0;
-    if (OPG(threshold_ms) == 0 || disabled) {
+    if (!enabled() || disabled) {
         return SUCCESS;
     }
     if (method_exempt(SG(request_info).request_method) || header_exempt()) {
@@ -539,8 +564,17 @@ PHP_RINIT_FUNCTION(overtake_prio)
         return SUCCESS;
     }
     COUNT(requests);
-    arm(cpu_timer, OPG(threshold_ms));
     armed = true;
+    if (OPG(class_header) && header_class_low() && lower() == 0) {
+        demoted = 1;
+        COUNT(class_low);
+        if (OPG(max_demoted_ms) > 0) {
+            arm(wall_timer, OPG(max_demoted_ms));
+        }
+    }
+    if (OPG(threshold_ms) > 0) {
+        arm(cpu_timer, OPG(threshold_ms));
+    }
     return SUCCESS;
 }
 

@@ -6,6 +6,8 @@
 # something is missing. Needs root. Not part of `make test` (the bench's own set-up).
 #
 #   mediawiki php-sqlite3    MediaWiki 1.39 and its SQLite driver (no database server)
+#   php-apcu                 the object cache in shared memory (mediawiki recommends it; without it
+#                            every request rewrites the message cache into SQLite)
 #   php-mbstring php-intl php-xml   extensions MediaWiki needs or warns without
 #   libapache2-mod-php       mod_php for the prefork stack
 #   php-fpm                  PHP-FPM for the event stack (Apache's mod_proxy_fcgi is in apache2)
@@ -17,7 +19,7 @@
 # was not running before is stopped here.
 set -eu
 
-PKGS="mediawiki php-sqlite3 libapache2-mod-php php-mbstring php-intl php-xml php-fpm libapache2-mod-qos"
+PKGS="mediawiki php-sqlite3 php-apcu libapache2-mod-php php-mbstring php-intl php-xml php-fpm libapache2-mod-qos"
 
 missing=""
 for p in $PKGS; do

@@ -111,14 +111,15 @@ CLASS_LEVEL_S = 30.0
 
 
 def stages_yaml(max_inflight: int, max_body_bytes: int, preview_lock: int | None = 1,
-                view_lock: int | None = None, size_class: bool = False) -> str:
+                view_lock: int | None = None, size_class: bool = False, class_quantile: float | None = None) -> str:
     """The stages file (module docstring): preview then view, ``auto`` classifier, generous queue
     limits (the bench counts a queue timeout as a failure, it does not want one); ``preview_lock``
     None leaves the lock key out; ``view_lock`` m admits at most m views into Apache at once,
     released shortest predicted first by the transaction link (a view is keyed on its preview's
     key, whose body size predicts it); ``size_class``: views keyed on the link too, so that
     ``--cpu-priority class`` sends the ones predicted largest at the low level
-    (controller.sidecar.size_class)."""
+    (controller.sidecar.size_class), above the views' ``class_quantile`` (None: the sidecar's
+    default)."""
     preview: dict[str, Any] = {"name": "preview", "routes": [PREVIEW_ROUTE], "next": "view", "cpu_exempt": "unsafe"}
     if preview_lock is not None:
         preview["lock"] = preview_lock
@@ -127,6 +128,8 @@ def stages_yaml(max_inflight: int, max_body_bytes: int, preview_lock: int | None
         view = {"name": "view", "routes": [r | {"key": ["link"]} for r in VIEW_ROUTES]}
     if view_lock is not None:
         view["lock"] = view_lock
+    if size_class and class_quantile is not None:
+        view["class_quantile"] = class_quantile
     doc = {"stages": [preview, view],
            "limits": {"max_inflight": max_inflight, "queue_cap": 100000, "queue_timeout": 600,
                       "upstream_timeout": 600, "client_timeout": 600, "max_body_bytes": max_body_bytes},
@@ -164,14 +167,16 @@ class Sidecar:
 def start_sidecar(workdir: Path, *, port: int, apache_port: int, model: Model, cpu_priority: str | None, core: int,
                   max_inflight: int, max_body_bytes: int, php_stats_file: Path | None = None,
                   control_file: str | None = None, preview_lock: int | None = 1,
-                  view_lock: int | None = None, size_class: bool = False) -> Sidecar:
+                  view_lock: int | None = None, size_class: bool = False,
+                  class_quantile: float | None = None) -> Sidecar:
     """``overtake sidecar`` in auto mode, pinned to ``core`` in a session (autogroup) of its own,
     raised like Apache's (a starved proxy delays every hand-off); ``cpu_priority``: its
     ``--cpu-priority`` (age, class, or None); ``control_file``: the one Apache's module maps
-    (``--control-file``); ``size_class``: the stages file's views keyed for the class by size."""
+    (``--control-file``); ``size_class``: the stages file's views keyed for the class by size,
+    demoted above ``class_quantile``."""
     workdir.mkdir(parents=True, exist_ok=True)
     stages = workdir / "stages.yaml"
-    stages.write_text(stages_yaml(max_inflight, max_body_bytes, preview_lock, view_lock, size_class))
+    stages.write_text(stages_yaml(max_inflight, max_body_bytes, preview_lock, view_lock, size_class, class_quantile))
     log = workdir / "sidecar.log"
     args = ["taskset", "-c", str(core), *CLI, "sidecar", "--policy", str(model.policy_dir), "--apache",
             f"http://127.0.0.1:{apache_port}", "--listen", f"127.0.0.1:{port}", "--stages", str(stages)]

@@ -33,7 +33,7 @@ from overtake.controller.harness.apache.mod_status import http_get
 
 from .wiki import MEDIAWIKI
 
-__all__ = ["FPM_DEFAULTS", "STACKS", "Server", "ServerError", "php_prio_settings", "raise_autogroup", "read_access",
+__all__ = ["FPM_DEFAULTS", "STACKS", "Server", "ServerError", "php_class_settings", "php_prio_settings", "raise_autogroup", "read_access",
            "start", "stop"]
 
 STACKS = ("prefork", "fpm")
@@ -124,6 +124,16 @@ def php_prio_settings(extension: Path, threshold_s: float, stats_file: Path) -> 
         raise ValueError(f"threshold_s: CPU seconds before demotion, > 0, got {threshold_s}")
     return {"extension": str(extension), "overtake_prio.threshold_ms": str(max(1, round(threshold_s * 1000))),
             "overtake_prio.idle": "1", "overtake_prio.stats_file": str(stats_file)}
+
+
+def php_class_settings(extension: Path, stats_file: Path, nice: int = 19) -> dict[str, str]:
+    """php.ini settings loading the overtake_prio extension for the sidecar's size class: a request
+    marked ``X-Overtake-Class: 1`` starts at nice ``nice`` (bounded, not SCHED_IDLE), no CPU
+    threshold; POST/PUT/PATCH/DELETE and the sidecar's exempt requests are never lowered."""
+    if not 1 <= nice <= 19:
+        raise ValueError(f"nice: the low level, 1..19, got {nice}")
+    return {"extension": str(extension), "overtake_prio.threshold_ms": "0", "overtake_prio.class_header": "1",
+            "overtake_prio.nice": str(nice), "overtake_prio.idle": "0", "overtake_prio.stats_file": str(stats_file)}
 
 
 def _start_fpm(workdir: Path, core: int, pool: dict[str, str], php_ini: dict[str, str]) -> subprocess.Popen[bytes]:

@@ -8,13 +8,15 @@
     DATA/wiki.json           the recipe, its fingerprint and MediaWiki's version: the stamp
 
 The code stays in ``/usr/share/mediawiki``; the private Apache and php-fpm point MediaWiki at the
-data directory with the ``MW_CONFIG_FILE`` environment variable. The bench's settings make every
-request render (no parser cache, no object cache) and page views run no queued jobs (they write);
-short URLs (``/wiki/Title``) let a path matcher tell a view from a preview (``/api.php``).
+data directory with the ``MW_CONFIG_FILE`` environment variable. The bench's settings
+(:data:`SETTINGS`, each with its reason) are an operator's for a one-server wiki: object caches in
+APCu, so that no request writes to SQLite but a preview's transaction; no jobs run at the end of
+requests; and, the bench's own choice, no parser cache, so every request renders; short URLs (``/wiki/Title``) let a path matcher tell a view from a preview (``/api.php``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pwd
@@ -28,7 +30,8 @@ from typing import Any
 from .pages import Recipe, fingerprint, templates, wiki_pages
 
 __all__ = ["DEFAULT_DATA_DIR", "MEDIAWIKI", "PACKAGES_SCRIPT", "SETTINGS", "WikiNotInstalled", "ensure_wiki",
-           "mediawiki_installed", "missing_packages", "read_stamp"]
+           "db_state", "mediawiki_installed", "missing_packages", "read_stamp", "settings_digest", "wanted_stamp",
+           "written_since"]
 
 MEDIAWIKI = Path("/usr/share/mediawiki")
 DEFAULT_DATA_DIR = Path("/var/tmp/overtake-realapp")
@@ -37,6 +40,7 @@ PACKAGES_SCRIPT = Path(__file__).with_name("install-packages.sh")
 REQUIRED = {
     "mediawiki": MEDIAWIKI / "index.php",
     "php-sqlite3": Path("/usr/lib/php/20220829/pdo_sqlite.so"),
+    "php-apcu": Path("/usr/lib/php/20220829/apcu.so"),
     "libapache2-mod-php": Path("/usr/lib/apache2/modules/libphp8.2.so"),
     "php-fpm": Path("/usr/sbin/php-fpm8.2"),
     "libapache2-mod-qos": Path("/usr/lib/apache2/modules/mod_qos.so"),
@@ -46,11 +50,22 @@ REQUIRED = {
 }
 ADMIN_PASSWORD = "overtake-bench-admin"  # a throw-away account on a loopback-only wiki
 
-#: appended to install.php's LocalSettings.php
+#: appended to install.php's LocalSettings.php: how an operator tunes a one-server wiki on SQLite,
+#: except the parser cache, off so that every request renders (the bench measures rendering)
 SETTINGS = """
-# --- overtake bench (bench/mediawiki/wiki.py): every request renders, views run no jobs
+# --- overtake bench (bench/mediawiki/wiki.py)
+# Object caches in APCu (php-apcu, which Debian's mediawiki package recommends; install.php picks
+# it when present): the message cache, sessions and the WAN cache live in the server's shared
+# memory. Without an object cache MediaWiki cannot validate its message cache, rebuilds it on
+# every request and writes it back to the SQLite object cache (wikicache.sqlite, WAL mode) under
+# a named lock, with four fdatasyncs: a second lock every preview and view waited on.
+$wgMainCacheType = CACHE_ACCEL;
+$wgSessionCacheType = CACHE_ACCEL;
+$wgMessageCacheType = CACHE_ACCEL;
+# no parser cache: every preview and view renders the article (the bench's point)
 $wgParserCacheType = CACHE_NONE;
-$wgMainCacheType = CACHE_NONE;
+# jobs are not run at the end of web requests (they would write to the database after a view);
+# the set-up runs the import's jobs with maintenance/runJobs.php, as a cron job would
 $wgJobRunRate = 0;
 # short URLs: /wiki/Title, through `Alias /wiki .../index.php` in the private Apache
 $wgArticlePath = "/wiki/$1";
@@ -59,6 +74,28 @@ $wgUsePathInfo = true;
 $wgServer = WebRequest::detectServer();
 $wgShowExceptionDetails = true;
 """
+
+
+def settings_digest() -> str:
+    """A short hash of :data:`SETTINGS`: part of the stamp, so a changed setting rebuilds the wiki."""
+    return hashlib.sha256(SETTINGS.encode()).hexdigest()[:16]
+
+
+def wanted_stamp(recipe: Recipe) -> dict[str, Any]:
+    """The stamp a wiki of ``recipe`` set up by this code carries (recipe, pages, settings, version)."""
+    return {"recipe": asdict(recipe), "fingerprint": fingerprint(recipe), "settings": settings_digest(),
+            "mediawiki": _mediawiki_version()}
+
+
+def db_state(data_dir: Path) -> dict[str, int]:
+    """Modification time (ns) of each SQLite database in ``data_dir/db``, by file name."""
+    return {f.name: f.stat().st_mtime_ns for f in sorted((data_dir / "db").glob("*.sqlite"))}
+
+
+def written_since(data_dir: Path, before: dict[str, int]) -> list[str]:
+    """The databases written since :func:`db_state` gave ``before`` (a WAL database's file changes
+    when its last connection checkpoints), and any that appeared."""
+    return [name for name, t in db_state(data_dir).items() if before.get(name) != t]
 
 
 class WikiNotInstalled(RuntimeError):
@@ -125,7 +162,7 @@ def ensure_wiki(data_dir: Path, recipe: Recipe, *, rebuild: bool = False,
     if miss:
         raise WikiNotInstalled(f"mediawiki: packages missing: {' '.join(miss)}; install them with "
                                f"`sh {PACKAGES_SCRIPT}` (root)")
-    want = {"recipe": asdict(recipe), "fingerprint": fingerprint(recipe), "mediawiki": _mediawiki_version()}
+    want = wanted_stamp(recipe)
     have = read_stamp(data_dir)
     if not rebuild and have is not None and all(have.get(k) == v for k, v in want.items()):
         return have

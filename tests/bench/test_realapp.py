@@ -295,7 +295,8 @@ def test_without_overtake_the_gain_is_null() -> None:
 def test_bad_arguments_are_refused_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
     for argv, flag in ((["--arms", "default,nope"], "--arms"), (["--load", "1.2"], "--load"),
                        (["--runs", "0"], "--runs"), (["--transactions", "10"], "--transactions"),
-                       (["--block", "10"], "--block"), (["--transactions", "100", "--block", "60"], "--transactions")):
+                       (["--block", "10"], "--block"), (["--transactions", "100", "--block", "60"], "--transactions"),
+                       (["--class-quantile", "1"], "--class-quantile"), (["--minutes", "0"], "--minutes")):
         with pytest.raises(SystemExit):
             realapp.parse_args(argv)
         assert flag in capsys.readouterr().err
@@ -337,11 +338,75 @@ def test_stages_file_for_the_size_class_keys_views_on_the_link_without_a_cap(tmp
     assert table.linked[1] and table.keyed(1) and table.lock(1) is None and table.lock(0) == 1
 
 
-def test_the_size_class_arm_is_prefork_only() -> None:
+def test_stages_file_carries_the_size_class_quantile_the_model_chose(tmp_path: Path) -> None:
+    f = tmp_path / "stages.yaml"
+    f.write_text(product.stages_yaml(120, 2 << 20, size_class=True, class_quantile=0.97))
+    table = load_stages(f)
+    assert table.class_threshold(1) == (None, 0.97)
+    f.write_text(product.stages_yaml(120, 2 << 20, size_class=True))  # the sidecar's default
+    assert load_stages(f).class_threshold(1) == (None, 0.9)
+
+
+def test_size_class_choice_sets_the_arm_quantile_from_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(3)
+    units = np.clip(np.rint(rng.lognormal(0.5, 2.0, size=60)), 1, 300)
+    b = realapp.Bench(realapp.parse_args(["--arms", "default,sizeclass"]), Path("/nonexistent"), [], units,
+                      idle_preview=0.02 + 0.004 * units, idle_view=0.03 + 0.005 * units)
+    calls = []
+
+    def choose(p: np.ndarray, v: np.ndarray, rate: float, *, quantiles: tuple[float, ...]) -> dict:
+        calls.append(quantiles)
+        arms = {f"{q:g}": {"mean": 1 + abs(q - 0.8), "gain": 0.0} for q in quantiles}
+        return {"default": 2.0, "arms": arms, "chosen": 0.8}
+
+    monkeypatch.setattr(realapp.class_model, "choose", choose)
+    out = realapp.size_class_choice(b, 1.0)
+    assert b.class_quantile == 0.8 and out["quantile"] == 0.8 and out["source"] == "model"
+    assert calls[-1] == realapp.class_model.QUANTILES
+    b.args.class_quantile = 0.75  # fixed by the flag: evaluated too, and used
+    out = realapp.size_class_choice(b, 1.0)
+    assert b.class_quantile == 0.75 and out["source"] == "--class-quantile" and 0.75 in calls[-1]
+    got = realapp.predicted_vs_measured(None, {"sizeclass": {"mean": 1.0}}, out)
+    assert got["sizeclass"]["predicted"] == pytest.approx(1.05) and got["sizeclass"]["model"] == "size class 0.75"
+
+
+def test_trace_length_fills_the_minutes_in_whole_blocks() -> None:
+    # 2 transactions/s for 20 minutes over 3 arms: 800 per arm, 27 blocks of 30 (810)
+    assert realapp.trace_length(2.0, 20, 3, 30) == 810
+    assert realapp.trace_length(2.0, 20, 6, 30) == 390  # six arms: half as many
+    assert realapp.trace_length(0.01, 1, 3, 30) == 60  # never fewer than two blocks
+    assert realapp.trace_length(0.01, 1, 3, 20) == 60  # nor fewer than 50 transactions
+    args = realapp.parse_args([])
+    assert args.transactions is None and args.block == 30 and args.minutes == 20
+    assert realapp.parse_args(["--transactions", "120", "--block", "40"]).transactions == 120
+
+
+def test_a_calibration_of_other_settings_is_not_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    args = realapp.parse_args(["--data-dir", str(tmp_path), "--reuse-calibration"])
+    b = realapp.Bench(args, tmp_path, [], np.ones(3))
+    measured = []
+    monkeypatch.setattr(realapp, "calibrate", lambda bench: measured.append(1) or {"preview_s": [1.0]})
+    (tmp_path / "calibration-prefork.json").write_text(json.dumps({"fingerprint": "f", "settings": "old", "date": "d"}))
+    cal = realapp.calibration(b, {"fingerprint": "f", "settings": "new"})
+    assert measured == [1] and cal["settings"] == "new"
+    cal = realapp.calibration(b, {"fingerprint": "f", "settings": "new"})  # the one just saved
+    assert measured == [1] and cal["reused"]
+
+
+def test_the_size_class_arm_runs_under_both_stacks(tmp_path: Path) -> None:
     assert "sizeclass" in realapp.parse_args(["--php", "prefork"]).arms
-    assert "sizeclass" not in realapp.parse_args(["--php", "fpm"]).arms
-    with pytest.raises(SystemExit):
-        realapp.parse_args(["--php", "fpm", "--arms", "default,sizeclass"])
+    assert realapp.parse_args(["--php", "fpm", "--arms", "default,sizeclass"]).arms == ["default", "sizeclass"]
+    # the sidecar sends the class header under php-fpm too, where no Apache module priority is set
+    spec = realapp.ARM_SPECS
+    assert realapp.sidecar_priority(spec["sizeclass"], None) == "class"
+    assert realapp.sidecar_priority(spec["overtake"], None) is None  # fpm: the extension's own age timer
+    assert realapp.sidecar_priority(spec["overtake"], realapp.CpuPriority(levels=(0.05,), nice=("idle",))) == "age"
+    # php-fpm's workers start the class at nice 19, with no age threshold
+    ini = server.php_class_settings(tmp_path / "overtake_prio.so", tmp_path / "stats")
+    assert ini["overtake_prio.class_header"] == "1" and ini["overtake_prio.threshold_ms"] == "0"
+    assert ini["overtake_prio.nice"] == "19" and ini["overtake_prio.idle"] == "0"
+    with pytest.raises(ValueError, match="nice"):
+        server.php_class_settings(tmp_path / "x.so", tmp_path / "stats", nice=0)
 
 
 def test_access_log_lines_parse(tmp_path: Path) -> None:
@@ -393,6 +458,38 @@ def test_predicted_against_measured() -> None:
     assert got["default"]["error"] == pytest.approx(0.25) and got["overtake"]["error"] == pytest.approx(-0.1)
     assert got["overtake"]["model"] == "passthrough+age" and "age" not in got
     assert realapp.predicted_vs_measured(None, arms) == {}
+
+
+# --------------------------------------------------------------------------- the wiki's set-up
+
+
+def test_the_wiki_is_rebuilt_when_its_settings_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(wiki, "_mediawiki_version", lambda: "1.39.test")
+    recipe = pages.Recipe(articles=10)
+    stamp = wiki.wanted_stamp(recipe)
+    assert stamp["settings"] == wiki.settings_digest()
+    monkeypatch.setattr(wiki, "SETTINGS", wiki.SETTINGS + "$wgMainCacheType = CACHE_NONE;\n")
+    assert wiki.wanted_stamp(recipe)["settings"] != stamp["settings"]
+
+
+def test_no_request_writes_the_sqlite_object_cache() -> None:
+    # MediaWiki without an object cache rewrites its message cache into wikicache.sqlite on every
+    # request; the bench's settings keep the object caches in APCu and the parser cache off
+    text = wiki.SETTINGS
+    assert "$wgMainCacheType = CACHE_ACCEL;" in text and "$wgMessageCacheType = CACHE_ACCEL;" in text
+    assert "$wgParserCacheType = CACHE_NONE;" in text and "$wgJobRunRate = 0;" in text
+    assert wiki.REQUIRED["php-apcu"].name == "apcu.so"
+
+
+def test_db_written_names_the_databases_whose_files_changed(tmp_path: Path) -> None:
+    (tmp_path / "db").mkdir()
+    for name in ("wiki.sqlite", "wikicache.sqlite"):
+        (tmp_path / "db" / name).write_bytes(b"x")
+    before = wiki.db_state(tmp_path)
+    assert wiki.written_since(tmp_path, before) == []
+    os.utime(tmp_path / "db" / "wikicache.sqlite", ns=(1, before["wikicache.sqlite"] + 1000))
+    (tmp_path / "db" / "new.sqlite").write_bytes(b"y")
+    assert wiki.written_since(tmp_path, before) == ["new.sqlite", "wikicache.sqlite"]
 
 
 # --------------------------------------------------------------------------- end to end
@@ -448,6 +545,37 @@ def test_end_to_end_on_a_tiny_trace(apache_available: None, capsys: pytest.Captu
     assert "auto" in json.dumps(run["arms"]["overtake"]["sidecar_policy"])
     probe = cal["serialisation_probe"]
     assert 0.5 < probe["preview"] <= 1 and 0.5 < probe["view"] <= 1
+    # no request wrote to SQLite (the object caches are in APCu; a preview's transaction changes nothing)
+    assert doc["db_written"] == []
+    # the size-class arm ran at the quantile the model chose, shown with every quantile's prediction
+    sized = doc["model"]["size_class"]
+    assert sized["source"] == "model" and f"{sized['quantile']:g}" in sized["arms"]
+    assert "sizeclass" in run["predicted"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
+def test_end_to_end_size_class_under_fpm(apache_available: None, capsys: pytest.CaptureFixture[str]) -> None:
+    data = scratch_dir("realapp-test-")
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        rc = realapp.main(["--php", "fpm", "--runs", "1", "--transactions", "120", "--block", "30", "--articles", "10",
+                           "--arms", "default,sizeclass", "--class-quantile", "0.5", "--data-dir", str(data),
+                           "--json", "--no-write", "--halt-poll-us", "0"])
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+        shutil.rmtree(data, ignore_errors=True)
+    assert rc == 0
+    doc = json.loads(capsys.readouterr().out)
+    (run,) = doc["runs"]
+    arm = run["arms"]["sizeclass"]
+    assert arm["failures"] == 0 and doc["model"]["size_class"]["quantile"] == 0.5
+    # the demotion reached php-fpm's workers once 50 views were predicted (the sidecar's MIN_PREDICTIONS):
+    # the extension started the larger half low, counted in /-/metrics
+    assert arm["php_prio"]["class_low"] > 0 and arm["php_prio"]["restore_errors"] == 0
+    assert arm["sidecar_metrics"]["overtake_php_class_low_requests_total"] == arm["php_prio"]["class_low"]
+    assert doc["db_written"] == []
 
 
 def test_php_prio_settings_load_the_extension_at_the_solved_threshold(tmp_path: Path) -> None:

@@ -112,6 +112,30 @@ def test_exempt_methods_are_never_demoted(extension: Path, work: Path) -> None:
         pool.stop()
 
 
+def test_the_sidecars_size_class_starts_a_request_low(extension: Path, work: Path) -> None:
+    """With class_header on, X-Overtake-Class: 1 (the sidecar's --cpu-priority class) starts the
+    request at the low level, no CPU threshold needed; exempt methods stay exempt; the worker is
+    restored after it; without the setting the header is ignored."""
+    pool = _pool(extension, work, **{"overtake_prio.threshold_ms": "0", "overtake_prio.class_header": "1",
+                                     "overtake_prio.nice": "19"})
+    try:
+        (worker,) = pool.worker_pids()
+        low = _run(pool, 5, headers={"X-Overtake-Class": "1"})
+        assert low == {"start_nice": 19, "nice": 19, "policy": SCHED_OTHER, "demoted": True}
+        assert pf.process_nice(worker) == 0
+        assert _run(pool, 100, headers={"X-Overtake-Class": "0"})["demoted"] is False  # no age threshold
+        assert _run(pool, 5, "POST", {"X-Overtake-Class": "1"})["demoted"] is False  # exempt first
+        c = read_counts(work / "stats")
+        assert c is not None and (c.requests, c.class_low, c.demoted, c.exempt) == (3, 1, 0, 1)
+    finally:
+        pool.stop()
+    pool = _pool(extension, work / "b")  # age priority only: the header changes nothing
+    try:
+        assert _run(pool, 5, headers={"X-Overtake-Class": "1"})["start_nice"] == 0
+    finally:
+        pool.stop()
+
+
 def test_idle_level_and_bounded_demotion(extension: Path, work: Path) -> None:
     """``idle`` demotes to SCHED_IDLE and back; ``max_demoted_ms`` promotes a request back after
     that much wall time at the low level, so a request that holds something finishes at normal
@@ -151,9 +175,14 @@ def test_the_stats_file_is_checked(work: Path) -> None:
     (work / "short").write_bytes(b"x" * 10)
     with pytest.raises(SidecarInputError, match="not overtake_prio's stats file"):
         read_counts(work / "short")
-    (work / "other").write_bytes(b"\0" * 64)
+    (work / "other").write_bytes(b"\0" * 72)
     with pytest.raises(SidecarInputError, match="magic 0x0"):
         read_counts(work / "other")
+    # the layout before the class counter: version 1, refused rather than misread
+    (work / "v1").write_bytes(int.from_bytes(b"overtake", "big").to_bytes(8, "little") + (1).to_bytes(8, "little")
+                              + b"\0" * 56)
+    with pytest.raises(SidecarInputError, match="version 1"):
+        read_counts(work / "v1")
 
 
 def test_the_counters_reach_the_sidecars_metrics(extension: Path, work: Path) -> None:
@@ -179,6 +208,7 @@ def test_the_counters_reach_the_sidecars_metrics(extension: Path, work: Path) ->
     assert got["overtake_php_demotions_total"] == 1
     assert got["overtake_php_exempt_requests_total"] == 1
     assert got["overtake_php_unreachable_requests_total"] == 0
+    assert got["overtake_php_class_low_requests_total"] == 0
 
 
 def test_the_sidecar_config_key(work: Path) -> None:
