@@ -18,11 +18,11 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
-# numba compiles the solver kernels once into its on-disk cache and ahead of time (mdp/_kernels_aot,
+# numba compiles the solver kernels once into its on-disk cache and ahead of time (mdp/_kernels_aot, mdp/_sim_aot,
 # fitting/_fitting_aot), so no solve or fit pays for compiling nor, with the extensions, for importing
 # numba (re-run when a kernel's source changes: numba's cache is keyed by the source file).
 # The two packages' kernels are independent: `make -j2` builds them side by side.
-$(WARM_MDP): $(STAMP) mdp/_kernels.py mdp/_kernels_jit.py mdp/_simkernel.py mdp/heuristic.py mdp/_warmup.py
+$(WARM_MDP): $(STAMP) mdp/_kernels.py mdp/_kernels_jit.py mdp/_simkernel.py mdp/_heurkernel.py mdp/_simcall.py mdp/model.py mdp/_warmup.py
 	$(BIN)/python -m overtake.mdp._warmup
 	touch $@
 
@@ -73,7 +73,7 @@ DEB_ARCH   := $(shell dpkg --print-architecture 2>/dev/null || echo amd64)
 DEB        := dist/overtake-server_$(VERSION)_$(DEB_ARCH).deb
 DEB_INPUTS := setup.cfg pyproject.toml README.md LICENSE $(shell find overtake fitting mdp controller api apache-conf \
 	dashboards examples/sidecar docs/howto/install-debian.md packaging/deb -type f -not -path '*/__pycache__/*' \
-	-not -name '_kernels_aot*' -not -name '_fitting_aot*' 2>/dev/null)
+	-not -name '_kernels_aot*' -not -name '_sim_aot*' -not -name '_fitting_aot*' 2>/dev/null)
 
 deb: $(DEB)
 

@@ -44,7 +44,7 @@ import numpy as np
 
 from overtake.jit import njit
 
-from .heuristic import heuristic_decide
+from ._heurkernel import heuristic_decide
 from .model import capacity_compiled as _cap
 
 LMAX = 64

@@ -4,9 +4,10 @@
 
 Run by the Makefile when the virtual environment is set up (and again when a kernel's source
 changes), so the first solve of a fresh install loads machine code instead of compiling it.
-It then builds the solver kernels' extension ``_kernels_aot`` (numba.pycc, needs a C compiler)
-unless the one present is current: with it a solve imports no numba at all
-(:mod:`overtake.mdp._kernels`). Each kernel is reached through the
+It then builds the solver kernels' extension ``_kernels_aot`` and the simulator's ``_sim_aot``
+(numba.pycc, needs a C compiler) unless the ones present are current: with them a solve, and the
+simulations of an age-priority prediction, import no numba at all (:mod:`overtake.mdp._kernels`,
+:mod:`overtake.mdp._simcall`). Each kernel is reached through the
 code that calls it in production, on a model just large enough to take the compiled paths, so
 the cached signatures are the real ones (int32 sparse indices, int64 state indices, float64 values).
 """
@@ -37,31 +38,39 @@ def _model() -> TandemModel:
 def warm_up() -> float:
     """Call every JIT kernel once; returns the seconds it took (compiling or loading)."""
     t0 = time.perf_counter()
-    from . import _kernels
+    from . import _kernels, _simcall
 
     use_aot, _kernels.USE_AOT = _kernels.USE_AOT, False  # the JIT versions, whose cache this fills
+    sim_aot, _simcall.USE_AOT = _simcall.USE_AOT, False
     try:
         _calls(_kernels)
     finally:
         _kernels.USE_AOT = use_aot
+        _simcall.USE_AOT = sim_aot
     return time.perf_counter() - t0
 
 
 def build_extension(cpu: str = "host") -> str:
-    """Build ``_kernels_aot`` for ``cpu`` unless the one present was built from the current kernels; says what it did."""
-    from . import _kernels
+    """Build ``_kernels_aot`` and ``_sim_aot`` for ``cpu`` unless the ones present were built from the
+    current kernels; says what it did."""
+    from . import _kernels, _simcall
 
+    return "; ".join(_build_one(what, module, cpu) for what, module in
+                     (("ahead-of-time kernels", _kernels), ("ahead-of-time simulator", _simcall)))
+
+
+def _build_one(what: str, module: Any, cpu: str) -> str:
     try:
-        if _kernels.DIGEST_FILE.read_text().strip() == _kernels.source_digest() and _kernels.load_aot() is not None:
-            return "ahead-of-time kernels current"
+        if module.DIGEST_FILE.read_text().strip() == module.source_digest() and module.load_aot() is not None:
+            return f"{what} current"
     except OSError:
         pass
     t0 = time.perf_counter()
     try:
-        _kernels.build_aot(cpu=cpu)
+        module.build_aot(cpu=cpu)
     except Exception as exc:  # no C compiler, read-only install: the JIT kernels (cached) still run
-        return f"ahead-of-time kernels not built ({type(exc).__name__}: {exc}); the JIT kernels will run"
-    return f"ahead-of-time kernels built ({time.perf_counter() - t0:.1f} s)"
+        return f"{what} not built ({type(exc).__name__}: {exc}); the JIT kernels will run"
+    return f"{what} built ({time.perf_counter() - t0:.1f} s)"
 
 
 def _calls(_kernels: Any) -> None:

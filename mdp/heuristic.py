@@ -47,12 +47,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from overtake.jit import njit
-
 from .errors import ModelError
 from .evaluate import PolicyMetrics
 from .model import TandemModel
-from .model import capacity_compiled as _cap
 from .rule_evaluation import evaluate_rule, grow_requests
 from .statespace import Layout
 
@@ -124,68 +121,6 @@ def wait_costs(model: TandemModel, mean: FloatArray, mins: FloatArray, variant: 
     return W
 
 
-@njit(cache=True)
-def heuristic_decide(w, k, remaining, min_pair, wait, order, coord_stage, variant, cores, overhead, k_cap, out):  # type: ignore[no-untyped-def]
-    """Threads to start per coordinate queue for one state (w waiting, k active per coordinate).
-
-    Writes ``out`` (length D, no allocation: called at every simulator event) and returns the
-    number of threads started. ``w`` and ``k`` are not modified.
-    """
-    D = remaining.size
-    K = 0
-    for d in range(D):
-        out[d] = 0
-        K += k[d]
-    started = 0
-    scale = 0.0
-    for d in range(D):
-        scale += remaining[d]
-    eps = 1e-10 * scale
-    for idx in range(D):
-        x = order[idx]
-        while out[x] < w[x] and K < k_cap:
-            accept = False
-            if K == 0:
-                accept = True
-            else:
-                # free capacity: the new thread does not slow the others down
-                cK = _cap(K, cores, overhead)
-                cK1 = _cap(K + 1, cores, overhead)
-                if cK1 / (K + 1) >= cK / K * (1.0 - 1e-12):
-                    accept = True
-                elif variant == 0:
-                    delta = 0.0
-                    for a in range(D):
-                        n_a = k[a] + out[a]  # active now, including threads started this epoch
-                        if n_a > 0:
-                            delta += n_a * (2.0 * min_pair[x, a] - wait[x, a])
-                    accept = delta < -eps
-                else:
-                    for a in range(D):
-                        if k[a] + out[a] > 0 and coord_stage[a] >= coord_stage[x] and remaining[x] < remaining[a] - eps:
-                            accept = True
-                            break
-            if not accept:
-                break
-            out[x] += 1
-            K += 1
-            started += 1
-    return started
-
-
-@njit(cache=True)
-def _decide_rows(rows, remaining, min_pair, wait, order, coord_stage, variant, cores, overhead, k_cap):  # type: ignore[no-untyped-def]
-    D = remaining.size
-    S = rows.shape[0]
-    res = np.zeros((S, D), dtype=np.int64)
-    out = np.zeros(D, dtype=np.int64)
-    for s in range(S):
-        heuristic_decide(rows[s, :D], rows[s, D:], remaining, min_pair, wait, order, coord_stage, variant,
-                         cores, overhead, k_cap, out)
-        res[s, :] = out
-    return res
-
-
 @dataclass(frozen=True, eq=False)
 class OvertakingHeuristic:
     """The overtaking heuristic for one model: a rule on the phase-known (``full``) layout.
@@ -217,7 +152,9 @@ class OvertakingHeuristic:
         if r.ndim != 2 or r.shape[1] != 2 * D:
             raise ModelError(f"heuristic state rows must have {2 * D} columns (waiting, then threads per coordinate)")
         cap = np.iinfo(np.int64).max if max_threads is None else int(max_threads)
-        return _decide_rows(r, self.remaining, self.min_pair, self.wait, self.order, self.coord_stage,  # type: ignore[no-any-return]
+        from ._heurkernel import decide_rows  # numba: only once a rule is asked (the simulator has its own copy)
+
+        return decide_rows(r, self.remaining, self.min_pair, self.wait, self.order, self.coord_stage,  # type: ignore[no-any-return]
                             self.variant_code, self.model.cores, self.model.overhead, cap)
 
     def action(self, state: npt.ArrayLike) -> IntArray:

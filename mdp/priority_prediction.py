@@ -38,9 +38,9 @@ from .priority import DEFAULT_LOW_WEIGHT, CpuPriority, age_priority, class_prior
 from .priority_classes import class_model, model_levels, phases_stay
 from .rule_evaluation import evaluate_rule
 from .simulation import simulate
-from .thresholds import choose_tandem_thresholds
+from .thresholds import TandemChoice, choose_tandem_thresholds
 
-__all__ = ["PRIORITY_KINDS", "PriorityPrediction", "predict_priority"]
+__all__ = ["PRIORITY_KINDS", "AgePassthrough", "PriorityPrediction", "age_passthrough", "predict_priority"]
 
 PRIORITY_KINDS = ("age", "class")
 
@@ -104,13 +104,49 @@ def _pooled(model: TandemModel, policy: Policy | str, priority: CpuPriority, req
     return mean, half, len(means)
 
 
+@dataclass(frozen=True)
+class AgePassthrough:
+    """The part of an age prediction that does not depend on the policy: the thresholds (visit
+    model) and π(∞)'s simulated E[W] with them, and the simulation settings it was made with."""
+
+    choice: TandemChoice
+    mean: float
+    ci95: float
+    runs: int
+    settings: tuple[int, int, int, float]  # requests, seeds, seed, rel_ci
+
+
+def age_passthrough(model: TandemModel, *, requests: int = 100_000, seeds: int = 6, seed: int = 0,
+                    rel_ci: float = DEFAULT_REL_CI) -> AgePassthrough:
+    """The age thresholds (:func:`~overtake.mdp.thresholds.choose_tandem_thresholds`, common to the
+    stages, the locked stages exempt) and π(∞) simulated with them as :func:`predict_priority` does.
+
+    Needs no policy: ``overtake solve`` runs it on a second core while the policy is solved.
+    """
+    _check_settings(requests, seeds, rel_ci)
+    choice = choose_tandem_thresholds(model, common=True)
+    priority = age_priority(model, [choice.priority.thresholds[0][0]], weights=[1.0, DEFAULT_LOW_WEIGHT])
+    ps, ps_ci, runs = _pooled(model, "pi(inf)", exempt_stages(priority, choice.exempt), requests, seeds, seed, rel_ci)
+    return AgePassthrough(choice, ps, ps_ci, runs, (requests, seeds, seed, rel_ci))
+
+
+def _check_settings(requests: int, seeds: int, rel_ci: float) -> None:
+    if requests < 10_000 or seeds < 1:
+        raise ModelError(f"cpu priority prediction: requests >= 10000 and seeds >= 1, got {requests}, {seeds}")
+    if not 0.0 <= rel_ci < 1.0:
+        raise ModelError(f"cpu priority prediction: rel_ci is a fraction of E[W] in [0, 1), got {rel_ci}")
+
+
 def predict_priority(model: TandemModel, policy: Policy, kind: str, *, requests: int = 100_000, seeds: int = 6,
-                     seed: int = 0, rel_ci: float = DEFAULT_REL_CI) -> PriorityPrediction:
+                     seed: int = 0, rel_ci: float = DEFAULT_REL_CI,
+                     passthrough: AgePassthrough | None = None) -> PriorityPrediction:
     """Simulate ``policy`` (and, for ``age``, π(∞)) with CPU priority ``kind`` (module docstring).
 
     Each figure is simulated in runs of ``requests`` (seeds ``seed``, ``seed + 1``, …) until its
     95 % half-width is at most ``rel_ci`` of it, ``seeds`` runs at most (``rel_ci`` 0: always
-    ``seeds``); the prediction records the runs the policy's figure used.
+    ``seeds``); the prediction records the runs the policy's figure used. ``passthrough``: the
+    policy-free part of an age prediction (:func:`age_passthrough`), already computed for this
+    model with these settings.
 
     Raises
     ------
@@ -119,10 +155,7 @@ def predict_priority(model: TandemModel, policy: Policy, kind: str, *, requests:
     """
     if kind not in PRIORITY_KINDS:
         raise ModelError(f"cpu priority: expected one of {', '.join(PRIORITY_KINDS)}, got {kind!r}")
-    if requests < 10_000 or seeds < 1:
-        raise ModelError(f"cpu priority prediction: requests >= 10000 and seeds >= 1, got {requests}, {seeds}")
-    if not 0.0 <= rel_ci < 1.0:
-        raise ModelError(f"cpu priority prediction: rel_ci is a fraction of E[W] in [0, 1), got {rel_ci}")
+    _check_settings(requests, seeds, rel_ci)
     weights = [1.0, DEFAULT_LOW_WEIGHT]
     ps: float | None = None
     ps_ci: float | None = None
@@ -130,10 +163,15 @@ def predict_priority(model: TandemModel, policy: Policy, kind: str, *, requests:
     visit: float | None = None
     exempt: tuple[int, ...] = ()
     if kind == "age":
-        choice = choose_tandem_thresholds(model, common=True)  # the locked stages exempt
+        if passthrough is None:
+            passthrough = age_passthrough(model, requests=requests, seeds=seeds, seed=seed, rel_ci=rel_ci)
+        elif passthrough.settings != (requests, seeds, seed, rel_ci):
+            raise ModelError(f"cpu priority prediction: the passthrough was simulated with (requests, seeds, seed, "
+                             f"rel_ci) {passthrough.settings}, this prediction asks for {(requests, seeds, seed, rel_ci)}")
+        choice = passthrough.choice
         a, visit, exempt = choice.priority.thresholds[0][0], choice.mean_response_time, choice.exempt
         priority = age_priority(model, [a], weights=weights)
-        ps, ps_ci, ps_runs = _pooled(model, "pi(inf)", exempt_stages(priority, exempt), requests, seeds, seed, rel_ci)
+        ps, ps_ci, ps_runs = passthrough.mean, passthrough.ci95, passthrough.runs
     else:
         if policy.phase_info != "full":
             raise ModelError(f"cpu priority class: short-first classes need each request's phase; this policy "

@@ -41,7 +41,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy.special import stdtrit
 
-from ._simkernel import run_kernel
+from ._simcall import run_kernel
 from .baselines import Baseline
 from .errors import ModelError, PolicyFileError
 from .heuristic import OvertakingHeuristic, overtaking_heuristic

@@ -15,15 +15,12 @@ Every error raised on purpose derives from :class:`overtake.errors.OvertakeError
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, metadata, version
-
 #: The installed distribution (``overtake`` on PyPI is an unrelated project).
 DISTRIBUTION = "overtake-server"
 
-try:
-    __version__ = version(DISTRIBUTION)
-except PackageNotFoundError:  # imported from a checkout that was never installed
-    __version__ = "0+unknown"
+#: The distribution's version, setup.cfg's (tests/test_packaging.py keeps the two equal). A constant, so
+#: ``overtake --version`` imports no importlib.metadata (which loads zipfile, email, … at start-up).
+__version__ = "0.1.0"
 
 __all__ = ["DISTRIBUTION", "__version__", "install_hint"]
 
@@ -34,6 +31,8 @@ def install_hint(extra: str) -> str:
     Error messages about a missing optional dependency end with it; ``extra`` must be one of the
     distribution's extras (setup.cfg ``extras_require``).
     """
+    from importlib.metadata import PackageNotFoundError, metadata
+
     try:
         extras = metadata(DISTRIBUTION).get_all("Provides-Extra") or []
     except PackageNotFoundError:  # a checkout that was never installed: nothing to check against

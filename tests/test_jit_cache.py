@@ -92,7 +92,7 @@ from overtake.api.cli import main
 code = main(["solve", {scenario!r}, "--out", "policy.npz", "--quiet"])
 # every module that defines cached kernels (numba looks for a cache folder when a kernel is defined)
 import overtake.fitting._hypererlang, overtake.fitting._uniformization, overtake.mdp._kernels_jit
-import overtake.mdp._simkernel, overtake.mdp.heuristic
+import overtake.mdp._simkernel, overtake.mdp._heurkernel
 from overtake.fitting._uniformization import poisson_capacity
 from overtake.mdp.model import capacity_compiled
 

@@ -55,6 +55,11 @@ def test_version_flag_prints_the_installed_version() -> None:
     assert out.stdout.strip() == f"overtake {metadata.version(overtake.DISTRIBUTION)} ({overtake.DISTRIBUTION})"
 
 
+def test_the_version_constant_is_setup_cfgs() -> None:
+    """``overtake.__version__`` is written out (no importlib.metadata at start-up): it must stay setup.cfg's."""
+    assert overtake.__version__ == _setup_cfg()["metadata"]["version"]
+
+
 def test_license_file_matches_the_metadata() -> None:
     assert "MIT License" in (REPO / "LICENSE").read_text()
     assert _setup_cfg()["metadata"]["license"] == "MIT"

@@ -64,12 +64,19 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--out: give the policy file to write, e.g. --out policy.npz")
     if args.cpu_priority == "class":
         _check_class_priority(args, model)
+    passthrough = None
+    if args.cpu_priority == "age":  # the thresholds and pi(inf) with them need no policy: beside the solve
+        from overtake.api.beside import start
+        from overtake.mdp.priority_prediction import age_passthrough
+
+        passthrough = start(age_passthrough, model)
     opt, choice = _solve_pi_star(args, sc, model, routes)
     pol = opt.policy
     meta = _policy_meta(args, sc, model, opt)
     pol.meta.update(meta)
     if args.cpu_priority:
-        pol.meta["cpu_priority"] = _cpu_priority_meta(args.cpu_priority, model, pol, choice)
+        pol.meta["cpu_priority"] = _cpu_priority_meta(args.cpu_priority, model, pol, choice,
+                                                      None if passthrough is None else passthrough.result())
     pol.save(args.out)
     if args.plot:
         from overtake.api.plots import policy_figure
@@ -139,12 +146,12 @@ def _policy_meta(args: argparse.Namespace, sc: Any, model: Any, opt: Any) -> dic
     return meta
 
 
-def _cpu_priority_meta(kind: str, model: Any, pol: Any, choice: Any) -> dict[str, Any]:
+def _cpu_priority_meta(kind: str, model: Any, pol: Any, choice: Any, passthrough: Any = None) -> dict[str, Any]:
     """The CPU-priority predictions the policy file carries (``age`` or ``class``)."""
     from overtake.mdp.priority_prediction import predict_priority
 
     if kind == "age":
-        return {"age": predict_priority(model, pol, "age").to_meta()}
+        return {"age": predict_priority(model, pol, "age", passthrough=passthrough).to_meta()}
     from overtake.mdp.rule_evaluation import evaluate_rule
 
     # the policy is the optimum with the classes; its E[W] without them, for the record

@@ -47,14 +47,14 @@ step "venv ($PY) and the wheel"
 # a wheel as pip users get it: from a copy, so nothing the checkout has built (build/, .so) leaks in
 mkdir "$WORK/src"
 tar -C "$REPO" --exclude=.git --exclude=.venv --exclude=build --exclude=dist --exclude='*.egg-info' \
-    --exclude=__pycache__ --exclude='_kernels_aot*' --exclude='_fitting_aot*' -cf - . | tar -C "$WORK/src" -xf -
+    --exclude=__pycache__ --exclude='_kernels_aot*' --exclude='_sim_aot*' --exclude='_fitting_aot*' -cf - . | tar -C "$WORK/src" -xf -
 "$VENV/bin/python" -m pip wheel -q --no-deps -w "$WORK/wheel" "$WORK/src"
 "$VENV/bin/python" -m pip install -q --no-compile "$WORK"/wheel/overtake_server-*.whl
 
 step "ahead-of-time kernels (cpu $AOT_CPU)"
 cd "$WORK"  # not the checkout: its overtake/ folder would be imported instead of the installed package
 "$VENV/bin/python" -m overtake.mdp._warmup --aot-only --cpu "$AOT_CPU"
-"$VENV/bin/python" -c 'from overtake.mdp import _kernels; assert _kernels.aot_active(), "no ahead-of-time kernels"'
+"$VENV/bin/python" -c 'from overtake.mdp import _kernels, _simcall; assert _kernels.aot_active() and _simcall.aot_active(), "no ahead-of-time kernels"'
 "$VENV/bin/python" -m pip uninstall -q -y pip  # a packaged tree is not changed in place
 find "$VENV" \( -name '*.nbi' -o -name '*.nbc' -o -name direct_url.json \) -delete
 # the dependencies' own test suites (a fifth of the tree), never imported by the program

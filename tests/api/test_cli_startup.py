@@ -62,7 +62,7 @@ with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
     except SystemExit as e:
         code = e.code
 heavy = sorted(m for m in ("numpy", "numba", "scipy", "scipy.linalg", "scipy.stats", "scipy.sparse", "pandas",
-                           "fastapi", "pydantic", "yaml", "dask",
+                           "fastapi", "pydantic", "yaml", "dask", "importlib.metadata",
                            "overtake.fitting.em", "overtake.mdp.solver", "overtake.controller.sidecar.service")
                if any(k == m or k.startswith(m + ".") for k in sys.modules))
 solver = sorted(k for k in sys.modules if k.startswith("overtake.mdp"))

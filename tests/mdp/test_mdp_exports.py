@@ -24,7 +24,7 @@ def test_no_exported_name_is_a_module_name():
 
 
 
-KERNELS = ("overtake.mdp._kernels", "overtake.mdp._kernels_jit", "overtake.mdp._simkernel", "overtake.mdp.heuristic")
+KERNELS = ("overtake.mdp._kernels", "overtake.mdp._kernels_jit", "overtake.mdp._simkernel", "overtake.mdp._heurkernel")
 CLI = """
 import contextlib, io, sys
 from overtake.api.cli import main

@@ -338,3 +338,24 @@ def test_simulator_levels_with_given_work(h2) -> None:  # type: ignore[no-untype
     pr = age_priority(h2, [1.8], weights=[1.0, STRICT])
     res = simulate(h2, "pi(inf)", requests=1_000_000, seed=71, service=[H2()], cpu_priority=pr)
     assert inside(res, mlps_mean(h2.stages[0], h2.arrival_rate, [1.8]))
+
+
+def test_the_level_solvers_fast_paths_equal_the_plain_products():
+    """The level solver's PH rows start·e^{Thk} by doubling equal the row-by-row product, for a PH
+    whose phases move (Coxian) and a count that is no power of two; e^{Tx} of a diagonal T
+    (hyperexponential: elementwise) equals scipy's expm."""
+    from scipy.linalg import expm
+
+    from overtake.mdp.mlps import _expm, _row_powers
+
+    T = np.array([[-2.0, 1.5, 0.0], [0.0, -1.0, 0.7], [0.0, 0.0, -0.3]])
+    E = expm(T * 0.1)
+    start = np.array([0.6, 0.3, 0.1])
+    rows = _row_powers(start, E, 1000)
+    seq = [start]
+    for _ in range(999):
+        seq.append(seq[-1] @ E)
+    np.testing.assert_allclose(rows, np.array(seq), rtol=1e-12, atol=1e-300)
+    np.testing.assert_array_equal(_expm(T, 0.1), E)  # moving phases: scipy's own
+    D = np.diag([-1 / 0.55, -1 / 5.45])
+    np.testing.assert_allclose(_expm(D, 3.7), expm(D * 3.7), rtol=1e-13)

@@ -12,7 +12,7 @@ import json
 
 import numpy as np
 import pytest
-from support.mdp_helpers import h2_stage, tandem
+from support.mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.api.cli import main
 from overtake.mdp import Truncation, solve
@@ -234,3 +234,14 @@ def test_classes_by_remaining_work_beat_short_first_where_the_long_stage_comes_f
     assert act.gain <= act.fixed_gain * (1 + 1e-9) <= fixed.fixed_gain * (1 + 1e-9)
     with pytest.raises(ModelError, match="levels"):
         class_model(model, levels=((0, 1),))
+
+
+def test_a_passthrough_simulated_with_other_settings_is_refused():
+    """A passthrough computed beside the solve must have been simulated as this prediction asks."""
+    from overtake.mdp.priority_prediction import AgePassthrough, predict_priority
+    from overtake.mdp.thresholds import choose_tandem_thresholds
+
+    model = tandem(0.3, exp_stage("s1", 1.0), exp_stage("s2", 1.0))
+    pt = AgePassthrough(choose_tandem_thresholds(model, common=True), 1.0, 0.1, 1, (50_000, 6, 0, 0.02))
+    with pytest.raises(ModelError, match="passthrough was simulated with"):
+        predict_priority(model, None, "age", passthrough=pt)  # type: ignore[arg-type]

@@ -42,3 +42,36 @@ print(all(np.array_equal(x, y) for x, y in zip(*runs)))
 """
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert out.stdout.split() == ["False", "True", "True"]
+
+
+def test_the_ahead_of_time_simulator_equals_the_jit_one_and_loads_without_numba():
+    """After the set-up step the simulator's event loop runs from its extension (no numba imported,
+    the heuristic's decision included); on the same seeds every policy kind, with and without CPU
+    priority levels, gives the JIT loop's results bit for bit (the same source, _simkernel.py)."""
+    subprocess.run([sys.executable, "-m", "overtake.mdp._warmup"], check=True, capture_output=True)
+    code = """
+import sys, numpy as np
+from overtake.mdp import _simcall
+from overtake.mdp._warmup import _model
+from overtake.mdp.heuristic import overtaking_heuristic
+from overtake.mdp.priority import age_priority
+from overtake.mdp.simulation import simulate
+from overtake.mdp.solver import solve
+from overtake.mdp.statespace import Truncation
+
+model = _model()
+pol = solve(model, truncation=Truncation(12, 4)).policy
+age = age_priority(model, [1.5])
+cases = [("pi(inf)", age), (pol, age), (pol, None), ("pi(2,1)", None), (overtaking_heuristic(model), age)]
+runs = []
+for aot in (True, False):
+    _simcall.USE_AOT = aot
+    runs.append([simulate(model, p, requests=20_000, seed=7, cpu_priority=pr) for p, pr in cases])
+    if aot:
+        print("numba" in sys.modules, _simcall.aot_active())
+same = all(a.mean_response_time == b.mean_response_time and a.ci95 == b.ci95 and a.events == b.events
+           and a.percentiles == b.percentiles and a.extra == b.extra for a, b in zip(*runs))
+print(same, len({r.mean_response_time for r in runs[0]}) == len(cases))
+"""
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert out.stdout.split() == ["False", "True", "True", "True"]

@@ -1,0 +1,58 @@
+"""Work beside the solve (overtake.api.beside): it runs in another process when there is a second
+core, gives the same answer as run here, and its errors reach the caller."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from overtake.api import beside
+from overtake.mdp.errors import ModelError
+
+CASE7 = Path(__file__).resolve().parents[2] / "examples" / "table1" / "case07.yaml"
+
+
+def _pid_and(x: int) -> tuple[int, int]:
+    return os.getpid(), 2 * x
+
+
+def _fails() -> None:
+    raise ModelError("stage2: no such thing")
+
+
+def test_with_a_second_core_the_work_runs_in_another_process(monkeypatch):
+    monkeypatch.setattr(beside, "_cores", lambda: 2)
+    pid, y = beside.start(_pid_and, 21).result()
+    assert pid != os.getpid() and y == 42
+
+
+def test_on_one_core_the_work_runs_here(monkeypatch):
+    monkeypatch.setattr(beside, "_cores", lambda: 1)
+    assert beside.start(_pid_and, 21).result() == (os.getpid(), 42)
+
+
+def test_the_workers_error_reaches_the_caller(monkeypatch):
+    monkeypatch.setattr(beside, "_cores", lambda: 2)
+    pending = beside.start(_fails)
+    with pytest.raises(ModelError, match="stage2"):
+        pending.result()
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_an_age_solve_records_the_passthrough_computed_beside_as_here(cores, monkeypatch, tmp_path, capsys):
+    """`overtake solve --cpu-priority age`: π(∞)'s figure and the thresholds from the worker are the
+    ones age_passthrough computes in this process (the same seeds), bit for bit."""
+    from overtake.api.cli import main
+    from overtake.api.scenario import load_scenario
+    from overtake.mdp.priority_prediction import age_passthrough
+
+    monkeypatch.setattr(beside, "_cores", lambda: cores)
+    assert main(["solve", str(CASE7), "--out", str(tmp_path / "p.npz"), "--quiet", "--cpu-priority", "age"]) == 0
+    age = json.loads(capsys.readouterr().out)["cpu_priority"]["age"]
+    here = age_passthrough(load_scenario(str(CASE7))[1])
+    assert (age["passthrough"], age["passthrough_ci95"], age["passthrough_seeds"]) == (here.mean, here.ci95, here.runs)
+    assert age["thresholds"][0][0] == here.choice.priority.thresholds[0][0]
+    assert age["visit_model"] == here.choice.mean_response_time
