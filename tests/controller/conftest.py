@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from support.service_helpers import StubApache
+from support.sqlite_lock import SQLITE_DRIVER, conf_with_lock
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache.cpu_priority import CpuPriority
@@ -38,6 +39,44 @@ def gate_apache(apache_available: None) -> Iterator[tuple[apache.ApacheInstance,
         apache.stop(inst.workdir, graceful=False)
         for p in (path, path + ".key"):  # the module creates both
             Path(p).unlink(missing_ok=True)
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def prio_apache(apache_available: None) -> Iterator[apache.ApacheInstance]:
+    """A private Apache with mod_overtake_prio's CPU levels, one per test module: age thresholds far
+    above the tests' requests, so that every level change is the class header's."""
+    if os.geteuid() != 0 or shutil.which("apxs") is None:
+        pytest.skip("needs root and apxs (apache2-dev): the module restores www-data threads")
+    parent = scratch_dir("overtake-side-prio-")
+    cores = sorted(os.sched_getaffinity(0))
+    inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=cores[-1] if len(cores) > 1 else None,
+                        max_workers=16, cpu_priority=CpuPriority(levels=(30.0,), nice=("idle",)))
+    try:
+        yield inst
+    finally:
+        apache.stop(inst.workdir, graceful=False)
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+@pytest.fixture
+def lock_apache(apache_available: None) -> Iterator[apache.ApacheInstance]:
+    """A private Apache with a real lock (support.sqlite_lock's ``/locked``) and mod_overtake_prio
+    logging each request's time inside Apache; one level, no age demotions, no class header."""
+    if os.geteuid() != 0 or shutil.which("apxs") is None:
+        pytest.skip("needs root and apxs (apache2-dev): mod_overtake_prio")
+    if not SQLITE_DRIVER.exists():
+        pytest.skip(f"{SQLITE_DRIVER} missing (libaprutil1-dbd-sqlite3): run apache-conf/install-debian-packages.sh")
+    parent = scratch_dir("overtake-lock-test-")
+    cores = sorted(os.sched_getaffinity(0))
+    inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=cores[-1] if len(cores) > 1 else None,
+                        max_workers=96, conf_dir=conf_with_lock(parent),
+                        cpu_priority=CpuPriority(levels=(3600.0,), nice=("idle",), age=False, class_header=None,
+                                                 request_times=True))
+    try:
+        yield inst
+    finally:
+        apache.stop(inst.workdir, graceful=False)
         shutil.rmtree(parent, ignore_errors=True)
 
 
