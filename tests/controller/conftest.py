@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.private_apache import private_apache
 from support.service_helpers import StubApache
 from support.sqlite_lock import SQLITE_DRIVER, conf_with_lock
 
@@ -48,15 +49,8 @@ def prio_apache(apache_available: None) -> Iterator[apache.ApacheInstance]:
     above the tests' requests, so that every level change is the class header's."""
     if os.geteuid() != 0 or shutil.which("apxs") is None:
         pytest.skip("needs root and apxs (apache2-dev): the module restores www-data threads")
-    parent = scratch_dir("overtake-side-prio-")
-    cores = sorted(os.sched_getaffinity(0))
-    inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=cores[-1] if len(cores) > 1 else None,
-                        max_workers=16, cpu_priority=CpuPriority(levels=(30.0,), nice=("idle",)))
-    try:
+    with private_apache("overtake-side-prio-", CpuPriority(levels=(30.0,), nice=("idle",)), max_workers=16) as inst:
         yield inst
-    finally:
-        apache.stop(inst.workdir, graceful=False)
-        shutil.rmtree(parent, ignore_errors=True)
 
 
 @pytest.fixture
@@ -67,17 +61,9 @@ def lock_apache(apache_available: None) -> Iterator[apache.ApacheInstance]:
         pytest.skip("needs root and apxs (apache2-dev): mod_overtake_prio")
     if not SQLITE_DRIVER.exists():
         pytest.skip(f"{SQLITE_DRIVER} missing (libaprutil1-dbd-sqlite3): run apache-conf/install-debian-packages.sh")
-    parent = scratch_dir("overtake-lock-test-")
-    cores = sorted(os.sched_getaffinity(0))
-    inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=cores[-1] if len(cores) > 1 else None,
-                        max_workers=96, conf_dir=conf_with_lock(parent),
-                        cpu_priority=CpuPriority(levels=(3600.0,), nice=("idle",), age=False, class_header=None,
-                                                 request_times=True))
-    try:
+    prio = CpuPriority(levels=(3600.0,), nice=("idle",), age=False, class_header=None, request_times=True)
+    with private_apache("overtake-lock-test-", prio, max_workers=96, conf=conf_with_lock) as inst:
         yield inst
-    finally:
-        apache.stop(inst.workdir, graceful=False)
-        shutil.rmtree(parent, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
