@@ -239,7 +239,7 @@ def halt_polling(ns: int) -> Iterator[int | None]:
     milliseconds halts in the hypervisor and the next wake-up costs ~0.4 ms. In the Table 2
     bench the sidecar's core idles while Apache burns a request, and that wake-up lands between
     a completion and the next release — CPU idle time that only the policies which hold
-    requests back pay (measured: 0.6-0.8 ms a release at 0 ns, 0.17 ms at 20 ms of polling).
+    requests back pay; polling for a while before halting keeps the vCPU awake for it.
     Yields the value in effect, or None where the knob is absent or not writable (not root).
     """
     knob, shrink = HALT_POLL / "guest_halt_poll_ns", HALT_POLL / "guest_halt_poll_allow_shrink"

@@ -366,8 +366,7 @@ def overhead(tmp: Path, server_core: int, client_core: int, duration: float, con
     """Apache CPU per request with the module against the same Apache without it, measured
     side by side: the two instances of a pair run at the same time on one core, each under its
     own wrk, so the VM's and the other jobs' slow-downs of the moment hit both alike (measured
-    one after the other, windows of a few seconds differed by 10 % on this machine, swamping a
-    2 % effect). Each window gives the ratio of CPU per request, on / off. An instance's memory
+    one after the other, windows of a few seconds differ by more than the effect sought). Each window gives the ratio of CPU per request, on / off. An instance's memory
     layout is drawn at its start, so ``pairs`` independent pairs (``on_i``, ``off_i``) are
     averaged (Student-t interval over the pairs), and as many A/A pairs (``ctl_i``, ``off_i``:
     two instances without the module) show the method's own error. The instances of the other

@@ -56,7 +56,7 @@ SERVER = ROOT / "bench" / "uplink" / "server.py"
 CLIENT = ROOT / "bench" / "uplink" / "client.py"
 PORT = 8080
 # 10 KB first: the 100-byte request (a) then follows a small one, not the 3 MB one (after
-# which it measured 18-20 ms instead of 2-5)
+# which it pays the cold caches below, not the link)
 CAL_SIZES = [10_000, 100, 100_000, 1_000_000, 3_000_000]
 CAL_REPEATS = 3
 # payload per L2 byte the qdisc counts: MSS 1448 (MTU 1500, TCP timestamps) per 1514-byte frame
@@ -186,9 +186,8 @@ def calibrate_solo(tb: Testbed, tmp: Path, args: argparse.Namespace) -> tuple[fl
     bytes the qdisc carries per request beyond its modelled ones (size + HEADER_BYTES in full
     frames): SYN-ACK, FIN, the real server's longer headers, the last frame's header.
 
-    Closed loop with 10 ms between requests: after ~0.1 s idle this VM's next request pays
-    several ms of cold caches (measured: a 100-byte request 0.5 ms back to back, 2-3 ms after
-    10 ms, 12-19 ms after 0.2 s), which is the machine, not the link. Goodput from the two
+    Closed loop with 10 ms between requests: after an idle spell a VM's next request pays
+    cold caches, more the longer the spell, which is the machine, not the link. Goodput from the two
     largest sizes' difference (1.7 s of transfer, so a disturbed start is ~1 %); medians of
     the repeats.
     """

@@ -15,7 +15,7 @@ from overtake import install_hint
 from ._her_fit import fit_her_exact
 from .data import Observations
 from .errors import FittingInputError
-from .families import sort_cf1, to_cf1
+from .families import coxian, sort_cf1, to_cf1
 from .phase_type import PhaseType
 
 __all__ = ["candidates", "cf1_to_coxian", "densify", "ladder"]
@@ -170,13 +170,7 @@ def cf1_to_coxian(ph: PhaseType) -> PhaseType:
     # Coxian from phase 0 exits at phase i with probability a_i (read in reverse)
     surv = np.concatenate([[1.0], 1.0 - np.cumsum(a)[:-1]])
     cont = np.where(surv[:-1] > 1e-300, np.clip(surv[1:] / np.maximum(surv[:-1], 1e-300), 1e-6, 1 - 1e-9), 0.5)
-    p = lam.size
-    T = np.diag(-lam)
-    for i in range(p - 1):
-        T[i, i + 1] = lam[i] * cont[i]
-    alpha = np.zeros(p)
-    alpha[0] = 1.0
-    return PhaseType(alpha, T, structure="coxian")
+    return coxian(lam, cont)
 
 
 def densify(ph: PhaseType, eps: float = 0.02) -> PhaseType:

@@ -79,7 +79,6 @@ def mstep(st: Stats, s: Sparse, pat: Pattern) -> Sparse:
 
 
 def mstep_raw(st: Stats, s: Sparse, pat: Pattern) -> Sparse:
-    p = s.alpha.size
     Z = np.where(st.Z > 1e-300, st.Z, 1e-300)
     alpha = st.B / st.B.sum() if pat.free_alpha else s.alpha
     rate = st.N / Z[pat.src]
@@ -93,6 +92,12 @@ def mstep_raw(st: Stats, s: Sparse, pat: Pattern) -> Sparse:
             lam = flows / Z[b].sum()
             rate[np.isin(pat.src, b)] = lam
             exitv[b[-1]] = lam
+    return _assemble(pat, alpha, rate, exitv)
+
+
+def _assemble(pat: Pattern, alpha: FloatArray, rate: FloatArray, exitv: FloatArray) -> Sparse:
+    """The sparse generator from edge and exit rates (a CF1 chain kept in canonical order)."""
+    p = alpha.size
     if pat.name == "cf1":
         lam = np.append(rate, exitv[-1])
         alpha, lam = sort_cf1(alpha, lam)
@@ -134,13 +139,7 @@ def unpack(theta: FloatArray, s: Sparse, pat: Pattern) -> Sparse:
             lam = np.exp(np.mean(np.log(np.append(rate[inb], exitv[b[-1]]))))
             rate[inb] = lam
             exitv[b[-1]] = lam
-    if pat.name == "cf1":
-        lam = np.append(rate, exitv[-1])
-        alpha, lam = sort_cf1(alpha, lam)
-        rate, exitv = lam[:-1].copy(), np.zeros(p)
-        exitv[-1] = lam[-1]
-    diag = -(np.asarray(np.bincount(pat.src, weights=rate, minlength=p), dtype=np.float64) + exitv)
-    return Sparse(alpha, diag, pat.src, pat.dst, rate, exitv)
+    return _assemble(pat, alpha, rate, exitv)
 
 
 MAX_POISSON_TERMS = 2e6  # q * (largest sample): bounds the cost of one E-step

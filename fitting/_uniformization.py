@@ -245,7 +245,7 @@ def backward(alpha: F, diag: F, src: I, dst: I, rate: F, exitv: F, q: float, dt:
 
 # ----------------------------------------------------------------------------- bidiagonal
 # CF1, Coxian and hyper-Erlang sub-generators are bidiagonal (T = diag(d) + superdiag(u));
-# direct indexing lets the compiler vectorise, ~3x faster than the edge-list kernels above.
+# direct indexing lets the compiler vectorise, which the edge-list kernels above cannot.
 
 
 @njit(cache=True, fastmath=True)

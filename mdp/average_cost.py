@@ -219,35 +219,12 @@ def _scipy_matvec(PE: sp.csr_matrix) -> Callable[..., None] | None:
     return fn
 
 
-def anderson_rvi(
-    space: StateSpace,
-    *,
-    tol: float = 1e-6,
-    max_iter: int = 100_000,
-    V0: FloatArray | None = None,
-    memory: int = 6,
-    progress: Progress | None = None,
-) -> SolveResult:
-    """Relative value iteration with Anderson acceleration; stops like RVI, span(TV − V) ≤ tol · g.
-
-    With residual f(V) = TV − (TV)(0) − V and the last ``memory`` differences ΔV, Δf, the next
-    iterate is V + f − (ΔV + Δf)·γ, γ = argmin ‖f − Δf·γ‖₂ (Walker and Ni 2011, eq. 2.1 with
-    mixing 1). Every iterate gets a full Bellman step, so Λ·min(TV − V) ≤ g* ≤ Λ·max(TV − V)
-    (Odoni) holds at each one, and the greedy policy of the last V has g ≤ Λ·max(TV − V), exactly
-    as for :func:`relative_value_iteration`. The history restarts when the span has not improved
-    for ``4·memory`` steps (a policy switch can make old differences misleading).
-    """
-    t0 = time.perf_counter()
-    mixer = AndersonMixer(space.size, memory)
-    ai = ActionIndex(space)
-    cost = space.cost / space.rate
+def _anderson_step(space: StateSpace, ai: ActionIndex, cost: FloatArray, TV: FloatArray,
+                   res: list[FloatArray]) -> Callable[[FloatArray], tuple[float, float]]:
+    """Anderson RVI's Bellman step: TV from V (into ``TV``), the residual TV − TV(0) − V (a new
+    array, into ``res[0]``), and min and max of TV − V; compiled on large deterministic spaces."""
     PE = space.event_matrix
     n = space.size
-    V = np.zeros(n) if V0 is None else np.array(V0, dtype=np.float64)
-    V -= V[0]
-    TV = np.empty(n)
-    # the residual TV − TV(0) − V of the last step; a new array each step (the mixer keeps it)
-    res: list[FloatArray] = [np.empty(0)]
     if space.layout.deterministic and n >= KERNEL_MIN_STATES:
         from . import _kernels
 
@@ -274,6 +251,38 @@ def anderson_rvi(
             d = TV - V
             res[0] = TV - TV[0] - V
             return float(d.min()), float(d.max())
+    return step
+
+
+def anderson_rvi(
+    space: StateSpace,
+    *,
+    tol: float = 1e-6,
+    max_iter: int = 100_000,
+    V0: FloatArray | None = None,
+    memory: int = 6,
+    progress: Progress | None = None,
+) -> SolveResult:
+    """Relative value iteration with Anderson acceleration; stops like RVI, span(TV − V) ≤ tol · g.
+
+    With residual f(V) = TV − (TV)(0) − V and the last ``memory`` differences ΔV, Δf, the next
+    iterate is V + f − (ΔV + Δf)·γ, γ = argmin ‖f − Δf·γ‖₂ (Walker and Ni 2011, eq. 2.1 with
+    mixing 1). Every iterate gets a full Bellman step, so Λ·min(TV − V) ≤ g* ≤ Λ·max(TV − V)
+    (Odoni) holds at each one, and the greedy policy of the last V has g ≤ Λ·max(TV − V), exactly
+    as for :func:`relative_value_iteration`. The history restarts when the span has not improved
+    for ``4·memory`` steps (a policy switch can make old differences misleading).
+    """
+    t0 = time.perf_counter()
+    mixer = AndersonMixer(space.size, memory)
+    ai = ActionIndex(space)
+    cost = space.cost / space.rate
+    n = space.size
+    V = np.zeros(n) if V0 is None else np.array(V0, dtype=np.float64)
+    V -= V[0]
+    TV = np.empty(n)
+    # the residual TV − TV(0) − V of the last step; a new array each step (the mixer keeps it)
+    res: list[FloatArray] = [np.empty(0)]
+    step = _anderson_step(space, ai, cost, TV, res)
 
     best, stale = np.inf, 0
     lo = hi = 0.0

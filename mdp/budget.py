@@ -19,9 +19,9 @@ from .statespace import PhaseInfo, Truncation
 __all__ = ["BYTES_PER_STATE", "DEFAULT_MAX_STATES", "StateBudgetError", "check_budget", "max_uniform_order",
            "shape_states"]
 
-#: The default budget. A solve on 10.3 M states took 10 minutes of CPU and 4.2 GB (BENCHMARKS.md,
-#: mdp-scale), and auto-truncation solves several times near its largest space: 4 M states keeps
-#: the whole compare within minutes and a few GB on a small machine.
+#: The default budget. CPU time and memory grow with the states (BENCHMARKS.md, mdp-scale), and
+#: auto-truncation solves several times near its largest space: 4 M states keeps the whole
+#: compare within minutes and a few GB on a small machine.
 DEFAULT_MAX_STATES = 4_000_000
 
 #: Resident memory per state of a solve, a bound on plain RVI's and Anderson's (BENCHMARKS.md

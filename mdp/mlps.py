@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -278,15 +278,7 @@ def _solve_level(parts: list[_LevelClass], phs: list[PHMoments], rho_below: floa
     one_m = 1.0 / (1.0 - rho_below)
     C = len(parts)
     Lg = 2 * nmax + 1
-    G = np.zeros((C, Lg))
-    tail = np.zeros((C, Lg))
-    for c, p in enumerate(parts):
-        ph = phs[p.c]
-        K = (n[c] + 1) if math.isfinite(p.B) else Lg
-        rows = _row_powers(np.asarray(p.start_row, dtype=float), _expm(ph.T, h), K)
-        G[c, :K] = rows @ ph.one
-        if not math.isfinite(p.B):
-            tail[c] = rows @ ph.u1
+    G, tail = _survival_grid(parts, phs, n, h, Lg)
     mu = np.array([p.nu * one_m for p in parts])
     TA = np.array([p.TA for p in parts])
     nu = np.array([p.nu for p in parts])
@@ -329,16 +321,36 @@ def _solve_level(parts: list[_LevelClass], phs: list[PHMoments], rho_below: floa
         vol[:, 0] = 0.0
         return np.where(mask, h * (vol + han[None, :]), 0.0)
 
+    f = _fixed_point(rhs, apply_K, accuracy.tol)
+    return [(h, f[i, : n[i] + 1], G[i, : n[i] + 1], float(tail[i, n[i]])) for i in range(C)]
+
+
+def _survival_grid(parts: list[_LevelClass], phs: list[PHMoments], n: list[int], h: float,
+                   Lg: int) -> tuple[FloatArray, FloatArray]:
+    """Per class on the grid of step h: Ḡ, the survival in the level from its entry, and for the
+    top level the integral beyond each grid point (zero elsewhere)."""
+    C = len(parts)
+    G = np.zeros((C, Lg))
+    tail = np.zeros((C, Lg))
+    for c, p in enumerate(parts):
+        ph = phs[p.c]
+        K = (n[c] + 1) if math.isfinite(p.B) else Lg
+        rows = _row_powers(np.asarray(p.start_row, dtype=float), _expm(ph.T, h), K)
+        G[c, :K] = rows @ ph.one
+        if not math.isfinite(p.B):
+            tail[c] = rows @ ph.u1
+    return G, tail
+
+
+def _fixed_point(rhs: FloatArray, apply_K: Callable[[FloatArray], FloatArray], tol: float) -> FloatArray:
+    """f = rhs + K f by plain iteration (K is a contraction), to a relative change of ``tol``."""
     f = rhs.copy()
     for _ in range(100_000):
         new = rhs + apply_K(f)
-        if np.max(np.abs(new - f)) <= accuracy.tol * np.max(np.abs(new)):
-            f = new
-            break
+        if np.max(np.abs(new - f)) <= tol * np.max(np.abs(new)):
+            return new
         f = new
-    else:  # pragma: no cover - the contraction makes this unreachable below load 1
-        raise ModelError("exact analysis: the level equation did not converge")
-    return [(h, f[i, : n[i] + 1], G[i, : n[i] + 1], float(tail[i, n[i]])) for i in range(C)]
+    raise ModelError("exact analysis: the level equation did not converge")  # pragma: no cover - a contraction
 
 
 def _level_entry(jc: JobClass, level: int) -> tuple[float, float] | None:

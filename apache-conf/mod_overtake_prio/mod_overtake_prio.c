@@ -28,7 +28,7 @@
  *     to Apache as soon as it arrives, and its admission is a store and a futex wake
  *     instead of a request written to Apache and parsed there: the
  *     hand-over that leaves Apache's CPU idle between a completion and the next admission
- *     (0.28 ms measured through the sidecar, bench/handover.py) shrinks to the sidecar's
+ *     (BENCHMARKS.md, handover) shrinks to the sidecar's
  *     reaction to the completion. A request whose gate never opens is let through after
  *     OvertakeGateTimeout, or ended when the sidecar closes its connection. A slot set to IDLE
  *     starts its request at the lowest level (SCHED_IDLE) before its admission: it runs only

@@ -145,17 +145,7 @@ class Forwarder:
                 timeout=self.limits.upstream_timeout, on_stream=stream, admitted=admitted,
             )
         except UpstreamError as exc:
-            if t.status == ADMITTED:
-                self.limiter.release(t, "failed")
-            else:  # sent ahead to the gate and lost before its admission
-                self.limiter.cancel(t, "upstream_error")
-            self.metrics.errors.labels("upstream_timeout" if "within" in str(exc) else "upstream_error").inc()
-            self._log_upstream_error(str(exc))
-            if state["flow"] is not None:
-                self._abandon(state)
-                return False
-            await self.send(writer, simple_response(502, f"overtake sidecar: Apache did not answer ({exc})", close=False))
-            return req.keep_alive
+            return await self._upstream_failed(writer, req, t, state, exc)
         except (ClientGone, ConnectionError, OSError):
             # the client went away while we streamed to it: Apache's answer is complete or dropped
             if t.status == ADMITTED:
@@ -171,6 +161,26 @@ class Forwarder:
                 self._abandon(state)
             raise
         await complete(resp)  # the stage is complete: Apache has sent everything
+        return await self._relay(writer, req, resp, state)
+
+    async def _upstream_failed(self, writer: asyncio.StreamWriter, req: Request, t: Ticket, state: dict[str, Any],
+                               exc: UpstreamError) -> bool:
+        """Apache did not answer ``req``: free its slot, count it, and answer 502 if nothing was sent yet."""
+        if t.status == ADMITTED:
+            self.limiter.release(t, "failed")
+        else:  # sent ahead to the gate and lost before its admission
+            self.limiter.cancel(t, "upstream_error")
+        self.metrics.errors.labels("upstream_timeout" if "within" in str(exc) else "upstream_error").inc()
+        self._log_upstream_error(str(exc))
+        if state["flow"] is not None:
+            self._abandon(state)
+            return False
+        await self.send(writer, simple_response(502, f"overtake sidecar: Apache did not answer ({exc})", close=False))
+        return req.keep_alive
+
+    async def _relay(self, writer: asyncio.StreamWriter, req: Request, resp: UpstreamResponse,
+                     state: dict[str, Any]) -> bool:
+        """Apache's whole response is in: send it (buffered) or finish the stream and wait for the client."""
         if state["flow"] is None:
             data = b"".join(resp.body)
             hd = client_head(resp, req, None if req.method == b"HEAD" else len(data), False)

@@ -106,6 +106,22 @@ class Window:
         return self.total / self.n if self.n else None
 
 
+def _pair_summary(pol: Window, dft: Window) -> dict[str, float | int]:
+    """One pair of windows as ``status()`` shows it (``last_pair``)."""
+    return {"policy_mean_seconds": pol.mean or 0.0, "default_mean_seconds": dft.mean or 0.0,
+            "policy_requests": pol.n, "default_requests": dft.n,
+            "policy_rejected": pol.rejected, "default_rejected": dft.rejected,
+            "censored": pol.censored + dft.censored}
+
+
+def _decision_text(v: Verdict) -> str:
+    """The log line's account of a decision: what happens, after how many pairs, the gain and why."""
+    ci = "" if v.ci is None else f" (CI {v.ci[0]:+.1%} .. {v.ci[1]:+.1%} at {v.confidence:.4g})"
+    gain = "no estimate" if v.gain is None else f"gain {v.gain:+.1%}{ci}"
+    what = ("kept" if v.decision == "keep" else "falling back to Apache's default")
+    return f"{what} after {v.pairs} pairs: {gain} ({v.reason})"
+
+
 class Verifier(LimiterListener):
     """Alternates the policy and Apache's default until the pairs decide (module docstring).
 
@@ -275,10 +291,7 @@ class Verifier(LimiterListener):
             if not (self._final(a, now) and self._final(b, now)):
                 return
             pol, dft = (self.windows[a], self.windows[b])[:: 1 if self.windows[a].arm == "policy" else -1]
-            self.last_pair = {"policy_mean_seconds": pol.mean or 0.0, "default_mean_seconds": dft.mean or 0.0,
-                              "policy_requests": pol.n, "default_requests": dft.n,
-                              "policy_rejected": pol.rejected, "default_rejected": dft.rejected,
-                              "censored": pol.censored + dft.censored}
+            self.last_pair = _pair_summary(pol, dft)
             if pol.n < s.min_requests or dft.n < s.min_requests or not pol.total or not dft.total:
                 self.void_pairs += 1
                 self.pairs_total["void"] += 1
@@ -307,11 +320,8 @@ class Verifier(LimiterListener):
         key = (self.state, v.reason)
         self.decisions_total[key] = self.decisions_total.get(key, 0) + 1
         self._put("policy" if v.decision == "keep" else "default")
-        ci = "" if v.ci is None else f" (CI {v.ci[0]:+.1%} .. {v.ci[1]:+.1%} at {v.confidence:.4g})"
-        gain = "no estimate" if v.gain is None else f"gain {v.gain:+.1%}{ci}"
-        what = ("kept" if v.decision == "keep" else "falling back to Apache's default")
         log.log(logging.INFO if v.decision == "keep" else logging.WARNING,
-                f"verification: {self.chosen.name} {what} after {v.pairs} pairs: {gain} ({v.reason})",
+                f"verification: {self.chosen.name} {_decision_text(v)}",
                 extra={"event": "verification_decision", "policy": self.chosen.name, "detail": {
                     "state": self.state, "reason": v.reason, "pairs": v.pairs, "gain": v.gain,
                     "ci": None if v.ci is None else list(v.ci), "confidence": v.confidence,

@@ -87,122 +87,141 @@ def replay(
 async def _replay(trace: Mapping[str, np.ndarray], policy: SpawnPolicy | str, n_stages: int, unit: float,
                   mode: str, cap: int, routing: str, priority: CpuPriority | None = None,
                   delay: float = 0.0) -> np.ndarray:
-    names = tuple(f"stage{i + 1}" for i in range(n_stages))
-    pol = load_policy(policy, names) if isinstance(policy, str) else policy
-    clf = Classifier(ClassifierSettings(mode=mode, time_unit=unit), pol)  # type: ignore[arg-type]
-    now = [0.0]
-    lim = Limiter(pol, clf, stage_names=names, queue_caps=(10**9,) * n_stages, max_inflight=cap,
-                  passthrough_cap=None, passthrough_queue_cap=10**9, clock=lambda: now[0])
-    n = len(trace["arrival"])
-    arrival = np.asarray(trace["arrival"], dtype=float) * unit
-    demand = [np.asarray(trace[f"demand{s}"], dtype=float) * unit for s in range(n_stages)]
-    phase = [np.asarray(trace[f"phase{s}"], dtype=np.int64) for s in range(n_stages)]
-    out = np.full(n, np.nan)
-    left: dict[Ticket, float] = {}  # in service: remaining seconds of CPU
-    owner: dict[Ticket, tuple[int, int]] = {}  # ticket -> (transaction, stage)
-    queued: list[Ticket] = []
-    level: dict[Ticket, int] = {}  # with CPU priority: each request's level on the CPU
-    rate: dict[Ticket, float] = {}
-    pending: dict[Ticket, float] = {}  # admitted, service starts at this time (dispatch_delay)
+    return _Replay(trace, policy, n_stages, unit, mode, cap, routing, priority, delay).run()
 
-    def edge(t: Ticket) -> float:
+
+class _Replay:
+    """One replay: the limiter on a virtual clock, the requests it admitted sharing the CPU."""
+
+    def __init__(self, trace: Mapping[str, np.ndarray], policy: SpawnPolicy | str, n_stages: int, unit: float,
+                 mode: str, cap: int, routing: str, priority: CpuPriority | None, delay: float) -> None:
+        names = tuple(f"stage{i + 1}" for i in range(n_stages))
+        self.pol = load_policy(policy, names) if isinstance(policy, str) else policy
+        self.clf = Classifier(ClassifierSettings(mode=mode, time_unit=unit), self.pol)  # type: ignore[arg-type]
+        self.now = 0.0
+        self.lim = Limiter(self.pol, self.clf, stage_names=names, queue_caps=(10**9,) * n_stages, max_inflight=cap,
+                           passthrough_cap=None, passthrough_queue_cap=10**9, clock=lambda: self.now)
+        self.n_stages, self.unit, self.routing, self.priority, self.delay = n_stages, unit, routing, priority, delay
+        self.n = len(trace["arrival"])
+        self.arrival = np.asarray(trace["arrival"], dtype=float) * unit
+        self.demand = [np.asarray(trace[f"demand{s}"], dtype=float) * unit for s in range(n_stages)]
+        self.phase = [np.asarray(trace[f"phase{s}"], dtype=np.int64) for s in range(n_stages)]
+        self.routes = [trace.get(f"route{s}") for s in range(n_stages)]
+        self.out = np.full(self.n, np.nan)
+        self.left: dict[Ticket, float] = {}  # in service: remaining seconds of CPU
+        self.owner: dict[Ticket, tuple[int, int]] = {}  # ticket -> (transaction, stage)
+        self.queued: list[Ticket] = []
+        self.level: dict[Ticket, int] = {}  # with CPU priority: each request's level on the CPU
+        self.pending: dict[Ticket, float] = {}  # admitted, service starts at this time (dispatch_delay)
+
+    def run(self) -> np.ndarray:
+        nxt = 0
+        while nxt < self.n or self.left or self.queued or self.pending:
+            k = len(self.left)
+            t_arr = self.arrival[nxt] if nxt < self.n else np.inf
+            t_start = min(self.pending.values()) if self.pending else np.inf
+            done, t_done, demote, t_dem, rate = self._next_events(k)
+            if not np.isfinite(min(t_arr, t_done, t_start)):
+                raise RuntimeError(f"replay under {self.pol.name}: requests wait but none is in service")
+            self._serve(min(t_arr, t_done, t_dem, t_start) - self.now, k, rate)
+            if t_start < min(t_arr, t_done, t_dem):
+                for t in [t for t, at in self.pending.items() if at <= t_start]:
+                    del self.pending[t]
+                    self._begin(t)
+                continue
+            if demote is not None and t_dem < min(t_arr, t_done):
+                self.level[demote] += 1  # its attained service at the stage reached the level's upper threshold
+                continue
+            if done is not None and t_done <= t_arr:
+                self._complete(done)
+            else:
+                self._enqueue(self.lim.submit(0, self._header_phase(nxt, 0), self._key(nxt, 0)), nxt, 0)
+                nxt += 1
+            self._start_admitted()
+        return self.out
+
+    def _next_events(self, k: int) -> tuple[Ticket | None, float, Ticket | None, float, dict[Ticket, float]]:
+        """The next completion and the next demotion (request, time), and each request's CPU share."""
+        if not k:
+            return None, np.inf, None, np.inf, {}
+        if self.priority is None:
+            done = min(self.left, key=self.left.__getitem__)
+            return done, self.now + self.left[done] * k, None, np.inf, {}
+        weights = self.priority.weights
+        wsum = sum(weights[lv] for lv in (self.level[t] for t in self.left))
+        rate = {t: weights[self.level[t]] / wsum for t in self.left}  # weighted share, PS within a level
+        done = min(self.left, key=lambda t: self.left[t] / rate[t])
+        demote, t_dem = None, np.inf
+        for t, rem in self.left.items():
+            i, s = self.owner[t]
+            d = max(self.now, self.now + (self._edge(t) - (float(self.demand[s][i]) - rem)) / rate[t])
+            if d < t_dem:
+                demote, t_dem = t, d
+        return done, self.now + self.left[done] / rate[done], demote, t_dem, rate
+
+    def _serve(self, step: float, k: int, rate: dict[Ticket, float]) -> None:
+        """Advance the clock by ``step``, serving every request in service."""
+        if k and self.priority is None:
+            for t in self.left:
+                self.left[t] -= step / k  # processor sharing: every admitted request at rate 1/k
+        elif k:
+            for t in self.left:
+                self.left[t] -= step * rate[t]
+        self.now += step
+
+    def _complete(self, done: Ticket) -> None:
+        """``done`` finished its stage: release it, and send its transaction on (``routing``)."""
+        del self.left[done]
+        self.level.pop(done, None)
+        i, s = self.owner.pop(done)
+        self.clf.observe(s, self._key(i, s), float(self.demand[s][i]))  # learned mode: the route's history
+        lim = self.lim
+        if s + 1 == self.n_stages:
+            lim.release(done, "completed")
+            self.out[i] = self.now - self.arrival[i]
+        elif self.routing == "instant":
+            self._enqueue(lim.submit(s + 1, self._header_phase(i, s + 1), self._key(i, s + 1)), i, s + 1)
+            lim.release(done, "completed")
+        elif self.routing == "next":
+            ph = self._header_phase(i, s + 1)
+            hold = lim.release(done, "completed", (s + 1, ph))
+            assert hold is not None
+            self._enqueue(lim.claim(hold, ph, self._key(i, s + 1)), i, s + 1)
+        else:
+            lim.release(done, "completed")
+            self._start_admitted()
+            self._enqueue(lim.submit(s + 1, self._header_phase(i, s + 1), self._key(i, s + 1)), i, s + 1)
+
+    def _edge(self, t: Ticket) -> float:
         """Attained seconds at which t leaves its level (inf in the last)."""
-        assert priority is not None
-        lv, s = level[t], owner[t][1]
-        return priority.thresholds[s][lv] * unit if lv < priority.levels - 1 else np.inf
+        assert self.priority is not None
+        lv, s = self.level[t], self.owner[t][1]
+        return self.priority.thresholds[s][lv] * self.unit if lv < self.priority.levels - 1 else np.inf
 
-    routes = [trace.get(f"route{s}") for s in range(n_stages)]
-
-    def key(i: int, s: int) -> str:
+    def _key(self, i: int, s: int) -> str:
         """The route key the gateway would form (method + path), "" without route classes."""
-        r = routes[s]
+        r = self.routes[s]
         return "" if r is None else f"GET /stage{s + 1}/r{int(r[i])}"
 
-    def header_phase(i: int, s: int) -> int:
-        return clf.start_phase(s, key(i, s), str(int(phase[s][i]) + 1).encode(), None)
+    def _header_phase(self, i: int, s: int) -> int:
+        return self.clf.start_phase(s, self._key(i, s), str(int(self.phase[s][i]) + 1).encode(), None)
 
-    def enqueue(t: Ticket | None, i: int, s: int) -> None:
+    def _enqueue(self, t: Ticket | None, i: int, s: int) -> None:
         assert t is not None  # queue caps are unbounded here
-        owner[t] = (i, s)
-        queued.append(t)
+        self.owner[t] = (i, s)
+        self.queued.append(t)
 
-    def begin(t: Ticket) -> None:
-        i, s = owner[t]
-        left[t] = float(demand[s][i])
-        if priority is not None:
-            start = priority.start_levels[s][int(phase[s][i])] if priority.start_levels is not None else 0
-            level[t] = start
+    def _begin(self, t: Ticket) -> None:
+        i, s = self.owner[t]
+        self.left[t] = float(self.demand[s][i])
+        if self.priority is not None:
+            p = self.priority
+            self.level[t] = p.start_levels[s][int(self.phase[s][i])] if p.start_levels is not None else 0
 
-    def start_admitted() -> None:
-        for t in [t for t in queued if t.status == ADMITTED]:
-            queued.remove(t)
-            if delay > 0:
-                pending[t] = now[0] + delay
+    def _start_admitted(self) -> None:
+        for t in [t for t in self.queued if t.status == ADMITTED]:
+            self.queued.remove(t)
+            if self.delay > 0:
+                self.pending[t] = self.now + self.delay
             else:
-                begin(t)
-
-    nxt = 0
-    while nxt < n or left or queued or pending:
-        k = len(left)
-        t_arr = arrival[nxt] if nxt < n else np.inf
-        t_start = min(pending.values()) if pending else np.inf
-        done, t_done = None, np.inf
-        demote, t_dem = None, np.inf
-        if k and priority is None:
-            done = min(left, key=left.__getitem__)
-            t_done = now[0] + left[done] * k
-        elif k:
-            assert priority is not None
-            wsum = sum(priority.weights[lv] for lv in (level[t] for t in left))
-            rate = {t: priority.weights[level[t]] / wsum for t in left}  # weighted share, PS within a level
-            done = min(left, key=lambda t: left[t] / rate[t])
-            t_done = now[0] + left[done] / rate[done]
-            for t, rem in left.items():
-                i, s = owner[t]
-                d = max(now[0], now[0] + (edge(t) - (float(demand[s][i]) - rem)) / rate[t])
-                if d < t_dem:
-                    demote, t_dem = t, d
-        if not np.isfinite(min(t_arr, t_done, t_start)):
-            raise RuntimeError(f"replay under {pol.name}: requests wait but none is in service")
-        step = min(t_arr, t_done, t_dem, t_start) - now[0]
-        if k and priority is None:
-            for t in left:
-                left[t] -= step / k  # processor sharing: every admitted request at rate 1/k
-        elif k:
-            for t in left:
-                left[t] -= step * rate[t]
-        now[0] += step
-        if t_start < min(t_arr, t_done, t_dem):
-            for t in [t for t, at in pending.items() if at <= t_start]:
-                del pending[t]
-                begin(t)
-            continue
-        if demote is not None and t_dem < min(t_arr, t_done):
-            level[demote] += 1  # its attained service at the stage reached the level's upper threshold
-            continue
-        if done is not None and t_done <= t_arr:
-            del left[done]
-            level.pop(done, None)
-            i, s = owner.pop(done)
-            clf.observe(s, key(i, s), float(demand[s][i]))  # learned mode: the route's history
-            last = s + 1 == n_stages
-            if last:
-                lim.release(done, "completed")
-                out[i] = now[0] - arrival[i]
-            elif routing == "instant":
-                enqueue(lim.submit(s + 1, header_phase(i, s + 1), key(i, s + 1)), i, s + 1)
-                lim.release(done, "completed")
-            elif routing == "next":
-                ph = header_phase(i, s + 1)
-                hold = lim.release(done, "completed", (s + 1, ph))
-                assert hold is not None
-                enqueue(lim.claim(hold, ph, key(i, s + 1)), i, s + 1)
-            else:
-                lim.release(done, "completed")
-                start_admitted()
-                enqueue(lim.submit(s + 1, header_phase(i, s + 1), key(i, s + 1)), i, s + 1)
-        else:
-            enqueue(lim.submit(0, header_phase(nxt, 0), key(nxt, 0)), nxt, 0)
-            nxt += 1
-        start_admitted()
-    return out
+                self._begin(t)

@@ -9,7 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.private_apache import private_apache
 from support.service_helpers import StubApache
+from support.sqlite_lock import SQLITE_DRIVER, conf_with_lock
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache.cpu_priority import CpuPriority
@@ -39,6 +41,29 @@ def gate_apache(apache_available: None) -> Iterator[tuple[apache.ApacheInstance,
         for p in (path, path + ".key"):  # the module creates both
             Path(p).unlink(missing_ok=True)
         shutil.rmtree(parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def prio_apache(apache_available: None) -> Iterator[apache.ApacheInstance]:
+    """A private Apache with mod_overtake_prio's CPU levels, one per test module: age thresholds far
+    above the tests' requests, so that every level change is the class header's."""
+    if os.geteuid() != 0 or shutil.which("apxs") is None:
+        pytest.skip("needs root and apxs (apache2-dev): the module restores www-data threads")
+    with private_apache("overtake-side-prio-", CpuPriority(levels=(30.0,), nice=("idle",)), max_workers=16) as inst:
+        yield inst
+
+
+@pytest.fixture
+def lock_apache(apache_available: None) -> Iterator[apache.ApacheInstance]:
+    """A private Apache with a real lock (support.sqlite_lock's ``/locked``) and mod_overtake_prio
+    logging each request's time inside Apache; one level, no age demotions, no class header."""
+    if os.geteuid() != 0 or shutil.which("apxs") is None:
+        pytest.skip("needs root and apxs (apache2-dev): mod_overtake_prio")
+    if not SQLITE_DRIVER.exists():
+        pytest.skip(f"{SQLITE_DRIVER} missing (libaprutil1-dbd-sqlite3): run apache-conf/install-debian-packages.sh")
+    prio = CpuPriority(levels=(3600.0,), nice=("idle",), age=False, class_header=None, request_times=True)
+    with private_apache("overtake-lock-test-", prio, max_workers=96, conf=conf_with_lock) as inst:
+        yield inst
 
 
 @pytest.fixture(scope="module")

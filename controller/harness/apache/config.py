@@ -196,34 +196,51 @@ def render_config(
     str
         The configuration text.
     """
-    check_max_workers(max_workers)
-    if isinstance(max_connections_per_child, bool) or not isinstance(max_connections_per_child, int) \
-            or max_connections_per_child < 0:
-        raise ApacheInputError(f"max_connections_per_child: an integer >= 0 (0: children never exit), got "
-                               f"{max_connections_per_child!r}")
-    check_mpm(mpm, max_workers, threads_per_child)
+    _check_render_args(max_workers, mpm, threads_per_child, max_connections_per_child)
     host, port = parse_listen(listen)
     if graceful_timeout < 0:
         raise ApacheInputError(f"graceful_timeout: must be >= 0 s, got {graceful_timeout}")
     template = (resolve_conf_dir(conf_dir) / "httpd.conf.in").read_text()
     values = {
+        **_instance_tokens(workdir, host, port, run_user, run_group),
+        "MAX_WORKERS": str(max_workers),
+        "MAX_SPARE_THREADS": str(2 * max_workers),
+        "GRACEFUL_TIMEOUT": str(int(graceful_timeout)),
+        **config_tokens(cpu_priority),
+        **mpm_tokens(mpm, max_workers, threads_per_child),
+        "MAX_CONNECTIONS_PER_CHILD": str(max_connections_per_child),
+        "EXTRA_CONF": extra_conf or "# none",
+    }
+    return _substitute(template, values)
+
+
+def _check_render_args(max_workers: int, mpm: str, threads_per_child: int | None,
+                       max_connections_per_child: int) -> None:
+    check_max_workers(max_workers)
+    n = max_connections_per_child
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ApacheInputError(f"max_connections_per_child: an integer >= 0 (0: children never exit), got {n!r}")
+    check_mpm(mpm, max_workers, threads_per_child)
+
+
+def _instance_tokens(workdir: str | os.PathLike[str], host: str, port: int, run_user: str,
+                     run_group: str) -> dict[str, str]:
+    """The tokens that place the instance: its folder, address, account, and Debian's files."""
+    return {
         "APACHE_DIR": str(Path(workdir).resolve()),
         "LISTEN": format_listen(host, port),
         "SERVER_NAME": connect_host(host) if ":" not in host else "localhost",
         "RUN_USER": run_user,
         "RUN_GROUP": run_group,
         "MODULES_DIR": MODULES_DIR,
-        "MAX_WORKERS": str(max_workers),
-        "MAX_SPARE_THREADS": str(2 * max_workers),
-        "GRACEFUL_TIMEOUT": str(int(graceful_timeout)),
         "MIME_TYPES": MIME_TYPES,
         # Inside a quoted Apache directive argument, quotes are backslash-escaped.
         "LOG_FORMAT": LOG_FORMAT.replace("\\", "\\\\").replace('"', '\\"'),
-        **config_tokens(cpu_priority),
-        **mpm_tokens(mpm, max_workers, threads_per_child),
-        "MAX_CONNECTIONS_PER_CHILD": str(max_connections_per_child),
-        "EXTRA_CONF": extra_conf or "# none",
     }
+
+
+def _substitute(template: str, values: dict[str, str]) -> str:
+    """``template`` with every ``@TOKEN@`` replaced; an unknown token is the conf_dir's error."""
 
     def substitute(m: re.Match[str]) -> str:
         try:

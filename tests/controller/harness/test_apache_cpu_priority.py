@@ -34,6 +34,7 @@ from typing import TypeVar
 
 import pytest
 from prio_helpers import refusal
+from support.private_apache import private_apache
 
 from overtake.controller.errors import ApacheInputError, ApacheStartError
 from overtake.controller.harness import apache
@@ -182,17 +183,9 @@ def apxs_available(apache_available: None) -> None:
 def inst(apxs_available: None) -> Iterator[apache.ApacheInstance]:
     if not IS_ROOT:
         pytest.skip("needs root (see module docstring)")
-    parent = _workdir_parent()
-    conf = _conf_with_crash(parent)
-    i = apache.start(
-        parent / "wd", f"127.0.0.1:{free_port()}", cpu=_server_core(), max_workers=16,
-        conf_dir=conf, cpu_priority=CpuPriority(levels=(0.005, 0.05), nice=(10, "idle")),
-    )
-    try:
+    prio = CpuPriority(levels=(0.005, 0.05), nice=(10, "idle"))
+    with private_apache("overtake-prio-test-", prio, max_workers=16, conf=_conf_with_crash) as i:
         yield i
-    finally:
-        apache.stop(i.workdir, graceful=False)
-        shutil.rmtree(parent, ignore_errors=True)
 
 
 @pytest.fixture

@@ -12,22 +12,15 @@ over trials with a wide margin, so that a loaded 2-core machine passes and a mis
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import statistics
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import pytest
 from support.service_helpers import SidecarProc
-from support.sqlite_lock import SQLITE_DRIVER, conf_with_lock
 
 from overtake.controller.harness import apache
-from overtake.controller.harness.apache.cpu_priority import CpuPriority
-from overtake.controller.harness.scratch import free_port, scratch_dir
 
 BIG, SMALL = 0.3, 0.005  # thread CPU s inside the lock
 SMALLS = 4
@@ -40,25 +33,6 @@ STAGES = """stages:
 limits: {max_inflight: 64, queue_cap: 1000, queue_timeout: 60, upstream_timeout: 120}
 classifier: {mode: explicit, header: X-Overtake-Phase, time_unit: 0.01}
 """
-
-
-@pytest.fixture
-def lock_apache(apache_available: None) -> Iterator[apache.ApacheInstance]:
-    if os.geteuid() != 0 or shutil.which("apxs") is None:
-        pytest.skip("needs root and apxs (apache2-dev): mod_overtake_prio")
-    if not SQLITE_DRIVER.exists():
-        pytest.skip(f"{SQLITE_DRIVER} missing (libaprutil1-dbd-sqlite3): run apache-conf/install-debian-packages.sh")
-    parent = scratch_dir("overtake-learned-lock-test-")
-    cores = sorted(os.sched_getaffinity(0))
-    inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=cores[-1] if len(cores) > 1 else None,
-                        max_workers=96, conf_dir=conf_with_lock(parent),
-                        cpu_priority=CpuPriority(levels=(3600.0,), nice=("idle",), age=False, class_header=None,
-                                                 request_times=True))
-    try:
-        yield inst
-    finally:
-        apache.stop(inst.workdir, graceful=False)
-        shutil.rmtree(parent, ignore_errors=True)
 
 
 def _get(side: SidecarProc, work: float, out: list[tuple[float, float]]) -> None:

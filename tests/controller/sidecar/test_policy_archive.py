@@ -90,7 +90,7 @@ def test_a_genuine_policy_passes_and_loads(tmp_path: Path) -> None:
 
 def test_total_inflated_size_is_bounded_before_inflating(three_members: bytes) -> None:
     """Refused from the zip directory with the total and the setting named; the heap stays at a
-    few MiB (on main each member passed the per-member cap and meta.npy alone took 127 MiB)."""
+    few MiB (each member alone passes the per-member cap; their sum must not be inflated)."""
     peak, err = _peak_while(lambda: load_policy_bytes(three_members, "bomb.npz", STAGES))
     assert peak < 8 * MiB, peak
     assert isinstance(err, PolicyLoadError), err

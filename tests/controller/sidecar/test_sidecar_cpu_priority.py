@@ -10,10 +10,7 @@ of an Apache without the module the sidecar says so once and proxies as before.
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +19,7 @@ from support.service_helpers import SidecarProc, small_policy
 
 from overtake.controller.errors import SidecarInputError
 from overtake.controller.harness import apache
-from overtake.controller.harness.apache.cpu_priority import CpuPriority, fetch_prio_status
-from overtake.controller.harness.scratch import free_port, scratch_dir
+from overtake.controller.harness.apache.cpu_priority import fetch_prio_status
 from overtake.controller.sidecar.heads import upstream_head
 from overtake.controller.sidecar.policies import BaselinePolicy, TablePolicy, class_levels
 from overtake.controller.sidecar.request import Request
@@ -87,22 +83,6 @@ def test_upstream_head_sends_the_sidecars_class_only() -> None:
 
 
 # ---- on a real Apache with mod_overtake_prio ----------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def prio_apache(apache_available: None) -> Iterator[apache.ApacheInstance]:
-    if os.geteuid() != 0 or shutil.which("apxs") is None:
-        pytest.skip("needs root and apxs (apache2-dev): the module restores www-data threads")
-    parent = scratch_dir("overtake-side-prio-")
-    cores = sorted(os.sched_getaffinity(0))
-    # age thresholds far above the test's requests: every level change below is the class header's
-    inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=cores[-1] if len(cores) > 1 else None,
-                        max_workers=16, cpu_priority=CpuPriority(levels=(30.0,), nice=("idle",)))
-    try:
-        yield inst
-    finally:
-        apache.stop(inst.workdir, graceful=False)
-        shutil.rmtree(parent, ignore_errors=True)
 
 
 def _metrics(side: SidecarProc) -> str:

@@ -14,22 +14,16 @@ runs: the exemptions are counted from after it.)
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import pytest
 from support.service_helpers import SidecarProc
-from support.sqlite_lock import SQLITE_DRIVER, conf_with_lock
 
 from overtake.controller.harness import apache
-from overtake.controller.harness.apache.cpu_priority import CpuPriority, fetch_prio_status
-from overtake.controller.harness.scratch import free_port, scratch_dir
+from overtake.controller.harness.apache.cpu_priority import fetch_prio_status
 
 N = 300
 STAGES = """stages:
@@ -38,25 +32,6 @@ STAGES = """stages:
 limits: {max_inflight: 64, queue_cap: 1000, queue_timeout: 60}
 classifier: {mode: explicit, header: X-Overtake-Phase, time_unit: 0.01}
 """
-
-
-@pytest.fixture
-def lock_apache(apache_available: None) -> Iterator[apache.ApacheInstance]:
-    if os.geteuid() != 0 or shutil.which("apxs") is None:
-        pytest.skip("needs root and apxs (apache2-dev): mod_overtake_prio")
-    if not SQLITE_DRIVER.exists():
-        pytest.skip(f"{SQLITE_DRIVER} missing (libaprutil1-dbd-sqlite3): run apache-conf/install-debian-packages.sh")
-    parent = scratch_dir("overtake-lockwatch-test-")
-    cores = sorted(os.sched_getaffinity(0))
-    inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=cores[-1] if len(cores) > 1 else None,
-                        max_workers=96, conf_dir=conf_with_lock(parent),
-                        cpu_priority=CpuPriority(levels=(3600.0,), nice=("idle",), age=False, class_header=None,
-                                                 request_times=True))
-    try:
-        yield inst
-    finally:
-        apache.stop(inst.workdir, graceful=False)
-        shutil.rmtree(parent, ignore_errors=True)
 
 
 def _poisson(side: SidecarProc, target: str, gap: float, seed: int, codes: list[int]) -> None:

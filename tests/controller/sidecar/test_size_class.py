@@ -11,10 +11,7 @@ POST gets no class.
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,8 +23,7 @@ from support.service_helpers import SidecarProc
 
 from overtake.controller.errors import SidecarInputError
 from overtake.controller.harness import apache
-from overtake.controller.harness.apache.cpu_priority import CpuPriority, fetch_prio_status
-from overtake.controller.harness.scratch import free_port, scratch_dir
+from overtake.controller.harness.apache.cpu_priority import fetch_prio_status
 from overtake.controller.sidecar.policies import BaselinePolicy
 from overtake.controller.sidecar.policy_in_force import PolicyInForce
 from overtake.controller.sidecar.size_class import MIN_PREDICTIONS, SizeClass
@@ -105,22 +101,6 @@ SIZE_STAGES = """stages:
 limits: {max_inflight: 8, queue_cap: 200, queue_timeout: 30}
 classifier: {mode: explicit, time_unit: 1}
 """
-
-
-@pytest.fixture(scope="module")
-def prio_apache(apache_available: None) -> Iterator[apache.ApacheInstance]:
-    if os.geteuid() != 0 or shutil.which("apxs") is None:
-        pytest.skip("needs root and apxs (apache2-dev): the module restores www-data threads")
-    parent = scratch_dir("overtake-side-size-")
-    cores = sorted(os.sched_getaffinity(0))
-    # age thresholds far above the test's requests: every level change is the class header's
-    inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", cpu=cores[-1] if len(cores) > 1 else None,
-                        max_workers=16, cpu_priority=CpuPriority(levels=(30.0,), nice=("idle",)))
-    try:
-        yield inst
-    finally:
-        apache.stop(inst.workdir, graceful=False)
-        shutil.rmtree(parent, ignore_errors=True)
 
 
 def test_a_request_predicted_large_starts_low_and_a_small_one_overtakes_it(prio_apache: apache.ApacheInstance,
