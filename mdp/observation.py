@@ -368,6 +368,7 @@ class ObservationSpace:
         # (a trial's stationary screen and its full evaluation ask for the same one)
         self._r_base: _DecisionRows | None = None
         self._p_cache: dict[bytes, sp.csr_matrix] = {}
+        self._feasible: dict[tuple[int, ...], BoolArray] = {}
 
     # ---- actions ------------------------------------------------------------------------------
     @property
@@ -384,6 +385,14 @@ class ObservationSpace:
         ok: BoolArray = np.all(self._w >= a, axis=1) & (K <= self.k_max) & ~((self._n > 0) & (K == 0))
         for qs, room in self._lock_room:
             ok &= int(a[qs].sum()) <= room
+        return ok
+
+    def _feasible_cached(self, a: IntArray) -> BoolArray:
+        """:meth:`feasible`, kept per action vector (every proposal visits the same ones; do not modify)."""
+        key = tuple(int(x) for x in a)
+        ok = self._feasible.get(key)
+        if ok is None:
+            ok = self._feasible[key] = self.feasible(a)
         return ok
 
     def repair(self, actions: IntArray) -> IntArray:
@@ -575,15 +584,22 @@ class ObservationSpace:
         budget = self.k_max
         a = np.zeros(self.Q, dtype=np.int64)
 
+        # an action vector as one integer (mixed radix over the queues): the current action's
+        # classes are found by one comparison per visited action
+        if np.any(actions > wmax) or np.any(actions < 0):
+            raise ValueError("propose: the current table is not feasible in some class; repair it first")
+        radix = np.concatenate([[1], np.cumprod(wmax[:-1] + 1)]).astype(np.int64)
+        code = actions @ radix
+
         def visit(v: FloatArray) -> None:
-            ok = self.feasible(a)
+            ok = self._feasible_cached(a)
             if not np.any(ok):
                 return
             s = np.bincount(self.class_of, weights=weight * v, minlength=self.n_classes)
             better = ok & (s < best)
             best[better] = s[better]
             best_a[better] = a
-            mine = np.all(actions == a, axis=1)
+            mine = code == int(a @ radix)
             cur[mine] = s[mine]
 
         def walk(q: int, v: FloatArray, total: int) -> None:
