@@ -125,3 +125,24 @@ def test_incremental_decision_matrix_equals_a_rebuild() -> None:
         assert abs(R - fresh.decision_matrix(A)).max() <= 1e-12
         assert abs(P - fresh.transition(A)).max() <= 1e-12
         assert np.allclose(np.asarray(R.sum(axis=1)).ravel(), 1.0, atol=1e-12)
+
+
+def test_a_trial_that_evaluates_worse_is_never_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search moves only on the full evaluation's gain: when every trial's full evaluation
+    reports a gain above the current one (its screen passes), no step is taken."""
+    import dataclasses
+
+    osp = _case2(8)
+    start = starting_tables(osp, ["pi(2)"], False, {})["pi(2)"]
+    assert improve(osp, start, start="pi(2)").steps >= 3  # honest evaluations move it
+    evaluate = ObservationSpace.evaluate
+
+    def worse(self, actions, *, near=None, complete=False):  # type: ignore[no-untyped-def]
+        ev = evaluate(self, actions, near=near, complete=complete)
+        return ev if near is None else dataclasses.replace(ev, gain=ev.gain + 1.0)
+
+    monkeypatch.setattr(ObservationSpace, "evaluate", worse)
+    monkeypatch.setattr(observed_improve, "SCREEN_MARGIN", np.inf)
+    imp = improve(osp, start, start="pi(2)")
+    assert imp.steps == 0
+    assert np.array_equal(imp.actions, osp.repair(start))
