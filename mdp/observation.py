@@ -261,6 +261,17 @@ class _OutOfTime(SolverError):
 _DIRECT_STATES = 6_000  # below: factor every table (an LU is cheaper than GMRES set-up); above: incomplete LU
 _ILU_DROP = 1e-3  # the incomplete factor's drop tolerance (Factor)
 _LOW_RANK = 60  # above this many changed states: BiCGSTAB (Factor.iterate), else GMRES of that rank
+_TRANSITIONS_KEPT = 4  # transitions ObservationSpace.transition keeps (the current table's and its trials')
+
+
+@dataclass(frozen=True, eq=False)
+class _DecisionRows:
+    """A decision matrix's entries (COO) and the per-state action counts they were built for."""
+
+    counts: IntArray
+    src: IntArray
+    idx: IntArray
+    prob: FloatArray
 
 
 @dataclass(frozen=True, eq=False)
@@ -352,6 +363,12 @@ class ObservationSpace:
         # factorization took
         self._preconditioner: Factor | None = None
         self._lu_seconds = 0.0
+        # the decision matrix of the last table asked for, as COO entries (a trial differs from it
+        # in the rows of a few classes: only those rows are rebuilt) and the last transitions
+        # (a trial's stationary screen and its full evaluation ask for the same one)
+        self._r_base: _DecisionRows | None = None
+        self._p_cache: dict[bytes, sp.csr_matrix] = {}
+        self._feasible: dict[tuple[int, ...], BoolArray] = {}
 
     # ---- actions ------------------------------------------------------------------------------
     @property
@@ -368,6 +385,14 @@ class ObservationSpace:
         ok: BoolArray = np.all(self._w >= a, axis=1) & (K <= self.k_max) & ~((self._n > 0) & (K == 0))
         for qs, room in self._lock_room:
             ok &= int(a[qs].sum()) <= room
+        return ok
+
+    def _feasible_cached(self, a: IntArray) -> BoolArray:
+        """:meth:`feasible`, kept per action vector (every proposal visits the same ones; do not modify)."""
+        key = tuple(int(x) for x in a)
+        ok = self._feasible.get(key)
+        if ok is None:
+            ok = self._feasible[key] = self.feasible(a)
         return ok
 
     def repair(self, actions: IntArray) -> IntArray:
@@ -414,22 +439,47 @@ class ObservationSpace:
 
     # ---- exact evaluation -----------------------------------------------------------------------
     def decision_matrix(self, actions: IntArray) -> sp.csr_matrix:
-        """R_A: pre-decision state → law of its post-decision state under the table."""
-        sp_ = self.space
-        S = sp_.size
+        """R_A: pre-decision state → law of its post-decision state under the table.
+
+        Only the rows of the states whose action differs from the last table's are rebuilt (a
+        row depends on its state's action alone); the rest are that table's entries."""
+        S = self.space.size
         counts = np.asarray(actions, dtype=np.int64)[self.class_of]
-        go = np.flatnonzero(counts.sum(axis=1) > 0)
-        rows, prob, src = spawn_vector(self.layout, sp_.rows[go], counts[go], np.ones(go.size), go)
-        idx = sp_.index(rows)
-        stay = np.setdiff1d(np.arange(S), go, assume_unique=True)
-        R = sp.csr_matrix((np.concatenate([prob, np.ones(stay.size)]),
-                           (np.concatenate([src, stay]), np.concatenate([idx, stay]))), shape=(S, S))
+        base = self._r_base
+        if base is None or base.counts.shape != counts.shape:
+            fresh = np.arange(S)
+            kept = _DecisionRows(counts, *self._decision_rows(fresh, counts))
+        else:
+            changed = np.any(counts != base.counts, axis=1)
+            fresh = np.flatnonzero(changed)
+            keep = ~changed[base.src]
+            src, idx, prob = self._decision_rows(fresh, counts)
+            kept = _DecisionRows(counts, np.concatenate([base.src[keep], src]), np.concatenate([base.idx[keep], idx]),
+                                 np.concatenate([base.prob[keep], prob]))
+        self._r_base = kept
+        R = sp.csr_matrix((kept.prob, (kept.src, kept.idx)), shape=(S, S))
         R.sum_duplicates()
         return R
 
+    def _decision_rows(self, states: IntArray, counts: IntArray) -> tuple[IntArray, IntArray, FloatArray]:
+        """The COO entries (row, column, probability) of R's rows ``states`` under per-state ``counts``."""
+        sp_ = self.space
+        go = states[counts[states].sum(axis=1) > 0]
+        stay = states[counts[states].sum(axis=1) == 0]
+        rows, prob, src = spawn_vector(self.layout, sp_.rows[go], counts[go], np.ones(go.size), go)
+        return (np.concatenate([src, stay]), np.concatenate([sp_.index(rows), stay]),
+                np.concatenate([prob, np.ones(stay.size)]))
+
     def transition(self, actions: IntArray) -> sp.csr_matrix:
-        """P_A = P_chg R_A + P_same on post-decision states."""
-        return (self.P_change @ self.decision_matrix(actions) + self.P_same).tocsr()
+        """P_A = P_chg R_A + P_same on post-decision states (the last few kept: do not modify it)."""
+        key = np.ascontiguousarray(actions, dtype=np.int64).tobytes()
+        P = self._p_cache.pop(key, None)
+        if P is None:
+            P = (self.P_change @ self.decision_matrix(actions) + self.P_same).tocsr()
+        self._p_cache[key] = P
+        while len(self._p_cache) > _TRANSITIONS_KEPT:
+            self._p_cache.pop(next(iter(self._p_cache)))
+        return P
 
     def stationary_gain(self, actions: IntArray, *, start: FloatArray | None = None) -> tuple[float, FloatArray]:
         """A table's gain Σ π c and its stationary law π (over all states, 0 where unreachable) only.
@@ -534,15 +584,22 @@ class ObservationSpace:
         budget = self.k_max
         a = np.zeros(self.Q, dtype=np.int64)
 
+        # an action vector as one integer (mixed radix over the queues): the current action's
+        # classes are found by one comparison per visited action
+        if np.any(actions > wmax) or np.any(actions < 0):
+            raise ValueError("propose: the current table is not feasible in some class; repair it first")
+        radix = np.concatenate([[1], np.cumprod(wmax[:-1] + 1)]).astype(np.int64)
+        code = actions @ radix
+
         def visit(v: FloatArray) -> None:
-            ok = self.feasible(a)
+            ok = self._feasible_cached(a)
             if not np.any(ok):
                 return
             s = np.bincount(self.class_of, weights=weight * v, minlength=self.n_classes)
             better = ok & (s < best)
             best[better] = s[better]
             best_a[better] = a
-            mine = np.all(actions == a, axis=1)
+            mine = code == int(a @ radix)
             cur[mine] = s[mine]
 
         def walk(q: int, v: FloatArray, total: int) -> None:

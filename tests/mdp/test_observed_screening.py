@@ -103,3 +103,46 @@ def test_table1_case1_blind_optimum_is_no_worse(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(observed_improve, "SCREEN_MARGIN", np.inf)
     assert solve_observed(model, tol=sc.tolerance).metrics.mean_response_time == pytest.approx(
         opt.metrics.mean_response_time, rel=1e-9)
+
+
+def test_incremental_decision_matrix_equals_a_rebuild() -> None:
+    """A trial's decision matrix, rebuilt only in the rows of its changed classes, is the one built
+    from scratch (and so is its transition), whatever table came before it."""
+    osp = _case2(10)
+    tables = starting_tables(osp, ["pi(1)", "pi(2)", "pi(inf)"], True, {})
+    rng = np.random.default_rng(7)
+    seq = list(tables.values())
+    for _ in range(6):  # single-class and many-class changes of the tables above
+        A = seq[int(rng.integers(len(seq)))].copy()
+        other = seq[int(rng.integers(len(seq)))]
+        sel = rng.choice(osp.n_classes, size=int(rng.integers(1, osp.n_classes)), replace=False)
+        A[sel] = other[sel]
+        seq.append(A)
+    for A in seq:
+        R = osp.decision_matrix(A)
+        P = osp.transition(A)
+        fresh = ObservationSpace(osp.model, osp.space.trunc, osp.layout)
+        assert abs(R - fresh.decision_matrix(A)).max() <= 1e-12
+        assert abs(P - fresh.transition(A)).max() <= 1e-12
+        assert np.allclose(np.asarray(R.sum(axis=1)).ravel(), 1.0, atol=1e-12)
+
+
+def test_a_trial_that_evaluates_worse_is_never_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search moves only on the full evaluation's gain: when every trial's full evaluation
+    reports a gain above the current one (its screen passes), no step is taken."""
+    import dataclasses
+
+    osp = _case2(8)
+    start = starting_tables(osp, ["pi(2)"], False, {})["pi(2)"]
+    assert improve(osp, start, start="pi(2)").steps >= 3  # honest evaluations move it
+    evaluate = ObservationSpace.evaluate
+
+    def worse(self, actions, *, near=None, complete=False):  # type: ignore[no-untyped-def]
+        ev = evaluate(self, actions, near=near, complete=complete)
+        return ev if near is None else dataclasses.replace(ev, gain=ev.gain + 1.0)
+
+    monkeypatch.setattr(ObservationSpace, "evaluate", worse)
+    monkeypatch.setattr(observed_improve, "SCREEN_MARGIN", np.inf)
+    imp = improve(osp, start, start="pi(2)")
+    assert imp.steps == 0
+    assert np.array_equal(imp.actions, osp.repair(start))
