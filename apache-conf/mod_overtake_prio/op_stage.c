@@ -330,6 +330,14 @@ static int hold(os_stage *s, uint32_t t)
     }
 }
 
+/* The stage's name for the handler: CGI and FastCGI get it as OVERTAKE_STAGE (mod_proxy_fcgi
+ * passes the request's environment as parameters), so the overtake_prio PHP extension counts
+ * PHP-FPM's demotions by stage. A client cannot set it: its headers arrive as HTTP_*. */
+static void stage_env(request_rec *r, int stage)
+{
+    apr_table_setn(r->subprocess_env, "OVERTAKE_STAGE", os_shm->names[stage]);
+}
+
 int op_stage_fixups(request_rec *r)
 {
     const os_dir_conf *d;
@@ -348,6 +356,7 @@ int op_stage_fixups(request_rec *r)
     }
     /* (the request_config slot is op_prio.c's: the pool's user data marks a counted request) */
     if (apr_pool_userdata_get(&seen, OS_USERDATA, r0->pool) == APR_SUCCESS && seen) {
+        stage_env(r, ((const os_req *)seen)->stage);  /* a redirect's env has it as REDIRECT_... */
         return DECLINED;
     }
     d = ap_get_module_config(r->per_dir_config, &overtake_prio_module);
@@ -356,6 +365,7 @@ int op_stage_fixups(request_rec *r)
     }
     q = apr_palloc(r0->pool, sizeof *q);
     q->stage = d->stage;
+    stage_env(r, q->stage);
     apr_pool_userdata_setn(q, OS_USERDATA, NULL, r0->pool);
     s = &os_shm->st[q->stage];
     ADD(s->requests, 1);
