@@ -158,6 +158,33 @@ def test_cap_of_one_serialises_its_stage_only_and_a_new_table_takes_effect_live(
     assert _config_generation(inst) == conf_gen
 
 
+def test_requests_that_never_wait_cost_no_wake_up(staged: tuple[apache.ApacheInstance, str]) -> None:
+    """A table that holds nothing at the offered load (π(8,8), one request at a time): each request
+    still takes its ticket and two decisions, but no futex wake-up (a system call per request):
+    nobody sleeps on the word. Under π(1,8) a burst's held requests are woken."""
+    inst, path = staged
+    _wait_generation(inst, _write(path, from_policy(BaselinePolicy("pi(8,8)", 2), NAMES)))  # type: ignore[arg-type]
+    before = _settled(inst)
+    for _ in range(20):
+        for s in NAMES:
+            assert _get(inst, f"{URL[s]}?work=0")[0] == 200
+    after = _settled(inst)
+    for s in NAMES:
+        assert after[f'overtake_stage_requests_total{{stage="{s}"}}'] - before[
+            f'overtake_stage_requests_total{{stage="{s}"}}'] == 20
+        assert after[f'overtake_stage_held_total{{stage="{s}"}}'] == before[f'overtake_stage_held_total{{stage="{s}"}}']
+    assert after["overtake_stage_decisions_total"] - before["overtake_stage_decisions_total"] >= 80
+    assert after["overtake_stage_wakeups_total"] == before["overtake_stage_wakeups_total"]
+
+    _wait_generation(inst, _write(path, from_policy(BaselinePolicy("pi(1,8)", 2), NAMES)))  # type: ignore[arg-type]
+    before = _settled(inst)
+    _burst(inst, 6, 0.05)
+    after = _settled(inst)
+    held = after['overtake_stage_held_total{stage="capped"}'] - before['overtake_stage_held_total{stage="capped"}']
+    assert held > 0
+    assert after["overtake_stage_wakeups_total"] - before["overtake_stage_wakeups_total"] >= 1
+
+
 def test_a_request_held_past_its_bound_runs(staged: tuple[apache.ApacheInstance, str]) -> None:
     inst, path = staged
     # capped never starts while anything runs (the guard starts it only when nothing does)
