@@ -365,8 +365,23 @@ def test_a_changed_demand_distribution_reaches_the_modules_thresholds(
         # the same shape, ten times longer: two thirds of the reservoir (2000 per stage) are then the new demands
         _, _, codes = replay_h2_transactions(lambda p, headers: _get(inst, p)[0], 300, seed=12, unit=0.04)
         assert codes.count(200) == 600
-        # a refit running now fitted the old demands too: the one after it started after the traffic
-        _until_refits(side, len(_refits(side)) + 2)
+        # a refit running now fitted the old demands too: wait for the one after it, with the longer
+        # demands still arriving (a refit needs arrivals in its window)
+        stop = threading.Event()
+
+        def trickle() -> None:
+            seed = 100
+            while not stop.is_set():
+                replay_h2_transactions(lambda p, headers: _get(inst, p)[0], 20, seed=seed, unit=0.04)
+                seed += 1
+
+        more = threading.Thread(target=trickle)
+        more.start()
+        try:
+            _until_refits(side, len(_refits(side)) + 2)
+        finally:
+            stop.set()
+            more.join(120)
         thr2 = _in_force_as_written(inst, side, 0)
         assert thr2 > 2 * thr1, (thr1, thr2, [r.get("refit") for r in _refits(side)][-2:])
         assert _apache_pid(inst) == pid and _config_generation(inst) == conf_gen  # no restart, no graceful
