@@ -481,8 +481,8 @@ def overhead(tmp: Path, server_core: int, client_core: int, duration: float, con
 
 
 def _table_counts(insts: dict[str, apache.ApacheInstance], before: dict[str, dict[str, float]]) -> dict[str, Any]:
-    """Per module-mode instance: the static stage's requests counted and held during the runs,
-    and whether its table stayed in force."""
+    """Per module-mode instance: the static stage's requests counted and held during the runs, the
+    futex wake-ups issued, and whether its table stayed in force."""
     name = MODULE_STAGE[0]
     out: dict[str, Any] = {}
     for n, b in before.items():
@@ -490,6 +490,8 @@ def _table_counts(insts: dict[str, apache.ApacheInstance], before: dict[str, dic
         out[n] = {k: st[f'overtake_stage_{k}{{stage="{name}"}}'] - b[f'overtake_stage_{k}{{stage="{name}"}}']
                   for k in ("requests_total", "held_total", "hold_timeouts_total")}
         out[n]["table_in_force"] = st[f'overtake_stage_table_in_force{{stage="{name}"}}'] == 1
+        # futex wake-ups (system calls) the decisions made: none while no request waits
+        out[n]["wakeups_total"] = st.get("overtake_stage_wakeups_total", 0.0) - b.get("overtake_stage_wakeups_total", 0.0)
     return out
 
 

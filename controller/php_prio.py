@@ -1,8 +1,13 @@
 """The counters of overtake_prio, the PHP extension that demotes PHP workers by attained CPU.
 
 The extension (``apache-conf/php_overtake_prio``) keeps them in a small file mapped shared by
-PHP-FPM's master and workers (``overtake_prio.stats_file``): two header words, then one unsigned
-64-bit little-endian counter per field of :class:`PhpPrioCounts`, in that order.
+PHP-FPM's master and workers (``overtake_prio.stats_file``): two header words, the totals (one
+unsigned 64-bit little-endian counter per field of :class:`PhpPrioCounts`, in that order), the
+number of stage rows, then the rows: a state word, a 32-byte NUL-padded stage name and the same
+counters for the requests of that stage (the FastCGI parameter ``OVERTAKE_STAGE``, which
+mod_overtake_prio's ``OvertakeStage`` sets); the row ``none`` counts requests without a stage. A
+worker claims a row at its stage's first request; two workers may claim one each for the same new
+stage, so rows are summed by name, and a row whose name is still being written (state 1) is left out.
 """
 
 from __future__ import annotations
@@ -18,12 +23,13 @@ from prometheus_client.registry import Collector
 
 from overtake.controller.errors import SidecarInputError
 
-__all__ = ["PhpPrioCollector", "PhpPrioCounts", "read_counts"]
+__all__ = ["PhpPrioCollector", "PhpPrioCounts", "read_counts", "read_stage_counts"]
 
 log = logging.getLogger("overtake.sidecar")
 
 _MAGIC = int.from_bytes(b"overtake", "big")
-_VERSION = 2
+_VERSION = 3
+_ROW_READY = 2  # a row whose name is written (0: free, 1: a worker is writing its name)
 
 
 @dataclass(frozen=True)
@@ -41,28 +47,68 @@ class PhpPrioCounts:
 
 _N = len(fields(PhpPrioCounts))
 _LAYOUT = struct.Struct(f"<{2 + _N}Q")
+_ROWS = struct.Struct("<Q")  # the number of stage rows, after the totals
+_ROW = struct.Struct(f"<Q32s{_N}Q")  # state, name, counters
+
+
+def _read(path: str | Path) -> bytes | None:
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        return None
+    fix = "point overtake_prio.stats_file and the sidecar's php_stats_file at the same new path"
+    if len(data) < _LAYOUT.size + _ROWS.size:
+        raise SidecarInputError(f"{path}: {len(data)} bytes, not overtake_prio's stats file (at least "
+                                f"{_LAYOUT.size + _ROWS.size} bytes); {fix}")
+    magic, version = struct.unpack_from("<2Q", data)
+    if magic != _MAGIC or version != _VERSION:
+        raise SidecarInputError(f"{path}: not overtake_prio's stats file of this version (magic {magic:#x}, version "
+                                f"{version}, expected {_VERSION}); {fix}, with the extension built from this release")
+    return data
 
 
 def read_counts(path: str | Path) -> PhpPrioCounts | None:
-    """The counters in ``path``; None while the file does not exist (PHP-FPM not started yet).
+    """The totals in ``path``; None while the file does not exist (PHP-FPM not started yet).
 
     Raises
     ------
     SidecarInputError
         The file is not overtake_prio's (wrong size, magic or version), naming the setting to fix.
     """
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
+    data = _read(path)
+    if data is None:
         return None
-    if len(data) < _LAYOUT.size:
-        raise SidecarInputError(f"{path}: {len(data)} bytes, not overtake_prio's stats file ({_LAYOUT.size} bytes); "
-                                "point overtake_prio.stats_file and the sidecar's php_stats_file at the same new path")
-    magic, version, *counts = _LAYOUT.unpack_from(data)
-    if magic != _MAGIC or version != _VERSION:
-        raise SidecarInputError(f"{path}: not overtake_prio's stats file (magic {magic:#x}, version {version}); "
-                                "point overtake_prio.stats_file and the sidecar's php_stats_file at the same new path")
-    return PhpPrioCounts(*counts)
+    return PhpPrioCounts(*_LAYOUT.unpack_from(data)[2:])
+
+
+def read_stage_counts(path: str | Path) -> dict[str, PhpPrioCounts] | None:
+    """The counters per stage in ``path`` (``none``: requests without a stage); None while the file
+    does not exist. Their sums are the totals of :func:`read_counts` (up to requests counted
+    between the reads of two words).
+
+    Raises
+    ------
+    SidecarInputError
+        As :func:`read_counts`, and when the rows do not fit in the file.
+    """
+    data = _read(path)
+    if data is None:
+        return None
+    (rows,) = _ROWS.unpack_from(data, _LAYOUT.size)
+    end = _LAYOUT.size + _ROWS.size + rows * _ROW.size
+    if end > len(data):
+        raise SidecarInputError(f"{path}: {rows} stage rows need {end} bytes, the file has {len(data)}; point "
+                                "overtake_prio.stats_file and the sidecar's php_stats_file at the same new path")
+    out: dict[str, list[int]] = {}
+    for i in range(rows):
+        state, raw, *counts = _ROW.unpack_from(data, _LAYOUT.size + _ROWS.size + i * _ROW.size)
+        if state != _ROW_READY:
+            continue
+        name = raw.rstrip(b"\0").decode("ascii", "replace")
+        acc = out.setdefault(name, [0] * _N)
+        for k, v in enumerate(counts):
+            acc[k] += v
+    return {name: PhpPrioCounts(*c) for name, c in out.items()}
 
 
 #: metric name and help per counter, in :class:`PhpPrioCounts`' order
@@ -80,7 +126,7 @@ _METRICS = (
 
 
 class PhpPrioCollector(Collector):
-    """Exports the extension's counters at each scrape (a 72-byte read); nothing while the file
+    """Exports the extension's counters at each scrape (one read of the file); nothing while the file
     is absent, and one warning when it is not the extension's."""
 
     def __init__(self, path: str | Path) -> None:
@@ -89,13 +135,16 @@ class PhpPrioCollector(Collector):
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         try:
-            counts = read_counts(self.path)
+            stages = read_stage_counts(self.path)
         except (SidecarInputError, OSError) as exc:
             if not self._warned:
                 log.warning("php_stats_file: %s", exc)
                 self._warned = True
             return
-        if counts is None:
+        if stages is None:
             return
-        for (name, text), value in zip(_METRICS, astuple(counts), strict=True):
-            yield CounterMetricFamily(name, text, value=value)
+        for k, (name, text) in enumerate(_METRICS):
+            family = CounterMetricFamily(name, text + " (stage: OvertakeStage's, none: without one)", labels=["stage"])
+            for stage, counts in sorted(stages.items()):
+                family.add_metric([stage], astuple(counts)[k])
+            yield family

@@ -52,7 +52,7 @@
 #include "os_table.h"
 
 #define OS_MAX_STAGES 16            /* OvertakeStage names per server */
-#define OS_RETAINED_KEY "mod_overtake_prio_stages_v1"
+#define OS_RETAINED_KEY "mod_overtake_prio_stages_v2"  /* v2: wakes, sleepers */
 #define OS_NONE (-1)                /* OvertakeStage none */
 #define OS_UNSET (-2)
 #define OS_USERDATA "overtake-stage"   /* on the first request's pool: its os_req */
@@ -63,6 +63,7 @@ static const char *const os_by_name[OS_BY_N] = {"apache", "fcgi", "proxy", "cgi"
 
 typedef struct {
     os_queue q;
+    uint32_t sleepers;              /* requests between their last look at q.head and their wake-up */
     apr_uint64_t requests;          /* arrivals */
     apr_uint64_t held;              /* requests that waited */
     apr_uint64_t hold_ns;           /* ... and their total wait */
@@ -78,6 +79,7 @@ typedef struct {
     char names[OS_MAX_STAGES][OS_NAME_BYTES];
     apr_uint64_t epochs;            /* decisions taken */
     apr_uint64_t guard_starts;
+    apr_uint64_t wakes;             /* futex wake-ups issued (a system call each) */
     os_stage st[OS_MAX_STAGES];
 } os_shared;
 
@@ -184,11 +186,17 @@ static void os_unlock(void)
     pthread_mutex_unlock(&os_shm->mu);
 }
 
+/* Wake the granted tickets' waiters. Most grants go to the request that is deciding at its own
+ * arrival, which sleeps on nothing: a FUTEX_WAKE (a system call on a shared word) is made only
+ * when some request may sleep. The head's store (grant) and this load are sequentially
+ * consistent, as are a waiter's count and its load of the head (hold): either the waiter sees
+ * its grant, or this sees the waiter; FUTEX_WAIT checks the head again in the kernel. */
 static void os_wake(os_stage *s, uint32_t bits)
 {
-    if (bits) {
+    if (bits && __atomic_load_n(&s->sleepers, __ATOMIC_SEQ_CST)) {
         /* shared (not FUTEX_PRIVATE): waiters of every child share the mapping */
         syscall(SYS_futex, &s->q.head, FUTEX_WAKE_BITSET, INT_MAX, NULL, NULL, bits);
+        ADD(os_shm->wakes, 1);
     }
 }
 
@@ -199,7 +207,7 @@ static int32_t grant(int i, int32_t n)
 {
     uint32_t bits = 0;
     int32_t done = os_grant(&os_shm->st[i].q, n, &bits);
-    __atomic_store_n(&os_shm->st[i].q.head, os_shm->st[i].q.head, __ATOMIC_RELEASE);
+    __atomic_store_n(&os_shm->st[i].q.head, os_shm->st[i].q.head, __ATOMIC_SEQ_CST);
     os_wake(&os_shm->st[i], bits);
     return done;
 }
@@ -306,12 +314,12 @@ static apr_status_t complete(void *data)
     return APR_SUCCESS;
 }
 
-/* Wait for ticket t of stage s: 1 when granted, 0 when the hold bound passed (it runs anyway). */
-static int hold(os_stage *s, uint32_t t)
+/* Wait for ticket t of stage s until deadline: 1 when granted, 0 when the hold bound passed (it
+ * runs anyway). The caller counts it among the stage's sleepers. */
+static int hold_counted(os_stage *s, uint32_t t, int64_t deadline)
 {
-    int64_t deadline = op_mono_ns() + (int64_t)(os_hold_s * 1e9);
     for (;;) {
-        uint32_t h = __atomic_load_n(&s->q.head, __ATOMIC_ACQUIRE);
+        uint32_t h = __atomic_load_n(&s->q.head, __ATOMIC_SEQ_CST);
         struct timespec ts;
         int given;
         if (os_granted(h, t)) {
@@ -328,6 +336,25 @@ static int hold(os_stage *s, uint32_t t)
         /* absolute CLOCK_MONOTONIC deadline; wakes for this ticket's bit or a spurious one */
         syscall(SYS_futex, &s->q.head, FUTEX_WAIT_BITSET, h, &ts, NULL, 1u << (t & 31));
     }
+}
+
+/* Wait for ticket t of stage s: 1 when granted, 0 when the hold bound passed (it runs anyway). */
+static int hold(os_stage *s, uint32_t t)
+{
+    int64_t deadline = op_mono_ns() + (int64_t)(os_hold_s * 1e9);
+    int given;
+    __atomic_fetch_add(&s->sleepers, 1, __ATOMIC_SEQ_CST);  /* before the head is loaded: os_wake */
+    given = hold_counted(s, t, deadline);
+    __atomic_fetch_sub(&s->sleepers, 1, __ATOMIC_SEQ_CST);
+    return given;
+}
+
+/* The stage's name for the handler: CGI and FastCGI get it as OVERTAKE_STAGE (mod_proxy_fcgi
+ * passes the request's environment as parameters), so the overtake_prio PHP extension counts
+ * PHP-FPM's demotions by stage. A client cannot set it: its headers arrive as HTTP_*. */
+static void stage_env(request_rec *r, int stage)
+{
+    apr_table_setn(r->subprocess_env, "OVERTAKE_STAGE", os_shm->names[stage]);
 }
 
 int op_stage_fixups(request_rec *r)
@@ -348,6 +375,7 @@ int op_stage_fixups(request_rec *r)
     }
     /* (the request_config slot is op_prio.c's: the pool's user data marks a counted request) */
     if (apr_pool_userdata_get(&seen, OS_USERDATA, r0->pool) == APR_SUCCESS && seen) {
+        stage_env(r, ((const os_req *)seen)->stage);  /* a redirect's env has it as REDIRECT_... */
         return DECLINED;
     }
     d = ap_get_module_config(r->per_dir_config, &overtake_prio_module);
@@ -356,6 +384,7 @@ int op_stage_fixups(request_rec *r)
     }
     q = apr_palloc(r0->pool, sizeof *q);
     q->stage = d->stage;
+    stage_env(r, q->stage);
     apr_pool_userdata_setn(q, OS_USERDATA, NULL, r0->pool);
     s = &os_shm->st[q->stage];
     ADD(s->requests, 1);
@@ -529,6 +558,9 @@ void op_stage_status(request_rec *r)
     metric(r, "overtake_stage_decisions_total", "counter",
            "Decisions taken (arrivals, completions and table changes).");
     ap_rprintf(r, "overtake_stage_decisions_total %" APR_UINT64_T_FMT "\n", LOAD(os_shm->epochs));
+    metric(r, "overtake_stage_wakeups_total", "counter",
+           "Futex wake-ups issued to start held requests (a system call each).");
+    ap_rprintf(r, "overtake_stage_wakeups_total %" APR_UINT64_T_FMT "\n", LOAD(os_shm->wakes));
     metric(r, "overtake_stage_guard_starts_total", "counter",
            "Requests started because nothing ran while requests waited and the table started none.");
     ap_rprintf(r, "overtake_stage_guard_starts_total %" APR_UINT64_T_FMT "\n",

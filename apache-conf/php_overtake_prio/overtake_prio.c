@@ -66,12 +66,17 @@
 #define OP_PROMOTE 2
 
 /* The stats file's layout (little-endian uint64 words), read by overtake's controller:
- * magic, version, then the counters in this order. */
+ * magic, version, the totals in this order, the number of stage rows, then the rows: the same
+ * counters per stage (the FastCGI parameter OVERTAKE_STAGE, which mod_overtake_prio's
+ * OvertakeStage sets), the row named "none" for requests without one. */
 #define OP_STATS_MAGIC 0x6f76657274616b65ULL /* "overtake" */
-#define OP_STATS_VERSION 2
+#define OP_STATS_VERSION 3
+#define OP_STAGE_ROWS 17      /* "none" and mod_overtake_prio's 16 stages */
+#define OP_STAGE_NAME 32      /* a stage name: 1..31 letters, digits, '_', '.', '-' (NUL-padded) */
+#define OP_ROW_FREE 0
+#define OP_ROW_CLAIMED 1      /* a worker is writing its name */
+#define OP_ROW_READY 2
 typedef struct {
-    uint64_t magic;
-    uint64_t version;
     uint64_t requests;       /* requests the timer was armed for or exempted */
     uint64_t demoted;        /* requests demoted at the threshold */
     uint64_t exempt;         /* requests never demoted: their method is exempt */
@@ -79,6 +84,18 @@ typedef struct {
     uint64_t restore_errors; /* a worker failed to restore its priority (it then stops demoting) */
     uint64_t unreachable;    /* requests not armed: the worker could not restore (RLIMIT_NICE) */
     uint64_t class_low;      /* requests started at the low level: the sidecar's class header said 1 */
+} op_counts;
+typedef struct {
+    uint64_t state;          /* OP_ROW_*: rows are claimed once and never freed */
+    char name[OP_STAGE_NAME];
+    op_counts c;
+} op_stage_row;
+typedef struct {
+    uint64_t magic;
+    uint64_t version;
+    op_counts total;
+    uint64_t rows;           /* OP_STAGE_ROWS */
+    op_stage_row row[OP_STAGE_ROWS];
 } op_stats;
 
 ZEND_BEGIN_MODULE_GLOBALS(overtake_prio)
@@ -102,10 +119,17 @@ static volatile sig_atomic_t demoted;
 static int base_nice;
 static bool armed, disabled, own_rlimit;
 
+/* Per-process state for the request in progress: the stage row it counts in (set at request
+ * start, read by the timer's signal handler: a pointer load and atomic adds are signal-safe). */
+static op_counts *stage_counts;
+
 #define COUNT(field)                                                                                   \
     do {                                                                                               \
         if (stats != NULL) {                                                                           \
-            __atomic_fetch_add(&stats->field, 1, __ATOMIC_RELAXED);                                    \
+            __atomic_fetch_add(&stats->total.field, 1, __ATOMIC_RELAXED);                              \
+            if (stage_counts != NULL) {                                                                \
+                __atomic_fetch_add(&stage_counts->field, 1, __ATOMIC_RELAXED);                         \
+            }                                                                                          \
         }                                                                                              \
     } while (0)
 
@@ -439,6 +463,65 @@ static bool enabled(void)
     return OPG(threshold_ms) > 0 || OPG(class_header);
 }
 
+/* A stage name as mod_overtake_prio's OvertakeStage accepts one. */
+static bool stage_name_ok(const char *v, size_t n)
+{
+    size_t i;
+    if (n == 0 || n >= OP_STAGE_NAME) {
+        return false;
+    }
+    for (i = 0; i < n; i++) {
+        char ch = v[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_'
+              || ch == '.' || ch == '-')) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The row the request counts in: its stage's (FastCGI parameter OVERTAKE_STAGE, set by
+ * mod_overtake_prio for the requests of an OvertakeStage location; a client's header would arrive
+ * as HTTP_OVERTAKE_STAGE, so clients cannot choose it), claimed on the stage's first request;
+ * "none" without a stage, with a name OvertakeStage would refuse, or once every row is taken.
+ * Two workers may claim rows for the same new stage at once: the reader sums rows by name. */
+static op_counts *stage_row(void)
+{
+    op_counts *out;
+    char *v;
+    size_t n;
+    int i;
+    if (stats == NULL) {
+        return NULL;
+    }
+    out = &stats->row[0].c;
+    v = sapi_getenv("OVERTAKE_STAGE", sizeof("OVERTAKE_STAGE") - 1);
+    if (v == NULL) {
+        return out;
+    }
+    n = strlen(v);
+    for (i = 1; stage_name_ok(v, n) && i < OP_STAGE_ROWS; i++) {
+        op_stage_row *r = &stats->row[i];
+        uint64_t st = __atomic_load_n(&r->state, __ATOMIC_ACQUIRE);
+        if (st == OP_ROW_FREE) {
+            if (__atomic_compare_exchange_n(&r->state, &st, OP_ROW_CLAIMED, false, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_ACQUIRE)) {
+                memset(r->name, 0, sizeof r->name);
+                memcpy(r->name, v, n);
+                __atomic_store_n(&r->state, OP_ROW_READY, __ATOMIC_RELEASE);
+                out = &r->c;
+                break;
+            }
+        }
+        if (st == OP_ROW_READY && strncmp(r->name, v, OP_STAGE_NAME) == 0) {
+            out = &r->c;
+            break;
+        }
+    }
+    efree(v);
+    return out;
+}
+
 static ZEND_INI_MH(on_threshold)
 {
     if (in_range(entry, new_value, 0, 3600000, "CPU milliseconds before demotion; 0 = off") != SUCCESS) {
@@ -506,6 +589,9 @@ static void map_stats(void)
     stats = m;
     stats->magic = OP_STATS_MAGIC;
     stats->version = OP_STATS_VERSION;
+    stats->rows = OP_STAGE_ROWS;
+    memcpy(stats->row[0].name, "none", sizeof "none");
+    __atomic_store_n(&stats->row[0].state, OP_ROW_READY, __ATOMIC_RELEASE);
 }
 
 static PHP_GINIT_FUNCTION(overtake_prio)
@@ -551,9 +637,11 @@ PHP_RINIT_FUNCTION(overtake_prio)
 #endif
     armed = false;
     demoted = 0;
+    stage_counts = NULL;
     if (!enabled() || disabled) {
         return SUCCESS;
     }
+    stage_counts = stage_row();
     if (method_exempt(SG(request_info).request_method) || header_exempt()) {
         COUNT(exempt);
         COUNT(requests);

@@ -199,9 +199,11 @@ def _pair(name: bytes, value: bytes) -> bytes:
 
 
 def fastcgi_get(pool: FpmPool, script: str, query: str = "", *, method: str = "GET", body: bytes = b"",
-                headers: Mapping[str, str] | None = None, timeout: float = 30) -> tuple[int, bytes]:
+                headers: Mapping[str, str] | None = None, params: Mapping[str, str] | None = None,
+                timeout: float = 30) -> tuple[int, bytes]:
     """Run ``script`` (a file in the pool's document root) and return (HTTP status, response body);
-    ``headers`` reach PHP as ``HTTP_*`` variables, as mod_proxy_fcgi passes them."""
+    ``headers`` reach PHP as ``HTTP_*`` variables, as mod_proxy_fcgi passes them; ``params`` are
+    further FastCGI parameters as they are (the request's environment, e.g. ``OVERTAKE_STAGE``)."""
     params = {
         "SCRIPT_FILENAME": str(pool.docroot / script), "SCRIPT_NAME": "/" + script, "REQUEST_METHOD": method,
         "QUERY_STRING": query, "REQUEST_URI": "/" + script + ("?" + query if query else ""),
@@ -209,6 +211,7 @@ def fastcgi_get(pool: FpmPool, script: str, query: str = "", *, method: str = "G
         "SERVER_PORT": "80", "REMOTE_ADDR": "127.0.0.1", "CONTENT_LENGTH": str(len(body)),
         "CONTENT_TYPE": "application/x-www-form-urlencoded",
         **{"HTTP_" + k.upper().replace("-", "_"): v for k, v in (headers or {}).items()},
+        **(params or {}),
     }
     blob = b"".join(_pair(k.encode(), v.encode()) for k, v in params.items())
     out = _record(_BEGIN, struct.pack("!HB5x", _RESPONDER, 0)) + _record(_PARAMS, blob) + _record(_PARAMS, b"")

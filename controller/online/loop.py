@@ -25,6 +25,7 @@ from overtake.controller.online.estimators import DemandRecorder
 from overtake.controller.online.lockwatch import LockWatch
 from overtake.controller.online.refit import RefitJob, lower_priority, refit_job, warm_up
 from overtake.controller.online.settings import OUTCOMES, OnlineSettings
+from overtake.controller.sidecar.control_file import age_thresholds as policy_age_thresholds
 from overtake.controller.sidecar.policies import BaselinePolicy, SpawnPolicy, TablePolicy
 from overtake.controller.sidecar.stages import StageTable
 
@@ -252,7 +253,9 @@ class OnlineLoop:
             _unlink(job.out)
             return self._decide("skipped_superseded", {**rec, "reason": "the policy was swapped while the refit ran"})
         new_w, cur_w = res["predicted_new"], res["predicted_current"]
-        if not new_w < cur_w * (1.0 - s.margin):
+        moved = _thresholds_moved(policy_age_thresholds(pol), res.get("age_thresholds"), u) \
+            if job.age_thresholds else None
+        if not new_w < cur_w * (1.0 - s.margin) and moved is None:
             _unlink(job.out)
             return self._decide("kept", {**rec, "reason": f"predicted E[W] {new_w * u:.6g} s is not better than the "
                                          f"current {cur_w * u:.6g} s by more than {s.margin:.1%}"})
@@ -263,7 +266,9 @@ class OnlineLoop:
             return self._decide("failed", {**rec, "reason": f"swap refused: {exc}"}, logging.ERROR)
         self.generation += 1
         self._prune(keep=job.out)
-        return self._decide("swapped", {**rec, "reason": f"predicted E[W] {new_w * u:.6g} s < current {cur_w * u:.6g} s",
+        why = (f"predicted E[W] {new_w * u:.6g} s < current {cur_w * u:.6g} s" if new_w < cur_w * (1.0 - s.margin)
+               else f"predicted E[W] {new_w * u:.6g} s is not better than the current {cur_w * u:.6g} s, but {moved}")
+        return self._decide("swapped", {**rec, "reason": why,
                                         "generation": self.generation, "new_policy": installed.name})
 
     def _pairs(self, phase_info: str, current: Any) -> tuple[Any, ...] | None:
@@ -326,6 +331,27 @@ def _resolve_target(pol: Any, n: int, classifier_mode: str) -> tuple[Any, tuple[
         # what the classifier can see: without phases, the best policy over counts (mdp.observed)
         return pol.baseline.name, (None,) * n, "none" if classifier_mode == "hidden" else "full", None
     return None
+
+
+#: a refit whose count policy is no better than the running one still swaps when its age thresholds
+#: moved by more than this fraction: they follow the fitted demands (the control file), while the
+#: count policy's E[W] may not change at all (a time scale change leaves the best count policy as it is)
+THRESHOLD_MOVE = 0.1
+
+
+def _thresholds_moved(current: tuple[tuple[float, ...], ...] | None, new: Any, u: float) -> str | None:
+    """Why the new age thresholds (model units) replace the current ones, or None when they did not
+    move by more than :data:`THRESHOLD_MOVE` (or the refit chose none)."""
+    if not new or not new[0] or any(v is None for row in new for v in row):
+        return None
+    first = [float(v) for v in new[0]]
+    if current is None or len(current[0]) != len(first):
+        return f"the age thresholds {[round(v * u, 6) for v in first]} s replace none"
+    old = list(current[0])
+    if all(abs(n - o) <= THRESHOLD_MOVE * o for n, o in zip(first, old)):
+        return None
+    return (f"the age thresholds moved from {[round(v * u, 6) for v in old]} s to {[round(v * u, 6) for v in first]} s "
+            f"(more than {THRESHOLD_MOVE:.0%})")
 
 
 def _record(base: dict[str, Any], res: dict[str, Any], wall: float, policy: str, u: float) -> dict[str, Any]:

@@ -284,6 +284,8 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
                    for n, f in zip(job.stage_names, fits)],
         "arrival_rate": job.arrival_rate,
         "load": job.arrival_rate * model.mean_service() / job.cores,
+        # the new policy's age thresholds (model units), None without: the loop compares them with the running one's
+        "age_thresholds": (pol.meta.get("cpu_priority") or {}).get("age", {}).get("thresholds"),
         "predicted_new": float(new.mean_response_time),
         "predicted_current": cur_w,
         "current": cur_name,

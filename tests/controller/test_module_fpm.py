@@ -13,7 +13,8 @@ A third stage (``lua``) is served by Apache's own handler. The module counts whe
 work ran (``overtake_stage_served_total{by}``); a module-mode sidecar says per stage where it runs
 and which CPU lever reaches it (``/-/policy``'s ``stacks``, its log), warns that
 ``--cpu-priority age`` cannot reach the PHP stages without the overtake_prio PHP extension, and with
-the extension's counters (``--php-stats-file``) shows FPM-side demotions on its ``/-/metrics``.
+the extension's counters (``--php-stats-file``) shows FPM-side demotions on its ``/-/metrics``, by
+the stage Apache matched (``OvertakeStage`` reaches PHP as the FastCGI parameter ``OVERTAKE_STAGE``).
 """
 
 from __future__ import annotations
@@ -221,7 +222,8 @@ def test_where_each_stage_runs_is_counted_said_and_the_unreachable_lever_not_cla
         assert stacks["capped"]["lever"].startswith("the overtake_prio PHP extension"), stacks
         assert not [e for e in side.events() if e.get("event") == "cpu_priority_unreachable"], side.text()[-3000:]
         metrics = side.request("GET", "/-/metrics")[2].decode()
-        m = re.search(r"^overtake_php_demotions_total (\S+)$", metrics, re.M)
+        # by the stage Apache matched: OvertakeStage reaches PHP as OVERTAKE_STAGE
+        m = re.search(r'^overtake_php_demotions_total\{stage="burn"\} (\S+)$', metrics, re.M)
         assert m and float(m.group(1)) >= 1, metrics[-3000:]
         assert 'overtake_stage_served_total{by="fcgi",stage="capped"}' in metrics \
             or 'overtake_stage_served_total{stage="capped",by="fcgi"}' in metrics

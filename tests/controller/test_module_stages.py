@@ -158,6 +158,33 @@ def test_cap_of_one_serialises_its_stage_only_and_a_new_table_takes_effect_live(
     assert _config_generation(inst) == conf_gen
 
 
+def test_requests_that_never_wait_cost_no_wake_up(staged: tuple[apache.ApacheInstance, str]) -> None:
+    """A table that holds nothing at the offered load (π(8,8), one request at a time): each request
+    still takes its ticket and two decisions, but no futex wake-up (a system call per request):
+    nobody sleeps on the word. Under π(1,8) a burst's held requests are woken."""
+    inst, path = staged
+    _wait_generation(inst, _write(path, from_policy(BaselinePolicy("pi(8,8)", 2), NAMES)))  # type: ignore[arg-type]
+    before = _settled(inst)
+    for _ in range(20):
+        for s in NAMES:
+            assert _get(inst, f"{URL[s]}?work=0")[0] == 200
+    after = _settled(inst)
+    for s in NAMES:
+        assert after[f'overtake_stage_requests_total{{stage="{s}"}}'] - before[
+            f'overtake_stage_requests_total{{stage="{s}"}}'] == 20
+        assert after[f'overtake_stage_held_total{{stage="{s}"}}'] == before[f'overtake_stage_held_total{{stage="{s}"}}']
+    assert after["overtake_stage_decisions_total"] - before["overtake_stage_decisions_total"] >= 80
+    assert after["overtake_stage_wakeups_total"] == before["overtake_stage_wakeups_total"]
+
+    _wait_generation(inst, _write(path, from_policy(BaselinePolicy("pi(1,8)", 2), NAMES)))  # type: ignore[arg-type]
+    before = _settled(inst)
+    _burst(inst, 6, 0.05)
+    after = _settled(inst)
+    held = after['overtake_stage_held_total{stage="capped"}'] - before['overtake_stage_held_total{stage="capped"}']
+    assert held > 0
+    assert after["overtake_stage_wakeups_total"] - before["overtake_stage_wakeups_total"] >= 1
+
+
 def test_a_request_held_past_its_bound_runs(staged: tuple[apache.ApacheInstance, str]) -> None:
     inst, path = staged
     # capped never starts while anything runs (the guard starts it only when nothing does)
@@ -262,5 +289,101 @@ def test_a_refit_in_module_mode_reaches_apache_through_the_file(
         assert st["overtake_stage_table_generation"] == gen
         assert st['overtake_stage_table_in_force{stage="capped"}'] == 1
         assert _apache_pid(inst) == pid and _config_generation(inst) == conf_gen
+    finally:
+        side.stop()
+
+
+def _threshold(inst: apache.ApacheInstance) -> tuple[float, float, float]:
+    """The module's age threshold in force, whether it is the control file's, and that file's generation."""
+    st = _status(inst)
+    return (st['overtake_cpu_prio_level_threshold_seconds{level="1"}'], st["overtake_cpu_prio_control_in_force"],
+            st["overtake_cpu_prio_control_generation"])
+
+
+def _written(side: SidecarProc) -> list[dict[str, object]]:
+    return [e["detail"] for e in side.events()  # type: ignore[misc]
+            if e.get("event") == "control_file" and e["detail"]["thresholds_seconds"]]  # type: ignore[index]
+
+
+def _until_written(side: SidecarProc, after: int, what: str) -> dict[str, object]:
+    """The first control file written with thresholds after the ``after`` earlier ones (a refit's)."""
+    deadline = time.monotonic() + 300  # fit, solve and the thresholds' choice, on a shared machine
+    while time.monotonic() < deadline:
+        got = _written(side)
+        if len(got) > after:
+            return got[after]
+        time.sleep(1)
+    raise AssertionError(f"{what}: no refit wrote thresholds: " + side.text()[-3000:])
+
+
+def _refits(side: SidecarProc) -> list[dict[str, object]]:
+    """The refits that ran to a decision (not those skipped before a fit)."""
+    return [e for e in side.events() if e.get("event") == "online_refit"
+            and e.get("outcome") in ("swapped", "kept", "failed", "skipped_superseded")]
+
+
+def _until_refits(side: SidecarProc, n: int) -> None:
+    deadline = time.monotonic() + 600  # two fits and solves, on a shared machine
+    while len(_refits(side)) < n:
+        assert time.monotonic() < deadline, side.text()[-3000:]
+        time.sleep(1)
+
+
+def _in_force_as_written(inst: apache.ApacheInstance, side: SidecarProc, seen: int) -> float:
+    """The module's threshold, once the sidecar has logged a write after the ``seen`` earlier ones:
+    the control file's (in force), of a generation and value the sidecar wrote since (a later
+    refit may have written again meanwhile, not an earlier one)."""
+    thr, in_force, gen = _threshold(inst)
+    since = {int(w["generation"]): w["thresholds_seconds"][0][0]  # type: ignore[index,call-overload]
+             for w in _written(side)[seen:]}
+    assert in_force == 1 and int(gen) in since, (thr, in_force, gen, since)
+    assert thr == pytest.approx(since[int(gen)], rel=1e-6)
+    return thr
+
+
+@pytest.mark.timeout(1200)
+def test_a_changed_demand_distribution_reaches_the_modules_thresholds(
+        staged: tuple[apache.ApacheInstance, str], tmp_path: Path) -> None:
+    """Module mode, online: traffic of one demand distribution, then of the same shape ten times
+    longer (the same load). Each refit's age thresholds are in the module's status as soon as the
+    sidecar has written them (before its next refit: within one refit interval), those fitted to
+    the longer demands are longer, and Apache was neither restarted nor reconfigured."""
+    inst, path = staged
+    pid, conf_gen = _apache_pid(inst), _config_generation(inst)
+    admin = free_port()
+    side = SidecarProc(tmp_path, ["--policy", "pi(1,8)", "--apache", inst.base_url, "--control-file", path,
+                                  "--enforce", "module", "--online", "--refit-interval", "2", "--min-samples", "100",
+                                  "--arrival-window", "30", "--access-log", str(inst.access_log),
+                                  "--status-interval", "0.5", "--admin-listen", f"127.0.0.1:{admin}"],
+                       stages=MODULE_STAGES, ready_port=admin)
+    try:
+        seen = len(_written(side))
+        _, _, codes = replay_h2_transactions(lambda p, headers: _get(inst, p)[0], 150, unit=0.004)
+        assert codes.count(200) == 300
+        _until_written(side, seen, "short demands")
+        thr1 = _in_force_as_written(inst, side, seen)
+        # the same shape, ten times longer: two thirds of the reservoir (2000 per stage) are then the new demands
+        _, _, codes = replay_h2_transactions(lambda p, headers: _get(inst, p)[0], 300, seed=12, unit=0.04)
+        assert codes.count(200) == 600
+        # a refit running now fitted the old demands too: wait for the one after it, with the longer
+        # demands still arriving (a refit needs arrivals in its window)
+        stop = threading.Event()
+
+        def trickle() -> None:
+            seed = 100
+            while not stop.is_set():
+                replay_h2_transactions(lambda p, headers: _get(inst, p)[0], 20, seed=seed, unit=0.04)
+                seed += 1
+
+        more = threading.Thread(target=trickle)
+        more.start()
+        try:
+            _until_refits(side, len(_refits(side)) + 2)
+        finally:
+            stop.set()
+            more.join(120)
+        thr2 = _in_force_as_written(inst, side, 0)
+        assert thr2 > 2 * thr1, (thr1, thr2, [r.get("refit") for r in _refits(side)][-2:])
+        assert _apache_pid(inst) == pid and _config_generation(inst) == conf_gen  # no restart, no graceful
     finally:
         side.stop()

@@ -214,19 +214,20 @@ def _sidecar(policy: str) -> Sidecar:
     return Sidecar(_table(), SidecarOptions.from_flat(policy=policy, apache="http://127.0.0.1:9", listen="127.0.0.1:9"))
 
 
-def _case4_loop(side: Sidecar, clock: _Clock, executor: Any, seed: int, **kw: Any) -> OnlineLoop:
+def _case4_loop(side: Sidecar, clock: _Clock, executor: Any, seed: int, scale: float = 1.0,
+                age_thresholds: bool = False, **kw: Any) -> OnlineLoop:
     """A loop wired to ``side`` exactly as Sidecar wires its own, fed case 4 data: 4000 H2 demands per
-    stage (seconds = model units × TIME_UNIT) and Poisson arrivals at load 0.6 over 120 s."""
+    stage (seconds = model units × TIME_UNIT × ``scale``) and Poisson arrivals at load 0.6 over 120 s."""
     settings = OnlineSettings(**{"refit_interval": 3600.0, "min_samples": 500, "arrival_window": 120.0,
                                  "reservoir": 4000, **kw})
     loop = OnlineLoop(settings, table=side.table, time_unit=TIME_UNIT, policy=side.policy,
                       current=lambda: side.limiter.policy, swap=lambda p: side.swap(p, source="online"),
-                      executor=executor, clock=clock)
+                      executor=executor, clock=clock, age_thresholds=age_thresholds)
     rng = np.random.default_rng(seed)
     for stage in (0, 1):
         for x in _h2(rng, 4000):
-            loop.recorder.add_demand(stage, float(x) * TIME_UNIT, "attained")
-    lam = 0.6 / (2 * CASE4_MEAN) / TIME_UNIT  # transactions per second
+            loop.recorder.add_demand(stage, float(x) * TIME_UNIT * scale, "attained")
+    lam = 0.6 / (2 * CASE4_MEAN) / TIME_UNIT / scale  # transactions per second
     t = clock.t
     for gap in rng.exponential(1 / lam, int(lam * 130)):
         t += gap
@@ -294,6 +295,33 @@ def test_refit_on_case4_swaps_pi1_for_the_solved_policy_and_keeps_it_after(worke
     assert side.metrics.swaps == 1 and side.policy.name.startswith("online-")
     asyncio.run(loop.close())
     asyncio.run(again.close())
+
+
+def test_age_thresholds_follow_a_changed_demand_scale_though_the_count_policy_is_kept(
+        worker: ProcessPoolExecutor) -> None:
+    """With age thresholds (a control file): demands four times longer at the same load leave the best
+    count policy as it was (the model scales in time), so its predicted E[W] is no better; the refit
+    still swaps, because the thresholds chosen for the new demands moved, about fourfold."""
+    from overtake.controller.sidecar.control_file import age_thresholds
+
+    side = _sidecar("pi(1)")
+    loop = _case4_loop(side, _Clock(), worker, seed=4, age_thresholds=True)
+    assert asyncio.run(loop.refit()) == "swapped", loop.last
+    first = age_thresholds(side.limiter.policy)
+    assert first is not None
+    longer = _case4_loop(side, _Clock(), worker, seed=4, scale=4.0, age_thresholds=True)
+    assert asyncio.run(longer.refit()) == "swapped", longer.last
+    rec = longer.last
+    assert not rec["predicted_new"] < rec["predicted_current"] * 0.99, rec  # the count policy alone: kept
+    assert "age thresholds moved" in rec["reason"], rec["reason"]
+    second = age_thresholds(side.limiter.policy)
+    assert second is not None
+    assert second[0][0] == pytest.approx(4 * first[0][0], rel=0.35), (first, second)
+    # the same demands again: neither the count policy nor the thresholds move, kept
+    again = _case4_loop(side, _Clock(), worker, seed=4, scale=4.0, age_thresholds=True)
+    assert asyncio.run(again.refit()) == "kept", again.last
+    for lp in (loop, longer, again):
+        asyncio.run(lp.close())
 
 
 def test_failing_solve_is_counted_and_the_old_policy_kept() -> None:

@@ -20,7 +20,7 @@ import pytest
 from overtake.controller.errors import SidecarInputError
 from overtake.controller.harness import php_fpm as pf
 from overtake.controller.harness.scratch import scratch_dir
-from overtake.controller.php_prio import read_counts
+from overtake.controller.php_prio import read_counts, read_stage_counts
 
 pytestmark = pytest.mark.skipif(pf.php_available() is not None, reason=str(pf.php_available()))
 
@@ -64,9 +64,9 @@ def _pool(extension: Path, tmp: Path, **settings: str) -> pf.FpmPool:
 
 
 def _run(pool: pf.FpmPool, ms: float, method: str = "GET", headers: dict[str, str] | None = None,
-         ) -> dict[str, int | bool]:
+         stage: str | None = None) -> dict[str, int | bool]:
     status, body = pf.fastcgi_get(pool, "burn.php", f"ms={ms}", method=method, body=b"x=1" if method == "POST" else b"",
-                                  headers=headers)
+                                  headers=headers, params={"OVERTAKE_STAGE": stage} if stage is not None else None)
     assert status == 200, body
     out: dict[str, int | bool] = json.loads(body)
     return out
@@ -175,14 +175,17 @@ def test_the_stats_file_is_checked(work: Path) -> None:
     (work / "short").write_bytes(b"x" * 10)
     with pytest.raises(SidecarInputError, match="not overtake_prio's stats file"):
         read_counts(work / "short")
-    (work / "other").write_bytes(b"\0" * 72)
+    (work / "other").write_bytes(b"\0" * 200)
     with pytest.raises(SidecarInputError, match="magic 0x0"):
         read_counts(work / "other")
-    # the layout before the class counter: version 1, refused rather than misread
-    (work / "v1").write_bytes(int.from_bytes(b"overtake", "big").to_bytes(8, "little") + (1).to_bytes(8, "little")
-                              + b"\0" * 56)
-    with pytest.raises(SidecarInputError, match="version 1"):
-        read_counts(work / "v1")
+    # the layouts before this one (1: no class counter, 2: no class counter in the stage rows),
+    # refused rather than misread
+    for old in (1, 2):
+        (work / f"v{old}").write_bytes(b"overtake"[::-1] + old.to_bytes(8, "little") + b"\0" * 2000)
+        with pytest.raises(SidecarInputError, match=f"version {old}, expected 3"):
+            read_stage_counts(work / f"v{old}")
+        with pytest.raises(SidecarInputError, match=f"version {old}, expected 3"):
+            read_counts(work / f"v{old}")
 
 
 def test_the_counters_reach_the_sidecars_metrics(extension: Path, work: Path) -> None:
@@ -202,13 +205,52 @@ def test_the_counters_reach_the_sidecars_metrics(extension: Path, work: Path) ->
         _run(pool, 1)
     finally:
         pool.stop()
-    got = {s.name: s.value for f in text_string_to_metric_families(generate_latest(registry).decode())
-           for s in f.samples}
-    assert got["overtake_php_requests_total"] == 3
-    assert got["overtake_php_demotions_total"] == 1
-    assert got["overtake_php_exempt_requests_total"] == 1
-    assert got["overtake_php_unreachable_requests_total"] == 0
-    assert got["overtake_php_class_low_requests_total"] == 0
+    got = {(s.name, s.labels.get("stage")): s.value
+           for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples}
+    assert got[("overtake_php_requests_total", "none")] == 3  # no OVERTAKE_STAGE: the stage "none"
+    assert got[("overtake_php_demotions_total", "none")] == 1
+    assert got[("overtake_php_exempt_requests_total", "none")] == 1
+    assert got[("overtake_php_unreachable_requests_total", "none")] == 0
+    assert got[("overtake_php_class_low_requests_total", "none")] == 0
+
+
+def test_demotions_are_counted_by_the_stage_apache_names(extension: Path, work: Path) -> None:
+    """OVERTAKE_STAGE (the FastCGI parameter mod_overtake_prio's OvertakeStage sets) labels each
+    request's counters; a client's header of that name, a name OvertakeStage would refuse and no
+    name count as ``none``; the stages' counts add up to the totals, and /-/metrics shows them
+    with the ``stage`` label."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from overtake.controller.php_prio import PhpPrioCollector
+
+    pool = _pool(extension, work)
+    try:
+        assert _run(pool, 100, stage="view")["demoted"]
+        assert _run(pool, 100, stage="view")["demoted"]
+        assert not _run(pool, 1, stage="edit")["demoted"]
+        assert _run(pool, 100, "POST", stage="edit")["demoted"] is False  # exempt method
+        assert _run(pool, 100)["demoted"]  # no stage
+        assert _run(pool, 100, headers={"Overtake-Stage": "edit"})["demoted"]  # HTTP_OVERTAKE_STAGE: no stage
+        assert _run(pool, 100, stage="not a name")["demoted"]
+    finally:
+        pool.stop()
+    stages = read_stage_counts(work / "stats")
+    assert stages is not None and set(stages) == {"none", "view", "edit"}, stages
+    assert (stages["view"].requests, stages["view"].demoted) == (2, 2)
+    assert (stages["edit"].requests, stages["edit"].demoted, stages["edit"].exempt) == (2, 0, 1)
+    assert (stages["none"].requests, stages["none"].demoted) == (3, 3)
+    total = read_counts(work / "stats")
+    assert total is not None
+    for field in ("requests", "demoted", "exempt", "promoted", "restore_errors", "unreachable", "class_low"):
+        assert sum(getattr(c, field) for c in stages.values()) == getattr(total, field), field
+    registry = CollectorRegistry()
+    registry.register(PhpPrioCollector(work / "stats"))
+    got = {(s.name, s.labels["stage"]): s.value
+           for f in text_string_to_metric_families(generate_latest(registry).decode()) for s in f.samples}
+    assert got[("overtake_php_demotions_total", "view")] == 2
+    assert got[("overtake_php_demotions_total", "edit")] == 0
+    assert got[("overtake_php_demotions_total", "none")] == 3
 
 
 def test_the_sidecar_config_key(work: Path) -> None:
