@@ -1,7 +1,7 @@
 """Shared by the whole suite: whether the Debian packages a real Apache needs are here, the
 ``apache`` marker on every test that starts one, and mod_overtake_prio compiled once per run.
 
-``make test`` runs the suite in two processes (pytest-xdist, ``--dist loadgroup``). Every test
+``make test PYTEST_N=2`` runs the suite in two processes (pytest-xdist, ``--dist loadgroup``). Every test
 marked ``apache`` is in one xdist group, so those tests run one after another in one process and
 never against each other: they pin their Apache to the last core and time its requests. While
 they run, the other process keeps its tests (CPU work, loopback traffic) off that core and at the
