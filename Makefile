@@ -40,17 +40,19 @@ demo: $(WARM)
 	bash examples/demo/run.sh
 
 # The set-up's jobs run two at a time (the kernels beside lint and the type check). The suite runs
-# in one process: in two (`make test PYTEST_ARGS="-n 2 --dist loadgroup"`, the real-Apache tests in
-# one of them, in turn: tests/conftest.py) it takes two thirds of the time, but the other process's
-# CPU work still slows the timing-sensitive Apache tests on a 2-core machine enough to fail some.
+# in one process by default. `make test PYTEST_N=2` runs it in two (pytest-xdist): the tests that
+# start a real Apache in one of them, one after another, while the other runs the rest off Apache's
+# core and at the lowest CPU priority (tests/conftest.py), in about two thirds of the time.
 # The last line says how long the set-up and the suite took.
+PYTEST_N    ?= 1
 PYTEST_ARGS ?=
+PYTEST_DIST := $(if $(filter 1,$(PYTEST_N)),,-n $(PYTEST_N) --dist loadgroup)
 MAKE_T0 := $(shell date +%s)
 test:
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-setup
 	sh apache-conf/install-debian-packages.sh
 	@t0=$(MAKE_T0); t1=$$(date +%s); \
-	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_ARGS); rc=$$?; t2=$$(date +%s); \
+	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_DIST) $(PYTEST_ARGS); rc=$$?; t2=$$(date +%s); \
 	echo "make test: set-up $$((t1 - t0)) s, pytest $$((t2 - t1)) s (wall time)"; exit $$rc
 
 test-setup: $(WARM) lint typecheck

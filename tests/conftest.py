@@ -1,10 +1,11 @@
 """Shared by the whole suite: whether the Debian packages a real Apache needs are here, the
 ``apache`` marker on every test that starts one, and mod_overtake_prio compiled once per run.
 
-``make test`` runs the suite in two processes (pytest-xdist, ``--dist loadgroup``). Every test
+``make test PYTEST_N=2`` runs the suite in two processes (pytest-xdist, ``--dist loadgroup``). Every test
 marked ``apache`` is in one xdist group, so those tests run one after another in one process and
 never against each other: they pin their Apache to the last core and time its requests. While
-they run, the other process keeps its tests (CPU work, loopback traffic) off that core.
+they run, the other process keeps its tests (CPU work, loopback traffic) off that core and at the
+lowest CPU priority, so the timing tests see a machine as if that process were not there.
 
 The packages are installed by ``apache-conf/install-debian-packages.sh`` (``make test`` runs it
 first); a test never installs anything, it skips and names the installer. Helpers shared across
@@ -130,22 +131,65 @@ def _run_file(name: str) -> Path | None:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Under xdist, while the ``apache`` group may still run in the other worker, a test outside it
-    runs (its fixtures, threads and child processes too) on the cores other than the last, where
-    the ``apache`` tests pin their Apache; an ``apache`` test has every core."""
+    runs (its fixtures, threads and child processes too) demoted: on the cores other than the last,
+    where the ``apache`` tests pin their Apache, and at the lowest CPU priority (:func:`_demote`), so
+    that the ``apache`` tests' clients and sidecars get a core whenever they want one. An ``apache``
+    test has every core at normal priority."""
     done, every = _run_file("apache-done"), os.sched_getaffinity(0)
     if done is None or len(every) < 2:
         yield
         return
+    demoted = False
     if item.get_closest_marker("apache") is not None:
         item.config.stash[_RAN_APACHE] = True
     elif item.config.stash.get(_RAN_APACHE, False):
         done.touch()  # this worker ran the group and has moved past it
     elif not done.exists():
         os.sched_setaffinity(0, every - {max(every)})
+        demoted = _demote()
     try:
         yield
     finally:
         os.sched_setaffinity(0, every)
+        if demoted:
+            _restore()
+
+
+#: Linux autogroups: every session is one scheduling group, and groups share a core by their
+#: autogroup nice, whatever the nice or policy of the threads inside (sched(7), "The autogroup
+#: feature"). The ``apache`` worker's clients and sidecars are in the session pytest was started
+#: from, so a low priority in the other worker only counts against them once that worker has a
+#: session of its own.
+_AUTOGROUP = Path("/proc/self/autogroup")
+_CAP_SYS_NICE = 23
+
+
+def _demote() -> bool:
+    """This worker (the calling thread, the threads and processes it starts) at the lowest
+    priority: its own session, autogroup nice 19, ``SCHED_IDLE`` (a thread of another policy that
+    wakes preempts it at once). ``SCHED_IDLE`` only where :func:`_restore` can undo it
+    (``CAP_SYS_NICE``): the same worker may run the ``apache`` group next."""
+    if os.getpgrp() != os.getpid() and os.getsid(0) != os.getpid():
+        os.setsid()  # once per worker; a group leader (not one under xdist) keeps its session
+    if os.getsid(0) == os.getpid() and _AUTOGROUP.exists():
+        _AUTOGROUP.write_text("19\n")
+    if _capable(_CAP_SYS_NICE):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    return True
+
+
+def _restore() -> None:
+    if os.getsid(0) == os.getpid() and _AUTOGROUP.exists():
+        _AUTOGROUP.write_text("0\n")  # raising an autogroup back to 0 needs no capability
+    if os.sched_getscheduler(0) == os.SCHED_IDLE:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+
+
+def _capable(cap: int) -> bool:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> cap & 1)
+    return False
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
