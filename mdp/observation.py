@@ -82,8 +82,12 @@ FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 ObservedRule = Callable[[IntArray], IntArray]
 _ITER_RTOL = 1e-13  # relative residual of the iterative solves (E[W] then agrees with a direct solve to < 1e-9)
-_ITER_MIN_SECONDS = 0.05  # an iterative solve's time budget at least (tests raise it: convergence, not the clock)
-_ITER_MAX = 2_000  # BiCGSTAB iterations per column at most (time bounds them first: Factor.iterate)
+# BiCGSTAB iterations an iterative solve may take at least. A factorization's multiply-adds
+# (Factor.work) leave out its ordering and symbolic steps, which dominate on chains of ten
+# thousand states, where the work alone would allow a few iterations; the solves of Table 1's
+# searches converge in under 100.
+_ITER_MIN = 200
+_ITER_MAX = 2_000  # BiCGSTAB iterations per column at most (the work budget bounds them first: Factor.iterate)
 
 
 def observe(model: TandemModel, layout: Layout, rows: IntArray) -> IntArray:
@@ -169,7 +173,9 @@ class Factor:
     With h(0) = 0 the bias is h = u − γv, A u = c_{−0}, A v = 1, γ = (c_0 + P_{0,−0}u)/(1 + P_{0,−0}v);
     the stationary law with π_0 = 1 solves Aᵀ π_{−0} = P_{0,−0}ᵀ. One factorization answers all
     three, and stays a good preconditioner for a table that differs in a few classes (GMRES) or in
-    many (BiCGSTAB, :meth:`iterate`). ``seconds`` is what the factorization took.
+    many (BiCGSTAB, :meth:`iterate`). ``seconds`` is what the factorization took (reported only:
+    nothing is decided on it, so that the answer does not depend on the machine's load); ``nnz``
+    its fill and ``work`` its multiply-adds as counted from the fill (:func:`_lu_work`).
 
     ``complete`` False: an incomplete LU (drop tolerance 1e-3). The complete LU of a large
     table's system fills in (millions of entries from tens of thousands of states) and costs
@@ -183,6 +189,9 @@ class Factor:
         self.lu = (spla.splu(A, permc_spec="COLAMD") if complete else
                    spla.spilu(A, drop_tol=_ILU_DROP, fill_factor=15, permc_spec="COLAMD"))
         self.seconds = time.perf_counter() - t
+        L, U = self.lu.L.tocsc(), self.lu.U.tocsr()
+        self.nnz = int(L.nnz + U.nnz)
+        self.work = _lu_work(L, U)
         self.shape = A.shape
         self.actions = np.array(actions, dtype=np.int64, copy=True)
 
@@ -224,19 +233,28 @@ class Factor:
             out[:, j] = x
         return out
 
-    def iterate(self, A: sp.csc_matrix, B: FloatArray, X0: FloatArray, *, deadline: float, trans: bool = False,
+    def iteration_work(self, A: sp.csc_matrix) -> int:
+        """Multiply-adds of one BiCGSTAB iteration preconditioned by this factor: two products
+        by A and two triangular solve pairs."""
+        return 2 * (int(A.nnz) + self.nnz)
+
+    def iterate(self, A: sp.csc_matrix, B: FloatArray, X0: FloatArray, *, budget: int, trans: bool = False,
                 rtol: float = _ITER_RTOL) -> FloatArray | None:
         """Solve A X = B (Aᵀ X = B with ``trans``) for an A far from the factored matrix: BiCGSTAB
         preconditioned by the factor, started from ``X0`` (a similar table's solution), to relative
-        residual ``rtol``; None if a column broke down or has not converged by ``deadline``
-        (``time.perf_counter()``: the caller gives it what a new factorization would cost).
+        residual ``rtol``; None if a column broke down or has not converged within ``budget``
+        BiCGSTAB iterations over all columns (the caller gives it what a new factorization would
+        cost). An iteration count, not a clock: the same table takes the same path on any machine.
         """
         t = "T" if trans else "N"
         M = spla.LinearOperator(self.shape, lambda b: self.lu.solve(b, trans=t))
         op = A.T.tocsr() if trans else A
+        spent = 0
 
         def check(_: FloatArray) -> None:
-            if time.perf_counter() > deadline:
+            nonlocal spent
+            spent += 1
+            if spent > budget:
                 raise _OutOfTime
 
         out = np.empty_like(B)
@@ -256,6 +274,15 @@ class Factor:
 
 class _OutOfTime(SolverError):
     """An iterative solve ran past the cost of a new factorization (caught here: the direct solve follows)."""
+
+
+def _lu_work(L: sp.csc_matrix, U: sp.csr_matrix) -> int:
+    """Multiply-adds of the LU elimination that produced L and U: step j updates every pair of
+    L's column j below the diagonal and U's row j right of it (Gilbert and Peierls, "Sparse
+    partial pivoting in time proportional to arithmetic operations")."""
+    below = np.diff(L.indptr) - 1
+    right = np.diff(U.indptr) - 1
+    return int(np.dot(np.maximum(below, 0), np.maximum(right, 0)) + L.nnz + U.nnz)
 
 
 _DIRECT_STATES = 6_000  # below: factor every table (an LU is cheaper than GMRES set-up); above: incomplete LU
@@ -357,12 +384,13 @@ class ObservationSpace:
         S = sp_.size
         self.P_same = sp.csr_matrix((PE.data[same], (PE.row[same], PE.col[same])), shape=(S, S))
         self.P_change = sp.csr_matrix((PE.data[~same], (PE.row[~same], PE.col[~same])), shape=(S, S))
-        # iterative solves (evaluate): the cheapest factorization made on this space preconditions
+        # iterative solves (evaluate): the sparsest factorization made on this space preconditions
         # them (a π(∞)-like table's LU fills in far less than those of the tables the search
-        # reaches, and preconditions them as well), and they may take what the costliest
-        # factorization took
+        # reaches, and preconditions them as well), and they may take the work the costliest
+        # factorization took; both counted from the fill, never timed, so that the path the
+        # search takes does not depend on the machine's load
         self._preconditioner: Factor | None = None
-        self._lu_seconds = 0.0
+        self._lu_work = 0
         # the decision matrix of the last table asked for, as COO entries (a trial differs from it
         # in the rows of a few classes: only those rows are rebuilt) and the last transitions
         # (a trial's stationary screen and its full evaluation ask for the same one)
@@ -505,10 +533,11 @@ class ObservationSpace:
         ``near``: the evaluation of a similar table. On a large chain its factor preconditions
         the solves instead of a new factorization: GMRES (relative residual 1e-12) when the two
         differ in at most 60 states (a perturbation of that rank), else BiCGSTAB preconditioned by
-        the cheapest factorization made on this space and started from ``near``'s solution
+        the sparsest factorization made on this space and started from ``near``'s solution
         (relative residual 1e-13, :meth:`Factor.iterate`). A solve that has not converged within
-        the costliest factorization's time, or a stationary law whose residual exceeds 1e-9, is
-        replaced by a new factorization: the answer is exact either way. A new factorization of a
+        the costliest factorization's work (counted from the fill, never timed: the same table
+        takes the same path on any machine), or a stationary law whose residual exceeds 1e-9,
+        is replaced by a new factorization: the answer is exact either way. A new factorization of a
         large chain is incomplete (:class:`Factor`), and complete where GMRES fails on it, its
         law's residual exceeds 1e-9, or ``complete`` asks for it.
         """
@@ -529,9 +558,9 @@ class ObservationSpace:
             else:
                 X0 = near.solution if near.solution is not None else np.zeros((S - 1, 3))
                 pre = self._preconditioner or factor
-                deadline = time.perf_counter() + max(self._lu_seconds, 4 * pre.seconds, _ITER_MIN_SECONDS)
-                sol = pre.iterate(A, rhs, X0[:, :2], deadline=deadline)
-                solT = None if sol is None else pre.iterate(A, p0[:, None], X0[:, 2:], deadline=deadline, trans=True)
+                budget = max(_ITER_MIN, max(self._lu_work, 4 * pre.work) // pre.iteration_work(A))
+                sol = pre.iterate(A, rhs, X0[:, :2], budget=budget)
+                solT = None if sol is None else pre.iterate(A, p0[:, None], X0[:, 2:], budget=budget, trans=True)
         refactored = sol is None or solT is None
         if refactored:
             factor = Factor(A, actions, complete=complete or S <= _DIRECT_STATES)
@@ -541,8 +570,8 @@ class ObservationSpace:
                 factor = Factor(A, actions)
                 sol = factor.solve(A, rhs)
                 solT = factor.solve(A, p0[:, None], trans=True)
-            self._lu_seconds = max(self._lu_seconds, factor.seconds)
-            if self._preconditioner is None or factor.seconds < self._preconditioner.seconds:
+            self._lu_work = max(self._lu_work, factor.work)
+            if self._preconditioner is None or factor.nnz < self._preconditioner.nnz:
                 self._preconditioner = factor
         assert factor is not None and sol is not None and solT is not None
         u, v = sol[:, 0], sol[:, 1]
