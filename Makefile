@@ -40,11 +40,11 @@ demo: $(WARM)
 	bash examples/demo/run.sh
 
 # The set-up's jobs run two at a time (the kernels beside lint and the type check). The suite runs
-# in one process by default. `make test PYTEST_N=2` runs it in two (pytest-xdist): the tests that
-# start a real Apache in one of them, one after another, while the other runs the rest off Apache's
-# core and at the lowest CPU priority (tests/conftest.py), in about two thirds of the time.
+# in two processes (pytest-xdist): the tests that start a real Apache or php-fpm in one of them, one
+# after another, while the other runs the rest off Apache's core and at the lowest CPU priority
+# (tests/conftest.py), in about two thirds of the time of one process (`make test PYTEST_N=1`).
 # The last line says how long the set-up and the suite took.
-PYTEST_N    ?= 1
+PYTEST_N    ?= 2
 PYTEST_ARGS ?=
 PYTEST_DIST := $(if $(filter 1,$(PYTEST_N)),,-n $(PYTEST_N) --dist loadgroup)
 MAKE_T0 := $(shell date +%s)

@@ -197,11 +197,13 @@ def peer_table(sets: dict[str, tuple[str, int]], orders: tuple[int, ...]) -> lis
             ratio = m["cpu"] / t if t > 0 else math.inf
             judged = m["cpu"] >= PEER_SLOW
             ok = ratio >= PEER_RATIO and res.loglik >= m["ll"] - PEER_LL_SLACK
-            rows.append({"set": label, "n": n, "order": p, "ours_ll": float(res.loglik), "ours_cpu_s": t,
+            row = {"set": label, "n": n, "order": p, "ours_ll": float(res.loglik), "ours_cpu_s": t,
                          "ours_converged": bool(res.converged), "mapfit_ll": m["ll"], "mapfit_ll_check": float(m["ll_check"]),
                          "mapfit_cpu_s": m["cpu"], "mapfit_iter": m["iter"], "mapfit_converged": m["converged"],
                          "ratio": ratio, "delta_ll": float(res.loglik) - m["ll"], "judged": judged,
-                         "met": ok if judged else None, "mapfit_version": mf.get("version", "mapfit")})
+                         "met": ok if judged else None, "mapfit_version": mf.get("version", "mapfit")}
+            rows.append(row)
+            print(json.dumps(row, default=float), file=sys.stderr, flush=True)  # a long run keeps what it finished
     return rows
 
 
@@ -301,10 +303,15 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the Markdown block")
     ap.add_argument("--peer-only", action="store_true",
                     help="run only the side-by-side table with mapfit (needs OVERTAKE_MAPFIT_RLIB)")
+    ap.add_argument("--peer-sets", default="all", metavar="I,J",
+                    help=f"the peer table's sets by number 1-{len(PEER_SETS)} (default all): " + "; ".join(
+                        f"{i} {name}" for i, name in enumerate(PEER_SETS, 1)))
     args = ap.parse_args()
+    sets = _chosen_sets(ap, args.peer_sets)
     rlib = os.environ.get("OVERTAKE_MAPFIT_RLIB")
     cmd = (f"OVERTAKE_MAPFIT_RLIB={rlib} " if rlib else "") + "OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/fit_bench.py" + (
-        " --quick" if args.quick else "") + (" --peer-only" if args.peer_only else "")
+        " --quick" if args.quick else "") + (" --peer-only" if args.peer_only else "") + (
+        f" --peer-sets {args.peer_sets}" if args.peer_sets != "all" else "")
     doc: dict[str, Any] = {"bench": "fit_bench", "date": datetime.date.today().isoformat(), "machine": machine(),
                            "load": os.getloadavg()[0], "command": cmd, "rows": [], "bobbio_telek": []}
 
@@ -316,7 +323,7 @@ def main() -> int:
     lines: list[str] = []
     w = lines.append
     if args.peer_only:
-        return _peer_only(args, cmd, doc)
+        return _peer_only(args, cmd, doc, sets)
     w("## fitting/ — phase-type EM\n")
     w(f"- Date: {datetime.date.today().isoformat()}; machine: {machine()}; load at start: {os.getloadavg()[0]:.2f}")
     w(
@@ -419,14 +426,14 @@ def main() -> int:
     w("W2 and L1 at order 8 are slow: their fits have phase rates ~10^5 times the slowest, and the "
       "uniformization E-step costs about q × (largest sample) Poisson terms per sweep (stiffness).")
     if not args.quick:
-        peers = peer_table(PEER_SETS, PEER_ORDERS)
+        peers = peer_table(sets, PEER_ORDERS)
         doc["peer"] = peers
         lines.extend(peer_lines(peers) if not isinstance(peers, str) else [f"{peers}: no side-by-side table.", ""])
     return _finish(args, "\n".join(lines), doc)
 
 
-def _peer_only(args: argparse.Namespace, cmd: str, doc: dict[str, Any]) -> int:
-    peers = peer_table(PEER_SETS, PEER_ORDERS)
+def _peer_only(args: argparse.Namespace, cmd: str, doc: dict[str, Any], sets: dict[str, tuple[str, int]]) -> int:
+    peers = peer_table(sets, PEER_ORDERS)
     if isinstance(peers, str):
         print(f"fit_bench: {peers}", file=sys.stderr)
         return 2
@@ -435,6 +442,20 @@ def _peer_only(args: argparse.Namespace, cmd: str, doc: dict[str, Any]) -> int:
             f"- Date: {doc['date']}; machine: {doc['machine']}; load at start: {doc['load']:.2f}",
             f"- Command: `{cmd}`; {peers[0]['mapfit_version']}.\n"]
     return _finish(args, "\n".join(head + peer_lines(peers)), doc, section="fitting-mapfit")
+
+
+def _chosen_sets(ap: argparse.ArgumentParser, spec: str) -> dict[str, tuple[str, int]]:
+    """The peer sets ``--peer-sets`` names (``all``, or numbers from 1)."""
+    names = list(PEER_SETS)
+    if spec == "all":
+        return dict(PEER_SETS)
+    try:
+        picked = [int(v) for v in spec.split(",")]
+    except ValueError:
+        picked = []
+    if not picked or any(not 1 <= i <= len(names) for i in picked):
+        ap.error(f"--peer-sets {spec!r}: give 'all' or numbers 1-{len(names)} separated by commas, e.g. --peer-sets 3,4")
+    return {names[i - 1]: PEER_SETS[names[i - 1]] for i in picked}
 
 
 def _finish(args: argparse.Namespace, block: str, doc: dict[str, Any], section: str = "fitting") -> int:

@@ -174,6 +174,8 @@ def _demote() -> bool:
     if os.getsid(0) == os.getpid() and _AUTOGROUP.exists():
         _AUTOGROUP.write_text("19\n")
     if _capable(_CAP_SYS_NICE):
+        # inherited by the processes a test starts (SCHED_RESET_ON_FORK resets only real-time
+        # policies): a test that checks a server's priorities belongs in the ``apache`` group
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     return True
 

@@ -22,7 +22,9 @@ from overtake.controller.harness import php_fpm as pf
 from overtake.controller.harness.scratch import scratch_dir
 from overtake.controller.php_prio import read_counts, read_stage_counts
 
-pytestmark = pytest.mark.skipif(pf.php_available() is not None, reason=str(pf.php_available()))
+# a real php-fpm whose workers' priorities and timings are checked: in the real-server group, which
+# runs with every core at normal priority (tests/conftest.py)
+pytestmark = [pytest.mark.skipif(pf.php_available() is not None, reason=str(pf.php_available())), pytest.mark.apache]
 
 BURN = r"""<?php
 $ms = (float)($_GET['ms'] ?? 0);

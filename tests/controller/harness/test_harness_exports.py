@@ -8,7 +8,7 @@ from pathlib import Path
 import overtake.controller.harness as harness
 from overtake.controller.harness import apache, loadgen, prometheus
 
-APACHE_MODULES = {"access_log", "config", "cpu_priority", "instance", "lifecycle", "mod_status", "prepare"}
+APACHE_MODULES = {"access_log", "config", "cpu_priority", "instance", "lifecycle", "mod_status", "prepare", "prio_status"}
 
 
 def test_apache_all_is_sorted_and_complete() -> None:

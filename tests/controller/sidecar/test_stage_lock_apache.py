@@ -35,6 +35,7 @@ BIG, SMALL = 0.3, 0.005  # s the handler holds the lock (wall clock)
 BIG_BODY, SMALL_BODY = 16384, 64  # bytes: the stage's key (body_size bins)
 SMALLS = 4
 TRIALS = 5
+QUEUED_BY = 0.05  # s before the first big request releases the lock
 
 # POST /locked?hold=S: BEGIN IMMEDIATE, S s of wall clock holding the lock, UPDATE, COMMIT; the
 # body says when the handler was entered and left (µs).
@@ -113,20 +114,21 @@ def locked_apache(apache_available: None) -> Iterator[apache.ApacheInstance]:
         shutil.rmtree(parent, ignore_errors=True)
 
 
-def _post(side: SidecarProc, hold: float, size: int, out: list[tuple[float, float, float, float]]) -> None:
-    """One locked request: (hold, response time s, handler entry µs, handler exit µs)."""
+def _post(side: SidecarProc, hold: float, size: int, out: list[tuple[float, float, float, float, float]]) -> None:
+    """One locked request: (hold, response time s, handler entry µs, handler exit µs, sent µs)."""
+    sent = time.time() * 1e6  # the handler's clock: wall-clock microseconds
     t0 = time.monotonic()
     code, _, body = side.request("POST", f"/locked?hold={hold}", body=b"x" * size, timeout=60)
     rt = time.monotonic() - t0
     assert code == 200, body
     t_in, t_out = (float(v) for v in body.split())
-    out.append((hold, rt, t_in, t_out))
+    out.append((hold, rt, t_in, t_out, sent))
 
 
-def _trial(side: SidecarProc) -> list[tuple[float, float, float, float]]:
+def _trial(side: SidecarProc) -> list[tuple[float, float, float, float, float]]:
     """The trace: big ones at 0, 0.02 and 0.04 s, SMALLS small ones at 0.06 s (all while the first
     holds the lock)."""
-    out: list[tuple[float, float, float, float]] = []
+    out: list[tuple[float, float, float, float, float]] = []
     plan = [(0.0, BIG, BIG_BODY), (0.02, BIG, BIG_BODY), (0.04, BIG, BIG_BODY)] + [(0.06, SMALL, SMALL_BODY)] * SMALLS
     threads = []
     t0 = time.monotonic()
@@ -141,7 +143,7 @@ def _trial(side: SidecarProc) -> list[tuple[float, float, float, float]]:
     return out
 
 
-def _inside_together(rows: list[tuple[float, float, float, float]]) -> int:
+def _inside_together(rows: list[tuple[float, float, float, float, float]]) -> int:
     """Most handler executions overlapping at one instant."""
     events = sorted([(r[2], 1) for r in rows] + [(r[3], -1) for r in rows], key=lambda e: (e[0], e[1]))
     n = most = 0
@@ -151,20 +153,28 @@ def _inside_together(rows: list[tuple[float, float, float, float]]) -> int:
     return most
 
 
-def _run_arm(tmp: Path, apache_url: str, lock: bool) -> tuple[list[float], list[int], list[bool], str]:
+def _run_arm(tmp: Path, apache_url: str, lock: bool) -> tuple[list[float], list[int], list[bool | None], str]:
     side = SidecarProc(tmp, ["--policy", "passthrough", "--apache", apache_url], stages=_stages(lock))
     try:
-        warm: list[tuple[float, float, float, float]] = []
+        warm: list[tuple[float, float, float, float, float]] = []
         for _ in range(2):  # teaches the keys their holding times
             _post(side, BIG, BIG_BODY, warm)
             _post(side, SMALL, SMALL_BODY, warm)
-        small_means, together, smalls_first = [], [], []
+        small_means: list[float] = []
+        together: list[int] = []
+        smalls_first: list[bool | None] = []
         for _ in range(TRIALS):
             rows = _trial(side)
             small_means.append(statistics.fmean(r[1] for r in rows if r[0] == SMALL))
             together.append(_inside_together(rows))
-            later_bigs = sorted(r[2] for r in rows if r[0] == BIG)[1:]
-            smalls_first.append(all(r[3] <= min(later_bigs) for r in rows if r[0] == SMALL))
+            bigs = sorted((r[2], r[3]) for r in rows if r[0] == BIG)
+            smalls = [r for r in rows if r[0] == SMALL]
+            # only a trial whose small requests were all sent while the first big one still held the
+            # lock (by QUEUED_BY s) has an order to check: one the client sent late has nothing to overtake
+            if max(r[4] for r in smalls) <= bigs[0][1] - QUEUED_BY * 1e6:
+                smalls_first.append(all(r[3] <= min(b[0] for b in bigs[1:]) for r in smalls))
+            else:
+                smalls_first.append(None)
         metrics = side.request("GET", "/-/metrics")[2].decode()
         return small_means, together, smalls_first, metrics
     finally:
@@ -182,7 +192,8 @@ def test_lock_one_serialises_the_stage_in_the_sidecar(locked_apache: apache.Apac
     assert max(plain[1]) > 1, detail
     # ... with it never two in the handler at once, and the short ones go first
     assert locked[1] == [1] * TRIALS, detail
-    assert all(locked[2]), detail
+    checked = [first for first in locked[2] if first is not None]
+    assert len(checked) >= TRIALS - 2 and all(checked), detail
     assert statistics.median(locked[0]) <= 0.8 * statistics.median(plain[0]), detail
     waited = [line for line in locked[3].splitlines()
               if line.startswith('overtake_stage_lock_wait_seconds_total{stage="write"}')]
