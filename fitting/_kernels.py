@@ -17,8 +17,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import numpy as np
-
 from overtake import aot
 
 from ._poisson import EM_POISSON_EPS, MAX_STEP, POISSON_EPS
@@ -44,11 +42,7 @@ SIGNATURES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
 }
 #: the arrays each kernel takes: (position, dtype, ndim). The extension's unboxing checks neither dtype
 #: nor layout (a float64 array passed for an int64 one is read as int64), so the dispatcher does.
-_ARRAYS: dict[str, tuple[tuple[int, np.dtype[Any], int], ...]] = {
-    name: tuple((k, np.dtype(np.float64 if t.startswith("f8") else np.int64), t.count(",") + 1)
-                for k, t in enumerate(args) if "[" in t)
-    for name, (_, _, _, args) in SIGNATURES.items()
-}
+_ARRAYS: dict[str, aot.ArraySpecs] = {name: aot.array_specs(args) for name, (_, _, _, args) in SIGNATURES.items()}
 
 
 def _signature(name: str) -> str:
@@ -76,11 +70,7 @@ def aot_active() -> bool:
 
 
 def _fits(name: str, args: tuple[Any, ...]) -> bool:
-    for k, dtype, ndim in _ARRAYS[name]:
-        a = args[k]
-        if not (isinstance(a, np.ndarray) and a.dtype == dtype and a.ndim == ndim and a.flags.c_contiguous):
-            return False
-    return True
+    return aot.arrays_fit(args, _ARRAYS[name])
 
 
 def _call(name: str, args: tuple[Any, ...]) -> Any:

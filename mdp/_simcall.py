@@ -48,9 +48,7 @@ ARGS: tuple[str, ...] = (
 RESULT = f"Tuple(({_F}, {_F}, {_F}, f8, f8, {_F}, f8, i8, b1, i8))"
 #: (position, dtype, ndim) of each array argument: the extension's unboxing checks neither dtype nor
 #: layout (a float64 array passed for an int64 one would be read as int64), so :func:`run_kernel` does
-_ARRAYS: tuple[tuple[int, np.dtype[Any], int], ...] = tuple(
-    (k, np.dtype(np.float64 if t.startswith("f8") else np.int64), t.count(",") + 1)
-    for k, t in enumerate(ARGS) if "[" in t)
+_ARRAYS = aot.array_specs(ARGS)
 _SCALARS: tuple[tuple[int, tuple[type, ...]], ...] = tuple(
     (k, (float, np.floating) if t == "f8" else (int, np.integer)) for k, t in enumerate(ARGS) if "[" not in t)
 
@@ -75,12 +73,8 @@ def aot_active() -> bool:
 
 
 def _fits(args: tuple[Any, ...]) -> bool:
-    if len(args) != len(ARGS):
+    if len(args) != len(ARGS) or not aot.arrays_fit(args, _ARRAYS):
         return False
-    for k, dtype, ndim in _ARRAYS:
-        a = args[k]
-        if not (isinstance(a, np.ndarray) and a.dtype == dtype and a.ndim == ndim and a.flags.c_contiguous):
-            return False
     # bool is an int in Python but not an int64 to numba; numpy scalars unbox like Python's
     return all(isinstance(args[k], kind) and not isinstance(args[k], bool) for k, kind in _SCALARS)
 

@@ -15,7 +15,29 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["compile_extension", "load_current", "source_digest"]
+import numpy as np
+
+__all__ = ["ArraySpecs", "array_specs", "arrays_fit", "compile_extension", "load_current", "source_digest"]
+
+#: (position, dtype, ndim) of each array argument of a kernel
+ArraySpecs = tuple[tuple[int, "np.dtype[Any]", int], ...]
+
+
+def array_specs(types: Iterable[str]) -> ArraySpecs:
+    """The array arguments among a signature's numba types (``f8[::1]``, ``i8[:, ::1]``, scalars)."""
+    return tuple((k, np.dtype(np.float64 if t.startswith("f8") else np.int64), t.count(",") + 1)
+                 for k, t in enumerate(types) if "[" in t)
+
+
+def arrays_fit(args: tuple[Any, ...], specs: ArraySpecs) -> bool:
+    """Whether every array argument has the dtype, dimensions and C layout the extension was built
+    for. Its unboxing checks none of them (a float64 array passed for an int64 one is read as
+    int64), so the dispatcher must, and falls back to the JIT kernel otherwise."""
+    for k, dtype, ndim in specs:
+        a = args[k]
+        if not (isinstance(a, np.ndarray) and a.dtype == dtype and a.ndim == ndim and a.flags.c_contiguous):
+            return False
+    return True
 
 
 def source_digest(sources: Iterable[Path], signatures: Mapping[str, Any]) -> str:

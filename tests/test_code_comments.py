@@ -69,7 +69,7 @@ def lab_history(path: str, text: str) -> list[str]:
 @pytest.mark.parametrize(("text", "what"), [
     ("# the queue grows (issue 3)\n", "an issue number"),
     ("# see #32 for why\n", "an issue number"),
-    ('"""As in ../shared/papers/004.pdf."""\n', "a paper by number or path"),
+    ('"""As in ../' + 'shared/papers/004.pdf."""\n', "a paper by number or path"),  # split: this file cites no path
     ("# from paper 004, section 3\n", "a paper by number or path"),
     ("# PI took 55.9 s CPU\n", "a timing"),
     ("# (measured +3..11 ms over the prediction)\n", "a timing"),
