@@ -134,14 +134,15 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     runs (its fixtures, threads and child processes too) demoted: on the cores other than the last,
     where the ``apache`` tests pin their Apache, and at the lowest CPU priority (:func:`_demote`), so
     that the ``apache`` tests' clients and sidecars get a core whenever they want one. An ``apache``
-    test has every core at normal priority."""
-    done, every = _run_file("apache-done"), os.sched_getaffinity(0)
+    test has every core, raised above the machine's other work (:func:`_raise`)."""
+    done, every = _run_file("apache-done"), _CORES
     if done is None or len(every) < 2:
         yield
         return
-    demoted = False
+    demoted = raised = False
     if item.get_closest_marker("apache") is not None:
         item.config.stash[_RAN_APACHE] = True
+        raised = _raise()
     elif item.config.stash.get(_RAN_APACHE, False):
         done.touch()  # this worker ran the group and has moved past it
     elif not done.exists():
@@ -150,8 +151,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     try:
         yield
     finally:
-        os.sched_setaffinity(0, every)
-        if demoted:
+        os.sched_setaffinity(0, every)  # also whatever a test left narrowed
+        if demoted or raised:
             _restore()
 
 
@@ -164,13 +165,41 @@ _AUTOGROUP = Path("/proc/self/autogroup")
 _CAP_SYS_NICE = 23
 
 
+#: the cores this worker may use, read when it starts (a test that narrows its own affinity and
+#: fails before it widens it again must not shrink every later test's)
+_CORES = frozenset(os.sched_getaffinity(0))
+#: the autogroup nice of an ``apache`` test's worker: above the machine's other work (a shared CI
+#: runner's jobs, the other worker's children that raised themselves) so that its clients, sidecars
+#: and the threads that watch Apache's priorities are not starved, and below the private Apache's
+#: -20 so that on Apache's core the server still comes first
+_RAISED_NICE = -10
+
+
+def _own_session() -> None:
+    if os.getpgrp() != os.getpid() and os.getsid(0) != os.getpid():
+        os.setsid()  # once per worker; a group leader (not one under xdist) keeps its session
+
+
+def _raise() -> bool:
+    """This worker (the processes it starts too) above the machine's other work for an ``apache``
+    test: its own session at autogroup nice :data:`_RAISED_NICE` (root only: lowering a nice
+    value needs ``CAP_SYS_NICE``; without it the test runs as before)."""
+    _own_session()
+    if os.getsid(0) != os.getpid() or not _capable(_CAP_SYS_NICE):
+        return False
+    try:
+        _AUTOGROUP.write_text(f"{_RAISED_NICE}\n")
+    except OSError:  # a kernel without autogroups
+        return False
+    return True
+
+
 def _demote() -> bool:
     """This worker (the calling thread, the threads and processes it starts) at the lowest
     priority: its own session, autogroup nice 19, ``SCHED_IDLE`` (a thread of another policy that
     wakes preempts it at once). ``SCHED_IDLE`` only where :func:`_restore` can undo it
     (``CAP_SYS_NICE``): the same worker may run the ``apache`` group next."""
-    if os.getpgrp() != os.getpid() and os.getsid(0) != os.getpid():
-        os.setsid()  # once per worker; a group leader (not one under xdist) keeps its session
+    _own_session()
     if os.getsid(0) == os.getpid() and _AUTOGROUP.exists():
         _AUTOGROUP.write_text("19\n")
     if _capable(_CAP_SYS_NICE):
@@ -182,7 +211,7 @@ def _demote() -> bool:
 
 def _restore() -> None:
     if os.getsid(0) == os.getpid() and _AUTOGROUP.exists():
-        _AUTOGROUP.write_text("0\n")  # raising an autogroup back to 0 needs no capability
+        _AUTOGROUP.write_text("0\n")
     if os.sched_getscheduler(0) == os.SCHED_IDLE:
         os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
 

@@ -447,12 +447,11 @@ def test_error_responses_of_a_demoted_class_restore(
 def test_client_abort_mid_request_restores(clean: apache.ApacheInstance) -> None:
     before = _status(clean)
     host, port = apache.parse_listen(clean.listen)
-    s = socket.create_connection((host, port))
-    s.sendall(b"GET /stage1?work=0.25 HTTP/1.1\r\nHost: t\r\n\r\n")
-    _wait(lambda: any(p == SCHED_IDLE for _, p in _demoted(clean).values()), 10, "demotion to SCHED_IDLE")
-    # RST instead of FIN: the handler keeps burning, then writes into a dead connection.
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    s.close()
+    with socket.create_connection((host, port)) as s:
+        s.sendall(b"GET /stage1?work=0.25 HTTP/1.1\r\nHost: t\r\n\r\n")
+        _wait(lambda: any(p == SCHED_IDLE for _, p in _demoted(clean).values()), 10, "demotion to SCHED_IDLE")
+        # RST instead of FIN: the handler keeps burning, then writes into a dead connection.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     _ended_at(clean, 2, before.requests[2] + 1)
     after = _status(clean)
     assert after.requests[2] - before.requests[2] == 1
