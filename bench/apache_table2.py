@@ -242,8 +242,9 @@ def start_lever_apache(tmp: Path, case: int, args: argparse.Namespace, threshold
     control file whose count table holds their requests; started with our affinity widened, as
     the launcher checks it."""
     os.sched_setaffinity(0, {server_core, client_core})
-    staged: dict[str, Any] = ({"control_file": control, "stages": MODULE_STAGES, "stage_hold": 3600.0}
-                              if control else {})
+    # the follow-up's reservation, as the sidecar's limiter keeps it (its follow_up_timeout)
+    staged: dict[str, Any] = ({"control_file": control, "stages": MODULE_STAGES, "stage_hold": 3600.0,
+                               "stage_next": (("stage1", "stage2"),)} if control else {})
     cp = (apache.CpuPriority(levels=(threshold_s,), nice=("idle",), gate=gate, **staged) if threshold_s is not None
           else apache.CpuPriority(levels=(3600.0,), nice=("idle",), age=False, gate=gate, **staged))
     try:

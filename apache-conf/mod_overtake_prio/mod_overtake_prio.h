@@ -243,6 +243,8 @@ void *op_stage_create_dir_conf(apr_pool_t *p, char *dir);
 void *op_stage_merge_dir_conf(apr_pool_t *p, void *base, void *add);
 const char *op_stage_set(cmd_parms *cmd, void *dconf, const char *name);
 const char *op_stage_set_hold(cmd_parms *cmd, void *dconf, const char *w);
+const char *op_stage_set_next(cmd_parms *cmd, void *dconf, const char *from, const char *to);
+const char *op_stage_set_follow_up(cmd_parms *cmd, void *dconf, const char *w);
 int op_stage_pre_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp);
 void op_stage_prepare(server_rec *s);
 int op_stage_fixups(request_rec *r);

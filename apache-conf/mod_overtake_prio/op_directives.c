@@ -242,6 +242,8 @@ const command_rec op_cmds[] = {
     OP_TIMES_CMDS,
     AP_INIT_TAKE1("OvertakeStage", op_stage_set, NULL, ACCESS_CONF, "the stage of the requests matched by this <Location>, <LocationMatch> or <If> (a name of the sidecar's stages file; 'none': no stage); the control file's count table holds them"),
     AP_INIT_TAKE1("OvertakeStageHold", op_stage_set_hold, NULL, RSRC_CONF, "seconds a request waits at most for its stage's turn before it runs anyway (default 30)"),
+    AP_INIT_TAKE2("OvertakeStageNext", op_stage_set_next, NULL, RSRC_CONF, "FIRST SECOND: a request of stage FIRST that ends on a kept-alive connection reserves a turn of stage SECOND for the connection's next request (default: none)"),
+    AP_INIT_TAKE1("OvertakeStageFollowUp", op_stage_set_follow_up, NULL, RSRC_CONF, "seconds a follow-up reservation waits for the connection's next request before it is given up (default 0.005)"),
     AP_INIT_TAKE1("OvertakeControlFile", take_word, &dir_control_file, RSRC_CONF, "file the sidecar writes the age thresholds of its policy to (its control_file): they replace OvertakePrioLevels while the file is valid, without a restart (default: none)"),
     {NULL}
 };

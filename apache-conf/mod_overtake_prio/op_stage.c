@@ -25,6 +25,19 @@
  * threads; behind FastCGI the Apache worker only waits, though it still counts as running: the
  * table is admission against the backend's pool).
  *
+ * Tandem routing (van der Weij et al.: a request leaving stage i joins queue i+1 at that instant):
+ * with `OvertakeStageNext FIRST SECOND`, a request of FIRST that ends on a keep-alive HTTP/1
+ * connection leaves a reservation for the connection's next request in SECOND's queue before the
+ * completing worker decides, as the sidecar's limiter does, so the decision sees the request that
+ * moves on. The reservation takes a ticket like an arrival (it waits, or is started and holds its
+ * slot idle). The connection's next request of SECOND takes the ticket over (it runs at once if
+ * the ticket was started, else it waits on it); any other request on the connection, the
+ * connection's close, or `OvertakeStageFollowUp` seconds without a request give it up (counted
+ * by outcome). Without it the client's round trip lets a newcomer of SECOND take the slot first.
+ * Expiry is checked at every decision and status read, and a held request wakes at least once
+ * per follow-up timeout while reservations exist, so an expired one never blocks a start for
+ * long when nothing else happens.
+ *
  * Like the sidecar's limiter, a table that starts nothing while nothing runs would idle the server
  * with requests waiting: then the oldest request of the last stage with waiters starts (a
  * guard start, counted).
@@ -56,6 +69,12 @@
 #define OS_NONE (-1)                /* OvertakeStage none */
 #define OS_UNSET (-2)
 #define OS_USERDATA "overtake-stage"   /* on the first request's pool: its os_req */
+#define OS_CONN_KEY "overtake-stage-follow"  /* on the connection's pool: its os_conn */
+#define OS_MAX_RES 1024             /* reservations outstanding at once (one per connection) */
+
+/* How a reservation ended (overtake_stage_reservations_ended_total{outcome}). */
+enum { OS_RES_CLAIMED, OS_RES_EXPIRED, OS_RES_CLOSED, OS_RES_OTHER, OS_RES_N };
+static const char *const os_res_name[OS_RES_N] = {"claimed", "expired", "closed", "other"};
 
 /* Where a request's work ran, by the handler that served it (overtake_stage_served_total). */
 enum { OS_BY_APACHE, OS_BY_FCGI, OS_BY_PROXY, OS_BY_CGI, OS_BY_N };
@@ -71,7 +90,20 @@ typedef struct {
     apr_uint64_t overflows;         /* found the queue's ticket ring full and ran at once */
     apr_uint64_t unheld;            /* ran at once because no table was in force for the stage */
     apr_uint64_t served[OS_BY_N];   /* logged, by where their work ran */
+    apr_uint64_t reservations;      /* follow-up reservations made in this stage */
+    apr_uint64_t res_full;          /* ... not made: every reservation slot was in use */
+    apr_uint64_t res_ended[OS_RES_N];
+    int32_t reserved;               /* reservations outstanding (each holds a ticket) */
 } os_stage;
+
+/* A connection's reservation: a ticket of its stage's queue, kept for the connection's next
+ * request until expires_ns. Slots are reused: gen tells a connection's slot from its reuse. */
+typedef struct {
+    int32_t stage;                  /* -1: free */
+    uint32_t ticket;
+    uint32_t gen;
+    int64_t expires_ns;
+} os_res;
 
 typedef struct {
     pthread_mutex_t mu;
@@ -81,14 +113,23 @@ typedef struct {
     apr_uint64_t guard_starts;
     apr_uint64_t wakes;             /* futex wake-ups issued (a system call each) */
     os_stage st[OS_MAX_STAGES];
+    int32_t next[OS_MAX_STAGES];    /* OvertakeStageNext: the stage a follow-up reserves, or -1 */
+    int64_t follow_ns;              /* OvertakeStageFollowUp */
+    uint32_t nres;                  /* reservations outstanding, all stages */
+    uint32_t res_hi;                /* slots [0, res_hi) may be in use */
+    int64_t res_due;                /* no reservation expires before this */
+    os_res res[OS_MAX_RES];
 } os_shared;
 
 static os_shared *os_shm;
+static int os_follow_on;            /* some stage has a next stage (OvertakeStageNext) */
 
 /* The names of the config being read (reset by pre_config: Apache reads its config twice). */
 static char os_names[OS_MAX_STAGES][OS_NAME_BYTES];
 static int os_nnames;
 static double os_hold_s = 30.0;     /* OvertakeStageHold */
+static int os_next[OS_MAX_STAGES];  /* OvertakeStageNext of the config being read (-1: none) */
+static double os_follow_s = 0.005;  /* OvertakeStageFollowUp: about a loopback client's round trip */
 
 /* This child's table: a copy of the control file's stage section, and where its stages are. */
 static struct {
@@ -107,7 +148,14 @@ typedef struct {
 
 typedef struct {
     int stage;                      /* the stage the request was counted in */
+    request_rec *r;                 /* the first request (its connection, at its end) */
 } os_req;
+
+/* A connection's hold on a reservation slot (on its pool; slot -1: none). */
+typedef struct {
+    int slot;
+    uint32_t gen;
+} os_conn;
 
 /* ------------------------------------------------------------------------ directives */
 
@@ -127,31 +175,84 @@ void *op_stage_merge_dir_conf(apr_pool_t *p, void *base, void *add)
     return d;
 }
 
-const char *op_stage_set(cmd_parms *cmd, void *dconf, const char *name)
+/* The index of stage name (added if new), or -1 with *err set. */
+static int stage_index(cmd_parms *cmd, const char *name, const char **err)
 {
-    os_dir_conf *d = dconf;
     uint8_t padded[OS_NAME_BYTES];
     int i;
-    if (!strcasecmp(name, "none")) {
-        d->stage = OS_NONE;
-        return NULL;
-    }
     memset(padded, 0, sizeof padded);
     if (strlen(name) >= OS_NAME_BYTES || (memcpy(padded, name, strlen(name)), !os_name_ok(padded))) {
-        return apr_psprintf(cmd->pool, "OvertakeStage: '%s' is not a stage name: 1..%d letters, "
-                            "digits, '_', '.', '-' (the name of the sidecar's stages file)",
-                            name, OS_NAME_BYTES - 1);
+        *err = apr_psprintf(cmd->pool, "%s: '%s' is not a stage name: 1..%d letters, digits, '_', "
+                            "'.', '-' (the name of the sidecar's stages file)",
+                            cmd->cmd->name, name, OS_NAME_BYTES - 1);
+        return -1;
     }
     for (i = 0; i < os_nnames && strcmp(os_names[i], name); i++) {
     }
     if (i == os_nnames) {
         if (os_nnames == OS_MAX_STAGES) {
-            return apr_psprintf(cmd->pool, "OvertakeStage: '%s' would be stage %d; at most %d "
-                                "stages", name, OS_MAX_STAGES + 1, OS_MAX_STAGES);
+            *err = apr_psprintf(cmd->pool, "%s: '%s' would be stage %d; at most %d stages",
+                                cmd->cmd->name, name, OS_MAX_STAGES + 1, OS_MAX_STAGES);
+            return -1;
         }
-        memcpy(os_names[os_nnames++], padded, OS_NAME_BYTES);
+        memcpy(os_names[os_nnames], padded, OS_NAME_BYTES);
+        os_next[os_nnames++] = -1;
+    }
+    return i;
+}
+
+const char *op_stage_set(cmd_parms *cmd, void *dconf, const char *name)
+{
+    os_dir_conf *d = dconf;
+    const char *err = NULL;
+    int i;
+    if (!strcasecmp(name, "none")) {
+        d->stage = OS_NONE;
+        return NULL;
+    }
+    if ((i = stage_index(cmd, name, &err)) < 0) {
+        return err;
     }
     d->stage = i;
+    return NULL;
+}
+
+const char *op_stage_set_next(cmd_parms *cmd, void *dconf, const char *from, const char *to)
+{
+    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
+    int a, b;
+    (void)dconf;
+    if (err) {
+        return err;
+    }
+    if ((a = stage_index(cmd, from, &err)) < 0 || (b = stage_index(cmd, to, &err)) < 0) {
+        return err;
+    }
+    if (a == b) {
+        return apr_psprintf(cmd->pool, "OvertakeStageNext: '%s' cannot follow itself; name the "
+                            "stage its requests' follow-ups belong to", from);
+    }
+    if (os_next[a] >= 0 && os_next[a] != b) {
+        return apr_psprintf(cmd->pool, "OvertakeStageNext: '%s' already has next stage '%s'; a "
+                            "stage has at most one", from, os_names[os_next[a]]);
+    }
+    os_next[a] = b;
+    return NULL;
+}
+
+const char *op_stage_set_follow_up(cmd_parms *cmd, void *dconf, const char *w)
+{
+    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
+    double v;
+    (void)dconf;
+    if (err) {
+        return err;
+    }
+    if (!op_parse_seconds(w, 0.0001, 60, &v)) {
+        return apr_psprintf(cmd->pool, "OvertakeStageFollowUp: '%s' must be seconds in [0.0001, 60], "
+                            "the longest a reservation waits for the connection's next request", w);
+    }
+    os_follow_s = v;
     return NULL;
 }
 
@@ -212,6 +313,105 @@ static int32_t grant(int i, int32_t n)
     return done;
 }
 
+/* ------------------------------------------------------------------------ reservations */
+
+/* Free reservation slot i (lock held), ended by outcome; its ticket stays where it is. */
+static void res_free(uint32_t i, int outcome)
+{
+    os_res *v = &os_shm->res[i];
+    os_shm->st[v->stage].reserved--;
+    ADD(os_shm->st[v->stage].res_ended[outcome], 1);
+    v->stage = -1;
+    v->gen++;  /* the connection that held it no longer finds it */
+    os_shm->nres--;
+    while (os_shm->res_hi && os_shm->res[os_shm->res_hi - 1].stage < 0) {
+        os_shm->res_hi--;
+    }
+}
+
+/* Give reservation slot i up (lock held): a started ticket frees its slot, a waiting one is
+ * skipped by the grants. The caller decides next. */
+static void res_end(uint32_t i, int outcome)
+{
+    os_queue *q = &os_shm->st[os_shm->res[i].stage].q;
+    uint32_t t = os_shm->res[i].ticket;
+    if (os_granted(q->head, t)) {
+        os_complete(q);
+    }
+    else {
+        q->gone[t % OS_RING] = 1;
+        q->waiting--;
+    }
+    res_free(i, outcome);
+}
+
+/* Give up the reservations whose follow-up did not come in time (lock held); how many. */
+static int res_expire(int64_t now)
+{
+    int64_t due = INT64_MAX;
+    uint32_t i;
+    int n = 0;
+    if (!os_shm->nres || now < os_shm->res_due) {
+        return 0;
+    }
+    for (i = 0; i < os_shm->res_hi; i++) {
+        const os_res *v = &os_shm->res[i];
+        if (v->stage < 0) {
+            continue;
+        }
+        if (v->expires_ns <= now) {
+            res_end(i, OS_RES_EXPIRED);
+            n++;
+        }
+        else if (v->expires_ns < due) {
+            due = v->expires_ns;
+        }
+    }
+    os_shm->res_due = due;
+    return n;
+}
+
+/* The reservation the connection still holds (lock held), taken from it: its slot, or -1. */
+static int res_take(os_conn *oc)
+{
+    int i;
+    if (!oc || oc->slot < 0) {
+        return -1;
+    }
+    i = oc->slot;
+    oc->slot = -1;
+    return os_shm->res[i].stage >= 0 && os_shm->res[i].gen == oc->gen ? i : -1;
+}
+
+/* Reserve a ticket of stage for the connection's next request (lock held, before the decision):
+ * 0 if every slot or the stage's ticket ring is in use (no reservation: the follow-up arrives as
+ * a newcomer). */
+static int res_make(os_conn *oc, int stage, int64_t now)
+{
+    os_stage *s = &os_shm->st[stage];
+    os_res *v;
+    uint32_t i, t;
+    for (i = 0; i < os_shm->res_hi && os_shm->res[i].stage >= 0; i++) {
+    }
+    if (i == OS_MAX_RES || !os_enqueue(&s->q, &t)) {
+        ADD(s->res_full, 1);
+        return 0;
+    }
+    v = &os_shm->res[i];
+    v->stage = stage;
+    v->ticket = t;
+    v->expires_ns = now + os_shm->follow_ns;
+    if (i == os_shm->res_hi) {
+        os_shm->res_hi++;
+    }
+    os_shm->res_due = os_shm->nres++ && os_shm->res_due < v->expires_ns ? os_shm->res_due : v->expires_ns;
+    s->reserved++;
+    ADD(s->reservations, 1);
+    oc->slot = (int)i;
+    oc->gen = v->gen;
+    return 1;
+}
+
 /* A decision epoch (lock held): what the table says for the counts now. */
 static void epoch(void)
 {
@@ -220,6 +420,9 @@ static void epoch(void)
     uint8_t a[OS_MAX_TSTAGES];
     int started = 0;
     ADD(os_shm->epochs, 1);
+    if (os_shm->nres) {
+        res_expire(op_mono_ns());  /* an expired reservation's slot is free for this decision */
+    }
     pthread_rwlock_rdlock(&tab.lock);
     for (i = 0; i < n; i++) {
         if (!tab.generation || tab.in_table[i] < 0) {
@@ -303,14 +506,66 @@ void op_stage_table(const uint8_t *section, size_t n, uint32_t gen)
 
 /* ------------------------------------------------------------------------ requests */
 
+/* The connection closed: its reservation, if any, is given up. */
+static apr_status_t conn_closed(void *data)
+{
+    os_conn *oc = data;
+    int i;
+    if (oc->slot < 0) {
+        return APR_SUCCESS;
+    }
+    os_lock();
+    if ((i = res_take(oc)) >= 0) {
+        res_end((uint32_t)i, OS_RES_CLOSED);
+        epoch();
+    }
+    os_unlock();
+    return APR_SUCCESS;
+}
+
+/* The connection's reservation state (created with the cleanup that gives it up on close). */
+static os_conn *conn_state(conn_rec *c, int create)
+{
+    void *oc = NULL;
+    if (apr_pool_userdata_get(&oc, OS_CONN_KEY, c->pool) == APR_SUCCESS && oc) {
+        return oc;
+    }
+    if (!create) {
+        return NULL;
+    }
+    oc = apr_palloc(c->pool, sizeof(os_conn));
+    ((os_conn *)oc)->slot = -1;
+    apr_pool_userdata_setn(oc, OS_CONN_KEY, NULL, c->pool);
+    apr_pool_cleanup_register(c->pool, oc, conn_closed, apr_pool_cleanup_null);
+    return oc;
+}
+
 static apr_status_t complete(void *data)
 {
     const os_req *q = data;
+    conn_rec *c = q->r->connection;
+    int nx = os_shm->next[q->stage], i, full = 0;
+    /* a follow-up can come only on an HTTP/1 connection kept alive (an HTTP/2 stream's
+     * connection ends with its stream) */
+    os_conn *oc = nx >= 0 && q->r->proto_num < HTTP_VERSION(2, 0) && c->keepalive == AP_CONN_KEEPALIVE
+                  && !c->aborted ? conn_state(c, 1) : NULL;
     op_control_look();  /* decide by the newest table, not the one of this request's start */
     os_lock();
     os_complete(&os_shm->st[q->stage].q);
+    if (oc) {
+        if ((i = res_take(oc)) >= 0) {
+            res_end((uint32_t)i, OS_RES_OTHER);  /* a pipelined request's, never claimed */
+        }
+        full = !res_make(oc, nx, op_mono_ns()) && LOAD(os_shm->st[nx].res_full) == 1;
+    }
     epoch();  /* the completing worker decides what starts next */
     os_unlock();
+    if (full) {  /* once per stage: the counter tells the rest */
+        ap_log_cerror(APLOG_MARK, APLOG_WARNING, 0, c, APLOGNO(90303) "mod_overtake_prio: no "
+                      "follow-up reservation of stage %s could be made (all %d slots or its "
+                      "queue's tickets in use); its follow-ups arrive as newcomers meanwhile",
+                      os_shm->names[nx], OS_MAX_RES);
+    }
     return APR_SUCCESS;
 }
 
@@ -322,17 +577,32 @@ static int hold_counted(os_stage *s, uint32_t t, int64_t deadline)
         uint32_t h = __atomic_load_n(&s->q.head, __ATOMIC_SEQ_CST);
         struct timespec ts;
         int given;
+        int64_t now = op_mono_ns(), wake = deadline;
         if (os_granted(h, t)) {
             return 1;
         }
-        if (op_mono_ns() >= deadline) {
+        if (now >= deadline) {
             os_lock();
             given = os_give_up(&s->q, t);
             os_unlock();
             return given;
         }
-        ts.tv_sec = (time_t)(deadline / 1000000000);
-        ts.tv_nsec = (long)(deadline % 1000000000);
+        if (os_follow_on) {
+            /* a reservation expires without a decision: some held request must see it */
+            if (LOAD(os_shm->nres) && now >= LOAD(os_shm->res_due)) {
+                os_lock();
+                if (res_expire(now)) {
+                    epoch();
+                }
+                os_unlock();
+                continue;
+            }
+            if (now + os_shm->follow_ns < wake) {
+                wake = now + os_shm->follow_ns;
+            }
+        }
+        ts.tv_sec = (time_t)(wake / 1000000000);
+        ts.tv_nsec = (long)(wake % 1000000000);
         /* absolute CLOCK_MONOTONIC deadline; wakes for this ticket's bit or a spurious one */
         syscall(SYS_futex, &s->q.head, FUTEX_WAIT_BITSET, h, &ts, NULL, 1u << (t & 31));
     }
@@ -363,8 +633,9 @@ int op_stage_fixups(request_rec *r)
     request_rec *r0 = r;
     os_req *q;
     os_stage *s;
+    os_conn *oc;
     uint32_t ticket;
-    int queued, granted;
+    int queued, granted, stage, res;
     int64_t t0;
     void *seen = NULL;
     if (!os_shm || r->main) {
@@ -379,18 +650,41 @@ int op_stage_fixups(request_rec *r)
         return DECLINED;
     }
     d = ap_get_module_config(r->per_dir_config, &overtake_prio_module);
-    if (!d || d->stage < 0 || (uint32_t)d->stage >= os_shm->nstages) {
+    stage = d && d->stage >= 0 && (uint32_t)d->stage < os_shm->nstages ? d->stage : -1;
+    oc = os_follow_on ? conn_state(r->connection, 0) : NULL;
+    if (stage < 0) {
+        if (oc && oc->slot >= 0) {
+            os_lock();
+            if ((res = res_take(oc)) >= 0) {
+                res_end((uint32_t)res, OS_RES_OTHER);  /* not the follow-up it was kept for */
+                epoch();
+            }
+            os_unlock();
+        }
         return DECLINED;
     }
     q = apr_palloc(r0->pool, sizeof *q);
-    q->stage = d->stage;
+    q->stage = stage;
+    q->r = r0;
     stage_env(r, q->stage);
     apr_pool_userdata_setn(q, OS_USERDATA, NULL, r0->pool);
     s = &os_shm->st[q->stage];
     ADD(s->requests, 1);
     os_lock();
-    queued = os_enqueue(&s->q, &ticket);
-    if (!queued) {
+    res = res_take(oc);
+    if (res >= 0 && (os_shm->res[res].stage != stage || os_shm->res[res].expires_ns <= op_mono_ns())) {
+        res_end((uint32_t)res, os_shm->res[res].stage != stage ? OS_RES_OTHER : OS_RES_EXPIRED);
+        epoch();
+        res = -1;
+    }
+    if (res >= 0) {
+        /* the follow-up takes its reservation's ticket over: started already, or waiting in
+         * the place the reservation took */
+        ticket = os_shm->res[res].ticket;
+        res_free((uint32_t)res, OS_RES_CLAIMED);
+        queued = 1;
+    }
+    else if (!(queued = os_enqueue(&s->q, &ticket))) {
         s->q.active++;
         ADD(s->overflows, 1);
     }
@@ -453,6 +747,7 @@ int op_stage_pre_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp)
     (void)pconf; (void)plog; (void)ptemp;
     os_nnames = 0;
     os_hold_s = 30.0;
+    os_follow_s = 0.005;
     return OK;
 }
 
@@ -479,6 +774,9 @@ void op_stage_prepare(server_rec *s)
             return;
         }
         memset(m, 0, sizeof(os_shared));
+        for (i = 0; i < OS_MAX_RES; i++) {
+            ((os_shared *)m)->res[i].stage = -1;
+        }
         pthread_mutexattr_init(&ma);
         pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
         pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
@@ -491,11 +789,24 @@ void op_stage_prepare(server_rec *s)
     /* a restart may rename or reorder the stages: the counts follow the names' positions */
     for (i = 0; i < os_nnames; i++) {
         if (strncmp(os_shm->names[i], os_names[i], OS_NAME_BYTES)) {
+            uint32_t j;
+            for (j = 0; j < os_shm->res_hi; j++) {
+                if (os_shm->res[j].stage == i) {
+                    res_free(j, OS_RES_CLOSED);  /* its ticket went with the queue */
+                }
+            }
             memset(&os_shm->st[i].q, 0, sizeof os_shm->st[i].q);
+            os_shm->st[i].reserved = 0;
             memcpy(os_shm->names[i], os_names[i], OS_NAME_BYTES);
         }
     }
     os_shm->nstages = (uint32_t)os_nnames;
+    os_follow_on = 0;
+    for (i = 0; i < OS_MAX_STAGES; i++) {
+        os_shm->next[i] = i < os_nnames ? os_next[i] : -1;
+        os_follow_on |= os_shm->next[i] >= 0;
+    }
+    os_shm->follow_ns = (int64_t)(os_follow_s * 1e9);
     os_unlock();
 }
 
@@ -515,15 +826,25 @@ static void metric(request_rec *r, const char *name, const char *type, const cha
 void op_stage_status(request_rec *r)
 {
     uint32_t n, i;
-    int32_t waiting[OS_MAX_STAGES], active[OS_MAX_STAGES];
+    int32_t waiting[OS_MAX_STAGES], active[OS_MAX_STAGES], rwait[OS_MAX_STAGES] = {0},
+            rrun[OS_MAX_STAGES] = {0};
     if (!os_shm) {
         return;
     }
     os_lock();
+    if (res_expire(op_mono_ns())) {
+        epoch();  /* a freed slot may start a waiting request */
+    }
     n = os_shm->nstages;
+    for (i = 0; i < os_shm->res_hi; i++) {
+        const os_res *v = &os_shm->res[i];
+        if (v->stage >= 0) {
+            (os_granted(os_shm->st[v->stage].q.head, v->ticket) ? rrun : rwait)[v->stage]++;
+        }
+    }
     for (i = 0; i < n; i++) {
-        waiting[i] = os_shm->st[i].q.waiting;
-        active[i] = os_shm->st[i].q.active;
+        waiting[i] = os_shm->st[i].q.waiting - rwait[i];  /* requests only: reservations apart */
+        active[i] = os_shm->st[i].q.active - rrun[i];
     }
     os_unlock();
     metric(r, "overtake_stage_waiting", "gauge", "Requests of the stage waiting for their turn.");
@@ -533,6 +854,30 @@ void op_stage_status(request_rec *r)
     metric(r, "overtake_stage_active", "gauge", "Requests of the stage running (started, not ended).");
     for (i = 0; i < n; i++) {
         ap_rprintf(r, "overtake_stage_active{stage=\"%s\"} %d\n", os_shm->names[i], active[i]);
+    }
+    metric(r, "overtake_stage_reserved", "gauge", "Follow-up reservations of the stage outstanding "
+           "(state=waiting: in its queue; started: holding a slot idle for the connection's next "
+           "request). The count table sees waiting + active + reserved.");
+    for (i = 0; i < n; i++) {
+        ap_rprintf(r, "overtake_stage_reserved{stage=\"%s\",state=\"waiting\"} %d\n"
+                   "overtake_stage_reserved{stage=\"%s\",state=\"started\"} %d\n",
+                   os_shm->names[i], rwait[i], os_shm->names[i], rrun[i]);
+    }
+    STAGE_COUNTER("overtake_stage_reservations_total", reservations,
+                  "Follow-up reservations made in the stage (OvertakeStageNext).");
+    STAGE_COUNTER("overtake_stage_reservations_refused_total", res_full,
+                  "Follow-ups of the stage not reserved: every reservation slot or queue ticket was in use.");
+    metric(r, "overtake_stage_reservations_ended_total", "counter",
+           "Follow-up reservations ended, by outcome (claimed: the connection's next request took "
+           "it; expired: none came within OvertakeStageFollowUp; closed: the connection closed; "
+           "other: the next request was of another stage).");
+    for (i = 0; i < n; i++) {
+        int o;
+        for (o = 0; o < OS_RES_N; o++) {
+            ap_rprintf(r, "overtake_stage_reservations_ended_total{stage=\"%s\",outcome=\"%s\"} %"
+                       APR_UINT64_T_FMT "\n", os_shm->names[i], os_res_name[o],
+                       LOAD(os_shm->st[i].res_ended[o]));
+        }
     }
     STAGE_COUNTER("overtake_stage_requests_total", requests, "Requests of the stage (OvertakeStage).");
     STAGE_COUNTER("overtake_stage_held_total", held, "Requests of the stage that waited for their turn.");
@@ -586,4 +931,7 @@ void op_stage_status(request_rec *r)
     pthread_rwlock_unlock(&tab.lock);
     metric(r, "overtake_stage_hold_limit_seconds", "gauge", "OvertakeStageHold.");
     ap_rprintf(r, "overtake_stage_hold_limit_seconds %g\n", os_hold_s);
+    metric(r, "overtake_stage_follow_up_limit_seconds", "gauge",
+           "OvertakeStageFollowUp: how long a follow-up reservation waits for its request.");
+    ap_rprintf(r, "overtake_stage_follow_up_limit_seconds %g\n", (double)os_shm->follow_ns / 1e9);
 }

@@ -167,6 +167,13 @@ class CpuPriority:
     stage_hold : float
         Seconds a request waits at most for its stage's turn before it runs anyway
         (0.001..3600). ``OvertakeStageHold``.
+    stage_next : tuple of (str, str)
+        Module mode's tandem routing: ``(first, second)`` pairs of stage names; a request of
+        ``first`` that ends on a kept-alive connection reserves a turn of ``second`` for the
+        connection's next request. ``OvertakeStageNext``.
+    stage_follow_up : float
+        Seconds a reservation waits for the connection's next request (0.0001..60).
+        ``OvertakeStageFollowUp``.
     """
 
     levels: tuple[float, ...] = (0.005, 0.05)
@@ -186,6 +193,8 @@ class CpuPriority:
     request_times: bool = False
     stages: tuple[tuple[str, str], ...] = ()
     stage_hold: float = 30.0
+    stage_next: tuple[tuple[str, str], ...] = ()
+    stage_follow_up: float = 0.005
     priorities: tuple[int | str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -290,6 +299,14 @@ class CpuPriority:
         hold = self.stage_hold
         if isinstance(hold, bool) or not isinstance(hold, (int, float)) or not 0.001 <= hold <= 3600:
             raise ApacheInputError(f"cpu_priority.stage_hold: seconds in 0.001..3600, got {hold!r}")
+        names = {name for name, _ in self.stages}
+        for pair in self.stage_next:
+            if not (isinstance(pair, tuple) and len(pair) == 2 and all(p in names for p in pair) and pair[0] != pair[1]):
+                raise ApacheInputError(f"cpu_priority.stage_next: {pair!r} must be a (first, second) pair of two "
+                                       f"different names of cpu_priority.stages ({sorted(names)})")
+        follow = self.stage_follow_up
+        if isinstance(follow, bool) or not isinstance(follow, (int, float)) or not 0.0001 <= follow <= 60:
+            raise ApacheInputError(f"cpu_priority.stage_follow_up: seconds in 0.0001..60, got {follow!r}")
 
     def _check_guard(self) -> None:
         for m in self.exempt_methods:
@@ -318,6 +335,9 @@ class CpuPriority:
 
 def _stage_lines(cp: CpuPriority) -> str:
     lines = [f"OvertakeStageHold {float(cp.stage_hold)!r}"] if cp.stages else ["# no stages"]
+    lines += [f"OvertakeStageNext {a} {b}" for a, b in cp.stage_next]
+    if cp.stage_next:
+        lines.append(f"OvertakeStageFollowUp {float(cp.stage_follow_up)!r}")
     for name, regex in cp.stages:
         lines += [f'<LocationMatch "{regex}">', f"        OvertakeStage {name}", "    </LocationMatch>"]
     return "\n    ".join(lines)
