@@ -26,8 +26,8 @@ from support.control_apache import control_apache
 
 from overtake.controller.harness import apache
 from overtake.controller.sidecar.control_file import ControlFile
-from overtake.controller.sidecar.policies import BaselinePolicy
 from overtake.controller.sidecar.count_table import from_policy
+from overtake.controller.sidecar.policies import BaselinePolicy
 
 NAMES = ("first", "second")
 FOLLOW_UP = 2.0  # OvertakeStageFollowUp: long enough to act between the two requests

@@ -230,6 +230,12 @@ def test_cpu_priority_defaults_and_tokens() -> None:
         ({"cpu_resolution": True}, "cpu_priority.cpu_resolution"),
         ({"class_header": "X Bad"}, "cpu_priority.class_header"),
         ({"cap_sys_nice": "yes"}, "cpu_priority.cap_sys_nice"),
+        ({"control_file": "/dev/shm/x", "stages": (("a", "^/a$"),), "stage_next": (("a", "b"),)},
+         "cpu_priority.stage_next"),
+        ({"control_file": "/dev/shm/x", "stages": (("a", "^/a$"),), "stage_next": (("a", "a"),)},
+         "cpu_priority.stage_next"),
+        ({"control_file": "/dev/shm/x", "stages": (("a", "^/a$"),), "stage_follow_up": 0.0},
+         "cpu_priority.stage_follow_up"),
     ],
 )
 def test_cpu_priority_rejects_bad_input(kwargs: dict[str, object], field: str) -> None:
@@ -310,6 +316,10 @@ def test_parse_prio_status_sample() -> None:
         ("OvertakePrioNice 10x idle", "OvertakePrioNice: '10x' must be a nice increment"),
         ("OvertakePrioRlimitNice 41", "OvertakePrioRlimitNice: '41' must be in 0..40"),
         ("OvertakeGate relative/path", "OvertakeGate: 'relative/path' must be an absolute path"),
+        ("OvertakeStageNext a a", "OvertakeStageNext: 'a' cannot follow itself"),
+        ("OvertakeStageNext a b\nOvertakeStageNext a c", "OvertakeStageNext: 'a' already has next stage 'b'"),
+        ("OvertakeStageNext a b/c", "OvertakeStageNext: 'b/c' is not a stage name"),
+        ("OvertakeStageFollowUp 0", "OvertakeStageFollowUp: '0' must be seconds in [0.0001, 60]"),
     ],
 )
 def test_directives_rejected_by_config_test(
