@@ -257,7 +257,8 @@ def start_lever_apache(tmp: Path, case: int, args: argparse.Namespace, threshold
 
 def module_counts(inst: apache.ApacheInstance) -> dict[str, Any]:
     """The module's stage counters (``--enforce module``): requests, held, hold timeouts, total
-    hold seconds per stage, and the count table's generation (since Apache started)."""
+    hold seconds per stage, follow-up reservations made and ended (by outcome), and the count
+    table's generation (since Apache started)."""
     host, port = apache.parse_listen(inst.listen)
     with urllib.request.urlopen(f"http://{host}:{port}{STATUS_PATH}", timeout=10) as r:
         text = r.read().decode()
@@ -266,6 +267,10 @@ def module_counts(inst: apache.ApacheInstance) -> dict[str, Any]:
                          r'guard_starts_total|table_generation)(?:\{stage="([^"]+)"\})? (\S+)$', text, re.M):
         key = m.group(1) if m.group(2) is None else f"{m.group(1)}:{m.group(2)}"
         out[key] = float(m.group(3))
+    for m in re.finditer(r'^overtake_stage_(reservations_total|reservations_ended_total)\{stage="([^"]+)"'
+                         r'(?:,outcome="([^"]+)")?\} (\S+)$', text, re.M):
+        key = ":".join(g for g in m.group(1, 2, 3) if g)
+        out[key] = float(m.group(4))
     return out
 
 
