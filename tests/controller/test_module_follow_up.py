@@ -8,7 +8,8 @@
   held behind it then runs without reaching its hold bound, and the expiry is counted;
 - a connection that closes gives its reservation up at once (counted as closed, not expired);
 - under a mixed load, the started requests and reservations of ``second`` never exceed the
-  table's one slot, and every reservation made ends exactly once.
+  table's one slot, and every reservation made ends exactly once;
+- ``overtake sidecar --enforce module`` beside it exports the reservation counters on /-/metrics.
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from support.control_apache import control_apache
+from support.service_helpers import SidecarProc
 
 from overtake.controller.harness import apache
+from overtake.controller.harness.scratch import free_port
 from overtake.controller.sidecar.control_file import ControlFile
 from overtake.controller.sidecar.count_table import from_policy
 from overtake.controller.sidecar.policies import BaselinePolicy
@@ -36,7 +40,7 @@ OUTCOMES = ("claimed", "expired", "closed", "other")
 
 
 @pytest.fixture(scope="module")
-def tandem(apache_available: None) -> Iterator[apache.ApacheInstance]:
+def tandem(apache_available: None) -> Iterator[tuple[apache.ApacheInstance, str]]:
     with control_apache("module-follow", levels=(0.5,), nice=("idle",), stage_hold=HOLD, mpm="event",
                         stages=(("first", "^/stage1$"), ("second", "^/stage2$")),
                         stage_next=(("first", "second"),), stage_follow_up=FOLLOW_UP) as (inst, path):
@@ -48,7 +52,7 @@ def tandem(apache_available: None) -> Iterator[apache.ApacheInstance]:
         finally:
             cf.close()
         _until(inst, lambda st: st.get("overtake_stage_table_generation") == gen)
-        yield inst
+        yield inst, path
 
 
 def _status(inst: apache.ApacheInstance) -> dict[str, float]:
@@ -111,8 +115,8 @@ def _newcomer(inst: apache.ApacheInstance, work: float) -> tuple[int, int]:
         c.close()
 
 
-def test_the_follow_up_takes_its_reserved_turn_ahead_of_a_newcomer(tandem: apache.ApacheInstance) -> None:
-    inst = tandem
+def test_the_follow_up_takes_its_reserved_turn_ahead_of_a_newcomer(tandem: tuple[apache.ApacheInstance, str]) -> None:
+    inst, _ = tandem
     before = _until(inst, _idle)
     c = _conn(inst)
     try:
@@ -137,8 +141,8 @@ def test_the_follow_up_takes_its_reserved_turn_ahead_of_a_newcomer(tandem: apach
         before, "overtake_stage_hold_timeouts_total", stage="second")
 
 
-def test_an_unclaimed_reservation_expires_and_frees_its_slot(tandem: apache.ApacheInstance) -> None:
-    inst = tandem
+def test_an_unclaimed_reservation_expires_and_frees_its_slot(tandem: tuple[apache.ApacheInstance, str]) -> None:
+    inst, _ = tandem
     before = _until(inst, _idle)
     c = _conn(inst)
     try:
@@ -159,8 +163,8 @@ def test_an_unclaimed_reservation_expires_and_frees_its_slot(tandem: apache.Apac
         before, "overtake_stage_hold_timeouts_total", stage="second")
 
 
-def test_a_closed_connection_gives_its_reservation_up(tandem: apache.ApacheInstance) -> None:
-    inst = tandem
+def test_a_closed_connection_gives_its_reservation_up(tandem: tuple[apache.ApacheInstance, str]) -> None:
+    inst, _ = tandem
     before = _until(inst, _idle)
     c = _conn(inst)
     _get(c, "/stage1?work=0&trace=1")
@@ -172,8 +176,8 @@ def test_a_closed_connection_gives_its_reservation_up(tandem: apache.ApacheInsta
     assert _reserved(after, "started") == 0 and _reserved(after, "waiting") == 0
 
 
-def test_counts_are_conserved_under_a_mixed_load(tandem: apache.ApacheInstance) -> None:
-    inst = tandem
+def test_counts_are_conserved_under_a_mixed_load(tandem: tuple[apache.ApacheInstance, str]) -> None:
+    inst, _ = tandem
     before = _until(inst, _idle)
     samples: list[dict[str, float]] = []
     stop = threading.Event()
@@ -220,3 +224,43 @@ def test_counts_are_conserved_under_a_mixed_load(tandem: apache.ApacheInstance) 
     assert _g(after, "overtake_stage_requests_total", stage="second") - _g(
         before, "overtake_stage_requests_total", stage="second") == 35
     assert _idle(after)
+
+
+MODULE_STAGES = """
+stages:
+  - name: first
+    path: "^/stage1$"
+    next: second
+  - name: second
+    path: "^/stage2$"
+limits: {max_inflight: 16, queue_cap: 1000, queue_timeout: 30}
+classifier: {mode: hidden, time_unit: 0.005}
+"""
+
+
+def test_the_controller_exports_the_reservations(tandem: tuple[apache.ApacheInstance, str], tmp_path: Path) -> None:
+    """The sidecar in module mode (its π(8,1) table written to the control file) passes the
+    module's reservation gauge and counters to its /-/metrics, with their stage labels."""
+    inst, path = tandem
+    admin = free_port()
+    side = SidecarProc(tmp_path, ["--policy", "pi(8,1)", "--apache", inst.base_url, "--control-file", path,
+                                  "--enforce", "module", "--status-interval", "0.5", "--admin-listen",
+                                  f"127.0.0.1:{admin}"], stages=MODULE_STAGES, ready_port=admin)
+    try:
+        before = _until(inst, _idle)
+        c = _conn(inst)
+        try:
+            _get(c, "/stage1?work=0&trace=1")
+            _get(c, "/stage2?work=0&trace=1")
+        finally:
+            c.close()
+        claimed = _ended(_until(inst, _idle), "claimed")
+        assert claimed == _ended(before, "claimed") + 1
+        want = f'overtake_stage_reservations_ended_total{{outcome="claimed",stage="second"}} {claimed}'
+        deadline = time.monotonic() + 30
+        while want not in (text := side.request("GET", "/-/metrics")[2].decode()):
+            assert time.monotonic() < deadline, text[-3000:]
+            time.sleep(0.5)
+        assert 'overtake_stage_reserved{stage="second",state="started"}' in text
+    finally:
+        side.stop()
