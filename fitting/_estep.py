@@ -103,17 +103,29 @@ def _coefficients(A: FloatArray, logs: FloatArray, exitv: FloatArray, obs: Obser
     return ll, coef_p, coef_s
 
 
-def estep(s: Sparse, obs: Observations, q_factor: float = 1.01) -> Stats:
-    """Sufficient statistics by uniformization over the sorted grid (numba)."""
+def squaring_from(p: int) -> float:
+    """The ``q dt`` above which a chain's gap is done by squaring rather than by its Poisson series.
+
+    Per Poisson term the series costs a few vector steps (``~8 p`` flops over both sweeps); the
+    squaring path ``~3 p^3`` flops per squaring, ``log2(2 q dt)`` of them: they break even near
+    ``q dt ~ 2 p^2``."""
+    return min(max(16.0, 2.0 * p * p), _u.MAX_STEP)
+
+
+def estep(s: Sparse, obs: Observations, q_factor: float = 1.01, squaring: bool = True) -> Stats:
+    """Sufficient statistics by uniformization over the sorted grid (numba). ``squaring=False``: every
+    gap of a chain by its Poisson series (the tests' cross-check of the squaring path)."""
     q = float(np.max(-s.diag)) * q_factor
-    obs = _fit_grid(obs, q)
     eps = _u.EM_POISSON_EPS
+    if not (s.is_chain and squaring):
+        obs = _fit_grid(obs, q)  # a chain's long gaps are squared on a shifted generator: no refinement
     if s.is_chain:
         u = np.zeros(max(s.alpha.size - 1, 0))
         u[s.src] = s.rate
-        A, logs = _u.forward_chain(s.alpha, s.diag, u, q, obs.dt, eps)
+        big = squaring_from(s.alpha.size) if squaring else math.inf
+        A, logs = _u.forward_chain(s.alpha, s.diag, u, q, obs.dt, eps, big)
         ll, coef_p, coef_s = _coefficients(A, logs, s.exitv, obs)
-        beta0, Z, Nc = _u.backward_chain(s.alpha, s.diag, u, s.exitv, q, obs.dt, A, logs, coef_p, coef_s, eps)
+        beta0, Z, Nc = _u.backward_chain(s.alpha, s.diag, u, s.exitv, q, obs.dt, A, logs, coef_p, coef_s, eps, big)
         Nh = Nc[s.src]
     else:
         A, logs, _ = _u.forward(s.alpha, s.diag, s.src, s.dst, s.rate, s.exitv, q, obs.dt, False, eps)

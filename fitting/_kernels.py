@@ -35,9 +35,9 @@ SIGNATURES: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
                 (_F, _F, _I, _I, _F, _F, "f8", _F, "b1", "f8")),
     "backward": ("_uniformization", "backward", f"UniTuple({_F}, 3)",
                  (_F, _F, _I, _I, _F, _F, "f8", _F, _M, _F, _F, _F, "f8")),
-    "forward_chain": ("_uniformization", "forward_chain", f"Tuple(({_M}, {_F}))", (_F, _F, _F, "f8", _F, "f8")),
+    "forward_chain": ("_uniformization", "forward_chain", f"Tuple(({_M}, {_F}))", (_F, _F, _F, "f8", _F, "f8", "f8")),
     "backward_chain": ("_uniformization", "backward_chain", f"UniTuple({_F}, 3)",
-                       (_F, _F, _F, _F, "f8", _F, _M, _F, _F, _F, "f8")),
+                       (_F, _F, _F, _F, "f8", _F, _M, _F, _F, _F, "f8", "f8")),
     "her_em": ("_hypererlang", "her_em", f"Tuple(({_F}, i8, b1))", (_F, _F, _F, _F, _F, "i8", "f8")),
 }
 #: the arrays each kernel takes: (position, dtype, ndim). The extension's unboxing checks neither dtype

@@ -15,7 +15,9 @@ mapfit),
             \\sum_{m+n=l} (P^m\\beta)(aP^n).
 
 Samples are sorted so each interval between consecutive grid times is short and one Poisson
-series per interval serves all samples.  Forward vectors are renormalised at every grid point
+series per interval serves all samples. In the bidiagonal (chain) kernels a long interval, where
+the series would need many terms, is done instead by a short series and squarings (see
+:func:`chain_conv`).  Forward vectors are renormalised at every grid point
 (log scale kept in ``logs``) so nothing underflows on long or stiff traces.
 """
 
@@ -34,8 +36,8 @@ from ._poisson import EM_POISSON_EPS, MAX_STEP, POISSON_EPS
 F = npt.NDArray[np.float64]
 I = npt.NDArray[np.int64]
 
-__all__ = ["EM_POISSON_EPS", "MAX_STEP", "POISSON_EPS", "backward", "backward_chain", "forward", "forward_chain",
-           "poisson_capacity", "poisson_weights"]
+__all__ = ["EM_POISSON_EPS", "MAX_STEP", "POISSON_EPS", "backward", "backward_chain", "chain_conv", "chain_expm",
+           "forward", "forward_chain", "poisson_capacity", "poisson_weights"]
 
 
 @njit(cache=True)
@@ -249,8 +251,8 @@ def backward(alpha: F, diag: F, src: I, dst: I, rate: F, exitv: F, q: float, dt:
 
 
 @njit(cache=True, fastmath=True)
-def forward_chain(alpha: F, d: F, u: F, q: float, dt: F, eps: float) -> tuple[F, F]:
-    """:func:`forward` for bidiagonal T (no cdf)."""
+def forward_chain(alpha: F, d: F, u: F, q: float, dt: F, eps: float, big: float) -> tuple[F, F]:
+    """:func:`forward` for bidiagonal T (no cdf); a gap with ``q dt > big`` by squaring (:func:`chain_expm`)."""
     n = dt.shape[0]
     p = alpha.shape[0]
     A = np.empty((n + 1, p))
@@ -260,31 +262,47 @@ def forward_chain(alpha: F, d: F, u: F, q: float, dt: F, eps: float) -> tuple[F,
         A[0, i] = alpha[i] / s0
     logs[0] = math.log(s0)
     pd = 1.0 + d / q
+    c = _slowest(d)
     pu = np.zeros(p)
     for i in range(p - 1):
         pu[i + 1] = u[i] / q  # pu[i] multiplies v[i-1] in the row step
     lam_max = 0.0
     for j in range(n):
-        if q * dt[j] > lam_max:
+        if lam_max < q * dt[j] <= big:
             lam_max = q * dt[j]
     buf = np.empty(poisson_capacity(lam_max) + 2)
     v = np.empty(p)
     w = np.empty(p)
     acc = np.empty(p)
+    pu_col = np.zeros(p)  # pu_col[i] couples i -> i+1 (the squaring helpers' convention)
+    for i in range(p - 1):
+        pu_col[i] = u[i] / q
+    E = np.empty((p, p))
+    M = np.empty((p, p))
+    W = np.empty((p, p))
     for j in range(1, n + 1):
-        R = poisson_weights(q * dt[j - 1], eps, buf)
-        b0 = buf[0]
-        for i in range(p):
-            v[i] = A[j - 1, i]
-            acc[i] = b0 * v[i]
-        for m in range(1, R + 1):
-            w[0] = v[0] * pd[0]
-            for i in range(1, p):
-                w[i] = v[i] * pd[i] + v[i - 1] * pu[i]
-            bm = buf[m]
+        lam = q * dt[j - 1]
+        if lam > big:
+            chain_expm(pd, pu_col, lam, c / q, buf, E, M, W)
+            for k in range(p):
+                x = 0.0
+                for i in range(k + 1):
+                    x += A[j - 1, i] * E[i, k]
+                acc[k] = x
+        else:
+            R = poisson_weights(lam, eps, buf)
+            b0 = buf[0]
             for i in range(p):
-                v[i] = w[i]
-                acc[i] += bm * w[i]
+                v[i] = A[j - 1, i]
+                acc[i] = b0 * v[i]
+            for m in range(1, R + 1):
+                w[0] = v[0] * pd[0]
+                for i in range(1, p):
+                    w[i] = v[i] * pd[i] + v[i - 1] * pu[i]
+                bm = buf[m]
+                for i in range(p):
+                    v[i] = w[i]
+                    acc[i] += bm * w[i]
         s = 0.0
         for i in range(p):
             s += acc[i]
@@ -293,23 +311,25 @@ def forward_chain(alpha: F, d: F, u: F, q: float, dt: F, eps: float) -> tuple[F,
         inv = 1.0 / s
         for i in range(p):
             A[j, i] = acc[i] * inv
-        logs[j] = logs[j - 1] + math.log(s)
+        logs[j] = logs[j - 1] + math.log(s) - (c * dt[j - 1] if lam > big else 0.0)
     return A, logs
 
 
 @njit(cache=True, fastmath=True)
 def backward_chain(alpha: F, d: F, u: F, exitv: F, q: float, dt: F, A: F, logs: F, coef_p: F, coef_s: F,
-                   eps: float) -> tuple[F, F, F]:
-    """:func:`backward` for bidiagonal T; ``Nedge[i]`` is ``H[i+1, i]`` for the edge i -> i+1."""
+                   eps: float, big: float) -> tuple[F, F, F]:
+    """:func:`backward` for bidiagonal T; ``Nedge[i]`` is ``H[i+1, i]`` for the edge i -> i+1. A gap with
+    ``q dt > big`` by block squaring (:func:`chain_conv`)."""
     n = dt.shape[0]
     p = alpha.shape[0]
     pd = 1.0 + d / q
+    c = _slowest(d)
     pu = np.zeros(p)  # pu[i] = u[i]/q, couples i -> i+1 (pu[p-1] = 0)
     for i in range(p - 1):
         pu[i] = u[i] / q
     lam_max = 0.0
     for j in range(n):
-        if q * dt[j] > lam_max:
+        if lam_max < q * dt[j] <= big:
             lam_max = q * dt[j]
     cap = poisson_capacity(lam_max) + 2
     buf = np.empty(cap)
@@ -323,11 +343,39 @@ def backward_chain(alpha: F, d: F, u: F, exitv: F, q: float, dt: F, A: F, logs: 
     nl = np.empty(p)
     for m in range(cap):
         U[m, p] = 0.0
+    E = np.empty((p, p))
+    Fm = np.empty((p, p))
+    M = np.empty((p, p))
+    W = np.empty((p, p))
+    G = np.empty((p, p))
+    ap = np.empty(p)
+    aw = np.empty(p)
+    a = np.empty(p)
     for i in range(p):
         beta[i] = coef_p[n] * exitv[i] + coef_s[n]
     for j in range(n, 0, -1):
-        R = poisson_weights(q * dt[j - 1], eps, buf)
+        lam = q * dt[j - 1]
         sig_inv = math.exp(logs[j - 1] - logs[j])
+        if lam > big:
+            sig_inv = math.exp(logs[j - 1] - logs[j] - c * dt[j - 1])  # E and Fm are shifted by c
+            for i in range(p):
+                a[i] = A[j - 1, i]
+            chain_conv(pd, pu, q, lam, c / q, beta, a, buf, E, Fm, M, W, G, ap, aw)
+            for i in range(p):
+                x = 0.0
+                for k in range(i, p):
+                    x += E[i, k] * beta[k]
+                w[i] = x
+            for i in range(p):
+                Z[i] += sig_inv * Fm[i, i]
+                if i + 1 < p:
+                    Ne[i] += sig_inv * Fm[i + 1, i]
+            cp = coef_p[j - 1]
+            cs = coef_s[j - 1]
+            for i in range(p):
+                beta[i] = sig_inv * w[i] + cp * exitv[i] + cs
+            continue
+        R = poisson_weights(lam, eps, buf)
         b0 = buf[0]
         for i in range(p):
             U[0, i] = beta[i]
@@ -365,3 +413,156 @@ def backward_chain(alpha: F, d: F, u: F, exitv: F, q: float, dt: F, A: F, logs: 
                 Z[i] += scale * zl[i]
                 Ne[i] += scale * nl[i]
     return beta, Z, Ne
+
+
+# -------------------------------------------------------------------- long gaps: squaring
+# A gap with q*dt Poisson terms costs q*dt vector steps by the series above; in a stiff model (fast
+# and slow phases together, heavy-tailed samples) the few long gaps of the tail hold almost all of
+# q * (largest sample). For those, e^{T dt} and the convolution integral come from a short series
+# on dt / 2^s and s block squarings (Van Loan, "Computing integrals involving the matrix
+# exponential", IEEE TAC 23 (1978)): for M = [[T, beta a], [0, T]], e^{M h} = [[E_h, F_h], [0, E_h]]
+# with F_h the integral, and F_{2h} = E_h F_h + F_h E_h. P, beta, a and the Poisson weights are
+# non-negative, so every sum and product adds non-negative terms: no cancellation.
+
+SQUARE_STEP = 0.5  # q * h of the series the squarings start from
+
+
+@njit(cache=True, fastmath=True)
+def _slowest(d: F) -> float:
+    """The smallest total rate ``min(-d)``: the squarings run on ``T + c I`` with it, whose entries
+    neither underflow nor grow exponentially over a long gap (the scale goes into ``logs``)."""
+    c = -float(d[0])
+    for i in range(1, d.shape[0]):
+        c = min(c, -float(d[i]))
+    return c
+
+
+@njit(cache=True, fastmath=True)
+def _scale(X: F, f: float) -> None:
+    for i in range(X.shape[0]):
+        for k in range(X.shape[1]):
+            X[i, k] *= f
+
+
+@njit(cache=True, fastmath=True)
+def _squarings(lam: float) -> int:
+    s = 0
+    h = lam
+    while h > SQUARE_STEP:
+        h *= 0.5
+        s += 1
+    return s
+
+
+@njit(cache=True, fastmath=True)
+def _chain_power_series(pd: F, pu: F, lam: float, buf: F, E: F, M: F, W: F) -> None:
+    """``E = sum_m Pois(m; lam) P^m`` (``= e^{T lam / q}``) for a small ``lam``; ``M``, ``W`` scratch."""
+    p = pd.shape[0]
+    R = poisson_weights(lam, 1e-17, buf)
+    for i in range(p):
+        for k in range(p):
+            M[i, k] = 0.0
+            E[i, k] = 0.0
+        M[i, i] = 1.0
+        E[i, i] = buf[0]
+    for m in range(1, R + 1):
+        # M <- M P (P = diag(pd) + superdiag(pu[0..p-2]))
+        for i in range(p):
+            W[i, i] = M[i, i] * pd[i]
+            for k in range(i + 1, p):
+                W[i, k] = M[i, k] * pd[k] + M[i, k - 1] * pu[k - 1]
+        bm = buf[m]
+        for i in range(p):
+            for k in range(i, p):
+                M[i, k] = W[i, k]
+                E[i, k] += bm * W[i, k]
+
+
+@njit(cache=True, fastmath=True)
+def _upper_square(E: F, W: F) -> None:
+    """``E <- E E`` for upper-triangular E (``W`` scratch)."""
+    p = E.shape[0]
+    for i in range(p):
+        for k in range(i, p):
+            acc = 0.0
+            for m in range(i, k + 1):
+                acc += E[i, m] * E[m, k]
+            W[i, k] = acc
+    for i in range(p):
+        for k in range(i, p):
+            E[i, k] = W[i, k]
+
+
+@njit(cache=True, fastmath=True)
+def chain_expm(pd: F, pu: F, lam: float, cq: float, buf: F, E: F, M: F, W: F) -> None:
+    """``E = e^{(T + c I) dt}`` for ``lam = q dt``, ``cq = c / q``, by a short series and squarings
+    (upper triangular)."""
+    s = _squarings(lam)
+    lh = lam / 2.0**s
+    _chain_power_series(pd, pu, lh, buf, E, M, W)
+    _scale(E, math.exp(cq * lh))
+    for _ in range(s):
+        _upper_square(E, W)
+
+
+@njit(cache=True, fastmath=True)
+def chain_conv(pd: F, pu: F, q: float, lam: float, cq: float, beta: F, a: F, buf: F, E: F, Fm: F, M: F,
+               W: F, G: F, ap: F, aw: F) -> None:
+    """``E = e^{T dt}`` and ``Fm = int_0^dt e^{T(dt-s)} beta a e^{Ts} ds`` for ``lam = q dt``, both
+    times ``e^{c dt}`` (``cq = c / q``)."""
+    p = pd.shape[0]
+    s = _squarings(lam)
+    lh = lam / 2.0**s
+    R = poisson_weights(lh, 1e-17, buf)
+    # E_h as in chain_power_series; F_h = (1/q) sum_l Pois(l+1) G_l with
+    # G_l = sum_{m+n=l} P^m beta a P^n = P G_{l-1} + beta (a P^l)
+    for i in range(p):
+        for k in range(p):
+            M[i, k] = 0.0
+            E[i, k] = 0.0
+            G[i, k] = beta[i] * a[k]
+            Fm[i, k] = buf[1] * G[i, k] if R >= 1 else 0.0
+        M[i, i] = 1.0
+        E[i, i] = buf[0]
+        ap[i] = a[i]
+    for m in range(1, R + 1):
+        for i in range(p):
+            W[i, i] = M[i, i] * pd[i]
+            for k in range(i + 1, p):
+                W[i, k] = M[i, k] * pd[k] + M[i, k - 1] * pu[k - 1]
+        bm = buf[m]
+        for i in range(p):
+            for k in range(i, p):
+                M[i, k] = W[i, k]
+                E[i, k] += bm * W[i, k]
+        if m < R:
+            # ap <- ap P; G <- P G + beta ap
+            aw[0] = ap[0] * pd[0]
+            for k in range(1, p):
+                aw[k] = ap[k] * pd[k] + ap[k - 1] * pu[k - 1]
+            for k in range(p):
+                ap[k] = aw[k]
+            b1 = buf[m + 1]
+            for i in range(p):
+                for k in range(p):
+                    g = pd[i] * G[i, k] + beta[i] * ap[k]
+                    if i + 1 < p:
+                        g += pu[i] * G[i + 1, k]
+                    G[i, k] = g
+                    Fm[i, k] += b1 * g
+    _scale(Fm, math.exp(cq * lh) / q)
+    _scale(E, math.exp(cq * lh))
+    for _ in range(s):
+        # F <- E F + F E (E upper triangular), then E <- E E
+        for i in range(p):
+            for k in range(p):
+                acc = 0.0
+                for m in range(i, p):
+                    acc += E[i, m] * Fm[m, k]
+                for m in range(0, k + 1):
+                    acc += Fm[i, m] * E[m, k]
+                W[i, k] = acc
+        for i in range(p):
+            for k in range(p):
+                Fm[i, k] = W[i, k]
+        _upper_square(E, W)

@@ -176,3 +176,18 @@ def test_convex_init_if_cvxpy_available(h2_sample: np.ndarray) -> None:
     res = fit(h2_sample[:3000], order=2, init="convex")
     closed = fit(h2_sample[:3000], structure="hyperexp", order=2)
     assert res.loglik >= closed.loglik - 0.05
+
+
+def test_heavy_tailed_fit_squared_agrees_with_the_series_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stiff CF1 fit (heavy tail: slow and fast phases together) whose long gaps are squared reaches
+    the log-likelihood of the previous method (every gap by its Poisson series), never going down."""
+    from overtake.fitting import _estep
+
+    x = np.random.default_rng(11).lognormal(0.0, 1.8, 1500)
+    res = fit(x, structure="cf1", order=4, random_state=0)
+    tr = np.array(res.loglik_trace)
+    assert np.all(np.diff(tr) >= -1e-7 * np.abs(tr[1:])) and res.converged
+    assert res.loglik == pytest.approx(res.ph.loglik(x), rel=1e-10)
+    monkeypatch.setattr(_estep, "squaring_from", lambda p: float("inf"))
+    series = fit(x, structure="cf1", order=4, random_state=0)
+    assert res.loglik == pytest.approx(series.loglik, abs=1e-3)

@@ -60,7 +60,7 @@ def test_arrays_of_another_type_go_to_the_jit_kernel(monkeypatch):
     assert _kernels._fits("her_em", (x, w, shapes, pi, lam, it, tol))
     assert not _kernels._fits("her_em", (x, w, shapes.astype(np.int64), pi, lam, it, tol))
     assert not _kernels._fits("her_em", (x[::2], w[::2], shapes, pi, lam, it, tol))
-    assert not _kernels._fits("forward_chain", (pi, pi, pi, 1.0, np.ones((2, 2)), 1e-10))
+    assert not _kernels._fits("forward_chain", (pi, pi, pi, 1.0, np.ones((2, 2)), 1e-10, 32.0))
     trace, n, _ = _kernels.her_em(x[::2].copy(), w[::2].copy(), shapes.astype(np.int64), pi, lam, it, tol)
     assert called == [] and n >= 1 and np.isfinite(trace[-1])
 
