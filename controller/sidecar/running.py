@@ -47,6 +47,7 @@ class SidecarRuntime(PolicyInForce):
     admin: AdminEndpoints
     gateway: Gateway
     _gate_said: bool | None
+    _workers_checked: bool
     _auto_task: asyncio.Task[None] | None
     _cpu_task: asyncio.Task[None] | None
 
@@ -102,6 +103,11 @@ class SidecarRuntime(PolicyInForce):
             "event": "gate_lost", "detail": f"{why}; restart the sidecar to create {self.gate.path} again"})
 
     async def start(self) -> None:
+        # Apache's first reading, and what the sidecar finds wrong in it, come before the
+        # listeners open: a sidecar that answers has said it (or that it could not look)
+        await self.probe.scrape()
+        stacks = self.stacks.update(self.metrics.prio.families)
+        self._check_apache()
         try:
             await self.gateway.start_admin(*self.admin_addr)
         except OSError as exc:
@@ -122,10 +128,7 @@ class SidecarRuntime(PolicyInForce):
         if self.online is not None:
             self.online.start()
         self._cpu_task = asyncio.create_task(self._cpu_loop())
-        await self.probe.scrape()
-        stacks = self.stacks.update(self.metrics.prio.families)
         self.probe.start()
-        self._check_apache()
         if self.verifier is not None:
             self.verifier.start()
         enforce = enforce_for(self.policy.phase_info, self.options.uplink.name)
@@ -140,14 +143,27 @@ class SidecarRuntime(PolicyInForce):
         })
 
     def _check_apache(self) -> None:
-        """Warn when Apache is unreachable or has fewer workers than the sidecar may send it."""
-        if self.metrics.apache.status is None:
-            if not self.metrics.apache.absent:  # no mod_status is logged once by the probe
-                log.warning("Apache not reachable at start", extra={"event": "config_warning",
-                                                                    "detail": self.options.endpoints.apache})
+        """At start: check Apache's worker limit, or say why it cannot be checked yet (the probe
+        checks it at the first scrape that reads Apache's status)."""
+        apache = self.metrics.apache
+        if apache.status is None and not apache.absent:  # no mod_status is logged once by the probe
+            why = self.probe.health.reason or "GET /server-status?auto answered with an error"
+            log.warning("Apache's status could not be read at start: its worker limit is checked later", extra={
+                "event": "config_warning", "detail": f"{why}; limits.max_inflight is compared with Apache's "
+                "MaxRequestWorkers at the first status scrape that reads it (every observability.status_interval)"})
+        self.check_workers()
+
+    def check_workers(self) -> None:
+        """Warn when Apache has fewer workers than the sidecar may send it: once, at the first
+        reading of Apache's status (at start, or at the first scrape that reads it)."""
+        if self._workers_checked or self.metrics.apache.status is None:
             return
+        self._workers_checked = True
         workers = self.probe.max_workers
         if workers is None:
+            log.warning("Apache's status has no Scoreboard: its worker limit is not checked", extra={
+                "event": "config_warning", "detail": f"GET /server-status?auto at {self.options.endpoints.apache} "
+                "has no Scoreboard line; check limits.max_inflight against MaxRequestWorkers by hand"})
             return
         warning = workers_warning(workers, self.table.config.limits.max_inflight,
                                   self.options.apache_side.gate_slots if self.gate is not None else None)

@@ -217,6 +217,7 @@ class Sidecar(SidecarRuntime):
         #: Apache's admission gate (controller.sidecar.gate), in use once Apache reports the same file
         self.gate = Gate(options.apache_side.gate, options.apache_side.gate_slots) if options.apache_side.gate else None
         self._gate_said: bool | None = None
+        self._workers_checked = False  # Apache's worker limit against limits.max_inflight
         if self.gate is not None:
             self.limiter.add_listener(GateOpener(self.gate, self.limiter, options.apache_side.gate_backfill))
             self.gate.on_lost = self._gate_lost
@@ -225,7 +226,7 @@ class Sidecar(SidecarRuntime):
             want_prio=(f"cpu_priority {options.apache_side.cpu_priority}" if options.apache_side.cpu_priority != "off"
                        else "the gate" if self.gate is not None
                        else "the control file" if self.control is not None else None),
-            on_gate_token=self.check_gate)
+            on_gate_token=self.check_gate, on_status=self.check_workers)
         self.admin = AdminEndpoints(self.metrics.registry, self, self._admin_access, lambda: self.probe.health)
         self.gateway = Gateway(
             table, self.limiter, self.classifier, self.pool, self.uplink, self.metrics,
