@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from .errors import MDPError, ModelError, OvertakeError, PolicyFileError, SolverError, TruncationError
     from .evaluate import PolicyMetrics, stationary_distribution
     from .heuristic import OvertakingHeuristic, evaluate_heuristic, overtaking_heuristic
+    from .layout import Layout
     from .lp import LinearConstraint, LPResult, NodePolicy, occupation_lp
     from .model import Stage, TandemModel
     from .observation import ObservationSpace
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from .scenario import Scenario, parse_scenario
     from .simulation import SimulationResult, service_from_spec, simulate
     from .solver import solve
-    from .statespace import Layout, StateSpace, Truncation, count_states
+    from .statespace import StateSpace, Truncation, count_states
     from .sweep import SweepPoint, parse_grid, run_sweep
     from .thresholds import choose_tandem_thresholds, choose_thresholds
 
@@ -113,7 +114,7 @@ _HOME: dict[str, str] = {
     "CpuPriority": "priority",
     "Evaluation": "rule_evaluation",
     "LPResult": "lp",
-    "Layout": "statespace",
+    "Layout": "layout",
     "LinearConstraint": "lp",
     "MDPError": "errors",
     "ModelError": "errors",

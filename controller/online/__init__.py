@@ -16,7 +16,13 @@ Modules
 :mod:`~overtake.controller.online.refit`
     :func:`refit_job`, the fit / re-solve / evaluate job run in a worker process.
 :mod:`~overtake.controller.online.loop`
-    :class:`OnlineLoop`: the asyncio tasks, the swap decision and the hot swap.
+    :class:`OnlineLoop`: the asyncio tasks, one refit from window to hot swap.
+:mod:`~overtake.controller.online.decision`
+    What a refit re-solves for, whether a window can be refitted, whether a new policy replaces
+    the running one, and each decision's record.
+:mod:`~overtake.controller.online.worker`
+    :class:`~overtake.controller.online.worker.RefitWorker`: the process the refit jobs run in,
+    and their policy files.
 :mod:`~overtake.controller.online.metrics`
     :class:`OnlineCollector`, the ``overtake_online_*`` Prometheus metrics (and the lock watch's).
 :mod:`~overtake.controller.online.serialisation`

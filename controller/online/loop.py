@@ -11,22 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, ProcessPoolExecutor
-from pathlib import Path
+from concurrent.futures import Executor
 from typing import Any
 
+from overtake.controller.online.decision import check_window, refit_record, resolve_target, thresholds_moved
 from overtake.controller.online.estimators import DemandRecorder
 from overtake.controller.online.lockwatch import LockWatch
-from overtake.controller.online.refit import RefitJob, lower_priority, refit_job, warm_up
+from overtake.controller.online.refit import RefitJob, refit_job
 from overtake.controller.online.settings import OUTCOMES, OnlineSettings
+from overtake.controller.online.worker import RefitWorker, discard
 from overtake.controller.sidecar.control_file import age_thresholds as policy_age_thresholds
-from overtake.controller.sidecar.policies import BaselinePolicy, SpawnPolicy, TablePolicy
+from overtake.controller.sidecar.policies import SpawnPolicy, TablePolicy
 from overtake.controller.sidecar.stages import StageTable
 
 __all__ = ["OnlineLoop"]
@@ -89,14 +86,10 @@ class OnlineLoop:
         self.last: dict[str, Any] = {}  # the last decision's record
         self.generation = 0  # policies swapped in by this loop
         self.solve_cpu: dict[str, float] = {}  # CPU seconds of the refit jobs, by kind of solve (phase_info)
-        self._executor = executor
-        self._own_executor = executor is None
-        self._job = job
+        #: the worker process the refit jobs run in, and their policy files
+        self.worker = RefitWorker(settings.policy_dir, executor, job)
         self._busy = False
         self._tasks: list[asyncio.Task[None]] = []
-        self._dir = Path(settings.policy_dir) if settings.policy_dir else None
-        self._own_dir = self._dir is None
-        self._seq = 0
 
     @property
     def locks(self) -> tuple[int | None, ...] | None:
@@ -114,7 +107,7 @@ class OnlineLoop:
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         """Start the worker process and the refit (and access-log) tasks on the running loop."""
-        self._pool().submit(warm_up)
+        self.worker.warm()
         self._tasks.append(asyncio.create_task(self._run()))
         if self.recorder.tail is not None:
             self._tasks.append(asyncio.create_task(self._tail()))
@@ -161,25 +154,7 @@ class OnlineLoop:
             except (asyncio.CancelledError, Exception):
                 pass
         self._tasks.clear()
-        if self._executor is not None and self._own_executor:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
-        if self._own_dir and self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-
-    def _pool(self) -> Executor:
-        if self._executor is None:
-            # spawn: no fork of a process running an event loop and threads; the worker runs at nice 19
-            self._executor = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=lower_priority)
-        return self._executor
-
-    def _out_path(self) -> str:
-        if self._dir is None:
-            self._dir = Path(tempfile.mkdtemp(prefix="overtake-online-"))
-        self._dir.mkdir(parents=True, exist_ok=True)
-        self._seq += 1
-        return str(self._dir / f"online-{os.getpid()}-{self._seq:04d}.npz")
+        self.worker.close()
 
     # ---- one refit ---------------------------------------------------------------------------
     def _decide(self, outcome: str, record: dict[str, Any], level: int = logging.INFO) -> str:
@@ -204,69 +179,73 @@ class OnlineLoop:
                 logging.DEBUG)
         chosen = [self.recorder.choose(i) for i in range(len(self.names))]
         lam = self.recorder.arrival_rate()
-        base, skip = _check_window(self.names, chosen, lam, self.time_unit, self.cores, s)
+        base, skip = check_window(self.names, chosen, lam, self.time_unit, self.cores, s)
         if skip is not None:
             return self._decide(skip[0], {**base, "reason": skip[1]})
         assert lam is not None  # a window without arrivals was skipped
-        lam_model = lam * self.time_unit
         pol = self.current()
-        target = _resolve_target(pol, len(self.names), self.classifier_mode)
+        target = resolve_target(pol, len(self.names), self.classifier_mode)
         if target is None:  # pragma: no cover - only the two policy families exist
             return self._decide("failed", {**base, "reason": f"policy type {type(pol).__name__} unknown"})
-        current, orders, phase_info, routes = target
-        pairs = self._pairs(phase_info, current)
-        job = RefitJob(
-            stage_names=self.names, samples=tuple(x for _, x in chosen), arrival_rate=lam_model,
-            cores=self.cores, overhead=self.overhead, orders=orders, max_order=s.max_order,
-            phase_info=phase_info, current=current, tolerance=s.tolerance, out=self._out_path(), margin=s.margin,
-            time_unit=self.time_unit, age_thresholds=self.age_thresholds, routes=routes, locks=self.locks,
-            pairs=pairs,
-        )
+        job = self._job_for(chosen, lam * self.time_unit, *target)
         self.last_refit_start = now
         self._busy = True
         t0 = time.perf_counter()
         try:
-            res = await asyncio.get_running_loop().run_in_executor(self._pool(), self._job, job)
+            res = await self.worker.run(job)
         except Exception as exc:
-            if self._own_executor and self._executor is not None and type(exc).__name__ == "BrokenProcessPool":
-                self._executor.shutdown(wait=False, cancel_futures=True)
-                self._executor = None
-            _unlink(job.out)
             return self._decide("failed", {**base, "reason": f"{type(exc).__name__}: {exc}",
                                            "policy": pol.name}, logging.ERROR)
         finally:
             self._busy = False
-        wall = time.perf_counter() - t0
+        return self._conclude(job, res, pol, refit_record(base, res, time.perf_counter() - t0, pol.name,
+                                                          job.time_unit))
+
+    def _job_for(self, chosen: list[tuple[str, Any]], lam_model: float, current: Any,
+                 orders: tuple[int | None, ...], phase_info: str, routes: Any) -> RefitJob:
+        """The refit job for the window's samples, re-solving for what the running policy uses."""
+        s = self.settings
+        return RefitJob(
+            stage_names=self.names, samples=tuple(x for _, x in chosen), arrival_rate=lam_model,
+            cores=self.cores, overhead=self.overhead, orders=orders, max_order=s.max_order,
+            phase_info=phase_info, current=current, tolerance=s.tolerance, out=self.worker.out_path(),
+            margin=s.margin, time_unit=self.time_unit, age_thresholds=self.age_thresholds, routes=routes,
+            locks=self.locks, pairs=self._pairs(phase_info, current),
+        )
+
+    def _conclude(self, job: RefitJob, res: dict[str, Any], pol: SpawnPolicy, rec: dict[str, Any]) -> str:
+        """Decide on a finished refit: keep the running policy or swap its policy in."""
+        s = self.settings
         if res.get("lock_ignored") and not self._lock_said:
             self._lock_said = True  # the same every refit: said once
             log.warning("online refit: solving without the stages' locks", extra={
-                "event": "online_lock_ignored", "detail": f"{phase_info} re-solve: {res['lock_ignored']}"})
+                "event": "online_lock_ignored", "detail": f"{job.phase_info} re-solve: {res['lock_ignored']}"})
         self.solve_cpu[res["kind"]] = self.solve_cpu.get(res["kind"], 0.0) + res["cpu_seconds"]
         u = job.time_unit  # predictions are in its model units; the reasons say seconds
-        rec = _record(base, res, wall, pol.name, u)
-        if phase_info == "route" and res["seconds"]["solve"] > s.refit_interval:
-            _unlink(job.out)
+        if job.phase_info == "route" and res["seconds"]["solve"] > s.refit_interval:
+            discard(job.out)
             return self._decide("skipped_route", {**rec, "reason": (
                 f"the route re-solve took {res['seconds']['solve']:.3g} s, longer than the refit interval "
                 f"{s.refit_interval:g} s: its policy would follow data older than one interval; raise --refit-interval")})
         if self.current().hash != pol.hash:
-            _unlink(job.out)
+            discard(job.out)
             return self._decide("skipped_superseded", {**rec, "reason": "the policy was swapped while the refit ran"})
         new_w, cur_w = res["predicted_new"], res["predicted_current"]
-        moved = _thresholds_moved(policy_age_thresholds(pol), res.get("age_thresholds"), u) \
+        moved = thresholds_moved(policy_age_thresholds(pol), res.get("age_thresholds"), u) \
             if job.age_thresholds else None
-        if not new_w < cur_w * (1.0 - s.margin) and moved is None:
-            _unlink(job.out)
+        better = new_w < cur_w * (1.0 - s.margin)
+        if not better and moved is None:
+            discard(job.out)
             return self._decide("kept", {**rec, "reason": f"predicted E[W] {new_w * u:.6g} s is not better than the "
                                          f"current {cur_w * u:.6g} s by more than {s.margin:.1%}"})
         try:
             installed = self._swap(job.out)
         except (ValueError, OSError) as exc:
-            _unlink(job.out)
+            discard(job.out)
             return self._decide("failed", {**rec, "reason": f"swap refused: {exc}"}, logging.ERROR)
         self.generation += 1
-        self._prune(keep=job.out)
-        why = (f"predicted E[W] {new_w * u:.6g} s < current {cur_w * u:.6g} s" if new_w < cur_w * (1.0 - s.margin)
+        self.worker.prune(keep=job.out)
+        why = (f"predicted E[W] {new_w * u:.6g} s < current {cur_w * u:.6g} s" if better
                else f"predicted E[W] {new_w * u:.6g} s is not better than the current {cur_w * u:.6g} s, but {moved}")
         return self._decide("swapped", {**rec, "reason": why,
                                         "generation": self.generation, "new_policy": installed.name})
@@ -294,14 +273,6 @@ class OnlineLoop:
             return None  # too few pairs yet, and nothing coupled to keep: as before
         return out
 
-    def _prune(self, keep: str) -> None:
-        """Delete earlier online policies (only the running one is needed)."""
-        if self._dir is None:
-            return
-        for p in self._dir.glob(f"online-{os.getpid()}-*.npz"):
-            if str(p) != keep:
-                _unlink(str(p))
-
     def status(self) -> dict[str, Any]:
         """For ``GET /-/policy``."""
         out = {"generation": self.generation, "refits": dict(self.outcomes), "last": self.last,
@@ -309,79 +280,3 @@ class OnlineLoop:
         if self.lock_watch is not None:
             out["serialisation"] = self.lock_watch.status()
         return out
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _resolve_target(pol: Any, n: int, classifier_mode: str) -> tuple[Any, tuple[int | None, ...], str, Any] | None:
-    """What a refit re-solves for, from the running policy: (the current policy or baseline name,
-    phase counts to fit (None: the fit chooses), the information level, the route split); None
-    for a policy of no known family."""
-    if isinstance(pol, TablePolicy):
-        # keep the model's phase counts (not the policy's labels): an exact comparison; re-solve
-        # for the information the running policy uses
-        return (pol.policy, tuple(int(st.phases) for st in pol.policy.model.stages), pol.policy.phase_info,
-                pol.policy.routes)
-    if isinstance(pol, BaselinePolicy):
-        # what the classifier can see: without phases, the best policy over counts (mdp.observed)
-        return pol.baseline.name, (None,) * n, "none" if classifier_mode == "hidden" else "full", None
-    return None
-
-
-#: a refit whose count policy is no better than the running one still swaps when its age thresholds
-#: moved by more than this fraction: they follow the fitted demands (the control file), while the
-#: count policy's E[W] may not change at all (a time scale change leaves the best count policy as it is)
-THRESHOLD_MOVE = 0.1
-
-
-def _thresholds_moved(current: tuple[tuple[float, ...], ...] | None, new: Any, u: float) -> str | None:
-    """Why the new age thresholds (model units) replace the current ones, or None when they did not
-    move by more than :data:`THRESHOLD_MOVE` (or the refit chose none)."""
-    if not new or not new[0] or any(v is None for row in new for v in row):
-        return None
-    first = [float(v) for v in new[0]]
-    if current is None or len(current[0]) != len(first):
-        return f"the age thresholds {[round(v * u, 6) for v in first]} s replace none"
-    old = list(current[0])
-    if all(abs(n - o) <= THRESHOLD_MOVE * o for n, o in zip(first, old)):
-        return None
-    return (f"the age thresholds moved from {[round(v * u, 6) for v in old]} s to {[round(v * u, 6) for v in first]} s "
-            f"(more than {THRESHOLD_MOVE:.0%})")
-
-
-def _record(base: dict[str, Any], res: dict[str, Any], wall: float, policy: str, u: float) -> dict[str, Any]:
-    """The decision record of a finished refit job; ``u`` converts its model units to seconds."""
-    return {**base, "fit": res["stages"], "predicted_new": res["predicted_new"],
-            "predicted_current": res["predicted_current"], "current_error": res["current_error"],
-            "predicted_new_seconds": res["predicted_new"] * u, "predicted_current_seconds": res["predicted_current"] * u,
-            "states": res["states"], "worker_seconds": res["seconds"], "seconds": wall,
-            "policy": policy, "new_hash": res["hash"], "cpu_seconds": res["cpu_seconds"],
-            "worker_pid": res["pid"], "worker_nice": res["nice"], "locks": res.get("locks"),
-            "routing": res.get("routing"), "routing_correlation": res.get("routing_correlation")}
-
-
-def _check_window(names: tuple[str, ...], chosen: list[tuple[str, Any]], lam: float | None, time_unit: float, cores: int,
-                  s: Any) -> tuple[dict[str, Any], tuple[str, str] | None]:
-    """The record of the window's samples and load, and (outcome, reason) if they cannot be refitted:
-    too few samples in a stage, no arrivals, or a load with no stationary optimum."""
-    counts = {n: int(x.size) for n, (_, x) in zip(names, chosen)}
-    sources = {n: src for n, (src, _) in zip(names, chosen)}
-    base: dict[str, Any] = {"samples": counts, "source": sources,
-                            "arrival_rate_per_second": lam, "time_unit": time_unit}
-    short = [n for n, c in counts.items() if c < s.min_samples]
-    if short:
-        return base, ("skipped_samples", f"stages {short} have fewer than {s.min_samples} demand samples")
-    if not lam:
-        return base, ("skipped_samples", "no arrivals in the window")
-    means = [float(x.mean()) for _, x in chosen]
-    load = lam * time_unit * sum(means) / cores
-    base.update(load=load, means_seconds={n: m * time_unit for n, m in zip(names, means)})
-    if load >= s.max_load:
-        return base, ("skipped_load", f"estimated load {load:.3f} >= {s.max_load:g}: "
-                      "the model has no stationary optimum to re-solve for")
-    return base, None

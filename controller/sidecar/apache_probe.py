@@ -83,16 +83,20 @@ class ApacheProbe:
     on_gate_token
         Called after every read of the module's counters with its ``overtake_gate_token`` (None:
         not reported) and the failure, if any.
+    on_status
+        Called after every scrape that read Apache's status (``apache.status`` is set).
     """
 
     def __init__(self, host: str, port: int, apache: ApacheCollector, prio: PrioCollector, *,
                  interval: Callable[[], float], want_prio: str | None = None,
-                 on_gate_token: Callable[[int | None, str], None] | None = None) -> None:
+                 on_gate_token: Callable[[int | None, str], None] | None = None,
+                 on_status: Callable[[], None] | None = None) -> None:
         self.host, self.port = host, port
         self.apache, self.prio = apache, prio
         self.interval = interval
         self.want_prio = want_prio
         self.on_gate_token = on_gate_token
+        self.on_status = on_status
         self.health = Health(True, time.time())
         self._state = "unknown"  # ok | absent | unreachable: the scrape's last outcome
         self._prio_ok: bool | None = None  # mod_overtake_prio's counters: last scrape answered
@@ -168,6 +172,8 @@ class ApacheProbe:
         else:
             apache.status, apache.absent = parse_status(body.decode("latin-1")), False
             self._log_state("ok", "")
+            if self.on_status is not None:
+                self.on_status()
 
     async def scrape_prio(self) -> None:
         """mod_overtake_prio's counters into the metrics (left out while it does not answer)."""
@@ -205,7 +211,8 @@ class ApacheProbe:
             return
         first, self._state = self._state == "unknown", state
         if state == "absent":
-            log.warning("Apache has no mod_status for the sidecar: apache_* metrics left out", extra={
+            log.warning("Apache has no mod_status for the sidecar: apache_* metrics left out, its worker limit "
+                        "not checked against limits.max_inflight", extra={
                 "event": "apache_status_absent", "detail": f"{detail}; to get them, load mod_status and allow "
                 "the sidecar's address to /server-status (apache-conf/examples/vhost-behind-sidecar.conf)"})
         elif state == "error":

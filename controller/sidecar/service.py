@@ -173,6 +173,12 @@ class Sidecar(SidecarRuntime):
     def _wire(self, policy: SpawnPolicy, classifier_mode: str) -> None:
         """Build the limiter, the metrics, the online loop, Apache's side and the gateway around
         the classifier and the first policy."""
+        self._wire_limiter(policy)
+        self._wire_online(policy, classifier_mode)
+        self._wire_apache()
+
+    def _wire_limiter(self, policy: SpawnPolicy) -> None:
+        """The limiter with its listeners (size classes, the verifier) and the metrics."""
         options, table, cfg = self.options, self.table, self.table.config
         self.limiter = Limiter(
             policy, self.classifier, stage_names=table.names,
@@ -197,6 +203,10 @@ class Sidecar(SidecarRuntime):
         if self.verifier is not None:
             self.limiter.add_listener(self.verifier)
             self.metrics.registry.register(VerifyCollector(self.verifier))
+
+    def _wire_online(self, policy: SpawnPolicy, classifier_mode: str) -> None:
+        """The online loop (with ``--online``) and the collectors beside the limiter's."""
+        options, table = self.options, self.table
         if options.online is not None:
             self.online = OnlineLoop(
                 options.online, table=table, time_unit=self.time_unit, policy=policy,
@@ -213,10 +223,16 @@ class Sidecar(SidecarRuntime):
         self.metrics.registry.register(self.cpu_location)
         self._cpu_task: asyncio.Task[None] | None = None
         self.source.register(self.metrics.registry)
+
+    def _wire_apache(self) -> None:
+        """Apache's side: the upstream pool, the gate, the status probe, the admin endpoints and
+        the gateway; ``lock: auto`` needs the online loop's lock watch."""
+        options, table, cfg = self.options, self.table, self.table.config
         self.pool = UpstreamPool(*self.apache, connect_timeout=cfg.limits.upstream_connect_timeout)
         #: Apache's admission gate (controller.sidecar.gate), in use once Apache reports the same file
         self.gate = Gate(options.apache_side.gate, options.apache_side.gate_slots) if options.apache_side.gate else None
         self._gate_said: bool | None = None
+        self._workers_checked = False  # Apache's worker limit against limits.max_inflight
         if self.gate is not None:
             self.limiter.add_listener(GateOpener(self.gate, self.limiter, options.apache_side.gate_backfill))
             self.gate.on_lost = self._gate_lost
@@ -225,7 +241,7 @@ class Sidecar(SidecarRuntime):
             want_prio=(f"cpu_priority {options.apache_side.cpu_priority}" if options.apache_side.cpu_priority != "off"
                        else "the gate" if self.gate is not None
                        else "the control file" if self.control is not None else None),
-            on_gate_token=self.check_gate)
+            on_gate_token=self.check_gate, on_status=self.check_workers)
         self.admin = AdminEndpoints(self.metrics.registry, self, self._admin_access, lambda: self.probe.health)
         self.gateway = Gateway(
             table, self.limiter, self.classifier, self.pool, self.uplink, self.metrics,

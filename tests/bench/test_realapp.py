@@ -509,20 +509,26 @@ def _skip_reason() -> str | None:
     return None
 
 
+def _main(argv: list[str]) -> int:
+    """``realapp.main(argv)`` with a scratch ``--data-dir`` (www-data reads the wiki's settings below
+    it), removed afterwards, and the process's SIGTERM handler restored."""
+    data = scratch_dir("realapp-test-")
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        return realapp.main([*argv, "--data-dir", str(data)])
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+        shutil.rmtree(data, ignore_errors=True)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # the set-up of a scratch wiki, a calibration, the solves and five stacks
 @pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
 def test_end_to_end_on_a_tiny_trace(apache_available: None, capsys: pytest.CaptureFixture[str]) -> None:
-    data = scratch_dir("realapp-test-")  # www-data reads the wiki's settings below it
     cores = os.sched_getaffinity(0)
-    sigterm = signal.getsignal(signal.SIGTERM)
-    try:
-        rc = realapp.main(["--php", "prefork", "--runs", "1", "--transactions", "60", "--block", "30", "--articles", "10",
-                           "--data-dir", str(data), "--json", "--no-write", "--halt-poll-us", "0"])
-        assert os.sched_getaffinity(0) == cores
-    finally:
-        signal.signal(signal.SIGTERM, sigterm)
-        shutil.rmtree(data, ignore_errors=True)
+    rc = _main(["--php", "prefork", "--runs", "1", "--transactions", "60", "--block", "30", "--articles", "10",
+                "--json", "--no-write", "--halt-poll-us", "0"])
+    assert os.sched_getaffinity(0) == cores
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     (run,) = doc["runs"]
@@ -557,15 +563,8 @@ def test_end_to_end_on_a_tiny_trace(apache_available: None, capsys: pytest.Captu
 @pytest.mark.timeout(1200)
 @pytest.mark.skipif(_skip_reason() is not None, reason=str(_skip_reason()))
 def test_end_to_end_size_class_under_fpm(apache_available: None, capsys: pytest.CaptureFixture[str]) -> None:
-    data = scratch_dir("realapp-test-")
-    sigterm = signal.getsignal(signal.SIGTERM)
-    try:
-        rc = realapp.main(["--php", "fpm", "--runs", "1", "--transactions", "120", "--block", "30", "--articles", "10",
-                           "--arms", "default,sizeclass", "--class-quantile", "0.5", "--data-dir", str(data),
-                           "--json", "--no-write", "--halt-poll-us", "0"])
-    finally:
-        signal.signal(signal.SIGTERM, sigterm)
-        shutil.rmtree(data, ignore_errors=True)
+    rc = _main(["--php", "fpm", "--runs", "1", "--transactions", "120", "--block", "30", "--articles", "10",
+                "--arms", "default,sizeclass", "--class-quantile", "0.5", "--json", "--no-write", "--halt-poll-us", "0"])
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     (run,) = doc["runs"]

@@ -13,8 +13,6 @@ the capped stage's next requests wait for it), and the requests counted are thos
 
 from __future__ import annotations
 
-import re
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -23,12 +21,10 @@ from typing import Any
 
 import pytest
 from support.control_apache import control_apache
+from support.module_stages import at_once, max_overlap, prio_status, settled, write_policy
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache.lifecycle import pid_alive
-from overtake.controller.sidecar.control_file import ControlFile
-from overtake.controller.sidecar.count_table import from_policy
-from overtake.controller.sidecar.policies import BaselinePolicy
 
 NAMES = ("capped", "free")
 URL = {"capped": "/stage1", "free": "/stage2"}
@@ -54,71 +50,36 @@ def _get(inst: apache.ApacheInstance, path: str) -> tuple[int, str | None, str |
         return r.status, r.headers.get("X-Handler-Span-us"), r.headers.get("X-Handler-Pid")
 
 
-def _status(inst: apache.ApacheInstance) -> dict[str, float]:
-    with urllib.request.urlopen(inst.base_url + "/overtake-prio-status", timeout=10) as r:
-        text = r.read().decode()
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\S+) (\S+)$", text, re.M)}
-
-
 def _burst(inst: apache.ApacheInstance) -> list[tuple[str, int, int, int]]:
     """PER_STAGE requests of each stage at once: (stage, begin µs, end µs, pid) each."""
-    jobs = [s for _ in range(PER_STAGE) for s in NAMES]
-    go = threading.Barrier(len(jobs))
-
     def one(stage: str) -> tuple[str, int, int, int]:
-        go.wait(timeout=30)
         status, span, pid = _get(inst, f"{URL[stage]}?work=0.05&trace=1")
         assert status == 200 and span is not None and pid is not None
         b, e = (int(v) for v in span.split())
         return stage, b, e, int(pid)
 
-    with ThreadPoolExecutor(len(jobs)) as ex:
-        return list(ex.map(one, jobs))
-
-
-def _max_overlap(spans: list[tuple[int, int]]) -> int:
-    events = sorted([(b, 1) for b, _ in spans] + [(e, -1) for _, e in spans], key=lambda x: (x[0], x[1]))
-    now = best = 0
-    for _, d in events:
-        now += d
-        best = max(best, now)
-    return best
-
-
-def _settled(inst: apache.ApacheInstance) -> dict[str, float]:
-    deadline = time.monotonic() + 10
-    while True:
-        st = _status(inst)
-        if all(st[f'overtake_stage_{k}{{stage="{s}"}}'] == 0 for s in NAMES for k in ("waiting", "active")) \
-                or time.monotonic() > deadline:
-            return st
+    return at_once([s for _ in range(PER_STAGE) for s in NAMES], one)
 
 
 def test_the_table_holds_across_processes_and_exiting_children_leak_no_count(
         served: tuple[apache.ApacheInstance, str]) -> None:
     inst, path = served
-    table = from_policy(BaselinePolicy("pi(1,8)", 2), NAMES)
-    assert table is not None
-    cf = ControlFile(path)
-    try:
-        gen = cf.write(2, None, table.encode())
-    finally:
-        cf.close()
+    gen = write_policy(path, "pi(1,8)", NAMES)
     deadline = time.monotonic() + 10
-    while _status(inst)["overtake_stage_table_generation"] != gen:  # the answering child has it
+    while prio_status(inst)["overtake_stage_table_generation"] != gen:  # the answering child has it
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    before = _settled(inst)
+    before = settled(inst, NAMES)
     runs = [_burst(inst) for _ in range(BURSTS)]
     free_overlaps = []
     for run in runs:
-        assert _max_overlap([(b, e) for s, b, e, _ in run if s == "capped"]) == 1, run
-        free_overlaps.append(_max_overlap([(b, e) for s, b, e, _ in run if s == "free"]))
+        assert max_overlap([(b, e) for s, b, e, _ in run if s == "capped"]) == 1, run
+        free_overlaps.append(max_overlap([(b, e) for s, b, e, _ in run if s == "free"]))
     assert max(free_overlaps) > 1, free_overlaps  # the other stage is not held
     pids = {pid for run in runs for *_, pid in run}
     assert len(pids) >= 3, pids  # run by several processes ...
     assert any(not pid_alive(p) for p in {pid for *_, pid in runs[0]}), pids  # ... and a child exited
-    st = _settled(inst)
+    st = settled(inst, NAMES)
     for s in NAMES:
         assert st[f'overtake_stage_waiting{{stage="{s}"}}'] == 0
         assert st[f'overtake_stage_active{{stage="{s}"}}'] == 0
@@ -127,16 +88,6 @@ def test_the_table_holds_across_processes_and_exiting_children_leak_no_count(
         assert st[f'overtake_stage_hold_timeouts_total{{stage="{s}"}}'] == before[
             f'overtake_stage_hold_timeouts_total{{stage="{s}"}}']
     assert st['overtake_stage_held_total{stage="capped"}'] > before['overtake_stage_held_total{stage="capped"}']
-
-
-def _write(path: str, policy: str) -> int:
-    table = from_policy(BaselinePolicy(policy, 2), NAMES)
-    assert table is not None
-    cf = ControlFile(path)
-    try:
-        return cf.write(2, None, table.encode())
-    finally:
-        cf.close()
 
 
 def test_a_completion_in_a_child_that_missed_a_new_table_decides_by_the_new_one(
@@ -148,19 +99,19 @@ def test_a_completion_in_a_child_that_missed_a_new_table_decides_by_the_new_one(
     if served[0].mpm != "prefork":
         pytest.skip("prefork: the long request's process starts no other request meanwhile")
     inst, path = served
-    gen = _write(path, "pi(8,1)")
+    gen = write_policy(path, "pi(8,1)", NAMES)
     deadline = time.monotonic() + 10
-    while _status(inst)["overtake_stage_table_generation"] != gen:
+    while prio_status(inst)["overtake_stage_table_generation"] != gen:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     with ThreadPoolExecutor(6) as ex:
         long = ex.submit(_get, inst, "/stage1?work=1.5&trace=1")
         time.sleep(0.5)  # it runs
-        gen2 = _write(path, "pi(1,8)")
-        while _status(inst)["overtake_stage_table_generation"] != gen2:  # a status child reads it
+        gen2 = write_policy(path, "pi(1,8)", NAMES)
+        while prio_status(inst)["overtake_stage_table_generation"] != gen2:  # a status child reads it
             time.sleep(0.02)
         short = [ex.submit(_get, inst, "/stage1?work=0.1&trace=1") for _ in range(5)]
         spans = [long.result(timeout=60)] + [f.result(timeout=60) for f in short]
     assert all(s == 200 and span for s, span, _ in spans)
     ranges = [tuple(int(v) for v in span.split()) for _, span, _ in spans if span]
-    assert _max_overlap(ranges[1:]) == 1, ranges  # type: ignore[arg-type]
+    assert max_overlap(ranges[1:]) == 1, ranges  # type: ignore[arg-type]

@@ -22,23 +22,19 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from support.control_apache import control_apache
+from support.module_stages import at_once, max_overlap, stages_yaml, write_policy
 from support.service_helpers import SidecarProc
 
 from overtake.controller.harness import apache
 from overtake.controller.harness import php_fpm as pf
 from overtake.controller.harness.scratch import free_port, scratch_dir
-from overtake.controller.sidecar.control_file import ControlFile
-from overtake.controller.sidecar.count_table import from_policy
-from overtake.controller.sidecar.policies import BaselinePolicy
 
 pytestmark = pytest.mark.skipif(pf.php_available() is not None, reason=str(pf.php_available()))
 
@@ -87,39 +83,13 @@ def _get(inst: apache.ApacheInstance, path: str) -> tuple[int, str | None]:
 
 def _burst(inst: apache.ApacheInstance, n: int, seconds: float) -> dict[str, list[tuple[float, float]]]:
     """n requests of each stage at once; PHP's own spans per stage."""
-    jobs = [s for _ in range(n) for s in NAMES]
-    go = threading.Barrier(len(jobs))
-
-    def one(stage: str) -> tuple[str, tuple[int, str | None]]:
-        go.wait(timeout=30)
-        return stage, _get(inst, f"/{stage}.php?s={seconds}")
-
-    with ThreadPoolExecutor(len(jobs)) as ex:
-        out = list(ex.map(one, jobs))
+    out = at_once([s for _ in range(n) for s in NAMES], lambda stage: (stage, _get(inst, f"/{stage}.php?s={seconds}")))
     spans: dict[str, list[tuple[float, float]]] = {s: [] for s in NAMES}
     for stage, (status, span) in out:
         assert status == 200 and span is not None, (status, span)
         b, e, _ = span.split()
         spans[stage].append((float(b), float(e)))
     return spans
-
-
-def _max_overlap(spans: list[tuple[float, float]]) -> int:
-    events = sorted([(b, 1) for b, _ in spans] + [(e, -1) for _, e in spans], key=lambda x: (x[0], x[1]))
-    now = best = 0
-    for _, d in events:
-        now += d
-        best = max(best, now)
-    return best
-
-
-def _write(path: str, policy: str) -> int:
-    table = from_policy(BaselinePolicy(policy, 2), NAMES)
-    cf = ControlFile(path)
-    try:
-        return cf.write(2, None, table.encode() if table is not None else None)
-    finally:
-        cf.close()
 
 
 def _generation(inst: apache.ApacheInstance) -> float:
@@ -140,22 +110,22 @@ def _until_generation(inst: apache.ApacheInstance, gen: int) -> None:
 def test_a_stage_capped_at_one_never_overlaps_in_fpm_and_fpm_never_queues(
         fpm_apache: tuple[apache.ApacheInstance, str, pf.FpmPool]) -> None:
     inst, path, pool = fpm_apache
-    _until_generation(inst, _write(path, "pi(1,2)"))
+    _until_generation(inst, write_policy(path, "pi(1,2)", NAMES))
     before = pf.fpm_status(pool)
     assert int(before["max listen queue"]) == 0, before
     spans = _burst(inst, 5, 0.6)
-    assert _max_overlap(spans["capped"]) == 1, spans["capped"]
-    assert _max_overlap(spans["free"]) == 2, spans["free"]  # the other stage runs two at once
+    assert max_overlap(spans["capped"]) == 1, spans["capped"]
+    assert max_overlap(spans["free"]) == 2, spans["free"]  # the other stage runs two at once
     after = pf.fpm_status(pool)
     assert int(after["accepted conn"]) - int(before["accepted conn"]) == 10 + 1  # + the status request
     assert int(after["max listen queue"]) == 0, after  # the held requests waited in Apache
     assert int(after["max active processes"]) <= CHILDREN
 
     # Apache's default (no table): the same burst overlaps in the capped stage and queues in FPM
-    _write(path, "passthrough")
+    write_policy(path, "passthrough", NAMES)
     _until_generation(inst, 0)  # no stage section: no table in force
     spans = _burst(inst, 5, 0.6)
-    assert _max_overlap(spans["capped"]) > 1, spans["capped"]
+    assert max_overlap(spans["capped"]) > 1, spans["capped"]
     assert int(pf.fpm_status(pool)["max listen queue"]) > 0
 
 
@@ -231,15 +201,7 @@ def test_where_each_stage_runs_is_counted_said_and_the_unreachable_lever_not_cla
         side.stop()
 
 
-STAGES = """
-stages:
-  - name: capped
-    path: "^/capped\\\\.php$"
-  - name: free
-    path: "^/free\\\\.php$"
-limits: {max_inflight: 16, queue_cap: 1000, queue_timeout: 30}
-classifier: {mode: hidden, time_unit: 0.005}
-"""
+STAGES = stages_yaml(r"^/capped\.php$", r"^/free\.php$")
 
 
 def test_a_module_mode_sidecar_warns_when_the_pool_is_smaller_than_the_policy(

@@ -29,11 +29,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.control_apache import control_apache
+from support.module_stages import at_once, max_overlap, prio_status, settled, stages_yaml, write_policy, write_table
 from support.service_helpers import SidecarProc, replay_h2_transactions
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.scratch import free_port
-from overtake.controller.sidecar.control_file import ControlFile
 from overtake.controller.sidecar.count_table import CountTable, from_policy
 from overtake.controller.sidecar.policies import BaselinePolicy
 
@@ -54,30 +54,11 @@ def _get(inst: apache.ApacheInstance, path: str) -> tuple[int, str, str | None]:
         return r.status, r.read().decode(), r.headers.get("X-Handler-Span-us")
 
 
-def _status(inst: apache.ApacheInstance) -> dict[str, float]:
-    text = _get(inst, "/overtake-prio-status")[1]
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\S+) (\S+)$", text, re.M)}
-
-
-def _write(path: str, table: CountTable) -> int:
-    cf = ControlFile(path)
-    try:
-        return cf.write(2, None, table.encode())
-    finally:
-        cf.close()
-
-
 def _burst(inst: apache.ApacheInstance, n: int, work: float) -> dict[str, list[tuple[int, int]]]:
-    """n requests of each stage at once; the handler spans per stage."""
-    jobs = [s for _ in range(n) for s in NAMES]
-    go = threading.Barrier(len(jobs))
-
-    def one(stage: str) -> tuple[str, tuple[int, str, str | None]]:
-        go.wait(timeout=30)  # all at once: the free stage's requests then run together
-        return stage, _get(inst, f"{URL[stage]}?work={work}&trace=1")
-
-    with ThreadPoolExecutor(len(jobs)) as ex:
-        out = list(ex.map(one, jobs))
+    """n requests of each stage at once (the free stage's requests then run together); the handler
+    spans per stage."""
+    out = at_once([s for _ in range(n) for s in NAMES],
+                  lambda stage: (stage, _get(inst, f"{URL[stage]}?work={work}&trace=1")))
     spans: dict[str, list[tuple[int, int]]] = {s: [] for s in NAMES}
     for stage, (status, _, span) in out:
         assert status == 200 and span is not None
@@ -86,30 +67,10 @@ def _burst(inst: apache.ApacheInstance, n: int, work: float) -> dict[str, list[t
     return spans
 
 
-def _max_overlap(spans: list[tuple[int, int]]) -> int:
-    events = sorted([(b, 1) for b, _ in spans] + [(e, -1) for _, e in spans], key=lambda x: (x[0], x[1]))
-    now = best = 0
-    for _, d in events:
-        now += d
-        best = max(best, now)
-    return best
-
-
-def _settled(inst: apache.ApacheInstance) -> dict[str, float]:
-    """The status once no request of any stage waits or runs: a request ends (its count drops)
-    after its response and its log line, which the client may see first."""
-    deadline = time.monotonic() + 10
-    while True:
-        st = _status(inst)
-        if all(st[f'overtake_stage_{k}{{stage="{s}"}}'] == 0 for s in NAMES for k in ("waiting", "active")) \
-                or time.monotonic() > deadline:
-            return st
-
-
 def _wait_generation(inst: apache.ApacheInstance, gen: int) -> dict[str, float]:
     deadline = time.monotonic() + 10
     while True:
-        st = _status(inst)
+        st = prio_status(inst)
         if st.get("overtake_stage_table_generation") == gen or time.monotonic() > deadline:
             return st
 
@@ -130,15 +91,15 @@ def test_cap_of_one_serialises_its_stage_only_and_a_new_table_takes_effect_live(
     pid, conf_gen = _apache_pid(inst), _config_generation(inst)
     table = from_policy(BaselinePolicy("pi(1,8)", 2), NAMES)
     assert table is not None
-    gen = _write(path, table)
+    gen = write_table(path, table)
     st = _wait_generation(inst, gen)
     assert st["overtake_stage_table_generation"] == gen
     assert st['overtake_stage_table_in_force{stage="capped"}'] == 1
     before = st
     spans = _burst(inst, 6, 0.1)
-    assert _max_overlap(spans["capped"]) == 1, spans["capped"]
-    assert _max_overlap(spans["free"]) > 1, spans["free"]  # the other stage is not held
-    st = _settled(inst)
+    assert max_overlap(spans["capped"]) == 1, spans["capped"]
+    assert max_overlap(spans["free"]) > 1, spans["free"]  # the other stage is not held
+    st = settled(inst, NAMES)
     for s in NAMES:
         assert st[f'overtake_stage_requests_total{{stage="{s}"}}'] - before[f'overtake_stage_requests_total{{stage="{s}"}}'] == 6
         assert st[f'overtake_stage_waiting{{stage="{s}"}}'] == 0
@@ -148,12 +109,12 @@ def test_cap_of_one_serialises_its_stage_only_and_a_new_table_takes_effect_live(
         'overtake_stage_hold_timeouts_total{stage="capped"}']
 
     # the other way round, through the file only
-    gen2 = _write(path, from_policy(BaselinePolicy("pi(8,1)", 2), NAMES))  # type: ignore[arg-type]
+    gen2 = write_policy(path, "pi(8,1)", NAMES)
     st = _wait_generation(inst, gen2)
     assert st["overtake_stage_table_generation"] == gen2 != gen
     spans = _burst(inst, 6, 0.1)
-    assert _max_overlap(spans["free"]) == 1, spans["free"]
-    assert _max_overlap(spans["capped"]) > 1, spans["capped"]
+    assert max_overlap(spans["free"]) == 1, spans["free"]
+    assert max_overlap(spans["capped"]) > 1, spans["capped"]
     assert _apache_pid(inst) == pid
     assert _config_generation(inst) == conf_gen
 
@@ -163,12 +124,12 @@ def test_requests_that_never_wait_cost_no_wake_up(staged: tuple[apache.ApacheIns
     still takes its ticket and two decisions, but no futex wake-up (a system call per request):
     nobody sleeps on the word. Under π(1,8) a burst's held requests are woken."""
     inst, path = staged
-    _wait_generation(inst, _write(path, from_policy(BaselinePolicy("pi(8,8)", 2), NAMES)))  # type: ignore[arg-type]
-    before = _settled(inst)
+    _wait_generation(inst, write_policy(path, "pi(8,8)", NAMES))
+    before = settled(inst, NAMES)
     for _ in range(20):
         for s in NAMES:
             assert _get(inst, f"{URL[s]}?work=0")[0] == 200
-    after = _settled(inst)
+    after = settled(inst, NAMES)
     for s in NAMES:
         assert after[f'overtake_stage_requests_total{{stage="{s}"}}'] - before[
             f'overtake_stage_requests_total{{stage="{s}"}}'] == 20
@@ -176,10 +137,10 @@ def test_requests_that_never_wait_cost_no_wake_up(staged: tuple[apache.ApacheIns
     assert after["overtake_stage_decisions_total"] - before["overtake_stage_decisions_total"] >= 80
     assert after["overtake_stage_wakeups_total"] == before["overtake_stage_wakeups_total"]
 
-    _wait_generation(inst, _write(path, from_policy(BaselinePolicy("pi(1,8)", 2), NAMES)))  # type: ignore[arg-type]
-    before = _settled(inst)
+    _wait_generation(inst, write_policy(path, "pi(1,8)", NAMES))
+    before = settled(inst, NAMES)
     _burst(inst, 6, 0.05)
-    after = _settled(inst)
+    after = settled(inst, NAMES)
     held = after['overtake_stage_held_total{stage="capped"}'] - before['overtake_stage_held_total{stage="capped"}']
     assert held > 0
     assert after["overtake_stage_wakeups_total"] - before["overtake_stage_wakeups_total"] >= 1
@@ -192,7 +153,7 @@ def test_a_request_held_past_its_bound_runs(staged: tuple[apache.ApacheInstance,
     obs = CountTable(NAMES, wcap, kcap, np.zeros((625, 2), dtype=np.uint8)).observations()
     acts = np.zeros((len(obs), 2), dtype=np.uint8)
     acts[:, 1] = obs[:, 1]  # free: start every waiting one
-    gen = _write(path, CountTable(NAMES, wcap, kcap, acts))
+    gen = write_table(path, CountTable(NAMES, wcap, kcap, acts))
     before = _wait_generation(inst, gen)
     with ThreadPoolExecutor(2) as ex:
         long = ex.submit(_get, inst, "/stage2?work=4")
@@ -204,21 +165,13 @@ def test_a_request_held_past_its_bound_runs(staged: tuple[apache.ApacheInstance,
         assert long.result(timeout=120)[0] == 200
     assert status == 200
     assert waited >= HOLD * 0.9
-    st = _settled(inst)
+    st = settled(inst, NAMES)
     assert st['overtake_stage_hold_timeouts_total{stage="capped"}'] - before[
         'overtake_stage_hold_timeouts_total{stage="capped"}'] == 1
     assert st['overtake_stage_active{stage="capped"}'] == 0 and st['overtake_stage_waiting{stage="capped"}'] == 0
 
 
-MODULE_STAGES = """
-stages:
-  - name: capped
-    path: "^/stage1$"
-  - name: free
-    path: "^/stage2$"
-limits: {max_inflight: 16, queue_cap: 1000, queue_timeout: 30}
-classifier: {mode: hidden, time_unit: 0.005}
-"""
+MODULE_STAGES = stages_yaml("^/stage1$", "^/stage2$")
 
 
 def test_sidecar_in_module_mode_writes_the_table_and_passes_no_traffic(
@@ -239,12 +192,12 @@ def test_sidecar_in_module_mode_writes_the_table_and_passes_no_traffic(
         gen = written[-1]["generation"]  # type: ignore[index]
         assert _wait_generation(inst, gen)["overtake_stage_table_generation"] == gen
         spans = _burst(inst, 6, 0.1)
-        assert _max_overlap(spans["capped"]) == 1, spans["capped"]
+        assert max_overlap(spans["capped"]) == 1, spans["capped"]
         assert side.request("PUT", "/-/policy", body=b"pi(8,1)")[0] == 200
         gen2 = [e["detail"] for e in side.events() if e.get("event") == "control_file"][-1]["generation"]  # type: ignore[index]
         assert gen2 != gen and _wait_generation(inst, gen2)["overtake_stage_table_generation"] == gen2
         spans = _burst(inst, 6, 0.1)
-        assert _max_overlap(spans["free"]) == 1, spans["free"]
+        assert max_overlap(spans["free"]) == 1, spans["free"]
         # pi(inf) holds nothing: a file without a stage section, no table in force
         assert side.request("PUT", "/-/policy", body=b"passthrough")[0] == 200
         assert _wait_generation(inst, 0)["overtake_stage_table_generation"] == 0
@@ -256,6 +209,16 @@ def test_sidecar_in_module_mode_writes_the_table_and_passes_no_traffic(
         side.stop()
 
 
+def _online_sidecar(inst: apache.ApacheInstance, path: str, tmp_path: Path, *, arrival_window: int) -> SidecarProc:
+    """A module-mode sidecar running pi(1,8) whose online loop refits every 2 s from Apache's access log."""
+    admin = free_port()
+    return SidecarProc(tmp_path, ["--policy", "pi(1,8)", "--apache", inst.base_url, "--control-file", path,
+                                  "--enforce", "module", "--online", "--refit-interval", "2", "--min-samples", "100",
+                                  "--arrival-window", str(arrival_window), "--access-log", str(inst.access_log),
+                                  "--status-interval", "0.5", "--admin-listen", f"127.0.0.1:{admin}"],
+                       stages=MODULE_STAGES, ready_port=admin)
+
+
 @pytest.mark.timeout(900)
 def test_a_refit_in_module_mode_reaches_apache_through_the_file(
         staged: tuple[apache.ApacheInstance, str], tmp_path: Path) -> None:
@@ -264,12 +227,7 @@ def test_a_refit_in_module_mode_reaches_apache_through_the_file(
     module enforces that generation, with no restart."""
     inst, path = staged
     pid, conf_gen = _apache_pid(inst), _config_generation(inst)
-    admin = free_port()
-    side = SidecarProc(tmp_path, ["--policy", "pi(1,8)", "--apache", inst.base_url, "--control-file", path,
-                                  "--enforce", "module", "--online", "--refit-interval", "2", "--min-samples", "100",
-                                  "--arrival-window", "60", "--access-log", str(inst.access_log),
-                                  "--status-interval", "0.5", "--admin-listen", f"127.0.0.1:{admin}"],
-                       stages=MODULE_STAGES, ready_port=admin)
+    side = _online_sidecar(inst, path, tmp_path, arrival_window=60)
     try:
         n = 150
         _, _, codes = replay_h2_transactions(lambda p, headers: _get(inst, p)[0], n)
@@ -295,7 +253,7 @@ def test_a_refit_in_module_mode_reaches_apache_through_the_file(
 
 def _threshold(inst: apache.ApacheInstance) -> tuple[float, float, float]:
     """The module's age threshold in force, whether it is the control file's, and that file's generation."""
-    st = _status(inst)
+    st = prio_status(inst)
     return (st['overtake_cpu_prio_level_threshold_seconds{level="1"}'], st["overtake_cpu_prio_control_in_force"],
             st["overtake_cpu_prio_control_generation"])
 
@@ -350,12 +308,7 @@ def test_a_changed_demand_distribution_reaches_the_modules_thresholds(
     the longer demands are longer, and Apache was neither restarted nor reconfigured."""
     inst, path = staged
     pid, conf_gen = _apache_pid(inst), _config_generation(inst)
-    admin = free_port()
-    side = SidecarProc(tmp_path, ["--policy", "pi(1,8)", "--apache", inst.base_url, "--control-file", path,
-                                  "--enforce", "module", "--online", "--refit-interval", "2", "--min-samples", "100",
-                                  "--arrival-window", "30", "--access-log", str(inst.access_log),
-                                  "--status-interval", "0.5", "--admin-listen", f"127.0.0.1:{admin}"],
-                       stages=MODULE_STAGES, ready_port=admin)
+    side = _online_sidecar(inst, path, tmp_path, arrival_window=30)
     try:
         seen = len(_written(side))
         _, _, codes = replay_h2_transactions(lambda p, headers: _get(inst, p)[0], 150, unit=0.004)

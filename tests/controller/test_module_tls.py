@@ -11,25 +11,20 @@ while ``free``'s do, and every request is answered (the module counts each once)
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import ssl
 import subprocess
-import threading
 import urllib.request
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from support.control_apache import control_apache
+from support.module_stages import at_once, max_overlap, prio_status, settled, write_policy
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache.config import DEFAULT_CONF_DIR
-from overtake.controller.harness.apache.cpu_priority import CpuPriority
 from overtake.controller.harness.scratch import free_port, scratch_dir
-from overtake.controller.sidecar.control_file import ControlFile
-from overtake.controller.sidecar.count_table import from_policy
-from overtake.controller.sidecar.policies import BaselinePolicy
 
 NAMES = ("capped", "free")
 URL = {"capped": "/stage1", "free": "/stage2"}
@@ -69,7 +64,6 @@ def tls_apache(apache_available: None) -> Iterator[tuple[apache.ApacheInstance, 
     if "HTTP2" not in subprocess.run(["curl", "--version"], capture_output=True, text=True).stdout:
         pytest.skip("curl without HTTP/2 (nghttp2)")
     parent = scratch_dir("overtake-tls-test-")
-    path = f"/dev/shm/s19-module-tls-{os.getpid()}-{free_port()}"
     try:
         conf = parent / "conf"
         shutil.copytree(DEFAULT_CONF_DIR, conf)
@@ -77,38 +71,12 @@ def tls_apache(apache_available: None) -> Iterator[tuple[apache.ApacheInstance, 
         tls_port = free_port()
         with (conf / "httpd.conf.in").open("a") as f:
             f.write(TLS_VHOST.format(port=tls_port, cert=cert, key=key))
-        inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", max_workers=32, mpm="event", conf_dir=conf,
-                            cpu_priority=CpuPriority(levels=(0.5,), nice=("idle",), class_header=None,
-                                                     control_file=path, stage_hold=30,
-                                                     stages=(("capped", "^/stage1$"), ("free", "^/stage2$"))))
-        try:
-            cf = ControlFile(path)
-            try:
-                cf.write(2, None, from_policy(BaselinePolicy("pi(1,16)", 2), NAMES).encode())  # type: ignore[union-attr]
-            finally:
-                cf.close()
+        with control_apache("module-tls", levels=(0.5,), nice=("idle",), stage_hold=30, mpm="event", conf_dir=conf,
+                            stages=(("capped", "^/stage1$"), ("free", "^/stage2$"))) as (inst, path):
+            write_policy(path, "pi(1,16)", NAMES)
             yield inst, tls_port, cert
-        finally:
-            apache.stop(inst.workdir, graceful=False)
     finally:
-        for p in (path, path + ".key"):
-            Path(p).unlink(missing_ok=True)
         shutil.rmtree(parent, ignore_errors=True)
-
-
-def _status(inst: apache.ApacheInstance) -> dict[str, float]:
-    with urllib.request.urlopen(inst.base_url + "/overtake-prio-status", timeout=30) as r:
-        text = r.read().decode()
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\S+) (\S+)$", text, re.M)}
-
-
-def _max_overlap(spans: list[tuple[int, int]]) -> int:
-    events = sorted([(b, 1) for b, _ in spans] + [(e, -1) for _, e in spans])
-    now = best = 0
-    for _, d in events:
-        now += d
-        best = max(best, now)
-    return best
 
 
 def _spans(lines: list[tuple[str, str]]) -> dict[str, list[tuple[int, int]]]:
@@ -119,19 +87,9 @@ def _spans(lines: list[tuple[str, str]]) -> dict[str, list[tuple[int, int]]]:
     return out
 
 
-def _settled(inst: apache.ApacheInstance) -> dict[str, float]:
-    """The status once no request of any stage waits or runs (a request's count drops after its
-    response and log line, which the client may see first)."""
-    for _ in range(100):
-        st = _status(inst)
-        if all(st[f'overtake_stage_{k}{{stage="{s}"}}'] == 0 for s in NAMES for k in ("waiting", "active")):
-            return st
-    return st
-
-
 def _wait_table(inst: apache.ApacheInstance) -> dict[str, float]:
     for _ in range(100):
-        st = _status(inst)
+        st = prio_status(inst)
         if st.get("overtake_stage_table_generation", 0) > 0:
             return st
         urllib.request.urlopen(inst.base_url + "/stage2?work=0", timeout=30).read()  # a start reads the file
@@ -142,21 +100,16 @@ def test_https_requests_are_held_by_the_table(tls_apache: tuple[apache.ApacheIns
     inst, port, cert = tls_apache
     before = _wait_table(inst)
     ctx = ssl.create_default_context(cafile=str(cert))
-    jobs = [s for _ in range(6) for s in NAMES]
-    go = threading.Barrier(len(jobs))
-
     def one(stage: str) -> tuple[str, str]:
-        go.wait(timeout=30)
         with urllib.request.urlopen(f"https://127.0.0.1:{port}{URL[stage]}?work=0.1&trace=1", timeout=60,
                                     context=ctx) as r:
             assert r.status == 200
             return stage, r.headers["X-Handler-Span-us"]
 
-    with ThreadPoolExecutor(len(jobs)) as ex:
-        spans = _spans(list(ex.map(one, jobs)))
-    assert _max_overlap(spans["capped"]) == 1, spans["capped"]
-    assert _max_overlap(spans["free"]) > 1, spans["free"]
-    st = _settled(inst)
+    spans = _spans(at_once([s for _ in range(6) for s in NAMES], one))
+    assert max_overlap(spans["capped"]) == 1, spans["capped"]
+    assert max_overlap(spans["free"]) > 1, spans["free"]
+    st = settled(inst, NAMES)
     assert st['overtake_stage_requests_total{stage="capped"}'] - before['overtake_stage_requests_total{stage="capped"}'] == 6
     assert st['overtake_stage_active{stage="capped"}'] == 0 and st['overtake_stage_waiting{stage="capped"}'] == 0
 
@@ -177,10 +130,10 @@ def test_http2_streams_are_held_by_the_table(tls_apache: tuple[apache.ApacheInst
         assert code == "200" and version == "2", line  # HTTP/2, answered
         lines.append((url.rsplit("stage=", 1)[1], f"{b} {e}"))
     spans = _spans(lines)
-    assert _max_overlap(spans["capped"]) == 1, spans["capped"]
-    assert _max_overlap(spans["free"]) > 1, spans["free"]
+    assert max_overlap(spans["capped"]) == 1, spans["capped"]
+    assert max_overlap(spans["free"]) > 1, spans["free"]
     assert sum(int(line.split()[2]) for line in out) < len(urls)  # streams shared connections
-    st = _settled(inst)
+    st = settled(inst, NAMES)
     assert st['overtake_stage_requests_total{stage="capped"}'] - before['overtake_stage_requests_total{stage="capped"}'] == 6
     assert st['overtake_stage_held_total{stage="capped"}'] > before['overtake_stage_held_total{stage="capped"}']
     assert st['overtake_stage_active{stage="capped"}'] == 0 and st['overtake_stage_waiting{stage="capped"}'] == 0

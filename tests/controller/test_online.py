@@ -342,7 +342,7 @@ def test_failing_solve_is_counted_and_the_old_policy_kept() -> None:
         assert asyncio.run(loop.refit()) == "failed"
     assert side.policy.name == "pi(2)" and side.metrics.swaps == 0
     assert loop.outcomes == {**dict.fromkeys(loop.outcomes, 0), "failed": 2, "skipped_rate_limited": 1}
-    assert not list(Path(loop._dir).glob("*.npz")) if loop._dir else True  # nothing left behind
+    assert not list(Path(loop.worker.dir).glob("*.npz")) if loop.worker.dir else True  # nothing left behind
     asyncio.run(loop.close())
 
 
@@ -363,7 +363,7 @@ def test_refit_is_skipped_without_samples_or_at_high_load() -> None:
         assert asyncio.run(few.refit()) == "skipped_samples"
         assert "fewer than 50" in few.last["reason"]
         loop = _case4_loop(side, clock, ex, seed=2, max_load=0.5)  # true load 0.6
-        loop._job = boom
+        loop.worker.job = boom
         assert asyncio.run(loop.refit()) == "skipped_load"
         assert loop.last["load"] == pytest.approx(0.6, rel=0.15)
     assert side.metrics.swaps == 0
@@ -490,8 +490,8 @@ def test_refit_worker_runs_at_nice_19_and_its_cpu_is_exported() -> None:
     side = _sidecar("pi(1)")
     loop = _case4_loop(side, _Clock(), None, seed=7)
     try:
-        pid = loop._pool().submit(os.getpid).result()
-        loop._pool().submit(warm_up).result()  # imports before the CPU reading, as at sidecar start
+        pid = loop.worker.pool().submit(os.getpid).result()
+        loop.worker.pool().submit(warm_up).result()  # imports before the CPU reading, as at sidecar start
         assert pid != os.getpid()
         assert int(_proc_stat(pid)[16]) == 19
         assert os.getpriority(os.PRIO_PROCESS, 0) == own_nice
@@ -591,5 +591,5 @@ def test_route_policy_is_re_solved_with_its_routes(tmp_path: Path) -> None:
     assert "longer than the refit interval" in quick.last["reason"]
     asyncio.run(quick.close())
     for lp in (loop, quick):
-        assert lp._executor is not None
-        lp._executor.shutdown(wait=True)
+        assert lp.worker.executor is not None
+        lp.worker.executor.shutdown(wait=True)

@@ -21,15 +21,15 @@ from overtake.controller.harness.scratch import free_port, scratch_dir
 def control_apache(name: str, *, pin: bool = False, **prio: Any) -> Iterator[tuple[apache.ApacheInstance, str]]:
     """Apache (32 workers; ``pin``: on the last core) with ``CpuPriority(class_header=None,
     control_file=PATH, **prio)``; yields it and PATH. Skips without root or apxs. ``mpm``,
-    ``threads_per_child``, ``max_connections_per_child``, ``extra_conf`` and ``max_workers`` in
-    ``prio`` go to :func:`apache.start` instead."""
+    ``threads_per_child``, ``max_connections_per_child``, ``extra_conf``, ``max_workers`` and
+    ``conf_dir`` in ``prio`` go to :func:`apache.start` instead."""
     if os.geteuid() != 0 or shutil.which("apxs") is None:
         pytest.skip("needs root and apxs (apache2-dev): mod_overtake_prio")
     parent = scratch_dir(f"overtake-{name}-test-")
     path = f"/dev/shm/overtake-{name}-{os.getpid()}-{free_port()}"
     cores = sorted(os.sched_getaffinity(0))
     extra: dict[str, Any] = {k: prio.pop(k) for k in ("mpm", "threads_per_child", "max_connections_per_child",
-                                                       "extra_conf", "max_workers") if k in prio}
+                                                       "extra_conf", "max_workers", "conf_dir") if k in prio}
     extra.setdefault("max_workers", 32)
     try:
         inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}",

@@ -4,13 +4,16 @@ its health when Apache goes down and comes back.
 Known answers: an Apache started with MaxRequestWorkers 16 has a 16-slot scoreboard under
 event (children of 4 threads, started on demand) and under prefork (5 processes started), while
 the processes running at start hold fewer workers than that; the sidecar's start-up warning
-names 16, and says nothing when ``limits.max_inflight`` fits. ``/-/healthz`` turns 503
+names 16, and says nothing when ``limits.max_inflight`` fits; it is logged before the sidecar
+answers, even when Apache's status page answers late, and when the status page cannot be read at
+start the sidecar says so and warns at the first scrape that reads it. ``/-/healthz`` turns 503
 ``degraded`` naming Apache's address within a few scrapes of Apache stopping, ``/-/livez``
 stays 200, and health returns once Apache is back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from collections.abc import Iterator
@@ -18,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from support.service_helpers import STAGES, SidecarProc
+from support.slow_status import SlowStatus
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.scratch import free_port, scratch_dir
@@ -65,6 +69,62 @@ def test_worker_limit_comes_from_the_scoreboard(parent: Path, work: Path, mpm: s
         print(f"{mpm}: scoreboard 16 slots, {running} workers running at start")
     finally:
         apache.stop(inst.workdir, graceful=False)
+
+
+@pytest.fixture(scope="module")
+def apache16(parent: Path) -> Iterator[apache.ApacheInstance]:
+    """An event-MPM Apache with MaxRequestWorkers 16."""
+    inst = apache.start(parent / "workers16", f"127.0.0.1:{free_port()}", max_workers=16, raise_priority=False)
+    try:
+        yield inst
+    finally:
+        apache.stop(inst.workdir, graceful=False)
+
+
+@contextlib.contextmanager
+def _slow_sidecar(inst: apache.ApacheInstance, work: Path, delay: float) -> Iterator[tuple[SidecarProc, SlowStatus]]:
+    """A sidecar allowed 20 in flight, whose first read of Apache's status answers ``delay`` s late."""
+    host, port = inst.listen.rsplit(":", 1)
+    relay = SlowStatus((host, int(port)), delay)
+    try:
+        stages = STAGES.replace("max_inflight: 8", "max_inflight: 20")
+        s = SidecarProc(work, ["--policy", "pi(1)", "--apache", relay.base_url, "--status-interval", "0.2"],
+                        stages=stages)
+        try:
+            yield s, relay
+        finally:
+            s.stop()
+    finally:
+        relay.close()
+    assert relay.held == 1
+
+
+def test_the_worker_warning_is_logged_before_the_sidecar_answers(apache16: apache.ApacheInstance,
+                                                                 work: Path) -> None:
+    """Apache's status answered 1 s late (within the probe's 2 s): the warning naming 16 workers
+    is in the log once the sidecar answers (it used to answer first and check later, so that a
+    reader of its log at that moment, or on a loaded machine, saw no warning)."""
+    with _slow_sidecar(apache16, work, 1.0) as (s, _):
+        found = _warnings(s)
+    assert len(found) == 1 and "limits.max_inflight = 20 but Apache has 16 workers" in found[0], found
+
+
+def test_a_status_page_unread_at_start_is_said_and_checked_later(apache16: apache.ApacheInstance,
+                                                                 work: Path) -> None:
+    """Apache's first status answer held 5 s (the probe gives up after 2 s): a warning says the
+    status could not be read and the worker limit is checked later; a later scrape reads it and
+    the warning naming 16 workers follows, once (it used to say only "Apache not reachable at
+    start" and never compare the limits)."""
+    with _slow_sidecar(apache16, work, 5.0) as (s, _):
+        first = _warnings(s)
+        assert len(first) == 1, first
+        assert "no answer within 2 s" in first[0] and "at the first status scrape that reads it" in first[0], first
+        deadline = time.monotonic() + 20
+        while len(_warnings(s)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1)  # five more scrapes: the warning is not repeated
+        found = _warnings(s)
+    assert len(found) == 2 and "limits.max_inflight = 20 but Apache has 16 workers" in found[1], found
 
 
 def _wait(s: SidecarProc, path: str, port: int, code: int, timeout: float = 10) -> bytes:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.raw_http import read_head
 from support.service_helpers import SidecarProc, StubApache, sidecar_in_thread
 
 from overtake.controller.harness import apache
@@ -130,12 +131,9 @@ class WsEcho:
 
     def _one(self, c: socket.socket) -> None:
         with c:
-            buf = b""
-            while b"\r\n\r\n" not in buf:
-                chunk = c.recv(65536)
-                if not chunk:
-                    return
-                buf += chunk
+            buf = read_head(c)
+            if buf is None:
+                return
             head, rest = buf.split(b"\r\n\r\n", 1)
             self.heads.append(head)
             hdrs = {k.strip().lower(): v.strip() for k, v in (ln.split(b":", 1) for ln in head.split(b"\r\n")[1:])}
