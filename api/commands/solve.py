@@ -72,11 +72,20 @@ def run(args: argparse.Namespace) -> int:
         passthrough = start(age_passthrough, model)
     opt, choice = _solve_pi_star(args, sc, model, routes)
     pol = opt.policy
-    meta = _policy_meta(args, sc, model, opt)
-    pol.meta.update(meta)
+    rules = None
+    if args.phase_info == "full":  # the overtaking rules on the second core while the policy is simulated
+        from overtake.api.beside import start
+        from overtake.mdp.rules import overtaking_rule
+
+        rules = start(overtaking_rule, opt.solve, opt.policy)
+    prio = None
     if args.cpu_priority:
-        pol.meta["cpu_priority"] = _cpu_priority_meta(args.cpu_priority, model, pol, choice,
-                                                      None if passthrough is None else passthrough.result())
+        prio = _cpu_priority_meta(args.cpu_priority, model, pol, choice,
+                                  None if passthrough is None else passthrough.result())
+    meta = _policy_meta(args, sc, model, opt, None if rules is None else rules.result())
+    pol.meta.update(meta)
+    if prio is not None:
+        pol.meta["cpu_priority"] = prio
     pol.save(args.out)
     if args.plot:
         from overtake.api.plots import policy_figure
@@ -115,13 +124,20 @@ def _solve_pi_star(args: argparse.Namespace, sc: Any, model: Any, routes: Any) -
             choice = solve(model, cpu_priority="class", truncation=sc.fixed_truncation(), tol=sc.tolerance,
                            method=args.method, progress=progress)
             return choice.optimum, choice
+        if args.phase_info in ("full", "start"):
+            from overtake.api.beside import start
+
+            # the first policy's evaluation ladder on the second core while the next cap is solved
+            return solve(model, phase_info=args.phase_info, truncation=sc.fixed_truncation(), tol=sc.tolerance,
+                         method=args.method, progress=progress, max_states=args.max_states, beside=start), None
         return solve(model, phase_info=args.phase_info, truncation=sc.fixed_truncation(),
                      tol=sc.tolerance, method=args.method, progress=progress, routes=routes,
                      max_states=args.max_states), None
 
 
-def _policy_meta(args: argparse.Namespace, sc: Any, model: Any, opt: Any) -> dict[str, Any]:
-    """The policy file's record of the solve: metrics, trace, time unit, Apache's default, rules."""
+def _policy_meta(args: argparse.Namespace, sc: Any, model: Any, opt: Any, rules: Any = None) -> dict[str, Any]:
+    """The policy file's record of the solve: metrics, trace, time unit, Apache's default, rules
+    (``rules``: the overtaking rules when already extracted)."""
     from overtake.mdp.rule_evaluation import evaluate_baseline
     from overtake.mdp.rules import overtaking_rule
 
@@ -142,7 +158,7 @@ def _policy_meta(args: argparse.Namespace, sc: Any, model: Any, opt: Any) -> dic
     ps = done["pi(inf)"].metrics if "pi(inf)" in done else evaluate_baseline(model, "pi(inf)", tol=sc.tolerance).metrics
     meta["baselines"] = {"pi(inf)": ps.mean_response_time}
     if args.phase_info == "full":
-        meta["rules"] = overtaking_rule(opt.solve, opt.policy).to_dict()
+        meta["rules"] = (rules if rules is not None else overtaking_rule(opt.solve, opt.policy)).to_dict()
     return meta
 
 
@@ -151,7 +167,9 @@ def _cpu_priority_meta(kind: str, model: Any, pol: Any, choice: Any, passthrough
     from overtake.mdp.priority_prediction import predict_priority
 
     if kind == "age":
-        return {"age": predict_priority(model, pol, "age", passthrough=passthrough).to_meta()}
+        from overtake.api.beside import start
+
+        return {"age": predict_priority(model, pol, "age", passthrough=passthrough, beside=start).to_meta()}
     from overtake.mdp.rule_evaluation import evaluate_rule
 
     # the policy is the optimum with the classes; its E[W] without them, for the record

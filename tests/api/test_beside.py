@@ -56,3 +56,45 @@ def test_an_age_solve_records_the_passthrough_computed_beside_as_here(cores, mon
     assert (age["passthrough"], age["passthrough_ci95"], age["passthrough_seeds"]) == (here.mean, here.ci95, here.runs)
     assert age["thresholds"][0][0] == here.choice.priority.thresholds[0][0]
     assert age["visit_model"] == here.choice.mean_response_time
+
+
+def _dies_in_a_worker(parent: int) -> int:
+    if os.getpid() != parent:
+        os._exit(3)  # killed, out of memory: no answer
+    return 7
+
+
+def test_a_worker_that_dies_without_an_answer_is_replaced_by_the_call_here(monkeypatch):
+    monkeypatch.setattr(beside, "_cores", lambda: 2)
+    assert beside.start(_dies_in_a_worker, os.getpid()).result() == 7
+
+
+def test_a_cancelled_worker_is_stopped_and_reaped(monkeypatch):
+    import time
+
+    monkeypatch.setattr(beside, "_cores", lambda: 2)
+    pending = beside.start(time.sleep, 30)
+    pid = pending._pid
+    assert pid is not None
+    pending.cancel()
+    with pytest.raises(ChildProcessError):  # reaped: no such child left
+        os.waitpid(pid, os.WNOHANG)
+
+
+def test_an_age_solve_with_a_second_core_writes_the_file_of_one_core(monkeypatch, tmp_path, capsys):
+    """The ladder, the overtaking rules and the paired runs beside the solve: the policy file's
+    record (trace, rules, predictions) and the printed document are those of one process."""
+    from overtake.api.cli import main
+    from overtake.mdp.policy import Policy
+
+    out = {}
+    for cores in (1, 2):
+        monkeypatch.setattr(beside, "_cores", lambda cores=cores: cores)
+        path = tmp_path / f"p{cores}.npz"
+        assert main(["solve", str(CASE7), "--out", str(path), "--quiet", "--cpu-priority", "age"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        doc.pop("out")
+        pol = Policy.load(path)
+        out[cores] = (doc, json.dumps(pol.meta), pol.digest())
+    assert out[1] == out[2]
+    assert "rules" in json.loads(out[2][1]) and "age" in json.loads(out[2][1])["cpu_priority"]
