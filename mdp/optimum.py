@@ -276,6 +276,7 @@ def solve_mdp(
     progress: Progress | None = None,
     max_states: int | None = None,
     beside: Beside | None = None,
+    candidate: Callable[[Policy, SolveResult], None] | None = None,
 ) -> Optimum:
     """π* for the model; fixed ``truncation``, or auto-truncation to relative accuracy ``tol``.
 
@@ -304,6 +305,10 @@ def solve_mdp(
     evaluation ladder runs there while the next solve cap is solved here: the two do not depend on
     each other, and the ladder's trace entries and stationary laws are merged back before anything
     reads them, so the answer and the trace are the same as without it.
+
+    ``candidate(policy, result)`` is called with the first re-solved policy before it is evaluated:
+    the answer more often than not, so a caller may start what it does with the answer on it (in
+    another process) and keep that work if :attr:`Optimum.policy` is that very object.
     """
     t0 = time.perf_counter()
     model.check_stable(None if truncation is None else truncation.k_max)
@@ -318,6 +323,7 @@ def solve_mdp(
         return done(Policy.from_decision(space, res.decision), res, m, truncation)
 
     tr, space, res, m = s.thread_cap(start or auto_start(model))
+    tr_first = tr
     pol = Policy.from_decision(space, res.decision)
     C0 = tr.max_requests
 
@@ -355,6 +361,8 @@ def solve_mdp(
         else:
             s.solved(space2, res2)
         pol2 = Policy.from_decision(space2, res2.decision)
+        if candidate is not None and tr == tr_first:
+            candidate(pol2, res2)
         lim2, Ce2 = s.limit(pol2, tr2, C, first)
         # compare both policies on the same (the larger) evaluation cap
         if Ce2 > Ce:

@@ -102,3 +102,18 @@ def test_the_runs_in_pairs_pool_as_one_after_another(model, rel_ci) -> None:  # 
             seq.passthrough, seq.passthrough_ci95, seq.passthrough_seeds)
     # an odd number of runs leaves the last pair's second unused: it is dropped, not waited for
     assert any(p.cancelled for p in made) == (seq.seeds % 2 == 1 and seq.seeds < 5)
+
+
+def test_the_candidate_is_the_first_re_solved_policy_and_changes_nothing(model, alone) -> None:  # type: ignore[no-untyped-def]
+    plain, _ = alone
+    seen: list[Any] = []
+    opt = solve_mdp(model, tol=1e-3, candidate=lambda pol, res: seen.append((pol, res)))
+    assert len(seen) == 1
+    pol, res = seen[0]
+    first = next(e for e in plain.trace if e.get("check") == "solve cap")
+    assert pol.max_requests == first["max_requests"] and res.space.cap == first["max_requests"]
+    assert opt.trace == plain.trace and opt.metrics == plain.metrics
+    # the answer is that object exactly when the first re-solve was kept and the search stopped there
+    kept = sum(e.get("check") == "solve cap" for e in plain.trace) == 1 and \
+        plain.truncation.max_requests == first["max_requests"]
+    assert (opt.policy is pol) == kept
