@@ -15,6 +15,7 @@ Each re-solve is warm-started from the previous value function, mapped onto the 
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ __all__ = ["PREDICT_MARGIN", "Optimum", "auto_start", "estimate_states", "predic
 
 FloatArray = npt.NDArray[np.float64]
 Progress = Callable[[str], None]
+#: ``beside(fn, *args)`` runs ``fn(*args)`` in another process; ``.result()`` of what it returns waits for it
+Beside = Callable[..., Any]
 
 
 @dataclass
@@ -166,11 +169,15 @@ class _Search:
             loose: bool = False) -> tuple[StateSpace, SolveResult, PolicyMetrics]:
         """:meth:`solve_on`, and the policy's exact metrics on its own truncation (in its trace entry)."""
         space, res = self.solve_on(tr, prev, loose)
+        return space, res, self.measured(space, res)
+
+    def measured(self, space: StateSpace, res: SolveResult) -> PolicyMetrics:
+        """The exact metrics of the policy just solved (the trace's last entry) on its own truncation."""
         P = induced_matrix(space, res.decision)
         m = self.warm.law(space.cap, space.rows, P, space.layout.queue_stage, space.model)
         self.trace[-1].update(mean_response_time=m.mean_response_time, blocking_probability=m.blocking_probability)
         self.solved(space, res, f", E[W] = {m.mean_response_time:.6g}")
-        return space, res, m
+        return m
 
     def extended(self, pol: Policy, tr: Truncation, C: int) -> PolicyMetrics:
         """The policy, extended beyond its solve cap, evaluated exactly on request cap ``C``."""
@@ -189,6 +196,28 @@ class _Search:
 
         out = settle(lambda c: self.extended(pol, tr, c), C, tol=self.tol, first=first, step=step)
         return out.metrics, out.cap
+
+    def limit_beside(self, beside: Beside, pol: Policy, tr: Truncation, C: int,
+                     first: PolicyMetrics) -> Callable[[int], tuple[PolicyMetrics, int]]:
+        """:meth:`limit` started in a worker (``beside``); the returned call waits for it and merges
+        its trace entries (before the trace's entry ``at``), stationary laws and progress lines
+        here, as if :meth:`limit` had run here first."""
+        # a copy with its own trace and laws: the worker's additions come back through join
+        mine = copy.copy(self)
+        mine.trace, mine.warm = [], self.warm.copy()
+        pending = beside(_limit_elsewhere, mine, pol, tr, C, first)
+
+        def join(at: int) -> tuple[PolicyMetrics, int]:
+            lim, Ce, entries, laws, lines = pending.result()
+            self.trace[at:at] = entries
+            for cap, (rows, pi) in laws.items():
+                self.warm.record(cap, rows, pi)
+            for line in lines:
+                if self.progress:
+                    self.progress(line)
+            return lim, Ce
+
+        return join
 
     def thread_cap(self, tr: Truncation) -> tuple[Truncation, StateSpace, SolveResult, PolicyMetrics]:
         """Solve on ``tr``, then add threads while one more improves E[W] by ``tol`` or more."""
@@ -222,6 +251,19 @@ class _Search:
         return tr, space, res, m
 
 
+def _limit_elsewhere(search: _Search, pol: Policy, tr: Truncation, C: int, first: PolicyMetrics) -> tuple[
+        PolicyMetrics, int, list[dict[str, Any]], dict[int, tuple[npt.NDArray[np.int64], FloatArray]], list[str]]:
+    """:meth:`_Search.limit` in a worker: its answer, the trace entries and stationary laws it added
+    (by request cap) and its progress lines, for :meth:`_Search.limit_beside` to merge."""
+    lines: list[str] = []
+    search.progress = lines.append
+    n = len(search.trace)
+    lim, Ce = search.limit(pol, tr, C, first)
+    entries = search.trace[n:]
+    laws = {e["max_requests"]: search.warm.recorded(e["max_requests"]) for e in entries}
+    return lim, Ce, entries, laws, lines
+
+
 def solve_mdp(
     model: TandemModel,
     *,
@@ -233,6 +275,8 @@ def solve_mdp(
     start: Truncation | None = None,
     progress: Progress | None = None,
     max_states: int | None = None,
+    beside: Beside | None = None,
+    candidate: Callable[[Policy, SolveResult], None] | None = None,
 ) -> Optimum:
     """π* for the model; fixed ``truncation``, or auto-truncation to relative accuracy ``tol``.
 
@@ -255,6 +299,16 @@ def solve_mdp(
     ``max_states`` bounds the ladder: a thread cap whose MDP would exceed it is not probed (a
     ``"budget"`` check in the trace: the optimum under that many threads is returned), and a solve
     cap that would exceed it stops the solve with a :class:`TruncationError` naming the budget.
+
+    ``beside(fn, *args)``: runs ``fn(*args)`` in another process and returns a handle whose
+    ``result()`` waits for it (:func:`overtake.api.beside.start`). With it, the first policy's
+    evaluation ladder runs there while the next solve cap is solved here: the two do not depend on
+    each other, and the ladder's trace entries and stationary laws are merged back before anything
+    reads them, so the answer and the trace are the same as without it.
+
+    ``candidate(policy, result)`` is called with the first re-solved policy before it is evaluated:
+    the answer more often than not, so a caller may start what it does with the answer on it (in
+    another process) and keep that work if :attr:`Optimum.policy` is that very object.
     """
     t0 = time.perf_counter()
     model.check_stable(None if truncation is None else truncation.k_max)
@@ -269,27 +323,46 @@ def solve_mdp(
         return done(Policy.from_decision(space, res.decision), res, m, truncation)
 
     tr, space, res, m = s.thread_cap(start or auto_start(model))
+    tr_first = tr
     pol = Policy.from_decision(space, res.decision)
     C0 = tr.max_requests
-    lim, Ce = s.limit(pol, tr, C0, m)
-    while True:  # solve cap: does re-solving on a larger cap change the policy's E[W]?
+
+    def next_cap(tr: Truncation) -> Truncation:
         tr2 = Truncation(next_solve_cap(tr.max_requests), tr.k_max)
         if max_states is not None and (n := count_states(model, tr2, phase_info)) > max_states:
             raise TruncationError(
                 f"pi*: E[W] still moves at solve cap {tr.max_requests}; the next cap {tr2.max_requests} needs "
                 f"{n:,} states, over --max-states {max_states:,}; raise --max-states or fit fewer phases")
+        return tr2
+
+    # the first re-solve always happens, and needs nothing of the first policy's ladder: with a
+    # worker, the two run side by side
+    ahead: tuple[StateSpace, SolveResult] | None = None
+    if beside is None:
+        lim, Ce = s.limit(pol, tr, C0, m)
+    else:
+        tr2 = next_cap(tr)
+        join = s.limit_beside(beside, pol, tr, C0, m)
+        at = len(s.trace)
+        ahead = s.solve_on(tr2, (space, res), loose=True)
+        lim, Ce = join(at)
+    while True:  # solve cap: does re-solving on a larger cap change the policy's E[W]?
+        tr2 = next_cap(tr)
         # the ladder cap below Ce that is >= the new solve cap, then Ce: the same settling test
         C = ladder_cap(C0, Ce, tr2.max_requests)
         # a check, not the answer: tol/10 bounds this policy's sub-optimality on its truncation;
         # its metrics on its own cap only where the settling test starts there (off the ladder
         # C0, 1.5·C0, … it never does, and they would only be recorded)
         first: PolicyMetrics | None = None
+        space2, res2 = ahead if ahead is not None else s.solve_on(tr2, (space, res), loose=True)
+        ahead = None
         if C == tr2.max_requests:
-            space2, res2, first = s.run(tr2, (space, res), loose=True)
+            first = s.measured(space2, res2)
         else:
-            space2, res2 = s.solve_on(tr2, (space, res), loose=True)
             s.solved(space2, res2)
         pol2 = Policy.from_decision(space2, res2.decision)
+        if candidate is not None and tr == tr_first:
+            candidate(pol2, res2)
         lim2, Ce2 = s.limit(pol2, tr2, C, first)
         # compare both policies on the same (the larger) evaluation cap
         if Ce2 > Ce:

@@ -28,8 +28,9 @@ The low level's weight is SCHED_IDLE's by the kernel's tables (3/1024). The side
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ModelError
 from .model import TandemModel
@@ -38,11 +39,16 @@ from .priority import DEFAULT_LOW_WEIGHT, CpuPriority, age_priority, class_prior
 from .priority_classes import class_model, model_levels, phases_stay
 from .rule_evaluation import evaluate_rule
 from .simulation import simulate
-from .thresholds import TandemChoice, choose_tandem_thresholds
+
+if TYPE_CHECKING:
+    from .thresholds import TandemChoice
 
 __all__ = ["PRIORITY_KINDS", "AgePassthrough", "PriorityPrediction", "age_passthrough", "predict_priority"]
 
 PRIORITY_KINDS = ("age", "class")
+#: ``beside(fn, *args)`` runs ``fn(*args)`` in another process; ``.result()`` of what it returns waits
+#: for it, ``.cancel()`` drops it (:func:`overtake.api.beside.start`)
+Beside = Callable[..., Any]
 
 #: A prediction's 95 % half-width as a fraction of it: the simulation stops there. The choices it
 #: informs (a policy with the priority against π(∞) with it, and against the exact E[W] without)
@@ -83,25 +89,47 @@ class PriorityPrediction:
                 "exempt_stages": list(self.exempt), **d}
 
 
+def _run(model: TandemModel, policy: Policy | str, priority: CpuPriority, requests: int,
+         seed: int) -> tuple[float, float]:
+    r = simulate(model, policy, requests=requests, seed=seed, cpu_priority=priority)
+    return r.mean_response_time, r.ci95
+
+
 def _pooled(model: TandemModel, policy: Policy | str, priority: CpuPriority, requests: int, seeds: int,
-            seed: int, rel_ci: float) -> tuple[float, float, int]:
+            seed: int, rel_ci: float, beside: Beside | None = None) -> tuple[float, float, int]:
     """Independent runs of ``requests`` each (seeds ``seed``, ``seed + 1``, …), pooled, until the
     pooled 95 % half-width is at most ``rel_ci`` of the mean or ``seeds`` runs are done (``rel_ci``
     0: all of them). Returns the mean, its half-width and the runs used.
 
     A run's CI is by batch means, so a single run already carries one; the runs are independent,
     so the pooled half-width is the root sum of squares over the number of runs.
+
+    ``beside(fn, *args)`` (:func:`overtake.api.beside.start`): each run's successor runs in another
+    process meanwhile; the stopping test still takes the runs one by one in seed order, so the
+    answer is the one without it (a successor past the stop is dropped).
     """
-    means: list[float] = []
-    halves: list[float] = []
-    while len(means) < seeds:
-        r = simulate(model, policy, requests=requests, seed=seed + len(means), cpu_priority=priority)
-        means.append(r.mean_response_time)
-        halves.append(r.ci95)
-        mean, half = sum(means) / len(means), math.sqrt(sum(h * h for h in halves)) / len(means)
-        if half <= rel_ci * mean:
+    runs: list[tuple[float, float]] = []
+
+    def pooled() -> tuple[float, float, int]:
+        n = len(runs)
+        return sum(m for m, _ in runs) / n, math.sqrt(sum(h * h for _, h in runs)) / n, n
+
+    def enough(run: tuple[float, float]) -> bool:
+        runs.append(run)
+        mean, half, _ = pooled()
+        return half <= rel_ci * mean
+
+    while len(runs) < seeds:
+        k = len(runs)
+        ahead = beside(_run, model, policy, priority, requests, seed + k + 1) if (
+            beside is not None and k + 1 < seeds) else None
+        if enough(_run(model, policy, priority, requests, seed + k)):
+            if ahead is not None:
+                ahead.cancel()
             break
-    return mean, half, len(means)
+        if ahead is not None and enough(ahead.result()):
+            break
+    return pooled()
 
 
 @dataclass(frozen=True)
@@ -123,6 +151,10 @@ def age_passthrough(model: TandemModel, *, requests: int = 100_000, seeds: int =
 
     Needs no policy: ``overtake solve`` runs it on a second core while the policy is solved.
     """
+    # the exact analysis (scipy's FFT and optimiser) imported here: ``overtake solve`` runs this in
+    # its worker, so the process that solves the policy does not pay for the imports
+    from .thresholds import choose_tandem_thresholds
+
     _check_settings(requests, seeds, rel_ci)
     choice = choose_tandem_thresholds(model, common=True)
     priority = age_priority(model, [choice.priority.thresholds[0][0]], weights=[1.0, DEFAULT_LOW_WEIGHT])
@@ -139,14 +171,15 @@ def _check_settings(requests: int, seeds: int, rel_ci: float) -> None:
 
 def predict_priority(model: TandemModel, policy: Policy, kind: str, *, requests: int = 100_000, seeds: int = 6,
                      seed: int = 0, rel_ci: float = DEFAULT_REL_CI,
-                     passthrough: AgePassthrough | None = None) -> PriorityPrediction:
+                     passthrough: AgePassthrough | None = None, beside: Beside | None = None) -> PriorityPrediction:
     """Simulate ``policy`` (and, for ``age``, π(∞)) with CPU priority ``kind`` (module docstring).
 
     Each figure is simulated in runs of ``requests`` (seeds ``seed``, ``seed + 1``, …) until its
     95 % half-width is at most ``rel_ci`` of it, ``seeds`` runs at most (``rel_ci`` 0: always
     ``seeds``); the prediction records the runs the policy's figure used. ``passthrough``: the
     policy-free part of an age prediction (:func:`age_passthrough`), already computed for this
-    model with these settings.
+    model with these settings. ``beside``: each run's successor simulated in another process
+    meanwhile (:func:`_pooled`), the same figures.
 
     Raises
     ------
@@ -183,6 +216,6 @@ def predict_priority(model: TandemModel, policy: Policy, kind: str, *, requests:
             ev = evaluate_rule(class_model(base, levels=levels), policy.layout, policy.actions,
                                max_requests=policy.max_requests, max_threads=policy.max_threads)
             return PriorityPrediction(kind, priority, ev.mean_response_time, 0.0, None, None, 0)
-    w, ci, runs = _pooled(model, policy, exempt_stages(priority, exempt), requests, seeds, seed, rel_ci)
+    w, ci, runs = _pooled(model, policy, exempt_stages(priority, exempt), requests, seeds, seed, rel_ci, beside)
     return PriorityPrediction(kind, priority, w, ci, ps, ps_ci, requests, runs, visit,
                               tuple(model.stages[i].name for i in exempt), ps_runs)

@@ -48,6 +48,16 @@ class WarmStarts:
     def record(self, cap: int, rows: IntArray, pi: FloatArray) -> None:
         self._by_cap[cap] = (rows, pi)
 
+    def copy(self) -> WarmStarts:
+        """Another record of the same laws (the arrays shared: a law is never changed once recorded)."""
+        out = WarmStarts()
+        out._by_cap = dict(self._by_cap)
+        return out
+
+    def recorded(self, cap: int) -> tuple[IntArray, FloatArray]:
+        """The law recorded for ``cap``: its states' rows and their probabilities."""
+        return self._by_cap[cap]
+
     def guess(self, cap: int, rows: IntArray) -> FloatArray | None:
         """The recorded law nearest to ``cap`` (equal, else the largest below, else the smallest above),
         mapped onto ``rows`` by state (0 where a state was not in it); None when nothing is recorded."""

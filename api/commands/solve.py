@@ -64,19 +64,14 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--out: give the policy file to write, e.g. --out policy.npz")
     if args.cpu_priority == "class":
         _check_class_priority(args, model)
-    passthrough = None
-    if args.cpu_priority == "age":  # the thresholds and pi(inf) with them need no policy: beside the solve
-        from overtake.api.beside import start
-        from overtake.mdp.priority_prediction import age_passthrough
-
-        passthrough = start(age_passthrough, model)
-    opt, choice = _solve_pi_star(args, sc, model, routes)
+    after = _After(args, model)
+    opt, choice = _solve_pi_star(args, sc, model, routes, after.start)
     pol = opt.policy
-    meta = _policy_meta(args, sc, model, opt)
+    rules, prio = after.finish(opt, choice)
+    meta = _policy_meta(args, sc, model, opt, rules)
     pol.meta.update(meta)
-    if args.cpu_priority:
-        pol.meta["cpu_priority"] = _cpu_priority_meta(args.cpu_priority, model, pol, choice,
-                                                      None if passthrough is None else passthrough.result())
+    if prio is not None:
+        pol.meta["cpu_priority"] = prio
     pol.save(args.out)
     if args.plot:
         from overtake.api.plots import policy_figure
@@ -92,6 +87,64 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+class _After:
+    """What the command does with the solved policy besides saving it: its overtaking rules (full
+    information) and its CPU-priority prediction.
+
+    Each runs on the second core (:mod:`overtake.api.beside`): the age thresholds and π(∞) with
+    them from the start (they need no policy); the rules and the policy's simulation as soon as the
+    solve has the policy it will most likely return (:meth:`start`, the solve's ``candidate``),
+    kept when it is returned; otherwise (or without that candidate) after the solve, the rules
+    beside the simulation. Every figure is the one computed in order in one process.
+    """
+
+    def __init__(self, args: argparse.Namespace, model: Any) -> None:
+        from overtake.api.beside import start
+
+        self.args, self.model = args, model
+        self._passthrough: Any = None
+        self._pt_value: Any = None
+        if args.cpu_priority == "age":  # the thresholds and pi(inf) with them need no policy
+            from overtake.mdp.priority_prediction import age_passthrough
+
+            self._passthrough = start(age_passthrough, model)
+        self._policy: Any = None
+        self._rules: Any = None
+        self._prio: Any = None
+
+    def passthrough(self) -> Any:
+        if self._passthrough is not None and self._pt_value is None:
+            self._pt_value = self._passthrough.result()
+        return self._pt_value
+
+    def start(self, policy: Any, result: Any) -> None:
+        """Start the rules and the age prediction of ``policy`` (the solve's candidate) beside it."""
+        from overtake.api.beside import start
+        from overtake.mdp.rules import overtaking_rule
+
+        self._policy = policy
+        if self.args.phase_info == "full":
+            self._rules = start(overtaking_rule, result, policy)
+        if self.args.cpu_priority == "age":
+            self._prio = start(_cpu_priority_meta, "age", self.model, policy, None, self.passthrough(), False)
+
+    def finish(self, opt: Any, choice: Any) -> tuple[Any, Any]:
+        """The rules (None without full information) and the CPU-priority record (None without)."""
+        from overtake.api.beside import start
+        from overtake.mdp.rules import overtaking_rule
+
+        if self._policy is not opt.policy:  # no candidate, or not the answer: the work starts now
+            for pending in (self._rules, self._prio):
+                if pending is not None:
+                    pending.cancel()
+            self._rules = start(overtaking_rule, opt.solve, opt.policy) if self.args.phase_info == "full" else None
+            self._prio = None
+        prio = self._prio.result() if self._prio is not None else (
+            _cpu_priority_meta(self.args.cpu_priority, self.model, opt.policy, choice, self.passthrough())
+            if self.args.cpu_priority else None)
+        return (None if self._rules is None else self._rules.result()), prio
+
+
 def _check_class_priority(args: argparse.Namespace, model: Any) -> None:
     if args.phase_info != "full":
         raise ValueError(f"--cpu-priority class: classes by phase need the phases; --phase-info "
@@ -104,8 +157,9 @@ def _check_class_priority(args: argparse.Namespace, model: Any) -> None:
         raise ValueError(f"--cpu-priority class: {exc}") from None
 
 
-def _solve_pi_star(args: argparse.Namespace, sc: Any, model: Any, routes: Any) -> tuple[Any, Any]:
-    """The optimum, and with class priority the choice among class assignments it came from."""
+def _solve_pi_star(args: argparse.Namespace, sc: Any, model: Any, routes: Any, candidate: Any = None) -> tuple[Any, Any]:
+    """The optimum, and with class priority the choice among class assignments it came from
+    (``candidate``: :func:`overtake.mdp.optimum.solve_mdp`'s)."""
     from overtake.api.progress import progress_bar
     from overtake.mdp import solve
 
@@ -115,13 +169,21 @@ def _solve_pi_star(args: argparse.Namespace, sc: Any, model: Any, routes: Any) -
             choice = solve(model, cpu_priority="class", truncation=sc.fixed_truncation(), tol=sc.tolerance,
                            method=args.method, progress=progress)
             return choice.optimum, choice
+        if args.phase_info in ("full", "start"):
+            from overtake.api.beside import start
+
+            # the first policy's evaluation ladder on the second core while the next cap is solved
+            return solve(model, phase_info=args.phase_info, truncation=sc.fixed_truncation(), tol=sc.tolerance,
+                         method=args.method, progress=progress, max_states=args.max_states, beside=start,
+                         candidate=candidate), None
         return solve(model, phase_info=args.phase_info, truncation=sc.fixed_truncation(),
                      tol=sc.tolerance, method=args.method, progress=progress, routes=routes,
                      max_states=args.max_states), None
 
 
-def _policy_meta(args: argparse.Namespace, sc: Any, model: Any, opt: Any) -> dict[str, Any]:
-    """The policy file's record of the solve: metrics, trace, time unit, Apache's default, rules."""
+def _policy_meta(args: argparse.Namespace, sc: Any, model: Any, opt: Any, rules: Any = None) -> dict[str, Any]:
+    """The policy file's record of the solve: metrics, trace, time unit, Apache's default, rules
+    (``rules``: the overtaking rules when already extracted)."""
     from overtake.mdp.rule_evaluation import evaluate_baseline
     from overtake.mdp.rules import overtaking_rule
 
@@ -142,16 +204,21 @@ def _policy_meta(args: argparse.Namespace, sc: Any, model: Any, opt: Any) -> dic
     ps = done["pi(inf)"].metrics if "pi(inf)" in done else evaluate_baseline(model, "pi(inf)", tol=sc.tolerance).metrics
     meta["baselines"] = {"pi(inf)": ps.mean_response_time}
     if args.phase_info == "full":
-        meta["rules"] = overtaking_rule(opt.solve, opt.policy).to_dict()
+        meta["rules"] = (rules if rules is not None else overtaking_rule(opt.solve, opt.policy)).to_dict()
     return meta
 
 
-def _cpu_priority_meta(kind: str, model: Any, pol: Any, choice: Any, passthrough: Any = None) -> dict[str, Any]:
-    """The CPU-priority predictions the policy file carries (``age`` or ``class``)."""
+def _cpu_priority_meta(kind: str, model: Any, pol: Any, choice: Any, passthrough: Any = None,
+                       paired: bool = True) -> dict[str, Any]:
+    """The CPU-priority predictions the policy file carries (``age`` or ``class``); ``paired``: the
+    age prediction's runs two at a time (:func:`overtake.mdp.priority_prediction.predict_priority`)."""
     from overtake.mdp.priority_prediction import predict_priority
 
     if kind == "age":
-        return {"age": predict_priority(model, pol, "age", passthrough=passthrough).to_meta()}
+        from overtake.api.beside import start
+
+        return {"age": predict_priority(model, pol, "age", passthrough=passthrough,
+                                        beside=start if paired else None).to_meta()}
     from overtake.mdp.rule_evaluation import evaluate_rule
 
     # the policy is the optimum with the classes; its E[W] without them, for the record

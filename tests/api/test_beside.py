@@ -56,3 +56,82 @@ def test_an_age_solve_records_the_passthrough_computed_beside_as_here(cores, mon
     assert (age["passthrough"], age["passthrough_ci95"], age["passthrough_seeds"]) == (here.mean, here.ci95, here.runs)
     assert age["thresholds"][0][0] == here.choice.priority.thresholds[0][0]
     assert age["visit_model"] == here.choice.mean_response_time
+
+
+def _dies_in_a_worker(parent: int) -> int:
+    if os.getpid() != parent:
+        os._exit(3)  # killed, out of memory: no answer
+    return 7
+
+
+def test_a_worker_that_dies_without_an_answer_is_replaced_by_the_call_here(monkeypatch):
+    monkeypatch.setattr(beside, "_cores", lambda: 2)
+    assert beside.start(_dies_in_a_worker, os.getpid()).result() == 7
+
+
+def test_a_cancelled_worker_is_stopped_and_reaped(monkeypatch):
+    import time
+
+    monkeypatch.setattr(beside, "_cores", lambda: 2)
+    pending = beside.start(time.sleep, 30)
+    pid = pending._pid
+    assert pid is not None
+    pending.cancel()
+    with pytest.raises(ChildProcessError):  # reaped: no such child left
+        os.waitpid(pid, os.WNOHANG)
+
+
+KEPT = """load: 0.6
+time_unit: model
+stages:
+  - name: stage1
+    service: {exponential: {mean: 1.0}}
+  - name: stage2
+    service: {hyperexponential: {probs: [0.91, 0.09], means: [0.55, 5.45]}}
+"""
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["candidate-kept", "candidate-dropped"])
+def test_an_age_solve_with_a_second_core_writes_the_file_of_one_core(kept, monkeypatch, tmp_path, capsys):
+    """The ladder, the overtaking rules and the paired runs beside the solve, the rules and the
+    prediction started on the solve's candidate policy (kept when it is the answer, else dropped
+    and started again on the answer): the policy file's record (trace, rules, predictions) and the
+    printed document are those of one process."""
+    from overtake.api.cli import main
+    from overtake.mdp.policy import Policy
+
+    scen = tmp_path / "kept.yaml"
+    scen.write_text(KEPT)
+    started: list[str] = []
+    real = beside.start
+
+    def counting(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+        started.append(fn.__name__)
+        return real(fn, *args, **kwargs)
+
+    monkeypatch.setattr(beside, "start", counting)
+    out = {}
+    for cores in (1, 2):
+        monkeypatch.setattr(beside, "_cores", lambda cores=cores: cores)
+        started.clear()
+        path = tmp_path / f"p{cores}.npz"
+        assert main(["solve", str(scen if kept else CASE7), "--out", str(path), "--quiet", "--cpu-priority", "age"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        doc.pop("out")
+        pol = Policy.load(path)
+        out[cores] = (doc, json.dumps(pol.meta), pol.digest())
+        # the rules and the prediction on the candidate; again on the answer when it is another policy
+        assert started.count("overtaking_rule") == (1 if kept else 2)
+        assert started.count("_cpu_priority_meta") == 1
+    assert out[1] == out[2]
+    # and those of the plain path: the solve, then its rules and its prediction, in order
+    from overtake.api.scenario import load_scenario
+    from overtake.mdp import solve
+    from overtake.mdp.priority_prediction import predict_priority
+    from overtake.mdp.rules import overtaking_rule
+
+    sc, model = load_scenario(str(scen if kept else CASE7))
+    opt = solve(model, tol=sc.tolerance)
+    meta = json.loads(out[2][1])
+    assert meta["rules"] == json.loads(json.dumps(overtaking_rule(opt.solve, opt.policy).to_dict()))
+    assert meta["cpu_priority"]["age"] == json.loads(json.dumps(predict_priority(model, opt.policy, "age").to_meta()))

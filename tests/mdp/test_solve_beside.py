@@ -1,0 +1,119 @@
+"""Work handed to a second process by the solve (``solve_mdp``'s ``beside``) and by the age
+prediction (its runs in pairs) gives the answer of one process, bit for bit: the same policy,
+metrics and trace, the same pooled figures and run count."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from support.mdp_helpers import exp_stage, h2_stage, tandem
+
+from overtake.api.beside import start
+from overtake.mdp import Truncation, solve
+from overtake.mdp.model import TandemModel
+from overtake.mdp.optimum import solve_mdp
+from overtake.mdp.priority_prediction import predict_priority
+
+
+class _Late:
+    """The call made only when its result is asked for: after the caller's own work."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._call = (fn, args)
+        self.cancelled = False
+
+    def result(self) -> Any:
+        fn, args = self._call
+        return fn(*args)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _Eager(_Late):
+    """The call made at once: before the caller's own work."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        super().__init__(fn, *args)
+        self._value = fn(*args)
+
+    def result(self) -> Any:
+        return self._value
+
+
+@pytest.fixture(scope="module")
+def model() -> TandemModel:
+    # chains of a few thousand states: the stationary laws the ladder records start later solves
+    return tandem(0.6, exp_stage("a", 1.0), h2_stage("b", 0.91, 0.55, 5.45))
+
+
+@pytest.fixture(scope="module")
+def alone(model: TandemModel) -> tuple[Any, list[str]]:
+    lines: list[str] = []
+    return solve_mdp(model, tol=1e-3, progress=lines.append), lines
+
+
+@pytest.mark.parametrize("beside", [_Late, _Eager, start], ids=["late", "eager", "forked"])
+def test_the_ladder_beside_the_next_solve_gives_the_same_optimum(model, alone, beside) -> None:  # type: ignore[no-untyped-def]
+    plain, plain_lines = alone
+    lines: list[str] = []
+    other = solve_mdp(model, tol=1e-3, progress=lines.append, beside=beside)
+    assert any(e.get("check") == "evaluation cap" for e in plain.trace)  # the ladder ran
+    assert max(e["states"] for e in plain.trace if "states" in e) > 1_500  # laws start later solves
+    assert other.trace == plain.trace  # the same entries in the same order, every float equal
+    assert other.metrics == plain.metrics and other.truncation == plain.truncation
+    assert np.array_equal(other.policy.spawn, plain.policy.spawn) and other.policy.digest() == plain.policy.digest()
+    assert sorted(lines) == sorted(plain_lines)  # every progress line, the ladder's replayed here
+
+
+def test_a_fixed_truncation_needs_no_worker(model) -> None:  # type: ignore[no-untyped-def]
+    def refuse(*_: Any) -> None:
+        raise AssertionError("a fixed truncation is solved once: nothing to run beside it")
+
+    opt = solve(model, truncation=Truncation(8, 3), beside=refuse)
+    assert opt.metrics == solve(model, truncation=Truncation(8, 3)).metrics
+
+
+@pytest.mark.parametrize("rel_ci", [0.0, 0.9, "two"])
+def test_the_runs_in_pairs_pool_as_one_after_another(model, rel_ci) -> None:  # type: ignore[no-untyped-def]
+    """Runs in pairs stop where runs one by one stop (an odd count included: the pair's second run
+    dropped) with the same pooled mean and half-width."""
+    pol = solve(model, truncation=Truncation(8, 3)).policy
+    n = 10_000
+    if rel_ci == "two":  # between one run's relative half-width and two runs': stops after the second
+        one = predict_priority(model, pol, "age", requests=n, seeds=1)
+        both = predict_priority(model, pol, "age", requests=n, seeds=2, rel_ci=0.0)
+        assert both.ci95 / both.mean_response_time < one.ci95 / one.mean_response_time
+        rel_ci = (both.ci95 / both.mean_response_time) * (1 + 1e-9)
+    seq = predict_priority(model, pol, "age", requests=n, seeds=5, rel_ci=rel_ci)
+    made: list[_Late] = []
+
+    def late(fn: Callable[..., Any], *args: Any) -> _Late:
+        made.append(_Late(fn, *args))
+        return made[-1]
+
+    for beside in (late, start):
+        par = predict_priority(model, pol, "age", requests=n, seeds=5, rel_ci=rel_ci, beside=beside)
+        assert (par.mean_response_time, par.ci95, par.seeds) == (seq.mean_response_time, seq.ci95, seq.seeds)
+        assert (par.passthrough, par.passthrough_ci95, par.passthrough_seeds) == (
+            seq.passthrough, seq.passthrough_ci95, seq.passthrough_seeds)
+    # an odd number of runs leaves the last pair's second unused: it is dropped, not waited for
+    assert any(p.cancelled for p in made) == (seq.seeds % 2 == 1 and seq.seeds < 5)
+
+
+def test_the_candidate_is_the_first_re_solved_policy_and_changes_nothing(model, alone) -> None:  # type: ignore[no-untyped-def]
+    plain, _ = alone
+    seen: list[Any] = []
+    opt = solve_mdp(model, tol=1e-3, candidate=lambda pol, res: seen.append((pol, res)))
+    assert len(seen) == 1
+    pol, res = seen[0]
+    first = next(e for e in plain.trace if e.get("check") == "solve cap")
+    assert pol.max_requests == first["max_requests"] and res.space.cap == first["max_requests"]
+    assert opt.trace == plain.trace and opt.metrics == plain.metrics
+    # the answer is that object exactly when the first re-solve was kept and the search stopped there
+    kept = sum(e.get("check") == "solve cap" for e in plain.trace) == 1 and \
+        plain.truncation.max_requests == first["max_requests"]
+    assert (opt.policy is pol) == kept
