@@ -146,8 +146,11 @@ def spawn_vector(
             room = np.maximum(locks.coord_cap[coords[0]] - locks.holders(rows, coords[0]), 0)
             blk = np.maximum(c - room, 0)
         parts_r, parts_p, parts_s, parts_c = [rows[c == 0]], [prob[c == 0]], [src[c == 0]], [counts[c == 0]]
-        pairs = np.unique(np.column_stack([c, blk])[c > 0], axis=0)
-        for n, b in pairs:
+        # the distinct (started, blocked) pairs in lexicographic order, as one integer each (a
+        # row-wise unique sorts structured rows, many times slower on a large frontier)
+        base = int(c.max()) + 1
+        codes = np.unique((c * base + blk)[c > 0])
+        for n, b in zip((codes // base).tolist(), (codes % base).tolist()):
             sel = (c == n) & (blk == b)
             for split, pr in _compositions(int(n - b), probs):
                 for bsplit, bpr in _compositions(int(b), probs):
