@@ -75,7 +75,8 @@ from .statespace import (
     transitions,
 )
 
-__all__ = ["ExactEvaluation", "Factor", "ObservationSpace", "Proposal", "evaluate_observed", "observe", "observed_chain"]
+__all__ = ["ChainLaw", "ExactEvaluation", "Factor", "ObservationSpace", "Proposal", "evaluate_observed", "observe",
+           "observed_chain", "observed_law"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -634,11 +635,12 @@ class ObservationSpace:
                 factor = Factor(A, actions)
                 sol = factor.solve(A, rhs)
                 solT = factor.solve(A, p0[:, None], trans=True)
-            factor.base = np.column_stack([sol, solT])
             self._lu_work = max(self._lu_work, factor.work)
             if self._preconditioner is None or factor.nnz < self._preconditioner.nnz:
                 self._preconditioner = factor
         assert factor is not None and sol is not None and solT is not None
+        if refactored:
+            factor.base = np.column_stack([sol, solT])
         u, v = sol[:, 0], sol[:, 1]
         gamma = float((cost[0] + p0 @ u) / (1.0 + p0 @ v))
         h = np.concatenate([[0.0], u - gamma * v])
@@ -764,12 +766,41 @@ def observed_chain(model: TandemModel, layout: Layout, rule: ObservedRule, *, ma
                          width=Q + model.n_coords + locks.n_twins)
 
 
+@dataclass(frozen=True, eq=False)
+class ChainLaw:
+    """A chain's stationary law by state: the states' ranks (sorted, :class:`Ranker` over the
+    chain's rows at its request cap) and their probabilities; warm-starts a similar rule's solve."""
+
+    cap: int
+    keys: IntArray
+    probs: FloatArray
+
+
 def evaluate_observed(
     model: TandemModel, layout: Layout, rule: ObservedRule, *, max_requests: int, max_threads: int | None = None,
     max_states: int = 3_000_000,
 ) -> PolicyMetrics:
     """Exact metrics of an observation rule on the chain it reaches within ``max_requests``."""
+    return observed_law(model, layout, rule, max_requests=max_requests, max_threads=max_threads,
+                        max_states=max_states)[0]
+
+
+def observed_law(
+    model: TandemModel, layout: Layout, rule: ObservedRule, *, max_requests: int, max_threads: int | None = None,
+    max_states: int = 3_000_000, warm: ChainLaw | None = None,
+) -> tuple[PolicyMetrics, ChainLaw]:
+    """:func:`evaluate_observed` and the chain's law; ``warm``, a similar rule's law on the same
+    cap, starts the iterative stationary solve (its states matched by rank, 0 elsewhere): the
+    answer meets the same residual test either way."""
     ch = observed_chain(model, layout, rule, max_requests=max_requests, max_threads=max_threads,
                         max_states=max_states)
-    reach, pi = stationary_distribution(ch.P)
-    return metrics(model, ch.rows[reach], layout.queue_stage, pi, max_requests)
+    ranker = Ranker(ch.rows.shape[1], max_requests)
+    keys = ranker.rank(ch.rows)
+    x0 = None
+    if warm is not None and warm.cap == max_requests and warm.keys.size:
+        pos = np.minimum(np.searchsorted(warm.keys, keys), warm.keys.size - 1)
+        x0 = np.where(warm.keys[pos] == keys, warm.probs[pos], 0.0)
+    reach, pi = stationary_distribution(ch.P, x0=x0)
+    order = np.argsort(keys[reach])
+    law = ChainLaw(max_requests, keys[reach][order], pi[order])
+    return metrics(model, ch.rows[reach], layout.queue_stage, pi, max_requests), law

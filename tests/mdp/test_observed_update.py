@@ -118,3 +118,34 @@ def test_a_wrong_update_is_caught_by_its_residual(monkeypatch: pytest.MonkeyPatc
     ev_b = osp.evaluate(B, near=ev)
     assert ev_b.refactored  # the residual check refused the update
     _same(ev_b, _space(8).evaluate(B))
+
+
+def test_warm_started_ladder_law_is_the_cold_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An evaluation cap's stationary solve started from a similar table's law on that cap (the
+    solve caps' ladders, :mod:`overtake.mdp.observed`) meets the cold solve's answer, in fewer
+    Gauss–Seidel sweeps."""
+    from overtake.mdp import _kernels
+    from overtake.mdp.observation import observed_law
+    from overtake.mdp.observed_tables import stage_rule
+
+    model = _model()
+    layout = Layout.build(model, "none")
+    sweeps: list[int] = []
+    gauss_seidel = _kernels.gauss_seidel
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        sweeps.append(1)
+        return gauss_seidel(*args, **kwargs)
+
+    monkeypatch.setattr(_kernels, "gauss_seidel", counted)
+    pi2, pi4 = stage_rule(model, "pi(2)"), stage_rule(model, "pi(4)")
+    _, law2 = observed_law(model, layout, pi2, max_requests=30)
+    sweeps.clear()
+    cold, _ = observed_law(model, layout, pi4, max_requests=30)
+    n_cold = len(sweeps)
+    sweeps.clear()
+    warm, law4 = observed_law(model, layout, pi4, max_requests=30, warm=law2)
+    assert n_cold > 5 and 0 < len(sweeps) < n_cold
+    assert warm.mean_response_time == pytest.approx(cold.mean_response_time, rel=1e-9)
+    assert warm.blocking_probability == pytest.approx(cold.blocking_probability, rel=1e-6)
+    assert law4.keys.size > law2.keys.size // 2 and np.all(np.diff(law4.keys) > 0)
