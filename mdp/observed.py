@@ -22,10 +22,13 @@ observation class), every one evaluated exactly on the full chain:
    (:meth:`ObservationSpace.stationary_gain`, exact, warm-started from the current law): only
    the starts searched from and the trials not clearly worse are evaluated in full (bias and
    law), and a step is accepted on that full evaluation's gain (:mod:`overtake.mdp.observed_improve`).
+   A trial that changes the decision rows of a few states is evaluated in full at once, by a
+   low-rank update of the current table's factorization (:meth:`ObservationSpace.evaluate`).
 3. Auto-truncation as for π* (:mod:`overtake.mdp.optimum`, :mod:`overtake.mdp.caps`): the table,
    extended beyond its cap by :class:`overtake.mdp.Policy`'s projection, is evaluated exactly on
    request caps C, 1.5C, … until E[W] moves by less than ``tol``; the solve cap grows by 1.25
    (warm start: the previous table) until the re-solved table's E[W] moves by less than ``tol``.
+   Each evaluation cap's stationary solve starts from the last table's law on that cap.
 4. The answer is the best of the improved table and every baseline, each by its own exactly
    evaluated E[W] (and, for ``route``, the ``none`` optimum): E W(none) ≤ min over the baselines
    by construction. ``source`` names where the answer came from.
