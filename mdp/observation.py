@@ -303,7 +303,7 @@ def _lu_work(L: sp.csc_matrix, U: sp.csr_matrix) -> int:
     return int(np.dot(np.maximum(below, 0), np.maximum(right, 0)) + L.nnz + U.nnz)
 
 
-_DIRECT_STATES = 10_000  # below: complete LUs (an LU is cheaper than GMRES set-up); above: incomplete LU
+_DIRECT_STATES = 6_000  # below: complete LUs (an LU is cheaper than GMRES set-up); above: incomplete LU
 _ILU_DROP = 1e-3  # the incomplete factor's drop tolerance (Factor)
 # above this many changed states: BiCGSTAB (Factor.iterate) or a new LU; at most: the low-rank update
 # of the current complete factor (Factor.update), whose 2r triangular solves cost less than the
