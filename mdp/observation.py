@@ -75,7 +75,8 @@ from .statespace import (
     transitions,
 )
 
-__all__ = ["ExactEvaluation", "Factor", "ObservationSpace", "Proposal", "evaluate_observed", "observe", "observed_chain"]
+__all__ = ["ChainLaw", "ExactEvaluation", "Factor", "ObservationSpace", "Proposal", "evaluate_observed", "observe",
+           "observed_chain", "observed_law"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -146,8 +147,11 @@ def spawn_vector(
             room = np.maximum(locks.coord_cap[coords[0]] - locks.holders(rows, coords[0]), 0)
             blk = np.maximum(c - room, 0)
         parts_r, parts_p, parts_s, parts_c = [rows[c == 0]], [prob[c == 0]], [src[c == 0]], [counts[c == 0]]
-        pairs = np.unique(np.column_stack([c, blk])[c > 0], axis=0)
-        for n, b in pairs:
+        # the distinct (started, blocked) pairs in lexicographic order, as one integer each (a
+        # row-wise unique sorts structured rows, many times slower on a large frontier)
+        base = int(c.max()) + 1
+        codes = np.unique((c * base + blk)[c > 0])
+        for n, b in zip((codes // base).tolist(), (codes % base).tolist()):
             sel = (c == n) & (blk == b)
             for split, pr in _compositions(int(n - b), probs):
                 for bsplit, bpr in _compositions(int(b), probs):
@@ -172,8 +176,9 @@ class Factor:
 
     With h(0) = 0 the bias is h = u − γv, A u = c_{−0}, A v = 1, γ = (c_0 + P_{0,−0}u)/(1 + P_{0,−0}v);
     the stationary law with π_0 = 1 solves Aᵀ π_{−0} = P_{0,−0}ᵀ. One factorization answers all
-    three, and stays a good preconditioner for a table that differs in a few classes (GMRES) or in
-    many (BiCGSTAB, :meth:`iterate`). ``seconds`` is what the factorization took (reported only:
+    three; a complete one also solves for a table that differs in a few states' decision rows
+    (:meth:`update`), and any stays a good preconditioner for one that differs in many (BiCGSTAB,
+    :meth:`iterate`). ``seconds`` is what the factorization took (reported only:
     nothing is decided on it, so that the answer does not depend on the machine's load); ``nnz``
     its fill and ``work`` its multiply-adds as counted from the fill (:func:`_lu_work`).
 
@@ -194,30 +199,43 @@ class Factor:
         self.work = _lu_work(L, U)
         self.shape = A.shape
         self.actions = np.array(actions, dtype=np.int64, copy=True)
+        # the factored table's own (u, v, π_{−0}) as columns: the base of :meth:`update`
+        self.base: FloatArray | None = None
 
-    def solve(self, A: sp.csc_matrix, B: FloatArray, *, trans: bool = False, rank: int | None = None) -> FloatArray | None:
-        """Solve A X = B (Aᵀ X = B with ``trans``), column by column.
-
-        ``rank`` None: A is the factored matrix, solve directly (an incomplete factor: GMRES
-        preconditioned by it, None if it has not converged). Otherwise A differs from it by a
-        matrix of that rank: GMRES preconditioned by the factor, which converges in rank + 1
-        iterations in exact arithmetic (restart rank + 10); None if it has not.
-        """
-        t = "T" if trans else "N"
-        if rank is None and not self.complete:
+    def solve(self, A: sp.csc_matrix, B: FloatArray, *, trans: bool = False) -> FloatArray | None:
+        """Solve A X = B (Aᵀ X = B with ``trans``) for the factored A: directly, or for an
+        incomplete factor by GMRES preconditioned by it (None if it has not converged)."""
+        if not self.complete:
             return self._gmres(A, B, trans)
-        if rank is None:
-            return np.asarray(self.lu.solve(B, trans=t))
-        M = spla.LinearOperator(self.shape, lambda b: self.lu.solve(b, trans=t))
-        op = A.T.tocsr() if trans else A
-        out = np.empty_like(B)
-        for j in range(B.shape[1]):
-            x0 = self.lu.solve(B[:, j], trans=t)
-            x, info = spla.gmres(op, B[:, j], x0=x0, M=M, rtol=1e-12, atol=0.0, restart=rank + 10, maxiter=1)
-            if info != 0:
-                return None
-            out[:, j] = x
-        return out
+        return np.asarray(self.lu.solve(B, trans="T" if trans else "N"))
+
+    def update(self, U: sp.csc_matrix, Vt: sp.csr_matrix, u0: FloatArray) -> tuple[FloatArray, FloatArray] | None:
+        """The bias and stationary solves of the factored matrix minus ``U Vt`` (rank r), exactly.
+
+        A trial table changes the decision rows R(z, ·) of the states z of a few classes; with
+        ΔR those rows' change, P changes by P_chg(·, z) ΔR(z, ·), so A = (I − P)_{−0,−0} changes
+        by −U Vt (U = P_chg(−0, z), Vt = ΔR(z, −0)) and P_{0,−0} by u0 Vt (u0 = P_chg(0, z)).
+        The Sherman–Morrison–Woodbury identity (Hager, "Updating the inverse of a matrix", SIAM
+        Review 1989) solves both systems from this factor with 2r solves and one r × r system:
+
+            (A − U Vt)⁻¹ b  = y + W (I − Vt W)⁻¹ Vt y,          y = A⁻¹ b,  W = A⁻¹ U,
+            (A − U Vt)⁻ᵀ c' = y' + W' (I − Vt W)⁻ᵀ Uᵀ y',     y' = A⁻ᵀ c' = A⁻ᵀ c + W' u0,  W' = A⁻ᵀ Vtᵀ.
+
+        Returns the two solutions ((u, v) and π_{−0}), or None if this factor is incomplete or
+        has no base solutions (the caller factors the trial instead).
+        """
+        if not self.complete or self.base is None:
+            return None
+        W = np.asarray(self.lu.solve(U.toarray()))
+        Wt = np.asarray(self.lu.solve(Vt.T.toarray(), trans="T"))
+        cap = np.eye(U.shape[1]) - Vt @ W
+        y, yT = self.base[:, :2], self.base[:, 2] + Wt @ u0
+        try:
+            sol = y + W @ np.linalg.solve(cap, Vt @ y)
+            solT = yT + Wt @ np.linalg.solve(cap.T, U.T @ yT)
+        except np.linalg.LinAlgError:
+            return None
+        return sol, solT
 
     def _gmres(self, A: sp.csc_matrix, B: FloatArray, trans: bool) -> FloatArray | None:
         """A X = B by GMRES preconditioned by this (incomplete) factor, relative residual 1e-13."""
@@ -285,9 +303,13 @@ def _lu_work(L: sp.csc_matrix, U: sp.csr_matrix) -> int:
     return int(np.dot(np.maximum(below, 0), np.maximum(right, 0)) + L.nnz + U.nnz)
 
 
-_DIRECT_STATES = 6_000  # below: factor every table (an LU is cheaper than GMRES set-up); above: incomplete LU
+_DIRECT_STATES = 6_000  # below: complete LUs (an LU is cheaper than GMRES set-up); above: incomplete LU
 _ILU_DROP = 1e-3  # the incomplete factor's drop tolerance (Factor)
-_LOW_RANK = 60  # above this many changed states: BiCGSTAB (Factor.iterate), else GMRES of that rank
+# above this many changed states: BiCGSTAB (Factor.iterate) or a new LU; at most: the low-rank update
+# of the current complete factor (Factor.update), whose 2r triangular solves cost less than the
+# ordering and elimination of a new LU of the chains it is used on
+_LOW_RANK = 80
+_UPDATE_RTOL = 1e-11  # relative residual a low-rank update's solutions must meet (else a new LU)
 _TRANSITIONS_KEPT = 4  # transitions ObservationSpace.transition keeps (the current table's and its trials')
 
 
@@ -384,6 +406,8 @@ class ObservationSpace:
         S = sp_.size
         self.P_same = sp.csr_matrix((PE.data[same], (PE.row[same], PE.col[same])), shape=(S, S))
         self.P_change = sp.csr_matrix((PE.data[~same], (PE.row[~same], PE.col[~same])), shape=(S, S))
+        # states a decision epoch enters: only their decision rows reach P (low-rank updates)
+        self._entered: BoolArray = np.bincount(PE.col[~same], minlength=S) > 0
         # iterative solves (evaluate): the sparsest factorization made on this space preconditions
         # them (a π(∞)-like table's LU fills in far less than those of the tables the search
         # reaches, and preconditions them as well), and they may take the work the costliest
@@ -526,20 +550,63 @@ class ObservationSpace:
         post[reach] = pi
         return float(post @ self.space.cost), post
 
+    def changed_states(self, actions: IntArray, factor: Factor) -> IntArray | None:
+        """The states whose decision rows differ between ``actions`` and ``factor``'s table and that
+        a decision epoch enters (the rank of the change, :meth:`Factor.update`); None where the
+        factor cannot be updated (incomplete)."""
+        if not factor.complete or factor.base is None:
+            return None
+        moved = np.any(np.asarray(actions) != factor.actions, axis=1)[self.class_of]
+        return np.flatnonzero(moved & self._entered)
+
+    def low_rank(self, actions: IntArray, near: ExactEvaluation) -> bool:
+        """Whether :meth:`evaluate` (``near``) solves for this table by a low-rank update of ``near``'s factor."""
+        z = self.changed_states(actions, near.factor)
+        return z is not None and z.size <= _LOW_RANK
+
+    def _updated(self, factor: Factor, actions: IntArray, z: IntArray, A: sp.csc_matrix, rhs: FloatArray,
+                 p0: FloatArray) -> tuple[FloatArray | None, FloatArray | None]:
+        """Both solves of ``actions`` by the low-rank update of ``factor`` (changed states ``z``),
+        each checked by its residual: (None, None) where either misses :data:`_UPDATE_RTOL`."""
+        S = self.size
+        if z.size == 0:
+            assert factor.base is not None
+            return factor.base[:, :2], factor.base[:, 2:]
+        old = self._decision_rows(z, np.asarray(factor.actions, dtype=np.int64)[self.class_of])
+        new = self._decision_rows(z, np.asarray(actions, dtype=np.int64)[self.class_of])
+        rows = np.concatenate([old[0], new[0]])
+        dR = sp.csr_matrix((np.concatenate([-old[2], new[2]]),
+                            (np.searchsorted(z, rows), np.concatenate([old[1], new[1]]))),
+                           shape=(z.size, S))
+        dR.sum_duplicates()
+        if dR[:, 0].nnz:
+            return None, None  # the empty state's column moved: not this update's form
+        Uz = self.P_change[:, z].tocsc()
+        out = factor.update(Uz[1:], dR[:, 1:].tocsr(), Uz[0].toarray().ravel())
+        if out is None:
+            return None, None
+        sol, solT = out
+        pb = p0[:, None]
+        for x, b, op in ((sol, rhs, A), (solT[:, None], pb, A.T)):
+            if np.linalg.norm(op @ x - b) > _UPDATE_RTOL * np.linalg.norm(b):
+                return None, None
+        return sol, solT[:, None]
+
     def evaluate(self, actions: IntArray, *, near: ExactEvaluation | None = None,
                  complete: bool = False) -> ExactEvaluation:
         """Gain, bias and stationary laws of a table, all exact (sparse solves, :class:`Factor`).
 
-        ``near``: the evaluation of a similar table. On a large chain its factor preconditions
-        the solves instead of a new factorization: GMRES (relative residual 1e-12) when the two
-        differ in at most 60 states (a perturbation of that rank), else BiCGSTAB preconditioned by
-        the sparsest factorization made on this space and started from ``near``'s solution
-        (relative residual 1e-13, :meth:`Factor.iterate`). A solve that has not converged within
-        the costliest factorization's work (counted from the fill, never timed: the same table
-        takes the same path on any machine), or a stationary law whose residual exceeds 1e-9,
-        is replaced by a new factorization: the answer is exact either way. A new factorization of a
-        large chain is incomplete (:class:`Factor`), and complete where GMRES fails on it, its
-        law's residual exceeds 1e-9, or ``complete`` asks for it.
+        ``near``: the evaluation of a similar table. Where its factor is complete and the two
+        tables' decision rows differ in at most 80 states that decision epochs enter, both solves
+        are that factor's low-rank update (:meth:`Factor.update`, exact; residuals checked to
+        1e-11). Else, on a large chain, BiCGSTAB preconditioned by the sparsest factorization made
+        on this space and started from ``near``'s solution (relative residual 1e-13,
+        :meth:`Factor.iterate`). A solve that has not converged within the costliest
+        factorization's work (counted from the fill, never timed: the same table takes the same
+        path on any machine), an update that misses its residual, or a stationary law whose
+        residual exceeds 1e-9, is replaced by a new factorization: the answer is exact either way.
+        A new factorization of a large chain is incomplete (:class:`Factor`), and complete where
+        GMRES fails on it, its law's residual exceeds 1e-9, or ``complete`` asks for it.
         """
         sp_ = self.space
         S = sp_.size
@@ -549,18 +616,16 @@ class ObservationSpace:
         p0 = P[0, 1:].toarray().ravel()
         rhs = np.column_stack([cost[1:], np.ones(S - 1)])
         sol = solT = None
-        factor = near.factor if near is not None and S > _DIRECT_STATES else None
-        if factor is not None and near is not None:
-            rank = int(self.class_size[np.any(np.asarray(actions) != factor.actions, axis=1)].sum())
-            if rank <= _LOW_RANK and factor.complete:
-                sol = factor.solve(A, rhs, rank=rank)
-                solT = None if sol is None else factor.solve(A, p0[:, None], trans=True, rank=rank)
-            else:
-                X0 = near.solution if near.solution is not None else np.zeros((S - 1, 3))
-                pre = self._preconditioner or factor
-                budget = max(_ITER_MIN, max(self._lu_work, 4 * pre.work) // pre.iteration_work(A))
-                sol = pre.iterate(A, rhs, X0[:, :2], budget=budget)
-                solT = None if sol is None else pre.iterate(A, p0[:, None], X0[:, 2:], budget=budget, trans=True)
+        factor = near.factor if near is not None else None
+        changed = None if factor is None else self.changed_states(actions, factor)
+        if factor is not None and changed is not None and changed.size <= _LOW_RANK:
+            sol, solT = self._updated(factor, actions, changed, A, rhs, p0)
+        elif factor is not None and near is not None and S > _DIRECT_STATES:
+            X0 = near.solution if near.solution is not None else np.zeros((S - 1, 3))
+            pre = self._preconditioner or factor
+            budget = max(_ITER_MIN, max(self._lu_work, 4 * pre.work) // pre.iteration_work(A))
+            sol = pre.iterate(A, rhs, X0[:, :2], budget=budget)
+            solT = None if sol is None else pre.iterate(A, p0[:, None], X0[:, 2:], budget=budget, trans=True)
         refactored = sol is None or solT is None
         if refactored:
             factor = Factor(A, actions, complete=complete or S <= _DIRECT_STATES)
@@ -574,6 +639,8 @@ class ObservationSpace:
             if self._preconditioner is None or factor.nnz < self._preconditioner.nnz:
                 self._preconditioner = factor
         assert factor is not None and sol is not None and solT is not None
+        if refactored:
+            factor.base = np.column_stack([sol, solT])
         u, v = sol[:, 0], sol[:, 1]
         gamma = float((cost[0] + p0 @ u) / (1.0 + p0 @ v))
         h = np.concatenate([[0.0], u - gamma * v])
@@ -699,12 +766,41 @@ def observed_chain(model: TandemModel, layout: Layout, rule: ObservedRule, *, ma
                          width=Q + model.n_coords + locks.n_twins)
 
 
+@dataclass(frozen=True, eq=False)
+class ChainLaw:
+    """A chain's stationary law by state: the states' ranks (sorted, :class:`Ranker` over the
+    chain's rows at its request cap) and their probabilities; warm-starts a similar rule's solve."""
+
+    cap: int
+    keys: IntArray
+    probs: FloatArray
+
+
 def evaluate_observed(
     model: TandemModel, layout: Layout, rule: ObservedRule, *, max_requests: int, max_threads: int | None = None,
     max_states: int = 3_000_000,
 ) -> PolicyMetrics:
     """Exact metrics of an observation rule on the chain it reaches within ``max_requests``."""
+    return observed_law(model, layout, rule, max_requests=max_requests, max_threads=max_threads,
+                        max_states=max_states)[0]
+
+
+def observed_law(
+    model: TandemModel, layout: Layout, rule: ObservedRule, *, max_requests: int, max_threads: int | None = None,
+    max_states: int = 3_000_000, warm: ChainLaw | None = None,
+) -> tuple[PolicyMetrics, ChainLaw]:
+    """:func:`evaluate_observed` and the chain's law; ``warm``, a similar rule's law on the same
+    cap, starts the iterative stationary solve (its states matched by rank, 0 elsewhere): the
+    answer meets the same residual test either way."""
     ch = observed_chain(model, layout, rule, max_requests=max_requests, max_threads=max_threads,
                         max_states=max_states)
-    reach, pi = stationary_distribution(ch.P)
-    return metrics(model, ch.rows[reach], layout.queue_stage, pi, max_requests)
+    ranker = Ranker(ch.rows.shape[1], max_requests)
+    keys = ranker.rank(ch.rows)
+    x0 = None
+    if warm is not None and warm.cap == max_requests and warm.keys.size:
+        pos = np.minimum(np.searchsorted(warm.keys, keys), warm.keys.size - 1)
+        x0 = np.where(warm.keys[pos] == keys, warm.probs[pos], 0.0)
+    reach, pi = stationary_distribution(ch.P, x0=x0)
+    order = np.argsort(keys[reach])
+    law = ChainLaw(max_requests, keys[reach][order], pi[order])
+    return metrics(model, ch.rows[reach], layout.queue_stage, pi, max_requests), law

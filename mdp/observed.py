@@ -22,10 +22,13 @@ observation class), every one evaluated exactly on the full chain:
    (:meth:`ObservationSpace.stationary_gain`, exact, warm-started from the current law): only
    the starts searched from and the trials not clearly worse are evaluated in full (bias and
    law), and a step is accepted on that full evaluation's gain (:mod:`overtake.mdp.observed_improve`).
+   A trial that changes the decision rows of a few states is evaluated in full at once, by a
+   low-rank update of the current table's factorization (:meth:`ObservationSpace.evaluate`).
 3. Auto-truncation as for π* (:mod:`overtake.mdp.optimum`, :mod:`overtake.mdp.caps`): the table,
    extended beyond its cap by :class:`overtake.mdp.Policy`'s projection, is evaluated exactly on
    request caps C, 1.5C, … until E[W] moves by less than ``tol``; the solve cap grows by 1.25
    (warm start: the previous table) until the re-solved table's E[W] moves by less than ``tol``.
+   Each evaluation cap's stationary solve starts from the last table's law on that cap.
 4. The answer is the best of the improved table and every baseline, each by its own exactly
    evaluated E[W] (and, for ``route``, the ``none`` optimum): E W(none) ≤ min over the baselines
    by construction. ``source`` names where the answer came from.
@@ -63,7 +66,7 @@ from .caps import EVALUATION_GROWTH, ladder_cap, next_solve_cap, relative_change
 from .errors import TruncationError
 from .evaluate import PolicyMetrics
 from .model import TandemModel
-from .observation import ObservationSpace, evaluate_observed
+from .observation import ChainLaw, ObservationSpace, observed_law
 from .observed_improve import Improvement, improve
 from .observed_tables import lift, stage_rule, stage_view, starting_tables
 from .policy import Policy
@@ -173,6 +176,7 @@ class _Search:
         self.history: list[dict[str, Any]] = []
         self.n_steps = 0
         self.n_evals = 0
+        self.laws: dict[int, ChainLaw] = {}  # the last evaluated table's law per evaluation cap
 
     def say(self, line: str) -> None:
         if self.progress:
@@ -252,10 +256,13 @@ class _Search:
         if count_states(self.model, Truncation(C, pol.max_threads), self.layout) > 4 * budget:
             return None  # certainly beyond the budget: do not even start the search
         try:
-            m = evaluate_observed(self.model, self.layout, pol.actions, max_requests=C, max_threads=None,
-                                  max_states=budget)
+            # the last table's law on this cap starts the solve: a larger solve cap's table differs
+            # from it in a few classes, and its ladder ends on the same caps
+            m, law = observed_law(self.model, self.layout, pol.actions, max_requests=C, max_threads=None,
+                                  max_states=budget, warm=self.laws.get(C))
         except TruncationError:
             return None
+        self.laws[C] = law
         self.trace.append({"check": "evaluation cap", "solve_cap": solve_cap, "max_requests": C, "states": m.states,
                            "mean_response_time": m.mean_response_time, "blocking_probability": m.blocking_probability})
         return m
