@@ -221,6 +221,7 @@ classifier: {mode: hidden, time_unit: 0.005}
 """
 
 
+@pytest.mark.apache_functional
 def test_sidecar_in_module_mode_writes_the_table_and_passes_no_traffic(
         staged: tuple[apache.ApacheInstance, str], tmp_path: Path) -> None:
     """``overtake sidecar --enforce module``: nothing listens on its public port; the policy's count
@@ -256,6 +257,7 @@ def test_sidecar_in_module_mode_writes_the_table_and_passes_no_traffic(
         side.stop()
 
 
+@pytest.mark.apache_functional
 @pytest.mark.timeout(900)
 def test_a_refit_in_module_mode_reaches_apache_through_the_file(
         staged: tuple[apache.ApacheInstance, str], tmp_path: Path) -> None:
