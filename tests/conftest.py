@@ -55,6 +55,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     listing = _run_file(f"apache-ids-{getattr(config, 'workerinput', {}).get('workerid')}")
     if listing is not None:  # an xdist worker: the controller's scheduler reads which tests are in the group
         listing.write_text("".join(f"{i.nodeid}\n" for i in items if _is_timed(i)))
+        functional = _run_file(f"functional-ids-{getattr(config, 'workerinput', {}).get('workerid')}")
+        assert functional is not None
+        functional.write_text("".join(f"{i.nodeid}\n" for i in items if _is_apache(i) and not _is_timed(i)))
 
 
 def _is_apache(item: pytest.Item) -> bool:
@@ -79,10 +82,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         apache: frozenset[str] = frozenset()
 
         def schedule(self) -> None:
-            if self.collection is None:  # the first call: every worker has collected
-                self.apache = frozenset(line for f in Path(tempfile.gettempdir()).glob(f"{_RUN_PREFIX}{_run()}-apache-ids-*")
-                                        for line in f.read_text().splitlines())
+            first = self.collection is None  # the first call: every worker has collected
+            if first:
+                self.apache = _listed("apache-ids")
             super().schedule()
+            if first:
+                # the files of functional Apache tests next (a few long tests each, so the size
+                # order put them last): they then run beside the group instead of after it
+                functional = _listed("functional-ids")
+                for scope in [s for s, ids in self.workqueue.items() if functional.intersection(ids)][::-1]:
+                    self.workqueue.move_to_end(scope, last=False)
 
         def _split_scope(self, nodeid: str) -> str:
             # the others by file, as ``--dist loadfile``: a module's fixtures (a built package, a
@@ -90,6 +99,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return APACHE_GROUP if nodeid in self.apache else nodeid.split("::", 1)[0]
 
     return ApacheGroupScheduling(config, log)
+
+
+def _listed(name: str) -> frozenset[str]:
+    """The test ids the workers listed in this run's ``name-*`` files."""
+    return frozenset(line for f in Path(tempfile.gettempdir()).glob(f"{_RUN_PREFIX}{_run()}-{name}-*")
+                     for line in f.read_text().splitlines())
 
 
 @pytest.fixture(scope="session", autouse=True)
