@@ -40,9 +40,10 @@ demo: $(WARM)
 	bash examples/demo/run.sh
 
 # The set-up's jobs run two at a time (the kernels beside lint and the type check). The suite runs
-# in two processes (pytest-xdist): the tests that start a real Apache or php-fpm in one of them, one
-# after another, while the other runs the rest off Apache's core and at the lowest CPU priority
-# (tests/conftest.py), in about two thirds of the time of one process (`make test PYTEST_N=1`).
+# in two processes (pytest-xdist): the tests that start a real Apache or php-fpm and time it in one of
+# them, one after another, while the other runs the rest (functional Apache tests too) off Apache's
+# core and below them in CPU priority (tests/conftest.py), in about two thirds of the time of one
+# process (`make test PYTEST_N=1`).
 # The last line says how long the set-up and the suite took.
 PYTEST_N    ?= 2
 PYTEST_ARGS ?=

@@ -2,10 +2,13 @@
 ``apache`` marker on every test that starts one, and mod_overtake_prio compiled once per run.
 
 ``make test PYTEST_N=2`` runs the suite in two processes (pytest-xdist, ``--dist loadgroup``). Every test
-marked ``apache`` is in one xdist group, so those tests run one after another in one process and
-never against each other: they pin their Apache to the last core and time its requests. While
-they run, the other process keeps its tests (CPU work, loopback traffic) off that core and at the
-lowest CPU priority, so the timing tests see a machine as if that process were not there.
+marked ``apache`` is also ``apache_timed`` unless it is marked ``apache_functional`` by hand (it
+only checks what Apache or the sidecar answers, logs or refuses: no assertion on a duration, an
+order under contention or a priority). The ``apache_timed`` tests are one xdist group, so they run
+one after another in one process and never against each other: they pin their Apache to the last
+core and time its requests. While they run, the other process keeps its tests (CPU work, loopback
+traffic, the functional Apache tests and their Apache) off that core and below them in CPU
+priority, so the timing tests see a machine as if that process were not there.
 
 The packages are installed by ``apache-conf/install-debian-packages.sh`` (``make test`` runs it
 first); a test never installs anything, it skips and names the installer. Helpers shared across
@@ -39,7 +42,7 @@ def apache_available() -> None:
         pytest.skip(str(e))
 
 
-#: the xdist work unit of every test marked ``apache`` (tests/conftest.py's scheduler)
+#: the xdist work unit of every test marked ``apache_timed`` (tests/conftest.py's scheduler)
 APACHE_GROUP = "apache"
 
 
@@ -47,17 +50,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "apache_available" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.apache)
+        if _is_apache(item) and item.get_closest_marker("apache_functional") is None:
+            item.add_marker(pytest.mark.apache_timed)  # by default: a new Apache test times something
     listing = _run_file(f"apache-ids-{getattr(config, 'workerinput', {}).get('workerid')}")
     if listing is not None:  # an xdist worker: the controller's scheduler reads which tests are in the group
-        listing.write_text("".join(f"{i.nodeid}\n" for i in items if i.get_closest_marker("apache") is not None))
+        listing.write_text("".join(f"{i.nodeid}\n" for i in items if _is_timed(i)))
+        functional = _run_file(f"functional-ids-{getattr(config, 'workerinput', {}).get('workerid')}")
+        assert functional is not None
+        functional.write_text("".join(f"{i.nodeid}\n" for i in items if _is_apache(i) and not _is_timed(i)))
+
+
+def _is_apache(item: pytest.Item) -> bool:
+    return item.get_closest_marker("apache") is not None
+
+
+def _is_timed(item: pytest.Item) -> bool:
+    return item.get_closest_marker("apache_timed") is not None
 
 
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, called in the controller
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """``--dist loadgroup`` (or ``load``, what ``-n`` alone means), with every test marked
-    ``apache`` in one work unit. (xdist's own ``xdist_group`` mark, added at collection, cannot be
-    used: it renames the test, which pytest 9.2 no longer allows.) The workers list the ``apache``
-    tests as they collect, before the controller schedules anything."""
+    ``apache_timed`` in one work unit. (xdist's own ``xdist_group`` mark, added at collection, cannot be
+    used: it renames the test, which pytest 9.2 no longer allows.) The workers list the
+    ``apache_timed`` tests as they collect, before the controller schedules anything."""
     if config.getvalue("dist") not in ("load", "loadgroup"):
         return None
     from xdist.scheduler import LoadGroupScheduling
@@ -66,10 +82,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         apache: frozenset[str] = frozenset()
 
         def schedule(self) -> None:
-            if self.collection is None:  # the first call: every worker has collected
-                self.apache = frozenset(line for f in Path(tempfile.gettempdir()).glob(f"{_RUN_PREFIX}{_run()}-apache-ids-*")
-                                        for line in f.read_text().splitlines())
+            first = self.collection is None  # the first call: every worker has collected
+            if first:
+                self.apache = _listed("apache-ids")
             super().schedule()
+            if first:
+                # the files of functional Apache tests next (a few long tests each, so the size
+                # order put them last): they then run beside the group instead of after it
+                functional = _listed("functional-ids")
+                for scope in [s for s, ids in self.workqueue.items() if functional.intersection(ids)][::-1]:
+                    self.workqueue.move_to_end(scope, last=False)
 
         def _split_scope(self, nodeid: str) -> str:
             # the others by file, as ``--dist loadfile``: a module's fixtures (a built package, a
@@ -77,6 +99,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return APACHE_GROUP if nodeid in self.apache else nodeid.split("::", 1)[0]
 
     return ApacheGroupScheduling(config, log)
+
+
+def _listed(name: str) -> frozenset[str]:
+    """The test ids the workers listed in this run's ``name-*`` files."""
+    return frozenset(line for f in Path(tempfile.gettempdir()).glob(f"{_RUN_PREFIX}{_run()}-{name}-*")
+                     for line in f.read_text().splitlines())
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -105,7 +133,7 @@ def mod_prio_built_once(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
         yield
 
 
-#: set in a worker once it has run an ``apache`` test
+#: set in a worker once it has run an ``apache_timed`` test
 _RAN_APACHE = pytest.StashKey[bool]()
 #: names this run for its xdist workers (they inherit the environment)
 _RUN_ENV = "OVERTAKE_TESTS_RUN"
@@ -130,30 +158,37 @@ def _run_file(name: str) -> Path | None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """Under xdist, while the ``apache`` group may still run in the other worker, a test outside it
-    runs (its fixtures, threads and child processes too) demoted: on the cores other than the last,
-    where the ``apache`` tests pin their Apache, and at the lowest CPU priority (:func:`_demote`), so
-    that the ``apache`` tests' clients and sidecars get a core whenever they want one. An ``apache``
-    test has every core, raised above the machine's other work (:func:`_raise`)."""
+    """Under xdist, while the ``apache_timed`` group may still run in the other worker, a test
+    outside it runs (its fixtures, threads and child processes too) demoted: on the cores other than
+    the last, where the timed tests pin their Apache, and at the lowest CPU priority
+    (:func:`_demote`), so that the timed tests' clients and sidecars get a core whenever they want
+    one. A functional ``apache`` test there runs on those cores too, its Apache with it (the tests'
+    core choice reads the worker's affinity), at the machine's ordinary priority
+    (:func:`_beside_the_group`).
+    An ``apache_timed`` test has every core, raised above the machine's other work (:func:`_raise`)."""
     done, every = _run_file("apache-done"), _CORES
     if done is None or len(every) < 2:
         yield
         return
     demoted = raised = False
-    if item.get_closest_marker("apache") is not None:
-        item.config.stash[_RAN_APACHE] = True
-        raised = _raise()
-    elif item.config.stash.get(_RAN_APACHE, False):
-        done.touch()  # this worker ran the group and has moved past it
-    elif not done.exists():
-        os.sched_setaffinity(0, every - {max(every)})
-        demoted = _demote()
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, every)  # also whatever a test left narrowed
-        if demoted or raised:
-            _restore()
+    with pytest.MonkeyPatch.context() as mp:
+        if _is_timed(item):
+            item.config.stash[_RAN_APACHE] = True
+            raised = _raise()
+        elif item.config.stash.get(_RAN_APACHE, False):
+            done.touch()  # this worker ran the group and has moved past it
+        elif not done.exists():
+            os.sched_setaffinity(0, every - {max(every)})
+            if _is_apache(item):
+                _beside_the_group(mp)
+            else:
+                demoted = _demote()
+        try:
+            yield
+        finally:
+            os.sched_setaffinity(0, every)  # also whatever a test left narrowed
+            if demoted or raised:
+                _restore()
 
 
 #: Linux autogroups: every session is one scheduling group, and groups share a core by their
@@ -198,15 +233,26 @@ def _demote() -> bool:
     """This worker (the calling thread, the threads and processes it starts) at the lowest
     priority: its own session, autogroup nice 19, ``SCHED_IDLE`` (a thread of another policy that
     wakes preempts it at once). ``SCHED_IDLE`` only where :func:`_restore` can undo it
-    (``CAP_SYS_NICE``): the same worker may run the ``apache`` group next."""
+    (``CAP_SYS_NICE``): the same worker may run the timed group next."""
     _own_session()
     if os.getsid(0) == os.getpid() and _AUTOGROUP.exists():
         _AUTOGROUP.write_text("19\n")
     if _capable(_CAP_SYS_NICE):
         # inherited by the processes a test starts (SCHED_RESET_ON_FORK resets only real-time
-        # policies): a test that checks a server's priorities belongs in the ``apache`` group
+        # policies): a test that checks a server's priorities belongs in the timed group
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     return True
+
+
+def _beside_the_group(mp: pytest.MonkeyPatch) -> None:
+    """A functional ``apache`` test while the timed group may still run: the worker as it is
+    (autogroup nice 0, ``SCHED_OTHER``: its Apache, php-fpm and sidecars inherit the policy, and
+    mod_overtake_prio demotes and restores threads of a normal one), and a private Apache it
+    starts at its own session's nice 0 instead of the harness's -20. Both are then below the timed
+    tests' clients and sidecars (:data:`_RAISED_NICE`) as any other work on the machine is, and
+    not starved by them as a demoted test may be: their requests have deadlines."""
+    real = lifecycle._raise_autogroup
+    mp.setattr(lifecycle, "_raise_autogroup", lambda pids, nice: real(pids, 0))
 
 
 def _restore() -> None:

@@ -79,6 +79,7 @@ def _dashboard_exprs() -> list[str]:
     return [e.replace("$__rate_interval", "5s").replace("$job", ".*").replace("$stage", ".*") for e in exprs]
 
 
+@pytest.mark.apache_functional
 def test_prometheus_finds_sidecar_apache_and_api_series(tools: None, workdir: Path) -> None:
     inst = apache.start(workdir / "apache", f"127.0.0.1:{free_port()}", max_workers=16)
     side_port, admin_port = free_port(), free_port()

@@ -174,6 +174,7 @@ def test_a_request_held_past_its_bound_runs(staged: tuple[apache.ApacheInstance,
 MODULE_STAGES = stages_yaml("^/stage1$", "^/stage2$")
 
 
+@pytest.mark.apache_functional
 def test_sidecar_in_module_mode_writes_the_table_and_passes_no_traffic(
         staged: tuple[apache.ApacheInstance, str], tmp_path: Path) -> None:
     """``overtake sidecar --enforce module``: nothing listens on its public port; the policy's count
@@ -219,6 +220,7 @@ def _online_sidecar(inst: apache.ApacheInstance, path: str, tmp_path: Path, *, a
                        stages=MODULE_STAGES, ready_port=admin)
 
 
+@pytest.mark.apache_functional
 @pytest.mark.timeout(900)
 def test_a_refit_in_module_mode_reaches_apache_through_the_file(
         staged: tuple[apache.ApacheInstance, str], tmp_path: Path) -> None:

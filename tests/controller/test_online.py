@@ -389,6 +389,7 @@ classifier: {mode: explicit, time_unit: 0.005}
 N_E2E = 150
 
 
+@pytest.mark.apache_functional
 def test_online_loop_end_to_end_on_apache(apache_available: None) -> None:
     """~300 stage requests with case-4 H2 demands (time unit 5 ms, load 0.6) through a sidecar
     started with π(1) and --online: it must refit from Apache's CPU notes and swap in π*."""

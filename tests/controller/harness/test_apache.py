@@ -337,6 +337,7 @@ def test_status_reports_live_counters(instance: apache.ApacheInstance) -> None:
 # ------------------------------------------------------------------ start / stop / errors
 
 
+@pytest.mark.apache_functional
 def test_start_refuses_a_port_in_use(apache_available: None) -> None:
     parent = _workdir_parent()
     try:
@@ -355,6 +356,7 @@ def test_start_refuses_a_second_instance_in_the_same_workdir(instance: apache.Ap
         apache.start(instance.workdir, f"127.0.0.1:{free_port()}")
 
 
+@pytest.mark.apache_functional
 @pytest.mark.parametrize(
     "kwargs, field",
     [
@@ -371,6 +373,7 @@ def test_start_names_the_bad_field(apache_available: None, kwargs: dict[str, obj
         apache.start("/nonexistent/never-created", listen, **args)  # type: ignore[arg-type]
 
 
+@pytest.mark.apache_functional
 @pytest.mark.skipif(not IS_ROOT, reason="the worker-user check applies to root starts only")
 def test_start_explains_a_workdir_the_worker_user_cannot_read(apache_available: None, tmp_path: Path) -> None:
     os.chmod(tmp_path, 0o700)
@@ -506,6 +509,7 @@ def test_cli_start_status_stop(apache_available: None, capsys: pytest.CaptureFix
         shutil.rmtree(parent)
 
 
+@pytest.mark.apache_functional
 def test_cli_input_errors_propagate_as_value_errors(apache_available: None) -> None:
     with pytest.raises(ValueError, match="listen: "):
         _cli(["apache", "start", "--workdir", "/tmp/unused", "--listen", "nonsense"])

@@ -74,6 +74,7 @@ def _threshold(st: dict[str, float]) -> float:
     return st['overtake_cpu_prio_level_threshold_seconds{level="1"}']
 
 
+@pytest.mark.apache_functional
 def test_a_refit_puts_new_thresholds_in_force_without_a_restart(controlled: tuple[apache.ApacheInstance, str],
                                                                tmp_path: Path) -> None:
     inst, path = controlled

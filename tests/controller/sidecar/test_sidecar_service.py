@@ -556,6 +556,7 @@ def test_unit_and_examples_are_package_data() -> None:
     assert "*.service" in line and "examples/*" in line
 
 
+@pytest.mark.apache_functional
 def test_vhost_example_on_a_real_apache_behind_the_sidecar(apache_available: None, work: Path) -> None:
     """Debian's apache2 with the example vhost (its address, DocumentRoot and log folder moved
     into a temporary folder) behind the sidecar: the sidecar's own mod_status scrape is allowed
