@@ -455,6 +455,20 @@ def _squarings(lam: float) -> int:
 
 
 @njit(cache=True, fastmath=True)
+def _series_term(pd: F, pu: F, bm: float, E: F, M: F, W: F) -> None:
+    """``M <- M P`` (``P = diag(pd) + superdiag(pu[0..p-2])``, upper triangular) and ``E += bm M``."""
+    p = pd.shape[0]
+    for i in range(p):
+        W[i, i] = M[i, i] * pd[i]
+        for k in range(i + 1, p):
+            W[i, k] = M[i, k] * pd[k] + M[i, k - 1] * pu[k - 1]
+    for i in range(p):
+        for k in range(i, p):
+            M[i, k] = W[i, k]
+            E[i, k] += bm * W[i, k]
+
+
+@njit(cache=True, fastmath=True)
 def _chain_power_series(pd: F, pu: F, lam: float, buf: F, E: F, M: F, W: F) -> None:
     """``E = sum_m Pois(m; lam) P^m`` (``= e^{T lam / q}``) for a small ``lam``; ``M``, ``W`` scratch."""
     p = pd.shape[0]
@@ -466,16 +480,7 @@ def _chain_power_series(pd: F, pu: F, lam: float, buf: F, E: F, M: F, W: F) -> N
         M[i, i] = 1.0
         E[i, i] = buf[0]
     for m in range(1, R + 1):
-        # M <- M P (P = diag(pd) + superdiag(pu[0..p-2]))
-        for i in range(p):
-            W[i, i] = M[i, i] * pd[i]
-            for k in range(i + 1, p):
-                W[i, k] = M[i, k] * pd[k] + M[i, k - 1] * pu[k - 1]
-        bm = buf[m]
-        for i in range(p):
-            for k in range(i, p):
-                M[i, k] = W[i, k]
-                E[i, k] += bm * W[i, k]
+        _series_term(pd, pu, buf[m], E, M, W)
 
 
 @njit(cache=True, fastmath=True)
@@ -526,15 +531,7 @@ def chain_conv(pd: F, pu: F, q: float, lam: float, cq: float, beta: F, a: F, buf
         E[i, i] = buf[0]
         ap[i] = a[i]
     for m in range(1, R + 1):
-        for i in range(p):
-            W[i, i] = M[i, i] * pd[i]
-            for k in range(i + 1, p):
-                W[i, k] = M[i, k] * pd[k] + M[i, k - 1] * pu[k - 1]
-        bm = buf[m]
-        for i in range(p):
-            for k in range(i, p):
-                M[i, k] = W[i, k]
-                E[i, k] += bm * W[i, k]
+        _series_term(pd, pu, buf[m], E, M, W)
         if m < R:
             # ap <- ap P; G <- P G + beta ap
             aw[0] = ap[0] * pd[0]
