@@ -14,7 +14,9 @@
  *   - requests whose method is in `overtake_prio.exempt_methods` are never demoted (on SQLite,
  *     MediaWiki runs every non-GET request in an IMMEDIATE transaction holding the write lock),
  *     nor those the sidecar marks `X-Overtake-Exempt: 1` (a stage's `cpu_exempt`);
- *   - `overtake_prio.max_demoted_ms` bounds the wall time a request stays demoted.
+ *   - `overtake_prio.max_demoted_ms` bounds the wall time a request stays demoted. The restorer
+ *     keeps that bound, not the worker: a worker at SCHED_IDLE beside busy normal-priority work
+ *     may not run for a second, so a timer signal it must handle itself would come too late.
  *
  * Lowering a worker's priority needs no privilege; raising it back does (CAP_SYS_NICE, or an
  * RLIMIT_NICE that a root without CAP_SYS_RESOURCE cannot grant). So module start-up, which runs
@@ -43,6 +45,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
@@ -160,10 +163,22 @@ static pid_t restorer_pid;    /* in the master: the restorer process, 0 if none 
 static pid_t restorer_master; /* the master's pid: names the socket */
 static int restorer_sock = -1; /* in a worker: its socket to the restorer */
 
+#define OP_RESTORE_NOW 0   /* restore the sender now and answer one byte (1: done) */
+#define OP_RESTORE_AFTER 1 /* restore the sender after_ms from now unless it asks first; no answer */
 typedef struct {
-    int32_t nice; /* the worker's normal nice */
-    int32_t idle; /* leave SCHED_IDLE too */
+    int32_t nice;     /* the worker's normal nice */
+    int32_t idle;     /* leave SCHED_IDLE too */
+    int32_t kind;     /* OP_RESTORE_* */
+    int32_t after_ms; /* OP_RESTORE_AFTER: the bound on the time at the low level */
 } op_restore_msg;
+
+/* In the restorer: the deadlines of demoted workers, one per worker (a newer one replaces it). */
+#define OP_DEADLINES 1024
+typedef struct {
+    pid_t pid; /* 0: free */
+    int32_t nice, idle;
+    struct timespec at;
+} op_deadline;
 
 static socklen_t restorer_addr(pid_t master, struct sockaddr_un *sa)
 {
@@ -197,9 +212,67 @@ static bool is_worker(pid_t pid, pid_t master)
     return p != NULL && (pid_t)strtol(p + 7, NULL, 10) == master;
 }
 
+static int64_t ms_until(const struct timespec *at)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (int64_t)(at->tv_sec - now.tv_sec) * 1000 + (at->tv_nsec - now.tv_nsec + 999999) / 1000000;
+}
+
+/* Restore every worker whose deadline has come; the milliseconds to the next one (-1: none). */
+static int fire_deadlines(op_deadline *d, pid_t master)
+{
+    int i, next = -1;
+    for (i = 0; i < OP_DEADLINES; i++) {
+        int64_t left;
+        if (d[i].pid == 0) {
+            continue;
+        }
+        left = ms_until(&d[i].at);
+        if (left <= 0) {
+            if (is_worker(d[i].pid, master)) {
+                restore_pid(d[i].pid, d[i].nice, d[i].idle != 0);
+            }
+            d[i].pid = 0;
+        } else if (next < 0 || left < next) {
+            next = (int)(left < INT32_MAX ? left : INT32_MAX);
+        }
+    }
+    return next;
+}
+
+/* Note (or, after_ms < 0, forget) the deadline of pid. */
+static void set_deadline(op_deadline *d, pid_t pid, const op_restore_msg *m, int after_ms)
+{
+    int i, slot = -1;
+    for (i = 0; i < OP_DEADLINES; i++) {
+        if (d[i].pid == pid) {
+            d[i].pid = 0;
+        }
+        if (d[i].pid == 0 && slot < 0) {
+            slot = i;
+        }
+    }
+    if (after_ms < 0 || slot < 0) {
+        return; /* full: the worker's own timer is the bound */
+    }
+    d[slot].pid = pid;
+    d[slot].nice = m->nice;
+    d[slot].idle = m->idle;
+    clock_gettime(CLOCK_MONOTONIC, &d[slot].at);
+    d[slot].at.tv_sec += after_ms / 1000;
+    d[slot].at.tv_nsec += (long)(after_ms % 1000) * 1000000L;
+    if (d[slot].at.tv_nsec >= 1000000000L) {
+        d[slot].at.tv_sec += 1;
+        d[slot].at.tv_nsec -= 1000000000L;
+    }
+}
+
 static void restorer_loop(int fd, pid_t master, int floor_nice)
 {
+    static op_deadline deadlines[OP_DEADLINES];
     for (;;) {
+        struct pollfd pfd = {fd, POLLIN, 0};
         op_restore_msg m;
         struct sockaddr_un from;
         char cbuf[CMSG_SPACE(sizeof(struct ucred))];
@@ -208,7 +281,11 @@ static void restorer_loop(int fd, pid_t master, int floor_nice)
         struct cmsghdr *c;
         struct ucred *cred = NULL;
         char ok = 0;
+        bool valid;
         ssize_t n;
+        if (poll(&pfd, 1, fire_deadlines(deadlines, master)) <= 0) {
+            continue; /* a deadline came (or a signal) */
+        }
         memset(&h, 0, sizeof h);
         h.msg_name = &from;
         h.msg_namelen = sizeof from;
@@ -232,8 +309,16 @@ static void restorer_loop(int fd, pid_t master, int floor_nice)
             }
         }
         /* only the asking worker itself, never above the master's own priority */
-        if (n == (ssize_t)sizeof m && cred != NULL && m.nice >= floor_nice && m.nice <= 19
-            && is_worker(cred->pid, master)) {
+        valid = n == (ssize_t)sizeof m && cred != NULL && m.nice >= floor_nice && m.nice <= 19
+                && is_worker(cred->pid, master);
+        if (n == (ssize_t)sizeof m && m.kind == OP_RESTORE_AFTER) {
+            if (valid) {
+                set_deadline(deadlines, cred->pid, &m, m.after_ms >= 0 ? m.after_ms : 0);
+            }
+            continue; /* no answer: the worker does not wait for one */
+        }
+        if (valid) {
+            set_deadline(deadlines, cred->pid, &m, -1);
             ok = restore_pid(cred->pid, m.nice, m.idle != 0) == 0;
         }
         sendto(fd, &ok, 1, MSG_DONTWAIT, (struct sockaddr *)&from, h.msg_namelen);
@@ -277,13 +362,12 @@ static void start_restorer(void)
     }
 }
 
-/* In a worker: ask the restorer; true once it has restored us. */
-static bool ask_restorer(void)
+/* In a worker: send the restorer a message (async-signal-safe: the timer's handler sends too). */
+static bool tell_restorer(int kind, int after_ms)
 {
     struct sockaddr_un sa;
     socklen_t len;
-    op_restore_msg m = {base_nice, OPG(idle) ? 1 : 0};
-    char ok = 0;
+    op_restore_msg m = {base_nice, OPG(idle) ? 1 : 0, kind, after_ms};
     if (restorer_master == 0) {
         return false;
     }
@@ -299,17 +383,24 @@ static bool ask_restorer(void)
         setsockopt(restorer_sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     }
     len = restorer_addr(restorer_master, &sa);
-    if (sendto(restorer_sock, &m, sizeof m, 0, (struct sockaddr *)&sa, len) != (ssize_t)sizeof m) {
-        return false;
-    }
-    return recv(restorer_sock, &ok, 1, 0) == 1 && ok == 1;
+    return sendto(restorer_sock, &m, sizeof m, MSG_DONTWAIT, (struct sockaddr *)&sa, len) == (ssize_t)sizeof m;
 }
+
+/* In a worker: ask the restorer (which also forgets our deadline); true once it has restored us. */
+static bool ask_restorer(void)
+{
+    char ok = 0;
+    return tell_restorer(OP_RESTORE_NOW, 0) && recv(restorer_sock, &ok, 1, 0) == 1 && ok == 1;
+}
+
+static volatile sig_atomic_t deadline_sent; /* the restorer holds a deadline for this request */
 
 static int restore(void)
 {
-    if (geteuid() == 0 || own_rlimit) {
+    if ((geteuid() == 0 || own_rlimit) && !deadline_sent) {
         return restore_pid(0, base_nice, OPG(idle));
     }
+    deadline_sent = 0;
     return ask_restorer() ? 0 : -1;
 }
 
@@ -327,6 +418,31 @@ static void disarm(timer_t t)
     timer_settime(t, 0, &its, NULL);
 }
 
+/* Lower this worker, first handing the bound on its time there to the restorer (sent while the
+ * worker still runs at its normal priority); the worker's own wall timer stays as a fallback. */
+static int demote(void)
+{
+    if (OPG(max_demoted_ms) > 0) {
+        deadline_sent = tell_restorer(OP_RESTORE_AFTER, (int)OPG(max_demoted_ms));
+    }
+    if (lower() != 0) {
+        return -1;
+    }
+    if (OPG(max_demoted_ms) > 0) {
+        arm(wall_timer, OPG(max_demoted_ms));
+    }
+    return 0;
+}
+
+/* Whether this worker still runs at the low level (the restorer may have ended it). */
+static bool still_low(void)
+{
+    if (OPG(idle)) {
+        return sched_getscheduler(0) == SCHED_IDLE;
+    }
+    return getpriority(PRIO_PROCESS, 0) > base_nice;
+}
+
 /* Signal handler: only syscalls and atomics (async-signal-safe). */
 static void on_timer(int sig, siginfo_t *si, void *uc)
 {
@@ -334,12 +450,9 @@ static void on_timer(int sig, siginfo_t *si, void *uc)
     (void)sig;
     (void)uc;
     if (si->si_value.sival_int == OP_DEMOTE && !demoted) {
-        if (lower() == 0) {
+        if (demote() == 0) {
             demoted = 1;
             COUNT(demoted);
-            if (OPG(max_demoted_ms) > 0) {
-                arm(wall_timer, OPG(max_demoted_ms));
-            }
         }
     } else if (si->si_value.sival_int == OP_PROMOTE && demoted) {
         if (restore() == 0) {
@@ -637,6 +750,7 @@ PHP_RINIT_FUNCTION(overtake_prio)
 #endif
     armed = false;
     demoted = 0;
+    deadline_sent = 0;
     stage_counts = NULL;
     if (!enabled() || disabled) {
         return SUCCESS;
@@ -653,12 +767,9 @@ PHP_RINIT_FUNCTION(overtake_prio)
     }
     COUNT(requests);
     armed = true;
-    if (OPG(class_header) && header_class_low() && lower() == 0) {
+    if (OPG(class_header) && header_class_low() && demote() == 0) {
         demoted = 1;
         COUNT(class_low);
-        if (OPG(max_demoted_ms) > 0) {
-            arm(wall_timer, OPG(max_demoted_ms));
-        }
     }
     if (OPG(threshold_ms) > 0) {
         arm(cpu_timer, OPG(threshold_ms));
@@ -674,7 +785,11 @@ PHP_RSHUTDOWN_FUNCTION(overtake_prio)
     disarm(cpu_timer);
     disarm(wall_timer);
     armed = false;
-    if (demoted) {
+    if (demoted && !still_low()) {
+        COUNT(promoted); /* the restorer kept the bound */
+        demoted = 0;
+    }
+    if (demoted || deadline_sent) {
         if (restore() != 0) {
             /* stuck low would slow every later request of this worker: stop demoting */
             COUNT(restore_errors);
@@ -701,7 +816,7 @@ ZEND_END_ARG_INFO()
 PHP_FUNCTION(overtake_prio_demoted)
 {
     ZEND_PARSE_PARAMETERS_NONE();
-    RETURN_BOOL(demoted != 0);
+    RETURN_BOOL(demoted != 0 && still_low());
 }
 
 static const zend_function_entry overtake_prio_functions[] = {
