@@ -23,7 +23,8 @@ parts, a table ``A`` induces the post-decision chain
     P_A = P_chg · R_A + P_same,        R_A(y, ·) = law of the post-decision state from y under A(o(y)),
 
 evaluated exactly: (I − P_A) h + γ 1 = c/Λ (bias ``h``, gain g = Λγ) and the stationary law π of
-P_A, both from one sparse LU (:class:`Factor`). The weighted Q-value of an action at class o,
+P_A, both from one sparse LU (:class:`~overtake.mdp.factor.Factor`). The weighted Q-value of an
+action at class o,
 
     Q̄(o, a) = Σ_{y ∈ o} μ(y) · E[h(post(y, a))],     μ = π P_chg (the epochs' stationary weights),
 
@@ -41,14 +42,14 @@ only while m_i hold the lock, so holders = min(K_i, m_i) and blocked = K_i − h
 of :class:`ObservationSpace` start a thread in a locked stage only while K_i < m_i: its states
 have no blocked thread (as the MDP's, :class:`~overtake.mdp.statespace.StateSpace`), and a
 request the lock would block waits in the sidecar instead, to be started at the lock's release,
-an event the observation shows. :func:`observed_chain` evaluates any rule, one that starts
-threads into a full lock included (Apache's π(∞)): those threads block, holding their thread.
+an event the observation shows. :func:`~overtake.mdp.observed_chain.observed_chain` evaluates any
+rule, one that starts threads into a full lock included (Apache's π(∞)): those threads block,
+holding their thread.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
@@ -57,38 +58,23 @@ from itertools import product
 import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
-import scipy.sparse.linalg as spla
 from scipy.sparse.csgraph import breadth_first_order
 
-from .chain import Chain, breadth_first
 from .errors import SolverError
 from .evaluate import PolicyMetrics, metrics, stationary_distribution
+from .factor import ITER_MIN, Factor
 from .lock import Locks
 from .model import TandemModel
 from .policy import Policy
 from .routes import RouteSplit
-from .statespace import (
-    Layout,
-    Ranker,
-    StateSpace,
-    Truncation,
-    transitions,
-)
+from .statespace import Layout, Ranker, StateSpace, Truncation
 
-__all__ = ["ChainLaw", "ExactEvaluation", "Factor", "ObservationSpace", "Proposal", "evaluate_observed", "observe",
-           "observed_chain", "observed_law"]
+__all__ = ["ExactEvaluation", "ObservationSpace", "Proposal", "observe", "spawn_vector"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 ObservedRule = Callable[[IntArray], IntArray]
-_ITER_RTOL = 1e-13  # relative residual of the iterative solves (E[W] then agrees with a direct solve to < 1e-9)
-# BiCGSTAB iterations an iterative solve may take at least. A factorization's multiply-adds
-# (Factor.work) leave out its ordering and symbolic steps, which dominate on chains of ten
-# thousand states, where the work alone would allow a few iterations; the solves of Table 1's
-# searches converge in under 100.
-_ITER_MIN = 200
-_ITER_MAX = 2_000  # BiCGSTAB iterations per column at most (the work budget bounds them first: Factor.iterate)
 
 
 def observe(model: TandemModel, layout: Layout, rows: IntArray) -> IntArray:
@@ -171,140 +157,7 @@ def spawn_vector(
     return rows, prob, src
 
 
-class Factor:
-    """A sparse LU of (I − P)_{−0,−0}, the matrix of both the bias and the stationary equations.
-
-    With h(0) = 0 the bias is h = u − γv, A u = c_{−0}, A v = 1, γ = (c_0 + P_{0,−0}u)/(1 + P_{0,−0}v);
-    the stationary law with π_0 = 1 solves Aᵀ π_{−0} = P_{0,−0}ᵀ. One factorization answers all
-    three; a complete one also solves for a table that differs in a few states' decision rows
-    (:meth:`update`), and any stays a good preconditioner for one that differs in many (BiCGSTAB,
-    :meth:`iterate`). ``seconds`` is what the factorization took (reported only:
-    nothing is decided on it, so that the answer does not depend on the machine's load); ``nnz``
-    its fill and ``work`` its multiply-adds as counted from the fill (:func:`_lu_work`).
-
-    ``complete`` False: an incomplete LU (drop tolerance 1e-3). The complete LU of a large
-    table's system fills in (millions of entries from tens of thousands of states) and costs
-    many times what the incomplete one does, while GMRES preconditioned by the incomplete one
-    meets a relative residual of 1e-13 in a few dozen steps; :meth:`solve` then iterates.
-    """
-
-    def __init__(self, A: sp.csc_matrix, actions: IntArray, *, complete: bool = True) -> None:
-        t = time.perf_counter()
-        self.complete = complete
-        self.lu = (spla.splu(A, permc_spec="COLAMD") if complete else
-                   spla.spilu(A, drop_tol=_ILU_DROP, fill_factor=15, permc_spec="COLAMD"))
-        self.seconds = time.perf_counter() - t
-        L, U = self.lu.L.tocsc(), self.lu.U.tocsr()
-        self.nnz = int(L.nnz + U.nnz)
-        self.work = _lu_work(L, U)
-        self.shape = A.shape
-        self.actions = np.array(actions, dtype=np.int64, copy=True)
-        # the factored table's own (u, v, π_{−0}) as columns: the base of :meth:`update`
-        self.base: FloatArray | None = None
-
-    def solve(self, A: sp.csc_matrix, B: FloatArray, *, trans: bool = False) -> FloatArray | None:
-        """Solve A X = B (Aᵀ X = B with ``trans``) for the factored A: directly, or for an
-        incomplete factor by GMRES preconditioned by it (None if it has not converged)."""
-        if not self.complete:
-            return self._gmres(A, B, trans)
-        return np.asarray(self.lu.solve(B, trans="T" if trans else "N"))
-
-    def update(self, U: sp.csc_matrix, Vt: sp.csr_matrix, u0: FloatArray) -> tuple[FloatArray, FloatArray] | None:
-        """The bias and stationary solves of the factored matrix minus ``U Vt`` (rank r), exactly.
-
-        A trial table changes the decision rows R(z, ·) of the states z of a few classes; with
-        ΔR those rows' change, P changes by P_chg(·, z) ΔR(z, ·), so A = (I − P)_{−0,−0} changes
-        by −U Vt (U = P_chg(−0, z), Vt = ΔR(z, −0)) and P_{0,−0} by u0 Vt (u0 = P_chg(0, z)).
-        The Sherman–Morrison–Woodbury identity (Hager, "Updating the inverse of a matrix", SIAM
-        Review 1989) solves both systems from this factor with 2r solves and one r × r system:
-
-            (A − U Vt)⁻¹ b  = y + W (I − Vt W)⁻¹ Vt y,          y = A⁻¹ b,  W = A⁻¹ U,
-            (A − U Vt)⁻ᵀ c' = y' + W' (I − Vt W)⁻ᵀ Uᵀ y',     y' = A⁻ᵀ c' = A⁻ᵀ c + W' u0,  W' = A⁻ᵀ Vtᵀ.
-
-        Returns the two solutions ((u, v) and π_{−0}), or None if this factor is incomplete or
-        has no base solutions (the caller factors the trial instead).
-        """
-        if not self.complete or self.base is None:
-            return None
-        W = np.asarray(self.lu.solve(U.toarray()))
-        Wt = np.asarray(self.lu.solve(Vt.T.toarray(), trans="T"))
-        cap = np.eye(U.shape[1]) - Vt @ W
-        y, yT = self.base[:, :2], self.base[:, 2] + Wt @ u0
-        try:
-            sol = y + W @ np.linalg.solve(cap, Vt @ y)
-            solT = yT + Wt @ np.linalg.solve(cap.T, U.T @ yT)
-        except np.linalg.LinAlgError:
-            return None
-        return sol, solT
-
-    def _gmres(self, A: sp.csc_matrix, B: FloatArray, trans: bool) -> FloatArray | None:
-        """A X = B by GMRES preconditioned by this (incomplete) factor, relative residual 1e-13."""
-        t = "T" if trans else "N"
-        M = spla.LinearOperator(self.shape, lambda b: self.lu.solve(b, trans=t))
-        op = A.T.tocsr() if trans else A
-        out = np.empty_like(B)
-        for j in range(B.shape[1]):
-            x, info = spla.gmres(op, B[:, j], x0=self.lu.solve(B[:, j], trans=t), M=M, rtol=_ITER_RTOL, atol=0.0,
-                                 restart=80, maxiter=5)
-            if info != 0 or not np.all(np.isfinite(x)):
-                return None
-            out[:, j] = x
-        return out
-
-    def iteration_work(self, A: sp.csc_matrix) -> int:
-        """Multiply-adds of one BiCGSTAB iteration preconditioned by this factor: two products
-        by A and two triangular solve pairs."""
-        return 2 * (int(A.nnz) + self.nnz)
-
-    def iterate(self, A: sp.csc_matrix, B: FloatArray, X0: FloatArray, *, budget: int, trans: bool = False,
-                rtol: float = _ITER_RTOL) -> FloatArray | None:
-        """Solve A X = B (Aᵀ X = B with ``trans``) for an A far from the factored matrix: BiCGSTAB
-        preconditioned by the factor, started from ``X0`` (a similar table's solution), to relative
-        residual ``rtol``; None if a column broke down or has not converged within ``budget``
-        BiCGSTAB iterations over all columns (the caller gives it what a new factorization would
-        cost). An iteration count, not a clock: the same table takes the same path on any machine.
-        """
-        t = "T" if trans else "N"
-        M = spla.LinearOperator(self.shape, lambda b: self.lu.solve(b, trans=t))
-        op = A.T.tocsr() if trans else A
-        spent = 0
-
-        def check(_: FloatArray) -> None:
-            nonlocal spent
-            spent += 1
-            if spent > budget:
-                raise _OutOfTime
-
-        out = np.empty_like(B)
-        for j in range(B.shape[1]):
-            try:
-                x, info = spla.bicgstab(op, B[:, j], x0=X0[:, j], M=M, rtol=rtol, atol=0.0, maxiter=_ITER_MAX,
-                                        callback=check)
-            except _OutOfTime:
-                return None
-            if info != 0 or not np.all(np.isfinite(x)):
-                return None
-            if np.linalg.norm(op @ x - B[:, j]) > 10 * rtol * np.linalg.norm(B[:, j]):
-                return None  # the recurrence's residual drifted from the true one
-            out[:, j] = x
-        return out
-
-
-class _OutOfTime(SolverError):
-    """An iterative solve ran past the cost of a new factorization (caught here: the direct solve follows)."""
-
-
-def _lu_work(L: sp.csc_matrix, U: sp.csr_matrix) -> int:
-    """Multiply-adds of the LU elimination that produced L and U: step j updates every pair of
-    L's column j below the diagonal and U's row j right of it (Gilbert and Peierls, "Sparse
-    partial pivoting in time proportional to arithmetic operations")."""
-    below = np.diff(L.indptr) - 1
-    right = np.diff(U.indptr) - 1
-    return int(np.dot(np.maximum(below, 0), np.maximum(right, 0)) + L.nnz + U.nnz)
-
-
 _DIRECT_STATES = 6_000  # below: complete LUs (an LU is cheaper than GMRES set-up); above: incomplete LU
-_ILU_DROP = 1e-3  # the incomplete factor's drop tolerance (Factor)
 # above this many changed states: BiCGSTAB (Factor.iterate) or a new LU; at most: the low-rank update
 # of the current complete factor (Factor.update), whose 2r triangular solves cost less than the
 # ordering and elimination of a new LU of the chains it is used on
@@ -623,7 +476,7 @@ class ObservationSpace:
         elif factor is not None and near is not None and S > _DIRECT_STATES:
             X0 = near.solution if near.solution is not None else np.zeros((S - 1, 3))
             pre = self._preconditioner or factor
-            budget = max(_ITER_MIN, max(self._lu_work, 4 * pre.work) // pre.iteration_work(A))
+            budget = max(ITER_MIN, max(self._lu_work, 4 * pre.work) // pre.iteration_work(A))
             sol = pre.iterate(A, rhs, X0[:, :2], budget=budget)
             solT = None if sol is None else pre.iterate(A, p0[:, None], X0[:, 2:], budget=budget, trans=True)
         refactored = sol is None or solT is None
@@ -726,81 +579,3 @@ class ObservationSpace:
         """The table as a policy artifact over observation vectors (:class:`overtake.mdp.Policy`)."""
         return Policy(self.model, self.layout.phase_info, self.cap, self.k_max, self.keys.copy(),
                       np.asarray(actions, dtype=np.int16), dict(meta or {}), routes=routes)
-
-
-def observed_chain(model: TandemModel, layout: Layout, rule: ObservedRule, *, max_requests: int,
-                   max_threads: int | None = None, max_states: int = 3_000_000) -> Chain:
-    """Breadth-first chain of a rule on observation rows, from the empty system (reachable states only).
-
-    As :func:`overtake.mdp.chain.build_chain`, but the rule is asked once per observation-changing
-    event and its answer started at once (phases drawn per queue prior), as a sidecar enforces it.
-    With locks the rows carry blocked threads (:mod:`overtake.mdp.lock`): a thread the rule starts
-    into a full lock blocks, holding its thread (the rule sees it among the stage's threads).
-    """
-    Q = layout.n_queues
-    C = max_requests
-    k_max = C if max_threads is None else min(max_threads, C)
-    ranker = Ranker(Q + model.n_stages, C)
-    locks = Locks.build(model, Q)
-
-    def step(frontier: IntArray) -> tuple[IntArray, FloatArray, IntArray]:
-        s, pre, r = transitions(model, layout, frontier, C)
-        o_pre = observe(model, layout, pre)
-        changed = np.any(o_pre != observe(model, layout, frontier)[s], axis=1)
-        counts = np.zeros((pre.shape[0], Q), dtype=np.int64)
-        if np.any(changed):
-            # many transitions share an observation: ask the rule once per distinct one
-            seen = o_pre[changed]
-            _, first, inv = np.unique(ranker.rank(seen), return_index=True, return_inverse=True)
-            want = np.asarray(rule(seen[first]), dtype=np.int64)[inv.ravel()]
-            want = np.minimum(np.maximum(want, 0), pre[changed, :Q])
-            room = np.maximum(k_max - pre[changed, Q:].sum(axis=1), 0)
-            for q in range(Q - 1, -1, -1):  # the thread cap: later queues first
-                take = np.minimum(want[:, q], room)
-                want[:, q] = take
-                room = room - take
-            counts[changed] = want
-        return spawn_vector(layout, pre, counts, r, s, locks if locks.n_twins else None)
-
-    return breadth_first(model, layout, step, max_requests=C, k_max=k_max, max_states=max_states,
-                         width=Q + model.n_coords + locks.n_twins)
-
-
-@dataclass(frozen=True, eq=False)
-class ChainLaw:
-    """A chain's stationary law by state: the states' ranks (sorted, :class:`Ranker` over the
-    chain's rows at its request cap) and their probabilities; warm-starts a similar rule's solve."""
-
-    cap: int
-    keys: IntArray
-    probs: FloatArray
-
-
-def evaluate_observed(
-    model: TandemModel, layout: Layout, rule: ObservedRule, *, max_requests: int, max_threads: int | None = None,
-    max_states: int = 3_000_000,
-) -> PolicyMetrics:
-    """Exact metrics of an observation rule on the chain it reaches within ``max_requests``."""
-    return observed_law(model, layout, rule, max_requests=max_requests, max_threads=max_threads,
-                        max_states=max_states)[0]
-
-
-def observed_law(
-    model: TandemModel, layout: Layout, rule: ObservedRule, *, max_requests: int, max_threads: int | None = None,
-    max_states: int = 3_000_000, warm: ChainLaw | None = None,
-) -> tuple[PolicyMetrics, ChainLaw]:
-    """:func:`evaluate_observed` and the chain's law; ``warm``, a similar rule's law on the same
-    cap, starts the iterative stationary solve (its states matched by rank, 0 elsewhere): the
-    answer meets the same residual test either way."""
-    ch = observed_chain(model, layout, rule, max_requests=max_requests, max_threads=max_threads,
-                        max_states=max_states)
-    ranker = Ranker(ch.rows.shape[1], max_requests)
-    keys = ranker.rank(ch.rows)
-    x0 = None
-    if warm is not None and warm.cap == max_requests and warm.keys.size:
-        pos = np.minimum(np.searchsorted(warm.keys, keys), warm.keys.size - 1)
-        x0 = np.where(warm.keys[pos] == keys, warm.probs[pos], 0.0)
-    reach, pi = stationary_distribution(ch.P, x0=x0)
-    order = np.argsort(keys[reach])
-    law = ChainLaw(max_requests, keys[reach][order], pi[order])
-    return metrics(model, ch.rows[reach], layout.queue_stage, pi, max_requests), law

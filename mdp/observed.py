@@ -66,7 +66,8 @@ from .caps import EVALUATION_GROWTH, ladder_cap, next_solve_cap, relative_change
 from .errors import TruncationError
 from .evaluate import PolicyMetrics
 from .model import TandemModel
-from .observation import ChainLaw, ObservationSpace, observed_law
+from .observation import ObservationSpace
+from .observed_chain import ChainLaw, observed_law
 from .observed_improve import Improvement, improve
 from .observed_tables import lift, stage_rule, stage_view, starting_tables
 from .policy import Policy

@@ -181,7 +181,7 @@ def _current_policy(job: RefitJob, model: Any, routes: Any, new: Any) -> tuple[A
     """The running policy's E[W] under the new model (grown to its own cap), and its evaluation on
     a given cap."""
     from overtake.mdp.baselines import Baseline
-    from overtake.mdp.observation import evaluate_observed
+    from overtake.mdp.observed_chain import evaluate_observed
     from overtake.mdp.policy import Policy
     from overtake.mdp.rule_evaluation import evaluate_baseline, evaluate_rule
     from overtake.mdp.statespace import Layout
@@ -211,7 +211,7 @@ def _current_policy(job: RefitJob, model: Any, routes: Any, new: Any) -> tuple[A
 def _on_one_cap(job: RefitJob, model: Any, routes: Any, opt: Any, cur: Any, ev: Callable[[int], Any]) -> tuple[Any, Any]:
     """Each E[W] is within tol of its limit on its own cap. Where that could decide the swap, both
     evaluated on one cap, the larger (their truncation residues then largely cancel): (current, new)."""
-    from overtake.mdp.observation import evaluate_observed
+    from overtake.mdp.observed_chain import evaluate_observed
     from overtake.mdp.rule_evaluation import evaluate_rule
     from overtake.mdp.statespace import Layout
 

@@ -8,8 +8,9 @@ import pytest
 
 from overtake.mdp import Stage, TandemModel, Truncation, solve
 from overtake.mdp.evaluate import stationary_distribution
-from overtake.mdp.observation import ObservationSpace, evaluate_observed, observe, observed_chain
+from overtake.mdp.observation import ObservationSpace, observe
 from overtake.mdp.observed import holds_at_locks, solve_observed
+from overtake.mdp.observed_chain import evaluate_observed, observed_chain
 from overtake.mdp.observed_tables import stage_rule
 from overtake.mdp.routes import RouteSplit
 from overtake.mdp.rule_evaluation import evaluate_baseline, grow_requests

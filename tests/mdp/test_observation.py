@@ -25,8 +25,9 @@ from support.mdp_helpers import exp_stage, h2_stage, tandem
 from overtake.mdp.average_cost import induced_matrix, policy_iteration
 from overtake.mdp.errors import ModelError
 from overtake.mdp.model import Stage
-from overtake.mdp.observation import ObservationSpace, evaluate_observed, observe
+from overtake.mdp.observation import ObservationSpace, observe
 from overtake.mdp.observed import solve_observed
+from overtake.mdp.observed_chain import evaluate_observed
 from overtake.mdp.observed_improve import improve
 from overtake.mdp.observed_tables import stage_rule, starting_tables
 from overtake.mdp.policy import Policy
@@ -327,7 +328,7 @@ def test_iterative_evaluation_agrees_with_the_direct_solve(monkeypatch: pytest.M
     the gain, E[W], bias and stationary laws agree with a direct solve to 1e-9 relative, and a
     local search takes the same steps either way. The chain here is small; the size above which
     the iterative path is taken is lowered to 0 so that it is."""
-    from overtake.mdp import observation
+    from overtake.mdp import factor, observation
 
     model = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))  # Table 1, case 2
     layout = _split(model).layout(model)
@@ -382,7 +383,7 @@ class _Clock:
 def test_iterative_search_does_not_depend_on_the_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """The iterative solves stop on work, not on time: a machine 10⁶ times slower takes the same
     path (each solve iterative or direct alike) to the same table and bitwise the same gains."""
-    from overtake.mdp import observation
+    from overtake.mdp import factor, observation
 
     model = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))  # Table 1, case 2
     layout = _split(model).layout(model)
@@ -392,7 +393,7 @@ def test_iterative_search_does_not_depend_on_the_clock(monkeypatch: pytest.Monke
     iterate = observation.Factor.iterate
     runs = []
     for step in (1e-6, 1.0):
-        monkeypatch.setattr(observation, "time", _Clock(step))
+        monkeypatch.setattr(factor, "time", _Clock(step))
         calls: list[bool] = []
 
         def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]

@@ -20,8 +20,9 @@ from support.mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.api.scenario import load_scenario
 from overtake.mdp import observation, observed_improve
-from overtake.mdp.observation import ObservationSpace, evaluate_observed
+from overtake.mdp.observation import ObservationSpace
 from overtake.mdp.observed import observed_baselines, solve_observed
+from overtake.mdp.observed_chain import evaluate_observed
 from overtake.mdp.observed_improve import improve
 from overtake.mdp.observed_tables import starting_tables
 from overtake.mdp.statespace import Layout, Truncation

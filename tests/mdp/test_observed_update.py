@@ -18,7 +18,8 @@ import pytest
 from support.mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.mdp import observation
-from overtake.mdp.observation import ExactEvaluation, Factor, ObservationSpace
+from overtake.mdp.factor import Factor
+from overtake.mdp.observation import ExactEvaluation, ObservationSpace
 from overtake.mdp.observed_improve import improve, trials
 from overtake.mdp.observed_tables import starting_tables
 from overtake.mdp.routes import RouteSplit
@@ -125,7 +126,7 @@ def test_warm_started_ladder_law_is_the_cold_one(monkeypatch: pytest.MonkeyPatch
     solve caps' ladders, :mod:`overtake.mdp.observed`) meets the cold solve's answer, in fewer
     Gauss–Seidel sweeps."""
     from overtake.mdp import _kernels
-    from overtake.mdp.observation import observed_law
+    from overtake.mdp.observed_chain import observed_law
     from overtake.mdp.observed_tables import stage_rule
 
     model = _model()

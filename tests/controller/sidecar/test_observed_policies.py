@@ -324,7 +324,7 @@ def test_the_twin_enforcing_a_none_policy_matches_its_exact_evaluation(files: di
     against the exact E[W] of the same table extended beyond its truncation (mdp.observation)."""
     from overtake.controller.harness.loadgen import batch_means, make_trace
     from overtake.controller.sidecar import virtual
-    from overtake.mdp.observation import evaluate_observed
+    from overtake.mdp.observed_chain import evaluate_observed
     from overtake.mdp.policy import Policy
     from overtake.mdp.statespace import Layout
 
