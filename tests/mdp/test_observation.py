@@ -328,7 +328,7 @@ def test_iterative_evaluation_agrees_with_the_direct_solve(monkeypatch: pytest.M
     the gain, E[W], bias and stationary laws agree with a direct solve to 1e-9 relative, and a
     local search takes the same steps either way. The chain here is small; the size above which
     the iterative path is taken is lowered to 0 so that it is."""
-    from overtake.mdp import factor, observation
+    from overtake.mdp import observation
 
     model = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))  # Table 1, case 2
     layout = _split(model).layout(model)
