@@ -786,8 +786,9 @@ PHP_RSHUTDOWN_FUNCTION(overtake_prio)
     disarm(wall_timer);
     armed = false;
     if (demoted && !still_low()) {
-        COUNT(promoted); /* the restorer kept the bound */
+        COUNT(promoted); /* the restorer kept the bound (and forgot the deadline) */
         demoted = 0;
+        deadline_sent = 0;
     }
     if (demoted || deadline_sent) {
         if (restore() != 0) {
