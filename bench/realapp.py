@@ -48,23 +48,29 @@ blocks, 2.05 with thirty) and a finer cancellation of the drift. Hence the defau
 and as many transactions as --minutes of replay gives (the arrival rate x minutes / arms, rounded
 to whole blocks), rather than a fixed count whose duration depends on the wiki's speed.
 
-Arms: ``default`` (Apache's default, no Overtake), ``overtake`` (the README's deployment: the
-sidecar in ``auto`` mode with ``--cpu-priority age`` over the policy ``overtake solve --phase-info
-none --cpu-priority age`` chose, in front of an Apache with mod_overtake_prio at the solved
-threshold, which then takes the policy's thresholds from the sidecar's control file; the stages
-file matches previews and views by method, path and query, keys previews on their body size,
-exempts them from demotion and gives them ``lock: 1``; bench/mediawiki/product.py), ``age`` (that module alone; under ``fpm``, where the CPU
-runs in php-fpm's workers out of the module's reach, the overtake_prio PHP extension in the pool
-at the same threshold replaces the module in both arms), ``sidecar`` (the sidecar in
+Arms: ``default`` (Apache's default, no Overtake), ``overtake`` (the operator guide's deployment
+for a PHP site, docs/howto/php-sites.md: the sidecar in ``auto`` mode with ``--cpu-priority auto``
+over the policies ``overtake solve --phase-info none --cpu-priority age`` gives, the stages file
+matching previews and views by method, path and query, keying previews on their body size and
+views on the transaction link, previews exempt from demotion with ``lock: 1``, views'
+``class_quantile`` 0.95; in front of an Apache with mod_overtake_prio at the solved age threshold,
+level 1 at nice 19, and the sidecar's control file. Auto chooses the size class there, the views
+keyed on the link predicting their sizes, and takes age off through the control file; the bench
+fails the arm unless both happened; bench/mediawiki/product.py), ``overtake_age`` (the same with
+``--cpu-priority age``, views unkeyed and level 1 at SCHED_IDLE: the previous deployment, age
+priority from the control file), ``age`` (the module alone at the solved threshold; under
+``fpm``, where the CPU runs in php-fpm's workers out of the module's reach, the overtake_prio PHP
+extension in the pool at the same threshold replaces the module in the age arms, and with
+``overtake_prio.class_header`` in the class arms), ``sidecar`` (the sidecar in
 auto mode in front of a plain Apache: admission alone; with --view-lock m the sidecar arms also
 hold views to m at a time in Apache, released shortest predicted first by the transaction link), ``modqos`` (mod_qos,
 ``QS_LocRequestLimitMatch`` of --qos-cap per stage; it rejects beyond the cap) and ``sizeclass``
-(the overtake arm's sidecar with ``--cpu-priority class`` instead of age: views keyed on the
+(the sidecar with ``--cpu-priority class``: views keyed on the
 transaction link, those predicted above the views' ``class_quantile`` started at nice 19 by
 mod_overtake_prio with ``OvertakePrioAge Off``; controller/sidecar/size_class.py; under php-fpm, where the module
 cannot reach the CPU, the overtake_prio extension in the pool reads the same header,
 ``overtake_prio.class_header``, and counts the requests it started low in
-``overtake_php_class_low_requests_total``). The quantile is the one the size-class model
+``overtake_php_class_low_requests_total``). The sizeclass arm's quantile is the one the size-class model
 predicts best on the calibrated wiki (bench/mediawiki/class_model.py: an event simulation of the
 lock and the CPU weights on the articles' idle times; every quantile's predicted mean and gain
 in ``model.size_class``), or --class-quantile.
@@ -116,7 +122,7 @@ from overtake.controller.harness.apache.lifecycle import children
 from overtake.controller.harness.scratch import free_port, scratch_dir
 from overtake.controller.php_prio import read_counts
 
-ARMS = ("default", "overtake", "age", "sidecar", "modqos", "sizeclass")
+ARMS = ("default", "overtake", "age", "sidecar", "modqos", "sizeclass", "overtake_age")
 SIDECAR_INFLIGHT = 120  # the sidecar's max_inflight: below Apache's MaxRequestWorkers (150)
 
 
@@ -130,15 +136,18 @@ class Arm:
     qos: bool = False
     #: the sidecar's CPU class from each view's predicted size (--cpu-priority class) instead of age
     size_class: bool = False
+    #: the sidecar chooses its CPU priority (--cpu-priority auto) over the guide's stages file
+    auto: bool = False
 
     @property
     def needs_model(self) -> bool:
         return self.module or self.sidecar
 
 
-ARM_SPECS = {"default": Arm(), "overtake": Arm(module=True, sidecar=True), "age": Arm(module=True),
-             "sidecar": Arm(sidecar=True), "modqos": Arm(qos=True),
-             "sizeclass": Arm(module=True, sidecar=True, size_class=True)}
+ARM_SPECS = {"default": Arm(), "overtake": Arm(module=True, sidecar=True, size_class=True, auto=True),
+             "age": Arm(module=True), "sidecar": Arm(sidecar=True), "modqos": Arm(qos=True),
+             "sizeclass": Arm(module=True, sidecar=True, size_class=True),
+             "overtake_age": Arm(module=True, sidecar=True)}
 
 
 def say(msg: str) -> None:
@@ -214,6 +223,10 @@ def arm_server(name: str, b: Bench, where: Path,
         php_stats = wd / "php-prio.stats"
         php_ini = (server.php_class_settings(php_extension(where), php_stats) if spec.size_class
                    else server.php_prio_settings(php_extension(where), b.model.threshold_s, php_stats))
+    elif spec.auto:  # the guide's Apache: age levels at nice 19 and the control file; the sidecar chooses
+        assert b.model is not None
+        control = f"/dev/shm/overtake-realapp-control-{os.getpid()}-{time.monotonic_ns()}"
+        cp = CpuPriority(levels=(b.model.threshold_s,), nice=(19,), control_file=control)
     elif spec.size_class:  # no age levels: the sidecar's class header alone, nice 19 (bounded)
         cp = CpuPriority(levels=(product.CLASS_LEVEL_S,), nice=(19,), age=False)
     elif spec.module:
@@ -234,7 +247,10 @@ def arm_server(name: str, b: Bench, where: Path,
                                        max_inflight=SIDECAR_INFLIGHT, max_body_bytes=b.max_body,
                                        php_stats_file=php_stats, control_file=control,
                                        preview_lock=args.preview_lock or None, view_lock=args.view_lock or None,
-                                       size_class=spec.size_class, class_quantile=b.class_quantile)
+                                       size_class=spec.size_class,
+                                       class_quantile=product.GUIDE_CLASS_QUANTILE if spec.auto else b.class_quantile)
+            if spec.auto:
+                product.expect_size_class(sc, srv.port if cp is not None and cp.control_file else None)
         yield (sc.port if sc else srv.port), srv, sc
     finally:
         try:
@@ -250,6 +266,8 @@ def sidecar_priority(spec: Arm, cp: CpuPriority | None) -> str | None:
     """The sidecar's --cpu-priority: ``class`` for the size class (mod_overtake_prio or, under
     php-fpm, the PHP extension reads its header), ``age`` where mod_overtake_prio applies the
     policy's thresholds from the control file, else none."""
+    if spec.auto:
+        return "auto"
     if spec.size_class:
         return "class"
     return "age" if cp is not None else None
@@ -428,7 +446,8 @@ def arm_figures(name: str, k: int, live: Live, b: Bench, trace: dict[str, np.nda
     if srv.cpu_priority is not None:
         st = fetch_prio_status("127.0.0.1", srv.port)
         extra["prio"] = {"threshold_s": srv.cpu_priority.levels[0], "requests": list(st.requests),
-                         "demotions_age": list(st.demotions_age), "restore_errors": st.restore_errors,
+                         "demotions_age": list(st.demotions_age), "demotions_class": list(st.demotions_class),
+                         "restore_errors": st.restore_errors,
                          "exempt_header": st.exempt_header}
     php_stats = srv.workdir / "php-prio.stats"
     if php_stats.exists():  # the overtake_prio extension in php-fpm's workers
@@ -654,7 +673,7 @@ def lock_prediction(cal: dict[str, Any], model: dict[str, Any], rate: float, php
 #: the model-with-the-lock figure that stands for each arm (bench/mediawiki/lock_model.py): the
 #: overtake arm runs every request at once but previews, which the sidecar's lock holds to one at
 #: a time (a blocked preview costs no CPU wherever it waits), views demoted by age
-PREDICTS = {"default": "default", "overtake": "passthrough+age", "age": "passthrough+age"}
+PREDICTS = {"default": "default", "overtake_age": "passthrough+age", "age": "passthrough+age"}
 
 
 def predicted_vs_measured(locked: dict[str, Any] | None, arms: dict[str, Any],
@@ -667,9 +686,10 @@ def predicted_vs_measured(locked: dict[str, Any] | None, arms: dict[str, Any],
         preds = {name: (key, locked["lock"][key]) for name, key in PREDICTS.items()
                  if locked["lock"].get(key) is not None}
     if sized is not None:
-        q = f"{sized['quantile']:g}"
-        if q in sized["arms"]:
-            preds["sizeclass"] = (f"size class {q}", sized["arms"][q]["mean"])
+        for name, quantile in (("sizeclass", sized["quantile"]), ("overtake", product.GUIDE_CLASS_QUANTILE)):
+            q = f"{quantile:g}"
+            if q in sized["arms"]:
+                preds[name] = (f"size class {q}", sized["arms"][q]["mean"])
     out = {}
     for name, (key, pred) in preds.items():
         if name in arms:
@@ -723,7 +743,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 b.model = product.prepare_model(b.tmp / "model", {"preview": b.idle_preview, "view": b.idle_view}, rate)
                 say(f"model: age threshold {b.model.threshold_s * 1e3:.1f} ms; predicted {b.model.summary()['predicted']}")
             locked = lock_prediction(cal, b.model.summary(), rate, args.php) if b.model else None
-            sized = size_class_choice(b, rate) if "sizeclass" in args.arms else None
+            sized = size_class_choice(b, rate) if {"sizeclass", "overtake"} & set(args.arms) else None
             if locked is not None:
                 say(f"model with the preview lock: default {locked['lock']['default']:.3f} s, "
                     f"passthrough+age {locked['lock'].get('passthrough+age', float('nan')):.3f} s")

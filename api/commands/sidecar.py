@@ -127,10 +127,13 @@ def _uplink_flags(p: argparse.ArgumentParser) -> None:
 
 def _apache_flags(p: argparse.ArgumentParser) -> None:
     """What mod_overtake_prio and the PHP extension do inside Apache."""
-    p.add_argument("--cpu-priority", choices=["off", "age", "class"], default=None,
+    p.add_argument("--cpu-priority", choices=["off", "auto", "age", "class"], default=None,
                    help="the CPU priority of mod_overtake_prio in Apache: age (Apache demotes by attained "
                    "CPU; the sidecar exports its counters), class (also sets X-Overtake-Class: 0 for requests "
-                   "whose phase or route is expected shorter than the stage's mean, 1 otherwise), off (default)")
+                   "whose phase or route is expected shorter than the stage's mean, or whose size predicted from "
+                   "the route key is not among the stage's largest, 1 otherwise), auto (class where a stage "
+                   "predicts sizes from a route key, else age with --control-file, else off; the choice and its "
+                   "reason are logged and in /-/policy), off (default)")
     p.add_argument("--gate", default=None, metavar="PATH",
                    help="admission gate inside Apache (mod_overtake_prio's OvertakeGate PATH, e.g. /dev/shm/overtake-gate): "
                    "queued requests go to Apache at once and wait there on a futex until admitted, so an admission "

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from overtake.controller.harness.apache import fetch_prio_status
 from overtake.controller.harness.loadgen import http_request, sidecar_admin, wait_idle, wait_sidecar
 from overtake.mdp import Policy
 
@@ -108,6 +109,8 @@ VIEW_ROUTES = [{"path": "^/wiki/", "methods": ["GET", "HEAD"]},
 
 #: mod_overtake_prio's age threshold under class priority alone (``OvertakePrioAge Off``): unused, required
 CLASS_LEVEL_S = 30.0
+#: the views' ``class_quantile`` of the operator guide's stages file for a wiki (docs/howto/php-sites.md)
+GUIDE_CLASS_QUANTILE = 0.95
 
 
 def stages_yaml(max_inflight: int, max_body_bytes: int, preview_lock: int | None = 1,
@@ -213,3 +216,25 @@ def stop_sidecar(sc: Sidecar, timeout: float = 15.0) -> None:
         except subprocess.TimeoutExpired:
             sc.proc.kill()
             sc.proc.wait()
+
+
+def expect_size_class(sc: Sidecar, apache_port: int | None, timeout: float = 20.0) -> None:
+    """Fail the arm unless ``--cpu-priority auto`` chose the size class and, where Apache's module
+    has age levels and the control file (``apache_port``), the sidecar took age off through it
+    (thresholds no request reaches): the arm is then the configuration it claims to be."""
+    info = sc.policy()
+    choice = info.get("cpu_priority_choice") or {}
+    if info.get("cpu_priority") != "class":
+        raise RuntimeError(f"sidecar --cpu-priority auto chose {info.get('cpu_priority')!r}, not class: "
+                           f"{choice.get('reason')}; log {sc.log}")
+    if apache_port is None:
+        return
+    deadline = time.monotonic() + timeout
+    while True:
+        st = fetch_prio_status("127.0.0.1", apache_port)
+        if st.thresholds and st.thresholds[0] > 3000:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the control file did not take age off within {timeout:g} s (threshold "
+                               f"{st.thresholds} s in force); log {sc.log}")
+        time.sleep(0.2)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from overtake.controller.sidecar.admin import AdminAccess
+from overtake.controller.sidecar.cpu_choice import CpuChoice
 from overtake.controller.sidecar.policies import PolicySet
 from overtake.controller.sidecar.policy_in_force import PolicyInForce
 from overtake.controller.sidecar.policy_source import PolicySource
@@ -18,6 +19,7 @@ class AdminView(PolicyInForce):
     """The narrow view :class:`~overtake.controller.sidecar.admin.PolicyControl` asks for."""
 
     source: PolicySource
+    cpu_choice: CpuChoice
 
     def _admin_access(self) -> AdminAccess:
         return AdminAccess(self.options.guards.admin_put, self.options.guards.admin_token)
@@ -46,7 +48,8 @@ class AdminView(PolicyInForce):
             "time_unit": self.time_unit,
             "phase_names": None if p.model_phases is None else [list(n) for n in p.model_phases],
             "swapped_at": self.swapped_at, "swaps": self.metrics.swaps, "refused": self.metrics.refused,
-            "classifier": self.classifier.mode, "cpu_priority": self.options.apache_side.cpu_priority, **self.source.info(),
+            "classifier": self.classifier.mode, "cpu_priority": self.options.apache_side.cpu_priority,
+            "cpu_priority_choice": self.cpu_choice.info(), **self.source.info(),
             **({"auto": {"chosen": p.chosen.name, "phase_info": p.chosen.phase_info, "reason": p.reason,
                          "predicted_gain": p.predicted_gain, "candidates": [m.name for m in p.members]}}
                if isinstance(p, PolicySet) else {}),

@@ -85,7 +85,7 @@ class SidecarConfig(BaseModel):
     uplink_lowest_writers: int = Field(0, ge=0)
     uplink_ordered_bands: int = Field(1, ge=1)
     loop: Literal["uvloop", "asyncio"] = "uvloop"
-    cpu_priority: Literal["off", "age", "class"] = "off"
+    cpu_priority: Literal["off", "auto", "age", "class"] = "off"
     gate: str | None = None
     gate_slots: int = Field(64, ge=1, le=1 << 20)
     gate_backfill: int = Field(1, ge=0, le=1024)

@@ -35,7 +35,7 @@ import logging
 import math
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from overtake.controller.errors import SidecarInputError
@@ -181,14 +181,38 @@ class ControlPublisher:
         self.stage_names = tuple(stage_names) if stage_names is not None else None
         #: the count table written last (module mode), None: none (the module holds nothing)
         self.table: CountTable | None = None
+        #: the module's configured level count (its status page), None before it is read; set
+        #: with :meth:`without_age`
+        self.levels: Callable[[], int | None] | None = None
+        self._last: tuple[Any, float, int | None] | None = None  # policy, time unit, levels written
+
+    def without_age(self, levels: Callable[[], int | None]) -> None:
+        """From now on write thresholds no request reaches, whatever the policy's: the sidecar
+        starts requests low by their predicted size instead (``cpu_priority: class``), and age
+        on top would demote the small requests that run long. The module takes only its
+        configured level count (``levels``): until it is known, no thresholds are written."""
+        self.levels = levels
 
     def publish(self, policy: Any, time_unit: float, *, quiet: bool = False) -> int | None:
         """Write ``policy``'s thresholds (none: the module's configured ones apply) as a new
         generation; returns it, None when the file could not be written (said in the log).
         ``quiet``: log the write at debug level (the verifier's switches between its windows)."""
+        if self.levels is not None:
+            n = self.levels()
+            self._last = (policy, time_unit, n)
+            rows = [list(no_demotion(n))] * self.stages if n else None
+            return self._write(rows, policy, getattr(policy, "name", "?") + " (cpu_priority class: no age)",
+                               time_unit, quiet)
         th = age_thresholds(policy)
         rows = None if th is None else [[v * time_unit for v in r] for r in th]
         return self._write(rows, policy, getattr(policy, "name", "?"), time_unit, quiet)
+
+    def sync(self) -> int | None:
+        """Rewrite the last policy when the module's level count has changed since it was written
+        (:meth:`without_age`); None when nothing was written."""
+        if self.levels is None or self._last is None or self.levels() == self._last[2]:
+            return None
+        return self.publish(self._last[0], self._last[1])
 
     def publish_off(self, levels: int | None, *, quiet: bool = False) -> int | None:
         """Write thresholds that demote nothing: ``levels`` thresholds (the module takes only its

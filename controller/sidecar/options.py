@@ -10,6 +10,7 @@ config file into it, the CLI its flags, both by the config file's flat keys
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,6 +206,11 @@ def reloaded(old: SidecarOptions, new: SidecarOptions) -> tuple[SidecarOptions, 
     return SidecarOptions.from_flat(**{**now, **{k: was[k] for k in fixed}}), fixed
 
 
+def with_cpu_priority(o: SidecarOptions, value: str) -> SidecarOptions:
+    """``o`` with ``cpu_priority`` set to ``value`` (``auto`` resolved, controller.sidecar.cpu_choice)."""
+    return dataclasses.replace(o, apache_side=dataclasses.replace(o.apache_side, cpu_priority=value))
+
+
 def check_numbers(o: SidecarOptions) -> None:
     """Bounds of the numeric options, each error naming the key and the fix."""
     flat = o.flat()
@@ -217,7 +223,7 @@ def check_numbers(o: SidecarOptions) -> None:
     for key in ("policy_max_bytes", "policy_max_array_bytes", "policy_max_inflated_bytes"):
         if not flat[key] > 0:
             raise SidecarInputError(f"{key}: must be > 0 bytes, got {flat[key]}")
-    if flat["cpu_priority"] not in ("off", "age", "class"):
-        raise SidecarInputError(f"cpu_priority: expected off, age or class, got {flat['cpu_priority']!r}")
+    if flat["cpu_priority"] not in ("off", "auto", "age", "class"):
+        raise SidecarInputError(f"cpu_priority: expected off, auto, age or class, got {flat['cpu_priority']!r}")
     if flat["request_log_format"] not in ("json", "combined"):
         raise SidecarInputError(f"request_log_format: expected json or combined, got {flat['request_log_format']!r}")

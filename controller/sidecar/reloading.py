@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from overtake.controller.errors import SidecarInputError
+from overtake.controller.sidecar.cpu_choice import CpuChoice
 from overtake.controller.sidecar.gateway import Gateway
-from overtake.controller.sidecar.options import SidecarOptions, check_numbers, reloaded
+from overtake.controller.sidecar.options import SidecarOptions, check_numbers, reloaded, with_cpu_priority
 from overtake.controller.sidecar.policy_in_force import PolicyInForce, log
 from overtake.controller.sidecar.policy_source import PolicySource
 from overtake.controller.sidecar.request_log import RequestLog
@@ -24,6 +25,7 @@ class Reloading(PolicyInForce):
     """``SIGHUP``: what a running sidecar can change without a restart, and a warning naming the rest."""
 
     reload_options: Callable[[], SidecarOptions] | None
+    cpu_choice: CpuChoice
     reload_stages: Callable[[], StageTable] | None
     request_log: RequestLog | None
     source: PolicySource
@@ -38,6 +40,8 @@ class Reloading(PolicyInForce):
             try:
                 new = self.reload_options()
                 check_numbers(new)
+                if new.apache_side.cpu_priority == self.cpu_choice.requested:  # auto stays as resolved
+                    new = with_cpu_priority(new, self.cpu_choice.chosen)
             except (SidecarInputError, OSError) as exc:
                 log.error("config reload refused, old config kept", extra={"event": "reload_refused",
                                                                             "detail": str(exc)})

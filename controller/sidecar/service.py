@@ -51,13 +51,20 @@ from overtake.controller.sidecar.apache_probe import ApacheProbe
 from overtake.controller.sidecar.auto import Evidence
 from overtake.controller.sidecar.classifier import Classifier
 from overtake.controller.sidecar.control_file import ControlPublisher
+from overtake.controller.sidecar.cpu_choice import choose_cpu_priority
 from overtake.controller.sidecar.fpm_pool import pool_size
 from overtake.controller.sidecar.gate import Gate, GateOpener
 from overtake.controller.sidecar.gateway import Gateway
 from overtake.controller.sidecar.limiter import Limiter
 from overtake.controller.sidecar.metrics import SidecarMetrics
 from overtake.controller.sidecar.module_mode import check_module_options, check_module_policy
-from overtake.controller.sidecar.options import SidecarOptions, check_numbers, parse_addr, parse_apache_url
+from overtake.controller.sidecar.options import (
+    SidecarOptions,
+    check_numbers,
+    parse_addr,
+    parse_apache_url,
+    with_cpu_priority,
+)
 from overtake.controller.sidecar.policies import BaselinePolicy, PolicySet, SpawnPolicy
 from overtake.controller.sidecar.policy_in_force import log
 from overtake.controller.sidecar.policy_loads import LoadSlots
@@ -104,6 +111,14 @@ class Sidecar(SidecarRuntime):
                 options, online=dataclasses.replace(options.online, arrivals_from_log=True))
         #: enforce: module: mod_overtake_prio holds the requests, no traffic passes here (.module_mode)
         self.module_mode = options.enforce == "module"
+        #: --cpu-priority auto resolved against the stages file (controller.sidecar.cpu_choice); from
+        #: here on the options carry the chosen value
+        self.cpu_choice = choose_cpu_priority(options.apache_side.cpu_priority, table, module_mode=self.module_mode,
+                                              control_file=bool(options.apache_side.control_file))
+        if self.cpu_choice.requested == "auto":
+            options = self.options = with_cpu_priority(options, self.cpu_choice.chosen)
+            log.info(f"cpu_priority auto: {self.cpu_choice.chosen} ({self.cpu_choice.reason})",
+                     extra={"event": "cpu_priority_auto", "detail": self.cpu_choice.reason})
         #: policy loads off the event loop: one running, a few waiting, the rest refused
         self.loads = LoadSlots()
         self._class_key: tuple[object, object] | None = None
@@ -194,6 +209,8 @@ class Sidecar(SidecarRuntime):
         self.metrics = SidecarMetrics(lambda: self.limiter, time_unit=self.time_unit)
         self.online: OnlineLoop | None = None
         if self.control is not None:
+            if options.apache_side.cpu_priority == "class":  # the size class alone: no age on top
+                self.control.without_age(self.metrics.prio.levels)
             self.control.publish(self.limiter.policy, self.time_unit)
         self._say_pool(self.limiter.policy)
         #: the policy against Apache's default on live traffic (controller.sidecar.verify)
@@ -241,7 +258,7 @@ class Sidecar(SidecarRuntime):
             want_prio=(f"cpu_priority {options.apache_side.cpu_priority}" if options.apache_side.cpu_priority != "off"
                        else "the gate" if self.gate is not None
                        else "the control file" if self.control is not None else None),
-            on_gate_token=self.check_gate, on_status=self.check_workers)
+            on_gate_token=self.check_gate, on_status=self._after_status)
         self.admin = AdminEndpoints(self.metrics.registry, self, self._admin_access, lambda: self.probe.health)
         self.gateway = Gateway(
             table, self.limiter, self.classifier, self.pool, self.uplink, self.metrics,
@@ -262,6 +279,13 @@ class Sidecar(SidecarRuntime):
             gw = self.gateway
             self.metrics.gate_enabled.set_function(lambda: float(gw.gate_on))
             self.metrics.gate_in_use.set_function(lambda: float(self.gate.in_use) if self.gate else 0.0)
+
+    def _after_status(self) -> None:
+        """Each reading of Apache's status: its worker limit (once); the control file rewritten
+        when the module's level count is newly known (``cpu_priority: class``)."""
+        self.check_workers()
+        if self.control is not None:
+            self.control.sync()
 
     def _learned_lock(self, stage: int, cap: int | None) -> None:
         """A ``lock: auto`` stage's learned capacity: the sidecar's lock from the next decision on,

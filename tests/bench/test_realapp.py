@@ -399,8 +399,12 @@ def test_the_size_class_arm_runs_under_both_stacks(tmp_path: Path) -> None:
     # the sidecar sends the class header under php-fpm too, where no Apache module priority is set
     spec = realapp.ARM_SPECS
     assert realapp.sidecar_priority(spec["sizeclass"], None) == "class"
-    assert realapp.sidecar_priority(spec["overtake"], None) is None  # fpm: the extension's own age timer
-    assert realapp.sidecar_priority(spec["overtake"], realapp.CpuPriority(levels=(0.05,), nice=("idle",))) == "age"
+    # the guide's deployment lets the sidecar choose, under both stacks
+    assert realapp.sidecar_priority(spec["overtake"], None) == "auto"
+    assert realapp.sidecar_priority(spec["overtake"], realapp.CpuPriority(levels=(0.05,), nice=(19,))) == "auto"
+    assert realapp.sidecar_priority(spec["overtake_age"], None) is None  # fpm: the extension's own age timer
+    cp = realapp.CpuPriority(levels=(0.05,), nice=("idle",))
+    assert realapp.sidecar_priority(spec["overtake_age"], cp) == "age"
     # php-fpm's workers start the class at nice 19, with no age threshold
     ini = server.php_class_settings(tmp_path / "overtake_prio.so", tmp_path / "stats")
     assert ini["overtake_prio.class_header"] == "1" and ini["overtake_prio.threshold_ms"] == "0"
@@ -453,11 +457,18 @@ def test_time_split_known_answer() -> None:
 
 def test_predicted_against_measured() -> None:
     locked = {"lock": {"default": 0.5, "passthrough+age": 0.45, "blind": 0.48}}
-    arms = {"default": {"mean": 0.4}, "overtake": {"mean": 0.5}}
+    arms = {"default": {"mean": 0.4}, "overtake_age": {"mean": 0.5}, "overtake": {"mean": 0.4},
+            "sizeclass": {"mean": 0.3}}
     got = realapp.predicted_vs_measured(locked, arms)
-    assert got["default"]["error"] == pytest.approx(0.25) and got["overtake"]["error"] == pytest.approx(-0.1)
-    assert got["overtake"]["model"] == "passthrough+age" and "age" not in got
+    assert got["default"]["error"] == pytest.approx(0.25) and got["overtake_age"]["error"] == pytest.approx(-0.1)
+    assert got["overtake_age"]["model"] == "passthrough+age" and "age" not in got
+    assert "overtake" not in got and "sizeclass" not in got  # no size-class model given
     assert realapp.predicted_vs_measured(None, arms) == {}
+    # the size class's arms from its model: sizeclass at the model's quantile, overtake at the guide's
+    sized = {"quantile": 0.98, "arms": {"0.95": {"mean": 0.42}, "0.98": {"mean": 0.33}}}
+    got = realapp.predicted_vs_measured(None, arms, sized)
+    assert got["overtake"]["model"] == "size class 0.95" and got["overtake"]["error"] == pytest.approx(0.05)
+    assert got["sizeclass"]["model"] == "size class 0.98" and got["sizeclass"]["error"] == pytest.approx(0.1)
 
 
 # --------------------------------------------------------------------------- the wiki's set-up

@@ -189,17 +189,7 @@ def test_start_and_put_write_the_policys_thresholds_in_seconds(tmp_path: Path, s
     """No Apache needed: the file a sidecar writes at start and on ``PUT /-/policy`` reads back
     (the module's layout, its key) as the policy's thresholds times the time unit; a policy
     without thresholds writes none; each write is a new generation."""
-    from overtake.mdp import Stage, TandemModel, Truncation
-    from overtake.mdp import solve as solve_optimal
-
-    p, m = np.array([0.91, 0.09]), np.array([0.55, 5.45])
-    s1 = Stage("stage1", p, np.diag(-1.0 / m))
-    opt = solve_optimal(TandemModel(arrival_rate=0.3, stages=(s1, Stage("stage2", s1.alpha, s1.T))),
-                        truncation=Truncation(6, 3))
-    opt.policy.meta.update(metrics=opt.metrics.to_dict(), time_unit="model", cpu_priority={"age": {
-        "mean_response_time": 2.0, "passthrough": 2.2, "thresholds": [[1.5], [1.5]]}})
-    pol = tmp_path / "age.npz"
-    opt.policy.save(pol)
+    pol = _age_policy(tmp_path / "age.npz")
     path = str(tmp_path / "control")
     side = SidecarProc(tmp_path, ["--policy", str(pol), "--apache", stub.url, "--control-file", path],
                        stages=STAGES)
@@ -233,3 +223,48 @@ def test_the_private_apaches_directive_and_its_refusal() -> None:
     ns.cpu_priority_levels = ns.cpu_priority_nice = None  # the fallback must be given
     with pytest.raises(ValueError, match="^--control-file: give --cpu-priority-levels too"):
         _cpu_priority(ns)
+
+
+KEYED = STAGES.replace('path: "^/stage1$"', 'routes: [{path: "^/stage1$", key: ["param:k"]}]')
+
+
+def _age_policy(path: Path) -> Path:
+    """A π* whose file carries age thresholds of 1.5 model units for both stages."""
+    from overtake.mdp import Stage, TandemModel, Truncation
+    from overtake.mdp import solve as solve_optimal
+
+    p, m = np.array([0.91, 0.09]), np.array([0.55, 5.45])
+    s1 = Stage("stage1", p, np.diag(-1.0 / m))
+    opt = solve_optimal(TandemModel(arrival_rate=0.3, stages=(s1, Stage("stage2", s1.alpha, s1.T))),
+                        truncation=Truncation(6, 3))
+    opt.policy.meta.update(metrics=opt.metrics.to_dict(), time_unit="model", cpu_priority={"age": {
+        "mean_response_time": 2.0, "passthrough": 2.2, "thresholds": [[1.5], [1.5]]}})
+    opt.policy.save(path)
+    return path
+
+
+@pytest.mark.apache_functional
+def test_auto_chooses_the_size_class_and_takes_age_off_through_the_file(
+        controlled: tuple[apache.ApacheInstance, str], tmp_path: Path) -> None:
+    """A stage keyed on a query parameter: ``--cpu-priority auto`` runs the size class, and the
+    control file holds thresholds no request reaches (the module's level count, read from its
+    status) instead of the policy's age thresholds, which ``--cpu-priority age`` puts in force."""
+    inst, path = controlled
+    pol = _age_policy(tmp_path / "age.npz")
+    for asked, want in (("age", 0.0075), ("auto", 3600.0)):
+        side = SidecarProc(tmp_path, ["--policy", str(pol), "--apache", inst.base_url, "--control-file", path,
+                                              "--cpu-priority", asked, "--status-interval", "0.2"], stages=KEYED)
+        try:
+            info = json.loads(side.request("GET", "/-/policy")[2])
+            assert info["cpu_priority_choice"]["requested"] == asked
+            assert info["cpu_priority"] == ("class" if asked == "auto" else "age")
+            deadline = time.monotonic() + 30
+            while _threshold(st := _status(inst)) != pytest.approx(want, abs=2e-3):
+                assert time.monotonic() < deadline, (asked, st, side.text()[-2000:])
+                time.sleep(0.2)
+            assert st["overtake_cpu_prio_control_in_force"] == 1
+            if asked == "auto":
+                said = [e for e in side.events() if e.get("event") == "cpu_priority_auto"]
+                assert len(said) == 1 and "stage1" in said[0]["detail"], side.text()[-2000:]
+        finally:
+            side.stop()

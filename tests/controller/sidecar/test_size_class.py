@@ -103,9 +103,10 @@ classifier: {mode: explicit, time_unit: 1}
 """
 
 
+@pytest.mark.parametrize("asked", ["class", "auto"])  # auto: keyed stages without a lock choose the class
 def test_a_request_predicted_large_starts_low_and_a_small_one_overtakes_it(prio_apache: apache.ApacheInstance,
-                                                                           work: Path) -> None:
-    side = SidecarProc(work, ["--policy", "passthrough", "--apache", prio_apache.base_url, "--cpu-priority", "class",
+                                                                           work: Path, asked: str) -> None:
+    side = SidecarProc(work, ["--policy", "passthrough", "--apache", prio_apache.base_url, "--cpu-priority", asked,
                               "--status-interval", "0.2"], stages=SIZE_STAGES)
     try:
         host, port = apache.parse_listen(prio_apache.listen)
