@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from overtake.controller.sidecar.admin import AdminAccess
+from overtake.controller.sidecar.module_stages import ModuleStageCheck
 from overtake.controller.sidecar.policies import PolicySet
 from overtake.controller.sidecar.policy_in_force import PolicyInForce
 from overtake.controller.sidecar.policy_source import PolicySource
@@ -18,6 +19,7 @@ class AdminView(PolicyInForce):
     """The narrow view :class:`~overtake.controller.sidecar.admin.PolicyControl` asks for."""
 
     source: PolicySource
+    module_stages: ModuleStageCheck | None
 
     def _admin_access(self) -> AdminAccess:
         return AdminAccess(self.options.guards.admin_put, self.options.guards.admin_token)
@@ -52,6 +54,7 @@ class AdminView(PolicyInForce):
                if isinstance(p, PolicySet) else {}),
             **({"online": online.status()} if online is not None else {}),
             **({"lock": self.limiter.lock.info(self.policy)} if self.limiter.lock is not None else {}),
+            **({"module_stages": self.module_stages.info()} if self.module_stages is not None else {}),
             **({"size_class": self.size_class.info()} if self.size_class is not None else {}),
             **({"verify": self.verifier.status()} if self.verifier is not None else {}),
             **({"stacks": self.stacks.info()} if self.stacks.stacks else {}),
