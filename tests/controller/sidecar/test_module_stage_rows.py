@@ -82,3 +82,15 @@ def test_an_old_module_is_said_once_and_left_unknown(caplog: pytest.LogCaptureFi
         check.update(list(text_string_to_metric_families(OLD_PAGE)))
     assert len(_events(caplog, "module_stages_unknown")) == 1
     assert check.info()["agree"] is None and list(check.collect()) == []
+
+
+def test_a_changed_module_config_is_checked_again(caplog: pytest.LogCaptureFixture) -> None:
+    check = ModuleStageCheck(lambda: {"a": "b", "b": None, "c": None})
+    with caplog.at_level(logging.INFO, logger="overtake.sidecar"):
+        check.update(list(text_string_to_metric_families(PAGE)))
+        assert check.info()["agree"] is True
+        # Apache reloaded with OvertakeStageNext a c
+        check.update(list(text_string_to_metric_families(PAGE.replace('stage="a",next="b"', 'stage="a",next="c"'))))
+    (rec,) = _events(caplog, "module_stage_mismatch")
+    assert rec.__dict__["detail"]["module"] == "c" and rec.__dict__["detail"]["stages_file"] == "b"
+    assert check.info()["agree"] is False
