@@ -847,6 +847,14 @@ void op_stage_status(request_rec *r)
         active[i] = os_shm->st[i].q.active - rrun[i];
     }
     os_unlock();
+    /* the stage links as Apache read them, for the controller to compare with its stages file */
+    metric(r, "overtake_stage_next", "gauge",
+           "1 per OvertakeStage, labelled with the stage its OvertakeStageNext names (next=\"\": none).");
+    for (i = 0; i < n; i++) {
+        int32_t nx = os_shm->next[i];
+        ap_rprintf(r, "overtake_stage_next{stage=\"%s\",next=\"%s\"} 1\n", os_shm->names[i],
+                   nx >= 0 && (uint32_t)nx < n ? os_shm->names[nx] : "");
+    }
     metric(r, "overtake_stage_waiting", "gauge", "Requests of the stage waiting for their turn.");
     for (i = 0; i < n; i++) {
         ap_rprintf(r, "overtake_stage_waiting{stage=\"%s\"} %d\n", os_shm->names[i], waiting[i]);

@@ -8,6 +8,7 @@ from typing import Any
 
 from overtake.controller.sidecar.admin import AdminAccess
 from overtake.controller.sidecar.cpu_choice import CpuChoice
+from overtake.controller.sidecar.module_stages import ModuleStageCheck
 from overtake.controller.sidecar.policies import PolicySet
 from overtake.controller.sidecar.policy_in_force import PolicyInForce
 from overtake.controller.sidecar.policy_source import PolicySource
@@ -20,6 +21,7 @@ class AdminView(PolicyInForce):
 
     source: PolicySource
     cpu_choice: CpuChoice
+    module_stages: ModuleStageCheck | None
 
     def _admin_access(self) -> AdminAccess:
         return AdminAccess(self.options.guards.admin_put, self.options.guards.admin_token)
@@ -55,6 +57,7 @@ class AdminView(PolicyInForce):
                if isinstance(p, PolicySet) else {}),
             **({"online": online.status()} if online is not None else {}),
             **({"lock": self.limiter.lock.info(self.policy)} if self.limiter.lock is not None else {}),
+            **({"module_stages": self.module_stages.info()} if self.module_stages is not None else {}),
             **({"size_class": self.size_class.info()} if self.size_class is not None else {}),
             **({"verify": self.verifier.status()} if self.verifier is not None else {}),
             **({"stacks": self.stacks.info()} if self.stacks.stacks else {}),

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from overtake.controller.sidecar.metrics import ApacheCollector, PrioCollector
@@ -85,18 +86,22 @@ class ApacheProbe:
         not reported) and the failure, if any.
     on_status
         Called after every scrape that read Apache's status (``apache.status`` is set).
+    on_prio
+        Called with the module's metric families after every read of its counters that answered.
     """
 
     def __init__(self, host: str, port: int, apache: ApacheCollector, prio: PrioCollector, *,
                  interval: Callable[[], float], want_prio: str | None = None,
                  on_gate_token: Callable[[int | None, str], None] | None = None,
-                 on_status: Callable[[], None] | None = None) -> None:
+                 on_status: Callable[[], None] | None = None,
+                 on_prio: Callable[[list[Metric]], None] | None = None) -> None:
         self.host, self.port = host, port
         self.apache, self.prio = apache, prio
         self.interval = interval
         self.want_prio = want_prio
         self.on_gate_token = on_gate_token
         self.on_status = on_status
+        self.on_prio = on_prio
         self.health = Health(True, time.time())
         self._state = "unknown"  # ok | absent | unreachable: the scrape's last outcome
         self._prio_ok: bool | None = None  # mod_overtake_prio's counters: last scrape answered
@@ -191,6 +196,8 @@ class ApacheProbe:
             token = next((int(s.value) for f in prio.families if f.name == "overtake_gate_token"
                           for s in f.samples), None)
             self.on_gate_token(token, "" if ok else f"GET /overtake-prio-status: {detail}")
+        if ok and self.on_prio is not None:
+            self.on_prio(prio.families)
         if ok != self._prio_ok:
             self._prio_ok = ok
             if not ok:

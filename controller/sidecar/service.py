@@ -58,6 +58,7 @@ from overtake.controller.sidecar.gateway import Gateway
 from overtake.controller.sidecar.limiter import Limiter
 from overtake.controller.sidecar.metrics import SidecarMetrics
 from overtake.controller.sidecar.module_mode import check_module_options, check_module_policy
+from overtake.controller.sidecar.module_stages import ModuleStageCheck
 from overtake.controller.sidecar.options import (
     SidecarOptions,
     check_numbers,
@@ -253,12 +254,18 @@ class Sidecar(SidecarRuntime):
         if self.gate is not None:
             self.limiter.add_listener(GateOpener(self.gate, self.limiter, options.apache_side.gate_backfill))
             self.gate.on_lost = self._gate_lost
+        #: enforce: module: the stages file's stages and next against Apache's (controller.sidecar.module_stages)
+        self.module_stages = (ModuleStageCheck(lambda: {s.name: s.next for s in self.table.config.stages})
+                              if self.module_mode else None)
+        if self.module_stages is not None:
+            self.metrics.registry.register(self.module_stages)
         self.probe = ApacheProbe(
             *self.apache, self.metrics.apache, self.metrics.prio, interval=lambda: self.options.observability.status_interval,
             want_prio=(f"cpu_priority {options.apache_side.cpu_priority}" if options.apache_side.cpu_priority != "off"
                        else "the gate" if self.gate is not None
                        else "the control file" if self.control is not None else None),
-            on_gate_token=self.check_gate, on_status=self._after_status)
+            on_gate_token=self.check_gate, on_status=self._after_status,
+            on_prio=self.module_stages.update if self.module_stages is not None else None)
         self.admin = AdminEndpoints(self.metrics.registry, self, self._admin_access, lambda: self.probe.health)
         self.gateway = Gateway(
             table, self.limiter, self.classifier, self.pool, self.uplink, self.metrics,
