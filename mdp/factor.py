@@ -9,6 +9,7 @@ reference). A complete factor also solves for a table whose decision rows differ
 from __future__ import annotations
 
 import time
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -30,6 +31,9 @@ ITER_RTOL = 1e-13  # relative residual of the iterative solves (E[W] then agrees
 ITER_MIN = 200
 ILU_DROP = 1e-3  # the incomplete factor's drop tolerance (Factor)
 ITER_MAX = 2_000  # BiCGSTAB iterations per column at most (the work budget bounds them first: Factor.iterate)
+# solved columns a complete factor keeps for its low-rank updates (Factor.update), in floats: a
+# search's trials against one factor change the same states again and again
+UPDATE_CACHE_FLOATS = 16_000_000
 
 
 class Factor:
@@ -62,6 +66,8 @@ class Factor:
         self.actions = np.array(actions, dtype=np.int64, copy=True)
         # the factored table's own (u, v, π_{−0}) as columns: the base of :meth:`update`
         self.base: FloatArray | None = None
+        # A⁻¹ U and A⁻ᵀ Vtᵀ by column key (:meth:`update`): a column depends on its key alone
+        self._solved: tuple[dict[Hashable, FloatArray], dict[Hashable, FloatArray]] = ({}, {})
 
     def solve(self, A: sp.csc_matrix, B: FloatArray, *, trans: bool = False) -> FloatArray | None:
         """Solve A X = B (Aᵀ X = B with ``trans``) for the factored A: directly, or for an
@@ -70,7 +76,9 @@ class Factor:
             return self._gmres(A, B, trans)
         return np.asarray(self.lu.solve(B, trans="T" if trans else "N"))
 
-    def update(self, U: sp.csc_matrix, Vt: sp.csr_matrix, u0: FloatArray) -> tuple[FloatArray, FloatArray] | None:
+    def update(self, U: sp.csc_matrix, Vt: sp.csr_matrix, u0: FloatArray, *,
+               keys: tuple[Sequence[Hashable], Sequence[Hashable]] | None = None,
+               ) -> tuple[FloatArray, FloatArray] | None:
         """The bias and stationary solves of the factored matrix minus ``U Vt`` (rank r), exactly.
 
         A trial table changes the decision rows R(z, ·) of the states z of a few classes; with
@@ -84,11 +92,19 @@ class Factor:
 
         Returns the two solutions ((u, v) and π_{−0}), or None if this factor is incomplete or
         has no base solutions (the caller factors the trial instead).
+
+        ``keys``: one key per column of U and per row of Vt, equal keys meaning equal columns
+        (rows); their solves are kept and reused by later updates of this factor, so that a
+        column is solved once however many trials change its state.
         """
         if not self.complete or self.base is None:
             return None
-        W = np.asarray(self.lu.solve(U.toarray()))
-        Wt = np.asarray(self.lu.solve(Vt.T.toarray(), trans="T"))
+        if keys is None:
+            W = np.asarray(self.lu.solve(U.toarray()))
+            Wt = np.asarray(self.lu.solve(Vt.T.toarray(), trans="T"))
+        else:
+            W = self._columns(U.tocsc(), keys[0], trans=False)
+            Wt = self._columns(Vt.T.tocsc(), keys[1], trans=True)
         cap = np.eye(U.shape[1]) - Vt @ W
         y, yT = self.base[:, :2], self.base[:, 2] + Wt @ u0
         try:
@@ -97,6 +113,23 @@ class Factor:
         except np.linalg.LinAlgError:
             return None
         return sol, solT
+
+    def _columns(self, B: sp.csc_matrix, keys: Sequence[Hashable], *, trans: bool) -> FloatArray:
+        """A⁻¹ B (A⁻ᵀ B with ``trans``) column by column, each column solved once per key."""
+        cache = self._solved[1 if trans else 0]
+        if len(keys) != B.shape[1]:
+            raise ValueError(f"Factor.update: {len(keys)} keys for {B.shape[1]} columns")
+        missing = [j for j, k in enumerate(keys) if k not in cache]
+        if missing:
+            if (len(cache) + len(missing)) * B.shape[0] > UPDATE_CACHE_FLOATS:
+                cache.clear()
+            X = np.asarray(self.lu.solve(B[:, missing].toarray(), trans="T" if trans else "N"))
+            for i, j in enumerate(missing):
+                cache[keys[j]] = X[:, i].copy()
+        out = np.empty((B.shape[0], len(keys)))
+        for j, k in enumerate(keys):
+            out[:, j] = cache[k]
+        return out
 
     def _gmres(self, A: sp.csc_matrix, B: FloatArray, trans: bool) -> FloatArray | None:
         """A X = B by GMRES preconditioned by this (incomplete) factor, relative residual 1e-13."""

@@ -435,7 +435,11 @@ class ObservationSpace:
         if dR[:, 0].nnz:
             return None, None  # the empty state's column moved: not this update's form
         Uz = self.P_change[:, z].tocsc()
-        out = factor.update(Uz[1:], dR[:, 1:].tocsr(), Uz[0].toarray().ravel())
+        # a column of U is its state's column of P_chg; a row of ΔR its state's new decision row
+        # less the factored one: both keyed so the factor solves each once over the search
+        counts = np.asarray(actions, dtype=np.int64)[self.class_of[z]]
+        keys = ([int(s) for s in z], [(int(s), c.tobytes()) for s, c in zip(z, counts, strict=True)])
+        out = factor.update(Uz[1:], dR[:, 1:].tocsr(), Uz[0].toarray().ravel(), keys=keys)
         if out is None:
             return None, None
         sol, solT = out

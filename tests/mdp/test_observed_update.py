@@ -150,3 +150,44 @@ def test_warm_started_ladder_law_is_the_cold_one(monkeypatch: pytest.MonkeyPatch
     assert warm.mean_response_time == pytest.approx(cold.mean_response_time, rel=1e-9)
     assert warm.blocking_probability == pytest.approx(cold.blocking_probability, rel=1e-6)
     assert law4.keys.size > law2.keys.size // 2 and np.all(np.diff(law4.keys) > 0)
+
+
+@pytest.mark.parametrize(("cap", "routed"), [(8, False), (6, True)])
+def test_update_reuses_solved_columns_with_the_same_answer(cap: int, routed: bool,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trials of a search share the factor's solved columns (A⁻¹ P_chg(·, z) per changed
+    state z, A⁻ᵀ ΔR(z, ·)ᵀ per state and new action): each is solved once, and every trial's
+    evaluation is the one the factor's solves without the kept columns give (to 1e-10)."""
+    osp = _space(cap, routed)
+    name = "pi(2)" + (" (lightest route first)" if routed else "")
+    A = starting_tables(osp, ["pi(2)"], False, {})[name]
+    ev = osp.evaluate(A)
+    prop = osp.propose(A, ev)
+    solved: list[int] = []
+    asked: list[int] = []
+    columns = Factor._columns
+
+    def counted(self, B, keys, *, trans):  # type: ignore[no-untyped-def]
+        asked.append(len(keys))
+        solved.append(sum(1 for k in keys if k not in self._solved[1 if trans else 0]))
+        return columns(self, B, keys, trans=trans)
+
+    monkeypatch.setattr(Factor, "_columns", counted)
+    tables = []
+    for _, sel in trials(osp, prop, A, 6):
+        B = A.copy()
+        B[sel] = prop.actions[sel]
+        if osp.low_rank(B, ev):
+            tables.append(B)
+    fast = [osp.evaluate(B, near=ev) for B in tables]
+    assert len(tables) >= 3 and all(not f.refactored for f in fast)
+    assert 0 < sum(solved) < sum(asked)  # the later trials reuse the earlier ones' columns
+    update = Factor.update
+    monkeypatch.setattr(Factor, "update", lambda self, U, Vt, u0, keys=None: update(self, U, Vt, u0))
+    for B, f in zip(tables, fast, strict=True):
+        plain = osp.evaluate(B, near=ev)
+        assert not plain.refactored
+        assert f.gain == pytest.approx(plain.gain, rel=1e-10)
+        assert f.metrics.mean_response_time == pytest.approx(plain.metrics.mean_response_time, rel=1e-10)
+        assert np.abs(f.bias - plain.bias).max() <= 1e-10 * np.abs(plain.bias).max()
+        assert np.abs(f.post - plain.post).max() <= 1e-10 * np.abs(plain.post).max()
