@@ -59,16 +59,24 @@ def head_error(r: Request) -> str | None:
     """Why a parsed request head is refused (400), or None: RFC 9112 §2.3 (the sidecar speaks
     HTTP/1.0 and 1.1; llhttp also accepts 0.9 and 2.0 request lines), §3.2 (exactly one ``Host``
     in HTTP/1.1, at most one in 1.0) and §6.1 (``Transfer-Encoding`` in HTTP/1.0 is faulty
-    framing). Forwarded, each would reach Apache framed or routed otherwise than here."""
+    framing, and a request's codings must end in ``chunked``: the sidecar takes exactly that one,
+    as llhttp does, whose own check an ``Upgrade`` offer ends the head before). Forwarded, each
+    would reach Apache framed or routed otherwise than here."""
     if r.version not in ("1.0", "1.1"):
         return f"HTTP/{r.version} request line: the sidecar speaks HTTP/1.1 (and 1.0)"
     hosts = 0
-    for k, _ in r.headers:
+    codings: list[bytes] = []
+    for k, v in r.headers:
         lk = k.lower()
         if lk == b"host":
             hosts += 1
         elif lk == b"transfer-encoding" and r.version == "1.0":
             return "Transfer-Encoding in an HTTP/1.0 request is faulty framing (RFC 9112 §6.1); send Content-Length"
+        elif lk == b"transfer-encoding":
+            codings += [c.strip(b" \t").lower() for c in v.split(b",")]
+    if codings and codings != [b"chunked"]:
+        return (f"Transfer-Encoding {b', '.join(codings).decode('latin-1')!r}: the sidecar takes a request body "
+                "chunked or with Content-Length, nothing else (RFC 9112 §6.1)")
     if hosts > 1:
         return "more than one Host header field (RFC 9112 §3.2)"
     if hosts == 0 and r.version == "1.1":

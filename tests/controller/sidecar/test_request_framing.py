@@ -94,6 +94,10 @@ def test_websocket_handshake_with_a_body_is_refused(side: tuple[int, Sidecar], s
     ("http_0_9", b"GET /stage2/http09\r\n\r\n"),
     ("te_on_10", b"POST /stage2/te10 HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
                  b"%x\r\n%s\r\n0\r\n\r\n" % (len(SMUGGLED), SMUGGLED)),
+    # an Upgrade offer ends llhttp's head before its own check of the codings
+    *[(f"h2c_te_{i}", h2c_offer(b"POST", f"/stage2/h2c-te-{i}".encode(), b"Transfer-Encoding: " + te,
+                                b"%x\r\n%s\r\n0\r\n\r\n" % (len(SMUGGLED), SMUGGLED)))
+      for i, te in enumerate((b"identity", b"chunked, identity", b"xchunked", b"chunked\x0b"))],
 ])
 def test_rfc_9112_violations_are_400_and_never_forwarded(side: tuple[int, Sidecar], stub: StubApache, name: str,
                                                           data: bytes) -> None:
