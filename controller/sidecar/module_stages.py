@@ -167,7 +167,8 @@ class ModuleStageCheck(Collector):
                               "1 if the stage's next (or the stage itself) differs between the stages file and "
                               "Apache's OvertakeStage/OvertakeStageNext, else 0", labels=["stage"])
         bad = {d.stage for d in self.diffs}
-        names = list(dict(self.expected())) + [s for s in self.module if s not in dict(self.expected())]
+        expected = dict(self.expected())
+        names = list(expected) + [s for s in self.module if s not in expected]
         for s in names:
             g.add_metric([s], 1.0 if s in bad else 0.0)
         yield g

@@ -42,6 +42,8 @@ import dataclasses
 import time
 from collections.abc import Callable
 
+from prometheus_client.core import Metric
+
 from overtake.controller.cpu_location import CpuLocation, StackWatch
 from overtake.controller.errors import SidecarInputError
 from overtake.controller.online import OnlineCollector, OnlineLoop
@@ -264,8 +266,7 @@ class Sidecar(SidecarRuntime):
             want_prio=(f"cpu_priority {options.apache_side.cpu_priority}" if options.apache_side.cpu_priority != "off"
                        else "the gate" if self.gate is not None
                        else "the control file" if self.control is not None else None),
-            on_gate_token=self.check_gate, on_status=self._after_status,
-            on_prio=self.module_stages.update if self.module_stages is not None else None)
+            on_gate_token=self.check_gate, on_status=self.check_workers, on_prio=self._after_prio)
         self.admin = AdminEndpoints(self.metrics.registry, self, self._admin_access, lambda: self.probe.health)
         self.gateway = Gateway(
             table, self.limiter, self.classifier, self.pool, self.uplink, self.metrics,
@@ -287,12 +288,14 @@ class Sidecar(SidecarRuntime):
             self.metrics.gate_enabled.set_function(lambda: float(gw.gate_on))
             self.metrics.gate_in_use.set_function(lambda: float(self.gate.in_use) if self.gate else 0.0)
 
-    def _after_status(self) -> None:
-        """Each reading of Apache's status: its worker limit (once); the control file rewritten
-        when the module's level count is newly known (``cpu_priority: class``)."""
-        self.check_workers()
+    def _after_prio(self, families: list[Metric]) -> None:
+        """Each reading of mod_overtake_prio's status page: the control file rewritten when the
+        module's level count is newly known (``cpu_priority: class``); in module mode, its stages
+        against the stages file."""
         if self.control is not None:
             self.control.sync()
+        if self.module_stages is not None:
+            self.module_stages.update(families)
 
     def _learned_lock(self, stage: int, cap: int | None) -> None:
         """A ``lock: auto`` stage's learned capacity: the sidecar's lock from the next decision on,
