@@ -366,9 +366,11 @@ def test_access_log_has_stage_phase_queue_wait_and_upstream(work: Path, stub: St
     try:
         th = [threading.Thread(target=s.request, args=("GET", "/slow/0.3"), kwargs={"headers": {"User-Agent": "t/1"}})
               for _ in range(2)]
-        for t in th:
-            t.start()
-            time.sleep(0.05)
+        th[0].start()
+        deadline = time.monotonic() + 10
+        while stub.hits["/slow/0.3"] < 1 and time.monotonic() < deadline:  # the first is in Apache's hands
+            time.sleep(0.005)
+        th[1].start()  # pi(1): one thread, so this one waits in the sidecar until the first is answered
         for t in th:
             t.join()
         s.request("GET", "/-/healthz")
@@ -376,9 +378,13 @@ def test_access_log_has_stage_phase_queue_wait_and_upstream(work: Path, stub: St
     finally:
         assert s.stop() == 0
     recs = [json.loads(x) for x in log.read_text().splitlines()]
-    slow = sorted((r for r in recs if r["target"] == "/slow/0.3"), key=lambda r: r["queue_wait"])
+    slow = sorted((r for r in recs if r["target"] == "/slow/0.3"), key=lambda r: r["ts"])
     assert len(slow) == 2 and all(r["stage"] == "stage1" and r["phase"] == 1 and r["status"] == 200 for r in slow)
-    assert slow[0]["queue_wait"] < 0.05 and 0.2 < slow[1]["queue_wait"] < 0.6, slow
+    # the first is admitted at once; the second when the first's answer is back (its wait is what the
+    # first had left to run), whatever the delays of the client threads
+    first_done = slow[0]["ts"] + slow[0]["queue_wait"] + slow[0]["upstream"]
+    assert slow[0]["queue_wait"] < 0.05 and 0 < slow[1]["queue_wait"] < 0.6, slow
+    assert abs(slow[1]["ts"] + slow[1]["queue_wait"] - first_done) < 0.05, slow
     assert all(r["upstream"] >= 0.3 and r["duration"] >= r["queue_wait"] + r["upstream"] - 0.01 for r in slow)
     assert slow[0]["user_agent"] == "t/1" and slow[0]["bytes"] > 0
     other = [r for r in recs if r["target"] == "/other"]
