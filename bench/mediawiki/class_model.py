@@ -13,8 +13,9 @@ Arms simulated on the same Poisson traces (common random numbers):
 
 * ``default``: every request runs at once, the waiting previews take the lock first come first
   served (any order blind to size gives the same mean wait);
-* ``class q``: the size-class arm: the sidecar holds previews and releases the shortest predicted
-  first (it keys them on their body size), each view of an article whose idle view time is above
+* ``class q``: the size-class arm: the sidecar holds previews and releases the one with the
+  highest response ratio (wait + predicted) / predicted first (it keys them on their body size;
+  the prediction here is the article's idle preview time), each view of an article whose idle view time is above
   the ``q`` quantile of the articles' (the sidecar's predictions rank views as their idle times
   do: the key is the preview's body size, correlated with the view's cost) starts at nice 19, and
   only once a view of the same article has completed (the sidecar predicts nothing for an
@@ -53,11 +54,12 @@ def simulate(arrival: np.ndarray, article: np.ndarray, preview_s: np.ndarray, vi
     """Response time of every transaction (arrival to the view's end), seconds.
 
     ``low``: per article, whether its views start at the low weight (None: none); ``learn``: only
-    once a view of the article has completed; ``preview_order``: ``fifo`` or ``spt`` (shortest
-    idle preview first) for the previews waiting for the lock.
+    once a view of the article has completed; ``preview_order``: ``fifo``, ``spt`` (shortest
+    idle preview first) or ``ratio`` (the sidecar's: highest (wait + idle preview) / idle preview
+    first) for the previews waiting for the lock.
     """
-    if preview_order not in ("fifo", "spt"):
-        raise ValueError(f"preview_order: fifo or spt, got {preview_order!r}")
+    if preview_order not in ("fifo", "spt", "ratio"):
+        raise ValueError(f"preview_order: fifo, spt or ratio, got {preview_order!r}")
     n = len(arrival)
     seen = np.zeros(len(view_s), bool)
     rt = np.full(n, np.nan)
@@ -96,8 +98,7 @@ def simulate(arrival: np.ndarray, article: np.ndarray, preview_s: np.ndarray, vi
         if done.preview:
             holder = False
             if waiting:
-                pick = 0 if preview_order == "fifo" else min(range(len(waiting)),
-                                                                key=lambda m: preview_s[article[waiting[m]]])
+                pick = _next_preview(preview_order, waiting, t, arrival, preview_s[article[waiting]])
                 holder = True
                 start_preview(waiting.pop(pick))
             demote = low is not None and bool(low[a]) and (seen[a] or not learn)
@@ -106,6 +107,15 @@ def simulate(arrival: np.ndarray, article: np.ndarray, preview_s: np.ndarray, vi
             rt[done.tx] = t - arrival[done.tx]
             seen[a] = True
     return rt
+
+
+def _next_preview(order: str, waiting: list[int], t: float, arrival: np.ndarray, cost: np.ndarray) -> int:
+    """Index in ``waiting`` of the preview to take the lock (``cost``: each one's idle preview time)."""
+    if order == "fifo":
+        return 0
+    if order == "spt":
+        return int(np.argmin(cost))
+    return int(np.argmax((t - arrival[waiting] + cost) / cost))
 
 
 def _traces(rate: float, articles: int, transactions: int, seeds: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -135,11 +145,11 @@ def choose(preview_s: np.ndarray, view_s: np.ndarray, rate: float, *, quantiles:
         return float(np.mean([simulate(a, art, preview_s, view_s, **kw)[skip:].mean() for a, art in traces]))
 
     default = mean(preview_order="fifo")
-    arms = {"none": mean(preview_order="spt")}
+    arms = {"none": mean(preview_order="ratio")}
     for q in quantiles:
         if not 0 < q < 1:
             raise ValueError(f"quantiles: each in (0, 1), got {q!r}")
-        arms[f"{q:g}"] = mean(preview_order="spt", low=view_s > np.quantile(view_s, q))
+        arms[f"{q:g}"] = mean(preview_order="ratio", low=view_s > np.quantile(view_s, q))
     best = min((q for q in quantiles), key=lambda q: arms[f"{q:g}"])
     return {"default": default,
             "arms": {k: {"mean": v, "gain": default / v - 1} for k, v in arms.items()},

@@ -31,7 +31,7 @@ the oldest request of the last non-empty stage is admitted and counted in ``guar
 
 Locks (``lock: m`` on a stage, :class:`overtake.controller.sidecar.stage_lock.StageLock`): the
 policy's starts in a locked stage are cut to the lock's free slots, and the lock picks which
-waiting request starts (shortest predicted first); the guard's admission takes the lock's pick.
+waiting request starts (highest response ratio first); the guard's admission takes the lock's pick.
 Under a policy solved without the lock, the lock fills its stage's free slots itself.
 
 Observers (the online loop's recorder, :mod:`overtake.controller.online`) subscribe with

@@ -42,8 +42,8 @@ overtake_stage_lock_learned{stage}                      gauge    1 learned capac
 overtake_stage_lock_waiting{stage}                      gauge    waiting while its lock is full
 overtake_stage_lock_wait_seconds_total{stage}           counter  request-seconds waited on the
                                                                  full lock
-overtake_stage_lock_aged_total{stage}                   counter  started ahead of shorter ones
-                                                                 after ``lock_aging``
+overtake_stage_lock_aged_total{stage}                   counter  started ahead of a waiting request
+                                                                 predicted shorter (its wait counted)
 overtake_policy_fetches_total{result}                   counter  --policy-url polls: updated |
                                                                  not_modified | error | refused
 ======================================================  =======  =================================
@@ -186,7 +186,8 @@ def _lock_families(lim: Limiter) -> Iterator[Metric]:
     wait = CounterMetricFamily("overtake_stage_lock_wait_seconds",
                                "Request-seconds spent waiting in the sidecar while the stage's lock was full",
                                labels=["stage"])
-    aged = CounterMetricFamily("overtake_stage_lock_aged", "Requests started ahead of shorter ones after lock_aging",
+    aged = CounterMetricFamily("overtake_stage_lock_aged",
+                               "Requests started ahead of a waiting request predicted shorter, for their wait",
                                labels=["stage"])
     learned = GaugeMetricFamily("overtake_stage_lock_learned",
                                 "1: the stage's lock capacity was learned (lock: auto), 0: configured (lock: m)",

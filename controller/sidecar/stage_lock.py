@@ -17,18 +17,25 @@ side, and may keep them waiting while the lock idles): it decides the other stag
 fills its own free slots (:meth:`StageLock.governs`).
 
 Which waiting request takes a free slot: with a learned-classification ``key`` on the stage's
-routes (``key: [body_size]``), the one with the shortest predicted holding time (shortest job
-first is what minimises the mean wait at a single server: Smith, "Various optimizers for
-single-stage production"), predicted per key as the mean of the last holding times of its
-completed requests (admission to the whole answer), a key not yet seen taken at the stage's
-mean. A request that has waited ``lock_aging`` seconds goes before every request that has not,
-oldest first among them, so a long request is passed over for at most that long (then waits
-only for the aged requests ahead of it). Without a key, oldest first. Within a per-phase
-policy's queue the order applies to the phase the policy starts.
+routes (``key: [body_size]``), the one with the highest response ratio (wait + predicted holding
+time) / predicted holding time, oldest first among equals (Brinch Hansen's "highest response ratio
+next"). A request's prediction is the mean of the last holding times of its key's completed
+requests (admission to the whole answer), a key not yet seen taken at the stage's mean. The ratio
+starts every request at 1 and raises a short one fastest, so the shortest go first, as shortest job
+first does at a single server (Smith, "Various optimizers for single-stage production"), while
+every waiting request's ratio grows without bound, so none is passed over for ever, and a long one
+that has waited many times its own length goes before a short one just arrived. Why not shortest
+first with a fixed waiting bound past which the oldest go first: in a burst every request passes
+the bound together and the lock turns first-come first-served exactly when the order matters
+most. ``lock_aging`` (off unless set) is that bound on top of the ratio: a request that has waited
+``lock_aging`` seconds goes before every request that has not, oldest first among them. Without a
+key, oldest first. Within a per-phase policy's queue the order applies to the phase the policy
+starts.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -60,7 +67,7 @@ class StageLock(LimiterListener):
     """
 
     def __init__(self, names: tuple[str, ...], caps: tuple[int | None, ...], keyed: tuple[bool, ...],
-                 aging: tuple[float, ...], history: int = 64) -> None:
+                 aging: tuple[float | None, ...], history: int = 64) -> None:
         self.names = names
         self.caps = caps
         #: per stage: where its capacity comes from, ``configured`` (``lock: m``), ``learned``
@@ -77,7 +84,8 @@ class StageLock(LimiterListener):
         self.waiting = [0] * len(names)
         #: per stage: request-seconds spent waiting in the sidecar while the lock was full
         self.wait_seconds = [0.0] * len(names)
-        #: per stage: requests started ahead of shorter ones because they had waited lock_aging
+        #: per stage: requests started ahead of a waiting one predicted shorter (their wait raised
+        #: their response ratio, or they had waited lock_aging)
         self.aged = [0] * len(names)
         self._t = 0.0
 
@@ -141,17 +149,25 @@ class StageLock(LimiterListener):
         return t
 
     def pick(self, stage: int, waiting: Iterable[Ticket], now: float) -> Ticket | None:
-        """The module docstring's order: aged first (oldest first), then the shortest predicted,
-        ties and unkeyed stages oldest first."""
+        """The module docstring's order: past ``lock_aging`` first (oldest first), then the highest
+        response ratio, ties and unkeyed stages oldest first."""
+        if not self.keyed[stage]:
+            return min(waiting, key=lambda t: t.seq, default=None)
         limit = self.aging[stage]
         best: Ticket | None = None
         best_rank: tuple[int, float, int] | None = None
+        best_pred = shortest = math.inf
         for t in waiting:
-            aged = now - t.t_arrive >= limit
-            rank = (0, 0.0, t.seq) if aged or not self.keyed[stage] else (1, self.predict(stage, t.route), t.seq)
+            wait = now - t.t_arrive
+            pred = self.predict(stage, t.route)
+            shortest = min(shortest, pred)
+            if limit is not None and wait >= limit:
+                rank = (0, 0.0, t.seq)
+            else:  # nothing learned yet (pred 0): every ratio is infinite and the oldest goes first
+                rank = (1, -math.inf if pred <= 0 else -(wait + pred) / pred, t.seq)
             if best_rank is None or rank < best_rank:
-                best, best_rank = t, rank
-        if best is not None and best_rank is not None and best_rank[0] == 0 and self.keyed[stage]:
+                best, best_rank, best_pred = t, rank, pred
+        if best is not None and best_pred > shortest:
             self.aged[stage] += 1
         return best
 

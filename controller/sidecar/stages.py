@@ -29,10 +29,11 @@ the follow-up's phase when it reserves its thread). Example (``examples/sidecar/
     classifier: {mode: explicit, header: X-Overtake-Phase}
 
 A stage's ``lock: m`` says its requests take a serialising resource (a database write lock):
-at most m of them are in Apache at once, the others wait in the sidecar, shortest predicted
-first (:mod:`overtake.controller.sidecar.stage_lock`). Under ``--cpu-priority class`` with a policy
-that knows no phases, ``class_threshold`` / ``class_quantile`` say which keyed requests start at
-mod_overtake_prio's low level by their predicted size (:mod:`overtake.controller.sidecar.size_class`).
+at most m of them are in Apache at once, the others wait in the sidecar, the highest response
+ratio (wait + predicted) / predicted first (:mod:`overtake.controller.sidecar.stage_lock`).
+Under ``--cpu-priority class`` with a policy that knows no phases, ``class_threshold`` /
+``class_quantile`` say which keyed requests start at mod_overtake_prio's low level by their
+predicted size (:mod:`overtake.controller.sidecar.size_class`).
 
 Validation is eager; every error is one line naming the field, the value and the fix.
 """
@@ -130,10 +131,11 @@ class StageSpec(_Strict):
     cpu_exempt: str | tuple[str, ...] | None = None
     # a serialising resource (a database write lock): at most ``lock`` requests of the stage are
     # inside Apache at once, the others wait in the sidecar (controller.sidecar.stage_lock), where
-    # the shortest predicted go first; one that has waited ``lock_aging`` seconds goes before them
+    # the highest response ratio (wait + predicted) / predicted goes first; with ``lock_aging``
+    # set, one that has waited that many seconds goes before them
     # ``auto``: the online loop's serialisation detector sets it (controller.online.lockwatch)
     lock: int | Literal["auto"] | None = None
-    lock_aging: float = 1.0
+    lock_aging: float | None = None
     # --cpu-priority class where the policy knows no phases: a keyed request whose predicted
     # holding time (its key's learned mean) exceeds the threshold starts at mod_overtake_prio's
     # low level (controller.sidecar.size_class); the threshold is ``class_threshold`` seconds, else
@@ -154,10 +156,12 @@ class StageSpec(_Strict):
 
     @field_validator("lock_aging", mode="before")
     @classmethod
-    def _aging(cls, v: object) -> float:
+    def _aging(cls, v: object) -> float | None:
+        if v is None:
+            return None
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise ValueError("seconds a request waits for the lock before it goes ahead of shorter ones: a number > 0 "
-                             "(e.g. 1.0)")
+            raise ValueError("seconds a request waits for the lock before it goes ahead of every request that has "
+                             "waited less: a number > 0 (e.g. 5.0), or omit it (the response ratio alone orders them)")
         return float(v)
 
     @model_validator(mode="after")

@@ -94,3 +94,19 @@ def test_choose_refuses_bad_input_naming_the_field(kw: dict, field: str) -> None
         class_model.choose(np.full(5, 0.1), np.full(5, 0.1), rate, **args)
     with pytest.raises(ValueError, match="preview_order"):
         class_model.simulate(np.zeros(1), np.zeros(1, int), np.ones(1), np.ones(1), preview_order="lifo")
+
+
+def test_the_response_ratio_sits_between_shortest_first_and_fifo() -> None:
+    """On one lock (views free), the sidecar's order keeps most of shortest-first's mean, serves the
+    same work, and its largest response is below shortest-first's (a long preview's ratio grows)."""
+    rng = np.random.default_rng(6)
+    prev = rng.lognormal(np.log(0.03), 1.5, size=100)
+    rate = 0.8 / prev.mean()
+    art = rng.integers(0, 100, size=20_000)
+    arrival = _poisson(rate, 20_000, 7)
+    got = {o: class_model.simulate(arrival, art, prev, np.full(100, EPS), preview_order=o)
+           for o in ("fifo", "spt", "ratio")}
+    assert got["spt"].mean() < got["ratio"].mean() < got["fifo"].mean()
+    assert got["ratio"].mean() < 0.8 * got["fifo"].mean()
+    assert got["ratio"].max() < got["spt"].max()
+    assert (arrival + got["ratio"]).max() == pytest.approx((arrival + got["fifo"]).max(), rel=1e-9)

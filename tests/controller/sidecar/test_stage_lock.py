@@ -85,7 +85,7 @@ def test_lock_fields_load(tmp_path: Path) -> None:
     t = load_stages(f)
     assert (t.lock(0), t.lock(1)) == (2, None)
     lock = StageLock.from_table(t)
-    assert lock is not None and lock.caps == (2, None) and lock.aging == (0.5, 1.0) and lock.keyed == (False, False)
+    assert lock is not None and lock.caps == (2, None) and lock.aging == (0.5, None) and lock.keyed == (False, False)
     assert StageLock.from_table(_table(lock=None)) is None
 
 
@@ -142,15 +142,32 @@ def _learned(lim: Limiter) -> None:
         lim.lock.learn(0, key, s)
 
 
-def test_shortest_predicted_first() -> None:
+def test_highest_response_ratio_first() -> None:
     clock = Clock()
     lim = _limiter(_table(), clock=clock)
     _learned(lim)
     order, inside = _replay(lim, clock)
-    # A holds the lock; then D (k1), C (k2), E (unseen: the stage's mean, about 0.4 s), B (k3)
+    # A holds the lock. Ratios (wait + predicted) / predicted, the predictions learning each
+    # completion (admission to answer): at 0.5 (A's 0.5 s joins k3: 0.75; the stage's mean 0.4025)
+    # B 1.53, C 4.0, D 21, E 1.25: D; at 0.55 (k1 0.03, mean 0.332) B 1.60, C 4.5, E 1.45: C;
+    # at 0.6 (k2 0.075, mean 0.285) B 1.67, E 1.70: E, then B
     assert order == ["A", "D", "C", "E", "B"]
     assert max(inside) == 1
     assert lim.lock is not None and lim.lock.aged == [0, 0]
+
+
+def test_a_long_wait_goes_before_a_short_newcomer() -> None:
+    """Shortest first would pass the long request over as long as short ones keep coming; its
+    ratio (1 + wait / predicted) overtakes a newcomer's."""
+    lock = StageLock(("s",), (1,), (True,), (None,))
+    lock.learn(0, "long", 1.0)
+    lock.learn(0, "short", 0.01)
+    old, new = Ticket(0, 0, "long", 1, 0.0), Ticket(0, 0, "short", 2, 0.0)
+    new.t_arrive = 1.5
+    # at 1.504: the long one's ratio (1.504 + 1) / 1 = 2.504, the newcomer's (0.004 + 0.01) / 0.01 = 1.4
+    assert lock.pick(0, [old, new], 1.504) is old and lock.aged == [1]
+    # at 1.52 the newcomer's is 3.0, the long one's 2.52
+    assert lock.pick(0, [old, new], 1.52) is new and lock.aged == [1]
 
 
 def test_aging_bounds_the_pass_over() -> None:
@@ -158,10 +175,16 @@ def test_aging_bounds_the_pass_over() -> None:
     lim = _limiter(_table(aging=0.48), clock=clock)
     _learned(lim)
     order, _ = _replay(lim, clock)
-    # at 0.5 nothing has waited 0.48 s: D; at 0.55 B (0.45 s) has not either: C; at 0.6 B has
-    # (0.5 s) and goes before E
+    # at 0.5 nothing has waited 0.48 s: D by its ratio; at 0.55 B (0.45 s) has not either: C; at 0.6
+    # B has (0.5 s) and goes before E, whose ratio was the higher
     assert order == ["A", "D", "C", "B", "E"]
     assert lim.lock is not None and lim.lock.aged[0] == 1
+
+
+def test_nothing_learned_is_oldest_first() -> None:
+    lock = StageLock(("s",), (1,), (True,), (None,))
+    a, b = Ticket(0, 0, "x", 1, 0.0), Ticket(0, 0, "y", 2, 0.1)
+    assert lock.pick(0, [b, a], 0.2) is a and lock.aged == [0]
 
 
 def test_no_key_is_oldest_first() -> None:
