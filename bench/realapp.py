@@ -88,7 +88,10 @@ stage and article size; every arm loads mod_overtake_prio's request-time split, 
 its priority as a meter with ``OvertakePrio Off``, unless --no-split); per run the paired gain of
 every arm over ``default`` with its 95 % CI over the blocks — ``gain`` / ``gain_ci95`` are
 ``overtake``'s —, the model with the lock's prediction against the measured mean per arm
-(``predicted``), and over the runs the spread; ``db_written``: the wiki's SQLite databases the runs
+(``predicted``), the run's own trace replayed in the model of SQLite's locking
+(``predicted_trace``, bench/mediawiki/sqlite_model.py: start-up outside the locks, a writer's commit
+waiting for the running readers, the busy handler's retries; each arm's measured CPU per
+transaction as its demand) for Apache's default and the size-class arms, and over the runs the spread; ``db_written``: the wiki's SQLite databases the runs
 wrote to (none with the bench's settings: a preview's transaction changes nothing). Raw runs go to bench/results/realapp.jsonl unless --no-write (no BENCHMARKS.md section).
 """
 
@@ -113,7 +116,7 @@ from typing import Any
 
 import numpy as np
 from _report import append_run, halt_polling, run_record
-from mediawiki import class_model, lock_model, product, server, split, stats, wiki, workload
+from mediawiki import class_model, lock_model, product, server, split, sqlite_model, stats, wiki, workload
 from mediawiki.pages import Recipe, article_title, draw_units
 
 from overtake.controller.harness import php_fpm
@@ -562,8 +565,8 @@ def render(doc: dict[str, Any]) -> str:
             lines.append("size-class model, predicted gain over default by quantile: " + ", ".join(
                 f"{k} {100 * v['gain']:+.1f} %" for k, v in sized["arms"].items())
                 + f"; the arm demotes above {sized['quantile']:g} ({sized['source']})")
-    lines.append("| run | arm | mean ms | p99 ms | failures | gain over default (CI over blocks) | model ms |")
-    lines.append("|---|---|---:|---:|---:|---:|---:|")
+    lines.append("| run | arm | mean ms | p99 ms | failures | gain over default (CI over blocks) | model ms | trace model ms |")
+    lines.append("|---|---|---:|---:|---:|---:|---:|---:|")
     for k, r in enumerate(doc["runs"]):
         for name, a in r["arms"].items():
             g = r["gains"].get(name)
@@ -571,7 +574,10 @@ def render(doc: dict[str, Any]) -> str:
                 f"{100 * g['gain']:+.1f} ± {100 * (g['ci95'] or math.nan):.1f} % ({g['blocks']} blocks)"
             p = (r.get("predicted") or {}).get(name)
             ps = "-" if p is None else f"{p['predicted'] * 1e3:.1f}"
-            lines.append(f"| {k + 1} | {name} | {a['mean'] * 1e3:.1f} | {a['p99'] * 1e3:.1f} | {a['failures']} | {gs} | {ps} |")
+            pt = (r.get("predicted_trace") or {}).get(name)
+            ts = "-" if pt is None else f"{pt['predicted'] * 1e3:.1f}"
+            lines.append(f"| {k + 1} | {name} | {a['mean'] * 1e3:.1f} | {a['p99'] * 1e3:.1f} | {a['failures']} | {gs} | {ps} "
+                         f"| {ts} |")
     return "\n".join(lines)
 
 
@@ -698,6 +704,32 @@ def predicted_vs_measured(locked: dict[str, Any] | None, arms: dict[str, Any],
     return out
 
 
+def trace_prediction(run: dict[str, Any], b: Bench, rate: float, cal: dict[str, Any]) -> dict[str, Any]:
+    """The run's own trace under SQLite's locking (bench/mediawiki/sqlite_model.py), block by block
+    from an idle server as replayed, per arm that it models (Apache's default and the sidecar's
+    size-class arms): predicted and measured mean, their relative error, and the CPU demand the
+    arm's stack measured per transaction over the idle one, which the prediction uses."""
+    trace = workload.make_trace(b.args.transactions, rate, len(b.idle_preview), run["seed"])
+    idle = float(np.mean(b.idle_preview + b.idle_view))
+    startup = (float(cal["preview"]["intercept_s"]), float(cal["view"]["intercept_s"]))
+    workers = lock_model.WORKERS["fpm"] if b.args.php == "fpm" else None
+    out = {}
+    for name, a in run["arms"].items():
+        spec = ARM_SPECS[name]
+        if spec.module and not spec.size_class or spec.qos or a["transactions"] == 0:
+            continue  # age priority and mod_qos: not in this model
+        q = product.GUIDE_CLASS_QUANTILE if spec.auto else b.class_quantile
+        low = b.idle_view > np.quantile(b.idle_view, q) if spec.size_class and q is not None else None
+        demand = sum(a["cpu_s"].values()) / a["transactions"] / idle
+        rts = [sqlite_model.simulate(trace["arrival"][lo:hi] - trace["arrival"][lo], trace["article"][lo:hi],
+                                     b.idle_preview, b.idle_view, startup=startup, demand=demand, workers=workers,
+                                     gate=spec.sidecar and b.args.preview_lock > 0, low=low)
+               for lo, hi in run["blocks"]]
+        pred = float(np.mean(np.concatenate(rts)))
+        out[name] = {"predicted": pred, "measured": a["mean"], "error": pred / a["mean"] - 1, "demand": demand}
+    return out
+
+
 def size_class_choice(b: Bench, rate: float) -> dict[str, Any]:
     """The size-class model on the calibrated wiki (bench/mediawiki/class_model.py): every
     quantile's predicted mean and gain over the default; sets the sizeclass arm's quantile to
@@ -752,6 +784,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             db_written = wiki.written_since(Path(args.data_dir), before)
             for r in runs:
                 r["predicted"] = predicted_vs_measured(locked, r["arms"], sized)
+                r["predicted_trace"] = trace_prediction(r, b, rate, cal)
         finally:
             os.sched_setaffinity(0, set(cores))
             shutil.rmtree(b.tmp, ignore_errors=True)

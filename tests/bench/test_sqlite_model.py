@@ -1,0 +1,70 @@
+"""bench/mediawiki/sqlite_model.py: the wiki under SQLite's rollback-journal locks, trace-driven."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from support.bench import bench_module
+
+sqlite_model = bench_module("mediawiki.sqlite_model")
+class_model = bench_module("mediawiki.class_model")
+
+
+def _trace(n: int, rate: float, articles: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return np.cumsum(rng.exponential(1 / rate, size=n)), rng.integers(0, articles, size=n)
+
+
+def test_simple_locking_is_the_class_models_capacity_one_lock() -> None:
+    """Two implementations of the same model: no start-up, no readers, handover first come first served."""
+    rng = np.random.default_rng(3)
+    prev, view = rng.lognormal(np.log(0.05), 1.0, 50), rng.lognormal(np.log(0.07), 1.0, 50)
+    arrival, art = _trace(3000, 0.7 / float(np.mean(prev + view)), 50, 4)
+    got = sqlite_model.simulate(arrival, art, prev, view, simple=True)
+    want = class_model.simulate(arrival, art, prev, view)
+    assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
+    low = view > np.quantile(view, 0.9)
+    assert sqlite_model.simulate(arrival, art, prev, view, simple=True, low=low) == pytest.approx(
+        class_model.simulate(arrival, art, prev, view, low=low), rel=1e-9, abs=1e-12)
+
+
+def test_a_transaction_alone_takes_its_demand() -> None:
+    prev, view = np.array([0.05, 0.2]), np.array([0.08, 0.3])
+    rt = sqlite_model.simulate(np.array([0.0, 10.0]), np.array([1, 0]), prev, view, startup=(0.03, 0.04), demand=1.1)
+    assert rt == pytest.approx([1.1 * 0.5, 1.1 * 0.13], rel=1e-12)
+
+
+def test_a_commit_waits_for_the_running_reader_and_the_busy_handler() -> None:
+    """tx0's view (1 s) holds SHARED; tx1's preview locks at 0.02, runs 0.1 s of CPU beside the view
+    (until 0.22), then waits to commit until the view ends (1.11) and the busy handler tries again:
+    from 0.22 after 1, 2, 5, ... ms, then every 100 ms, so at 1.148; its view then runs 10 ms alone."""
+    prev, view = np.array([0.01, 0.1]), np.array([1.0, 0.01])
+    arrival, art = np.array([0.0, 0.02]), np.array([0, 1])
+    full = sqlite_model.simulate(arrival, art, prev, view)
+    assert full == pytest.approx([1.11, 1.158 - 0.02], abs=1e-9)
+    simple = sqlite_model.simulate(arrival, art, prev, view, simple=True)
+    # without readers blocking: tx1 commits at 0.22 and its view shares the core with tx0's until 0.24
+    assert simple == pytest.approx([1.12, 0.24 - 0.02], abs=1e-9)
+
+
+def test_the_sidecar_gate_changes_nothing_when_previews_cost_the_same() -> None:
+    """Equal previews: the response ratio is oldest first, and a preview blocked in PHP uses no CPU."""
+    prev, view = np.full(20, 0.05), np.random.default_rng(5).lognormal(np.log(0.07), 1.0, 20)
+    arrival, art = _trace(2000, 0.6 / float(np.mean(prev + view)), 20, 6)
+    a = sqlite_model.simulate(arrival, art, prev, view, simple=True)
+    b = sqlite_model.simulate(arrival, art, prev, view, simple=True, gate=True)
+    assert a == pytest.approx(b, rel=1e-9, abs=1e-12)
+
+
+def test_php_workers_queue_first_come_first_served() -> None:
+    """One worker: tx1's preview waits for tx0's preview; tx0's view then queues behind it."""
+    prev, view = np.array([0.1, 0.1]), np.array([0.2, 0.2])
+    rt = sqlite_model.simulate(np.array([0.0, 0.05]), np.array([0, 1]), prev, view, workers=1, simple=True)
+    # 0-0.1 tx0 preview; 0.1-0.2 tx1 preview; 0.2-0.4 tx0 view; 0.4-0.6 tx1 view
+    assert rt == pytest.approx([0.4, 0.55], abs=1e-12)
+
+
+@pytest.mark.parametrize(("kw", "field"), [({"demand": 0.0}, "demand"), ({"workers": 0}, "workers")])
+def test_bad_input_names_the_field(kw: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        sqlite_model.simulate(np.array([0.0]), np.array([0]), np.array([0.1]), np.array([0.1]), **kw)
