@@ -63,7 +63,7 @@ priority from the control file), ``age`` (the module alone at the solved thresho
 extension in the pool at the same threshold replaces the module in the age arms, and with
 ``overtake_prio.class_header`` in the class arms), ``sidecar`` (the sidecar in
 auto mode in front of a plain Apache: admission alone; with --view-lock m the sidecar arms also
-hold views to m at a time in Apache, released shortest predicted first by the transaction link), ``modqos`` (mod_qos,
+hold views to m at a time in Apache, released by response ratio, predicted by the transaction link), ``modqos`` (mod_qos,
 ``QS_LocRequestLimitMatch`` of --qos-cap per stage; it rejects beyond the cap) and ``sizeclass``
 (the sidecar with ``--cpu-priority class``: views keyed on the
 transaction link, those predicted above the views' ``class_quantile`` started at nice 19 by
@@ -607,7 +607,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="no request-time split in Apache's log (and no mod_overtake_prio at all in the arms without its priority)")
     ap.add_argument("--view-lock", type=int, default=0,
                     help="the sidecar arms' cap on views in Apache (the view stage's lock, keyed on the "
-                         "transaction link: shortest predicted first); 0: none (default)")
+                         "transaction link: highest response ratio first); 0: none (default)")
     ap.add_argument("--class-quantile", type=float, default=None,
                     help="the sizeclass arm's class_quantile (views predicted above it start at nice 19); "
                          "default: the quantile the size-class model predicts best")

@@ -17,7 +17,7 @@ The stages file is the operator guide's for MediaWiki on SQLite: ``preview`` (``
 /api.php?action=parse``, matched by method, path and query; followed by ``view`` on the same
 connection) keyed on its body size (its cost grows with the wikitext), exempt from demotion
 (``cpu_exempt: unsafe``: a write holds the database lock) and ``lock: 1`` (SQLite takes one
-writer at a time, so the sidecar holds the others and releases the shortest predicted first);
+writer at a time, so the sidecar holds the others and releases the highest response ratio first);
 ``view`` (``GET /wiki/Title`` or ``GET /index.php?title=Title``); other requests pass through.
 """
 
@@ -118,7 +118,7 @@ def stages_yaml(max_inflight: int, max_body_bytes: int, preview_lock: int | None
     """The stages file (module docstring): preview then view, ``auto`` classifier, generous queue
     limits (the bench counts a queue timeout as a failure, it does not want one); ``preview_lock``
     None leaves the lock key out; ``view_lock`` m admits at most m views into Apache at once,
-    released shortest predicted first by the transaction link (a view is keyed on its preview's
+    released highest response ratio first, predicted by the transaction link (a view is keyed on its preview's
     key, whose body size predicts it); ``size_class``: views keyed on the link too, so that
     ``--cpu-priority class`` sends the ones predicted largest at the low level
     (controller.sidecar.size_class), above the views' ``class_quantile`` (None: the sidecar's
