@@ -30,7 +30,7 @@ from overtake.controller.online import OnlineSettings
 from overtake.controller.sidecar.admin import DEFAULT_ADMIN_LISTEN
 from overtake.controller.sidecar.options import SidecarOptions
 from overtake.controller.sidecar.policies import MAX_ARRAY_BYTES, MAX_INFLATED_BYTES, MAX_POLICY_BYTES
-from overtake.controller.sidecar.verify import VerifySettings
+from overtake.controller.sidecar.verify_settings import VerifySettings
 from overtake.controller.uplink.bands import TOP_FRACTION
 
 __all__ = ["OnlineConfig", "SidecarConfig", "VerifyConfig", "load_config", "to_options"]
