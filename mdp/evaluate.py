@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
 
-from .anderson import AndersonMixer
+from .anderson import AndersonMixer, StallRestart
 from .errors import SolverError
 from .lock import Locks
 from .model import TandemModel
@@ -226,20 +226,14 @@ def _gauss_seidel_law(Pc: sp.csc_matrix, pi: FloatArray) -> tuple[FloatArray, bo
     diag = Pc.diagonal()
     off_ptr, off_idx, off_val = _off_diagonal(Pc)
     mixer = AndersonMixer(n, _AA_MEMORY)
-    best, stale = np.inf, 0
+    stall = StallRestart(mixer, 4 * _AA_MEMORY)
     for _ in range(_GS_ROUNDS):
         y = _kernels.gauss_seidel(off_ptr, off_idx, off_val, diag, pi.copy(), _GS_SWEEPS)
         p = y / y.sum()
         resid = float(np.abs(PT @ p - p).max() / p.max())
         if resid < 1e-12:
             return y, True
-        if resid < best:
-            best, stale = resid, 0
-        else:
-            stale += 1
-        if stale > 4 * _AA_MEMORY:
-            mixer.reset()
-            best, stale = resid, 0
+        stall.observe(resid)
         pi = mixer.step(pi, y - pi)
         pi /= pi[0]
     return pi, False
