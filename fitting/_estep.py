@@ -154,13 +154,11 @@ def estep_reference(
     p = alpha.size
     t = -T.sum(axis=1)
     one = np.ones(p)
-    Bs = np.zeros(p)
-    Hs = np.zeros((p, p))
-    Es = np.zeros(p)
-    ll = 0.0
+    acc = _ReferenceSums(p)
     inv = np.linalg.inv(-T)
 
     def block(x: float, v: FloatArray) -> tuple[FloatArray, FloatArray, FloatArray]:
+        # Van Loan: the upper right block of exp([[T, v α], [0, T]] x) is ∫₀ˣ e^{Ts} v α e^{T(x−s)} ds
         M = np.zeros((2 * p, 2 * p))
         M[:p, :p] = T
         M[:p, p:] = np.outer(v, alpha)
@@ -170,37 +168,46 @@ def estep_reference(
         return eT, E[:p, p:], alpha @ eT
 
     g = obs.grid
-    for i, w in zip(obs.point_idx, obs.point_w):
-        x = g[i]
-        eT, H, a = block(x, t)
-        f = a @ t
-        ll += w * np.log(f)
-        Bs += w / f * alpha * (eT @ t)
-        Hs += w / f * H
-        Es += w / f * t * a
-    futures = np.zeros(p)
-    for i, w in zip(obs.cens_idx, obs.cens_w):
-        x = g[i]
-        eT, H, a = block(x, one)
-        S = a @ one
-        ll += w * np.log(S)
-        Bs += w / S * alpha * (eT @ one)
-        Hs += w / S * H
-        futures += w / S * (a @ inv)
-    for lo, hi, w in zip(obs.lo_idx, obs.hi_idx, obs.int_w):
+    for i, w in zip(obs.point_idx, obs.point_w):  # exact: the density α e^{Tx} t
+        eT, H, a = block(g[i], t)
+        acc.add(w, float(a @ t), alpha, eT @ t, H)
+        acc.Es += w / (a @ t) * t * a
+    for i, w in zip(obs.cens_idx, obs.cens_w):  # censored: the survival α e^{Tx} 1
+        eT, H, a = block(g[i], one)
+        acc.add(w, float(a @ one), alpha, eT @ one, H)
+        acc.futures += w / (a @ one) * (a @ inv)
+    for lo, hi, w in zip(obs.lo_idx, obs.hi_idx, obs.int_w):  # binned: the survivals' difference
         eTl, Hl, al = block(g[lo], one)
-        if hi >= 0:
-            eTu, Hu, au = block(g[hi], one)
-        else:
-            eTu, Hu, au = np.zeros((p, p)), np.zeros((p, p)), np.zeros(p)
+        eTu, Hu, au = block(g[hi], one) if hi >= 0 else (np.zeros((p, p)), np.zeros((p, p)), np.zeros(p))
         P = al @ one - au @ one
-        ll += w * np.log(P)
-        c = w / P
-        Bs += c * alpha * ((eTl - eTu) @ one)
-        Hs += c * (Hl - Hu)
-        futures += c * ((al - au) @ inv)
-    Z = np.diag(Hs) + futures
-    N = T * (Hs.T + futures[:, None])
-    np.fill_diagonal(N, 0.0)
-    E = Es + t * futures
-    return ll, Bs, Z, N, E
+        acc.add(w, float(P), alpha, (eTl - eTu) @ one, Hl - Hu)
+        acc.futures += w / P * ((al - au) @ inv)
+    return acc.result(T, t)
+
+
+class _ReferenceSums:
+    """The reference E-step's sums over the records: log-likelihood, initial-phase weights B, the
+    Van Loan blocks' sum H, exit weights E and the expected time still to come (censored and
+    binned records)."""
+
+    def __init__(self, p: int) -> None:
+        self.ll = 0.0
+        self.Bs = np.zeros(p)
+        self.Hs = np.zeros((p, p))
+        self.Es = np.zeros(p)
+        self.futures = np.zeros(p)
+
+    def add(self, w: float, like: float, alpha: FloatArray, surv: FloatArray, H: FloatArray) -> None:
+        """One record of weight ``w`` and likelihood ``like``: its terms, each over ``like``
+        (``surv``: e^{Tx} applied to the record's end vector)."""
+        self.ll += w * np.log(like)
+        self.Bs += w / like * alpha * surv
+        self.Hs += w / like * H
+
+    def result(self, T: FloatArray, t: FloatArray) -> tuple[float, FloatArray, FloatArray, FloatArray, FloatArray]:
+        """``(loglik, B, Z, N, E)`` from the sums."""
+        Z = np.diag(self.Hs) + self.futures
+        N = T * (self.Hs.T + self.futures[:, None])
+        np.fill_diagonal(N, 0.0)
+        E = self.Es + t * self.futures
+        return self.ll, self.Bs, Z, N, E

@@ -142,6 +142,43 @@ def _array(name: str, v: npt.ArrayLike) -> FloatArray:
     return a
 
 
+def _durations(x: npt.ArrayLike) -> FloatArray:
+    """The durations as floats, each finite and > 0 (the first bad one named)."""
+    xa = _array("x", x)
+    if xa.size == 0:
+        raise DataError("x must contain at least 2 samples, got 0")
+    bad = np.flatnonzero(~np.isfinite(xa))
+    if bad.size:
+        raise DataError(f"x[{bad[0]}] must be finite, got {xa[bad[0]]} (drop NaN/inf before fitting)")
+    bad = np.flatnonzero(xa <= 0)
+    if bad.size:
+        raise DataError(f"x[{bad[0]}] must be > 0 seconds, got {xa[bad[0]]}")
+    return xa
+
+
+def _weights(weights: npt.ArrayLike, n: int) -> FloatArray:
+    """The multiplicities: one per duration, each finite and >= 0."""
+    w = _array("weights", weights)
+    if w.shape != (n,):
+        raise DataError(f"weights must have the length of x ({n}), got {w.size}")
+    bad = np.flatnonzero(~np.isfinite(w) | (w < 0))
+    if bad.size:
+        raise DataError(f"weights[{bad[0]}] must be finite and >= 0, got {w[bad[0]]}")
+    return w
+
+
+def _censor_flags(censored: npt.ArrayLike, shape: tuple[int, ...]) -> npt.NDArray[np.bool_]:
+    """The censoring flags as booleans (0/1 accepted), one per duration."""
+    c = np.asarray(censored)
+    if c.shape != shape:
+        raise DataError(f"censored must have the length of x ({shape[0]}), got shape {c.shape}")
+    if c.dtype != bool:
+        if not np.isin(c, [0, 1]).all():
+            raise DataError("censored must be booleans (True where the request was cut off)")
+        c = c.astype(bool)
+    return c
+
+
 def samples(x: npt.ArrayLike, *, weights: npt.ArrayLike | None = None,
             censored: npt.ArrayLike | None = None) -> Observations:
     """Validate exact (optionally weighted, optionally right-censored) durations.
@@ -160,34 +197,9 @@ def samples(x: npt.ArrayLike, *, weights: npt.ArrayLike | None = None,
     DataError
         Empty input, NaN/inf, values <= 0, fewer than two distinct exact values, or bad weights.
     """
-    xa = _array("x", x)
-    if xa.size == 0:
-        raise DataError("x must contain at least 2 samples, got 0")
-    bad = np.flatnonzero(~np.isfinite(xa))
-    if bad.size:
-        raise DataError(f"x[{bad[0]}] must be finite, got {xa[bad[0]]} (drop NaN/inf before fitting)")
-    bad = np.flatnonzero(xa <= 0)
-    if bad.size:
-        raise DataError(f"x[{bad[0]}] must be > 0 seconds, got {xa[bad[0]]}")
-    if weights is None:
-        w = np.ones(xa.size)
-    else:
-        w = _array("weights", weights)
-        if w.shape != xa.shape:
-            raise DataError(f"weights must have the length of x ({xa.size}), got {w.size}")
-        bad = np.flatnonzero(~np.isfinite(w) | (w < 0))
-        if bad.size:
-            raise DataError(f"weights[{bad[0]}] must be finite and >= 0, got {w[bad[0]]}")
-    if censored is None:
-        c = np.zeros(xa.size, dtype=bool)
-    else:
-        c = np.asarray(censored)
-        if c.shape != xa.shape:
-            raise DataError(f"censored must have the length of x ({xa.size}), got shape {c.shape}")
-        if c.dtype != bool:
-            if not np.isin(c, [0, 1]).all():
-                raise DataError("censored must be booleans (True where the request was cut off)")
-            c = c.astype(bool)
+    xa = _durations(x)
+    w = np.ones(xa.size) if weights is None else _weights(weights, xa.size)
+    c = np.zeros(xa.size, dtype=bool) if censored is None else _censor_flags(censored, xa.shape)
     keep = w > 0
     xa, w, c = xa[keep], w[keep], c[keep]
     exact = ~c

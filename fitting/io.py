@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import csv
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,47 +98,65 @@ def read_durations(path: str | Path, *, column: str | int | None = None, scale: 
     p = Path(path)
     with p.open(newline="") as fh:
         if column is None:
-            out = []
-            for lineno, line in enumerate(fh, start=1):
-                s = line.strip()
-                if not s or s.startswith("#"):
-                    continue
-                try:
-                    out.append(float(s))
-                except ValueError:
-                    hint = " (a CSV? choose the column with --column)" if "," in s or lineno == 1 else ""
-                    raise LogFormatError(f"{p}:{lineno}: not a number: {s[:60]!r}{hint}") from None
-            return np.asarray(out, dtype=np.float64) * scale
+            return np.asarray(_plain_values(fh, p), dtype=np.float64) * scale
         reader = csv.reader(fh)
         try:
             header = next(reader)
         except StopIteration:
             return np.zeros(0)
-        index = isinstance(column, str) and column.isascii() and column.isdigit()  # not '²' or '٣'
-        if isinstance(column, int) or (index and column not in header):
-            idx = int(column)
-            rows: Iterable[list[str]] = reader
-            if idx >= len(header):
-                raise LogFormatError(f"{p}: column index {idx} out of range (the file has {len(header)} columns)")
-            try:
-                float(header[idx])
-                rows = [header, *reader]  # no header row
-            except ValueError:
-                pass
-        else:
-            if column not in header:
-                raise LogFormatError(f"{p}: no column {column!r}; the header has {header}")
-            idx = header.index(column)
-            rows = reader
-        vals = []
-        for lineno, row in enumerate(rows, start=2):
-            if not row or idx >= len(row) or not row[idx].strip():
-                continue
-            try:
-                vals.append(float(row[idx]))
-            except ValueError:
-                raise LogFormatError(f"{p}:{lineno}: column {column!r} is not a number: {row[idx][:60]!r}") from None
-        return np.asarray(vals, dtype=np.float64) * scale
+        idx, rows = _csv_column(p, header, reader, column)
+        return np.asarray(_column_values(p, rows, idx, column), dtype=np.float64) * scale
+
+
+def _plain_values(fh: Iterable[str], p: Path) -> list[float]:
+    """One number per line, blank lines and ``#`` comments skipped; a line that is not a number
+    names the file and line (with a hint when the file looks like a CSV)."""
+    out = []
+    for lineno, line in enumerate(fh, start=1):
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        try:
+            out.append(float(s))
+        except ValueError:
+            hint = " (a CSV? choose the column with --column)" if "," in s or lineno == 1 else ""
+            raise LogFormatError(f"{p}:{lineno}: not a number: {s[:60]!r}{hint}") from None
+    return out
+
+
+def _csv_column(p: Path, header: list[str], reader: Iterator[list[str]],
+                column: str | int) -> tuple[int, Iterable[list[str]]]:
+    """The column's index and the data rows: a name from the header, or a 0-based index (then a
+    first row that is numeric is data, not a header)."""
+    index = isinstance(column, str) and column.isascii() and column.isdigit()  # not '²' or '٣'
+    if isinstance(column, int) or (index and column not in header):
+        idx = int(column)
+        rows: Iterable[list[str]] = reader
+        if idx >= len(header):
+            raise LogFormatError(f"{p}: column index {idx} out of range (the file has {len(header)} columns)")
+        try:
+            float(header[idx])
+            rows = [header, *reader]  # no header row
+        except ValueError:
+            pass
+        return idx, rows
+    if column not in header:
+        raise LogFormatError(f"{p}: no column {column!r}; the header has {header}")
+    return header.index(column), reader
+
+
+def _column_values(p: Path, rows: Iterable[list[str]], idx: int, column: str | int) -> list[float]:
+    """The column's numbers, rows without a value there skipped; a value that is not a number
+    names the file and line."""
+    vals = []
+    for lineno, row in enumerate(rows, start=2):
+        if not row or idx >= len(row) or not row[idx].strip():
+            continue
+        try:
+            vals.append(float(row[idx]))
+        except ValueError:
+            raise LogFormatError(f"{p}:{lineno}: column {column!r} is not a number: {row[idx][:60]!r}") from None
+    return vals
 
 
 @dataclass(frozen=True)

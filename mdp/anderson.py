@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 FloatArray = npt.NDArray[np.float64]
 
-__all__ = ["AndersonMixer"]
+__all__ = ["AndersonMixer", "StallRestart"]
 
 #: From this size on the two passes run compiled (numba is imported then; smaller problems stay
 #: numpy so a small scenario never loads it — bellman.KERNEL_MIN_STATES, the same threshold).
@@ -126,3 +126,30 @@ class AndersonMixer:
         else:
             _kernels.anderson_mix(x, f, self._dxf, gamma, out)
         return out
+
+
+class StallRestart:
+    """Drops a mixer's history once the iteration's error has not improved for more than
+    ``patience`` steps: old differences can mislead (after a policy switch in value iteration, or
+    a slow mode the history no longer describes), and a fresh history recovers the speed."""
+
+    def __init__(self, mixer: AndersonMixer, patience: int) -> None:
+        self.mixer, self.patience = mixer, patience
+        self.best, self.stale = np.inf, 0
+
+    def observe(self, error: float) -> None:
+        """The error of the latest iterate; restarts the history after ``patience`` steps without
+        a new best."""
+        if error < self.best:
+            self.best, self.stale = error, 0
+        else:
+            self.stale += 1
+        if self.stale > self.patience:
+            self.mixer.reset()
+            self.best, self.stale = error, 0
+
+    def restart(self) -> None:
+        """Drop the history now and forget the best error (the iteration resumes from an earlier
+        iterate)."""
+        self.mixer.reset()
+        self.best, self.stale = np.inf, 0

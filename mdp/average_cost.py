@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
 
-from .anderson import AndersonMixer
+from .anderson import AndersonMixer, StallRestart
 from .bellman import KERNEL_MIN_STATES, ActionIndex
 from .errors import SolverError
 from .evaluate import sparse_solver
@@ -284,7 +284,7 @@ def anderson_rvi(
     res: list[FloatArray] = [np.empty(0)]
     step = _anderson_step(space, ai, cost, TV, res)
 
-    best, stale = np.inf, 0
+    stall = StallRestart(mixer, 4 * memory)  # the history stopped helping (e.g. after a policy switch)
     lo = hi = 0.0
     converged = False
     it = 0
@@ -296,9 +296,8 @@ def anderson_rvi(
             # pass the test below): drop the history, go on from the last good iterate
             if V is last:
                 raise SolverError("anderson: the Bellman step is not finite; check the model's rates")
-            mixer.reset()
+            stall.restart()
             V = last
-            best, stale = np.inf, 0
             continue
         last = V
         if hi - lo <= tol * max(abs(hi), 1e-12):
@@ -306,13 +305,7 @@ def anderson_rvi(
             break
         if progress and it % 100 == 0:
             progress(f"anderson step {it}: g in [{lo * space.rate:.6g}, {hi * space.rate:.6g}]")
-        if hi - lo < best:
-            best, stale = hi - lo, 0
-        else:
-            stale += 1
-        if stale > 4 * memory:  # the history stopped helping (e.g. after a policy switch)
-            mixer.reset()
-            best, stale = hi - lo, 0
+        stall.observe(hi - lo)
         V = mixer.step(V, res[0])
         V -= V[0]
     _, decision = _minimize(ai, V)

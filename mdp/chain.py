@@ -231,6 +231,33 @@ def _build_compiled(model: TandemModel, layout: Layout, rule: Rule, C: int, k_ma
     lam_u = uniformization_rate(model, k_max)
     ev_src, ev_move, ev_f = event_tables(model, layout)
     per_thread, weights = share_tables(model, k_max)
+    sp_ptr, coords, probs = _spawn_tables(layout)
+    b = _BfsBuffers(1 << 12, L, ev_src.size)
+    b.keys[0] = ranker.rank(b.rows[:1])[0]
+    st = np.array([1, 0, 0, 1], dtype=np.int64)  # one state (the empty system), rebuild the table
+    while True:
+        status = _kernels.chain_bfs(st, b.rows, b.keys, b.level, b.ht, b.t_src, b.t_dst, b.t_rate, ranker.counts, C,
+                                    k_max, max_states, ev_src, ev_move, ev_f, per_thread, weights,
+                                    model.weights is not None, sp_ptr, coords, probs, layout.deterministic, kind, *rargs)
+        if status == 0:
+            break
+        if status == 2:
+            raise TruncationError(f"the chain exceeds {max_states} states at max_requests = {C}; lower the truncation")
+        b.grow(int(st[0]), int(st[1]))
+        st[3] = 1
+    rows, keys, level, t_src, t_dst, t_rate = b.rows, b.keys, b.level, b.t_src, b.t_dst, b.t_rate
+    n, nt = int(st[0]), int(st[1])
+    # the numpy search's order: level after level, each level by rank
+    order = np.lexsort((keys[:n], level[:n]))
+    inv = np.empty(n, dtype=np.int64)
+    inv[order] = np.arange(n, dtype=np.int64)
+    return _uniformized(rows[order], inv[t_src[:nt]], inv[t_dst[:nt]], t_rate[:nt].copy(), lam_u, layout, C)
+
+
+def _spawn_tables(layout: Layout) -> tuple[IntArray, IntArray, FloatArray]:
+    """Per queue, the coordinates a started thread may take and their probabilities, as CSR-like
+    arrays (pointer per queue, coordinates, probabilities) for the compiled search."""
+    Q = layout.n_queues
     sp_ptr = np.zeros(Q + 1, dtype=np.int64)
     sp_coord: list[int] = []
     sp_prob: list[float] = []
@@ -239,45 +266,37 @@ def _build_compiled(model: TandemModel, layout: Layout, rule: Rule, C: int, k_ma
             sp_coord.append(d)
             sp_prob.append(p)
         sp_ptr[q + 1] = len(sp_coord)
-    coords = np.array(sp_coord, dtype=np.int64)
-    probs = np.array(sp_prob, dtype=np.float64)
-    n_cap = 1 << 12
-    rows = np.zeros((n_cap, L), dtype=np.int64)
-    keys = np.zeros(n_cap, dtype=np.int64)
-    keys[0] = ranker.rank(rows[:1])[0]
-    level = np.zeros(n_cap, dtype=np.int64)
-    t_cap = n_cap * (ev_src.size + 1)
-    t_src = np.empty(t_cap, dtype=np.int64)
-    t_dst = np.empty(t_cap, dtype=np.int64)
-    t_rate = np.empty(t_cap, dtype=np.float64)
-    ht = np.empty((2 * n_cap, 2), dtype=np.int64)
-    st = np.array([1, 0, 0, 1], dtype=np.int64)  # one state (the empty system), rebuild the table
-    while True:
-        status = _kernels.chain_bfs(st, rows, keys, level, ht, t_src, t_dst, t_rate, ranker.counts, C, k_max, max_states,
-                                    ev_src, ev_move, ev_f, per_thread, weights, model.weights is not None, sp_ptr,
-                                    coords, probs, layout.deterministic, kind, *rargs)
-        if status == 0:
-            break
-        if status == 2:
-            raise TruncationError(f"the chain exceeds {max_states} states at max_requests = {C}; lower the truncation")
-        # a buffer filled: the more-than-half-used ones (both if neither) four times larger; the
-        # search resumes with the state whose expansion did not fit
-        n, nt = int(st[0]), int(st[1])
-        grow_rows, grow_t = 2 * n > rows.shape[0], 2 * nt > t_src.size
+    return sp_ptr, np.array(sp_coord, dtype=np.int64), np.array(sp_prob, dtype=np.float64)
+
+
+class _BfsBuffers:
+    """The compiled search's buffers: states (rows, rank keys, BFS level, hash table) and
+    transitions (source, destination, rate), grown when the search reports one full."""
+
+    def __init__(self, n_cap: int, width: int, n_events: int) -> None:
+        self.rows = np.zeros((n_cap, width), dtype=np.int64)
+        self.keys = np.zeros(n_cap, dtype=np.int64)
+        self.level = np.zeros(n_cap, dtype=np.int64)
+        t_cap = n_cap * (n_events + 1)
+        self.t_src = np.empty(t_cap, dtype=np.int64)
+        self.t_dst = np.empty(t_cap, dtype=np.int64)
+        self.t_rate = np.empty(t_cap, dtype=np.float64)
+        self.ht = np.empty((2 * n_cap, 2), dtype=np.int64)
+
+    def grow(self, n: int, nt: int) -> None:
+        """A buffer filled with ``n`` states and ``nt`` transitions: the more-than-half-used ones
+        (both if neither) four times larger; the search resumes with the state whose expansion
+        did not fit."""
+        grow_rows, grow_t = 2 * n > self.rows.shape[0], 2 * nt > self.t_src.size
         if grow_rows or not grow_t:
-            n_cap = 4 * rows.shape[0]
-            rows, keys, level = _grown(rows, n, n_cap), _grown(keys, n, n_cap), _grown(level, n, n_cap)
-            ht = np.empty((2 * n_cap, 2), dtype=np.int64)
+            n_cap = 4 * self.rows.shape[0]
+            self.rows, self.keys = _grown(self.rows, n, n_cap), _grown(self.keys, n, n_cap)
+            self.level = _grown(self.level, n, n_cap)
+            self.ht = np.empty((2 * n_cap, 2), dtype=np.int64)
         if grow_t or not grow_rows:
-            t_cap = 4 * t_src.size
-            t_src, t_dst, t_rate = _grown(t_src, nt, t_cap), _grown(t_dst, nt, t_cap), _grown(t_rate, nt, t_cap)
-        st[3] = 1
-    n, nt = int(st[0]), int(st[1])
-    # the numpy search's order: level after level, each level by rank
-    order = np.lexsort((keys[:n], level[:n]))
-    inv = np.empty(n, dtype=np.int64)
-    inv[order] = np.arange(n, dtype=np.int64)
-    return _uniformized(rows[order], inv[t_src[:nt]], inv[t_dst[:nt]], t_rate[:nt].copy(), lam_u, layout, C)
+            t_cap = 4 * self.t_src.size
+            self.t_src, self.t_dst = _grown(self.t_src, nt, t_cap), _grown(self.t_dst, nt, t_cap)
+            self.t_rate = _grown(self.t_rate, nt, t_cap)
 
 
 def _grown(a: npt.NDArray[Any], used: int, size: int) -> npt.NDArray[Any]:

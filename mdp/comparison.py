@@ -82,11 +82,7 @@ def compare(
     if model.coupled and phase_info in ("none", "route"):
         raise ModelError(f"routing: coupled stages are compared with phase_info full or start (the observation "
                          f"solves draw each stage's start phase independently); got phase_info {phase_info!r}")
-    names = default_baselines(model.n_stages)
-    for p in policies:
-        b = Baseline.parse(p, model.n_stages).name
-        if b not in names:
-            names.append(b)
+    names = _baseline_names(model, policies)
     # observed.py (scipy's iterative solvers, the heuristic's kernels) only when it is used
     if phase_info in ("none", "route") or (optimum is not None and not isinstance(optimum, Optimum)):
         return _compare_observed(model, names, phase_info, routes, tol, truncation, progress, optimum, t0)
@@ -98,6 +94,31 @@ def compare(
         start_opt = solve_mdp(model, phase_info="start", truncation=truncation, tol=tol, method=method,
                               progress=progress, max_states=max_states)
         out["policies"]["pi*(phase at start)"] = start_opt.metrics.to_dict()
+    star = _add_baselines(out["policies"], model, opt, names, tol, truncation, progress)
+    out["policies"]["pi*"] = star.to_dict()
+    _summary(out, model, opt, star.mean_response_time)
+    if start_opt is not None:
+        out["phase_at_start"] = {"states": start_opt.solve.space.size, "iterations": start_opt.sweeps,
+                                 "truncation": {"max_requests": start_opt.truncation.max_requests,
+                                                "max_threads": start_opt.truncation.k_max}}
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def _baseline_names(model: TandemModel, policies: Sequence[str]) -> list[str]:
+    """The default baselines, then the caller's (each checked against the stage count) not among them."""
+    names = default_baselines(model.n_stages)
+    for p in policies:
+        b = Baseline.parse(p, model.n_stages).name
+        if b not in names:
+            names.append(b)
+    return names
+
+
+def _add_baselines(table: dict[str, Any], model: TandemModel, opt: Optimum, names: list[str], tol: float,
+                   truncation: Truncation | None, progress: Progress | None) -> PolicyMetrics:
+    """Evaluate each baseline into ``table``; returns π*'s metrics, moved to a common cap with any
+    baseline that seems to beat it."""
     star = opt.metrics
     for name in names:
         ev = evaluate_baseline(model, name, tol=tol, progress=progress)
@@ -107,16 +128,8 @@ def compare(
             # optimum (exponential stages: π* = π(1)) the caps' residues decide the sign. Compare
             # the two on one cap, the larger of theirs.
             star, base = _on_common_cap(model, opt, name, star, base)
-        out["policies"][ev.name] = base.to_dict()
-    out["policies"]["pi*"] = star.to_dict()
-    ew_star = star.mean_response_time
-    _summary(out, model, opt, ew_star)
-    if start_opt is not None:
-        out["phase_at_start"] = {"states": start_opt.solve.space.size, "iterations": start_opt.sweeps,
-                                 "truncation": {"max_requests": start_opt.truncation.max_requests,
-                                                "max_threads": start_opt.truncation.k_max}}
-    out["seconds"] = time.perf_counter() - t0
-    return out
+        table[ev.name] = base.to_dict()
+    return star
 
 
 def _compare_observed(

@@ -259,46 +259,61 @@ def solve_constrained(
     t0 = time.perf_counter()
     if constraints.empty:
         raise ConstraintError("give --max-mean-threads and/or --stage-sla for a constrained solve")
-    trace: list[dict[str, Any]] = []
-
-    def run(tr: Truncation) -> tuple[LPResult, LPResult]:
-        n = count_states(model, tr, phase_info)
-        if n > max_states:
-            raise TruncationError(
-                f"the constrained LP needs more than {max_states} states (cap {tr.max_requests}, "
-                f"{tr.k_max} threads: {n}); set truncation: {{max_requests, max_threads}} in the "
-                "scenario or raise tolerance"
-            )
-        space = StateSpace(model, tr, phase_info)
-        lp, free = solve_constrained_on(space, constraints)
-        trace.append({"max_requests": tr.max_requests, "max_threads": tr.k_max, "states": space.size,
-                      "objective": lp.objective, "mean_response_time": lp.metrics.mean_response_time,
-                      "blocking_probability": lp.metrics.blocking_probability,
-                      "lp_seconds": lp.solve_seconds + free.solve_seconds})
-        if progress:
-            progress(f"constrained LP: cap {tr.max_requests}, threads {tr.k_max}: {space.size} states, "
-                     f"E[W] = {lp.metrics.mean_response_time:.6g} ({lp.solve_seconds:.1f} s)")
-        return lp, free
-
+    runs = _LPRuns(model, constraints, phase_info, max_states, progress)
     if truncation is not None:
-        lp, free = run(truncation)
+        lp, free = runs.run(truncation)
         tr = truncation
     else:
         model.check_stable(None)
-        tr = start or Truncation(10, min(3 + model.cores - 1, 10))
-        lp, free = run(tr)
+        tr, lp, free = runs.grow(start or Truncation(10, min(3 + model.cores - 1, 10)), tol)
+    pol = _artifact(lp, constraints)
+    return ConstrainedOptimum(constraints, lp, free, tr, pol, runs.trace, time.perf_counter() - t0)
+
+
+class _LPRuns:
+    """The constrained LP solved on one truncation after another, each recorded in the trace."""
+
+    def __init__(self, model: TandemModel, constraints: Constraints, phase_info: PhaseInfo, max_states: int,
+                 progress: Progress | None) -> None:
+        self.model, self.constraints, self.phase_info = model, constraints, phase_info
+        self.max_states, self.progress = max_states, progress
+        self.trace: list[dict[str, Any]] = []
+
+    def run(self, tr: Truncation) -> tuple[LPResult, LPResult]:
+        """The constrained and the free LP on ``tr``; refused beyond ``max_states`` (an LP that size
+        would not finish)."""
+        n = count_states(self.model, tr, self.phase_info)
+        if n > self.max_states:
+            raise TruncationError(
+                f"the constrained LP needs more than {self.max_states} states (cap {tr.max_requests}, "
+                f"{tr.k_max} threads: {n}); set truncation: {{max_requests, max_threads}} in the "
+                "scenario or raise tolerance"
+            )
+        space = StateSpace(self.model, tr, self.phase_info)
+        lp, free = solve_constrained_on(space, self.constraints)
+        self.trace.append({"max_requests": tr.max_requests, "max_threads": tr.k_max, "states": space.size,
+                           "objective": lp.objective, "mean_response_time": lp.metrics.mean_response_time,
+                           "blocking_probability": lp.metrics.blocking_probability,
+                           "lp_seconds": lp.solve_seconds + free.solve_seconds})
+        if self.progress:
+            self.progress(f"constrained LP: cap {tr.max_requests}, threads {tr.k_max}: {space.size} states, "
+                          f"E[W] = {lp.metrics.mean_response_time:.6g} ({lp.solve_seconds:.1f} s)")
+        return lp, free
+
+    def grow(self, tr: Truncation, tol: float) -> tuple[Truncation, LPResult, LPResult]:
+        """Auto-truncation from ``tr``: one more thread while it lowers the objective by ``tol`` or
+        more (relative), then the request cap grows until E[W] changes by less than ``tol``."""
+        lp, free = self.run(tr)
         while True:
             trK = Truncation(tr.max_requests, tr.k_max + 1)
             if trK.k_max > tr.k_max:
-                lpK, freeK = run(trK)
+                lpK, freeK = self.run(trK)
                 if lp.objective - lpK.objective >= tol * lp.objective:
                     tr, lp, free = trK, lpK, freeK
                     continue
             tr2 = Truncation(next_evaluation_cap(tr.max_requests), tr.k_max)
-            lp2, free2 = run(tr2)
+            lp2, free2 = self.run(tr2)
             change = relative_change(lp2.metrics.mean_response_time, lp.metrics.mean_response_time)
             tr, lp, free = tr2, lp2, free2
             if change < tol:
-                break
-    pol = _artifact(lp, constraints)
-    return ConstrainedOptimum(constraints, lp, free, tr, pol, trace, time.perf_counter() - t0)
+                return tr, lp, free

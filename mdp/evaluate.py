@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
 
-from .anderson import AndersonMixer
+from .anderson import AndersonMixer, StallRestart
 from .errors import SolverError
 from .lock import Locks
 from .model import TandemModel
@@ -140,81 +140,116 @@ def stationary_distribution(
     P, any scale) starts the iterative solve of large chains, e.g. a similar policy's law mapped
     onto these states; the answer meets the same residual test either way.
     """
-    reach = reachable(P, start)
-    # a chain built breadth-first from the empty system is reachable as a whole: no copy then
-    Psub = P.tocsr() if reach.size == P.shape[0] else P[reach][:, reach].tocsr()
+    reach, Psub = _closed_subchain(P, start)
     n = reach.size
-    if np.any(np.abs(np.asarray(Psub.sum(axis=1)).ravel() - 1.0) > 1e-9):
-        raise SolverError("the states reachable from the empty system are not closed under the policy")
     # Gauss–Seidel (below) needs the compiled kernels; once a large solve has loaded them it beats
     # a sparse LU (which fills in on these chains) and a dense one from _GS_FROM states on, while a
     # small scenario keeps numba unloaded.
     direct_limit = min(_GS_FROM, _DENSE_LIMIT) if "overtake.mdp._kernels" in sys.modules else _DIRECT_LIMIT
-    if n <= direct_limit:
-        # small chains: one LU of the reduced system π₋₀(I − P)₋₀ = P(0, ·)₋₀ with π(0) = 1, dense
-        # (LAPACK, no solver imports) up to _DENSE_LIMIT states, sparse (SuperLU) above
-        A = (sp.identity(n, format="csr") - Psub).T.tocsc()
-        rhs = Psub[0, 1:].toarray().ravel()
-        if n <= _DENSE_LIMIT:
-            rest = np.linalg.solve(A[1:, 1:].toarray(), rhs)
-        else:
-            rest = solve_sparse(A[1:, 1:], rhs)
-        pi = np.concatenate([[1.0], rest])
-        p = pi / pi.sum()
-        resid = float(np.abs(Psub.T @ p - p).max() / p.max())
-        if resid < 1e-12:
-            return reach, np.clip(p, 0.0, None) / np.clip(p, 0.0, None).sum()
-    from . import _kernels  # numba: imported (and its cache loaded) only for large chains
-
-    # Gauss–Seidel on π_j(1 − P_jj) = Σ_{i≠j} π_i P_ij with π(0) held at 1, four sweeps a step,
-    # Anderson-accelerated (anderson.py): level-ordered states make plain Gauss–Seidel converge in
-    # a few hundred sweeps, long phases in thousands; sparse LU fills in badly on these lattices.
+    if n <= direct_limit and (p := _direct_law(Psub)) is not None:
+        return reach, p
     Pc = Psub.tocsc()
-    PT = Pc.T.tocsr()
-    diag = Pc.diagonal()
-    # the sweeps skip the diagonal: without its entries they read a sixth less, the same sums
+    guess = None if x0 is None else np.asarray(x0, dtype=np.float64)[reach]
+    pi, converged = _gauss_seidel_law(Pc, _start_law(n, guess))
+    if not converged:
+        pi = _krylov_law(Psub, Pc, pi)
+    pi = np.clip(pi, 0.0, None)
+    return reach, pi / pi.sum()
+
+
+def _closed_subchain(P: sp.csr_matrix, start: int) -> tuple[IntArray, sp.csr_matrix]:
+    """The states reachable from ``start`` and P restricted to them, checked to be stochastic: a
+    policy whose reachable states leak probability has no stationary law there."""
+    reach = reachable(P, start)
+    # a chain built breadth-first from the empty system is reachable as a whole: no copy then
+    Psub = P.tocsr() if reach.size == P.shape[0] else P[reach][:, reach].tocsr()
+    if np.any(np.abs(np.asarray(Psub.sum(axis=1)).ravel() - 1.0) > 1e-9):
+        raise SolverError("the states reachable from the empty system are not closed under the policy")
+    return reach, Psub
+
+
+def _reduced_system(Psub: sp.csr_matrix) -> tuple[sp.csr_matrix, FloatArray]:
+    """π₋₀(I − P)₋₀ = P(0, ·)₋₀ with π(0) = 1, transposed: the matrix and the right-hand side."""
+    n = Psub.shape[0]
+    A = (sp.identity(n, format="csr") - Psub).T.tocsr()
+    return A[1:, 1:], Psub[0, 1:].toarray().ravel()
+
+
+def _direct_law(Psub: sp.csr_matrix) -> FloatArray | None:
+    """The law by one LU of the reduced system, dense (LAPACK, no solver imports) up to
+    ``_DENSE_LIMIT`` states, sparse (SuperLU) above; None when its residual fails the test (the
+    iterative solve takes over)."""
+    A, rhs = _reduced_system(Psub)
+    if Psub.shape[0] <= _DENSE_LIMIT:
+        rest = np.linalg.solve(A.toarray(), rhs)
+    else:
+        rest = solve_sparse(A.tocsc(), rhs)
+    pi = np.concatenate([[1.0], rest])
+    p = pi / pi.sum()
+    resid = float(np.abs(Psub.T @ p - p).max() / p.max())
+    if resid >= 1e-12:
+        return None
+    clipped = np.clip(p, 0.0, None)
+    law: FloatArray = clipped / clipped.sum()
+    return law
+
+
+def _start_law(n: int, guess: FloatArray | None) -> FloatArray:
+    """The iteration's start, scaled to π(0) = 1: ``guess`` when it is usable, else uniform."""
+    pi = np.full(n, 1.0 / n)
+    if guess is not None and guess[0] > 0 and np.all(np.isfinite(guess)):
+        pi = np.maximum(guess / guess[0], 0.0)
+    pi[0] = 1.0
+    return pi
+
+
+def _off_diagonal(Pc: sp.csc_matrix) -> tuple[IntArray, IntArray, FloatArray]:
+    """P's columns without their diagonal entries (indptr, indices, data): the sweeps skip the
+    diagonal, and without its entries they read a sixth less for the same sums."""
+    n = Pc.shape[0]
     col = np.repeat(np.arange(n, dtype=Pc.indices.dtype), np.diff(Pc.indptr))
     keep = Pc.indices != col
     off_ptr = np.zeros(n + 1, dtype=Pc.indptr.dtype)
     np.cumsum(np.bincount(col[keep], minlength=n), out=off_ptr[1:])
-    off_idx, off_val = Pc.indices[keep], Pc.data[keep]
-    pi = np.full(n, 1.0 / n)
-    if x0 is not None:
-        guess = np.asarray(x0, dtype=np.float64)[reach]
-        if guess[0] > 0 and np.all(np.isfinite(guess)):
-            pi = np.maximum(guess / guess[0], 0.0)
-    pi[0] = 1.0
-    p = pi
+    return off_ptr, Pc.indices[keep], Pc.data[keep]
+
+
+def _gauss_seidel_law(Pc: sp.csc_matrix, pi: FloatArray) -> tuple[FloatArray, bool]:
+    """Gauss–Seidel on π_j(1 − P_jj) = Σ_{i≠j} π_i P_ij with π(0) held at 1, ``_GS_SWEEPS`` sweeps a
+    step, Anderson-accelerated (anderson.py): level-ordered states make plain Gauss–Seidel
+    converge in a few hundred sweeps, long phases in thousands; sparse LU fills in badly on these
+    lattices. Returns the last iterate (unnormalised) and whether it met the residual test."""
+    from . import _kernels  # numba: imported (and its cache loaded) only for large chains
+
+    n = Pc.shape[0]
+    PT = Pc.T.tocsr()
+    diag = Pc.diagonal()
+    off_ptr, off_idx, off_val = _off_diagonal(Pc)
     mixer = AndersonMixer(n, _AA_MEMORY)
-    resid = np.inf
-    best, stale = np.inf, 0
+    stall = StallRestart(mixer, 4 * _AA_MEMORY)
     for _ in range(_GS_ROUNDS):
         y = _kernels.gauss_seidel(off_ptr, off_idx, off_val, diag, pi.copy(), _GS_SWEEPS)
         p = y / y.sum()
         resid = float(np.abs(PT @ p - p).max() / p.max())
         if resid < 1e-12:
-            pi = y
-            break
-        if resid < best:
-            best, stale = resid, 0
-        else:
-            stale += 1
-        if stale > 4 * _AA_MEMORY:
-            mixer.reset()
-            best, stale = resid, 0
+            return y, True
+        stall.observe(resid)
         pi = mixer.step(pi, y - pi)
         pi /= pi[0]
-    else:
-        # slow to mix: fall back to a Krylov solve of the reduced system
-        A = (sp.identity(n, format="csr") - Psub).T.tocsr()
-        rest = solve_sparse(A[1:, 1:].tocsc(), Psub[0, 1:].toarray().ravel(), x0=pi[1:])
-        pi = np.concatenate([[1.0], rest])
-        p = pi / pi.sum()
-        resid = float(np.abs(Pc.T @ p - p).max() / p.max())
-        if resid > 1e-9:
-            raise SolverError(f"stationary solve inaccurate: residual {resid:.2e} on {n} states")
-    pi = np.clip(pi, 0.0, None)
-    return reach, pi / pi.sum()
+    return pi, False
+
+
+def _krylov_law(Psub: sp.csr_matrix, Pc: sp.csc_matrix, pi: FloatArray) -> FloatArray:
+    """A chain slow to mix for Gauss–Seidel: a Krylov solve of the reduced system from ``pi``,
+    checked by its residual."""
+    A, rhs = _reduced_system(Psub)
+    rest = solve_sparse(A.tocsc(), rhs, x0=pi[1:])
+    pi = np.concatenate([[1.0], rest])
+    p = pi / pi.sum()
+    resid = float(np.abs(Pc.T @ p - p).max() / p.max())
+    if resid > 1e-9:
+        raise SolverError(f"stationary solve inaccurate: residual {resid:.2e} on {Pc.shape[0]} states")
+    return pi
 
 
 def metrics(

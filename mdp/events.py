@@ -40,32 +40,11 @@ def transitions(
     n_tot = rows.sum(axis=1)
     QD = Q + model.n_coords
     locks = Locks.build(model, Q) if rows.shape[1] > QD else None
-    # blocked threads (columns past QD, :mod:`overtake.mdp.lock`) take no share of the processor
-    K = rows[:, Q:QD].sum(axis=1)
-    if model.weights is None:  # processor sharing: c(K)/K each
-        per_thread = np.where(K > 0, model.capacity(K) / np.maximum(K, 1), 0.0)
-        w_of = np.ones(model.n_coords)
-    else:  # weighted sharing: c(K)·w_d / Σ k_d' w_d' each
-        w_of = np.asarray(model.weights)
-        W = rows[:, Q:QD] @ w_of
-        per_thread = np.where(W > 0, model.capacity(K) / np.where(W > 0, W, 1.0), 0.0)
-    srcs: list[IntArray] = []
-    dsts: list[IntArray] = []
-    rates: list[FloatArray] = []
-
-    def add(mask: npt.NDArray[np.bool_], moves: tuple[tuple[int, int], ...], rate: FloatArray) -> None:
-        keep = np.flatnonzero(mask & (rate > 0))
-        if keep.size:
-            new_rows = rows[keep]
-            for col, step in moves:
-                new_rows[:, col] += step
-            srcs.append(keep)
-            dsts.append(new_rows if index is None else index(new_rows))
-            rates.append(rate[keep])
-
+    per_thread, w_of = _thread_speeds(model, rows, Q)
+    ev = _Events(rows, index)
     open_ = n_tot < cap
     for q, p in layout.entry[0]:
-        add(open_, ((q, 1),), np.full(S, model.arrival_rate * p))
+        ev.add(open_, ((q, 1),), np.full(S, model.arrival_rate * p))
     for i, st in enumerate(model.stages):
         t_exit = st.exit_rates
         for j in range(st.phases):
@@ -75,18 +54,60 @@ def transitions(
             base = kd * per_thread * w_of[d]
             for l in range(st.phases):
                 if l != j and st.T[j, l] > 0:
-                    add(active, ((Q + d, -1), (Q + model.coord(i, l), 1)), base * st.T[j, l])
+                    ev.add(active, ((Q + d, -1), (Q + model.coord(i, l), 1)), base * st.T[j, l])
             if t_exit[j] > 0:
                 nexts = (tuple(((Q + d, -1), (q, 1)) for q, _ in layout.next_entry(model, d))
                          if i + 1 < model.n_stages else (((Q + d, -1),),))
                 probs = tuple(p for _, p in layout.next_entry(model, d)) if i + 1 < model.n_stages else (1.0,)
                 for moves, p in zip(nexts, probs, strict=True):
                     for extra, share in _handover(locks, rows, d):
-                        add(active, moves + extra, base * t_exit[j] * p * share)
-    if not srcs:
-        empty = np.zeros(0, np.int64) if index is not None else np.zeros((0, rows.shape[1]), np.int64)
-        return np.zeros(0, np.int64), empty, np.zeros(0)
-    return np.concatenate(srcs), np.concatenate(dsts), np.concatenate(rates)
+                        ev.add(active, moves + extra, base * t_exit[j] * p * share)
+    return ev.arrays()
+
+
+def _thread_speeds(model: TandemModel, rows: IntArray, Q: int) -> tuple[FloatArray, FloatArray]:
+    """Per state, the service rate of one thread of weight 1, and the coordinates' weights: c(K)/K
+    each under processor sharing, c(K)·w_d / Σ k_d' w_d' under weighted sharing. Blocked threads
+    (columns past the coordinates, :mod:`overtake.mdp.lock`) take no share of the processor."""
+    QD = Q + model.n_coords
+    K = rows[:, Q:QD].sum(axis=1)
+    if model.weights is None:  # processor sharing: c(K)/K each
+        per_thread = np.where(K > 0, model.capacity(K) / np.maximum(K, 1), 0.0)
+        w_of = np.ones(model.n_coords)
+    else:  # weighted sharing: c(K)·w_d / Σ k_d' w_d' each
+        w_of = np.asarray(model.weights)
+        W = rows[:, Q:QD] @ w_of
+        per_thread = np.where(W > 0, model.capacity(K) / np.where(W > 0, W, 1.0), 0.0)
+    return per_thread, w_of
+
+
+class _Events:
+    """The transitions collected event type by event type; with ``index`` each type's destination
+    rows are mapped to row numbers as they come (they never exist for all events at once)."""
+
+    def __init__(self, rows: IntArray, index: Callable[[IntArray], IntArray] | None) -> None:
+        self.rows, self.index = rows, index
+        self.srcs: list[IntArray] = []
+        self.dsts: list[IntArray] = []
+        self.rates: list[FloatArray] = []
+
+    def add(self, mask: npt.NDArray[np.bool_], moves: tuple[tuple[int, int], ...], rate: FloatArray) -> None:
+        """The event that applies ``moves`` to the rows where ``mask`` holds and ``rate`` is positive."""
+        keep = np.flatnonzero(mask & (rate > 0))
+        if keep.size:
+            new_rows = self.rows[keep]
+            for col, step in moves:
+                new_rows[:, col] += step
+            self.srcs.append(keep)
+            self.dsts.append(new_rows if self.index is None else self.index(new_rows))
+            self.rates.append(rate[keep])
+
+    def arrays(self) -> tuple[IntArray, IntArray, FloatArray]:
+        """(source row numbers, destinations, rates), empty arrays of the right shapes when no event."""
+        if not self.srcs:
+            empty = np.zeros(0, np.int64) if self.index is not None else np.zeros((0, self.rows.shape[1]), np.int64)
+            return np.zeros(0, np.int64), empty, np.zeros(0)
+        return np.concatenate(self.srcs), np.concatenate(self.dsts), np.concatenate(self.rates)
 
 
 def _handover(locks: Locks | None, rows: IntArray, d: int) -> list[tuple[tuple[tuple[int, int], ...], FloatArray]]:

@@ -229,62 +229,23 @@ def occupation_lp(
     t0 = time.perf_counter()
     S = space.size
     c = cost_rate(space) if cost is None else np.asarray(cost, dtype=float)
-    idle = (space.threads == 0) & (space.n_total > 0)
-    zs = np.flatnonzero(~idle)  # states where stopping is allowed
-    nz = zs.size
-    node, queue, inflow = _spawn_columns(space)
-    U = node.size
-    E = sp.csr_matrix((np.ones(nz), (zs, np.arange(nz))), shape=(S, nz))
-    PE = space.event_matrix
-    # balance: (P_Eᵀ − I)·z + (inflow − outflow)·u = 0
-    out_u = sp.csr_matrix((np.ones(U), (node, np.arange(U))), shape=(S, U))
-    A = sp.hstack([(PE.T @ E - E), inflow - out_u]).tocsr()
+    zs, node, queue, A = _balance_system(space)
+    nz, U = zs.size, node.size
     x = cp.Variable(nz + U, nonneg=True)
     z = x[:nz]
     balance = A @ x == 0
     norm = cp.sum(z) == 1
-    cons: list[Any] = [balance, norm]
-    extra = []
-    for lc in constraints:
-        coeff = np.asarray(lc.coeff, dtype=float)
-        if coeff.shape != (S,):
-            raise ValueError(f"constraint {lc.name}: coefficient vector must have {S} entries")
-        k = coeff[zs] @ z <= lc.rhs
-        extra.append(k)
-        cons.append(k)
-    prob = cp.Problem(cp.Minimize(c[zs] @ z), cons)
-    opts = dict(HIGHS_OPTIONS)
-    opts.update(solver_options or {})
+    extra = _constraint_rows(constraints, S, zs, z)
+    prob = cp.Problem(cp.Minimize(c[zs] @ z), [balance, norm, *extra])
     t1 = time.perf_counter()
-    try:
-        prob.solve(solver=cp.HIGHS, highs_options=opts)
-    except cp.error.SolverError as exc:
-        raise SolverError(f"the LP solver failed on {S} states: {exc}") from None
+    _solve(prob, S, solver_options)
     t2 = time.perf_counter()
-    if prob.status in ("infeasible", "infeasible_inaccurate"):
-        raise InfeasibleError(f"the constraints cannot be met on this truncation ({S} states)")
-    if prob.status != "optimal":
-        raise SolverError(f"the LP solver returned status {prob.status!r} on {S} states")
     xv = np.clip(np.asarray(x.value, dtype=float), 0.0, None)
     zfull = np.zeros(S)
     zfull[zs] = xv[:nz]
-    uv = xv[nz:]
-    # reduced costs r = c − Aᵀy (sign of cvxpy's duals fixed by r ≥ 0 at the optimum)
-    y_bal = np.asarray(balance.dual_value, dtype=float).ravel()
-    y_norm = float(np.asarray(norm.dual_value).ravel()[0])
     mus = [float(np.asarray(k.dual_value).ravel()[0]) for k in extra]
-    obj_cols = np.concatenate([c[zs], np.zeros(U)])
-    lag = obj_cols.copy()
-    for lc, mu in zip(constraints, mus):
-        lag[:nz] += abs(mu) * np.asarray(lc.coeff, dtype=float)[zs]
-    best = None
-    for sgn in (1.0, -1.0):
-        red = lag + sgn * (A.T @ y_bal)
-        red[:nz] += sgn * y_norm
-        if best is None or red.min() > best.min():
-            best = red
-    assert best is not None
-    policy = _node_policy(space, zs, zfull, node, queue, uv, best)
+    best = _reduced_costs(np.concatenate([c[zs], np.zeros(U)]), zs, A, balance, norm, constraints, mus)
+    policy = _node_policy(space, zs, zfull, node, queue, xv[nz:], best)
     t3 = time.perf_counter()
     m, stat = policy.evaluate()
     t4 = time.perf_counter()
@@ -296,6 +257,74 @@ def occupation_lp(
         build_seconds=t1 - t0, solve_seconds=t2 - t1, eval_seconds=t4 - t3,
         info={"rows": int(A.shape[0]) + 1 + len(constraints), "nnz": int(A.nnz), "reduced_cost_min": float(best.min())},
     )
+
+
+def _balance_system(space: StateSpace) -> tuple[IntArray, IntArray, IntArray, sp.csr_matrix]:
+    """The LP's balance equations (P_Eᵀ − I)·z + (inflow − outflow)·u = 0 as one matrix over the
+    columns (z over the states where stopping is allowed, then u): returns (those states, each
+    spawn column's node and queue, the matrix). Idle states with requests take no z column:
+    stopping is not allowed there (the module docstring)."""
+    S = space.size
+    idle = (space.threads == 0) & (space.n_total > 0)
+    zs = np.flatnonzero(~idle)  # states where stopping is allowed
+    nz = zs.size
+    node, queue, inflow = _spawn_columns(space)
+    U = node.size
+    E = sp.csr_matrix((np.ones(nz), (zs, np.arange(nz))), shape=(S, nz))
+    PE = space.event_matrix
+    out_u = sp.csr_matrix((np.ones(U), (node, np.arange(U))), shape=(S, U))
+    A = sp.hstack([(PE.T @ E - E), inflow - out_u]).tocsr()
+    return zs, node, queue, A
+
+
+def _constraint_rows(constraints: Sequence[LinearConstraint], S: int, zs: IntArray, z: Any) -> list[Any]:
+    """The caller's linear constraints on z as cvxpy constraints, each coefficient vector checked
+    to cover every state (a wrong length would silently constrain the wrong states)."""
+    rows = []
+    for lc in constraints:
+        coeff = np.asarray(lc.coeff, dtype=float)
+        if coeff.shape != (S,):
+            raise ValueError(f"constraint {lc.name}: coefficient vector must have {S} entries")
+        rows.append(coeff[zs] @ z <= lc.rhs)
+    return rows
+
+
+def _solve(prob: Any, S: int, solver_options: dict[str, Any] | None) -> None:
+    """Run HiGHS at :data:`HIGHS_OPTIONS` (overridden by ``solver_options``); anything but an
+    optimum is an error naming what went wrong."""
+    import cvxpy as cp
+
+    opts = dict(HIGHS_OPTIONS)
+    opts.update(solver_options or {})
+    try:
+        prob.solve(solver=cp.HIGHS, highs_options=opts)
+    except cp.error.SolverError as exc:
+        raise SolverError(f"the LP solver failed on {S} states: {exc}") from None
+    if prob.status in ("infeasible", "infeasible_inaccurate"):
+        raise InfeasibleError(f"the constraints cannot be met on this truncation ({S} states)")
+    if prob.status != "optimal":
+        raise SolverError(f"the LP solver returned status {prob.status!r} on {S} states")
+
+
+def _reduced_costs(obj_cols: FloatArray, zs: IntArray, A: sp.csr_matrix, balance: Any, norm: Any,
+                   constraints: Sequence[LinearConstraint], mus: list[float]) -> FloatArray:
+    """Reduced costs r = c − Aᵀy of every column at the optimum, for the nodes without flow to
+    choose by. The sign of cvxpy's duals is not fixed: the one that gives r ≥ 0 (as at an optimum)
+    is taken, read as the larger least entry."""
+    nz = zs.size
+    y_bal = np.asarray(balance.dual_value, dtype=float).ravel()
+    y_norm = float(np.asarray(norm.dual_value).ravel()[0])
+    lag = obj_cols.copy()
+    for lc, mu in zip(constraints, mus):
+        lag[:nz] += abs(mu) * np.asarray(lc.coeff, dtype=float)[zs]
+    best: FloatArray | None = None
+    for sgn in (1.0, -1.0):
+        red = lag + sgn * (A.T @ y_bal)
+        red[:nz] += sgn * y_norm
+        if best is None or red.min() > best.min():
+            best = red
+    assert best is not None
+    return best
 
 
 def _node_policy(

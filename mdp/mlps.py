@@ -263,6 +263,24 @@ def _solve_level(parts: list[_LevelClass], phs: list[PHMoments], rho_below: floa
     (ρ_{level} − ρ_below)/(1 − ρ_below) < 1), so plain iteration converges geometrically.
     Returns per class (h, f, Ḡ on the grid, ∫ beyond the grid's end of Ḡ).
     """
+    h, n = _level_steps(parts, phs, n_target, h_max, refine, accuracy)
+    nmax = max(n)
+    Lg = 2 * nmax + 1
+    G, tail = _survival_grid(parts, phs, n, h, Lg)
+    mask = np.zeros((len(parts), nmax + 1), dtype=bool)
+    for i in range(len(parts)):
+        mask[i, : n[i] + 1] = True
+    rhs = np.where(mask, _level_rhs(parts, G, nmax), 0.0)
+    apply_K = _level_operator(parts, G, tail, n, h, 1.0 / (1.0 - rho_below), mask)
+    f = _fixed_point(rhs, apply_K, accuracy.tol)
+    return [(h, f[i, : n[i] + 1], G[i, : n[i] + 1], float(tail[i, n[i]])) for i in range(len(parts))]
+
+
+def _level_steps(parts: list[_LevelClass], phs: list[PHMoments], n_target: int, h_max: float, refine: int,
+                 accuracy: Accuracy) -> tuple[float, list[int]]:
+    """The grid step and each class's points in the level: a finite level's width must be a whole
+    number of steps (one width for all: the classes share one grid), the top level reaches each
+    class's horizon (where its survival falls below ``accuracy.tail``)."""
     finite = sorted({p.B for p in parts if math.isfinite(p.B)})
     if len(finite) > 1 and any(abs(b - finite[0]) > 1e-9 * finite[0] for b in finite):
         raise ModelError("exact analysis: classes sharing a middle level must have equal level widths "
@@ -272,16 +290,28 @@ def _solve_level(parts: list[_LevelClass], phs: list[PHMoments], rho_below: floa
     h0 = min(span / n_target, h_max)
     if finite:
         h0 = finite[0] / max(1, math.ceil(finite[0] / h0))
-    h = h0 / refine
-    n = [max(1, round(x / h0)) * refine for x in hor]
-    nmax = max(n)
-    one_m = 1.0 / (1.0 - rho_below)
-    C = len(parts)
-    Lg = 2 * nmax + 1
-    G, tail = _survival_grid(parts, phs, n, h, Lg)
-    mu = np.array([p.nu * one_m for p in parts])
+    return h0 / refine, [max(1, round(x / h0)) * refine for x in hor]
+
+
+def _level_rhs(parts: list[_LevelClass], G: FloatArray, nmax: int) -> FloatArray:
+    """The equations' free term per class: 1 plus the jobs that start the level with the tagged one,
+    β_ij = ν_j (T_A,i + T_A,j), each served through Ḡ_j."""
     TA = np.array([p.TA for p in parts])
     nu = np.array([p.nu for p in parts])
+    rhs = np.zeros((len(parts), nmax + 1))
+    for i in range(len(parts)):
+        rhs[i] = 1.0 + ((nu * (TA[i] + TA)) @ G)[: nmax + 1]
+    return rhs
+
+
+def _level_operator(parts: list[_LevelClass], G: FloatArray, tail: FloatArray, n: list[int], h: float,
+                    one_m: float, mask: npt.NDArray[np.bool_]) -> Callable[[FloatArray], FloatArray]:
+    """The level equations' integral operator K (f = rhs + K f) on the grid, by real FFTs: a
+    Volterra part per class and a Hankel part common to all, the trapezoid's end corrections and,
+    for the top level, the tail beyond the grid in closed form."""
+    nmax = max(n)
+    Lg = 2 * nmax + 1
+    mu = np.array([p.nu * one_m for p in parts])
     # circular convolutions of length Lg = 2·nmax + 1 are free of wrap-around on every index used:
     # the Volterra sum needs f ∗ Σ_j ν'_j Ḡ_j only up to nmax (the kernel cut there), the Hankel
     # sum reads the correlation at nmax..2·nmax, out of reach of the aliased tail (beyond 3·nmax)
@@ -292,14 +322,6 @@ def _solve_level(parts: list[_LevelClass], phs: list[PHMoments], rho_below: floa
     # Hankel: Σ_m f_j[m] Ḡ_j[i + m]; correlation via the reversed kernel
     F_han = sp_fft.rfft(G[:, ::-1], nfft, axis=1)
     idx = np.arange(nmax + 1)
-    rhs = np.zeros((C, nmax + 1))
-    for i in range(C):
-        # β_ij = ν_j (T_A,i + T_A,j): the other jobs that start the level with the tagged one
-        rhs[i] = 1.0 + ((nu * (TA[i] + TA)) @ G)[: nmax + 1]
-    mask = np.zeros((C, nmax + 1), dtype=bool)
-    for i in range(C):
-        mask[i, : n[i] + 1] = True
-    rhs = np.where(mask, rhs, 0.0)
 
     def apply_K(f: FloatArray) -> FloatArray:
         # Hankel part, common to all classes: Σ_j ν'_j ∫ f_j(y) Ḡ_j(y + τ) dy
@@ -321,8 +343,7 @@ def _solve_level(parts: list[_LevelClass], phs: list[PHMoments], rho_below: floa
         vol[:, 0] = 0.0
         return np.where(mask, h * (vol + han[None, :]), 0.0)
 
-    f = _fixed_point(rhs, apply_K, accuracy.tol)
-    return [(h, f[i, : n[i] + 1], G[i, : n[i] + 1], float(tail[i, n[i]])) for i in range(C)]
+    return apply_K
 
 
 def _survival_grid(parts: list[_LevelClass], phs: list[PHMoments], n: list[int], h: float,
@@ -367,6 +388,29 @@ def _level_entry(jc: JobClass, level: int) -> tuple[float, float] | None:
 def _class_means(classes: Sequence[JobClass], n_grid: int, refine: int,
                  accuracy: Accuracy = EXACT) -> tuple[list[float], list[list[Any]]]:
     """Per-class E[T] (and the per-level pieces) for one grid resolution."""
+    cls, phs = _padded_classes(classes)
+    means = [0.0] * len(cls)
+    pieces: list[list[Any]] = [[] for _ in cls]
+    h_max = min(1.0 / p.rates.max() for p in phs) / accuracy.per_mean
+    for level in range(len(cls[0].thresholds) + 1):
+        parts, rho_b = _level_parts(cls, phs, level)
+        if not parts:
+            continue
+        if rho_b == 0.0 and all(p.TA == 0.0 for p in parts):
+            for c, val in _ps_level(parts, phs):
+                means[c] += val
+                pieces[c].append(("ps", level, val))
+            continue
+        sols = _solve_level(parts, phs, rho_b, n_grid, h_max, refine, accuracy)
+        for pt, sol in zip(parts, sols):
+            means[pt.c] += _level_mean(pt, phs[pt.c], sol, rho_b)
+            pieces[pt.c].append((level, pt.TA, sol[0], sol[1]))
+    return means, pieces
+
+
+def _padded_classes(classes: Sequence[JobClass]) -> tuple[list[JobClass], list[PHMoments]]:
+    """The classes with one threshold per level boundary (none given: never demoted, thresholds at
+    infinity) and their service laws' moments; the system checked stable."""
     L = max([c.start_level + 1 for c in classes] + [len(c.thresholds) + 1 for c in classes])
     phs = [PHMoments(c.alpha, c.T) for c in classes]
     for c in classes:
@@ -376,64 +420,61 @@ def _class_means(classes: Sequence[JobClass], n_grid: int, refine: int,
                     tuple(c.thresholds) if c.thresholds else (math.inf,) * (L - 1)) for c in classes]
     total_rho = sum(c.arrival_rate * p.mean for c, p in zip(cls, phs))
     _stable(total_rho, "priority levels")
-    means = [0.0] * len(cls)
-    pieces: list[list[Any]] = [[] for _ in cls]
-    h_max = min(1.0 / p.rates.max() for p in phs) / accuracy.per_mean
-    for level in range(L):
-        # work below this level and its M/G/1 workload
-        rho_b, m2_b = 0.0, 0.0
-        entries: list[tuple[int, float, float]] = []
-        for ci, (c, p) in enumerate(zip(cls, phs)):
-            if level <= c.start_level:
-                below = 0.0
-            else:
-                below = c.thresholds[level - 1]
-            m1, m2 = p.trunc(below)
-            rho_b += c.arrival_rate * m1
-            m2_b += c.arrival_rate * m2
-            e = _level_entry(c, level)
-            if e is not None:
-                entries.append((ci, e[0], e[1]))
-        _stable(rho_b, "priority levels (work below a level)")
-        U = m2_b / (2.0 * (1.0 - rho_b))
-        parts: list[_LevelClass] = []
-        for ci, A, B in entries:
-            p = phs[ci]
-            sfA = p.sf(A)
-            if sfA <= 1e-15:
-                continue
-            parts.append(_LevelClass(ci, cls[ci].arrival_rate * sfA, A, B, (U + A) / (1.0 - rho_b),
-                                     p.row(A) / sfA))
-        if not parts:
+    return cls, phs
+
+
+def _level_parts(cls: list[JobClass], phs: list[PHMoments], level: int) -> tuple[list[_LevelClass], float]:
+    """The classes that reach ``level`` with their entry into it, and the load of the work below it
+    (which preempts the level: its M/G/1 workload delays each entry)."""
+    rho_b, m2_b = 0.0, 0.0
+    entries: list[tuple[int, float, float]] = []
+    for ci, (c, p) in enumerate(zip(cls, phs)):
+        below = 0.0 if level <= c.start_level else c.thresholds[level - 1]
+        m1, m2 = p.trunc(below)
+        rho_b += c.arrival_rate * m1
+        m2_b += c.arrival_rate * m2
+        e = _level_entry(c, level)
+        if e is not None:
+            entries.append((ci, e[0], e[1]))
+    _stable(rho_b, "priority levels (work below a level)")
+    U = m2_b / (2.0 * (1.0 - rho_b))
+    parts: list[_LevelClass] = []
+    for ci, A, B in entries:
+        p = phs[ci]
+        sfA = p.sf(A)
+        if sfA <= 1e-15:
             continue
-        if rho_b == 0.0 and all(p.TA == 0.0 for p in parts):
-            # no interrupting work and no batches: M/G/1-PS with truncated service, f constant
-            rho_l = sum(pt.nu * (phs[pt.c].trunc(pt.A + pt.B)[0] - phs[pt.c].trunc(pt.A)[0]) / 1.0
-                        for pt in parts)
-            _stable(rho_l, "priority levels (first level)")
-            for pt in parts:
-                p = phs[pt.c]
-                # ∫_A^{A+B} (x − A) dF = E[min(S, A+B)] − A·P(S>A) − B·P(S>A+B) over classes with A = 0
-                part = (p.trunc(pt.A + pt.B)[0] - pt.A * p.sf(pt.A) - (pt.B * p.sf(pt.A + pt.B) if math.isfinite(pt.B)
-                                                                        else 0.0))
-                means[pt.c] += part / (1.0 - rho_l)
-                pieces[pt.c].append(("ps", level, part / (1.0 - rho_l)))
-            continue
-        sols = _solve_level(parts, phs, rho_b, n_grid, h_max, refine, accuracy)
-        for pt, (h, f, g, beyond) in zip(parts, sols):
-            p = phs[pt.c]
-            sfA = p.sf(pt.A)
-            sfAB = p.sf(pt.A + pt.B)
-            w = np.full(f.size, h)
-            w[0] = w[-1] = h / 2
-            # ∫₀^B f(τ) (P(S > A+τ) − P(S > A+B)) dτ, plus f(H)∫_H^∞ P(S > A+τ) dτ beyond the horizon
-            level_time = float(np.sum(w * f * (g - sfAB / sfA))) * sfA
-            if not math.isfinite(pt.B):
-                level_time += float(f[-1]) * beyond * sfA
-            val = pt.TA * (sfA - sfAB) + level_time / (1.0 - rho_b)
-            means[pt.c] += val
-            pieces[pt.c].append((level, pt.TA, h, f))
-    return means, pieces
+        parts.append(_LevelClass(ci, cls[ci].arrival_rate * sfA, A, B, (U + A) / (1.0 - rho_b), p.row(A) / sfA))
+    return parts, rho_b
+
+
+def _ps_level(parts: list[_LevelClass], phs: list[PHMoments]) -> list[tuple[int, float]]:
+    """A level with no interrupting work and no batches: M/G/1-PS with truncated service, f
+    constant. Each class's mean time in the level, in closed form."""
+    rho_l = sum(pt.nu * (phs[pt.c].trunc(pt.A + pt.B)[0] - phs[pt.c].trunc(pt.A)[0]) / 1.0 for pt in parts)
+    _stable(rho_l, "priority levels (first level)")
+    out = []
+    for pt in parts:
+        p = phs[pt.c]
+        # ∫_A^{A+B} (x − A) dF = E[min(S, A+B)] − A·P(S>A) − B·P(S>A+B) over classes with A = 0
+        part = (p.trunc(pt.A + pt.B)[0] - pt.A * p.sf(pt.A) - (pt.B * p.sf(pt.A + pt.B) if math.isfinite(pt.B)
+                                                                else 0.0))
+        out.append((pt.c, part / (1.0 - rho_l)))
+    return out
+
+
+def _level_mean(pt: _LevelClass, p: PHMoments, sol: tuple[float, FloatArray, FloatArray, float], rho_b: float) -> float:
+    """A class's mean time in a level from the level equations' solution (h, f, Ḡ, tail beyond)."""
+    h, f, g, beyond = sol
+    sfA = p.sf(pt.A)
+    sfAB = p.sf(pt.A + pt.B)
+    w = np.full(f.size, h)
+    w[0] = w[-1] = h / 2
+    # ∫₀^B f(τ) (P(S > A+τ) − P(S > A+B)) dτ, plus f(H)∫_H^∞ P(S > A+τ) dτ beyond the horizon
+    level_time = float(np.sum(w * f * (g - sfAB / sfA))) * sfA
+    if not math.isfinite(pt.B):
+        level_time += float(f[-1]) * beyond * sfA
+    return pt.TA * (sfA - sfAB) + level_time / (1.0 - rho_b)
 
 
 def mlps_classes_mean(classes: Sequence[JobClass], *, grid: int = 256, accuracy: Accuracy = EXACT) -> list[float]:

@@ -251,6 +251,102 @@ class _Search:
         return tr, space, res, m
 
 
+    def next_cap(self, tr: Truncation) -> Truncation:
+        """The next solve cap, refused when its MDP would exceed ``max_states`` (the answer would
+        still move at the current cap, so stopping there silently would report an unsettled E[W])."""
+        tr2 = Truncation(next_solve_cap(tr.max_requests), tr.k_max)
+        if self.max_states is not None and (n := count_states(self.model, tr2, self.phase_info)) > self.max_states:
+            raise TruncationError(
+                f"pi*: E[W] still moves at solve cap {tr.max_requests}; the next cap {tr2.max_requests} needs "
+                f"{n:,} states, over --max-states {self.max_states:,}; raise --max-states or fit fewer phases")
+        return tr2
+
+    def auto(self, start: Truncation, beside: Beside | None,
+             candidate: Callable[[Policy, SolveResult], None] | None) -> tuple[Policy, SolveResult, PolicyMetrics, Truncation]:
+        """Auto-truncation (:func:`solve_mdp`): the thread cap on ``start``, then solve caps until the
+        re-solved policy's E[W] settles; the better of the last two policies."""
+        tr, space, res, m = self.thread_cap(start)
+        pol = Policy.from_decision(space, res.decision)
+        C0 = tr.max_requests
+        lim, Ce, ahead = self.first_ladder(pol, tr, space, res, m, beside)
+        cur = _Candidate(tr, space, res, pol, lim, Ce)
+        while True:  # solve cap: does re-solving on a larger cap change the policy's E[W]?
+            nxt = self.resolve(cur, C0, ahead, candidate if cur.tr == tr else None)
+            ahead = None
+            if self.compare(cur, nxt) < self.tol:
+                # both policies are exactly evaluated on the same cap: report the better one
+                best = nxt if nxt.lim.mean_response_time < cur.lim.mean_response_time else cur
+                best.pol.meta["metrics_truncation"] = {"max_requests": nxt.cap, "max_threads": best.tr.k_max}
+                return best.pol, best.res, best.lim, best.tr
+            cur = nxt
+
+    def first_ladder(self, pol: Policy, tr: Truncation, space: StateSpace, res: SolveResult, m: PolicyMetrics,
+                     beside: Beside | None) -> tuple[PolicyMetrics, int, tuple[StateSpace, SolveResult] | None]:
+        """The first policy's settled E[W] and evaluation cap, and the first re-solve when it ran
+        ahead: that re-solve always happens and needs nothing of the first policy's ladder, so with
+        a worker the two run side by side."""
+        if beside is None:
+            lim, Ce = self.limit(pol, tr, tr.max_requests, m)
+            return lim, Ce, None
+        tr2 = self.next_cap(tr)
+        join = self.limit_beside(beside, pol, tr, tr.max_requests, m)
+        at = len(self.trace)
+        ahead = self.solve_on(tr2, (space, res), loose=True)
+        lim, Ce = join(at)
+        return lim, Ce, ahead
+
+    def resolve(self, cur: _Candidate, C0: int, ahead: tuple[StateSpace, SolveResult] | None,
+                candidate: Callable[[Policy, SolveResult], None] | None) -> _Candidate:
+        """Re-solve on the next solve cap (or take the solve that ran ahead) and settle the new
+        policy's E[W] from the ladder cap below ``cur``'s evaluation cap that is >= the new solve cap."""
+        tr2 = self.next_cap(cur.tr)
+        C = ladder_cap(C0, cur.cap, tr2.max_requests)
+        # a check, not the answer: tol/10 bounds this policy's sub-optimality on its truncation;
+        # its metrics on its own cap only where the settling test starts there (off the ladder
+        # C0, 1.5·C0, … it never does, and they would only be recorded)
+        first: PolicyMetrics | None = None
+        space2, res2 = ahead if ahead is not None else self.solve_on(tr2, (cur.space, cur.res), loose=True)
+        if C == tr2.max_requests:
+            first = self.measured(space2, res2)
+        else:
+            self.solved(space2, res2)
+        pol2 = Policy.from_decision(space2, res2.decision)
+        if candidate is not None:
+            candidate(pol2, res2)
+        lim2, Ce2 = self.limit(pol2, tr2, C, first)
+        return _Candidate(tr2, space2, res2, pol2, lim2, Ce2)
+
+    def compare(self, cur: _Candidate, nxt: _Candidate) -> float:
+        """Evaluate both policies on the same (the larger) evaluation cap, record the check and
+        return the relative change of E[W] from ``cur`` to ``nxt``."""
+        if nxt.cap > cur.cap:
+            cur.lim = self.extended(cur.pol, cur.tr, nxt.cap)
+        elif nxt.cap < cur.cap:
+            nxt.lim, nxt.cap = self.extended(nxt.pol, nxt.tr, cur.cap), cur.cap
+        cur.cap = nxt.cap
+        change = relative_change(nxt.lim.mean_response_time, cur.lim.mean_response_time)
+        self.trace.append({"check": "solve cap", "max_requests": nxt.tr.max_requests, "previous": cur.tr.max_requests,
+                           "evaluation_cap": nxt.cap, "relative_change": change})
+        if self.progress:
+            self.progress(f"pi*: solve cap {cur.tr.max_requests} -> {nxt.tr.max_requests}: E[W] "
+                          f"{cur.lim.mean_response_time:.6g} -> {nxt.lim.mean_response_time:.6g} (change {change:.2e}) "
+                          f"on evaluation cap {nxt.cap}")
+        return change
+
+
+@dataclass
+class _Candidate:
+    """A policy of the solve-cap search: its truncation, its solve, and its settled metrics on
+    evaluation cap ``cap``."""
+
+    tr: Truncation
+    space: StateSpace
+    res: SolveResult
+    pol: Policy
+    lim: PolicyMetrics
+    cap: int
+
+
 def _limit_elsewhere(search: _Search, pol: Policy, tr: Truncation, C: int, first: PolicyMetrics) -> tuple[
         PolicyMetrics, int, list[dict[str, Any]], dict[int, tuple[npt.NDArray[np.int64], FloatArray]], list[str]]:
     """:meth:`_Search.limit` in a worker: its answer, the trace entries and stationary laws it added
@@ -314,71 +410,9 @@ def solve_mdp(
     model.check_stable(None if truncation is None else truncation.k_max)
     rtol = tol * 1e-2 if rvi_tol is None else rvi_tol
     s = _Search(model, phase_info, method, rtol, tol, progress, max_states)
-
-    def done(pol: Policy, res: SolveResult, m: PolicyMetrics, tr: Truncation) -> Optimum:
-        return Optimum(pol, res, m, tr, s.trace, time.perf_counter() - t0, s.sweeps)
-
     if truncation is not None:
         space, res, m = s.run(truncation, None)
-        return done(Policy.from_decision(space, res.decision), res, m, truncation)
-
-    tr, space, res, m = s.thread_cap(start or auto_start(model))
-    tr_first = tr
-    pol = Policy.from_decision(space, res.decision)
-    C0 = tr.max_requests
-
-    def next_cap(tr: Truncation) -> Truncation:
-        tr2 = Truncation(next_solve_cap(tr.max_requests), tr.k_max)
-        if max_states is not None and (n := count_states(model, tr2, phase_info)) > max_states:
-            raise TruncationError(
-                f"pi*: E[W] still moves at solve cap {tr.max_requests}; the next cap {tr2.max_requests} needs "
-                f"{n:,} states, over --max-states {max_states:,}; raise --max-states or fit fewer phases")
-        return tr2
-
-    # the first re-solve always happens, and needs nothing of the first policy's ladder: with a
-    # worker, the two run side by side
-    ahead: tuple[StateSpace, SolveResult] | None = None
-    if beside is None:
-        lim, Ce = s.limit(pol, tr, C0, m)
+        pol, tr = Policy.from_decision(space, res.decision), truncation
     else:
-        tr2 = next_cap(tr)
-        join = s.limit_beside(beside, pol, tr, C0, m)
-        at = len(s.trace)
-        ahead = s.solve_on(tr2, (space, res), loose=True)
-        lim, Ce = join(at)
-    while True:  # solve cap: does re-solving on a larger cap change the policy's E[W]?
-        tr2 = next_cap(tr)
-        # the ladder cap below Ce that is >= the new solve cap, then Ce: the same settling test
-        C = ladder_cap(C0, Ce, tr2.max_requests)
-        # a check, not the answer: tol/10 bounds this policy's sub-optimality on its truncation;
-        # its metrics on its own cap only where the settling test starts there (off the ladder
-        # C0, 1.5·C0, … it never does, and they would only be recorded)
-        first: PolicyMetrics | None = None
-        space2, res2 = ahead if ahead is not None else s.solve_on(tr2, (space, res), loose=True)
-        ahead = None
-        if C == tr2.max_requests:
-            first = s.measured(space2, res2)
-        else:
-            s.solved(space2, res2)
-        pol2 = Policy.from_decision(space2, res2.decision)
-        if candidate is not None and tr == tr_first:
-            candidate(pol2, res2)
-        lim2, Ce2 = s.limit(pol2, tr2, C, first)
-        # compare both policies on the same (the larger) evaluation cap
-        if Ce2 > Ce:
-            lim = s.extended(pol, tr, Ce2)
-        elif Ce2 < Ce:
-            lim2, Ce2 = s.extended(pol2, tr2, Ce), Ce
-        change = relative_change(lim2.mean_response_time, lim.mean_response_time)
-        s.trace.append({"check": "solve cap", "max_requests": tr2.max_requests, "previous": tr.max_requests,
-                        "evaluation_cap": Ce2, "relative_change": change})
-        if progress:
-            progress(f"pi*: solve cap {tr.max_requests} -> {tr2.max_requests}: E[W] {lim.mean_response_time:.6g} -> "
-                     f"{lim2.mean_response_time:.6g} (change {change:.2e}) on evaluation cap {Ce2}")
-        if change < tol:
-            # both policies are exactly evaluated on the same cap: report the better one
-            if lim2.mean_response_time < lim.mean_response_time:
-                tr, space, res, pol, lim = tr2, space2, res2, pol2, lim2
-            pol.meta["metrics_truncation"] = {"max_requests": Ce2, "max_threads": tr.k_max}
-            return done(pol, res, lim, tr)
-        tr, space, res, pol, lim, Ce = tr2, space2, res2, pol2, lim2, max(Ce, Ce2)
+        pol, res, m, tr = s.auto(start or auto_start(model), beside, candidate)
+    return Optimum(pol, res, m, tr, s.trace, time.perf_counter() - t0, s.sweeps)

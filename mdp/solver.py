@@ -131,6 +131,24 @@ def solve(
     ModelError
         An unknown ``phase_info``, ``method`` or ``cpu_priority``, or CPU classes without phases.
     """
+    _check_request(model, phase_info, method, cpu_priority)
+    if cpu_priority is not None:
+        from .priority_classes import choose_classes
+
+        return choose_classes(model, truncation=truncation, tol=tol, method=method, progress=progress, **options)
+    if phase_info in ("none", "route"):
+        from .observed import solve_observed  # the heuristic's kernels (numba) only when used
+
+        return solve_observed(model, phase_info=phase_info, routes=routes, truncation=truncation,
+                              tol=tol, progress=progress, **options)
+    return solve_mdp(model, phase_info=phase_info, truncation=truncation, tol=tol, method=method,  # type: ignore[arg-type]
+                     progress=progress, max_states=max_states, **options)
+
+
+def _check_request(model: TandemModel, phase_info: str, method: str, cpu_priority: str | None) -> None:
+    """Refuse, before any solve, what no solver answers: an unknown ``phase_info``, ``method`` or
+    ``cpu_priority``, CPU classes beside a lock or without the phases, and coupled stages under
+    an observation policy (its solves draw each stage's start phase independently)."""
     if phase_info not in PHASE_INFO:
         raise ModelError(f"phase_info: expected one of {', '.join(PHASE_INFO)}, got {phase_info!r}")
     if method not in METHODS:
@@ -150,13 +168,3 @@ def solve(
         if phase_info != "full":
             raise ModelError(f"cpu_priority class: classes by phase need the phases; phase_info {phase_info!r} "
                              "does not see them")
-        from .priority_classes import choose_classes
-
-        return choose_classes(model, truncation=truncation, tol=tol, method=method, progress=progress, **options)
-    if phase_info in ("none", "route"):
-        from .observed import solve_observed  # the heuristic's kernels (numba) only when used
-
-        return solve_observed(model, phase_info=phase_info, routes=routes, truncation=truncation,  # type: ignore[arg-type]
-                              tol=tol, progress=progress, **options)
-    return solve_mdp(model, phase_info=phase_info, truncation=truncation, tol=tol, method=method,  # type: ignore[arg-type]
-                     progress=progress, max_states=max_states, **options)

@@ -82,6 +82,26 @@ def _ph_service(mean: float, scv: float, where: str) -> dict[str, Any]:
 
 def parse_grid(doc: Any) -> list[SweepPoint]:
     """Validate a grid document and expand it into points; errors name the field (one line)."""
+    base, axes = _grid_parts(doc)
+    names = _stage_names(base)
+    values = _axis_values(axes, names)
+    policies = _grid_policies(doc, len(names))
+    keys = list(values)
+    points = []
+    for idx, combo in enumerate(itertools.product(*(values[k] for k in keys))):
+        params = dict(zip(keys, combo))
+        sc = _point_scenario(base, names, params)
+        try:
+            parse_scenario(sc).build_model()
+        except ModelError as exc:
+            desc = ", ".join(f"{k}={v:g}" for k, v in params.items())
+            raise ModelError(f"grid point {idx} ({desc}): {exc}") from None
+        points.append(SweepPoint(idx, params, sc, tuple(policies)))
+    return points
+
+
+def _grid_parts(doc: Any) -> tuple[dict[str, Any], dict[Any, Any]]:
+    """The grid document's ``base`` scenario and ``grid`` axes, its keys checked."""
     if not isinstance(doc, dict):
         raise ModelError(f"grid file must be a mapping with base and grid, got {type(doc).__name__}")
     unknown = sorted(set(doc) - {"base", "grid", "policies"})
@@ -93,10 +113,20 @@ def parse_grid(doc: Any) -> list[SweepPoint]:
     axes = doc.get("grid")
     if not isinstance(axes, dict) or not axes:
         raise ModelError("grid: required: a mapping of axis -> list of values, e.g. grid: {load: [0.3, 0.6]}")
+    return base, axes
+
+
+def _stage_names(base: dict[str, Any]) -> list[str]:
+    """The base scenario's stage names: the ``STAGE.mean`` / ``STAGE.scv`` axes refer to them."""
     stages = base.get("stages")
     if not isinstance(stages, list) or not stages or not all(isinstance(s, dict) and "name" in s for s in stages):
         raise ModelError("base.stages: required: a list of {name, service}")
-    names = [str(s["name"]) for s in stages]
+    return [str(s["name"]) for s in stages]
+
+
+def _axis_values(axes: dict[Any, Any], names: list[str]) -> dict[str, list[float]]:
+    """Each axis's values as floats (a lone number is a one-value axis); unknown axes, non-numbers
+    and load beside arrival_rate (two ways to set one rate) refused."""
     values: dict[str, list[float]] = {}
     for key, vals in axes.items():
         key = str(key)
@@ -114,48 +144,53 @@ def parse_grid(doc: Any) -> list[SweepPoint]:
         values[key] = [float(v) for v in vals]
     if "load" in values and "arrival_rate" in values:
         raise ModelError("grid: give load or arrival_rate as an axis, not both")
+    return values
+
+
+def _grid_policies(doc: dict[str, Any], n_stages: int) -> list[str]:
+    """The baselines compared at every point, each name checked against the stage count."""
     policies = doc.get("policies", [])
     if not isinstance(policies, list) or not all(isinstance(p, str) for p in policies):
         raise ModelError('policies: give a list of baseline names, e.g. ["pi(2)", "pi(1,2)"]')
     for p in policies:
-        Baseline.parse(p, len(names))
-    keys = list(values)
-    points = []
-    for idx, combo in enumerate(itertools.product(*(values[k] for k in keys))):
-        params = dict(zip(keys, combo))
-        sc = copy.deepcopy(base)
-        if "load" in params:
-            sc.pop("arrival_rate", None)
-            sc["load"] = params["load"]
-        if "arrival_rate" in params:
-            sc.pop("load", None)
-            sc["arrival_rate"] = params["arrival_rate"]
-        if "cores" in params:
-            if params["cores"] != int(params["cores"]):
-                raise ModelError(f"grid.cores: values must be whole numbers, got {params['cores']:g}")
-            sc["cores"] = int(params["cores"])
-        if "overhead" in params:
-            sc["overhead"] = params["overhead"]
-        for i, name in enumerate(names):
-            mk, sk = f"{name}.mean", f"{name}.scv"
-            if mk in params or sk in params:
-                where = f"grid.{name}"
-                if mk in params and sk in params:
-                    mean, scv = params[mk], params[sk]
-                else:
-                    svc = sc["stages"][i].get("service")
-                    if svc is None:
-                        raise ModelError(f"base.stages.{i}.service: required unless the grid gives both {mk} and {sk}")
-                    m0, s0 = _stage_moments(svc, f"base.stages.{i}.service")
-                    mean, scv = params.get(mk, m0), params.get(sk, s0)
-                sc["stages"][i] = {"name": name, "service": _ph_service(mean, scv, where)}
-        try:
-            parse_scenario(sc).build_model()
-        except ModelError as exc:
-            desc = ", ".join(f"{k}={v:g}" for k, v in params.items())
-            raise ModelError(f"grid point {idx} ({desc}): {exc}") from None
-        points.append(SweepPoint(idx, params, sc, tuple(policies)))
-    return points
+        Baseline.parse(p, n_stages)
+    return policies
+
+
+def _point_scenario(base: dict[str, Any], names: list[str], params: dict[str, float]) -> dict[str, Any]:
+    """The base scenario with one point's axis values in place (a copy: the base serves every point)."""
+    sc = copy.deepcopy(base)
+    if "load" in params:
+        sc.pop("arrival_rate", None)
+        sc["load"] = params["load"]
+    if "arrival_rate" in params:
+        sc.pop("load", None)
+        sc["arrival_rate"] = params["arrival_rate"]
+    if "cores" in params:
+        if params["cores"] != int(params["cores"]):
+            raise ModelError(f"grid.cores: values must be whole numbers, got {params['cores']:g}")
+        sc["cores"] = int(params["cores"])
+    if "overhead" in params:
+        sc["overhead"] = params["overhead"]
+    for i, name in enumerate(names):
+        if f"{name}.mean" in params or f"{name}.scv" in params:
+            sc["stages"][i] = {"name": name, "service": _point_service(sc["stages"][i], i, name, params)}
+    return sc
+
+
+def _point_service(stage: dict[str, Any], i: int, name: str, params: dict[str, float]) -> dict[str, Any]:
+    """Stage ``i``'s service at a point that moves its mean or SCV: a PH with the point's moments,
+    the one not on an axis taken from the base stage's service."""
+    mk, sk = f"{name}.mean", f"{name}.scv"
+    if mk in params and sk in params:
+        mean, scv = params[mk], params[sk]
+    else:
+        svc = stage.get("service")
+        if svc is None:
+            raise ModelError(f"base.stages.{i}.service: required unless the grid gives both {mk} and {sk}")
+        m0, s0 = _stage_moments(svc, f"base.stages.{i}.service")
+        mean, scv = params.get(mk, m0), params.get(sk, s0)
+    return _ph_service(mean, scv, f"grid.{name}")
 
 
 def solve_point(point: SweepPoint) -> list[dict[str, Any]]:

@@ -197,29 +197,55 @@ def choose_tandem_thresholds(model: TandemModel, *, levels: int = 2, weights: Se
     if levels < 2:
         raise ModelError(f"levels must be >= 2 for age priority, got {levels}")
     w = weights_for_levels(weights, levels)
+    ex = _exempt(model, exempt)
+    ps = tandem_model_mean(model)
+    ev = _TandemObjective(model, w, ex, grid)
+    rows, val = _search_thresholds(ev, model, levels, common)
+    pr = CpuPriority(w, rows, None, "age priority " + "; ".join(",".join(f"{x:.4g}" for x in r) for r in rows))
+    return TandemChoice(pr, val, ps, ev.n_eval, ex)
+
+
+Rows = tuple[tuple[float, ...], ...]
+
+
+def _exempt(model: TandemModel, exempt: Sequence[int] | None) -> tuple[int, ...]:
+    """The stages never demoted: the given ones (checked), by default the stages with a lock."""
     N = model.n_stages
     ex = tuple(sorted(set(locked_stages(model) if exempt is None else (int(i) for i in exempt))))
     if any(not 0 <= i < N for i in ex):
         raise ModelError(f"exempt: stage indices in 0..{N - 1}, got {list(ex)}")
-    ps = tandem_model_mean(model)
-    n_eval = 0
-    cache: dict[tuple[float, ...], float] = {}
+    return ex
 
-    def ev(rows: tuple[tuple[float, ...], ...]) -> float:
-        nonlocal n_eval
+
+class _TandemObjective:
+    """The visit model's E[W] under a set of threshold rows, at search accuracy, cached by the rows
+    (rounded to 12 digits: the optimisers revisit points) and counting the evaluations made."""
+
+    def __init__(self, model: TandemModel, w: tuple[float, ...], ex: tuple[int, ...], grid: int) -> None:
+        self.model, self.w, self.ex, self.grid = model, w, ex, grid
+        self.n_eval = 0
+        self.cache: dict[tuple[float, ...], float] = {}
+
+    def __call__(self, rows: Rows) -> float:
         key = tuple(round(x, 12) for r in rows for x in r)
-        if key not in cache:
-            n_eval += 1
-            cache[key] = tandem_model_mean(model, exempt_stages(CpuPriority(w, rows), ex), grid=grid, accuracy=SEARCH)
-        return cache[key]
+        if key not in self.cache:
+            self.n_eval += 1
+            self.cache[key] = tandem_model_mean(self.model, exempt_stages(CpuPriority(self.w, rows), self.ex),
+                                                grid=self.grid, accuracy=SEARCH)
+        return self.cache[key]
 
+
+def _search_thresholds(ev: _TandemObjective, model: TandemModel, levels: int, common: bool) -> tuple[Rows, float]:
+    """The best rows and their E[W]: a scan of common thresholds (levels spaced by 3) seeds the
+    search, which is then one-dimensional (two levels, common), per stage (two levels), or over
+    one common set of ``levels - 1`` thresholds."""
+    N = model.n_stages
     scale = float(np.mean([s.mean() for s in model.stages]))
     lo, hi = math.log(1e-3 * scale), math.log(1e3 * scale)
     scan = np.geomspace(0.05 * scale, 20.0 * scale, 9)
     values = [ev((tuple(float(x * 3.0**k) for k in range(levels - 1)),) * N) for x in scan]
     at = int(np.argmin(values))
     x0 = math.log(scan[at])
-    rows: tuple[tuple[float, ...], ...]
     if levels == 2 and common:
         # one variable: Brent's method inside the scan's bracket (the neighbours of its best point)
         left = math.log(scan[at - 1]) if at > 0 else lo
@@ -227,21 +253,31 @@ def choose_tandem_thresholds(model: TandemModel, *, levels: int = 2, weights: Se
         x1, val = _bracketed(lambda lx: ev(((math.exp(lx),),) * N), left, right)
         if values[at] < val:
             x1, val = x0, values[at]
-        rows = ((float(math.exp(x1)),),) * N
-    elif levels == 2:
-        def fun(lx: FloatArray) -> float:
-            return ev(tuple((float(math.exp(v)),) for v in lx))
+        return ((float(math.exp(x1)),),) * N, val
+    if levels == 2:
+        return _per_stage_search(ev, N, x0, lo, hi)
+    return _common_levels_search(ev, N, levels, x0, lo, hi)
 
-        xs, val, _ = _optimise(fun, np.full(N, x0), lo, hi)
-        rows = tuple((float(math.exp(v)),) for v in xs)
-    else:
-        def fun(lx: FloatArray) -> float:
-            th = np.exp(np.sort(lx))
-            if np.any(np.diff(th) <= 1e-9 * th[:-1]):
-                return math.inf
-            return ev((tuple(float(v) for v in th),) * N)
 
-        xs, val, _ = _optimise(fun, np.log(np.exp(x0) * 3.0 ** np.arange(levels - 1)), lo, hi)
-        rows = (tuple(float(v) for v in np.exp(np.sort(xs))),) * N
-    pr = CpuPriority(w, rows, None, "age priority " + "; ".join(",".join(f"{x:.4g}" for x in r) for r in rows))
-    return TandemChoice(pr, val, ps, n_eval, ex)
+def _per_stage_search(ev: _TandemObjective, N: int, x0: float, lo: float, hi: float) -> tuple[Rows, float]:
+    """Two levels: Nelder–Mead over the per-stage log-thresholds from the common seed ``x0``."""
+    def fun(lx: FloatArray) -> float:
+        return ev(tuple((float(math.exp(v)),) for v in lx))
+
+    xs, val, _ = _optimise(fun, np.full(N, x0), lo, hi)
+    return tuple((float(math.exp(v)),) for v in xs), val
+
+
+def _common_levels_search(ev: _TandemObjective, N: int, levels: int, x0: float, lo: float,
+                          hi: float) -> tuple[Rows, float]:
+    """More levels: one set of increasing thresholds common to all stages (the exact analysis
+    needs equal middle-level widths), seeded at ``x0`` with levels spaced by 3; coinciding
+    thresholds are infeasible."""
+    def fun(lx: FloatArray) -> float:
+        th = np.exp(np.sort(lx))
+        if np.any(np.diff(th) <= 1e-9 * th[:-1]):
+            return math.inf
+        return ev((tuple(float(v) for v in th),) * N)
+
+    xs, val, _ = _optimise(fun, np.log(np.exp(x0) * 3.0 ** np.arange(levels - 1)), lo, hi)
+    return (tuple(float(v) for v in np.exp(np.sort(xs))),) * N, val

@@ -230,6 +230,27 @@ def _over_budget(res: FitResult, max_order: int, max_states: int) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Fit every stage, write JSON (and PNG), print diagnostics."""
+    order, shift = _checked_options(args)
+    if args.paired:
+        return _run_paired(args, order, shift)
+    source = _input(args)
+    # the options are good: only now the data, and the EM's imports (numpy, numba's kernels) in _fit_one
+    data, report = _load(args, source)
+    for line in report:
+        print(line)
+    max_order = _budget_order(len(data), args.max_states) if order == "auto" else None
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    from overtake.api.progress import progress_iter
+
+    for name, x in progress_iter(data.items(), "fit", total=len(data)):  # a bar on a terminal only
+        _fit_one(args, name, x, order, shift, max_order, len(data), out)
+    sys.stdout.flush()
+    return 0
+
+
+def _checked_options(args: argparse.Namespace) -> tuple[int | str, float | str | None]:
+    """The order and the shift, every numeric option checked before any data is read."""
     order = _order(args.order)
     if args.censor_at is not None and not (math.isfinite(args.censor_at) and args.censor_at > 0):
         raise FitUsageError(f"--censor-at must be a duration > 0 seconds, got {args.censor_at}")
@@ -240,57 +261,49 @@ def run(args: argparse.Namespace) -> int:
     shift = _shift(args.shift)
     if shift is not None and args.censor_at is not None:
         raise FitUsageError("--shift needs exact durations: drop --censor-at")
-    if args.paired:
-        return _run_paired(args, order, shift)
-    source = _input(args)
-    # the options are good: only now the EM's imports (numpy, numba's kernels) and the data
+    return order, shift
+
+
+def _fit_one(args: argparse.Namespace, name: str, x: np.ndarray, order: int | str, shift: float | str | None,
+             max_order: int | None, n_stages: int, out: Path) -> None:
+    """Fit one stage's durations (censored at ``--censor-at``; with a floor under ``--shift``),
+    write its JSON (and PNG) and print its diagnostics."""
     import numpy as np
 
     from overtake.fitting import diagnose, fit_observations, samples
 
-    data, report = _load(args, source)
-    for line in report:
+    censored = None
+    if args.censor_at is not None:
+        censored = x >= args.censor_at
+        x = np.where(censored, args.censor_at, x)
+    try:
+        obs = samples(x, censored=censored)
+    except FittingInputError as exc:
+        raise type(exc)(f"stage {name!r}: {exc}") from None
+    shift_lines: list[str] = []
+    if shift is None:
+        res = fit_observations(obs, structure=args.structure, order=order, preserve_mean=args.preserve_mean,
+                               random_state=args.seed, max_iter=args.max_iter, max_order=max_order)
+        doc = res.to_dict()
+    else:
+        res, doc, shift_lines = _fit_floor(obs, shift, order, _budget_order(n_stages, args.max_states), args)
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    diag = diagnose(obs, res.ph).lines()
+    for line in _summary(name, res, diag, doc.get("shift", {}).get("body_order")):
         print(line)
-    max_order = _budget_order(len(data), args.max_states) if order == "auto" else None
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    from overtake.api.progress import progress_iter
+    if max_order is not None and shift is None:
+        print(*_over_budget(res, max_order, args.max_states), sep="\n", end="")
+    for line in shift_lines:
+        print(line)
+    print(f"  wrote {path}")
+    if args.plot:
+        from overtake.fitting.plot import fit_figure
 
-    for name, x in progress_iter(data.items(), "fit", total=len(data)):  # a bar on a terminal only
-        censored = None
-        if args.censor_at is not None:
-            censored = x >= args.censor_at
-            x = np.where(censored, args.censor_at, x)
-        try:
-            obs = samples(x, censored=censored)
-        except FittingInputError as exc:
-            raise type(exc)(f"stage {name!r}: {exc}") from None
-        shift_lines: list[str] = []
-        if shift is None:
-            res = fit_observations(obs, structure=args.structure, order=order, preserve_mean=args.preserve_mean,
-                                   random_state=args.seed, max_iter=args.max_iter, max_order=max_order)
-            doc = res.to_dict()
-        else:
-            res, doc, shift_lines = _fit_floor(obs, shift, order, _budget_order(len(data), args.max_states), args)
-        path = out / f"{name}.json"
-        path.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
-        diag = diagnose(obs, res.ph).lines()
-        for line in _summary(name, res, diag, doc.get("shift", {}).get("body_order")):
-            print(line)
-        if max_order is not None and shift is None:
-            print(*_over_budget(res, max_order, args.max_states), sep="\n", end="")
-        for line in shift_lines:
-            print(line)
-        print(f"  wrote {path}")
-        if args.plot:
-            from overtake.fitting.plot import fit_figure
-
-            fig = fit_figure(x, res.ph, title=f"{name}: {res.structure}({res.ph.order})", censored=censored)
-            png = out / f"{name}.png"
-            fig.savefig(png, dpi=100)
-            print(f"  wrote {png}")
-    sys.stdout.flush()
-    return 0
+        fig = fit_figure(x, res.ph, title=f"{name}: {res.structure}({res.ph.order})", censored=censored)
+        png = out / f"{name}.png"
+        fig.savefig(png, dpi=100)
+        print(f"  wrote {png}")
 
 
 def _paired_names(args: argparse.Namespace) -> tuple[str, str]:

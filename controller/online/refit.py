@@ -255,16 +255,8 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
     model, routes = _fitted_model(job, fits, routing)
     opt, model, lock_ignored = _solve(model, job.phase_info, job.tolerance, routes)
     t_solve = time.perf_counter() - t0 - t_fit
-    new = opt.metrics
     cur_name = job.current if isinstance(job.current, str) else str(job.current.meta.get("hash", job.current.digest()))
-    cur_error = None
-    try:
-        cur, ev = _current_policy(job, model, routes, new)
-        cur, new = _on_one_cap(job, model, routes, opt, cur, ev)
-        cur_w = float(cur.mean_response_time)
-    except Exception as exc:  # unstable or unevaluable under the new model: any stable π* is better
-        cur_w = math.inf
-        cur_error = f"{type(exc).__name__}: {exc}"
+    new, cur_w, cur_error = _current_against_new(job, model, routes, opt)
     t_eval = time.perf_counter() - t0 - t_fit - t_solve
     pol = opt.policy
     pol.meta.update(
@@ -278,6 +270,41 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
         pol.meta["cpu_priority"] = _age_thresholds(model)
     t_thr = time.perf_counter() - t_thr
     pol.save(job.out)
+    seconds = {"fit": t_fit, "solve": t_solve, "evaluate": t_eval, "thresholds": t_thr, "total": time.perf_counter() - t0}
+    return {
+        **_summary(job, fits, model, opt, new, (cur_name, cur_w, cur_error)),
+        "seconds": seconds,
+        # CPU (user + system) of this process for the whole job: what the refit took from Apache
+        "cpu_seconds": time.process_time() - c0,
+        "kind": job.phase_info,
+        "locks": list(model.locks) if model.locks is not None else None,
+        "lock_ignored": lock_ignored,
+        "routing": None if routing is None else [np.asarray(R).tolist() for R in routing],
+        "routing_correlation": corr,
+        "pid": os.getpid(),
+        "nice": os.getpriority(os.PRIO_PROCESS, 0),
+    }
+
+
+def _current_against_new(job: RefitJob, model: Any, routes: Any, opt: Any) -> tuple[Any, float, str | None]:
+    """π*'s metrics and the current policy's E[W] under the new model, on one evaluation cap, and
+    why the current one could not be evaluated (None when it was)."""
+    new = opt.metrics
+    try:
+        cur, ev = _current_policy(job, model, routes, new)
+        cur, new = _on_one_cap(job, model, routes, opt, cur, ev)
+        return new, float(cur.mean_response_time), None
+    except Exception as exc:  # unstable or unevaluable under the new model: any stable π* is better
+        return new, math.inf, f"{type(exc).__name__}: {exc}"
+
+
+def _summary(job: RefitJob, fits: list[dict[str, Any]], model: Any, opt: Any, new: Any,
+             current: tuple[str, float, str | None]) -> dict[str, Any]:
+    """The refit's result about the new model and both policies: the fitted stages, the load, both
+    predicted E[W] on the common evaluation cap (the current one's name and error), π*'s
+    truncation, hash and file."""
+    pol = opt.policy
+    cur_name, cur_w, cur_error = current
     return {
         "stages": [{"name": n, "mean": f["mean"], "order": f["order"], "scv": f["scv"], "structure": f["structure"],
                     "bic": f["bic"], "n": f["n"], "alpha": f["alpha"].tolist(), "T": f["T"].tolist()}
@@ -295,15 +322,4 @@ def refit_job(job: RefitJob) -> dict[str, Any]:
         "truncation": [opt.truncation.max_requests, opt.truncation.k_max],
         "hash": pol.digest(),
         "path": job.out,
-        "seconds": {"fit": t_fit, "solve": t_solve, "evaluate": t_eval, "thresholds": t_thr,
-                    "total": time.perf_counter() - t0},
-        # CPU (user + system) of this process for the whole job: what the refit took from Apache
-        "cpu_seconds": time.process_time() - c0,
-        "kind": job.phase_info,
-        "locks": list(model.locks) if model.locks is not None else None,
-        "lock_ignored": lock_ignored,
-        "routing": None if routing is None else [np.asarray(R).tolist() for R in routing],
-        "routing_correlation": corr,
-        "pid": os.getpid(),
-        "nice": os.getpriority(os.PRIO_PROCESS, 0),
     }

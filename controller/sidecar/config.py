@@ -30,7 +30,7 @@ from overtake.controller.online import OnlineSettings
 from overtake.controller.sidecar.admin import DEFAULT_ADMIN_LISTEN
 from overtake.controller.sidecar.options import SidecarOptions
 from overtake.controller.sidecar.policies import MAX_ARRAY_BYTES, MAX_INFLATED_BYTES, MAX_POLICY_BYTES
-from overtake.controller.sidecar.verify import VerifySettings
+from overtake.controller.sidecar.verify_settings import VerifySettings
 from overtake.controller.uplink.bands import TOP_FRACTION
 
 __all__ = ["OnlineConfig", "SidecarConfig", "VerifyConfig", "load_config", "to_options"]
@@ -147,34 +147,49 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> SidecarCo
         required key (``apache``, ``listen``, ``stages``): one line naming the key and the fix.
     """
     where = str(path) if path is not None else "command line"
-    data: dict[str, Any] = {}
-    if path is not None:
-        p = Path(path)
-        try:
-            raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise SidecarInputError(f"config: cannot read {p} ({exc.strerror}); give the sidecar's YAML file") from None
-        except UnicodeDecodeError as exc:
-            raise SidecarInputError(f"{p}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
-                                    "save the file as UTF-8") from None
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            at = f" at line {mark.line + 1}" if mark is not None else ""
-            raise SidecarInputError(f"{p}: not valid YAML{at}; check the indentation and quoting") from None
-        if raw is None:
-            raw = {}
-        if not isinstance(raw, dict):
-            raise SidecarInputError(f"{p}: must be a mapping of option: value (see apache-conf/examples/sidecar.yaml)")
-        base = p.resolve().parent
-        data = dict(raw)
-        for key in _PATHS:
-            if isinstance(data.get(key), str) and data[key] != "-":
-                data[key] = str(base / os.path.expanduser(data[key]))
-        if isinstance(data.get("policy"), str) and _is_file_spec(data["policy"]):
-            data["policy"] = str(base / os.path.expanduser(data["policy"]))
-        online = data.get("online")
-        if isinstance(online, dict) and isinstance(online.get("access_log"), str):
-            data["online"] = {**online, "access_log": str(base / os.path.expanduser(online["access_log"]))}
+    data = _read_file(Path(path)) if path is not None else {}
+    _apply_overrides(data, overrides)
+    try:
+        return SidecarConfig.model_validate(data)
+    except ValidationError as exc:
+        raise SidecarInputError(f"{where}: {_validation_message(exc)}") from None
+
+
+def _read_file(p: Path) -> dict[str, Any]:
+    """The config file's mapping, its relative paths resolved against the file's folder (so the
+    file means the same whatever the working directory)."""
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SidecarInputError(f"config: cannot read {p} ({exc.strerror}); give the sidecar's YAML file") from None
+    except UnicodeDecodeError as exc:
+        raise SidecarInputError(f"{p}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                                "save the file as UTF-8") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise SidecarInputError(f"{p}: not valid YAML{at}; check the indentation and quoting") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise SidecarInputError(f"{p}: must be a mapping of option: value (see apache-conf/examples/sidecar.yaml)")
+    base = p.resolve().parent
+    data = dict(raw)
+    for key in _PATHS:
+        if isinstance(data.get(key), str) and data[key] != "-":
+            data[key] = str(base / os.path.expanduser(data[key]))
+    if isinstance(data.get("policy"), str) and _is_file_spec(data["policy"]):
+        data["policy"] = str(base / os.path.expanduser(data["policy"]))
+    online = data.get("online")
+    if isinstance(online, dict) and isinstance(online.get("access_log"), str):
+        data["online"] = {**online, "access_log": str(base / os.path.expanduser(online["access_log"]))}
+    return data
+
+
+def _apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """The flags given on top of the file: plain keys replace, the ``online`` and ``verify``
+    sections merge key by key, and only where the section is on (a ``--verify-*`` flag without
+    ``--verify`` or ``verify:`` is refused: it would silently do nothing)."""
     online_flags = overrides.pop("online", None)
     verify_flags = overrides.pop("verify", None)
     data.update({k: v for k, v in overrides.items() if v is not None})
@@ -185,21 +200,23 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> SidecarCo
     elif verify_flags:
         flag = "--verify-" + next(iter(verify_flags)).replace("_", "-")
         raise SidecarInputError(f"{flag}: only with --verify (or verify: in the config file); add --verify")
-    try:
-        return SidecarConfig.model_validate(data)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = tuple(err["loc"])
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            sections: dict[str, type[BaseModel]] = {"online": OnlineConfig, "verify": VerifyConfig}
-            model = sections.get(str(loc[0]), SidecarConfig) if len(loc) > 1 else SidecarConfig
-            msg = f"unknown key; known keys: {', '.join(sorted(model.model_fields))}"
-        elif err["type"] == "missing":
-            flag = "--" + str(loc[-1]).replace("_", "-")
-            msg = f"required: set it in the config file or give {flag}"
-        got = "" if err["type"] in ("missing", "extra_forbidden") else f" (got {err.get('input')!r})"
-        raise SidecarInputError(f"{where}: {_field(loc)}: {msg}{got}") from None
+
+
+def _validation_message(exc: ValidationError) -> str:
+    """The first validation error as one line: the key, what is wrong and the fix (an unknown
+    key lists the known ones, a missing one names its flag), with the value given."""
+    err = exc.errors()[0]
+    loc = tuple(err["loc"])
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        sections: dict[str, type[BaseModel]] = {"online": OnlineConfig, "verify": VerifyConfig}
+        model = sections.get(str(loc[0]), SidecarConfig) if len(loc) > 1 else SidecarConfig
+        msg = f"unknown key; known keys: {', '.join(sorted(model.model_fields))}"
+    elif err["type"] == "missing":
+        flag = "--" + str(loc[-1]).replace("_", "-")
+        msg = f"required: set it in the config file or give {flag}"
+    got = "" if err["type"] in ("missing", "extra_forbidden") else f" (got {err.get('input')!r})"
+    return f"{_field(loc)}: {msg}{got}"
 
 
 def _token(value: str | None, file: str | None, kind: str) -> str | None:

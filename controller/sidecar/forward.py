@@ -59,6 +59,14 @@ class ClientGone(ControllerError):
 log = logging.getLogger("overtake.sidecar")
 
 
+def _raise_if_gone(state: dict[str, Any]) -> None:
+    """The drain task has ended early: the client stopped reading or went away."""
+    d: asyncio.Task[None] | None = state["drain"]
+    if d is not None and d.done():
+        exc = None if d.cancelled() else d.exception()
+        raise ClientGone(str(exc) if exc else "client gone")
+
+
 class Forwarder:
     """Apache's side of a request and the response's way back (module docstring)."""
 
@@ -112,32 +120,8 @@ class Forwarder:
         writer = conn.writer
         state: dict[str, Any] = {"flow": None, "chunked": False, "spool": None, "drain": None}
 
-        def gone() -> None:
-            d: asyncio.Task[None] | None = state["drain"]
-            if d is not None and d.done():  # the client stopped reading or went away
-                exc = None if d.cancelled() else d.exception()
-                raise ClientGone(str(exc) if exc else "client gone")
-
         async def stream(resp: UpstreamResponse) -> None:
-            # response larger than the buffer: start the client response; Apache's bytes go to the
-            # spool at Apache's pace, a drain task writes them at the client's
-            if state["flow"] is None:
-                cl = content_length(resp.headers)
-                state["chunked"] = chunked = cl is None and req.version == "1.1"
-                if cl is None and not chunked:
-                    req.keep_alive = False  # HTTP/1.0 client: close-delimited body
-                hd = client_head(resp, req, None, chunked)
-                flow = self.uplink.open(writer, None if cl is None else len(hd) + cl)
-                spool = Spool(self.limits.response_buffer_bytes, budget=self.spool_budget)
-                spool.append(hd)
-                state.update(flow=flow, spool=spool, drain=asyncio.create_task(self._drain(spool, flow)))
-            gone()
-            data = b"".join(resp.body)
-            resp.body.clear()
-            if data:
-                state["spool"].append(b"%x\r\n%s\r\n" % (len(data), data) if state["chunked"] else data)
-                await state["spool"].wait_room(self.limits.response_spill_bytes)  # beyond it, the client's pace
-                gone()
+            await self._stream(writer, req, state, resp)
 
         try:
             resp = await self.pool.exchange(
@@ -148,20 +132,50 @@ class Forwarder:
             return await self._upstream_failed(writer, req, t, state, exc)
         except (ClientGone, ConnectionError, OSError):
             # the client went away while we streamed to it: Apache's answer is complete or dropped
-            if t.status == ADMITTED:
-                self.limiter.release(t, "client_abort")
+            self._end_early(t, state, "client_abort")
             self.metrics.errors.labels("client_abort").inc()
-            if state["flow"] is not None:
-                self._abandon(state)
             return False
         except BaseException:
-            if t.status == ADMITTED:
-                self.limiter.release(t, "failed")
-            if state["flow"] is not None:
-                self._abandon(state)
+            self._end_early(t, state, "failed")
             raise
         await complete(resp)  # the stage is complete: Apache has sent everything
         return await self._relay(writer, req, resp, state)
+
+    def _end_early(self, t: Ticket, state: dict[str, Any], outcome: str) -> None:
+        """The exchange ended without a response to relay: free the request's slot (if admitted)
+        with ``outcome`` and drop the client response begun, if any."""
+        if t.status == ADMITTED:
+            self.limiter.release(t, outcome)
+        if state["flow"] is not None:
+            self._abandon(state)
+
+    async def _stream(self, writer: asyncio.StreamWriter, req: Request, state: dict[str, Any],
+                      resp: UpstreamResponse) -> None:
+        """The response is larger than the buffer: start the client response; Apache's bytes go to
+        the spool at Apache's pace, a drain task writes them at the client's."""
+        if state["flow"] is None:
+            self._start_client_response(writer, req, state, resp)
+        _raise_if_gone(state)
+        data = b"".join(resp.body)
+        resp.body.clear()
+        if data:
+            state["spool"].append(b"%x\r\n%s\r\n" % (len(data), data) if state["chunked"] else data)
+            await state["spool"].wait_room(self.limits.response_spill_bytes)  # beyond it, the client's pace
+            _raise_if_gone(state)
+
+    def _start_client_response(self, writer: asyncio.StreamWriter, req: Request, state: dict[str, Any],
+                               resp: UpstreamResponse) -> None:
+        """The client response's head into a new spool, its framing (Content-Length as Apache's,
+        else chunked to an HTTP/1.1 client, else close-delimited) and the drain task writing it."""
+        cl = content_length(resp.headers)
+        state["chunked"] = chunked = cl is None and req.version == "1.1"
+        if cl is None and not chunked:
+            req.keep_alive = False  # HTTP/1.0 client: close-delimited body
+        hd = client_head(resp, req, None, chunked)
+        flow = self.uplink.open(writer, None if cl is None else len(hd) + cl)
+        spool = Spool(self.limits.response_buffer_bytes, budget=self.spool_budget)
+        spool.append(hd)
+        state.update(flow=flow, spool=spool, drain=asyncio.create_task(self._drain(spool, flow)))
 
     async def _upstream_failed(self, writer: asyncio.StreamWriter, req: Request, t: Ticket, state: dict[str, Any],
                                exc: UpstreamError) -> bool:

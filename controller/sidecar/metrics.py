@@ -108,71 +108,82 @@ class _LimiterCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         lim = self.owner.limiter()
-        pol = lim.policy
-        names = lim.stage_names
-        queued = GaugeMetricFamily("overtake_stage_queued", "Requests waiting in the sidecar", labels=["stage", "phase"])
-        inflight = GaugeMetricFamily(
-            "overtake_stage_inflight",
-            "Requests admitted to Apache, response not yet received",
-            labels=["stage", "phase"],
-        )
-        limit = GaugeMetricFamily(
-            "overtake_stage_limit",
-            "Threads the policy allows in this stage and phase at the current state",
-            labels=["stage", "phase"],
-        )
-        admitted = CounterMetricFamily("overtake_stage_admitted", "Requests released to Apache", labels=["stage", "phase"])
-        completed = CounterMetricFamily(
-            "overtake_stage_completed", "Admitted requests ended, by outcome", labels=["stage", "phase", "outcome"]
-        )
-        rejected = CounterMetricFamily(
-            "overtake_stage_rejected",
-            "Requests answered 503 or dropped before admission, by reason",
-            labels=["stage", "reason"],
-        )
-        for i, name in enumerate(names):
-            for j in range(lim.phases[i]):
-                c = lim.offset[i] + j
-                ph = str(j + 1)
-                queued.add_metric([name, ph], lim.waiting[c])
-                inflight.add_metric([name, ph], lim.threads[c])
-                limit.add_metric([name, ph], lim.stage_limit(i, j))
-        queued.add_metric(["passthrough", "all"], len(lim.pt_queue))
-        inflight.add_metric(["passthrough", "all"], lim.pt_inflight)
-        if lim.passthrough_cap is not None:
-            limit.add_metric(["passthrough", "all"], lim.passthrough_cap)
-        for (i, j), v in sorted(lim.admitted.items()):
-            admitted.add_metric(_labels(names, i, j), v)
-        for (i, j, outcome), v in sorted(lim.completed.items()):
-            completed.add_metric([*_labels(names, i, j), outcome], v)
-        for (i, reason), v in sorted(lim.rejected.items()):
-            rejected.add_metric([names[i] if i != PASSTHROUGH else "passthrough", reason], v)
-        yield from (queued, inflight, limit, admitted, completed, rejected)
+        yield from _stage_families(lim)
         yield GaugeMetricFamily("overtake_inflight", "Requests inside Apache through the sidecar", value=lim.inflight_total)
         yield GaugeMetricFamily("overtake_inflight_limit", "Global hard cap on requests inside Apache", value=lim.max_inflight)
         yield GaugeMetricFamily(
             "overtake_inflight_max", "Largest number of requests inside Apache seen", value=lim.max_seen_inflight
         )
-        # phase_info: what the enforced policy sees; chosen/reason: what classifier.mode auto runs and why
-        # (passthrough when no candidate is predicted better than Apache's default by the margin)
-        info = GaugeMetricFamily("overtake_policy_info", "The running policy",
-                                 labels=["name", "version", "hash", "phase_info", "chosen", "reason"])
-        chosen = getattr(pol, "chosen", pol)
-        info.add_metric([pol.name, pol.version, pol.hash, pol.phase_info, chosen.name, getattr(pol, "reason", "")], 1)
-        yield info
-        if pol.predicted_wait is not None:
-            yield GaugeMetricFamily(
-                "overtake_policy_predicted_response_time_seconds",
-                "Model's mean response time E[W] of the running policy (model units x time unit)",
-                value=pol.predicted_wait * self.owner.time_unit,
-            )
-        yield CounterMetricFamily("overtake_policy_swaps", "Policies installed at runtime", value=self.owner.swaps)
-        yield CounterMetricFamily("overtake_policy_refused", "Policy swaps refused (old policy kept)", value=self.owner.refused)
-        yield CounterMetricFamily(
-            "overtake_policy_guard_admissions", "Admissions by the liveness guard", value=lim.guard_admissions
-        )
+        yield from _policy_families(lim, self.owner)
         if lim.lock is not None:
             yield from _lock_families(lim)
+
+
+def _stage_families(lim: Limiter) -> Iterator[Metric]:
+    """Per stage and phase (and the passthrough): queued, in Apache, the policy's limit now, and
+    the admitted, completed and rejected counters."""
+    names = lim.stage_names
+    queued = GaugeMetricFamily("overtake_stage_queued", "Requests waiting in the sidecar", labels=["stage", "phase"])
+    inflight = GaugeMetricFamily(
+        "overtake_stage_inflight",
+        "Requests admitted to Apache, response not yet received",
+        labels=["stage", "phase"],
+    )
+    limit = GaugeMetricFamily(
+        "overtake_stage_limit",
+        "Threads the policy allows in this stage and phase at the current state",
+        labels=["stage", "phase"],
+    )
+    admitted = CounterMetricFamily("overtake_stage_admitted", "Requests released to Apache", labels=["stage", "phase"])
+    completed = CounterMetricFamily(
+        "overtake_stage_completed", "Admitted requests ended, by outcome", labels=["stage", "phase", "outcome"]
+    )
+    rejected = CounterMetricFamily(
+        "overtake_stage_rejected",
+        "Requests answered 503 or dropped before admission, by reason",
+        labels=["stage", "reason"],
+    )
+    for i, name in enumerate(names):
+        for j in range(lim.phases[i]):
+            c = lim.offset[i] + j
+            ph = str(j + 1)
+            queued.add_metric([name, ph], lim.waiting[c])
+            inflight.add_metric([name, ph], lim.threads[c])
+            limit.add_metric([name, ph], lim.stage_limit(i, j))
+    queued.add_metric(["passthrough", "all"], len(lim.pt_queue))
+    inflight.add_metric(["passthrough", "all"], lim.pt_inflight)
+    if lim.passthrough_cap is not None:
+        limit.add_metric(["passthrough", "all"], lim.passthrough_cap)
+    for (i, j), v in sorted(lim.admitted.items()):
+        admitted.add_metric(_labels(names, i, j), v)
+    for (i, j, outcome), v in sorted(lim.completed.items()):
+        completed.add_metric([*_labels(names, i, j), outcome], v)
+    for (i, reason), v in sorted(lim.rejected.items()):
+        rejected.add_metric([names[i] if i != PASSTHROUGH else "passthrough", reason], v)
+    yield from (queued, inflight, limit, admitted, completed, rejected)
+
+
+def _policy_families(lim: Limiter, owner: SidecarMetrics) -> Iterator[Metric]:
+    """The running policy: its identity, its predicted E[W], and the swap and guard counters."""
+    pol = lim.policy
+    # phase_info: what the enforced policy sees; chosen/reason: what classifier.mode auto runs and why
+    # (passthrough when no candidate is predicted better than Apache's default by the margin)
+    info = GaugeMetricFamily("overtake_policy_info", "The running policy",
+                             labels=["name", "version", "hash", "phase_info", "chosen", "reason"])
+    chosen = getattr(pol, "chosen", pol)
+    info.add_metric([pol.name, pol.version, pol.hash, pol.phase_info, chosen.name, getattr(pol, "reason", "")], 1)
+    yield info
+    if pol.predicted_wait is not None:
+        yield GaugeMetricFamily(
+            "overtake_policy_predicted_response_time_seconds",
+            "Model's mean response time E[W] of the running policy (model units x time unit)",
+            value=pol.predicted_wait * owner.time_unit,
+        )
+    yield CounterMetricFamily("overtake_policy_swaps", "Policies installed at runtime", value=owner.swaps)
+    yield CounterMetricFamily("overtake_policy_refused", "Policy swaps refused (old policy kept)", value=owner.refused)
+    yield CounterMetricFamily(
+        "overtake_policy_guard_admissions", "Admissions by the liveness guard", value=lim.guard_admissions
+    )
 
 
 def _lock_families(lim: Limiter) -> Iterator[Metric]:
@@ -254,57 +265,73 @@ class ApacheCollector(Collector):
         )
         if not s:
             return
-        version = str(s.get("ServerVersion", ""))
-        info = GaugeMetricFamily("apache_info", "Apache version information", labels=["version", "mpm"])
-        info.add_metric([version, str(s.get("ServerMPM", ""))], 1)
-        yield info
-        yield GaugeMetricFamily("apache_version", "Apache server version", value=_version_number(version))
-        gen = GaugeMetricFamily("apache_generation", "Apache restart generation", labels=["type"])
-        gen.add_metric(["config"], float(s.get("ParentServerConfigGeneration", 0)))
-        gen.add_metric(["mpm"], float(s.get("ParentServerMPMGeneration", 0)))
-        yield gen
-        load = GaugeMetricFamily("apache_load", "Apache server load", labels=["interval"])
-        for key, lab in (("Load1", "1min"), ("Load5", "5min"), ("Load15", "15min")):
-            if key in s:
-                load.add_metric([lab], float(s[key]))
-        yield load
-        for key, name, doc in (
-            ("Total Accesses", "apache_accesses", "Current total apache accesses"),
-            ("Total kBytes", "apache_sent_kilobytes", "Current total kbytes sent"),
-            ("Total Duration", "apache_duration_ms", "Total duration of all registered requests in ms"),
-            ("Uptime", "apache_uptime_seconds", "Current uptime in seconds"),
-        ):
-            if key in s:
-                yield CounterMetricFamily(name, doc, value=float(s[key]))
-        if "CPUUser" in s:
-            cpu = CounterMetricFamily("apache_cpu_time_ms", "Apache CPU time", labels=["type"])
-            cpu.add_metric(["user"], 1000 * (float(s.get("CPUUser", 0)) + float(s.get("CPUChildrenUser", 0))))
-            cpu.add_metric(["system"], 1000 * (float(s.get("CPUSystem", 0)) + float(s.get("CPUChildrenSystem", 0))))
-            yield cpu
-        if "CPULoad" in s:
-            yield GaugeMetricFamily(
-                "apache_cpuload",
-                "The current percentage CPU used by each worker and in total by all workers combined",
-                value=float(s["CPULoad"]),
-            )
-        workers = GaugeMetricFamily("apache_workers", "Apache worker statuses", labels=["state"])
-        workers.add_metric(["busy"], float(s.get("BusyWorkers", 0)))
-        workers.add_metric(["idle"], float(s.get("IdleWorkers", 0)))
-        yield workers
-        procs = GaugeMetricFamily("apache_processes", "Apache process count", labels=["state"])
-        procs.add_metric(["all"], float(s.get("Processes", 0)))
-        procs.add_metric(["stopping"], float(s.get("Stopping", 0)))
-        yield procs
-        conns = GaugeMetricFamily("apache_connections", "Apache connection statuses", labels=["state"])
-        for key, lab in (("ConnsTotal", "total"), ("ConnsAsyncWriting", "writing"),
-                         ("ConnsAsyncKeepAlive", "keepalive"), ("ConnsAsyncClosing", "closing")):
-            conns.add_metric([lab], float(s.get(key, 0)))
-        yield conns
-        sb = GaugeMetricFamily("apache_scoreboard", "Apache scoreboard statuses", labels=["state"])
-        counts = scoreboard_counts(str(s.get("Scoreboard", "")))
-        for state in SCOREBOARD_STATES.values():
-            sb.add_metric([state], counts.get(state, 0))
-        yield sb
+        yield from _apache_identity(s)
+        yield from _apache_totals(s)
+        yield from _apache_states(s)
+
+
+def _apache_identity(s: dict[str, Any]) -> Iterator[Metric]:
+    """Which Apache: version, MPM, restart generations, and the host's load."""
+    version = str(s.get("ServerVersion", ""))
+    info = GaugeMetricFamily("apache_info", "Apache version information", labels=["version", "mpm"])
+    info.add_metric([version, str(s.get("ServerMPM", ""))], 1)
+    yield info
+    yield GaugeMetricFamily("apache_version", "Apache server version", value=_version_number(version))
+    gen = GaugeMetricFamily("apache_generation", "Apache restart generation", labels=["type"])
+    gen.add_metric(["config"], float(s.get("ParentServerConfigGeneration", 0)))
+    gen.add_metric(["mpm"], float(s.get("ParentServerMPMGeneration", 0)))
+    yield gen
+    load = GaugeMetricFamily("apache_load", "Apache server load", labels=["interval"])
+    for key, lab in (("Load1", "1min"), ("Load5", "5min"), ("Load15", "15min")):
+        if key in s:
+            load.add_metric([lab], float(s[key]))
+    yield load
+
+
+def _apache_totals(s: dict[str, Any]) -> Iterator[Metric]:
+    """Apache's running totals (accesses, bytes, durations, uptime, CPU time) and its CPU load,
+    each only where mod_status reports it."""
+    for key, name, doc in (
+        ("Total Accesses", "apache_accesses", "Current total apache accesses"),
+        ("Total kBytes", "apache_sent_kilobytes", "Current total kbytes sent"),
+        ("Total Duration", "apache_duration_ms", "Total duration of all registered requests in ms"),
+        ("Uptime", "apache_uptime_seconds", "Current uptime in seconds"),
+    ):
+        if key in s:
+            yield CounterMetricFamily(name, doc, value=float(s[key]))
+    if "CPUUser" in s:
+        cpu = CounterMetricFamily("apache_cpu_time_ms", "Apache CPU time", labels=["type"])
+        cpu.add_metric(["user"], 1000 * (float(s.get("CPUUser", 0)) + float(s.get("CPUChildrenUser", 0))))
+        cpu.add_metric(["system"], 1000 * (float(s.get("CPUSystem", 0)) + float(s.get("CPUChildrenSystem", 0))))
+        yield cpu
+    if "CPULoad" in s:
+        yield GaugeMetricFamily(
+            "apache_cpuload",
+            "The current percentage CPU used by each worker and in total by all workers combined",
+            value=float(s["CPULoad"]),
+        )
+
+
+def _apache_states(s: dict[str, Any]) -> Iterator[Metric]:
+    """What Apache's workers, processes, connections and scoreboard slots are doing now."""
+    workers = GaugeMetricFamily("apache_workers", "Apache worker statuses", labels=["state"])
+    workers.add_metric(["busy"], float(s.get("BusyWorkers", 0)))
+    workers.add_metric(["idle"], float(s.get("IdleWorkers", 0)))
+    yield workers
+    procs = GaugeMetricFamily("apache_processes", "Apache process count", labels=["state"])
+    procs.add_metric(["all"], float(s.get("Processes", 0)))
+    procs.add_metric(["stopping"], float(s.get("Stopping", 0)))
+    yield procs
+    conns = GaugeMetricFamily("apache_connections", "Apache connection statuses", labels=["state"])
+    for key, lab in (("ConnsTotal", "total"), ("ConnsAsyncWriting", "writing"),
+                     ("ConnsAsyncKeepAlive", "keepalive"), ("ConnsAsyncClosing", "closing")):
+        conns.add_metric([lab], float(s.get(key, 0)))
+    yield conns
+    sb = GaugeMetricFamily("apache_scoreboard", "Apache scoreboard statuses", labels=["state"])
+    counts = scoreboard_counts(str(s.get("Scoreboard", "")))
+    for state in SCOREBOARD_STATES.values():
+        sb.add_metric([state], counts.get(state, 0))
+    yield sb
 
 
 class SidecarMetrics:

@@ -18,7 +18,7 @@ from overtake.controller.errors import SidecarInputError
 from overtake.controller.online.settings import OnlineSettings
 from overtake.controller.sidecar.admin import DEFAULT_ADMIN_LISTEN
 from overtake.controller.sidecar.policies import MAX_ARRAY_BYTES, MAX_INFLATED_BYTES, MAX_POLICY_BYTES
-from overtake.controller.sidecar.verify import VerifySettings
+from overtake.controller.sidecar.verify_settings import VerifySettings
 from overtake.controller.uplink import bands as _bands
 
 __all__ = ["GROUPS", "KEYS", "RELOADABLE", "ApacheSide", "Endpoints", "Guards", "Observability", "PolicyOptions",

@@ -62,6 +62,7 @@ from overtake.controller.sidecar.metrics import SidecarMetrics
 from overtake.controller.sidecar.module_mode import check_module_options, check_module_policy
 from overtake.controller.sidecar.module_stages import ModuleStageCheck
 from overtake.controller.sidecar.options import (
+    ApacheSide,
     SidecarOptions,
     check_numbers,
     parse_addr,
@@ -80,11 +81,21 @@ from overtake.controller.sidecar.stages import ClassifierSettings, StageTable
 from overtake.controller.sidecar.upstream import UpstreamPool
 from overtake.controller.sidecar.verify import Verifier
 from overtake.controller.sidecar.verify_metrics import VerifyCollector
-from overtake.controller.uplink import make_uplink
+from overtake.controller.uplink import Uplink, make_uplink
 from overtake.controller.uplink.errors import UplinkInputError
 from overtake.controller.uplink.metrics import UplinkCollector
 
 __all__ = ["Sidecar"]
+
+
+def _uplink(options: SidecarOptions) -> Uplink:
+    """The response scheduler (``--uplink``); its cutoffs only where there are bands to cut."""
+    if options.uplink.name not in ("srpt", "srrt") and options.uplink.cutoffs is not None:
+        raise UplinkInputError(f"uplink_cutoffs: only for --uplink srpt or srrt, not {options.uplink.name!r}")
+    return make_uplink(options.uplink.name, cutoffs=options.uplink.cutoffs,
+                       top_fraction=options.uplink.top_fraction,
+                       lowest_writers=options.uplink.lowest_writers,
+                       ordered_bands=options.uplink.ordered_bands)
 
 
 class Sidecar(SidecarRuntime):
@@ -107,6 +118,34 @@ class Sidecar(SidecarRuntime):
         self.listen = parse_addr(options.endpoints.listen, "listen")
         self.admin_addr = parse_addr(options.endpoints.admin_listen, "admin_listen")
         self.apache = parse_apache_url(options.endpoints.apache)
+        options = self._settle_options(options)
+        #: policy loads off the event loop: one running, a few waiting, the rest refused
+        self.loads = LoadSlots()
+        self._class_key: tuple[object, object] | None = None
+        self._class_levels: tuple[tuple[int, ...], ...] | None = None
+        self.request_log = (RequestLog(options.observability.request_log, options.observability.request_log_format)
+                            if options.observability.request_log else None)
+        self.uplink = _uplink(options)
+        self.source = PolicySource(table, options, lambda spec, source: self.install(spec, source=source),
+                                   lambda: self.limiter.policy)
+        self.swapped_at = time.time()
+        #: classifier.mode auto (controller.sidecar.auto): the evidence the traffic gives, the candidates
+        self.auto = table.config.classifier.mode == "auto"
+        self._auto_task: asyncio.Task[None] | None = None
+        self._warned_unrecorded: set[str] = set()
+        self._apache_side(options.apache_side)
+        policy, settings = self._first_policy(self.source.first)
+        self.classifier = Classifier(settings, policy)
+        if self.auto:
+            self.classifier.evidence = Evidence()
+            self._auto_choose(policy, initial=True)  # type: ignore[arg-type]
+        self._wire(policy, settings.mode)
+
+    def _settle_options(self, options: SidecarOptions) -> SidecarOptions:
+        """The options checked and completed before anything is built from them: under ``enforce:
+        module`` the online loop's arrivals come from the log too, and ``--cpu-priority auto`` is
+        resolved against the stages file (:mod:`.cpu_choice`): from here on the options carry the
+        chosen value."""
         check_numbers(options)
         check_module_options(options)
         if options.enforce == "module" and options.online is not None:  # arrivals come from the log too
@@ -114,50 +153,28 @@ class Sidecar(SidecarRuntime):
                 options, online=dataclasses.replace(options.online, arrivals_from_log=True))
         #: enforce: module: mod_overtake_prio holds the requests, no traffic passes here (.module_mode)
         self.module_mode = options.enforce == "module"
-        #: --cpu-priority auto resolved against the stages file (controller.sidecar.cpu_choice); from
-        #: here on the options carry the chosen value
-        self.cpu_choice = choose_cpu_priority(options.apache_side.cpu_priority, table, module_mode=self.module_mode,
+        self.cpu_choice = choose_cpu_priority(options.apache_side.cpu_priority, self.table,
+                                              module_mode=self.module_mode,
                                               control_file=bool(options.apache_side.control_file))
         if self.cpu_choice.requested == "auto":
             options = self.options = with_cpu_priority(options, self.cpu_choice.chosen)
             log.info(f"cpu_priority auto: {self.cpu_choice.chosen} ({self.cpu_choice.reason})",
                      extra={"event": "cpu_priority_auto", "detail": self.cpu_choice.reason})
-        #: policy loads off the event loop: one running, a few waiting, the rest refused
-        self.loads = LoadSlots()
-        self._class_key: tuple[object, object] | None = None
-        self._class_levels: tuple[tuple[int, ...], ...] | None = None
-        self.request_log = (RequestLog(options.observability.request_log, options.observability.request_log_format)
-                            if options.observability.request_log else None)
-        if options.uplink.name not in ("srpt", "srrt") and options.uplink.cutoffs is not None:
-            raise UplinkInputError(f"uplink_cutoffs: only for --uplink srpt or srrt, not {options.uplink.name!r}")
-        self.uplink = make_uplink(options.uplink.name, cutoffs=options.uplink.cutoffs,
-                                  top_fraction=options.uplink.top_fraction,
-                                  lowest_writers=options.uplink.lowest_writers,
-                                  ordered_bands=options.uplink.ordered_bands)
-        self.source = PolicySource(table, options, lambda spec, source: self.install(spec, source=source),
-                                   lambda: self.limiter.policy)
-        self.swapped_at = time.time()
-        #: classifier.mode auto (controller.sidecar.auto): the evidence the traffic gives, the candidates
-        self.auto = table.config.classifier.mode == "auto"
-        self._auto_task: asyncio.Task[None] | None = None
-        #: where the CPU runs (Apache or PHP-FPM): the module reaches only Apache's
-        side = options.apache_side
+        return options
+
+    def _apache_side(self, side: ApacheSide) -> None:
+        """What the sidecar knows of Apache's side: where the CPU runs (Apache or PHP-FPM: the
+        module reaches only Apache's), per stage which lever reaches its work, the control file
+        for the policy's age thresholds (:mod:`.control_file`), and the PHP-FPM pool's size."""
         self.cpu_location = CpuLocation(side.cpu_priority, php_extension=bool(side.php_stats_file))
         #: per stage (the module's OvertakeStage counters): where its work runs, which lever reaches it
         self.stacks = StackWatch(side.cpu_priority, php_extension=bool(side.php_stats_file))
         #: the policy's age thresholds for Apache's OvertakeControlFile (controller.sidecar.control_file)
-        self.control = (ControlPublisher(side.control_file, len(table.names),
-                                         stage_names=table.names if self.module_mode else None)
+        self.control = (ControlPublisher(side.control_file, len(self.table.names),
+                                         stage_names=self.table.names if self.module_mode else None)
                         if side.control_file else None)
-        self._warned_unrecorded: set[str] = set()
         #: the PHP-FPM pool behind Apache and its pm.max_children (controller.sidecar.fpm_pool), or None
         self.fpm_pool = pool_size(side.fpm_pool_config) if side.fpm_pool_config else None
-        policy, settings = self._first_policy(self.source.first)
-        self.classifier = Classifier(settings, policy)
-        if self.auto:
-            self.classifier.evidence = Evidence()
-            self._auto_choose(policy, initial=True)  # type: ignore[arg-type]
-        self._wire(policy, settings.mode)
 
     def _first_policy(self, policy: SpawnPolicy) -> tuple[SpawnPolicy, ClassifierSettings]:
         """The policy to start with and the classifier's settings for it: under auto, the

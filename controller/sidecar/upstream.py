@@ -105,6 +105,64 @@ class _Parse:
 StreamCallback = Callable[[UpstreamResponse], Awaitable[None]]
 
 
+class _Reading:
+    """One response read off one connection: the parser, and whether any byte came (a reused
+    connection that fails before its first byte is retried: Apache had closed it between requests)."""
+
+    __slots__ = ("c", "resp", "parser", "got_bytes")
+
+    def __init__(self, c: _Conn, head_only: bool) -> None:
+        self.c = c
+        self.resp = UpstreamResponse()
+        cb = _Parse(self.resp, head_only)
+        self.parser = httptools.HttpResponseParser(cb)
+        cb.parser = self.parser
+        self.got_bytes = False
+
+    async def read(self, deadline: asyncio.Timeout, timeout: float, buffer_bytes: int,
+                   on_stream: StreamCallback) -> None:
+        """Read until the response is complete, handing the body to ``on_stream`` past ``buffer_bytes``."""
+        resp = self.resp
+        while not resp.done:
+            data = await self.c.reader.read(65536)
+            if not data:
+                self._eof()
+                break
+            self.got_bytes = True
+            # a deadline per progress, not per response: an answer that trickles, or a
+            # slow reader's long download, goes on as long as Apache keeps sending
+            deadline.reschedule(asyncio.get_running_loop().time() + timeout)
+            self.parser.feed_data(data)
+            if (resp.streamed or resp.body_bytes > buffer_bytes) and resp.body and not resp.done:
+                await self._stream(deadline, timeout, on_stream)
+            if resp.streamed:
+                # read() returns buffered bytes without suspending: one read per turn
+                # of the loop, or 32 downloads copy megabytes between two turns
+                await asyncio.sleep(0)
+
+    def _eof(self) -> None:
+        """Apache closed the connection: the end of a close-delimited body, else a broken exchange."""
+        resp = self.resp
+        if not resp.headers_done and not self.got_bytes:
+            raise ConnectionResetError("connection closed before the response")
+        resp.done = resp.headers_done
+        if not resp.done:
+            raise ConnectionResetError("connection closed mid-response")
+        resp.keep_alive = False
+
+    async def _stream(self, deadline: asyncio.Timeout, timeout: float, on_stream: StreamCallback) -> None:
+        """Hand the pending body to ``on_stream``; Apache's deadline pauses meanwhile."""
+        resp = self.resp
+        resp.streamed = True
+        # on_stream waits for the client (and the spool's room): Apache is
+        # not silent meanwhile, we are not reading; the client's own deadline
+        # (client_timeout per write) bounds this wait
+        deadline.reschedule(None)
+        await on_stream(resp)
+        resp.body_bytes = sum(len(b) for b in resp.body)
+        deadline.reschedule(asyncio.get_running_loop().time() + timeout)
+
+
 class UpstreamPool:
     """Connections to one Apache ``host:port``."""
 
@@ -176,69 +234,44 @@ class UpstreamPool:
         """
         for attempt in (0, 1):
             c, reused = await self._get() if attempt == 0 else (await self._open(), False)
-            resp = UpstreamResponse()
-            got_bytes = False
-            sent = False
+            rd = _Reading(c, method == b"HEAD")
+            wait, admitted = admitted, None  # a retry on a fresh connection goes out admitted
             try:
-                if admitted is not None:  # a retry on a fresh connection goes out admitted
-                    wait, admitted = admitted, None
-                    self._send(c, head, body)
-                    sent = True
-                    if not await wait():
-                        raise Withdrawn("withdrawn while held in Apache's gate")
-                async with asyncio.timeout(timeout) as deadline:
-                    if not sent:
-                        self._send(c, head, body)
-                    cb = _Parse(resp, method == b"HEAD")
-                    parser = httptools.HttpResponseParser(cb)
-                    cb.parser = parser
-                    while not resp.done:
-                        data = await c.reader.read(65536)
-                        if not data:
-                            if not resp.headers_done and not got_bytes:
-                                raise ConnectionResetError("connection closed before the response")
-                            # close-delimited body: EOF ends it
-                            resp.done = resp.headers_done
-                            if not resp.done:
-                                raise ConnectionResetError("connection closed mid-response")
-                            resp.keep_alive = False
-                            break
-                        got_bytes = True
-                        # a deadline per progress, not per response: an answer that trickles, or a
-                        # slow reader's long download, goes on as long as Apache keeps sending
-                        deadline.reschedule(asyncio.get_running_loop().time() + timeout)
-                        parser.feed_data(data)
-                        if (resp.streamed or resp.body_bytes > buffer_bytes) and resp.body and not resp.done:
-                            resp.streamed = True
-                            # on_stream waits for the client (and the spool's room): Apache is
-                            # not silent meanwhile, we are not reading; the client's own deadline
-                            # (client_timeout per write) bounds this wait
-                            deadline.reschedule(None)
-                            await on_stream(resp)
-                            resp.body_bytes = sum(len(b) for b in resp.body)
-                            deadline.reschedule(asyncio.get_running_loop().time() + timeout)
-                        if resp.streamed:
-                            # read() returns buffered bytes without suspending: one read per turn
-                            # of the loop, or 32 downloads copy megabytes between two turns
-                            await asyncio.sleep(0)
+                await self._attempt(rd, head, body, wait, buffer_bytes=buffer_bytes, timeout=timeout,
+                                    on_stream=on_stream)
             except TimeoutError:
                 c.close()
                 raise UpstreamError(f"{self.host}:{self.port} sent nothing within {timeout:g} s "
                                     "(limits.upstream_timeout: the longest silence of an answer)") from None
             except (OSError, httptools.HttpParserError) as exc:
                 c.close()
-                if attempt == 0 and reused and not got_bytes:
+                if attempt == 0 and reused and not rd.got_bytes:
                     continue
                 raise UpstreamError(f"{self.host}:{self.port}: {exc.__class__.__name__}: {exc}") from None
             except BaseException:
                 c.close()
                 raise
-            if resp.keep_alive:
+            if rd.resp.keep_alive:
                 self._put(c)
             else:
                 c.close()
-            return resp
+            return rd.resp
         raise AssertionError("unreachable")
+
+    async def _attempt(self, rd: _Reading, head: bytes, body: bytes, wait: Callable[[], Awaitable[bool]] | None, *,
+                       buffer_bytes: int, timeout: float, on_stream: StreamCallback) -> None:
+        """One try on one connection: send (ahead of the admission when ``wait`` is given, the
+        response's deadline counting from the admission), then read the response."""
+        sent = False
+        if wait is not None:
+            self._send(rd.c, head, body)
+            sent = True
+            if not await wait():
+                raise Withdrawn("withdrawn while held in Apache's gate")
+        async with asyncio.timeout(timeout) as deadline:
+            if not sent:
+                self._send(rd.c, head, body)
+            await rd.read(deadline, timeout, buffer_bytes, on_stream)
 
     @staticmethod
     def _send(c: _Conn, head: bytes, body: bytes) -> None:

@@ -26,100 +26,35 @@ Apache's default already (π(∞) without thresholds) needs no verification (sta
 Each decision is one log line (``event = verification_decision``, with the gain and its CI);
 ``GET /-/policy`` shows :meth:`Verifier.status`, the metrics are
 :class:`overtake.controller.sidecar.verify_metrics.VerifyCollector`'s.
+
+This module is the schedule: which arm is in force when, and when the pairs are judged. The
+options are :mod:`.verify_settings`'s, the counting of requests into windows and a pair's number
+:mod:`.verify_windows`'s, the statistics :mod:`.verify_stats`'s, the log lines and the status
+document :mod:`.verify_report`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from overtake.controller.errors import SidecarInputError
+from overtake.controller.sidecar import verify_report as report
 from overtake.controller.sidecar.control_file import ControlPublisher, age_thresholds
 from overtake.controller.sidecar.limiter import PASSTHROUGH, Limiter, LimiterListener, Ticket
 from overtake.controller.sidecar.policies import SpawnPolicy
+from overtake.controller.sidecar.verify_settings import VerifySettings
 from overtake.controller.sidecar.verify_stats import Verdict, judge
+from overtake.controller.sidecar.verify_windows import Window, WindowLedger, pair_log_ratio
 
 __all__ = ["ARMS", "STATES", "VerifySettings", "Verifier", "Window"]
-
-log = logging.getLogger("overtake.sidecar")
 
 #: what a window runs: the sidecar's policy or Apache's default
 ARMS = ("policy", "default")
 #: idle: nothing to verify (the policy is Apache's default); verifying; kept; fell_back
 STATES = ("idle", "verifying", "kept", "fell_back")
-
-
-@dataclass(frozen=True)
-class VerifySettings:
-    """Options of the live verification (``overtake sidecar --verify ...``). Times in seconds."""
-
-    window: float = 30.0  #: length of each window
-    settle: float = 5.0  #: leading seconds of a window whose arrivals are not counted
-    min_pairs: int = 3  #: pairs before any decision
-    max_pairs: int = 20  #: pairs after which a decision is forced
-    min_gain: float = 0.02  #: at max_pairs, the estimated gain a policy must show to be kept
-    level: float = 0.95  #: confidence over all looks together (verify_stats)
-    min_requests: int = 20  #: counted requests a window needs for its pair to count
-
-    def __post_init__(self) -> None:
-        checks = (
-            ("verify-window", math.isfinite(self.window) and self.window > 0, "a number of seconds > 0, e.g. 30"),
-            ("verify-settle", math.isfinite(self.settle) and 0 <= self.settle < self.window,
-             f"a number of seconds in [0, --verify-window) = [0, {self.window:g}), e.g. 5"),
-            ("verify-min-pairs", self.min_pairs >= 2, "an integer >= 2 (a CI needs two pairs), e.g. 3"),
-            ("verify-max-pairs", self.max_pairs >= self.min_pairs,
-             f"an integer >= --verify-min-pairs ({self.min_pairs}), e.g. 20"),
-            ("verify-min-gain", math.isfinite(self.min_gain) and -1 < self.min_gain < 1,
-             "a fraction in (-1, 1), e.g. 0.02"),
-            ("verify-level", 0.5 <= self.level < 1, "a confidence in [0.5, 1), e.g. 0.95"),
-            ("verify-min-requests", self.min_requests >= 1, "an integer >= 1, e.g. 20"),
-        )
-        for name, ok, fix in checks:
-            if not ok:
-                raise SidecarInputError(f"--{name}: must be {fix}")
-
-
-class Window:
-    """One window's arm and what its counted requests took."""
-
-    __slots__ = ("arm", "counted_from", "end", "n", "outstanding", "rejected", "start", "total", "censored")
-
-    def __init__(self, arm: str, start: float, settle: float) -> None:
-        self.arm = arm
-        self.start = start
-        self.counted_from = start + settle
-        self.end: float | None = None
-        self.n = 0  #: counted requests ended (completed, failed, rejected, or censored)
-        self.total = 0.0  #: their response times, seconds
-        self.outstanding = 0  #: counted requests not ended yet
-        self.rejected = 0
-        self.censored = 0  #: still running one window after the end: counted with their age
-
-    @property
-    def mean(self) -> float | None:
-        return self.total / self.n if self.n else None
-
-
-def _pair_summary(pol: Window, dft: Window) -> dict[str, float | int]:
-    """One pair of windows as ``status()`` shows it (``last_pair``)."""
-    return {"policy_mean_seconds": pol.mean or 0.0, "default_mean_seconds": dft.mean or 0.0,
-            "policy_requests": pol.n, "default_requests": dft.n,
-            "policy_rejected": pol.rejected, "default_rejected": dft.rejected,
-            "censored": pol.censored + dft.censored}
-
-
-def _decision_text(v: Verdict) -> str:
-    """The log line's account of a decision: what happens, after how many pairs, the gain and why."""
-    ci = "" if v.ci is None else f" (CI {v.ci[0]:+.1%} .. {v.ci[1]:+.1%} at {v.confidence:.4g})"
-    gain = "no estimate" if v.gain is None else f"gain {v.gain:+.1%}{ci}"
-    what = ("kept" if v.decision == "keep" else "falling back to Apache's default")
-    return f"{what} after {v.pairs} pairs: {gain} ({v.reason})"
 
 
 class Verifier(LimiterListener):
@@ -157,7 +92,7 @@ class Verifier(LimiterListener):
         self.chosen: SpawnPolicy = limiter.policy
         self.state = "idle"
         self.arm = "policy"
-        self.windows: list[Window] = []
+        self.ledger = WindowLedger(settings.settle, settings.window)
         self.ratios: list[float] = []  #: ln(default mean / policy mean), one per usable pair
         self.void_pairs = 0  #: pairs with a window of fewer than min_requests counted requests
         self.verdict: Verdict | None = None
@@ -167,9 +102,13 @@ class Verifier(LimiterListener):
         #: over the sidecar's life, for the counters
         self.pairs_total = {"used": 0, "void": 0}
         self.decisions_total: dict[tuple[str, str], int] = {}
-        self._tickets: dict[int, tuple[int, float]] = {}  # seq -> (window index, arrival)
         self._timer: asyncio.TimerHandle | None = None
         self._started = False
+
+    @property
+    def windows(self) -> list[Window]:
+        """The windows of the current verification, in order (pairs are windows 2k and 2k + 1)."""
+        return self.ledger.windows
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -196,25 +135,19 @@ class Verifier(LimiterListener):
         """A new policy was installed (it is in force): verify it from scratch."""
         self._cancel()
         self.chosen = policy
-        self.windows, self.ratios, self._tickets = [], [], {}
+        self.ledger.reset()
+        self.ratios = []
         self.void_pairs, self.verdict, self.decided_at, self.last_pair = 0, None, None, None
         self.arm = "policy"
         if not self._started:
             return
         if self.is_default(policy):
             self.state = "idle"
-            log.info(f"verification: {policy.name} is Apache's default, nothing to verify",
-                     extra={"event": "verification_idle", "policy": policy.name})
+            report.log_idle(policy.name)
             return
         self.state = "verifying"
         self.started_at = time.time()
-        s = self.settings
-        log.info(f"verification: {policy.name} against Apache's default in windows of {s.window:g} s, "
-                 f"{s.min_pairs}..{s.max_pairs} pairs", extra={
-                     "event": "verification_start", "policy": policy.name,
-                     "detail": {"window": s.window, "settle": s.settle, "min_pairs": s.min_pairs,
-                                "max_pairs": s.max_pairs, "min_gain": s.min_gain, "level": s.level,
-                                "default_cpu": self._default_cpu()}})
+        report.log_start(policy.name, self.settings, self._default_cpu())
         self._open(self.rng.choice(ARMS))
 
     # ---- the arms ----------------------------------------------------------------------------
@@ -244,97 +177,70 @@ class Verifier(LimiterListener):
                 self.control.publish_off(self._levels(), quiet=True)
 
     def _open(self, arm: str) -> None:
-        self.windows.append(Window(arm, self.clock(), self.settings.settle))
+        self.ledger.open(arm, self.clock())
         self._put(arm)
         self._timer = asyncio.get_running_loop().call_later(self.settings.window, self._tick)
+
+    def _next_arm(self) -> str:
+        """A pair's second window runs the other arm; a pair's first is drawn at random (A/B or B/A)."""
+        if len(self.windows) % 2:
+            return "default" if self.windows[-1].arm == "policy" else "policy"
+        return self.rng.choice(ARMS)
 
     def _tick(self) -> None:
         """A window ends: close it, judge the pairs that are complete, open the next window."""
         self._timer = None
         try:
             now = self.clock()
-            self.windows[-1].end = now
+            self.ledger.close(now)
             self._finish_pairs(now)
-            if self.state != "verifying":
-                return
-            if len(self.windows) % 2:  # the pair's second window runs the other arm
-                self._open("default" if self.windows[-1].arm == "policy" else "policy")
-            else:
-                self._open(self.rng.choice(ARMS))
+            if self.state == "verifying":
+                self._open(self._next_arm())
         except Exception as exc:  # noqa: BLE001 - a timer callback: an escape would stall the arms unseen
-            log.error("verification failed: falling back to Apache's default", extra={
-                "event": "verification_error", "policy": self.chosen.name,
-                "detail": f"{exc.__class__.__name__}: {exc}"})
+            report.log_error(self.chosen.name, exc)
             self._decide(Verdict("fall_back", "error", len(self.ratios), None, None, 0.0))
 
     # ---- the pairs ---------------------------------------------------------------------------
-    def _final(self, index: int, now: float) -> bool:
-        """Window ``index`` has all its requests counted (those still running one window after
-        its end are counted with their age so far)."""
-        w = self.windows[index]
-        if w.end is None:
-            return False
-        if w.outstanding and now >= w.end + self.settings.window:
-            for seq, (k, t0) in list(self._tickets.items()):
-                if k == index:
-                    del self._tickets[seq]
-                    w.n += 1
-                    w.total += now - t0
-                    w.censored += 1
-            w.outstanding = 0
-        return w.outstanding == 0
-
     def _finish_pairs(self, now: float) -> None:
-        s = self.settings
-        while 2 * (done := len(self.ratios) + self.void_pairs) + 1 < len(self.windows):
-            a, b = 2 * done, 2 * done + 1
-            if not (self._final(a, now) and self._final(b, now)):
-                return
-            pol, dft = (self.windows[a], self.windows[b])[:: 1 if self.windows[a].arm == "policy" else -1]
-            self.last_pair = _pair_summary(pol, dft)
-            if pol.n < s.min_requests or dft.n < s.min_requests or not pol.total or not dft.total:
-                self.void_pairs += 1
-                self.pairs_total["void"] += 1
-                log.info(f"verification pair {done + 1}: too few requests ({pol.n} policy, {dft.n} default; "
-                         f"{s.min_requests} needed per window), not counted",
-                         extra={"event": "verification_pair", "policy": self.chosen.name, "detail": self.last_pair})
-                continue
-            self.ratios.append(math.log(dft.total / dft.n) - math.log(pol.total / pol.n))
-            self.pairs_total["used"] += 1
-            self.verdict = v = judge(self.ratios, level=s.level, min_pairs=s.min_pairs, max_pairs=s.max_pairs,
-                                     min_gain=s.min_gain)
-            log.info(f"verification pair {len(self.ratios)}: policy {pol.mean:.4g} s, default {dft.mean:.4g} s"
-                     + (f"; gain {v.gain:+.1%}" if v.gain is not None else ""),
-                     extra={"event": "verification_pair", "policy": self.chosen.name,
-                            "detail": {**self.last_pair, "gain": v.gain, "ci": v.ci}})
-            if v.decision != "continue":
+        """Judge every pair whose windows are final, in order, until one decides."""
+        while (pair := self.ledger.pair(len(self.ratios) + self.void_pairs, now)) is not None:
+            if (v := self._take_pair(*pair)) is not None and v.decision != "continue":
                 self._decide(v)
                 return
+
+    def _take_pair(self, pol: Window, dft: Window) -> Verdict | None:
+        """Count one complete pair (or void it) and judge the pairs so far; None for a void pair."""
+        s = self.settings
+        self.last_pair = report.pair_summary(pol, dft)
+        ratio = pair_log_ratio(pol, dft, s.min_requests)
+        if ratio is None:
+            self.void_pairs += 1
+            self.pairs_total["void"] += 1
+            report.log_void_pair(self.chosen.name, len(self.ratios) + self.void_pairs, pol, dft, s.min_requests,
+                                 self.last_pair)
+            return None
+        self.ratios.append(ratio)
+        self.pairs_total["used"] += 1
+        self.verdict = v = judge(self.ratios, level=s.level, min_pairs=s.min_pairs, max_pairs=s.max_pairs,
+                                 min_gain=s.min_gain)
+        report.log_pair(self.chosen.name, len(self.ratios), pol, dft, v, self.last_pair)
+        return v
 
     def _decide(self, v: Verdict) -> None:
         self._cancel()
         self.verdict = v
         self.state = "kept" if v.decision == "keep" else "fell_back"
         self.decided_at = time.time()
-        self._tickets = {}
+        self.ledger.tickets = {}
         key = (self.state, v.reason)
         self.decisions_total[key] = self.decisions_total.get(key, 0) + 1
         self._put("policy" if v.decision == "keep" else "default")
-        log.log(logging.INFO if v.decision == "keep" else logging.WARNING,
-                f"verification: {self.chosen.name} {_decision_text(v)}",
-                extra={"event": "verification_decision", "policy": self.chosen.name, "detail": {
-                    "state": self.state, "reason": v.reason, "pairs": v.pairs, "gain": v.gain,
-                    "ci": None if v.ci is None else list(v.ci), "confidence": v.confidence,
-                    "void_pairs": self.void_pairs}})
+        report.log_decision(self.chosen.name, self.state, v, self.void_pairs)
 
     # ---- the tickets (LimiterListener: O(1) on the request path) ------------------------------
-    def _count(self, t: Ticket, now: float) -> None:
-        if self.state != "verifying" or t.stage == PASSTHROUGH or not self.windows:
-            return
-        w = self.windows[-1]
-        if now >= w.counted_from:
-            self._tickets[t.seq] = (len(self.windows) - 1, now)
-            w.outstanding += 1
+    def _count(self, t: Ticket, arrived: float) -> None:
+        if self.state == "verifying" and t.stage != PASSTHROUGH:
+            self.ledger.count(t.seq, arrived)
 
     def on_arrival(self, ticket: Ticket, now: float) -> None:
         self._count(ticket, now)
@@ -342,34 +248,18 @@ class Verifier(LimiterListener):
     def on_claim(self, ticket: Ticket, now: float) -> None:
         self._count(ticket, ticket.t_arrive)
 
-    def _end(self, t: Ticket, now: float, rejected: bool) -> None:
-        rec = self._tickets.pop(t.seq, None)
-        if rec is None:
-            return
-        w = self.windows[rec[0]]
-        w.outstanding -= 1
-        w.n += 1
-        w.total += now - rec[1]
-        w.rejected += rejected
-
     def on_release(self, ticket: Ticket, now: float, outcome: str) -> None:
-        if self._tickets:
-            self._end(ticket, now, False)
+        if self.ledger.tickets:
+            self.ledger.end(ticket.seq, now, False)
 
     def on_reject(self, ticket: Ticket, reason: str) -> None:
-        if self._tickets:
-            self._end(ticket, self.clock(), True)
+        if self.ledger.tickets:
+            self.ledger.end(ticket.seq, self.clock(), True)
 
     # ---- the view ------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         """The ``verify`` object of ``GET /-/policy``."""
-        v, s = self.verdict, self.settings
-        return {
-            "state": self.state, "policy": self.chosen.name, "in_force": self.arm,
-            "reason": None if v is None else v.reason, "pairs": len(self.ratios), "void_pairs": self.void_pairs,
-            "gain": None if v is None else v.gain, "ci": None if v is None or v.ci is None else list(v.ci),
-            "confidence": None if v is None else v.confidence, "started_at": self.started_at,
-            "decided_at": self.decided_at, "last_pair": self.last_pair,
-            "settings": {"window": s.window, "settle": s.settle, "min_pairs": s.min_pairs, "max_pairs": s.max_pairs,
-                         "min_gain": s.min_gain, "level": s.level, "min_requests": s.min_requests},
-        }
+        return report.status_document(
+            state=self.state, policy=self.chosen.name, in_force=self.arm, verdict=self.verdict,
+            pairs=len(self.ratios), void_pairs=self.void_pairs, started_at=self.started_at,
+            decided_at=self.decided_at, last_pair=self.last_pair, settings=self.settings)

@@ -107,18 +107,38 @@ def make_uplink(
     lowest that many bands' (each its own ``lowest_writers`` turns), see the module docstring.
     """
     check_lowest_writers(lowest_writers, ordered_bands)  # before a fallback could drop it
-    if lowest_writers and name not in ("srpt", "srrt"):
-        raise UplinkInputError(
-            f"lowest_writers: orders the lowest kernel band, only for srpt or srrt, not {name!r}"
-        )
+    _check_name(name, lowest_writers)
     if name == "fair":
         return FairUplink()
     if name == "app":
         return AppUplink(concurrency=concurrency, quantum=quantum, max_pacing_rate=max_pacing_rate)
-    if name not in ("srpt", "srrt"):
+    bandmap, note = _kernel_bands(name, bands, dev, netns)
+    if bandmap is None:
+        log.warning("uplink %s: %s; falling back to application-level ordering", name, note)
+        return AppUplink(concurrency=concurrency, quantum=quantum, max_pacing_rate=max_pacing_rate,
+                         note=f"fallback from {name}: {note}")
+    by_time = name == "srrt"
+    cuts, adapt = _kernel_cutoffs(cutoffs, adapt, len(bandmap.data), by_time)
+    return KernelUplink(bandmap=bandmap, cutoffs=cuts, by_time=by_time, adapt=adapt, interval=interval,
+                        lowat=notsent_lowat, note=note, top_fraction=top_fraction, lowest_writers=lowest_writers,
+                        ordered_bands=ordered_bands)
+
+
+def _check_name(name: str, lowest_writers: int) -> None:
+    """A scheduler of :data:`NAMES`, and ``lowest_writers`` only where a lowest kernel band exists."""
+    if lowest_writers and name not in ("srpt", "srrt"):
+        raise UplinkInputError(
+            f"lowest_writers: orders the lowest kernel band, only for srpt or srrt, not {name!r}"
+        )
+    if name not in NAMES:
         raise UplinkInputError(
             f"uplink: unknown scheduler {name!r}; choose one of: {', '.join(NAMES)}"
         )
+
+
+def _kernel_bands(name: str, bands: str, dev: str | None, netns: str | None) -> tuple[_qdisc.BandMap | None, str]:
+    """The band map SRPT/SRRT can use (named, or detected) and a note; None with the reason when
+    there is none or its priorities are refused (the caller falls back to ``app``)."""
     if bands not in ("auto", "htb", "pfifo_fast"):
         raise UplinkInputError(f"bands: {bands!r} must be auto, htb or pfifo_fast")
     note = ""
@@ -134,20 +154,20 @@ def make_uplink(
     if bandmap is not None and not _priority_allowed(bandmap.data[0]):
         note = f"SO_PRIORITY {bandmap.data[0]:#x} refused: needs CAP_NET_ADMIN or CAP_NET_RAW"
         bandmap = None
-    if bandmap is None:
-        log.warning("uplink %s: %s; falling back to application-level ordering", name, note)
-        return AppUplink(concurrency=concurrency, quantum=quantum, max_pacing_rate=max_pacing_rate,
-                         note=f"fallback from {name}: {note}")
-    by_time = name == "srrt"
+    return bandmap, note
+
+
+def _kernel_cutoffs(cutoffs: _bands.Cutoffs | str | None, adapt: bool | None, n_bands: int,
+                    by_time: bool) -> tuple[_bands.Cutoffs, bool]:
+    """The cutoffs (given, parsed from text in the scheduler's unit, or the defaults) and whether
+    they adapt (by default only when none were given)."""
     if isinstance(cutoffs, str):
         cutoffs = _bands.parse_cutoffs(cutoffs, unit="seconds" if by_time else "bytes")
     if adapt is None:
         adapt = cutoffs is None
     if cutoffs is None:
-        cutoffs = default_cutoffs(len(bandmap.data), by_time=by_time)
-    return KernelUplink(bandmap=bandmap, cutoffs=cutoffs, by_time=by_time, adapt=adapt, interval=interval,
-                        lowat=notsent_lowat, note=note, top_fraction=top_fraction, lowest_writers=lowest_writers,
-                        ordered_bands=ordered_bands)
+        cutoffs = default_cutoffs(n_bands, by_time=by_time)
+    return cutoffs, adapt
 
 
 def default_cutoffs(n_bands: int, *, by_time: bool) -> _bands.Cutoffs:

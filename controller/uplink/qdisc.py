@@ -429,35 +429,57 @@ def install(
             "(application-level ordering, Crovella et al.)"
         )
     state = show(dev, netns=netns, run=run)
-    tried = [first] if mode != "auto" else ["htb", "tbf"]
-    if mode == "auto" and state.mode is not None and abs((state.rate_bps or 0) - bps) <= 0.01 * bps:
-        tried = [state.mode]
+    tried = _arrangements(mode, first, state, bps)
     errors: list[str] = []
     for m in tried:
         if _matches(state, m, bps, floor_bps):
             return InstallResult(dev, netns, m, (), False, False, "already installed")
-        cmds = plan_install(dev, mode=m, rate=bps, netns=netns, leaf_limit=leaf_limit,
-                            floor=floor if m == "htb" else 0.0)  # fmt: skip
-        root = next((q for q in state.raw if q.get("root")), {})
-        if state.root_kind not in (None, "noqueue") and root.get("handle") != "0:":
-            # `replace` can neither change the root's kind nor an HTB root's parameters
-            cmds = plan_remove(dev, netns=netns) + cmds
+        cmds = _install_commands(dev, m, state, bps, netns, leaf_limit, floor)
         if m == "htb" and shutil.which("ethtool") is None:
             errors.append("htb: ethtool not installed (needed to turn TSO/GSO off)")
             continue
         failed = _run_all(cmds, run)
         if failed is None:
-            if m == "htb" and _gso_off(dev, netns, run) is False:
-                raise QdiscError(f"dev {dev}: TSO/GSO still on after `ethtool -K`; HTB needs "
-                                 "them off (it does not segment 64 KB GSO packets, which hold "
-                                 "the link for ~50 ms at 10 Mbit/s)")
-            note = (f"floor {floor} not applied: tbf's pfifo_fast bands are strict priorities"
-                    if m == "tbf" and floor > 0 else "")
-            return InstallResult(dev, netns, m, _tuples(cmds), True, False, note)
+            return _installed(dev, netns, m, cmds, floor, run)
         errors.append(f"{m}: {failed}")
         if "kind is unknown" not in failed:
             break  # only a kernel without the qdisc moves auto on to the next arrangement
     raise QdiscError(f"dev {dev}: could not install {' or '.join(tried)}: " + "; ".join(errors))
+
+
+def _arrangements(mode: str, first: str, state: QdiscState, bps: int) -> list[str]:
+    """The arrangements to try in order: the one asked for; under auto HTB then TBF, or the one
+    already installed at this rate (so a re-run keeps what is there)."""
+    if mode != "auto":
+        return [first]
+    if state.mode is not None and abs((state.rate_bps or 0) - bps) <= 0.01 * bps:
+        return [state.mode]
+    return ["htb", "tbf"]
+
+
+def _install_commands(dev: str, m: str, state: QdiscState, bps: int, netns: str | None, leaf_limit: int,
+                      floor: float) -> list[list[str]]:
+    """The tc commands that build arrangement ``m``, preceded by the root's removal where
+    ``replace`` cannot change it (another kind of root, or an HTB root's parameters)."""
+    cmds = plan_install(dev, mode=m, rate=bps, netns=netns, leaf_limit=leaf_limit,
+                        floor=floor if m == "htb" else 0.0)  # fmt: skip
+    root = next((q for q in state.raw if q.get("root")), {})
+    if state.root_kind not in (None, "noqueue") and root.get("handle") != "0:":
+        # `replace` can neither change the root's kind nor an HTB root's parameters
+        cmds = plan_remove(dev, netns=netns) + cmds
+    return cmds
+
+
+def _installed(dev: str, netns: str | None, m: str, cmds: list[list[str]], floor: float,
+               run: Runner) -> InstallResult:
+    """The arrangement is built: HTB also needs TSO/GSO off; a floor has no effect under TBF."""
+    if m == "htb" and _gso_off(dev, netns, run) is False:
+        raise QdiscError(f"dev {dev}: TSO/GSO still on after `ethtool -K`; HTB needs "
+                         "them off (it does not segment 64 KB GSO packets, which hold "
+                         "the link for ~50 ms at 10 Mbit/s)")
+    note = (f"floor {floor} not applied: tbf's pfifo_fast bands are strict priorities"
+            if m == "tbf" and floor > 0 else "")
+    return InstallResult(dev, netns, m, _tuples(cmds), True, False, note)
 
 
 def _run_all(cmds: list[list[str]], run: Runner) -> str | None:
