@@ -13,6 +13,7 @@ loaded 2-core machine passes and a missing rule fails).
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import threading
 import time
@@ -23,6 +24,7 @@ import numpy as np
 from support.service_helpers import SidecarProc
 
 from overtake.controller.harness import apache
+from overtake.controller.online.lockwatch import CHECK_INTERVAL
 
 BIG, SMALL = 0.3, 0.005  # thread CPU s inside the lock
 SMALLS = 4
@@ -65,27 +67,32 @@ def _learned(side: SidecarProc) -> list[dict[str, Any]]:
     return [e for e in side.events() if e.get("event") == "online_lock_learned"]
 
 
-def _stream(side: SidecarProc) -> None:
+def _stream(side: SidecarProc) -> int:
     """Poisson arrivals, 5 ms in the lock each (load ~0.04 of the lock, but SQLite's busy
-    handler polls every 0.1 s: waiters pile up), every answer 200. It ends once the sidecar has
-    learned the lock (its log, looked at once a second): later requests would only wait for
-    the learned lock."""
+    handler polls every 0.1 s: waiters pile up), every answer 200; the requests sent. The stream
+    ends one verdict interval after the sidecar has learned the lock (its log, looked at once a
+    second), so that a verdict on requests sent through the learned lock comes before the trials
+    (the lock is said once); it sends ``STREAM`` requests at most."""
     out: list[tuple[float, float]] = []
     threads = []
     at = look = time.monotonic()
+    until = math.inf
     for g in np.random.default_rng(1).exponential(0.15, STREAM):
         at += g
         time.sleep(max(0.0, at - time.monotonic()))
         th = threading.Thread(target=_get, args=(side, SMALL, out))
         th.start()
         threads.append(th)
-        if time.monotonic() >= look + 1:
+        if time.monotonic() >= until:
+            break
+        if until == math.inf and time.monotonic() >= look + 1:
             look = time.monotonic()
             if _learned(side):
-                break
+                until = look + CHECK_INTERVAL + 1
     for th in threads:
         th.join()
     assert len(out) == len(threads)
+    return len(threads)
 
 
 def test_the_learned_lock_serialises_the_stage(lock_apache: apache.ApacheInstance, tmp_path: Path) -> None:
@@ -95,7 +102,7 @@ def test_the_learned_lock_serialises_the_stage(lock_apache: apache.ApacheInstanc
     try:
         before = [_trial(side) for _ in range(TRIALS)]
         assert json.loads(side.request("GET", "/-/policy")[2])["lock"]["writes"]["capacity"] is None
-        _stream(side)
+        streamed = _stream(side)
         deadline = time.monotonic() + 60  # the log is polled every second, verdicts every 5 s
         while True:
             learned = _learned(side)
@@ -115,7 +122,7 @@ def test_the_learned_lock_serialises_the_stage(lock_apache: apache.ApacheInstanc
             _get(side, SMALL, warm)
         after = [_trial(side) for _ in range(TRIALS)]
         detail = (f"small requests' mean response time per trial, s: before the lock {[round(x, 3) for x in before]}, "
-                  f"learned lock 1 {[round(x, 3) for x in after]}")
+                  f"learned lock 1 {[round(x, 3) for x in after]}; learned from a stream of {streamed} requests")
         print(detail)
         assert statistics.median(after) <= 0.8 * statistics.median(before), detail
         assert _learned(side) == learned  # said once
