@@ -8,7 +8,7 @@ WARM_MDP := $(VENV)/.kernels-mdp
 WARM_FIT := $(VENV)/.kernels-fitting
 export OPENBLAS_NUM_THREADS ?= 1
 
-.PHONY: demo test test-setup lint typecheck venv deb clean
+.PHONY: demo test test-setup deb-for-tests lint typecheck venv deb clean
 
 $(STAMP): setup.cfg pyproject.toml
 	sh apache-conf/install-debian-packages.sh  # python3-venv first on a fresh Debian
@@ -39,11 +39,11 @@ demo: $(WARM)
 	sh apache-conf/install-debian-packages.sh
 	bash examples/demo/run.sh
 
-# The set-up's jobs run two at a time (the kernels beside lint and the type check). The suite runs
-# in two processes (pytest-xdist): the tests that start a real Apache or php-fpm and time it in one of
-# them, one after another, while the other runs the rest (functional Apache tests too) off Apache's
-# core and below them in CPU priority (tests/conftest.py), in about two thirds of the time of one
-# process (`make test PYTEST_N=1`).
+# The set-up's jobs run two at a time (the Debian package and the kernels first, beside lint and the
+# type check). The suite runs in two processes (pytest-xdist): the tests that start a real Apache or
+# php-fpm and time it in one of them, one after another, while the other runs the rest (functional
+# Apache tests too) off Apache's core and below them in CPU priority (tests/conftest.py), in about
+# two thirds of the time of one process (`make test PYTEST_N=1`).
 # The last line says how long the set-up and the suite took.
 PYTEST_N    ?= 2
 PYTEST_ARGS ?=
@@ -56,7 +56,17 @@ test:
 	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_DIST) $(PYTEST_ARGS); rc=$$?; t2=$$(date +%s); \
 	echo "make test: set-up $$((t1 - t0)) s, pytest $$((t2 - t1)) s (wall time)"; exit $$rc
 
-test-setup: $(WARM) lint typecheck
+test-setup: deb-for-tests $(WARM) lint typecheck
+
+# tests/test_deb.py reads the package `make deb` builds: built here, beside the other set-up jobs,
+# rather than inside the suite, where the build held one of its two processes. Only where that test
+# would build it (dpkg-deb, and root or apxs); a failed build is left to the test, which runs
+# `make deb` again and shows why.
+deb-for-tests:
+	@if command -v dpkg-deb >/dev/null 2>&1 && { [ "$$(id -u)" = 0 ] || command -v apxs >/dev/null 2>&1; }; then \
+	    mkdir -p build; $(MAKE) --no-print-directory deb >build/make-deb.log 2>&1 \
+	        || echo "make test: make deb failed in the set-up (build/make-deb.log); tests/test_deb.py runs it again"; \
+	fi
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -52,12 +52,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.apache)
         if _is_apache(item) and item.get_closest_marker("apache_functional") is None:
             item.add_marker(pytest.mark.apache_timed)  # by default: a new Apache test times something
-    listing = _run_file(f"apache-ids-{getattr(config, 'workerinput', {}).get('workerid')}")
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    listing = _run_file(f"apache-ids-{worker}")
     if listing is not None:  # an xdist worker: the controller's scheduler reads which tests are in the group
         listing.write_text("".join(f"{i.nodeid}\n" for i in items if _is_timed(i)))
-        functional = _run_file(f"functional-ids-{getattr(config, 'workerinput', {}).get('workerid')}")
-        assert functional is not None
-        functional.write_text("".join(f"{i.nodeid}\n" for i in items if _is_apache(i) and not _is_timed(i)))
+        for name, keep in (("functional-ids", lambda i: _is_apache(i) and not _is_timed(i)),
+                           ("slow-ids", lambda i: i.get_closest_marker("slow") is not None and not _is_timed(i))):
+            out = _run_file(f"{name}-{worker}")
+            assert out is not None
+            out.write_text("".join(f"{i.nodeid}\n" for i in items if keep(i)))
 
 
 def _is_apache(item: pytest.Item) -> bool:
@@ -88,10 +91,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             super().schedule()
             if first:
                 # the files of functional Apache tests next (a few long tests each, so the size
-                # order put them last): they then run beside the group instead of after it
-                functional = _listed("functional-ids")
-                for scope in [s for s, ids in self.workqueue.items() if functional.intersection(ids)][::-1]:
-                    self.workqueue.move_to_end(scope, last=False)
+                # order put them last): they then run beside the group instead of after it; then
+                # the files with a test marked ``slow`` (few tests, so also last by size: one of
+                # them at the end would keep a process busy alone while the other had finished)
+                for name in ("slow-ids", "functional-ids"):
+                    listed = _listed(name)
+                    for scope in [s for s, ids in self.workqueue.items() if listed.intersection(ids)][::-1]:
+                        self.workqueue.move_to_end(scope, last=False)
 
         def _split_scope(self, nodeid: str) -> str:
             # the others by file, as ``--dist loadfile``: a module's fixtures (a built package, a

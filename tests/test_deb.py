@@ -1,7 +1,8 @@
 """The Debian package `make deb` builds: its files, conffiles and metadata (dpkg-deb -I, its file tree).
 
-Built once (make rebuilds it only when a shipped file changed). Installing it into a clean
-Debian 12 root and serving requests through it is bench/deb_install.py (minutes: not here).
+Built once (make rebuilds it only when a shipped file changed; `make test` builds it in its
+set-up, beside the other jobs there). Installing it into a clean Debian 12 root and serving
+requests through it is bench/deb_install.py (minutes: not here).
 """
 
 from __future__ import annotations

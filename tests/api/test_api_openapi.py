@@ -28,6 +28,7 @@ def api_schema(base: str) -> schemathesis.BaseSchema:
     return schemathesis.openapi.from_url(base + "/openapi.json")
 
 
+@pytest.mark.slow  # every operation's generated cases against a live API
 def test_no_server_errors_on_generated_input(api_schema: schemathesis.BaseSchema) -> None:
     ops = [r.ok() for r in api_schema.get_all_operations()]
     assert len(ops) >= 12

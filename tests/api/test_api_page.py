@@ -15,8 +15,9 @@ from support.api_helpers import exp2, live_api, wait
 from overtake.api.db import Store
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian package chromium is not installed "
-                                "(apache-conf/install-debian-packages.sh installs it)")
+pytestmark = [pytest.mark.skipif(CHROMIUM is None, reason="Debian package chromium is not installed "
+                                 "(apache-conf/install-debian-packages.sh installs it)"),
+              pytest.mark.slow]  # a live API and a headless browser per test
 
 
 class _Dom(HTMLParser):

@@ -252,6 +252,7 @@ def _settled(side: Sidecar) -> dict[str, int]:
             "waiting": sum(lim.stage_waiting), "threads": sum(lim.threads), "connections": len(gw._conns)}
 
 
+@pytest.mark.slow  # 300 connections' exchanges
 @settings(max_examples=300, derandomize=True, database=None, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(reqs=connection())

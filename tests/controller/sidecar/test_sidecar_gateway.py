@@ -81,7 +81,7 @@ def _raise_autogroup(pid: int) -> None:
 class SidecarProc:
     """`python -m api.cli sidecar ...` as a subprocess."""
 
-    def __init__(self, apache_url: str, stages: str, policy: str, workdir: Path) -> None:
+    def __init__(self, apache_url: str, stages: str, policy: str, workdir: Path, *extra: str) -> None:
         self.port, self.admin_port = free_port(), free_port()
         self.stages = workdir / f"stages-{self.port}.yaml"
         self.stages.write_text(stages)
@@ -90,7 +90,8 @@ class SidecarProc:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "overtake.api.cli", "sidecar", "--policy", policy, "--apache", apache_url,
                  "--listen", f"127.0.0.1:{self.port}", "--stages", str(self.stages),
-                 "--admin-listen", f"127.0.0.1:{self.admin_port}", "--admin-token-file", str(admin_token_file(workdir))],
+                 "--admin-listen", f"127.0.0.1:{self.admin_port}", "--admin-token-file", str(admin_token_file(workdir)),
+                 *extra],
                 cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
         _raise_autogroup(self.proc.pid)
@@ -551,7 +552,8 @@ def test_shutdown_with_idle_busy_and_queued_clients_is_clean(inst: apache.Apache
 
 
 def _apache_up(s: SidecarProc, want: float = 0, timeout: float = 8.0) -> float:
-    """apache_up once it reads ``want``, or at the timeout (mod_status is scraped every 5 s)."""
+    """apache_up once it reads ``want``, or at the timeout (the sidecar below scrapes mod_status
+    every 0.5 s; by default every 5 s)."""
     deadline = time.monotonic() + timeout
     while (v := m(s.metrics(), "apache_up")) != want and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -562,7 +564,8 @@ def test_apache_killed_mid_load(apache_available: None) -> None:
     parent = _tmpdir()
     inst2 = _start_apache(parent)
     port = apache.parse_listen(inst2.listen)[1]
-    s = SidecarProc(inst2.base_url, STAGES.replace("max_inflight: 4", "max_inflight: 16"), "passthrough", parent)
+    s = SidecarProc(inst2.base_url, STAGES.replace("max_inflight: 4", "max_inflight: 16"), "passthrough", parent,
+                    "--status-interval", "0.5")  # apache_up follows Apache within a second, not five
     try:
         assert s.get("/stage1?work=0")[0] == 200
         codes: list[int] = []

@@ -72,6 +72,7 @@ def test_bad_routing_and_trace_are_named() -> None:
         virtual.replay({"arrival": np.zeros(3)}, "pi(1)")
 
 
+@pytest.mark.slow  # three replays of 150,000 requests and a simulation of a million
 def test_one_stage_priority_levels_match_the_simulator_and_mlps() -> None:
     """The twin's CPU priority on one H2 stage under passthrough (π(∞)): E[W] of the
     exact MLPS analysis (strict priority) and of the simulator (kernel weight 3/1024) agree
