@@ -4,7 +4,7 @@ real lock, the real sidecar with ``--online --access-log``.
 Apache (mod_overtake_prio with ``OvertakeRequestTimes On``) serves ``/locked`` (SQLite's write
 lock, tests/support/sqlite_lock.py) and ``/stage1`` (CPU only). An open-loop Poisson stream to
 each goes through the sidecar (passthrough policy, stage ``writes`` = /locked, ``cpu`` = /stage1):
-/locked at about 7 per second with 5 ms of CPU in the lock (SQLite's busy handler sleeps 0.1 s
+/locked at about 7 per second with 20 ms of CPU in the lock (SQLite's busy handler sleeps 0.1 s
 between tries: waiters pile up fast on a busy machine), /stage1 at 25 per second with 10 ms.
 Known answers: the sidecar logs ``writes`` serialised with lock capacity 1 and ``cpu`` not, exports
 ``overtake_stage_serialised``, and from then on sends /locked with ``X-Overtake-Exempt`` (counted by
@@ -62,7 +62,7 @@ def test_a_serialised_stage_is_learned_and_exempted(lock_apache: apache.ApacheIn
     try:
         codes: list[int] = []
         feeders = [threading.Thread(target=_poisson, args=(side, t, g, s, codes))
-                   for t, g, s in (("/locked?work=0.005", 0.15, 1), ("/stage1?work=0.01", 0.04, 2))]
+                   for t, g, s in (("/locked?work=0.02", 0.15, 1), ("/stage1?work=0.01", 0.04, 2))]
         for f in feeders:
             f.start()
         for f in feeders:
