@@ -241,21 +241,30 @@ def _build_compiled(model: TandemModel, layout: Layout, rule: Rule, C: int, k_ma
         sp_ptr[q + 1] = len(sp_coord)
     coords = np.array(sp_coord, dtype=np.int64)
     probs = np.array(sp_prob, dtype=np.float64)
+    kernel_args = (ranker.counts, C, k_max, max_states, ev_src, ev_move, ev_f, per_thread, weights,
+                   model.weights is not None, sp_ptr, coords, probs, layout.deterministic, kind, *rargs)
+    return compiled_search(_kernels.chain_bfs, kernel_args, L, ev_src.size, C, max_states, lam_u, layout)
+
+
+def compiled_search(kernel: Callable[..., int], args: tuple[Any, ...], L: int, n_events: int, C: int, max_states: int,
+                    lam_u: float, layout: Layout) -> Chain:
+    """Run a resumable breadth-first kernel (_kernels_jit.chain_bfs, _observed_jit.observed_bfs:
+    ``kernel(st, rows, keys, level, ht, t_src, t_dst, t_rate, *args)``) from the empty system,
+    enlarging its buffers whenever one fills, and the chain it found in the numpy search's order."""
+    ranker = Ranker(L, C)
     n_cap = 1 << 12
     rows = np.zeros((n_cap, L), dtype=np.int64)
     keys = np.zeros(n_cap, dtype=np.int64)
     keys[0] = ranker.rank(rows[:1])[0]
     level = np.zeros(n_cap, dtype=np.int64)
-    t_cap = n_cap * (ev_src.size + 1)
+    t_cap = n_cap * (n_events + 1)
     t_src = np.empty(t_cap, dtype=np.int64)
     t_dst = np.empty(t_cap, dtype=np.int64)
     t_rate = np.empty(t_cap, dtype=np.float64)
     ht = np.empty((2 * n_cap, 2), dtype=np.int64)
     st = np.array([1, 0, 0, 1], dtype=np.int64)  # one state (the empty system), rebuild the table
     while True:
-        status = _kernels.chain_bfs(st, rows, keys, level, ht, t_src, t_dst, t_rate, ranker.counts, C, k_max, max_states,
-                                    ev_src, ev_move, ev_f, per_thread, weights, model.weights is not None, sp_ptr,
-                                    coords, probs, layout.deterministic, kind, *rargs)
+        status = kernel(st, rows, keys, level, ht, t_src, t_dst, t_rate, *args)
         if status == 0:
             break
         if status == 2:
