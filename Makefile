@@ -22,7 +22,7 @@ $(STAMP): setup.cfg pyproject.toml
 # fitting/_fitting_aot), so no solve or fit pays for compiling nor, with the extensions, for importing
 # numba (re-run when a kernel's source changes: numba's cache is keyed by the source file).
 # The two packages' kernels are independent: `make -j2` builds them side by side.
-$(WARM_MDP): $(STAMP) mdp/_kernels.py mdp/_kernels_jit.py mdp/_simkernel.py mdp/_heurkernel.py mdp/_simcall.py mdp/model.py mdp/_warmup.py
+$(WARM_MDP): $(STAMP) mdp/_kernels.py mdp/_kernels_jit.py mdp/_observed_jit.py mdp/_simkernel.py mdp/_heurkernel.py mdp/_simcall.py mdp/model.py mdp/_warmup.py
 	$(BIN)/python -m overtake.mdp._warmup
 	touch $@
 

@@ -1,10 +1,11 @@
-"""Compiled inner loops of the solver; the sources are the numba kernels of ``_kernels_jit.py``.
+"""Compiled inner loops of the solver; the sources are the numba kernels of ``_kernels_jit.py`` and
+``_observed_jit.py``.
 
 ``python -m overtake.mdp._warmup`` (run at set-up) also compiles them ahead of time into the
 extension ``_kernels_aot`` (numba.pycc, for this machine's CPU). It loads at once, while importing
 numba and initialising its JIT, even with every kernel in numba's cache, is a large part of the
 start-up of each process that solves a large model (BENCHMARKS.md ``cli-table1``). The extension is used only when it was built
-from the current ``_kernels_jit.py`` (a digest recorded beside it) and for the argument types it
+from the current sources (a digest recorded beside it) and for the argument types it
 was built for (:data:`SIGNATURES`); otherwise the JIT kernels run, from numba's cache.
 """
 
@@ -42,6 +43,10 @@ SIGNATURES["chain_bfs"] = (
     "chain_bfs",
     f"i8({_I}, i8[:, ::1], {_I}, {_I}, i8[:, ::1], {_I}, {_I}, {_F}, i8[:, ::1], i8, i8, i8, {_I}, i8[:, ::1], {_M}, {_F}, {_F}, "
     f"b1, {_I}, {_I}, {_F}, b1, i8, {_I}, {_I}, i4[::1], i8[:, ::1], i8[:, ::1], i8, i8, {_I}, {_I}, {_I})")
+SIGNATURES["observed_bfs"] = (
+    "observed_bfs",
+    f"i8({_I}, i8[:, ::1], {_I}, {_I}, i8[:, ::1], {_I}, {_I}, {_F}, i8[:, ::1], i8, i8, i8, {_I}, i8[:, ::1], {_M}, {_F}, {_F}, "
+    f"b1, {_I}, i8, {_I}, {_I}, i8[:, ::1], i8[:, ::1], {_F}, {_I}, i4[::1], i8[:, ::1], i8[:, ::1], i8, i8)")
 for _ix in ("i4", "i8"):
     _X = f"{_ix}[::1]"
     SIGNATURES[f"bellman_residual_{_ix}"] = (
@@ -57,7 +62,7 @@ for _ix in ("i4", "i8"):
 
 def source_digest() -> str:
     """sha256 of the kernels' source and their signatures: what the extension must have been built from."""
-    return aot.source_digest((_HERE / "_kernels_jit.py",), SIGNATURES)
+    return aot.source_digest((_HERE / "_kernels_jit.py", _HERE / "_observed_jit.py"), SIGNATURES)
 
 
 def load_aot() -> ModuleType | None:
@@ -75,9 +80,9 @@ def aot_active() -> bool:
 
 
 def _jit(name: str) -> Any:
-    from . import _kernels_jit  # imports numba: only without the extension
+    from . import _kernels_jit, _observed_jit  # import numba: only without the extension
 
-    return getattr(_kernels_jit, name)
+    return getattr(_observed_jit if name == "observed_bfs" else _kernels_jit, name)
 
 
 def _call(name: str, args: tuple[Any, ...], index: np.ndarray | None = None) -> Any:
@@ -144,6 +149,11 @@ def chain_bfs(*args: Any) -> Any:
     return _call("chain_bfs", args)
 
 
+def observed_bfs(*args: Any) -> Any:
+    """Breadth-first search of an observation table's chain (_observed_jit.observed_bfs); returns its status."""
+    return _call("observed_bfs", args)
+
+
 def anderson_mix(*args: Any) -> Any:
     return _call("anderson_mix", args)
 
@@ -159,7 +169,5 @@ def build_aot(output_dir: Path = _HERE, cpu: str = "host") -> Path:
     ``cpu`` is LLVM's name of the processor to generate code for: ``host`` (this machine's, the
     fastest) or a baseline every machine of a package's architecture has, e.g. ``x86-64``.
     """
-    from . import _kernels_jit
-
-    exports = [(exported, sig, getattr(_kernels_jit, kernel).py_func) for exported, (kernel, sig) in SIGNATURES.items()]
+    exports = [(exported, sig, _jit(kernel).py_func) for exported, (kernel, sig) in SIGNATURES.items()]
     return aot.compile_extension("_kernels_aot", exports, output_dir, cpu, DIGEST_FILE, source_digest())

@@ -103,6 +103,12 @@ def _calls(_kernels: Any) -> None:
     start = Layout.build(model, "start")
     build_chain(model, start, Baseline.parse("pi(2)", 2).rule(start.queue_stage, model.coord_stage()), max_requests=10,
                 max_threads=2, compiled=True)
+    from .observation import ObservationSpace
+    from .observed_chain import observed_chain
+
+    none = Layout.build(model, "none")
+    osp = ObservationSpace(model, Truncation(5), none)
+    observed_chain(model, none, osp.policy(osp.table(lambda o: o[:, :osp.Q])).actions, max_requests=8, compiled=True)
     overtaking_heuristic(model).actions(space.rows[:10])
     simulate(model, "pi(1)", requests=1000, seed=0)
 
@@ -110,8 +116,9 @@ def _calls(_kernels: Any) -> None:
 def kernel_cache_misses() -> int:
     """Compilations (cache misses) so far of this package's solver kernels in this process."""
     from . import _kernels_jit as _kernels
+    from . import _observed_jit
 
-    total = 0
+    total: int = sum(_observed_jit.observed_bfs.stats.cache_misses.values())
     for name in ("box_minimum", "box_value", "rvi_sweeps", "bellman_residual", "residual_stats", "rank_rows",
                  "gauss_seidel", "anderson_history", "anderson_mix", "trim_longest", "chain_bfs", "reach_mark", "event_rows"):
         total += sum(getattr(_kernels, name).stats.cache_misses.values())

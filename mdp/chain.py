@@ -232,13 +232,22 @@ def _build_compiled(model: TandemModel, layout: Layout, rule: Rule, C: int, k_ma
     ev_src, ev_move, ev_f = event_tables(model, layout)
     per_thread, weights = share_tables(model, k_max)
     sp_ptr, coords, probs = _spawn_tables(layout)
-    b = _BfsBuffers(1 << 12, L, ev_src.size)
+    kernel_args = (ranker.counts, C, k_max, max_states, ev_src, ev_move, ev_f, per_thread, weights,
+                   model.weights is not None, sp_ptr, coords, probs, layout.deterministic, kind, *rargs)
+    return compiled_search(_kernels.chain_bfs, kernel_args, L, ev_src.size, C, max_states, lam_u, layout)
+
+
+def compiled_search(kernel: Callable[..., int], args: tuple[Any, ...], L: int, n_events: int, C: int, max_states: int,
+                    lam_u: float, layout: Layout) -> Chain:
+    """Run a resumable breadth-first kernel (_kernels_jit.chain_bfs, _observed_jit.observed_bfs:
+    ``kernel(st, rows, keys, level, ht, t_src, t_dst, t_rate, *args)``) from the empty system,
+    enlarging its buffers whenever one fills, and the chain it found in the numpy search's order."""
+    ranker = Ranker(L, C)
+    b = _BfsBuffers(1 << 12, L, n_events)
     b.keys[0] = ranker.rank(b.rows[:1])[0]
     st = np.array([1, 0, 0, 1], dtype=np.int64)  # one state (the empty system), rebuild the table
     while True:
-        status = _kernels.chain_bfs(st, b.rows, b.keys, b.level, b.ht, b.t_src, b.t_dst, b.t_rate, ranker.counts, C,
-                                    k_max, max_states, ev_src, ev_move, ev_f, per_thread, weights,
-                                    model.weights is not None, sp_ptr, coords, probs, layout.deterministic, kind, *rargs)
+        status = kernel(st, b.rows, b.keys, b.level, b.ht, b.t_src, b.t_dst, b.t_rate, *args)
         if status == 0:
             break
         if status == 2:

@@ -28,7 +28,8 @@ observation class), every one evaluated exactly on the full chain:
    extended beyond its cap by :class:`overtake.mdp.Policy`'s projection, is evaluated exactly on
    request caps C, 1.5C, … until E[W] moves by less than ``tol``; the solve cap grows by 1.25
    (warm start: the previous table) until the re-solved table's E[W] moves by less than ``tol``.
-   Each evaluation cap's stationary solve starts from the last table's law on that cap.
+   Each evaluation cap's stationary solve starts from the last table's law on that cap, or else
+   from this table's law on the ladder's previous cap.
 4. The answer is the best of the improved table and every baseline, each by its own exactly
    evaluated E[W] (and, for ``route``, the ``none`` optimum): E W(none) ≤ min over the baselines
    by construction. ``source`` names where the answer came from.
@@ -178,6 +179,7 @@ class _Search:
         self.n_steps = 0
         self.n_evals = 0
         self.laws: dict[int, ChainLaw] = {}  # the last evaluated table's law per evaluation cap
+        self.last: tuple[Policy, ChainLaw] | None = None  # the last law evaluated, and its table
 
     def say(self, line: str) -> None:
         if self.progress:
@@ -256,14 +258,19 @@ class _Search:
         budget = self.opts.max_eval_states
         if count_states(self.model, Truncation(C, pol.max_threads), self.layout) > 4 * budget:
             return None  # certainly beyond the budget: do not even start the search
+        # the last table's law on this cap starts the solve: a larger solve cap's table differs
+        # from it in a few classes, and its ladder ends on the same caps; else this table's law on
+        # the ladder's previous cap, which holds nearly all of the mass
+        warm = self.laws.get(C)
+        if warm is None and self.last is not None and self.last[0] is pol and self.last[1].cap < C:
+            warm = self.last[1]
         try:
-            # the last table's law on this cap starts the solve: a larger solve cap's table differs
-            # from it in a few classes, and its ladder ends on the same caps
             m, law = observed_law(self.model, self.layout, pol.actions, max_requests=C, max_threads=None,
-                                  max_states=budget, warm=self.laws.get(C))
+                                  max_states=budget, warm=warm)
         except TruncationError:
             return None
         self.laws[C] = law
+        self.last = (pol, law)
         self.trace.append({"check": "evaluation cap", "solve_cap": solve_cap, "max_requests": C, "states": m.states,
                            "mean_response_time": m.mean_response_time, "blocking_probability": m.blocking_probability})
         return m
