@@ -191,6 +191,15 @@ void op_slot_close(op_slot *s);
 void op_release(op_slot *s);
 void op_promote(op_slot *s);
 int op_post_read_request(request_rec *r);
+/* The module's record of a request, in the request_config of its first request (an internal
+ * redirect's request_rec finds it through r->prev): op_prio.c's priority tracking and op_stage.c's
+ * stage count, each NULL while that part does not track the request. One slot shared by the
+ * two, instead of the pool's user data: a hash lookup per use, three per staged request. */
+typedef struct {
+    void *prio;
+    void *stage;
+} op_request_state;
+op_request_state *op_request_state_of(request_rec *r, int create);
 void op_insert_filter(request_rec *r);
 apr_status_t op_end_filter(ap_filter_t *f, apr_bucket_brigade *bb);
 

@@ -292,25 +292,35 @@ int op_post_read_request(request_rec *r)
     q = apr_palloc(r->pool, sizeof *q);
     q->slot = s;
     q->seq = s->seq;
-    ap_set_module_config(r->request_config, &overtake_prio_module, q);
+    op_request_state_of(r, 1)->prio = q;
     apr_pool_cleanup_register(r->pool, q, op_request_end, apr_pool_cleanup_null);
     return DECLINED;
+}
+
+op_request_state *op_request_state_of(request_rec *r, int create)
+{
+    op_request_state *st;
+    while (r->prev) {
+        r = r->prev;
+    }
+    st = ap_get_module_config(r->request_config, &overtake_prio_module);
+    if (!st && create) {
+        st = apr_pcalloc(r->pool, sizeof *st);
+        ap_set_module_config(r->request_config, &overtake_prio_module, st);
+    }
+    return st;
 }
 
 /* Every request that runs a handler (internal redirects included) gets the end filter. */
 void op_insert_filter(request_rec *r)
 {
-    request_rec *first = r;
-    op_req *q;
+    const op_request_state *st;
     if (r->main) {
         return;
     }
-    while (first->prev) {
-        first = first->prev;
-    }
-    q = ap_get_module_config(first->request_config, &overtake_prio_module);
-    if (q) {
-        ap_add_output_filter_handle(op_end_filter_handle, q, r, r->connection);
+    st = op_request_state_of(r, 0);
+    if (st && st->prio) {
+        ap_add_output_filter_handle(op_end_filter_handle, st->prio, r, r->connection);
     }
 }
 

@@ -44,7 +44,8 @@
  *
  * One lock (a process-shared, robust mutex in the shared mapping) orders every count change and
  * decision; its sections are a few loads and stores. The table a child uses is its own copy,
- * swapped under a read-write lock when op_control.c puts a new generation in force.
+ * swapped under that lock when op_control.c puts a new generation in force: every decision holds
+ * it already, so reading the table takes no second lock.
  */
 #include "mod_overtake_prio.h"
 
@@ -68,7 +69,6 @@
 #define OS_RETAINED_KEY "mod_overtake_prio_stages_v2"  /* v2: wakes, sleepers */
 #define OS_NONE (-1)                /* OvertakeStage none */
 #define OS_UNSET (-2)
-#define OS_USERDATA "overtake-stage"   /* on the first request's pool: its os_req */
 #define OS_CONN_KEY "overtake-stage-follow"  /* on the connection's pool: its os_conn */
 #define OS_MAX_RES 1024             /* reservations outstanding at once (one per connection) */
 
@@ -131,16 +131,17 @@ static double os_hold_s = 30.0;     /* OvertakeStageHold */
 static int os_next[OS_MAX_STAGES];  /* OvertakeStageNext of the config being read (-1: none) */
 static double os_follow_s = 0.005;  /* OvertakeStageFollowUp: about a loopback client's round trip */
 
-/* This child's table: a copy of the control file's stage section, and where its stages are. */
+/* This child's table: a copy of the control file's stage section, and where its stages are.
+ * Written only by op_stage_table (op_control.c calls it under its own mutex: one writer at a time)
+ * while it holds os_shm->mu; read under os_shm->mu. */
 static struct {
-    pthread_rwlock_t lock;
     uint8_t *bytes;                 /* owns the section's bytes (t.act points into them) */
     size_t len;
     os_table t;
     int shm_of[OS_MAX_TSTAGES];     /* table stage -> shared stage, or -1 (not configured) */
     int in_table[OS_MAX_STAGES];    /* shared stage -> table stage, or -1 (run at once) */
     uint32_t generation;            /* 0: no table */
-} tab = {PTHREAD_RWLOCK_INITIALIZER, NULL, 0, {0}, {0}, {0}, 0};
+} tab = {NULL, 0, {0}, {0}, {0}, 0};
 
 typedef struct {
     int stage;                      /* shared stage index, OS_NONE or OS_UNSET */
@@ -167,12 +168,12 @@ void *op_stage_create_dir_conf(apr_pool_t *p, char *dir)
     return d;
 }
 
+/* Per request whose URL matches a section: the configs are never written after the config read,
+ * so the one that decides is returned as it is (no allocation). */
 void *op_stage_merge_dir_conf(apr_pool_t *p, void *base, void *add)
 {
-    os_dir_conf *d = apr_palloc(p, sizeof *d);
-    const os_dir_conf *b = base, *a = add;
-    d->stage = a->stage != OS_UNSET ? a->stage : b->stage;
-    return d;
+    (void)p;
+    return ((const os_dir_conf *)add)->stage != OS_UNSET ? add : base;
 }
 
 /* The index of stage name (added if new), or -1 with *err set. */
@@ -423,7 +424,6 @@ static void epoch(void)
     if (os_shm->nres) {
         res_expire(op_mono_ns());  /* an expired reservation's slot is free for this decision */
     }
-    pthread_rwlock_rdlock(&tab.lock);
     for (i = 0; i < n; i++) {
         if (!tab.generation || tab.in_table[i] < 0) {
             grant((int)i, INT32_MAX);  /* no table for this stage: nothing waits */
@@ -442,7 +442,6 @@ static void epoch(void)
             }
         }
     }
-    pthread_rwlock_unlock(&tab.lock);
     for (i = 0; i < n; i++) {
         running += os_shm->st[i].q.active;
     }
@@ -465,10 +464,9 @@ void op_stage_table(const uint8_t *section, size_t n, uint32_t gen)
     if (!os_shm) {
         return;
     }
-    pthread_rwlock_rdlock(&tab.lock);
+    /* the one writer reads what it wrote without the lock */
     j = gen && gen == tab.generation && section && tab.bytes && n == tab.len
         && !memcmp(tab.bytes, section, n);
-    pthread_rwlock_unlock(&tab.lock);
     if (j || (!section && !tab.generation && !gen)) {
         return;  /* the table in force (a look at an unchanged file) */
     }
@@ -477,7 +475,7 @@ void op_stage_table(const uint8_t *section, size_t n, uint32_t gen)
         free(copy);
         copy = NULL;  /* checked by oc_check already: only an allocation fails here */
     }
-    pthread_rwlock_wrlock(&tab.lock);
+    os_lock();
     old = tab.bytes;
     tab.bytes = copy;
     tab.len = copy ? n : 0;
@@ -497,11 +495,9 @@ void op_stage_table(const uint8_t *section, size_t n, uint32_t gen)
             }
         }
     }
-    pthread_rwlock_unlock(&tab.lock);
-    free(old);
-    os_lock();
     epoch();  /* requests held under the old table get the new one's answer now */
     os_unlock();
+    free(old);
 }
 
 /* ------------------------------------------------------------------------ requests */
@@ -637,16 +633,16 @@ int op_stage_fixups(request_rec *r)
     uint32_t ticket;
     int queued, granted, stage, res;
     int64_t t0;
-    void *seen = NULL;
+    op_request_state *st;
     if (!os_shm || r->main) {
         return DECLINED;  /* subrequests belong to their main request */
     }
     while (r0->prev) {
         r0 = r0->prev;  /* an internal redirect is counted once, in the stage first matched */
     }
-    /* (the request_config slot is op_prio.c's: the pool's user data marks a counted request) */
-    if (apr_pool_userdata_get(&seen, OS_USERDATA, r0->pool) == APR_SUCCESS && seen) {
-        stage_env(r, ((const os_req *)seen)->stage);  /* a redirect's env has it as REDIRECT_... */
+    st = op_request_state_of(r0, 0);
+    if (st && st->stage) {
+        stage_env(r, ((const os_req *)st->stage)->stage);  /* a redirect's env has it as REDIRECT_... */
         return DECLINED;
     }
     d = ap_get_module_config(r->per_dir_config, &overtake_prio_module);
@@ -667,7 +663,7 @@ int op_stage_fixups(request_rec *r)
     q->stage = stage;
     q->r = r0;
     stage_env(r, q->stage);
-    apr_pool_userdata_setn(q, OS_USERDATA, NULL, r0->pool);
+    (st ? st : op_request_state_of(r0, 1))->stage = q;
     s = &os_shm->st[q->stage];
     ADD(s->requests, 1);
     os_lock();
@@ -729,14 +725,14 @@ static int served_by(const request_rec *r)
 int op_stage_log(request_rec *r)
 {
     const request_rec *last = r;
-    void *seen = NULL;
-    if (!os_shm || r->main || apr_pool_userdata_get(&seen, OS_USERDATA, r->pool) != APR_SUCCESS || !seen) {
+    const op_request_state *st;
+    if (!os_shm || r->main || !(st = op_request_state_of(r, 0)) || !st->stage) {
         return DECLINED;
     }
     while (last->next) {
         last = last->next;  /* an internal redirect: the request that ran the handler */
     }
-    ADD(os_shm->st[((const os_req *)seen)->stage].served[served_by(last)], 1);
+    ADD(os_shm->st[((const os_req *)st->stage)->stage].served[served_by(last)], 1);
     return DECLINED;
 }
 
@@ -827,7 +823,9 @@ void op_stage_status(request_rec *r)
 {
     uint32_t n, i;
     int32_t waiting[OS_MAX_STAGES], active[OS_MAX_STAGES], rwait[OS_MAX_STAGES] = {0},
-            rrun[OS_MAX_STAGES] = {0};
+            rrun[OS_MAX_STAGES] = {0}, held[OS_MAX_STAGES];
+    uint32_t gen;
+    os_table t;
     if (!os_shm) {
         return;
     }
@@ -845,7 +843,10 @@ void op_stage_status(request_rec *r)
     for (i = 0; i < n; i++) {
         waiting[i] = os_shm->st[i].q.waiting - rwait[i];  /* requests only: reservations apart */
         active[i] = os_shm->st[i].q.active - rrun[i];
+        held[i] = tab.generation && tab.in_table[i] >= 0;
     }
+    gen = tab.generation;  /* the table in force, copied: nothing is written under the lock */
+    t = tab.t;
     os_unlock();
     /* the stage links as Apache read them, for the controller to compare with its stages file */
     metric(r, "overtake_stage_next", "gauge",
@@ -918,25 +919,22 @@ void op_stage_status(request_rec *r)
            "Requests started because nothing ran while requests waited and the table started none.");
     ap_rprintf(r, "overtake_stage_guard_starts_total %" APR_UINT64_T_FMT "\n",
                LOAD(os_shm->guard_starts));
-    pthread_rwlock_rdlock(&tab.lock);
     metric(r, "overtake_stage_table_generation", "gauge",
            "Generation of the control file whose count table this child enforces (0: none: "
            "requests run at once).");
-    ap_rprintf(r, "overtake_stage_table_generation %u\n", tab.generation);
+    ap_rprintf(r, "overtake_stage_table_generation %u\n", gen);
     metric(r, "overtake_stage_table_in_force", "gauge",
            "1 if the stage is held by the count table in this child, 0 if its requests run at once.");
     for (i = 0; i < n; i++) {
-        ap_rprintf(r, "overtake_stage_table_in_force{stage=\"%s\"} %d\n", os_shm->names[i],
-                   tab.generation && tab.in_table[i] >= 0);
+        ap_rprintf(r, "overtake_stage_table_in_force{stage=\"%s\"} %d\n", os_shm->names[i], held[i]);
     }
     metric(r, "overtake_stage_table_caps", "gauge",
            "The count table's caps per stage (kind=waiting|active): beyond them its documented default applies.");
-    for (i = 0; tab.generation && i < tab.t.n; i++) {
+    for (i = 0; gen && i < t.n; i++) {
         ap_rprintf(r, "overtake_stage_table_caps{stage=\"%s\",kind=\"waiting\"} %u\n"
                    "overtake_stage_table_caps{stage=\"%s\",kind=\"active\"} %u\n",
-                   tab.t.name[i], tab.t.wcap[i], tab.t.name[i], tab.t.kcap[i]);
+                   t.name[i], t.wcap[i], t.name[i], t.kcap[i]);
     }
-    pthread_rwlock_unlock(&tab.lock);
     metric(r, "overtake_stage_hold_limit_seconds", "gauge", "OvertakeStageHold.");
     ap_rprintf(r, "overtake_stage_hold_limit_seconds %g\n", os_hold_s);
     metric(r, "overtake_stage_follow_up_limit_seconds", "gauge",
