@@ -103,7 +103,8 @@ def _as_ph(alpha: Any, T: Any, where: str) -> tuple[FloatArray, FloatArray]:
                 f"{where}.T[{j}] row sum must be <= 0 (exit rate >= 0), got {t[j].sum():g}"
             )
     a = np.clip(a, 0.0, None)
-    a = a / a.sum()
+    if abs(a.sum() - 1.0) > 1e-12:  # off by rounding only: kept, so that checking a checked law is the identity
+        a = a / a.sum()
     t = t.copy()
     off_mask = ~np.eye(m, dtype=bool)
     t[off_mask] = np.clip(t[off_mask], 0.0, None)
@@ -211,7 +212,7 @@ def _checked_routing(routing: Any, stages: tuple[Stage, ...]) -> Routing:
     for i, raw in enumerate(mats):
         a, b = stages[i], stages[i + 1]
         try:
-            R = np.asarray(raw, dtype=float)
+            R = np.array(raw, dtype=float)  # a copy: rows are rescaled in place below
         except (TypeError, ValueError):
             raise ModelError(f"routing[{i}]: a {a.phases}x{b.phases} matrix of numbers, got {raw!r}") from None
         if R.shape != (a.phases, b.phases):
@@ -224,7 +225,11 @@ def _checked_routing(routing: Any, stages: tuple[Stage, ...]) -> Routing:
             j = int(np.argmax(np.abs(sums - 1.0)))
             raise ModelError(f"routing[{i}] row {j}: the start law of {b.name} after leaving {a.name} from phase "
                              f"{j + 1} must sum to 1, got {sums[j]:.6g}; normalise the row")
-        R = R / sums[:, None]
+        # rows off by rounding only are kept as given, so that checking a checked routing (a policy
+        # file's model read back) is the identity its hash relies on; a division would move the
+        # last bits again on each pass
+        off = np.abs(sums - 1.0) > 1e-12
+        R[off] = R[off] / sums[off, None]
         implied = exit_law(a) @ R
         if np.max(np.abs(implied - b.alpha)) > 1e-6:
             raise ModelError(
