@@ -147,7 +147,10 @@ def h2(rng: np.random.Generator) -> list[float]:
 
 
 def test_a_policy_slower_than_apaches_default_falls_back(server: apache.ApacheInstance, tmp_path: Path) -> None:
-    side = SidecarProc(tmp_path, ["--policy", "pi(1)", "--apache", server.base_url, *VERIFY], stages=STAGES)
+    # at the sixth pair a policy is kept on an estimated gain of 10 %, not 2 %: with 4 s windows one
+    # pair's noise can lift pi(1)'s running estimate to a few per cent for all its real loss
+    side = SidecarProc(tmp_path, ["--policy", "pi(1)", "--apache", server.base_url, *VERIFY, "--verify-min-gain", "0.1"],
+                       stages=STAGES)
     try:
         rate = 0.7 / (2 * (0.91 * 0.55 + 0.09 * 5.45) * UNIT)  # transactions per second at load 0.7
         view, codes = verify_run(side, rate, h2)
