@@ -156,7 +156,9 @@ def test_a_policy_slower_than_apaches_default_falls_back(server: apache.ApacheIn
         view, codes = verify_run(side, rate, h2)
         v = view["verify"]
         assert v["state"] == "fell_back" and v["in_force"] == "default", side.text()[-4000:]
-        assert v["gain"] < 0 and v["reason"] in ("worse", "no_gain") and v["policy"] == "pi(1)"
+        # worse, or not the 10 % better the run asks at its last pair (pi(1)'s loss is not large
+        # enough here for its six-pair estimate to be negative every time)
+        assert v["gain"] < 0.1 and v["reason"] in ("worse", "no_gain") and v["policy"] == "pi(1)"
         assert view["name"] == "pi(1)"  # the policy the sidecar stands for, now running as the default
         assert codes and all(c == 200 for c in codes), sorted(set(codes))
         decision = [e for e in side.events() if e.get("event") == "verification_decision"]
