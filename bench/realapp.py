@@ -115,7 +115,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _report import append_run, halt_polling, run_record
+from _report import append_run, halt_polling, read_runs, run_record
 from mediawiki import class_model, lock_model, product, server, split, sqlite_model, stats, wiki, workload
 from mediawiki.pages import Recipe, article_title, draw_units
 
@@ -533,6 +533,8 @@ def summarise_run(rts: dict[str, np.ndarray], arms: dict[str, Any], names: list[
             if name != "default" and name in rts:
                 gains[name] = stats.block_gain(rts[name], rts["default"], bounds)
                 gains[name]["ci95_transactions"] = stats.paired_gain(rts[name], rts["default"])[1]
+                p99 = stats.p99_ratio(rts[name], rts["default"], bounds)
+                gains[name]["p99_ratio"], gains[name]["p99_ratio_ci95"] = p99["ratio"], p99["ci95"]
     ov = gains.get("overtake", {"gain": None, "ci95": None})
     return {"arms": {n: arms[n] for n in names if n in arms}, "gain": ov["gain"], "gain_ci95": ov["ci95"], "gains": gains}
 
@@ -565,8 +567,9 @@ def render(doc: dict[str, Any]) -> str:
             lines.append("size-class model, predicted gain over default by quantile: " + ", ".join(
                 f"{k} {100 * v['gain']:+.1f} %" for k, v in sized["arms"].items())
                 + f"; the arm demotes above {sized['quantile']:g} ({sized['source']})")
-    lines.append("| run | arm | mean ms | p99 ms | failures | gain over default (CI over blocks) | model ms | trace model ms |")
-    lines.append("|---|---|---:|---:|---:|---:|---:|---:|")
+    lines.append("| run | arm | mean ms | p99 ms | failures | gain over default (CI over blocks) | p99 / default (95 % CI) "
+                 "| model ms | trace model ms |")
+    lines.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for k, r in enumerate(doc["runs"]):
         for name, a in r["arms"].items():
             g = r["gains"].get(name)
@@ -576,8 +579,10 @@ def render(doc: dict[str, Any]) -> str:
             ps = "-" if p is None else f"{p['predicted'] * 1e3:.1f}"
             pt = (r.get("predicted_trace") or {}).get(name)
             ts = "-" if pt is None else f"{pt['predicted'] * 1e3:.1f}"
-            lines.append(f"| {k + 1} | {name} | {a['mean'] * 1e3:.1f} | {a['p99'] * 1e3:.1f} | {a['failures']} | {gs} | {ps} "
-                         f"| {ts} |")
+            q = "-" if g is None or g.get("p99_ratio") is None else \
+                f"{g['p99_ratio']:.2f} ({g['p99_ratio_ci95'][0]:.2f}–{g['p99_ratio_ci95'][1]:.2f})"
+            lines.append(f"| {k + 1} | {name} | {a['mean'] * 1e3:.1f} | {a['p99'] * 1e3:.1f} | {a['failures']} | {gs} | {q} "
+                         f"| {ps} | {ts} |")
     return "\n".join(lines)
 
 
@@ -619,6 +624,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--halt-poll-us", type=float, default=20000,
                     help="guest halt polling while measuring (as bench/apache_table2.py); 0 leaves it")
     ap.add_argument("--no-setup", action="store_true", help="fail instead of installing missing packages")
+    ap.add_argument("--reanalyse", metavar="DATE", default=None,
+                    help="run nothing: recompute the trace model and the p99 comparison of the run recorded in "
+                         "bench/results/realapp.jsonl whose date starts with DATE (e.g. 2026-11-28T12:48), "
+                         "from its recorded times and calibration; never appends")
     ap.add_argument("--json", action="store_true", help="print the run as JSON on stdout")
     ap.add_argument("--no-write", action="store_true", help="do not append the run to bench/results/realapp.jsonl")
     args = ap.parse_args(argv)
@@ -704,26 +713,30 @@ def predicted_vs_measured(locked: dict[str, Any] | None, arms: dict[str, Any],
     return out
 
 
-def trace_prediction(run: dict[str, Any], b: Bench, rate: float, cal: dict[str, Any]) -> dict[str, Any]:
+def trace_prediction(run: dict[str, Any], cal: dict[str, Any], *, rate: float, transactions: int, php: str,
+                     preview_lock: int, class_quantile: float | None) -> dict[str, Any]:
     """The run's own trace under SQLite's locking (bench/mediawiki/sqlite_model.py), block by block
     from an idle server as replayed, per arm that it models (Apache's default and the sidecar's
     size-class arms): predicted and measured mean, their relative error, and the CPU demand the
-    arm's stack measured per transaction over the idle one, which the prediction uses."""
-    trace = workload.make_trace(b.args.transactions, rate, len(b.idle_preview), run["seed"])
-    idle = float(np.mean(b.idle_preview + b.idle_view))
+    prediction uses: the CPU per transaction the arm's stack measured over the idle time of the
+    same transactions (the trace's articles, not the wiki's average: a trace heavier than the
+    average already has its big articles in the replay)."""
+    idle_preview, idle_view = np.asarray(cal["preview_s"]), np.asarray(cal["view_s"])
+    trace = workload.make_trace(transactions, rate, len(idle_preview), run["seed"])
+    idle = float(np.mean((idle_preview + idle_view)[trace["article"]]))
     startup = (float(cal["preview"]["intercept_s"]), float(cal["view"]["intercept_s"]))
-    workers = lock_model.WORKERS["fpm"] if b.args.php == "fpm" else None
+    workers = lock_model.WORKERS["fpm"] if php == "fpm" else None
     out = {}
     for name, a in run["arms"].items():
         spec = ARM_SPECS[name]
         if spec.module and not spec.size_class or spec.qos or a["transactions"] == 0:
             continue  # age priority and mod_qos: not in this model
-        q = product.GUIDE_CLASS_QUANTILE if spec.auto else b.class_quantile
-        low = b.idle_view > np.quantile(b.idle_view, q) if spec.size_class and q is not None else None
+        q = product.GUIDE_CLASS_QUANTILE if spec.auto else class_quantile
+        low = idle_view > np.quantile(idle_view, q) if spec.size_class and q is not None else None
         demand = sum(a["cpu_s"].values()) / a["transactions"] / idle
         rts = [sqlite_model.simulate(trace["arrival"][lo:hi] - trace["arrival"][lo], trace["article"][lo:hi],
-                                     b.idle_preview, b.idle_view, startup=startup, demand=demand, workers=workers,
-                                     gate=spec.sidecar and b.args.preview_lock > 0, low=low)
+                                     idle_preview, idle_view, startup=startup, demand=demand, workers=workers,
+                                     gate=spec.sidecar and preview_lock > 0, low=low)
                for lo, hi in run["blocks"]]
         pred = float(np.mean(np.concatenate(rts)))
         out[name] = {"predicted": pred, "measured": a["mean"], "error": pred / a["mean"] - 1, "demand": demand}
@@ -784,7 +797,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             db_written = wiki.written_since(Path(args.data_dir), before)
             for r in runs:
                 r["predicted"] = predicted_vs_measured(locked, r["arms"], sized)
-                r["predicted_trace"] = trace_prediction(r, b, rate, cal)
+                r["predicted_trace"] = trace_prediction(r, cal, rate=rate, transactions=args.transactions, php=args.php,
+                                                        preview_lock=args.preview_lock, class_quantile=b.class_quantile)
         finally:
             os.sched_setaffinity(0, set(cores))
             shutil.rmtree(b.tmp, ignore_errors=True)
@@ -798,6 +812,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "recipe": asdict(recipe), "db_written": db_written, "cores": {"server": args.server_core, "client": args.client_core},
             "halt_poll_ns": hp, "load_before": load_before, "load_after": os.getloadavg()[0],
             "seconds": time.time() - started}
+
+
+def reanalyse(date: str) -> dict[str, Any]:
+    """The recorded run (bench/results/realapp.jsonl) whose date starts with ``date``, its trace
+    model and its arms' gains (p99 ratio included) recomputed from what it recorded: the
+    per-transaction times, the blocks, each arm's CPU and the calibration."""
+    found = [r for r in read_runs("realapp") if str(r.get("date", "")).startswith(date) and r.get("figures")]
+    if len(found) != 1:
+        dates = ", ".join(str(r.get("date")) for r in read_runs("realapp"))
+        raise SystemExit(f"realapp: --reanalyse {date!r} matches {len(found)} recorded runs; give a date prefix "
+                         f"that names one of: {dates}")
+    doc = found[0]["figures"]
+    quantile = ((doc.get("model") or {}).get("size_class") or {}).get("quantile")
+    for r in doc["runs"]:
+        rts = {name: np.array([np.nan if x is None else x for x in a["rt"]], float) for name, a in r["arms"].items()}
+        r.update(summarise_run(rts, r["arms"], list(r["arms"]), [tuple(b) for b in r["blocks"]]))
+        r["predicted_trace"] = trace_prediction(r, doc["calibration"], rate=doc["arrival_rate"],
+                                                transactions=doc["transactions"], php=doc["php"],
+                                                preview_lock=doc["preview_lock"], class_quantile=quantile)
+    doc["across_runs"] = across_runs(doc["runs"], list(doc["runs"][0]["arms"]))
+    return doc | {"reanalysis_of": found[0]["date"], "reanalysis_command": found[0].get("command")}
 
 
 def finite(x: Any) -> Any:
@@ -816,12 +851,12 @@ def finite(x: Any) -> Any:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still stop the servers
-    doc = finite(run(args))
+    doc = finite(reanalyse(args.reanalyse) if args.reanalyse else run(args))
     if args.json:
         print(json.dumps(doc, indent=1))
     else:
         print(render(doc))
-    if not args.no_write:
+    if not args.no_write and not args.reanalyse:
         path = append_run("realapp", run_record(doc, bench="realapp"))
         say(f"run appended to {path}")
     return 0

@@ -285,6 +285,56 @@ def test_run_document_has_the_contract_shape(capsys: pytest.CaptureFixture[str],
     assert r["gains"]["modqos"]["ci95"] > 0
 
 
+def test_p99_ratio_known_answers() -> None:
+    rts, _ = _fake_rts()
+    bounds = stats.blocks(200, 20)
+    # an arm that is the default scaled: every resample has the same ratio, so the interval is a point
+    for scale in (1.0, 0.9, 1.25):
+        r = stats.p99_ratio(rts["default"] * scale, rts["default"], bounds)
+        assert r["ratio"] == pytest.approx(scale) and r["ci95"] == pytest.approx([scale, scale])
+    # the point estimate is the ratio of the arms' own p99s (both after the same warm-up)
+    noisy = rts["default"] * np.random.default_rng(5).lognormal(0, 0.3, 200)
+    r = stats.p99_ratio(noisy, rts["default"], bounds)
+    both = ["ok"] * 200
+    assert r["ratio"] == pytest.approx(stats.arm_summary(noisy, both)["p99"] / stats.arm_summary(rts["default"], both)["p99"])
+    assert r["ci95"][0] < r["ratio"] < r["ci95"][1]
+    assert stats.p99_ratio(noisy, rts["default"], [(0, 200)])["ratio"] is None  # one block: no interval
+
+
+def test_run_document_carries_the_p99_ratio() -> None:
+    rts, arms = _fake_rts()
+    run = realapp.summarise_run(rts, arms, ["default", "overtake", "modqos"], stats.blocks(200, 50))
+    assert run["gains"]["overtake"]["p99_ratio"] == pytest.approx(0.9)
+    assert run["gains"]["overtake"]["p99_ratio_ci95"] == pytest.approx([0.9, 0.9])
+
+
+def test_trace_model_demand_is_over_the_traces_own_articles() -> None:
+    """An arm whose CPU per transaction equals its trace's idle time has demand 1, whatever the
+    trace's mix: a trace heavier than the wiki's average must not count its big articles twice."""
+    rng = np.random.default_rng(3)
+    ip = 0.016 + rng.lognormal(-4, 1.2, 40)
+    iv = ip + 0.01
+    cal = {"preview_s": ip.tolist(), "view_s": iv.tolist(), "preview": {"intercept_s": 0.015},
+           "view": {"intercept_s": 0.025}}
+    n, rate = 60, 3.0
+    for seed in (1, 2, 3):
+        trace = workload.make_trace(n, rate, len(ip), seed)
+        cpu = float(np.sum((ip + iv)[trace["article"]]))
+        run = {"seed": seed, "blocks": [[0, 30], [30, 60]],
+               "arms": {"default": {"cpu_s": {"apache": cpu}, "transactions": n, "mean": 0.1}}}
+        out = realapp.trace_prediction(run, cal, rate=rate, transactions=n, php="prefork", preview_lock=1,
+                                       class_quantile=None)
+        assert out["default"]["demand"] == pytest.approx(1.0)
+        assert out["default"]["predicted"] > 0.9 * float(np.mean((ip + iv)[trace["article"]]))
+
+
+def test_reanalyse_names_the_recorded_dates_when_the_prefix_matches_none(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(realapp, "read_runs", lambda bench: [{"date": "2026-01-01T00:00:00Z", "figures": {}}])
+    with pytest.raises(SystemExit, match="2026-01-01T00:00:00Z"):
+        realapp.reanalyse("1999")
+
+
 def test_without_overtake_the_gain_is_null() -> None:
     rts, arms = _fake_rts()
     run = realapp.summarise_run({"default": rts["default"]}, {"default": arms["default"]}, ["default"],
