@@ -726,7 +726,15 @@ def trace_prediction(run: dict[str, Any], cal: dict[str, Any], *, rate: float, t
     idle = float(np.mean((idle_preview + idle_view)[trace["article"]]))
     startup = (float(cal["preview"]["intercept_s"]), float(cal["view"]["intercept_s"]))
     workers = lock_model.WORKERS["fpm"] if php == "fpm" else None
-    out = {}
+    def predict(spec: Arm, low: np.ndarray | None, demand: float) -> float:
+        rts = [sqlite_model.simulate(trace["arrival"][lo:hi] - trace["arrival"][lo], trace["article"][lo:hi],
+                                     idle_preview, idle_view, startup=startup, demand=demand, workers=workers,
+                                     gate=spec.sidecar and preview_lock > 0, low=low)
+               for lo, hi in run["blocks"]]
+        return float(np.mean(np.concatenate(rts)))
+
+    out: dict[str, Any] = {}
+    base = run["arms"].get("default")
     for name, a in run["arms"].items():
         spec = ARM_SPECS[name]
         if spec.module and not spec.size_class or spec.qos or a["transactions"] == 0:
@@ -734,12 +742,12 @@ def trace_prediction(run: dict[str, Any], cal: dict[str, Any], *, rate: float, t
         q = product.GUIDE_CLASS_QUANTILE if spec.auto else class_quantile
         low = idle_view > np.quantile(idle_view, q) if spec.size_class and q is not None else None
         demand = sum(a["cpu_s"].values()) / a["transactions"] / idle
-        rts = [sqlite_model.simulate(trace["arrival"][lo:hi] - trace["arrival"][lo], trace["article"][lo:hi],
-                                     idle_preview, idle_view, startup=startup, demand=demand, workers=workers,
-                                     gate=spec.sidecar and preview_lock > 0, low=low)
-               for lo, hi in run["blocks"]]
-        pred = float(np.mean(np.concatenate(rts)))
+        pred = predict(spec, low, demand)
         out[name] = {"predicted": pred, "measured": a["mean"], "error": pred / a["mean"] - 1, "demand": demand}
+        if name != "default" and base is not None and base["transactions"]:
+            # nothing measured under the arm itself: the default's CPU per transaction
+            common = predict(spec, low, sum(base["cpu_s"].values()) / base["transactions"] / idle)
+            out[name] |= {"predicted_at_default_demand": common, "error_at_default_demand": common / a["mean"] - 1}
     return out
 
 

@@ -321,10 +321,14 @@ def test_trace_model_demand_is_over_the_traces_own_articles() -> None:
         trace = workload.make_trace(n, rate, len(ip), seed)
         cpu = float(np.sum((ip + iv)[trace["article"]]))
         run = {"seed": seed, "blocks": [[0, 30], [30, 60]],
-               "arms": {"default": {"cpu_s": {"apache": cpu}, "transactions": n, "mean": 0.1}}}
+               "arms": {"default": {"cpu_s": {"apache": cpu}, "transactions": n, "mean": 0.1},
+                        "overtake": {"cpu_s": {"apache": cpu}, "transactions": n, "mean": 0.1}}}
         out = realapp.trace_prediction(run, cal, rate=rate, transactions=n, php="prefork", preview_lock=1,
                                        class_quantile=None)
         assert out["default"]["demand"] == pytest.approx(1.0)
+        assert "predicted_at_default_demand" not in out["default"]
+        # the same CPU as the default's: the prediction at the default's demand is the arm's own
+        assert out["overtake"]["predicted_at_default_demand"] == out["overtake"]["predicted"]
         assert out["default"]["predicted"] > 0.9 * float(np.mean((ip + iv)[trace["article"]]))
 
 
