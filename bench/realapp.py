@@ -91,8 +91,15 @@ every arm over ``default`` with its 95 % CI over the blocks — ``gain`` / ``gai
 (``predicted``), the run's own trace replayed in the model of SQLite's locking
 (``predicted_trace``, bench/mediawiki/sqlite_model.py: start-up outside the locks, a writer's commit
 waiting for the running readers, the busy handler's retries; each arm's measured CPU per
-transaction as its demand) for Apache's default and the size-class arms, and over the runs the spread; ``db_written``: the wiki's SQLite databases the runs
-wrote to (none with the bench's settings: a preview's transaction changes nothing). Raw runs go to bench/results/realapp.jsonl unless --no-write (no BENCHMARKS.md section).
+transaction over the idle time of the same transactions as its demand, and for the other arms
+also the default's) for Apache's default and the size-class arms, each arm's p99 over the
+default's with a block-bootstrap interval, and over the runs the spread; ``db_written``: the
+wiki's SQLite databases the runs wrote to (none with the bench's settings: a preview's
+transaction changes nothing). ``--journal wal`` runs the whole bench with the wiki's database in
+write-ahead-log mode (a preview's commit then waits for no view; the trace model likewise), put
+back afterwards. ``--reanalyse DATE`` runs nothing and recomputes the trace model and the gains of
+a recorded run. Raw runs go to bench/results/realapp.jsonl unless --no-write (no BENCHMARKS.md
+section).
 """
 
 from __future__ import annotations
@@ -396,7 +403,8 @@ def structure(preview: np.ndarray, view: np.ndarray, units: np.ndarray) -> dict[
 def calibration(b: Bench, stamp: dict[str, Any]) -> dict[str, Any]:
     """The calibration: measured now, or with --reuse-calibration the last one of this stack and
     wiki (``DATA/calibration-<php>.json``) when there is one."""
-    saved = Path(b.args.data_dir) / f"calibration-{b.args.php}.json"
+    journal = "" if b.args.journal == "delete" else f"-{b.args.journal}"
+    saved = Path(b.args.data_dir) / f"calibration-{b.args.php}{journal}.json"
     if b.args.reuse_calibration:
         try:
             cal = dict(json.loads(saved.read_text()))
@@ -624,6 +632,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--halt-poll-us", type=float, default=20000,
                     help="guest halt polling while measuring (as bench/apache_table2.py); 0 leaves it")
     ap.add_argument("--no-setup", action="store_true", help="fail instead of installing missing packages")
+    ap.add_argument("--journal", choices=wiki.JOURNALS, default="delete",
+                    help="the wiki's main SQLite database for the whole bench: delete (SQLite's default "
+                         "rollback journal: a preview's commit waits for every running view) or wal (the "
+                         "write-ahead log: it waits for none); put back to delete at the end (default delete)")
     ap.add_argument("--reanalyse", metavar="DATE", default=None,
                     help="run nothing: recompute the trace model and the p99 comparison of the run recorded in "
                          "bench/results/realapp.jsonl whose date starts with DATE (e.g. 2026-11-28T12:48), "
@@ -714,7 +726,7 @@ def predicted_vs_measured(locked: dict[str, Any] | None, arms: dict[str, Any],
 
 
 def trace_prediction(run: dict[str, Any], cal: dict[str, Any], *, rate: float, transactions: int, php: str,
-                     preview_lock: int, class_quantile: float | None) -> dict[str, Any]:
+                     preview_lock: int, class_quantile: float | None, journal: str = "delete") -> dict[str, Any]:
     """The run's own trace under SQLite's locking (bench/mediawiki/sqlite_model.py), block by block
     from an idle server as replayed, per arm that it models (Apache's default and the sidecar's
     size-class arms): predicted and measured mean, their relative error, and the CPU demand the
@@ -729,7 +741,7 @@ def trace_prediction(run: dict[str, Any], cal: dict[str, Any], *, rate: float, t
     def predict(spec: Arm, low: np.ndarray | None, demand: float) -> float:
         rts = [sqlite_model.simulate(trace["arrival"][lo:hi] - trace["arrival"][lo], trace["article"][lo:hi],
                                      idle_preview, idle_view, startup=startup, demand=demand, workers=workers,
-                                     gate=spec.sidecar and preview_lock > 0, low=low)
+                                     gate=spec.sidecar and preview_lock > 0, low=low, wal=journal == "wal")
                for lo, hi in run["blocks"]]
         return float(np.mean(np.concatenate(rts)))
 
@@ -781,7 +793,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         Path("/proc/self/autogroup").write_text("-20")
     except OSError:
         pass
-    with halt_polling(int(args.halt_poll_us * 1000)) if args.halt_poll_us > 0 else contextlib.nullcontext() as hp:
+    with (halt_polling(int(args.halt_poll_us * 1000)) if args.halt_poll_us > 0 else contextlib.nullcontext()) as hp, \
+            wiki.journal_mode(Path(args.data_dir), args.journal):
         try:
             os.sched_setaffinity(0, {args.client_core})
             cal = calibration(b, stamp)
@@ -806,7 +819,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for r in runs:
                 r["predicted"] = predicted_vs_measured(locked, r["arms"], sized)
                 r["predicted_trace"] = trace_prediction(r, cal, rate=rate, transactions=args.transactions, php=args.php,
-                                                        preview_lock=args.preview_lock, class_quantile=b.class_quantile)
+                                                        preview_lock=args.preview_lock, class_quantile=b.class_quantile,
+                                                        journal=args.journal)
         finally:
             os.sched_setaffinity(0, set(cores))
             shutil.rmtree(b.tmp, ignore_errors=True)
@@ -816,6 +830,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "load": args.load, "transactions": args.transactions, "minutes": args.minutes, "arms": args.arms, "seed": args.seed,
             "arrival_rate": rate, "block": args.block, "split": args.split, "qos_cap": args.qos_cap,
             "preview_lock": args.preview_lock, "view_lock": args.view_lock, "timeout": args.timeout, "calibration": cal,
+            "journal": args.journal,
             "model": b.model.summary() | {"lock": locked, "size_class": sized} if b.model else None, "wiki": stamp | {"units": b.units.tolist()},
             "recipe": asdict(recipe), "db_written": db_written, "cores": {"server": args.server_core, "client": args.client_core},
             "halt_poll_ns": hp, "load_before": load_before, "load_after": os.getloadavg()[0],
@@ -838,7 +853,8 @@ def reanalyse(date: str) -> dict[str, Any]:
         r.update(summarise_run(rts, r["arms"], list(r["arms"]), [tuple(b) for b in r["blocks"]]))
         r["predicted_trace"] = trace_prediction(r, doc["calibration"], rate=doc["arrival_rate"],
                                                 transactions=doc["transactions"], php=doc["php"],
-                                                preview_lock=doc["preview_lock"], class_quantile=quantile)
+                                                preview_lock=doc["preview_lock"], class_quantile=quantile,
+                                                journal=doc.get("journal", "delete"))
     doc["across_runs"] = across_runs(doc["runs"], list(doc["runs"][0]["arms"]))
     return doc | {"reanalysis_of": found[0]["date"], "reanalysis_command": found[0].get("command")}
 

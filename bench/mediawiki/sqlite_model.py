@@ -67,12 +67,15 @@ class _State:
 
 def simulate(arrival: np.ndarray, article: np.ndarray, preview_s: np.ndarray, view_s: np.ndarray, *,
              startup: tuple[float, float] = (0.0, 0.0), demand: float = 1.0, workers: int | None = None,
-             gate: bool = False, low: np.ndarray | None = None, simple: bool = False) -> np.ndarray:
+             gate: bool = False, low: np.ndarray | None = None, simple: bool = False, wal: bool = False) -> np.ndarray:
     """Response time of every transaction (arrival to its view's end), seconds, from an idle server.
 
     ``startup``: CPU seconds of a preview's and a view's start-up (no lock), capped at 90 % of the
     request; ``workers``: PHP workers (None: as many as requests); ``gate``: the sidecar's lock on
-    previews; ``low``: per article, whether its views start at nice 19 once one has completed.
+    previews; ``low``: per article, whether its views start at nice 19 once one has completed;
+    ``wal``: the database in write-ahead-log mode, where readers read a snapshot: a commit waits
+    for no reader and no reader waits for a committing writer (writers still take turns, with the
+    busy handler's polling).
     """
     if not demand > 0:
         raise ValueError(f"demand: CPU per transaction under load over the idle one, > 0, got {demand!r}")
@@ -131,13 +134,13 @@ def simulate(arrival: np.ndarray, article: np.ndarray, preview_s: np.ndarray, vi
             s.writer, r.phase, r.rem = r, _LOCKED, r.after
             return True
         if r.phase == _WANT_SHARED:
-            if s.pending and not simple:
+            if s.pending and not (simple or wal):
                 return False
             s.readers += 1
             r.phase, r.rem = _SHARED, r.after
             return True
         assert r.phase == _COMMIT
-        if s.readers and not simple:
+        if s.readers and not (simple or wal):
             s.pending = True
             return False
         s.writer, s.pending = None, False

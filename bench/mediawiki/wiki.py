@@ -16,13 +16,16 @@ requests; and, the bench's own choice, no parser cache, so every request renders
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import pwd
 import shutil
+import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -96,6 +99,41 @@ def written_since(data_dir: Path, before: dict[str, int]) -> list[str]:
     """The databases written since :func:`db_state` gave ``before`` (a WAL database's file changes
     when its last connection checkpoints), and any that appeared."""
     return [name for name, t in db_state(data_dir).items() if before.get(name) != t]
+
+
+#: the main database's journal modes the bench sets (``--journal``): SQLite's default rollback
+#: journal, where a commit waits for every reader, and the write-ahead log, where it waits for none
+JOURNALS = ("delete", "wal")
+
+
+def _journal(db: Path, mode: str) -> str:
+    """Set ``db``'s journal mode; return the one it had."""
+    con = sqlite3.connect(db)
+    try:
+        before = str(con.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+        got = str(con.execute(f"PRAGMA journal_mode={mode}").fetchone()[0]).lower()
+    finally:
+        con.close()
+    if got != mode:
+        raise RuntimeError(f"journal: SQLite kept {got!r} for {db} (is it in use?)")
+    return before
+
+
+@contextlib.contextmanager
+def journal_mode(data_dir: Path, mode: str) -> Iterator[str]:
+    """The wiki's main database (``db/wiki.sqlite``) in journal ``mode`` for the block, then back
+    in the mode it had (which the block gets). The mode is kept in the file, so MediaWiki's own
+    connections use it; a write-ahead log's files (``wiki.sqlite-wal``, ``-shm``) are PHP's, in its
+    www-data directory."""
+    if mode not in JOURNALS:
+        raise ValueError(f"journal: one of {', '.join(JOURNALS)}, got {mode!r}")
+    db = data_dir / "db" / "wiki.sqlite"
+    before = _journal(db, mode)
+    try:
+        yield before
+    finally:
+        if before != mode:
+            _journal(db, before)
 
 
 class WikiNotInstalled(RuntimeError):

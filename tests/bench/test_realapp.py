@@ -687,3 +687,28 @@ def test_lock_prediction_of_a_recorded_fpm_run() -> None:
     assert lock["optimum"] <= lock["default"]
     assert lock["optimum"] <= lock["blind"] * (1 + 2e-3) and lock["blind"] <= lock["default"] * (1 + 2e-3)
     assert got["no_lock"]["default"] < lock["default"]
+
+
+def test_journal_mode_sets_the_wiki_database_and_puts_it_back(tmp_path: Path) -> None:
+    import sqlite3
+
+    (tmp_path / "db").mkdir()
+    db = tmp_path / "db" / "wiki.sqlite"
+    sqlite3.connect(db).execute("CREATE TABLE t (x)").connection.close()
+
+    def mode() -> str:
+        con = sqlite3.connect(db)
+        try:
+            return str(con.execute("PRAGMA journal_mode").fetchone()[0])
+        finally:
+            con.close()
+
+    with wiki.journal_mode(tmp_path, "wal") as before:
+        assert before == "delete" and mode() == "wal"
+    assert mode() == "delete"
+    with pytest.raises(KeyError), wiki.journal_mode(tmp_path, "wal"):
+        assert mode() == "wal"
+        raise KeyError("a failed run")
+    assert mode() == "delete"  # put back after a failure too
+    with pytest.raises(ValueError, match="journal"), wiki.journal_mode(tmp_path, "memory"):
+        pass

@@ -47,6 +47,20 @@ def test_a_commit_waits_for_the_running_reader_and_the_busy_handler() -> None:
     assert simple == pytest.approx([1.12, 0.24 - 0.02], abs=1e-9)
 
 
+def test_in_wal_mode_a_commit_waits_for_no_reader_but_writers_still_take_turns() -> None:
+    """The same two transactions in write-ahead-log mode: tx1 commits at 0.22 beside the running
+    view (as without readers), and a second preview that wants the write lock meanwhile polls."""
+    prev, view = np.array([0.01, 0.1]), np.array([1.0, 0.01])
+    arrival, art = np.array([0.0, 0.02]), np.array([0, 1])
+    assert sqlite_model.simulate(arrival, art, prev, view, wal=True) == pytest.approx([1.12, 0.22], abs=1e-9)
+    # two previews of 0.1 s at 0 and 0.01: the first runs alone (a blocked one uses no CPU) and commits
+    # at 0.1; the second tried at 0.01 and again after 1, 2, 5, 10, 15, 20, 25, 25 ms (at 0.088, then
+    # 0.113): it takes the lock at 0.113, runs 0.1 s and its view 1 ms
+    prev2, view2 = np.array([0.1, 0.1]), np.array([0.001, 0.001])
+    rt = sqlite_model.simulate(np.array([0.0, 0.01]), np.array([0, 1]), prev2, view2, wal=True)
+    assert rt == pytest.approx([0.101, 0.113 + 0.1 + 0.001 - 0.01], abs=1e-9)
+
+
 def test_the_sidecar_gate_changes_nothing_when_previews_cost_the_same() -> None:
     """Equal previews: the response ratio is oldest first, and a preview blocked in PHP uses no CPU."""
     prev, view = np.full(20, 0.05), np.random.default_rng(5).lognormal(np.log(0.07), 1.0, 20)
