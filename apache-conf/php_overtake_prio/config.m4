@@ -6,5 +6,5 @@ PHP_ARG_ENABLE([overtake_prio],
 if test "$PHP_OVERTAKE_PRIO" != "no"; then
   PHP_CHECK_LIBRARY(rt, timer_create, [PHP_ADD_LIBRARY(rt, 1, OVERTAKE_PRIO_SHARED_LIBADD)])
   PHP_SUBST(OVERTAKE_PRIO_SHARED_LIBADD)
-  PHP_NEW_EXTENSION(overtake_prio, overtake_prio.c, $ext_shared,, -Wall -Wextra -Wno-unused-parameter -Werror)
+  PHP_NEW_EXTENSION(overtake_prio, overtake_prio.c op_restorer.c, $ext_shared,, -Wall -Wextra -Wno-unused-parameter -Werror)
 fi

@@ -28,7 +28,7 @@ __all__ = ["FpmPool", "PhpNotInstalledError", "build_extension", "fastcgi_get", 
            "process_nice", "proxy_conf", "start_pool"]
 
 EXTENSION_DIR = DEFAULT_CONF_DIR / "php_overtake_prio"
-EXTENSION_SOURCES = ("config.m4", "overtake_prio.c")
+EXTENSION_SOURCES = ("config.m4", "overtake_prio.c", "op_restorer.c", "op_restorer.h")
 PHP_FPM = "php-fpm8.2"
 
 
