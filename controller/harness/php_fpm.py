@@ -113,6 +113,21 @@ def start_pool(workdir: Path, extension: Path | None, settings: Mapping[str, str
         (docroot / name).write_text(text)
     port = free_port()
     log = workdir / "php-fpm.log"
+    conf = _write_conf(workdir, log, port, user, children, pool or {})
+    cmd = _command(conf, extension, settings, cpu)
+    env = {**os.environ, "PHP_INI_SCAN_DIR": ""}  # no distribution .ini files beyond the -d settings
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
+                            env=env)
+    fpm = FpmPool(proc, port, docroot, log, workdir, children, dict(settings))
+    _wait_ready(fpm, time.monotonic() + 20)
+    if autogroup_nice is not None:
+        with contextlib.suppress(OSError):  # not root, or autogroups off: the pool runs as it is
+            Path(f"/proc/{proc.pid}/autogroup").write_text(f"{autogroup_nice}\n")
+    return fpm
+
+
+def _write_conf(workdir: Path, log: Path, port: int, user: str, children: int, pool: Mapping[str, str]) -> Path:
+    """The pool's php-fpm.conf: one static pool of ``children`` workers on ``port``."""
     conf = workdir / "php-fpm.conf"
     conf.write_text(f"""[global]
 error_log = {log}
@@ -126,35 +141,35 @@ listen = 127.0.0.1:{port}
 pm = static
 pm.max_children = {children}
 catch_workers_output = yes
-""" + "".join(f"{k} = {v}\n" for k, v in (pool or {}).items()))
+""" + "".join(f"{k} = {v}\n" for k, v in pool.items()))
+    return conf
+
+
+def _command(conf: Path, extension: Path | None, settings: Mapping[str, str], cpu: int | None) -> list[str]:
+    """php-fpm in the foreground, without the distribution's php.ini, with ``settings`` as ``-d``."""
     cmd = [PHP_FPM, "-n", "-y", str(conf), "-F"]
     if extension is not None:
         cmd += ["-d", f"extension={extension}"]
     for k, v in settings.items():
         cmd += ["-d", f"{k}={v}"]
-    if cpu is not None:
-        cmd = ["taskset", "-c", str(cpu), *cmd]
-    env = {**os.environ, "PHP_INI_SCAN_DIR": ""}  # no distribution .ini files beyond the -d settings
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
-                            env=env)
-    fpm = FpmPool(proc, port, docroot, log, workdir, children, dict(settings))
-    deadline = time.monotonic() + 20
+    return ["taskset", "-c", str(cpu), *cmd] if cpu is not None else cmd
+
+
+def _wait_ready(fpm: FpmPool, deadline: float) -> None:
+    """Until the pool accepts connections and all its workers are up; stop it and say why if it
+    exits or does not listen by ``deadline``."""
     while True:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
+            with socket.create_connection(("127.0.0.1", fpm.port), timeout=1):
                 break
         except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
+            if fpm.proc.poll() is not None or time.monotonic() > deadline:
                 fpm.stop()
-                text = log.read_text() if log.exists() else ""
-                raise RuntimeError(f"php-fpm did not start (rc {proc.returncode}): {text}") from None
+                text = fpm.log.read_text() if fpm.log.exists() else ""
+                raise RuntimeError(f"php-fpm did not start (rc {fpm.proc.returncode}): {text}") from None
             time.sleep(0.05)
-    while len(fpm.worker_pids()) < children and time.monotonic() < deadline:
+    while len(fpm.worker_pids()) < fpm.children and time.monotonic() < deadline:
         time.sleep(0.05)
-    if autogroup_nice is not None:
-        with contextlib.suppress(OSError):  # not root, or autogroups off: the pool runs as it is
-            Path(f"/proc/{proc.pid}/autogroup").write_text(f"{autogroup_nice}\n")
-    return fpm
 
 
 def proxy_conf(pool: FpmPool, regex: str = r"^(/.*\.php)$") -> str:
