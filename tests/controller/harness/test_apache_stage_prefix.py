@@ -1,0 +1,111 @@
+"""Module mode with stages declared at server level (``OvertakeStagePrefix PREFIX STAGE [METHOD]``),
+on a private Apache with mod_overtake_prio: no ``<Location>`` section says which request is of
+which stage.
+
+- A request is counted in the stage of the longest prefix its path starts with, at a segment
+  boundary (``/stage1`` covers ``/stage1`` and ``/stage1/r2``, not ``/stage10``); of two equal
+  prefixes, the one naming the request's method; ``none`` takes a subtree out of a shorter prefix;
+  a path under no prefix is in no stage (no stage's count moves).
+- A section's ``OvertakeStage`` wins over every prefix.
+- A bad prefix, a bad method and a repeated prefix are refused by ``apache2 -t`` with the
+  directive, the value and the fix (the repeat: AH90304, naming both lines).
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prio_helpers import refusal
+from support.control_apache import control_apache
+from support.module_stages import prio_status, settled
+
+from overtake.controller.harness import apache
+
+NAMES = ("files", "hello", "work", "posted", "sect")
+PREFIXES = (("files", "/static"), ("hello", "/static/hello.txt"), ("none", "/static/none"),
+            ("work", "/stage1"), ("posted", "/stage1", "POST"))
+
+
+@pytest.fixture(scope="module")
+def prefixed(apache_available: None) -> Iterator[tuple[apache.ApacheInstance, str]]:
+    with control_apache("stage-prefix", levels=(0.5,), nice=("idle",), mpm="event", stage_prefixes=PREFIXES,
+                        stages=(("sect", "^/static/16k"),)) as served:
+        yield served
+
+
+def _requests(inst: apache.ApacheInstance) -> dict[str, float]:
+    st = settled(inst, NAMES)
+    return {s: st[f'overtake_stage_requests_total{{stage="{s}"}}'] for s in NAMES}
+
+
+def _send(inst: apache.ApacheInstance, path: str, method: str = "GET") -> None:
+    req = urllib.request.Request(inst.base_url + path, method=method, data=b"" if method == "POST" else None)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            r.read()
+    except urllib.error.HTTPError as e:  # a path with no file: 404, still counted (or not) by its stage
+        e.read()
+
+
+@pytest.mark.parametrize(
+    ("path", "method", "stage"),
+    [
+        ("/static/1k.txt", "GET", "files"),         # the shorter prefix
+        ("/static/hello.txt", "GET", "hello"),      # the longest prefix wins
+        ("/static/16k.txt", "GET", "sect"),         # a section wins over every prefix
+        ("/stage1?work=0", "GET", "work"),
+        ("/stage1/r2?work=0", "GET", "work"),       # under the prefix, past a segment boundary
+        ("/stage1?work=0", "POST", "posted"),       # equal prefixes: the one naming the method
+        ("/stage10?work=0", "GET", None),           # not a segment boundary: no stage
+        ("/stage2?work=0", "GET", None),            # under no prefix
+        ("/static/none/x.txt", "GET", None),        # none: out of /static's stage
+        ("/server-status?auto", "GET", None),
+    ],
+)
+def test_a_request_is_counted_in_the_stage_of_its_longest_prefix(
+        prefixed: tuple[apache.ApacheInstance, str], path: str, method: str, stage: str | None) -> None:
+    inst, _ = prefixed
+    before = _requests(inst)
+    for _ in range(3):
+        _send(inst, path, method)
+    after = _requests(inst)
+    assert {s: after[s] - before[s] for s in NAMES} == {s: 3.0 if s == stage else 0.0 for s in NAMES}
+
+
+def test_prefix_stages_are_published_like_section_stages(prefixed: tuple[apache.ApacheInstance, str]) -> None:
+    st = prio_status(prefixed[0])
+    assert {s for s in NAMES if f'overtake_stage_next{{stage="{s}",next=""}}' in st} == set(NAMES)
+    assert 'overtake_stage_next{stage="none",next=""}' not in st  # none names no stage
+
+
+@pytest.mark.parametrize(
+    ("directives", "message"),
+    [
+        ("OvertakeStagePrefix static/ s", "OvertakeStagePrefix: 'static/' must be a literal URL path"),
+        ("OvertakeStagePrefix ^/static/ s", "for a pattern use OvertakeStage in a <LocationMatch>"),
+        ("OvertakeStagePrefix /a?b=1 s", "has no query"),
+        ("OvertakeStagePrefix /a/ s get", "OvertakeStagePrefix: 'get' is not an HTTP method"),
+        ("OvertakeStagePrefix /a/ b/c", "OvertakeStagePrefix: 'b/c' is not a stage name"),
+        ("OvertakeStagePrefix /a/", "OvertakeStagePrefix takes two or three arguments"),
+        ("<Location /x>\nOvertakeStagePrefix /a/ s\n</Location>", "OvertakeStagePrefix not allowed in <Location> context"),
+    ],
+)
+def test_a_bad_prefix_directive_is_refused_with_the_fix(
+        prefixed: tuple[apache.ApacheInstance, str], tmp_path: Path, directives: str, message: str) -> None:
+    assert message in refusal(prefixed[0].workdir, tmp_path, directives)
+
+
+def test_a_repeated_prefix_is_refused_naming_both_lines(
+        prefixed: tuple[apache.ApacheInstance, str], tmp_path: Path) -> None:
+    said = refusal(prefixed[0].workdir, tmp_path,
+                   "OvertakeStagePrefix /api/ a POST\nOvertakeStagePrefix /api/ b\nOvertakeStagePrefix /api/ c POST")
+    conf = tmp_path / "t.conf"
+    lines = conf.read_text().splitlines()
+    first, third = (lines.index(f"OvertakeStagePrefix /api/ {s} POST") + 1 for s in ("a", "c"))
+    assert "AH90304" in said
+    assert f"OvertakeStagePrefix /api/ POST (stage c) at {conf}:{third} repeats the one at {conf}:{first} " \
+           "(stage a); keep one of the two lines" in said
