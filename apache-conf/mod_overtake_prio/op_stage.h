@@ -18,6 +18,8 @@
 #ifndef OP_STAGE_H
 #define OP_STAGE_H
 
+#include <errno.h>
+
 #include "os_table.h"
 
 #pragma GCC visibility push(hidden)
@@ -102,8 +104,21 @@ typedef struct {
 extern os_shared *os_shm;           /* NULL: no stage configured, or no mapping */
 extern os_tab os_tab_now;
 extern int os_follow_on;            /* some stage has a next stage (OvertakeStageNext) */
-void os_lock(void);
-void os_unlock(void);
+
+/* The stages' lock (in every file: each request takes it twice). */
+static inline void os_lock(void)
+{
+    if (pthread_mutex_lock(&os_shm->mu) == EOWNERDEAD) {
+        /* a child died inside a section: every section leaves the counts whole at each store */
+        pthread_mutex_consistent(&os_shm->mu);
+    }
+}
+
+static inline void os_unlock(void)
+{
+    pthread_mutex_unlock(&os_shm->mu);
+}
+
 int32_t os_start(int i, int32_t n);
 void os_epoch(void);
 

@@ -34,20 +34,7 @@ os_shared *os_shm;
 int os_follow_on;
 os_tab os_tab_now = {NULL, 0, {0}, {0}, {0}, 0};
 
-/* ------------------------------------------------------------------------ the lock, the futex */
-
-void os_lock(void)
-{
-    if (pthread_mutex_lock(&os_shm->mu) == EOWNERDEAD) {
-        /* a child died inside a section: every section leaves the counts whole at each store */
-        pthread_mutex_consistent(&os_shm->mu);
-    }
-}
-
-void os_unlock(void)
-{
-    pthread_mutex_unlock(&os_shm->mu);
-}
+/* ------------------------------------------------------------------------ the futex */
 
 /* Wake the granted tickets' waiters. Most grants go to the request that is deciding at its own
  * arrival, which sleeps on nothing: a FUTEX_WAKE (a system call on a shared word) is made only
