@@ -7,12 +7,15 @@ which stage.
   prefixes, the one naming the request's method; ``none`` takes a subtree out of a shorter prefix;
   a path under no prefix is in no stage (no stage's count moves).
 - A section's ``OvertakeStage`` wins over every prefix.
+- A virtual host matches the main server's prefixes and its own, its own replacing the main
+  server's of the same prefix.
 - A bad prefix, a bad method and a repeated prefix are refused by ``apache2 -t`` with the
   directive, the value and the fix (the repeat: AH90304, naming both lines).
 """
 
 from __future__ import annotations
 
+import shutil
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -24,6 +27,7 @@ from support.control_apache import control_apache
 from support.module_stages import prio_status, settled
 
 from overtake.controller.harness import apache
+from overtake.controller.harness.apache.config import DEFAULT_CONF_DIR
 
 NAMES = ("files", "hello", "work", "posted", "sect")
 PREFIXES = (("files", "/static"), ("hello", "/static/hello.txt"), ("none", "/static/none"),
@@ -42,8 +46,32 @@ def _requests(inst: apache.ApacheInstance) -> dict[str, float]:
     return {s: st[f'overtake_stage_requests_total{{stage="{s}"}}'] for s in NAMES}
 
 
-def _send(inst: apache.ApacheInstance, path: str, method: str = "GET") -> None:
-    req = urllib.request.Request(inst.base_url + path, method=method, data=b"" if method == "POST" else None)
+#: appended to the template: a virtual host with its own prefixes (the first one is the default host)
+VHOSTS = """
+<VirtualHost @LISTEN@>
+    ServerName main.test
+</VirtualHost>
+<VirtualHost @LISTEN@>
+    ServerName other.test
+    OvertakeStagePrefix /static vfiles
+    OvertakeStagePrefix /static/hello.txt none
+</VirtualHost>
+"""
+
+
+@pytest.fixture(scope="module")
+def vhosted(apache_available: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[apache.ApacheInstance]:
+    conf = tmp_path_factory.mktemp("vhost-conf") / "apache-conf"
+    shutil.copytree(DEFAULT_CONF_DIR, conf, ignore=shutil.ignore_patterns(".libs", "*.o", "*.lo", "*.slo", "*.la"))
+    (conf / "httpd.conf.in").write_text((conf / "httpd.conf.in").read_text() + VHOSTS)
+    with control_apache("stage-prefix-vhost", levels=(0.5,), nice=("idle",), mpm="event", conf_dir=str(conf),
+                        stage_prefixes=(("files", "/static"), ("work", "/stage1"))) as (inst, _):
+        yield inst
+
+
+def _send(inst: apache.ApacheInstance, path: str, method: str = "GET", host: str | None = None) -> None:
+    req = urllib.request.Request(inst.base_url + path, method=method, data=b"" if method == "POST" else None,
+                                 headers={"Host": host} if host else {})
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             r.read()
@@ -74,6 +102,24 @@ def test_a_request_is_counted_in_the_stage_of_its_longest_prefix(
         _send(inst, path, method)
     after = _requests(inst)
     assert {s: after[s] - before[s] for s in NAMES} == {s: 3.0 if s == stage else 0.0 for s in NAMES}
+
+
+@pytest.mark.parametrize(
+    ("host", "path", "stage"),
+    [
+        ("main.test", "/static/1k.txt", "files"),
+        ("other.test", "/static/1k.txt", "vfiles"),    # its own prefix replaces the main server's
+        ("other.test", "/static/hello.txt", None),     # its own none, longer
+        ("other.test", "/stage1?work=0", "work"),      # the main server's, not repeated there
+    ],
+)
+def test_a_virtual_host_has_the_main_servers_prefixes_and_its_own(
+        vhosted: apache.ApacheInstance, host: str, path: str, stage: str | None) -> None:
+    names = ("files", "vfiles", "work")
+    before = {s: settled(vhosted, names)[f'overtake_stage_requests_total{{stage="{s}"}}'] for s in names}
+    _send(vhosted, path, host=host)
+    after = {s: settled(vhosted, names)[f'overtake_stage_requests_total{{stage="{s}"}}'] for s in names}
+    assert {s: after[s] - before[s] for s in names} == {s: 1.0 if s == stage else 0.0 for s in names}
 
 
 def test_prefix_stages_are_published_like_section_stages(prefixed: tuple[apache.ApacheInstance, str]) -> None:
