@@ -41,7 +41,7 @@ Apache whose module has no age levels (``OvertakePrioAge Off``), the class-1 lev
 Section `apache-table2-class`.
 
 --enforce module (with --classifier hidden): every policy is enforced by mod_overtake_prio itself,
-with no proxy in its path: a second Apache whose module matches the two stages (``OvertakeStage``)
+with no proxy in its path: a second Apache whose module matches the two stages (``OvertakeStagePrefix``)
 and holds their requests by the policy's count table (π(1)'s, π*'s; π(∞) holds nothing), which a
 sidecar in ``--enforce module`` writes to the control file beside it when the bench PUTs the
 policy; the load generator sends each trace straight to that Apache. With the age lever in use, π*
@@ -229,8 +229,9 @@ def predicted(model: TandemModel, pol: Policy) -> dict[str, float]:
 
 
 GATE_SLOTS = 64  #: requests the admission gate may hold in the pi* Apache (--gate)
-#: --enforce module: the stages as Apache matches them (OvertakeStage), the names of STAGES
-MODULE_STAGES = (("stage1", "^/stage1(/r[0-9]+)?$"), ("stage2", "^/stage2(/r[0-9]+)?$"))
+#: --enforce module: the stages as Apache matches them, the names of STAGES: server-level path
+#: prefixes (OvertakeStagePrefix; /stage1 covers /stage1 and /stage1/r<N>, as the regexes of STAGES)
+MODULE_STAGES = (("stage1", "/stage1"), ("stage2", "/stage2"))
 
 
 def start_lever_apache(tmp: Path, case: int, args: argparse.Namespace, threshold_s: float | None,
@@ -243,7 +244,7 @@ def start_lever_apache(tmp: Path, case: int, args: argparse.Namespace, threshold
     the launcher checks it."""
     os.sched_setaffinity(0, {server_core, client_core})
     # the follow-up's reservation, as the sidecar's limiter keeps it (its follow_up_timeout)
-    staged: dict[str, Any] = ({"control_file": control, "stages": MODULE_STAGES, "stage_hold": 3600.0,
+    staged: dict[str, Any] = ({"control_file": control, "stage_prefixes": MODULE_STAGES, "stage_hold": 3600.0,
                                "stage_next": (("stage1", "stage2"),)} if control else {})
     cp = (apache.CpuPriority(levels=(threshold_s,), nice=("idle",), gate=gate, **staged) if threshold_s is not None
           else apache.CpuPriority(levels=(3600.0,), nice=("idle",), age=False, gate=gate, **staged))

@@ -25,7 +25,8 @@
    share of Apache's CPU samples (``perf record -e cpu-clock``) in the module's code and in
    the kernel side of its one system call (the thread CPU clock).
    ``--module-mode``: the module's instances run module mode as well: the static file is a stage
-   (``OvertakeStage``) and a count table is in force from a control file (π(k) with k twice the
+   (``OvertakeStagePrefix /static/ static``: a server-level prefix, no ``<Location>`` section
+   for Apache to merge per request) and a count table is in force from a control file (π(k) with k twice the
    connections, so it never holds a request: every request still takes its ticket, a decision at
    its arrival and one at its end); the record adds the ratios of requests/s and of p99 with
    their intervals over the pairs (the module-mode target: >= 0.98 and <= 1.10) and the stage's
@@ -320,13 +321,14 @@ def _mean_ci95(xs: list[float]) -> tuple[float, float]:
     return m, float(stats.t.ppf(0.975, n - 1)) * statistics.stdev(xs) / math.sqrt(n)
 
 
-#: --module-mode: the stage the static file belongs to
-MODULE_STAGE = ("static", "^/static/")
+#: --module-mode: the stage the static file belongs to (name, URL-path prefix)
+MODULE_STAGE = ("static", "/static/")
 
 
 def _module_mode(i: int) -> CpuPriority:
-    """The module with the static file as a stage and a control file (module mode)."""
-    return CpuPriority(control_file=f"/dev/shm/overtake-overhead-{os.getpid()}-{i}", stages=(MODULE_STAGE,))
+    """The module with the static file as a stage (a server-level prefix) and a control file
+    (module mode)."""
+    return CpuPriority(control_file=f"/dev/shm/overtake-overhead-{os.getpid()}-{i}", stage_prefixes=(MODULE_STAGE,))
 
 
 def _put_table(inst: apache.ApacheInstance, path: str, connections: int) -> dict[str, float]:

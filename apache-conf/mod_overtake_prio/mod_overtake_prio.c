@@ -48,9 +48,9 @@
  * mod_overtake_prio.h: op_directives.c (the directives), op_prio.c (per-request priority),
  * op_monitor.c (the monitor thread), op_gate.c (the admission gate), op_gate_key.c (its key
  * and file, in the root parent), op_control.c (the control file: the thresholds the sidecar's
- * policy chose), op_stage.c (stages and the count table that holds their requests: module
- * mode), op_status.c (the status page), op_times.c (a request's time split into CPU,
- * run-queue wait and blocked time, for the access log), op_pure.c (what needs no Apache:
+ * policy chose), op_stage*.c (stages and the count table that holds their requests: module
+ * mode; op_stage.h lists them), op_status.c (the status page), op_times.c (a request's time
+ * split into CPU, run-queue wait and blocked time, for the access log), op_pure.c (what needs no Apache:
  * directive values, headers, level arithmetic).
  *
  * Build: make (apxs -c on every file above; Debian: apt-get install apache2-dev)
@@ -278,6 +278,9 @@ static int op_check_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptem
                      c->nlevels ? "" : " default 0.005 0.05");
         return HTTP_INTERNAL_SERVER_ERROR;
     }
+    if (!op_stage_check_config(pconf, s)) {
+        return HTTP_INTERNAL_SERVER_ERROR;  /* logged: a repeated OvertakeStagePrefix */
+    }
     return OK;
 }
 
@@ -366,7 +369,7 @@ static void op_register_hooks(apr_pool_t *p)
 
 AP_DECLARE_MODULE(overtake_prio) = {
     STANDARD20_MODULE_STUFF,
-    op_stage_create_dir_conf,   /* per-directory config: OvertakeStage (op_stage.c) */
+    op_stage_create_dir_conf,   /* per-directory config: OvertakeStage (op_stage_conf.c) */
     op_stage_merge_dir_conf,
     op_create_server_conf,
     NULL,                       /* vhosts share the main server's (global) settings */

@@ -53,6 +53,7 @@ typedef struct {
     double gate_timeout;                /* OvertakeGateTimeout, seconds */
     struct op_guard_conf *guard;        /* exemptions and demotion limit (op_guard.c) */
     const char *control_file;           /* OvertakeControlFile: the sidecar's thresholds, or NULL */
+    struct op_stage_prefixes *stage_prefixes;  /* OvertakeStagePrefix of this server (op_stage_conf.c) */
 } op_conf;
 
 enum { OP_CAP_AUTO = 0, OP_CAP_ON = 1, OP_CAP_OFF = 2 };
@@ -247,18 +248,25 @@ void op_control_refresh(const op_conf *c);
 double op_control_threshold(const op_conf *c, int k);
 void op_control_status(request_rec *r, const op_conf *c);
 
-/* op_stage.c: stages (OvertakeStage) and the count table that holds their requests */
+/* Stages (module mode) and the count table that holds their requests (op_stage.h has the files):
+ * op_stage_conf.c, which request is of which stage and the directives */
 void *op_stage_create_dir_conf(apr_pool_t *p, char *dir);
 void *op_stage_merge_dir_conf(apr_pool_t *p, void *base, void *add);
 const char *op_stage_set(cmd_parms *cmd, void *dconf, const char *name);
+const char *op_stage_set_prefix(cmd_parms *cmd, void *dconf, const char *prefix, const char *name,
+                                const char *method);
 const char *op_stage_set_hold(cmd_parms *cmd, void *dconf, const char *w);
 const char *op_stage_set_next(cmd_parms *cmd, void *dconf, const char *from, const char *to);
 const char *op_stage_set_follow_up(cmd_parms *cmd, void *dconf, const char *w);
 int op_stage_pre_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp);
+int op_stage_check_config(apr_pool_t *p, server_rec *main_s);
+/* op_stage_decide.c: the shared counts and the table in force */
 void op_stage_prepare(server_rec *s);
+void op_stage_table(const uint8_t *section, size_t n, uint32_t gen);
+/* op_stage.c: a request's arrival, hold and end */
 int op_stage_fixups(request_rec *r);
 int op_stage_log(request_rec *r);
-void op_stage_table(const uint8_t *section, size_t n, uint32_t gen);
+/* op_stage_status.c */
 void op_stage_status(request_rec *r);
 
 /* op_status.c */

@@ -241,6 +241,7 @@ const command_rec op_cmds[] = {
     OP_GUARD_CMDS,
     OP_TIMES_CMDS,
     AP_INIT_TAKE1("OvertakeStage", op_stage_set, NULL, ACCESS_CONF, "the stage of the requests matched by this <Location>, <LocationMatch> or <If> (a name of the sidecar's stages file; 'none': no stage); the control file's count table holds them"),
+    AP_INIT_TAKE23("OvertakeStagePrefix", op_stage_set_prefix, NULL, RSRC_CONF, "PREFIX STAGE [METHOD]: requests whose URL path starts with PREFIX (at a segment boundary, as <Location>; the longest prefix wins; METHOD: only that method) are of STAGE ('none': of no stage); an OvertakeStage section wins over it"),
     AP_INIT_TAKE1("OvertakeStageHold", op_stage_set_hold, NULL, RSRC_CONF, "seconds a request waits at most for its stage's turn before it runs anyway (default 30)"),
     AP_INIT_TAKE2("OvertakeStageNext", op_stage_set_next, NULL, RSRC_CONF, "FIRST SECOND: a request of stage FIRST that ends on a kept-alive connection reserves a turn of stage SECOND for the connection's next request (default: none)"),
     AP_INIT_TAKE1("OvertakeStageFollowUp", op_stage_set_follow_up, NULL, RSRC_CONF, "seconds a follow-up reservation waits for the connection's next request before it is given up (default 0.005)"),

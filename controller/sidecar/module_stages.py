@@ -93,7 +93,8 @@ def compare_stages(stages_file: Links, module: Links) -> list[StageDiff]:
     for name, want in stages_file.items():
         if name not in module:
             out.append(StageDiff(name, "missing_in_module", want, None, (
-                f"add an OvertakeStage {name} section (<Location> or <LocationMatch> of its paths) to Apache's "
+                f"add OvertakeStagePrefix PATH {name} (server level, per path prefix of the stage) or an "
+                f"OvertakeStage {name} section (<Location> or <LocationMatch> of its paths) to Apache's "
                 f"config, or remove stage {name} from the stages file")))
         elif module[name] != want:
             out.append(StageDiff(name, "next", want, module[name], _fix_next(name, want, module[name])))

@@ -80,10 +80,14 @@ MODULE_SOURCES = (
     "op_times.c",
     "op_times_pure.c",
     "op_stage.c",
+    "op_stage_conf.c",
+    "op_stage_decide.c",
+    "op_stage_follow.c",
+    "op_stage_status.c",
 )
 #: The headers they include (``HEADERS`` in the Makefile).
 MODULE_HEADERS = ("mod_overtake_prio.h", "op_pure.h", "op_guard.h", "op_guard_pure.h", "og_fault.h", "og_hmac.h",
-                  "oc_table.h", "op_times.h", "op_times_pure.h", "os_table.h")
+                  "oc_table.h", "op_times.h", "op_times_pure.h", "os_table.h", "op_stage.h")
 #: Compiler flags (``WARNINGS`` and ``-O2`` in the Makefile): a warning fails the build.
 MODULE_CFLAGS = (
     "-Wall", "-Wextra", "-Wshadow", "-Wstrict-prototypes", "-Wmissing-prototypes", "-Werror", "-O2",
@@ -164,6 +168,13 @@ class CpuPriority:
     stages : tuple of (str, str)
         Module mode: ``(name, regex)`` pairs, each a ``<LocationMatch "regex">`` with
         ``OvertakeStage name``; the control file's count table holds the requests of each stage.
+    stage_prefixes : tuple of (str, str) or (str, str, str)
+        Module mode without sections: ``(name, prefix)`` or ``(name, prefix, method)``, each an
+        ``OvertakeStagePrefix prefix name [method]`` at server level (a literal URL-path prefix
+        ending at a segment boundary; the longest wins, and of equal ones the one naming the
+        request's method; name ``none``: no stage). Apache then merges no section per request:
+        the cheaper way to say which URLs are a stage. A request matched by ``stages`` is of that
+        stage whatever its prefix.
     stage_hold : float
         Seconds a request waits at most for its stage's turn before it runs anyway
         (0.001..3600). ``OvertakeStageHold``.
@@ -192,6 +203,7 @@ class CpuPriority:
     control_file: str | None = None
     request_times: bool = False
     stages: tuple[tuple[str, str], ...] = ()
+    stage_prefixes: tuple[tuple[str, ...], ...] = ()
     stage_hold: float = 30.0
     stage_next: tuple[tuple[str, str], ...] = ()
     stage_follow_up: float = 0.005
@@ -293,13 +305,14 @@ class CpuPriority:
             if not isinstance(regex, str) or not regex or any(c in regex for c in '"\r\n'):
                 raise ApacheInputError(f"cpu_priority.stages: {regex!r} must be a URL-path regex without quotes "
                                        "or line breaks, e.g. ^/stage1$")
-        if self.stages and not self.control_file:
+        self._check_stage_prefixes()
+        if (self.stages or self.stage_prefixes) and not self.control_file:
             raise ApacheInputError("cpu_priority.stages: the count table comes from the control file; give "
                                    "control_file too")
         hold = self.stage_hold
         if isinstance(hold, bool) or not isinstance(hold, (int, float)) or not 0.001 <= hold <= 3600:
             raise ApacheInputError(f"cpu_priority.stage_hold: seconds in 0.001..3600, got {hold!r}")
-        names = {name for name, _ in self.stages}
+        names = {e[0] for e in (*self.stages, *self.stage_prefixes)} - {"none"}
         for pair in self.stage_next:
             if not (isinstance(pair, tuple) and len(pair) == 2 and all(p in names for p in pair) and pair[0] != pair[1]):
                 raise ApacheInputError(f"cpu_priority.stage_next: {pair!r} must be a (first, second) pair of two "
@@ -307,6 +320,27 @@ class CpuPriority:
         follow = self.stage_follow_up
         if isinstance(follow, bool) or not isinstance(follow, (int, float)) or not 0.0001 <= follow <= 60:
             raise ApacheInputError(f"cpu_priority.stage_follow_up: seconds in 0.0001..60, got {follow!r}")
+
+    def _check_stage_prefixes(self) -> None:
+        seen: set[tuple[str, ...]] = set()
+        for entry in self.stage_prefixes:
+            if not (isinstance(entry, tuple) and len(entry) in (2, 3)):
+                raise ApacheInputError(f"cpu_priority.stage_prefixes: {entry!r} is not a (name, prefix) pair or a "
+                                       "(name, prefix, method) triple")
+            name, prefix = entry[:2]
+            if len(entry) == 3 and not (isinstance(entry[2], str) and _METHOD.fullmatch(entry[2])):
+                raise ApacheInputError(f"cpu_priority.stage_prefixes: {entry[2]!r} is not an HTTP method (upper "
+                                       "case, e.g. POST)")
+            if not (isinstance(name, str) and _STAGE_NAME.fullmatch(name)):
+                raise ApacheInputError(f"cpu_priority.stage_prefixes: stage name {name!r} must be 1..31 letters, "
+                                       "digits, '_', '.', '-' (OvertakeStagePrefix)")
+            if not isinstance(prefix, str) or not prefix.startswith("/") or any(c in prefix for c in ' \t\r\n"?#'):
+                raise ApacheInputError(f"cpu_priority.stage_prefixes: {prefix!r} must be a literal URL path that "
+                                       "starts with '/' and has no query, e.g. /static/")
+            if entry[1:] in seen:
+                raise ApacheInputError(f"cpu_priority.stage_prefixes: prefix {' '.join(entry[1:])!r} given twice; "
+                                       "a prefix (and method) names one stage")
+            seen.add(entry[1:])
 
     def _check_guard(self) -> None:
         for m in self.exempt_methods:
@@ -334,10 +368,12 @@ class CpuPriority:
 
 
 def _stage_lines(cp: CpuPriority) -> str:
-    lines = [f"OvertakeStageHold {float(cp.stage_hold)!r}"] if cp.stages else ["# no stages"]
+    staged = cp.stages or cp.stage_prefixes
+    lines = [f"OvertakeStageHold {float(cp.stage_hold)!r}"] if staged else ["# no stages"]
     lines += [f"OvertakeStageNext {a} {b}" for a, b in cp.stage_next]
     if cp.stage_next:
         lines.append(f"OvertakeStageFollowUp {float(cp.stage_follow_up)!r}")
+    lines += [f'OvertakeStagePrefix "{e[1]}" {" ".join((e[0], *e[2:]))}' for e in cp.stage_prefixes]
     for name, regex in cp.stages:
         lines += [f'<LocationMatch "{regex}">', f"        OvertakeStage {name}", "    </LocationMatch>"]
     return "\n    ".join(lines)

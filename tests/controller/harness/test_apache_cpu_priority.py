@@ -236,6 +236,13 @@ def test_cpu_priority_defaults_and_tokens() -> None:
          "cpu_priority.stage_next"),
         ({"control_file": "/dev/shm/x", "stages": (("a", "^/a$"),), "stage_follow_up": 0.0},
          "cpu_priority.stage_follow_up"),
+        ({"stage_prefixes": (("a", "/a/"),)}, "give control_file too"),
+        ({"control_file": "/dev/shm/x", "stage_prefixes": (("a", "^/a/"),)}, "must be a literal URL path"),
+        ({"control_file": "/dev/shm/x", "stage_prefixes": (("a", "/a/", "get"),)}, "is not an HTTP method"),
+        ({"control_file": "/dev/shm/x", "stage_prefixes": (("a/b", "/a/"),)}, "stage name 'a/b'"),
+        ({"control_file": "/dev/shm/x", "stage_prefixes": (("a", "/a/"), ("b", "/a/"))}, "given twice"),
+        ({"control_file": "/dev/shm/x", "stage_prefixes": (("a", "/a/"), ("none", "/a/b")),
+          "stage_next": (("a", "none"),)}, "cpu_priority.stage_next"),
     ],
 )
 def test_cpu_priority_rejects_bad_input(kwargs: dict[str, object], field: str) -> None:
@@ -251,6 +258,10 @@ def test_render_config_loads_module_only_when_asked(tmp_path: Path) -> None:
     assert "\nDefine OVERTAKE_CPU_PRIO\n" not in off and "\nDefine OVERTAKE_CPU_PRIO\n" in on
     assert "OvertakePrioLevels 0.002\n" in on and "OvertakePrioNice idle\n" in on
     assert "@" not in on.replace("%{", "")  # every token substituted
+    staged = apache.render_config(tmp_path, listen="127.0.0.1:8081", max_workers=4, cpu_priority=CpuPriority(
+        control_file="/dev/shm/x", stage_prefixes=(("a", "/a/"), ("b", "/a/b", "POST"))))
+    assert '\n    OvertakeStagePrefix "/a/" a\n' in staged and '\n    OvertakeStagePrefix "/a/b" b POST\n' in staged
+    assert "LocationMatch" not in staged.split("OvertakeStagePrefix", 1)[1]  # no section for a prefix
 
 
 STATUS_SAMPLE = """# HELP overtake_cpu_prio_enabled x

@@ -1,0 +1,144 @@
+/*
+ * op_stage.h -- what the files of module mode's stages share (included after mod_overtake_prio.h):
+ * the counts in shared memory, the table in force in this child, the configuration being read and
+ * the functions one file offers the others.
+ *
+ *   op_stage_conf.c     which request is of which stage: OvertakeStage in a section,
+ *                       OvertakeStagePrefix at server level, and the other stage directives
+ *   op_stage_decide.c   the shared counts, their lock, and the decision the count table takes
+ *   op_stage_follow.c   follow-up reservations (OvertakeStageNext)
+ *   op_stage.c          a request's arrival, hold and end
+ *   op_stage_status.c   the stages' lines on the status page
+ *
+ * One lock (a process-shared, robust mutex in the shared mapping) orders every count change and
+ * decision; its sections are a few loads and stores. The table a child uses is its own copy,
+ * swapped under that lock when op_control.c puts a new generation in force: every decision holds
+ * it already, so reading the table takes no second lock.
+ */
+#ifndef OP_STAGE_H
+#define OP_STAGE_H
+
+#include <errno.h>
+
+#include "os_table.h"
+
+#pragma GCC visibility push(hidden)
+
+#define OS_MAX_STAGES 16            /* stage names per server */
+#define OS_NONE (-1)                /* OvertakeStage none */
+#define OS_UNSET (-2)
+#define OS_MAX_RES 1024             /* reservations outstanding at once (one per connection) */
+
+/* How a reservation ended (overtake_stage_reservations_ended_total{outcome}). */
+enum { OS_RES_CLAIMED, OS_RES_EXPIRED, OS_RES_CLOSED, OS_RES_OTHER, OS_RES_N };
+
+/* Where a request's work ran, by the handler that served it (overtake_stage_served_total). */
+enum { OS_BY_APACHE, OS_BY_FCGI, OS_BY_PROXY, OS_BY_CGI, OS_BY_N };
+
+typedef struct {
+    os_queue q;
+    uint32_t sleepers;              /* requests between their last look at q.head and their wake-up */
+    apr_uint64_t requests;          /* arrivals */
+    apr_uint64_t held;              /* requests that waited */
+    apr_uint64_t hold_ns;           /* ... and their total wait */
+    apr_uint64_t hold_timeouts;     /* waited OvertakeStageHold and ran anyway */
+    apr_uint64_t overflows;         /* found the queue's ticket ring full and ran at once */
+    apr_uint64_t unheld;            /* ran at once because no table was in force for the stage */
+    apr_uint64_t served[OS_BY_N];   /* logged, by where their work ran */
+    apr_uint64_t reservations;      /* follow-up reservations made in this stage */
+    apr_uint64_t res_full;          /* ... not made: every reservation slot was in use */
+    apr_uint64_t res_ended[OS_RES_N];
+    int32_t reserved;               /* reservations outstanding (each holds a ticket) */
+} os_stage;
+
+/* A connection's reservation: a ticket of its stage's queue, kept for the connection's next
+ * request until expires_ns. Slots are reused: gen tells a connection's slot from its reuse. */
+typedef struct {
+    int32_t stage;                  /* -1: free */
+    uint32_t ticket;
+    uint32_t gen;
+    int64_t expires_ns;
+} os_res;
+
+typedef struct {
+    pthread_mutex_t mu;
+    uint32_t nstages;
+    char names[OS_MAX_STAGES][OS_NAME_BYTES];
+    apr_uint64_t epochs;            /* decisions taken */
+    apr_uint64_t guard_starts;
+    apr_uint64_t wakes;             /* futex wake-ups issued (a system call each) */
+    os_stage st[OS_MAX_STAGES];
+    int32_t next[OS_MAX_STAGES];    /* OvertakeStageNext: the stage a follow-up reserves, or -1 */
+    int64_t follow_ns;              /* OvertakeStageFollowUp */
+    uint32_t nres;                  /* reservations outstanding, all stages */
+    uint32_t res_hi;                /* slots [0, res_hi) may be in use */
+    int64_t res_due;                /* no reservation expires before this */
+    os_res res[OS_MAX_RES];
+} os_shared;
+
+/* This child's table: a copy of the control file's stage section, and where its stages are.
+ * Written only by op_stage_table (op_control.c calls it under its own mutex: one writer at a time)
+ * while it holds os_shm->mu; read under os_shm->mu. */
+typedef struct {
+    uint8_t *bytes;                 /* owns the section's bytes (t.act points into them) */
+    size_t len;
+    os_table t;
+    int shm_of[OS_MAX_TSTAGES];     /* table stage -> shared stage, or -1 (not configured) */
+    int in_table[OS_MAX_STAGES];    /* shared stage -> table stage, or -1 (run at once) */
+    uint32_t generation;            /* 0: no table */
+} os_tab;
+
+/* A request counted in a stage (its op_request_state's stage). */
+typedef struct {
+    int stage;                      /* the stage the request was counted in */
+    request_rec *r;                 /* the first request (its connection, at its end) */
+} os_req;
+
+/* A connection's hold on a reservation slot (on its pool; slot -1: none). */
+typedef struct {
+    int slot;
+    uint32_t gen;
+} os_conn;
+
+/* op_stage_decide.c */
+extern os_shared *os_shm;           /* NULL: no stage configured, or no mapping */
+extern os_tab os_tab_now;
+extern int os_follow_on;            /* some stage has a next stage (OvertakeStageNext) */
+
+/* The stages' lock (in every file: each request takes it twice). */
+static inline void os_lock(void)
+{
+    if (pthread_mutex_lock(&os_shm->mu) == EOWNERDEAD) {
+        /* a child died inside a section: every section leaves the counts whole at each store */
+        pthread_mutex_consistent(&os_shm->mu);
+    }
+}
+
+static inline void os_unlock(void)
+{
+    pthread_mutex_unlock(&os_shm->mu);
+}
+
+int32_t os_start(int i, int32_t n);
+void os_epoch(void);
+
+/* op_stage_conf.c: the configuration read last (reset by pre_config: Apache reads it twice) */
+extern char os_names[OS_MAX_STAGES][OS_NAME_BYTES];
+extern int os_nnames;
+extern int os_next[OS_MAX_STAGES];
+extern double os_hold_s;
+extern double os_follow_s;
+int os_stage_of(const request_rec *r);
+
+/* op_stage_follow.c */
+void os_res_free(uint32_t i, int outcome);
+void os_res_end(uint32_t i, int outcome);
+int os_res_expire(int64_t now);
+int os_res_take(os_conn *oc);
+int os_res_make(os_conn *oc, int stage, int64_t now);
+os_conn *os_conn_state(conn_rec *c, int create);
+void os_res_forget(int stage);
+
+#pragma GCC visibility pop
+
+#endif
