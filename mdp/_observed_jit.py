@@ -9,7 +9,7 @@ import numpy as np
 
 from overtake.jit import njit
 
-from ._kernels_jit import _lower_bound, _rank
+from ._kernels_jit import _add_transition, _event_rate, _hash_table, _load_state, _saved, _table_row
 
 
 @njit(cache=True, nogil=True)
@@ -36,23 +36,10 @@ def observed_bfs(  # type: ignore[no-untyped-def]
     Q = sp_ptr.size - 1
     D = L - Q
     R = Q + n_stage
-    size = ht.shape[0]
-    mask = size - 1
-    shift = 64
-    while (1 << (64 - shift)) < size:
-        shift -= 1
     n = st[0]
     nt = st[1]
-    if st[3] != 0:  # (re)build the table of the states found so far
-        for h in range(size):
-            ht[h, 1] = -1
-        for i in range(n):
-            h = ((keys[i] * -7046029254386353131) >> shift) & mask  # Fibonacci hashing (2^64/φ)
-            while ht[h, 1] >= 0:
-                h = (h + 1) & mask
-            ht[h, 0] = keys[i]
-            ht[h, 1] = i
-        st[3] = 0
+    shift = _hash_table(ht, keys, n, st[3] != 0)  # (re)built from the states found so far
+    st[3] = 0
     row = np.empty(L, dtype=np.int64)
     pre = np.empty(L, dtype=np.int64)
     cur = np.empty(L, dtype=np.int64)
@@ -62,45 +49,21 @@ def observed_bfs(  # type: ignore[no-untyped-def]
     lo = np.empty(Q, dtype=np.int64)
     hi = np.empty(Q, dtype=np.int64)
     idx = np.empty(Q, dtype=np.int64)
-    cap_states = rows.shape[0]
-    cap_trans = t_src.size
-    n_rkeys = rkeys.size
-    use_dense = rdense.size > 0
     x = st[2]
     while x < n:
         n0 = n
         nt0 = nt
         full = False
-        n_tot = 0
-        K = 0
-        W = 0.0
+        n_tot, pt = _load_state(rows, x, row, Q, weights, per_thread, weighted)
         for c in range(R):
             obs0[c] = 0
-        for c in range(L):
-            row[c] = rows[x, c]
-            n_tot += row[c]
         for q in range(Q):
             obs0[q] = row[q]
         for d in range(D):
-            K += row[Q + d]
-            W += row[Q + d] * weights[d]
             obs0[Q + coord_stage[d]] += row[Q + d]
-        if weighted:
-            pt = per_thread[K] / W if W > 0 else 0.0
-        else:
-            pt = per_thread[K]
         lev = level[x] + 1
         for e in range(ev_src.size):
-            d = ev_src[e]
-            if d < 0:
-                if n_tot >= cap:
-                    continue
-                rate = ev_f[e, 0]
-            else:
-                kd = row[Q + d]
-                if kd <= 0:
-                    continue
-                rate = kd * pt * weights[d] * ev_f[e, 0] * ev_f[e, 1]
+            rate = _event_rate(e, row, Q, n_tot, cap, pt, weights, ev_src, ev_f)
             if not rate > 0:
                 continue
             for c in range(L):
@@ -138,14 +101,8 @@ def observed_bfs(  # type: ignore[no-untyped-def]
                 for c in range(Q, R):
                     seen += obs[c]
                 if seen <= rkmax:
-                    key, _ = _rank(obs, rtable, rcap)
-                    if use_dense:
-                        pos = rdense[key]
-                        found = pos >= 0
-                    else:
-                        pos = _lower_bound(rkeys, key)
-                        found = pos < n_rkeys and rkeys[pos] == key
-                    if found:
+                    pos = _table_row(obs, rtable, rcap, rkeys, rdense)
+                    if pos >= 0:
                         for q in range(Q):
                             a = rspawn[pos, q]
                             counts[q] = min(max(a, 0), pre[q])
@@ -173,32 +130,11 @@ def observed_bfs(  # type: ignore[no-untyped-def]
                             cur[Q + sp_coord[t]] += comp_k[j, t - sp_ptr[q]]
                         prob = prob * comp_p[j]
                 # a post-decision state: its rank, found or added, and the transition
-                key, _ = _rank(cur, rank_table, cap)
-                h = ((key * -7046029254386353131) >> shift) & mask
-                while True:
-                    j = ht[h, 1]
-                    if j < 0 or ht[h, 0] == key:
-                        break
-                    h = (h + 1) & mask
-                if j < 0:
-                    if n >= cap_states or 2 * (n + 1) > size:
-                        full = True
-                        break
-                    j = n
-                    ht[h, 0] = key
-                    ht[h, 1] = j
-                    for c in range(L):
-                        rows[j, c] = cur[c]
-                    keys[j] = key
-                    level[j] = lev
-                    n += 1
-                if nt >= cap_trans:
+                n, nt = _add_transition(cur, rank_table, cap, lev, x, prob, n, nt, ht, shift, rows, keys, level,
+                                        t_src, t_dst, t_rate)
+                if n < 0:
                     full = True
                     break
-                t_src[nt] = x
-                t_dst[nt] = j
-                t_rate[nt] = prob
-                nt += 1
                 # the next combination: the last queue's outcome advances first
                 q = Q - 1
                 while q >= 0:
@@ -212,18 +148,8 @@ def observed_bfs(  # type: ignore[no-untyped-def]
             if full:
                 break
         if full:  # undo this state's expansion; the caller enlarges the buffers and resumes here
-            st[0] = n0
-            st[1] = nt0
-            st[2] = x
-            st[3] = 1
-            return 1
+            return _saved(st, n0, nt0, x, 1, 1)
         x += 1
         if n > max_states:
-            st[0] = n
-            st[1] = nt
-            st[2] = x
-            return 2
-    st[0] = n
-    st[1] = nt
-    st[2] = x
-    return 0
+            return _saved(st, n, nt, x, 0, 2)
+    return _saved(st, n, nt, x, 0, 0)

@@ -328,7 +328,7 @@ def test_iterative_evaluation_agrees_with_the_direct_solve(monkeypatch: pytest.M
     the gain, E[W], bias and stationary laws agree with a direct solve to 1e-9 relative, and a
     local search takes the same steps either way. The chain here is small; the size above which
     the iterative path is taken is lowered to 0 so that it is."""
-    from overtake.mdp import observation
+    from overtake.mdp import observation_exact
 
     model = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))  # Table 1, case 2
     layout = _split(model).layout(model)
@@ -336,15 +336,15 @@ def test_iterative_evaluation_agrees_with_the_direct_solve(monkeypatch: pytest.M
     start = starting_tables(ObservationSpace(model, tr, layout), ["pi(inf)"], False, {})["pi(inf) (lightest route first)"]
     direct = improve(ObservationSpace(model, tr, layout), start, start="pi(inf)")
     calls: list[bool] = []
-    iterate = observation.Factor.iterate
+    iterate = observation_exact.Factor.iterate
 
     def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         out = iterate(self, *args, **kwargs)
         calls.append(out is not None)
         return out
 
-    monkeypatch.setattr(observation, "_DIRECT_STATES", 0)
-    monkeypatch.setattr(observation.Factor, "iterate", counted)
+    monkeypatch.setattr(observation_exact, "DIRECT_STATES", 0)
+    monkeypatch.setattr(observation_exact.Factor, "iterate", counted)
     osp = ObservationSpace(model, tr, layout)
     assert osp.size > 1000
     fast = improve(osp, start, start="pi(inf)")
@@ -359,7 +359,7 @@ def test_iterative_evaluation_agrees_with_the_direct_solve(monkeypatch: pytest.M
     ev0 = osp.evaluate(start)
     B = osp.propose(start, ev0).actions
     changed = osp.class_size[np.any(B != start, axis=1)].sum()
-    assert changed > observation._LOW_RANK  # BiCGSTAB, not the low-rank GMRES
+    assert changed > observation_exact.LOW_RANK  # BiCGSTAB, not the low-rank GMRES
     n = len(calls)
     it, dr = osp.evaluate(B, near=ev0), ObservationSpace(model, tr, layout).evaluate(B)
     assert len(calls) > n and calls[-1] and not it.refactored and dr.refactored
@@ -383,14 +383,14 @@ class _Clock:
 def test_iterative_search_does_not_depend_on_the_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """The iterative solves stop on work, not on time: a machine 10⁶ times slower takes the same
     path (each solve iterative or direct alike) to the same table and bitwise the same gains."""
-    from overtake.mdp import factor, observation
+    from overtake.mdp import factor, observation_exact
 
     model = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))  # Table 1, case 2
     layout = _split(model).layout(model)
     tr = Truncation(7)
-    monkeypatch.setattr(observation, "_DIRECT_STATES", 0)  # the iterative path on this small chain
+    monkeypatch.setattr(observation_exact, "DIRECT_STATES", 0)  # the iterative path on this small chain
     start = starting_tables(ObservationSpace(model, tr, layout), ["pi(inf)"], False, {})["pi(inf) (lightest route first)"]
-    iterate = observation.Factor.iterate
+    iterate = observation_exact.Factor.iterate
     runs = []
     for step in (1e-6, 1.0):
         monkeypatch.setattr(factor, "time", _Clock(step))
@@ -401,7 +401,7 @@ def test_iterative_search_does_not_depend_on_the_clock(monkeypatch: pytest.Monke
             calls.append(out is not None)  # noqa: B023 (called within this iteration)
             return out
 
-        monkeypatch.setattr(observation.Factor, "iterate", counted)
+        monkeypatch.setattr(observation_exact.Factor, "iterate", counted)
         runs.append((improve(ObservationSpace(model, tr, layout), start, start="pi(inf)"), calls))
     (fast, fast_calls), (slow, slow_calls) = runs
     assert len(fast_calls) >= 4 and any(fast_calls)  # the iterative path was taken
