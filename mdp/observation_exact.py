@@ -36,6 +36,10 @@ DIRECT_STATES = 6_000  # below: complete LUs (an LU is cheaper than GMRES set-up
 # of the current complete factor (Factor.update), whose 2r triangular solves cost less than the
 # ordering and elimination of a new LU of the chains it is used on
 LOW_RANK = 80
+# after this many iterative solves in a row that did not converge within their budget, the space's
+# tables are factored at once: the preconditioner does not carry them, and each failure costs
+# its budget on top of the factorization that follows (a count, not a clock)
+ITER_GIVE_UP = 3
 _UPDATE_RTOL = 1e-11  # relative residual a low-rank update's solutions must meet (else a new LU)
 
 
@@ -94,6 +98,7 @@ class ExactSolver:
         self.P_change, self.entered, self.transition = P_change, entered, transition
         self.preconditioner: Factor | None = None
         self.lu_work = 0
+        self.iter_failed = 0  # iterative solves failed in a row on this space (ITER_GIVE_UP)
 
     def changed_states(self, actions: IntArray, factor: Factor) -> IntArray | None:
         """The states whose decision rows differ between ``actions`` and ``factor``'s table and that
@@ -152,13 +157,14 @@ class ExactSolver:
         if changed is not None and changed.size <= LOW_RANK:
             return self._updated(factor, actions, changed, eq)
         S = self.space.size
-        if S <= DIRECT_STATES:
+        if S <= DIRECT_STATES or self.iter_failed >= ITER_GIVE_UP:
             return None, None
         X0 = near.solution if near.solution is not None else np.zeros((S - 1, 3))
         pre = self.preconditioner or factor
         budget = max(ITER_MIN, max(self.lu_work, 4 * pre.work) // pre.iteration_work(eq.A))
         sol = pre.iterate(eq.A, eq.rhs, X0[:, :2], budget=budget)
         solT = None if sol is None else pre.iterate(eq.A, eq.p0[:, None], X0[:, 2:], budget=budget, trans=True)
+        self.iter_failed = self.iter_failed + 1 if solT is None else 0
         return sol, solT
 
     def _updated(self, factor: Factor, actions: IntArray, z: IntArray, eq: _System) -> Solutions:
