@@ -409,3 +409,51 @@ def test_iterative_search_does_not_depend_on_the_clock(monkeypatch: pytest.Monke
     assert np.array_equal(fast.actions, slow.actions)
     assert [h.get("gain") for h in fast.history] == [h.get("gain") for h in slow.history]
     assert fast.evaluation.gain == slow.evaluation.gain
+
+
+def test_iterative_solves_given_up_after_failing_in_a_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A space whose iterative solves keep missing their budget factors its trials at once after
+    ITER_GIVE_UP failures in a row (ObservationSpace.evaluate), with the same answers: every
+    trial's gain, E[W] and law agree with a space that factors every table (1e-9 relative), and a
+    solve that converges resets the count. The failures are made by a budget of one iteration."""
+    from overtake.mdp import observation_exact
+
+    model = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))  # Table 1, case 2
+    layout = Layout.build(model, "none")
+    tr = Truncation(7)
+    monkeypatch.setattr(observation_exact, "DIRECT_STATES", 0)  # the iterative path on this small chain
+    osp, ref = ObservationSpace(model, tr, layout), ObservationSpace(model, tr, layout)
+    start = starting_tables(osp, ["pi(inf)", "pi(2)"], False, {})
+    A, B = start["pi(inf)"], start["pi(2)"]
+    assert np.any(A != B)
+    calls: list[bool] = []
+    iterate = observation_exact.Factor.iterate
+    starve = [True]
+
+    def counted(self, A_, B_, X0, *, budget, trans=False):  # type: ignore[no-untyped-def]
+        out = iterate(self, A_, B_, X0, budget=1 if starve[0] else budget, trans=trans)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(observation_exact.Factor, "iterate", counted)
+    ev = osp.evaluate(A)
+    tables = [B, A, B, A, B]
+    for k, T in enumerate(tables):
+        got, want = osp.evaluate(T, near=ev), ref.evaluate(T)
+        assert got.refactored  # each starved solve failed: a new factorization answered
+        assert got.gain == pytest.approx(want.gain, rel=1e-9)
+        assert got.metrics.mean_response_time == pytest.approx(want.metrics.mean_response_time, rel=1e-9)
+        assert np.abs(got.post - want.post).max() <= 1e-9 * want.post.max()
+        # iterative attempts: one per trial until ITER_GIVE_UP failed in a row, none after
+        assert len(calls) == min(k + 1, observation_exact.ITER_GIVE_UP) and not any(calls)
+        ev = got
+    assert observation_exact.ITER_GIVE_UP < len(tables)  # the attempts stopped
+    # a converging solve resets the count
+    osp2 = ObservationSpace(model, tr, layout)
+    ev2 = osp2.evaluate(A)
+    failed = osp2.evaluate(B, near=ev2)
+    assert failed.refactored and osp2.exact.iter_failed == 1
+    starve[0] = False
+    calls.clear()
+    ok = osp2.evaluate(A, near=failed)
+    assert calls and all(calls) and not ok.refactored and osp2.exact.iter_failed == 0
