@@ -219,8 +219,10 @@ class ObservationSpace:
         factorization's work (counted from the fill, never timed: the same table takes the same
         path on any machine), an update that misses its residual, or a stationary law whose
         residual exceeds 1e-9, is replaced by a new factorization: the answer is exact either way.
-        A new factorization of a large chain is incomplete (:class:`Factor`), and complete where
-        GMRES fails on it, its law's residual exceeds 1e-9, or ``complete`` asks for it.
+        After three iterative solves in a row on this space that did not converge, its tables are
+        factored at once (:data:`~overtake.mdp.observation_exact.ITER_GIVE_UP`). A new
+        factorization of a large chain is incomplete (:class:`Factor`), and complete where GMRES
+        fails on it, its law's residual exceeds 1e-9, or ``complete`` asks for it.
         """
         return self.exact.evaluate(actions, near=near, complete=complete)
 
