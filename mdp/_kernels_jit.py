@@ -147,41 +147,6 @@ def _lower_bound(keys, key):  # type: ignore[no-untyped-def]
     return pos
 
 
-@njit(cache=True, nogil=True, inline="always")  # inlined: called per state expanded
-def _load_state(rows, x, row, Q, weights, per_thread, weighted):  # type: ignore[no-untyped-def]
-    """Copy state ``x``'s row into ``row``; returns its requests and its threads' service share per
-    unit of weight (statespace.transitions' rate arithmetic)."""
-    L = row.size
-    n_tot = 0
-    K = 0
-    W = 0.0
-    for c in range(L):
-        row[c] = rows[x, c]
-        n_tot += row[c]
-    for d in range(L - Q):
-        K += row[Q + d]
-        W += row[Q + d] * weights[d]
-    if weighted:
-        pt = per_thread[K] / W if W > 0 else 0.0
-    else:
-        pt = per_thread[K]
-    return n_tot, pt
-
-
-@njit(cache=True, nogil=True, inline="always")  # inlined: called per state and event
-def _event_rate(e, row, Q, n_tot, cap, pt, weights, ev_src, ev_f):  # type: ignore[no-untyped-def]
-    """The rate of event ``e`` (statespace.event_tables) in state ``row``: 0 where it cannot happen
-    (an arrival at the request cap, a completion or phase move of a coordinate without threads)."""
-    d = ev_src[e]
-    if d < 0:
-        if n_tot >= cap:
-            return 0.0
-        return ev_f[e, 0]
-    kd = row[Q + d]
-    if kd <= 0:
-        return 0.0
-    return kd * pt * weights[d] * ev_f[e, 0] * ev_f[e, 1]
-
 
 @njit(cache=True, nogil=True, inline="always")  # inlined: the search's exits
 def _saved(st, n, nt, x, rebuild, status):  # type: ignore[no-untyped-def]
@@ -213,56 +178,6 @@ def _hash_table(ht, keys, n, rebuild):  # type: ignore[no-untyped-def]
             ht[h, 0] = keys[i]
             ht[h, 1] = i
     return shift
-
-
-@njit(cache=True, nogil=True, inline="always")  # inlined: called per transition
-def _add_transition(  # type: ignore[no-untyped-def]
-    cur, rank_table, cap, lev, x, prob, n, nt, ht, shift, rows, keys, level, t_src, t_dst, t_rate,
-):
-    """Find the post-decision state ``cur`` in the hash table ``ht`` by its rank (Fibonacci hashing,
-    linear probing) or add it as state ``n`` (its row, rank and level ``lev``), then record the
-    transition from state ``x`` with rate ``prob``. Returns the new (states, transitions) counts,
-    or (−1, −1) where a buffer is full (the caller undoes the state's expansion: chain_bfs)."""
-    key, _ = _rank(cur, rank_table, cap)
-    size = ht.shape[0]
-    mask = size - 1
-    h = ((key * -7046029254386353131) >> shift) & mask
-    while True:
-        j = ht[h, 1]
-        if j < 0 or ht[h, 0] == key:
-            break
-        h = (h + 1) & mask
-    if j < 0:
-        if n >= rows.shape[0] or 2 * (n + 1) > size:
-            return -1, -1
-        j = n
-        ht[h, 0] = key
-        ht[h, 1] = j
-        for c in range(cur.size):
-            rows[j, c] = cur[c]
-        keys[j] = key
-        level[j] = lev
-        n += 1
-    if nt >= t_src.size:
-        return -1, -1
-    t_src[nt] = x
-    t_dst[nt] = j
-    t_rate[nt] = prob
-    return n, nt + 1
-
-
-@njit(cache=True, nogil=True, inline="always")  # inlined: called per decision
-def _table_row(v, rtable, rcap, rkeys, rdense):  # type: ignore[no-untyped-def]
-    """The row of a policy table for vector ``v`` (ranked at cap ``rcap``): through ``rdense``
-    (row per rank) when it is given, else by a binary search of the sorted ``rkeys``; −1 where the
-    table has none."""
-    key, _ = _rank(v, rtable, rcap)
-    if rdense.size > 0:
-        return rdense[key]
-    pos = _lower_bound(rkeys, key)
-    if pos < rkeys.size and rkeys[pos] == key:
-        return pos
-    return -1
 
 
 @njit(cache=True, nogil=True)
@@ -554,8 +469,8 @@ def chain_bfs(  # type: ignore[no-untyped-def]
     Transitions are (source, destination discovery index, rate); ``level`` is each state's depth.
     A post-decision state's key is its rank (statespace.Ranker); the hash table holds (key, index)
     pairs side by side. Written without array views, and its helpers taking arrays inlined
-    (_load_state, _event_rate, _table_row, _add_transition, ...): each view or call costs atomic reference counts per
-    use, most of the time of this loop.
+    (_hash_table, _saved, _rank): each view or call costs atomic reference
+    counts per use, most of the time of this loop.
     """
     L = rows.shape[1]
     Q = sp_ptr.size - 1
@@ -564,6 +479,10 @@ def chain_bfs(  # type: ignore[no-untyped-def]
     nt = st[1]
     shift = _hash_table(ht, keys, n, st[3] != 0)  # (re)built from the states found so far
     st[3] = 0
+    size = ht.shape[0]
+    mask = size - 1
+    cap_states = rows.shape[0]
+    cap_trans = t_src.size
     n_stage = 1
     for d in range(D):
         n_stage = max(n_stage, coord_stage[d] + 1)
@@ -578,15 +497,38 @@ def chain_bfs(  # type: ignore[no-untyped-def]
     depth = (k_max + 1) * max_branch + 1
     stack = np.empty((depth, L), dtype=np.int64)
     stack_p = np.empty(depth)
+    n_rkeys = rkeys.size
+    use_dense = rdense.size > 0
     x = st[2]
     while x < n:
         n0 = n
         nt0 = nt
         full = False
-        n_tot, pt = _load_state(rows, x, row, Q, weights, per_thread, weighted)
+        n_tot = 0
+        K = 0
+        W = 0.0
+        for c in range(L):
+            row[c] = rows[x, c]
+            n_tot += row[c]
+        for d in range(D):
+            K += row[Q + d]
+            W += row[Q + d] * weights[d]
+        if weighted:
+            pt = per_thread[K] / W if W > 0 else 0.0
+        else:
+            pt = per_thread[K]
         lev = level[x] + 1
         for e in range(ev_src.size):
-            rate = _event_rate(e, row, Q, n_tot, cap, pt, weights, ev_src, ev_f)
+            d = ev_src[e]
+            if d < 0:
+                if n_tot >= cap:
+                    continue
+                rate = ev_f[e, 0]
+            else:
+                kd = row[Q + d]
+                if kd <= 0:
+                    continue
+                rate = kd * pt * weights[d] * ev_f[e, 0] * ev_f[e, 1]
             if not rate > 0:
                 continue
             for c in range(L):
@@ -620,8 +562,14 @@ def chain_bfs(  # type: ignore[no-untyped-def]
                                 if tmp[q] > tmp[best]:
                                     best = q
                             tmp[best] -= 1
-                        pos = _table_row(tmp, rtable, rcap, rkeys, rdense)
-                        if pos >= 0:
+                        key, _ = _rank(tmp, rtable, rcap)
+                        if use_dense:
+                            pos = rdense[key]
+                            found = pos >= 0
+                        else:
+                            pos = _lower_bound(rkeys, key)
+                            found = pos < n_rkeys and rkeys[pos] == key
+                        if found:
                             for q in range(Q):
                                 counts[q] = min(rspawn[pos, q], cur[q])
                 elif kind == 1:  # π(∞)
@@ -669,12 +617,35 @@ def chain_bfs(  # type: ignore[no-untyped-def]
                             stack_p[top] = prob * sp_prob[t]
                             top += 1
                         continue
-                # a post-decision state: its rank, found or added, and the transition
-                n, nt = _add_transition(cur, rank_table, cap, lev, x, prob, n, nt, ht, shift, rows, keys, level,
-                                        t_src, t_dst, t_rate)
-                if n < 0:
+                # a post-decision state: its rank, found or added, and the transition (written out
+                # in both searches: a helper taking the nine arrays, inlined or not, costs the
+                # ahead-of-time build their reference counts per transition, half this loop's time)
+                key, _ = _rank(cur, rank_table, cap)
+                h = ((key * -7046029254386353131) >> shift) & mask
+                while True:
+                    j = ht[h, 1]
+                    if j < 0 or ht[h, 0] == key:
+                        break
+                    h = (h + 1) & mask
+                if j < 0:
+                    if n >= cap_states or 2 * (n + 1) > size:
+                        full = True
+                        break
+                    j = n
+                    ht[h, 0] = key
+                    ht[h, 1] = j
+                    for c in range(L):
+                        rows[j, c] = cur[c]
+                    keys[j] = key
+                    level[j] = lev
+                    n += 1
+                if nt >= cap_trans:
                     full = True
                     break
+                t_src[nt] = x
+                t_dst[nt] = j
+                t_rate[nt] = prob
+                nt += 1
             if full:
                 break
         if full:  # undo this state's expansion; the caller enlarges the buffers and resumes here

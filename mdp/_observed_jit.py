@@ -9,7 +9,7 @@ import numpy as np
 
 from overtake.jit import njit
 
-from ._kernels_jit import _add_transition, _event_rate, _hash_table, _load_state, _saved, _table_row
+from ._kernels_jit import _hash_table, _lower_bound, _rank, _saved
 
 
 @njit(cache=True, nogil=True)
@@ -40,6 +40,10 @@ def observed_bfs(  # type: ignore[no-untyped-def]
     nt = st[1]
     shift = _hash_table(ht, keys, n, st[3] != 0)  # (re)built from the states found so far
     st[3] = 0
+    size = ht.shape[0]
+    mask = size - 1
+    cap_states = rows.shape[0]
+    cap_trans = t_src.size
     row = np.empty(L, dtype=np.int64)
     pre = np.empty(L, dtype=np.int64)
     cur = np.empty(L, dtype=np.int64)
@@ -49,21 +53,43 @@ def observed_bfs(  # type: ignore[no-untyped-def]
     lo = np.empty(Q, dtype=np.int64)
     hi = np.empty(Q, dtype=np.int64)
     idx = np.empty(Q, dtype=np.int64)
+    n_rkeys = rkeys.size
+    use_dense = rdense.size > 0
     x = st[2]
     while x < n:
         n0 = n
         nt0 = nt
         full = False
-        n_tot, pt = _load_state(rows, x, row, Q, weights, per_thread, weighted)
+        n_tot = 0
+        K = 0
+        W = 0.0
         for c in range(R):
             obs0[c] = 0
+        for c in range(L):
+            row[c] = rows[x, c]
+            n_tot += row[c]
         for q in range(Q):
             obs0[q] = row[q]
         for d in range(D):
+            K += row[Q + d]
+            W += row[Q + d] * weights[d]
             obs0[Q + coord_stage[d]] += row[Q + d]
+        if weighted:
+            pt = per_thread[K] / W if W > 0 else 0.0
+        else:
+            pt = per_thread[K]
         lev = level[x] + 1
         for e in range(ev_src.size):
-            rate = _event_rate(e, row, Q, n_tot, cap, pt, weights, ev_src, ev_f)
+            d = ev_src[e]
+            if d < 0:
+                if n_tot >= cap:
+                    continue
+                rate = ev_f[e, 0]
+            else:
+                kd = row[Q + d]
+                if kd <= 0:
+                    continue
+                rate = kd * pt * weights[d] * ev_f[e, 0] * ev_f[e, 1]
             if not rate > 0:
                 continue
             for c in range(L):
@@ -101,8 +127,14 @@ def observed_bfs(  # type: ignore[no-untyped-def]
                 for c in range(Q, R):
                     seen += obs[c]
                 if seen <= rkmax:
-                    pos = _table_row(obs, rtable, rcap, rkeys, rdense)
-                    if pos >= 0:
+                    key, _ = _rank(obs, rtable, rcap)
+                    if use_dense:
+                        pos = rdense[key]
+                        found = pos >= 0
+                    else:
+                        pos = _lower_bound(rkeys, key)
+                        found = pos < n_rkeys and rkeys[pos] == key
+                    if found:
                         for q in range(Q):
                             a = rspawn[pos, q]
                             counts[q] = min(max(a, 0), pre[q])
@@ -129,12 +161,35 @@ def observed_bfs(  # type: ignore[no-untyped-def]
                         for t in range(sp_ptr[q], sp_ptr[q + 1]):
                             cur[Q + sp_coord[t]] += comp_k[j, t - sp_ptr[q]]
                         prob = prob * comp_p[j]
-                # a post-decision state: its rank, found or added, and the transition
-                n, nt = _add_transition(cur, rank_table, cap, lev, x, prob, n, nt, ht, shift, rows, keys, level,
-                                        t_src, t_dst, t_rate)
-                if n < 0:
+                # a post-decision state: its rank, found or added, and the transition (written out
+                # in both searches: a helper taking the nine arrays, inlined or not, costs the
+                # ahead-of-time build their reference counts per transition, half this loop's time)
+                key, _ = _rank(cur, rank_table, cap)
+                h = ((key * -7046029254386353131) >> shift) & mask
+                while True:
+                    j = ht[h, 1]
+                    if j < 0 or ht[h, 0] == key:
+                        break
+                    h = (h + 1) & mask
+                if j < 0:
+                    if n >= cap_states or 2 * (n + 1) > size:
+                        full = True
+                        break
+                    j = n
+                    ht[h, 0] = key
+                    ht[h, 1] = j
+                    for c in range(L):
+                        rows[j, c] = cur[c]
+                    keys[j] = key
+                    level[j] = lev
+                    n += 1
+                if nt >= cap_trans:
                     full = True
                     break
+                t_src[nt] = x
+                t_dst[nt] = j
+                t_rate[nt] = prob
+                nt += 1
                 # the next combination: the last queue's outcome advances first
                 q = Q - 1
                 while q >= 0:
