@@ -468,9 +468,9 @@ def chain_bfs(  # type: ignore[no-untyped-def]
     2 π(k) (k = param[0], queues in ``prio`` order), 3 π(k1,…,kN) (param per stage).
     Transitions are (source, destination discovery index, rate); ``level`` is each state's depth.
     A post-decision state's key is its rank (statespace.Ranker); the hash table holds (key, index)
-    pairs side by side. Written without array views, and its helpers taking arrays inlined
-    (_hash_table, _saved, _rank): each view or call costs atomic reference
-    counts per use, most of the time of this loop.
+    pairs side by side. Written without array views or per-transition helper calls taking arrays
+    (_rank excepted; the hash table's set-up and the exits, _hash_table and _saved, run once a
+    call): each costs atomic reference counts per use, most of the time of this loop.
     """
     L = rows.shape[1]
     Q = sp_ptr.size - 1
