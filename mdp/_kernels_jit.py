@@ -147,6 +147,39 @@ def _lower_bound(keys, key):  # type: ignore[no-untyped-def]
     return pos
 
 
+
+@njit(cache=True, nogil=True, inline="always")  # inlined: the search's exits
+def _saved(st, n, nt, x, rebuild, status):  # type: ignore[no-untyped-def]
+    """Record where a search stands in ``st`` (states, transitions, next state to expand, whether
+    the hash table must be rebuilt on resuming) and return its ``status``."""
+    st[0] = n
+    st[1] = nt
+    st[2] = x
+    st[3] = rebuild
+    return status
+
+
+@njit(cache=True, nogil=True, inline="always")  # inlined: once per search call
+def _hash_table(ht, keys, n, rebuild):  # type: ignore[no-untyped-def]
+    """The shift of Fibonacci hashing (2^64/φ) for the hash table ``ht`` of (key, index) pairs (its
+    size a power of two), first filled with the ``n`` states' ``keys`` when ``rebuild``."""
+    size = ht.shape[0]
+    mask = size - 1
+    shift = 64
+    while (1 << (64 - shift)) < size:
+        shift -= 1
+    if rebuild:
+        for h in range(size):
+            ht[h, 1] = -1
+        for i in range(n):
+            h = ((keys[i] * -7046029254386353131) >> shift) & mask
+            while ht[h, 1] >= 0:
+                h = (h + 1) & mask
+            ht[h, 0] = keys[i]
+            ht[h, 1] = i
+    return shift
+
+
 @njit(cache=True, nogil=True)
 def rank_rows(rows, table, cap, key):  # type: ignore[no-untyped-def]
     """Lexicographic rank of each row among vectors with sum ≤ cap (statespace.Ranker); False if a row exceeds cap.
@@ -435,29 +468,21 @@ def chain_bfs(  # type: ignore[no-untyped-def]
     2 π(k) (k = param[0], queues in ``prio`` order), 3 π(k1,…,kN) (param per stage).
     Transitions are (source, destination discovery index, rate); ``level`` is each state's depth.
     A post-decision state's key is its rank (statespace.Ranker); the hash table holds (key, index)
-    pairs side by side. Written as one function without array views or helper calls taking
-    arrays: each of those costs atomic reference counts per use, most of the time of this loop.
+    pairs side by side. Written without array views or per-transition helper calls taking arrays
+    (_rank excepted; the hash table's set-up and the exits, _hash_table and _saved, run once a
+    call): each costs atomic reference counts per use, most of the time of this loop.
     """
     L = rows.shape[1]
     Q = sp_ptr.size - 1
     D = L - Q
-    size = ht.shape[0]
-    mask = size - 1
-    shift = 64
-    while (1 << (64 - shift)) < size:
-        shift -= 1
     n = st[0]
     nt = st[1]
-    if st[3] != 0:  # (re)build the table of the states found so far
-        for h in range(size):
-            ht[h, 1] = -1
-        for i in range(n):
-            h = ((keys[i] * -7046029254386353131) >> shift) & mask  # Fibonacci hashing (2^64/φ)
-            while ht[h, 1] >= 0:
-                h = (h + 1) & mask
-            ht[h, 0] = keys[i]
-            ht[h, 1] = i
-        st[3] = 0
+    shift = _hash_table(ht, keys, n, st[3] != 0)  # (re)built from the states found so far
+    st[3] = 0
+    size = ht.shape[0]
+    mask = size - 1
+    cap_states = rows.shape[0]
+    cap_trans = t_src.size
     n_stage = 1
     for d in range(D):
         n_stage = max(n_stage, coord_stage[d] + 1)
@@ -472,8 +497,6 @@ def chain_bfs(  # type: ignore[no-untyped-def]
     depth = (k_max + 1) * max_branch + 1
     stack = np.empty((depth, L), dtype=np.int64)
     stack_p = np.empty(depth)
-    cap_states = rows.shape[0]
-    cap_trans = t_src.size
     n_rkeys = rkeys.size
     use_dense = rdense.size > 0
     x = st[2]
@@ -594,7 +617,9 @@ def chain_bfs(  # type: ignore[no-untyped-def]
                             stack_p[top] = prob * sp_prob[t]
                             top += 1
                         continue
-                # a post-decision state: its rank, found or added, and the transition
+                # a post-decision state: its rank, found or added, and the transition (written out
+                # in both searches: a helper taking the nine arrays, inlined or not, costs the
+                # ahead-of-time build their reference counts per transition, half this loop's time)
                 key, _ = _rank(cur, rank_table, cap)
                 h = ((key * -7046029254386353131) >> shift) & mask
                 while True:
@@ -624,18 +649,8 @@ def chain_bfs(  # type: ignore[no-untyped-def]
             if full:
                 break
         if full:  # undo this state's expansion; the caller enlarges the buffers and resumes here
-            st[0] = n0
-            st[1] = nt0
-            st[2] = x
-            st[3] = 1
-            return 1
+            return _saved(st, n0, nt0, x, 1, 1)
         x += 1
         if n > max_states:
-            st[0] = n
-            st[1] = nt
-            st[2] = x
-            return 2
-    st[0] = n
-    st[1] = nt
-    st[2] = x
-    return 0
+            return _saved(st, n, nt, x, 0, 2)
+    return _saved(st, n, nt, x, 0, 0)

@@ -9,7 +9,7 @@ import numpy as np
 
 from overtake.jit import njit
 
-from ._kernels_jit import _lower_bound, _rank
+from ._kernels_jit import _hash_table, _lower_bound, _rank, _saved
 
 
 @njit(cache=True, nogil=True)
@@ -36,23 +36,14 @@ def observed_bfs(  # type: ignore[no-untyped-def]
     Q = sp_ptr.size - 1
     D = L - Q
     R = Q + n_stage
-    size = ht.shape[0]
-    mask = size - 1
-    shift = 64
-    while (1 << (64 - shift)) < size:
-        shift -= 1
     n = st[0]
     nt = st[1]
-    if st[3] != 0:  # (re)build the table of the states found so far
-        for h in range(size):
-            ht[h, 1] = -1
-        for i in range(n):
-            h = ((keys[i] * -7046029254386353131) >> shift) & mask  # Fibonacci hashing (2^64/φ)
-            while ht[h, 1] >= 0:
-                h = (h + 1) & mask
-            ht[h, 0] = keys[i]
-            ht[h, 1] = i
-        st[3] = 0
+    shift = _hash_table(ht, keys, n, st[3] != 0)  # (re)built from the states found so far
+    st[3] = 0
+    size = ht.shape[0]
+    mask = size - 1
+    cap_states = rows.shape[0]
+    cap_trans = t_src.size
     row = np.empty(L, dtype=np.int64)
     pre = np.empty(L, dtype=np.int64)
     cur = np.empty(L, dtype=np.int64)
@@ -62,8 +53,6 @@ def observed_bfs(  # type: ignore[no-untyped-def]
     lo = np.empty(Q, dtype=np.int64)
     hi = np.empty(Q, dtype=np.int64)
     idx = np.empty(Q, dtype=np.int64)
-    cap_states = rows.shape[0]
-    cap_trans = t_src.size
     n_rkeys = rkeys.size
     use_dense = rdense.size > 0
     x = st[2]
@@ -172,7 +161,9 @@ def observed_bfs(  # type: ignore[no-untyped-def]
                         for t in range(sp_ptr[q], sp_ptr[q + 1]):
                             cur[Q + sp_coord[t]] += comp_k[j, t - sp_ptr[q]]
                         prob = prob * comp_p[j]
-                # a post-decision state: its rank, found or added, and the transition
+                # a post-decision state: its rank, found or added, and the transition (written out
+                # in both searches: a helper taking the nine arrays, inlined or not, costs the
+                # ahead-of-time build their reference counts per transition, half this loop's time)
                 key, _ = _rank(cur, rank_table, cap)
                 h = ((key * -7046029254386353131) >> shift) & mask
                 while True:
@@ -212,18 +203,8 @@ def observed_bfs(  # type: ignore[no-untyped-def]
             if full:
                 break
         if full:  # undo this state's expansion; the caller enlarges the buffers and resumes here
-            st[0] = n0
-            st[1] = nt0
-            st[2] = x
-            st[3] = 1
-            return 1
+            return _saved(st, n0, nt0, x, 1, 1)
         x += 1
         if n > max_states:
-            st[0] = n
-            st[1] = nt
-            st[2] = x
-            return 2
-    st[0] = n
-    st[1] = nt
-    st[2] = x
-    return 0
+            return _saved(st, n, nt, x, 0, 2)
+    return _saved(st, n, nt, x, 0, 0)

@@ -454,19 +454,24 @@ def solve_observed(
     layout, routes = _layout(model, phase_info, routes)
     model.check_stable(None if truncation is None else truncation.k_max)
     names = list(baselines) if baselines is not None else observed_baselines(model.n_stages)
-    evaluated = dict(evaluated or {})
-    none_opt = none_optimum if phase_info == "route" else None
-    if phase_info == "route" and none_opt is None:
-        if progress:
-            progress("pi*: the best policy without routes first")
-        none_opt = solve_observed(model, phase_info="none", truncation=truncation, tol=tol, baselines=names,
-                                  heuristic=heuristic, start=start, max_threads=max_threads, starts=starts,
-                                  evaluated=evaluated, progress=progress)
-    if none_opt is not None:
-        evaluated.update(none_opt.baselines)
     factor = cap_growth or (1.25 if phase_info == "route" else EVALUATION_GROWTH)
     opts = _Options(tol, names, heuristic, max_threads, max_states, max_eval_states, starts, factor)
+    evaluated = dict(evaluated or {})
+    none_opt = None
+    if phase_info == "route":
+        none_opt = none_optimum or _none_first(model, opts, truncation, start, evaluated, progress)
+        evaluated.update(none_opt.baselines)
     search = _Search(model, layout, routes, opts, none_opt, evaluated, progress, t0)
     if truncation is not None:
         return search.fixed(truncation)
     return search.answer(*search.grow(start))
+
+
+def _none_first(model: TandemModel, opts: _Options, truncation: Truncation | None, start: int,
+                evaluated: dict[str, Evaluation], progress: Progress | None) -> ObservedOptimum:
+    """The ``none`` optimum a ``route`` solve starts from and is checked against (its default caps)."""
+    if progress:
+        progress("pi*: the best policy without routes first")
+    return solve_observed(model, phase_info="none", truncation=truncation, tol=opts.tol, baselines=opts.names,
+                          heuristic=opts.heuristic, start=start, max_threads=opts.max_threads, starts=opts.starts,
+                          evaluated=evaluated, progress=progress)

@@ -20,7 +20,8 @@ from .chain import Chain, breadth_first, compiled_search
 from .evaluate import PolicyMetrics, metrics, stationary_distribution
 from .lock import Locks
 from .model import TandemModel
-from .observation import ObservedRule, _compositions, observe, spawn_vector
+from .observation import ObservedRule, observe
+from .observation_actions import compositions, spawn_vector
 from .policy import Policy
 from .statespace import Layout, Ranker, event_tables, share_tables, transitions, uniformization_rate
 
@@ -106,7 +107,7 @@ def _compiled_chain(model: TandemModel, layout: Layout, rule: ObservedRule, C: i
         probs = tuple(p for _, p in layout.spawn[q])
         for n in range(k_max + 1):  # spawn_vector's outcomes of n threads, in its order
             comp_ptr[q, n] = len(comp_p)
-            for split, pr in _compositions(n, probs):
+            for split, pr in compositions(n, probs):
                 comp_k.append(split + (0,) * (width - len(split)))
                 comp_p.append(pr)
             if len(comp_p) > _MAX_OUTCOMES:

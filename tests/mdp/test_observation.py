@@ -328,7 +328,7 @@ def test_iterative_evaluation_agrees_with_the_direct_solve(monkeypatch: pytest.M
     the gain, E[W], bias and stationary laws agree with a direct solve to 1e-9 relative, and a
     local search takes the same steps either way. The chain here is small; the size above which
     the iterative path is taken is lowered to 0 so that it is."""
-    from overtake.mdp import observation
+    from overtake.mdp import observation_exact
 
     model = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))  # Table 1, case 2
     layout = _split(model).layout(model)
@@ -336,15 +336,15 @@ def test_iterative_evaluation_agrees_with_the_direct_solve(monkeypatch: pytest.M
     start = starting_tables(ObservationSpace(model, tr, layout), ["pi(inf)"], False, {})["pi(inf) (lightest route first)"]
     direct = improve(ObservationSpace(model, tr, layout), start, start="pi(inf)")
     calls: list[bool] = []
-    iterate = observation.Factor.iterate
+    iterate = observation_exact.Factor.iterate
 
     def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         out = iterate(self, *args, **kwargs)
         calls.append(out is not None)
         return out
 
-    monkeypatch.setattr(observation, "_DIRECT_STATES", 0)
-    monkeypatch.setattr(observation.Factor, "iterate", counted)
+    monkeypatch.setattr(observation_exact, "DIRECT_STATES", 0)
+    monkeypatch.setattr(observation_exact.Factor, "iterate", counted)
     osp = ObservationSpace(model, tr, layout)
     assert osp.size > 1000
     fast = improve(osp, start, start="pi(inf)")
@@ -359,7 +359,7 @@ def test_iterative_evaluation_agrees_with_the_direct_solve(monkeypatch: pytest.M
     ev0 = osp.evaluate(start)
     B = osp.propose(start, ev0).actions
     changed = osp.class_size[np.any(B != start, axis=1)].sum()
-    assert changed > observation._LOW_RANK  # BiCGSTAB, not the low-rank GMRES
+    assert changed > observation_exact.LOW_RANK  # BiCGSTAB, not the low-rank GMRES
     n = len(calls)
     it, dr = osp.evaluate(B, near=ev0), ObservationSpace(model, tr, layout).evaluate(B)
     assert len(calls) > n and calls[-1] and not it.refactored and dr.refactored
@@ -383,14 +383,14 @@ class _Clock:
 def test_iterative_search_does_not_depend_on_the_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """The iterative solves stop on work, not on time: a machine 10⁶ times slower takes the same
     path (each solve iterative or direct alike) to the same table and bitwise the same gains."""
-    from overtake.mdp import factor, observation
+    from overtake.mdp import factor, observation_exact
 
     model = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))  # Table 1, case 2
     layout = _split(model).layout(model)
     tr = Truncation(7)
-    monkeypatch.setattr(observation, "_DIRECT_STATES", 0)  # the iterative path on this small chain
+    monkeypatch.setattr(observation_exact, "DIRECT_STATES", 0)  # the iterative path on this small chain
     start = starting_tables(ObservationSpace(model, tr, layout), ["pi(inf)"], False, {})["pi(inf) (lightest route first)"]
-    iterate = observation.Factor.iterate
+    iterate = observation_exact.Factor.iterate
     runs = []
     for step in (1e-6, 1.0):
         monkeypatch.setattr(factor, "time", _Clock(step))
@@ -401,7 +401,7 @@ def test_iterative_search_does_not_depend_on_the_clock(monkeypatch: pytest.Monke
             calls.append(out is not None)  # noqa: B023 (called within this iteration)
             return out
 
-        monkeypatch.setattr(observation.Factor, "iterate", counted)
+        monkeypatch.setattr(observation_exact.Factor, "iterate", counted)
         runs.append((improve(ObservationSpace(model, tr, layout), start, start="pi(inf)"), calls))
     (fast, fast_calls), (slow, slow_calls) = runs
     assert len(fast_calls) >= 4 and any(fast_calls)  # the iterative path was taken
@@ -409,3 +409,51 @@ def test_iterative_search_does_not_depend_on_the_clock(monkeypatch: pytest.Monke
     assert np.array_equal(fast.actions, slow.actions)
     assert [h.get("gain") for h in fast.history] == [h.get("gain") for h in slow.history]
     assert fast.evaluation.gain == slow.evaluation.gain
+
+
+def test_iterative_solves_given_up_after_failing_in_a_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A space whose iterative solves keep missing their budget factors its trials at once after
+    ITER_GIVE_UP failures in a row (ObservationSpace.evaluate), with the same answers: every
+    trial's gain, E[W] and law agree with a space that factors every table (1e-9 relative), and a
+    solve that converges resets the count. The failures are made by a budget of one iteration."""
+    from overtake.mdp import observation_exact
+
+    model = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))  # Table 1, case 2
+    layout = Layout.build(model, "none")
+    tr = Truncation(7)
+    monkeypatch.setattr(observation_exact, "DIRECT_STATES", 0)  # the iterative path on this small chain
+    osp, ref = ObservationSpace(model, tr, layout), ObservationSpace(model, tr, layout)
+    start = starting_tables(osp, ["pi(inf)", "pi(2)"], False, {})
+    A, B = start["pi(inf)"], start["pi(2)"]
+    assert np.any(A != B)
+    calls: list[bool] = []
+    iterate = observation_exact.Factor.iterate
+    starve = [True]
+
+    def counted(self, A_, B_, X0, *, budget, trans=False):  # type: ignore[no-untyped-def]
+        out = iterate(self, A_, B_, X0, budget=1 if starve[0] else budget, trans=trans)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(observation_exact.Factor, "iterate", counted)
+    ev = osp.evaluate(A)
+    tables = [B, A, B, A, B]
+    for k, T in enumerate(tables):
+        got, want = osp.evaluate(T, near=ev), ref.evaluate(T)
+        assert got.refactored  # each starved solve failed: a new factorization answered
+        assert got.gain == pytest.approx(want.gain, rel=1e-9)
+        assert got.metrics.mean_response_time == pytest.approx(want.metrics.mean_response_time, rel=1e-9)
+        assert np.abs(got.post - want.post).max() <= 1e-9 * want.post.max()
+        # iterative attempts: one per trial until ITER_GIVE_UP failed in a row, none after
+        assert len(calls) == min(k + 1, observation_exact.ITER_GIVE_UP) and not any(calls)
+        ev = got
+    assert observation_exact.ITER_GIVE_UP < len(tables)  # the attempts stopped
+    # a converging solve resets the count
+    osp2 = ObservationSpace(model, tr, layout)
+    ev2 = osp2.evaluate(A)
+    failed = osp2.evaluate(B, near=ev2)
+    assert failed.refactored and osp2.exact.iter_failed == 1
+    starve[0] = False
+    calls.clear()
+    ok = osp2.evaluate(A, near=failed)
+    assert calls and all(calls) and not ok.refactored and osp2.exact.iter_failed == 0

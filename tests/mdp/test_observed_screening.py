@@ -19,7 +19,7 @@ import pytest
 from support.mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.api.scenario import load_scenario
-from overtake.mdp import observation, observed_improve
+from overtake.mdp import observation_exact, observed_improve
 from overtake.mdp.observation import ObservationSpace
 from overtake.mdp.observed import observed_baselines, solve_observed
 from overtake.mdp.observed_chain import evaluate_observed
@@ -47,7 +47,7 @@ def test_stationary_gain_is_the_full_evaluations_gain() -> None:
 
 
 def test_incomplete_factor_gives_the_complete_factors_answer(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(observation, "_DIRECT_STATES", 0)  # every factor of this small chain incomplete
+    monkeypatch.setattr(observation_exact, "DIRECT_STATES", 0)  # every factor of this small chain incomplete
     osp = _case2(10)
     for A in starting_tables(osp, ["pi(2)", "pi(inf)"], True, {}).values():
         ilu, lu = osp.evaluate(A), osp.evaluate(A, complete=True)

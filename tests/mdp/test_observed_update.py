@@ -17,7 +17,7 @@ import numpy.typing as npt
 import pytest
 from support.mdp_helpers import exp_stage, h2_stage, tandem
 
-from overtake.mdp import observation
+from overtake.mdp import observation_exact
 from overtake.mdp.factor import Factor
 from overtake.mdp.observation import ExactEvaluation, ObservationSpace
 from overtake.mdp.observed_improve import improve, trials
@@ -85,7 +85,7 @@ def test_search_with_updates_takes_the_steps_of_the_factored_one(monkeypatch: py
     monkeypatch.setattr(Factor, "update", counted)
     fast = improve(_space(8), start, start="pi(2)")
     assert len(updates) >= 5 and all(updates)
-    monkeypatch.setattr(observation, "_LOW_RANK", -1)  # never an update: every trial factored
+    monkeypatch.setattr(observation_exact, "LOW_RANK", -1)  # never an update: every trial factored
     updates.clear()
     plain = improve(_space(8), start, start="pi(2)")
     assert not updates
