@@ -9,7 +9,7 @@ traffic, windows of a few seconds.
   Apache's default (``worse``).
 - short requests beside long reports under the age threshold of π* for Table 1 case 4 (mod_overtake_prio
   through the control file): Apache's processor sharing gives a short request about a quarter of
-  the core, the threshold puts the reports at SCHED_IDLE and gives it nearly all; the verifier
+  the core, the threshold puts the reports at nice 19 and gives it nearly all; the verifier
   keeps the policy, and the module has the policy's threshold and the default's (3600 s, nothing
   demoted) in force in turn.
 
@@ -152,6 +152,12 @@ SLOW_VERIFY = ["--verify", "--verify-window", "4", "--verify-settle", "1", "--ve
                "--verify-max-pairs", "8", "--verify-min-requests", "10"]
 
 
+def pair_gains(side: SidecarProc) -> list[float]:
+    """Each counted pair's gain, 1 - policy mean / default mean, for the test's printout."""
+    pairs = [e["detail"] for e in side.events() if e.get("event") == "verification_pair" and "gain" in e["detail"]]
+    return [round(1 - p["policy_mean_seconds"] / p["default_mean_seconds"], 2) for p in pairs]
+
+
 def short_demand(rng: np.random.Generator) -> list[float]:
     """One stage request's demand in seconds of CPU: Erlang-4 of mean :data:`SHORT`."""
     return [float(rng.gamma(4, SHORT / 4))]
@@ -199,7 +205,7 @@ def test_a_policy_slower_than_apaches_default_falls_back(server: apache.ApacheIn
         assert 'overtake_verification_arm{arm="default"} 1.0' in metrics
         assert f'overtake_verification_pairs_total{{outcome="used"}} {float(v["pairs"])!r}' in metrics
         print(f"pi(1) beside {REPORTS} reports: {v['pairs']} pairs, gain {v['gain']:+.1%} CI {v['ci']} "
-              f"(model {expected:+.1%}), {v['reason']}; {len(codes)} requests")
+              f"(model {expected:+.1%}), {v['reason']}; pairs' gains {pair_gains(side)}; {len(codes)} requests")
     finally:
         side.stop()
 
@@ -233,7 +239,7 @@ def test_a_policy_faster_than_apaches_default_is_kept(prio_server: tuple[apache.
     """Short requests (5 ms of CPU, Poisson, load 0.1) beside three clients that each keep a 300 ms
     report running (a path no stage claims: forwarded, not measured). Apache's default shares the
     core four ways, so a short request takes about four times its CPU; the policy's age threshold
-    (35 ms) puts the reports at SCHED_IDLE once past it, so short requests run nearly alone: kept.
+    (35 ms) puts the reports at nice 19 once past it, so short requests run nearly alone: kept.
     The module has the policy's threshold and the default's (3600 s) in force in turn, and the
     policy's at the end."""
     inst, control = prio_server
@@ -254,7 +260,7 @@ def test_a_policy_faster_than_apaches_default_is_kept(prio_server: tuple[apache.
         metrics = side.request("GET", "/-/metrics")[2].decode()
         assert 'overtake_verification_state{state="kept"} 1.0' in metrics
         print(f"age priority beside long reports: {v['pairs']} pairs, gain {v['gain']:+.1%} CI {v['ci']}, "
-              f"{v['reason']}; {len(codes)} requests")
+              f"{v['reason']}; pairs' gains {pair_gains(side)}; {len(codes)} requests")
     finally:
         side.stop()
 
