@@ -180,6 +180,16 @@ def _hash_table(ht, keys, n, rebuild):  # type: ignore[no-untyped-def]
     return shift
 
 
+@njit(cache=True, nogil=True, inline="always")  # inlined: once per search call
+def _resume(st, ht, keys):  # type: ignore[no-untyped-def]
+    """A search's counters (states, transitions) as ``st`` left them, and its hash table's shift,
+    size and mask, the table rebuilt from the states found so far when ``st[3]`` asks (then cleared)."""
+    shift = _hash_table(ht, keys, st[0], st[3] != 0)
+    st[3] = 0
+    size = ht.shape[0]
+    return st[0], st[1], shift, size, size - 1
+
+
 @njit(cache=True, nogil=True)
 def rank_rows(rows, table, cap, key):  # type: ignore[no-untyped-def]
     """Lexicographic rank of each row among vectors with sum ≤ cap (statespace.Ranker); False if a row exceeds cap.
@@ -469,18 +479,13 @@ def chain_bfs(  # type: ignore[no-untyped-def]
     Transitions are (source, destination discovery index, rate); ``level`` is each state's depth.
     A post-decision state's key is its rank (statespace.Ranker); the hash table holds (key, index)
     pairs side by side. Written without array views or per-transition helper calls taking arrays
-    (_rank excepted; the hash table's set-up and the exits, _hash_table and _saved, run once a
+    (_rank excepted; the hash table's set-up and the exits, _resume and _saved, run once a
     call): each costs atomic reference counts per use, most of the time of this loop.
     """
     L = rows.shape[1]
     Q = sp_ptr.size - 1
     D = L - Q
-    n = st[0]
-    nt = st[1]
-    shift = _hash_table(ht, keys, n, st[3] != 0)  # (re)built from the states found so far
-    st[3] = 0
-    size = ht.shape[0]
-    mask = size - 1
+    n, nt, shift, size, mask = _resume(st, ht, keys)
     cap_states = rows.shape[0]
     cap_trans = t_src.size
     n_stage = 1

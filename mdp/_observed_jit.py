@@ -9,7 +9,7 @@ import numpy as np
 
 from overtake.jit import njit
 
-from ._kernels_jit import _hash_table, _lower_bound, _rank, _saved
+from ._kernels_jit import _lower_bound, _rank, _resume, _saved
 
 
 @njit(cache=True, nogil=True)
@@ -36,12 +36,7 @@ def observed_bfs(  # type: ignore[no-untyped-def]
     Q = sp_ptr.size - 1
     D = L - Q
     R = Q + n_stage
-    n = st[0]
-    nt = st[1]
-    shift = _hash_table(ht, keys, n, st[3] != 0)  # (re)built from the states found so far
-    st[3] = 0
-    size = ht.shape[0]
-    mask = size - 1
+    n, nt, shift, size, mask = _resume(st, ht, keys)
     cap_states = rows.shape[0]
     cap_trans = t_src.size
     row = np.empty(L, dtype=np.int64)
