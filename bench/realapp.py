@@ -635,7 +635,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--journal", choices=wiki.JOURNALS, default="delete",
                     help="the wiki's main SQLite database for the whole bench: delete (SQLite's default "
                          "rollback journal: a preview's commit waits for every running view) or wal (the "
-                         "write-ahead log: it waits for none); put back to delete at the end (default delete)")
+                         "write-ahead log: it waits for none); put back as it was at the end (default delete)")
     ap.add_argument("--reanalyse", metavar="DATE", default=None,
                     help="run nothing: recompute the trace model and the p99 comparison of the run recorded in "
                          "bench/results/realapp.jsonl whose date starts with DATE (e.g. 2026-11-28T12:48), "
@@ -738,9 +738,13 @@ def trace_prediction(run: dict[str, Any], cal: dict[str, Any], *, rate: float, t
     idle = float(np.mean((idle_preview + idle_view)[trace["article"]]))
     startup = (float(cal["preview"]["intercept_s"]), float(cal["view"]["intercept_s"]))
     workers = lock_model.WORKERS["fpm"] if php == "fpm" else None
-    def predict(spec: Arm, low: np.ndarray | None, demand: float) -> float:
+
+    def demand(a: dict[str, Any]) -> float:
+        return sum(a["cpu_s"].values()) / a["transactions"] / idle
+
+    def predict(spec: Arm, low: np.ndarray | None, cpu: float) -> float:
         rts = [sqlite_model.simulate(trace["arrival"][lo:hi] - trace["arrival"][lo], trace["article"][lo:hi],
-                                     idle_preview, idle_view, startup=startup, demand=demand, workers=workers,
+                                     idle_preview, idle_view, startup=startup, demand=cpu, workers=workers,
                                      gate=spec.sidecar and preview_lock > 0, low=low, wal=journal == "wal")
                for lo, hi in run["blocks"]]
         return float(np.mean(np.concatenate(rts)))
@@ -753,12 +757,11 @@ def trace_prediction(run: dict[str, Any], cal: dict[str, Any], *, rate: float, t
             continue  # age priority and mod_qos: not in this model
         q = product.GUIDE_CLASS_QUANTILE if spec.auto else class_quantile
         low = idle_view > np.quantile(idle_view, q) if spec.size_class and q is not None else None
-        demand = sum(a["cpu_s"].values()) / a["transactions"] / idle
-        pred = predict(spec, low, demand)
-        out[name] = {"predicted": pred, "measured": a["mean"], "error": pred / a["mean"] - 1, "demand": demand}
+        pred = predict(spec, low, demand(a))
+        out[name] = {"predicted": pred, "measured": a["mean"], "error": pred / a["mean"] - 1, "demand": demand(a)}
         if name != "default" and base is not None and base["transactions"]:
             # nothing measured under the arm itself: the default's CPU per transaction
-            common = predict(spec, low, sum(base["cpu_s"].values()) / base["transactions"] / idle)
+            common = predict(spec, low, demand(base))
             out[name] |= {"predicted_at_default_demand": common, "error_at_default_demand": common / a["mean"] - 1}
     return out
 

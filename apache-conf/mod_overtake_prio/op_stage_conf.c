@@ -316,36 +316,35 @@ const char *op_stage_set_next(cmd_parms *cmd, void *dconf, const char *from, con
     return NULL;
 }
 
-const char *op_stage_set_follow_up(cmd_parms *cmd, void *dconf, const char *w)
+/* A server-wide seconds directive: global context only, a value in [lo, hi], else the directive,
+ * the value, the range (as written: APR's %g drops a leading zero) and what the value means. */
+static const char *set_seconds(cmd_parms *cmd, const char *directive, const char *w, double lo, double hi,
+                               const char *range, const char *meaning, double *out)
 {
     const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
     double v;
-    (void)dconf;
     if (err) {
         return err;
     }
-    if (!op_parse_seconds(w, 0.0001, 60, &v)) {
-        return apr_psprintf(cmd->pool, "OvertakeStageFollowUp: '%s' must be seconds in [0.0001, 60], "
-                            "the longest a reservation waits for the connection's next request", w);
+    if (!op_parse_seconds(w, lo, hi, &v)) {
+        return apr_psprintf(cmd->pool, "%s: '%s' must be seconds in %s, %s", directive, w, range, meaning);
     }
-    os_follow_s = v;
+    *out = v;
     return NULL;
+}
+
+const char *op_stage_set_follow_up(cmd_parms *cmd, void *dconf, const char *w)
+{
+    (void)dconf;
+    return set_seconds(cmd, "OvertakeStageFollowUp", w, 0.0001, 60, "[0.0001, 60]",
+                       "the longest a reservation waits for the connection's next request", &os_follow_s);
 }
 
 const char *op_stage_set_hold(cmd_parms *cmd, void *dconf, const char *w)
 {
-    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
-    double v;
     (void)dconf;
-    if (err) {
-        return err;
-    }
-    if (!op_parse_seconds(w, 0.001, 3600, &v)) {
-        return apr_psprintf(cmd->pool, "OvertakeStageHold: '%s' must be seconds in [0.001, 3600], "
-                            "the longest a request waits for its stage's turn", w);
-    }
-    os_hold_s = v;
-    return NULL;
+    return set_seconds(cmd, "OvertakeStageHold", w, 0.001, 3600, "[0.001, 3600]",
+                       "the longest a request waits for its stage's turn", &os_hold_s);
 }
 
 int op_stage_pre_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp)
