@@ -42,16 +42,23 @@ from overtake.mdp.priority import age_priority, exempt_stages, locked_stages
 from overtake.mdp.rule_evaluation import evaluate_baseline
 from overtake.mdp.simulation import simulate
 
+from .class_model import BUSY_DELAYS
+
 __all__ = ["WORKERS", "predict", "serialises", "stack_model"]
 
 #: PHP workers a stack runs at most: prefork's MaxRequestWorkers, php-fpm's pm.max_children
 WORKERS = {"prefork": 150, "fpm": 5}
 
 
-def stack_model(fits: Mapping[str, Mapping[str, Any]], arrival_rate: float, *, lock: bool = True) -> TandemModel:
-    """The tandem preview → view of the recorded fits (seconds), the preview stage locked (capacity 1)."""
+def stack_model(fits: Mapping[str, Mapping[str, Any]], arrival_rate: float, *, lock: bool = True,
+                readers: bool = False) -> TandemModel:
+    """The tandem preview → view of the recorded fits (seconds), the preview stage locked (capacity 1);
+    ``readers``: the rollback journal, views reading under the lock, so a preview's commit waits
+    for them with SQLite's busy-handler sleeps (``TandemModel(readers=...)``, simulator only)."""
     stages = tuple(Stage(name, np.asarray(fits[name]["alpha"], dtype=float), np.asarray(fits[name]["T"], dtype=float))
                    for name in ("preview", "view"))
+    if readers and lock:
+        return TandemModel(float(arrival_rate), stages, locks=(1, None), readers=(False, True), commit_retry=BUSY_DELAYS)
     return TandemModel(float(arrival_rate), stages, locks=(1, None) if lock else None)
 
 
@@ -69,13 +76,16 @@ def _baseline(php: str) -> str:
 
 
 def predict(fits: Mapping[str, Mapping[str, Any]], arrival_rate: float, php: str, *, threshold_s: float | None = None,
-            requests: int = 200_000, seed: int = 7, tol: float = 2e-3, without_lock: bool = True) -> dict[str, Any]:
+            requests: int = 200_000, seed: int = 7, tol: float = 2e-3, without_lock: bool = True,
+            journal: str | None = None) -> dict[str, Any]:
     """Mean response time (s) per transaction the model predicts for the arms (module docstring).
 
     ``threshold_s``: the age threshold of mod_overtake_prio (None: no ``passthrough+age``).
     Returns ``{"lock": {...}, "no_lock": {...}}`` (``no_lock`` only with ``without_lock``) with
     ``default``, ``blind``, ``optimum`` (and its thread cap) and, with a threshold,
     ``passthrough+age`` and its 95 % half-width (with the lock also ``passthrough+age_inverted``).
+    ``journal`` ``delete`` (the rollback journal) adds, with the lock, ``default_readers`` and its
+    half-width: the default simulated with the views reading under the lock (:func:`stack_model`).
     """
     if php not in WORKERS:
         raise ValueError(f"php: one of {', '.join(WORKERS)}, got {php!r}")
@@ -97,5 +107,8 @@ def predict(fits: Mapping[str, Mapping[str, Any]], arrival_rate: float, php: str
                 sim = simulate(model, _baseline(php), requests=requests, seed=seed, cpu_priority=levels)
                 fig[arm] = sim.mean_response_time
                 fig[f"{arm}_ci95"] = sim.ci95
+        if lock and journal == "delete":
+            sim = simulate(stack_model(fits, arrival_rate, readers=True), _baseline(php), requests=requests, seed=seed)
+            fig["default_readers"], fig["default_readers_ci95"] = sim.mean_response_time, sim.ci95
         out[key] = fig
     return out
