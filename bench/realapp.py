@@ -88,7 +88,8 @@ stage and article size; every arm loads mod_overtake_prio's request-time split, 
 its priority as a meter with ``OvertakePrio Off``, unless --no-split); per run the paired gain of
 every arm over ``default`` with its 95 % CI over the blocks — ``gain`` / ``gain_ci95`` are
 ``overtake``'s —, the model with the lock's prediction against the measured mean per arm
-(``predicted``), the run's own trace replayed in the model of SQLite's locking
+(``predicted``: under the rollback journal the default's with the views as the lock's readers,
+simulated; the size-class arms' replayed in the bench's blocks from an idle server), the run's own trace replayed in the model of SQLite's locking
 (``predicted_trace``, bench/mediawiki/sqlite_model.py: start-up outside the locks, a writer's commit
 waiting for the running readers, the busy handler's retries; each arm's measured CPU per
 transaction over the idle time of the same transactions as its demand, and for the other arms

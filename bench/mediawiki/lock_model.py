@@ -4,9 +4,12 @@ MediaWiki on SQLite runs every POST in an IMMEDIATE transaction, so a preview ho
 write lock from start to end: the preview stage is a stage with a lock of capacity 1
 (:mod:`overtake.mdp.lock`). A preview started while another holds the lock waits inside its PHP
 worker (a prefork child, or one of php-fpm's ``pm.max_children``), holding it, using no CPU.
-Views hold no lock: they read in DEFERRED transactions (a shared lock, which the preview's
-reservation does not block: a preview writes nothing, so it never asks for the exclusive lock),
-and with the bench's object caches in APCu no request writes any other database.
+Views read in DEFERRED transactions (SQLite's SHARED lock), which the preview's reservation does
+not block; but under the rollback journal a preview's commit takes the EXCLUSIVE lock, so it
+waits, with SQLite's busy-handler sleeps, until no view reads (the bench's strace:
+bench/mediawiki/sqlite_model.py): ``journal="delete"`` adds that default, simulated with the
+views as the lock's readers (``TandemModel(readers=...)``); under the write-ahead log a commit
+waits for no reader. With the bench's object caches in APCu no request writes any other database.
 
 :func:`predict` takes the bench's recorded fits (``overtake fit`` of the idle preview and view
 times), the trace's arrival rate and the PHP stack, and returns the model's mean response time per

@@ -67,3 +67,14 @@ def test_bad_readers_name_the_field(kw: dict[str, object], field: str) -> None:
 def test_the_exact_chain_refuses_readers() -> None:
     with pytest.raises(ModelError, match="readers: the exact chains"):
         evaluate_baseline(_model(readers=(False, True)), "pi(inf)")
+
+
+def test_views_held_by_a_cap_block_behind_a_pending_commit_and_flow_is_conserved() -> None:
+    """pi(1,2): a view waiting for a view thread can start while a commit is pending; it blocks
+    (a thread, no CPU) and starts at the commit. Little's law holds; the view stage never has
+    more threads than its cap."""
+    r = simulate(_model(readers=(False, True), commit_retry=(0.01,)), "pi(1,2)", requests=200_000, seed=4)
+    assert abs(r.little_residual) < 0.02
+    assert r.stages[1].mean_threads <= 2.0
+    base = simulate(_model(), "pi(1,2)", requests=200_000, seed=4)
+    assert r.stages[0].mean_sojourn > base.stages[0].mean_sojourn
