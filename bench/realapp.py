@@ -728,6 +728,11 @@ def predicted_vs_measured(locked: dict[str, Any] | None, arms: dict[str, Any],
         if name in arms:
             m = arms[name]["mean"]
             out[name] = {"model": key, "predicted": pred, "measured": m, "error": pred / m - 1 if m > 0 else None}
+    if sized is not None and sized.get("replay") and "default" in out and out["default"]["measured"] > 0:
+        # the default as the size-class replay has it (the bench's blocks from idle, the articles' own
+        # idle times, the lock first come first served): beside the chain's stationary figure
+        rep = sized["replay"]["default"]
+        out["default"] |= {"predicted_replayed": rep, "error_replayed": rep / out["default"]["measured"] - 1}
     return out
 
 

@@ -428,6 +428,9 @@ def test_size_class_choice_sets_the_arm_quantile_from_the_model(monkeypatch: pyt
     got = realapp.predicted_vs_measured(None, {"sizeclass": {"mean": 1.0}}, out)
     assert got["sizeclass"]["predicted"] == pytest.approx(1.55)
     assert got["sizeclass"]["model"] == "size class 0.75 replayed"
+    got = realapp.predicted_vs_measured({"lock": {"default": 1.0}}, {"default": {"mean": 1.6}}, out)
+    assert got["default"]["predicted"] == 1.0 and got["default"]["predicted_replayed"] == 2.0
+    assert got["default"]["error_replayed"] == pytest.approx(0.25)
 
 
 def test_trace_length_fills_the_minutes_in_whole_blocks() -> None:
