@@ -88,7 +88,8 @@ stage and article size; every arm loads mod_overtake_prio's request-time split, 
 its priority as a meter with ``OvertakePrio Off``, unless --no-split); per run the paired gain of
 every arm over ``default`` with its 95 % CI over the blocks — ``gain`` / ``gain_ci95`` are
 ``overtake``'s —, the model with the lock's prediction against the measured mean per arm
-(``predicted``), the run's own trace replayed in the model of SQLite's locking
+(``predicted``: under the rollback journal the default's with the views as the lock's readers,
+simulated; the size-class arms' replayed in the bench's blocks from an idle server), the run's own trace replayed in the model of SQLite's locking
 (``predicted_trace``, bench/mediawiki/sqlite_model.py: start-up outside the locks, a writer's commit
 waiting for the running readers, the busy handler's retries; each arm's measured CPU per
 transaction over the idle time of the same transactions as its demand, and for the other arms
@@ -686,7 +687,7 @@ def trace_length(rate: float, minutes: float, arms: int, block: int) -> int:
 
 
 def lock_prediction(cal: dict[str, Any], model: dict[str, Any], rate: float, php: str,
-                    requests: int = 200_000) -> dict[str, Any] | None:
+                    requests: int = 200_000, journal: str = "delete") -> dict[str, Any] | None:
     """The model with the database lock (bench/mediawiki/lock_model.py) where the calibration's
     probe says previews run one at a time, else None: its predictions for the arms, with and
     without the lock, from the fits and the age threshold the product solved with."""
@@ -694,7 +695,7 @@ def lock_prediction(cal: dict[str, Any], model: dict[str, Any], rate: float, php
     if "preview" not in probe or not lock_model.serialises(float(probe["preview"]), int(probe["k"])):
         return None
     fits = {s: {"alpha": model["fits"][s]["alpha"], "T": model["fits"][s]["T"]} for s in ("preview", "view")}
-    return lock_model.predict(fits, rate, php, threshold_s=model.get("threshold_s"), requests=requests)
+    return lock_model.predict(fits, rate, php, threshold_s=model.get("threshold_s"), requests=requests, journal=journal)
 
 
 #: the model-with-the-lock figure that stands for each arm (bench/mediawiki/lock_model.py): the
@@ -712,16 +713,26 @@ def predicted_vs_measured(locked: dict[str, Any] | None, arms: dict[str, Any],
     if locked is not None:
         preds = {name: (key, locked["lock"][key]) for name, key in PREDICTS.items()
                  if locked["lock"].get(key) is not None}
+        if locked["lock"].get("default_readers") is not None:
+            # the rollback journal: the views' reads hold a commit up (a chain cannot; simulated)
+            preds["default"] = ("default with readers", locked["lock"]["default_readers"])
     if sized is not None:
+        # the replay's figures where there are some: the bench's blocks from an idle server
+        arms_sized, how = (sized["replay"]["arms"], " replayed") if sized.get("replay") else (sized["arms"], "")
         for name, quantile in (("sizeclass", sized["quantile"]), ("overtake", product.GUIDE_CLASS_QUANTILE)):
             q = f"{quantile:g}"
-            if q in sized["arms"]:
-                preds[name] = (f"size class {q}", sized["arms"][q]["mean"])
+            if q in arms_sized:
+                preds[name] = (f"size class {q}{how}", arms_sized[q]["mean"])
     out = {}
     for name, (key, pred) in preds.items():
         if name in arms:
             m = arms[name]["mean"]
             out[name] = {"model": key, "predicted": pred, "measured": m, "error": pred / m - 1 if m > 0 else None}
+    if sized is not None and sized.get("replay") and "default" in out and out["default"]["measured"] > 0:
+        # the default as the size-class replay has it (the bench's blocks from idle, the articles' own
+        # idle times, the lock first come first served): beside the chain's stationary figure
+        rep = sized["replay"]["default"]
+        out["default"] |= {"predicted_replayed": rep, "error_replayed": rep / out["default"]["measured"] - 1}
     return out
 
 
@@ -766,6 +777,16 @@ def trace_prediction(run: dict[str, Any], cal: dict[str, Any], *, rate: float, t
     return out
 
 
+def replayed_size_class(idle_preview: np.ndarray, idle_view: np.ndarray, rate: float, quantile: float, block: int,
+                        journal: str) -> dict[str, Any]:
+    """The size-class model as the bench measures: blocks of ``block`` transactions, each from an
+    idle server, the rollback journal's commits waiting for the views (not under the WAL); the
+    chosen and the product's quantile."""
+    qs = tuple(sorted({quantile, product.GUIDE_CLASS_QUANTILE}))
+    return class_model.choose(idle_preview, idle_view, rate, quantiles=qs, readers=journal != "wal", block=block,
+                              transactions=40 * block, seeds=range(1, 9))
+
+
 def size_class_choice(b: Bench, rate: float) -> dict[str, Any]:
     """The size-class model on the calibrated wiki (bench/mediawiki/class_model.py): every
     quantile's predicted mean and gain over the default; sets the sizeclass arm's quantile to
@@ -776,6 +797,8 @@ def size_class_choice(b: Bench, rate: float) -> dict[str, Any]:
     b.class_quantile = fixed if fixed is not None else out["chosen"]
     out["quantile"] = b.class_quantile
     out["source"] = "--class-quantile" if fixed is not None else "model"
+    out["replay"] = replayed_size_class(b.idle_preview, b.idle_view, rate, b.class_quantile, b.args.block,
+                                        b.args.journal)
     say("size-class model: predicted gain over default by quantile " + ", ".join(
         f"{k} {100 * v['gain']:+.1f} %" for k, v in out["arms"].items())
         + f"; the sizeclass arm demotes above {b.class_quantile:g} ({out['source']})")
@@ -811,7 +834,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if any(ARM_SPECS[a].needs_model for a in args.arms):
                 b.model = product.prepare_model(b.tmp / "model", {"preview": b.idle_preview, "view": b.idle_view}, rate)
                 say(f"model: age threshold {b.model.threshold_s * 1e3:.1f} ms; predicted {b.model.summary()['predicted']}")
-            locked = lock_prediction(cal, b.model.summary(), rate, args.php) if b.model else None
+            locked = lock_prediction(cal, b.model.summary(), rate, args.php, journal=args.journal) if b.model else None
             sized = size_class_choice(b, rate) if {"sizeclass", "overtake"} & set(args.arms) else None
             if locked is not None:
                 say(f"model with the preview lock: default {locked['lock']['default']:.3f} s, "

@@ -44,6 +44,7 @@ ARGS: tuple[str, ...] = (
     _FM, _I, _FM,  # route_cum, route_q0, queue_alpha_cum
     _I,  # lock_cap
     _FM,  # start_cum
+    _I, "i8", _F,  # read_stage, rd_lock, busy
 )
 RESULT = f"Tuple(({_F}, {_F}, {_F}, f8, f8, {_F}, f8, i8, b1, i8))"
 #: (position, dtype, ndim) of each array argument: the extension's unboxing checks neither dtype nor

@@ -36,6 +36,13 @@ Locks (``lock_cap``, per stage; :mod:`overtake.mdp.lock`): a thread started in a
 ``lock_cap`` holders are all present joins the stage's FIFO of blocked threads; it counts as a
 thread (K, what the policy and the thread cap see) but not in the processor's share (Kr), and
 its service starts when a holder leaves the stage. PH service only.
+
+Readers (``read_stage``, per stage, under the lock of stage ``rd_lock``; SQLite's SHARED lock in
+rollback-journal mode): a holder's service end is its commit, which waits while readers run; the
+holder then leaves the processor (pending: SQLite's PENDING), a reader started meanwhile joins a
+FIFO of blocked readers (a thread, no CPU), and the commit happens when the last reader ends, or,
+with ``busy`` sleeps (SQLite's busy handler), at the holder's first try after that; at the commit
+the blocked readers all start.
 """
 
 from __future__ import annotations
@@ -213,6 +220,7 @@ def run_kernel(  # type: ignore[no-untyped-def]
     route_cum, route_q0, queue_alpha_cum,
     lock_cap,
     start_cum,
+    read_stage, rd_lock, busy,
 ):
     np.random.seed(seed)
     N = stage_off.size - 1
@@ -273,6 +281,15 @@ def run_kernel(  # type: ignore[no-untyped-def]
     blk_head = np.full(N, -1, np.int64)
     blk_tail = np.full(N, -1, np.int64)
     blk_next = np.full(max_slots, -1, np.int64)
+    # readers under stage rd_lock's lock: those running, the holder whose commit waits for them
+    # (pend, -1: none), its next try (busy sleeps) or due now, and the FIFO of blocked readers
+    readers = 0
+    pend = -1
+    pend_try = np.inf
+    pend_due = False
+    tries = 0
+    rb_head = np.full(1, -1, np.int64)
+    rb_tail = np.full(1, -1, np.int64)
 
     t = 0.0
     K = 0  # threads, blocked ones included: what the policy and the thread cap count
@@ -299,6 +316,13 @@ def run_kernel(  # type: ignore[no-untyped-def]
         dt_arr = next_arr - t if n_arr < n_total else inf
         is_arr = dt_arr <= dt_thr
         dt = dt_arr if is_arr else dt_thr
+        is_cm = False
+        if pend >= 0:
+            dt_cm = 0.0 if pend_due else pend_try - t
+            if dt_cm <= dt:
+                is_cm = True
+                is_arr = False
+                dt = dt_cm
         if dt == inf:
             break
         if dt < 0.0:
@@ -334,9 +358,17 @@ def run_kernel(  # type: ignore[no-untyped-def]
             i_new = 0
             d_exit = -1
             seen = True
+        elif is_cm and readers > 0:
+            # the holder's try failed: readers still run; it sleeps again
+            pend_try = t + busy[min(tries, busy.size - 1)]
+            tries += 1
+            continue
         else:
-            s, hsz[lv_ev] = _heap_pop(hv2[lv_ev], hs2[lv_ev], hsz[lv_ev])
-            if thr_v[s] < ev_v[s]:
+            s = pend
+            completes = is_cm
+            if not is_cm:
+                s, hsz[lv_ev] = _heap_pop(hv2[lv_ev], hs2[lv_ev], hsz[lv_ev])
+            if not is_cm and thr_v[s] < ev_v[s]:
                 # demotion: the attained service at the stage reached the level's upper threshold
                 lv0 = lv_ev
                 lv1 = lv0 + 1
@@ -355,8 +387,12 @@ def run_kernel(  # type: ignore[no-untyped-def]
             req = slot_req[s]
             d = label[req]
             d_exit = d
-            completes = False
-            if svc_mode == 0:
+            if is_cm:
+                # the commit: no reader runs any more; the blocked readers start after it
+                pend = -1
+                pend_due = False
+                pend_try = inf
+            elif svc_mode == 0:
                 nd = _pick(jump_cum, d, D + 1)
                 if nd == D:
                     completes = True
@@ -380,11 +416,23 @@ def run_kernel(  # type: ignore[no-untyped-def]
                     hsz[lv_ev] = _heap_push(hv2[lv_ev], hs2[lv_ev], hsz[lv_ev], min(ev_v[s], thr_v[s]), s)
             i_new = -1
             seen = completes  # a phase change is invisible to an observation table
+            if completes and not is_cm:
+                Kr -= 1
+                nlev[lv_ev] -= 1
+                if stage[req] == rd_lock and readers > 0:
+                    # the commit waits for the readers, off the processor, holding the lock
+                    completes = False
+                    seen = False
+                    pend = s
+                    pend_due = False
+                    pend_try = inf
+                    tries = 0
+                    if busy.size > 0:
+                        pend_try = t + busy[0]
+                        tries = 1
             if completes:
                 kc[d] -= 1
                 K -= 1
-                Kr -= 1
-                nlev[lv_ev] -= 1
                 i_old = stage[req]
                 ks[i_old] -= 1
                 free[n_free] = s
@@ -400,6 +448,21 @@ def run_kernel(  # type: ignore[no-untyped-def]
                     Kr += 1
                     _start_ph(s3, label[slot_req[s3]], i_old, Vl, lv_start, lv_thr, n_lv, slot_lv, nlev, thr_v, ev_v,
                               mu, hv2, hs2, hsz)
+                if i_old == rd_lock:
+                    # the commit done: the readers it held up start
+                    s4 = rb_head[0]
+                    while s4 >= 0:
+                        readers += 1
+                        Kr += 1
+                        _start_ph(s4, label[slot_req[s4]], stage[slot_req[s4]], Vl, lv_start, lv_thr, n_lv, slot_lv,
+                                  nlev, thr_v, ev_v, mu, hv2, hs2, hsz)
+                        s4 = blk_next[s4]
+                    rb_head[0] = -1
+                    rb_tail[0] = -1
+                elif read_stage[i_old] != 0:
+                    readers -= 1
+                    if readers == 0 and pend >= 0 and busy.size == 0:
+                        pend_due = True
                 if req >= n_warm and req < n_warm + n_meas:
                     stage_soj[i_old] += t - enter_t[req]
                 if i_old + 1 < N:
@@ -492,6 +555,12 @@ def run_kernel(  # type: ignore[no-untyped-def]
                     ks[i2] += 1
                     K += 1
                     started += 1
+                    if read_stage[i2] != 0 and pend >= 0:
+                        # a commit is pending: a new reader waits for it, holding its slot
+                        _fifo_append(rb_head, rb_tail, blk_next, 0, s2)
+                        continue
+                    if read_stage[i2] != 0:
+                        readers += 1
                     if held[i2] >= lock_cap[i2]:
                         # the stage's lock is full: the thread waits for it, holding its slot
                         _fifo_append(blk_head, blk_tail, blk_next, i2, s2)

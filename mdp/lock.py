@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from .errors import ModelError
 from .model import TandemModel
 
 IntArray = npt.NDArray[np.int64]
@@ -60,6 +61,11 @@ class Locks:
 
     @staticmethod
     def build(model: TandemModel, n_queues: int) -> Locks:
+        if model.has_readers:
+            # a pending commit and the readers it blocks are states a chain over these columns
+            # does not hold: only the simulator models them
+            raise ModelError("readers: the exact chains do not model a lock's readers (a commit waiting for them); "
+                             "evaluate the model with overtake.mdp.simulate, or drop readers")
         cs = model.coord_stage()
         cap = np.array([model.lock_of(int(i)) or 0 for i in cs], dtype=np.int64)
         twin_coord = np.flatnonzero(cap > 0).astype(np.int64)

@@ -191,6 +191,36 @@ def _checked_locks(locks: Any, n_stages: int) -> tuple[int | None, ...]:
     return tuple(None if m is None else int(m) for m in out)
 
 
+def _checked_readers(readers: Any, retry: Any, locks: tuple[int | None, ...] | None,
+                     n_stages: int) -> tuple[tuple[bool, ...] | None, tuple[float, ...] | None]:
+    """``readers`` as one bool per stage, ``commit_retry`` as positive floats; both need one lock."""
+    rd = None if readers is None else tuple(readers)
+    if rd is not None:
+        if len(rd) != n_stages or not all(isinstance(x, (bool, np.bool_)) for x in rd):
+            raise ModelError(f"readers: one true/false per stage ({n_stages}), true where the stage's threads read "
+                             f"under the lock; got {readers!r}")
+        rd = tuple(bool(x) for x in rd)
+    locked = [i for i, m in enumerate(locks or ()) if m is not None]
+    if (rd is not None and any(rd)) or retry is not None:
+        if len(locked) != 1 or (locks or ())[locked[0]] != 1:
+            raise ModelError("readers, commit_retry: the model needs exactly one stage with a lock of capacity 1 "
+                             f"(locks), the writers the readers hold up; got locks {locks!r}")
+        if rd is not None and rd[locked[0]]:
+            raise ModelError(f"readers[{locked[0]}]: the locked stage's threads are its writers, not its readers; "
+                             "set it false")
+    if retry is None:
+        return rd, None
+    try:
+        r = tuple(float(x) for x in retry)
+    except (TypeError, ValueError):
+        raise ModelError(f"commit_retry: a list of sleeps (numbers > 0), got {retry!r}") from None
+    if not r or not all(np.isfinite(x) and x > 0 for x in r):
+        raise ModelError(f"commit_retry: a non-empty list of sleeps, each a number > 0, got {retry!r}")
+    if rd is None or not any(rd):
+        raise ModelError("commit_retry: a commit waits only for readers; set readers too (or drop commit_retry)")
+    return rd, r
+
+
 def exit_law(stage: Stage) -> FloatArray:
     """P(a service of ``stage`` ends in phase j) = (α(−T)⁻¹)_j t_j: the phase a request leaves it from."""
     visits = np.linalg.solve(-stage.T.T, stage.alpha)  # α(−T)⁻¹, the mean time spent in each phase
@@ -287,6 +317,8 @@ class TandemModel:
     weights: tuple[float, ...] | None = None
     locks: tuple[int | None, ...] | None = None
     routing: Routing | None = None
+    readers: tuple[bool, ...] | None = None
+    commit_retry: tuple[float, ...] | None = None
     offsets: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -313,6 +345,10 @@ class TandemModel:
             object.__setattr__(self, "locks", _checked_locks(self.locks, len(self.stages)))
         if self.routing is not None:
             object.__setattr__(self, "routing", _checked_routing(self.routing, self.stages))
+        if self.readers is not None or self.commit_retry is not None:
+            rd, retry = _checked_readers(self.readers, self.commit_retry, self.locks, len(self.stages))
+            object.__setattr__(self, "readers", rd)
+            object.__setattr__(self, "commit_retry", retry)
 
     @property
     def coupled(self) -> bool:
@@ -336,6 +372,11 @@ class TandemModel:
     def has_lock(self) -> bool:
         """Whether some stage holds a serialising resource (``locks``)."""
         return self.locks is not None and any(m is not None for m in self.locks)
+
+    @property
+    def has_readers(self) -> bool:
+        """Whether some stage reads under the lock, so that a commit waits for readers (``readers``)."""
+        return self.readers is not None and any(self.readers)
 
     def lock_of(self, stage: int) -> int | None:
         """The lock capacity of ``stage`` (None: no lock)."""

@@ -519,6 +519,16 @@ def _result(out: tuple[Any, ...], model: TandemModel, pol: PolicyLike, svc: _Ser
     )
 
 
+def _reader_args(model: TandemModel) -> tuple[IntArray, int, FloatArray]:
+    """The kernel's readers: per stage whether it reads under the lock, the locked stage (-1: no
+    readers) and the committing holder's busy-handler sleeps (empty: it commits at once)."""
+    if not model.has_readers or model.readers is None:
+        return np.zeros(model.n_stages, dtype=np.int64), -1, np.zeros(0)
+    rd_lock = next(i for i in range(model.n_stages) if model.lock_of(i) is not None)
+    return (np.array(model.readers, dtype=np.int64), rd_lock,
+            np.array(model.commit_retry if model.commit_retry is not None else (), dtype=float))
+
+
 def simulate(
     model: TandemModel,
     policy: PolicyLike,
@@ -572,6 +582,7 @@ def simulate(
         np.array([(1 << 62) if model.lock_of(i) is None else model.lock_of(i) for i in range(model.n_stages)],
                  dtype=np.int64),
         _start_tables(model),
+        *_reader_args(model),
     )
     return _result(out, model, pol, svc, levels, lv_area, n_warm, n_meas, seed, batches, max_threads,
                    time.perf_counter() - t0)

@@ -4,9 +4,12 @@ MediaWiki on SQLite runs every POST in an IMMEDIATE transaction, so a preview ho
 write lock from start to end: the preview stage is a stage with a lock of capacity 1
 (:mod:`overtake.mdp.lock`). A preview started while another holds the lock waits inside its PHP
 worker (a prefork child, or one of php-fpm's ``pm.max_children``), holding it, using no CPU.
-Views hold no lock: they read in DEFERRED transactions (a shared lock, which the preview's
-reservation does not block: a preview writes nothing, so it never asks for the exclusive lock),
-and with the bench's object caches in APCu no request writes any other database.
+Views read in DEFERRED transactions (SQLite's SHARED lock), which the preview's reservation does
+not block; but under the rollback journal a preview's commit takes the EXCLUSIVE lock, so it
+waits, with SQLite's busy-handler sleeps, until no view reads (the bench's strace:
+bench/mediawiki/sqlite_model.py): ``journal="delete"`` adds that default, simulated with the
+views as the lock's readers (``TandemModel(readers=...)``); under the write-ahead log a commit
+waits for no reader. With the bench's object caches in APCu no request writes any other database.
 
 :func:`predict` takes the bench's recorded fits (``overtake fit`` of the idle preview and view
 times), the trace's arrival rate and the PHP stack, and returns the model's mean response time per
@@ -42,16 +45,23 @@ from overtake.mdp.priority import age_priority, exempt_stages, locked_stages
 from overtake.mdp.rule_evaluation import evaluate_baseline
 from overtake.mdp.simulation import simulate
 
+from .class_model import BUSY_DELAYS
+
 __all__ = ["WORKERS", "predict", "serialises", "stack_model"]
 
 #: PHP workers a stack runs at most: prefork's MaxRequestWorkers, php-fpm's pm.max_children
 WORKERS = {"prefork": 150, "fpm": 5}
 
 
-def stack_model(fits: Mapping[str, Mapping[str, Any]], arrival_rate: float, *, lock: bool = True) -> TandemModel:
-    """The tandem preview → view of the recorded fits (seconds), the preview stage locked (capacity 1)."""
+def stack_model(fits: Mapping[str, Mapping[str, Any]], arrival_rate: float, *, lock: bool = True,
+                readers: bool = False) -> TandemModel:
+    """The tandem preview → view of the recorded fits (seconds), the preview stage locked (capacity 1);
+    ``readers``: the rollback journal, views reading under the lock, so a preview's commit waits
+    for them with SQLite's busy-handler sleeps (``TandemModel(readers=...)``, simulator only)."""
     stages = tuple(Stage(name, np.asarray(fits[name]["alpha"], dtype=float), np.asarray(fits[name]["T"], dtype=float))
                    for name in ("preview", "view"))
+    if readers and lock:
+        return TandemModel(float(arrival_rate), stages, locks=(1, None), readers=(False, True), commit_retry=BUSY_DELAYS)
     return TandemModel(float(arrival_rate), stages, locks=(1, None) if lock else None)
 
 
@@ -69,13 +79,16 @@ def _baseline(php: str) -> str:
 
 
 def predict(fits: Mapping[str, Mapping[str, Any]], arrival_rate: float, php: str, *, threshold_s: float | None = None,
-            requests: int = 200_000, seed: int = 7, tol: float = 2e-3, without_lock: bool = True) -> dict[str, Any]:
+            requests: int = 200_000, seed: int = 7, tol: float = 2e-3, without_lock: bool = True,
+            journal: str | None = None) -> dict[str, Any]:
     """Mean response time (s) per transaction the model predicts for the arms (module docstring).
 
     ``threshold_s``: the age threshold of mod_overtake_prio (None: no ``passthrough+age``).
     Returns ``{"lock": {...}, "no_lock": {...}}`` (``no_lock`` only with ``without_lock``) with
     ``default``, ``blind``, ``optimum`` (and its thread cap) and, with a threshold,
     ``passthrough+age`` and its 95 % half-width (with the lock also ``passthrough+age_inverted``).
+    ``journal`` ``delete`` (the rollback journal) adds, with the lock, ``default_readers`` and its
+    half-width: the default simulated with the views reading under the lock (:func:`stack_model`).
     """
     if php not in WORKERS:
         raise ValueError(f"php: one of {', '.join(WORKERS)}, got {php!r}")
@@ -97,5 +110,8 @@ def predict(fits: Mapping[str, Mapping[str, Any]], arrival_rate: float, php: str
                 sim = simulate(model, _baseline(php), requests=requests, seed=seed, cpu_priority=levels)
                 fig[arm] = sim.mean_response_time
                 fig[f"{arm}_ci95"] = sim.ci95
+        if lock and journal == "delete":
+            sim = simulate(stack_model(fits, arrival_rate, readers=True), _baseline(php), requests=requests, seed=seed)
+            fig["default_readers"], fig["default_readers_ci95"] = sim.mean_response_time, sim.ci95
         out[key] = fig
     return out

@@ -408,20 +408,29 @@ def test_size_class_choice_sets_the_arm_quantile_from_the_model(monkeypatch: pyt
                       idle_preview=0.02 + 0.004 * units, idle_view=0.03 + 0.005 * units)
     calls = []
 
-    def choose(p: np.ndarray, v: np.ndarray, rate: float, *, quantiles: tuple[float, ...]) -> dict:
-        calls.append(quantiles)
-        arms = {f"{q:g}": {"mean": 1 + abs(q - 0.8), "gain": 0.0} for q in quantiles}
+    replays = []
+
+    def choose(p: np.ndarray, v: np.ndarray, rate: float, *, quantiles: tuple[float, ...], **kw: object) -> dict:
+        (replays if kw.get("block") else calls).append((quantiles, kw))
+        arms = {f"{q:g}": {"mean": 1 + abs(q - 0.8) + (0.5 if kw.get("block") else 0.0), "gain": 0.0}
+                for q in quantiles}
         return {"default": 2.0, "arms": arms, "chosen": 0.8}
 
     monkeypatch.setattr(realapp.class_model, "choose", choose)
     out = realapp.size_class_choice(b, 1.0)
     assert b.class_quantile == 0.8 and out["quantile"] == 0.8 and out["source"] == "model"
-    assert calls[-1] == realapp.class_model.QUANTILES
+    assert calls[-1][0] == realapp.class_model.QUANTILES
+    # the replay as the bench measures: its blocks from idle, the rollback journal's readers
+    assert replays[-1][1]["block"] == b.args.block and replays[-1][1]["readers"] is (b.args.journal != "wal")
     b.args.class_quantile = 0.75  # fixed by the flag: evaluated too, and used
     out = realapp.size_class_choice(b, 1.0)
-    assert b.class_quantile == 0.75 and out["source"] == "--class-quantile" and 0.75 in calls[-1]
+    assert b.class_quantile == 0.75 and out["source"] == "--class-quantile" and 0.75 in calls[-1][0]
     got = realapp.predicted_vs_measured(None, {"sizeclass": {"mean": 1.0}}, out)
-    assert got["sizeclass"]["predicted"] == pytest.approx(1.05) and got["sizeclass"]["model"] == "size class 0.75"
+    assert got["sizeclass"]["predicted"] == pytest.approx(1.55)
+    assert got["sizeclass"]["model"] == "size class 0.75 replayed"
+    got = realapp.predicted_vs_measured({"lock": {"default": 1.0}}, {"default": {"mean": 1.6}}, out)
+    assert got["default"]["predicted"] == 1.0 and got["default"]["predicted_replayed"] == 2.0
+    assert got["default"]["error_replayed"] == pytest.approx(0.25)
 
 
 def test_trace_length_fills_the_minutes_in_whole_blocks() -> None:
