@@ -29,7 +29,9 @@ observation class), every one evaluated exactly on the full chain:
    request caps C, 1.5C, … until E[W] moves by less than ``tol``; the solve cap grows by 1.25
    (warm start: the previous table) until the re-solved table's E[W] moves by less than ``tol``.
    Each evaluation cap's stationary solve starts from the last table's law on that cap, or else
-   from this table's law on the ladder's previous cap.
+   from this table's law on the ladder's previous cap. Given a second process (``beside``), the
+   first table's ladder runs there while the next solve cap is searched here: the search needs
+   nothing of it, and its laws come back to start the next table's solves.
 4. The answer is the best of the improved table and every baseline, each by its own exactly
    evaluated E[W] (and, for ``route``, the ``none`` optimum): E W(none) ≤ min over the baselines
    by construction. ``source`` names where the answer came from.
@@ -54,10 +56,11 @@ the state, the step is Howard's, and the result is π*; and π*(full) ≤ π*(st
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -75,6 +78,9 @@ from .policy import Policy
 from .routes import RouteSplit
 from .rule_evaluation import Evaluation, evaluate_baseline
 from .statespace import Layout, StateSpace, Truncation, count_states
+
+if TYPE_CHECKING:
+    from .optimum import Beside
 
 __all__ = ["ObservedOptimum", "ObservedSolve", "holds_at_locks", "observed_baselines", "solve_observed"]
 
@@ -297,21 +303,54 @@ class _Search:
             self.say(f"pi*: cap {out.refused} exceeds {budget} states: E[W] of cap {out.cap} reported, unsettled")
         return out.metrics, out.cap
 
+    def limit_beside(self, beside: Beside, pol: Policy, C: int,
+                     first: PolicyMetrics) -> Callable[[int], tuple[PolicyMetrics, int]]:
+        """:meth:`limit` (solve cap ``C``) started in a worker (``beside``); the returned call waits
+        for it and merges its trace entries (before the trace's entry ``at``), stationary laws and
+        progress lines here, as if :meth:`limit` had run here first."""
+        mine = copy.copy(self)  # its own trace and laws: the worker's additions come back through join
+        mine.trace, mine.laws = [], dict(self.laws)
+        pending = beside(_limit_elsewhere, mine, pol, C, first)
+
+        def join(at: int) -> tuple[PolicyMetrics, int]:
+            lim, Ce, entries, laws, last, lines = pending.result()
+            self.trace[at:at] = entries
+            self.laws.update(laws)
+            if last is not None:  # the worker's copy of ``pol`` is not ``pol``: the warm start keys on identity
+                self.last = (pol, last)
+            for line in lines:
+                self.say(line)
+            return lim, Ce
+
+        return join
+
     # ---- solve caps ---------------------------------------------------------------------------
-    def grow(self, start: int) -> tuple[ObservationSpace, Improvement, Policy, PolicyMetrics, int, int]:
+    def grow(self, start: int, beside: Beside | None = None,
+             ) -> tuple[ObservationSpace, Improvement, Policy, PolicyMetrics, int, int]:
         """Solve on growing solve caps until the re-solved table's settled E[W] moves by less than
-        ``tol`` (module docstring, step 3): (space, improvement, policy, E[W], evaluation cap, solve cap)."""
+        ``tol`` (module docstring, step 3): (space, improvement, policy, E[W], evaluation cap, solve cap).
+        ``beside``: the first table's evaluation ladder runs there while the next cap is searched."""
         tr = self.truncation_for(start)
         osp, imp = self.optimise(tr, None)
         pol = osp.policy(imp.actions, routes=self.routes)
         C0 = tr.max_requests
-        lim, Ce = self.limit(pol, C0, C0, imp.evaluation.metrics)
+        tr2 = self.truncation_for(next_solve_cap(tr.max_requests))
+        ahead = None
+        if beside is not None and tr2.k_max >= tr.k_max:
+            # the first table's ladder needs nothing of the next cap's search, which always runs
+            join = self.limit_beside(beside, pol, C0, imp.evaluation.metrics)
+            at = len(self.trace)
+            ahead = self.optimise(tr2, pol)
+            lim, Ce = join(at)
+        else:
+            lim, Ce = self.limit(pol, C0, C0, imp.evaluation.metrics)
         while True:  # solve cap: does re-solving on a larger cap change the table's E[W]?
             tr2 = self.truncation_for(next_solve_cap(tr.max_requests))
             if tr2.k_max < tr.k_max:
                 self._thread_capped(tr, tr2)
                 break
-            osp2, imp2 = self.optimise(tr2, pol)
+            osp2, imp2 = ahead or self.optimise(tr2, pol)
+            ahead = None
             pol2 = osp2.policy(imp2.actions, routes=self.routes)
             C = ladder_cap(C0, Ce, tr2.max_requests, self.opts.factor)
             lim2, Ce2 = self.limit(pol2, C, tr2.max_requests, imp2.evaluation.metrics if C == tr2.max_requests else None)
@@ -396,6 +435,19 @@ class _Search:
         return osp.policy(osp.table(stage_rule(self.model, name)), meta={**self.meta(name), "baseline": name})
 
 
+def _limit_elsewhere(search: _Search, pol: Policy, C: int, first: PolicyMetrics) -> tuple[
+        PolicyMetrics, int, list[dict[str, Any]], dict[int, ChainLaw], ChainLaw | None, list[str]]:
+    """:meth:`_Search.limit` in a worker: its answer, the trace entries and stationary laws it added
+    (by request cap), the last law of ``pol`` and its progress lines, for :meth:`_Search.limit_beside`."""
+    lines: list[str] = []
+    search.progress = lines.append
+    before = dict(search.laws)
+    lim, Ce = search.limit(pol, C, C, first)
+    laws = {c: law for c, law in search.laws.items() if before.get(c) is not law}
+    last = search.last[1] if search.last is not None and search.last[0] is pol else None
+    return lim, Ce, search.trace, laws, last, lines
+
+
 def _layout(model: TandemModel, phase_info: str, routes: RouteSplit | None) -> tuple[Layout, RouteSplit | None]:
     if phase_info not in ("none", "route"):
         raise ValueError(f"phase_info must be 'none' or 'route' here, got {phase_info!r}")
@@ -413,7 +465,7 @@ def solve_observed(
     heuristic: bool = True, start: int = 10, max_threads: int | None = None, max_states: int = 40_000,
     cap_growth: float | None = None, max_eval_states: int = 1_500_000, starts: int = 3,
     evaluated: dict[str, Evaluation] | None = None, none_optimum: ObservedOptimum | None = None,
-    progress: Progress | None = None,
+    progress: Progress | None = None, beside: Beside | None = None,
 ) -> ObservedOptimum:
     """The best deterministic observation policy (module docstring) for ``phase_info`` none or route.
 
@@ -449,6 +501,11 @@ def solve_observed(
         Baseline evaluations already made (name → :class:`Evaluation`), reused.
     none_optimum
         ``route`` only: the ``none`` optimum already solved for this model (else it is solved).
+    beside
+        ``beside(fn, *args)`` runs ``fn(*args)`` in another process and returns a handle whose
+        ``result()`` waits for it (:func:`overtake.api.beside.start`): the first table's evaluation
+        ladder then runs there while the next solve cap is searched here (the same figures and
+        trace as in one process).
     """
     t0 = time.perf_counter()
     layout, routes = _layout(model, phase_info, routes)
@@ -459,19 +516,19 @@ def solve_observed(
     evaluated = dict(evaluated or {})
     none_opt = None
     if phase_info == "route":
-        none_opt = none_optimum or _none_first(model, opts, truncation, start, evaluated, progress)
+        none_opt = none_optimum or _none_first(model, opts, truncation, start, evaluated, progress, beside)
         evaluated.update(none_opt.baselines)
     search = _Search(model, layout, routes, opts, none_opt, evaluated, progress, t0)
     if truncation is not None:
         return search.fixed(truncation)
-    return search.answer(*search.grow(start))
+    return search.answer(*search.grow(start, beside))
 
 
 def _none_first(model: TandemModel, opts: _Options, truncation: Truncation | None, start: int,
-                evaluated: dict[str, Evaluation], progress: Progress | None) -> ObservedOptimum:
+                evaluated: dict[str, Evaluation], progress: Progress | None, beside: Beside | None) -> ObservedOptimum:
     """The ``none`` optimum a ``route`` solve starts from and is checked against (its default caps)."""
     if progress:
         progress("pi*: the best policy without routes first")
     return solve_observed(model, phase_info="none", truncation=truncation, tol=opts.tol, baselines=opts.names,
                           heuristic=opts.heuristic, start=start, max_threads=opts.max_threads, starts=opts.starts,
-                          evaluated=evaluated, progress=progress)
+                          evaluated=evaluated, progress=progress, beside=beside)

@@ -117,3 +117,28 @@ def test_the_candidate_is_the_first_re_solved_policy_and_changes_nothing(model, 
     kept = sum(e.get("check") == "solve cap" for e in plain.trace) == 1 and \
         plain.truncation.max_requests == first["max_requests"]
     assert (opt.policy is pol) == kept
+
+
+@pytest.fixture(scope="module")
+def observed_alone(model: TandemModel) -> tuple[Any, list[str]]:
+    from overtake.mdp.observed import solve_observed
+
+    lines: list[str] = []
+    return solve_observed(model, tol=1e-3, progress=lines.append), lines
+
+
+@pytest.mark.parametrize("beside", [_Late, _Eager, start], ids=["late", "eager", "forked"])
+def test_the_observed_ladder_beside_the_next_search_gives_the_same_table(model, observed_alone, beside) -> None:  # type: ignore[no-untyped-def]
+    """An observation policy's first ladder in another process: the same table, metrics, trace and
+    search history as in one process (the ladder's laws warm-start the next table's, as here)."""
+    from overtake.mdp.observed import solve_observed
+
+    plain, plain_lines = observed_alone
+    lines: list[str] = []
+    other = solve_observed(model, tol=1e-3, progress=lines.append, beside=beside)
+    assert sum(e.get("check") == "evaluation cap" for e in plain.trace) >= 2  # the ladder ran
+    assert any(e.get("check") == "solve cap" for e in plain.trace)  # and the next cap was searched
+    assert other.trace == plain.trace and other.solve.history == plain.solve.history
+    assert other.metrics == plain.metrics and other.source == plain.source
+    assert other.policy.digest() == plain.policy.digest()
+    assert sorted(lines) == sorted(plain_lines)
