@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -25,7 +26,7 @@ from .model import TandemModel
 from .observation_actions import DecisionMatrix
 from .statespace import Layout
 
-__all__ = ["DIRECT_STATES", "LOW_RANK", "ExactEvaluation", "ExactSolver"]
+__all__ = ["DIRECT_STATES", "LOW_RANK", "ExactEvaluation", "ExactSolver", "SolverState"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -76,6 +77,14 @@ class _System:
     p0: FloatArray
 
 
+class SolverState(NamedTuple):
+    """:meth:`ExactSolver.state`."""
+
+    preconditioner: Factor | None
+    lu_work: int
+    iter_failed: int
+
+
 class ExactSolver:
     """The exact evaluations of the tables on one observation space, and what they keep between tables.
 
@@ -99,6 +108,14 @@ class ExactSolver:
         self.preconditioner: Factor | None = None
         self.lu_work = 0
         self.iter_failed = 0  # iterative solves failed in a row on this space (ITER_GIVE_UP)
+
+    def state(self) -> SolverState:
+        """What the evaluations carry from one table to the next (preconditioner, work budget,
+        iterative misses in a row): :meth:`restore` starts a search from it again."""
+        return SolverState(self.preconditioner, self.lu_work, self.iter_failed)
+
+    def restore(self, state: SolverState) -> None:
+        self.preconditioner, self.lu_work, self.iter_failed = state
 
     def changed_states(self, actions: IntArray, factor: Factor) -> IntArray | None:
         """The states whose decision rows differ between ``actions`` and ``factor``'s table and that

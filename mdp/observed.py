@@ -13,7 +13,9 @@ observation class), every one evaluated exactly on the full chain:
    epochs), each as a table; for ``route`` also the ``none`` optimum and the baselines with the
    lightest route (least expected work) started first (:mod:`overtake.mdp.observed_tables`).
    One local search from each, the best result kept; a larger solve cap starts from the best two
-   of the previous cap's table and the baselines.
+   of the previous cap's table and the baselines. The searches are independent: each starts from
+   the solver state the starting evaluations left (preconditioner, work budget), so that with a
+   second process (``beside``) the later half of them run there, with the same answers.
 2. Improve: the weighted-Q step of :meth:`ObservationSpace.propose` in every class; accept it
    only if the exact gain is lower. If not, try the changed classes with the largest first-order
    gains (a quarter of them, a sixteenth, …, one), then single classes in that order; stop when
@@ -59,7 +61,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -70,7 +72,8 @@ from .caps import EVALUATION_GROWTH, ladder_cap, next_solve_cap, relative_change
 from .errors import TruncationError
 from .evaluate import PolicyMetrics
 from .model import TandemModel
-from .observation import ObservationSpace
+from .observation import ExactEvaluation, ObservationSpace
+from .observation_exact import SolverState
 from .observed_chain import ChainLaw, observed_law
 from .observed_improve import Improvement, improve
 from .observed_tables import lift, stage_rule, stage_view, starting_tables
@@ -184,6 +187,7 @@ class _Search:
         self.history: list[dict[str, Any]] = []
         self.n_steps = 0
         self.n_evals = 0
+        self.beside: Beside | None = None  # a second process: the first ladder and half the searches run there
         self.laws: dict[int, ChainLaw] = {}  # the last evaluated table's law per evaluation cap
         self.last: tuple[Policy, ChainLaw] | None = None  # the last law evaluated, and its table
 
@@ -216,7 +220,7 @@ class _Search:
             evs[k] = osp.evaluate(tables[k], near=evs.get(ranked[0]))
         self.say(f"pi*: cap {tr.max_requests}, threads {osp.k_max}: {osp.size} states, {osp.n_classes} classes; "
                  f"start from {', '.join(ranked)} (g = {evs[ranked[0]].gain:.8g})")
-        runs = {k: improve(osp, tables[k], start=k, evaluation=evs[k], progress=self.progress) for k in ranked}
+        runs = self.searches(osp, tables, evs, ranked)
         first = min(runs, key=lambda k: runs[k].evaluation.gain)
         imp = runs[first]
         for r in runs.values():
@@ -231,6 +235,32 @@ class _Search:
                            "mean_response_time": imp.evaluation.metrics.mean_response_time,
                            "blocking_probability": imp.evaluation.metrics.blocking_probability})
         return osp, imp
+
+    def searches(self, osp: ObservationSpace, tables: dict[str, IntArray], evs: dict[str, ExactEvaluation],
+                 ranked: list[str]) -> dict[str, Improvement]:
+        """One local search from each of the ``ranked`` tables, each from the space's solver state
+        as the starting evaluations left it (not as an earlier search left it: the searches are
+        independent, so a second process (``beside``) may run the later half of them)."""
+        state = osp.exact.state()
+        half = (len(ranked) + 1) // 2 if self.beside is not None else len(ranked)
+        here, there = ranked[:half], ranked[half:]
+        pending = None
+        if self.beside is not None and there:
+            pending = self.beside(_search_elsewhere, osp, state, {k: tables[k] for k in there},
+                                  {k: evs[k] for k in there})
+        runs: dict[str, Improvement] = {}
+        for k in here:
+            osp.exact.restore(state)
+            runs[k] = improve(osp, tables[k], start=k, evaluation=evs[k], progress=self.progress)
+        if pending is not None:
+            found, lines = pending.result()
+            for line in lines:
+                self.say(line)
+            for k, (actions, ev, history, converged, n_eval) in found.items():
+                # the worker's last evaluation comes back without its LU (it does not pickle); the
+                # search's starting factor stands in, a factor of this space as any evaluation's is
+                runs[k] = Improvement(actions, ExactEvaluation(**ev, factor=evs[k].factor), history, converged, n_eval)
+        return {k: runs[k] for k in ranked}
 
     def meta(self, source: str) -> dict[str, Any]:
         seen = "waiting per queue, active threads per stage"
@@ -325,20 +355,20 @@ class _Search:
         return join
 
     # ---- solve caps ---------------------------------------------------------------------------
-    def grow(self, start: int, beside: Beside | None = None,
-             ) -> tuple[ObservationSpace, Improvement, Policy, PolicyMetrics, int, int]:
+    def grow(self, start: int) -> tuple[ObservationSpace, Improvement, Policy, PolicyMetrics, int, int]:
         """Solve on growing solve caps until the re-solved table's settled E[W] moves by less than
         ``tol`` (module docstring, step 3): (space, improvement, policy, E[W], evaluation cap, solve cap).
-        ``beside``: the first table's evaluation ladder runs there while the next cap is searched."""
+        With a second process (``beside``) the first table's evaluation ladder runs there while
+        the next cap is searched."""
         tr = self.truncation_for(start)
         osp, imp = self.optimise(tr, None)
         pol = osp.policy(imp.actions, routes=self.routes)
         C0 = tr.max_requests
         tr2 = self.truncation_for(next_solve_cap(tr.max_requests))
         ahead = None
-        if beside is not None and tr2.k_max >= tr.k_max:
+        if self.beside is not None and tr2.k_max >= tr.k_max:
             # the first table's ladder needs nothing of the next cap's search, which always runs
-            join = self.limit_beside(beside, pol, C0, imp.evaluation.metrics)
+            join = self.limit_beside(self.beside, pol, C0, imp.evaluation.metrics)
             at = len(self.trace)
             ahead = self.optimise(tr2, pol)
             lim, Ce = join(at)
@@ -435,6 +465,21 @@ class _Search:
         return osp.policy(osp.table(stage_rule(self.model, name)), meta={**self.meta(name), "baseline": name})
 
 
+def _search_elsewhere(osp: ObservationSpace, state: SolverState, tables: dict[str, IntArray],
+                      evs: dict[str, ExactEvaluation]) -> tuple[dict[str, tuple[Any, ...]], list[str]]:
+    """:meth:`_Search.searches`' later half in a worker: per start the table, its evaluation's
+    fields but the factor, the history, whether it converged and the evaluations made; and the
+    progress lines."""
+    lines: list[str] = []
+    out: dict[str, tuple[Any, ...]] = {}
+    for k, A in tables.items():
+        osp.exact.restore(state)
+        r = improve(osp, A, start=k, evaluation=evs[k], progress=lines.append)
+        ev = {f.name: getattr(r.evaluation, f.name) for f in fields(r.evaluation) if f.name != "factor"}
+        out[k] = (r.actions, ev, r.history, r.converged, r.evaluations)
+    return out, lines
+
+
 def _limit_elsewhere(search: _Search, pol: Policy, C: int, first: PolicyMetrics) -> tuple[
         PolicyMetrics, int, list[dict[str, Any]], dict[int, ChainLaw], ChainLaw | None, list[str]]:
     """:meth:`_Search.limit` in a worker: its answer, the trace entries and stationary laws it added
@@ -519,9 +564,10 @@ def solve_observed(
         none_opt = none_optimum or _none_first(model, opts, truncation, start, evaluated, progress, beside)
         evaluated.update(none_opt.baselines)
     search = _Search(model, layout, routes, opts, none_opt, evaluated, progress, t0)
+    search.beside = beside
     if truncation is not None:
         return search.fixed(truncation)
-    return search.answer(*search.grow(start, beside))
+    return search.answer(*search.grow(start))
 
 
 def _none_first(model: TandemModel, opts: _Options, truncation: Truncation | None, start: int,
