@@ -23,7 +23,8 @@ observation class), every one evaluated exactly on the full chain:
    starting tables and the trials are screened by their stationary gain alone
    (:meth:`ObservationSpace.stationary_gain`, exact, warm-started from the current law): only
    the starts searched from and the trials not clearly worse are evaluated in full (bias and
-   law), and a step is accepted on that full evaluation's gain (:mod:`overtake.mdp.observed_improve`).
+   law, an iterative law solve started from the screen's), and a step is accepted on that full
+   evaluation's gain (:mod:`overtake.mdp.observed_improve`).
    A trial that changes the decision rows of a few states is evaluated in full at once, by a
    low-rank update of the current table's factorization (:meth:`ObservationSpace.evaluate`).
 3. Auto-truncation as for π* (:mod:`overtake.mdp.optimum`, :mod:`overtake.mdp.caps`): the table,

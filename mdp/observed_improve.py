@@ -5,7 +5,8 @@ taken only if the exact gain is lower. If not, the changed classes with the larg
 gains (a quarter of them, a sixteenth, …, one), then single classes in that order. Each trial is
 screened by its stationary gain alone (:meth:`ObservationSpace.stationary_gain`, exact,
 warm-started from the current law): a trial clearly worse is rejected without solving for its
-bias; the others are accepted on the full evaluation's gain. A trial that changes the decision
+bias; the others are accepted on the full evaluation's gain (whose stationary solve, when
+iterative, starts from the screen's law). A trial that changes the decision
 rows of a few states only is evaluated in full at once, by a low-rank update of the current
 factor (:meth:`ObservationSpace.low_rank`), which costs no more than the screen.
 """
