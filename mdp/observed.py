@@ -15,7 +15,7 @@ observation class), every one evaluated exactly on the full chain:
    One local search from each, the best result kept; a larger solve cap starts from the best two
    of the previous cap's table and the baselines. The searches are independent: each starts from
    the solver state the starting evaluations left (preconditioner, work budget), so that with a
-   second process (``beside``) the later half of them run there, with the same answers.
+   second process (``beside``) each runs in whichever process is free first, with the same answers.
 2. Improve: the weighted-Q step of :meth:`ObservationSpace.propose` in every class; accept it
    only if the exact gain is lower. If not, try the changed classes with the largest first-order
    gains (a quarter of them, a sixteenth, …, one), then single classes in that order; stop when
@@ -60,6 +60,7 @@ the state, the step is Howard's, and the result is π*; and π*(full) ≤ π*(st
 from __future__ import annotations
 
 import copy
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
@@ -240,27 +241,33 @@ class _Search:
     def searches(self, osp: ObservationSpace, tables: dict[str, IntArray], evs: dict[str, ExactEvaluation],
                  ranked: list[str]) -> dict[str, Improvement]:
         """One local search from each of the ``ranked`` tables, each from the space's solver state
-        as the starting evaluations left it (not as an earlier search left it: the searches are
-        independent, so a second process (``beside``) may run the later half of them)."""
+        as the starting evaluations left it (not as an earlier search left it): the searches are
+        independent, so with a second process (``beside``) each is run by whichever of the two
+        processes is free first, with the same answers."""
         state = osp.exact.state()
-        half = (len(ranked) + 1) // 2 if self.beside is not None else len(ranked)
-        here, there = ranked[:half], ranked[half:]
+        tickets = _Tickets(len(ranked)) if self.beside is not None and 1 < len(ranked) < 256 else None
         pending = None
-        if self.beside is not None and there:
-            pending = self.beside(_search_elsewhere, osp, state, {k: tables[k] for k in there},
-                                  {k: evs[k] for k in there})
+        if tickets is not None:
+            assert self.beside is not None
+            pending = self.beside(_search_elsewhere, osp, state, tickets, ranked, tables, evs)
         runs: dict[str, Improvement] = {}
-        for k in here:
+        while (j := tickets.take() if tickets is not None else len(runs)) is not None and j < len(ranked):
+            k = ranked[j]
             osp.exact.restore(state)
             runs[k] = improve(osp, tables[k], start=k, evaluation=evs[k], progress=self.progress)
-        if pending is not None:
+        if pending is not None and tickets is not None:
             found, lines = pending.result()
+            tickets.close()
             for line in lines:
                 self.say(line)
             for k, (actions, ev, history, converged, n_eval) in found.items():
                 # the worker's last evaluation comes back without its LU (it does not pickle); the
                 # search's starting factor stands in, a factor of this space as any evaluation's is
                 runs[k] = Improvement(actions, ExactEvaluation(**ev, factor=evs[k].factor), history, converged, n_eval)
+        for k in ranked:  # a worker that died took its searches with it: they run here
+            if k not in runs:
+                osp.exact.restore(state)
+                runs[k] = improve(osp, tables[k], start=k, evaluation=evs[k], progress=self.progress)
         return {k: runs[k] for k in ranked}
 
     def meta(self, source: str) -> dict[str, Any]:
@@ -466,16 +473,38 @@ class _Search:
         return osp.policy(osp.table(stage_rule(self.model, name)), meta={**self.meta(name), "baseline": name})
 
 
-def _search_elsewhere(osp: ObservationSpace, state: SolverState, tables: dict[str, IntArray],
-                      evs: dict[str, ExactEvaluation]) -> tuple[dict[str, tuple[Any, ...]], list[str]]:
-    """:meth:`_Search.searches`' later half in a worker: per start the table, its evaluation's
-    fields but the factor, the history, whether it converged and the evaluations made; and the
-    progress lines."""
+class _Tickets:
+    """Indices 0, …, n−1, each taken once by whichever process asks first: a byte each in a pipe
+    whose writing end is closed (a read of one byte is atomic, and an emptied pipe reads as its end)."""
+
+    def __init__(self, n: int) -> None:
+        read, write = os.pipe()
+        os.write(write, bytes(range(n)))
+        os.close(write)
+        self.fd: int | None = read
+
+    def take(self) -> int | None:
+        data = os.read(self.fd, 1) if self.fd is not None else b""
+        return data[0] if data else None
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _search_elsewhere(osp: ObservationSpace, state: SolverState, tickets: _Tickets, ranked: list[str],
+                      tables: dict[str, IntArray], evs: dict[str, ExactEvaluation],
+                      ) -> tuple[dict[str, tuple[Any, ...]], list[str]]:
+    """:meth:`_Search.searches` in a worker, for the searches it takes: per start the table, its
+    evaluation's fields but the factor, the history, whether it converged and the evaluations
+    made; and the progress lines."""
     lines: list[str] = []
     out: dict[str, tuple[Any, ...]] = {}
-    for k, A in tables.items():
+    while (j := tickets.take()) is not None:
+        k = ranked[j]
         osp.exact.restore(state)
-        r = improve(osp, A, start=k, evaluation=evs[k], progress=lines.append)
+        r = improve(osp, tables[k], start=k, evaluation=evs[k], progress=lines.append)
         ev = {f.name: getattr(r.evaluation, f.name) for f in fields(r.evaluation) if f.name != "factor"}
         out[k] = (r.actions, ev, r.history, r.converged, r.evaluations)
     return out, lines

@@ -154,3 +154,21 @@ def test_observed_work_beside_gives_the_same_table(observed_model, observed_alon
     assert other.metrics == plain.metrics and other.source == plain.source
     assert other.policy.digest() == plain.policy.digest()
     assert sorted(lines) == sorted(plain_lines)
+
+
+def test_a_search_a_dead_worker_took_runs_here(observed_model, observed_alone) -> None:  # type: ignore[no-untyped-def]
+    """A worker that takes a search and dies before answering (its handle reruns the call here,
+    when no search is left to take) loses nothing: the search it took runs here."""
+    plain, _ = observed_alone
+    took: list[int | None] = []
+
+    class _Lost(_Late):
+        def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+            super().__init__(fn, *args)
+            if fn.__name__ == "_search_elsewhere":
+                took.append(args[2].take())  # the worker's first ticket, then it dies
+
+    other = _observed(observed_model, beside=_Lost)
+    assert took == [0, 0]  # one search lost on each solve cap
+    assert other.trace == plain.trace and other.solve.history == plain.solve.history
+    assert other.policy.digest() == plain.policy.digest()
