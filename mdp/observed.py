@@ -60,10 +60,9 @@ the state, the step is Howard's, and the result is π*; and π*(full) ≤ π*(st
 from __future__ import annotations
 
 import copy
-import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -75,7 +74,7 @@ from .errors import TruncationError
 from .evaluate import PolicyMetrics
 from .model import TandemModel
 from .observation import ExactEvaluation, ObservationSpace
-from .observation_exact import SolverState
+from .observed_beside import Tickets, limit_elsewhere, search_elsewhere
 from .observed_chain import ChainLaw, observed_law
 from .observed_improve import Improvement, improve
 from .observed_tables import lift, stage_rule, stage_view, starting_tables
@@ -189,7 +188,7 @@ class _Search:
         self.history: list[dict[str, Any]] = []
         self.n_steps = 0
         self.n_evals = 0
-        self.beside: Beside | None = None  # a second process: the first ladder and half the searches run there
+        self.beside: Beside | None = None  # a second process: the first ladder and some searches run there
         self.laws: dict[int, ChainLaw] = {}  # the last evaluated table's law per evaluation cap
         self.last: tuple[Policy, ChainLaw] | None = None  # the last law evaluated, and its table
 
@@ -245,11 +244,11 @@ class _Search:
         independent, so with a second process (``beside``) each is run by whichever of the two
         processes is free first, with the same answers."""
         state = osp.exact.state()
-        tickets = _Tickets(len(ranked)) if self.beside is not None and 1 < len(ranked) < 256 else None
+        tickets = Tickets(len(ranked)) if self.beside is not None and 1 < len(ranked) < 256 else None
         pending = None
         if tickets is not None:
             assert self.beside is not None
-            pending = self.beside(_search_elsewhere, osp, state, tickets, ranked, tables, evs)
+            pending = self.beside(search_elsewhere, osp, state, tickets, ranked, tables, evs)
         runs: dict[str, Improvement] = {}
         while (j := tickets.take() if tickets is not None else len(runs)) is not None and j < len(ranked):
             k = ranked[j]
@@ -348,7 +347,7 @@ class _Search:
         progress lines here, as if :meth:`limit` had run here first."""
         mine = copy.copy(self)  # its own trace and laws: the worker's additions come back through join
         mine.trace, mine.laws = [], dict(self.laws)
-        pending = beside(_limit_elsewhere, mine, pol, C, first)
+        pending = beside(limit_elsewhere, mine, pol, C, first)
 
         def join(at: int) -> tuple[PolicyMetrics, int]:
             lim, Ce, entries, laws, last, lines = pending.result()
@@ -473,56 +472,6 @@ class _Search:
         return osp.policy(osp.table(stage_rule(self.model, name)), meta={**self.meta(name), "baseline": name})
 
 
-class _Tickets:
-    """Indices 0, …, n−1, each taken once by whichever process asks first: a byte each in a pipe
-    whose writing end is closed (a read of one byte is atomic, and an emptied pipe reads as its end)."""
-
-    def __init__(self, n: int) -> None:
-        read, write = os.pipe()
-        os.write(write, bytes(range(n)))
-        os.close(write)
-        self.fd: int | None = read
-
-    def take(self) -> int | None:
-        data = os.read(self.fd, 1) if self.fd is not None else b""
-        return data[0] if data else None
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-
-def _search_elsewhere(osp: ObservationSpace, state: SolverState, tickets: _Tickets, ranked: list[str],
-                      tables: dict[str, IntArray], evs: dict[str, ExactEvaluation],
-                      ) -> tuple[dict[str, tuple[Any, ...]], list[str]]:
-    """:meth:`_Search.searches` in a worker, for the searches it takes: per start the table, its
-    evaluation's fields but the factor, the history, whether it converged and the evaluations
-    made; and the progress lines."""
-    lines: list[str] = []
-    out: dict[str, tuple[Any, ...]] = {}
-    while (j := tickets.take()) is not None:
-        k = ranked[j]
-        osp.exact.restore(state)
-        r = improve(osp, tables[k], start=k, evaluation=evs[k], progress=lines.append)
-        ev = {f.name: getattr(r.evaluation, f.name) for f in fields(r.evaluation) if f.name != "factor"}
-        out[k] = (r.actions, ev, r.history, r.converged, r.evaluations)
-    return out, lines
-
-
-def _limit_elsewhere(search: _Search, pol: Policy, C: int, first: PolicyMetrics) -> tuple[
-        PolicyMetrics, int, list[dict[str, Any]], dict[int, ChainLaw], ChainLaw | None, list[str]]:
-    """:meth:`_Search.limit` in a worker: its answer, the trace entries and stationary laws it added
-    (by request cap), the last law of ``pol`` and its progress lines, for :meth:`_Search.limit_beside`."""
-    lines: list[str] = []
-    search.progress = lines.append
-    before = dict(search.laws)
-    lim, Ce = search.limit(pol, C, C, first)
-    laws = {c: law for c, law in search.laws.items() if before.get(c) is not law}
-    last = search.last[1] if search.last is not None and search.last[0] is pol else None
-    return lim, Ce, search.trace, laws, last, lines
-
-
 def _layout(model: TandemModel, phase_info: str, routes: RouteSplit | None) -> tuple[Layout, RouteSplit | None]:
     if phase_info not in ("none", "route"):
         raise ValueError(f"phase_info must be 'none' or 'route' here, got {phase_info!r}")
@@ -579,8 +528,9 @@ def solve_observed(
     beside
         ``beside(fn, *args)`` runs ``fn(*args)`` in another process and returns a handle whose
         ``result()`` waits for it (:func:`overtake.api.beside.start`): the first table's evaluation
-        ladder then runs there while the next solve cap is searched here (the same figures and
-        trace as in one process).
+        ladder then runs there while the next solve cap is searched here, and each cap's local
+        searches run in whichever process is free first (the same table, figures and trace as in
+        one process).
     """
     t0 = time.perf_counter()
     layout, routes = _layout(model, phase_info, routes)

@@ -165,7 +165,7 @@ def test_a_search_a_dead_worker_took_runs_here(observed_model, observed_alone) -
     class _Lost(_Late):
         def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
             super().__init__(fn, *args)
-            if fn.__name__ == "_search_elsewhere":
+            if fn.__name__ == "search_elsewhere":
                 took.append(args[2].take())  # the worker's first ticket, then it dies
 
     other = _observed(observed_model, beside=_Lost)
