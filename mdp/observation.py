@@ -207,7 +207,7 @@ class ObservationSpace:
         return self.exact.low_rank(actions, near)
 
     def evaluate(self, actions: IntArray, *, near: ExactEvaluation | None = None,
-                 complete: bool = False) -> ExactEvaluation:
+                 complete: bool = False, law: FloatArray | None = None) -> ExactEvaluation:
         """Gain, bias and stationary laws of a table, all exact (sparse solves, :class:`Factor`).
 
         ``near``: the evaluation of a similar table. Where its factor is complete and the two
@@ -224,7 +224,7 @@ class ObservationSpace:
         factorization of a large chain is incomplete (:class:`Factor`), and complete where GMRES
         fails on it, its law's residual exceeds 1e-9, or ``complete`` asks for it.
         """
-        return self.exact.evaluate(actions, near=near, complete=complete)
+        return self.exact.evaluate(actions, near=near, complete=complete, law=law)
 
     # ---- improvement ----------------------------------------------------------------------------
     def propose(self, actions: IntArray, ev: ExactEvaluation, *, rtol: float = 1e-10) -> Proposal:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -25,7 +26,7 @@ from .model import TandemModel
 from .observation_actions import DecisionMatrix
 from .statespace import Layout
 
-__all__ = ["DIRECT_STATES", "LOW_RANK", "ExactEvaluation", "ExactSolver"]
+__all__ = ["DIRECT_STATES", "LOW_RANK", "ExactEvaluation", "ExactSolver", "SolverState"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -76,6 +77,14 @@ class _System:
     p0: FloatArray
 
 
+class SolverState(NamedTuple):
+    """:meth:`ExactSolver.state`."""
+
+    preconditioner: Factor | None
+    lu_work: int
+    iter_failed: int
+
+
 class ExactSolver:
     """The exact evaluations of the tables on one observation space, and what they keep between tables.
 
@@ -99,6 +108,14 @@ class ExactSolver:
         self.preconditioner: Factor | None = None
         self.lu_work = 0
         self.iter_failed = 0  # iterative solves failed in a row on this space (ITER_GIVE_UP)
+
+    def state(self) -> SolverState:
+        """What the evaluations carry from one table to the next (preconditioner, work budget,
+        iterative misses in a row): :meth:`restore` starts a search from it again."""
+        return SolverState(self.preconditioner, self.lu_work, self.iter_failed)
+
+    def restore(self, state: SolverState) -> None:
+        self.preconditioner, self.lu_work, self.iter_failed = state
 
     def changed_states(self, actions: IntArray, factor: Factor) -> IntArray | None:
         """The states whose decision rows differ between ``actions`` and ``factor``'s table and that
@@ -125,12 +142,13 @@ class ExactSolver:
         return _System(P, A, cost, np.column_stack([cost[1:], np.ones(S - 1)]), p0)
 
     def evaluate(self, actions: IntArray, *, near: ExactEvaluation | None = None,
-                 complete: bool = False) -> ExactEvaluation:
+                 complete: bool = False, law: FloatArray | None = None) -> ExactEvaluation:
         """:meth:`ObservationSpace.evaluate <overtake.mdp.observation.ObservationSpace.evaluate>`: the
         near table's update or iteration, else a new factorization; then the gain, bias and law,
-        checked by the law's residual."""
+        checked by the law's residual. ``law``: this table's stationary law already solved (the
+        screen's), the iterative stationary solve's start."""
         eq = self.system(actions)
-        sol, solT = self._near(actions, near, eq)
+        sol, solT = self._near(actions, near, eq, law)
         refactored = sol is None or solT is None
         if refactored:
             factor, sol, solT = self._factored(actions, eq, complete)
@@ -147,7 +165,8 @@ class ExactSolver:
             raise SolverError(f"stationary solve inaccurate: residual {resid:.2e} on {self.space.size} states")
         return self._result(eq, sol, solT, post, reach, factor, refactored)
 
-    def _near(self, actions: IntArray, near: ExactEvaluation | None, eq: _System) -> Solutions:
+    def _near(self, actions: IntArray, near: ExactEvaluation | None, eq: _System,
+              law: FloatArray | None = None) -> Solutions:
         """Both solves from ``near``'s factor (low-rank update) or preconditioned by this space's
         (BiCGSTAB on a large chain); (None, None) where neither applies or either failed."""
         if near is None:
@@ -160,10 +179,12 @@ class ExactSolver:
         if S <= DIRECT_STATES or self.iter_failed >= ITER_GIVE_UP:
             return None, None
         X0 = near.solution if near.solution is not None else np.zeros((S - 1, 3))
+        # the table's own law, where solved already, is far closer than the near table's
+        X0T = X0[:, 2:] if law is None or not law[0] > 0 else (law[1:] / law[0])[:, None]
         pre = self.preconditioner or factor
         budget = max(ITER_MIN, max(self.lu_work, 4 * pre.work) // pre.iteration_work(eq.A))
         sol = pre.iterate(eq.A, eq.rhs, X0[:, :2], budget=budget)
-        solT = None if sol is None else pre.iterate(eq.A, eq.p0[:, None], X0[:, 2:], budget=budget, trans=True)
+        solT = None if sol is None else pre.iterate(eq.A, eq.p0[:, None], X0T, budget=budget, trans=True)
         self.iter_failed = self.iter_failed + 1 if solT is None else 0
         return sol, solT
 

@@ -13,7 +13,9 @@ observation class), every one evaluated exactly on the full chain:
    epochs), each as a table; for ``route`` also the ``none`` optimum and the baselines with the
    lightest route (least expected work) started first (:mod:`overtake.mdp.observed_tables`).
    One local search from each, the best result kept; a larger solve cap starts from the best two
-   of the previous cap's table and the baselines.
+   of the previous cap's table and the baselines. The searches are independent: each starts from
+   the solver state the starting evaluations left (preconditioner, work budget), so that with a
+   second process (``beside``) each runs in whichever process is free first, with the same answers.
 2. Improve: the weighted-Q step of :meth:`ObservationSpace.propose` in every class; accept it
    only if the exact gain is lower. If not, try the changed classes with the largest first-order
    gains (a quarter of them, a sixteenth, …, one), then single classes in that order; stop when
@@ -21,7 +23,8 @@ observation class), every one evaluated exactly on the full chain:
    starting tables and the trials are screened by their stationary gain alone
    (:meth:`ObservationSpace.stationary_gain`, exact, warm-started from the current law): only
    the starts searched from and the trials not clearly worse are evaluated in full (bias and
-   law), and a step is accepted on that full evaluation's gain (:mod:`overtake.mdp.observed_improve`).
+   law, an iterative law solve started from the screen's), and a step is accepted on that full
+   evaluation's gain (:mod:`overtake.mdp.observed_improve`).
    A trial that changes the decision rows of a few states is evaluated in full at once, by a
    low-rank update of the current table's factorization (:meth:`ObservationSpace.evaluate`).
 3. Auto-truncation as for π* (:mod:`overtake.mdp.optimum`, :mod:`overtake.mdp.caps`): the table,
@@ -29,7 +32,9 @@ observation class), every one evaluated exactly on the full chain:
    request caps C, 1.5C, … until E[W] moves by less than ``tol``; the solve cap grows by 1.25
    (warm start: the previous table) until the re-solved table's E[W] moves by less than ``tol``.
    Each evaluation cap's stationary solve starts from the last table's law on that cap, or else
-   from this table's law on the ladder's previous cap.
+   from this table's law on the ladder's previous cap. Given a second process (``beside``), the
+   first table's ladder runs there while the next solve cap is searched here: the search needs
+   nothing of it, and its laws come back to start the next table's solves.
 4. The answer is the best of the improved table and every baseline, each by its own exactly
    evaluated E[W] (and, for ``route``, the ``none`` optimum): E W(none) ≤ min over the baselines
    by construction. ``source`` names where the answer came from.
@@ -54,10 +59,11 @@ the state, the step is Howard's, and the result is π*; and π*(full) ≤ π*(st
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -67,7 +73,8 @@ from .caps import EVALUATION_GROWTH, ladder_cap, next_solve_cap, relative_change
 from .errors import TruncationError
 from .evaluate import PolicyMetrics
 from .model import TandemModel
-from .observation import ObservationSpace
+from .observation import ExactEvaluation, ObservationSpace
+from .observed_beside import Tickets, limit_elsewhere, search_elsewhere
 from .observed_chain import ChainLaw, observed_law
 from .observed_improve import Improvement, improve
 from .observed_tables import lift, stage_rule, stage_view, starting_tables
@@ -75,6 +82,9 @@ from .policy import Policy
 from .routes import RouteSplit
 from .rule_evaluation import Evaluation, evaluate_baseline
 from .statespace import Layout, StateSpace, Truncation, count_states
+
+if TYPE_CHECKING:
+    from .optimum import Beside
 
 __all__ = ["ObservedOptimum", "ObservedSolve", "holds_at_locks", "observed_baselines", "solve_observed"]
 
@@ -178,6 +188,7 @@ class _Search:
         self.history: list[dict[str, Any]] = []
         self.n_steps = 0
         self.n_evals = 0
+        self.beside: Beside | None = None  # a second process: the first ladder and some searches run there
         self.laws: dict[int, ChainLaw] = {}  # the last evaluated table's law per evaluation cap
         self.last: tuple[Policy, ChainLaw] | None = None  # the last law evaluated, and its table
 
@@ -210,7 +221,7 @@ class _Search:
             evs[k] = osp.evaluate(tables[k], near=evs.get(ranked[0]))
         self.say(f"pi*: cap {tr.max_requests}, threads {osp.k_max}: {osp.size} states, {osp.n_classes} classes; "
                  f"start from {', '.join(ranked)} (g = {evs[ranked[0]].gain:.8g})")
-        runs = {k: improve(osp, tables[k], start=k, evaluation=evs[k], progress=self.progress) for k in ranked}
+        runs = self.searches(osp, tables, evs, ranked)
         first = min(runs, key=lambda k: runs[k].evaluation.gain)
         imp = runs[first]
         for r in runs.values():
@@ -225,6 +236,38 @@ class _Search:
                            "mean_response_time": imp.evaluation.metrics.mean_response_time,
                            "blocking_probability": imp.evaluation.metrics.blocking_probability})
         return osp, imp
+
+    def searches(self, osp: ObservationSpace, tables: dict[str, IntArray], evs: dict[str, ExactEvaluation],
+                 ranked: list[str]) -> dict[str, Improvement]:
+        """One local search from each of the ``ranked`` tables, each from the space's solver state
+        as the starting evaluations left it (not as an earlier search left it): the searches are
+        independent, so with a second process (``beside``) each is run by whichever of the two
+        processes is free first, with the same answers."""
+        state = osp.exact.state()
+        tickets = Tickets(len(ranked)) if self.beside is not None and 1 < len(ranked) < 256 else None
+        pending = None
+        if tickets is not None:
+            assert self.beside is not None
+            pending = self.beside(search_elsewhere, osp, state, tickets, ranked, tables, evs)
+        runs: dict[str, Improvement] = {}
+        while (j := tickets.take() if tickets is not None else len(runs)) is not None and j < len(ranked):
+            k = ranked[j]
+            osp.exact.restore(state)
+            runs[k] = improve(osp, tables[k], start=k, evaluation=evs[k], progress=self.progress)
+        if pending is not None and tickets is not None:
+            found, lines = pending.result()
+            tickets.close()
+            for line in lines:
+                self.say(line)
+            for k, (actions, ev, history, converged, n_eval) in found.items():
+                # the worker's last evaluation comes back without its LU (it does not pickle); the
+                # search's starting factor stands in, a factor of this space as any evaluation's is
+                runs[k] = Improvement(actions, ExactEvaluation(**ev, factor=evs[k].factor), history, converged, n_eval)
+        for k in ranked:  # a worker that died took its searches with it: they run here
+            if k not in runs:
+                osp.exact.restore(state)
+                runs[k] = improve(osp, tables[k], start=k, evaluation=evs[k], progress=self.progress)
+        return {k: runs[k] for k in ranked}
 
     def meta(self, source: str) -> dict[str, Any]:
         seen = "waiting per queue, active threads per stage"
@@ -297,21 +340,54 @@ class _Search:
             self.say(f"pi*: cap {out.refused} exceeds {budget} states: E[W] of cap {out.cap} reported, unsettled")
         return out.metrics, out.cap
 
+    def limit_beside(self, beside: Beside, pol: Policy, C: int,
+                     first: PolicyMetrics) -> Callable[[int], tuple[PolicyMetrics, int]]:
+        """:meth:`limit` (solve cap ``C``) started in a worker (``beside``); the returned call waits
+        for it and merges its trace entries (before the trace's entry ``at``), stationary laws and
+        progress lines here, as if :meth:`limit` had run here first."""
+        mine = copy.copy(self)  # its own trace and laws: the worker's additions come back through join
+        mine.trace, mine.laws = [], dict(self.laws)
+        pending = beside(limit_elsewhere, mine, pol, C, first)
+
+        def join(at: int) -> tuple[PolicyMetrics, int]:
+            lim, Ce, entries, laws, last, lines = pending.result()
+            self.trace[at:at] = entries
+            self.laws.update(laws)
+            if last is not None:  # the worker's copy of ``pol`` is not ``pol``: the warm start keys on identity
+                self.last = (pol, last)
+            for line in lines:
+                self.say(line)
+            return lim, Ce
+
+        return join
+
     # ---- solve caps ---------------------------------------------------------------------------
     def grow(self, start: int) -> tuple[ObservationSpace, Improvement, Policy, PolicyMetrics, int, int]:
         """Solve on growing solve caps until the re-solved table's settled E[W] moves by less than
-        ``tol`` (module docstring, step 3): (space, improvement, policy, E[W], evaluation cap, solve cap)."""
+        ``tol`` (module docstring, step 3): (space, improvement, policy, E[W], evaluation cap, solve cap).
+        With a second process (``beside``) the first table's evaluation ladder runs there while
+        the next cap is searched."""
         tr = self.truncation_for(start)
         osp, imp = self.optimise(tr, None)
         pol = osp.policy(imp.actions, routes=self.routes)
         C0 = tr.max_requests
-        lim, Ce = self.limit(pol, C0, C0, imp.evaluation.metrics)
+        tr2 = self.truncation_for(next_solve_cap(tr.max_requests))
+        ahead = None
+        if self.beside is not None and tr2.k_max >= tr.k_max:
+            # the first table's ladder needs nothing of the next cap's search, which always runs
+            join = self.limit_beside(self.beside, pol, C0, imp.evaluation.metrics)
+            at = len(self.trace)
+            ahead = self.optimise(tr2, pol)
+            lim, Ce = join(at)
+        else:
+            lim, Ce = self.limit(pol, C0, C0, imp.evaluation.metrics)
         while True:  # solve cap: does re-solving on a larger cap change the table's E[W]?
             tr2 = self.truncation_for(next_solve_cap(tr.max_requests))
             if tr2.k_max < tr.k_max:
                 self._thread_capped(tr, tr2)
                 break
-            osp2, imp2 = self.optimise(tr2, pol)
+            osp2, imp2 = ahead or self.optimise(tr2, pol)
+            ahead = None
             pol2 = osp2.policy(imp2.actions, routes=self.routes)
             C = ladder_cap(C0, Ce, tr2.max_requests, self.opts.factor)
             lim2, Ce2 = self.limit(pol2, C, tr2.max_requests, imp2.evaluation.metrics if C == tr2.max_requests else None)
@@ -413,7 +489,7 @@ def solve_observed(
     heuristic: bool = True, start: int = 10, max_threads: int | None = None, max_states: int = 40_000,
     cap_growth: float | None = None, max_eval_states: int = 1_500_000, starts: int = 3,
     evaluated: dict[str, Evaluation] | None = None, none_optimum: ObservedOptimum | None = None,
-    progress: Progress | None = None,
+    progress: Progress | None = None, beside: Beside | None = None,
 ) -> ObservedOptimum:
     """The best deterministic observation policy (module docstring) for ``phase_info`` none or route.
 
@@ -449,6 +525,12 @@ def solve_observed(
         Baseline evaluations already made (name → :class:`Evaluation`), reused.
     none_optimum
         ``route`` only: the ``none`` optimum already solved for this model (else it is solved).
+    beside
+        ``beside(fn, *args)`` runs ``fn(*args)`` in another process and returns a handle whose
+        ``result()`` waits for it (:func:`overtake.api.beside.start`): the first table's evaluation
+        ladder then runs there while the next solve cap is searched here, and each cap's local
+        searches run in whichever process is free first (the same table, figures and trace as in
+        one process).
     """
     t0 = time.perf_counter()
     layout, routes = _layout(model, phase_info, routes)
@@ -459,19 +541,20 @@ def solve_observed(
     evaluated = dict(evaluated or {})
     none_opt = None
     if phase_info == "route":
-        none_opt = none_optimum or _none_first(model, opts, truncation, start, evaluated, progress)
+        none_opt = none_optimum or _none_first(model, opts, truncation, start, evaluated, progress, beside)
         evaluated.update(none_opt.baselines)
     search = _Search(model, layout, routes, opts, none_opt, evaluated, progress, t0)
+    search.beside = beside
     if truncation is not None:
         return search.fixed(truncation)
     return search.answer(*search.grow(start))
 
 
 def _none_first(model: TandemModel, opts: _Options, truncation: Truncation | None, start: int,
-                evaluated: dict[str, Evaluation], progress: Progress | None) -> ObservedOptimum:
+                evaluated: dict[str, Evaluation], progress: Progress | None, beside: Beside | None) -> ObservedOptimum:
     """The ``none`` optimum a ``route`` solve starts from and is checked against (its default caps)."""
     if progress:
         progress("pi*: the best policy without routes first")
     return solve_observed(model, phase_info="none", truncation=truncation, tol=opts.tol, baselines=opts.names,
                           heuristic=opts.heuristic, start=start, max_threads=opts.max_threads, starts=opts.starts,
-                          evaluated=evaluated, progress=progress)
+                          evaluated=evaluated, progress=progress, beside=beside)

@@ -5,7 +5,8 @@ taken only if the exact gain is lower. If not, the changed classes with the larg
 gains (a quarter of them, a sixteenth, …, one), then single classes in that order. Each trial is
 screened by its stationary gain alone (:meth:`ObservationSpace.stationary_gain`, exact,
 warm-started from the current law): a trial clearly worse is rejected without solving for its
-bias; the others are accepted on the full evaluation's gain. A trial that changes the decision
+bias; the others are accepted on the full evaluation's gain (whose stationary solve, when
+iterative, starts from the screen's law). A trial that changes the decision
 rows of a few states only is evaluated in full at once, by a low-rank update of the current
 factor (:meth:`ObservationSpace.low_rank`), which costs no more than the screen.
 """
@@ -77,11 +78,13 @@ def _first_better(osp: ObservationSpace, actions: IntArray, ev: ExactEvaluation,
         # screen: a trial whose stationary gain is clearly worse is rejected without solving for
         # its bias; the others are accepted or not on the full evaluation's gain. A trial the
         # current factor's low-rank update solves costs no more than its screen: evaluated at once
+        law = None
         if not osp.low_rank(B, ev):
-            g_screen, _ = osp.stationary_gain(B, start=ev.post)
+            g_screen, law = osp.stationary_gain(B, start=ev.post)
             if g_screen >= ev.gain + SCREEN_MARGIN * abs(ev.gain):
                 continue
-        evB = osp.evaluate(B, near=ev)  # the current factor preconditions the trial's solves
+        # the current factor preconditions the trial's solves; the screen's law starts its stationary one
+        evB = osp.evaluate(B, near=ev, law=law)
         if evB.gain < ev.gain - 1e-12 * abs(ev.gain):
             return label, B, evB, n
     return None, actions, ev, len(tries)

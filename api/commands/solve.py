@@ -176,9 +176,12 @@ def _solve_pi_star(args: argparse.Namespace, sc: Any, model: Any, routes: Any, c
             return solve(model, phase_info=args.phase_info, truncation=sc.fixed_truncation(), tol=sc.tolerance,
                          method=args.method, progress=progress, max_states=args.max_states, beside=start,
                          candidate=candidate), None
+        from overtake.api.beside import start
+
+        # the first table's evaluation ladder on the second core while the next cap is searched
         return solve(model, phase_info=args.phase_info, truncation=sc.fixed_truncation(),
                      tol=sc.tolerance, method=args.method, progress=progress, routes=routes,
-                     max_states=args.max_states), None
+                     max_states=args.max_states, beside=start), None
 
 
 def _policy_meta(args: argparse.Namespace, sc: Any, model: Any, opt: Any, rules: Any = None) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from support.mdp_helpers import exp_stage, h2_stage, tandem
 
@@ -28,6 +29,7 @@ from overtake.mdp.observed_tables import starting_tables
 from overtake.mdp.statespace import Layout, Truncation
 
 ROOT = Path(__file__).resolve().parents[2]
+FloatArray = npt.NDArray[np.float64]
 
 
 def _case2(cap: int) -> ObservationSpace:
@@ -55,6 +57,38 @@ def test_incomplete_factor_gives_the_complete_factors_answer(monkeypatch: pytest
         assert ilu.gain == pytest.approx(lu.gain, rel=1e-9)
         for x, y in ((ilu.bias, lu.bias), (ilu.post, lu.post), (ilu.epochs, lu.epochs)):
             assert np.abs(x - y).max() <= 1e-9 * np.abs(y).max()
+
+
+def test_the_iterative_law_started_from_the_screens_is_the_one_started_from_the_near_table(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trial evaluated by BiCGSTAB with its stationary solve started from its own screened law
+    (as the search does) has the gain, bias and laws of the one started from the near table's."""
+    from overtake.mdp.factor import Factor
+
+    monkeypatch.setattr(observation_exact, "DIRECT_STATES", 0)  # every near evaluation iterative
+    monkeypatch.setattr(observation_exact, "LOW_RANK", -1)
+    starts: list[FloatArray] = []
+    iterate = Factor.iterate
+
+    def spy(self, A, B, X0, **kw):  # type: ignore[no-untyped-def]
+        if kw.get("trans"):
+            starts.append(X0[:, 0].copy())
+        return iterate(self, A, B, X0, **kw)
+
+    monkeypatch.setattr(Factor, "iterate", spy)
+    osp = _case2(10)
+    A = starting_tables(osp, ["pi(2)"], False, {})["pi(2)"]
+    ev = osp.evaluate(A)
+    B = osp.propose(A, ev).actions  # the search's first trial: every class's proposed action
+    assert np.any(B != A)
+    _, law = osp.stationary_gain(B, start=ev.post)
+    plain, screened = osp.evaluate(B, near=ev), osp.evaluate(B, near=ev, law=law)
+    assert not plain.refactored and not screened.refactored  # both iterative
+    assert len(starts) == 2 and np.allclose(starts[1], law[1:] / law[0], rtol=0, atol=0)
+    assert not np.allclose(starts[0], starts[1])  # the near table's law is another start
+    assert screened.gain == pytest.approx(plain.gain, rel=1e-10)
+    for x, y in ((screened.bias, plain.bias), (screened.post, plain.post), (screened.epochs, plain.epochs)):
+        assert np.abs(x - y).max() <= 1e-9 * np.abs(y).max()
 
 
 def test_screened_search_takes_the_steps_of_the_full_one(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -138,8 +172,8 @@ def test_a_trial_that_evaluates_worse_is_never_accepted(monkeypatch: pytest.Monk
     assert improve(osp, start, start="pi(2)").steps >= 3  # honest evaluations move it
     evaluate = ObservationSpace.evaluate
 
-    def worse(self, actions, *, near=None, complete=False):  # type: ignore[no-untyped-def]
-        ev = evaluate(self, actions, near=near, complete=complete)
+    def worse(self, actions, *, near=None, complete=False, law=None):  # type: ignore[no-untyped-def]
+        ev = evaluate(self, actions, near=near, complete=complete, law=law)
         return ev if near is None else dataclasses.replace(ev, gain=ev.gain + 1.0)
 
     monkeypatch.setattr(ObservationSpace, "evaluate", worse)

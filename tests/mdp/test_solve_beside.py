@@ -117,3 +117,58 @@ def test_the_candidate_is_the_first_re_solved_policy_and_changes_nothing(model, 
     kept = sum(e.get("check") == "solve cap" for e in plain.trace) == 1 and \
         plain.truncation.max_requests == first["max_requests"]
     assert (opt.policy is pol) == kept
+
+
+
+def _observed(model: TandemModel, **kw: Any) -> Any:
+    from overtake.mdp.observed import solve_observed
+
+    # a small first solve cap: three searches on it, two on the next, ladders to tens of thousands of states
+    return solve_observed(model, tol=1e-3, start=5, **kw)
+
+
+@pytest.fixture(scope="module")
+def observed_model() -> TandemModel:
+    return tandem(0.5, exp_stage("a", 1.0), h2_stage("b", 0.91, 0.55, 5.45))
+
+
+@pytest.fixture(scope="module")
+def observed_alone(observed_model: TandemModel) -> tuple[Any, list[str]]:
+    lines: list[str] = []
+    return _observed(observed_model, progress=lines.append), lines
+
+
+@pytest.mark.parametrize("beside", [_Late, _Eager, start], ids=["late", "eager", "forked"])
+def test_observed_work_beside_gives_the_same_table(observed_model, observed_alone, beside) -> None:  # type: ignore[no-untyped-def]
+    """An observation policy's first ladder and the later half of each cap's searches in another
+    process: the same table, metrics, trace and search history as in one process (the ladder's
+    laws warm-start the next table's, the searches each start from the same solver state)."""
+    plain, plain_lines = observed_alone
+    lines: list[str] = []
+    other = _observed(observed_model, progress=lines.append, beside=beside)
+    assert sum(e.get("check") == "evaluation cap" for e in plain.trace) >= 2  # the ladder ran
+    assert max(e["states"] for e in plain.trace if "states" in e) > 10_000  # laws start later solves
+    assert any(e.get("check") == "solve cap" for e in plain.trace)  # and the next cap was searched
+    assert [len(e["improved_gains"]) for e in plain.trace if "improved_gains" in e] == [3, 2]
+    assert other.trace == plain.trace and other.solve.history == plain.solve.history
+    assert other.metrics == plain.metrics and other.source == plain.source
+    assert other.policy.digest() == plain.policy.digest()
+    assert sorted(lines) == sorted(plain_lines)
+
+
+def test_a_search_a_dead_worker_took_runs_here(observed_model, observed_alone) -> None:  # type: ignore[no-untyped-def]
+    """A worker that takes a search and dies before answering (its handle reruns the call here,
+    when no search is left to take) loses nothing: the search it took runs here."""
+    plain, _ = observed_alone
+    took: list[int | None] = []
+
+    class _Lost(_Late):
+        def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+            super().__init__(fn, *args)
+            if fn.__name__ == "search_elsewhere":
+                took.append(args[2].take())  # the worker's first ticket, then it dies
+
+    other = _observed(observed_model, beside=_Lost)
+    assert took == [0, 0]  # one search lost on each solve cap
+    assert other.trace == plain.trace and other.solve.history == plain.solve.history
+    assert other.policy.digest() == plain.policy.digest()
