@@ -592,6 +592,10 @@ def render(doc: dict[str, Any]) -> str:
                 f"{g['p99_ratio']:.2f} ({g['p99_ratio_ci95'][0]:.2f}–{g['p99_ratio_ci95'][1]:.2f})"
             lines.append(f"| {k + 1} | {name} | {a['mean'] * 1e3:.1f} | {a['p99'] * 1e3:.1f} | {a['failures']} | {gs} | {q} "
                          f"| {ps} | {ts} |")
+    if doc.get("predicted_vs_runs"):
+        lines.append("the product's model against the mean of the runs: " + ", ".join(
+            f"{name} {p['predicted'] * 1e3:.1f} ms vs {p['measured_mean'] * 1e3:.1f} ms ({100 * p['error']:+.1f} %)"
+            for name, p in doc["predicted_vs_runs"].items()))
     return "\n".join(lines)
 
 
@@ -852,7 +856,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             shutil.rmtree(b.tmp, ignore_errors=True)
     stack = {"php": args.php, "mpm": "prefork" if args.php == "prefork" else "event",
              "fpm_pool": server.FPM_DEFAULTS if args.php == "fpm" else None}
-    return {"runs": runs, "across_runs": across_runs(runs, args.arms), "php": args.php, "stack": stack,
+    return {"runs": runs, "across_runs": across_runs(runs, args.arms), "predicted_vs_runs": predicted_vs_runs(runs),
+            "php": args.php, "stack": stack,
             "load": args.load, "transactions": args.transactions, "minutes": args.minutes, "arms": args.arms, "seed": args.seed,
             "arrival_rate": rate, "block": args.block, "split": args.split, "qos_cap": args.qos_cap,
             "preview_lock": args.preview_lock, "view_lock": args.view_lock, "timeout": args.timeout, "calibration": cal,
@@ -874,6 +879,7 @@ def reanalyse(date: str) -> dict[str, Any]:
                          f"that names one of: {dates}")
     doc = found[0]["figures"]
     quantile = ((doc.get("model") or {}).get("size_class") or {}).get("quantile")
+    product_model(doc)
     for r in doc["runs"]:
         rts = {name: np.array([np.nan if x is None else x for x in a["rt"]], float) for name, a in r["arms"].items()}
         r.update(summarise_run(rts, r["arms"], list(r["arms"]), [tuple(b) for b in r["blocks"]]))
@@ -883,6 +889,41 @@ def reanalyse(date: str) -> dict[str, Any]:
                                                 journal=doc.get("journal", "delete"))
     doc["across_runs"] = across_runs(doc["runs"], list(doc["runs"][0]["arms"]))
     return doc | {"reanalysis_of": found[0]["date"], "reanalysis_command": found[0].get("command")}
+
+
+def product_model(doc: dict[str, Any]) -> None:
+    """The product's predictions of a recorded run (``doc``, its figures) recomputed from its fits,
+    age threshold and calibration with today's models (the lock's readers under the rollback
+    journal, the size class replayed in the bench's blocks): each run's ``predicted``, and
+    ``predicted_vs_runs``, the prediction against the mean of the runs (runs of one arm differ by
+    their traces' heavy-tailed articles, which a stationary model does not see)."""
+    model, cal = doc.get("model"), doc["calibration"]
+    if not model or "fits" not in model:
+        return
+    journal = doc.get("journal", "delete")
+    locked = lock_prediction(cal, model, doc["arrival_rate"], doc["php"], journal=journal)
+    sized = model.get("size_class")
+    if sized is not None:
+        sized = sized | {"replay": replayed_size_class(np.asarray(cal["preview_s"]), np.asarray(cal["view_s"]),
+                                                       doc["arrival_rate"], sized["quantile"], doc["block"], journal)}
+    doc["model"] = model | {"lock": locked, "size_class": sized}
+    for r in doc["runs"]:
+        r["predicted"] = predicted_vs_measured(locked, r["arms"], sized)
+    doc["predicted_vs_runs"] = predicted_vs_runs(doc["runs"])
+
+
+def predicted_vs_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per arm the product's prediction (the same in every run: it sees no trace) against the mean
+    of the runs' measured means, and its error; the default's replayed figure beside it."""
+    out: dict[str, Any] = {}
+    for name, p in (runs[0].get("predicted") or {}).items():
+        measured = float(np.mean([r["predicted"][name]["measured"] for r in runs]))
+        out[name] = {"model": p["model"], "predicted": p["predicted"], "measured_mean": measured,
+                     "error": p["predicted"] / measured - 1}
+        if "predicted_replayed" in p:
+            out[name] |= {"predicted_replayed": p["predicted_replayed"],
+                          "error_replayed": p["predicted_replayed"] / measured - 1}
+    return out
 
 
 def finite(x: Any) -> Any:

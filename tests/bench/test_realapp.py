@@ -721,3 +721,16 @@ def test_journal_mode_sets_the_wiki_database_and_puts_it_back(tmp_path: Path) ->
     assert mode() == "delete"  # put back after a failure too
     with pytest.raises(ValueError, match="journal"), wiki.journal_mode(tmp_path, "memory"):
         pass
+
+
+def test_the_product_model_is_compared_with_the_mean_of_the_runs() -> None:
+    # one prediction for every run (a stationary model sees no trace) against the runs' mean
+    runs = [{"predicted": {"default": {"model": "default", "predicted": 0.4, "measured": m, "error": 0.4 / m - 1,
+                                       "predicted_replayed": 0.3, "error_replayed": 0.3 / m - 1},
+                           "overtake": {"model": "size class 0.95", "predicted": 0.3, "measured": m / 2,
+                                        "error": 0.6 / m - 1}}} for m in (0.3, 0.5, 0.4)]
+    out = realapp.predicted_vs_runs(runs)
+    assert out["default"]["measured_mean"] == pytest.approx(0.4) and out["default"]["error"] == pytest.approx(0.0)
+    assert out["default"]["error_replayed"] == pytest.approx(-0.25)
+    assert out["overtake"]["error"] == pytest.approx(0.5) and "error_replayed" not in out["overtake"]
+    assert realapp.predicted_vs_runs([{"arms": {}}]) == {}
