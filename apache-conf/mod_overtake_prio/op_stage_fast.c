@@ -78,25 +78,28 @@ void os_fast_publish(void)
 }
 
 /* Would the locked decision start stage s's one arrival at the running counts of w (nothing
- * else waits)? The same lookup as table_starts (op_stage_decide.c) with w_s = 1. */
+ * else waits)? table_starts' lookup (op_stage_decide.c, os_lookup) with w_s = 1, the other
+ * waiting counts 0, computed for the one cell it reads. */
 static int may_start(uint64_t w, int s, uint32_t n, uint32_t b)
 {
     const os_tab *tab = &os_tab_now;
-    int32_t wt[OS_MAX_TSTAGES], k[OS_MAX_TSTAGES];
-    uint8_t a[OS_MAX_TSTAGES];
-    uint32_t i;
+    uint32_t i, cell = 0;
     int ts;
     if (!tab->generation || (ts = tab->in_table[s]) < 0) {
         return 1;  /* no table for the stage: it runs at once */
     }
     for (i = 0; i < tab->t.n; i++) {
         int j = tab->shm_of[i];
-        wt[i] = 0;
-        k[i] = j < 0 || (uint32_t)j >= n ? 0 : (int32_t)of_count(w, (uint32_t)j, b);
+        uint64_t k = j < 0 || (uint32_t)j >= n ? 0 : of_count(w, (uint32_t)j, b);
+        if (k > tab->t.kcap[i]) {
+            return 0;  /* beyond a running cap the table starts nothing */
+        }
+        cell += tab->t.kstride[i] * (uint32_t)k;
     }
-    wt[ts] = 1;
-    os_lookup(&tab->t, wt, k, a);
-    return a[ts] > 0;
+    if (tab->t.wcap[ts]) {
+        cell += tab->t.wstride[ts];
+    }
+    return tab->t.act[(size_t)cell * tab->t.n + (uint32_t)ts] > 0;
 }
 
 /* An arrival of stage s: 1 if it was counted running without the lock, 0 if it must take the
