@@ -4,7 +4,8 @@
  * (controller/control_file.py) rewrites FILE in place whenever its policy changes (start-up,
  * online refit, PUT /-/policy); layout and check in oc_table.h.
  *
- * Every request start loads the file's generation word from this child's mapping (one guarded
+ * A request start glances at the file every OC_GLANCE_US, or when another child published a new
+ * generation: it loads the file's generation word from this child's mapping (one guarded
  * load); only when it changed, or once a second (a file removed or replaced), is the file copied
  * out under the seqlock, checked (magic, sizes, stage and level counts, thresholds, and the MAC
  * of FILE.key so that only a sidecar holding the key can steer Apache) and its row 0 put in force,
@@ -34,7 +35,10 @@
 #include "oc_table.h"
 
 #define OC_LOOK_NS 1000000000   /* a path that gave no usable file is looked at once a second */
-#define OC_RETAINED_KEY "mod_overtake_prio_control_v1"
+#define OC_RETAINED_KEY "mod_overtake_prio_control_v2"  /* v2: published */
+/* a request start looks at the file at most this often (microseconds of its request_time), or
+ * when another child published a change */
+#define OC_GLANCE_US 10000
 
 /* Shared by every child (anonymous shared memory of the parent, kept across graceful restarts). */
 typedef struct {
@@ -42,6 +46,7 @@ typedef struct {
     apr_uint64_t loads;         /* tables put in force */
     apr_uint64_t refusals;      /* files refused (the configured thresholds apply) */
     apr_uint64_t faults;        /* loads that found the file shrunk under the mapping */
+    uint32_t published;         /* bumped by a child that put another generation in force */
 } oc_shared;
 
 static oc_shared *oc_shm;
@@ -111,6 +116,9 @@ static void say(int status, uint32_t gen, int err, const char *why)
 static void put_in_force(const int64_t *thr, uint32_t gen, int from_file)
 {
     int k;
+    if (gen != ctl.generation) {
+        __atomic_fetch_add(&oc_shm->published, 1, __ATOMIC_RELEASE);  /* the other children look */
+    }
     for (k = 0; k < op_hot.nlevels; k++) {
         __atomic_store_n(&op_hot.thr_ns[k], thr[k], __ATOMIC_RELAXED);
     }
@@ -245,10 +253,31 @@ static void reload(int64_t now, int wait)
     pthread_mutex_unlock(&ctl.mu);
 }
 
-/* Before the CPU-priority start of every request: the thresholds of the file's newest table. */
+/* this child's last glance at the file (request_time) and the published count it had seen */
+static apr_time_t glanced;
+static uint32_t glanced_pub;
+
+/* Before the CPU-priority start of every request: the thresholds of the file's newest table.
+ * A look reads the clock and the mapping under a fault guard; a request start only compares its
+ * request_time (Apache read the clock already) and the counter the children publish a new
+ * generation on, so a change reaches this child at the next request after another child saw it
+ * (the status page looks at every call), and at most OC_GLANCE_US later otherwise. */
 int op_control_post_read_request(request_rec *r)
 {
-    (void)r;
+    uint32_t pub;
+    apr_time_t last = __atomic_load_n(&glanced, __ATOMIC_RELAXED);
+    if (!oc_shm) {
+        return DECLINED;
+    }
+    pub = __atomic_load_n(&oc_shm->published, __ATOMIC_ACQUIRE);
+    /* unsigned: a wall clock set back makes it large, and the child looks */
+    if ((apr_uint64_t)(r->request_time - last) < OC_GLANCE_US
+        && pub == __atomic_load_n(&glanced_pub, __ATOMIC_RELAXED)
+        && __atomic_load_n(&ctl.judged, __ATOMIC_ACQUIRE)) {
+        return DECLINED;
+    }
+    __atomic_store_n(&glanced, r->request_time, __ATOMIC_RELAXED);
+    __atomic_store_n(&glanced_pub, pub, __ATOMIC_RELAXED);
     op_control_look();
     return DECLINED;
 }

@@ -44,6 +44,9 @@ static apr_status_t complete(void *data)
      * connection ends with its stream) */
     os_conn *oc = nx >= 0 && q->r->proto_num < HTTP_VERSION(2, 0) && c->keepalive == AP_CONN_KEEPALIVE
                   && !c->aborted ? os_conn_state(c, 1) : NULL;
+    if (!oc && os_fast_complete(q->stage)) {
+        return APR_SUCCESS;  /* nothing waits: no decision, no table to look at */
+    }
     op_control_look();  /* decide by the newest table, not the one of this request's start */
     os_lock();
     os_complete(&os_shm->st[q->stage].q);
@@ -230,6 +233,10 @@ int op_stage_fixups(request_rec *r)
     stage_env(r, stage);
     (st ? st : op_request_state_of(r0, 1))->stage = q;
     ADD(os_shm->st[stage].requests, 1);
+    if ((!oc || oc->slot < 0) && os_fast_arrive(stage)) {
+        apr_pool_cleanup_register(r0->pool, q, complete, apr_pool_cleanup_null);
+        return DECLINED;
+    }
     os_lock();
     granted = !take_ticket(oc, stage, &ticket) || os_granted(os_shm->st[stage].q.head, ticket);
     os_unlock();

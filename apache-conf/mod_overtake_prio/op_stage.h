@@ -7,6 +7,7 @@
  *                       OvertakeStagePrefix at server level, and the other stage directives
  *   op_stage_decide.c   the shared counts, their lock, and the decision the count table takes
  *   op_stage_follow.c   follow-up reservations (OvertakeStageNext)
+ *   op_stage_fast.c     the arrival and end that take no lock while nothing waits
  *   op_stage.c          a request's arrival, hold and end
  *   op_stage_status.c   the stages' lines on the status page
  *
@@ -61,7 +62,8 @@ typedef struct {
 } os_res;
 
 typedef struct {
-    pthread_mutex_t mu;
+    uint64_t fast __attribute__((aligned(64)));  /* the running counts while unlocked (op_stage_fast.c) */
+    pthread_mutex_t mu __attribute__((aligned(64)));
     uint32_t nstages;
     char names[OS_MAX_STAGES][OS_NAME_BYTES];
     apr_uint64_t epochs;            /* decisions taken */
@@ -105,17 +107,30 @@ extern os_shared *os_shm;           /* NULL: no stage configured, or no mapping 
 extern os_tab os_tab_now;
 extern int os_follow_on;            /* some stage has a next stage (OvertakeStageNext) */
 
-/* The stages' lock (in every file: each request takes it twice). */
+/* op_stage_fast.c: the lock-free arrival and end while nothing waits */
+void os_fast_own(void);
+void os_fast_publish(void);
+int os_fast_arrive(int s);
+int os_fast_complete(int s);
+void os_fast_tab_begin(void);
+void os_fast_tab_end(void);
+
+/* The stages' lock (in every file: a request takes it when something waits). Under it the
+ * queues' running counts are the truth (os_fast_own takes them over from the word), unlocked the
+ * word is (os_fast_publish hands them back when nothing waits). */
 static inline void os_lock(void)
 {
     if (pthread_mutex_lock(&os_shm->mu) == EOWNERDEAD) {
-        /* a child died inside a section: every section leaves the counts whole at each store */
+        /* a child died inside a section: every section leaves the counts whole at each store
+         * (the word stays owned by the lock: the queues' counts are the truth) */
         pthread_mutex_consistent(&os_shm->mu);
     }
+    os_fast_own();
 }
 
 static inline void os_unlock(void)
 {
+    os_fast_publish();
     pthread_mutex_unlock(&os_shm->mu);
 }
 

@@ -28,7 +28,7 @@
 
 #include "op_stage.h"
 
-#define OS_RETAINED_KEY "mod_overtake_prio_stages_v2"  /* v2: wakes, sleepers */
+#define OS_RETAINED_KEY "mod_overtake_prio_stages_v3"  /* v3: the fast word */
 
 os_shared *os_shm;
 int os_follow_on;
@@ -152,6 +152,7 @@ void op_stage_table(const uint8_t *section, size_t n, uint32_t gen)
         free(copy);
         copy = NULL;  /* checked by oc_check already: only an allocation fails here */
     }
+    os_fast_tab_begin();
     os_lock();
     old = tab->bytes;
     tab->bytes = copy;
@@ -163,6 +164,7 @@ void op_stage_table(const uint8_t *section, size_t n, uint32_t gen)
     }
     os_epoch();  /* requests held under the old table get the new one's answer now */
     os_unlock();
+    os_fast_tab_end();
     free(old);
 }
 

@@ -145,7 +145,8 @@ static void requests_status(request_rec *r, uint32_t n)
 static void decisions_status(request_rec *r)
 {
     metric(r, "overtake_stage_decisions_total", "counter",
-           "Decisions taken (arrivals, completions and table changes).");
+           "Decisions taken under the lock (arrivals, completions and table changes); an arrival "
+           "or end that finds nothing waiting takes none (op_stage_fast.c).");
     ap_rprintf(r, "overtake_stage_decisions_total %" APR_UINT64_T_FMT "\n", LOAD(os_shm->epochs));
     metric(r, "overtake_stage_wakeups_total", "counter",
            "Futex wake-ups issued to start held requests (a system call each).");

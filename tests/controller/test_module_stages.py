@@ -121,8 +121,9 @@ def test_cap_of_one_serialises_its_stage_only_and_a_new_table_takes_effect_live(
 
 def test_requests_that_never_wait_cost_no_wake_up(staged: tuple[apache.ApacheInstance, str]) -> None:
     """A table that holds nothing at the offered load (π(8,8), one request at a time): each request
-    still takes its ticket and two decisions, but no futex wake-up (a system call per request):
-    nobody sleeps on the word. Under π(1,8) a burst's held requests are woken."""
+    finds nothing waiting, so it is counted by the lock-free path (no ticket, no decision under the
+    lock) and costs no futex wake-up (a system call per request). Under π(1,8) a burst's held
+    requests are woken."""
     inst, path = staged
     _wait_generation(inst, write_policy(path, "pi(8,8)", NAMES))
     before = settled(inst, NAMES)
@@ -134,7 +135,7 @@ def test_requests_that_never_wait_cost_no_wake_up(staged: tuple[apache.ApacheIns
         assert after[f'overtake_stage_requests_total{{stage="{s}"}}'] - before[
             f'overtake_stage_requests_total{{stage="{s}"}}'] == 20
         assert after[f'overtake_stage_held_total{{stage="{s}"}}'] == before[f'overtake_stage_held_total{{stage="{s}"}}']
-    assert after["overtake_stage_decisions_total"] - before["overtake_stage_decisions_total"] >= 80
+    assert after["overtake_stage_decisions_total"] == before["overtake_stage_decisions_total"]
     assert after["overtake_stage_wakeups_total"] == before["overtake_stage_wakeups_total"]
 
     _wait_generation(inst, write_policy(path, "pi(1,8)", NAMES))

@@ -82,6 +82,7 @@ MODULE_SOURCES = (
     "op_stage.c",
     "op_stage_conf.c",
     "op_stage_decide.c",
+    "op_stage_fast.c",
     "op_stage_follow.c",
     "op_stage_status.c",
 )

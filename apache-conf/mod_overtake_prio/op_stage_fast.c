@@ -1,0 +1,163 @@
+/*
+ * op_stage_fast.c -- module mode's arrival and end without the lock while nothing waits.
+ *
+ * Most requests find no request waiting in any stage: then an arrival's decision only asks the
+ * table whether one more request of its stage may run at the running counts now, and an end
+ * needs no decision at all (nothing waits to be started). Those two take one compare-and-swap on
+ * a 64-bit word of the shared mapping that holds every stage's running count, instead of the
+ * robust mutex and two decisions.
+ *
+ * The word: bit 63 set while the lock owns the counts (a section runs, or something waits, or a
+ * reservation is outstanding, or a count does not fit); bits 58..62 the stage count less one;
+ * bits 0..57 the stages' running counts, 58 / stages bits each. Its layout travels in the word,
+ * so a swap never reads a count with another layout than the one it replaces.
+ *
+ * The lock takes the word over at each section's start (os_fast_own: one atomic OR, after which
+ * every swap fails) and hands it back at its end only when nothing waits (os_fast_publish):
+ * a waiting request is therefore only ever started by a locked decision, as before. A child that
+ * dies inside a section leaves the word owned: the queues' counts stay the truth. A child that
+ * crashes while its requests run leaves them counted running, as the locked path did.
+ *
+ * The table a child decides by is its own copy, swapped by op_stage_table; a lock-free reader
+ * announces itself (of_readers) and backs off while a swap is under way (of_writing), so a swap
+ * never frees or rewrites a table a reader is looking at.
+ */
+#include "mod_overtake_prio.h"
+
+#include <sched.h>
+
+#include "op_stage.h"
+
+#define OF_OWNED (UINT64_C(1) << 63)
+#define OF_NSHIFT 58
+#define OF_BITS 58u
+#define OF_TRIES 4
+
+/* this child's table readers and writer (never shared between processes) */
+static int of_readers __attribute__((aligned(64)));
+static int of_writing;
+
+static inline uint32_t of_n(uint64_t w) { return (uint32_t)(w >> OF_NSHIFT & 31) + 1; }
+static inline uint32_t of_width(uint32_t n) { return OF_BITS / n; }
+static inline uint64_t of_max(uint32_t b) { return (UINT64_C(1) << b) - 1; }
+static inline uint64_t of_count(uint64_t w, uint32_t i, uint32_t b) { return w >> (i * b) & of_max(b); }
+
+/* Section start (lock held): the lock owns the counts; if the word had them, they are copied. */
+void os_fast_own(void)
+{
+    uint64_t w = __atomic_fetch_or(&os_shm->fast, OF_OWNED, __ATOMIC_SEQ_CST);
+    uint32_t n, b, i;
+    if (w & OF_OWNED) {
+        return;  /* the queues' counts are the truth already */
+    }
+    n = of_n(w);
+    b = of_width(n);
+    for (i = 0; i < n && i < OS_MAX_STAGES; i++) {
+        os_shm->st[i].q.active = (int32_t)of_count(w, i, b);
+    }
+}
+
+/* Section end (lock held): the counts back to the word if nothing waits and they fit. */
+void os_fast_publish(void)
+{
+    uint32_t n = os_shm->nstages, b, i;
+    uint64_t w;
+    if (n == 0 || n > OS_MAX_STAGES || os_shm->nres) {
+        return;
+    }
+    b = of_width(n);
+    w = (uint64_t)(n - 1) << OF_NSHIFT;
+    for (i = 0; i < n; i++) {
+        const os_queue *q = &os_shm->st[i].q;
+        if (q->waiting || q->active < 0 || (uint64_t)q->active >= of_max(b)) {
+            return;
+        }
+        w |= (uint64_t)q->active << (i * b);
+    }
+    __atomic_store_n(&os_shm->fast, w, __ATOMIC_SEQ_CST);
+}
+
+/* Would the locked decision start stage s's one arrival at the running counts of w (nothing
+ * else waits)? table_starts' lookup (op_stage_decide.c, os_lookup) with w_s = 1, the other
+ * waiting counts 0, computed for the one cell it reads. */
+static int may_start(uint64_t w, int s, uint32_t n, uint32_t b)
+{
+    const os_tab *tab = &os_tab_now;
+    uint32_t i, cell = 0;
+    int ts;
+    if (!tab->generation || (ts = tab->in_table[s]) < 0) {
+        return 1;  /* no table for the stage: it runs at once */
+    }
+    for (i = 0; i < tab->t.n; i++) {
+        int j = tab->shm_of[i];
+        uint64_t k = j < 0 || (uint32_t)j >= n ? 0 : of_count(w, (uint32_t)j, b);
+        if (k > tab->t.kcap[i]) {
+            return 0;  /* beyond a running cap the table starts nothing */
+        }
+        cell += tab->t.kstride[i] * (uint32_t)k;
+    }
+    if (tab->t.wcap[ts]) {
+        cell += tab->t.wstride[ts];
+    }
+    return tab->t.act[(size_t)cell * tab->t.n + (uint32_t)ts] > 0;
+}
+
+/* An arrival of stage s: 1 if it was counted running without the lock, 0 if it must take the
+ * locked path (something waits, the table holds it, a swap or a table change raced). */
+int os_fast_arrive(int s)
+{
+    uint64_t w = __atomic_load_n(&os_shm->fast, __ATOMIC_ACQUIRE);
+    int tries, ok;
+    for (tries = 0; tries < OF_TRIES; tries++) {
+        uint32_t n = of_n(w), b = of_width(n);
+        if ((w & OF_OWNED) || (uint32_t)s >= n || of_count(w, (uint32_t)s, b) + 1 >= of_max(b)) {
+            return 0;
+        }
+        /* announced before the writer's flag is read: either it sees us or we see it */
+        __atomic_fetch_add(&of_readers, 1, __ATOMIC_SEQ_CST);
+        ok = !__atomic_load_n(&of_writing, __ATOMIC_SEQ_CST) && may_start(w, s, n, b);
+        __atomic_fetch_sub(&of_readers, 1, __ATOMIC_RELEASE);
+        if (!ok) {
+            return 0;
+        }
+        if (__atomic_compare_exchange_n(&os_shm->fast, &w, w + (UINT64_C(1) << (s * b)), 0,
+                                        __ATOMIC_SEQ_CST, __ATOMIC_ACQUIRE)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* An end of stage s: 1 if it was counted without the lock (nothing waits: no decision to take),
+ * 0 if it must take the locked path. */
+int os_fast_complete(int s)
+{
+    uint64_t w = __atomic_load_n(&os_shm->fast, __ATOMIC_ACQUIRE);
+    int tries;
+    for (tries = 0; tries < OF_TRIES; tries++) {
+        uint32_t n = of_n(w), b = of_width(n);
+        if ((w & OF_OWNED) || (uint32_t)s >= n || of_count(w, (uint32_t)s, b) == 0) {
+            return 0;
+        }
+        if (__atomic_compare_exchange_n(&os_shm->fast, &w, w - (UINT64_C(1) << (s * b)), 0,
+                                        __ATOMIC_SEQ_CST, __ATOMIC_ACQUIRE)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* op_stage_table is about to rewrite this child's table: lock-free readers back off, and the
+ * ones already looking are waited for (their look is a few loads). */
+void os_fast_tab_begin(void)
+{
+    __atomic_store_n(&of_writing, 1, __ATOMIC_SEQ_CST);
+    while (__atomic_load_n(&of_readers, __ATOMIC_SEQ_CST)) {
+        sched_yield();
+    }
+}
+
+void os_fast_tab_end(void)
+{
+    __atomic_store_n(&of_writing, 0, __ATOMIC_RELEASE);
+}
