@@ -594,7 +594,8 @@ def render(doc: dict[str, Any]) -> str:
                          f"| {ps} | {ts} |")
     if doc.get("predicted_vs_runs"):
         lines.append("the product's model against the mean of the runs: " + ", ".join(
-            f"{name} {p['predicted'] * 1e3:.1f} ms vs {p['measured_mean'] * 1e3:.1f} ms ({100 * p['error']:+.1f} %)"
+            f"{name} {p['predicted'] * 1e3:.1f} ms vs {p['measured_mean'] * 1e3:.1f} ms ({100 * p['error']:+.1f} %"
+            + (f"; at the CPU under load {100 * p['error_at_load']:+.1f} %" if "error_at_load" in p else "") + ")"
             for name, p in doc["predicted_vs_runs"].items()))
     return "\n".join(lines)
 
@@ -856,7 +857,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             shutil.rmtree(b.tmp, ignore_errors=True)
     stack = {"php": args.php, "mpm": "prefork" if args.php == "prefork" else "event",
              "fpm_pool": server.FPM_DEFAULTS if args.php == "fpm" else None}
-    return {"runs": runs, "across_runs": across_runs(runs, args.arms), "predicted_vs_runs": predicted_vs_runs(runs),
+    doc = {"runs": runs, "across_runs": across_runs(runs, args.arms),
             "php": args.php, "stack": stack,
             "load": args.load, "transactions": args.transactions, "minutes": args.minutes, "arms": args.arms, "seed": args.seed,
             "arrival_rate": rate, "block": args.block, "split": args.split, "qos_cap": args.qos_cap,
@@ -866,6 +867,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "recipe": asdict(recipe), "db_written": db_written, "cores": {"server": args.server_core, "client": args.client_core},
             "halt_poll_ns": hp, "load_before": load_before, "load_after": os.getloadavg()[0],
             "seconds": time.time() - started}
+    doc["predicted_vs_runs"] = predicted_vs_runs(runs, *at_load(doc))
+    return doc
 
 
 def reanalyse(date: str) -> dict[str, Any]:
@@ -909,12 +912,47 @@ def product_model(doc: dict[str, Any]) -> None:
     doc["model"] = model | {"lock": locked, "size_class": sized}
     for r in doc["runs"]:
         r["predicted"] = predicted_vs_measured(locked, r["arms"], sized)
-    doc["predicted_vs_runs"] = predicted_vs_runs(doc["runs"])
+    doc["predicted_vs_runs"] = predicted_vs_runs(doc["runs"], *at_load(doc))
 
 
-def predicted_vs_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def arm_demands(doc: dict[str, Any]) -> dict[str, float]:
+    """Per arm its CPU per transaction under load over the idle time of the same transactions, the
+    mean of the runs (what mod_overtake_prio's per-request CPU would give the online refits)."""
+    cal, rate = doc["calibration"], doc["arrival_rate"]
+    idle_both = np.asarray(cal["preview_s"]) + np.asarray(cal["view_s"])
+    per: dict[str, list[float]] = {}
+    for r in doc["runs"]:
+        idle = float(np.mean(idle_both[workload.make_trace(doc["transactions"], rate, idle_both.size, r["seed"])["article"]]))
+        for name, a in r["arms"].items():
+            if a["transactions"] and a.get("cpu_s"):
+                per.setdefault(name, []).append(sum(a["cpu_s"].values()) / a["transactions"] / idle)
+    return {name: float(np.mean(v)) for name, v in per.items()}
+
+
+def at_load(doc: dict[str, Any]) -> tuple[dict[str, float], dict[str, float]]:
+    """The product's model of the default and overtake arms with the service times scaled to each
+    arm's CPU under load (:func:`arm_demands`), in the bench's blocks from idle; (predictions,
+    demands). Empty where the run has no such arm or no size-class model."""
+    demands = arm_demands(doc)
+    sized = (doc.get("model") or {}).get("size_class")
+    cal, out = doc["calibration"], {}
+    if sized is None:
+        return out, demands
+    q = f"{product.GUIDE_CLASS_QUANTILE:g}"
+    for name in ("default", "overtake"):
+        if name in demands:
+            d = demands[name]
+            rep = replayed_size_class(np.asarray(cal["preview_s"]) * d, np.asarray(cal["view_s"]) * d,
+                                      doc["arrival_rate"], sized["quantile"], doc["block"], doc.get("journal", "delete"))
+            out[name] = rep["default"] if name == "default" else rep["arms"][q]["mean"]
+    return out, demands
+
+
+def predicted_vs_runs(runs: list[dict[str, Any]], loaded: dict[str, float] | None = None,
+                      demands: dict[str, float] | None = None) -> dict[str, Any]:
     """Per arm the product's prediction (the same in every run: it sees no trace) against the mean
-    of the runs' measured means, and its error; the default's replayed figure beside it."""
+    of the runs' measured means, and its error; the default's replayed figure beside it, and with
+    ``loaded`` the prediction at the arm's CPU under load (``demands``, :func:`at_load`)."""
     out: dict[str, Any] = {}
     for name, p in (runs[0].get("predicted") or {}).items():
         measured = float(np.mean([r["predicted"][name]["measured"] for r in runs]))
@@ -923,6 +961,9 @@ def predicted_vs_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
         if "predicted_replayed" in p:
             out[name] |= {"predicted_replayed": p["predicted_replayed"],
                           "error_replayed": p["predicted_replayed"] / measured - 1}
+        if loaded and name in loaded:
+            out[name] |= {"predicted_at_load": loaded[name], "error_at_load": loaded[name] / measured - 1,
+                          "demand": (demands or {}).get(name)}
     return out
 
 

@@ -734,3 +734,16 @@ def test_the_product_model_is_compared_with_the_mean_of_the_runs() -> None:
     assert out["default"]["error_replayed"] == pytest.approx(-0.25)
     assert out["overtake"]["error"] == pytest.approx(0.5) and "error_replayed" not in out["overtake"]
     assert realapp.predicted_vs_runs([{"arms": {}}]) == {}
+
+
+def test_the_arms_cpu_under_load_is_over_the_idle_time_of_their_own_transactions() -> None:
+    # every article 50 + 50 ms idle: 12 s of CPU over 100 transactions is 1.2 times the idle time
+    cal = {"preview_s": [0.05] * 30, "view_s": [0.05] * 30}
+    runs = [{"seed": k, "arms": {"default": {"transactions": 100, "cpu_s": {"apache": 10.0, "php": c}},
+                                 "overtake": {"transactions": 0, "cpu_s": {}}}} for k, c in ((1, 2.0), (2, 4.0))]
+    doc = {"calibration": cal, "arrival_rate": 5.0, "transactions": 100, "runs": runs}
+    out = realapp.arm_demands(doc)
+    assert out == {"default": pytest.approx((1.2 + 1.4) / 2)}  # an arm without transactions has none
+    runs[0]["predicted"] = {"default": {"model": "default", "predicted": 0.3, "measured": 0.4, "error": -0.25}}
+    both = realapp.predicted_vs_runs([runs[0]], {"default": 0.36}, out)["default"]
+    assert both["error_at_load"] == pytest.approx(-0.1) and both["demand"] == pytest.approx(1.3)
