@@ -741,6 +741,17 @@ def predicted_vs_measured(locked: dict[str, Any] | None, arms: dict[str, Any],
     return out
 
 
+def trace_idle(idle_both: np.ndarray, trace: dict[str, np.ndarray]) -> float:
+    """The mean idle time (preview + view) of a trace's own transactions (its articles, not the
+    wiki's average: a trace heavier than the average has its big articles in the replay already)."""
+    return float(np.mean(idle_both[trace["article"]]))
+
+
+def cpu_demand(arm: dict[str, Any], idle: float) -> float:
+    """An arm's CPU per transaction under load over ``idle`` (:func:`trace_idle`)."""
+    return float(sum(arm["cpu_s"].values()) / arm["transactions"] / idle)
+
+
 def trace_prediction(run: dict[str, Any], cal: dict[str, Any], *, rate: float, transactions: int, php: str,
                      preview_lock: int, class_quantile: float | None, journal: str = "delete") -> dict[str, Any]:
     """The run's own trace under SQLite's locking (bench/mediawiki/sqlite_model.py), block by block
@@ -751,12 +762,12 @@ def trace_prediction(run: dict[str, Any], cal: dict[str, Any], *, rate: float, t
     average already has its big articles in the replay)."""
     idle_preview, idle_view = np.asarray(cal["preview_s"]), np.asarray(cal["view_s"])
     trace = workload.make_trace(transactions, rate, len(idle_preview), run["seed"])
-    idle = float(np.mean((idle_preview + idle_view)[trace["article"]]))
+    idle = trace_idle(idle_preview + idle_view, trace)
     startup = (float(cal["preview"]["intercept_s"]), float(cal["view"]["intercept_s"]))
     workers = lock_model.WORKERS["fpm"] if php == "fpm" else None
 
     def demand(a: dict[str, Any]) -> float:
-        return sum(a["cpu_s"].values()) / a["transactions"] / idle
+        return cpu_demand(a, idle)
 
     def predict(spec: Arm, low: np.ndarray | None, cpu: float) -> float:
         rts = [sqlite_model.simulate(trace["arrival"][lo:hi] - trace["arrival"][lo], trace["article"][lo:hi],
@@ -922,10 +933,10 @@ def arm_demands(doc: dict[str, Any]) -> dict[str, float]:
     idle_both = np.asarray(cal["preview_s"]) + np.asarray(cal["view_s"])
     per: dict[str, list[float]] = {}
     for r in doc["runs"]:
-        idle = float(np.mean(idle_both[workload.make_trace(doc["transactions"], rate, idle_both.size, r["seed"])["article"]]))
+        idle = trace_idle(idle_both, workload.make_trace(doc["transactions"], rate, idle_both.size, r["seed"]))
         for name, a in r["arms"].items():
             if a["transactions"] and a.get("cpu_s"):
-                per.setdefault(name, []).append(sum(a["cpu_s"].values()) / a["transactions"] / idle)
+                per.setdefault(name, []).append(cpu_demand(a, idle))
     return {name: float(np.mean(v)) for name, v in per.items()}
 
 
