@@ -30,7 +30,10 @@
    connections, so it never holds a request: every request still takes its ticket, a decision at
    its arrival and one at its end); the record adds the ratios of requests/s and of p99 with
    their intervals over the pairs (the module-mode target: >= 0.98 and <= 1.10) and the stage's
-   counters (requests counted, held: 0).
+   counters (requests counted, held: 0); and, each instance alone on the server core in windows
+   alternated with the side-by-side ones, the ratios of p99 and of requests/s (geometric means,
+   95 % interval over the pairs): side by side, the tail is the scheduler alternating between the
+   two instances, too noisy to decide a 10 % p99 target.
 
 Appends the raw run to ``bench/results/cpu_priority.jsonl`` unless ``--no-write``.
 """
@@ -312,6 +315,31 @@ def _wrk_pair(urls: dict[str, str], pids: dict[str, int], connections: int, dura
     return out
 
 
+def _alone_pair(insts: dict[str, apache.ApacheInstance], urls: dict[str, str], order: tuple[str, str],
+                connections: int, duration: float, client_core: int) -> dict[str, dict[str, float]]:
+    """wrk against each instance of a pair alone on the server core (every other instance
+    stopped), one after the other in ``order``. Side by side, a request's tail is the scheduler
+    alternating between the two instances on one core (the A/A control's per-window p99 ratios
+    spread over a factor of 3); alone, the p99 is the instance's own, at the same closed-loop load."""
+    out: dict[str, dict[str, float]] = {}
+    for n in order:
+        others = [m for m in insts if m != n]
+        for m in others:
+            _signal_all(insts[m], signal.SIGSTOP)
+        try:
+            out[n] = wrk(urls[n], connections, duration, client_core)
+        finally:
+            for m in others:
+                _signal_all(insts[m], signal.SIGCONT)
+    return out
+
+
+def _geo_ci95(xs: list[float]) -> tuple[float, float, float]:
+    """Geometric mean of ratios and its Student-t 95 % interval (computed on the logs)."""
+    m, h = _mean_ci95([math.log(x) for x in xs])
+    return math.exp(m), math.exp(m - h), math.exp(m + h)
+
+
 def _mean_ci95(xs: list[float]) -> tuple[float, float]:
     """Mean and the half-width of its Student-t 95 % interval (nan for fewer than 2)."""
     n = len(xs)
@@ -425,11 +453,15 @@ def overhead(tmp: Path, server_core: int, client_core: int, duration: float, con
                 finally:
                     for n in others:
                         _signal_all(insts[n], signal.SIGCONT)
+                alone = _alone_pair(insts, urls, (a, b) if w % 2 == 0 else (b, a), connections, duration,
+                                    client_core) if module_mode else {}
                 runs[f"{a}/{b}"].append({
                     "cpu_per_request_ratio": r[a]["apache_cpu_us_per_request"] / r[b]["apache_cpu_us_per_request"],
                     "rps_ratio": r[a]["rps"] / r[b]["rps"],
                     "p99_ratio": r[a]["p99_ms"] / r[b]["p99_ms"],
                     "cpu_share_ratio": r[a]["apache_cpu_s"] / r[b]["apache_cpu_s"],
+                    **({"p99_alone_ratio": alone[a]["p99_ms"] / alone[b]["p99_ms"],
+                        "rps_alone_ratio": alone[a]["rps"] / alone[b]["rps"], "alone": alone} if alone else {}),
                     a: r[a], b: r[b]})
         st1 = fetch_prio_status(on_host, on_port)
         out["clock_reads_per_request_on0"] = (st1.clock_reads - st0.clock_reads) / max(
@@ -465,6 +497,16 @@ def overhead(tmp: Path, server_core: int, client_core: int, duration: float, con
     ctl_m, ctl_h = _mean_ci95(ctl_cpu)
     rps_m, rps_h = _mean_ci95(pair_means("on", "rps_ratio"))
     p99_m, p99_h = _mean_ci95(pair_means("on", "p99_ratio"))
+    alone: dict[str, Any] = {}
+    if module_mode:
+        def pair_geo(kind: str, key: str) -> list[float]:
+            return [math.exp(statistics.fmean(math.log(x[key]) for x in rs))
+                    for k, rs in runs.items() if k.startswith(kind)]
+        for key in ("p99_alone_ratio", "rps_alone_ratio"):
+            for kind, tag in (("on", ""), ("ctl", "control_")):
+                g, lo, hi = _geo_ci95(pair_geo(kind, key))
+                alone |= {f"{tag}{key}_pairs": pair_geo(kind, key), f"{tag}{key}": g,
+                          f"{tag}{key}_ci95": [lo, hi]}
     return {
         **out, "runs": runs, "pairs": pairs, "windows": windows,
         "cpu_per_request_ratio_pairs": on_cpu,
@@ -476,7 +518,7 @@ def overhead(tmp: Path, server_core: int, client_core: int, duration: float, con
         "control_rps_ratio_pairs": pair_means("ctl", "rps_ratio"),
         "rps_ratio": rps_m, "rps_ratio_ci95": rps_h,
         "p99_ratio_pairs": pair_means("on", "p99_ratio"), "p99_ratio": p99_m, "p99_ratio_ci95": p99_h,
-        "control_p99_ratio_pairs": pair_means("ctl", "p99_ratio"),
+        "control_p99_ratio_pairs": pair_means("ctl", "p99_ratio"), **alone,
         "load_average_1min_median": statistics.median(load_avg),
         "target_ratio_min": 0.98,
     }
@@ -566,7 +608,19 @@ def _finite(x: Any) -> Any:
     return x
 
 
+def _nan(x: Any) -> Any:
+    """The inverse of :func:`_finite` for printing: None (an interval over one pair) as nan."""
+    if x is None:
+        return math.nan
+    if isinstance(x, dict):
+        return {k: _nan(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_nan(v) for v in x]
+    return x
+
+
 def summary(res: dict[str, Any]) -> str:
+    res = _nan(res)
     lines = [f"{res['date_utc']} UTC, kernel {res['kernel']}, load {res['load_average_1min_start']:.1f}"]
     if "weights_tasks" in res:
         lines += [("| low level | kernel w0/w | tasks: measured w0/w | tasks: low share | "
@@ -612,6 +666,12 @@ def summary(res: dict[str, Any]) -> str:
                 f"{fmt(f'{x:.3f}' for x in o['control_p99_ratio_pairs'])}); stage requests counted "
                 f"{fmt(str(round(v['requests_total'])) for v in mm.values())}, held "
                 f"{fmt(str(round(v['held_total'])) for v in mm.values())}")
+            lines.append(
+                f"each instance alone on the core, windows alternated: p99 on / off {o['p99_alone_ratio']:.4f} "
+                f"({o['p99_alone_ratio_ci95'][0]:.4f}-{o['p99_alone_ratio_ci95'][1]:.4f}; A/A "
+                f"{o['control_p99_alone_ratio']:.4f}, pairs {fmt(f'{x:.3f}' for x in o['control_p99_alone_ratio_pairs'])}), "
+                f"requests/s on / off {o['rps_alone_ratio']:.4f} ({o['rps_alone_ratio_ci95'][0]:.4f}-"
+                f"{o['rps_alone_ratio_ci95'][1]:.4f}; A/A {o['control_rps_alone_ratio']:.4f})")
         if "perf" in o:
             lines.append(f"perf: module code {o['perf']['module_code_pct']:.2f} % of Apache's CPU samples, "
                          f"thread-clock syscall (kernel side) {o['perf']['clock_syscall_kernel_pct']:.2f} %")
