@@ -340,6 +340,34 @@ static int op_post_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp
     return OK;
 }
 
+/* ------------------------------------------------------------------------ a request's record */
+
+static apr_status_t request_done(void *data)
+{
+    op_request_state *st = data;
+    if (st->stage >= 0) {
+        op_stage_request_end(st);  /* its decision first, as before the thread's own end */
+    }
+    if (st->slot) {
+        op_prio_request_end(st);
+    }
+    return APR_SUCCESS;
+}
+
+/* The record of first request r0 (the caller found none): on its pool, with the one cleanup that
+ * ends both parts (the pool outlives every internal redirect of it). */
+op_request_state *op_request_state_new(request_rec *r0)
+{
+    op_request_state *st = apr_palloc(r0->pool, sizeof *st);
+    st->slot = NULL;
+    st->seq = 0;
+    st->stage = -1;
+    st->r = r0;
+    ap_set_module_config(r0->request_config, &overtake_prio_module, st);
+    apr_pool_cleanup_register(r0->pool, st, request_done, apr_pool_cleanup_null);
+    return st;
+}
+
 /* ------------------------------------------------------------------------ the module */
 
 static void op_register_hooks(apr_pool_t *p)
