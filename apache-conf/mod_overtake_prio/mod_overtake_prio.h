@@ -199,6 +199,7 @@ int op_post_read_request(request_rec *r);
 typedef struct {
     op_slot *slot;              /* priority tracking: the thread's slot, NULL while not tracked */
     apr_uint64_t seq;           /* ... and the slot's request generation that is this request */
+    int demotable;              /* it may leave level 0 (age, class, idle start): the end filter */
     int stage;                  /* the stage the request was counted in, -1 while none */
     request_rec *r;             /* the first request (its connection, at its end) */
 } op_request_state;

@@ -327,10 +327,13 @@ int op_post_read_request(request_rec *r)
     st = st ? st : op_request_state_new(r);
     st->slot = s;
     st->seq = s->seq;
+    /* one that stays at level 0 needs no restore before its response: its pool's cleanup ends it */
+    st->demotable = start > 0 || gate_word || (op_hot.age && !exempt);
     return DECLINED;
 }
 
-/* Every request that runs a handler (internal redirects included) gets the end filter. */
+/* Every request that runs a handler (internal redirects included) and may be demoted gets the end
+ * filter: adding it is most of what a request that is never demoted would pay for it. */
 void op_insert_filter(request_rec *r)
 {
     op_request_state *st;
@@ -338,19 +341,20 @@ void op_insert_filter(request_rec *r)
         return;
     }
     st = op_request_state_of(r);
-    if (st && st->slot) {
+    if (st && st->slot && st->demotable) {
         ap_add_output_filter_handle(op_end_filter_handle, st, r, r->connection);
     }
 }
 
 /* EOS = the handler and the content filters are done: the rest of the request (protocol
  * filters, the network write, logging) is not the request's CPU demand. Restoring before
- * the last write also means a client never sees the response of a still-demoted thread. */
+ * the last write also means a client never sees the response of a still-demoted thread.
+ * The filter stays in the chain (removing it cost more than the request's passes after its
+ * EOS, usually none): a later EOS finds the request ended already. */
 apr_status_t op_end_filter(ap_filter_t *f, apr_bucket_brigade *bb)
 {
     if (!APR_BRIGADE_EMPTY(bb) && APR_BUCKET_IS_EOS(APR_BRIGADE_LAST(bb))) {
         op_prio_request_end(f->ctx);
-        ap_remove_output_filter(f);
     }
     return ap_pass_brigade(f->next, bb);
 }

@@ -247,13 +247,16 @@ int op_stage_fixups(request_rec *r)
 static int served_by(const request_rec *r)
 {
     const char *h = r->handler;
-    if (h && (!strcmp(h, "proxy-server") || !strncasecmp(h, "proxy:", 6))) {
+    if (!h || (h[0] != 'p' && h[0] != 'P' && h[0] != 'c' && h[0] != 'a')) {
+        return OS_BY_APACHE;  /* none of the handlers below: a static file's compares no string */
+    }
+    if (!strcmp(h, "proxy-server") || !strncasecmp(h, "proxy:", 6)) {
         /* ProxyPass: handler proxy-server, filename proxy:fcgi://...; SetHandler "proxy:fcgi://..."
          * or "proxy:unix:/sock|fcgi://..." */
         return (strstr(h, "fcgi://") || (r->filename && strstr(r->filename, "fcgi://"))) ? OS_BY_FCGI
                : OS_BY_PROXY;
     }
-    if (h && (!strcmp(h, "cgi-script") || !strcmp(h, "application/x-httpd-cgi"))) {
+    if (!strcmp(h, "cgi-script") || !strcmp(h, "application/x-httpd-cgi")) {
         return OS_BY_CGI;
     }
     return OS_BY_APACHE;

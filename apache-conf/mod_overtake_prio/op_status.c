@@ -19,7 +19,8 @@ int op_status_handler(request_rec *r)
 {
     const op_conf *c;
     int k, n;
-    if (!r->handler || strcmp(r->handler, OP_HANDLER)) {
+    /* every request's handler phase comes here: its first byte settles most */
+    if (!r->handler || r->handler[0] != OP_HANDLER[0] || strcmp(r->handler, OP_HANDLER)) {
         return DECLINED;
     }
     if (r->method_number != M_GET) {
