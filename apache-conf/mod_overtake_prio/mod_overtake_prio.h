@@ -159,6 +159,7 @@ typedef struct {
     const char *hname;          /* class header, NULL = none */
     int64_t resolution_ns;
     int64_t thr_ns[OP_MAX_LEVELS];
+    unsigned thr_gen;           /* bumped after thr_ns changes (op_control.c): see op_monitor_rearm */
 } __attribute__((aligned(64))) op_hot_state;
 
 /* mod_overtake_prio.c: set in child_init */
@@ -228,6 +229,7 @@ extern int op_monitor_idle;         /* the monitor waits without a deadline: not
 int op_monitor_start(void);
 void op_monitor_stop(void);
 void op_monitor_wake(void);
+void op_monitor_rearm(void);
 
 /* op_gate.c: the admission gate */
 typedef struct {

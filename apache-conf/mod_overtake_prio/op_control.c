@@ -116,16 +116,24 @@ static void say(int status, uint32_t gen, int err, const char *why)
  * gen, or with from_file 0 the configured ones. Caller holds ctl.mu. */
 static void put_in_force(const int64_t *thr, uint32_t gen, int from_file)
 {
-    int k;
+    int k, changed = 0;
     if (gen != ctl.generation) {
         __atomic_fetch_add(&oc_shm->published, 1, __ATOMIC_RELEASE);  /* the other children look */
     }
     for (k = 0; k < op_hot.nlevels; k++) {
+        changed |= __atomic_load_n(&op_hot.thr_ns[k], __ATOMIC_RELAXED) != thr[k];
         __atomic_store_n(&op_hot.thr_ns[k], thr[k], __ATOMIC_RELAXED);
     }
     ctl.generation = gen;
     __atomic_store_n(&ctl.from_file, from_file, __ATOMIC_RELAXED);
-    op_monitor_wake();  /* its next wake-up may be due sooner now */
+    if (changed) {
+        /* the requests in flight take the new thresholds at the monitor's next pass */
+        __atomic_fetch_add(&op_hot.thr_gen, 1, __ATOMIC_SEQ_CST);
+        op_monitor_rearm();
+    }
+    else {
+        op_monitor_wake();
+    }
 }
 
 /* The configured thresholds back in force; code: an oc_status, or OC_WHY_* (logged once each). */

@@ -288,6 +288,20 @@ static int64_t start_locked(op_slot *s, int64_t now, int exempt, int start,
     return due;
 }
 
+/* After a start stored its due time (thr_gen: op_hot.thr_gen before it read the thresholds). */
+static void due_published(op_slot *s, unsigned thr_gen)
+{
+    /* due[] before thr_gen and monitor_idle: see op_monitor_rearm and monitor_main */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&op_hot.thr_gen, __ATOMIC_RELAXED) != thr_gen) {
+        /* new thresholds came while this took its due from the old ones: look at it now */
+        __atomic_store_n(&op_due[s - op_slots], 0, __ATOMIC_RELAXED);
+    }
+    if (__atomic_load_n(&op_monitor_idle, __ATOMIC_SEQ_CST)) {
+        op_monitor_wake();
+    }
+}
+
 int op_post_read_request(request_rec *r)
 {
     op_slot *s;
@@ -296,6 +310,7 @@ int op_post_read_request(request_rec *r)
     int64_t due, now;
     const uint32_t *gate_word = NULL;
     uint32_t gate_gen = 0;
+    unsigned thr_gen;
     const char *note;
 
     if (!op_hot.child_ok || r->main || r->prev) {
@@ -315,13 +330,11 @@ int op_post_read_request(request_rec *r)
     }
     now = op_mono_ns();
     read_clock(s, now);
+    thr_gen = __atomic_load_n(&op_hot.thr_gen, __ATOMIC_ACQUIRE);  /* before the thresholds */
     due = start == 0 && !gate_word && !__atomic_load_n(&s->active, __ATOMIC_ACQUIRE)
           ? start_unlocked(s, exempt) : start_locked(s, now, exempt, start, gate_word, gate_gen);
     if (due != INT64_MAX) {
-        __atomic_thread_fence(__ATOMIC_SEQ_CST);  /* due[] before monitor_idle: see monitor_main */
-        if (__atomic_load_n(&op_monitor_idle, __ATOMIC_SEQ_CST)) {
-            op_monitor_wake();
-        }
+        due_published(s, thr_gen);
     }
     st = op_request_state_of(r);
     st = st ? st : op_request_state_new(r);
