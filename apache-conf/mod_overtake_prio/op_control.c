@@ -170,6 +170,33 @@ static const char *map_path(int fd, const struct stat *st)
     return NULL;
 }
 
+/* Open the path, map it if it is another inode than the one mapped, and take its size (*n): NULL,
+ * or why not (*code, and *err for errno). Caller holds ctl.mu. */
+static const char *open_path(size_t *n, int *code, int *err)
+{
+    struct stat st;
+    const char *why;
+    int fd = open(op_cconf->control_file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        *err = errno;
+        why = *err == ENOENT ? "it does not exist (no sidecar has written it)" : "it cannot be opened";
+        *code = *err == ENOENT ? OC_WHY_ABSENT : OC_WHY_OPEN;
+    }
+    else {
+        why = map_path(fd, &st);
+        *code = OC_WHY_MAP;
+        *n = (size_t)st.st_size;
+    }
+    if (fd >= 0) {
+        close(fd);
+    }
+    if (!why && *n > OC_FILE_MAX_BYTES) {
+        why = oc_reason(OC_SIZE);
+        *code = OC_SIZE;
+    }
+    return why;
+}
+
 /* The periodic look of a request start found the file it accepted last: the same inode (still
  * mapped), the same size and the same generation word, which the sidecar bumps at every write.
  * Copying and checking it again (its MAC is the look's whole cost) would find what is in force.
@@ -184,12 +211,11 @@ static int unchanged(const uint8_t *was_mapped, size_t n)
 /* Judge the file again and put what it says (or the configured values) in force. */
 static void reload(int64_t now, int wait)
 {
-    struct stat st;
-    const char *why = NULL;
+    const char *why;
     const uint8_t *was_mapped;
     uint32_t g1 = 1, g2 = 1;
     size_t n = 0;
-    int fd, tries, err = 0, code = 0;
+    int tries, err = 0, code = 0;
     oc_status status = OC_OK;
     if (wait) {
         pthread_mutex_lock(&ctl.mu);
@@ -199,24 +225,7 @@ static void reload(int64_t now, int wait)
     }
     __atomic_store_n(&ctl.next_look, now + OC_LOOK_NS, __ATOMIC_RELAXED);
     was_mapped = ctl.map;
-    fd = open(op_cconf->control_file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        err = errno;
-        why = err == ENOENT ? "it does not exist (no sidecar has written it)" : "it cannot be opened";
-        code = err == ENOENT ? OC_WHY_ABSENT : OC_WHY_OPEN;
-    }
-    else {
-        why = map_path(fd, &st);
-        code = OC_WHY_MAP;
-        n = (size_t)st.st_size;
-    }
-    if (fd >= 0) {
-        close(fd);
-    }
-    if (!why && n > OC_FILE_MAX_BYTES) {
-        why = oc_reason(OC_SIZE);
-        code = OC_SIZE;
-    }
+    why = open_path(&n, &code, &err);
     if (!why && !wait && unchanged(was_mapped, n)) {
         pthread_mutex_unlock(&ctl.mu);  /* the status page (wait) judges it in full */
         return;
