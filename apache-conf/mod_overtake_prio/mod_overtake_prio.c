@@ -340,6 +340,60 @@ static int op_post_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp
     return OK;
 }
 
+/* ------------------------------------------------------------------------ a request's record */
+
+static apr_status_t request_done(void *data)
+{
+    op_request_state *st = data;
+    if (st->stage >= 0) {
+        op_stage_request_end(st);  /* its decision first, as before the thread's own end */
+    }
+    if (st->slot) {
+        op_prio_request_end(st);
+    }
+    return APR_SUCCESS;
+}
+
+/* The record of first request r0 (the caller found none): on its pool, with the one cleanup that
+ * ends both parts (the pool outlives every internal redirect of it). */
+op_request_state *op_request_state_new(request_rec *r0)
+{
+    op_request_state *st = apr_palloc(r0->pool, sizeof *st);
+    st->slot = NULL;
+    st->seq = 0;
+    st->demotable = 0;
+    st->stage = -1;
+    st->r = r0;
+    ap_set_module_config(r0->request_config, &overtake_prio_module, st);
+    apr_pool_cleanup_register(r0->pool, st, request_done, apr_pool_cleanup_null);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ request hooks */
+
+/* A request's start, one hook for the module's parts (Apache's loop over hook functions costs a
+ * tiny request more than most of them do), in their order: the gate first (a request held there
+ * has not started, for any module), then the thresholds in force (OvertakeControlFile), the
+ * CPU-priority start and the time split's first reading. */
+static int op_request_start(request_rec *r)
+{
+    int rc = op_cconf && op_cconf->gate_file ? op_gate_post_read_request(r) : DECLINED;
+    if (rc != DECLINED && rc != OK) {
+        return rc;  /* refused at the gate: the request never starts */
+    }
+    op_control_post_read_request(r);
+    op_post_read_request(r);
+    op_times_start(r);
+    return DECLINED;
+}
+
+/* Every request that runs a handler (internal redirects included) gets the end filters. */
+static void op_insert_filters(request_rec *r)
+{
+    op_insert_filter(r);
+    op_times_insert_filter(r);
+}
+
 /* ------------------------------------------------------------------------ the module */
 
 static void op_register_hooks(apr_pool_t *p)
@@ -349,18 +403,15 @@ static void op_register_hooks(apr_pool_t *p)
     /* First: the capability reduction must precede any thread another module may start. */
     ap_hook_child_init(op_child_init, NULL, NULL, APR_HOOK_REALLY_FIRST);
     ap_hook_drop_privileges(op_drop_privileges, NULL, NULL, APR_HOOK_REALLY_FIRST);
-    /* The gate before everything: a held request has not started, for any module. */
-    ap_hook_post_read_request(op_gate_post_read_request, NULL, NULL, APR_HOOK_REALLY_FIRST - 1);
-    /* The thresholds in force (OvertakeControlFile) just before the CPU-priority start. */
-    ap_hook_post_read_request(op_control_post_read_request, NULL, NULL, APR_HOOK_REALLY_FIRST);
-    ap_hook_post_read_request(op_post_read_request, NULL, NULL, APR_HOOK_REALLY_FIRST);
+    /* Before everything: a request held at the gate has not started, for any module. */
+    ap_hook_post_read_request(op_request_start, NULL, NULL, APR_HOOK_REALLY_FIRST - 1);
     ap_hook_handler(op_status_handler, NULL, NULL, APR_HOOK_MIDDLE);
     /* Stages: names reset per config read; a request waits for its turn after every other
      * fixup (access control and rewrites have had their say). */
     ap_hook_pre_config(op_stage_pre_config, NULL, NULL, APR_HOOK_MIDDLE);
     ap_hook_fixups(op_stage_fixups, NULL, NULL, APR_HOOK_REALLY_LAST);
     ap_hook_log_transaction(op_stage_log, NULL, NULL, APR_HOOK_MIDDLE);
-    ap_hook_insert_filter(op_insert_filter, NULL, NULL, APR_HOOK_MIDDLE);
+    ap_hook_insert_filter(op_insert_filters, NULL, NULL, APR_HOOK_MIDDLE);
     /* After the content filters (deflate, ...), before the protocol filters. */
     op_end_filter_handle = ap_register_output_filter("OVERTAKE_PRIO_END", op_end_filter, NULL,
                                                      AP_FTYPE_CONTENT_SET + 5);

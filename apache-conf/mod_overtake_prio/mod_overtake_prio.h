@@ -159,6 +159,7 @@ typedef struct {
     const char *hname;          /* class header, NULL = none */
     int64_t resolution_ns;
     int64_t thr_ns[OP_MAX_LEVELS];
+    unsigned thr_gen;           /* bumped after thr_ns changes (op_control.c): see op_monitor_rearm */
 } __attribute__((aligned(64))) op_hot_state;
 
 /* mod_overtake_prio.c: set in child_init */
@@ -194,13 +195,27 @@ void op_promote(op_slot *s);
 int op_post_read_request(request_rec *r);
 /* The module's record of a request, in the request_config of its first request (an internal
  * redirect's request_rec finds it through r->prev): op_prio.c's priority tracking and op_stage.c's
- * stage count, each NULL while that part does not track the request. One slot shared by the
- * two, instead of the pool's user data: a hash lookup per use, three per staged request. */
+ * stage count. One record, one allocation and one pool cleanup for both parts, made by whichever
+ * part meets the request first (op_request_state_new, mod_overtake_prio.c). */
 typedef struct {
-    void *prio;
-    void *stage;
+    op_slot *slot;              /* priority tracking: the thread's slot, NULL while not tracked */
+    apr_uint64_t seq;           /* ... and the slot's request generation that is this request */
+    int demotable;              /* it may leave level 0 (age, class, idle start): the end filter */
+    int stage;                  /* the stage the request was counted in, -1 while none */
+    request_rec *r;             /* the first request (its connection, at its end) */
 } op_request_state;
-op_request_state *op_request_state_of(request_rec *r, int create);
+/* The record of r's first request, or NULL: an array load (no hash, no call). */
+static inline op_request_state *op_request_state_of(const request_rec *r)
+{
+    while (r->prev) {
+        r = r->prev;
+    }
+    return ap_get_module_config(r->request_config, &overtake_prio_module);
+}
+op_request_state *op_request_state_new(request_rec *r0);
+/* The parts' ends, in the record's cleanup: the stage's first (op_stage.c), then the priority's. */
+void op_prio_request_end(op_request_state *st);
+void op_stage_request_end(op_request_state *st);
 void op_insert_filter(request_rec *r);
 apr_status_t op_end_filter(ap_filter_t *f, apr_bucket_brigade *bb);
 
@@ -214,6 +229,7 @@ extern int op_monitor_idle;         /* the monitor waits without a deadline: not
 int op_monitor_start(void);
 void op_monitor_stop(void);
 void op_monitor_wake(void);
+void op_monitor_rearm(void);
 
 /* op_gate.c: the admission gate */
 typedef struct {

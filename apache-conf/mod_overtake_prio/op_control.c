@@ -69,6 +69,7 @@ static struct {
 } ctl = {PTHREAD_MUTEX_INITIALIZER, NULL, 0, 0, 1u, 0, 0, 0, {0}, NULL, {0, 0, 0, {{0, {0}}}, 0, {0}}, 0};
 /* the copy of the file a reload checks (under ctl.mu); untouched pages stay unallocated */
 static uint8_t ctl_buf[OC_FILE_MAX_BYTES];
+static size_t ctl_len;          /* the size of the file accepted last (under ctl.mu) */
 
 /* n bytes from the mapping at src into dst; 0 if a page is gone (the file shrank). */
 static int guarded_copy(void *dst, const void *src, size_t n)
@@ -115,16 +116,24 @@ static void say(int status, uint32_t gen, int err, const char *why)
  * gen, or with from_file 0 the configured ones. Caller holds ctl.mu. */
 static void put_in_force(const int64_t *thr, uint32_t gen, int from_file)
 {
-    int k;
+    int k, changed = 0;
     if (gen != ctl.generation) {
         __atomic_fetch_add(&oc_shm->published, 1, __ATOMIC_RELEASE);  /* the other children look */
     }
     for (k = 0; k < op_hot.nlevels; k++) {
+        changed |= __atomic_load_n(&op_hot.thr_ns[k], __ATOMIC_RELAXED) != thr[k];
         __atomic_store_n(&op_hot.thr_ns[k], thr[k], __ATOMIC_RELAXED);
     }
     ctl.generation = gen;
     __atomic_store_n(&ctl.from_file, from_file, __ATOMIC_RELAXED);
-    op_monitor_wake();  /* its next wake-up may be due sooner now */
+    if (changed) {
+        /* the requests in flight take the new thresholds at the monitor's next pass */
+        __atomic_fetch_add(&op_hot.thr_gen, 1, __ATOMIC_SEQ_CST);
+        op_monitor_rearm();
+    }
+    else {
+        op_monitor_wake();
+    }
 }
 
 /* The configured thresholds back in force; code: an oc_status, or OC_WHY_* (logged once each). */
@@ -161,14 +170,52 @@ static const char *map_path(int fd, const struct stat *st)
     return NULL;
 }
 
+/* Open the path, map it if it is another inode than the one mapped, and take its size (*n): NULL,
+ * or why not (*code, and *err for errno). Caller holds ctl.mu. */
+static const char *open_path(size_t *n, int *code, int *err)
+{
+    struct stat st;
+    const char *why;
+    int fd = open(op_cconf->control_file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        *err = errno;
+        why = *err == ENOENT ? "it does not exist (no sidecar has written it)" : "it cannot be opened";
+        *code = *err == ENOENT ? OC_WHY_ABSENT : OC_WHY_OPEN;
+    }
+    else {
+        why = map_path(fd, &st);
+        *code = OC_WHY_MAP;
+        *n = (size_t)st.st_size;
+    }
+    if (fd >= 0) {
+        close(fd);
+    }
+    if (!why && *n > OC_FILE_MAX_BYTES) {
+        why = oc_reason(OC_SIZE);
+        *code = OC_SIZE;
+    }
+    return why;
+}
+
+/* The periodic look of a request start found the file it accepted last: the same inode (still
+ * mapped), the same size and the same generation word, which the sidecar bumps at every write.
+ * Copying and checking it again (its MAC is the look's whole cost) would find what is in force.
+ * Caller holds ctl.mu. */
+static int unchanged(const uint8_t *was_mapped, size_t n)
+{
+    uint32_t g;
+    return ctl.map && ctl.map == was_mapped && ctl.generation && n == ctl_len
+           && og_load((const uint32_t *)(ctl.map + OC_GEN_OFFSET), &g) && g == ctl.generation;
+}
+
 /* Judge the file again and put what it says (or the configured values) in force. */
 static void reload(int64_t now, int wait)
 {
-    struct stat st;
-    const char *why = NULL;
+    const char *why;
+    const uint8_t *was_mapped;
     uint32_t g1 = 1, g2 = 1;
     size_t n = 0;
-    int fd, tries, err = 0, code = 0;
+    int tries, err = 0, code = 0;
     oc_status status = OC_OK;
     if (wait) {
         pthread_mutex_lock(&ctl.mu);
@@ -177,23 +224,11 @@ static void reload(int64_t now, int wait)
         return;  /* another thread is at it: this request keeps the thresholds in force */
     }
     __atomic_store_n(&ctl.next_look, now + OC_LOOK_NS, __ATOMIC_RELAXED);
-    fd = open(op_cconf->control_file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        err = errno;
-        why = err == ENOENT ? "it does not exist (no sidecar has written it)" : "it cannot be opened";
-        code = err == ENOENT ? OC_WHY_ABSENT : OC_WHY_OPEN;
-    }
-    else {
-        why = map_path(fd, &st);
-        code = OC_WHY_MAP;
-        n = (size_t)st.st_size;
-    }
-    if (fd >= 0) {
-        close(fd);
-    }
-    if (!why && n > OC_FILE_MAX_BYTES) {
-        why = oc_reason(OC_SIZE);
-        code = OC_SIZE;
+    was_mapped = ctl.map;
+    why = open_path(&n, &code, &err);
+    if (!why && !wait && unchanged(was_mapped, n)) {
+        pthread_mutex_unlock(&ctl.mu);  /* the status page (wait) judges it in full */
+        return;
     }
     for (tries = 0; !why && tries < 4; tries++) {
         const uint32_t *gw = (const uint32_t *)(ctl.map + OC_GEN_OFFSET);
@@ -246,6 +281,7 @@ static void reload(int64_t now, int wait)
             size_t rows_end = OC_HEAD_BYTES + (size_t)(1 + ctl.tab.stages) * OC_ROW_BYTES;
             op_stage_table(ctl.tab.section ? ctl_buf + rows_end : NULL, n - rows_end, g1);
         }
+        ctl_len = n;
         ADD(oc_shm->loads, 1);
         say(OC_OK, g1, 0, NULL);
     }

@@ -122,6 +122,9 @@ int op_guard_cause(const request_rec *r)
     const struct op_guard_conf *g = op_cconf->guard;
     const char *h = guard_header(g);
     int k;
+    if (!g->unsafe && !g->methods->nelts && !g->paths->nelts) {
+        return h && apr_table_get(r->headers_in, h) ? OPG_BY_HEADER : OPG_NOT_EXEMPT;
+    }
     if (op_guard_method_exempt(g->unsafe, (const char *const *)g->methods->elts,
                                g->methods->nelts, r->method)) {
         return OPG_BY_METHOD;

@@ -54,9 +54,32 @@ static int64_t monitor_scan(int64_t now)
             __atomic_store_n(&op_due[i], after, __ATOMIC_RELAXED);
             soonest = after < soonest ? after : soonest;
         }
+        else {
+            /* idle: op_monitor_rearm may have stored its 0 after the request's end */
+            __atomic_store_n(&op_due[i], INT64_MAX, __ATOMIC_RELAXED);
+        }
         pthread_mutex_unlock(&s->mu);
     }
     return soonest;
+}
+
+/* New thresholds are in force (op_control.c, after bumping op_hot.thr_gen): a request in flight
+ * was given its due time by the thresholds of its start, so a lowered threshold would reach it
+ * only at the old one. Every slot is due at once and the monitor wakes, deadline or not: its pass
+ * looks at every request in flight by the new thresholds (and an idle slot's due goes back to
+ * never). A request start that read the old thresholds and stored its due after this sees the
+ * generation move and makes itself due (op_prio.c). */
+void op_monitor_rearm(void)
+{
+    int i, n = op_slots_in_use();
+    for (i = 0; i < n; i++) {
+        __atomic_store_n(&op_due[i], 0, __ATOMIC_SEQ_CST);
+    }
+    pthread_mutex_lock(&monitor_mu);
+    __atomic_store_n(&op_monitor_idle, 0, __ATOMIC_RELAXED);
+    monitor_woken = 1;
+    pthread_cond_signal(&monitor_cv);
+    pthread_mutex_unlock(&monitor_mu);
 }
 
 /* A request start found the monitor waiting without a deadline: wake it. The monitor holds
@@ -81,6 +104,14 @@ static void count_late(int64_t late)
     ADD(op_late_count[op_bucket(late, op_late_le, OP_LATE_BUCKETS)], 1);
 }
 
+/* The longest the monitor may sleep with requests in flight: the first threshold in force (a
+ * request that starts later cannot cross sooner), at most 0.1 s so that it exits fast. */
+static int64_t first_threshold(void)
+{
+    int64_t t = __atomic_load_n(&op_hot.thr_ns[0], __ATOMIC_RELAXED);
+    return t < 100000000 ? t : 100000000;
+}
+
 /* Wakes only when a threshold can be crossed: at the earliest due time of the requests in
  * flight, and no later than one first threshold from now (a request that starts later cannot
  * cross sooner, but for the CPU resolution), but never more often than OvertakePrioInterval;
@@ -90,7 +121,6 @@ static void count_late(int64_t late)
 static void *monitor_main(void *arg)
 {
     int64_t period = (int64_t)(conf_interval(op_cconf) * 1e9 + 0.5);
-    int64_t horizon = op_hot.thr_ns[0] < 100000000 ? op_hot.thr_ns[0] : 100000000;  /* <= 0.1 s: exit fast */
     int64_t next = op_mono_ns() + period;
     int idle = 0;
     (void)arg;
@@ -98,7 +128,7 @@ static void *monitor_main(void *arg)
     pthread_mutex_lock(&monitor_mu);
     while (!monitor_stop) {
         struct timespec ts;
-        int64_t now, soonest;
+        int64_t now, soonest, horizon = first_threshold();
         int rc;
         ts.tv_sec = next / 1000000000;
         ts.tv_nsec = next % 1000000000;

@@ -25,11 +25,6 @@ ap_filter_rec_t *op_end_filter_handle;
  * request (a dlopen'ed module's default); 8 bytes of glibc's static TLS surplus */
 static __thread op_slot *my_slot __attribute__((tls_model("initial-exec")));
 
-typedef struct {
-    op_slot *slot;
-    apr_uint64_t seq;
-} op_req;
-
 pid_t op_gettid(void) { return (pid_t)syscall(SYS_gettid); }
 
 int64_t op_mono_ns(void)
@@ -188,73 +183,84 @@ void op_promote(op_slot *s)
                                 : INT64_MAX, __ATOMIC_RELAXED);
 }
 
-static apr_status_t op_request_end(void *data)
+/* End the request's tracking: restore its thread, count it, mark the slot idle. Called twice per
+ * request (EOS, then the pool cleanup): the second finds the slot closed, or serving a newer
+ * request, without taking the lock (checked again under it). */
+void op_prio_request_end(op_request_state *st)
 {
-    op_req *q = data;
-    op_slot *s = q->slot;
-    /* Called twice per request (EOS, then the pool cleanup): the second finds the slot
-     * closed, or serving a newer request, without taking the lock (checked again under it). */
+    op_slot *s = st->slot;
     if (!__atomic_load_n(&s->active, __ATOMIC_ACQUIRE)
-        || __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) != q->seq) {
-        return APR_SUCCESS;
+        || __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) != st->seq) {
+        return;
     }
     pthread_mutex_lock(&s->mu);
-    if (__atomic_load_n(&s->active, __ATOMIC_ACQUIRE) && s->seq == q->seq) {
+    if (__atomic_load_n(&s->active, __ATOMIC_ACQUIRE) && s->seq == st->seq) {
         op_slot_close(s);
     }
     pthread_mutex_unlock(&s->mu);
-    return APR_SUCCESS;
 }
 
-int op_post_read_request(request_rec *r)
+/* The starting level the class header asks for (0 without one; a bad one is counted). */
+static int class_level(request_rec *r)
 {
-    op_slot *s;
-    op_req *q;
-    int start = 0, exempt;
-    int64_t due;
-    const uint32_t *gate_word = NULL, *gate_gone = NULL;
-    uint32_t gate_gen = 0;
-    struct timespec cpu;
-    int64_t now;
-    const char *hname, *note;
+    const char *h = apr_table_get(r->headers_in, op_hot.hname);
+    int start = 0;
+    if (h && !op_parse_class(h, op_hot.nlevels, &start)) {
+        ADD(op_shm->class_invalid, 1);
+        ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, APLOGNO(90001)
+                      "%s: '%s' is not a level in 0..%d", op_hot.hname, h, op_hot.nlevels);
+        start = 0;
+    }
+    return start;
+}
 
-    if (!op_hot.child_ok || r->main || r->prev) {
-        return DECLINED;  /* subrequests and internal redirects belong to the first request */
-    }
-    s = my_slot ? my_slot : slot_claim();
-    if (!s) {
-        ADD(op_shm->untracked, 1);
-        return DECLINED;
-    }
-    exempt = op_guard_request(r);  /* may hold a lock others wait for: never demoted */
-    hname = exempt ? NULL : op_hot.hname;
-    if (hname) {
-        const char *h = apr_table_get(r->headers_in, hname);
-        if (h && !op_parse_class(h, op_hot.nlevels, &start)) {
-            ADD(op_shm->class_invalid, 1);
-            ap_log_rerror(APLOG_MARK, APLOG_DEBUG, 0, r, APLOGNO(90001)
-                          "%s: '%s' is not a level in 0..%d",
-                          hname, h, op_hot.nlevels);
-        }
-    }
-    /* an idle start (the gate's IDLE state): the lowest level until the sidecar opens it */
-    note = apr_table_get(r->notes, OG_NOTE);
-    if (note && op_gate_idle_word(note, &gate_word, &gate_gen)) {
-        start = op_hot.nlevels;
-    }
-    now = op_mono_ns();
-    /* The thread CPU clock is a system call (the vDSO has no thread clocks), which costs a
-     * tiny request ~2 % of its CPU: read it at most once per resolution. A reading taken
-     * at t <= now is short of the CPU at this start by less than now - t (CPU never runs ahead
-     * of wall time), so attained CPU is overcounted by less than the resolution, and no
-     * threshold can be crossed before clock_read_ns + threshold. Class-only mode reads none. */
+/* The thread CPU clock is a system call (the vDSO has no thread clocks), which costs a tiny
+ * request ~2 % of its CPU: read it at most once per resolution. A reading taken at t <= now is
+ * short of the CPU at this start by less than now - t (CPU never runs ahead of wall time), so
+ * attained CPU is overcounted by less than the resolution, and no threshold can be crossed before
+ * clock_read_ns + threshold. Class-only mode reads none. */
+static void read_clock(op_slot *s, int64_t now)
+{
+    struct timespec cpu;
     if (op_hot.age && now - s->clock_read_ns >= op_hot.resolution_ns) {
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu);
         s->clock_cpu_ns = op_ts_ns(&cpu);
         s->clock_read_ns = now;
         ADD(op_shm->clock_reads, 1);
     }
+}
 
+static int64_t first_due(const op_slot *s, int exempt)
+{
+    return op_hot.age && !exempt ? op_next_due(s->clock_read_ns, 0, s->level, op_hot.thr_ns,
+                                               op_hot.nlevels)
+                                 : INT64_MAX;
+}
+
+/* The common start: an idle slot, level 0, no gate word. No lock: an idle slot (active 0, due
+ * INT64_MAX, level 0, no gate word: op_slot_close) is written by nobody else -- the monitor, the
+ * promoter and the child's exit act only on an active slot, under its lock, and only this thread
+ * ends its slot's request or starts the next one -- and active's release store publishes the
+ * fields before it to whoever then takes the lock. The monitor may store its own due time for the
+ * new request before or after this one's: each is a moment it may look at the request again. */
+static int64_t start_unlocked(op_slot *s, int exempt)
+{
+    int64_t due = first_due(s, exempt);
+    __atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELEASE);
+    s->cpu0_ns = s->clock_cpu_ns;
+    ADD(op_inflight[0], 1);
+    __atomic_store_n(&s->active, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&op_due[s - op_slots], due, __ATOMIC_RELEASE);
+    return due;
+}
+
+/* A start at a class level, an idle start, or one that finds its thread's previous request still
+ * open: under the slot's lock, as the monitor and the promoter may act on it. */
+static int64_t start_locked(op_slot *s, int64_t now, int exempt, int start,
+                            const uint32_t *gate_word, uint32_t gate_gen)
+{
+    const uint32_t *gate_gone = NULL;
+    int64_t due;
     pthread_mutex_lock(&s->mu);
     if (__atomic_load_n(&s->active, __ATOMIC_ACQUIRE)) {
         /* The previous request's pool outlived its work on this thread (async write
@@ -272,66 +278,96 @@ int op_post_read_request(request_rec *r)
     if (gate_word) {
         gate_gone = op_gate_idle_hold(s, gate_word, gate_gen);
     }
-    due = op_hot.age && !exempt ? op_next_due(s->clock_read_ns, 0, s->level, op_hot.thr_ns,
-                                              op_hot.nlevels)
-                                : INT64_MAX;
-    due = op_guard_slot_due(s, now, due);
+    due = op_guard_slot_due(s, now, first_due(s, exempt));
     __atomic_store_n(&op_due[s - op_slots], due, __ATOMIC_RELAXED);
     __atomic_store_n(&s->active, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&s->mu);
     if (gate_gone) {
         op_gate_fault(gate_gone);
     }
-    if (due != INT64_MAX) {
-        __atomic_thread_fence(__ATOMIC_SEQ_CST);  /* due[] before monitor_idle: see monitor_main */
-        if (__atomic_load_n(&op_monitor_idle, __ATOMIC_SEQ_CST)) {
-            op_monitor_wake();
-        }
-    }
+    return due;
+}
 
-    q = apr_palloc(r->pool, sizeof *q);
-    q->slot = s;
-    q->seq = s->seq;
-    op_request_state_of(r, 1)->prio = q;
-    apr_pool_cleanup_register(r->pool, q, op_request_end, apr_pool_cleanup_null);
+/* After a start stored its due time (thr_gen: op_hot.thr_gen before it read the thresholds). */
+static void due_published(op_slot *s, unsigned thr_gen)
+{
+    /* due[] before thr_gen and monitor_idle: see op_monitor_rearm and monitor_main */
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&op_hot.thr_gen, __ATOMIC_RELAXED) != thr_gen) {
+        /* new thresholds came while this took its due from the old ones: look at it now */
+        __atomic_store_n(&op_due[s - op_slots], 0, __ATOMIC_RELAXED);
+    }
+    if (__atomic_load_n(&op_monitor_idle, __ATOMIC_SEQ_CST)) {
+        op_monitor_wake();
+    }
+}
+
+int op_post_read_request(request_rec *r)
+{
+    op_slot *s;
+    op_request_state *st;
+    int start, exempt;
+    int64_t due, now;
+    const uint32_t *gate_word = NULL;
+    uint32_t gate_gen = 0;
+    unsigned thr_gen;
+    const char *note;
+
+    if (!op_hot.child_ok || r->main || r->prev) {
+        return DECLINED;  /* subrequests and internal redirects belong to the first request */
+    }
+    s = my_slot ? my_slot : slot_claim();
+    if (!s) {
+        ADD(op_shm->untracked, 1);
+        return DECLINED;
+    }
+    exempt = op_guard_request(r);  /* may hold a lock others wait for: never demoted */
+    start = exempt || !op_hot.hname ? 0 : class_level(r);
+    /* an idle start (the gate's IDLE state): the lowest level until the sidecar opens it */
+    note = op_cconf->gate_file ? apr_table_get(r->notes, OG_NOTE) : NULL;
+    if (note && op_gate_idle_word(note, &gate_word, &gate_gen)) {
+        start = op_hot.nlevels;
+    }
+    now = op_mono_ns();
+    read_clock(s, now);
+    thr_gen = __atomic_load_n(&op_hot.thr_gen, __ATOMIC_ACQUIRE);  /* before the thresholds */
+    due = start == 0 && !gate_word && !__atomic_load_n(&s->active, __ATOMIC_ACQUIRE)
+          ? start_unlocked(s, exempt) : start_locked(s, now, exempt, start, gate_word, gate_gen);
+    if (due != INT64_MAX) {
+        due_published(s, thr_gen);
+    }
+    st = op_request_state_of(r);
+    st = st ? st : op_request_state_new(r);
+    st->slot = s;
+    st->seq = s->seq;
+    /* one that stays at level 0 needs no restore before its response: its pool's cleanup ends it */
+    st->demotable = start > 0 || gate_word || (op_hot.age && !exempt);
     return DECLINED;
 }
 
-op_request_state *op_request_state_of(request_rec *r, int create)
-{
-    op_request_state *st;
-    while (r->prev) {
-        r = r->prev;
-    }
-    st = ap_get_module_config(r->request_config, &overtake_prio_module);
-    if (!st && create) {
-        st = apr_pcalloc(r->pool, sizeof *st);
-        ap_set_module_config(r->request_config, &overtake_prio_module, st);
-    }
-    return st;
-}
-
-/* Every request that runs a handler (internal redirects included) gets the end filter. */
+/* Every request that runs a handler (internal redirects included) and may be demoted gets the end
+ * filter: adding it is most of what a request that is never demoted would pay for it. */
 void op_insert_filter(request_rec *r)
 {
-    const op_request_state *st;
+    op_request_state *st;
     if (r->main) {
         return;
     }
-    st = op_request_state_of(r, 0);
-    if (st && st->prio) {
-        ap_add_output_filter_handle(op_end_filter_handle, st->prio, r, r->connection);
+    st = op_request_state_of(r);
+    if (st && st->slot && st->demotable) {
+        ap_add_output_filter_handle(op_end_filter_handle, st, r, r->connection);
     }
 }
 
 /* EOS = the handler and the content filters are done: the rest of the request (protocol
  * filters, the network write, logging) is not the request's CPU demand. Restoring before
- * the last write also means a client never sees the response of a still-demoted thread. */
+ * the last write also means a client never sees the response of a still-demoted thread.
+ * The filter stays in the chain (removing it cost more than the request's passes after its
+ * EOS, usually none): a later EOS finds the request ended already. */
 apr_status_t op_end_filter(ap_filter_t *f, apr_bucket_brigade *bb)
 {
     if (!APR_BRIGADE_EMPTY(bb) && APR_BUCKET_IS_EOS(APR_BRIGADE_LAST(bb))) {
-        op_request_end(f->ctx);
-        ap_remove_output_filter(f);
+        op_prio_request_end(f->ctx);
     }
     return ap_pass_brigade(f->next, bb);
 }

@@ -35,9 +35,8 @@
 
 /* ------------------------------------------------------------------------ the end */
 
-static apr_status_t complete(void *data)
+void op_stage_request_end(op_request_state *q)
 {
-    const os_req *q = data;
     conn_rec *c = q->r->connection;
     int nx = os_shm->next[q->stage], i, full = 0;
     /* a follow-up can come only on an HTTP/1 connection kept alive (an HTTP/2 stream's
@@ -45,7 +44,7 @@ static apr_status_t complete(void *data)
     os_conn *oc = nx >= 0 && q->r->proto_num < HTTP_VERSION(2, 0) && c->keepalive == AP_CONN_KEEPALIVE
                   && !c->aborted ? os_conn_state(c, 1) : NULL;
     if (!oc && os_fast_complete(q->stage)) {
-        return APR_SUCCESS;  /* nothing waits: no decision, no table to look at */
+        return;  /* nothing waits: no decision, no table to look at */
     }
     op_control_look();  /* decide by the newest table, not the one of this request's start */
     os_lock();
@@ -64,7 +63,6 @@ static apr_status_t complete(void *data)
                       "queue's tickets in use); its follow-ups arrive as newcomers meanwhile",
                       os_shm->names[nx], OS_MAX_RES);
     }
-    return APR_SUCCESS;
 }
 
 /* ------------------------------------------------------------------------ the hold */
@@ -128,7 +126,7 @@ static int hold(os_stage *s, uint32_t t)
 }
 
 /* Hold request r (of q's stage, ticket t) until its turn, counted; it runs afterwards anyway. */
-static void hold_request(request_rec *r, const os_req *q, uint32_t t)
+static void hold_request(request_rec *r, const op_request_state *q, uint32_t t)
 {
     os_stage *s = &os_shm->st[q->stage];
     int64_t t0 = op_mono_ns();
@@ -208,7 +206,6 @@ int op_stage_fixups(request_rec *r)
 {
     request_rec *r0;
     op_request_state *st;
-    os_req *q;
     os_conn *oc;
     uint32_t ticket;
     int granted, stage;
@@ -216,9 +213,9 @@ int op_stage_fixups(request_rec *r)
         return DECLINED;  /* subrequests belong to their main request */
     }
     r0 = first_request(r);
-    st = op_request_state_of(r0, 0);
-    if (st && st->stage) {
-        stage_env(r, ((const os_req *)st->stage)->stage);  /* a redirect's env has it as REDIRECT_... */
+    st = op_request_state_of(r0);
+    if (st && st->stage >= 0) {
+        stage_env(r, st->stage);  /* a redirect's env has it as REDIRECT_... */
         return DECLINED;
     }
     stage = os_stage_of(r);
@@ -227,22 +224,19 @@ int op_stage_fixups(request_rec *r)
         not_staged(oc);
         return DECLINED;
     }
-    q = apr_palloc(r0->pool, sizeof *q);
-    q->stage = stage;
-    q->r = r0;
     stage_env(r, stage);
-    (st ? st : op_request_state_of(r0, 1))->stage = q;
     ADD(os_shm->st[stage].requests, 1);
+    st = st ? st : op_request_state_new(r0);  /* its cleanup ends the count: set below */
     if ((!oc || oc->slot < 0) && os_fast_arrive(stage)) {
-        apr_pool_cleanup_register(r0->pool, q, complete, apr_pool_cleanup_null);
+        st->stage = stage;
         return DECLINED;
     }
     os_lock();
     granted = !take_ticket(oc, stage, &ticket) || os_granted(os_shm->st[stage].q.head, ticket);
     os_unlock();
-    apr_pool_cleanup_register(r0->pool, q, complete, apr_pool_cleanup_null);
+    st->stage = stage;  /* counted running or waiting: the end completes it */
     if (!granted) {
-        hold_request(r, q, ticket);
+        hold_request(r, st, ticket);
     }
     return DECLINED;
 }
@@ -253,13 +247,16 @@ int op_stage_fixups(request_rec *r)
 static int served_by(const request_rec *r)
 {
     const char *h = r->handler;
-    if (h && (!strcmp(h, "proxy-server") || !strncasecmp(h, "proxy:", 6))) {
+    if (!h || (h[0] != 'p' && h[0] != 'P' && h[0] != 'c' && h[0] != 'a')) {
+        return OS_BY_APACHE;  /* none of the handlers below: a static file's compares no string */
+    }
+    if (!strcmp(h, "proxy-server") || !strncasecmp(h, "proxy:", 6)) {
         /* ProxyPass: handler proxy-server, filename proxy:fcgi://...; SetHandler "proxy:fcgi://..."
          * or "proxy:unix:/sock|fcgi://..." */
         return (strstr(h, "fcgi://") || (r->filename && strstr(r->filename, "fcgi://"))) ? OS_BY_FCGI
                : OS_BY_PROXY;
     }
-    if (h && (!strcmp(h, "cgi-script") || !strcmp(h, "application/x-httpd-cgi"))) {
+    if (!strcmp(h, "cgi-script") || !strcmp(h, "application/x-httpd-cgi")) {
         return OS_BY_CGI;
     }
     return OS_BY_APACHE;
@@ -270,12 +267,12 @@ int op_stage_log(request_rec *r)
 {
     const request_rec *last = r;
     const op_request_state *st;
-    if (!os_shm || r->main || !(st = op_request_state_of(r, 0)) || !st->stage) {
+    if (!os_shm || r->main || !(st = op_request_state_of(r)) || st->stage < 0) {
         return DECLINED;
     }
     while (last->next) {
         last = last->next;  /* an internal redirect: the request that ran the handler */
     }
-    ADD(os_shm->st[((const os_req *)st->stage)->stage].served[served_by(last)], 1);
+    ADD(os_shm->st[st->stage].served[served_by(last)], 1);
     return DECLINED;
 }

@@ -90,12 +90,6 @@ typedef struct {
     uint32_t generation;            /* 0: no table */
 } os_tab;
 
-/* A request counted in a stage (its op_request_state's stage). */
-typedef struct {
-    int stage;                      /* the stage the request was counted in */
-    request_rec *r;                 /* the first request (its connection, at its end) */
-} os_req;
-
 /* A connection's hold on a reservation slot (on its pool; slot -1: none). */
 typedef struct {
     int slot;

@@ -105,13 +105,10 @@ static int64_t read_wait(request_rec *r)
     return -1;
 }
 
-static int times_start(request_rec *r)
+/* not inlined: the caller, on every request, stays a test without this one's frame */
+static __attribute__((noinline)) void times_begin(request_rec *r)
 {
-    ot_req *t;
-    if (!times_on || r->main || r->prev) {
-        return DECLINED;  /* subrequests and internal redirects belong to the first request */
-    }
-    t = apr_palloc(r->pool, sizeof *t);
+    ot_req *t = apr_palloc(r->pool, sizeof *t);
     t->thread = pthread_self();
     t->done = 0;
     /* the wall clock last at the start and first at the end: the wall time holds the others */
@@ -120,19 +117,31 @@ static int times_start(request_rec *r)
     t->start = apr_time_now();
     t->mono0 = now_ns(CLOCK_MONOTONIC);
     apr_pool_userdata_setn(t, OT_KEY, NULL, r->pool);
-    return DECLINED;
+}
+
+/* The request start (mod_overtake_prio.c's, after the gate: a wait there is the sidecar's queue,
+ * not the request's). Off, it costs a test: the readings are apart. */
+void op_times_start(request_rec *r)
+{
+    if (times_on && !r->main && !r->prev) {
+        times_begin(r);  /* subrequests and internal redirects belong to the first request */
+    }
 }
 
 /* An internal redirect shares its first request's pool, so it finds the same readings. */
-static void times_insert_filter(request_rec *r)
+static __attribute__((noinline)) void times_filter_add(request_rec *r)
 {
     void *t = NULL;
-    if (!times_on || r->main) {
-        return;
-    }
     apr_pool_userdata_get(&t, OT_KEY, r->pool);
     if (t) {
         ap_add_output_filter_handle(times_filter, t, r, r->connection);
+    }
+}
+
+void op_times_insert_filter(request_rec *r)
+{
+    if (times_on && !r->main) {
+        times_filter_add(r);
     }
 }
 
@@ -184,9 +193,6 @@ void op_times_register_hooks(apr_pool_t *p)
 {
     (void)p;
     ap_hook_pre_config(times_pre_config, NULL, NULL, APR_HOOK_MIDDLE);
-    /* after the gate (APR_HOOK_REALLY_FIRST - 1): a request held there has not started */
-    ap_hook_post_read_request(times_start, NULL, NULL, APR_HOOK_REALLY_FIRST);
-    ap_hook_insert_filter(times_insert_filter, NULL, NULL, APR_HOOK_MIDDLE);
     /* after the content filters, next to op_prio's end filter */
     times_filter = ap_register_output_filter("OVERTAKE_TIMES_END", times_filter_fn, NULL,
                                              AP_FTYPE_CONTENT_SET + 5);
