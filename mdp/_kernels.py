@@ -43,6 +43,8 @@ SIGNATURES["chain_bfs"] = (
     "chain_bfs",
     f"i8({_I}, i8[:, ::1], {_I}, {_I}, i8[:, ::1], {_I}, {_I}, {_F}, i8[:, ::1], i8, i8, i8, {_I}, i8[:, ::1], {_M}, {_F}, {_F}, "
     f"b1, {_I}, {_I}, {_F}, b1, i8, {_I}, {_I}, i4[::1], i8[:, ::1], i8[:, ::1], i8, i8, {_I}, {_I}, {_I})")
+SIGNATURES["transition_columns"] = (
+    "transition_columns", f"i8({_I}, {_I}, {_F}, {_I}, {_I}, f8, i4[::1], i4[::1], {_F}, {_F})")
 SIGNATURES["observed_bfs"] = (
     "observed_bfs",
     f"i8({_I}, i8[:, ::1], {_I}, {_I}, i8[:, ::1], {_I}, {_I}, {_F}, i8[:, ::1], i8, i8, i8, {_I}, i8[:, ::1], {_M}, {_F}, {_F}, "
@@ -147,6 +149,11 @@ def anderson_history(*args: Any) -> Any:
 def chain_bfs(*args: Any) -> Any:
     """Breadth-first search of a rule's chain (_kernels_jit.chain_bfs); returns its status."""
     return _call("chain_bfs", args)
+
+
+def transition_columns(*args: Any) -> Any:
+    """A search's transitions as P's columns and diagonal (_kernels_jit.transition_columns); returns the entries."""
+    return _call("transition_columns", args)
 
 
 def observed_bfs(*args: Any) -> Any:

@@ -336,6 +336,60 @@ def reach_mark(indptr, indices, data, start, seen):  # type: ignore[no-untyped-d
 
 
 @njit(cache=True, nogil=True)
+def transition_columns(t_src, t_dst, t_rate, order, inv, lam_u, ptr, idx, val, diag):  # type: ignore[no-untyped-def]
+    """The uniformized chain of a breadth-first search's transitions (chain.compiled_search) as the
+    stationary solve reads it: P's off-diagonal entries by column (CSC: ``ptr``, source ``idx``,
+    ``val``; coinciding transitions summed, sources ascending) and its diagonal ``diag``, states
+    numbered ``inv[old]`` (``order`` its inverse). ``t_src`` must be nondecreasing (the search
+    expands states in index order). Returns the entries written.
+
+    The columns are written once, row after row of the new numbering, without the coordinate
+    matrix, the sort by row and the transpose that assembling P and then its columns would cost.
+    """
+    n = order.size
+    nt = t_src.size
+    start = np.zeros(n + 1, dtype=np.int64)
+    pos = np.zeros(n + 1, dtype=np.int64)
+    for t in range(nt):
+        start[t_src[t] + 1] += 1
+        if t_dst[t] != t_src[t]:
+            pos[inv[t_dst[t]] + 1] += 1
+    for x in range(n):
+        start[x + 1] += start[x]
+        pos[x + 1] += pos[x]
+    first = pos.copy()  # each column's first slot while it is written
+    for i in range(n):
+        x = order[i]
+        out = 0.0
+        stay = 0.0
+        for t in range(start[x], start[x + 1]):
+            r = t_rate[t]
+            out += r
+            d = t_dst[t]
+            if d == x:
+                stay += r / lam_u
+                continue
+            j = inv[d]
+            p = pos[j]
+            if p > first[j] and idx[p - 1] == i:  # a coinciding transition of this row
+                val[p - 1] += r / lam_u
+            else:
+                idx[p] = i
+                val[p] = r / lam_u
+                pos[j] = p + 1
+        diag[i] = (1.0 - out / lam_u) + stay
+    nnz = 0
+    ptr[0] = 0
+    for j in range(n):  # close the gaps the summed transitions left
+        for p in range(first[j], pos[j]):
+            idx[nnz] = idx[p]
+            val[nnz] = val[p]
+            nnz += 1
+        ptr[j + 1] = nnz
+    return nnz
+
+
+@njit(cache=True, nogil=True)
 def gauss_seidel(indptr, indices, data, diag, x, sweeps):  # type: ignore[no-untyped-def]
     """In-place Gauss–Seidel sweeps for xᵀ = xᵀP (P in CSC), x[0] held fixed."""
     n = x.size

@@ -120,7 +120,8 @@ def kernel_cache_misses() -> int:
 
     total: int = sum(_observed_jit.observed_bfs.stats.cache_misses.values())
     for name in ("box_minimum", "box_value", "rvi_sweeps", "bellman_residual", "residual_stats", "rank_rows",
-                 "gauss_seidel", "anderson_history", "anderson_mix", "trim_longest", "chain_bfs", "reach_mark", "event_rows"):
+                 "gauss_seidel", "anderson_history", "anderson_mix", "trim_longest", "chain_bfs", "reach_mark", "event_rows",
+                 "transition_columns"):
         total += sum(getattr(_kernels, name).stats.cache_misses.values())
     return total
 

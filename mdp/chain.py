@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -27,14 +27,50 @@ FloatArray = npt.NDArray[np.float64]
 Rule = Callable[[IntArray], IntArray]
 
 
-class Chain:
-    """A finite chain on reachable (w, k) states with its uniformized transition matrix."""
+class Columns(NamedTuple):
+    """P by column without its diagonal (CSC: ``ptr``, source ``idx``, ``val``) and the diagonal:
+    what the stationary solve reads (evaluate.stationary_columns)."""
 
-    def __init__(self, rows: IntArray, P: sp.csr_matrix, layout: Layout, cap: int) -> None:
+    ptr: npt.NDArray[np.int32]
+    idx: npt.NDArray[np.int32]
+    val: FloatArray
+    diag: FloatArray
+
+
+class Chain:
+    """A finite chain on reachable (w, k) states with its uniformized transition matrix.
+
+    The compiled search gives the matrix by column (``columns``), as the stationary solve reads
+    it; ``P`` (CSR) is then assembled from them on first use.
+    """
+
+    def __init__(self, rows: IntArray, P: sp.csr_matrix | None, layout: Layout, cap: int,
+                 columns: Columns | None = None) -> None:
+        assert P is not None or columns is not None
         self.rows = rows
-        self.P = P
+        self._P = P
+        self.columns = columns
         self.layout = layout
         self.cap = cap
+
+    @property
+    def P(self) -> sp.csr_matrix:
+        if self._P is None:
+            assert self.columns is not None
+            self._P = _from_columns(self.columns)
+        return self._P
+
+
+def _from_columns(c: Columns) -> sp.csr_matrix:
+    """P in CSR from its columns and diagonal, every diagonal entry stored (as the assembly from
+    transitions stores them, zeros included)."""
+    n = c.diag.size
+    ar = np.arange(n)
+    cols = np.repeat(ar, np.diff(c.ptr))
+    P = sp.csr_matrix((np.concatenate([c.val, c.diag]), (np.concatenate([c.idx, ar]), np.concatenate([cols, ar]))),
+                      shape=(n, n))
+    P.sum_duplicates()
+    return P
 
 
 def _apply_rule(
@@ -241,7 +277,9 @@ def compiled_search(kernel: Callable[..., int], args: tuple[Any, ...], L: int, n
                     lam_u: float, layout: Layout) -> Chain:
     """Run a resumable breadth-first kernel (_kernels_jit.chain_bfs, _observed_jit.observed_bfs:
     ``kernel(st, rows, keys, level, ht, t_src, t_dst, t_rate, *args)``) from the empty system,
-    enlarging its buffers whenever one fills, and the chain it found in the numpy search's order."""
+    enlarging its buffers whenever one fills, and the chain it found in the numpy search's order,
+    its matrix by column (_kernels_jit.transition_columns: what the stationary solve reads; P
+    itself is assembled only where asked for)."""
     ranker = Ranker(L, C)
     b = _BfsBuffers(1 << 12, L, n_events)
     b.keys[0] = ranker.rank(b.rows[:1])[0]
@@ -260,7 +298,17 @@ def compiled_search(kernel: Callable[..., int], args: tuple[Any, ...], L: int, n
     order = np.lexsort((keys[:n], level[:n]))
     inv = np.empty(n, dtype=np.int64)
     inv[order] = np.arange(n, dtype=np.int64)
-    return _uniformized(rows[order], inv[t_src[:nt]], inv[t_dst[:nt]], t_rate[:nt].copy(), lam_u, layout, C)
+    if nt >= 2**31 - 1:  # beyond 32-bit column indices: the coordinate assembly
+        return _uniformized(rows[order], inv[t_src[:nt]], inv[t_dst[:nt]], t_rate[:nt].copy(), lam_u, layout, C)
+    from . import _kernels
+
+    ptr = np.empty(n + 1, dtype=np.int32)
+    idx = np.empty(nt, dtype=np.int32)
+    val = np.empty(nt, dtype=np.float64)
+    diag = np.empty(n, dtype=np.float64)
+    nnz = _kernels.transition_columns(t_src[:nt], t_dst[:nt], t_rate[:nt], order, inv, float(lam_u), ptr, idx, val,
+                                      diag)
+    return Chain(rows[order], None, layout, C, Columns(ptr, idx[:nnz], val[:nnz], diag))
 
 
 def _spawn_tables(layout: Layout) -> tuple[IntArray, IntArray, FloatArray]:

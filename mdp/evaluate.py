@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +24,9 @@ from .anderson import AndersonMixer, StallRestart
 from .errors import SolverError
 from .lock import Locks
 from .model import TandemModel
+
+if TYPE_CHECKING:
+    from .chain import Chain
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -150,11 +153,41 @@ def stationary_distribution(
         return reach, p
     Pc = Psub.tocsc()
     guess = None if x0 is None else np.asarray(x0, dtype=np.float64)[reach]
-    pi, converged = _gauss_seidel_law(Pc, _start_law(n, guess))
+    off_ptr, off_idx, off_val = _off_diagonal(Pc)
+    pi, converged = _gauss_seidel_law(off_ptr, off_idx, off_val, Pc.diagonal(), _start_law(n, guess))
     if not converged:
-        pi = _krylov_law(Psub, Pc, pi)
+        pi = _krylov_law(Psub, pi)
     pi = np.clip(pi, 0.0, None)
     return reach, pi / pi.sum()
+
+
+def chain_law(chain: Chain, x0: FloatArray | None = None) -> tuple[IntArray, FloatArray]:
+    """:func:`stationary_distribution` of a chain built from the empty system (state 0): from the
+    columns of its matrix where the compiled search gave them (:func:`stationary_columns`)."""
+    c = chain.columns
+    if c is None:
+        return stationary_distribution(chain.P, 0, x0)
+    return stationary_columns(c.ptr, c.idx, c.val, c.diag, lambda: chain.P, x0)
+
+
+def stationary_columns(ptr: npt.NDArray[Any], idx: npt.NDArray[Any], val: FloatArray, diag: FloatArray,
+                       P: Callable[[], sp.csr_matrix], x0: FloatArray | None = None) -> tuple[IntArray, FloatArray]:
+    """:func:`stationary_distribution` of a chain every state of which the empty system (state 0)
+    reaches, given as the compiled search assembles it: P's off-diagonal entries by column
+    (``ptr``, ``idx``, ``val``) and its diagonal; ``P()`` builds the whole matrix where the
+    iteration needs the Krylov solve or the general one. Returns (indices of the reachable states,
+    their probabilities) as :func:`stationary_distribution` does."""
+    n = diag.size
+    # every state is reached when every entry is positive: the search adds a state on a transition
+    # into it (else, and on a small chain, the general solve, which also finds the reachable states)
+    if n <= min(_GS_FROM, _DENSE_LIMIT) or (val.size and not val.min() > 0) or not np.all(diag >= -1e-9):
+        return stationary_distribution(P(), 0, x0)
+    guess = None if x0 is None else np.asarray(x0, dtype=np.float64)
+    pi, converged = _gauss_seidel_law(ptr, idx, val, diag, _start_law(n, guess))
+    if not converged:
+        pi = _krylov_law(P(), pi)
+    pi = np.clip(pi, 0.0, None)
+    return np.arange(n), pi / pi.sum()
 
 
 def _closed_subchain(P: sp.csr_matrix, start: int) -> tuple[IntArray, sp.csr_matrix]:
@@ -214,23 +247,23 @@ def _off_diagonal(Pc: sp.csc_matrix) -> tuple[IntArray, IntArray, FloatArray]:
     return off_ptr, Pc.indices[keep], Pc.data[keep]
 
 
-def _gauss_seidel_law(Pc: sp.csc_matrix, pi: FloatArray) -> tuple[FloatArray, bool]:
+def _gauss_seidel_law(off_ptr: npt.NDArray[Any], off_idx: npt.NDArray[Any], off_val: FloatArray, diag: FloatArray,
+                      pi: FloatArray) -> tuple[FloatArray, bool]:
     """Gauss–Seidel on π_j(1 − P_jj) = Σ_{i≠j} π_i P_ij with π(0) held at 1, ``_GS_SWEEPS`` sweeps a
     step, Anderson-accelerated (anderson.py): level-ordered states make plain Gauss–Seidel
     converge in a few hundred sweeps, long phases in thousands; sparse LU fills in badly on these
-    lattices. Returns the last iterate (unnormalised) and whether it met the residual test."""
+    lattices. P is given by its off-diagonal columns and its diagonal. Returns the last iterate
+    (unnormalised) and whether it met the residual test."""
     from . import _kernels  # numba: imported (and its cache loaded) only for large chains
 
-    n = Pc.shape[0]
-    PT = Pc.T.tocsr()
-    diag = Pc.diagonal()
-    off_ptr, off_idx, off_val = _off_diagonal(Pc)
+    n = diag.size
+    off_T = sp.csr_matrix((off_val, off_idx, off_ptr), shape=(n, n))  # P's transpose less its diagonal
     mixer = AndersonMixer(n, _AA_MEMORY)
     stall = StallRestart(mixer, 4 * _AA_MEMORY)
     for _ in range(_GS_ROUNDS):
         y = _kernels.gauss_seidel(off_ptr, off_idx, off_val, diag, pi.copy(), _GS_SWEEPS)
         p = y / y.sum()
-        resid = float(np.abs(PT @ p - p).max() / p.max())
+        resid = float(np.abs(off_T @ p + (diag - 1.0) * p).max() / p.max())
         if resid < 1e-12:
             return y, True
         stall.observe(resid)
@@ -239,16 +272,16 @@ def _gauss_seidel_law(Pc: sp.csc_matrix, pi: FloatArray) -> tuple[FloatArray, bo
     return pi, False
 
 
-def _krylov_law(Psub: sp.csr_matrix, Pc: sp.csc_matrix, pi: FloatArray) -> FloatArray:
+def _krylov_law(Psub: sp.csr_matrix, pi: FloatArray) -> FloatArray:
     """A chain slow to mix for Gauss–Seidel: a Krylov solve of the reduced system from ``pi``,
     checked by its residual."""
     A, rhs = _reduced_system(Psub)
     rest = solve_sparse(A.tocsc(), rhs, x0=pi[1:])
     pi = np.concatenate([[1.0], rest])
     p = pi / pi.sum()
-    resid = float(np.abs(Pc.T @ p - p).max() / p.max())
+    resid = float(np.abs(Psub.T @ p - p).max() / p.max())
     if resid > 1e-9:
-        raise SolverError(f"stationary solve inaccurate: residual {resid:.2e} on {Pc.shape[0]} states")
+        raise SolverError(f"stationary solve inaccurate: residual {resid:.2e} on {Psub.shape[0]} states")
     return pi
 
 

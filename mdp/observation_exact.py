@@ -10,6 +10,7 @@ replaced by a new factorization where it misses.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -39,7 +40,8 @@ DIRECT_STATES = 6_000  # below: complete LUs (an LU is cheaper than GMRES set-up
 LOW_RANK = 80
 # after this many iterative solves in a row that did not converge within their budget, the space's
 # tables are factored at once: the preconditioner does not carry them, and each failure costs
-# its budget on top of the factorization that follows (a count, not a clock)
+# its budget on top of the factorization that follows (a count, not a clock). Once one search
+# gives up so, the space's other searches do too (ExactSolver.given_up).
 ITER_GIVE_UP = 3
 _UPDATE_RTOL = 1e-11  # relative residual a low-rank update's solutions must meet (else a new LU)
 
@@ -97,6 +99,14 @@ class ExactSolver:
     preconditions them as well), and they may take the work the costliest factorization took;
     both counted from the fill, never timed, so that the path the search takes does not depend on
     the machine's load.
+
+    The independent searches of a space (:mod:`overtake.mdp.observed`) each start from the
+    :meth:`state` the starting evaluations left, and each may miss :data:`ITER_GIVE_UP` iterative
+    solves in a row before factoring; once one of them has, the others factor at once too: the
+    preconditioner failed tables of the same space, and each miss costs its whole budget. The
+    mark is a byte of memory shared with the forked worker that runs some of the searches
+    (:mod:`overtake.mdp.observed_beside`). Which exact solve answers a table may then depend on
+    which search gave up first; the answers meet the same residual tests either way.
     """
 
     def __init__(self, model: TandemModel, layout: Layout, decisions: DecisionMatrix, P_change: sp.csr_matrix,
@@ -108,6 +118,13 @@ class ExactSolver:
         self.preconditioner: Factor | None = None
         self.lu_work = 0
         self.iter_failed = 0  # iterative solves failed in a row on this space (ITER_GIVE_UP)
+        self._given_up = mmap.mmap(-1, 1)  # anonymous and shared: a fork of this process sees the mark
+
+    @property
+    def given_up(self) -> bool:
+        """Whether a search on this space (here or in a forked worker) missed :data:`ITER_GIVE_UP`
+        iterative solves in a row: every search factors from then on."""
+        return self._given_up[0] != 0
 
     def state(self) -> SolverState:
         """What the evaluations carry from one table to the next (preconditioner, work budget,
@@ -176,7 +193,7 @@ class ExactSolver:
         if changed is not None and changed.size <= LOW_RANK:
             return self._updated(factor, actions, changed, eq)
         S = self.space.size
-        if S <= DIRECT_STATES or self.iter_failed >= ITER_GIVE_UP:
+        if S <= DIRECT_STATES or self.iter_failed >= ITER_GIVE_UP or self.given_up:
             return None, None
         X0 = near.solution if near.solution is not None else np.zeros((S - 1, 3))
         # the table's own law, where solved already, is far closer than the near table's
@@ -186,6 +203,8 @@ class ExactSolver:
         sol = pre.iterate(eq.A, eq.rhs, X0[:, :2], budget=budget)
         solT = None if sol is None else pre.iterate(eq.A, eq.p0[:, None], X0T, budget=budget, trans=True)
         self.iter_failed = self.iter_failed + 1 if solT is None else 0
+        if self.iter_failed >= ITER_GIVE_UP:
+            self._given_up[0] = 1
         return sol, solT
 
     def _updated(self, factor: Factor, actions: IntArray, z: IntArray, eq: _System) -> Solutions:

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .chain import Chain, breadth_first, compiled_search
-from .evaluate import PolicyMetrics, metrics, stationary_distribution
+from .evaluate import PolicyMetrics, chain_law, metrics
 from .lock import Locks
 from .model import TandemModel
 from .observation import ObservedRule, observe
@@ -175,7 +175,7 @@ def observed_law(
     ranker = Ranker(ch.rows.shape[1], max_requests)
     keys = ranker.rank(ch.rows)
     x0 = None if warm is None else warm.start(max_requests, keys, ch.rows)
-    reach, pi = stationary_distribution(ch.P, x0=x0)
+    reach, pi = chain_law(ch, x0)
     order = np.argsort(keys[reach])
     law = ChainLaw(max_requests, keys[reach][order], pi[order], ch.rows[reach][order])
     return metrics(model, ch.rows[reach], layout.queue_stage, pi, max_requests), law

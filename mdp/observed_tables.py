@@ -16,7 +16,7 @@ import numpy.typing as npt
 
 from .baselines import Baseline
 from .chain import build_chain
-from .evaluate import stationary_distribution
+from .evaluate import chain_law
 from .heuristic import overtaking_heuristic
 from .lock import Locks
 from .model import TandemModel
@@ -77,7 +77,7 @@ def heuristic_table(osp: ObservationSpace, fallback: IntArray) -> IntArray:
     h = overtaking_heuristic(model)
     full = Layout.build(model, "full")
     ch = build_chain(model, full, h.actions, max_requests=osp.cap, max_threads=osp.k_max)
-    reach, pi = stationary_distribution(ch.P)
+    reach, pi = chain_law(ch)
     rows = ch.rows[reach]
     s, pre, rate = transitions(model, full, rows, osp.cap)
     # blocked threads of a locked stage count among its threads (:mod:`overtake.mdp.lock`)

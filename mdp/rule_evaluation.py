@@ -19,8 +19,8 @@ import scipy.sparse as sp
 
 from .baselines import Baseline
 from .caps import settle
-from .chain import build_chain
-from .evaluate import PolicyMetrics, metrics, start_vector_pays, stationary_distribution
+from .chain import Chain, build_chain
+from .evaluate import PolicyMetrics, chain_law, metrics, start_vector_pays, stationary_distribution
 from .model import TandemModel
 from .statespace import Layout, Ranker
 
@@ -76,10 +76,12 @@ class WarmStarts:
         out: FloatArray = np.where(hit, old_pi[keep][order][pos], 0.0)
         return out
 
-    def law(self, cap: int, rows: IntArray, P: sp.csr_matrix, queue_stage: IntArray, model: TandemModel) -> PolicyMetrics:
-        """Metrics of the chain ``P`` on ``rows`` (cap ``cap``), started from the nearest recorded law."""
+    def law(self, cap: int, rows: IntArray, P: sp.csr_matrix | Chain, queue_stage: IntArray,
+            model: TandemModel) -> PolicyMetrics:
+        """Metrics of the chain ``P`` (a matrix, or a chain built from the empty system) on ``rows``
+        (cap ``cap``), started from the nearest recorded law."""
         x0 = self.guess(cap, rows) if start_vector_pays(rows.shape[0]) else None
-        reach, pi = stationary_distribution(P, x0=x0)
+        reach, pi = chain_law(P, x0) if isinstance(P, Chain) else stationary_distribution(P, x0=x0)
         self.record(cap, rows[reach], pi)
         return metrics(model, rows[reach], queue_stage, pi, cap)
 
@@ -91,8 +93,8 @@ def evaluate_rule(
     """Exact metrics of the chain ``rule`` induces on ``max_requests``; ``warm``: starting vectors, updated."""
     chain = build_chain(model, layout, rule, max_requests=max_requests, max_threads=max_threads)
     if warm is not None:
-        return warm.law(max_requests, chain.rows, chain.P, layout.queue_stage, model)
-    reach, pi = stationary_distribution(chain.P)
+        return warm.law(max_requests, chain.rows, chain, layout.queue_stage, model)
+    reach, pi = chain_law(chain)
     return metrics(model, chain.rows[reach], layout.queue_stage, pi, max_requests)
 
 
