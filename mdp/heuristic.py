@@ -152,10 +152,10 @@ class OvertakingHeuristic:
         if r.ndim != 2 or r.shape[1] != 2 * D:
             raise ModelError(f"heuristic state rows must have {2 * D} columns (waiting, then threads per coordinate)")
         cap = np.iinfo(np.int64).max if max_threads is None else int(max_threads)
-        from ._heurkernel import decide_rows  # numba: only once a rule is asked (the simulator has its own copy)
+        from ._simcall import decide_rows  # the ahead-of-time kernel; numba only without it
 
         return decide_rows(r, self.remaining, self.min_pair, self.wait, self.order, self.coord_stage,  # type: ignore[no-any-return]
-                            self.variant_code, self.model.cores, self.model.overhead, cap)
+                            self.variant_code, int(self.model.cores), float(self.model.overhead), cap)
 
     def action(self, state: npt.ArrayLike) -> IntArray:
         row: IntArray = self.actions(np.asarray(state, dtype=np.int64).reshape(1, -1))[0]

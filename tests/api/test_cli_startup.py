@@ -34,6 +34,38 @@ def test_small_compare_imports_neither_numba_nor_scipy_solvers():
     assert res["heavy"] == []
 
 
+SOLVE_PROBE = """
+import contextlib, io, json, sys
+from overtake.api.cli import main
+from overtake.mdp import _kernels, _simcall
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    code = main(sys.argv[1:])
+doc = json.loads(out.getvalue())
+print(json.dumps({"code": code, "states": doc["states"], "numba": "numba" in sys.modules,
+                  "aot": _kernels.aot_active() and _simcall.aot_active()}))
+"""
+
+
+@pytest.mark.parametrize("argv", [
+    ["solve", str(CASE1), "--phase-info", "none", "--quiet", "--out", "p.npz"],
+    ["solve", str(CASE1), "--phase-info", "full", "--quiet", "--out", "p.npz"],
+    ["compare", str(CASE1), "--phase-info", "none", "--json", "--quiet"],
+])
+def test_a_solve_with_the_extensions_imports_no_numba(argv, tmp_path):
+    """With the solver's and the simulator's extensions current (the set-up builds both) no solve
+    of a Table 1 case imports numba, whose start costs more than solving case 1: the ``none``
+    solve's starting tables include the restricted heuristic, whose decision comes from the
+    simulator's extension (:mod:`overtake.mdp._simcall`)."""
+    proc = subprocess.run([sys.executable, "-c", SOLVE_PROBE, *argv], capture_output=True, text=True, check=True,
+                          cwd=tmp_path)
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert res["code"] == 0 and res["states"] > 0, res
+    if not res["aot"]:
+        pytest.skip("the ahead-of-time extensions are not built (python -m overtake.mdp._warmup builds them)")
+    assert res["numba"] is False, res
+
+
 def test_compare_method_option_reaches_every_solver(capsys):
     """`overtake compare --method`: each solver answers Table 1 case 7 (H2 stages) with the same π*.
 

@@ -75,3 +75,39 @@ print(same, len({r.mean_response_time for r in runs[0]}) == len(cases))
 """
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
     assert out.stdout.split() == ["False", "True", "True", "True"]
+
+
+def test_the_heuristics_decision_from_the_extension_equals_the_jit_one_and_loads_without_numba():
+    """The heuristic's decision over a block of states comes from the simulator's extension (an
+    observation-policy solve starts from the restricted heuristic: without it numba is imported for
+    that alone); on random states of models with several phases, cores, an overhead, each variant
+    and a thread cap it equals the JIT kernel's decision element for element, and the decisions are
+    not all alike (the rows exercise the rule)."""
+    subprocess.run([sys.executable, "-m", "overtake.mdp._warmup"], check=True, capture_output=True)
+    code = """
+import sys, numpy as np
+from overtake.mdp import _simcall
+from overtake.mdp._warmup import _model
+from overtake.mdp.heuristic import overtaking_heuristic
+from overtake.mdp.model import Stage, TandemModel
+
+h2 = _model()
+three = TandemModel(0.4, h2.stages + (Stage("s3", np.array([1.0]), np.array([[-2.0]])),), cores=2, overhead=0.05)
+runs = []
+for aot in (True, False):
+    _simcall.USE_AOT = aot
+    rng = np.random.default_rng(3)  # the same rows for both
+    out = []
+    for model in (h2, three):
+        D = model.n_coords
+        rows = np.concatenate([rng.integers(0, 5, size=(400, D)), rng.integers(0, 3, size=(400, D))], axis=1)
+        for variant in ("pairwise", "lookahead", "literal"):
+            h = overtaking_heuristic(model, variant=variant)
+            out += [h.actions(rows), h.actions(rows, max_threads=4)]
+    runs.append(out)
+    if aot:
+        print("numba" in sys.modules, _simcall.aot_active())
+print(all(np.array_equal(a, b) for a, b in zip(*runs)), len({a.tobytes() for a in runs[0]}) > 4)
+"""
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    assert out.stdout.split() == ["False", "True", "True", "True"]
