@@ -34,7 +34,9 @@ observation class), every one evaluated exactly on the full chain:
    Each evaluation cap's stationary solve starts from the last table's law on that cap, or else
    from this table's law on the ladder's previous cap. Given a second process (``beside``), the
    first table's ladder runs there while the next solve cap is searched here: the search needs
-   nothing of it, and its laws come back to start the next table's solves.
+   nothing of it, and its laws come back to start the next table's solves. Neither goes to a
+   second process where the observation hides no phase: the work is too small to pay for its
+   start (:func:`overtake.mdp.observed_beside.worth_a_worker`).
 4. The answer is the best of the improved table and every baseline, each by its own exactly
    evaluated E[W] (and, for ``route``, the ``none`` optimum): E W(none) ≤ min over the baselines
    by construction. ``source`` names where the answer came from.
@@ -74,7 +76,7 @@ from .errors import TruncationError
 from .evaluate import PolicyMetrics
 from .model import TandemModel
 from .observation import ExactEvaluation, ObservationSpace
-from .observed_beside import Tickets, limit_elsewhere, search_elsewhere
+from .observed_beside import Tickets, limit_elsewhere, search_elsewhere, worth_a_worker
 from .observed_chain import ChainLaw, observed_law
 from .observed_improve import Improvement, improve
 from .observed_tables import lift, stage_rule, stage_view, starting_tables
@@ -244,7 +246,7 @@ class _Search:
         independent, so with a second process (``beside``) each is run by whichever of the two
         processes is free first, with the same answers."""
         state = osp.exact.state()
-        tickets = Tickets(len(ranked)) if self.beside is not None and 1 < len(ranked) < 256 else None
+        tickets = Tickets(len(ranked)) if self.beside is not None and 1 < len(ranked) < 256 and worth_a_worker(osp) else None
         pending = None
         if tickets is not None:
             assert self.beside is not None
@@ -373,7 +375,7 @@ class _Search:
         C0 = tr.max_requests
         tr2 = self.truncation_for(next_solve_cap(tr.max_requests))
         ahead = None
-        if self.beside is not None and tr2.k_max >= tr.k_max:
+        if self.beside is not None and tr2.k_max >= tr.k_max and worth_a_worker(osp):
             # the first table's ladder needs nothing of the next cap's search, which always runs
             join = self.limit_beside(self.beside, pol, C0, imp.evaluation.metrics)
             at = len(self.trace)

@@ -172,3 +172,28 @@ def test_a_search_a_dead_worker_took_runs_here(observed_model, observed_alone) -
     assert took == [0, 0]  # one search lost on each solve cap
     assert other.trace == plain.trace and other.solve.history == plain.solve.history
     assert other.policy.digest() == plain.policy.digest()
+
+
+def test_an_observation_that_hides_no_phase_starts_no_worker() -> None:
+    """Exponential stages: the ``none`` observation is the whole state (one state per class), its
+    searches and ladders are too short to pay for a worker, so none is started; the answer is the
+    one-process answer. With a hidden phase (the module's model) the worker is still used."""
+    from overtake.mdp.observation import ObservationSpace
+    from overtake.mdp.observed_beside import worth_a_worker
+    from overtake.mdp.statespace import Layout
+
+    model = tandem(0.6, exp_stage("a", 1.0), exp_stage("b", 1.0))
+
+    def refuse(*_: Any) -> None:
+        raise AssertionError("no phase hidden: nothing to run beside the solve")
+
+    other = _observed(model, beside=refuse)
+    plain = _observed(model)
+    assert any(e.get("check") == "evaluation cap" for e in plain.trace)  # a ladder ran, here
+    assert [len(e["improved_gains"]) for e in plain.trace if "improved_gains" in e] == [3, 2]  # so did the searches
+    assert other.trace == plain.trace and other.policy.digest() == plain.policy.digest()
+    osp = ObservationSpace(model, Truncation(5), Layout.build(model, "none"))
+    assert osp.size == osp.n_classes and not worth_a_worker(osp)
+    hidden = tandem(0.5, exp_stage("a", 1.0), h2_stage("b", 0.91, 0.55, 5.45))
+    osp = ObservationSpace(hidden, Truncation(5), Layout.build(hidden, "none"))
+    assert osp.size > osp.n_classes and worth_a_worker(osp)
