@@ -87,6 +87,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+#: the policy's states from which its overtaking rules go to the second core: below it they take
+#: less than the worker's start (the fork, its answer pickled back, its exit), e.g. those of Table
+#: 1's full-information policies (up to about a hundred thousand states: measured, the crossover
+#: is near twenty thousand)
+RULES_BESIDE_MIN_STATES = 20_000
+
+
+def _rules_beside(policy: Any) -> bool:
+    return int(policy.keys.size) >= RULES_BESIDE_MIN_STATES
+
+
 class _After:
     """What the command does with the solved policy besides saving it: its overtaking rules (full
     information) and its CPU-priority prediction.
@@ -95,7 +106,8 @@ class _After:
     them from the start (they need no policy); the rules and the policy's simulation as soon as the
     solve has the policy it will most likely return (:meth:`start`, the solve's ``candidate``),
     kept when it is returned; otherwise (or without that candidate) after the solve, the rules
-    beside the simulation. Every figure is the one computed in order in one process.
+    beside the simulation. The rules of a policy below :data:`RULES_BESIDE_MIN_STATES` states are
+    extracted here after the solve instead. Every figure is the one computed in order in one process.
     """
 
     def __init__(self, args: argparse.Namespace, model: Any) -> None:
@@ -123,13 +135,14 @@ class _After:
         from overtake.mdp.rules import overtaking_rule
 
         self._policy = policy
-        if self.args.phase_info == "full":
+        if self.args.phase_info == "full" and _rules_beside(policy):
             self._rules = start(overtaking_rule, result, policy)
         if self.args.cpu_priority == "age":
             self._prio = start(_cpu_priority_meta, "age", self.model, policy, None, self.passthrough(), False)
 
     def finish(self, opt: Any, choice: Any) -> tuple[Any, Any]:
-        """The rules (None without full information) and the CPU-priority record (None without)."""
+        """The rules (None without full information, or when too small to go beside: then they
+        are extracted here, by :func:`_policy_meta`) and the CPU-priority record (None without)."""
         from overtake.api.beside import start
         from overtake.mdp.rules import overtaking_rule
 
@@ -137,7 +150,8 @@ class _After:
             for pending in (self._rules, self._prio):
                 if pending is not None:
                     pending.cancel()
-            self._rules = start(overtaking_rule, opt.solve, opt.policy) if self.args.phase_info == "full" else None
+            self._rules = start(overtaking_rule, opt.solve, opt.policy) if (
+                self.args.phase_info == "full" and _rules_beside(opt.policy)) else None
             self._prio = None
         prio = self._prio.result() if self._prio is not None else (
             _cpu_priority_meta(self.args.cpu_priority, self.model, opt.policy, choice, self.passthrough())

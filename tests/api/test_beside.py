@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from overtake.api import beside
+from overtake.api.commands import solve as solve_command
 from overtake.mdp.errors import ModelError
 
 CASE7 = Path(__file__).resolve().parents[2] / "examples" / "table1" / "case07.yaml"
@@ -110,6 +111,8 @@ def test_an_age_solve_with_a_second_core_writes_the_file_of_one_core(kept, monke
         return real(fn, *args, **kwargs)
 
     monkeypatch.setattr(beside, "start", counting)
+    # these policies' rules are quick enough to run here; sent beside all the same, to test that path
+    monkeypatch.setattr(solve_command, "RULES_BESIDE_MIN_STATES", 0)
     out = {}
     for cores in (1, 2):
         monkeypatch.setattr(beside, "_cores", lambda cores=cores: cores)
@@ -135,3 +138,35 @@ def test_an_age_solve_with_a_second_core_writes_the_file_of_one_core(kept, monke
     meta = json.loads(out[2][1])
     assert meta["rules"] == json.loads(json.dumps(overtaking_rule(opt.solve, opt.policy).to_dict()))
     assert meta["cpu_priority"]["age"] == json.loads(json.dumps(predict_priority(model, opt.policy, "age").to_meta()))
+
+
+def test_a_small_policys_rules_are_extracted_here_with_the_same_record(monkeypatch, tmp_path, capsys):
+    """A policy below RULES_BESIDE_MIN_STATES (Table 1 case 7's, a few thousand states) has its
+    overtaking rules extracted here, no worker started for them, on two cores as on one; the
+    file's record is the one written with the rules sent beside."""
+    from overtake.api.cli import main
+    from overtake.mdp.policy import Policy
+
+    started: list[str] = []
+    real = beside.start
+
+    def counting(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+        started.append(fn.__name__)
+        return real(fn, *args, **kwargs)
+
+    monkeypatch.setattr(beside, "start", counting)
+    monkeypatch.setattr(beside, "_cores", lambda: 2)
+    out = {}
+    for threshold in (solve_command.RULES_BESIDE_MIN_STATES, 0):
+        monkeypatch.setattr(solve_command, "RULES_BESIDE_MIN_STATES", threshold)
+        started.clear()
+        path = tmp_path / f"p{threshold}.npz"
+        assert main(["solve", str(CASE7), "--out", str(path), "--quiet", "--phase-info", "full"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        doc.pop("out")
+        pol = Policy.load(path)
+        assert pol.keys.size < solve_command.RULES_BESIDE_MIN_STATES or threshold == 0
+        out[threshold] = (doc, json.dumps(pol.meta), pol.digest(), started.count("overtaking_rule"))
+    small, forced = out.values()
+    assert small[3] == 0 and forced[3] >= 1  # beside only when told to
+    assert small[:3] == forced[:3] and "rules" in json.loads(small[1])
