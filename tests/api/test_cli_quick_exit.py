@@ -1,0 +1,94 @@
+"""`overtake solve` run as the program ends without Python's teardown (overtake.api.cli.end_now):
+the same output, file and exit code, the exit handlers run; called with arguments, main returns."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from overtake.api import cli
+
+CASE1 = Path(__file__).resolve().parents[2] / "examples" / "table1" / "case01.yaml"
+
+# A module-level object whose finalizer speaks at Python's teardown, and an exit handler.
+PROBE = """
+import atexit, sys
+
+class Teardown:
+    def __del__(self):
+        sys.stderr.write("teardown ran\\n")
+
+kept = Teardown()
+atexit.register(lambda: sys.stderr.write("exit handler ran\\n"))
+from overtake.api.cli import main
+if sys.argv[1] == "program":
+    sys.argv = ["overtake", *sys.argv[2:]]
+    sys.exit(main())
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _run(how: str, *argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", PROBE, how, *argv], capture_output=True, text=True, cwd=cwd)
+
+
+def test_a_solve_run_as_the_program_skips_the_teardown_and_nothing_else(tmp_path):
+    argv = ("solve", str(CASE1), "--phase-info", "none", "--quiet", "--out", "p.npz")
+    (tmp_path / "program").mkdir()
+    (tmp_path / "called").mkdir()
+    quick = _run("program", *argv, cwd=tmp_path / "program")
+    plain = _run("called", *argv, cwd=tmp_path / "called")
+    assert quick.returncode == plain.returncode == 0, (quick.stderr, plain.stderr)
+    assert "teardown ran" in plain.stderr and "teardown ran" not in quick.stderr  # the teardown skipped
+    assert "exit handler ran" in quick.stderr and "exit handler ran" in plain.stderr
+    assert json.loads(quick.stdout) == json.loads(plain.stdout)  # flushed in full, the same document
+    assert (tmp_path / "program" / "p.npz").read_bytes() == (tmp_path / "called" / "p.npz").read_bytes()
+
+
+def test_an_input_error_exits_as_before(tmp_path):
+    res = _run("program", "solve", str(tmp_path / "missing.yaml"), "--out", "p.npz", cwd=tmp_path)
+    assert res.returncode == 2 and "file not found" in res.stderr
+    assert "teardown ran" in res.stderr and "exit handler ran" in res.stderr
+
+
+def test_a_command_that_is_not_quick_keeps_the_teardown(tmp_path):
+    res = _run("program", "--version", cwd=tmp_path)
+    assert res.returncode == 0 and "teardown ran" in res.stderr
+    assert "fit" not in cli.QUICK_EXIT and "sidecar" not in cli.QUICK_EXIT and "api" not in cli.QUICK_EXIT
+
+
+def test_with_another_thread_running_the_process_is_not_ended(monkeypatch):
+    ended: list[int] = []
+    handlers: list[bool] = []
+    monkeypatch.setattr(cli.os, "_exit", ended.append)
+    monkeypatch.setattr(cli.atexit, "_run_exitfuncs", lambda: handlers.append(True))  # not this suite's own
+    release = threading.Event()
+    worker = threading.Thread(target=release.wait)
+    worker.start()
+    try:
+        cli.end_now(0)  # returns: the thread would be cut off
+        assert ended == [] and handlers == []
+    finally:
+        release.set()
+        worker.join()
+    cli.end_now(3)  # alone again: the exit handlers, then the end (here, the stand-ins record them)
+    assert handlers == [True] and ended == [3]
+
+
+@pytest.mark.parametrize("stream", ["stdout", "stderr"])
+def test_a_stream_that_does_not_flush_leaves_the_exit_to_python(monkeypatch, stream):
+    class Closed:
+        def flush(self) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    ended: list[int] = []
+    monkeypatch.setattr(cli.os, "_exit", ended.append)
+    monkeypatch.setattr(cli.atexit, "_run_exitfuncs", lambda: None)
+    monkeypatch.setattr(cli.sys, stream, Closed())
+    cli.end_now(0)
+    assert ended == []
