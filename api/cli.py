@@ -49,8 +49,8 @@ SUMMARIES: dict[str, str] = {
 
 EXIT_USAGE = 2
 
-#: Commands that compute, write their files, print and end. Run as the program (``overtake``,
-#: ``python -m overtake``), such a process ends without Python's teardown: freeing every object
+#: Commands that compute, write their files, print and end. Run as the program (:func:`program`:
+#: ``overtake``, ``python -m overtake``), such a process ends without Python's teardown: freeing every object
 #: and clearing each of the six hundred modules a solve imports (numpy, scipy, pydantic) is a
 #: noticeable part of a small solve's wall time and changes nothing the command did.
 QUICK_EXIT = frozenset({"solve", "compare", "simulate"})
@@ -107,12 +107,17 @@ def end_now(code: int) -> None:
     os._exit(code)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """The ``overtake`` command on ``argv`` (default: this program's arguments); its exit code.
+def program() -> int:
+    """The ``overtake`` program (the console script, ``python -m overtake``): :func:`main` on this
+    process's arguments, a :data:`QUICK_EXIT` command that succeeded ending the process itself."""
+    return main(end=True)
 
-    Run as the program (``argv`` None), a :data:`QUICK_EXIT` command that succeeded ends the
-    process itself (:func:`end_now`); called with ``argv`` (tests, scripts) it always returns."""
-    program = argv is None
+
+def main(argv: Sequence[str] | None = None, *, end: bool = False) -> int:
+    """The ``overtake`` command on ``argv`` (default: this process's arguments); its exit code.
+
+    With ``end`` (:func:`program`) a :data:`QUICK_EXIT` command that succeeded ends the process
+    (:func:`end_now`); otherwise (tests, scripts that call it) it always returns."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(_named_command(argv))
     args = parser.parse_args(argv)
@@ -127,10 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
-    if program and code == 0 and args.command in QUICK_EXIT:
+    if end and code == 0 and args.command in QUICK_EXIT:
         end_now(code)
     return code
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    sys.exit(program())

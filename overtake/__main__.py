@@ -2,6 +2,6 @@
 
 import sys
 
-from overtake.api.cli import main
+from overtake.api.cli import program
 
-sys.exit(main())
+sys.exit(program())

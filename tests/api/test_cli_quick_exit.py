@@ -1,5 +1,5 @@
 """`overtake solve` run as the program ends without Python's teardown (overtake.api.cli.end_now):
-the same output, file and exit code, the exit handlers run; called with arguments, main returns."""
+the same output, file and exit code, the exit handlers run; main, called by a script, returns."""
 
 from __future__ import annotations
 
@@ -25,11 +25,10 @@ class Teardown:
 
 kept = Teardown()
 atexit.register(lambda: sys.stderr.write("exit handler ran\\n"))
-from overtake.api.cli import main
-if sys.argv[1] == "program":
-    sys.argv = ["overtake", *sys.argv[2:]]
-    sys.exit(main())
-sys.exit(main(sys.argv[2:]))
+from overtake.api.cli import main, program
+how = sys.argv[1]
+sys.argv = ["overtake", *sys.argv[2:]]
+sys.exit(program() if how == "program" else main())  # a script's main() returns, whatever sys.argv says
 """
 
 
