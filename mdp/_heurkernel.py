@@ -2,7 +2,8 @@
 (called by the simulator's event loop, :mod:`overtake.mdp._simkernel`) and a block of state rows.
 
 Apart from the rest of the heuristic so that building or simulating with it imports no numba
-where the simulator's ahead-of-time extension (:mod:`overtake.mdp._simcall`) carries the loop.
+where the simulator's ahead-of-time extension (:mod:`overtake.mdp._simcall`) carries the loop and
+the block of rows (the heuristic's ``actions`` call them through it).
 """
 
 from __future__ import annotations
