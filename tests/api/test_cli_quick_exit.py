@@ -64,6 +64,9 @@ def test_a_command_that_is_not_quick_keeps_the_teardown(tmp_path):
 def test_with_another_thread_running_the_process_is_not_ended(monkeypatch):
     ended: list[int] = []
     handlers: list[bool] = []
+    # The runner's own threads (pytest-xdist's) are alive throughout: count from them.
+    before = len(threading.enumerate())
+    monkeypatch.setattr(cli.threading, "active_count", lambda: len(threading.enumerate()) - before + 1)
     monkeypatch.setattr(cli.os, "_exit", ended.append)
     monkeypatch.setattr(cli.atexit, "_run_exitfuncs", lambda: handlers.append(True))  # not this suite's own
     release = threading.Event()
