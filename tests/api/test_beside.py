@@ -24,6 +24,19 @@ def _fails() -> None:
     raise ModelError("stage2: no such thing")
 
 
+
+def _count_starts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the functions started beside from now on (each start still happens)."""
+    started: list[str] = []
+    real = beside.start
+
+    def counting(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+        started.append(fn.__name__)
+        return real(fn, *args, **kwargs)
+
+    monkeypatch.setattr(beside, "start", counting)
+    return started
+
 def test_with_a_second_core_the_work_runs_in_another_process(monkeypatch):
     monkeypatch.setattr(beside, "_cores", lambda: 2)
     pid, y = beside.start(_pid_and, 21).result()
@@ -103,14 +116,7 @@ def test_an_age_solve_with_a_second_core_writes_the_file_of_one_core(kept, monke
 
     scen = tmp_path / "kept.yaml"
     scen.write_text(KEPT)
-    started: list[str] = []
-    real = beside.start
-
-    def counting(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
-        started.append(fn.__name__)
-        return real(fn, *args, **kwargs)
-
-    monkeypatch.setattr(beside, "start", counting)
+    started = _count_starts(monkeypatch)
     # these policies' rules are quick enough to run here; sent beside all the same, to test that path
     monkeypatch.setattr(solve_command, "RULES_BESIDE_MIN_STATES", 0)
     out = {}
@@ -147,14 +153,7 @@ def test_a_small_policys_rules_are_extracted_here_with_the_same_record(monkeypat
     from overtake.api.cli import main
     from overtake.mdp.policy import Policy
 
-    started: list[str] = []
-    real = beside.start
-
-    def counting(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
-        started.append(fn.__name__)
-        return real(fn, *args, **kwargs)
-
-    monkeypatch.setattr(beside, "start", counting)
+    started = _count_starts(monkeypatch)
     monkeypatch.setattr(beside, "_cores", lambda: 2)
     out = {}
     for threshold in (solve_command.RULES_BESIDE_MIN_STATES, 0):

@@ -4,7 +4,9 @@ and module-mode tests share it): the file's path under /dev/shm, removed with it
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,3 +45,16 @@ def control_apache(name: str, *, pin: bool = False, **prio: Any) -> Iterator[tup
         for p in (path, path + ".key"):
             Path(p).unlink(missing_ok=True)
         shutil.rmtree(parent, ignore_errors=True)
+
+
+def get(inst: apache.ApacheInstance, path: str, timeout: float = 120) -> tuple[int, str]:
+    """``GET path`` on the instance: the status and the body."""
+    with urllib.request.urlopen(inst.base_url + path, timeout=timeout) as r:
+        return r.status, r.read().decode()
+
+
+def prio_counters(inst: apache.ApacheInstance) -> dict[str, float]:
+    """The module's counters from its status page (which also judges the control file in the
+    answering child)."""
+    text = get(inst, "/overtake-prio-status")[1]
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\S+) (\S+)$", text, re.M)}

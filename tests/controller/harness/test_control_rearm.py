@@ -11,15 +11,14 @@ level 1 by age: without the re-arm it ends at level 0 (its check stays due 30 s 
 
 from __future__ import annotations
 
-import re
 import threading
 import time
-import urllib.request
 
 import pytest
 from support.control_apache import control_apache
+from support.control_apache import get as _get
+from support.control_apache import prio_counters as _status
 
-from overtake.controller.harness import apache
 from overtake.controller.sidecar.control_file import ControlFile
 
 CONFIGURED = 30.0  # OvertakePrioLevels: in force at the request's start, never reached by WORK
@@ -27,17 +26,6 @@ WORK = 1.0         # seconds of thread CPU the running request burns
 LOWERED = 0.05     # the file's threshold, put in force while it runs (below what it has used)
 LEVEL1 = 'overtake_cpu_prio_requests_total{level="1"}'
 AGE1 = 'overtake_cpu_prio_demotions_total{level="1",cause="age"}'
-
-
-def _get(inst: apache.ApacheInstance, path: str) -> tuple[int, str]:
-    with urllib.request.urlopen(inst.base_url + path, timeout=120) as r:
-        return r.status, r.read().decode()
-
-
-def _status(inst: apache.ApacheInstance) -> dict[str, float]:
-    """The module's counters (the status page also judges the control file in the answering child)."""
-    text = _get(inst, "/overtake-prio-status")[1]
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\S+) (\S+)$", text, re.M)}
 
 
 def test_a_lowered_threshold_reaches_a_request_already_running(apache_available: None) -> None:

@@ -18,13 +18,14 @@ import os
 import re
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from support.control_apache import control_apache
+from support.control_apache import get as _get
+from support.control_apache import prio_counters as _status
 from support.service_helpers import SidecarProc, StubApache, replay_h2_transactions
 
 from overtake.controller.harness import apache
@@ -48,16 +49,6 @@ def controlled(apache_available: None) -> Iterator[tuple[apache.ApacheInstance, 
     """A private Apache whose module reads a control file (it creates the file empty, and its key)."""
     with control_apache("control", pin=True, levels=(CONFIGURED,), nice=("idle",)) as served:
         yield served
-
-
-def _get(inst: apache.ApacheInstance, path: str) -> tuple[int, str]:
-    with urllib.request.urlopen(inst.base_url + path, timeout=30) as r:
-        return r.status, r.read().decode()
-
-
-def _status(inst: apache.ApacheInstance) -> dict[str, float]:
-    text = _get(inst, "/overtake-prio-status")[1]
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\S+) (\S+)$", text, re.M)}
 
 
 def _config_generation(inst: apache.ApacheInstance) -> int:
