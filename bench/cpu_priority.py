@@ -504,9 +504,9 @@ def overhead(tmp: Path, server_core: int, client_core: int, duration: float, con
                     for k, rs in runs.items() if k.startswith(kind)]
         for key in ("p99_alone_ratio", "rps_alone_ratio"):
             for kind, tag in (("on", ""), ("ctl", "control_")):
-                g, lo, hi = _geo_ci95(pair_geo(kind, key))
-                alone |= {f"{tag}{key}_pairs": pair_geo(kind, key), f"{tag}{key}": g,
-                          f"{tag}{key}_ci95": [lo, hi]}
+                per_pair = pair_geo(kind, key)
+                g, lo, hi = _geo_ci95(per_pair)
+                alone |= {f"{tag}{key}_pairs": per_pair, f"{tag}{key}": g, f"{tag}{key}_ci95": [lo, hi]}
     return {
         **out, "runs": runs, "pairs": pairs, "windows": windows,
         "cpu_per_request_ratio_pairs": on_cpu,
