@@ -11,8 +11,9 @@
  *   - request start (post_read_request, first): note the worker thread's id, its thread CPU
  *     clock and the wall time; an optional header (OvertakePrioClassHeader, set by the
  *     sidecar) starts the request at a given level (known-phase short-first, route class);
- *   - a monitor thread per child process wakes when a threshold can have been crossed (at
- *     most every OvertakePrioInterval seconds) and, for each request in flight whose attained
+ *   - a monitor pass, when a threshold can have been crossed (at most every
+ *     OvertakePrioInterval seconds; made by the next request start, or by the child's monitor
+ *     thread on a timer when none starts), for each request in flight whose attained
  *     thread CPU has crossed the next threshold of OvertakePrioLevels, lowers its thread's
  *     priority: setpriority() to the thread's own nice value plus the level's increment (at
  *     most 19), or sched_setscheduler(SCHED_IDLE) (OvertakePrioNice ... idle);

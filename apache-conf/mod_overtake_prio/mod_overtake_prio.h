@@ -223,12 +223,13 @@ apr_status_t op_end_filter(ap_filter_t *f, apr_bucket_brigade *bb);
 #define OP_LATE_BUCKETS 7u
 extern const double op_late_le[OP_LATE_BUCKETS];
 extern apr_uint64_t op_late_count[OP_LATE_BUCKETS + 1];  /* last = above every bound */
-extern int64_t op_late_max_ns;      /* worst monitor wake-up delay in this child */
+extern int64_t op_late_max_ns;      /* worst delay of a monitor pass in this child */
 extern int64_t op_late_sum_ns;
-extern int op_monitor_idle;         /* the monitor waits without a deadline: nothing in flight */
+extern int64_t op_pass_at;          /* when the next monitor pass is due; INT64_MAX: nothing in flight */
 int op_monitor_start(void);
 void op_monitor_stop(void);
 void op_monitor_wake(void);
+void op_monitor_pass_due(int64_t now);
 void op_monitor_rearm(void);
 
 /* op_gate.c: the admission gate */

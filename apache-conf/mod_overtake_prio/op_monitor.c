@@ -1,30 +1,39 @@
 /*
- * op_monitor.c -- the monitor thread of a child: it wakes when an in-flight request can have
- * crossed its next threshold of attained thread CPU and moves its thread to that level.
+ * op_monitor.c -- the monitor passes of a child: when an in-flight request can have crossed its
+ * next threshold of attained thread CPU, a pass moves its thread to that level. The first request
+ * start at or after that time makes the pass; the monitor thread, on a timer, when none does.
  */
 #include "mod_overtake_prio.h"
 #include "op_guard.h"
 
-#include <errno.h>
 #include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
 
-/* Histogram of the monitor's wake-up delays in this child (Prometheus buckets, seconds). */
+/* Histogram of the delays of the monitor's passes in this child (Prometheus buckets, seconds). */
 const double op_late_le[OP_LATE_BUCKETS] = {0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05};
 apr_uint64_t op_late_count[OP_LATE_BUCKETS + 1];
 int64_t op_late_max_ns;
 int64_t op_late_sum_ns;
-int op_monitor_idle;
 
 static pthread_t monitor;
 static int monitor_running;
-static int monitor_stop;        /* under monitor_mu */
-static int monitor_woken;       /* under monitor_mu: a request start ended that wait */
-static pthread_mutex_t monitor_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t monitor_cv;   /* CLOCK_MONOTONIC; signalled to stop the monitor */
+static int monitor_stop;
+static int monitor_tfd = -1;        /* CLOCK_MONOTONIC timerfd: the monitor's one wait */
+static int64_t period_ns;           /* OvertakePrioInterval */
+/* One pass at a time, the monitor's or a request start's; it also orders the timer's arming. */
+static pthread_mutex_t pass_mu = PTHREAD_MUTEX_INITIALIZER;
+static int64_t armed_at = INT64_MAX;    /* under pass_mu: the timer's expiry, INT64_MAX: disarmed */
+static int64_t grace_ns;                /* under pass_mu: the timer's delay past op_pass_at */
+static unsigned *seen_seq;              /* under pass_mu: each slot's request at the last pass */
+int64_t op_pass_at = INT64_MAX;
 
 /* One monitor pass: demote the threads whose attained CPU crossed a threshold. Returns the
- * earliest time at which an in-flight request could cross its next one (INT64_MAX: none). */
-static int64_t monitor_scan(int64_t now)
+ * earliest time at which an in-flight request could cross its next one (INT64_MAX: none);
+ * *started: whether a request started on some slot since the last pass. */
+static int64_t monitor_scan(int64_t now, int *started)
 {
     int n = op_slots_in_use();
     int64_t soonest = INT64_MAX;
@@ -33,6 +42,9 @@ static int64_t monitor_scan(int64_t now)
         op_slot *s = &op_slots[i];
         struct timespec ts;
         int64_t after = __atomic_load_n(&op_due[i], __ATOMIC_RELAXED);
+        unsigned seq = __atomic_load_n(&s->seq, __ATOMIC_RELAXED);
+        *started |= seq != seen_seq[i];
+        seen_seq[i] = seq;
         if (now < after) {
             /* thread CPU <= wall time since start: it cannot have crossed yet */
             soonest = after < soonest ? after : soonest;
@@ -63,36 +75,24 @@ static int64_t monitor_scan(int64_t now)
     return soonest;
 }
 
-/* New thresholds are in force (op_control.c, after bumping op_hot.thr_gen): a request in flight
- * was given its due time by the thresholds of its start, so a lowered threshold would reach it
- * only at the old one. Every slot is due at once and the monitor wakes, deadline or not: its pass
- * looks at every request in flight by the new thresholds (and an idle slot's due goes back to
- * never). A request start that read the old thresholds and stored its due after this sees the
- * generation move and makes itself due (op_prio.c). */
-void op_monitor_rearm(void)
+/* Set the monitor's timer to expire at `at` (INT64_MAX: disarm). Caller holds pass_mu. */
+static void arm(int64_t at)
 {
-    int i, n = op_slots_in_use();
-    for (i = 0; i < n; i++) {
-        __atomic_store_n(&op_due[i], 0, __ATOMIC_SEQ_CST);
+    struct itimerspec its;
+    if (__atomic_load_n(&monitor_stop, __ATOMIC_ACQUIRE)) {
+        at = 1;  /* stopping: whoever arms last, the monitor's read returns */
     }
-    pthread_mutex_lock(&monitor_mu);
-    __atomic_store_n(&op_monitor_idle, 0, __ATOMIC_RELAXED);
-    monitor_woken = 1;
-    pthread_cond_signal(&monitor_cv);
-    pthread_mutex_unlock(&monitor_mu);
-}
-
-/* A request start found the monitor waiting without a deadline: wake it. The monitor holds
- * monitor_mu from raising op_monitor_idle until its wait begins, so the signal cannot be lost. */
-void op_monitor_wake(void)
-{
-    pthread_mutex_lock(&monitor_mu);
-    if (op_monitor_idle) {
-        __atomic_store_n(&op_monitor_idle, 0, __ATOMIC_RELAXED);
-        monitor_woken = 1;
-        pthread_cond_signal(&monitor_cv);
+    else if (at == armed_at) {
+        return;
     }
-    pthread_mutex_unlock(&monitor_mu);
+    memset(&its, 0, sizeof its);
+    if (at != INT64_MAX) {
+        at = at > 0 ? at : 1;  /* 0 would disarm it */
+        its.it_value.tv_sec = at / 1000000000;
+        its.it_value.tv_nsec = at % 1000000000;
+    }
+    timerfd_settime(monitor_tfd, TFD_TIMER_ABSTIME, &its, NULL);
+    armed_at = at;
 }
 
 static void count_late(int64_t late)
@@ -112,73 +112,126 @@ static int64_t first_threshold(void)
     return t < 100000000 ? t : 100000000;
 }
 
-/* Wakes only when a threshold can be crossed: at the earliest due time of the requests in
- * flight, and no later than one first threshold from now (a request that starts later cannot
- * cross sooner, but for the CPU resolution), but never more often than OvertakePrioInterval;
- * a busy child with short requests wakes about once per first threshold. With nothing in
- * flight it waits without a deadline until a request starts (op_monitor_wake): an idle Apache
- * costs no wake-ups. */
+/* A pass (caller holds pass_mu), and when the next is due: at the soonest due time of the
+ * requests in flight, no later than one first threshold from now (a request that starts later
+ * cannot cross sooner, but for the CPU resolution), no sooner than OvertakePrioInterval. The
+ * next pass is made by the first request start at or after that time (op_monitor_pass_due),
+ * or by the monitor when its timer expires. In a child where requests started since the last
+ * pass, the timer waits half an interval longer: a start usually comes first and the monitor
+ * sleeps through (its wake-up would preempt a worker, and many of them lengthen the queue of
+ * a saturated core); where none started, a pass is the monitor's, on time. With nothing in
+ * flight there is no next pass and the timer is off: an idle child costs no wake-ups. */
+static void pass(int64_t now)
+{
+    int started = 0;
+    int64_t soonest = monitor_scan(now, &started);
+    ADD(op_shm->monitor_ticks, 1);
+    if (soonest == INT64_MAX) {
+        /* Nothing to watch. Say so, then look once more: a request start publishes its due
+         * time before it reads op_pass_at (both sequentially consistent), so either this look
+         * sees it or that start sees INT64_MAX and makes a pass (op_monitor_wake). */
+        __atomic_store_n(&op_pass_at, INT64_MAX, __ATOMIC_SEQ_CST);
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        soonest = monitor_scan(op_mono_ns(), &started);
+        if (soonest == INT64_MAX) {
+            arm(INT64_MAX);
+            return;
+        }
+    }
+    grace_ns = started ? period_ns / 2 : 0;
+    now = op_next_wake(now, soonest, first_threshold(), period_ns);
+    __atomic_store_n(&op_pass_at, now, __ATOMIC_SEQ_CST);
+    arm(now + grace_ns);
+}
+
+/* A request start at level 0 at or after the next pass's time makes it, unless a pass is under
+ * way. (A thread at a lower level could hold pass_mu for long, the monitor waiting behind it.) */
+void op_monitor_pass_due(int64_t now)
+{
+    if (pthread_mutex_trylock(&pass_mu) == 0) {
+        int64_t at = __atomic_load_n(&op_pass_at, __ATOMIC_RELAXED);
+        if (now >= at) {
+            count_late(now - at);
+            pass(now);
+        }
+        pthread_mutex_unlock(&pass_mu);
+    }
+}
+
+/* A pass as soon as possible: at the next request start at level 0, or by the monitor, woken
+ * now. Not a pass here: the caller may run at a lowered priority, and a pass holds pass_mu. */
+static void pass_now(void)
+{
+    pthread_mutex_lock(&pass_mu);
+    __atomic_store_n(&op_pass_at, op_mono_ns(), __ATOMIC_SEQ_CST);
+    arm(1);
+    pthread_mutex_unlock(&pass_mu);
+}
+
+/* New thresholds are in force (op_control.c, after bumping op_hot.thr_gen): a request in flight
+ * was given its due time by the thresholds of its start, so a lowered threshold would reach it
+ * only at the old one. Every slot is due at once and a pass comes at once: it looks at every
+ * request in flight by the new thresholds (and an idle slot's due goes back to never). A
+ * request start that read the old thresholds and stored its due after this sees the generation
+ * move and makes itself due (op_prio.c). */
+void op_monitor_rearm(void)
+{
+    int i, n = op_slots_in_use();
+    if (!monitor_running) {
+        return;
+    }
+    for (i = 0; i < n; i++) {
+        __atomic_store_n(&op_due[i], 0, __ATOMIC_SEQ_CST);
+    }
+    pass_now();
+}
+
+/* A request start found nothing watched (op_pass_at INT64_MAX): a pass now, which finds its due
+ * time and sets the next. */
+void op_monitor_wake(void)
+{
+    if (monitor_running && __atomic_load_n(&op_pass_at, __ATOMIC_SEQ_CST) == INT64_MAX) {
+        pass_now();
+    }
+}
+
+/* Waits on its timer; a pass when it expires and no request start made the pass meanwhile. */
 static void *monitor_main(void *arg)
 {
-    int64_t period = (int64_t)(conf_interval(op_cconf) * 1e9 + 0.5);
-    int64_t next = op_mono_ns() + period;
-    int idle = 0;
     (void)arg;
     pthread_setname_np(pthread_self(), "overtake-prio");
-    pthread_mutex_lock(&monitor_mu);
-    while (!monitor_stop) {
-        struct timespec ts;
-        int64_t now, soonest, horizon = first_threshold();
-        int rc;
-        ts.tv_sec = next / 1000000000;
-        ts.tv_nsec = next % 1000000000;
-        rc = idle ? pthread_cond_wait(&monitor_cv, &monitor_mu)
-                  : pthread_cond_timedwait(&monitor_cv, &monitor_mu, &ts);
-        if (monitor_stop) {
-            break;
+    while (!__atomic_load_n(&monitor_stop, __ATOMIC_ACQUIRE)) {
+        uint64_t expiries;
+        int64_t now, at;
+        if (read(monitor_tfd, &expiries, sizeof expiries) != (ssize_t)sizeof expiries) {
+            continue;  /* EINTR; a re-arm between the expiry and the read (it reads nothing) */
         }
+        pthread_mutex_lock(&pass_mu);
+        armed_at = INT64_MAX;  /* one shot: it expired */
         now = op_mono_ns();
-        if (rc != ETIMEDOUT) {
-            if (!monitor_woken) {
-                continue;  /* a spurious wake-up: wait again */
-            }
-            monitor_woken = 0;
-            idle = 0;
-            ADD(op_shm->monitor_ticks, 1);
-            next = op_next_wake(now, monitor_scan(now), horizon, period);
-            continue;
+        at = __atomic_load_n(&op_pass_at, __ATOMIC_RELAXED);
+        if (now >= at) {
+            count_late(now - at);
+            pass(now);
         }
-        count_late(now - next);
-        ADD(op_shm->monitor_ticks, 1);
-        soonest = monitor_scan(now);
-        if (soonest == INT64_MAX) {
-            /* Nothing to watch. Raise the flag, then look once more: a request start publishes
-             * its due time before it reads the flag (both sequentially consistent), so either
-             * this pass sees it or that start sees the flag and wakes us. */
-            __atomic_store_n(&op_monitor_idle, 1, __ATOMIC_SEQ_CST);
-            __atomic_thread_fence(__ATOMIC_SEQ_CST);
-            soonest = monitor_scan(op_mono_ns());
-            if (soonest == INT64_MAX) {
-                idle = 1;
-                continue;
-            }
-            __atomic_store_n(&op_monitor_idle, 0, __ATOMIC_RELAXED);
+        else if (at != INT64_MAX) {
+            arm(at + grace_ns);
         }
-        next = op_next_wake(now, soonest, horizon, period);
+        pthread_mutex_unlock(&pass_mu);
     }
-    pthread_mutex_unlock(&monitor_mu);
     return NULL;
 }
 
 /* Start the monitor (child_init); 0 if the thread could not be created. */
 int op_monitor_start(void)
 {
-    pthread_condattr_t ca;
     sigset_t all, old;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&monitor_cv, &ca);
-    pthread_condattr_destroy(&ca);
+    period_ns = (int64_t)(conf_interval(op_cconf) * 1e9 + 0.5);
+    seen_seq = calloc((size_t)op_nslots, sizeof *seen_seq);
+    monitor_tfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC);
+    if (!seen_seq || monitor_tfd < 0) {
+        return 0;
+    }
     /* Signals belong to the MPM's threads, never to the monitor. */
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, &old);
@@ -193,10 +246,10 @@ void op_monitor_stop(void)
     if (!monitor_running) {
         return;
     }
-    pthread_mutex_lock(&monitor_mu);
-    monitor_stop = 1;
-    pthread_cond_signal(&monitor_cv);
-    pthread_mutex_unlock(&monitor_mu);
+    __atomic_store_n(&monitor_stop, 1, __ATOMIC_RELEASE);
+    pthread_mutex_lock(&pass_mu);
+    arm(1);  /* expires at once: the monitor's read returns */
+    pthread_mutex_unlock(&pass_mu);
     pthread_join(monitor, NULL);
     monitor_running = 0;
 }

@@ -291,13 +291,13 @@ static int64_t start_locked(op_slot *s, int64_t now, int exempt, int start,
 /* After a start stored its due time (thr_gen: op_hot.thr_gen before it read the thresholds). */
 static void due_published(op_slot *s, unsigned thr_gen)
 {
-    /* due[] before thr_gen and monitor_idle: see op_monitor_rearm and monitor_main */
+    /* due[] before thr_gen and op_pass_at: see op_monitor_rearm and the monitor's pass */
     __atomic_thread_fence(__ATOMIC_SEQ_CST);
     if (__atomic_load_n(&op_hot.thr_gen, __ATOMIC_RELAXED) != thr_gen) {
         /* new thresholds came while this took its due from the old ones: look at it now */
         __atomic_store_n(&op_due[s - op_slots], 0, __ATOMIC_RELAXED);
     }
-    if (__atomic_load_n(&op_monitor_idle, __ATOMIC_SEQ_CST)) {
+    if (__atomic_load_n(&op_pass_at, __ATOMIC_SEQ_CST) == INT64_MAX) {
         op_monitor_wake();
     }
 }
@@ -342,6 +342,9 @@ int op_post_read_request(request_rec *r)
     st->seq = s->seq;
     /* one that stays at level 0 needs no restore before its response: its pool's cleanup ends it */
     st->demotable = start > 0 || gate_word || (op_hot.age && !exempt);
+    if (start == 0 && !gate_word && now >= __atomic_load_n(&op_pass_at, __ATOMIC_RELAXED)) {
+        op_monitor_pass_due(now);  /* the monitor's pass, here: its thread sleeps through */
+    }
     return DECLINED;
 }
 

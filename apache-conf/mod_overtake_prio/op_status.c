@@ -154,10 +154,10 @@ static __attribute__((noinline)) int status_page(request_rec *r)
                 "Time gated requests waited for their admission, all children.");
     ap_rprintf(r, "overtake_gate_wait_seconds_total %.9g\n", LOAD(op_shm->gate_wait_ns) * 1e-9);
     metric_head(r, "overtake_cpu_prio_monitor_late_max_seconds", "gauge",
-                "Worst delay of a monitor wake-up in this child.");
+                "Worst delay of a monitor pass in this child.");
     ap_rprintf(r, "overtake_cpu_prio_monitor_late_max_seconds %.9g\n", op_late_max_ns * 1e-9);
     metric_head(r, "overtake_cpu_prio_monitor_late_seconds", "histogram",
-                "Delay of the monitor's wake-ups past their deadline, this child.");
+                "Delay of the monitor's passes past their due time, this child.");
     {
         apr_uint64_t cum = 0;
         unsigned b;

@@ -51,9 +51,9 @@ class PrioStatus:
     cpu_resolution : float
         ``OvertakePrioCpuResolution`` in effect, seconds.
     monitor_late_max : float
-        Worst wake-up delay of the answering child's monitor, seconds.
+        Worst delay of a monitor pass in the answering child, seconds.
     monitor_late_buckets : tuple of (float, int)
-        Cumulative histogram of the answering child's monitor wake-up delays: (upper bound
+        Cumulative histogram of the answering child's monitor pass delays: (upper bound
         in seconds, count), the last bound ``inf``.
     monitor_late_sum : float
         Sum of those delays, seconds.

@@ -349,7 +349,7 @@ def test_module_is_loaded_with_a_monitor_thread(clean: apache.ApacheInstance) ->
     kid = st.child_pid
     names = [Path(f"/proc/{kid}/task/{t}/comm").read_text().strip() for t in os.listdir(f"/proc/{kid}/task")]
     assert names.count("overtake-prio") == 1
-    buckets = st.monitor_late_buckets  # cumulative Prometheus histogram of wake-up delays
+    buckets = st.monitor_late_buckets  # cumulative Prometheus histogram of pass delays
     assert buckets[-1][0] == float("inf") and buckets[-1][1] >= 1
     assert all(a[1] <= b[1] for a, b in itertools.pairwise(buckets))
     # Idle, the monitor waits without a deadline (it used to wake once per first threshold:
@@ -364,6 +364,38 @@ def test_module_is_loaded_with_a_monitor_thread(clean: apache.ApacheInstance) ->
     assert _get(clean, "/stage1?work=0.02")[0] == 200
     after = _status(clean)
     assert after.requests[1] - before.requests[1] == 1 and after.demotions_age[1] - before.demotions_age[1] == 1
+
+
+def _task_switches(pid: int, tid: str) -> int:
+    fields = dict(line.split(":\t") for line in Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines()
+                  if ":\t" in line)
+    return int(fields["voluntary_ctxt_switches"]) + int(fields["nonvoluntary_ctxt_switches"])
+
+
+@needs_root
+def test_busy_child_passes_at_request_starts(clean: apache.ApacheInstance) -> None:
+    """Under a stream of requests the monitor's passes are made by request starts and its thread
+    sleeps through (each of its wake-ups would preempt a worker); a long request is still demoted
+    level by level. The monitor used to wake for every pass."""
+    if shutil.which("wrk") is None:
+        pytest.skip("wrk not installed: run apache-conf/install-debian-packages.sh")
+    kid = _status(clean).child_pid
+    mon = next(t for t in os.listdir(f"/proc/{kid}/task")
+               if Path(f"/proc/{kid}/task/{t}/comm").read_text().strip() == "overtake-prio")
+    before, wakes0 = _status(clean), _task_switches(kid, mon)
+    stream = subprocess.Popen(["wrk", "-t1", "-c8", "-d2s", f"{clean.base_url}/static/hello.txt"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.3)
+        assert _get(clean, "/stage1?work=0.08")[0] == 200  # crosses 5 ms and 50 ms of CPU
+    finally:
+        stream.wait(timeout=30)
+    after, wakes = _status(clean), _task_switches(kid, mon) - wakes0
+    passes = after.monitor_ticks - before.monitor_ticks
+    assert after.demotions_age[1] - before.demotions_age[1] >= 1
+    assert after.demotions_age[2] - before.demotions_age[2] >= 1
+    assert passes >= 100, passes  # a pass every few ms over 2 s of requests
+    assert wakes * 5 <= passes, (wakes, passes)
 
 
 @needs_root
