@@ -6,6 +6,8 @@
 #include "mod_overtake_prio.h"
 #include "op_guard.h"
 
+#include "ap_mpm.h"
+
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +25,7 @@ static int monitor_running;
 static int monitor_stop;
 static int monitor_tfd = -1;        /* CLOCK_MONOTONIC timerfd: the monitor's one wait */
 static int64_t period_ns;           /* OvertakePrioInterval */
+static int threaded;                /* more than one worker thread a child: a start can come */
 /* One pass at a time, the monitor's or a request start's; it also orders the timer's arming. */
 static pthread_mutex_t pass_mu = PTHREAD_MUTEX_INITIALIZER;
 static int64_t armed_at = INT64_MAX;    /* under pass_mu: the timer's expiry, INT64_MAX: disarmed */
@@ -117,7 +120,8 @@ static int64_t first_threshold(void)
  * cannot cross sooner, but for the CPU resolution), no sooner than OvertakePrioInterval. The
  * next pass is made by the first request start at or after that time (op_monitor_pass_due),
  * or by the monitor when its timer expires. In a child where requests started since the last
- * pass, the timer waits half an interval longer: a start usually comes first and the monitor
+ * pass (and that has more than one thread: under prefork a child's running request is the only
+ * one), the timer waits half an interval longer: a start usually comes first and the monitor
  * sleeps through (its wake-up would preempt a worker, and many of them lengthen the queue of
  * a saturated core); where none started, a pass is the monitor's, on time. With nothing in
  * flight there is no next pass and the timer is off: an idle child costs no wake-ups. */
@@ -138,7 +142,7 @@ static void pass(int64_t now)
             return;
         }
     }
-    grace_ns = started ? period_ns / 2 : 0;
+    grace_ns = started && threaded ? period_ns / 2 : 0;
     now = op_next_wake(now, soonest, first_threshold(), period_ns);
     __atomic_store_n(&op_pass_at, now, __ATOMIC_SEQ_CST);
     arm(now + grace_ns);
@@ -226,6 +230,9 @@ static void *monitor_main(void *arg)
 int op_monitor_start(void)
 {
     sigset_t all, old;
+    int threads = 0;
+    ap_mpm_query(AP_MPMQ_MAX_THREADS, &threads);
+    threaded = threads > 1;
     period_ns = (int64_t)(conf_interval(op_cconf) * 1e9 + 0.5);
     seen_seq = calloc((size_t)op_nslots, sizeof *seen_seq);
     monitor_tfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC);
