@@ -222,6 +222,7 @@ class _Search:
         # from are evaluated in full (bias included), the best first: its factor preconditions the rest
         screened = {k: osp.stationary_gain(A)[0] for k, A in tables.items()}
         ranked = sorted(screened, key=lambda k: screened[k])[:o.starts if warm is None else min(o.starts, 2)]
+        ranked = list(distinct({k: tables[k] for k in ranked}))
         evs: dict[str, Any] = {}
         for k in ranked:
             evs[k] = osp.evaluate(tables[k], near=evs.get(ranked[0]))
@@ -559,6 +560,19 @@ def solve_observed(
     if truncation is not None:
         return search.fixed(truncation)
     return search.answer(*search.grow(start))
+
+
+def distinct(tables: dict[str, IntArray]) -> dict[str, IntArray]:
+    """``tables`` less those equal to an earlier one: a search from the same table is the same
+    search (the lifted ``none`` optimum is often a lifted baseline, e.g. π(∞)'s), and each costs
+    as much as the rest; the starts kept are those ranked before, so the answer is unchanged."""
+    seen: set[bytes] = set()
+    out: dict[str, IntArray] = {}
+    for k, A in tables.items():
+        if (key := A.tobytes()) not in seen:
+            seen.add(key)
+            out[k] = A
+    return out
 
 
 def _log_searches(phase_info: str, tr: Truncation, osp: ObservationSpace, runs: dict[str, Improvement],

@@ -476,3 +476,20 @@ def test_debug_log_accounts_for_every_search(caplog) -> None:  # type: ignore[no
     assert sum(n for n, _ in found.values()) == entry["evaluations"]
     for k, (_, g) in found.items():
         assert g == pytest.approx(entry["improved_gains"][k], rel=1e-9)
+
+
+def test_equal_starting_tables_are_searched_once() -> None:
+    """A table equal to an earlier start is dropped (its search would repeat the earlier one): the
+    answer's gain is the one of the search from the same table under its other name."""
+    from overtake.mdp.observed import distinct
+
+    model = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))
+    osp = ObservationSpace(model, Truncation(4), _split(model).layout(model))
+    tables = starting_tables(osp, ["pi(1)", "pi(inf)", "pi(2)"], False, {})
+    tables["copy of pi(inf)"] = tables["pi(inf) (lightest route first)"].copy()
+    kept = distinct(tables)
+    assert list(kept) == ["pi(1) (lightest route first)", "pi(inf) (lightest route first)",
+                          "pi(2) (lightest route first)"]
+    once = improve(osp, kept["pi(inf) (lightest route first)"])
+    twice = improve(osp, tables["copy of pi(inf)"])
+    assert once.evaluation.gain == pytest.approx(twice.evaluation.gain, rel=1e-12)
