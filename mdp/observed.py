@@ -62,6 +62,7 @@ the state, the step is Howard's, and the result is π*; and π*(full) ≤ π*(st
 from __future__ import annotations
 
 import copy
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -94,6 +95,9 @@ IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 Progress = Callable[[str], None]
 Observed = Literal["none", "route"]
+
+#: debug level: per solve cap, each local search's evaluations, steps and why it stopped
+_log = logging.getLogger(__name__)
 
 
 def observed_baselines(n_stages: int) -> list[str]:
@@ -218,12 +222,16 @@ class _Search:
         # from are evaluated in full (bias included), the best first: its factor preconditions the rest
         screened = {k: osp.stationary_gain(A)[0] for k, A in tables.items()}
         ranked = sorted(screened, key=lambda k: screened[k])[:o.starts if warm is None else min(o.starts, 2)]
+        ranked = list(distinct({k: tables[k] for k in ranked}))
         evs: dict[str, Any] = {}
         for k in ranked:
             evs[k] = osp.evaluate(tables[k], near=evs.get(ranked[0]))
         self.say(f"pi*: cap {tr.max_requests}, threads {osp.k_max}: {osp.size} states, {osp.n_classes} classes; "
                  f"start from {', '.join(ranked)} (g = {evs[ranked[0]].gain:.8g})")
+        t_search = time.perf_counter()
         runs = self.searches(osp, tables, evs, ranked)
+        if _log.isEnabledFor(logging.DEBUG):
+            _log_searches(self.layout.phase_info, tr, osp, runs, len(screened), time.perf_counter() - t_search)
         first = min(runs, key=lambda k: runs[k].evaluation.gain)
         imp = runs[first]
         for r in runs.values():
@@ -544,12 +552,38 @@ def solve_observed(
     none_opt = None
     if phase_info == "route":
         none_opt = none_optimum or _none_first(model, opts, truncation, start, evaluated, progress, beside)
+        _log.debug("route: the none optimum first took %.2f s (E[W] %.9g)", time.perf_counter() - t0,
+                   none_opt.metrics.mean_response_time)
         evaluated.update(none_opt.baselines)
     search = _Search(model, layout, routes, opts, none_opt, evaluated, progress, t0)
     search.beside = beside
     if truncation is not None:
         return search.fixed(truncation)
     return search.answer(*search.grow(start))
+
+
+def distinct(tables: dict[str, IntArray]) -> dict[str, IntArray]:
+    """``tables`` less those equal to an earlier one: a search from the same table is the same
+    search (the lifted ``none`` optimum is often a lifted baseline, e.g. π(∞)'s), and each costs
+    as much as the rest; the starts kept are those ranked before, so the answer is unchanged."""
+    seen: set[bytes] = set()
+    out: dict[str, IntArray] = {}
+    for k, A in tables.items():
+        if (key := A.tobytes()) not in seen:
+            seen.add(key)
+            out[k] = A
+    return out
+
+
+def _log_searches(phase_info: str, tr: Truncation, osp: ObservationSpace, runs: dict[str, Improvement],
+                  screened: int, seconds: float) -> None:
+    """One debug line per local search of a solve cap: what ends long runs (the evaluation cap or
+    the progress window) and how many exact evaluations each took."""
+    _log.debug("%s: solve cap %d (%d states, %d classes): %d tables screened, %d searches in %.2f s",
+               phase_info, tr.max_requests, osp.size, osp.n_classes, screened, len(runs), seconds)
+    for k, r in runs.items():
+        _log.debug("%s:   from %s: %d evaluations, %d steps, g = %.10g; stop: %s", phase_info, k, r.evaluations,
+                   r.steps, r.evaluation.gain, r.history[-1].get("stop", "max_iter"))
 
 
 def _none_first(model: TandemModel, opts: _Options, truncation: Truncation | None, start: int,

@@ -457,3 +457,39 @@ def test_iterative_solves_given_up_after_failing_in_a_row(monkeypatch: pytest.Mo
     calls.clear()
     ok = osp2.evaluate(A, near=failed)
     assert calls and all(calls) and not ok.refactored and osp2.exact.iter_failed == 0
+
+
+def test_debug_log_accounts_for_every_search(caplog) -> None:  # type: ignore[no-untyped-def]
+    """The debug lines name one search per start, with the evaluations and gains the trace records."""
+    import logging
+    import re
+
+    model = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))
+    with caplog.at_level(logging.DEBUG, logger="overtake.mdp.observed"):
+        opt = solve_observed(model, phase_info="route", routes=_split(model), truncation=Truncation(4))
+    lines = [r.getMessage() for r in caplog.records if r.name == "overtake.mdp.observed"]
+    assert any(line.startswith("route: solve cap 4 ") for line in lines)
+    found = {m[1]: (int(m[2]), float(m[3])) for line in lines
+             if (m := re.match(r"route:\s+from (.+): (\d+) evaluations, \d+ steps, g = (\S+); stop: .+", line))}
+    entry = next(t for t in opt.trace if "improved_gains" in t)
+    assert set(found) == set(entry["improved_gains"])
+    assert sum(n for n, _ in found.values()) == entry["evaluations"]
+    for k, (_, g) in found.items():
+        assert g == pytest.approx(entry["improved_gains"][k], rel=1e-9)
+
+
+def test_equal_starting_tables_are_searched_once() -> None:
+    """A table equal to an earlier start is dropped (its search would repeat the earlier one): the
+    answer's gain is the one of the search from the same table under its other name."""
+    from overtake.mdp.observed import distinct
+
+    model = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))
+    osp = ObservationSpace(model, Truncation(4), _split(model).layout(model))
+    tables = starting_tables(osp, ["pi(1)", "pi(inf)", "pi(2)"], False, {})
+    tables["copy of pi(inf)"] = tables["pi(inf) (lightest route first)"].copy()
+    kept = distinct(tables)
+    assert list(kept) == ["pi(1) (lightest route first)", "pi(inf) (lightest route first)",
+                          "pi(2) (lightest route first)"]
+    once = improve(osp, kept["pi(inf) (lightest route first)"])
+    twice = improve(osp, tables["copy of pi(inf)"])
+    assert once.evaluation.gain == pytest.approx(twice.evaluation.gain, rel=1e-12)
