@@ -190,8 +190,8 @@ void op_monitor_rearm(void)
     pass_now();
 }
 
-/* A request start found nothing watched (op_pass_at INT64_MAX): a pass now, which finds its due
- * time and sets the next. */
+/* A request start found nothing watched (op_pass_at INT64_MAX): a pass at once (the monitor's,
+ * woken, or the next start's), which finds the request's due time and sets the next. */
 void op_monitor_wake(void)
 {
     if (monitor_running && __atomic_load_n(&op_pass_at, __ATOMIC_SEQ_CST) == INT64_MAX) {
