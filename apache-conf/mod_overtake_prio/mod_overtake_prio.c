@@ -245,7 +245,7 @@ static void op_child_init(apr_pool_t *p, server_rec *s)
     __atomic_store_n(&op_hot.child_ok, 1, __ATOMIC_RELEASE);
 
     if (conf_age(op_cconf) || op_guard_limited()) {
-        if (!op_monitor_start()) {
+        if (!op_monitor_start(p, threads)) {
             ap_log_error(APLOG_MARK, APLOG_ERR, 0, s,
                          APLOGNO(90005)
                          "mod_overtake_prio: cannot start the monitor thread; requests are "

@@ -226,7 +226,7 @@ extern apr_uint64_t op_late_count[OP_LATE_BUCKETS + 1];  /* last = above every b
 extern int64_t op_late_max_ns;      /* worst delay of a monitor pass in this child */
 extern int64_t op_late_sum_ns;
 extern int64_t op_pass_at;          /* when the next monitor pass is due; INT64_MAX: nothing in flight */
-int op_monitor_start(void);
+int op_monitor_start(apr_pool_t *p, int threads);
 void op_monitor_stop(void);
 void op_monitor_wake(void);
 void op_monitor_pass_due(int64_t now);

@@ -6,10 +6,7 @@
 #include "mod_overtake_prio.h"
 #include "op_guard.h"
 
-#include "ap_mpm.h"
-
 #include <signal.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
@@ -226,17 +223,16 @@ static void *monitor_main(void *arg)
     return NULL;
 }
 
-/* Start the monitor (child_init); 0 if the thread could not be created. */
-int op_monitor_start(void)
+/* Start the monitor (child_init, after op_slots_create; threads: the MPM's per child); 0 if
+ * its timer or thread could not be created. */
+int op_monitor_start(apr_pool_t *p, int threads)
 {
     sigset_t all, old;
-    int threads = 0;
-    ap_mpm_query(AP_MPMQ_MAX_THREADS, &threads);
     threaded = threads > 1;
     period_ns = (int64_t)(conf_interval(op_cconf) * 1e9 + 0.5);
-    seen_seq = calloc((size_t)op_nslots, sizeof *seen_seq);
+    seen_seq = apr_pcalloc(p, sizeof *seen_seq * (apr_size_t)op_nslots);
     monitor_tfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC);
-    if (!seen_seq || monitor_tfd < 0) {
+    if (monitor_tfd < 0) {
         return 0;
     }
     /* Signals belong to the MPM's threads, never to the monitor. */
