@@ -118,9 +118,11 @@ static int64_t first_threshold(void)
  * next pass is made by the first request start at or after that time (op_monitor_pass_due),
  * or by the monitor when its timer expires. In a child where requests started since the last
  * pass (and that has more than one thread: under prefork a child's running request is the only
- * one), the timer waits half an interval longer: a start usually comes first and the monitor
+ * one), the timer waits one interval longer: a start usually comes first and the monitor
  * sleeps through (its wake-up would preempt a worker, and many of them lengthen the queue of
- * a saturated core); where none started, a pass is the monitor's, on time. With nothing in
+ * a saturated core). Half an interval was too short when another process shares the core: its
+ * turns on the CPU often outlast that, and the monitor woke for a pass its own child's next
+ * start would make. Where none started, a pass is the monitor's, on time. With nothing in
  * flight there is no next pass and the timer is off: an idle child costs no wake-ups. */
 static void pass(int64_t now)
 {
@@ -139,7 +141,7 @@ static void pass(int64_t now)
             return;
         }
     }
-    grace_ns = started && threaded ? period_ns / 2 : 0;
+    grace_ns = started && threaded ? period_ns : 0;
     now = op_next_wake(now, soonest, first_threshold(), period_ns);
     __atomic_store_n(&op_pass_at, now, __ATOMIC_SEQ_CST);
     arm(now + grace_ns);
