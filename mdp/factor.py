@@ -68,6 +68,7 @@ class Factor:
         self.base: FloatArray | None = None
         # A⁻¹ U and A⁻ᵀ Vtᵀ by column key (:meth:`update`): a column depends on its key alone
         self._solved: tuple[dict[Hashable, FloatArray], dict[Hashable, FloatArray]] = ({}, {})
+        self.iterations = 0  # BiCGSTAB iterations the last :meth:`iterate` took (over its columns)
 
     def solve(self, A: sp.csc_matrix, B: FloatArray, *, trans: bool = False) -> FloatArray | None:
         """Solve A X = B (Aᵀ X = B with ``trans``) for the factored A: directly, or for an
@@ -157,15 +158,17 @@ class Factor:
         residual ``rtol``; None if a column broke down or has not converged within ``budget``
         BiCGSTAB iterations over all columns (the caller gives it what a new factorization would
         cost). An iteration count, not a clock: the same table takes the same path on any machine.
+        :attr:`iterations` is then the iterations this call took.
         """
         t = "T" if trans else "N"
         M = spla.LinearOperator(self.shape, lambda b: self.lu.solve(b, trans=t))
         op = A.T.tocsr() if trans else A
-        spent = 0
+        spent = self.iterations = 0
 
         def check(_: FloatArray) -> None:
             nonlocal spent
             spent += 1
+            self.iterations = spent
             if spent > budget:
                 raise _OutOfTime
 
@@ -192,6 +195,7 @@ def _lu_work(L: sp.csc_matrix, U: sp.csr_matrix) -> int:
     """Multiply-adds of the LU elimination that produced L and U: step j updates every pair of
     L's column j below the diagonal and U's row j right of it (Gilbert and Peierls, "Sparse
     partial pivoting in time proportional to arithmetic operations")."""
-    below = np.diff(L.indptr) - 1
-    right = np.diff(U.indptr) - 1
+    # in 64 bits: a large complete factor's count overflows the 32-bit index arrays' type
+    below = np.diff(L.indptr).astype(np.int64) - 1
+    right = np.diff(U.indptr).astype(np.int64) - 1
     return int(np.dot(np.maximum(below, 0), np.maximum(right, 0)) + L.nnz + U.nnz)
