@@ -27,8 +27,9 @@ ITER_RTOL = 1e-13  # relative residual of the iterative solves (E[W] then agrees
 # BiCGSTAB iterations an iterative solve may take at least. A factorization's multiply-adds
 # (Factor.work) leave out its ordering and symbolic steps, which dominate on chains of ten
 # thousand states, where the work alone would allow a few iterations; the solves of Table 1's
-# searches converge in under 100.
-ITER_MIN = 200
+# searches that converge do so in under 120, and one that has not by then costs more than the
+# factorization that follows its failure
+ITER_MIN = 120
 ILU_DROP = 1e-3  # the incomplete factor's drop tolerance (Factor)
 ITER_MAX = 2_000  # BiCGSTAB iterations per column at most (the work budget bounds them first: Factor.iterate)
 # solved columns a complete factor keeps for its low-rank updates (Factor.update), in floats: a
@@ -127,10 +128,7 @@ class Factor:
             X = np.asarray(self.lu.solve(B[:, missing].toarray(), trans="T" if trans else "N"))
             for i, j in enumerate(missing):
                 cache[keys[j]] = X[:, i].copy()
-        out = np.empty((B.shape[0], len(keys)))
-        for j, k in enumerate(keys):
-            out[:, j] = cache[k]
-        return out
+        return np.column_stack([cache[k] for k in keys]) if keys else np.empty((B.shape[0], 0))
 
     def _gmres(self, A: sp.csc_matrix, B: FloatArray, trans: bool) -> FloatArray | None:
         """A X = B by GMRES preconditioned by this (incomplete) factor, relative residual 1e-13."""
