@@ -47,12 +47,15 @@ LOW_RANK = 80
 # its budget on top of the factorization that follows (a count, not a clock). Once one search
 # gives up so, the space's other searches do too (ExactSolver.given_up).
 ITER_GIVE_UP = 3
-# an iterative evaluation (both solves) that took more BiCGSTAB iterations than this: the
-# preconditioner has drifted from the tables the search now reaches, and the next iterative table
-# is factored instead, its factor preconditioning the tables after it (a new incomplete factor of
-# a searched table costs about what this many iterations preconditioned by a drifted one cost, and
-# its neighbours then converge in a few)
+# an iterative evaluation (both solves) that took more BiCGSTAB iterations than this on a space of
+# REFRESH_STATES states (proportionally more on a larger one): the preconditioner has drifted from
+# the tables the search now reaches, and the next iterative table is factored instead, its factor
+# preconditioning the tables after it. A new incomplete factor of a searched table costs about
+# what this many iterations preconditioned by a drifted one cost, and its neighbours then converge
+# in a few; its ordering and symbolic steps grow faster than an iteration with the chain's size
+# (at three times the states it costs some two to three times as many iterations)
 REFRESH_ITERATIONS = 40
+REFRESH_STATES = 8_500
 _UPDATE_RTOL = 1e-11  # relative residual a low-rank update's solutions must meet (else a new LU)
 
 
@@ -107,7 +110,8 @@ class ExactSolver:
 
     Iterative solves are preconditioned by the sparsest factorization made on this space (a
     π(∞)-like table's LU fills in far less than those of the tables the search reaches, and
-    preconditions them as well) until one takes more than :data:`REFRESH_ITERATIONS`: the next
+    preconditions them as well) until one takes more than :data:`REFRESH_ITERATIONS` (per
+    :data:`REFRESH_STATES` states): the next
     table is then factored and its factor preconditions the next ones. They may take the work the
     costliest factorization took;
     both counted from the fill, never timed, so that the path the search takes does not depend on
@@ -219,7 +223,7 @@ class ExactSolver:
         spent = pre.iterations
         solT = None if sol is None else pre.iterate(eq.A, eq.p0[:, None], X0T, budget=budget, trans=True)
         self.iter_failed = self.iter_failed + 1 if solT is None else 0
-        self.stale = solT is not None and spent + pre.iterations > REFRESH_ITERATIONS
+        self.stale = solT is not None and spent + pre.iterations > REFRESH_ITERATIONS * max(1.0, S / REFRESH_STATES)
         if self.iter_failed >= ITER_GIVE_UP:
             self._given_up[0] = 1
         return sol, solT
