@@ -27,8 +27,9 @@ ITER_RTOL = 1e-13  # relative residual of the iterative solves (E[W] then agrees
 # BiCGSTAB iterations an iterative solve may take at least. A factorization's multiply-adds
 # (Factor.work) leave out its ordering and symbolic steps, which dominate on chains of ten
 # thousand states, where the work alone would allow a few iterations; the solves of Table 1's
-# searches converge in under 100.
-ITER_MIN = 200
+# searches that converge do so in under 120, and one that has not by then costs more than the
+# factorization that follows its failure
+ITER_MIN = 120
 ILU_DROP = 1e-3  # the incomplete factor's drop tolerance (Factor)
 ITER_MAX = 2_000  # BiCGSTAB iterations per column at most (the work budget bounds them first: Factor.iterate)
 # solved columns a complete factor keeps for its low-rank updates (Factor.update), in floats: a
@@ -68,6 +69,7 @@ class Factor:
         self.base: FloatArray | None = None
         # A⁻¹ U and A⁻ᵀ Vtᵀ by column key (:meth:`update`): a column depends on its key alone
         self._solved: tuple[dict[Hashable, FloatArray], dict[Hashable, FloatArray]] = ({}, {})
+        self.iterations = 0  # BiCGSTAB iterations the last :meth:`iterate` took (over its columns)
 
     def solve(self, A: sp.csc_matrix, B: FloatArray, *, trans: bool = False) -> FloatArray | None:
         """Solve A X = B (Aᵀ X = B with ``trans``) for the factored A: directly, or for an
@@ -126,10 +128,7 @@ class Factor:
             X = np.asarray(self.lu.solve(B[:, missing].toarray(), trans="T" if trans else "N"))
             for i, j in enumerate(missing):
                 cache[keys[j]] = X[:, i].copy()
-        out = np.empty((B.shape[0], len(keys)))
-        for j, k in enumerate(keys):
-            out[:, j] = cache[k]
-        return out
+        return np.column_stack([cache[k] for k in keys]) if keys else np.empty((B.shape[0], 0))
 
     def _gmres(self, A: sp.csc_matrix, B: FloatArray, trans: bool) -> FloatArray | None:
         """A X = B by GMRES preconditioned by this (incomplete) factor, relative residual 1e-13."""
@@ -157,15 +156,17 @@ class Factor:
         residual ``rtol``; None if a column broke down or has not converged within ``budget``
         BiCGSTAB iterations over all columns (the caller gives it what a new factorization would
         cost). An iteration count, not a clock: the same table takes the same path on any machine.
+        :attr:`iterations` is then the iterations this call took.
         """
         t = "T" if trans else "N"
         M = spla.LinearOperator(self.shape, lambda b: self.lu.solve(b, trans=t))
         op = A.T.tocsr() if trans else A
-        spent = 0
+        spent = self.iterations = 0
 
         def check(_: FloatArray) -> None:
             nonlocal spent
             spent += 1
+            self.iterations = spent
             if spent > budget:
                 raise _OutOfTime
 
@@ -192,6 +193,7 @@ def _lu_work(L: sp.csc_matrix, U: sp.csr_matrix) -> int:
     """Multiply-adds of the LU elimination that produced L and U: step j updates every pair of
     L's column j below the diagonal and U's row j right of it (Gilbert and Peierls, "Sparse
     partial pivoting in time proportional to arithmetic operations")."""
-    below = np.diff(L.indptr) - 1
-    right = np.diff(U.indptr) - 1
+    # in 64 bits: a large complete factor's count overflows the 32-bit index arrays' type
+    below = np.diff(L.indptr).astype(np.int64) - 1
+    right = np.diff(U.indptr).astype(np.int64) - 1
     return int(np.dot(np.maximum(below, 0), np.maximum(right, 0)) + L.nnz + U.nnz)

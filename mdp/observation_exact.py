@@ -33,7 +33,11 @@ IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
 Solutions = tuple[FloatArray | None, FloatArray | None]
 
-DIRECT_STATES = 6_000  # below: complete LUs (an LU is cheaper than GMRES set-up); above: incomplete LU
+# at most: complete LUs, else incomplete ones. Up to some eight thousand states (two-stage Table 1
+# spaces) the complete LU of a searched table costs about what the incomplete one and its GMRES
+# solves cost, and it answers the search's small trials by low-rank updates without a screen; on
+# larger spaces its fill grows far faster than the incomplete one's
+DIRECT_STATES = 8_500
 # above this many changed states: BiCGSTAB (Factor.iterate) or a new LU; at most: the low-rank update
 # of the current complete factor (Factor.update), whose 2r triangular solves cost less than the
 # ordering and elimination of a new LU of the chains it is used on
@@ -43,6 +47,15 @@ LOW_RANK = 80
 # its budget on top of the factorization that follows (a count, not a clock). Once one search
 # gives up so, the space's other searches do too (ExactSolver.given_up).
 ITER_GIVE_UP = 3
+# an iterative evaluation (both solves) that took more BiCGSTAB iterations than this on a space of
+# REFRESH_STATES states (proportionally more on a larger one): the preconditioner has drifted from
+# the tables the search now reaches, and the next iterative table is factored instead, its factor
+# preconditioning the tables after it. A new incomplete factor of a searched table costs about
+# what this many iterations preconditioned by a drifted one cost, and its neighbours then converge
+# in a few; its ordering and symbolic steps grow faster than an iteration with the chain's size
+# (at three times the states it costs some two to three times as many iterations)
+REFRESH_ITERATIONS = 40
+REFRESH_STATES = 8_500
 _UPDATE_RTOL = 1e-11  # relative residual a low-rank update's solutions must meet (else a new LU)
 
 
@@ -85,6 +98,7 @@ class SolverState(NamedTuple):
     preconditioner: Factor | None
     lu_work: int
     iter_failed: int
+    stale: bool = False
 
 
 class ExactSolver:
@@ -96,7 +110,10 @@ class ExactSolver:
 
     Iterative solves are preconditioned by the sparsest factorization made on this space (a
     π(∞)-like table's LU fills in far less than those of the tables the search reaches, and
-    preconditions them as well), and they may take the work the costliest factorization took;
+    preconditions them as well) until one takes more than :data:`REFRESH_ITERATIONS` (per
+    :data:`REFRESH_STATES` states): the next
+    table is then factored and its factor preconditions the next ones. They may take the work the
+    costliest factorization took;
     both counted from the fill, never timed, so that the path the search takes does not depend on
     the machine's load.
 
@@ -118,6 +135,7 @@ class ExactSolver:
         self.preconditioner: Factor | None = None
         self.lu_work = 0
         self.iter_failed = 0  # iterative solves failed in a row on this space (ITER_GIVE_UP)
+        self.stale = False  # the last iterative evaluation took over REFRESH_ITERATIONS: factor the next
         self._given_up = mmap.mmap(-1, 1)  # anonymous and shared: a fork of this process sees the mark
 
     @property
@@ -128,11 +146,12 @@ class ExactSolver:
 
     def state(self) -> SolverState:
         """What the evaluations carry from one table to the next (preconditioner, work budget,
-        iterative misses in a row): :meth:`restore` starts a search from it again."""
-        return SolverState(self.preconditioner, self.lu_work, self.iter_failed)
+        iterative misses in a row, whether the preconditioner is due for renewal): :meth:`restore`
+        starts a search from it again."""
+        return SolverState(self.preconditioner, self.lu_work, self.iter_failed, self.stale)
 
     def restore(self, state: SolverState) -> None:
-        self.preconditioner, self.lu_work, self.iter_failed = state
+        self.preconditioner, self.lu_work, self.iter_failed, self.stale = state
 
     def changed_states(self, actions: IntArray, factor: Factor) -> IntArray | None:
         """The states whose decision rows differ between ``actions`` and ``factor``'s table and that
@@ -193,16 +212,18 @@ class ExactSolver:
         if changed is not None and changed.size <= LOW_RANK:
             return self._updated(factor, actions, changed, eq)
         S = self.space.size
-        if S <= DIRECT_STATES or self.iter_failed >= ITER_GIVE_UP or self.given_up:
-            return None, None
+        if S <= DIRECT_STATES or self.iter_failed >= ITER_GIVE_UP or self.given_up or self.stale:
+            return None, None  # stale: _factored renews the preconditioner
         X0 = near.solution if near.solution is not None else np.zeros((S - 1, 3))
         # the table's own law, where solved already, is far closer than the near table's
         X0T = X0[:, 2:] if law is None or not law[0] > 0 else (law[1:] / law[0])[:, None]
         pre = self.preconditioner or factor
         budget = max(ITER_MIN, max(self.lu_work, 4 * pre.work) // pre.iteration_work(eq.A))
         sol = pre.iterate(eq.A, eq.rhs, X0[:, :2], budget=budget)
+        spent = pre.iterations
         solT = None if sol is None else pre.iterate(eq.A, eq.p0[:, None], X0T, budget=budget, trans=True)
         self.iter_failed = self.iter_failed + 1 if solT is None else 0
+        self.stale = solT is not None and spent + pre.iterations > REFRESH_ITERATIONS * max(1.0, S / REFRESH_STATES)
         if self.iter_failed >= ITER_GIVE_UP:
             self._given_up[0] = 1
         return sol, solT
@@ -251,8 +272,9 @@ class ExactSolver:
             solT = factor.solve(eq.A, eq.p0[:, None], trans=True)
         assert sol is not None and solT is not None
         self.lu_work = max(self.lu_work, factor.work)
-        if self.preconditioner is None or factor.nnz < self.preconditioner.nnz:
+        if self.stale or self.preconditioner is None or factor.nnz < self.preconditioner.nnz:
             self.preconditioner = factor
+        self.stale = False
         return factor, sol, solT
 
     def _law(self, eq: _System, solT: FloatArray) -> tuple[FloatArray, IntArray, float]:

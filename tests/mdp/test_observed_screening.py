@@ -67,6 +67,7 @@ def test_the_iterative_law_started_from_the_screens_is_the_one_started_from_the_
 
     monkeypatch.setattr(observation_exact, "DIRECT_STATES", 0)  # every near evaluation iterative
     monkeypatch.setattr(observation_exact, "LOW_RANK", -1)
+    monkeypatch.setattr(observation_exact, "REFRESH_ITERATIONS", 10**9)  # the second as well
     starts: list[FloatArray] = []
     iterate = Factor.iterate
 
