@@ -4,7 +4,7 @@
   its entry is marked in the trace;
 * the first cap's search starts from that table (lifted by the policy's projection), and exact
   acceptance keeps its answer at or below that start's exact gain;
-* below the state threshold there is no pre-search.
+* none below the state threshold, nor without ``presearch`` (the default).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def test_a_large_first_cap_starts_from_a_smaller_caps_table(monkeypatch: pytest.
     first = 5
     size = count_states(model, Truncation(first, first), layout)
     monkeypatch.setattr(observed, "PRESEARCH_STATES", size)  # this cap is "large"
-    opt = solve_observed(model, phase_info="route", routes=split, start=first, tol=1e-2)
+    opt = solve_observed(model, phase_info="route", routes=split, start=first, tol=1e-2, presearch=True)
     solves = [t for t in opt.trace if "improved_gains" in t]
     pre, at = solves[0], solves[1]
     want = max(c for c in range(2, first) if observed.PRESEARCH_SHARE * count_states(model, Truncation(c, c), layout) <= size)
@@ -45,9 +45,13 @@ def test_a_large_first_cap_starts_from_a_smaller_caps_table(monkeypatch: pytest.
     assert sum(1 for t in opt.trace if t.get("presearch")) == 1  # only the first cap is pre-searched
 
 
-def test_no_presearch_below_the_threshold() -> None:
+@pytest.mark.parametrize("presearch", [False, True])
+def test_no_presearch_unless_asked_and_large(monkeypatch: pytest.MonkeyPatch, presearch: bool) -> None:
     model, split = _model_and_split()
-    assert count_states(model, Truncation(5, 5), split.layout(model)) < observed.PRESEARCH_STATES
-    opt = solve_observed(model, phase_info="route", routes=split, start=5, tol=1e-2)
+    size = count_states(model, Truncation(5, 5), split.layout(model))
+    # asked for, but below the threshold; or the threshold met, but not asked for
+    monkeypatch.setattr(observed, "PRESEARCH_STATES", size + 1 if presearch else size)
+    opt = solve_observed(model, phase_info="route", routes=split, start=5, tol=1e-2, presearch=presearch)
     solves = [t for t in opt.trace if "improved_gains" in t]
     assert solves[0]["max_requests"] == 5 and not any(t.get("presearch") for t in opt.trace)
+    assert len(solves[0]["improved_gains"]) > 1  # the first cap searched from several starts
