@@ -110,6 +110,7 @@ class Feasibility:
         self.lock_room = [(np.flatnonzero(layout.queue_stage == i), m - classes[:, Q + i])
                           for i, m in enumerate(model.locks or ()) if m is not None]
         self._feasible: dict[tuple[int, ...], BoolArray] = {}
+        self._states: dict[tuple[int, ...], tuple[BoolArray, IntArray]] = {}
 
     def feasible(self, a: IntArray) -> BoolArray:
         """Classes in which starting ``a`` (threads per queue) is allowed: enough waiting, within
@@ -131,6 +132,16 @@ class Feasibility:
         if ok is None:
             ok = self._feasible[key] = self.feasible(a)
         return ok
+
+    def feasible_states(self, a: IntArray, class_of: IntArray) -> tuple[BoolArray, IntArray]:
+        """:meth:`feasible_cached` and the states (classes ``class_of``, always the same array)
+        of the classes where ``a`` is feasible, in increasing order; kept per action vector."""
+        key = tuple(int(x) for x in a)
+        got = self._states.get(key)
+        if got is None:
+            ok = self.feasible_cached(a)
+            got = self._states[key] = (ok, np.flatnonzero(ok[class_of]))
+        return got
 
     def repair(self, actions: IntArray) -> IntArray:
         """Make a table feasible: clip to the waiting counts, every lock's free places (a request

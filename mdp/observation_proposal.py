@@ -20,6 +20,7 @@ __all__ = ["Proposal", "propose"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
 
 
 @dataclass(frozen=True, eq=False)
@@ -52,6 +53,8 @@ class _Walk:
         self.best_a = actions.copy()
         self.cur = np.full(self.n_classes, np.nan)
         self.ops = decisions.spawn_operators
+        self.waiting = feasibility.waiting
+        self.threads = feasibility.threads
         self.wmax = feasibility.waiting.max(axis=0) if self.n_classes else np.zeros(self.Q, np.int64)
         self.a = np.zeros(self.Q, dtype=np.int64)
         # an action vector as one integer (mixed radix over the queues): the current action's
@@ -63,29 +66,39 @@ class _Walk:
 
     def visit(self, v: FloatArray) -> None:
         a = self.a
-        ok = self.feasibility.feasible_cached(a)
-        if not np.any(ok):
+        ok, states = self.feasibility.feasible_states(a, self.class_of)
+        if states.size == 0:
             return
-        s = np.bincount(self.class_of, weights=self.weight * v, minlength=self.n_classes)
+        # the states of the classes where ``a`` is feasible only: each class's sum adds the same
+        # terms in the same order as over every state, so it is the same to the last bit
+        s = np.bincount(self.class_of[states], weights=self.weight[states] * v[states], minlength=self.n_classes)
         better = ok & (s < self.best)
         self.best[better] = s[better]
         self.best_a[better] = a
         mine = self.code == int(a @ self.radix)
         self.cur[mine] = s[mine]
 
-    def walk(self, q: int, v: FloatArray, total: int) -> None:
+    def walk(self, q: int, v: FloatArray, total: int, alive: BoolArray) -> None:
+        """Visit every action vector extending ``self.a[:q]`` (``total`` threads, ``v`` its
+        vector); ``alive``: the classes with enough waiting and thread room for that prefix. A
+        prefix no class can take is not extended (a feasible action's every prefix is alive), nor
+        one with more threads: its vectors would be computed for no class."""
         if q == self.Q:
             self.visit(v)
             return
         a = self.a
         vq = v
+        live = alive
         for t in range(int(self.wmax[q]) + 1):
             if t > 0:
                 if total + t > self.feasibility.k_max:
                     break
+                live = live & (self.waiting[:, q] >= t) & (self.threads + (total + t) <= self.feasibility.k_max)
+                if not np.any(live):
+                    break
                 vq = self.ops[q] @ vq
             a[q] = t
-            self.walk(q + 1, vq, total + t)
+            self.walk(q + 1, vq, total + t, live)
         a[q] = 0
 
 
@@ -104,7 +117,7 @@ def propose(feasibility: Feasibility, decisions: DecisionMatrix, actions: IntArr
     tol = rtol * (float(np.max(np.abs(h))) + 1.0)
     wsum = np.bincount(class_of, weights=weight, minlength=n_classes)
     w = _Walk(feasibility, decisions, actions, weight)
-    w.walk(0, h, 0)
+    w.walk(0, h, 0, np.ones(n_classes, dtype=bool))
     if np.any(np.isnan(w.cur)):
         raise ValueError("propose: the current table is not feasible in some class; repair it first")
     keep = w.cur <= w.best + tol * wsum

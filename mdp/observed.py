@@ -13,7 +13,13 @@ observation class), every one evaluated exactly on the full chain:
    epochs), each as a table; for ``route`` also the ``none`` optimum and the baselines with the
    lightest route (least expected work) started first (:mod:`overtake.mdp.observed_tables`).
    One local search from each, the best result kept; a larger solve cap starts from the best two
-   of the previous cap's table and the baselines. The searches are independent: each starts from
+   of the previous cap's table and the baselines. With ``presearch``, a first solve cap whose
+   chain is large (at least :data:`PRESEARCH_STATES` states) is first solved so on a smaller cap
+   (the largest with at most a quarter of its states), and is then searched from that table
+   alone: the starts' long searches run on a chain whose evaluations cost a fraction of the
+   large one's, and the one search on the large chain starts near its end (where the searches
+   are cut by their evaluation budget, it may end in a worse local optimum than the best of the
+   starts' searches on the large chain). The searches are independent: each starts from
    the solver state the starting evaluations left (preconditioner, work budget), so that with a
    second process (``beside``) each runs in whichever process is free first, with the same answers.
 2. Improve: the weighted-Q step of :meth:`ObservationSpace.propose` in every class; accept it
@@ -79,7 +85,7 @@ from .model import TandemModel
 from .observation import ExactEvaluation, ObservationSpace
 from .observed_beside import Tickets, limit_elsewhere, search_elsewhere, worth_a_worker
 from .observed_chain import ChainLaw, observed_law
-from .observed_improve import Improvement, improve
+from .observed_improve import Improvement, distinct, improve, log_searches
 from .observed_tables import lift, stage_rule, stage_view, starting_tables
 from .policy import Policy
 from .routes import RouteSplit
@@ -98,6 +104,14 @@ Observed = Literal["none", "route"]
 
 #: debug level: per solve cap, each local search's evaluations, steps and why it stopped
 _log = logging.getLogger(__name__)
+
+
+#: a first solve cap whose chain has at least this many states is searched from the improved
+#: table of a smaller cap (:meth:`_Search.presearch`): each of its exact evaluations costs many
+#: of the smaller chain's, and a search from a near-optimal table ends in few steps
+PRESEARCH_STATES = 12_000
+#: the smaller cap: the largest whose chain has at most this share of the first cap's states
+PRESEARCH_SHARE = 4
 
 
 def observed_baselines(n_stages: int) -> list[str]:
@@ -179,6 +193,7 @@ class _Options:
     max_eval_states: int
     starts: int
     factor: float
+    presearch: bool = False
 
 
 class _Search:
@@ -207,31 +222,41 @@ class _Search:
         return Truncation(C, _thread_cap(self.model, self.layout, C, o.max_threads, o.max_states))
 
     # ---- one solve cap ------------------------------------------------------------------------
-    def optimise(self, tr: Truncation, warm: Policy | None) -> tuple[ObservationSpace, Improvement]:
+    def optimise(self, tr: Truncation, warm: Policy | None, *,
+                 only_warm: bool = False) -> tuple[ObservationSpace, Improvement]:
         """The improved table on ``tr``: local searches from the best starting tables (module
-        docstring, steps 1-2); ``warm`` is the previous solve cap's table."""
+        docstring, steps 1-2); ``warm`` is the previous solve cap's table, and the only start
+        where ``only_warm`` (a pre-searched cap: the starts were searched on the smaller cap)."""
         o = self.opts
         osp = ObservationSpace(self.model, tr, self.layout)
-        extra: dict[str, IntArray] = {}
-        if self.none_opt is not None:
-            extra["none optimum (lightest route first)"] = lift(osp, self.none_opt.policy.actions(stage_view(osp)))
-        if warm is not None:  # a larger cap: the previous table (its documented projection) and the baselines
-            extra["previous cap"] = warm.actions(osp.classes)
-        tables = starting_tables(osp, o.names, o.heuristic and warm is None, extra)
-        # the starting tables are ranked by their stationary gains; only those the searches start
-        # from are evaluated in full (bias included), the best first: its factor preconditions the rest
-        screened = {k: osp.stationary_gain(A)[0] for k, A in tables.items()}
-        ranked = sorted(screened, key=lambda k: screened[k])[:o.starts if warm is None else min(o.starts, 2)]
-        ranked = list(distinct({k: tables[k] for k in ranked}))
         evs: dict[str, Any] = {}
-        for k in ranked:
-            evs[k] = osp.evaluate(tables[k], near=evs.get(ranked[0]))
+        if only_warm and warm is not None:
+            tables = {"previous cap": osp.repair(warm.actions(osp.classes))}
+            ranked = list(tables)
+            evs["previous cap"] = osp.evaluate(tables["previous cap"])
+            screened: dict[str, float] = {}
+            starting = {"previous cap": evs["previous cap"].gain}
+        else:
+            extra: dict[str, IntArray] = {}
+            if self.none_opt is not None:
+                extra["none optimum (lightest route first)"] = lift(osp, self.none_opt.policy.actions(stage_view(osp)))
+            if warm is not None:  # a larger cap: the previous table (its documented projection) and the baselines
+                extra["previous cap"] = warm.actions(osp.classes)
+            tables = starting_tables(osp, o.names, o.heuristic and warm is None, extra)
+            # the starting tables are ranked by their stationary gains; only those the searches start
+            # from are evaluated in full (bias included), the best first: its factor preconditions the rest
+            screened = starting = {k: osp.stationary_gain(A)[0] for k, A in tables.items()}
+            ranked = sorted(screened, key=lambda k: screened[k])[:o.starts if warm is None else min(o.starts, 2)]
+            ranked = list(distinct({k: tables[k] for k in ranked}))
+            for k in ranked:
+                evs[k] = osp.evaluate(tables[k], near=evs.get(ranked[0]))
         self.say(f"pi*: cap {tr.max_requests}, threads {osp.k_max}: {osp.size} states, {osp.n_classes} classes; "
                  f"start from {', '.join(ranked)} (g = {evs[ranked[0]].gain:.8g})")
         t_search = time.perf_counter()
         runs = self.searches(osp, tables, evs, ranked)
         if _log.isEnabledFor(logging.DEBUG):
-            _log_searches(self.layout.phase_info, tr, osp, runs, len(screened), time.perf_counter() - t_search)
+            log_searches(_log, self.layout.phase_info, tr.max_requests, osp, runs, len(screened),
+                         time.perf_counter() - t_search)
         first = min(runs, key=lambda k: runs[k].evaluation.gain)
         imp = runs[first]
         for r in runs.values():
@@ -240,7 +265,7 @@ class _Search:
             self.history.extend({"max_requests": tr.max_requests, **h} for h in r.history)
         self.n_evals += len(screened) + len(evs)
         self.trace.append({"max_requests": tr.max_requests, "max_threads": osp.k_max, "states": osp.size,
-                           "classes": osp.n_classes, "start": first, "starting_gains": screened,
+                           "classes": osp.n_classes, "start": first, "starting_gains": starting,
                            "improved_gains": {k: r.evaluation.gain for k, r in runs.items()}, "steps": imp.steps,
                            "evaluations": sum(r.evaluations for r in runs.values()), "gain": imp.evaluation.gain,
                            "mean_response_time": imp.evaluation.metrics.mean_response_time,
@@ -378,7 +403,8 @@ class _Search:
         With a second process (``beside``) the first table's evaluation ladder runs there while
         the next cap is searched."""
         tr = self.truncation_for(start)
-        osp, imp = self.optimise(tr, None)
+        pre = self.presearch(tr)
+        osp, imp = self.optimise(tr, pre, only_warm=pre is not None)
         pol = osp.policy(imp.actions, routes=self.routes)
         C0 = tr.max_requests
         tr2 = self.truncation_for(next_solve_cap(tr.max_requests))
@@ -413,6 +439,20 @@ class _Search:
             if change < self.opts.tol:
                 break
         return osp, imp, pol, lim, Ce, tr.max_requests
+
+    def presearch(self, tr: Truncation) -> Policy | None:
+        """The improved table of a smaller solve cap, the warm start of a large first cap
+        (module docstring, step 1); None without ``presearch`` or where the first cap's chain is small."""
+        size = count_states(self.model, tr, self.layout)
+        if not self.opts.presearch or size < PRESEARCH_STATES:
+            return None
+        C = tr.max_requests - 1
+        while C > 2 and PRESEARCH_SHARE * count_states(self.model, self.truncation_for(C), self.layout) > size:
+            C -= 1
+        small = self.truncation_for(C)
+        osp, imp = self.optimise(small, None)
+        self.trace[-1]["presearch"] = True
+        return osp.policy(imp.actions, routes=self.routes)
 
     def _thread_capped(self, tr: Truncation, tr2: Truncation) -> None:
         # the larger cap fits the state budget only with fewer threads: keep this table (its E[W]
@@ -497,7 +537,7 @@ def solve_observed(
     model: TandemModel, *, phase_info: Observed = "none", routes: RouteSplit | None = None,
     truncation: Truncation | None = None, tol: float = 1e-3, baselines: Sequence[str] | None = None,
     heuristic: bool = True, start: int = 10, max_threads: int | None = None, max_states: int = 40_000,
-    cap_growth: float | None = None, max_eval_states: int = 1_500_000, starts: int = 3,
+    cap_growth: float | None = None, max_eval_states: int = 1_500_000, starts: int = 3, presearch: bool = False,
     evaluated: dict[str, Evaluation] | None = None, none_optimum: ObservedOptimum | None = None,
     progress: Progress | None = None, beside: Beside | None = None,
 ) -> ObservedOptimum:
@@ -531,6 +571,11 @@ def solve_observed(
         tables (the search is local: π(∞) is a local optimum on small caps where a table near
         π(2) is better); the best result is kept. Larger caps run two, from the best two of the
         previous cap's table and the baselines.
+    presearch
+        A first solve cap of at least :data:`PRESEARCH_STATES` states runs the starts' searches on
+        a smaller cap instead, then one search from their best table (module docstring, step 1):
+        two to three times faster on the larger route solves, but that one search may end in
+        another local optimum, whose E[W] differs by up to about 1e-4 (relative), either way.
     evaluated
         Baseline evaluations already made (name → :class:`Evaluation`), reused.
     none_optimum
@@ -547,7 +592,7 @@ def solve_observed(
     model.check_stable(None if truncation is None else truncation.k_max)
     names = list(baselines) if baselines is not None else observed_baselines(model.n_stages)
     factor = cap_growth or (1.25 if phase_info == "route" else EVALUATION_GROWTH)
-    opts = _Options(tol, names, heuristic, max_threads, max_states, max_eval_states, starts, factor)
+    opts = _Options(tol, names, heuristic, max_threads, max_states, max_eval_states, starts, factor, presearch)
     evaluated = dict(evaluated or {})
     none_opt = None
     if phase_info == "route":
@@ -560,30 +605,6 @@ def solve_observed(
     if truncation is not None:
         return search.fixed(truncation)
     return search.answer(*search.grow(start))
-
-
-def distinct(tables: dict[str, IntArray]) -> dict[str, IntArray]:
-    """``tables`` less those equal to an earlier one: a search from the same table is the same
-    search (the lifted ``none`` optimum is often a lifted baseline, e.g. π(∞)'s), and each costs
-    as much as the rest; the starts kept are those ranked before, so the answer is unchanged."""
-    seen: set[bytes] = set()
-    out: dict[str, IntArray] = {}
-    for k, A in tables.items():
-        if (key := A.tobytes()) not in seen:
-            seen.add(key)
-            out[k] = A
-    return out
-
-
-def _log_searches(phase_info: str, tr: Truncation, osp: ObservationSpace, runs: dict[str, Improvement],
-                  screened: int, seconds: float) -> None:
-    """One debug line per local search of a solve cap: what ends long runs (the evaluation cap or
-    the progress window) and how many exact evaluations each took."""
-    _log.debug("%s: solve cap %d (%d states, %d classes): %d tables screened, %d searches in %.2f s",
-               phase_info, tr.max_requests, osp.size, osp.n_classes, screened, len(runs), seconds)
-    for k, r in runs.items():
-        _log.debug("%s:   from %s: %d evaluations, %d steps, g = %.10g; stop: %s", phase_info, k, r.evaluations,
-                   r.steps, r.evaluation.gain, r.history[-1].get("stop", "max_iter"))
 
 
 def _none_first(model: TandemModel, opts: _Options, truncation: Truncation | None, start: int,

@@ -13,6 +13,7 @@ factor (:meth:`ObservationSpace.low_rank`), which costs no more than the screen.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,7 @@ import numpy.typing as npt
 
 from .observation import ExactEvaluation, ObservationSpace, Proposal
 
-__all__ = ["SCREEN_MARGIN", "Improvement", "improve"]
+__all__ = ["SCREEN_MARGIN", "Improvement", "distinct", "improve", "log_searches"]
 
 IntArray = npt.NDArray[np.int64]
 Progress = Callable[[str], None]
@@ -159,3 +160,27 @@ def _stop(history: list[dict[str, Any]], accepted: str | None, n_eval: int, gain
     if it >= window and history[-1 - window]["gain"] - gain < min_progress * abs(gain):
         return f"the last {window} steps lowered the gain by less than {min_progress:g} (relative)"
     return None
+
+
+def distinct(tables: dict[str, IntArray]) -> dict[str, IntArray]:
+    """``tables`` less those equal to an earlier one: a search from the same table is the same
+    search (the lifted ``none`` optimum is often a lifted baseline, e.g. π(∞)'s), and each costs
+    as much as the rest; the starts kept are those ranked before, so the answer is unchanged."""
+    seen: set[bytes] = set()
+    out: dict[str, IntArray] = {}
+    for k, A in tables.items():
+        if (key := A.tobytes()) not in seen:
+            seen.add(key)
+            out[k] = A
+    return out
+
+
+def log_searches(log: logging.Logger, phase_info: str, cap: int, osp: ObservationSpace,
+                 runs: dict[str, Improvement], screened: int, seconds: float) -> None:
+    """One debug line per local search of a solve cap: what ends long runs (the evaluation cap or
+    the progress window) and how many exact evaluations each took."""
+    log.debug("%s: solve cap %d (%d states, %d classes): %d tables screened, %d searches in %.2f s",
+              phase_info, cap, osp.size, osp.n_classes, screened, len(runs), seconds)
+    for k, r in runs.items():
+        log.debug("%s:   from %s: %d evaluations, %d steps, g = %.10g; stop: %s", phase_info, k, r.evaluations,
+                  r.steps, r.evaluation.gain, r.history[-1].get("stop", "max_iter"))

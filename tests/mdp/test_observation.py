@@ -481,7 +481,7 @@ def test_debug_log_accounts_for_every_search(caplog) -> None:  # type: ignore[no
 def test_equal_starting_tables_are_searched_once() -> None:
     """A table equal to an earlier start is dropped (its search would repeat the earlier one): the
     answer's gain is the one of the search from the same table under its other name."""
-    from overtake.mdp.observed import distinct
+    from overtake.mdp.observed import distinct  # re-exported from observed_improve
 
     model = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))
     osp = ObservationSpace(model, Truncation(4), _split(model).layout(model))
