@@ -443,8 +443,10 @@ class _Search:
     def presearch(self, tr: Truncation) -> Policy | None:
         """The improved table of a smaller solve cap, the warm start of a large first cap
         (module docstring, step 1); None without ``presearch`` or where the first cap's chain is small."""
+        if not self.opts.presearch:
+            return None  # the default: no state count on a solve's path
         size = count_states(self.model, tr, self.layout)
-        if not self.opts.presearch or size < PRESEARCH_STATES:
+        if size < PRESEARCH_STATES:
             return None
         C = tr.max_requests - 1
         while C > 2 and PRESEARCH_SHARE * count_states(self.model, self.truncation_for(C), self.layout) > size:
