@@ -134,7 +134,7 @@ class StageStack:
 
     def said(self) -> str:
         if self.runs_in is None:
-            return "not known yet (no request of the stage logged)"
+            return "not known yet (no request of the stage ended)"
         return f"runs in {PLACES[self.runs_in]}; CPU priority there: {self.lever}"
 
 

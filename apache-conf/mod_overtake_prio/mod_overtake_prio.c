@@ -352,6 +352,9 @@ static apr_status_t request_done(void *data)
     if (st->slot) {
         op_prio_request_end(st);
     }
+    if (st->end_f && st->end_f->ctx == st) {
+        st->end_f->ctx = NULL;  /* no EOS came: the filter outlives this record */
+    }
     return APR_SUCCESS;
 }
 
@@ -363,6 +366,7 @@ op_request_state *op_request_state_new(request_rec *r0)
     st->slot = NULL;
     st->seq = 0;
     st->demotable = 0;
+    st->end_f = NULL;
     st->stage = -1;
     st->r = r0;
     ap_set_module_config(r0->request_config, &overtake_prio_module, st);
@@ -411,11 +415,12 @@ static void op_register_hooks(apr_pool_t *p)
      * fixup (access control and rewrites have had their say). */
     ap_hook_pre_config(op_stage_pre_config, NULL, NULL, APR_HOOK_MIDDLE);
     ap_hook_fixups(op_stage_fixups, NULL, NULL, APR_HOOK_REALLY_LAST);
-    ap_hook_log_transaction(op_stage_log, NULL, NULL, APR_HOOK_MIDDLE);
     ap_hook_insert_filter(op_insert_filters, NULL, NULL, APR_HOOK_MIDDLE);
-    /* After the content filters (deflate, ...), before the protocol filters. */
+    /* A connection filter (one per connection, not per request), before every other: after the
+     * content and protocol filters, before TLS (mod_ssl's is AP_FTYPE_CONNECTION + 5) and the
+     * network. */
     op_end_filter_handle = ap_register_output_filter("OVERTAKE_PRIO_END", op_end_filter, NULL,
-                                                     AP_FTYPE_CONTENT_SET + 5);
+                                                     AP_FTYPE_CONNECTION);
     op_times_register_hooks(p);  /* OvertakeRequestTimes (op_times.c) */
 }
 

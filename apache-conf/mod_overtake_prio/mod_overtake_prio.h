@@ -201,6 +201,7 @@ typedef struct {
     op_slot *slot;              /* priority tracking: the thread's slot, NULL while not tracked */
     apr_uint64_t seq;           /* ... and the slot's request generation that is this request */
     int demotable;              /* it may leave level 0 (age, class, idle start): the end filter */
+    ap_filter_t *end_f;         /* the connection's end filter while it ends this request, or NULL */
     int stage;                  /* the stage the request was counted in, -1 while none */
     request_rec *r;             /* the first request (its connection, at its end) */
 } op_request_state;
@@ -282,7 +283,6 @@ void op_stage_prepare(server_rec *s);
 void op_stage_table(const uint8_t *section, size_t n, uint32_t gen);
 /* op_stage.c: a request's arrival, hold and end */
 int op_stage_fixups(request_rec *r);
-int op_stage_log(request_rec *r);
 /* op_stage_status.c */
 void op_stage_status(request_rec *r);
 

@@ -349,28 +349,44 @@ int op_post_read_request(request_rec *r)
 }
 
 /* Every request that runs a handler (internal redirects included) and may be demoted gets the end
- * filter: adding it is most of what a request that is never demoted would pay for it. */
+ * filter. It is a connection filter, added at the connection's first such request and kept for the
+ * rest: adding a request filter to each was most of what a request that is never demoted paid for
+ * it. Its context is the request in progress: this one's record, cleared at its EOS, or at its
+ * end (the record's cleanup) if it has none. */
 void op_insert_filter(request_rec *r)
 {
     op_request_state *st;
+    ap_filter_t *f;
+    conn_rec *c = r->connection;
     if (r->main) {
         return;
     }
     st = op_request_state_of(r);
-    if (st && st->slot && st->demotable) {
-        ap_add_output_filter_handle(op_end_filter_handle, st, r, r->connection);
+    if (!st || !st->slot || !st->demotable) {
+        return;
+    }
+    f = ap_get_module_config(c->conn_config, &overtake_prio_module);
+    if (!f) {
+        /* with r: Apache relinks this request's chain to the new connection filter */
+        f = ap_add_output_filter_handle(op_end_filter_handle, NULL, r, c);
+        ap_set_module_config(c->conn_config, &overtake_prio_module, f);
+    }
+    if (f) {
+        f->ctx = st;
+        st->end_f = f;
     }
 }
 
-/* EOS = the handler and the content filters are done: the rest of the request (protocol
- * filters, the network write, logging) is not the request's CPU demand. Restoring before
- * the last write also means a client never sees the response of a still-demoted thread.
- * The filter stays in the chain (removing it cost more than the request's passes after its
- * EOS, usually none): a later EOS finds the request ended already. */
+/* EOS = the handler and the content filters are done: the rest of the request (the protocol
+ * filters' few bytes, the network write, TLS, logging) is not the request's CPU demand.
+ * Restoring before the last write also means a client never sees the response of a
+ * still-demoted thread. After it the filter waits, with no context, for the connection's next
+ * request: brigades in between (another EOS, the end-of-request bucket) pass through. */
 apr_status_t op_end_filter(ap_filter_t *f, apr_bucket_brigade *bb)
 {
-    if (!APR_BRIGADE_EMPTY(bb) && APR_BUCKET_IS_EOS(APR_BRIGADE_LAST(bb))) {
+    if (f->ctx && !APR_BRIGADE_EMPTY(bb) && APR_BUCKET_IS_EOS(APR_BRIGADE_LAST(bb))) {
         op_prio_request_end(f->ctx);
+        f->ctx = NULL;
     }
     return ap_pass_brigade(f->next, bb);
 }

@@ -13,8 +13,9 @@
  * after the response and the log), the completing worker takes the next decision. A request held
  * past `OvertakeStageHold` seconds runs anyway and is counted (no request is lost).
  *
- * Where the work of a stage runs is counted too: at the log of each request, by the handler that
- * served it (Apache itself, FastCGI as PHP-FPM, another proxy, a CGI process), so the controller
+ * Where the work of a stage runs is counted too: at the end of each request (its pool's cleanup,
+ * right after the log: no log hook of its own, which a tiny request would pay for), by the handler
+ * that served it (Apache itself, FastCGI as PHP-FPM, another proxy, a CGI process), so the controller
  * can say which CPU lever reaches the stage (the module's age priority only reaches Apache's own
  * threads; behind FastCGI the Apache worker only waits, though it still counts as running: the
  * table is admission against the backend's pool).
@@ -33,16 +34,43 @@
 
 #include "op_stage.h"
 
+/* ------------------------------------------------------------------------ where it ran */
+
+/* Where the final request's work ran, from its handler (and for a proxy, its target's scheme). */
+static int served_by(const request_rec *r)
+{
+    const char *h = r->handler;
+    if (!h || (h[0] != 'p' && h[0] != 'P' && h[0] != 'c' && h[0] != 'a')) {
+        return OS_BY_APACHE;  /* none of the handlers below: a static file's compares no string */
+    }
+    if (!strcmp(h, "proxy-server") || !strncasecmp(h, "proxy:", 6)) {
+        /* ProxyPass: handler proxy-server, filename proxy:fcgi://...; SetHandler "proxy:fcgi://..."
+         * or "proxy:unix:/sock|fcgi://..." */
+        return (strstr(h, "fcgi://") || (r->filename && strstr(r->filename, "fcgi://"))) ? OS_BY_FCGI
+               : OS_BY_PROXY;
+    }
+    if (!strcmp(h, "cgi-script") || !strcmp(h, "application/x-httpd-cgi")) {
+        return OS_BY_CGI;
+    }
+    return OS_BY_APACHE;
+}
+
 /* ------------------------------------------------------------------------ the end */
 
 void op_stage_request_end(op_request_state *q)
 {
     conn_rec *c = q->r->connection;
+    const request_rec *last = q->r;
     int nx = os_shm->next[q->stage], i, full = 0;
     /* a follow-up can come only on an HTTP/1 connection kept alive (an HTTP/2 stream's
      * connection ends with its stream) */
     os_conn *oc = nx >= 0 && q->r->proto_num < HTTP_VERSION(2, 0) && c->keepalive == AP_CONN_KEEPALIVE
                   && !c->aborted ? os_conn_state(c, 1) : NULL;
+    while (last->next) {
+        last = last->next;  /* an internal redirect: the request that ran the handler */
+    }
+    /* counted here, not in a log hook: the pool's cleanup comes right after the log */
+    ADD(os_shm->st[q->stage].served[served_by(last)], 1);
     if (!oc && os_fast_complete(q->stage)) {
         return;  /* nothing waits: no decision, no table to look at */
     }
@@ -238,41 +266,5 @@ int op_stage_fixups(request_rec *r)
     if (!granted) {
         hold_request(r, st, ticket);
     }
-    return DECLINED;
-}
-
-/* ------------------------------------------------------------------------ the log */
-
-/* Where the final request's work ran, from its handler (and for a proxy, its target's scheme). */
-static int served_by(const request_rec *r)
-{
-    const char *h = r->handler;
-    if (!h || (h[0] != 'p' && h[0] != 'P' && h[0] != 'c' && h[0] != 'a')) {
-        return OS_BY_APACHE;  /* none of the handlers below: a static file's compares no string */
-    }
-    if (!strcmp(h, "proxy-server") || !strncasecmp(h, "proxy:", 6)) {
-        /* ProxyPass: handler proxy-server, filename proxy:fcgi://...; SetHandler "proxy:fcgi://..."
-         * or "proxy:unix:/sock|fcgi://..." */
-        return (strstr(h, "fcgi://") || (r->filename && strstr(r->filename, "fcgi://"))) ? OS_BY_FCGI
-               : OS_BY_PROXY;
-    }
-    if (!strcmp(h, "cgi-script") || !strcmp(h, "application/x-httpd-cgi")) {
-        return OS_BY_CGI;
-    }
-    return OS_BY_APACHE;
-}
-
-/* Log hook: count where a counted request's work ran. */
-int op_stage_log(request_rec *r)
-{
-    const request_rec *last = r;
-    const op_request_state *st;
-    if (!os_shm || r->main || !(st = op_request_state_of(r)) || st->stage < 0) {
-        return DECLINED;
-    }
-    while (last->next) {
-        last = last->next;  /* an internal redirect: the request that ran the handler */
-    }
-    ADD(os_shm->st[st->stage].served[served_by(last)], 1);
     return DECLINED;
 }

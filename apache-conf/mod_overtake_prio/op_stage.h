@@ -45,7 +45,7 @@ typedef struct {
     apr_uint64_t hold_timeouts;     /* waited OvertakeStageHold and ran anyway */
     apr_uint64_t overflows;         /* found the queue's ticket ring full and ran at once */
     apr_uint64_t unheld;            /* ran at once because no table was in force for the stage */
-    apr_uint64_t served[OS_BY_N];   /* logged, by where their work ran */
+    apr_uint64_t served[OS_BY_N];   /* ended, by where their work ran */
     apr_uint64_t reservations;      /* follow-up reservations made in this stage */
     apr_uint64_t res_full;          /* ... not made: every reservation slot was in use */
     apr_uint64_t res_ended[OS_RES_N];

@@ -132,7 +132,7 @@ static void requests_status(request_rec *r, uint32_t n)
                    (double)LOAD(os_shm->st[i].hold_ns) / 1e9);
     }
     metric(r, "overtake_stage_served_total", "counter",
-           "Requests of the stage logged, by where their work ran (by=apache: a handler in Apache's "
+           "Requests of the stage ended, by where their work ran (by=apache: a handler in Apache's "
            "process; fcgi: a FastCGI server such as PHP-FPM; proxy: another HTTP server; cgi: a CGI process).");
     for (i = 0; i < n; i++) {
         for (b = 0; b < OS_BY_N; b++) {

@@ -5,7 +5,9 @@ A private Apache (the project's template plus a TLS virtual host with ``Protocol
 and a self-signed certificate made here) holds stage ``capped`` at one running request. Over
 HTTPS (HTTP/1.1, one connection per request) and over HTTP/2 (curl multiplexing the requests as
 streams of one connection, run by mod_http2's workers), ``capped``'s handler spans never overlap
-while ``free``'s do, and every request is answered (the module counts each once).
+while ``free``'s do, and every request is answered (the module counts each once). A request that
+starts demoted (the class header) is restored when its body is complete, before TLS and HTTP/2
+write it out.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import shutil
 import ssl
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +27,8 @@ from support.module_stages import at_once, max_overlap, prio_status, settled, wr
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache.config import DEFAULT_CONF_DIR
+from overtake.controller.harness.apache.cpu_priority import CpuPriority
+from overtake.controller.harness.apache.prio_status import fetch_prio_status
 from overtake.controller.harness.scratch import free_port, scratch_dir
 
 NAMES = ("capped", "free")
@@ -54,8 +59,7 @@ def _cert(d: Path) -> tuple[Path, Path]:
     return cert, key
 
 
-@pytest.fixture(scope="module")
-def tls_apache(apache_available: None) -> Iterator[tuple[apache.ApacheInstance, int, Path]]:
+def _needs_tls_tools() -> None:
     if os.geteuid() != 0 or shutil.which("apxs") is None:
         pytest.skip("needs root and apxs (apache2-dev): mod_overtake_prio")
     for tool in ("openssl", "curl"):
@@ -63,18 +67,46 @@ def tls_apache(apache_available: None) -> Iterator[tuple[apache.ApacheInstance, 
             pytest.skip(f"{tool} not installed")
     if "HTTP2" not in subprocess.run(["curl", "--version"], capture_output=True, text=True).stdout:
         pytest.skip("curl without HTTP/2 (nghttp2)")
+
+
+def _tls_conf(parent: Path) -> tuple[Path, int, Path]:
+    """The project's templates plus the TLS virtual host; (templates, TLS port, certificate)."""
+    conf = parent / "conf"
+    shutil.copytree(DEFAULT_CONF_DIR, conf)
+    cert, key = _cert(parent)
+    tls_port = free_port()
+    with (conf / "httpd.conf.in").open("a") as f:
+        f.write(TLS_VHOST.format(port=tls_port, cert=cert, key=key))
+    return conf, tls_port, cert
+
+
+@pytest.fixture(scope="module")
+def tls_apache(apache_available: None) -> Iterator[tuple[apache.ApacheInstance, int, Path]]:
+    _needs_tls_tools()
     parent = scratch_dir("overtake-tls-test-")
     try:
-        conf = parent / "conf"
-        shutil.copytree(DEFAULT_CONF_DIR, conf)
-        cert, key = _cert(parent)
-        tls_port = free_port()
-        with (conf / "httpd.conf.in").open("a") as f:
-            f.write(TLS_VHOST.format(port=tls_port, cert=cert, key=key))
+        conf, tls_port, cert = _tls_conf(parent)
         with control_apache("module-tls", levels=(0.5,), nice=("idle",), stage_hold=30, mpm="event", conf_dir=conf,
                             stages=(("capped", "^/stage1$"), ("free", "^/stage2$"))) as (inst, path):
             write_policy(path, "pi(1,16)", NAMES)
             yield inst, tls_port, cert
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tls_class_apache(apache_available: None) -> Iterator[tuple[apache.ApacheInstance, int, Path]]:
+    """The same TLS and HTTP/2 set-up, with the class header (a request may start demoted)."""
+    _needs_tls_tools()
+    parent = scratch_dir("overtake-tls-class-test-")
+    try:
+        conf, tls_port, cert = _tls_conf(parent)
+        inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", max_workers=16, conf_dir=conf,
+                            cpu_priority=CpuPriority(levels=(0.5,), nice=("idle",)))
+        try:
+            yield inst, tls_port, cert
+        finally:
+            apache.stop(inst.workdir, graceful=False)
     finally:
         shutil.rmtree(parent, ignore_errors=True)
 
@@ -137,3 +169,34 @@ def test_http2_streams_are_held_by_the_table(tls_apache: tuple[apache.ApacheInst
     assert st['overtake_stage_requests_total{stage="capped"}'] - before['overtake_stage_requests_total{stage="capped"}'] == 6
     assert st['overtake_stage_held_total{stage="capped"}'] > before['overtake_stage_held_total{stage="capped"}']
     assert st['overtake_stage_active{stage="capped"}'] == 0 and st['overtake_stage_waiting{stage="capped"}'] == 0
+
+
+@pytest.mark.parametrize("version", ["--http1.1", "--http2"])
+def test_a_demoted_request_is_restored_before_tls_and_http2_write_it(
+        tls_class_apache: tuple[apache.ApacheInstance, int, Path], version: str) -> None:
+    """The end filter sits before mod_ssl's and mod_http2's output: a client reading a large
+    response slowly finds its thread restored (and no thread demoted) while the response is
+    still being written."""
+    inst, port, cert = tls_class_apache
+    host, plain_port = apache.parse_listen(inst.listen)
+    big = Path(inst.workdir) / "htdocs" / "static" / f"overtake-big{version[2:]}.bin"
+    with big.open("wb") as f:
+        # 64 MiB (sparse) at 1 MB/s: more than the kernel's buffers on loopback take (the receive
+        # side's grows to 32 MiB, the send side's to 4 MiB), so it is written for many seconds
+        f.truncate(64 << 20)
+    before = fetch_prio_status(host, plain_port)
+    curl = subprocess.Popen(["curl", version, "--cacert", str(cert), "-s", "-o", "/dev/null", "--limit-rate", "1M",
+                             "-H", "X-Overtake-Class: 1", f"https://127.0.0.1:{port}/static/{big.name}"])
+    try:
+        deadline = time.monotonic() + 20
+        while (mid := fetch_prio_status(host, plain_port)).restores == before.restores:
+            assert time.monotonic() < deadline, "the demoted request was not restored at its end of body"
+            assert curl.poll() is None, "curl ended before the restore"
+            time.sleep(0.05)
+        assert curl.poll() is None, "the response was written already: raise the file's size"
+        assert mid.demotions_class[1] - before.demotions_class[1] == 1
+        assert mid.restore_errors == 0 and mid.in_flight[1] == 0
+    finally:
+        curl.kill()
+        curl.wait()
+        big.unlink()

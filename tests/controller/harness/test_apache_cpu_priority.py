@@ -398,6 +398,51 @@ def test_busy_child_passes_at_request_starts(clean: apache.ApacheInstance) -> No
     assert wakes * 5 <= passes, (wakes, passes)
 
 
+def _read_response(sock: socket.socket) -> bytes:
+    """One HTTP/1.1 response with a Content-Length from a keep-alive socket; its body."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = sock.recv(65536)
+        assert chunk, f"connection closed in the headers: {head!r}"
+        head += chunk
+    head, body = head.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    length = int(next(line.split(b":", 1)[1] for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:")))
+    while len(body) < length:
+        chunk = sock.recv(1 << 20)
+        assert chunk, "connection closed in the body"
+        body += chunk
+    return body
+
+
+@needs_root
+def test_restored_at_the_end_of_the_body_before_the_client_reads_it(clean: apache.ApacheInstance) -> None:
+    """A request is restored when its body is complete (EOS), before the network write: a
+    client that has not read a large response yet finds no thread demoted, though the request
+    has not ended (the write is pending). Twice on one keep-alive connection: the end filter is
+    the connection's, and each request sets it to its own record."""
+    big = Path(clean.workdir) / "htdocs" / "static" / "overtake-big.bin"
+    # 16 MiB: more than the two sockets' buffers hold (the receive side's fixed at 64 KiB, the
+    # send side's grows to 4 MiB at most), so the write is still pending while the test looks
+    big.write_bytes(os.urandom(1 << 16) * 256)
+    sock = socket.create_connection(apache.parse_listen(clean.listen), timeout=30)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+        for _ in range(2):
+            before = _status(clean)
+            sock.sendall(b"GET /static/overtake-big.bin HTTP/1.1\r\nHost: t\r\n"
+                         b"X-Overtake-Class: 2\r\n\r\n")  # starts demoted
+            _wait(lambda b=before: _status(clean).restores > b.restores, 10, "the restore at EOS")
+            mid = _status(clean)
+            assert mid.demotions_class[2] - before.demotions_class[2] == 1
+            assert not _demoted(clean)
+            assert len(_read_response(sock)) == big.stat().st_size
+    finally:
+        sock.close()
+        big.unlink()
+
+
 @needs_root
 def test_long_request_demoted_level_by_level_then_restored(clean: apache.ApacheInstance) -> None:
     base = _base_nice(clean)
