@@ -40,7 +40,8 @@ observation class), every one evaluated exactly on the full chain:
    Each evaluation cap's stationary solve starts from the last table's law on that cap, or else
    from this table's law on the ladder's previous cap. Given a second process (``beside``), the
    first table's ladder runs there while the next solve cap is searched here: the search needs
-   nothing of it, and its laws come back to start the next table's solves. Neither goes to a
+   nothing of it, and its laws come back to start the next table's solves; the baselines of
+   step 4 are then evaluated there while the next table's ladder runs here. Neither goes to a
    second process where the observation hides no phase: the work is too small to pay for its
    start (:func:`overtake.mdp.observed_beside.worth_a_worker`).
 4. The answer is the best of the improved table and every baseline, each by its own exactly
@@ -83,7 +84,7 @@ from .errors import TruncationError
 from .evaluate import PolicyMetrics
 from .model import TandemModel
 from .observation import ExactEvaluation, ObservationSpace
-from .observed_beside import Tickets, limit_elsewhere, search_elsewhere, worth_a_worker
+from .observed_beside import Tickets, baselines_beside, baselines_joined, limit_elsewhere, search_elsewhere, worth_a_worker
 from .observed_chain import ChainLaw, observed_law
 from .observed_improve import Improvement, distinct, improve, log_searches
 from .observed_tables import lift, stage_rule, stage_view, starting_tables
@@ -212,6 +213,7 @@ class _Search:
         self.beside: Beside | None = None  # a second process: the first ladder and some searches run there
         self.laws: dict[int, ChainLaw] = {}  # the last evaluated table's law per evaluation cap
         self.last: tuple[Policy, ChainLaw] | None = None  # the last law evaluated, and its table
+        self.baselines_ahead: Any = None  # the baselines' evaluations under way in a worker (baselines_beside)
 
     def say(self, line: str) -> None:
         if self.progress:
@@ -415,6 +417,9 @@ class _Search:
             at = len(self.trace)
             ahead = self.optimise(tr2, pol)
             lim, Ce = join(at)
+            if self.none_opt is None:  # the answer's baselines, while the next table's ladder runs here
+                self.baselines_ahead = baselines_beside(self.beside, self.model, self.opts.names, self.opts.tol,
+                                                        self.evaluated)
         else:
             lim, Ce = self.limit(pol, C0, C0, imp.evaluation.metrics)
         while True:  # solve cap: does re-solving on a larger cap change the table's E[W]?
@@ -481,6 +486,9 @@ class _Search:
     def candidates(self, lim: PolicyMetrics) -> tuple[dict[str, float], dict[str, Evaluation]]:
         """The exact E[W] of every candidate answer and the baselines' evaluations (module docstring, step 4)."""
         cands = {"improved": lim.mean_response_time}
+        if self.baselines_ahead is not None:
+            self.evaluated.update(baselines_joined(self.baselines_ahead, self.say))
+            self.baselines_ahead = None
         if self.none_opt is not None:
             cands["none"] = self.none_opt.metrics.mean_response_time
             return cands, self.none_opt.baselines

@@ -198,3 +198,23 @@ def test_an_observation_that_hides_no_phase_starts_no_worker() -> None:
     hidden = tandem(0.5, exp_stage("a", 1.0), h2_stage("b", 0.91, 0.55, 5.45))
     osp = ObservationSpace(hidden, Truncation(5), Layout.build(hidden, "none"))
     assert osp.size > osp.n_classes and worth_a_worker(osp)
+
+
+def test_the_baselines_run_beside_with_the_same_candidates(observed_model, observed_alone) -> None:  # type: ignore[no-untyped-def]
+    """The baselines the answer is checked against are evaluated in a worker while the next
+    table's ladder runs here: the same candidates and evaluations as in one process."""
+    plain, plain_lines = observed_alone
+    calls: list[str] = []
+
+    class _Counted(_Late):
+        def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+            calls.append(fn.__name__)
+            super().__init__(fn, *args)
+
+    lines: list[str] = []
+    other = _observed(observed_model, progress=lines.append, beside=_Counted)
+    assert calls.count("_baselines") == 1
+    assert other.candidates == plain.candidates and set(other.baselines) == set(plain.baselines) == set(
+        plain.candidates) - {"improved"}
+    assert all(other.baselines[k].metrics == plain.baselines[k].metrics for k in plain.baselines)
+    assert sorted(lines) == sorted(plain_lines) and any(line.startswith("pi(1):") for line in lines)
