@@ -62,7 +62,7 @@ class Factor:
     def __init__(self, A: sp.csc_matrix, actions: IntArray, *, complete: bool = True) -> None:
         t = time.perf_counter()
         self.complete = complete
-        self.lu = spla.splu(A, permc_spec="COLAMD") if complete else _incomplete(A)
+        self.lu = _factored(A, complete)
         self.seconds = time.perf_counter() - t
         L, U = self.lu.L.tocsc(), self.lu.U.tocsr()
         self.nnz = int(L.nnz + U.nnz)
@@ -189,22 +189,25 @@ class Factor:
         return out
 
 
-def _incomplete(A: sp.csc_matrix) -> Any:
-    """The incomplete LU of A (drop tolerance :data:`ILU_DROP`), in :func:`_dense_last` order where
-    that applies, else in SuperLU's COLAMD order."""
+def _factored(A: sp.csc_matrix, complete: bool) -> Any:
+    """The LU of A, complete or incomplete (drop tolerance :data:`ILU_DROP`), in :func:`_dense_last`
+    order where that applies, else in SuperLU's COLAMD order."""
     order = _dense_last(A)
-    if order is None:
-        return spla.spilu(A, drop_tol=ILU_DROP, fill_factor=15, permc_spec="COLAMD")
-    return _Reordered(spla.spilu(A[:, order].tocsc(), drop_tol=ILU_DROP, fill_factor=15, permc_spec="NATURAL"), order)
+
+    def lu(M: sp.csc_matrix, spec: str) -> Any:
+        return (spla.splu(M, permc_spec=spec) if complete else
+                spla.spilu(M, drop_tol=ILU_DROP, fill_factor=15, permc_spec=spec))
+
+    return lu(A, "COLAMD") if order is None else _Reordered(lu(A[:, order].tocsc(), "NATURAL"), order)
 
 
 def _dense_last(A: sp.csc_matrix) -> IntArray | None:
     """A column order for A with many dense columns: COLAMD's order of the others, the dense ones last.
 
     A table that starts many threads at once (π(∞)) reaches a post-decision state from hundreds of
-    pre-decision states, and SuperLU's COLAMD takes several times the incomplete elimination on
-    such columns; ordered last they add little fill to an incomplete factor, and the rest orders
-    fast. None where fewer than :data:`DENSE_SHARE` of the columns have over
+    pre-decision states, and SuperLU's COLAMD takes several times the elimination on such
+    columns; ordered last they add little fill to an incomplete factor and some to a complete
+    one, and the rest orders fast. None where fewer than :data:`DENSE_SHARE` of the columns have over
     :data:`DENSE_COLUMN` entries (COLAMD's own order then), or where the ordering step fails.
     """
     n = A.shape[0]

@@ -1,12 +1,13 @@
-"""The incomplete factor of a table with many dense columns (π(∞)), ordered with those columns last
+"""The factors of a table with many dense columns (π(∞)), ordered with those columns last
 (factor._dense_last), against plain direct solves of the same system.
 
 * the ordering is a permutation of the columns, with every dense column after every other;
 * the reordered factor's solves (A x = b and Aᵀ x = b) are those of A itself: preconditioned by it,
   GMRES and BiCGSTAB meet the residual of a complete LU's answer, with and without the transpose;
 * a table without dense columns keeps SuperLU's own ordering (no reordering);
-* the exact evaluation of π(∞)'s table on a space above the direct limit, whose factor is the
-  reordered incomplete one, has the gain and stationary law of a complete factorization.
+* a reordered complete factor solves as SuperLU's own LU does (to rounding);
+* the exact evaluation of π(∞)'s table through a reordered factor, complete or incomplete (on a
+  space above the direct limit), has the gain, law and bias of independent solves.
 """
 
 from __future__ import annotations
@@ -73,15 +74,37 @@ def test_reordered_incomplete_factor_solves_for_a_itself(trans: bool) -> None:
     assert np.linalg.norm(op @ y - B[:, 0]) <= 0.1 * np.linalg.norm(B[:, 0])
 
 
-def test_evaluation_by_the_reordered_factor_is_the_complete_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("trans", [False, True])
+def test_reordered_complete_factor_is_a_direct_solve(trans: bool) -> None:
     osp = _space()
-    actions = osp.table(stage_rule(osp.model, "pi(inf)"))
-    complete = osp.evaluate(actions, complete=True)
-    monkeypatch.setattr(observation_exact, "DIRECT_STATES", 10)  # this space is "large": an incomplete factor
-    osp2 = _space()
-    ev = osp2.evaluate(actions)
-    assert not ev.factor.complete and isinstance(ev.factor.lu, factor_mod._Reordered)
-    assert ev.gain == pytest.approx(complete.gain, rel=1e-10)
-    assert ev.metrics.mean_response_time == pytest.approx(complete.metrics.mean_response_time, rel=1e-10)
-    assert np.abs(ev.post - complete.post).max() <= 1e-10 * complete.post.max()
-    assert np.abs(ev.bias - complete.bias).max() <= 1e-9 * np.abs(complete.bias).max()
+    actions, eq = _system(osp, "pi(inf)")
+    f = Factor(eq.A, actions)
+    assert f.complete and isinstance(f.lu, factor_mod._Reordered)
+    B = eq.rhs if not trans else eq.p0[:, None]
+    exact = spla.splu(eq.A.tocsc(), permc_spec="COLAMD").solve(B, trans="T" if trans else "N")
+    x = f.solve(eq.A, B, trans=trans)
+    assert x is not None
+    assert np.abs(x - exact).max() <= 1e-11 * np.abs(exact).max()
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_evaluation_by_a_reordered_factor_is_exact(monkeypatch: pytest.MonkeyPatch, large: bool) -> None:
+    """π(∞)'s evaluation through a reordered factor (complete; incomplete on a space made "large")
+    against a plain sparse LU's (and its law against Gauss–Seidel's)."""
+    osp = _space()
+    actions, eq = _system(osp, "pi(inf)")
+    plain = spla.splu(eq.A.tocsc(), permc_spec="COLAMD")
+    u = plain.solve(eq.rhs)
+    gamma = (eq.cost[0] + eq.p0 @ u[:, 0]) / (1.0 + eq.p0 @ u[:, 1])
+    g_ref = gamma * osp.space.rate
+    h_ref = np.concatenate([[0.0], u[:, 0] - gamma * u[:, 1]])
+    law_ref = np.concatenate([[1.0], plain.solve(eq.p0, trans="T")])
+    law_ref /= law_ref.sum()
+    assert np.abs(osp.stationary_gain(actions)[1] - law_ref).max() <= 1e-8 * law_ref.max()  # a third method
+    if large:
+        monkeypatch.setattr(observation_exact, "DIRECT_STATES", 10)
+    ev = _space().evaluate(actions)
+    assert ev.factor.complete is not large and isinstance(ev.factor.lu, factor_mod._Reordered)
+    assert ev.gain == pytest.approx(g_ref, rel=1e-10)
+    assert np.abs(ev.post - law_ref).max() <= 1e-9 * law_ref.max()
+    assert np.abs(ev.bias - h_ref).max() <= 1e-9 * np.abs(h_ref).max()
