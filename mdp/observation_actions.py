@@ -192,7 +192,7 @@ class DecisionMatrix:
         self._base: _DecisionRows | None = None
         self._ops: list[sp.csr_matrix] | None = None
         # the rows of each class under each action asked for: (class, action bytes) → COO entries
-        self._rows: dict[tuple[int, bytes], tuple[IntArray, IntArray, FloatArray]] = {}
+        self._rows: dict[int | tuple[int, bytes], tuple[IntArray, IntArray, FloatArray]] = {}
         self._kept_entries = 0
 
     def __call__(self, actions: IntArray) -> sp.csr_matrix:
@@ -227,7 +227,7 @@ class DecisionMatrix:
             return self._built(states, counts)
         cls = self.class_of[states]
         present, first = np.unique(cls, return_index=True)
-        keys = [(int(c), counts[states[i]].tobytes()) for c, i in zip(present.tolist(), first.tolist())]
+        keys = self._keys(present, counts[states[first]])
         kept = self._rows
         if self._kept_entries > ROWS_KEPT:
             kept.clear()
@@ -253,6 +253,16 @@ class DecisionMatrix:
             return src, idx, prob
         keep = want[src]
         return src[keep], idx[keep], prob[keep]
+
+    def _keys(self, classes: IntArray, actions: IntArray) -> list[int] | list[tuple[int, bytes]]:
+        """One key per (class, action) pair: an integer (class and action in mixed radix, an
+        action's counts being at most the thread cap each) where it fits in 63 bits."""
+        k = self.space.k_max + 1
+        Q = actions.shape[1]
+        if k ** Q * (self.class_of.size + 1) < 2 ** 62 and (actions.size == 0 or 0 <= actions.min() <= actions.max() < k):
+            radix = k ** np.arange(Q, dtype=np.int64)
+            return (classes.astype(np.int64) * k ** Q + actions @ radix).tolist()  # type: ignore[no-any-return]
+        return [(int(c), a.tobytes()) for c, a in zip(classes.tolist(), actions)]
 
     def _built(self, states: IntArray, counts: IntArray) -> tuple[IntArray, IntArray, FloatArray]:
         """:meth:`rows`, built from the multinomial draws (:func:`spawn_vector`)."""
