@@ -285,6 +285,7 @@ class _Search:
         pending = None
         if tickets is not None:
             assert self.beside is not None
+            self.join_baselines()
             pending = self.beside(search_elsewhere, osp, state, tickets, ranked, tables, evs)
         runs: dict[str, Improvement] = {}
         while (j := tickets.take() if tickets is not None else len(runs)) is not None and j < len(ranked):
@@ -305,6 +306,13 @@ class _Search:
                 osp.exact.restore(state)
                 runs[k] = improve(osp, tables[k], start=k, evaluation=evs[k], progress=self.progress)
         return {k: runs[k] for k in ranked}
+
+    def join_baselines(self) -> None:
+        """The baselines' evaluations started in a worker (:func:`baselines_beside`), waited for:
+        before the answer, and before another worker starts (one at a time)."""
+        if self.baselines_ahead is not None:
+            self.evaluated.update(baselines_joined(self.baselines_ahead, self.say))
+            self.baselines_ahead = None
 
     def meta(self, source: str) -> dict[str, Any]:
         seen = "waiting per queue, active threads per stage"
@@ -382,6 +390,7 @@ class _Search:
         """:meth:`limit` (solve cap ``C``) started in a worker (``beside``); the returned call waits
         for it and merges its trace entries (before the trace's entry ``at``), stationary laws and
         progress lines here, as if :meth:`limit` had run here first."""
+        self.join_baselines()
         mine = copy.copy(self)  # its own trace and laws: the worker's additions come back through join
         mine.trace, mine.laws = [], dict(self.laws)
         pending = beside(limit_elsewhere, mine, pol, C, first)
@@ -486,9 +495,7 @@ class _Search:
     def candidates(self, lim: PolicyMetrics) -> tuple[dict[str, float], dict[str, Evaluation]]:
         """The exact E[W] of every candidate answer and the baselines' evaluations (module docstring, step 4)."""
         cands = {"improved": lim.mean_response_time}
-        if self.baselines_ahead is not None:
-            self.evaluated.update(baselines_joined(self.baselines_ahead, self.say))
-            self.baselines_ahead = None
+        self.join_baselines()
         if self.none_opt is not None:
             cands["none"] = self.none_opt.metrics.mean_response_time
             return cands, self.none_opt.baselines

@@ -218,3 +218,31 @@ def test_the_baselines_run_beside_with_the_same_candidates(observed_model, obser
         plain.candidates) - {"improved"}
     assert all(other.baselines[k].metrics == plain.baselines[k].metrics for k in plain.baselines)
     assert sorted(lines) == sorted(plain_lines) and any(line.startswith("pi(1):") for line in lines)
+
+
+def test_the_baselines_worker_adds_none_beside_the_others() -> None:
+    """The baselines' worker is waited for before another worker starts (a later cap's searches),
+    so that it never runs beside another worker."""
+    under_way: list[str] = []
+    clashes: list[str] = []
+
+    class _Tracked(_Eager):
+        def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+            if "_baselines" in under_way:
+                clashes.append(fn.__name__)
+            under_way.append(fn.__name__)
+            self._name = fn.__name__
+            super().__init__(fn, *args)
+
+        def result(self) -> Any:
+            if self._name in under_way:
+                under_way.remove(self._name)
+            return super().result()
+
+    from overtake.mdp.observed import solve_observed
+
+    # a tight tolerance: a third solve cap is searched after the baselines' worker has started
+    light = tandem(0.2, exp_stage("a", 1.0), h2_stage("b", 0.91, 0.55, 5.45))
+    opt = solve_observed(light, tol=1e-4, start=3, beside=_Tracked)
+    assert sum("improved_gains" in e for e in opt.trace) >= 3 and "_baselines" not in under_way
+    assert clashes == []
