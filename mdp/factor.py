@@ -212,7 +212,7 @@ def _dense_last(A: sp.csc_matrix) -> IntArray | None:
     """
     n = A.shape[0]
     dense = np.diff(A.indptr) > DENSE_COLUMN
-    if dense.sum() < DENSE_SHARE * n:
+    if not dense.any() or dense.sum() < DENSE_SHARE * n:
         return None
     # the dense columns reduced to their diagonal, and a unit diagonal added so that an
     # elimination dropping nearly everything (its only use: SuperLU's COLAMD order) stays nonsingular
