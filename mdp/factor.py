@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -31,6 +32,10 @@ ITER_RTOL = 1e-13  # relative residual of the iterative solves (E[W] then agrees
 # factorization that follows its failure
 ITER_MIN = 120
 ILU_DROP = 1e-3  # the incomplete factor's drop tolerance (Factor)
+# an incomplete factor of a matrix with at least this share of columns of over this many entries
+# orders them last (_dense_last)
+DENSE_COLUMN = 60
+DENSE_SHARE = 0.02
 ITER_MAX = 2_000  # BiCGSTAB iterations per column at most (the work budget bounds them first: Factor.iterate)
 # solved columns a complete factor keeps for its low-rank updates (Factor.update), in floats: a
 # search's trials against one factor change the same states again and again
@@ -57,8 +62,7 @@ class Factor:
     def __init__(self, A: sp.csc_matrix, actions: IntArray, *, complete: bool = True) -> None:
         t = time.perf_counter()
         self.complete = complete
-        self.lu = (spla.splu(A, permc_spec="COLAMD") if complete else
-                   spla.spilu(A, drop_tol=ILU_DROP, fill_factor=15, permc_spec="COLAMD"))
+        self.lu = _factored(A, complete)
         self.seconds = time.perf_counter() - t
         L, U = self.lu.L.tocsc(), self.lu.U.tocsr()
         self.nnz = int(L.nnz + U.nnz)
@@ -183,6 +187,60 @@ class Factor:
                 return None  # the recurrence's residual drifted from the true one
             out[:, j] = x
         return out
+
+
+def _factored(A: sp.csc_matrix, complete: bool) -> Any:
+    """The LU of A, complete or incomplete (drop tolerance :data:`ILU_DROP`), in :func:`_dense_last`
+    order where that applies, else in SuperLU's COLAMD order."""
+    order = _dense_last(A)
+
+    def lu(M: sp.csc_matrix, spec: str) -> Any:
+        return (spla.splu(M, permc_spec=spec) if complete else
+                spla.spilu(M, drop_tol=ILU_DROP, fill_factor=15, permc_spec=spec))
+
+    return lu(A, "COLAMD") if order is None else _Reordered(lu(A[:, order].tocsc(), "NATURAL"), order)
+
+
+def _dense_last(A: sp.csc_matrix) -> IntArray | None:
+    """A column order for A with many dense columns: COLAMD's order of the others, the dense ones last.
+
+    A table that starts many threads at once (π(∞)) reaches a post-decision state from hundreds of
+    pre-decision states, and SuperLU's COLAMD takes several times the elimination on such
+    columns; ordered last they add little fill to an incomplete factor and some to a complete
+    one, and the rest orders fast. None where fewer than :data:`DENSE_SHARE` of the columns have over
+    :data:`DENSE_COLUMN` entries (COLAMD's own order then), or where the ordering step fails.
+    """
+    n = A.shape[0]
+    dense = np.diff(A.indptr) > DENSE_COLUMN
+    if not dense.any() or dense.sum() < DENSE_SHARE * n:
+        return None
+    # the dense columns reduced to their diagonal, and a unit diagonal added so that an
+    # elimination dropping nearly everything (its only use: SuperLU's COLAMD order) stays nonsingular
+    C = A.tocoo()
+    keep = ~dense[C.col] | (C.row == C.col)
+    S = sp.csc_matrix((np.abs(C.data[keep]), (C.row[keep], C.col[keep])), shape=A.shape) + sp.identity(n, format="csc")
+    try:
+        first = np.argsort(spla.spilu(S.tocsc(), drop_tol=0.99, fill_factor=1, permc_spec="COLAMD").perm_c)
+    except RuntimeError:
+        return None
+    return np.concatenate([first[~dense[first]], np.flatnonzero(dense)]).astype(np.int64)
+
+
+class _Reordered:
+    """A factor of A[:, order] that solves with A (the methods :class:`Factor` uses of SuperLU's)."""
+
+    def __init__(self, lu: Any, order: IntArray) -> None:
+        self.lu, self.order = lu, order
+        self.L, self.U = lu.L, lu.U
+
+    def solve(self, B: FloatArray, trans: str = "N") -> FloatArray:
+        if trans == "N":  # A[:, order] y = B, and x[order] = y
+            y = np.asarray(self.lu.solve(B))
+            x = np.empty_like(y)
+            x[self.order] = y
+            return x
+        # A[:, order]ᵀ = Aᵀ's rows in ``order``: Aᵀ x = B is A[:, order]ᵀ x = B[order]
+        return np.asarray(self.lu.solve(np.ascontiguousarray(B[self.order]), trans="T"))
 
 
 class _OutOfTime(SolverError):

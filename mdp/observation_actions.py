@@ -165,6 +165,10 @@ class Feasibility:
         return a
 
 
+#: COO entries DecisionMatrix.rows keeps at most (then it starts again)
+ROWS_KEPT = 4_000_000
+
+
 @dataclass(frozen=True, eq=False)
 class _DecisionRows:
     """A decision matrix's entries (COO) and the per-state action counts they were built for."""
@@ -187,6 +191,9 @@ class DecisionMatrix:
         # in the rows of a few classes, and only those rows are rebuilt
         self._base: _DecisionRows | None = None
         self._ops: list[sp.csr_matrix] | None = None
+        # the rows of each class under each action asked for: (class, action bytes) → COO entries
+        self._rows: dict[int | tuple[int, bytes], tuple[IntArray, IntArray, FloatArray]] = {}
+        self._kept_entries = 0
 
     def __call__(self, actions: IntArray) -> sp.csr_matrix:
         """R_A. Only the rows of the states whose action differs from the last table's are rebuilt
@@ -210,7 +217,55 @@ class DecisionMatrix:
         return R
 
     def rows(self, states: IntArray, counts: IntArray) -> tuple[IntArray, IntArray, FloatArray]:
-        """The COO entries (row, column, probability) of R's rows ``states`` under per-state ``counts``."""
+        """The COO entries (row, column, probability) of R's rows ``states`` under per-state ``counts``
+        (over every state, the same in all states of a class: a table's), in no particular order
+        (a row has no two entries in one column).
+
+        A search tries the same actions in the same classes again and again: each class's rows
+        under each action are built once (:meth:`_built`) and kept, up to :data:`ROWS_KEPT` entries."""
+        if states.size == 0:
+            return self._built(states, counts)
+        cls = self.class_of[states]
+        present, first = np.unique(cls, return_index=True)
+        keys = self._keys(present, counts[states[first]])
+        kept = self._rows
+        if self._kept_entries > ROWS_KEPT:
+            kept.clear()
+            self._kept_entries = 0
+        missing = [j for j, k in enumerate(keys) if k not in kept]
+        if missing:
+            built = np.flatnonzero(np.isin(self.class_of, present[missing]))
+            src, idx, prob = self._built(built, counts)
+            order = np.argsort(self.class_of[src], kind="stable")
+            src, idx, prob = src[order], idx[order], prob[order]
+            self._kept_entries += src.size
+            bounds = np.searchsorted(self.class_of[src], present[missing], side="left").tolist() + [src.size]
+            for n, j in enumerate(missing):
+                lo, hi = bounds[n], bounds[n + 1]
+                kept[keys[j]] = (src[lo:hi], idx[lo:hi], prob[lo:hi])
+        parts = [kept[k] for k in keys]
+        src = np.concatenate([e[0] for e in parts])
+        idx = np.concatenate([e[1] for e in parts])
+        prob = np.concatenate([e[2] for e in parts])
+        want = np.zeros(self.space.size, dtype=bool)
+        want[states] = True
+        if want[src].all():
+            return src, idx, prob
+        keep = want[src]
+        return src[keep], idx[keep], prob[keep]
+
+    def _keys(self, classes: IntArray, actions: IntArray) -> list[int] | list[tuple[int, bytes]]:
+        """One key per (class, action) pair: an integer (class and action in mixed radix, an
+        action's counts being at most the thread cap each) where it fits in 63 bits."""
+        k = self.space.k_max + 1
+        Q = actions.shape[1]
+        if k ** Q * (self.class_of.size + 1) < 2 ** 62 and (actions.size == 0 or 0 <= actions.min() <= actions.max() < k):
+            radix = k ** np.arange(Q, dtype=np.int64)
+            return (classes.astype(np.int64) * k ** Q + actions @ radix).tolist()  # type: ignore[no-any-return]
+        return [(int(c), a.tobytes()) for c, a in zip(classes.tolist(), actions)]
+
+    def _built(self, states: IntArray, counts: IntArray) -> tuple[IntArray, IntArray, FloatArray]:
+        """:meth:`rows`, built from the multinomial draws (:func:`spawn_vector`)."""
         sp_ = self.space
         go = states[counts[states].sum(axis=1) > 0]
         stay = states[counts[states].sum(axis=1) == 0]

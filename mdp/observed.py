@@ -40,7 +40,8 @@ observation class), every one evaluated exactly on the full chain:
    Each evaluation cap's stationary solve starts from the last table's law on that cap, or else
    from this table's law on the ladder's previous cap. Given a second process (``beside``), the
    first table's ladder runs there while the next solve cap is searched here: the search needs
-   nothing of it, and its laws come back to start the next table's solves. Neither goes to a
+   nothing of it, and its laws come back to start the next table's solves; the baselines of
+   step 4 are then evaluated there while the next table's ladder runs here. Neither goes to a
    second process where the observation hides no phase: the work is too small to pay for its
    start (:func:`overtake.mdp.observed_beside.worth_a_worker`).
 4. The answer is the best of the improved table and every baseline, each by its own exactly
@@ -83,7 +84,7 @@ from .errors import TruncationError
 from .evaluate import PolicyMetrics
 from .model import TandemModel
 from .observation import ExactEvaluation, ObservationSpace
-from .observed_beside import Tickets, limit_elsewhere, search_elsewhere, worth_a_worker
+from .observed_beside import Tickets, baselines_beside, baselines_joined, limit_elsewhere, search_elsewhere, worth_a_worker
 from .observed_chain import ChainLaw, observed_law
 from .observed_improve import Improvement, distinct, improve, log_searches
 from .observed_tables import lift, stage_rule, stage_view, starting_tables
@@ -212,6 +213,7 @@ class _Search:
         self.beside: Beside | None = None  # a second process: the first ladder and some searches run there
         self.laws: dict[int, ChainLaw] = {}  # the last evaluated table's law per evaluation cap
         self.last: tuple[Policy, ChainLaw] | None = None  # the last law evaluated, and its table
+        self.baselines_ahead: Any = None  # the baselines' evaluations under way in a worker (baselines_beside)
 
     def say(self, line: str) -> None:
         if self.progress:
@@ -283,6 +285,7 @@ class _Search:
         pending = None
         if tickets is not None:
             assert self.beside is not None
+            self.join_baselines()
             pending = self.beside(search_elsewhere, osp, state, tickets, ranked, tables, evs)
         runs: dict[str, Improvement] = {}
         while (j := tickets.take() if tickets is not None else len(runs)) is not None and j < len(ranked):
@@ -303,6 +306,13 @@ class _Search:
                 osp.exact.restore(state)
                 runs[k] = improve(osp, tables[k], start=k, evaluation=evs[k], progress=self.progress)
         return {k: runs[k] for k in ranked}
+
+    def join_baselines(self) -> None:
+        """The baselines' evaluations started in a worker (:func:`baselines_beside`), waited for:
+        before the answer, and before another worker starts (one at a time)."""
+        if self.baselines_ahead is not None:
+            self.evaluated.update(baselines_joined(self.baselines_ahead, self.say))
+            self.baselines_ahead = None
 
     def meta(self, source: str) -> dict[str, Any]:
         seen = "waiting per queue, active threads per stage"
@@ -380,6 +390,7 @@ class _Search:
         """:meth:`limit` (solve cap ``C``) started in a worker (``beside``); the returned call waits
         for it and merges its trace entries (before the trace's entry ``at``), stationary laws and
         progress lines here, as if :meth:`limit` had run here first."""
+        self.join_baselines()
         mine = copy.copy(self)  # its own trace and laws: the worker's additions come back through join
         mine.trace, mine.laws = [], dict(self.laws)
         pending = beside(limit_elsewhere, mine, pol, C, first)
@@ -415,6 +426,9 @@ class _Search:
             at = len(self.trace)
             ahead = self.optimise(tr2, pol)
             lim, Ce = join(at)
+            if self.none_opt is None:  # the answer's baselines, while the next table's ladder runs here
+                self.baselines_ahead = baselines_beside(self.beside, self.model, self.opts.names, self.opts.tol,
+                                                        self.evaluated)
         else:
             lim, Ce = self.limit(pol, C0, C0, imp.evaluation.metrics)
         while True:  # solve cap: does re-solving on a larger cap change the table's E[W]?
@@ -481,6 +495,7 @@ class _Search:
     def candidates(self, lim: PolicyMetrics) -> tuple[dict[str, float], dict[str, Evaluation]]:
         """The exact E[W] of every candidate answer and the baselines' evaluations (module docstring, step 4)."""
         cands = {"improved": lim.mean_response_time}
+        self.join_baselines()
         if self.none_opt is not None:
             cands["none"] = self.none_opt.metrics.mean_response_time
             return cands, self.none_opt.baselines

@@ -1,6 +1,7 @@
 """The parts of an observation-policy solve (:mod:`overtake.mdp.observed`) that run in a second
-process: a cap's local searches, each taken by whichever process is free first, and the first
-table's evaluation ladder. Each returns what the solve merges: plain data (an LU does not pickle).
+process: a cap's local searches, each taken by whichever process is free first, the first
+table's evaluation ladder, and the baselines the answer is checked against (while the next
+table's ladder runs here). Each returns what the solve merges: plain data (an LU does not pickle).
 
 A worker is started only where the work it takes can pay for its start (:func:`worth_a_worker`):
 the fork, the parent's copy-on-write faults after it, the answer pickled back and the worker's
@@ -21,13 +22,16 @@ import numpy as np
 import numpy.typing as npt
 
 from .evaluate import PolicyMetrics
+from .model import TandemModel
 from .observation import ExactEvaluation, ObservationSpace
 from .observation_exact import SolverState
 from .observed_chain import ChainLaw
 from .observed_improve import improve
 from .policy import Policy
+from .rule_evaluation import Evaluation, evaluate_baseline
 
-__all__ = ["Ladder", "Tickets", "limit_elsewhere", "search_elsewhere", "worth_a_worker"]
+__all__ = ["Ladder", "Tickets", "baselines_beside", "baselines_joined", "limit_elsewhere", "search_elsewhere",
+           "worth_a_worker"]
 
 IntArray = npt.NDArray[np.int64]
 
@@ -98,3 +102,25 @@ def limit_elsewhere(search: Ladder, pol: Policy, C: int, first: PolicyMetrics) -
     laws = {c: law for c, law in search.laws.items() if before.get(c) is not law}
     last = search.last[1] if search.last is not None and search.last[0] is pol else None
     return lim, Ce, search.trace, laws, last, lines
+
+
+def baselines_beside(beside: Callable[..., Any], model: TandemModel, names: list[str], tol: float,
+                     evaluated: dict[str, Evaluation]) -> Any:
+    """The evaluations of the baselines ``names`` not in ``evaluated`` started in a worker
+    (``beside``): the answer needs them, and nothing of the search; None where none is missing.
+    :func:`baselines_joined` waits for them."""
+    missing = [n for n in names if n not in evaluated]
+    return beside(_baselines, model, missing, tol) if missing else None
+
+
+def baselines_joined(pending: Any, say: Callable[[str], None]) -> dict[str, Evaluation]:
+    """The evaluations :func:`baselines_beside` started, their progress lines said here."""
+    found, lines = pending.result()
+    for line in lines:
+        say(line)
+    return dict(found)
+
+
+def _baselines(model: TandemModel, names: list[str], tol: float) -> tuple[dict[str, Evaluation], list[str]]:
+    lines: list[str] = []
+    return {n: evaluate_baseline(model, n, tol=tol, progress=lines.append) for n in names}, lines

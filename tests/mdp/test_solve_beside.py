@@ -198,3 +198,51 @@ def test_an_observation_that_hides_no_phase_starts_no_worker() -> None:
     hidden = tandem(0.5, exp_stage("a", 1.0), h2_stage("b", 0.91, 0.55, 5.45))
     osp = ObservationSpace(hidden, Truncation(5), Layout.build(hidden, "none"))
     assert osp.size > osp.n_classes and worth_a_worker(osp)
+
+
+def test_the_baselines_run_beside_with_the_same_candidates(observed_model, observed_alone) -> None:  # type: ignore[no-untyped-def]
+    """The baselines the answer is checked against are evaluated in a worker while the next
+    table's ladder runs here: the same candidates and evaluations as in one process."""
+    plain, plain_lines = observed_alone
+    calls: list[str] = []
+
+    class _Counted(_Late):
+        def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+            calls.append(fn.__name__)
+            super().__init__(fn, *args)
+
+    lines: list[str] = []
+    other = _observed(observed_model, progress=lines.append, beside=_Counted)
+    assert calls.count("_baselines") == 1
+    assert other.candidates == plain.candidates and set(other.baselines) == set(plain.baselines) == set(
+        plain.candidates) - {"improved"}
+    assert all(other.baselines[k].metrics == plain.baselines[k].metrics for k in plain.baselines)
+    assert sorted(lines) == sorted(plain_lines) and any(line.startswith("pi(1):") for line in lines)
+
+
+def test_the_baselines_worker_adds_none_beside_the_others() -> None:
+    """The baselines' worker is waited for before another worker starts (a later cap's searches),
+    so that it never runs beside another worker."""
+    under_way: list[str] = []
+    clashes: list[str] = []
+
+    class _Tracked(_Eager):
+        def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+            if "_baselines" in under_way:
+                clashes.append(fn.__name__)
+            under_way.append(fn.__name__)
+            self._name = fn.__name__
+            super().__init__(fn, *args)
+
+        def result(self) -> Any:
+            if self._name in under_way:
+                under_way.remove(self._name)
+            return super().result()
+
+    from overtake.mdp.observed import solve_observed
+
+    # a tight tolerance: a third solve cap is searched after the baselines' worker has started
+    light = tandem(0.2, exp_stage("a", 1.0), h2_stage("b", 0.91, 0.55, 5.45))
+    opt = solve_observed(light, tol=1e-4, start=3, beside=_Tracked)
+    assert sum("improved_gains" in e for e in opt.trace) >= 3 and "_baselines" not in under_way
+    assert clashes == []
