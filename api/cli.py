@@ -116,9 +116,9 @@ def program() -> int:
     """The ``overtake`` program (the console script, ``python -m overtake``): :func:`main` on this
     process's arguments, a :data:`QUICK_EXIT` command that succeeded ending the process itself.
 
-    Such a command's start-up (numpy, scipy, the solver: a few hundred thousand objects, none of
-    them garbage) runs with the cyclic collector off: its collections would traverse them again and
-    again for nothing. The command calls :func:`started` once it has them."""
+    Such a command's start-up (numpy, scipy, the solver's modules: tens of thousands of objects, kept
+    for the life of the process) runs with the cyclic collector off: its collections would traverse
+    them again and again for nothing. The command calls :func:`started` once it has them."""
     global _held
     if _named_command(sys.argv[1:]) in QUICK_EXIT:
         gc.disable()
