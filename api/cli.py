@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
 import importlib
 import os
 import sys
@@ -107,10 +108,36 @@ def end_now(code: int) -> None:
     os._exit(code)
 
 
+#: set by :func:`program` while a :data:`QUICK_EXIT` command starts with the cyclic collector off
+_held = False
+
+
 def program() -> int:
     """The ``overtake`` program (the console script, ``python -m overtake``): :func:`main` on this
-    process's arguments, a :data:`QUICK_EXIT` command that succeeded ending the process itself."""
+    process's arguments, a :data:`QUICK_EXIT` command that succeeded ending the process itself.
+
+    Such a command's start-up (numpy, scipy, the solver's modules: tens of thousands of objects, kept
+    for the life of the process) runs with the cyclic collector off: its collections would traverse
+    them again and again for nothing. The command calls :func:`started` once it has them."""
+    global _held
+    if _named_command(sys.argv[1:]) in QUICK_EXIT:
+        gc.disable()
+        _held = True
     return main(end=True)
+
+
+def started() -> None:
+    """A :data:`QUICK_EXIT` command has imported what it needs and read its input: the objects made
+    so far leave the collector's generations for good (``gc.freeze``: later collections do not
+    traverse them, and a worker forked to the second core, :mod:`overtake.api.beside`, shares their
+    pages untouched, as Python's documentation of ``gc.freeze`` recommends), and the collector runs
+    again. Nothing happens unless :func:`program` held the collector (a script that calls
+    :func:`main` keeps its own)."""
+    global _held
+    if _held:
+        _held = False
+        gc.freeze()
+        gc.enable()
 
 
 def main(argv: Sequence[str] | None = None, *, end: bool = False) -> int:

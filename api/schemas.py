@@ -1,6 +1,6 @@
 """Request and response documents of the REST API (pydantic; no FastAPI import).
 
-The scenario body of ``POST /v1/models`` is :class:`overtake.mdp.scenario.Scenario` itself — the schema of
+The scenario body of ``POST /v1/models`` is :class:`overtake.mdp.scenario_schema.Scenario` itself — the schema of
 the CLI's YAML — so the CLI and the API cannot drift. This module adds what only the API needs:
 job status documents, the fit request, the decision answer and the error document.
 """

@@ -55,10 +55,10 @@ class SweepPoint:
 
 
 def _stage_moments(service: dict[str, Any], where: str) -> tuple[float, float]:
-    from .scenario import Service
+    from .scenario import parse_service
 
     try:
-        a, T = Service.model_validate(service).representation()
+        a, T = parse_service(service).representation()
     except Exception as exc:  # pydantic's error, re-raised as one line below
         raise ModelError(f"{where}: invalid service ({str(exc).splitlines()[0]})") from None
     u = np.linalg.solve(-np.asarray(T), np.ones(len(a)))

@@ -31,6 +31,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # the solver's imports only once the options have parsed
+    from overtake.api.cli import started
     from overtake.api.progress import progress_bar
     from overtake.api.scenario import load_scenario
     from overtake.mdp.baselines import Baseline
@@ -42,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     routes = sc.build_routes(model)
     # before anything is built: a model too large for the machine is refused as one line
     check_budget(model, max_states=args.max_states, truncation=sc.fixed_truncation(), phase_info=phase_info)
+    started()  # the collector back on (overtake.api.cli.program held it for the imports)
     steps = ["pi*"] + [Baseline.parse(p, model.n_stages).name
                        for p in dict.fromkeys([*default_baselines(model.n_stages), *args.policy])]
     with progress_bar("compare", steps=steps, quiet=args.quiet) as progress:  # silent when not a terminal

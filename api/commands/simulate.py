@@ -160,12 +160,14 @@ def run(args: argparse.Namespace) -> int:
     if args.requests < 1:
         raise ModelError(f"--requests must be >= 1, got {args.requests}")
     # the solver's imports only once the options have parsed
+    from overtake.api.cli import started
     from overtake.api.scenario import load_scenario
     from overtake.mdp.baselines import Baseline
     from overtake.mdp.policy import Policy
     from overtake.mdp.simulation import simulate
 
     sc, model = load_scenario(args.scenario)
+    started()  # the collector back on (overtake.api.cli.program held it for the imports)
     progress = None if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     observed = args.phase_info in ("none", "route")
     policy = _policy(args.policy, sc, model, progress, args.phase_info if observed else "full")

@@ -43,6 +43,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # the solver's imports only once the options have parsed
+    from overtake.api.cli import started
     from overtake.api.scenario import load_scenario
     from overtake.mdp.budget import check_budget
 
@@ -55,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     routes = sc.build_routes(model)
     # before anything is built: a model too large for the machine is refused as one line
     check_budget(model, max_states=args.max_states, truncation=sc.fixed_truncation(), phase_info=args.phase_info)
+    started()  # the collector back on (overtake.api.cli.program held it for the imports)
     if args.max_mean_threads is not None or args.stage_sla:
         if args.phase_info in ("none", "route"):
             raise ValueError(f"--phase-info {args.phase_info}: the constrained optimum (--max-mean-threads, "

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 
 from overtake.mdp.errors import ModelError
 from overtake.mdp.policy import Policy
-from overtake.mdp.scenario import Scenario
+from overtake.mdp.scenario_schema import Scenario
 
 from ..caches import PolicyCache
 from ..db import Store
@@ -159,7 +159,7 @@ def _check_model(data: Any, store: Store, settings: Settings, metrics: ApiMetric
                              f"{settings.max_states}; give a smaller truncation (truncation.max_requests, "
                              f"truncation.max_threads), a lower load, or fewer phases")
     label = name or " + ".join(s.name for s in sc.stages) + f" @ rho {model.load:.3g}"
-    return label, {"scenario": sc.model_dump(exclude_none=True), "estimated_states": est, "fits": fits.used}
+    return label, {"scenario": sc.to_dict(exclude_none=True), "estimated_states": est, "fits": fits.used}
 
 
 @router.get("/v1/models", response_model=list[ModelDoc])

@@ -47,6 +47,6 @@ def test_schema_documents_the_state_format(api_schema: schemathesis.BaseSchema) 
     state = next(p for p in params if p["name"] == "state")
     assert "waiting" in state["description"] and "threads" in state["description"]
     body = raw["paths"]["/v1/models"]["post"]["requestBody"]["content"]["application/json"]["schema"]
-    # the scenario schema is the CLI's pydantic model (mdp.scenario.Scenario)
+    # the scenario schema is the CLI's pydantic model (mdp.scenario_schema.Scenario)
     assert set(body["properties"]) >= {"load", "arrival_rate", "stages", "truncation", "tolerance"}
     assert "StageSpec" in raw["components"]["schemas"]

@@ -78,4 +78,4 @@ def test_table1_files_load_with_the_papers_load() -> None:
     assert model.load == pytest.approx(0.6)
     assert model.arrival_rate == pytest.approx(0.6 / (2 * (0.91 * 0.55 + 0.09 * 5.45)))
     assert sc.stages[0].service.hyperexponential is not None
-    assert sc.stages[0].service.hyperexponential.model_dump() == H2
+    assert sc.stages[0].service.hyperexponential.to_dict() == H2

@@ -17,7 +17,7 @@ CASE1 = Path(__file__).resolve().parents[2] / "examples" / "table1" / "case01.ya
 
 # A module-level object whose finalizer speaks at Python's teardown, and an exit handler.
 PROBE = """
-import atexit, sys
+import atexit, gc, sys
 
 class Teardown:
     def __del__(self):
@@ -25,6 +25,8 @@ class Teardown:
 
 kept = Teardown()
 atexit.register(lambda: sys.stderr.write("exit handler ran\\n"))
+atexit.register(lambda: sys.stderr.write(f"collector on {gc.isenabled()}, frozen {gc.get_freeze_count()}, "
+                                         f"collections {sum(g['collections'] for g in gc.get_stats())}\\n"))
 from overtake.api.cli import main, program
 how = sys.argv[1]
 sys.argv = ["overtake", *sys.argv[2:]]
@@ -47,6 +49,36 @@ def test_a_solve_run_as_the_program_skips_the_teardown_and_nothing_else(tmp_path
     assert "exit handler ran" in quick.stderr and "exit handler ran" in plain.stderr
     assert json.loads(quick.stdout) == json.loads(plain.stdout)  # flushed in full, the same document
     assert (tmp_path / "program" / "p.npz").read_bytes() == (tmp_path / "called" / "p.npz").read_bytes()
+
+
+def _collector(stderr: str) -> tuple[bool, int, int]:
+    """Whether the collector was on at exit, the objects frozen, the collections run."""
+    line = next(x for x in stderr.splitlines() if x.startswith("collector on "))
+    on, rest = line.removeprefix("collector on ").split(", frozen ")
+    frozen, runs = rest.split(", collections ")
+    return on == "True", int(frozen), int(runs)
+
+
+@pytest.mark.parametrize("command", [("solve", "--out", "p.npz"), ("compare", "--json")])
+def test_the_program_starts_with_the_collector_held_and_runs_the_command_with_it_on(tmp_path, command):
+    """Run as the program, a quick command's start-up is frozen out of the collector (overtake.api.cli.started)
+    and the command goes on with the collector on; main, called by a script, leaves the collector alone."""
+    name, *opts = command
+    argv = (name, str(CASE1), "--phase-info", "none", "--quiet", *opts)
+    (tmp_path / "program").mkdir()
+    (tmp_path / "called").mkdir()
+    quick = _run("program", *argv, cwd=tmp_path / "program")
+    plain = _run("called", *argv, cwd=tmp_path / "called")
+    assert quick.returncode == plain.returncode == 0, (quick.stderr, plain.stderr)
+    on, frozen, runs = _collector(quick.stderr)
+    assert on and frozen > 10_000, quick.stderr  # numpy's and scipy's objects, at least
+    plain_on, plain_frozen, plain_runs = _collector(plain.stderr)
+    assert plain_on and plain_frozen == 0, plain.stderr
+    assert runs < plain_runs / 2, (runs, plain_runs)  # the start-up's collections (most of them) not run
+    docs = [json.loads(res.stdout) for res in (quick, plain)]
+    for doc in docs:
+        doc.pop("seconds", None)  # compare's wall time
+    assert docs[0] == docs[1]
 
 
 def test_an_input_error_exits_as_before(tmp_path):
