@@ -72,13 +72,12 @@ import copy
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from .baselines import Baseline
 from .caps import EVALUATION_GROWTH, ladder_cap, next_solve_cap, relative_change, settle
 from .errors import TruncationError
 from .evaluate import PolicyMetrics
@@ -87,11 +86,12 @@ from .observation import ExactEvaluation, ObservationSpace
 from .observed_beside import Tickets, baselines_beside, baselines_joined, limit_elsewhere, search_elsewhere, worth_a_worker
 from .observed_chain import ChainLaw, observed_law
 from .observed_improve import Improvement, distinct, improve, log_searches
+from .observed_result import ObservedOptimum, ObservedSolve, holds_at_locks, observed_baselines
 from .observed_tables import lift, stage_rule, stage_view, starting_tables
 from .policy import Policy
 from .routes import RouteSplit
 from .rule_evaluation import Evaluation, evaluate_baseline
-from .statespace import Layout, StateSpace, Truncation, count_states
+from .statespace import Layout, Truncation, count_states
 
 if TYPE_CHECKING:
     from .optimum import Beside
@@ -115,65 +115,7 @@ PRESEARCH_STATES = 12_000
 PRESEARCH_SHARE = 4
 
 
-def observed_baselines(n_stages: int) -> list[str]:
-    """The baselines every observation policy is checked against: π(1), π(2), π(4), π(∞), π(1,…,1)."""
-    names = ["pi(1)", "pi(2)", "pi(4)", "pi(inf)", "pi(" + ",".join(["1"] * n_stages) + ")"]
-    return list(dict.fromkeys(Baseline.parse(n, n_stages).name for n in names))
-
-
-def holds_at_locks(model: TandemModel, name: str) -> bool:
-    """Whether baseline ``name`` never starts a thread into a full lock: its cap at every locked
-    stage (π(k): k; π(k1,…,kN): k_i) is at most the lock's capacity, so its table is its rule
-    (:mod:`overtake.mdp.observation`); π(∞), Apache's default, blocks threads at the lock."""
-    b = Baseline.parse(name, model.n_stages)
-    for i, m in enumerate(model.locks or ()):
-        cap = b.total if b.per_stage is None else b.per_stage[i]
-        if m is not None and (cap is None or cap > m):
-            return False
-    return True
-
-
 # ---- the solver --------------------------------------------------------------------------------
-@dataclass(frozen=True, eq=False)
-class ObservedSolve:
-    """The solve record (the role :class:`overtake.mdp.SolveResult` has for π*).
-
-    ``gain`` is the returned table's exact gain on its solve truncation. ``gain_bounds`` is
-    ``(None, gain)``: a memoryless policy of a partially observed chain has no Bellman lower bound.
-    """
-
-    space: StateSpace
-    gain: float
-    gain_bounds: tuple[float | None, float]
-    n_iter: int
-    sweeps: int
-    converged: bool
-    seconds: float
-    history: list[dict[str, Any]]
-    method: str = "observation policy improvement"
-
-
-@dataclass(eq=False)
-class ObservedOptimum:
-    """The best observation policy found, as :class:`overtake.mdp.optimum.Optimum` for π*.
-
-    ``source`` is ``"improved"`` (the local search's table), a baseline name, or ``"none"`` (for
-    ``route``: the best policy without routes); ``candidates`` the exact E[W] of each; ``baselines``
-    their evaluations (reused by :func:`overtake.mdp.compare`).
-    """
-
-    policy: Policy
-    solve: ObservedSolve
-    metrics: PolicyMetrics
-    truncation: Truncation
-    trace: list[dict[str, Any]]
-    seconds: float
-    sweeps: int
-    source: str
-    candidates: dict[str, float]
-    baselines: dict[str, Evaluation] = field(default_factory=dict)
-
-
 def _thread_cap(model: TandemModel, layout: Layout, C: int, max_threads: int | None, budget: int) -> int:
     """The largest thread cap K ≤ C (and ≤ max_threads) whose chain has at most ``budget`` states."""
     K = C if max_threads is None else min(C, max_threads)

@@ -9,7 +9,7 @@ the solver behind it.
   an :class:`~overtake.mdp.optimum.Optimum`. ``method`` picks the average-cost solver on each
   truncated space (:mod:`overtake.mdp.average_cost`).
 * ``none`` (counts per stage only) or ``route`` (counts per route, with ``routes``): the best
-  observation policy (:mod:`overtake.mdp.observed`), an :class:`~overtake.mdp.observed.ObservedOptimum`.
+  observation policy (:mod:`overtake.mdp.observed`), an :class:`~overtake.mdp.observed_result.ObservedOptimum`.
   Every candidate is evaluated exactly, so ``method`` plays no part.
 * ``cpu_priority="class"`` (``full`` only): two CPU classes by phase are part of the model; the
   spawn optimum is solved under each candidate class assignment and the best kept
