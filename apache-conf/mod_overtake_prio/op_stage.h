@@ -36,8 +36,9 @@ enum { OS_RES_CLAIMED, OS_RES_EXPIRED, OS_RES_CLOSED, OS_RES_OTHER, OS_RES_N };
 /* Where a request's work ran, by the handler that served it (overtake_stage_served_total). */
 enum { OS_BY_APACHE, OS_BY_FCGI, OS_BY_PROXY, OS_BY_CGI, OS_BY_N };
 
+/* One stage's counts: the counters a request touches and its queue's head first, the queue's ring
+ * (4 KiB) last, so that a request of stage 0 touches one page of the mapping (os_shared). */
 typedef struct {
-    os_queue q;
     uint32_t sleepers;              /* requests between their last look at q.head and their wake-up */
     apr_uint64_t requests;          /* arrivals */
     apr_uint64_t held;              /* requests that waited */
@@ -50,6 +51,7 @@ typedef struct {
     apr_uint64_t res_full;          /* ... not made: every reservation slot was in use */
     apr_uint64_t res_ended[OS_RES_N];
     int32_t reserved;               /* reservations outstanding (each holds a ticket) */
+    os_queue q;
 } os_stage;
 
 /* A connection's reservation: a ticket of its stage's queue, kept for the connection's next
@@ -65,12 +67,12 @@ typedef struct {
     uint64_t fast __attribute__((aligned(64)));  /* the running counts while unlocked (op_stage_fast.c) */
     pthread_mutex_t mu __attribute__((aligned(64)));
     uint32_t nstages;
+    int32_t next[OS_MAX_STAGES];    /* OvertakeStageNext: the stage a follow-up reserves, or -1 */
     char names[OS_MAX_STAGES][OS_NAME_BYTES];
     apr_uint64_t epochs;            /* decisions taken */
     apr_uint64_t guard_starts;
     apr_uint64_t wakes;             /* futex wake-ups issued (a system call each) */
     os_stage st[OS_MAX_STAGES];
-    int32_t next[OS_MAX_STAGES];    /* OvertakeStageNext: the stage a follow-up reserves, or -1 */
     int64_t follow_ns;              /* OvertakeStageFollowUp */
     uint32_t nres;                  /* reservations outstanding, all stages */
     uint32_t res_hi;                /* slots [0, res_hi) may be in use */
