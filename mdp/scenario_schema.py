@@ -17,7 +17,19 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from overtake.phases import MAX_PHASES
 
-from .scenario_spec import MAX_LOAD
+from .scenario_spec import (
+    MAX_ARRIVAL_RATE,
+    MAX_CORES,
+    MAX_COUNT,
+    MAX_ERLANG_ORDER,
+    MAX_LOAD,
+    MAX_OVERHEAD,
+    MAX_STAGES,
+    MAX_TIME_UNIT,
+    MAX_TOLERANCE,
+    MIN_TOLERANCE,
+    PROBS_SLACK,
+)
 
 __all__ = ["PH", "Erlang", "Exponential", "HyperExponential", "RouteSpec", "Scenario", "Service", "StageSpec",
            "TruncationSpec"]
@@ -32,7 +44,7 @@ class Exponential(_Strict):
 
 
 class Erlang(_Strict):
-    order: int = Field(ge=1, le=200)
+    order: int = Field(ge=1, le=MAX_ERLANG_ORDER)
     mean: float = Field(gt=0)
 
 
@@ -44,7 +56,7 @@ class HyperExponential(_Strict):
     def _check(self) -> HyperExponential:
         if len(self.probs) != len(self.means):
             raise ValueError(f"probs has {len(self.probs)} entries but means has {len(self.means)}")
-        if any(p < 0 for p in self.probs) or abs(sum(self.probs) - 1) > 1e-6:
+        if any(p < 0 for p in self.probs) or abs(sum(self.probs) - 1) > PROBS_SLACK:
             raise ValueError(f"probs must be >= 0 and sum to 1, got {self.probs}")
         if any(m <= 0 for m in self.means):
             raise ValueError(f"means must be > 0, got {self.means}")
@@ -89,26 +101,26 @@ class StageSpec(_Strict):
     @field_validator("lock", mode="before")
     @classmethod
     def _lock(cls, v: Any) -> Any:
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 2000):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_COUNT):
             raise ValueError(f"the number of requests that may hold the stage's lock at once, an integer >= 1 "
                              f"(1 for a database write lock); omit it for a stage without a lock, got {v!r}")
         return v
 
 
 class TruncationSpec(_Strict):
-    max_requests: int = Field(ge=2, le=2000)
-    max_threads: int | None = Field(default=None, ge=1, le=2000)
+    max_requests: int = Field(ge=2, le=MAX_COUNT)
+    max_threads: int | None = Field(default=None, ge=1, le=MAX_COUNT)
 
 
 class Scenario(_Strict):
     load: float | None = Field(default=None, gt=0)
-    arrival_rate: float | None = Field(default=None, gt=0, le=1e9)
-    stages: list[StageSpec] = Field(min_length=1, max_length=16)
-    cores: int = Field(default=1, ge=1, le=64)
-    overhead: float = Field(default=0.0, ge=0, le=100)
-    max_threads: int | None = Field(default=None, ge=1, le=2000)
+    arrival_rate: float | None = Field(default=None, gt=0, le=MAX_ARRIVAL_RATE)
+    stages: list[StageSpec] = Field(min_length=1, max_length=MAX_STAGES)
+    cores: int = Field(default=1, ge=1, le=MAX_CORES)
+    overhead: float = Field(default=0.0, ge=0, le=MAX_OVERHEAD)
+    max_threads: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     truncation: TruncationSpec | None = None
-    tolerance: float = Field(default=1e-3, ge=1e-8, lt=0.5)
+    tolerance: float = Field(default=1e-3, ge=MIN_TOLERANCE, lt=MAX_TOLERANCE)
     phase_info: Literal["full", "start", "none", "route"] = "full"
     #: seconds per unit of the service times: a number (1 = the times are seconds, as every
     #: ``overtake fit`` output), or ``model``: an abstract unit (van der Weij et al.'s), which the sidecar's
@@ -116,14 +128,14 @@ class Scenario(_Strict):
     time_unit: float | Literal["model"] = "model"
     #: coupled stages: per pair of consecutive stages, the exit-phase x start-phase routing matrix
     #: (:attr:`overtake.mdp.model.TandemModel.routing`); omitted: independent stages
-    routing: list[list[list[float]]] | None = Field(default=None, min_length=1, max_length=15)
+    routing: list[list[list[float]]] | None = Field(default=None, min_length=1, max_length=MAX_STAGES - 1)
 
     @field_validator("time_unit", mode="before")
     @classmethod
     def _unit(cls, v: Any) -> Any:
         if v == "model":
             return v
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 86400:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= MAX_TIME_UNIT:
             raise ValueError(f"seconds per unit of the service times (a number > 0, e.g. 1 for seconds, 0.001 for "
                              f"milliseconds) or model (an abstract unit), got {v!r}")
         return float(v)

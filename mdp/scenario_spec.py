@@ -31,6 +31,19 @@ __all__ = ["MAX_LOAD", "PH", "Erlang", "Exponential", "HyperExponential", "Route
 
 #: the highest load an exact solve takes: its truncation grows like 1/(1 − ρ)
 MAX_LOAD = 0.99
+# the schema's other bounds, here once for both readings (overtake.mdp.scenario_schema's models
+# check the same): an Erlang's order; requests, threads and a lock's holders; the arrival rate;
+# stages; cores; overhead; tolerance [lo, hi); seconds per time unit; a hyperexponential's probs'
+# distance from a sum of 1
+MAX_ERLANG_ORDER = 200
+MAX_COUNT = 2000
+MAX_ARRIVAL_RATE = 1e9
+MAX_STAGES = 16
+MAX_CORES = 64
+MAX_OVERHEAD = 100
+MIN_TOLERANCE, MAX_TOLERANCE = 1e-8, 0.5
+MAX_TIME_UNIT = 86400
+PROBS_SLACK = 1e-6
 
 PhaseInfo = Literal["full", "start", "none", "route"]
 PHASE_INFOS = ("full", "start", "none", "route")
@@ -263,11 +276,11 @@ def _service(r: _Reader, v: Any) -> Service:
         return Service(exponential=Exponential(r.number(e["mean"], gt=0)))
     if d.get("erlang") is not None:
         e = r.keys(d["erlang"], ("order", "mean"), ("order", "mean"))
-        return Service(erlang=Erlang(r.integer(e["order"], 1, 200), r.number(e["mean"], gt=0)))
+        return Service(erlang=Erlang(r.integer(e["order"], 1, MAX_ERLANG_ORDER), r.number(e["mean"], gt=0)))
     if d.get("hyperexponential") is not None:
         h = r.keys(d["hyperexponential"], ("probs", "means"), ("probs", "means"))
         probs, means = r.numbers(h["probs"], 1, MAX_PHASES), r.numbers(h["means"], 1, MAX_PHASES)
-        r.check(len(probs) == len(means) and all(p >= 0 for p in probs) and abs(sum(probs) - 1) <= 1e-6
+        r.check(len(probs) == len(means) and all(p >= 0 for p in probs) and abs(sum(probs) - 1) <= PROBS_SLACK
                 and all(m > 0 for m in means))
         return Service(hyperexponential=HyperExponential(probs, means))
     p = r.keys(d["ph"], ("alpha", "T"), ("alpha", "T"))
@@ -284,7 +297,7 @@ def _stage(r: _Reader, v: Any) -> StageSpec:
             routes.append(RouteSpec(r.text(e["name"]), r.number(e["weight"], gt=0, le=1), r.numbers(e["alpha"], 1)))
     lock = d.get("lock")
     return StageSpec(r.text(d["name"]), _service(r, d["service"]), routes,
-                     None if lock is None else r.integer(lock, 1, 2000))
+                     None if lock is None else r.integer(lock, 1, MAX_COUNT))
 
 
 def _scenario(r: _Reader, v: Any) -> Scenario:
@@ -293,25 +306,25 @@ def _scenario(r: _Reader, v: Any) -> Scenario:
     opt = {k: d.get(k) for k in known}
     load = None if opt["load"] is None else r.number(opt["load"], gt=0)
     r.check(load is None or not MAX_LOAD < load < 1)
-    rate = None if opt["arrival_rate"] is None else r.number(opt["arrival_rate"], gt=0, le=1e9)
+    rate = None if opt["arrival_rate"] is None else r.number(opt["arrival_rate"], gt=0, le=MAX_ARRIVAL_RATE)
     r.check((load is None) != (rate is None))
     tr = opt["truncation"]
     if tr is not None:
         t = r.keys(tr, ("max_requests", "max_threads"), ("max_requests",))
-        tr = TruncationSpec(r.integer(t["max_requests"], 2, 2000),
-                            None if t.get("max_threads") is None else r.integer(t["max_threads"], 1, 2000))
+        tr = TruncationSpec(r.integer(t["max_requests"], 2, MAX_COUNT),
+                            None if t.get("max_threads") is None else r.integer(t["max_threads"], 1, MAX_COUNT))
     phase_info = d.get("phase_info", "full")
     r.check(type(phase_info) is str and phase_info in PHASE_INFOS)
     unit = d.get("time_unit", "model")
     return Scenario(
-        load, rate, [_stage(r, s) for s in r.items(d["stages"], 1, 16)],
-        cores=r.integer(d.get("cores", 1), 1, 64), overhead=r.number(d.get("overhead", 0.0), ge=0, le=100),
-        max_threads=None if opt["max_threads"] is None else r.integer(opt["max_threads"], 1, 2000),
-        truncation=tr, tolerance=r.number(d.get("tolerance", 1e-3), ge=1e-8, lt=0.5),
+        load, rate, [_stage(r, s) for s in r.items(d["stages"], 1, MAX_STAGES)],
+        cores=r.integer(d.get("cores", 1), 1, MAX_CORES), overhead=r.number(d.get("overhead", 0.0), ge=0, le=MAX_OVERHEAD),
+        max_threads=None if opt["max_threads"] is None else r.integer(opt["max_threads"], 1, MAX_COUNT),
+        truncation=tr, tolerance=r.number(d.get("tolerance", 1e-3), ge=MIN_TOLERANCE, lt=MAX_TOLERANCE),
         phase_info=phase_info,
-        time_unit="model" if type(unit) is str and unit == "model" else r.number(unit, gt=0, le=86400),
+        time_unit="model" if type(unit) is str and unit == "model" else r.number(unit, gt=0, le=MAX_TIME_UNIT),
         routing=None if opt["routing"] is None else [[r.numbers(row) for row in r.items(R)]
-                                                     for R in r.items(opt["routing"], 1, 15)])
+                                                     for R in r.items(opt["routing"], 1, MAX_STAGES - 1)])
 
 
 def read_strict(data: Any) -> Scenario | None:
