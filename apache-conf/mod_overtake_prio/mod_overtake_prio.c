@@ -161,11 +161,11 @@ static void *self_test(void *arg)
         *why = "sched_setscheduler(SCHED_IDLE) failed";
         return NULL;
     }
-    if (op_any_idle && sched_setscheduler(tid, orig_policy, &orig_param) != 0) {
-        *why = "leaving SCHED_IDLE (sched_setscheduler) was refused";
+    if (op_any_idle && op_set_sched(tid, orig_policy, &orig_param, orig_nice) != 0) {
+        *why = "leaving SCHED_IDLE for the original policy and nice value was refused";
         return NULL;
     }
-    if (setpriority(PRIO_PROCESS, (id_t)tid, orig_nice) != 0) {
+    if (!op_any_idle && setpriority(PRIO_PROCESS, (id_t)tid, orig_nice) != 0) {
         *why = "returning to the original nice value (setpriority) was refused";
         return NULL;
     }

@@ -184,6 +184,7 @@ static inline int64_t op_ts_ns(const struct timespec *ts)
     return (int64_t)ts->tv_sec * 1000000000 + ts->tv_nsec;
 }
 pid_t op_gettid(void);
+int op_set_sched(pid_t tid, int policy, const struct sched_param *param, int nice);
 int64_t op_mono_ns(void);
 void op_slots_create(apr_pool_t *p, int threads);
 void op_slots_close_all(void);

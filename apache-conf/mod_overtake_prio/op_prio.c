@@ -110,18 +110,48 @@ void op_apply_level(op_slot *s, int k, int by_class)
     s->level = k;
 }
 
+/* The kernel's struct sched_attr, first version (48 bytes; linux/sched/types.h, whose own
+ * struct sched_param clashes with glibc's). */
+typedef struct {
+    uint32_t size, sched_policy;
+    uint64_t sched_flags;
+    int32_t sched_nice;
+    uint32_t sched_priority;
+    uint64_t sched_runtime, sched_deadline, sched_period;
+} op_sched_attr;
+
+/* Set a thread's policy and nice value in one system call where the kernel allows it
+ * (sched_setattr, Linux 3.14): two calls would leave the thread for a moment at the demoted nice
+ * value under its normal policy, a state no level has. Real-time policies keep no nice value in
+ * sched_setattr, and kernels without it answer ENOSYS: both take the two calls. */
+int op_set_sched(pid_t tid, int policy, const struct sched_param *param, int nice)
+{
+    if (policy == SCHED_OTHER || policy == SCHED_BATCH || policy == SCHED_IDLE) {
+        op_sched_attr a;
+        memset(&a, 0, sizeof a);
+        a.size = sizeof a;
+        a.sched_policy = (uint32_t)policy;
+        a.sched_nice = nice;
+        a.sched_priority = (uint32_t)param->sched_priority;
+        if (syscall(SYS_sched_setattr, tid, &a, 0) == 0) {
+            return 0;
+        }
+        if (errno != ENOSYS) {
+            return -1;
+        }
+    }
+    if (sched_setscheduler(tid, policy, param) != 0) {
+        return -1;
+    }
+    return setpriority(PRIO_PROCESS, (id_t)tid, nice);
+}
+
 /* Give the thread its original policy and nice value back. Caller holds s->mu. */
 static int restore_thread(op_slot *s)
 {
-    int ok = 1;
-    if (op_any_idle && sched_setscheduler(s->tid, s->orig_policy, &s->orig_param) != 0
-        && errno != ESRCH) {
-        ok = 0;
-    }
-    if (setpriority(PRIO_PROCESS, (id_t)s->tid, s->orig_nice) != 0 && errno != ESRCH) {
-        ok = 0;
-    }
-    return ok;
+    int rc = op_any_idle ? op_set_sched(s->tid, s->orig_policy, &s->orig_param, s->orig_nice)
+                         : setpriority(PRIO_PROCESS, (id_t)s->tid, s->orig_nice);
+    return rc == 0 || errno == ESRCH;
 }
 
 static void count_restore(op_slot *s)

@@ -14,18 +14,44 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+/* The kernel's struct sched_attr, first version (48 bytes; linux/sched/types.h, whose own
+ * struct sched_param clashes with glibc's). */
+typedef struct {
+    uint32_t size, sched_policy;
+    uint64_t sched_flags;
+    int32_t sched_nice;
+    uint32_t sched_priority;
+    uint64_t sched_runtime, sched_deadline, sched_period;
+} op_sched_attr;
+
 int op_restore_pid(pid_t pid, int nice, bool idle)
 {
     int rc = 0;
     if (idle) {
+        /* Policy and nice value in one call (sched_setattr): two calls would leave the worker
+         * for a moment at the demoted nice value under SCHED_OTHER. ENOSYS: the two calls. */
+        op_sched_attr a;
         struct sched_param p = {0};
-        rc = sched_setscheduler(pid, SCHED_OTHER, &p);
+        memset(&a, 0, sizeof a);
+        a.size = sizeof a;
+        a.sched_policy = SCHED_OTHER;
+        a.sched_nice = nice;
+        if (syscall(SYS_sched_setattr, pid, &a, 0) == 0) {
+            return 0;
+        }
+        if (errno != ENOSYS) {
+            rc = -1;
+        }
+        else {
+            rc = sched_setscheduler(pid, SCHED_OTHER, &p);
+        }
     }
     if (setpriority(PRIO_PROCESS, (id_t)pid, nice) != 0) {
         rc = -1;
