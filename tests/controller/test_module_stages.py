@@ -37,7 +37,11 @@ from overtake.controller.harness.scratch import free_port
 from overtake.controller.sidecar.count_table import CountTable, from_policy
 from overtake.controller.sidecar.policies import BaselinePolicy
 
-HOLD = 1.5  # OvertakeStageHold of the private Apache
+#: OvertakeStageHold of the private Apache. A burst's last held request waits for the other
+#: stage's six and its own five (0.1 s of CPU each, ~1.2 s of wall time alone on the core); the
+#: functional tests' Apache shares its core with the suite's other work, and at 1.5 s a loaded run
+#: let the last ones run past their turn (the bound is a liveness guard, not the policy).
+HOLD = 4.0
 NAMES = ("capped", "free")
 URL = {"capped": "/stage1", "free": "/stage2"}
 
@@ -157,7 +161,7 @@ def test_a_request_held_past_its_bound_runs(staged: tuple[apache.ApacheInstance,
     gen = write_table(path, CountTable(NAMES, wcap, kcap, acts))
     before = _wait_generation(inst, gen)
     with ThreadPoolExecutor(2) as ex:
-        long = ex.submit(_get, inst, "/stage2?work=4")
+        long = ex.submit(_get, inst, f"/stage2?work={HOLD + 2.5}")  # still running at the bound
         time.sleep(0.3)
         t0 = time.monotonic()
         held = ex.submit(_get, inst, "/stage1?work=0&trace=1")
