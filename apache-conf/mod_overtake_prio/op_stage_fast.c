@@ -18,13 +18,15 @@
  * dies inside a section leaves the word owned: the queues' counts stay the truth. A child that
  * crashes while its requests run leaves them counted running, as the locked path did.
  *
- * The table a child decides by is its own copy, swapped by op_stage_table; a lock-free reader
- * announces itself (of_readers) and backs off while a swap is under way (of_writing), so a swap
- * never frees or rewrites a table a reader is looking at.
+ * The table a child decides by is its own copy, swapped by op_stage_table under a sequence count
+ * (of_seq, odd while a swap is under way): a lock-free reader takes the count before it looks and
+ * compares it after, and takes the locked path if it moved. A reader thus writes nothing shared
+ * (an announced reader count cost each arrival two locked operations). A swap writes the section
+ * into the one of two buffers that is not in force, and neither is ever unmapped
+ * (op_stage_decide.c): a reader that raced a swap may read stale bytes, within bounds, and its
+ * answer is thrown away.
  */
 #include "mod_overtake_prio.h"
-
-#include <sched.h>
 
 #include "op_stage.h"
 
@@ -33,12 +35,20 @@
 #define OF_BITS 58u
 #define OF_TRIES 4
 
-/* this child's table readers and writer (never shared between processes) */
-static int of_readers __attribute__((aligned(64)));
-static int of_writing;
+/* this child's table's sequence count (never shared between processes) */
+static unsigned of_seq __attribute__((aligned(64)));
+
+/* Each count's width for 1..32 stages: a table, not a division (a few dozen cycles) at every
+ * arrival and end. */
+#define OF_W(n) (OF_BITS / (n))
+static const uint8_t of_widths[33] = {
+    0, OF_W(1), OF_W(2), OF_W(3), OF_W(4), OF_W(5), OF_W(6), OF_W(7), OF_W(8), OF_W(9), OF_W(10),
+    OF_W(11), OF_W(12), OF_W(13), OF_W(14), OF_W(15), OF_W(16), OF_W(17), OF_W(18), OF_W(19),
+    OF_W(20), OF_W(21), OF_W(22), OF_W(23), OF_W(24), OF_W(25), OF_W(26), OF_W(27), OF_W(28),
+    OF_W(29), OF_W(30), OF_W(31), OF_W(32)};
 
 static inline uint32_t of_n(uint64_t w) { return (uint32_t)(w >> OF_NSHIFT & 31) + 1; }
-static inline uint32_t of_width(uint32_t n) { return OF_BITS / n; }
+static inline uint32_t of_width(uint32_t n) { return of_widths[n]; }
 static inline uint64_t of_max(uint32_t b) { return (UINT64_C(1) << b) - 1; }
 static inline uint64_t of_count(uint64_t w, uint32_t i, uint32_t b) { return w >> (i * b) & of_max(b); }
 
@@ -83,12 +93,19 @@ void os_fast_publish(void)
 static int may_start(uint64_t w, int s, uint32_t n, uint32_t b)
 {
     const os_tab *tab = &os_tab_now;
-    uint32_t i, cell = 0;
+    const uint8_t *act = tab->t.act;
+    uint32_t i, cell = 0, tn = tab->t.n;
+    size_t at;
     int ts;
     if (!tab->generation || (ts = tab->in_table[s]) < 0) {
         return 1;  /* no table for the stage: it runs at once */
     }
-    for (i = 0; i < tab->t.n; i++) {
+    /* a swap may be under way (of_seq tells after): every index stays within the arrays and the
+     * buffer, whatever mix of two tables this reads */
+    if (!act || tn > OS_MAX_TSTAGES || ts >= OS_MAX_TSTAGES) {
+        return 0;
+    }
+    for (i = 0; i < tn; i++) {
         int j = tab->shm_of[i];
         uint64_t k = j < 0 || (uint32_t)j >= n ? 0 : of_count(w, (uint32_t)j, b);
         if (k > tab->t.kcap[i]) {
@@ -99,7 +116,8 @@ static int may_start(uint64_t w, int s, uint32_t n, uint32_t b)
     if (tab->t.wcap[ts]) {
         cell += tab->t.wstride[ts];
     }
-    return tab->t.act[(size_t)cell * tab->t.n + (uint32_t)ts] > 0;
+    at = (size_t)cell * tn + (uint32_t)ts;
+    return at < (size_t)OS_MAX_CELLS * OS_MAX_TSTAGES && act[at] > 0;
 }
 
 /* An arrival of stage s: 1 if it was counted running without the lock, 0 if it must take the
@@ -113,11 +131,11 @@ int os_fast_arrive(int s)
         if ((w & OF_OWNED) || (uint32_t)s >= n || of_count(w, (uint32_t)s, b) + 1 >= of_max(b)) {
             return 0;
         }
-        /* announced before the writer's flag is read: either it sees us or we see it */
-        __atomic_fetch_add(&of_readers, 1, __ATOMIC_SEQ_CST);
-        ok = !__atomic_load_n(&of_writing, __ATOMIC_SEQ_CST) && may_start(w, s, n, b);
-        __atomic_fetch_sub(&of_readers, 1, __ATOMIC_RELEASE);
-        if (!ok) {
+        unsigned q = __atomic_load_n(&of_seq, __ATOMIC_ACQUIRE);
+        ok = !(q & 1) && may_start(w, s, n, b);
+        /* the table's loads before the second look at the count */
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (!ok || __atomic_load_n(&of_seq, __ATOMIC_RELAXED) != q) {
             return 0;
         }
         if (__atomic_compare_exchange_n(&os_shm->fast, &w, w + (UINT64_C(1) << (s * b)), 0,
@@ -147,17 +165,16 @@ int os_fast_complete(int s)
     return 0;
 }
 
-/* op_stage_table is about to rewrite this child's table: lock-free readers back off, and the
- * ones already looking are waited for (their look is a few loads). */
+/* op_stage_table is about to rewrite this child's table (its one writer): the count goes odd
+ * before any of the table's stores, and even again after the last (the seqlock writer of Boehm,
+ * "Can seqlocks get along with programming language memory models?"). */
 void os_fast_tab_begin(void)
 {
-    __atomic_store_n(&of_writing, 1, __ATOMIC_SEQ_CST);
-    while (__atomic_load_n(&of_readers, __ATOMIC_SEQ_CST)) {
-        sched_yield();
-    }
+    __atomic_store_n(&of_seq, of_seq + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
 }
 
 void os_fast_tab_end(void)
 {
-    __atomic_store_n(&of_writing, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&of_seq, of_seq + 1, __ATOMIC_RELEASE);
 }
