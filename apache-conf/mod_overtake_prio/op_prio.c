@@ -263,13 +263,14 @@ static int end_own(op_slot *s, const op_request_state *st)
     return 1;
 }
 
-/* End the request's tracking: restore its thread, count it, mark the slot idle. Called twice per
- * request (EOS, then the pool cleanup): the second finds the slot closed, or serving a newer
- * request, without taking the lock (checked again under it). */
+/* End the request's tracking: restore its thread, count it, mark the slot idle. Called at EOS and
+ * by the pool's cleanup; whichever comes first ends it (or finds the slot serving a newer request)
+ * and forgets the slot, so the second has nothing to look at. */
 void op_prio_request_end(op_request_state *st)
 {
     op_slot *s = st->slot;
-    if (!__atomic_load_n(&s->active, __ATOMIC_ACQUIRE)
+    st->slot = NULL;
+    if (!s || !__atomic_load_n(&s->active, __ATOMIC_ACQUIRE)
         || __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) != st->seq || end_own(s, st)) {
         return;
     }
