@@ -134,13 +134,15 @@ extern op_shared *op_shm;   /* set in post_config (parent), inherited by the chi
 /* ------------------------------------------------------------------------ per-child state */
 
 typedef struct {
-    pthread_mutex_t mu;         /* guards everything below but reads of active */
+    pthread_mutex_t mu;         /* guards everything below but reads of active, and the owner's
+                                 * lock-free start and end (op_prio.c) */
     pid_t tid;
     clockid_t clk;              /* the worker thread's CPU clock */
     int orig_policy;
     struct sched_param orig_param;
     int orig_nice;
-    int active;                 /* a request is in flight on this thread (atomic) */
+    int active;                 /* a request is in flight on this thread (atomic): 1, or 2 while
+                                 * claimed (op_slot_claim); 0: idle */
     apr_uint64_t seq;           /* request generation on this slot */
     int64_t cpu0_ns;            /* thread CPU at request start, or less by < resolution */
     int64_t clock_read_ns;      /* owner thread only: when it last read its CPU clock ... */
@@ -177,7 +179,6 @@ extern op_slot *op_slots;
 extern int64_t *op_due;
 extern int op_nslots;
 extern int op_slots_used;           /* claimed so far (atomic) */
-extern apr_uint64_t op_inflight[OP_MAX_LEVELS + 1];
 extern ap_filter_rec_t *op_end_filter_handle;
 static inline int64_t op_ts_ns(const struct timespec *ts)
 {
@@ -188,9 +189,12 @@ int op_set_sched(pid_t tid, int policy, const struct sched_param *param, int nic
 int64_t op_mono_ns(void);
 void op_slots_create(apr_pool_t *p, int threads);
 void op_slots_close_all(void);
+void op_inflight_count(apr_int64_t counts[OP_MAX_LEVELS + 1]);
 int op_slots_in_use(void);
 void op_apply_level(op_slot *s, int k, int by_class);
 void op_slot_close(op_slot *s);
+int op_slot_claim(op_slot *s);
+void op_slot_unclaim(op_slot *s);
 void op_release(op_slot *s);
 void op_promote(op_slot *s);
 int op_post_read_request(request_rec *r);

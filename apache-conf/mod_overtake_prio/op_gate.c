@@ -437,7 +437,7 @@ static void *promoter_main(void *arg)
                 continue;
             }
             pthread_mutex_lock(&s->mu);
-            if (s->gate_word && __atomic_load_n(&s->active, __ATOMIC_ACQUIRE)) {
+            if (s->gate_word && op_slot_claim(s)) {
                 if (!og_load(s->gate_word, &v)) {
                     gw = s->gate_word;  /* the file shrank: let it run at its own priority */
                     op_promote(s);
@@ -445,6 +445,7 @@ static void *promoter_main(void *arg)
                 else if ((v >> 2) != s->gate_gen || (v & 3) != OG_IDLE) {
                     op_promote(s);
                 }
+                op_slot_unclaim(s);
             }
             pthread_mutex_unlock(&s->mu);
             if (gw) {

@@ -37,6 +37,10 @@ typedef struct {
 
 static op_guard_slot *guard_slots;  /* parallel to op_slots, in the child */
 static int64_t limit_ns;            /* in the child */
+/* in the child: no method or path rule, so only the header can exempt (the common case, where a
+ * request start asks the header table once and nothing else), and the header's name or NULL */
+static int header_only;
+static const char *header_name;
 static const char *const cause_names[OPG_CAUSES] = {"", "method", "path", "header"};
 
 struct op_guard_conf *op_guard_create(apr_pool_t *p)
@@ -139,7 +143,9 @@ int op_guard_cause(const request_rec *r)
 
 int op_guard_request(const request_rec *r)
 {
-    int cause = op_guard_cause(r);
+    int cause = !header_only ? op_guard_cause(r)
+                : header_name && apr_table_get(r->headers_in, header_name) ? OPG_BY_HEADER
+                : OPG_NOT_EXEMPT;
     if (cause != OPG_NOT_EXEMPT) {
         ADD(op_shm->guard_exempt[cause], 1);
     }
@@ -153,8 +159,11 @@ int op_guard_limited(void)
 
 void op_guard_slots_create(apr_pool_t *p, int nslots)
 {
+    const struct op_guard_conf *g = op_cconf->guard;
     guard_slots = apr_pcalloc(p, sizeof *guard_slots * (apr_size_t)nslots);
-    limit_ns = (int64_t)(op_cconf->guard->limit * 1e9 + 0.5);
+    limit_ns = (int64_t)(g->limit * 1e9 + 0.5);
+    header_only = !g->unsafe && !g->methods->nelts && !g->paths->nelts;
+    header_name = guard_header(g);
 }
 
 int64_t op_guard_slot_due(op_slot *s, int64_t now, int64_t due)

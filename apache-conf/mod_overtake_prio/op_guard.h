@@ -33,7 +33,8 @@ int op_guard_cause(const request_rec *r);
 int op_guard_request(const request_rec *r);
 /* The monitor is needed for the limit even without age priority. */
 int op_guard_limited(void);
-/* Per-slot state of the limit, one entry per slot of op_slots (child_init). */
+/* Per-slot state of the limit, one entry per slot of op_slots, and the exemption rules' shape
+ * (child_init). */
 void op_guard_slots_create(apr_pool_t *p, int nslots);
 /* The due time of slot s under the limit (caller holds s->mu): see op_guard_due; a request past
  * its limit is given its priority back here and never demoted again. */

@@ -51,7 +51,7 @@ static int64_t monitor_scan(int64_t now, int *started)
             continue;
         }
         pthread_mutex_lock(&s->mu);
-        if (__atomic_load_n(&s->active, __ATOMIC_ACQUIRE)) {
+        if (op_slot_claim(s)) {
             after = INT64_MAX;
             if (op_hot.age && s->level < op_hot.nlevels && s->clk != CLOCK_THREAD_CPUTIME_ID
                 && clock_gettime(s->clk, &ts) == 0) {
@@ -64,6 +64,7 @@ static int64_t monitor_scan(int64_t now, int *started)
             }
             after = op_guard_slot_due(s, now, after);
             __atomic_store_n(&op_due[i], after, __ATOMIC_RELAXED);
+            op_slot_unclaim(s);
             soonest = after < soonest ? after : soonest;
         }
         else {

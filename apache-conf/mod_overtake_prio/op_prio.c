@@ -19,7 +19,6 @@ op_slot *op_slots;
 int64_t *op_due;
 int op_nslots;
 int op_slots_used;
-apr_uint64_t op_inflight[OP_MAX_LEVELS + 1];
 ap_filter_rec_t *op_end_filter_handle;
 /* initial-exec: a plain load from the thread pointer instead of a __tls_get_addr call per
  * request (a dlopen'ed module's default); 8 bytes of glibc's static TLS surplus */
@@ -99,8 +98,6 @@ void op_apply_level(op_slot *s, int k, int by_class)
     if (rc != 0) {
         ADD(op_shm->demote_errors, 1);  /* the thread keeps its priority; restore is harmless */
     }
-    ADD(op_inflight[s->level], -1);
-    ADD(op_inflight[k], 1);
     if (by_class) {
         ADD(op_shm->demoted_class[k], 1);
     }
@@ -146,7 +143,8 @@ int op_set_sched(pid_t tid, int policy, const struct sched_param *param, int nic
     return setpriority(PRIO_PROCESS, (id_t)tid, nice);
 }
 
-/* Give the thread its original policy and nice value back. Caller holds s->mu. */
+/* Give the thread its original policy and nice value back. Caller holds s->mu (or ends its own
+ * request: end_own). */
 static int restore_thread(op_slot *s)
 {
     int rc = op_any_idle ? op_set_sched(s->tid, s->orig_policy, &s->orig_param, s->orig_nice)
@@ -171,11 +169,41 @@ void op_slot_close(op_slot *s)
         count_restore(s);
     }
     ADD(op_shm->requests[s->level], 1);
-    ADD(op_inflight[s->level], -1);
     s->level = 0;
     s->gate_word = NULL;
     __atomic_store_n(&op_due[s - op_slots], INT64_MAX, __ATOMIC_RELAXED);
     __atomic_store_n(&s->active, 0, __ATOMIC_RELEASE);
+}
+
+/* The requests in flight in this child by current level (the status page's gauge): counted from
+ * the slots when asked, not kept up to date by two locked additions per request. */
+void op_inflight_count(apr_int64_t counts[OP_MAX_LEVELS + 1])
+{
+    int i, n = op_slots_in_use();
+    memset(counts, 0, sizeof(apr_int64_t) * (OP_MAX_LEVELS + 1));
+    for (i = 0; i < n; i++) {
+        pthread_mutex_lock(&op_slots[i].mu);
+        if (__atomic_load_n(&op_slots[i].active, __ATOMIC_ACQUIRE)
+            && op_slots[i].level >= 0 && op_slots[i].level <= OP_MAX_LEVELS) {
+            counts[op_slots[i].level]++;
+        }
+        pthread_mutex_unlock(&op_slots[i].mu);
+    }
+}
+
+/* A thread other than the slot's owner that changes an active slot's level, gate word or state
+ * (the monitor, the promoter, the child's exit) claims it first, under its lock: active goes from
+ * 1 to 2 until op_slot_unclaim, so that the owner's lock-free end (end_own) cannot close the
+ * request meanwhile. 0: the request ended (or the slot is idle). */
+int op_slot_claim(op_slot *s)
+{
+    int one = 1;
+    return __atomic_compare_exchange_n(&s->active, &one, 2, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+void op_slot_unclaim(op_slot *s)
+{
+    __atomic_store_n(&s->active, 1, __ATOMIC_RELEASE);
 }
 
 /* Child exit: every request still in flight gets its thread's priority back. */
@@ -184,8 +212,8 @@ void op_slots_close_all(void)
     int i, n = op_slots_in_use();
     for (i = 0; i < n; i++) {
         pthread_mutex_lock(&op_slots[i].mu);
-        if (__atomic_load_n(&op_slots[i].active, __ATOMIC_ACQUIRE)) {
-            op_slot_close(&op_slots[i]);
+        if (op_slot_claim(&op_slots[i])) {
+            op_slot_close(&op_slots[i]);  /* idle at its end */
         }
         pthread_mutex_unlock(&op_slots[i].mu);
     }
@@ -195,8 +223,6 @@ void op_slots_close_all(void)
 void op_release(op_slot *s)
 {
     count_restore(s);
-    ADD(op_inflight[s->level], -1);
-    ADD(op_inflight[0], 1);
     s->level = 0;
     s->gate_word = NULL;
 }
@@ -213,14 +239,39 @@ void op_promote(op_slot *s)
                                 : INT64_MAX, __ATOMIC_RELAXED);
 }
 
-/* End the request's tracking: restore its thread, count it, mark the slot idle. Called twice per
- * request (EOS, then the pool cleanup): the second finds the slot closed, or serving a newer
- * request, without taking the lock (checked again under it). */
+/* The end of the request on its own thread at level 0 (the common end: EOS, in the thread that
+ * ran the handler), without the slot's lock: 1 if it closed the slot. Only the owner starts a
+ * request on its slot, and the two ends of one request (EOS, the pool's cleanup) never run at
+ * once, so nothing but a claim (op_slot_claim) can change active between the looks and the
+ * exchange, and a claim makes the exchange fail (the caller then takes the lock, which the
+ * claimer holds). A demotion that came between the look at the level and the exchange is seen
+ * after it, and restored here: the slot is idle by then, and nobody else writes an idle slot. */
+static int end_own(op_slot *s, const op_request_state *st)
+{
+    int one = 1;
+    if (s != my_slot || s->seq != st->seq || s->level || s->gate_word
+        || !__atomic_compare_exchange_n(&s->active, &one, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+        return 0;
+    }
+    if (s->level > 0) {
+        count_restore(s);
+    }
+    ADD(op_shm->requests[s->level], 1);
+    s->level = 0;
+    s->gate_word = NULL;
+    __atomic_store_n(&op_due[s - op_slots], INT64_MAX, __ATOMIC_RELAXED);
+    return 1;
+}
+
+/* End the request's tracking: restore its thread, count it, mark the slot idle. Called at EOS and
+ * by the pool's cleanup; whichever comes first ends it (or finds the slot serving a newer request)
+ * and forgets the slot, so the second has nothing to look at. */
 void op_prio_request_end(op_request_state *st)
 {
     op_slot *s = st->slot;
-    if (!__atomic_load_n(&s->active, __ATOMIC_ACQUIRE)
-        || __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) != st->seq) {
+    st->slot = NULL;
+    if (!s || !__atomic_load_n(&s->active, __ATOMIC_ACQUIRE)
+        || __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE) != st->seq || end_own(s, st)) {
         return;
     }
     pthread_mutex_lock(&s->mu);
@@ -267,6 +318,19 @@ static int64_t first_due(const op_slot *s, int exempt)
                                  : INT64_MAX;
 }
 
+/* A start's due time. One the monitor must see is a sequentially consistent store (an exchange
+ * on x86), ordered before the loads of due_published as a full fence after a plain store was; a
+ * never (INT64_MAX: exempt, or no age) needs no look and is a plain store. */
+static inline void publish_due(const op_slot *s, int64_t due)
+{
+    if (due != INT64_MAX) {
+        __atomic_store_n(&op_due[s - op_slots], due, __ATOMIC_SEQ_CST);
+    }
+    else {
+        __atomic_store_n(&op_due[s - op_slots], due, __ATOMIC_RELAXED);
+    }
+}
+
 /* The common start: an idle slot, level 0, no gate word. No lock: an idle slot (active 0, due
  * INT64_MAX, level 0, no gate word: op_slot_close) is written by nobody else -- the monitor, the
  * promoter and the child's exit act only on an active slot, under its lock, and only this thread
@@ -278,9 +342,8 @@ static int64_t start_unlocked(op_slot *s, int exempt)
     int64_t due = first_due(s, exempt);
     __atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELEASE);
     s->cpu0_ns = s->clock_cpu_ns;
-    ADD(op_inflight[0], 1);
     __atomic_store_n(&s->active, 1, __ATOMIC_RELEASE);
-    __atomic_store_n(&op_due[s - op_slots], due, __ATOMIC_RELEASE);
+    publish_due(s, due);
     return due;
 }
 
@@ -301,7 +364,6 @@ static int64_t start_locked(op_slot *s, int64_t now, int exempt, int start,
     __atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELEASE);
     s->cpu0_ns = s->clock_cpu_ns;
     s->level = 0;
-    ADD(op_inflight[0], 1);
     if (start > 0) {
         op_apply_level(s, start, 1);
     }
@@ -309,7 +371,7 @@ static int64_t start_locked(op_slot *s, int64_t now, int exempt, int start,
         gate_gone = op_gate_idle_hold(s, gate_word, gate_gen);
     }
     due = op_guard_slot_due(s, now, first_due(s, exempt));
-    __atomic_store_n(&op_due[s - op_slots], due, __ATOMIC_RELAXED);
+    publish_due(s, due);
     __atomic_store_n(&s->active, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&s->mu);
     if (gate_gone) {
@@ -318,12 +380,12 @@ static int64_t start_locked(op_slot *s, int64_t now, int exempt, int start,
     return due;
 }
 
-/* After a start stored its due time (thr_gen: op_hot.thr_gen before it read the thresholds). */
+/* After a start stored its due time (thr_gen: op_hot.thr_gen before it read the thresholds). The
+ * due store (publish_due) and the loads here are sequentially consistent: see op_monitor_rearm
+ * and the monitor's pass. */
 static void due_published(op_slot *s, unsigned thr_gen)
 {
-    /* due[] before thr_gen and op_pass_at: see op_monitor_rearm and the monitor's pass */
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&op_hot.thr_gen, __ATOMIC_RELAXED) != thr_gen) {
+    if (__atomic_load_n(&op_hot.thr_gen, __ATOMIC_SEQ_CST) != thr_gen) {
         /* new thresholds came while this took its due from the old ones: look at it now */
         __atomic_store_n(&op_due[s - op_slots], 0, __ATOMIC_RELAXED);
     }

@@ -133,11 +133,32 @@ static void tab_map(const os_table *t)
     }
 }
 
+/* The two buffers a child's table is copied into, in turn (the one not in force takes the next):
+ * mapped at the first table, never unmapped, as a lock-free reader (op_stage_fast.c) may still
+ * load from the one a swap just left; pages are committed only where a table was written. */
+static uint8_t *tab_buf[2];
+
+static uint8_t *spare_buffer(void)
+{
+    int i;
+    if (!tab_buf[0]) {
+        for (i = 0; i < 2; i++) {
+            void *m = mmap(NULL, OS_MAX_BYTES, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (m == MAP_FAILED) {
+                return NULL;  /* no table: its stages run at once */
+            }
+            tab_buf[i] = m;
+        }
+    }
+    return os_tab_now.bytes == tab_buf[0] ? tab_buf[1] : tab_buf[0];
+}
+
 /* The control file's stage section of generation gen is in force in this child (NULL: none). */
 void op_stage_table(const uint8_t *section, size_t n, uint32_t gen)
 {
     os_tab *tab = &os_tab_now;
-    uint8_t *copy = NULL, *old;
+    uint8_t *copy = NULL;
     os_table t;
     if (!os_shm) {
         return;
@@ -147,14 +168,12 @@ void op_stage_table(const uint8_t *section, size_t n, uint32_t gen)
          && !memcmp(tab->bytes, section, n)) || (!section && !tab->generation && !gen)) {
         return;  /* the table in force (a look at an unchanged file) */
     }
-    if (section && (!(copy = malloc(n ? n : 1)) || (memcpy(copy, section, n),
-                                                     os_check(copy, n, &t) != OS_OK))) {
-        free(copy);
-        copy = NULL;  /* checked by oc_check already: only an allocation fails here */
+    if (section && (n > OS_MAX_BYTES || !(copy = spare_buffer())
+                    || (memcpy(copy, section, n), os_check(copy, n, &t) != OS_OK))) {
+        copy = NULL;  /* checked by oc_check already: only a mapping fails here */
     }
     os_fast_tab_begin();
     os_lock();
-    old = tab->bytes;
     tab->bytes = copy;
     tab->len = copy ? n : 0;
     tab->generation = copy ? gen : 0;
@@ -165,7 +184,6 @@ void op_stage_table(const uint8_t *section, size_t n, uint32_t gen)
     os_epoch();  /* requests held under the old table get the new one's answer now */
     os_unlock();
     os_fast_tab_end();
-    free(old);
 }
 
 /* ------------------------------------------------------------------------ the shared mapping */

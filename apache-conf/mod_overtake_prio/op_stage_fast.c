@@ -18,13 +18,15 @@
  * dies inside a section leaves the word owned: the queues' counts stay the truth. A child that
  * crashes while its requests run leaves them counted running, as the locked path did.
  *
- * The table a child decides by is its own copy, swapped by op_stage_table; a lock-free reader
- * announces itself (of_readers) and backs off while a swap is under way (of_writing), so a swap
- * never frees or rewrites a table a reader is looking at.
+ * The table a child decides by is its own copy, swapped by op_stage_table under a sequence count
+ * (of_view.seq, odd while a swap is under way): a lock-free reader takes the count before it looks and
+ * compares it after, and takes the locked path if it moved. A reader thus writes nothing shared
+ * (an announced reader count cost each arrival two locked operations). A swap writes the section
+ * into the one of two buffers that is not in force, and neither is ever unmapped
+ * (op_stage_decide.c): a reader that raced a swap may read stale bytes, within bounds, and its
+ * answer is thrown away.
  */
 #include "mod_overtake_prio.h"
-
-#include <sched.h>
 
 #include "op_stage.h"
 
@@ -33,12 +35,35 @@
 #define OF_BITS 58u
 #define OF_TRIES 4
 
-/* this child's table readers and writer (never shared between processes) */
-static int of_readers __attribute__((aligned(64)));
-static int of_writing;
+/* A table stage as an arrival's look reads it. */
+typedef struct {
+    uint32_t kcap, kstride, wcap, wstride;
+    int32_t shm;                    /* its shared stage, or -1 (not configured) */
+} of_tstage;
+
+/* What an arrival's look at this child's table reads, packed so that a one-stage table's look
+ * touches one cache line (os_tab_now spreads it over several, each cold again after another
+ * process had the core): copied from os_tab_now by the swap, under the sequence count. Never
+ * shared between processes. */
+static struct {
+    unsigned seq;                   /* odd while a swap is under way */
+    uint32_t n;                     /* the table's stages; 0: no table in force */
+    const uint8_t *act;
+    int8_t in_table[OS_MAX_STAGES]; /* shared stage -> table stage, or -1 (it runs at once) */
+    of_tstage st[OS_MAX_TSTAGES];
+} of_view __attribute__((aligned(64)));
+
+/* Each count's width for 1..32 stages: a table, not a division (a few dozen cycles) at every
+ * arrival and end. */
+#define OF_W(n) (OF_BITS / (n))
+static const uint8_t of_widths[33] = {
+    0, OF_W(1), OF_W(2), OF_W(3), OF_W(4), OF_W(5), OF_W(6), OF_W(7), OF_W(8), OF_W(9), OF_W(10),
+    OF_W(11), OF_W(12), OF_W(13), OF_W(14), OF_W(15), OF_W(16), OF_W(17), OF_W(18), OF_W(19),
+    OF_W(20), OF_W(21), OF_W(22), OF_W(23), OF_W(24), OF_W(25), OF_W(26), OF_W(27), OF_W(28),
+    OF_W(29), OF_W(30), OF_W(31), OF_W(32)};
 
 static inline uint32_t of_n(uint64_t w) { return (uint32_t)(w >> OF_NSHIFT & 31) + 1; }
-static inline uint32_t of_width(uint32_t n) { return OF_BITS / n; }
+static inline uint32_t of_width(uint32_t n) { return of_widths[n]; }
 static inline uint64_t of_max(uint32_t b) { return (UINT64_C(1) << b) - 1; }
 static inline uint64_t of_count(uint64_t w, uint32_t i, uint32_t b) { return w >> (i * b) & of_max(b); }
 
@@ -82,24 +107,31 @@ void os_fast_publish(void)
  * waiting counts 0, computed for the one cell it reads. */
 static int may_start(uint64_t w, int s, uint32_t n, uint32_t b)
 {
-    const os_tab *tab = &os_tab_now;
-    uint32_t i, cell = 0;
+    const uint8_t *act = of_view.act;
+    uint32_t i, cell = 0, tn = of_view.n;
+    size_t at;
     int ts;
-    if (!tab->generation || (ts = tab->in_table[s]) < 0) {
+    if (!tn || (ts = of_view.in_table[s]) < 0) {
         return 1;  /* no table for the stage: it runs at once */
     }
-    for (i = 0; i < tab->t.n; i++) {
-        int j = tab->shm_of[i];
-        uint64_t k = j < 0 || (uint32_t)j >= n ? 0 : of_count(w, (uint32_t)j, b);
-        if (k > tab->t.kcap[i]) {
+    /* a swap may be under way (the count tells after): every index stays within the arrays and
+     * the buffer, whatever mix of two tables this reads */
+    if (!act || tn > OS_MAX_TSTAGES || ts >= OS_MAX_TSTAGES) {
+        return 0;
+    }
+    for (i = 0; i < tn; i++) {
+        const of_tstage *e = &of_view.st[i];
+        uint64_t k = e->shm < 0 || (uint32_t)e->shm >= n ? 0 : of_count(w, (uint32_t)e->shm, b);
+        if (k > e->kcap) {
             return 0;  /* beyond a running cap the table starts nothing */
         }
-        cell += tab->t.kstride[i] * (uint32_t)k;
+        cell += e->kstride * (uint32_t)k;
     }
-    if (tab->t.wcap[ts]) {
-        cell += tab->t.wstride[ts];
+    if (of_view.st[ts].wcap) {
+        cell += of_view.st[ts].wstride;
     }
-    return tab->t.act[(size_t)cell * tab->t.n + (uint32_t)ts] > 0;
+    at = (size_t)cell * tn + (uint32_t)ts;
+    return at < (size_t)OS_MAX_CELLS * OS_MAX_TSTAGES && act[at] > 0;
 }
 
 /* An arrival of stage s: 1 if it was counted running without the lock, 0 if it must take the
@@ -110,14 +142,15 @@ int os_fast_arrive(int s)
     int tries, ok;
     for (tries = 0; tries < OF_TRIES; tries++) {
         uint32_t n = of_n(w), b = of_width(n);
+        unsigned q;
         if ((w & OF_OWNED) || (uint32_t)s >= n || of_count(w, (uint32_t)s, b) + 1 >= of_max(b)) {
             return 0;
         }
-        /* announced before the writer's flag is read: either it sees us or we see it */
-        __atomic_fetch_add(&of_readers, 1, __ATOMIC_SEQ_CST);
-        ok = !__atomic_load_n(&of_writing, __ATOMIC_SEQ_CST) && may_start(w, s, n, b);
-        __atomic_fetch_sub(&of_readers, 1, __ATOMIC_RELEASE);
-        if (!ok) {
+        q = __atomic_load_n(&of_view.seq, __ATOMIC_ACQUIRE);
+        ok = !(q & 1) && may_start(w, s, n, b);
+        /* the table's loads before the second look at the count */
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (!ok || __atomic_load_n(&of_view.seq, __ATOMIC_RELAXED) != q) {
             return 0;
         }
         if (__atomic_compare_exchange_n(&os_shm->fast, &w, w + (UINT64_C(1) << (s * b)), 0,
@@ -147,17 +180,31 @@ int os_fast_complete(int s)
     return 0;
 }
 
-/* op_stage_table is about to rewrite this child's table: lock-free readers back off, and the
- * ones already looking are waited for (their look is a few loads). */
+/* op_stage_table is about to rewrite this child's table (its one writer): the count goes odd
+ * before any of the table's stores, and even again after the last (the seqlock writer of Boehm,
+ * "Can seqlocks get along with programming language memory models?"). */
 void os_fast_tab_begin(void)
 {
-    __atomic_store_n(&of_writing, 1, __ATOMIC_SEQ_CST);
-    while (__atomic_load_n(&of_readers, __ATOMIC_SEQ_CST)) {
-        sched_yield();
-    }
+    __atomic_store_n(&of_view.seq, of_view.seq + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
 }
 
+/* ... and it is written: the arrivals' copy of it, then the even count. */
 void os_fast_tab_end(void)
 {
-    __atomic_store_n(&of_writing, 0, __ATOMIC_RELEASE);
+    const os_tab *tab = &os_tab_now;
+    uint32_t i;
+    of_view.n = tab->generation ? tab->t.n : 0;
+    of_view.act = tab->t.act;
+    for (i = 0; i < OS_MAX_STAGES; i++) {
+        of_view.in_table[i] = (int8_t)tab->in_table[i];
+    }
+    for (i = 0; i < of_view.n && i < OS_MAX_TSTAGES; i++) {
+        of_view.st[i].kcap = tab->t.kcap[i];
+        of_view.st[i].kstride = tab->t.kstride[i];
+        of_view.st[i].wcap = tab->t.wcap[i];
+        of_view.st[i].wstride = tab->t.wstride[i];
+        of_view.st[i].shm = tab->shm_of[i];
+    }
+    __atomic_store_n(&of_view.seq, of_view.seq + 1, __ATOMIC_RELEASE);
 }

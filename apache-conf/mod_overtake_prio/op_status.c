@@ -19,6 +19,7 @@ static void metric_head(request_rec *r, const char *name, const char *type, cons
 static __attribute__((noinline)) int status_page(request_rec *r)
 {
     const op_conf *c;
+    apr_int64_t inflight[OP_MAX_LEVELS + 1];
     int k, n;
     if (r->method_number != M_GET) {
         r->allowed = AP_METHOD_BIT << M_GET;
@@ -80,9 +81,10 @@ static __attribute__((noinline)) int status_page(request_rec *r)
 
     metric_head(r, "overtake_cpu_prio_in_flight", "gauge",
                 "Requests in flight in this child, by current level.");
+    op_inflight_count(inflight);
     for (k = 0; k <= n; k++) {
         ap_rprintf(r, "overtake_cpu_prio_in_flight{level=\"%d\"} %" APR_INT64_T_FMT "\n", k,
-                   (apr_int64_t)LOAD(op_inflight[k]));
+                   inflight[k]);
     }
     op_guard_status(r, c);
     if (!op_shm) {
