@@ -148,6 +148,8 @@ typedef struct {
     int64_t clock_read_ns;      /* owner thread only: when it last read its CPU clock ... */
     int64_t clock_cpu_ns;       /* ... and what it read */
     int level;                  /* level applied to the thread now */
+    int exempt;                 /* the request is never demoted by age (op_guard.c); written
+                                 * before active is set, like seq and cpu0_ns */
     const uint32_t *gate_word;  /* an idle start's gate word until its admission (under mu) */
     uint32_t gate_gen;
 } op_slot;

@@ -53,7 +53,10 @@ static int64_t monitor_scan(int64_t now, int *started)
         pthread_mutex_lock(&s->mu);
         if (op_slot_claim(s)) {
             after = INT64_MAX;
-            if (op_hot.age && s->level < op_hot.nlevels && s->clk != CLOCK_THREAD_CPUTIME_ID
+            /* an exempt request is looked at only when every slot is made due (new
+             * thresholds): it is never demoted by age */
+            if (op_hot.age && !s->exempt && s->level < op_hot.nlevels
+                && s->clk != CLOCK_THREAD_CPUTIME_ID
                 && clock_gettime(s->clk, &ts) == 0) {
                 int64_t cpu = op_ts_ns(&ts) - s->cpu0_ns;
                 int k = op_level_for(cpu, s->level, op_hot.thr_ns, op_hot.nlevels);
@@ -68,8 +71,18 @@ static int64_t monitor_scan(int64_t now, int *started)
             soonest = after < soonest ? after : soonest;
         }
         else {
-            /* idle: op_monitor_rearm may have stored its 0 after the request's end */
-            __atomic_store_n(&op_due[i], INT64_MAX, __ATOMIC_RELAXED);
+            /* idle: op_monitor_rearm may have stored its 0 after the request's end. A lock-free
+             * start (op_prio.c) may have published its due time between the claim and this
+             * store, which would then hide that request from every later pass: it stores active
+             * before its due time (sequentially consistent), so a start this store overwrote is
+             * seen active here, and is made due at once -- unless it stored again meanwhile. */
+            int64_t never = INT64_MAX;
+            __atomic_store_n(&op_due[i], INT64_MAX, __ATOMIC_SEQ_CST);
+            if (__atomic_load_n(&s->active, __ATOMIC_SEQ_CST)
+                && __atomic_compare_exchange_n(&op_due[i], &never, now, 0, __ATOMIC_SEQ_CST,
+                                               __ATOMIC_RELAXED)) {
+                soonest = now < soonest ? now : soonest;
+            }
         }
         pthread_mutex_unlock(&s->mu);
     }

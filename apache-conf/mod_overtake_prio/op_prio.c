@@ -342,6 +342,7 @@ static int64_t start_unlocked(op_slot *s, int exempt)
     int64_t due = first_due(s, exempt);
     __atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELEASE);
     s->cpu0_ns = s->clock_cpu_ns;
+    s->exempt = exempt;
     __atomic_store_n(&s->active, 1, __ATOMIC_RELEASE);
     publish_due(s, due);
     return due;
@@ -363,6 +364,7 @@ static int64_t start_locked(op_slot *s, int64_t now, int exempt, int start,
     }
     __atomic_store_n(&s->seq, s->seq + 1, __ATOMIC_RELEASE);
     s->cpu0_ns = s->clock_cpu_ns;
+    s->exempt = exempt;
     s->level = 0;
     if (start > 0) {
         op_apply_level(s, start, 1);

@@ -47,9 +47,11 @@ def control_apache(name: str, *, pin: bool = False, **prio: Any) -> Iterator[tup
         shutil.rmtree(parent, ignore_errors=True)
 
 
-def get(inst: apache.ApacheInstance, path: str, timeout: float = 120) -> tuple[int, str]:
-    """``GET path`` on the instance: the status and the body."""
-    with urllib.request.urlopen(inst.base_url + path, timeout=timeout) as r:
+def get(inst: apache.ApacheInstance, path: str, timeout: float = 120,
+        headers: dict[str, str] | None = None) -> tuple[int, str]:
+    """``GET path`` on the instance (with ``headers``): the status and the body."""
+    req = urllib.request.Request(inst.base_url + path, headers=headers or {})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
         return r.status, r.read().decode()
 
 
