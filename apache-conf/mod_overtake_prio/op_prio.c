@@ -162,8 +162,9 @@ static void count_restore(op_slot *s)
     }
 }
 
-/* End the slot's current request: restore, count, mark idle. Caller holds s->mu. */
-void op_slot_close(op_slot *s)
+/* The end of the slot's request but marking it idle: restore, count, reset. By its closer: the
+ * lock's holder, or the owner whose exchange made the slot idle (end_own). */
+static void end_request(op_slot *s)
 {
     if (s->level > 0) {
         count_restore(s);
@@ -172,6 +173,12 @@ void op_slot_close(op_slot *s)
     s->level = 0;
     s->gate_word = NULL;
     __atomic_store_n(&op_due[s - op_slots], INT64_MAX, __ATOMIC_RELAXED);
+}
+
+/* End the slot's current request: restore, count, mark idle. Caller holds s->mu. */
+void op_slot_close(op_slot *s)
+{
+    end_request(s);
     __atomic_store_n(&s->active, 0, __ATOMIC_RELEASE);
 }
 
@@ -253,13 +260,7 @@ static int end_own(op_slot *s, const op_request_state *st)
         || !__atomic_compare_exchange_n(&s->active, &one, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
         return 0;
     }
-    if (s->level > 0) {
-        count_restore(s);
-    }
-    ADD(op_shm->requests[s->level], 1);
-    s->level = 0;
-    s->gate_word = NULL;
-    __atomic_store_n(&op_due[s - op_slots], INT64_MAX, __ATOMIC_RELAXED);
+    end_request(s);
     return 1;
 }
 
