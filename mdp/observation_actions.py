@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from functools import cache
 from itertools import product
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -111,6 +112,8 @@ class Feasibility:
                           for i, m in enumerate(model.locks or ()) if m is not None]
         self._feasible: dict[tuple[int, ...], BoolArray] = {}
         self._states: dict[tuple[int, ...], tuple[BoolArray, IntArray]] = {}
+        #: the proposal's walk over action vectors (observation_proposal._plan), made once
+        self.walk_plan: Any = None
 
     def feasible(self, a: IntArray) -> BoolArray:
         """Classes in which starting ``a`` (threads per queue) is allowed: enough waiting, within

@@ -128,6 +128,10 @@ class ExactSolver:
 
     def __init__(self, model: TandemModel, layout: Layout, decisions: DecisionMatrix, P_change: sp.csr_matrix,
                  entered: npt.NDArray[np.bool_], transition: Callable[[IntArray], sp.csr_matrix]) -> None:
+        #: the latest factorization preconditions (the searched table's own, which its trials
+        #: differ from in a few classes), and a miss only refactors: the space never gives up on
+        #: iterating (ExactSolver.follow; False: the sparsest factor and ITER_GIVE_UP)
+        self.follow = False
         self.model, self.layout, self.decisions = model, layout, decisions
         self.space = decisions.space
         self.class_of = decisions.class_of
@@ -212,7 +216,8 @@ class ExactSolver:
         if changed is not None and changed.size <= LOW_RANK:
             return self._updated(factor, actions, changed, eq)
         S = self.space.size
-        if S <= DIRECT_STATES or self.iter_failed >= ITER_GIVE_UP or self.given_up or self.stale:
+        gave_up = not self.follow and (self.iter_failed >= ITER_GIVE_UP or self.given_up)
+        if S <= DIRECT_STATES or gave_up or self.stale:
             return None, None  # stale: _factored renews the preconditioner
         X0 = near.solution if near.solution is not None else np.zeros((S - 1, 3))
         # the table's own law, where solved already, is far closer than the near table's
@@ -224,7 +229,7 @@ class ExactSolver:
         solT = None if sol is None else pre.iterate(eq.A, eq.p0[:, None], X0T, budget=budget, trans=True)
         self.iter_failed = self.iter_failed + 1 if solT is None else 0
         self.stale = solT is not None and spent + pre.iterations > REFRESH_ITERATIONS * max(1.0, S / REFRESH_STATES)
-        if self.iter_failed >= ITER_GIVE_UP:
+        if self.iter_failed >= ITER_GIVE_UP and not self.follow:
             self._given_up[0] = 1
         return sol, solT
 
@@ -272,7 +277,7 @@ class ExactSolver:
             solT = factor.solve(eq.A, eq.p0[:, None], trans=True)
         assert sol is not None and solT is not None
         self.lu_work = max(self.lu_work, factor.work)
-        if self.stale or self.preconditioner is None or factor.nnz < self.preconditioner.nnz:
+        if self.follow or self.stale or self.preconditioner is None or factor.nnz < self.preconditioner.nnz:
             self.preconditioner = factor
         self.stale = False
         return factor, sol, solT

@@ -56,7 +56,6 @@ class _Walk:
         self.waiting = feasibility.waiting
         self.threads = feasibility.threads
         self.wmax = feasibility.waiting.max(axis=0) if self.n_classes else np.zeros(self.Q, np.int64)
-        self.a = np.zeros(self.Q, dtype=np.int64)
         # an action vector as one integer (mixed radix over the queues): the current action's
         # classes are found by one comparison per visited action
         if np.any(actions > self.wmax) or np.any(actions < 0):
@@ -64,42 +63,67 @@ class _Walk:
         self.radix = np.concatenate([[1], np.cumprod(self.wmax[:-1] + 1)]).astype(np.int64)
         self.code = actions @ self.radix
 
-    def visit(self, v: FloatArray) -> None:
-        a = self.a
-        ok, states = self.feasibility.feasible_states(a, self.class_of)
-        if states.size == 0:
-            return
+    def visit(self, v: FloatArray, leaf: _Leaf) -> None:
+        ok, states, a, code = leaf
         # the states of the classes where ``a`` is feasible only: each class's sum adds the same
         # terms in the same order as over every state, so it is the same to the last bit
         s = np.bincount(self.class_of[states], weights=self.weight[states] * v[states], minlength=self.n_classes)
         better = ok & (s < self.best)
         self.best[better] = s[better]
         self.best_a[better] = a
-        mine = self.code == int(a @ self.radix)
+        mine = self.code == code
         self.cur[mine] = s[mine]
 
-    def walk(self, q: int, v: FloatArray, total: int, alive: BoolArray) -> None:
-        """Visit every action vector extending ``self.a[:q]`` (``total`` threads, ``v`` its
-        vector); ``alive``: the classes with enough waiting and thread room for that prefix. A
-        prefix no class can take is not extended (a feasible action's every prefix is alive), nor
-        one with more threads: its vectors would be computed for no class."""
-        if q == self.Q:
-            self.visit(v)
-            return
-        a = self.a
-        vq = v
+    def walk(self, h: FloatArray) -> None:
+        """Visit every action vector some class can take (:func:`_plan`), each with its vector."""
+        vec: list[FloatArray] = [h] * (self.Q + 1)
+        ops = self.ops
+        for q, t, leaf in _plan(self.feasibility, self.class_of, self.wmax, self.radix):
+            vec[q + 1] = vec[q] if t == 0 else ops[q] @ vec[q + 1]
+            if leaf is not None:
+                self.visit(vec[q + 1], leaf)
+
+
+#: a visited action vector: the classes where it is feasible, their states, the vector, its code
+_Leaf = tuple[BoolArray, IntArray, IntArray, int]
+#: the walk's steps: queue q's count becomes t (its vector: the parent's for t = 0, else queue
+#: q's spawn operator applied to the vector for t − 1), and the action vector then complete
+_Step = tuple[int, int, _Leaf | None]
+
+
+def _plan(feasibility: Feasibility, class_of: IntArray, wmax: IntArray, radix: IntArray) -> list[_Step]:
+    """The depth-first walk over action vectors, as steps (kept on ``feasibility``: it depends on
+    the classes alone, not on the bias). A prefix no class can take is not extended (a feasible
+    action's every prefix is alive), nor one with more threads than the cap: its vectors would be
+    computed for no class; a complete vector no class can take is not visited."""
+    if feasibility.walk_plan is not None:
+        return feasibility.walk_plan  # type: ignore[no-any-return]
+    Q, K = feasibility.Q, feasibility.k_max
+    a = np.zeros(Q, dtype=np.int64)
+    steps: list[_Step] = []
+
+    def walk(q: int, total: int, alive: BoolArray) -> None:
         live = alive
-        for t in range(int(self.wmax[q]) + 1):
+        for t in range(int(wmax[q]) + 1):
             if t > 0:
-                if total + t > self.feasibility.k_max:
+                if total + t > K:
                     break
-                live = live & (self.waiting[:, q] >= t) & (self.threads + (total + t) <= self.feasibility.k_max)
+                live = live & (feasibility.waiting[:, q] >= t) & (feasibility.threads + (total + t) <= K)
                 if not np.any(live):
                     break
-                vq = self.ops[q] @ vq
             a[q] = t
-            self.walk(q + 1, vq, total + t, live)
+            leaf: _Leaf | None = None
+            if q + 1 == Q:
+                ok, states = feasibility.feasible_states(a, class_of)
+                leaf = (ok, states, a.copy(), int(a @ radix)) if states.size else None
+            steps.append((q, t, leaf))
+            if q + 1 < Q:
+                walk(q + 1, total + t, live)
         a[q] = 0
+
+    walk(0, 0, np.ones(feasibility.waiting.shape[0], dtype=bool))
+    feasibility.walk_plan = steps
+    return steps
 
 
 def propose(feasibility: Feasibility, decisions: DecisionMatrix, actions: IntArray, ev: ExactEvaluation, *,
@@ -117,7 +141,7 @@ def propose(feasibility: Feasibility, decisions: DecisionMatrix, actions: IntArr
     tol = rtol * (float(np.max(np.abs(h))) + 1.0)
     wsum = np.bincount(class_of, weights=weight, minlength=n_classes)
     w = _Walk(feasibility, decisions, actions, weight)
-    w.walk(0, h, 0, np.ones(n_classes, dtype=bool))
+    w.walk(h)
     if np.any(np.isnan(w.cur)):
         raise ValueError("propose: the current table is not feasible in some class; repair it first")
     keep = w.cur <= w.best + tol * wsum

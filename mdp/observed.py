@@ -137,6 +137,7 @@ class _Options:
     starts: int
     factor: float
     presearch: bool = False
+    latest_preconditioner: bool = False
 
 
 class _Search:
@@ -173,6 +174,7 @@ class _Search:
         where ``only_warm`` (a pre-searched cap: the starts were searched on the smaller cap)."""
         o = self.opts
         osp = ObservationSpace(self.model, tr, self.layout)
+        osp.exact.follow = o.latest_preconditioner
         evs: dict[str, Any] = {}
         if only_warm and warm is not None:
             tables = {"previous cap": osp.repair(warm.actions(osp.classes))}
@@ -497,6 +499,7 @@ def solve_observed(
     truncation: Truncation | None = None, tol: float = 1e-3, baselines: Sequence[str] | None = None,
     heuristic: bool = True, start: int = 10, max_threads: int | None = None, max_states: int = 40_000,
     cap_growth: float | None = None, max_eval_states: int = 1_500_000, starts: int = 3, presearch: bool = False,
+    latest_preconditioner: bool = False,
     evaluated: dict[str, Evaluation] | None = None, none_optimum: ObservedOptimum | None = None,
     progress: Progress | None = None, beside: Beside | None = None,
 ) -> ObservedOptimum:
@@ -535,6 +538,11 @@ def solve_observed(
         a smaller cap instead, then one search from their best table (module docstring, step 1):
         two to three times faster on the larger route solves, but that one search may end in
         another local optimum, whose E[W] differs by up to about 1e-4 (relative), either way.
+    latest_preconditioner
+        A large chain's iterative solves are preconditioned by the latest factorization (the
+        searched table's, which a trial differs from in some classes) and never given up on
+        (:attr:`ExactSolver.follow <overtake.mdp.observation_exact.ExactSolver>`): exact all the
+        same, fewer factorizations, but rounding then differs and may break a tie otherwise.
     evaluated
         Baseline evaluations already made (name → :class:`Evaluation`), reused.
     none_optimum
@@ -551,7 +559,8 @@ def solve_observed(
     model.check_stable(None if truncation is None else truncation.k_max)
     names = list(baselines) if baselines is not None else observed_baselines(model.n_stages)
     factor = cap_growth or (1.25 if phase_info == "route" else EVALUATION_GROWTH)
-    opts = _Options(tol, names, heuristic, max_threads, max_states, max_eval_states, starts, factor, presearch)
+    opts = _Options(tol, names, heuristic, max_threads, max_states, max_eval_states, starts, factor, presearch,
+                    latest_preconditioner)
     evaluated = dict(evaluated or {})
     none_opt = None
     if phase_info == "route":
@@ -573,4 +582,5 @@ def _none_first(model: TandemModel, opts: _Options, truncation: Truncation | Non
         progress("pi*: the best policy without routes first")
     return solve_observed(model, phase_info="none", truncation=truncation, tol=opts.tol, baselines=opts.names,
                           heuristic=opts.heuristic, start=start, max_threads=opts.max_threads, starts=opts.starts,
-                          evaluated=evaluated, progress=progress, beside=beside)
+                          evaluated=evaluated, progress=progress, beside=beside,
+                          latest_preconditioner=opts.latest_preconditioner)
