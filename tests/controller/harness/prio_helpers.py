@@ -1,15 +1,18 @@
-"""Helpers the mod_overtake_prio tests share: a config test of directives, and a gcc-built driver
-of the module's pure parts."""
+"""Helpers the mod_overtake_prio tests share: a config test of directives, a gcc-built driver
+of the module's pure parts, and the requests ended since a status reading."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from overtake.controller.harness.apache.config import APACHE_BIN, MODULES_DIR
+from overtake.controller.harness.apache.cpu_priority import PrioStatus
 from overtake.controller.harness.scratch import free_port
 
 MODULE_DIR = Path(__file__).resolve().parents[3] / "apache-conf" / "mod_overtake_prio"
@@ -51,3 +54,23 @@ def run_driver(exe: Path, lines: list[str]) -> list[str]:
     out = subprocess.run([str(exe)], input="".join(line + "\n" for line in lines), capture_output=True,
                          text=True, check=True, timeout=60)
     return out.stdout.splitlines()
+
+
+def ended_since(read: Callable[[], PrioStatus], before: PrioStatus, n: int,
+                timeout: float = 10.0) -> tuple[PrioStatus, list[int]]:
+    """The status after ``n`` requests sent since ``before`` have all been counted, and the ends
+    by deepest level less the status requests'. A request that stays at level 0 is counted by its
+    pool's cleanup, after its response has gone, so the next reading may come before it: read
+    again until ``before``'s request, the ``n`` and every earlier reading are counted (each
+    status request ends at level 0)."""
+    reads = 0
+    deadline = time.monotonic() + timeout
+    while True:
+        after = read()
+        ended = [a - b for a, b in zip(after.requests, before.requests)]
+        expected = n + 1 + reads  # + before's own request and the readings since
+        if sum(ended) >= expected or time.monotonic() > deadline:
+            ended[0] -= 1 + reads
+            return after, ended
+        reads += 1
+        time.sleep(0.01)
