@@ -343,7 +343,7 @@ static int op_post_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp
 
 /* ------------------------------------------------------------------------ a request's record */
 
-static apr_status_t request_done(void *data)
+static OP_HOT apr_status_t request_done(void *data)
 {
     op_request_state *st = data;
     if (st->stage >= 0) {
@@ -360,7 +360,7 @@ static apr_status_t request_done(void *data)
 
 /* The record of first request r0 (the caller found none): on its pool, with the one cleanup that
  * ends both parts (the pool outlives every internal redirect of it). */
-op_request_state *op_request_state_new(request_rec *r0)
+OP_HOT op_request_state *op_request_state_new(request_rec *r0)
 {
     op_request_state *st = apr_palloc(r0->pool, sizeof *st);
     st->slot = NULL;
@@ -380,7 +380,7 @@ op_request_state *op_request_state_new(request_rec *r0)
  * tiny request more than most of them do), in their order: the gate first (a request held there
  * has not started, for any module), then the thresholds in force (OvertakeControlFile), the
  * CPU-priority start and the time split's first reading. */
-static int op_request_start(request_rec *r)
+static OP_HOT int op_request_start(request_rec *r)
 {
     int rc = op_cconf && op_cconf->gate_file ? op_gate_post_read_request(r) : DECLINED;
     if (rc != DECLINED && rc != OK) {
@@ -393,7 +393,7 @@ static int op_request_start(request_rec *r)
 }
 
 /* Every request that runs a handler (internal redirects included) gets the end filters. */
-static void op_insert_filters(request_rec *r)
+static OP_HOT void op_insert_filters(request_rec *r)
 {
     op_insert_filter(r);
     op_times_insert_filter(r);

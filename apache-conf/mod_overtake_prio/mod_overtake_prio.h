@@ -30,6 +30,12 @@ extern module AP_MODULE_DECLARE_DATA overtake_prio_module;
 #pragma GCC visibility push(hidden)
 
 #define OP_UNSET (-1)
+/* The functions every request runs, together in .text.hot; what a request rarely needs, apart in
+ * .text.unlikely: side by side with another process on the core, a tiny request's code misses
+ * (cache lines, TLB pages) on a path spread over the module's pages cost it more than the
+ * instructions it runs. */
+#define OP_HOT __attribute__((hot))
+#define OP_COLD __attribute__((cold, noinline))
 #define OP_HANDLER "overtake-prio-status"
 #define OG_NOTE "overtake-gate-idle"  /* r->notes: "SLOT GEN" of a request started idle */
 
@@ -133,26 +139,29 @@ extern op_shared *op_shm;   /* set in post_config (parent), inherited by the chi
 
 /* ------------------------------------------------------------------------ per-child state */
 
+/* The fields a request's start and end touch on the owner's lock-free path come first, on one
+ * cache line (the slots are aligned to it, op_slots_create): side by side with another process
+ * on the core, each line a tiny request touches is likely a miss after that process's turn. */
 typedef struct {
-    pthread_mutex_t mu;         /* guards everything below but reads of active, and the owner's
+    int active;                 /* a request is in flight on this thread (atomic): 1, or 2 while
+                                 * claimed (op_slot_claim); 0: idle */
+    int level;                  /* level applied to the thread now */
+    apr_uint64_t seq;           /* request generation on this slot */
+    int64_t cpu0_ns;            /* thread CPU at request start, or less by < resolution */
+    int64_t clock_read_ns;      /* owner thread only: when it last read its CPU clock ... */
+    int64_t clock_cpu_ns;       /* ... and what it read */
+    const uint32_t *gate_word;  /* an idle start's gate word until its admission (under mu) */
+    int exempt;                 /* the request is never demoted by age (op_guard.c); written
+                                 * before active is set, like seq and cpu0_ns */
+    uint32_t gate_gen;
+    pthread_mutex_t mu;         /* guards everything but reads of active, and the owner's
                                  * lock-free start and end (op_prio.c) */
     pid_t tid;
     clockid_t clk;              /* the worker thread's CPU clock */
     int orig_policy;
     struct sched_param orig_param;
     int orig_nice;
-    int active;                 /* a request is in flight on this thread (atomic): 1, or 2 while
-                                 * claimed (op_slot_claim); 0: idle */
-    apr_uint64_t seq;           /* request generation on this slot */
-    int64_t cpu0_ns;            /* thread CPU at request start, or less by < resolution */
-    int64_t clock_read_ns;      /* owner thread only: when it last read its CPU clock ... */
-    int64_t clock_cpu_ns;       /* ... and what it read */
-    int level;                  /* level applied to the thread now */
-    int exempt;                 /* the request is never demoted by age (op_guard.c); written
-                                 * before active is set, like seq and cpu0_ns */
-    const uint32_t *gate_word;  /* an idle start's gate word until its admission (under mu) */
-    uint32_t gate_gen;
-} op_slot;
+} __attribute__((aligned(64))) op_slot;
 
 /* What every request start reads, together on one or two cache lines (set in child_init):
  * on a tiny request the module's cost was mostly cache misses on scattered globals. */

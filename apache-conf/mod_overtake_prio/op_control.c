@@ -298,7 +298,7 @@ static uint32_t glanced_pub;
  * request_time (Apache read the clock already) and the counter the children publish a new
  * generation on, so a change reaches this child at the next request after another child saw it
  * (the status page looks at every call), and at most OC_GLANCE_US later otherwise. */
-int op_control_post_read_request(request_rec *r)
+OP_HOT int op_control_post_read_request(request_rec *r)
 {
     uint32_t pub;
     apr_time_t last = __atomic_load_n(&glanced, __ATOMIC_RELAXED);

@@ -141,7 +141,7 @@ int op_guard_cause(const request_rec *r)
     return h && apr_table_get(r->headers_in, h) ? OPG_BY_HEADER : OPG_NOT_EXEMPT;
 }
 
-int op_guard_request(const request_rec *r)
+OP_HOT int op_guard_request(const request_rec *r)
 {
     int cause = !header_only ? op_guard_cause(r)
                 : header_name && apr_table_get(r->headers_in, header_name) ? OPG_BY_HEADER

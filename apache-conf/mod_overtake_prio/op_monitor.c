@@ -163,7 +163,7 @@ static void pass(int64_t now)
 
 /* A request start at level 0 at or after the next pass's time makes it, unless a pass is under
  * way. (A thread at a lower level could hold pass_mu for long, the monitor waiting behind it.) */
-void op_monitor_pass_due(int64_t now)
+OP_HOT void op_monitor_pass_due(int64_t now)
 {
     if (pthread_mutex_trylock(&pass_mu) == 0) {
         int64_t at = __atomic_load_n(&op_pass_at, __ATOMIC_RELAXED);

@@ -26,7 +26,7 @@ static __thread op_slot *my_slot __attribute__((tls_model("initial-exec")));
 
 pid_t op_gettid(void) { return (pid_t)syscall(SYS_gettid); }
 
-int64_t op_mono_ns(void)
+OP_HOT int64_t op_mono_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -37,8 +37,11 @@ int64_t op_mono_ns(void)
 void op_slots_create(apr_pool_t *p, int threads)
 {
     int k;
+    char *m;
     op_nslots = 2 * (threads > 0 ? threads : 64) + 16;
-    op_slots = apr_pcalloc(p, sizeof *op_slots * (apr_size_t)op_nslots);
+    /* on a cache line each, as the type says (a pool gives 8-byte alignment) */
+    m = apr_pcalloc(p, sizeof *op_slots * (apr_size_t)op_nslots + 63);
+    op_slots = (op_slot *)(((uintptr_t)m + 63) & ~(uintptr_t)63);
     op_due = apr_palloc(p, sizeof *op_due * (apr_size_t)op_nslots);
     for (k = 0; k < op_nslots; k++) {
         pthread_mutex_init(&op_slots[k].mu, NULL);
@@ -267,7 +270,7 @@ static int end_own(op_slot *s, const op_request_state *st)
 /* End the request's tracking: restore its thread, count it, mark the slot idle. Called at EOS and
  * by the pool's cleanup; whichever comes first ends it (or finds the slot serving a newer request)
  * and forgets the slot, so the second has nothing to look at. */
-void op_prio_request_end(op_request_state *st)
+OP_HOT void op_prio_request_end(op_request_state *st)
 {
     op_slot *s = st->slot;
     st->slot = NULL;
@@ -351,7 +354,7 @@ static int64_t start_unlocked(op_slot *s, int exempt)
 
 /* A start at a class level, an idle start, or one that finds its thread's previous request still
  * open: under the slot's lock, as the monitor and the promoter may act on it. */
-static int64_t start_locked(op_slot *s, int64_t now, int exempt, int start,
+static OP_COLD int64_t start_locked(op_slot *s, int64_t now, int exempt, int start,
                             const uint32_t *gate_word, uint32_t gate_gen)
 {
     const uint32_t *gate_gone = NULL;
@@ -397,7 +400,7 @@ static void due_published(op_slot *s, unsigned thr_gen)
     }
 }
 
-int op_post_read_request(request_rec *r)
+OP_HOT int op_post_read_request(request_rec *r)
 {
     op_slot *s;
     op_request_state *st;
@@ -448,7 +451,7 @@ int op_post_read_request(request_rec *r)
  * rest: adding a request filter to each was most of what a request that is never demoted paid for
  * it. Its context is the request in progress: this one's record, cleared at its EOS, or at its
  * end (the record's cleanup) if it has none. */
-void op_insert_filter(request_rec *r)
+OP_HOT void op_insert_filter(request_rec *r)
 {
     op_request_state *st;
     ap_filter_t *f;
@@ -477,7 +480,7 @@ void op_insert_filter(request_rec *r)
  * Restoring before the last write also means a client never sees the response of a
  * still-demoted thread. After it the filter waits, with no context, for the connection's next
  * request: brigades in between (another EOS, the end-of-request bucket) pass through. */
-apr_status_t op_end_filter(ap_filter_t *f, apr_bucket_brigade *bb)
+OP_HOT apr_status_t op_end_filter(ap_filter_t *f, apr_bucket_brigade *bb)
 {
     if (f->ctx && !APR_BRIGADE_EMPTY(bb) && APR_BUCKET_IS_EOS(APR_BRIGADE_LAST(bb))) {
         op_prio_request_end(f->ctx);

@@ -57,7 +57,7 @@ static int served_by(const request_rec *r)
 
 /* ------------------------------------------------------------------------ the end */
 
-void op_stage_request_end(op_request_state *q)
+OP_HOT void op_stage_request_end(op_request_state *q)
 {
     conn_rec *c = q->r->connection;
     const request_rec *last = q->r;
@@ -154,7 +154,7 @@ static int hold(os_stage *s, uint32_t t)
 }
 
 /* Hold request r (of q's stage, ticket t) until its turn, counted; it runs afterwards anyway. */
-static void hold_request(request_rec *r, const op_request_state *q, uint32_t t)
+static OP_COLD void hold_request(request_rec *r, const op_request_state *q, uint32_t t)
 {
     os_stage *s = &os_shm->st[q->stage];
     int64_t t0 = op_mono_ns();
@@ -238,7 +238,7 @@ static request_rec *first_request(request_rec *r)
     return r;
 }
 
-int op_stage_fixups(request_rec *r)
+OP_HOT int op_stage_fixups(request_rec *r)
 {
     request_rec *r0;
     op_request_state *st;

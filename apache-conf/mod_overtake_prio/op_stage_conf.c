@@ -269,7 +269,7 @@ static int under(const char *uri, const os_prefix *e)
 
 /* The stage of request r: its sections' OvertakeStage, else its server's longest matching
  * prefix; OS_NONE if neither names one. */
-int os_stage_of(const request_rec *r)
+OP_HOT int os_stage_of(const request_rec *r)
 {
     const os_dir_conf *d = ap_get_module_config(r->per_dir_config, &overtake_prio_module);
     const struct op_stage_prefixes *pp;

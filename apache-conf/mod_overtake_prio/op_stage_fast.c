@@ -136,7 +136,7 @@ static int may_start(uint64_t w, int s, uint32_t n, uint32_t b)
 
 /* An arrival of stage s: 1 if it was counted running without the lock, 0 if it must take the
  * locked path (something waits, the table holds it, a swap or a table change raced). */
-int os_fast_arrive(int s)
+OP_HOT int os_fast_arrive(int s)
 {
     uint64_t w = __atomic_load_n(&os_shm->fast, __ATOMIC_ACQUIRE);
     int tries, ok;
@@ -163,7 +163,7 @@ int os_fast_arrive(int s)
 
 /* An end of stage s: 1 if it was counted without the lock (nothing waits: no decision to take),
  * 0 if it must take the locked path. */
-int os_fast_complete(int s)
+OP_HOT int os_fast_complete(int s)
 {
     uint64_t w = __atomic_load_n(&os_shm->fast, __ATOMIC_ACQUIRE);
     int tries;

@@ -179,7 +179,7 @@ static __attribute__((noinline)) int status_page(request_rec *r)
     return OK;
 }
 
-int op_status_handler(request_rec *r)
+OP_HOT int op_status_handler(request_rec *r)
 {
     /* every request's handler phase comes here: its first byte settles most */
     if (!r->handler || r->handler[0] != OP_HANDLER[0] || strcmp(r->handler, OP_HANDLER)) {

@@ -121,7 +121,7 @@ static __attribute__((noinline)) void times_begin(request_rec *r)
 
 /* The request start (mod_overtake_prio.c's, after the gate: a wait there is the sidecar's queue,
  * not the request's). Off, it costs a test: the readings are apart. */
-void op_times_start(request_rec *r)
+OP_HOT void op_times_start(request_rec *r)
 {
     if (times_on && !r->main && !r->prev) {
         times_begin(r);  /* subrequests and internal redirects belong to the first request */
@@ -138,7 +138,7 @@ static __attribute__((noinline)) void times_filter_add(request_rec *r)
     }
 }
 
-void op_times_insert_filter(request_rec *r)
+OP_HOT void op_times_insert_filter(request_rec *r)
 {
     if (times_on && !r->main) {
         times_filter_add(r);
