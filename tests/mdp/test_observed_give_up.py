@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import pytest
 from support.mdp_helpers import exp_stage, h2_stage, tandem
 
 from overtake.mdp import observation_exact
@@ -18,22 +17,6 @@ from overtake.mdp.statespace import Layout, Truncation
 
 MODEL = tandem(0.6, exp_stage("s1", 1.0), h2_stage("s2", 0.91, 0.55, 5.45))  # Table 1, case 2
 TR = Truncation(7)
-
-
-@pytest.fixture
-def starved(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Every iterative solve on a budget of one iteration (so it misses); its outcomes, in order."""
-    monkeypatch.setattr(observation_exact, "DIRECT_STATES", 0)  # the iterative path on this small chain
-    calls: list[bool] = []
-    iterate = observation_exact.Factor.iterate
-
-    def counted(self, A_, B_, X0, *, budget, trans=False):  # type: ignore[no-untyped-def]
-        out = iterate(self, A_, B_, X0, budget=1, trans=trans)
-        calls.append(out is not None)
-        return out
-
-    monkeypatch.setattr(observation_exact.Factor, "iterate", counted)
-    return calls
 
 
 def search(osp: ObservationSpace, tables: list[np.ndarray]) -> list[float]:

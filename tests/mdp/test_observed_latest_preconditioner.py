@@ -65,19 +65,10 @@ def test_the_latest_factor_preconditions_and_the_answers_are_exact(monkeypatch: 
         _agrees(ev, ref.evaluate(T, complete=True))
 
 
-def test_misses_refactor_without_giving_up(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_misses_refactor_without_giving_up(starved: list[bool]) -> None:
     """Every iterative solve on a budget of one iteration (so it misses): each miss refactors, its
     factor preconditions the next table, and the next table is still tried iteratively."""
-    monkeypatch.setattr(observation_exact, "DIRECT_STATES", 0)
-    calls: list[bool] = []
-    iterate = observation_exact.Factor.iterate
-
-    def starved(self, A_, B_, X0, *, budget, trans=False):  # type: ignore[no-untyped-def]
-        out = iterate(self, A_, B_, X0, budget=1, trans=trans)
-        calls.append(out is not None)
-        return out
-
-    monkeypatch.setattr(observation_exact.Factor, "iterate", starved)
+    calls = starved
     osp, ref = _space(True), _space(False)
     tables = _tables(osp)
     evs = _search(osp, tables)
