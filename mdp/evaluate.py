@@ -259,7 +259,9 @@ def _gauss_seidel_law(off_ptr: npt.NDArray[Any], off_idx: npt.NDArray[Any], off_
 
     n = diag.size
     off_T = matvec(sp.csr_matrix((off_val, off_idx, off_ptr), shape=(n, n)))  # P's transpose less its diagonal
-    mixer = AndersonMixer(n, _AA_MEMORY)
+    # the kernels are loaded for the sweeps: the mixing runs compiled at any size (on the search's
+    # chains of a few thousand states numpy's temporaries cost more than the four sweeps)
+    mixer = AndersonMixer(n, _AA_MEMORY, compiled=True)
     stall = StallRestart(mixer, 4 * _AA_MEMORY)
     for _ in range(_GS_ROUNDS):
         y = _kernels.gauss_seidel(off_ptr, off_idx, off_val, diag, pi.copy(), _GS_SWEEPS)
