@@ -33,16 +33,23 @@ def matvec(A: sp.csr_matrix | sp.csc_matrix) -> Callable[[FloatArray], FloatArra
     if (_sparsetools is None or not sp.issparse(A) or fmt not in ("csr", "csc") or A.data.dtype != np.float64
             or A.indices.dtype != A.indptr.dtype):
         return lambda x: np.asarray(A @ x)
-    kernel = getattr(_sparsetools, f"{fmt}_matvec")
+    kernel = getattr(_sparsetools, f"{fmt}_matvec", None)
+    if kernel is None:
+        return lambda x: np.asarray(A @ x)
     M, N = A.shape
     indptr, indices, data = A.indptr, A.indices, A.data
+    direct = [True]
 
     def product(x: FloatArray) -> FloatArray:
         x = np.ascontiguousarray(x, dtype=np.float64)
-        if x.shape != (N,):
+        if x.shape != (N,) or not direct[0]:
             return np.asarray(A @ x)
         out = np.zeros(M)
-        kernel(M, N, indptr, indices, data, x, out)
+        try:
+            kernel(M, N, indptr, indices, data, x, out)
+        except (TypeError, ValueError):  # a scipy whose private kernel takes other arguments
+            direct[0] = False
+            return np.asarray(A @ x)
         return out
 
     return product

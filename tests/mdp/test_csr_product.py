@@ -2,8 +2,8 @@
 
 * ``matvec(A)(x)`` equals ``A @ x`` exactly for CSR and CSC matrices (32- and 64-bit indices,
   entries unsorted within rows included): the same compiled kernel, the terms in the same order;
-* matrices it does not cover (another format, integer data) and vectors of another shape fall
-  back to ``A @ x``;
+* matrices it does not cover (another format, integer data), vectors of another shape and a
+  private kernel that takes other arguments fall back to ``A @ x``;
 * BiCGSTAB with an ``Operator`` for the matrix and its ILU preconditioner takes the same
   iterates as with the matrix and a plain ``LinearOperator``: the same answer to the last bit.
 """
@@ -72,3 +72,27 @@ def test_operator_bicgstab_same_iterates(trans: bool) -> None:
     assert np.array_equal(plain, fast)
     assert np.linalg.norm(op @ fast - b) <= 1e-12 * np.linalg.norm(b)
     assert np.array_equal(Operator(400, matvec(op)) @ b, op @ b)  # through LinearOperator's own checks too
+
+
+def test_matvec_falls_back_when_the_private_kernel_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scipy whose private kernel takes other arguments (the first direct call raises): the
+    product is ``A @ x`` all the same, on that call and the next."""
+    from scipy.sparse import _sparsetools
+
+    A = _random(60, 8, "csr")
+    x = np.random.default_rng(9).standard_normal(60)
+    want, want2 = A @ x, A @ (2 * x)
+    real = _sparsetools.csr_matvec
+    refused = []
+
+    def once_refused(*args: object) -> None:
+        if not refused:  # the direct call comes first; scipy's own product (the fallback) after it
+            refused.append(len(args))
+            raise TypeError("csr_matvec() takes 8 arguments")
+        real(*args)
+
+    monkeypatch.setattr(_sparsetools, "csr_matvec", once_refused)
+    prod = matvec(A)
+    assert np.array_equal(prod(x), want)
+    assert np.array_equal(prod(2 * x), want2)
+    assert refused == [7]
