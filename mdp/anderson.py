@@ -37,9 +37,13 @@ class AndersonMixer:
         Length of the iterate.
     memory
         m, the number of differences kept (≥ 1).
+    compiled
+        Whether the two passes run compiled: by default from ``KERNEL_MIN`` entries on; True where
+        the caller has the kernels loaded anyway (Gauss–Seidel's sweeps are compiled), so that a
+        short iterate's mixing costs no more than its sweeps.
     """
 
-    def __init__(self, size: int, memory: int) -> None:
+    def __init__(self, size: int, memory: int, *, compiled: bool | None = None) -> None:
         if isinstance(memory, bool) or not isinstance(memory, (int, np.integer)) or memory < 1:
             raise ValueError(f"memory must be an integer >= 1, got {memory!r}")
         self.memory = int(memory)
@@ -47,7 +51,8 @@ class AndersonMixer:
         self._df = np.zeros((self.memory, size))
         self._dxf = np.zeros((self.memory, size))
         self._gram = np.zeros((self.memory, self.memory))
-        self._pair = np.zeros((size if size < KERNEL_MIN else 0, 2))  # the numpy path's buffer
+        self.compiled = size >= KERNEL_MIN if compiled is None else bool(compiled)
+        self._pair = np.zeros((0 if self.compiled else size, 2))  # the numpy path's buffer
         self._x: FloatArray | None = None
         self._f: FloatArray | None = None
         self._count = 0
@@ -63,7 +68,7 @@ class AndersonMixer:
 
         ``x`` and ``f`` are kept by reference until the next call: do not change them in place.
         """
-        if x.size >= KERNEL_MIN:
+        if self.compiled:
             return self._step_compiled(x, f)
         k = 0  # a history exists only when the previous call left one (see reset)
         rhs = np.zeros(0)

@@ -21,6 +21,7 @@ import numpy.typing as npt
 import scipy.sparse as sp
 
 from .anderson import AndersonMixer, StallRestart
+from .csr_product import matvec
 from .errors import SolverError
 from .lock import Locks
 from .model import TandemModel
@@ -257,13 +258,15 @@ def _gauss_seidel_law(off_ptr: npt.NDArray[Any], off_idx: npt.NDArray[Any], off_
     from . import _kernels  # numba: imported (and its cache loaded) only for large chains
 
     n = diag.size
-    off_T = sp.csr_matrix((off_val, off_idx, off_ptr), shape=(n, n))  # P's transpose less its diagonal
-    mixer = AndersonMixer(n, _AA_MEMORY)
+    off_T = matvec(sp.csr_matrix((off_val, off_idx, off_ptr), shape=(n, n)))  # P's transpose less its diagonal
+    # the kernels are loaded for the sweeps: the mixing runs compiled at any size (on the search's
+    # chains of a few thousand states numpy's temporaries cost more than the four sweeps)
+    mixer = AndersonMixer(n, _AA_MEMORY, compiled=True)
     stall = StallRestart(mixer, 4 * _AA_MEMORY)
     for _ in range(_GS_ROUNDS):
         y = _kernels.gauss_seidel(off_ptr, off_idx, off_val, diag, pi.copy(), _GS_SWEEPS)
         p = y / y.sum()
-        resid = float(np.abs(off_T @ p + (diag - 1.0) * p).max() / p.max())
+        resid = float(np.abs(off_T(p) + (diag - 1.0) * p).max() / p.max())
         if resid < 1e-12:
             return y, True
         stall.observe(resid)

@@ -17,6 +17,7 @@ import numpy.typing as npt
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
+from .csr_product import Operator, matvec
 from .errors import SolverError
 
 __all__ = ["ILU_DROP", "ITER_MIN", "ITER_RTOL", "Factor"]
@@ -163,8 +164,11 @@ class Factor:
         :attr:`iterations` is then the iterations this call took.
         """
         t = "T" if trans else "N"
-        M = spla.LinearOperator(self.shape, lambda b: self.lu.solve(b, trans=t))
+        n = self.shape[0]
+        lu = self.lu
+        M = Operator(n, lambda b: np.asarray(lu.solve(b, trans=t)))
         op = A.T.tocsr() if trans else A
+        product = Operator(n, matvec(op))
         spent = self.iterations = 0
 
         def check(_: FloatArray) -> None:
@@ -177,7 +181,7 @@ class Factor:
         out = np.empty_like(B)
         for j in range(B.shape[1]):
             try:
-                x, info = spla.bicgstab(op, B[:, j], x0=X0[:, j], M=M, rtol=rtol, atol=0.0, maxiter=ITER_MAX,
+                x, info = spla.bicgstab(product, B[:, j], x0=X0[:, j], M=M, rtol=rtol, atol=0.0, maxiter=ITER_MAX,
                                         callback=check)
             except _OutOfTime:
                 return None

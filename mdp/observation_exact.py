@@ -136,6 +136,7 @@ class ExactSolver:
         self.space = decisions.space
         self.class_of = decisions.class_of
         self.P_change, self.entered, self.transition = P_change, entered, transition
+        self._P_change_csc: sp.csc_matrix | None = None  # P_chg by column, for the low-rank updates' U
         self.preconditioner: Factor | None = None
         self.lu_work = 0
         self.iter_failed = 0  # iterative solves failed in a row on this space (ITER_GIVE_UP)
@@ -178,7 +179,11 @@ class ExactSolver:
         P = self.transition(actions)
         A = (sp.identity(S, format="csr") - P)[1:, 1:].tocsc()
         cost = sp_.cost / sp_.rate
-        p0 = P[0, 1:].toarray().ravel()
+        # P_{0,−0} from row 0's entries (as P[0, 1:].toarray() sums them, without a submatrix)
+        lo, hi = int(P.indptr[0]), int(P.indptr[1])
+        cols = P.indices[lo:hi]
+        p0 = np.zeros(S - 1)
+        np.add.at(p0, cols[cols > 0] - 1, P.data[lo:hi][cols > 0])
         return _System(P, A, cost, np.column_stack([cost[1:], np.ones(S - 1)]), p0)
 
     def evaluate(self, actions: IntArray, *, near: ExactEvaluation | None = None,
@@ -244,18 +249,22 @@ class ExactSolver:
         old = self.decisions.rows(z, np.asarray(factor.actions, dtype=np.int64)[class_of])
         new = self.decisions.rows(z, np.asarray(actions, dtype=np.int64)[class_of])
         rows = np.concatenate([old[0], new[0]])
-        dR = sp.csr_matrix((np.concatenate([-old[2], new[2]]),
-                            (np.searchsorted(z, rows), np.concatenate([old[1], new[1]]))),
-                           shape=(z.size, S))
-        dR.sum_duplicates()
-        if dR[:, 0].nnz:
+        cols = np.concatenate([old[1], new[1]])
+        if np.any(cols == 0):
             return None, None  # the empty state's column moved: not this update's form
-        Uz = self.P_change[:, z].tocsc()
+        # ΔR without the empty state's column (it has no entry there), built as such
+        dR = sp.csr_matrix((np.concatenate([-old[2], new[2]]), (np.searchsorted(z, rows), cols - 1)),
+                           shape=(z.size, S - 1))
+        dR.sum_duplicates()
+        if self._P_change_csc is None:
+            self._P_change_csc = self.P_change.tocsc()
+        # P_chg's columns z (a column slice of its CSC copy: the same matrix as a CSR column index, cheaper)
+        Uz = self._P_change_csc[:, z]
         # a column of U is its state's column of P_chg; a row of ΔR its state's new decision row
         # less the factored one: both keyed so the factor solves each once over the search
         counts = np.asarray(actions, dtype=np.int64)[class_of[z]]
         keys = ([int(s) for s in z], [(int(s), c.tobytes()) for s, c in zip(z, counts, strict=True)])
-        out = factor.update(Uz[1:], dR[:, 1:].tocsr(), Uz[0].toarray().ravel(), keys=keys)
+        out = factor.update(Uz[1:], dR, Uz[0].toarray().ravel(), keys=keys)
         if out is None:
             return None, None
         sol, solT = out

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from .csr_product import matvec
 from .observation_actions import DecisionMatrix, Feasibility
 from .observation_exact import ExactEvaluation
 
@@ -52,7 +53,7 @@ class _Walk:
         self.best = np.full(self.n_classes, np.inf)
         self.best_a = actions.copy()
         self.cur = np.full(self.n_classes, np.nan)
-        self.ops = decisions.spawn_operators
+        self.ops = [matvec(B) for B in decisions.spawn_operators]
         self.waiting = feasibility.waiting
         self.threads = feasibility.threads
         self.wmax = feasibility.waiting.max(axis=0) if self.n_classes else np.zeros(self.Q, np.int64)
@@ -79,7 +80,7 @@ class _Walk:
         vec: list[FloatArray] = [h] * (self.Q + 1)
         ops = self.ops
         for q, t, leaf in _plan(self.feasibility, self.class_of, self.wmax, self.radix):
-            vec[q + 1] = vec[q] if t == 0 else ops[q] @ vec[q + 1]
+            vec[q + 1] = vec[q] if t == 0 else ops[q](vec[q + 1])
             if leaf is not None:
                 self.visit(vec[q + 1], leaf)
 
