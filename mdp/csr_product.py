@@ -4,6 +4,8 @@
 its compiled kernel; the searches of :mod:`overtake.mdp.observed` multiply the same few matrices
 by tens of thousands of short vectors, and on chains of a few thousand states those checks cost
 several times the product itself. :func:`matvec` checks once and then calls that kernel directly.
+(Imports no solver: the CLI's start loads this module; the Krylov solvers' operator is
+:class:`overtake.mdp.factor.Operator`.)
 """
 
 from __future__ import annotations
@@ -13,9 +15,8 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
-import scipy.sparse.linalg as spla
 
-__all__ = ["Operator", "matvec"]
+__all__ = ["matvec"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -53,19 +54,3 @@ def matvec(A: sp.csr_matrix | sp.csc_matrix) -> Callable[[FloatArray], FloatArra
         return out
 
     return product
-
-
-class Operator(spla.LinearOperator):  # type: ignore[misc]
-    """A square float64 linear operator whose ``matvec`` is ``fn`` itself: scipy's Krylov solvers
-    call ``matvec`` of their operator and preconditioner a few times per iteration, and
-    :class:`~scipy.sparse.linalg.LinearOperator`'s own checks and reshapes on each call cost
-    about what the product of a chain of a few thousand states does. ``fn`` must take and return
-    vectors of length n."""
-
-    def __init__(self, n: int, fn: Callable[[FloatArray], FloatArray]) -> None:
-        super().__init__(np.dtype(np.float64), (n, n))
-        self.fn = fn
-        self.matvec = fn
-
-    def _matvec(self, x: FloatArray) -> FloatArray:
-        return self.fn(np.ravel(x))

@@ -9,7 +9,7 @@ reference). A complete factor also solves for a table whose decision rows differ
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,10 +17,10 @@ import numpy.typing as npt
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-from .csr_product import Operator, matvec
+from .csr_product import matvec
 from .errors import SolverError
 
-__all__ = ["ILU_DROP", "ITER_MIN", "ITER_RTOL", "Factor"]
+__all__ = ["ILU_DROP", "ITER_MIN", "ITER_RTOL", "Factor", "Operator"]
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -41,6 +41,22 @@ ITER_MAX = 2_000  # BiCGSTAB iterations per column at most (the work budget boun
 # solved columns a complete factor keeps for its low-rank updates (Factor.update), in floats: a
 # search's trials against one factor change the same states again and again
 UPDATE_CACHE_FLOATS = 16_000_000
+
+
+class Operator(spla.LinearOperator):  # type: ignore[misc]
+    """A square float64 linear operator whose ``matvec`` is ``fn`` itself: scipy's Krylov solvers
+    call ``matvec`` of their operator and preconditioner a few times per iteration, and
+    :class:`~scipy.sparse.linalg.LinearOperator`'s own checks and reshapes on each call cost
+    about what the product of a chain of a few thousand states does. ``fn`` must take and return
+    vectors of length n."""
+
+    def __init__(self, n: int, fn: Callable[[FloatArray], FloatArray]) -> None:
+        super().__init__(np.dtype(np.float64), (n, n))
+        self.fn = fn
+        self.matvec = fn
+
+    def _matvec(self, x: FloatArray) -> FloatArray:
+        return self.fn(np.ravel(x))
 
 
 class Factor:

@@ -1,4 +1,4 @@
-"""The unchecked sparse products (mdp/csr_product.py) against scipy's own, bit for bit.
+"""The unchecked sparse products (mdp/csr_product.py, and mdp/factor.py's Operator) against scipy's own, bit for bit.
 
 * ``matvec(A)(x)`` equals ``A @ x`` exactly for CSR and CSC matrices (32- and 64-bit indices,
   entries unsorted within rows included): the same compiled kernel, the terms in the same order;
@@ -15,7 +15,8 @@ import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-from overtake.mdp.csr_product import Operator, matvec
+from overtake.mdp.csr_product import matvec
+from overtake.mdp.factor import Operator
 
 
 def _random(n: int, seed: int, fmt: str) -> sp.spmatrix:
