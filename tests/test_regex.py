@@ -3,11 +3,11 @@ library, ``overtake fit`` and the API) and the sidecar's stage paths.
 
 The catastrophic case ``^/(a+)+$`` against ``"/" + "a" * 40 + "!"`` takes about 2**40 steps
 with a backtracking matcher (hours here). Each call site runs it in a subprocess with a
-timeout of minutes: a linear-time matcher ends in milliseconds (the subprocess in about a
-second, most of it imports), a backtracking one would hit the timeout, so the test needs no
-timed assertion; the margin covers a machine whose other jobs starve the test's process. What
-both engines accept must give the same answers as ``re`` (cross-checked on a grid of patterns
-and texts); what needs backtracking is refused with one line naming the fix.
+timeout of minutes: a linear-time matcher ends in milliseconds, a backtracking one would hit
+the timeout, so the test needs no timed assertion; the margin covers a machine whose other
+jobs starve the test's process. What both engines accept must give the same answers as ``re``
+(cross-checked on a grid of patterns and texts); what needs backtracking is refused with one
+line naming the fix.
 """
 
 from __future__ import annotations
