@@ -35,6 +35,7 @@ import scipy.sparse as sp
 
 from .anderson import AndersonMixer, StallRestart
 from .bellman import KERNEL_MIN_STATES, ActionIndex
+from .csr_product import kernel
 from .errors import SolverError
 from .evaluate import sparse_solver
 from .statespace import StateSpace
@@ -202,21 +203,16 @@ def relative_value_iteration(
 
 
 def _scipy_matvec(PE: sp.csr_matrix) -> Callable[..., None] | None:
-    """scipy's compiled y += A·x for CSR (its sparsetools, what ``A @ x`` runs), or None.
+    """scipy's compiled y += A·x for CSR (:func:`overtake.mdp.csr_product.kernel`), or None.
 
     It adds each row's terms to y(x) in index order, exactly as _kernels_jit.bellman_residual
     does from cost(x), and is the faster of the two (tests/mdp/test_chain_compiled.py checks that
-    they agree bit for bit).
-    A private module: where it is missing or the matrix is not plain CSR, None (the kernel runs).
+    they agree bit for bit): so only on a plain CSR matrix in canonical format (sorted indices).
+    Where it is missing or the matrix is not such, None (the kernel runs).
     """
-    try:
-        from scipy.sparse._sparsetools import csr_matvec
-    except ImportError:
+    if getattr(PE, "format", None) != "csr" or not PE.has_canonical_format:
         return None
-    if PE.data.dtype != np.float64 or PE.indices.dtype != PE.indptr.dtype or not PE.has_canonical_format:
-        return None
-    fn: Callable[..., None] = csr_matvec
-    return fn
+    return kernel(PE)
 
 
 def _anderson_step(space: StateSpace, ai: ActionIndex, cost: FloatArray, TV: FloatArray,

@@ -16,40 +16,48 @@ import numpy as np
 import numpy.typing as npt
 import scipy.sparse as sp
 
-__all__ = ["matvec"]
+__all__ = ["kernel", "matvec"]
 
 FloatArray = npt.NDArray[np.float64]
 
 
-def matvec(A: sp.csr_matrix | sp.csc_matrix) -> Callable[[FloatArray], FloatArray]:
-    """``x ↦ A @ x`` for a float64 CSR or CSC matrix and float64 vectors: scipy's own kernel (its
-    sparsetools ``csr_matvec`` or ``csc_matvec``, what ``A @ x`` runs, adding the terms in stored
-    order) called without its checks, or ``A @ x`` itself where that private module is missing or
-    A is not such a matrix. Do not change A afterwards."""
+def kernel(A: sp.spmatrix) -> Callable[..., None] | None:
+    """scipy's compiled ``y += A·x`` for a float64 CSR or CSC matrix: its sparsetools
+    ``csr_matvec`` or ``csc_matvec`` (what ``A @ x`` runs, adding each row's terms in stored order),
+    called as ``kernel(M, N, indptr, indices, data, x, y)``; None where that private module or
+    function is missing or A is not such a matrix."""
     try:
         from scipy.sparse import _sparsetools
     except ImportError:
-        _sparsetools = None
+        return None
     fmt = getattr(A, "format", None)
-    if (_sparsetools is None or not sp.issparse(A) or fmt not in ("csr", "csc") or A.data.dtype != np.float64
-            or A.indices.dtype != A.indptr.dtype):
-        return lambda x: np.asarray(A @ x)
-    kernel = getattr(_sparsetools, f"{fmt}_matvec", None)
-    if kernel is None:
+    if not sp.issparse(A) or fmt not in ("csr", "csc") or A.data.dtype != np.float64 or A.indices.dtype != A.indptr.dtype:
+        return None
+    fn: Callable[..., None] | None = getattr(_sparsetools, f"{fmt}_matvec", None)
+    return fn
+
+
+def matvec(A: sp.csr_matrix | sp.csc_matrix) -> Callable[[FloatArray], FloatArray]:
+    """``x ↦ A @ x`` for float64 vectors: :func:`kernel` called without scipy's checks, or ``A @ x``
+    itself where there is no such kernel (or it takes other arguments: another scipy). Do not
+    change A afterwards."""
+    fn = kernel(A)
+    if fn is None:
         return lambda x: np.asarray(A @ x)
     M, N = A.shape
     indptr, indices, data = A.indptr, A.indices, A.data
-    direct = [True]
+    direct = True
 
     def product(x: FloatArray) -> FloatArray:
+        nonlocal direct
         x = np.ascontiguousarray(x, dtype=np.float64)
-        if x.shape != (N,) or not direct[0]:
+        if x.shape != (N,) or not direct:
             return np.asarray(A @ x)
         out = np.zeros(M)
         try:
-            kernel(M, N, indptr, indices, data, x, out)
+            fn(M, N, indptr, indices, data, x, out)
         except (TypeError, ValueError):  # a scipy whose private kernel takes other arguments
-            direct[0] = False
+            direct = False
             return np.asarray(A @ x)
         return out
 
