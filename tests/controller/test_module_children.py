@@ -8,11 +8,20 @@ first requests arrive together: they must not go on before the child has read th
 ``capped`` at one running request: its requests never overlap in the handler (the handler's own
 spans and the PID of the process that ran each), while ``free``'s do; after the bursts no request
 is counted waiting or running, none waited ``OvertakeStageHold`` (a leaked running count would make
-the capped stage's next requests wait for it), and the requests counted are those sent.
+the capped stage's next requests wait for it), and the requests counted are those answered.
+
+mpm_event itself loses a connection now and then with children this small: a child that reaches
+``MaxConnectionsPerChild`` closes its listener while the connection it accepted last may still wait
+in its worker queue, and since it counts a connection only once a worker has taken it, its idle
+workers may leave first; the connection is then closed unread and the client sees a reset before
+any response (plain Apache without the module does the same). The client sends such a request
+again, as a client may with an idempotent request (RFC 9110, 9.2.2); that it never reached the
+module is checked: the module counts exactly the requests answered, not the attempts.
 """
 
 from __future__ import annotations
 
+import http.client
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -50,10 +59,24 @@ def _get(inst: apache.ApacheInstance, path: str) -> tuple[int, str | None, str |
         return r.status, r.headers.get("X-Handler-Span-us"), r.headers.get("X-Handler-Pid")
 
 
-def _burst(inst: apache.ApacheInstance) -> list[tuple[str, int, int, int]]:
+def _get_again_if_reset(inst: apache.ApacheInstance, path: str,
+                        resets: list[str]) -> tuple[int, str | None, str | None]:
+    """:func:`_get`, sent again (twice at most) after a connection closed before any response;
+    each such close appended to ``resets``."""
+    for attempt in range(3):
+        try:
+            return _get(inst, path)
+        except (ConnectionResetError, http.client.RemoteDisconnected) as e:
+            resets.append(f"{path}: {e!r}")
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _burst(inst: apache.ApacheInstance, resets: list[str]) -> list[tuple[str, int, int, int]]:
     """PER_STAGE requests of each stage at once: (stage, begin µs, end µs, pid) each."""
     def one(stage: str) -> tuple[str, int, int, int]:
-        status, span, pid = _get(inst, f"{URL[stage]}?work=0.05&trace=1")
+        status, span, pid = _get_again_if_reset(inst, f"{URL[stage]}?work=0.05&trace=1", resets)
         assert status == 200 and span is not None and pid is not None
         b, e = (int(v) for v in span.split())
         return stage, b, e, int(pid)
@@ -70,7 +93,8 @@ def test_the_table_holds_across_processes_and_exiting_children_leak_no_count(
         assert time.monotonic() < deadline
         time.sleep(0.05)
     before = settled(inst, NAMES)
-    runs = [_burst(inst) for _ in range(BURSTS)]
+    resets: list[str] = []
+    runs = [_burst(inst, resets) for _ in range(BURSTS)]
     free_overlaps = []
     for run in runs:
         assert max_overlap([(b, e) for s, b, e, _ in run if s == "capped"]) == 1, run
@@ -83,8 +107,8 @@ def test_the_table_holds_across_processes_and_exiting_children_leak_no_count(
     for s in NAMES:
         assert st[f'overtake_stage_waiting{{stage="{s}"}}'] == 0
         assert st[f'overtake_stage_active{{stage="{s}"}}'] == 0
-        sent = st[f'overtake_stage_requests_total{{stage="{s}"}}'] - before[f'overtake_stage_requests_total{{stage="{s}"}}']
-        assert sent == BURSTS * PER_STAGE
+        counted = st[f'overtake_stage_requests_total{{stage="{s}"}}'] - before[f'overtake_stage_requests_total{{stage="{s}"}}']
+        assert counted == BURSTS * PER_STAGE, (s, counted, resets)  # answered ones, not attempts
         assert st[f'overtake_stage_hold_timeouts_total{{stage="{s}"}}'] == before[
             f'overtake_stage_hold_timeouts_total{{stage="{s}"}}']
     assert st['overtake_stage_held_total{stage="capped"}'] > before['overtake_stage_held_total{stage="capped"}']
