@@ -320,14 +320,18 @@ def _alone_pair(insts: dict[str, apache.ApacheInstance], urls: dict[str, str], o
     """wrk against each instance of a pair alone on the server core (every other instance
     stopped), one after the other in ``order``. Side by side, a request's tail is the scheduler
     alternating between the two instances on one core (the A/A control's per-window p99 ratios
-    spread over a factor of 3); alone, the p99 is the instance's own, at the same closed-loop load."""
+    spread over a factor of 3); alone, the p99 is the instance's own, at the same closed-loop load.
+    Apache's CPU per request too: alone, an instance runs with warm caches, which side by side it
+    never has, so a cost in cache footprint shows alone only."""
     out: dict[str, dict[str, float]] = {}
     for n in order:
         others = [m for m in insts if m != n]
         for m in others:
             _signal_all(insts[m], signal.SIGSTOP)
         try:
+            cpu0 = _apache_cpu_ns(insts[n].pid)
             out[n] = wrk(urls[n], connections, duration, client_core)
+            out[n]["apache_cpu_us_per_request"] = (_apache_cpu_ns(insts[n].pid) - cpu0) / 1e3 / out[n]["requests"]
         finally:
             for m in others:
                 _signal_all(insts[m], signal.SIGCONT)
@@ -461,7 +465,9 @@ def overhead(tmp: Path, server_core: int, client_core: int, duration: float, con
                     "p99_ratio": r[a]["p99_ms"] / r[b]["p99_ms"],
                     "cpu_share_ratio": r[a]["apache_cpu_s"] / r[b]["apache_cpu_s"],
                     **({"p99_alone_ratio": alone[a]["p99_ms"] / alone[b]["p99_ms"],
-                        "rps_alone_ratio": alone[a]["rps"] / alone[b]["rps"], "alone": alone} if alone else {}),
+                        "rps_alone_ratio": alone[a]["rps"] / alone[b]["rps"],
+                        "cpu_alone_ratio": alone[a]["apache_cpu_us_per_request"] / alone[b]["apache_cpu_us_per_request"],
+                        "alone": alone} if alone else {}),
                     a: r[a], b: r[b]})
         st1 = fetch_prio_status(on_host, on_port)
         out["clock_reads_per_request_on0"] = (st1.clock_reads - st0.clock_reads) / max(
@@ -502,7 +508,7 @@ def overhead(tmp: Path, server_core: int, client_core: int, duration: float, con
         def pair_geo(kind: str, key: str) -> list[float]:
             return [math.exp(statistics.fmean(math.log(x[key]) for x in rs))
                     for k, rs in runs.items() if k.startswith(kind)]
-        for key in ("p99_alone_ratio", "rps_alone_ratio"):
+        for key in ("p99_alone_ratio", "rps_alone_ratio", "cpu_alone_ratio"):
             for kind, tag in (("on", ""), ("ctl", "control_")):
                 per_pair = pair_geo(kind, key)
                 g, lo, hi = _geo_ci95(per_pair)
@@ -671,7 +677,9 @@ def summary(res: dict[str, Any]) -> str:
                 f"({o['p99_alone_ratio_ci95'][0]:.4f}-{o['p99_alone_ratio_ci95'][1]:.4f}; A/A "
                 f"{o['control_p99_alone_ratio']:.4f}, pairs {fmt(f'{x:.3f}' for x in o['control_p99_alone_ratio_pairs'])}), "
                 f"requests/s on / off {o['rps_alone_ratio']:.4f} ({o['rps_alone_ratio_ci95'][0]:.4f}-"
-                f"{o['rps_alone_ratio_ci95'][1]:.4f}; A/A {o['control_rps_alone_ratio']:.4f})")
+                f"{o['rps_alone_ratio_ci95'][1]:.4f}; A/A {o['control_rps_alone_ratio']:.4f}), Apache CPU per "
+                f"request on / off {o['cpu_alone_ratio']:.4f} ({o['cpu_alone_ratio_ci95'][0]:.4f}-"
+                f"{o['cpu_alone_ratio_ci95'][1]:.4f}; A/A {o['control_cpu_alone_ratio']:.4f})")
         if "perf" in o:
             lines.append(f"perf: module code {o['perf']['module_code_pct']:.2f} % of Apache's CPU samples, "
                          f"thread-clock syscall (kernel side) {o['perf']['clock_syscall_kernel_pct']:.2f} %")
