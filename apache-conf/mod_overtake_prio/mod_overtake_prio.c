@@ -397,6 +397,7 @@ static OP_HOT void op_insert_filters(request_rec *r)
 {
     op_insert_filter(r);
     op_times_insert_filter(r);
+    op_stage_insert_filter(r);
 }
 
 /* ------------------------------------------------------------------------ the module */
@@ -421,6 +422,7 @@ static void op_register_hooks(apr_pool_t *p)
      * network. */
     op_end_filter_handle = ap_register_output_filter("OVERTAKE_PRIO_END", op_end_filter, NULL,
                                                      AP_FTYPE_CONNECTION);
+    op_stage_register_filter();  /* an HTTP/2 stream's end (op_stage.c) */
     op_times_register_hooks(p);  /* OvertakeRequestTimes (op_times.c) */
 }
 

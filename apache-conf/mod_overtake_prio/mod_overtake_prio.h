@@ -299,6 +299,8 @@ void op_stage_prepare(server_rec *s);
 void op_stage_table(const uint8_t *section, size_t n, uint32_t gen);
 /* op_stage.c: a request's arrival, hold and end */
 int op_stage_fixups(request_rec *r);
+void op_stage_insert_filter(request_rec *r);
+void op_stage_register_filter(void);
 /* op_stage_status.c */
 void op_stage_status(request_rec *r);
 

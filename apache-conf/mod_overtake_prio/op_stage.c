@@ -238,6 +238,48 @@ static request_rec *first_request(request_rec *r)
     return r;
 }
 
+/* ------------------------------------------------------------------------ an HTTP/2 stream's end */
+
+/* An HTTP/2 stream's request pool, whose cleanup ends its count, goes only when mod_http2's main
+ * connection purges the finished stream (the end-of-request bucket waits in the stream's beam
+ * till then), and that connection may be waiting for an event which only the stage's held
+ * requests would make: they would wait OvertakeStageHold. So a stream's count ends at its EOS,
+ * when its worker is done with it. */
+static ap_filter_rec_t *stage_end_filter;
+
+static apr_status_t stage_end_fn(ap_filter_t *f, apr_bucket_brigade *bb)
+{
+    op_request_state *st = f->ctx;
+    if (st && !APR_BRIGADE_EMPTY(bb) && APR_BUCKET_IS_EOS(APR_BRIGADE_LAST(bb))) {
+        f->ctx = NULL;
+        if (st->stage >= 0) {
+            op_stage_request_end(st);
+            st->stage = -1;  /* the pool's cleanup has nothing left to end */
+        }
+        ap_remove_output_filter(f);
+    }
+    return ap_pass_brigade(f->next, bb);
+}
+
+void op_stage_insert_filter(request_rec *r)
+{
+    op_request_state *st;
+    if (!r->connection->master || !os_shm || r->main) {
+        return;  /* not an HTTP/2 stream: the pool's cleanup comes right after the log */
+    }
+    st = op_request_state_of(first_request(r));
+    if (st && st->stage >= 0) {
+        ap_add_output_filter_handle(stage_end_filter, st, r, r->connection);
+    }
+}
+
+void op_stage_register_filter(void)
+{
+    /* after the content filters, as op_times.c's */
+    stage_end_filter = ap_register_output_filter("OVERTAKE_STAGE_END", stage_end_fn, NULL,
+                                                 AP_FTYPE_CONTENT_SET + 5);
+}
+
 OP_HOT int op_stage_fixups(request_rec *r)
 {
     request_rec *r0;

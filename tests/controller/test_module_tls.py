@@ -169,6 +169,9 @@ def test_http2_streams_are_held_by_the_table(tls_apache: tuple[apache.ApacheInst
     assert st['overtake_stage_requests_total{stage="capped"}'] - before['overtake_stage_requests_total{stage="capped"}'] == 6
     assert st['overtake_stage_held_total{stage="capped"}'] > before['overtake_stage_held_total{stage="capped"}']
     assert st['overtake_stage_active{stage="capped"}'] == 0 and st['overtake_stage_waiting{stage="capped"}'] == 0
+    # each stream's end started the next: none waited OvertakeStageHold for a purge of its stream
+    assert st['overtake_stage_hold_timeouts_total{stage="capped"}'] == before[
+        'overtake_stage_hold_timeouts_total{stage="capped"}']
 
 
 @pytest.mark.parametrize("version", ["--http1.1", "--http2"])
