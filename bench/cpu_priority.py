@@ -321,8 +321,8 @@ def _alone_pair(insts: dict[str, apache.ApacheInstance], urls: dict[str, str], o
     stopped), one after the other in ``order``. Side by side, a request's tail is the scheduler
     alternating between the two instances on one core (the A/A control's per-window p99 ratios
     spread over a factor of 3); alone, the p99 is the instance's own, at the same closed-loop load.
-    Apache's CPU per request too: alone, an instance runs with warm caches, which side by side it
-    never has, so a cost in cache footprint shows alone only."""
+    Apache's CPU per request too: alone, an instance keeps its caches warm, which side by side it
+    never does, so the module's cost need not read the same in both."""
     out: dict[str, dict[str, float]] = {}
     for n in order:
         others = [m for m in insts if m != n]
