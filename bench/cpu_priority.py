@@ -396,7 +396,7 @@ def _stage_counters(inst: apache.ApacheInstance) -> dict[str, float]:
 
 
 def overhead(tmp: Path, server_core: int, client_core: int, duration: float, connections: int,
-             pairs: int, windows: int, profile: bool, module_mode: bool = False, warmup: int = 0) -> dict[str, Any]:
+             pairs: int, windows: int, profile: bool, module_mode: bool = False) -> dict[str, Any]:
     """Apache CPU per request with the module against the same Apache without it, measured
     side by side: the two instances of a pair run at the same time on one core, each under its
     own wrk, so the VM's and the other jobs' slow-downs of the moment hit both alike (measured
@@ -407,11 +407,6 @@ def overhead(tmp: Path, server_core: int, client_core: int, duration: float, con
     pairs are stopped (SIGSTOP) meanwhile. Requests per CPU-second is 1 / CPU per request:
     the throughput of an Apache whose core is the bottleneck. ``module_mode``: the module's
     instances also hold the static file's stage by a count table (:func:`_put_table`).
-
-    A pair's instances were stopped while the other pairs ran, and a window's p99 is its slowest
-    1 %: the first tens of milliseconds after their resumption weigh on it as much as the rest of
-    the window. With ``warmup`` seconds both run that long first, unmeasured: what is measured is
-    then the steady state at ``connections`` connections.
     """
     insts: dict[str, apache.ApacheInstance] = {}
     out: dict[str, Any] = {}
@@ -454,9 +449,6 @@ def overhead(tmp: Path, server_core: int, client_core: int, duration: float, con
                     _signal_all(insts[n], signal.SIGSTOP)
                 try:
                     load_avg.append(os.getloadavg()[0])
-                    if warmup:  # both were stopped until now: their resumption is not what is measured
-                        _wrk_pair({a: urls[a], b: urls[b]}, {a: pids[a], b: pids[b]}, connections, warmup,
-                                  client_core)
                     m0 = _task_cpu_ns(kid, mon)
                     r = _wrk_pair({a: urls[a], b: urls[b]}, {a: pids[a], b: pids[b]}, connections,
                                   duration, client_core)
@@ -562,9 +554,6 @@ def main() -> int:
                     help="independent instance pairs, module on/off (and as many A/A pairs)")
     ap.add_argument("--windows", type=int, default=6, help="side-by-side wrk windows per pair")
     ap.add_argument("--duration", type=int, default=2, help="seconds per wrk window (whole seconds)")
-    ap.add_argument("--warmup", type=int, default=1,
-                    help="seconds of unmeasured load on a side-by-side pair right before its window (whole "
-                    "seconds; 0: none, the method before 2026-11-29 19:00)")
     ap.add_argument("--perf", action="store_true", help="also profile Apache with the module (perf record)")
     ap.add_argument("--connections", type=int, default=16, help="wrk connections")
     ap.add_argument("--skip-overhead", action="store_true", help="weights only")
@@ -575,8 +564,6 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print the raw results as JSON")
     ap.add_argument("--no-write", action="store_true", help=f"do not append to {RESULTS.relative_to(REPO)}")
     args = ap.parse_args()
-    if args.warmup < 0:
-        ap.error(f"--warmup {args.warmup}: seconds of unmeasured load, 0 or more (0: none)")
     if os.geteuid() != 0:
         raise SystemExit("cpu_priority: needs root (Apache's workers run as www-data; autogroup -20)")
     for tool in ("wrk", "taskset", "apxs"):
@@ -602,7 +589,7 @@ def main() -> int:
             res["weights_apache"] = weights_apache(tmp, server_core, args.repeat)
         if not args.skip_overhead:
             res["overhead"] = overhead(tmp, server_core, client_core, args.duration, args.connections,
-                                       args.pairs, args.windows, args.perf, args.module_mode, args.warmup)
+                                       args.pairs, args.windows, args.perf, args.module_mode)
         res["elapsed_s"] = time.time() - t0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
