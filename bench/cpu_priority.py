@@ -28,12 +28,13 @@
    (``OvertakeStagePrefix /static/ static``: a server-level prefix, no ``<Location>`` section
    for Apache to merge per request) and a count table is in force from a control file (π(k) with k twice the
    connections, so it never holds a request: every request still takes its ticket, a decision at
-   its arrival and one at its end); the record adds the ratios of requests/s and of p99 with
-   their intervals over the pairs (the module-mode target: >= 0.98 and <= 1.10) and the stage's
-   counters (requests counted, held: 0); and, each instance alone on the server core in windows
-   alternated with the side-by-side ones, the ratios of p99 and of requests/s (geometric means,
-   95 % interval over the pairs): side by side, the tail is the scheduler alternating between the
-   two instances, too noisy to decide a 10 % p99 target.
+   its arrival and one at its end); the record adds the ratios of requests/s and of p99 side by
+   side (the module-mode target: >= 0.98 and <= 1.10) and the stage's counters (requests
+   counted, held: 0); and, each instance alone on the server core in windows alternated with the
+   side-by-side ones, the ratios of p99, of requests/s and of CPU per request. Ratios of
+   requests/s and of p99 are geometric means with a 95 % interval over the pairs
+   (:func:`ratio_summaries`); side by side, a p99 is mostly the scheduler alternating between
+   the two instances, so its per-window ratios spread widely and need the A/A control beside them.
 
 Appends the raw run to ``bench/results/cpu_priority.jsonl`` unless ``--no-write``.
 """
@@ -344,6 +345,30 @@ def _geo_ci95(xs: list[float]) -> tuple[float, float, float]:
     return math.exp(m), math.exp(m - h), math.exp(m + h)
 
 
+def ratio_summaries(runs: dict[str, list[dict[str, Any]]], keys: list[str]) -> dict[str, Any]:
+    """Per-window ratios summarised as geometric means: over a pair's windows, then over the
+    pairs (95 % interval on the logs), for the module's pairs (``on...``) and the A/A pairs
+    (``ctl...``, keys prefixed ``control_``). A geometric mean of ratios is symmetric: exchanging
+    the two sides inverts it. An arithmetic mean of ratios is not, and it grows with their
+    spread: a p99's per-window ratios spread over a factor of 3 side by side, and their
+    arithmetic mean read 0.91-1.33 for A/A pairs, two instances of the same server.
+
+    >>> runs = {"on0/off0": [{"r": 2.0}, {"r": 0.5}], "ctl0/off0": [{"r": 1.0}, {"r": 1.0}],
+    ...         "on1/off1": [{"r": 4.0}, {"r": 1.0}], "ctl1/off1": [{"r": 1.0}, {"r": 1.0}]}
+    >>> s = ratio_summaries(runs, ["r"])
+    >>> s["r_pairs"], round(s["r"], 12), s["control_r"]
+    ([1.0, 2.0], 1.414213562373, 1.0)
+    """
+    out: dict[str, Any] = {}
+    for key in keys:
+        for kind, tag in (("on", ""), ("ctl", "control_")):
+            per_pair = [math.exp(statistics.fmean(math.log(x[key]) for x in rs))
+                        for k, rs in runs.items() if k.startswith(kind)]
+            g, lo, hi = _geo_ci95(per_pair)
+            out |= {f"{tag}{key}_pairs": per_pair, f"{tag}{key}": g, f"{tag}{key}_ci95": [lo, hi]}
+    return out
+
+
 def _mean_ci95(xs: list[float]) -> tuple[float, float]:
     """Mean and the half-width of its Student-t 95 % interval (nan for fewer than 2)."""
     n = len(xs)
@@ -501,18 +526,9 @@ def overhead(tmp: Path, server_core: int, client_core: int, duration: float, con
     on_cpu, ctl_cpu = pair_means("on", "cpu_per_request_ratio"), pair_means("ctl", "cpu_per_request_ratio")
     on_m, on_h = _mean_ci95(on_cpu)
     ctl_m, ctl_h = _mean_ci95(ctl_cpu)
-    rps_m, rps_h = _mean_ci95(pair_means("on", "rps_ratio"))
-    p99_m, p99_h = _mean_ci95(pair_means("on", "p99_ratio"))
-    alone: dict[str, Any] = {}
+    keys = ["rps_ratio", "p99_ratio"]
     if module_mode:
-        def pair_geo(kind: str, key: str) -> list[float]:
-            return [math.exp(statistics.fmean(math.log(x[key]) for x in rs))
-                    for k, rs in runs.items() if k.startswith(kind)]
-        for key in ("p99_alone_ratio", "rps_alone_ratio", "cpu_alone_ratio"):
-            for kind, tag in (("on", ""), ("ctl", "control_")):
-                per_pair = pair_geo(kind, key)
-                g, lo, hi = _geo_ci95(per_pair)
-                alone |= {f"{tag}{key}_pairs": per_pair, f"{tag}{key}": g, f"{tag}{key}_ci95": [lo, hi]}
+        keys += ["p99_alone_ratio", "rps_alone_ratio", "cpu_alone_ratio"]
     return {
         **out, "runs": runs, "pairs": pairs, "windows": windows,
         "cpu_per_request_ratio_pairs": on_cpu,
@@ -520,11 +536,9 @@ def overhead(tmp: Path, server_core: int, client_core: int, duration: float, con
         "requests_per_cpu_second_ratio": 1.0 / on_m,
         "control_cpu_per_request_ratio_pairs": ctl_cpu,
         "control_cpu_per_request_ratio": ctl_m, "control_cpu_per_request_ratio_ci95": ctl_h,
-        "rps_ratio_pairs": pair_means("on", "rps_ratio"),
-        "control_rps_ratio_pairs": pair_means("ctl", "rps_ratio"),
-        "rps_ratio": rps_m, "rps_ratio_ci95": rps_h,
-        "p99_ratio_pairs": pair_means("on", "p99_ratio"), "p99_ratio": p99_m, "p99_ratio_ci95": p99_h,
-        "control_p99_ratio_pairs": pair_means("ctl", "p99_ratio"), **alone,
+        **ratio_summaries(runs, keys),
+        "p99_ratio_arithmetic_mean": statistics.fmean(pair_means("on", "p99_ratio")),
+        "control_p99_ratio_arithmetic_mean": statistics.fmean(pair_means("ctl", "p99_ratio")),
         "load_average_1min_median": statistics.median(load_avg),
         "target_ratio_min": 0.98,
     }
@@ -666,10 +680,13 @@ def summary(res: dict[str, Any]) -> str:
         if "module_mode" in o:
             mm = o["module_mode"]
             lines.append(
-                f"module mode (a count table in force on the static file's stage): requests/s on / off "
-                f"{o['rps_ratio']:.4f} +- {o['rps_ratio_ci95']:.4f} (target >= 0.98), p99 on / off "
-                f"{o['p99_ratio']:.4f} +- {o['p99_ratio_ci95']:.4f} (target <= 1.10; A/A "
-                f"{fmt(f'{x:.3f}' for x in o['control_p99_ratio_pairs'])}); stage requests counted "
+                f"module mode (a count table in force on the static file's stage), side by side, geometric "
+                f"means: requests/s on / off {o['rps_ratio']:.4f} ({o['rps_ratio_ci95'][0]:.4f}-"
+                f"{o['rps_ratio_ci95'][1]:.4f}; target >= 0.98; A/A {o['control_rps_ratio']:.4f}), p99 on / off "
+                f"{o['p99_ratio']:.4f} ({o['p99_ratio_ci95'][0]:.4f}-{o['p99_ratio_ci95'][1]:.4f}; target <= "
+                f"1.10; A/A {o['control_p99_ratio']:.4f}, pairs {fmt(f'{x:.3f}' for x in o['control_p99_ratio_pairs'])}; "
+                f"arithmetic means of the windows' ratios {o['p99_ratio_arithmetic_mean']:.4f}, A/A "
+                f"{o['control_p99_ratio_arithmetic_mean']:.4f}); stage requests counted "
                 f"{fmt(str(round(v['requests_total'])) for v in mm.values())}, held "
                 f"{fmt(str(round(v['held_total'])) for v in mm.values())}")
             lines.append(
