@@ -37,6 +37,8 @@ from overtake.controller.harness import apache
 from overtake.controller.harness.apache import prepare
 from overtake.controller.harness.apache.lifecycle import pid_alive
 from overtake.controller.harness.scratch import free_port, scratch_dir
+from overtake.controller.sidecar.apache_probe import max_request_workers
+from overtake.controller.sidecar.metrics import ApacheCollector
 
 REPO = Path(__file__).resolve().parents[3]
 IS_ROOT = os.geteuid() == 0
@@ -332,6 +334,28 @@ def test_status_reports_live_counters(instance: apache.ApacheInstance) -> None:
     assert int(after["BusyWorkers"]) + int(after["IdleWorkers"]) == instance.max_workers
     assert len(str(after["Scoreboard"])) == instance.max_workers
     assert sum(apache.scoreboard_counts(str(after["Scoreboard"])).values()) == instance.max_workers
+
+
+@pytest.mark.apache_functional
+def test_the_sidecar_needs_nothing_extended_status_adds(apache_available: None) -> None:
+    """With ``ExtendedStatus Off`` (the deployment guide's choice where requests are tiny and
+    many) mod_status still gives what the sidecar reads: the MPM, the worker limit (the
+    scoreboard's length), busy and idle workers; only the totals and their series are gone."""
+    parent = _workdir_parent()
+    inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", max_workers=8, extra_conf="ExtendedStatus Off")
+    try:
+        assert _get(inst, "/stage1?work=0")[0] == 200
+        st = apache.status(inst.workdir)
+        assert st["ServerMPM"] == "event" and "Total Accesses" not in st and "CPULoad" not in st
+        assert max_request_workers(st) == 8 == int(st["BusyWorkers"]) + int(st["IdleWorkers"])
+        collector = ApacheCollector()
+        collector.status = st
+        names = {m.name for m in collector.collect()}
+        assert {"apache_up", "apache_info", "apache_workers", "apache_scoreboard"} <= names
+        assert not names & {"apache_accesses", "apache_duration_ms", "apache_cpu_time_ms"}
+    finally:
+        apache.stop(inst.workdir, graceful=False)
+        shutil.rmtree(parent)
 
 
 # ------------------------------------------------------------------ start / stop / errors
