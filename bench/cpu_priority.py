@@ -667,7 +667,7 @@ def summary(res: dict[str, Any]) -> str:
         lines.append(
             f"A/A control (two instances without the module): {o['control_cpu_per_request_ratio']:.4f} +- "
             f"{o['control_cpu_per_request_ratio_ci95']:.4f} (pairs "
-            f"{fmt(f'{x:.4f}' for x in o['control_cpu_per_request_ratio_pairs'])}); raw req/s ratios on/off "
+            f"{fmt(f'{x:.4f}' for x in o['control_cpu_per_request_ratio_pairs'])}); req/s ratios on/off per pair "
             f"{fmt(f'{x:.3f}' for x in o['rps_ratio_pairs'])}, A/A {fmt(f'{x:.3f}' for x in o['control_rps_ratio_pairs'])}"
         )
         lines.append(
