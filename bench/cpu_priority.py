@@ -1,7 +1,8 @@
 """CPU priority: effective weights on this kernel and mod_overtake_prio's overhead.
 
     python bench/cpu_priority.py [--weight-seconds 8] [--repeat 3] [--pairs 3] [--windows 6] [--duration 2]
-                                 [--connections 16] [--perf] [--skip-weights] [--module-mode] [--json] [--no-write]
+                                 [--connections 16] [--perf] [--skip-weights] [--module-mode]
+                                 [--extended-status on|off] [--json] [--no-write]
 
 1. Weights, two methods, each with two CPU-bound tasks on one core (``taskset``), in one
    scheduler autogroup raised to -20 (other jobs on the machine sit in other autogroups):
@@ -421,7 +422,8 @@ def _stage_counters(inst: apache.ApacheInstance) -> dict[str, float]:
 
 
 def overhead(tmp: Path, server_core: int, client_core: int, duration: float, connections: int,
-             pairs: int, windows: int, profile: bool, module_mode: bool = False) -> dict[str, Any]:
+             pairs: int, windows: int, profile: bool, module_mode: bool = False,
+             extended_status: bool = True) -> dict[str, Any]:
     """Apache CPU per request with the module against the same Apache without it, measured
     side by side: the two instances of a pair run at the same time on one core, each under its
     own wrk, so the VM's and the other jobs' slow-downs of the moment hit both alike (measured
@@ -432,6 +434,7 @@ def overhead(tmp: Path, server_core: int, client_core: int, duration: float, con
     pairs are stopped (SIGSTOP) meanwhile. Requests per CPU-second is 1 / CPU per request:
     the throughput of an Apache whose core is the bottleneck. ``module_mode``: the module's
     instances also hold the static file's stage by a count table (:func:`_put_table`).
+    ``extended_status``: False turns mod_status's ExtendedStatus off in every instance alike.
     """
     insts: dict[str, apache.ApacheInstance] = {}
     out: dict[str, Any] = {}
@@ -442,7 +445,7 @@ def overhead(tmp: Path, server_core: int, client_core: int, duration: float, con
                 cp = (_module_mode(i) if module_mode else CpuPriority()) if kind == "on" else None
                 insts[f"{kind}{i}"] = apache.start(
                     tmp / f"o-{kind}{i}", f"127.0.0.1:{free_port()}", cpu=server_core, max_workers=64,
-                    cpu_priority=cp)
+                    cpu_priority=cp, extra_conf="" if extended_status else "ExtendedStatus Off")
                 if module_mode and cp is not None and cp.control_file:
                     tables[f"{kind}{i}"] = _put_table(insts[f"{kind}{i}"], cp.control_file, connections)
         urls = {n: f"{i.base_url}/static/hello.txt" for n, i in insts.items()}
@@ -575,6 +578,9 @@ def main() -> int:
     ap.add_argument("--module-mode", action="store_true",
                     help="the module's instances run module mode: the static file a stage, a count table in force "
                     "that never holds at --connections (the module-mode overhead; with --skip-weights)")
+    ap.add_argument("--extended-status", choices=("on", "off"), default="on",
+                    help="mod_status's ExtendedStatus in every instance of the overhead runs (on: Apache's "
+                    "default with mod_status, which reads the child's CPU times after each request)")
     ap.add_argument("--json", action="store_true", help="print the raw results as JSON")
     ap.add_argument("--no-write", action="store_true", help=f"do not append to {RESULTS.relative_to(REPO)}")
     args = ap.parse_args()
@@ -603,7 +609,8 @@ def main() -> int:
             res["weights_apache"] = weights_apache(tmp, server_core, args.repeat)
         if not args.skip_overhead:
             res["overhead"] = overhead(tmp, server_core, client_core, args.duration, args.connections,
-                                       args.pairs, args.windows, args.perf, args.module_mode)
+                                       args.pairs, args.windows, args.perf, args.module_mode,
+                                       extended_status=args.extended_status == "on")
         res["elapsed_s"] = time.time() - t0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
