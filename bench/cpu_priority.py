@@ -351,8 +351,8 @@ def ratio_summaries(runs: dict[str, list[dict[str, Any]]], keys: list[str]) -> d
     pairs (95 % interval on the logs), for the module's pairs (``on...``) and the A/A pairs
     (``ctl...``, keys prefixed ``control_``). A geometric mean of ratios is symmetric: exchanging
     the two sides inverts it. An arithmetic mean of ratios is not, and it grows with their
-    spread: a p99's per-window ratios spread over a factor of 3 side by side, and their
-    arithmetic mean read 0.91-1.33 for A/A pairs, two instances of the same server.
+    spread: a p99's per-window ratios spread widely side by side, and their arithmetic mean
+    read well above 1 for A/A pairs, two instances of the same server (BENCHMARKS.md).
 
     >>> runs = {"on0/off0": [{"r": 2.0}, {"r": 0.5}], "ctl0/off0": [{"r": 1.0}, {"r": 1.0}],
     ...         "on1/off1": [{"r": 4.0}, {"r": 1.0}], "ctl1/off1": [{"r": 1.0}, {"r": 1.0}]}
