@@ -345,7 +345,12 @@ def test_the_sidecar_needs_nothing_extended_status_adds(apache_available: None) 
     inst = apache.start(parent / "wd", f"127.0.0.1:{free_port()}", max_workers=8, extra_conf="ExtendedStatus Off")
     try:
         assert _get(inst, "/stage1?work=0")[0] == 200
-        st = apache.status(inst.workdir)
+        deadline = time.monotonic() + 5  # worker threads still starting are neither busy nor idle
+        while True:
+            st = apache.status(inst.workdir)
+            if int(st["BusyWorkers"]) + int(st["IdleWorkers"]) == 8 or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
         assert st["ServerMPM"] == "event" and "Total Accesses" not in st and "CPULoad" not in st
         assert max_request_workers(st) == 8 == int(st["BusyWorkers"]) + int(st["IdleWorkers"])
         collector = ApacheCollector()
