@@ -8,6 +8,11 @@ streams of one connection, run by mod_http2's workers), ``capped``'s handler spa
 while ``free``'s do, and every request is answered (the module counts each once). A request that
 starts demoted (the class header) is restored when its body is complete, before TLS and HTTP/2
 write it out.
+
+The stack Debian recommends for PHP (mpm_event, mod_http2 over TLS, proxy_fcgi to a PHP-FPM pool)
+with the same table: HTTP/2 streams of a stage capped at one never overlap in FPM's workers (PHP
+reports each script's span), FPM's listen queue stays empty (the held streams wait in Apache), and
+each stream's count ends when FPM has answered it, counted as served by FastCGI.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from support.control_apache import control_apache
 from support.module_stages import at_once, max_overlap, prio_status, settled, write_policy
 
 from overtake.controller.harness import apache
+from overtake.controller.harness import php_fpm as pf
 from overtake.controller.harness.apache.config import DEFAULT_CONF_DIR
 from overtake.controller.harness.apache.cpu_priority import CpuPriority
 from overtake.controller.harness.apache.prio_status import fetch_prio_status
@@ -107,6 +113,39 @@ def tls_class_apache(apache_available: None) -> Iterator[tuple[apache.ApacheInst
             yield inst, tls_port, cert
         finally:
             apache.stop(inst.workdir, graceful=False)
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+SPAN_PHP = r"""<?php
+$t0 = microtime(true);
+usleep((int)(1e6 * (float)($_GET['s'] ?? 0)));
+header(sprintf('X-Php-Span: %d %d', (int)(1e6 * $t0), (int)(1e6 * microtime(true))));
+echo "ok\n";
+"""
+FPM_CHILDREN = 3  # pm.max_children: the table pi(1,2)'s total cap
+
+
+@pytest.fixture(scope="module")
+def tls_fpm_apache(apache_available: None) -> Iterator[tuple[apache.ApacheInstance, int, Path, pf.FpmPool]]:
+    """The TLS and HTTP/2 set-up with the two stages' PHP scripts served by a PHP-FPM pool."""
+    _needs_tls_tools()
+    if (why := pf.php_available()) is not None:
+        pytest.skip(why)
+    parent = scratch_dir("overtake-tls-fpm-test-")
+    parent.chmod(0o755)  # www-data's workers read the scripts
+    try:
+        pool = pf.start_pool(parent / "pool", None, {}, children=FPM_CHILDREN, pool={"pm.status_path": "/fpm-status"},
+                             scripts={"capped.php": SPAN_PHP, "free.php": SPAN_PHP})
+        try:
+            conf, tls_port, cert = _tls_conf(parent)
+            with control_apache("module-tls-fpm", levels=(0.5,), nice=("idle",), stage_hold=30, mpm="event",
+                                conf_dir=conf, extra_conf=pf.proxy_conf(pool),
+                                stages=(("capped", r"^/capped\.php$"), ("free", r"^/free\.php$"))) as (inst, path):
+                write_policy(path, "pi(1,2)", NAMES)
+                yield inst, tls_port, cert, pool
+        finally:
+            pool.stop()
     finally:
         shutil.rmtree(parent, ignore_errors=True)
 
@@ -203,3 +242,39 @@ def test_a_demoted_request_is_restored_before_tls_and_http2_write_it(
         curl.kill()
         curl.wait()
         big.unlink()
+
+
+def test_http2_streams_to_php_fpm_are_held_in_apache_not_in_fpm(
+        tls_fpm_apache: tuple[apache.ApacheInstance, int, Path, pf.FpmPool]) -> None:
+    inst, port, cert, pool = tls_fpm_apache
+    while prio_status(inst).get("overtake_stage_table_generation", 0) == 0:  # a start reads the file
+        urllib.request.urlopen(inst.base_url + "/free.php", timeout=30).read()
+    before, fpm0 = settled(inst, NAMES), pf.fpm_status(pool)
+    urls = [f"https://127.0.0.1:{port}/{s}.php?s=0.3&stage={s}" for _ in range(5) for s in NAMES]
+    argv = ["curl", "--http2", "--cacert", str(cert), "-s", "--parallel", "--parallel-max", str(len(urls)),
+            "-w", "%{http_code} %{http_version} %{num_connects} %header{x-php-span} %{url}\\n"]
+    for u in urls:
+        argv += ["-o", "/dev/null", u]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True).stdout.splitlines()
+    assert len(out) == len(urls), out
+    lines = []
+    for line in out:
+        code, version, _, b, e, url = line.split()
+        assert code == "200" and version == "2", line  # HTTP/2, answered by PHP
+        lines.append((url.rsplit("stage=", 1)[1], f"{b} {e}"))
+    spans = _spans(lines)
+    assert max_overlap(spans["capped"]) == 1, spans["capped"]
+    assert max_overlap(spans["free"]) == 2, spans["free"]  # the other stage runs two at once
+    assert sum(int(line.split()[2]) for line in out) < len(urls)  # streams shared connections
+    fpm1 = pf.fpm_status(pool)
+    assert int(fpm1["max listen queue"]) == 0, fpm1  # the held streams waited in Apache, not in FPM
+    assert int(fpm1["accepted conn"]) - int(fpm0["accepted conn"]) == len(urls) + 1  # + the status request
+    st = settled(inst, NAMES)
+    def grew(name: str, stage: str = "capped") -> float:
+        key = f'overtake_stage_{name}{{stage="{stage}"}}'
+        return st[key] - before.get(key, 0.0)
+    assert grew("requests_total") == 5 and grew("held_total") > 0
+    assert grew("hold_timeouts_total") == 0  # each stream's end started the next
+    served = 'overtake_stage_served_total{stage="capped",by="fcgi"}'
+    assert st[served] - before.get(served, 0.0) == 5  # each stream's count ended with FPM's answer
+    assert st['overtake_stage_active{stage="capped"}'] == 0 and st['overtake_stage_waiting{stage="capped"}'] == 0
