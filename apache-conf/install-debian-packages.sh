@@ -15,6 +15,7 @@
 #   libaprutil1-dbd-sqlite3  apr_dbd's SQLite driver: mod_lua's r:dbacquire("sqlite3", ...) in the
 #                  priority-inversion test (tests/controller/harness/test_apache_prio_guard.py)
 #   wrk haproxy    sidecar overhead benchmark (bench/sidecar_overhead.py): load generator, proxy peer
+#   valgrind       the module's cost per request counted (bench/module_cost.py: callgrind)
 #   iproute2 ethtool  uplink qdisc (controller/uplink/qdisc.py: tc, ip netns; TSO/GSO off for HTB)
 #   chromium       headless check of the API's page (tests/api/test_api_page.py)
 #   prometheus     private Prometheus scraping the sidecar and the API (controller/harness/prometheus.py)
@@ -27,7 +28,7 @@
 # own tools: packaging/deb/build.sh).
 set -eu
 
-PKGS="${*:-apache2 apache2-dev liblua5.3-dev lua5.3 gcc libc6-dev util-linux libaprutil1-dbd-sqlite3 wrk haproxy iproute2 ethtool chromium prometheus python3-venv php8.2-fpm php8.2-dev php8.2-sqlite3}"
+PKGS="${*:-apache2 apache2-dev liblua5.3-dev lua5.3 gcc libc6-dev util-linux libaprutil1-dbd-sqlite3 wrk haproxy valgrind iproute2 ethtool chromium prometheus python3-venv php8.2-fpm php8.2-dev php8.2-sqlite3}"
 
 missing=""
 for p in $PKGS; do

@@ -383,13 +383,13 @@ def _mean_ci95(xs: list[float]) -> tuple[float, float]:
 MODULE_STAGE = ("static", "/static/")
 
 
-def _module_mode(i: int) -> CpuPriority:
+def module_mode_priority(i: int) -> CpuPriority:
     """The module with the static file as a stage (a server-level prefix) and a control file
     (module mode)."""
     return CpuPriority(control_file=f"/dev/shm/overtake-overhead-{os.getpid()}-{i}", stage_prefixes=(MODULE_STAGE,))
 
 
-def _put_table(inst: apache.ApacheInstance, path: str, connections: int) -> dict[str, float]:
+def put_table(inst: apache.ApacheInstance, path: str, connections: int) -> dict[str, float]:
     """Write π(2 × connections)'s count table (it never holds a request at ``connections``) and
     wait until Apache's module has it in force; its stage counters then."""
     table = from_policy(BaselinePolicy(f"pi({2 * connections})", 1), (MODULE_STAGE[0],))
@@ -433,7 +433,7 @@ def overhead(tmp: Path, server_core: int, client_core: int, duration: float, con
     two instances without the module) show the method's own error. The instances of the other
     pairs are stopped (SIGSTOP) meanwhile. Requests per CPU-second is 1 / CPU per request:
     the throughput of an Apache whose core is the bottleneck. ``module_mode``: the module's
-    instances also hold the static file's stage by a count table (:func:`_put_table`).
+    instances also hold the static file's stage by a count table (:func:`put_table`).
     ``extended_status``: False turns mod_status's ExtendedStatus off in every instance alike.
     """
     insts: dict[str, apache.ApacheInstance] = {}
@@ -442,12 +442,12 @@ def overhead(tmp: Path, server_core: int, client_core: int, duration: float, con
     try:
         for i in range(pairs):
             for kind in random.sample(("off", "on", "ctl"), 3):  # start order drawn: no order bias
-                cp = (_module_mode(i) if module_mode else CpuPriority()) if kind == "on" else None
+                cp = (module_mode_priority(i) if module_mode else CpuPriority()) if kind == "on" else None
                 insts[f"{kind}{i}"] = apache.start(
                     tmp / f"o-{kind}{i}", f"127.0.0.1:{free_port()}", cpu=server_core, max_workers=64,
                     cpu_priority=cp, extra_conf="" if extended_status else "ExtendedStatus Off")
                 if module_mode and cp is not None and cp.control_file:
-                    tables[f"{kind}{i}"] = _put_table(insts[f"{kind}{i}"], cp.control_file, connections)
+                    tables[f"{kind}{i}"] = put_table(insts[f"{kind}{i}"], cp.control_file, connections)
         urls = {n: f"{i.base_url}/static/hello.txt" for n, i in insts.items()}
         pids = {n: i.pid for n, i in insts.items()}
         on_host, on_port = apache.parse_listen(insts["on0"].listen)
@@ -521,7 +521,7 @@ def overhead(tmp: Path, server_core: int, client_core: int, duration: float, con
             apache.stop(i.workdir, graceful=False)
         for i in range(pairs):
             for suffix in ("", ".key"):
-                Path(_module_mode(i).control_file + suffix).unlink(missing_ok=True)  # type: ignore[operator]
+                Path(module_mode_priority(i).control_file + suffix).unlink(missing_ok=True)  # type: ignore[operator]
 
     def pair_means(kind: str, key: str) -> list[float]:
         return [statistics.fmean(x[key] for x in rs) for k, rs in runs.items() if k.startswith(kind)]
