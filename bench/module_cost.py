@@ -6,7 +6,7 @@ Timing the module on a tiny static request resolves a 2 % difference only with m
 windows, and reads differently when Apache has its core to itself than when it shares it. This
 bench counts instead. Each kind of Apache (the private one, ``apache2 -X``: one child with its
 threads) runs under valgrind's callgrind with cache and branch simulation (``--cache-sim=yes
---branch-sim=yes``: the host's L1 geometry, 32 KiB 8-way each on x86) pinned to one core, while
+--branch-sim=yes``: valgrind takes the host's L1 geometry) pinned to one core, while
 ``wrk -t1 -c8`` on the other fetches a 13-byte static file, twice: 5 s, then ``--seconds``. Per
 request is the difference of the two runs' totals over the difference of their requests, so
 start-up and exit cancel. Kinds:
@@ -20,9 +20,9 @@ start-up and exit cancel. Kinds:
 Events, per request: instructions (``Ir``), L1 instruction-fetch misses (``I1mr``), L1 data read
 and write misses (``D1mr``, ``D1mw``), mispredicted conditional and indirect branches (``Bcm``,
 ``Bim``); and the same for the module's own code alone (its object's functions, exclusive).
-Under valgrind Apache serves ~20 times fewer requests a second, so work done per unit of time
-(the monitor's passes, every ``OvertakePrioInterval``) weighs ~20 times more per request than at
-full speed: it is reported apart (``monitor``: the passes a request start makes and the monitor
+Under valgrind Apache serves requests many times more slowly, so work done per unit of time
+(the monitor's passes, every ``OvertakePrioInterval``) weighs as many times more per request than
+at full speed: it is reported apart (``monitor``: the passes a request start makes and the monitor
 thread's), and left out of ``module_code_less_monitor``.
 
 Appends the run to ``bench/results/module_cost.jsonl`` and its write-up to
@@ -200,8 +200,8 @@ def report(res: dict[str, Any]) -> str:
              f"Date {res['date']}, machine: {res['machine']}; command: `{res['command']}`. Per request of a "
              f"13-byte static file, `apache2 -X` under callgrind with cache and branch simulation, wrk -c8; "
              f"(long − short run) / (their requests' difference). In brackets: against plain Apache. The "
-             f"monitor's passes (time-driven) weigh ~20 times more per request under valgrind than at full "
-             f"speed: shown apart.", "",
+             f"monitor's passes (time-driven) weigh more per request under valgrind, which serves requests "
+             f"many times more slowly, than at full speed: shown apart.", "",
              "| kind | instructions | L1 I misses | L1 D read misses | branch mispredicts | the monitor's passes: "
              "instructions, I, D misses | the module's other code: instructions, I, D misses |",
              "|---|---:|---:|---:|---:|---|---|"]
