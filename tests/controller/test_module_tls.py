@@ -158,6 +158,25 @@ def _spans(lines: list[tuple[str, str]]) -> dict[str, list[tuple[int, int]]]:
     return out
 
 
+def _h2_burst(urls: list[str], cert: Path, span_header: str) -> tuple[list[str], dict[str, list[tuple[int, int]]]]:
+    """The URLs fetched at once as HTTP/2 streams by one curl (which shares connections between
+    them), each answered 200 over HTTP/2: curl's line per URL (code, version, connects, span,
+    URL) and the spans the handler reported in ``span_header`` ("begin end", µs) by stage (the
+    URL's ``stage=``)."""
+    argv = ["curl", "--http2", "--cacert", str(cert), "-s", "--parallel", "--parallel-max", str(len(urls)),
+            "-w", f"%{{http_code}} %{{http_version}} %{{num_connects}} %header{{{span_header}}} %{{url}}\\n"]
+    for u in urls:
+        argv += ["-o", "/dev/null", u]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True).stdout.splitlines()
+    assert len(out) == len(urls), out
+    lines = []
+    for line in out:
+        code, version, _, b, e, url = line.split()
+        assert code == "200" and version == "2", line  # HTTP/2, answered
+        lines.append((url.rsplit("stage=", 1)[1], f"{b} {e}"))
+    return out, _spans(lines)
+
+
 def _wait_table(inst: apache.ApacheInstance) -> dict[str, float]:
     for _ in range(100):
         st = prio_status(inst)
@@ -189,18 +208,7 @@ def test_http2_streams_are_held_by_the_table(tls_apache: tuple[apache.ApacheInst
     inst, port, cert = tls_apache
     before = _wait_table(inst)
     urls = [f"https://127.0.0.1:{port}{URL[s]}?work=0.1&trace=1&stage={s}" for _ in range(6) for s in NAMES]
-    argv = ["curl", "--http2", "--cacert", str(cert), "-s", "--parallel", "--parallel-max", str(len(urls)),
-            "-w", "%{http_code} %{http_version} %{num_connects} %header{x-handler-span-us} %{url}\\n"]
-    for u in urls:
-        argv += ["-o", "/dev/null", u]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True).stdout.splitlines()
-    assert len(out) == len(urls), out
-    lines = []
-    for line in out:
-        code, version, _, b, e, url = line.split()
-        assert code == "200" and version == "2", line  # HTTP/2, answered
-        lines.append((url.rsplit("stage=", 1)[1], f"{b} {e}"))
-    spans = _spans(lines)
+    out, spans = _h2_burst(urls, cert, "x-handler-span-us")
     assert max_overlap(spans["capped"]) == 1, spans["capped"]
     assert max_overlap(spans["free"]) > 1, spans["free"]
     assert sum(int(line.split()[2]) for line in out) < len(urls)  # streams shared connections
@@ -251,18 +259,7 @@ def test_http2_streams_to_php_fpm_are_held_in_apache_not_in_fpm(
         urllib.request.urlopen(inst.base_url + "/free.php", timeout=30).read()
     before, fpm0 = settled(inst, NAMES), pf.fpm_status(pool)
     urls = [f"https://127.0.0.1:{port}/{s}.php?s=0.3&stage={s}" for _ in range(5) for s in NAMES]
-    argv = ["curl", "--http2", "--cacert", str(cert), "-s", "--parallel", "--parallel-max", str(len(urls)),
-            "-w", "%{http_code} %{http_version} %{num_connects} %header{x-php-span} %{url}\\n"]
-    for u in urls:
-        argv += ["-o", "/dev/null", u]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True).stdout.splitlines()
-    assert len(out) == len(urls), out
-    lines = []
-    for line in out:
-        code, version, _, b, e, url = line.split()
-        assert code == "200" and version == "2", line  # HTTP/2, answered by PHP
-        lines.append((url.rsplit("stage=", 1)[1], f"{b} {e}"))
-    spans = _spans(lines)
+    out, spans = _h2_burst(urls, cert, "x-php-span")  # PHP's own spans
     assert max_overlap(spans["capped"]) == 1, spans["capped"]
     assert max_overlap(spans["free"]) == 2, spans["free"]  # the other stage runs two at once
     assert sum(int(line.split()[2]) for line in out) < len(urls)  # streams shared connections
