@@ -102,7 +102,8 @@ def _policy_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy-token", default=None, metavar="TOKEN",
                    help="bearer token sent with --policy-url requests")
     p.add_argument("--apache", default=None, help="Apache base URL, e.g. http://127.0.0.1:8081 (required here or in --config)")
-    p.add_argument("--listen", default=None, help="HOST:PORT to listen on, e.g. 127.0.0.1:8080 (required here or in --config)")
+    p.add_argument("--listen", default=None, help="HOST:PORT to listen on, e.g. 127.0.0.1:8080 (required here or in --config, "
+                   "except with --enforce module, where nothing listens)")
     p.add_argument("--stages", default=None, help="stages YAML (see examples/sidecar/stages.yaml; required here or in --config)")
     p.add_argument("--phase-header", default=None,
                    help="request header carrying the phase (explicit mode); overrides the stages file")

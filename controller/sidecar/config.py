@@ -71,7 +71,8 @@ class SidecarConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     apache: str
-    listen: str
+    #: required with enforce: sidecar (load_config); module mode serves no traffic, so needs none
+    listen: str | None = None
     stages: str
     policy: str | None = None
     policy_url: str | None = None
@@ -144,15 +145,21 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> SidecarCo
     ------
     SidecarInputError
         Unreadable file, not YAML, not a mapping, an unknown key, a bad value or a missing
-        required key (``apache``, ``listen``, ``stages``): one line naming the key and the fix.
+        required key (``apache``, ``stages``; ``listen`` unless ``enforce: module``): one line
+        naming the key and the fix.
     """
     where = str(path) if path is not None else "command line"
     data = _read_file(Path(path)) if path is not None else {}
     _apply_overrides(data, overrides)
     try:
-        return SidecarConfig.model_validate(data)
+        cfg = SidecarConfig.model_validate(data)
     except ValidationError as exc:
         raise SidecarInputError(f"{where}: {_validation_message(exc)}") from None
+    if cfg.listen is None and cfg.enforce == "sidecar":
+        raise SidecarInputError(f"{where}: listen: required: set it in the config file or give --listen (where "
+                                "clients connect, e.g. 0.0.0.0:80); only enforce: module, where Apache serves the "
+                                "traffic, needs none")
+    return cfg
 
 
 def _read_file(p: Path) -> dict[str, Any]:

@@ -48,7 +48,7 @@ class Endpoints:
     """Where the sidecar listens and where Apache is."""
 
     apache: str  #: http://HOST:PORT
-    listen: str  #: HOST:PORT of the public listener
+    listen: str | None  #: HOST:PORT of the public listener; None in module mode (nothing listens)
     #: HOST:PORT of the admin listener (/-/metrics, /metrics, /-/policy; the public one answers only
     #: /-/healthz and /-/livez)
     admin_listen: str = DEFAULT_ADMIN_LISTEN
@@ -171,7 +171,8 @@ class SidecarOptions:
 
     @classmethod
     def from_flat(cls, **keys: Any) -> SidecarOptions:
-        """The options of config-file keys (``policy``, ``apache``, ``listen`` required)."""
+        """The options of config-file keys (``policy`` and ``apache`` required, ``listen`` but in
+        module mode)."""
         unknown = set(keys) - set(_TOP) - {k for _, names in GROUPS.values() for k in names}
         if unknown:
             raise TypeError(f"unknown sidecar options: {sorted(unknown)}")

@@ -28,7 +28,7 @@ __all__ = ["SidecarRuntime"]
 class SidecarRuntime(Reloading, AdminView, ApacheChecks):
     """The running sidecar; :class:`~overtake.controller.sidecar.service.Sidecar` builds it."""
 
-    listen: tuple[str, int]
+    listen: tuple[str, int] | None
     admin_addr: tuple[str, int]
     admin: AdminEndpoints
     _auto_task: asyncio.Task[None] | None
@@ -70,7 +70,7 @@ class SidecarRuntime(Reloading, AdminView, ApacheChecks):
                 f"admin_listen: cannot listen on {self.options.endpoints.admin_listen} ({exc.strerror}); choose a free port"
             ) from None
         try:
-            if not self.module_mode:  # module mode: Apache serves the traffic, nothing listens here
+            if not self.module_mode and self.listen is not None:  # module mode: Apache serves the traffic
                 await self.gateway.start(*self.listen)
         except OSError as exc:
             await self.gateway.close()

@@ -115,7 +115,10 @@ class Sidecar(SidecarRuntime):
         self.reload_options = reload_options
         #: SIGHUP: re-read the stages file and apply what can be applied live (controller.sidecar.stages_reload)
         self.reload_stages = reload_stages
-        self.listen = parse_addr(options.endpoints.listen, "listen")
+        # module mode serves no traffic: its listen, when given, is checked and never opened
+        if options.endpoints.listen is None and options.enforce != "module":
+            raise SidecarInputError("listen: required: give --listen (where clients connect, e.g. 0.0.0.0:80)")
+        self.listen = parse_addr(options.endpoints.listen, "listen") if options.endpoints.listen else None
         self.admin_addr = parse_addr(options.endpoints.admin_listen, "admin_listen")
         self.apache = parse_apache_url(options.endpoints.apache)
         options = self._settle_options(options)

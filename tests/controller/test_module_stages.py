@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import sys
 import threading
 import time
 import urllib.request
@@ -30,7 +31,7 @@ import numpy as np
 import pytest
 from support.control_apache import control_apache
 from support.module_stages import at_once, max_overlap, prio_status, settled, stages_yaml, write_policy, write_table
-from support.service_helpers import SidecarProc, replay_h2_transactions
+from support.service_helpers import SidecarProc, admin_token_file, replay_h2_transactions
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.scratch import free_port
@@ -211,6 +212,31 @@ def test_sidecar_in_module_mode_writes_the_table_and_passes_no_traffic(
         while 'overtake_stage_requests_total{stage="capped"}' not in side.request("GET", "/-/metrics")[2].decode():
             assert time.monotonic() < deadline, side.request("GET", "/-/metrics")[2].decode()[-3000:]
             time.sleep(0.5)
+    finally:
+        side.stop()
+
+
+@pytest.mark.apache_functional
+def test_a_module_mode_config_as_the_guide_writes_it_needs_no_listen(
+        staged: tuple[apache.ApacheInstance, str], tmp_path: Path) -> None:
+    """The deployment guide's module-mode ``sidecar.yaml`` has no ``listen`` (nothing listens): the
+    sidecar starts from it and its count table comes into force in Apache."""
+    inst, path = staged
+    admin = free_port()
+    (tmp_path / "stages.yaml").write_text(MODULE_STAGES)
+    cfg = tmp_path / "sidecar.yaml"
+    cfg.write_text(f"enforce: module\napache: {inst.base_url}\nstages: stages.yaml\npolicy: pi(1,8)\n"
+                   f"control_file: {path}\nadmin_listen: 127.0.0.1:{admin}\n"
+                   f"admin_token_file: {admin_token_file(tmp_path)}\nstatus_interval: 0.5\nloop: asyncio\n")
+    side = SidecarProc(tmp_path, [], argv=[sys.executable, "-m", "overtake.api.cli", "sidecar", "--config", str(cfg)],
+                       admin_port=admin, ready_port=admin)
+    try:
+        written = [e["detail"] for e in side.events() if e.get("event") == "control_file"]
+        assert written, side.text()[-3000:]
+        gen = written[-1]["generation"]  # type: ignore[index]
+        assert _wait_generation(inst, gen)["overtake_stage_table_generation"] == gen
+        start = next(e for e in side.events() if e.get("event") == "start")
+        assert start["listen"] is None and "needs enforce: module" in start["detail"], start
     finally:
         side.stop()
 

@@ -47,6 +47,15 @@ def test_module_mode_accepts_age_priority_and_the_sidecar_mode_is_unchanged(tmp_
                                                        "control_file": None})))
 
 
+def test_module_mode_needs_no_listen_and_the_proxy_does() -> None:
+    data = {k: v for k, v in BASE.items() if k != "listen"}
+    opts = to_options(load_config(None, data))
+    check_module_options(opts)
+    assert opts.endpoints.listen is None
+    with pytest.raises(SidecarInputError, match=r"^command line: listen: required: .*--listen"):
+        load_config(None, {**data, "enforce": "sidecar", "control_file": None})
+
+
 def test_an_unknown_enforce_value_names_the_field() -> None:
     with pytest.raises(SidecarInputError, match="enforce"):
         load_config(None, {**BASE, "enforce": "proxy"})
