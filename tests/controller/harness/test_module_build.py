@@ -84,3 +84,19 @@ def test_a_warning_fails_the_build(tools: None, tmp_path: Path) -> None:
     proc = _make(build)
     assert proc.returncode != 0
     assert "op_unused" in proc.stderr + proc.stdout
+
+
+def _ranges(text: str) -> set[int]:
+    """The ids a "`AH90001`–`AH90009`, `AH90200` and ..." list names, ranges expanded."""
+    out: set[int] = set()
+    for a, b in re.findall(r"`AH(\d+)`(?:–`AH(\d+)`)?", text):
+        out.update(range(int(a), int(b or a) + 1))
+    return out
+
+
+def test_the_readme_lists_exactly_the_log_ids_the_module_uses() -> None:
+    used = {int(n) for f in SRC.glob("*.[ch]") for n in re.findall(r"APLOGNO\((\d+)\)", f.read_text())}
+    readme = (SRC / "README.md").read_text(encoding="utf-8")
+    m = re.search(r"The module's log messages carry\s+the\s+ids\s+(.*?)\.\s", readme, re.S)
+    assert m, "README: the sentence listing the log ids is gone"
+    assert _ranges(m.group(1)) == used, f"README lists {sorted(_ranges(m.group(1)))}, the sources use {sorted(used)}"
