@@ -61,3 +61,16 @@ def test_a_documented_sidecar_config_loads(block: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("block", _blocks("stages"))
 def test_a_documented_stages_file_validates(block: str) -> None:
     assert StagesConfig.model_validate(yaml.safe_load(block)).stages
+
+
+def test_the_configuration_reference_has_a_row_for_every_key() -> None:
+    """Every key the sidecar's config file takes is named in the first cell of a row of the
+    reference's key table (``online.``/``verify.`` keys under their section's prefix)."""
+    from overtake.controller.sidecar.config import OnlineConfig, SidecarConfig, VerifyConfig
+
+    text = (ROOT / "docs" / "reference" / "configuration.md").read_text(encoding="utf-8")
+    table = text[text.index("## The sidecar's configuration file"):]
+    named = {k for row in re.findall(r"^\| ([^|]+) \|", table, re.M) for k in re.findall(r"`([a-z_.]+)`", row)}
+    keys = {*SidecarConfig.model_fields, *(f"online.{k}" for k in OnlineConfig.model_fields),
+            *(f"verify.{k}" for k in VerifyConfig.model_fields)}
+    assert not keys - named, f"configuration.md has no row for {sorted(keys - named)}"
