@@ -74,3 +74,26 @@ def test_the_configuration_reference_has_a_row_for_every_key() -> None:
     keys = {*SidecarConfig.model_fields, *(f"online.{k}" for k in OnlineConfig.model_fields),
             *(f"verify.{k}" for k in VerifyConfig.model_fields)}
     assert not keys - named, f"configuration.md has no row for {sorted(keys - named)}"
+
+
+def test_the_stages_file_reference_names_every_key() -> None:
+    """The reference's annotated stages file (and the text after it, up to the time unit) names
+    every key of the stages file's schema."""
+    from pydantic import BaseModel
+
+    from overtake.controller.sidecar.stages import StagesConfig
+
+    text = (ROOT / "docs" / "reference" / "configuration.md").read_text(encoding="utf-8")
+    part = text[text.index("## The stages file"):text.index("## The time unit")]
+    missing = []
+
+    def walk(model: type[BaseModel], where: str) -> None:
+        for name, field in model.model_fields.items():
+            if f"`{name}`" not in part and f"{name}:" not in part:
+                missing.append(where + name)
+            for sub in getattr(field.annotation, "__args__", (field.annotation,)):
+                if isinstance(sub, type) and issubclass(sub, BaseModel):
+                    walk(sub, f"{where}{name}.")
+
+    walk(StagesConfig, "")
+    assert not missing, f"configuration.md's stages file names no {missing}"
