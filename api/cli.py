@@ -42,7 +42,8 @@ SUMMARIES: dict[str, str] = {
     "sweep": "solve pi* and the baselines on a grid of scenarios with Dask",
     "simulate": "simulate a policy: mean response time with 95%% CI, per stage, tails",
     "apache": "start/stop a private Apache with the CPU stage handler and mod_status",
-    "sidecar": "reverse proxy that releases requests to Apache exactly when the policy starts a thread",
+    "sidecar": "reverse proxy that releases requests to Apache exactly when the policy starts a thread "
+               "(or, in module mode, the controller beside Apache)",
     "uplink": "install/show/remove the priority qdisc for uplink SRPT (HTB or TBF+pfifo_fast)",
     "api": "serve the REST API and its HTML page",
     "prometheus": "private Prometheus (Debian package) scraping the sidecar and the API",

@@ -73,9 +73,12 @@ def register(subparsers: Any) -> None:
     """Add the ``sidecar`` sub-command."""
     p = subparsers.add_parser(
         "sidecar",
-        help="reverse proxy that releases requests to Apache exactly when the policy starts a thread",
+        help="reverse proxy that releases requests to Apache exactly when the policy starts a thread "
+        "(or, in module mode, the controller beside Apache)",
         description="Hold each request in its stage queue and release it to Apache when the policy "
-        "says a thread should start (van der Weij et al. §4.2). Metrics at /-/metrics, policy at /-/policy "
+        "says a thread should start (van der Weij et al. §4.2); with --enforce module, mod_overtake_prio "
+        "holds them inside Apache and this process only writes its count table, refits and reports. "
+        "Metrics at /-/metrics, policy at /-/policy "
         "(PUT with the admin token to hot-swap), both on the admin listener. Options may come from "
         "--config FILE (YAML, keys as the flags with _ for -); a flag given overrides the file.",
     )
