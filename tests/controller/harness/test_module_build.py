@@ -100,3 +100,11 @@ def test_the_readme_lists_exactly_the_log_ids_the_module_uses() -> None:
     m = re.search(r"The module's log messages carry\s+the\s+ids\s+(.*?)\.\s", readme, re.S)
     assert m, "README: the sentence listing the log ids is gone"
     assert _ranges(m.group(1)) == used, f"README lists {sorted(_ranges(m.group(1)))}, the sources use {sorted(used)}"
+
+
+def test_the_readme_has_a_row_for_every_directive() -> None:
+    declared = {n for f in SRC.glob("*.[ch]") for n in re.findall(r'AP_INIT_\w+\(\s*"(\w+)"', f.read_text())}
+    rows = set(re.findall(r"^\| `(Overtake\w+)", (SRC / "README.md").read_text(encoding="utf-8"), re.M))
+    assert len(declared) >= 20
+    assert declared == rows, (f"README rows without a directive: {sorted(rows - declared)}; "
+                              f"directives without a row: {sorted(declared - rows)}")
