@@ -171,8 +171,8 @@ class SidecarOptions:
 
     @classmethod
     def from_flat(cls, **keys: Any) -> SidecarOptions:
-        """The options of config-file keys (``policy`` and ``apache`` required, ``listen`` but in
-        module mode)."""
+        """The options of config-file keys (``policy`` and ``apache`` required, and ``listen``
+        except in module mode)."""
         unknown = set(keys) - set(_TOP) - {k for _, names in GROUPS.values() for k in names}
         if unknown:
             raise TypeError(f"unknown sidecar options: {sorted(unknown)}")
