@@ -1,7 +1,9 @@
-"""The sidecar configurations and stages files the user documents show load as written: every
-```yaml block of README.md, docs/ and apache-conf/ that is a sidecar config (it has ``apache`` or
-``enforce``) goes through the sidecar's own loader, every stages file (a ``stages`` list of
-``path``/``routes`` entries) through its schema. A renamed key, or a key a mode no longer needs
+"""The sidecar configurations, stages files and scenarios the user documents show load as written:
+every ```yaml block of README.md, docs/ and apache-conf/ that is a sidecar config (it has
+``apache`` or ``enforce``) goes through the sidecar's own loader, every stages file (a ``stages``
+list of ``path``/``routes`` entries) through its schema, every scenario (``load`` or
+``arrival_rate``) through the scenario loader, its fitted services (``{file: ...}``) stood in for
+by an exponential. A renamed key, or a key a mode no longer needs
 but still demands, fails here before a user meets it."""
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ def _blocks(kind: str) -> list[Any]:
 def _kind(data: object) -> str:
     if not isinstance(data, dict):
         return "other"
+    if "load" in data or "arrival_rate" in data:
+        return "scenario"
     if "apache" in data or "enforce" in data:
         return "sidecar"
     stages = data.get("stages")
@@ -46,8 +50,8 @@ def _kind(data: object) -> str:
     return "other"
 
 
-def test_the_documents_show_both_kinds() -> None:
-    assert len(_blocks("sidecar")) >= 3 and len(_blocks("stages")) >= 2
+def test_the_documents_show_every_kind() -> None:
+    assert len(_blocks("sidecar")) >= 3 and len(_blocks("stages")) >= 2 and len(_blocks("scenario")) >= 2
 
 
 @pytest.mark.parametrize("block", _blocks("sidecar"))
@@ -56,6 +60,17 @@ def test_a_documented_sidecar_config_loads(block: str, tmp_path: Path) -> None:
     path.write_text(block, encoding="utf-8")
     opts = to_options(load_config(path, {}))
     assert opts.endpoints.apache.startswith("http://")
+
+
+@pytest.mark.parametrize("block", _blocks("scenario"))
+def test_a_documented_scenario_builds_its_model(block: str) -> None:
+    from overtake.api.scenario import resolve_scenario
+
+    def exponential(ref: object, *, where: str, stage: str) -> dict[str, object]:
+        return {"alpha": [1.0], "T": [[-1.0]]}
+
+    _, model = resolve_scenario(yaml.safe_load(block), {"file": exponential})
+    assert model.n_stages >= 1
 
 
 @pytest.mark.parametrize("block", _blocks("stages"))
