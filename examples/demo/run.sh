@@ -7,12 +7,17 @@
 # default, under Overtake without a phase header and with it; measured next to the ideal twin and
 # the model, with paired CIs, and demo-out/report.png.
 # Everything started here is stopped on exit, on failure and on Ctrl-C; re-running starts afresh.
-# DEMO_SECONDS (default 70) = length of the load trace per row.
+# DEMO_SECONDS (default 70) = length of the load trace per row; DEMO_OUT (default demo-out) = where
+# its files go.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-OUT=demo-out
+OUT=${DEMO_OUT:-demo-out}
 BIN=.venv/bin
 mkdir -p "$OUT/fits"
+# The control file the sidecar writes and Apache's module reads: Apache takes an absolute path
+# without spaces (one word of its config), so outside the output folder where its path has one.
+case "$OUT" in /*) CONTROL="$OUT/control";; *) CONTROL="$PWD/$OUT/control";; esac
+case "$CONTROL" in *[[:space:]\"]*) CONTROL="/dev/shm/overtake-demo-$(id -u)/control"; mkdir -p "${CONTROL%/*}";; esac
 
 LIVE_PID=""
 stop_all() {
@@ -89,7 +94,7 @@ PIN=() ; AP_CPU=()
 if [ "$(nproc)" -ge 2 ]; then AP_CPU=(--cpu 0); PIN=(taskset -c "1-$(( $(nproc) - 1 ))"); fi
 $BIN/overtake apache start --workdir "$OUT/apache" --listen "127.0.0.1:$AP_PORT" "${AP_CPU[@]}" --max-workers 64
 $BIN/overtake apache start --workdir "$OUT/apache-prio" --listen "127.0.0.1:$AP2_PORT" "${AP_CPU[@]}" --max-workers 64 \
-    --cpu-priority-levels 0.005 --cpu-priority-nice idle --control-file "$OUT/control"
+    --cpu-priority-levels 0.005 --cpu-priority-nice idle --control-file "$CONTROL"
 stages() {  # the private Apache's stage handler; the example's time unit is the second of CPU
     cat <<YAML
 stages:
@@ -118,7 +123,7 @@ start_sidecar() {  # NAME PORT ADMIN_PORT ARGS...
 start_sidecar sidecar-default "$SD_PORT" "$SD_ADMIN" --policy passthrough --apache "http://127.0.0.1:$AP_PORT" \
     --stages "$OUT/stages-default.yaml"
 start_sidecar sidecar "$SC_PORT" "$SC_ADMIN" --policy "$OUT/policies" --cpu-priority age --apache "http://127.0.0.1:$AP2_PORT" \
-    --stages "$OUT/stages.yaml" --control-file "$OUT/control"
+    --stages "$OUT/stages.yaml" --control-file "$CONTROL"
 echo "sidecars on 127.0.0.1:$SD_PORT (passthrough to Apache's default) and 127.0.0.1:$SC_PORT (auto over $OUT/policies, age priority), logs $OUT/sidecar*.log"
 rm -rf "$OUT/prometheus/data"
 $BIN/overtake prometheus start --workdir "$OUT/prometheus" --listen "127.0.0.1:$PR_PORT" --sidecar "127.0.0.1:$SC_ADMIN"
