@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from _report import add_output_arguments, command_line, machine, publish
+from _wrk import wrk
 from cpu_priority import module_mode_priority, put_table
 
 from overtake.controller.harness import apache
@@ -79,9 +80,6 @@ def callgrind_totals(path: Path) -> dict[str, int]:
     if not events or len(totals) != len(events):
         raise RuntimeError(f"{path}: no callgrind events and totals (an interrupted run?)")
     return dict(zip(events, totals, strict=True))
-
-
-_ROW = re.compile(r"^\s*([\d,]+) \([^)]*\)\s+(.*)$")
 
 
 def function_costs(annotated: str, events: tuple[str, ...]) -> dict[tuple[str, str], list[int]]:
@@ -147,12 +145,10 @@ def _one_run(kind: str, conf: Path, port: int, seconds: int, out: Path, cores: t
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{kind}: Apache under valgrind did not answer on port {port}")
             time.sleep(1)
-        text = subprocess.run(["taskset", "-c", str(cores[1]), "wrk", "-t1", "-c8", f"-d{seconds}s", url],
-                              capture_output=True, text=True, check=True).stdout
-        m = re.search(r"(\d+) requests in", text)
-        if m is None or "Non-2xx" in text or "Socket errors" in text:
-            raise RuntimeError(f"{kind}: wrk failed: {text[-400:]}")
-        return int(m.group(1))
+        run = wrk(url, 8, seconds, cores[1])
+        if run["non2xx"]:
+            raise RuntimeError(f"{kind}: {run['non2xx']:.0f} answers were not 2xx")
+        return int(run["requests"])
     finally:
         proc.terminate()
         proc.wait(120)

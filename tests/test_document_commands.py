@@ -8,21 +8,18 @@ import contextlib
 import io
 import re
 import shlex
-from pathlib import Path
 
 import pytest
+from support.documents import ROOT, USER_DOCS
 
 from overtake.api.cli import build_parser
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if "decisions" not in p.parts),
-        *sorted((ROOT / "apache-conf").rglob("*.md"))]
 SHELL_END = re.compile(r"^(\||&&|;|&|\d?>.*|>.*|<.*)$")  # where the command's own arguments end
 
 
 def _commands() -> list[object]:
     out: list[object] = []
-    for doc in DOCS:
+    for doc in USER_DOCS:
         text = doc.read_text(encoding="utf-8")
         for m in re.finditer(r"```(?:sh|bash|console)\n(.*?)```", text, re.S):
             first = text[:m.start()].count("\n") + 2

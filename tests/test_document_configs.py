@@ -14,19 +14,17 @@ from typing import Any
 
 import pytest
 import yaml
+from support.documents import ROOT, USER_DOCS
 
 from overtake.controller.sidecar.config import load_config, to_options
 from overtake.controller.sidecar.stages import StagesConfig
 
-ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if "decisions" not in p.parts),
-        *sorted((ROOT / "apache-conf").rglob("*.md"))]
 BLOCK = re.compile(r"```yaml\n(.*?)```", re.S)
 
 
 def _blocks(kind: str) -> list[Any]:
     out = []
-    for doc in DOCS:
+    for doc in USER_DOCS:
         text = doc.read_text(encoding="utf-8")
         for m in BLOCK.finditer(text):
             data = yaml.safe_load(m.group(1))

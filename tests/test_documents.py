@@ -10,10 +10,8 @@ import re
 from pathlib import Path
 
 import pytest
+from support.documents import ROOT, USER_DOCS
 
-ROOT = Path(__file__).resolve().parents[1]
-USER_DOCS = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if "decisions" not in p.parts),
-             *sorted((ROOT / "apache-conf").rglob("*.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 

@@ -16,7 +16,7 @@ BIN=.venv/bin
 mkdir -p "$OUT/fits"
 # The control file the sidecar writes and Apache's module reads: Apache takes an absolute path
 # without spaces (one word of its config), so outside the output folder where its path has one.
-case "$OUT" in /*) CONTROL="$OUT/control";; *) CONTROL="$PWD/$OUT/control";; esac
+CONTROL="$(cd "$OUT" && pwd)/control"
 case "$CONTROL" in *[[:space:]\"]*) CONTROL="/dev/shm/overtake-demo-$(id -u)/control"; mkdir -p "${CONTROL%/*}";; esac
 
 LIVE_PID=""
