@@ -148,7 +148,6 @@ int os_res_expire(int64_t now);
 int os_res_take(os_conn *oc);
 int os_res_make(os_conn *oc, int stage, int64_t now);
 os_conn *os_conn_state(conn_rec *c, int create);
-void os_res_forget(int stage);
 
 #pragma GCC visibility pop
 

@@ -188,20 +188,28 @@ void op_stage_table(const uint8_t *section, size_t n, uint32_t gen)
 
 /* ------------------------------------------------------------------------ the shared mapping */
 
-/* The mapping, created once in the root parent and kept across restarts (NULL if it fails). */
-static os_shared *shared_map(server_rec *s)
+/* Whether mapping m counts exactly this config's stages, in its order. A stage's position is its
+ * number in every child, and the stage count bounds every child's decisions: a child of the
+ * previous generation, still finishing its requests, must find the stages it was forked with. */
+static int same_stages(const os_shared *m)
 {
-    os_shared **ret = ap_retained_data_get(OS_RETAINED_KEY);
+    int i;
+    if (m->nstages != (uint32_t)os_nnames) {
+        return 0;
+    }
+    for (i = 0; i < os_nnames; i++) {
+        if (strncmp(m->names[i], os_names[i], OS_NAME_BYTES)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static os_shared *new_map(server_rec *s)
+{
     pthread_mutexattr_t ma;
     os_shared *m;
     int i;
-    if (!ret) {
-        ret = ap_retained_data_create(OS_RETAINED_KEY, sizeof *ret);
-        *ret = NULL;
-    }
-    if (*ret) {
-        return *ret;
-    }
     m = mmap(NULL, sizeof(os_shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) {
         ap_log_error(APLOG_MARK, APLOG_ERR, errno, s, APLOGNO(90302) "mod_overtake_prio: "
@@ -217,6 +225,36 @@ static os_shared *shared_map(server_rec *s)
     pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
     pthread_mutex_init(&m->mu, &ma);
     pthread_mutexattr_destroy(&ma);
+    return m;
+}
+
+/* The mapping, created in the root parent and kept across restarts (NULL if it fails). A restart
+ * that renames, removes or reorders stages gets a new one: the previous generation's children
+ * keep theirs (inherited at their fork) and finish their held and running requests under its
+ * counts and tickets, while the new children count afresh. Reusing it with the stages moved
+ * would have an old child end its request in another stage's queue (a count left negative for
+ * good), leave its waiters holding tickets of a queue that was reset (they wait out
+ * OvertakeStageHold), and have its decisions start a new stage's requests it has no table for. */
+static os_shared *shared_map(server_rec *s)
+{
+    os_shared **ret = ap_retained_data_get(OS_RETAINED_KEY);
+    os_shared *m;
+    if (!ret) {
+        ret = ap_retained_data_create(OS_RETAINED_KEY, sizeof *ret);
+        *ret = NULL;
+    }
+    if (*ret && same_stages(*ret)) {
+        return *ret;
+    }
+    if (!(m = new_map(s))) {
+        return NULL;
+    }
+    if (*ret) {
+        ap_log_error(APLOG_MARK, APLOG_NOTICE, 0, s, APLOGNO(90305) "mod_overtake_prio: the "
+                     "stages changed (added, removed, renamed or reordered): their counts start afresh; the "
+                     "previous generation's requests end under the counts they started with");
+        munmap(*ret, sizeof(os_shared));  /* the parent's view only: old children keep theirs */
+    }
     *ret = m;
     return m;
 }
@@ -230,14 +268,9 @@ void op_stage_prepare(server_rec *s)
         return;
     }
     os_lock();
-    /* a restart may rename or reorder the stages: the counts follow the names' positions */
+    /* the same stages as the mapping's (shared_map), or a new mapping's first */
     for (i = 0; i < os_nnames; i++) {
-        if (strncmp(os_shm->names[i], os_names[i], OS_NAME_BYTES)) {
-            os_res_forget(i);  /* their tickets go with the queue */
-            memset(&os_shm->st[i].q, 0, sizeof os_shm->st[i].q);
-            os_shm->st[i].reserved = 0;
-            memcpy(os_shm->names[i], os_names[i], OS_NAME_BYTES);
-        }
+        memcpy(os_shm->names[i], os_names[i], OS_NAME_BYTES);
     }
     os_shm->nstages = (uint32_t)os_nnames;
     os_follow_on = 0;

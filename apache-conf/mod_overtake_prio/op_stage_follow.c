@@ -54,17 +54,6 @@ void os_res_end(uint32_t i, int outcome)
     os_res_free(i, outcome);
 }
 
-/* Free every reservation of stage i (its queue is reset: a restart renamed the stage). */
-void os_res_forget(int stage)
-{
-    uint32_t j;
-    for (j = 0; j < os_shm->res_hi; j++) {
-        if (os_shm->res[j].stage == stage) {
-            os_res_free(j, OS_RES_CLOSED);
-        }
-    }
-}
-
 /* Give up the reservations whose follow-up did not come in time; how many. */
 int os_res_expire(int64_t now)
 {
