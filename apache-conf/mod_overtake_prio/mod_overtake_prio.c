@@ -192,6 +192,7 @@ static void op_child_init(apr_pool_t *p, server_rec *s)
 
     op_cconf = ap_get_module_config(s->module_config, &overtake_prio_module);
     op_gate_child_init(s);
+    op_stage_child_init();
     if (!conf_enabled(op_cconf) || !op_shm) {
         return;
     }
@@ -416,6 +417,8 @@ static void op_register_hooks(apr_pool_t *p)
      * fixup (access control and rewrites have had their say). */
     ap_hook_pre_config(op_stage_pre_config, NULL, NULL, APR_HOOK_MIDDLE);
     ap_hook_fixups(op_stage_fixups, NULL, NULL, APR_HOOK_REALLY_LAST);
+    /* the parent gives back what a child that died was still counted for */
+    ap_hook_child_status(op_stage_child_status, NULL, NULL, APR_HOOK_MIDDLE);
     ap_hook_insert_filter(op_insert_filters, NULL, NULL, APR_HOOK_MIDDLE);
     /* A connection filter (one per connection, not per request), before every other: after the
      * content and protocol filters, before TLS (mod_ssl's is AP_FTYPE_CONNECTION + 5) and the

@@ -71,6 +71,7 @@ OP_HOT void op_stage_request_end(op_request_state *q)
     }
     /* counted here, not in a log hook: the pool's cleanup comes right after the log */
     ADD(os_shm->st[q->stage].served[served_by(last)], 1);
+    os_mine(q->stage, -1);  /* before the count drops: a child killed in between leaves it counted */
     if (!oc && os_fast_complete(q->stage)) {
         return;  /* nothing waits: no decision, no table to look at */
     }
@@ -118,8 +119,9 @@ static int hold_expire(int64_t now, int64_t *wake)
  * runs anyway). The caller counts it among the stage's sleepers. */
 static int hold_counted(os_stage *s, uint32_t t, int64_t deadline)
 {
+    uint32_t repairs = __atomic_load_n(&os_shm->repairs, __ATOMIC_SEQ_CST);
     for (;;) {
-        uint32_t h = __atomic_load_n(&s->q.head, __ATOMIC_SEQ_CST);
+        uint32_t h = __atomic_load_n(&s->q.head, __ATOMIC_SEQ_CST), now_repairs;
         struct timespec ts;
         int given;
         int64_t now = op_mono_ns(), wake = deadline;
@@ -131,6 +133,16 @@ static int hold_counted(os_stage *s, uint32_t t, int64_t deadline)
             given = os_give_up(&s->q, t);
             os_unlock();
             return given;
+        }
+        if ((now_repairs = __atomic_load_n(&os_shm->repairs, __ATOMIC_SEQ_CST)) != repairs) {
+            /* a dead child's counts came back: the parent, which has no table, woke the held
+             * requests to decide by theirs what the room starts */
+            repairs = now_repairs;
+            op_control_look();
+            os_lock();
+            os_epoch();
+            os_unlock();
+            continue;
         }
         if (os_follow_on && hold_expire(now, &wake)) {
             continue;
@@ -218,6 +230,7 @@ static int take_ticket(os_conn *oc, int stage, uint32_t *ticket)
          * the place the reservation took */
         *ticket = os_shm->res[res].ticket;
         os_res_free((uint32_t)res, OS_RES_CLAIMED);
+        s->q.owner[*ticket % OS_RING] = (uint16_t)(os_me + 1);
         return 1;
     }
     if (!os_enqueue(&s->q, ticket)) {
@@ -225,6 +238,7 @@ static int take_ticket(os_conn *oc, int stage, uint32_t *ticket)
         ADD(s->overflows, 1);
         return 0;
     }
+    s->q.owner[*ticket % OS_RING] = (uint16_t)(os_me + 1);  /* given back if this child dies */
     os_epoch();
     return 1;
 }
@@ -286,7 +300,7 @@ OP_HOT int op_stage_fixups(request_rec *r)
     op_request_state *st;
     os_conn *oc;
     uint32_t ticket;
-    int granted, stage;
+    int granted, queued, stage;
     if (!os_shm || r->main) {
         return DECLINED;  /* subrequests belong to their main request */
     }
@@ -306,15 +320,25 @@ OP_HOT int op_stage_fixups(request_rec *r)
     ADD(os_shm->st[stage].requests, 1);
     st = st ? st : op_request_state_new(r0);  /* its cleanup ends the count: set below */
     if ((!oc || oc->slot < 0) && os_fast_arrive(stage)) {
+        os_mine(stage, 1);
         st->stage = stage;
         return DECLINED;
     }
     os_lock();
-    granted = !take_ticket(oc, stage, &ticket) || os_granted(os_shm->st[stage].q.head, ticket);
+    queued = take_ticket(oc, stage, &ticket);
+    granted = !queued || os_granted(os_shm->st[stage].q.head, ticket);
+    if (granted) {
+        if (queued) {
+            os_taken(&os_shm->st[stage].q, ticket);
+        }
+        os_mine(stage, 1);
+    }
     os_unlock();
     st->stage = stage;  /* counted running or waiting: the end completes it */
     if (!granted) {
         hold_request(r, st, ticket);
+        os_taken(&os_shm->st[stage].q, ticket);  /* first: a child killed in between leaves a count */
+        os_mine(stage, 1);
     }
     return DECLINED;
 }

@@ -29,6 +29,7 @@
 #define OS_NONE (-1)                /* OvertakeStage none */
 #define OS_UNSET (-2)
 #define OS_MAX_RES 1024             /* reservations outstanding at once (one per connection) */
+#define OS_MAX_CHILDREN 4096        /* children whose counts are given back if they crash */
 
 /* How a reservation ended (overtake_stage_reservations_ended_total{outcome}). */
 enum { OS_RES_CLAIMED, OS_RES_EXPIRED, OS_RES_CLOSED, OS_RES_OTHER, OS_RES_N };
@@ -46,6 +47,7 @@ typedef struct {
     apr_uint64_t hold_timeouts;     /* waited OvertakeStageHold and ran anyway */
     apr_uint64_t overflows;         /* found the queue's ticket ring full and ran at once */
     apr_uint64_t unheld;            /* ran at once because no table was in force for the stage */
+    apr_uint64_t given_back;        /* counted by a child that died without ending them */
     apr_uint64_t served[OS_BY_N];   /* ended, by where their work ran */
     apr_uint64_t reservations;      /* follow-up reservations made in this stage */
     apr_uint64_t res_full;          /* ... not made: every reservation slot was in use */
@@ -63,6 +65,13 @@ typedef struct {
     int64_t expires_ns;
 } os_res;
 
+/* A child's share of the counts (op_stage_child.c): pid 0 is a free block. Written by its own
+ * child's threads, read by the parent once the child is gone; a cache line or two each. */
+typedef struct {
+    int32_t pid;
+    int32_t active[OS_MAX_STAGES];  /* its requests of each stage counted running */
+} __attribute__((aligned(64))) os_child;
+
 typedef struct {
     uint64_t fast __attribute__((aligned(64)));  /* the running counts while unlocked (op_stage_fast.c) */
     pthread_mutex_t mu __attribute__((aligned(64)));
@@ -78,6 +87,8 @@ typedef struct {
     uint32_t res_hi;                /* slots [0, res_hi) may be in use */
     int64_t res_due;                /* no reservation expires before this */
     os_res res[OS_MAX_RES];
+    uint32_t repairs;               /* a dead child's counts were given back (op_stage_child.c) */
+    os_child child[OS_MAX_CHILDREN];
 } os_shared;
 
 /* This child's table: a copy of the control file's stage section, and where its stages are.
@@ -128,6 +139,25 @@ static inline void os_unlock(void)
 {
     os_fast_publish();
     pthread_mutex_unlock(&os_shm->mu);
+}
+
+/* op_stage_child.c: this child's block (-1: none) and its running counts */
+extern int os_me;
+int op_stage_child_blocks(void);
+
+static inline void os_mine(int stage, int32_t d)
+{
+    if (os_me >= 0) {
+        __atomic_fetch_add(&os_shm->child[os_me].active[stage], d, __ATOMIC_RELAXED);
+    }
+}
+
+/* A waiter of ticket t counts itself running: the ticket no longer names its child (the
+ * exchange leaves a newer ticket's owner alone, if the ring came round meanwhile). */
+static inline void os_taken(os_queue *q, uint32_t t)
+{
+    uint16_t me = (uint16_t)(os_me + 1);
+    __atomic_compare_exchange_n(&q->owner[t % OS_RING], &me, 0, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
 }
 
 int32_t os_start(int i, int32_t n);

@@ -16,7 +16,8 @@
  * every swap fails) and hands it back at its end only when nothing waits (os_fast_publish):
  * a waiting request is therefore only ever started by a locked decision, as before. A child that
  * dies inside a section leaves the word owned: the queues' counts stay the truth. A child that
- * crashes while its requests run leaves them counted running, as the locked path did.
+ * crashes while its requests run has them given back by the parent (op_stage_child.c), which
+ * takes the word over as any section does.
  *
  * The table a child decides by is its own copy, swapped by op_stage_table under a sequence count
  * (of_view.seq, odd while a swap is under way): a lock-free reader takes the count before it looks and

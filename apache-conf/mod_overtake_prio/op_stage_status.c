@@ -126,6 +126,8 @@ static void requests_status(request_rec *r, uint32_t n)
                   "Requests that waited OvertakeStageHold and ran anyway.");
     STAGE_COUNTER("overtake_stage_overflows_total", overflows,
                   "Requests that found their stage's queue full and ran at once.");
+    STAGE_COUNTER("overtake_stage_given_back_total", given_back,
+                  "Requests counted by a child that died without ending them, given back by the parent.");
     metric(r, "overtake_stage_hold_seconds_total", "counter", "Total wait of the stage's held requests.");
     for (i = 0; i < n; i++) {
         ap_rprintf(r, "overtake_stage_hold_seconds_total{stage=\"%s\"} %.9f\n", os_shm->names[i],
@@ -155,6 +157,10 @@ static void decisions_status(request_rec *r)
            "Requests started because nothing ran while requests waited and the table started none.");
     ap_rprintf(r, "overtake_stage_guard_starts_total %" APR_UINT64_T_FMT "\n",
                LOAD(os_shm->guard_starts));
+    metric(r, "overtake_stage_child_blocks", "gauge",
+           "Children with a share of the counts (op_stage_child.c): Apache's children, and any "
+           "that died and were not reaped.");
+    ap_rprintf(r, "overtake_stage_child_blocks %d\n", op_stage_child_blocks());
 }
 
 static void table_status(request_rec *r, const os_snapshot *v)

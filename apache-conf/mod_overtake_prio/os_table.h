@@ -198,6 +198,7 @@ typedef struct {
     uint32_t head, tail;        /* tickets in [head, tail) wait or are gone */
     int32_t waiting, active;
     uint8_t gone[OS_RING];
+    uint16_t owner[OS_RING];    /* the waiting request's child block + 1 (0: none, or it runs) */
 } os_queue;
 
 /* A new request: 1 and its ticket, or 0 if the ring is full (it runs without waiting). */
@@ -208,6 +209,7 @@ static inline int os_enqueue(os_queue *q, uint32_t *ticket)
     }
     *ticket = q->tail++;
     q->gone[*ticket % OS_RING] = 0;
+    q->owner[*ticket % OS_RING] = 0;
     q->waiting++;
     return 1;
 }

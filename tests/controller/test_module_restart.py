@@ -11,7 +11,7 @@ the signal (mpm_event and mpm_prefork; a table that caps stage ``capped`` at one
   its requests in the other stage's counts: ``capped`` ran three at once, three requests waited
   out the bound and ``free``'s waiting count stayed at -3, holding its requests from then on.
 - A hard restart (SIGHUP) ends the requests in flight, as Apache does without the module; the
-  counts of the killed children do not stay behind.
+  counts of the killed children do not stay behind, nor their blocks (op_stage_child.c).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from support.control_apache import control_apache
 from support.module_stages import max_overlap, prio_status, settled, write_policy
 
 from overtake.controller.harness import apache
+from overtake.controller.harness.apache.lifecycle import children
 
 #: OvertakeStageHold: far beyond a burst's 2.4 s of handler work (each request 0.2 s of CPU)
 HOLD = 6.0
@@ -172,3 +173,6 @@ def test_a_hard_restart_leaves_no_count_behind(restartable: tuple[apache.ApacheI
     assert len(answered) == 12 and set(answered) <= {200, *dropped}
     _counters(inst)
     _follows_the_table(inst)
+    # each child's share of the counts went with it: one block per child still there
+    _until(lambda: prio_status(inst)["overtake_stage_child_blocks"] == len(children(_parent(inst))),
+           "a block per child")

@@ -84,6 +84,7 @@ MODULE_SOURCES = (
     "op_stage_decide.c",
     "op_stage_fast.c",
     "op_stage_follow.c",
+    "op_stage_child.c",
     "op_stage_status.c",
 )
 #: The headers they include (``HEADERS`` in the Makefile).
