@@ -28,7 +28,9 @@
 
 #include "op_stage.h"
 
-#define OS_RETAINED_KEY "mod_overtake_prio_stages_v3"  /* v3: the fast word */
+/* the mapping's layout: a graceful restart into a module of another layout (an upgrade) must not
+ * reuse the old one (v3: the fast word; v4: the children's blocks and the tickets' owners) */
+#define OS_RETAINED_KEY "mod_overtake_prio_stages_v4"
 
 os_shared *os_shm;
 int os_follow_on;
@@ -229,12 +231,13 @@ static os_shared *new_map(server_rec *s)
 }
 
 /* The mapping, created in the root parent and kept across restarts (NULL if it fails). A restart
- * that renames, removes or reorders stages gets a new one: the previous generation's children
- * keep theirs (inherited at their fork) and finish their held and running requests under its
- * counts and tickets, while the new children count afresh. Reusing it with the stages moved
- * would have an old child end its request in another stage's queue (a count left negative for
- * good), leave its waiters holding tickets of a queue that was reset (they wait out
- * OvertakeStageHold), and have its decisions start a new stage's requests it has no table for. */
+ * whose stages differ (added, removed, renamed or reordered) gets a new one: the previous
+ * generation's children keep theirs (inherited at their fork) and finish their held and running
+ * requests under its counts and tickets, while the new children count afresh. Reusing it with
+ * the stages moved would have an old child end its request in another stage's queue (a count
+ * left negative for good), leave its waiters holding tickets of a queue that was reset (they
+ * wait out OvertakeStageHold), and have its decisions start a new stage's requests it has no
+ * table for. */
 static os_shared *shared_map(server_rec *s)
 {
     os_shared **ret = ap_retained_data_get(OS_RETAINED_KEY);
@@ -251,8 +254,9 @@ static os_shared *shared_map(server_rec *s)
     }
     if (*ret) {
         ap_log_error(APLOG_MARK, APLOG_NOTICE, 0, s, APLOGNO(90305) "mod_overtake_prio: the "
-                     "stages changed (added, removed, renamed or reordered): their counts start afresh; the "
-                     "previous generation's requests end under the counts they started with");
+                     "stages changed (added, removed, renamed or reordered): their counts start "
+                     "afresh; the previous generation's requests end under the counts they "
+                     "started with");
         munmap(*ret, sizeof(os_shared));  /* the parent's view only: old children keep theirs */
     }
     *ret = m;
