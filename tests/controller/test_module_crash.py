@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from support.control_apache import control_apache
-from support.module_stages import prio_status, write_policy
+from support.module_stages import prio_status, until, write_policy
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache.lifecycle import children
@@ -44,7 +44,7 @@ def _capped(mpm: str) -> Iterator[tuple[apache.ApacheInstance, str]]:
                         stages=(("capped", "^/stage1$"), ("free", "^/stage2$"))) as served:
         inst, path = served
         write_policy(path, "pi(1,8)", NAMES)
-        _until(lambda: _status(inst).get(f"overtake_stage_table_in_force{{{CAPPED}}}") == 1, "the table")
+        until(lambda: _status(inst).get(f"overtake_stage_table_in_force{{{CAPPED}}}") == 1, "the table")
         yield served
 
 
@@ -63,14 +63,6 @@ def prefork_capped(apache_available: None) -> Iterator[tuple[apache.ApacheInstan
 
 def _status(inst: apache.ApacheInstance) -> dict[str, float]:
     return prio_status(inst)
-
-
-def _until(cond: object, what: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(0.02)
 
 
 def _get(inst: apache.ApacheInstance, path: str) -> tuple[int | str, float]:
@@ -109,11 +101,11 @@ def test_a_crashed_childs_running_request_is_given_back(capped: tuple[apache.Apa
     inst, _ = capped
     out: dict[str, tuple[int | str, float]] = {}
     t = _start(inst, "runner", 4.0, out)
-    _until(lambda: _status(inst)[f"overtake_stage_active{{{CAPPED}}}"] == 1, "the runner counted")
+    until(lambda: _status(inst)[f"overtake_stage_active{{{CAPPED}}}"] == 1, "the runner counted")
     os.kill(_pid_serving(inst, "runner"), signal.SIGKILL)
     t.join(30)
     assert out["runner"][0] != 200  # it died with its child
-    _until(lambda: _status(inst)[f"overtake_stage_active{{{CAPPED}}}"] == 0, "its count given back")
+    until(lambda: _status(inst)[f"overtake_stage_active{{{CAPPED}}}"] == 0, "its count given back")
     code, took = _get(inst, "/stage1?work=0.05")
     assert code == 200 and took < HOLD / 2, took
     st = _status(inst)
@@ -121,27 +113,27 @@ def test_a_crashed_childs_running_request_is_given_back(capped: tuple[apache.Apa
     assert st[f"overtake_stage_hold_timeouts_total{{{CAPPED}}}"] == 0
     assert "AH90306" in _error_log(inst)
     parent = int((Path(inst.workdir) / "run" / "httpd.pid").read_text())
-    _until(lambda: _status(inst)["overtake_stage_child_blocks"] == len(children(parent)), "a block per child")
+    until(lambda: _status(inst)["overtake_stage_child_blocks"] == len(children(parent)), "a block per child")
 
 
 def test_a_crashed_waiters_ticket_is_given_back(prefork_capped: tuple[apache.ApacheInstance, str]) -> None:
     inst, _ = prefork_capped
     out: dict[str, tuple[int | str, float]] = {}
     threads = [_start(inst, "runner", 1.0, out)]
-    _until(lambda: _status(inst)[f"overtake_stage_active{{{CAPPED}}}"] == 1, "the runner counted")
+    until(lambda: _status(inst)[f"overtake_stage_active{{{CAPPED}}}"] == 1, "the runner counted")
     for who in ("w1", "w2", "w3"):
         threads.append(_start(inst, who, 0.1, out))
-        _until(lambda w=who: _pid_serving_or_none(inst, w) is not None, f"{who} in a worker")
-    _until(lambda: _status(inst)[f"overtake_stage_waiting{{{CAPPED}}}"] == 3, "three held")
+        until(lambda w=who: _pid_serving_or_none(inst, w) is not None, f"{who} in a worker")
+    until(lambda: _status(inst)[f"overtake_stage_waiting{{{CAPPED}}}"] == 3, "three held")
     os.kill(_pid_serving(inst, "w2"), signal.SIGKILL)
-    _until(lambda: _status(inst)[f"overtake_stage_waiting{{{CAPPED}}}"] == 2, "its ticket given back")
+    until(lambda: _status(inst)[f"overtake_stage_waiting{{{CAPPED}}}"] == 2, "its ticket given back")
     for t in threads:
         t.join(60)
     assert out["w2"][0] != 200
     for who in ("runner", "w1", "w3"):
         code, took = out[who]
         assert code == 200 and took < HOLD / 2, (who, out)
-    _until(lambda: _status(inst)[f"overtake_stage_active{{{CAPPED}}}"] == 0, "the counts at zero")
+    until(lambda: _status(inst)[f"overtake_stage_active{{{CAPPED}}}"] == 0, "the counts at zero")
     st = _status(inst)
     assert st[f"overtake_stage_waiting{{{CAPPED}}}"] == 0
     assert st[f"overtake_stage_hold_timeouts_total{{{CAPPED}}}"] == 0

@@ -21,7 +21,6 @@ import os
 import re
 import signal
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import pytest
 from support.control_apache import control_apache
-from support.module_stages import max_overlap, prio_status, settled, write_policy
+from support.module_stages import max_overlap, prio_status, settled, until, write_policy
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache.lifecycle import children
@@ -46,16 +45,8 @@ def restartable(apache_available: None, request: pytest.FixtureRequest) -> Itera
                         stages=(("capped", "^/stage1$"), ("free", "^/stage2$"))) as served:
         inst, path = served
         write_policy(path, "pi(1,8)", NAMES)
-        _until(lambda: prio_status(inst).get('overtake_stage_table_in_force{stage="capped"}') == 1, "the table")
+        until(lambda: prio_status(inst).get('overtake_stage_table_in_force{stage="capped"}') == 1, "the table")
         yield served
-
-
-def _until(cond: object, what: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(0.02)
 
 
 def _get(inst: apache.ApacheInstance, path: str) -> tuple[int | str, tuple[int, int] | None]:
@@ -96,7 +87,7 @@ def _burst_with(inst: apache.ApacheInstance, sig: int | None, n: int = 6,
     for t in threads:
         t.start()
     if sig is not None:
-        _until(lambda: prio_status(inst)['overtake_stage_waiting{stage="capped"}'] >= 2, "requests held")
+        until(lambda: prio_status(inst)['overtake_stage_waiting{stage="capped"}'] >= 2, "requests held")
         if edit is not None:
             (Path(inst.workdir) / "httpd.conf").write_text(edit)
         os.kill(_parent(inst), sig)
@@ -174,5 +165,5 @@ def test_a_hard_restart_leaves_no_count_behind(restartable: tuple[apache.ApacheI
     _counters(inst)
     _follows_the_table(inst)
     # each child's share of the counts went with it: one block per child still there
-    _until(lambda: prio_status(inst)["overtake_stage_child_blocks"] == len(children(_parent(inst))),
+    until(lambda: prio_status(inst)["overtake_stage_child_blocks"] == len(children(_parent(inst))),
            "a block per child")

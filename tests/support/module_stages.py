@@ -17,7 +17,7 @@ from overtake.controller.sidecar.control_file import ControlFile
 from overtake.controller.sidecar.count_table import CountTable, from_policy
 from overtake.controller.sidecar.policies import BaselinePolicy
 
-__all__ = ["at_once", "max_overlap", "prio_status", "settled", "stages_yaml", "write_policy", "write_table"]
+__all__ = ["at_once", "max_overlap", "prio_status", "settled", "stages_yaml", "until", "write_policy", "write_table"]
 
 J = TypeVar("J")
 R = TypeVar("R")
@@ -39,6 +39,15 @@ def settled(inst: apache.ApacheInstance, names: Sequence[str]) -> dict[str, floa
         if all(st[f'overtake_stage_{k}{{stage="{s}"}}'] == 0 for s in names for k in ("waiting", "active")) \
                 or time.monotonic() > deadline:
             return st
+
+
+def until(cond: Callable[[], bool], what: str, timeout: float = 10) -> None:
+    """Poll ``cond`` until it holds; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(0.02)
 
 
 def write_table(path: str, table: CountTable | None) -> int:
