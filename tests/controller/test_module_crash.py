@@ -9,6 +9,8 @@ that caps stage ``capped`` at one running request.
 - Under prefork, a child holding a waiting request dies: its ticket is given back (it would have
   been granted to nobody, leaving a count behind), and the other waiters run in turn after the
   running request, none waiting out the bound; the counts end at zero.
+- Under prefork, the running request's child dies while others are held: no request will end to
+  start them, so the parent wakes them and they start at once by their own table.
 """
 
 from __future__ import annotations
@@ -136,6 +138,29 @@ def test_a_crashed_waiters_ticket_is_given_back(prefork_capped: tuple[apache.Apa
     until(lambda: _status(inst)[f"overtake_stage_active{{{CAPPED}}}"] == 0, "the counts at zero")
     st = _status(inst)
     assert st[f"overtake_stage_waiting{{{CAPPED}}}"] == 0
+    assert st[f"overtake_stage_hold_timeouts_total{{{CAPPED}}}"] == 0
+    assert st[f"overtake_stage_given_back_total{{{CAPPED}}}"] == 1
+
+
+def test_the_held_requests_start_when_the_runners_child_dies(
+        prefork_capped: tuple[apache.ApacheInstance, str]) -> None:
+    """No request will end to start the held ones: the parent wakes them once the dead child's
+    count is back, and they decide by their own table."""
+    inst, _ = prefork_capped
+    out: dict[str, tuple[int | str, float]] = {}
+    threads = [_start(inst, "runner", 2 * HOLD, out)]
+    until(lambda: _status(inst)[f"overtake_stage_active{{{CAPPED}}}"] == 1, "the runner counted")
+    threads += [_start(inst, who, 0.1, out) for who in ("w1", "w2")]
+    until(lambda: _status(inst)[f"overtake_stage_waiting{{{CAPPED}}}"] == 2, "two held")
+    os.kill(_pid_serving(inst, "runner"), signal.SIGKILL)
+    for t in threads:
+        t.join(60)
+    assert out["runner"][0] != 200
+    for who in ("w1", "w2"):
+        code, took = out[who]
+        assert code == 200 and took < HOLD / 2, (who, out)
+    until(lambda: _status(inst)[f"overtake_stage_active{{{CAPPED}}}"] == 0, "the counts at zero")
+    st = _status(inst)
     assert st[f"overtake_stage_hold_timeouts_total{{{CAPPED}}}"] == 0
     assert st[f"overtake_stage_given_back_total{{{CAPPED}}}"] == 1
 
