@@ -115,6 +115,10 @@ static int hold_expire(int64_t now, int64_t *wake)
     return 0;
 }
 
+/* A held request looks at the repair count (op_stage_child.c) at least this often: the parent's
+ * wake-up can fall between its look and its futex wait, and is then missed. */
+#define OS_REPAIR_LOOK_NS INT64_C(1000000000)
+
 /* Wait for ticket t of stage s until deadline: 1 when granted, 0 when the hold bound passed (it
  * runs anyway). The caller counts it among the stage's sleepers. */
 static int hold_counted(os_stage *s, uint32_t t, int64_t deadline)
@@ -146,6 +150,9 @@ static int hold_counted(os_stage *s, uint32_t t, int64_t deadline)
         }
         if (os_follow_on && hold_expire(now, &wake)) {
             continue;
+        }
+        if (wake - now > OS_REPAIR_LOOK_NS) {
+            wake = now + OS_REPAIR_LOOK_NS;  /* a repair's wake-up may come between the look and the wait */
         }
         ts.tv_sec = (time_t)(wake / 1000000000);
         ts.tv_nsec = (long)(wake % 1000000000);

@@ -13,7 +13,8 @@
  * never woke (a running count each). A child that exited normally has given everything back
  * already; its block is freed alike. The parent has no table (the children read the control
  * file), so it decides nothing: it counts the repair and wakes the held requests, and the first
- * to wake decides by its child's table what the freed room starts (op_stage.c, hold_counted).
+ * to wake decides by its child's table what the freed room starts (op_stage.c, hold_counted;
+ * a held request also looks once a second, in case the wake-up fell before its wait).
  *
  * The running count is taken after the stage's count rises and given back before it drops, and
  * a ticket's owner is cleared after the waiter has counted itself running: a child killed
