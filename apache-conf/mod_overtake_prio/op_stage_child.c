@@ -16,8 +16,8 @@
  * to wake decides by its child's table what the freed room starts (op_stage.c, hold_counted;
  * a held request also looks once a second, in case the wake-up fell before its wait).
  *
- * The running count is taken after the stage's count rises and given back before it drops, and
- * a ticket's owner is cleared after the waiter has counted itself running: a child killed
+ * A child's running count is taken after the stage's count rises and given back before it drops,
+ * and a granted waiter clears its ticket's owner before it counts itself running: a child killed
  * between the two leaves one count behind (as before), never one too few (a cap exceeded).
  */
 #include "mod_overtake_prio.h"
