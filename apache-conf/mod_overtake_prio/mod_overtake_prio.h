@@ -300,7 +300,8 @@ void op_stage_prepare(server_rec *s);
 void op_stage_table(const uint8_t *section, size_t n, uint32_t gen);
 /* op_stage_child.c: a child's block, and what a dead child's gives back (the parent) */
 void op_stage_child_init(void);
-void op_stage_child_status(server_rec *s, pid_t pid, ap_generation_t gen, int slot, mpm_child_status state);
+void op_stage_child_status(server_rec *s, pid_t pid, ap_generation_t gen, int slot,
+                           mpm_child_status state);
 /* op_stage.c: a request's arrival, hold and end */
 int op_stage_fixups(request_rec *r);
 void op_stage_insert_filter(request_rec *r);

@@ -157,7 +157,8 @@ static inline void os_mine(int stage, int32_t d)
 static inline void os_taken(os_queue *q, uint32_t t)
 {
     uint16_t me = (uint16_t)(os_me + 1);
-    __atomic_compare_exchange_n(&q->owner[t % OS_RING], &me, 0, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
+    __atomic_compare_exchange_n(&q->owner[t % OS_RING], &me, 0, 0, __ATOMIC_RELAXED,
+                                __ATOMIC_RELAXED);
 }
 
 int32_t os_start(int i, int32_t n);

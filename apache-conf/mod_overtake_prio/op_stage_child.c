@@ -24,6 +24,7 @@
 
 #include <limits.h>
 #include <linux/futex.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -44,8 +45,8 @@ void op_stage_child_init(void)
     }
     for (i = 0; i < OS_MAX_CHILDREN; i++) {
         free_pid = 0;
-        if (__atomic_compare_exchange_n(&os_shm->child[i].pid, &free_pid, (int32_t)me, 0, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_RELAXED)) {
+        if (__atomic_compare_exchange_n(&os_shm->child[i].pid, &free_pid, (int32_t)me, 0,
+                                        __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
             memset(os_shm->child[i].active, 0, sizeof os_shm->child[i].active);
             os_me = i;
             return;
@@ -65,13 +66,13 @@ static int32_t give_back(uint32_t b, uint32_t i)
             continue;
         }
         q->owner[t % OS_RING] = 0;
-        n++;
         if (os_granted(q->head, t)) {
             a++;  /* granted, counted running, and its waiter never woke */
         }
         else if (!q->gone[t % OS_RING]) {
-            q->gone[t % OS_RING] = 1;
+            q->gone[t % OS_RING] = 1;  /* still waiting: skipped by the grants, as a give-up */
             q->waiting--;
+            n++;
         }
     }
     if (a > 0) {
@@ -86,7 +87,8 @@ static int32_t give_back(uint32_t b, uint32_t i)
 
 /* Parent: child pid ended; whatever its block still holds goes back, and the held requests
  * wake to decide what starts now. */
-void op_stage_child_status(server_rec *s, pid_t pid, ap_generation_t gen, int slot, mpm_child_status state)
+void op_stage_child_status(server_rec *s, pid_t pid, ap_generation_t gen, int slot,
+                           mpm_child_status state)
 {
     uint32_t b, i;
     int32_t n = 0;
