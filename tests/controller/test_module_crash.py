@@ -127,30 +127,46 @@ def test_a_crashed_childs_running_request_is_given_back(capped: tuple[apache.Apa
     until(lambda: _status(inst)["overtake_stage_child_blocks"] == len(children(parent)), "a block per child")
 
 
-def test_a_crashed_waiters_ticket_is_given_back(prefork_capped: tuple[apache.ApacheInstance, str]) -> None:
-    inst, _ = prefork_capped
-    out: dict[str, tuple[int | str, float]] = {}
-    # long enough that the runner still runs when the parent has reaped the killed waiter (its
-    # maintenance loop wakes once a second), so that the queue is seen at two waiting
-    threads = [_start(inst, "runner", 2.5, out)]
+WAITERS = ("w1", "w2", "w3")
+
+
+def _held_behind(inst: apache.ApacheInstance, runner_work: float,
+                 out: dict[str, tuple[int | str, float]]) -> list[threading.Thread]:
+    """A runner of ``capped`` (``runner_work`` s), then three requests held behind it."""
+    threads = [_start(inst, "runner", runner_work, out)]
     until(lambda: _status(inst)[f"overtake_stage_active{{{CAPPED}}}"] == 1, "the runner counted")
-    for who in ("w1", "w2", "w3"):
+    for who in WAITERS:
         threads.append(_start(inst, who, 0.1, out))
         until(lambda w=who: _pid_serving_or_none(inst, w) is not None, f"{who} in a worker")
     until(lambda: _status(inst)[f"overtake_stage_waiting{{{CAPPED}}}"] == 3, "three held")
-    os.kill(_pid_serving(inst, "w2"), signal.SIGKILL)
-    until(lambda: _status(inst)[f"overtake_stage_waiting{{{CAPPED}}}"] == 2, "its ticket given back")
-    for t in threads:
-        t.join(60)
-    assert out["w2"][0] != 200
-    for who in ("runner", "w1", "w3"):
+    return threads
+
+
+def _served_in_turn(inst: apache.ApacheInstance, out: dict[str, tuple[int | str, float]],
+                    served: list[str], given_back: int) -> None:
+    """``served`` answered well before the bound, the counts at zero, no hold timed out."""
+    for who in served:
         code, took = out[who]
         assert code == 200 and took < HOLD / 2, (who, out)
     until(lambda: _status(inst)[f"overtake_stage_active{{{CAPPED}}}"] == 0, "the counts at zero")
     st = _status(inst)
     assert st[f"overtake_stage_waiting{{{CAPPED}}}"] == 0
     assert st[f"overtake_stage_hold_timeouts_total{{{CAPPED}}}"] == 0
-    assert st[f"overtake_stage_given_back_total{{{CAPPED}}}"] == 1
+    assert st[f"overtake_stage_given_back_total{{{CAPPED}}}"] == given_back
+
+
+def test_a_crashed_waiters_ticket_is_given_back(prefork_capped: tuple[apache.ApacheInstance, str]) -> None:
+    inst, _ = prefork_capped
+    out: dict[str, tuple[int | str, float]] = {}
+    # the runner still runs when the parent has reaped the killed waiter (its maintenance loop
+    # wakes once a second), so that the queue is seen at two waiting
+    threads = _held_behind(inst, 2.5, out)
+    os.kill(_pid_serving(inst, "w2"), signal.SIGKILL)
+    until(lambda: _status(inst)[f"overtake_stage_waiting{{{CAPPED}}}"] == 2, "its ticket given back")
+    for t in threads:
+        t.join(60)
+    assert out["w2"][0] != 200
+    _served_in_turn(inst, out, ["runner", "w1", "w3"], given_back=1)
 
 
 def test_the_held_requests_start_when_the_runners_child_dies(apart: tuple[apache.ApacheInstance, str]) -> None:
@@ -159,28 +175,15 @@ def test_the_held_requests_start_when_the_runners_child_dies(apart: tuple[apache
     child dies with it.)"""
     inst, _ = apart
     out: dict[str, tuple[int | str, float]] = {}
-    threads = [_start(inst, "runner", 2 * HOLD, out)]
-    until(lambda: _status(inst)[f"overtake_stage_active{{{CAPPED}}}"] == 1, "the runner counted")
-    waiters = ("w1", "w2", "w3")
-    for who in waiters:
-        threads.append(_start(inst, who, 0.1, out))
-        until(lambda w=who: _pid_serving_or_none(inst, w) is not None, f"{who} in a worker")
-    until(lambda: _status(inst)[f"overtake_stage_waiting{{{CAPPED}}}"] == 3, "three held")
-    pid = {who: _pid_serving(inst, who) for who in ("runner", *waiters)}
+    threads = _held_behind(inst, 2 * HOLD, out)
+    pid = {who: _pid_serving(inst, who) for who in ("runner", *WAITERS)}
     os.kill(pid["runner"], signal.SIGKILL)
     for t in threads:
         t.join(60)
     assert out["runner"][0] != 200
-    survivors = [w for w in waiters if pid[w] != pid["runner"]]
+    survivors = [w for w in WAITERS if pid[w] != pid["runner"]]
     assert survivors
-    for who in survivors:
-        code, took = out[who]
-        assert code == 200 and took < HOLD / 2, (who, out)
-    until(lambda: _status(inst)[f"overtake_stage_active{{{CAPPED}}}"] == 0, "the counts at zero")
-    st = _status(inst)
-    assert st[f"overtake_stage_waiting{{{CAPPED}}}"] == 0
-    assert st[f"overtake_stage_hold_timeouts_total{{{CAPPED}}}"] == 0
-    assert st[f"overtake_stage_given_back_total{{{CAPPED}}}"] == 1 + len(waiters) - len(survivors)
+    _served_in_turn(inst, out, survivors, given_back=1 + len(WAITERS) - len(survivors))
 
 
 def _pid_serving_or_none(inst: apache.ApacheInstance, who: str) -> int | None:
