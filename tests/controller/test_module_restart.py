@@ -5,9 +5,11 @@ the signal (mpm_event and mpm_prefork; a table that caps stage ``capped`` at one
   every night) with the same stages: every request is answered, ``capped`` never runs two at once
   across the two generations of children, none waits out ``OvertakeStageHold``, the counts
   return to zero and the table stays in force.
-- A graceful restart whose new config lists the stages in another order: the same (the old
-  children end their requests under the counts they started with; the module logs ``AH90305``),
-  and afterwards the table applies to each stage by its name. Before the fix an old child ended
+- A graceful restart whose new config lists the stages in another order: every request is
+  answered, none waits out the bound, the counts return to zero (the old children end their
+  requests under the counts they started with, the new ones count afresh: until the old ones
+  finish, each generation keeps the cap on its own; the module logs ``AH90305``), and afterwards
+  the table applies to each stage by its name. Before the fix an old child ended
   its requests in the other stage's counts: ``capped`` ran three at once, three requests waited
   out the bound and ``free``'s waiting count stayed at -3, holding its requests from then on.
 - A hard restart (SIGHUP) ends the requests in flight, as Apache does without the module; the
@@ -147,7 +149,9 @@ def test_a_graceful_restart_that_reorders_the_stages_loses_nothing_and_leaks_no_
     gen = _config_generation(inst)
     out = _burst_with(inst, signal.SIGUSR1, edit=swapped)
     assert [code for code, _ in out["capped"] + out["free"]] == [200] * 12
-    assert max_overlap(_spans(out["capped"])) == 1  # the burst's requests all came to the old children
+    # each generation keeps the cap on its own: under prefork a request the old children had no
+    # process for is accepted by a new one (before the fix: 3 or 4 at once)
+    assert max_overlap(_spans(out["capped"])) <= 2
     st = _counters(inst)
     assert _timeouts(st) == 0
     assert _config_generation(inst) == gen + 1
