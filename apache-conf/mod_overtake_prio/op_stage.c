@@ -334,18 +334,14 @@ OP_HOT int op_stage_fixups(request_rec *r)
     os_lock();
     queued = take_ticket(oc, stage, &ticket);
     granted = !queued || os_granted(os_shm->st[stage].q.head, ticket);
-    if (granted) {
-        if (queued) {
-            os_taken(&os_shm->st[stage].q, ticket);
-        }
-        os_mine(stage, 1);
-    }
     os_unlock();
     st->stage = stage;  /* counted running or waiting: the end completes it */
     if (!granted) {
         hold_request(r, st, ticket);
-        os_taken(&os_shm->st[stage].q, ticket);  /* first: a child killed in between leaves a count */
-        os_mine(stage, 1);
     }
+    if (queued) {
+        os_taken(&os_shm->st[stage].q, ticket);  /* first: a child killed in between leaves a count */
+    }
+    os_mine(stage, 1);
     return DECLINED;
 }

@@ -123,8 +123,7 @@ def test_a_crashed_childs_running_request_is_given_back(capped: tuple[apache.Apa
     assert st[f"overtake_stage_given_back_total{{{CAPPED}}}"] == 1
     assert st[f"overtake_stage_hold_timeouts_total{{{CAPPED}}}"] == 0
     assert "AH90306" in _error_log(inst)
-    parent = int((Path(inst.workdir) / "run" / "httpd.pid").read_text())
-    until(lambda: _status(inst)["overtake_stage_child_blocks"] == len(children(parent)), "a block per child")
+    until(lambda: _status(inst)["overtake_stage_child_blocks"] == len(children(inst.pid)), "a block per child")
 
 
 WAITERS = ("w1", "w2", "w3")

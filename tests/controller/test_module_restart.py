@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 from support.control_apache import control_apache
-from support.module_stages import max_overlap, prio_status, settled, until, write_policy
+from support.module_stages import config_generation, max_overlap, prio_status, settled, until, write_policy
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache.lifecycle import children
@@ -62,17 +62,6 @@ def _get(inst: apache.ApacheInstance, path: str) -> tuple[int | str, tuple[int, 
         return type(exc).__name__, None
 
 
-def _parent(inst: apache.ApacheInstance) -> int:
-    return int((Path(inst.workdir) / "run" / "httpd.pid").read_text())
-
-
-def _config_generation(inst: apache.ApacheInstance) -> int:
-    with urllib.request.urlopen(inst.base_url + "/server-status?auto", timeout=30) as r:
-        m = re.search(r"^ParentServerConfigGeneration: (\d+)$", r.read().decode(), re.M)
-    assert m
-    return int(m.group(1))
-
-
 def _burst_with(inst: apache.ApacheInstance, sig: int | None, n: int = 6,
                 edit: str | None = None) -> dict[str, list[tuple[int | str, tuple[int, int] | None]]]:
     """n requests of each stage at once; once ``capped``'s are held (the table lets one run),
@@ -92,7 +81,7 @@ def _burst_with(inst: apache.ApacheInstance, sig: int | None, n: int = 6,
         until(lambda: prio_status(inst)['overtake_stage_waiting{stage="capped"}'] >= 2, "requests held")
         if edit is not None:
             (Path(inst.workdir) / "httpd.conf").write_text(edit)
-        os.kill(_parent(inst), sig)
+        os.kill(inst.pid, sig)
     for t in threads:
         t.join(120)
     return out
@@ -128,13 +117,13 @@ def _follows_the_table(inst: apache.ApacheInstance) -> None:
 def test_a_graceful_restart_keeps_the_held_requests_and_the_cap(
         restartable: tuple[apache.ApacheInstance, str]) -> None:
     inst, _ = restartable
-    gen, conf = _config_generation(inst), _counters(inst)
+    gen, conf = config_generation(inst), _counters(inst)
     out = _burst_with(inst, signal.SIGUSR1)
     assert [code for code, _ in out["capped"] + out["free"]] == [200] * 12
     assert max_overlap(_spans(out["capped"])) == 1  # old and new children share the counts
     st = _counters(inst)
     assert _timeouts(st) == _timeouts(conf)
-    assert _config_generation(inst) == gen + 1
+    assert config_generation(inst) == gen + 1
     assert st['overtake_stage_table_in_force{stage="capped"}'] == 1
     _follows_the_table(inst)
 
@@ -146,7 +135,7 @@ def test_a_graceful_restart_that_reorders_the_stages_loses_nothing_and_leaks_no_
     blocks = re.findall(r"[ \t]*<LocationMatch [^\n]*>\n[^\n]*OvertakeStage \w+\n[ \t]*</LocationMatch>\n", text)
     assert len(blocks) == 2 and "capped" in blocks[0]
     swapped = text.replace(blocks[0], "\0").replace(blocks[1], blocks[0]).replace("\0", blocks[1])
-    gen = _config_generation(inst)
+    gen = config_generation(inst)
     out = _burst_with(inst, signal.SIGUSR1, edit=swapped)
     assert [code for code, _ in out["capped"] + out["free"]] == [200] * 12
     # each generation keeps the cap on its own: under prefork a request the old children had no
@@ -154,7 +143,7 @@ def test_a_graceful_restart_that_reorders_the_stages_loses_nothing_and_leaks_no_
     assert max_overlap(_spans(out["capped"])) <= 2
     st = _counters(inst)
     assert _timeouts(st) == 0
-    assert _config_generation(inst) == gen + 1
+    assert config_generation(inst) == gen + 1
     assert list(re.findall(r'^overtake_stage_active\{stage="(\w+)"\}', "\n".join(st), re.M)) == ["free", "capped"]
     assert "AH90305" in (Path(inst.workdir) / "logs" / "error.log").read_text()
     _follows_the_table(inst)
@@ -169,5 +158,5 @@ def test_a_hard_restart_leaves_no_count_behind(restartable: tuple[apache.ApacheI
     _counters(inst)
     _follows_the_table(inst)
     # each child's share of the counts went with it: one block per child still there
-    until(lambda: prio_status(inst)["overtake_stage_child_blocks"] == len(children(_parent(inst))),
+    until(lambda: prio_status(inst)["overtake_stage_child_blocks"] == len(children(inst.pid)),
            "a block per child")

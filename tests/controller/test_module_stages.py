@@ -17,7 +17,6 @@ count table in the control file, requests held inside Apache (mpm_event), no pro
 from __future__ import annotations
 
 import json
-import re
 import socket
 import sys
 import threading
@@ -30,7 +29,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.control_apache import control_apache
-from support.module_stages import at_once, max_overlap, prio_status, settled, stages_yaml, write_policy, write_table
+from support.module_stages import (
+    at_once,
+    config_generation,
+    max_overlap,
+    prio_status,
+    settled,
+    stages_yaml,
+    write_policy,
+    write_table,
+)
 from support.service_helpers import SidecarProc, admin_token_file, replay_h2_transactions
 
 from overtake.controller.harness import apache
@@ -84,16 +92,10 @@ def _apache_pid(inst: apache.ApacheInstance) -> int:
     return int((Path(inst.workdir) / "run" / "httpd.pid").read_text())
 
 
-def _config_generation(inst: apache.ApacheInstance) -> int:
-    m = re.search(r"^ParentServerConfigGeneration: (\d+)$", _get(inst, "/server-status?auto")[1], re.M)
-    assert m
-    return int(m.group(1))
-
-
 def test_cap_of_one_serialises_its_stage_only_and_a_new_table_takes_effect_live(
         staged: tuple[apache.ApacheInstance, str]) -> None:
     inst, path = staged
-    pid, conf_gen = _apache_pid(inst), _config_generation(inst)
+    pid, conf_gen = _apache_pid(inst), config_generation(inst)
     table = from_policy(BaselinePolicy("pi(1,8)", 2), NAMES)
     assert table is not None
     gen = write_table(path, table)
@@ -121,7 +123,7 @@ def test_cap_of_one_serialises_its_stage_only_and_a_new_table_takes_effect_live(
     assert max_overlap(spans["free"]) == 1, spans["free"]
     assert max_overlap(spans["capped"]) > 1, spans["capped"]
     assert _apache_pid(inst) == pid
-    assert _config_generation(inst) == conf_gen
+    assert config_generation(inst) == conf_gen
 
 
 def test_requests_that_never_wait_cost_no_wake_up(staged: tuple[apache.ApacheInstance, str]) -> None:
@@ -259,7 +261,7 @@ def test_a_refit_in_module_mode_reaches_apache_through_the_file(
     log (no request passes it), re-solves a blind policy and writes its count table; Apache's
     module enforces that generation, with no restart."""
     inst, path = staged
-    pid, conf_gen = _apache_pid(inst), _config_generation(inst)
+    pid, conf_gen = _apache_pid(inst), config_generation(inst)
     side = _online_sidecar(inst, path, tmp_path, arrival_window=60)
     try:
         n = 150
@@ -279,7 +281,7 @@ def test_a_refit_in_module_mode_reaches_apache_through_the_file(
         st = _wait_generation(inst, gen)
         assert st["overtake_stage_table_generation"] == gen
         assert st['overtake_stage_table_in_force{stage="capped"}'] == 1
-        assert _apache_pid(inst) == pid and _config_generation(inst) == conf_gen
+        assert _apache_pid(inst) == pid and config_generation(inst) == conf_gen
     finally:
         side.stop()
 
@@ -340,7 +342,7 @@ def test_a_changed_demand_distribution_reaches_the_modules_thresholds(
     sidecar has written them (before its next refit: within one refit interval), those fitted to
     the longer demands are longer, and Apache was neither restarted nor reconfigured."""
     inst, path = staged
-    pid, conf_gen = _apache_pid(inst), _config_generation(inst)
+    pid, conf_gen = _apache_pid(inst), config_generation(inst)
     side = _online_sidecar(inst, path, tmp_path, arrival_window=30)
     try:
         seen = len(_written(side))
@@ -370,6 +372,6 @@ def test_a_changed_demand_distribution_reaches_the_modules_thresholds(
             more.join(120)
         thr2 = _in_force_as_written(inst, side, 0)
         assert thr2 > 2 * thr1, (thr1, thr2, [r.get("refit") for r in _refits(side)][-2:])
-        assert _apache_pid(inst) == pid and _config_generation(inst) == conf_gen  # no restart, no graceful
+        assert _apache_pid(inst) == pid and config_generation(inst) == conf_gen  # no restart, no graceful
     finally:
         side.stop()

@@ -17,7 +17,8 @@ from overtake.controller.sidecar.control_file import ControlFile
 from overtake.controller.sidecar.count_table import CountTable, from_policy
 from overtake.controller.sidecar.policies import BaselinePolicy
 
-__all__ = ["at_once", "max_overlap", "prio_status", "settled", "stages_yaml", "until", "write_policy", "write_table"]
+__all__ = ["at_once", "config_generation", "max_overlap", "prio_status", "settled", "stages_yaml", "until", "write_policy",
+           "write_table"]
 
 J = TypeVar("J")
 R = TypeVar("R")
@@ -28,6 +29,14 @@ def prio_status(inst: apache.ApacheInstance, timeout: float = 30) -> dict[str, f
     with urllib.request.urlopen(inst.base_url + "/overtake-prio-status", timeout=timeout) as r:
         text = r.read().decode()
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\S+) (\S+)$", text, re.M)}
+
+
+def config_generation(inst: apache.ApacheInstance) -> int:
+    """Apache's ``ParentServerConfigGeneration`` (/server-status): one more at each restart."""
+    with urllib.request.urlopen(inst.base_url + "/server-status?auto", timeout=30) as r:
+        m = re.search(r"^ParentServerConfigGeneration: (\d+)$", r.read().decode(), re.M)
+    assert m
+    return int(m.group(1))
 
 
 def settled(inst: apache.ApacheInstance, names: Sequence[str]) -> dict[str, float]:
