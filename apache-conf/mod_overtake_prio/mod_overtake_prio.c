@@ -369,6 +369,7 @@ OP_HOT op_request_state *op_request_state_new(request_rec *r0)
     st->demotable = 0;
     st->end_f = NULL;
     st->stage = -1;
+    st->dropped = 0;
     st->r = r0;
     ap_set_module_config(r0->request_config, &overtake_prio_module, st);
     apr_pool_cleanup_register(r0->pool, st, request_done, apr_pool_cleanup_null);

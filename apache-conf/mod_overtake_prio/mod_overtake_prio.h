@@ -220,6 +220,7 @@ typedef struct {
     int demotable;              /* it may leave level 0 (age, class, idle start): the end filter */
     ap_filter_t *end_f;         /* the connection's end filter while it ends this request, or NULL */
     int stage;                  /* the stage the request was counted in, -1 while none */
+    int dropped;                /* its client went away while it was held: it never ran */
     request_rec *r;             /* the first request (its connection, at its end) */
 } op_request_state;
 /* The record of r's first request, or NULL: an array load (no hash, no call). */
@@ -293,6 +294,7 @@ const char *op_stage_set_prefix(cmd_parms *cmd, void *dconf, const char *prefix,
 const char *op_stage_set_hold(cmd_parms *cmd, void *dconf, const char *w);
 const char *op_stage_set_next(cmd_parms *cmd, void *dconf, const char *from, const char *to);
 const char *op_stage_set_follow_up(cmd_parms *cmd, void *dconf, const char *w);
+const char *op_stage_set_abort_on_close(cmd_parms *cmd, void *dconf, int on);
 int op_stage_pre_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp);
 int op_stage_check_config(apr_pool_t *p, server_rec *main_s);
 /* op_stage_decide.c: the shared counts and the table in force */

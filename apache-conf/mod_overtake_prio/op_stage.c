@@ -24,11 +24,16 @@
 
 #include <limits.h>
 #include <linux/futex.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "http_connection.h"
+#include "http_core.h"
 #include "http_protocol.h"
 #include "http_request.h"
 
@@ -69,8 +74,11 @@ OP_HOT void op_stage_request_end(op_request_state *q)
     while (last->next) {
         last = last->next;  /* an internal redirect: the request that ran the handler */
     }
-    /* counted here, not in a log hook: the pool's cleanup comes right after the log */
-    ADD(os_shm->st[q->stage].served[served_by(last)], 1);
+    /* counted here, not in a log hook: the pool's cleanup comes right after the log; a dropped
+     * request's work ran nowhere */
+    if (!q->dropped) {
+        ADD(os_shm->st[q->stage].served[served_by(last)], 1);
+    }
     os_mine(q->stage, -1);  /* before the count drops: a child killed in between leaves it counted */
     if (!oc && os_fast_complete(q->stage)) {
         return;  /* nothing waits: no decision, no table to look at */
@@ -119,24 +127,60 @@ static int hold_expire(int64_t now, int64_t *wake)
  * wake-up can fall between its look and its futex wait, and is then missed. */
 #define OS_REPAIR_LOOK_NS INT64_C(1000000000)
 
-/* Wait for ticket t of stage s until deadline: 1 when granted, 0 when the hold bound passed (it
- * runs anyway). The caller counts it among the stage's sleepers. */
-static int hold_counted(os_stage *s, uint32_t t, int64_t deadline)
+/* ... and at its client this often (a system call; the admission gate looks as often). */
+#define OS_CLIENT_LOOK_NS INT64_C(100000000)
+
+/* How a hold ended. */
+enum { OS_HOLD_TIMEOUT, OS_HOLD_GRANTED, OS_HOLD_GONE };
+
+/* Has the client of a held request gone away? No answer can reach a client that reset the
+ * connection (TCP state CLOSE): a client that gives up with an answer unread, or aborts, sends a
+ * reset. A half-close (CLOSE_WAIT: the client sent its FIN) may be a client that still reads its
+ * answer, or one that closed its socket after a timeout (most do so: nothing was unread): it counts
+ * as gone only with OvertakeStageAbortOnClose On (HAProxy's option abortonclose). An HTTP/2 stream
+ * the client reset, or whose connection ended, mod_http2 marks aborted. The same rule as the
+ * sidecar's queue, which drops a request whose client reset and serves one that half-closed. */
+static int client_gone(conn_rec *c)
+{
+    apr_socket_t *sock;
+    apr_os_sock_t fd;
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    if (c->aborted) {
+        return 1;
+    }
+    if (c->master || !(sock = ap_get_conn_socket(c)) || apr_os_sock_get(&fd, sock) != APR_SUCCESS
+        || getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) {
+        return 0;  /* a stream's socket is its connection's; not TCP: nothing to tell */
+    }
+    return ti.tcpi_state == TCP_CLOSE || (os_abort_on_close && ti.tcpi_state == TCP_CLOSE_WAIT);
+}
+
+/* Wait for ticket t of stage s until deadline (the caller counts it among the stage's sleepers).
+ * Granted, or the hold bound passed or the client went away: then it leaves the queue counted
+ * running (os_give_up), unless granted meanwhile, and its end completes it either way. */
+static int hold_counted(os_stage *s, uint32_t t, int64_t deadline, conn_rec *c)
 {
     uint32_t repairs = __atomic_load_n(&os_shm->repairs, __ATOMIC_SEQ_CST);
+    int64_t look_client = op_mono_ns() + OS_CLIENT_LOOK_NS;
     for (;;) {
         uint32_t h = __atomic_load_n(&s->q.head, __ATOMIC_SEQ_CST), now_repairs;
         struct timespec ts;
-        int given;
+        int gone = 0;
         int64_t now = op_mono_ns(), wake = deadline;
         if (os_granted(h, t)) {
-            return 1;
+            return OS_HOLD_GRANTED;
         }
-        if (now >= deadline) {
+        if (now >= look_client) {
+            gone = client_gone(c);
+            look_client = now + OS_CLIENT_LOOK_NS;
+        }
+        if (now >= deadline || gone) {
+            int given;
             os_lock();
             given = os_give_up(&s->q, t);
             os_unlock();
-            return given;
+            return gone ? OS_HOLD_GONE : given ? OS_HOLD_GRANTED : OS_HOLD_TIMEOUT;
         }
         if ((now_repairs = __atomic_load_n(&os_shm->repairs, __ATOMIC_SEQ_CST)) != repairs) {
             /* a dead child's counts came back: the parent, which has no table, woke the held
@@ -154,6 +198,9 @@ static int hold_counted(os_stage *s, uint32_t t, int64_t deadline)
         if (wake - now > OS_REPAIR_LOOK_NS) {
             wake = now + OS_REPAIR_LOOK_NS;  /* a repair's wake-up may come between the look and the wait */
         }
+        if (wake > look_client) {
+            wake = look_client;
+        }
         ts.tv_sec = (time_t)(wake / 1000000000);
         ts.tv_nsec = (long)(wake % 1000000000);
         /* absolute CLOCK_MONOTONIC deadline; wakes for this ticket's bit or a spurious one */
@@ -161,30 +208,40 @@ static int hold_counted(os_stage *s, uint32_t t, int64_t deadline)
     }
 }
 
-/* Wait for ticket t of stage s: 1 when granted, 0 when the hold bound passed (it runs anyway). */
-static int hold(os_stage *s, uint32_t t)
+/* Wait for ticket t of stage s (OS_HOLD_*). */
+static int hold(os_stage *s, uint32_t t, conn_rec *c)
 {
     int64_t deadline = op_mono_ns() + (int64_t)(os_hold_s * 1e9);
-    int given;
+    int how;
     __atomic_fetch_add(&s->sleepers, 1, __ATOMIC_SEQ_CST);  /* before the head is loaded: os_wake */
-    given = hold_counted(s, t, deadline);
+    how = hold_counted(s, t, deadline, c);
     __atomic_fetch_sub(&s->sleepers, 1, __ATOMIC_SEQ_CST);
-    return given;
+    return how;
 }
 
-/* Hold request r (of q's stage, ticket t) until its turn, counted; it runs afterwards anyway. */
-static OP_COLD void hold_request(request_rec *r, const op_request_state *q, uint32_t t)
+/* Hold request r (of q's stage, ticket t) until its turn, counted; it runs afterwards anyway,
+ * unless its client went away (OS_HOLD_GONE: the caller drops it). */
+static OP_COLD int hold_request(request_rec *r, const op_request_state *q, uint32_t t)
 {
     os_stage *s = &os_shm->st[q->stage];
     int64_t t0 = op_mono_ns();
+    int how;
     ADD(s->held, 1);
-    if (!hold(s, t)) {
+    how = hold(s, t, r->connection);
+    if (how == OS_HOLD_TIMEOUT) {
         ADD(s->hold_timeouts, 1);
         ap_log_rerror(APLOG_MARK, APLOG_WARNING, 0, r, APLOGNO(90301) "mod_overtake_prio: a "
                       "request of stage %s waited OvertakeStageHold %g s for its turn; it runs "
                       "anyway", os_shm->names[q->stage], os_hold_s);
     }
+    else if (how == OS_HOLD_GONE) {
+        ADD(s->dropped, 1);
+        ap_log_rerror(APLOG_MARK, APLOG_INFO, 0, r, APLOGNO(90307) "mod_overtake_prio: the client "
+                      "of a held request of stage %s went away after %.3f s; it is dropped, not run",
+                      os_shm->names[q->stage], (double)(op_mono_ns() - t0) / 1e9);
+    }
     ADD(s->hold_ns, (apr_uint64_t)(op_mono_ns() - t0));
+    return how;
 }
 
 /* ------------------------------------------------------------------------ the arrival */
@@ -336,12 +393,22 @@ OP_HOT int op_stage_fixups(request_rec *r)
     granted = !queued || os_granted(os_shm->st[stage].q.head, ticket);
     os_unlock();
     st->stage = stage;  /* counted running or waiting: the end completes it */
-    if (!granted) {
-        hold_request(r, st, ticket);
+    if (!granted && hold_request(r, st, ticket) == OS_HOLD_GONE) {
+        st->dropped = 1;
     }
     if (queued) {
         os_taken(&os_shm->st[stage].q, ticket);  /* first: a child killed in between leaves a count */
     }
     os_mine(stage, 1);
+    if (st->dropped) {
+        /* its handler never runs, and its count ends now (an HTTP/2 stream's pool may go only
+         * later), which starts the next; no follow-up (the connection is done). Logged as nginx
+         * logs a client that closed first: 499. */
+        r->connection->keepalive = AP_CONN_CLOSE;
+        r->connection->aborted = 1;
+        op_stage_request_end(st);
+        st->stage = -1;  /* the pool's cleanup has nothing left to end */
+        return OS_CLIENT_CLOSED;
+    }
     return DECLINED;
 }

@@ -30,6 +30,7 @@
 #define OS_UNSET (-2)
 #define OS_MAX_RES 1024             /* reservations outstanding at once (one per connection) */
 #define OS_MAX_CHILDREN 4096        /* children whose counts are given back if they crash */
+#define OS_CLIENT_CLOSED 499        /* the status a dropped request is logged with (nginx's) */
 
 /* How a reservation ended (overtake_stage_reservations_ended_total{outcome}). */
 enum { OS_RES_CLAIMED, OS_RES_EXPIRED, OS_RES_CLOSED, OS_RES_OTHER, OS_RES_N };
@@ -48,6 +49,7 @@ typedef struct {
     apr_uint64_t overflows;         /* found the queue's ticket ring full and ran at once */
     apr_uint64_t unheld;            /* ran at once because no table was in force for the stage */
     apr_uint64_t given_back;        /* counted by a child that died without ending them */
+    apr_uint64_t dropped;           /* held, then dropped: their client went away */
     apr_uint64_t served[OS_BY_N];   /* ended, by where their work ran */
     apr_uint64_t reservations;      /* follow-up reservations made in this stage */
     apr_uint64_t res_full;          /* ... not made: every reservation slot was in use */
@@ -170,6 +172,7 @@ extern int os_nnames;
 extern int os_next[OS_MAX_STAGES];
 extern double os_hold_s;
 extern double os_follow_s;
+extern int os_abort_on_close;
 int os_stage_of(const request_rec *r);
 
 /* op_stage_follow.c */

@@ -33,6 +33,7 @@ int os_nnames;
 double os_hold_s = 30.0;            /* OvertakeStageHold */
 int os_next[OS_MAX_STAGES];         /* OvertakeStageNext of the config being read (-1: none) */
 double os_follow_s = 0.005;         /* OvertakeStageFollowUp: about a loopback client's round trip */
+int os_abort_on_close;              /* OvertakeStageAbortOnClose */
 
 typedef struct {
     int stage;                      /* shared stage index, OS_NONE or OS_UNSET */
@@ -347,11 +348,23 @@ const char *op_stage_set_hold(cmd_parms *cmd, void *dconf, const char *w)
                        "the longest a request waits for its stage's turn", &os_hold_s);
 }
 
+const char *op_stage_set_abort_on_close(cmd_parms *cmd, void *dconf, int on)
+{
+    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
+    (void)dconf;
+    if (err) {
+        return err;
+    }
+    os_abort_on_close = on;
+    return NULL;
+}
+
 int op_stage_pre_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp)
 {
     (void)pconf; (void)plog; (void)ptemp;
     os_nnames = 0;
     os_hold_s = 30.0;
     os_follow_s = 0.005;
+    os_abort_on_close = 0;
     return OK;
 }

@@ -29,8 +29,9 @@
 #include "op_stage.h"
 
 /* the mapping's layout: a graceful restart into a module of another layout (an upgrade) must not
- * reuse the old one (v3: the fast word; v4: the children's blocks and the tickets' owners) */
-#define OS_RETAINED_KEY "mod_overtake_prio_stages_v4"
+ * reuse the old one (v3: the fast word; v4: the children's blocks and the tickets' owners; v5: the
+ * dropped count) */
+#define OS_RETAINED_KEY "mod_overtake_prio_stages_v5"
 
 os_shared *os_shm;
 int os_follow_on;

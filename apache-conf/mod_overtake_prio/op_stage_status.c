@@ -128,6 +128,9 @@ static void requests_status(request_rec *r, uint32_t n)
                   "Requests that found their stage's queue full and ran at once.");
     STAGE_COUNTER("overtake_stage_given_back_total", given_back,
                   "Requests counted by a child that died without ending them, given back by the parent.");
+    STAGE_COUNTER("overtake_stage_dropped_total", dropped,
+                  "Held requests dropped, not run: their client went away while they waited "
+                  "(reset; half-closed too with OvertakeStageAbortOnClose On).");
     metric(r, "overtake_stage_hold_seconds_total", "counter", "Total wait of the stage's held requests.");
     for (i = 0; i < n; i++) {
         ap_rprintf(r, "overtake_stage_hold_seconds_total{stage=\"%s\"} %.9f\n", os_shm->names[i],
@@ -184,6 +187,9 @@ static void table_status(request_rec *r, const os_snapshot *v)
     }
     metric(r, "overtake_stage_hold_limit_seconds", "gauge", "OvertakeStageHold.");
     ap_rprintf(r, "overtake_stage_hold_limit_seconds %g\n", os_hold_s);
+    metric(r, "overtake_stage_abort_on_close", "gauge",
+           "OvertakeStageAbortOnClose: 1 if a held request whose client half-closed is dropped.");
+    ap_rprintf(r, "overtake_stage_abort_on_close %d\n", os_abort_on_close);
     metric(r, "overtake_stage_follow_up_limit_seconds", "gauge",
            "OvertakeStageFollowUp: how long a follow-up reservation waits for its request.");
     ap_rprintf(r, "overtake_stage_follow_up_limit_seconds %g\n", (double)os_shm->follow_ns / 1e9);

@@ -18,9 +18,11 @@ each stream's count ends when FPM has answered it, counted as served by FastCGI.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import ssl
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import pytest
 from support.control_apache import control_apache
-from support.module_stages import at_once, max_overlap, prio_status, settled, write_policy
+from support.module_stages import at_once, max_overlap, prio_status, settled, until, write_policy
 
 from overtake.controller.harness import apache
 from overtake.controller.harness import php_fpm as pf
@@ -275,3 +277,37 @@ def test_http2_streams_to_php_fpm_are_held_in_apache_not_in_fpm(
     served = 'overtake_stage_served_total{stage="capped",by="fcgi"}'
     assert st[served] - before.get(served, 0.0) == 5  # each stream's count ended with FPM's answer
     assert st['overtake_stage_active{stage="capped"}'] == 0 and st['overtake_stage_waiting{stage="capped"}'] == 0
+
+
+def test_an_http2_stream_whose_client_went_away_is_dropped(tls_apache: tuple[apache.ApacheInstance, int, Path]) -> None:
+    """A held stream whose client gave up (curl's --max-time closes the connection) is dropped at
+    its turn, not run: mod_http2 marks it aborted, the module sees that within 100 ms, and the
+    stage's next request starts right after the running one."""
+    inst, port, cert = tls_apache
+    before = _wait_table(inst)
+    ctx = ssl.create_default_context(cafile=str(cert))
+    took: dict[str, float] = {}
+    def get(who: str, work: float) -> None:
+        t0 = time.monotonic()
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/stage1?work={work}", timeout=60, context=ctx) as r:
+            assert r.status == 200
+        took[who] = time.monotonic() - t0
+    capped = 'overtake_stage_{}{{stage="capped"}}'
+    runner = threading.Thread(target=get, args=("runner", 1.0))
+    runner.start()
+    until(lambda: prio_status(inst)[capped.format("active")] == 1, "the runner counted")
+    gone = subprocess.run(["curl", "--http2", "--cacert", str(cert), "-s", "-o", "/dev/null", "--max-time", "0.3",
+                           "-w", "%{http_code}", "-H", "X-Request-Id: h2left",
+                           f"https://127.0.0.1:{port}/stage1?work=1.0"], capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 28, gone  # curl's timeout: the stream was held, then left
+    nxt = threading.Thread(target=get, args=("next", 0.1))
+    nxt.start()
+    runner.join(60)
+    nxt.join(60)
+    assert took["next"] < 1.0 + 0.5, took  # not behind the left stream's second of CPU
+    st = settled(inst, NAMES)
+    assert st[capped.format("dropped_total")] - before[capped.format("dropped_total")] == 1
+    assert st[capped.format("hold_timeouts_total")] == before[capped.format("hold_timeouts_total")]
+    assert st[capped.format("active")] == 0 and st[capped.format("waiting")] == 0
+    log = (Path(inst.workdir) / "logs" / "access.log").read_text()
+    assert re.search(r'"GET /stage1\?work=1\.0 HTTP/2\.0" 499 .* rid=h2left ', log), log[-2000:]

@@ -187,6 +187,9 @@ class CpuPriority:
     stage_follow_up : float
         Seconds a reservation waits for the connection's next request (0.0001..60).
         ``OvertakeStageFollowUp``.
+    stage_abort_on_close : bool
+        Drop a held request whose client half-closed the connection, as one whose client reset
+        it always is. ``OvertakeStageAbortOnClose``.
     """
 
     levels: tuple[float, ...] = (0.005, 0.05)
@@ -209,6 +212,7 @@ class CpuPriority:
     stage_hold: float = 30.0
     stage_next: tuple[tuple[str, str], ...] = ()
     stage_follow_up: float = 0.005
+    stage_abort_on_close: bool = False
     priorities: tuple[int | str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -322,6 +326,8 @@ class CpuPriority:
         follow = self.stage_follow_up
         if isinstance(follow, bool) or not isinstance(follow, (int, float)) or not 0.0001 <= follow <= 60:
             raise ApacheInputError(f"cpu_priority.stage_follow_up: seconds in 0.0001..60, got {follow!r}")
+        if not isinstance(self.stage_abort_on_close, bool):
+            raise ApacheInputError(f"cpu_priority.stage_abort_on_close: True or False, got {self.stage_abort_on_close!r}")
 
     def _check_stage_prefixes(self) -> None:
         seen: set[tuple[str, ...]] = set()
@@ -375,6 +381,8 @@ def _stage_lines(cp: CpuPriority) -> str:
     lines += [f"OvertakeStageNext {a} {b}" for a, b in cp.stage_next]
     if cp.stage_next:
         lines.append(f"OvertakeStageFollowUp {float(cp.stage_follow_up)!r}")
+    if staged and cp.stage_abort_on_close:
+        lines.append("OvertakeStageAbortOnClose On")
     lines += [f'OvertakeStagePrefix "{e[1]}" {" ".join((e[0], *e[2:]))}' for e in cp.stage_prefixes]
     for name, regex in cp.stages:
         lines += [f'<LocationMatch "{regex}">', f"        OvertakeStage {name}", "    </LocationMatch>"]

@@ -236,6 +236,8 @@ def test_cpu_priority_defaults_and_tokens() -> None:
          "cpu_priority.stage_next"),
         ({"control_file": "/dev/shm/x", "stages": (("a", "^/a$"),), "stage_follow_up": 0.0},
          "cpu_priority.stage_follow_up"),
+        ({"control_file": "/dev/shm/x", "stages": (("a", "^/a$"),), "stage_abort_on_close": "on"},
+         "cpu_priority.stage_abort_on_close"),
         ({"stage_prefixes": (("a", "/a/"),)}, "give control_file too"),
         ({"control_file": "/dev/shm/x", "stage_prefixes": (("a", "^/a/"),)}, "must be a literal URL path"),
         ({"control_file": "/dev/shm/x", "stage_prefixes": (("a", "/a/", "get"),)}, "is not an HTTP method"),
@@ -331,6 +333,7 @@ def test_parse_prio_status_sample() -> None:
         ("OvertakeStageNext a b\nOvertakeStageNext a c", "OvertakeStageNext: 'a' already has next stage 'b'"),
         ("OvertakeStageNext a b/c", "OvertakeStageNext: 'b/c' is not a stage name"),
         ("OvertakeStageFollowUp 0", "OvertakeStageFollowUp: '0' must be seconds in [0.0001, 60]"),
+        ("OvertakeStageAbortOnClose maybe", "OvertakeStageAbortOnClose must be On or Off"),
     ],
 )
 def test_directives_rejected_by_config_test(
