@@ -135,11 +135,11 @@ enum { OS_HOLD_TIMEOUT, OS_HOLD_GRANTED, OS_HOLD_GONE };
 
 /* Has the client of a held request gone away? No answer can reach a client that reset the
  * connection (TCP state CLOSE): a client that gives up with an answer unread, or aborts, sends a
- * reset. A half-close (CLOSE_WAIT: the client sent its FIN) may be a client that still reads its
- * answer, or one that closed its socket after a timeout (most do so: nothing was unread): it counts
- * as gone only with OvertakeStageAbortOnClose On (HAProxy's option abortonclose). An HTTP/2 stream
- * the client reset, or whose connection ended, mod_http2 marks aborted. The same rule as the
- * sidecar's queue, which drops a request whose client reset and serves one that half-closed. */
+ * reset. A half-close (CLOSE_WAIT: the client sent its FIN) is almost always a client that closed
+ * its socket after a timeout or a stop (nothing was unread): it counts as gone too, as in the
+ * sidecar's queue, nginx and Envoy, unless OvertakeStageAbortOnClose Off serves clients that
+ * half-close and still read (HAProxy's default). An HTTP/2 stream the client reset, or whose
+ * connection ended, mod_http2 marks aborted. */
 static int client_gone(conn_rec *c)
 {
     apr_socket_t *sock;

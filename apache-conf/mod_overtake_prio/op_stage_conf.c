@@ -33,7 +33,7 @@ int os_nnames;
 double os_hold_s = 30.0;            /* OvertakeStageHold */
 int os_next[OS_MAX_STAGES];         /* OvertakeStageNext of the config being read (-1: none) */
 double os_follow_s = 0.005;         /* OvertakeStageFollowUp: about a loopback client's round trip */
-int os_abort_on_close;              /* OvertakeStageAbortOnClose */
+int os_abort_on_close = 1;          /* OvertakeStageAbortOnClose */
 
 typedef struct {
     int stage;                      /* shared stage index, OS_NONE or OS_UNSET */
@@ -365,6 +365,6 @@ int op_stage_pre_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp)
     os_nnames = 0;
     os_hold_s = 30.0;
     os_follow_s = 0.005;
-    os_abort_on_close = 0;
+    os_abort_on_close = 1;
     return OK;
 }

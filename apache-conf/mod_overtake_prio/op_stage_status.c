@@ -130,7 +130,7 @@ static void requests_status(request_rec *r, uint32_t n)
                   "Requests counted by a child that died without ending them, given back by the parent.");
     STAGE_COUNTER("overtake_stage_dropped_total", dropped,
                   "Held requests dropped, not run: their client went away while they waited "
-                  "(reset; half-closed too with OvertakeStageAbortOnClose On).");
+                  "(reset, or half-closed unless OvertakeStageAbortOnClose Off).");
     metric(r, "overtake_stage_hold_seconds_total", "counter", "Total wait of the stage's held requests.");
     for (i = 0; i < n; i++) {
         ap_rprintf(r, "overtake_stage_hold_seconds_total{stage=\"%s\"} %.9f\n", os_shm->names[i],

@@ -189,7 +189,7 @@ class CpuPriority:
         ``OvertakeStageFollowUp``.
     stage_abort_on_close : bool
         Drop a held request whose client half-closed the connection, as one whose client reset
-        it always is. ``OvertakeStageAbortOnClose``.
+        it always is (False: serve it). ``OvertakeStageAbortOnClose``.
     """
 
     levels: tuple[float, ...] = (0.005, 0.05)
@@ -212,7 +212,7 @@ class CpuPriority:
     stage_hold: float = 30.0
     stage_next: tuple[tuple[str, str], ...] = ()
     stage_follow_up: float = 0.005
-    stage_abort_on_close: bool = False
+    stage_abort_on_close: bool = True
     priorities: tuple[int | str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -381,8 +381,8 @@ def _stage_lines(cp: CpuPriority) -> str:
     lines += [f"OvertakeStageNext {a} {b}" for a, b in cp.stage_next]
     if cp.stage_next:
         lines.append(f"OvertakeStageFollowUp {float(cp.stage_follow_up)!r}")
-    if staged and cp.stage_abort_on_close:
-        lines.append("OvertakeStageAbortOnClose On")
+    if staged and not cp.stage_abort_on_close:
+        lines.append("OvertakeStageAbortOnClose Off")
     lines += [f'OvertakeStagePrefix "{e[1]}" {" ".join((e[0], *e[2:]))}' for e in cp.stage_prefixes]
     for name, regex in cp.stages:
         lines += [f'<LocationMatch "{regex}">', f"        OvertakeStage {name}", "    </LocationMatch>"]
