@@ -100,6 +100,8 @@ static inline int conf_nice(const op_conf *c, int k)
 /* op_directives.c */
 void *op_create_server_conf(apr_pool_t *p, server_rec *s);
 extern const command_rec op_cmds[];
+/* a server-wide On|Off held in the int its cmd_data points to (OvertakeRequestTimes, ...) */
+const char *op_global_flag(cmd_parms *cmd, void *d, int on);
 
 /* ------------------------------------------------------------------------ shared counters */
 
@@ -294,7 +296,6 @@ const char *op_stage_set_prefix(cmd_parms *cmd, void *dconf, const char *prefix,
 const char *op_stage_set_hold(cmd_parms *cmd, void *dconf, const char *w);
 const char *op_stage_set_next(cmd_parms *cmd, void *dconf, const char *from, const char *to);
 const char *op_stage_set_follow_up(cmd_parms *cmd, void *dconf, const char *w);
-const char *op_stage_set_abort_on_close(cmd_parms *cmd, void *dconf, int on);
 int op_stage_pre_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp);
 int op_stage_check_config(apr_pool_t *p, server_rec *main_s);
 /* op_stage_decide.c: the shared counts and the table in force */

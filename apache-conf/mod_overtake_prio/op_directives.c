@@ -5,6 +5,7 @@
 #include "mod_overtake_prio.h"
 #include "op_guard.h"
 #include "op_times.h"
+#include "op_stage.h"
 
 #include <string.h>
 #include <strings.h>
@@ -49,6 +50,18 @@ static const char *take_word(cmd_parms *cmd, void *d, const char *arg)
 static const char *take_flag(cmd_parms *cmd, void *d, int on)
 {
     return take_word(cmd, d, on ? "On" : "Off");
+}
+
+/* A server-wide On|Off kept in a global of the file that reads it (the directive's cmd_data). */
+const char *op_global_flag(cmd_parms *cmd, void *d, int on)
+{
+    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
+    (void)d;
+    if (err) {
+        return err;
+    }
+    *(int *)cmd->info = on;
+    return NULL;
 }
 
 static const char *set_flag(cmd_parms *cmd, op_conf *c, const char *arg)
@@ -244,7 +257,7 @@ const command_rec op_cmds[] = {
     AP_INIT_TAKE23("OvertakeStagePrefix", op_stage_set_prefix, NULL, RSRC_CONF, "PREFIX STAGE [METHOD]: requests whose URL path starts with PREFIX (at a segment boundary, as <Location>; the longest prefix wins; METHOD: only that method) are of STAGE ('none': of no stage); an OvertakeStage section wins over it"),
     AP_INIT_TAKE1("OvertakeStageHold", op_stage_set_hold, NULL, RSRC_CONF, "seconds a request waits at most for its stage's turn before it runs anyway (default 30)"),
     AP_INIT_TAKE2("OvertakeStageNext", op_stage_set_next, NULL, RSRC_CONF, "FIRST SECOND: a request of stage FIRST that ends on a kept-alive connection reserves a turn of stage SECOND for the connection's next request (default: none)"),
-    AP_INIT_FLAG("OvertakeStageAbortOnClose", op_stage_set_abort_on_close, NULL, RSRC_CONF, "Off: a held request whose client half-closed the connection is served (it may still read its answer); On: dropped, as one whose client reset it always is (default On)"),
+    AP_INIT_FLAG("OvertakeStageAbortOnClose", op_global_flag, &os_abort_on_close, RSRC_CONF, "Off: a held request whose client half-closed the connection is served (it may still read its answer); On: dropped, as one whose client reset it always is (default On)"),
     AP_INIT_TAKE1("OvertakeStageFollowUp", op_stage_set_follow_up, NULL, RSRC_CONF, "seconds a follow-up reservation waits for the connection's next request before it is given up (default 0.005)"),
     AP_INIT_TAKE1("OvertakeControlFile", take_word, &dir_control_file, RSRC_CONF, "file the sidecar writes the age thresholds of its policy to (its control_file): they replace OvertakePrioLevels while the file is valid, without a restart (default: none)"),
     {NULL}

@@ -348,17 +348,6 @@ const char *op_stage_set_hold(cmd_parms *cmd, void *dconf, const char *w)
                        "the longest a request waits for its stage's turn", &os_hold_s);
 }
 
-const char *op_stage_set_abort_on_close(cmd_parms *cmd, void *dconf, int on)
-{
-    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
-    (void)dconf;
-    if (err) {
-        return err;
-    }
-    os_abort_on_close = on;
-    return NULL;
-}
-
 int op_stage_pre_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp)
 {
     (void)pconf; (void)plog; (void)ptemp;

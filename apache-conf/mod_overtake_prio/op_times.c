@@ -44,27 +44,16 @@ typedef struct {
     int done;
 } ot_req;
 
-static int times_on;                    /* OvertakeRequestTimes: reset at every config read */
+int op_times_on;
 static int times_warned;                /* per child: the missing schedstat was logged */
 static ap_filter_rec_t *times_filter;
 /* initial-exec: a plain load from the thread pointer (as op_prio.c's slot) */
 static __thread int stat_fd __attribute__((tls_model("initial-exec"))) = -1;
 
-const char *op_times_set(cmd_parms *cmd, void *d, int on)
-{
-    const char *err = ap_check_cmd_context(cmd, GLOBAL_ONLY);
-    (void)d;
-    if (err) {
-        return err;
-    }
-    times_on = on;
-    return NULL;
-}
-
 static int times_pre_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp)
 {
     (void)pconf; (void)plog; (void)ptemp;
-    times_on = 0;  /* a graceful restart re-reads the config: Off unless it says On again */
+    op_times_on = 0;  /* a graceful restart re-reads the config: Off unless it says On again */
     return OK;
 }
 
@@ -123,7 +112,7 @@ static __attribute__((noinline)) void times_begin(request_rec *r)
  * not the request's). Off, it costs a test: the readings are apart. */
 OP_HOT void op_times_start(request_rec *r)
 {
-    if (times_on && !r->main && !r->prev) {
+    if (op_times_on && !r->main && !r->prev) {
         times_begin(r);  /* subrequests and internal redirects belong to the first request */
     }
 }
@@ -140,7 +129,7 @@ static __attribute__((noinline)) void times_filter_add(request_rec *r)
 
 OP_HOT void op_times_insert_filter(request_rec *r)
 {
-    if (times_on && !r->main) {
+    if (op_times_on && !r->main) {
         times_filter_add(r);
     }
 }

@@ -9,14 +9,14 @@
 
 #pragma GCC visibility push(hidden)
 
-const char *op_times_set(cmd_parms *cmd, void *d, int on);
+extern int op_times_on;             /* OvertakeRequestTimes: reset at every config read */
 void op_times_register_hooks(apr_pool_t *p);
 /* Called by mod_overtake_prio.c's request start (after the gate) and insert_filter hooks. */
 void op_times_start(request_rec *r);
 void op_times_insert_filter(request_rec *r);
 
 #define OP_TIMES_CMDS \
-    AP_INIT_FLAG("OvertakeRequestTimes", op_times_set, NULL, RSRC_CONF, "On: split each request's time in its handler into CPU, run-queue wait and blocked time, as request notes overtake_cpu_us, overtake_wait_us, overtake_blocked_us, overtake_wall_us, overtake_start_us for the access log (default Off)")
+    AP_INIT_FLAG("OvertakeRequestTimes", op_global_flag, &op_times_on, RSRC_CONF, "On: split each request's time in its handler into CPU, run-queue wait and blocked time, as request notes overtake_cpu_us, overtake_wait_us, overtake_blocked_us, overtake_wall_us, overtake_start_us for the access log (default Off)")
 
 #pragma GCC visibility pop
 
