@@ -401,7 +401,7 @@ def put_table(inst: apache.ApacheInstance, path: str, connections: int) -> dict[
         cf.close()
     deadline = time.monotonic() + 10
     while True:
-        st = _stage_counters(inst)
+        st = stage_counters(inst)
         if st.get("overtake_stage_table_generation") == gen and st.get(
                 f'overtake_stage_table_in_force{{stage="{MODULE_STAGE[0]}"}}') == 1:
             return st
@@ -410,7 +410,8 @@ def put_table(inst: apache.ApacheInstance, path: str, connections: int) -> dict[
         time.sleep(0.05)
 
 
-def _stage_counters(inst: apache.ApacheInstance) -> dict[str, float]:
+def stage_counters(inst: apache.ApacheInstance) -> dict[str, float]:
+    """The ``overtake_stage_*`` lines of the module's status page."""
     host, port = apache.parse_listen(inst.listen)
     conn = http.client.HTTPConnection(host, port, timeout=10)
     try:
@@ -553,7 +554,7 @@ def _table_counts(insts: dict[str, apache.ApacheInstance], before: dict[str, dic
     name = MODULE_STAGE[0]
     out: dict[str, Any] = {}
     for n, b in before.items():
-        st = _stage_counters(insts[n])
+        st = stage_counters(insts[n])
         out[n] = {k: st[f'overtake_stage_{k}{{stage="{name}"}}'] - b[f'overtake_stage_{k}{{stage="{name}"}}']
                   for k in ("requests_total", "held_total", "hold_timeouts_total")}
         out[n]["table_in_force"] = st[f'overtake_stage_table_in_force{{stage="{name}"}}'] == 1

@@ -2,7 +2,8 @@
 how soon the server is back.
 
     python bench/overload.py [--rate 15] [--seconds 20] [--patience 2] [--work 0.1] [--cap 2]
-                             [--runs 3] [--arms plain,serve,drop] [--record] [--json] [--no-write]
+                             [--lifo-after 0.5] [--runs 3] [--arms plain,serve,drop,newest]
+                             [--record] [--json] [--no-write]
 
 A private Apache (mpm_event, 256 workers) on one core; every request runs the stage handler for
 ``--work`` seconds of CPU. Open-loop arrivals at ``--rate`` a second for ``--seconds`` (with the
@@ -14,10 +15,14 @@ time is how long the server takes to get back to new work. Arms:
 - ``plain``: no table (Apache's default: every request runs at once, sharing the core);
 - ``serve``: module mode, the stage capped at ``--cap`` running by the count table π(cap, ...),
   held requests whose client left served all the same (``OvertakeStageAbortOnClose Off``);
-- ``drop``: the same with the module's default, a held request whose client left dropped.
+- ``drop``: the same with the module's default, a held request whose client left dropped;
+- ``newest``: ``drop`` with ``OvertakeStageLifoAfter`` (``--lifo-after``): once the stage's queue
+  has stood that long, its newest waiting requests start first.
 
-Per run: requests answered within the patience, handlers run and requests dropped (Apache's
-access log: status 200 and 499), and the patient request's response time. Appends the runs to
+With ``--patience`` longer than the overload lasts, no client leaves: that shows what newest
+first costs the oldest requests. Per run: requests answered within the patience and their mean and 99th-percentile response
+time, handlers run and requests dropped (Apache's access log: status 200 and 499), and the
+patient request's response time. Appends the runs to
 ``bench/results/overload.jsonl`` and their write-up to ``bench/results/sections.md`` with
 ``--record``.
 """
@@ -37,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from _report import add_output_arguments, command_line, machine, publish
+from cpu_priority import stage_counters
 
 from overtake.controller.harness import apache
 from overtake.controller.harness.apache.cpu_priority import CpuPriority
@@ -45,20 +51,22 @@ from overtake.controller.sidecar.control_file import ControlFile
 from overtake.controller.sidecar.count_table import from_policy
 from overtake.controller.sidecar.policies import BaselinePolicy
 
-ARMS = ("plain", "serve", "drop")
+ARMS = ("plain", "serve", "drop", "newest")
 STAGES = ("capped", "other")  # the bench's requests are all of the first
 
 
-def _get(host: str, port: int, path: str, timeout: float) -> bool:
-    """One request; True if answered 200 within ``timeout`` (else the connection is closed)."""
+def _get(host: str, port: int, path: str, timeout: float) -> float | None:
+    """One request: its response time if answered 200 within ``timeout``, else None (the
+    connection is closed)."""
+    t0 = time.monotonic()
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         conn.request("GET", path)
         r = conn.getresponse()
         r.read()
-        return r.status == 200
+        return time.monotonic() - t0 if r.status == 200 else None
     except (OSError, http.client.HTTPException):
-        return False
+        return None
     finally:
         conn.close()
 
@@ -76,13 +84,7 @@ def _put_table(inst: apache.ApacheInstance, path: str, cap: int) -> None:
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         _get(host, port, "/stage2?work=0", 10)  # a request start reads the control file
-        conn = http.client.HTTPConnection(host, port, timeout=10)
-        try:
-            conn.request("GET", "/overtake-prio-status")
-            text = conn.getresponse().read().decode()
-        finally:
-            conn.close()
-        if 'overtake_stage_table_in_force{stage="capped"} 1' in text:
+        if stage_counters(inst).get('overtake_stage_table_in_force{stage="capped"}') == 1:
             return
         time.sleep(0.1)
     raise RuntimeError("the count table did not come into force in Apache within 15 s")
@@ -92,21 +94,22 @@ def one_run(arm: str, args: argparse.Namespace, tmp: Path, core: int) -> dict[st
     """One arm, one run: start Apache, send the trace, read its access log, stop Apache."""
     control = f"/dev/shm/overtake-overload-{os.getpid()}-{arm}"
     cp = None if arm == "plain" else CpuPriority(
-        levels=(0.5,), nice=("idle",), control_file=control, stage_hold=600.0, stage_abort_on_close=arm == "drop",
-        stages=(("capped", "^/stage1$"), ("other", "^/stage2$")))
+        levels=(0.5,), nice=("idle",), control_file=control, stage_hold=600.0, stage_abort_on_close=arm != "serve",
+        stage_lifo_after=args.lifo_after if arm == "newest" else 0.0, stages=(("capped", "^/stage1$"), ("other", "^/stage2$")))
     inst = apache.start(tmp / arm, f"127.0.0.1:{free_port()}", cpu=core, max_workers=256, cpu_priority=cp)
     try:
         if cp is not None:
             _put_table(inst, control, args.cap)
         host, port = apache.parse_listen(inst.listen)
         path = f"/stage1?work={args.work}"
-        answered = []
+        answered: list[float] = []
         lock = threading.Lock()
 
         def client() -> None:
-            ok = _get(host, port, path, args.patience)
-            with lock:
-                answered.append(ok)
+            took = _get(host, port, path, args.patience)
+            if took is not None:
+                with lock:
+                    answered.append(took)
 
         threads = []
         n = round(args.rate * args.seconds)
@@ -117,9 +120,7 @@ def one_run(arm: str, args: argparse.Namespace, tmp: Path, core: int) -> dict[st
                 time.sleep(delay)
             threads.append(threading.Thread(target=client, daemon=True))
             threads[-1].start()
-        t1 = time.monotonic()
-        back = _get(host, port, path, 600)
-        recovery = time.monotonic() - t1
+        back = _get(host, port, path, 600)  # sent when the arrivals stop: how soon new work is served
         for t in threads:
             t.join(args.patience + 5)
         log = Path(inst.workdir) / "logs" / "access.log"
@@ -129,8 +130,11 @@ def one_run(arm: str, args: argparse.Namespace, tmp: Path, core: int) -> dict[st
         apache.stop(inst.workdir, graceful=False)
         for p in (control, control + ".key"):
             Path(p).unlink(missing_ok=True)
-    return {"sent": n, "answered_in_time": sum(answered), "handlers_run": codes.count("200") - 1,
-            "dropped": codes.count("499"), "recovery_s": recovery if back else None}
+    answered.sort()
+    return {"sent": n, "answered_in_time": len(answered), "handlers_run": codes.count("200") - 1,
+            "dropped": codes.count("499"), "recovery_s": back,
+            "answered_mean_s": statistics.fmean(answered) if answered else None,
+            "answered_p99_s": answered[min(len(answered) - 1, int(0.99 * len(answered)))] if answered else None}
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -151,15 +155,16 @@ def report(res: dict[str, Any]) -> str:
     lines = ["## Module mode under overload from clients that give up", "",
              f"Date {res['date']}, machine: {res['machine']}; command: `{res['command']}`. Apache on one core, "
              f"{a['rate']:g} requests/s of {a['work']:g} s CPU each for {a['seconds']:g} s, clients closing after "
-             f"{a['patience']:g} s; module mode caps the stage at {a['cap']} running. Median (range) over "
-             f"{a['runs']} runs.", "",
-             "| arm | answered in time | handlers run | dropped | first request after the overload, s |",
-             "|---|---:|---:|---:|---:|"]
+             f"{a['patience']:g} s; module mode caps the stage at {a['cap']} running (newest: newest first once "
+             f"its queue has stood {a['lifo_after']:g} s). Median (range) over {a['runs']} runs.", "",
+             "| arm | answered in time | their mean / p99 s | handlers run | dropped | next request after, s |",
+             "|---|---:|---:|---:|---:|---:|"]
     for arm, s in res["summary"].items():
         def f(k: str, fmt: str = "{:g}", _s: dict[str, Any] = s) -> str:
             v = _s[k]
             return "–" if v is None else f"{fmt.format(v['median'])} ({fmt.format(v['min'])}–{fmt.format(v['max'])})"
-        lines.append(f"| {arm} | {f('answered_in_time')} | {f('handlers_run')} | {f('dropped')} | "
+        lines.append(f"| {arm} | {f('answered_in_time')} | {f('answered_mean_s', '{:.2f}')} / "
+                     f"{f('answered_p99_s', '{:.2f}')} | {f('handlers_run')} | {f('dropped')} | "
                      f"{f('recovery_s', '{:.2f}')} |")
     return "\n".join(lines) + "\n"
 
@@ -171,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--patience", type=float, default=2.0, help="seconds a client waits for its answer (default 2)")
     ap.add_argument("--work", type=float, default=0.1, help="CPU seconds of each request (default 0.1)")
     ap.add_argument("--cap", type=int, default=2, help="module mode: the stage's running cap (default 2)")
+    ap.add_argument("--lifo-after", type=float, default=0.5,
+                    help="arm newest: OvertakeStageLifoAfter, seconds (default 0.5)")
     ap.add_argument("--runs", type=int, default=3, help="runs of each arm, interleaved (default 3)")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     add_output_arguments(ap)
@@ -178,9 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     arms = [x.strip() for x in args.arms.split(",") if x.strip()]
     if not arms or any(x not in ARMS for x in arms):
         ap.error(f"--arms: give some of {', '.join(ARMS)}, e.g. --arms plain,drop")
-    for name, lo, hi in (("rate", 0.1, 200), ("seconds", 1, 600), ("patience", 0.1, 60), ("work", 0.001, 5)):
+    for name, lo, hi in (("rate", 0.1, 200), ("seconds", 1, 600), ("patience", 0.1, 60), ("work", 0.001, 5),
+                         ("lifo_after", 0.001, 3600)):
         if not lo <= getattr(args, name) <= hi:
-            ap.error(f"--{name}: must be in [{lo:g}, {hi:g}], got {getattr(args, name):g}")
+            ap.error(f"--{name.replace('_', '-')}: must be in [{lo:g}, {hi:g}], got {getattr(args, name):g}")
     if not 1 <= args.cap <= 8:
         ap.error(f"--cap: must be in 1..8, got {args.cap}")
     if not 1 <= args.runs <= 20:
@@ -202,9 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     res = {"date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "machine": machine(),
            "command": command_line(argv), "args": {k: getattr(args, k) for k in ("rate", "seconds", "patience", "work",
-                                                                                "cap", "runs")},
+                                                                                "cap", "lifo_after", "runs")},
            "runs": runs, "summary": {arm: summarize(r) for arm, r in runs.items()}}
-    publish(args, "overload", report(res), res)
+    # a run with patient clients (where newest first costs the oldest) gets a section of its own
+    publish(args, "overload" if args.patience == 2.0 else f"overload-patience-{args.patience:g}", report(res), res)
     return 0
 
 

@@ -296,6 +296,7 @@ const char *op_stage_set_prefix(cmd_parms *cmd, void *dconf, const char *prefix,
 const char *op_stage_set_hold(cmd_parms *cmd, void *dconf, const char *w);
 const char *op_stage_set_next(cmd_parms *cmd, void *dconf, const char *from, const char *to);
 const char *op_stage_set_follow_up(cmd_parms *cmd, void *dconf, const char *w);
+const char *op_stage_set_lifo_after(cmd_parms *cmd, void *dconf, const char *w);
 int op_stage_pre_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp);
 int op_stage_check_config(apr_pool_t *p, server_rec *main_s);
 /* op_stage_decide.c: the shared counts and the table in force */

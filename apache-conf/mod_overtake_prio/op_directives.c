@@ -258,6 +258,7 @@ const command_rec op_cmds[] = {
     AP_INIT_TAKE1("OvertakeStageHold", op_stage_set_hold, NULL, RSRC_CONF, "seconds a request waits at most for its stage's turn before it runs anyway (default 30)"),
     AP_INIT_TAKE2("OvertakeStageNext", op_stage_set_next, NULL, RSRC_CONF, "FIRST SECOND: a request of stage FIRST that ends on a kept-alive connection reserves a turn of stage SECOND for the connection's next request (default: none)"),
     AP_INIT_FLAG("OvertakeStageAbortOnClose", op_global_flag, &os_abort_on_close, RSRC_CONF, "Off: a held request whose client half-closed the connection is served (it may still read its answer); On: dropped, as one whose client reset it always is (default On)"),
+    AP_INIT_TAKE1("OvertakeStageLifoAfter", op_stage_set_lifo_after, NULL, RSRC_CONF, "seconds a stage's queue stands (never empty) before its starts go to the newest waiting requests first, until it empties (default 0: always the oldest first)"),
     AP_INIT_TAKE1("OvertakeStageFollowUp", op_stage_set_follow_up, NULL, RSRC_CONF, "seconds a follow-up reservation waits for the connection's next request before it is given up (default 0.005)"),
     AP_INIT_TAKE1("OvertakeControlFile", take_word, &dir_control_file, RSRC_CONF, "file the sidecar writes the age thresholds of its policy to (its control_file): they replace OvertakePrioLevels while the file is valid, without a restart (default: none)"),
     {NULL}

@@ -164,11 +164,12 @@ static int hold_counted(os_stage *s, uint32_t t, int64_t deadline, conn_rec *c)
     uint32_t repairs = __atomic_load_n(&os_shm->repairs, __ATOMIC_SEQ_CST);
     int64_t look_client = op_mono_ns() + OS_CLIENT_LOOK_NS;
     for (;;) {
-        uint32_t h = __atomic_load_n(&s->q.head, __ATOMIC_SEQ_CST), now_repairs;
+        /* the wake word before the look: a grant after it changes the word, and the wait returns */
+        uint32_t w = __atomic_load_n(&s->q.wake, __ATOMIC_SEQ_CST), now_repairs;
         struct timespec ts;
         int gone = 0;
         int64_t now = op_mono_ns(), wake = deadline;
-        if (os_granted(h, t)) {
+        if (os_started(&s->q, __atomic_load_n(&s->q.head, __ATOMIC_SEQ_CST), t)) {
             return OS_HOLD_GRANTED;
         }
         if (now >= look_client) {
@@ -204,7 +205,7 @@ static int hold_counted(os_stage *s, uint32_t t, int64_t deadline, conn_rec *c)
         ts.tv_sec = (time_t)(wake / 1000000000);
         ts.tv_nsec = (long)(wake % 1000000000);
         /* absolute CLOCK_MONOTONIC deadline; wakes for this ticket's bit or a spurious one */
-        syscall(SYS_futex, &s->q.head, FUTEX_WAIT_BITSET, h, &ts, NULL, 1u << (t & 31));
+        syscall(SYS_futex, &s->q.wake, FUTEX_WAIT_BITSET, w, &ts, NULL, 1u << (t & 31));
     }
 }
 
@@ -302,6 +303,7 @@ static int take_ticket(os_conn *oc, int stage, uint32_t *ticket)
         ADD(s->overflows, 1);
         return 0;
     }
+    os_waiting_from(stage, op_mono_ns());
     s->q.owner[*ticket % OS_RING] = (uint16_t)(os_me + 1);  /* given back if this child dies */
     os_epoch();
     return 1;
@@ -390,7 +392,7 @@ OP_HOT int op_stage_fixups(request_rec *r)
     }
     os_lock();
     queued = take_ticket(oc, stage, &ticket);
-    granted = !queued || os_granted(os_shm->st[stage].q.head, ticket);
+    granted = !queued || os_started(&os_shm->st[stage].q, os_shm->st[stage].q.head, ticket);
     os_unlock();
     st->stage = stage;  /* counted running or waiting: the end completes it */
     if (!granted && hold_request(r, st, ticket) == OS_HOLD_GONE) {

@@ -50,6 +50,8 @@ typedef struct {
     apr_uint64_t unheld;            /* ran at once because no table was in force for the stage */
     apr_uint64_t given_back;        /* counted by a child that died without ending them */
     apr_uint64_t dropped;           /* held, then dropped: their client went away */
+    apr_uint64_t newest_first;      /* starts given to the newest waiting request (OvertakeStageLifoAfter) */
+    int64_t waiting_since;          /* when the queue last went from empty to waiting */
     apr_uint64_t served[OS_BY_N];   /* ended, by where their work ran */
     apr_uint64_t reservations;      /* follow-up reservations made in this stage */
     apr_uint64_t res_full;          /* ... not made: every reservation slot was in use */
@@ -85,6 +87,7 @@ typedef struct {
     apr_uint64_t wakes;             /* futex wake-ups issued (a system call each) */
     os_stage st[OS_MAX_STAGES];
     int64_t follow_ns;              /* OvertakeStageFollowUp */
+    int64_t lifo_ns;                /* OvertakeStageLifoAfter (0: never newest first) */
     uint32_t nres;                  /* reservations outstanding, all stages */
     uint32_t res_hi;                /* slots [0, res_hi) may be in use */
     int64_t res_due;                /* no reservation expires before this */
@@ -164,6 +167,7 @@ static inline void os_taken(os_queue *q, uint32_t t)
 }
 
 int32_t os_start(int i, int32_t n);
+void os_waiting_from(int i, int64_t now);
 void os_epoch(void);
 
 /* op_stage_conf.c: the configuration read last (reset by pre_config: Apache reads it twice) */
@@ -173,6 +177,7 @@ extern int os_next[OS_MAX_STAGES];
 extern double os_hold_s;
 extern double os_follow_s;
 extern int os_abort_on_close;
+extern double os_lifo_s;
 int os_stage_of(const request_rec *r);
 
 /* op_stage_follow.c */

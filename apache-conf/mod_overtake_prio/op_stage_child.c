@@ -66,7 +66,7 @@ static int32_t give_back(uint32_t b, uint32_t i)
             continue;
         }
         q->owner[t % OS_RING] = 0;
-        if (os_granted(q->head, t)) {
+        if (os_started(q, q->head, t)) {
             a++;  /* granted, counted running, and its waiter never woke */
         }
         else if (!q->gone[t % OS_RING]) {
@@ -81,6 +81,8 @@ static int32_t give_back(uint32_t b, uint32_t i)
     }
     if (n) {
         ADD(os_shm->st[i].given_back, (apr_uint64_t)n);
+        /* a waiter between its look and its futex wait then finds the word changed */
+        __atomic_store_n(&q->wake, q->wake + 1, __ATOMIC_SEQ_CST);
     }
     return n;
 }
@@ -113,7 +115,7 @@ void op_stage_child_status(server_rec *s, pid_t pid, ap_generation_t gen, int sl
     __atomic_store_n(&os_shm->child[b].pid, 0, __ATOMIC_RELEASE);
     for (i = 0; n && i < os_shm->nstages && i < OS_MAX_STAGES; i++) {
         if (__atomic_load_n(&os_shm->st[i].sleepers, __ATOMIC_SEQ_CST)) {
-            syscall(SYS_futex, &os_shm->st[i].q.head, FUTEX_WAKE_BITSET, INT_MAX, NULL, NULL,
+            syscall(SYS_futex, &os_shm->st[i].q.wake, FUTEX_WAKE_BITSET, INT_MAX, NULL, NULL,
                     FUTEX_BITSET_MATCH_ANY);
         }
     }

@@ -34,6 +34,7 @@ double os_hold_s = 30.0;            /* OvertakeStageHold */
 int os_next[OS_MAX_STAGES];         /* OvertakeStageNext of the config being read (-1: none) */
 double os_follow_s = 0.005;         /* OvertakeStageFollowUp: about a loopback client's round trip */
 int os_abort_on_close = 1;          /* OvertakeStageAbortOnClose */
+double os_lifo_s;                   /* OvertakeStageLifoAfter (0: off) */
 
 typedef struct {
     int stage;                      /* shared stage index, OS_NONE or OS_UNSET */
@@ -348,6 +349,14 @@ const char *op_stage_set_hold(cmd_parms *cmd, void *dconf, const char *w)
                        "the longest a request waits for its stage's turn", &os_hold_s);
 }
 
+const char *op_stage_set_lifo_after(cmd_parms *cmd, void *dconf, const char *w)
+{
+    (void)dconf;
+    return set_seconds(cmd, "OvertakeStageLifoAfter", w, 0, 3600, "[0, 3600]",
+                       "how long a stage's queue stands before its newest requests start first (0: never)",
+                       &os_lifo_s);
+}
+
 int op_stage_pre_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp)
 {
     (void)pconf; (void)plog; (void)ptemp;
@@ -355,5 +364,6 @@ int op_stage_pre_config(apr_pool_t *pconf, apr_pool_t *plog, apr_pool_t *ptemp)
     os_hold_s = 30.0;
     os_follow_s = 0.005;
     os_abort_on_close = 1;
+    os_lifo_s = 0;
     return OK;
 }

@@ -6,14 +6,15 @@
  * section (os_table.h, written by the sidecar from a blind policy) says, for each observation of
  * those counts, how many waiting requests of each stage start. A decision (an epoch) is taken at
  * every arrival, completion and table change, under the one lock (op_stage.h): it looks the
- * counts up and moves the queues' heads past the tickets that start, waking them
- * (FUTEX_WAKE_BITSET, one bit per ticket modulo 32, so a wake-up rarely reaches a request that
- * must go on waiting). With no table in force for a stage (no control file, none valid, no stage
+ * counts up and moves the queues' heads past the tickets that start (or, once a queue has stood
+ * longer than OvertakeStageLifoAfter, starts its newest tickets out of turn), waking them
+ * (FUTEX_WAKE_BITSET on the queue's wake word, one bit per ticket modulo 32, so a wake-up rarely
+ * reaches a request that must go on waiting). With no table in force for a stage (no control file, none valid, no stage
  * section, or a stage the table does not name), its requests start at once.
  *
  * Like the sidecar's limiter, a table that starts nothing while nothing runs would idle the server
- * with requests waiting: then the oldest request of the last stage with waiters starts (a
- * guard start, counted).
+ * with requests waiting: then one request of the last stage with waiters starts (the oldest, or
+ * the newest while its queue stands; a guard start, counted).
  */
 #include "mod_overtake_prio.h"
 
@@ -30,8 +31,8 @@
 
 /* the mapping's layout: a graceful restart into a module of another layout (an upgrade) must not
  * reuse the old one (v3: the fast word; v4: the children's blocks and the tickets' owners; v5: the
- * dropped count) */
-#define OS_RETAINED_KEY "mod_overtake_prio_stages_v5"
+ * dropped count; v6: the wake word and the starts out of turn) */
+#define OS_RETAINED_KEY "mod_overtake_prio_stages_v6"
 
 os_shared *os_shm;
 int os_follow_on;
@@ -41,27 +42,59 @@ os_tab os_tab_now = {NULL, 0, {0}, {0}, {0}, 0};
 
 /* Wake the granted tickets' waiters. Most grants go to the request that is deciding at its own
  * arrival, which sleeps on nothing: a FUTEX_WAKE (a system call on a shared word) is made only
- * when some request may sleep. The head's store (grant) and this load are sequentially
- * consistent, as are a waiter's count and its load of the head (hold): either the waiter sees
- * its grant, or this sees the waiter; FUTEX_WAIT checks the head again in the kernel. */
+ * when some request may sleep. The wake word's store (every grant makes one) and this load are
+ * sequentially consistent, as are a waiter's count and its load of the wake word before it looks
+ * at its ticket (hold): either the waiter sees its grant, or this sees the waiter; FUTEX_WAIT
+ * compares the wake word again in the kernel. (The head cannot be that word: a start out of
+ * turn does not move it.) */
 static void os_wake(os_stage *s, uint32_t bits)
 {
     if (bits && __atomic_load_n(&s->sleepers, __ATOMIC_SEQ_CST)) {
         /* shared (not FUTEX_PRIVATE): waiters of every child share the mapping */
-        syscall(SYS_futex, &s->q.head, FUTEX_WAKE_BITSET, INT_MAX, NULL, NULL, bits);
+        syscall(SYS_futex, &s->q.wake, FUTEX_WAKE_BITSET, INT_MAX, NULL, NULL, bits);
         ADD(os_shm->wakes, 1);
     }
 }
 
 /* ------------------------------------------------------------------------ decisions */
 
+/* A ticket of shared stage i was enqueued at now (lock held): the queue's wait starts if it was
+ * empty. */
+void os_waiting_from(int i, int64_t now)
+{
+    if (os_shm->st[i].q.waiting == 1) {
+        os_shm->st[i].waiting_since = now;
+    }
+}
+
+/* Whether stage i's starts go newest first now (lock held): its queue has stood, never empty,
+ * longer than OvertakeStageLifoAfter. Which waiting request of a stage starts does not change
+ * the counts a table decides by, so the model's mean response time is the same either way; but
+ * once a queue stands, the oldest requests are those whose clients are about to give up, and
+ * the newest can still be answered in time (adaptive LIFO). */
+static int newest_first(int i)
+{
+    const os_stage *s = &os_shm->st[i];
+    return os_shm->lifo_ns > 0 && s->q.waiting > 0 && op_mono_ns() - s->waiting_since > os_shm->lifo_ns;
+}
+
 /* Grant n starts in shared stage i (lock held) and wake them; how many started. */
 int32_t os_start(int i, int32_t n)
 {
+    os_stage *s = &os_shm->st[i];
     uint32_t bits = 0;
-    int32_t done = os_grant(&os_shm->st[i].q, n, &bits);
-    __atomic_store_n(&os_shm->st[i].q.head, os_shm->st[i].q.head, __ATOMIC_SEQ_CST);
-    os_wake(&os_shm->st[i], bits);
+    int32_t done;
+    if (n < INT32_MAX && newest_first(i)) {
+        done = os_grant_newest(&s->q, n, &bits);
+        ADD(s->newest_first, (apr_uint64_t)done);
+    }
+    else {
+        done = os_grant(&s->q, n, &bits);
+    }
+    if (bits) {
+        __atomic_store_n(&s->q.wake, s->q.wake + 1, __ATOMIC_SEQ_CST);
+    }
+    os_wake(s, bits);
     return done;
 }
 
@@ -284,5 +317,6 @@ void op_stage_prepare(server_rec *s)
         os_follow_on |= os_shm->next[i] >= 0;
     }
     os_shm->follow_ns = (int64_t)(os_follow_s * 1e9);
+    os_shm->lifo_ns = (int64_t)(os_lifo_s * 1e9);
     os_unlock();
 }

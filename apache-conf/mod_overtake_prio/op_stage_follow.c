@@ -44,7 +44,7 @@ void os_res_end(uint32_t i, int outcome)
 {
     os_queue *q = &os_shm->st[os_shm->res[i].stage].q;
     uint32_t t = os_shm->res[i].ticket;
-    if (os_granted(q->head, t)) {
+    if (os_started(q, q->head, t)) {
         os_complete(q);
     }
     else {
@@ -106,6 +106,7 @@ int os_res_make(os_conn *oc, int stage, int64_t now)
         ADD(s->res_full, 1);
         return 0;
     }
+    os_waiting_from(stage, now);
     v = &os_shm->res[i];
     v->stage = stage;
     v->ticket = t;

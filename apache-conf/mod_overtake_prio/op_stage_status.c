@@ -36,7 +36,8 @@ static void snapshot(os_snapshot *v)
     for (i = 0; i < os_shm->res_hi; i++) {
         const os_res *r = &os_shm->res[i];
         if (r->stage >= 0) {
-            (os_granted(os_shm->st[r->stage].q.head, r->ticket) ? v->rrun : v->rwait)[r->stage]++;
+            (os_started(&os_shm->st[r->stage].q, os_shm->st[r->stage].q.head, r->ticket) ? v->rrun
+                                                                                     : v->rwait)[r->stage]++;
         }
     }
     for (i = 0; i < v->n; i++) {
@@ -128,6 +129,9 @@ static void requests_status(request_rec *r, uint32_t n)
                   "Requests that found their stage's queue full and ran at once.");
     STAGE_COUNTER("overtake_stage_given_back_total", given_back,
                   "Requests counted by a child that died without ending them, given back by the parent.");
+    STAGE_COUNTER("overtake_stage_newest_first_total", newest_first,
+                  "Starts given to the stage's newest waiting request, its queue having stood "
+                  "longer than OvertakeStageLifoAfter.");
     STAGE_COUNTER("overtake_stage_dropped_total", dropped,
                   "Held requests dropped, not run: their client went away while they waited "
                   "(reset, or half-closed unless OvertakeStageAbortOnClose Off).");
@@ -190,6 +194,9 @@ static void table_status(request_rec *r, const os_snapshot *v)
     metric(r, "overtake_stage_abort_on_close", "gauge",
            "OvertakeStageAbortOnClose: 1 if a held request whose client half-closed is dropped.");
     ap_rprintf(r, "overtake_stage_abort_on_close %d\n", os_abort_on_close);
+    metric(r, "overtake_stage_lifo_after_seconds", "gauge",
+           "OvertakeStageLifoAfter: how long a queue stands before its newest requests start first (0: never).");
+    ap_rprintf(r, "overtake_stage_lifo_after_seconds %g\n", (double)os_shm->lifo_ns / 1e9);
     metric(r, "overtake_stage_follow_up_limit_seconds", "gauge",
            "OvertakeStageFollowUp: how long a follow-up reservation waits for its request.");
     ap_rprintf(r, "overtake_stage_follow_up_limit_seconds %g\n", (double)os_shm->follow_ns / 1e9);

@@ -191,13 +191,16 @@ static inline void os_lookup(const os_table *t, const int32_t *w, const int32_t 
 /* Count arithmetic of one stage's queue (op_stage.c keeps these words in shared memory under its
  * lock): tickets are handed out at tail, the head passes them in order as starts are granted;
  * a ticket whose request stopped waiting (its hold bound passed) is skipped. The ring of `gone`
- * flags has OS_RING entries: at most that many tickets are outstanding. */
+ * flags has OS_RING entries: at most that many tickets are outstanding. A start may also go to
+ * the newest waiting ticket (os_grant_newest): it is marked `go`, and gone for the head. */
 #define OS_RING 4096u
 
 typedef struct {
     uint32_t head, tail;        /* tickets in [head, tail) wait or are gone */
     int32_t waiting, active;
+    uint32_t wake;              /* the waiters' futex word: one more at every grant */
     uint8_t gone[OS_RING];
+    uint8_t go[OS_RING];        /* started out of turn (newest first), the head not past it yet */
     uint16_t owner[OS_RING];    /* the waiting request's child block + 1 (0: none, or it runs) */
 } os_queue;
 
@@ -209,6 +212,7 @@ static inline int os_enqueue(os_queue *q, uint32_t *ticket)
     }
     *ticket = q->tail++;
     q->gone[*ticket % OS_RING] = 0;
+    q->go[*ticket % OS_RING] = 0;
     q->owner[*ticket % OS_RING] = 0;
     q->waiting++;
     return 1;
@@ -233,17 +237,44 @@ static inline int32_t os_grant(os_queue *q, int32_t n, uint32_t *bits)
     return done;
 }
 
-/* Has ticket t been granted? (head moved past it) */
+/* Start up to n waiting requests, newest first; as os_grant. Each is marked gone (the head skips
+ * it) and go (its waiter sees the start: os_started). */
+static inline int32_t os_grant_newest(os_queue *q, int32_t n, uint32_t *bits)
+{
+    int32_t done = 0;
+    uint32_t t = q->tail;
+    while (done < n && q->waiting > 0 && t != q->head) {
+        t--;
+        if (q->gone[t % OS_RING]) {
+            continue;
+        }
+        q->gone[t % OS_RING] = 1;
+        __atomic_store_n(&q->go[t % OS_RING], 1, __ATOMIC_RELAXED);  /* published by the wake word */
+        q->waiting--;
+        q->active++;
+        *bits |= 1u << (t & 31);
+        done++;
+    }
+    return done;
+}
+
+/* Has ticket t been granted in turn? (head moved past it) */
 static inline int os_granted(uint32_t head, uint32_t t)
 {
     return (int32_t)(head - t) > 0;
+}
+
+/* Has ticket t been started, in turn (head, as loaded by the caller) or out of turn? */
+static inline int os_started(const os_queue *q, uint32_t head, uint32_t t)
+{
+    return os_granted(head, t) || __atomic_load_n(&q->go[t % OS_RING], __ATOMIC_RELAXED);
 }
 
 /* A waiter whose hold bound passed: 1 if it was granted meanwhile, else it leaves the queue and
  * runs (counted active) and 0 is returned. */
 static inline int os_give_up(os_queue *q, uint32_t t)
 {
-    if (os_granted(q->head, t)) {
+    if (os_started(q, q->head, t)) {
         return 1;
     }
     q->gone[t % OS_RING] = 1;

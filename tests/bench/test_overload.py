@@ -18,7 +18,8 @@ def test_doctest() -> None:
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--arms", "plain,lifo"], "--arms: give some of plain, serve, drop"),
+    (["--arms", "plain,lifo"], "--arms: give some of plain, serve, drop, newest"),
+    (["--lifo-after", "0"], "--lifo-after: must be in [0.001, 3600], got 0"),
     (["--patience", "0"], "--patience: must be in [0.1, 60], got 0"),
     (["--cap", "9"], "--cap: must be in 1..8, got 9"),
     (["--runs", "0"], "--runs: must be in 1..20, got 0"),

@@ -190,6 +190,9 @@ class CpuPriority:
     stage_abort_on_close : bool
         Drop a held request whose client half-closed the connection, as one whose client reset
         it always is (False: serve it). ``OvertakeStageAbortOnClose``.
+    stage_lifo_after : float
+        Seconds a stage's queue stands (never empty) before its starts go to its newest waiting
+        requests (0..3600; 0: always the oldest first). ``OvertakeStageLifoAfter``.
     """
 
     levels: tuple[float, ...] = (0.005, 0.05)
@@ -213,6 +216,7 @@ class CpuPriority:
     stage_next: tuple[tuple[str, str], ...] = ()
     stage_follow_up: float = 0.005
     stage_abort_on_close: bool = True
+    stage_lifo_after: float = 0.0
     priorities: tuple[int | str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -326,6 +330,9 @@ class CpuPriority:
         follow = self.stage_follow_up
         if isinstance(follow, bool) or not isinstance(follow, (int, float)) or not 0.0001 <= follow <= 60:
             raise ApacheInputError(f"cpu_priority.stage_follow_up: seconds in 0.0001..60, got {follow!r}")
+        lifo = self.stage_lifo_after
+        if isinstance(lifo, bool) or not isinstance(lifo, (int, float)) or not 0 <= lifo <= 3600:
+            raise ApacheInputError(f"cpu_priority.stage_lifo_after: seconds in 0..3600 (0: never), got {lifo!r}")
         if not isinstance(self.stage_abort_on_close, bool):
             raise ApacheInputError(f"cpu_priority.stage_abort_on_close: True or False, got {self.stage_abort_on_close!r}")
 
@@ -383,6 +390,8 @@ def _stage_lines(cp: CpuPriority) -> str:
         lines.append(f"OvertakeStageFollowUp {float(cp.stage_follow_up)!r}")
     if staged and not cp.stage_abort_on_close:
         lines.append("OvertakeStageAbortOnClose Off")
+    if staged and cp.stage_lifo_after:
+        lines.append(f"OvertakeStageLifoAfter {float(cp.stage_lifo_after)!r}")
     lines += [f'OvertakeStagePrefix "{e[1]}" {" ".join((e[0], *e[2:]))}' for e in cp.stage_prefixes]
     for name, regex in cp.stages:
         lines += [f'<LocationMatch "{regex}">', f"        OvertakeStage {name}", "    </LocationMatch>"]

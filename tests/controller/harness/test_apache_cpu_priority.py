@@ -238,6 +238,8 @@ def test_cpu_priority_defaults_and_tokens() -> None:
          "cpu_priority.stage_follow_up"),
         ({"control_file": "/dev/shm/x", "stages": (("a", "^/a$"),), "stage_abort_on_close": "on"},
          "cpu_priority.stage_abort_on_close"),
+        ({"control_file": "/dev/shm/x", "stages": (("a", "^/a$"),), "stage_lifo_after": -1.0},
+         "cpu_priority.stage_lifo_after"),
         ({"stage_prefixes": (("a", "/a/"),)}, "give control_file too"),
         ({"control_file": "/dev/shm/x", "stage_prefixes": (("a", "^/a/"),)}, "must be a literal URL path"),
         ({"control_file": "/dev/shm/x", "stage_prefixes": (("a", "/a/", "get"),)}, "is not an HTTP method"),
@@ -334,6 +336,7 @@ def test_parse_prio_status_sample() -> None:
         ("OvertakeStageNext a b/c", "OvertakeStageNext: 'b/c' is not a stage name"),
         ("OvertakeStageFollowUp 0", "OvertakeStageFollowUp: '0' must be seconds in [0.0001, 60]"),
         ("OvertakeStageAbortOnClose maybe", "OvertakeStageAbortOnClose must be On or Off"),
+        ("OvertakeStageLifoAfter soon", "OvertakeStageLifoAfter: 'soon' must be seconds in [0, 3600]"),
     ],
 )
 def test_directives_rejected_by_config_test(

@@ -96,7 +96,8 @@ static int section(const char *path)
     return 0;
 }
 
-/* a scripted queue: a = arrive, g<N> = grant N, x<T> = ticket T gives up, c = complete */
+/* a scripted queue: a = arrive, g<N> = grant N, n<N> = grant N newest first, x<T> = ticket T
+ * gives up, c = complete, q<T> = granted in turn, s<T> = started (in turn or not) */
 static int queue(int argc, char **argv)
 {
     static os_queue q;
@@ -111,6 +112,13 @@ static int queue(int argc, char **argv)
         else if (op[0] == 'g') {
             int32_t n = os_grant(&q, atoi(op + 1), &bits);
             printf("g%d:%x ", n, bits);
+        }
+        else if (op[0] == 'n') {
+            int32_t n = os_grant_newest(&q, atoi(op + 1), &bits);
+            printf("n%d:%x ", n, bits);
+        }
+        else if (op[0] == 's') {
+            printf("s%d ", os_started(&q, q.head, (uint32_t)atoi(op + 1)));
         }
         else if (op[0] == 'x') {
             printf("x%d ", os_give_up(&q, (uint32_t)atoi(op + 1)));
@@ -249,6 +257,21 @@ def test_queue_grants_oldest_first_and_skips_the_gone(driver: Path) -> None:
     assert (head, tail, waiting, active) == (4, 4, 0, 1)
     # conservation: waiting + running = arrivals (4) - completions (3)
     assert waiting + active == 4 - 3
+
+
+def test_queue_grants_newest_first_and_the_head_skips_them(driver: Path) -> None:
+    out = _run(driver, "queue", "a", "a", "a", "a", "n2", "q3", "s3", "s2", "s1", "x3", "g1", "n5", "s1", "c", "c",
+               "c", "c", "a", "g1")
+    ops, state = out.split("| ")
+    # tickets 0-3; two starts newest first: 3 then 2 (bits 8 | 4), started though the head did not pass
+    # them, and a give-up after its start keeps it; one in turn starts 0 (bit 1); newest first again
+    # skips the started 3 and 2 and takes 1 (bit 2); four completions; ticket 4 arrives, the head
+    # skips 2 and 3 (started out of turn) and grants it (bit 16)
+    assert ops.split() == ["a1:0", "a1:1", "a1:2", "a1:3", "n2:c", "q0", "s1", "s1", "s0", "x1", "g1:1", "n1:2",
+                           "s1", "c", "c", "c", "c", "a1:4", "g1:10"]
+    head, tail, waiting, active = (int(v) for v in state.split())
+    assert (head, tail, waiting, active) == (5, 5, 0, 1)
+    assert waiting + active == 5 - 4  # conservation: arrivals less completions
 
 
 def test_queue_give_up_after_grant_keeps_the_grant(driver: Path) -> None:
