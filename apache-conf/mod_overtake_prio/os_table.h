@@ -238,7 +238,9 @@ static inline int32_t os_grant(os_queue *q, int32_t n, uint32_t *bits)
 }
 
 /* Start up to n waiting requests, newest first; as os_grant. Each is marked gone (the head skips
- * it) and go (its waiter sees the start: os_started). */
+ * it) and go (its waiter sees the start: os_started). The head then passes the gone tickets
+ * before the oldest one still waiting: while starts go newest first, nothing else moves it, and
+ * a head held back by tickets that left would fill the ring. */
 static inline int32_t os_grant_newest(os_queue *q, int32_t n, uint32_t *bits)
 {
     int32_t done = 0;
@@ -254,6 +256,10 @@ static inline int32_t os_grant_newest(os_queue *q, int32_t n, uint32_t *bits)
         q->active++;
         *bits |= 1u << (t & 31);
         done++;
+    }
+    while (q->head != q->tail && q->gone[q->head % OS_RING]) {
+        q->gone[q->head % OS_RING] = 0;
+        q->head++;
     }
     return done;
 }

@@ -274,6 +274,14 @@ def test_queue_grants_newest_first_and_the_head_skips_them(driver: Path) -> None
     assert waiting + active == 5 - 4  # conservation: arrivals less completions
 
 
+def test_queue_newest_first_moves_the_head_past_the_gone(driver: Path) -> None:
+    # tickets 0-2; 0 gives up (runs); a start newest first takes 2, and the head passes 0 (gone) to
+    # 1, still waiting; 1 gives up; a start finds nobody, and the head passes 1 and 2: the ring is
+    # free again, though nothing was started in turn
+    out = _run(driver, "queue", "a", "a", "a", "x0", "n1", "x1", "n1")
+    assert out == "a1:0 a1:1 a1:2 x0 n1:4 x0 n0:0 | 3 3 0 3"
+
+
 def test_queue_give_up_after_grant_keeps_the_grant(driver: Path) -> None:
     out = _run(driver, "queue", "a", "g1", "x0")
     assert out == "a1:0 g1:1 x1 | 1 1 0 1"
