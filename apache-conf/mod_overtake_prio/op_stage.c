@@ -123,11 +123,8 @@ static int hold_expire(int64_t now, int64_t *wake)
     return 0;
 }
 
-/* A held request looks at the repair count (op_stage_child.c) at least this often: the parent's
- * wake-up can fall between its look and its futex wait, and is then missed. */
-#define OS_REPAIR_LOOK_NS INT64_C(1000000000)
-
-/* ... and at its client this often (a system call; the admission gate looks as often). */
+/* A held request looks at its client this often (a system call; the admission gate looks as
+ * often): no wait lasts longer. */
 #define OS_CLIENT_LOOK_NS INT64_C(100000000)
 
 /* How a hold ended. */
@@ -196,9 +193,6 @@ static int hold_counted(os_stage *s, uint32_t t, int64_t deadline, conn_rec *c)
         if (os_follow_on && hold_expire(now, &wake)) {
             continue;
         }
-        if (wake - now > OS_REPAIR_LOOK_NS) {
-            wake = now + OS_REPAIR_LOOK_NS;  /* a repair's wake-up may come between the look and the wait */
-        }
         if (wake > look_client) {
             wake = look_client;
         }
@@ -214,7 +208,7 @@ static int hold(os_stage *s, uint32_t t, conn_rec *c)
 {
     int64_t deadline = op_mono_ns() + (int64_t)(os_hold_s * 1e9);
     int how;
-    __atomic_fetch_add(&s->sleepers, 1, __ATOMIC_SEQ_CST);  /* before the head is loaded: os_wake */
+    __atomic_fetch_add(&s->sleepers, 1, __ATOMIC_SEQ_CST);  /* before the wake word is loaded: os_wake */
     how = hold_counted(s, t, deadline, c);
     __atomic_fetch_sub(&s->sleepers, 1, __ATOMIC_SEQ_CST);
     return how;
@@ -303,7 +297,7 @@ static int take_ticket(os_conn *oc, int stage, uint32_t *ticket)
         ADD(s->overflows, 1);
         return 0;
     }
-    os_waiting_from(stage, op_mono_ns());
+    os_waiting_from(stage);
     s->q.owner[*ticket % OS_RING] = (uint16_t)(os_me + 1);  /* given back if this child dies */
     os_epoch();
     return 1;

@@ -167,7 +167,7 @@ static inline void os_taken(os_queue *q, uint32_t t)
 }
 
 int32_t os_start(int i, int32_t n);
-void os_waiting_from(int i, int64_t now);
+void os_waiting_from(int i);
 void os_epoch(void);
 
 /* op_stage_conf.c: the configuration read last (reset by pre_config: Apache reads it twice) */

@@ -14,7 +14,8 @@
  * already; its block is freed alike. The parent has no table (the children read the control
  * file), so it decides nothing: it counts the repair and wakes the held requests, and the first
  * to wake decides by its child's table what the freed room starts (op_stage.c, hold_counted;
- * a held request also looks once a second, in case the wake-up fell before its wait).
+ * a wake-up that falls before a waiter's wait is not lost for long: no wait lasts more than the
+ * 100 ms between its looks at its client).
  *
  * A child's running count is taken after the stage's count rises and given back before it drops,
  * and a granted waiter clears its ticket's owner before it counts itself running: a child killed

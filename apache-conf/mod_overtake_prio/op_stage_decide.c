@@ -58,12 +58,12 @@ static void os_wake(os_stage *s, uint32_t bits)
 
 /* ------------------------------------------------------------------------ decisions */
 
-/* A ticket of shared stage i was enqueued at now (lock held): the queue's wait starts if it was
- * empty. */
-void os_waiting_from(int i, int64_t now)
+/* A ticket of shared stage i was just enqueued (lock held): the queue's wait starts now if it was
+ * empty (the clock is read only then). */
+void os_waiting_from(int i)
 {
     if (os_shm->st[i].q.waiting == 1) {
-        os_shm->st[i].waiting_since = now;
+        os_shm->st[i].waiting_since = op_mono_ns();
     }
 }
 

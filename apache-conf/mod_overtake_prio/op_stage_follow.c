@@ -106,7 +106,7 @@ int os_res_make(os_conn *oc, int stage, int64_t now)
         ADD(s->res_full, 1);
         return 0;
     }
-    os_waiting_from(stage, now);
+    os_waiting_from(stage);
     v = &os_shm->res[i];
     v->stage = stage;
     v->ticket = t;
