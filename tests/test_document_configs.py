@@ -110,3 +110,17 @@ def test_the_stages_file_reference_names_every_key() -> None:
 
     walk(StagesConfig, "")
     assert not missing, f"configuration.md's stages file names no {missing}"
+
+
+def test_every_documented_overtake_log_format_is_the_one_the_sidecar_reads() -> None:
+    """A ``LogFormat "..." overtake`` line a user copies is, once Apache's escapes are undone,
+    exactly the format the online loop and ``overtake diagnose`` parse: a drifted copy would
+    leave every line unread."""
+    from overtake.controller.log_format import LOG_FORMAT
+
+    found = []
+    for doc in USER_DOCS:
+        for m in re.finditer(r'^LogFormat "((?:[^"\\]|\\.)*)" overtake$', doc.read_text(encoding="utf-8"), re.M):
+            found.append(doc.relative_to(ROOT))
+            assert re.sub(r"\\(.)", r"\1", m.group(1)) == LOG_FORMAT, doc
+    assert found, "no user document shows the sidecar's LogFormat"

@@ -39,7 +39,10 @@ Estimates
 
   - ``access_log`` — Apache's own note of the thread CPU the stage handler burnt
     (``cpu_us=%{stage_cpu_us}n`` in :data:`overtake.controller.log_format.LOG_FORMAT`), tailed from the
-    access log given with ``--access-log``;
+    access log given with ``--access-log``; where no stage handler notes one (a real application),
+    mod_overtake_prio's note of the request's thread CPU (``ocpu_us``, ``OvertakeRequestTimes``)
+    for a stage whose work the module saw run in Apache's threads (not behind PHP-FPM or a proxy,
+    where Apache only waits); only lines answered 200;
   - ``attained`` — the attained service under processor sharing (van der Weij et al.,
     "Dynamic thread assignment", §2: with K active threads each progresses at rate c(K)/K, c(K) = min(K, m)/(1 + δK),
     :func:`overtake.mdp.model.capacity`): ``S = ∫_{admit}^{done} c(K(t))/K(t) dt``, K(t) the
@@ -53,7 +56,9 @@ Estimates
   Each (stage, source) keeps the latest ``reservoir`` samples (a sliding window, so the fit
   follows drift).
 * **Arrival rate** λ of transactions: arrivals to the first stage in the last
-  ``arrival_window`` seconds (bucketed counts, O(1) memory).
+  ``arrival_window`` seconds (bucketed counts, O(1) memory): the limiter's, or in module mode
+  every access-log line of the stage, whatever its answer (a request dropped because its client
+  left arrived too).
 
 Refit (at most once per ``refit_interval``; skipped with a logged reason when a stage has fewer
 than ``min_samples`` samples or the estimated load λ·ΣE[S]/m ≥ ``max_load``): in a worker

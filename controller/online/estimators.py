@@ -110,12 +110,14 @@ class ArrivalRate:
 
 @dataclass(frozen=True)
 class LogEntry:
-    """One access-log line of a stage: its CPU demand (seconds; None without the stage handler's
-    note) and mod_overtake_prio's time split (None without ``OvertakeRequestTimes``)."""
+    """One access-log line of a stage: its status, its CPU demand (seconds; None when the line
+    gives none, see :meth:`AccessLogTail.poll_entries`) and mod_overtake_prio's time split (None
+    without ``OvertakeRequestTimes``)."""
 
     stage: int
     cpu: float | None
     times: TimedRequest | None
+    status: int = 200
 
 
 class AccessLogTail:
@@ -132,20 +134,27 @@ class AccessLogTail:
         except FileNotFoundError:
             self.offset = 0
         self.bad_lines = 0
-        self.no_cpu = 0
+        self.no_cpu = 0  #: 200 answers whose line gave no demand
+        #: where a stage's work runs, by its name (module mode: the module's counts of where each
+        #: stage's requests were served); ``apache`` lets the module's thread-CPU note stand for a
+        #: demand where no stage handler noted one (a real application's handler in Apache's
+        #: threads, e.g. mod_php). None: only the stage handler's notes are demands.
+        self.runs_in: Callable[[str], str | None] | None = None
 
-    def poll(self) -> list[tuple[int, float]]:
-        """(stage, CPU seconds) of the new lines with a 200 answer and the handler's CPU note."""
+    def poll(self) -> list[tuple[int, float | None]]:
+        """(stage, CPU seconds or None) of every new line of a stage (see :meth:`poll_entries`)."""
         out = []
         for e in self.poll_entries():
-            if e.cpu is None:
-                self.no_cpu += 1
-            else:
-                out.append((e.stage, e.cpu))
+            self.no_cpu += e.status == 200 and e.cpu is None
+            out.append((e.stage, e.cpu))
         return out
 
     def poll_entries(self) -> list[LogEntry]:
-        """The new lines of the stages with a 200 answer."""
+        """The new lines of the stages, whatever their answer: each is an arrival (a request the
+        module dropped because its client left, 499, or an error arrived as much as one answered).
+        A demand only from a 200 answer: the stage handler's CPU note, or else the module's
+        thread-CPU note (``OvertakeRequestTimes``) of a stage whose work runs in Apache's threads
+        (:attr:`runs_in`); behind PHP-FPM or a proxy that note is only Apache's wait."""
         try:
             size = self.path.stat().st_size
         except FileNotFoundError:
@@ -173,11 +182,20 @@ class AccessLogTail:
             method, _, rest = str(e["%r"]).partition(" ")
             path, _, query = rest.rsplit(" ", 1)[0].partition("?")
             routed = self.table.route(method, path, query)
-            if routed is None or e["%>s"] != 200:
+            if routed is None:
                 continue
-            cpu = e["%{stage_cpu_us}n"]
-            out.append(LogEntry(routed[0], None if cpu is None else int(cpu) / 1e6, _timed(e)))
+            status, times = int(e["%>s"]), _timed(e)
+            out.append(LogEntry(routed[0], self._demand(e, routed[0], times) if status == 200 else None, times,
+                                status))
         return out
+
+    def _demand(self, e: dict[str, Any], stage: int, times: TimedRequest | None) -> float | None:
+        note = e["%{stage_cpu_us}n"]
+        if note is not None:
+            return int(note) / 1e6
+        if times is not None and self.runs_in is not None and self.runs_in(self.table.names[stage]) == "apache":
+            return times.cpu
+        return None
 
 
 def _timed(e: dict[str, Any]) -> TimedRequest | None:
@@ -279,16 +297,16 @@ class DemandRecorder(LimiterListener):
         st.reservoirs[source].append(seconds / self.time_unit)
         st.observed[source] += 1
 
-    def poll_log(self, recs: list[tuple[int, float]] | None = None) -> int:
-        """Add access-log samples (read now, or ``recs`` read by :meth:`AccessLogTail.poll`);
-        number added."""
+    def poll_log(self, recs: list[tuple[int, float | None]] | None = None) -> int:
+        """Add access-log lines (read now, or ``recs`` read by :meth:`AccessLogTail.poll`): each a
+        demand sample when it has one, and an arrival with ``arrivals_from_log``; lines added."""
         if self.tail is None:
             return 0
         if recs is None:
             recs = self.tail.poll()
         now = self.clock()
         for stage, cpu in recs:
-            if cpu > 0:
+            if cpu is not None and cpu > 0:
                 self.add_demand(stage, cpu, "access_log")
             if self.settings.arrivals_from_log:  # at the poll: λ's window is far longer than log_poll
                 self.add_arrival(stage, now)

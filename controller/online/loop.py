@@ -135,12 +135,11 @@ class OnlineLoop:
         if tail is None:
             return
         entries = await asyncio.to_thread(tail.poll_entries)
-        demands = [(e.stage, e.cpu) for e in entries if e.cpu is not None]
-        tail.no_cpu += len(entries) - len(demands)
-        self.recorder.poll_log(demands)
+        tail.no_cpu += sum(e.status == 200 and e.cpu is None for e in entries)
+        self.recorder.poll_log([(e.stage, e.cpu) for e in entries])
         if self.lock_watch is not None:
             for e in entries:
-                if e.times is not None:
+                if e.times is not None and e.status == 200:
                     self.lock_watch.add(e.stage, e.times)
             self.lock_watch.table = self.table  # the stages file may have been reloaded
             self.lock_watch.check()

@@ -255,6 +255,8 @@ class Sidecar(SidecarRuntime):
                 age_thresholds=self.control is not None,
             )
             self.limiter.add_listener(self.online.recorder)
+            if self.online.recorder.tail is not None:  # module mode's demands of a real application
+                self.online.recorder.tail.runs_in = self._runs_in
             self.metrics.registry.register(OnlineCollector(self.online))
         if self.uplink.name != "fair":  # srpt/srrt/app: per-band bytes, flows, priority changes
             self.metrics.registry.register(UplinkCollector(self.uplink))
@@ -263,6 +265,11 @@ class Sidecar(SidecarRuntime):
         self.metrics.registry.register(self.cpu_location)
         self._cpu_task: asyncio.Task[None] | None = None
         self.source.register(self.metrics.registry)
+
+    def _runs_in(self, stage: str) -> str | None:
+        """Where the module last saw ``stage``'s work run (None: not known)."""
+        st = self.stacks.stacks.get(stage)
+        return None if st is None else st.runs_in
 
     def _wire_apache(self) -> None:
         """Apache's side: the upstream pool, the gate, the status probe, the admin endpoints and

@@ -17,6 +17,7 @@ count table in the control file, requests held inside Apache (mpm_event), no pro
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import sys
 import threading
@@ -42,7 +43,7 @@ from support.module_stages import (
 from support.service_helpers import SidecarProc, admin_token_file, replay_h2_transactions
 
 from overtake.controller.harness import apache
-from overtake.controller.harness.scratch import free_port
+from overtake.controller.harness.scratch import free_port, scratch_dir
 from overtake.controller.sidecar.count_table import CountTable, from_policy
 from overtake.controller.sidecar.policies import BaselinePolicy
 
@@ -375,3 +376,80 @@ def test_a_changed_demand_distribution_reaches_the_modules_thresholds(
         assert _apache_pid(inst) == pid and config_generation(inst) == conf_gen  # no restart, no graceful
     finally:
         side.stop()
+
+
+@pytest.fixture
+def app(apache_available: None) -> Iterator[tuple[apache.ApacheInstance, str]]:
+    """Module mode over an application whose handler notes no CPU (as a PHP page under mod_php, or
+    any real application): the stage handler's own script without its note, at /app1 and /app2,
+    with the module's request-time split on."""
+    work = scratch_dir("overtake-module-app-")  # www-data's workers read the script
+    try:
+        script = work / "app.lua"
+        text = (Path(__file__).resolve().parents[2] / "apache-conf" / "lua" / "stage.lua").read_text()
+        note = '    r.notes["stage_cpu_us"] = tostring(cpu_us)\n'
+        assert note in text
+        script.write_text(text.replace(note, ""))
+        with control_apache("module-app", levels=(0.5,), nice=("idle",), stage_hold=HOLD, mpm="event",
+                            request_times=True, stages=(("capped", "^/app1$"), ("free", "^/app2$")),
+                            extra_conf=f'LuaMapHandler "^/app[0-9]+$" "{script}" handle') as served:
+            yield served
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.mark.timeout(900)
+def test_a_real_applications_demands_reach_the_refit_from_the_modules_cpu_note(
+        app: tuple[apache.ApacheInstance, str], tmp_path: Path) -> None:
+    """With no stage handler's note in the log, a module-mode sidecar takes each answered
+    request's demand from the module's CPU note once the module has seen the stage's work run in
+    Apache (``/-/policy``'s ``stacks``): every request of the replay is a demand sample, their mean
+    is the CPU the requests asked for, and the refit solves and swaps in a policy from them."""
+    inst, path = app
+    admin = free_port()
+    side = SidecarProc(tmp_path, ["--policy", "pi(1,8)", "--apache", inst.base_url, "--control-file", path,
+                                  "--enforce", "module", "--online", "--refit-interval", "2", "--min-samples", "100",
+                                  "--arrival-window", "60", "--access-log", str(inst.access_log),
+                                  "--status-interval", "0.5", "--admin-listen", f"127.0.0.1:{admin}"],
+                      stages=stages_yaml("^/app1$", "^/app2$"), ready_port=admin)
+    try:
+        for url in ("/app1", "/app2"):
+            assert _get(inst, f"{url}?work=0.001")[0] == 200
+        deadline = time.monotonic() + 30
+        while json.loads(side.request("GET", "/-/policy")[2]).get("stacks", {}).get("free", {}).get("runs_in") is None:
+            assert time.monotonic() < deadline, side.text()[-3000:]
+            time.sleep(0.2)
+        time.sleep(1.5)  # the log tail has read the two lines above
+        before = _observed(side)
+        demands, _, codes = replay_h2_transactions(lambda p, headers: _get(inst, p.replace("/stage", "/app"))[0], 150)
+        assert codes.count(200) == 300
+        line = next(ln for ln in inst.access_log.read_text().splitlines() if "GET /app1?" in ln)
+        assert " cpu_us=- " in line and " ocpu_us=" in line and " ocpu_us=- " not in line, line
+        deadline = time.monotonic() + 300  # fit, solve, on a shared machine
+        while True:
+            info = json.loads(side.request("GET", "/-/policy")[2])
+            if info["online"]["generation"] >= 1 or info["online"]["refits"]["failed"]:
+                break
+            assert time.monotonic() < deadline, side.text()[-3000:]
+            time.sleep(1)
+        assert info["online"]["generation"] == 1, info["online"]
+        after = _observed(side)
+        for i, stage in enumerate(NAMES):
+            assert after[stage][0] - before[stage][0] >= 150, (before, after)  # every answered request
+            # the module's note is the handler's CPU and Apache's own work on the request (tens of µs)
+            assert after[stage][1] == pytest.approx(float(demands[:, i].mean()), rel=0.1), (stage, after)
+    finally:
+        side.stop()
+
+
+def _observed(side: SidecarProc) -> dict[str, tuple[float, float]]:
+    """Per stage: the access log's demand samples recorded so far, and the held ones' mean (s)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    got: dict[tuple[str, str], float] = {}
+    for fam in text_string_to_metric_families(side.request("GET", "/-/metrics")[2].decode()):
+        for smp in fam.samples:
+            if smp.labels.get("source") == "access_log":
+                got[(smp.name, smp.labels["stage"])] = smp.value
+    return {stage: (got.get(("overtake_online_demand_observations_total", stage), 0.0),
+                    got.get(("overtake_online_demand_mean_seconds", stage), float("nan"))) for stage in NAMES}

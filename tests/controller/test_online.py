@@ -38,6 +38,7 @@ from overtake.controller.online import (
     AccessLogTail,
     ArrivalRate,
     AttainedService,
+    DemandRecorder,
     OnlineCollector,
     OnlineLoop,
     OnlineSettings,
@@ -198,6 +199,38 @@ def test_access_log_tail_reads_only_new_complete_lines(tmp_path: Path) -> None:
     with log.open("a") as f:
         f.write(line.format(p="/stage1", s="stage1", c=40) + "\n")
     assert late.poll() == [(0, 4e-05)] and tail.poll() == [(0, 4e-05)]
+
+
+def test_every_line_of_a_stage_arrives_and_only_a_200_answer_gives_a_demand(tmp_path: Path) -> None:
+    """Module mode's arrivals and demands from the log: a request the module dropped (its client
+    left: 499) or answered with an error arrived all the same; a demand is the stage handler's CPU
+    note, or else the module's thread-CPU note where the stage's work runs in Apache's threads
+    (a real application's handler), never where it runs behind FPM or a proxy (Apache only waits)."""
+    head = '127.0.0.1 1763719200000000 "GET {p} HTTP/1.1" {code} 12 D=10500 msT=10 usT=10500 stage=- cpu_us={c} tid=77 rid=-'
+    times = " owall_us=9000 ostart_us=100 ocpu_us={o} owait_us=500 oblocked_us=0"
+    lines = [head.format(p="/stage1", code=200, c=10000) + times.format(o=10400),  # the handler's note
+             head.format(p="/stage1", code=200, c="-") + times.format(o=8000),  # the module's only
+             head.format(p="/stage1", code=499, c="-") + times.format(o="-").replace("9000", "-"),
+             head.format(p="/stage2", code=404, c="-") + times.format(o=300),
+             head.format(p="/stage2", code=200, c="-") + times.format(o="-").replace("9000", "-"),
+             head.format(p="/other", code=200, c=5000) + times.format(o=5100)]
+    want = {None: [(0, 0.01), (0, None), (0, None), (1, None), (1, None)],
+            "apache": [(0, 0.01), (0, 0.008), (0, None), (1, None), (1, None)],
+            "fcgi": [(0, 0.01), (0, None), (0, None), (1, None), (1, None)]}
+    for runs_in, expected in want.items():
+        log = tmp_path / f"access-{runs_in}.log"
+        tail = AccessLogTail(log, _table())
+        if runs_in is not None:
+            tail.runs_in = lambda stage, where=runs_in: where if stage == "stage1" else None
+        log.write_text("\n".join(lines) + "\n")
+        recs = tail.poll()
+        assert recs == expected, runs_in
+        assert tail.no_cpu == (1 if runs_in == "apache" else 2), runs_in  # 200 answers without a demand
+        rec = DemandRecorder(OnlineSettings(access_log=str(log), arrivals_from_log=True), _table(),
+                             time_unit=0.01, cores=1, overhead=0.0, clock=lambda: 100.0)
+        assert rec.poll_log(recs) == 5
+        assert [rec.arrivals[i].total for i in (0, 1)] == [3, 2]  # every routed line, whatever its answer
+        assert [len(rec.stages[i].reservoirs["access_log"]) for i in (0, 1)] == [2 if runs_in == "apache" else 1, 0]
 
 
 # ---- the loop on case 4 ----------------------------------------------------------------------

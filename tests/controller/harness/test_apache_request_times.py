@@ -20,6 +20,7 @@ Needs root, Debian's apache2, apache2-dev, liblua5.3-dev, gcc and libaprutil1-db
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import threading
 import time
@@ -35,7 +36,9 @@ from overtake.controller.harness.apache.access_log import AccessRecord, read_acc
 from overtake.controller.harness.apache.cpu_priority import CpuPriority
 from overtake.controller.harness.loadgen import request
 from overtake.controller.harness.scratch import free_port, scratch_dir
+from overtake.controller.online.estimators import AccessLogTail
 from overtake.controller.online.serialisation import TimedRequest, detect
+from overtake.controller.sidecar.stages import StagesConfig, StageTable
 
 # thresholds far above any request here: the split is measured at normal priority
 N_DETECT = 300
@@ -121,6 +124,32 @@ def test_a_request_waiting_for_a_lock_is_blocked(inst: apache.ApacheInstance) ->
     h = _by_rid(inst, f"holder-{inst.listen}")
     _conserved(h)
     assert h.times is not None and h.times.blocked_us <= 0.1 * h.times.wall_us + 2000, h.times  # it never waited
+
+
+def test_the_modules_cpu_note_stands_for_the_handlers_demand(inst: apache.ApacheInstance, tmp_path: Path) -> None:
+    """Module mode's online loop on a real application finds no stage handler's CPU note; where the
+    stage's work runs in Apache's threads the module's thread-CPU note is the demand instead. Two
+    independent measures of the same requests through the product's log reader: the module's is
+    the handler's plus Apache's own work on the request, and no less."""
+    works = (0.002, 0.01, 0.03) * 4
+    for k, w in enumerate(works):
+        _get(inst, f"/stage1?work={w}", f"demand-{k}-{inst.listen}")
+    _by_rid(inst, f"demand-{len(works) - 1}-{inst.listen}")
+    lines = [ln for ln in (Path(inst.workdir) / "logs" / "access.log").read_text().splitlines()
+             if "rid=demand-" in ln and inst.listen in ln]
+    assert len(lines) == len(works)
+    table = StageTable(StagesConfig.model_validate({"stages": [{"name": "stage1", "path": "^/stage1$"}]}))
+    handler, module, behind = (AccessLogTail(tmp_path / f"{n}.log", table) for n in ("handler", "module", "fcgi"))
+    module.runs_in, behind.runs_in = (lambda stage: "apache"), (lambda stage: "fcgi")
+    (tmp_path / "handler.log").write_text("\n".join(lines) + "\n")
+    no_note = "\n".join(re.sub(r" cpu_us=\d+ ", " cpu_us=- ", ln) for ln in lines) + "\n"
+    (tmp_path / "module.log").write_text(no_note)
+    (tmp_path / "fcgi.log").write_text(no_note)
+    by_handler, by_module = handler.poll(), module.poll()
+    assert behind.poll() == [(0, None)] * len(works) and behind.no_cpu == len(works)
+    for (s1, h), (s2, m), w in zip(by_handler, by_module, works, strict=True):
+        assert s1 == s2 == 0 and h is not None and m is not None
+        assert w <= h <= m <= h + max(0.002, 0.05 * h), (w, h, m)
 
 
 def test_without_the_directive_the_fields_are_empty(parent: Path) -> None:

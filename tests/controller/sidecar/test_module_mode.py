@@ -93,3 +93,27 @@ def test_module_mode_refits_need_the_access_log_and_count_its_records_as_arrival
         assert rec.poll_log([(0, 0.01), (0, 0.02), (1, 0.01), (0, 0.03)]) == 4
         assert len(rec.stages[0].reservoirs["access_log"]) == 3  # the demands either way
         assert rec.arrivals[0].total == arrivals  # arrivals only in module mode (stage 1: transactions)
+
+
+def test_the_refit_takes_the_modules_cpu_note_only_where_the_module_saw_the_work_in_apache(tmp_path: Path) -> None:
+    """The sidecar tells its log reader where each stage's work runs from the module's counts of
+    where requests were served (``overtake_stage_served_total{by}``): unknown before any, then the
+    most served place; the reader uses the module's thread-CPU note as a demand only for ``apache``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from overtake.controller.sidecar.options import SidecarOptions
+    from overtake.controller.sidecar.service import Sidecar
+
+    table = StageTable(StagesConfig.model_validate({"stages": [{"name": "stage1", "path": "^/a"},
+                                                               {"name": "stage2", "path": "^/b"}]}))
+    side = Sidecar(table, SidecarOptions.from_flat(policy="pi(2)", apache="http://127.0.0.1:9", listen="127.0.0.1:9",
+                                                   online=OnlineSettings(access_log=str(tmp_path / "access.log"))))
+    assert side.online is not None and side.online.recorder.tail is not None
+    where = side.online.recorder.tail.runs_in
+    assert where is not None and where("stage1") is None
+    side.stacks.update(text_string_to_metric_families(
+        "# TYPE overtake_stage_served_total counter\n"
+        'overtake_stage_served_total{stage="stage1",by="apache"} 5\n'
+        'overtake_stage_served_total{stage="stage1",by="fcgi"} 1\n'
+        'overtake_stage_served_total{stage="stage2",by="fcgi"} 7\n'))
+    assert (where("stage1"), where("stage2")) == ("apache", "fcgi")
