@@ -3,9 +3,10 @@ how soon the server is back.
 
     python bench/overload.py [--rate 15] [--seconds 20] [--patience 2] [--work 0.1] [--cap 2]
                              [--lifo-after 0.5] [--runs 3] [--arms plain,serve,drop,newest]
+                             [--mpm event|prefork] [--other-load N]
                              [--record] [--json] [--no-write]
 
-A private Apache (mpm_event, 256 workers) on one core; every request runs the stage handler for
+A private Apache (``--mpm``, mpm_event by default; 256 workers) on one core; every request runs the stage handler for
 ``--work`` seconds of CPU. Open-loop arrivals at ``--rate`` a second for ``--seconds`` (with the
 defaults 1.5 times what the core serves) from clients that close their connection after
 ``--patience`` seconds without an answer (a FIN: nothing was unread), as a browser's stop or a
@@ -20,7 +21,9 @@ time is how long the server takes to get back to new work. Arms:
   has stood that long, its newest waiting requests start first.
 
 With ``--patience`` longer than the overload lasts, no client leaves: that shows what newest
-first costs the oldest requests. Per run: requests answered within the patience and their mean and 99th-percentile response
+first costs the oldest requests. ``--other-load N`` runs N busy loops at nice 0 on Apache's core
+during each run (other jobs of the machine; Apache keeps the harness's autogroup priority -20);
+``--mpm prefork`` holds each waiting request in a process of its own. Per run: requests answered within the patience and their mean and 99th-percentile response
 time, handlers run and requests dropped (Apache's access log: status 200 and 499), and the
 patient request's response time. Appends the runs to
 ``bench/results/overload.jsonl`` and their write-up to ``bench/results/sections.md`` with
@@ -30,14 +33,18 @@ patient request's response time. Appends the runs to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import os
 import re
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +103,8 @@ def one_run(arm: str, args: argparse.Namespace, tmp: Path, core: int) -> dict[st
     cp = None if arm == "plain" else CpuPriority(
         levels=(0.5,), nice=("idle",), control_file=control, stage_hold=600.0, stage_abort_on_close=arm != "serve",
         stage_lifo_after=args.lifo_after if arm == "newest" else 0.0, stages=(("capped", "^/stage1$"), ("other", "^/stage2$")))
-    inst = apache.start(tmp / arm, f"127.0.0.1:{free_port()}", cpu=core, max_workers=256, cpu_priority=cp)
+    inst = apache.start(tmp / arm, f"127.0.0.1:{free_port()}", cpu=core, max_workers=256, cpu_priority=cp,
+                        mpm=args.mpm)
     try:
         if cp is not None:
             _put_table(inst, control, args.cap)
@@ -113,14 +121,15 @@ def one_run(arm: str, args: argparse.Namespace, tmp: Path, core: int) -> dict[st
 
         threads = []
         n = round(args.rate * args.seconds)
-        t0 = time.monotonic()
-        for i in range(n):
-            delay = t0 + i / args.rate - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            threads.append(threading.Thread(target=client, daemon=True))
-            threads[-1].start()
-        back = _get(host, port, path, 600)  # sent when the arrivals stop: how soon new work is served
+        with _busy(args.other_load, core):
+            t0 = time.monotonic()
+            for i in range(n):
+                delay = t0 + i / args.rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+                threads.append(threading.Thread(target=client, daemon=True))
+                threads[-1].start()
+            back = _get(host, port, path, 600)  # sent when the arrivals stop: how soon new work is served
         for t in threads:
             t.join(args.patience + 5)
         log = Path(inst.workdir) / "logs" / "access.log"
@@ -135,6 +144,35 @@ def one_run(arm: str, args: argparse.Namespace, tmp: Path, core: int) -> dict[st
             "dropped": codes.count("499"), "recovery_s": back,
             "answered_mean_s": statistics.fmean(answered) if answered else None,
             "answered_p99_s": answered[min(len(answered) - 1, int(0.99 * len(answered)))] if answered else None}
+
+
+@contextlib.contextmanager
+def _busy(n: int, core: int) -> Iterator[None]:
+    """``n`` busy loops at nice 0 on ``core`` (each in its own session, hence autogroup) meanwhile."""
+    procs = [subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", "while True: pass"],
+                              start_new_session=True) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGKILL)
+            p.wait()
+
+
+def section(args: argparse.Namespace) -> str:
+    """The BENCHMARKS.md section a run's write-up goes to: one per setting that changes the claim.
+
+    >>> section(argparse.Namespace(patience=2.0, mpm="event", other_load=0))
+    'overload'
+    >>> section(argparse.Namespace(patience=60.0, mpm="prefork", other_load=2))
+    'overload-patience-60-prefork-load-2'
+    """
+    name = "overload" if args.patience == 2.0 else f"overload-patience-{args.patience:g}"
+    if args.mpm != "event":
+        name += f"-{args.mpm}"
+    if args.other_load:
+        name += f"-load-{args.other_load}"
+    return name
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -153,7 +191,9 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def report(res: dict[str, Any]) -> str:
     a = res["args"]
     lines = ["## Module mode under overload from clients that give up", "",
-             f"Date {res['date']}, machine: {res['machine']}; command: `{res['command']}`. Apache on one core, "
+             f"Date {res['date']}, machine: {res['machine']}; command: `{res['command']}`. Apache "
+             f"(mpm_{a.get('mpm', 'event')}) on one core"
+             + (f" beside {a['other_load']} busy loops at nice 0" if a.get("other_load") else "") + ", "
              f"{a['rate']:g} requests/s of {a['work']:g} s CPU each for {a['seconds']:g} s, clients closing after "
              f"{a['patience']:g} s; module mode caps the stage at {a['cap']} running (newest: newest first once "
              f"its queue has stood {a['lifo_after']:g} s). Median (range) over {a['runs']} runs.", "",
@@ -180,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="arm newest: OvertakeStageLifoAfter, seconds (default 0.5)")
     ap.add_argument("--runs", type=int, default=3, help="runs of each arm, interleaved (default 3)")
     ap.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    ap.add_argument("--mpm", default="event", help="Apache's MPM: event (default) or prefork")
+    ap.add_argument("--other-load", type=int, default=0,
+                    help="busy loops at nice 0 on Apache's core during each run (default 0)")
     add_output_arguments(ap)
     args = ap.parse_args(argv)
     arms = [x.strip() for x in args.arms.split(",") if x.strip()]
@@ -193,6 +236,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--cap: must be in 1..8, got {args.cap}")
     if not 1 <= args.runs <= 20:
         ap.error(f"--runs: must be in 1..20, got {args.runs}")
+    if args.mpm not in ("event", "prefork"):
+        ap.error(f"--mpm: give event or prefork, got {args.mpm!r}")
+    if not 0 <= args.other_load <= 8:
+        ap.error(f"--other-load: must be in 0..8 busy loops, got {args.other_load}")
     if os.geteuid() != 0:
         raise SystemExit("overload: needs root (Apache's children run as www-data)")
     if shutil.which("apxs") is None:
@@ -210,10 +257,11 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     res = {"date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "machine": machine(),
            "command": command_line(argv), "args": {k: getattr(args, k) for k in ("rate", "seconds", "patience", "work",
-                                                                                "cap", "lifo_after", "runs")},
+                                                                                "cap", "lifo_after", "runs", "mpm",
+                                                                                "other_load")},
            "runs": runs, "summary": {arm: summarize(r) for arm, r in runs.items()}}
-    # a run with patient clients (where newest first costs the oldest) gets a section of its own
-    publish(args, "overload" if args.patience == 2.0 else f"overload-patience-{args.patience:g}", report(res), res)
+    # patient clients (where newest first costs the oldest), prefork, other load: a section each
+    publish(args, section(args), report(res), res)
     return 0
 
 

@@ -23,6 +23,8 @@ def test_doctest() -> None:
     (["--patience", "0"], "--patience: must be in [0.1, 60], got 0"),
     (["--cap", "9"], "--cap: must be in 1..8, got 9"),
     (["--runs", "0"], "--runs: must be in 1..20, got 0"),
+    (["--mpm", "worker"], "--mpm: give event or prefork, got 'worker'"),
+    (["--other-load", "9"], "--other-load: must be in 0..8 busy loops, got 9"),
 ])
 def test_bad_arguments_name_the_flag(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
@@ -31,11 +33,13 @@ def test_bad_arguments_name_the_flag(argv: list[str], message: str, capsys: pyte
     assert message in capsys.readouterr().err
 
 
-def test_a_short_run_conserves_requests(apache_available: None, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("mpm", ["event", "prefork"])
+def test_a_short_run_conserves_requests(apache_available: None, capsys: pytest.CaptureFixture[str], mpm: str) -> None:
     """Three seconds at twice the core's capacity, clients leaving after 0.5 s: with the default
-    every request either ran or was dropped, some were; served, none was, and all ran."""
+    every request either ran or was dropped, some were; served, none was, and all ran (under
+    prefork each held request waits in a process of its own)."""
     assert overload.main(["--rate", "20", "--seconds", "3", "--patience", "0.5", "--runs", "1", "--arms",
-                          "serve,drop", "--json", "--no-write"]) == 0
+                          "serve,drop", "--mpm", mpm, "--json", "--no-write"]) == 0
     res = json.loads(capsys.readouterr().out)
     (serve,), (drop,) = res["runs"]["serve"], res["runs"]["drop"]
     assert serve["sent"] == drop["sent"] == 60
