@@ -378,11 +378,11 @@ def test_a_changed_demand_distribution_reaches_the_modules_thresholds(
         side.stop()
 
 
-@pytest.fixture
-def app(apache_available: None) -> Iterator[tuple[apache.ApacheInstance, str]]:
+@pytest.fixture(params=["event", "prefork"])
+def app(apache_available: None, request: pytest.FixtureRequest) -> Iterator[tuple[apache.ApacheInstance, str]]:
     """Module mode over an application whose handler notes no CPU (as a PHP page under mod_php, or
     any real application): the stage handler's own script without its note, at /app1 and /app2,
-    with the module's request-time split on."""
+    with the module's request-time split on; mpm_event, and mpm_prefork (mod_php's)."""
     work = scratch_dir("overtake-module-app-")  # www-data's workers read the script
     try:
         script = work / "app.lua"
@@ -390,7 +390,7 @@ def app(apache_available: None) -> Iterator[tuple[apache.ApacheInstance, str]]:
         note = '    r.notes["stage_cpu_us"] = tostring(cpu_us)\n'
         assert note in text
         script.write_text(text.replace(note, ""))
-        with control_apache("module-app", levels=(0.5,), nice=("idle",), stage_hold=HOLD, mpm="event",
+        with control_apache("module-app", levels=(0.5,), nice=("idle",), stage_hold=HOLD, mpm=request.param,
                             request_times=True, stages=(("capped", "^/app1$"), ("free", "^/app2$")),
                             extra_conf=f'LuaMapHandler "^/app[0-9]+$" "{script}" handle') as served:
             yield served
