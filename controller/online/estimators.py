@@ -9,7 +9,7 @@ attained-service samples, and holds the latest samples per (stage, source) for t
 from __future__ import annotations
 
 import os
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,20 +134,26 @@ class AccessLogTail:
         except FileNotFoundError:
             self.offset = 0
         self.bad_lines = 0
-        self.no_cpu = 0  #: 200 answers whose line gave no demand
+        #: per stage name: its lines read, and its 200 answers whose line gave no demand
+        self.lines: Counter[str] = Counter()
+        self.no_demand: Counter[str] = Counter()
+        self.with_demand: Counter[str] = Counter()  #: per stage name: lines that gave a demand
+        #: per stage name: why its last 200 answer without a demand gave none (see :meth:`why_no_demand`)
+        self.no_demand_why: dict[str, str] = {}
         #: where a stage's work runs, by its name (module mode: the module's counts of where each
         #: stage's requests were served); ``apache`` lets the module's thread-CPU note stand for a
         #: demand where no stage handler noted one (a real application's handler in Apache's
         #: threads, e.g. mod_php). None: only the stage handler's notes are demands.
         self.runs_in: Callable[[str], str | None] | None = None
 
+    @property
+    def no_cpu(self) -> int:
+        """200 answers, all stages, whose line gave no demand."""
+        return sum(self.no_demand.values())
+
     def poll(self) -> list[tuple[int, float | None]]:
         """(stage, CPU seconds or None) of every new line of a stage (see :meth:`poll_entries`)."""
-        out = []
-        for e in self.poll_entries():
-            self.no_cpu += e.status == 200 and e.cpu is None
-            out.append((e.stage, e.cpu))
-        return out
+        return [(e.stage, e.cpu) for e in self.poll_entries()]
 
     def poll_entries(self) -> list[LogEntry]:
         """The new lines of the stages, whatever their answer: each is an arrival (a request the
@@ -185,17 +191,36 @@ class AccessLogTail:
             if routed is None:
                 continue
             status, times = int(e["%>s"]), _timed(e)
-            out.append(LogEntry(routed[0], self._demand(e, routed[0], times) if status == 200 else None, times,
-                                status))
+            name = self.table.names[routed[0]]
+            cpu = self._demand(e, name, times) if status == 200 else None
+            self.lines[name] += 1
+            if cpu is not None:
+                self.with_demand[name] += 1
+            elif status == 200:
+                self.no_demand[name] += 1
+                self.no_demand_why[name] = self.why_no_demand(name, times)
+            out.append(LogEntry(routed[0], cpu, times, status))
         return out
 
-    def _demand(self, e: dict[str, Any], stage: int, times: TimedRequest | None) -> float | None:
+    def _demand(self, e: dict[str, Any], name: str, times: TimedRequest | None) -> float | None:
         note = e["%{stage_cpu_us}n"]
         if note is not None:
             return int(note) / 1e6
-        if times is not None and self.runs_in is not None and self.runs_in(self.table.names[stage]) == "apache":
+        if times is not None and self.runs_in is not None and self.runs_in(name) == "apache":
             return times.cpu
         return None
+
+    def why_no_demand(self, name: str, times: TimedRequest | None) -> str:
+        """Why an answered line of stage ``name`` gave no demand, and what gives one."""
+        where = self.runs_in(name) if self.runs_in is not None else None
+        if where in ("fcgi", "proxy", "cgi"):
+            return (f"its work runs in {where}, where Apache's thread only waits: its CPU note is no demand "
+                    "(no lever of Apache's threads reaches that work either)")
+        if times is None:
+            return ("its lines carry no CPU note: give Apache `OvertakeRequestTimes On` and log with the "
+                    "sidecar's LogFormat (overtake.controller.log_format.LOG_FORMAT)")
+        return ("where its work runs is not known yet: the module's status has counted none of its "
+                "requests served (overtake_stage_served_total)")
 
 
 def _timed(e: dict[str, Any]) -> TimedRequest | None:

@@ -30,6 +30,10 @@ __all__ = ["OnlineLoop"]
 
 log = logging.getLogger("overtake.sidecar")
 
+#: answered requests of a stage, none with a demand, before module mode's loop warns that the
+#: stage's refits will wait for samples
+NO_DEMAND_SAY = 50
+
 
 class OnlineLoop:
     """Refits, re-solves and swaps, rate limited, from what :attr:`recorder` has heard.
@@ -64,6 +68,7 @@ class OnlineLoop:
         self.learned_locks: dict[int, int | None] = {}
         self._lock_said = False
         self._routing_said = False
+        self._no_demand_said: set[str] = set()  # stages warned of: their answers give no demand
         self.time_unit = time_unit
         self.current = current
         self._swap = swap
@@ -135,14 +140,28 @@ class OnlineLoop:
         if tail is None:
             return
         entries = await asyncio.to_thread(tail.poll_entries)
-        tail.no_cpu += sum(e.status == 200 and e.cpu is None for e in entries)
         self.recorder.poll_log([(e.stage, e.cpu) for e in entries])
+        self._say_no_demand()
         if self.lock_watch is not None:
             for e in entries:
                 if e.times is not None and e.status == 200:
                     self.lock_watch.add(e.stage, e.times)
             self.lock_watch.table = self.table  # the stages file may have been reloaded
             self.lock_watch.check()
+
+    def _say_no_demand(self) -> None:
+        """Once per stage: warn when its answered requests give the refit no demand, where the log is
+        the only source (module mode), after enough of them that a stray line does not count."""
+        tail = self.recorder.tail
+        if tail is None or not self.settings.arrivals_from_log:
+            return
+        for name, n in tail.no_demand.items():
+            if n >= NO_DEMAND_SAY and not tail.with_demand[name] and name not in self._no_demand_said:
+                self._no_demand_said.add(name)
+                log.warning(f"online: stage {name}: {n} answered requests gave no service demand; its refits wait "
+                            f"for samples: {tail.no_demand_why[name]}",
+                            extra={"event": "online_no_demand", "detail": {"stage": name, "lines": n,
+                                                                             "why": tail.no_demand_why[name]}})
 
     async def close(self) -> None:
         for t in self._tasks:

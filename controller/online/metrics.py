@@ -61,6 +61,19 @@ class OnlineCollector(Collector):
         yield samples
         yield observed
         yield mean
+        if rec.tail is not None:
+            lines = CounterMetricFamily("overtake_online_log_lines", "Access-log lines of each stage read (every "
+                                        "answer; in module mode each is an arrival)", labels=["stage"])
+            none = CounterMetricFamily("overtake_online_log_lines_without_demand", "Access-log lines of each stage "
+                                       "answered 200 that gave no service demand (no CPU note, or the stage's "
+                                       "work runs behind PHP-FPM or a proxy)", labels=["stage"])
+            for name in lp.names:
+                lines.add_metric([name], rec.tail.lines[name])
+                none.add_metric([name], rec.tail.no_demand[name])
+            yield lines
+            yield none
+            yield CounterMetricFamily("overtake_online_log_lines_unparsed", "Access-log lines in no format the "
+                                      "sidecar reads (overtake.controller.log_format)", value=rec.tail.bad_lines)
         if lp.lock_watch is not None:
             yield from _serialisation(lp)
         last = lp.last

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import multiprocessing
 import os
@@ -27,7 +28,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from support.service_helpers import replay_h2_transactions
 
 from overtake.controller.errors import SidecarInputError
@@ -226,11 +227,50 @@ def test_every_line_of_a_stage_arrives_and_only_a_200_answer_gives_a_demand(tmp_
         recs = tail.poll()
         assert recs == expected, runs_in
         assert tail.no_cpu == (1 if runs_in == "apache" else 2), runs_in  # 200 answers without a demand
+        assert tail.lines == {"stage1": 3, "stage2": 2}
+        assert tail.no_demand == ({"stage2": 1} if runs_in == "apache" else {"stage1": 1, "stage2": 1})
         rec = DemandRecorder(OnlineSettings(access_log=str(log), arrivals_from_log=True), _table(),
                              time_unit=0.01, cores=1, overhead=0.0, clock=lambda: 100.0)
         assert rec.poll_log(recs) == 5
         assert [rec.arrivals[i].total for i in (0, 1)] == [3, 2]  # every routed line, whatever its answer
         assert [len(rec.stages[i].reservoirs["access_log"]) for i in (0, 1)] == [2 if runs_in == "apache" else 1, 0]
+
+
+@pytest.mark.parametrize(("runs_in", "why"), [
+    (None, "OvertakeRequestTimes On"), ("fcgi", "runs in fcgi"), ("unknown", "not known yet")])
+def test_module_mode_says_once_why_a_stages_answers_give_no_demand(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, runs_in: str | None, why: str) -> None:
+    """Where the log is the only source (module mode), a stage whose answered requests give no
+    demand would wait for samples for ever: after 50 of them, none with a demand, one warning names
+    the stage, why and the fix, and the lines are counted on /-/metrics; a stage with demands is
+    not named, nor the same stage twice."""
+    log = tmp_path / "access.log"
+    log.touch()
+    table = _table()
+    pol = load_policy("pi(1)", table.names)
+    loop = OnlineLoop(OnlineSettings(access_log=str(log), arrivals_from_log=True), table=table, time_unit=0.01,
+                      policy=pol, current=lambda: pol, swap=lambda p: pol)
+    assert loop.recorder.tail is not None
+    # stage1: no handler's note, the module's (None: none); stage2: the handler's note
+    loop.recorder.tail.runs_in = lambda stage: None if runs_in == "unknown" else runs_in
+    head = '127.0.0.1 1763719200000000 "GET {p} HTTP/1.1" 200 12 D=10500 msT=10 usT=10500 stage=- cpu_us={c} tid=77 rid=-'
+    times = "" if runs_in is None else " owall_us=9000 ostart_us=100 ocpu_us=8000 owait_us=500 oblocked_us=0"
+    lines = [head.format(p="/stage1", c="-") + times, head.format(p="/stage2", c=5000) + times]
+    for rounds in (30, 30):  # 60 answers of each stage, read in two polls
+        with log.open("a") as f:
+            f.write("\n".join(lines * rounds) + "\n")
+        with caplog.at_level(logging.WARNING, logger="overtake.sidecar"):
+            asyncio.run(loop.poll_log())
+    said = [r for r in caplog.records if getattr(r, "event", None) == "online_no_demand"]
+    assert len(said) == 1 and "stage stage1: 60 answered requests" in said[0].getMessage(), [r.getMessage() for r in said]
+    assert said[0].detail["stage"] == "stage1" and why in said[0].detail["why"]  # type: ignore[attr-defined]
+    reg = CollectorRegistry()
+    reg.register(OnlineCollector(loop))
+    text = generate_latest(reg).decode()
+    assert 'overtake_online_log_lines_total{stage="stage1"} 60.0' in text
+    assert 'overtake_online_log_lines_without_demand_total{stage="stage1"} 60.0' in text
+    assert 'overtake_online_log_lines_without_demand_total{stage="stage2"} 0.0' in text
+    assert "overtake_online_log_lines_unparsed_total 0.0" in text
 
 
 # ---- the loop on case 4 ----------------------------------------------------------------------
