@@ -28,7 +28,7 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 from support.service_helpers import replay_h2_transactions
 
 from overtake.controller.errors import SidecarInputError
@@ -264,9 +264,7 @@ def test_module_mode_says_once_why_a_stages_answers_give_no_demand(
     said = [r for r in caplog.records if getattr(r, "event", None) == "online_no_demand"]
     assert len(said) == 1 and "stage stage1: 60 answered requests" in said[0].getMessage(), [r.getMessage() for r in said]
     assert said[0].detail["stage"] == "stage1" and why in said[0].detail["why"]  # type: ignore[attr-defined]
-    reg = CollectorRegistry()
-    reg.register(OnlineCollector(loop))
-    text = generate_latest(reg).decode()
+    text = _metrics(loop)
     assert 'overtake_online_log_lines_total{stage="stage1"} 60.0' in text
     assert 'overtake_online_log_lines_without_demand_total{stage="stage1"} 60.0' in text
     assert 'overtake_online_log_lines_without_demand_total{stage="stage2"} 0.0' in text
