@@ -138,8 +138,8 @@ class AccessLogTail:
         self.lines: Counter[str] = Counter()
         self.no_demand: Counter[str] = Counter()
         self.with_demand: Counter[str] = Counter()  #: per stage name: lines that gave a demand
-        #: per stage name: why its last 200 answer without a demand gave none (see :meth:`why_no_demand`)
-        self.no_demand_why: dict[str, str] = {}
+        #: per stage name: whether its last 200 answer without a demand carried the module's CPU note
+        self.noted: dict[str, bool] = {}
         #: where a stage's work runs, by its name (module mode: the module's counts of where each
         #: stage's requests were served); ``apache`` lets the module's thread-CPU note stand for a
         #: demand where no stage handler noted one (a real application's handler in Apache's
@@ -198,7 +198,7 @@ class AccessLogTail:
                 self.with_demand[name] += 1
             elif status == 200:
                 self.no_demand[name] += 1
-                self.no_demand_why[name] = self.why_no_demand(name, times)
+                self.noted[name] = times is not None
             out.append(LogEntry(routed[0], cpu, times, status))
         return out
 
@@ -210,13 +210,13 @@ class AccessLogTail:
             return times.cpu
         return None
 
-    def why_no_demand(self, name: str, times: TimedRequest | None) -> str:
-        """Why an answered line of stage ``name`` gave no demand, and what gives one."""
+    def why_no_demand(self, name: str) -> str:
+        """Why stage ``name``'s last answered line without a demand gave none, and what gives one."""
         where = self.runs_in(name) if self.runs_in is not None else None
         if where in ("fcgi", "proxy", "cgi"):
             return (f"its work runs in {where}, where Apache's thread only waits: its CPU note is no demand "
                     "(no lever of Apache's threads reaches that work either)")
-        if times is None:
+        if not self.noted.get(name):
             return ("its lines carry no CPU note: give Apache `OvertakeRequestTimes On` and log with the "
                     "sidecar's LogFormat (overtake.controller.log_format.LOG_FORMAT)")
         return ("where its work runs is not known yet: the module's status has counted none of its "

@@ -158,10 +158,10 @@ class OnlineLoop:
         for name, n in tail.no_demand.items():
             if n >= NO_DEMAND_SAY and not tail.with_demand[name] and name not in self._no_demand_said:
                 self._no_demand_said.add(name)
+                why = tail.why_no_demand(name)
                 log.warning(f"online: stage {name}: {n} answered requests gave no service demand; its refits wait "
-                            f"for samples: {tail.no_demand_why[name]}",
-                            extra={"event": "online_no_demand", "detail": {"stage": name, "lines": n,
-                                                                             "why": tail.no_demand_why[name]}})
+                            f"for samples: {why}",
+                            extra={"event": "online_no_demand", "detail": {"stage": name, "lines": n, "why": why}})
 
     async def close(self) -> None:
         for t in self._tasks:
